@@ -1,0 +1,229 @@
+"""Fitted alpha-beta profiles: a versioned JSON schema and the API autotune uses.
+
+A profile holds, per network tier ("intra": the ranks of one node; "inter":
+ranks on several nodes) and per collective, one fitted model per measured group
+size p. Each model is piecewise over message size: a list of segments, each with
+its own alpha (seconds) and beta (seconds per byte), so that
+T(n) = a(p)*alpha + b(p)*n*beta with the ring coefficients of
+``calibrate.collectives.ring_coefficients``.
+
+Costing a group (``Group(ranks, nodes)``):
+- one node (nodes == 1): the intra tier;
+- several nodes: the inter tier with p = ranks. A group that spans nodes with
+  several ranks per node is costed as one flat ring over all its ranks on the
+  inter tier's alpha and beta: the ring's bottleneck edges are the inter-node
+  ones, which carry the same bytes per edge as any other edge of the ring.
+- a group size that the profile did not measure uses the measured p nearest on a
+  log scale: alpha and beta are per-hop constants of the ring model, so they
+  carry across p (``calibrate fit`` reports how flat they really are).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from calibrate.collectives import Collective, busbw_factor, ring_coefficients
+from calibrate.errors import UserError
+
+SCHEMA = "commtune.profile"
+SCHEMA_VERSION = 1
+TIERS = ("intra", "inter")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communicator: how many ranks, on how many nodes."""
+
+    ranks: int
+    nodes: int = 1
+
+    def __post_init__(self):
+        if self.ranks < 1 or self.nodes < 1 or self.nodes > self.ranks:
+            raise UserError(
+                f"bad group: {self.ranks} ranks on {self.nodes} nodes (need ranks >= nodes >= 1)"
+            )
+
+    @property
+    def tier(self) -> str:
+        return "intra" if self.nodes == 1 else "inter"
+
+
+@dataclass
+class Segment:
+    """One piece of a piecewise alpha-beta fit, valid for min_bytes <= n < max_bytes."""
+
+    min_bytes: float
+    max_bytes: float
+    alpha: float
+    beta: float
+    fit: dict = field(default_factory=dict)
+
+    def time(self, coll: Collective, nbytes: float, p: int) -> float:
+        a, b = ring_coefficients(coll, p)
+        return a * self.alpha + b * nbytes * self.beta
+
+
+@dataclass
+class CollectiveModel:
+    """The fitted segments of one collective on one tier at one group size."""
+
+    segments: list[Segment]
+
+    def segment_for(self, nbytes: float) -> Segment:
+        for seg in self.segments:
+            if nbytes < seg.max_bytes:
+                return seg
+        return self.segments[-1]
+
+
+@dataclass
+class Profile:
+    name: str
+    provenance: dict
+    hardware: dict = field(default_factory=dict)
+    software: dict = field(default_factory=dict)
+    timing_mode: str = ""
+    # tier -> collective -> str(p) -> CollectiveModel
+    tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = field(default_factory=dict)
+
+    # ---- costing -------------------------------------------------------------------
+    def model(self, coll: Collective | str, group: Group) -> tuple[CollectiveModel, int]:
+        coll = Collective.parse(coll) if isinstance(coll, str) else coll
+        tier = group.tier
+        if tier not in self.tiers or not self.tiers[tier]:
+            raise UserError(
+                f"profile {self.name!r} has no {tier} tier; calibrate across "
+                f"{'nodes' if tier == 'inter' else 'one node'} or pick a profile that has it "
+                f"(python -m calibrate profiles)"
+            )
+        by_p = self.tiers[tier].get(coll.value)
+        if not by_p:
+            raise UserError(
+                f"profile {self.name!r} has no {coll.value} on the {tier} tier; "
+                f"calibrate it with --collectives {coll.value}"
+            )
+        p = group.ranks
+        key = str(p) if str(p) in by_p else min(
+            by_p, key=lambda k: (abs(math.log(int(k)) - math.log(max(p, 2))), int(k))
+        )
+        return by_p[key], p
+
+    def time(self, coll: Collective | str, nbytes: float, group: Group) -> float:
+        """Predicted seconds for one collective of ``nbytes`` (nccl-tests' size) on ``group``."""
+        if group.ranks == 1 or nbytes <= 0:
+            return 0.0
+        coll = Collective.parse(coll) if isinstance(coll, str) else coll
+        model, p = self.model(coll, group)
+        return model.segment_for(nbytes).time(coll, nbytes, p)
+
+    def busbw(self, coll: Collective | str, nbytes: float, group: Group) -> float:
+        """Predicted bus bandwidth in bytes per second (nccl-tests' definition)."""
+        coll = Collective.parse(coll) if isinstance(coll, str) else coll
+        t = self.time(coll, nbytes, group)
+        return 0.0 if t <= 0 else nbytes / t * busbw_factor(coll, group.ranks)
+
+    def collectives(self, tier: str) -> list[str]:
+        return sorted(self.tiers.get(tier, {}))
+
+    # ---- JSON ------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "version": SCHEMA_VERSION,
+            "name": self.name,
+            "provenance": self.provenance,
+            "hardware": self.hardware,
+            "software": self.software,
+            "timing_mode": self.timing_mode,
+            "tiers": {
+                tier: {
+                    coll: {p: {"segments": [asdict(s) for s in m.segments]} for p, m in by_p.items()}
+                    for coll, by_p in colls.items()
+                }
+                for tier, colls in self.tiers.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, origin: str = "profile") -> "Profile":
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise UserError(f"{origin} is not a commtune profile (missing schema {SCHEMA!r})")
+        if d.get("version") != SCHEMA_VERSION:
+            raise UserError(
+                f"{origin} has profile schema version {d.get('version')!r}; this tool reads "
+                f"version {SCHEMA_VERSION}: refit it with python -m calibrate fit"
+            )
+        for key in ("name", "provenance", "tiers"):
+            if key not in d:
+                raise UserError(f"{origin} lacks the field {key!r}: refit it with python -m calibrate fit")
+        tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = {}
+        for tier, colls in d["tiers"].items():
+            if tier not in TIERS:
+                raise UserError(f"{origin}: unknown tier {tier!r} (expected one of {', '.join(TIERS)})")
+            tiers[tier] = {}
+            for coll, by_p in colls.items():
+                Collective.parse(coll)
+                tiers[tier][coll] = {}
+                for p, m in by_p.items():
+                    if not str(p).isdigit() or int(p) < 2:
+                        raise UserError(f"{origin}: {tier}/{coll} has a bad group size {p!r}")
+                    segs = []
+                    for s in m.get("segments", []):
+                        seg = Segment(**s)
+                        if not (seg.alpha >= 0 and seg.beta >= 0 and math.isfinite(seg.alpha)
+                                and math.isfinite(seg.beta)):
+                            raise UserError(
+                                f"{origin}: {tier}/{coll}/p={p} has a negative or non-finite alpha or beta"
+                            )
+                        segs.append(seg)
+                    if not segs:
+                        raise UserError(f"{origin}: {tier}/{coll}/p={p} has no segments")
+                    tiers[tier][coll][str(p)] = CollectiveModel(sorted(segs, key=lambda s: s.min_bytes))
+        return cls(
+            name=d["name"],
+            provenance=d["provenance"],
+            hardware=d.get("hardware", {}),
+            software=d.get("software", {}),
+            timing_mode=d.get("timing_mode", ""),
+            tiers=tiers,
+        )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> "Profile":
+        """Load an embedded profile by name (``python -m calibrate profiles``) or a JSON file."""
+        p = Path(name_or_path)
+        if p.suffix == ".json" or p.exists():
+            if not p.is_file():
+                raise UserError(f"profile file {str(p)!r} does not exist")
+            try:
+                data = json.loads(p.read_text())
+            except json.JSONDecodeError as e:
+                raise UserError(f"profile file {str(p)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+            return cls.from_dict(data, origin=f"profile file {str(p)!r}")
+        names = embedded_profile_names()
+        if str(name_or_path) not in names:
+            raise UserError(
+                f"unknown profile {str(name_or_path)!r}: give a JSON file or one of {', '.join(names)}"
+            )
+        text = resources.files("calibrate.profiles").joinpath(f"{name_or_path}.json").read_text()
+        return cls.from_dict(json.loads(text), origin=f"embedded profile {name_or_path!r}")
+
+
+DEFAULT_PROFILE = "h200-nvlink+ib400"
+
+
+def embedded_profile_names() -> list[str]:
+    return sorted(
+        f.name[:-5]
+        for f in resources.files("calibrate.profiles").iterdir()
+        if f.name.endswith(".json")
+    )

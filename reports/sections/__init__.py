@@ -1,0 +1,25 @@
+"""Report sections, one module per stage of the flow, registered by result kind.
+
+Every results directory or file that the project writes carries a ``kind``
+(``meta.json``'s ``kind`` for directories, the top-level ``kind`` or ``schema``
+of JSON files). ``REGISTRY`` maps that kind to the function that turns a list
+of such results into report sections: ``builder(paths: list[Path]) -> list[Section]``.
+Modules are imported lazily, so a section's heavy imports cost nothing until used.
+"""
+from __future__ import annotations
+
+import importlib
+
+# kind -> "module:function"
+REGISTRY: dict[str, str] = {
+    "calibration": "reports.sections.calibration:build",
+    "commtune.profile": "reports.sections.fit:build",
+}
+
+
+def builder(kind: str):
+    target = REGISTRY.get(kind)
+    if target is None:
+        return None
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)
