@@ -23,6 +23,8 @@ class Collective(str, Enum):
 
     @classmethod
     def parse(cls, name: str) -> "Collective":
+        if isinstance(name, cls):
+            return name
         key = name.strip().lower().replace("_", "").replace("-", "")
         aliases = {"reduce_scatter": "reducescatter", "all_gather": "allgather", "p2p": "sendrecv"}
         key = aliases.get(key, key)

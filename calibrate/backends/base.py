@@ -1,0 +1,179 @@
+"""The backend interface: one collective on one communicator, timed three ways
+and checked on fresh random data.
+
+A backend is built collectively on every rank of an mpi4py communicator (the
+group being measured). ``measure`` returns one sample per timed unit, already
+reduced to the maximum over ranks (a collective is as slow as its slowest rank):
+- ``host``: ``iters`` back-to-back calls timed with a CPU clock and one sync, the
+  sample being the mean per call of that batch (nccl-tests' default);
+- ``graph``: the ``iters`` calls captured in a CUDA graph, replayed and timed with
+  CUDA events, the sample being the mean per call (nccl-tests -G; GPU only);
+- ``isolated``: barrier, one call, sync, per call (OSU-style); one sample per call.
+Host and graph modes give ``reps`` samples, isolated mode ``iters``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from enum import Enum
+
+import numpy as np
+
+from calibrate.collectives import Collective
+from calibrate.errors import UserError
+from calibrate.sizes import align, dtype_size
+
+
+class TimingMode(str, Enum):
+    HOST = "host"
+    GRAPH = "graph"
+    ISOLATED = "isolated"
+
+    @classmethod
+    def parse(cls, name: str) -> "TimingMode":
+        if isinstance(name, cls):
+            return name
+        try:
+            return cls(str(name).lower())
+        except ValueError:
+            raise UserError(f"unknown timing mode {name!r}: choose from host, graph, isolated") from None
+
+
+def buffer_lengths(coll: Collective, count_total: int, p: int) -> tuple[int, int]:
+    """(send, recv) element counts for a whole buffer of ``count_total`` elements."""
+    per_rank = count_total // p
+    if coll is Collective.ALLGATHER:
+        return per_rank, count_total
+    if coll is Collective.REDUCESCATTER:
+        return count_total, per_rank
+    return count_total, count_total
+
+
+def expected_output(xp, coll: Collective, inputs: list, rank: int):
+    """The result rank ``rank`` must hold, from every rank's input (root 0, ring shift +1)."""
+    p = len(inputs)
+    if coll is Collective.ALLREDUCE:
+        return sum(inputs[1:], inputs[0].copy())
+    if coll is Collective.ALLGATHER:
+        return xp.concatenate(inputs)
+    if coll is Collective.REDUCESCATTER:
+        n = len(inputs[0]) // p
+        return sum(inputs[1:], inputs[0].copy())[rank * n:(rank + 1) * n]
+    if coll is Collective.ALLTOALL:
+        n = len(inputs[0]) // p
+        return xp.concatenate([x[rank * n:(rank + 1) * n] for x in inputs])
+    if coll is Collective.BROADCAST:
+        return inputs[0].copy()
+    return inputs[(rank - 1) % p].copy()
+
+
+class Backend(ABC):
+    """Times and checks collectives on one communicator. Subclasses launch the calls."""
+
+    name = ""
+    supports_graph = False
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    # -- what a backend provides ------------------------------------------------------
+    @abstractmethod
+    def buffers(self, coll: Collective, nbytes: int, dtype: str):
+        """(send, recv) arrays for this size, allocated once and reused."""
+
+    @abstractmethod
+    def launch(self, coll: Collective, send, recv, dtype: str) -> None:
+        """Start one collective (asynchronous on GPUs)."""
+
+    @abstractmethod
+    def time_batch(self, coll: Collective, send, recv, dtype: str, iters: int, mode: TimingMode) -> list[float]:
+        """Seconds per call of this rank: one value per batch (host, graph) or per call (isolated)."""
+
+    @abstractmethod
+    def fill_random(self, arr, seed: int) -> None:
+        """Fill ``arr`` with reproducible random data of its dtype (no zeros)."""
+
+    @abstractmethod
+    def to_float64(self, arr, dtype: str):
+        """``arr`` (stored as ``dtype``) converted to float64 in the same memory space."""
+
+    def count_wrong(self, recv, expected, dtype: str) -> int:
+        """Elements of ``recv`` that differ from the float64 ``expected`` beyond rounding."""
+        xp = self.xp
+        if recv.size != expected.size:
+            return max(recv.size, expected.size)
+        got = self.to_float64(recv, dtype)
+        ok = xp.abs(got - expected) <= self.tolerance(dtype) * xp.abs(expected)
+        return int(xp.count_nonzero(~ok))
+
+    @abstractmethod
+    def host_array(self, n: int, dtype: str, seed: int):
+        """A fresh random array of ``n`` elements in the backend's memory (for references)."""
+
+    def versions(self) -> dict:
+        return {}
+
+    # -- shared logic -------------------------------------------------------------------
+    def aligned(self, coll: Collective, nbytes: int, dtype: str) -> tuple[int, int]:
+        return align(coll, nbytes, self.size, dtype)
+
+    def measure(self, coll: Collective | str, nbytes: int, dtype: str = "float32", iters: int = 20,
+                warmup: int = 5, mode: TimingMode | str = TimingMode.HOST, reps: int = 5) -> np.ndarray:
+        """Samples in seconds per call, each the maximum over ranks."""
+        coll = Collective.parse(coll) if isinstance(coll, str) else coll
+        mode = TimingMode.parse(mode) if isinstance(mode, str) else mode
+        if mode is TimingMode.GRAPH and not self.supports_graph:
+            raise UserError(f"graph timing needs GPUs: use --backend nccl, or --mode host or isolated with {self.name}")
+        if iters < 1 or warmup < 0 or reps < 1:
+            raise UserError("--iters and --reps must be at least 1 and --warmup at least 0")
+        nbytes, _ = self.aligned(coll, nbytes, dtype)
+        send, recv = self.buffers(coll, nbytes, dtype)
+        self.fill_random(send, seed=1000 + self.rank)
+        if warmup:
+            self.time_batch(coll, send, recv, dtype, warmup, TimingMode.HOST)
+        if mode is TimingMode.ISOLATED:
+            local = self.time_batch(coll, send, recv, dtype, iters, mode)
+        else:
+            local = [self.time_batch(coll, send, recv, dtype, iters, mode)[0] for _ in range(reps)]
+        return self.max_over_ranks(np.asarray(local, dtype=float))
+
+    def max_over_ranks(self, local: np.ndarray) -> np.ndarray:
+        from mpi4py import MPI
+
+        out = np.empty_like(local)
+        self.comm.Allreduce(local, out, op=MPI.MAX)
+        return out
+
+    def check(self, coll: Collective | str, nbytes: int, dtype: str = "float32", seed: int = 0) -> int:
+        """Run once on fresh random data (recv poisoned first); wrong elements summed over ranks."""
+        from mpi4py import MPI
+
+        coll = Collective.parse(coll) if isinstance(coll, str) else coll
+        nbytes, _ = self.aligned(coll, nbytes, dtype)
+        send, recv = self.buffers(coll, nbytes, dtype)
+        n_send = len(send)
+        inputs = [self.host_array(n_send, dtype, seed * 7919 + r + 1) for r in range(self.size)]
+        send[...] = inputs[self.rank]
+        self.poison(recv)
+        self.launch(coll, send, recv, dtype)
+        self.synchronize()
+        expected = expected_output(self.xp, coll, [self.to_float64(x, dtype) for x in inputs], self.rank)
+        wrong = self.count_wrong(recv, expected, dtype)
+        return int(self.comm.allreduce(wrong, op=MPI.SUM))
+
+    def tolerance(self, dtype: str) -> float:
+        eps = {1: 0.0, 2: 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10, 4: 2.0 ** -23, 8: 2.0 ** -52}
+        return 4 * self.size * eps[dtype_size(dtype)] if "int" not in dtype else 0.0
+
+    @property
+    @abstractmethod
+    def xp(self):
+        """The array module (numpy or cupy)."""
+
+    @abstractmethod
+    def poison(self, arr) -> None:
+        """Overwrite ``arr`` with values no collective produces."""
+
+    def synchronize(self) -> None:
+        """Wait for the launched work (no-op on the host)."""

@@ -1,0 +1,78 @@
+"""The groups a calibration measures: the whole world and one group per network tier.
+
+- ``world``: every rank;
+- ``intra``: the ranks of one host (one group per host, measured concurrently,
+  like nccl-tests' NCCL_TESTS_SPLIT);
+- ``inter``: one rank per host (the i-th rank of every host forms group i).
+Each group is labelled with its tier: intra when it lies in one node, else inter.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from calibrate.errors import UserError
+
+GROUP_KINDS = ("world", "intra", "inter")
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    kind: str          # world, intra or inter
+    index: int         # which group of that kind this rank belongs to
+    ranks: int         # ranks in the group
+    nodes: int         # hosts the group spans
+    tier: str          # intra or inter
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.ranks}x{self.nodes}"
+
+
+def parse_group_kinds(text: str) -> list[str]:
+    kinds = [k.strip().lower() for k in text.split(",") if k.strip()]
+    for k in kinds:
+        if k not in GROUP_KINDS:
+            raise UserError(f"unknown group {k!r}: choose from {', '.join(GROUP_KINDS)}")
+    if not kinds:
+        raise UserError("--groups is empty: give world, intra and/or inter")
+    return kinds
+
+
+def topology(world) -> tuple[int, int, int, list[str]]:
+    """(node index of this rank, number of nodes, local rank, host of every rank)."""
+    hosts = world.allgather(socket.gethostname())
+    order = list(dict.fromkeys(hosts))
+    node = order.index(hosts[world.Get_rank()])
+    local_rank = sum(1 for h in hosts[: world.Get_rank()] if h == hosts[world.Get_rank()])
+    return node, len(order), local_rank, hosts
+
+
+def split(world, kind: str):
+    """(sub-communicator, GroupInfo) for this rank; None where the group has one rank."""
+    node, nnodes, local_rank, hosts = topology(world)
+    if kind == "world":
+        comm, index = world.Dup(), 0
+    elif kind == "intra":
+        comm, index = world.Split(color=node, key=world.Get_rank()), node
+    else:
+        comm, index = world.Split(color=local_rank, key=world.Get_rank()), local_rank
+    members = comm.allgather(world.Get_rank())
+    nodes = len({hosts[r] for r in members})
+    sizes = world.allgather(comm.Get_size())
+    if min(sizes) < 2:
+        comm.Free()
+        return None, GroupInfo(kind, index, comm.Get_size(), nodes, "intra" if nodes == 1 else "inter")
+    if len(set(sizes)) != 1:
+        comm.Free()
+        raise UserError(
+            f"the {kind} groups have different sizes {sorted(set(sizes))}: "
+            f"start the same number of ranks on every node"
+        )
+    return comm, GroupInfo(kind, index, comm.Get_size(), nodes, "intra" if nodes == 1 else "inter")
+
+
+def comm_world():
+    return MPI.COMM_WORLD

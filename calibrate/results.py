@@ -1,0 +1,136 @@
+"""A calibration results directory: written as it is measured, resumable.
+
+    meta.json     kind "calibration", schema version, the configuration that a
+                  resume must match, hosts, rank -> host and GPU, versions,
+                  NCCL_* environment, timing mode, command line
+    samples.csv   every sample (one row per timed unit, max over ranks)
+    stats.csv     per group, collective and size: median, min, max, p95, the
+                  95% confidence interval of the median, algbw, busbw, #wrong
+
+Rows are appended and flushed to disk (fsync) as soon as a size is measured, so
+a crash or a kill loses at most the size in flight; ``--resume`` skips every
+(group, collective, size) already in stats.csv. A torn last line (a kill in
+mid-write) is dropped on resume.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from calibrate.errors import UserError
+
+KIND = "calibration"
+SCHEMA_VERSION = 1
+SAMPLE_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "rep", "time_s"]
+STAT_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "n",
+               "median_s", "min_s", "max_s", "p95_s", "ci_lo_s", "ci_hi_s", "algbw_GBps", "busbw_GBps", "wrong"]
+# configuration keys that must agree for --resume
+RESUME_KEYS = ("backend", "mode", "dtype", "iters", "warmup", "reps", "world_size", "hosts")
+
+
+@dataclass
+class ResultsDir:
+    path: Path
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / "meta.json"
+
+    def prepare(self, meta: dict, resume: bool) -> set[tuple]:
+        """Create or reopen the directory; return the keys already measured."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise UserError(f"cannot write to the results directory {str(self.path)!r} ({e.strerror}): "
+                            f"choose another with --out") from None
+        if self.meta_path.exists():
+            old = self.read_meta()
+            if not resume:
+                raise UserError(f"{str(self.path)!r} already holds a calibration: add --resume to continue it, "
+                                f"or choose a new --out")
+            diff = [k for k in RESUME_KEYS if old.get("config", {}).get(k) != meta["config"].get(k)]
+            if diff:
+                k = diff[0]
+                raise UserError(
+                    f"--resume: {str(self.path)!r} was measured with {k}={old['config'].get(k)!r}, "
+                    f"this run has {k}={meta['config'].get(k)!r}: use the same settings or a new --out"
+                )
+            meta["resumed_from"] = old.get("command")
+        self.meta_path.write_text(json.dumps(meta, indent=1, default=str) + "\n")
+        for name, fields in (("samples.csv", SAMPLE_FIELDS), ("stats.csv", STAT_FIELDS)):
+            self._repair(self.path / name, fields)
+        return self.done()
+
+    def _repair(self, path: Path, fields: list[str]) -> None:
+        if not path.exists() or path.stat().st_size == 0:
+            with open(path, "w", newline="") as f:
+                csv.writer(f).writerow(fields)
+            return
+        lines = path.read_text().splitlines(keepends=True)
+        good = [ln for ln in lines if ln.endswith("\n") and ln.count(",") == len(fields) - 1]
+        if len(good) != len(lines):
+            path.write_text("".join(good))
+
+    def read_meta(self) -> dict:
+        try:
+            meta = json.loads(self.meta_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"{str(self.meta_path)!r} is unreadable ({e}): it is not a calibration results directory") from None
+        if meta.get("kind") != KIND:
+            raise UserError(f"{str(self.path)!r} is not a calibration results directory (kind {meta.get('kind')!r})")
+        if meta.get("version") != SCHEMA_VERSION:
+            raise UserError(f"{str(self.path)!r} has results schema version {meta.get('version')!r}; "
+                            f"this tool reads version {SCHEMA_VERSION}: measure again")
+        return meta
+
+    def done(self) -> set[tuple]:
+        stats = self.path / "stats.csv"
+        if not stats.exists():
+            return set()
+        df = pd.read_csv(stats)
+        return {(g, c, int(b)) for g, c, b in zip(df["group"], df["collective"], df["bytes"])}
+
+    def append(self, samples: list[dict], stat: dict) -> None:
+        """Write one size's samples, then its statistics row (the resume marker), to disk."""
+        for name, fields, rows in (("samples.csv", SAMPLE_FIELDS, samples), ("stats.csv", STAT_FIELDS, [stat])):
+            with open(self.path / name, "a", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=fields)
+                w.writerows(rows)
+                f.flush()
+                os.fsync(f.fileno())
+
+    def stats(self) -> pd.DataFrame:
+        self.read_meta()
+        path = self.path / "stats.csv"
+        if not path.exists():
+            raise UserError(f"{str(self.path)!r} has no stats.csv: the calibration measured nothing")
+        return pd.read_csv(path)
+
+    def samples(self) -> pd.DataFrame:
+        return pd.read_csv(self.path / "samples.csv")
+
+
+def load_results(paths) -> list[tuple[dict, pd.DataFrame]]:
+    """(meta, stats) of each results directory; clear errors for missing or empty ones."""
+    out = []
+    for p in paths:
+        path = Path(p)
+        if not path.is_dir():
+            raise UserError(f"results directory {str(path)!r} does not exist")
+        rd = ResultsDir(path)
+        if not rd.meta_path.exists():
+            raise UserError(f"{str(path)!r} has no meta.json: give a directory written by python -m calibrate run")
+        meta = rd.read_meta()
+        stats = rd.stats()
+        if stats.empty:
+            raise UserError(f"{str(path)!r} holds no measurements: run python -m calibrate run --resume on it")
+        out.append((meta, stats))
+    return out

@@ -1,0 +1,81 @@
+"""Message sizes: parsing of K/M/G suffixes and the geometric sweep of nccl-tests."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from calibrate.collectives import Collective, rank_divides
+from calibrate.errors import UserError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int8": 1}
+
+
+def parse_size(text: str) -> int:
+    """'64K' -> 65536, '1G' -> 2**30, '4096' -> 4096 (binary units, as nccl-tests)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), flags=re.IGNORECASE)
+    if not m:
+        raise UserError(f"bad size {text!r}: write a number with an optional K, M or G suffix, e.g. 64K")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    return int(value)
+
+
+def format_size(nbytes: float) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{int(nbytes // scale)}{unit}"
+    return f"{int(nbytes)}"
+
+
+def dtype_size(dtype: str) -> int:
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
+    """The geometric sweep min, min*factor, ... up to max (inclusive)."""
+    if min_bytes <= 0 or max_bytes <= 0:
+        raise UserError("sizes must be positive: give --min-bytes and --max-bytes above zero")
+    if min_bytes > max_bytes:
+        raise UserError(
+            f"--min-bytes ({format_size(min_bytes)}) is larger than --max-bytes ({format_size(max_bytes)}): swap them"
+        )
+    if factor <= 1:
+        raise UserError(f"--factor must be above 1, got {factor}")
+    sizes, n = [], float(min_bytes)
+    while n <= max_bytes * (1 + 1e-9):
+        sizes.append(int(round(n)))
+        n *= factor
+    return sorted(set(sizes))
+
+
+def align(coll: Collective, nbytes: int, p: int, dtype: str) -> tuple[int, int]:
+    """(bytes, count) after rounding as nccl-tests does.
+
+    The whole buffer holds a whole number of elements, and for the collectives
+    that split the buffer among ranks a multiple of p elements; sizes are rounded
+    down (never below one element per rank). Returns the rounded size in bytes
+    and nccl-tests' count column (elements of the whole buffer for allreduce,
+    broadcast and sendrecv, per rank for the others).
+    """
+    esize = dtype_size(dtype)
+    count = max(nbytes // esize, 1)
+    if rank_divides(coll):
+        per_rank = max(count // p, 1)
+        return per_rank * p * esize, per_rank
+    return count * esize, count
+
+
+def rounded_note(coll: Collective, requested: int, actual: int, p: int) -> str | None:
+    if requested == actual:
+        return None
+    return (f"note: {coll.value} size {requested} B rounded to {actual} B "
+            f"(a whole number of elements{' for each of the ' + str(p) + ' ranks' if rank_divides(coll) else ''})")
+
+
+def np_dtype(dtype: str):
+    if dtype == "bfloat16":
+        raise UserError("bfloat16 has no host (numpy) type: use --dtype float16 or float32 with the mpi backend")
+    return np.dtype(dtype)

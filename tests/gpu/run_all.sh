@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark of the project, in one device call (nvidia-h200-x2):
+#   run(command="bash tests/gpu/run_all.sh", kind="nvidia-h200-x2")
+# Installs nothing. Full results go to $OUT/gpu-results.tar.gz (and the log to
+# $OUT/log.txt); a short table is printed last. Parts can be chosen with
+# PARTS="calibrate interp ..." (default: all).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu-out}
+R=$OUT/results
+mkdir -p "$R"
+PY=${PY:-python3}
+MPIRUN="mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED -x PYTHONPATH"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PARTS=${PARTS:-"calibrate interp sbp reshard schedule"}
+SUMMARY=$R/summary.txt
+: > "$SUMMARY"
+has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+log() { echo "== $*" | tee -a "$SUMMARY"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.txt" 2>&1
+nvidia-smi topo -m >> "$R/gpus.txt" 2>&1
+
+if has calibrate; then
+  for mode in graph host; do
+    $MPIRUN $PY -m calibrate run --backend nccl --mode $mode -b 1K -e 1G --check \
+      --out "$R/calib-$mode" > "$R/calib-$mode.log" 2>&1
+    log "calibrate $mode: exit $? (#wrong total: $(awk -F, 'NR>1 && $NF>0 {s+=$NF} END {print s+0}' "$R/calib-$mode/stats.csv"))"
+  done
+  $MPIRUN $PY tests/gpu/nccl_bare_loop.py "$R/bare.csv" > "$R/bare.log" 2>&1
+  $PY tests/gpu/nccl_bare_loop.py --compare "$R/bare.csv" "$R/calib-graph" "$R/calib-host" > "$R/bare-compare.txt" 2>&1
+  log "$(tail -1 "$R/bare-compare.txt")"
+  $PY -m calibrate fit "$R/calib-graph" -o "$R/h200-graph-profile.json" > "$R/fit-graph.txt" 2>&1
+  log "fit graph: exit $?"
+fi
+
+for part in interp sbp reshard schedule; do
+  has $part || continue
+  for script in tests/gpu/${part}_check.sh tests/gpu/${part}_check.py; do
+    [ -f "$script" ] || continue
+    mkdir -p "$R/$part"
+    case "$script" in
+      *.sh) OUT="$R/$part" bash "$script" > "$R/$part/log.txt" 2>&1 ;;
+      *.py) OUT="$R/$part" $MPIRUN -x OUT $PY "$script" "$R/$part" > "$R/$part/log.txt" 2>&1 ;;
+    esac
+    log "$part ($script): exit $?"
+    tail -25 "$R/$part/log.txt"
+  done
+done
+
+tar -czf "$OUT/gpu-results.tar.gz" -C "$OUT" results
+echo
+echo "==================== summary ===================="
+cat "$SUMMARY"
