@@ -1,18 +1,15 @@
 """MSCCL XML reader and writer: every reference file loads and round-trips; bad files fail clearly."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from calibrate.errors import UserError
+from kernels.gc3.interop import msccl_dir, reference_xml_files
 from kernels.gc3.ir import StepType
 from kernels.gc3.xml_io import read_xml, single_dep_form, write_xml
 
-MSCCL_DIR = Path(os.environ.get("COMMTUNE_MSCCL_DIR",
-                                Path(__file__).resolve().parents[3] / "shared" / "interop" / "msccl"))
-MSCCL_FILES = sorted(MSCCL_DIR.glob("*.xml"))
+MSCCL_DIR = msccl_dir()
+MSCCL_FILES = reference_xml_files()
 
 needs_files = pytest.mark.skipif(not MSCCL_FILES, reason=f"no MSCCL XML files in {MSCCL_DIR}")
 

@@ -1,0 +1,14 @@
+"""Where the msccl-tools reference XML files live (../shared/interop/msccl, or $COMMTUNE_MSCCL_DIR)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def msccl_dir() -> Path:
+    default = Path(__file__).resolve().parents[3] / "shared" / "interop" / "msccl"
+    return Path(os.environ.get("COMMTUNE_MSCCL_DIR", default))
+
+
+def reference_xml_files() -> list[Path]:
+    return sorted(msccl_dir().glob("*.xml"))
