@@ -62,16 +62,17 @@ def split(world, kind: str):
     members = comm.allgather(world.Get_rank())
     nodes = len({hosts[r] for r in members})
     sizes = world.allgather(comm.Get_size())
+    info = GroupInfo(kind, index, comm.Get_size(), nodes, "intra" if nodes == 1 else "inter")
+    if min(sizes) < 2 or len(set(sizes)) != 1:
+        comm.Free()
     if min(sizes) < 2:
-        comm.Free()
-        return None, GroupInfo(kind, index, comm.Get_size(), nodes, "intra" if nodes == 1 else "inter")
+        return None, info
     if len(set(sizes)) != 1:
-        comm.Free()
         raise UserError(
             f"the {kind} groups have different sizes {sorted(set(sizes))}: "
             f"start the same number of ranks on every node"
         )
-    return comm, GroupInfo(kind, index, comm.Get_size(), nodes, "intra" if nodes == 1 else "inter")
+    return comm, info
 
 
 def comm_world():

@@ -170,8 +170,9 @@ def run(args, world) -> int:
                 world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # concurrent groups: the slowest
                 wrong = -1
                 if args.check:
-                    wrong = world.allreduce(backend.check(coll, nbytes, args.dtype, seed=nbytes) if comm else 0,
-                                            op=MPI.SUM) // (world.Get_size() // info.ranks)
+                    # each group's check is summed over its ranks: count every group once
+                    wrong = world.allreduce(backend.check(coll, nbytes, args.dtype, seed=nbytes),
+                                            op=MPI.SUM) // info.ranks
                     total_wrong += max(wrong, 0)
                 st = summarize(samples)
                 algbw = nbytes / st["median_s"] / 1e9

@@ -13,6 +13,7 @@ Host and graph modes give ``reps`` samples, isolated mode ``iters``.
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from enum import Enum
 
@@ -129,7 +130,9 @@ class Backend(ABC):
             raise UserError("--iters and --reps must be at least 1 and --warmup at least 0")
         nbytes, _ = self.aligned(coll, nbytes, dtype)
         send, recv = self.buffers(coll, nbytes, dtype)
-        self.fill_random(send, seed=1000 + self.rank)
+        with self.context():
+            self.fill_random(send, seed=1000 + self.rank)
+        self.synchronize()
         if warmup:
             self.time_batch(coll, send, recv, dtype, warmup, TimingMode.HOST)
         if mode is TimingMode.ISOLATED:
@@ -152,14 +155,14 @@ class Backend(ABC):
         coll = Collective.parse(coll) if isinstance(coll, str) else coll
         nbytes, _ = self.aligned(coll, nbytes, dtype)
         send, recv = self.buffers(coll, nbytes, dtype)
-        n_send = len(send)
-        inputs = [self.host_array(n_send, dtype, seed * 7919 + r + 1) for r in range(self.size)]
-        send[...] = inputs[self.rank]
-        self.poison(recv)
-        self.launch(coll, send, recv, dtype)
-        self.synchronize()
-        expected = expected_output(self.xp, coll, [self.to_float64(x, dtype) for x in inputs], self.rank)
-        wrong = self.count_wrong(recv, expected, dtype)
+        with self.context():  # data preparation ordered with the collective's stream
+            inputs = [self.host_array(len(send), dtype, seed * 7919 + r + 1) for r in range(self.size)]
+            send[...] = inputs[self.rank]
+            self.poison(recv)
+            self.launch(coll, send, recv, dtype)
+            self.synchronize()
+            expected = expected_output(self.xp, coll, [self.to_float64(x, dtype) for x in inputs], self.rank)
+            wrong = self.count_wrong(recv, expected, dtype)
         return int(self.comm.allreduce(wrong, op=MPI.SUM))
 
     def tolerance(self, dtype: str) -> float:
@@ -177,3 +180,7 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait for the launched work (no-op on the host)."""
+
+    def context(self):
+        """A context in which array operations run in order with ``launch`` (a CUDA stream)."""
+        return contextlib.nullcontext()

@@ -178,6 +178,9 @@ class NcclBackend(Backend):
     def synchronize(self):
         self.stream.synchronize()
 
+    def context(self):
+        return self.stream
+
     def host_array(self, n, dtype, seed):
         rng = cp.random.default_rng(seed)
         if "int" in dtype:
