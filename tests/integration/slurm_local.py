@@ -95,6 +95,7 @@ def slurm_conf(root: Path, user: str, ctld_port: int, slurmd_port: int, node: tu
 @dataclass
 class SlurmCluster:
     root: Path
+    node_name: str = ""
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -108,7 +109,9 @@ class SlurmCluster:
         user = pwd.getpwuid(os.getuid()).pw_name
         ctld_port, slurmd_port = _free_ports(2)
         conf = root / "slurm.conf"
-        conf.write_text(slurm_conf(root, user, ctld_port, slurmd_port, node_line()))
+        node = node_line()
+        self.node_name = node[0]
+        conf.write_text(slurm_conf(root, user, ctld_port, slurmd_port, node))
         self.env = {**os.environ, "SLURM_CONF": str(conf)}
         for var in [v for v in self.env if v.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
             if var != "SLURM_CONF":
