@@ -1,0 +1,181 @@
+"""``python -m autotune reshard``: plan a cross-mesh resharding, compare strategies
+and solvers against the lower bound, run the paper's cases and pipeline schedules.
+
+    python -m autotune reshard --src-mesh 2,4 --src-spec S0RR --dst-mesh 2,4 --dst-spec S0RR \\
+        --shape 1024,1024,512 [--profile P] [--plan-out plan.json]
+    python -m autotune reshard --case 4          # a case of the paper's Table 2
+    python -m autotune reshard --all-cases --pipeline u-transformer-like --results reshard.json
+
+Cases run on the profile of the paper's cluster (``aws-p3-v100``, assumed: hosts
+of 4 V100 on NVLink, 10 Gb/s between hosts) unless --profile says otherwise;
+other tasks default to ``calibrate.profile.DEFAULT_PROFILE``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from autotune.reshard.cases import build_task, case_names, case_profile, load_case
+from autotune.reshard.pipeline import SCHEDULES, exposed_time, hidden_fraction, simulate
+from autotune.reshard.plan import Plan, compare
+from autotune.reshard.solvers import SOLVERS, SolverConfig
+from autotune.reshard.spec import parse_mesh_shape
+from autotune.reshard.stagecomm import pipeline_from_preset
+from autotune.reshard.strategies import STRATEGIES
+from autotune.reshard.tasks import ReshardTask
+from calibrate import profile as profiles
+from calibrate.errors import UserError
+
+RESULTS_KIND = "reshard"
+RESULTS_VERSION = 1
+BASELINE_SOLVER = "load_balance"  # the paper's baselines balance load greedily (§5.1.2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="autotune reshard", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--src-mesh", help="source mesh as hosts,devices (e.g. 2,4)")
+    p.add_argument("--src-spec", help="source sharding spec, one of R/S0/S1/S01 per dimension (e.g. S0RR)")
+    p.add_argument("--dst-mesh", help="destination mesh as hosts,devices")
+    p.add_argument("--dst-spec", help="destination sharding spec")
+    p.add_argument("--shape", help="tensor shape, e.g. 1024,1024,512")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--shared-devices", action="store_true",
+                   help="put the destination mesh on the source mesh's devices (default: on the next hosts)")
+    p.add_argument("--devices-per-host", type=int, help="devices per host (default: the profile's gpus_per_node)")
+    p.add_argument("--case", help=f"run a case of the paper's Table 2 ({', '.join(case_names())})")
+    p.add_argument("--all-cases", action="store_true", help="run all nine cases")
+    p.add_argument("--pipeline", help="simulate the pipeline schedules on a preset (e.g. u-transformer-like)")
+    p.add_argument("--micro-batches", type=int, help="override the pipeline preset's micro-batch count")
+    p.add_argument("--profile", help="profile name or JSON file")
+    p.add_argument("--strategy", default="broadcast", choices=list(STRATEGIES), help="strategy of the chosen plan")
+    p.add_argument("--solver", default="ensemble", choices=list(SOLVERS), help="solver of the chosen plan")
+    p.add_argument("--time-budget", type=float, default=0.5, help="seconds for the DFS solver (default 0.5)")
+    p.add_argument("--rounds", type=int, default=16, help="random orders per randomized-greedy step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plan-out", help="write the chosen plan as JSON (one task only)")
+    p.add_argument("--results", help="write all results as JSON for the report (kind 'reshard')")
+    p.add_argument("--jobs", type=int, default=12, help="how many jobs of the chosen plan to print")
+    return p
+
+
+def _progress(msg: str) -> None:
+    print(f"[reshard] {msg}", file=sys.stderr, flush=True)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"tensor shape {text!r} is not a list of integers: write e.g. 1024,1024,512") from None
+    if not shape:
+        raise UserError("empty tensor shape: write e.g. --shape 1024,1024,512")
+    return shape
+
+
+def _devices_per_host(args, prof) -> int:
+    if args.devices_per_host:
+        if args.devices_per_host < 1:
+            raise UserError("--devices-per-host must be at least 1")
+        return args.devices_per_host
+    n = prof.hardware.get("gpus_per_node")
+    if not n:
+        raise UserError(f"profile {prof.name!r} does not say how many GPUs a host has: give --devices-per-host")
+    return int(n)
+
+
+def _table(plans: dict, bound: float, strategies, solvers) -> str:
+    w = max(len(s) for s in solvers)
+    lines = [f"{'strategy':18s}" + "".join(f"{s:>{w + 2}s}" for s in solvers) + "   (seconds)"]
+    for st in strategies:
+        lines.append(f"{st:18s}" + "".join(f"{plans[(st, so)].makespan:>{w + 2}.4f}" for so in solvers))
+    lines.append(f"{'lower bound':18s}{bound:>{w + 2}.4f}")
+    return "\n".join(lines)
+
+
+def run_task(name: str, task: ReshardTask, prof, args, cfg) -> dict:
+    strategies, solvers = list(STRATEGIES), list(SOLVERS)
+    plans = compare(task, prof, strategies, solvers, cfg, progress=_progress)
+    chosen = plans[(args.strategy, args.solver)]
+    bound = chosen.lower_bound
+    print(f"== {name}: {task.src_spec} on {task.src_mesh.shape} -> {task.dst_spec} on {task.dst_mesh.shape}, "
+          f"tensor {task.shape} {task.dtype}, profile {prof.name}")
+    print(f"unit tasks: {len(chosen.units)}; jobs in the chosen plan: {len(chosen.jobs)}")
+    print(_table(plans, bound, strategies, solvers))
+    print(f"chosen: {chosen.strategy} + {chosen.solver}: {chosen.makespan:.4f} s, "
+          f"{chosen.makespan / bound:.3f}x the lower bound")
+    for st in ("send_recv", "local_allgather", "global_allgather"):
+        base = plans[(st, BASELINE_SOLVER)].makespan
+        print(f"  vs {st} ({BASELINE_SOLVER}): {base / chosen.makespan:.2f}x faster")
+    for j in chosen.jobs[:args.jobs]:
+        print(f"  t={j.start:8.4f}s +{j.duration:7.4f}s  task {j.task:3d}  {j.sender:3d} -> "
+              f"{list(j.receivers)}  {j.nbytes / 2**20:.1f} MiB  K={j.partitions}")
+    if len(chosen.jobs) > args.jobs:
+        print(f"  ... {len(chosen.jobs) - args.jobs} more jobs (--jobs N shows more)")
+    return {"case": name, "task": task.to_dict(), "profile": prof.name, "lower_bound": bound,
+            "unit_tasks": len(chosen.units),
+            "times": {st: {so: plans[(st, so)].makespan for so in solvers} for st in strategies},
+            "chosen": chosen.to_dict()}
+
+
+def run_pipeline(name: str, prof, args, cfg) -> dict:
+    _progress(f"planning the boundary communication of {name}")
+    spec = pipeline_from_preset(name, prof, args.micro_batches, cfg)
+    print(f"== pipeline {name}: {spec.stages} stages, {spec.micro_batches} micro-batches, profile {prof.name}")
+    print(f"communication per micro-batch: forward {list(map(lambda x: round(x, 4), spec.comm_forward))} s, "
+          f"backward {list(map(lambda x: round(x, 4), spec.comm_backward))} s")
+    print(f"{'schedule':12s}{'iteration s':>12s}{'mb/s':>8s}{'hidden':>8s}{'exposed s':>11s}  peak activations per stage")
+    out = {}
+    for sch in SCHEDULES:
+        r = simulate(spec, sch)
+        hid, exp = hidden_fraction(r), exposed_time(spec, sch)
+        print(f"{sch:12s}{r.makespan:12.3f}{r.throughput:8.2f}{hid:8.1%}{exp:11.3f}  "
+              f"{r.peak_activations} ({', '.join(f'{b / 2**30:.1f} GiB' for b in r.peak_memory)})")
+        out[sch] = dict(r.to_dict(), hidden=hid, exposed=exp)
+    return {"name": name, "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__}, "schedules": out}
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    cfg = SolverConfig(time_budget=args.time_budget, rounds=args.rounds, seed=args.seed)
+    explicit = [args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec, args.shape]
+    if not (any(explicit) or args.case or args.all_cases or args.pipeline):
+        raise UserError("nothing to do: give --src-mesh/--src-spec/--dst-mesh/--dst-spec/--shape, "
+                        "--case N, --all-cases or --pipeline NAME (see --help)")
+    if any(explicit) and not all(explicit):
+        raise UserError("a task needs all of --src-mesh, --src-spec, --dst-mesh, --dst-spec and --shape")
+    paper = args.case or args.all_cases or args.pipeline
+    prof = profiles.Profile.load(args.profile or (case_profile() if paper and not any(explicit)
+                                                  else profiles.DEFAULT_PROFILE))
+    results = {"kind": RESULTS_KIND, "version": RESULTS_VERSION, "profile": prof.name, "cases": [], "pipelines": []}
+    tasks = []
+    if all(explicit):
+        task = build_task(parse_mesh_shape(args.src_mesh), args.src_spec, parse_mesh_shape(args.dst_mesh),
+                          args.dst_spec, _shape(args.shape), args.dtype, _devices_per_host(args, prof),
+                          shared=args.shared_devices)
+        tasks.append(("task", task, None))
+    names = case_names() if args.all_cases else ([args.case] if args.case else [])
+    dph = args.devices_per_host or int(prof.hardware.get("gpus_per_node") or 4)
+    for n in names:
+        c = load_case(n, dph)
+        tasks.append((f"case {c.name}", c.task, c.paper_speedup))
+    for name, task, paper_speedup in tasks:
+        entry = run_task(name, task, prof, args, cfg)
+        if paper_speedup:
+            entry["paper_speedup_vs_allgather"] = paper_speedup
+        results["cases"].append(entry)
+    if args.plan_out:
+        if len(tasks) != 1:
+            raise UserError("--plan-out writes one plan: give one task or one --case")
+        path = Plan.from_dict(results["cases"][0]["chosen"]).save(args.plan_out)
+        print(f"plan written to {path}")
+    if args.pipeline:
+        results["pipelines"].append(run_pipeline(args.pipeline, prof, args, cfg))
+    if args.results:
+        path = Path(args.results)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"results written to {path}")
+    return 0
