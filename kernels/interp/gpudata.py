@@ -1,0 +1,76 @@
+"""GPU-side helpers shared by the benchmark and the GPU check: fresh random data,
+poisoned outputs, comparison with NCCL's result, CUDA-graph timing."""
+from __future__ import annotations
+
+import numpy as np
+
+POISON = {"float32": 0xFFFFFFFF, "bfloat16": 0xFFFF, "float16": 0xFFFF}   # NaN bit patterns
+STORAGE = {"float32": "uint32", "bfloat16": "uint16", "float16": "uint16"}
+RTOL = {"float32": 1e-6, "bfloat16": 1e-2, "float16": 1e-3}
+
+
+def empty(cp, dtype: str, n: int):
+    """A device buffer of ``n`` elements held as raw bits (CuPy has no bfloat16)."""
+    return cp.empty(max(n, 1), dtype=STORAGE[dtype])
+
+
+def fill_random(cp, buf, dtype: str, seed: int) -> None:
+    """Fresh standard-normal values (never zeros), rounded to ``dtype``."""
+    rs = cp.random.RandomState(seed)
+    x = rs.standard_normal(buf.size, dtype=cp.float32)
+    if dtype == "float32":
+        buf[...] = x.view(cp.uint32)
+    elif dtype == "float16":
+        buf[...] = x.astype(cp.float16).view(cp.uint16)
+    else:
+        bits = x.view(cp.uint32)
+        buf[...] = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(cp.uint16)
+
+
+def poison(buf, dtype: str) -> None:
+    buf.fill(POISON[dtype])
+
+
+def as_float(cp, buf, dtype: str):
+    if dtype == "float32":
+        return buf.view(cp.float32)
+    if dtype == "float16":
+        return buf.view(cp.float16).astype(cp.float32)
+    return (buf.astype(cp.uint32) << 16).view(cp.float32)
+
+
+def compare(cp, got, want, dtype: str, n: int) -> tuple[bool, float]:
+    """(equal within rounding and fully written, max relative error) over the first ``n`` elements."""
+    g, w = as_float(cp, got[:n], dtype), as_float(cp, want[:n], dtype)
+    if not bool(cp.isfinite(w).all()):
+        return False, float("nan")
+    err = cp.abs(g - w) / (cp.abs(w) + 1e-3)
+    bad = ~cp.isfinite(g) | (err > RTOL[dtype])
+    return not bool(bad.any()), float(cp.nan_to_num(err, nan=np.inf).max()) if n else 0.0
+
+
+def capture(stream, call, ncalls: int):
+    """``ncalls`` calls of ``call(stream)`` captured in one CUDA graph, replayed once to warm up."""
+    stream.begin_capture()
+    for _ in range(ncalls):
+        call(stream)
+    graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    return graph
+
+
+def time_graphs(cp, mpi_comm, stream, graphs: dict, ncalls: int, reps: int) -> dict[str, list[float]]:
+    """Seconds per call of each graph, replayed ``reps`` times in turn (interleaved, so that
+    both sides see the same machine state), each replay timed with CUDA events."""
+    out: dict[str, list[float]] = {k: [] for k in graphs}
+    for _ in range(reps):
+        for name, graph in graphs.items():
+            mpi_comm.Barrier()
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(stream)
+            graph.launch(stream)
+            e1.record(stream)
+            e1.synchronize()
+            out[name].append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / ncalls)
+    return out

@@ -1,0 +1,110 @@
+"""Presets of the interpreter runtime, kept as JSON data files in kernels/interp/presets:
+the transport (FIFO slots per protocol, threads per block, channel and split limits)
+and the programs to load with the size range each serves."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrate.errors import UserError
+from kernels.gc3.ir import Protocol
+
+PRESET_VERSION = 1
+PRESET_DIR = Path(__file__).parent / "presets"
+PROGRAM_DIR = Path(__file__).parent / "programs"
+DEFAULT_PRESET = "h200x2"
+
+
+@dataclass(frozen=True)
+class Fifo:
+    slots: int
+    slot_bytes: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One loaded program and the sizes (the whole buffer, nccl-tests' "size") it serves:
+    ``min_bytes <= size < max_bytes`` (``max_bytes`` 0: no upper bound)."""
+
+    program: str
+    protocol: Protocol | None = None     # None: the program's own
+    min_bytes: int = 0
+    max_bytes: int = 0
+    bytes_per_block: int = 1 << 17
+    max_split: int = 1
+
+    def covers(self, nbytes: int) -> bool:
+        return nbytes >= self.min_bytes and (self.max_bytes == 0 or nbytes < self.max_bytes)
+
+    def path(self) -> Path:
+        p = Path(self.program)
+        return p if p.is_absolute() or p.exists() else PROGRAM_DIR / p
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    threads: int
+    max_channels: int
+    max_split: int
+    fifo: dict[Protocol, Fifo]
+    entries: tuple[Entry, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "version": PRESET_VERSION, "threads": self.threads, "max_channels": self.max_channels,
+            "max_split": self.max_split,
+            "fifo": {p.value: {"slots": f.slots, "slot_bytes": f.slot_bytes} for p, f in self.fifo.items()},
+            "programs": [{"program": e.program, "protocol": e.protocol.value if e.protocol else None,
+                          "min_bytes": e.min_bytes, "max_bytes": e.max_bytes,
+                          "bytes_per_block": e.bytes_per_block, "max_split": e.max_split} for e in self.entries],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, name: str = "") -> "Preset":
+        if data.get("version") != PRESET_VERSION:
+            raise UserError(f"preset {name!r} has version {data.get('version')!r}, this runtime reads "
+                            f"{PRESET_VERSION}; update the preset file")
+        try:
+            fifo = {Protocol(k): Fifo(int(v["slots"]), int(v["slot_bytes"])) for k, v in data["fifo"].items()}
+            entries = tuple(Entry(program=e["program"],
+                                  protocol=Protocol(e["protocol"]) if e.get("protocol") else None,
+                                  min_bytes=int(e.get("min_bytes", 0)), max_bytes=int(e.get("max_bytes", 0)),
+                                  bytes_per_block=int(e.get("bytes_per_block", 1 << 17)),
+                                  max_split=int(e.get("max_split", 1)))
+                            for e in data.get("programs", []))
+            preset = cls(name=name, threads=int(data["threads"]), max_channels=int(data["max_channels"]),
+                         max_split=int(data["max_split"]), fifo=fifo, entries=entries)
+        except (KeyError, ValueError, TypeError) as e:
+            raise UserError(f"preset {name!r} is malformed ({e}); compare it with presets/{DEFAULT_PRESET}.json") \
+                from None
+        preset.validate()
+        return preset
+
+    def validate(self) -> None:
+        if not 32 <= self.threads <= 512 or self.threads % 32:
+            raise UserError(f"preset {self.name!r}: threads={self.threads}; use a multiple of 32 up to 512")
+        for p in (Protocol.SIMPLE, Protocol.LL):
+            f = self.fifo.get(p)
+            if f is None or f.slots < 1 or f.slot_bytes < 256 or f.slot_bytes % 256:
+                raise UserError(f"preset {self.name!r}: fifo {p.value} needs slots >= 1 and slot_bytes a "
+                                f"multiple of 256")
+        for e in self.entries:
+            if e.max_split > self.max_split or e.max_split < 1:
+                raise UserError(f"preset {self.name!r}: {e.program} max_split={e.max_split} outside "
+                                f"1..{self.max_split}")
+
+
+def load_preset(name_or_path: str = DEFAULT_PRESET) -> Preset:
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = PRESET_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
+        raise UserError(f"no interpreter preset {name_or_path!r}; use one of {known} or a JSON file path")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e}); fix the file") from None
+    return Preset.from_json(data, name=path.stem)

@@ -1,0 +1,284 @@
+"""The interpreter's GPU runtime: one process per GPU, run under mpirun.
+
+    comm = Communicator(MPI.COMM_WORLD)               # pool, IPC handles, NCCL, programs
+    comm.prepare("allreduce", count, "float32")       # scratch, before any graph capture
+    comm.allreduce(x, y, count, "float32", stream=s)  # a loaded program, or NCCL
+    comm.explain("allreduce", count, "float32")       # which ran and why
+
+Launches go on the given stream and are capturable in a CUDA graph: the
+transport's counters and the semaphores live in device memory and only grow.
+All thread blocks of a launch must be co-resident (they wait on each other):
+a launch that the GPU cannot hold at once is refused before it starts.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibrate.errors import UserError
+from kernels.gc3.ir import Program, Protocol
+from kernels.gc3.xml_io import read_xml
+
+from kernels.interp import pack
+from kernels.interp.layout import Layout
+from kernels.interp.preset import DEFAULT_PRESET, Entry, Preset, load_preset
+from kernels.interp.select import Choice, choose
+
+SOURCE = Path(__file__).with_name("interp.cu")
+KERNELS = {"float32": "gc3_interp_f32", "bfloat16": "gc3_interp_bf16", "float16": "gc3_interp_f16"}
+NCCL_DTYPES = {"float32": 7, "float16": 6, "bfloat16": 9}
+NCCL_SUM = 0
+_IPC_LAZY_PEER = 1
+_D2D = 3
+
+
+def _include_dirs() -> list[str]:
+    """Directories holding cuda_bf16.h for NVRTC (CuPy ships cuda_fp16.h only on some builds)."""
+    cands = [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
+    try:
+        import nvidia.cuda_runtime as ncr  # the pip CUDA runtime's headers, when present
+        cands += [str(Path(p)) for p in ncr.__path__]
+    except ImportError:
+        pass
+    out = []
+    for c in cands:
+        for inc in (Path(c) / "include", Path(c)):
+            if c and (inc / "cuda_bf16.h").is_file() and str(inc) not in out:
+                out.append(str(inc))
+    return out
+
+
+@dataclass
+class _State:
+    """Device arrays of one (program, protocol, split) launch configuration."""
+
+    tbs: object
+    steps: object
+    deps: object
+    conns: object
+    sems: object
+    epochs: object
+    grid: int
+
+
+class Communicator:
+    def __init__(self, mpi_comm, preset: str | Preset = DEFAULT_PRESET, entries: list[Entry] | None = None):
+        import cupy as cp
+        from cupy.cuda import nccl
+
+        self.cp, self.nccl_mod = cp, nccl
+        self.mpi = mpi_comm
+        self.rank, self.nranks = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        self.preset = preset if isinstance(preset, Preset) else load_preset(preset)
+        dev = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        self.sm_count = props["multiProcessorCount"]
+        self.cc = f"{props['major']}{props['minor']}"
+
+        uid = nccl.get_unique_id() if self.rank == 0 else None
+        uid = mpi_comm.bcast(uid, root=0)
+        self.nccl = nccl.NcclCommunicator(self.nranks, uid, self.rank)
+
+        self.layout = Layout(self.nranks, self.preset.max_channels, self.preset.max_split, self.preset.fifo)
+        self.pool = cp.cuda.runtime.malloc(self.layout.nbytes)
+        cp.cuda.runtime.memset(self.pool, 0, self.layout.nbytes)
+        cp.cuda.runtime.deviceSynchronize()
+        handles = mpi_comm.allgather(cp.cuda.runtime.ipcGetMemHandle(self.pool))
+        self.bases = [self.pool if r == self.rank else cp.cuda.runtime.ipcOpenMemHandle(h, _IPC_LAZY_PEER)
+                      for r, h in enumerate(handles)]
+        mpi_comm.Barrier()
+
+        opts = ("-std=c++17", f"--gpu-architecture=sm_{self.cc}") + tuple(f"-I{d}" for d in _include_dirs())
+        self.module = cp.RawModule(code=SOURCE.read_text(), options=opts)
+        self.kernels = {dt: self.module.get_function(name) for dt, name in KERNELS.items()}
+        self.max_resident = {dt: self._max_resident(k) for dt, k in self.kernels.items()}
+
+        self.loaded: list[tuple[Entry, Program]] = []
+        self._packed: dict[int, pack.Packed] = {}
+        for entry in (self.preset.entries if entries is None else entries):
+            self.load(entry)
+        self._states: dict[tuple, _State] = {}
+        self._scratch = None
+        self._scratch_bytes = 0
+
+    # ---- programs ----
+    def load(self, entry: Entry, program: Program | None = None) -> Program:
+        """Read (unless given), validate for this communicator and keep ``entry``'s program."""
+        program = program if program is not None else read_xml(entry.path())
+        packed = pack.pack(program, self.rank, self.nranks)
+        chans = max(packed.chan, default=0)
+        if chans >= self.preset.max_channels:
+            raise UserError(f"program {program.name!r} uses channel {chans}; the preset allows "
+                            f"{self.preset.max_channels}: raise max_channels in the preset")
+        self.loaded.append((entry, program))
+        self._packed[id(program)] = packed
+        return program
+
+    def _max_resident(self, kernel) -> int:
+        regs = kernel.num_regs
+        warps = self.preset.threads // 32
+        per_warp = -(-regs * 32 // 256) * 256
+        by_regs = 65536 // (per_warp * warps) if regs else 32
+        return self.sm_count * max(0, min(by_regs, 2048 // self.preset.threads, 32))
+
+    def _state(self, program: Program, protocol: Protocol, split: int, dtype: str) -> _State:
+        key = (id(program), protocol, split)
+        st = self._states.get(key)
+        if st is not None:
+            return st
+        cp = self.cp
+        packed = self._packed[id(program)]
+        grid = packed.ntb * split
+        if grid > self.max_resident[dtype]:
+            raise UserError(f"program {program.name!r} with split {split} needs {grid} co-resident thread blocks, "
+                            f"the GPU holds {self.max_resident[dtype]}; lower max_split or bytes_per_block")
+        conns = np.zeros((grid, 2, 4), dtype=np.uint64)
+        for tb in range(packed.ntb):
+            for j in range(split):
+                b = tb * split + j
+                if packed.send_peer[tb] >= 0:
+                    conns[b, 0] = self.layout.send_conn(protocol, self.rank, packed.send_peer[tb], packed.chan[tb],
+                                                        j, self.bases)
+                if packed.recv_peer[tb] >= 0:
+                    conns[b, 1] = self.layout.recv_conn(protocol, self.rank, packed.recv_peer[tb], packed.chan[tb],
+                                                        j, self.bases)
+        st = _State(cp.asarray(packed.tbs), cp.asarray(packed.steps), cp.asarray(packed.deps), cp.asarray(conns),
+                    cp.zeros(grid, dtype=cp.uint64), cp.zeros(grid, dtype=cp.uint64), grid)
+        self._states[key] = st
+        return st
+
+    # ---- selection ----
+    def choose(self, collective: str, count: int, dtype: str, op: str = "sum") -> Choice:
+        return choose(self.loaded, collective, count, dtype, self.nranks, self.preset.max_split, op)
+
+    def explain(self, collective: str, count: int, dtype: str = "float32", op: str = "sum") -> str:
+        return self.choose(collective, count, dtype, op).reason
+
+    def choice_for(self, program: Program, protocol: Protocol, split: int, count: int, dtype: str,
+                   op: str = "sum") -> Choice:
+        """A launch of one loaded ``program`` with a given protocol and split, bypassing selection."""
+        if id(program) not in self._packed:
+            raise UserError(f"program {program.name!r} is not loaded; call load() first")
+        pack.check_request(program, dtype, op, protocol)
+        if not 1 <= split <= self.preset.max_split:
+            raise UserError(f"split {split} outside 1..{self.preset.max_split}; pick one in range")
+        chunk = pack.chunk_elems(program, count, self.nranks)
+        return Choice(Entry(program.name, protocol), program, protocol, chunk, split,
+                      reason=f"{program.name} forced with {protocol.value}, split {split}")
+
+    def prepare(self, collective: str, count: int, dtype: str = "float32", op: str = "sum") -> Choice:
+        """Allocate scratch and launch state for a call, outside any graph capture."""
+        c = self.choose(collective, count, dtype, op)
+        if not c.uses_nccl:
+            self._ensure_scratch(pack.scratch_elems(self._packed[id(c.program)], c.chunk) * pack.DTYPES[dtype])
+            self._state(c.program, c.protocol, c.split, dtype)
+        return c
+
+    def _ensure_scratch(self, nbytes: int) -> None:
+        if nbytes <= self._scratch_bytes:
+            return
+        if self.cp.cuda.get_current_stream().is_capturing():
+            raise UserError(f"scratch of {nbytes} bytes needed during graph capture; call prepare() with the "
+                            f"largest size before capturing")
+        self._scratch = self.cp.empty(nbytes, dtype=self.cp.uint8)
+        self._scratch_bytes = nbytes
+
+    # ---- calls ----
+    def allreduce(self, send, recv, count, dtype="float32", op="sum", stream=None) -> Choice:
+        return self.collective("allreduce", send, recv, count, dtype, op, stream)
+
+    def allgather(self, send, recv, count, dtype="float32", stream=None) -> Choice:
+        return self.collective("allgather", send, recv, count, dtype, "sum", stream)
+
+    def reducescatter(self, send, recv, count, dtype="float32", op="sum", stream=None) -> Choice:
+        return self.collective("reducescatter", send, recv, count, dtype, op, stream)
+
+    def alltoall(self, send, recv, count, dtype="float32", stream=None) -> Choice:
+        return self.collective("alltoall", send, recv, count, dtype, "sum", stream)
+
+    def collective(self, name, send, recv, count, dtype="float32", op="sum", stream=None,
+                   choice: Choice | None = None) -> Choice:
+        """Run collective ``name`` (NCCL's count convention) on cupy arrays ``send``/``recv``."""
+        cp = self.cp
+        stream = stream or cp.cuda.get_current_stream()
+        esize = pack.DTYPES.get(dtype)
+        if esize is None:
+            raise UserError(f"dtype {dtype!r} is not supported; use one of {', '.join(pack.DTYPES)}")
+        in_elems, out_elems = pack.buffer_elems(name, count, self.nranks)
+        for buf, need, label in ((send, in_elems, "send"), (recv, out_elems, "receive")):
+            if buf.nbytes < need * esize:
+                raise UserError(f"{name}: {label} buffer holds {buf.nbytes} bytes, the call needs {need * esize}; "
+                                f"pass a larger buffer or a smaller count")
+        c = choice or self.choose(name, count, dtype, op)
+        if c.uses_nccl:
+            self.nccl_collective(name, send.data.ptr, recv.data.ptr, count, dtype, stream)
+            return c
+        self._run(c, name, send.data.ptr, recv.data.ptr, count, dtype, stream)
+        return c
+
+    def nccl_collective(self, name, sptr, rptr, count, dtype, stream) -> None:
+        t, s = NCCL_DTYPES[dtype], stream.ptr
+        if name == "allreduce":
+            self.nccl.allReduce(sptr, rptr, count, t, NCCL_SUM, s)
+        elif name == "allgather":
+            self.nccl.allGather(sptr, rptr, count, t, s)
+        elif name == "reducescatter":
+            self.nccl.reduceScatter(sptr, rptr, count, t, NCCL_SUM, s)
+        elif name == "alltoall":
+            per = count // self.nranks
+            if per * self.nranks != count:
+                raise UserError(f"alltoall count {count} is not a multiple of {self.nranks} ranks; pad it")
+            esize = pack.DTYPES[dtype]
+            self.nccl_mod.groupStart()
+            for p in range(self.nranks):
+                self.nccl.send(sptr + p * per * esize, per, t, p, s)
+                self.nccl.recv(rptr + p * per * esize, per, t, p, s)
+            self.nccl_mod.groupEnd()
+        else:
+            raise UserError(f"NCCL has no collective {name!r}; load a program for it")
+
+    def _run(self, c: Choice, name, sptr, rptr, count, dtype, stream) -> None:
+        cp = self.cp
+        program, packed = c.program, self._packed[id(c.program)]
+        esize = pack.DTYPES[dtype]
+        in_elems, out_elems = pack.buffer_elems(name, count, self.nranks)
+        r = self.rank
+        inplace_call = {"allgather": sptr == rptr + r * count * esize,
+                        "reducescatter": rptr == sptr + r * count * esize}.get(name, sptr == rptr)
+        if program.inplace and not inplace_call:
+            # emulate out-of-place with the in-place program: put the input where the program expects it
+            if name == "allreduce":
+                cp.cuda.runtime.memcpyAsync(rptr, sptr, count * esize, _D2D, stream.ptr)
+                sptr = rptr
+            elif name == "allgather":
+                cp.cuda.runtime.memcpyAsync(rptr + r * count * esize, sptr, count * esize, _D2D, stream.ptr)
+                sptr = rptr + r * count * esize
+            else:
+                raise UserError(f"program {program.name!r} is in-place; call {name} in place or load an "
+                                f"out-of-place program")
+        elif not program.inplace and inplace_call:
+            raise UserError(f"program {program.name!r} is out-of-place; pass separate send and receive buffers")
+        pack.check_buffers(packed, c.chunk, in_elems, out_elems, program.name)
+        scratch_bytes = pack.scratch_elems(packed, c.chunk) * esize
+        self._ensure_scratch(scratch_bytes)
+        st = self._state(program, c.protocol, c.split, dtype)
+        fifo = self.preset.fifo[c.protocol]
+        tile = pack.tile_elems(c.protocol, fifo.slot_bytes, esize, packed.max_cnt)
+        scratch = self._scratch.data.ptr if self._scratch is not None else 0
+        args = (st.tbs, st.steps, st.deps, st.conns, np.uint64(sptr), np.uint64(rptr), np.uint64(scratch),
+                np.int64(c.chunk), np.int32(c.split), np.int64(tile), np.int32(pack.PROTOCOLS[c.protocol]),
+                np.int32(fifo.slots), np.int64(fifo.slot_bytes), st.sems, st.epochs)
+        with stream:
+            self.kernels[dtype]((st.grid,), (self.preset.threads,), args)
+
+    def close(self) -> None:
+        cp = self.cp
+        cp.cuda.runtime.deviceSynchronize()
+        for r, b in enumerate(self.bases):
+            if r != self.rank:
+                cp.cuda.runtime.ipcCloseMemHandle(b)
+        cp.cuda.runtime.free(self.pool)
+        self.bases = []

@@ -1,0 +1,188 @@
+"""GPU check of the GC3 interpreter: correctness against NCCL, bad input, benchmark.
+
+    export NCCL_NVLS_ENABLE=0
+    mpirun --allow-run-as-root -np 2 python3 tests/gpu/interp_check.py $OUT [--quick]
+
+One process per GPU. For every program that fits the rank count (the MSCCL XML
+files of ../shared/interop/msccl, or shared/interop/msccl inside the checkout,
+and kernels/interp/programs), for each protocol (Simple, LL), dtype (float32,
+bfloat16) and size (the smallest legal count, sizes that do not divide the tile,
+up to 1 GiB): fresh random inputs, outputs poisoned, result equal to NCCL's.
+Then the bad-input cases, then ``python -m kernels bench``. Writes
+$OUT/check.json, $OUT/bench.json; prints a short table last.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from calibrate.errors import UserError  # noqa: E402
+from kernels.gc3.interop import msccl_dir  # noqa: E402
+from kernels.gc3.ir import Protocol  # noqa: E402
+from kernels.gc3.xml_io import read_xml  # noqa: E402
+from kernels.interp import bench, gpudata, pack  # noqa: E402
+from kernels.interp.preset import PROGRAM_DIR, Entry  # noqa: E402
+from kernels.interp.select import Choice  # noqa: E402
+
+
+def program_files(nranks: int) -> list[Path]:
+    dirs = [msccl_dir(), PROGRAM_DIR]
+    out = []
+    for d in dirs:
+        for f in sorted(d.glob("*.xml")) if d.is_dir() else []:
+            if read_xml(f).ngpus == nranks and f.name not in {p.name for p in out}:
+                out.append(f)
+    return out
+
+
+def counts_for(program, nranks: int, max_bytes: int, esize: int) -> list[int]:
+    m = pack.min_count(program, nranks)
+    scale = nranks if program.collective in ("allgather", "reducescatter") else 1
+    wanted = [m, 3 * m, 1000 * m + m, (1 << 20) // esize + 7 * m, (1 << 24) // esize + 3 * m,
+              (1 << 26) // esize, max_bytes // esize // scale]
+    out = []
+    for c in wanted:
+        c = max(m, c // m * m)
+        if c * esize * scale <= max_bytes and c not in out:
+            out.append(c)
+    return out
+
+
+def log(msg: str, rank: int) -> None:
+    if rank == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def correctness(comm, cp, files, max_bytes: int, quick: bool) -> list[dict]:
+    from mpi4py import MPI
+
+    rank, nranks = comm.rank, comm.nranks
+    stream = cp.cuda.Stream(non_blocking=True)
+    rows = []
+    for f in files:
+        program = comm.load(Entry(str(f)))
+        for proto in (Protocol.SIMPLE, Protocol.LL):
+            for dtype in ("float32", "bfloat16"):
+                esize = pack.DTYPES[dtype]
+                cap = max_bytes if (dtype == "float32" and not quick) else min(max_bytes, 1 << 26)
+                for count in counts_for(program, nranks, cap, esize):
+                    in_n, out_n = pack.buffer_elems(program.collective, count, nranks)
+                    splits = sorted({1, pack.split_for(pack.chunk_elems(program, count, nranks) * esize,
+                                                       1 << 17, 16)})
+                    for split in splits:
+                        t0 = time.perf_counter()
+                        choice = comm.choice_for(program, proto, split, count, dtype)
+                        big = max(in_n, out_n)
+                        send = gpudata.empty(cp, dtype, in_n)
+                        ours, ref = gpudata.empty(cp, dtype, out_n), gpudata.empty(cp, dtype, out_n)
+                        gpudata.fill_random(cp, send, dtype, seed=7919 * rank + count + split)
+                        gpudata.poison(ref, dtype)
+                        comm.nccl_collective(program.collective, send.data.ptr, ref.data.ptr, count, dtype, stream)
+                        if program.inplace:
+                            work = gpudata.empty(cp, dtype, big)
+                            gpudata.poison(work, dtype)
+                            if program.collective == "allgather":
+                                work[rank * count:(rank + 1) * count] = send
+                                sbuf, rbuf = work[rank * count:(rank + 1) * count], work
+                            else:
+                                work[:in_n] = send
+                                sbuf = work
+                                rbuf = work[rank * count:(rank + 1) * count] if program.collective == \
+                                    "reducescatter" else work
+                        else:
+                            gpudata.poison(ours, dtype)
+                            sbuf, rbuf = send, ours
+                        cp.cuda.get_current_stream().synchronize()
+                        comm.collective(program.collective, sbuf, rbuf, count, dtype, stream=stream, choice=choice)
+                        stream.synchronize()
+                        ok, err = gpudata.compare(cp, rbuf, ref, dtype, out_n)
+                        ok = bool(comm.mpi.allreduce(int(ok), op=MPI.MIN))
+                        row = {"program": program.name, "file": f.name, "protocol": proto.value, "dtype": dtype,
+                               "count": count, "bytes": big * esize, "split": split, "ok": ok,
+                               "max_rel_err": err, "seconds": time.perf_counter() - t0}
+                        rows.append(row)
+                        log(f"check {f.name} {proto.value} {dtype} count={count} split={split}: "
+                            f"{'ok' if ok else 'WRONG'} (max rel err {err:.2e})", rank)
+                        del send, ours, ref
+                        cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def bad_input(comm, cp, files) -> list[dict]:
+    """Each case must raise UserError before anything is launched."""
+    rows = []
+    four = msccl_dir() / "ring_allreduce_4r_1ch_1inst_simple.xml"
+    ar = next(f for f in files if read_xml(f).collective == "allreduce")
+    prog = comm.load(Entry(str(ar)))
+    x = gpudata.empty(cp, "float32", 1 << 10)
+    y = gpudata.empty(cp, "float32", 1 << 10)
+    cases = {
+        "ir for another rank count": lambda: comm.load(Entry(str(four))) if four.is_file() else
+        (_ for _ in ()).throw(UserError("skipped: 4-rank file absent")),
+        "buffer smaller than the call": lambda: comm.collective("allreduce", x, y, 1 << 12, "float32",
+                                                                choice=comm.choice_for(prog, Protocol.SIMPLE, 1,
+                                                                                       1 << 12, "float32")),
+        "unsupported dtype": lambda: comm.choice_for(prog, Protocol.SIMPLE, 1, 1 << 10, "int8"),
+        "unsupported reduction": lambda: comm.choice_for(prog, Protocol.SIMPLE, 1, 1 << 10, "float32", op="max"),
+        "unsupported protocol": lambda: comm.choice_for(prog, Protocol.LL128, 1, 1 << 10, "float32"),
+        "more thread blocks than the GPU holds": lambda: comm.collective(
+            "allreduce", x, y, 1 << 10, "float32",
+            choice=Choice(Entry(prog.name), prog, Protocol.SIMPLE, chunk=1 << 10,
+                          split=comm.max_resident["float32"] // len(prog.gpus[0].threadblocks) + 1)),
+    }
+    for name, fn in cases.items():
+        try:
+            fn()
+            rows.append({"case": name, "ok": False, "message": "no error raised"})
+        except UserError as e:
+            rows.append({"case": name, "ok": True, "message": str(e)})
+    cp.cuda.Device().synchronize()
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    quick = "--quick" in argv
+    argv = [a for a in argv if a != "--quick"]
+    out = Path(argv[0] if argv else os.environ.get("OUT", "interp_check_out"))
+    from mpi4py import MPI
+    import cupy as cp
+    from kernels.interp.runtime import Communicator
+
+    world = MPI.COMM_WORLD
+    local = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    cp.cuda.Device(local).use()
+    comm = Communicator(world)
+    files = program_files(world.size)
+    log(f"programs for {world.size} ranks: {[f.name for f in files]}", world.rank)
+    max_bytes = 1 << 30
+    checks = correctness(comm, cp, files, max_bytes, quick)
+    bad = bad_input(comm, cp, files)
+    comm.close()
+    comm = Communicator(world)
+    args = bench.build_parser().parse_args(["--max-bytes", "16M" if quick else "1G"])
+    rows = bench.run(args, comm)
+    comm.close()
+    if world.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        device = cp.cuda.runtime.getDeviceProperties(local)["name"].decode()
+        (out / "check.json").write_text(json.dumps({"checks": checks, "bad_input": bad}, indent=1))
+        (out / "bench.json").write_text(json.dumps(bench.result_json(rows, device, world.size, "h200x2"), indent=1))
+        nbad = sum(not r["ok"] for r in checks)
+        print(f"\ncorrectness: {len(checks) - nbad}/{len(checks)} runs equal to NCCL "
+              f"({len({r['file'] for r in checks})} programs, Simple and LL, float32 and bfloat16)")
+        for r in bad:
+            print(f"bad input: {r['case']}: {'refused' if r['ok'] else 'NOT REFUSED'}: {r['message']}")
+        print(bench.table(rows))
+        return 0 if nbad == 0 and all(r["ok"] for r in bad) and all(r["correct"] for r in rows) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
