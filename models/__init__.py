@@ -1,1 +1,10 @@
-"""models"""
+"""Model presets (JSON data files in models/presets/) and their layer graphs.
+
+    load_model("gpt")                            # the default GPT preset
+    load_model("gpt", "gpt3-175b", {"batch": 1536})
+    load_model("path/to/model.json")             # {"kind": "gpt", "hidden": ..., ...}
+"""
+from models.graph import Layer, LayerGraph
+from models.loader import FIELDS, load_model, model_kinds, presets
+
+__all__ = ["Layer", "LayerGraph", "FIELDS", "load_model", "model_kinds", "presets"]

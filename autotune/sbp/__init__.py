@@ -1,0 +1,1 @@
+"""SBP strategy search (AutoDDL §4-§5): `python -m autotune --model gpt`."""

@@ -1,0 +1,183 @@
+"""Boxing: the collectives that turn one nd-SBP of a tensor into another.
+
+Per fine mesh axis the transition is one of (AutoDDL §4.3, OneFlow boxing):
+P->S(i) reduce-scatter, P->B all-reduce, S(i)->S(j) all-to-all, S(i)->B
+all-gather, B->S(i) a local slice, B->P a local zeroing (keep the value on
+coordinate 0), S(i)->P an all-gather then zeroing. Axes making the same
+transition run as one collective over the group they span. The phases run in
+the order that keeps messages small: free slices first, then reduce-scatters
+(intra-node part first, so the inter-node part moves 1/g of the bytes), then
+all-reduces, all-to-alls, and all-gathers last (inter-node part first). This
+yields the multi-step paths of §4.3, e.g. (S0, S1, P) -> (S0, S1: p1*p2) ->
+(S0, B, S1) is a reduce-scatter over p2 then an all-gather over p1.
+
+The backward pass moves the gradient from dual(dst) to dual(src) (B and P
+swap, S stays): forward reduce-scatter/all-gather become all-gather/
+reduce-scatter, a forward all-reduce (P->B) is free backward (B->P).
+
+Message sizes follow nccl-tests' ``size`` (calibrate.collectives): all-reduce
+the vector, reduce-scatter its input, all-gather its output, all-to-all one
+rank's whole send buffer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from calibrate.collectives import Collective, ring_coefficients
+from calibrate.errors import UserError
+from calibrate.profile import Profile
+
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.sbp import B, P, divides, dual, is_split, local_shape, split_dim
+
+LOCAL_OPS = ("slice", "zero")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One boxing step over the fine ``axes``; ``op`` a Collective value or a local op."""
+
+    op: str
+    axes: tuple[int, ...]
+    nbytes: int
+    src_dim: int = -1
+    dst_dim: int = -1
+
+    @property
+    def collective(self) -> Collective | None:
+        return None if self.op in LOCAL_OPS else Collective(self.op)
+
+
+def _local_elems(shape, cur, cluster) -> int:
+    return math.prod(local_shape(shape, tuple(cur), cluster))
+
+
+def _by_tier(axes, cluster, inter_first: bool):
+    intra = tuple(a for a in axes if not cluster.axis_inter[a])
+    inter = tuple(a for a in axes if cluster.axis_inter[a])
+    parts = (inter, intra) if inter_first else (intra, inter)
+    return [p for p in parts if p]
+
+
+def _path(shape, itemsize, src, dst, cluster, early_slices: bool) -> tuple[Step, ...]:
+    cur = list(src)
+    steps: list[Step] = []
+    n = len(cur)
+
+    def set_axes(axes, value_of):
+        for a in axes:
+            cur[a] = value_of(a)
+        if not divides(shape, tuple(cur), cluster):
+            raise ValueError("intermediate does not divide")
+
+    def slices():
+        axes = tuple(a for a in range(n) if cur[a] == B and is_split(dst[a]))
+        for d in sorted({split_dim(dst[a]) for a in axes}):
+            grp = tuple(a for a in axes if split_dim(dst[a]) == d)
+            set_axes(grp, lambda a: dst[a])
+            steps.append(Step("slice", grp, 0, -1, d))
+
+    if early_slices:
+        slices()
+    # P -> S(i): reduce-scatter, intra-node part first
+    rs = [a for a in range(n) if cur[a] == P and is_split(dst[a])]
+    for d in sorted({split_dim(dst[a]) for a in rs}):
+        for grp in _by_tier([a for a in rs if split_dim(dst[a]) == d], cluster, inter_first=False):
+            nb = _local_elems(shape, cur, cluster) * itemsize
+            set_axes(grp, lambda a: dst[a])
+            steps.append(Step(Collective.REDUCESCATTER.value, grp, nb, -1, d))
+    # P -> B: all-reduce
+    ar = tuple(a for a in range(n) if cur[a] == P and dst[a] == B)
+    if ar:
+        steps.append(Step(Collective.ALLREDUCE.value, ar, _local_elems(shape, cur, cluster) * itemsize))
+        set_axes(ar, lambda a: B)
+    # S(i) -> S(j): all-to-all
+    a2a = {a: (split_dim(cur[a]), split_dim(dst[a])) for a in range(n)
+           if is_split(cur[a]) and is_split(dst[a]) and cur[a] != dst[a]}
+    for i, j in sorted(set(a2a.values())):
+        grp = tuple(a for a in a2a if a2a[a] == (i, j))
+        nb = _local_elems(shape, cur, cluster) * itemsize
+        set_axes(grp, lambda a: dst[a])
+        steps.append(Step(Collective.ALLTOALL.value, grp, nb, i, j))
+    # S(i) -> B or P: all-gather, inter-node part first
+    ag = {a: split_dim(cur[a]) for a in range(n) if is_split(cur[a]) and dst[a] in (B, P)}
+    for d in sorted(set(ag.values())):
+        for grp in _by_tier([a for a in ag if ag[a] == d], cluster, inter_first=True):
+            set_axes(grp, lambda a: B)
+            steps.append(Step(Collective.ALLGATHER.value, grp, _local_elems(shape, cur, cluster) * itemsize, d, -1))
+    if not early_slices:
+        slices()
+    zero = tuple(a for a in range(n) if cur[a] == B and dst[a] == P)
+    if zero:
+        set_axes(zero, lambda a: P)
+        steps.append(Step("zero", zero, 0))
+    return tuple(steps)
+
+
+def box(shape: tuple[int, ...], itemsize: int, src: tuple[str, ...], dst: tuple[str, ...],
+        cluster: Cluster) -> tuple[Step, ...]:
+    """The steps that redistribute a tensor of ``shape`` from fine placements ``src`` to ``dst``."""
+    if len(src) != len(cluster.axis_sizes) or len(dst) != len(cluster.axis_sizes):
+        raise UserError(f"boxing needs one placement per fine mesh axis ({len(cluster.axis_sizes)}) on {cluster}")
+    local_shape(shape, src, cluster)
+    local_shape(shape, dst, cluster)
+    if src == dst:
+        return ()
+    for early in (True, False):
+        try:
+            return _path(shape, itemsize, src, dst, cluster, early)
+        except ValueError:
+            continue
+    raise UserError(
+        f"no boxing path from {src} to {dst} for shape {shape} keeps every intermediate evenly divisible: "
+        f"pick sizes divisible by the device count"
+    )
+
+
+def box_backward(shape, itemsize, src, dst, cluster) -> tuple[Step, ...]:
+    """Steps of the gradient's redistribution in the backward pass."""
+    return box(shape, itemsize, tuple(dual(p) for p in dst), tuple(dual(p) for p in src), cluster)
+
+
+class Coster:
+    """Times steps with a profile on a cluster, memoising per (collective, bytes, group)."""
+
+    def __init__(self, profile: Profile, cluster: Cluster):
+        self.profile = profile
+        self.cluster = cluster
+        self._memo: dict = {}
+        self._check_tiers()
+
+    def _check_tiers(self):
+        need = []
+        if self.cluster.gpus_per_node > 1:
+            need.append("intra")
+        if self.cluster.nodes > 1:
+            need.append("inter")
+        for tier in need:
+            if not self.profile.tiers.get(tier):
+                raise UserError(
+                    f"profile {self.profile.name!r} has no {tier} tier but the cluster {self.cluster} needs one: "
+                    f"pass --profile with a profile measured {'inside a node' if tier == 'intra' else 'across nodes'}"
+                )
+
+    def step_time(self, step: Step) -> float:
+        if step.op in LOCAL_OPS:
+            return 0.0
+        key = (step.op, step.nbytes, step.axes)
+        t = self._memo.get(key)
+        if t is None:
+            t = self.profile.time(Collective(step.op), step.nbytes, self.cluster.group(step.axes))
+            self._memo[key] = t
+        return t
+
+    def time(self, steps) -> float:
+        return sum(self.step_time(s) for s in steps)
+
+    def volume(self, step: Step, itemsize: int) -> float:
+        """Elements one rank sends in the ring algorithm (b(p) * n, Table 2)."""
+        if step.op in LOCAL_OPS:
+            return 0.0
+        p = self.cluster.group(step.axes).ranks
+        return ring_coefficients(Collective(step.op), p)[1] * step.nbytes / itemsize

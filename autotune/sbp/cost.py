@@ -1,0 +1,172 @@
+"""The search problem: per (tied) layer its strategies, their costs and memory,
+and the boxing costs between consecutive layers.
+
+Cost of a plan, seconds per training step (the communication the profile predicts):
+    redistribution = micro_batches * (boxing between consecutive layers, forward
+                     and backward, plus boxing inside layers)
+    gradient sync  = one all-reduce per weight over the axes where it is B while
+                     the layer's input is split (once per step: gradient accumulation)
+Memory per device = parameters * PARAM_BYTES + the inputs of every layer for one
+micro-batch (kept for the backward pass) * ACT_BYTES + SUMMA's gathered panels.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from calibrate.errors import UserError
+from models.graph import LayerGraph
+
+from autotune.sbp.boxing import Coster, Step, box, box_backward
+from autotune.sbp.layers import ACT_BYTES, PARAM_BYTES, Strategy, local_elems, make_op
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.sbp import B, NdSbp, is_split
+
+
+def grad_sync_axes(s: Strategy, w, cluster: Cluster) -> tuple[int, ...]:
+    wf = NdSbp(w.sbp, s.mesh).fine(cluster)
+    return tuple(a for a in range(len(wf)) if wf[a] == B and s.fine_in and is_split(s.fine_in[a]))
+
+
+def internal_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, str, tuple[Step, ...]]]:
+    """(tensor, direction, steps) of the boxing inside a layer, per micro-batch."""
+    out = []
+    for it in s.internal:
+        src, dst = NdSbp(it.src, s.mesh).fine(cluster), NdSbp(it.dst, s.mesh).fine(cluster)
+        out.append((it.tensor, "fwd", box(it.shape, it.itemsize, src, dst, cluster)))
+        if it.backward:
+            out.append((it.tensor, "bwd", box_backward(it.shape, it.itemsize, src, dst, cluster)))
+    return out
+
+
+def sync_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, Step]]:
+    out = []
+    for w in s.weights:
+        axes = grad_sync_axes(s, w, cluster)
+        if axes:
+            out.append((w.name, Step("allreduce", axes, local_elems(w, s.mesh, cluster) * ACT_BYTES)))
+    return out
+
+
+def memory(s: Strategy, cluster: Cluster) -> float:
+    params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
+    acts = local_elems(s.input, s.mesh, cluster) if s.input else 0
+    return params * PARAM_BYTES + (acts + s.extra_act_elems) * ACT_BYTES
+
+
+def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+    fwd = box(shape, ACT_BYTES, producer.fine_out, consumer.fine_in, cluster)
+    bwd = box_backward(shape, ACT_BYTES, producer.fine_out, consumer.fine_in, cluster)
+    return fwd, bwd
+
+
+class Problem:
+    """Variables are the distinct layers (repeated layers tied); choices their strategies."""
+
+    def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
+                 signatures=None, allow_partial: bool = True, progress=None):
+        self.graph, self.coster, self.cluster = graph, coster, coster.cluster
+        self.ops = [make_op(layer) for layer in graph.layers]
+        self.counts = graph.counts()
+        self.edge_counts = graph.edges()
+        self.mb = graph.micro_batches
+        self.memory_limit = memory_limit
+        self.choices: list[list[Strategy]] = []
+        for op in self.ops:
+            ss = op.strategies(self.cluster, signatures)
+            if not allow_partial:
+                ss = [s for s in ss if not s.uses_partial]
+            if not ss:
+                raise UserError(
+                    f"layer {op.layer.name} has no strategy on {self.cluster} (sizes do not divide): "
+                    f"pick a batch, micro-batch or hidden size divisible by the device count"
+                )
+            self.choices.append(ss)
+        if progress:
+            progress(f"{len(self.ops)} distinct layers, {sum(map(len, self.choices))} strategies, "
+                     f"search space 10^{sum(math.log10(len(c)) for c in self.choices):.1f}")
+        self.node_redist = [np.array([self.mb * sum(coster.time(st) for _, _, st in internal_steps(s, self.cluster))
+                                      for s in ss]) for ss in self.choices]
+        self.node_sync = [np.array([sum(coster.step_time(st) for _, st in sync_steps(s, self.cluster)) for s in ss])
+                          for ss in self.choices]
+        self.node = [c * (r + g).astype(float) for c, r, g in zip(self.counts, self.node_redist, self.node_sync)]
+        self.mem = [c * np.array([memory(s, self.cluster) for s in ss]) for c, ss in zip(self.counts, self.choices)]
+        self.min_memory = float(sum(m.min() for m in self.mem))
+        if memory_limit is not None and self.min_memory > memory_limit:
+            raise UserError(
+                f"no plan fits the memory limit of {memory_limit / 2**30:.1f} GiB per device: the smallest plan "
+                f"needs {self.min_memory / 2**30:.1f} GiB; raise --memory-limit, add devices or shrink the micro-batch"
+            )
+        self.incident: list[list[tuple[tuple[int, int], int]]] = [[] for _ in self.ops]
+        for (a, b), c in self.edge_counts.items():
+            self.incident[a].append(((a, b), c))
+            if b != a:
+                self.incident[b].append(((a, b), c))
+        self._edge: dict = {}
+        self.evaluations = 0
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(c) for c in self.choices]
+
+    def edge_cost(self, a: int, b: int, sa: int, sb: int) -> float:
+        """Seconds per step of boxing layer a's output (strategy sa) into layer b's input (sb), once."""
+        key = (a, b, sa, sb)
+        t = self._edge.get(key)
+        if t is None:
+            fwd, bwd = edge_steps(self.choices[a][sa], self.choices[b][sb], self.ops[a].out_shape, self.cluster)
+            t = self.mb * (self.coster.time(fwd) + self.coster.time(bwd))
+            self._edge[key] = t
+        return t
+
+    def edge_matrix(self, a: int, b: int) -> np.ndarray:
+        return np.array([[self.edge_cost(a, b, i, j) for j in range(len(self.choices[b]))]
+                         for i in range(len(self.choices[a]))])
+
+    def memory_of(self, assign) -> float:
+        return float(sum(m[s] for m, s in zip(self.mem, assign)))
+
+    def feasible(self, assign) -> bool:
+        return self.memory_limit is None or self.memory_of(assign) <= self.memory_limit
+
+    def cost(self, assign) -> float:
+        """Seconds of communication per step; inf if over the memory limit."""
+        self.evaluations += 1
+        if not self.feasible(assign):
+            return math.inf
+        total = sum(n[s] for n, s in zip(self.node, assign))
+        for (a, b), c in self.edge_counts.items():
+            total += c * self.edge_cost(a, b, assign[a], assign[b])
+        return float(total)
+
+    def candidates(self, assign, v: int) -> np.ndarray:
+        """Total cost for every choice of layer v, the others fixed (inf where memory is exceeded)."""
+        self.evaluations += len(self.choices[v])
+        out = self.node[v].astype(float)
+        for (a, b), c in self.incident[v]:
+            if a == b:
+                out += c * np.array([self.edge_cost(a, a, i, i) for i in range(len(self.choices[v]))])
+            elif a == v:
+                out += c * np.array([self.edge_cost(a, b, i, assign[b]) for i in range(len(self.choices[v]))])
+            else:
+                out += c * np.array([self.edge_cost(a, b, assign[a], i) for i in range(len(self.choices[v]))])
+        rest = sum(n[s] for i, (n, s) in enumerate(zip(self.node, assign)) if i != v)
+        rest += sum(c * self.edge_cost(a, b, assign[a], assign[b]) for (a, b), c in self.edge_counts.items()
+                    if a != v and b != v)
+        out = out + rest
+        if self.memory_limit is not None:
+            mem_rest = self.memory_of(assign) - self.mem[v][assign[v]]
+            out[mem_rest + self.mem[v] > self.memory_limit] = math.inf
+        return out
+
+    def min_memory_assignment(self) -> list[int]:
+        return [int(np.argmin(m)) for m in self.mem]
+
+    def random_assignment(self, rng: np.random.Generator, tries: int = 200) -> list[int]:
+        """A random assignment within the memory limit (falls back to the least memory one)."""
+        for _ in range(tries):
+            a = [int(rng.integers(n)) for n in self.sizes]
+            if self.feasible(a):
+                return a
+        return self.min_memory_assignment()

@@ -1,0 +1,283 @@
+"""Layer cost rules: each layer kind lists its legal SBP signatures on a cluster.
+
+A strategy fixes a role mesh and the placements of the layer's input, output
+and weights, plus any redistribution inside the layer (SUMMA's panel
+all-gathers, the softmax statistics of a vocabulary-split loss). Costs are
+derived generically (``autotune.sbp.cost``): internal boxings forward and,
+where marked, backward (the gradient's dual boxing); weight-gradient
+all-reduce over the axes where a weight is B while the layer's input is split
+(the work is divided there, so each device holds only part of the gradient).
+
+Matmul roles (AutoDDL §4.2.2, I W = O, I [m, k], W [k, n]):
+    role m: I S0, W B,  O S0      role n: I B, W S1, O S1      role k: I S1, W S0, O P
+Signature "autoddl" orders the roles (m, n, k): I (S0, B, S1), W (B, S1, S0),
+O (S0, S1, P), the paper's; "transposed" orders them (m, k, n): I (S0, S1, B),
+W (B, S0, S1), O (S0, P, S1) (Megatron's row-parallel layer is one instance);
+"summa" is the 2D algorithm of Xu et al. (baseline only).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from calibrate.errors import UserError
+from models.graph import Layer
+
+from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
+from autotune.sbp.sbp import B, P, NdSbp, divides, local_shape
+
+ACT_BYTES = 2  # activations and gradients in bf16/fp16
+# Mixed-precision Adam: fp16 weight (2) + fp16 gradient (2) + fp32 master weight,
+# momentum and variance (12) = 16 bytes per locally stored parameter (ZeRO paper's K=12).
+PARAM_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    sbp: tuple[str, ...]  # one placement per role
+
+
+@dataclass(frozen=True)
+class Internal:
+    """A redistribution inside a layer, per micro-batch."""
+
+    tensor: str
+    shape: tuple[int, ...]
+    itemsize: int
+    src: tuple[str, ...]
+    dst: tuple[str, ...]
+    backward: bool = True
+
+
+@dataclass(frozen=True)
+class Strategy:
+    signature: str
+    mesh: RoleMesh
+    input: Tensor | None
+    output: Tensor | None
+    weights: tuple[Tensor, ...] = ()
+    internal: tuple[Internal, ...] = ()
+    extra_act_elems: int = 0  # locally kept activations beyond the input (e.g. gathered SUMMA panels)
+    fine_in: tuple[str, ...] = field(default=(), compare=False)
+    fine_out: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def uses_partial(self) -> bool:
+        ts = [t for t in (self.input, self.output, *self.weights) if t is not None]
+        return any(P in t.sbp for t in ts) or any(P in i.src + i.dst for i in self.internal)
+
+    def sbp(self, t: Tensor, cluster: Cluster) -> str:
+        return NdSbp(t.sbp, self.mesh).format(cluster)
+
+
+def _finish(s: Strategy, cluster: Cluster) -> Strategy | None:
+    """Expand to fine axes; None if some tensor does not divide."""
+    for t in (s.input, s.output, *s.weights):
+        if t is not None and not divides(t.shape, NdSbp(t.sbp, s.mesh).fine(cluster), cluster):
+            return None
+    fi = NdSbp(s.input.sbp, s.mesh).fine(cluster) if s.input else ()
+    fo = NdSbp(s.output.sbp, s.mesh).fine(cluster) if s.output else ()
+    return Strategy(s.signature, s.mesh, s.input, s.output, s.weights, s.internal, s.extra_act_elems, fi, fo)
+
+
+def _dedupe(strats, cluster) -> list[Strategy]:
+    out, seen = [], set()
+    for s in strats:
+        s = _finish(s, cluster)
+        if s is None:
+            continue
+        key = (s.fine_in, s.fine_out, tuple(NdSbp(w.sbp, s.mesh).fine(cluster) for w in s.weights), s.internal)
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+MATMUL_ROLES = {"m": ("S0", B, "S0"), "n": (B, "S1", "S1"), "k": ("S1", "S0", P)}
+MATMUL_ORDERS = {"autoddl": "mnk", "transposed": "mkn"}
+
+
+class Op:
+    """One layer kind; ``strategies`` enumerates its legal signatures on a cluster."""
+
+    def __init__(self, layer: Layer):
+        self.layer = layer
+        self.dims = dict(layer.dims)
+
+    @property
+    def in_shape(self) -> tuple[int, ...] | None:
+        raise NotImplementedError
+
+    @property
+    def out_shape(self) -> tuple[int, ...] | None:
+        raise NotImplementedError
+
+    def strategies(self, cluster: Cluster, signatures=None) -> list[Strategy]:
+        raise NotImplementedError
+
+
+class Matmul(Op):
+    """linear / matmul, and embedding (k = vocabulary, the input one-hot token ids)."""
+
+    @property
+    def in_shape(self):
+        return (self.dims["tokens"], self.dims["k"])
+
+    @property
+    def out_shape(self):
+        return (self.dims["tokens"], self.dims["n"])
+
+    def build(self, sig: str, mesh: RoleMesh) -> Strategy:
+        t, k, n = self.dims["tokens"], self.dims["k"], self.dims["n"]
+        if sig == "summa":
+            sb = ("S0", "S1")
+            return Strategy(
+                "summa", mesh, Tensor("input", (t, k), sb), Tensor("output", (t, n), sb),
+                (Tensor("weight", (k, n), sb),),
+                (Internal("input", (t, k), ACT_BYTES, sb, ("S0", B)),
+                 Internal("weight", (k, n), ACT_BYTES, sb, (B, "S1"))),
+                extra_act_elems=(t // mesh.role_size(0)) * k + k * (n // mesh.role_size(1)),
+            )
+        roles = MATMUL_ORDERS[sig]
+        i, w, o = (tuple(MATMUL_ROLES[r][j] for r in roles) for j in range(3))
+        inp = None if self.layer.kind == "embedding" else Tensor("input", (t, k), i)
+        return Strategy(sig, mesh, inp, Tensor("output", (t, n), o), (Tensor("weight", (k, n), w),))
+
+    def strategies(self, cluster, signatures=None):
+        sigs = signatures or tuple(MATMUL_ORDERS)
+        out = []
+        for sig in sigs:
+            if sig == "summa":
+                out += [self.build(sig, m) for m in role_meshes(cluster, 2)]
+            else:
+                out += [self.build(sig, m) for m in role_meshes(cluster, 3)]
+        return _dedupe(out, cluster)
+
+
+class LayerNorm(Op):
+    """Normalises over the hidden dimension, so it needs it whole: tokens split
+    over one role, the other role computes redundantly (B)."""
+
+    @property
+    def in_shape(self):
+        return (self.dims["tokens"], self.dims["hidden"])
+
+    out_shape = in_shape
+
+    def strategies(self, cluster, signatures=None):
+        t, h = self.in_shape
+        return _dedupe([
+            Strategy("layernorm", m, Tensor("input", (t, h), ("S0", B)), Tensor("output", (t, h), ("S0", B)),
+                     (Tensor("weight", (2, h), (B, B)),))
+            for m in role_meshes(cluster, 2)
+        ], cluster)
+
+
+class Pointwise(Op):
+    """Elementwise ops and activations: any split of the input, no communication."""
+
+    @property
+    def in_shape(self):
+        return (self.dims["tokens"], self.dims["hidden"])
+
+    out_shape = in_shape
+
+    def strategies(self, cluster, signatures=None):
+        shape = self.in_shape
+        return _dedupe([
+            Strategy("pointwise", m, Tensor("input", shape, ("S0", "S1")), Tensor("output", shape, ("S0", "S1")))
+            for m in role_meshes(cluster, 2)
+        ], cluster)
+
+
+class Attention(Op):
+    """Self-attention core softmax(Q K^T) V: heads split (S1 of the fused QKV),
+    tokens split only at sequence boundaries (S0 must divide the micro-batch)."""
+
+    @property
+    def in_shape(self):
+        return (self.dims["tokens"], 3 * self.dims["hidden"])
+
+    @property
+    def out_shape(self):
+        return (self.dims["tokens"], self.dims["hidden"])
+
+    def strategies(self, cluster, signatures=None):
+        out = []
+        for m in role_meshes(cluster, 2):
+            if self.dims["micro_batch"] % m.role_size(0) or self.dims["heads"] % m.role_size(1):
+                continue
+            out.append(Strategy("attention", m, Tensor("input", self.in_shape, ("S0", "S1")),
+                                Tensor("output", self.out_shape, ("S0", "S1"))))
+        return _dedupe(out, cluster)
+
+
+class Loss(Op):
+    """Softmax cross-entropy over a vocabulary split on role 1: the row max and
+    sum (2 fp32 per token) are all-reduced over it; the gradient is local."""
+
+    @property
+    def in_shape(self):
+        return (self.dims["tokens"], self.dims["vocabulary"])
+
+    @property
+    def out_shape(self):
+        return None
+
+    def strategies(self, cluster, signatures=None):
+        t = self.dims["tokens"]
+        out = []
+        for m in role_meshes(cluster, 2):
+            stats = (Internal("softmax-stats", (t, 2), 4, ("S0", P), ("S0", B), backward=False),) if m.role_size(1) > 1 else ()
+            out.append(Strategy("loss", m, Tensor("input", self.in_shape, ("S0", "S1")), None, (), stats))
+        return _dedupe(out, cluster)
+
+
+class DataParallel(Op):
+    """Convolution and pooling: data parallel, the batch split over every device."""
+
+    @property
+    def in_shape(self):
+        return (self.dims["batch"], self.dims["in_features"])
+
+    @property
+    def out_shape(self):
+        return (self.dims["batch"], self.dims["out_features"])
+
+    def strategies(self, cluster, signatures=None):
+        mesh = RoleMesh(((cluster.nodes, cluster.gpus_per_node),))
+        w = self.dims.get("weights", 0)
+        weights = (Tensor("weight", (w,), (B,)),) if w else ()
+        s = _finish(Strategy(self.layer.kind, mesh, Tensor("input", self.in_shape, ("S0",)),
+                             Tensor("output", self.out_shape, ("S0",)), weights), cluster)
+        if s is None:
+            raise UserError(
+                f"layer {self.layer.name}: batch {self.dims['batch']} does not divide over {cluster.devices} devices; "
+                f"pick a (micro-)batch that is a multiple of {cluster.devices}"
+            )
+        return [s]
+
+
+OPS: dict[str, type[Op]] = {
+    "matmul": Matmul,
+    "embedding": Matmul,
+    "layernorm": LayerNorm,
+    "pointwise": Pointwise,
+    "attention": Attention,
+    "loss": Loss,
+    "conv": DataParallel,
+    "pool": DataParallel,
+}
+
+
+def make_op(layer: Layer) -> Op:
+    cls = OPS.get(layer.kind)
+    if cls is None:
+        raise UserError(f"layer {layer.name}: unknown kind {layer.kind!r}; use one of {', '.join(OPS)}")
+    return cls(layer)
+
+
+def local_elems(t: Tensor, mesh: RoleMesh, cluster: Cluster) -> int:
+    return math.prod(local_shape(t.shape, NdSbp(t.sbp, mesh).fine(cluster), cluster))

@@ -1,0 +1,95 @@
+"""Load a model (a preset of a kind, or a JSON file) and validate its fields."""
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from calibrate.errors import UserError
+
+from models.builders import BUILDERS
+from models.graph import LayerGraph
+
+# kind -> field -> type ("int" or "ints"); every field of a preset is overridable
+FIELDS: dict[str, dict[str, str]] = {
+    "gpt": {"layers": "int", "hidden": "int", "heads": "int", "sequence": "int", "vocabulary": "int",
+            "batch": "int", "micro_batch": "int", "ffn": "int"},
+    "mlp": {"dims": "ints", "batch": "int", "micro_batch": "int"},
+    "vgg13": {"batch": "int", "micro_batch": "int", "image": "int", "classes": "int"},
+    "u-transformer": {"widths": "ints", "layers_per_stage": "int", "head_dim": "int", "sequence": "int",
+                      "vocabulary": "int", "batch": "int", "micro_batch": "int"},
+}
+OPTIONAL = {"ffn"}
+
+
+def model_kinds() -> list[str]:
+    return sorted(BUILDERS)
+
+
+def _preset_file(kind: str) -> dict:
+    return json.loads(resources.files("models.presets").joinpath(f"{kind}.json").read_text())
+
+
+def presets(kind: str) -> tuple[str, list[str]]:
+    """(default preset, all preset names) of a model kind."""
+    d = _preset_file(kind)
+    return d["default"], sorted(d["presets"])
+
+
+def validate(kind: str, cfg: dict, origin: str) -> dict:
+    fields = FIELDS[kind]
+    unknown = sorted(set(cfg) - set(fields) - {"kind", "name", "description", "source"})
+    if unknown:
+        raise UserError(f"{origin}: unknown field {unknown[0]!r} for a {kind} model; fields are {', '.join(fields)}")
+    missing = sorted(set(fields) - set(cfg) - OPTIONAL)
+    if missing:
+        raise UserError(f"{origin}: missing field {missing[0]!r}; a {kind} model needs {', '.join(sorted(set(fields) - OPTIONAL))}")
+    for key, typ in fields.items():
+        if key not in cfg:
+            continue
+        v = cfg[key]
+        ok = (isinstance(v, int) and not isinstance(v, bool) and v > 0) if typ == "int" else (
+            isinstance(v, list) and len(v) >= 2 and all(isinstance(x, int) and x > 0 for x in v))
+        if not ok:
+            want = "a positive integer" if typ == "int" else "a list of at least two positive integers"
+            raise UserError(f"{origin}: field {key!r} is {v!r}; it must be {want}")
+    if cfg["batch"] % cfg["micro_batch"]:
+        raise UserError(f"{origin}: batch {cfg['batch']} is not a multiple of micro_batch {cfg['micro_batch']}; change one of them")
+    if kind == "gpt" and cfg["hidden"] % cfg["heads"]:
+        raise UserError(f"{origin}: hidden {cfg['hidden']} is not a multiple of heads {cfg['heads']}; change one of them")
+    if kind == "u-transformer" and any(w % cfg["head_dim"] for w in cfg["widths"]):
+        raise UserError(f"{origin}: every width must be a multiple of head_dim {cfg['head_dim']}")
+    if kind == "vgg13" and cfg["image"] % 32:
+        raise UserError(f"{origin}: image side {cfg['image']} must be a multiple of 32 (five 2x2 poolings)")
+    return cfg
+
+
+def load_model(model: str, preset: str | None = None, overrides: dict | None = None) -> LayerGraph:
+    """A model kind (with a preset) or a JSON file; ``overrides`` replace fields."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    path = Path(model)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise UserError(f"model file {model!r} does not exist: give a JSON file or one of {', '.join(model_kinds())}")
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"model file {model!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(cfg, dict) or cfg.get("kind") not in BUILDERS:
+            raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}")
+        if preset:
+            raise UserError("--preset applies to a model kind, not to a model file: drop --preset or the file")
+        kind, origin = cfg["kind"], f"model file {model!r}"
+    else:
+        kind = model
+        if kind not in BUILDERS:
+            raise UserError(f"unknown model {model!r}: use one of {', '.join(model_kinds())} or a JSON file")
+        default, names = presets(kind)
+        name = preset or default
+        if name not in names:
+            raise UserError(f"unknown preset {name!r} for {kind}: use one of {', '.join(names)}")
+        cfg = dict(_preset_file(kind)["presets"][name], name=name)
+        origin = f"{kind} preset {name!r}"
+    cfg = dict(cfg, **overrides)
+    validate(kind, cfg, origin)
+    return BUILDERS[kind](cfg)
