@@ -83,18 +83,23 @@ def output_chunks(program: Program, rank: int) -> int:
     return c
 
 
+def alias_index(collective: str, inplace: bool, ngpus: int, nchunks: int, rank: int, buf: Buffer,
+                off: int) -> tuple[Buffer, int]:
+    """The storage (buffer, chunk offset) of chunk ``buf[off]`` of ``rank`` (C = ``nchunks``)."""
+    if not inplace:
+        return buf, off
+    if collective == "allreduce" and buf == Buffer.OUTPUT:
+        return Buffer.INPUT, off
+    if collective == "allgather" and buf == Buffer.INPUT:
+        return Buffer.OUTPUT, rank * (nchunks // ngpus) + off
+    if collective == "reducescatter" and buf == Buffer.OUTPUT:
+        return Buffer.INPUT, rank * (nchunks // ngpus) + off
+    return buf, off
+
+
 def alias(program: Program, rank: int, buf: Buffer, off: int) -> tuple[Buffer, int]:
     """The storage (buffer, chunk offset) that chunk ``buf[off]`` of ``rank`` really is."""
-    if not program.inplace:
-        return buf, off
-    coll = program.collective
-    if coll == "allreduce" and buf == Buffer.OUTPUT:
-        return Buffer.INPUT, off
-    if coll == "allgather" and buf == Buffer.INPUT:
-        return Buffer.OUTPUT, rank * input_chunks(program) + off
-    if coll == "reducescatter" and buf == Buffer.OUTPUT:
-        return Buffer.INPUT, rank * output_chunks(program, rank) + off
-    return buf, off
+    return alias_index(program.collective, program.inplace, program.ngpus, program.nchunksperloop, rank, buf, off)
 
 
 def storage_chunks(program: Program, rank: int) -> dict[Buffer, int]:

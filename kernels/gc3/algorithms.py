@@ -1,0 +1,206 @@
+"""The algorithm library: parameterised GC3 DSL programs behind a registry.
+
+``ALGORITHMS[name](ranks, channels, instances, protocol, nodes=...) -> GC3Program``.
+``ranks`` is the total rank count; multi-node algorithms take ``nodes`` and use
+ranks // nodes GPUs per node (rank = node * G + local index).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from calibrate.errors import UserError
+from kernels.gc3.dsl import CollectiveSpec, GC3Program
+from kernels.gc3.ir import Buffer, Protocol
+
+I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
+
+
+def _reduce_chain(prog: GC3Program, ranks: list[int], index: int, count: int = 1, ch: int | None = None):
+    """Reduce input[index] along ``ranks``; the sum ends on the last one."""
+    c = prog.chunk(ranks[0], I, index, count)
+    for r in ranks[1:]:
+        c = prog.chunk(r, I, index, count).reduce(c, ch=ch)
+    return c
+
+
+def _copy_chain(c, ranks: list[int], buf: Buffer, index: int, ch: int | None = None):
+    for r in ranks:
+        c = c.copy(r, buf, index, ch=ch)
+    return c
+
+
+def _check(ranks: int, channels: int, nodes: int = 1) -> int:
+    if ranks < 2:
+        raise UserError(f"--ranks must be >= 2, got {ranks}")
+    if channels < 1:
+        raise UserError(f"--channels must be >= 1, got {channels}")
+    if nodes < 1 or ranks % nodes:
+        raise UserError(f"--ranks {ranks} is not a multiple of --nodes {nodes}")
+    return ranks // nodes
+
+
+def ring_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """Ring allreduce with ``channels`` rings (one chunk per rank per ring), in place."""
+    _check(ranks, channels)
+    prog = GC3Program(f"allreduce_ring_{channels}ch", CollectiveSpec("allreduce", ranks, ranks * channels, True),
+                      protocol, instances)
+    for ch in range(channels):
+        for r in range(ranks):
+            index = ch * ranks + r
+            order = [(r + 1 + k) % ranks for k in range(ranks)]  # ends on r
+            c = _reduce_chain(prog, order, index, ch=ch)
+            _copy_chain(c, order[:-1], I, index, ch=ch)
+    return prog
+
+
+def allpairs_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """All-pairs allreduce: rank r gathers and sums chunk r in scratch, then sends it to everyone."""
+    _check(ranks, channels)
+    prog = GC3Program("allreduce_allpairs", CollectiveSpec("allreduce", ranks, ranks, True), protocol, instances)
+    for r in range(ranks):
+        others = [q for q in range(ranks) if q != r]
+        for k, q in enumerate(others):
+            prog.chunk(q, I, r).copy(r, S, k, ch=k % channels)
+        for k in range(len(others)):
+            prog.chunk(r, I, r).reduce(prog.chunk(r, S, k))
+        for k, q in enumerate(others):
+            prog.chunk(r, I, r).copy(q, I, r, ch=k % channels)
+    return prog
+
+
+def hierarchical_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=2) -> GC3Program:
+    """Intra-node ring reduce-scatter, inter-node ring allreduce per local index, intra-node allgather."""
+    g = _check(ranks, channels, nodes)
+    if nodes < 2 or g < 2:
+        raise UserError("hierarchical allreduce needs --nodes >= 2 and >= 2 GPUs per node")
+    prog = GC3Program("hierarchical_allreduce", CollectiveSpec("allreduce", ranks, ranks, True), protocol, instances)
+    for index in range(ranks):
+        owner = index % g
+        home = (index // g) % nodes
+        # 1. on every node, reduce chunk `index` onto local GPU `owner`
+        for n in range(nodes):
+            local = [n * g + (owner + 1 + k) % g for k in range(g)]
+            _reduce_chain(prog, local, index)
+        # 2. across nodes, reduce onto node `home`, then broadcast back (GPUs with local index `owner`)
+        across = [((home + 1 + k) % nodes) * g + owner for k in range(nodes)]
+        c = _reduce_chain(prog, across, index)
+        _copy_chain(c, across[:-1], I, index)
+        # 3. on every node, broadcast from `owner` to the other GPUs
+        for n in range(nodes):
+            src = prog.chunk(n * g + owner, I, index)
+            _copy_chain(src, [n * g + (owner + 1 + k) % g for k in range(g - 1)], I, index)
+    return prog
+
+
+def rdh_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """Recursive halving reduce-scatter then recursive doubling allgather (ranks a power of 2)."""
+    _check(ranks, channels)
+    if ranks & (ranks - 1):
+        raise UserError(f"recursive halving-doubling needs a power-of-2 --ranks, got {ranks}")
+    prog = GC3Program("allreduce_recursive_doubling_halving", CollectiveSpec("allreduce", ranks, ranks, True),
+                      protocol, instances)
+    d = ranks // 2
+    while d >= 1:
+        for r in range(ranks):
+            p = r ^ d
+            lo = (r // (2 * d)) * 2 * d
+            keep_p = lo + (p & d)  # the half the partner keeps
+            prog.chunk(p, I, keep_p, d).reduce(prog.chunk(r, I, keep_p, d))
+        d //= 2
+    d = 1
+    while d < ranks:
+        for r in range(ranks):
+            lo = (r // d) * d
+            prog.chunk(r, I, lo, d).copy(r ^ d, I, lo)
+        d *= 2
+    return prog
+
+
+def ring_allgather(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """Ring allgather, in place, with ``channels`` rings each moving 1/channels of every input."""
+    _check(ranks, channels)
+    prog = GC3Program(f"allgather_ring_{channels}ch", CollectiveSpec("allgather", ranks, ranks * channels, True),
+                      protocol, instances)
+    for ch in range(channels):
+        for r in range(ranks):
+            c = prog.chunk(r, I, ch)
+            _copy_chain(c, [(r + 1 + k) % ranks for k in range(ranks - 1)], O, r * channels + ch, ch=ch)
+    return prog
+
+
+def ring_reducescatter(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """Ring reduce-scatter, in place: chunk r is summed along the ring and ends on rank r."""
+    _check(ranks, channels)
+    prog = GC3Program(f"reducescatter_ring_{channels}ch",
+                      CollectiveSpec("reducescatter", ranks, ranks * channels, True), protocol, instances)
+    for ch in range(channels):
+        for r in range(ranks):
+            _reduce_chain(prog, [(r + 1 + k) % ranks for k in range(ranks)], r * channels + ch, ch=ch)
+    return prog
+
+
+def twostep_alltoall(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=2) -> GC3Program:
+    """Two-step alltoall: gather what goes to GPU h of another node on local GPU h, then one send per node."""
+    g = _check(ranks, channels, nodes)
+    prog = GC3Program("alltoall_twostep", CollectiveSpec("alltoall", ranks, ranks), protocol, instances)
+    for n in range(nodes):
+        for a in range(g):
+            src = n * g + a
+            for b in range(g):
+                prog.chunk(src, I, n * g + b).copy(n * g + b, O, src)  # same node: direct
+                for m in range(nodes):
+                    if m != n:
+                        prog.chunk(src, I, m * g + b).copy(n * g + b, S, m * g + a)
+    for n in range(nodes):
+        for b in range(g):
+            for k, m in enumerate(x for x in range(nodes) if x != n):
+                prog.chunk(n * g + b, S, m * g, g).copy(m * g + b, O, n * g, ch=k % channels)
+    return prog
+
+
+def alltonext(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=2) -> GC3Program:
+    """AllToNext: rank r's buffer (G chunks) goes to rank r+1; across nodes it is spread over all G links."""
+    g = _check(ranks, channels, nodes)
+    pre = {(r, I, k): frozenset({(r, k)}) for r in range(ranks) for k in range(g)}
+    post = {(r, O, k): frozenset({(r - 1, k)}) for r in range(1, ranks) for k in range(g)}
+    spec = CollectiveSpec("custom", ranks, g, True, pre, post, "alltonext",
+                          input_sizes=[g] * ranks, output_sizes=[0] + [g] * (ranks - 1))
+    prog = GC3Program("alltonext", spec, protocol, instances)
+    for r in range(ranks - 1):
+        n, nxt = r // g, r + 1
+        if nxt // g == n:
+            prog.chunk(r, I, 0, g).copy(nxt, O, 0, ch=0)
+            continue
+        for j in range(g):
+            c = prog.chunk(r, I, j)
+            out_fwd, in_fwd = n * g + j, (n + 1) * g + j
+            if out_fwd != r:
+                c = c.copy(out_fwd, S, 0, ch=j % channels)   # scratch 0: outgoing
+            c = c.copy(in_fwd, S, 1, ch=j % channels)         # scratch 1: incoming
+            c.copy(nxt, O, j, ch=j % channels)
+    return prog
+
+
+AlgorithmFn = Callable[..., GC3Program]
+
+ALGORITHMS: dict[str, AlgorithmFn] = {
+    "ring_allreduce": ring_allreduce,
+    "allpairs_allreduce": allpairs_allreduce,
+    "hierarchical_allreduce": hierarchical_allreduce,
+    "rdh_allreduce": rdh_allreduce,
+    "ring_allgather": ring_allgather,
+    "ring_reducescatter": ring_reducescatter,
+    "twostep_alltoall": twostep_alltoall,
+    "alltonext": alltonext,
+}
+
+
+def build(name: str, ranks: int, channels: int = 1, instances: int = 1, protocol: Protocol | str = Protocol.SIMPLE,
+          nodes: int = 1) -> GC3Program:
+    if name not in ALGORITHMS:
+        raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
+    try:
+        protocol = Protocol(protocol)
+    except ValueError:
+        raise UserError(f"unknown protocol {protocol!r}; choose one of Simple, LL, LL128") from None
+    return ALGORITHMS[name](ranks, channels, instances, protocol, nodes=nodes)
