@@ -106,10 +106,11 @@ class GlobalAllGather(Strategy):
         return [self._job(unit, recv, opts)]
 
 
-def broadcast_chain(net: Network, sender: int, receivers) -> list[int]:
+def broadcast_chain(devices_per_host: int, sender: int, receivers) -> list[int]:
     """Sender first, then the receivers on its host, then the other hosts in order."""
-    hs = net.host(sender)
-    rest = sorted((d for d in receivers if d != sender), key=lambda d: (net.host(d) != hs, net.host(d), d))
+    def host(d):
+        return d // devices_per_host
+    rest = sorted((d for d in receivers if d != sender), key=lambda d: (host(d) != host(sender), host(d), d))
     return [sender] + rest
 
 
@@ -136,7 +137,7 @@ class Broadcast(Strategy):
         recv = tuple(sorted(unit.receivers))
         opts = []
         for s in unit.senders:
-            chain = broadcast_chain(net, s, recv)
+            chain = broadcast_chain(net.devices_per_host, s, recv)
             k, dur = best_partitions(net, chain, unit.nbytes)
             opts.append(Option(s, dur, net.ports(list(zip(chain, chain[1:])), (s, *recv)), k))
         return [self._job(unit, recv, opts)]
