@@ -68,9 +68,13 @@ class Segment:
 
 @dataclass
 class CollectiveModel:
-    """The fitted segments of one collective on one tier at one group size."""
+    """The fitted segments of one collective on one tier at one group size, with
+    the measured points they were fitted to ([bytes, median seconds]) and the
+    held-out validation of the fit, where the profile was measured."""
 
     segments: list[Segment]
+    points: list[list[float]] = field(default_factory=list)
+    validation: dict = field(default_factory=dict)
 
     def segment_for(self, nbytes: float) -> Segment:
         for seg in self.segments:
@@ -140,7 +144,7 @@ class Profile:
             "timing_mode": self.timing_mode,
             "tiers": {
                 tier: {
-                    coll: {p: {"segments": [asdict(s) for s in m.segments]} for p, m in by_p.items()}
+                    coll: {p: asdict(m) for p, m in by_p.items()}
                     for coll, by_p in colls.items()
                 }
                 for tier, colls in self.tiers.items()
@@ -181,7 +185,8 @@ class Profile:
                         segs.append(seg)
                     if not segs:
                         raise UserError(f"{origin}: {tier}/{coll}/p={p} has no segments")
-                    tiers[tier][coll][str(p)] = CollectiveModel(sorted(segs, key=lambda s: s.min_bytes))
+                    tiers[tier][coll][str(p)] = CollectiveModel(
+                        sorted(segs, key=lambda s: s.min_bytes), m.get("points", []), m.get("validation", {}))
         return cls(
             name=d["name"],
             provenance=d["provenance"],

@@ -1,0 +1,143 @@
+"""Least-squares fits of the alpha-beta model (AutoDDL §3), piecewise over size.
+
+For one collective, tier and group size p, the measured medians T(n) are fitted
+to T(n) = a(p)*alpha + b(p)*n*beta (``ring_coefficients``) minimising the
+squared *relative* error, with alpha, beta >= 0 (scipy's non-negative least
+squares on rows scaled by 1/T). Measured curves bend where NCCL switches
+protocol or algorithm, so the fit is piecewise: dynamic programming finds, for
+each number of segments up to a bound, the contiguous split of the sorted sizes
+with the least error, and the Bayesian information criterion picks the count.
+Segment boundaries lie at the geometric mean of the neighbouring sizes.
+
+Robustness: each size enters as the median of its samples (one outlier sample
+cannot move it); no point is dropped.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from calibrate.collectives import Collective, busbw_factor, ring_coefficients
+from calibrate.errors import UserError
+from calibrate.profile import Segment
+
+BIG = float(2 ** 62)
+
+
+def fit_alpha_beta(coll: Collective, p: int, n: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
+    """(alpha, beta, sum of squared relative residuals) for one segment."""
+    a, b = ring_coefficients(coll, p)
+    A = np.column_stack([np.full_like(n, a, dtype=float) / t, b * n / t])
+    scale = np.linalg.norm(A, axis=0)
+    scale[scale == 0] = 1.0
+    x, _ = nnls(A / scale, np.ones_like(t), maxiter=200)
+    alpha, beta = (x / scale).tolist()
+    rel = (a * alpha + b * n * beta - t) / t
+    return alpha, beta, float(rel @ rel)
+
+
+def _bic(sse: float, npts: int, nseg: int) -> float:
+    # 2 parameters per segment and a breakpoint between segments
+    k = 3 * nseg - 1
+    return npts * math.log(max(sse / npts, 1e-12)) + k * math.log(npts)
+
+
+def fit_piecewise(coll: Collective, p: int, n, t, max_segments: int = 4, min_points: int = 3) -> list[Segment]:
+    """Segments covering [0, inf) fitted to the points (n sorted ascending)."""
+    n = np.asarray(n, dtype=float)
+    t = np.asarray(t, dtype=float)
+    order = np.argsort(n)
+    n, t = n[order], t[order]
+    N = len(n)
+    if N < 2:
+        raise UserError(f"{coll.value} at p={p}: {N} size(s) measured, at least 2 are needed to fit alpha and beta")
+    if not (np.all(np.isfinite(t)) and np.all(t > 0) and np.all(np.isfinite(n))):
+        raise UserError(f"{coll.value} at p={p}: the measurements contain non-finite or non-positive times: measure again")
+    min_points = max(2, min(min_points, N))
+    cost: dict[tuple[int, int], tuple[float, float, float]] = {}
+    for i in range(N):
+        for j in range(i + min_points, N + 1):
+            cost[(i, j)] = fit_alpha_beta(coll, p, n[i:j], t[i:j])
+    # best[k][j]: least error of k segments covering points [0, j); back[k][j]: start of the last
+    max_k = max(1, min(max_segments, N // min_points))
+    inf = float("inf")
+    best = [[inf] * (N + 1) for _ in range(max_k + 1)]
+    back = [[-1] * (N + 1) for _ in range(max_k + 1)]
+    best[0][0] = 0.0
+    for k in range(1, max_k + 1):
+        for j in range(1, N + 1):
+            for i in range(0, j - min_points + 1):
+                if best[k - 1][i] < inf and (i, j) in cost:
+                    c = best[k - 1][i] + cost[(i, j)][2]
+                    if c < best[k][j]:
+                        best[k][j], back[k][j] = c, i
+    k_best = min((k for k in range(1, max_k + 1) if best[k][N] < inf), key=lambda k: _bic(best[k][N], N, k))
+    bounds, j = [], N
+    for k in range(k_best, 0, -1):
+        i = back[k][j]
+        bounds.append((i, j))
+        j = i
+    bounds.reverse()
+    segments = []
+    for idx, (i, j) in enumerate(bounds):
+        alpha, beta, sse = cost[(i, j)]
+        lo = 0.0 if idx == 0 else math.sqrt(n[i - 1] * n[i])
+        hi = BIG if idx == len(bounds) - 1 else math.sqrt(n[j - 1] * n[j])
+        segments.append(Segment(lo, hi, alpha, beta, {"points": j - i, "rms_rel_err": math.sqrt(sse / (j - i))}))
+    return segments
+
+
+def predict(coll: Collective, p: int, segments: list[Segment], n) -> np.ndarray:
+    out = []
+    for x in np.atleast_1d(n):
+        seg = next((s for s in segments if x < s.max_bytes), segments[-1])
+        out.append(seg.time(coll, float(x), p))
+    return np.asarray(out)
+
+
+@dataclass
+class Validation:
+    """Held-out errors: fitted on every other size, judged on the sizes left out."""
+
+    points: int
+    median_abs_rel_err: float
+    max_abs_rel_err: float
+    r2_log: float
+    rows: list[tuple[float, float, float]]  # (bytes, measured s, predicted s)
+
+    def as_dict(self) -> dict:
+        return {"method": "hold out every other size", "held_out_points": self.points,
+                "median_abs_rel_err": self.median_abs_rel_err, "max_abs_rel_err": self.max_abs_rel_err,
+                "r2_log_time": self.r2_log}
+
+
+def holdout(coll: Collective, p: int, n, t, max_segments: int = 4, min_points: int = 3) -> Validation | None:
+    """Fit on the even-indexed sizes, predict the odd ones. None with fewer than 6 sizes."""
+    n = np.asarray(n, dtype=float)
+    t = np.asarray(t, dtype=float)
+    order = np.argsort(n)
+    n, t = n[order], t[order]
+    if len(n) < 6:
+        return None
+    train, test = np.arange(0, len(n), 2), np.arange(1, len(n), 2)
+    segs = fit_piecewise(coll, p, n[train], t[train], max_segments, min_points)
+    pred = predict(coll, p, segs, n[test])
+    rel = np.abs(pred - t[test]) / t[test]
+    lt, lp = np.log(t[test]), np.log(np.maximum(pred, 1e-15))
+    ss_tot = float(((lt - lt.mean()) ** 2).sum())
+    r2 = 1 - float(((lt - lp) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    return Validation(len(test), float(np.median(rel)), float(rel.max()), r2,
+                      list(zip(n[test].tolist(), t[test].tolist(), pred.tolist())))
+
+
+def implied_busbw(coll: Collective, p: int, segments: list[Segment]) -> float:
+    """Bus bandwidth (bytes/s) that the largest-size segment implies: busbw-factor / (b(p)*beta).
+
+    On a flat fabric this is the same for every p; ``calibrate fit`` flags it when it is not.
+    """
+    beta = segments[-1].beta
+    _, b = ring_coefficients(coll, p)
+    return busbw_factor(coll, p) / (b * beta) if beta > 0 else float("inf")

@@ -1,0 +1,57 @@
+"""``python -m reports <results dirs or JSON files...> -o report.html``: one
+self-contained HTML report from any results the project writes (calibration
+runs, fitted profiles, plans, benchmarks), a section per kind."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from calibrate.cli import run_cli
+from calibrate.errors import UserError
+from reports.html import write_report
+from reports.sections import REGISTRY, builder
+
+
+def kind_of(path: Path) -> str:
+    if path.is_dir():
+        meta = path / "meta.json"
+        if not meta.exists():
+            raise UserError(f"{str(path)!r} has no meta.json: give a results directory or a JSON file the project wrote")
+        data = json.loads(meta.read_text())
+    elif path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise UserError(f"{str(path)!r} is not JSON: give a results directory or a JSON file the project wrote") from None
+    else:
+        raise UserError(f"{str(path)!r} does not exist")
+    kind = data.get("kind") or data.get("schema")
+    if kind not in REGISTRY:
+        raise UserError(f"{str(path)!r} is of kind {kind!r}, which no report section knows "
+                        f"(known: {', '.join(REGISTRY)})")
+    return kind
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n\n")[0])
+    p.add_argument("inputs", nargs="+", help="results directories and/or JSON files (profiles, plans, ...)")
+    p.add_argument("-o", "--out", default="report.html", help="HTML file to write. Default report.html")
+    p.add_argument("--title", default="Communication calibration and tuning report")
+    args = p.parse_args(argv)
+    by_kind: dict[str, list[Path]] = {}
+    for s in args.inputs:
+        path = Path(s)
+        by_kind.setdefault(kind_of(path), []).append(path)
+    sections = []
+    for kind in REGISTRY:  # registry order is the order of the flow
+        if kind in by_kind:
+            sections.extend(builder(kind)(by_kind[kind]))
+    out = write_report(args.out, args.title, sections, sources=[str(s) for s in args.inputs])
+    print(f"report written to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="reports"))

@@ -1,0 +1,87 @@
+"""The calibration harness for real: several MPI ranks on this machine."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="the mpich wheel's mpiexec is not installed")
+
+
+def calibrate(np_, *args, timeout=240):
+    cmd = [str(MPIEXEC), "-n", str(np_), sys.executable, "-m", "calibrate", "run", "--backend", "mpi", *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+SMALL = ["-b", "1K", "-e", "16K", "--iters", "3", "--reps", "3", "--warmup", "1"]
+
+
+def test_run_check_resume_and_fit(tmp_path):
+    out = tmp_path / "res"
+    r = calibrate(4, *SMALL, "--check", "--collectives", "allreduce,alltoall,sendrecv", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "#wrong" in r.stdout
+    stats = pd.read_csv(out / "stats.csv")
+    assert len(stats) == 3 * 5 and (stats["wrong"] == 0).all()
+    samples = pd.read_csv(out / "samples.csv")
+    assert len(samples) == 3 * 5 * 3
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["config"]["world_size"] == 4 and len(meta["ranks"]) == 4
+    # resume measures only what is missing: drop two rows as a kill would have
+    lines = (out / "stats.csv").read_text().splitlines(keepends=True)
+    (out / "stats.csv").write_text("".join(lines[:-2]) + lines[-2][:10])  # torn last line
+    r = calibrate(4, *SMALL, "--check", "--collectives", "allreduce,alltoall,sendrecv", "--out", str(out), "--resume")
+    assert r.returncode == 0, r.stderr
+    again = pd.read_csv(out / "stats.csv")
+    assert len(again) == 15 and again[["collective", "bytes"]].duplicated().sum() == 0
+    # a different configuration cannot resume the same directory
+    r = calibrate(4, *SMALL, "--mode", "isolated", "--out", str(out), "--resume")
+    assert r.returncode == 2 and "mode" in r.stderr and "Traceback" not in r.stderr
+    # without --resume an existing directory is refused
+    r = calibrate(4, *SMALL, "--out", str(out))
+    assert r.returncode == 2 and "--resume" in r.stderr
+    fit = subprocess.run([sys.executable, "-m", "calibrate", "fit", str(out), "-o", str(tmp_path / "p.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert fit.returncode == 0, fit.stderr
+    assert "heldout_median_%" in fit.stdout
+    rep = subprocess.run([sys.executable, "-m", "reports", str(out), str(tmp_path / "p.json"), "-o",
+                          str(tmp_path / "r.html")], capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert html.count("<svg") >= 3 and "Calibration" in html
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--collectives", "allreduse"], "unknown collective"),
+    (["-b", "1M", "-e", "1K"], "swap"),
+    (["-b", "0"], "positive"),
+    (["--mode", "graph"], "graph timing needs GPUs"),
+    (["--backend", "gloo"], "unknown backend"),
+    (["--out", "/proc/forbidden"], "cannot write"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    r = calibrate(2, *SMALL, "--out", str(tmp_path / "x"), *args)
+    assert r.returncode == 2
+    errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in r.stderr
+
+
+def test_isolated_mode_and_uneven_size_note(tmp_path):
+    r = calibrate(3, "-b", "1000", "-e", "1000", "--iters", "4", "--mode", "isolated", "--check",
+                  "--collectives", "allgather", "--out", str(tmp_path / "iso"))
+    assert r.returncode == 0, r.stderr
+    assert "rounded to 996 B" in r.stderr
+    st = pd.read_csv(tmp_path / "iso" / "stats.csv")
+    assert st["bytes"].tolist() == [996] and st["n"].tolist() == [4]
+
+
+def test_nccl_backend_without_gpu_is_a_clear_error(tmp_path):
+    r = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-m", "calibrate", "run", "--backend", "nccl",
+                        *SMALL, "--out", str(tmp_path / "n")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "error:" in r.stderr and ("cupy" in r.stderr or "no GPU" in r.stderr) and "Traceback" not in r.stderr
