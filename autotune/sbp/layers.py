@@ -65,14 +65,16 @@ class Strategy:
 
     @property
     def uses_partial(self) -> bool:
+        def partial(sbp):
+            return any(p == P and self.mesh.role_size(r) > 1 for r, p in enumerate(sbp))
         ts = [t for t in (self.input, self.output, *self.weights) if t is not None]
-        return any(P in t.sbp for t in ts) or any(P in i.src + i.dst for i in self.internal)
+        return any(partial(t.sbp) for t in ts) or any(partial(i.src) or partial(i.dst) for i in self.internal)
 
     def sbp(self, t: Tensor, cluster: Cluster) -> str:
         return NdSbp(t.sbp, self.mesh).format(cluster)
 
 
-def _finish(s: Strategy, cluster: Cluster) -> Strategy | None:
+def finish(s: Strategy, cluster: Cluster) -> Strategy | None:
     """Expand to fine axes; None if some tensor does not divide."""
     for t in (s.input, s.output, *s.weights):
         if t is not None and not divides(t.shape, NdSbp(t.sbp, s.mesh).fine(cluster), cluster):
@@ -82,13 +84,18 @@ def _finish(s: Strategy, cluster: Cluster) -> Strategy | None:
     return Strategy(s.signature, s.mesh, s.input, s.output, s.weights, s.internal, s.extra_act_elems, fi, fo)
 
 
+def fine_key(s: Strategy, cluster: Cluster) -> tuple:
+    """What a strategy does on the fine axes: equal keys are the same plan for the layer."""
+    return (s.fine_in, s.fine_out, tuple(NdSbp(w.sbp, s.mesh).fine(cluster) for w in s.weights), s.internal)
+
+
 def _dedupe(strats, cluster) -> list[Strategy]:
     out, seen = [], set()
     for s in strats:
-        s = _finish(s, cluster)
+        s = finish(s, cluster)
         if s is None:
             continue
-        key = (s.fine_in, s.fine_out, tuple(NdSbp(w.sbp, s.mesh).fine(cluster) for w in s.weights), s.internal)
+        key = fine_key(s, cluster)
         if key not in seen:
             seen.add(key)
             out.append(s)
@@ -133,11 +140,14 @@ class Matmul(Op):
         t, k, n = self.dims["tokens"], self.dims["k"], self.dims["n"]
         if sig == "summa":
             sb = ("S0", "S1")
+            gather_w = Internal("weight", (k, n), ACT_BYTES, sb, (B, "S1"))
+            if self.layer.kind == "embedding":
+                return Strategy("summa", mesh, None, Tensor("output", (t, n), sb), (Tensor("weight", (k, n), sb),),
+                                (gather_w,), extra_act_elems=k * (n // mesh.role_size(1)))
             return Strategy(
                 "summa", mesh, Tensor("input", (t, k), sb), Tensor("output", (t, n), sb),
                 (Tensor("weight", (k, n), sb),),
-                (Internal("input", (t, k), ACT_BYTES, sb, ("S0", B)),
-                 Internal("weight", (k, n), ACT_BYTES, sb, (B, "S1"))),
+                (Internal("input", (t, k), ACT_BYTES, sb, ("S0", B)), gather_w),
                 extra_act_elems=(t // mesh.role_size(0)) * k + k * (n // mesh.role_size(1)),
             )
         roles = MATMUL_ORDERS[sig]
@@ -250,7 +260,7 @@ class DataParallel(Op):
         mesh = RoleMesh(((cluster.nodes, cluster.gpus_per_node),))
         w = self.dims.get("weights", 0)
         weights = (Tensor("weight", (w,), (B,)),) if w else ()
-        s = _finish(Strategy(self.layer.kind, mesh, Tensor("input", self.in_shape, ("S0",)),
+        s = finish(Strategy(self.layer.kind, mesh, Tensor("input", self.in_shape, ("S0",)),
                              Tensor("output", self.out_shape, ("S0",)), weights), cluster)
         if s is None:
             raise UserError(

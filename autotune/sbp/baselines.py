@@ -1,0 +1,108 @@
+"""Baselines (AutoDDL §5): data parallelism, Megatron (tensor x data parallel,
+best mesh), SUMMA 2D (best mesh). Each is a fixed assignment in a Problem.
+
+Megatron on a (d, t) mesh: layer norms (S0: d, B: t); QKV, FC1 and logits
+column-parallel (autoddl signature on (d, t, 1): output (S0, S1)); attention
+(S0: d, S1(heads): t); the projection and FC2 row-parallel (transposed
+signature on (d, t, 1): output (S0, P), all-reduced before the layer norm);
+the embedding vocabulary-parallel ((d, 1, t): output partial over t). In a
+plain chain of matmuls (MLP, VGG's dense layers) column- and row-parallel
+alternate. Data parallelism is Megatron with t = 1.
+"""
+from __future__ import annotations
+
+import math
+
+from calibrate.errors import UserError
+
+from autotune.sbp.cost import Problem
+from autotune.sbp.layers import Matmul, finish, fine_key
+from autotune.sbp.mesh import RoleMesh, role_meshes
+
+ONE = (1, 1)
+
+
+class _Index:
+    """Find a layer's strategy by (signature, mesh), matching on what it does on the fine axes."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.by_key = [{fine_key(s, problem.cluster): i for i, s in enumerate(ss)} for ss in problem.choices]
+        self.by_sig = [{(s.signature, s.mesh): i for i, s in enumerate(ss)} for ss in problem.choices]
+
+    def get(self, v: int, key) -> int | None:
+        op = self.problem.ops[v]
+        if isinstance(op, Matmul):
+            try:
+                s = finish(op.build(*key), self.problem.cluster)
+            except UserError:
+                return None
+            return None if s is None else self.by_key[v].get(fine_key(s, self.problem.cluster))
+        return self.by_sig[v].get(key)
+
+
+def _index(problem: Problem) -> "_Index":
+    return _Index(problem)
+
+
+def megatron_assignment(problem: Problem, d, t) -> list[int] | None:
+    """The Megatron plan on mesh (d, t), or None if some layer cannot take it."""
+    idx = _index(problem)
+    assign: list[int | None] = [None] * len(problem.ops)
+    prev_split = False  # whether the previous layer's output is split over t along features
+    for v in problem.graph.chain:
+        op = problem.ops[v]
+        kind = op.layer.kind
+        if kind == "embedding":
+            key, split = ("autoddl", RoleMesh((d, ONE, t))), False
+        elif kind == "matmul":
+            key = ("transposed", RoleMesh((d, t, ONE))) if prev_split else ("autoddl", RoleMesh((d, t, ONE)))
+            split = not prev_split
+        elif kind in ("conv", "pool"):
+            key, split = (kind, problem.choices[v][0].mesh), False
+        else:
+            key, split = (kind, RoleMesh((d, t))), kind in ("attention", "pointwise")
+        i = idx.get(v, key)
+        if i is None:
+            return None
+        if assign[v] is not None and assign[v] != i:
+            return None
+        assign[v] = i
+        prev_split = split
+    return [int(a) for a in assign]
+
+
+def summa_assignment(problem: Problem, r, c) -> list[int] | None:
+    idx = _index(problem)
+    out = []
+    for v, op in enumerate(problem.ops):
+        kind = op.layer.kind
+        if kind in ("matmul", "embedding"):
+            key = ("summa", RoleMesh((r, c)))
+        elif kind in ("conv", "pool"):
+            key = (kind, problem.choices[v][0].mesh)
+        else:
+            key = (kind, RoleMesh((r, c)))
+        i = idx.get(v, key)
+        if i is None:
+            return None
+        out.append(i)
+    return out
+
+
+def best_mesh(problem: Problem, make) -> tuple[list[int] | None, float, tuple | None]:
+    """The cheapest plan ``make(problem, a, b)`` over all 2-role meshes (a, b)."""
+    best, best_cost, best_mesh_ = None, math.inf, None
+    for m in role_meshes(problem.cluster, 2):
+        a = make(problem, *m.sizes)
+        if a is None:
+            continue
+        cost = problem.cost(a)
+        if cost < best_cost or best is None:
+            best, best_cost, best_mesh_ = a, cost, m.sizes
+    return best, best_cost, best_mesh_
+
+
+def data_parallel(problem: Problem) -> list[int] | None:
+    cl = problem.cluster
+    return megatron_assignment(problem, (cl.nodes, cl.gpus_per_node), ONE)

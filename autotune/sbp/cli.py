@@ -1,0 +1,179 @@
+"""``python -m autotune``: search per-layer SBP distributions for a model.
+
+    python -m autotune --model gpt                     # default preset, cluster and profile
+    python -m autotune --model gpt --preset gpt3-175b --nodes 512 --gpus-per-node 8
+    python -m autotune --model mlp --nodes 128 --gpus-per-node 1 --profile piz-daint --search exhaustive
+
+Writes plan.json and report.html into --out (default ./autotune-out).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from calibrate.errors import UserError
+from calibrate.profile import DEFAULT_PROFILE, Profile
+from models import FIELDS, load_model, model_kinds
+
+from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.plan import PlanFile, build_plan
+from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, make_search
+
+DEFAULT_NODES, DEFAULT_GPUS = 4, 8
+DEFAULT_MEMORY_GIB = 80.0
+DEFAULT_OUT = "autotune-out"
+
+
+def parse_budget(text: str) -> Budget:
+    t = text.strip().lower()
+    try:
+        if t.endswith("steps"):
+            return Budget(steps=int(t[:-5]))
+        return Budget(seconds=float(t.rstrip("s")))
+    except ValueError:
+        raise UserError(f"bad --budget {text!r}: give seconds (e.g. 5) or steps (e.g. 2000steps)") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m autotune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt", help=f"model kind ({', '.join(model_kinds())}) or a JSON file (default gpt)")
+    ap.add_argument("--preset", help="preset of the model kind (default: the kind's default preset)")
+    ap.add_argument("--nodes", type=int, default=None, help=f"nodes (default {DEFAULT_NODES})")
+    ap.add_argument("--gpus-per-node", type=int, default=None, help=f"GPUs per node (default {DEFAULT_GPUS})")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"fitted profile name or JSON file (default {DEFAULT_PROFILE})")
+    ap.add_argument("--search", default="cd", choices=sorted(SEARCHES), help="search algorithm (default cd)")
+    ap.add_argument("--budget", default="2", help="time (seconds) or steps ('2000steps') per search (default 2 s)")
+    ap.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GIB,
+                    help=f"GiB per device, a hard constraint (default {DEFAULT_MEMORY_GIB:g})")
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"directory for plan.json and report.html (default ./{DEFAULT_OUT})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare", default="cd,mh,random",
+                    help="algorithms run for the convergence plot, each on the budget (default cd,mh,random; "
+                         "exhaustive is added when the space is small); 'none' to skip")
+    g = ap.add_argument_group("model fields (override the preset)")
+    seen = set()
+    for kind, fields in FIELDS.items():
+        for name, typ in fields.items():
+            if name in seen:
+                continue
+            seen.add(name)
+            flag = "--" + name.replace("_", "-")
+            if typ == "int":
+                g.add_argument(flag, dest=f"f_{name}", type=int, default=None, metavar="N")
+            else:
+                g.add_argument(flag, dest=f"f_{name}", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                               metavar="N,N,...")
+    return ap
+
+
+def progress(msg: str) -> None:
+    print(f"[autotune] {msg}", file=sys.stderr, flush=True)
+
+
+def run_search(problem: Problem, name: str, budget: Budget, seed: int):
+    progress(f"search {name} (budget {budget.seconds or ''}{' s' if budget.seconds else ''}"
+             f"{budget.steps or ''}{' steps' if budget.steps else ''})")
+    problem._edge.clear()
+    res = make_search(name).run(problem, budget, np.random.default_rng(seed))
+    progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
+    return res
+
+
+def baselines(problem: Problem, summa_problem: Problem | None, sb_result, sb_problem) -> list[dict]:
+    out = []
+    a = data_parallel(problem)
+    if a is not None:
+        out.append(build_plan(problem, a, "data parallel"))
+    a, _, mesh = best_mesh(problem, megatron_assignment)
+    if a is not None:
+        out.append(build_plan(problem, a, f"Megatron (d={tuple(mesh[0])}, t={tuple(mesh[1])})"))
+    if summa_problem is not None:
+        a, _, mesh = best_mesh(summa_problem, summa_assignment)
+        if a is not None:
+            out.append(build_plan(summa_problem, a, f"SUMMA 2D ({tuple(mesh[0])} x {tuple(mesh[1])})"))
+    if sb_result is not None:
+        out.append(build_plan(sb_problem, sb_result.assignment, f"S/B only ({sb_result.algorithm})",
+                              {"algorithm": sb_result.algorithm, "seconds": sb_result.seconds, "stopped": sb_result.stopped}))
+    return out
+
+
+def table(plans: list[dict]) -> str:
+    rows = [("strategy", "redistribution s", "grad sync s", "total s/step", "memory GiB", "search s")]
+    for p in plans:
+        t = p["totals"]
+        over = "" if t.get("fits_memory", True) else " (over memory)"
+        rows.append((p["strategy"], f"{t['redistribution_s']:.4g}", f"{t['grad_sync_s']:.4g}",
+                     f"{t['total_s']:.4g}{over}", f"{t['memory_bytes'] / 2**30:.2f}",
+                     f"{p['search'].get('seconds', 0):.2f}" if p["search"] else "-"))
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    budget = parse_budget(args.budget)
+    overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v is not None}
+    graph = load_model(args.model, args.preset, overrides)
+    nodes = args.nodes or DEFAULT_NODES
+    gpus = args.gpus_per_node or DEFAULT_GPUS
+    cluster = Cluster(nodes, gpus)
+    profile = Profile.load(args.profile)
+    if args.memory_limit <= 0:
+        raise UserError("--memory-limit must be positive (GiB per device)")
+    limit = args.memory_limit * 2**30
+    default_note = " (default cluster)" if args.nodes is None and args.gpus_per_node is None else ""
+    print(f"model {graph.model} {graph.config.get('name', '')}: {graph.parameters() / 1e9:.2f}B parameters, "
+          f"batch {graph.batch} in {graph.micro_batches} micro-batches")
+    print(f"cluster {cluster}{default_note}; profile {profile.name}"
+          f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
+          f"memory limit {args.memory_limit:g} GiB per device", flush=True)
+    t0 = time.perf_counter()
+    coster = Coster(profile, cluster)
+    problem = Problem(graph, coster, limit, progress=progress)
+    best = run_search(problem, args.search, budget, args.seed)
+    traces = {best.algorithm: best.trace}
+    compare = [] if args.compare == "none" else [c.strip() for c in args.compare.split(",") if c.strip()]
+    space = float(np.prod([float(n) for n in problem.sizes]))
+    if space <= 1e8 and "exhaustive" not in compare:
+        compare.append("exhaustive")
+    for name in compare:
+        if name == args.search:
+            continue
+        if name == "exhaustive" and space > EXHAUSTIVE_LIMIT:
+            progress(f"skip exhaustive: {space:.2e} plans")
+            continue
+        other = run_search(problem, name, budget, args.seed)
+        traces[other.algorithm] = other.trace
+        if other.cost < best.cost:
+            progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
+            best = other
+    sb_problem = Problem(graph, coster, limit, allow_partial=False)
+    sb = run_search(sb_problem, args.search, budget, args.seed)
+    try:
+        summa_problem = Problem(graph, coster, limit, signatures=("summa",))
+    except UserError as e:
+        progress(f"SUMMA baseline unavailable: {e}")
+        summa_problem = None
+    progress("baselines: data parallel, Megatron (every mesh), SUMMA (every mesh)")
+    plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
+                      {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
+    base = baselines(problem, summa_problem, sb, sb_problem)
+    pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
+                  {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   "wall_s": time.perf_counter() - t0})
+    out = Path(args.out)
+    path = pf.save(out / "plan.json")
+    from reports.html import write_report
+    from reports.sections.sbp import build
+    rep = write_report(out / "report.html", f"SBP plan: {graph.model} on {cluster}", build([path]), [str(path)])
+    print(table([plan] + base))
+    print(f"wrote {path} and {rep}")
+    return 0

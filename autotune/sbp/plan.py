@@ -1,0 +1,146 @@
+"""Plans as versioned JSON: per layer its SBP, collectives and costs, and the
+same placements as PyTorch DTensor placements.
+
+DTensor export: a layer's role mesh becomes a DeviceMesh with one dimension
+per (role, nodes) and (role, GPUs) part larger than one, node parts first, so
+that ``torch.arange(world).reshape(mesh_shape)`` lays ranks out as
+rank = node * gpus_per_node + gpu. Apply it with::
+
+    mesh = DeviceMesh("cuda", torch.arange(world).reshape(layer["dtensor"]["mesh_shape"]))
+    w = distribute_tensor(weight, mesh, [eval(p) for p in layer["dtensor"]["weights"]["weight"]])
+
+(``Shard``, ``Replicate``, ``Partial`` from torch.distributed.tensor). Where several
+mesh dimensions shard one tensor dimension, DTensor nests them left to right;
+the plan's strided layouts (see autotune.sbp.sbp) are the same up to a static
+permutation of blocks.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibrate.errors import UserError
+
+from autotune.sbp.boxing import Step
+from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
+from autotune.sbp.layers import Strategy
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.sbp import B, P, is_split, split_dim
+
+SCHEMA = "commtune.sbp-plan"
+VERSION = 1
+
+
+def dtensor_placement(p: str) -> str:
+    if is_split(p):
+        return f"Shard({split_dim(p)})"
+    return "Replicate()" if p == B else 'Partial("sum")' if p == P else p
+
+
+def dtensor(s: Strategy, cluster: Cluster) -> dict:
+    dims = []  # (size, role, name)
+    for part, label in ((0, "nodes"), (1, "gpus")):
+        for r, size in enumerate(s.mesh.sizes):
+            if size[part] > 1:
+                dims.append((size[part], r, f"r{r}_{label}"))
+    out = {"mesh_shape": [d[0] for d in dims], "mesh_dim_names": [d[2] for d in dims]}
+    for key, t in (("input", s.input), ("output", s.output)):
+        if t is not None:
+            out[key] = [dtensor_placement(t.sbp[r]) for _, r, _ in dims]
+    out["weights"] = {w.name: [dtensor_placement(w.sbp[r]) for _, r, _ in dims] for w in s.weights}
+    return out
+
+
+def _comm(step: Step, problem: Problem, **extra) -> dict:
+    g = problem.cluster.group(step.axes)
+    return dict(extra, collective=step.op, axes=list(step.axes), ranks=g.ranks, nodes=g.nodes,
+                tier=g.tier, nbytes=step.nbytes, seconds=problem.coster.step_time(step))
+
+
+def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict | None = None) -> dict:
+    cl, mb = problem.cluster, problem.mb
+    layers, edges = [], []
+    red_total = sync_total = 0.0
+    for v, (op, s_i, count) in enumerate(zip(problem.ops, assign, problem.counts)):
+        s = problem.choices[v][s_i]
+        comms = [_comm(st, problem, phase="internal", tensor=t, direction=d, per="micro-batch")
+                 for t, d, steps in internal_steps(s, cl) for st in steps if st.collective]
+        comms += [_comm(st, problem, phase="grad-sync", tensor=t, direction="bwd", per="step")
+                  for t, st in sync_steps(s, cl)]
+        red = float(problem.node_redist[v][s_i])
+        sync = float(problem.node_sync[v][s_i])
+        red_total += count * red
+        sync_total += count * sync
+        layers.append({
+            "name": op.layer.name, "kind": op.layer.kind, "count": count, "signature": s.signature,
+            "mesh": [list(x) for x in s.mesh.sizes],
+            "sbp": {**({"input": s.sbp(s.input, cl)} if s.input else {}),
+                    **({"output": s.sbp(s.output, cl)} if s.output else {}),
+                    "weights": {w.name: s.sbp(w, cl) for w in s.weights}},
+            "dtensor": dtensor(s, cl), "collectives": comms,
+            "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl),
+        })
+    for (a, b), count in problem.edge_counts.items():
+        sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
+        fwd, bwd = edge_steps(sa, sb, problem.ops[a].out_shape, cl)
+        comms = [_comm(st, problem, phase="boxing", tensor=problem.ops[a].layer.name, direction=d, per="micro-batch")
+                 for d, steps in (("fwd", fwd), ("bwd", bwd)) for st in steps if st.collective]
+        t = problem.edge_cost(a, b, assign[a], assign[b])
+        red_total += count * t
+        edges.append({"from": problem.ops[a].layer.name, "to": problem.ops[b].layer.name, "count": count,
+                      "collectives": comms, "redistribution_s": t})
+    return {
+        "schema": SCHEMA, "version": VERSION, "kind": SCHEMA, "strategy": strategy,
+        "model": {"name": problem.graph.model, **problem.graph.config},
+        "cluster": {"nodes": cl.nodes, "gpus_per_node": cl.gpus_per_node},
+        "profile": problem.coster.profile.name, "micro_batches": mb,
+        "memory_limit_bytes": problem.memory_limit, "search": search or {},
+        "assignment": [int(a) for a in assign],
+        "totals": {"redistribution_s": red_total, "grad_sync_s": sync_total,
+                   "total_s": red_total + sync_total, "memory_bytes": problem.memory_of(assign),
+                   "fits_memory": problem.feasible(assign)},
+        "layers": layers, "edges": edges,
+    }
+
+
+@dataclass
+class PlanFile:
+    """plan.json: the chosen plan, the baselines and the convergence traces."""
+
+    best: dict
+    baselines: list[dict] = field(default_factory=list)
+    traces: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "version": VERSION, "kind": SCHEMA, "meta": self.meta, "best": self.best,
+                "baselines": self.baselines, "traces": self.traces}
+
+    @classmethod
+    def from_dict(cls, d: dict, origin: str = "plan") -> "PlanFile":
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise UserError(f"{origin} is not an SBP plan (schema {SCHEMA!r}): give a plan.json written by python -m autotune")
+        if d.get("version") != VERSION:
+            raise UserError(f"{origin} has plan version {d.get('version')!r}; this tool reads {VERSION}: re-run the search")
+        return cls(d["best"], d.get("baselines", []), d.get("traces", {}), d.get("meta", {}))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        except OSError as e:
+            raise UserError(f"cannot write {str(path)!r} ({e.strerror}): choose a writable --out") from None
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PlanFile":
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"plan file {str(path)!r} does not exist: run python -m autotune --out DIR first")
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"plan file {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(d, origin=f"plan file {str(path)!r}")
