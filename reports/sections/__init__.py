@@ -14,6 +14,8 @@ import importlib
 REGISTRY: dict[str, str] = {
     "calibration": "reports.sections.calibration:build",
     "commtune.profile": "reports.sections.fit:build",
+    "kernels-bench": "reports.sections.interp:build",
+    "commtune.sbp-plan": "reports.sections.sbp:build",
 }
 
 
