@@ -65,6 +65,9 @@ __device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+__device__ __forceinline__ void st_relaxed_sys(u64* p, u64 v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 __device__ __forceinline__ u64 ld_acquire_gpu(const u64* p) {
   u64 v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -313,7 +316,11 @@ __device__ void interpret(const int* __restrict__ tbs, const int* __restrict__ s
         __syncthreads();
         if (tid == 0) {
           if (snd && proto == PROTO_SIMPLE) st_release_sys(sc.tail, sseq + 1);
-          if (rcv) st_release_sys(rc.head, rseq + 1);
+          // LL data was consumed into registers (flags checked), so a relaxed store suffices
+          if (rcv) {
+            if (proto == PROTO_SIMPLE) st_release_sys(rc.head, rseq + 1);
+            else st_relaxed_sys(rc.head, rseq + 1);
+          }
         }
         if (snd) ++sseq;
         if (rcv) ++rseq;

@@ -156,11 +156,13 @@ def scratch_elems(packed: Packed, chunk: int) -> int:
     return packed.chunks["s"] * chunk
 
 
-def tile_elems(protocol: Protocol, slot_bytes: int, elem_bytes: int, max_cnt: int) -> int:
+def tile_elems(protocol: Protocol, slot_bytes: int, elem_bytes: int, max_cnt: int, cap_bytes: int = 0) -> int:
     """Elements of one chunk that one step moves per tile: a slot holds ``max_cnt`` pieces;
-    LL carries 8 data bytes per 16-byte line. A multiple of 16 bytes."""
+    LL carries 8 data bytes per 16-byte line; ``cap_bytes`` (if > 0) bounds it. A multiple of 16 bytes."""
     data = slot_bytes // 2 if protocol == Protocol.LL else slot_bytes
     per = (data // max_cnt) // 16 * 16
+    if cap_bytes:
+        per = min(per, max(16, cap_bytes // 16 * 16))
     if per < 16:
         raise UserError(f"slot of {slot_bytes} bytes cannot hold {max_cnt} pieces; raise slot_bytes in the preset")
     return per // elem_bytes

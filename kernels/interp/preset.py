@@ -33,6 +33,7 @@ class Entry:
     max_bytes: int = 0
     bytes_per_block: int = 1 << 17
     max_split: int = 1
+    tile_bytes: int = 0                  # cap on a tile (pipelining at mid sizes); 0: the slot decides
 
     def covers(self, nbytes: int) -> bool:
         return nbytes >= self.min_bytes and (self.max_bytes == 0 or nbytes < self.max_bytes)
@@ -58,7 +59,8 @@ class Preset:
             "fifo": {p.value: {"slots": f.slots, "slot_bytes": f.slot_bytes} for p, f in self.fifo.items()},
             "programs": [{"program": e.program, "protocol": e.protocol.value if e.protocol else None,
                           "min_bytes": e.min_bytes, "max_bytes": e.max_bytes,
-                          "bytes_per_block": e.bytes_per_block, "max_split": e.max_split} for e in self.entries],
+                          "bytes_per_block": e.bytes_per_block, "max_split": e.max_split,
+                          "tile_bytes": e.tile_bytes} for e in self.entries],
         }
 
     @classmethod
@@ -72,7 +74,8 @@ class Preset:
                                   protocol=Protocol(e["protocol"]) if e.get("protocol") else None,
                                   min_bytes=int(e.get("min_bytes", 0)), max_bytes=int(e.get("max_bytes", 0)),
                                   bytes_per_block=int(e.get("bytes_per_block", 1 << 17)),
-                                  max_split=int(e.get("max_split", 1)))
+                                  max_split=int(e.get("max_split", 1)),
+                                  tile_bytes=int(e.get("tile_bytes", 0)))
                             for e in data.get("programs", []))
             preset = cls(name=name, threads=int(data["threads"]), max_channels=int(data["max_channels"]),
                          max_split=int(data["max_split"]), fifo=fifo, entries=entries)

@@ -266,7 +266,7 @@ class Communicator:
         self._ensure_scratch(scratch_bytes)
         st = self._state(program, c.protocol, c.split, dtype)
         fifo = self.preset.fifo[c.protocol]
-        tile = pack.tile_elems(c.protocol, fifo.slot_bytes, esize, packed.max_cnt)
+        tile = pack.tile_elems(c.protocol, fifo.slot_bytes, esize, packed.max_cnt, c.entry.tile_bytes)
         scratch = self._scratch.data.ptr if self._scratch is not None else 0
         args = (st.tbs, st.steps, st.deps, st.conns, np.uint64(sptr), np.uint64(rptr), np.uint64(scratch),
                 np.int64(c.chunk), np.int32(c.split), np.int64(tile), np.int32(pack.PROTOCOLS[c.protocol]),

@@ -133,7 +133,7 @@ def bad_input(comm, cp, files) -> list[dict]:
         "unsupported protocol": lambda: comm.choice_for(prog, Protocol.LL128, 1, 1 << 10, "float32"),
         "more thread blocks than the GPU holds": lambda: comm.collective(
             "allreduce", x, y, 1 << 10, "float32",
-            choice=Choice(Entry(prog.name), prog, Protocol.SIMPLE, chunk=1 << 10,
+            choice=Choice(Entry(prog.name), prog, Protocol.SIMPLE, chunk=pack.chunk_elems(prog, 1 << 10, comm.nranks),
                           split=comm.max_resident["float32"] // len(prog.gpus[0].threadblocks) + 1)),
     }
     for name, fn in cases.items():

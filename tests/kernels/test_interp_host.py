@@ -1,0 +1,240 @@
+"""Host side of the GC3 interpreter: packing, sizing, transport layout, selection,
+presets, the CUDA source compiling for sm_90, and the report section."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from calibrate.errors import UserError
+from kernels.gc3.executor import check_program
+from kernels.gc3.interop import msccl_dir
+from kernels.gc3.ir import Buffer, Gpu, Program, Protocol, Step, StepType, ThreadBlock
+from kernels.gc3.xml_io import read_xml
+from kernels.interp import bench, pack
+from kernels.interp.layout import Layout
+from kernels.interp.preset import PROGRAM_DIR, Entry, Fifo, Preset, load_preset
+from kernels.interp.select import choose
+
+SOURCE = Path(pack.__file__).with_name("interp.cu")
+OURS = sorted(PROGRAM_DIR.glob("*.xml"))
+
+
+def ring2() -> Program:
+    """A 2-rank ring allreduce by hand: send my half, receive-reduce-copy-send the other, receive."""
+    prog = Program("ring2", "allreduce", 2, 2, 1, inplace=True)
+    for r in range(2):
+        p = 1 - r
+        steps = [Step(0, StepType.SEND, Buffer.INPUT, r, Buffer.INPUT, r, 1),
+                 Step(1, StepType.RECV_REDUCE_COPY_SEND, Buffer.INPUT, p, Buffer.INPUT, p, 1),
+                 Step(2, StepType.RECV, Buffer.INPUT, r, Buffer.INPUT, r, 1)]
+        prog.gpus.append(Gpu(r, 2, 0, 0, [ThreadBlock(0, p, p, 0, steps)]))
+    return prog
+
+
+def test_pack_ring_by_hand():
+    pk = pack.pack(ring2(), rank=1, nranks=2)
+    assert pk.tbs.tolist() == [[0, 3]]
+    assert pk.steps[:, 0].tolist() == [0, 5, 1]              # s, rrcs, r
+    assert pk.steps[1, 1:6].tolist() == [0, 0, 0, 0, 1]      # rrcs reads i[0], writes i[0], one chunk
+    assert (pk.send_peer, pk.recv_peer, pk.chan) == ((0,), (0,), (0,))
+    assert pk.steps.dtype == np.int32 and pk.steps.shape == (3, pack.STEP_FIELDS)
+
+
+def test_pack_deps_of_msccl_file():
+    prog = read_xml(msccl_dir() / "allpairs_allreduce_2r_ll.xml")
+    pk = pack.pack(prog, 0, 2)
+    # tb0 step0 waits on tb1 step1; tb1 step3 waits on tb0 step0
+    s0 = pk.steps[pk.tbs[0, 0]]
+    assert s0[6] == 1 and pk.deps[s0[7]].tolist() == [1, 1]
+    s13 = pk.steps[pk.tbs[1, 0] + 3]
+    assert s13[6] == 1 and pk.deps[s13[7]].tolist() == [0, 0]
+    assert pk.chunks == {"i": 4, "o": 0, "s": 2}
+
+
+def test_wrong_rank_count_refused():
+    with pytest.raises(UserError, match="for 2 ranks but the communicator has 4"):
+        pack.pack(ring2(), 0, 4)
+
+
+def test_mismatched_connection_refused():
+    prog = ring2()
+    prog.gpus[1].threadblocks[0].steps[0].cnt = 2
+    prog.gpus[1].i_chunks = 3
+    with pytest.raises(UserError, match="inconsistent"):
+        pack.pack(prog, 0, 2)
+
+
+def test_two_blocks_on_one_connection_refused():
+    prog = ring2()
+    g = prog.gpus[0]
+    g.threadblocks.append(ThreadBlock(1, 1, -1, 0, []))
+    with pytest.raises(UserError, match="give each its own channel"):
+        pack.pack(prog, 0, 2)
+
+
+def test_chunk_sizes_closed_form():
+    ar = read_xml(PROGRAM_DIR / "direct_allreduce_2r.xml")
+    ag = read_xml(PROGRAM_DIR / "direct_allgather_2r.xml")
+    rs = read_xml(PROGRAM_DIR / "direct_reducescatter_2r.xml")
+    assert pack.chunk_elems(ar, 1000, 2) == 1000
+    assert pack.chunk_elems(ag, 1000, 2) == 1000          # output 2000 split into 2 chunks
+    assert pack.chunk_elems(rs, 7, 2) == 7                # input 14 split into 2 chunks
+    ring4 = read_xml(msccl_dir() / "ring_allgather_4r.xml")
+    assert pack.min_count(ring4, 4) == 1
+    ap = read_xml(msccl_dir() / "allpairs_allreduce_2r_ll.xml")
+    assert pack.min_count(ap, 2) == 4
+    with pytest.raises(UserError, match="multiple of 4"):
+        pack.chunk_elems(ap, 6, 2)
+
+
+def test_buffer_too_small_refused():
+    pk = pack.pack(read_xml(PROGRAM_DIR / "direct_allgather_2r.xml"), 0, 2)
+    pack.check_buffers(pk, 100, 100, 200, "ag")
+    with pytest.raises(UserError, match="output buffer"):
+        pack.check_buffers(pk, 100, 100, 199, "ag")
+
+
+def test_scratch_sizing():
+    pk = pack.pack(read_xml(msccl_dir() / "allpairs_allreduce_2r_ll.xml"), 1, 2)
+    assert pack.scratch_elems(pk, 256) == 512
+
+
+def test_tile_sizes_closed_form():
+    assert pack.tile_elems(Protocol.SIMPLE, 131072, 4, 1) == 32768
+    assert pack.tile_elems(Protocol.LL, 32768, 4, 1) == 4096          # half the slot carries data
+    t = pack.tile_elems(Protocol.SIMPLE, 131072, 2, 3)
+    assert t * 2 * 3 <= 131072 and (t * 2) % 16 == 0 and (t + 8) * 2 * 3 > 131072
+    assert pack.tile_elems(Protocol.SIMPLE, 131072, 4, 1, cap_bytes=65536) == 16384
+    with pytest.raises(UserError, match="slot"):
+        pack.tile_elems(Protocol.LL, 256, 4, 16)
+
+
+def test_split_closed_form():
+    assert pack.split_for(1024, 16384, 16) == 1
+    assert pack.split_for(16385, 16384, 16) == 2
+    assert pack.split_for(1 << 30, 1 << 17, 32) == 32
+
+
+def test_unsupported_request_refused():
+    prog = ring2()
+    with pytest.raises(UserError, match="dtype"):
+        pack.check_request(prog, "int8", "sum", Protocol.SIMPLE)
+    with pytest.raises(UserError, match="reduction"):
+        pack.check_request(prog, "float32", "max", Protocol.SIMPLE)
+    with pytest.raises(UserError, match="LL128"):
+        pack.check_request(prog, "float32", "sum", Protocol.LL128)
+
+
+@pytest.mark.parametrize("path", OURS, ids=lambda p: p.name)
+def test_our_programs_pass_reference_executor(path):
+    res = check_program(read_xml(path), seeds=4)
+    assert res.seeds == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(nranks=st.integers(2, 8), chans=st.integers(1, 4), split=st.integers(1, 8), data=st.data())
+def test_layout_ends_meet(nranks, chans, split, data):
+    """The sender's FIFO/tail are the receiver's, the receiver's head is the sender's, counters are private."""
+    lay = Layout(nranks, chans, split, {Protocol.SIMPLE: Fifo(4, 4096), Protocol.LL: Fifo(2, 1024)})
+    a = data.draw(st.integers(0, nranks - 1))
+    b = data.draw(st.integers(0, nranks - 1).filter(lambda x: x != a))
+    ch, j = data.draw(st.integers(0, chans - 1)), data.draw(st.integers(0, split - 1))
+    proto = data.draw(st.sampled_from([Protocol.SIMPLE, Protocol.LL]))
+    bases = [(r + 1) << 40 for r in range(nranks)]
+    s = lay.send_conn(proto, a, b, ch, j, bases)
+    r = lay.recv_conn(proto, b, a, ch, j, bases)
+    assert s[0] == r[0] and s[1] == r[1] and s[2] == r[2]
+    assert s[3] >> 40 == a + 1 and r[3] >> 40 == b + 1 and s[3] != r[3]
+    assert all(x - bases[0] < lay.nbytes for x in (s[0] - bases[b] + bases[0],))
+
+
+def test_layout_regions_disjoint():
+    lay = Layout(2, 2, 4, {Protocol.SIMPLE: Fifo(8, 1024), Protocol.LL: Fifo(4, 512)})
+    spans = []
+    for proto in (Protocol.SIMPLE, Protocol.LL):
+        f = lay.fifo[proto]
+        for c in range(lay.nconn):
+            spans.append((lay.fifo_off(proto, c), f.slots * f.slot_bytes))
+            for off in (lay.tail_off(proto, c), lay.head_off(proto, c), lay.send_counter_off(proto, c),
+                        lay.recv_counter_off(proto, c)):
+                spans.append((off, 8))
+    spans.sort()
+    for (o1, n1), (o2, _) in zip(spans, spans[1:]):
+        assert o1 + n1 <= o2
+    assert spans[-1][0] + spans[-1][1] <= lay.nbytes
+
+
+def loaded():
+    preset = load_preset()
+    return preset, [(e, read_xml(e.path())) for e in preset.entries]
+
+
+def test_selection_by_size_and_fallback():
+    preset, progs = loaded()
+    small = choose(progs, "allreduce", 256, "float32", 2, preset.max_split)
+    assert small.protocol == Protocol.LL and small.split == 1 and "direct_allreduce_2r" in small.reason
+    big = choose(progs, "allreduce", 1 << 28, "float32", 2, preset.max_split)
+    assert big.protocol == Protocol.SIMPLE and big.split == 32
+    other = choose(progs, "allreduce", 256, "float32", 4, preset.max_split)
+    assert other.uses_nccl and "for 2 ranks" in other.reason
+    none = choose(progs, "broadcast", 256, "float32", 2, preset.max_split)
+    assert none.uses_nccl and "no broadcast program loaded" in none.reason
+
+
+def test_selection_range_reason():
+    preset, _ = loaded()
+    prog = read_xml(PROGRAM_DIR / "direct_allreduce_2r.xml")
+    only_small = [(Entry("x", Protocol.LL, 0, 4096), prog)]
+    c = choose(only_small, "allreduce", 4096, "float32", 2, preset.max_split)
+    assert c.uses_nccl and "outside [0, 4096)" in c.reason
+
+
+def test_preset_round_trip_and_errors(tmp_path):
+    preset = load_preset()
+    again = Preset.from_json(json.loads(json.dumps(preset.to_json())), name=preset.name)
+    assert again == preset
+    bad = preset.to_json()
+    bad["threads"] = 1000
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(bad))
+    with pytest.raises(UserError, match="threads"):
+        load_preset(str(f))
+    with pytest.raises(UserError, match="no interpreter preset"):
+        load_preset("nope")
+
+
+def test_bench_sizes_and_counts():
+    assert bench.sizes(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1 << 20]
+    assert bench.parse_size("1G") == 1 << 30 and bench.parse_size("64K") == 65536
+    assert bench.count_for("allgather", 1 << 20, 4, 2) == 1 << 17
+    assert bench.count_for("allreduce", 1 << 20, 4, 2) == 1 << 18
+    with pytest.raises(UserError):
+        bench.sizes(0, 10, 2)
+
+
+def test_report_section(tmp_path):
+    from reports.html import write_report
+    from reports.sections import builder
+    rows = [{"collective": c, "bytes": b, "count": b // 4, "dtype": "float32", "program": "p", "protocol": "LL",
+             "split": 1, "calls_per_graph": 10, "interp_us": 5.0, "nccl_us": 6.0 + i, "interp_busbw_gbs": 1.0,
+             "nccl_busbw_gbs": 0.9, "speedup": (6.0 + i) / 5.0, "correct": True, "max_rel_err": 0.0}
+            for c in ("allreduce", "allgather") for i, b in enumerate((1024, 4096))]
+    (tmp_path / "bench.json").write_text(json.dumps(bench.result_json(rows, "H200", 2, "h200x2")))
+    secs = builder(bench.RESULT_KIND)([tmp_path])
+    out = write_report(tmp_path / "r.html", "t", secs)
+    text = out.read_text()
+    assert "<svg" in text and "speedup" in text
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_cuda_source_compiles_for_sm90(tmp_path):
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-c", str(SOURCE), "-o", str(tmp_path / "interp.o"),
+                        "-Xptxas", "-v"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "spill" in r.stderr and "0 bytes spill stores" in r.stderr
