@@ -1,0 +1,172 @@
+"""``python -m autotune validate``: replay the collectives of several plans
+through calibrate's backends and compare measured with predicted
+communication time (AutoDDL Fig. 4). Run it under MPI, one rank per device:
+
+    mpiexec -n 4 python -m autotune validate --backend mpi --profile gcp-a100
+    mpirun -np 2 python -m autotune validate --backend nccl --gpus-per-node 2
+
+The plans are a GPT model (by default one small layer) on the world seen as
+--nodes x --gpus-per-node: the searched plan, data parallelism, Megatron and
+SUMMA on every mesh, the S/B-only search and random plans, until --plans plans
+with distinct predictions. Every collective runs on its real group (a
+``comm.Split`` along the plan's mesh axes) with its real message size, all
+groups at once, as in training; a plan's measured time is the sum over its
+collectives of the median time times how often the plan issues it per step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from calibrate.errors import UserError
+from calibrate.profile import DEFAULT_PROFILE, Profile
+from models import load_model
+
+from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem
+from autotune.sbp.mesh import Cluster, role_meshes
+from autotune.sbp.plan import build_plan
+from autotune.sbp.search import Budget, make_search
+
+KIND = "commtune.sbp-validate"
+GPT_LAYER = {"layers": 1, "hidden": 1024, "heads": 16, "sequence": 512, "vocabulary": 8192, "batch": 8, "micro_batch": 8}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m autotune validate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="mpi", help="calibrate backend: mpi (anywhere) or nccl (GPUs)")
+    ap.add_argument("--nodes", type=int, default=1, help="nodes the ranks span (default 1)")
+    ap.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node (default: world size / nodes)")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile for the predictions (default {DEFAULT_PROFILE})")
+    ap.add_argument("--plans", type=int, default=8, help="how many plans to replay (default 8)")
+    ap.add_argument("--model", default="gpt")
+    ap.add_argument("--preset", default=None)
+    for k, v in GPT_LAYER.items():
+        ap.add_argument("--" + k.replace("_", "-"), dest=k, type=int, default=None, help=f"model field (default {v})")
+    ap.add_argument("--dtype", default="float32", help="element type of the buffers (default float32)")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--mode", default="host", help="timing mode: host, graph (nccl) or isolated")
+    ap.add_argument("--out", default=None, help="directory for validate.json (default: none)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def candidate_plans(problem: Problem, n: int, seed: int) -> list[dict]:
+    """Distinct plans: searched, baselines on every mesh, S/B only, then random ones."""
+    out, seen = [], set()
+
+    def add(assign, label):
+        if assign is None:
+            return
+        plan = build_plan(problem, assign, label)
+        key = round(plan["totals"]["total_s"], 12)
+        if key not in seen and plan["totals"]["total_s"] > 0:
+            seen.add(key)
+            out.append(plan)
+
+    res = make_search("cd").run(problem, Budget(steps=200), np.random.default_rng(seed))
+    add(res.assignment, "searched (cd)")
+    add(data_parallel(problem), "data parallel")
+    for m in role_meshes(problem.cluster, 2):
+        add(megatron_assignment(problem, *m.sizes), f"Megatron d={m.sizes[0]} t={m.sizes[1]}")
+    try:
+        sp = Problem(problem.graph, problem.coster, problem.memory_limit, signatures=("summa",))
+        a, _, mesh = best_mesh(sp, summa_assignment)
+        if a is not None:
+            plan = build_plan(sp, a, f"SUMMA {mesh}")
+            if round(plan["totals"]["total_s"], 12) not in seen:
+                seen.add(round(plan["totals"]["total_s"], 12))
+                out.append(plan)
+    except UserError:
+        pass
+    rng = np.random.default_rng(seed)
+    tries = 0
+    while len(out) < n and tries < 50 * n:
+        tries += 1
+        add([int(rng.integers(k)) for k in problem.sizes], f"random #{tries}")
+    return out[:max(n, 1)]
+
+
+def plan_collectives(plan: dict) -> list[tuple[str, tuple[int, ...], int, float]]:
+    """(collective, axes, nbytes, times per step) of every collective of a plan."""
+    mb = plan["micro_batches"]
+    out = []
+    for layer in plan["layers"]:
+        for c in layer["collectives"]:
+            per = layer["count"] * (mb if c["per"] == "micro-batch" else 1)
+            out.append((c["collective"], tuple(c["axes"]), int(c["nbytes"]), float(per)))
+    for e in plan["edges"]:
+        for c in e["collectives"]:
+            out.append((c["collective"], tuple(c["axes"]), int(c["nbytes"]), float(e["count"] * mb)))
+    return out
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise UserError("validate needs mpi4py: install it and run under mpiexec") from None
+    from calibrate.backends import make_backend
+    from scipy.stats import spearmanr
+
+    world = MPI.COMM_WORLD
+    size, rank = world.Get_size(), world.Get_rank()
+    gpus = args.gpus_per_node or max(size // args.nodes, 1)
+    if args.nodes * gpus != size:
+        raise UserError(f"{args.nodes} nodes x {gpus} ranks per node != {size} MPI ranks: match --nodes/--gpus-per-node to mpiexec -n")
+    cluster = Cluster(args.nodes, gpus)
+    plans = None
+    if rank == 0:
+        fields = {k: getattr(args, k) for k in GPT_LAYER if getattr(args, k) is not None}
+        if args.model == "gpt" and args.preset is None:
+            fields = {**GPT_LAYER, **fields}
+        graph = load_model(args.model, args.preset, fields)
+        problem = Problem(graph, Coster(Profile.load(args.profile), cluster), None)
+        plans = candidate_plans(problem, args.plans, args.seed)
+        print(f"[validate] {len(plans)} plans of {graph.model} on {cluster}, backend {args.backend}", file=sys.stderr, flush=True)
+    plans = world.bcast(plans, root=0)
+    comms: dict = {}
+    measured: dict = {}
+    coords = cluster.coords(rank)
+    keys = sorted({(c, a, nb) for p in plans for c, a, nb, _ in plan_collectives(p)})
+    for i, (coll, axes, nbytes) in enumerate(keys):
+        if axes not in comms:
+            color = int(sum(v * 1000003 ** k for k, v in enumerate(c for a, c in enumerate(coords) if a not in axes)))
+            key = 0
+            for a in axes:
+                key = key * cluster.axis_sizes[a] + coords[a]
+            sub = world.Split(color % (2**31 - 1), key)
+            comms[axes] = make_backend(args.backend, sub)
+        t = comms[axes].measure(coll, nbytes, args.dtype, args.iters, args.warmup, args.mode)
+        measured[(coll, axes, nbytes)] = float(world.allreduce(float(np.median(t)), op=MPI.MAX))
+        if rank == 0:
+            print(f"[validate] {i + 1}/{len(keys)} {coll} on {len(axes)} axes, {nbytes} B: {measured[(coll, axes, nbytes)] * 1e3:.3f} ms",
+                  file=sys.stderr, flush=True)
+    if rank != 0:
+        return 0
+    rows = []
+    for p in plans:
+        meas = sum(per * measured[(c, a, nb)] for c, a, nb, per in plan_collectives(p))
+        rows.append({"plan": p["strategy"], "predicted_s": p["totals"]["total_s"], "measured_s": meas})
+    rho = float(spearmanr([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]).statistic)
+    w = max(len(r["plan"]) for r in rows)
+    print(f"{'plan'.ljust(w)}  predicted s  measured s")
+    for r in sorted(rows, key=lambda r: r["measured_s"]):
+        print(f"{r['plan'].ljust(w)}  {r['predicted_s']:11.4g}  {r['measured_s']:10.4g}")
+    print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {rho:.3f}")
+    if args.out:
+        out = Path(args.out) / "validate.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"kind": KIND, "version": 1, "backend": args.backend, "cluster": str(cluster),
+                                   "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
+                                   "plans": rows, "spearman": rho}, indent=1) + "\n")
+        print(f"wrote {out}")
+    return 0
