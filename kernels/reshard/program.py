@@ -117,6 +117,7 @@ def run_job(plan: Plan, job: PlannedJob, tag: int, be: Backend, src_tile, dst_ti
 
 def execute(plan: Plan, be: Backend, src_tile, dst_tile) -> None:
     """Run every job of the plan that involves this rank; ``dst_tile`` is filled in place."""
+    be.prepare(plan)
     for tag, job in enumerate(plan.jobs):
         run_job(plan, job, tag % 32000, be, src_tile, dst_tile)
     be.synchronize()
