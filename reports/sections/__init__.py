@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "commtune.profile": "reports.sections.fit:build",
     "kernels-bench": "reports.sections.interp:build",
     "commtune.sbp-plan": "reports.sections.sbp:build",
+    "reshard": "reports.sections.reshard:build",
 }
 
 

@@ -26,6 +26,7 @@ from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
 from autotune.reshard.strategies import STRATEGIES
 from calibrate import profile as profiles
+from calibrate.errors import UserError
 from kernels.reshard.harness import parse_scenario, run_and_check
 from kernels.reshard.nccl_backend import NCCLBackend
 
@@ -39,6 +40,14 @@ SCENARIOS = [
 
 
 def main(argv=None) -> int:
+    try:
+        return check(argv)
+    except UserError as e:
+        print(f"reshard_check: error: {e}", file=sys.stderr)
+        return 2
+
+
+def check(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="?", default=os.environ.get("OUT", "."))
     p.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
