@@ -180,7 +180,7 @@ def test_selection_by_size_and_fallback():
     small = choose(progs, "allreduce", 256, "float32", 2, preset.max_split)
     assert small.protocol == Protocol.LL and small.split == 1 and "direct_allreduce_2r" in small.reason
     big = choose(progs, "allreduce", 1 << 28, "float32", 2, preset.max_split)
-    assert big.protocol == Protocol.SIMPLE and big.split == 32
+    assert big.protocol == Protocol.SIMPLE and big.split == 64
     other = choose(progs, "allreduce", 256, "float32", 4, preset.max_split)
     assert other.uses_nccl and "for 2 ranks" in other.reason
     none = choose(progs, "broadcast", 256, "float32", 2, preset.max_split)
