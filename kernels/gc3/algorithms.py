@@ -74,21 +74,25 @@ def hierarchical_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIM
     if nodes < 2 or g < 2:
         raise UserError("hierarchical allreduce needs --nodes >= 2 and >= 2 GPUs per node")
     prog = GC3Program("hierarchical_allreduce", CollectiveSpec("allreduce", ranks, ranks, True), protocol, instances)
+    # chunk `index` uses channel index // g within nodes and nodes + index // g across them: different
+    # directives keep the compiler from fusing across phases, and each ring then carries one chunk per
+    # GPU, so no thread block sends twice on a connection before it receives (one FIFO slot suffices)
     for index in range(ranks):
         owner = index % g
         home = (index // g) % nodes
+        intra, inter = index // g, nodes + index // g
         # 1. on every node, reduce chunk `index` onto local GPU `owner`
         for n in range(nodes):
             local = [n * g + (owner + 1 + k) % g for k in range(g)]
-            _reduce_chain(prog, local, index)
+            _reduce_chain(prog, local, index, ch=intra)
         # 2. across nodes, reduce onto node `home`, then broadcast back (GPUs with local index `owner`)
         across = [((home + 1 + k) % nodes) * g + owner for k in range(nodes)]
-        c = _reduce_chain(prog, across, index)
-        _copy_chain(c, across[:-1], I, index)
+        c = _reduce_chain(prog, across, index, ch=inter)
+        _copy_chain(c, across[:-1], I, index, ch=inter)
         # 3. on every node, broadcast from `owner` to the other GPUs
         for n in range(nodes):
             src = prog.chunk(n * g + owner, I, index)
-            _copy_chain(src, [n * g + (owner + 1 + k) % g for k in range(g - 1)], I, index)
+            _copy_chain(src, [n * g + (owner + 1 + k) % g for k in range(g - 1)], I, index, ch=intra)
     return prog
 
 

@@ -32,6 +32,7 @@ The result is checked by ``kernels.gc3.verify`` (deadlock, SM count).
 """
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -141,13 +142,34 @@ class _Lowering:
 
 def _fuse(low: _Lowering, output_slots: set) -> None:
     ins = low.instrs
+    # chains of messages, with their channel directive: fusion must not join two different directives
+    parent = list(range(len(ins)))
+    directive = {i.id: i.ch for i in ins}
+
+    def root(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def join(a, b):
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[rb] = ra
+            directive[ra] = directive[ra] if directive[ra] is not None else directive[rb]
+
+    for i in ins:
+        if i.msg_to is not None:
+            join(i.id, i.msg_to)
     for s in ins:
         if s.type != StepType.SEND or not s.alive or len(s.deps) != 1:
             continue
         p = ins[next(iter(s.deps))]
+        dp, ds = directive[root(p.id)], directive[root(s.id)]
         if (p.type not in (StepType.RECV, StepType.RECV_REDUCE_COPY) or p.dst != s.src or p.cnt != s.cnt
-                or p.lane != s.lane or (p.ch is not None and s.ch is not None and p.ch != s.ch)):
+                or p.lane != s.lane or (dp is not None and ds is not None and dp != ds)):
             continue
+        join(p.id, s.id)
         p.type = StepType.RECV_COPY_SEND if p.type == StepType.RECV else StepType.RECV_REDUCE_COPY_SEND
         p.send, p.msg_to, p.ch = s.send, s.msg_to, p.ch if p.ch is not None else s.ch
         ins[s.msg_to].msg_from = p.id
@@ -209,10 +231,20 @@ class _Placement:
         self.recvs: dict[tuple, set] = defaultdict(set)
         self.messages: dict[tuple, int] = defaultdict(int)  # (key, "s"|"r", peer) -> messages
 
-    def fits(self, key, send, recv) -> bool:
-        if send < 0 or recv < 0:
-            return True
-        return self.pair_s[key].get(send, recv) == recv and self.pair_r[key].get(recv, send) == send
+    def first_misfit(self, instrs: list, ch: int):
+        """The first of ``instrs`` (one chain) that cannot go on channel ``ch``, or None."""
+        new_s: dict[tuple, int] = {}
+        new_r: dict[tuple, int] = {}
+        for i in instrs:
+            if i.send < 0 or i.recv < 0:
+                continue
+            key = (i.rank, i.lane, ch)
+            have_r = new_s.get((key, i.send), self.pair_s[key].get(i.send, i.recv))
+            have_s = new_r.get((key, i.recv), self.pair_r[key].get(i.recv, i.send))
+            if have_r != i.recv or have_s != i.send:
+                return i
+            new_s[(key, i.send)], new_r[(key, i.recv)] = i.recv, i.send
+        return None
 
     def add(self, key, send, recv) -> None:
         if send >= 0:
@@ -245,6 +277,53 @@ class _Placement:
         tbs += [(p, -1) for p in free_s if p not in done_s]
         tbs += [(-1, p) for p in free_r if p not in done_r]
         return tbs
+
+
+def _schedule(instrs: list[Instr], key: dict) -> list[Instr]:
+    """One global order: topological, by ``key`` first, and receiving in the order of sending on every
+    connection (the k-th receive must take the k-th message)."""
+    by_id = {i.id: i for i in instrs}
+    succ = defaultdict(list)
+    missing = {}
+    for i in instrs:
+        preds = set(i.deps) | ({i.msg_from} if i.msg_from is not None else set())
+        missing[i.id] = len(preds)
+        for p in preds:
+            succ[p].append(i.id)
+
+    def conn(send_id):
+        s = by_id[send_id]
+        return (s.rank, s.send, s.lane, s.ch)
+
+    heap = [(key[i.id], i.id) for i in instrs if missing[i.id] == 0]
+    heapq.heapify(heap)
+    queues: dict[tuple, list[int]] = defaultdict(list)   # sends whose receive is not scheduled yet
+    parked: dict[tuple, list[int]] = defaultdict(list)
+    order = []
+    while heap:
+        _, n = heapq.heappop(heap)
+        i = by_id[n]
+        if i.msg_from is not None:
+            c = conn(i.msg_from)
+            if queues[c][0] != i.msg_from:
+                parked[c].append(n)
+                continue
+            queues[c].pop(0)
+            for q in [q for q in parked[c] if queues[c] and by_id[q].msg_from == queues[c][0]]:
+                parked[c].remove(q)
+                heapq.heappush(heap, (key[q], q))
+        if i.msg_to is not None:
+            c = conn(n)
+            queues[c].append(n)
+        order.append(i)
+        for s_ in succ[n]:
+            missing[s_] -= 1
+            if missing[s_] == 0:
+                heapq.heappush(heap, (key[s_], s_))
+    if len(order) != len(instrs):
+        raise UserError("cannot order the receives of a connection like its sends (a cycle through a FIFO); "
+                        "put the crossing transfers on different channels")
+    return order
 
 
 def compile_program(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_result: bool = True) -> Program:
@@ -295,7 +374,7 @@ def compile_program(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_r
                             f"{sorted(directives)} (around rank {comm[0].rank}); give one chain one channel")
         cands = list(directives) or range(sm_count + 1)
         for ch in cands:
-            bad = next((i for i in comm if not place.fits((i.rank, i.lane, ch), i.send, i.recv)), None)
+            bad = place.first_misfit(comm, ch)
             if bad is None:
                 break
         else:
@@ -345,7 +424,7 @@ def _emit(prog, instrs, tb_of, tb_list, key, lane_keys, sm_count, verify_result)
             sizes[Buffer.INPUT] = 0
         gpus.append(Gpu(r, sizes[Buffer.INPUT], sizes[Buffer.OUTPUT], sizes[Buffer.SCRATCH], tbs))
     pos: dict[int, tuple[int, int]] = {}
-    for i in sorted(instrs, key=lambda i: key[i.id]):
+    for i in _schedule(instrs, key):
         tb = gpus[i.rank].threadblocks[tb_ids[tb_of[i.id]]]
         pos[i.id] = (tb.id, len(tb.steps))
         tb.steps.append(Step(len(tb.steps), i.type, i.src[1], i.src[2], i.dst[1], i.dst[2], i.cnt))
