@@ -1,0 +1,63 @@
+"""The CLI end to end on a small case, plan round trip, and one-line errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.__main__ import main as autotune_main
+from autotune.sbp.plan import PlanFile
+
+SMALL = ["--model", "gpt", "--preset", "gpt3-1.3b", "--layers", "2", "--nodes", "2", "--gpus-per-node", "2",
+         "--profile", "gcp-a100", "--budget", "0.3", "--batch", "8", "--micro-batch", "8", "--sequence", "256"]
+
+
+def test_cli_writes_plan_and_report(tmp_path, capsys):
+    assert autotune_main(SMALL + ["--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for word in ("searched (cd)", "data parallel", "Megatron", "SUMMA 2D", "S/B only", "redistribution"):
+        assert word in out
+    pf = PlanFile.load(tmp_path / "plan.json")
+    d = json.loads((tmp_path / "plan.json").read_text())
+    assert PlanFile.from_dict(pf.to_dict()).to_dict() == d
+    layer = d["best"]["layers"][1]
+    assert layer["sbp"]["input"].startswith("(") and "mesh_shape" in layer["dtensor"]
+    assert d["best"]["totals"]["total_s"] <= min(b["totals"]["total_s"] for b in d["baselines"]
+                                                 if b["totals"]["fits_memory"]) * 1.0000001
+    html = (tmp_path / "report.html").read_text()
+    assert "Search convergence" in html and "<svg" in html
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--model", "bert"], "unknown model 'bert'"),
+    (["--model", "gpt", "--preset", "gpt5"], "unknown preset 'gpt5'"),
+    (["--memory-limit", "0.001"], "smallest plan needs"),
+    (["--profile", "piz-daint"], "no intra tier"),
+    (["--nodes", "3"], "do not divide"),
+])
+def test_bad_input_is_one_line(args, msg, capsys):
+    base = [a for a in SMALL]
+    rc = autotune_main(base + args + ["--out", "/tmp/unused-autotune-out"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert msg in err[-1] and err[-1].startswith("autotune: error:")
+
+
+def test_bad_model_file(tmp_path, capsys):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"kind": "gpt", "layers": 2, "hidden": 100, "heads": 3}))
+    assert autotune_main(["--model", str(f), "--profile", "gcp-a100"]) == 2
+    assert "missing field" in capsys.readouterr().err
+
+
+def test_default_run_names_the_default_profile(tmp_path):
+    from calibrate.profile import DEFAULT_PROFILE, embedded_profile_names
+    r = subprocess.run([sys.executable, "-m", "autotune", "--model", "gpt", "--budget", "0.2", "--compare", "none",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    if DEFAULT_PROFILE in embedded_profile_names():
+        assert r.returncode == 0, r.stderr
+        assert "default cluster" in r.stdout and "default profile" in r.stdout
+        assert (tmp_path / "plan.json").is_file()
+    else:
+        assert r.returncode == 2 and DEFAULT_PROFILE in r.stderr

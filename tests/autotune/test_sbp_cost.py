@@ -1,0 +1,78 @@
+"""Costs of data parallelism and Megatron against their closed forms."""
+import math
+
+import pytest
+
+from calibrate.errors import UserError
+from calibrate.profile import Group, Profile
+from models import load_model
+from autotune.sbp.baselines import data_parallel, megatron_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem
+from autotune.sbp.layers import PARAM_BYTES
+
+PROFILE = Profile.load("gcp-a100")
+DIMS = [64, 32, 128, 16, 8]
+T = 16  # micro-batch tokens
+
+
+def ar(nbytes, p, tier="intra"):
+    seg = PROFILE.tiers[tier]["allreduce"]["2"].segments[0]
+    return 2 * (p - 1) * seg.alpha + 2 * (p - 1) / p * nbytes * seg.beta
+
+
+def mlp_problem(nodes=1, gpus=4, limit=None, batch=T):
+    g = load_model("mlp", None, {"dims": DIMS, "batch": batch, "micro_batch": T})
+    from autotune.sbp.mesh import Cluster
+    return Problem(g, Coster(PROFILE, Cluster(nodes, gpus)), limit)
+
+
+def test_data_parallel_is_one_gradient_all_reduce_per_weight():
+    pr = mlp_problem()
+    a = data_parallel(pr)
+    expect = sum(ar(k * n * 2, 4) for k, n in zip(DIMS, DIMS[1:]))
+    assert pr.cost(a) == pytest.approx(expect, rel=1e-12)
+    # memory: all weights replicated, inputs split over 4
+    mem = sum(k * n * PARAM_BYTES + T // 4 * k * 2 for k, n in zip(DIMS, DIMS[1:]))
+    assert pr.memory_of(a) == pytest.approx(mem)
+
+
+def test_data_parallel_across_nodes_uses_the_inter_tier():
+    pr = mlp_problem(nodes=2, gpus=1)
+    assert pr.cost(data_parallel(pr)) == pytest.approx(
+        sum(ar(k * n * 2, 2, "inter") for k, n in zip(DIMS, DIMS[1:])), rel=1e-12)
+
+
+def test_megatron_mlp_all_reduces_forward_and_backward_between_row_and_column_layers():
+    # t = 4, d = 1: fc0 column, fc1 row (output partial), fc2 column (input replicated), fc3 row.
+    # Edge fc1 -> fc2: all-reduce of T x DIMS[2] in the forward and of its gradient in the backward.
+    # fc3's output stays partial (it is the last layer). No weight is replicated: no gradient sync.
+    pr = mlp_problem(batch=2 * T)
+    a = megatron_assignment(pr, (1, 1), (1, 4))
+    assert pr.cost(a) == pytest.approx(2 * 2 * ar(T * DIMS[2] * 2, 4), rel=1e-12)  # x2 micro-batches
+
+
+def test_megatron_with_data_parallel_adds_gradient_sync_over_d():
+    pr = mlp_problem()
+    a = megatron_assignment(pr, (1, 2), (1, 2))
+    # gradient sync: one all-reduce per weight, each of its local (k*n/2) elements
+    expect = 2 * ar(T // 2 * DIMS[2] * 2, 2) + sum(ar(k * n // 2 * 2, 2) for k, n in zip(DIMS, DIMS[1:]))
+    assert pr.cost(a) == pytest.approx(expect, rel=1e-12)
+
+
+def test_memory_limit_no_plan_fits_names_the_smallest():
+    with pytest.raises(UserError, match="smallest plan needs"):
+        mlp_problem(limit=10.0)
+
+
+def test_memory_limit_excludes_plans():
+    pr = mlp_problem()
+    dp = data_parallel(pr)
+    pr.memory_limit = pr.memory_of(dp) - 1
+    assert math.isinf(pr.cost(dp))
+
+
+def test_profile_missing_a_tier():
+    from autotune.sbp.mesh import Cluster
+    with pytest.raises(UserError, match="no intra tier"):
+        Coster(Profile.load("piz-daint"), Cluster(2, 4))
