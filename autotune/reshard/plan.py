@@ -3,7 +3,7 @@ as versioned JSON that round-trips, plus the table of all strategies x solvers."
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autotune.reshard.network import Network
@@ -40,15 +40,13 @@ class Plan:
     makespan: float
     lower_bound: float
     port_load: float
-    meta: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "version": VERSION, "task": self.task.to_dict(), "profile": self.profile,
                 "strategy": self.strategy, "solver": self.solver,
                 "units": [u.to_dict() for u in self.units],
                 "jobs": [dict(asdict(j), receivers=list(j.receivers)) for j in self.jobs],
-                "makespan": self.makespan, "lower_bound": self.lower_bound, "port_load": self.port_load,
-                "meta": self.meta}
+                "makespan": self.makespan, "lower_bound": self.lower_bound, "port_load": self.port_load}
 
     @classmethod
     def from_dict(cls, d: dict, origin: str = "plan") -> "Plan":
@@ -61,7 +59,7 @@ class Plan:
         jobs = [PlannedJob(**dict(j, receivers=tuple(j["receivers"]))) for j in d["jobs"]]
         return cls(ReshardTask.from_dict(d["task"]), d["profile"], d["strategy"], d["solver"],
                    [UnitTask.from_dict(u) for u in d["units"]], jobs, d["makespan"], d["lower_bound"],
-                   d["port_load"], d.get("meta", {}))
+                   d["port_load"])
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
