@@ -1,0 +1,104 @@
+"""The issue's targets, measured: ``python -m autotune.sbp.targets [--quick]`` prints a table.
+
+1. 4-layer MLP (AutoDDL §4.6) at 128 and 4096 single-GPU nodes (piz-daint):
+   exhaustive optimum and time; CD and MH each given 1% of the exhaustive time
+   (fresh cost caches), their best cost relative to the optimum.
+2. GPT-3 175B on 512 nodes x 8 GPUs: time to build the problem and run CD to
+   its first fixed point (one CPU core).
+3. The wide transformer of AutoDDL Fig. 3 (model 8192, 64 heads, batch 1024 x
+   sequence 1024, 64 single-GPU nodes): activation communication per attention
+   layer (ln1 -> qkv -> attention -> proj -> ln2, forward and backward,
+   elements sent per device, ring volumes of Table 2) of the searched plan
+   against the best Megatron mesh.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from calibrate.profile import Profile
+from models import load_model
+
+from autotune.sbp.baselines import best_mesh, megatron_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem, edge_steps, internal_steps
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.search import Budget, make_search
+
+ATTENTION = ("ln1", "qkv", "attention", "proj", "ln2")
+
+
+def mlp_row(nodes: int, seed: int = 0) -> list[str]:
+    """Times are of the searches alone: building the Problem (strategies, per-layer costs) is shared setup."""
+    g = load_model("mlp")
+    prof = Profile.load("piz-daint")
+    cl = Cluster(nodes, 1)
+    t0 = time.perf_counter()
+    pr = Problem(g, Coster(prof, cl), None)
+    setup = time.perf_counter() - t0
+    ex = make_search("exhaustive").run(pr, Budget(), np.random.default_rng(seed))
+    out = [f"MLP {nodes} nodes: setup {setup:.3f} s; exhaustive {ex.seconds:.2f} s over "
+           f"{np.prod([float(n) for n in pr.sizes]):.3g} plans (edge tables included)"]
+    for name in ("cd", "mh"):
+        p2 = Problem(g, Coster(prof, cl), None)  # fresh boxing caches
+        r = make_search(name).run(p2, Budget(seconds=ex.seconds * 0.01), np.random.default_rng(seed))
+        hit = next((t for t, c in r.trace if c <= ex.cost * 1.01), float("nan"))
+        out.append(f"  {name}: {r.cost / ex.cost:.4f} x optimum with 1% of the exhaustive time "
+                   f"({r.seconds:.3f} s); within 1% after {hit:.4f} s = {100 * hit / ex.seconds:.2f}% of exhaustive")
+    return out
+
+
+def gpt175_row() -> list[str]:
+    t0 = time.perf_counter()
+    g = load_model("gpt", "gpt3-175b")
+    pr = Problem(g, Coster(Profile.load("gcp-a100"), Cluster(512, 8)), 80 * 2**30)
+    build = time.perf_counter() - t0
+    r = make_search("cd").run(pr, Budget(seconds=25), np.random.default_rng(0))
+    first = r.trace[-1][0] if r.trace else float("nan")
+    return [f"GPT-3 175B on 512 x 8: problem {build:.2f} s, {sum(pr.sizes)} strategies; CD best {r.cost:.4g} s/step "
+            f"found {first:.2f} s into the search; total to best {build + first:.2f} s"]
+
+
+def attention_volume(pr: Problem, assign) -> float:
+    names = [op.layer.name for op in pr.ops]
+    vs = [names.index(n) for n in ATTENTION]
+    vol = 0.0
+    for v in vs[1:4]:
+        for _, _, steps in internal_steps(pr.choices[v][assign[v]], pr.cluster):
+            vol += sum(pr.coster.volume(s, 2) for s in steps)
+    for a, b in zip(vs, vs[1:]):
+        fwd, bwd = edge_steps(pr.choices[a][assign[a]], pr.choices[b][assign[b]], pr.ops[a].out_shape, pr.cluster)
+        vol += sum(pr.coster.volume(s, 2) for s in fwd + bwd)
+    return vol
+
+
+def wide_row(budget: float) -> list[str]:
+    # P100 16 GB per node; gradient accumulation over micro-batches of 16 sequences as in the paper
+    g = load_model("gpt", "autoddl-daint-64", {"micro_batch": 16})
+    pr = Problem(g, Coster(Profile.load("piz-daint"), Cluster(64, 1)), 16 * 2**30)
+    r = make_search("cd").run(pr, Budget(seconds=budget), np.random.default_rng(0))
+    mega, mcost, mesh = best_mesh(pr, megatron_assignment)
+    va, vm = attention_volume(pr, r.assignment), attention_volume(pr, mega)
+    return [f"wide transformer, 64 nodes: activation communication per attention layer and micro-batch {va / 1e9:.3f} G elements "
+            f"(searched) vs {vm / 1e9:.3f} G (best Megatron {mesh}): {100 * va / vm:.1f}%; "
+            f"step cost {r.cost:.4g} vs {mcost:.4g} s"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autotune.sbp.targets", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="skip the 4096-node MLP and the 175B model")
+    args = ap.parse_args(argv)
+    rows = mlp_row(128)
+    if not args.quick:
+        rows += mlp_row(4096)
+        rows += gpt175_row()
+    rows += wide_row(5.0)
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
