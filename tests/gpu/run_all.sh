@@ -10,7 +10,11 @@ OUT=${OUT:-/tmp/gpu-out}
 R=$OUT/results
 mkdir -p "$R"
 PY=${PY:-python3}
-MPIRUN="mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED -x PYTHONPATH"
+# ../shared does not travel to the device machine: copy the reference MSCCL XML into
+# build/msccl here and carry it (run(..., carry=["build/msccl"])).
+[ -d build/msccl ] && export COMMTUNE_MSCCL_DIR=$PWD/build/msccl
+export COMMTUNE_MSCCL_DIR=${COMMTUNE_MSCCL_DIR:-}
+MPIRUN="mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED -x PYTHONPATH -x COMMTUNE_MSCCL_DIR"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PARTS=${PARTS:-"calibrate interp sbp reshard schedule"}
 SUMMARY=$R/summary.txt
@@ -23,7 +27,8 @@ nvidia-smi topo -m >> "$R/gpus.txt" 2>&1
 
 if has calibrate; then
   for mode in graph host; do
-    $MPIRUN $PY -m calibrate run --backend nccl --mode $mode -b 1K -e 1G --check \
+    factor=2; [ $mode = graph ] && factor=1.41421356  # finer sweep: held-out sizes inside each regime
+    $MPIRUN $PY -m calibrate run --backend nccl --mode $mode -b 1K -e 1G -f $factor --check \
       --out "$R/calib-$mode" > "$R/calib-$mode.log" 2>&1
     log "calibrate $mode: exit $? (#wrong total: $(awk -F, 'NR>1 && $NF>0 {s+=$NF} END {print s+0}' "$R/calib-$mode/stats.csv"))"
   done
