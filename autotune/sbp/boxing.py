@@ -7,7 +7,9 @@ coordinate 0), S(i)->P an all-gather then zeroing. Axes making the same
 transition run as one collective over the group they span. The phases run in
 the order that keeps messages small: free slices first, then reduce-scatters
 (intra-node part first, so the inter-node part moves 1/g of the bytes), then
-all-reduces, all-to-alls, and all-gathers last (inter-node part first). This
+all-reduces, all-to-alls, and all-gathers last (inter-node part first). Where
+an intermediate would not divide evenly, slices move last, then all-gathers
+first; if no order divides, the transition is impossible (cost inf in a search). This
 yields the multi-step paths of §4.3, e.g. (S0, S1, P) -> (S0, S1: p1*p2) ->
 (S0, B, S1) is a reduce-scatter over p2 then an all-gather over p1.
 
@@ -60,7 +62,7 @@ def _by_tier(axes, cluster, inter_first: bool):
     return [p for p in parts if p]
 
 
-def _path(shape, itemsize, src, dst, cluster, early_slices: bool) -> tuple[Step, ...]:
+def _path(shape, itemsize, src, dst, cluster, early_slices: bool, gather_first: bool) -> tuple[Step, ...]:
     cur = list(src)
     steps: list[Step] = []
     n = len(cur)
@@ -78,8 +80,18 @@ def _path(shape, itemsize, src, dst, cluster, early_slices: bool) -> tuple[Step,
             set_axes(grp, lambda a: dst[a])
             steps.append(Step("slice", grp, 0, -1, d))
 
+    def gathers():
+        # S(i) -> B or P: all-gather, inter-node part first
+        ag = {a: split_dim(cur[a]) for a in range(n) if is_split(cur[a]) and dst[a] in (B, P)}
+        for d in sorted(set(ag.values())):
+            for grp in _by_tier([a for a in ag if ag[a] == d], cluster, inter_first=True):
+                set_axes(grp, lambda a: B)
+                steps.append(Step(Collective.ALLGATHER.value, grp, _local_elems(shape, cur, cluster) * itemsize, d, -1))
+
     if early_slices:
         slices()
+    if gather_first:
+        gathers()
     # P -> S(i): reduce-scatter, intra-node part first
     rs = [a for a in range(n) if cur[a] == P and is_split(dst[a])]
     for d in sorted({split_dim(dst[a]) for a in rs}):
@@ -100,12 +112,8 @@ def _path(shape, itemsize, src, dst, cluster, early_slices: bool) -> tuple[Step,
         nb = _local_elems(shape, cur, cluster) * itemsize
         set_axes(grp, lambda a: dst[a])
         steps.append(Step(Collective.ALLTOALL.value, grp, nb, i, j))
-    # S(i) -> B or P: all-gather, inter-node part first
-    ag = {a: split_dim(cur[a]) for a in range(n) if is_split(cur[a]) and dst[a] in (B, P)}
-    for d in sorted(set(ag.values())):
-        for grp in _by_tier([a for a in ag if ag[a] == d], cluster, inter_first=True):
-            set_axes(grp, lambda a: B)
-            steps.append(Step(Collective.ALLGATHER.value, grp, _local_elems(shape, cur, cluster) * itemsize, d, -1))
+    if not gather_first:
+        gathers()
     if not early_slices:
         slices()
     zero = tuple(a for a in range(n) if cur[a] == B and dst[a] == P)
@@ -124,9 +132,9 @@ def box(shape: tuple[int, ...], itemsize: int, src: tuple[str, ...], dst: tuple[
     local_shape(shape, dst, cluster)
     if src == dst:
         return ()
-    for early in (True, False):
+    for early, gather_first in ((True, False), (False, False), (False, True)):
         try:
-            return _path(shape, itemsize, src, dst, cluster, early)
+            return _path(shape, itemsize, src, dst, cluster, early, gather_first)
         except ValueError:
             continue
     raise UserError(

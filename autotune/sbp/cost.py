@@ -115,8 +115,11 @@ class Problem:
         key = (a, b, sa, sb)
         t = self._edge.get(key)
         if t is None:
-            fwd, bwd = edge_steps(self.choices[a][sa], self.choices[b][sb], self.ops[a].out_shape, self.cluster)
-            t = self.mb * (self.coster.time(fwd) + self.coster.time(bwd))
+            try:
+                fwd, bwd = edge_steps(self.choices[a][sa], self.choices[b][sb], self.ops[a].out_shape, self.cluster)
+                t = self.mb * (self.coster.time(fwd) + self.coster.time(bwd))
+            except UserError:  # no evenly divisible path between these two layouts
+                t = math.inf
             self._edge[key] = t
         return t
 
