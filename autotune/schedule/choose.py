@@ -1,0 +1,107 @@
+"""Choose per band, merge bands into the tuned table, and score the result.
+
+Measured bands: the fastest candidate that was measured and matched NCCL's
+result, unless NCCL was at least as fast (then NCCL: the table leaves the band to
+the runtime's NCCL fallback). Model-only bands: the same on predicted times, NCCL
+predicted by the profile's fit of NCCL itself.
+"""
+from __future__ import annotations
+
+from autotune.schedule.model import Correction, spearman
+from autotune.schedule.plan import geomean
+from autotune.schedule.result import NCCL, BandResult, CollectiveResult, TableEntry
+
+
+def band_time(band: BandResult, key: str, measured: bool) -> float | None:
+    if key == NCCL:
+        return band.nccl_measured_us if measured else band.nccl_predicted_us
+    r = band.row(key)
+    if r is None:
+        return None
+    if measured:
+        return r.measured_us if r.correct else None
+    return r.predicted_us
+
+
+def choose_band(band: BandResult, measured: bool) -> str:
+    options = [(band_time(band, r.key, measured), r.key) for r in band.rows]
+    options = [(t, k) for t, k in options if t is not None]
+    nccl = band_time(band, NCCL, measured)
+    if not options:
+        return NCCL
+    best_t, best_k = min(options)
+    return NCCL if nccl is not None and nccl <= best_t else best_k
+
+
+def table(bands: list[BandResult]) -> list[TableEntry]:
+    """Adjacent bands with the same choice merged; NCCL bands left out (the runtime falls back to NCCL)."""
+    out: list[TableEntry] = []
+    for b in bands:
+        if b.choice == NCCL:
+            continue
+        if out and out[-1].choice == b.choice and out[-1].hi == b.lo:
+            out[-1].hi = b.hi
+        else:
+            out.append(TableEntry(b.lo, b.hi, b.choice))
+    return out
+
+
+def fixed_baseline(bands: list[BandResult], measured: bool) -> tuple[str, float] | None:
+    """The single candidate with the best geometric mean time over all bands (timed in all of them)."""
+    best = None
+    for key in [r.key for r in bands[0].rows]:
+        ts = [band_time(b, key, measured) for b in bands]
+        if any(t is None or t <= 0 for t in ts):
+            continue
+        g = geomean(ts)
+        if best is None or g < best[1]:
+            best = (key, g)
+    return best
+
+
+def correlations(bands: list[BandResult], protocol: dict[str, str]) -> Correction:
+    """Spearman per band of the model as ranked, and of the per-protocol correction fitted on the
+    other bands (leave-one-band-out); returns the correction fitted on all bands."""
+    def points(bs):
+        out = []
+        for b in bs:
+            for r in b.measured_rows():
+                out.append((protocol[r.key], r.simulated_us * 1e-6, r.measured_us * 1e-6))
+        return out
+
+    for i, b in enumerate(bands):
+        rows = b.measured_rows()
+        b.spearman = spearman([r.predicted_us for r in rows], [r.measured_us for r in rows])
+        corr = Correction.fit(points(bands[:i] + bands[i + 1:]))
+        b.spearman_corrected = spearman([corr.apply(protocol[r.key], r.simulated_us * 1e-6) for r in rows],
+                                        [r.measured_us for r in rows])
+    return Correction.fit(points(bands), source="fitted on all measured bands")
+
+
+def finish(res: CollectiveResult, measured: bool) -> None:
+    """Fill choices, table, baseline and summary of ``res``."""
+    for b in res.bands:
+        b.choice = choose_band(b, measured)
+    res.table = table(res.bands)
+    tuned = [band_time(b, b.choice, measured) for b in res.bands]
+    nccl = [band_time(b, NCCL, measured) for b in res.bands]
+    s: dict = {"basis": "measured" if measured else "predicted", "bands": len(res.bands),
+               "bands_nccl": sum(b.choice == NCCL for b in res.bands)}
+    if all(t is not None and t > 0 for t in nccl + tuned):
+        ratios = [n / t for n, t in zip(nccl, tuned)]
+        s["speedup_over_nccl_geomean"] = geomean(ratios)
+        s["speedup_over_nccl_min"] = min(ratios)
+    base = fixed_baseline(res.bands, measured)
+    if base is not None:
+        res.fixed_baseline = base[0]
+        ts = [band_time(b, base[0], measured) for b in res.bands]
+        s["speedup_over_fixed_geomean"] = geomean([f / t for f, t in zip(ts, tuned)])
+    if measured:
+        protocol = {k: c.protocol for k, c in res.candidates.items()}
+        res.correction = correlations(res.bands, protocol).to_dict()
+        sp = [b.spearman for b in res.bands if b.spearman is not None]
+        spc = [b.spearman_corrected for b in res.bands if b.spearman_corrected is not None]
+        s["spearman_min"] = min(sp) if sp else None
+        s["spearman_corrected_min"] = min(spc) if spc else None
+        s["bands_below_0.8"] = [b.rep for b in res.bands if b.spearman is not None and b.spearman < 0.8]
+    res.summary = s

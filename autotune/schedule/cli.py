@@ -1,0 +1,224 @@
+"""``python -m autotune schedule``: tune GC3 schedules per size band.
+
+    python -m autotune schedule --collective allreduce --gpus 2 --out tuned/
+    mpirun -np 2 python -m autotune schedule --collective allreduce --gpus 2 --out tuned/   # measures on GPUs
+
+For each size band: enumerate the candidates of the search space (algorithm of
+the GC3 library x channels x instances x protocol x CUDA blocks per thread block),
+rank them with the cost simulation on the fitted profile, and, when run under
+mpirun with one process per GPU, measure the best few (--budget) and the
+fixed-configuration contenders with the interpreter beside NCCL; choose per band.
+Without GPUs it runs on the model alone and says that nothing was measured.
+
+Writes to --out: programs/*.xml (MSCCL XML, minBytes/maxBytes set), manifest.json
+(an interpreter preset: python -m kernels bench --preset OUT/manifest.json),
+nccl_tuner.conf (NCCL's example tuner plugin CSV), schedule.json (kind
+schedule-tune, for python -m reports) and model_correction.json when measured.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+import time
+from pathlib import Path
+
+from calibrate import profile as profiles
+from calibrate.collectives import Collective
+from calibrate.errors import UserError
+from kernels.interp import pack
+from kernels.interp.preset import DEFAULT_PRESET, load_preset
+
+from autotune.schedule import outputs
+from autotune.schedule.bands import DEFAULT_SIZES, bands_for, parse_sizes
+from autotune.schedule.choose import finish
+from autotune.schedule.model import Correction, Model
+from autotune.schedule.plan import log, rank_bands, select
+from autotune.schedule.result import NCCL, CollectiveResult, TuneResult
+from autotune.schedule.space import DEFAULT_SPACE, enumerate_candidates, load_space
+
+TUNABLE = ("allreduce", "allgather", "reducescatter", "alltoall")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="autotune schedule", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--collective", default="allreduce", help=f"comma-separated, from {', '.join(TUNABLE)}")
+    p.add_argument("--gpus", type=int, default=2, help="total GPUs (ranks) of the communicator (default 2)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes they span (default 1)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default gpus / nodes)")
+    p.add_argument("--profile", default=profiles.DEFAULT_PROFILE,
+                   help=f"fitted profile name or JSON file (default {profiles.DEFAULT_PROFILE})")
+    p.add_argument("--sizes", default=DEFAULT_SIZES,
+                   help=f"band sizes, min:max:factor or a list (default {DEFAULT_SIZES})")
+    p.add_argument("--budget", type=int, default=4,
+                   help="candidates measured per band, best by the model first (default 4); the "
+                        "fixed-configuration contenders are measured in every band on top")
+    p.add_argument("--space", default=DEFAULT_SPACE, help="search space name or JSON file (default spaces)")
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"interpreter preset whose transport is used (default {DEFAULT_PRESET})")
+    p.add_argument("--correction", help="model_correction.json of an earlier measured run, to rank with")
+    p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES))
+    p.add_argument("--reps", type=int, default=5, help="timed graph replays per candidate (default 5)")
+    p.add_argument("--model-only", action="store_true", help="do not measure even where GPUs are available")
+    p.add_argument("--out", default="schedule-out", help="output directory (default schedule-out)")
+    return p
+
+
+def _check(args) -> tuple[list[str], int]:
+    colls = []
+    for c in args.collective.split(","):
+        if c.strip():
+            name = Collective.parse(c).value
+            if name not in TUNABLE:
+                raise UserError(f"--collective {name} cannot be tuned; use some of {', '.join(TUNABLE)}")
+            colls.append(name)
+    if not colls:
+        raise UserError("--collective is empty; give e.g. --collective allreduce")
+    if args.gpus < 2:
+        raise UserError(f"--gpus {args.gpus}: a collective needs at least 2 GPUs")
+    if args.nodes < 1 or args.gpus % args.nodes:
+        raise UserError(f"--gpus {args.gpus} is not a multiple of --nodes {args.nodes}; fix one of them")
+    gpn = args.gpus_per_node or args.gpus // args.nodes
+    if gpn * args.nodes != args.gpus:
+        raise UserError(f"--gpus-per-node {gpn} x --nodes {args.nodes} != --gpus {args.gpus}; make them agree")
+    if args.budget < 1:
+        raise UserError(f"--budget {args.budget}: measure at least 1 candidate per band")
+    if args.reps < 1:
+        raise UserError(f"--reps {args.reps}: time at least 1 replay")
+    return colls, gpn
+
+
+def _load_correction(path: str | None) -> Correction | None:
+    if not path:
+        return None
+    try:
+        return Correction.from_dict(json.loads(Path(path).read_text()))
+    except OSError as e:
+        raise UserError(f"cannot read --correction {path!r} ({e.strerror}); give a model_correction.json") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--correction {path!r} is not valid JSON ({e.msg}); give a model_correction.json") \
+            from None
+
+
+def _fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def report_table(res: CollectiveResult, measured: bool) -> str:
+    lines = [f"{res.collective}: chosen per band ({res.summary.get('basis')})",
+             f"{'band':>18} {'size':>11} {'choice':>44} {'pred us':>9} {'meas us':>9} {'nccl us':>9} "
+             f"{'vs nccl':>7} {'rho':>5}"]
+    for b in res.bands:
+        r = b.row(b.choice)
+        pred = b.nccl_predicted_us if b.choice == NCCL else r.predicted_us
+        meas = b.nccl_measured_us if b.choice == NCCL else (r.measured_us if r else None)
+        nccl = b.nccl_measured_us if measured else b.nccl_predicted_us
+        mine = meas if measured else pred
+        lines.append(f"{b.lo:>8}-{b.hi if b.hi else 'inf':>9} {b.rep:>11} {b.choice:>44} {_fmt(pred):>9} "
+                     f"{_fmt(meas):>9} {_fmt(nccl):>9} {_fmt(nccl / mine if nccl and mine else None, '.2f'):>7} "
+                     f"{_fmt(b.spearman, '.2f'):>5}")
+    s = res.summary
+    lines.append(f"fixed baseline {res.fixed_baseline or '-'}: tuned table {_fmt(s.get('speedup_over_fixed_geomean'), '.2f')}x "
+                 f"geomean; over NCCL {_fmt(s.get('speedup_over_nccl_geomean'), '.2f')}x geomean, "
+                 f"{_fmt(s.get('speedup_over_nccl_min'), '.2f')}x worst band")
+    if measured:
+        lines.append(f"Spearman per band: min {_fmt(s.get('spearman_min'), '.2f')} (model as ranked), "
+                     f"min {_fmt(s.get('spearman_corrected_min'), '.2f')} (per-protocol correction, "
+                     f"leave-one-band-out); bands below 0.8: {s.get('bands_below_0.8')}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    colls, gpn = _check(args)
+    t_start = time.perf_counter()
+    prof = profiles.Profile.load(args.profile)
+    space = load_space(args.space)
+    base_preset = load_preset(args.preset)
+    correction = _load_correction(args.correction)
+    bands_spec = bands_for(parse_sizes(args.sizes))
+
+    world, cp, reason = (None, None, "--model-only was given") if args.model_only else \
+        __import__("autotune.schedule.measure", fromlist=["gpu_world"]).gpu_world(args.gpus)
+    measuring = world is not None
+    lead = world is None or world.rank == 0
+    say = log if lead else None
+    if not measuring and say:
+        say(f"nothing will be measured: {reason}; choosing from the model alone")
+
+    results, built_by_coll = [], {}
+    t_model = t_measure = 0.0
+    comm = None
+    for coll in colls:
+        t0 = time.perf_counter()
+        built, notes = enumerate_candidates(space, coll, args.gpus, args.nodes)
+        if say:
+            say(f"{coll}: {len(built)} candidates on {args.gpus} GPUs ({args.nodes} node(s)), "
+                f"{len(bands_spec)} bands, profile {prof.name}")
+        model = Model(prof, coll, args.gpus, args.nodes, gpn, pack.DTYPES[args.dtype], correction)
+        bands = rank_bands(model, built, bands_spec, say)
+        select(bands, args.budget)
+        by_key = {b.candidate.key: b for b in built}
+        res = CollectiveResult(coll, {k: b.candidate for k, b in by_key.items()}, bands, notes=notes)
+        t_model += time.perf_counter() - t0
+        if measuring:
+            from autotune.schedule.measure import measure
+            from kernels.interp.runtime import Communicator
+
+            chosen = world.bcast([[r.key for r in b.rows if r.selected] for b in bands], root=0)
+            for b, keys in zip(bands, chosen):
+                for r in b.rows:
+                    r.selected = r.key in keys
+            t0 = time.perf_counter()
+            if comm is None:
+                all_built = [b for c in colls for b in enumerate_candidates(space, c, args.gpus, args.nodes)[0]]
+                comm = Communicator(world, outputs.transport_preset(base_preset, all_built, (), "schedule-measure"),
+                                    entries=[])
+            measure(comm, cp, coll, bands, by_key, args.dtype, args.reps, say)
+            t_measure += time.perf_counter() - t0
+        finish(res, measuring)
+        results.append(res)
+        built_by_coll[coll] = by_key
+    device = ""
+    if measuring:
+        from autotune.schedule.measure import device_name
+
+        device = device_name(cp)
+        comm.close()
+    if not lead:
+        return 0
+
+    out = Path(args.out)
+    for res in results:
+        outputs.write_programs(out, res, built_by_coll[res.collective])
+    manifest = outputs.manifest(results, built_by_coll, base_preset, "schedule-tuned")
+    provenance = {"tool": "python -m autotune schedule", "date": _dt.date.today().isoformat(),
+                  "measured": measuring, "profile": prof.name, "device": device}
+    outputs.write_manifest(out / "manifest.json", manifest, provenance)
+    (out / "nccl_tuner.conf").write_text(outputs.nccl_csv(results, built_by_coll, space.nccl_algorithm,
+                                                          args.nodes, args.gpus))
+    written = {"programs": str(out / "programs"), "manifest": str(out / "manifest.json"),
+               "nccl_tuner": str(out / "nccl_tuner.conf"), "result": str(out / "schedule.json")}
+    if measuring:
+        corr = {"source": f"autotune schedule on {device}, {_dt.date.today().isoformat()}",
+                "terms": {p: v for res in results for p, v in res.correction.get("terms", {}).items()}}
+        (out / "model_correction.json").write_text(json.dumps(corr, indent=1) + "\n")
+        written["model_correction"] = str(out / "model_correction.json")
+    result = TuneResult(date=_dt.date.today().isoformat(), ranks=args.gpus, nodes=args.nodes, gpus_per_node=gpn,
+                        profile=prof.name, dtype=args.dtype, space=space.name, measured=measuring,
+                        not_measured_reason="" if measuring else reason, device=device,
+                        input_correction=correction.to_dict() if correction else {},
+                        seconds={"model": t_model, "measure": t_measure, "total": time.perf_counter() - t_start},
+                        outputs=written, collectives=results)
+    result.save(out / "schedule.json")
+    for res in results:
+        print(report_table(res, measuring))
+        for n in res.notes:
+            log(f"note: {n}")
+    if not measuring:
+        print(f"nothing was measured ({reason}): the choices above come from the model alone")
+    print(f"wrote {out}/ (programs/, manifest.json, nccl_tuner.conf, schedule.json) in "
+          f"{result.seconds['total']:.1f} s (measuring {t_measure:.1f} s)")
+    return 0 if all(r.correct is not False for res in results for b in res.bands for r in b.rows) else 1

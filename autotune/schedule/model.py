@@ -1,0 +1,169 @@
+"""The ranking model: the GC3 cost simulation of a candidate as the interpreter runs it,
+an optional per-protocol correction fitted to measurements, and Spearman's rank correlation.
+
+Derived from first principles (the papers give no formula for this):
+- The interpreter runs each IR thread block as ``split`` CUDA blocks, block j moving
+  the j-th 1/split of every chunk over its own connection slice
+  (kernels/interp/runtime.py). That is the compiler's ``instances`` replication
+  done at run time, so the candidate is simulated as its IR with every thread
+  block replicated ``split`` times on distinct connections (same links) and
+  chunks ``split`` times smaller (``split_program``).
+- ``split`` is the runtime's own: one CUDA block per ``bytes_per_block`` of a
+  chunk, at most ``max_split`` (kernels.interp.pack.split_for).
+- An in-place program serving an out-of-place call first copies the input into
+  the output (allreduce: the buffer; allgather: this rank's part); the copy costs
+  bytes x the simulation's local beta (``LOCAL_BETA_FRACTION`` of the intra-node
+  sendrecv beta).
+- Correction (fitted when candidates were measured): per protocol,
+  t = a + k * t_sim with a, k >= 0, least squares on relative error. It carries
+  what the alpha-beta simulation lacks per protocol (Simple's flag round trip
+  after the data, LL's half-rate payload, launch cost) and is monotone within a
+  protocol, so it reorders candidates only across protocols.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calibrate.collectives import Collective
+from calibrate.errors import UserError
+from calibrate.profile import Group, Profile
+from kernels.gc3.ir import Buffer, Gpu, Program, Step, ThreadBlock
+from kernels.gc3.simulate import LOCAL_BETA_FRACTION, simulate
+from kernels.interp import pack
+
+from autotune.schedule.space import Built
+
+
+def split_program(program: Program, split: int) -> Program:
+    """``program`` with every thread block run as ``split`` copies, each on its own connection
+    (channel c*split+j) and moving chunks ``split`` times smaller: for simulation only
+    (offsets address the finer chunks approximately; sizes are exact)."""
+    if split == 1:
+        return program
+
+    def step(st: Step, j: int, tb_base: dict[int, int]) -> Step:
+        return dataclasses.replace(st, srcoff=st.srcoff * split + j if st.srcoff >= 0 else st.srcoff,
+                                   dstoff=st.dstoff * split + j if st.dstoff >= 0 else st.dstoff,
+                                   deps=[(tb_base[t] + j, s) for t, s in st.deps])
+
+    gpus = []
+    for g in program.gpus:
+        tb_base = {tb.id: k * split for k, tb in enumerate(g.threadblocks)}
+        tbs = [ThreadBlock(tb_base[tb.id] + j, tb.send, tb.recv, tb.chan * split + j,
+                           [step(st, j, tb_base) for st in tb.steps])
+               for tb in g.threadblocks for j in range(split)]
+        gpus.append(Gpu(g.id, g.i_chunks * split, g.o_chunks * split, g.s_chunks * split, tbs))
+    return dataclasses.replace(program, nchunksperloop=program.nchunksperloop * split,
+                               nchannels=program.nchannels * split, gpus=gpus)
+
+
+def runtime_split(program: Program, nbytes: int, esize: int, bytes_per_block: int, max_split: int) -> int:
+    """CUDA blocks per IR thread block that the interpreter uses at this size."""
+    chunk_bytes = max(esize, nbytes // program.nchunksperloop)
+    return pack.split_for(chunk_bytes, bytes_per_block, max_split)
+
+
+def copy_bytes(program: Program, nbytes: int) -> int:
+    """Bytes copied before an out-of-place call served by an in-place ``program``."""
+    if not program.inplace:
+        return 0
+    if program.collective == "allreduce":
+        return nbytes
+    if program.collective == "allgather":
+        return nbytes // program.ngpus
+    return 0
+
+
+@dataclass
+class Correction:
+    """Per protocol (a seconds, k): t = a + k * t_sim; identity where nothing was fitted."""
+
+    terms: dict[str, tuple[float, float]] = field(default_factory=dict)
+    source: str = ""
+
+    def apply(self, protocol: str, seconds: float) -> float:
+        a, k = self.terms.get(protocol, (0.0, 1.0))
+        return a + k * seconds
+
+    def to_dict(self) -> dict:
+        return {"source": self.source,
+                "terms": {p: {"a_us": a * 1e6, "k": k} for p, (a, k) in sorted(self.terms.items())}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Correction":
+        try:
+            return cls({p: (float(v["a_us"]) * 1e-6, float(v["k"])) for p, v in d.get("terms", {}).items()},
+                       str(d.get("source", "")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"model correction is malformed ({e!r}); regenerate it with autotune schedule on GPUs") \
+                from None
+
+    @classmethod
+    def fit(cls, points: list[tuple[str, float, float]], source: str = "") -> "Correction":
+        """Fit from (protocol, simulated s, measured s); a protocol needs 2 distinct simulated times."""
+        from scipy.optimize import nnls
+
+        terms = {}
+        for proto in sorted({p for p, _, _ in points}):
+            xs = np.array([x for p, x, y in points if p == proto and y > 0])
+            ys = np.array([y for p, x, y in points if p == proto and y > 0])
+            if len(xs) < 2 or np.ptp(xs) <= 0:
+                continue
+            a_mat = np.stack([1.0 / ys, xs / ys], axis=1)
+            sol, _ = nnls(a_mat, np.ones(len(ys)))
+            terms[proto] = (float(sol[0]), float(sol[1]))
+        return cls(terms, source)
+
+
+class Model:
+    """Predicted seconds of candidates and of NCCL, cached per (program, split, size)."""
+
+    def __init__(self, profile: Profile, collective: str, ranks: int, nodes: int, gpus_per_node: int,
+                 esize: int, correction: Correction | None = None):
+        self.profile, self.collective = profile, Collective.parse(collective)
+        self.ranks, self.nodes, self.gpus_per_node, self.esize = ranks, nodes, gpus_per_node, esize
+        self.correction = correction or Correction()
+        self._sim: dict[tuple, float] = {}
+
+    def split(self, built: Built, nbytes: int) -> int:
+        c = built.candidate
+        return runtime_split(built.program, nbytes, self.esize, c.bytes_per_block, c.max_split)
+
+    def simulated(self, built: Built, nbytes: int) -> float:
+        """Seconds from the cost simulation alone (with the runtime's split and the input copy)."""
+        split = self.split(built, nbytes)
+        key = (built.candidate.program_key, split, nbytes)
+        if key not in self._sim:
+            t = simulate(split_program(built.program, split), nbytes, self.profile, self.gpus_per_node)
+            copied = copy_bytes(built.program, nbytes)
+            if copied:
+                model, _ = self.profile.model(Collective.SENDRECV, Group(2, 1))
+                t += copied * model.segment_for(copied).beta * LOCAL_BETA_FRACTION
+            self._sim[key] = t
+        return self._sim[key]
+
+    def predict(self, built: Built, nbytes: int) -> float:
+        return self.correction.apply(built.candidate.protocol, self.simulated(built, nbytes))
+
+    def nccl(self, nbytes: int) -> float:
+        """NCCL's time from the profile's fit (the profile is a fit of NCCL itself)."""
+        return self.profile.time(self.collective, nbytes, Group(self.ranks, self.nodes))
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman's rank correlation (ties get average ranks); None below 3 points or for a constant side."""
+    if len(x) != len(y):
+        raise ValueError("spearman needs equal lengths")
+    if len(x) < 3:
+        return None
+    from scipy.stats import rankdata
+
+    rx, ry = rankdata(x), rankdata(y)
+    if np.ptp(rx) == 0 or np.ptp(ry) == 0:
+        return None
+    r = float(np.corrcoef(rx, ry)[0, 1])
+    return None if math.isnan(r) else r

@@ -1,0 +1,60 @@
+"""Rank every candidate in every band with the model, and pick what to measure.
+
+Measured in a band: the ``budget`` candidates the model ranks best there, plus
+the fixed-configuration contenders, measured in every band so that the best
+single fixed configuration can be compared with the tuned table: the model's
+winner of each band and the ``FIXED_CONTENDERS`` candidates with the best
+geometric mean of predicted time over all bands.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+from autotune.schedule.bands import Band
+from autotune.schedule.model import Model
+from autotune.schedule.result import BandResult, Row
+from autotune.schedule.space import Built
+
+FIXED_CONTENDERS = 2
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def rank_bands(model: Model, built: list[Built], bands: list[Band], progress=None) -> list[BandResult]:
+    """Every candidate's simulated and predicted time in every band, best first."""
+    out = []
+    for i, band in enumerate(bands):
+        rows = []
+        for b in built:
+            sim = model.simulated(b, band.rep)
+            rows.append(Row(b.candidate.key, model.split(b, band.rep), sim * 1e6, model.predict(b, band.rep) * 1e6))
+        rows.sort(key=lambda r: (r.predicted_us, r.key))
+        out.append(BandResult(band.rep, band.lo, band.hi, model.nccl(band.rep) * 1e6, rows))
+        if progress:
+            progress(f"band {i + 1}/{len(bands)} {band.label} at {band.rep} B: model best {rows[0].key} "
+                     f"{rows[0].predicted_us:.1f} us, NCCL {out[-1].nccl_predicted_us:.1f} us")
+    return out
+
+
+def fixed_contenders(bands: list[BandResult], n: int = FIXED_CONTENDERS) -> list[str]:
+    """Band winners, then the ``n`` candidates with the best predicted geometric mean over all bands."""
+    winners = list(dict.fromkeys(b.rows[0].key for b in bands))
+    keys = [r.key for r in bands[0].rows]
+    by_key = [{r.key: r.predicted_us for r in b.rows} for b in bands]
+    overall = sorted(keys, key=lambda k: (geomean([m[k] for m in by_key]), k))
+    return list(dict.fromkeys(winners + overall[:n]))
+
+
+def select(bands: list[BandResult], budget: int) -> None:
+    """Mark the rows to measure (``Row.selected``)."""
+    contenders = set(fixed_contenders(bands))
+    for b in bands:
+        for i, r in enumerate(b.rows):
+            r.selected = i < budget or r.key in contenders
+
+
+def log(msg: str) -> None:
+    print(f"[schedule] {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,142 @@
+"""The tuner's result as versioned JSON (kind ``schedule-tune``, read by the report):
+per collective and size band, every candidate's simulated and predicted time, the
+measured time of those measured, NCCL's, the choice, Spearman's rank correlation
+of model and measurement, and the tuned table."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from calibrate.errors import UserError
+
+from autotune.schedule.space import Candidate
+
+KIND = "schedule-tune"
+VERSION = 1
+NCCL = "nccl"
+
+
+@dataclass
+class Row:
+    """One candidate in one band."""
+
+    key: str
+    split: int
+    simulated_us: float              # the cost simulation alone
+    predicted_us: float              # what the ranking used (with the input correction, if any)
+    selected: bool = False           # chosen for measurement
+    measured_us: float | None = None
+    correct: bool | None = None
+    max_rel_err: float | None = None
+    skipped: str = ""                # why a selected candidate was not measured
+
+
+@dataclass
+class BandResult:
+    rep: int
+    lo: int
+    hi: int                          # 0: no upper bound
+    nccl_predicted_us: float
+    rows: list[Row]
+    nccl_measured_us: float | None = None
+    choice: str = NCCL
+    spearman: float | None = None              # model as ranked vs measured
+    spearman_corrected: float | None = None    # with the correction fitted on the other bands
+
+    def row(self, key: str) -> Row | None:
+        return next((r for r in self.rows if r.key == key), None)
+
+    def measured_rows(self) -> list[Row]:
+        return [r for r in self.rows if r.measured_us is not None and r.correct]
+
+
+@dataclass
+class TableEntry:
+    lo: int
+    hi: int                          # 0: no upper bound
+    choice: str                      # a candidate key
+    xml: str = ""                    # file written for it
+
+
+@dataclass
+class CollectiveResult:
+    collective: str
+    candidates: dict[str, Candidate]
+    bands: list[BandResult]
+    table: list[TableEntry] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    fixed_baseline: str = ""
+    summary: dict = field(default_factory=dict)
+    correction: dict = field(default_factory=dict)    # fitted on this run's measurements
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["candidates"] = {k: c.to_dict() for k, c in self.candidates.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CollectiveResult":
+        bands = [BandResult(**{**b, "rows": [Row(**r) for r in b["rows"]]}) for b in d["bands"]]
+        return cls(collective=d["collective"],
+                   candidates={k: Candidate.from_dict(c) for k, c in d["candidates"].items()},
+                   bands=bands, table=[TableEntry(**t) for t in d.get("table", [])],
+                   notes=list(d.get("notes", [])), fixed_baseline=d.get("fixed_baseline", ""),
+                   summary=dict(d.get("summary", {})), correction=dict(d.get("correction", {})))
+
+
+@dataclass
+class TuneResult:
+    date: str
+    ranks: int
+    nodes: int
+    gpus_per_node: int
+    profile: str
+    dtype: str
+    space: str
+    measured: bool
+    not_measured_reason: str = ""
+    device: str = ""
+    input_correction: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)       # model, measure, total
+    outputs: dict = field(default_factory=dict)       # what was written where
+    collectives: list[CollectiveResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = {"kind": KIND, "version": VERSION}
+        d.update({k: v for k, v in asdict(self).items() if k != "collectives"})
+        d["collectives"] = [c.to_dict() for c in self.collectives]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, origin: str = "result") -> "TuneResult":
+        if not isinstance(d, dict) or d.get("kind") != KIND:
+            raise UserError(f"{origin} is not a schedule tuning result (kind {KIND!r}); pass the schedule.json "
+                            f"that python -m autotune schedule wrote")
+        if d.get("version") != VERSION:
+            raise UserError(f"{origin} has version {d.get('version')!r}; this tool reads {VERSION}: rerun the tuner")
+        try:
+            fields = {k: v for k, v in d.items() if k not in ("kind", "version", "collectives")}
+            return cls(**fields, collectives=[CollectiveResult.from_dict(c) for c in d["collectives"]])
+        except (KeyError, TypeError) as e:
+            raise UserError(f"{origin} is malformed ({e!r}); rerun the tuner") from None
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TuneResult":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "schedule.json"
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise UserError(f"cannot read {str(path)!r} ({e.strerror}); give the tuner's output directory or "
+                            f"its schedule.json") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"{str(path)!r} is not valid JSON ({e.msg}); rerun the tuner") from None
+        return cls.from_dict(data, origin=str(path))

@@ -1,0 +1,222 @@
+"""The search space (a data file in presets/) and the candidates it spans.
+
+A candidate is one program (an algorithm of the GC3 library compiled with a
+number of channels and instances, or a program file the interpreter ships) run
+with one protocol and one CUDA-block setting of the interpreter
+(``bytes_per_block``, ``max_split``: how many CUDA blocks share each IR thread
+block). Candidates whose compiled programs are identical (up to the name) are
+enumerated once; algorithms that do not apply to the communicator (e.g.
+hierarchical allreduce on one node) and protocols the interpreter does not
+implement are skipped with a note.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrate.errors import UserError
+from kernels.gc3.algorithms import ALGORITHMS, build
+from kernels.gc3.compiler import compile_program
+from kernels.gc3.ir import Program, Protocol
+from kernels.gc3.xml_io import read_xml, write_xml
+from kernels.interp import pack
+from kernels.interp.preset import PROGRAM_DIR
+
+SPACE_VERSION = 1
+PRESET_DIR = Path(__file__).parent / "presets"
+DEFAULT_SPACE = "spaces"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algorithm: str          # a GC3 library algorithm, or a program file name
+    source: str             # "library" | "file"
+    channels: int
+    instances: int
+    protocol: str           # Protocol value
+    bytes_per_block: int
+    max_split: int
+    tile_bytes: int = 0
+
+    @property
+    def key(self) -> str:
+        shape = f"c{self.channels}i{self.instances}" if self.source == "library" else "file"
+        return f"{self.algorithm}/{shape}/{self.protocol}/b{self.bytes_per_block // 1024}Kx{self.max_split}"
+
+    @property
+    def program_key(self) -> tuple:
+        """What fixes the program (everything but the runtime's block setting)."""
+        return (self.algorithm, self.source, self.channels, self.instances, self.protocol)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Candidate":
+        return cls(**d)
+
+
+@dataclass
+class Built:
+    candidate: Candidate
+    program: Program        # compiled, protocol set, no size range
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    name: str
+    channels: tuple[int, ...]
+    instances: tuple[int, ...]
+    protocols: tuple[str, ...]
+    blocks: tuple[tuple[int, int], ...]          # (bytes_per_block, max_split)
+    tile_bytes: dict
+    collectives: dict                            # collective -> {"algorithms": [...], "programs": [...]}
+    nccl_algorithm: dict                         # library algorithm -> NCCL tuner algorithm name
+
+    @classmethod
+    def from_json(cls, data: dict, name: str) -> "SearchSpace":
+        if data.get("version") != SPACE_VERSION:
+            raise UserError(f"search space {name!r} has version {data.get('version')!r}, this tool reads "
+                            f"{SPACE_VERSION}; update the file")
+        try:
+            space = cls(name=name, channels=tuple(int(c) for c in data["channels"]),
+                        instances=tuple(int(i) for i in data["instances"]),
+                        protocols=tuple(str(p) for p in data["protocols"]),
+                        blocks=tuple((int(b["bytes_per_block"]), int(b["max_split"])) for b in data["blocks"]),
+                        tile_bytes={str(k): int(v) for k, v in data.get("tile_bytes", {}).items()},
+                        collectives={str(k): {"algorithms": list(v.get("algorithms", [])),
+                                              "programs": list(v.get("programs", []))}
+                                     for k, v in data["collectives"].items()},
+                        nccl_algorithm={str(k): str(v) for k, v in data.get("nccl_algorithm", {}).items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UserError(f"search space {name!r} is malformed ({e!r}); compare it with "
+                            f"autotune/schedule/presets/{DEFAULT_SPACE}.json") from None
+        space.validate()
+        return space
+
+    def validate(self) -> None:
+        if not self.channels or min(self.channels) < 1 or not self.instances or min(self.instances) < 1:
+            raise UserError(f"search space {self.name!r}: channels and instances need values >= 1")
+        if not self.blocks or any(b < 256 or s < 1 for b, s in self.blocks):
+            raise UserError(f"search space {self.name!r}: blocks need bytes_per_block >= 256 and max_split >= 1")
+        for p in self.protocols:
+            if p not in {x.value for x in Protocol}:
+                raise UserError(f"search space {self.name!r}: unknown protocol {p!r}; use Simple, LL or LL128")
+        for coll, v in self.collectives.items():
+            for alg in v["algorithms"]:
+                if alg not in ALGORITHMS:
+                    raise UserError(f"search space {self.name!r}: {coll} lists unknown algorithm {alg!r}; "
+                                    f"choose from {', '.join(sorted(ALGORITHMS))}")
+
+
+def load_space(name_or_path: str = DEFAULT_SPACE) -> SearchSpace:
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = PRESET_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
+        raise UserError(f"no search space {name_or_path!r}; use one of {known} or a JSON file path")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e}); fix the file") from None
+    return SearchSpace.from_json(data, name=path.stem)
+
+
+def _fingerprint(program: Program) -> str:
+    return write_xml(dataclasses.replace(program, name="", protocol=Protocol.SIMPLE))
+
+
+def _program_file(name: str) -> Path:
+    p = Path(name)
+    return p if p.is_file() else PROGRAM_DIR / name
+
+
+def _note(notes: list[str], text: str) -> None:
+    if text not in notes:
+        notes.append(text)
+
+
+def out_of_place_ok(program: Program) -> bool:
+    """Whether the interpreter can serve an out-of-place call (NCCL's usual one) with ``program``:
+    it emulates it for in-place allreduce and allgather programs with one copy of the input first
+    (kernels.interp.runtime), and refuses it otherwise."""
+    return not program.inplace or program.collective in ("allreduce", "allgather")
+
+
+def _programs(space: SearchSpace, collective: str, ranks: int, nodes: int, notes: list[str]):
+    """(algorithm, source, channels, instances, protocol-free program) of the space, deduplicated."""
+    if collective not in space.collectives:
+        raise UserError(f"search space {space.name!r} has nothing for {collective!r}; tune one of "
+                        f"{', '.join(space.collectives)} or add it to the space")
+    entry = space.collectives[collective]
+    seen: dict[str, str] = {}
+    out = []
+    for alg in entry["algorithms"]:
+        for ch in space.channels:
+            for inst in space.instances:
+                try:
+                    program = compile_program(build(alg, ranks, ch, inst, Protocol.SIMPLE, nodes))
+                except UserError as e:
+                    _note(notes, f"{alg} skipped: {e}")
+                    continue
+                if program.collective != collective:
+                    raise UserError(f"search space {space.name!r} lists {alg} (a {program.collective}) under "
+                                    f"{collective}; move it")
+                if not out_of_place_ok(program):
+                    _note(notes, f"{alg} skipped: an in-place {collective} cannot serve out-of-place calls")
+                    continue
+                fp = _fingerprint(program)
+                label = f"{alg} c{ch}i{inst}"
+                if fp in seen:
+                    notes.append(f"{label}: the same program as {seen[fp]}, enumerated once")
+                    continue
+                seen[fp] = label
+                out.append((alg, "library", ch, inst, program))
+    for name in entry["programs"]:
+        path = _program_file(name)
+        if not path.is_file():
+            raise UserError(f"search space {space.name!r}: program file {name!r} not found (looked in "
+                            f"{PROGRAM_DIR}); fix the name")
+        program = read_xml(path)
+        if program.collective != collective:
+            raise UserError(f"search space {space.name!r} lists {name} (a {program.collective}) under {collective}; "
+                            f"move it")
+        if program.ngpus != ranks:
+            notes.append(f"{name} skipped: it is for {program.ngpus} ranks, not {ranks}")
+            continue
+        if not out_of_place_ok(program):
+            notes.append(f"{name} skipped: an in-place {collective} cannot serve out-of-place calls")
+            continue
+        fp = _fingerprint(program)
+        if fp in seen:
+            notes.append(f"{name}: the same program as {seen[fp]}, enumerated once")
+            continue
+        seen[fp] = name
+        out.append((path.name, "file", program.nchannels, 1, program))
+    return out
+
+
+def enumerate_candidates(space: SearchSpace, collective: str, ranks: int, nodes: int = 1) -> tuple[list[Built], list[str]]:
+    """Every distinct candidate of ``space`` for ``collective`` on ``ranks`` ranks over ``nodes`` nodes,
+    and notes on what was skipped and why."""
+    notes: list[str] = []
+    protocols = []
+    for p in space.protocols:
+        if Protocol(p) in pack.PROTOCOLS:
+            protocols.append(p)
+        else:
+            notes.append(f"protocol {p} skipped: the interpreter does not implement it")
+    built = []
+    for alg, source, ch, inst, program in _programs(space, collective, ranks, nodes, notes):
+        for proto in protocols:
+            prog = dataclasses.replace(program, protocol=Protocol(proto))
+            for bpb, split in space.blocks:
+                cand = Candidate(alg, source, ch, inst, proto, bpb, split, space.tile_bytes.get(proto, 0))
+                built.append(Built(cand, prog))
+    if not built:
+        raise UserError(f"no candidate of search space {space.name!r} applies to {collective} on {ranks} ranks "
+                        f"over {nodes} node(s): " + "; ".join(notes[:3]))
+    return built, notes
