@@ -78,11 +78,12 @@ def progress(msg: str) -> None:
     print(f"[autotune] {msg}", file=sys.stderr, flush=True)
 
 
-def run_search(problem: Problem, name: str, budget: Budget, seed: int):
+def run_search(problem: Problem, name: str, budget: Budget, seed: int, start=None):
     progress(f"search {name} (budget {budget.seconds or ''}{' s' if budget.seconds else ''}"
-             f"{budget.steps or ''}{' steps' if budget.steps else ''})")
+             f"{budget.steps or ''}{' steps' if budget.steps else ''}"
+             f"{', starting from the best Megatron plan' if start is not None else ''})")
     problem._edge.clear()
-    res = make_search(name).run(problem, budget, np.random.default_rng(seed))
+    res = make_search(name).run(problem, budget, np.random.default_rng(seed), start)
     progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
     return res
 
@@ -138,7 +139,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     coster = Coster(profile, cluster)
     problem = Problem(graph, coster, limit, progress=progress)
-    best = run_search(problem, args.search, budget, args.seed)
+    mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
+    warm = mega if mega is not None and np.isfinite(mega_cost) else None
+    best = run_search(problem, args.search, budget, args.seed, warm)
     traces = {best.algorithm: best.trace}
     compare = [] if args.compare == "none" else [c.strip() for c in args.compare.split(",") if c.strip()]
     space = float(np.prod([float(n) for n in problem.sizes]))
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
         if name == "exhaustive" and space > EXHAUSTIVE_LIMIT:
             progress(f"skip exhaustive: {space:.2e} plans")
             continue
-        other = run_search(problem, name, budget, args.seed)
+        other = run_search(problem, name, budget, args.seed)  # cold start: the convergence plot
         traces[other.algorithm] = other.trace
         if other.cost < best.cost:
             progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")

@@ -68,7 +68,9 @@ class _Clock:
 class Search:
     name = ""
 
-    def run(self, problem: Problem, budget: Budget, rng: np.random.Generator) -> SearchResult:
+    def run(self, problem: Problem, budget: Budget, rng: np.random.Generator,
+            start: list[int] | None = None) -> SearchResult:
+        """``start``: an optional first plan (e.g. the best baseline) for the local searches."""
         raise NotImplementedError
 
     def _result(self, clock: _Clock, best: list[int], stopped: str) -> SearchResult:
@@ -81,7 +83,7 @@ class Exhaustive(Search):
 
     name = "exhaustive"
 
-    def run(self, problem, budget, rng):
+    def run(self, problem, budget, rng, start=None):
         clock = _Clock(budget)
         sizes = problem.sizes
         total = math.prod(sizes)
@@ -152,7 +154,7 @@ class Exhaustive(Search):
 class RandomSearch(Search):
     name = "random"
 
-    def run(self, problem, budget, rng):
+    def run(self, problem, budget, rng, start=None):
         clock, best = _Clock(budget), None
         while (reason := clock.out()) is None:
             a = [int(rng.integers(n)) for n in problem.sizes]
@@ -169,9 +171,9 @@ class MetropolisHastings(Search):
     name = "mh"
     temperature = 0.02
 
-    def run(self, problem, budget, rng):
+    def run(self, problem, budget, rng, start=None):
         clock = _Clock(budget)
-        cur = problem.min_memory_assignment()
+        cur = list(start) if start is not None else problem.min_memory_assignment()
         cur_cost = problem.cost(cur)
         best = list(cur)
         clock.offer(cur_cost)
@@ -191,15 +193,15 @@ class MetropolisHastings(Search):
 
 class CoordinateDescent(Search):
     """Greedy line search along one layer at a time until a fixed point, then
-    restart from a random plan (AutoDDL §4.6). The first start is the least
-    memory plan, which always fits."""
+    restart from a random plan (AutoDDL §4.6). The first start is ``start`` if
+    given, else the least memory plan, which always fits."""
 
     name = "cd"
 
-    def run(self, problem, budget, rng):
+    def run(self, problem, budget, rng, start=None):
         clock = _Clock(budget)
         best = None
-        start = problem.min_memory_assignment()
+        start = list(start) if start is not None else problem.min_memory_assignment()
         reason = None
         while reason is None:
             cur = list(start)
