@@ -2,7 +2,7 @@
 
 Sizes are nccl-tests' "size" (the whole buffer). Band i is represented by size
 s_i and covers [lo_i, hi_i): the boundaries are the geometric means of
-neighbouring sizes (a choice measured at s_i is taken to hold halfway, on a log
+neighbouring sizes (rounded up) (a choice measured at s_i is taken to hold halfway, on a log
 scale, to the next size); the first band starts at 0 and the last has no upper
 bound (hi = 0), so the tuned table covers every size.
 """
@@ -55,7 +55,8 @@ def parse_sizes(text: str) -> list[int]:
 
 def bands_for(sizes: list[int]) -> list[Band]:
     sizes = sorted(set(sizes))
-    edges = [int(round(math.sqrt(a * b))) for a, b in zip(sizes, sizes[1:])]
+    # the ceiling of the geometric mean, kept in (a, b] so that each band holds its own size
+    edges = [min(b, max(a + 1, math.isqrt(a * b - 1) + 1)) for a, b in zip(sizes, sizes[1:])]
     los = [0] + edges
     his = edges + [0]
     return [Band(s, lo, hi) for s, lo, hi in zip(sizes, los, his)]

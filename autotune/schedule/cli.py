@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from kernels.interp.preset import DEFAULT_PRESET, load_preset
 from autotune.schedule import outputs
 from autotune.schedule.bands import DEFAULT_SIZES, bands_for, parse_sizes
 from autotune.schedule.choose import finish
+from autotune.schedule.measure import device_name, gpu_world, measure
 from autotune.schedule.model import Correction, Model
 from autotune.schedule.plan import log, rank_bands, select
 from autotune.schedule.result import NCCL, CollectiveResult, TuneResult
@@ -140,8 +140,7 @@ def main(argv=None) -> int:
     correction = _load_correction(args.correction)
     bands_spec = bands_for(parse_sizes(args.sizes))
 
-    world, cp, reason = (None, None, "--model-only was given") if args.model_only else \
-        __import__("autotune.schedule.measure", fromlist=["gpu_world"]).gpu_world(args.gpus)
+    world, cp, reason = (None, None, "--model-only was given") if args.model_only else gpu_world(args.gpus)
     measuring = world is not None
     lead = world is None or world.rank == 0
     say = log if lead else None
@@ -164,7 +163,6 @@ def main(argv=None) -> int:
         res = CollectiveResult(coll, {k: b.candidate for k, b in by_key.items()}, bands, notes=notes)
         t_model += time.perf_counter() - t0
         if measuring:
-            from autotune.schedule.measure import measure
             from kernels.interp.runtime import Communicator
 
             chosen = world.bcast([[r.key for r in b.rows if r.selected] for b in bands], root=0)
@@ -183,8 +181,6 @@ def main(argv=None) -> int:
         built_by_coll[coll] = by_key
     device = ""
     if measuring:
-        from autotune.schedule.measure import device_name
-
         device = device_name(cp)
         comm.close()
     if not lead:

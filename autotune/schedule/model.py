@@ -31,7 +31,7 @@ import numpy as np
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.profile import Group, Profile
-from kernels.gc3.ir import Buffer, Gpu, Program, Step, ThreadBlock
+from kernels.gc3.ir import Gpu, Program, Step, ThreadBlock
 from kernels.gc3.simulate import LOCAL_BETA_FRACTION, simulate
 from kernels.interp import pack
 
