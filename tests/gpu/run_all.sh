@@ -41,7 +41,7 @@ fi
 
 for part in interp sbp reshard schedule; do
   has $part || continue
-  for script in tests/gpu/${part}_check.sh tests/gpu/${part}_check.py; do
+  for script in tests/gpu/${part}*_check.sh tests/gpu/${part}*_check.py; do
     [ -f "$script" ] || continue
     mkdir -p "$R/$part"
     case "$script" in
