@@ -17,6 +17,7 @@ REGISTRY: dict[str, str] = {
     "kernels-bench": "reports.sections.interp:build",
     "commtune.sbp-plan": "reports.sections.sbp:build",
     "reshard": "reports.sections.reshard:build",
+    "schedule-tune": "reports.sections.schedule:build",
 }
 
 
