@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.reshard.cases import build_task
 from autotune.reshard.plan import Plan
-from autotune.reshard.spec import Box, parse_mesh_shape
+from autotune.reshard.spec import Box, Mesh, ShardingSpec, parse_mesh_shape
+from autotune.reshard.tasks import ReshardTask
 from calibrate.errors import UserError
 from kernels.reshard.program import Backend, execute
 
@@ -21,17 +21,29 @@ class Outcome:
     seconds: list[float]
 
 
-def parse_scenario(text: str, shape, dtype: str, devices_per_host: int):
-    """``SRCSPEC@H,D:DSTSPEC@H,D`` with an optional ``+shared`` (destination on the source devices)."""
+def _side(text: str, devices_per_host: int, first_host: int) -> tuple[str, Mesh]:
+    """``SPEC@H,D`` (placed from ``first_host``) or ``SPEC@H,D[d0,d1,...]`` (explicit device ids)."""
+    spec, mesh = text.split("@")
+    if "[" in mesh:
+        shape, devs = mesh.rstrip("]").split("[")
+        devices = tuple(int(d) for d in devs.split(",") if d.strip())
+        return spec, Mesh(parse_mesh_shape(shape), devices, devices_per_host)
+    return spec, Mesh.place(parse_mesh_shape(mesh), first_host, devices_per_host)
+
+
+def parse_scenario(text: str, shape, dtype: str, devices_per_host: int) -> ReshardTask:
+    """``SRCSPEC@H,D:DSTSPEC@H,D``: the destination on the hosts after the source, or on the source's
+    devices with ``+shared``; either side may list its devices, ``SPEC@H,D[d0,d1,...]``."""
     shared = text.endswith("+shared")
     body = text[:-len("+shared")] if shared else text
     try:
         src, dst = body.split(":")
-        (sspec, smesh), (dspec, dmesh) = src.split("@"), dst.split("@")
+        sspec, smesh = _side(src, devices_per_host, 0)
+        dspec, dmesh = _side(dst, devices_per_host, 0 if shared else smesh.shape[0])
     except ValueError:
-        raise UserError(f"scenario {text!r} is not SRCSPEC@H,D:DSTSPEC@H,D[+shared], e.g. S0RR@2,2:RRR@2,2") from None
-    return build_task(parse_mesh_shape(smesh), sspec, parse_mesh_shape(dmesh), dspec, tuple(shape), dtype,
-                      devices_per_host, shared=shared)
+        raise UserError(f"scenario {text!r} is not SRCSPEC@H,D[devices]:DSTSPEC@H,D[devices][+shared], "
+                        f"e.g. S0RR@2,2:RRR@2,2") from None
+    return ReshardTask(tuple(shape), dtype, smesh, ShardingSpec.parse(sspec), dmesh, ShardingSpec.parse(dspec))
 
 
 def global_tensor(shape, dtype: str, seed: int) -> np.ndarray:

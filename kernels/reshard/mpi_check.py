@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from mpi4py import MPI
 
-from autotune.reshard.plan import make_plan
+from autotune.reshard.plan import Plan, make_plan
 from autotune.reshard.solvers import SOLVERS, SolverConfig
 from autotune.reshard.strategies import STRATEGIES
 from calibrate.errors import UserError
@@ -23,10 +24,18 @@ from kernels.reshard.harness import parse_scenario, run_and_check
 from kernels.reshard.mpi_backend import MPIBackend
 
 
+def _fits(task, what: str, size: int) -> None:
+    used = max(task.src_mesh.devices + task.dst_mesh.devices) + 1
+    if used > size:
+        raise UserError(f"{what} needs {used} ranks but {size} run: launch more")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.reshard.mpi_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", action="append", required=True,
-                   help="SRCSPEC@H,D:DSTSPEC@H,D[+shared]; repeat for several")
+    p.add_argument("--scenario", action="append", default=[],
+                   help="SRCSPEC@H,D[devices]:DSTSPEC@H,D[devices][+shared]; repeat for several")
+    p.add_argument("--plan", action="append", default=[],
+                   help="a plan file from python -m autotune reshard --plan-out; repeat for several")
     p.add_argument("--shape", default="12,10,6")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--devices-per-host", type=int, default=2)
@@ -40,15 +49,19 @@ def main(argv=None) -> int:
     plans, error = [], None
     if rank == 0:
         try:
+            if not args.scenario and not args.plan:
+                raise UserError("nothing to run: give --scenario or --plan")
+            for path in args.plan:
+                plan = Plan.load(path)
+                _fits(plan.task, path, comm.Get_size())
+                plans.append((Path(path).name, plan))
             prof = Profile.load(args.profile)
             for sol in args.solvers.split(","):
                 if sol not in SOLVERS:
                     raise UserError(f"unknown solver {sol!r}: choose from {', '.join(SOLVERS)}")
             for sc in args.scenario:
                 task = parse_scenario(sc, shape, args.dtype, args.devices_per_host)
-                used = max(task.src_mesh.devices + task.dst_mesh.devices) + 1
-                if used > comm.Get_size():
-                    raise UserError(f"scenario {sc} needs {used} ranks but {comm.Get_size()} run: launch more")
+                _fits(task, sc, comm.Get_size())
                 for st in STRATEGIES:
                     for sol in args.solvers.split(","):
                         plans.append((sc, make_plan(task, prof, st, sol, SolverConfig(time_budget=0.05, rounds=4))))

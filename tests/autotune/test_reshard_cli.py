@@ -55,3 +55,17 @@ def test_plan_json_round_trips(tmp_path):
     again = Plan.load(plan.save(tmp_path / "plan.json"))
     assert again.to_dict() == plan.to_dict()
     assert again.task == plan.task and again.jobs == plan.jobs and again.units == plan.units
+
+
+def test_report_section_builds_from_results(tmp_path):
+    from reports.html import write_report
+    from reports.sections import builder
+
+    r = run("--case", "4", "--pipeline", "u-transformer-like", "--micro-batches", "6", "--time-budget", "0.05",
+            "--results", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr
+    sections = builder("reshard")([tmp_path / "r.json"])
+    assert [s.title for s in sections][:2] == ["Cross-mesh resharding: strategies and schedules",
+                                              "Pipeline schedules: u-transformer-like"]
+    html = write_report(tmp_path / "r.html", "reshard", sections).read_text()
+    assert html.count("<svg") >= 3

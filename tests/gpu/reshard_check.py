@@ -31,11 +31,12 @@ from kernels.reshard.harness import parse_scenario, run_and_check
 from kernels.reshard.nccl_backend import NCCLBackend
 
 SCENARIOS = [
-    "RRR@1,1:RRR@1,1",            # device 0 -> device 1, the whole tensor
+    "RRR@1,1[0]:RRR@1,1[1]",      # device 0 -> device 1, the whole tensor
+    "S1RR@1,2:S1RR@1,2[1,0]",     # the two halves swap devices
     "S1RR@1,2:RS1R@1,2+shared",   # each device keeps a quarter, swaps a quarter
     "S1RR@1,2:RRR@1,2+shared",    # all-gather-like: each device needs the other's half
-    "RRR@1,1:RRR@1,2+shared",     # device 0 -> devices 0 and 1 (a broadcast)
-    "RRR@1,1:S1RR@1,2+shared",    # device 0 scatters halves to devices 0 and 1
+    "RRR@1,1[1]:RRR@1,2[0,1]",    # device 1 -> devices 0 and 1 (a broadcast)
+    "RRR@1,1[0]:S1RR@1,2[0,1]",   # device 0 scatters halves to devices 0 and 1
 ]
 
 
@@ -69,12 +70,14 @@ def check(argv=None) -> int:
     shape = (max(rows_per, 2), 1024, 256)
     be = NCCLBackend(comm)
     rows, bad = [], 0
+    seed = 0
     for sc in SCENARIOS:
         task = parse_scenario(sc, shape, "float32", 2)
         for st in STRATEGIES:
+            seed += 1
             plan = make_plan(task, prof, st, "ensemble", SolverConfig(time_budget=0.2))
             plan = comm.bcast(plan if rank == 0 else None, root=0)
-            out = run_and_check(plan, be, seed=len(rows), iters=args.iters + 1, barrier=comm.Barrier)
+            out = run_and_check(plan, be, seed=seed, iters=args.iters + 1, barrier=comm.Barrier)
             outs = comm.gather(out, root=0)
             if rank == 0:
                 wrong = sum(o.mismatches for o in outs)

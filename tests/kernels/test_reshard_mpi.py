@@ -46,3 +46,15 @@ def test_shared_devices_and_pipelined_broadcast():
 def test_too_few_ranks_is_a_clear_error():
     r = mpi_check("--scenario", "S0RR@2,4:S0RR@2,4", "--devices-per-host", "4", ranks=2)
     assert r.returncode == 2 and "needs 16 ranks" in r.stderr
+
+
+def test_plan_written_by_the_cli_runs_exactly(tmp_path):
+    plan = tmp_path / "plan.json"
+    r = subprocess.run([sys.executable, "-m", "autotune", "reshard", "--src-mesh", "1,2", "--src-spec", "S1RR",
+                        "--dst-mesh", "2,2", "--dst-spec", "RS01R", "--shape", "16,16,8", "--profile",
+                        "aws-p3-v100", "--devices-per-host", "2", "--plan-out", str(plan)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    r = mpi_check("--plan", str(plan), ranks=6)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("OK ")
