@@ -90,45 +90,56 @@ def run(args, comm) -> list[dict]:
             count = count_for(coll, nbytes, esize, nranks)
             if count == 0:
                 continue
-            in_n, out_n = pack.buffer_elems(coll, count, nranks)
             choice = comm.prepare(coll, count, dtype)
             if args.explain and rank == 0:
                 print("explain:", choice.reason, file=sys.stderr)
-            send = gpudata.empty(cp, dtype, in_n)
-            ours, ref = gpudata.empty(cp, dtype, out_n), gpudata.empty(cp, dtype, out_n)
-            gpudata.fill_random(cp, send, dtype, seed=1000 * rank + nbytes % 997)
-            gpudata.poison(ours, dtype)
-            gpudata.poison(ref, dtype)
-            with stream:
-                comm.collective(coll, send, ours, count, dtype, stream=stream, choice=choice)
-                comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count, dtype, stream)
-            stream.synchronize()
-            ok, err = gpudata.compare(cp, ours, ref, dtype, out_n)
-            ok = bool(comm.mpi.allreduce(int(ok), op=_mpi_min()))
-            n = ncalls_for(nbytes)
-            with stream:
-                graphs = {
-                    "interp": gpudata.capture(stream, lambda s: comm.collective(coll, send, ours, count, dtype,
-                                                                                 stream=s, choice=choice), n),
-                    "nccl": gpudata.capture(stream, lambda s: comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count,
-                                                                         dtype, s), n),
-                }
-            times = gpudata.time_graphs(cp, comm.mpi, stream, graphs, n, args.reps)
-            t_i, t_n = statistics.median(times["interp"]), statistics.median(times["nccl"])
-            t_i, t_n = comm.mpi.allreduce(t_i, op=_mpi_max()), comm.mpi.allreduce(t_n, op=_mpi_max())
-            f = busbw_factor(Collective.parse(coll), nranks)
-            row = {"collective": coll, "bytes": nbytes, "count": count, "dtype": dtype,
-                   "program": "nccl" if choice.uses_nccl else choice.program.name,
-                   "protocol": choice.protocol.value if choice.protocol else "", "split": choice.split,
-                   "calls_per_graph": n, "interp_us": t_i * 1e6, "nccl_us": t_n * 1e6,
-                   "interp_busbw_gbs": nbytes / t_i * f / 1e9, "nccl_busbw_gbs": nbytes / t_n * f / 1e9,
-                   "speedup": t_n / t_i, "correct": ok, "max_rel_err": err}
+            row = measure(comm, coll, nbytes, dtype, choice, args.reps, stream)
             rows.append(row)
             if rank == 0:
                 print(_line(row), file=sys.stderr, flush=True)
-            del graphs, send, ours, ref
-            cp.get_default_memory_pool().free_all_blocks()
     return rows
+
+
+def measure(comm, coll: str, nbytes: int, dtype: str, choice, reps: int, stream) -> dict:
+    """One row: ``choice`` (a program launch, or NCCL) and NCCL on the same buffers, checked
+    against NCCL on fresh random data, then both timed as CUDA graphs, replays interleaved."""
+    import cupy as cp
+
+    rank, nranks = comm.rank, comm.nranks
+    count = count_for(coll, nbytes, pack.DTYPES[dtype], nranks)
+    in_n, out_n = pack.buffer_elems(coll, count, nranks)
+    send = gpudata.empty(cp, dtype, in_n)
+    ours, ref = gpudata.empty(cp, dtype, out_n), gpudata.empty(cp, dtype, out_n)
+    gpudata.fill_random(cp, send, dtype, seed=1000 * rank + nbytes % 997 + choice.split)
+    gpudata.poison(ours, dtype)
+    gpudata.poison(ref, dtype)
+    with stream:
+        comm.collective(coll, send, ours, count, dtype, stream=stream, choice=choice)
+        comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count, dtype, stream)
+    stream.synchronize()
+    ok, err = gpudata.compare(cp, ours, ref, dtype, out_n)
+    ok = bool(comm.mpi.allreduce(int(ok), op=_mpi_min()))
+    n = ncalls_for(nbytes)
+    with stream:
+        graphs = {
+            "interp": gpudata.capture(stream, lambda s: comm.collective(coll, send, ours, count, dtype,
+                                                                         stream=s, choice=choice), n),
+            "nccl": gpudata.capture(stream, lambda s: comm.nccl_collective(coll, send.data.ptr, ref.data.ptr,
+                                                                           count, dtype, s), n),
+        }
+    times = gpudata.time_graphs(cp, comm.mpi, stream, graphs, n, reps)
+    t_i, t_n = statistics.median(times["interp"]), statistics.median(times["nccl"])
+    t_i, t_n = comm.mpi.allreduce(t_i, op=_mpi_max()), comm.mpi.allreduce(t_n, op=_mpi_max())
+    f = busbw_factor(Collective.parse(coll), nranks)
+    row = {"collective": coll, "bytes": nbytes, "count": count, "dtype": dtype,
+           "program": "nccl" if choice.uses_nccl else choice.program.name,
+           "protocol": choice.protocol.value if choice.protocol else "", "split": choice.split,
+           "calls_per_graph": n, "interp_us": t_i * 1e6, "nccl_us": t_n * 1e6,
+           "interp_busbw_gbs": nbytes / t_i * f / 1e9, "nccl_busbw_gbs": nbytes / t_n * f / 1e9,
+           "speedup": t_n / t_i, "correct": ok, "max_rel_err": err}
+    del graphs, send, ours, ref
+    cp.get_default_memory_pool().free_all_blocks()
+    return row
 
 
 def _mpi_min():

@@ -124,9 +124,11 @@ __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_c
 __device__ __forceinline__ bool aligned8(const void* p) { return (reinterpret_cast<u64>(p) & 7) == 0; }
 
 // ---- Simple: one pass over n elements: v = a (+ b); o1 = v; o2 = v ----
-#define UNROLL 4
+// U 16-byte accesses per thread in flight (8 on the copy-only paths spills
+// under the 128-register cap of 512-thread blocks: measured by ptxas, sm_90).
 template <typename T, bool HB, bool HO1, bool HO2>
 __device__ void pass_simple(const T* a, const T* b, T* o1, T* o2, i64 n) {
+  constexpr int U = 4;
   const int tid = threadIdx.x, nt = blockDim.x;
   const int V = 16 / sizeof(T);
   bool vec = aligned16(a) && (!HB || aligned16(b)) && (!HO1 || aligned16(o1)) && (!HO2 || aligned16(o2));
@@ -135,10 +137,10 @@ __device__ void pass_simple(const T* a, const T* b, T* o1, T* o2, i64 n) {
   const uint4* b4 = reinterpret_cast<const uint4*>(b);
   uint4* o14 = reinterpret_cast<uint4*>(o1);
   uint4* o24 = reinterpret_cast<uint4*>(o2);
-  for (i64 base = tid; base < nv; base += (i64)nt * UNROLL) {
-    uint4 va[UNROLL], vb[UNROLL];
+  for (i64 base = tid; base < nv; base += (i64)nt * U) {
+    uint4 va[U], vb[U];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
       i64 i = base + (i64)u * nt;
       if (i < nv) {
         va[u] = __ldcg(a4 + i);
@@ -146,7 +148,7 @@ __device__ void pass_simple(const T* a, const T* b, T* o1, T* o2, i64 n) {
       }
     }
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
       i64 i = base + (i64)u * nt;
       if (i < nv) {
         uint4 v = HB ? add16<T>(va[u], vb[u]) : va[u];
@@ -190,24 +192,40 @@ template <typename T> __device__ __forceinline__ void store8(T* p, i64 line, i64
 }
 
 // a from our LL FIFO (AF) or from a local buffer; o2 is the peer's LL FIFO.
+// LL_U lines per thread per round: the local operand loads and the first poll of
+// every line are issued before any flag is checked, so a thread waits about one
+// latency per round instead of one per line.
+#define LL_U 4
 template <typename T, bool AF, bool HB, bool HO1, bool HO2>
 __device__ void pass_ll(const T* a, const uint4* fin, u32 fin_flag, const T* b, T* o1, uint4* fout,
                         u32 fout_flag, i64 n) {
   const i64 nlines = (n * (i64)sizeof(T) + 7) / 8;
-  for (i64 l = threadIdx.x; l < nlines; l += blockDim.x) {
-    uint2 v;
-    if (AF) {
-      uint4 line;
-      do {
-        line = ld_ll(fin + l);
-      } while (line.y != fin_flag || line.w != fin_flag);
-      v = make_uint2(line.x, line.z);
-    } else {
-      v = load8<T>(a, l, n);
+  const int nt = blockDim.x;
+  for (i64 base = threadIdx.x; base < nlines; base += (i64)nt * LL_U) {
+    uint2 v[LL_U], w[LL_U];
+    uint4 line[LL_U];
+#pragma unroll
+    for (int u = 0; u < LL_U; ++u) {
+      const i64 l = base + (i64)u * nt;
+      if (l < nlines) {
+        if (HB) w[u] = load8<T>(b, l, n);
+        if (AF) line[u] = ld_ll(fin + l);
+        else v[u] = load8<T>(a, l, n);
+      }
     }
-    if (HB) v = add8<T>(v, load8<T>(b, l, n));
-    if (HO1) store8<T>(o1, l, n, v);
-    if (HO2) st_ll(fout + l, v.x, v.y, fout_flag);
+#pragma unroll
+    for (int u = 0; u < LL_U; ++u) {
+      const i64 l = base + (i64)u * nt;
+      if (l < nlines) {
+        if (AF) {
+          while (line[u].y != fin_flag || line[u].w != fin_flag) line[u] = ld_ll(fin + l);
+          v[u] = make_uint2(line[u].x, line[u].z);
+        }
+        if (HB) v[u] = add8<T>(v[u], w[u]);
+        if (HO1) store8<T>(o1, l, n, v[u]);
+        if (HO2) st_ll(fout + l, v[u].x, v[u].y, fout_flag);
+      }
+    }
   }
 }
 
@@ -260,11 +278,17 @@ __device__ void interpret(const int* __restrict__ tbs, const int* __restrict__ s
   const int step0 = tbs[tb * TB_FIELDS], nsteps = tbs[tb * TB_FIELDS + 1];
   const Conn sc = conns[2 * b], rc = conns[2 * b + 1];
 
+  // Thread 0 reads the counters and the peer's head/tail words together (one
+  // round trip); head and tail only grow, so a stale copy is a lower bound and
+  // is re-read only when it does not yet admit the next slot.
   __shared__ u64 sh[3];
+  u64 shead = 0, rtail = 0;
   if (tid == 0) {
     sh[0] = epochs[b];
     sh[1] = sc.fifo ? *sc.counter : 0;
     sh[2] = rc.fifo ? *rc.counter : 0;
+    if (sc.fifo) shead = ld_acquire_sys(sc.head);
+    if (rc.fifo && proto == PROTO_SIMPLE) rtail = ld_acquire_sys(rc.tail);
   }
   __syncthreads();
   const u64 epoch = sh[0] + 1;
@@ -294,8 +318,8 @@ __device__ void interpret(const int* __restrict__ tbs, const int* __restrict__ s
       } else {
         const bool snd = op_sends(op), rcv = op_recvs(op);
         if (tid == 0) {
-          if (snd) while (ld_acquire_sys(sc.head) + nslots < sseq + 1) {}
-          if (rcv && proto == PROTO_SIMPLE) while (ld_acquire_sys(rc.tail) < rseq + 1) {}
+          if (snd) while (shead + nslots < sseq + 1) shead = ld_acquire_sys(sc.head);
+          if (rcv && proto == PROTO_SIMPLE) while (rtail < rseq + 1) rtail = ld_acquire_sys(rc.tail);
         }
         __syncthreads();
         const int cnt = st[5];
