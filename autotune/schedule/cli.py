@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"band sizes, min:max:factor or a list (default {DEFAULT_SIZES})")
     p.add_argument("--budget", type=int, default=4,
-                   help="candidates measured per band, best by the model first (default 4); the "
-                        "fixed-configuration contenders are measured in every band on top")
+                   help="candidates measured per band, best by the model first (default 4), with at least "
+                        "the best budget/2 of each protocol; the fixed-configuration contenders are measured in "
+                        "every band on top")
     p.add_argument("--space", default=DEFAULT_SPACE, help="search space name or JSON file (default spaces)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"interpreter preset whose transport is used (default {DEFAULT_PRESET})")
@@ -158,8 +159,8 @@ def main(argv=None) -> int:
                 f"{len(bands_spec)} bands, profile {prof.name}")
         model = Model(prof, coll, args.gpus, args.nodes, gpn, pack.DTYPES[args.dtype], correction)
         bands = rank_bands(model, built, bands_spec, say)
-        select(bands, args.budget)
         by_key = {b.candidate.key: b for b in built}
+        select(bands, args.budget, {k: b.candidate.protocol for k, b in by_key.items()})
         res = CollectiveResult(coll, {k: b.candidate for k, b in by_key.items()}, bands, notes=notes)
         t_model += time.perf_counter() - t0
         if measuring:

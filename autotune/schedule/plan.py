@@ -1,7 +1,9 @@
 """Rank every candidate in every band with the model, and pick what to measure.
 
-Measured in a band: the ``budget`` candidates the model ranks best there, plus
-the fixed-configuration contenders, measured in every band so that the best
+Measured in a band: the ``budget`` candidates the model ranks best there, the
+best ``budget // 2`` (at least 1) of each protocol (the cost simulation has one
+alpha for all protocols, so it is weakest at ranking across them and
+measurement must see each), plus the fixed-configuration contenders, measured in every band so that the best
 single fixed configuration can be compared with the tuned table: the model's
 winner of each band and the ``FIXED_CONTENDERS`` candidates with the best
 geometric mean of predicted time over all bands.
@@ -48,12 +50,16 @@ def fixed_contenders(bands: list[BandResult], n: int = FIXED_CONTENDERS) -> list
     return list(dict.fromkeys(winners + overall[:n]))
 
 
-def select(bands: list[BandResult], budget: int) -> None:
-    """Mark the rows to measure (``Row.selected``)."""
+def select(bands: list[BandResult], budget: int, protocol: dict[str, str]) -> None:
+    """Mark the rows to measure (``Row.selected``); ``protocol``: candidate key -> protocol."""
     contenders = set(fixed_contenders(bands))
+    per_protocol = max(1, budget // 2)
     for b in bands:
+        seen: dict[str, int] = {}
         for i, r in enumerate(b.rows):
-            r.selected = i < budget or r.key in contenders
+            p = protocol[r.key]
+            seen[p] = seen.get(p, 0) + 1
+            r.selected = i < budget or seen[p] <= per_protocol or r.key in contenders
 
 
 def log(msg: str) -> None:

@@ -187,3 +187,17 @@ def test_correlations_with_a_protocol_switch_the_model_lacks():
         assert b.spearman_corrected == pytest.approx(1.0)
     assert min(b.spearman for b in bands) < 0.8
     assert corr.terms["LL"] == pytest.approx((0.5e-6, 2.0), rel=1e-6)
+
+
+def test_select_measures_the_best_of_each_protocol_and_the_contenders():
+    from autotune.schedule.plan import select
+
+    proto = {"s1": "Simple", "s2": "Simple", "s3": "Simple", "l1": "LL", "l2": "LL"}
+    b1 = _band(1024, 0, 2048, 1.0, {"s1": 1.0, "s2": 2.0, "s3": 3.0, "l1": 4.0, "l2": 5.0})
+    b2 = _band(4096, 2048, 0, 1.0, {"s1": 9.0, "s2": 2.0, "s3": 4.0, "l1": 4.5, "l2": 5.0})
+    for b in (b1, b2):
+        b.rows.sort(key=lambda r: r.predicted_us)
+    select([b1, b2], 2, proto)
+    # budget 2 -> top 2 overall + best 1 of each protocol + contenders (winners s1, s2; best geomeans s2, s1)
+    assert {r.key for r in b1.rows if r.selected} == {"s1", "s2", "l1"}
+    assert {r.key for r in b2.rows if r.selected} == {"s1", "s2", "s3", "l1"}
