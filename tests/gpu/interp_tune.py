@@ -1,7 +1,7 @@
 """Tuning sweep of the GC3 interpreter on 2 GPUs, with the ceilings measured in the same run.
 
     export NCCL_NVLS_ENABLE=0
-    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE python3 tests/gpu/interp_tune.py $OUT
+    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE python3 tests/gpu/interp_tune.py $OUT [--sweep first|bands]
 
 For every case (preset variant, collective, size, protocol, split, tile cap) the
 forced launch is checked against NCCL on fresh random data and timed beside NCCL
@@ -31,8 +31,9 @@ K, M, G = 1 << 10, 1 << 20, 1 << 30
 LL, SIMPLE = Protocol.LL, Protocol.SIMPLE
 PROGRAMS = {"allreduce": "direct_allreduce_2r", "reducescatter": "direct_reducescatter_2r",
             "allgather": "direct_allgather_2r"}
-# variant -> [(collective, sizes, protocol, splits, tile caps)]
-CASES = {
+# sweep -> variant -> [(collective, sizes, protocol, splits, tile caps)]; "first" chose the
+# 2026-11-22 preset's bands, "bands" checked its open questions (reducescatter 1 MiB, tile per band)
+FIRST = {
     "base": [
         ("allreduce", [1 * K, 4 * K, 16 * K, 64 * K, 256 * K], LL, [1, 2, 4, 8, 16, 32], [0]),
         ("allreduce", [256 * K, 1 * M], SIMPLE, [16, 32, 64], [16 * K, 64 * K]),
@@ -49,6 +50,23 @@ CASES = {
         ("allreduce", [1 * G], SIMPLE, [64], [128 * K, 256 * K]),
     ],
 }
+BANDS = {
+    "base": [
+        ("reducescatter", [1 * M, 2 * M], LL, [32, 64], [0]),
+        ("reducescatter", [2 * M], SIMPLE, [64], [64 * K]),
+        ("allgather", [2 * M], LL, [32, 64], [0]),
+        ("allgather", [2 * M], SIMPLE, [64], [64 * K]),
+        ("allreduce", [1 * M, 2 * M], LL, [32, 64], [0]),
+        ("allreduce", [16 * M, 32 * M], SIMPLE, [64], [64 * K, 128 * K]),
+        ("reducescatter", [16 * M, 64 * M, 1 * G], SIMPLE, [64], [64 * K, 128 * K]),
+        ("allgather", [16 * M, 64 * M, 1 * G], SIMPLE, [64], [64 * K, 128 * K]),
+    ],
+    "threads256": [
+        ("reducescatter", [1 * M], LL, [64, 128], [0]),
+        ("reducescatter", [1 * M], SIMPLE, [64, 128], [64 * K]),
+    ],
+}
+SWEEPS = {"first": FIRST, "bands": BANDS}
 
 
 def variant(name: str):
@@ -67,11 +85,11 @@ def log(msg: str, rank: int) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def sweep(world, out: Path, rows: list[dict]) -> None:
+def sweep(world, out: Path, rows: list[dict], cases_by_variant: dict) -> None:
     import cupy as cp
     from kernels.interp.runtime import Communicator
 
-    for vname, cases in CASES.items():
+    for vname, cases in cases_by_variant.items():
         comm = Communicator(world, variant(vname))
         stream = cp.cuda.Stream(non_blocking=True)
         programs = {p.name: p for _, p in comm.loaded}
@@ -159,6 +177,12 @@ def ceilings(world, out: Path) -> list[dict]:
         for blocks in (sms, 2 * sms):
             g_sm = gpudata.capture(stream, lambda s: push((blocks,), (512,), (src, cp.uint64(pdst), cp.int64(G // 16))), 5)
             timed(f"SM push {blocks} blocks, both ways", G, g_sm, 5, g_nc)
+        for nbytes in (512 * K, 1 * M):
+            g_sm = gpudata.capture(stream, lambda s: push((2 * sms,), (512,), (src, cp.uint64(pdst),
+                                                                              cp.int64(nbytes // 16))), 200)
+            g_rs = gpudata.capture(stream, lambda s: nc.reduceScatter(src.data.ptr, dst.data.ptr, nbytes // 4,
+                                                                      7, 0, s.ptr), 200)
+            timed(f"SM push {2 * sms} blocks, both ways (vs NCCL reducescatter of 2x)", nbytes, g_sm, 200, g_rs)
         world.Barrier()
         cp.cuda.runtime.ipcCloseMemHandle(pdst)
     return rows
@@ -166,6 +190,11 @@ def ceilings(world, out: Path) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    name = argv[argv.index("--sweep") + 1] if "--sweep" in argv else "first"
+    if name not in SWEEPS:
+        print(f"unknown sweep {name!r}; use one of {', '.join(SWEEPS)}", file=sys.stderr)
+        return 2
+    argv = [a for i, a in enumerate(argv) if a != "--sweep" and (i == 0 or argv[i - 1] != "--sweep")]
     out = Path(argv[0] if argv else os.environ.get("OUT", "interp_tune_out"))
     from mpi4py import MPI
     import cupy as cp
@@ -177,7 +206,7 @@ def main(argv: list[str]) -> int:
     if world.rank == 0:
         (out / "ceilings.json").write_text(json.dumps({"rows": ceil}, indent=1))
     rows: list[dict] = []
-    sweep(world, out, rows)
+    sweep(world, out, rows, SWEEPS[name])
     if world.rank == 0:
         print("\nceilings:")
         for r in ceil:
