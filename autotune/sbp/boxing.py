@@ -31,7 +31,7 @@ from calibrate.errors import UserError
 from calibrate.profile import Profile
 
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import B, P, divides, dual, is_split, local_shape, split_dim
+from autotune.sbp.sbp import B, P, dual, is_split, local_shape, split_dim
 
 LOCAL_OPS = ("slice", "zero")
 
@@ -51,8 +51,28 @@ class Step:
         return None if self.op in LOCAL_OPS else Collective(self.op)
 
 
+def _local_elems_or_none(shape, cur, cluster) -> int | None:
+    """Elements of one device's piece under fine placements ``cur``; None if a split does not divide."""
+    div = [1] * len(shape)
+    for p, size in zip(cur, cluster.axis_sizes):
+        if p[0] == "S":
+            d = int(p[1:])
+            if d >= len(shape):
+                return None
+            div[d] *= size
+    n = 1
+    for s, k in zip(shape, div):
+        if s % k:
+            return None
+        n *= s // k
+    return n
+
+
 def _local_elems(shape, cur, cluster) -> int:
-    return math.prod(local_shape(shape, tuple(cur), cluster))
+    n = _local_elems_or_none(shape, cur, cluster)
+    if n is None:
+        local_shape(shape, tuple(cur), cluster)  # raises the UserError naming the split
+    return n
 
 
 def _by_tier(axes, cluster, inter_first: bool):
@@ -70,7 +90,7 @@ def _path(shape, itemsize, src, dst, cluster, early_slices: bool, gather_first: 
     def set_axes(axes, value_of):
         for a in axes:
             cur[a] = value_of(a)
-        if not divides(shape, tuple(cur), cluster):
+        if _local_elems_or_none(shape, cur, cluster) is None:
             raise ValueError("intermediate does not divide")
 
     def slices():

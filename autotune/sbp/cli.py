@@ -82,7 +82,7 @@ def run_search(problem: Problem, name: str, budget: Budget, seed: int, start=Non
     progress(f"search {name} (budget {budget.seconds or ''}{' s' if budget.seconds else ''}"
              f"{budget.steps or ''}{' steps' if budget.steps else ''}"
              f"{', starting from the best Megatron plan' if start is not None else ''})")
-    problem._edge.clear()
+    problem.forget_lazy()
     res = make_search(name).run(problem, budget, np.random.default_rng(seed), start)
     progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
     return res

@@ -22,6 +22,7 @@ from autotune.sbp.boxing import Coster, Step, box, box_backward
 from autotune.sbp.layers import ACT_BYTES, PARAM_BYTES, Strategy, local_elems, make_op
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, is_split
+from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
 
 
 def grad_sync_axes(s: Strategy, w, cluster: Cluster) -> tuple[int, ...]:
@@ -55,17 +56,12 @@ def memory(s: Strategy, cluster: Cluster) -> float:
     return params * PARAM_BYTES + (acts + s.extra_act_elems) * ACT_BYTES
 
 
-def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
-    fwd = box(shape, ACT_BYTES, producer.fine_out, consumer.fine_in, cluster)
-    bwd = box_backward(shape, ACT_BYTES, producer.fine_out, consumer.fine_in, cluster)
-    return fwd, bwd
-
-
 class Problem:
     """Variables are the distinct layers (repeated layers tied); choices their strategies."""
 
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
-                 signatures=None, allow_partial: bool = True, progress=None):
+                 signatures=None, allow_partial: bool = True, progress=None,
+                 precompute_tables: bool | None = None):
         self.graph, self.coster, self.cluster = graph, coster, coster.cluster
         self.ops = [make_op(layer) for layer in graph.layers]
         self.counts = graph.counts()
@@ -103,7 +99,8 @@ class Problem:
             self.incident[a].append(((a, b), c))
             if b != a:
                 self.incident[b].append(((a, b), c))
-        self._edge: dict = {}
+        self.tables = EdgeTables(self.choices, [op.out_shape for op in self.ops], self.edge_counts, coster,
+                                 self.mb, precompute_tables, progress)
         self.evaluations = 0
 
     @property
@@ -112,20 +109,13 @@ class Problem:
 
     def edge_cost(self, a: int, b: int, sa: int, sb: int) -> float:
         """Seconds per step of boxing layer a's output (strategy sa) into layer b's input (sb), once."""
-        key = (a, b, sa, sb)
-        t = self._edge.get(key)
-        if t is None:
-            try:
-                fwd, bwd = edge_steps(self.choices[a][sa], self.choices[b][sb], self.ops[a].out_shape, self.cluster)
-                t = self.mb * (self.coster.time(fwd) + self.coster.time(bwd))
-            except UserError:  # no evenly divisible path between these two layouts
-                t = math.inf
-            self._edge[key] = t
-        return t
+        return self.tables.pair(a, b, sa, sb)
 
     def edge_matrix(self, a: int, b: int) -> np.ndarray:
-        return np.array([[self.edge_cost(a, b, i, j) for j in range(len(self.choices[b]))]
-                         for i in range(len(self.choices[a]))])
+        return self.tables.table(a, b)
+
+    def forget_lazy(self) -> None:
+        self.tables.forget_lazy()
 
     def memory_of(self, assign) -> float:
         return float(sum(m[s] for m, s in zip(self.mem, assign)))
@@ -133,34 +123,47 @@ class Problem:
     def feasible(self, assign) -> bool:
         return self.memory_limit is None or self.memory_of(assign) <= self.memory_limit
 
-    def cost(self, assign) -> float:
-        """Seconds of communication per step; inf if over the memory limit."""
-        self.evaluations += 1
-        if not self.feasible(assign):
-            return math.inf
+    def raw_cost(self, assign) -> float:
+        """Seconds of communication per step, the memory limit ignored."""
         total = sum(n[s] for n, s in zip(self.node, assign))
         for (a, b), c in self.edge_counts.items():
             total += c * self.edge_cost(a, b, assign[a], assign[b])
         return float(total)
 
+    def cost(self, assign) -> float:
+        """Seconds of communication per step; inf if over the memory limit."""
+        self.evaluations += 1
+        if not self.feasible(assign):
+            return math.inf
+        return self.raw_cost(assign)
+
+    def local(self, assign, v: int) -> np.ndarray:
+        """The part of the cost that depends on layer v, for every choice of v, the others fixed
+        (its own costs and its incident boxings; table lookups)."""
+        out, t = self.node[v], self.tables
+        for (a, b), c in self.incident[v]:
+            line = t.diagonal(a) if a == b else t.column(a, b, assign[b]) if a == v else t.row(a, b, assign[a])
+            out = out + (line if c == 1 else c * line)
+        return out
+
+    def memory_mask(self, assign, v: int) -> np.ndarray | None:
+        """Which choices of layer v keep the plan within the memory limit (None: no limit)."""
+        if self.memory_limit is None:
+            return None
+        rest = self.memory_of(assign) - self.mem[v][assign[v]]
+        return rest + self.mem[v] <= self.memory_limit
+
     def candidates(self, assign, v: int) -> np.ndarray:
         """Total cost for every choice of layer v, the others fixed (inf where memory is exceeded)."""
         self.evaluations += len(self.choices[v])
-        out = self.node[v].astype(float)
-        for (a, b), c in self.incident[v]:
-            if a == b:
-                out += c * np.array([self.edge_cost(a, a, i, i) for i in range(len(self.choices[v]))])
-            elif a == v:
-                out += c * np.array([self.edge_cost(a, b, i, assign[b]) for i in range(len(self.choices[v]))])
-            else:
-                out += c * np.array([self.edge_cost(a, b, assign[a], i) for i in range(len(self.choices[v]))])
+        out = self.local(assign, v)
         rest = sum(n[s] for i, (n, s) in enumerate(zip(self.node, assign)) if i != v)
         rest += sum(c * self.edge_cost(a, b, assign[a], assign[b]) for (a, b), c in self.edge_counts.items()
                     if a != v and b != v)
         out = out + rest
-        if self.memory_limit is not None:
-            mem_rest = self.memory_of(assign) - self.mem[v][assign[v]]
-            out[mem_rest + self.mem[v] > self.memory_limit] = math.inf
+        mask = self.memory_mask(assign, v)
+        if mask is not None:
+            out[~mask] = math.inf
         return out
 
     def min_memory_assignment(self) -> list[int]:

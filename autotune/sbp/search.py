@@ -105,18 +105,19 @@ class Exhaustive(Search):
             mem = mem + problem.mem[v].reshape(ax)
         cross = []  # edges with at least one outer end
         for (a, b), c in problem.edge_counts.items():
-            if a in inner and b in inner:
-                m = c * problem.edge_matrix(a, b)
-                if a == b:
-                    m = np.diag(m)
+            if a == b:  # a repeated layer feeding itself: both ends take the same strategy
+                if a in inner:
                     ax = [1] * len(inner)
                     ax[inner.index(a)] = sizes[a]
-                    base = base + m.reshape(ax)
+                    base = base + (c * problem.tables.diagonal(a)).reshape(ax)
                 else:
-                    ia, ib = inner.index(a), inner.index(b)
-                    ax = [1] * len(inner)
-                    ax[ia], ax[ib] = sizes[a], sizes[b]
-                    base = base + (m if ia < ib else m.T).reshape(ax)
+                    cross.append(((a, b), c, np.diag(c * problem.tables.diagonal(a))))
+            elif a in inner and b in inner:
+                m = c * problem.edge_matrix(a, b)
+                ia, ib = inner.index(a), inner.index(b)
+                ax = [1] * len(inner)
+                ax[ia], ax[ib] = sizes[a], sizes[b]
+                base = base + (m if ia < ib else m.T).reshape(ax)
             else:
                 cross.append(((a, b), c, c * problem.edge_matrix(a, b)))
         best_assign, stopped = None, "searched every plan"
@@ -165,11 +166,18 @@ class RandomSearch(Search):
 
 
 class MetropolisHastings(Search):
-    """P(S) ~ exp(-beta * Cost(S)); a proposal changes one random layer. beta is
-    set relative to the cost scale: 1 / (temperature * cost of the start)."""
+    """Samples plans with P(S) ~ exp(-beta * Cost(S)) (AutoDDL §4.6): each step
+    changes one random layer. The proposal is the heat-bath (Gibbs) one: the
+    layer's new strategy is drawn from P restricted to that layer, the others
+    fixed, i.e. ~ exp(-beta * local cost), read off the layer's row or column of
+    each incident boxing table. With that proposal the Metropolis-Hastings
+    acceptance min(1, P(S') q(S|S') / (P(S) q(S'|S))) is exactly 1, so every
+    proposal is taken; plans over the memory limit have P = 0. beta is set
+    relative to the cost scale, 1 / (temperature * best cost so far), so the
+    chain cools as it finds cheaper plans."""
 
     name = "mh"
-    temperature = 0.02
+    temperature = 0.005
 
     def run(self, problem, budget, rng, start=None):
         clock = _Clock(budget)
@@ -177,24 +185,42 @@ class MetropolisHastings(Search):
         cur_cost = problem.cost(cur)
         best = list(cur)
         clock.offer(cur_cost)
-        scale = self.temperature * (cur_cost if math.isfinite(cur_cost) and cur_cost > 0 else 1.0)
+        n, draws, k = len(cur), np.empty(0), 0
         while (reason := clock.out()) is None:
-            v = int(rng.integers(len(cur)))
-            prop = list(cur)
-            prop[v] = int(rng.integers(problem.sizes[v]))
-            cost = problem.cost(prop)
+            if k + 2 > len(draws):  # uniform draws in blocks: one Generator call per 512 steps
+                draws, k = rng.random(1024), 0
+            v, u = min(int(draws[k] * n), n - 1), draws[k + 1]
+            k += 2
+            loc = problem.local(cur, v)
+            mask = problem.memory_mask(cur, v)
+            if mask is not None:
+                loc = np.where(mask, loc, math.inf)
             clock.steps += 1
-            if cost <= cur_cost or (math.isfinite(cost) and rng.random() < math.exp(-(cost - cur_cost) / scale)):
-                cur, cur_cost = prop, cost
-                if clock.offer(cost):
-                    best = list(prop)
-        return self._result(clock, best, reason)
+            problem.evaluations += len(loc)
+            low = loc.min()
+            if not math.isfinite(low):
+                continue
+            ref = clock.best if math.isfinite(clock.best) and clock.best > 0 else max(low, 1e-30)
+            cdf = np.cumsum(np.exp((low - loc) / (self.temperature * ref)))
+            new, old = min(int(cdf.searchsorted(u * cdf[-1], side="right")), len(cdf) - 1), cur[v]
+            if new == old:
+                continue
+            cur[v] = new
+            cur_cost = cur_cost + (loc[new] - loc[old]) if math.isfinite(cur_cost) and math.isfinite(loc[old]) \
+                else problem.cost(cur)
+            if clock.offer(cur_cost):
+                best = list(cur)
+        res = self._result(clock, best, reason)
+        res.cost = problem.cost(best)  # exact, free of the running sum's rounding
+        return res
 
 
 class CoordinateDescent(Search):
     """Greedy line search along one layer at a time until a fixed point, then
     restart from a random plan (AutoDDL §4.6). The first start is ``start`` if
-    given, else the least memory plan, which always fits."""
+    given, else the least memory plan, which always fits. A line search is the
+    layer's local cost vector (its own costs plus one row or column of each
+    incident boxing table) and an argmin."""
 
     name = "cd"
 
@@ -205,23 +231,105 @@ class CoordinateDescent(Search):
         reason = None
         while reason is None:
             cur = list(start)
+            total = problem.cost(cur)
+            if clock.offer(total):
+                best = list(cur)
             changed = True
             while changed and reason is None:
                 changed = False
                 for v in range(len(cur)):
-                    cand = problem.candidates(cur, v)
+                    loc = problem.local(cur, v)
+                    mask = problem.memory_mask(cur, v)
+                    if mask is not None:
+                        loc = np.where(mask, loc, math.inf)
                     clock.steps += 1
-                    i = int(np.argmin(cand))
-                    if cand[i] < cand[cur[v]]:
+                    problem.evaluations += len(loc)
+                    i = int(np.argmin(loc))
+                    if loc[i] < loc[cur[v]]:
+                        old = loc[cur[v]]
                         cur[v], changed = i, True
-                    if clock.offer(float(cand[cur[v]])):
-                        best = list(cur)
+                        total = total + (loc[i] - old) if math.isfinite(total) and math.isfinite(old) \
+                            else problem.cost(cur)
+                        if clock.offer(total):
+                            best = list(cur)
                     if (reason := clock.out()) is not None:
                         break
             if reason is None and budget.seconds is None and budget.steps is None:
                 reason = "fixed point (no budget given)"
             start = problem.random_assignment(rng)
-        return self._result(clock, best or problem.min_memory_assignment(), reason)
+        best = best or problem.min_memory_assignment()
+        res = self._result(clock, best, reason)
+        res.cost = problem.cost(best)  # exact, free of the running sum's rounding
+        return res
+
+
+class DynamicProgramming(Search):
+    """Exact optimum of a chain of layers by dynamic programming (Viterbi): the
+    cheapest plan of the first k layers ending in each strategy of layer k, one
+    (min, +) product with a boxing table per edge. Needs a layer graph whose
+    edges (a layer feeding itself aside) form simple paths: an MLP or a VGG,
+    not a transformer with tied blocks. The memory limit couples all layers: the
+    answer is exact when the unconstrained optimum fits; otherwise an error."""
+
+    name = "dp"
+
+    @staticmethod
+    def paths(problem) -> list[list[int]]:
+        nbrs: dict[int, list[int]] = {v: [] for v in range(len(problem.sizes))}
+        for a, b in problem.edge_counts:
+            if a != b:
+                nbrs[a].append(b)
+                nbrs[b].append(a)
+        bad = [problem.ops[v].layer.name for v, n in nbrs.items() if len(n) > 2 or len(set(n)) < len(n)]
+        if bad:
+            raise UserError(f"--search dp needs a chain of layers, but layer {bad[0]} joins more than two "
+                            f"(tied repeated blocks): use --search exhaustive, cd or mh")
+        out, seen = [], set()
+        for v in sorted(nbrs, key=lambda u: len(nbrs[u])):
+            if v in seen:
+                continue
+            path, prev = [v], None
+            seen.add(v)
+            while True:
+                nxt = [u for u in nbrs[path[-1]] if u != prev and u not in seen]
+                if not nxt:
+                    break
+                prev = path[-1]
+                path.append(nxt[0])
+                seen.add(nxt[0])
+            if len(nbrs[v]) == 2:  # every layer of this component has two neighbours: a cycle
+                raise UserError("--search dp needs a chain of layers, but the layer graph has a cycle: "
+                                "use --search exhaustive, cd or mh")
+            out.append(path)
+        return out
+
+    def run(self, problem, budget, rng, start=None):
+        clock = _Clock(budget)
+        unary = [n.astype(float) for n in problem.node]
+        for (a, b), c in problem.edge_counts.items():
+            if a == b:
+                unary[a] = unary[a] + c * problem.tables.diagonal(a)
+        assign = [0] * len(unary)
+        for path in self.paths(problem):
+            f, back = unary[path[0]], []
+            for u, v in zip(path, path[1:]):
+                if (u, v) in problem.edge_counts:
+                    m = problem.edge_counts[(u, v)] * problem.edge_matrix(u, v)
+                else:
+                    m = problem.edge_counts[(v, u)] * problem.edge_matrix(v, u).T
+                tot = f[:, None] + m
+                back.append(np.argmin(tot, axis=0))
+                f = tot[back[-1], np.arange(tot.shape[1])] + unary[v]
+                clock.steps += tot.size
+            assign[path[-1]] = int(np.argmin(f))
+            for i in range(len(path) - 1, 0, -1):
+                assign[path[i - 1]] = int(back[i - 1][assign[path[i]]])
+        if not problem.feasible(assign):
+            raise UserError("the cheapest plan exceeds the memory limit, which dynamic programming cannot "
+                            "enforce: use --search exhaustive, cd or mh")
+        problem.evaluations += clock.steps
+        clock.offer(problem.cost(assign))
+        return self._result(clock, assign, "exact (dynamic programming over the chain)")
 
 
 SEARCHES: dict[str, type[Search]] = {
@@ -229,6 +337,7 @@ SEARCHES: dict[str, type[Search]] = {
     "random": RandomSearch,
     "mh": MetropolisHastings,
     "cd": CoordinateDescent,
+    "dp": DynamicProgramming,
 }
 
 

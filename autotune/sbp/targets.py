@@ -1,8 +1,9 @@
 """The issue's targets, measured: ``python -m autotune.sbp.targets [--quick]`` prints a table.
 
 1. 4-layer MLP (AutoDDL §4.6) at 128 and 4096 single-GPU nodes (piz-daint):
-   exhaustive optimum and time; CD and MH each given 1% of the exhaustive time
-   (fresh cost caches), their best cost relative to the optimum.
+   exhaustive optimum and time (dynamic programming's beside it); CD and MH,
+   10 seeds each, given 1% of the exhaustive time: how many runs come within 1%
+   of the optimum by then, their best cost relative to the optimum.
 2. GPT-3 175B on 512 nodes x 8 GPUs: time to build the problem and run CD to
    its first fixed point (one CPU core).
 3. The wide transformer of AutoDDL Fig. 3 (model 8192, 64 heads, batch 1024 x
@@ -30,23 +31,34 @@ from autotune.sbp.search import Budget, make_search
 ATTENTION = ("ln1", "qkv", "attention", "proj", "ln2")
 
 
-def mlp_row(nodes: int, seed: int = 0) -> list[str]:
-    """Times are of the searches alone: building the Problem (strategies, per-layer costs) is shared setup."""
+def mlp_row(nodes: int, seeds: int = 10) -> list[str]:
+    """Setup (strategies, per-layer costs, every boxing table) is shared by all
+    searches and timed apart. Exhaustive's time is the least of two runs (this
+    box is shared); CD and MH run ``seeds`` times each on a budget of 1% of it;
+    a run meets the target if its trace is within 1% of the optimum by then."""
     g = load_model("mlp")
     prof = Profile.load("piz-daint")
     cl = Cluster(nodes, 1)
     t0 = time.perf_counter()
-    pr = Problem(g, Coster(prof, cl), None)
+    pr = Problem(g, Coster(prof, cl), None, precompute_tables=True)
     setup = time.perf_counter() - t0
-    ex = make_search("exhaustive").run(pr, Budget(), np.random.default_rng(seed))
-    out = [f"MLP {nodes} nodes: setup {setup:.3f} s; exhaustive {ex.seconds:.2f} s over "
-           f"{np.prod([float(n) for n in pr.sizes]):.3g} plans (edge tables included)"]
+    runs = [make_search("exhaustive").run(pr, Budget(), np.random.default_rng(0)) for _ in range(2)]
+    ex = min(runs, key=lambda r: r.seconds)
+    dp = make_search("dp").run(pr, Budget(), np.random.default_rng(0))
+    out = [f"MLP {nodes} nodes: setup {setup:.2f} s (strategies, costs, boxing tables); exhaustive {ex.seconds:.4f} s "
+           f"over {np.prod([float(n) for n in pr.sizes]):.3g} plans; dynamic programming {dp.seconds * 1e3:.2f} ms, "
+           f"same optimum: {abs(dp.cost - ex.cost) <= 1e-12 * ex.cost}"]
+    budget = Budget(seconds=ex.seconds * 0.01)
     for name in ("cd", "mh"):
-        p2 = Problem(g, Coster(prof, cl), None)  # fresh boxing caches
-        r = make_search(name).run(p2, Budget(seconds=ex.seconds * 0.01), np.random.default_rng(seed))
-        hit = next((t for t, c in r.trace if c <= ex.cost * 1.01), float("nan"))
-        out.append(f"  {name}: {r.cost / ex.cost:.4f} x optimum with 1% of the exhaustive time "
-                   f"({r.seconds:.3f} s); within 1% after {hit:.4f} s = {100 * hit / ex.seconds:.2f}% of exhaustive")
+        ratios, hits = [], []
+        for seed in range(seeds):
+            r = make_search(name).run(pr, budget, np.random.default_rng(seed))
+            ratios.append(r.cost / ex.cost)
+            hits.append(next((t for t, c in r.trace if c <= ex.cost * 1.01), np.inf) / ex.seconds)
+        met = sum(h <= 0.01 for h in hits)
+        out.append(f"  {name}: {met}/{seeds} runs within 1% of the optimum inside 1% of the exhaustive time; "
+                   f"best/optimum median {np.median(ratios):.4f}, worst {max(ratios):.4f}; time to within 1% "
+                   f"median {100 * np.median(hits):.3f}% of exhaustive")
     return out
 
 

@@ -1,0 +1,127 @@
+"""Boxing cost tables between consecutive layers, computed once per problem.
+
+``EdgeTables`` holds, per edge (a, b) of the layer graph, the seconds per
+training step of boxing layer a's output into layer b's input for every pair
+of their strategies (micro-batches x (forward + backward), one occurrence).
+A search then reads a whole table (exhaustive, dynamic programming) or one row
+or column of it (a coordinate-descent line search), never a boxing path.
+
+Small problems get every table up front (``precompute``); large ones (GPT-3
+175B on 4096 GPUs has ~10^6 pairs per edge) compute rows and columns on first
+use and keep them.
+
+Pairs are memoised by a canonical key: the cost of a boxing depends only on
+the tensor shape and the multiset of per-fine-axis transitions (axis size,
+whether it crosses nodes, source and destination placement), since a step's
+collective is timed on its group's size and node count alone and evenly
+divisible intermediates depend on the products of the splitting axes, not on
+their order. Edges of equal shape (a transformer's residual stream) share it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from calibrate.errors import UserError
+
+from autotune.sbp.boxing import Coster, box, box_backward
+from autotune.sbp.layers import ACT_BYTES, Strategy
+
+# precompute every table when the edges hold at most this many strategy pairs in all
+PRECOMPUTE_PAIRS = 400_000
+
+
+def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster):
+    """(forward steps, backward steps) of moving producer's output into consumer's input."""
+    fwd = box(shape, ACT_BYTES, producer.fine_out, consumer.fine_in, cluster)
+    bwd = box_backward(shape, ACT_BYTES, producer.fine_out, consumer.fine_in, cluster)
+    return fwd, bwd
+
+
+class EdgeTables:
+    def __init__(self, choices: list[list[Strategy]], shapes: list, edges, coster: Coster, micro_batches: int,
+                 precompute: bool | None = None, progress=None):
+        self.choices, self.shapes, self.coster, self.mb = choices, shapes, coster, micro_batches
+        self.cluster = coster.cluster
+        self.edges = list(edges)
+        self._memo: dict = {}
+        self._full: dict[tuple[int, int], np.ndarray] = {}
+        self._lines: dict[tuple, np.ndarray] = {}
+        pairs = sum(len(choices[a]) * len(choices[b]) for a, b in self.edges if a != b)
+        self.precomputed = pairs <= PRECOMPUTE_PAIRS if precompute is None else precompute
+        if self.precomputed:
+            for i, (a, b) in enumerate(self.edges):
+                if progress:
+                    progress(f"boxing table {i + 1}/{len(self.edges)}: {len(choices[a])} x {len(choices[b])}")
+                if a == b:
+                    self.diagonal(a)
+                else:
+                    self.table(a, b)
+
+    def _key(self, shape, src, dst) -> tuple:
+        cl = self.cluster
+        return shape, tuple(sorted(zip(cl.axis_sizes, cl.axis_inter, src, dst)))
+
+    def pair(self, a: int, b: int, i: int, j: int) -> float:
+        """Seconds per step of one occurrence of edge (a, b) with strategies i and j; inf if impossible."""
+        full = self._full.get((a, b))
+        if full is not None:
+            return float(full[i, j])
+        sa, sb = self.choices[a][i], self.choices[b][j]
+        key = self._key(self.shapes[a], sa.fine_out, sb.fine_in)
+        t = self._memo.get(key)
+        if t is None:
+            try:
+                fwd, bwd = edge_steps(sa, sb, self.shapes[a], self.cluster)
+                t = self.mb * (self.coster.time(fwd) + self.coster.time(bwd))
+            except UserError:  # no evenly divisible path between these two layouts
+                t = math.inf
+            self._memo[key] = t
+        return t
+
+    def forget_lazy(self) -> None:
+        """Drop what was computed on demand (a fresh start for timing a search); precomputed tables stay."""
+        self._memo.clear()
+        self._lines.clear()
+        if not self.precomputed:
+            self._full.clear()
+
+    def table(self, a: int, b: int) -> np.ndarray:
+        """The whole |choices a| x |choices b| table (kept)."""
+        full = self._full.get((a, b))
+        if full is None:
+            full = np.array([[self.pair(a, b, i, j) for j in range(len(self.choices[b]))]
+                             for i in range(len(self.choices[a]))])
+            self._full[(a, b)] = full
+        return full
+
+    def column(self, a: int, b: int, j: int) -> np.ndarray:
+        """Costs over a's strategies with b fixed at j."""
+        full = self._full.get((a, b))
+        if full is not None:
+            return full[:, j]
+        key = (a, b, 0, j)
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = np.array([self.pair(a, b, i, j) for i in range(len(self.choices[a]))])
+        return line
+
+    def row(self, a: int, b: int, i: int) -> np.ndarray:
+        """Costs over b's strategies with a fixed at i."""
+        full = self._full.get((a, b))
+        if full is not None:
+            return full[i, :]
+        key = (a, b, 1, i)
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = np.array([self.pair(a, b, i, j) for j in range(len(self.choices[b]))])
+        return line
+
+    def diagonal(self, a: int) -> np.ndarray:
+        """A layer feeding itself (a repeated block of one layer): both ends take the same strategy."""
+        key = (a, a, 2, 0)
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = np.array([self.pair(a, a, i, i) for i in range(len(self.choices[a]))])
+        return line
