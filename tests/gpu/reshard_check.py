@@ -54,12 +54,20 @@ def check(argv=None) -> int:
     p.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
     p.add_argument("--mib", type=int, default=256, help="tensor size in MiB (float32)")
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--scenario", action="append", default=None,
+                   help="SRCSPEC@H,D[devices]:DSTSPEC@H,D[devices][+shared]; repeat for several "
+                        "(default: the 2-GPU scenarios above)")
+    p.add_argument("--devices-per-host", type=int, default=None,
+                   help="GPUs per host of the meshes (default: the number of ranks)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    if comm.Get_size() != 2:
+    scenarios = args.scenario or SCENARIOS
+    per_host = args.devices_per_host or comm.Get_size()
+    if not args.scenario and comm.Get_size() != 2:
         if rank == 0:
-            print("reshard_check: run it with mpirun -np 2 (one process per GPU)", file=sys.stderr)
+            print("reshard_check: the default scenarios need mpirun -np 2 (one process per GPU); "
+                  "give --scenario for other counts", file=sys.stderr)
         return 2
     if os.environ.get("NCCL_NVLS_ENABLE") != "0":
         if rank == 0:
@@ -71,8 +79,8 @@ def check(argv=None) -> int:
     be = NCCLBackend(comm)
     rows, bad = [], 0
     seed = 0
-    for sc in SCENARIOS:
-        task = parse_scenario(sc, shape, "float32", 2)
+    for sc in scenarios:
+        task = parse_scenario(sc, shape, "float32", per_host)
         for st in STRATEGIES:
             seed += 1
             plan = make_plan(task, prof, st, "ensemble", SolverConfig(time_budget=0.2))

@@ -20,6 +20,9 @@ PARTS=${PARTS:-"calibrate interp sbp reshard schedule"}
 SUMMARY=$R/summary.txt
 : > "$SUMMARY"
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+# results are packed after every part, so that a run cut short still brings back what it measured
+pack() { tar -czf "$OUT/gpu-results.tar.gz" -C "$OUT" results; }
+declare -A ARGS=([reshard]="--mib 64")
 log() { echo "== $*" | tee -a "$SUMMARY"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.txt" 2>&1
@@ -37,6 +40,7 @@ if has calibrate; then
   log "$(tail -1 "$R/bare-compare.txt")"
   $PY -m calibrate fit "$R/calib-graph" -o "$R/h200-graph-profile.json" > "$R/fit-graph.txt" 2>&1
   log "fit graph: exit $?"
+  pack
 fi
 
 for part in interp sbp reshard schedule; do
@@ -46,14 +50,15 @@ for part in interp sbp reshard schedule; do
     mkdir -p "$R/$part"
     case "$script" in
       *.sh) OUT="$R/$part" bash "$script" > "$R/$part/log.txt" 2>&1 ;;
-      *.py) OUT="$R/$part" $MPIRUN -x OUT $PY "$script" "$R/$part" > "$R/$part/log.txt" 2>&1 ;;
+      *.py) OUT="$R/$part" $MPIRUN -x OUT $PY "$script" "$R/$part" ${ARGS[$part]:-} > "$R/$part/log.txt" 2>&1 ;;
     esac
     log "$part ($script): exit $?"
     tail -25 "$R/$part/log.txt"
+    pack
   done
 done
 
-tar -czf "$OUT/gpu-results.tar.gz" -C "$OUT" results
+pack
 echo
 echo "==================== summary ===================="
 cat "$SUMMARY"

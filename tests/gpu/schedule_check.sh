@@ -17,14 +17,14 @@ mkdir -p "$OUT"
 COLLS=${SCHEDULE_COLLECTIVES:-allreduce}
 
 t0=$(date +%s)
-timeout 420 $MPIRUN $PY -m autotune schedule --collective "$COLLS" --gpus 2 --sizes 1K:1G:4 \
+timeout 240 $MPIRUN $PY -m autotune schedule --collective "$COLLS" --gpus 2 --sizes 1K:1G:4 \
   --out "$OUT/tuned" > "$OUT/tune.log" 2>&1
 rc_tune=$?
 t1=$(date +%s)
 echo "tuning: exit $rc_tune, $((t1 - t0)) s wall (mpirun start to end)"
 grep -v '^\[schedule\]' "$OUT/tune.log" | tail -20
 
-timeout 300 $MPIRUN $PY -m kernels bench --collectives "$COLLS" --factor 4 --preset "$OUT/tuned/manifest.json" \
+timeout 120 $MPIRUN $PY -m kernels bench --collectives "$COLLS" --factor 4 --preset "$OUT/tuned/manifest.json" \
   --explain --out "$OUT/bench-tuned" > "$OUT/bench-tuned.log" 2>&1
 rc_bench=$?
 echo "bench with the tuned manifest: exit $rc_bench"
