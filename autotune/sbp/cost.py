@@ -35,7 +35,7 @@ def internal_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, str, tuple[
     out = []
     for it in s.internal:
         src, dst = NdSbp(it.src, s.mesh).fine(cluster), NdSbp(it.dst, s.mesh).fine(cluster)
-        out.append((it.tensor, "fwd", box(it.shape, it.itemsize, src, dst, cluster)))
+        out.append((it.tensor, it.direction, box(it.shape, it.itemsize, src, dst, cluster)))
         if it.backward:
             out.append((it.tensor, "bwd", box_backward(it.shape, it.itemsize, src, dst, cluster)))
     return out

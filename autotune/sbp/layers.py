@@ -48,7 +48,8 @@ class Internal:
     itemsize: int
     src: tuple[str, ...]
     dst: tuple[str, ...]
-    backward: bool = True
+    backward: bool = True  # the gradient's dual boxing runs in the backward pass too
+    direction: str = "fwd"  # the pass this boxing runs in
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,14 @@ class Matmul(Op):
 
 
 class LayerNorm(Op):
-    """Normalises over the hidden dimension, so it needs it whole: tokens split
-    over one role, the other role computes redundantly (B)."""
+    """Normalises each token over the hidden dimension. Signature "layernorm":
+    tokens split over role 0, role 1 computes redundantly (B), the hidden
+    dimension whole. Signature "layernorm-split" (3 roles, AutoDDL's qkv input
+    (S0, B, S1) of §4.2.2 without a boxing): the hidden dimension split over
+    role 2; each token's statistics then need the other pieces: the forward
+    all-reduces the partial sum and sum of squares (2 fp32 per token) over role
+    2, the backward the two sums its gradient needs, mean(dy) and mean(dy * x_hat)
+    (derived from first principles, as Megatron's sequence-parallel layer norm)."""
 
     @property
     def in_shape(self):
@@ -178,11 +185,18 @@ class LayerNorm(Op):
 
     def strategies(self, cluster, signatures=None):
         t, h = self.in_shape
-        return _dedupe([
-            Strategy("layernorm", m, Tensor("input", (t, h), ("S0", B)), Tensor("output", (t, h), ("S0", B)),
-                     (Tensor("weight", (2, h), (B, B)),))
-            for m in role_meshes(cluster, 2)
-        ], cluster)
+        out = [Strategy("layernorm", m, Tensor("input", (t, h), ("S0", B)), Tensor("output", (t, h), ("S0", B)),
+                        (Tensor("weight", (2, h), (B, B)),))
+               for m in role_meshes(cluster, 2)]
+        sb = ("S0", B, "S1")
+        for m in role_meshes(cluster, 3):
+            if m.role_size(2) == 1:
+                continue
+            stats = tuple(Internal(name, (t, 2), 4, ("S0", B, P), ("S0", B, B), backward=False, direction=d)
+                          for name, d in (("layernorm-stats", "fwd"), ("layernorm-grad-stats", "bwd")))
+            out.append(Strategy("layernorm-split", m, Tensor("input", (t, h), sb), Tensor("output", (t, h), sb),
+                                (Tensor("weight", (2, h), (B, B, "S1")),), stats))
+        return _dedupe(out, cluster)
 
 
 class Pointwise(Op):
