@@ -30,6 +30,7 @@ from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import Budget, make_search
 
 ATTENTION = ("ln1", "qkv", "attention", "proj", "ln2")
+BLOCK = ATTENTION + ("fc1", "gelu", "fc2", "ln1")  # a whole transformer layer, ln1 to the next ln1
 
 
 def mlp_row(nodes: int, seeds: int = 10) -> list[str]:
@@ -74,16 +75,16 @@ def gpt175_row() -> list[str]:
             f"found {first:.2f} s into the search; total to best {build + first:.2f} s"]
 
 
-def attention_steps(pr: Problem, assign) -> list:
+def attention_steps(pr: Problem, assign, chain=ATTENTION) -> list:
     """(step, item size) of the collectives of one attention layer per micro-batch, forward and backward: inside ln1
     (a split layer norm's statistics), qkv, attention and proj, and the boxings ln1 -> ... -> ln2.
     With Megatron these are the all-reduce after proj (forward) and the one of the layer input's
     gradient (backward; it reaches ln1's producer as a partial sum and shows on the edge into ln2
     of the block before, the same size)."""
     names = [op.layer.name for op in pr.ops]
-    vs = [names.index(n) for n in ATTENTION]
+    vs = [names.index(n) for n in chain]
     out = []
-    for v in vs[:4]:
+    for v in vs[:-1]:
         s = pr.choices[v][assign[v]]
         itemsize = {it.tensor: it.itemsize for it in s.internal}
         for tensor, _, steps in internal_steps(s, pr.cluster):
@@ -94,9 +95,9 @@ def attention_steps(pr: Problem, assign) -> list:
     return out
 
 
-def attention_volume(pr: Problem, assign) -> float:
+def attention_volume(pr: Problem, assign, chain=ATTENTION) -> float:
     """Elements one device sends (ring volumes of Table 2) in one attention layer per micro-batch."""
-    return sum(pr.coster.volume(st, itemsize) for st, itemsize in attention_steps(pr, assign))
+    return sum(pr.coster.volume(st, itemsize) for st, itemsize in attention_steps(pr, assign, chain))
 
 
 def wide_row(budget: float) -> list[str]:
@@ -109,13 +110,17 @@ def wide_row(budget: float) -> list[str]:
     runs += [make_search("mh").run(pr, Budget(seconds=budget), np.random.default_rng(s)) for s in range(4)]
     r = min(runs, key=lambda x: x.cost)
     va, vm = attention_volume(pr, r.assignment), attention_volume(pr, mega)
+    bv, bm = attention_volume(pr, r.assignment, BLOCK), attention_volume(pr, mega, BLOCK)
     ta = sum(pr.coster.step_time(st) for st, _ in attention_steps(pr, r.assignment))
     tm = sum(pr.coster.step_time(st) for st, _ in attention_steps(pr, mega))
     return [f"wide transformer, 64 nodes ({r.algorithm}): activation communication per attention layer and micro-batch "
             f"{va / 1e9:.4f} G elements (searched) vs {vm / 1e9:.4f} G (best Megatron {mesh}): {100 * va / vm:.1f}%; "
             f"predicted {ta * 1e3:.2f} ms vs {tm * 1e3:.2f} ms ({100 * ta / tm:.1f}%); per batch of 1024 sequences "
             f"x{pr.mb}: {va * pr.mb / 2**30:.2f} vs {vm * pr.mb / 2**30:.2f} Gi elements; "
-            f"step cost {r.cost:.4g} vs {mcost:.4g} s"]
+            f"step cost {r.cost:.4g} vs {mcost:.4g} s",
+            f"  whole transformer layer (ln1 to the next ln1): {100 * bv / bm:.1f}% of Megatron's elements"] + \
+        [f"  {x.algorithm} run {i}: step cost {x.cost:.6g} s, attention elements {100 * attention_volume(pr, x.assignment) / vm:.1f}%"
+         f" of Megatron's" for i, x in enumerate(runs)]
 
 
 def main(argv=None) -> int:
