@@ -23,7 +23,6 @@ rank's whole send buffer.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from calibrate.collectives import Collective, ring_coefficients
