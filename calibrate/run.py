@@ -185,6 +185,7 @@ def run(args, world) -> int:
                               dict(base, **st, algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong))
                     print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong), flush=True)
                 done.add((label, coll.value, nbytes))
+        backend.close()
         comm.Free()
     say(f"# results in {out}" + (f"; {total_wrong} wrong elements" if args.check else ""), file=sys.stderr)
     return 1 if total_wrong else 0

@@ -150,6 +150,8 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"[validate] {i + 1}/{len(keys)} {coll} on {len(axes)} axes, {nbytes} B: {measured[(coll, axes, nbytes)] * 1e3:.3f} ms",
                   file=sys.stderr, flush=True)
+    for backend in comms.values():
+        backend.close()
     if rank != 0:
         return 0
     rows = []

@@ -181,6 +181,9 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for the launched work (no-op on the host)."""
 
+    def close(self) -> None:
+        """Release the backend's resources; collective: every rank of the group calls it together."""
+
     def context(self):
         """A context in which array operations run in order with ``launch`` (a CUDA stream)."""
         return contextlib.nullcontext()

@@ -181,6 +181,18 @@ class NcclBackend(Backend):
     def context(self):
         return self.stream
 
+    def close(self):
+        """Destroy the NCCL communicator on every rank at once.
+
+        Left to garbage collection at exit, one rank may never destroy its
+        communicator while another waits for it in ncclCommDestroy: a hang.
+        """
+        self.stream.synchronize()
+        self._graphs.clear()
+        self._cache.clear()
+        self.comm.Barrier()
+        self.nccl.destroy()
+
     def host_array(self, n, dtype, seed):
         rng = cp.random.default_rng(seed)
         if "int" in dtype:

@@ -59,6 +59,18 @@ class NCCLBackend(Backend):
             uid = self.comm.recv(source=first, tag=7001)
         return nccl.NcclCommunicator(len(members), uid, members.index(self.rank))
 
+    def close(self) -> None:
+        """Destroy every NCCL communicator, all ranks together (collective over ``comm``).
+
+        Left to garbage collection at exit, one rank may never destroy a
+        communicator while a peer waits for it in ncclCommDestroy: a hang.
+        """
+        self.stream.synchronize()
+        self.comm.Barrier()
+        for c in list(self.groups.values()) + [self.world]:
+            c.destroy()
+        self.groups.clear()
+
     def prepare(self, plan):
         groups = set()
         for job in plan.jobs:

@@ -97,6 +97,7 @@ def check(argv=None) -> int:
                 print(f"{'OK ' if wrong == 0 else 'BAD'} {sc:28s} {st:17s} jobs={len(plan.jobs):2d} "
                       f"predicted {plan.makespan * 1e3:8.3f} ms  measured {measured * 1e3:8.3f} ms  "
                       f"ratio {measured / plan.makespan if plan.makespan else float('nan'):6.2f}", flush=True)
+    be.close()
     if rank == 0:
         path = Path(args.out) / "reshard_gpu.json"
         path.parent.mkdir(parents=True, exist_ok=True)
