@@ -15,6 +15,9 @@ def test_parse_size_and_sweep():
     assert parse_size("1K") == 1024 and parse_size("64M") == 64 << 20 and parse_size("1G") == 1 << 30
     assert parse_size("4096") == 4096
     assert sweep(1024, 8192, 2) == [1024, 2048, 4096, 8192]
+    fine = sweep(1 << 10, 1 << 30, 1.41421356)
+    assert len(fine) == 41 and (1 << 24) in fine and (1 << 30) in fine  # no drift off the powers of two
+    assert all(n % 128 == 0 for n in fine)  # sizes between them stay aligned
     with pytest.raises(UserError, match="swap"):
         sweep(8192, 1024, 2)
     with pytest.raises(UserError, match="positive"):

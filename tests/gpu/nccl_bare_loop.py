@@ -77,6 +77,9 @@ def measure(out_csv: str, min_bytes=1 << 10, max_bytes=1 << 30, iters=20, reps=5
             rows.append((name, size, h, g))
         del big, out
         size *= 2
+    stream.synchronize()
+    world.Barrier()
+    comm.destroy()  # on every rank together: left to garbage collection at exit it can hang
     if rank == 0:
         with open(out_csv, "w") as f:
             f.write("collective,bytes,host_s,graph_s\n")
