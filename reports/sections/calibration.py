@@ -25,49 +25,47 @@ def _curve_label(r) -> str:
     return f"{r['run']} {r['group']} ({r['tier']}, {r['backend']}, {r['mode']})"
 
 
+def _grid(df: pd.DataFrame, colls: list[str], column: str, ylabel: str, suffix: str):
+    """One panel per collective, one curve per run, group and mode, against size on a log2 axis.
+
+    Times (``median_s``) are drawn in microseconds with the 95% confidence interval of the median.
+    """
+    ncol = 3
+    nrow = (len(colls) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.6 * nrow), squeeze=False)
+    for ax, coll in zip(axes.flat, colls):
+        for _, g in df[df["collective"] == coll].groupby(["run", "group", "tier", "backend", "mode"]):
+            g = g.sort_values("bytes")
+            if column == "median_s":
+                ax.errorbar(g["bytes"], g["median_s"] * 1e6,
+                            yerr=[(g["median_s"] - g["ci_lo_s"]) * 1e6, (g["ci_hi_s"] - g["median_s"]) * 1e6],
+                            marker=".", capsize=2, label=_curve_label(g.iloc[0]))
+            else:
+                ax.plot(g["bytes"], g[column], marker=".", label=_curve_label(g.iloc[0]))
+        ax.set_xscale("log", base=2)
+        ax.set_title(coll + suffix)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(colls):]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
 def build(paths: list[Path]) -> list[Section]:
     df = _runs(paths)
     sec = Section("Calibration: measured collectives")
     sec.text(f"{len(paths)} run(s): {', '.join(sorted(df['run'].unique()))}. Each point is the median over "
              "samples of the maximum over ranks; busbw follows nccl-tests' definition.")
     colls = list(dict.fromkeys(df["collective"]))
-    ncol = 3
-    nrow = (len(colls) + ncol - 1) // ncol
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.6 * nrow), squeeze=False)
-    for ax, coll in zip(axes.flat, colls):
-        for key, g in df[df["collective"] == coll].groupby(["run", "group", "tier", "backend", "mode"]):
-            g = g.sort_values("bytes")
-            ax.plot(g["bytes"], g["busbw_GBps"], marker=".", label=_curve_label(g.iloc[0]))
-        ax.set_xscale("log", base=2)
-        ax.set_title(coll)
-        ax.set_xlabel("size (bytes)")
-        ax.set_ylabel("busbw (GB/s)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(colls):]:
-        ax.axis("off")
-    fig.tight_layout()
-    sec.figure(fig, "Bus bandwidth against message size (log2 axis), per collective, group and tier.")
-
+    sec.figure(_grid(df, colls, "busbw_GBps", "busbw (GB/s)", ""),
+               "Bus bandwidth against message size (log2 axis), per collective, group and tier.")
     small = df[df["bytes"] <= SMALL]
     if not small.empty:
-        fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.4 * nrow), squeeze=False)
-        for ax, coll in zip(axes.flat, colls):
-            for key, g in small[small["collective"] == coll].groupby(["run", "group", "tier", "backend", "mode"]):
-                g = g.sort_values("bytes")
-                ax.errorbar(g["bytes"], g["median_s"] * 1e6,
-                            yerr=[(g["median_s"] - g["ci_lo_s"]) * 1e6, (g["ci_hi_s"] - g["median_s"]) * 1e6],
-                            marker=".", capsize=2, label=_curve_label(g.iloc[0]))
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{coll}: latency")
-            ax.set_xlabel("size (bytes)")
-            ax.set_ylabel("time (us)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=6)
-        for ax in list(axes.flat)[len(colls):]:
-            ax.axis("off")
-        fig.tight_layout()
-        sec.figure(fig, "Time per call for messages up to 1 MiB, with the 95% confidence interval of the median.")
+        sec.figure(_grid(small, colls, "median_s", "time (us)", ": latency"),
+                   "Time per call for messages up to 1 MiB, with the 95% confidence interval of the median.")
 
     peak = df.loc[df.groupby(["run", "group", "collective", "mode"])["busbw_GBps"].idxmax()]
     sec.heading("Measured peak")
