@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from autotune.reshard.cases import build_task, case_names, case_profile, load_case
-from autotune.reshard.pipeline import SCHEDULES, exposed_time, hidden_fraction, simulate
+from autotune.reshard.pipeline import PHASES, SCHEDULES, exposed_time, hidden_fraction, simulate
 from autotune.reshard.plan import Plan, compare
 from autotune.reshard.solvers import SOLVERS, SolverConfig
 from autotune.reshard.spec import parse_mesh_shape
@@ -126,15 +126,25 @@ def run_pipeline(name: str, prof, args, cfg) -> dict:
     print(f"== pipeline {name}: {spec.stages} stages, {spec.micro_batches} micro-batches, profile {prof.name}")
     print(f"communication per micro-batch: forward {list(map(lambda x: round(x, 4), spec.comm_forward))} s, "
           f"backward {list(map(lambda x: round(x, 4), spec.comm_backward))} s")
-    print(f"{'schedule':12s}{'iteration s':>12s}{'mb/s':>8s}{'hidden':>8s}{'exposed s':>11s}  peak activations per stage")
+    if spec.skips:
+        print("skip connections: " + ", ".join(f"{k.src}->{k.dst} {k.forward:.4f} s / {k.backward:.4f} s"
+                                             for k in spec.skips))
+    print(f"{'schedule':12s}{'iteration s':>12s}{'mb/s':>8s}{'hidden':>8s}{'steady':>8s}{'exposed s':>11s}"
+          f"  peak activations per stage")
     out = {}
     for sch in SCHEDULES:
         r = simulate(spec, sch)
-        hid, exp = hidden_fraction(r), exposed_time(spec, sch)
-        print(f"{sch:12s}{r.makespan:12.3f}{r.throughput:8.2f}{hid:8.1%}{exp:11.3f}  "
+        hid, steady, exp = hidden_fraction(r), hidden_fraction(r, "steady"), exposed_time(spec, sch)
+        print(f"{sch:12s}{r.makespan:12.3f}{r.throughput:8.2f}{hid:8.1%}{'-' if steady is None else f'{steady:.1%}':>8s}{exp:11.3f}  "
               f"{r.peak_activations} ({', '.join(f'{b / 2**30:.1f} GiB' for b in r.peak_memory)})")
-        out[sch] = dict(r.to_dict(), hidden=hid, exposed=exp)
-    return {"name": name, "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__}, "schedules": out}
+        out[sch] = dict(r.to_dict(), hidden=hid, exposed=exp,
+                        hidden_by_phase={ph: hidden_fraction(r, ph) for ph in PHASES})
+    print("hidden: share of each transfer during which its consumer stage computes; steady: only the transfers "
+          "starting inside the window where every stage alternates F and B; exposed: makespan with minus without "
+          "communication")
+    fields = {k: getattr(spec, k) for k in spec.__dataclass_fields__ if k != "skips"}
+    fields["skips"] = [k.__dict__ for k in spec.skips]
+    return {"name": name, "spec": fields, "schedules": out}
 
 
 def main(argv=None) -> int:

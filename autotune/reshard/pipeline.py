@@ -1,13 +1,16 @@
 """Pipeline schedules (GPipe, 1F1B, eager-1F1B; §4) as per-stage orders of
-compute tasks, and a simulator that overlaps inter-stage communication with
-computation wherever the dependencies allow.
+compute tasks, and a time-ordered simulator that overlaps inter-stage
+communication with computation wherever the dependencies allow.
 
-Model: each stage runs its compute tasks one at a time in the schedule's order.
-F(s, m) needs the activation of micro-batch m from stage s-1; B(s, m) needs
-F(s, m) and the gradient from stage s+1. Each boundary has one link per
-direction that carries transfers one at a time, in the order their producers
-finish; a transfer starts when its producer ends and the link is free, so it
-overlaps with whatever the stages compute meanwhile.
+Model: each stage runs its compute tasks one at a time, in the schedule's fixed
+order, and starts a task only when its inputs have arrived. F(s, m) needs the
+activation of micro-batch m from stage s-1 and from every skip connection that
+ends at s; B(s, m) needs F(s, m), the gradient from stage s+1 and the gradient
+of every skip connection that starts at s. Each stage sits on its own hosts
+(§3's host-level model): a transfer from stage a to stage b occupies a's send
+port and b's receive port (full duplex), starts when its producer ends and both
+ports are free (earliest ready first), and overlaps with whatever the stages
+compute meanwhile.
 
 Warm-up forwards before the first backward, stage s of S (0-indexed; the paper
 counts from 1): 1F1B runs S - s (the paper's #stages - i + 1), eager-1F1B runs
@@ -67,6 +70,16 @@ SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOne
 
 
 @dataclass(frozen=True)
+class Skip:
+    """A skip connection from stage ``src`` to a later, non-adjacent stage ``dst`` (U-Net style)."""
+
+    src: int
+    dst: int
+    forward: float   # seconds per micro-batch, src -> dst
+    backward: float  # its gradient, dst -> src
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     name: str
     micro_batches: int
@@ -75,6 +88,7 @@ class PipelineSpec:
     comm_forward: tuple[float, ...]   # boundary s -> s+1, seconds per micro-batch
     comm_backward: tuple[float, ...]  # boundary s+1 -> s
     activation_bytes: tuple[float, ...]
+    skips: tuple[Skip, ...] = ()
 
     def __post_init__(self):
         s = len(self.forward)
@@ -84,15 +98,24 @@ class PipelineSpec:
             raise UserError(f"pipeline {self.name!r}: give forward, backward and activation_bytes for all {s} stages")
         if len(self.comm_forward) != s - 1 or len(self.comm_backward) != s - 1:
             raise UserError(f"pipeline {self.name!r}: give {s - 1} communication times per direction (one per boundary)")
+        for k in self.skips:
+            if not 0 <= k.src < k.dst - 1 < s - 1:
+                raise UserError(f"pipeline {self.name!r}: skip {k.src}->{k.dst} must join a stage to a later, "
+                                f"non-adjacent stage of the {s} (adjacent stages share their boundary)")
 
     @property
     def stages(self) -> int:
         return len(self.forward)
 
+    def edges(self) -> list[tuple[int, int, float, float]]:
+        """(src, dst, forward s, backward s) of every boundary and skip connection."""
+        out = [(s, s + 1, self.comm_forward[s], self.comm_backward[s]) for s in range(self.stages - 1)]
+        return out + [(k.src, k.dst, k.forward, k.backward) for k in self.skips]
+
 
 @dataclass(frozen=True)
 class Interval:
-    lane: str      # "stage 0" or "link 0>1" / "link 1>0"
+    lane: str      # "stage 0", or "link 0>1" / "link 1>0" for the transfers from one stage to another
     kind: str      # F, B, or C (communication)
     micro_batch: int
     start: float
@@ -107,7 +130,8 @@ class PipelineResult:
     peak_activations: list[int]       # per stage, in micro-batches
     peak_memory: list[float]          # per stage, bytes
     comm_time: float                  # all transfers, summed
-    comm_wait: float                  # time consumers sat waiting for a transfer they were otherwise ready without
+    comm_wait: float                  # transfer time during which the consumer stage sat idle
+    steady: tuple[float, float] = (0.0, 0.0)  # the window in which every stage is in its 1F1B phase
     intervals: list[Interval] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -121,78 +145,117 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True) -> Pipel
         raise UserError(f"unknown pipeline schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
     S, M = spec.stages, spec.micro_batches
     orders = SCHEDULES[schedule]().orders(S, M)
-    cf = spec.comm_forward if with_comm else (0.0,) * (S - 1)
-    cb = spec.comm_backward if with_comm else (0.0,) * (S - 1)
+    edges = [(a, b, f if with_comm else 0.0, g if with_comm else 0.0) for a, b, f, g in spec.edges()]
+    needs_f = {s: [a for a, b, _, _ in edges if b == s] for s in range(S)}  # F(s, m) waits on these producers
+    needs_b = {s: [b for a, b, _, _ in edges if a == s] for s in range(S)}  # B(s, m) waits on these
+    out_f = {s: [(b, f) for a, b, f, _ in edges if a == s] for s in range(S)}
+    out_b = {s: [(a, g) for a, b, _, g in edges if b == s] for s in range(S)}
     ptr, free = [0] * S, [0.0] * S
-    link: dict[tuple[int, str], float] = {}
-    arrival: dict[tuple[str, int, int], float] = {}
-    sent: dict[tuple[str, int, int], float] = {}  # when the producer of each transfer finished
+    ports: dict[tuple[str, int], float] = {}
+    arrival: dict[tuple[str, int, int, int], float] = {}  # (kind, producer, consumer, m)
+    pending: list[tuple[float, str, int, int, int, float]] = []  # (ready, kind, src, dst, m, seconds)
     fdone: dict[tuple[int, int], float] = {}
-    held, peak = [0] * S, [0] * S
     events: list[tuple[float, int, int, int]] = []  # (time, order, stage, delta) for memory
     intervals: list[Interval] = []
+    transfers: list[tuple[int, float, float]] = []  # (consumer, start, end)
     remaining = sum(len(o) for o in orders)
-    wait = 0.0
-    while remaining:
-        progressed = False
+    while remaining or pending:
+        best = None  # (start, 0 = transfer | 1 = compute, index)
+        for i, (ready, _, a, b, _, _) in enumerate(pending):
+            start = max(ready, ports.get(("send", a), 0.0), ports.get(("recv", b), 0.0))
+            if best is None or (start, 0, ready) < best[:3]:
+                best = (start, 0, ready, i)
         for s in range(S):
-            while ptr[s] < len(orders[s]):
-                kind, m = orders[s][ptr[s]]
-                if kind == "F":
-                    deps = [arrival.get(("F", s, m))] if s > 0 else []
-                else:
-                    deps = [fdone.get((s, m))] + ([arrival.get(("B", s, m))] if s < S - 1 else [])
-                if any(d is None for d in deps):
-                    break
-                start = max([free[s], *deps])
-                comm_dep = deps[-1] if (kind == "F" and s > 0) or (kind == "B" and s < S - 1) else None
-                if comm_dep is not None:
-                    latency = comm_dep - sent[(kind, s, m)]
-                    wait += max(0.0, min(latency, comm_dep - max([free[s], *deps[:-1]])))
-                end = start + (spec.forward[s] if kind == "F" else spec.backward[s])
-                free[s] = end
-                intervals.append(Interval(f"stage {s}", kind, m, start, end))
-                if kind == "F":
-                    fdone[(s, m)] = end
-                    events.append((start, 1, s, +1))
-                    if s < S - 1:
-                        _send(link, arrival, sent, intervals, (s, "f"), end, cf[s], ("F", s + 1, m), f"link {s}>{s + 1}", m)
-                else:
-                    events.append((end, 0, s, -1))
-                    if s > 0:
-                        _send(link, arrival, sent, intervals, (s - 1, "b"), end, cb[s - 1], ("B", s - 1, m), f"link {s}>{s - 1}", m)
-                ptr[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
+            if ptr[s] == len(orders[s]):
+                continue
+            kind, m = orders[s][ptr[s]]
+            if kind == "F":
+                deps = [arrival.get(("F", a, s, m)) for a in needs_f[s]]
+            else:
+                deps = [fdone.get((s, m))] + [arrival.get(("B", b, s, m)) for b in needs_b[s]]
+            if any(d is None for d in deps):
+                continue
+            start = max([free[s], *deps])
+            if best is None or (start, 1, 0.0) < best[:3]:
+                best = (start, 1, 0.0, s)
+        if best is None:
             raise UserError(f"schedule {schedule!r} deadlocks on pipeline {spec.name!r}: its orders are inconsistent")
+        start, what, _, idx = best
+        if what == 0:
+            _, kind, a, b, m, dur = pending.pop(idx)
+            end = start + dur
+            ports[("send", a)] = ports[("recv", b)] = end
+            arrival[(kind, a, b, m)] = end
+            if dur > 0:
+                intervals.append(Interval(f"link {a}>{b}", "C", m, start, end))
+                transfers.append((b, start, end))
+            continue
+        s = idx
+        kind, m = orders[s][ptr[s]]
+        end = start + (spec.forward[s] if kind == "F" else spec.backward[s])
+        free[s] = end
+        intervals.append(Interval(f"stage {s}", kind, m, start, end))
+        if kind == "F":
+            fdone[(s, m)] = end
+            events.append((start, 1, s, +1))
+            pending += [(end, "F", s, b, m, f) for b, f in out_f[s]]
+        else:
+            events.append((end, 0, s, -1))
+            pending += [(end, "B", s, a, m, g) for a, g in out_b[s]]
+        ptr[s] += 1
+        remaining -= 1
+    held, peak = [0] * S, [0] * S
     for _, _, s, delta in sorted(events):
         held[s] += delta
         peak[s] = max(peak[s], held[s])
     ms = max(i.end for i in intervals)
-    comm = M * (sum(cf) + sum(cb))
+    comm = sum(e - b for _, b, e in transfers)
+    busy = {s: [(i.start, i.end) for i in intervals if i.lane == f"stage {s}"] for s in range(S)}
+    idle = sum((e - b) - _overlap(b, e, busy[c]) for c, b, e in transfers)
     return PipelineResult(schedule, ms, M / ms, peak, [p * a for p, a in zip(peak, spec.activation_bytes)],
-                          comm, wait, intervals)
+                          comm, idle, _steady_window(intervals, S), intervals)
 
 
-def _send(link, arrival, sent, intervals, key, ready, duration, target, lane, m):
-    sent[target] = ready
-    start = max(ready, link.get(key, 0.0))
-    link[key] = start + duration
-    arrival[target] = start + duration
-    if duration > 0:
-        intervals.append(Interval(lane, "C", m, start, start + duration))
+def _overlap(start: float, end: float, spans: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(end, e) - max(start, b)) for b, e in spans)
 
 
-def hidden_fraction(result: PipelineResult) -> float:
+def _steady_window(intervals: list[Interval], stages: int) -> tuple[float, float]:
+    """From the last stage's first backward to the first stage's last forward: every stage alternates there."""
+    first_b = max(min(i.start for i in intervals if i.lane == f"stage {s}" and i.kind == "B") for s in range(stages))
+    last_f = min(max(i.end for i in intervals if i.lane == f"stage {s}" and i.kind == "F") for s in range(stages))
+    return (first_b, max(first_b, last_f))
+
+
+PHASES = ("warmup", "steady", "cooldown")
+
+
+def hidden_fraction(result: PipelineResult, phase: str | None = None) -> float | None:
     """Share of the inter-stage communication hidden behind computation.
 
-    A transfer is exposed for as long as its consumer waits for it after the
-    consumer's stage and its other inputs are ready, at most its own latency
-    (queueing plus transfer; the magnified micro-batch of the paper's Fig. 4);
-    hidden = 1 - sum of those waits / sum of transfer times.
+    A transfer is hidden for the part of it during which its consumer stage is
+    busy computing (other micro-batches, in the paper's Fig. 4 magnified view),
+    exposed while the consumer sits idle: hidden = sum over transfers of
+    (busy overlap) / sum of transfer times. ``phase`` counts only the transfers
+    that start before (warmup), inside (steady) or after (cooldown) the steady
+    window ``PipelineResult.steady``; None when no transfer falls there (a
+    GPipe schedule has no steady window).
     """
-    return 1.0 if result.comm_time <= 0 else 1.0 - result.comm_wait / result.comm_time
+    if phase is not None and phase not in PHASES:
+        raise UserError(f"unknown pipeline phase {phase!r}: choose one of {', '.join(PHASES)}")
+    lo, hi = result.steady
+    tr = [i for i in result.intervals if i.kind == "C"]
+    if phase is not None:
+        tr = [i for i in tr if PHASES[0 if i.start < lo else 2 if i.start >= hi else 1] == phase]
+    total = sum(i.end - i.start for i in tr)
+    if total <= 0:
+        return None if phase else 1.0
+    busy: dict[int, list[tuple[float, float]]] = {}
+    for i in result.intervals:
+        if i.kind != "C":
+            busy.setdefault(int(i.lane.split()[1]), []).append((i.start, i.end))
+    hidden = sum(_overlap(i.start, i.end, busy.get(int(i.lane.split(">")[1]), [])) for i in tr)
+    return hidden / total
 
 
 def exposed_time(spec: PipelineSpec, schedule: str) -> float:

@@ -1,9 +1,10 @@
 """Pipelines from presets: compute times from the preset, the communication of
-each stage boundary from resharding plans of its tensors on a profile."""
+each stage boundary and skip connection from resharding plans of its tensors on
+a profile."""
 from __future__ import annotations
 
 from autotune.reshard.cases import build_task
-from autotune.reshard.pipeline import PipelineSpec, load_pipelines
+from autotune.reshard.pipeline import PipelineSpec, Skip, load_pipelines
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
 from calibrate.errors import UserError
@@ -30,9 +31,13 @@ def pipeline_from_preset(name: str, profile: Profile, micro_batches: int | None 
         raise UserError(f"unknown pipeline {name!r}: choose one of {', '.join(presets)}")
     p = presets[name]
     meshes = p["meshes"]
-    fwd = tuple(boundary_time(b, meshes[i], meshes[i + 1], p["dtype"], profile, cfg)
-                for i, b in enumerate(p["boundaries"]))
-    bwd = tuple(boundary_time(b, meshes[i], meshes[i + 1], p["dtype"], profile, cfg, reverse=True)
-                for i, b in enumerate(p["boundaries"]))
+
+    def both(tensors, a, b):
+        return (boundary_time(tensors, meshes[a], meshes[b], p["dtype"], profile, cfg),
+                boundary_time(tensors, meshes[a], meshes[b], p["dtype"], profile, cfg, reverse=True))
+
+    bounds = [both(b, i, i + 1) for i, b in enumerate(p["boundaries"])]
+    skips = tuple(Skip(k["src"], k["dst"], *both(k["tensors"], k["src"], k["dst"])) for k in p.get("skips", []))
     return PipelineSpec(name, int(micro_batches or p["micro_batches"]), tuple(p["forward"]), tuple(p["backward"]),
-                        fwd, bwd, tuple(p["activation_bytes"]))
+                        tuple(f for f, _ in bounds), tuple(b for _, b in bounds), tuple(p["activation_bytes"]),
+                        skips)

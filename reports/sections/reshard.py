@@ -137,7 +137,8 @@ def build(paths: list[Path]) -> list[Section]:
         for pipe in r["pipelines"]:
             sec = Section(f"Pipeline schedules: {pipe['name']}")
             rows = [{"schedule": k, "iteration (s)": v["makespan"], "micro-batches/s": v["throughput"],
-                     "communication hidden": v["hidden"], "exposed (s)": v["exposed"],
+                     "communication hidden": v["hidden"],
+                     "hidden, steady phase": v.get("hidden_by_phase", {}).get("steady"), "exposed (s)": v["exposed"],
                      "peak activations per stage": str(v["peak_activations"])} for k, v in pipe["schedules"].items()]
             sec.table(pd.DataFrame(rows), "GPipe, 1F1B and eager-1F1B with inter-stage communication overlapped.")
             sec.figure(_timeline(pipe), "Timelines per stage and link (the paper's Fig. 4).")
