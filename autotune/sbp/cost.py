@@ -89,6 +89,7 @@ class Problem:
         self.node = [c * (r + g).astype(float) for c, r, g in zip(self.counts, self.node_redist, self.node_sync)]
         self.mem = [c * np.array([memory(s, self.cluster) for s in ss]) for c, ss in zip(self.counts, self.choices)]
         self.min_memory = float(sum(m.min() for m in self.mem))
+        self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
         if memory_limit is not None and self.min_memory > memory_limit:
             raise UserError(
                 f"no plan fits the memory limit of {memory_limit / 2**30:.1f} GiB per device: the smallest plan "
@@ -101,6 +102,8 @@ class Problem:
                 self.incident[b].append(((a, b), c))
         self.tables = EdgeTables(self.choices, [op.out_shape for op in self.ops], self.edge_counts, coster,
                                  self.mb, precompute_tables, progress)
+        # adjacent distinct layers (u < v): the blocks of a joint two-layer move
+        self.pairs = sorted({(min(a, b), max(a, b)) for a, b in self.edge_counts if a != b})
         self.evaluations = 0
 
     @property
@@ -146,6 +149,26 @@ class Problem:
             out = out + (line if c == 1 else c * line)
         return out
 
+    def pair_local(self, assign, u: int, v: int) -> np.ndarray:
+        """The part of the cost that depends on adjacent layers u and v, for every pair of their
+        choices, the others fixed: a |choices u| x |choices v| array (the boxing table between
+        them plus each layer's other incident lines); inf where the plan exceeds the memory limit.
+        Reads whole tables: meant for problems whose tables are precomputed (``tables.precomputed``)."""
+        out = self.node[u][:, None] + self.node[v][None, :]
+        t = self.tables
+        for w, axis in ((u, 0), (v, 1)):
+            for (a, b), c in self.incident[w]:
+                if {a, b} == {u, v}:
+                    if w == u:  # the joint edge, once
+                        out = out + c * (t.table(u, v) if a == u else t.table(v, u).T)
+                    continue
+                line = c * (t.diagonal(a) if a == b else t.column(a, b, assign[b]) if a == w else t.row(a, b, assign[a]))
+                out = out + (line[:, None] if axis == 0 else line[None, :])
+        if self.memory_limit is not None:
+            rest = self.memory_of(assign) - self.mem[u][assign[u]] - self.mem[v][assign[v]]
+            out = np.where(rest + self.mem[u][:, None] + self.mem[v][None, :] <= self.memory_limit, out, math.inf)
+        return out
+
     def memory_mask(self, assign, v: int) -> np.ndarray | None:
         """Which choices of layer v keep the plan within the memory limit (None: no limit)."""
         if self.memory_limit is None:
@@ -167,7 +190,7 @@ class Problem:
         return out
 
     def min_memory_assignment(self) -> list[int]:
-        return [int(np.argmin(m)) for m in self.mem]
+        return list(self._min_memory_assignment)
 
     def random_assignment(self, rng: np.random.Generator, tries: int = 200) -> list[int]:
         """A random assignment within the memory limit (falls back to the least memory one)."""
