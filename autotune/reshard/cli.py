@@ -30,7 +30,7 @@ from calibrate.errors import UserError
 
 RESULTS_KIND = "reshard"
 RESULTS_VERSION = 1
-BASELINE_SOLVER = "load_balance"  # the paper's baselines balance load greedily (§5.1.2)
+BASELINE_SOLVER = "greedy_in_order"  # the paper's baselines: least-loaded sender per slice, Alpa's order (§5.1.2)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ makespan is the last end. Solvers:
 - naive: every job from its lowest-indexed sender device, in task order;
 - load_balance: jobs by decreasing duration, each to the sender whose host has
   the least send load so far (the classical greedy for Eq. 4), in that order;
+- greedy_in_order: the paper's baselines (§5.1.2, Alpa): jobs in task order,
+  each to the sender with the lowest load so far for the next data slice;
 - dfs: depth-first search over the next job and its sender, pruned by a lower
   bound (port free time plus the work every remaining job must put on that
   port), within a time budget;
@@ -149,6 +151,25 @@ class LoadBalance(Solver):
         return order
 
 
+class GreedyInOrder(Solver):
+    name = "greedy_in_order"
+
+    def solve(self, jobs, cfg):
+        load: dict = {}
+        order = []
+        for j, job in enumerate(jobs):
+            def key(o, job=job):
+                opt = job.options[o]
+                hosts = [p for p in opt.ports if p[0] == "send"] or [("dev", opt.sender)]
+                return (max(load.get(p, 0.0) for p in hosts), opt.sender)
+            o = min(range(len(job.options)), key=key)
+            opt = job.options[o]
+            for p in [p for p in opt.ports if p[0] == "send"] or [("dev", opt.sender)]:
+                load[p] = load.get(p, 0.0) + opt.duration
+            order.append((j, o))
+        return order
+
+
 class _Timeout(Exception):
     pass
 
@@ -281,5 +302,5 @@ class Ensemble(Solver):
 
 
 SOLVERS: dict[str, type[Solver]] = {
-    cls.name: cls for cls in (Naive, LoadBalance, DFS, RandomizedGreedy, Ensemble)
+    cls.name: cls for cls in (Naive, LoadBalance, GreedyInOrder, DFS, RandomizedGreedy, Ensemble)
 }

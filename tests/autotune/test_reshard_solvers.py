@@ -121,3 +121,16 @@ def test_lower_bound_below_every_plan_on_real_profile():
         jobs = build_jobs(units, st, net)
         for so, cls in SOLVERS.items():
             assert makespan(simulate(jobs, cls().solve(jobs, SolverConfig(time_budget=0.05)))) >= lb * (1 - 1e-9)
+
+
+def test_greedy_in_order_keeps_task_order_and_picks_the_least_loaded_host():
+    # three slices held on hosts 0 and 1, durations 1, 3, 2: the baseline keeps the task order
+    # (LPT would sort 3, 2, 1) and gives each the sender host with the lowest load so far: 0, 1, 0
+    def opt(dev, host, d):
+        return Option(dev, d, frozenset({("dev", dev), ("send", host), ("recv", 9)}))
+    jobs = [Job(i, "broadcast", (40,), (opt(0, 0, d), opt(4, 1, d)), 1) for i, d in enumerate((1.0, 3.0, 2.0))]
+    order = SOLVERS["greedy_in_order"]().solve(jobs, SolverConfig())
+    assert order == [(0, 0), (1, 1), (2, 0)]
+    assert [j for j, _ in SOLVERS["load_balance"]().solve(jobs, SolverConfig())] == [1, 2, 0]
+    # one receive port: the three run back to back whatever the senders
+    assert makespan(simulate(jobs, order)) == pytest.approx(6.0)

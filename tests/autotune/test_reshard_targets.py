@@ -11,8 +11,8 @@ from calibrate.profile import Profile
 def results():
     prof = Profile.load(case_profile())
     cfg = SolverConfig(time_budget=0.2)
-    return {n: compare(load_case(n).task, prof, ["send_recv", "local_allgather", "broadcast"],
-                       ["load_balance", "ensemble"], cfg) for n in case_names()}
+    return {n: compare(load_case(n).task, prof, ["send_recv", "global_allgather", "broadcast"],
+                       ["greedy_in_order", "ensemble"], cfg) for n in case_names()}
 
 
 @pytest.mark.parametrize("case", case_names())
@@ -24,5 +24,8 @@ def test_chosen_plan_within_5_percent_of_lower_bound(results, case):
 @pytest.mark.parametrize("case", ["3", "4", "7", "8", "9"])
 def test_faster_than_the_baselines(results, case):
     chosen = results[case][("broadcast", "ensemble")].makespan
-    assert results[case][("send_recv", "load_balance")].makespan > 1.4 * chosen
-    assert results[case][("local_allgather", "load_balance")].makespan > 1.4 * chosen
+    # the paper's baselines (least-loaded sender per slice in Alpa's order); Alpa all-gathers over each slice's
+    # receivers. The host-level model bounds the all-gather gain near 2x (reports/records/reshard.md)
+    assert results[case][("send_recv", "greedy_in_order")].makespan > 1.4 * chosen
+    alpa = results[case][("global_allgather", "greedy_in_order")].makespan
+    assert 1.4 * chosen < alpa <= 2.05 * chosen
