@@ -35,6 +35,11 @@ class LayerGraph:
     config: dict = field(default_factory=dict)
 
     @property
+    def act_bytes(self) -> int:
+        """Bytes per activation and gradient element: 2 in mixed precision (default), 4 in fp32."""
+        return self.config.get("act_bytes", 2)
+
+    @property
     def micro_batches(self) -> int:
         return self.batch // self.micro_batch
 

@@ -13,13 +13,14 @@ from models.graph import LayerGraph
 # kind -> field -> type ("int" or "ints"); every field of a preset is overridable
 FIELDS: dict[str, dict[str, str]] = {
     "gpt": {"layers": "int", "hidden": "int", "heads": "int", "sequence": "int", "vocabulary": "int",
-            "batch": "int", "micro_batch": "int", "ffn": "int"},
-    "mlp": {"dims": "ints", "batch": "int", "micro_batch": "int"},
-    "vgg13": {"batch": "int", "micro_batch": "int", "image": "int", "classes": "int"},
+            "batch": "int", "micro_batch": "int", "ffn": "int", "act_bytes": "int"},
+    "mlp": {"dims": "ints", "batch": "int", "micro_batch": "int", "act_bytes": "int"},
+    "vgg13": {"batch": "int", "micro_batch": "int", "image": "int", "classes": "int", "act_bytes": "int"},
     "u-transformer": {"widths": "ints", "layers_per_stage": "int", "head_dim": "int", "sequence": "int",
-                      "vocabulary": "int", "batch": "int", "micro_batch": "int"},
+                      "vocabulary": "int", "batch": "int", "micro_batch": "int", "act_bytes": "int"},
 }
-OPTIONAL = {"ffn"}
+# act_bytes: bytes per activation and gradient element, 2 (fp16/bf16 mixed precision, the default) or 4 (fp32)
+OPTIONAL = {"ffn", "act_bytes"}
 
 
 def model_kinds() -> list[str]:
@@ -55,6 +56,8 @@ def validate(kind: str, cfg: dict, origin: str) -> dict:
             raise UserError(f"{origin}: field {key!r} is {v!r}; it must be {want}")
     if cfg["batch"] % cfg["micro_batch"]:
         raise UserError(f"{origin}: batch {cfg['batch']} is not a multiple of micro_batch {cfg['micro_batch']}; change one of them")
+    if cfg.get("act_bytes", 2) not in (2, 4):
+        raise UserError(f"{origin}: act_bytes {cfg['act_bytes']!r} must be 2 (fp16/bf16 mixed precision) or 4 (fp32)")
     if kind == "gpt" and cfg["hidden"] % cfg["heads"]:
         raise UserError(f"{origin}: hidden {cfg['hidden']} is not a multiple of heads {cfg['heads']}; change one of them")
     if kind == "u-transformer" and any(w % cfg["head_dim"] for w in cfg["widths"]):

@@ -41,19 +41,19 @@ def internal_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, str, tuple[
     return out
 
 
-def sync_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, Step]]:
+def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES) -> list[tuple[str, Step]]:
     out = []
     for w in s.weights:
         axes = grad_sync_axes(s, w, cluster)
         if axes:
-            out.append((w.name, Step("allreduce", axes, local_elems(w, s.mesh, cluster) * ACT_BYTES)))
+            out.append((w.name, Step("allreduce", axes, local_elems(w, s.mesh, cluster) * itemsize)))
     return out
 
 
-def memory(s: Strategy, cluster: Cluster) -> float:
+def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES) -> float:
     params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
     acts = local_elems(s.input, s.mesh, cluster) if s.input else 0
-    return params * PARAM_BYTES + (acts + s.extra_act_elems) * ACT_BYTES
+    return params * PARAM_BYTES + (acts + s.extra_act_elems) * itemsize
 
 
 class Problem:
@@ -63,7 +63,8 @@ class Problem:
                  signatures=None, allow_partial: bool = True, progress=None,
                  precompute_tables: bool | None = None):
         self.graph, self.coster, self.cluster = graph, coster, coster.cluster
-        self.ops = [make_op(layer) for layer in graph.layers]
+        self.act_bytes = graph.act_bytes
+        self.ops = [make_op(layer, self.act_bytes) for layer in graph.layers]
         self.counts = graph.counts()
         self.edge_counts = graph.edges()
         self.mb = graph.micro_batches
@@ -84,10 +85,10 @@ class Problem:
                      f"search space 10^{sum(math.log10(len(c)) for c in self.choices):.1f}")
         self.node_redist = [np.array([self.mb * sum(coster.time(st) for _, _, st in internal_steps(s, self.cluster))
                                       for s in ss]) for ss in self.choices]
-        self.node_sync = [np.array([sum(coster.step_time(st) for _, st in sync_steps(s, self.cluster)) for s in ss])
+        self.node_sync = [np.array([sum(coster.step_time(st) for _, st in sync_steps(s, self.cluster, self.act_bytes)) for s in ss])
                           for ss in self.choices]
         self.node = [c * (r + g).astype(float) for c, r, g in zip(self.counts, self.node_redist, self.node_sync)]
-        self.mem = [c * np.array([memory(s, self.cluster) for s in ss]) for c, ss in zip(self.counts, self.choices)]
+        self.mem = [c * np.array([memory(s, self.cluster, self.act_bytes) for s in ss]) for c, ss in zip(self.counts, self.choices)]
         self.min_memory = float(sum(m.min() for m in self.mem))
         self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
         if memory_limit is not None and self.min_memory > memory_limit:
@@ -101,7 +102,7 @@ class Problem:
             if b != a:
                 self.incident[b].append(((a, b), c))
         self.tables = EdgeTables(self.choices, [op.out_shape for op in self.ops], self.edge_counts, coster,
-                                 self.mb, precompute_tables, progress)
+                                 self.mb, precompute_tables, progress, self.act_bytes)
         # adjacent distinct layers (u < v): the blocks of a joint two-layer move
         self.pairs = sorted({(min(a, b), max(a, b)) for a, b in self.edge_counts if a != b})
         self.evaluations = 0

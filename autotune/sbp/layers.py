@@ -26,9 +26,10 @@ from models.graph import Layer
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
 from autotune.sbp.sbp import B, P, NdSbp, divides, local_shape
 
-ACT_BYTES = 2  # activations and gradients in bf16/fp16
+ACT_BYTES = 2  # default bytes per activation/gradient element (bf16/fp16); a model may give 4 (fp32)
 # Mixed-precision Adam: fp16 weight (2) + fp16 gradient (2) + fp32 master weight,
-# momentum and variance (12) = 16 bytes per locally stored parameter (ZeRO paper's K=12).
+# momentum and variance (12) = 16 bytes per locally stored parameter (ZeRO paper's K=12);
+# fp32 Adam is the same 16: weight, gradient, momentum and variance (4 each).
 PARAM_BYTES = 16
 
 
@@ -110,9 +111,10 @@ MATMUL_ORDERS = {"autoddl": "mnk", "transposed": "mkn"}
 class Op:
     """One layer kind; ``strategies`` enumerates its legal signatures on a cluster."""
 
-    def __init__(self, layer: Layer):
+    def __init__(self, layer: Layer, act_bytes: int = ACT_BYTES):
         self.layer = layer
         self.dims = dict(layer.dims)
+        self.act_bytes = act_bytes
 
     @property
     def in_shape(self) -> tuple[int, ...] | None:
@@ -141,14 +143,14 @@ class Matmul(Op):
         t, k, n = self.dims["tokens"], self.dims["k"], self.dims["n"]
         if sig == "summa":
             sb = ("S0", "S1")
-            gather_w = Internal("weight", (k, n), ACT_BYTES, sb, (B, "S1"))
+            gather_w = Internal("weight", (k, n), self.act_bytes, sb, (B, "S1"))
             if self.layer.kind == "embedding":
                 return Strategy("summa", mesh, None, Tensor("output", (t, n), sb), (Tensor("weight", (k, n), sb),),
                                 (gather_w,), extra_act_elems=k * (n // mesh.role_size(1)))
             return Strategy(
                 "summa", mesh, Tensor("input", (t, k), sb), Tensor("output", (t, n), sb),
                 (Tensor("weight", (k, n), sb),),
-                (Internal("input", (t, k), ACT_BYTES, sb, ("S0", B)), gather_w),
+                (Internal("input", (t, k), self.act_bytes, sb, ("S0", B)), gather_w),
                 extra_act_elems=(t // mesh.role_size(0)) * k + k * (n // mesh.role_size(1)),
             )
         roles = MATMUL_ORDERS[sig]
@@ -296,11 +298,11 @@ OPS: dict[str, type[Op]] = {
 }
 
 
-def make_op(layer: Layer) -> Op:
+def make_op(layer: Layer, act_bytes: int = ACT_BYTES) -> Op:
     cls = OPS.get(layer.kind)
     if cls is None:
         raise UserError(f"layer {layer.name}: unknown kind {layer.kind!r}; use one of {', '.join(OPS)}")
-    return cls(layer)
+    return cls(layer, act_bytes)
 
 
 def local_elems(t: Tensor, mesh: RoleMesh, cluster: Cluster) -> int:

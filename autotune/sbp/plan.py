@@ -67,7 +67,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         comms = [_comm(st, problem, phase="internal", tensor=t, direction=d, per="micro-batch")
                  for t, d, steps in internal_steps(s, cl) for st in steps if st.collective]
         comms += [_comm(st, problem, phase="grad-sync", tensor=t, direction="bwd", per="step")
-                  for t, st in sync_steps(s, cl)]
+                  for t, st in sync_steps(s, cl, problem.act_bytes)]
         red = float(problem.node_redist[v][s_i])
         sync = float(problem.node_sync[v][s_i])
         red_total += count * red
@@ -79,11 +79,11 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
                     **({"output": s.sbp(s.output, cl)} if s.output else {}),
                     "weights": {w.name: s.sbp(w, cl) for w in s.weights}},
             "dtensor": dtensor(s, cl), "collectives": comms,
-            "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl),
+            "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl, problem.act_bytes),
         })
     for (a, b), count in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
-        fwd, bwd = edge_steps(sa, sb, problem.ops[a].out_shape, cl)
+        fwd, bwd = edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.act_bytes)
         comms = [_comm(st, problem, phase="boxing", tensor=problem.ops[a].layer.name, direction=d, per="micro-batch")
                  for d, steps in (("fwd", fwd), ("bwd", bwd)) for st in steps if st.collective]
         t = problem.edge_cost(a, b, assign[a], assign[b])

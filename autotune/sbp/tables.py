@@ -32,17 +32,18 @@ from autotune.sbp.layers import ACT_BYTES, Strategy
 PRECOMPUTE_PAIRS = 400_000
 
 
-def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster):
+def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster, itemsize: int = ACT_BYTES):
     """(forward steps, backward steps) of moving producer's output into consumer's input."""
-    fwd = box(shape, ACT_BYTES, producer.fine_out, consumer.fine_in, cluster)
-    bwd = box_backward(shape, ACT_BYTES, producer.fine_out, consumer.fine_in, cluster)
+    fwd = box(shape, itemsize, producer.fine_out, consumer.fine_in, cluster)
+    bwd = box_backward(shape, itemsize, producer.fine_out, consumer.fine_in, cluster)
     return fwd, bwd
 
 
 class EdgeTables:
     def __init__(self, choices: list[list[Strategy]], shapes: list, edges, coster: Coster, micro_batches: int,
-                 precompute: bool | None = None, progress=None):
+                 precompute: bool | None = None, progress=None, itemsize: int = ACT_BYTES):
         self.choices, self.shapes, self.coster, self.mb = choices, shapes, coster, micro_batches
+        self.itemsize = itemsize
         self.cluster = coster.cluster
         self.edges = list(edges)
         self._memo: dict = {}
@@ -73,7 +74,7 @@ class EdgeTables:
         t = self._memo.get(key)
         if t is None:
             try:
-                fwd, bwd = edge_steps(sa, sb, self.shapes[a], self.cluster)
+                fwd, bwd = edge_steps(sa, sb, self.shapes[a], self.cluster, self.itemsize)
                 t = self.mb * (self.coster.time(fwd) + self.coster.time(bwd))
             except UserError:  # no evenly divisible path between these two layouts
                 t = math.inf
