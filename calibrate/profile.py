@@ -27,6 +27,7 @@ from pathlib import Path
 
 from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json, write_json
 
 SCHEMA = "commtune.profile"
 SCHEMA_VERSION = 1
@@ -197,22 +198,14 @@ class Profile:
         )
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
-        return path
+        return write_json(path, self.to_dict(), "profile")
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> "Profile":
         """Load an embedded profile by name (``python -m calibrate profiles``) or a JSON file."""
         p = Path(name_or_path)
         if p.suffix == ".json" or p.exists():
-            if not p.is_file():
-                raise UserError(f"profile file {str(p)!r} does not exist")
-            try:
-                data = json.loads(p.read_text())
-            except json.JSONDecodeError as e:
-                raise UserError(f"profile file {str(p)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+            data = read_json(p, "profile file", "fit one with python -m calibrate fit, or name an embedded profile")
             return cls.from_dict(data, origin=f"profile file {str(p)!r}")
         names = embedded_profile_names()
         if str(name_or_path) not in names:

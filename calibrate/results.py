@@ -64,10 +64,13 @@ class ResultsDir:
                     f"this run has {k}={meta['config'].get(k)!r}: use the same settings or a new --out"
                 )
             meta["resumed_from"] = old.get("command")
-        self.meta_path.write_text(json.dumps(meta, indent=1, default=str) + "\n")
+        self.write_meta(meta)
         for name, fields in (("samples.csv", SAMPLE_FIELDS), ("stats.csv", STAT_FIELDS)):
             self._repair(self.path / name, fields)
         return self.done()
+
+    def write_meta(self, meta: dict) -> None:
+        self.meta_path.write_text(json.dumps(meta, indent=1, default=str) + "\n")
 
     def _repair(self, path: Path, fields: list[str]) -> None:
         if not path.exists() or path.stat().st_size == 0:

@@ -9,8 +9,8 @@ import shlex
 import socket
 import sys
 import traceback
+from pathlib import Path
 
-import numpy as np
 from mpi4py import MPI
 
 from calibrate.backends import REGISTRY as BACKENDS
@@ -20,7 +20,7 @@ from calibrate.collectives import ALL_COLLECTIVES, Collective, busbw_factor
 from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
 from calibrate.results import KIND, SCHEMA_VERSION, ResultsDir
-from calibrate.sizes import align, dtype_size, format_size, parse_size, rounded_note, sweep
+from calibrate.sizes import align, dtype_size, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
 
 HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
@@ -123,7 +123,7 @@ def run(args, world) -> int:
         "nodes": nnodes,
         "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "SLURM_JOB", "OMPI_COMM_WORLD_SIZE"))},
     }
-    rd = ResultsDir(__import__("pathlib").Path(out))
+    rd = ResultsDir(Path(out))
     done, problem = set(), None
     if rank == 0:
         try:
@@ -150,7 +150,7 @@ def run(args, world) -> int:
             versions = world.gather(backend.versions(), root=0)
             if rank == 0:
                 meta["ranks"] = [dict(r, **v) for r, v in zip(meta["ranks"], versions)]
-                rd.meta_path.write_text(__import__("json").dumps(meta, indent=1, default=str) + "\n")
+                rd.write_meta(meta)
             versions_written = True
         label = f"{kind}:{info.ranks}x{info.nodes}"
         for ci, coll in enumerate(colls):

@@ -6,6 +6,7 @@ from importlib import resources
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json
 
 from models.builders import BUILDERS
 from models.graph import LayerGraph
@@ -72,12 +73,7 @@ def load_model(model: str, preset: str | None = None, overrides: dict | None = N
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     path = Path(model)
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise UserError(f"model file {model!r} does not exist: give a JSON file or one of {', '.join(model_kinds())}")
-        try:
-            cfg = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"model file {model!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        cfg = read_json(path, "model file", f"give a JSON file or one of {', '.join(model_kinds())}")
         if not isinstance(cfg, dict) or cfg.get("kind") not in BUILDERS:
             raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}")
         if preset:

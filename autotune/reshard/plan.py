@@ -2,7 +2,6 @@
 as versioned JSON that round-trips, plus the table of all strategies x solvers."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from autotune.reshard.solvers import SOLVERS, SolverConfig, lower_bound, makespa
 from autotune.reshard.strategies import STRATEGIES, Job
 from autotune.reshard.tasks import ReshardTask, UnitTask, unit_tasks
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json, write_json
 from calibrate.profile import Profile
 
 SCHEMA = "commtune.reshard.plan"
@@ -62,20 +62,12 @@ class Plan:
                    d["port_load"])
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        return path
+        return write_json(path, self.to_dict(), "plan file")
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"plan file {str(p)!r} does not exist: write one with --plan-out")
-        try:
-            return cls.from_dict(json.loads(p.read_text()), origin=f"plan file {str(p)!r}")
-        except json.JSONDecodeError as e:
-            raise UserError(f"plan file {str(p)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        data = read_json(path, "plan file", "write one with python -m autotune reshard --plan-out")
+        return cls.from_dict(data, origin=f"plan file {str(path)!r}")
 
 
 def _check_name(name: str, registry: dict, what: str) -> None:

@@ -16,11 +16,11 @@ permutation of blocks.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json, write_json
 
 from autotune.sbp.boxing import Step
 from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
@@ -127,20 +127,9 @@ class PlanFile:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        except OSError as e:
-            raise UserError(f"cannot write {str(path)!r} ({e.strerror}): choose a writable --out") from None
-        return path
+        return write_json(path, self.to_dict(), "plan file")
 
     @classmethod
     def load(cls, path: str | Path) -> "PlanFile":
-        path = Path(path)
-        if not path.is_file():
-            raise UserError(f"plan file {str(path)!r} does not exist: run python -m autotune --out DIR first")
-        try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"plan file {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        d = read_json(path, "plan file", "run python -m autotune --out DIR first")
         return cls.from_dict(d, origin=f"plan file {str(path)!r}")

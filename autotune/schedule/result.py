@@ -4,11 +4,11 @@ measured time of those measured, NCCL's, the choice, Spearman's rank correlation
 of model and measurement, and the tuned table."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json, write_json
 
 from autotune.schedule.space import Candidate
 
@@ -122,21 +122,13 @@ class TuneResult:
             raise UserError(f"{origin} is malformed ({e!r}); rerun the tuner") from None
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        return path
+        return write_json(path, self.to_dict(), "tuning result")
 
     @classmethod
     def load(cls, path: str | Path) -> "TuneResult":
         path = Path(path)
         if path.is_dir():
             path = path / "schedule.json"
-        try:
-            data = json.loads(path.read_text())
-        except OSError as e:
-            raise UserError(f"cannot read {str(path)!r} ({e.strerror}); give the tuner's output directory or "
-                            f"its schedule.json") from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"{str(path)!r} is not valid JSON ({e.msg}); rerun the tuner") from None
+        data = read_json(path, "tuning result", "give the tuner's output directory or its schedule.json, "
+                                                 "or rerun python -m autotune schedule")
         return cls.from_dict(data, origin=str(path))

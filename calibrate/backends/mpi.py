@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+import mpi4py
 import numpy as np
 from mpi4py import MPI
 
@@ -24,7 +25,7 @@ class MpiBackend(Backend):
         return np
 
     def versions(self) -> dict:
-        return {"mpi": MPI.Get_library_version().strip().splitlines()[0], "mpi4py": __import__("mpi4py").__version__}
+        return {"mpi": MPI.Get_library_version().strip().splitlines()[0], "mpi4py": mpi4py.__version__}
 
     def buffers(self, coll, nbytes, dtype):
         key = (coll, nbytes, dtype)

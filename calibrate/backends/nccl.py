@@ -7,7 +7,6 @@ their reference is computed in float32 from the same bits.
 """
 from __future__ import annotations
 
-import os
 import socket
 import time
 

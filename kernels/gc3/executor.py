@@ -29,7 +29,6 @@ import numpy as np
 
 from kernels.gc3.ir import Buffer, Program, Step, StepType
 from kernels.gc3.semantics import alias, custom_name, input_chunks, output_chunks, reference_result, storage_chunks
-from kernels.gc3.xml_io import local_operands
 
 
 class ExecutionError(Exception):

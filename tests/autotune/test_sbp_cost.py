@@ -4,7 +4,7 @@ import math
 import pytest
 
 from calibrate.errors import UserError
-from calibrate.profile import Group, Profile
+from calibrate.profile import Profile
 from models import load_model
 from autotune.sbp.baselines import data_parallel, megatron_assignment
 from autotune.sbp.boxing import Coster

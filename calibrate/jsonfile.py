@@ -1,0 +1,33 @@
+"""Reading and writing the project's versioned JSON files (profiles, plans,
+results) with one-line errors instead of tracebacks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calibrate.errors import UserError
+
+
+def read_json(path: str | Path, what: str, fix: str):
+    """The parsed content of ``path``; ``what`` names the file in errors
+    ("plan file"), ``fix`` says how to get a good one ("write one with --plan-out")."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{what} {str(p)!r} does not exist: {fix}")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what} {str(p)!r} is not valid JSON ({e.msg} at line {e.lineno}): {fix}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {what} {str(p)!r} ({e.strerror}): {fix}") from None
+
+
+def write_json(path: str | Path, data, what: str = "output") -> Path:
+    """Write ``data`` as indented JSON, creating missing folders."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write the {what} {str(p)!r} ({e.strerror}): choose a writable path") from None
+    return p
