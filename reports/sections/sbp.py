@@ -73,7 +73,7 @@ def build(paths: list[Path]) -> list[Section]:
         best = pf.best
         plans = [best] + pf.baselines
         cl = best["cluster"]
-        sec = Section(f"SBP plan: {best['model']['name']} {best['model'].get('name', '')} on "
+        sec = Section(f"SBP plan: {best['model']['name']} on "
                       f"{cl['nodes']} x {cl['gpus_per_node']} GPUs")
         sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; search "
                  f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
