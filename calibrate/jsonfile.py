@@ -31,3 +31,14 @@ def write_json(path: str | Path, data, what: str = "output") -> Path:
     except OSError as e:
         raise UserError(f"cannot write the {what} {str(p)!r} ({e.strerror}): choose a writable path") from None
     return p
+
+
+def read_named_json(name_or_path: str | Path, folder: Path, what: str) -> tuple[object, str]:
+    """(content, name) of a preset: a JSON file path, or a name of ``folder/<name>.json``."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = Path(folder) / f"{name_or_path}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in Path(folder).glob("*.json")))
+        raise UserError(f"no {what} {str(name_or_path)!r}; use one of {known} or a JSON file path")
+    return read_json(path, what, "fix the file"), path.stem

@@ -12,11 +12,11 @@ implement are skipped with a note.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_named_json
 from kernels.gc3.algorithms import ALGORITHMS, build
 from kernels.gc3.compiler import compile_program
 from kernels.gc3.ir import Program, Protocol
@@ -112,17 +112,8 @@ class SearchSpace:
 
 
 def load_space(name_or_path: str = DEFAULT_SPACE) -> SearchSpace:
-    path = Path(name_or_path)
-    if not path.is_file():
-        path = PRESET_DIR / f"{name_or_path}.json"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
-        raise UserError(f"no search space {name_or_path!r}; use one of {known} or a JSON file path")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e}); fix the file") from None
-    return SearchSpace.from_json(data, name=path.stem)
+    data, name = read_named_json(name_or_path, PRESET_DIR, "search space")
+    return SearchSpace.from_json(data, name=name)
 
 
 def _fingerprint(program: Program) -> str:

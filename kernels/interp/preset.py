@@ -3,11 +3,11 @@ the transport (FIFO slots per protocol, threads per block, channel and split lim
 and the programs to load with the size range each serves."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_named_json
 from kernels.gc3.ir import Protocol
 
 PRESET_VERSION = 1
@@ -100,14 +100,5 @@ class Preset:
 
 
 def load_preset(name_or_path: str = DEFAULT_PRESET) -> Preset:
-    path = Path(name_or_path)
-    if not path.is_file():
-        path = PRESET_DIR / f"{name_or_path}.json"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
-        raise UserError(f"no interpreter preset {name_or_path!r}; use one of {known} or a JSON file path")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e}); fix the file") from None
-    return Preset.from_json(data, name=path.stem)
+    data, name = read_named_json(name_or_path, PRESET_DIR, "interpreter preset")
+    return Preset.from_json(data, name=name)
