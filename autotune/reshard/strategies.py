@@ -76,19 +76,24 @@ class SendRecv(Strategy):
         return out
 
 
+def _allgather_options(unit, recv, net) -> list:
+    """One option per sender: scatter 1/len(recv) of the slice to each receiver, then all-gather among them."""
+    part = unit.nbytes / len(recv)
+    opts = []
+    for s in unit.senders:
+        transfers = [(s, d) for d in recv if d != s]
+        dur = sum(net.hop(part, a, b) for a, b in transfers) + net.allgather(unit.nbytes, recv)
+        opts.append(Option(s, dur, net.ports(transfers + net.ring(recv), (s, *recv))))
+    return opts
+
+
 class LocalAllGather(Strategy):
     name = "local_allgather"
 
     def jobs(self, unit, net):
         out = []
         for recv in _by_host(net, unit.receivers).values():
-            part = unit.nbytes / len(recv)
-            opts = []
-            for s in unit.senders:
-                transfers = [(s, d) for d in recv if d != s]
-                dur = sum(net.hop(part, a, b) for a, b in transfers) + net.allgather(unit.nbytes, recv)
-                opts.append(Option(s, dur, net.ports(transfers + net.ring(recv), (s, *recv))))
-            out.append(self._job(unit, recv, opts))
+            out.append(self._job(unit, recv, _allgather_options(unit, recv, net)))
         return out
 
 
@@ -97,13 +102,7 @@ class GlobalAllGather(Strategy):
 
     def jobs(self, unit, net):
         recv = tuple(sorted(unit.receivers))
-        part = unit.nbytes / len(recv)
-        opts = []
-        for s in unit.senders:
-            transfers = [(s, d) for d in recv if d != s]
-            dur = sum(net.hop(part, a, b) for a, b in transfers) + net.allgather(unit.nbytes, recv)
-            opts.append(Option(s, dur, net.ports(transfers + net.ring(recv), (s, *recv))))
-        return [self._job(unit, recv, opts)]
+        return [self._job(unit, recv, _allgather_options(unit, recv, net))]
 
 
 def broadcast_chain(devices_per_host: int, sender: int, receivers) -> list[int]:
