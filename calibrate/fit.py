@@ -22,7 +22,7 @@ from scipy.optimize import nnls
 
 from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.errors import UserError
-from calibrate.profile import Segment
+from calibrate.profile import Segment, segments_time
 
 BIG = float(2 ** 62)
 
@@ -86,16 +86,13 @@ def fit_piecewise(coll: Collective, p: int, n, t, max_segments: int = 4, min_poi
         alpha, beta, sse = cost[(i, j)]
         lo = 0.0 if idx == 0 else math.sqrt(n[i - 1] * n[i])
         hi = BIG if idx == len(bounds) - 1 else math.sqrt(n[j - 1] * n[j])
-        segments.append(Segment(lo, hi, alpha, beta, {"points": j - i, "rms_rel_err": math.sqrt(sse / (j - i))}))
+        segments.append(Segment(lo, hi, alpha, beta, {"points": j - i, "rms_rel_err": math.sqrt(sse / (j - i)),
+                                                      "first_bytes": float(n[i]), "last_bytes": float(n[j - 1])}))
     return segments
 
 
 def predict(coll: Collective, p: int, segments: list[Segment], n) -> np.ndarray:
-    out = []
-    for x in np.atleast_1d(n):
-        seg = next((s for s in segments if x < s.max_bytes), segments[-1])
-        out.append(seg.time(coll, float(x), p))
-    return np.asarray(out)
+    return np.asarray([segments_time(coll, p, segments, float(x)) for x in np.atleast_1d(n)])
 
 
 @dataclass

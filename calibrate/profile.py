@@ -78,10 +78,38 @@ class CollectiveModel:
     validation: dict = field(default_factory=dict)
 
     def segment_for(self, nbytes: float) -> Segment:
-        for seg in self.segments:
-            if nbytes < seg.max_bytes:
-                return seg
-        return self.segments[-1]
+        return segment_for(self.segments, nbytes)
+
+    def time(self, coll: Collective, nbytes: float, p: int) -> float:
+        return segments_time(coll, p, self.segments, nbytes)
+
+
+def segment_for(segments: list[Segment], nbytes: float) -> Segment:
+    for seg in segments:
+        if nbytes < seg.max_bytes:
+            return seg
+    return segments[-1]
+
+
+def segments_time(coll: Collective, p: int, segments: list[Segment], nbytes: float) -> float:
+    """Seconds at ``nbytes`` from piecewise segments. Between the last measured size of one
+    segment and the first of the next (``fit["last_bytes"]``, ``fit["first_bytes"]``) the
+    switch (an NCCL protocol or algorithm change) lies at a size nobody measured, so the
+    prediction blends both segments geometrically, weighted by the log-distance to each
+    side: the least worst-case error when the switch can be anywhere in the gap."""
+    k = next((i for i, s in enumerate(segments) if nbytes < s.max_bytes), len(segments) - 1)
+    seg = segments[k]
+    lo_seg = segments[k - 1] if k > 0 and nbytes < seg.fit.get("first_bytes", 0) else None
+    hi_seg = segments[k + 1] if k + 1 < len(segments) and nbytes > seg.fit.get("last_bytes", math.inf) else None
+    pair = (lo_seg, seg) if lo_seg else (seg, hi_seg) if hi_seg else None
+    if pair is None or "last_bytes" not in pair[0].fit or "first_bytes" not in pair[1].fit:
+        return seg.time(coll, nbytes, p)
+    last, first = pair[0].fit["last_bytes"], pair[1].fit["first_bytes"]
+    w = math.log(nbytes / last) / math.log(first / last)
+    t_lo, t_hi = pair[0].time(coll, nbytes, p), pair[1].time(coll, nbytes, p)
+    if t_lo <= 0 or t_hi <= 0:
+        return (1 - w) * t_lo + w * t_hi
+    return t_lo ** (1 - w) * t_hi ** w
 
 
 @dataclass
@@ -122,7 +150,7 @@ class Profile:
             return 0.0
         coll = Collective.parse(coll) if isinstance(coll, str) else coll
         model, p = self.model(coll, group)
-        return model.segment_for(nbytes).time(coll, nbytes, p)
+        return model.time(coll, nbytes, p)
 
     def busbw(self, coll: Collective | str, nbytes: float, group: Group) -> float:
         """Predicted bus bandwidth in bytes per second (nccl-tests' definition)."""
