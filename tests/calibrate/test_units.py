@@ -124,3 +124,22 @@ def test_embedded_profiles_load():
         Profile.load(n)
     h = Profile.load("h200-nvlink")
     assert h.provenance["kind"] == "measured" and h.tiers["intra"]["allreduce"]["2"].points
+
+
+def test_gap_between_segments_blends_geometrically():
+    # measured up to 1 MiB on one segment and from 2 MiB on the next: in between the
+    # prediction is the log-distance-weighted geometric mean of both segments
+    coll, p = Collective.SENDRECV, 2
+    lo = Segment(0, 1.5 * 2 ** 20, 5e-6, 1e-11, {"first_bytes": 1024.0, "last_bytes": 2.0 ** 20})
+    hi = Segment(1.5 * 2 ** 20, 2.0 ** 62, 20e-6, 1e-11, {"first_bytes": 2.0 ** 21, "last_bytes": 2.0 ** 30})
+    model = CollectiveModel([lo, hi])
+    n = 2 ** 20 * 2 ** 0.25  # a quarter of the way across the gap, in log size
+    expect = lo.time(coll, n, p) ** 0.75 * hi.time(coll, n, p) ** 0.25
+    assert model.time(coll, n, p) == pytest.approx(expect, rel=1e-12)
+    # on measured sizes and inside a segment's own range, the segment alone
+    assert model.time(coll, 2.0 ** 20, p) == pytest.approx(lo.time(coll, 2.0 ** 20, p), rel=1e-12)
+    assert model.time(coll, 2.0 ** 21, p) == pytest.approx(hi.time(coll, 2.0 ** 21, p), rel=1e-12)
+    assert model.time(coll, 4096, p) == lo.time(coll, 4096, p)
+    # segments without the measured extent (older profiles) keep the hard break
+    bare = CollectiveModel([Segment(0, 1.5 * 2 ** 20, 5e-6, 1e-11), Segment(1.5 * 2 ** 20, 2.0 ** 62, 20e-6, 1e-11)])
+    assert bare.time(coll, n, p) == lo.time(coll, n, p)
