@@ -12,6 +12,16 @@ port and b's receive port (full duplex), starts when its producer ends and both
 ports are free (earliest ready first), and overlaps with whatever the stages
 compute meanwhile.
 
+Transfers run in one of two ways (``overlap``):
+- overlapped (the default; the paper's "Overlap" and eager-1F1B): as above, a
+  transfer runs beside whatever the two stages compute;
+- blocking (``overlap=False``; Alpa's runtime, the paper's "Broadcast" baseline
+  of §5.3.2): send and receive are instructions of the stages' own streams, so a
+  transfer runs only while both stages are idle and the receiver has reached the
+  task that consumes it, and neither stage computes until it ends. This is the
+  paper's "compute of stage i, communication, compute of stage i+1 scheduled
+  contiguously": no transfer is ever hidden (tested).
+
 Warm-up forwards before the first backward, stage s of S (0-indexed; the paper
 counts from 1): 1F1B runs S - s (the paper's #stages - i + 1), eager-1F1B runs
 2(S - s) - 1 (the paper's 2(#stages - i) + 1), GPipe runs all M.
@@ -140,7 +150,7 @@ class PipelineResult:
         return d
 
 
-def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True) -> PipelineResult:
+def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap: bool = True) -> PipelineResult:
     if schedule not in SCHEDULES:
         raise UserError(f"unknown pipeline schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
     S, M = spec.stages, spec.micro_batches
@@ -161,8 +171,12 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True) -> Pipel
     remaining = sum(len(o) for o in orders)
     while remaining or pending:
         best = None  # (start, 0 = transfer | 1 = compute, index)
-        for i, (ready, _, a, b, _, _) in enumerate(pending):
+        for i, (ready, kind, a, b, m, _) in enumerate(pending):
             start = max(ready, ports.get(("send", a), 0.0), ports.get(("recv", b), 0.0))
+            if not overlap:
+                if ptr[b] == len(orders[b]) or orders[b][ptr[b]] != (kind, m):
+                    continue  # the receiver has not reached the receive before its consumer
+                start = max(start, free[a], free[b])
             if best is None or (start, 0, ready) < best[:3]:
                 best = (start, 0, ready, i)
         for s in range(S):
@@ -185,6 +199,8 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True) -> Pipel
             _, kind, a, b, m, dur = pending.pop(idx)
             end = start + dur
             ports[("send", a)] = ports[("recv", b)] = end
+            if not overlap:
+                free[a] = free[b] = end
             arrival[(kind, a, b, m)] = end
             if dur > 0:
                 intervals.append(Interval(f"link {a}>{b}", "C", m, start, end))
@@ -258,9 +274,9 @@ def hidden_fraction(result: PipelineResult, phase: str | None = None) -> float |
     return hidden / total
 
 
-def exposed_time(spec: PipelineSpec, schedule: str) -> float:
+def exposed_time(spec: PipelineSpec, schedule: str, overlap: bool = True) -> float:
     """How much communication lengthens the iteration: makespan with it minus without it."""
-    return simulate(spec, schedule).makespan - simulate(spec, schedule, with_comm=False).makespan
+    return simulate(spec, schedule, overlap=overlap).makespan - simulate(spec, schedule, with_comm=False).makespan
 
 
 def load_pipelines() -> dict:

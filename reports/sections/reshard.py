@@ -141,7 +141,9 @@ def build(paths: list[Path]) -> list[Section]:
                      "communication hidden": v["hidden"],
                      "hidden, steady phase": v.get("hidden_by_phase", {}).get("steady"), "exposed (s)": v["exposed"],
                      "peak activations per stage": str(v["peak_activations"])} for k, v in pipe["schedules"].items()]
-            sec.table(pd.DataFrame(rows), "GPipe, 1F1B and eager-1F1B with inter-stage communication overlapped.")
+            sec.table(pd.DataFrame(rows), "GPipe, 1F1B and eager-1F1B with inter-stage communication overlapped; "
+                                          "1f1b_blocking: 1F1B with blocking send/recv as Alpa runs it (the "
+                                          "paper's 'Broadcast' baseline).")
             sec.figure(_timeline(pipe), "Timelines per stage and link (the paper's Fig. 4).")
             sections.append(sec)
     gpu = [dict(g, profile=r["profile"]) for r in results for g in r.get("gpu", [])]

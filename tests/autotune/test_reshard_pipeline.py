@@ -88,3 +88,16 @@ def test_bad_pipelines():
     with pytest.raises(UserError, match="unknown pipeline"):
         pipeline_from_preset("nope", Profile.load("aws-p3-v100"))
     assert set(PHASES) == {"warmup", "steady", "cooldown"}
+
+
+@pytest.mark.parametrize("S, boundaries", [(2, 1), (4, 2)])
+def test_blocking_1f1b_hides_nothing_and_its_period_carries_every_transfer(S, boundaries):
+    # Alpa's runtime: send/recv in the stages' streams. A stage with k boundaries spends 2k transfers
+    # (forward and backward, in and out) per micro-batch blocked: period F + B + 2kc.
+    F, B, c = 1.0, 2.0, 0.5
+    r16, r17 = (simulate(spec(S, M, F, B, c=c), "1f1b", overlap=False) for M in (16, 17))
+    assert r17.makespan - r16.makespan == pytest.approx(F + B + 2 * boundaries * c)
+    assert hidden_fraction(r16) == 0.0 and hidden_fraction(r16, "steady") == 0.0
+    assert r16.makespan > simulate(spec(S, 16, F, B, c=c), "1f1b").makespan
+    # one micro-batch on two stages: F0, transfer, F1, B1, transfer, B0 back to back
+    assert simulate(spec(2, 1, F, B, c=c), "1f1b", overlap=False).makespan == pytest.approx(2 * F + 2 * B + 2 * c)
