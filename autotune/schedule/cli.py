@@ -2,10 +2,12 @@
 
     python -m autotune schedule --collective allreduce --gpus 2 --out tuned/
     mpirun -np 2 python -m autotune schedule --collective allreduce --gpus 2 --out tuned/   # measures on GPUs
+    python -m autotune schedule --rescore tuned/schedule.json        # the model against a recorded run
 
 For each size band: enumerate the candidates of the search space (algorithm of
 the GC3 library x channels x instances x protocol x CUDA blocks per thread block),
-rank them with the cost simulation on the fitted profile, and, when run under
+rank them with the interpreter cost model (autotune/schedule/interp_model.py: the
+profile's link, fitted per-protocol and per-CUDA-block costs), and, when run under
 mpirun with one process per GPU, measure the best few (--budget) and the
 fixed-configuration contenders with the interpreter beside NCCL; choose per band.
 Without GPUs it runs on the model alone and says that nothing was measured.
@@ -32,9 +34,11 @@ from kernels.interp.preset import DEFAULT_PRESET, load_preset
 from autotune.schedule import outputs
 from autotune.schedule.bands import DEFAULT_SIZES, bands_for, parse_sizes
 from autotune.schedule.choose import finish
+from autotune.schedule.interp_model import DEFAULT_PARAMS, load_params
 from autotune.schedule.measure import device_name, gpu_world, measure
 from autotune.schedule.model import Correction, Model
 from autotune.schedule.plan import log, rank_bands, select
+from autotune.schedule.rescore import fit_report, rescore
 from autotune.schedule.result import NCCL, CollectiveResult, TuneResult
 from autotune.schedule.space import DEFAULT_SPACE, enumerate_candidates, load_space
 
@@ -60,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"interpreter preset whose transport is used (default {DEFAULT_PRESET})")
     p.add_argument("--correction", help="model_correction.json of an earlier measured run, to rank with")
+    p.add_argument("--model-params", default=DEFAULT_PARAMS,
+                   help=f"interpreter model parameters, name or JSON file (default {DEFAULT_PARAMS})")
+    p.add_argument("--rescore", metavar="SCHEDULE_JSON",
+                   help="measure nothing: predict the measured rows of a recorded run again with the current "
+                        "model and print them beside the measurements, with Spearman per band")
+    p.add_argument("--fit-model", metavar="INTERP_TUNE_JSON",
+                   help="measure nothing: fit the interpreter model's parameters on an interpreter sweep record "
+                        "and print them (the JSON of presets/interp_model.json)")
     p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES))
     p.add_argument("--reps", type=int, default=5, help="timed graph replays per candidate (default 5)")
     p.add_argument("--model-only", action="store_true", help="do not measure even where GPUs are available")
@@ -133,11 +145,19 @@ def report_table(res: CollectiveResult, measured: bool) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.rescore or args.fit_model:
+        prof, base_preset = profiles.Profile.load(args.profile), load_preset(args.preset)
+        if args.fit_model:
+            print(fit_report(args.fit_model, prof, base_preset))
+        else:
+            print(rescore(args.rescore, prof, base_preset, load_params(args.model_params)))
+        return 0
     colls, gpn = _check(args)
     t_start = time.perf_counter()
     prof = profiles.Profile.load(args.profile)
     space = load_space(args.space)
     base_preset = load_preset(args.preset)
+    params = load_params(args.model_params)
     correction = _load_correction(args.correction)
     bands_spec = bands_for(parse_sizes(args.sizes))
 
@@ -157,7 +177,8 @@ def main(argv=None) -> int:
         if say:
             say(f"{coll}: {len(built)} candidates on {args.gpus} GPUs ({args.nodes} node(s)), "
                 f"{len(bands_spec)} bands, profile {prof.name}")
-        model = Model(prof, coll, args.gpus, args.nodes, gpn, pack.DTYPES[args.dtype], correction)
+        model = Model(prof, coll, args.gpus, args.nodes, gpn, pack.DTYPES[args.dtype], base_preset.fifo, params,
+                      correction)
         bands = rank_bands(model, built, bands_spec, say)
         by_key = {b.candidate.key: b for b in built}
         select(bands, args.budget, {k: b.candidate.protocol for k, b in by_key.items()})

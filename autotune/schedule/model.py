@@ -1,24 +1,20 @@
-"""The ranking model: the GC3 cost simulation of a candidate as the interpreter runs it,
-an optional per-protocol correction fitted to measurements, and Spearman's rank correlation.
+"""The ranking model: the interpreter cost model (``interp_model``) of a candidate, an optional
+per-protocol correction fitted to measurements, the GC3 cost simulation kept beside it for
+reference, and Spearman's rank correlation.
 
-Derived from first principles (the papers give no formula for this):
-- The interpreter runs each IR thread block as ``split`` CUDA blocks, block j moving
-  the j-th 1/split of every chunk over its own connection slice
-  (kernels/interp/runtime.py). That is the compiler's ``instances`` replication
-  done at run time, so the candidate is simulated as its IR with every thread
-  block replicated ``split`` times on distinct connections (same links) and
-  chunks ``split`` times smaller (``split_program``).
 - ``split`` is the runtime's own: one CUDA block per ``bytes_per_block`` of a
   chunk, at most ``max_split`` (kernels.interp.pack.split_for).
-- An in-place program serving an out-of-place call first copies the input into
-  the output (allreduce: the buffer; allgather: this rank's part); the copy costs
-  bytes x the simulation's local beta (``LOCAL_BETA_FRACTION`` of the intra-node
-  sendrecv beta).
+- The GC3 simulation (kernels/gc3/simulate.py, reported as ``simulated_us``) sees
+  the interpreter's split as the compiler's ``instances`` replication done at run
+  time: every thread block replicated ``split`` times on distinct connections (same
+  links) with chunks ``split`` times smaller (``split_program``), plus the input copy
+  of an in-place program serving an out-of-place call at the simulation's local beta.
+  It charges every tile NCCL's per-call sendrecv cost and has no per-CUDA-block
+  bandwidth, so it does not rank the interpreter's candidates (2026-11-22 run:
+  Spearman -0.89 at 1..16 KiB); the ranking uses the interpreter model.
 - Correction (fitted when candidates were measured): per protocol,
-  t = a + k * t_sim with a, k >= 0, least squares on relative error. It carries
-  what the alpha-beta simulation lacks per protocol (Simple's flag round trip
-  after the data, LL's half-rate payload, launch cost) and is monotone within a
-  protocol, so it reorders candidates only across protocols.
+  t = a + k * t_model with a, k >= 0, least squares on relative error. It is
+  monotone within a protocol, so it reorders candidates only across protocols.
 """
 from __future__ import annotations
 
@@ -31,10 +27,13 @@ import numpy as np
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.profile import Group, Profile
-from kernels.gc3.ir import Gpu, Program, Step, ThreadBlock
+from kernels.gc3.ir import Gpu, Program, Protocol, Step, ThreadBlock
 from kernels.gc3.simulate import LOCAL_BETA_FRACTION, simulate
 from kernels.interp import pack
+from kernels.interp.preset import Fifo
 
+from autotune.schedule import interp_model
+from autotune.schedule.interp_model import Links, ModelParams, copy_bytes
 from autotune.schedule.space import Built
 
 
@@ -65,17 +64,6 @@ def runtime_split(program: Program, nbytes: int, esize: int, bytes_per_block: in
     """CUDA blocks per IR thread block that the interpreter uses at this size."""
     chunk_bytes = max(esize, nbytes // program.nchunksperloop)
     return pack.split_for(chunk_bytes, bytes_per_block, max_split)
-
-
-def copy_bytes(program: Program, nbytes: int) -> int:
-    """Bytes copied before an out-of-place call served by an in-place ``program``."""
-    if not program.inplace:
-        return 0
-    if program.collective == "allreduce":
-        return nbytes
-    if program.collective == "allgather":
-        return nbytes // program.ngpus
-    return 0
 
 
 @dataclass
@@ -120,12 +108,13 @@ class Correction:
 
 
 class Model:
-    """Predicted seconds of candidates and of NCCL, cached per (program, split, size)."""
+    """Predicted seconds of candidates and of NCCL; simulations cached per (program, split, size)."""
 
     def __init__(self, profile: Profile, collective: str, ranks: int, nodes: int, gpus_per_node: int,
-                 esize: int, correction: Correction | None = None):
+                 esize: int, fifo: dict[Protocol, Fifo], params: ModelParams, correction: Correction | None = None):
         self.profile, self.collective = profile, Collective.parse(collective)
         self.ranks, self.nodes, self.gpus_per_node, self.esize = ranks, nodes, gpus_per_node, esize
+        self.fifo, self.params, self.links = fifo, params, Links.from_profile(profile)
         self.correction = correction or Correction()
         self._sim: dict[tuple, float] = {}
 
@@ -146,8 +135,15 @@ class Model:
             self._sim[key] = t
         return self._sim[key]
 
+    def model_seconds(self, built: Built, nbytes: int) -> float:
+        """Seconds from the interpreter cost model alone (no correction)."""
+        c = built.candidate
+        f = interp_model.features(built.program, nbytes, self.split(built, nbytes), c.tile_bytes, self.fifo,
+                                  self.esize, self.gpus_per_node)
+        return interp_model.predict(f, built.program.protocol, self.params, self.links)
+
     def predict(self, built: Built, nbytes: int) -> float:
-        return self.correction.apply(built.candidate.protocol, self.simulated(built, nbytes))
+        return self.correction.apply(built.candidate.protocol, self.model_seconds(built, nbytes))
 
     def nccl(self, nbytes: int) -> float:
         """NCCL's time from the profile's fit (the profile is a fit of NCCL itself)."""

@@ -53,7 +53,8 @@ def transport_preset(base: Preset, built: list[Built], entries: tuple[Entry, ...
 
 
 def write_programs(out: Path, res: CollectiveResult, built: dict[str, Built]) -> list[Path]:
-    """One XML per table entry, named after it; sets ``TableEntry.xml``."""
+    """One XML per table entry, named after it; sets ``TableEntry.xml`` to its path relative to ``out``
+(where the manifest goes: kernels.interp.preset resolves it against the manifest's directory)."""
     paths = []
     for i, t in enumerate(res.table):
         b = built[t.choice]
@@ -62,7 +63,7 @@ def write_programs(out: Path, res: CollectiveResult, built: dict[str, Built]) ->
         path = out / "programs" / f"{res.collective}_{i:02d}_{slug(t.choice)}.xml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(write_xml(program))
-        t.xml = str(path.resolve())
+        t.xml = str(path.relative_to(out))
         paths.append(path)
     return paths
 

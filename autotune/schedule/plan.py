@@ -1,9 +1,9 @@
 """Rank every candidate in every band with the model, and pick what to measure.
 
 Measured in a band: the ``budget`` candidates the model ranks best there, the
-best ``budget // 2`` (at least 1) of each protocol (the cost simulation has one
-alpha for all protocols, so it is weakest at ranking across them and
-measurement must see each), plus the fixed-configuration contenders, measured in every band so that the best
+best ``budget // 2`` (at least 1) of each protocol (the model is weakest at
+ranking across protocols, whose fixed costs differ most, so measurement must
+see each), plus the fixed-configuration contenders, measured in every band so that the best
 single fixed configuration can be compared with the tuned table: the model's
 winner of each band and the ``FIXED_CONTENDERS`` candidates with the best
 geometric mean of predicted time over all bands.
@@ -31,8 +31,8 @@ def rank_bands(model: Model, built: list[Built], bands: list[Band], progress=Non
     for i, band in enumerate(bands):
         rows = []
         for b in built:
-            sim = model.simulated(b, band.rep)
-            rows.append(Row(b.candidate.key, model.split(b, band.rep), sim * 1e6, model.predict(b, band.rep) * 1e6))
+            rows.append(Row(b.candidate.key, model.split(b, band.rep), model.simulated(b, band.rep) * 1e6,
+                            model.predict(b, band.rep) * 1e6, model_us=model.model_seconds(b, band.rep) * 1e6))
         rows.sort(key=lambda r: (r.predicted_us, r.key))
         out.append(BandResult(band.rep, band.lo, band.hi, model.nccl(band.rep) * 1e6, rows))
         if progress:

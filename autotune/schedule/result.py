@@ -1,5 +1,5 @@
 """The tuner's result as versioned JSON (kind ``schedule-tune``, read by the report):
-per collective and size band, every candidate's simulated and predicted time, the
+per collective and size band, every candidate's simulated, modelled and predicted time, the
 measured time of those measured, NCCL's, the choice, Spearman's rank correlation
 of model and measurement, and the tuned table."""
 from __future__ import annotations
@@ -23,13 +23,14 @@ class Row:
 
     key: str
     split: int
-    simulated_us: float              # the cost simulation alone
-    predicted_us: float              # what the ranking used (with the input correction, if any)
+    simulated_us: float              # the GC3 cost simulation (for reference; not used to rank)
+    predicted_us: float              # what the ranking used: model_us with the input correction, if any
     selected: bool = False           # chosen for measurement
     measured_us: float | None = None
     correct: bool | None = None
     max_rel_err: float | None = None
     skipped: str = ""                # why a selected candidate was not measured
+    model_us: float | None = None    # the interpreter cost model alone (absent in runs before 2026-11-23)
 
 
 @dataclass

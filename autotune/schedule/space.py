@@ -43,7 +43,8 @@ class Candidate:
     @property
     def key(self) -> str:
         shape = f"c{self.channels}i{self.instances}" if self.source == "library" else "file"
-        return f"{self.algorithm}/{shape}/{self.protocol}/b{self.bytes_per_block // 1024}Kx{self.max_split}"
+        tile = f"/t{self.tile_bytes // 1024}K" if self.tile_bytes else ""
+        return f"{self.algorithm}/{shape}/{self.protocol}/b{self.bytes_per_block // 1024}Kx{self.max_split}{tile}"
 
     @property
     def program_key(self) -> tuple:
@@ -71,7 +72,7 @@ class SearchSpace:
     instances: tuple[int, ...]
     protocols: tuple[str, ...]
     blocks: tuple[tuple[int, int], ...]          # (bytes_per_block, max_split)
-    tile_bytes: dict
+    tile_bytes: dict                             # protocol -> tile caps to try (0: the slot decides)
     collectives: dict                            # collective -> {"algorithms": [...], "programs": [...]}
     nccl_algorithm: dict                         # library algorithm -> NCCL tuner algorithm name
 
@@ -85,7 +86,8 @@ class SearchSpace:
                         instances=tuple(int(i) for i in data["instances"]),
                         protocols=tuple(str(p) for p in data["protocols"]),
                         blocks=tuple((int(b["bytes_per_block"]), int(b["max_split"])) for b in data["blocks"]),
-                        tile_bytes={str(k): int(v) for k, v in data.get("tile_bytes", {}).items()},
+                        tile_bytes={str(k): tuple(int(t) for t in (v if isinstance(v, list) else [v]))
+                                    for k, v in data.get("tile_bytes", {}).items()},
                         collectives={str(k): {"algorithms": list(v.get("algorithms", [])),
                                               "programs": list(v.get("programs", []))}
                                      for k, v in data["collectives"].items()},
@@ -99,6 +101,8 @@ class SearchSpace:
     def validate(self) -> None:
         if not self.channels or min(self.channels) < 1 or not self.instances or min(self.instances) < 1:
             raise UserError(f"search space {self.name!r}: channels and instances need values >= 1")
+        if any(not v or min(v) < 0 for v in self.tile_bytes.values()):
+            raise UserError(f"search space {self.name!r}: tile_bytes needs, per protocol, a list of sizes >= 0")
         if not self.blocks or any(b < 256 or s < 1 for b, s in self.blocks):
             raise UserError(f"search space {self.name!r}: blocks need bytes_per_block >= 256 and max_split >= 1")
         for p in self.protocols:
@@ -205,9 +209,24 @@ def enumerate_candidates(space: SearchSpace, collective: str, ranks: int, nodes:
         for proto in protocols:
             prog = dataclasses.replace(program, protocol=Protocol(proto))
             for bpb, split in space.blocks:
-                cand = Candidate(alg, source, ch, inst, proto, bpb, split, space.tile_bytes.get(proto, 0))
-                built.append(Built(cand, prog))
+                for tile in space.tile_bytes.get(proto, (0,)):
+                    built.append(Built(Candidate(alg, source, ch, inst, proto, bpb, split, tile), prog))
     if not built:
         raise UserError(f"no candidate of search space {space.name!r} applies to {collective} on {ranks} ranks "
                         f"over {nodes} node(s): " + "; ".join(notes[:3]))
     return built, notes
+
+
+def build_candidate(c: Candidate, ranks: int, nodes: int = 1) -> Built:
+    """The program of a recorded candidate, compiled again (library) or read again (file)."""
+    if c.source == "file":
+        path = _program_file(c.algorithm)
+        if not path.is_file():
+            raise UserError(f"program file {c.algorithm!r} of a recorded candidate not found in {PROGRAM_DIR}; "
+                            f"restore it or rerun the tuner")
+        program = read_xml(path)
+    elif c.algorithm in ALGORITHMS:
+        program = compile_program(build(c.algorithm, ranks, c.channels, c.instances, Protocol.SIMPLE, nodes))
+    else:
+        raise UserError(f"recorded candidate {c.key} names unknown algorithm {c.algorithm!r}; rerun the tuner")
+    return Built(c, dataclasses.replace(program, protocol=Protocol(c.protocol)))

@@ -3,6 +3,7 @@ the transport (FIFO slots per protocol, threads per block, channel and split lim
 and the programs to load with the size range each serves."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,5 +101,15 @@ class Preset:
 
 
 def load_preset(name_or_path: str = DEFAULT_PRESET) -> Preset:
+    """A shipped preset by name, or a preset file; a file's relative program paths that name a file
+    beside it (its own directory) are resolved there, so a written manifest loads from any cwd."""
     data, name = read_named_json(name_or_path, PRESET_DIR, "interpreter preset")
-    return Preset.from_json(data, name=name)
+    preset = Preset.from_json(data, name=name)
+    path = Path(name_or_path)
+    if not path.is_file():
+        return preset
+    here = path.resolve().parent
+    entries = tuple(dataclasses.replace(e, program=str(here / e.program))
+                    if not Path(e.program).is_absolute() and (here / e.program).is_file() else e
+                    for e in preset.entries)
+    return dataclasses.replace(preset, entries=entries)

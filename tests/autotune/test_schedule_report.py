@@ -33,7 +33,7 @@ def measured_result(tmp_path_factory):
             for r in b.rows:
                 if r.selected:
                     a, k = LAW[coll.candidates[r.key].protocol]
-                    r.measured_us, r.correct, r.max_rel_err = a + k * r.simulated_us, True, 0.0
+                    r.measured_us, r.correct, r.max_rel_err = a + k * r.model_us, True, 0.0
         finish(coll, measured=True)
     res.save(tmp / "measured.json")
     return tmp / "measured.json"

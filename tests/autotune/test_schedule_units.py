@@ -130,7 +130,7 @@ def test_spearman_bounded_and_symmetric(pairs):
 
 # ---- choice --------------------------------------------------------------------------------
 def _band(rep, lo, hi, nccl, times, measured=None):
-    rows = [Row(k, 1, t, t) for k, t in times.items()]
+    rows = [Row(k, 1, t, t, model_us=t) for k, t in times.items()]
     b = BandResult(rep, lo, hi, nccl, rows)
     if measured is not None:
         b.nccl_measured_us = measured.pop(NCCL)

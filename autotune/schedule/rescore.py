@@ -1,0 +1,90 @@
+"""Validate the model offline on a recorded tuning run, and fit its parameters.
+
+``python -m autotune schedule --rescore RUN/schedule.json``: the measured rows of
+every band predicted again with the current interpreter model, printed next to
+the measurement with the error, and Spearman per band: the recorded ranking
+(whatever model that run used), the current model alone, and the current model
+with the per-protocol correction fitted on the other bands (leave-one-band-out).
+Nothing is measured: the figures are a re-scoring of the recorded measurements.
+
+``python -m autotune schedule --fit-model reports/records/interp_tune_*.json``:
+the interpreter model's parameters fitted on an interpreter sweep record
+(interp_model.fit), printed as the JSON of presets/interp_model.json.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+
+from calibrate.jsonfile import read_json
+from calibrate.profile import Profile
+from kernels.interp import pack
+from kernels.interp.preset import Preset
+
+from autotune.schedule import interp_model
+from autotune.schedule.choose import correlations
+from autotune.schedule.model import Model, spearman
+from autotune.schedule.result import TuneResult
+from autotune.schedule.space import build_candidate
+
+ONE_HOP_LL_US = 1.99      # one-block LL allreduce ceiling, interp_tune_2026-11-22.json
+GRAPH_NODE_US = 0.53      # empty kernel node of a CUDA graph, same record
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def rescore(path: str, profile: Profile, preset: Preset, params: interp_model.ModelParams) -> str:
+    """The report of re-predicting a recorded run's measured rows (model_us and predicted_us of the
+    rows are replaced; the correction is refitted leave-one-band-out)."""
+    run = TuneResult.load(path)
+    lines = [f"re-scoring of {path}: measured {run.date} on {run.device or 'no device'} ({run.ranks} ranks); "
+             f"model parameters: {params.provenance.get('source', 'given')}; profile {profile.name}"]
+    for res in run.collectives:
+        built = {k: build_candidate(c, run.ranks, run.nodes) for k, c in res.candidates.items()}
+        model = Model(profile, res.collective, run.ranks, run.nodes, run.gpus_per_node, pack.DTYPES[run.dtype],
+                      preset.fifo, params)
+        recorded = {b.rep: b.spearman for b in res.bands}
+        for b in res.bands:
+            for r in b.measured_rows():
+                r.model_us = r.predicted_us = model.model_seconds(built[r.key], b.rep) * 1e6
+        correlations(res.bands, {k: c.protocol for k, c in res.candidates.items()})
+        lines.append(f"{res.collective}:")
+        for b in res.bands:
+            rows = sorted(b.measured_rows(), key=lambda r: r.measured_us)
+            new = spearman([r.model_us for r in rows], [r.measured_us for r in rows])
+            lines.append(f"  band {b.rep} B: {len(rows)} measured; Spearman recorded {_fmt(recorded[b.rep])}, "
+                         f"model {_fmt(new)}, model + correction (leave-one-band-out) "
+                         f"{_fmt(b.spearman_corrected)}")
+            for r in rows:
+                err = 100 * (r.model_us / r.measured_us - 1)
+                lines.append(f"    {r.key:<48} split {r.split:>3}  model {r.model_us:10.2f} us  "
+                             f"measured {r.measured_us:10.2f} us  error {err:+6.1f}%")
+        news = [spearman([r.model_us for r in b.measured_rows()], [r.measured_us for r in b.measured_rows()])
+                for b in res.bands]
+        lines.append(f"  Spearman per band, recorded: {[_fmt(recorded[b.rep]) for b in res.bands]}")
+        lines.append(f"  Spearman per band, model:    {[_fmt(x) for x in news]}")
+        lines.append(f"  Spearman per band, model + correction (leave-one-band-out): "
+                     f"{[_fmt(b.spearman_corrected) for b in res.bands]}")
+    lines.append("nothing was measured: a re-scoring of the recorded measurements")
+    return "\n".join(lines)
+
+
+def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4) -> interp_model.ModelParams:
+    """The interpreter model's parameters fitted on an interpreter sweep record (float32 rows)."""
+    samples = interp_model.tune_samples(path, preset.threads)
+    record = read_json(path, "interpreter sweep record", "give reports/records/interp_tune_*.json")
+    provenance = {"source": path, "measured": f"{record.get('date', '?')} on {record.get('device', '?')}, "
+                                              f"tests/gpu/interp_tune.py (reports/records/interp.md)",
+                  "fitted": _dt.date.today().isoformat(),
+                  "command": f"python -m autotune schedule --fit-model {path}",
+                  "samples": len(samples), "profile": profile.name,
+                  "hop_us": f"one-block LL allreduce {ONE_HOP_LL_US} us less an empty graph node "
+                            f"{GRAPH_NODE_US} us (same record)"}
+    return interp_model.fit(samples, preset.fifo, esize, interp_model.Links.from_profile(profile),
+                            round(ONE_HOP_LL_US - GRAPH_NODE_US, 2), provenance)
+
+
+def fit_report(path: str, profile: Profile, preset: Preset) -> str:
+    return json.dumps(fit_record(path, profile, preset).to_json(), indent=1)
