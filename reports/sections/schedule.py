@@ -74,11 +74,12 @@ def _collective(res: TuneResult, coll, path: Path) -> Section:
         sec.figure(fig, "Predicted against measured time of every measured candidate (all bands)")
         below = s.get("bands_below_0.8") or []
         if below:
-            sec.text(f"Bands where the model's ranking falls below Spearman 0.8: sizes {below}. The cost "
-                     f"simulation has one alpha for every protocol, so it cannot see Simple's extra flag round "
-                     f"trip against LL's half-rate payload; the per-protocol correction (t = a + k t_sim, "
+            sec.text(f"Bands where the model's ranking falls below Spearman 0.8: sizes {below}. The model "
+                     f"(autotune/schedule/interp_model.py) charges launch, per-hop, per-tile and per-CUDA-block "
+                     f"costs fitted on the interpreter's own sweep; the per-protocol correction (t = a + k t_model, "
                      f"fitted on the other bands) is what the 'corrected' column scores, and later runs rank with "
-                     f"it through --correction model_correction.json.")
+                     f"it through --correction model_correction.json. `python -m autotune schedule --rescore "
+                     f"schedule.json` prints every prediction beside its measurement.")
     fig, ax = plt.subplots(figsize=(7, 3.6))
     nccl = [b.nccl_measured_us if res.measured else b.nccl_predicted_us for b in coll.bands]
     tuned = []
