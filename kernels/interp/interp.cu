@@ -10,7 +10,7 @@
 // pipeline through the connection FIFOs.
 //
 // Transport: a connection (sender rank, receiver rank, channel, slice) owns a
-// FIFO of `nslots` slots in the receiver's memory, written by the sender over
+// FIFO of `nslots` slots (a power of two) in the receiver's memory, written by the sender over
 // NVLink/P2P (push: the faster direction on H200, see the baseline notes).
 //   Simple: the sender writes a slot, then releases `tail` (in the receiver's
 //           memory) at system scope; the receiver acquires `tail`, reads.
@@ -18,8 +18,10 @@
 //           sequence number, so the receiver polls the line itself.
 // Both: the receiver releases `head` (in the sender's memory) once a slot is
 // consumed; the sender waits for head >= seq + 1 - nslots before reusing it.
-// Sequence counters persist in device memory, so nothing is reset between
-// calls and a CUDA graph can replay the launch.
+// Each end of a connection has one line in its rank's memory holding its
+// sequence counter and the word the peer writes (head at the sender, tail at the
+// receiver). They persist, so nothing is reset between calls and a CUDA graph
+// can replay the launch.
 //
 // Cross-thread-block semaphores are monotonic 64-bit words: the high 32 bits
 // are the call's epoch + 1 (persisted per block), the low 32 bits count
@@ -44,18 +46,58 @@ typedef unsigned int u32;
 #define PROTO_SIMPLE 0
 #define PROTO_LL 1
 
-// Packed step: type, srcbuf, srcoff, dstbuf, dstoff, cnt, ndeps, dep_start, has_dep
-#define STEP_FIELDS 9
+// The launch's parameters (one struct passed by value, __grid_constant__, so the
+// program image sits in the constant bank) and the program image, built by
+// kernels/interp/pack.py (PARAMS, image()); the offsets below are checked against
+// pack.PARAMS in tests/kernels/test_interp_image.py.
+// Image (u64 words):
+//   thread block tb, TB_WORDS words at tb * TB_WORDS: send FIFO (the peer's), send
+//     line (ours), the peer's receive line, receive FIFO (ours), receive line
+//     (ours), the peer's send line (0 where the thread block has no such end; all
+//     for slice 0: slice j adds j * FIFO bytes and j * LINE_BYTES), nsteps;
+//   step s of tb, STEP_WORDS words at steps_at + (tb * stride + s) * STEP_WORDS:
+//     op | srcbuf << 8 | dstbuf << 16 | has_dep << 24 | cnt << 32,
+//     srcoff | dstoff << 32, ndeps | dep_start << 32;
+//   dependency d at deps_at + d: thread block | step << 32.
+// A line (LINE_BYTES, kernels/interp/layout.py) holds word 0, the end's sequence
+// counter (ours), and word 1, the word the peer writes (head in a send line, tail
+// in a receive line).
 #define MAX_THREADS 512
-// Packed thread block: step_start, nsteps
-#define TB_FIELDS 2
+#define IMG_WORDS 256
+#define TB_WORDS 7
+#define STEP_WORDS 3
+#define LINE_BYTES 64
 
-struct Conn {
-  char* fifo;     // send: the peer's FIFO; recv: our FIFO
-  u64* tail;      // send: the peer's tail word; recv: our tail word (Simple only)
-  u64* head;      // send: our head word (written by the peer); recv: the peer's head word
-  u64* counter;   // our persistent sequence counter for this direction of the connection
+struct Params {
+  u64 buf[3];        // input, output, scratch
+  i64 chunk;         // elements per chunk
+  i64 slice;         // elements of a chunk per CUDA block (a multiple of 16 bytes)
+  i64 tile;          // elements per step and tile
+  i64 slot_bytes;
+  u64* sems;         // per block, monotonic (calls + 1) << 32 | progress
+  u64* epochs;       // per block, calls so far
+  const u64* gimg;   // the image in global memory when it does not fit img; else nullptr
+  int split, proto, slot_mask, stride;   // slot_mask: slots - 1 (slots a power of two)
+  int steps_at, deps_at;
+  u64 img[IMG_WORDS];
 };
+#define PARAMS_AT(FIELD, OFFSET) static_assert(__builtin_offsetof(Params, FIELD) == OFFSET, "Params layout")
+PARAMS_AT(buf, 0);
+PARAMS_AT(chunk, 24);
+PARAMS_AT(slice, 32);
+PARAMS_AT(tile, 40);
+PARAMS_AT(slot_bytes, 48);
+PARAMS_AT(sems, 56);
+PARAMS_AT(epochs, 64);
+PARAMS_AT(gimg, 72);
+PARAMS_AT(split, 80);
+PARAMS_AT(proto, 84);
+PARAMS_AT(slot_mask, 88);
+PARAMS_AT(stride, 92);
+PARAMS_AT(steps_at, 96);
+PARAMS_AT(deps_at, 100);
+PARAMS_AT(img, 104);
+static_assert(sizeof(Params) == 104 + 8 * IMG_WORDS, "Params layout");
 
 __device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
   u64 v;
@@ -67,6 +109,11 @@ __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
 }
 __device__ __forceinline__ void st_relaxed_sys(u64* p, u64 v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 ld_relaxed_sys(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
 }
 __device__ __forceinline__ u64 ld_acquire_gpu(const u64* p) {
   u64 v;
@@ -191,14 +238,33 @@ template <typename T> __device__ __forceinline__ void store8(T* p, i64 line, i64
     if (e0 + k < n) p[e0 + k] = r.t[k];
 }
 
+// v, opaque to the compiler: pins the first use of a loaded value where it is
+// written, so that the compiler does not hoist it (and the wait for the load)
+// ahead of later loads that could have been in flight meanwhile.
+__device__ __forceinline__ u64 pinned(u64 v) {
+  asm volatile("" : "+l"(v));
+  return v;
+}
+
+// The send side of an LL pass. The FIFO slot (and so the flag) is chosen, and the
+// credit checked, only after the round's loads are issued: the wait for the
+// block's state then overlaps the wait for the source data.
+struct LLSend {
+  uint4* fifo;       // this piece in slot 0 of the peer's FIFO
+  i64 slot_lines;    // 16-byte lines per slot
+  u64 seq;           // the slot's sequence number
+  int slot_mask;     // slots - 1
+  const u64* head;   // our head word (written by the peer)
+  u64* seen;         // our copy of it: head only grows, so a stale copy is a lower bound
+};
+
 // a from our LL FIFO (AF) or from a local buffer; o2 is the peer's LL FIFO.
 // LL_U lines per thread per round: the local operand loads and the first poll of
 // every line are issued before any flag is checked, so a thread waits about one
 // latency per round instead of one per line.
 #define LL_U 4
 template <typename T, bool AF, bool HB, bool HO1, bool HO2>
-__device__ void pass_ll(const T* a, const uint4* fin, u32 fin_flag, const T* b, T* o1, uint4* fout,
-                        u32 fout_flag, i64 n) {
+__device__ void pass_ll(const T* a, const uint4* fin, u32 fin_flag, const T* b, T* o1, const LLSend& out, i64 n) {
   const i64 nlines = (n * (i64)sizeof(T) + 7) / 8;
   const int nt = blockDim.x;
   for (i64 base = threadIdx.x; base < nlines; base += (i64)nt * LL_U) {
@@ -212,6 +278,15 @@ __device__ void pass_ll(const T* a, const uint4* fin, u32 fin_flag, const T* b, 
         if (AF) line[u] = ld_ll(fin + l);
         else v[u] = load8<T>(a, l, n);
       }
+    }
+    uint4* fout = nullptr;
+    u32 fout_flag = 0;
+    if (HO2) {
+      const u64 seq = pinned(out.seq);   // first used after the loads above are issued
+      // every lane reads the same word: one request per warp
+      while (*out.seen + out.slot_mask + 1 < seq + 1) *out.seen = ld_relaxed_sys(out.head);
+      fout = out.fifo + (i64)(seq & out.slot_mask) * out.slot_lines;
+      fout_flag = (u32)(seq + 1);
     }
 #pragma unroll
     for (int u = 0; u < LL_U; ++u) {
@@ -245,15 +320,14 @@ __device__ void run_simple(int op, T* src, T* dst, T* fin, T* fout, i64 n) {
 }
 
 template <typename T>
-__device__ void run_ll(int op, T* src, T* dst, const uint4* fin, u32 fin_flag, uint4* fout,
-                       u32 fout_flag, i64 n) {
+__device__ void run_ll(int op, T* src, T* dst, const uint4* fin, u32 fin_flag, const LLSend& out, i64 n) {
   switch (op) {
-    case OP_SEND: pass_ll<T, false, false, false, true>(src, nullptr, 0, nullptr, nullptr, fout, fout_flag, n); break;
-    case OP_RECV: pass_ll<T, true, false, true, false>(nullptr, fin, fin_flag, nullptr, dst, nullptr, 0, n); break;
-    case OP_RCS: pass_ll<T, true, false, true, true>(nullptr, fin, fin_flag, nullptr, dst, fout, fout_flag, n); break;
-    case OP_RRS: pass_ll<T, true, true, false, true>(nullptr, fin, fin_flag, src, nullptr, fout, fout_flag, n); break;
-    case OP_RRC: pass_ll<T, true, true, true, false>(nullptr, fin, fin_flag, src, dst, nullptr, 0, n); break;
-    case OP_RRCS: pass_ll<T, true, true, true, true>(nullptr, fin, fin_flag, src, dst, fout, fout_flag, n); break;
+    case OP_SEND: pass_ll<T, false, false, false, true>(src, nullptr, 0, nullptr, nullptr, out, n); break;
+    case OP_RECV: pass_ll<T, true, false, true, false>(nullptr, fin, fin_flag, nullptr, dst, out, n); break;
+    case OP_RCS: pass_ll<T, true, false, true, true>(nullptr, fin, fin_flag, nullptr, dst, out, n); break;
+    case OP_RRS: pass_ll<T, true, true, false, true>(nullptr, fin, fin_flag, src, nullptr, out, n); break;
+    case OP_RRC: pass_ll<T, true, true, true, false>(nullptr, fin, fin_flag, src, dst, out, n); break;
+    case OP_RRCS: pass_ll<T, true, true, true, true>(nullptr, fin, fin_flag, src, dst, out, n); break;
     default: break;
   }
 }
@@ -263,109 +337,172 @@ __device__ __forceinline__ bool op_recvs(int op) {
   return op == OP_RECV || op == OP_RCS || op == OP_RRS || op == OP_RRC || op == OP_RRCS;
 }
 
-template <typename T> __device__ __forceinline__ T* pick(int buf, T* in, T* out, T* scratch) {
-  return buf == 0 ? in : (buf == 1 ? out : scratch);
+struct Step {
+  int op, srcbuf, dstbuf, has_dep, cnt, srcoff, dstoff, ndeps, dep_start;
+};
+
+// N consecutive words of the program image, all loads issued before any is used:
+// from the parameters (constant bank) or, for a program too large for them, from
+// global memory.
+template <int N> __device__ __forceinline__ void load_words(const Params& p, int at, u64 (&w)[N]) {
+  if (p.gimg) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __ldg(p.gimg + at + i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = p.img[at + i];
+  }
+}
+__device__ __forceinline__ u64 img_word(const Params& p, int i) { return p.gimg ? __ldg(p.gimg + i) : p.img[i]; }
+__device__ __forceinline__ int step_at(const Params& p, int tb, int s) {
+  return p.steps_at + (tb * p.stride + s) * STEP_WORDS;
+}
+
+__device__ __forceinline__ Step decode_step(const u64 (&w)[STEP_WORDS]) {
+  Step st;
+  st.op = (int)(w[0] & 0xff);
+  st.srcbuf = (int)((w[0] >> 8) & 0xff);
+  st.dstbuf = (int)((w[0] >> 16) & 0xff);
+  st.has_dep = (int)((w[0] >> 24) & 0xff);
+  st.cnt = (int)(w[0] >> 32);
+  st.srcoff = (int)(u32)w[1];
+  st.dstoff = (int)(w[1] >> 32);
+  st.ndeps = (int)(u32)w[2];
+  st.dep_start = (int)(w[2] >> 32);
+  return st;
+}
+
+// buffer 0, 1, 2 (input, output, scratch) from fixed parameter offsets (no indexed load)
+template <typename T> __device__ __forceinline__ T* buffer(const Params& p, int i) {
+  return reinterpret_cast<T*>(i == 0 ? p.buf[0] : (i == 1 ? p.buf[1] : p.buf[2]));
+}
+
+// slice j's address of a slice-0 address (0 stays 0: no such end)
+template <typename T> __device__ __forceinline__ T* sliced(u64 base, u64 bytes) {
+  return reinterpret_cast<T*>(base + (base ? bytes : 0));
 }
 
 // grid = ntb * split blocks; block b runs IR thread block b / split, slice b % split.
-// conns[2 * b] is the block's send connection, conns[2 * b + 1] its receive one
-// (fifo == nullptr where the thread block has none).
+// Before a block's first remote store there is one round of image loads (the
+// thread block's record and its first step, from the constant bank), then the
+// block's lines and the source data load in parallel; in LL no block barrier:
+// every thread reads the block's state itself and every warp checks the FIFO
+// credit on its own copy. One barrier closes each step (slot fully written or
+// consumed, results visible to the next step); then thread 0 releases tail/head
+// and the step's semaphore. Simple keeps a barrier after thread 0's FIFO check.
 template <typename T>
-__device__ void interpret(const int* __restrict__ tbs, const int* __restrict__ steps, const int* __restrict__ deps,
-                          const Conn* __restrict__ conns, T* in, T* out, T* scratch, i64 chunk, int split,
-                          i64 tile, int proto, int nslots, i64 slot_bytes, u64* sems, u64* epochs) {
-  const int b = blockIdx.x, tb = b / split, j = b % split, tid = threadIdx.x;
-  const int step0 = tbs[tb * TB_FIELDS], nsteps = tbs[tb * TB_FIELDS + 1];
-  const Conn sc = conns[2 * b], rc = conns[2 * b + 1];
+__device__ __forceinline__ void interpret(const Params& p) {
+  const int b = blockIdx.x, tb = b / p.split, j = b - tb * p.split, tid = threadIdx.x;
+  const bool simple = p.proto == PROTO_SIMPLE;
+  u64 rw[TB_WORDS], sw[STEP_WORDS];
+  load_words(p, tb * TB_WORDS, rw);
+  load_words(p, step_at(p, tb, 0), sw);
+  const u64 fj = (u64)j * (u64)(p.slot_mask + 1) * (u64)p.slot_bytes, lj = (u64)j * LINE_BYTES;
+  char* const sfifo = sliced<char>(rw[0], fj);
+  u64* const sline = sliced<u64>(rw[1], lj);
+  u64* const speer = sliced<u64>(rw[2], lj);
+  char* const rfifo = sliced<char>(rw[3], fj);
+  u64* const rline = sliced<u64>(rw[4], lj);
+  u64* const rpeer = sliced<u64>(rw[5], lj);
+  const int nsteps = (int)rw[6];
 
-  // Thread 0 reads the counters and the peer's head/tail words together (one
-  // round trip); head and tail only grow, so a stale copy is a lower bound and
-  // is re-read only when it does not yet admit the next slot.
-  __shared__ u64 sh[3];
-  u64 shead = 0, rtail = 0;
-  if (tid == 0) {
-    sh[0] = epochs[b];
-    sh[1] = sc.fifo ? *sc.counter : 0;
-    sh[2] = rc.fifo ? *rc.counter : 0;
-    if (sc.fifo) shead = ld_acquire_sys(sc.head);
-    if (rc.fifo && proto == PROTO_SIMPLE) rtail = ld_acquire_sys(rc.tail);
+  // Head and tail only grow, so a stale copy is a lower bound, re-read only when
+  // it does not yet admit the next slot. Simple: thread 0 checks them and a
+  // barrier passes the word on (as many pollers as blocks at large sizes). LL:
+  // every warp checks the head on its own copy, without acquire: a slot's lines
+  // carry their own flags, and a slot is rewritten only after the head says the
+  // peer consumed it (a control dependency, as in NCCL's LL).
+  u64 sseq = 0, shead = 0, rseq = 0, rtail = 0;
+  if (sline) {
+    sseq = __ldcg(sline);
+    if (!simple) shead = ld_relaxed_sys(sline + 1);
+    else if (tid == 0) shead = ld_acquire_sys(sline + 1);
   }
-  __syncthreads();
-  const u64 epoch = sh[0] + 1;
-  u64 sseq = sh[1], rseq = sh[2];
+  if (rline) {
+    rseq = __ldcg(rline);
+    if (simple && tid == 0) rtail = ld_acquire_sys(rline + 1);
+  }
+  const u64 calls = p.epochs[b];   // used (pinned) only where a semaphore needs the epoch
+  const u64 nslots = (u64)p.slot_mask + 1;
 
-  // slice j of every chunk, 16-byte aligned when the chunk is
-  const i64 V = 16 / sizeof(T);
-  const i64 slice = ((chunk + split - 1) / split + V - 1) / V * V;
-  const i64 lo = min(chunk, (i64)j * slice), hi = min(chunk, lo + slice);
-  const i64 ntiles = (hi - lo + tile - 1) / tile;
-  const i64 ll_piece_lines = tile * (i64)sizeof(T) / 8;
+  // slice j of every chunk (p.slice: 16-byte aligned when the chunk is)
+  const i64 lo = min(p.chunk, (i64)j * p.slice), hi = min(p.chunk, lo + p.slice);
+  const i64 ll_piece_lines = p.tile * (i64)sizeof(T) / 8;
 
-  for (i64 t = 0; t < ntiles; ++t) {
-    const i64 off = lo + t * tile, n = min(tile, hi - off);
+  i64 t = 0;
+  for (i64 off = lo; off < hi; off += p.tile, ++t) {
+    const i64 n = min(p.tile, hi - off);
     for (int s = 0; s < nsteps; ++s) {
-      const int* st = steps + (step0 + s) * STEP_FIELDS;
-      const int op = st[0], ndeps = st[6];
-      if (tid < ndeps) {
-        const int dtb = deps[2 * (st[7] + tid)], dstep = deps[2 * (st[7] + tid) + 1];
-        const u64 target = (epoch << 32) | (u64)(t * tbs[dtb * TB_FIELDS + 1] + dstep + 1);
-        const u64* sem = sems + (dtb * split + j);
-        while (ld_acquire_gpu(sem) < target) {
+      const Step st = decode_step(sw);
+      load_words(p, step_at(p, tb, s + 1 < nsteps ? s + 1 : 0), sw);   // the next step, in the background
+      if (st.ndeps) {
+        for (int d = tid; d < st.ndeps; d += blockDim.x) {
+          const u64 w = img_word(p, p.deps_at + st.dep_start + d);
+          const int dtb = (int)(u32)w, dstep = (int)(w >> 32);
+          const i64 dn = (i64)img_word(p, dtb * TB_WORDS + TB_WORDS - 1);
+          const u64 target = (pinned(calls) + 1) << 32 | (u64)(t * dn + dstep + 1);
+          const u64* sem = p.sems + (dtb * p.split + j);
+          while (ld_acquire_gpu(sem) < target) {
+          }
         }
+        __syncthreads();
       }
-      if (op == OP_NOP) {
-        __syncthreads();
-      } else {
-        const bool snd = op_sends(op), rcv = op_recvs(op);
-        if (tid == 0) {
-          if (snd) while (shead + nslots < sseq + 1) shead = ld_acquire_sys(sc.head);
-          if (rcv && proto == PROTO_SIMPLE) while (rtail < rseq + 1) rtail = ld_acquire_sys(rc.tail);
+      const bool snd = op_sends(st.op), rcv = op_recvs(st.op);
+      if (st.op != OP_NOP) {
+        if (simple) {
+          if (tid == 0) {
+            if (snd) while (shead + nslots < sseq + 1) shead = ld_acquire_sys(sline + 1);
+            if (rcv) while (rtail < rseq + 1) rtail = ld_acquire_sys(rline + 1);
+          }
+          __syncthreads();
         }
-        __syncthreads();
-        const int cnt = st[5];
-        const i64 sslot = (i64)(sseq % nslots) * slot_bytes, rslot = (i64)(rseq % nslots) * slot_bytes;
-        for (int k = 0; k < cnt; ++k) {
-          T* src = pick(st[1], in, out, scratch) + (i64)(st[2] + k) * chunk + off;
-          T* dst = pick(st[3], in, out, scratch) + (i64)(st[4] + k) * chunk + off;
-          if (proto == PROTO_SIMPLE || op == OP_COPY || op == OP_REDUCE) {
-            T* fin = rcv ? reinterpret_cast<T*>(rc.fifo + rslot) + k * tile : nullptr;
-            T* fout = snd ? reinterpret_cast<T*>(sc.fifo + sslot) + k * tile : nullptr;
-            run_simple<T>(op, src, dst, fin, fout, n);
+        T* const src0 = buffer<T>(p, st.srcbuf) + (i64)st.srcoff * p.chunk + off;
+        T* const dst0 = buffer<T>(p, st.dstbuf) + (i64)st.dstoff * p.chunk + off;
+        for (int k = 0; k < st.cnt; ++k) {
+          T* src = src0 + (i64)k * p.chunk;
+          T* dst = dst0 + (i64)k * p.chunk;
+          if (simple || st.op == OP_COPY || st.op == OP_REDUCE) {
+            const i64 sslot = (i64)(sseq & p.slot_mask) * p.slot_bytes;
+            const i64 rslot = (i64)(rseq & p.slot_mask) * p.slot_bytes;
+            T* fin = rcv ? reinterpret_cast<T*>(rfifo + rslot) + k * p.tile : nullptr;
+            T* fout = snd ? reinterpret_cast<T*>(sfifo + sslot) + k * p.tile : nullptr;
+            run_simple<T>(st.op, src, dst, fin, fout, n);
           } else {
-            const uint4* fin = rcv ? reinterpret_cast<const uint4*>(rc.fifo + rslot) + k * ll_piece_lines : nullptr;
-            uint4* fout = snd ? reinterpret_cast<uint4*>(sc.fifo + sslot) + k * ll_piece_lines : nullptr;
-            run_ll<T>(op, src, dst, fin, (u32)(rseq + 1), fout, (u32)(sseq + 1), n);
+            const i64 rslot = (i64)(rseq & p.slot_mask) * p.slot_bytes;
+            const uint4* fin = rcv ? reinterpret_cast<const uint4*>(rfifo + rslot) + k * ll_piece_lines : nullptr;
+            const LLSend out{snd ? reinterpret_cast<uint4*>(sfifo) + k * ll_piece_lines : nullptr,
+                             p.slot_bytes / 16, sseq, p.slot_mask, sline + 1, &shead};
+            run_ll<T>(st.op, src, dst, fin, (u32)(rseq + 1), out, n);
           }
         }
-        __syncthreads();
-        if (tid == 0) {
-          if (snd && proto == PROTO_SIMPLE) st_release_sys(sc.tail, sseq + 1);
-          // LL data was consumed into registers (flags checked), so a relaxed store suffices
-          if (rcv) {
-            if (proto == PROTO_SIMPLE) st_release_sys(rc.head, rseq + 1);
-            else st_relaxed_sys(rc.head, rseq + 1);
-          }
-        }
-        if (snd) ++sseq;
-        if (rcv) ++rseq;
       }
-      if (st[8] && tid == 0) st_release_gpu(sems + (tb * split + j), (epoch << 32) | (u64)(t * nsteps + s + 1));
+      __syncthreads();
+      if (tid == 0) {
+        if (snd && simple) st_release_sys(speer + 1, sseq + 1);
+        // LL data was consumed into registers (flags checked), so a relaxed store
+        // suffices, and only every half FIFO: the sender then runs at most half a
+        // FIFO ahead, and most small calls end without a remote store to wait for.
+        if (rcv) {
+          if (simple) st_release_sys(rpeer + 1, rseq + 1);
+          else if (((rseq + 1) & (u64)(p.slot_mask >> 1)) == 0) st_relaxed_sys(rpeer + 1, rseq + 1);
+        }
+        if (st.has_dep) st_release_gpu(p.sems + b, (pinned(calls) + 1) << 32 | (u64)(t * nsteps + s + 1));
+      }
+      if (snd) ++sseq;
+      if (rcv) ++rseq;
     }
   }
+  // Every thread read the counters and the calls before the first step's barrier;
+  // a block without steps leaves its counters as they were.
   if (tid == 0) {
-    if (sc.fifo) *sc.counter = sseq;
-    if (rc.fifo) *rc.counter = rseq;
-    epochs[b] = epoch;
+    if (sline) sline[0] = sseq;
+    if (rline) rline[0] = rseq;
+    p.epochs[b] = calls + 1;
   }
 }
 
-#define INTERP_ENTRY(NAME, T)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(MAX_THREADS) NAME(                                                     \
-      const int* tbs, const int* steps, const int* deps, const Conn* conns, T* in, T* out, T* scratch,         \
-      i64 chunk, int split, i64 tile, int proto, int nslots, i64 slot_bytes, u64* sems, u64* epochs) {         \
-    interpret<T>(tbs, steps, deps, conns, in, out, scratch, chunk, split, tile, proto, nslots, slot_bytes,     \
-                 sems, epochs);                                                                                \
-  }
+#define INTERP_ENTRY(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS) NAME(const __grid_constant__ Params p) { interpret<T>(p); }
 
 INTERP_ENTRY(gc3_interp_f32, float)
 INTERP_ENTRY(gc3_interp_bf16, __nv_bfloat16)

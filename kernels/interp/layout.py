@@ -3,23 +3,38 @@
 Every rank allocates one pool of the same layout and maps every other rank's pool
 through a CUDA IPC handle. A connection (sender, receiver, channel, slice) has,
 per protocol:
-  in the receiver's pool: its FIFO (slots x slot_bytes), its ``tail`` word
-      (Simple; released by the sender) and the receiver's sequence counter;
-  in the sender's pool: its ``head`` word (released by the receiver) and the
-      sender's sequence counter.
-Index of a connection seen from rank ``me`` talking to ``peer``: (peer, channel, slice).
-Flag words sit 64 bytes apart so that no two pollers share a sector.
+  in the receiver's pool: its FIFO (slots x slot_bytes) and the receiver's line;
+  in the sender's pool: the sender's line.
+A line (LINE_BYTES) holds word 0, the end's own sequence counter, and word 1, the
+word the peer writes: ``head`` in the sender's line (released by the receiver),
+``tail`` in the receiver's line (Simple; released by the sender). One line per end
+lets the kernel read its whole state in one round, without a pointer chase.
+Index of a connection seen from rank ``me`` talking to ``peer``: (peer, channel, slice);
+consecutive slices are consecutive indices, so slice j of an end lies j FIFOs and
+j lines after slice 0 (the kernel relies on this).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calibrate.errors import UserError
 from kernels.gc3.ir import Protocol
 
 from kernels.interp.preset import Fifo
 
-FLAG_STRIDE = 64
+LINE_BYTES = 64
 PROTOS = (Protocol.SIMPLE, Protocol.LL)
+_SEND, _RECV = 0, 1
+
+
+@dataclass(frozen=True)
+class End:
+    """Addresses of one end of a connection, for slice 0, as mapped in this rank's process:
+    ``fifo`` (the FIFO, in the receiver's pool), ``line`` (ours), ``peer_line`` (the peer's)."""
+
+    fifo: int
+    line: int
+    peer_line: int
 
 
 @dataclass(frozen=True)
@@ -29,6 +44,12 @@ class Layout:
     max_split: int
     fifo: dict[Protocol, Fifo]
 
+    def __post_init__(self) -> None:
+        for proto, f in self.fifo.items():
+            if f.slots < 1 or f.slots & (f.slots - 1):
+                raise UserError(f"fifo {proto.value} has {f.slots} slots; the interpreter needs a power of two "
+                                f"(it picks a slot with a mask): change slots in the preset")
+
     @property
     def nconn(self) -> int:
         return self.nranks * self.max_channels * self.max_split
@@ -36,55 +57,40 @@ class Layout:
     def conn(self, peer: int, chan: int, j: int) -> int:
         return (peer * self.max_channels + chan) * self.max_split + j
 
+    def fifo_bytes(self, proto: Protocol) -> int:
+        return self.fifo[proto].slots * self.fifo[proto].slot_bytes
+
     def _fifo_base(self, proto: Protocol) -> int:
-        off = 0
-        for p in PROTOS:
-            if p == proto:
-                return off
-            off += self.nconn * self.fifo[p].slots * self.fifo[p].slot_bytes
-        raise KeyError(proto)
+        return sum(self.nconn * self.fifo_bytes(p) for p in PROTOS[:PROTOS.index(proto)])
 
     @property
-    def _flags_base(self) -> int:
-        return sum(self.nconn * self.fifo[p].slots * self.fifo[p].slot_bytes for p in PROTOS)
+    def _lines_base(self) -> int:
+        return sum(self.nconn * self.fifo_bytes(p) for p in PROTOS)
 
     def fifo_off(self, proto: Protocol, conn: int) -> int:
-        f = self.fifo[proto]
-        return self._fifo_base(proto) + conn * f.slots * f.slot_bytes
+        return self._fifo_base(proto) + conn * self.fifo_bytes(proto)
 
-    def _flag(self, proto: Protocol, word: int, conn: int) -> int:
-        # word: 0 tail, 1 head, 2 send counter, 3 receive counter
-        return self._flags_base + ((PROTOS.index(proto) * 4 + word) * self.nconn + conn) * FLAG_STRIDE
+    def _line(self, proto: Protocol, kind: int, conn: int) -> int:
+        return self._lines_base + ((PROTOS.index(proto) * 2 + kind) * self.nconn + conn) * LINE_BYTES
 
-    def tail_off(self, proto: Protocol, conn: int) -> int:
-        return self._flag(proto, 0, conn)
+    def send_line_off(self, proto: Protocol, conn: int) -> int:
+        return self._line(proto, _SEND, conn)
 
-    def head_off(self, proto: Protocol, conn: int) -> int:
-        return self._flag(proto, 1, conn)
-
-    def send_counter_off(self, proto: Protocol, conn: int) -> int:
-        return self._flag(proto, 2, conn)
-
-    def recv_counter_off(self, proto: Protocol, conn: int) -> int:
-        return self._flag(proto, 3, conn)
+    def recv_line_off(self, proto: Protocol, conn: int) -> int:
+        return self._line(proto, _RECV, conn)
 
     @property
     def nbytes(self) -> int:
-        return self._flags_base + len(PROTOS) * 4 * self.nconn * FLAG_STRIDE
+        return self._lines_base + len(PROTOS) * 2 * self.nconn * LINE_BYTES
 
-    def send_conn(self, proto: Protocol, me: int, peer: int, chan: int, j: int,
-                  bases: list[int]) -> tuple[int, int, int, int]:
-        """(fifo, tail, head, counter) addresses of rank ``me``'s sending end; ``bases``: every rank's
-        pool address as mapped in ``me``'s process."""
-        at_peer = self.conn(me, chan, j)
-        mine = self.conn(peer, chan, j)
-        return (bases[peer] + self.fifo_off(proto, at_peer), bases[peer] + self.tail_off(proto, at_peer),
-                bases[me] + self.head_off(proto, mine), bases[me] + self.send_counter_off(proto, mine))
+    def send_end(self, proto: Protocol, me: int, peer: int, chan: int, j: int, bases: list[int]) -> End:
+        """Rank ``me``'s sending end; ``bases``: every rank's pool address as mapped in ``me``'s process."""
+        at_peer, mine = self.conn(me, chan, j), self.conn(peer, chan, j)
+        return End(bases[peer] + self.fifo_off(proto, at_peer), bases[me] + self.send_line_off(proto, mine),
+                   bases[peer] + self.recv_line_off(proto, at_peer))
 
-    def recv_conn(self, proto: Protocol, me: int, peer: int, chan: int, j: int,
-                  bases: list[int]) -> tuple[int, int, int, int]:
-        """(fifo, tail, head, counter) addresses of rank ``me``'s receiving end."""
-        mine = self.conn(peer, chan, j)
-        at_peer = self.conn(me, chan, j)
-        return (bases[me] + self.fifo_off(proto, mine), bases[me] + self.tail_off(proto, mine),
-                bases[peer] + self.head_off(proto, at_peer), bases[me] + self.recv_counter_off(proto, mine))
+    def recv_end(self, proto: Protocol, me: int, peer: int, chan: int, j: int, bases: list[int]) -> End:
+        """Rank ``me``'s receiving end."""
+        mine, at_peer = self.conn(peer, chan, j), self.conn(me, chan, j)
+        return End(bases[me] + self.fifo_off(proto, mine), bases[me] + self.recv_line_off(proto, mine),
+                   bases[peer] + self.send_line_off(proto, at_peer))

@@ -1,12 +1,17 @@
 """Host side of the interpreter: validate an IR for one rank and pack it into the
-flat int32 arrays the CUDA interpreter reads; size chunks, tiles and scratch.
+program image the CUDA interpreter reads; size chunks, slices, tiles and scratch;
+lay out the launch parameters.
 
 No GPU needed: everything here is plain numpy and is unit tested in CI.
 
-Packed layout (kernels/interp/interp.cu):
+Packed (a rank's program, decoded):
   tbs   [ntb, 2]   step_start, nsteps
   steps [nsteps, 9] type, srcbuf, srcoff, dstbuf, dstoff, cnt, ndeps, dep_start, has_dep
   deps  [ndeps, 2] thread block, step
+Image (u64 words, kernels/interp/interp.cu says how the kernel reads them): per
+thread block its connection ends and step count, its steps padded to the largest
+step count, the dependencies. It travels in the kernel parameters (PARAMS) when it
+has at most IMG_WORDS words, in global memory otherwise.
 """
 from __future__ import annotations
 
@@ -25,6 +30,15 @@ OPCODES = {
 BUFFERS = {Buffer.INPUT: 0, Buffer.OUTPUT: 1, Buffer.SCRATCH: 2}
 PROTOCOLS = {Protocol.SIMPLE: 0, Protocol.LL: 1}
 STEP_FIELDS = 9
+IMG_WORDS = 256     # image words carried in the kernel parameters (interp.cu IMG_WORDS)
+TB_WORDS = 7        # send fifo, send line, peer's receive line, receive fifo, receive line, peer's send line, nsteps
+STEP_WORDS = 3
+
+# struct Params of interp.cu, byte for byte
+PARAMS = np.dtype([("buf", "<u8", (3,)), ("chunk", "<i8"), ("slice", "<i8"), ("tile", "<i8"), ("slot_bytes", "<i8"),
+                   ("sems", "<u8"), ("epochs", "<u8"), ("gimg", "<u8"), ("split", "<i4"), ("proto", "<i4"),
+                   ("slot_mask", "<i4"), ("stride", "<i4"), ("steps_at", "<i4"), ("deps_at", "<i4"),
+                   ("img", "<u8", (IMG_WORDS,))])
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}  # name -> bytes per element
 REDUCTIONS = ("sum",)
@@ -181,3 +195,66 @@ def check_request(program: Program, dtype: str, op: str, protocol: Protocol) -> 
     if protocol not in PROTOCOLS:
         raise UserError(f"program {program.name!r} asks for protocol {protocol.value}, which the interpreter "
                         f"does not implement; override it with protocol Simple or LL")
+
+
+@dataclass(frozen=True)
+class Image:
+    """A rank's program with its connection ends, as the kernel reads it."""
+
+    words: np.ndarray   # uint64
+    stride: int         # step entries per thread block
+    steps_at: int
+    deps_at: int
+
+    @property
+    def in_params(self) -> bool:
+        return len(self.words) <= IMG_WORDS
+
+
+def image(packed: Packed, ends: list[tuple[int, int, int, int, int, int]]) -> Image:
+    """The image of ``packed``; ``ends[tb]``: the thread block's slice-0 addresses (send FIFO,
+    send line, peer's receive line, receive FIFO, receive line, peer's send line; 0 where none)."""
+    if len(ends) != packed.ntb:
+        raise UserError(f"{len(ends)} connection ends for {packed.ntb} thread blocks; pass one tuple per block")
+    nsteps = packed.tbs[:, 1] if packed.ntb else np.zeros(0, dtype=np.int32)
+    stride = max(1, int(nsteps.max(initial=0)))
+    steps_at = packed.ntb * TB_WORDS
+    deps_at = steps_at + packed.ntb * stride * STEP_WORDS
+    ndeps = int(packed.steps[:, 6].sum()) if len(packed.steps) else 0
+    words = np.zeros(deps_at + ndeps, dtype=np.uint64)
+    for tb in range(packed.ntb):
+        words[tb * TB_WORDS:(tb + 1) * TB_WORDS] = [*ends[tb], int(nsteps[tb])]
+        start = int(packed.tbs[tb, 0])
+        for s in range(int(nsteps[tb])):
+            op, src, srcoff, dst, dstoff, cnt, nd, dep_start, has_dep = (int(x) for x in packed.steps[start + s])
+            at = steps_at + (tb * stride + s) * STEP_WORDS
+            words[at:at + STEP_WORDS] = [op | src << 8 | dst << 16 | has_dep << 24 | cnt << 32,
+                                         srcoff | dstoff << 32, nd | dep_start << 32]
+    for d in range(ndeps):
+        dtb, dstep = (int(x) for x in packed.deps[d])
+        words[deps_at + d] = dtb | dstep << 32
+    return Image(words, stride, steps_at, deps_at)
+
+
+def slice_elems(chunk: int, split: int, elem_bytes: int) -> int:
+    """Elements of a chunk that each of ``split`` CUDA blocks handles, a multiple of 16 bytes."""
+    v = 16 // elem_bytes
+    per = -(-chunk // split)
+    return -(-per // v) * v
+
+
+def params(img: Image, gimg: int, bufs: tuple[int, int, int], chunk: int, split: int, elem_bytes: int, tile: int,
+           protocol: Protocol, slots: int, slot_bytes: int, sems: int, epochs: int) -> np.ndarray:
+    """The kernel's one argument (struct Params, passed by value); ``gimg``: the image's device
+    address when it is not ``in_params`` (else ignored)."""
+    p = np.zeros(1, dtype=PARAMS)
+    p["buf"] = bufs
+    p["chunk"], p["slice"], p["tile"], p["slot_bytes"] = chunk, slice_elems(chunk, split, elem_bytes), tile, slot_bytes
+    p["sems"], p["epochs"] = sems, epochs
+    p["split"], p["proto"], p["slot_mask"] = split, PROTOCOLS[protocol], slots - 1
+    p["stride"], p["steps_at"], p["deps_at"] = img.stride, img.steps_at, img.deps_at
+    if img.in_params:
+        p["img"][0, :len(img.words)] = img.words
+    else:
+        p["gimg"] = gimg
+    return p

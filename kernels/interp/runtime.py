@@ -16,8 +16,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from calibrate.errors import UserError
 from kernels.gc3.ir import Program, Protocol
 from kernels.gc3.xml_io import read_xml
@@ -53,12 +51,10 @@ def _include_dirs() -> list[str]:
 
 @dataclass
 class _State:
-    """Device arrays of one (program, protocol, split) launch configuration."""
+    """The program image and device arrays of one (program, protocol, split) launch configuration."""
 
-    tbs: object
-    steps: object
-    deps: object
-    conns: object
+    image: pack.Image
+    gimg: object        # the image in device memory when it does not fit the kernel parameters, else None
     sems: object
     epochs: object
     grid: int
@@ -135,17 +131,18 @@ class Communicator:
         if grid > self.max_resident[dtype]:
             raise UserError(f"program {program.name!r} with split {split} needs {grid} co-resident thread blocks, "
                             f"the GPU holds {self.max_resident[dtype]}; lower max_split or bytes_per_block")
-        conns = np.zeros((grid, 2, 4), dtype=np.uint64)
+        ends = []
         for tb in range(packed.ntb):
-            for j in range(split):
-                b = tb * split + j
-                if packed.send_peer[tb] >= 0:
-                    conns[b, 0] = self.layout.send_conn(protocol, self.rank, packed.send_peer[tb], packed.chan[tb],
-                                                        j, self.bases)
-                if packed.recv_peer[tb] >= 0:
-                    conns[b, 1] = self.layout.recv_conn(protocol, self.rank, packed.recv_peer[tb], packed.chan[tb],
-                                                        j, self.bases)
-        st = _State(cp.asarray(packed.tbs), cp.asarray(packed.steps), cp.asarray(packed.deps), cp.asarray(conns),
+            send = recv = (0, 0, 0)
+            if packed.send_peer[tb] >= 0:
+                e = self.layout.send_end(protocol, self.rank, packed.send_peer[tb], packed.chan[tb], 0, self.bases)
+                send = (e.fifo, e.line, e.peer_line)
+            if packed.recv_peer[tb] >= 0:
+                e = self.layout.recv_end(protocol, self.rank, packed.recv_peer[tb], packed.chan[tb], 0, self.bases)
+                recv = (e.fifo, e.line, e.peer_line)
+            ends.append(send + recv)
+        image = pack.image(packed, ends)
+        st = _State(image, None if image.in_params else cp.asarray(image.words),
                     cp.zeros(grid, dtype=cp.uint64), cp.zeros(grid, dtype=cp.uint64), grid)
         self._states[key] = st
         return st
@@ -268,11 +265,11 @@ class Communicator:
         fifo = self.preset.fifo[c.protocol]
         tile = pack.tile_elems(c.protocol, fifo.slot_bytes, esize, packed.max_cnt, c.entry.tile_bytes)
         scratch = self._scratch.data.ptr if self._scratch is not None else 0
-        args = (st.tbs, st.steps, st.deps, st.conns, np.uint64(sptr), np.uint64(rptr), np.uint64(scratch),
-                np.int64(c.chunk), np.int32(c.split), np.int64(tile), np.int32(pack.PROTOCOLS[c.protocol]),
-                np.int32(fifo.slots), np.int64(fifo.slot_bytes), st.sems, st.epochs)
+        args = pack.params(st.image, st.gimg.data.ptr if st.gimg is not None else 0, (sptr, rptr, scratch),
+                           c.chunk, c.split, esize, tile, c.protocol, fifo.slots, fifo.slot_bytes,
+                           st.sems.data.ptr, st.epochs.data.ptr)
         with stream:
-            self.kernels[dtype]((st.grid,), (self.preset.threads,), args)
+            self.kernels[dtype]((st.grid,), (self.preset.threads,), (args,))
 
     def close(self) -> None:
         cp = self.cp

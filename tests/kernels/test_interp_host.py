@@ -17,7 +17,7 @@ from kernels.gc3.interop import msccl_dir
 from kernels.gc3.ir import Buffer, Gpu, Program, Protocol, Step, StepType, ThreadBlock
 from kernels.gc3.xml_io import read_xml
 from kernels.interp import bench, pack
-from kernels.interp.layout import Layout
+from kernels.interp.layout import LINE_BYTES, Layout
 from kernels.interp.preset import PROGRAM_DIR, Entry, Fifo, Preset, load_preset
 from kernels.interp.select import choose
 
@@ -140,34 +140,39 @@ def test_our_programs_pass_reference_executor(path):
 @settings(max_examples=60, deadline=None)
 @given(nranks=st.integers(2, 8), chans=st.integers(1, 4), split=st.integers(1, 8), data=st.data())
 def test_layout_ends_meet(nranks, chans, split, data):
-    """The sender's FIFO/tail are the receiver's, the receiver's head is the sender's, counters are private."""
+    """The sender's FIFO is the receiver's, each end's peer line is the other end's own line,
+    and slice j lies j FIFOs and j lines after slice 0 (what the kernel computes)."""
     lay = Layout(nranks, chans, split, {Protocol.SIMPLE: Fifo(4, 4096), Protocol.LL: Fifo(2, 1024)})
     a = data.draw(st.integers(0, nranks - 1))
     b = data.draw(st.integers(0, nranks - 1).filter(lambda x: x != a))
     ch, j = data.draw(st.integers(0, chans - 1)), data.draw(st.integers(0, split - 1))
     proto = data.draw(st.sampled_from([Protocol.SIMPLE, Protocol.LL]))
     bases = [(r + 1) << 40 for r in range(nranks)]
-    s = lay.send_conn(proto, a, b, ch, j, bases)
-    r = lay.recv_conn(proto, b, a, ch, j, bases)
-    assert s[0] == r[0] and s[1] == r[1] and s[2] == r[2]
-    assert s[3] >> 40 == a + 1 and r[3] >> 40 == b + 1 and s[3] != r[3]
-    assert all(x - bases[0] < lay.nbytes for x in (s[0] - bases[b] + bases[0],))
+    s = lay.send_end(proto, a, b, ch, j, bases)
+    r = lay.recv_end(proto, b, a, ch, j, bases)
+    assert s.fifo == r.fifo and s.peer_line == r.line and r.peer_line == s.line
+    assert s.line >> 40 == a + 1 and r.line >> 40 == b + 1 and s.fifo >> 40 == b + 1
+    for end, at0 in ((s, lay.send_end(proto, a, b, ch, 0, bases)), (r, lay.recv_end(proto, b, a, ch, 0, bases))):
+        assert end.fifo - at0.fifo == j * lay.fifo_bytes(proto)
+        assert end.line - at0.line == j * LINE_BYTES and end.peer_line - at0.peer_line == j * LINE_BYTES
 
 
 def test_layout_regions_disjoint():
     lay = Layout(2, 2, 4, {Protocol.SIMPLE: Fifo(8, 1024), Protocol.LL: Fifo(4, 512)})
     spans = []
     for proto in (Protocol.SIMPLE, Protocol.LL):
-        f = lay.fifo[proto]
         for c in range(lay.nconn):
-            spans.append((lay.fifo_off(proto, c), f.slots * f.slot_bytes))
-            for off in (lay.tail_off(proto, c), lay.head_off(proto, c), lay.send_counter_off(proto, c),
-                        lay.recv_counter_off(proto, c)):
-                spans.append((off, 8))
+            spans.append((lay.fifo_off(proto, c), lay.fifo_bytes(proto)))
+            spans += [(lay.send_line_off(proto, c), LINE_BYTES), (lay.recv_line_off(proto, c), LINE_BYTES)]
     spans.sort()
     for (o1, n1), (o2, _) in zip(spans, spans[1:]):
         assert o1 + n1 <= o2
     assert spans[-1][0] + spans[-1][1] <= lay.nbytes
+
+
+def test_layout_refuses_slot_count_not_power_of_two():
+    with pytest.raises(UserError, match="power of two"):
+        Layout(2, 1, 1, {Protocol.SIMPLE: Fifo(6, 4096), Protocol.LL: Fifo(8, 1024)})
 
 
 def loaded():
