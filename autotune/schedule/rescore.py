@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 
 from calibrate.jsonfile import read_json
+from calibrate.errors import UserError
 from calibrate.profile import Profile
 from kernels.interp import pack
 from kernels.interp.preset import Preset
@@ -27,8 +28,8 @@ from autotune.schedule.model import Model, spearman
 from autotune.schedule.result import TuneResult
 from autotune.schedule.space import build_candidate
 
-ONE_HOP_LL_US = 1.99      # one-block LL allreduce ceiling, interp_tune_2026-11-22.json
-GRAPH_NODE_US = 0.53      # empty kernel node of a CUDA graph, same record
+ONE_HOP_CEILING = "one-shot LL allreduce"   # tests/gpu/interp_tune.py's ceiling names (prefixes)
+GRAPH_NODE_CEILING = "graph kernel node"
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -75,15 +76,26 @@ def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4) -> i
     """The interpreter model's parameters fitted on an interpreter sweep record (float32 rows)."""
     samples = interp_model.tune_samples(path, preset.threads)
     record = read_json(path, "interpreter sweep record", "give reports/records/interp_tune_*.json")
+    one_hop, node = _ceiling_us(record, ONE_HOP_CEILING, 1024), _ceiling_us(record, GRAPH_NODE_CEILING, 0)
     provenance = {"source": path, "measured": f"{record.get('date', '?')} on {record.get('device', '?')}, "
                                               f"tests/gpu/interp_tune.py (reports/records/interp.md)",
                   "fitted": _dt.date.today().isoformat(),
                   "command": f"python -m autotune schedule --fit-model {path}",
                   "samples": len(samples), "profile": profile.name,
-                  "hop_us": f"one-block LL allreduce {ONE_HOP_LL_US} us less an empty graph node "
-                            f"{GRAPH_NODE_US} us (same record)"}
+                  "hop_us": f"one-block LL allreduce of 1 KiB {one_hop:.2f} us less an empty graph node "
+                            f"{node:.2f} us (ceilings of the same record)"}
     return interp_model.fit(samples, preset.fifo, esize, interp_model.Links.from_profile(profile),
-                            round(ONE_HOP_LL_US - GRAPH_NODE_US, 2), provenance)
+                            round(one_hop - node, 2), provenance)
+
+
+def _ceiling_us(record: dict, prefix: str, nbytes: int) -> float:
+    """The first run's ceiling named ``prefix...`` at ``nbytes``, in microseconds."""
+    for run in record.get("runs", []):
+        for c in run.get("ceilings", []):
+            if str(c.get("ceiling", "")).startswith(prefix) and int(c.get("bytes", -1)) == nbytes:
+                return float(c["us"])
+    raise UserError(f"the interpreter sweep record has no ceiling {prefix!r} at {nbytes} bytes (it sets hop_us); "
+                    f"record a sweep with tests/gpu/interp_tune.py, which measures it")
 
 
 def fit_report(path: str, profile: Profile, preset: Preset) -> str:

@@ -1,7 +1,7 @@
 """Tuning sweep of the GC3 interpreter on 2 GPUs, with the ceilings measured in the same run.
 
     export NCCL_NVLS_ENABLE=0
-    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE python3 tests/gpu/interp_tune.py $OUT [--sweep first|bands]
+    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE python3 tests/gpu/interp_tune.py $OUT [--sweep first|bands|model]
 
 For every case (preset variant, collective, size, protocol, split, tile cap) the
 forced launch is checked against NCCL on fresh random data and timed beside NCCL
@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,15 @@ BANDS = {
         ("reducescatter", [1 * M], SIMPLE, [64, 128], [64 * K]),
     ],
 }
-SWEEPS = {"first": FIRST, "bands": BANDS}
+# "model": what the schedule autotuner's interpreter model is fitted on (variant base only: its
+# sizes, protocols, splits and tiles span the schedule search space), then
+#   python -m autotune schedule --fit-model $OUT/tune.json
+MODEL = {"base": FIRST["base"] + BANDS["base"] + [
+    ("allreduce", [1 * K, 16 * K, 64 * K], SIMPLE, [1, 4, 16], [64 * K]),
+    ("allreduce", [4 * M, 16 * M], LL, [16, 32, 64], [0]),
+    ("allreduce", [16 * M, 256 * M], SIMPLE, [16, 32], [64 * K, 128 * K]),
+]}
+SWEEPS = {"first": FIRST, "bands": BANDS, "model": MODEL}
 
 
 def variant(name: str):
@@ -85,7 +94,18 @@ def log(msg: str, rank: int) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def sweep(world, out: Path, rows: list[dict], cases_by_variant: dict) -> None:
+def write_record(out: Path, sweep_name: str, rows: list[dict], ceilings_rows: list[dict]) -> None:
+    """$OUT/tune.json in the record format that `python -m autotune schedule --fit-model` reads."""
+    import cupy as cp
+
+    device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    record = {"kind": "interp-tune", "version": 1, "date": time.strftime("%Y-%m-%d"),
+              "device": f"2 x {device}", "runs": [{"sweep": sweep_name, "rows": rows, "ceilings": ceilings_rows}]}
+    (out / "tune.json").write_text(json.dumps(record, indent=1))
+
+
+def sweep(world, out: Path, rows: list[dict], cases_by_variant: dict, sweep_name: str,
+          ceilings_rows: list[dict]) -> None:
     import cupy as cp
     from kernels.interp.runtime import Communicator
 
@@ -109,7 +129,7 @@ def sweep(world, out: Path, rows: list[dict], cases_by_variant: dict) -> None:
                         rows.append(row)
                         log(f"{vname:>10} {tile:>7} " + bench._line(row), comm.rank)
                         if comm.rank == 0:
-                            (out / "tune.json").write_text(json.dumps({"rows": rows}, indent=1))
+                            write_record(out, sweep_name, rows, ceilings_rows)
         comm.close()
 
 
@@ -206,7 +226,7 @@ def main(argv: list[str]) -> int:
     if world.rank == 0:
         (out / "ceilings.json").write_text(json.dumps({"rows": ceil}, indent=1))
     rows: list[dict] = []
-    sweep(world, out, rows, SWEEPS[name])
+    sweep(world, out, rows, SWEEPS[name], name, ceil)
     if world.rank == 0:
         print("\nceilings:")
         for r in ceil:

@@ -18,7 +18,7 @@ export COMMTUNE_MSCCL_DIR=${COMMTUNE_MSCCL_DIR:-}
 # loop hung once and took the whole 10 minutes)
 MPIRUN="timeout 300 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED -x PYTHONPATH -x COMMTUNE_MSCCL_DIR"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PARTS=${PARTS:-"calibrate interp sbp reshard schedule"}  # add "bare" for the bare NCCL loop beside calibrate
+PARTS=${PARTS:-"calibrate interp sbp reshard model schedule"}  # add "bare" for the bare NCCL loop beside calibrate
 SUMMARY=$R/summary.txt
 : > "$SUMMARY"
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
@@ -46,6 +46,18 @@ if has calibrate; then
   fi
   $PY -m calibrate fit "$R/calib-graph" -o "$R/h200-graph-profile.json" > "$R/fit-graph.txt" 2>&1
   log "fit graph: exit $?"
+  pack
+fi
+
+# part "model": the interpreter sweep the schedule autotuner's model is fitted on, fitted here, so
+# that part "schedule" of the same call ranks with the interpreter as it is now (a different run
+# from the schedule's own measurements)
+if has model; then
+  $MPIRUN $PY tests/gpu/interp_tune.py "$R/model-sweep" --sweep model > "$R/model-sweep.log" 2>&1
+  log "interpreter sweep for the model: exit $?"
+  $PY -m autotune schedule --fit-model "$R/model-sweep/tune.json" > "$R/interp_model.json" 2> "$R/fit-model.log" \
+    && export SCHEDULE_ARGS="--model-params $R/interp_model.json"
+  log "model fit: exit $? ${SCHEDULE_ARGS:-(schedule keeps the shipped parameters)}"
   pack
 fi
 

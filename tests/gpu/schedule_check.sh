@@ -17,7 +17,8 @@ mkdir -p "$OUT"
 COLLS=${SCHEDULE_COLLECTIVES:-allreduce}
 
 t0=$(date +%s)
-timeout 240 $MPIRUN $PY -m autotune schedule --collective "$COLLS" --gpus 2 --sizes 1K:1G:4 \
+# SCHEDULE_ARGS: e.g. --model-params FILE (run_all.sh's part "model" fits them in the same call)
+timeout 240 $MPIRUN $PY -m autotune schedule --collective "$COLLS" --gpus 2 --sizes 1K:1G:4 ${SCHEDULE_ARGS:-} \
   --out "$OUT/tuned" > "$OUT/tune.log" 2>&1
 rc_tune=$?
 t1=$(date +%s)
