@@ -61,17 +61,17 @@ def fixed_baseline(bands: list[BandResult], measured: bool) -> tuple[str, float]
 
 def correlations(bands: list[BandResult], protocol: dict[str, str]) -> Correction:
     """Spearman per band of the model as ranked, and of the interpreter model with the per-protocol
-    correction fitted on the other bands (leave-one-band-out); returns the correction fitted on all
-    bands. Rows need ``model_us``."""
+    correction fitted on the other bands (leave-one-band-out), over the band's distinct launches
+    (``BandResult.distinct_measured``); returns the correction fitted on all bands. Rows need ``model_us``."""
     def points(bs):
         out = []
         for b in bs:
-            for r in b.measured_rows():
+            for r in b.distinct_measured():
                 out.append((protocol[r.key], r.model_us * 1e-6, r.measured_us * 1e-6))
         return out
 
     for i, b in enumerate(bands):
-        rows = b.measured_rows()
+        rows = b.distinct_measured()
         b.spearman = spearman([r.predicted_us for r in rows], [r.measured_us for r in rows])
         corr = Correction.fit(points(bands[:i] + bands[i + 1:]))
         b.spearman_corrected = spearman([corr.apply(protocol[r.key], r.model_us * 1e-6) for r in rows],

@@ -48,6 +48,7 @@ from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, read_named_json
 from calibrate.profile import Group, Profile
+from kernels.gc3.interop import msccl_dir
 from kernels.gc3.ir import Program, Protocol
 from kernels.gc3.simulate import LOCAL_BETA_FRACTION, PROTOCOL_EFFICIENCY
 from kernels.gc3.xml_io import read_xml
@@ -241,32 +242,42 @@ class Sample:
 
 def fit(samples: list[Sample], fifo: dict[Protocol, Fifo], esize: int, links: Links, hop_us: float,
         provenance: dict | None = None) -> ModelParams:
-    """Per protocol, (launch_us, tile_us, block_gbs) by non-negative least squares on relative error;
-    a protocol needs 3 samples."""
+    """Per protocol (launch_us, tile_us, block_gbs), by non-negative least squares on relative error
+    (a protocol needs 3 samples). ``hop_us`` is fitted with them, one value for every protocol, when
+    some sample's program has more than one hop; otherwise the given value is kept."""
     from scipy.optimize import nnls
 
-    protos = {}
-    for proto in sorted({s.protocol for s in samples}, key=lambda p: p.value):
-        rows, ys = [], []
-        for s in (s for s in samples if s.protocol == proto and s.seconds > 0):
-            prog = dataclasses.replace(s.program, protocol=proto)
-            f = features(prog, s.nbytes, s.split, s.tile_bytes, fifo, esize)
-            rest = s.seconds - fixed_seconds(f, proto, links, hop_us * 1e-6)
-            rows.append([1.0 / s.seconds, f.block_tiles / s.seconds, f.block_bytes / s.seconds])
-            ys.append(rest / s.seconds)
-        if len(rows) < 3:
-            continue
-        sol, _ = nnls(np.array(rows), np.array(ys))
-        inv_bw = max(float(sol[2]), 1e-15)
-        protos[proto.value] = ProtocolParams(float(sol[0]) * 1e6, float(sol[1]) * 1e6, 1e-9 / inv_bw)
+    usable = [s for s in samples if s.seconds > 0]
+    protos = [p for p in sorted({s.protocol for s in usable}, key=lambda p: p.value)
+              if sum(s.protocol == p for s in usable) >= 3]
     if not protos:
         raise UserError("no protocol has 3 measured samples; the interpreter model cannot be fitted")
-    return ModelParams(protos, hop_us, provenance or {})
+    feats = [(s, features(dataclasses.replace(s.program, protocol=s.protocol), s.nbytes, s.split, s.tile_bytes,
+                          fifo, esize)) for s in usable if s.protocol in protos]
+    fit_hop = any(f.hops > 1 for _, f in feats)
+    ncol = 3 * len(protos) + (1 if fit_hop else 0)
+    rows, ys = [], []
+    for s, f in feats:
+        row = [0.0] * ncol
+        k = 3 * protos.index(s.protocol)
+        row[k:k + 3] = [1.0 / s.seconds, f.block_tiles / s.seconds, f.block_bytes / s.seconds]
+        if fit_hop:
+            row[-1] = (f.hops - 1) / s.seconds
+        rest = s.seconds - fixed_seconds(f, s.protocol, links, 0.0 if fit_hop else hop_us * 1e-6)
+        rows.append(row)
+        ys.append(rest / s.seconds)
+    sol, _ = nnls(np.array(rows), np.array(ys))
+    out = {}
+    for i, proto in enumerate(protos):
+        launch, tile, inv_bw = sol[3 * i:3 * i + 3]
+        out[proto.value] = ProtocolParams(float(launch) * 1e6, float(tile) * 1e6, 1e-9 / max(float(inv_bw), 1e-15))
+    return ModelParams(out, round(float(sol[-1]) * 1e6, 3) if fit_hop else hop_us, provenance or {})
 
 
 def tune_samples(path: str | Path, threads: int = 512) -> list[Sample]:
     """The correct float32 rows of an interpreter sweep record (kind interp-tune, tests/gpu/interp_tune.py)
-    run with the preset's transport (its ``threads``, variant "base") and a shipped program."""
+    run with the preset's transport (its ``threads``, variant "base") and a shipped program, or a
+    reference MSCCL program (``program_file``, looked up in kernels.gc3.interop.msccl_dir())."""
     data = read_json(path, "interpreter sweep record", "give reports/records/interp_tune_*.json")
     if not isinstance(data, dict) or data.get("kind") != TUNE_KIND:
         raise UserError(f"{path} is not an interpreter sweep record (kind {TUNE_KIND!r}); give "
@@ -281,6 +292,8 @@ def tune_samples(path: str | Path, threads: int = 512) -> list[Sample]:
             name = r["program"]
             if name not in programs:
                 path_xml = PROGRAM_DIR / f"{name}.xml"
+                if r.get("program_file"):  # a reference MSCCL program the sweep ran (multi-hop)
+                    path_xml = msccl_dir() / r["program_file"]
                 if not path_xml.is_file():
                     continue
                 programs[name] = read_xml(path_xml)

@@ -1,6 +1,7 @@
 """Rank every candidate in every band with the model, and pick what to measure.
 
-Measured in a band: the ``budget`` candidates the model ranks best there, the
+Measured in a band, one row per distinct launch (``launch_signature``): the ``budget``
+candidates the model ranks best there, the
 best ``budget // 2`` (at least 1) of each protocol (the model is weakest at
 ranking across protocols, whose fixed costs differ most, so measurement must
 see each), plus the fixed-configuration contenders, measured in every band so that the best
@@ -15,7 +16,7 @@ import sys
 
 from autotune.schedule.bands import Band
 from autotune.schedule.model import Model
-from autotune.schedule.result import BandResult, Row
+from autotune.schedule.result import BandResult, Row, launch_signature
 from autotune.schedule.space import Built
 
 FIXED_CONTENDERS = 2
@@ -56,10 +57,19 @@ def select(bands: list[BandResult], budget: int, protocol: dict[str, str]) -> No
     per_protocol = max(1, budget // 2)
     for b in bands:
         seen: dict[str, int] = {}
-        for i, r in enumerate(b.rows):
+        launches: set[tuple] = set()
+        taken = 0
+        for r in b.rows:
+            sig = launch_signature(r)
+            if sig in launches:  # the same launch as a row already taken: measure it only as a contender
+                r.selected = r.key in contenders
+                continue
             p = protocol[r.key]
             seen[p] = seen.get(p, 0) + 1
-            r.selected = i < budget or seen[p] <= per_protocol or r.key in contenders
+            r.selected = taken < budget or seen[p] <= per_protocol or r.key in contenders
+            if r.selected:
+                launches.add(sig)
+            taken += 1
 
 
 def log(msg: str) -> None:

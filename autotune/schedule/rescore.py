@@ -54,7 +54,7 @@ def rescore(path: str, profile: Profile, preset: Preset, params: interp_model.Mo
         lines.append(f"{res.collective}:")
         for b in res.bands:
             rows = sorted(b.measured_rows(), key=lambda r: r.measured_us)
-            new = spearman([r.model_us for r in rows], [r.measured_us for r in rows])
+            new = spearman([r.model_us for r in b.distinct_measured()], [r.measured_us for r in b.distinct_measured()])
             lines.append(f"  band {b.rep} B: {len(rows)} measured; Spearman recorded {_fmt(recorded[b.rep])}, "
                          f"model {_fmt(new)}, model + correction (leave-one-band-out) "
                          f"{_fmt(b.spearman_corrected)}")
@@ -62,7 +62,7 @@ def rescore(path: str, profile: Profile, preset: Preset, params: interp_model.Mo
                 err = 100 * (r.model_us / r.measured_us - 1)
                 lines.append(f"    {r.key:<48} split {r.split:>3}  model {r.model_us:10.2f} us  "
                              f"measured {r.measured_us:10.2f} us  error {err:+6.1f}%")
-        news = [spearman([r.model_us for r in b.measured_rows()], [r.measured_us for r in b.measured_rows()])
+        news = [spearman([r.model_us for r in b.distinct_measured()], [r.measured_us for r in b.distinct_measured()])
                 for b in res.bands]
         lines.append(f"  Spearman per band, recorded: {[_fmt(recorded[b.rep]) for b in res.bands]}")
         lines.append(f"  Spearman per band, model:    {[_fmt(x) for x in news]}")
@@ -84,6 +84,8 @@ def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4) -> i
                   "samples": len(samples), "profile": profile.name,
                   "hop_us": f"one-block LL allreduce of 1 KiB {one_hop:.2f} us less an empty graph node "
                             f"{node:.2f} us (ceilings of the same record)"}
+    if any(interp_model.hops(s.program) > 1 for s in samples):
+        provenance["hop_us"] = "fitted with the other parameters on the record's multi-hop programs"
     return interp_model.fit(samples, preset.fifo, esize, interp_model.Links.from_profile(profile),
                             round(one_hop - node, 2), provenance)
 

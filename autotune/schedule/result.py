@@ -4,6 +4,8 @@ measured time of those measured, NCCL's, the choice, Spearman's rank correlation
 of model and measurement, and the tuned table."""
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +52,25 @@ class BandResult:
 
     def measured_rows(self) -> list[Row]:
         return [r for r in self.rows if r.measured_us is not None and r.correct]
+
+    def distinct_measured(self) -> list[Row]:
+        """The measured rows, one per distinct launch (``launch_signature``), the first in rank order,
+        its measured time the mean over the launch's rows: candidates that differ only in a knob that
+        does not act at this size (a tile cap above the slice, a block size that gives the same split)
+        are one configuration measured twice, whose order is noise."""
+        groups: dict[tuple, list[Row]] = {}
+        for r in self.measured_rows():
+            groups.setdefault(launch_signature(r), []).append(r)
+        return [dataclasses.replace(g[0], measured_us=sum(r.measured_us for r in g) / len(g))
+                for g in groups.values()]
+
+
+def launch_signature(r: Row) -> tuple:
+    """(program, protocol, CUDA blocks, the model's time): equal for rows that launch the same kernel
+    with the same work division (keys are program/variant/protocol/blocks[/tile])."""
+    parts = r.key.split("/")
+    t = r.model_us if r.model_us is not None else r.predicted_us
+    return ("/".join(parts[:3]), r.split, round(t, 6))
 
 
 @dataclass

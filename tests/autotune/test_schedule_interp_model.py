@@ -70,6 +70,22 @@ def test_fit_recovers_exact_parameters():
     assert im.ModelParams.from_json(got.to_json()).protocols == got.protocols
 
 
+def test_fit_recovers_the_hop_cost_from_multi_hop_programs():
+    """With two-hop programs among the samples the per-hop cost is fitted too (the given one is ignored)."""
+    ring = compile_program(build("ring_allreduce", 2, 1, 1, Protocol.SIMPLE, 1))
+    samples = []
+    for proto in (Protocol.SIMPLE, Protocol.LL):
+        for prog in (direct(proto), dataclasses.replace(ring, protocol=proto)):
+            for n in (1 << 12, 1 << 18, 1 << 22, 1 << 26):
+                for split, tile in ((1, 65536), (8, 8192), (32, 131072)):
+                    f = im.features(prog, n, split, tile, FIFO, 4)
+                    samples.append(im.Sample(prog, proto, n, split, tile, im.predict(f, proto, PARAMS, LINKS)))
+    got = im.fit(samples, FIFO, 4, LINKS, hop_us=99.0)
+    assert got.hop_us == pytest.approx(PARAMS.hop_us, rel=1e-6)
+    for p, want in PARAMS.protocols.items():
+        assert dataclasses.astuple(got.protocols[p]) == pytest.approx(dataclasses.astuple(want), rel=1e-6)
+
+
 def test_shipped_parameters_are_the_fit_of_the_recorded_sweep():
     """presets/interp_model.json is what --fit-model derives from the 2026-11-22 interpreter sweep."""
     shipped = im.load_params()

@@ -23,7 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kernels.gc3.interop import msccl_dir  # noqa: E402
 from kernels.gc3.ir import Protocol  # noqa: E402
+from kernels.gc3.xml_io import read_xml  # noqa: E402
 from kernels.interp import bench, gpudata, pack  # noqa: E402
 from kernels.interp.preset import Entry, Fifo, load_preset  # noqa: E402
 from kernels.interp.select import Choice  # noqa: E402
@@ -70,10 +72,15 @@ BANDS = {
 # "model": what the schedule autotuner's interpreter model is fitted on (variant base only: its
 # sizes, protocols, splits and tiles span the schedule search space), then
 #   python -m autotune schedule --fit-model $OUT/tune.json
+# The last cases run reference MSCCL programs of more than one hop (from kernels.gc3.interop.msccl_dir()),
+# on which the model's per-hop cost is fitted.
 MODEL = {"base": FIRST["base"] + BANDS["base"] + [
     ("allreduce", [1 * K, 16 * K, 64 * K], SIMPLE, [1, 4, 16], [64 * K]),
     ("allreduce", [4 * M, 16 * M], LL, [16, 32, 64], [0]),
     ("allreduce", [16 * M, 256 * M], SIMPLE, [16, 32], [64 * K, 128 * K]),
+    ("allreduce", [1 * K, 16 * K, 64 * K, 256 * K, 1 * M], LL, [1, 4, 16], [0], "allpairs_allreduce_2r_ll.xml"),
+    ("allreduce", [16 * K, 256 * K], LL, [1, 8], [0], "ring_allreduce_2r.xml"),
+    ("allreduce", [64 * K, 1 * M, 16 * M], SIMPLE, [4, 16, 32], [64 * K], "ring_allreduce_2r.xml"),
 ]}
 SWEEPS = {"first": FIRST, "bands": BANDS, "model": MODEL}
 
@@ -113,8 +120,11 @@ def sweep(world, out: Path, rows: list[dict], cases_by_variant: dict, sweep_name
         comm = Communicator(world, variant(vname))
         stream = cp.cuda.Stream(non_blocking=True)
         programs = {p.name: p for _, p in comm.loaded}
-        for coll, sizes, proto, splits, tiles in cases:
+        for coll, sizes, proto, splits, tiles, *source in cases:
             program = programs[PROGRAMS[coll]]
+            if source:  # a reference MSCCL program instead of the shipped one
+                program = read_xml(msccl_dir() / source[0])
+                comm.load(Entry(program.name, proto), program)
             for nbytes in sizes:
                 count = bench.count_for(coll, nbytes, 4, comm.nranks)
                 chunk = pack.chunk_elems(program, count, comm.nranks)
@@ -126,6 +136,8 @@ def sweep(world, out: Path, rows: list[dict], cases_by_variant: dict, sweep_name
                                         reason="forced")
                         row = bench.measure(comm, coll, nbytes, "float32", choice, 7, stream)
                         row.update(variant=vname, tile_bytes=tile, threads=comm.preset.threads)
+                        if source:
+                            row["program_file"] = source[0]
                         rows.append(row)
                         log(f"{vname:>10} {tile:>7} " + bench._line(row), comm.rank)
                         if comm.rank == 0:
