@@ -21,18 +21,22 @@ Derived from the runtime's structure and fitted to measurements (the papers give
 - An in-place program serving an out-of-place call first copies the input
   (``copy_bytes``) at the simulation's local rate (``LOCAL_BETA_FRACTION`` of the link's beta).
 
-  t = launch_us[p] + (hops - 1) hop_us + link_bytes / (link_bw eff[p]) + copy
-      + block_tiles tile_us[p] + block_bytes / block_gbs[p]
+- Each CUDA block of the launch costs ``grid_block_us`` (``Features.blocks``: thread blocks x
+  split on the busiest rank): at small sizes more blocks are slower, not faster (measured
+  2026-11-22: Simple at 16 KiB, 8 blocks per thread block 6.70 us against 1 block 6.45 us).
 
-The per-protocol terms are linear in (launch_us, tile_us, 1 / block_gbs): ``fit`` solves
+  t = launch_us[p] + (hops - 1) hop_us + link_bytes / (link_bw eff[p]) + copy
+      + block_tiles tile_us[p] + block_bytes / block_gbs[p] + blocks grid_block_us[p]
+
+The per-protocol terms are linear in (launch_us, tile_us, 1 / block_gbs, grid_block_us), and
+hop_us is one more column where the samples include programs of several hops: ``fit`` solves
 them by non-negative least squares on relative error. The shipped parameters
-(presets/interp_model.json) are fitted on the interpreter's forced-configuration sweep
-reports/records/interp_tune_2026-11-22.json (2 x H200, 2026-11-22, tests/gpu/interp_tune.py,
-see reports/records/interp.md), a different run from any schedule tuning, so ranking a
+(presets/interp_model.json) are fitted on the interpreter's forced-configuration sweep named
+in their provenance (tests/gpu/interp_tune.py --sweep model, 2 x H200; see
+reports/records/schedule.md), a different run from any schedule tuning, so ranking a
 schedule run's measured candidates with them uses none of that run's measurements.
-``hop_us`` cannot be fitted there (every program of the sweep is one hop): it is the
-one-block LL allreduce ceiling less an empty graph kernel node of the same record
-(1.99 - 0.53 us).
+Where a sweep has only one-hop programs, ``hop_us`` is the one-block LL allreduce ceiling less
+an empty graph kernel node of the same record.
 """
 from __future__ import annotations
 
@@ -71,6 +75,7 @@ class Features:
     block_bytes: float
     block_tiles: int
     copy_bytes: float
+    blocks: int = 1             # CUDA blocks of the launch on the busiest rank (thread blocks x split)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class ProtocolParams:
     launch_us: float
     tile_us: float
     block_gbs: float
+    grid_block_us: float = 0.0  # per CUDA block of the launch (0 in parameters fitted before it existed)
 
 
 @dataclass
@@ -103,13 +109,15 @@ class ModelParams:
             raise UserError(f"interpreter model parameters {name!r} are not version {PARAMS_VERSION}; refit them "
                             f"with python -m autotune schedule --fit-model")
         try:
-            protos = {str(p): ProtocolParams(float(v["launch_us"]), float(v["tile_us"]), float(v["block_gbs"]))
+            protos = {str(p): ProtocolParams(float(v["launch_us"]), float(v["tile_us"]), float(v["block_gbs"]),
+                                             float(v.get("grid_block_us", 0.0)))
                       for p, v in data["protocols"].items()}
             params = cls(protos, float(data["hop_us"]), dict(data.get("provenance", {})))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"interpreter model parameters {name!r} are malformed ({e!r}); compare them with "
                             f"autotune/schedule/presets/{DEFAULT_PARAMS}.json") from None
-        if any(v.block_gbs <= 0 or v.launch_us < 0 or v.tile_us < 0 for v in protos.values()) or params.hop_us < 0:
+        if any(v.block_gbs <= 0 or min(v.launch_us, v.tile_us, v.grid_block_us) < 0
+               for v in protos.values()) or params.hop_us < 0:
             raise UserError(f"interpreter model parameters {name!r}: block_gbs must be > 0 and times >= 0")
         return params
 
@@ -193,8 +201,9 @@ def features(program: Program, nbytes: int, split: int, tile_bytes: int, fifo: d
                     link[(g.id, tb.send)] += st.cnt * chunk
     intra = [b for (a, c), b in link.items() if a // per_node == c // per_node]
     inter = [b for (a, c), b in link.items() if a // per_node != c // per_node]
+    blocks = max(len(g.threadblocks) for g in program.gpus) * split
     return Features(hops(program), max(intra, default=0.0), max(inter, default=0.0), block[0], block[1],
-                    copy_bytes(program, nbytes))
+                    copy_bytes(program, nbytes), blocks)
 
 
 @dataclass(frozen=True)
@@ -225,7 +234,7 @@ def predict(f: Features, protocol: Protocol, params: ModelParams, links: Links) 
     """Predicted seconds."""
     p = params.for_protocol(protocol.value)
     return (fixed_seconds(f, protocol, links, params.hop_us * 1e-6) + p.launch_us * 1e-6
-            + f.block_tiles * p.tile_us * 1e-6 + f.block_bytes / (p.block_gbs * 1e9))
+            + f.block_tiles * p.tile_us * 1e-6 + f.block_bytes / (p.block_gbs * 1e9) + f.blocks * p.grid_block_us * 1e-6)
 
 
 @dataclass(frozen=True)
@@ -242,7 +251,7 @@ class Sample:
 
 def fit(samples: list[Sample], fifo: dict[Protocol, Fifo], esize: int, links: Links, hop_us: float,
         provenance: dict | None = None) -> ModelParams:
-    """Per protocol (launch_us, tile_us, block_gbs), by non-negative least squares on relative error
+    """Per protocol (launch_us, tile_us, block_gbs, grid_block_us), by non-negative least squares on relative error
     (a protocol needs 3 samples). ``hop_us`` is fitted with them, one value for every protocol, when
     some sample's program has more than one hop; otherwise the given value is kept."""
     from scipy.optimize import nnls
@@ -255,12 +264,12 @@ def fit(samples: list[Sample], fifo: dict[Protocol, Fifo], esize: int, links: Li
     feats = [(s, features(dataclasses.replace(s.program, protocol=s.protocol), s.nbytes, s.split, s.tile_bytes,
                           fifo, esize)) for s in usable if s.protocol in protos]
     fit_hop = any(f.hops > 1 for _, f in feats)
-    ncol = 3 * len(protos) + (1 if fit_hop else 0)
+    ncol = 4 * len(protos) + (1 if fit_hop else 0)
     rows, ys = [], []
     for s, f in feats:
         row = [0.0] * ncol
-        k = 3 * protos.index(s.protocol)
-        row[k:k + 3] = [1.0 / s.seconds, f.block_tiles / s.seconds, f.block_bytes / s.seconds]
+        k = 4 * protos.index(s.protocol)
+        row[k:k + 4] = [1.0 / s.seconds, f.block_tiles / s.seconds, f.block_bytes / s.seconds, f.blocks / s.seconds]
         if fit_hop:
             row[-1] = (f.hops - 1) / s.seconds
         rest = s.seconds - fixed_seconds(f, s.protocol, links, 0.0 if fit_hop else hop_us * 1e-6)
@@ -269,8 +278,9 @@ def fit(samples: list[Sample], fifo: dict[Protocol, Fifo], esize: int, links: Li
     sol, _ = nnls(np.array(rows), np.array(ys))
     out = {}
     for i, proto in enumerate(protos):
-        launch, tile, inv_bw = sol[3 * i:3 * i + 3]
-        out[proto.value] = ProtocolParams(float(launch) * 1e6, float(tile) * 1e6, 1e-9 / max(float(inv_bw), 1e-15))
+        launch, tile, inv_bw, per_block = sol[4 * i:4 * i + 4]
+        out[proto.value] = ProtocolParams(float(launch) * 1e6, float(tile) * 1e6, 1e-9 / max(float(inv_bw), 1e-15),
+                                          float(per_block) * 1e6)
     return ModelParams(out, round(float(sol[-1]) * 1e6, 3) if fit_hop else hop_us, provenance or {})
 
 

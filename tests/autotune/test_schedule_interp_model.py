@@ -24,8 +24,9 @@ from kernels.interp.preset import PROGRAM_DIR, load_preset
 ROOT = Path(__file__).resolve().parents[2]
 FIFO = load_preset("h200x2").fifo
 LINKS = im.Links(intra_beta=1 / 400e9, inter_beta=1 / 50e9)
-PARAMS = im.ModelParams({"Simple": im.ProtocolParams(launch_us=5.0, tile_us=2.0, block_gbs=20.0),
-                         "LL": im.ProtocolParams(launch_us=3.0, tile_us=0.5, block_gbs=10.0)}, hop_us=1.5)
+PARAMS = im.ModelParams({"Simple": im.ProtocolParams(launch_us=5.0, tile_us=2.0, block_gbs=20.0, grid_block_us=0.01),
+                         "LL": im.ProtocolParams(launch_us=3.0, tile_us=0.5, block_gbs=10.0, grid_block_us=0.004)},
+                        hop_us=1.5)
 
 
 def direct(protocol: Protocol):
@@ -39,11 +40,12 @@ def test_one_send_closed_form(n, split, tile):
     f = im.features(direct(Protocol.SIMPLE), n, split, tile, FIFO, 4)
     assert (f.hops, f.link_bytes, f.inter_link_bytes, f.block_bytes, f.copy_bytes) == (1, n, 0, n / split, 0)
     assert f.block_tiles == math.ceil(n / split / tile)
-    want = 5e-6 + n / 400e9 + f.block_tiles * 2e-6 + n / split / 20e9
+    assert f.blocks == 2 * split                # a sending and a receiving thread block, split each
+    want = 5e-6 + n / 400e9 + f.block_tiles * 2e-6 + n / split / 20e9 + 2 * split * 0.01e-6
     assert im.predict(f, Protocol.SIMPLE, PARAMS, LINKS) == pytest.approx(want, rel=1e-12)
     # LL: half-rate payload on the link, its own fixed costs
     fl = im.features(direct(Protocol.LL), n, split, 0, FIFO, 4)
-    want_ll = 3e-6 + 2 * n / 400e9 + fl.block_tiles * 0.5e-6 + n / split / 10e9
+    want_ll = 3e-6 + 2 * n / 400e9 + fl.block_tiles * 0.5e-6 + n / split / 10e9 + 2 * split * 0.004e-6
     assert im.predict(fl, Protocol.LL, PARAMS, LINKS) == pytest.approx(want_ll, rel=1e-12)
 
 
@@ -87,9 +89,9 @@ def test_fit_recovers_the_hop_cost_from_multi_hop_programs():
 
 
 def test_shipped_parameters_are_the_fit_of_the_recorded_sweep():
-    """presets/interp_model.json is what --fit-model derives from the 2026-11-22 interpreter sweep."""
+    """presets/interp_model.json is what --fit-model derives from the interpreter sweep it names."""
     shipped = im.load_params()
-    refit = fit_record(str(ROOT / "reports/records/interp_tune_2026-11-22.json"),
+    refit = fit_record(str(ROOT / shipped.provenance["source"]),
                        profiles.Profile.load(shipped.provenance["profile"]), load_preset("h200x2"))
     assert shipped.hop_us == refit.hop_us
     for p, v in refit.protocols.items():
