@@ -78,6 +78,8 @@ MODEL = {"base": FIRST["base"] + BANDS["base"] + [
     ("allreduce", [1 * K, 16 * K, 64 * K], SIMPLE, [1, 4, 16], [64 * K]),
     ("allreduce", [4 * M, 16 * M], LL, [16, 32, 64], [0]),
     ("allreduce", [16 * M, 256 * M], SIMPLE, [16, 32], [64 * K, 128 * K]),
+    ("allreduce", [256 * K, 1 * M, 4 * M], SIMPLE, [2, 4, 8, 16], [128 * K]),  # few blocks per thread block
+    ("allreduce", [1 * M, 4 * M], LL, [4, 8, 16], [0]),
     ("allreduce", [1 * K, 16 * K, 64 * K, 256 * K, 1 * M], LL, [1, 4, 16], [0], "allpairs_allreduce_2r_ll.xml"),
     ("allreduce", [16 * K, 256 * K], LL, [1, 8], [0], "ring_allreduce_2r.xml"),
     ("allreduce", [64 * K, 1 * M, 16 * M], SIMPLE, [4, 16, 32], [64 * K], "ring_allreduce_2r.xml"),
