@@ -104,5 +104,6 @@ def finish(res: CollectiveResult, measured: bool) -> None:
         spc = [b.spearman_corrected for b in res.bands if b.spearman_corrected is not None]
         s["spearman_min"] = min(sp) if sp else None
         s["spearman_corrected_min"] = min(spc) if spc else None
-        s["bands_below_0.8"] = [b.rep for b in res.bands if b.spearman is not None and b.spearman < 0.8 - 1e-9]  # 4 ranks, one adjacent pair swapped: exactly 0.8
+        # exactly 0.8 (4 launches, one adjacent pair swapped) meets the target despite rounding
+        s["bands_below_0.8"] = [b.rep for b in res.bands if b.spearman is not None and b.spearman < 0.8 - 1e-9]
     res.summary = s
