@@ -32,7 +32,7 @@ class Row:
     correct: bool | None = None
     max_rel_err: float | None = None
     skipped: str = ""                # why a selected candidate was not measured
-    model_us: float | None = None    # the interpreter cost model alone (absent in runs before 2026-11-23)
+    model_us: float | None = None    # the interpreter cost model alone (absent in the first GPU run of 2026-11-22)
 
 
 @dataclass
