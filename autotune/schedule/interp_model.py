@@ -54,7 +54,7 @@ from calibrate.jsonfile import read_json, read_named_json
 from calibrate.profile import Group, Profile
 from kernels.gc3.interop import msccl_dir
 from kernels.gc3.ir import Program, Protocol
-from kernels.gc3.simulate import LOCAL_BETA_FRACTION, PROTOCOL_EFFICIENCY
+from kernels.gc3.simulate import LOCAL_BETA_FRACTION, PROTOCOL_EFFICIENCY, message_partners
 from kernels.gc3.xml_io import read_xml
 from kernels.interp import pack
 from kernels.interp.preset import PROGRAM_DIR, Fifo
@@ -140,15 +140,7 @@ def copy_bytes(program: Program, nbytes: int) -> int:
 
 def hops(program: Program) -> int:
     """The longest chain of dependent messages (a send and its matching receive is one)."""
-    sends, recvs = defaultdict(list), defaultdict(list)
-    for g in program.gpus:
-        for tb in g.threadblocks:
-            for i, st in enumerate(tb.steps):
-                if st.type.sends:
-                    sends[(g.id, tb.send, tb.chan)].append((g.id, tb.id, i))
-                if st.type.receives:
-                    recvs[(tb.recv, g.id, tb.chan)].append((g.id, tb.id, i))
-    partner = {r: s for key, ss in sends.items() for s, r in zip(ss, recvs.get(key, []))}
+    partner = message_partners(program)
     preds: dict[tuple[int, int, int], list[tuple[tuple[int, int, int], int]]] = {}
     for g in program.gpus:
         for tb in g.threadblocks:

@@ -45,9 +45,9 @@ def _link_params(profile: Profile, a: int, c: int, gpus_per_node: int, nbytes: f
     return seg.alpha, seg.beta
 
 
-def _simulate_tiles(program: Program, ntiles: int, tile_chunk: float, profile: Profile, gpus_per_node: int) -> float:
-    eff = PROTOCOL_EFFICIENCY[program.protocol]
-    # match sends and receives per connection
+def message_partners(program: Program) -> dict[tuple[int, int, int], tuple[int, int, int]]:
+    """Each receiving step (gpu, tb, step) mapped to its matching sending step: the k-th send on a
+    connection (sender, receiver, channel) meets the k-th receive on it."""
     sends, recvs = defaultdict(list), defaultdict(list)
     for g in program.gpus:
         for tb in g.threadblocks:
@@ -56,10 +56,12 @@ def _simulate_tiles(program: Program, ntiles: int, tile_chunk: float, profile: P
                     sends[(g.id, tb.send, tb.chan)].append((g.id, tb.id, i))
                 if st.type.receives:
                     recvs[(tb.recv, g.id, tb.chan)].append((g.id, tb.id, i))
-    partner = {}
-    for key, s in sends.items():
-        for a, b in zip(s, recvs.get(key, [])):
-            partner[b] = a
+    return {r: snd for key, ss in sends.items() for snd, r in zip(ss, recvs.get(key, []))}
+
+
+def _simulate_tiles(program: Program, ntiles: int, tile_chunk: float, profile: Profile, gpus_per_node: int) -> float:
+    eff = PROTOCOL_EFFICIENCY[program.protocol]
+    partner = message_partners(program)
     intra_alpha, intra_beta = _link_params(profile, 0, 0, gpus_per_node, tile_chunk)
     tbs = {(g.id, tb.id): tb for g in program.gpus for tb in g.threadblocks}
     # node: (tile, rank, tb, step); predecessors and successors
