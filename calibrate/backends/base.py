@@ -14,6 +14,7 @@ Host and graph modes give ``reps`` samples, isolated mode ``iters``.
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import ABC, abstractmethod
 from enum import Enum
 
@@ -87,9 +88,27 @@ class Backend(ABC):
     def launch(self, coll: Collective, send, recv, dtype: str) -> None:
         """Start one collective (asynchronous on GPUs)."""
 
-    @abstractmethod
     def time_batch(self, coll: Collective, send, recv, dtype: str, iters: int, mode: TimingMode) -> list[float]:
-        """Seconds per call of this rank: one value per batch (host, graph) or per call (isolated)."""
+        """Seconds per call of this rank: one value per batch (host, graph) or per call (isolated).
+        Host and isolated here, for every backend; a backend with ``supports_graph`` adds graph."""
+        if mode is TimingMode.ISOLATED:
+            out = []
+            for _ in range(iters):
+                self.comm.Barrier()
+                t0 = time.perf_counter()
+                self.launch(coll, send, recv, dtype)
+                self.synchronize()
+                out.append(time.perf_counter() - t0)
+            return out
+        if mode is TimingMode.GRAPH:
+            raise UserError(f"the {self.name} backend has no graph timing; use --mode host or isolated")
+        self.synchronize()
+        self.comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            self.launch(coll, send, recv, dtype)
+        self.synchronize()
+        return [(time.perf_counter() - t0) / iters]
 
     @abstractmethod
     def fill_random(self, arr, seed: int) -> None:

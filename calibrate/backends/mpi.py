@@ -1,13 +1,12 @@
 """The MPI backend: mpi4py collectives on host (numpy) buffers. Runs anywhere."""
 from __future__ import annotations
 
-import time
 
 import mpi4py
 import numpy as np
 from mpi4py import MPI
 
-from calibrate.backends.base import Backend, TimingMode, buffer_lengths
+from calibrate.backends.base import Backend, buffer_lengths
 from calibrate.collectives import Collective
 from calibrate.sizes import dtype_size, np_dtype
 
@@ -51,21 +50,6 @@ class MpiBackend(Backend):
             c.Bcast(recv, root=0)
         else:
             c.Sendrecv(send, dest=(r + 1) % p, recvbuf=recv, source=(r - 1) % p)
-
-    def time_batch(self, coll, send, recv, dtype, iters, mode):
-        if mode is TimingMode.ISOLATED:
-            out = []
-            for _ in range(iters):
-                self.comm.Barrier()
-                t0 = time.perf_counter()
-                self.launch(coll, send, recv, dtype)
-                out.append(time.perf_counter() - t0)
-            return out
-        self.comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            self.launch(coll, send, recv, dtype)
-        return [(time.perf_counter() - t0) / iters]
 
     def fill_random(self, arr, seed):
         arr[...] = self.host_array(len(arr), str(arr.dtype), seed)
