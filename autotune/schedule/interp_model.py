@@ -276,14 +276,19 @@ def fit(samples: list[Sample], fifo: dict[Protocol, Fifo], esize: int, links: Li
     return ModelParams(out, round(float(sol[-1]) * 1e6, 3) if fit_hop else hop_us, provenance or {})
 
 
-def tune_samples(path: str | Path, threads: int = 512) -> list[Sample]:
-    """The correct float32 rows of an interpreter sweep record (kind interp-tune, tests/gpu/interp_tune.py)
-    run with the preset's transport (its ``threads``, variant "base") and a shipped program, or a
-    reference MSCCL program (``program_file``, looked up in kernels.gc3.interop.msccl_dir())."""
+def load_tune_record(path: str | Path) -> dict:
+    """An interpreter sweep record (kind interp-tune, written by tests/gpu/interp_tune.py)."""
     data = read_json(path, "interpreter sweep record", "give reports/records/interp_tune_*.json")
     if not isinstance(data, dict) or data.get("kind") != TUNE_KIND:
         raise UserError(f"{path} is not an interpreter sweep record (kind {TUNE_KIND!r}); give "
                         f"reports/records/interp_tune_*.json")
+    return data
+
+
+def tune_samples(data: dict, threads: int = 512) -> list[Sample]:
+    """The correct float32 rows of an interpreter sweep record (``load_tune_record``) run with the
+    preset's transport (its ``threads``, variant "base") and a shipped program, or a reference MSCCL
+    program (``program_file``, looked up in kernels.gc3.interop.msccl_dir())."""
     programs: dict[str, Program] = {}
     out = []
     for run in data.get("runs", []):

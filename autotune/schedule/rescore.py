@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 
-from calibrate.jsonfile import read_json
 from calibrate.errors import UserError
 from calibrate.profile import Profile
 from kernels.interp import pack
@@ -24,7 +23,7 @@ from kernels.interp.preset import Preset
 
 from autotune.schedule import interp_model
 from autotune.schedule.choose import correlations
-from autotune.schedule.model import Model, spearman
+from autotune.schedule.model import Model
 from autotune.schedule.result import TuneResult
 from autotune.schedule.space import build_candidate
 
@@ -52,20 +51,17 @@ def rescore(path: str, profile: Profile, preset: Preset, params: interp_model.Mo
                 r.model_us = r.predicted_us = model.model_seconds(built[r.key], b.rep) * 1e6
         correlations(res.bands, {k: c.protocol for k, c in res.candidates.items()})
         lines.append(f"{res.collective}:")
-        for b in res.bands:
+        for b in res.bands:  # correlations() ranked predicted_us, which is model_us here
             rows = sorted(b.measured_rows(), key=lambda r: r.measured_us)
-            new = spearman([r.model_us for r in b.distinct_measured()], [r.measured_us for r in b.distinct_measured()])
             lines.append(f"  band {b.rep} B: {len(rows)} measured; Spearman recorded {_fmt(recorded[b.rep])}, "
-                         f"model {_fmt(new)}, model + correction (leave-one-band-out) "
+                         f"model {_fmt(b.spearman)}, model + correction (leave-one-band-out) "
                          f"{_fmt(b.spearman_corrected)}")
             for r in rows:
                 err = 100 * (r.model_us / r.measured_us - 1)
                 lines.append(f"    {r.key:<48} split {r.split:>3}  model {r.model_us:10.2f} us  "
                              f"measured {r.measured_us:10.2f} us  error {err:+6.1f}%")
-        news = [spearman([r.model_us for r in b.distinct_measured()], [r.measured_us for r in b.distinct_measured()])
-                for b in res.bands]
         lines.append(f"  Spearman per band, recorded: {[_fmt(recorded[b.rep]) for b in res.bands]}")
-        lines.append(f"  Spearman per band, model:    {[_fmt(x) for x in news]}")
+        lines.append(f"  Spearman per band, model:    {[_fmt(b.spearman) for b in res.bands]}")
         lines.append(f"  Spearman per band, model + correction (leave-one-band-out): "
                      f"{[_fmt(b.spearman_corrected) for b in res.bands]}")
     lines.append("nothing was measured: a re-scoring of the recorded measurements")
@@ -74,8 +70,8 @@ def rescore(path: str, profile: Profile, preset: Preset, params: interp_model.Mo
 
 def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4) -> interp_model.ModelParams:
     """The interpreter model's parameters fitted on an interpreter sweep record (float32 rows)."""
-    samples = interp_model.tune_samples(path, preset.threads)
-    record = read_json(path, "interpreter sweep record", "give reports/records/interp_tune_*.json")
+    record = interp_model.load_tune_record(path)
+    samples = interp_model.tune_samples(record, preset.threads)
     one_hop, node = _ceiling_us(record, ONE_HOP_CEILING, 1024), _ceiling_us(record, GRAPH_NODE_CEILING, 0)
     provenance = {"source": path, "measured": f"{record.get('date', '?')} on {record.get('device', '?')}, "
                                               f"tests/gpu/interp_tune.py (reports/records/interp.md)",
