@@ -103,21 +103,13 @@ def log(msg: str, rank: int) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def write_record(out: Path, sweep_name: str, rows: list[dict], ceilings_rows: list[dict]) -> None:
-    """$OUT/tune.json in the record format that `python -m autotune schedule --fit-model` reads."""
-    import cupy as cp
-
-    device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
-    record = {"kind": "interp-tune", "version": 1, "date": time.strftime("%Y-%m-%d"),
-              "device": f"2 x {device}", "runs": [{"sweep": sweep_name, "rows": rows, "ceilings": ceilings_rows}]}
-    (out / "tune.json").write_text(json.dumps(record, indent=1))
-
-
-def sweep(world, out: Path, rows: list[dict], cases_by_variant: dict, sweep_name: str,
-          ceilings_rows: list[dict]) -> None:
+def sweep(world, out: Path, cases_by_variant: dict, record: dict) -> None:
+    """Append every case's row to the rows of ``record``'s run, rewriting $OUT/tune.json after each
+    one: the record format that `python -m autotune schedule --fit-model` reads."""
     import cupy as cp
     from kernels.interp.runtime import Communicator
 
+    rows = record["runs"][0]["rows"]
     for vname, cases in cases_by_variant.items():
         comm = Communicator(world, variant(vname))
         stream = cp.cuda.Stream(non_blocking=True)
@@ -143,7 +135,7 @@ def sweep(world, out: Path, rows: list[dict], cases_by_variant: dict, sweep_name
                         rows.append(row)
                         log(f"{vname:>10} {tile:>7} " + bench._line(row), comm.rank)
                         if comm.rank == 0:
-                            write_record(out, sweep_name, rows, ceilings_rows)
+                            (out / "tune.json").write_text(json.dumps(record, indent=1))
         comm.close()
 
 
@@ -240,7 +232,10 @@ def main(argv: list[str]) -> int:
     if world.rank == 0:
         (out / "ceilings.json").write_text(json.dumps({"rows": ceil}, indent=1))
     rows: list[dict] = []
-    sweep(world, out, rows, SWEEPS[name], name, ceil)
+    device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    record = {"kind": "interp-tune", "version": 1, "date": time.strftime("%Y-%m-%d"),
+              "device": f"{world.size} x {device}", "runs": [{"sweep": name, "rows": rows, "ceilings": ceil}]}
+    sweep(world, out, SWEEPS[name], record)
     if world.rank == 0:
         print("\nceilings:")
         for r in ceil:
