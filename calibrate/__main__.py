@@ -4,6 +4,7 @@
     fit        fit alpha-beta models from results directories into a profile
     validate   print a profile's predictions next to measurements, with the error
     profiles   list the embedded profiles and their provenance
+    compute    measure the GPU's matmul, attention and memory throughput into a profile (torch)
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ SUBCOMMANDS = {
     "fit": "calibrate.fit_cli",
     "validate": "calibrate.validate",
     "profiles": "calibrate.profiles_cli",
+    "compute": "calibrate.compute_run",
 }
 
 

@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 
 from calibrate.collectives import Collective, busbw_factor, ring_coefficients
+from calibrate.compute import ComputeModel
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 
@@ -121,6 +122,7 @@ class Profile:
     timing_mode: str = ""
     # tier -> collective -> str(p) -> CollectiveModel
     tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = field(default_factory=dict)
+    compute: ComputeModel | None = None  # the GPU's compute model (``calibrate.compute``), if known
 
     # ---- costing -------------------------------------------------------------------
     def model(self, coll: Collective | str, group: Group) -> tuple[CollectiveModel, int]:
@@ -178,6 +180,7 @@ class Profile:
                 }
                 for tier, colls in self.tiers.items()
             },
+            **({"compute": self.compute.to_dict()} if self.compute is not None else {}),
         }
 
     @classmethod
@@ -223,6 +226,7 @@ class Profile:
             software=d.get("software", {}),
             timing_mode=d.get("timing_mode", ""),
             tiers=tiers,
+            compute=ComputeModel.from_dict(d["compute"], origin) if "compute" in d else None,
         )
 
     def save(self, path: str | Path) -> Path:

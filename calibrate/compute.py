@@ -1,0 +1,141 @@
+"""The compute model of a GPU: how long a matmul, an attention core and a
+bandwidth-bound pointwise op take, from a profile's optional ``"compute"`` section.
+
+Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
+
+    "compute": {
+      "kind": "measured" | "assumed",
+      "source": "how the figures were obtained",
+      "launch_s": 4e-06,                  # a kernel's fixed cost
+      "memory_Bps": 4.0e12,               # bytes moved (read + written) per second
+      "matmul":    {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
+      "attention": {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
+      "sources": {"matmul.2": "...", ...}   # one source per figure
+    }
+
+A band with measured ``points`` (flops -> median seconds, one per measured shape)
+interpolates log-log between them, keeps the last point's throughput above it
+and scales the first point's time down to ``launch_s`` below it; a band with
+only ``peak_flops`` (datasheet figures) costs ``launch_s + flops / peak_flops``.
+Matmul flops are 2 m k n; attention flops 4 b h s^2 d (QK^T and PV, counted
+as if not causal; the measured points are causal, as GPT runs them, so the
+causal saving lies in the fitted times). Backward of a matmul costs twice its
+forward (two matmuls of the same size).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from calibrate.errors import UserError
+
+KINDS = ("measured", "assumed")
+
+
+@dataclass(frozen=True)
+class Band:
+    """The throughput of one op at one element size."""
+
+    peak_flops: float
+    points: tuple[tuple[float, float], ...] = ()  # (flops, seconds), increasing flops
+
+    def seconds(self, flops: float, launch_s: float) -> float:
+        if flops <= 0:
+            return 0.0
+        if not self.points:
+            return launch_s + flops / self.peak_flops
+        xs = [p[0] for p in self.points]
+        if flops <= xs[0]:
+            return max(launch_s, self.points[0][1] * flops / xs[0])
+        if flops >= xs[-1]:
+            return self.points[-1][1] * flops / xs[-1]
+        i = bisect.bisect_right(xs, flops)
+        (f0, t0), (f1, t1) = self.points[i - 1], self.points[i]
+        w = math.log(flops / f0) / math.log(f1 / f0)
+        return t0 ** (1 - w) * t1 ** w
+
+    def to_dict(self) -> dict:
+        out = {"peak_flops": self.peak_flops}
+        if self.points:
+            out["points"] = [list(p) for p in self.points]
+        return out
+
+
+def _band(d, where: str) -> Band:
+    if not isinstance(d, dict) or not isinstance(d.get("peak_flops"), (int, float)) or d["peak_flops"] <= 0:
+        raise UserError(f"{where} needs a positive peak_flops: re-run python -m calibrate compute")
+    pts = []
+    for p in d.get("points", []):
+        if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in p)):
+            raise UserError(f"{where} has a bad point {p!r} (want [flops, seconds] > 0): re-run python -m calibrate compute")
+        pts.append((float(p[0]), float(p[1])))
+    pts.sort()
+    merged: list[tuple[float, float]] = []
+    for f, t in pts:  # equal flops from two shapes: keep their mean
+        if merged and merged[-1][0] == f:
+            merged[-1] = (f, (merged[-1][1] + t) / 2)
+        else:
+            merged.append((f, t))
+    return Band(float(d["peak_flops"]), tuple(merged))
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    source: str
+    kind: str
+    launch_s: float
+    memory_Bps: float
+    matmul: dict = field(default_factory=dict)  # str(dtype_bytes) -> Band
+    attention: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)
+
+    def __hash__(self):
+        return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
+
+    def _band(self, table: dict, what: str, dtype_bytes: int) -> Band:
+        band = table.get(str(dtype_bytes))
+        if band is None:
+            raise UserError(
+                f"the compute model ({self.source}) has no {what} figures for {dtype_bytes}-byte elements: "
+                f"measure them with python -m calibrate compute --dtypes {'bf16' if dtype_bytes == 2 else 'fp32'}"
+            )
+        return band
+
+    def matmul_seconds(self, m: int, k: int, n: int, dtype_bytes: int) -> float:
+        return self._band(self.matmul, "matmul", dtype_bytes).seconds(2.0 * m * k * n, self.launch_s)
+
+    def attention_seconds(self, batch: int, heads: int, seq: int, head_dim: int, dtype_bytes: int) -> float:
+        flops = 4.0 * batch * heads * seq * seq * head_dim
+        band = self.attention.get(str(dtype_bytes)) or self._band(self.matmul, "matmul", dtype_bytes)
+        return band.seconds(flops, self.launch_s)
+
+    def memory_seconds(self, nbytes: float) -> float:
+        return 0.0 if nbytes <= 0 else self.launch_s + nbytes / self.memory_Bps
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
+                "matmul": {k: b.to_dict() for k, b in self.matmul.items()},
+                "attention": {k: b.to_dict() for k, b in self.attention.items()},
+                "sources": dict(self.sources)}
+
+    @classmethod
+    def from_dict(cls, d, origin: str = "profile") -> "ComputeModel":
+        where = f"{origin}: compute section"
+        if not isinstance(d, dict):
+            raise UserError(f"{where} is not an object: re-run python -m calibrate compute")
+        if d.get("kind") not in KINDS:
+            raise UserError(f"{where} has kind {d.get('kind')!r}; use one of {', '.join(KINDS)}")
+        for key in ("launch_s", "memory_Bps"):
+            v = d.get(key)
+            if not isinstance(v, (int, float)) or v < 0 or (key == "memory_Bps" and v == 0):
+                raise UserError(f"{where} needs a non-negative {key}: re-run python -m calibrate compute")
+        if not d.get("matmul"):
+            raise UserError(f"{where} has no matmul figures: re-run python -m calibrate compute")
+        return cls(
+            source=str(d.get("source", "")), kind=d["kind"], launch_s=float(d["launch_s"]),
+            memory_Bps=float(d["memory_Bps"]),
+            matmul={str(k): _band(v, f"{where} matmul {k}") for k, v in d["matmul"].items()},
+            attention={str(k): _band(v, f"{where} attention {k}") for k, v in d.get("attention", {}).items()},
+            sources=dict(d.get("sources", {})),
+        )

@@ -1,0 +1,151 @@
+"""``python -m calibrate compute``: measure the GPU's compute model into a profile.
+
+    python -m calibrate compute --out h200.json                  # merge into h200.json (or the default profile)
+    python -m calibrate compute --profile h200-nvlink --out my.json --dtypes bf16
+
+Times, with CUDA events and the median of --iters runs on fresh random data
+(a new set of inputs per shape, rotated over three copies so that no run reads
+what the previous one left in L2): matmuls ``a @ b`` over a grid of shapes,
+causal ``scaled_dot_product_attention`` over sequence lengths and head sizes,
+a device-to-device copy (memory bandwidth) and a one-element kernel (launch
+cost). Writes the profile's ``compute`` section (``calibrate.compute``): the
+collective tiers of the base profile are kept.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import statistics
+import sys
+from pathlib import Path
+
+from calibrate.compute import Band, ComputeModel
+from calibrate.errors import UserError
+from calibrate.optional import require_torch
+from calibrate.profile import DEFAULT_PROFILE, Profile
+
+DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
+SQUARES = (256, 512, 1024, 2048, 4096, 8192)
+TALL = (256, 512, 1024, 2048)  # (8s, s, s) and (8s, s, 4s): token-major shapes of transformer layers
+SEQS = (256, 512, 1024, 2048, 4096)
+HEAD_DIMS = (64, 128)
+PEAKS = {"NVIDIA H200": {2: 989e12, 4: 67e12}, "NVIDIA H100": {2: 989e12, 4: 67e12},
+         "NVIDIA A100": {2: 312e12, 4: 19.5e12}}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m calibrate compute", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="profile JSON to write (merged into if it already is a profile)")
+    ap.add_argument("--profile", default=None,
+                    help=f"base profile whose tiers are kept (default: --out if it exists, else {DEFAULT_PROFILE})")
+    ap.add_argument("--dtypes", default="bf16,fp32", help="element types, of bf16, fp16, fp32 (default bf16,fp32)")
+    ap.add_argument("--iters", type=int, default=20, help="timed runs per shape (default 20)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cuda:0")
+    return ap
+
+
+def progress(msg: str) -> None:
+    print(f"[compute] {msg}", file=sys.stderr, flush=True)
+
+
+def _time(torch, fn, iters: int, warmup: int) -> float:
+    """Median seconds of ``fn(i)`` between CUDA events."""
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    out = []
+    for i in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(i)
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(out)
+
+
+def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple]]:
+    shapes = [(s, s, s) for s in SQUARES] + [(8 * s, s, s) for s in TALL] + [(8 * s, s, 4 * s) for s in TALL]
+    out = []
+    for m, k, n in shapes:
+        sets = [(torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype))
+                for _ in range(3)]
+        t = _time(torch, lambda i: torch.mm(*sets[i % 3]), iters, warmup)
+        out.append((2.0 * m * k * n, t, (m, k, n)))
+        progress(f"matmul {m}x{k}x{n} {dtype}: {t * 1e6:.1f} us, {2.0 * m * k * n / t / 1e12:.1f} TFLOP/s")
+        del sets
+    return out
+
+
+def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple]]:
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = []
+    batch, heads = 4, 16
+    for d in HEAD_DIMS:
+        for s in SEQS:
+            sets = [tuple(torch.randn(batch, heads, s, d, device=device, dtype=dtype) for _ in range(3))
+                    for _ in range(3)]
+            t = _time(torch, lambda i: sdpa(*sets[i % 3], is_causal=True), iters, warmup)
+            flops = 4.0 * batch * heads * s * s * d
+            out.append((flops, t, (batch, heads, s, d)))
+            progress(f"attention b={batch} h={heads} s={s} d={d} {dtype}: {t * 1e6:.1f} us")
+            del sets
+    return out
+
+
+def measure_memory(torch, device, iters, warmup) -> float:
+    n = 1 << 28  # 256 Mi fp32 = 1 GiB per buffer
+    src = [torch.rand(n, device=device) for _ in range(2)]
+    dst = torch.empty(n, device=device)
+    t = _time(torch, lambda i: dst.copy_(src[i % 2]), iters, warmup)
+    return 2 * n * 4 / t
+
+
+def measure_launch(torch, device, iters, warmup) -> float:
+    x = torch.zeros(1, device=device)
+    return _time(torch, lambda i: x.add_(1.0), max(iters, 50), warmup)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bad = [d for d in names if d not in DTYPES]
+    if bad or not names:
+        raise UserError(f"unknown --dtypes {','.join(bad) or args.dtypes!r}: use some of {', '.join(DTYPES)}")
+    if args.iters < 3 or args.warmup < 0:
+        raise UserError("--iters must be at least 3 and --warmup non-negative")
+    out = Path(args.out)
+    base = args.profile or (str(out) if out.exists() else DEFAULT_PROFILE)
+    profile = Profile.load(base)
+    torch = require_torch()
+    if not torch.cuda.is_available():
+        raise UserError("python -m calibrate compute measures a GPU but torch sees no CUDA device: run it on a GPU machine")
+    device = torch.device(args.device)
+    gpu = torch.cuda.get_device_name(device)
+    progress(f"{gpu}, torch {torch.__version__}; base profile {profile.name}")
+    matmul, attention, sources = {}, {}, {}
+    for name in names:
+        dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[name])
+        size = DTYPES[name]
+        peak = next((v[size] for k, v in PEAKS.items() if gpu.startswith(k)), None)
+        mm = measure_matmul(torch, dtype, device, args.iters, args.warmup)
+        att = measure_attention(torch, dtype, device, args.iters, args.warmup)
+        best = max(f / t for f, t, _ in mm)
+        matmul[str(size)] = Band(peak or best, tuple(sorted((f, t) for f, t, _ in mm)))
+        attention[str(size)] = Band(peak or best, tuple(sorted((f, t) for f, t, _ in att)))
+        sources[f"matmul.{size}"] = f"measured ({name}, {len(mm)} shapes, best {best / 1e12:.0f} TFLOP/s)"
+        sources[f"attention.{size}"] = f"measured ({name}, causal SDPA, {len(att)} shapes)"
+    mem = measure_memory(torch, device, args.iters, args.warmup)
+    launch = measure_launch(torch, device, args.iters, args.warmup)
+    sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
+                   launch_s=f"measured: one-element kernel, {launch * 1e6:.1f} us")
+    stamp = _dt.datetime.now().isoformat(timespec="seconds")
+    profile.compute = ComputeModel(
+        source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
+        kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources)
+    path = profile.save(out)
+    progress(f"memory {mem / 1e9:.0f} GB/s, launch {launch * 1e6:.1f} us")
+    print(f"wrote the compute section of {profile.name} to {path}")
+    return 0

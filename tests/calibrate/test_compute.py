@@ -1,0 +1,56 @@
+"""The compute model: closed forms on datasheet bands and interpolation on measured points."""
+import json
+import math
+
+import pytest
+
+from calibrate.compute import Band, ComputeModel
+from calibrate.errors import UserError
+from calibrate.profile import Profile, embedded_profile_names
+
+
+def model(points=()):
+    d = {"kind": "measured", "source": "test", "launch_s": 1e-5, "memory_Bps": 1e12,
+         "matmul": {"2": {"peak_flops": 1e15, "points": [list(p) for p in points]}}}
+    return ComputeModel.from_dict(d)
+
+
+def test_peak_band_closed_form():
+    m = model()
+    assert m.matmul_seconds(1000, 2000, 3000, 2) == pytest.approx(1e-5 + 2 * 1000 * 2000 * 3000 / 1e15)
+    assert m.memory_seconds(2e9) == pytest.approx(1e-5 + 2e-3)
+    # attention without its own band falls back to the matmul band: 4 b h s^2 d flops
+    assert m.attention_seconds(2, 4, 128, 64, 2) == pytest.approx(1e-5 + 4 * 2 * 4 * 128 * 128 * 64 / 1e15)
+
+
+def test_points_interpolate_log_log_and_extrapolate_at_constant_rate():
+    m = model([(1e9, 1e-5), (1e12, 2e-3)])
+    band = m.matmul["2"]
+    # halfway on a log scale between the points: the geometric mean of the times
+    assert band.seconds(math.sqrt(1e9 * 1e12), 1e-5) == pytest.approx(math.sqrt(1e-5 * 2e-3))
+    assert band.seconds(4e12, 1e-5) == pytest.approx(8e-3)  # the last point's throughput
+    assert band.seconds(1e6, 1e-5) == pytest.approx(1e-5)  # never below a launch
+
+
+def test_missing_dtype_names_the_fix():
+    with pytest.raises(UserError, match="calibrate compute --dtypes fp32"):
+        model().matmul_seconds(10, 10, 10, 4)
+
+
+def test_bad_section_is_one_line_error():
+    with pytest.raises(UserError, match="peak_flops"):
+        ComputeModel.from_dict({"kind": "measured", "launch_s": 0, "memory_Bps": 1, "matmul": {"2": {}}})
+
+
+def test_embedded_gpu_profiles_carry_compute_with_sources(tmp_path):
+    for name in embedded_profile_names():
+        p = Profile.load(name)
+        if p.hardware.get("gpu") is None:
+            continue
+        assert p.compute is not None, name
+        assert p.compute.sources.get("matmul.2") and p.compute.source
+        assert p.compute.matmul_seconds(4096, 4096, 4096, 2) > 0
+    p = Profile.load("gcp-a100")
+    back = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert back.compute == p.compute
+    assert back.compute.matmul["2"] == Band(312e12)
