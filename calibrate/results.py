@@ -6,6 +6,10 @@
     samples.csv   every sample (one row per timed unit, max over ranks)
     stats.csv     per group, collective and size: median, min, max, p95, the
                   95% confidence interval of the median, algbw, busbw, #wrong
+    points.csv    per group, collective and size: why it was measured (phase
+                  "sweep", "refine" or "random") and the seconds its measurement
+                  took (max over ranks), which the refinement's budget and a
+                  resumed refinement read
 
 Rows are appended and flushed to disk (fsync) as soon as a size is measured, so
 a crash or a kill loses at most the size in flight; ``--resume`` skips every
@@ -29,6 +33,8 @@ SCHEMA_VERSION = 1
 SAMPLE_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "rep", "time_s"]
 STAT_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "n",
                "median_s", "min_s", "max_s", "p95_s", "ci_lo_s", "ci_hi_s", "algbw_GBps", "busbw_GBps", "wrong"]
+POINT_FIELDS = ["group", "collective", "bytes", "phase", "wall_s"]
+PHASES = ("sweep", "refine", "random")
 # configuration keys that must agree for --resume
 RESUME_KEYS = ("backend", "mode", "dtype", "iters", "warmup", "reps", "world_size", "hosts")
 
@@ -65,7 +71,7 @@ class ResultsDir:
                 )
             meta["resumed_from"] = old.get("command")
         self.write_meta(meta)
-        for name, fields in (("samples.csv", SAMPLE_FIELDS), ("stats.csv", STAT_FIELDS)):
+        for name, fields in (("samples.csv", SAMPLE_FIELDS), ("stats.csv", STAT_FIELDS), ("points.csv", POINT_FIELDS)):
             self._repair(self.path / name, fields)
         return self.done()
 
@@ -101,9 +107,32 @@ class ResultsDir:
         df = pd.read_csv(stats)
         return {(g, c, int(b)) for g, c, b in zip(df["group"], df["collective"], df["bytes"])}
 
-    def append(self, samples: list[dict], stat: dict) -> None:
-        """Write one size's samples, then its statistics row (the resume marker), to disk."""
-        for name, fields, rows in (("samples.csv", SAMPLE_FIELDS, samples), ("stats.csv", STAT_FIELDS, [stat])):
+    def measured(self) -> dict[tuple, dict]:
+        """(group, collective, bytes) -> median_s, ci_lo_s, ci_hi_s and wall_s (None where points.csv
+        has no row: a directory written before it existed, or a kill between the two writes)."""
+        if not (self.path / "stats.csv").exists():
+            return {}
+        st = pd.read_csv(self.path / "stats.csv")
+        out = {(g, c, int(b)): {"median_s": float(m), "ci_lo_s": float(lo), "ci_hi_s": float(hi), "wall_s": None}
+               for g, c, b, m, lo, hi in zip(st["group"], st["collective"], st["bytes"], st["median_s"],
+                                             st["ci_lo_s"], st["ci_hi_s"])}
+        for r in self.points().itertuples():
+            key = (r.group, r.collective, int(r.bytes))
+            if key in out:
+                out[key]["wall_s"] = float(r.wall_s)
+        return out
+
+    def points(self) -> pd.DataFrame:
+        path = self.path / "points.csv"
+        if not path.exists():
+            return pd.DataFrame(columns=POINT_FIELDS)
+        return pd.read_csv(path)
+
+    def append(self, samples: list[dict], stat: dict, point: dict | None = None) -> None:
+        """Write one size's samples, then its statistics row (the resume marker), then why and
+        how long it was measured, to disk."""
+        for name, fields, rows in (("samples.csv", SAMPLE_FIELDS, samples), ("stats.csv", STAT_FIELDS, [stat]),
+                                   ("points.csv", POINT_FIELDS, [point] if point else [])):
             with open(self.path / name, "a", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=fields)
                 w.writerows(rows)

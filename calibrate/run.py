@@ -8,6 +8,7 @@ import os
 import shlex
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from calibrate.backends.base import TimingMode
 from calibrate.collectives import ALL_COLLECTIVES, Collective, busbw_factor
 from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
+from calibrate.refine import FLOOR
+from calibrate.refine_run import refine_curve
 from calibrate.results import KIND, SCHEMA_VERSION, ResultsDir
 from calibrate.sizes import align, dtype_size, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
@@ -34,26 +37,40 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m calibrate run",
         description="Time collectives over a sweep of sizes (one process per GPU or rank, "
                     "under mpiexec or srun) and write a resumable results directory.")
+    add_timing_args(p)
+    p.add_argument("--factor", "-f", type=float, default=2.0, help="size multiplier between steps. Default 2")
+    p.add_argument("--check", action="store_true", help="after timing, check each size of the sweep on fresh "
+                   "random data; exit non-zero if anything is wrong")
+    p.add_argument("--refine", action="store_true",
+                   help="after each collective's sweep, locate the steps of its curve (NCCL's protocol and "
+                        "algorithm switches) by bisection on aligned sizes, to 1/32 of an octave")
+    p.add_argument("--refine-budget", type=float, default=0.3,
+                   help="refinement time per collective, as a fraction of its sweep's time. Default 0.3")
+    p.add_argument("--refine-points", type=int, default=24, help="most refined sizes per collective. Default 24")
+    p.add_argument("--refine-tol", type=float, default=FLOOR,
+                   help=f"least relative disagreement with the smooth model that counts as a step (the "
+                        f"confidence intervals raise it where the data are noisy). Default {FLOOR}")
+    return p
+
+
+def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None = "host") -> None:
+    """The options of how to time, shared by ``calibrate run`` and ``calibrate validate --random``."""
     p.add_argument("--backend", default="auto", help="nccl (GPUs, cupy), mpi (host buffers) or auto "
                    "(nccl when a GPU is visible, else mpi). Default: auto")
     p.add_argument("--collectives", "-c", default=",".join(c.value for c in ALL_COLLECTIVES),
                    help="comma-separated: allreduce,allgather,reducescatter,alltoall,broadcast,sendrecv")
     p.add_argument("--min-bytes", "-b", default="1K", help="smallest size (K/M/G suffixes). Default 1K")
     p.add_argument("--max-bytes", "-e", default=None, help="largest size. Default 1G with nccl, 64M with mpi")
-    p.add_argument("--factor", "-f", type=float, default=2.0, help="size multiplier between steps. Default 2")
     p.add_argument("--dtype", "-d", default="float32", help="float32, float16, bfloat16 (nccl), float64, int32")
     p.add_argument("--iters", "-n", type=int, default=20, help="calls per timed batch (host, graph) or timed calls (isolated)")
     p.add_argument("--warmup", "-w", type=int, default=5, help="untimed calls before timing each size")
     p.add_argument("--reps", type=int, default=5, help="timed batches per size in host and graph modes")
-    p.add_argument("--mode", "-m", default="host", help="host (CPU clock, one sync), graph (CUDA graph, events) "
-                   "or isolated (barrier, one call, sync)")
-    p.add_argument("--check", action="store_true", help="after timing, check each size on fresh random data; "
-                   "exit non-zero if anything is wrong")
+    p.add_argument("--mode", "-m", default=mode_default, help="host (CPU clock, one sync), graph (CUDA graph, "
+                   "events) or isolated (barrier, one call, sync). Default " + (mode_default or "the profile's"))
     p.add_argument("--groups", default="world,intra,inter",
                    help="groups to measure: world, intra (ranks of one host), inter (one rank per host)")
     p.add_argument("--out", "-o", default=None, help="results directory. Default results/calib-<date>-<time>")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping what is done")
-    return p
 
 
 def _agree(world, problem: str | None) -> None:
@@ -85,7 +102,8 @@ def _row(nbytes, count, dtype, coll, t, busbw, wrong) -> str:
             f"{algbw:>8.2f} {busbw:>8.2f} {w:>7}")
 
 
-def run(args, world) -> int:
+def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
+    """Measure the sweep (or, from ``calibrate validate --random``, the given sizes per collective)."""
     rank = world.Get_rank()
     say = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
     colls = [Collective.parse(c) for c in args.collectives.split(",") if c.strip()]
@@ -95,13 +113,22 @@ def run(args, world) -> int:
     dtype_size(args.dtype)
     kinds = parse_group_kinds(args.groups)
     backend_name = _pick_backend(args.backend)
+    refining = getattr(args, "refine", False)
+    if refining and (args.refine_points < 0 or args.refine_budget < 0 or args.refine_tol < 0):
+        raise UserError("--refine-points, --refine-budget and --refine-tol must not be negative")
     _agree(world, None)  # every rank parsed the same arguments
     if mode is TimingMode.GRAPH and backend_name != "nccl":
         raise UserError("graph timing needs GPUs: use --backend nccl, or --mode host or isolated")
     if args.dtype == "bfloat16" and backend_name != "nccl":
         raise UserError("bfloat16 needs the nccl backend: use --dtype float16 or float32 with mpi")
     max_default = "1G" if backend_name == "nccl" else "64M"
-    sizes = sweep(parse_size(args.min_bytes), parse_size(args.max_bytes or max_default), args.factor)
+    if random_sizes is None:
+        sizes = sweep(parse_size(args.min_bytes), parse_size(args.max_bytes or max_default), args.factor)
+        plan = {c.value: sizes for c in colls}
+    else:
+        sizes, plan = random_sizes, random_sizes
+    phase = "sweep" if random_sizes is None else "random"
+    check = getattr(args, "check", False)
 
     device = None
     if backend_name == "nccl":
@@ -118,22 +145,25 @@ def run(args, world) -> int:
         "config": {"backend": backend_name, "mode": mode.value, "dtype": args.dtype, "iters": args.iters,
                    "warmup": args.warmup, "reps": args.reps, "world_size": world.Get_size(),
                    "hosts": sorted(set(hosts)), "collectives": [c.value for c in colls],
-                   "sizes": sizes, "groups": kinds},
+                   "sizes": sizes, "groups": kinds, "phase": phase,
+                   **({"refine": {"budget": args.refine_budget, "points": args.refine_points,
+                                  "tol": args.refine_tol}} if refining else {})},
         "ranks": world.gather({"rank": rank, "host": socket.gethostname(), "device": device}, root=0),
         "nodes": nnodes,
         "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "SLURM_JOB", "OMPI_COMM_WORLD_SIZE"))},
     }
     rd = ResultsDir(Path(out))
-    done, problem = set(), None
+    stored, problem = {}, None
     if rank == 0:
         try:
-            done = rd.prepare(meta, args.resume)
+            rd.prepare(meta, args.resume)
+            stored = rd.measured()
         except UserError as e:
             problem = str(e)
     _agree(world, problem)
-    done = world.bcast(done, root=0)
-    if done:
-        say(f"# resuming {out}: {len(done)} sizes already measured are skipped", file=sys.stderr)
+    stored = world.bcast(stored, root=0)  # every rank replays the same refinement decisions
+    if stored:
+        say(f"# resuming {out}: {len(stored)} sizes already measured are skipped", file=sys.stderr)
 
     total_wrong, versions_written = 0, False
     for kind in kinds:
@@ -154,40 +184,54 @@ def run(args, world) -> int:
             versions_written = True
         label = f"{kind}:{info.ranks}x{info.nodes}"
         for ci, coll in enumerate(colls):
+            coll_sizes = plan[coll.value]
             say(f"# [{ci + 1}/{len(colls)}] {coll.value} on {label} (tier {info.tier}), mode {mode.value}, "
-                f"{len(sizes)} sizes", file=sys.stderr)
+                f"{len(coll_sizes)} {'sizes' if phase == 'sweep' else 'random sizes'}", file=sys.stderr)
             say(f"# {coll.value} group {label} tier {info.tier} mode {mode.value}\n{HEADER}")
-            notes = set()
-            for nbytes_req in sizes:
-                nbytes, count = align(coll, nbytes_req, info.ranks, args.dtype)
-                note = rounded_note(coll, nbytes_req, nbytes, info.ranks)
-                if note and rank == 0 and note not in notes:
-                    notes.add(note)
-                    print(f"# {note}", file=sys.stderr)
-                if (label, coll.value, nbytes) in done:
-                    continue
+
+            def measure_size(nbytes: int, why: str, with_check: bool) -> None:
+                """Time one size, check it if asked, and put it on disk (rank 0) and in ``stored``."""
+                nonlocal total_wrong
+                start = time.perf_counter()
                 samples = backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps)
                 world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # concurrent groups: the slowest
                 wrong = -1
-                if args.check:
+                if with_check:
                     # each group's check is summed over its ranks: count every group once
                     wrong = world.allreduce(backend.check(coll, nbytes, args.dtype, seed=nbytes),
                                             op=MPI.SUM) // info.ranks
                     total_wrong += max(wrong, 0)
                 st = summarize(samples)
+                wall = world.allreduce(time.perf_counter() - start, op=MPI.MAX)
                 algbw = nbytes / st["median_s"] / 1e9
                 busbw = algbw * busbw_factor(coll, info.ranks)
+                count = align(coll, nbytes, info.ranks, args.dtype)[1]
                 if rank == 0:
                     base = {"group": label, "tier": info.tier, "ranks": info.ranks, "nodes": info.nodes,
                             "collective": coll.value, "mode": mode.value, "dtype": args.dtype,
                             "bytes": nbytes, "count": count}
                     rd.append([dict(base, rep=i, time_s=float(t)) for i, t in enumerate(samples)],
-                              dict(base, **st, algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong))
+                              dict(base, **st, algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong),
+                              {"group": label, "collective": coll.value, "bytes": nbytes, "phase": why,
+                               "wall_s": wall})
                     print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong), flush=True)
-                done.add((label, coll.value, nbytes))
+                stored[(label, coll.value, nbytes)] = {"median_s": st["median_s"], "ci_lo_s": st["ci_lo_s"],
+                                                       "ci_hi_s": st["ci_hi_s"], "wall_s": wall}
+
+            notes = set()
+            for nbytes_req in coll_sizes:
+                nbytes, _ = align(coll, nbytes_req, info.ranks, args.dtype)
+                note = rounded_note(coll, nbytes_req, nbytes, info.ranks)
+                if note and rank == 0 and note not in notes and phase == "sweep":
+                    notes.add(note)
+                    print(f"# {note}", file=sys.stderr)
+                if (label, coll.value, nbytes) not in stored:
+                    measure_size(nbytes, phase, check)
+            if refining:
+                refine_curve(args, say, label, coll, info.ranks, coll_sizes, stored, measure_size)
         backend.close()
         comm.Free()
-    say(f"# results in {out}" + (f"; {total_wrong} wrong elements" if args.check else ""), file=sys.stderr)
+    say(f"# results in {out}" + (f"; {total_wrong} wrong elements" if check else ""), file=sys.stderr)
     return 1 if total_wrong else 0
 
 

@@ -35,8 +35,8 @@ def dtype_size(dtype: str) -> int:
     return DTYPES[dtype]
 
 
-def _snap(n: float) -> int:
-    """Round to 4 significant bits (a multiple of 2**(floor(log2 n) - 3)).
+def snap(n: float, bits: int = 4) -> int:
+    """Round to ``bits`` significant bits (a multiple of 2**(floor(log2 n) - bits + 1)).
 
     Powers of two stay exact despite floating-point drift in the product, and the
     sizes between them are multiples of large powers of two (1.375 * 2**k, 1.5 *
@@ -44,15 +44,15 @@ def _snap(n: float) -> int:
     2026-11-22: a 1448-byte-stepped sweep put allgather of 2.97 MB at 28 us
     against 26 us for 4 MiB), which the alpha-beta model should not absorb.
     """
-    if n < 16:
+    if n < 2 ** bits:
         return max(int(round(n)), 1)
-    granule = 2 ** (int(math.floor(math.log2(n))) - 3)
+    granule = 2 ** (int(math.floor(math.log2(n))) - bits + 1)
     return int(round(n / granule)) * granule
 
 
 def sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     """The geometric sweep min, min*factor, ... up to max (inclusive), each size
-    rounded to 4 significant bits (``_snap``) except the two ends."""
+    rounded to 4 significant bits (``snap``) except the two ends."""
     if min_bytes <= 0 or max_bytes <= 0:
         raise UserError("sizes must be positive: give --min-bytes and --max-bytes above zero")
     if min_bytes > max_bytes:
@@ -63,7 +63,7 @@ def sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
         raise UserError(f"--factor must be above 1, got {factor}")
     sizes, n = [], float(min_bytes)
     while n <= max_bytes * (1 + 1e-9):
-        sizes.append(min(max(_snap(n), min_bytes), max_bytes))
+        sizes.append(min(max(snap(n), min_bytes), max_bytes))
         n *= factor
     return sorted(set(sizes))
 
