@@ -11,13 +11,16 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from mpi4py import MPI
 
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
-from calibrate.collectives import ALL_COLLECTIVES, Collective, busbw_factor
+from calibrate.cli import add_timing_args
+from calibrate.cli import add_timing_args
+from calibrate.collectives import Collective, busbw_factor
 from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
 from calibrate.refine import FLOOR
@@ -37,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m calibrate run",
         description="Time collectives over a sweep of sizes (one process per GPU or rank, "
                     "under mpiexec or srun) and write a resumable results directory.")
-    add_timing_args(p)
+    add_timing_args(p, mode_default="host", min_default="1K")
     p.add_argument("--factor", "-f", type=float, default=2.0, help="size multiplier between steps. Default 2")
     p.add_argument("--check", action="store_true", help="after timing, check each size of the sweep on fresh "
                    "random data; exit non-zero if anything is wrong")
@@ -51,26 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"least relative disagreement with the smooth model that counts as a step (the "
                         f"confidence intervals raise it where the data are noisy). Default {FLOOR}")
     return p
-
-
-def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None = "host") -> None:
-    """The options of how to time, shared by ``calibrate run`` and ``calibrate validate --random``."""
-    p.add_argument("--backend", default="auto", help="nccl (GPUs, cupy), mpi (host buffers) or auto "
-                   "(nccl when a GPU is visible, else mpi). Default: auto")
-    p.add_argument("--collectives", "-c", default=",".join(c.value for c in ALL_COLLECTIVES),
-                   help="comma-separated: allreduce,allgather,reducescatter,alltoall,broadcast,sendrecv")
-    p.add_argument("--min-bytes", "-b", default="1K", help="smallest size (K/M/G suffixes). Default 1K")
-    p.add_argument("--max-bytes", "-e", default=None, help="largest size. Default 1G with nccl, 64M with mpi")
-    p.add_argument("--dtype", "-d", default="float32", help="float32, float16, bfloat16 (nccl), float64, int32")
-    p.add_argument("--iters", "-n", type=int, default=20, help="calls per timed batch (host, graph) or timed calls (isolated)")
-    p.add_argument("--warmup", "-w", type=int, default=5, help="untimed calls before timing each size")
-    p.add_argument("--reps", type=int, default=5, help="timed batches per size in host and graph modes")
-    p.add_argument("--mode", "-m", default=mode_default, help="host (CPU clock, one sync), graph (CUDA graph, "
-                   "events) or isolated (barrier, one call, sync). Default " + (mode_default or "the profile's"))
-    p.add_argument("--groups", default="world,intra,inter",
-                   help="groups to measure: world, intra (ranks of one host), inter (one rank per host)")
-    p.add_argument("--out", "-o", default=None, help="results directory. Default results/calib-<date>-<time>")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping what is done")
 
 
 def _agree(world, problem: str | None) -> None:
@@ -235,19 +218,25 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     return 1 if total_wrong else 0
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    world = MPI.COMM_WORLD
+def guarded(body: Callable[[], int], world, prog: str) -> int:
+    """Run ``body`` on every rank: a user error is one line from rank 0; Ctrl-C or a crash on one rank
+    aborts all of them (none is left hanging in a collective)."""
     try:
-        return run(args, world)
+        return int(body() or 0)
     except UserError as e:
         if world.Get_rank() == 0:
-            print(f"calibrate run: error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("calibrate run: interrupted; measured sizes are saved: add --resume to continue", file=sys.stderr)
+        print(f"{prog}: interrupted; measured sizes are saved: add --resume to continue", file=sys.stderr)
         world.Abort(130)
     except Exception:  # noqa: BLE001  (one rank failing must not leave the others hanging)
         traceback.print_exc()
         world.Abort(1)
     return 1
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    world = MPI.COMM_WORLD
+    return guarded(lambda: run(args, world), world, "calibrate run")

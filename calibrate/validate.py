@@ -1,13 +1,28 @@
 """``python -m calibrate validate --profile P <results dirs...>``: a profile's
 prediction next to each measurement, with the error, and a summary per
-collective and tier (e.g. a 2-GPU profile judged on 4- and 8-GPU runs)."""
+collective and tier (e.g. a 2-GPU profile judged on 4- and 8-GPU runs).
+
+``--random N --seed S`` (one process per GPU or rank, under mpiexec or srun)
+first measures N sizes per collective drawn at random: log-uniform between
+--min-bytes and --max-bytes, each a multiple of --align bytes per rank (so
+neither on the sweep's grid nor used by any fit), timed as ``calibrate run``
+times (the profile's timing mode unless --mode says otherwise), written to a
+results directory of their own, and then judges the profile on them.
+"""
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import math
+import os
+import sys
 
 import numpy as np
 import pandas as pd
 
+from calibrate.cli import add_timing_args
+from calibrate.collectives import Collective
+from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Group, Profile
 from calibrate.results import load_results
 from calibrate.sizes import parse_size
@@ -15,12 +30,43 @@ from calibrate.sizes import parse_size
 
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m calibrate validate",
-                                description="Compare a profile's predictions with calibration measurements.")
-    p.add_argument("results", nargs="+", help="results directories written by python -m calibrate run")
+                                description="Compare a profile's predictions with calibration measurements, "
+                                            "or measure sizes drawn at random (--random) and compare.")
+    p.add_argument("results", nargs="*", help="results directories written by python -m calibrate run")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name or JSON file. Default {DEFAULT_PROFILE}")
-    p.add_argument("--min-bytes", default="0", help="judge only sizes from this one up (e.g. 1M)")
     p.add_argument("--summary-only", action="store_true", help="print only the summary")
+    p.add_argument("--random", type=int, default=0, metavar="N",
+                   help="measure N sizes per collective drawn at random, then compare (under mpiexec or srun)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random sizes. Default 0")
+    p.add_argument("--align", default="256", help="random sizes are multiples of this many bytes per rank. "
+                                                  "Default 256")
+    add_timing_args(p, mode_default=None, min_default=None)
     return p
+
+
+def random_sizes(colls: list[Collective], lo: int, hi: int, count: int, seed: int, unit: int) -> dict[str, list[int]]:
+    """``count`` sizes per collective, log-uniform in [lo, hi], multiples of ``unit``; one stream per collective."""
+    if count < 1:
+        raise UserError(f"--random must be at least 1, got {count}")
+    if unit < 1:
+        raise UserError(f"--align must be at least 1 byte, got {unit}")
+    if not 0 < lo < hi:
+        raise UserError(f"random sizes need 0 < --min-bytes < --max-bytes (got {lo} and {hi})")
+    first, last = math.ceil(lo / unit) * unit, hi // unit * unit
+    if first > last:
+        raise UserError(f"no multiple of {unit} B lies between {lo} and {hi} B: lower --align or widen the range")
+    if (last - first) // unit + 1 < count:
+        raise UserError(f"fewer than {count} multiples of {unit} B lie between {lo} and {hi} B: "
+                        f"lower --random or --align")
+    out = {}
+    for i, c in enumerate(colls):
+        rng = np.random.default_rng([seed, i])
+        picked: set[int] = set()
+        while len(picked) < count:  # distinct sizes; terminates since enough multiples exist
+            x = math.exp(rng.uniform(math.log(first), math.log(last)))
+            picked.add(int(min(max(round(x / unit) * unit, first), last)))
+        out[c.value] = sorted(picked)
+    return out
 
 
 def compare(profile: Profile, stats: pd.DataFrame, min_bytes: int = 0) -> pd.DataFrame:
@@ -38,17 +84,53 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     return g["abs_err"].agg(points="count", median_abs_err_pct="median", max_abs_err_pct="max").reset_index()
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    profile = Profile.load(args.profile)
-    stats = pd.concat([st for _, st in load_results(args.results)], ignore_index=True)
-    table = compare(profile, stats, parse_size(args.min_bytes) if args.min_bytes != "0" else 0)
+def report(profile: Profile, stats: pd.DataFrame, min_bytes: int, summary_only: bool) -> int:
+    table = compare(profile, stats, min_bytes)
+    if table.empty:
+        raise UserError(f"no measurement at or above {min_bytes} B to judge: lower --min-bytes")
     fmt = lambda v: f"{v:.2f}"  # noqa: E731
-    if not args.summary_only:
+    if not summary_only:
         print(table.to_string(index=False, float_format=fmt))
         print()
     print(f"# profile {profile.name!r} ({profile.provenance.get('kind')}) against the measurements")
     print(summarize(table).to_string(index=False, float_format=fmt))
-    if np.isfinite(table["error_%"]).all():
-        return 0
-    return 1
+    return 0 if np.isfinite(table["error_%"]).all() else 1
+
+
+def measure_random(args) -> int:
+    """Measure the random sizes under MPI (every rank), then judge the profile on rank 0."""
+    from mpi4py import MPI
+
+    from calibrate.run import guarded, run
+
+    world = MPI.COMM_WORLD
+
+    def body() -> int:
+        profile = Profile.load(args.profile)
+        colls = [Collective.parse(c) for c in args.collectives.split(",") if c.strip()]
+        args.mode = args.mode or profile.timing_mode or "host"
+        lo = parse_size(args.min_bytes or "1K")
+        hi = parse_size(args.max_bytes or "1G")
+        sizes = random_sizes(colls, lo, hi, args.random, args.seed, parse_size(args.align) * world.Get_size())
+        args.out = args.out or os.path.join("results", "validate-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        rc = run(args, world, random_sizes=sizes)
+        if world.Get_rank() == 0:
+            stats = pd.concat([st for _, st in load_results([args.out])], ignore_index=True)
+            print(f"# {args.random} random sizes per collective (seed {args.seed}) measured into {args.out}")
+            rc = max(rc, report(profile, stats, 0, args.summary_only))
+        return rc
+
+    return guarded(body, world, "calibrate validate")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.random:
+        if args.results:
+            raise UserError("--random measures its own sizes: give no results directories with it")
+        return measure_random(args)
+    profile = Profile.load(args.profile)
+    if not args.results:
+        raise UserError("give results directories to judge the profile on, or --random N to measure sizes")
+    stats = pd.concat([st for _, st in load_results(args.results)], ignore_index=True)
+    return report(profile, stats, parse_size(args.min_bytes) if args.min_bytes else 0, args.summary_only)
