@@ -16,6 +16,7 @@ from calibrate.errors import UserError
 from calibrate.fit import fit_piecewise, holdout, implied_busbw
 from calibrate.profile import CollectiveModel, Profile
 from calibrate.results import load_results
+from calibrate.validate import compare, summarize
 
 # AutoDDL-style accuracy targets for graph-timed data (issue 3)
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.15
@@ -32,6 +33,11 @@ def build_parser():
     p.add_argument("--min-points", type=int, default=3, help="fewest sizes per segment. Default 3")
     p.add_argument("--link-peak", type=float, default=None,
                    help="the link's peak bandwidth per direction in GB/s, shown beside the fitted beta")
+    p.add_argument("--validation", nargs="+", default=[], metavar="DIR",
+                   help="results directories of sizes drawn at random (python -m calibrate validate --random), "
+                        "not used by the fit: the fitted profile is judged on them and the errors go into its "
+                        "provenance")
+    p.add_argument("--note", default=None, help="a line for the profile's provenance (where and how it was measured)")
     p.add_argument("--quiet", action="store_true", help="print only the summary table")
     return p
 
@@ -118,6 +124,28 @@ def flatness_warnings(summary: list[dict]) -> list[str]:
     return out
 
 
+def judge_random(prof: Profile, paths: list[str], quiet: bool) -> dict:
+    """The fitted profile against sizes drawn at random (measured apart from the fit), per collective."""
+    runs = load_results(paths)
+    for path, (meta, _) in zip(paths, runs):
+        if meta["config"].get("mode") != prof.timing_mode:
+            raise UserError(f"{path!r} was timed in {meta['config'].get('mode')} mode, the fit in "
+                            f"{prof.timing_mode} mode: validate each mode against its own profile")
+    table = compare(prof, pd.concat([st for _, st in runs], ignore_index=True))
+    summary = summarize(table)
+    if not quiet:
+        print("# random sizes (not fitted): prediction next to measurement")
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print()
+    print("# error at the random sizes per tier, collective and group size")
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return {"method": "sizes drawn at random (log-uniform, python -m calibrate validate --random), "
+                      "measured apart from the fit",
+            "runs": [{"path": str(p), "created": m.get("created"), "command": m.get("command")}
+                     for p, (m, _) in zip(paths, runs)],
+            "summary": summary.to_dict(orient="records")}
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     runs = load_results(args.results)
@@ -139,6 +167,10 @@ def main(argv=None) -> int:
         miss = table[(table["heldout_median_%"] > TARGET_MEDIAN * 100) | (table["heldout_max_%"] > TARGET_MAX * 100)]
         print(f"# targets (graph mode): held-out median <= {TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%}: "
               + ("all met" if miss.empty else f"missed by {', '.join(miss['collective'] + '@p=' + miss['p'].astype(str))}"))
+    if args.validation:
+        prof.provenance["random_validation"] = judge_random(prof, args.validation, args.quiet)
+    if args.note:
+        prof.provenance["note"] = args.note
     if args.link_peak:
         prof.hardware["link_peak_GBps"] = args.link_peak
     path = prof.save(args.out)

@@ -31,9 +31,10 @@ def _size(n: float) -> str:
 
 
 def refine_curve(args, say: Callable, label: str, coll: Collective, p: int, sizes: list[int], stored: dict,
-                 measure_size: Callable[[int, str, bool], None]) -> Report:
+                 measure_size: Callable[[int, str, bool], None]) -> dict:
     """Refine the curve of ``coll`` on group ``label`` (``p`` ranks); ``stored`` holds every point measured
-    (key (group, collective, bytes)) and ``measure_size(nbytes, phase, check)`` adds one."""
+    (key (group, collective, bytes)) and ``measure_size(nbytes, phase, check)`` adds one. Returns the
+    record of what it did (refine.json)."""
     aligned_sizes = sorted({align(coll, n, p, args.dtype)[0] for n in sizes})
     recs = [(n, stored[(label, coll.value, n)]) for n in aligned_sizes]
     walls = [r["wall_s"] for _, r in recs if r["wall_s"] is not None]
@@ -69,4 +70,6 @@ def refine_curve(args, say: Callable, label: str, coll: Collective, p: int, size
     say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {args.refine_points}), "
         f"{report.spent_s:.1f} s = {share} of the sweep's {sweep_s:.1f} s; {report.located()}/{len(report.steps)} "
         f"steps located within 1/32 octave; {report.stopped}")
-    return report
+    return {"sweep_points": len(recs), "sweep_s": sweep_s, "budget_s": budget_s, "refined_points": len(report.added),
+            "refine_s": report.spent_s, "stopped": report.stopped, "located": report.located(),
+            "steps": [dict(s.as_dict(), located=s.located(RESOLUTION)) for s in report.steps]}

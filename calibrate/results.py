@@ -6,6 +6,8 @@
     samples.csv   every sample (one row per timed unit, max over ranks)
     stats.csv     per group, collective and size: median, min, max, p95, the
                   95% confidence interval of the median, algbw, busbw, #wrong
+    refine.json   per group and collective, what ``--refine`` did: the steps it
+                  found and where, points and seconds spent against the sweep's
     points.csv    per group, collective and size: why it was measured (phase
                   "sweep", "refine" or "random") and the seconds its measurement
                   took (max over ranks), which the refinement's budget and a
@@ -121,6 +123,12 @@ class ResultsDir:
             if key in out:
                 out[key]["wall_s"] = float(r.wall_s)
         return out
+
+    def write_refine(self, group: str, collective: str, record: dict) -> None:
+        path = self.path / "refine.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[f"{group}/{collective}"] = record
+        path.write_text(json.dumps(data, indent=1) + "\n")
 
     def points(self) -> pd.DataFrame:
         path = self.path / "points.csv"

@@ -211,7 +211,9 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
                 if (label, coll.value, nbytes) not in stored:
                     measure_size(nbytes, phase, check)
             if refining:
-                refine_curve(args, say, label, coll, info.ranks, coll_sizes, stored, measure_size)
+                done = refine_curve(args, say, label, coll, info.ranks, coll_sizes, stored, measure_size)
+                if rank == 0:
+                    rd.write_refine(label, coll.value, done)
         backend.close()
         comm.Free()
     say(f"# results in {out}" + (f"; {total_wrong} wrong elements" if check else ""), file=sys.stderr)

@@ -31,22 +31,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.
 nvidia-smi topo -m >> "$R/gpus.txt" 2>&1
 
 if has calibrate; then
-  for mode in graph host; do
-    factor=2; [ $mode = graph ] && factor=1.41421356  # finer sweep: held-out sizes inside each regime
-    $MPIRUN $PY -m calibrate run --backend nccl --mode $mode -b 1K -e 1G -f $factor --check \
-      --out "$R/calib-$mode" > "$R/calib-$mode.log" 2>&1
-    log "calibrate $mode: exit $? (#wrong total: $(awk -F, 'NR>1 && $NF>0 {s+=$NF} END {print s+0}' "$R/calib-$mode/stats.csv"))"
-    pack
-  done
+  # adaptive sweeps (graph, host), fits, and validation at random sizes: tests/gpu/calib_check.sh
+  OUT="$R" PY=$PY PACK_CMD="tar -czf $OUT/gpu-results.tar.gz -C $OUT results" bash tests/gpu/calib_check.sh \
+    > "$R/calibrate.log" 2>&1
+  log "calibrate: exit $?"
+  cat "$R/calibrate.log" | tee -a "$SUMMARY"
+  pack
   if has bare; then
     $MPIRUN $PY tests/gpu/nccl_bare_loop.py "$R/bare.csv" > "$R/bare.log" 2>&1
     log "bare loop: exit $?"
     $PY tests/gpu/nccl_bare_loop.py --compare "$R/bare.csv" "$R/calib-graph" "$R/calib-host" > "$R/bare-compare.txt" 2>&1
     log "$(tail -1 "$R/bare-compare.txt")"
+    pack
   fi
-  $PY -m calibrate fit "$R/calib-graph" -o "$R/h200-graph-profile.json" > "$R/fit-graph.txt" 2>&1
-  log "fit graph: exit $?"
-  pack
 fi
 
 # part "model": the interpreter sweep the schedule autotuner's model is fitted on, fitted here, so

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Part "calibrate" of tests/gpu/run_all.sh (2 GPUs, one process per GPU): for graph and host timing,
+#   1. the adaptive sweep: 1 KiB..1 GiB by x2 for the six collectives (--check), then --refine
+#      (each step of a curve located by bisection within 1/32 octave or the 30% time budget);
+#   2. the fit into a profile (segments at the located steps);
+#   3. 32 sizes per collective drawn at random (not on the grid, not fitted), measured in the same call
+#      and judged against that profile;
+# then the targets table (tests/gpu/calib_targets.py). Writes under $OUT:
+#   calib-<mode>/ (results dir: stats.csv, points.csv, refine.json), profile-<mode>.json, fit-<mode>.txt,
+#   random-<mode>/ (results dir of the random sizes), random-<mode>.txt, targets.txt.
+# $PACK_CMD (from run_all.sh) packs the results after each step.
+# Each mpirun is under a timeout: a cut-short sweep keeps what it measured (resumable) and the rest goes on.
+set -u
+: "${OUT:?set OUT to the results folder}"
+PY=${PY:-python3}
+# CALIB_MPI, CALIB_BACKEND, CALIB_MODES and CALIB_MAX let the same script run on CPUs (mpich, --backend mpi)
+MPI=${CALIB_MPI:-"mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x PYTHONPATH"}
+BACKEND=${CALIB_BACKEND:-nccl}
+MAX=${CALIB_MAX:-1G}
+REPS=${CALIB_REPS:-11}        # timed batches per size: a tighter median at small sizes, little GPU time at large ones
+RANDOM_N=${CALIB_RANDOM:-32}
+SEED=${CALIB_SEED:-1}
+SWEEP_TIMEOUT=${CALIB_SWEEP_TIMEOUT:-130}
+VALIDATE_TIMEOUT=${CALIB_VALIDATE_TIMEOUT:-60}
+pack() { eval "${PACK_CMD:-true}"; }
+for mode in ${CALIB_MODES:-graph host}; do
+  t0=$(date +%s)
+  timeout $SWEEP_TIMEOUT $MPI $PY -m calibrate run --backend $BACKEND --mode $mode -b 1K -e $MAX -f 2 --reps $REPS \
+    --check --refine --out "$OUT/calib-$mode" > "$OUT/calib-$mode.log" 2>&1
+  rc=$?
+  t1=$(date +%s)
+  wrong=$(awk -F, 'NR>1 && $NF>0 {s+=$NF} END {print s+0}' "$OUT/calib-$mode/stats.csv" 2>/dev/null)
+  echo "calibrate $mode: adaptive sweep exit $rc in $((t1 - t0)) s (#wrong total: $wrong)"
+  grep "refined points" "$OUT/calib-$mode.log" | sed 's/^/  /'
+  pack
+  $PY -m calibrate fit "$OUT/calib-$mode" -o "$OUT/profile-$mode.json" --name "h200-nvlink-$mode" \
+    > "$OUT/fit-$mode.txt" 2>&1
+  echo "calibrate $mode: fit exit $?"
+  t2=$(date +%s)
+  timeout $VALIDATE_TIMEOUT $MPI $PY -m calibrate validate --profile "$OUT/profile-$mode.json" --backend $BACKEND \
+    --mode $mode --random $RANDOM_N --seed $SEED -b 1K -e $MAX --reps $REPS --out "$OUT/random-$mode" \
+    > "$OUT/random-$mode.txt" 2>&1
+  echo "calibrate $mode: $RANDOM_N random sizes per collective, exit $? in $(( $(date +%s) - t2 )) s"
+  pack
+done
+$PY tests/gpu/calib_targets.py "$OUT" | tee "$OUT/targets.txt"
