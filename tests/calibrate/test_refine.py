@@ -1,0 +1,145 @@
+"""The adaptive refinement and the fit with steps, on closed-form step curves:
+a piecewise alpha-beta time with a known jump at a size that is on no grid."""
+import math
+
+import numpy as np
+import pytest
+
+from calibrate.collectives import Collective
+from calibrate.fit import fit_piecewise, predict
+from calibrate.refine import RESOLUTION, Point, Step, flag_steps, refine
+from calibrate.sizes import align, sweep
+
+COLL, P = Collective.ALLREDUCE, 2
+SWITCH = 1_586_000          # bytes: between 1 MiB and 2 MiB, on no grid
+NOISE = 0.004               # relative spread of a measured median
+
+
+def step_curve(n: float) -> float:
+    """LL-like below the switch (low latency, low bandwidth), Simple-like above: x1.5 at the switch."""
+    return 3e-6 + n / 80e9 if n < SWITCH else 30e-6 + n / 300e9
+
+
+def smooth_curve(n: float) -> float:
+    return 4e-6 + n / 150e9
+
+
+class Bench:
+    """Measures a closed-form curve with seeded noise; remembers what it measured (a results dir)."""
+
+    def __init__(self, curve, seed=0, cost=1.0):
+        self.curve, self.rng, self.cost = curve, np.random.default_rng(seed), cost
+        self.measured: dict[int, Point] = {}
+
+    def __call__(self, n: int) -> tuple[Point, float]:
+        if n not in self.measured:
+            t = self.curve(n) * (1 + self.rng.normal(0, NOISE / 2))
+            self.measured[n] = Point(n, t, t * (1 - NOISE), t * (1 + NOISE))
+        return self.measured[n], self.cost
+
+
+def aligned(n: int) -> int:
+    return align(COLL, n, P, "float32")[0]
+
+
+def sweep_points(bench):
+    return [bench(n)[0] for n in sweep(1 << 10, 1 << 30, 2)]
+
+
+def located_at(report, size) -> bool:
+    return any(s.located() and s.lo.nbytes < size <= s.hi.nbytes for s in report.steps)
+
+
+def test_refinement_locates_a_known_jump_within_1_32_octave():
+    bench = Bench(step_curve)
+    pts = sweep_points(bench)
+    flagged = flag_steps(pts)
+    assert [(s.lo.nbytes, s.hi.nbytes) for s in flagged] == [(1 << 20, 1 << 21)]
+    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    assert located_at(rep, SWITCH) and rep.located() == 1 and rep.stopped == "every step located"
+    (step,) = rep.steps
+    assert step.width <= RESOLUTION and step.hi.time_s / step.lo.time_s > 1.3
+    assert 4 <= len(rep.added) <= 7  # a bisection: about log2(32) points, not a scan
+    assert all(n % 8 == 0 and n == aligned(n) for n in rep.added)  # whole elements on each rank
+    assert all(len(bin(n).rstrip("0")) - 2 <= 7 for n in rep.added)  # 7 significant bits at most
+
+
+def test_smooth_curve_is_left_alone():
+    bench = Bench(smooth_curve)
+    pts = sweep_points(bench)
+    assert flag_steps(pts) == []
+    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    assert rep.added == [] and rep.steps == []
+
+
+def test_budget_and_point_limit_stop_the_refinement():
+    bench = Bench(step_curve, cost=1.0)
+    pts = sweep_points(bench)
+    rep = refine(pts, bench, aligned, budget_s=2.5, max_points=24, first_cost_s=1.0)
+    assert len(rep.added) == 2 and rep.spent_s <= 2.5 and rep.stopped == "time budget"
+    assert not located_at(rep, SWITCH)
+    rep = refine(pts, Bench(step_curve), aligned, budget_s=100, max_points=3, first_cost_s=1.0)
+    assert len(rep.added) == 3 and rep.stopped == "point limit"
+
+
+def test_resumed_refinement_replays_and_continues():
+    bench = Bench(step_curve)
+    pts = sweep_points(bench)
+    first = refine(pts, bench, aligned, budget_s=2.5, max_points=24, first_cost_s=1.0)
+    before = set(bench.measured)
+    calls = []
+
+    def counting(n):
+        if n not in bench.measured:
+            calls.append(n)
+        return bench(n)
+
+    again = refine(pts, counting, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    assert again.added[:len(first.added)] == first.added  # the same decisions from the stored points
+    assert set(calls) == set(again.added) - before and located_at(again, SWITCH)
+
+
+def test_planted_bug_in_the_bisection_is_caught(monkeypatch):
+    """The check above fails when the bisection keeps the wrong half."""
+    flipped = Step.side
+
+    def wrong_side(self, p):
+        return "right" if flipped(self, p) == "left" else "left"
+
+    monkeypatch.setattr(Step, "side", wrong_side)
+    bench = Bench(step_curve)
+    rep = refine(sweep_points(bench), bench, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    assert not located_at(rep, SWITCH)
+
+
+def test_fit_on_refined_points_predicts_random_sizes_within_noise():
+    bench = Bench(step_curve, seed=3)
+    pts = sweep_points(bench)
+    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    (step,) = rep.steps
+    n = np.array(sorted(bench.measured), dtype=float)
+    t = np.array([bench.measured[int(x)].time_s for x in n])
+    segs = fit_piecewise(COLL, P, n, t)
+    rng = np.random.default_rng(7)
+    sizes = np.exp(rng.uniform(math.log(1 << 10), math.log(1 << 30), 400))
+    outside = sizes[(sizes < step.lo.nbytes) | (sizes > step.hi.nbytes)]
+    assert len(outside) >= 395  # the located interval is 1/32 of an octave out of 20
+    err = np.abs(predict(COLL, P, segs, outside) / np.array([step_curve(x) for x in outside]) - 1)
+    assert err.max() <= 3 * NOISE, f"max error {err.max():.4f} at {outside[err.argmax()]:.0f} B"
+
+
+def test_without_refinement_the_fit_misses_inside_the_gap():
+    """The reason for the refinement: fitted on the sweep alone, sizes just past the switch are off."""
+    bench = Bench(step_curve, seed=3)
+    pts = sweep_points(bench)
+    segs = fit_piecewise(COLL, P, [p.nbytes for p in pts], [p.time_s for p in pts])
+    probe = np.array([SWITCH * 1.05, SWITCH / 1.05])
+    err = np.abs(predict(COLL, P, segs, probe) / np.array([step_curve(x) for x in probe]) - 1)
+    assert err.max() > 0.1
+
+
+@pytest.mark.parametrize("lo, hi", [(1024, 1025), (4096, 4100)])
+def test_no_aligned_midpoint_ends_the_bisection(lo, hi):
+    from calibrate.refine import midpoint
+
+    assert midpoint(lo, hi, aligned) is None
