@@ -91,6 +91,24 @@ def fit_piecewise(coll: Collective, p: int, n, t, max_segments: int = 4, min_poi
     return segments
 
 
+def switches(coll: Collective, p: int, segments: list[Segment], resolution: float = 1 / 32) -> list[dict]:
+    """Where the fitted curve steps: per boundary between segments, the last size measured below it and
+    the first above, the gap between them in octaves, the jump (time of the upper segment over the lower
+    one at the gap's geometric middle) and whether the gap is within ``resolution`` octaves."""
+    out = []
+    for lo, hi in zip(segments, segments[1:]):
+        last, first = lo.fit.get("last_bytes"), hi.fit.get("first_bytes")
+        if not last or not first:
+            continue
+        at = math.sqrt(last * first)
+        gap = math.log2(first / last)
+        t_lo = lo.time(coll, at, p)
+        out.append({"last_below_bytes": last, "first_above_bytes": first, "at_bytes": at, "gap_octaves": gap,
+                    "jump": hi.time(coll, at, p) / t_lo if t_lo > 0 else float("inf"),
+                    "located": gap <= resolution + 1e-9})
+    return out
+
+
 def predict(coll: Collective, p: int, segments: list[Segment], n) -> np.ndarray:
     return np.asarray([segments_time(coll, p, segments, float(x)) for x in np.atleast_1d(n)])
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
-from calibrate.fit import fit_piecewise, holdout, implied_busbw
+from calibrate.fit import fit_piecewise, holdout, implied_busbw, switches
 from calibrate.profile import CollectiveModel, Profile
 from calibrate.results import load_results
 from calibrate.validate import compare, summarize
@@ -29,7 +29,7 @@ def build_parser():
     p.add_argument("results", nargs="+", help="results directories written by python -m calibrate run")
     p.add_argument("-o", "--out", default="profile.json", help="profile JSON to write. Default profile.json")
     p.add_argument("--name", default=None, help="profile name. Default: the output file's stem")
-    p.add_argument("--max-segments", type=int, default=4, help="most segments per curve. Default 4")
+    p.add_argument("--max-segments", type=int, default=6, help="most segments per curve. Default 6")
     p.add_argument("--min-points", type=int, default=3, help="fewest sizes per segment. Default 3")
     p.add_argument("--link-peak", type=float, default=None,
                    help="the link's peak bandwidth per direction in GB/s, shown beside the fitted beta")
@@ -84,9 +84,12 @@ def fit_profile(runs, name: str, max_segments: int, min_points: int) -> tuple[Pr
         n, t = g["bytes"].to_numpy(float), g["median_s"].to_numpy(float)
         segs = fit_piecewise(coll, p, n, t, max_segments, min_points)
         val = holdout(coll, p, n, t, max_segments, min_points)
-        model = CollectiveModel(segs, [[float(a), float(b)] for a, b in zip(n, t)], val.as_dict() if val else {})
+        steps = switches(coll, p, segs)
+        model = CollectiveModel(segs, [[float(a), float(b)] for a, b in zip(n, t)], val.as_dict() if val else {},
+                                "segments", steps)
         tiers.setdefault(tier, {}).setdefault(coll.value, {})[str(p)] = model
         row = {"tier": tier, "collective": coll.value, "p": p, "sizes": len(n), "segments": len(segs),
+               "steps_located": f"{sum(s['located'] for s in steps)}/{len(steps)}",
                "alpha_us": segs[0].alpha * 1e6, "busbw_GBps": implied_busbw(coll, p, segs) / 1e9,
                "heldout_median_%": val.median_abs_rel_err * 100 if val else float("nan"),
                "heldout_max_%": val.max_abs_rel_err * 100 if val else float("nan"),
@@ -102,7 +105,8 @@ def fit_profile(runs, name: str, max_segments: int, min_points: int) -> tuple[Pr
         "runs": [{"path": str(m.get("_path", "")), "created": m.get("created"), "command": m.get("command"),
                   "hosts": m["config"].get("hosts")} for m, _ in runs],
         "method": "piecewise non-negative least squares on relative error (AutoDDL §3, Table 2 ring "
-                  "coefficients), segments chosen by BIC, medians per size",
+                  "coefficients), segments chosen by BIC, medians per size; segment boundaries at the "
+                  "steps of the measured curve (located by calibrate run --refine where it ran)",
     }
     prof = Profile(name=name, provenance=provenance, hardware=hardware, software=software,
                    timing_mode=cfg["mode"], tiers=tiers)

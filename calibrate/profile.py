@@ -31,7 +31,10 @@ from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 
 SCHEMA = "commtune.profile"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# version 1: segments only; 2 adds, per model, how it was built ("method") and the switch points
+# between its segments ("switches"); version 1 files load with no switches recorded
+READ_VERSIONS = (1, 2)
 TIERS = ("intra", "inter")
 
 
@@ -71,12 +74,17 @@ class Segment:
 @dataclass
 class CollectiveModel:
     """The fitted segments of one collective on one tier at one group size, with
-    the measured points they were fitted to ([bytes, median seconds]) and the
-    held-out validation of the fit, where the profile was measured."""
+    the measured points they were fitted to ([bytes, median seconds]), the
+    held-out validation of the fit, where the profile was measured, how the
+    model was built (``method``) and where its curve steps (``switches``: per
+    boundary between segments, the sizes measured on each side, the jump, and
+    whether the step was located within 1/32 octave)."""
 
     segments: list[Segment]
     points: list[list[float]] = field(default_factory=list)
     validation: dict = field(default_factory=dict)
+    method: str = "segments"
+    switches: list[dict] = field(default_factory=list)
 
     def segment_for(self, nbytes: float) -> Segment:
         return segment_for(self.segments, nbytes)
@@ -187,10 +195,10 @@ class Profile:
     def from_dict(cls, d: dict, origin: str = "profile") -> "Profile":
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
             raise UserError(f"{origin} is not a commtune profile (missing schema {SCHEMA!r})")
-        if d.get("version") != SCHEMA_VERSION:
+        if d.get("version") not in READ_VERSIONS:
             raise UserError(
                 f"{origin} has profile schema version {d.get('version')!r}; this tool reads "
-                f"version {SCHEMA_VERSION}: refit it with python -m calibrate fit"
+                f"versions {', '.join(map(str, READ_VERSIONS))}: refit it with python -m calibrate fit"
             )
         for key in ("name", "provenance", "tiers"):
             if key not in d:
@@ -218,7 +226,8 @@ class Profile:
                     if not segs:
                         raise UserError(f"{origin}: {tier}/{coll}/p={p} has no segments")
                     tiers[tier][coll][str(p)] = CollectiveModel(
-                        sorted(segs, key=lambda s: s.min_bytes), m.get("points", []), m.get("validation", {}))
+                        sorted(segs, key=lambda s: s.min_bytes), m.get("points", []), m.get("validation", {}),
+                        m.get("method", "segments"), m.get("switches", []))
         return cls(
             name=d["name"],
             provenance=d["provenance"],
