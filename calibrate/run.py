@@ -16,11 +16,13 @@ from mpi4py import MPI
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
+from calibrate.cli import command_parser
 from calibrate.collectives import ALL_COLLECTIVES, Collective, busbw_factor
+from calibrate.device.dtypes import dtype_size
 from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
 from calibrate.results import KIND, SCHEMA_VERSION, ResultsDir
-from calibrate.sizes import align, dtype_size, parse_size, rounded_note, sweep
+from calibrate.sizes import align, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
 
 HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
@@ -30,10 +32,10 @@ HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m calibrate run",
-        description="Time collectives over a sweep of sizes (one process per GPU or rank, "
-                    "under mpiexec or srun) and write a resumable results directory.")
+    p = command_parser(
+        "python -m calibrate run",
+        "Time collectives over a sweep of sizes (one process per GPU or rank, "
+        "under mpiexec or srun) and write a resumable results directory.")
     p.add_argument("--backend", default="auto", help="nccl (GPUs, cupy), mpi (host buffers) or auto "
                    "(nccl when a GPU is visible, else mpi). Default: auto")
     p.add_argument("--collectives", "-c", default=",".join(c.value for c in ALL_COLLECTIVES),
@@ -105,7 +107,7 @@ def run(args, world) -> int:
 
     device = None
     if backend_name == "nccl":
-        from calibrate.backends.nccl import select_gpu
+        from calibrate.device.gpu import select_gpu
 
         device = select_gpu(world)
     _, nnodes, _, hosts = topology(world)

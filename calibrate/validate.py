@@ -3,19 +3,19 @@ prediction next to each measurement, with the error, and a summary per
 collective and tier (e.g. a 2-GPU profile judged on 4- and 8-GPU runs)."""
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import pandas as pd
 
+from calibrate.cli import command_parser
 from calibrate.profile import DEFAULT_PROFILE, Group, Profile
 from calibrate.results import load_results
 from calibrate.sizes import parse_size
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m calibrate validate",
-                                description="Compare a profile's predictions with calibration measurements.")
+    p = command_parser("python -m calibrate validate",
+                description="Compare a profile's predictions with calibration measurements.")
     p.add_argument("results", nargs="+", help="results directories written by python -m calibrate run")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name or JSON file. Default {DEFAULT_PROFILE}")
     p.add_argument("--min-bytes", default="0", help="judge only sizes from this one up (e.g. 1M)")
