@@ -7,27 +7,20 @@
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
-from calibrate.cli import run_cli
+from calibrate.cli import dispatch
 
 SUBCOMMANDS = {
-    "validate": "autotune.sbp.validate",
-    "reshard": "autotune.reshard.cli",
-    "schedule": "autotune.schedule.cli",
+    "validate": "autotune.sbp.validate:main",
+    "reshard": "autotune.reshard.cli:main",
+    "schedule": "autotune.schedule.cli:main",
 }
-DEFAULT = "autotune.sbp.cli"
+DEFAULT = "autotune.sbp.cli:main"
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in SUBCOMMANDS:
-        module, rest, prog = SUBCOMMANDS[argv[0]], argv[1:], f"autotune {argv[0]}"
-    else:
-        module, rest, prog = DEFAULT, argv, "autotune"
-    entry = importlib.import_module(module).main
-    return run_cli(entry, rest, prog=prog)
+    return dispatch("autotune", __doc__, SUBCOMMANDS, argv, default=DEFAULT)
 
 
 if __name__ == "__main__":

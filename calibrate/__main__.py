@@ -8,29 +8,21 @@
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
-from calibrate.cli import run_cli
+from calibrate.cli import dispatch
 
 SUBCOMMANDS = {
-    "run": "calibrate.run",
-    "fit": "calibrate.fit_cli",
-    "validate": "calibrate.validate",
-    "profiles": "calibrate.profiles_cli",
-    "compute": "calibrate.compute_run",
+    "run": "calibrate.run:main",  # handles its own errors on every rank
+    "fit": "calibrate.fit_cli:main",
+    "validate": "calibrate.validate:main",
+    "profiles": "calibrate.profiles_cli:main",
+    "compute": "calibrate.compute_run:main",
 }
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in SUBCOMMANDS:
-        print(__doc__.strip(), file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    entry = importlib.import_module(SUBCOMMANDS[argv[0]]).main
-    if argv[0] == "run":
-        return int(entry(argv[1:]) or 0)  # run handles its own errors on every rank
-    return run_cli(entry, argv[1:], prog=f"calibrate {argv[0]}")
+    return dispatch("calibrate", __doc__, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":

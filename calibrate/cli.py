@@ -1,4 +1,11 @@
-"""Shared command-line plumbing: user errors become one line on stderr, not a traceback."""
+"""The command layer's shared plumbing: one dispatcher for every ``python -m
+<package>``, one argument-parser shape, and user errors as one line on stderr.
+
+    SUBCOMMANDS = {"fit": "calibrate.fit_cli:main", ...}
+    sys.exit(dispatch("calibrate", __doc__, SUBCOMMANDS))
+
+A new subcommand is one entry in its package's ``SUBCOMMANDS`` table.
+"""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +14,9 @@ from typing import Callable, Sequence
 
 from calibrate.collectives import ALL_COLLECTIVES
 from calibrate.errors import UserError
+from calibrate.registry import load
+
+HELP = ("-h", "--help")
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
@@ -20,6 +30,48 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except KeyboardInterrupt:
         print(f"{prog + ': ' if prog else ''}interrupted", file=sys.stderr)
         return 130
+
+
+def dispatch(prog: str, doc: str, subcommands: dict[str, str], argv: Sequence[str] | None = None,
+             default: str | None = None) -> int:
+    """Run the subcommand named by ``argv[0]`` (``subcommands``: name -> ``"module:function"``).
+
+    Without a subcommand, ``default`` (a ``"module:function"``) runs on all of
+    ``argv`` when given; otherwise no arguments print ``doc`` (the usage) and
+    return 2. ``-h`` prints ``doc`` (which lists the subcommands), then the
+    default command's own help. An unknown command is one line and 2.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in subcommands:
+        return run_cli(load(subcommands[argv[0]]), argv[1:], prog=f"{prog} {argv[0]}")
+    if argv and argv[0] in HELP:
+        print(doc.strip())
+        if default is None:
+            return 0
+        print()
+    elif not argv and default is None:
+        print(doc.strip(), file=sys.stderr)
+        return 2
+    elif argv and not argv[0].startswith("-") or default is None:
+        print(f"{prog}: error: unknown command {argv[0]!r}: use one of {', '.join(subcommands)}", file=sys.stderr)
+        return 2
+    return run_cli(load(default), argv, prog=prog)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option's help ends with its default unless it names one already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default not in (None, False, argparse.SUPPRESS) and "default" not in text.lower()
+                and action.option_strings and action.nargs != 0):
+            text += " (default %(default)s)"
+        return text
+
+
+def command_parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
+    """The argument parser of a command: its description kept as written, defaults shown."""
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
 
 
 def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_default: str | None) -> None:

@@ -19,6 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from calibrate.cli import command_parser
 from calibrate.compute import Band, ComputeModel
 from calibrate.errors import UserError
 from calibrate.optional import require_torch
@@ -34,8 +35,7 @@ PEAKS = {"NVIDIA H200": {2: 989e12, 4: 67e12}, "NVIDIA H100": {2: 989e12, 4: 67e
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m calibrate compute", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("python -m calibrate compute", __doc__)
     ap.add_argument("--out", required=True, help="profile JSON to write (merged into if it already is a profile)")
     ap.add_argument("--profile", default=None,
                     help=f"base profile whose tiers are kept (default: --out if it exists, else {DEFAULT_PROFILE})")

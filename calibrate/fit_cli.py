@@ -3,7 +3,6 @@ alpha-beta models per tier, collective and group size, validate them on held-out
 sizes, and write a versioned profile."""
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.fit import fit_piecewise, holdout, implied_busbw, switches
@@ -24,8 +24,8 @@ FLAT_TOLERANCE = 1.25
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m calibrate fit",
-                                description="Fit alpha-beta models to calibration results and write a profile.")
+    p = command_parser("python -m calibrate fit",
+                description="Fit alpha-beta models to calibration results and write a profile.")
     p.add_argument("results", nargs="+", help="results directories written by python -m calibrate run")
     p.add_argument("-o", "--out", default="profile.json", help="profile JSON to write. Default profile.json")
     p.add_argument("--name", default=None, help="profile name. Default: the output file's stem")

@@ -3,9 +3,9 @@
 profile and inter tier from another (e.g. a measured node and an assumed network)."""
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 
+from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile, embedded_profile_names
 
@@ -27,8 +27,8 @@ def combine(intra: Profile, inter: Profile, name: str) -> Profile:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m calibrate profiles",
-                                description="List embedded profiles, or combine two into one.")
+    p = command_parser("python -m calibrate profiles",
+                description="List embedded profiles, or combine two into one.")
     p.add_argument("--combine", nargs=2, metavar=("INTRA", "INTER"),
                    help="take the intra tier of INTRA and the inter tier of INTER")
     p.add_argument("-o", "--out", help="output JSON for --combine")

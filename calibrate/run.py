@@ -18,15 +18,15 @@ from mpi4py import MPI
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
-from calibrate.cli import add_timing_args
-from calibrate.cli import add_timing_args
+from calibrate.cli import add_timing_args, command_parser
 from calibrate.collectives import Collective, busbw_factor
+from calibrate.device.dtypes import dtype_size
 from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
 from calibrate.refine import FLOOR
 from calibrate.refine_run import refine_curve
 from calibrate.results import KIND, SCHEMA_VERSION, ResultsDir
-from calibrate.sizes import align, dtype_size, parse_size, rounded_note, sweep
+from calibrate.sizes import align, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
 
 HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
@@ -36,10 +36,10 @@ HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m calibrate run",
-        description="Time collectives over a sweep of sizes (one process per GPU or rank, "
-                    "under mpiexec or srun) and write a resumable results directory.")
+    p = command_parser(
+        "python -m calibrate run",
+        "Time collectives over a sweep of sizes (one process per GPU or rank, "
+        "under mpiexec or srun) and write a resumable results directory.")
     add_timing_args(p, mode_default="host", min_default="1K")
     p.add_argument("--factor", "-f", type=float, default=2.0, help="size multiplier between steps. Default 2")
     p.add_argument("--check", action="store_true", help="after timing, check each size of the sweep on fresh "
@@ -115,7 +115,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
 
     device = None
     if backend_name == "nccl":
-        from calibrate.backends.nccl import select_gpu
+        from calibrate.device.gpu import select_gpu
 
         device = select_gpu(world)
     _, nnodes, _, hosts = topology(world)

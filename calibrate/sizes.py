@@ -7,10 +7,10 @@ import re
 import numpy as np
 
 from calibrate.collectives import Collective, rank_divides
+from calibrate.device.dtypes import dtype_size
 from calibrate.errors import UserError
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int8": 1}
 
 
 def parse_size(text: str) -> int:
@@ -27,12 +27,6 @@ def format_size(nbytes: float) -> str:
         if nbytes >= scale and nbytes % scale == 0:
             return f"{int(nbytes // scale)}{unit}"
     return f"{int(nbytes)}"
-
-
-def dtype_size(dtype: str) -> int:
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
-    return DTYPES[dtype]
 
 
 def snap(n: float, bits: int = 4) -> int:

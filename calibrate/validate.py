@@ -11,16 +11,14 @@ results directory of their own, and then judges the profile on them.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import math
 import os
-import sys
 
 import numpy as np
 import pandas as pd
 
-from calibrate.cli import add_timing_args
+from calibrate.cli import add_timing_args, command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Group, Profile
@@ -29,9 +27,9 @@ from calibrate.sizes import parse_size
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m calibrate validate",
-                                description="Compare a profile's predictions with calibration measurements, "
-                                            "or measure sizes drawn at random (--random) and compare.")
+    p = command_parser("python -m calibrate validate",
+                       "Compare a profile's predictions with calibration measurements, "
+                       "or measure sizes drawn at random (--random) and compare.")
     p.add_argument("results", nargs="*", help="results directories written by python -m calibrate run")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name or JSON file. Default {DEFAULT_PROFILE}")
     p.add_argument("--summary-only", action="store_true", help="print only the summary")

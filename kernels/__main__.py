@@ -6,10 +6,9 @@
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
-from calibrate.cli import run_cli
+from calibrate.cli import dispatch
 
 SUBCOMMANDS = {
     "compile": "kernels.gc3.cli:compile_main",
@@ -19,13 +18,7 @@ SUBCOMMANDS = {
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in SUBCOMMANDS:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2 if argv and argv[0] not in ("-h", "--help") else 0
-    module, func = SUBCOMMANDS[argv[0]].split(":")
-    entry = getattr(importlib.import_module(module), func)
-    return run_cli(entry, argv[1:], prog=f"kernels {argv[0]}")
+    return dispatch("kernels", __doc__, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,11 @@ self-contained HTML report from any results the project writes (calibration
 runs, fitted profiles, plans, benchmarks), a section per kind."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from calibrate.cli import run_cli
+from calibrate.cli import command_parser, run_cli
 from calibrate.errors import UserError
 from reports.html import write_report
 from reports.sections import REGISTRY, builder
@@ -35,7 +34,7 @@ def kind_of(path: Path) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n\n")[0])
+    p = command_parser("python -m reports", __doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="results directories and/or JSON files (profiles, plans, ...)")
     p.add_argument("-o", "--out", default="report.html", help="HTML file to write. Default report.html")
     p.add_argument("--title", default="Communication calibration and tuning report")

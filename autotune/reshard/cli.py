@@ -26,6 +26,7 @@ from autotune.reshard.stagecomm import pipeline_from_preset
 from autotune.reshard.strategies import STRATEGIES
 from autotune.reshard.tasks import ReshardTask
 from calibrate import profile as profiles
+from calibrate.cli import command_parser
 from calibrate.errors import UserError
 
 RESULTS_KIND = "reshard"
@@ -34,8 +35,7 @@ BASELINE_SOLVER = "greedy_in_order"  # the paper's baselines: least-loaded sende
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autotune reshard", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = command_parser("python -m autotune reshard", __doc__.split("\n\n")[0], epilog=__doc__)
     p.add_argument("--src-mesh", help="source mesh as hosts,devices (e.g. 2,4)")
     p.add_argument("--src-spec", help="source sharding spec, one of R/S0/S1/S01 per dimension (e.g. S0RR)")
     p.add_argument("--dst-mesh", help="destination mesh as hosts,devices")

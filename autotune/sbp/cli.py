@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import FIELDS, load_model, model_kinds
@@ -42,8 +43,7 @@ def parse_budget(text: str) -> Budget:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m autotune", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("python -m autotune", __doc__)
     ap.add_argument("--model", default="gpt", help=f"model kind ({', '.join(model_kinds())}) or a JSON file (default gpt)")
     ap.add_argument("--preset", help="preset of the model kind (default: the kind's default preset)")
     ap.add_argument("--nodes", type=int, default=None, help=f"nodes (default {DEFAULT_NODES})")

@@ -14,11 +14,11 @@
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
+from calibrate.cli import command_parser
 from calibrate.profile import Profile
 from models import load_model
 
@@ -128,8 +128,7 @@ def wide_row(budget: float) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.sbp.targets", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("python -m autotune.sbp.targets", __doc__)
     ap.add_argument("--quick", action="store_true", help="skip the 4096-node MLP and the 175B model")
     args = ap.parse_args(argv)
     rows = mlp_row(128)

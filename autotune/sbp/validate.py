@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import load_model
@@ -38,8 +39,7 @@ GPT_LAYER = {"layers": 1, "hidden": 1024, "heads": 16, "sequence": 512, "vocabul
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m autotune validate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("python -m autotune validate", __doc__)
     ap.add_argument("--backend", default="mpi", help="calibrate backend: mpi (anywhere) or nccl (GPUs)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes the ranks span (default 1)")
     ap.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node (default: world size / nodes)")

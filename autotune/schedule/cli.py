@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from calibrate import profile as profiles
+from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from kernels.interp import pack
@@ -46,8 +47,7 @@ TUNABLE = ("allreduce", "allgather", "reducescatter", "alltoall")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autotune schedule", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = command_parser("python -m autotune schedule", __doc__.split("\n\n")[0], epilog=__doc__)
     p.add_argument("--collective", default="allreduce", help=f"comma-separated, from {', '.join(TUNABLE)}")
     p.add_argument("--gpus", type=int, default=2, help="total GPUs (ranks) of the communicator (default 2)")
     p.add_argument("--nodes", type=int, default=1, help="nodes they span (default 1)")

@@ -7,18 +7,13 @@ Build a backend collectively on every rank of ``comm``.
 """
 from __future__ import annotations
 
-import importlib
+from calibrate.registry import Registry
 
-from calibrate.errors import UserError
-
-REGISTRY = {
+REGISTRY = Registry("backend", {
     "mpi": "calibrate.backends.mpi:MpiBackend",
     "nccl": "calibrate.backends.nccl:NcclBackend",
-}
+})
 
 
 def make_backend(name: str, comm, **options):
-    if name not in REGISTRY:
-        raise UserError(f"unknown backend {name!r}: choose from {', '.join(REGISTRY)}")
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)(comm, **options)
+    return REGISTRY.get(name)(comm, **options)

@@ -22,7 +22,8 @@ import numpy as np
 
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
-from calibrate.sizes import align, dtype_size
+from calibrate.device.dtypes import tolerance
+from calibrate.sizes import align
 
 
 class TimingMode(str, Enum):
@@ -124,7 +125,7 @@ class Backend(ABC):
         if recv.size != expected.size:
             return max(recv.size, expected.size)
         got = self.to_float64(recv, dtype)
-        ok = xp.abs(got - expected) <= self.tolerance(dtype) * xp.abs(expected)
+        ok = xp.abs(got - expected) <= tolerance(dtype, self.size) * xp.abs(expected)
         return int(xp.count_nonzero(~ok))
 
     @abstractmethod
@@ -183,10 +184,6 @@ class Backend(ABC):
             expected = expected_output(self.xp, coll, [self.to_float64(x, dtype) for x in inputs], self.rank)
             wrong = self.count_wrong(recv, expected, dtype)
         return int(self.comm.allreduce(wrong, op=MPI.SUM))
-
-    def tolerance(self, dtype: str) -> float:
-        eps = {1: 0.0, 2: 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10, 4: 2.0 ** -23, 8: 2.0 ** -52}
-        return 4 * self.size * eps[dtype_size(dtype)] if "int" not in dtype else 0.0
 
     @property
     @abstractmethod

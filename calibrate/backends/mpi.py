@@ -8,7 +8,8 @@ from mpi4py import MPI
 
 from calibrate.backends.base import Backend, buffer_lengths
 from calibrate.collectives import Collective
-from calibrate.sizes import dtype_size, np_dtype
+from calibrate.device.dtypes import dtype_size
+from calibrate.sizes import np_dtype
 
 
 class MpiBackend(Backend):

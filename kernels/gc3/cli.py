@@ -1,10 +1,10 @@
 """``python -m kernels compile`` and ``python -m kernels check``."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from kernels.gc3.algorithms import ALGORITHMS, build
 from kernels.gc3.compiler import compile_program
@@ -14,7 +14,7 @@ from kernels.gc3.xml_io import read_xml, write_xml
 
 
 def compile_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="kernels compile", description="Compile a GC3 algorithm of the library "
+    ap = command_parser("python -m kernels compile", "Compile a GC3 algorithm of the library "
                                  "into MSCCL XML (verified before it is written).")
     ap.add_argument("algorithm", choices=sorted(ALGORITHMS), help="algorithm of the library")
     ap.add_argument("--ranks", type=int, required=True, help="total number of ranks (GPUs)")
@@ -38,7 +38,7 @@ def compile_main(argv=None) -> int:
 
 
 def check_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="kernels check", description="Load an MSCCL XML, verify it, execute it "
+    ap = command_parser("python -m kernels check", "Load an MSCCL XML, verify it, execute it "
                                  "on the reference executor under random interleavings and print a summary.")
     ap.add_argument("xml", help="MSCCL XML file")
     ap.add_argument("--seeds", type=int, default=8, help="random interleavings and data sets (default 8)")

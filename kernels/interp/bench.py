@@ -17,6 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from calibrate.cli import command_parser
 from calibrate.collectives import Collective, busbw_factor
 from calibrate.errors import UserError
 
@@ -59,8 +60,7 @@ def ncalls_for(nbytes: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernels bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("python -m kernels bench", __doc__.split("\n\n")[0])
     p.add_argument("--collectives", default=",".join(COLLECTIVES),
                    help="comma-separated, from " + ", ".join(COLLECTIVES))
     p.add_argument("--min-bytes", type=parse_size, default=1 << 10, help="smallest size (default 1K)")

@@ -9,7 +9,6 @@ line per plan and exits 1 if any element is wrong.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from mpi4py import MPI
 from autotune.reshard.plan import Plan, make_plan
 from autotune.reshard.solvers import SOLVERS, SolverConfig
 from autotune.reshard.strategies import STRATEGIES
+from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.profile import Profile
 from kernels.reshard.harness import parse_scenario, run_and_check
@@ -31,7 +31,7 @@ def _fits(task, what: str, size: int) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.reshard.mpi_check", description=__doc__.split("\n\n")[0])
+    p = command_parser("python -m kernels.reshard.mpi_check", __doc__.split("\n\n")[0])
     p.add_argument("--scenario", action="append", default=[],
                    help="SRCSPEC@H,D[devices]:DSTSPEC@H,D[devices][+shared]; repeat for several")
     p.add_argument("--plan", action="append", default=[],

@@ -8,27 +8,19 @@ execution cannot deadlock. Each job uses its position in the plan as its tag.
 """
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
 from autotune.reshard.plan import Plan, PlannedJob
 from autotune.reshard.spec import Box, local_slices
 from autotune.reshard.strategies import broadcast_chain
 from calibrate.errors import UserError
+from calibrate.registry import Registry
 
-# name -> "module:class"; imported lazily so that the NCCL backend needs cupy only when used
-BACKENDS = {
+# imported lazily so that the NCCL backend needs cupy only when used
+BACKENDS = Registry("backend", {
     "mpi": "kernels.reshard.mpi_backend:MPIBackend",
     "nccl": "kernels.reshard.nccl_backend:NCCLBackend",
-}
-
-
-def backend_class(name: str):
-    if name not in BACKENDS:
-        raise UserError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
-    module, cls = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+})
 
 
 class Backend:

@@ -8,7 +8,7 @@ Modules are imported lazily, so a section's heavy imports cost nothing until use
 """
 from __future__ import annotations
 
-import importlib
+from calibrate.registry import load
 
 # kind -> "module:function"
 REGISTRY: dict[str, str] = {
@@ -25,5 +25,4 @@ def builder(kind: str):
     target = REGISTRY.get(kind)
     if target is None:
         return None
-    module, func = target.split(":")
-    return getattr(importlib.import_module(module), func)
+    return load(target)
