@@ -37,6 +37,9 @@ def build_parser():
                    help="results directories of sizes drawn at random (python -m calibrate validate --random), "
                         "not used by the fit: the fitted profile is judged on them and the errors go into its "
                         "provenance")
+    p.add_argument("--compute-from", default=None, metavar="PROFILE",
+                   help="carry the compute section (python -m calibrate compute) of this profile, a name or a "
+                        "JSON file, into the fitted one (a refit of an embedded profile keeps its compute figures)")
     p.add_argument("--note", default=None, help="a line for the profile's provenance (where and how it was measured)")
     p.add_argument("--quiet", action="store_true", help="print only the summary table")
     return p
@@ -175,6 +178,8 @@ def main(argv=None) -> int:
         prof.provenance["random_validation"] = judge_random(prof, args.validation, args.quiet)
     if args.note:
         prof.provenance["note"] = args.note
+    if args.compute_from:
+        prof.compute = Profile.load(args.compute_from).compute
     if args.link_peak:
         prof.hardware["link_peak_GBps"] = args.link_peak
     path = prof.save(args.out)

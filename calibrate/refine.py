@@ -144,15 +144,17 @@ class Report:
 
 
 def refine(points: list[Point], measure: Callable[[int], tuple[Point, float]], aligned: Callable[[int], int], *,
-           budget_s: float, max_points: int, first_cost_s: float, floor: float = FLOOR,
+           budget_s: float, max_points: int, cost: Callable[[int], float], floor: float = FLOOR,
            resolution: float = RESOLUTION, progress: Callable[[Report, Step], None] | None = None) -> Report:
     """Bisect every flagged interval of ``points`` (one curve of the sweep).
 
     ``measure(nbytes)`` returns the point and the seconds it took (for a size
     already on disk: the stored point and the seconds it took then).
     ``aligned(nbytes)`` rounds a size as the collective needs. The next point is
-    measured only while the points spent plus the dearest refined point so far
-    (``first_cost_s`` before the first) stay within ``budget_s``.
+    measured only while the seconds spent plus its expected cost stay within
+    ``budget_s``: ``cost(nbytes)`` (an upper bound, e.g. the dearer sweep point
+    around it) until a refined point has been measured, then ``cost`` times the
+    largest ratio of a refined point's time to its ``cost`` so far.
     """
     report = Report()
     queue: list[tuple[float, int, int]] = []
@@ -160,7 +162,7 @@ def refine(points: list[Point], measure: Callable[[int], tuple[Point, float]], a
         report.steps.append(step)
         heapq.heappush(queue, (-step.jump * step.width, k, k))
     seq = len(report.steps)
-    dearest = 0.0
+    ratio = None
     while queue:
         _, _, k = heapq.heappop(queue)
         step = report.steps[k]
@@ -172,13 +174,13 @@ def refine(points: list[Point], measure: Callable[[int], tuple[Point, float]], a
         if len(report.added) >= max_points:
             report.stopped = "point limit"
             break
-        if report.spent_s + (dearest or first_cost_s) > budget_s:
+        if report.spent_s + cost(m) * (1.0 if ratio is None else ratio) > budget_s:
             report.stopped = "time budget"
             break
-        p, cost = measure(m)
+        p, took = measure(m)
         report.added.append(m)
-        report.spent_s += cost
-        dearest = max(dearest, cost)
+        report.spent_s += took
+        ratio = max(ratio or 0.0, took / cost(m)) if cost(m) > 0 else ratio
         if step.side(p) == "left":
             step.lo = p
         else:

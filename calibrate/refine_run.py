@@ -9,7 +9,9 @@ the same decisions from the points on disk and measures only what is missing.
 """
 from __future__ import annotations
 
+import bisect
 import math
+import sys
 from typing import Callable
 
 import numpy as np
@@ -52,24 +54,30 @@ def refine_curve(args, say: Callable, label: str, coll: Collective, p: int, size
     def progress(rep: Report, step: Step) -> None:
         say(f"# refine {coll.value} {label}: point {len(rep.added)}/{args.refine_points}, "
             f"{rep.spent_s:.1f}/{budget_s:.1f} s: step x{math.exp(step.jump):.2f} in "
-            f"{_size(step.lo.nbytes)}..{_size(step.hi.nbytes)} ({step.width * 32:.2g}/32 octave)")
+            f"{_size(step.lo.nbytes)}..{_size(step.hi.nbytes)} ({step.width * 32:.2g}/32 octave)", file=sys.stderr)
 
     def aligned(n: int) -> int:
         return align(coll, n, p, args.dtype)[0]
 
     say(f"# refine {coll.value} {label}: sweep took {sweep_s:.1f} s; budget {budget_s:.1f} s "
-        f"and {args.refine_points} points")
+        f"and {args.refine_points} points", file=sys.stderr)
+    sweep_walls = [(n, r["wall_s"] if r["wall_s"] is not None else typical) for n, r in recs]
+
+    def cost(nbytes: int) -> float:
+        """The dearer of the two sweep sizes around ``nbytes`` (which were checked as well: an upper bound)."""
+        k = bisect.bisect_left([n for n, _ in sweep_walls], nbytes)
+        return max(w for _, w in sweep_walls[max(k - 1, 0):k + 1])
+
     report = refine([_point(n, r) for n, r in recs], measure, aligned, budget_s=budget_s,
-                    max_points=args.refine_points, first_cost_s=typical, floor=args.refine_tol,
-                    progress=progress)
+                    max_points=args.refine_points, cost=cost, floor=args.refine_tol, progress=progress)
     for s in report.steps:
         where = "located" if s.located(RESOLUTION) else "not located"
         say(f"#   step x{math.exp(s.jump):.2f} between {_size(s.lo.nbytes)} and {_size(s.hi.nbytes)} "
-            f"({s.width * 32:.2g}/32 octave, {where})")
+            f"({s.width * 32:.2g}/32 octave, {where})", file=sys.stderr)
     share = f"{100 * report.spent_s / sweep_s:.0f}%" if sweep_s > 0 else "-"
     say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {args.refine_points}), "
         f"{report.spent_s:.1f} s = {share} of the sweep's {sweep_s:.1f} s; {report.located()}/{len(report.steps)} "
-        f"steps located within 1/32 octave; {report.stopped}")
+        f"steps located within 1/32 octave; {report.stopped}", file=sys.stderr)
     return {"sweep_points": len(recs), "sweep_s": sweep_s, "budget_s": budget_s, "refined_points": len(report.added),
             "refine_s": report.spent_s, "stopped": report.stopped, "located": report.located(),
             "steps": [dict(s.as_dict(), located=s.located(RESOLUTION)) for s in report.steps]}

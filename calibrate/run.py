@@ -105,11 +105,9 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     if args.dtype == "bfloat16" and backend_name != "nccl":
         raise UserError("bfloat16 needs the nccl backend: use --dtype float16 or float32 with mpi")
     max_default = "1G" if backend_name == "nccl" else "64M"
-    if random_sizes is None:
-        sizes = sweep(parse_size(args.min_bytes), parse_size(args.max_bytes or max_default), args.factor)
-        plan = {c.value: sizes for c in colls}
-    else:
-        sizes, plan = random_sizes, random_sizes
+    sizes = [] if random_sizes is not None else \
+        sweep(parse_size(args.min_bytes), parse_size(args.max_bytes or max_default), args.factor)
+    plan = random_sizes or {}
     phase = "sweep" if random_sizes is None else "random"
     check = getattr(args, "check", False)
 
@@ -128,7 +126,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
         "config": {"backend": backend_name, "mode": mode.value, "dtype": args.dtype, "iters": args.iters,
                    "warmup": args.warmup, "reps": args.reps, "world_size": world.Get_size(),
                    "hosts": sorted(set(hosts)), "collectives": [c.value for c in colls],
-                   "sizes": sizes, "groups": kinds, "phase": phase,
+                   "sizes": sizes if random_sizes is None else random_sizes, "groups": kinds, "phase": phase,
                    **({"refine": {"budget": args.refine_budget, "points": args.refine_points,
                                   "tol": args.refine_tol}} if refining else {})},
         "ranks": world.gather({"rank": rank, "host": socket.gethostname(), "device": device}, root=0),
@@ -166,58 +164,72 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
                 rd.write_meta(meta)
             versions_written = True
         label = f"{kind}:{info.ranks}x{info.nodes}"
-        for ci, coll in enumerate(colls):
-            coll_sizes = plan[coll.value]
-            say(f"# [{ci + 1}/{len(colls)}] {coll.value} on {label} (tier {info.tier}), mode {mode.value}, "
-                f"{len(coll_sizes)} {'sizes' if phase == 'sweep' else 'random sizes'}", file=sys.stderr)
-            say(f"# {coll.value} group {label} tier {info.tier} mode {mode.value}\n{HEADER}")
+        def measure_size(coll: Collective, nbytes: int, why: str, with_check: bool) -> None:
+            """Time one size, check it if asked, and put it on disk (rank 0) and in ``stored``."""
+            nonlocal total_wrong
+            start = time.perf_counter()
+            samples = backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps)
+            world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # concurrent groups: the slowest
+            wrong = -1
+            if with_check:
+                # each group's check is summed over its ranks: count every group once
+                wrong = world.allreduce(backend.check(coll, nbytes, args.dtype, seed=nbytes),
+                                        op=MPI.SUM) // info.ranks
+                total_wrong += max(wrong, 0)
+            st = summarize(samples)
+            wall = world.allreduce(time.perf_counter() - start, op=MPI.MAX)
+            algbw = nbytes / st["median_s"] / 1e9
+            busbw = algbw * busbw_factor(coll, info.ranks)
+            count = align(coll, nbytes, info.ranks, args.dtype)[1]
+            if rank == 0:
+                base = {"group": label, "tier": info.tier, "ranks": info.ranks, "nodes": info.nodes,
+                        "collective": coll.value, "mode": mode.value, "dtype": args.dtype,
+                        "bytes": nbytes, "count": count}
+                rd.append([dict(base, rep=i, time_s=float(t)) for i, t in enumerate(samples)],
+                          dict(base, **st, algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong),
+                          {"group": label, "collective": coll.value, "bytes": nbytes, "phase": why,
+                           "wall_s": wall})
+                print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong), flush=True)
+            stored[(label, coll.value, nbytes)] = {"median_s": st["median_s"], "ci_lo_s": st["ci_lo_s"],
+                                                   "ci_hi_s": st["ci_hi_s"], "wall_s": wall}
 
-            def measure_size(nbytes: int, why: str, with_check: bool) -> None:
-                """Time one size, check it if asked, and put it on disk (rank 0) and in ``stored``."""
-                nonlocal total_wrong
-                start = time.perf_counter()
-                samples = backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps)
-                world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # concurrent groups: the slowest
-                wrong = -1
-                if with_check:
-                    # each group's check is summed over its ranks: count every group once
-                    wrong = world.allreduce(backend.check(coll, nbytes, args.dtype, seed=nbytes),
-                                            op=MPI.SUM) // info.ranks
-                    total_wrong += max(wrong, 0)
-                st = summarize(samples)
-                wall = world.allreduce(time.perf_counter() - start, op=MPI.MAX)
-                algbw = nbytes / st["median_s"] / 1e9
-                busbw = algbw * busbw_factor(coll, info.ranks)
-                count = align(coll, nbytes, info.ranks, args.dtype)[1]
-                if rank == 0:
-                    base = {"group": label, "tier": info.tier, "ranks": info.ranks, "nodes": info.nodes,
-                            "collective": coll.value, "mode": mode.value, "dtype": args.dtype,
-                            "bytes": nbytes, "count": count}
-                    rd.append([dict(base, rep=i, time_s=float(t)) for i, t in enumerate(samples)],
-                              dict(base, **st, algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong),
-                              {"group": label, "collective": coll.value, "bytes": nbytes, "phase": why,
-                               "wall_s": wall})
-                    print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong), flush=True)
-                stored[(label, coll.value, nbytes)] = {"median_s": st["median_s"], "ci_lo_s": st["ci_lo_s"],
-                                                       "ci_hi_s": st["ci_hi_s"], "wall_s": wall}
-
-            notes = set()
-            for nbytes_req in coll_sizes:
+        if phase == "random":
+            # interleaved over the collectives: a run cut short still judges every collective
+            say(f"# random sizes on {label} (tier {info.tier}), mode {mode.value}\n{HEADER}")
+            for coll, nbytes_req in interleaved(plan, colls):
                 nbytes, _ = align(coll, nbytes_req, info.ranks, args.dtype)
-                note = rounded_note(coll, nbytes_req, nbytes, info.ranks)
-                if note and rank == 0 and note not in notes and phase == "sweep":
-                    notes.add(note)
-                    print(f"# {note}", file=sys.stderr)
                 if (label, coll.value, nbytes) not in stored:
-                    measure_size(nbytes, phase, check)
-            if refining:
-                done = refine_curve(args, say, label, coll, info.ranks, coll_sizes, stored, measure_size)
-                if rank == 0:
-                    rd.write_refine(label, coll.value, done)
+                    measure_size(coll, nbytes, phase, False)
+        else:
+            for ci, coll in enumerate(colls):
+                say(f"# [{ci + 1}/{len(colls)}] {coll.value} on {label} (tier {info.tier}), mode {mode.value}, "
+                    f"{len(sizes)} sizes", file=sys.stderr)
+                say(f"# {coll.value} group {label} tier {info.tier} mode {mode.value}\n{HEADER}")
+                notes = set()
+                for nbytes_req in sizes:
+                    nbytes, _ = align(coll, nbytes_req, info.ranks, args.dtype)
+                    note = rounded_note(coll, nbytes_req, nbytes, info.ranks)
+                    if note and rank == 0 and note not in notes:
+                        notes.add(note)
+                        print(f"# {note}", file=sys.stderr)
+                    if (label, coll.value, nbytes) not in stored:
+                        measure_size(coll, nbytes, phase, check)
+        # every sweep first, then the refinements: a run cut short has every collective's sweep
+        for coll in colls if refining else []:
+            done = refine_curve(args, say, label, coll, info.ranks, sizes, stored,
+                                lambda n, why, chk, c=coll: measure_size(c, n, why, chk))
+            if rank == 0:
+                rd.write_refine(label, coll.value, done)
         backend.close()
         comm.Free()
     say(f"# results in {out}" + (f"; {total_wrong} wrong elements" if check else ""), file=sys.stderr)
     return 1 if total_wrong else 0
+
+
+def interleaved(plan: dict[str, list[int]], colls: list[Collective]) -> list[tuple[Collective, int]]:
+    """(collective, size) pairs: the first size of every collective, then the second, ..."""
+    longest = max((len(plan[c.value]) for c in colls), default=0)
+    return [(c, plan[c.value][i]) for i in range(longest) for c in colls if i < len(plan[c.value])]
 
 
 def guarded(body: Callable[[], int], world, prog: str) -> int:

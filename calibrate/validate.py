@@ -23,7 +23,7 @@ from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Group, Profile
 from calibrate.results import load_results
-from calibrate.sizes import parse_size
+from calibrate.sizes import parse_size, snap
 
 
 def build_parser():
@@ -43,7 +43,8 @@ def build_parser():
 
 
 def random_sizes(colls: list[Collective], lo: int, hi: int, count: int, seed: int, unit: int) -> dict[str, list[int]]:
-    """``count`` sizes per collective, log-uniform in [lo, hi], multiples of ``unit``; one stream per collective."""
+    """``count`` distinct sizes per collective, log-uniform in [lo, hi], multiples of ``unit`` and off the
+    sweeps' grid; one random stream per collective."""
     if count < 1:
         raise UserError(f"--random must be at least 1, got {count}")
     if unit < 1:
@@ -53,17 +54,21 @@ def random_sizes(colls: list[Collective], lo: int, hi: int, count: int, seed: in
     first, last = math.ceil(lo / unit) * unit, hi // unit * unit
     if first > last:
         raise UserError(f"no multiple of {unit} B lies between {lo} and {hi} B: lower --align or widen the range")
-    if (last - first) // unit + 1 < count:
-        raise UserError(f"fewer than {count} multiples of {unit} B lie between {lo} and {hi} B: "
-                        f"lower --random or --align")
     out = {}
     for i, c in enumerate(colls):
         rng = np.random.default_rng([seed, i])
-        picked: set[int] = set()
-        while len(picked) < count:  # distinct sizes; terminates since enough multiples exist
+        picked: dict[int, None] = {}
+        for _ in range(1000 * count):
             x = math.exp(rng.uniform(math.log(first), math.log(last)))
-            picked.add(int(min(max(round(x / unit) * unit, first), last)))
-        out[c.value] = sorted(picked)
+            n = int(min(max(round(x / unit) * unit, first), last))
+            if snap(n) != n:  # off the sweeps' grid (4 significant bits: 2^k, 1.375 * 2^k, ...)
+                picked[n] = None
+            if len(picked) == count:
+                break
+        else:
+            raise UserError(f"too few sizes off the sweep grid are multiples of {unit} B between {lo} and {hi} B: "
+                            f"lower --random or --align, or widen the range")
+        out[c.value] = list(picked)  # in the order drawn: a run cut short keeps an unbiased sample
     return out
 
 

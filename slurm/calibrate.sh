@@ -18,6 +18,10 @@
 #   MIN_BYTES, MAX_BYTES, FACTOR   size sweep, whole buffer as in nccl-tests
 #                                                         (default 1K, 1G, 2)
 #   ITERS, WARMUP                                         (default 20, 5)
+#   REFINE       1: after each collective's sweep, locate the steps of its curve
+#                (NCCL's protocol switches) by bisection, within 30% of the
+#                sweep's time (calibrate run --refine); 0: the sweep alone
+#                                                         (default 1)
 #   COMM_GROUPS  world,intra,inter                        (default: calibrate's)
 #   RESULTS      results directory; the profile and report.html are written
 #                inside it (default results/<job name>-<job id>, or
@@ -65,6 +69,7 @@ MAX_BYTES=${MAX_BYTES:-1G}
 FACTOR=${FACTOR:-2}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
+REFINE=${REFINE:-1}
 COMM_GROUPS=${COMM_GROUPS:-}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 # NVLink SHARP (NVLS) stays off unless the caller asks for it.
@@ -82,6 +87,11 @@ run_args=(-m calibrate run --backend "$BACKEND" --collectives "$COLLECTIVES"
           --min-bytes "$MIN_BYTES" --max-bytes "$MAX_BYTES" --factor "$FACTOR"
           --iters "$ITERS" --warmup "$WARMUP" --mode "$MODE" --check --out "$RESULTS")
 [[ -n "$COMM_GROUPS" ]] && run_args+=(--groups "$COMM_GROUPS")
+case "$REFINE" in
+    1) run_args+=(--refine) ;;
+    0) ;;
+    *) die "REFINE=$REFINE: use 1 (adaptive sweep) or 0 (the geometric sweep alone)" ;;
+esac
 if [[ -e "$RESULTS/meta.json" ]]; then
     log "resuming into existing $RESULTS"
     run_args+=(--resume)

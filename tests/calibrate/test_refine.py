@@ -55,7 +55,7 @@ def test_refinement_locates_a_known_jump_within_1_32_octave():
     pts = sweep_points(bench)
     flagged = flag_steps(pts)
     assert [(s.lo.nbytes, s.hi.nbytes) for s in flagged] == [(1 << 20, 1 << 21)]
-    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, cost=lambda n: 1.0)
     assert located_at(rep, SWITCH) and rep.located() == 1 and rep.stopped == "every step located"
     (step,) = rep.steps
     assert step.width <= RESOLUTION and step.hi.time_s / step.lo.time_s > 1.3
@@ -68,24 +68,24 @@ def test_smooth_curve_is_left_alone():
     bench = Bench(smooth_curve)
     pts = sweep_points(bench)
     assert flag_steps(pts) == []
-    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, cost=lambda n: 1.0)
     assert rep.added == [] and rep.steps == []
 
 
 def test_budget_and_point_limit_stop_the_refinement():
     bench = Bench(step_curve, cost=1.0)
     pts = sweep_points(bench)
-    rep = refine(pts, bench, aligned, budget_s=2.5, max_points=24, first_cost_s=1.0)
+    rep = refine(pts, bench, aligned, budget_s=2.5, max_points=24, cost=lambda n: 1.0)
     assert len(rep.added) == 2 and rep.spent_s <= 2.5 and rep.stopped == "time budget"
     assert not located_at(rep, SWITCH)
-    rep = refine(pts, Bench(step_curve), aligned, budget_s=100, max_points=3, first_cost_s=1.0)
+    rep = refine(pts, Bench(step_curve), aligned, budget_s=100, max_points=3, cost=lambda n: 1.0)
     assert len(rep.added) == 3 and rep.stopped == "point limit"
 
 
 def test_resumed_refinement_replays_and_continues():
     bench = Bench(step_curve)
     pts = sweep_points(bench)
-    first = refine(pts, bench, aligned, budget_s=2.5, max_points=24, first_cost_s=1.0)
+    first = refine(pts, bench, aligned, budget_s=2.5, max_points=24, cost=lambda n: 1.0)
     before = set(bench.measured)
     calls = []
 
@@ -94,7 +94,7 @@ def test_resumed_refinement_replays_and_continues():
             calls.append(n)
         return bench(n)
 
-    again = refine(pts, counting, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    again = refine(pts, counting, aligned, budget_s=100, max_points=24, cost=lambda n: 1.0)
     assert again.added[:len(first.added)] == first.added  # the same decisions from the stored points
     assert set(calls) == set(again.added) - before and located_at(again, SWITCH)
 
@@ -108,14 +108,14 @@ def test_planted_bug_in_the_bisection_is_caught(monkeypatch):
 
     monkeypatch.setattr(Step, "side", wrong_side)
     bench = Bench(step_curve)
-    rep = refine(sweep_points(bench), bench, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    rep = refine(sweep_points(bench), bench, aligned, budget_s=100, max_points=24, cost=lambda n: 1.0)
     assert not located_at(rep, SWITCH)
 
 
 def test_fit_on_refined_points_predicts_random_sizes_within_noise():
     bench = Bench(step_curve, seed=3)
     pts = sweep_points(bench)
-    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, first_cost_s=1.0)
+    rep = refine(pts, bench, aligned, budget_s=100, max_points=24, cost=lambda n: 1.0)
     (step,) = rep.steps
     n = np.array(sorted(bench.measured), dtype=float)
     t = np.array([bench.measured[int(x)].time_s for x in n])
@@ -143,3 +143,30 @@ def test_no_aligned_midpoint_ends_the_bisection(lo, hi):
     from calibrate.refine import midpoint
 
     assert midpoint(lo, hi, aligned) is None
+
+
+def test_random_sizes_are_off_the_grid_aligned_distinct_and_seeded():
+    from calibrate.errors import UserError
+    from calibrate.sizes import snap
+    from calibrate.validate import random_sizes
+
+    colls = [Collective.ALLREDUCE, Collective.ALLGATHER]
+    a = random_sizes(colls, 1 << 10, 1 << 30, 32, seed=1, unit=512)
+    assert a == random_sizes(colls, 1 << 10, 1 << 30, 32, seed=1, unit=512)
+    assert a != random_sizes(colls, 1 << 10, 1 << 30, 32, seed=2, unit=512)
+    for sizes in a.values():
+        assert len(set(sizes)) == 32 and all(1024 <= n <= 1 << 30 and n % 512 == 0 and snap(n) != n for n in sizes)
+        octaves = np.log2(sizes)
+        assert octaves.min() < 15 and octaves.max() > 25  # spread over the range, not bunched
+    assert a["allreduce"] != a["allgather"]
+    with pytest.raises(UserError, match="too few sizes"):
+        random_sizes(colls, 1024, 2048, 4, seed=0, unit=512)
+    with pytest.raises(UserError, match="--random"):
+        random_sizes(colls, 1024, 2048, 0, seed=0, unit=512)
+
+
+def test_budget_learns_that_refined_points_are_cheaper():
+    """Estimated at the sweep's cost (3 s, with its check) but taking 1 s, refined points fill the budget."""
+    bench = Bench(step_curve, cost=1.0)
+    rep = refine(sweep_points(bench), bench, aligned, budget_s=4.5, max_points=24, cost=lambda n: 3.0)
+    assert len(rep.added) == 4 and rep.spent_s == 4.0

@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from calibrate.sizes import snap
+
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="the mpich wheel's mpiexec is not installed")
 
@@ -85,3 +87,46 @@ def test_nccl_backend_without_gpu_is_a_clear_error(tmp_path):
                         *SMALL, "--out", str(tmp_path / "n")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "error:" in r.stderr and ("cupy" in r.stderr or "no GPU" in r.stderr) and "Traceback" not in r.stderr
+
+
+def test_refine_resume_random_validation_and_fit(tmp_path):
+    """--refine adds sizes after the sweep (phase refine in points.csv), a resumed run measures nothing
+    again, validate --random measures sizes off the grid, and fit --validation records their errors."""
+    out, rand, prof = tmp_path / "res", tmp_path / "rand", tmp_path / "p.json"
+    args = ["-b", "1K", "-e", "256K", *SMALL[4:], "--collectives", "allreduce,sendrecv", "--refine",
+            "--refine-budget", "2", "--refine-tol", "0.0", "--out", str(out)]
+    r = calibrate(2, *args)
+    assert r.returncode == 0, r.stderr
+    assert "refined points (limit 24)" in r.stderr
+    points = pd.read_csv(out / "points.csv")
+    sweep_rows = points[points["phase"] == "sweep"]
+    assert len(sweep_rows) == 2 * 9 and (points["wall_s"] > 0).all()
+    assert set(points["phase"]) <= {"sweep", "refine"}
+    refine = json.loads((out / "refine.json").read_text())
+    assert set(refine) == {"world:2x1/allreduce", "world:2x1/sendrecv"}
+    assert all(v["refined_points"] == (points["phase"] == "refine").groupby(points["collective"]).sum()[k.split("/")[1]]
+               for k, v in refine.items())
+    before = (out / "stats.csv").read_text()
+    r = calibrate(2, *args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert (out / "stats.csv").read_text() == before  # the refinement replays from disk
+    fit = subprocess.run([sys.executable, "-m", "calibrate", "fit", str(out), "-o", str(prof), "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert fit.returncode == 0, fit.stderr
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "calibrate", "validate", "--profile", str(prof),
+           "--random", "5", "--seed", "4", "-e", "256K", "--backend", "mpi", "--iters", "3", "--reps", "3",
+           "--warmup", "1", "--collectives", "allreduce,sendrecv", "--out", str(rand)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert r.returncode == 0, r.stderr
+    assert "predicted_us" in r.stdout and "max_abs_err_pct" in r.stdout
+    st = pd.read_csv(rand / "stats.csv")
+    assert len(st) == 10 and (st["bytes"] % 512 == 0).all()
+    assert not set(st["bytes"]) & set(sweep_rows["bytes"])
+    assert all(snap(int(n)) != n for n in st["bytes"])  # none on the 4-significant-bit grid
+    fit = subprocess.run([sys.executable, "-m", "calibrate", "fit", str(out), "-o", str(prof), "--quiet",
+                          "--validation", str(rand), "--note", "CPU test"], capture_output=True, text=True, timeout=120)
+    assert fit.returncode == 0, fit.stderr
+    saved = json.loads(prof.read_text())
+    assert saved["version"] == 2 and saved["provenance"]["note"] == "CPU test"
+    rows = saved["provenance"]["random_validation"]["summary"]
+    assert {r["collective"] for r in rows} == {"allreduce", "sendrecv"} and all(r["points"] == 5 for r in rows)

@@ -73,10 +73,13 @@ def test_sbatch_calibrates_fits_and_reports(cluster, tmp_path):
     assert meta["config"]["hosts"] == [cluster.node_name]
 
     stats = pd.read_csv(results / "stats.csv")
-    world = stats[stats["ranks"] == TASKS]
+    phase = pd.read_csv(results / "points.csv")  # the script refines by default: sweep and refined sizes
+    stats = stats.merge(phase[["group", "collective", "bytes", "phase"]], on=["group", "collective", "bytes"])
+    world = stats[(stats["ranks"] == TASKS) & (stats["phase"] == "sweep")]
     assert sorted(world["collective"].unique()) == sorted(COLLECTIVES.split(","))
     assert len(world) == N_SIZES * len(COLLECTIVES.split(","))
-    assert (stats["wrong"] == 0).all()
+    assert (stats.loc[stats["phase"] == "sweep", "wrong"] == 0).all()
+    assert set(stats["phase"]) <= {"sweep", "refine"} and "--refine" in meta["command"]
 
     profile = Profile.load(results / "profile.json")
     assert profile.collectives("intra")
