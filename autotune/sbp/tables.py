@@ -25,7 +25,8 @@ import numpy as np
 
 from calibrate.errors import UserError
 
-from autotune.sbp.boxing import Coster, box, box_backward
+from autotune.sbp.boxing import Coster, box
+from autotune.sbp.sbp import dual
 from autotune.sbp.layers import ACT_BYTES, Strategy
 
 # precompute every table when the edges hold at most this many strategy pairs in all
@@ -33,9 +34,10 @@ PRECOMPUTE_PAIRS = 400_000
 
 
 def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster, itemsize: int = ACT_BYTES):
-    """(forward steps, backward steps) of moving producer's output into consumer's input."""
+    """(forward steps, backward steps) of moving producer's output into consumer's input; backward, the
+    gradient the consumer returns (``fine_grad_in``) into the dual of the producer's output."""
     fwd = box(shape, itemsize, producer.fine_out, consumer.fine_in, cluster)
-    bwd = box_backward(shape, itemsize, producer.fine_out, consumer.fine_in, cluster)
+    bwd = box(shape, itemsize, consumer.fine_grad_in, tuple(dual(p) for p in producer.fine_out), cluster)
     return fwd, bwd
 
 
@@ -60,9 +62,9 @@ class EdgeTables:
                 else:
                     self.table(a, b)
 
-    def _key(self, shape, src, dst) -> tuple:
+    def _key(self, shape, src, dst, grad) -> tuple:
         cl = self.cluster
-        return shape, tuple(sorted(zip(cl.axis_sizes, cl.axis_inter, src, dst)))
+        return shape, tuple(sorted(zip(cl.axis_sizes, cl.axis_inter, src, dst, grad)))
 
     def pair(self, a: int, b: int, i: int, j: int) -> float:
         """Seconds per step of one occurrence of edge (a, b) with strategies i and j; inf if impossible."""
@@ -70,7 +72,7 @@ class EdgeTables:
         if full is not None:
             return float(full[i, j])
         sa, sb = self.choices[a][i], self.choices[b][j]
-        key = self._key(self.shapes[a], sa.fine_out, sb.fine_in)
+        key = self._key(self.shapes[a], sa.fine_out, sb.fine_in, sb.fine_grad_in)
         t = self._memo.get(key)
         if t is None:
             try:
