@@ -3,6 +3,8 @@
     python -m kernels compile <algorithm> --ranks 8 ... -o x.xml
     python -m kernels check x.xml
     python -m kernels bench            # under mpirun -np 2, on GPUs
+    python -m kernels peers            # against NCCL (default, best setting, symmetric) and torch SymmetricMemory
+    python -m kernels tp-mlp           # a tensor-parallel MLP step, interpreter vs torch NCCL allreduce
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ SUBCOMMANDS = {
     "compile": "kernels.gc3.cli:compile_main",
     "check": "kernels.gc3.cli:check_main",
     "bench": "kernels.interp.bench:main",
+    "peers": "kernels.interp.peers:main",
+    "tp-mlp": "kernels.interp.tp_mlp:main",
 }
 
 

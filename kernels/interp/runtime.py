@@ -199,21 +199,29 @@ class Communicator:
     def collective(self, name, send, recv, count, dtype="float32", op="sum", stream=None,
                    choice: Choice | None = None) -> Choice:
         """Run collective ``name`` (NCCL's count convention) on cupy arrays ``send``/``recv``."""
+        return self.collective_ptr(name, send.data.ptr, send.nbytes, recv.data.ptr, recv.nbytes, count, dtype, op,
+                                   stream, choice)
+
+    def collective_ptr(self, name, sptr: int, sbytes: int, rptr: int, rbytes: int, count, dtype="float32",
+                       op="sum", stream=None, choice: Choice | None = None) -> Choice:
+        """Run collective ``name`` on device buffers given by address and size in bytes (torch
+        tensors, foreign allocations); ``stream``: a cupy stream (cupy.cuda.ExternalStream wraps
+        another library's)."""
         cp = self.cp
         stream = stream or cp.cuda.get_current_stream()
         esize = pack.DTYPES.get(dtype)
         if esize is None:
             raise UserError(f"dtype {dtype!r} is not supported; use one of {', '.join(pack.DTYPES)}")
         in_elems, out_elems = pack.buffer_elems(name, count, self.nranks)
-        for buf, need, label in ((send, in_elems, "send"), (recv, out_elems, "receive")):
-            if buf.nbytes < need * esize:
-                raise UserError(f"{name}: {label} buffer holds {buf.nbytes} bytes, the call needs {need * esize}; "
+        for nbytes, need, label in ((sbytes, in_elems, "send"), (rbytes, out_elems, "receive")):
+            if nbytes < need * esize:
+                raise UserError(f"{name}: {label} buffer holds {nbytes} bytes, the call needs {need * esize}; "
                                 f"pass a larger buffer or a smaller count")
         c = choice or self.choose(name, count, dtype, op)
         if c.uses_nccl:
-            self.nccl_collective(name, send.data.ptr, recv.data.ptr, count, dtype, stream)
+            self.nccl_collective(name, sptr, rptr, count, dtype, stream)
             return c
-        self._run(c, name, send.data.ptr, recv.data.ptr, count, dtype, stream)
+        self._run(c, name, sptr, rptr, count, dtype, stream)
         return c
 
     def nccl_collective(self, name, sptr, rptr, count, dtype, stream) -> None:
@@ -279,3 +287,4 @@ class Communicator:
                 cp.cuda.runtime.ipcCloseMemHandle(b)
         cp.cuda.runtime.free(self.pool)
         self.bases = []
+        self.nccl.destroy()
