@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from calibrate.device.dtypes import tolerance
+
 POISON = {"float32": 0xFFFFFFFF, "bfloat16": 0xFFFF, "float16": 0xFFFF}   # NaN bit patterns
 STORAGE = {"float32": "uint32", "bfloat16": "uint16", "float16": "uint16"}
 RTOL = {"float32": 1e-6, "bfloat16": 1e-2, "float16": 1e-3}
@@ -108,9 +110,9 @@ def reference(cp, collective: str, dtype: str, count: int, rank: int, nranks: in
 
 def compare_float(cp, got, want, scale, dtype: str, nranks: int) -> tuple[bool, float]:
     """(every element written and within rounding of ``want``, the largest error relative to
-    ``scale``): ``nranks`` roundings of the dtype at most, whatever the order of the sum."""
+    ``scale``): the device layer's tolerance for a sum over ``nranks``, whatever its order."""
     n = want.size
     g = as_float(cp, got[:n], dtype)
     err = cp.abs(g - want) / (scale + 1e-30)
-    bad = ~cp.isfinite(g) | (err > RTOL[dtype] * max(1, nranks - 1))
+    bad = ~cp.isfinite(g) | (err > tolerance(dtype, nranks))
     return not bool(bad.any()), float(cp.nan_to_num(err, nan=np.inf).max()) if n else 0.0

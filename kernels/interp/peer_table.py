@@ -3,11 +3,11 @@ sweep, merging records, NCCL's best setting and the best peer per size, our rati
 to it, the issue's targets. Plain data; no GPU."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.records import load_record
 
 RESULT_KIND = "commtune.interp-peers"
 RESULT_VERSION = 1
@@ -28,14 +28,8 @@ def is_nccl(peer: str) -> bool:
 
 
 def load(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read peer record {path} ({e}); pass a file written by kernels peers --out") from None
-    if data.get("kind") != RESULT_KIND or data.get("version") != RESULT_VERSION:
-        raise UserError(f"{path} is a {data.get('kind')!r} record version {data.get('version')!r}, not "
-                        f"{RESULT_KIND} version {RESULT_VERSION}; pass a file written by kernels peers --out")
-    return data
+    return load_record(path, RESULT_KIND, RESULT_VERSION, "peer record",
+                       "pass a file written by python -m kernels peers --out")
 
 
 def merge(records: list[dict]) -> dict:

@@ -18,14 +18,17 @@ NCCL's best setting per size from them. The record is rewritten after every size
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import statistics
 import sys
 from pathlib import Path
 
+from calibrate.cli import command_parser
+from calibrate.device.gpu import device_name, select_gpu
+from calibrate.device.timing import time_graph
 from calibrate.errors import UserError
+from calibrate.records import header
 
 from kernels.interp import peer_table
 from kernels.interp.bench import count_for, ncalls_for, parse_size, sizes
@@ -35,26 +38,25 @@ TIMING = ("CUDA graph of N calls per peer (200 small, about 20 ms of work large)
           "interleaved, CUDA events, median of replays, max over ranks")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernels peers", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    p = command_parser("python -m kernels peers", __doc__.split("\n\n")[0])
     p.add_argument("--peers", default=",".join(DEFAULT_PEERS), help="comma-separated peers to measure")
-    p.add_argument("--label", default="", help="name the nccl peer's rows nccl[LABEL] (the sweep's setting)")
-    p.add_argument("--collectives", default="allreduce,allgather,reducescatter")
-    p.add_argument("--min-bytes", type=parse_size, default=1 << 10)
-    p.add_argument("--max-bytes", type=parse_size, default=1 << 30)
-    p.add_argument("--factor", type=int, default=4)
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--label", default="", help="name the nccl peer's rows nccl[LABEL] (the sweep's setting; none: nccl)")
+    p.add_argument("--collectives", default="allreduce,allgather,reducescatter", help="comma-separated")
+    p.add_argument("--min-bytes", type=parse_size, default=1 << 10, help="smallest size (whole buffer), e.g. 1K")
+    p.add_argument("--max-bytes", type=parse_size, default=1 << 30, help="largest size, e.g. 1G")
+    p.add_argument("--factor", type=int, default=4, help="size step factor")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="element type")
     p.add_argument("--reps", type=int, default=7, help="timed replays per peer (median taken)")
     p.add_argument("--preset", default="h200x2", help="the interpreter's preset (its tuned table)")
-    p.add_argument("--out", default="", help="JSON record (rewritten after every size)")
+    p.add_argument("--out", default="", help="JSON record, rewritten after every size (none: not written)")
     p.add_argument("--merge", nargs="+", metavar="RECORD", help="merge records and print the peer table (no GPU)")
     p.add_argument("--nccl-settings", action="store_true", help="print the NCCL environment sweep, one per line")
     return p
 
 
 def record_header(device: str, nranks: int, dtype: str, preset: str) -> dict:
-    return {"kind": peer_table.RESULT_KIND, "version": peer_table.RESULT_VERSION,
+    return {**header(peer_table.RESULT_KIND, peer_table.RESULT_VERSION),
             "date": _dt.date.today().isoformat(), "device": device, "nranks": nranks, "dtype": dtype,
             "preset": preset, "timing": TIMING, "peers": {}, "rows": []}
 
@@ -101,13 +103,10 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
     from kernels.interp.runtime import Communicator
 
     world = MPI.COMM_WORLD
-    local = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-    if cp.cuda.runtime.getDeviceCount() <= local:
-        raise UserError(f"local rank {local} has no GPU; start one process per GPU")
-    cp.cuda.Device(local).use()
+    local = select_gpu(world, needs="the peer benchmark", fallback="run it on a GPU machine")
     size_list = sizes(args.min_bytes, args.max_bytes, args.factor)
     ctx = Ctx(world, cp, Communicator(world, args.preset), args.dtype, max(size_list), local)
-    device = cp.cuda.runtime.getDeviceProperties(local)["name"].decode()
+    device = device_name(cp, local)
     record = record_header(f"{world.size} x {device}", world.size, args.dtype, args.preset)
     out = Path(args.out) if args.out else None
     peers = []
@@ -203,7 +202,10 @@ def measure_size(ctx, peers, coll: str, nbytes: int, count: int, args, stream) -
             row["correct"] = False
             row["error"] = row["error"] or "capture failed on another rank"
     del mine, want, scale
-    times = gpudata.time_graphs(cp, world, stream, graphs, n, args.reps) if graphs else {}
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    for _ in range(args.reps):   # replays of all peers interleaved: each sees the same machine state
+        for name, graph in graphs.items():
+            times[name].append(time_graph(cp, stream, graph, n, barrier=world.Barrier))
     from calibrate.collectives import Collective, busbw_factor
 
     f = busbw_factor(Collective.parse(coll), world.size)

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrate.device import nccl as device_nccl
 from calibrate.errors import UserError
 from kernels.gc3.ir import Program, Protocol
 from kernels.gc3.xml_io import read_xml
@@ -74,9 +75,7 @@ class Communicator:
         self.sm_count = props["multiProcessorCount"]
         self.cc = f"{props['major']}{props['minor']}"
 
-        uid = nccl.get_unique_id() if self.rank == 0 else None
-        uid = mpi_comm.bcast(uid, root=0)
-        self.nccl = nccl.NcclCommunicator(self.nranks, uid, self.rank)
+        self.nccl = device_nccl.communicator(mpi_comm, needs="the interpreter")
 
         self.layout = Layout(self.nranks, self.preset.max_channels, self.preset.max_split, self.preset.fifo)
         self.pool = cp.cuda.runtime.malloc(self.layout.nbytes)
@@ -287,4 +286,4 @@ class Communicator:
                 cp.cuda.runtime.ipcCloseMemHandle(b)
         cp.cuda.runtime.free(self.pool)
         self.bases = []
-        self.nccl.destroy()
+        device_nccl.destroy(self.mpi, cp.cuda.get_current_stream(), [self.nccl])

@@ -11,28 +11,30 @@ Writes a versioned record (kind commtune.interp-tp-mlp).
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import statistics
 import sys
 from pathlib import Path
 
+from calibrate.cli import command_parser
+from calibrate.device.gpu import device_name, select_gpu
 from calibrate.errors import UserError
+from calibrate.records import header
 
 RESULT_KIND = "commtune.interp-tp-mlp"
 RESULT_VERSION = 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernels tp-mlp", description=__doc__.split("\n\n")[0])
+def build_parser():
+    p = command_parser("python -m kernels tp-mlp", __doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=4096, help="model width (default 4096)")
     p.add_argument("--ffn", type=int, default=0, help="feed-forward width, all ranks (default 4 x hidden)")
     p.add_argument("--tokens", default="8,64,512,4096", help="tokens per step (batch x sequence), comma-separated")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="element type")
     p.add_argument("--steps", type=int, default=20, help="steps per timed replay")
     p.add_argument("--reps", type=int, default=7, help="timed replays (median taken)")
-    p.add_argument("--out", default="", help="JSON record")
+    p.add_argument("--out", default="", help="JSON record (none: not written)")
     return p
 
 
@@ -108,8 +110,7 @@ def run(args) -> int:
     from kernels.interp.torch_comm import TorchInterp, init_torch_from_mpi
 
     world = MPI.COMM_WORLD
-    local = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-    cp.cuda.Device(local).use()
+    local = select_gpu(world, needs="tp-mlp", fallback="run it on a GPU machine")
     shard = check_shape(args.hidden, args.ffn, world.size)
     tokens = parse_tokens(args.tokens)
     init_torch_from_mpi(world, local)
@@ -120,8 +121,8 @@ def run(args) -> int:
     w1 = (torch.randn(args.hidden, shard, device=dev, generator=gen) / args.hidden ** 0.5).to(tdt).requires_grad_()
     w2 = (torch.randn(shard, args.hidden, device=dev, generator=gen) / shard ** 0.5).to(tdt).requires_grad_()
     steps = {k: make_layer(torch, ar) for k, ar in make_allreduces(torch, dist, interp).items()}
-    device = torch.cuda.get_device_name(local)
-    record = {"kind": RESULT_KIND, "version": RESULT_VERSION, "date": _dt.date.today().isoformat(),
+    device = device_name(cp, local)
+    record = {**header(RESULT_KIND, RESULT_VERSION), "date": _dt.date.today().isoformat(),
               "device": f"{world.size} x {device}", "nranks": world.size, "hidden": args.hidden,
               "ffn": shard * world.size, "dtype": args.dtype,
               "timing": f"torch CUDA graph of {args.steps} steps, CUDA events, median of {args.reps} replays, "

@@ -89,9 +89,9 @@ def test_merge_keeps_first_of_duplicates_and_all_peers(tmp_path):
 def test_load_refuses_other_records(tmp_path):
     p = tmp_path / "x.json"
     p.write_text(json.dumps({"kind": "kernels-bench", "version": 1}))
-    with pytest.raises(UserError, match="not commtune.interp-peers"):
+    with pytest.raises(UserError, match="is not a peer record"):
         peer_table.load(p)
-    with pytest.raises(UserError, match="cannot read"):
+    with pytest.raises(UserError, match="does not exist"):
         peer_table.load(tmp_path / "missing.json")
 
 
