@@ -108,12 +108,23 @@ class Peer:
 
 
 class InterpPeer(Peer):
-    """The interpreter with its tuned table (kernels/interp/presets), NCCL outside it."""
+    """The interpreter with its tuned table (kernels/interp/presets), NCCL outside it; with
+    ``preset``, a candidate table on a communicator of its own (peer ``interp[PRESET]``)."""
 
     name = "interp"
 
+    def __init__(self, ctx: Ctx, preset: str | None = None):
+        super().__init__(ctx)
+        self.comm = ctx.interp
+        if preset is not None:
+            from kernels.interp.runtime import Communicator
+
+            self.comm = Communicator(ctx.world, preset)
+            self.name = f"interp[{self.comm.preset.name}]"
+            self.collectives = tuple(c for c in COLLECTIVES if any(p.collective == c for _, p in self.comm.loaded))
+
     def prepare(self, coll, count):
-        c = self.ctx.interp.prepare(coll, count, self.ctx.dtype)
+        c = self.comm.prepare(coll, count, self.ctx.dtype)
         self._choice = c
         return "nccl (outside the table)" if c.uses_nccl else \
             f"{c.program.name} {c.protocol.value} split {c.split}"
@@ -121,8 +132,12 @@ class InterpPeer(Peer):
     def launch(self, coll, count, stream):
         s, r = self.buffers(coll, count)
         nb = self.ctx.max_bytes
-        self.ctx.interp.collective_ptr(coll, s, nb, r, nb, count, self.ctx.dtype, stream=stream, choice=self._choice)
+        self.comm.collective_ptr(coll, s, nb, r, nb, count, self.ctx.dtype, stream=stream, choice=self._choice)
         return r
+
+    def close(self):
+        if self.comm is not self.ctx.interp:
+            self.comm.close()
 
 
 class NcclPeer(Peer):

@@ -22,6 +22,11 @@ def nccl_settings() -> list[tuple[str, str]]:
             for c in NCCL_CHANNELS for p in NCCL_PROTOCOLS]
 
 
+def is_ours(peer: str) -> bool:
+    """The interpreter's shipped table (``interp``) or a candidate table (``interp[PRESET]``)."""
+    return peer == "interp" or peer.startswith("interp[")
+
+
 def is_nccl(peer: str) -> bool:
     """NCCL's default or one of its settings (not its symmetric kernels, a peer of its own)."""
     return peer == "nccl" or peer.startswith("nccl[")
@@ -63,7 +68,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         good = [r for r in rs if _ok(r)]
         us = {r["peer"]: r["us"] for r in good}
         ours = next((r for r in good if r["peer"] == "interp"), None)
-        others = [r for r in good if r["peer"] != "interp"]
+        others = [r for r in good if not is_ours(r["peer"])]
+        best_own = min((r for r in good if is_ours(r["peer"])), key=lambda r: r["us"], default=None)
         nccls = [r for r in others if is_nccl(r["peer"])]
         best = min(others, key=lambda r: r["us"], default=None)
         nbest = min(nccls, key=lambda r: r["us"], default=None)
@@ -73,6 +79,8 @@ def summarize(rows: list[dict]) -> list[dict]:
              "nccl_best": nbest["peer"] if nbest else "", "nccl_best_us": nbest["us"] if nbest else None,
              "best_peer": best["peer"] if best else "", "best_us": best["us"] if best else None,
              "ratio": best["us"] / ours["us"] if best and ours else None,
+             "best_ours": best_own["peer"] if best_own else "", "best_ours_us": best_own["us"] if best_own else None,
+             "best_ours_ratio": best["us"] / best_own["us"] if best and best_own else None,
              "failed": sorted(r["peer"] for r in rs if not _ok(r))}
         out.append(s)
     order = {"allreduce": 0, "allgather": 1, "reducescatter": 2}
@@ -93,14 +101,15 @@ def _f(x, fmt=".2f") -> str:
 def table(summary: list[dict]) -> str:
     cols = ["nccl", "nccl-symm", "torch-oneshot", "torch-twoshot", "torch-rs", "torch-lowcontention"]
     head = (f"{'collective':>13} {'size':>8} {'interp':>8} " + " ".join(f"{c[:13]:>13}" for c in cols)
-            + f" {'nccl best':>9} {'setting':>12} {'best peer':>19} {'ratio':>6}")
-    lines = ["(microseconds per call; ratio = best peer / interp, > 1: the interpreter is faster)", head]
+            + f" {'nccl best':>9} {'setting':>12} {'best peer':>19} {'ratio':>6} {'best of ours':>24} {'ratio':>6}")
+    lines = ["(microseconds per call; ratio = best peer / interp, > 1: the interpreter is faster; best of ours:"
+             " the shipped table or a candidate table, interp[PRESET], not yet selectable)", head]
     for s in summary:
         p = s["peers_us"]
         lines.append(f"{s['collective']:>13} {human(s['bytes']):>8} {_f(s['interp_us']):>8} "
                      + " ".join(f"{_f(p.get(c)):>13}" for c in cols)
                      + f" {_f(s['nccl_best_us']):>9} {s['nccl_best'][:12]:>12} {s['best_peer'][:19]:>19} "
-                       f"{_f(s['ratio']):>6}")
+                       f"{_f(s['ratio']):>6} {s['best_ours'][:24]:>24} {_f(s['best_ours_ratio']):>6}")
     return "\n".join(lines)
 
 

@@ -41,7 +41,8 @@ TIMING = ("CUDA graph of N calls per peer (200 small, about 20 ms of work large)
 def build_parser():
     p = command_parser("python -m kernels peers", __doc__.split("\n\n")[0])
     p.add_argument("--peers", default=",".join(DEFAULT_PEERS), help="comma-separated peers to measure")
-    p.add_argument("--label", default="", help="name the nccl peer's rows nccl[LABEL] (the sweep's setting; none: nccl)")
+    p.add_argument("--label", default="",
+                   help="name the nccl peer's rows nccl[LABEL] (the sweep's setting; none: nccl)")
     p.add_argument("--collectives", default="allreduce,allgather,reducescatter", help="comma-separated")
     p.add_argument("--min-bytes", type=parse_size, default=1 << 10, help="smallest size (whole buffer), e.g. 1K")
     p.add_argument("--max-bytes", type=parse_size, default=1 << 30, help="largest size, e.g. 1G")
@@ -49,6 +50,8 @@ def build_parser():
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="element type")
     p.add_argument("--reps", type=int, default=7, help="timed replays per peer (median taken)")
     p.add_argument("--preset", default="h200x2", help="the interpreter's preset (its tuned table)")
+    p.add_argument("--candidates", default="", help="comma-separated candidate presets, each measured as peer "
+                   "interp[PRESET] (a path the selection may take only once a GPU run has validated it)")
     p.add_argument("--out", default="", help="JSON record, rewritten after every size (none: not written)")
     p.add_argument("--merge", nargs="+", metavar="RECORD", help="merge records and print the peer table (no GPU)")
     p.add_argument("--nccl-settings", action="store_true", help="print the NCCL environment sweep, one per line")
@@ -99,7 +102,7 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
     except ImportError as e:
         raise UserError(f"the peer benchmark needs cupy and mpi4py on a GPU machine ({e}); run it there under "
                         f"mpirun -np 2") from None
-    from kernels.interp.peer_impls import PEERS, Ctx, PeerUnavailable
+    from kernels.interp.peer_impls import PEERS, Ctx, InterpPeer, PeerUnavailable
     from kernels.interp.runtime import Communicator
 
     world = MPI.COMM_WORLD
@@ -110,9 +113,12 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
     record = record_header(f"{world.size} x {device}", world.size, args.dtype, args.preset)
     out = Path(args.out) if args.out else None
     peers = []
-    for name in peer_names:
+    makers = [(name, PEERS[name]) for name in peer_names]
+    makers += [(f"interp[{c}]", lambda ctx, c=c: InterpPeer(ctx, c))
+               for c in (x.strip() for x in args.candidates.split(",")) if c]
+    for name, make in makers:
         try:
-            peer, reason = PEERS[name](ctx), ""
+            peer, reason = make(ctx), ""
         except (PeerUnavailable, UserError) as e:
             peer, reason = None, str(e)
         except Exception as e:  # noqa: BLE001  (a library's failure is the peer's result, kept in the record)

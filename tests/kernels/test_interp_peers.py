@@ -186,3 +186,34 @@ def test_mapped_library_from_proc_maps():
 def test_version_text():
     assert ncclx.version_text(22809) == "2.28.9"
     assert ncclx.version_text(22700) == "2.27.0"
+
+
+def test_candidate_tables_are_ours_not_peers():
+    rows = [row("interp", "allreduce", M, 12.0), row("interp[h200x2-twoshot]", "allreduce", M, 8.0),
+            row("torch-twoshot", "allreduce", M, 10.0)]
+    s = peer_table.summarize(rows)[0]
+    assert s["best_peer"] == "torch-twoshot" and s["ratio"] == pytest.approx(10 / 12)
+    assert s["best_ours"] == "interp[h200x2-twoshot]" and s["best_ours_ratio"] == pytest.approx(10 / 8)
+    assert "interp[h200x2-twoshot]" in peer_table.table([s])
+
+
+def test_twoshot_program_for_any_rank_count_is_correct_and_packs():
+    from kernels.gc3.executor import check_program
+    from kernels.gc3.xml_io import read_xml
+    from kernels.interp import pack
+    from kernels.interp.preset import PROGRAM_DIR, load_preset
+    from kernels.interp.twoshot import twoshot_allreduce
+
+    for n in (2, 3, 4, 8):
+        prog = twoshot_allreduce(n)
+        for slots in (1, 2):
+            check_program(prog, seeds=4, fifo_slots=slots)
+        for r in range(n):
+            pk = pack.pack(prog, r, n)
+            assert pk.ntb == 4 * n - 5 and max(pk.chan) == 1
+    shipped = read_xml(PROGRAM_DIR / "twoshot_allreduce_2r.xml")
+    assert shipped.gpus == twoshot_allreduce(2).gpus
+    cand = load_preset("h200x2-twoshot")
+    assert {e.program for e in cand.entries} == {"twoshot_allreduce_2r.xml"}
+    with pytest.raises(UserError, match="at least 2 ranks"):
+        twoshot_allreduce(1)
