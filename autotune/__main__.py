@@ -4,6 +4,7 @@
     python -m autotune validate ...           # replay plans' collectives, predicted vs measured
     python -m autotune reshard ...            # cross-mesh resharding plans
     python -m autotune schedule ...           # collective schedule tuning (GC3 programs)
+    python -m autotune execute plan.json      # run a plan's training steps (torchrun/mpiexec/srun; torch)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ SUBCOMMANDS = {
     "validate": "autotune.sbp.validate:main",
     "reshard": "autotune.reshard.cli:main",
     "schedule": "autotune.schedule.cli:main",
+    "execute": "autotune.execute.cli:main",
 }
 DEFAULT = "autotune.sbp.cli:main"
 

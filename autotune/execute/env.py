@@ -1,62 +1,18 @@
-"""One process per device: rank and world from torchrun, MPI or Slurm; the
-process group (NCCL on GPUs, gloo on CPUs); the fine-axis DeviceMesh and the
-groups that gradient synchronisation needs."""
+"""The process group of one process per device (NCCL on GPUs, gloo on CPUs),
+the fine-axis DeviceMesh and the groups that gradient synchronisation needs."""
 from __future__ import annotations
 
 import itertools
 import logging
 import os
-import socket
 from dataclasses import dataclass, field
 
 from calibrate.errors import UserError
 
+from autotune.execute.launch import Launch, launch_env, rendezvous
 from autotune.execute.layout import torch
 
 dist = torch.distributed
-
-LAUNCHERS = (  # (rank, world, local rank) variables, in order of preference
-    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # torchrun
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),  # MPICH / Hydra
-    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),  # srun
-)
-
-
-@dataclass(frozen=True)
-class Launch:
-    rank: int
-    world: int
-    local_rank: int
-    launcher: str
-
-
-def launch_env(environ=None) -> Launch:
-    env = os.environ if environ is None else environ
-    for r, w, lr in LAUNCHERS:
-        if r in env and w in env:
-            return Launch(int(env[r]), int(env[w]), int(env.get(lr, env[r])), r)
-    return Launch(0, 1, 0, "none")
-
-
-def _rendezvous(launch: Launch) -> tuple[str, str]:
-    """MASTER_ADDR and MASTER_PORT: given, or (under MPI) rank 0's host and a free port."""
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if addr and port:
-        return addr, port
-    if launch.launcher in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        from mpi4py import MPI
-
-        mine = None
-        if launch.rank == 0:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                mine = (socket.gethostname(), str(s.getsockname()[1]))
-        return MPI.COMM_WORLD.bcast(mine, root=0)
-    if launch.world == 1 or os.environ.get("SLURM_NNODES", "1") == "1":
-        return addr or "127.0.0.1", port or str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000)
-    raise UserError("several nodes under srun without MASTER_ADDR: export MASTER_ADDR (the first node) and MASTER_PORT")
-
 
 @dataclass
 class Dist:
@@ -124,7 +80,7 @@ def start(device: str = "auto") -> Dist:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
-        addr, port = _rendezvous(launch)
+        addr, port = rendezvous(launch)
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port, RANK=str(launch.rank), WORLD_SIZE=str(launch.world))
         kw = {"device_id": dev} if use_gpu else {}
         dist.init_process_group("nccl" if use_gpu else "gloo", rank=launch.rank, world_size=launch.world, **kw)

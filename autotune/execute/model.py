@@ -8,7 +8,7 @@ import math
 
 from autotune.execute import ops
 from autotune.execute.data import init_weight
-from autotune.execute.layout import box, torch
+from autotune.execute.layout import box
 from autotune.execute.planread import LayerSpec
 from autotune.sbp.sbp import B, P
 

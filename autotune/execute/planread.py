@@ -67,8 +67,10 @@ def plan_graph(plan: dict, layers: int | None = None) -> LayerGraph:
 
 
 def _fine(text: str, cluster: Cluster, where: str) -> tuple[str, ...]:
-    nd = parse(text, cluster)
-    fine = nd.fine(cluster)
+    try:
+        fine = parse(text, cluster).fine(cluster)
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
     return fine if fine else ("B",)  # one device: a single axis of size 1
 
 

@@ -12,11 +12,10 @@ from autotune.execute.env import Dist
 from autotune.execute.layout import DTensor, placements, torch
 from autotune.execute.model import PlanModel
 from autotune.execute.planread import layer_specs, plan_graph
+from autotune.execute.result import KIND, VERSION
 from autotune.execute.train import Trainer
 from autotune.sbp.mesh import Cluster
 
-KIND = "commtune.execute-result"
-VERSION = 1
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution_s", "grad_sync_s", "memory_bytes")
 

@@ -1,7 +1,7 @@
 """Plans executed on 4 processes (gloo, float64) against the same model in one
 process: the loss of every step and every weight after two Adam steps agree to
 1e-9 (relative) for the searched plan, data parallelism, Megatron and two random
-plans that use partial sums, on a 2 x 2 cluster and a 1 x 4 cluster; a plan with
+plans that use partial sums (and SUMMA, whose layers gather panels inside), on a 2 x 2 cluster and a 1 x 4 cluster; a plan with
 one wrong placement (a row-parallel output declared B instead of P) disagrees."""
 import json
 import os
@@ -15,7 +15,7 @@ if not os.environ.get("CI"):
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment  # noqa: E402
+from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment  # noqa: E402
 from autotune.sbp.boxing import Coster  # noqa: E402
 from autotune.sbp.cost import Problem  # noqa: E402
 from autotune.sbp.mesh import Cluster  # noqa: E402
@@ -44,6 +44,9 @@ def make_plans(nodes, gpus) -> tuple[list[dict], dict]:
         if tuple(a) not in seen and any(problem.choices[v][i].uses_partial for v, i in enumerate(a)):
             seen.add(tuple(a))
             plans.append(build_plan(problem, a, f"random {len(plans) - 2}"))
+    summa_problem = Problem(graph, problem.coster, signatures=("summa",))
+    summa, _, mesh = best_mesh(summa_problem, summa_assignment)
+    plans.append(build_plan(summa_problem, summa, f"SUMMA {mesh}"))
     broken = json.loads(json.dumps(plans[2]))
     proj = next(lay for lay in broken["layers"] if lay["name"] == "proj")
     assert "P:" in proj["sbp"]["output"]
