@@ -16,6 +16,7 @@ shorter (or longer) stack of the tied layers.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -96,7 +97,8 @@ def summarize(folder: str) -> int:
           f"({s['backend']}, {s['dtype']})")
     print(result.format_table(s["rows"]))
     print(result.format_targets(s["targets"]))
-    print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')}")
+    (Path(folder) / "summary.md").write_text(result.markdown(s, f"python -m autotune execute --summarize {folder}"))
+    print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
     return 0
 
 
@@ -137,6 +139,7 @@ def main(argv=None) -> int:
                 path = result.write_record(Path(args.out), i, rec)
                 print(result.format_table(result.rows([rec])).splitlines()[-1], flush=True)
                 progress(f"wrote {path}")
+            gc.collect()  # the gradient hooks hold the trainer: free the plan before measuring the next
             if d.is_gpu:
                 import torch
                 torch.cuda.empty_cache()

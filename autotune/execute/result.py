@@ -129,3 +129,13 @@ def summary(records: list[dict]) -> dict:
     return {"kind": SUMMARY_KIND, "version": VERSION, "model": first["model"], "cluster": first["cluster"],
             "device": first["device"], "backend": first["backend"], "dtype": first["dtype"], "rows": table,
             "targets": targets(table)}
+
+
+def markdown(s: dict, command: str = "") -> str:
+    """The summary as a markdown block for reports/records/."""
+    c = s["cluster"]
+    lines = [f"Executed plans: {s['model'].get('name', '')} on {c['nodes']} x {c['gpus_per_node']} {s['device']} "
+             f"({s['backend']}, {s['dtype']}){f'; command: `{command}`' if command else ''}", "", "```",
+             format_table(s["rows"]), "```", ""]
+    lines += [f"- {line}" for line in format_targets(s["targets"]).splitlines()]
+    return "\n".join(lines) + "\n"
