@@ -71,3 +71,25 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def command_parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
     """The argument parser of a command: its description kept as written, defaults shown."""
     return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
+
+
+def run_on_ranks(comm, work: Callable[[], object], prog: str, collective: bool = False):
+    """``work()`` on rank 0 (its result broadcast), or on every rank with ``collective``
+    (each rank's own result); a ``UserError`` on any rank is printed once, by rank 0,
+    and every rank gets None. ``work`` returns something other than None. A collective
+    ``work`` must raise its user errors before any rank waits on another."""
+    result, error = None, None
+    if collective or comm.Get_rank() == 0:
+        try:
+            result = work()
+        except UserError as e:
+            error = str(e)
+    if collective:
+        error = next((e for e in comm.allgather(error) if e), None)
+    else:
+        result, error = comm.bcast((result, error), root=0)
+    if error is None:
+        return result
+    if comm.Get_rank() == 0:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+    return None

@@ -5,6 +5,7 @@
     python -m kernels bench            # under mpirun -np 2, on GPUs
     python -m kernels peers            # against NCCL (default, best setting, symmetric) and torch SymmetricMemory
     python -m kernels tp-mlp           # a tensor-parallel MLP step, interpreter vs torch NCCL allreduce
+    python -m kernels reshard plan.json   # under mpiexec: run a resharding plan, check every tile
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ SUBCOMMANDS = {
     "bench": "kernels.interp.bench:main",
     "peers": "kernels.interp.peers:main",
     "tp-mlp": "kernels.interp.tp_mlp:main",
+    "reshard": "kernels.reshard.cli:main",
 }
 
 

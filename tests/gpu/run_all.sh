@@ -24,7 +24,7 @@ SUMMARY=$R/summary.txt
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
 # results are packed after every part, so that a run cut short still brings back what it measured
 pack() { tar -czf "$OUT/gpu-results.tar.gz" -C "$OUT" results; }
-declare -A ARGS=([reshard]="--mib 64")
+declare -A ARGS=()
 log() { echo "== $*" | tee -a "$SUMMARY"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.txt" 2>&1
