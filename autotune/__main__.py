@@ -18,7 +18,21 @@ SUBCOMMANDS = {
     "schedule": "autotune.schedule.cli:main",
     "execute": "autotune.execute.cli:main",
 }
-DEFAULT = "autotune.sbp.cli:main"
+DEFAULT = "autotune.__main__:search"
+
+
+def search(argv=None) -> int:
+    """The SBP search, then its HTML report beside plan.json (the report step lives in the command layer)."""
+    from autotune.sbp.cli import main as search_main
+
+    return search_main(argv, report=write_html)
+
+
+def write_html(plan_path, title: str):
+    from reports.html import write_report
+    from reports.sections.sbp import build
+
+    return write_report(plan_path.parent / "report.html", title, build([plan_path]), [str(plan_path)])
 
 
 def main(argv=None) -> int:

@@ -103,7 +103,8 @@ def table(plans: list[dict]) -> str:
     return "\n".join("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
 
 
-def main(argv=None) -> int:
+def main(argv=None, report=None) -> int:
+    """The search; ``report(plan_path, title)``, given by the command layer, writes the HTML report."""
     args = parser().parse_args(argv)
     budget = parse_budget(args.budget)
     overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v is not None}
@@ -166,10 +167,8 @@ def main(argv=None) -> int:
                   {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "wall_s": time.perf_counter() - t0})
     path = pf.save(out / "plan.json")
-    from reports.html import write_report
-    from reports.sections.sbp import build
-    rep = write_report(out / "report.html", plan_title(plan), build([path]), [str(path)])
+    rep = report(path, plan_title(plan)) if report else None
     print(table([plan] + base))
     print("\n".join(summary_lines(plan, base)))
-    print(f"wrote {path} and {rep}")
+    print(f"wrote {path}" + (f" and {rep}" if rep else ""))
     return 0
