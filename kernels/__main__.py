@@ -6,6 +6,7 @@
     python -m kernels peers            # against NCCL (default, best setting, symmetric) and torch SymmetricMemory
     python -m kernels tp-mlp           # a tensor-parallel MLP step, interpreter vs torch NCCL allreduce
     python -m kernels reshard plan.json   # under mpiexec: run a resharding plan, check every tile
+    python -m kernels build-tuner      # the NCCL tuner plugin (cc), prints its path
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ SUBCOMMANDS = {
     "peers": "kernels.interp.peers:main",
     "tp-mlp": "kernels.interp.tp_mlp:main",
     "reshard": "kernels.reshard.cli:main",
+    "build-tuner": "kernels.nccl_tuner.cli:main",
 }
 
 
