@@ -5,6 +5,7 @@
     python -m autotune reshard ...            # cross-mesh resharding plans
     python -m autotune schedule ...           # collective schedule tuning (GC3 programs)
     python -m autotune execute plan.json      # run a plan's training steps (torchrun/mpiexec/srun; torch)
+    python -m autotune nccl ...               # stock NCCL tuned through the tuner plugin (under mpirun)
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ SUBCOMMANDS = {
     "reshard": "autotune.reshard.cli:main",
     "schedule": "autotune.schedule.cli:main",
     "execute": "autotune.execute.cli:main",
+    "nccl": "autotune.nccl.cli:main",
 }
 DEFAULT = "autotune.__main__:search"
 

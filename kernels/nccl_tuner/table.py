@@ -105,8 +105,9 @@ def _int(text: str, what: str) -> int:
         raise UserError(f"{what} {text!r} is not a whole number") from None
 
 
-def read_table(text: str, source: str = "tuner table") -> list[Row]:
-    """Every row of a table's text, in order; a one-line ``UserError`` naming the first bad line."""
+def read_table(text: str, source: str = "tuner table", allow_empty: bool = False) -> list[Row]:
+    """Every row of a table's text, in order; a one-line ``UserError`` naming the first bad line.
+    A table without rows is refused (the plugin ignores it) unless ``allow_empty``."""
     rows = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -127,14 +128,14 @@ def read_table(text: str, source: str = "tuner table") -> list[Row]:
             msg = str(e).removeprefix("tuner table row: ")
             raise UserError(f"{source} line {n}: {msg}: fix the line or write the table again with "
                             f"python -m autotune nccl") from None
-    if not rows:
+    if not rows and not allow_empty:
         raise UserError(f"{source} has no rows: write it with python -m autotune nccl")
     if len(rows) > MAX_ROWS:
         raise UserError(f"{source} has {len(rows)} rows, more than the plugin's {MAX_ROWS}")
     return rows
 
 
-def load_table(path: str | Path) -> list[Row]:
+def load_table(path: str | Path, allow_empty: bool = False) -> list[Row]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"tuner table {str(p)!r} does not exist: write one with python -m autotune nccl")
@@ -143,7 +144,7 @@ def load_table(path: str | Path) -> list[Row]:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read the tuner table {str(p)!r} ({e}): write it again with python -m autotune nccl") \
             from None
-    return read_table(text, f"tuner table {str(p)!r}")
+    return read_table(text, f"tuner table {str(p)!r}", allow_empty)
 
 
 def rows_for(rows: list[Row], ranks: int, nodes: int, source: str = "the tuner table") -> list[Row]:

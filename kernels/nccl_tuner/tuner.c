@@ -49,6 +49,11 @@ typedef struct {
   ncclDebugLogger_t log;
 } Context;
 
+/* how many communicators NCCL initialized this plugin for, and how many calls a table row
+ * decided: read (ctypes) by python -m autotune nccl to confirm that NCCL loaded the plugin */
+unsigned long commtune_tuner_inits = 0;
+unsigned long commtune_tuner_decided = 0;
+
 static const char *const COLLECTIVES[] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
 static const char *const ALGORITHMS[] = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"};
 static const char *const PROTOCOLS[] = {"ll", "ll128", "simple"};
@@ -226,6 +231,7 @@ static int load_table(const char *path, size_t nRanks, size_t nNodes, Row **out,
 }
 
 static ncclResult_t start(void **context, size_t nRanks, size_t nNodes, ncclDebugLogger_t log) {
+  __atomic_fetch_add(&commtune_tuner_inits, 1, __ATOMIC_RELAXED);
   Context *ctx = calloc(1, sizeof *ctx);
   *context = ctx;
   if (!ctx) {
@@ -265,6 +271,7 @@ static ncclResult_t decide(void *context, ncclFunc_t coll, size_t nBytes, int nu
     if (r->algo < numAlgo && r->proto < numProto && table[r->algo * numProto + r->proto] >= 0.0f) {
       table[r->algo * numProto + r->proto] = 0.0f;
       if (r->channels > 0 && nChannels) *nChannels = r->channels;
+      __atomic_fetch_add(&commtune_tuner_decided, 1, __ATOMIC_RELAXED);
     } else if (!r->warned) {
       r->warned = 1;
       say(ctx->log, NCCL_LOG_INFO, "commtune NCCL tuner: table line %d (%s %s) is not available for %s of %zu bytes: "

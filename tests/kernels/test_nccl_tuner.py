@@ -150,6 +150,15 @@ def test_a_pair_nccl_rules_out_keeps_nccl_choice_and_says_so_once(plugin):
     assert p.answer("allreduce", 2048) == ("tree", "ll128", 16)
 
 
+def test_counters_of_inits_and_decided_calls(plugin, lib):
+    inits, decided = (ctypes.c_ulong.in_dll(lib, n) for n in ("commtune_tuner_inits", "commtune_tuner_decided"))
+    i0, d0 = inits.value, decided.value
+    p = plugin(TABLE)
+    p.answer("allreduce", 10)
+    p.answer("allgather", 10)  # no row: not counted
+    assert (inits.value - i0, decided.value - d0) == (1, 1)
+
+
 def test_no_table_keeps_nccl_choice(plugin, capfd):
     p = plugin(None)
     assert p.answer("allreduce", 1 << 20) is None
