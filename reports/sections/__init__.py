@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "commtune.execute-summary": "reports.sections.execute:build",
     "reshard": "reports.sections.reshard:build",
     "schedule-tune": "reports.sections.schedule:build",
+    "commtune.nccl-tune": "reports.sections.nccl_tuner:build",
 }
 
 

@@ -194,3 +194,18 @@ def test_table_for_another_rank_count(built, tmp_path, capsys):
     assert main(["--plugin", str(built), "--table", str(table), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "has no row for 1 ranks on 1 node(s) (it is for 8 ranks on 1 node(s))" in err
+
+
+def test_report_section_from_a_record(tmp_path):
+    from reports.html import write_report
+    from reports.sections import builder
+
+    rows = [rec.Compare(c, n, "ring/simple/64", 10.0, 9.0, 0, 0) for c in ("allreduce", "allgather")
+            for n in (1024, 1 << 30)]
+    r = rec.TuneRecord("2026-11-23", "c", "2 x H200", 22809, 2, 1, "float32", "graph", 20, 5, 64,
+                       ["allreduce", "allgather"], [1024, 1 << 30], "/p.so", compare=rows, seconds={"total": 1.0})
+    path = r.save(tmp_path / "nccl_tune.json")
+    sections = builder("commtune.nccl-tune")([path])
+    assert len(sections) == 1 and "NCCL default against NCCL tuned" in sections[0].title
+    html = write_report(tmp_path / "r.html", "t", sections).read_text()
+    assert "ring/simple/64" in html and "1.111" in html

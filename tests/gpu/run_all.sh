@@ -18,7 +18,7 @@ export COMMTUNE_MSCCL_DIR=${COMMTUNE_MSCCL_DIR:-}
 # loop hung once and took the whole 10 minutes)
 MPIRUN="timeout 300 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED -x PYTHONPATH -x COMMTUNE_MSCCL_DIR"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PARTS=${PARTS:-"calibrate interp sbp reshard model schedule peers execute"}  # add "bare" for the bare NCCL loop beside calibrate
+PARTS=${PARTS:-"calibrate interp sbp reshard model schedule peers execute nccl"}  # add "bare" for the bare NCCL loop beside calibrate
 SUMMARY=$R/summary.txt
 : > "$SUMMARY"
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
@@ -61,7 +61,7 @@ if has model; then
   pack
 fi
 
-for part in interp sbp reshard schedule peers execute; do
+for part in interp sbp reshard schedule peers execute nccl; do
   has $part || continue
   for script in tests/gpu/${part}*_check.sh tests/gpu/${part}*_check.py; do
     [ -f "$script" ] || continue
