@@ -26,13 +26,13 @@ import time
 import traceback
 from pathlib import Path
 
+from calibrate.device.nccl_config import MAX_CHANNELS
 from calibrate.errors import UserError
 from calibrate.sizes import dtype_size, format_size
 from kernels.nccl_tuner.build import library
 from kernels.nccl_tuner.table import load_table, rows_for, write_table
 
 from autotune.nccl import record as rec
-from autotune.nccl.lib import MAX_CHANNELS
 from autotune.nccl.settings import TUNABLE, candidates, parse_channels
 from autotune.schedule.bands import parse_sizes
 
@@ -137,7 +137,7 @@ def _agree(world, fn):
 
 
 def run(args, world, colls, sizes, channels, plugin) -> int:
-    from calibrate.backends.nccl import select_gpu
+    from calibrate.device.gpu import cupy_or_error, device_name, select_gpu
     from calibrate.groups import topology
 
     from autotune.nccl.choose import choose
@@ -150,19 +150,18 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
     _, nodes, _, _ = topology(world)
     table_rows = _agree(world, lambda: rows_for(load_table(args.table), ranks, nodes, f"tuner table {args.table!r}")
                         if args.table else None)
-    _agree(world, _need_cupy)
-    device = select_gpu(world)
+    _agree(world, lambda: cupy_or_error("autotune nccl (under mpirun, one process per GPU)"))
+    device = select_gpu(world, needs="autotune nccl", fallback="run it on GPU nodes")
     out = Path(args.out or os.path.join("results", "nccl-tune-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S")))
     _agree(world, lambda: _prepare(out) if lead else None)
     opts = Options(args.dtype, args.iters, args.warmup, args.reps, not args.no_check, args.prune)
     session = _agree(world, lambda: Session(world, device, plugin, args.min_ctas, ranks, nodes, opts))
     import cupy as cp
 
-    props = cp.cuda.runtime.getDeviceProperties(device)
     record = rec.TuneRecord(
         date=_dt.datetime.now().isoformat(timespec="seconds"), command=" ".join(shlex.quote(a) for a in sys.argv),
-        device=f"{ranks} x {props['name'].decode() if isinstance(props['name'], bytes) else props['name']}",
-        nccl_version=session.library.version, ranks=ranks, nodes=nodes, dtype=args.dtype, mode="graph",
+        device=f"{ranks} x {device_name(cp, device)}",
+        nccl_version=session.nccl_version, ranks=ranks, nodes=nodes, dtype=args.dtype, mode="graph",
         iters=args.iters, reps=args.reps, min_ctas=args.min_ctas, collectives=colls, sizes=sizes, plugin=str(plugin))
     save = (lambda: record.save(out / "nccl_tune.json")) if lead else (lambda: None)
     say(f"# autotune nccl: {ranks} ranks on {nodes} node(s), {record.device}, NCCL {record.nccl_version}, plugin "
@@ -220,14 +219,6 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
     finally:
         session.close()
     return _print_summary(record, say) if lead else 0
-
-
-def _need_cupy() -> None:
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        raise UserError("autotune nccl measures NCCL on GPUs: it needs cupy (pip install -e '.[gpu]'), under "
-                        "mpirun or srun with one process per GPU") from None
 
 
 def _prepare(out: Path) -> None:

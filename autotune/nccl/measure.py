@@ -22,11 +22,11 @@ from pathlib import Path
 from calibrate.backends.base import TimingMode
 from calibrate.backends.nccl import NcclBackend
 from calibrate.collectives import Collective
+from calibrate.device import nccl as device_nccl
 from calibrate.errors import UserError
 from calibrate.sizes import align
 from kernels.nccl_tuner.table import ENV_TABLE, Row, write_table
 
-from autotune.nccl.lib import Library
 from autotune.nccl.record import Compare, Sample
 from autotune.nccl.settings import Setting, setting_table
 
@@ -65,12 +65,13 @@ class Session:
     ranks: int
     nodes: int
     options: Options
-    library: Library = field(init=False)
+    nccl_version: int = field(init=False)
     _workdir: Path = field(init=False)
+    _counters: ctypes.CDLL = field(init=False)
 
     def __post_init__(self):
         os.environ["NCCL_TUNER_PLUGIN"] = str(self.plugin)  # before the first communicator of this process
-        self.library = Library()
+        self.nccl_version = device_nccl.nccl_module("autotune nccl").get_version()
         self._workdir = Path(tempfile.mkdtemp(prefix="commtune-nccl-"))
         self._counters = ctypes.CDLL(str(self.plugin))  # the object NCCL loads: same path, same library
 
@@ -85,15 +86,14 @@ class Session:
             path.write_text(write_table(rows, ["one setting of python -m autotune nccl"]))
             os.environ[ENV_TABLE] = str(path)
         try:
-            be = NcclBackend(self.world, device=self.device,
-                             communicator=lambda c: self.library.communicator(c, min_ctas))
+            be = NcclBackend(self.world, device=self.device, min_ctas=min_ctas)
         finally:
             os.environ.pop(ENV_TABLE, None)
         loaded = self.world.allreduce(int(self.counters()["inits"] > before), op=_min())
         if not loaded:
             be.close()
             raise UserError(f"NCCL did not initialize the tuner plugin {self.plugin} for a new communicator "
-                            f"(NCCL {self.library.version}): run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING "
+                            f"(NCCL {self.nccl_version}): run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING "
                             f"to see why")
         return be
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from calibrate.errors import UserError
-from calibrate.jsonfile import read_json, write_json
+from calibrate.records import Record
 from kernels.nccl_tuner.table import ENV_TABLE
 
-KIND = "commtune.nccl-tune"
-VERSION = 1
 # the targets (2 GPUs, CUDA graphs)
 WORST_SLOWDOWN = 1.02        # never slower than the default by more than 2%
 GEOMEAN_TARGET = 1.05
@@ -47,7 +46,12 @@ class Compare:
 
 
 @dataclass
-class TuneRecord:
+class TuneRecord(Record):
+    KIND: ClassVar[str] = "commtune.nccl-tune"
+    VERSION: ClassVar[int] = 1
+    WHAT: ClassVar[str] = "NCCL tuning record"
+    FIX: ClassVar[str] = "write one with python -m autotune nccl"
+
     date: str
     command: str
     device: str
@@ -71,28 +75,18 @@ class TuneRecord:
     seconds: dict = field(default_factory=dict)
     plugin_counters: dict = field(default_factory=dict)
 
-    def to_json(self) -> dict:
-        return {"kind": KIND, "version": VERSION, **asdict(self)}
-
-    def save(self, path: Path) -> Path:
-        return write_json(path, self.to_json(), "tuning record")
+    def body(self) -> dict:
+        return asdict(self)
 
     @classmethod
-    def load(cls, path: str | Path) -> "TuneRecord":
-        data = read_json(path, "NCCL tuning record", "write one with python -m autotune nccl")
-        if not isinstance(data, dict) or data.get("kind") != KIND:
-            raise UserError(f"{path} is not a {KIND} record: write one with python -m autotune nccl")
-        if data.get("version") != VERSION:
-            raise UserError(f"{path} is a {KIND} record of version {data.get('version')}, this reads {VERSION}: "
-                            f"tune again with python -m autotune nccl")
-        body = {k: v for k, v in data.items() if k not in ("kind", "version")}
-        body["sweep"] = [Sample(**s) for s in body.get("sweep", [])]
-        body["compare"] = [Compare(**c) for c in body.get("compare", [])]
+    def from_body(cls, d: dict, origin: str) -> "TuneRecord":
+        body = {k: v for k, v in d.items() if k not in ("kind", "version")}
         try:
+            body["sweep"] = [Sample(**s) for s in body.get("sweep", [])]
+            body["compare"] = [Compare(**c) for c in body.get("compare", [])]
             return cls(**body)
         except TypeError as e:
-            raise UserError(f"{path}: malformed {KIND} record ({e}): tune again with python -m autotune nccl") \
-                from None
+            raise UserError(f"{origin}: malformed {cls.WHAT} ({e}): {cls.FIX}") from None
 
 
 def summary(rows: list[Compare]) -> dict:

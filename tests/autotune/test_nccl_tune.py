@@ -138,7 +138,7 @@ def test_summary_against_closed_forms(tmp_path):
     r.save(tmp_path / "x.json")
     assert rec.TuneRecord.load(tmp_path / "x.json") == r
     (tmp_path / "bad.json").write_text('{"kind": "other"}')
-    with pytest.raises(UserError, match="not a commtune.nccl-tune record"):
+    with pytest.raises(UserError, match="is not a NCCL tuning record"):
         rec.TuneRecord.load(tmp_path / "bad.json")
 
 

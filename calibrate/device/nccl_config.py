@@ -1,5 +1,5 @@
-"""NCCL communicators with a per-communicator configuration, through ctypes on the very
-libnccl that cupy loaded.
+"""NCCL communicators with a per-communicator channel configuration, through ctypes on
+the very libnccl that cupy loaded (``calibrate.device.nccl.communicator(..., min_ctas=N)``).
 
 NCCL reads NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS, NCCL_MIN_CTAS and NCCL_MAX_CTAS once
 per process (NCCL_PARAM caches them), so one process cannot hold a communicator with
@@ -9,7 +9,7 @@ job's environment sets the same field: what the tuned communicators here are mad
 what a job that sources the env file gets.
 
 ``Communicator`` has the methods of cupy's ``NcclCommunicator`` that
-``calibrate.backends.nccl.NcclBackend`` calls, so the backend runs on it unchanged.
+``calibrate.device.nccl.launch`` calls, so every launch runs on it unchanged.
 """
 from __future__ import annotations
 
@@ -58,9 +58,7 @@ def loaded_path(name: str = "libnccl.so") -> str | None:
 class Library:
     """libnccl as cupy loaded it (or the soname when cupy's is not found)."""
 
-    def __init__(self):
-        from cupy.cuda import nccl as cupy_nccl
-
+    def __init__(self, cupy_nccl):
         self.version = cupy_nccl.get_version()  # loads the library if cupy defers it
         self.path = loaded_path() or "libnccl.so.2"
         self.lib = ctypes.CDLL(self.path)
@@ -98,6 +96,8 @@ class Library:
     def communicator(self, mpi_comm, min_ctas: int | None = None) -> "Communicator":
         """A communicator over the ranks of ``mpi_comm`` (collective); ``min_ctas``: at least that many
         channels (ncclConfig_t.minCTAs, maxCTAs 64), None: NCCL's defaults (ncclCommInitRank)."""
+        if min_ctas is not None:
+            make_config(min_ctas)  # refused before any rank enters NCCL
         raw = mpi_comm.bcast(self.unique_id() if mpi_comm.Get_rank() == 0 else None, root=0)
         uid = UniqueId()
         ctypes.memmove(ctypes.addressof(uid), raw, len(raw))
