@@ -235,10 +235,12 @@ def _print_summary(record: rec.TuneRecord, say) -> int:
         met = ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in s["targets"].items())
         print(f"# {coll}: geomean {s['geomean']:.3f}x, worst {s['worst']:.3f}x at {format_size(s['worst_bytes'])}, "
               f"{format_size(s['largest_bytes'])} {s['largest_ratio']:.3f}x, #wrong {s['wrong']}; {met}")
-    sweep = {k: round(v, 1) for k, v in record.seconds.items()}
+    seconds = {k: round(v, 1) for k, v in record.seconds.items()}
     main3 = sum(v for k, v in record.seconds.items() if k in ("sweep_allreduce", "sweep_allgather",
                                                                 "sweep_reducescatter"))
-    print(f"# seconds: {sweep}; measuring allreduce+allgather+reducescatter: {main3:.0f} s; plugin counters "
-          f"(rank 0) {record.plugin_counters}", flush=True)
+    sweep_wrong = sum(max(s.wrong, 0) for s in record.sweep)
+    print(f"# sweep: {len(record.sweep)} points, {len(record.pruned)} pruned, #wrong {sweep_wrong}; seconds: "
+          f"{seconds}; measuring allreduce+allgather+reducescatter: {main3:.0f} s; plugin counters (rank 0) "
+          f"{record.plugin_counters}", flush=True)
     say(f"# record: {Path(record.table).parent / 'nccl_tune.json'}")
-    return 1 if wrong else 0
+    return 1 if wrong or sweep_wrong else 0
