@@ -127,7 +127,8 @@ static int parse_row(char *line, Row *row, char *why, size_t why_len) {
     return 0;
   }
   if (!parse_bytes(fields[1], &row->lo) || !parse_bytes(fields[2], &row->hi) || row->lo > row->hi) {
-    snprintf(why, why_len, "min_bytes '%.30s' and max_bytes '%.30s' are not sizes with min <= max", fields[1], fields[2]);
+    snprintf(why, why_len, "min_bytes '%.30s' and max_bytes '%.30s' are not sizes with min <= max", fields[1],
+             fields[2]);
     return 0;
   }
   if ((row->algo = lookup(fields[3], ALGORITHMS, COUNT(ALGORITHMS))) < 0) {

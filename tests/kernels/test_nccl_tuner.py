@@ -66,7 +66,8 @@ class Plugin:
         nch = ctypes.c_int(0)
         func = T.COLLECTIVES.index(collective)
         if self.version >= 4:
-            rc = self._get(self.ctx, func, nbytes, pipe_ops, ctypes.addressof(cost), NA, NP, reg_buff, ctypes.byref(nch))
+            rc = self._get(self.ctx, func, nbytes, pipe_ops, ctypes.addressof(cost), NA, NP, reg_buff,
+                           ctypes.byref(nch))
         else:
             rc = self._get(self.ctx, func, nbytes, pipe_ops, ctypes.addressof(cost), NA, NP, ctypes.byref(nch))
         assert rc == 0
