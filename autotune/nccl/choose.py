@@ -19,22 +19,24 @@ from autotune.nccl.settings import Setting
 from autotune.schedule.bands import bands_for
 
 
-def best_per_size(sweep: list[Sample], collective: str) -> dict[int, Sample]:
-    """The fastest non-default sample of ``collective`` at each measured size."""
+def best_per_size(sweep: list[Sample], collective: str, excluded=()) -> dict[int, Sample]:
+    """The fastest sample of ``collective`` at each measured size, but NCCL's default's and ``excluded``."""
     best: dict[int, Sample] = {}
     for s in sweep:
-        if s.collective != collective or s.setting == "default":
+        if s.collective != collective or s.setting == "default" or s.setting in excluded:
             continue
         if s.bytes not in best or s.median_us < best[s.bytes].median_us:
             best[s.bytes] = s
     return best
 
 
-def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks: int, nodes: int) -> list[Row]:
-    """The table's rows: one per band and collective, neighbouring bands of one setting merged."""
+def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks: int, nodes: int,
+           excluded=()) -> list[Row]:
+    """The table's rows: one per band and collective, neighbouring bands of one setting merged;
+    ``excluded``: labels of settings NCCL did not apply."""
     rows = []
     for coll in collectives:
-        best = best_per_size(sweep, coll)
+        best = best_per_size(sweep, coll, excluded)
         measured = sorted(best)
         if not measured:
             raise UserError(f"no setting of {coll} was measured: nothing to choose from")

@@ -179,16 +179,20 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
                 else:
                     record.sweep.append(s)
 
-            def on_setting(k, total, setting, seconds):
+            def on_setting(k, total, setting, seconds, applied):
                 record.seconds = {f"sweep_{c}": v for c, v in seconds.items()}
+                if not applied:
+                    record.not_applied.append(setting.label)
                 save()
                 said = [s for s in record.sweep if s.setting == setting.label]
                 say(f"# [{k}/{total}] {setting.label}: {len(said)} points, "
                     f"{sum(1 for p in record.pruned if p['setting'] == setting.label)} pruned, "
-                    f"{sum(max(s.wrong, 0) for s in said)} wrong; {time.perf_counter() - t_start:.0f} s so far")
+                    f"{sum(max(s.wrong, 0) for s in said)} wrong"
+                    f"{'' if applied else ', NOT applied by NCCL (ruled out; never chosen)'}; "
+                    f"{time.perf_counter() - t_start:.0f} s so far")
 
             sweep(session, plan, sizes, on_sample, on_setting)
-            table_rows = choose(record.sweep, colls, sizes, ranks, nodes)
+            table_rows = choose(record.sweep, colls, sizes, ranks, nodes, record.not_applied)
         table_path, env_path = out / "nccl_tuner.csv", out / "nccl_tuner.env"
         record.table, record.env_file = str(table_path.resolve()), str(env_path.resolve())
         record.table_rows = [r.line() for r in table_rows]

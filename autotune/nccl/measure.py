@@ -97,6 +97,10 @@ class Session:
                             f"to see why")
         return be
 
+    def decided(self) -> int:
+        """Calls a table row decided so far, the fewest over ranks."""
+        return self.world.allreduce(self.counters()["decided"], op=_min())
+
     def measure(self, be: NcclBackend, collective: str, nbytes: int, setting: str) -> Sample:
         coll = Collective.parse(collective)
         o = self.options
@@ -125,6 +129,8 @@ def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on
     One communicator per setting, for all the collectives it is a candidate of. A setting that
     has been more than ``options.prune`` times slower than the best so far at two sizes in a row
     is not measured at the larger sizes of that collective (``on_sample(None, ...)`` says so).
+    ``on_setting(k, total, setting, seconds, applied)`` after each; ``applied`` is False when the
+    plugin decided no call (NCCL ruled the setting out: what was measured is NCCL's choice).
     Returns seconds per collective (measuring) and for making communicators."""
     order = list(dict.fromkeys(s for settings in plan.values() for s in settings))
     best: dict[tuple[str, int], float] = {}
@@ -135,6 +141,7 @@ def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on
         rows = None if setting.is_default else setting_table(setting, colls, session.ranks, session.nodes)
         be = session.backend(rows, None if setting.is_default else session.min_ctas)
         seconds["communicators"] += time.perf_counter() - t0
+        decided = session.decided()
         try:
             for coll in colls:
                 t0 = time.perf_counter()
@@ -156,7 +163,9 @@ def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on
             t0 = time.perf_counter()
             be.close()
             seconds["communicators"] += time.perf_counter() - t0
-        on_setting(k + 1, len(order), setting, seconds)
+        # a setting NCCL ruled out everywhere (the plugin then keeps NCCL's choice) measured the default
+        applied = setting.is_default or session.decided() > decided
+        on_setting(k + 1, len(order), setting, seconds, applied)
     return seconds
 
 

@@ -70,6 +70,7 @@ class TuneRecord(Record):
     env_file: str = ""
     sweep: list[Sample] = field(default_factory=list)
     pruned: list[dict] = field(default_factory=list)      # {collective, setting, bytes}: not measured
+    not_applied: list[str] = field(default_factory=list)  # settings NCCL ruled out: never chosen
     table_rows: list[str] = field(default_factory=list)
     compare: list[Compare] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)

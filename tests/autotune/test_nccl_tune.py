@@ -60,13 +60,19 @@ class FakeSession:
     options: Options = field(default_factory=Options)
     made: list = field(default_factory=list)
     measured: list = field(default_factory=list)
+    calls_decided: int = 0
 
     def backend(self, rows, min_ctas):
         self.made.append(FakeBackend(rows, min_ctas))
         return self.made[-1]
 
+    def decided(self):
+        return self.calls_decided
+
     def measure(self, be, coll, n, label):
         assert not be.closed
+        # the plugin decides the calls of every setting but ring/ll128/auto (as if NCCL had ruled it out)
+        self.calls_decided += bool(be.rows) and label != "ring/ll128/auto"
         key = label if label in ("default", "tuned") else label
         t = self.times[(key, coll, n)] if (key, coll, n) in self.times else self.times[(key, n)]
         self.measured.append((label, coll, n))
@@ -96,18 +102,23 @@ def test_sweep_prunes_and_choice_is_the_fastest_per_band():
     def on_sample(s, coll, n, setting):
         (pruned.append((setting.label, n)) if s is None else samples.append(s))
 
-    seconds = sweep(session, plan, SIZES, on_sample, lambda k, total, s, sec: settings_done.append((k, total)))
+    seconds = sweep(session, plan, SIZES, on_sample,
+                    lambda k, total, s, sec, applied: settings_done.append((k, total, s.label, applied)))
     assert pruned == [("ring/ll128/auto", 16384), ("ring/ll128/auto", 1 << 20)]
     assert len(samples) == 5 * 4 - 2 and set(seconds) == {"allreduce", "communicators"}
     # one communicator per setting, each closed; the default's has no table and NCCL's channels
     assert len(session.made) == 5 and all(b.closed for b in session.made)
     assert session.made[0].rows is None and session.made[0].min_ctas is None
     assert session.made[2].rows == [Row("allreduce", 0, SIZE_MAX, "ring", "simple", 64, 1, 2)]
-    assert session.made[2].min_ctas == 64 and settings_done[-1] == (5, 5)
+    assert session.made[2].min_ctas == 64 and settings_done[-1] == (5, 5, "ring/ll128/64", True)
+    assert [s for _, _, s, applied in settings_done if not applied] == ["ring/ll128/auto"]
     rows = choose(samples, ["allreduce"], SIZES, 2, 1)
     # bands: [0, 2048) [2048, 8192) [8192, 131072) [131072, inf); the default is never a row
     assert rows == [Row("allreduce", 0, 8191, "ring", "ll", -1, 1, 2),
                     Row("allreduce", 8192, SIZE_MAX, "ring", "simple", 64, 1, 2)]
+    # a setting NCCL did not apply is never chosen, even where it measured fastest
+    assert choose(samples, ["allreduce"], SIZES, 2, 1, excluded=["ring/ll/auto"]) == \
+        [Row("allreduce", 0, 2047, "ring", "ll128", 64, 1, 2), Row("allreduce", 2048, SIZE_MAX, "ring", "simple", 64, 1, 2)]
 
 
 def test_compare_alternates_and_labels_each_size():
