@@ -1,5 +1,8 @@
 """From the measured settings to the table: per collective and size band, the fastest
-setting measured at the band's size (median time, maximum over ranks).
+setting measured at the band's size (median time, maximum over ranks), unless it beats the
+default's own algorithm and protocol with NCCL's channel count by no more than ``margin``:
+then that one, which at the sizes where NCCL cuts its channels by size is NCCL's default
+itself (so noise never trades the default for a setting that is no faster).
 
 Bands are ``autotune.schedule.bands``: band i holds size s_i and runs from the geometric
 mean of s_(i-1) and s_i to that of s_i and s_(i+1), the first from 0 and the last without
@@ -31,7 +34,7 @@ def best_per_size(sweep: list[Sample], collective: str, excluded=()) -> dict[int
 
 
 def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks: int, nodes: int,
-           excluded=()) -> list[Row]:
+           excluded=(), margin: float = 0.02) -> list[Row]:
     """The table's rows: one per band and collective, neighbouring bands of one setting merged;
     ``excluded``: labels of settings NCCL did not apply."""
     rows = []
@@ -40,9 +43,15 @@ def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks:
         measured = sorted(best)
         if not measured:
             raise UserError(f"no setting of {coll} was measured: nothing to choose from")
+        by_label = {(s.bytes, s.setting): s for s in sweep if s.collective == coll and s.setting not in excluded}
         for band in bands_for(sizes):
             # the sample measured at the band's size (sizes are aligned to the element count and ranks)
             rep = min(measured, key=lambda b: abs(b - band.rep))
-            s = Setting.parse(best[rep].setting)
+            pick = best[rep]
+            default = by_label.get((rep, "default"))
+            own = by_label.get((rep, f"{default.runs}/auto")) if default is not None and default.runs else None
+            if own is not None and pick.median_us >= own.median_us * (1 - margin):
+                pick = own
+            s = Setting.parse(pick.setting)
             rows.append(s.row(coll, band.lo, SIZE_MAX if band.hi == 0 else band.hi - 1, ranks, nodes))
     return merge_bands(rows)

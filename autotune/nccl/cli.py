@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prune", type=float, default=1.5,
                    help="drop a setting for the larger sizes once it is this many times slower than the best so far "
                         "at two sizes in a row (default 1.5)")
+    p.add_argument("--margin", type=float, default=0.02,
+                   help="a setting replaces the default's own algorithm and protocol (with NCCL's channel count) "
+                        "only when faster by more than this fraction (default 0.02)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds of default and tuned in the final comparison (default 3)")
     p.add_argument("--no-check", action="store_true", help="do not check results on random data")
     p.add_argument("--plugin", default=None, help="the plugin library (default: where python -m kernels build-tuner "
                                                   "puts it)")
@@ -88,6 +93,8 @@ def validate(args) -> tuple[list[str], list[int], tuple[int, ...], Path]:
         raise UserError("--iters and --reps must be at least 1 and --warmup at least 0")
     if args.prune <= 1:
         raise UserError(f"--prune {args.prune}: must be above 1 (e.g. 1.5)")
+    if not 0 <= args.margin < 0.5 or args.rounds < 1:
+        raise UserError("--margin must be in [0, 0.5) and --rounds at least 1")
     plugin = library(args.plugin)
     if args.table:
         load_table(args.table)
@@ -162,7 +169,8 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
         date=_dt.datetime.now().isoformat(timespec="seconds"), command=" ".join(shlex.quote(a) for a in sys.argv),
         device=f"{ranks} x {device_name(cp, device)}",
         nccl_version=session.nccl_version, ranks=ranks, nodes=nodes, dtype=args.dtype, mode="graph",
-        iters=args.iters, reps=args.reps, min_ctas=args.min_ctas, collectives=colls, sizes=sizes, plugin=str(plugin))
+        iters=args.iters, reps=args.reps, rounds=args.rounds, min_ctas=args.min_ctas, collectives=colls,
+        sizes=sizes, plugin=str(plugin))
     save = (lambda: record.save(out / "nccl_tune.json")) if lead else (lambda: None)
     say(f"# autotune nccl: {ranks} ranks on {nodes} node(s), {record.device}, NCCL {record.nccl_version}, plugin "
         f"{plugin}; {len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}")
@@ -192,7 +200,7 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
                     f"{time.perf_counter() - t_start:.0f} s so far")
 
             sweep(session, plan, sizes, on_sample, on_setting)
-            table_rows = choose(record.sweep, colls, sizes, ranks, nodes, record.not_applied)
+            table_rows = choose(record.sweep, colls, sizes, ranks, nodes, record.not_applied, args.margin)
         table_path, env_path = out / "nccl_tuner.csv", out / "nccl_tuner.env"
         record.table, record.env_file = str(table_path.resolve()), str(env_path.resolve())
         record.table_rows = [r.line() for r in table_rows]
@@ -205,18 +213,20 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
             say(f"# wrote {table_path} ({len(table_rows)} rows) and {env_path}")
         save()
         say("# NCCL default against NCCL tuned (plugin and table), new communicators, CUDA graphs, median of "
-            f"{args.reps} replays of {args.iters} calls, maximum over ranks; ratio = default / tuned")
+            f"{args.rounds} interleaved rounds x {args.reps} replays of {args.iters} calls, maximum over ranks; "
+            "ratio = default / tuned")
         if lead:
             print(f"#{'collective':>13} {'size':>10} {'default us':>11} {'tuned us':>10} {'ratio':>6}  "
-                  f"{'setting':<18} {'#wrong':>6}", flush=True)
+                  f"{'setting':<18} {'#wrong':>6}  NCCL ran (default -> tuned)", flush=True)
 
         def on_row(c: rec.Compare):
             record.compare.append(c)
             if lead:
                 print(f" {c.collective:>13} {c.bytes:>10} {c.default_us:>11.2f} {c.tuned_us:>10.2f} {c.ratio:>6.3f}  "
-                      f"{c.setting:<18} {max(c.default_wrong, 0) + max(c.tuned_wrong, 0):>6}", flush=True)
+                      f"{c.setting:<18} {max(c.default_wrong, 0) + max(c.tuned_wrong, 0):>6}  "
+                      f"{c.default_runs or '?'} -> {c.tuned_runs or '?'}", flush=True)
 
-        record.seconds["compare"] = compare(session, table_rows, colls, sizes, on_row)
+        record.seconds["compare"] = compare(session, table_rows, colls, sizes, on_row, args.rounds)
         record.seconds["total"] = time.perf_counter() - t_start
         record.plugin_counters = session.counters()
         save()

@@ -101,20 +101,40 @@ class Session:
         """Calls a table row decided so far, the fewest over ranks."""
         return self.world.allreduce(self.counters()["decided"], op=_min())
 
-    def measure(self, be: NcclBackend, collective: str, nbytes: int, setting: str) -> Sample:
+    def noted(self, collective: str, nbytes: int) -> str:
+        """The algorithm/protocol NCCL ran for the last call, if it was ``collective`` of ``nbytes``
+        (the plugin notes NCCL's pick, or its row's); rank 0's, so that every rank agrees."""
+        from kernels.nccl_tuner.table import ALGORITHMS, COLLECTIVES, PROTOCOLS
+
+        def get(name, kind=ctypes.c_int):
+            return kind.in_dll(self._counters, f"commtune_tuner_last_{name}").value
+
+        runs = ""
+        coll, algo, proto = get("coll"), get("algo"), get("proto")
+        if (0 <= coll < len(COLLECTIVES) and COLLECTIVES[coll] == collective and 0 <= algo < len(ALGORITHMS)
+                and 0 <= proto < len(PROTOCOLS) and get("bytes", ctypes.c_ulonglong) == nbytes):
+            runs = f"{ALGORITHMS[algo]}/{PROTOCOLS[proto]}"
+        return self.world.bcast(runs, root=0)
+
+    def measure(self, be: NcclBackend, collective: str, nbytes: int, setting: str, reps: int | None = None,
+                check: bool = True) -> Sample:
         coll = Collective.parse(collective)
         o = self.options
         nbytes, _ = align(coll, nbytes, self.ranks, o.dtype)
-        samples = be.measure(coll, nbytes, o.dtype, o.iters, o.warmup, TimingMode.GRAPH, o.reps)
-        wrong = be.check(coll, nbytes, o.dtype, seed=nbytes) if o.check else -1
-        us = sorted(float(x) * 1e6 for x in samples)
-        median = us[len(us) // 2] if len(us) % 2 else 0.5 * (us[len(us) // 2 - 1] + us[len(us) // 2])
-        return Sample(collective, nbytes, setting, median, us, int(wrong))
+        samples = be.measure(coll, nbytes, o.dtype, o.iters, o.warmup, TimingMode.GRAPH, reps or o.reps)
+        wrong = be.check(coll, nbytes, o.dtype, seed=nbytes) if o.check and check else -1
+        us = [float(x) * 1e6 for x in samples]
+        return Sample(collective, nbytes, setting, median(us), us, int(wrong), self.noted(collective, nbytes))
 
     def close(self):
         for p in self._workdir.glob("*.csv"):
             p.unlink()
         self._workdir.rmdir()
+
+
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
 def _min():
@@ -169,23 +189,28 @@ def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on
     return seconds
 
 
-def compare(session: Session, rows: list[Row], collectives: list[str], sizes: list[int], on_row) -> float:
+def compare(session: Session, rows: list[Row], collectives: list[str], sizes: list[int], on_row,
+            rounds: int = 3) -> float:
     """NCCL default against NCCL with the plugin and ``rows``, on two new communicators, size by
-    size, alternating which goes first. Returns the seconds it took."""
+    size: ``rounds`` rounds of replays of each, alternating which goes first, both checked on
+    random data; the medians over all rounds. Returns the seconds it took."""
     t0 = time.perf_counter()
     default = session.backend(None, None)
     tuned = session.backend(rows, session.min_ctas)
     try:
         for coll in collectives:
-            for i, n in enumerate(sizes):
-                pair = [(default, "default"), (tuned, "tuned")]
-                got = {}
-                for be, name in (pair if i % 2 == 0 else pair[::-1]):
-                    got[name] = session.measure(be, coll, n, name)
+            for n in sizes:
+                got: dict[str, list[Sample]] = {"default": [], "tuned": []}
+                for k in range(rounds):
+                    pair = [(default, "default"), (tuned, "tuned")]
+                    for be, name in (pair if k % 2 == 0 else pair[::-1]):
+                        got[name].append(session.measure(be, coll, n, name, check=k == 0))
                 d, t = got["default"], got["tuned"]
-                row = next((r for r in rows if r.covers(coll, d.bytes)), None)
+                row = next((r for r in rows if r.covers(coll, d[0].bytes)), None)
                 setting = "default" if row is None else Setting(row.algorithm, row.protocol, row.channels).label
-                on_row(Compare(coll, d.bytes, setting, d.median_us, t.median_us, d.wrong, t.wrong))
+                on_row(Compare(coll, d[0].bytes, setting, median([x for s in d for x in s.samples_us]),
+                               median([x for s in t for x in s.samples_us]), d[0].wrong, t[0].wrong,
+                               d[0].runs, t[0].runs))
     finally:
         default.close()
         tuned.close()

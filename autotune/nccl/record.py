@@ -27,6 +27,7 @@ class Sample:
     median_us: float
     samples_us: list[float]
     wrong: int              # wrong elements on fresh random data, summed over ranks; -1: not checked
+    runs: str = ""          # algorithm/protocol NCCL ran, as the plugin saw it ("" unknown)
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Compare:
     tuned_us: float
     default_wrong: int
     tuned_wrong: int
+    default_runs: str = ""  # algorithm/protocol NCCL ran by default
+    tuned_runs: str = ""    # and with the table
 
     @property
     def ratio(self) -> float:
@@ -66,6 +69,7 @@ class TuneRecord(Record):
     collectives: list[str]
     sizes: list[int]
     plugin: str
+    rounds: int = 1         # interleaved rounds of default and tuned in the comparison
     table: str = ""
     env_file: str = ""
     sweep: list[Sample] = field(default_factory=list)

@@ -53,6 +53,10 @@ typedef struct {
  * decided: read (ctypes) by python -m autotune nccl to confirm that NCCL loaded the plugin */
 unsigned long commtune_tuner_inits = 0;
 unsigned long commtune_tuner_decided = 0;
+/* the last call this plugin was asked about and the (algorithm, protocol) NCCL runs for it (-1: none):
+ * NCCL's own pick where no row decided. Read by python -m autotune nccl to name NCCL's default. */
+int commtune_tuner_last_coll = -1, commtune_tuner_last_algo = -1, commtune_tuner_last_proto = -1;
+unsigned long long commtune_tuner_last_bytes = 0;
 
 static const char *const COLLECTIVES[] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
 static const char *const ALGORITHMS[] = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"};
@@ -258,17 +262,35 @@ static ncclResult_t start(void **context, size_t nRanks, size_t nNodes, ncclDebu
   return ncclSuccess;
 }
 
+/* NCCL's pick from its cost table: the smallest non-negative entry, the first in (algorithm,
+ * protocol) order on a tie, as NCCL's topoGetAlgoInfo picks it */
+static void note_pick(const float *table, int numAlgo, int numProto, ncclFunc_t coll, size_t nBytes) {
+  int algo = -1, proto = -1;
+  float best = 3600000000.0f;
+  for (int a = 0; a < numAlgo; a++)
+    for (int p = 0; p < numProto; p++)
+      if (table[a * numProto + p] >= 0.0f && table[a * numProto + p] < best) {
+        best = table[a * numProto + p];
+        algo = a;
+        proto = p;
+      }
+  commtune_tuner_last_coll = (int)coll;
+  commtune_tuner_last_bytes = nBytes;
+  commtune_tuner_last_algo = algo;
+  commtune_tuner_last_proto = proto;
+}
+
 static ncclResult_t decide(void *context, ncclFunc_t coll, size_t nBytes, int numPipeOps, float **collCostTable,
                            int numAlgo, int numProto, int regBuff, int *nChannels) {
   Context *ctx = context;
   if (!ctx || !collCostTable) return ncclSuccess;
+  /* NCCL passes float[numAlgo][numProto] cast to float** */
+  float *table = (float *)collCostTable;
   for (int i = 0; i < ctx->n; i++) {
     Row *r = &ctx->rows[i];
     if (r->coll != (int)coll || nBytes < r->lo || nBytes > r->hi) continue;
     if (!any_or(r->pipe_ops, numPipeOps)) continue;
     if (r->reg_buff != -1 && (regBuff < 0 || r->reg_buff != regBuff)) continue;
-    /* NCCL passes float[numAlgo][numProto] cast to float** */
-    float *table = (float *)collCostTable;
     if (r->algo < numAlgo && r->proto < numProto && table[r->algo * numProto + r->proto] >= 0.0f) {
       table[r->algo * numProto + r->proto] = 0.0f;
       if (r->channels > 0 && nChannels) *nChannels = r->channels;
@@ -279,8 +301,9 @@ static ncclResult_t decide(void *context, ncclFunc_t coll, size_t nBytes, int nu
           "NCCL keeps its own choice", r->line, ALGORITHMS[r->algo], PROTOCOLS[r->proto], COLLECTIVES[r->coll],
           nBytes);
     }
-    return ncclSuccess;
+    break;
   }
+  note_pick(table, numAlgo, numProto, coll, nBytes);
   return ncclSuccess;
 }
 

@@ -22,7 +22,8 @@ def _section(r: TuneRecord, path: Path) -> Section:
              f"protocol x channels) applied through commtune's tuner plugin on its own communicator of "
              f"{r.min_ctas} channels, the fastest per size band written to the plugin's table; then NCCL's default "
              f"and NCCL with the plugin and the table on new communicators, size by size in the same run. "
-             f"CUDA graphs of {r.iters} calls, median of {r.reps} replays, maximum over ranks; every point checked "
+             f"CUDA graphs of {r.iters} calls, median of {r.rounds} interleaved rounds of {r.reps} replays, maximum "
+             f"over ranks; every point checked "
              f"on fresh random data ({r.dtype}). Ratio = default time / tuned time.")
     if not r.compare:
         sec.text("The run stopped before NCCL default and tuned were compared: only the sweep is recorded.")
@@ -38,6 +39,7 @@ def _section(r: TuneRecord, path: Path) -> Section:
                       "geometric mean >= 1.05x, allgather and reducescatter >= 1.15x at the largest size, #wrong 0)")
     sec.table(pd.DataFrame([{"collective": c.collective, "size": format_size(c.bytes), "default us": c.default_us,
                              "tuned us": c.tuned_us, "ratio": c.ratio, "setting": c.setting,
+                             "NCCL ran (default)": c.default_runs, "NCCL ran (tuned)": c.tuned_runs,
                              "#wrong": max(c.default_wrong, 0) + max(c.tuned_wrong, 0)} for c in r.compare]),
               caption="Per collective and size; setting: the table's algorithm/protocol/channels (auto: NCCL's own "
                       "channel count)")

@@ -3,6 +3,7 @@ a stand-in session (known times), the record and its summary against closed form
 file, and the command's refusals."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -69,14 +70,15 @@ class FakeSession:
     def decided(self):
         return self.calls_decided
 
-    def measure(self, be, coll, n, label):
+    def measure(self, be, coll, n, label, reps=None, check=True):
         assert not be.closed
         # the plugin decides the calls of every setting but ring/ll128/auto (as if NCCL had ruled it out)
         self.calls_decided += bool(be.rows) and label != "ring/ll128/auto"
         key = label if label in ("default", "tuned") else label
         t = self.times[(key, coll, n)] if (key, coll, n) in self.times else self.times[(key, n)]
         self.measured.append((label, coll, n))
-        return rec.Sample(coll, n, label, t, [t], 0)
+        runs = "ring/ll" if label in ("default", "ring/ll/auto") else "/".join(label.split("/")[:2])
+        return rec.Sample(coll, n, label, t, [t], 0 if check else -1, runs)
 
 
 SIZES = [1024, 4096, 16384, 1 << 20]
@@ -116,9 +118,19 @@ def test_sweep_prunes_and_choice_is_the_fastest_per_band():
     # bands: [0, 2048) [2048, 8192) [8192, 131072) [131072, inf); the default is never a row
     assert rows == [Row("allreduce", 0, 8191, "ring", "ll", -1, 1, 2),
                     Row("allreduce", 8192, SIZE_MAX, "ring", "simple", 64, 1, 2)]
+    # the default's own algorithm and protocol with NCCL's channels is kept unless beaten by more than the margin
+    def near(t):
+        return [dataclasses.replace(s, median_us=t) if s.setting in ("ring/simple/64", "ring/ll128/64") else s
+                for s in samples]
+
+    # at 16 KiB and 1 MiB ring/ll/auto (what the default runs, with NCCL's channels) takes 12 us
+    assert choose(near(11.7), ["allreduce"], SIZES, 2, 1, margin=0.02)[-1].protocol == "simple"  # 2.5% faster
+    assert choose(near(11.8), ["allreduce"], SIZES, 2, 1, margin=0.02) == \
+        [Row("allreduce", 0, SIZE_MAX, "ring", "ll", -1, 1, 2)]                                    # 1.7%: kept
     # a setting NCCL did not apply is never chosen, even where it measured fastest
     assert choose(samples, ["allreduce"], SIZES, 2, 1, excluded=["ring/ll/auto"]) == \
-        [Row("allreduce", 0, 2047, "ring", "ll128", 64, 1, 2), Row("allreduce", 2048, SIZE_MAX, "ring", "simple", 64, 1, 2)]
+        [Row("allreduce", 0, 2047, "ring", "ll128", 64, 1, 2),
+         Row("allreduce", 2048, SIZE_MAX, "ring", "simple", 64, 1, 2)]
 
 
 def test_compare_alternates_and_labels_each_size():
@@ -126,10 +138,10 @@ def test_compare_alternates_and_labels_each_size():
     t = {("default", n): 10.0 for n in SIZES} | {("tuned", n): 8.0 for n in SIZES}
     session = FakeSession(t)
     got = []
-    compare(session, rows, ["allreduce"], SIZES, got.append)
+    compare(session, rows, ["allreduce"], SIZES, got.append, rounds=3)
     assert [c.setting for c in got] == ["ring/ll/auto", "ring/ll/auto", "default", "default"]
-    assert all(c.ratio == 1.25 for c in got)
-    assert [m[0] for m in session.measured] == ["default", "tuned", "tuned", "default"] * 2
+    assert all(c.ratio == 1.25 and c.default_wrong == c.tuned_wrong == 0 for c in got)
+    assert [m[0] for m in session.measured] == ["default", "tuned", "tuned", "default", "default", "tuned"] * 4
     assert session.made[0].rows is None and session.made[1].rows == rows and session.made[1].min_ctas == 64
     assert all(b.closed for b in session.made)
 

@@ -160,6 +160,25 @@ def test_counters_of_inits_and_decided_calls(plugin, lib):
     assert (inits.value - i0, decided.value - d0) == (1, 1)
 
 
+def test_what_runs_is_noted_nccls_pick_or_the_row(plugin, lib):
+    last = {n: (ctypes.c_ulonglong if n == "bytes" else ctypes.c_int).in_dll(lib, f"commtune_tuner_last_{n}")
+            for n in ("coll", "bytes", "algo", "proto")}
+
+    def noted():
+        return (T.COLLECTIVES[last["coll"].value], last["bytes"].value, T.ALGORITHMS[last["algo"].value],
+                T.PROTOCOLS[last["proto"].value])
+
+    p = plugin(TABLE)
+    p.answer("allreduce", 2048)
+    assert noted() == ("allreduce", 2048, "tree", "ll128")            # the row
+    p.answer("allgather", 100)                                         # no row: NCCL's pick, the cheapest entry
+    assert noted() == ("allgather", 100, "tree", "ll")
+    p.answer("allgather", 100, ignored={("tree", "ll"), ("tree", "ll128")})
+    assert noted() == ("allgather", 100, "tree", "simple")
+    p.answer("allreduce", 2048, ignored={("tree", "ll128"), ("tree", "ll")})  # row ruled out: NCCL's pick
+    assert noted() == ("allreduce", 2048, "tree", "simple")
+
+
 def test_no_table_keeps_nccl_choice(plugin, capfd):
     p = plugin(None)
     assert p.answer("allreduce", 1 << 20) is None
