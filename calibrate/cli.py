@@ -74,6 +74,28 @@ def command_parser(prog: str, description: str, **kwargs) -> argparse.ArgumentPa
     return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
 
 
+def run_on_ranks(comm, work: Callable[[], object], prog: str, collective: bool = False):
+    """``work()`` on rank 0 (its result broadcast), or on every rank with ``collective``
+    (each rank's own result); a ``UserError`` on any rank is printed once, by rank 0,
+    and every rank gets None. ``work`` returns something other than None. A collective
+    ``work`` must raise its user errors before any rank waits on another."""
+    result, error = None, None
+    if collective or comm.Get_rank() == 0:
+        try:
+            result = work()
+        except UserError as e:
+            error = str(e)
+    if collective:
+        error = next((e for e in comm.allgather(error) if e), None)
+    else:
+        result, error = comm.bcast((result, error), root=0)
+    if error is None:
+        return result
+    if comm.Get_rank() == 0:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+    return None
+
+
 def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_default: str | None) -> None:
     """The options of how to time, shared by ``calibrate run`` and ``calibrate validate --random``."""
     p.add_argument("--backend", default="auto", help="nccl (GPUs, cupy), mpi (host buffers) or auto "

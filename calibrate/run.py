@@ -131,7 +131,8 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
                                   "tol": args.refine_tol}} if refining else {})},
         "ranks": world.gather({"rank": rank, "host": socket.gethostname(), "device": device}, root=0),
         "nodes": nnodes,
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "SLURM_JOB", "OMPI_COMM_WORLD_SIZE"))},
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith(("NCCL_", "COMMTUNE_NCCL_", "SLURM_JOB", "OMPI_COMM_WORLD_SIZE"))},
     }
     rd = ResultsDir(Path(out))
     stored, problem = {}, None

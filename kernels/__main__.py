@@ -3,6 +3,10 @@
     python -m kernels compile <algorithm> --ranks 8 ... -o x.xml
     python -m kernels check x.xml
     python -m kernels bench            # under mpirun -np 2, on GPUs
+    python -m kernels peers            # against NCCL (default, best setting, symmetric) and torch SymmetricMemory
+    python -m kernels tp-mlp           # a tensor-parallel MLP step, interpreter vs torch NCCL allreduce
+    python -m kernels reshard plan.json   # under mpiexec: run a resharding plan, check every tile
+    python -m kernels build-tuner      # the NCCL tuner plugin (cc), prints its path
 """
 from __future__ import annotations
 
@@ -14,6 +18,10 @@ SUBCOMMANDS = {
     "compile": "kernels.gc3.cli:compile_main",
     "check": "kernels.gc3.cli:check_main",
     "bench": "kernels.interp.bench:main",
+    "peers": "kernels.interp.peers:main",
+    "tp-mlp": "kernels.interp.tp_mlp:main",
+    "reshard": "kernels.reshard.cli:main",
+    "build-tuner": "kernels.nccl_tuner.cli:main",
 }
 
 

@@ -1,4 +1,5 @@
-"""Build the layer graph of each model kind from its (validated) fields."""
+"""Build the layer graph of each model kind from its (validated) fields. Every model ends in a
+loss layer, whose input (the last layer's output) must not be partial."""
 from __future__ import annotations
 
 from models.graph import Layer, LayerGraph
@@ -38,6 +39,7 @@ def build_mlp(c: dict) -> LayerGraph:
     dims = c["dims"]
     t = c["micro_batch"]
     layers = [_L(f"fc{i}", "matmul", tokens=t, k=a, n=b) for i, (a, b) in enumerate(zip(dims, dims[1:]))]
+    layers.append(_L("loss", "loss", tokens=t, vocabulary=dims[-1]))  # a loss over the last layer's outputs
     return LayerGraph("mlp", layers, list(range(len(layers))), c["batch"], c["micro_batch"], c)
 
 
@@ -59,6 +61,7 @@ def build_vgg13(c: dict) -> LayerGraph:
     feat = ch * side * side
     for i, (a, o) in enumerate(zip([feat, 4096, 4096], [4096, 4096, c["classes"]])):
         layers.append(_L(f"fc{i}", "matmul", tokens=b, k=a, n=o))
+    layers.append(_L("loss", "loss", tokens=b, vocabulary=c["classes"]))  # softmax cross-entropy over the classes
     return LayerGraph("vgg13", layers, list(range(len(layers))), c["batch"], c["micro_batch"], c)
 
 

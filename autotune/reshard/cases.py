@@ -1,13 +1,14 @@
-"""The paper's Table 2 microbenchmark cases, read from ``presets/cases.json``."""
+"""Resharding tasks: the paper's Table 2 microbenchmark cases (``presets/cases.json``),
+explicit meshes, and scenarios written as ``SRCSPEC@H,D[devices]:DSTSPEC@H,D[devices][+shared]``."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from importlib import resources
 
-from autotune.reshard.spec import Mesh, ShardingSpec
-from autotune.reshard.tasks import ReshardTask
 from calibrate.errors import UserError
+from kernels.reshard.spec import Mesh, ShardingSpec, parse_mesh_shape
+from kernels.reshard.tasks import ReshardTask
 
 
 @dataclass(frozen=True)
@@ -46,3 +47,28 @@ def load_case(name: str | int, devices_per_host: int = 4) -> Case:
     task = build_task(tuple(c["src_mesh"]), c["src_spec"], tuple(c["dst_mesh"]), c["dst_spec"],
                       tuple(preset["shape"]), preset["dtype"], devices_per_host)
     return Case(str(name), task, preset["paper_speedup_vs_allgather"].get(str(name)))
+
+
+def _side(text: str, devices_per_host: int, first_host: int) -> tuple[str, Mesh]:
+    """``SPEC@H,D`` (placed from ``first_host``) or ``SPEC@H,D[d0,d1,...]`` (explicit device ids)."""
+    spec, mesh = text.split("@")
+    if "[" in mesh:
+        shape, devs = mesh.rstrip("]").split("[")
+        devices = tuple(int(d) for d in devs.split(",") if d.strip())
+        return spec, Mesh(parse_mesh_shape(shape), devices, devices_per_host)
+    return spec, Mesh.place(parse_mesh_shape(mesh), first_host, devices_per_host)
+
+
+def parse_scenario(text: str, shape, dtype: str, devices_per_host: int) -> ReshardTask:
+    """``SRCSPEC@H,D:DSTSPEC@H,D``: the destination on the hosts after the source, or on the source's
+    devices with ``+shared``; either side may list its devices, ``SPEC@H,D[d0,d1,...]``."""
+    shared = text.endswith("+shared")
+    body = text[:-len("+shared")] if shared else text
+    try:
+        src, dst = body.split(":")
+        sspec, smesh = _side(src, devices_per_host, 0)
+        dspec, dmesh = _side(dst, devices_per_host, 0 if shared else smesh.shape[0])
+    except ValueError:
+        raise UserError(f"scenario {text!r} is not SRCSPEC@H,D[devices]:DSTSPEC@H,D[devices][+shared], "
+                        f"e.g. S0RR@2,2:RRR@2,2") from None
+    return ReshardTask(tuple(shape), dtype, smesh, ShardingSpec.parse(sspec), dmesh, ShardingSpec.parse(dspec))

@@ -5,6 +5,8 @@ and solvers against the lower bound, run the paper's cases and pipeline schedule
         --shape 1024,1024,512 [--profile P] [--plan-out plan.json]
     python -m autotune reshard --case 4          # a case of the paper's Table 2
     python -m autotune reshard --all-cases --pipeline u-transformer-like --results reshard.json
+    mpiexec -n 8 python -m autotune reshard --execute mpi --scenario S0RR@2,2:RRR@2,2 --shape 64,64,32 \\
+        --devices-per-host 2 --solvers naive,ensemble    # plan every strategy, run each plan, check it
 
 Cases run on the profile of the paper's cluster (``aws-p3-v100``, assumed: hosts
 of 4 V100 on NVLink, 10 Gb/s between hosts) unless --profile says otherwise;
@@ -13,24 +15,24 @@ other tasks default to ``calibrate.profile.DEFAULT_PROFILE``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-from autotune.reshard.cases import build_task, case_names, case_profile, load_case
+from autotune.reshard.cases import build_task, case_names, case_profile, load_case, parse_scenario
 from autotune.reshard.pipeline import PHASES, SCHEDULES, exposed_time, hidden_fraction, simulate
-from autotune.reshard.plan import Plan, compare
+from autotune.reshard.plan import compare, make_plan
 from autotune.reshard.solvers import SOLVERS, SolverConfig
-from autotune.reshard.spec import parse_mesh_shape
 from autotune.reshard.stagecomm import pipeline_from_preset
 from autotune.reshard.strategies import STRATEGIES
-from autotune.reshard.tasks import ReshardTask
 from calibrate import profile as profiles
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, run_on_ranks
 from calibrate.errors import UserError
+from kernels.reshard.cli import execute_and_report
+from kernels.reshard.plan import Plan
+from kernels.reshard.program import BACKENDS
+from kernels.reshard.results import ReshardResults
+from kernels.reshard.spec import parse_mesh_shape
+from kernels.reshard.tasks import ReshardTask
 
-RESULTS_KIND = "reshard"
-RESULTS_VERSION = 1
 BASELINE_SOLVER = "greedy_in_order"  # the paper's baselines: least-loaded sender per slice, Alpa's order (§5.1.2)
 
 
@@ -58,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plan-out", help="write the chosen plan as JSON (one task only)")
     p.add_argument("--results", help="write all results as JSON for the report (kind 'reshard')")
     p.add_argument("--jobs", type=int, default=12, help="how many jobs of the chosen plan to print")
+    p.add_argument("--execute", choices=list(BACKENDS),
+                   help="under mpiexec: plan every strategy with each of --solvers, run each plan on this job's "
+                        "ranks (device id = rank) with this backend and check every tile")
+    p.add_argument("--scenario", action="append", default=[],
+                   help="with --execute, a task as SRCSPEC@H,D[devices]:DSTSPEC@H,D[devices][+shared] with "
+                        "--shape; repeat for several")
+    p.add_argument("--solvers", help="with --execute, comma-separated solvers (default: --solver)")
+    p.add_argument("--iters", type=int, default=1,
+                   help="with --execute, timed runs per plan, after one untimed run when above 1")
     return p
 
 
@@ -65,7 +76,7 @@ def _progress(msg: str) -> None:
     print(f"[reshard] {msg}", file=sys.stderr, flush=True)
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def shape_arg(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
     except ValueError:
@@ -75,7 +86,7 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _devices_per_host(args, prof) -> int:
+def devices_per_host(args, prof) -> int:
     if args.devices_per_host:
         if args.devices_per_host < 1:
             raise UserError("--devices-per-host must be at least 1")
@@ -151,21 +162,53 @@ def run_pipeline(name: str, prof, args, cfg) -> dict:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.execute:
+        return execute(args)
     cfg = SolverConfig(time_budget=args.time_budget, rounds=args.rounds, seed=args.seed)
     explicit = [args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec, args.shape]
+    if args.scenario:
+        raise UserError("scenarios are run by --execute: add --execute mpi or --execute nccl")
     if not (any(explicit) or args.case or args.all_cases or args.pipeline):
         raise UserError("nothing to do: give --src-mesh/--src-spec/--dst-mesh/--dst-spec/--shape, "
                         "--case N, --all-cases or --pipeline NAME (see --help)")
     if any(explicit) and not all(explicit):
         raise UserError("a task needs all of --src-mesh, --src-spec, --dst-mesh, --dst-spec and --shape")
+    prof = task_profile(args)
+    results = ReshardResults(prof.name)
+    tasks = tasks_of(args, prof)
+    for name, task, paper_speedup in tasks:
+        entry = run_task(name, task, prof, args, cfg)
+        if paper_speedup:
+            entry["paper_speedup_vs_allgather"] = paper_speedup
+        results.cases.append(entry)
+    if args.plan_out:
+        if len(tasks) != 1:
+            raise UserError("--plan-out writes one plan: give one task or one --case")
+        path = Plan.from_dict(results.cases[0]["chosen"]).save(args.plan_out)
+        print(f"plan written to {path}")
+    if args.pipeline:
+        results.pipelines.append(run_pipeline(args.pipeline, prof, args, cfg))
+    if args.results:
+        print(f"results written to {results.save(args.results)}")
+    return 0
+
+
+def task_profile(args):
+    explicit = [args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec]
     paper = args.case or args.all_cases or args.pipeline
-    prof = profiles.Profile.load(args.profile or (case_profile() if paper and not any(explicit)
+    return profiles.Profile.load(args.profile or (case_profile() if paper and not any(explicit)
                                                   else profiles.DEFAULT_PROFILE))
-    results = {"kind": RESULTS_KIND, "version": RESULTS_VERSION, "profile": prof.name, "cases": [], "pipelines": []}
+
+
+def tasks_of(args, prof) -> list[tuple[str, ReshardTask, float | None]]:
+    """(name, task, the paper's speed-up) of the explicit task and the cases asked for."""
+    explicit = [args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec, args.shape]
+    if any(explicit[:4]) and not all(explicit):
+        raise UserError("a task needs all of --src-mesh, --src-spec, --dst-mesh, --dst-spec and --shape")
     tasks = []
     if all(explicit):
         task = build_task(parse_mesh_shape(args.src_mesh), args.src_spec, parse_mesh_shape(args.dst_mesh),
-                          args.dst_spec, _shape(args.shape), args.dtype, _devices_per_host(args, prof),
+                          args.dst_spec, shape_arg(args.shape), args.dtype, devices_per_host(args, prof),
                           shared=args.shared_devices)
         tasks.append(("task", task, None))
     names = case_names() if args.all_cases else ([args.case] if args.case else [])
@@ -173,21 +216,40 @@ def main(argv=None) -> int:
     for n in names:
         c = load_case(n, dph)
         tasks.append((f"case {c.name}", c.task, c.paper_speedup))
-    for name, task, paper_speedup in tasks:
-        entry = run_task(name, task, prof, args, cfg)
-        if paper_speedup:
-            entry["paper_speedup_vs_allgather"] = paper_speedup
-        results["cases"].append(entry)
-    if args.plan_out:
-        if len(tasks) != 1:
-            raise UserError("--plan-out writes one plan: give one task or one --case")
-        path = Plan.from_dict(results["cases"][0]["chosen"]).save(args.plan_out)
-        print(f"plan written to {path}")
-    if args.pipeline:
-        results["pipelines"].append(run_pipeline(args.pipeline, prof, args, cfg))
-    if args.results:
-        path = Path(args.results)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"results written to {path}")
-    return 0
+    return tasks
+
+
+def execute(args) -> int:
+    """``--execute``: rank 0 plans every task (explicit, cases, scenarios) with every strategy
+    and each of ``--solvers``; every rank runs every plan (``kernels.reshard``) and checks it."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    cfg = SolverConfig(time_budget=args.time_budget, rounds=args.rounds, seed=args.seed)
+
+    def plan_all():
+        prof = task_profile(args)
+        tasks = tasks_of(args, prof)
+        if args.scenario:
+            if not args.shape:
+                raise UserError("scenarios need the tensor's --shape, e.g. --shape 64,64,32")
+            dph = devices_per_host(args, prof)
+            tasks += [(sc, parse_scenario(sc, shape_arg(args.shape), args.dtype, dph), None) for sc in args.scenario]
+        if not tasks:
+            raise UserError("nothing to execute: give --scenario, a task (--src-mesh ... --shape) or --case")
+        solvers = (args.solvers or args.solver).split(",")
+        for sol in solvers:
+            if sol not in SOLVERS:
+                raise UserError(f"unknown solver {sol!r}: choose from {', '.join(SOLVERS)}")
+        for name, task, _ in tasks:
+            if task.ranks_needed > comm.Get_size():
+                raise UserError(f"{name} needs {task.ranks_needed} ranks but {comm.Get_size()} run: launch more")
+        return prof.name, [(name, make_plan(task, prof, st, sol, cfg))
+                           for name, task, _ in tasks for st in STRATEGIES for sol in solvers]
+
+    planned = run_on_ranks(comm, plan_all, "autotune reshard")
+    if planned is None:
+        return 2
+    profile, plans = planned
+    how = argparse.Namespace(backend=args.execute, seed=args.seed, iters=args.iters, results=args.results)
+    return execute_and_report(plans, how, comm, "autotune reshard", profile)

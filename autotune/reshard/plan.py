@@ -1,73 +1,15 @@
-"""Resharding plans: the chosen sender, strategy and start time of every job,
-as versioned JSON that round-trips, plus the table of all strategies x solvers."""
+"""Planning a resharding: the jobs of a strategy ordered by a solver, as a
+``kernels.reshard.plan.Plan`` (the format the executor runs), plus the table of
+all strategies x solvers."""
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from autotune.reshard.network import Network
 from autotune.reshard.solvers import SOLVERS, SolverConfig, lower_bound, makespan, port_load, simulate
 from autotune.reshard.strategies import STRATEGIES, Job
-from autotune.reshard.tasks import ReshardTask, UnitTask, unit_tasks
 from calibrate.errors import UserError
-from calibrate.jsonfile import read_json, write_json
 from calibrate.profile import Profile
-
-SCHEMA = "commtune.reshard.plan"
-VERSION = 1
-
-
-@dataclass(frozen=True)
-class PlannedJob:
-    task: int
-    strategy: str
-    sender: int
-    receivers: tuple[int, ...]
-    partitions: int
-    start: float
-    duration: float
-    nbytes: int
-
-
-@dataclass
-class Plan:
-    task: ReshardTask
-    profile: str
-    strategy: str
-    solver: str
-    units: list[UnitTask]
-    jobs: list[PlannedJob]          # in execution order (by start time)
-    makespan: float
-    lower_bound: float
-    port_load: float
-
-    def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "version": VERSION, "task": self.task.to_dict(), "profile": self.profile,
-                "strategy": self.strategy, "solver": self.solver,
-                "units": [u.to_dict() for u in self.units],
-                "jobs": [dict(asdict(j), receivers=list(j.receivers)) for j in self.jobs],
-                "makespan": self.makespan, "lower_bound": self.lower_bound, "port_load": self.port_load}
-
-    @classmethod
-    def from_dict(cls, d: dict, origin: str = "plan") -> "Plan":
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise UserError(f"{origin} is not a resharding plan (missing schema {SCHEMA!r}): "
-                            f"write one with python -m autotune reshard ... --plan-out FILE")
-        if d.get("version") != VERSION:
-            raise UserError(f"{origin} has plan version {d.get('version')!r}, this tool reads {VERSION}: "
-                            f"re-plan it with python -m autotune reshard")
-        jobs = [PlannedJob(**dict(j, receivers=tuple(j["receivers"]))) for j in d["jobs"]]
-        return cls(ReshardTask.from_dict(d["task"]), d["profile"], d["strategy"], d["solver"],
-                   [UnitTask.from_dict(u) for u in d["units"]], jobs, d["makespan"], d["lower_bound"],
-                   d["port_load"])
-
-    def save(self, path: str | Path) -> Path:
-        return write_json(path, self.to_dict(), "plan file")
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Plan":
-        data = read_json(path, "plan file", "write one with python -m autotune reshard --plan-out")
-        return cls.from_dict(data, origin=f"plan file {str(path)!r}")
+from kernels.reshard.plan import Plan, PlannedJob
+from kernels.reshard.tasks import ReshardTask, UnitTask, unit_tasks
 
 
 def _check_name(name: str, registry: dict, what: str) -> None:

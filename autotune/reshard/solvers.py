@@ -28,7 +28,7 @@ import numpy as np
 
 from autotune.reshard.network import Network
 from autotune.reshard.strategies import Job
-from autotune.reshard.tasks import UnitTask
+from kernels.reshard.tasks import UnitTask
 
 Order = list[tuple[int, int]]  # (job index, option index), in schedule order
 EPS = 1e-12

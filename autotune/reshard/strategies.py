@@ -1,4 +1,5 @@
-"""Strategies for one unit communication task (§3.1), behind one registry.
+"""Strategies for one unit communication task (§3.1) as the planner costs them, behind
+one registry (the executor runs them by the same names: ``kernels.reshard.strategies``).
 
 Each strategy turns a unit task into jobs: schedulable communications with one
 option per candidate sender device (duration and ports under the network model
@@ -22,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autotune.reshard.network import Network, Port
-from autotune.reshard.tasks import UnitTask
+from kernels.reshard.strategies import broadcast_chain
+from kernels.reshard.tasks import UnitTask
 
 MAX_PARTITIONS = 1024
 
@@ -103,14 +105,6 @@ class GlobalAllGather(Strategy):
     def jobs(self, unit, net):
         recv = tuple(sorted(unit.receivers))
         return [self._job(unit, recv, _allgather_options(unit, recv, net))]
-
-
-def broadcast_chain(devices_per_host: int, sender: int, receivers) -> list[int]:
-    """Sender first, then the receivers on its host, then the other hosts in order."""
-    def host(d):
-        return d // devices_per_host
-    rest = sorted((d for d in receivers if d != sender), key=lambda d: (host(d) != host(sender), host(d), d))
-    return [sender] + rest
 
 
 def pipelined_time(net: Network, chain: list[int], nbytes: float, k: int) -> float:

@@ -5,7 +5,9 @@ Megatron on a (d, t) mesh: layer norms (S0: d, B: t); QKV, FC1 and logits
 column-parallel (autoddl signature on (d, t, 1): output (S0, S1)); attention
 (S0: d, S1(heads): t); the projection and FC2 row-parallel (transposed
 signature on (d, t, 1): output (S0, P), all-reduced before the layer norm);
-the embedding vocabulary-parallel ((d, 1, t): output partial over t). In a
+the embedding vocabulary-parallel ((d, 1, t): output partial over t); the
+loss vocabulary-parallel after a column-parallel layer, else (after a
+row-parallel one) on the all-reduced logits, computed redundantly over t. In a
 plain chain of matmuls (MLP, VGG's dense layers) column- and row-parallel
 alternate. Data parallelism is Megatron with t = 1.
 """
@@ -60,6 +62,9 @@ def megatron_assignment(problem: Problem, d, t) -> list[int] | None:
             split = not prev_split
         elif kind in ("conv", "pool"):
             key, split = (kind, problem.choices[v][0].mesh), False
+        elif kind == "loss":  # vocabulary-parallel after a column-parallel layer, else all-reduced and redundant
+            sig = "loss" if prev_split or RoleMesh((d, t)).role_size(1) == 1 else "loss-replicated"
+            key, split = (sig, RoleMesh((d, t))), False
         else:
             key, split = (kind, RoleMesh((d, t))), kind in ("attention", "pointwise")
         i = idx.get(v, key)
@@ -91,18 +96,59 @@ def summa_assignment(problem: Problem, r, c) -> list[int] | None:
 
 
 def best_mesh(problem: Problem, make) -> tuple[list[int] | None, float, tuple | None]:
-    """The cheapest plan ``make(problem, a, b)`` over all 2-role meshes (a, b)."""
+    """The cheapest plan ``make(problem, a, b)`` over all 2-role meshes (a, b) that fits the memory limit;
+    if none fits, the one that needs the least memory (its cost inf)."""
     best, best_cost, best_mesh_ = None, math.inf, None
+    least, least_mem, least_mesh = None, math.inf, None
     for m in role_meshes(problem.cluster, 2):
         a = make(problem, *m.sizes)
         if a is None:
             continue
         cost = problem.cost(a)
-        if cost < best_cost or best is None:
+        if cost < best_cost:
             best, best_cost, best_mesh_ = a, cost, m.sizes
+        mem = problem.memory_of(a)
+        if mem < least_mem:
+            least, least_mem, least_mesh = a, mem, m.sizes
+    if best is None:
+        return least, math.inf, least_mesh
     return best, best_cost, best_mesh_
 
 
 def data_parallel(problem: Problem) -> list[int] | None:
     cl = problem.cluster
     return megatron_assignment(problem, (cl.nodes, cl.gpus_per_node), ONE)
+
+
+def _plan_or_unfit(problem: Problem, assign: list[int], name: str, search: dict | None = None) -> dict:
+    from autotune.sbp.plan import build_plan
+    plan = build_plan(problem, assign, name, search)
+    if not plan["totals"]["fits_memory"]:
+        plan["search"] = dict(plan["search"], note="no plan fits the memory limit; this is the one needing the least")
+    return plan
+
+
+def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb) -> list[dict]:
+    """Data parallelism, the best Megatron mesh, the best SUMMA mesh (``summa``: the problem restricted to
+    SUMMA's signature) and the search restricted to S and B (``sb``, searched by ``search_sb(problem)``).
+    A baseline with no plan under the memory limit is still a plan, the one needing the least memory, with
+    ``totals.fits_memory`` false: it never aborts the run."""
+    out = []
+    a = data_parallel(problem)
+    if a is not None:
+        out.append(_plan_or_unfit(problem, a, "data parallel"))
+    a, _, mesh = best_mesh(problem, megatron_assignment)
+    if a is not None:
+        out.append(_plan_or_unfit(problem, a, f"Megatron (d={tuple(mesh[0])}, t={tuple(mesh[1])})"))
+    if summa is not None:
+        a, _, mesh = best_mesh(summa, summa_assignment)
+        if a is not None:
+            out.append(_plan_or_unfit(summa, a, f"SUMMA 2D ({tuple(mesh[0])} x {tuple(mesh[1])})"))
+    if sb is not None:
+        if sb.fits:
+            res = search_sb(sb)
+            out.append(_plan_or_unfit(sb, res.assignment, f"S/B only ({res.algorithm})",
+                                      {"algorithm": res.algorithm, "seconds": res.seconds, "stopped": res.stopped}))
+        else:
+            out.append(_plan_or_unfit(sb, sb.min_memory_assignment(), "S/B only"))
+    return out

@@ -15,7 +15,10 @@ yields the multi-step paths of §4.3, e.g. (S0, S1, P) -> (S0, S1: p1*p2) ->
 
 The backward pass moves the gradient from dual(dst) to dual(src) (B and P
 swap, S stays): forward reduce-scatter/all-gather become all-gather/
-reduce-scatter, a forward all-reduce (P->B) is free backward (B->P).
+reduce-scatter; a forward all-reduce (P->B) is an all-reduce backward too
+(the gradient of a B input comes back partial, P->B), unless the consumer
+returns its input's gradient whole (``Strategy.grad_in``: a loss computed
+redundantly), where it is free; a forward zeroing (B->P) is free backward.
 
 Message sizes follow nccl-tests' ``size`` (calibrate.collectives): all-reduce
 the vector, reduce-scatter its input, all-gather its output, all-to-all one

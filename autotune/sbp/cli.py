@@ -20,11 +20,11 @@ from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import FIELDS, load_model, model_kinds
 
-from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
+from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import PlanFile, build_plan
+from autotune.sbp.plan import PlanFile, build_plan, plan_title, summary_lines
 from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, make_search
 
 DEFAULT_NODES, DEFAULT_GPUS = 4, 8
@@ -88,48 +88,42 @@ def run_search(problem: Problem, name: str, budget: Budget, seed: int, start=Non
     return res
 
 
-def baselines(problem: Problem, summa_problem: Problem | None, sb_result, sb_problem) -> list[dict]:
-    out = []
-    a = data_parallel(problem)
-    if a is not None:
-        out.append(build_plan(problem, a, "data parallel"))
-    a, _, mesh = best_mesh(problem, megatron_assignment)
-    if a is not None:
-        out.append(build_plan(problem, a, f"Megatron (d={tuple(mesh[0])}, t={tuple(mesh[1])})"))
-    if summa_problem is not None:
-        a, _, mesh = best_mesh(summa_problem, summa_assignment)
-        if a is not None:
-            out.append(build_plan(summa_problem, a, f"SUMMA 2D ({tuple(mesh[0])} x {tuple(mesh[1])})"))
-    if sb_result is not None:
-        out.append(build_plan(sb_problem, sb_result.assignment, f"S/B only ({sb_result.algorithm})",
-                              {"algorithm": sb_result.algorithm, "seconds": sb_result.seconds, "stopped": sb_result.stopped}))
-    return out
-
-
 def table(plans: list[dict]) -> str:
     rows = [("strategy", "redistribution s", "grad sync s", "total s/step", "memory GiB", "search s")]
     for p in plans:
         t = p["totals"]
-        over = "" if t.get("fits_memory", True) else " (over memory)"
+        if t["fits_memory"]:
+            total = f"{t['total_s']:.4g}"
+        else:
+            total = f"no plan fits (needs {t['memory_bytes'] / 2**30:.4g} GiB)"
         rows.append((p["strategy"], f"{t['redistribution_s']:.4g}", f"{t['grad_sync_s']:.4g}",
-                     f"{t['total_s']:.4g}{over}", f"{t['memory_bytes'] / 2**30:.2f}",
-                     f"{p['search'].get('seconds', 0):.2f}" if p["search"] else "-"))
+                     total, f"{t['memory_bytes'] / 2**30:.2f}",
+                     f"{p['search']['seconds']:.2f}" if "seconds" in p["search"] else "-"))
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
 
 
-def main(argv=None) -> int:
+def main(argv=None, report=None) -> int:
+    """The search; ``report(plan_path, title)``, given by the command layer, writes the HTML report."""
     args = parser().parse_args(argv)
     budget = parse_budget(args.budget)
     overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v is not None}
     graph = load_model(args.model, args.preset, overrides)
-    nodes = args.nodes or DEFAULT_NODES
-    gpus = args.gpus_per_node or DEFAULT_GPUS
+    for flag, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
+        if v is not None and v < 1:
+            raise UserError(f"{flag} {v} must be at least 1: give the cluster's {flag[2:].replace('-', ' ')}")
+    nodes = DEFAULT_NODES if args.nodes is None else args.nodes
+    gpus = DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node
     cluster = Cluster(nodes, gpus)
     profile = Profile.load(args.profile)
     if args.memory_limit <= 0:
         raise UserError("--memory-limit must be positive (GiB per device)")
     limit = args.memory_limit * 2**30
+    out = Path(args.out)
+    try:  # an unwritable --out is found before the search, not after it
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out {str(out)!r} ({e.strerror}): give a writable directory") from None
     default_note = " (default cluster)" if args.nodes is None and args.gpus_per_node is None else ""
     print(f"model {graph.model} {graph.config.get('name', '')}: {graph.parameters() / 1e9:.2f}B parameters, "
           f"batch {graph.batch} in {graph.micro_batches} micro-batches")
@@ -158,25 +152,23 @@ def main(argv=None) -> int:
         if other.cost < best.cost:
             progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
             best = other
-    sb_problem = Problem(graph, coster, limit, allow_partial=False)
-    sb = run_search(sb_problem, args.search, budget, args.seed)
+    sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False)
     try:
-        summa_problem = Problem(graph, coster, limit, signatures=("summa",))
+        summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False)
     except UserError as e:
         progress(f"SUMMA baseline unavailable: {e}")
         summa_problem = None
-    progress("baselines: data parallel, Megatron (every mesh), SUMMA (every mesh)")
+    progress("baselines: data parallel, Megatron (every mesh), SUMMA (every mesh), S/B only")
     plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
                       {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
-    base = baselines(problem, summa_problem, sb, sb_problem)
+    base = baseline_plans(problem, summa_problem, sb_problem,
+                          lambda p: run_search(p, args.search, budget, args.seed))
     pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
                   {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "wall_s": time.perf_counter() - t0})
-    out = Path(args.out)
     path = pf.save(out / "plan.json")
-    from reports.html import write_report
-    from reports.sections.sbp import build
-    rep = write_report(out / "report.html", f"SBP plan: {graph.model} on {cluster}", build([path]), [str(path)])
+    rep = report(path, plan_title(plan)) if report else None
     print(table([plan] + base))
-    print(f"wrote {path} and {rep}")
+    print("\n".join(summary_lines(plan, base)))
+    print(f"wrote {path}" + (f" and {rep}" if rep else ""))
     return 0

@@ -6,8 +6,8 @@ Cost of a plan, seconds per training step (the communication the profile predict
                      and backward, plus boxing inside layers)
     gradient sync  = one all-reduce per weight over the axes where it is B while
                      the layer's input is split (once per step: gradient accumulation)
-Memory per device = parameters * PARAM_BYTES + the inputs of every layer for one
-micro-batch (kept for the backward pass) * ACT_BYTES + SUMMA's gathered panels.
+Memory per device: parameters, gradients, optimizer states and one micro-batch's
+activations, accounted in ``autotune.sbp.memory``.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from calibrate.errors import UserError
 from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward
-from autotune.sbp.layers import ACT_BYTES, PARAM_BYTES, Strategy, local_elems, make_op
+from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op
+from autotune.sbp.memory import Memory, strategy_memory
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, is_split
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
@@ -51,9 +52,8 @@ def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES) -> list
 
 
 def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES) -> float:
-    params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-    acts = local_elems(s.input, s.mesh, cluster) if s.input else 0
-    return params * PARAM_BYTES + (acts + s.extra_act_elems) * itemsize
+    """Bytes per device of one occurrence of a layer (``autotune.sbp.memory`` says what is counted)."""
+    return strategy_memory(s, cluster, itemsize).total
 
 
 class Problem:
@@ -61,7 +61,9 @@ class Problem:
 
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
-                 precompute_tables: bool | None = None):
+                 precompute_tables: bool | None = None, require_fit: bool = True):
+        """``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
+        without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal)."""
         self.graph, self.coster, self.cluster = graph, coster, coster.cluster
         self.act_bytes = graph.act_bytes
         self.ops = [make_op(layer, self.act_bytes) for layer in graph.layers]
@@ -91,11 +93,8 @@ class Problem:
         self.mem = [c * np.array([memory(s, self.cluster, self.act_bytes) for s in ss]) for c, ss in zip(self.counts, self.choices)]
         self.min_memory = float(sum(m.min() for m in self.mem))
         self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
-        if memory_limit is not None and self.min_memory > memory_limit:
-            raise UserError(
-                f"no plan fits the memory limit of {memory_limit / 2**30:.1f} GiB per device: the smallest plan "
-                f"needs {self.min_memory / 2**30:.1f} GiB; raise --memory-limit, add devices or shrink the micro-batch"
-            )
+        if require_fit:
+            self.require_fit()
         self.incident: list[list[tuple[tuple[int, int], int]]] = [[] for _ in self.ops]
         for (a, b), c in self.edge_counts.items():
             self.incident[a].append(((a, b), c))
@@ -106,6 +105,25 @@ class Problem:
         # adjacent distinct layers (u < v): the blocks of a joint two-layer move
         self.pairs = sorted({(min(a, b), max(a, b)) for a, b in self.edge_counts if a != b})
         self.evaluations = 0
+
+    @property
+    def fits(self) -> bool:
+        """Whether some plan fits the memory limit."""
+        return self.memory_limit is None or self.min_memory <= self.memory_limit
+
+    def require_fit(self) -> None:
+        if not self.fits:
+            raise UserError(
+                f"no plan fits the memory limit of {self.memory_limit / 2**30:.1f} GiB per device: the smallest plan "
+                f"needs {self.min_memory / 2**30:.1f} GiB; raise --memory-limit, add devices or shrink the micro-batch"
+            )
+
+    def memory_breakdown(self, assign) -> Memory:
+        """Parameters, gradients, optimizer states and activations per device of a plan."""
+        out = Memory()
+        for v, (i, c) in enumerate(zip(assign, self.counts)):
+            out = out + strategy_memory(self.choices[v][i], self.cluster, self.act_bytes).scaled(c)
+        return out
 
     @property
     def sizes(self) -> list[int]:

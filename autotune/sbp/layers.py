@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from calibrate.errors import UserError
 from models.graph import Layer
 
+from autotune.sbp.memory import PRECISION
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
-from autotune.sbp.sbp import B, P, NdSbp, divides, local_shape
+from autotune.sbp.sbp import B, P, NdSbp, divides, dual, local_shape
 
 ACT_BYTES = 2  # default bytes per activation/gradient element (bf16/fp16); a model may give 4 (fp32)
-# Mixed-precision Adam: fp16 weight (2) + fp16 gradient (2) + fp32 master weight,
-# momentum and variance (12) = 16 bytes per locally stored parameter (ZeRO paper's K=12);
-# fp32 Adam is the same 16: weight, gradient, momentum and variance (4 each).
-PARAM_BYTES = 16
+# bytes per locally held parameter (weight, gradient, optimizer): 16 in either precision (autotune.sbp.memory)
+PARAM_BYTES = sum(PRECISION[ACT_BYTES])
 
 
 @dataclass(frozen=True)
@@ -61,9 +60,11 @@ class Strategy:
     output: Tensor | None
     weights: tuple[Tensor, ...] = ()
     internal: tuple[Internal, ...] = ()
-    extra_act_elems: int = 0  # locally kept activations beyond the input (e.g. gathered SUMMA panels)
+    extra_act_elems: int = 0  # locally kept activations beyond the input (SUMMA panels, attention probabilities)
+    grad_in: tuple[str, ...] | None = None  # placement of the input's gradient it returns (None: the dual of the input)
     fine_in: tuple[str, ...] = field(default=(), compare=False)
     fine_out: tuple[str, ...] = field(default=(), compare=False)
+    fine_grad_in: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def uses_partial(self) -> bool:
@@ -83,12 +84,15 @@ def finish(s: Strategy, cluster: Cluster) -> Strategy | None:
             return None
     fi = NdSbp(s.input.sbp, s.mesh).fine(cluster) if s.input else ()
     fo = NdSbp(s.output.sbp, s.mesh).fine(cluster) if s.output else ()
-    return Strategy(s.signature, s.mesh, s.input, s.output, s.weights, s.internal, s.extra_act_elems, fi, fo)
+    fg = NdSbp(s.grad_in, s.mesh).fine(cluster) if s.grad_in else tuple(dual(p) for p in fi)
+    return Strategy(s.signature, s.mesh, s.input, s.output, s.weights, s.internal, s.extra_act_elems, s.grad_in,
+                    fi, fo, fg)
 
 
 def fine_key(s: Strategy, cluster: Cluster) -> tuple:
     """What a strategy does on the fine axes: equal keys are the same plan for the layer."""
-    return (s.fine_in, s.fine_out, tuple(NdSbp(w.sbp, s.mesh).fine(cluster) for w in s.weights), s.internal)
+    return (s.fine_in, s.fine_out, s.fine_grad_in, tuple(NdSbp(w.sbp, s.mesh).fine(cluster) for w in s.weights),
+            s.internal, s.extra_act_elems)
 
 
 def _dedupe(strats, cluster) -> list[Strategy]:
@@ -220,7 +224,9 @@ class Pointwise(Op):
 
 class Attention(Op):
     """Self-attention core softmax(Q K^T) V: heads split (S1 of the fused QKV),
-    tokens split only at sequence boundaries (S0 must divide the micro-batch)."""
+    tokens split only at sequence boundaries (S0 must divide the micro-batch).
+    Besides its input it keeps the attention probabilities for the backward
+    pass: (micro-batch / S0) x (heads / S1) x sequence^2 elements a device."""
 
     @property
     def in_shape(self):
@@ -232,17 +238,26 @@ class Attention(Op):
 
     def strategies(self, cluster, signatures=None):
         out = []
+        mb, heads = self.dims["micro_batch"], self.dims["heads"]
+        seq = self.dims["tokens"] // mb
         for m in role_meshes(cluster, 2):
-            if self.dims["micro_batch"] % m.role_size(0) or self.dims["heads"] % m.role_size(1):
+            if mb % m.role_size(0) or heads % m.role_size(1):
                 continue
+            probs = mb // m.role_size(0) * (heads // m.role_size(1)) * seq * seq
             out.append(Strategy("attention", m, Tensor("input", self.in_shape, ("S0", "S1")),
-                                Tensor("output", self.out_shape, ("S0", "S1"))))
+                                Tensor("output", self.out_shape, ("S0", "S1")), extra_act_elems=probs))
         return _dedupe(out, cluster)
 
 
 class Loss(Op):
-    """Softmax cross-entropy over a vocabulary split on role 1: the row max and
-    sum (2 fp32 per token) are all-reduced over it; the gradient is local."""
+    """Softmax cross-entropy; its input (the logits) must not be partial.
+    Signature "loss": the vocabulary split on role 1 (Megatron's
+    vocabulary-parallel cross-entropy): the row max and sum (2 fp32 per token)
+    are all-reduced over it; the gradient is local, split as the input.
+    Signature "loss-replicated": the logits whole on role 1 (B), the loss
+    computed redundantly there, so every device holds the whole gradient: it
+    is returned as B, not as the dual P (no all-reduce owed backward; e.g.
+    after Megatron's row-parallel last layer, whose output is all-reduced)."""
 
     @property
     def in_shape(self):
@@ -258,6 +273,9 @@ class Loss(Op):
         for m in role_meshes(cluster, 2):
             stats = (Internal("softmax-stats", (t, 2), 4, ("S0", P), ("S0", B), backward=False),) if m.role_size(1) > 1 else ()
             out.append(Strategy("loss", m, Tensor("input", self.in_shape, ("S0", "S1")), None, (), stats))
+            if m.role_size(1) > 1:
+                out.append(Strategy("loss-replicated", m, Tensor("input", self.in_shape, ("S0", B)), None,
+                                    grad_in=("S0", B)))
         return _dedupe(out, cluster)
 
 

@@ -38,12 +38,34 @@ def dtensor_placement(p: str) -> str:
     return "Replicate()" if p == B else 'Partial("sum")' if p == P else p
 
 
-def dtensor(s: Strategy, cluster: Cluster) -> dict:
-    dims = []  # (size, role, name)
+def nd_sbp_placement(p: str) -> str:
+    """OneFlow's nd-SBP spelling of one mesh axis: S(0), B, P."""
+    return f"S({split_dim(p)})" if is_split(p) else p
+
+
+def _mesh_dims(s: Strategy) -> list[tuple[int, int, str]]:
+    """(size, role, name) of the DeviceMesh dimensions of a layer's mesh: node parts first."""
+    dims = []
     for part, label in ((0, "nodes"), (1, "gpus")):
         for r, size in enumerate(s.mesh.sizes):
             if size[part] > 1:
                 dims.append((size[part], r, f"r{r}_{label}"))
+    return dims
+
+
+def nd_sbp(s: Strategy) -> dict:
+    """The layer's placements per DeviceMesh dimension as nd-SBP, e.g. ``(S(0), B)``."""
+    dims = _mesh_dims(s)
+
+    def fmt(t):
+        return "(" + ", ".join(nd_sbp_placement(t.sbp[r]) for _, r, _ in dims) + ")"
+    out = {k: fmt(t) for k, t in (("input", s.input), ("output", s.output)) if t is not None}
+    out["weights"] = {w.name: fmt(w) for w in s.weights}
+    return out
+
+
+def dtensor(s: Strategy, cluster: Cluster) -> dict:
+    dims = _mesh_dims(s)
     out = {"mesh_shape": [d[0] for d in dims], "mesh_dim_names": [d[2] for d in dims]}
     for key, t in (("input", s.input), ("output", s.output)):
         if t is not None:
@@ -78,7 +100,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
             "sbp": {**({"input": s.sbp(s.input, cl)} if s.input else {}),
                     **({"output": s.sbp(s.output, cl)} if s.output else {}),
                     "weights": {w.name: s.sbp(w, cl) for w in s.weights}},
-            "dtensor": dtensor(s, cl), "collectives": comms,
+            "dtensor": dtensor(s, cl), "nd_sbp": nd_sbp(s), "collectives": comms,
             "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl, problem.act_bytes),
         })
     for (a, b), count in problem.edge_counts.items():
@@ -92,13 +114,14 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
                       "collectives": comms, "redistribution_s": t})
     return {
         "schema": SCHEMA, "version": VERSION, "kind": SCHEMA, "strategy": strategy,
-        "model": {"name": problem.graph.model, **problem.graph.config},
+        "model": {"name": problem.graph.model, **problem.graph.config, "kind": problem.graph.model},
         "cluster": {"nodes": cl.nodes, "gpus_per_node": cl.gpus_per_node},
         "profile": problem.coster.profile.name, "micro_batches": mb,
         "memory_limit_bytes": problem.memory_limit, "search": search or {},
         "assignment": [int(a) for a in assign],
         "totals": {"redistribution_s": red_total, "grad_sync_s": sync_total,
                    "total_s": red_total + sync_total, "memory_bytes": problem.memory_of(assign),
+                   "memory": problem.memory_breakdown(assign).to_dict(),
                    "fits_memory": problem.feasible(assign)},
         "layers": layers, "edges": edges,
     }
@@ -133,3 +156,56 @@ class PlanFile:
     def load(cls, path: str | Path) -> "PlanFile":
         d = read_json(path, "plan file", "run python -m autotune --out DIR first")
         return cls.from_dict(d, origin=f"plan file {str(path)!r}")
+
+
+def plan_title(best: dict) -> str:
+    m, cl = best["model"], best["cluster"]
+    return f"SBP plan: {m.get('kind', '')} {m['name']} on {cl['nodes']} x {cl['gpus_per_node']} GPUs".replace("  ", " ")
+
+
+# what each objective minimises: a key of a plan's totals
+OBJECTIVES = {"comm": "total_s", "step": "step_s"}
+
+
+def comparison(best: dict, baselines: list[dict], objective: str = "comm") -> dict:
+    """The chosen plan against the baselines: the best baseline that fits the memory limit, the predicted
+    speed-up over it (its cost / the plan's, in the objective's seconds per step), and the baselines that do
+    not fit with the memory each needs."""
+    key = OBJECTIVES[objective]
+    fit = [b for b in baselines if b["totals"]["fits_memory"] and key in b["totals"]]
+    ref = min(fit, key=lambda b: b["totals"][key]) if fit else None
+    plan_s = best["totals"][key]
+    return {
+        "objective": objective, "key": key, "plan_s": plan_s,
+        "memory_limit_bytes": best.get("memory_limit_bytes"),
+        "best_baseline": ref["strategy"] if ref else None,
+        "baseline_s": ref["totals"][key] if ref else None,
+        "speedup": ref["totals"][key] / plan_s if ref and plan_s > 0 else None,
+        "unfit": [{"strategy": b["strategy"], "needs_bytes": b["totals"]["memory_bytes"]}
+                  for b in baselines if not b["totals"]["fits_memory"]],
+    }
+
+
+def summary_lines(best: dict, baselines: list[dict], objective: str = "comm") -> list[str]:
+    """What the user came for, in words: the speed-up, the memory limit, the baselines that do not fit."""
+    c = comparison(best, baselines, objective)
+    what = "communication" if objective == "comm" else "step time"
+    limit = c["memory_limit_bytes"]
+    lines = []
+    if c["best_baseline"] is None:
+        lines.append(f"searched plan: {c['plan_s']:.4g} s/step predicted {what}; no baseline fits the memory limit")
+    elif c["speedup"] is None:
+        lines.append(f"searched plan: {c['plan_s']:.4g} s/step predicted {what}, as the best baseline that fits, "
+                     f"{c['best_baseline']}")
+    else:
+        change = (1 - 1 / c["speedup"]) * 100
+        lines.append(f"searched plan: {c['plan_s']:.4g} s/step predicted {what}, {c['speedup']:.2f}x "
+                     f"({abs(change):.1f}% {'less' if change >= 0 else 'more'}) against the best baseline that "
+                     f"fits, {c['best_baseline']} at {c['baseline_s']:.4g} s/step")
+    if limit is not None:
+        lines.append(f"memory limit {limit / 2**30:.4g} GiB per device; the searched plan needs "
+                     f"{best['totals']['memory_bytes'] / 2**30:.4g} GiB")
+        for u in c["unfit"]:
+            lines.append(f"  {u['strategy']}: no plan fits (needs {u['needs_bytes'] / 2**30:.4g} GiB, "
+                         f"{(u['needs_bytes'] - limit) / 2**30:.4g} GiB over)")
+    return lines

@@ -25,17 +25,20 @@ import numpy as np
 
 from calibrate.errors import UserError
 
-from autotune.sbp.boxing import Coster, box, box_backward
+from autotune.sbp.boxing import Coster, box
+from autotune.sbp.sbp import dual
 from autotune.sbp.layers import ACT_BYTES, Strategy
+from autotune.sbp.rowbox import RowBoxer, dual_code, encode
 
 # precompute every table when the edges hold at most this many strategy pairs in all
 PRECOMPUTE_PAIRS = 400_000
 
 
 def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster, itemsize: int = ACT_BYTES):
-    """(forward steps, backward steps) of moving producer's output into consumer's input."""
+    """(forward steps, backward steps) of moving producer's output into consumer's input; backward, the
+    gradient the consumer returns (``fine_grad_in``) into the dual of the producer's output."""
     fwd = box(shape, itemsize, producer.fine_out, consumer.fine_in, cluster)
-    bwd = box_backward(shape, itemsize, producer.fine_out, consumer.fine_in, cluster)
+    bwd = box(shape, itemsize, consumer.fine_grad_in, tuple(dual(p) for p in producer.fine_out), cluster)
     return fwd, bwd
 
 
@@ -49,6 +52,8 @@ class EdgeTables:
         self._memo: dict = {}
         self._full: dict[tuple[int, int], np.ndarray] = {}
         self._lines: dict[tuple, np.ndarray] = {}
+        self.rows = RowBoxer(coster, itemsize)
+        self._codes: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         pairs = sum(len(choices[a]) * len(choices[b]) for a, b in self.edges if a != b)
         self.precomputed = pairs <= PRECOMPUTE_PAIRS if precompute is None else precompute
         if self.precomputed:
@@ -60,17 +65,21 @@ class EdgeTables:
                 else:
                     self.table(a, b)
 
-    def _key(self, shape, src, dst) -> tuple:
+    def _key(self, shape, src, dst, grad) -> tuple:
         cl = self.cluster
-        return shape, tuple(sorted(zip(cl.axis_sizes, cl.axis_inter, src, dst)))
+        return shape, tuple(sorted(zip(cl.axis_sizes, cl.axis_inter, src, dst, grad)))
 
     def pair(self, a: int, b: int, i: int, j: int) -> float:
         """Seconds per step of one occurrence of edge (a, b) with strategies i and j; inf if impossible."""
         full = self._full.get((a, b))
         if full is not None:
             return float(full[i, j])
+        return self.pair_direct(a, b, i, j)
+
+    def pair_direct(self, a: int, b: int, i: int, j: int) -> float:
+        """``pair`` by walking the boxing path (memoised by the canonical key)."""
         sa, sb = self.choices[a][i], self.choices[b][j]
-        key = self._key(self.shapes[a], sa.fine_out, sb.fine_in)
+        key = self._key(self.shapes[a], sa.fine_out, sb.fine_in, sb.fine_grad_in)
         t = self._memo.get(key)
         if t is None:
             try:
@@ -79,6 +88,31 @@ class EdgeTables:
             except UserError:  # no evenly divisible path between these two layouts
                 t = math.inf
             self._memo[key] = t
+        return t
+
+    def codes(self, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Layer v's strategies as integer codes per fine axis: (output, dual of output, input, input's gradient)."""
+        c = self._codes.get(v)
+        if c is None:
+            ss = self.choices[v]
+            out = np.array([encode(s.fine_out) if s.fine_out else () for s in ss], dtype=np.int64)
+            c = self._codes[v] = (out, dual_code(out),
+                                  np.array([encode(s.fine_in) if s.fine_in else () for s in ss], dtype=np.int64),
+                                  np.array([encode(s.fine_grad_in) if s.fine_grad_in else () for s in ss], dtype=np.int64))
+        return c
+
+    def _vector(self, a: int, b: int, i, j) -> np.ndarray:
+        """One occurrence of edge (a, b) for producer strategies ``i`` and consumer strategies ``j`` (index
+        arrays of one length, or one of them a scalar), forward and backward, times micro-batches."""
+        out_a, dual_a, _, _ = self.codes(a)
+        _, _, in_b, grad_b = self.codes(b)
+        shape = self.shapes[a]
+        t = self.rows.cost(shape, out_a[i], in_b[j]) + self.rows.cost(shape, grad_b[j], dual_a[i])
+        t = self.mb * t
+        for k in np.flatnonzero(np.isnan(t)):  # another path order, or none: box them one by one
+            ii = i if np.isscalar(i) else int(np.asarray(i)[k])
+            jj = j if np.isscalar(j) else int(np.asarray(j)[k])
+            t[k] = self.pair_direct(a, b, ii, jj)
         return t
 
     def forget_lazy(self) -> None:
@@ -92,8 +126,9 @@ class EdgeTables:
         """The whole |choices a| x |choices b| table (kept)."""
         full = self._full.get((a, b))
         if full is None:
-            full = np.array([[self.pair(a, b, i, j) for j in range(len(self.choices[b]))]
-                             for i in range(len(self.choices[a]))])
+            na, nb = len(self.choices[a]), len(self.choices[b])
+            ii, jj = np.repeat(np.arange(na), nb), np.tile(np.arange(nb), na)
+            full = self._vector(a, b, ii, jj).reshape(na, nb)
             self._full[(a, b)] = full
         return full
 
@@ -105,7 +140,7 @@ class EdgeTables:
         key = (a, b, 0, j)
         line = self._lines.get(key)
         if line is None:
-            line = self._lines[key] = np.array([self.pair(a, b, i, j) for i in range(len(self.choices[a]))])
+            line = self._lines[key] = self._vector(a, b, np.arange(len(self.choices[a])), j)
         return line
 
     def row(self, a: int, b: int, i: int) -> np.ndarray:
@@ -116,7 +151,7 @@ class EdgeTables:
         key = (a, b, 1, i)
         line = self._lines.get(key)
         if line is None:
-            line = self._lines[key] = np.array([self.pair(a, b, i, j) for j in range(len(self.choices[b]))])
+            line = self._lines[key] = self._vector(a, b, i, np.arange(len(self.choices[b])))
         return line
 
     def diagonal(self, a: int) -> np.ndarray:
@@ -124,5 +159,6 @@ class EdgeTables:
         key = (a, a, 2, 0)
         line = self._lines.get(key)
         if line is None:
-            line = self._lines[key] = np.array([self.pair(a, a, i, i) for i in range(len(self.choices[a]))])
+            idx = np.arange(len(self.choices[a]))
+            line = self._lines[key] = self._vector(a, a, idx, idx)
         return line

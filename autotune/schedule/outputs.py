@@ -1,12 +1,12 @@
 """What the tuner writes: one MSCCL XML file per table entry (minBytes/maxBytes set),
 a manifest in the interpreter's preset format (kernels.interp.preset) that its
-selection loads, and NCCL's example tuner-plugin CSV.
+selection loads, and the NCCL tuner table.
 
-NCCL CSV: the format of NCCL's ext-tuner/example plugin, columns
-``collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks``
-(its 8 required fields; the optional numPipeOps and regBuff are left out, which
-it reads as "any"). Its max_bytes is inclusive, so a half-open band [lo, hi) is
-written as lo..hi-1, and an unbounded band as 2^64-1. Sizes are taken to be
+NCCL tuner table: ``kernels.nccl_tuner.table``, the one format that commtune's
+tuner plugin and NCCL's ext-tuner/example plugin read, written and read by that
+module only (``python -m autotune nccl`` writes it too). Its max_bytes is
+inclusive, so a half-open band [lo, hi) is written as lo..hi-1, and an
+unbounded band as 2^64-1. Sizes are taken to be
 NCCL's nBytes for the collective, the whole buffer as nccl-tests counts it
 (our convention throughout). NCCL has only its own algorithms (ring, tree, ...):
 a band is exported only when its chosen program has an NCCL counterpart in the
@@ -25,12 +25,10 @@ from calibrate.errors import UserError
 from kernels.gc3.ir import Protocol
 from kernels.gc3.xml_io import write_xml
 from kernels.interp.preset import Entry, Preset
+from kernels.nccl_tuner.table import COLLECTIVES, SIZE_MAX, Row, write_table
 
 from autotune.schedule.result import CollectiveResult
 from autotune.schedule.space import Built, Candidate
-
-NCCL_COLUMNS = "collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks"
-SIZE_MAX = (1 << 64) - 1
 
 
 def slug(key: str) -> str:
@@ -93,36 +91,19 @@ def write_manifest(path: Path, preset: Preset, provenance: dict) -> Path:
 
 def nccl_csv(results: list[CollectiveResult], built: dict[str, dict[str, Built]], nccl_algorithm: dict[str, str],
              nodes: int, ranks: int) -> str:
-    lines = [f"# NCCL tuner plugin configuration (ext-tuner/example CSV), python -m autotune schedule, "
-             f"{_dt.date.today().isoformat()}",
-             f"# Format: {NCCL_COLUMNS}",
-             "# sizes: NCCL's nBytes (the whole buffer); max_bytes inclusive"]
+    """The tuner table (kernels.nccl_tuner.table: NCCL's example-plugin CSV, which commtune's plugin reads)."""
+    notes = [f"NCCL tuner table of python -m autotune schedule, {_dt.date.today().isoformat()}",
+             "sizes: NCCL's nBytes (the whole buffer); max_bytes inclusive"]
+    rows = []
     for res in results:
         for t in res.table:
             b = built[res.collective][t.choice]
             hi = SIZE_MAX if t.hi == 0 else t.hi - 1
             algo = nccl_algorithm.get(b.candidate.algorithm)
-            if algo is None:
-                lines.append(f"# {res.collective} {t.lo}..{hi}: chosen {t.choice} has no NCCL counterpart; "
+            if algo is None or res.collective not in COLLECTIVES:
+                notes.append(f"{res.collective} {t.lo}..{hi}: chosen {t.choice} has no NCCL counterpart; "
                              f"NCCL keeps its own choice")
                 continue
-            lines.append(f"{res.collective},{t.lo},{hi},{algo},{b.candidate.protocol.lower()},"
-                         f"{b.program.nchannels},{nodes},{ranks}")
-    return "\n".join(lines) + "\n"
-
-
-def parse_nccl_csv(text: str) -> list[dict]:
-    """The rows of an NCCL tuner CSV (comments skipped), as the example plugin reads them."""
-    rows = []
-    names = NCCL_COLUMNS.split(",")
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        fields = [f.strip() for f in line.split(",")]
-        if not 8 <= len(fields) <= 10:
-            raise UserError(f"NCCL tuner CSV line {n} has {len(fields)} fields, expected 8 to 10: {line!r}")
-        row = dict(zip(names, fields))
-        for k in ("min_bytes", "max_bytes", "channels", "nNodes", "nRanks"):
-            row[k] = int(row[k])
-        rows.append(row)
-    return rows
+            rows.append(Row(res.collective, t.lo, hi, algo, b.candidate.protocol.lower(), b.program.nchannels,
+                            nodes, ranks))
+    return write_table(rows, notes)

@@ -27,10 +27,11 @@ class NcclBackend(Backend):
     name = "nccl"
     supports_graph = True
 
-    def __init__(self, comm, device: int | None = None):
+    def __init__(self, comm, device: int | None = None, min_ctas: int | None = None):
+        """``min_ctas``: a communicator of at least that many channels (None: NCCL's default)."""
         super().__init__(comm)
         self.device = select_gpu(MPI.COMM_WORLD) if device is None else device
-        self.nccl = device_nccl.communicator(comm, needs="the nccl backend")
+        self.nccl = device_nccl.communicator(comm, needs="the nccl backend", min_ctas=min_ctas)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._cache: dict = {}
         self._graphs: dict = {}

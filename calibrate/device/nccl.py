@@ -17,6 +17,7 @@ from __future__ import annotations
 from calibrate.collectives import Collective
 from calibrate.device.dtypes import DTYPES, EXTRA_DTYPES, dtype_info
 from calibrate.device.gpu import cupy_or_error
+from calibrate.errors import UserError
 
 _TAG = 7001
 NCCL_SUM = 0
@@ -29,13 +30,22 @@ def nccl_module(needs: str = "NCCL"):
     return nccl
 
 
-def communicator(mpi_comm, members: tuple[int, ...] | None = None, needs: str = "NCCL"):
+def communicator(mpi_comm, members: tuple[int, ...] | None = None, needs: str = "NCCL",
+                 min_ctas: int | None = None):
     """An NCCL communicator over ``members`` (ranks of ``mpi_comm``; all of them when None).
 
     Called by exactly the members; the unique id comes from the first one, broadcast
-    over ``mpi_comm`` (all ranks) or sent to each other member.
+    over ``mpi_comm`` (all ranks) or sent to each other member. ``min_ctas``: a
+    communicator of at least that many channels (``calibrate.device.nccl_config``;
+    all ranks of ``mpi_comm`` only), as NCCL_MIN_CTAS would make it.
     """
     nccl = nccl_module(needs)
+    if min_ctas is not None:
+        if members is not None:
+            raise UserError("a channel configuration is for communicators over all ranks of the MPI communicator")
+        from calibrate.device.nccl_config import Library
+
+        return Library(nccl).communicator(mpi_comm, min_ctas)
     rank = mpi_comm.Get_rank()
     if members is None:
         uid = nccl.get_unique_id() if rank == 0 else None

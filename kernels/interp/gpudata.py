@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from calibrate.device.dtypes import tolerance
+
 POISON = {"float32": 0xFFFFFFFF, "bfloat16": 0xFFFF, "float16": 0xFFFF}   # NaN bit patterns
 STORAGE = {"float32": "uint32", "bfloat16": "uint16", "float16": "uint16"}
 RTOL = {"float32": 1e-6, "bfloat16": 1e-2, "float16": 1e-3}
@@ -74,3 +76,43 @@ def time_graphs(cp, mpi_comm, stream, graphs: dict, ncalls: int, reps: int) -> d
             e1.synchronize()
             out[name].append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / ncalls)
     return out
+
+
+def view(cp, ptr: int, n: int, dtype: str, owner=None):
+    """A cupy array over ``n`` elements at device address ``ptr`` (memory owned elsewhere)."""
+    nbytes = max(n, 1) * np.dtype(STORAGE[dtype]).itemsize
+    mem = cp.cuda.UnownedMemory(ptr, nbytes, owner)
+    return cp.ndarray((max(n, 1),), dtype=STORAGE[dtype], memptr=cp.cuda.MemoryPointer(mem, 0))
+
+
+def reference(cp, collective: str, dtype: str, count: int, rank: int, nranks: int, seed: int):
+    """(this rank's input, the expected output in float32, the scale of its rounding error) for a
+    call on fresh random inputs: every rank draws every rank's input from the same seeds, so the
+    result is computed here, independently of any library."""
+    in_n = count if collective in ("allreduce", "allgather") else count * nranks
+    xs = []
+    for r in range(nranks):
+        x = empty(cp, dtype, in_n)
+        fill_random(cp, x, dtype, seed + 7919 * r)
+        xs.append(x)
+    f = [as_float(cp, x[:in_n], dtype) for x in xs]
+    if collective == "allgather":
+        want = cp.concatenate(f)
+        return xs[rank], want, cp.abs(want)
+    if collective == "reducescatter":
+        f = [v[rank * count:(rank + 1) * count] for v in f]
+    want, scale = cp.zeros_like(f[0]), cp.zeros_like(f[0])
+    for v in f:
+        want += v
+        scale += cp.abs(v)
+    return xs[rank], want, scale
+
+
+def compare_float(cp, got, want, scale, dtype: str, nranks: int) -> tuple[bool, float]:
+    """(every element written and within rounding of ``want``, the largest error relative to
+    ``scale``): the device layer's tolerance for a sum over ``nranks``, whatever its order."""
+    n = want.size
+    g = as_float(cp, got[:n], dtype)
+    err = cp.abs(g - want) / (scale + 1e-30)
+    bad = ~cp.isfinite(g) | (err > tolerance(dtype, nranks))
+    return not bool(bad.any()), float(cp.nan_to_num(err, nan=np.inf).max()) if n else 0.0

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrate.device import nccl as device_nccl
 from calibrate.errors import UserError
 from kernels.gc3.ir import Program, Protocol
 from kernels.gc3.xml_io import read_xml
@@ -74,9 +75,7 @@ class Communicator:
         self.sm_count = props["multiProcessorCount"]
         self.cc = f"{props['major']}{props['minor']}"
 
-        uid = nccl.get_unique_id() if self.rank == 0 else None
-        uid = mpi_comm.bcast(uid, root=0)
-        self.nccl = nccl.NcclCommunicator(self.nranks, uid, self.rank)
+        self.nccl = device_nccl.communicator(mpi_comm, needs="the interpreter")
 
         self.layout = Layout(self.nranks, self.preset.max_channels, self.preset.max_split, self.preset.fifo)
         self.pool = cp.cuda.runtime.malloc(self.layout.nbytes)
@@ -199,21 +198,29 @@ class Communicator:
     def collective(self, name, send, recv, count, dtype="float32", op="sum", stream=None,
                    choice: Choice | None = None) -> Choice:
         """Run collective ``name`` (NCCL's count convention) on cupy arrays ``send``/``recv``."""
+        return self.collective_ptr(name, send.data.ptr, send.nbytes, recv.data.ptr, recv.nbytes, count, dtype, op,
+                                   stream, choice)
+
+    def collective_ptr(self, name, sptr: int, sbytes: int, rptr: int, rbytes: int, count, dtype="float32",
+                       op="sum", stream=None, choice: Choice | None = None) -> Choice:
+        """Run collective ``name`` on device buffers given by address and size in bytes (torch
+        tensors, foreign allocations); ``stream``: a cupy stream (cupy.cuda.ExternalStream wraps
+        another library's)."""
         cp = self.cp
         stream = stream or cp.cuda.get_current_stream()
         esize = pack.DTYPES.get(dtype)
         if esize is None:
             raise UserError(f"dtype {dtype!r} is not supported; use one of {', '.join(pack.DTYPES)}")
         in_elems, out_elems = pack.buffer_elems(name, count, self.nranks)
-        for buf, need, label in ((send, in_elems, "send"), (recv, out_elems, "receive")):
-            if buf.nbytes < need * esize:
-                raise UserError(f"{name}: {label} buffer holds {buf.nbytes} bytes, the call needs {need * esize}; "
+        for nbytes, need, label in ((sbytes, in_elems, "send"), (rbytes, out_elems, "receive")):
+            if nbytes < need * esize:
+                raise UserError(f"{name}: {label} buffer holds {nbytes} bytes, the call needs {need * esize}; "
                                 f"pass a larger buffer or a smaller count")
         c = choice or self.choose(name, count, dtype, op)
         if c.uses_nccl:
-            self.nccl_collective(name, send.data.ptr, recv.data.ptr, count, dtype, stream)
+            self.nccl_collective(name, sptr, rptr, count, dtype, stream)
             return c
-        self._run(c, name, send.data.ptr, recv.data.ptr, count, dtype, stream)
+        self._run(c, name, sptr, rptr, count, dtype, stream)
         return c
 
     def nccl_collective(self, name, sptr, rptr, count, dtype, stream) -> None:
@@ -279,3 +286,4 @@ class Communicator:
                 cp.cuda.runtime.ipcCloseMemHandle(b)
         cp.cuda.runtime.free(self.pool)
         self.bases = []
+        device_nccl.destroy(self.mpi, cp.cuda.get_current_stream(), [self.nccl])

@@ -1,16 +1,17 @@
-"""Run a plan on random data and check every destination tile exactly; time it."""
+"""Run plans on random data on every rank, check every destination tile exactly
+against the source tensor, time them; one line per plan on rank 0."""
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.reshard.plan import Plan
-from autotune.reshard.spec import Box, Mesh, ShardingSpec, parse_mesh_shape
-from autotune.reshard.tasks import ReshardTask
 from calibrate.errors import UserError
-from kernels.reshard.program import Backend, execute
+from kernels.reshard.plan import Plan
+from kernels.reshard.program import BACKENDS, Backend, execute
+from kernels.reshard.spec import Box
 
 
 @dataclass
@@ -19,31 +20,6 @@ class Outcome:
     checked: bool        # this device had a destination tile to check
     mismatches: int      # elements that differ from the source tensor
     seconds: list[float]
-
-
-def _side(text: str, devices_per_host: int, first_host: int) -> tuple[str, Mesh]:
-    """``SPEC@H,D`` (placed from ``first_host``) or ``SPEC@H,D[d0,d1,...]`` (explicit device ids)."""
-    spec, mesh = text.split("@")
-    if "[" in mesh:
-        shape, devs = mesh.rstrip("]").split("[")
-        devices = tuple(int(d) for d in devs.split(",") if d.strip())
-        return spec, Mesh(parse_mesh_shape(shape), devices, devices_per_host)
-    return spec, Mesh.place(parse_mesh_shape(mesh), first_host, devices_per_host)
-
-
-def parse_scenario(text: str, shape, dtype: str, devices_per_host: int) -> ReshardTask:
-    """``SRCSPEC@H,D:DSTSPEC@H,D``: the destination on the hosts after the source, or on the source's
-    devices with ``+shared``; either side may list its devices, ``SPEC@H,D[d0,d1,...]``."""
-    shared = text.endswith("+shared")
-    body = text[:-len("+shared")] if shared else text
-    try:
-        src, dst = body.split(":")
-        sspec, smesh = _side(src, devices_per_host, 0)
-        dspec, dmesh = _side(dst, devices_per_host, 0 if shared else smesh.shape[0])
-    except ValueError:
-        raise UserError(f"scenario {text!r} is not SRCSPEC@H,D[devices]:DSTSPEC@H,D[devices][+shared], "
-                        f"e.g. S0RR@2,2:RRR@2,2") from None
-    return ReshardTask(tuple(shape), dtype, smesh, ShardingSpec.parse(sspec), dmesh, ShardingSpec.parse(dspec))
 
 
 def global_tensor(shape, dtype: str, seed: int) -> np.ndarray:
@@ -79,3 +55,40 @@ def run_and_check(plan: Plan, be: Backend, seed: int = 0, iters: int = 1, barrie
     got = dst.get() if hasattr(dst, "get") else dst
     want = full[_slices(dst_box)]
     return Outcome(me, True, int(np.count_nonzero(got != want)), times)
+
+
+def check_ranks(plans: list[tuple[str, Plan]], size: int) -> None:
+    """Every plan's devices are ranks of a communicator of ``size`` (device id = rank)."""
+    for name, plan in plans:
+        if plan.task.ranks_needed > size:
+            raise UserError(f"{name} needs {plan.task.ranks_needed} ranks but {size} run: launch more")
+
+
+def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, iters: int = 1) -> list[dict]:
+    """Run each (name, plan) on every rank of ``comm`` with backend ``backend``: one untimed run
+    when ``iters`` > 1, then ``iters`` timed runs, checked. On rank 0 prints a line per plan
+    and returns the rows (measured: the median over runs of the slowest rank); [] elsewhere."""
+    check_ranks(plans, comm.Get_size())
+    be = BACKENDS.get(backend)(comm)
+    warm = 1 if iters > 1 else 0
+    rows = []
+    try:
+        for i, (name, plan) in enumerate(plans):
+            outs = comm.gather(run_and_check(plan, be, seed=seed + i, iters=iters + warm, barrier=comm.Barrier),
+                               root=0)
+            if comm.Get_rank() != 0:
+                continue
+            checked = [o for o in outs if o.checked]
+            wrong = sum(o.mismatches for o in checked)
+            measured = statistics.median(max(o.seconds[k] for o in outs) for k in range(warm, iters + warm))
+            ok = wrong == 0 and bool(checked)
+            rows.append({"scenario": name, "strategy": plan.strategy, "solver": plan.solver, "backend": backend,
+                         "bytes": sum(u.nbytes for u in plan.units), "jobs": len(plan.jobs),
+                         "predicted_s": plan.makespan, "measured_s": measured, "wrong": wrong, "ok": ok})
+            print(f"{'OK ' if ok else 'BAD'} {name:28s} {plan.strategy:17s} {plan.solver:10s} "
+                  f"jobs={len(plan.jobs):3d} K<={max(j.partitions for j in plan.jobs):<4d} tiles={len(checked)} "
+                  f"wrong={wrong} predicted {plan.makespan * 1e3:8.3f} ms measured {measured * 1e3:8.3f} ms",
+                  flush=True)
+    finally:
+        be.close()
+    return rows

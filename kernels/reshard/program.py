@@ -1,6 +1,6 @@
 """Running a resharding plan on one rank: every strategy written once over the
-primitives of a backend (send, recv, ring broadcast, all-gather), backends
-behind a registry.
+primitives of a backend (send, recv, ring broadcast, all-gather), strategies
+(``kernels.reshard.strategies``) and backends behind registries.
 
 All ranks walk the plan's jobs in the same order and take part in the jobs that
 name them, so the earliest unfinished job always has all its participants: the
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from autotune.reshard.plan import Plan, PlannedJob
-from autotune.reshard.spec import Box, local_slices
-from autotune.reshard.strategies import broadcast_chain
 from calibrate.errors import UserError
 from calibrate.registry import Registry
+from kernels.reshard.plan import Plan, PlannedJob
+from kernels.reshard.spec import Box, local_slices
+from kernels.reshard.strategies import STRATEGIES, Move
 
 # imported lazily so that the NCCL backend needs cupy only when used
 BACKENDS = Registry("backend", {
@@ -48,6 +48,9 @@ class Backend:
     def synchronize(self) -> None:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release the backend's resources; collective: every rank calls it together."""
+
 
 def _flat(xp, tile, box: Box, origin: Box):
     return xp.ascontiguousarray(tile[local_slices(box, origin)]).reshape(-1)
@@ -62,49 +65,16 @@ def run_job(plan: Plan, job: PlannedJob, tag: int, be: Backend, src_tile, dst_ti
     me = be.device
     if me != job.sender and me not in job.receivers:
         return
-    xp = be.xp
-    unit = plan.units[job.task]
-    src_box = plan.task.src_tiles().get(me)
-    dst_box = plan.task.dst_tiles().get(me)
-    n = int(np.prod([hi - lo for lo, hi in unit.box]))
-    dtype = np.dtype(plan.task.dtype)
-    data = _flat(xp, src_tile, unit.box, src_box) if me == job.sender else None
-    receiving = me in job.receivers
-
-    if job.strategy == "send_recv":
-        if me == job.sender:
-            for d in job.receivers:
-                if d != me:
-                    be.send(data, d, tag)
-        buf = data if me == job.sender else xp.empty(n, dtype)
-        if receiving and me != job.sender:
-            be.recv(buf, job.sender, tag)
-    elif job.strategy in ("local_allgather", "global_allgather"):
-        group = tuple(sorted(job.receivers))
-        part = -(-n // len(group))
-        if me == job.sender:
-            padded = xp.zeros(part * len(group), dtype)
-            padded[:n] = data
-            for i, d in enumerate(group):
-                if d != me:
-                    be.send(padded[i * part:(i + 1) * part], d, tag)
-        buf = None
-        if receiving:
-            i = group.index(me)
-            buf = xp.zeros(part * len(group), dtype)
-            if me == job.sender:
-                buf[i * part:(i + 1) * part] = padded[i * part:(i + 1) * part]
-            else:
-                be.recv(buf[i * part:(i + 1) * part], job.sender, tag)
-            be.allgather(buf, group, part, tag)
-    elif job.strategy == "broadcast":
-        chain = tuple(broadcast_chain(plan.task.devices_per_host, job.sender, job.receivers))
-        buf = data if me == job.sender else xp.empty(n, dtype)
-        be.ring_broadcast(buf, chain, job.partitions, tag)
-    else:
+    run = STRATEGIES.get(job.strategy)
+    if run is None:
         raise UserError(f"plan job uses unknown strategy {job.strategy!r}: re-plan with python -m autotune reshard")
-    if receiving:
-        _place(dst_tile, unit.box, dst_box, buf, n)
+    unit = plan.units[job.task]
+    n = int(np.prod([hi - lo for lo, hi in unit.box]))
+    data = _flat(be.xp, src_tile, unit.box, plan.task.src_tiles().get(me)) if me == job.sender else None
+    buf = run(Move(be, job.sender, job.receivers, job.partitions, plan.task.devices_per_host, data, n,
+                   np.dtype(plan.task.dtype), tag))
+    if me in job.receivers:
+        _place(dst_tile, unit.box, plan.task.dst_tiles().get(me), buf, n)
 
 
 def execute(plan: Plan, be: Backend, src_tile, dst_tile) -> None:

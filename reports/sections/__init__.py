@@ -16,8 +16,10 @@ REGISTRY: dict[str, str] = {
     "commtune.profile": "reports.sections.fit:build",
     "kernels-bench": "reports.sections.interp:build",
     "commtune.sbp-plan": "reports.sections.sbp:build",
+    "commtune.execute-summary": "reports.sections.execute:build",
     "reshard": "reports.sections.reshard:build",
     "schedule-tune": "reports.sections.schedule:build",
+    "commtune.nccl-tune": "reports.sections.nccl_tuner:build",
 }
 
 

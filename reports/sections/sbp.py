@@ -10,23 +10,45 @@ from reports.html import Section
 
 
 def _totals(plans: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "strategy": p["strategy"],
-        "redistribution s/step": p["totals"]["redistribution_s"],
-        "grad sync s/step": p["totals"]["grad_sync_s"],
-        "total s/step": p["totals"]["total_s"],
-        "memory GiB/device": p["totals"]["memory_bytes"] / 2**30,
-    } for p in plans])
+    rows = []
+    for p in plans:
+        t = p["totals"]
+        fits = t["fits_memory"]
+        rows.append({
+            "strategy": p["strategy"],
+            "redistribution s/step": t["redistribution_s"],
+            "grad sync s/step": t["grad_sync_s"],
+            "total s/step": t["total_s"] if fits else f"no plan fits (needs {t['memory_bytes'] / 2**30:.4g} GiB)",
+            "memory GiB/device": t["memory_bytes"] / 2**30,
+        })
+    return pd.DataFrame(rows)
+
+
+def _placements(d: dict | None, key: str) -> str:
+    if d is None:
+        return "-"
+    v = d.get(key)
+    if v is None:
+        return "-"
+    return "[" + ", ".join(v) + "]" if isinstance(v, list) else v
 
 
 def _layers(plan: dict) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "layer": l["name"], "kind": l["kind"], "x": l["count"], "signature": l["signature"],
-        "input": l["sbp"].get("input", "-"), "output": l["sbp"].get("output", "-"),
-        "weights": "; ".join(f"{k} {v}" for k, v in l["sbp"]["weights"].items()) or "-",
-        "redistribution s": l["redistribution_s"] * l["count"], "grad sync s": l["grad_sync_s"] * l["count"],
-        "memory GiB": l["memory_bytes"] * l["count"] / 2**30,
-    } for l in plan["layers"]])
+    rows = []
+    for l in plan["layers"]:
+        dt, nd = l["dtensor"], l.get("nd_sbp", {})
+        rows.append({
+            "layer": l["name"], "kind": l["kind"], "x": l["count"], "signature": l["signature"],
+            "mesh": "x".join(str(s) for s in dt["mesh_shape"]) or "1",
+            "input (DTensor)": _placements(dt, "input"), "input (nd-SBP)": nd.get("input", "-"),
+            "output (DTensor)": _placements(dt, "output"), "output (nd-SBP)": nd.get("output", "-"),
+            "weight (DTensor)": "; ".join(f"[{', '.join(v)}]" for v in dt["weights"].values()) or "-",
+            "weight (nd-SBP)": "; ".join(nd.get("weights", {}).values()) or "-",
+            "AutoDDL notation (input)": l["sbp"].get("input", "-"),
+            "redistribution s": l["redistribution_s"] * l["count"], "grad sync s": l["grad_sync_s"] * l["count"],
+            "memory GiB": l["memory_bytes"] * l["count"] / 2**30,
+        })
+    return pd.DataFrame(rows)
 
 
 def _edges(plan: dict) -> pd.DataFrame:
@@ -37,15 +59,38 @@ def _edges(plan: dict) -> pd.DataFrame:
     } for e in plan["edges"]])
 
 
-def _breakdown_fig(df: pd.DataFrame):
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.4 * len(df)))
-    y = range(len(df))
-    ax.barh(y, df["redistribution s/step"], label="redistribution")
-    ax.barh(y, df["grad sync s/step"], left=df["redistribution s/step"], label="gradient sync")
-    ax.set_yticks(list(y), df["strategy"])
+def _breakdown_fig(plans: list[dict]):
+    """Stacked bars of redistribution and gradient sync per plan, on a log axis when the costs span
+    more than 5x (one baseline 10x the others no longer flattens the rest); each bar labelled with its
+    total, and plans over the memory limit hatched and labelled so."""
+    names = [p["strategy"] for p in plans]
+    red = [p["totals"]["redistribution_s"] for p in plans]
+    sync = [p["totals"]["grad_sync_s"] for p in plans]
+    tot = [r + g for r, g in zip(red, sync)]
+    fits = [p["totals"]["fits_memory"] for p in plans]
+    fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.45 * len(plans)))
+    y = list(range(len(plans)))
+    positive = [t for t in tot if t > 0]
+    log = len(positive) > 1 and max(positive) > 5 * min(positive)
+    hatch = ["" if f else "//" for f in fits]
+    if log:  # stacked segments on a log axis: the sync part drawn from the redistribution's end
+        low = min(positive) / 3
+        ax.barh(y, [max(r, low) - low for r in red], left=low, label="redistribution", hatch=hatch)
+        ax.barh(y, [t - max(r, low) if t > max(r, low) else 0 for r, t in zip(red, tot)],
+                left=[max(r, low) for r in red], label="gradient sync", hatch=hatch)
+        ax.set_xscale("log")
+        ax.set_xlim(low, max(tot) * 4)
+    else:
+        ax.barh(y, red, label="redistribution", hatch=hatch)
+        ax.barh(y, sync, left=red, label="gradient sync", hatch=hatch)
+        ax.set_xlim(0, max(tot + [1e-12]) * 1.35)
+    for i, (t, f) in enumerate(zip(tot, fits)):
+        ax.text(t * (1.08 if log else 1) + (0 if log else max(tot) * 0.01), i,
+                f"{t:.3g} s" + ("" if f else " (over memory)"), va="center", fontsize=8)
+    ax.set_yticks(y, names)
     ax.invert_yaxis()
-    ax.set_xlabel("predicted communication, s per training step")
-    ax.legend(loc="lower right")
+    ax.set_xlabel("predicted communication, s per training step" + (" (log scale)" if log else ""))
+    ax.legend(loc="lower right", fontsize=8)
     return fig
 
 
@@ -66,23 +111,27 @@ def _convergence_fig(traces: dict, optimum: float):
 
 
 def build(paths: list[Path]) -> list[Section]:
-    from autotune.sbp.plan import PlanFile
+    from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
     for path in paths:
         pf = PlanFile.load(path)
         best = pf.best
         plans = [best] + pf.baselines
-        cl = best["cluster"]
-        sec = Section(f"SBP plan: {best['model']['name']} on "
-                      f"{cl['nodes']} x {cl['gpus_per_node']} GPUs")
+        # one plan: the page's title names it (python -m autotune); several: each section does
+        sec = Section("Plan and baselines" if len(paths) == 1 else plan_title(best))
+        for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
+            sec.text(line.strip())
         sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; search "
                  f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
                  f"Costs are the profile's predictions of communication time per training step.")
         totals = _totals(plans)
         sec.heading("Baselines compared").table(totals)
-        sec.figure(_breakdown_fig(totals), "Cost breakdown: redistribution (boxing between and inside layers, "
-                                           "forward and backward) and weight-gradient synchronisation.")
-        sec.heading("Per-layer plan").table(_layers(best), "x: how often the layer repeats (tied SBP).")
+        sec.figure(_breakdown_fig(plans), "Cost breakdown: redistribution (boxing between and inside layers, "
+                                          "forward and backward) and weight-gradient synchronisation; hatched: "
+                                          "over the memory limit.")
+        sec.heading("Per-layer plan").table(
+            _layers(best), "x: how often the layer repeats (tied SBP). Placements per DeviceMesh dimension "
+                           "(node parts first), as PyTorch DTensor and as OneFlow's nd-SBP write them.")
         sec.heading("Redistribution between layers").table(_edges(best))
         if pf.traces:
             opt = min(min((x[1] for x in t), default=float("inf")) for t in pf.traces.values())

@@ -10,7 +10,7 @@ from autotune.reshard.plan import build_jobs, make_plan
 from autotune.reshard.solvers import (SOLVERS, DFS, SolverConfig, lower_bound, makespan, port_load,
                                       simulate)
 from autotune.reshard.strategies import MAX_PARTITIONS, Job, Option
-from autotune.reshard.tasks import unit_tasks
+from kernels.reshard.tasks import unit_tasks
 from calibrate.collectives import Collective
 from calibrate.profile import CollectiveModel, Profile, Segment
 
@@ -134,3 +134,9 @@ def test_greedy_in_order_keeps_task_order_and_picks_the_least_loaded_host():
     assert [j for j, _ in SOLVERS["load_balance"]().solve(jobs, SolverConfig())] == [1, 2, 0]
     # one receive port: the three run back to back whatever the senders
     assert makespan(simulate(jobs, order)) == pytest.approx(6.0)
+
+
+def test_planner_and_executor_know_the_same_strategies():
+    from kernels.reshard.strategies import STRATEGIES as RUNS
+    from autotune.reshard.strategies import STRATEGIES as COSTS
+    assert list(RUNS) == list(COSTS)

@@ -1,7 +1,7 @@
 import pytest
 
 from autotune.reshard.cases import build_task
-from autotune.reshard.spec import Mesh, ShardingSpec, box_volume, parse_mesh_shape
+from kernels.reshard.spec import Mesh, ShardingSpec, box_volume, parse_mesh_shape
 from calibrate.errors import UserError
 
 

@@ -3,8 +3,8 @@ from collections import Counter
 import pytest
 
 from autotune.reshard.cases import case_names, load_case
-from autotune.reshard.spec import box_volume
-from autotune.reshard.tasks import unit_tasks
+from kernels.reshard.spec import box_volume
+from kernels.reshard.tasks import unit_tasks
 
 N = 1024 * 1024 * 512
 

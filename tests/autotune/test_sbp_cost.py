@@ -33,7 +33,7 @@ def test_data_parallel_is_one_gradient_all_reduce_per_weight():
     expect = sum(ar(k * n * 2, 4) for k, n in zip(DIMS, DIMS[1:]))
     assert pr.cost(a) == pytest.approx(expect, rel=1e-12)
     # memory: all weights replicated, inputs split over 4
-    mem = sum(k * n * PARAM_BYTES + T // 4 * k * 2 for k, n in zip(DIMS, DIMS[1:]))
+    mem = sum(k * n * PARAM_BYTES + T // 4 * k * 2 for k, n in zip(DIMS, DIMS[1:])) + T // 4 * DIMS[-1] * 2  # + the loss's input
     assert pr.memory_of(a) == pytest.approx(mem)
 
 
@@ -46,17 +46,21 @@ def test_data_parallel_across_nodes_uses_the_inter_tier():
 def test_megatron_mlp_all_reduces_forward_and_backward_between_row_and_column_layers():
     # t = 4, d = 1: fc0 column, fc1 row (output partial), fc2 column (input replicated), fc3 row.
     # Edge fc1 -> fc2: all-reduce of T x DIMS[2] in the forward and of its gradient in the backward.
-    # fc3's output stays partial (it is the last layer). No weight is replicated: no gradient sync.
+    # fc3's output is partial: the loss needs it whole, one forward all-reduce of T x DIMS[-1] (Megatron's g);
+    # the loss is computed on every device, so its gradient is whole and the backward owes nothing there
+    # (Megatron's f would all-reduce the gradient of fc0's input, which is the data: not computed).
+    # No weight is replicated: no gradient sync.
     pr = mlp_problem(batch=2 * T)
     a = megatron_assignment(pr, (1, 1), (1, 4))
-    assert pr.cost(a) == pytest.approx(2 * 2 * ar(T * DIMS[2] * 2, 4), rel=1e-12)  # x2 micro-batches
+    assert pr.cost(a) == pytest.approx(2 * (2 * ar(T * DIMS[2] * 2, 4) + ar(T * DIMS[-1] * 2, 4)), rel=1e-12)
 
 
 def test_megatron_with_data_parallel_adds_gradient_sync_over_d():
     pr = mlp_problem()
     a = megatron_assignment(pr, (1, 2), (1, 2))
     # gradient sync: one all-reduce per weight, each of its local (k*n/2) elements
-    expect = 2 * ar(T // 2 * DIMS[2] * 2, 2) + sum(ar(k * n // 2 * 2, 2) for k, n in zip(DIMS, DIMS[1:]))
+    expect = 2 * ar(T // 2 * DIMS[2] * 2, 2) + ar(T // 2 * DIMS[-1] * 2, 2) \
+        + sum(ar(k * n // 2 * 2, 2) for k, n in zip(DIMS, DIMS[1:]))
     assert pr.cost(a) == pytest.approx(expect, rel=1e-12)
 
 

@@ -79,10 +79,13 @@ def test_dynamic_programming_is_the_exhaustive_optimum():
 
 
 def test_dynamic_programming_on_two_layers_is_the_table_minimum():
-    # closed form: min over (i, j) of node0[i] + node1[j] + table[i, j]
+    # two matmuls and the loss; closed form: min over (i, j, k) of node0[i] + node1[j] + node2[k]
+    # + table01[i, j] + table12[j, k]
     pr = mlp(Cluster(1, 4), dims=(32, 16, 8))
-    t = pr.edge_matrix(0, 1)
-    want = (pr.node[0][:, None] + pr.node[1][None, :] + t).min()
+    t01, t12 = pr.edge_matrix(0, 1), pr.edge_matrix(1, 2)
+    want = (pr.node[0][:, None, None] + pr.node[1][None, :, None] + pr.node[2][None, None, :]
+            + t01[:, :, None] + t12[None, :, :]).min()
+    assert want > 0  # the loss needs the last output whole: not free
     assert make_search("dp").run(pr, Budget(), np.random.default_rng(0)).cost == pytest.approx(want, rel=1e-12)
 
 

@@ -48,7 +48,8 @@ log "interpreter np=$NP: exit $?"; tail -20 "$R/interp/log.txt"
 
 # 3. resharding on real meshes (NCCL backend, every strategy): (1,4)->(1,4) and (2,2)->(2,2)
 mkdir -p "$R/reshard"
-mpi "$NP" $PY tests/gpu/reshard_check.py "$R/reshard" --devices-per-host 4 \
+mpi "$NP" $PY -m autotune reshard --execute nccl --shape 256,1024,256 --devices-per-host 4 --solvers ensemble \
+  --time-budget 0.2 --iters 5 --results "$R/reshard/reshard_gpu.json" \
   --scenario "S0RR@1,4[0,1,2,3]:S0RR@1,4[4,5,6,7]" --scenario "S0RR@1,4[0,1,2,3]:RS0R@1,4[4,5,6,7]" \
   --scenario "S01RR@2,2[0,1,4,5]:S01RR@2,2[2,3,6,7]" --scenario "S0RR@2,2[0,1,4,5]:RS1R@2,2[2,3,6,7]" \
   > "$R/reshard/log.txt" 2>&1

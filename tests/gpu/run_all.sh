@@ -18,13 +18,13 @@ export COMMTUNE_MSCCL_DIR=${COMMTUNE_MSCCL_DIR:-}
 # loop hung once and took the whole 10 minutes)
 MPIRUN="timeout 300 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED -x PYTHONPATH -x COMMTUNE_MSCCL_DIR"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PARTS=${PARTS:-"calibrate interp sbp reshard model schedule"}  # add "bare" for the bare NCCL loop beside calibrate
+PARTS=${PARTS:-"calibrate interp sbp reshard model schedule peers execute nccl"}  # add "bare" for the bare NCCL loop beside calibrate
 SUMMARY=$R/summary.txt
 : > "$SUMMARY"
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
 # results are packed after every part, so that a run cut short still brings back what it measured
 pack() { tar -czf "$OUT/gpu-results.tar.gz" -C "$OUT" results; }
-declare -A ARGS=([reshard]="--mib 64")
+declare -A ARGS=()
 log() { echo "== $*" | tee -a "$SUMMARY"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.txt" 2>&1
@@ -58,7 +58,7 @@ if has model; then
   pack
 fi
 
-for part in interp sbp reshard schedule; do
+for part in interp sbp reshard schedule peers execute nccl; do
   has $part || continue
   for script in tests/gpu/${part}*_check.sh tests/gpu/${part}*_check.py; do
     [ -f "$script" ] || continue

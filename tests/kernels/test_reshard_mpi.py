@@ -1,4 +1,5 @@
-"""The MPI executor on 8 ranks of this CPU: every destination tile checked exactly."""
+"""The MPI executor on 8 ranks of this CPU: every destination tile checked exactly
+(plans made and run by ``autotune reshard --execute mpi``, plan files run by ``kernels reshard``)."""
 import os
 import subprocess
 import sys
@@ -12,11 +13,18 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="mpiexec is not next to the python of this venv")
 
 
-def mpi_check(*args, ranks=8):
-    cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", "kernels.reshard.mpi_check", *args]
+def mpirun(*args, ranks):
+    cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
-    return r
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+
+
+def mpi_check(*args, ranks=8):
+    """Plan every strategy with each solver on the paper's profile and run each plan."""
+    defaults = [a for flag, value in (("--shape", "12,10,6"), ("--solvers", "naive,ensemble"))
+                if flag not in args for a in (flag, value)]
+    return mpirun("autotune", "reshard", "--execute", "mpi", "--profile", "aws-p3-v100", "--time-budget", "0.05",
+                  "--rounds", "4", *defaults, *args, ranks=ranks)
 
 
 def test_disjoint_meshes_all_strategies():
@@ -55,6 +63,6 @@ def test_plan_written_by_the_cli_runs_exactly(tmp_path):
                         "aws-p3-v100", "--devices-per-host", "2", "--plan-out", str(plan)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    r = mpi_check("--plan", str(plan), ranks=6)
+    r = mpirun("kernels", "reshard", str(plan), ranks=6)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("OK ")

@@ -40,7 +40,7 @@ def test_model_file(tmp_path):
     f = tmp_path / "m.json"
     f.write_text(json.dumps({"kind": "mlp", "dims": [8, 4, 2], "batch": 4, "micro_batch": 2}))
     g = load_model(str(f))
-    assert g.micro_batches == 2 and len(g.layers) == 2
+    assert g.micro_batches == 2 and [l.kind for l in g.layers] == ["matmul", "matmul", "loss"]  # two layers and the loss
 
 
 @pytest.mark.parametrize("cfg,msg", [

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.reshard.spec import Box, Mesh, ShardingSpec, box_volume, intersect
+from kernels.reshard.spec import Box, Mesh, ShardingSpec, box_volume, intersect
 from calibrate.errors import UserError
 
 
@@ -54,6 +54,11 @@ class ReshardTask:
 
     def host(self, device: int) -> int:
         return device // self.devices_per_host
+
+    @property
+    def ranks_needed(self) -> int:
+        """Ranks of a job that runs it with device id = rank."""
+        return max(self.src_mesh.devices + self.dst_mesh.devices) + 1
 
     def to_dict(self) -> dict:
         return {"shape": list(self.shape), "dtype": self.dtype,

@@ -1,0 +1,150 @@
+"""``python -m autotune execute``: run a plan's training steps on real devices.
+
+    torchrun --nproc-per-node 2 -m autotune execute out/plan.json --which all --out exec
+    mpiexec -n 4 python -m autotune execute plan.json --layers 2 --steps 6
+    srun -n 8 python -m autotune execute plan.json
+    python -m autotune execute --summarize exec        # the table of a finished run, with the targets
+
+One process per device (NCCL on GPUs, gloo on CPUs). Builds the plan's model
+(fixed-seed weights), lays every layer out as the plan says (DTensor placements
+on one mesh of the cluster's fine axes), runs --steps training steps and writes
+one result per plan (measured step time, time in collectives, peak memory per
+device, losses) beside the plan's predictions into --out. Model flags
+(--hidden, --heads, ...) are checked against the plan's model; --layers runs a
+shorter (or longer) stack of the tied layers.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+from calibrate.cli import command_parser
+from calibrate.errors import UserError
+from calibrate.jsonfile import write_json
+from models import FIELDS
+
+from autotune.execute import result
+from autotune.execute.launch import launch_env
+from autotune.execute.planread import model_kind
+from autotune.sbp.plan import PlanFile
+
+DEFAULT_OUT = "execute-out"
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = command_parser("python -m autotune execute", __doc__)
+    ap.add_argument("plan", nargs="?", help="plan.json written by python -m autotune")
+    ap.add_argument("--which", default="best", help="best, all, or baseline:NAME (a baseline whose name starts with NAME)")
+    ap.add_argument("--steps", type=int, default=6, help="training steps (default 6)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the median step time (default 2)")
+    ap.add_argument("--profile-steps", type=int, default=2,
+                    help="further steps under the torch profiler for the time in collectives (default 2; 0: none)")
+    ap.add_argument("--dtype", default="auto", help="auto (the plan's act_bytes: 2 bf16, 4 fp32), float64, float32, bfloat16")
+    ap.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the result records (default ./{DEFAULT_OUT})")
+    ap.add_argument("--summarize", metavar="DIR", help="print the table of the results in DIR and write DIR/summary.json")
+    g = ap.add_argument_group("model (checked against the plan's; --layers runs a stack of that many layers)")
+    g.add_argument("--model", help="model kind the plan must be for")
+    g.add_argument("--preset", help="preset the plan must be for")
+    seen = set()
+    for fields in FIELDS.values():
+        for name, typ in fields.items():
+            if name not in seen:
+                seen.add(name)
+                conv = int if typ == "int" else (lambda s: [int(x) for x in s.split(",")])
+                g.add_argument("--" + name.replace("_", "-"), dest=f"f_{name}", type=conv, default=None)
+    return ap
+
+
+def select(pf: PlanFile, which: str) -> list[dict]:
+    if which == "best":
+        return [pf.best]
+    if which == "all":
+        return [pf.best] + list(pf.baselines)
+    if which.startswith("baseline:"):
+        name = which.split(":", 1)[1].strip().lower()
+        hits = [b for b in pf.baselines if b.get("strategy", "").lower().startswith(name)]
+        if not hits:
+            names = ", ".join(repr(b.get("strategy", "")) for b in pf.baselines)
+            raise UserError(f"no baseline named {name!r} in the plan file: use one of {names}")
+        return hits
+    raise UserError(f"bad --which {which!r}: use best, all or baseline:NAME")
+
+
+def check_model(plan: dict, args) -> None:
+    cfg = plan.get("model") or {}
+    if args.model and args.model != model_kind(cfg):
+        raise UserError(f"the plan is for a {model_kind(cfg)} model but --model {args.model} was given: "
+                        f"drop --model or search a plan for {args.model}")
+    if args.preset and args.preset != cfg.get("name"):
+        raise UserError(f"the plan is for preset {cfg.get('name')!r} but --preset {args.preset} was given: "
+                        f"drop --preset or search a plan for it")
+    for key, value in vars(args).items():
+        name = key[2:]
+        if key.startswith("f_") and value is not None and name != "layers" and cfg.get(name) != value:
+            raise UserError(f"the plan's model has {name} {cfg.get(name)!r} but --{name.replace('_', '-')} {value} was "
+                            f"given: drop the flag or re-run the search with it")
+
+
+def summarize(folder: str) -> int:
+    records = result.load_records(Path(folder))
+    s = result.summary(records)
+    print(f"{s['model'].get('name', '')} on {s['cluster']['nodes']}x{s['cluster']['gpus_per_node']} {s['device']} "
+          f"({s['backend']}, {s['dtype']})")
+    print(result.format_table(s["rows"]))
+    print(result.format_targets(s["targets"]))
+    (Path(folder) / "summary.md").write_text(result.markdown(s, f"python -m autotune execute --summarize {folder}"))
+    print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.summarize:
+        return summarize(args.summarize)
+    if not args.plan:
+        raise UserError("give a plan.json (python -m autotune execute PLAN), or --summarize DIR")
+    if args.steps < 1 or args.warmup < 0 or args.profile_steps < 0:
+        raise UserError("--steps must be at least 1, --warmup and --profile-steps non-negative")
+    pf = PlanFile.load(args.plan)
+    plans = select(pf, args.which)
+    launch = launch_env()
+    from autotune.execute.runner import prepare
+    for plan in plans:
+        check_model(plan, args)
+        prepare(plan, launch.world, args.f_layers)
+    from autotune.execute.env import start, stop
+    from autotune.execute.runner import run_plan
+    lead = launch.rank == 0
+
+    def progress(msg):
+        if lead:
+            print(f"[execute] {msg}", file=sys.stderr, flush=True)
+
+    d = start(args.device)
+    try:
+        for i, plan in enumerate(plans):
+            progress(f"plan {i + 1}/{len(plans)}: {plan.get('strategy', '')} on {launch.world} {d.device.type} devices")
+            rec, model = run_plan(plan, d, layers=args.f_layers, steps=args.steps, warmup=args.warmup,
+                                  profile_steps=args.profile_steps, dtype=args.dtype, seed=args.seed, lr=args.lr,
+                                  progress=progress)
+            del model
+            rec["command"] = "python -m autotune execute " + " ".join(argv if argv is not None else sys.argv[1:])
+            rec["plan_file"] = str(args.plan)
+            if lead:
+                path = result.write_record(Path(args.out), i, rec)
+                print(result.format_table(result.rows([rec])).splitlines()[-1], flush=True)
+                progress(f"wrote {path}")
+            gc.collect()  # the gradient hooks hold the trainer: free the plan before measuring the next
+            if d.is_gpu:
+                import torch
+                torch.cuda.empty_cache()
+    finally:
+        stop(d)
+    if lead:
+        print(result.format_table(result.rows(result.load_records(Path(args.out))[-len(plans):])))
+    return 0

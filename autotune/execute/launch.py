@@ -1,0 +1,51 @@
+"""Rank, world and rendezvous of the launched processes: torchrun, MPI (Open MPI,
+MPICH) or Slurm, read from their environment variables (no torch needed)."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from calibrate.errors import UserError
+
+LAUNCHERS = (  # (rank, world, local rank) variables, in order of preference
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # torchrun
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),  # MPICH / Hydra
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),  # srun
+)
+
+
+@dataclass(frozen=True)
+class Launch:
+    rank: int
+    world: int
+    local_rank: int
+    launcher: str
+
+
+def launch_env(environ=None) -> Launch:
+    env = os.environ if environ is None else environ
+    for r, w, lr in LAUNCHERS:
+        if r in env and w in env:
+            return Launch(int(env[r]), int(env[w]), int(env.get(lr, env[r])), r)
+    return Launch(0, 1, 0, "none")
+
+
+def rendezvous(launch: Launch) -> tuple[str, str]:
+    """MASTER_ADDR and MASTER_PORT: given, or (under MPI) rank 0's host and a free port."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port:
+        return addr, port
+    if launch.launcher in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        from mpi4py import MPI
+
+        mine = None
+        if launch.rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                mine = (socket.gethostname(), str(s.getsockname()[1]))
+        return MPI.COMM_WORLD.bcast(mine, root=0)
+    if launch.world == 1 or os.environ.get("SLURM_NNODES", "1") == "1":
+        return addr or "127.0.0.1", port or str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000)
+    raise UserError("several nodes under srun without MASTER_ADDR: export MASTER_ADDR (the first node) and MASTER_PORT")

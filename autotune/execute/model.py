@@ -1,0 +1,63 @@
+"""The plan's model on this device: the local pieces of every layer's weights (one
+set per position in the chain: tied layers share a plan, not weights) and the
+forward of one micro-batch through the chain with the plan's boxings between
+layers. The residual stream is not modelled, as in the plan's layer graph."""
+from __future__ import annotations
+
+import math
+
+from autotune.execute import ops
+from autotune.execute.data import init_weight
+from autotune.execute.layout import box
+from autotune.execute.planread import LayerSpec
+from autotune.sbp.sbp import B, P
+
+
+class PlanModel:
+    def __init__(self, graph, specs: list[LayerSpec], ctx: ops.Ctx, seed: int, param_dtype, device):
+        self.graph, self.specs, self.ctx = graph, specs, ctx
+        self.params: list[dict] = []  # per chain position: weight name -> local leaf tensor
+        for pos, v in enumerate(graph.chain):
+            spec = specs[v]
+            local = {}
+            for name, shape, fine in spec.weights:
+                full = init_weight(spec.kind, shape, seed, pos, param_dtype, device)
+                local[name] = ctx.piece(full, fine).requires_grad_(True)
+                del full
+            self.params.append(local)
+
+    def weight_fines(self):
+        """(local leaf, whole shape, fine placements) of every weight."""
+        for pos, v in enumerate(self.graph.chain):
+            shapes = {n: (s, f) for n, s, f in self.specs[v].weights}
+            for name, p in self.params[pos].items():
+                yield p, shapes[name][0], shapes[name][1]
+
+    def parameters(self) -> list:
+        return [p for p, _, _ in self.weight_fines()]
+
+    def forward(self, data: dict, loss_scale: float):
+        """(this device's share of the loss, how many devices hold the same share)."""
+        ctx, x, prev = self.ctx, None, None
+        for pos, v in enumerate(self.graph.chain):
+            spec = self.specs[v]
+            if spec.input is not None:
+                if x is None:
+                    x = ctx.piece(data["x"], spec.input)
+                else:
+                    x = box(x, ctx.mesh, spec.in_shape, prev, spec.input)
+            weights = {n: p.to(ctx.dtype) for n, p in self.params[pos].items()}
+            x = ops.forward(ctx, spec, x, weights, data, loss_scale)
+            prev = spec.output
+        last = self.specs[self.graph.chain[-1]]
+        if last.kind == "loss":
+            vocab_axes = [n for p, n in zip(last.input, ctx.axis_sizes) if p not in ("S0", B)]
+            return x, math.prod(vocab_axes)
+        return self._linear_loss(x, prev, data["target"], loss_scale), 1
+
+    def _linear_loss(self, y, fine, target, scale):
+        """sum(y * target) * scale: linear, so partial sums add up; replicas share it."""
+        ctx = self.ctx
+        tgt = ctx.piece(target, tuple(B if p == P else p for p in fine))
+        replicas = math.prod(n for p, n in zip(fine, ctx.axis_sizes) if p == B)
+        return (y.to(ctx.stat_dtype) * tgt.to(ctx.stat_dtype)).sum() * (scale / replicas)

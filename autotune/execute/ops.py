@@ -1,0 +1,153 @@
+"""Each layer kind's forward on local pieces, given the plan's placements.
+
+A layer computes on its pieces and its output *is* what the plan says it is
+(a matmul whose contracted dimension is split yields partial sums, declared
+P); nothing checks or repairs it, so a wrong placement in a plan gives wrong
+numbers (tests/autotune/test_execute_*.py shows it). Gradients follow the dual
+placements (B <-> P), as the plan's backward boxings assume.
+
+Conventions shared with ``reference.py``: a matmul computes ``x @ W`` with W
+[k, n]; a layer norm's weight is [2, hidden] (scale, shift); the fused QKV
+output is laid out head by head ([q k v] of head 0, then head 1, ...) so that
+splitting it along heads keeps each head whole; attention is causal over each
+sequence of the micro-batch; the loss is softmax cross-entropy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calibrate.errors import UserError
+
+from autotune.execute.layout import DTensor, Partial, Replicate, Shard, box, local_piece, local_range, torch
+from autotune.execute.planread import LayerSpec
+from autotune.sbp.sbp import B, P, is_split
+
+F = torch.nn.functional
+EPS = 1e-5
+
+
+@dataclass
+class Ctx:
+    mesh: object
+    coords: tuple[int, ...]
+    axis_sizes: tuple[int, ...]
+    dtype: object  # compute dtype of activations
+    stat_dtype: object  # dtype of softmax / layer norm statistics
+
+    def piece(self, full, fine):
+        return local_piece(full, fine, self.coords, self.axis_sizes)
+
+
+def _internal(spec: LayerSpec, tensor: str):
+    return next((i for i in spec.internal if i.tensor == tensor), None)
+
+
+def _boxed(ctx: Ctx, spec: LayerSpec, tensor: str, x, fine):
+    it = _internal(spec, tensor)
+    if it is None:
+        return x, fine
+    return box(x, ctx.mesh, it.shape, it.src, it.dst), it.dst
+
+
+def matmul(ctx: Ctx, spec: LayerSpec, x, w, wfine):
+    if x is not None:
+        x, _ = _boxed(ctx, spec, "input", x, spec.input)
+    w, _ = _boxed(ctx, spec, "weight", w, wfine)
+    return x @ w
+
+
+def embedding(ctx: Ctx, spec: LayerSpec, ids, w, wfine):
+    """One-hot(ids) @ W with the vocabulary split as W's rows: rows held elsewhere contribute zero."""
+    w, wfine = _boxed(ctx, spec, "weight", w, wfine)
+    ids = ctx.piece(ids, tuple("S0" if p == "S0" else B for p in spec.output))
+    off, n = local_range(spec.layer.dim("k"), 0, wfine, ctx.coords, ctx.axis_sizes)
+    mine = (ids >= off) & (ids < off + n)
+    return F.embedding((ids - off).clamp(0, n - 1), w) * mine.unsqueeze(1).to(w.dtype)
+
+
+def layernorm(ctx: Ctx, spec: LayerSpec, x, w):
+    if spec.signature != "layernorm-split":
+        return F.layer_norm(x, (x.shape[1],), w[0], w[1], EPS)
+    h = spec.layer.dim("hidden")
+    xs = x.to(ctx.stat_dtype)
+    it = _internal(spec, "layernorm-stats")
+    stats = box(torch.stack([xs.sum(1), (xs * xs).sum(1)], 1), ctx.mesh, it.shape, it.src, it.dst)
+    mean = stats[:, 0] / h
+    var = stats[:, 1] / h - mean * mean
+    xhat = (xs - mean.unsqueeze(1)) * torch.rsqrt(var + EPS).unsqueeze(1)
+    return (xhat.to(x.dtype) * w[0] + w[1])
+
+
+def attention(ctx: Ctx, spec: LayerSpec, x):
+    dims = spec.layer
+    seq = dims.dim("tokens") // dims.dim("micro_batch")
+    hd = dims.dim("hidden") // dims.dim("heads")
+    t, width = x.shape
+    heads = width // (3 * hd)
+    qkv = x.view(t // seq, seq, heads, 3, hd)
+    q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.transpose(1, 2).reshape(t, heads * hd)
+
+
+def loss(ctx: Ctx, spec: LayerSpec, logits, targets, scale: float):
+    """This device's share of the loss: sum over its tokens of log-sum-exp minus the
+    target logit, times ``scale``. With the vocabulary split, the row max (no gradient)
+    and the (sum of exp, target logit) pair are all-reduced over the vocabulary axes;
+    the pair's gradient is then whole on every device (the plan's local gradient)."""
+    fine = spec.input
+    vocab = spec.layer.dim("vocabulary")
+    off, n = local_range(vocab, 1, fine, ctx.coords, ctx.axis_sizes)
+    tgt = ctx.piece(targets, tuple("S0" if p == "S0" else B for p in fine))
+    z = logits.to(ctx.stat_dtype)
+    split = tuple(P if is_split(p) and p != "S0" else p for p in fine)
+    whole = tuple(B if p == P else p for p in split)
+    top = z.detach().max(1, keepdim=True).values
+    if split != whole:
+        top = _max_over(ctx, top, split)
+    z = z - top
+    mine = (tgt >= off) & (tgt < off + n)
+    picked = z.gather(1, (tgt - off).clamp(0, n - 1).unsqueeze(1)).squeeze(1) * mine.to(z.dtype)
+    pair = torch.stack([z.exp().sum(1), picked], 1)
+    pair = box(pair, ctx.mesh, (spec.layer.dim("tokens"), 2), split, whole, grad_dst=whole)
+    return (torch.log(pair[:, 0]) - pair[:, 1]).sum() * scale
+
+
+def _max_over(ctx: Ctx, m, split):
+    """The max over the vocabulary axes (a max all-reduce, no gradient)."""
+    pl = tuple(Partial("max") if p == P else Shard(0) if p == "S0" else Replicate() for p in split)
+    shape = (m.shape[0] * _splits(split, "S0", ctx.axis_sizes), 1)
+    d = DTensor.from_local(m.contiguous(), ctx.mesh, pl, run_check=False, shape=shape, stride=(1, 1))
+    return d.redistribute(ctx.mesh, tuple(Replicate() if p == P else q for p, q in zip(split, pl))).to_local()
+
+
+def _splits(fine, p, sizes) -> int:
+    out = 1
+    for q, n in zip(fine, sizes):
+        if q == p:
+            out *= n
+    return out
+
+
+def pointwise(ctx: Ctx, spec: LayerSpec, x):
+    return F.gelu(x)
+
+
+def forward(ctx: Ctx, spec: LayerSpec, x, weights: dict, data: dict, loss_scale: float):
+    """The layer's local output (the loss layer: this device's share of the loss)."""
+    kind = spec.kind
+    if kind == "embedding":
+        (name, w), = weights.items()
+        return embedding(ctx, spec, data["ids"], w, spec.weights[0][2])
+    if kind == "matmul":
+        (name, w), = weights.items()
+        return matmul(ctx, spec, x, w, spec.weights[0][2])
+    if kind == "layernorm":
+        return layernorm(ctx, spec, x, weights["weight"])
+    if kind == "attention":
+        return attention(ctx, spec, x)
+    if kind == "pointwise":
+        return pointwise(ctx, spec, x)
+    if kind == "loss":
+        return loss(ctx, spec, x, data["targets"], loss_scale)
+    raise UserError(f"layer {spec.layer.name}: execute cannot run {kind} layers; run a gpt or mlp plan")

@@ -1,0 +1,141 @@
+"""Result records of executed plans, the predicted-against-measured table and the
+targets of issue 15 (pure Python: no torch)."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from calibrate.errors import UserError
+from calibrate.jsonfile import write_json
+from calibrate.records import load_record
+
+KIND = "commtune.execute-result"
+SUMMARY_KIND = "commtune.execute-summary"
+VERSION = 1
+TARGETS = {"spearman": 0.9, "searched_within": 0.03, "step_err": 0.10, "comm_err": 0.15, "memory_err": 0.10}
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:48] or "plan"
+
+
+def write_record(out: Path, index: int, rec: dict) -> Path:
+    return write_json(Path(out) / f"execute-{index:02d}-{slug(rec['strategy'])}.json", rec, "execute result")
+
+
+def load_records(folder: Path) -> list[dict]:
+    files = sorted(Path(folder).glob("execute-*.json"))
+    if not files:
+        raise UserError(f"no execute-*.json in {str(folder)!r}: run python -m autotune execute --out {folder} first")
+    out = []
+    for f in files:
+        out.append(load_record(f, KIND, VERSION, "execute result", "re-run python -m autotune execute"))
+    return out
+
+
+def _err(pred, meas):
+    if pred is None or meas is None or pred <= 0:
+        return None
+    return meas / pred - 1.0
+
+
+def rows(records: list[dict]) -> list[dict]:
+    out = []
+    for r in records:
+        m, p = r["measured"], r["predicted"] if r.get("predicted_comparable", True) else {}
+        mem = max(m["peak_memory_bytes"]) if m.get("peak_memory_bytes") else None
+        out.append({
+            "strategy": r["strategy"],
+            "pred_step_s": p.get("step_s"), "step_s": m["step_s"], "step_err": _err(p.get("step_s"), m["step_s"]),
+            "pred_comm_s": p.get("total_s"), "comm_s": m.get("comm_s"), "comm_err": _err(p.get("total_s"), m.get("comm_s")),
+            "pred_memory_bytes": p.get("memory_bytes"), "memory_bytes": mem,
+            "memory_err": _err(p.get("memory_bytes"), mem),
+            "pred_compute_s": p.get("compute_s"), "pred_exposed_comm_s": p.get("exposed_comm_s"),
+            "loss_first": m["losses"][0], "loss_last": m["losses"][-1],
+        })
+    return out
+
+
+def spearman(xs, ys) -> float | None:
+    pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+    if len(pairs) < 3:
+        return None
+    from scipy.stats import spearmanr
+
+    rho = spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic
+    return None if rho is None or math.isnan(rho) else float(rho)
+
+
+def targets(table: list[dict], searched_prefix: str = "searched") -> dict:
+    """Each target of issue 15: the figure, the threshold, met or not (None: no prediction to compare)."""
+    rho = spearman([r["pred_step_s"] for r in table], [r["step_s"] for r in table])
+    fastest = min(r["step_s"] for r in table)
+    searched = [r for r in table if r["strategy"].startswith(searched_prefix)]
+    best_searched = min((r["step_s"] for r in searched), default=None)
+    within = None if best_searched is None else best_searched / fastest - 1.0
+
+    def worst(key):
+        errs = [abs(r[key]) for r in table if r[key] is not None]
+        return max(errs) if errs else None
+
+    out = {"spearman_step": {"value": rho, "target": f">= {TARGETS['spearman']}",
+                             "met": None if rho is None else rho >= TARGETS["spearman"]},
+           "searched_vs_fastest": {"value": within, "target": f"<= {TARGETS['searched_within']:.0%}",
+                                   "met": None if within is None else within <= TARGETS["searched_within"]}}
+    for key, name in (("step_err", "step"), ("comm_err", "comm"), ("memory_err", "memory")):
+        w = worst(key)
+        out[f"worst_{name}_error"] = {"value": w, "target": f"<= {TARGETS[key]:.0%}",
+                                      "met": None if w is None else w <= TARGETS[key]}
+    return out
+
+
+def _ms(x):
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def _pct(x):
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def _gib(x):
+    return "-" if x is None else f"{x / 2**30:.2f}"
+
+
+def format_table(table: list[dict]) -> str:
+    head = ("plan", "pred step ms", "step ms", "err", "pred comm ms", "comm ms", "err",
+            "pred mem GiB", "mem GiB", "err", "loss first->last")
+    body = [(r["strategy"], _ms(r["pred_step_s"]), _ms(r["step_s"]), _pct(r["step_err"]), _ms(r["pred_comm_s"]),
+             _ms(r["comm_s"]), _pct(r["comm_err"]), _gib(r["pred_memory_bytes"]), _gib(r["memory_bytes"]),
+             _pct(r["memory_err"]), f"{r['loss_first']:.4f}->{r['loss_last']:.4f}") for r in table]
+    w = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(x))
+                     for x in [head] + body)
+
+
+def format_targets(t: dict) -> str:
+    lines = []
+    for name, v in t.items():
+        val = v["value"]
+        shown = "-" if val is None else f"{val:.3f}" if name == "spearman_step" else f"{val * 100:.1f}%"
+        state = "n/a (no prediction)" if v["met"] is None else "met" if v["met"] else "NOT met"
+        lines.append(f"{name}: {shown} (target {v['target']}): {state}")
+    return "\n".join(lines)
+
+
+def summary(records: list[dict]) -> dict:
+    table = rows(records)
+    first = records[0]
+    return {"kind": SUMMARY_KIND, "version": VERSION, "model": first["model"], "cluster": first["cluster"],
+            "device": first["device"], "backend": first["backend"], "dtype": first["dtype"], "rows": table,
+            "targets": targets(table)}
+
+
+def markdown(s: dict, command: str = "") -> str:
+    """The summary as a markdown block for reports/records/."""
+    c = s["cluster"]
+    lines = [f"Executed plans: {s['model'].get('name', '')} on {c['nodes']} x {c['gpus_per_node']} {s['device']} "
+             f"({s['backend']}, {s['dtype']}){f'; command: `{command}`' if command else ''}", "", "```",
+             format_table(s["rows"]), "```", ""]
+    lines += [f"- {line}" for line in format_targets(s["targets"]).splitlines()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,96 @@
+"""Execute one plan on the launched processes: check it fits them, build the
+model, train K steps, and return the measured figures beside the plan's
+predictions (a versioned record)."""
+from __future__ import annotations
+
+import platform
+
+from calibrate.errors import UserError
+
+from autotune.execute import ops
+from autotune.execute.env import Dist
+from autotune.execute.layout import DTensor, placements, torch
+from autotune.execute.model import PlanModel
+from autotune.execute.planread import layer_specs, plan_graph
+from autotune.execute.result import KIND, VERSION
+from autotune.execute.train import Trainer
+from autotune.sbp.mesh import Cluster
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution_s", "grad_sync_s", "memory_bytes")
+
+
+def plan_cluster(plan: dict, world: int) -> Cluster:
+    try:
+        c = plan["cluster"]
+        cluster = Cluster(int(c["nodes"]), int(c["gpus_per_node"]))
+    except (KeyError, TypeError, ValueError):
+        raise UserError("the plan has no cluster section: re-run the search (python -m autotune --out DIR)") from None
+    if cluster.devices != world:
+        raise UserError(
+            f"the plan {plan.get('strategy', '')!r} is for {cluster} = {cluster.devices} devices but {world} processes "
+            f"were launched: launch {cluster.devices} (e.g. torchrun --nproc-per-node {cluster.devices}) or search "
+            f"a plan with --nodes/--gpus-per-node for {world}")
+    return cluster
+
+
+def prepare(plan: dict, world: int, layers: int | None = None):
+    """(graph, cluster, layer specs): everything checked before any work starts."""
+    cluster = plan_cluster(plan, world)
+    graph = plan_graph(plan, layers)
+    return graph, cluster, layer_specs(plan, graph, cluster)
+
+
+def compute_dtype(graph, name: str):
+    if name == "auto":
+        return torch.bfloat16 if graph.act_bytes == 2 else torch.float32
+    if name not in DTYPES:
+        raise UserError(f"unknown --dtype {name!r}: use auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def build(plan: dict, d: Dist, layers: int | None, dtype_name: str, seed: int):
+    graph, cluster, specs = prepare(plan, d.launch.world, layers)
+    d.set_mesh(cluster.axis_sizes)
+    dtype = compute_dtype(graph, dtype_name)
+    stat = torch.float64 if dtype == torch.float64 else torch.float32
+    ctx = ops.Ctx(d.mesh, d.coords, d.axis_sizes, dtype, stat)
+    return graph, cluster, PlanModel(graph, specs, ctx, seed, dtype, d.device)
+
+
+def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_steps=2, dtype="auto", seed=0,
+             lr=1e-3, progress=None) -> tuple[dict, PlanModel]:
+    """(the result record, the trained model)."""
+    graph, cluster, model = build(plan, d, layers, dtype, seed)
+    trainer = Trainer(model, graph, d, seed, lr)
+    measured = trainer.run(steps, warmup, profile_steps, progress)
+    plan_layers = (plan.get("model") or {}).get("layers")
+    totals = plan.get("totals", {})
+    return {
+        "kind": KIND, "version": VERSION, "strategy": plan.get("strategy", ""),
+        "model": dict(plan.get("model") or {}, layers=graph.config.get("layers", plan_layers)),
+        "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
+        "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
+        "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
+        "torch": torch.__version__, "dtype": str(model.ctx.dtype).replace("torch.", ""),
+        "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": graph.micro_batches,
+        "measured": measured,
+        "predicted": {k: totals[k] for k in PREDICTED if k in totals},
+        "predicted_comparable": plan_layers is None or graph.config.get("layers", plan_layers) == plan_layers,
+    }, model
+
+
+def gather_weights(model: PlanModel) -> list[dict]:
+    """Whole weights per chain position (a collective: every rank calls it)."""
+    ctx = model.ctx
+    out = []
+    for pos, v in enumerate(model.graph.chain):
+        shapes = {n: (s, f) for n, s, f in model.specs[v].weights}
+        whole = {}
+        for name, p in model.params[pos].items():
+            shape, fine = shapes[name]
+            x = DTensor.from_local(p.detach(), ctx.mesh, placements(fine), run_check=False, shape=shape,
+                                   stride=tuple(torch.empty(shape, device="meta").stride()))
+            whole[name] = x.full_tensor()
+        out.append(whole)
+    return out

@@ -1,0 +1,217 @@
+"""Measuring NCCL under each setting, on GPUs, one process per GPU.
+
+Each setting gets its own communicator, created and destroyed explicitly on every rank:
+the plugin reads its table when NCCL initializes it for a communicator, so the table
+file (one row per collective, every size) is named in COMMTUNE_NCCL_TUNER_TABLE just
+for that creation. NCCL loads the plugin once per process and keeps it: NCCL_TUNER_PLUGIN
+is set before the first communicator, and NCCL's default is a communicator made while no
+table is named (the plugin then leaves every choice to NCCL) and without a channel
+configuration. Timing is ``calibrate``'s NCCL backend in graph mode (the calls captured in
+a CUDA graph, CUDA events, median of the replays, maximum over ranks); every measured
+point is checked on fresh random data.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibrate.backends.base import TimingMode
+from calibrate.backends.nccl import NcclBackend
+from calibrate.collectives import Collective
+from calibrate.device import nccl as device_nccl
+from calibrate.errors import UserError
+from calibrate.sizes import align
+from kernels.nccl_tuner.table import ENV_TABLE, Row, write_table
+
+from autotune.nccl.record import Compare, Sample
+from autotune.nccl.settings import Setting, setting_table
+
+# environment that would change NCCL's default or the settings under the tuner's feet
+FORBIDDEN_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NRINGS",
+                 "NCCL_MAX_NRINGS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", ENV_TABLE)
+
+
+def check_environment(plugin: Path) -> None:
+    """Refuse an environment in which NCCL's default is not NCCL's default (before any communicator)."""
+    for name in FORBIDDEN_ENV:
+        if os.environ.get(name):
+            raise UserError(f"{name} is set ({os.environ[name]!r}): unset it; autotune nccl measures NCCL's own "
+                            f"default against the settings it applies itself")
+    other = os.environ.get("NCCL_TUNER_PLUGIN")
+    if other and Path(other).resolve() != plugin:
+        raise UserError(f"NCCL_TUNER_PLUGIN is set to another plugin ({other!r}): unset it")
+
+
+@dataclass
+class Options:
+    dtype: str = "float32"
+    iters: int = 20
+    warmup: int = 5
+    reps: int = 5
+    check: bool = True
+    prune: float = 1.5       # a setting this much slower than the best so far at two sizes in a row is dropped
+
+
+@dataclass
+class Session:
+    world: object            # the MPI communicator of the ranks measured
+    device: int
+    plugin: Path
+    min_ctas: int
+    ranks: int
+    nodes: int
+    options: Options
+    nccl_version: int = field(init=False)
+    _workdir: Path = field(init=False)
+    _counters: ctypes.CDLL = field(init=False)
+
+    def __post_init__(self):
+        os.environ["NCCL_TUNER_PLUGIN"] = str(self.plugin)  # before the first communicator of this process
+        self.nccl_version = device_nccl.nccl_module("autotune nccl").get_version()
+        self._workdir = Path(tempfile.mkdtemp(prefix="commtune-nccl-"))
+        self._counters = ctypes.CDLL(str(self.plugin))  # the object NCCL loads: same path, same library
+
+    def counters(self) -> dict:
+        return {n: ctypes.c_ulong.in_dll(self._counters, f"commtune_tuner_{n}").value for n in ("inits", "decided")}
+
+    def backend(self, rows: list[Row] | None, min_ctas: int | None) -> NcclBackend:
+        """A backend on a new communicator: the plugin applies ``rows`` (None: no table, NCCL's choices)."""
+        before = self.counters()["inits"]
+        if rows:
+            path = self._workdir / f"table-{time.monotonic_ns()}.csv"  # local to each rank: no shared file system
+            path.write_text(write_table(rows, ["one setting of python -m autotune nccl"]))
+            os.environ[ENV_TABLE] = str(path)
+        try:
+            be = NcclBackend(self.world, device=self.device, min_ctas=min_ctas)
+        finally:
+            os.environ.pop(ENV_TABLE, None)
+        loaded = self.world.allreduce(int(self.counters()["inits"] > before), op=_min())
+        if not loaded:
+            be.close()
+            raise UserError(f"NCCL did not initialize the tuner plugin {self.plugin} for a new communicator "
+                            f"(NCCL {self.nccl_version}): run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING "
+                            f"to see why")
+        return be
+
+    def decided(self) -> int:
+        """Calls a table row decided so far, the fewest over ranks."""
+        return self.world.allreduce(self.counters()["decided"], op=_min())
+
+    def noted(self, collective: str, nbytes: int) -> str:
+        """The algorithm/protocol NCCL ran for the last call, if it was ``collective`` of ``nbytes``
+        (the plugin notes NCCL's pick, or its row's); rank 0's, so that every rank agrees."""
+        from kernels.nccl_tuner.table import ALGORITHMS, COLLECTIVES, PROTOCOLS
+
+        def get(name, kind=ctypes.c_int):
+            return kind.in_dll(self._counters, f"commtune_tuner_last_{name}").value
+
+        runs = ""
+        coll, algo, proto = get("coll"), get("algo"), get("proto")
+        if (0 <= coll < len(COLLECTIVES) and COLLECTIVES[coll] == collective and 0 <= algo < len(ALGORITHMS)
+                and 0 <= proto < len(PROTOCOLS) and get("bytes", ctypes.c_ulonglong) == nbytes):
+            runs = f"{ALGORITHMS[algo]}/{PROTOCOLS[proto]}"
+        return self.world.bcast(runs, root=0)
+
+    def measure(self, be: NcclBackend, collective: str, nbytes: int, setting: str, reps: int | None = None,
+                check: bool = True) -> Sample:
+        coll = Collective.parse(collective)
+        o = self.options
+        nbytes, _ = align(coll, nbytes, self.ranks, o.dtype)
+        samples = be.measure(coll, nbytes, o.dtype, o.iters, o.warmup, TimingMode.GRAPH, reps or o.reps)
+        wrong = be.check(coll, nbytes, o.dtype, seed=nbytes) if o.check and check else -1
+        us = [float(x) * 1e6 for x in samples]
+        return Sample(collective, nbytes, setting, median(us), us, int(wrong), self.noted(collective, nbytes))
+
+    def close(self):
+        for p in self._workdir.glob("*.csv"):
+            p.unlink()
+        self._workdir.rmdir()
+
+
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def _min():
+    from mpi4py import MPI
+
+    return MPI.MIN
+
+
+def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on_sample, on_setting) -> dict:
+    """Measure every setting of ``plan`` (collective -> settings, NCCL's default first) at ``sizes``.
+
+    One communicator per setting, for all the collectives it is a candidate of. A setting that
+    has been more than ``options.prune`` times slower than the best so far at two sizes in a row
+    is not measured at the larger sizes of that collective (``on_sample(None, ...)`` says so).
+    ``on_setting(k, total, setting, seconds, applied)`` after each; ``applied`` is False when the
+    plugin decided no call (NCCL ruled the setting out: what was measured is NCCL's choice).
+    Returns seconds per collective (measuring) and for making communicators."""
+    order = list(dict.fromkeys(s for settings in plan.values() for s in settings))
+    best: dict[tuple[str, int], float] = {}
+    seconds = {c: 0.0 for c in plan} | {"communicators": 0.0}
+    for k, setting in enumerate(order):
+        colls = [c for c in plan if setting in plan[c]]
+        t0 = time.perf_counter()
+        rows = None if setting.is_default else setting_table(setting, colls, session.ranks, session.nodes)
+        be = session.backend(rows, None if setting.is_default else session.min_ctas)
+        seconds["communicators"] += time.perf_counter() - t0
+        decided = session.decided()
+        try:
+            for coll in colls:
+                t0 = time.perf_counter()
+                losses = 0
+                for n in sizes:
+                    if losses >= 2:
+                        on_sample(None, coll, n, setting)
+                        continue
+                    s = session.measure(be, coll, n, setting.label)
+                    on_sample(s, coll, n, setting)
+                    key = (coll, n)
+                    if not setting.is_default and s.median_us > session.options.prune * best.get(key, float("inf")):
+                        losses += 1
+                    else:
+                        losses = 0
+                    best[key] = min(best.get(key, float("inf")), s.median_us)
+                seconds[coll] += time.perf_counter() - t0
+        finally:
+            t0 = time.perf_counter()
+            be.close()
+            seconds["communicators"] += time.perf_counter() - t0
+        # a setting NCCL ruled out everywhere (the plugin then keeps NCCL's choice) measured the default
+        applied = setting.is_default or session.decided() > decided
+        on_setting(k + 1, len(order), setting, seconds, applied)
+    return seconds
+
+
+def compare(session: Session, rows: list[Row], collectives: list[str], sizes: list[int], on_row,
+            rounds: int = 3) -> float:
+    """NCCL default against NCCL with the plugin and ``rows``, on two new communicators, size by
+    size: ``rounds`` rounds of replays of each, alternating which goes first, both checked on
+    random data; the medians over all rounds. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    default = session.backend(None, None)
+    tuned = session.backend(rows, session.min_ctas)
+    try:
+        for coll in collectives:
+            for n in sizes:
+                got: dict[str, list[Sample]] = {"default": [], "tuned": []}
+                for k in range(rounds):
+                    pair = [(default, "default"), (tuned, "tuned")]
+                    for be, name in (pair if k % 2 == 0 else pair[::-1]):
+                        got[name].append(session.measure(be, coll, n, name, check=k == 0))
+                d, t = got["default"], got["tuned"]
+                row = next((r for r in rows if r.covers(coll, d[0].bytes)), None)
+                setting = "default" if row is None else Setting(row.algorithm, row.protocol, row.channels).label
+                on_row(Compare(coll, d[0].bytes, setting, median([x for s in d for x in s.samples_us]),
+                               median([x for s in t for x in s.samples_us]), d[0].wrong, t[0].wrong,
+                               d[0].runs, t[0].runs))
+    finally:
+        default.close()
+        tuned.close()
+    return time.perf_counter() - t0

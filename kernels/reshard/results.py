@@ -1,0 +1,29 @@
+"""Resharding results for the report: the planned cases (strategies x solvers against
+the lower bound), the pipeline schedules, and executed plans (checked and timed)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from calibrate.records import Record
+
+
+@dataclass
+class ReshardResults(Record):
+    KIND = "reshard"
+    VERSION = 1
+    WHAT = "resharding results file"
+    FIX = "write one with python -m autotune reshard --results FILE"
+
+    profile: str
+    cases: list[dict] = field(default_factory=list)
+    pipelines: list[dict] = field(default_factory=list)
+    executed: list[dict] = field(default_factory=list)   # rows of kernels.reshard.harness.run_plans
+
+    def body(self) -> dict:
+        return {"profile": self.profile, "cases": self.cases, "pipelines": self.pipelines, "executed": self.executed}
+
+    @classmethod
+    def from_body(cls, d: dict, origin: str) -> "ReshardResults":
+        # files written before "executed" hold the GPU check's rows under "gpu"
+        return cls(d.get("profile", ""), d.get("cases", []), d.get("pipelines", []),
+                   d.get("executed", d.get("gpu", [])))

@@ -1,0 +1,61 @@
+"""Report section for executed plans (``python -m autotune execute --summarize DIR``'s
+summary.json): predicted against measured step time, communication time and
+memory per plan, with the Spearman rank correlation and the targets of issue 15."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from autotune.execute.result import SUMMARY_KIND, VERSION, format_targets
+from calibrate.records import load_record
+from reports.html import Section
+
+
+def _table(rows: list[dict]) -> pd.DataFrame:
+    def ms(x):
+        return float("nan") if x is None else x * 1e3
+
+    return pd.DataFrame([{
+        "plan": r["strategy"], "predicted step ms": ms(r["pred_step_s"]), "measured step ms": ms(r["step_s"]),
+        "predicted comm ms": ms(r["pred_comm_s"]), "measured comm ms": ms(r["comm_s"]),
+        "predicted GiB": (r["pred_memory_bytes"] or float("nan")) / 2**30,
+        "measured GiB": (r["memory_bytes"] or float("nan")) / 2**30,
+        "loss first": r["loss_first"], "loss last": r["loss_last"],
+    } for r in rows])
+
+
+def _scatter(rows: list[dict], pred: str, meas: str, what: str):
+    pts = [(r[pred] * 1e3, r[meas] * 1e3, r["strategy"]) for r in rows if r[pred] is not None and r[meas] is not None]
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts])
+    for x, y, name in pts:
+        ax.annotate(name[:24], (x, y), fontsize=6)
+    hi = max(max(p[0], p[1]) for p in pts) * 1.05
+    ax.plot([0, hi], [0, hi], lw=0.8, color="grey")
+    ax.set_xlabel(f"predicted {what} (ms)")
+    ax.set_ylabel(f"measured {what} (ms)")
+    return fig
+
+
+def build(paths: list[Path]) -> list[Section]:
+    out = []
+    for p in paths:
+        s = load_record(p, SUMMARY_KIND, VERSION, "execute summary", "run python -m autotune execute --summarize DIR")
+        c = s["cluster"]
+        sec = Section(f"Executed plans: {s['model'].get('name', '')} on {c['nodes']} x {c['gpus_per_node']} "
+                      f"{s['device']} ({s['backend']}, {s['dtype']})")
+        sec.text("Each plan's training step run for real (python -m autotune execute): measured step time, time in "
+                 "collectives (profiler) and peak memory per device beside the plan's predictions.")
+        sec.table(_table(s["rows"]), "predicted against measured, per plan")
+        for pred, meas, what in (("pred_step_s", "step_s", "step time"), ("pred_comm_s", "comm_s", "communication")):
+            fig = _scatter(s["rows"], pred, meas, what)
+            if fig is not None:
+                sec.figure(fig, f"{what}: measured against predicted (the line: equal)")
+        for line in format_targets(s["targets"]).splitlines():
+            sec.text(line)
+        out.append(sec)
+    return out

@@ -1,0 +1,68 @@
+"""python -m autotune execute and calibrate compute on bad input: one line naming the fix."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autotune.__main__ import main
+
+TINY = ["--layers", "1", "--hidden", "8", "--heads", "4", "--sequence", "4", "--vocabulary", "16", "--batch", "4",
+        "--micro-batch", "4", "--ffn", "32", "--budget", "50steps", "--compare", "none"]
+
+
+@pytest.fixture(scope="module")
+def plan4(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    assert main(["--nodes", "2", "--gpus-per-node", "2", *TINY, "--out", str(out)]) == 0
+    return out / "plan.json"
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_plan_for_another_mesh(plan4, capsys):
+    assert main(["execute", str(plan4)]) == 2  # one process launched, the plan wants 4
+    line = _err(capsys)
+    assert "4 devices but 1 processes" in line and "--nproc-per-node 4" in line
+
+
+def test_model_flags_that_differ_from_the_plan(plan4, capsys):
+    assert main(["execute", str(plan4), "--hidden", "16"]) == 2
+    line = _err(capsys)
+    assert "hidden 8" in line and "--hidden 16" in line
+    assert main(["execute", str(plan4), "--model", "mlp"]) == 2
+    assert "gpt model" in _err(capsys)
+
+
+def test_older_schema(plan4, tmp_path, capsys):
+    d = json.loads(plan4.read_text())
+    d["version"] = 0
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(d))
+    assert main(["execute", str(old)]) == 2
+    assert "re-run the search" in _err(capsys)
+
+
+def test_unknown_baseline(plan4, capsys):
+    assert main(["execute", str(plan4), "--which", "baseline:zero"]) == 2
+    assert "Megatron" in _err(capsys)
+
+
+def test_torch_missing_names_the_extra(plan4, tmp_path):
+    """Without torch (blocked here), execute and calibrate compute say how to install it."""
+    block = "import sys; sys.modules['torch'] = None; "
+    for call in (f"from autotune.__main__ import main; sys.exit(main(['execute', r'{plan4}']))",
+                 f"from calibrate.__main__ import main; sys.exit(main(['compute', '--out', r'{tmp_path / 'p.json'}']))"):
+        r = subprocess.run([sys.executable, "-c", block + call], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "pip install -e '.[torch]'" in lines[0], lines
+
+
+def test_summarize_without_results(tmp_path, capsys):
+    assert main(["execute", "--summarize", str(tmp_path)]) == 2
+    assert "no execute-" in _err(capsys)

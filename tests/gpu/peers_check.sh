@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GPU part "peers" (issue 19), on nvidia-h200-x2, one process per GPU:
+#   OUT=/path bash tests/gpu/peers_check.sh          (tests/gpu/run_all.sh runs it as part "peers")
+# 1. python -m kernels peers: the interpreter's tuned table, NCCL default, NCCL symmetric kernels on
+#    registered windows, torch SymmetricMemory one-shot / two-shot / reduce_scatter_out / low-contention
+#    (copy engines); allreduce, allgather, reducescatter 1 KiB..1 GiB; every result checked.
+# 2. Candidate tables (the two-shot allreduce) beside the shipped table and NCCL, own process.
+# 3. NCCL's environment sweep (channels 16/32/64 x LL/LL128/Simple), one process per setting.
+# 4. The merged table: NCCL's best setting and the best peer per size, our ratio, the targets.
+# 5. The tensor-parallel MLP step: the interpreter's allreduce against torch's NCCL allreduce.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-${1:-/tmp/peers-check}}
+PY=${PY:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+MPIRUN="mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x PYTHONPATH"
+SIZES=${PEERS_SIZES:---min-bytes 1K --max-bytes 1G --factor 4}
+mkdir -p "$OUT/nccl-sweep"
+
+t0=$(date +%s)
+# shellcheck disable=SC2086  # SIZES and MPIRUN are word lists
+timeout 150 $MPIRUN $PY -m kernels peers $SIZES --out "$OUT/peers.json" < /dev/null > "$OUT/peers.log" 2>&1
+echo "peers: exit $?, $(($(date +%s) - t0)) s"
+grep -E "^peer |WRONG" "$OUT/peers.log"
+
+# candidate tables (new paths: the selection may take one only after a run like this validated it),
+# in their own process beside the shipped table and NCCL, so that a failure cannot cost step 1
+t1=$(date +%s)
+# shellcheck disable=SC2086
+timeout 90 $MPIRUN $PY -m kernels peers --peers interp,nccl --collectives allreduce \
+  --candidates "${PEERS_CANDIDATES:-h200x2-twoshot}" $SIZES --out "$OUT/candidates.json" \
+  < /dev/null > "$OUT/candidates.log" 2>&1
+echo "candidates: exit $?, $(($(date +%s) - t1)) s"
+grep -E "^peer |WRONG" "$OUT/candidates.log"
+
+t1=$(date +%s)
+$PY -m kernels peers --nccl-settings | while read -r a b c label; do
+  name=${label//\//_}
+  # shellcheck disable=SC2086
+  env "$a" "$b" "$c" timeout 40 $MPIRUN -x NCCL_MIN_NCHANNELS -x NCCL_MAX_NCHANNELS -x NCCL_PROTO \
+    $PY -m kernels peers --peers nccl --label "$label" $SIZES --reps 5 \
+    --out "$OUT/nccl-sweep/$name.json" < /dev/null > "$OUT/nccl-sweep/$name.log" 2>&1
+  echo "nccl $label: exit $?"
+done
+echo "nccl sweep: $(($(date +%s) - t1)) s"
+
+records=()
+for f in "$OUT/peers.json" "$OUT/candidates.json" "$OUT"/nccl-sweep/*.json; do
+  [ -s "$f" ] && records+=("$f")
+done
+$PY -m kernels peers --merge "${records[@]}" --out "$OUT/peers-merged.json" > "$OUT/peers-table.txt" 2>&1
+echo "merge: exit $?"
+cat "$OUT/peers-table.txt"
+
+t2=$(date +%s)
+# shellcheck disable=SC2086
+timeout 90 $MPIRUN $PY -m kernels tp-mlp --out "$OUT/tp-mlp.json" < /dev/null > "$OUT/tp-mlp.log" 2>&1
+echo "tp-mlp: exit $?, $(($(date +%s) - t2)) s"
+tail -12 "$OUT/tp-mlp.log"
+echo "peers part: $(($(date +%s) - t0)) s in all"

@@ -1,0 +1,219 @@
+"""Host side of the peer benchmark (issue 19): the NCCL sweep, merging records, the best
+peer and our ratio, the targets, the reference result every peer is checked against,
+the NCCL library lookup. No GPU."""
+from __future__ import annotations
+
+import json
+import math
+import types
+
+import numpy as np
+import pytest
+
+from calibrate.errors import UserError
+from kernels.interp import gpudata, ncclx, peer_table, peers
+
+K, M, G = 1 << 10, 1 << 20, 1 << 30
+
+
+def row(peer, coll, nbytes, us, correct=True, error="", busbw=1.0, detail=""):
+    return {"collective": coll, "bytes": nbytes, "count": nbytes // 4, "dtype": "float32", "peer": peer,
+            "detail": detail, "calls_per_graph": 200, "us": us, "busbw_gbs": busbw, "correct": correct,
+            "max_rel_err": 0.0, "error": error}
+
+
+def record(rows, peers_=None):
+    r = peers.record_header("2 x H200", 2, "float32", "h200x2")
+    r["rows"], r["peers"] = rows, peers_ or {}
+    return r
+
+
+def test_nccl_sweep_is_channels_by_protocols():
+    s = peer_table.nccl_settings()
+    assert len(s) == 9
+    assert ("NCCL_MIN_NCHANNELS=64 NCCL_MAX_NCHANNELS=64 NCCL_PROTO=LL128", "ch64/LL128") in s
+    assert len({label for _, label in s}) == 9
+
+
+def test_summary_best_peer_nccl_best_setting_and_ratio():
+    rows = [row("interp", "allreduce", K, 3.0), row("nccl", "allreduce", K, 6.0),
+            row("nccl[ch64/LL]", "allreduce", K, 5.0), row("nccl[ch16/Simple]", "allreduce", K, 9.0),
+            row("torch-oneshot", "allreduce", K, 4.5), row("nccl-symm", "allreduce", K, 4.0),
+            row("torch-twoshot", "allreduce", K, 1.0, correct=False),   # wrong: never the best peer
+            row("interp", "allreduce", M, 12.0), row("torch-twoshot", "allreduce", M, 10.0)]
+    s = {x["bytes"]: x for x in peer_table.summarize(rows)}
+    assert s[K]["nccl_best"] == "nccl[ch64/LL]" and s[K]["nccl_best_us"] == 5.0
+    assert s[K]["best_peer"] == "nccl-symm" and s[K]["ratio"] == pytest.approx(4.0 / 3.0)
+    assert s[K]["failed"] == ["torch-twoshot"]
+    assert s[M]["best_peer"] == "torch-twoshot" and s[M]["ratio"] == pytest.approx(10 / 12)
+    assert s[M]["nccl_best"] == "" and s[M]["nccl_best_us"] is None
+
+
+def test_summary_orders_collectives_then_sizes_and_survives_missing_interp():
+    rows = [row("nccl", "reducescatter", K, 5.0), row("nccl", "allreduce", M, 5.0), row("nccl", "allreduce", K, 5.0)]
+    s = peer_table.summarize(rows)
+    assert [(x["collective"], x["bytes"]) for x in s] == [("allreduce", K), ("allreduce", M), ("reducescatter", K)]
+    assert all(x["ratio"] is None for x in s)
+    assert "-" in peer_table.table(s)
+
+
+def test_targets_met_and_missed():
+    rows = [row("interp", "allreduce", K, 2.0), row("nccl", "allreduce", K, 4.0),      # 2.0x, 2.0 us
+            row("interp", "allreduce", 64 * K, 4.0), row("nccl", "allreduce", 64 * K, 5.0),   # 1.25x: < 1.5
+            row("interp", "allreduce", G, 2900.0, busbw=370.5), row("nccl", "allreduce", G, 2800.0)]  # 0.97x
+    t = {x["target"]: x for x in peer_table.targets(peer_table.summarize(rows))}
+    assert not t["allreduce: >= 1.0x the best peer at every size"]["met"]
+    assert "1 GiB" in t["allreduce: >= 1.0x the best peer at every size"]["value"]
+    assert not t["allreduce: >= 1.5x the best peer from 1 KiB to 64 KiB"]["met"]
+    assert t["allreduce <= 2.5 us at 1 KiB"]["met"]
+    assert t["allreduce >= 370 GB/s busbw at 1 GiB"]["met"]
+    assert "MISSED" in peer_table.targets_text(list(t.values()))
+
+
+def test_merge_keeps_first_of_duplicates_and_all_peers(tmp_path):
+    a = record([row("interp", "allreduce", K, 3.0), row("nccl", "allreduce", K, 6.0)],
+               {"interp": {"available": True, "reason": ""}})
+    b = record([row("nccl[ch64/LL]", "allreduce", K, 5.0), row("nccl", "allreduce", K, 99.0)],
+               {"nccl[ch64/LL]": {"available": True, "reason": ""}})
+    for name, rec in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps(rec))
+    m = peer_table.merge([peer_table.load(tmp_path / "a.json"), peer_table.load(tmp_path / "b.json")])
+    assert len(m["rows"]) == 3 and set(m["peers"]) == {"interp", "nccl[ch64/LL]"}
+    assert next(r for r in m["rows"] if r["peer"] == "nccl")["us"] == 6.0
+    out = tmp_path / "m.json"
+    assert peers.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["kind"] == "commtune.interp-peers" and merged["summary"][0]["best_peer"] == "nccl[ch64/LL]"
+
+
+def test_load_refuses_other_records(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"kind": "kernels-bench", "version": 1}))
+    with pytest.raises(UserError, match="is not a peer record"):
+        peer_table.load(p)
+    with pytest.raises(UserError, match="does not exist"):
+        peer_table.load(tmp_path / "missing.json")
+
+
+def test_failures_count_wrong_results_and_interp_errors_only():
+    rows = [row("torch-twoshot", "allreduce", K, math.nan, correct=False, error="RuntimeError: size"),
+            row("nccl", "allreduce", K, 5.0)]
+    assert peer_table.failures(rows) == []
+    rows.append(row("nccl-symm", "allreduce", K, math.nan, correct=False))
+    rows.append(row("interp", "allreduce", M, math.nan, correct=False, error="UserError: x"))
+    assert [r["peer"] for r in peer_table.failures(rows)] == ["nccl-symm", "interp"]
+
+
+def test_bad_peer_and_collective_names_are_user_errors():
+    with pytest.raises(UserError, match="unknown peer bogus"):
+        peers._parse_list("interp,bogus", ("interp", "nccl"), "peer")
+    with pytest.raises(UserError, match=r"\(none\)"):
+        peers._parse_list(" , ", ("interp",), "peer")
+
+
+def test_human_sizes():
+    assert [peer_table.human(x) for x in (K, 64 * K, M, G, 1000)] == ["1 KiB", "64 KiB", "1 MiB", "1 GiB", "1000 B"]
+
+
+# ---- the reference every peer is checked against (numpy standing in for cupy) ----
+
+class _RandomState:
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def standard_normal(self, n, dtype):
+        return self.rng.standard_normal(n, dtype=dtype)
+
+
+NP = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("_")})
+NP.random = types.SimpleNamespace(RandomState=_RandomState)
+
+
+def _inputs(dtype, n, nranks, seed):
+    out = []
+    for r in range(nranks):
+        x = gpudata.empty(NP, dtype, n)
+        gpudata.fill_random(NP, x, dtype, seed + 7919 * r)
+        out.append(gpudata.as_float(NP, x, dtype))
+    return out
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reference_allreduce_reducescatter_allgather(nranks, dtype):
+    count = 48
+    xs = _inputs(dtype, count * nranks, nranks, 5)
+    mine, want, _ = gpudata.reference(NP, "reducescatter", dtype, count, 1, nranks, 5)
+    assert np.array_equal(gpudata.as_float(NP, mine, dtype), xs[1])
+    expect = sum(x[count:2 * count].astype(np.float64) for x in xs)
+    assert np.allclose(want, expect, rtol=1e-6, atol=1e-6)
+    xs = _inputs(dtype, count, nranks, 9)
+    _, want, _ = gpudata.reference(NP, "allgather", dtype, count, 0, nranks, 9)
+    assert np.array_equal(want, np.concatenate(xs))
+    _, want, scale = gpudata.reference(NP, "allreduce", dtype, count, 0, nranks, 9)
+    assert np.allclose(want, sum(xs), rtol=1e-6) and np.all(scale >= np.abs(want))
+
+
+def test_compare_float_catches_one_wrong_or_unwritten_element():
+    _, want, scale = gpudata.reference(NP, "allreduce", "float32", 64, 0, 2, 3)
+    got = want.astype(np.float32).view(np.uint32).copy()
+    assert gpudata.compare_float(NP, got, want, scale, "float32", 2)[0]
+    bad = got.copy()
+    bad.view(np.float32)[17] += 1e-3
+    assert not gpudata.compare_float(NP, bad, want, scale, "float32", 2)[0]
+    bad = got.copy()
+    bad[5] = gpudata.POISON["float32"]
+    assert not gpudata.compare_float(NP, bad, want, scale, "float32", 2)[0]
+
+
+def test_compare_float_bf16_rounding_passes():
+    _, want, scale = gpudata.reference(NP, "allreduce", "bfloat16", 256, 0, 2, 4)
+    bits = want.astype(np.float32).view(np.uint32)
+    got = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)   # round to nearest even
+    assert gpudata.compare_float(NP, got, want, scale, "bfloat16", 2)[0]
+
+
+# ---- NCCL through ctypes ----
+
+def test_mapped_library_from_proc_maps():
+    maps = ("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n"
+            "7f10-7f20 r-xp 00000000 08:01 2 /venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2\n")
+    assert ncclx.mapped_library(maps).endswith("nvidia/nccl/lib/libnccl.so.2")
+    assert ncclx.mapped_library("7f00-7f01 r-xp 0 0 0 /usr/lib/libncclnet.so\n") == ""
+    assert ncclx.mapped_library("") == ""
+
+
+def test_version_text():
+    assert ncclx.version_text(22809) == "2.28.9"
+    assert ncclx.version_text(22700) == "2.27.0"
+
+
+def test_candidate_tables_are_ours_not_peers():
+    rows = [row("interp", "allreduce", M, 12.0), row("interp[h200x2-twoshot]", "allreduce", M, 8.0),
+            row("torch-twoshot", "allreduce", M, 10.0)]
+    s = peer_table.summarize(rows)[0]
+    assert s["best_peer"] == "torch-twoshot" and s["ratio"] == pytest.approx(10 / 12)
+    assert s["best_ours"] == "interp[h200x2-twoshot]" and s["best_ours_ratio"] == pytest.approx(10 / 8)
+    assert "interp[h200x2-twoshot]" in peer_table.table([s])
+
+
+def test_twoshot_program_for_any_rank_count_is_correct_and_packs():
+    from kernels.gc3.executor import check_program
+    from kernels.gc3.xml_io import read_xml
+    from kernels.interp import pack
+    from kernels.interp.preset import PROGRAM_DIR, load_preset
+    from kernels.interp.twoshot import twoshot_allreduce
+
+    for n in (2, 3, 4, 8):
+        prog = twoshot_allreduce(n)
+        for slots in (1, 2):
+            check_program(prog, seeds=4, fifo_slots=slots)
+        for r in range(n):
+            pk = pack.pack(prog, r, n)
+            assert pk.ntb == 4 * n - 5 and max(pk.chan) == 1
+    shipped = read_xml(PROGRAM_DIR / "twoshot_allreduce_2r.xml")
+    assert shipped.gpus == twoshot_allreduce(2).gpus
+    cand = load_preset("h200x2-twoshot")
+    assert {e.program for e in cand.entries} == {"twoshot_allreduce_2r.xml"}
+    with pytest.raises(UserError, match="at least 2 ranks"):
+        twoshot_allreduce(1)
