@@ -16,7 +16,9 @@ from kernels.gc3.executor import check_program
 from kernels.gc3.interop import msccl_dir
 from kernels.gc3.ir import Buffer, Gpu, Program, Protocol, Step, StepType, ThreadBlock
 from kernels.gc3.xml_io import read_xml
+from calibrate.sizes import parse_size, sweep
 from kernels.interp import bench, pack
+from kernels.interp.records import BenchRecord
 from kernels.interp.layout import LINE_BYTES, Layout
 from kernels.interp.preset import PROGRAM_DIR, Entry, Fifo, Preset, load_preset
 from kernels.interp.select import choose
@@ -215,12 +217,12 @@ def test_preset_round_trip_and_errors(tmp_path):
 
 
 def test_bench_sizes_and_counts():
-    assert bench.sizes(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1 << 20]
-    assert bench.parse_size("1G") == 1 << 30 and bench.parse_size("64K") == 65536
+    assert sweep(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1 << 20]
+    assert parse_size("1G") == 1 << 30 and parse_size("64K") == 65536
     assert bench.count_for("allgather", 1 << 20, 4, 2) == 1 << 17
     assert bench.count_for("allreduce", 1 << 20, 4, 2) == 1 << 18
     with pytest.raises(UserError):
-        bench.sizes(0, 10, 2)
+        sweep(0, 10, 2)
 
 
 def test_report_section(tmp_path):
@@ -231,7 +233,7 @@ def test_report_section(tmp_path):
              "nccl_busbw_gbs": 0.9, "speedup": (6.0 + i) / 5.0, "correct": True, "max_rel_err": 0.0}
             for c in ("allreduce", "allgather") for i, b in enumerate((1024, 4096))]
     (tmp_path / "bench.json").write_text(json.dumps(bench.result_json(rows, "H200", 2, "h200x2")))
-    secs = builder(bench.RESULT_KIND)([tmp_path])
+    secs = builder(BenchRecord.KIND)([tmp_path])
     out = write_report(tmp_path / "r.html", "t", secs)
     text = out.read_text()
     assert "<svg" in text and "speedup" in text
