@@ -24,7 +24,7 @@ from kernels.gc3.xml_io import read_xml
 
 from kernels.interp import pack
 from kernels.interp.layout import Layout
-from kernels.interp.preset import DEFAULT_PRESET, Entry, Preset, load_preset
+from kernels.interp.preset import DEFAULT_PRESET, Entry, Preset, fifo_for, load_preset
 from kernels.interp.select import Choice, choose
 
 SOURCE = Path(__file__).with_name("interp.cu")
@@ -123,6 +123,7 @@ class Communicator:
         st = self._states.get(key)
         if st is not None:
             return st
+        fifo_for(self.preset, protocol)
         cp = self.cp
         packed = self._packed[id(program)]
         grid = packed.ntb * split
@@ -158,6 +159,7 @@ class Communicator:
         if id(program) not in self._packed:
             raise UserError(f"program {program.name!r} is not loaded; call load() first")
         pack.check_request(program, dtype, op, protocol)
+        fifo_for(self.preset, protocol)
         if not 1 <= split <= self.preset.max_split:
             raise UserError(f"split {split} outside 1..{self.preset.max_split}; pick one in range")
         chunk = pack.chunk_elems(program, count, self.nranks)
@@ -255,7 +257,7 @@ class Communicator:
         scratch_bytes = pack.scratch_elems(packed, c.chunk) * esize
         self._ensure_scratch(scratch_bytes)
         st = self._state(program, c.protocol, c.split, dtype)
-        fifo = self.preset.fifo[c.protocol]
+        fifo = fifo_for(self.preset, c.protocol)
         tile = pack.tile_elems(c.protocol, fifo.slot_bytes, esize, packed.max_cnt, c.entry.tile_bytes)
         scratch = self._scratch.data.ptr if self._scratch is not None else 0
         args = pack.params(st.image, st.gimg.data.ptr if st.gimg is not None else 0, (sptr, rptr, scratch),
