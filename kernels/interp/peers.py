@@ -149,8 +149,13 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
         for p in reversed(peers):
             p.close()
         ctx.interp.close()
-        if ctx._torch_group is not None:
+        if ctx._torch_group is not None:   # symmetric tensors freed while their group still exists
+            import torch
             import torch.distributed as dist
+
+            ctx.extra.clear()
+            torch.cuda.synchronize()
+            world.Barrier()
             dist.destroy_process_group()
     if world.rank == 0:
         print(peer_table.table(peer_table.summarize(record["rows"])))
