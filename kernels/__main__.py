@@ -17,7 +17,7 @@ from calibrate.cli import dispatch
 SUBCOMMANDS = {
     "compile": "kernels.gc3.cli:compile_main",
     "check": "kernels.gc3.cli:check_main",
-    "bench": "kernels.interp.bench:main",
+    "bench": "kernels.interp.cli:main",
     "peers": "kernels.interp.peers:main",
     "tp-mlp": "kernels.interp.tp_mlp:main",
     "reshard": "kernels.reshard.cli:main",

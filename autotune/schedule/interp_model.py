@@ -32,7 +32,7 @@ The per-protocol terms are linear in (launch_us, tile_us, 1 / block_gbs, grid_bl
 hop_us is one more column where the samples include programs of several hops: ``fit`` solves
 them by non-negative least squares on relative error. The shipped parameters
 (presets/interp_model.json) are fitted on the interpreter's forced-configuration sweep named
-in their provenance (tests/gpu/interp_tune.py --sweep model, 2 x H200; see
+in their provenance (python -m kernels bench --sweep model, 2 x H200; see
 reports/records/schedule.md), a different run from any schedule tuning, so ranking a
 schedule run's measured candidates with them uses none of that run's measurements.
 Where a sweep has only one-hop programs, ``hop_us`` is the one-block LL allreduce ceiling less
@@ -277,7 +277,7 @@ def fit(samples: list[Sample], fifo: dict[Protocol, Fifo], esize: int, links: Li
 
 
 def load_tune_record(path: str | Path) -> dict:
-    """An interpreter sweep record (kind interp-tune, written by tests/gpu/interp_tune.py)."""
+    """An interpreter sweep record (kind interp-tune, written by python -m kernels bench --sweep)."""
     data = read_json(path, "interpreter sweep record", "give reports/records/interp_tune_*.json")
     if not isinstance(data, dict) or data.get("kind") != TUNE_KIND:
         raise UserError(f"{path} is not an interpreter sweep record (kind {TUNE_KIND!r}); give "

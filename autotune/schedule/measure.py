@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import statistics
 
+from calibrate.device.gpu import device_name as gpu_name
+from calibrate.device.gpu import select_gpu
 from calibrate.errors import UserError
 from kernels.interp import bench, pack
 from kernels.interp.select import choose
@@ -30,7 +32,7 @@ def gpu_world(ranks: int):
     except ImportError:
         return None, None, "cupy is not installed (no GPU here)"
     try:
-        n = cp.cuda.runtime.getDeviceCount()
+        cp.cuda.runtime.getDeviceCount()
     except Exception as e:  # cupy raises its CUDA runtime error when there is no driver or device
         return None, None, f"no usable GPU ({e})"
     from mpi4py import MPI
@@ -40,15 +42,12 @@ def gpu_world(ranks: int):
         return None, None, f"this is one process; run under mpirun -np {ranks}, one process per GPU, to measure"
     if world.size != ranks:
         raise UserError(f"running as {world.size} MPI processes but --gpus is {ranks}; start mpirun -np {ranks}")
-    local = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-    if n <= local:
-        raise UserError(f"local rank {local} has no GPU ({n} visible); start one process per GPU")
-    cp.cuda.Device(local).use()
+    select_gpu(world, needs="measuring candidates", fallback="run it on a GPU machine")
     return world, cp, None
 
 
 def device_name(cp) -> str:
-    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    return gpu_name(cp, cp.cuda.Device().id)
 
 
 def load_programs(comm, built: list[Built]) -> None:

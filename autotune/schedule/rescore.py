@@ -27,7 +27,7 @@ from autotune.schedule.model import Model
 from autotune.schedule.result import TuneResult
 from autotune.schedule.space import build_candidate
 
-ONE_HOP_CEILING = "one-shot LL allreduce"   # tests/gpu/interp_tune.py's ceiling names (prefixes)
+ONE_HOP_CEILING = "one-shot LL allreduce"   # kernels.interp.sweep ceiling names (prefixes)
 GRAPH_NODE_CEILING = "graph kernel node"
 
 
@@ -74,7 +74,7 @@ def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4) -> i
     samples = interp_model.tune_samples(record, preset.threads)
     one_hop, node = _ceiling_us(record, ONE_HOP_CEILING, 1024), _ceiling_us(record, GRAPH_NODE_CEILING, 0)
     provenance = {"source": path, "measured": f"{record.get('date', '?')} on {record.get('device', '?')}, "
-                                              f"tests/gpu/interp_tune.py (reports/records/interp.md)",
+                                              f"python -m kernels bench --sweep (reports/records/interp.md)",
                   "fitted": _dt.date.today().isoformat(),
                   "command": f"python -m autotune schedule --fit-model {path}",
                   "samples": len(samples), "profile": profile.name,
@@ -93,7 +93,7 @@ def _ceiling_us(record: dict, prefix: str, nbytes: int) -> float:
             if str(c.get("ceiling", "")).startswith(prefix) and int(c.get("bytes", -1)) == nbytes:
                 return float(c["us"])
     raise UserError(f"the interpreter sweep record has no ceiling {prefix!r} at {nbytes} bytes (it sets hop_us); "
-                    f"record a sweep with tests/gpu/interp_tune.py, which measures it")
+                    f"record a sweep with python -m kernels bench --sweep model, which measures it")
 
 
 def fit_report(path: str, profile: Profile, preset: Preset) -> str:

@@ -200,10 +200,10 @@ def enumerate_candidates(space: SearchSpace, collective: str, ranks: int, nodes:
     notes: list[str] = []
     protocols = []
     for p in space.protocols:
-        if Protocol(p) in pack.PROTOCOLS:
+        if Protocol(p) in pack.VALIDATED_PROTOCOLS:
             protocols.append(p)
         else:
-            notes.append(f"protocol {p} skipped: the interpreter does not implement it")
+            notes.append(f"protocol {p} skipped: not yet validated on GPUs in the interpreter")
     built = []
     for alg, source, ch, inst, program in _programs(space, collective, ranks, nodes, notes):
         for proto in protocols:

@@ -1,51 +1,26 @@
-"""``python -m kernels bench``: the interpreter and NCCL side by side, under
-``mpirun -np N`` (one process per GPU).
+"""The interpreter and NCCL side by side (``python -m kernels bench``; the command is
+``kernels.interp.cli``), under ``mpirun -np N`` (one process per GPU).
 
 For each collective and size (nccl-tests' "size": the whole buffer) both run on
 the same buffers, each as a CUDA graph of N calls timed with CUDA events,
 interleaved replay by replay; before timing, each result is checked against
-NCCL's on fresh random data with the outputs poisoned. Prints an
-nccl-tests-style table with a speedup column and writes ``bench.json``
-(kind ``kernels-bench``) for the report.
+NCCL's on fresh random data with the outputs poisoned. ``table`` is an
+nccl-tests-style table with a speedup column; ``records.BenchRecord`` the result.
 """
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
-import json
 import statistics
 import sys
-from pathlib import Path
 
-from calibrate.cli import command_parser
 from calibrate.collectives import Collective, busbw_factor
+from calibrate.device.timing import capture, time_graphs
 from calibrate.errors import UserError
+from calibrate.sizes import sweep
 
 from kernels.interp import gpudata, pack
-from kernels.interp.preset import DEFAULT_PRESET
+from kernels.interp.records import BenchRecord
 
-RESULT_KIND = "kernels-bench"
-RESULT_VERSION = 1
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().rstrip("B")
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}; write e.g. 1K, 64M, 1G") from None
-
-
-def sizes(lo: int, hi: int, factor: int) -> list[int]:
-    if lo <= 0 or hi < lo or factor < 2:
-        raise UserError(f"sizes {lo}..{hi} by x{factor}: need 0 < min <= max and factor >= 2")
-    out, s = [], lo
-    while s <= hi:
-        out.append(s)
-        s *= factor
-    return out
 
 
 def count_for(collective: str, nbytes: int, esize: int, nranks: int) -> int:
@@ -57,21 +32,6 @@ def count_for(collective: str, nbytes: int, esize: int, nranks: int) -> int:
 def ncalls_for(nbytes: int) -> int:
     """Calls per graph: about 20 ms of work per replay at large sizes, 200 calls at small ones."""
     return int(min(200, max(5, (20e-3 * 300e9) // max(nbytes, 1))))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = command_parser("python -m kernels bench", __doc__.split("\n\n")[0])
-    p.add_argument("--collectives", default=",".join(COLLECTIVES),
-                   help="comma-separated, from " + ", ".join(COLLECTIVES))
-    p.add_argument("--min-bytes", type=parse_size, default=1 << 10, help="smallest size (default 1K)")
-    p.add_argument("--max-bytes", type=parse_size, default=1 << 30, help="largest size (default 1G)")
-    p.add_argument("--factor", type=int, default=4, help="size step factor (default 4)")
-    p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES))
-    p.add_argument("--preset", default=DEFAULT_PRESET, help="interpreter preset name or JSON path")
-    p.add_argument("--reps", type=int, default=7, help="timed graph replays per side (median taken)")
-    p.add_argument("--out", default="", help="directory for bench.json (default: none written)")
-    p.add_argument("--explain", action="store_true", help="print which program ran for each size and why")
-    return p
 
 
 def run(args, comm) -> list[dict]:
@@ -86,7 +46,7 @@ def run(args, comm) -> list[dict]:
     stream = cp.cuda.Stream(non_blocking=True)
     rows = []
     for coll in colls:
-        for nbytes in sizes(args.min_bytes, args.max_bytes, args.factor):
+        for nbytes in sweep(args.min_bytes, args.max_bytes, args.factor):
             count = count_for(coll, nbytes, esize, nranks)
             if count == 0:
                 continue
@@ -96,7 +56,7 @@ def run(args, comm) -> list[dict]:
             row = measure(comm, coll, nbytes, dtype, choice, args.reps, stream)
             rows.append(row)
             if rank == 0:
-                print(_line(row), file=sys.stderr, flush=True)
+                print(line(row), file=sys.stderr, flush=True)
     return rows
 
 
@@ -117,17 +77,17 @@ def measure(comm, coll: str, nbytes: int, dtype: str, choice, reps: int, stream)
         comm.collective(coll, send, ours, count, dtype, stream=stream, choice=choice)
         comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count, dtype, stream)
     stream.synchronize()
-    ok, err = gpudata.compare(cp, ours, ref, dtype, out_n)
+    ok, err = gpudata.compare(cp, ours, ref, dtype, out_n, nranks)
     ok = bool(comm.mpi.allreduce(int(ok), op=_mpi_min()))
     n = ncalls_for(nbytes)
     with stream:
         graphs = {
-            "interp": gpudata.capture(stream, lambda s: comm.collective(coll, send, ours, count, dtype,
-                                                                         stream=s, choice=choice), n),
-            "nccl": gpudata.capture(stream, lambda s: comm.nccl_collective(coll, send.data.ptr, ref.data.ptr,
-                                                                           count, dtype, s), n),
+            "interp": capture(stream, lambda s: comm.collective(coll, send, ours, count, dtype, stream=s,
+                                                                choice=choice), n),
+            "nccl": capture(stream, lambda s: comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count,
+                                                                   dtype, s), n),
         }
-    times = gpudata.time_graphs(cp, comm.mpi, stream, graphs, n, reps)
+    times = time_graphs(cp, stream, graphs, n, reps, comm.mpi.Barrier)
     t_i, t_n = statistics.median(times["interp"]), statistics.median(times["nccl"])
     t_i, t_n = comm.mpi.allreduce(t_i, op=_mpi_max()), comm.mpi.allreduce(t_n, op=_mpi_max())
     f = busbw_factor(Collective.parse(coll), nranks)
@@ -156,48 +116,15 @@ HEADER = (f"{'collective':>13} {'bytes':>11} {'program':>24} {'proto':>6} {'spli
           f"{'nccl us':>9} {'interp GB/s':>11} {'nccl GB/s':>9} {'speedup':>7} {'ok':>3}")
 
 
-def _line(r: dict) -> str:
+def line(r: dict) -> str:
     return (f"{r['collective']:>13} {r['bytes']:>11} {r['program']:>24} {r['protocol']:>6} {r['split']:>5} "
             f"{r['interp_us']:>10.2f} {r['nccl_us']:>9.2f} {r['interp_busbw_gbs']:>11.1f} "
             f"{r['nccl_busbw_gbs']:>9.1f} {r['speedup']:>7.2f} {'yes' if r['correct'] else 'NO':>3}")
 
 
 def table(rows: list[dict]) -> str:
-    return "\n".join([HEADER] + [_line(r) for r in rows])
+    return "\n".join([HEADER] + [line(r) for r in rows])
 
 
 def result_json(rows: list[dict], device: str, nranks: int, preset: str) -> dict:
-    return {"kind": RESULT_KIND, "version": RESULT_VERSION,
-            "date": _dt.date.today().isoformat(), "device": device, "nranks": nranks, "preset": preset,
-            "timing": "CUDA graph of N calls per side, CUDA events, median of replays, max over ranks",
-            "rows": rows}
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        from mpi4py import MPI
-        import cupy as cp
-    except ImportError as e:
-        raise UserError(f"the benchmark needs cupy and mpi4py on a GPU machine ({e}); run it there under "
-                        f"mpirun -np 2") from None
-    from kernels.interp.runtime import Communicator
-
-    world = MPI.COMM_WORLD
-    local = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-    if cp.cuda.runtime.getDeviceCount() <= local:
-        raise UserError(f"local rank {local} has no GPU ({cp.cuda.runtime.getDeviceCount()} visible); start one "
-                        f"process per GPU")
-    cp.cuda.Device(local).use()
-    comm = Communicator(world, args.preset)
-    rows = run(args, comm)
-    if world.rank == 0:
-        device = cp.cuda.runtime.getDeviceProperties(local)["name"].decode()
-        print(table(rows))
-        if args.out:
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "bench.json").write_text(json.dumps(result_json(rows, device, world.size, args.preset),
-                                                       indent=1))
-    comm.close()
-    return 0 if all(r["correct"] for r in rows) else 1
+    return BenchRecord(device, nranks, preset, rows).to_dict()

@@ -1,5 +1,5 @@
 """GPU-side helpers shared by the benchmark and the GPU check: fresh random data,
-poisoned outputs, comparison with NCCL's result, CUDA-graph timing."""
+poisoned outputs, comparison with NCCL's result (timing: ``calibrate.device.timing``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,6 @@ from calibrate.device.dtypes import tolerance
 
 POISON = {"float32": 0xFFFFFFFF, "bfloat16": 0xFFFF, "float16": 0xFFFF}   # NaN bit patterns
 STORAGE = {"float32": "uint32", "bfloat16": "uint16", "float16": "uint16"}
-RTOL = {"float32": 1e-6, "bfloat16": 1e-2, "float16": 1e-3}
 
 
 def empty(cp, dtype: str, n: int):
@@ -41,41 +40,15 @@ def as_float(cp, buf, dtype: str):
     return (buf.astype(cp.uint32) << 16).view(cp.float32)
 
 
-def compare(cp, got, want, dtype: str, n: int) -> tuple[bool, float]:
-    """(equal within rounding and fully written, max relative error) over the first ``n`` elements."""
+def compare(cp, got, want, dtype: str, n: int, nranks: int) -> tuple[bool, float]:
+    """(equal within rounding of a sum over ``nranks`` and fully written, max relative error) over the
+    first ``n`` elements."""
     g, w = as_float(cp, got[:n], dtype), as_float(cp, want[:n], dtype)
     if not bool(cp.isfinite(w).all()):
         return False, float("nan")
     err = cp.abs(g - w) / (cp.abs(w) + 1e-3)
-    bad = ~cp.isfinite(g) | (err > RTOL[dtype])
+    bad = ~cp.isfinite(g) | (err > tolerance(dtype, nranks))
     return not bool(bad.any()), float(cp.nan_to_num(err, nan=np.inf).max()) if n else 0.0
-
-
-def capture(stream, call, ncalls: int):
-    """``ncalls`` calls of ``call(stream)`` captured in one CUDA graph, replayed once to warm up."""
-    stream.begin_capture()
-    for _ in range(ncalls):
-        call(stream)
-    graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    return graph
-
-
-def time_graphs(cp, mpi_comm, stream, graphs: dict, ncalls: int, reps: int) -> dict[str, list[float]]:
-    """Seconds per call of each graph, replayed ``reps`` times in turn (interleaved, so that
-    both sides see the same machine state), each replay timed with CUDA events."""
-    out: dict[str, list[float]] = {k: [] for k in graphs}
-    for _ in range(reps):
-        for name, graph in graphs.items():
-            mpi_comm.Barrier()
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record(stream)
-            graph.launch(stream)
-            e1.record(stream)
-            e1.synchronize()
-            out[name].append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / ncalls)
-    return out
 
 
 def view(cp, ptr: int, n: int, dtype: str, owner=None):

@@ -16,6 +16,8 @@
 //           memory) at system scope; the receiver acquires `tail`, reads.
 //   LL:     16-byte lines {data0, flag, data1, flag}; the flag is the slot's
 //           sequence number, so the receiver polls the line itself.
+//   LL128:  128-byte lines of 120 data bytes and a 64-bit flag, each written and
+//           read by 8 threads in one instruction (see pass_ll128).
 // Both: the receiver releases `head` (in the sender's memory) once a slot is
 // consumed; the sender waits for head >= seq + 1 - nslots before reusing it.
 // Each end of a connection has one line in its rank's memory holding its
@@ -45,6 +47,7 @@ typedef unsigned int u32;
 
 #define PROTO_SIMPLE 0
 #define PROTO_LL 1
+#define PROTO_LL128 2
 
 // The launch's parameters (one struct passed by value, __grid_constant__, so the
 // program image sits in the constant bank) and the program image, built by
@@ -132,6 +135,10 @@ __device__ __forceinline__ uint4 ld_ll(const uint4* p) {
   asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ void st_16(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
 }
 __device__ __forceinline__ void st_ll(uint4* p, u32 d0, u32 d1, u32 flag) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(d0), "r"(flag), "r"(d1),
@@ -308,6 +315,99 @@ __device__ void pass_ll(const T* a, const uint4* fin, u32 fin_flag, const T* b, 
   }
 }
 
+// ---- LL128: 128-byte lines of 120 data bytes (15 u64 words) and a u64 flag ----
+// The 8 threads of a line (lanes 8i..8i+7 of a warp) load or store it with one
+// instruction, 16 bytes each, so NVLink carries it as one 128-byte access: a
+// reader that sees the flag (the last word, thread 7's) sees the whole line. NCCL's
+// LL128 relies on the same property of NVLink. Thread t holds words 2t and 2t+1 of
+// its line; thread 7 holds word 14 and the flag (the slot's sequence number + 1).
+// A warp handles 4 lines per round, LL128_U rounds at once; a warp whose lines are not
+// all flagged reloads all of them, so every line's data comes from the load that saw
+// its flag.
+#define LL128_U 2
+template <typename T, bool AF, bool HB, bool HO1, bool HO2>
+__device__ void pass_ll128(const T* a, const uint4* fin, u64 fin_flag, const T* b, T* o1, const LLSend& out,
+                           i64 n) {
+  const i64 nwords = (n * (i64)sizeof(T) + 7) / 8;
+  const i64 nlines = (nwords + 14) / 15;
+  const int lane = threadIdx.x & 31, t = lane & 7;
+  const bool flagger = t == 7;
+  const i64 stride = (i64)(blockDim.x >> 5) * 4;   // lines per round of the block
+  for (i64 base = (i64)(threadIdx.x >> 5) * 4; base < nlines; base += stride * LL128_U) {   // warp-uniform
+    uint2 v[LL128_U][2], w[LL128_U][2];
+    uint4 line[LL128_U];
+#pragma unroll
+    for (int u = 0; u < LL128_U; ++u) {
+      v[u][0] = v[u][1] = w[u][0] = w[u][1] = make_uint2(0, 0);
+      line[u] = make_uint4(0, 0, 0, 0);
+      const i64 l = base + u * stride + (lane >> 3), w0 = l * 15 + 2 * t;
+      if (l < nlines) {
+        if (HB) {
+          w[u][0] = load8<T>(b, w0, n);
+          if (!flagger) w[u][1] = load8<T>(b, w0 + 1, n);
+        }
+        if (AF) {
+          line[u] = ld_ll(fin + l * 8 + t);
+        } else {
+          v[u][0] = load8<T>(a, w0, n);
+          if (!flagger) v[u][1] = load8<T>(a, w0 + 1, n);
+        }
+      }
+    }
+    uint4* fout = nullptr;
+    u64 fout_flag = 0;
+    if (HO2) {
+      const u64 seq = pinned(out.seq);   // first used after the loads above are issued
+      while (*out.seen + out.slot_mask + 1 < seq + 1) *out.seen = ld_relaxed_sys(out.head);
+      fout = out.fifo + (i64)(seq & out.slot_mask) * out.slot_lines;
+      fout_flag = seq + 1;
+    }
+    if (AF) {
+      while (true) {
+        bool again = false;
+#pragma unroll
+        for (int u = 0; u < LL128_U; ++u) {
+          const i64 l = base + u * stride + (lane >> 3);
+          if (l < nlines && flagger && ((u64)line[u].w << 32 | line[u].z) != fin_flag) again = true;
+        }
+        if (!__any_sync(0xffffffffu, again)) break;
+#pragma unroll
+        for (int u = 0; u < LL128_U; ++u) {
+          const i64 l = base + u * stride + (lane >> 3);
+          if (l < nlines) line[u] = ld_ll(fin + l * 8 + t);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < LL128_U; ++u) {
+      const i64 l = base + u * stride + (lane >> 3), w0 = l * 15 + 2 * t;
+      if (AF) {
+        v[u][0] = make_uint2(line[u].x, line[u].y);
+        v[u][1] = make_uint2(line[u].z, line[u].w);
+      }
+      if (HB) {
+        v[u][0] = add8<T>(v[u][0], w[u][0]);
+        if (!flagger) v[u][1] = add8<T>(v[u][1], w[u][1]);
+      }
+      if (HO1 && l < nlines) {
+        store8<T>(o1, w0, n, v[u][0]);
+        if (!flagger) store8<T>(o1, w0 + 1, n, v[u][1]);
+      }
+    }
+    if (HO2) {
+      __syncwarp();
+#pragma unroll
+      for (int u = 0; u < LL128_U; ++u) {
+        const i64 l = base + u * stride + (lane >> 3);
+        if (l < nlines) {
+          const uint2 hi = flagger ? make_uint2((u32)fout_flag, (u32)(fout_flag >> 32)) : v[u][1];
+          st_16(fout + l * 8 + t, make_uint4(v[u][0].x, v[u][0].y, hi.x, hi.y));
+        }
+      }
+    }
+  }
+}
+
 template <typename T>
 __device__ void run_simple(int op, T* src, T* dst, T* fin, T* fout, i64 n) {
   switch (op) {
@@ -332,6 +432,19 @@ __device__ void run_ll(int op, T* src, T* dst, const uint4* fin, u32 fin_flag, c
     case OP_RRS: pass_ll<T, true, true, false, true>(nullptr, fin, fin_flag, src, nullptr, out, n); break;
     case OP_RRC: pass_ll<T, true, true, true, false>(nullptr, fin, fin_flag, src, dst, out, n); break;
     case OP_RRCS: pass_ll<T, true, true, true, true>(nullptr, fin, fin_flag, src, dst, out, n); break;
+    default: break;
+  }
+}
+
+template <typename T>
+__device__ void run_ll128(int op, T* src, T* dst, const uint4* fin, u64 fin_flag, const LLSend& out, i64 n) {
+  switch (op) {
+    case OP_SEND: pass_ll128<T, false, false, false, true>(src, nullptr, 0, nullptr, nullptr, out, n); break;
+    case OP_RECV: pass_ll128<T, true, false, true, false>(nullptr, fin, fin_flag, nullptr, dst, out, n); break;
+    case OP_RCS: pass_ll128<T, true, false, true, true>(nullptr, fin, fin_flag, nullptr, dst, out, n); break;
+    case OP_RRS: pass_ll128<T, true, true, false, true>(nullptr, fin, fin_flag, src, nullptr, out, n); break;
+    case OP_RRC: pass_ll128<T, true, true, true, false>(nullptr, fin, fin_flag, src, dst, out, n); break;
+    case OP_RRCS: pass_ll128<T, true, true, true, true>(nullptr, fin, fin_flag, src, dst, out, n); break;
     default: break;
   }
 }
@@ -431,7 +544,9 @@ __device__ __forceinline__ void interpret(const Params& p) {
 
   // slice j of every chunk (p.slice: 16-byte aligned when the chunk is)
   const i64 lo = min(p.chunk, (i64)j * p.slice), hi = min(p.chunk, lo + p.slice);
-  const i64 ll_piece_lines = p.tile * (i64)sizeof(T) / 8;
+  // a piece (one chunk's tile) in 16-byte units of a slot: LL 8 data bytes per unit, LL128 120 per 8 units
+  const bool ll128 = p.proto == PROTO_LL128;
+  const i64 piece16 = ll128 ? p.tile * (i64)sizeof(T) / 120 * 8 : p.tile * (i64)sizeof(T) / 8;
 
   i64 t = 0;
   for (i64 off = lo; off < hi; off += p.tile, ++t) {
@@ -473,10 +588,11 @@ __device__ __forceinline__ void interpret(const Params& p) {
             run_simple<T>(st.op, src, dst, fin, fout, n);
           } else {
             const i64 rslot = (i64)(rseq & p.slot_mask) * p.slot_bytes;
-            const uint4* fin = rcv ? reinterpret_cast<const uint4*>(rfifo + rslot) + k * ll_piece_lines : nullptr;
-            const LLSend out{snd ? reinterpret_cast<uint4*>(sfifo) + k * ll_piece_lines : nullptr,
+            const uint4* fin = rcv ? reinterpret_cast<const uint4*>(rfifo + rslot) + k * piece16 : nullptr;
+            const LLSend out{snd ? reinterpret_cast<uint4*>(sfifo) + k * piece16 : nullptr,
                              p.slot_bytes / 16, sseq, p.slot_mask, sline + 1, &shead};
-            run_ll<T>(st.op, src, dst, fin, (u32)(rseq + 1), out, n);
+            if (ll128) run_ll128<T>(st.op, src, dst, fin, rseq + 1, out, n);
+            else run_ll<T>(st.op, src, dst, fin, (u32)(rseq + 1), out, n);
           }
         }
       }

@@ -23,7 +23,7 @@ from kernels.gc3.ir import Protocol
 from kernels.interp.preset import Fifo
 
 LINE_BYTES = 64
-PROTOS = (Protocol.SIMPLE, Protocol.LL)
+PROTOS = (Protocol.SIMPLE, Protocol.LL, Protocol.LL128)
 _SEND, _RECV = 0, 1
 
 
@@ -51,6 +51,11 @@ class Layout:
                                 f"(it picks a slot with a mask): change slots in the preset")
 
     @property
+    def protos(self) -> tuple[Protocol, ...]:
+        """The protocols with a FIFO in this layout, in PROTOS order (LL128 only when the preset has one)."""
+        return tuple(p for p in PROTOS if p in self.fifo)
+
+    @property
     def nconn(self) -> int:
         return self.nranks * self.max_channels * self.max_split
 
@@ -61,17 +66,17 @@ class Layout:
         return self.fifo[proto].slots * self.fifo[proto].slot_bytes
 
     def _fifo_base(self, proto: Protocol) -> int:
-        return sum(self.nconn * self.fifo_bytes(p) for p in PROTOS[:PROTOS.index(proto)])
+        return sum(self.nconn * self.fifo_bytes(p) for p in self.protos[:self.protos.index(proto)])
 
     @property
     def _lines_base(self) -> int:
-        return sum(self.nconn * self.fifo_bytes(p) for p in PROTOS)
+        return sum(self.nconn * self.fifo_bytes(p) for p in self.protos)
 
     def fifo_off(self, proto: Protocol, conn: int) -> int:
         return self._fifo_base(proto) + conn * self.fifo_bytes(proto)
 
     def _line(self, proto: Protocol, kind: int, conn: int) -> int:
-        return self._lines_base + ((PROTOS.index(proto) * 2 + kind) * self.nconn + conn) * LINE_BYTES
+        return self._lines_base + ((self.protos.index(proto) * 2 + kind) * self.nconn + conn) * LINE_BYTES
 
     def send_line_off(self, proto: Protocol, conn: int) -> int:
         return self._line(proto, _SEND, conn)
@@ -81,7 +86,7 @@ class Layout:
 
     @property
     def nbytes(self) -> int:
-        return self._lines_base + len(PROTOS) * 2 * self.nconn * LINE_BYTES
+        return self._lines_base + len(self.protos) * 2 * self.nconn * LINE_BYTES
 
     def send_end(self, proto: Protocol, me: int, peer: int, chan: int, j: int, bases: list[int]) -> End:
         """Rank ``me``'s sending end; ``bases``: every rank's pool address as mapped in ``me``'s process."""

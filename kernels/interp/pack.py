@@ -28,7 +28,12 @@ OPCODES = {
     StepType.REDUCE: 7, StepType.NOP: 8,
 }
 BUFFERS = {Buffer.INPUT: 0, Buffer.OUTPUT: 1, Buffer.SCRATCH: 2}
-PROTOCOLS = {Protocol.SIMPLE: 0, Protocol.LL: 1}
+PROTOCOLS = {Protocol.SIMPLE: 0, Protocol.LL: 1, Protocol.LL128: 2}
+# protocols whose results a GPU run has checked against NCCL (tests/gpu/interp_check.py, 2026-11-22);
+# the schedule autotuner proposes only these. LL128 is run by candidate tables until a run validates it.
+VALIDATED_PROTOCOLS = (Protocol.SIMPLE, Protocol.LL)
+LL128_LINE, LL128_DATA = 128, 120   # bytes of an LL128 line, of its data
+LL128_TILE_STEP = 240               # LL128 tiles are whole lines and 16-byte multiples: lcm(120, 16)
 STEP_FIELDS = 9
 IMG_WORDS = 256     # image words carried in the kernel parameters (interp.cu IMG_WORDS)
 TB_WORDS = 7        # send fifo, send line, peer's receive line, receive fifo, receive line, peer's send line, nsteps
@@ -172,11 +177,18 @@ def scratch_elems(packed: Packed, chunk: int) -> int:
 
 def tile_elems(protocol: Protocol, slot_bytes: int, elem_bytes: int, max_cnt: int, cap_bytes: int = 0) -> int:
     """Elements of one chunk that one step moves per tile: a slot holds ``max_cnt`` pieces;
-    LL carries 8 data bytes per 16-byte line; ``cap_bytes`` (if > 0) bounds it. A multiple of 16 bytes."""
-    data = slot_bytes // 2 if protocol == Protocol.LL else slot_bytes
-    per = (data // max_cnt) // 16 * 16
+    LL carries 8 data bytes per 16-byte line, LL128 120 per 128-byte line; ``cap_bytes`` (if > 0)
+    bounds it. A multiple of 16 bytes (LL128: of 240, whole lines)."""
+    step = LL128_TILE_STEP if protocol == Protocol.LL128 else 16
+    if protocol == Protocol.LL:
+        data = slot_bytes // 2
+    elif protocol == Protocol.LL128:
+        data = slot_bytes // LL128_LINE * LL128_DATA
+    else:
+        data = slot_bytes
+    per = (data // max_cnt) // step * step
     if cap_bytes:
-        per = min(per, max(16, cap_bytes // 16 * 16))
+        per = min(per, max(step, cap_bytes // step * step))
     if per < 16:
         raise UserError(f"slot of {slot_bytes} bytes cannot hold {max_cnt} pieces; raise slot_bytes in the preset")
     return per // elem_bytes
@@ -194,7 +206,7 @@ def check_request(program: Program, dtype: str, op: str, protocol: Protocol) -> 
         raise UserError(f"reduction {op!r} is not supported by the interpreter; use one of {', '.join(REDUCTIONS)}")
     if protocol not in PROTOCOLS:
         raise UserError(f"program {program.name!r} asks for protocol {protocol.value}, which the interpreter "
-                        f"does not implement; override it with protocol Simple or LL")
+                        f"does not implement; override it with protocol Simple, LL or LL128")
 
 
 @dataclass(frozen=True)

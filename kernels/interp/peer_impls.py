@@ -256,6 +256,9 @@ class TorchSymmPeer(Peer):
         """The op on torch's current stream; returns the result tensor."""
         raise NotImplementedError
 
+    def close(self):
+        self.inp = self.out = self.result = None
+
     def launch(self, coll, count, stream):
         torch = self.torch
         with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):

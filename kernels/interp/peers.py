@@ -29,9 +29,10 @@ from calibrate.device.gpu import device_name, select_gpu
 from calibrate.device.timing import time_graph
 from calibrate.errors import UserError
 from calibrate.records import header
+from calibrate.sizes import parse_size, sweep
 
 from kernels.interp import peer_table
-from kernels.interp.bench import count_for, ncalls_for, parse_size, sizes
+from kernels.interp.bench import count_for, ncalls_for
 
 DEFAULT_PEERS = ("interp", "nccl", "nccl-symm", "torch-oneshot", "torch-twoshot", "torch-rs", "torch-lowcontention")
 TIMING = ("CUDA graph of N calls per peer (200 small, about 20 ms of work large), replays of all peers "
@@ -107,7 +108,7 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
 
     world = MPI.COMM_WORLD
     local = select_gpu(world, needs="the peer benchmark", fallback="run it on a GPU machine")
-    size_list = sizes(args.min_bytes, args.max_bytes, args.factor)
+    size_list = sweep(args.min_bytes, args.max_bytes, args.factor)
     ctx = Ctx(world, cp, Communicator(world, args.preset), args.dtype, max(size_list), local)
     device = device_name(cp, local)
     record = record_header(f"{world.size} x {device}", world.size, args.dtype, args.preset)
@@ -148,8 +149,13 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
         for p in reversed(peers):
             p.close()
         ctx.interp.close()
-        if ctx._torch_group is not None:
+        if ctx._torch_group is not None:   # symmetric tensors freed while their group still exists
+            import torch
             import torch.distributed as dist
+
+            ctx.extra.clear()
+            torch.cuda.synchronize()
+            world.Barrier()
             dist.destroy_process_group()
     if world.rank == 0:
         print(peer_table.table(peer_table.summarize(record["rows"])))

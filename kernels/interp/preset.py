@@ -89,15 +89,29 @@ class Preset:
     def validate(self) -> None:
         if not 32 <= self.threads <= 512 or self.threads % 32:
             raise UserError(f"preset {self.name!r}: threads={self.threads}; use a multiple of 32 up to 512")
-        for p in (Protocol.SIMPLE, Protocol.LL):
+        for p in (Protocol.SIMPLE, Protocol.LL, Protocol.LL128):
             f = self.fifo.get(p)
+            if f is None and p == Protocol.LL128:
+                continue   # optional: only presets that use LL128 carry its FIFO
             if f is None or f.slots < 1 or f.slot_bytes < 256 or f.slot_bytes % 256:
                 raise UserError(f"preset {self.name!r}: fifo {p.value} needs slots >= 1 and slot_bytes a "
                                 f"multiple of 256")
         for e in self.entries:
+            if e.protocol is not None and e.protocol not in self.fifo:
+                raise UserError(f"preset {self.name!r}: {e.program} uses {e.protocol.value} but the preset has no "
+                                f"{e.protocol.value} FIFO; add one under \"fifo\"")
             if e.max_split > self.max_split or e.max_split < 1:
                 raise UserError(f"preset {self.name!r}: {e.program} max_split={e.max_split} outside "
                                 f"1..{self.max_split}")
+
+
+def fifo_for(preset: Preset, protocol: Protocol) -> Fifo:
+    """The preset's FIFO of ``protocol``, or a UserError saying how to add one."""
+    f = preset.fifo.get(protocol)
+    if f is None:
+        raise UserError(f"preset {preset.name!r} has no {protocol.value} FIFO; add one under \"fifo\" "
+                        f"(e.g. \"{protocol.value}\": {{\"slots\": 8, \"slot_bytes\": 65536}})")
+    return f
 
 
 def load_preset(name_or_path: str = DEFAULT_PRESET) -> Preset:

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrate.collectives import Collective
 from calibrate.device import nccl as device_nccl
 from calibrate.errors import UserError
 from kernels.gc3.ir import Program, Protocol
@@ -23,13 +24,12 @@ from kernels.gc3.xml_io import read_xml
 
 from kernels.interp import pack
 from kernels.interp.layout import Layout
-from kernels.interp.preset import DEFAULT_PRESET, Entry, Preset, load_preset
+from kernels.interp.preset import DEFAULT_PRESET, Entry, Preset, fifo_for, load_preset
 from kernels.interp.select import Choice, choose
 
 SOURCE = Path(__file__).with_name("interp.cu")
 KERNELS = {"float32": "gc3_interp_f32", "bfloat16": "gc3_interp_bf16", "float16": "gc3_interp_f16"}
-NCCL_DTYPES = {"float32": 7, "float16": 6, "bfloat16": 9}
-NCCL_SUM = 0
+NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 _IPC_LAZY_PEER = 1
 _D2D = 3
 
@@ -64,9 +64,8 @@ class _State:
 class Communicator:
     def __init__(self, mpi_comm, preset: str | Preset = DEFAULT_PRESET, entries: list[Entry] | None = None):
         import cupy as cp
-        from cupy.cuda import nccl
 
-        self.cp, self.nccl_mod = cp, nccl
+        self.cp = cp
         self.mpi = mpi_comm
         self.rank, self.nranks = mpi_comm.Get_rank(), mpi_comm.Get_size()
         self.preset = preset if isinstance(preset, Preset) else load_preset(preset)
@@ -124,6 +123,7 @@ class Communicator:
         st = self._states.get(key)
         if st is not None:
             return st
+        fifo_for(self.preset, protocol)
         cp = self.cp
         packed = self._packed[id(program)]
         grid = packed.ntb * split
@@ -159,6 +159,7 @@ class Communicator:
         if id(program) not in self._packed:
             raise UserError(f"program {program.name!r} is not loaded; call load() first")
         pack.check_request(program, dtype, op, protocol)
+        fifo_for(self.preset, protocol)
         if not 1 <= split <= self.preset.max_split:
             raise UserError(f"split {split} outside 1..{self.preset.max_split}; pick one in range")
         chunk = pack.chunk_elems(program, count, self.nranks)
@@ -224,25 +225,12 @@ class Communicator:
         return c
 
     def nccl_collective(self, name, sptr, rptr, count, dtype, stream) -> None:
-        t, s = NCCL_DTYPES[dtype], stream.ptr
-        if name == "allreduce":
-            self.nccl.allReduce(sptr, rptr, count, t, NCCL_SUM, s)
-        elif name == "allgather":
-            self.nccl.allGather(sptr, rptr, count, t, s)
-        elif name == "reducescatter":
-            self.nccl.reduceScatter(sptr, rptr, count, t, NCCL_SUM, s)
-        elif name == "alltoall":
-            per = count // self.nranks
-            if per * self.nranks != count:
-                raise UserError(f"alltoall count {count} is not a multiple of {self.nranks} ranks; pad it")
-            esize = pack.DTYPES[dtype]
-            self.nccl_mod.groupStart()
-            for p in range(self.nranks):
-                self.nccl.send(sptr + p * per * esize, per, t, p, s)
-                self.nccl.recv(rptr + p * per * esize, per, t, p, s)
-            self.nccl_mod.groupEnd()
-        else:
+        if name not in NCCL_COLLECTIVES:
             raise UserError(f"NCCL has no collective {name!r}; load a program for it")
+        if name == "alltoall" and count % self.nranks:
+            raise UserError(f"alltoall count {count} is not a multiple of {self.nranks} ranks; pad it")
+        device_nccl.launch(self.nccl, Collective.parse(name), sptr, rptr, count, dtype, self.rank, self.nranks,
+                           stream.ptr)
 
     def _run(self, c: Choice, name, sptr, rptr, count, dtype, stream) -> None:
         cp = self.cp
@@ -269,7 +257,7 @@ class Communicator:
         scratch_bytes = pack.scratch_elems(packed, c.chunk) * esize
         self._ensure_scratch(scratch_bytes)
         st = self._state(program, c.protocol, c.split, dtype)
-        fifo = self.preset.fifo[c.protocol]
+        fifo = fifo_for(self.preset, c.protocol)
         tile = pack.tile_elems(c.protocol, fifo.slot_bytes, esize, packed.max_cnt, c.entry.tile_bytes)
         scratch = self._scratch.data.ptr if self._scratch is not None else 0
         args = pack.params(st.image, st.gimg.data.ptr if st.gimg is not None else 0, (sptr, rptr, scratch),

@@ -26,7 +26,7 @@ from calibrate.errors import UserError  # noqa: E402
 from kernels.gc3.interop import msccl_dir  # noqa: E402
 from kernels.gc3.ir import Protocol  # noqa: E402
 from kernels.gc3.xml_io import read_xml  # noqa: E402
-from kernels.interp import bench, gpudata, pack  # noqa: E402
+from kernels.interp import bench, cli, gpudata, pack  # noqa: E402
 from kernels.interp.preset import PROGRAM_DIR, Entry  # noqa: E402
 from kernels.interp.select import Choice  # noqa: E402
 
@@ -101,7 +101,7 @@ def correctness(comm, cp, files, max_bytes: int, quick: bool) -> list[dict]:
                         cp.cuda.get_current_stream().synchronize()
                         comm.collective(program.collective, sbuf, rbuf, count, dtype, stream=stream, choice=choice)
                         stream.synchronize()
-                        ok, err = gpudata.compare(cp, rbuf, ref, dtype, out_n)
+                        ok, err = gpudata.compare(cp, rbuf, ref, dtype, out_n, nranks)
                         ok = bool(comm.mpi.allreduce(int(ok), op=MPI.MIN))
                         row = {"program": program.name, "file": f.name, "protocol": proto.value, "dtype": dtype,
                                "count": count, "bytes": big * esize, "split": split, "ok": ok,
@@ -155,9 +155,10 @@ def main(argv: list[str]) -> int:
     import cupy as cp
     from kernels.interp.runtime import Communicator
 
+    from calibrate.device.gpu import select_gpu
+
     world = MPI.COMM_WORLD
-    local = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-    cp.cuda.Device(local).use()
+    local = select_gpu(world, needs="the interpreter check", fallback="run it on a GPU machine")
     comm = Communicator(world)
     files = program_files(world.size)
     log(f"programs for {world.size} ranks: {[f.name for f in files]}", world.rank)
@@ -166,7 +167,7 @@ def main(argv: list[str]) -> int:
     bad = bad_input(comm, cp, files)
     comm.close()
     comm = Communicator(world)
-    args = bench.build_parser().parse_args(["--max-bytes", "16M" if quick else "1G"])
+    args = cli.build_parser().parse_args(["--max-bytes", "16M" if quick else "1G"])
     rows = bench.run(args, comm)
     comm.close()
     if world.rank == 0:

@@ -4,7 +4,7 @@
 # 1. python -m kernels peers: the interpreter's tuned table, NCCL default, NCCL symmetric kernels on
 #    registered windows, torch SymmetricMemory one-shot / two-shot / reduce_scatter_out / low-contention
 #    (copy engines); allreduce, allgather, reducescatter 1 KiB..1 GiB; every result checked.
-# 2. Candidate tables (the two-shot allreduce) beside the shipped table and NCCL, own process.
+# 2. Candidate tables (two-shot allreduce; LL128) beside the shipped table and NCCL, a process each.
 # 3. NCCL's environment sweep (channels 16/32/64 x LL/LL128/Simple), one process per setting.
 # 4. The merged table: NCCL's best setting and the best peer per size, our ratio, the targets.
 # 5. The tensor-parallel MLP step: the interpreter's allreduce against torch's NCCL allreduce.
@@ -24,14 +24,18 @@ echo "peers: exit $?, $(($(date +%s) - t0)) s"
 grep -E "^peer |WRONG" "$OUT/peers.log"
 
 # candidate tables (new paths: the selection may take one only after a run like this validated it),
-# in their own process beside the shipped table and NCCL, so that a failure cannot cost step 1
-t1=$(date +%s)
-# shellcheck disable=SC2086
-timeout 90 $MPIRUN $PY -m kernels peers --peers interp,nccl --collectives allreduce \
-  --candidates "${PEERS_CANDIDATES:-h200x2-twoshot}" $SIZES --out "$OUT/candidates.json" \
-  < /dev/null > "$OUT/candidates.log" 2>&1
-echo "candidates: exit $?, $(($(date +%s) - t1)) s"
-grep -E "^peer |WRONG" "$OUT/candidates.log"
+# each in its own process beside the shipped table and NCCL, so that a failure costs nothing else
+mkdir -p "$OUT/candidates"
+for cand in ${PEERS_CANDIDATES:-h200x2-twoshot h200x2-ll128 h200x2-twoshot-ll128}; do
+  t1=$(date +%s)
+  colls=allreduce,allgather,reducescatter
+  case $cand in *twoshot*) colls=allreduce ;; esac
+  # shellcheck disable=SC2086
+  timeout 60 $MPIRUN $PY -m kernels peers --peers interp,nccl --collectives $colls --candidates "$cand" $SIZES \
+    --out "$OUT/candidates/$cand.json" < /dev/null > "$OUT/candidates/$cand.log" 2>&1
+  echo "candidate $cand: exit $?, $(($(date +%s) - t1)) s"
+  grep -E "^peer |WRONG" "$OUT/candidates/$cand.log"
+done
 
 t1=$(date +%s)
 $PY -m kernels peers --nccl-settings | while read -r a b c label; do
@@ -45,7 +49,7 @@ done
 echo "nccl sweep: $(($(date +%s) - t1)) s"
 
 records=()
-for f in "$OUT/peers.json" "$OUT/candidates.json" "$OUT"/nccl-sweep/*.json; do
+for f in "$OUT/peers.json" "$OUT"/candidates/*.json "$OUT"/nccl-sweep/*.json; do
   [ -s "$f" ] && records+=("$f")
 done
 $PY -m kernels peers --merge "${records[@]}" --out "$OUT/peers-merged.json" > "$OUT/peers-table.txt" 2>&1

@@ -50,7 +50,7 @@ fi
 # that part "schedule" of the same call ranks with the interpreter as it is now (a different run
 # from the schedule's own measurements)
 if has model; then
-  $MPIRUN $PY tests/gpu/interp_tune.py "$R/model-sweep" --sweep model > "$R/model-sweep.log" 2>&1
+  $MPIRUN $PY -m kernels bench --sweep model --out "$R/model-sweep" > "$R/model-sweep.log" 2>&1
   log "interpreter sweep for the model: exit $?"
   $PY -m autotune schedule --fit-model "$R/model-sweep/tune.json" > "$R/interp_model.json" 2> "$R/fit-model.log" \
     && export SCHEDULE_ARGS="--model-params $R/interp_model.json"

@@ -16,7 +16,9 @@ from kernels.gc3.executor import check_program
 from kernels.gc3.interop import msccl_dir
 from kernels.gc3.ir import Buffer, Gpu, Program, Protocol, Step, StepType, ThreadBlock
 from kernels.gc3.xml_io import read_xml
+from calibrate.sizes import parse_size, sweep
 from kernels.interp import bench, pack
+from kernels.interp.records import BenchRecord
 from kernels.interp.layout import LINE_BYTES, Layout
 from kernels.interp.preset import PROGRAM_DIR, Entry, Fifo, Preset, load_preset
 from kernels.interp.select import choose
@@ -127,8 +129,7 @@ def test_unsupported_request_refused():
         pack.check_request(prog, "int8", "sum", Protocol.SIMPLE)
     with pytest.raises(UserError, match="reduction"):
         pack.check_request(prog, "float32", "max", Protocol.SIMPLE)
-    with pytest.raises(UserError, match="LL128"):
-        pack.check_request(prog, "float32", "sum", Protocol.LL128)
+    pack.check_request(prog, "float32", "sum", Protocol.LL128)   # implemented; the preset must carry its FIFO
 
 
 @pytest.mark.parametrize("path", OURS, ids=lambda p: p.name)
@@ -157,10 +158,14 @@ def test_layout_ends_meet(nranks, chans, split, data):
         assert end.line - at0.line == j * LINE_BYTES and end.peer_line - at0.peer_line == j * LINE_BYTES
 
 
-def test_layout_regions_disjoint():
-    lay = Layout(2, 2, 4, {Protocol.SIMPLE: Fifo(8, 1024), Protocol.LL: Fifo(4, 512)})
+@pytest.mark.parametrize("ll128", [False, True])
+def test_layout_regions_disjoint(ll128):
+    fifos = {Protocol.SIMPLE: Fifo(8, 1024), Protocol.LL: Fifo(4, 512)} | ({Protocol.LL128: Fifo(2, 2048)} if ll128
+                                                                        else {})
+    lay = Layout(2, 2, 4, fifos)
+    assert lay.protos == tuple(fifos)
     spans = []
-    for proto in (Protocol.SIMPLE, Protocol.LL):
+    for proto in lay.protos:
         for c in range(lay.nconn):
             spans.append((lay.fifo_off(proto, c), lay.fifo_bytes(proto)))
             spans += [(lay.send_line_off(proto, c), LINE_BYTES), (lay.recv_line_off(proto, c), LINE_BYTES)]
@@ -215,12 +220,12 @@ def test_preset_round_trip_and_errors(tmp_path):
 
 
 def test_bench_sizes_and_counts():
-    assert bench.sizes(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1 << 20]
-    assert bench.parse_size("1G") == 1 << 30 and bench.parse_size("64K") == 65536
+    assert sweep(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1 << 20]
+    assert parse_size("1G") == 1 << 30 and parse_size("64K") == 65536
     assert bench.count_for("allgather", 1 << 20, 4, 2) == 1 << 17
     assert bench.count_for("allreduce", 1 << 20, 4, 2) == 1 << 18
     with pytest.raises(UserError):
-        bench.sizes(0, 10, 2)
+        sweep(0, 10, 2)
 
 
 def test_report_section(tmp_path):
@@ -231,7 +236,7 @@ def test_report_section(tmp_path):
              "nccl_busbw_gbs": 0.9, "speedup": (6.0 + i) / 5.0, "correct": True, "max_rel_err": 0.0}
             for c in ("allreduce", "allgather") for i, b in enumerate((1024, 4096))]
     (tmp_path / "bench.json").write_text(json.dumps(bench.result_json(rows, "H200", 2, "h200x2")))
-    secs = builder(bench.RESULT_KIND)([tmp_path])
+    secs = builder(BenchRecord.KIND)([tmp_path])
     out = write_report(tmp_path / "r.html", "t", secs)
     text = out.read_text()
     assert "<svg" in text and "speedup" in text
@@ -243,3 +248,42 @@ def test_cuda_source_compiles_for_sm90(tmp_path):
                         "-Xptxas", "-v"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "spill" in r.stderr and "0 bytes spill stores" in r.stderr
+
+
+def test_ll128_tiles_are_whole_lines():
+    """120 data bytes per 128-byte line; a tile is a multiple of 240 bytes (whole lines, 16-byte aligned)."""
+    assert pack.tile_elems(Protocol.LL128, 65536, 4, 1) == 512 * 120 // 4          # 512 lines of the slot
+    assert pack.tile_elems(Protocol.LL128, 65536, 2, 3) * 2 == 61440 // 3 // 240 * 240
+    assert pack.tile_elems(Protocol.LL128, 65536, 4, 1, cap_bytes=1000) * 4 == 960
+    assert pack.tile_elems(Protocol.LL128, 65536, 4, 1, cap_bytes=16) * 4 == 240
+    with pytest.raises(UserError, match="cannot hold"):
+        pack.tile_elems(Protocol.LL128, 256, 4, 2)
+
+
+def test_ll128_needs_its_fifo_in_the_preset():
+    from kernels.interp.preset import fifo_for
+
+    base = load_preset()
+    with pytest.raises(UserError, match="no LL128 FIFO"):
+        fifo_for(base, Protocol.LL128)
+    data = base.to_json()
+    data["programs"][0]["protocol"] = "LL128"
+    with pytest.raises(UserError, match="has no LL128 FIFO"):
+        Preset.from_json(data, "x")
+    cand = load_preset("h200x2-ll128")
+    assert fifo_for(cand, Protocol.LL128) == Fifo(8, 65536)
+    assert {e.protocol for e in cand.entries} == {Protocol.LL128}
+    lay = Layout(2, cand.max_channels, cand.max_split, cand.fifo)
+    assert lay.nbytes > Layout(2, base.max_channels, base.max_split, base.fifo).nbytes
+    assert pack.params(pack.image(pack.pack(ring2(), 0, 2), [(0,) * 6]), 0, (0, 0, 0), 960, 1, 4, 240,
+                       Protocol.LL128, 8, 65536, 0, 0)["proto"][0] == 2
+
+
+@pytest.mark.parametrize("name", ["h200x2-twoshot", "h200x2-ll128", "h200x2-twoshot-ll128"])
+def test_candidate_tables_fit_one_block_per_sm(name):
+    """All CUDA blocks of a launch must be co-resident: at 512 threads and ~128 registers one block
+    per SM, 132 on an H200; every candidate's widest launch stays under that."""
+    preset = load_preset(name)
+    for e in preset.entries:
+        prog = read_xml(e.path())
+        assert len(prog.gpus[0].threadblocks) * e.max_split <= 132, e

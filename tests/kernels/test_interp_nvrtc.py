@@ -9,7 +9,7 @@ import pytest
 
 from kernels.interp.runtime import SOURCE, _include_dirs
 
-CEILINGS = Path(__file__).parents[1] / "gpu" / "interp_ceilings.cu"
+CEILINGS = Path(__file__).parents[2] / "kernels" / "interp" / "ceilings.cu"
 
 
 def _nvrtc():

@@ -1,4 +1,4 @@
-// Ceilings measured beside the interpreter in tests/gpu/interp_tune.py (same run,
+// Ceilings measured beside the interpreter by python -m kernels bench --sweep (same run,
 // same graphs, same GPUs): what a call cannot beat on this machine.
 //   empty_kernel:  the cost of one kernel node in a CUDA graph (launch floor).
 //   oneshot_ll_allreduce_f32: the minimal 2-rank LL allreduce, one block: each

@@ -1,0 +1,69 @@
+"""The interpreter's measurement records: a benchmark against NCCL (``python -m kernels
+bench``, kind ``kernels-bench``) and a forced-configuration sweep with the machine's
+ceilings (``python -m kernels bench --sweep``, kind ``interp-tune``), on which the
+interpreter's cost model (``kernels.interp.model``) is fitted."""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+
+from calibrate.errors import UserError
+from calibrate.records import Record
+
+TIMING = "CUDA graph of N calls per side, CUDA events, median of replays, max over ranks"
+
+
+@dataclass
+class BenchRecord(Record):
+    KIND = "kernels-bench"
+    VERSION = 1
+    WHAT = "interpreter benchmark result"
+    FIX = "write one with python -m kernels bench --out DIR"
+
+    device: str
+    nranks: int
+    preset: str
+    rows: list[dict]
+    date: str = field(default_factory=lambda: _dt.date.today().isoformat())
+    timing: str = TIMING
+
+    def body(self) -> dict:
+        return {"date": self.date, "device": self.device, "nranks": self.nranks, "preset": self.preset,
+                "timing": self.timing, "rows": self.rows}
+
+    @classmethod
+    def from_body(cls, d: dict, origin: str) -> "BenchRecord":
+        return cls(d.get("device", ""), d.get("nranks", 0), d.get("preset", ""), d["rows"], d.get("date", ""),
+                   d.get("timing", TIMING))
+
+
+@dataclass
+class SweepRecord(Record):
+    """Runs of a sweep: each ``{"sweep": name, "rows": [...], "ceilings": [...]}``; a row is a
+    benchmark row (``kernels.interp.bench.measure``) with the variant, tile cap, threads and,
+    for a reference MSCCL program, its ``program_file``."""
+
+    KIND = "interp-tune"
+    VERSION = 1
+    WHAT = "interpreter sweep record"
+    FIX = "give reports/records/interp_tune_*.json or write one with python -m kernels bench --sweep model"
+
+    device: str
+    runs: list[dict]
+    date: str = field(default_factory=lambda: _dt.date.today().isoformat())
+
+    def body(self) -> dict:
+        return {"date": self.date, "device": self.device, "runs": self.runs}
+
+    @classmethod
+    def from_body(cls, d: dict, origin: str) -> "SweepRecord":
+        return cls(d.get("device", ""), d.get("runs", []), d.get("date", ""))
+
+    def ceiling_us(self, prefix: str, nbytes: int) -> float:
+        """The first run's ceiling named ``prefix...`` at ``nbytes``, in microseconds."""
+        for run in self.runs:
+            for c in run.get("ceilings", []):
+                if str(c.get("ceiling", "")).startswith(prefix) and int(c.get("bytes", -1)) == nbytes:
+                    return float(c["us"])
+        raise UserError(f"the interpreter sweep record has no ceiling {prefix!r} at {nbytes} bytes; "
+                        f"record a sweep with python -m kernels bench --sweep, which measures it")

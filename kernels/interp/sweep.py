@@ -1,0 +1,214 @@
+"""The interpreter's forced-configuration sweep, with the machine's ceilings measured in
+the same run (``python -m kernels bench --sweep NAME``, under ``mpirun -np 2``).
+
+For every case of the sweep (``sweeps.json``: preset variant, collective, sizes,
+protocol, splits, tile caps, optionally a reference MSCCL program) the forced launch
+is checked against NCCL on fresh random data and timed beside it (``bench.measure``).
+Ceilings (``ceilings.cu``): the graph kernel-node floor, a minimal one-block LL
+allreduce, SM and copy-engine pushes of 1 GiB in both directions at once. The
+record (``records.SweepRecord``) is rewritten after every row.
+
+Sweeps: "first" chose the 2026-11-22 preset's bands, "bands" checked its open
+questions, "model" is what the interpreter's cost model is fitted on (its sizes,
+protocols, splits and tiles span the schedule search space; its last cases run
+reference MSCCL programs of more than one hop, on which the per-hop cost is fitted).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from calibrate.device.gpu import device_name
+from calibrate.device.timing import capture, time_graphs
+from calibrate.errors import UserError
+from calibrate.records import check_header
+from calibrate.sizes import parse_size
+from kernels.gc3.interop import msccl_dir
+from kernels.gc3.ir import Protocol
+from kernels.gc3.xml_io import read_xml
+
+from kernels.interp import bench, pack
+from kernels.interp.preset import Entry, Fifo, load_preset
+from kernels.interp.records import SweepRecord
+from kernels.interp.select import Choice
+
+SWEEPS_FILE = Path(__file__).with_name("sweeps.json")
+CEILINGS = Path(__file__).with_name("ceilings.cu")
+K, M, G = 1 << 10, 1 << 20, 1 << 30
+
+
+def load_sweeps() -> dict:
+    return check_header(json.loads(SWEEPS_FILE.read_text()), "commtune.interp-sweeps", 1, "sweep table",
+                        "restore kernels/interp/sweeps.json", str(SWEEPS_FILE))
+
+
+def sweep_names() -> list[str]:
+    return list(load_sweeps()["sweeps"])
+
+
+def cases(name: str) -> dict[str, list[dict]]:
+    """variant -> cases of sweep ``name``."""
+    sweeps = load_sweeps()["sweeps"]
+    if name not in sweeps:
+        raise UserError(f"unknown sweep {name!r}: use one of {', '.join(sweeps)}")
+    return sweeps[name]
+
+
+def variant(name: str, base_preset: str = "h200x2"):
+    """The preset with the variant's changes (threads, max_split, the Simple FIFO's slot size)."""
+    base = load_preset(base_preset)
+    v = load_sweeps()["variants"][name]
+    fifo = dict(base.fifo)
+    if "simple_slot_bytes" in v:
+        fifo[Protocol.SIMPLE] = Fifo(base.fifo[Protocol.SIMPLE].slots, v["simple_slot_bytes"])
+    return dataclasses.replace(base, name=name if v else base.name, threads=v.get("threads", base.threads),
+                               max_split=v.get("max_split", base.max_split), fifo=fifo)
+
+
+def log(msg: str, rank: int) -> None:
+    if rank == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def run_sweep(world, out: Path, name: str, record: SweepRecord) -> list[dict]:
+    """Append every case's row to the rows of ``record``'s last run, saving ``out/tune.json`` after each."""
+    import cupy as cp
+    from kernels.interp.runtime import Communicator
+
+    rows = record.runs[-1]["rows"]
+    programs_by_coll = load_sweeps()["programs"]
+    for vname, vcases in cases(name).items():
+        comm = Communicator(world, variant(vname))
+        stream = cp.cuda.Stream(non_blocking=True)
+        programs = {p.name: p for _, p in comm.loaded}
+        for case in vcases:
+            coll, proto, source = case["collective"], Protocol(case["protocol"]), case.get("program_file")
+            program = programs[programs_by_coll[coll]]
+            if source:  # a reference MSCCL program instead of the shipped one
+                program = read_xml(msccl_dir() / source)
+                comm.load(Entry(program.name, proto), program)
+            for nbytes in map(parse_size, case["sizes"]):
+                count = bench.count_for(coll, nbytes, 4, comm.nranks)
+                chunk = pack.chunk_elems(program, count, comm.nranks)
+                for split in case["splits"]:
+                    if chunk * 4 < split * 256:
+                        continue
+                    for tile in case["tile_bytes"]:
+                        choice = Choice(Entry(program.name, proto, tile_bytes=tile), program, proto, chunk, split,
+                                        reason="forced")
+                        row = bench.measure(comm, coll, nbytes, "float32", choice, 7, stream)
+                        row.update(variant=vname, tile_bytes=tile, threads=comm.preset.threads)
+                        if source:
+                            row["program_file"] = source
+                        rows.append(row)
+                        log(f"{vname:>10} {tile:>7} " + bench.line(row), comm.rank)
+                        if comm.rank == 0:
+                            record.save(out / "tune.json")
+        comm.close()
+    return rows
+
+
+def ceilings(world) -> list[dict]:
+    """Each ceiling beside NCCL in the same loop: (name, bytes, us per call, GB/s per direction)."""
+    import cupy as cp
+    from mpi4py import MPI
+
+    from calibrate.device import nccl as device_nccl
+
+    rank, peer = world.rank, 1 - world.rank
+    mod = cp.RawModule(code=CEILINGS.read_text(), options=("-std=c++17",))
+    empty, oneshot, push = (mod.get_function(n) for n in ("empty_kernel", "oneshot_ll_allreduce_f32", "push_copy"))
+    nc = device_nccl.communicator(world, needs="the sweep")
+    stream = cp.cuda.Stream(non_blocking=True)
+    rows = []
+
+    def timed(name, nbytes, graph, n, ref_graph=None):
+        graphs = {"x": graph} | ({"nccl": ref_graph} if ref_graph is not None else {})
+        t = time_graphs(cp, stream, graphs, n, 7, world.Barrier)
+        tx = world.allreduce(statistics.median(t["x"]), op=MPI.MAX)
+        tn = world.allreduce(statistics.median(t["nccl"]), op=MPI.MAX) if ref_graph is not None else float("nan")
+        row = {"ceiling": name, "bytes": nbytes, "us": tx * 1e6, "nccl_us": tn * 1e6,
+               "gbs": nbytes / tx / 1e9 if nbytes else 0.0}
+        rows.append(row)
+        log(f"ceiling {name:>28} {nbytes:>11} {row['us']:>9.2f} us  nccl {row['nccl_us']:>9.2f} us  "
+            f"{row['gbs']:>7.1f} GB/s", rank)
+        return row
+
+    with stream:
+        g = capture(stream, lambda s: empty((1,), (32,), ()), 200)
+        timed("graph kernel node (empty)", 0, g, 200)
+        # one-shot LL allreduce: 2 buffers of up to 64 KiB of data (128 KiB of lines) each
+        buf = cp.zeros(2 * 64 * K // 8 * 16 // 16 * 4, dtype=cp.uint32)  # 2 x 8192 lines x 16 B
+        counter = cp.zeros(1, dtype=cp.uint64)
+        handles = world.allgather(cp.cuda.runtime.ipcGetMemHandle(buf.data.ptr))
+        peer_buf = cp.cuda.runtime.ipcOpenMemHandle(handles[peer], 1)
+        world.Barrier()
+        for nbytes in (1 * K, 4 * K, 16 * K, 64 * K):
+            n = nbytes // 4
+            x = cp.random.RandomState(rank + nbytes).standard_normal(n, dtype=cp.float32)
+            y, ref = cp.full(n, cp.nan, dtype=cp.float32), cp.full(n, cp.nan, dtype=cp.float32)
+            args = (x, y, cp.int64(n), cp.uint64(peer_buf), buf, counter)
+            oneshot((1,), (512,), args)
+            nc.allReduce(x.data.ptr, ref.data.ptr, n, 7, 0, stream.ptr)
+            stream.synchronize()
+            ok = world.allreduce(int(bool(cp.allclose(y, ref, rtol=1e-6, atol=0))), op=MPI.MIN)
+            g1 = capture(stream, lambda s: oneshot((1,), (512,), args), 200)
+            g2 = capture(stream, lambda s: nc.allReduce(x.data.ptr, ref.data.ptr, n, 7, 0, s.ptr), 200)
+            r = timed(f"one-shot LL allreduce ({'ok' if ok else 'WRONG'})", nbytes, g1, 200, g2)
+            r["correct"] = bool(ok)
+        world.Barrier()
+        cp.cuda.runtime.ipcCloseMemHandle(peer_buf)
+        # 1 GiB pushed into the peer by both ranks at once: copy engine, SM stores; NCCL allreduce beside
+        src, dst = cp.empty(G // 4, dtype=cp.float32), cp.empty(G // 4, dtype=cp.float32)
+        src[...] = cp.random.RandomState(rank).standard_normal(G // 4, dtype=cp.float32)
+        handles = world.allgather(cp.cuda.runtime.ipcGetMemHandle(dst.data.ptr))
+        pdst = cp.cuda.runtime.ipcOpenMemHandle(handles[peer], 1)
+        world.Barrier()
+        sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+        g_ce = capture(stream, lambda s: cp.cuda.runtime.memcpyAsync(pdst, src.data.ptr, G, 3, s.ptr), 5)
+        g_nc = capture(stream, lambda s: nc.allReduce(src.data.ptr, dst.data.ptr, G // 4, 7, 0, s.ptr), 5)
+        timed("copy engine push, both ways", G, g_ce, 5, g_nc)
+        for blocks in (sms, 2 * sms):
+            g_sm = capture(stream, lambda s: push((blocks,), (512,), (src, cp.uint64(pdst), cp.int64(G // 16))), 5)
+            timed(f"SM push {blocks} blocks, both ways", G, g_sm, 5, g_nc)
+        for nbytes in (512 * K, 1 * M):
+            g_sm = capture(stream, lambda s: push((2 * sms,), (512,), (src, cp.uint64(pdst),
+                                                                       cp.int64(nbytes // 16))), 200)
+            g_rs = capture(stream, lambda s: nc.reduceScatter(src.data.ptr, dst.data.ptr, nbytes // 4,
+                                                              7, 0, s.ptr), 200)
+            timed(f"SM push {2 * sms} blocks, both ways (vs NCCL reducescatter of 2x)", nbytes, g_sm, 200, g_rs)
+        world.Barrier()
+        cp.cuda.runtime.ipcCloseMemHandle(pdst)
+    device_nccl.destroy(world, stream, [nc])
+    return rows
+
+
+def main_sweep(world, out: Path, name: str) -> int:
+    """The ceilings, then the sweep; prints the ceilings and the best row per size; 1 if any row is wrong."""
+    import cupy as cp
+
+    cases(name)  # unknown names fail before any work
+    out.mkdir(parents=True, exist_ok=True)
+    ceil = ceilings(world)
+    record = SweepRecord(f"{world.size} x {device_name(cp, cp.cuda.Device().id)}",
+                         [{"sweep": name, "rows": [], "ceilings": ceil}])
+    rows = run_sweep(world, out, name, record)
+    if world.rank == 0:
+        record.save(out / "tune.json")
+        print("\nceilings:")
+        for r in ceil:
+            print(f"  {r['ceiling']:>32} {r['bytes']:>11} {r['us']:>9.2f} us  nccl {r['nccl_us']:>9.2f} us  "
+                  f"{r['gbs']:>7.1f} GB/s")
+        best: dict[tuple, dict] = {}
+        for r in rows:
+            k = (r["collective"], r["bytes"])
+            if r["correct"] and (k not in best or r["interp_us"] < best[k]["interp_us"]):
+                best[k] = r
+        print("\nbest per size (variant tile):")
+        for r in best.values():
+            print(f"{r['variant']:>10} {r['tile_bytes']:>7} " + bench.line(r))
+        print(f"\nrows: {len(rows)}, wrong: {sum(not r['correct'] for r in rows)}")
+    return 0 if all(r["correct"] for r in rows) else 1
