@@ -32,7 +32,7 @@ nvidia-smi topo -m >> "$R/gpus.txt" 2>&1
 
 if has calibrate; then
   # adaptive sweeps (graph, host), fits, and validation at random sizes: tests/gpu/calib_check.sh
-  OUT="$R" PY=$PY PACK_CMD="tar -czf $OUT/gpu-results.tar.gz -C $OUT results" bash tests/gpu/calib_check.sh \
+  PACK_CMD="tar -czf $OUT/gpu-results.tar.gz -C $OUT results" OUT="$R" PY=$PY bash tests/gpu/calib_check.sh \
     > "$R/calibrate.log" 2>&1
   log "calibrate: exit $?"
   cat "$R/calibrate.log" | tee -a "$SUMMARY"
