@@ -79,6 +79,9 @@ def _replicate(prog: GC3Program) -> list[tuple]:
     """(kind, src, dst, count, lane key, ch) per physical op; O(ops * instances + chunks)."""
     n = prog.instances
     out = []
+    if n == 1 and all(op[OP_PARALLEL] == 1 for op in prog.ops):
+        lane = (0, 0, 0)
+        return [(op[OP_KIND], op[OP_SRC], op[OP_DST], op[OP_COUNT], lane, op[OP_CH]) for op in prog.ops]
     for k in range(n):
         for op_id, op in enumerate(prog.ops):
             kind, osrc, odst, count, ch, parallel, scope = (op[OP_KIND], op[OP_SRC], op[OP_DST], op[OP_COUNT],
@@ -117,6 +120,26 @@ class _Lowering:
     def add(self, rank, stype, src, dst, cnt, lane, ch, reads, writes) -> Instr:
         iid = len(self.instrs)
         last_write, readers = self.last_write, self.readers
+        if cnt == 1 and len(reads) + len(writes) == 1:  # one slot read or written: the common case
+            s = src if reads else dst
+            w = last_write.get(s)
+            if reads:
+                deps = [] if w is None else [w]
+                rs = readers.get(s)
+                if rs is None:
+                    readers[s] = [iid]
+                else:
+                    rs.append(iid)
+            else:
+                rs = readers.get(s)
+                deps = list(rs) if rs else []
+                if w is not None and w not in deps:
+                    deps.append(w)
+                last_write[s] = iid
+                readers[s] = None
+            ins = Instr(iid, rank, stype, src, dst, cnt, lane, ch, deps=deps)
+            self.instrs.append(ins)
+            return ins
         deps = set()
         for s in reads:
             w = last_write.get(s)
@@ -181,9 +204,11 @@ def _fuse(low: _Lowering, is_output) -> None:
             parent[rb] = ra
             directive[ra] = directive[ra] if directive[ra] is not None else directive[rb]
 
+    # with at most one distinct directive in the program, no fusion can join two different ones
+    chained = len({d for d in directive if d is not None}) > 1
     succ: dict[int, list[int]] = {}  # successors of sends, the only instructions fused away
     for i in ins:
-        if i.msg_to is not None:
+        if chained and i.msg_to is not None:
             join(i.id, i.msg_to)
         for d in i.deps:
             if ins[d].type == _SEND:
@@ -192,11 +217,13 @@ def _fuse(low: _Lowering, is_output) -> None:
         if s.type != _SEND or not s.alive or len(s.deps) != 1:
             continue
         p = ins[s.deps[0]]
-        dp, ds = directive[root(p.id)], directive[root(s.id)]
-        if (p.type not in (_RECV, _RRC) or p.dst != s.src or p.cnt != s.cnt
-                or p.lane != s.lane or (dp is not None and ds is not None and dp != ds)):
+        if p.type not in (_RECV, _RRC) or p.dst != s.src or p.cnt != s.cnt or p.lane != s.lane:
             continue
-        join(p.id, s.id)
+        if chained:
+            dp, ds = directive[root(p.id)], directive[root(s.id)]
+            if dp is not None and ds is not None and dp != ds:
+                continue
+            join(p.id, s.id)
         p.type = _RCS if p.type == _RECV else _RRCS
         p.send, p.msg_to, p.ch = s.send, s.msg_to, p.ch if p.ch is not None else s.ch
         ins[s.msg_to].msg_from = p.id
@@ -402,6 +429,13 @@ def _schedule_heap(instrs: list[Instr], order: np.ndarray, ins: list[Instr]) -> 
 
 def compile_program(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_result: bool = True) -> Program:
     """Compile a traced GC3 program into the IR; raise ``UserError`` naming any defect."""
+    program = _compile(prog, sm_count)  # the compiler's own state is freed before the check
+    if verify_result:
+        verify(program, sm_count=sm_count)
+    return program
+
+
+def _compile(prog: GC3Program, sm_count: int) -> Program:
     prog.check_postcondition()
     if not prog.ops:
         raise UserError(f"program {prog.name!r} has no operations")
@@ -419,8 +453,9 @@ def compile_program(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_r
         return spec.required((slot[0], slot[1], slot[2] // n)) is not None
 
     _fuse(low, is_output)
-    ins = low.instrs
-    instrs = [i for i in ins if i.alive]
+    ins = [i if i.alive else None for i in low.instrs]
+    del low
+    instrs = [i for i in ins if i is not None]
     order = _order_keys(instrs, len(ins))
 
     # chains of instructions linked by messages share one channel
@@ -498,10 +533,10 @@ def compile_program(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_r
             k = (i.rank, i.lane, i.ch or 0)
             tb_list.setdefault(k, [(-1, -1)])
             tb_of[iid] = (*k, 0)
-    return _emit(prog, instrs, ins, order, tb_of, tb_list, lane_keys, sm_count, verify_result)
+    return _emit(prog, instrs, ins, order, tb_of, tb_list, lane_keys)
 
 
-def _emit(prog, instrs, ins, order, tb_of, tb_list, lane_keys, sm_count, verify_result) -> Program:
+def _emit(prog, instrs, ins, order, tb_of, tb_list, lane_keys) -> Program:
     """Thread blocks, steps in the global order and cross-thread-block deps; O(N + D)."""
     spec, n = prog.spec, prog.instances
     nv = max((k[2] for k in tb_list), default=0) + 1
@@ -546,8 +581,5 @@ def _emit(prog, instrs, ins, order, tb_of, tb_list, lane_keys, sm_count, verify_
         step.deps = sorted(latest.items())
         for dt, ds in step.deps:
             tbs[dt].steps[ds].has_dep = True
-    program = Program(name=prog.name, collective=spec.kind, ngpus=spec.ranks, nchunksperloop=spec.chunks * n,
-                      nchannels=nv * len(lane_keys), protocol=prog.protocol, inplace=spec.inplace, gpus=gpus)
-    if verify_result:
-        verify(program, sm_count=sm_count)
-    return program
+    return Program(name=prog.name, collective=spec.kind, ngpus=spec.ranks, nchunksperloop=spec.chunks * n,
+                   nchannels=nv * len(lane_keys), protocol=prog.protocol, inplace=spec.inplace, gpus=gpus)

@@ -146,8 +146,13 @@ class CollectiveSpec:
         """What ``slot`` holds before the collective starts (None: nothing)."""
         if self.kind == "custom":
             return self._pre.get(slot)
-        k = self._logical(slot, Buffer.INPUT)
-        return None if k is None else ((k, 1 << slot[0]),)
+        r, b, i = slot
+        if self.kind != "allgather":
+            return ((i, 1 << r),) if b == Buffer.INPUT and 0 <= i < self.chunks else None
+        if self.inplace:
+            lo = r * self._per
+            return ((i - lo, 1 << r),) if b == Buffer.OUTPUT and lo <= i < lo + self._per else None
+        return ((i, 1 << r),) if b == Buffer.INPUT and 0 <= i < self._per else None
 
     def required(self, slot: Slot) -> Value | None:
         """What ``slot`` must hold at the end (None: anything)."""
@@ -184,31 +189,25 @@ OP_KIND, OP_SRC, OP_DST, OP_COUNT, OP_CH, OP_PARALLEL, OP_SCOPE = range(7)
 class ChunkRef:
     """A reference to ``count`` consecutive chunks of one rank's buffer, valid until they are overwritten."""
 
-    __slots__ = ("prog", "rank", "buffer", "index", "count", "slots", "versions")
+    __slots__ = ("prog", "rank", "buffer", "index", "count", "slots", "versions", "values")
 
     def __init__(self, prog: "GC3Program", rank: int, buf: Buffer, index: int, count: int,
-                 slots: list[Slot], versions: list[int]):
+                 slots: list[Slot], versions: list[int], values: list[Value] | None = None):
         self.prog, self.rank, self.buffer, self.index, self.count = prog, rank, buf, index, count
-        self.slots, self.versions = slots, versions
+        self.slots, self.versions, self.values = slots, versions, values
 
     def __repr__(self):
         return f"chunk(rank {self.rank}, {self.buffer.name.lower()}[{self.index}:{self.index + self.count}])"
 
     def _check_fresh(self, action: str) -> list[Value]:
-        """The values of the slots; raise if any was overwritten since this reference was taken."""
+        """The values of the slots (read when the reference was taken); raise if any was overwritten since."""
         cells = self.prog._cells
-        out = []
         for s, v in zip(self.slots, self.versions):
             cell = cells.get(s)
             if (cell[1] if cell is not None else 0) != v:
                 raise UserError(f"stale reference {self!r} used to {action}: {s[1].name.lower()}[{s[2]}] of rank "
                                 f"{s[0]} was overwritten after it was taken; take a new chunk(...) reference")
-            value = cell[0] if cell is not None else self.prog.spec.initial(s)
-            if value is None:
-                raise UserError(f"{self!r} ({action}) reads an uninitialised chunk: rank {s[0]} "
-                                f"{s[1].name.lower()}[{s[2]}]; copy data there first")
-            out.append(value)
-        return out
+        return self.values
 
     def copy(self, rank: int, buffer: Buffer, index: int, ch: int | None = None) -> "ChunkRef":
         """Copy these chunks to ``buffer[index:]`` of ``rank``; returns a reference to the copy."""
@@ -256,7 +255,7 @@ class GC3Program:
     def chunk(self, rank: int, buffer: Buffer, index: int, count: int = 1) -> ChunkRef:
         """A reference to ``count`` chunks of ``buffer`` at ``index`` on ``rank``."""
         ref = self._ref(rank, buffer, index, count)
-        self._values(ref, "reference")
+        ref.values = self._values(ref, "reference")
         return ref
 
     @contextmanager
@@ -293,7 +292,8 @@ class GC3Program:
     def _ref(self, rank: int, buffer: Buffer, index: int, count: int) -> ChunkRef:
         if not 0 <= rank < self.spec.ranks:
             raise UserError(f"rank {rank} outside 0..{self.spec.ranks - 1}")
-        buffer = Buffer(buffer)
+        if type(buffer) is not Buffer:
+            buffer = Buffer(buffer)
         size = self.spec.buffer_chunks(rank, buffer)
         if index < 0 or count < 1 or (size is not None and index + count > size):
             raise UserError(f"{buffer.name.lower()}[{index}:{index + count}] on rank {rank} is outside the "
@@ -328,4 +328,5 @@ class GC3Program:
         cells = self._cells
         for s, v in zip(ref.slots, values):
             cells[s] = (v, version)
-        return ChunkRef(self, ref.rank, ref.buffer, ref.index, ref.count, ref.slots, [version] * ref.count)
+        return ChunkRef(self, ref.rank, ref.buffer, ref.index, ref.count, ref.slots, [version] * ref.count,
+                        values)
