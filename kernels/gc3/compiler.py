@@ -45,6 +45,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -75,13 +76,14 @@ class Instr:
     alive: bool = True
 
 
-def _replicate(prog: GC3Program) -> list[tuple]:
-    """(kind, src, dst, count, lane key, ch) per physical op; O(ops * instances + chunks)."""
+def _replicate(prog: GC3Program) -> tuple[list[tuple], Iterable[tuple]]:
+    """The sorted lane keys, and (kind, src, dst, count, lane key, ch) per physical op (made as they
+    are read when there is one lane); O(ops * instances + chunks)."""
     n = prog.instances
     out = []
     if n == 1 and all(op[OP_PARALLEL] == 1 for op in prog.ops):
         lane = (0, 0, 0)
-        return [(op[OP_KIND], op[OP_SRC], op[OP_DST], op[OP_COUNT], lane, op[OP_CH]) for op in prog.ops]
+        return [lane], ((op[OP_KIND], op[OP_SRC], op[OP_DST], op[OP_COUNT], lane, op[OP_CH]) for op in prog.ops)
     for k in range(n):
         for op_id, op in enumerate(prog.ops):
             kind, osrc, odst, count, ch, parallel, scope = (op[OP_KIND], op[OP_SRC], op[OP_DST], op[OP_COUNT],
@@ -100,7 +102,7 @@ def _replicate(prog: GC3Program) -> list[tuple]:
                     off = base + q
                     out.append((kind, (osrc[0], osrc[1], (osrc[2] + off) * n + k),
                                 (odst[0], odst[1], (odst[2] + off) * n + k), 1, lane, ch))
-    return out
+    return sorted({op[4] for op in out}), out
 
 
 def _slots(s: Slot, cnt: int):
@@ -166,7 +168,7 @@ class _Lowering:
         self.instrs.append(ins)
         return ins
 
-    def lower(self, ops: list[tuple], lanes: dict) -> None:
+    def lower(self, ops: Iterable[tuple], lanes: dict) -> None:
         for kind, src, dst, count, lane_key, ch in ops:
             lane = lanes[lane_key]
             srcs, dsts = _slots(src, count), _slots(dst, count)
@@ -439,8 +441,7 @@ def _compile(prog: GC3Program, sm_count: int) -> Program:
     prog.check_postcondition()
     if not prog.ops:
         raise UserError(f"program {prog.name!r} has no operations")
-    ops = _replicate(prog)
-    lane_keys = sorted({op[4] for op in ops})
+    lane_keys, ops = _replicate(prog)
     lanes = {key: i for i, key in enumerate(lane_keys)}
     low = _Lowering()
     low.lower(ops, lanes)
@@ -510,7 +511,17 @@ def _compile(prog: GC3Program, sm_count: int) -> Program:
     position = [0] * len(ins)
     for k, iid in enumerate(order_list):
         position[iid] = k
-    tb_of: dict[int, tuple] = {}
+    # thread block of each instruction: an index into tb_keys ((rank, lane, channel, index on that key))
+    tb_key_id: dict[tuple, int] = {}
+    tb_keys: list[tuple] = []
+    tb_of = [-1] * len(ins)
+
+    def tb_index(key: tuple) -> int:
+        t = tb_key_id.get(key)
+        if t is None:
+            t = tb_key_id[key] = len(tb_keys)
+            tb_keys.append(key)
+        return t
     for iid in order_list:
         i = ins[iid]
         if i.send >= 0 or i.recv >= 0:
@@ -521,19 +532,19 @@ def _compile(prog: GC3Program, sm_count: int) -> Program:
                 k = by_s[i.send]
             else:
                 k = by_r[i.recv]
-            tb_of[iid] = (i.rank, i.lane, i.ch, k)
+            tb_of[iid] = tb_index((i.rank, i.lane, i.ch, k))
             continue
         best = None
         for d in i.deps:
-            if d in tb_of and (best is None or position[d] > position[best]):
+            if tb_of[d] >= 0 and (best is None or position[d] > position[best]):
                 best = d
         if best is not None:
             tb_of[iid] = tb_of[best]
         else:
             k = (i.rank, i.lane, i.ch or 0)
             tb_list.setdefault(k, [(-1, -1)])
-            tb_of[iid] = (*k, 0)
-    return _emit(prog, instrs, ins, order, tb_of, tb_list, lane_keys)
+            tb_of[iid] = tb_index((*k, 0))
+    return _emit(prog, instrs, ins, order, [tb_keys[t] if t >= 0 else None for t in tb_of], tb_list, lane_keys)
 
 
 def _emit(prog, instrs, ins, order, tb_of, tb_list, lane_keys) -> Program:

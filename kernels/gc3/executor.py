@@ -23,9 +23,9 @@ Cost, for S steps, P thread blocks and c chunk slots: O(S * P / 64) time per
 run (one phase is O(1) bookkeeping: waiting processes are woken by the event
 they wait for, no scan of all processes; plus an O(P) vector clock merge per
 message or dependency), O(P^2 + c) memory for the clocks and slots. Race checks
-need P^2 clock entries, so above ``RACE_CHECK_MAX_THREADBLOCKS`` thread blocks
-``check_program`` runs without them (results, deadlocks and mismatched messages
-are still checked) and says so.
+need P clock entries per thread block and per awaited step, so when those would
+take more than ``RACE_CHECK_MAX_CLOCK_BYTES``, ``check_program`` runs without
+them (results, deadlocks and mismatched messages are still checked) and says so.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def step_name(rank: int, tb: int, idx: int, step: Step) -> str:
     return f"gpu {rank} tb {tb} step {idx} ({step.type.value})"
 
 
-RACE_CHECK_MAX_THREADBLOCKS = 8192  # 8192^2 int64 clock entries: 512 MiB
+RACE_CHECK_MAX_CLOCK_BYTES = 256 << 20
 
 
 @dataclass
@@ -341,6 +341,11 @@ def random_inputs(program: Program, seed: int, chunk_elems: int = 4, dtype=np.fl
     return [rng.integers(-64, 64, size=n).astype(dtype) for _ in range(program.ngpus)]
 
 
+def awaited_steps(program: Program) -> int:
+    """How many steps some other step waits on (each keeps a vector clock when races are checked)."""
+    return len({(g.id, *d) for g in program.gpus for tb in g.threadblocks for st in tb.steps for d in st.deps})
+
+
 @dataclass
 class CheckResult:
     seeds: int
@@ -352,10 +357,10 @@ class CheckResult:
 def check_program(program: Program, seeds: int = 8, chunk_elems: int = 4, fifo_slots: int = 1) -> CheckResult:
     """Execute under ``seeds`` random interleavings and data; raise ``ExecutionError`` if any is wrong.
 
-    Races are checked up to ``RACE_CHECK_MAX_THREADBLOCKS`` thread blocks in all (``races_checked``)."""
+    Races are checked while the vector clocks fit ``RACE_CHECK_MAX_CLOCK_BYTES`` (``races_checked``)."""
     custom = custom_name(program) if program.collective == "custom" else ""
     nprocs = sum(len(g.threadblocks) for g in program.gpus)
-    races = nprocs <= RACE_CHECK_MAX_THREADBLOCKS
+    races = 8 * nprocs * (nprocs + awaited_steps(program)) <= RACE_CHECK_MAX_CLOCK_BYTES
     for seed in range(seeds):
         inputs = random_inputs(program, seed, chunk_elems)
         got = execute(program, inputs, seed=seed, fifo_slots=fifo_slots, check_races=races)
