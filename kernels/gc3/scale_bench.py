@@ -4,7 +4,9 @@
     python -m kernels.gc3.scale_bench --ranks 32,64 --algorithms ring_allreduce --execute-max 64
 
 Each (algorithm, ranks) runs in its own process (so that its peak memory is its
-own) under ``--timeout`` seconds; the table gives the traced ops, the compiled
+own) under ``--timeout`` seconds of wall-clock time; sizes over the compiler's
+limit (``kernels.gc3.algorithms.MAX_OPS``) are refused as ``kernels compile``
+refuses them. The table gives the traced ops, the compiled
 steps, the seconds (CPU time of the process; wall time in brackets) of tracing,
 compiling, static verification and one execution on the reference executor, and
 the process's peak resident memory. Hierarchical programs use 8 nodes (so 16
@@ -39,13 +41,18 @@ def _peak_mb() -> float:
 
 def worker(name: str, ranks: int, execute: bool) -> dict:
     """Trace, compile, verify (and execute) one program; the figures as a dict."""
-    from kernels.gc3.algorithms import build
+    from kernels.gc3.algorithms import build, check_size
     from kernels.gc3.compiler import compile_program
     from kernels.gc3.executor import check_program
     from kernels.gc3.verify import verify
 
     sm = 10 ** 9
     row = {"algorithm": name, "ranks": ranks}
+    try:
+        check_size(name, ranks, nodes=NODES.get(name, 1))
+    except UserError as e:
+        row["refused"] = str(e)
+        return row
     prog, row["trace_s"], row["trace_wall_s"] = _timed(lambda: build(name, ranks, nodes=NODES.get(name, 1)))
     row["ops"] = len(prog.ops)
     ir, row["compile_s"], row["compile_wall_s"] = _timed(lambda: compile_program(prog, sm, verify_result=False))
@@ -74,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS), help="algorithms (default: %(default)s)")
     ap.add_argument("--execute-max", type=int, default=256,
                     help="execute on the reference executor up to this many ranks (default 256)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per case (default 300)")
+    ap.add_argument("--timeout", type=float, default=900, help="wall-clock seconds per case (default 900)")
     ap.add_argument("--worker", nargs=3, metavar=("ALGORITHM", "RANKS", "EXECUTE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -111,6 +118,9 @@ def main(argv=None) -> int:
                 skip = True
                 continue
             row = json.loads(out.stdout.strip().splitlines()[-1])
+            if "refused" in row:
+                print(f"| {name} | {r} | refused before any work: {row['refused']} | | | | | | | | |", flush=True)
+                continue
             exe = _cell(row, "execute_s") + ("" if row.get("races_checked", True) else ", races not checked")
             print(f"| {name} | {r} | {row['ops']} | {row['steps']} | {row['threadblocks_per_gpu']} "
                   f"| {_cell(row, 'trace_s')} | {_cell(row, 'compile_s')} | {_cell(row, 'verify_s')} "
