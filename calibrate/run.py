@@ -14,6 +14,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from calibrate.backends import REGISTRY as BACKENDS
+from calibrate import run_limits
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
 from calibrate.cli import command_parser
@@ -87,9 +88,36 @@ def _row(nbytes, count, dtype, coll, t, busbw, wrong) -> str:
             f"{algbw:>8.2f} {busbw:>8.2f} {w:>7}")
 
 
+def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> None:
+    """Memory for the largest size on every rank (host memory per host, or the GPU's), before any work;
+    a warning when a host has more ranks than cores."""
+    here = socket.gethostname()
+    sharing = hosts.count(here)
+    need = run_limits.buffer_bytes(colls, max(sizes), args.dtype, world.Get_size(), args.check)
+    problem = None
+    try:
+        if backend_name == "nccl":
+            import cupy
+
+            free, _ = cupy.cuda.runtime.memGetInfo()
+            run_limits.check_memory(need, 1, free, "the GPU", "lower --max-bytes (-e)")
+        else:
+            run_limits.check_memory(need, sharing, run_limits.host_available_bytes(), f"host {here}",
+                                    "lower --max-bytes (-e) or run fewer ranks per host")
+    except UserError as e:
+        problem = str(e)
+    _agree(world, problem)
+    warning = run_limits.oversubscription_warning(sharing, run_limits.cores(), here)
+    warnings = [w for w in world.allgather(warning) if w]
+    if warnings:
+        say(warnings[0], file=sys.stderr)
+
+
 def run(args, world) -> int:
     rank = world.Get_rank()
     say = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
+    run_limits.check_counts(args.iters, args.warmup, args.reps)
+    run_limits.check_world(world.Get_size())
     colls = [Collective.parse(c) for c in args.collectives.split(",") if c.strip()]
     if not colls:
         raise UserError("--collectives is empty: name at least one collective")
@@ -111,6 +139,7 @@ def run(args, world) -> int:
 
         device = select_gpu(world)
     _, nnodes, _, hosts = topology(world)
+    _check_resources(args, world, colls, sizes, backend_name, hosts, say)
     out = args.out or os.path.join("results", "calib-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     meta = {
         "kind": KIND,
