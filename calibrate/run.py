@@ -117,7 +117,6 @@ def run(args, world) -> int:
     rank = world.Get_rank()
     say = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
     run_limits.check_counts(args.iters, args.warmup, args.reps)
-    run_limits.check_world(world.Get_size())
     colls = [Collective.parse(c) for c in args.collectives.split(",") if c.strip()]
     if not colls:
         raise UserError("--collectives is empty: name at least one collective")
@@ -132,6 +131,7 @@ def run(args, world) -> int:
         raise UserError("bfloat16 needs the nccl backend: use --dtype float16 or float32 with mpi")
     max_default = "1G" if backend_name == "nccl" else "64M"
     sizes = sweep(parse_size(args.min_bytes), parse_size(args.max_bytes or max_default), args.factor)
+    run_limits.check_world(world.Get_size())
 
     device = None
     if backend_name == "nccl":

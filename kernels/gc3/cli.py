@@ -29,6 +29,10 @@ def compile_main(argv=None) -> int:
     if args.sm_count < 1:
         raise UserError(f"--sm-count must be >= 1, got {args.sm_count}")
     check_size(args.algorithm, args.ranks, args.channels, args.instances, args.nodes)
+    if args.channels * args.instances > args.sm_count:
+        raise UserError(f"{args.channels} channel(s) x {args.instances} instance(s) need at least "
+                        f"{args.channels * args.instances} thread blocks per GPU, more than --sm-count "
+                        f"{args.sm_count}; use fewer channels or instances")
     print(f"tracing {args.algorithm} on {args.ranks} ranks", file=sys.stderr)
     prog = build(args.algorithm, args.ranks, args.channels, args.instances, args.protocol, args.nodes)
     print(f"compiling {len(prog.ops)} ops", file=sys.stderr)
