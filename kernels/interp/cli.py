@@ -18,7 +18,7 @@ from pathlib import Path
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
-from calibrate.sizes import parse_size
+from calibrate.sizes import parse_size, sweep
 
 from kernels.interp import bench, pack
 from kernels.interp.preset import DEFAULT_PRESET, load_preset
@@ -52,7 +52,7 @@ def check_args(args) -> None:
             raise UserError(f"unknown collective {c!r}; use some of {', '.join(bench.COLLECTIVES)}")
     if not names:
         raise UserError(f"--collectives is empty; use some of {', '.join(bench.COLLECTIVES)}")
-    bench.sizes(args.min_bytes, args.max_bytes, args.factor)
+    sweep(args.min_bytes, args.max_bytes, args.factor)
     if args.reps < 1:
         raise UserError(f"--reps must be >= 1, got {args.reps}")
     load_preset(args.preset)

@@ -108,9 +108,9 @@ CASES = [
     # ---- kernels bench (its options are checked before a GPU is looked for) -----------------
     C("bench-reps-zero", "kernels bench --reps 0", "--reps must be >= 1"),
     C("bench-unknown-preset", "kernels bench --preset nope", "no interpreter preset 'nope'"),
-    C("bench-factor-one", "kernels bench --factor 1", "factor >= 2"),
-    C("bench-min-zero", "kernels bench --min-bytes 0", "0 < min"),
-    C("bench-min-over-max", "kernels bench --min-bytes 1G --max-bytes 1K", "min <= max"),
+    C("bench-factor-one", "kernels bench --factor 1", "--factor must be above 1"),
+    C("bench-min-zero", "kernels bench --min-bytes 0", "sizes must be positive"),
+    C("bench-min-over-max", "kernels bench --min-bytes 1G --max-bytes 1K", "larger than --max-bytes"),
     C("bench-size-text", "kernels bench --max-bytes lots", "bad size 'lots'"),
     C("bench-collective", "kernels bench --collectives allreduse", "unknown collective 'allreduse'"),
     C("bench-out-under-devnull", "kernels bench --out /dev/null/x", "not a directory"),
