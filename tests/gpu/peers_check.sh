@@ -5,7 +5,8 @@
 #    registered windows, torch SymmetricMemory one-shot / two-shot / reduce_scatter_out / low-contention
 #    (copy engines); allreduce, allgather, reducescatter 1 KiB..1 GiB; every result checked.
 # 2. Candidate tables (two-shot allreduce; LL128) beside the shipped table and NCCL, a process each.
-# 3. NCCL's environment sweep (channels 16/32/64 x LL/LL128/Simple), one process per setting.
+# 3. NCCL's environment sweep (channels 16/32/64 x LL/LL128/Simple), one process per setting, and
+#    NCCL with commtune's tuner plugin when part "nccl" ran first (its env file).
 # 4. The merged table: NCCL's best setting and the best peer per size, our ratio, the targets.
 # 5. The tensor-parallel MLP step: the interpreter's allreduce against torch's NCCL allreduce.
 set -u
@@ -47,6 +48,23 @@ $PY -m kernels peers --nccl-settings | while read -r a b c label; do
   echo "nccl $label: exit $?"
 done
 echo "nccl sweep: $(($(date +%s) - t1)) s"
+# NCCL with commtune's tuner plugin, when part "nccl" (run before this one) wrote its env file
+TUNED_ENV=${PEERS_NCCL_TUNED_ENV:-$OUT/../nccl/tuned/nccl_tuner.env}
+if [ -f "$TUNED_ENV" ]; then
+  (
+    set -a
+    # shellcheck disable=SC1090
+    . "$TUNED_ENV"
+    set +a
+    # shellcheck disable=SC2086
+    timeout 40 $MPIRUN -x NCCL_TUNER_PLUGIN -x COMMTUNE_NCCL_TUNER_TABLE -x NCCL_MIN_CTAS \
+      $PY -m kernels peers --peers nccl --label tuned $SIZES --reps 5 --out "$OUT/nccl-sweep/tuned.json" \
+      < /dev/null > "$OUT/nccl-sweep/tuned.log" 2>&1
+  )
+  echo "nccl with the tuner plugin ($TUNED_ENV): exit $?"
+else
+  echo "nccl with the tuner plugin: skipped ($TUNED_ENV absent: run part nccl first)"
+fi
 
 records=()
 for f in "$OUT/peers.json" "$OUT"/candidates/*.json "$OUT"/nccl-sweep/*.json; do
