@@ -16,6 +16,8 @@ PY=${PY:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 MPIRUN="mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x PYTHONPATH"
 SIZES=${PEERS_SIZES:---min-bytes 1K --max-bytes 1G --factor 4}
+[ -d build/msccl ] && export COMMTUNE_MSCCL_DIR=$PWD/build/msccl
+export COMMTUNE_MSCCL_DIR=${COMMTUNE_MSCCL_DIR:-}
 mkdir -p "$OUT/nccl-sweep"
 
 t0=$(date +%s)
@@ -23,6 +25,14 @@ t0=$(date +%s)
 timeout 150 $MPIRUN $PY -m kernels peers $SIZES --out "$OUT/peers.json" < /dev/null > "$OUT/peers.log" 2>&1
 echo "peers: exit $?, $(($(date +%s) - t0)) s"
 grep -E "^peer |WRONG" "$OUT/peers.log"
+
+# LL128 on every program (float32 and bfloat16, sizes not dividing the tile), equal to NCCL
+t1=$(date +%s)
+# shellcheck disable=SC2086
+timeout 90 $MPIRUN -x COMMTUNE_MSCCL_DIR $PY tests/gpu/interp_check.py "$OUT/ll128" --ll128 --quick \
+  < /dev/null > "$OUT/ll128-check.log" 2>&1
+echo "LL128 check: exit $?, $(($(date +%s) - t1)) s; $(grep -E "^LL128 correctness" "$OUT/ll128-check.log")"
+grep -m5 WRONG "$OUT/ll128-check.log"
 
 # candidate tables (new paths: the selection may take one only after a run like this validated it),
 # each in its own process beside the shipped table and NCCL, so that a failure costs nothing else
