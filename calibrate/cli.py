@@ -69,9 +69,16 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text
 
 
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: the problem, then where the options are listed."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def command_parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
     """The argument parser of a command: its description kept as written, defaults shown."""
-    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
+    return CommandParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
 
 
 def run_on_ranks(comm, work: Callable[[], object], prog: str, collective: bool = False):

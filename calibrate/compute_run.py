@@ -6,7 +6,9 @@
 Times, with CUDA events and the median of --iters runs on fresh random data
 (a new set of inputs per shape, rotated over three copies so that no run reads
 what the previous one left in L2): matmuls ``a @ b`` over a grid of shapes,
-causal ``scaled_dot_product_attention`` over sequence lengths and head sizes,
+the causal attention core that executed plans run (``calibrate.attention``: the
+probabilities kept, as the plans' memory model counts them) over sequence
+lengths and head sizes,
 a device-to-device copy (memory bandwidth) and a one-element kernel (launch
 cost). Writes the profile's ``compute`` section (``calibrate.compute``): the
 collective tiers of the base profile are kept.
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 from calibrate.cli import command_parser
+from calibrate.attention import causal_attention
 from calibrate.compute import Band, ComputeModel
 from calibrate.errors import UserError
 from calibrate.optional import require_torch
@@ -80,14 +83,13 @@ def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, flo
 
 
 def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple]]:
-    sdpa = torch.nn.functional.scaled_dot_product_attention
     out = []
     batch, heads = 4, 16
     for d in HEAD_DIMS:
         for s in SEQS:
             sets = [tuple(torch.randn(batch, heads, s, d, device=device, dtype=dtype) for _ in range(3))
                     for _ in range(3)]
-            t = _time(torch, lambda i: sdpa(*sets[i % 3], is_causal=True), iters, warmup)
+            t = _time(torch, lambda i: causal_attention(torch, *sets[i % 3]), iters, warmup)
             flops = 4.0 * batch * heads * s * s * d
             out.append((flops, t, (batch, heads, s, d)))
             progress(f"attention b={batch} h={heads} s={s} d={d} {dtype}: {t * 1e6:.1f} us")
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
         matmul[str(size)] = Band(peak or best, tuple(sorted((f, t) for f, t, _ in mm)))
         attention[str(size)] = Band(peak or best, tuple(sorted((f, t) for f, t, _ in att)))
         sources[f"matmul.{size}"] = f"measured ({name}, {len(mm)} shapes, best {best / 1e12:.0f} TFLOP/s)"
-        sources[f"attention.{size}"] = f"measured ({name}, causal SDPA, {len(att)} shapes)"
+        sources[f"attention.{size}"] = f"measured ({name}, causal softmax(QK^T)V, probabilities kept, {len(att)} shapes)"
     mem = measure_memory(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",

@@ -38,7 +38,8 @@ STAT_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype",
 POINT_FIELDS = ["group", "collective", "bytes", "phase", "wall_s"]
 PHASES = ("sweep", "refine", "random")
 # configuration keys that must agree for --resume
-RESUME_KEYS = ("backend", "mode", "dtype", "iters", "warmup", "reps", "world_size", "hosts")
+RESUME_KEYS = ("backend", "mode", "dtype", "iters", "warmup", "reps", "world_size", "hosts", "sizes",
+               "collectives", "groups")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Callable
 from mpi4py import MPI
 
 from calibrate.backends import REGISTRY as BACKENDS
+from calibrate import run_limits
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
 from calibrate.cli import add_timing_args, command_parser
@@ -85,10 +86,36 @@ def _row(nbytes, count, dtype, coll, t, busbw, wrong) -> str:
             f"{algbw:>8.2f} {busbw:>8.2f} {w:>7}")
 
 
+def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> None:
+    """Memory for the largest size on every rank (host memory per host, or the GPU's), before any work;
+    a warning when a host has more ranks than cores."""
+    here = socket.gethostname()
+    sharing = hosts.count(here)
+    need = run_limits.buffer_bytes(colls, max(sizes), args.dtype, world.Get_size(), args.check)
+    problem = None
+    try:
+        if backend_name == "nccl":
+            import cupy
+
+            free, _ = cupy.cuda.runtime.memGetInfo()
+            run_limits.check_memory(need, 1, free, "the GPU", "lower --max-bytes (-e)")
+        else:
+            run_limits.check_memory(need, sharing, run_limits.host_available_bytes(), f"host {here}",
+                                    "lower --max-bytes (-e) or run fewer ranks per host")
+    except UserError as e:
+        problem = str(e)
+    _agree(world, problem)
+    warning = run_limits.oversubscription_warning(sharing, run_limits.cores(), here)
+    warnings = [w for w in world.allgather(warning) if w]
+    if warnings:
+        say(warnings[0], file=sys.stderr)
+
+
 def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     """Measure the sweep (or, from ``calibrate validate --random``, the given sizes per collective)."""
     rank = world.Get_rank()
     say = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
+    run_limits.check_counts(args.iters, args.warmup, args.reps)
     colls = [Collective.parse(c) for c in args.collectives.split(",") if c.strip()]
     if not colls:
         raise UserError("--collectives is empty: name at least one collective")
@@ -96,7 +123,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     dtype_size(args.dtype)
     kinds = parse_group_kinds(args.groups)
     backend_name = _pick_backend(args.backend)
-    refining = getattr(args, "refine", False)
+    refining = args.refine
     if refining and (args.refine_points < 0 or args.refine_budget < 0 or args.refine_tol < 0):
         raise UserError("--refine-points, --refine-budget and --refine-tol must not be negative")
     _agree(world, None)  # every rank parsed the same arguments
@@ -109,7 +136,8 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
         sweep(parse_size(args.min_bytes), parse_size(args.max_bytes or max_default), args.factor)
     plan = random_sizes or {}
     phase = "sweep" if random_sizes is None else "random"
-    check = getattr(args, "check", False)
+    check = args.check
+    run_limits.check_world(world.Get_size())
 
     device = None
     if backend_name == "nccl":
@@ -117,6 +145,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
 
         device = select_gpu(world)
     _, nnodes, _, hosts = topology(world)
+    _check_resources(args, world, colls, sizes or [n for v in plan.values() for n in v], backend_name, hosts, say)
     out = args.out or os.path.join("results", "calib-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     meta = {
         "kind": KIND,

@@ -116,6 +116,7 @@ def measure_random(args) -> int:
         hi = parse_size(args.max_bytes or "1G")
         sizes = random_sizes(colls, lo, hi, args.random, args.seed, parse_size(args.align) * world.Get_size())
         args.out = args.out or os.path.join("results", "validate-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        args.check, args.refine = False, False  # timed only, like refined sizes
         rc = run(args, world, random_sizes=sizes)
         if world.Get_rank() == 0:
             stats = pd.concat([st for _, st in load_results([args.out])], ignore_index=True)

@@ -29,15 +29,14 @@ def init_weight(kind: str, shape: tuple[int, ...], seed: int, position: int, dty
 
 
 def batch(graph, seed: int, step: int, micro: int, device, dtype) -> dict:
-    """Micro-batch ``micro`` of step ``step``: token ids and next-token targets (gpt), or
-    inputs and the loss weights of the linear loss (mlp)."""
+    """Micro-batch ``micro`` of step ``step``: the inputs (token ids for a model that starts
+    with an embedding, N(0, 1) features otherwise) and the loss layer's target classes."""
     g = _gen(device, seed, 1_000_000 + step, micro)
     first, last = graph.layers[graph.chain[0]], graph.layers[graph.chain[-1]]
-    if first.kind == "embedding":
-        t, vocab = first.dim("tokens"), first.dim("k")
-        ids = torch.randint(0, vocab, (t,), generator=g, device=device)
-        return {"ids": ids, "targets": torch.randint(0, vocab, (t,), generator=g, device=device)}
     t = first.dim("tokens")
-    x = torch.randn((t, first.dim("k")), generator=g, device=device, dtype=torch.float32).to(dtype)
-    y = torch.randn((t, last.dim("n")), generator=g, device=device, dtype=torch.float32).to(dtype)
-    return {"x": x, "target": y}
+    if first.kind == "embedding":
+        out = {"ids": torch.randint(0, first.dim("k"), (t,), generator=g, device=device)}
+    else:
+        out = {"x": torch.randn((t, first.dim("k")), generator=g, device=device, dtype=torch.float32).to(dtype)}
+    out["targets"] = torch.randint(0, last.dim("vocabulary"), (t,), generator=g, device=device)
+    return out

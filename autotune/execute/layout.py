@@ -51,8 +51,8 @@ def local_piece(full, fine, coords, axis_sizes):
         off, n = local_range(full.shape[d], d, fine, coords, axis_sizes)
         out = out.narrow(d, off, n)
     if any(p == P and c != 0 for p, c in zip(fine, coords)):
-        out = torch.zeros_like(out)
-    return out.contiguous()
+        return torch.zeros_like(out, memory_format=torch.contiguous_format)
+    return out.clone(memory_format=torch.contiguous_format)  # its own storage: the whole tensor can be freed
 
 
 def _stride(shape) -> tuple[int, ...]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 
+from calibrate.errors import UserError
+
 from autotune.execute import ops
 from autotune.execute.data import init_weight
 from autotune.execute.layout import box
 from autotune.execute.planread import LayerSpec
-from autotune.sbp.sbp import B, P
 
 
 class PlanModel:
@@ -45,19 +46,12 @@ class PlanModel:
                 if x is None:
                     x = ctx.piece(data["x"], spec.input)
                 else:
-                    x = box(x, ctx.mesh, spec.in_shape, prev, spec.input)
+                    x = box(x, ctx.mesh, spec.in_shape, prev, spec.input, grad_dst=spec.grad_in)
             weights = {n: p.to(ctx.dtype) for n, p in self.params[pos].items()}
             x = ops.forward(ctx, spec, x, weights, data, loss_scale)
             prev = spec.output
         last = self.specs[self.graph.chain[-1]]
-        if last.kind == "loss":
-            vocab_axes = [n for p, n in zip(last.input, ctx.axis_sizes) if p not in ("S0", B)]
-            return x, math.prod(vocab_axes)
-        return self._linear_loss(x, prev, data["target"], loss_scale), 1
-
-    def _linear_loss(self, y, fine, target, scale):
-        """sum(y * target) * scale: linear, so partial sums add up; replicas share it."""
-        ctx = self.ctx
-        tgt = ctx.piece(target, tuple(B if p == P else p for p in fine))
-        replicas = math.prod(n for p, n in zip(fine, ctx.axis_sizes) if p == B)
-        return (y.to(ctx.stat_dtype) * tgt.to(ctx.stat_dtype)).sum() * (scale / replicas)
+        if last.kind != "loss":
+            raise UserError(f"the model ends in {last.layer.name}, not a loss layer: re-run the search with this version")
+        # devices that differ only along the vocabulary axes compute the same share
+        return x, math.prod(n for p, n in zip(last.input, ctx.axis_sizes) if p != "S0")

@@ -10,12 +10,15 @@ Conventions shared with ``reference.py``: a matmul computes ``x @ W`` with W
 [k, n]; a layer norm's weight is [2, hidden] (scale, shift); the fused QKV
 output is laid out head by head ([q k v] of head 0, then head 1, ...) so that
 splitting it along heads keeps each head whole; attention is causal over each
-sequence of the micro-batch; the loss is softmax cross-entropy.
+sequence of the micro-batch, its probabilities kept for the backward pass
+(``calibrate.attention``, as the plans' memory model counts); the loss is
+softmax cross-entropy.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calibrate.attention import causal_attention
 from calibrate.errors import UserError
 
 from autotune.execute.layout import DTensor, Partial, Replicate, Shard, box, local_piece, local_range, torch
@@ -86,7 +89,7 @@ def attention(ctx: Ctx, spec: LayerSpec, x):
     heads = width // (3 * hd)
     qkv = x.view(t // seq, seq, heads, 3, hd)
     q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = causal_attention(torch, q, k, v)
     return out.transpose(1, 2).reshape(t, heads * hd)
 
 
@@ -94,7 +97,9 @@ def loss(ctx: Ctx, spec: LayerSpec, logits, targets, scale: float):
     """This device's share of the loss: sum over its tokens of log-sum-exp minus the
     target logit, times ``scale``. With the vocabulary split, the row max (no gradient)
     and the (sum of exp, target logit) pair are all-reduced over the vocabulary axes;
-    the pair's gradient is then whole on every device (the plan's local gradient)."""
+    the pair's gradient is then whole on every device (the plan's local gradient).
+    With the vocabulary whole ("loss-replicated"), the devices along those axes
+    compute the same share and each returns the whole gradient (B, as the plan says)."""
     fine = spec.input
     vocab = spec.layer.dim("vocabulary")
     off, n = local_range(vocab, 1, fine, ctx.coords, ctx.axis_sizes)
@@ -109,7 +114,8 @@ def loss(ctx: Ctx, spec: LayerSpec, logits, targets, scale: float):
     mine = (tgt >= off) & (tgt < off + n)
     picked = z.gather(1, (tgt - off).clamp(0, n - 1).unsqueeze(1)).squeeze(1) * mine.to(z.dtype)
     pair = torch.stack([z.exp().sum(1), picked], 1)
-    pair = box(pair, ctx.mesh, (spec.layer.dim("tokens"), 2), split, whole, grad_dst=whole)
+    if split != whole:
+        pair = box(pair, ctx.mesh, (spec.layer.dim("tokens"), 2), split, whole, grad_dst=whole)
     return (torch.log(pair[:, 0]) - pair[:, 1]).sum() * scale
 
 

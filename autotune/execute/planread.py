@@ -35,6 +35,7 @@ class LayerSpec:
     internal: tuple[Internal, ...]
     in_shape: tuple[int, ...] | None
     out_shape: tuple[int, ...] | None
+    grad_in: tuple[str, ...] | None  # placement of the input's gradient the layer returns (the dual, or its own)
 
     @property
     def kind(self) -> str:
@@ -114,7 +115,8 @@ def layer_specs(plan: dict, graph: LayerGraph, cluster: Cluster) -> list[LayerSp
             _fine(sbp["input"], cluster, where) if "input" in sbp else None,
             _fine(sbp["output"], cluster, where) if "output" in sbp else None,
             tuple(weights), internal, strat.input.shape if strat.input else None,
-            strat.output.shape if strat.output else None))
+            strat.output.shape if strat.output else None,
+            _fine_roles(strat.grad_in, mesh, cluster) if strat.grad_in else None))
     return out
 
 

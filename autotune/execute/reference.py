@@ -39,11 +39,12 @@ def _forward(graph, params, data):
             x = F.scaled_dot_product_attention(q, k, v_, is_causal=True).transpose(1, 2).reshape(mb * seq, hidden)
         elif layer.kind == "loss":
             return F.cross_entropy(x, data["targets"], reduction="sum")
-    return (x * data["target"]).sum()
+    raise ValueError("the model has no loss layer")
 
 
-def train_reference(graph, seed: int, steps: int, lr: float, dtype=None) -> tuple[list[float], list[dict]]:
-    """(loss per step, whole weights per chain position after the steps), in float64 by default."""
+def train_reference(graph, seed: int, steps: int, lr: float, dtype=None) -> tuple[list[float], list[dict], list[dict]]:
+    """(loss per step, whole weights per chain position after the steps, their gradients in the last
+    step), in float64 by default."""
     dtype = dtype or torch.float64
     cpu = torch.device("cpu")
     params = []
@@ -65,4 +66,4 @@ def train_reference(graph, seed: int, steps: int, lr: float, dtype=None) -> tupl
             total += float(out.detach())
         opt.step()
         losses.append(total)
-    return losses, [{n: p.detach() for n, p in d.items()} for d in params]
+    return losses, [{n: p.detach() for n, p in d.items()} for d in params], [{n: p.grad for n, p in d.items()} for d in params]

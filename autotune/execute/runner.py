@@ -80,8 +80,9 @@ def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_ste
     }, model
 
 
-def gather_weights(model: PlanModel) -> list[dict]:
-    """Whole weights per chain position (a collective: every rank calls it)."""
+def gather_weights(model: PlanModel, grads: bool = False) -> list[dict]:
+    """Whole weights (or, with ``grads``, their last synchronised gradients) per chain position
+    (a collective: every rank calls it)."""
     ctx = model.ctx
     out = []
     for pos, v in enumerate(model.graph.chain):
@@ -89,7 +90,7 @@ def gather_weights(model: PlanModel) -> list[dict]:
         whole = {}
         for name, p in model.params[pos].items():
             shape, fine = shapes[name]
-            x = DTensor.from_local(p.detach(), ctx.mesh, placements(fine), run_check=False, shape=shape,
+            x = DTensor.from_local(p.grad if grads else p.detach(), ctx.mesh, placements(fine), run_check=False, shape=shape,
                                    stride=tuple(torch.empty(shape, device="meta").stride()))
             whole[name] = x.full_tensor()
         out.append(whole)

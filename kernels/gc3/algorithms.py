@@ -199,6 +199,41 @@ ALGORITHMS: dict[str, AlgorithmFn] = {
 }
 
 
+# traced ops of each algorithm (before the compiler splits them over instances), as closed forms
+OP_COUNTS: dict[str, Callable[[int, int, int], int]] = {   # (ranks, channels, nodes) -> ops
+    "ring_allreduce": lambda r, c, n: c * r * max(2 * r - 3, 1),
+    "allpairs_allreduce": lambda r, c, n: 3 * r * (r - 1),
+    "hierarchical_allreduce": lambda r, c, n: r * (2 * r - 2),
+    "rdh_allreduce": lambda r, c, n: 2 * r * max(1, r.bit_length() - 1),
+    "ring_allgather": lambda r, c, n: c * r * (r - 1),
+    "ring_reducescatter": lambda r, c, n: c * r * (r - 1),
+    "twostep_alltoall": lambda r, c, n: r * r + r * (n - 1),
+    "alltonext": lambda r, c, n: 3 * r * max(1, r // max(n, 1)),
+}
+# what one machine of the project's kind compiles and verifies (about 1.3 KB of memory per traced op:
+# kernels/gc3/scale_bench.py, reports/records/gc3.md)
+MAX_OPS = 2_500_000
+
+
+def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nodes: int = 1) -> int:
+    """The ops the compiler would handle (traced ops x instances); raise ``UserError`` before any work
+    if that is over ``MAX_OPS``."""
+    if name not in ALGORITHMS:
+        raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
+    _check(ranks, channels, nodes)
+    if instances < 1:
+        raise UserError(f"--instances must be >= 1, got {instances}")
+    ops = OP_COUNTS[name](ranks, channels, nodes) * instances
+    if ops > MAX_OPS:
+        most = ranks
+        while most > 2 and OP_COUNTS[name](most, channels, max(1, nodes * most // ranks)) * instances > MAX_OPS:
+            most = most * 9 // 10
+        raise UserError(f"{name} on {ranks} ranks ({channels} channel(s), {instances} instance(s)) means about "
+                        f"{ops:,} ops, over the compiler's limit of {MAX_OPS:,} (about {most} ranks with these "
+                        f"settings); use fewer ranks, channels or instances")
+    return ops
+
+
 def build(name: str, ranks: int, channels: int = 1, instances: int = 1, protocol: Protocol | str = Protocol.SIMPLE,
           nodes: int = 1) -> GC3Program:
     if name not in ALGORITHMS:

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
-from kernels.gc3.algorithms import ALGORITHMS, build
+from calibrate.outputs import check_output_path
+from kernels.gc3.algorithms import ALGORITHMS, build, check_size
 from kernels.gc3.compiler import compile_program
-from kernels.gc3.executor import ExecutionError, check_program
+from kernels.gc3.executor import RACE_CHECK_MAX_CLOCK_BYTES, ExecutionError, check_program
 from kernels.gc3.verify import DEFAULT_SM_COUNT, verify
 from kernels.gc3.xml_io import read_xml, write_xml
 
@@ -25,13 +25,24 @@ def compile_main(argv=None) -> int:
     ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU")
     ap.add_argument("-o", "--output", required=True, help="output XML file")
     args = ap.parse_args(argv)
+    out = check_output_path(args.output, "output XML")
+    if args.sm_count < 1:
+        raise UserError(f"--sm-count must be >= 1, got {args.sm_count}")
+    check_size(args.algorithm, args.ranks, args.channels, args.instances, args.nodes)
+    if args.channels * args.instances > args.sm_count:
+        raise UserError(f"{args.channels} channel(s) x {args.instances} instance(s) need at least "
+                        f"{args.channels * args.instances} thread blocks per GPU, more than --sm-count "
+                        f"{args.sm_count}; use fewer channels or instances")
     print(f"tracing {args.algorithm} on {args.ranks} ranks", file=sys.stderr)
     prog = build(args.algorithm, args.ranks, args.channels, args.instances, args.protocol, args.nodes)
     print(f"compiling {len(prog.ops)} ops", file=sys.stderr)
     ir = compile_program(prog, sm_count=args.sm_count)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(write_xml(ir))
+    text = write_xml(ir)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as e:
+        raise UserError(f"cannot write {str(out)!r} ({e.strerror}): choose a writable path") from None
     print(f"wrote {out}: {ir.ngpus} GPUs, {ir.max_threadblocks} thread blocks per GPU at most, "
           f"{ir.nchannels} channels, {sum(len(t.steps) for g in ir.gpus for t in g.threadblocks)} steps")
     return 0
@@ -45,14 +56,19 @@ def check_main(argv=None) -> int:
     ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU")
     args = ap.parse_args(argv)
     if args.seeds < 1:
-        raise UserError("--seeds must be >= 1")
+        raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.sm_count < 1:
+        raise UserError(f"--sm-count must be >= 1, got {args.sm_count}")
     ir = read_xml(args.xml)
     print(f"verifying {args.xml}", file=sys.stderr)
     summary = verify(ir, sm_count=args.sm_count)
     print(f"executing under {args.seeds} random interleavings", file=sys.stderr)
     try:
-        check_program(ir, seeds=args.seeds)
-        result = f"correct {ir.collective} on {args.seeds} seeds, no race, no deadlock"
+        res = check_program(ir, seeds=args.seeds)
+        result = (f"correct {ir.collective} on {args.seeds} seeds, no race, no deadlock" if res.races_checked else
+                  f"correct {ir.collective} on {args.seeds} seeds, no deadlock; races not checked "
+                  f"(the vector clocks of {res.threadblocks} thread blocks would exceed "
+                  f"{RACE_CHECK_MAX_CLOCK_BYTES >> 20} MiB)")
     except ExecutionError as e:
         raise UserError(f"{args.xml}: {e}") from None
     print(f"{ir.name} ({ir.collective}, {ir.protocol.value}, {'in place' if ir.inplace else 'out of place'})")

@@ -42,21 +42,26 @@ class StepType(str, Enum):
 
     @property
     def sends(self) -> bool:
-        return self in (StepType.SEND, StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_SEND,
-                        StepType.RECV_REDUCE_COPY_SEND)
+        return self in SENDING
 
     @property
     def receives(self) -> bool:
-        return self in (StepType.RECV, StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_SEND,
-                        StepType.RECV_REDUCE_COPY, StepType.RECV_REDUCE_COPY_SEND)
+        return self in RECEIVING
 
     @property
     def reduces(self) -> bool:
-        return self in (StepType.RECV_REDUCE_SEND, StepType.RECV_REDUCE_COPY,
-                        StepType.RECV_REDUCE_COPY_SEND, StepType.REDUCE)
+        return self in REDUCING
 
 
-@dataclass
+SENDING = frozenset({StepType.SEND, StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_SEND,
+                     StepType.RECV_REDUCE_COPY_SEND})
+RECEIVING = frozenset({StepType.RECV, StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_SEND,
+                       StepType.RECV_REDUCE_COPY, StepType.RECV_REDUCE_COPY_SEND})
+REDUCING = frozenset({StepType.RECV_REDUCE_SEND, StepType.RECV_REDUCE_COPY, StepType.RECV_REDUCE_COPY_SEND,
+                      StepType.REDUCE})
+
+
+@dataclass(slots=True)
 class Step:
     s: int
     type: StepType

@@ -97,6 +97,21 @@ def alias_index(collective: str, inplace: bool, ngpus: int, nchunks: int, rank: 
     return buf, off
 
 
+def logical_index(collective: str, inplace: bool, ngpus: int, nchunks: int, rank: int, buf: Buffer, off: int,
+                  logical: Buffer) -> int | None:
+    """The inverse of ``alias_index``: the chunk k of user buffer ``logical`` of ``rank`` stored at
+    ``buf[off]``, or None if none is (k is not checked against the buffer's size)."""
+    if inplace:
+        per = nchunks // ngpus
+        if collective == "allgather" and logical == Buffer.INPUT:
+            return off - rank * per if buf == Buffer.OUTPUT and rank * per <= off < (rank + 1) * per else None
+        if collective == "reducescatter" and logical == Buffer.OUTPUT:
+            return off - rank * per if buf == Buffer.INPUT and rank * per <= off < (rank + 1) * per else None
+        if collective == "allreduce" and logical == Buffer.OUTPUT:
+            return off if buf == Buffer.INPUT else None
+    return off if buf == logical else None
+
+
 def alias(program: Program, rank: int, buf: Buffer, off: int) -> tuple[Buffer, int]:
     """The storage (buffer, chunk offset) that chunk ``buf[off]`` of ``rank`` really is."""
     return alias_index(program.collective, program.inplace, program.ngpus, program.nchunksperloop, rank, buf, off)

@@ -10,15 +10,25 @@ are labelled with why one waits for the other:
 - "FIFO slots": the (k+slots)-th send waits for the k-th receive to free a slot.
 Thread blocks are deterministic processes connected by FIFOs, so a cycle here is
 exactly a reachable deadlock, whatever the interleaving.
+
+Complexity, for S steps, D dependencies and M messages: connections O(S),
+message matching O(M), hasdep O(S + D), deadlock O(S + D + M): the wait-for
+graph has integer nodes and is acyclic exactly when each of its strongly
+connected components (scipy's, in C) is one node without a self-loop; only a
+cyclic graph is walked in Python, within one component, to name the cycle.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
+
 from calibrate.errors import UserError
 from kernels.gc3.executor import step_name
-from kernels.gc3.ir import Program
+from kernels.gc3.ir import RECEIVING, SENDING, Program
 
 DEFAULT_SM_COUNT = 132  # H100 SXM and H200: 132 streaming multiprocessors
 
@@ -55,11 +65,13 @@ def _connections(program: Program):
                     raise VerifyError("connection conflict", f"gpu {g.id}: thread blocks {seen[key]} and {tb.id} "
                                       f"both {what} gpu {peer} on channel {tb.chan}; give them different channels")
                 seen[key] = tb.id
+            out, inc = (g.id, tb.send, tb.chan), (tb.recv, g.id, tb.chan)
             for i, st in enumerate(tb.steps):
-                if st.type.sends:
-                    sends[(g.id, tb.send, tb.chan)].append((g.id, tb, i))
-                if st.type.receives:
-                    recvs[(tb.recv, g.id, tb.chan)].append((g.id, tb, i))
+                t = st.type
+                if t in SENDING:
+                    sends[out].append((g.id, tb, i))
+                if t in RECEIVING:
+                    recvs[inc].append((g.id, tb, i))
     return sends, recvs
 
 
@@ -108,61 +120,85 @@ def verify(program: Program, sm_count: int = DEFAULT_SM_COUNT, fifo_slots: int =
     )
 
 
+_KINDS = ("thread-block order", "dependency", "send/receive order on a connection", "FIFO slots")
+
+
 def _check_deadlock(program: Program, sends, recvs, fifo_slots: int) -> None:
-    # node: (rank, tb id, step, phase); phase 1 exists only for steps that receive and send
-    edges: dict[tuple, list[tuple[tuple, str]]] = defaultdict(list)
-    nodes = []
-    steps = {}
-
-    def first(r, t, i):
-        return (r, t, i, 0)
-
-    def last(r, t, i):
-        st = steps[(r, t, i)]
-        return (r, t, i, 1 if st.type.sends and st.type.receives else 0)
-
+    # node ids: step k of thread block t of gpu r is base[(r, t)] + k (its first phase); a step that
+    # receives and sends has a second (send) phase, numbered from S on
+    base: dict[tuple[int, int], int] = {}
+    both, starts, where = [], [], []
+    n = 0
     for g in program.gpus:
         for tb in g.threadblocks:
+            base[(g.id, tb.id)] = n
+            if tb.steps:
+                starts.append(n)
+            where.append((n, g.id, tb))
+            n += len(tb.steps)
+            both.extend(st.type in SENDING and st.type in RECEIVING for st in tb.steps)
+    two = np.flatnonzero(np.fromiter(both, dtype=bool, count=n))
+    last = np.arange(n, dtype=np.int64)
+    last[two] = n + np.arange(len(two))
+    total = n + len(two)
+    follows = np.ones(n, dtype=bool)
+    follows[starts] = False
+    nxt = np.flatnonzero(follows)
+    src = [two, last[nxt - 1]]
+    dst = [last[two], nxt]
+    kinds = [np.zeros(len(two) + len(nxt), dtype=np.int8)]
+    dep_src, dep_dst = [], []
+    for g in program.gpus:
+        for tb in g.threadblocks:
+            b = base[(g.id, tb.id)]
             for i, st in enumerate(tb.steps):
-                steps[(g.id, tb.id, i)] = st
-    for (r, t, i), st in steps.items():
-        nodes.append(first(r, t, i))
-        if last(r, t, i) != first(r, t, i):
-            nodes.append(last(r, t, i))
-            edges[first(r, t, i)].append((last(r, t, i), "thread-block order"))
-        if i > 0:
-            edges[last(r, t, i - 1)].append((first(r, t, i), "thread-block order"))
-        for d in st.deps:
-            edges[last(r, *d)].append((first(r, t, i), "dependency"))
+                for d in st.deps:
+                    dep_src.append(base[(g.id, d[0])] + d[1])
+                    dep_dst.append(b + i)
+    src.append(last[np.asarray(dep_src, dtype=np.int64)])
+    dst.append(np.asarray(dep_dst, dtype=np.int64))
+    kinds.append(np.full(len(dep_src), 1, dtype=np.int8))
+    m_src, m_dst, f_src, f_dst = [], [], [], []
     for key, s in sends.items():
         rv = recvs.get(key, [])
-        for k, (a, b) in enumerate(zip(s, rv)):
-            edges[last(a[0], a[1].id, a[2])].append((first(b[0], b[1].id, b[2]), "send/receive order on a connection"))
-        for k in range(len(rv)):
-            if k + fifo_slots < len(s):
-                a, b = rv[k], s[k + fifo_slots]
-                edges[first(a[0], a[1].id, a[2])].append((last(b[0], b[1].id, b[2]), "FIFO slots"))
-    indeg = defaultdict(int)
-    for u in nodes:
-        for v, _ in edges[u]:
-            indeg[v] += 1
-    ready = [u for u in nodes if indeg[u] == 0]
-    seen = 0
-    while ready:
-        u = ready.pop()
-        seen += 1
-        for v, _ in edges[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    if seen == len(nodes):
+        sg = [base[(a[0], a[1].id)] + a[2] for a in s]
+        rg = [base[(a[0], a[1].id)] + a[2] for a in rv]
+        m_src += sg[:len(rg)]
+        m_dst += rg[:len(sg)]
+        f_src += rg[:max(0, len(sg) - fifo_slots)]
+        f_dst += sg[fifo_slots:fifo_slots + len(rg)]
+    src.append(last[np.asarray(m_src, dtype=np.int64)])
+    dst.append(np.asarray(m_dst, dtype=np.int64))
+    kinds.append(np.full(len(m_src), 2, dtype=np.int8))
+    src.append(np.asarray(f_src, dtype=np.int64))
+    dst.append(last[np.asarray(f_dst, dtype=np.int64)])
+    kinds.append(np.full(len(f_src), 3, dtype=np.int8))
+    src, dst, kinds = np.concatenate(src), np.concatenate(dst), np.concatenate(kinds)
+    graph = csr_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(total, total))
+    ncomp, labels = connected_components(graph, directed=True, connection="strong")
+    loops = src == dst
+    if ncomp == total and not loops.any():
         return
-    stuck = {u for u in nodes if indeg[u] > 0}
-    cycle = _find_cycle(stuck, edges)
+    sizes = np.bincount(labels, minlength=ncomp)
+    cyclic = np.flatnonzero((sizes[labels] > 1) | np.isin(np.arange(total), src[loops]))
+    comp = labels[cyclic.min()]
+    inside = labels == comp
+    keep = inside[src] & inside[dst]
+    edges: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for u, v, k in zip(src[keep].tolist(), dst[keep].tolist(), kinds[keep].tolist()):
+        edges[u].append((v, _KINDS[k]))
+    cycle = _find_cycle(set(np.flatnonzero(inside).tolist()), edges)
+    starts_arr = np.asarray([w[0] for w in where], dtype=np.int64)
     parts = []
     for (u, kind) in cycle:
-        st = steps[u[:3]]
-        parts.append(f"{step_name(u[0], u[1], u[2], st)}{' send' if u[3] else ''} -[{kind}]->")
+        phase = u >= n
+        gid = int(two[u - n]) if phase else u
+        t = int(np.searchsorted(starts_arr, gid, side="right")) - 1
+        while where[t][0] > gid or len(where[t][2].steps) <= gid - where[t][0]:
+            t -= 1
+        b, rank, tb = where[t]
+        i = gid - b
+        parts.append(f"{step_name(rank, tb.id, i, tb.steps[i])}{' send' if phase else ''} -[{kind}]->")
     raise VerifyError("deadlock", "cycle " + " ".join(parts) + " back to the first; reorder the steps, "
                       "use separate channels or more FIFO slots")
 

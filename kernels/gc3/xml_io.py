@@ -126,7 +126,10 @@ def read_xml(path_or_text: str | Path) -> Program:
         path = Path(path_or_text)
         if not path.is_file():
             raise UserError(f"{path}: no such XML file; give the path of an MSCCL XML program")
-        text, origin = path.read_text(), str(path)
+        try:
+            text, origin = path.read_bytes(), str(path)
+        except OSError as e:
+            raise UserError(f"{path}: cannot read it ({e.strerror}); give a readable MSCCL XML file") from None
     else:
         text, origin = str(path_or_text), "<xml text>"
     try:

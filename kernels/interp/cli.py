@@ -17,10 +17,11 @@ from pathlib import Path
 
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
-from calibrate.sizes import parse_size
+from calibrate.outputs import check_output_path
+from calibrate.sizes import parse_size, sweep
 
 from kernels.interp import bench, pack
-from kernels.interp.preset import DEFAULT_PRESET
+from kernels.interp.preset import DEFAULT_PRESET, load_preset
 from kernels.interp.records import BenchRecord
 from kernels.interp.sweep import sweep_names
 
@@ -43,8 +44,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args) -> None:
+    """Every option checked before a GPU or MPI is touched."""
+    names = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    for c in names:
+        if c not in bench.COLLECTIVES:
+            raise UserError(f"unknown collective {c!r}; use some of {', '.join(bench.COLLECTIVES)}")
+    if not names:
+        raise UserError(f"--collectives is empty; use some of {', '.join(bench.COLLECTIVES)}")
+    sweep(args.min_bytes, args.max_bytes, args.factor)
+    if args.reps < 1:
+        raise UserError(f"--reps must be >= 1, got {args.reps}")
+    load_preset(args.preset)
+    if args.out:
+        check_output_path(args.out, "output directory", directory=True)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    check_args(args)
     try:
         from mpi4py import MPI
         import cupy as cp

@@ -56,6 +56,9 @@ def build_parser():
     p.add_argument("--out", default="", help="JSON record, rewritten after every size (none: not written)")
     p.add_argument("--merge", nargs="+", metavar="RECORD", help="merge records and print the peer table (no GPU)")
     p.add_argument("--nccl-settings", action="store_true", help="print the NCCL environment sweep, one per line")
+    p.add_argument("--retune", metavar="RECORD", help="write the table --preset with the bands of RECORD's fastest "
+                   "correct tables (the shipped one or a --candidates one) to --out (no GPU)")
+    p.add_argument("--margin", type=float, default=0.03, help="--retune: a candidate must be this much faster")
     return p
 
 
@@ -79,6 +82,8 @@ def main(argv=None) -> int:
         for env, label in peer_table.nccl_settings():
             print(f"{env} {label}")
         return 0
+    if args.retune:
+        return retune_main(args)
     if args.merge:
         merged = peer_table.merge([peer_table.load(Path(f)) for f in args.merge])
         summary = peer_table.summarize(merged["rows"])
@@ -94,6 +99,24 @@ def main(argv=None) -> int:
     peers = _parse_list(args.peers, PEERS, "peer")
     colls = _parse_list(args.collectives, ("allreduce", "allgather", "reducescatter"), "collective")
     return run(args, peers, colls)
+
+
+def retune_main(args) -> int:
+    from kernels.interp.retune import load_tables, retune
+
+    if not args.out:
+        raise UserError("--retune writes a preset: give --out FILE")
+    record = peer_table.load(Path(args.retune))
+    base, cands, programs = load_tables(args.preset, [c.strip() for c in args.candidates.split(",") if c.strip()])
+    new = retune(record["rows"], base, cands, programs, args.margin)
+    data = new.to_json()
+    data["description"] = (f"{record.get('device', '')}: bands of the fastest correct table per size "
+                           f"(shipped {args.preset} or candidates {args.candidates or 'none'}, a candidate only "
+                           f"when {args.margin:.0%} faster) from python -m kernels peers, {record.get('date', '')}")
+    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    for e in new.entries:
+        print(f"{e.program:>28} {e.protocol.value if e.protocol else '-':>6} [{e.min_bytes}, {e.max_bytes or 'inf'})")
+    return 0
 
 
 def run(args, peer_names: list[str], colls: list[str]) -> int:

@@ -1,6 +1,7 @@
 """Plans executed on 4 processes (gloo, float64) against the same model in one
 process: the loss of every step and every weight after two Adam steps agree to
-1e-9 (relative) for the searched plan, data parallelism, Megatron and two random
+1e-9 (relative), and so do the gradients of the last step (Adam would hide a
+wrong scale of them), for the searched plan, data parallelism, Megatron and two random
 plans that use partial sums (and SUMMA, whose layers gather panels inside), on a 2 x 2 cluster and a 1 x 4 cluster; a plan with
 one wrong placement (a row-parallel output declared B instead of P) disagrees."""
 import json
@@ -25,6 +26,7 @@ from calibrate.profile import Profile  # noqa: E402
 from models import load_model  # noqa: E402
 
 TINY = dict(layers=2, hidden=8, heads=4, sequence=4, vocabulary=16, batch=8, micro_batch=4, ffn=32)
+MLP = dict(dims=[8, 16, 8], batch=8, micro_batch=4)
 STEPS, LR, SEED = 2, 1e-2, 0
 RTOL = 1e-9
 
@@ -71,7 +73,8 @@ def _worker(rank, world, port, plans_file, out):
     results = []
     for plan in json.loads(open(plans_file).read()):
         rec, model = run_plan(plan, d, steps=STEPS, warmup=0, profile_steps=0, dtype="float64", seed=SEED, lr=LR)
-        results.append({"losses": rec["measured"]["losses"], "weights": gather_weights(model)})
+        results.append({"losses": rec["measured"]["losses"], "weights": gather_weights(model),
+                        "grads": gather_weights(model, grads=True)})
     if rank == 0:
         torch.save(results, out)
     stop(d)
@@ -86,28 +89,44 @@ def run_distributed(plans, tmp_path, world=4):
 
 def mismatch(ref, got) -> str | None:
     """What differs between the one-process run and a plan's run (None: nothing, to RTOL)."""
-    ref_losses, ref_weights = ref
+    ref_losses, ref_weights, ref_grads = ref
     if not np.allclose(got["losses"], ref_losses, rtol=RTOL, atol=0):
         return f"losses {got['losses']} != {ref_losses}"
-    for pos, (a, b) in enumerate(zip(ref_weights, got["weights"])):
-        for name in a:
-            if not torch.allclose(b[name], a[name], rtol=RTOL, atol=RTOL):
-                return f"weight {name} at chain position {pos} differs by {(b[name] - a[name]).abs().max():.3g}"
+    for what, want, have in (("weight", ref_weights, got["weights"]), ("gradient", ref_grads, got["grads"])):
+        for pos, (a, b) in enumerate(zip(want, have)):
+            for name in a:
+                if not torch.allclose(b[name], a[name], rtol=RTOL, atol=RTOL):
+                    return f"{what} {name} at chain position {pos} differs by {(b[name] - a[name]).abs().max():.3g}"
     return None
 
 
-@pytest.fixture(scope="module")
-def reference():
+def mlp_plan(nodes, gpus) -> dict:
+    graph = load_model("mlp", None, MLP)
+    problem = Problem(graph, Coster(Profile.load("h200-nvlink+ib400"), Cluster(nodes, gpus)))
+    a = make_search("cd").run(problem, Budget(steps=100), np.random.default_rng(0)).assignment
+    return build_plan(problem, a, "searched MLP")
+
+
+def references(plans) -> list:
+    from autotune.execute.planread import plan_graph
     from autotune.execute.reference import train_reference
-    return train_reference(load_model("gpt", None, TINY), SEED, STEPS, LR)
+    cache = {}
+    for p in plans:
+        key = json.dumps(p["model"], sort_keys=True)
+        if key not in cache:
+            cache[key] = train_reference(plan_graph(p), SEED, STEPS, LR)
+    return [cache[json.dumps(p["model"], sort_keys=True)] for p in plans]
 
 
 @pytest.mark.parametrize("nodes,gpus", [(2, 2), (1, 4)])
-def test_plans_match_one_process(nodes, gpus, tmp_path, reference):
+def test_plans_match_one_process(nodes, gpus, tmp_path):
     plans, broken = make_plans(nodes, gpus)
+    if gpus == 4:
+        plans.append(mlp_plan(nodes, gpus))
+    refs = references(plans + [broken])
     results = run_distributed(plans + [broken], tmp_path)
     assert len(results) == len(plans) + 1
-    for plan, got in zip(plans, results):
-        assert mismatch(reference, got) is None, f"{plan['strategy']} on {nodes}x{gpus}: {mismatch(reference, got)}"
-    assert mismatch(reference, results[-1]) is not None, "a wrong placement went unnoticed"
-    assert reference[0][1] != pytest.approx(reference[0][0])  # the weights moved between the steps
+    for plan, ref, got in zip(plans, refs, results):
+        assert mismatch(ref, got) is None, f"{plan['strategy']} on {nodes}x{gpus}: {mismatch(ref, got)}"
+    assert mismatch(refs[-1], results[-1]) is not None, "a wrong placement went unnoticed"
+    assert refs[0][0][1] != pytest.approx(refs[0][0][0])  # the loss moved between the steps

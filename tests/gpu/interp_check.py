@@ -1,7 +1,7 @@
 """GPU check of the GC3 interpreter: correctness against NCCL, bad input, benchmark.
 
     export NCCL_NVLS_ENABLE=0
-    mpirun --allow-run-as-root -np 2 python3 tests/gpu/interp_check.py $OUT [--quick]
+    mpirun --allow-run-as-root -np 2 python3 tests/gpu/interp_check.py $OUT [--quick] [--ll128]
 
 One process per GPU. For every program that fits the rank count (the MSCCL XML
 files of ../shared/interop/msccl, or shared/interop/msccl inside the checkout,
@@ -9,7 +9,9 @@ and kernels/interp/programs), for each protocol (Simple, LL), dtype (float32,
 bfloat16) and size (the smallest legal count, sizes that do not divide the tile,
 up to 1 GiB): fresh random inputs, outputs poisoned, result equal to NCCL's.
 Then the bad-input cases, then ``python -m kernels bench``. Writes
-$OUT/check.json, $OUT/bench.json; prints a short table last.
+$OUT/check.json, $OUT/bench.json; prints a short table last. ``--ll128``: only the
+correctness runs, with LL128 on the candidate table h200x2-ll128's transport
+($OUT/check-ll128.json; GPU part "peers" runs it).
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ def log(msg: str, rank: int) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def correctness(comm, cp, files, max_bytes: int, quick: bool) -> list[dict]:
+def correctness(comm, cp, files, max_bytes: int, quick: bool,
+                protocols=(Protocol.SIMPLE, Protocol.LL)) -> list[dict]:
     from mpi4py import MPI
 
     rank, nranks = comm.rank, comm.nranks
@@ -67,7 +70,7 @@ def correctness(comm, cp, files, max_bytes: int, quick: bool) -> list[dict]:
     rows = []
     for f in files:
         program = comm.load(Entry(str(f)))
-        for proto in (Protocol.SIMPLE, Protocol.LL):
+        for proto in protocols:
             for dtype in ("float32", "bfloat16"):
                 esize = pack.DTYPES[dtype]
                 cap = max_bytes if (dtype == "float32" and not quick) else min(max_bytes, 1 << 26)
@@ -149,7 +152,8 @@ def bad_input(comm, cp, files) -> list[dict]:
 def main(argv: list[str]) -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     quick = "--quick" in argv
-    argv = [a for a in argv if a != "--quick"]
+    ll128 = "--ll128" in argv
+    argv = [a for a in argv if a not in ("--quick", "--ll128")]
     out = Path(argv[0] if argv else os.environ.get("OUT", "interp_check_out"))
     from mpi4py import MPI
     import cupy as cp
@@ -159,10 +163,22 @@ def main(argv: list[str]) -> int:
 
     world = MPI.COMM_WORLD
     local = select_gpu(world, needs="the interpreter check", fallback="run it on a GPU machine")
-    comm = Communicator(world)
     files = program_files(world.size)
     log(f"programs for {world.size} ranks: {[f.name for f in files]}", world.rank)
     max_bytes = 1 << 30
+    if ll128:   # LL128 (issue 19): every program, on the candidate table's transport (its LL128 FIFO)
+        comm = Communicator(world, "h200x2-ll128")
+        checks = correctness(comm, cp, files, max_bytes, quick, protocols=(Protocol.LL128,))
+        comm.close()
+        if world.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "check-ll128.json").write_text(json.dumps({"checks": checks}, indent=1))
+            nbad = sum(not r["ok"] for r in checks)
+            print(f"\nLL128 correctness: {len(checks) - nbad}/{len(checks)} runs equal to NCCL "
+                  f"({len({r['file'] for r in checks})} programs, float32 and bfloat16)")
+            return 0 if nbad == 0 else 1
+        return 0
+    comm = Communicator(world)
     checks = correctness(comm, cp, files, max_bytes, quick)
     bad = bad_input(comm, cp, files)
     comm.close()

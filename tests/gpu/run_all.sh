@@ -58,7 +58,7 @@ if has model; then
   pack
 fi
 
-for part in interp sbp reshard schedule peers execute nccl; do
+for part in interp sbp reshard schedule execute nccl peers; do  # peers after nccl: it uses nccl's tuner table
   has $part || continue
   for script in tests/gpu/${part}*_check.sh tests/gpu/${part}*_check.py; do
     [ -f "$script" ] || continue

@@ -217,3 +217,39 @@ def test_twoshot_program_for_any_rank_count_is_correct_and_packs():
     assert {e.program for e in cand.entries} == {"twoshot_allreduce_2r.xml"}
     with pytest.raises(UserError, match="at least 2 ranks"):
         twoshot_allreduce(1)
+
+
+def test_retune_takes_a_candidate_only_where_it_was_correct_and_faster(tmp_path):
+    from kernels.gc3.ir import Protocol
+    from kernels.interp.preset import Preset
+    from kernels.interp.retune import load_tables, retune
+
+    base, cands, programs = load_tables("h200x2", ["h200x2-twoshot", "h200x2-ll128"])
+    rows = []
+    for nbytes, ours, two, ll in ((K, 3.0, 4.0, 5.0), (64 * K, 4.0, 3.95, 5.0), (M, 11.0, 9.0, 9.5),
+                                  (16 * M, 60.0, 70.0, 65.0), (G, 2950.0, 3000.0, 2800.0)):
+        rows += [row("interp", "allreduce", nbytes, ours), row("interp[h200x2-twoshot]", "allreduce", nbytes, two),
+                 row("interp[h200x2-ll128]", "allreduce", nbytes, ll)]
+    rows.append(row("interp[h200x2-ll128]", "allreduce", 16 * M, 1.0, correct=False))  # wrong: never taken
+    new = retune(rows, base, cands, programs, margin=0.03)
+    ar = [e for e in new.entries if programs[e.program] == "allreduce"]
+    assert [(e.program, e.protocol, e.min_bytes, e.max_bytes) for e in ar] == [
+        ("direct_allreduce_2r.xml", Protocol.LL, 0, 256 * K),          # 64 KiB: two-shot only 1.25% faster
+        ("twoshot_allreduce_2r.xml", Protocol.LL, 256 * K, 4 * M),
+        ("direct_allreduce_2r.xml", Protocol.SIMPLE, 4 * M, 128 * M),
+        ("direct_allreduce_2r.xml", Protocol.LL128, 128 * M, 0)]
+    assert ar[2].tile_bytes == 65536 and ar[1].max_split == 32
+    assert Protocol.LL128 in new.fifo
+    others = [e for e in new.entries if programs[e.program] != "allreduce"]
+    assert others == [e for e in base.entries if programs[e.program] != "allreduce"]
+    Preset.from_json(new.to_json(), "retuned")    # a valid preset
+
+    rec = record(rows)
+    (tmp_path / "m.json").write_text(json.dumps(rec))
+    out = tmp_path / "h.json"
+    assert peers.main(["--retune", str(tmp_path / "m.json"), "--candidates", "h200x2-twoshot,h200x2-ll128",
+                       "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert "fastest correct table" in data["description"] and len(data["programs"]) == len(new.entries)
+    with pytest.raises(UserError, match="not among the candidate presets"):
+        retune(rows, base, {}, programs)

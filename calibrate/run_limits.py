@@ -1,0 +1,75 @@
+"""Limits of ``python -m calibrate run`` checked before anything is measured or
+written: counts, the rank count, memory for the largest size, and cores."""
+from __future__ import annotations
+
+import os
+
+from calibrate.backends.base import buffer_lengths
+from calibrate.collectives import Collective
+from calibrate.device.dtypes import dtype_size
+from calibrate.errors import UserError
+
+# buffers of one size: send and receive, and as much again for --check's inputs and references
+CHECK_FACTOR = 2
+
+
+def check_counts(iters: int, warmup: int, reps: int) -> None:
+    if iters < 1:
+        raise UserError(f"--iters (-n) must be >= 1, got {iters}")
+    if warmup < 0:
+        raise UserError(f"--warmup (-w) must be >= 0, got {warmup}")
+    if reps < 1:
+        raise UserError(f"--reps must be >= 1, got {reps}")
+
+
+def check_world(size: int) -> None:
+    if size < 2:
+        raise UserError("one rank has nothing to measure (every collective needs two or more): "
+                        "run under mpiexec -n 2 (or more), or srun with two or more tasks")
+
+
+def buffer_bytes(colls: list[Collective], nbytes: int, dtype: str, ranks: int, check: bool) -> int:
+    """Bytes one rank allocates for the largest of ``colls`` at ``nbytes``."""
+    count = nbytes // dtype_size(dtype)
+    need = max(sum(buffer_lengths(c, count, ranks)) for c in colls) * dtype_size(dtype)
+    return need * (CHECK_FACTOR if check else 1)
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else free physical pages; None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(need_per_rank: int, ranks_sharing: int, available: int | None, where: str, fix: str) -> None:
+    """Refuse a sweep whose largest size needs more than ``available`` bytes for ``ranks_sharing`` ranks."""
+    if available is None:
+        return
+    need = need_per_rank * ranks_sharing
+    if need > available:
+        raise UserError(f"the largest size needs {need_per_rank / 2**30:.3g} GiB of buffers per rank "
+                        f"({ranks_sharing} rank(s) on {where}: {need / 2**30:.3g} GiB) but {where} has "
+                        f"{available / 2**30:.3g} GiB available: {fix}")
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def oversubscription_warning(ranks_on_host: int, ncores: int, host: str) -> str | None:
+    if ranks_on_host > ncores:
+        return (f"warning: {ranks_on_host} ranks share the {ncores} core(s) of {host}: ranks wait for a core, "
+                f"so times are inflated and noisy; run at most {ncores} ranks per host")
+    return None
