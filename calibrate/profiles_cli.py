@@ -23,6 +23,7 @@ def combine(intra: Profile, inter: Profile, name: str) -> Profile:
         software=intra.software,
         timing_mode=intra.timing_mode,
         tiers={"intra": intra.tiers["intra"], "inter": inter.tiers["inter"]},
+        compute=intra.compute,  # the GPUs are the intra profile's
     )
 
 

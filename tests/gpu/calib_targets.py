@@ -1,6 +1,6 @@
 """The targets table of part "calibrate" (tests/gpu/calib_check.sh), from what it wrote under one folder:
 
-    python tests/gpu/calib_targets.py OUT
+    python tests/gpu/calib_targets.py OUT [--profile graph=PATH --profile host=PATH]
 
 Per timing mode and collective: sweep and refined points and seconds (points.csv), the steps the
 refinement found and located (refine.json), and the error of the mode's profile at the random sizes
@@ -9,6 +9,7 @@ host median <= 3% and max <= 10%, refinement <= 30% of the plain sweep's time.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ TARGETS = {"graph": (2.0, 5.0), "host": (3.0, 10.0)}
 OVERHEAD = 30.0
 
 
-def mode_rows(out: Path, mode: str) -> tuple[list[dict], float, float]:
+def mode_rows(out: Path, mode: str, prof_path: Path) -> tuple[list[dict], float, float]:
     rd = ResultsDir(out / f"calib-{mode}")
     if not (rd.path / "points.csv").exists():
         print(f"{mode}: no sweep in {rd.path}")
@@ -31,7 +32,7 @@ def mode_rows(out: Path, mode: str) -> tuple[list[dict], float, float]:
     pts = rd.points()
     refine = json.loads((rd.path / "refine.json").read_text()) if (rd.path / "refine.json").exists() else {}
     errs = pd.DataFrame()
-    prof_path, rand = out / f"profile-{mode}.json", out / f"random-{mode}"
+    rand = out / f"random-{mode}"
     if prof_path.exists() and (rand / "stats.csv").exists():
         stats = pd.concat([st for _, st in load_results([rand])], ignore_index=True)
         errs = summarize(compare(Profile.load(prof_path), stats)).set_index("collective")
@@ -54,11 +55,22 @@ def mode_rows(out: Path, mode: str) -> tuple[list[dict], float, float]:
     return rows, sweep_total, refine_total
 
 
-def main(out: str) -> int:
-    out_dir = Path(out)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="the folder part calibrate wrote (calib-<mode>/, random-<mode>/, profile-<mode>.json)")
+    ap.add_argument("--profile", action="append", default=[], metavar="MODE=PATH",
+                    help="judge this profile instead of OUT/profile-<mode>.json (e.g. graph=calibrate/profiles/h200-nvlink.json)")
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out)
+    profiles = {m: out_dir / f"profile-{m}.json" for m in TARGETS}
+    for item in args.profile:
+        mode, _, path = item.partition("=")
+        if mode not in TARGETS or not path:
+            ap.error(f"--profile {item!r}: write graph=PATH or host=PATH")
+        profiles[mode] = Path(path)
     rows, lines = [], []
     for mode in TARGETS:
-        r, sweep_s, refine_s = mode_rows(out_dir, mode)
+        r, sweep_s, refine_s = mode_rows(out_dir, mode, profiles[mode])
         rows += r
         if r:
             tmed, tmax = TARGETS[mode]
@@ -78,4 +90,4 @@ def main(out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))
+    sys.exit(main())
