@@ -170,3 +170,30 @@ def test_budget_learns_that_refined_points_are_cheaper():
     bench = Bench(step_curve, cost=1.0)
     rep = refine(sweep_points(bench), bench, aligned, budget_s=4.5, max_points=24, cost=lambda n: 3.0)
     assert len(rep.added) == 4 and rep.spent_s == 4.0
+
+
+def test_profile_records_the_located_switch_and_old_profiles_load(tmp_path):
+    import json
+
+    from calibrate.fit import switches
+    from calibrate.profile import CollectiveModel, Group, Profile
+
+    bench = Bench(step_curve, seed=3)
+    refine(sweep_points(bench), bench, aligned, budget_s=100, max_points=24, cost=lambda n: 1.0)
+    n = np.array(sorted(bench.measured), dtype=float)
+    segs = fit_piecewise(COLL, P, n, [bench.measured[int(x)].time_s for x in n])
+    found = [s for s in switches(COLL, P, segs) if s["located"]]
+    assert len(found) == 1 and found[0]["last_below_bytes"] < SWITCH <= found[0]["first_above_bytes"]
+    assert found[0]["gap_octaves"] <= RESOLUTION and found[0]["jump"] == pytest.approx(1.5, rel=0.05)
+    prof = Profile("t", {"kind": "measured"}, timing_mode="graph",
+                   tiers={"intra": {"allreduce": {"2": CollectiveModel(segs, [], {}, "segments",
+                                                                       switches(COLL, P, segs))}}})
+    again = Profile.load(prof.save(tmp_path / "v2.json"))
+    assert again.tiers["intra"]["allreduce"]["2"].switches == prof.tiers["intra"]["allreduce"]["2"].switches
+    old = prof.to_dict()
+    old["version"] = 1
+    for m in old["tiers"]["intra"]["allreduce"].values():
+        del m["switches"], m["method"]
+    (tmp_path / "v1.json").write_text(json.dumps(old))
+    v1 = Profile.load(tmp_path / "v1.json")
+    assert v1.tiers["intra"]["allreduce"]["2"].switches == [] and v1.time("allreduce", 1e6, Group(2)) == prof.time("allreduce", 1e6, Group(2))
