@@ -1,5 +1,6 @@
 """Report section for fitted profiles: segments over the measured points,
-residuals, held-out errors, and alpha and beta beside the link's peak."""
+residuals, held-out errors, alpha and beta beside the link's peak, where the
+curves step, and the errors at random sizes when the profile records them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -69,6 +70,17 @@ def _profile_section(prof: Profile) -> Section:
         sec.figure(fig, "Fitted segments over the measured medians (log-log), and residuals in percent.")
     sec.heading("Segments, fitted alpha and beta, held-out errors")
     sec.table(pd.DataFrame(rows), "Held-out errors: fitted on every other size, judged on the others.", "{:.4g}")
+    steps = [{"tier": tier, "collective": c, "p": int(p), **s}
+             for tier, cs in prof.tiers.items() for c, bp in cs.items() for p, m in bp.items() for s in m.switches]
+    if steps:
+        sec.heading("Where the curves step")
+        sec.table(pd.DataFrame(steps), "Per boundary between segments: the last size measured below it and the "
+                  "first above (located: within 1/32 octave, by calibrate run --refine), and the jump in time.",
+                  "{:.4g}")
+    random = prov.get("random_validation")
+    if random:
+        sec.heading("Error at sizes drawn at random")
+        sec.table(pd.DataFrame(random["summary"]), f"{random['method']}; not used by the fit.", "{:.3g}")
     return sec
 
 
