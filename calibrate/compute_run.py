@@ -25,6 +25,7 @@ from calibrate.cli import command_parser
 from calibrate.attention import causal_attention
 from calibrate.compute import Band, ComputeModel
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json, write_json
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Profile
 
@@ -46,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=int, default=20, help="timed runs per shape (default 20)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--merge", metavar="PROFILE.json",
+                    help="measure nothing: copy the compute section of PROFILE.json (measured earlier) into --out "
+                         "(e.g. an embedded profile), the rest of --out untouched")
     return ap
 
 
@@ -110,8 +114,22 @@ def measure_launch(torch, device, iters, warmup) -> float:
     return _time(torch, lambda i: x.add_(1.0), max(iters, 50), warmup)
 
 
+def merge(src: str, out: str) -> Path:
+    """--out's JSON with the compute section of ``src`` (both profiles; nothing else changes)."""
+    measured = Profile.load(src).compute
+    if measured is None:
+        raise UserError(f"{src} has no compute section: measure one with python -m calibrate compute --out {src}")
+    Profile.load(out)  # --out must be a profile
+    data = read_json(out, "profile", "give a profile JSON as --out")
+    data["compute"] = measured.to_dict()
+    return write_json(out, data, "profile")
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if args.merge:
+        print(f"wrote the compute section of {args.merge} into {merge(args.merge, args.out)}")
+        return 0
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bad = [d for d in names if d not in DTYPES]
     if bad or not names:

@@ -46,6 +46,7 @@ def _internal(spec: LayerSpec, tensor: str):
 
 
 def _boxed(ctx: Ctx, spec: LayerSpec, tensor: str, x, fine):
+    """``x`` after the layer's own boxing of ``tensor`` (SUMMA's panel gathers), and its placement."""
     it = _internal(spec, tensor)
     if it is None:
         return x, fine
@@ -53,8 +54,7 @@ def _boxed(ctx: Ctx, spec: LayerSpec, tensor: str, x, fine):
 
 
 def matmul(ctx: Ctx, spec: LayerSpec, x, w, wfine):
-    if x is not None:
-        x, _ = _boxed(ctx, spec, "input", x, spec.input)
+    x, _ = _boxed(ctx, spec, "input", x, spec.input)
     w, _ = _boxed(ctx, spec, "weight", w, wfine)
     return x @ w
 
@@ -143,11 +143,9 @@ def forward(ctx: Ctx, spec: LayerSpec, x, weights: dict, data: dict, loss_scale:
     """The layer's local output (the loss layer: this device's share of the loss)."""
     kind = spec.kind
     if kind == "embedding":
-        (name, w), = weights.items()
-        return embedding(ctx, spec, data["ids"], w, spec.weights[0][2])
+        return embedding(ctx, spec, data["ids"], weights["weight"], spec.weights[0][2])
     if kind == "matmul":
-        (name, w), = weights.items()
-        return matmul(ctx, spec, x, w, spec.weights[0][2])
+        return matmul(ctx, spec, x, weights["weight"], spec.weights[0][2])
     if kind == "layernorm":
         return layernorm(ctx, spec, x, weights["weight"])
     if kind == "attention":

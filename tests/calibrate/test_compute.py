@@ -54,3 +54,20 @@ def test_embedded_gpu_profiles_carry_compute_with_sources(tmp_path):
     back = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
     assert back.compute == p.compute
     assert back.compute.matmul["2"] == Band(312e12)
+
+
+
+def test_merge_copies_only_the_compute_section(tmp_path):
+    from importlib import resources
+
+    from calibrate.__main__ import main
+    src, dst = tmp_path / "measured.json", tmp_path / "embedded.json"
+    p = Profile.load("h200-nvlink")
+    p.compute = model([(1e9, 1e-5), (1e12, 2e-3)])
+    p.save(src)
+    before = json.loads(resources.files("calibrate.profiles").joinpath("gcp-a100.json").read_text())
+    dst.write_text(json.dumps(before, indent=1))
+    assert main(["compute", "--merge", str(src), "--out", str(dst)]) == 0
+    after = json.loads(dst.read_text())
+    assert after["compute"] == p.compute.to_dict()
+    assert {k: v for k, v in after.items() if k != "compute"} == {k: v for k, v in before.items() if k != "compute"}

@@ -23,7 +23,7 @@ read -ra MODEL <<< "${MODEL_ARGS:---layers 4 --hidden 4096 --heads 32 --sequence
 CLUSTER=(--nodes 1 --gpus-per-node "$NGPU")
 t0=$SECONDS
 
-timeout 150 $PY -m calibrate compute --profile "$BASE" --out "$OUT/profile.json" --iters 10 --warmup 2 \
+timeout 90 $PY -m calibrate compute --profile "$BASE" --out "$OUT/profile.json" --iters 10 --warmup 2 \
   > "$OUT/compute.log" 2>&1
 rc=$?
 echo "calibrate compute: exit $rc ($((SECONDS - t0)) s)"
@@ -34,7 +34,7 @@ SEARCHED=()
 if $PY -m autotune -h 2>/dev/null | grep -q -- "--objective"; then OBJECTIVES="step comm"; else OBJECTIVES="default"; fi
 for obj in $OBJECTIVES; do
   args=(); [ "$obj" != default ] && args=(--objective "$obj")
-  timeout 120 $PY -m autotune "${MODEL[@]}" "${CLUSTER[@]}" --profile "$PROFILE" --memory-limit 120 \
+  timeout 60 $PY -m autotune "${MODEL[@]}" "${CLUSTER[@]}" --profile "$PROFILE" --memory-limit 120 \
     --budget 2 --compare none "${args[@]}" --out "$OUT/search-$obj" > "$OUT/search-$obj.log" 2>&1
   echo "search ($obj objective): exit $?"
   [ -f "$OUT/search-$obj/plan.json" ] && SEARCHED+=("$obj=$OUT/search-$obj")
@@ -42,7 +42,7 @@ done
 $PY tests/gpu/execute_plans.py "$OUT/plans.json" --searched "${SEARCHED[@]}" --plans 9 --profile "$PROFILE" \
   "${MODEL[@]}" "${CLUSTER[@]}" --memory-limit 120 2>&1 | tail -1
 
-timeout 420 $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m autotune execute "$OUT/plans.json" \
+timeout 240 $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m autotune execute "$OUT/plans.json" \
   --which all --steps 5 --warmup 2 --profile-steps 2 --out "$OUT/exec" > "$OUT/execute.log" 2>&1
 echo "execute: exit $? ($((SECONDS - t0)) s so far)"
 tail -5 "$OUT/execute.log"
