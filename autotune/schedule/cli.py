@@ -6,7 +6,7 @@
 
 For each size band: enumerate the candidates of the search space (algorithm of
 the GC3 library x channels x instances x protocol x CUDA blocks per thread block),
-rank them with the interpreter cost model (autotune/schedule/interp_model.py: the
+rank them with the interpreter cost model (kernels/interp/model.py: the
 profile's link, fitted per-protocol and per-CUDA-block costs), and, when run under
 mpirun with one process per GPU, measure the best few (--budget) and the
 fixed-configuration contenders with the interpreter beside NCCL; choose per band.
@@ -35,7 +35,7 @@ from kernels.interp.preset import DEFAULT_PRESET, load_preset
 from autotune.schedule import outputs
 from autotune.schedule.bands import DEFAULT_SIZES, bands_for, parse_sizes
 from autotune.schedule.choose import finish
-from autotune.schedule.interp_model import DEFAULT_PARAMS, load_params
+from kernels.interp.model import DEFAULT_PARAMS, load_params
 from autotune.schedule.measure import device_name, gpu_world, measure
 from autotune.schedule.model import Correction, Model
 from autotune.schedule.plan import log, rank_bands, select
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "model and print them beside the measurements, with Spearman per band")
     p.add_argument("--fit-model", metavar="INTERP_TUNE_JSON",
                    help="measure nothing: fit the interpreter model's parameters on an interpreter sweep record "
-                        "and print them (the JSON of presets/interp_model.json)")
+                        "and print them (the JSON of kernels/interp/fitted/interp_model.json)")
     p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES))
     p.add_argument("--reps", type=int, default=5, help="timed graph replays per candidate (default 5)")
     p.add_argument("--model-only", action="store_true", help="do not measure even where GPUs are available")

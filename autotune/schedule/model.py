@@ -3,7 +3,7 @@ per-protocol correction fitted to measurements, the GC3 cost simulation kept bes
 reference, and Spearman's rank correlation.
 
 - ``split`` is the runtime's own: one CUDA block per ``bytes_per_block`` of a
-  chunk, at most ``max_split`` (kernels.interp.pack.split_for).
+  chunk, at most ``max_split`` (kernels.interp.model.runtime_split).
 - The GC3 simulation (kernels/gc3/simulate.py, reported as ``simulated_us``) sees
   the interpreter's split as the compiler's ``instances`` replication done at run
   time: every thread block replicated ``split`` times on distinct connections (same
@@ -29,11 +29,10 @@ from calibrate.errors import UserError
 from calibrate.profile import Group, Profile
 from kernels.gc3.ir import Gpu, Program, Protocol, Step, ThreadBlock
 from kernels.gc3.simulate import LOCAL_BETA_FRACTION, simulate
-from kernels.interp import pack
 from kernels.interp.preset import Fifo
 
-from autotune.schedule import interp_model
-from autotune.schedule.interp_model import Links, ModelParams, copy_bytes
+from kernels.interp import model as interp_model
+from kernels.interp.model import Links, ModelParams, copy_bytes, runtime_split
 from autotune.schedule.space import Built
 
 
@@ -58,12 +57,6 @@ def split_program(program: Program, split: int) -> Program:
         gpus.append(Gpu(g.id, g.i_chunks * split, g.o_chunks * split, g.s_chunks * split, tbs))
     return dataclasses.replace(program, nchunksperloop=program.nchunksperloop * split,
                                nchannels=program.nchannels * split, gpus=gpus)
-
-
-def runtime_split(program: Program, nbytes: int, esize: int, bytes_per_block: int, max_split: int) -> int:
-    """CUDA blocks per IR thread block that the interpreter uses at this size."""
-    chunk_bytes = max(esize, nbytes // program.nchunksperloop)
-    return pack.split_for(chunk_bytes, bytes_per_block, max_split)
 
 
 @dataclass

@@ -15,6 +15,8 @@ has at most IMG_WORDS words, in global memory otherwise.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -192,6 +194,29 @@ def tile_elems(protocol: Protocol, slot_bytes: int, elem_bytes: int, max_cnt: in
     if per < 16:
         raise UserError(f"slot of {slot_bytes} bytes cannot hold {max_cnt} pieces; raise slot_bytes in the preset")
     return per // elem_bytes
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a launch is laid out: ``split`` CUDA blocks per IR thread block, ``tile_elems``
+    elements of each chunk piece per tile, ``blocks`` CUDA blocks in the grid."""
+
+    split: int
+    tile_elems: int
+    blocks: int
+    esize: int
+
+    def piece_tiles(self, chunk_bytes: float) -> int:
+        """Tiles of one CUDA block's piece of a chunk of ``chunk_bytes``."""
+        return max(1, math.ceil(chunk_bytes / self.split / (self.tile_elems * self.esize)))
+
+
+def launch_geometry(protocol: Protocol, esize: int, slot_bytes: int, max_cnt: int, ntb: int, split: int,
+                    tile_cap: int = 0) -> Geometry:
+    """The layout of a launch of ``ntb`` thread blocks whose steps move at most ``max_cnt``
+    chunks, with ``split`` and the entry's tile cap: what the runtime launches and the cost
+    model (``kernels.interp.model``) charges."""
+    return Geometry(split, tile_elems(protocol, slot_bytes, esize, max(1, max_cnt), tile_cap), ntb * split, esize)
 
 
 def split_for(chunk_bytes: int, bytes_per_block: int, max_split: int) -> int:
