@@ -1,4 +1,4 @@
-"""Fitted alpha-beta profiles: a versioned JSON schema and the API autotune uses.
+"""Fitted alpha-beta profiles: a versioned JSON record and the API autotune uses.
 
 A profile holds, per network tier ("intra": the ranks of one node; "inter":
 ranks on several nodes) and per collective, one fitted model per measured group
@@ -29,12 +29,14 @@ from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.compute import ComputeModel
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
+from calibrate.records import check_header, header
 
-SCHEMA = "commtune.profile"
-SCHEMA_VERSION = 2
+KIND = "commtune.profile"
+VERSION = 2
 # version 1: segments only; 2 adds, per model, how it was built ("method") and the switch points
 # between its segments ("switches"); version 1 files load with no switches recorded
 READ_VERSIONS = (1, 2)
+REFIT = "refit it with python -m calibrate fit"
 TIERS = ("intra", "inter")
 
 
@@ -174,8 +176,7 @@ class Profile:
     # ---- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "schema": SCHEMA,
-            "version": SCHEMA_VERSION,
+            **header(KIND, VERSION),
             "name": self.name,
             "provenance": self.provenance,
             "hardware": self.hardware,
@@ -193,13 +194,7 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict, origin: str = "profile") -> "Profile":
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise UserError(f"{origin} is not a commtune profile (missing schema {SCHEMA!r})")
-        if d.get("version") not in READ_VERSIONS:
-            raise UserError(
-                f"{origin} has profile schema version {d.get('version')!r}; this tool reads "
-                f"versions {', '.join(map(str, READ_VERSIONS))}: refit it with python -m calibrate fit"
-            )
+        check_header(d, KIND, READ_VERSIONS, "commtune profile", REFIT, origin)
         for key in ("name", "provenance", "tiers"):
             if key not in d:
                 raise UserError(f"{origin} lacks the field {key!r}: refit it with python -m calibrate fit")

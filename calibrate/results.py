@@ -1,6 +1,6 @@
 """A calibration results directory: written as it is measured, resumable.
 
-    meta.json     kind "calibration", schema version, the configuration that a
+    meta.json     kind "calibration", version (the one record header), the configuration that a
                   resume must match, hosts, rank -> host and GPU, versions,
                   NCCL_* environment, timing mode, command line
     samples.csv   every sample (one row per timed unit, max over ranks)
@@ -29,9 +29,10 @@ from pathlib import Path
 import pandas as pd
 
 from calibrate.errors import UserError
+from calibrate.records import check_header
 
 KIND = "calibration"
-SCHEMA_VERSION = 1
+VERSION = 1
 SAMPLE_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "rep", "time_s"]
 STAT_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "n",
                "median_s", "min_s", "max_s", "p95_s", "ci_lo_s", "ci_hi_s", "algbw_GBps", "busbw_GBps", "wrong"]
@@ -96,12 +97,8 @@ class ResultsDir:
             meta = json.loads(self.meta_path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise UserError(f"{str(self.meta_path)!r} is unreadable ({e}): it is not a calibration results directory") from None
-        if meta.get("kind") != KIND:
-            raise UserError(f"{str(self.path)!r} is not a calibration results directory (kind {meta.get('kind')!r})")
-        if meta.get("version") != SCHEMA_VERSION:
-            raise UserError(f"{str(self.path)!r} has results schema version {meta.get('version')!r}; "
-                            f"this tool reads version {SCHEMA_VERSION}: measure again")
-        return meta
+        return check_header(meta, KIND, VERSION, "calibration results directory", "measure again with "
+                            "python -m calibrate run", repr(str(self.path)))
 
     def done(self) -> set[tuple]:
         stats = self.path / "stats.csv"

@@ -24,9 +24,10 @@ from calibrate.collectives import Collective, busbw_factor
 from calibrate.device.dtypes import dtype_size
 from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
+from calibrate.records import header
 from calibrate.refine import FLOOR
 from calibrate.refine_run import refine_curve
-from calibrate.results import KIND, SCHEMA_VERSION, ResultsDir
+from calibrate.results import KIND, VERSION, ResultsDir
 from calibrate.sizes import align, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
 
@@ -148,8 +149,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     _check_resources(args, world, colls, sizes or [n for v in plan.values() for n in v], backend_name, hosts, say)
     out = args.out or os.path.join("results", "calib-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     meta = {
-        "kind": KIND,
-        "version": SCHEMA_VERSION,
+        **header(KIND, VERSION),
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "config": {"backend": backend_name, "mode": mode.value, "dtype": args.dtype, "iters": args.iters,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from calibrate.cli import command_parser, run_cli
 from calibrate.errors import UserError
+from calibrate.records import kind_of as record_kind
 from reports.html import write_report
 from reports.sections import REGISTRY, builder
 
@@ -26,7 +27,7 @@ def kind_of(path: Path) -> str:
             raise UserError(f"{str(path)!r} is not JSON: give a results directory or a JSON file the project wrote") from None
     else:
         raise UserError(f"{str(path)!r} does not exist")
-    kind = data.get("kind") or data.get("schema")
+    kind = record_kind(data)
     if kind not in REGISTRY:
         raise UserError(f"{str(path)!r} is of kind {kind!r}, which no report section knows "
                         f"(known: {', '.join(REGISTRY)})")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.records import check_header, header
 from calibrate.jsonfile import read_json, write_json
 
 from autotune.sbp.boxing import Step
@@ -28,7 +29,7 @@ from autotune.sbp.layers import Strategy
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
-SCHEMA = "commtune.sbp-plan"
+KIND = "commtune.sbp-plan"
 VERSION = 1
 
 
@@ -113,7 +114,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         edges.append({"from": problem.ops[a].layer.name, "to": problem.ops[b].layer.name, "count": count,
                       "collectives": comms, "redistribution_s": t})
     return {
-        "schema": SCHEMA, "version": VERSION, "kind": SCHEMA, "strategy": strategy,
+        **header(KIND, VERSION), "strategy": strategy,
         "model": {"name": problem.graph.model, **problem.graph.config, "kind": problem.graph.model},
         "cluster": {"nodes": cl.nodes, "gpus_per_node": cl.gpus_per_node},
         "profile": problem.coster.profile.name, "micro_batches": mb,
@@ -137,15 +138,13 @@ class PlanFile:
     meta: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "version": VERSION, "kind": SCHEMA, "meta": self.meta, "best": self.best,
+        return {**header(KIND, VERSION), "meta": self.meta, "best": self.best,
                 "baselines": self.baselines, "traces": self.traces}
 
     @classmethod
     def from_dict(cls, d: dict, origin: str = "plan") -> "PlanFile":
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise UserError(f"{origin} is not an SBP plan (schema {SCHEMA!r}): give a plan.json written by python -m autotune")
-        if d.get("version") != VERSION:
-            raise UserError(f"{origin} has plan version {d.get('version')!r}; this tool reads {VERSION}: re-run the search")
+        check_header(d, KIND, VERSION, "SBP plan", "give a plan.json written by python -m autotune, or re-run the "
+                     "search", origin)
         return cls(d["best"], d.get("baselines", []), d.get("traces", {}), d.get("meta", {}))
 
     def save(self, path: str | Path) -> Path:

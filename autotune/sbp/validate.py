@@ -24,6 +24,7 @@ import numpy as np
 
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
+from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import load_model
 
@@ -35,6 +36,7 @@ from autotune.sbp.plan import build_plan
 from autotune.sbp.search import Budget, make_search
 
 KIND = "commtune.sbp-validate"
+VERSION = 1
 GPT_LAYER = {"layers": 1, "hidden": 1024, "heads": 16, "sequence": 512, "vocabulary": 8192, "batch": 8, "micro_batch": 8}
 
 
@@ -167,7 +169,7 @@ def main(argv=None) -> int:
     if args.out:
         out = Path(args.out) / "validate.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"kind": KIND, "version": 1, "backend": args.backend, "cluster": str(cluster),
+        out.write_text(json.dumps({**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
                                    "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
                                    "plans": rows, "spearman": rho}, indent=1) + "\n")
         print(f"wrote {out}")

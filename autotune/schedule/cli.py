@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import time
 from pathlib import Path
 
@@ -29,13 +28,14 @@ from calibrate import profile as profiles
 from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json, write_json
 from kernels.interp import pack
+from kernels.interp.model import DEFAULT_PARAMS, load_params
 from kernels.interp.preset import DEFAULT_PRESET, load_preset
 
 from autotune.schedule import outputs
 from autotune.schedule.bands import DEFAULT_SIZES, bands_for, parse_sizes
 from autotune.schedule.choose import finish
-from kernels.interp.model import DEFAULT_PARAMS, load_params
 from autotune.schedule.measure import device_name, gpu_world, measure
 from autotune.schedule.model import Correction, Model
 from autotune.schedule.plan import log, rank_bands, select
@@ -106,13 +106,7 @@ def _check(args) -> tuple[list[str], int]:
 def _load_correction(path: str | None) -> Correction | None:
     if not path:
         return None
-    try:
-        return Correction.from_dict(json.loads(Path(path).read_text()))
-    except OSError as e:
-        raise UserError(f"cannot read --correction {path!r} ({e.strerror}); give a model_correction.json") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"--correction {path!r} is not valid JSON ({e.msg}); give a model_correction.json") \
-            from None
+    return Correction.from_dict(read_json(path, "model correction", "give a model_correction.json"), repr(path))
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
@@ -220,9 +214,9 @@ def main(argv=None) -> int:
     written = {"programs": str(out / "programs"), "manifest": str(out / "manifest.json"),
                "nccl_tuner": str(out / "nccl_tuner.conf"), "result": str(out / "schedule.json")}
     if measuring:
-        corr = {"source": f"autotune schedule on {device}, {_dt.date.today().isoformat()}",
-                "terms": {p: v for res in results for p, v in res.correction.get("terms", {}).items()}}
-        (out / "model_correction.json").write_text(json.dumps(corr, indent=1) + "\n")
+        terms = {p: t for res in results for p, t in Correction.from_dict(res.correction).terms.items()}
+        corr = Correction(terms, f"autotune schedule on {device}, {_dt.date.today().isoformat()}")
+        write_json(out / "model_correction.json", corr.to_dict(), "model correction")
         written["model_correction"] = str(out / "model_correction.json")
     result = TuneResult(date=_dt.date.today().isoformat(), ranks=args.gpus, nodes=args.nodes, gpus_per_node=gpn,
                         profile=prof.name, dtype=args.dtype, space=space.name, measured=measuring,

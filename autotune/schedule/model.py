@@ -27,6 +27,7 @@ import numpy as np
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.profile import Group, Profile
+from calibrate.records import check_header, header
 from kernels.gc3.ir import Gpu, Program, Protocol, Step, ThreadBlock
 from kernels.gc3.simulate import LOCAL_BETA_FRACTION, simulate
 from kernels.interp.preset import Fifo
@@ -59,6 +60,10 @@ def split_program(program: Program, split: int) -> Program:
                                nchannels=program.nchannels * split, gpus=gpus)
 
 
+CORRECTION_KIND = "commtune.model-correction"
+CORRECTION_VERSION = 1
+
+
 @dataclass
 class Correction:
     """Per protocol (a seconds, k): t = a + k * t_sim; identity where nothing was fitted."""
@@ -71,11 +76,14 @@ class Correction:
         return a + k * seconds
 
     def to_dict(self) -> dict:
-        return {"source": self.source,
+        return {**header(CORRECTION_KIND, CORRECTION_VERSION), "source": self.source,
                 "terms": {p: {"a_us": a * 1e6, "k": k} for p, (a, k) in sorted(self.terms.items())}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Correction":
+    def from_dict(cls, d: dict, origin: str = "model correction") -> "Correction":
+        if "kind" in d or "version" in d:  # corrections written before the header have neither
+            check_header(d, CORRECTION_KIND, CORRECTION_VERSION, "model correction", "regenerate it with autotune schedule on GPUs",
+                         origin)
         try:
             return cls({p: (float(v["a_us"]) * 1e-6, float(v["k"])) for p, v in d.get("terms", {}).items()},
                        str(d.get("source", "")))

@@ -62,8 +62,8 @@ from kernels.interp import pack
 from kernels.interp.preset import PROGRAM_DIR, Fifo
 from kernels.interp.records import SweepRecord
 
-PARAMS_KIND = "commtune.interp-model"
-PARAMS_VERSION = 1
+KIND = "commtune.interp-model"
+VERSION = 1
 PARAMS_DIR = Path(__file__).parent / "fitted"
 DEFAULT_PARAMS = "interp_model"
 REFIT = "refit them with python -m autotune schedule --fit-model"
@@ -103,14 +103,14 @@ class ModelParams:
         return self.protocols[protocol]
 
     def to_json(self) -> dict:
-        return {**header(PARAMS_KIND, PARAMS_VERSION), "hop_us": self.hop_us,
+        return {**header(KIND, VERSION), "hop_us": self.hop_us,
                 "protocols": {p: dataclasses.asdict(v) for p, v in sorted(self.protocols.items())},
                 "provenance": self.provenance}
 
     @classmethod
     def from_json(cls, data: dict, name: str = "") -> "ModelParams":
         # parameters written before the header have no kind
-        check_header(data, PARAMS_KIND, PARAMS_VERSION, "interpreter model parameters", REFIT, repr(name), (None,))
+        check_header(data, KIND, VERSION, "interpreter model parameters", REFIT, repr(name), (None,))
         try:
             protos = {str(p): ProtocolParams(float(v["launch_us"]), float(v["tile_us"]), float(v["block_gbs"]),
                                              float(v.get("grid_block_us", 0.0)))
