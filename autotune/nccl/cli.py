@@ -23,12 +23,13 @@ import os
 import shlex
 import sys
 import time
-import traceback
 from pathlib import Path
 
+from calibrate.cli import command_parser, run_mpi_command
+from calibrate.device.dtypes import dtype_size
 from calibrate.device.nccl_config import MAX_CHANNELS
 from calibrate.errors import UserError
-from calibrate.sizes import dtype_size, format_size
+from calibrate.sizes import format_size
 from kernels.nccl_tuner.build import library
 from kernels.nccl_tuner.table import load_table, rows_for, write_table
 
@@ -41,8 +42,7 @@ DEFAULT_COLLECTIVES = "allreduce,allgather,reducescatter"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autotune nccl", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = command_parser("python -m autotune nccl", __doc__.split("\n\n")[0], epilog=__doc__)
     p.add_argument("--collectives", default=DEFAULT_COLLECTIVES,
                    help=f"comma-separated, from {', '.join(TUNABLE)} (default {DEFAULT_COLLECTIVES})")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"min:max:factor or a list (default {DEFAULT_SIZES})")
@@ -115,19 +115,8 @@ def main(argv=None) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    try:
-        return run(args, world, colls, sizes, channels, plugin)
-    except UserError as e:
-        if world.Get_rank() == 0:
-            print(f"autotune nccl: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("autotune nccl: interrupted; what was measured is in nccl_tune.json", file=sys.stderr)
-        world.Abort(130)
-    except Exception:  # noqa: BLE001  (one rank failing must not leave the others waiting in NCCL)
-        traceback.print_exc()
-        world.Abort(1)
-    return 1
+    return run_mpi_command(lambda: run(args, world, colls, sizes, channels, plugin), world, "autotune nccl",
+                           "what was measured is in nccl_tune.json")
 
 
 def _agree(world, fn):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from calibrate.cli import command_parser
-from calibrate.device.gpu import device_name, select_gpu
+from calibrate.device.gpu import device_name, mpi_gpu
 from calibrate.errors import UserError
 from calibrate.records import header
 
@@ -99,18 +99,14 @@ def make_layer(torch, allreduce):
 
 def run(args) -> int:
     try:
-        from mpi4py import MPI
-        import cupy as cp
         import torch
         import torch.distributed as dist
     except ImportError as e:
-        raise UserError(f"tp-mlp needs torch, cupy and mpi4py on a GPU machine ({e}); run it there under "
-                        f"mpirun -np 2") from None
+        raise UserError(f"tp-mlp needs torch on a GPU machine ({e}); run it there under mpirun -np 2") from None
     from kernels.interp.runtime import Communicator
     from kernels.interp.torch_comm import TorchInterp, init_torch_from_mpi
 
-    world = MPI.COMM_WORLD
-    local = select_gpu(world, needs="tp-mlp", fallback="run it on a GPU machine")
+    world, cp, local = mpi_gpu("tp-mlp")
     shard = check_shape(args.hidden, args.ffn, world.size)
     tokens = parse_tokens(args.tokens)
     init_torch_from_mpi(world, local)
