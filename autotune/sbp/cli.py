@@ -119,6 +119,10 @@ def main(argv=None, report=None) -> int:
     """The search; ``report(plan_path, title)``, given by the command layer, writes the HTML report."""
     args = parser().parse_args(argv)
     budget = parse_budget(args.budget) if args.budget is not None else None
+    compare = [] if args.compare == "none" else [c.strip() for c in args.compare.split(",") if c.strip()]
+    for name in compare:
+        if name not in SEARCHES:
+            raise UserError(f"unknown search {name!r} in --compare: use some of {', '.join(SEARCHES)}, or none")
     overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v is not None}
     graph = load_model(args.model, args.preset, overrides)
     for flag, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
@@ -156,7 +160,6 @@ def main(argv=None, report=None) -> int:
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
     best = run_search(problem, args.search, budget, args.seed, warm)
     traces = {best.algorithm: best.trace}
-    compare = [] if args.compare == "none" else [c.strip() for c in args.compare.split(",") if c.strip()]
     space = float(np.prod([float(n) for n in problem.sizes]))
     if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
         compare.append("exhaustive")

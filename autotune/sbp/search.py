@@ -30,8 +30,8 @@ class Budget:
     patience: int | None = None
 
     def __post_init__(self):
-        if any(v is not None and v <= 0 for v in (self.seconds, self.steps, self.patience)):
-            raise UserError("--budget must be positive: give seconds (e.g. 10) or steps (e.g. 2000steps)")
+        if any(v is not None and not (0 < v < math.inf) for v in (self.seconds, self.steps, self.patience)):
+            raise UserError("--budget must be a positive, finite number: give seconds (e.g. 10) or steps (e.g. 2000steps)")
 
     def describe(self) -> str:
         parts = [f"{self.seconds:.3g} s" if self.seconds else "", f"{self.steps} steps" if self.steps else "",

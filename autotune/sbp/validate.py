@@ -110,8 +110,24 @@ def plan_collectives(plan: dict) -> list[tuple[str, tuple[int, ...], int, float]
     return out
 
 
+def check_args(args) -> None:
+    """Every limit checked before MPI and the backend start (one line naming the flag and the fix)."""
+    for flag, v, least in (("--plans", args.plans, 2), ("--nodes", args.nodes, 1), ("--iters", args.iters, 1),
+                           ("--warmup", args.warmup, 0)):
+        if v < least:
+            raise UserError(f"{flag} {v} must be at least {least}" + (": Spearman needs two plans" if flag == "--plans" else ""))
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node {args.gpus_per_node} must be at least 1")
+    if args.out:
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create --out {args.out!r} ({e.strerror}): give a writable directory") from None
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    check_args(args)
     try:
         from mpi4py import MPI
     except ImportError:
