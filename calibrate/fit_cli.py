@@ -14,12 +14,15 @@ from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.fit import fit_piecewise, holdout, implied_busbw, switches
+from calibrate.outputs import check_output_path
 from calibrate.profile import CollectiveModel, Profile
 from calibrate.results import load_results
 from calibrate.validate import compare, summarize
 
 # AutoDDL-style accuracy targets for graph-timed data (issue 3)
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.15
+# below these a fit is flagged whatever the timing mode (issue 20: r2 -0.45 and 90% went unremarked)
+MIN_R2, MAX_HELDOUT_ERR = 0.9, 0.5
 FLAT_TOLERANCE = 1.25
 
 
@@ -153,8 +156,28 @@ def judge_random(prof: Profile, paths: list[str], quiet: bool) -> dict:
             "summary": summary.to_dict(orient="records")}
 
 
+def quality_warnings(summary: list[dict]) -> list[str]:
+    """Fits below ``MIN_R2`` (log-time r2 on held-out sizes) or above ``MAX_HELDOUT_ERR`` (held-out max)."""
+    out = []
+    for row in summary:
+        r2, worst = row["r2_log"], row["heldout_max_%"]
+        if (np.isfinite(r2) and r2 < MIN_R2) or (np.isfinite(worst) and worst > MAX_HELDOUT_ERR * 100):
+            out.append(f"poor fit for {row['tier']}/{row['collective']} at p={row['p']}: r2 {r2:.2f} "
+                       f"(want >= {MIN_R2}), held-out max error {worst:.0f}% (want <= {MAX_HELDOUT_ERR:.0%}); "
+                       f"the timings are noisy: measure again with more --iters and --reps, at most one rank "
+                       f"per core, or in graph mode")
+    return out
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.max_segments < 1:
+        raise UserError(f"--max-segments must be >= 1, got {args.max_segments}")
+    if args.min_points < 2:
+        raise UserError(f"--min-points must be >= 2 (a segment fits alpha and beta), got {args.min_points}")
+    if args.link_peak is not None and args.link_peak <= 0:
+        raise UserError(f"--link-peak must be a bandwidth above 0 GB/s, got {args.link_peak}")
+    check_output_path(args.out, "profile")
     runs = load_results(args.results)
     for (meta, _), path in zip(runs, args.results):
         meta["_path"] = path
@@ -168,7 +191,7 @@ def main(argv=None) -> int:
     table = pd.DataFrame(summary)
     print("# fit per tier, collective and group size (held-out errors: fitted on every other size)")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    for w in flatness_warnings(summary):
+    for w in flatness_warnings(summary) + quality_warnings(summary):
         print(f"warning: {w}", file=sys.stderr)
     if prof.timing_mode == "graph":
         miss = table[(table["heldout_median_%"] > TARGET_MEDIAN * 100) | (table["heldout_max_%"] > TARGET_MAX * 100)]

@@ -29,6 +29,8 @@ from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
+from calibrate.outputs import check_output_path
+from kernels.gc3.algorithms import check_size
 from kernels.interp import pack
 from kernels.interp.model import DEFAULT_PARAMS, load_params
 from kernels.interp.preset import DEFAULT_PRESET, load_preset
@@ -96,6 +98,7 @@ def _check(args) -> tuple[list[str], int]:
     gpn = args.gpus_per_node or args.gpus // args.nodes
     if gpn * args.nodes != args.gpus:
         raise UserError(f"--gpus-per-node {gpn} x --nodes {args.nodes} != --gpus {args.gpus}; make them agree")
+    check_size("ring_allreduce", args.gpus, nodes=args.nodes)  # every candidate is a GC3 program this big
     if args.budget < 1:
         raise UserError(f"--budget {args.budget}: measure at least 1 candidate per band")
     if args.reps < 1:
@@ -147,6 +150,7 @@ def main(argv=None) -> int:
             print(rescore(args.rescore, prof, base_preset, load_params(args.model_params)))
         return 0
     colls, gpn = _check(args)
+    check_output_path(args.out, "output directory", directory=True)
     t_start = time.perf_counter()
     prof = profiles.Profile.load(args.profile)
     space = load_space(args.space)
