@@ -13,7 +13,7 @@ import pandas as pd
 from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
-from calibrate.fit import fit_piecewise, holdout, implied_busbw, switches
+from calibrate.fit import fit_piecewise, fit_quality_problem, holdout, implied_busbw, switches
 from calibrate.outputs import check_output_path
 from calibrate.profile import CollectiveModel, Profile
 from calibrate.results import load_results
@@ -21,8 +21,6 @@ from calibrate.validate import compare, summarize
 
 # AutoDDL-style accuracy targets for graph-timed data (issue 3)
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.15
-# below these a fit is flagged whatever the timing mode (issue 20: r2 -0.45 and 90% went unremarked)
-MIN_R2, MAX_HELDOUT_ERR = 0.9, 0.5
 FLAT_TOLERANCE = 1.25
 
 
@@ -157,15 +155,14 @@ def judge_random(prof: Profile, paths: list[str], quiet: bool) -> dict:
 
 
 def quality_warnings(summary: list[dict]) -> list[str]:
-    """Fits below ``MIN_R2`` (log-time r2 on held-out sizes) or above ``MAX_HELDOUT_ERR`` (held-out max)."""
+    """Fits below ``calibrate.fit.MIN_R2`` (held-out log-time r2) or above ``MAX_HELDOUT_ERR`` (held-out max)."""
     out = []
     for row in summary:
-        r2, worst = row["r2_log"], row["heldout_max_%"]
-        if (np.isfinite(r2) and r2 < MIN_R2) or (np.isfinite(worst) and worst > MAX_HELDOUT_ERR * 100):
-            out.append(f"poor fit for {row['tier']}/{row['collective']} at p={row['p']}: r2 {r2:.2f} "
-                       f"(want >= {MIN_R2}), held-out max error {worst:.0f}% (want <= {MAX_HELDOUT_ERR:.0%}); "
-                       f"the timings are noisy: measure again with more --iters and --reps, at most one rank "
-                       f"per core, or in graph mode")
+        problem = fit_quality_problem(row["r2_log"], row["heldout_max_%"] / 100)
+        if problem:
+            out.append(f"poor fit for {row['tier']}/{row['collective']} at p={row['p']}: {problem}; the timings "
+                       f"are noisy: measure again with more --iters and --reps, at most one rank per core, "
+                       f"or in graph mode")
     return out
 
 

@@ -201,7 +201,7 @@ ALGORITHMS: dict[str, AlgorithmFn] = {
 
 # traced ops of each algorithm (before the compiler splits them over instances), as closed forms
 OP_COUNTS: dict[str, Callable[[int, int, int], int]] = {   # (ranks, channels, nodes) -> ops
-    "ring_allreduce": lambda r, c, n: c * r * max(2 * r - 3, 1),
+    "ring_allreduce": lambda r, c, n: c * r * 2 * (r - 1),
     "allpairs_allreduce": lambda r, c, n: 3 * r * (r - 1),
     "hierarchical_allreduce": lambda r, c, n: r * (2 * r - 2),
     "rdh_allreduce": lambda r, c, n: 2 * r * max(1, r.bit_length() - 1),
