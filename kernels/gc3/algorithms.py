@@ -225,9 +225,14 @@ def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nod
         raise UserError(f"--instances must be >= 1, got {instances}")
     ops = OP_COUNTS[name](ranks, channels, nodes) * instances
     if ops > MAX_OPS:
-        most = ranks
-        while most > 2 and OP_COUNTS[name](most, channels, max(1, nodes * most // ranks)) * instances > MAX_OPS:
-            most = most * 9 // 10
+        lo, hi = 2, ranks  # the most ranks within the limit (same nodes per rank), by bisection
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if OP_COUNTS[name](mid, channels, max(1, nodes * mid // ranks)) * instances <= MAX_OPS:
+                lo = mid
+            else:
+                hi = mid - 1
+        most = lo
         raise UserError(f"{name} on {ranks} ranks ({channels} channel(s), {instances} instance(s)) means about "
                         f"{ops:,} ops, over the compiler's limit of {MAX_OPS:,} (about {most} ranks with these "
                         f"settings); use fewer ranks, channels or instances")
