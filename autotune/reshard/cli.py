@@ -31,7 +31,7 @@ from kernels.reshard.cli import execute_and_report
 from kernels.reshard.plan import Plan
 from kernels.reshard.program import BACKENDS
 from kernels.reshard.results import ReshardResults
-from kernels.reshard.spec import ShardingSpec, parse_mesh_shape
+from kernels.reshard.spec import parse_mesh_shape
 from kernels.reshard.tasks import ReshardTask
 
 BASELINE_SOLVER = "greedy_in_order"  # the paper's baselines: least-loaded sender per slice, Alpa's order (§5.1.2)
@@ -244,11 +244,6 @@ def tasks_of(args, prof) -> list[tuple[str, ReshardTask, float | None]]:
     if all(explicit):
         src, dst = mesh_arg(args.src_mesh, "--src-mesh"), mesh_arg(args.dst_mesh, "--dst-mesh")
         shape = shape_arg(args.shape)
-        for flag, text in (("--src-spec", args.src_spec), ("--dst-spec", args.dst_spec)):
-            spec = ShardingSpec.parse(text)
-            if len(spec.dims) != len(shape):
-                raise UserError(f"{flag} {text} names {len(spec.dims)} dimension(s) but --shape "
-                                f"{args.shape} has {len(shape)}: give one of R/S0/S1/S01 per dimension")
         task = build_task(src, args.src_spec, dst, args.dst_spec, shape, args.dtype,
                           devices_per_host(args, prof, (src, dst)), shared=args.shared_devices)
         tasks.append(("task", task, None))
