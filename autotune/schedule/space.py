@@ -203,7 +203,7 @@ def enumerate_candidates(space: SearchSpace, collective: str, ranks: int, nodes:
         if Protocol(p) in pack.VALIDATED_PROTOCOLS:
             protocols.append(p)
         else:
-            notes.append(f"protocol {p} skipped: not yet validated on GPUs in the interpreter")
+            notes.append(f"protocol {p} skipped: the interpreter cost model has no parameters for it yet")
     built = []
     for alg, source, ch, inst, program in _programs(space, collective, ranks, nodes, notes):
         for proto in protocols:
