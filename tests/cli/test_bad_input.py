@@ -220,7 +220,7 @@ CASES = [
     C("autotune-hidden-negative", "autotune --hidden -1", "hidden"),
     C("autotune-batch-zero", "autotune --batch 0", "batch"),
     C("autotune-model-json-malformed", "autotune --model {files}/malformed.json", "not valid JSON|JSON"),
-    C("autotune-compare", "autotune --compare annealing", "annealing", xfail=SBP),
+    C("autotune-compare", "autotune --compare annealing", "annealing"),
     # ---- autotune validate (one process; the MPI world is that process) --------------------
     C("validate-plans-zero", "autotune validate --plans 0", "--plans", xfail=SBP),
     C("validate-plans-negative", "autotune validate --plans -1", "--plans", xfail=SBP),
