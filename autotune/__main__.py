@@ -6,6 +6,7 @@
     python -m autotune schedule ...           # collective schedule tuning (GC3 programs)
     python -m autotune execute plan.json      # run a plan's training steps (torchrun/mpiexec/srun; torch)
     python -m autotune nccl ...               # stock NCCL tuned through the tuner plugin (under mpirun)
+    python -m autotune reproduce autoddl      # AutoDDL's evaluation (§5) beside ours
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ SUBCOMMANDS = {
     "schedule": "autotune.schedule.cli:main",
     "execute": "autotune.execute.cli:main",
     "nccl": "autotune.nccl.cli:main",
+    "reproduce": "autotune.sbp.reproduce:main",
 }
 DEFAULT = "autotune.__main__:search"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from typing import Callable, Sequence
 
 from calibrate.collectives import ALL_COLLECTIVES
@@ -122,3 +123,22 @@ def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_de
                    help="groups to measure: world, intra (ranks of one host), inter (one rank per host)")
     p.add_argument("--out", "-o", default=None, help="results directory. Default results/calib-<date>-<time>")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping what is done")
+
+
+def run_mpi_command(work: Callable[[], int], world, prog: str, interrupted: str) -> int:
+    """``work()`` on every rank of an MPI job: a ``UserError`` printed once (by rank 0) and 2;
+    Ctrl-C says ``interrupted`` and aborts the job with 130; any other exception is printed
+    and aborts the job with 1, so that no rank is left waiting for a failed one."""
+    try:
+        return int(work() or 0)
+    except UserError as e:
+        if world.Get_rank() == 0:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; {interrupted}", file=sys.stderr)
+        world.Abort(130)
+    except Exception:  # noqa: BLE001  (one rank failing must not leave the others hanging)
+        traceback.print_exc()
+        world.Abort(1)
+    return 1

@@ -8,32 +8,20 @@ send buffer; broadcast: the vector; sendrecv: the message).
 """
 from __future__ import annotations
 
-from enum import Enum
-
 from calibrate.errors import UserError
+from calibrate.registry import NamedEnum
 
 
-class Collective(str, Enum):
+class Collective(NamedEnum):
+    __what__ = "collective"
+    __aliases__ = {"p2p": "sendrecv"}
+
     ALLREDUCE = "allreduce"
     ALLGATHER = "allgather"
     REDUCESCATTER = "reducescatter"
     ALLTOALL = "alltoall"
     BROADCAST = "broadcast"
     SENDRECV = "sendrecv"
-
-    @classmethod
-    def parse(cls, name: str) -> "Collective":
-        if isinstance(name, cls):
-            return name
-        key = name.strip().lower().replace("_", "").replace("-", "")
-        aliases = {"reduce_scatter": "reducescatter", "all_gather": "allgather", "p2p": "sendrecv"}
-        key = aliases.get(key, key)
-        for c in cls:
-            if c.value == key:
-                return c
-        raise UserError(
-            f"unknown collective {name!r}: choose from {', '.join(c.value for c in cls)}"
-        )
 
 
 ALL_COLLECTIVES = tuple(Collective)

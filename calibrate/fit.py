@@ -129,6 +129,20 @@ class Validation:
                 "r2_log_time": self.r2_log}
 
 
+# below these a fit is flagged, whatever the timing mode (issue 20: r2 -0.45 and 90% went unremarked)
+MIN_R2, MAX_HELDOUT_ERR = 0.9, 0.5
+
+
+def fit_quality_problem(r2: float | None, max_err: float | None) -> str | None:
+    """What is wrong with a fit whose held-out log-time r2 and max relative error are these, or None."""
+    bad = []
+    if r2 is not None and math.isfinite(r2) and r2 < MIN_R2:
+        bad.append(f"r2 {r2:.2f} (want >= {MIN_R2})")
+    if max_err is not None and math.isfinite(max_err) and max_err > MAX_HELDOUT_ERR:
+        bad.append(f"held-out max error {max_err:.0%} (want <= {MAX_HELDOUT_ERR:.0%})")
+    return ", ".join(bad) or None
+
+
 def holdout(coll: Collective, p: int, n, t, max_segments: int = 4, min_points: int = 3) -> Validation | None:
     """Fit on the even-indexed sizes, predict the odd ones. None with fewer than 6 sizes."""
     n = np.asarray(n, dtype=float)

@@ -13,7 +13,8 @@ import pandas as pd
 from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
-from calibrate.fit import fit_piecewise, holdout, implied_busbw, switches
+from calibrate.fit import fit_piecewise, fit_quality_problem, holdout, implied_busbw, switches
+from calibrate.outputs import check_output_path
 from calibrate.profile import CollectiveModel, Profile
 from calibrate.results import load_results
 from calibrate.validate import compare, summarize
@@ -153,8 +154,27 @@ def judge_random(prof: Profile, paths: list[str], quiet: bool) -> dict:
             "summary": summary.to_dict(orient="records")}
 
 
+def quality_warnings(summary: list[dict]) -> list[str]:
+    """Fits below ``calibrate.fit.MIN_R2`` (held-out log-time r2) or above ``MAX_HELDOUT_ERR`` (held-out max)."""
+    out = []
+    for row in summary:
+        problem = fit_quality_problem(row["r2_log"], row["heldout_max_%"] / 100)
+        if problem:
+            out.append(f"poor fit for {row['tier']}/{row['collective']} at p={row['p']}: {problem}; the timings "
+                       f"are noisy: measure again with more --iters and --reps, at most one rank per core, "
+                       f"or in graph mode")
+    return out
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.max_segments < 1:
+        raise UserError(f"--max-segments must be >= 1, got {args.max_segments}")
+    if args.min_points < 2:
+        raise UserError(f"--min-points must be >= 2 (a segment fits alpha and beta), got {args.min_points}")
+    if args.link_peak is not None and args.link_peak <= 0:
+        raise UserError(f"--link-peak must be a bandwidth above 0 GB/s, got {args.link_peak}")
+    check_output_path(args.out, "profile")
     runs = load_results(args.results)
     for (meta, _), path in zip(runs, args.results):
         meta["_path"] = path
@@ -168,7 +188,7 @@ def main(argv=None) -> int:
     table = pd.DataFrame(summary)
     print("# fit per tier, collective and group size (held-out errors: fitted on every other size)")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    for w in flatness_warnings(summary):
+    for w in flatness_warnings(summary) + quality_warnings(summary):
         print(f"warning: {w}", file=sys.stderr)
     if prof.timing_mode == "graph":
         miss = table[(table["heldout_median_%"] > TARGET_MEDIAN * 100) | (table["heldout_max_%"] > TARGET_MAX * 100)]

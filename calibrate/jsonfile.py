@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.outputs import check_output_path
 
 
 def read_json(path: str | Path, what: str, fix: str):
@@ -15,16 +16,18 @@ def read_json(path: str | Path, what: str, fix: str):
     if not p.is_file():
         raise UserError(f"{what} {str(p)!r} does not exist: {fix}")
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_bytes())
     except json.JSONDecodeError as e:
         raise UserError(f"{what} {str(p)!r} is not valid JSON ({e.msg} at line {e.lineno}): {fix}") from None
+    except ValueError:  # bytes in no JSON encoding (UTF-8, -16 or -32)
+        raise UserError(f"{what} {str(p)!r} is not valid JSON (not text): {fix}") from None
     except OSError as e:
         raise UserError(f"cannot read {what} {str(p)!r} ({e.strerror}): {fix}") from None
 
 
 def write_json(path: str | Path, data, what: str = "output") -> Path:
     """Write ``data`` as indented JSON, creating missing folders."""
-    p = Path(path)
+    p = check_output_path(path, what)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(data, indent=1) + "\n")

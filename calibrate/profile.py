@@ -1,4 +1,4 @@
-"""Fitted alpha-beta profiles: a versioned JSON schema and the API autotune uses.
+"""Fitted alpha-beta profiles: a versioned JSON record and the API autotune uses.
 
 A profile holds, per network tier ("intra": the ranks of one node; "inter":
 ranks on several nodes) and per collective, one fitted model per measured group
@@ -29,12 +29,14 @@ from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.compute import ComputeModel
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
+from calibrate.records import check_header, header
 
-SCHEMA = "commtune.profile"
-SCHEMA_VERSION = 2
+KIND = "commtune.profile"
+VERSION = 2
 # version 1: segments only; 2 adds, per model, how it was built ("method") and the switch points
 # between its segments ("switches"); version 1 files load with no switches recorded
 READ_VERSIONS = (1, 2)
+REFIT = "refit it with python -m calibrate fit"
 TIERS = ("intra", "inter")
 
 
@@ -174,8 +176,7 @@ class Profile:
     # ---- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "schema": SCHEMA,
-            "version": SCHEMA_VERSION,
+            **header(KIND, VERSION),
             "name": self.name,
             "provenance": self.provenance,
             "hardware": self.hardware,
@@ -193,17 +194,16 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict, origin: str = "profile") -> "Profile":
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise UserError(f"{origin} is not a commtune profile (missing schema {SCHEMA!r})")
-        if d.get("version") not in READ_VERSIONS:
-            raise UserError(
-                f"{origin} has profile schema version {d.get('version')!r}; this tool reads "
-                f"versions {', '.join(map(str, READ_VERSIONS))}: refit it with python -m calibrate fit"
-            )
+        check_header(d, KIND, READ_VERSIONS, "commtune profile", REFIT, origin)
         for key in ("name", "provenance", "tiers"):
             if key not in d:
                 raise UserError(f"{origin} lacks the field {key!r}: refit it with python -m calibrate fit")
         tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = {}
+        if not isinstance(d["tiers"], dict) or not all(isinstance(c, dict) and all(isinstance(m, dict)
+                                                                                  for m in c.values())
+                                                       for c in d["tiers"].values()):
+            raise UserError(f"{origin}: 'tiers' is not tier -> collective -> group size -> model: "
+                            f"refit it with python -m calibrate fit")
         for tier, colls in d["tiers"].items():
             if tier not in TIERS:
                 raise UserError(f"{origin}: unknown tier {tier!r} (expected one of {', '.join(TIERS)})")
@@ -215,8 +215,11 @@ class Profile:
                     if not str(p).isdigit() or int(p) < 2:
                         raise UserError(f"{origin}: {tier}/{coll} has a bad group size {p!r}")
                     segs = []
+                    if not isinstance(m, dict) or not isinstance(m.get("segments", []), list):
+                        raise UserError(f"{origin}: {tier}/{coll}/p={p} is not a model with a list of segments: "
+                                        f"refit it with python -m calibrate fit")
                     for s in m.get("segments", []):
-                        seg = Segment(**s)
+                        seg = _segment(s, f"{origin}: {tier}/{coll}/p={p}")
                         if not (seg.alpha >= 0 and seg.beta >= 0 and math.isfinite(seg.alpha)
                                 and math.isfinite(seg.beta)):
                             raise UserError(
@@ -258,6 +261,20 @@ class Profile:
 
 
 DEFAULT_PROFILE = "h200-nvlink+ib400"
+
+
+def _segment(s, where: str) -> Segment:
+    """A Segment from its JSON, every number checked to be one."""
+    fields = ("min_bytes", "max_bytes", "alpha", "beta")
+    if not isinstance(s, dict) or any(k not in s for k in fields) or set(s) - set(fields) - {"fit"}:
+        raise UserError(f"{where}: a segment needs exactly {', '.join(fields)} (and fit): "
+                        f"refit it with python -m calibrate fit")
+    bad = [k for k in fields if isinstance(s[k], bool) or not isinstance(s[k], (int, float))]
+    if bad:
+        raise UserError(f"{where}: segment field {bad[0]} is {s[bad[0]]!r}, not a number: "
+                        f"fix it or refit with python -m calibrate fit")
+    return Segment(float(s["min_bytes"]), float(s["max_bytes"]), float(s["alpha"]), float(s["beta"]),
+                   s.get("fit", {}) if isinstance(s.get("fit", {}), dict) else {})
 
 
 def embedded_profile_names() -> list[str]:

@@ -42,15 +42,17 @@ def kind_of(data) -> str | None:
     return kind if isinstance(kind, str) else data.get("schema")
 
 
-def check_header(data, kind: str, version: int, what: str, fix: str, origin: str,
+def check_header(data, kind: str, version: int | tuple[int, ...], what: str, fix: str, origin: str,
                  legacy_kinds: tuple[str, ...] = ()) -> dict:
-    """``data`` itself when it is a record of this kind and version, else one ``UserError``."""
+    """``data`` itself when it is a record of this kind and version (or one of the versions
+    given as a tuple), else one ``UserError``."""
     found = kind_of(data)
     if found != kind and found not in legacy_kinds:
         raise UserError(f"{origin} is not a {what} (its kind is {found!r}, expected {kind!r}): {fix}")
-    if data.get("version") != version:
+    versions = version if isinstance(version, tuple) else (version,)
+    if data.get("version") not in versions:
         raise UserError(f"{origin} is {what} version {data.get('version')!r}; this tool reads "
-                        f"version {version}: {fix}")
+                        f"version {' or '.join(map(str, versions))}: {fix}")
     return data
 
 

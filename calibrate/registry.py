@@ -8,6 +8,7 @@ cost nothing until it is picked.
 from __future__ import annotations
 
 import importlib
+from enum import Enum
 
 from calibrate.errors import UserError
 
@@ -39,3 +40,19 @@ class Registry:
         if name not in self.targets:
             raise UserError(f"unknown {self.what} {name!r}: choose from {', '.join(self.targets)}")
         return load(self.targets[name])
+
+
+class NamedEnum(str, Enum):
+    """A str Enum read from user text: ``parse`` ignores case, ``_`` and ``-`` and knows the
+    subclass's ``__aliases__``; unknown names are one ``UserError`` naming ``__what__``."""
+
+    @classmethod
+    def parse(cls, name):
+        if isinstance(name, cls):
+            return name
+        key = str(name).strip().lower().replace("_", "").replace("-", "")
+        key = getattr(cls, "__aliases__", {}).get(key, key)
+        for member in cls:
+            if member.value == key:
+                return member
+        raise UserError(f"unknown {cls.__what__} {name!r}: choose from {', '.join(m.value for m in cls)}")

@@ -1,6 +1,6 @@
 """A calibration results directory: written as it is measured, resumable.
 
-    meta.json     kind "calibration", schema version, the configuration that a
+    meta.json     kind "calibration", version (the one record header), the configuration that a
                   resume must match, hosts, rank -> host and GPU, versions,
                   NCCL_* environment, timing mode, command line
     samples.csv   every sample (one row per timed unit, max over ranks)
@@ -29,9 +29,10 @@ from pathlib import Path
 import pandas as pd
 
 from calibrate.errors import UserError
+from calibrate.records import check_header
 
 KIND = "calibration"
-SCHEMA_VERSION = 1
+VERSION = 1
 SAMPLE_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "rep", "time_s"]
 STAT_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "n",
                "median_s", "min_s", "max_s", "p95_s", "ci_lo_s", "ci_hi_s", "algbw_GBps", "busbw_GBps", "wrong"]
@@ -93,15 +94,13 @@ class ResultsDir:
 
     def read_meta(self) -> dict:
         try:
-            meta = json.loads(self.meta_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"{str(self.meta_path)!r} is unreadable ({e}): it is not a calibration results directory") from None
-        if meta.get("kind") != KIND:
-            raise UserError(f"{str(self.path)!r} is not a calibration results directory (kind {meta.get('kind')!r})")
-        if meta.get("version") != SCHEMA_VERSION:
-            raise UserError(f"{str(self.path)!r} has results schema version {meta.get('version')!r}; "
-                            f"this tool reads version {SCHEMA_VERSION}: measure again")
-        return meta
+            meta = json.loads(self.meta_path.read_bytes())
+        except (OSError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) else "not valid JSON"
+            raise UserError(f"{str(self.meta_path)!r} is unreadable ({why}): it is not a calibration results "
+                            f"directory; give one written by python -m calibrate run") from None
+        return check_header(meta, KIND, VERSION, "calibration results directory", "measure again with "
+                            "python -m calibrate run", repr(str(self.path)))
 
     def done(self) -> set[tuple]:
         stats = self.path / "stats.csv"
@@ -153,7 +152,21 @@ class ResultsDir:
         path = self.path / "stats.csv"
         if not path.exists():
             raise UserError(f"{str(self.path)!r} has no stats.csv: the calibration measured nothing")
-        return pd.read_csv(path)
+        fix = "run python -m calibrate run --resume on it to repair it, or measure again"
+        try:
+            df = pd.read_csv(path)
+        except pd.errors.EmptyDataError:
+            raise UserError(f"{str(path)!r} is empty: {fix}") from None
+        except (ValueError, pd.errors.ParserError) as e:
+            raise UserError(f"{str(path)!r} is not a readable CSV ({str(e).splitlines()[0][:80]}): {fix}") from None
+        missing = [f for f in STAT_FIELDS if f not in df.columns]
+        if missing:
+            raise UserError(f"{str(path)!r} lacks the columns {', '.join(missing[:4])}: it is not a stats.csv "
+                            f"written by python -m calibrate run; {fix}")
+        torn = df[df[["bytes", "median_s"]].isna().any(axis=1)]
+        if not torn.empty:
+            raise UserError(f"{str(path)!r} has a torn or incomplete row (row {int(torn.index[0]) + 1}): {fix}")
+        return df
 
     def samples(self) -> pd.DataFrame:
         return pd.read_csv(self.path / "samples.csv")
@@ -164,8 +177,12 @@ def load_results(paths) -> list[tuple[dict, pd.DataFrame]]:
     out = []
     for p in paths:
         path = Path(p)
+        if path.is_file():
+            raise UserError(f"{str(path)!r} is a file, not a results directory: give the directory that "
+                            f"python -m calibrate run wrote (with meta.json and stats.csv)")
         if not path.is_dir():
-            raise UserError(f"results directory {str(path)!r} does not exist")
+            raise UserError(f"results directory {str(path)!r} does not exist: give the directory that "
+                            f"python -m calibrate run wrote")
         rd = ResultsDir(path)
         if not rd.meta_path.exists():
             raise UserError(f"{str(path)!r} has no meta.json: give a directory written by python -m calibrate run")

@@ -9,9 +9,7 @@ import shlex
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
-from typing import Callable
 
 from mpi4py import MPI
 
@@ -19,14 +17,15 @@ from calibrate.backends import REGISTRY as BACKENDS
 from calibrate import run_limits
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
-from calibrate.cli import add_timing_args, command_parser
+from calibrate.cli import add_timing_args, command_parser, run_mpi_command
 from calibrate.collectives import Collective, busbw_factor
 from calibrate.device.dtypes import dtype_size
 from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
+from calibrate.records import header
 from calibrate.refine import FLOOR
 from calibrate.refine_run import refine_curve
-from calibrate.results import KIND, SCHEMA_VERSION, ResultsDir
+from calibrate.results import KIND, VERSION, ResultsDir
 from calibrate.sizes import align, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
 
@@ -148,8 +147,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     _check_resources(args, world, colls, sizes or [n for v in plan.values() for n in v], backend_name, hosts, say)
     out = args.out or os.path.join("results", "calib-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     meta = {
-        "kind": KIND,
-        "version": SCHEMA_VERSION,
+        **header(KIND, VERSION),
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "config": {"backend": backend_name, "mode": mode.value, "dtype": args.dtype, "iters": args.iters,
@@ -262,25 +260,10 @@ def interleaved(plan: dict[str, list[int]], colls: list[Collective]) -> list[tup
     return [(c, plan[c.value][i]) for i in range(longest) for c in colls if i < len(plan[c.value])]
 
 
-def guarded(body: Callable[[], int], world, prog: str) -> int:
-    """Run ``body`` on every rank: a user error is one line from rank 0; Ctrl-C or a crash on one rank
-    aborts all of them (none is left hanging in a collective)."""
-    try:
-        return int(body() or 0)
-    except UserError as e:
-        if world.Get_rank() == 0:
-            print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; measured sizes are saved: add --resume to continue", file=sys.stderr)
-        world.Abort(130)
-    except Exception:  # noqa: BLE001  (one rank failing must not leave the others hanging)
-        traceback.print_exc()
-        world.Abort(1)
-    return 1
+INTERRUPTED = "measured sizes are saved: add --resume to continue"
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     world = MPI.COMM_WORLD
-    return guarded(lambda: run(args, world), world, "calibrate run")
+    return run_mpi_command(lambda: run(args, world), world, "calibrate run", INTERRUPTED)

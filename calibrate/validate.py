@@ -104,7 +104,8 @@ def measure_random(args) -> int:
     """Measure the random sizes under MPI (every rank), then judge the profile on rank 0."""
     from mpi4py import MPI
 
-    from calibrate.run import guarded, run
+    from calibrate.cli import run_mpi_command
+    from calibrate.run import INTERRUPTED, run
 
     world = MPI.COMM_WORLD
 
@@ -124,7 +125,7 @@ def measure_random(args) -> int:
             rc = max(rc, report(profile, stats, 0, args.summary_only))
         return rc
 
-    return guarded(body, world, "calibrate validate")
+    return run_mpi_command(body, world, "calibrate validate", INTERRUPTED)
 
 
 def main(argv=None) -> int:

@@ -56,7 +56,7 @@ def build_vgg13(c: dict) -> LayerGraph:
             side //= 2
         else:
             layers.append(_L(f"conv{i}", "conv", batch=b, in_features=ch * side * side,
-                             out_features=v * side * side, weights=ch * v * 9 + v))
+                             out_features=v * side * side, weights=ch * v * 9 + v, in_channels=ch, side=side))
             ch = v
     feat = ch * side * side
     for i, (a, o) in enumerate(zip([feat, 4096, 4096], [4096, 4096, c["classes"]])):

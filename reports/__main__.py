@@ -3,30 +3,30 @@ self-contained HTML report from any results the project writes (calibration
 runs, fitted profiles, plans, benchmarks), a section per kind."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from calibrate.cli import command_parser, run_cli
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json
+from calibrate.outputs import check_output_path
+from calibrate.records import kind_of as record_kind
 from reports.html import write_report
 from reports.sections import REGISTRY, builder
 
 
 def kind_of(path: Path) -> str:
+    fix = "give a results directory or a JSON file the project wrote"
     if path.is_dir():
         meta = path / "meta.json"
         if not meta.exists():
-            raise UserError(f"{str(path)!r} has no meta.json: give a results directory or a JSON file the project wrote")
-        data = json.loads(meta.read_text())
+            raise UserError(f"{str(path)!r} has no meta.json: {fix}")
+        data = read_json(meta, "results metadata", fix)
     elif path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            raise UserError(f"{str(path)!r} is not JSON: give a results directory or a JSON file the project wrote") from None
+        data = read_json(path, "input", fix)
     else:
-        raise UserError(f"{str(path)!r} does not exist")
-    kind = data.get("kind") or data.get("schema")
+        raise UserError(f"{str(path)!r} does not exist: {fix}")
+    kind = record_kind(data)
     if kind not in REGISTRY:
         raise UserError(f"{str(path)!r} is of kind {kind!r}, which no report section knows "
                         f"(known: {', '.join(REGISTRY)})")
@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--out", default="report.html", help="HTML file to write. Default report.html")
     p.add_argument("--title", default="Communication calibration and tuning report")
     args = p.parse_args(argv)
+    check_output_path(args.out, "report")
     by_kind: dict[str, list[Path]] = {}
     for s in args.inputs:
         path = Path(s)

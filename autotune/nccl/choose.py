@@ -1,8 +1,11 @@
-"""From the measured settings to the table: per collective and size band, the fastest
-setting measured at the band's size (median time, maximum over ranks), unless it beats the
-default's own algorithm and protocol with NCCL's channel count by no more than ``margin``:
-then that one, which at the sizes where NCCL cuts its channels by size is NCCL's default
-itself (so noise never trades the default for a setting that is no faster).
+"""From the measured settings to the table: per collective and size band, among the settings
+measured at every size of the band that NCCL's default was measured at (a setting dropped there
+or never measured there is never chosen), the fastest (geometric mean over those sizes of its time
+over the default's; median time, maximum over ranks), unless it beats the default's own algorithm
+and protocol with NCCL's channel count by no more than ``margin``: then that one, which at the sizes
+where NCCL cuts its channels by size is NCCL's default itself (so noise never trades the default for
+a setting that is no faster). A band gets no row (NCCL decides there) where NCCL's default or no
+setting was measured, or where the setting chosen is slower than the default by more than ``margin``.
 
 Bands are ``autotune.schedule.bands``: band i holds size s_i and runs from the geometric
 mean of s_(i-1) and s_i to that of s_i and s_(i+1), the first from 0 and the last without
@@ -14,23 +17,35 @@ algorithm and protocol is what reproduces the default there.
 """
 from __future__ import annotations
 
+import math
+
 from calibrate.errors import UserError
 from kernels.nccl_tuner.table import SIZE_MAX, Row, merge_bands
 
 from autotune.nccl.record import Sample
 from autotune.nccl.settings import Setting
-from autotune.schedule.bands import bands_for
+from autotune.schedule.bands import Band, bands_for
 
 
-def best_per_size(sweep: list[Sample], collective: str, excluded=()) -> dict[int, Sample]:
-    """The fastest sample of ``collective`` at each measured size, but NCCL's default's and ``excluded``."""
-    best: dict[int, Sample] = {}
-    for s in sweep:
-        if s.collective != collective or s.setting == "default" or s.setting in excluded:
-            continue
-        if s.bytes not in best or s.median_us < best[s.bytes].median_us:
-            best[s.bytes] = s
-    return best
+def pick(samples: list[Sample], band: Band, margin: float) -> str | None:
+    """The label chosen for ``band`` from the samples of one collective (NCCL's default among them)."""
+    defaults = {s.bytes: s for s in samples if s.setting == "default" and band.covers(s.bytes)}
+    if not defaults:
+        return None
+    times: dict[str, dict[int, float]] = {}
+    for s in samples:
+        if s.setting != "default" and s.bytes in defaults:
+            times.setdefault(s.setting, {})[s.bytes] = s.median_us
+    score = {label: math.exp(sum(math.log(t[n] / d.median_us) for n, d in defaults.items()) / len(defaults))
+             for label, t in times.items() if len(t) == len(defaults)}
+    if not score:
+        return None
+    best = min(score, key=score.get)
+    runs = {d.runs for d in defaults.values()}
+    own = f"{runs.pop()}/auto" if len(runs) == 1 and "" not in runs else None
+    if own in score and score[best] >= score[own] * (1 - margin):
+        best = own
+    return best if score[best] <= 1 + margin else None
 
 
 def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks: int, nodes: int,
@@ -39,19 +54,12 @@ def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks:
     ``excluded``: labels of settings NCCL did not apply."""
     rows = []
     for coll in collectives:
-        best = best_per_size(sweep, coll, excluded)
-        measured = sorted(best)
-        if not measured:
+        mine = [s for s in sweep if s.collective == coll and s.setting not in excluded]
+        if not any(s.setting != "default" for s in mine):
             raise UserError(f"no setting of {coll} was measured: nothing to choose from")
-        by_label = {(s.bytes, s.setting): s for s in sweep if s.collective == coll and s.setting not in excluded}
         for band in bands_for(sizes):
-            # the sample measured at the band's size (sizes are aligned to the element count and ranks)
-            rep = min(measured, key=lambda b: abs(b - band.rep))
-            pick = best[rep]
-            default = by_label.get((rep, "default"))
-            own = by_label.get((rep, f"{default.runs}/auto")) if default is not None and default.runs else None
-            if own is not None and pick.median_us >= own.median_us * (1 - margin):
-                pick = own
-            s = Setting.parse(pick.setting)
-            rows.append(s.row(coll, band.lo, SIZE_MAX if band.hi == 0 else band.hi - 1, ranks, nodes))
+            label = pick(mine, band, margin)
+            if label is not None:
+                rows.append(Setting.parse(label).row(coll, band.lo, SIZE_MAX if band.hi == 0 else band.hi - 1,
+                                                     ranks, nodes))
     return merge_bands(rows)

@@ -7,8 +7,13 @@
 
 Under mpirun or srun, one process per GPU: measures NCCL per collective and size under
 every candidate setting (algorithm x protocol x channels, each on its own communicator
-through the plugin; a setting far behind the best at two sizes in a row is dropped for
-the larger sizes), chooses the fastest per size band, writes the table (nccl_tuner.csv)
+through the plugin; fixed channel counts only from --channels-from up; a setting is dropped
+for the larger sizes only where the alpha-beta model says it stays behind: far behind the best
+at two size steps in a row where the best is bandwidth-bound and the setting's time grows at
+least as fast, never for being behind at small sizes, where Simple loses to LL and yet wins at
+large ones), chooses per size band among the settings measured at that size (the default's own
+algorithm and protocol unless beaten by --margin; no row, NCCL's choice, where the best measured
+is slower than NCCL's default by more than --margin), writes the table (nccl_tuner.csv)
 and the env file (nccl_tuner.env: NCCL_TUNER_PLUGIN, COMMTUNE_NCCL_TUNER_TABLE,
 NCCL_MIN_CTAS), then measures NCCL default against NCCL with the plugin and the table on
 new communicators in the same run and prints the ratio per collective and size with
@@ -23,12 +28,13 @@ import os
 import shlex
 import sys
 import time
-import traceback
 from pathlib import Path
 
+from calibrate.cli import command_parser, run_mpi_command
+from calibrate.device.dtypes import dtype_size
 from calibrate.device.nccl_config import MAX_CHANNELS
 from calibrate.errors import UserError
-from calibrate.sizes import dtype_size, format_size
+from calibrate.sizes import format_size, parse_size
 from kernels.nccl_tuner.build import library
 from kernels.nccl_tuner.table import load_table, rows_for, write_table
 
@@ -41,8 +47,7 @@ DEFAULT_COLLECTIVES = "allreduce,allgather,reducescatter"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autotune nccl", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = command_parser("python -m autotune nccl", __doc__.split("\n\n")[0], epilog=__doc__)
     p.add_argument("--collectives", default=DEFAULT_COLLECTIVES,
                    help=f"comma-separated, from {', '.join(TUNABLE)} (default {DEFAULT_COLLECTIVES})")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"min:max:factor or a list (default {DEFAULT_SIZES})")
@@ -55,8 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=5, help="timed graph replays per point (default 5)")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls before each point (default 5)")
     p.add_argument("--prune", type=float, default=1.5,
-                   help="drop a setting for the larger sizes once it is this many times slower than the best so far "
-                        "at two sizes in a row (default 1.5)")
+                   help="drop a setting for the larger sizes once it is this many times slower than the best at two "
+                        "size steps in a row where the best is bandwidth-bound and the setting's time grows at least "
+                        "as fast (default 1.5)")
+    p.add_argument("--channels-from", default="256K",
+                   help="smallest size at which fixed channel counts are measured; below it only NCCL's own "
+                        "(default 256K)")
     p.add_argument("--margin", type=float, default=0.02,
                    help="a setting replaces the default's own algorithm and protocol (with NCCL's channel count) "
                         "only when faster by more than this fraction (default 0.02)")
@@ -93,6 +102,7 @@ def validate(args) -> tuple[list[str], list[int], tuple[int, ...], Path]:
         raise UserError("--iters and --reps must be at least 1 and --warmup at least 0")
     if args.prune <= 1:
         raise UserError(f"--prune {args.prune}: must be above 1 (e.g. 1.5)")
+    args.channels_from_bytes = parse_size(args.channels_from)
     if not 0 <= args.margin < 0.5 or args.rounds < 1:
         raise UserError("--margin must be in [0, 0.5) and --rounds at least 1")
     plugin = library(args.plugin)
@@ -115,19 +125,8 @@ def main(argv=None) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    try:
-        return run(args, world, colls, sizes, channels, plugin)
-    except UserError as e:
-        if world.Get_rank() == 0:
-            print(f"autotune nccl: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("autotune nccl: interrupted; what was measured is in nccl_tune.json", file=sys.stderr)
-        world.Abort(130)
-    except Exception:  # noqa: BLE001  (one rank failing must not leave the others waiting in NCCL)
-        traceback.print_exc()
-        world.Abort(1)
-    return 1
+    return run_mpi_command(lambda: run(args, world, colls, sizes, channels, plugin), world, "autotune nccl",
+                           "what was measured is in nccl_tune.json")
 
 
 def _agree(world, fn):
@@ -161,7 +160,8 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
     device = select_gpu(world, needs="autotune nccl", fallback="run it on GPU nodes")
     out = Path(args.out or os.path.join("results", "nccl-tune-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S")))
     _agree(world, lambda: _prepare(out) if lead else None)
-    opts = Options(args.dtype, args.iters, args.warmup, args.reps, not args.no_check, args.prune)
+    opts = Options(args.dtype, args.iters, args.warmup, args.reps, not args.no_check, args.prune,
+                   args.channels_from_bytes)
     session = _agree(world, lambda: Session(world, device, plugin, args.min_ctas, ranks, nodes, opts))
     import cupy as cp
 
@@ -181,9 +181,9 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
             say(f"# sweep: {n_settings} settings (NCCL's default and algorithm x protocol x channels "
                 f"{','.join(map(str, channels))}), each on its own communicator of {args.min_ctas} channels")
 
-            def on_sample(s, coll, n, setting):
+            def on_sample(s, coll, n, setting, why):
                 if s is None:
-                    record.pruned.append({"collective": coll, "setting": setting.label, "bytes": n})
+                    record.pruned.append({"collective": coll, "setting": setting.label, "bytes": n, "why": why})
                 else:
                     record.sweep.append(s)
 
@@ -194,7 +194,10 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
                 save()
                 said = [s for s in record.sweep if s.setting == setting.label]
                 say(f"# [{k}/{total}] {setting.label}: {len(said)} points, "
-                    f"{sum(1 for p in record.pruned if p['setting'] == setting.label)} pruned, "
+                    f"{sum(1 for p in record.pruned if p['setting'] == setting.label and p['why'] == 'behind')} "
+                    f"dropped (behind), "
+                    f"{sum(1 for p in record.pruned if p['setting'] == setting.label and p['why'] == 'channels')} "
+                    f"below --channels-from, "
                     f"{sum(max(s.wrong, 0) for s in said)} wrong"
                     f"{'' if applied else ', NOT applied by NCCL (ruled out; never chosen)'}; "
                     f"{time.perf_counter() - t_start:.0f} s so far")
@@ -253,7 +256,7 @@ def _print_summary(record: rec.TuneRecord, say) -> int:
     main3 = sum(v for k, v in record.seconds.items() if k in ("sweep_allreduce", "sweep_allgather",
                                                                 "sweep_reducescatter"))
     sweep_wrong = sum(max(s.wrong, 0) for s in record.sweep)
-    print(f"# sweep: {len(record.sweep)} points, {len(record.pruned)} pruned, #wrong {sweep_wrong}; seconds: "
+    print(f"# sweep: {len(record.sweep)} points, {len(record.pruned)} not measured, #wrong {sweep_wrong}; seconds: "
           f"{seconds}; measuring allreduce+allgather+reducescatter: {main3:.0f} s; plugin counters (rank 0) "
           f"{record.plugin_counters}", flush=True)
     say(f"# record: {Path(record.table).parent / 'nccl_tune.json'}")

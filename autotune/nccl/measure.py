@@ -53,7 +53,8 @@ class Options:
     warmup: int = 5
     reps: int = 5
     check: bool = True
-    prune: float = 1.5       # a setting this much slower than the best so far at two sizes in a row is dropped
+    prune: float = 1.5       # the factor behind the best at which a setting that is not catching up is dropped
+    channels_from: int = 256 << 10  # below this size only NCCL's own channel count is measured
 
 
 @dataclass
@@ -143,17 +144,41 @@ def _min():
     return MPI.MIN
 
 
+def falling_behind(prev: tuple[int, float], cur: tuple[int, float], best_prev: float, best_cur: float,
+                   prune: float) -> bool:
+    """Whether a setting measured ``prev`` = (size, us) then ``cur`` stays behind the best at every larger
+    size, in the alpha-beta model (t = alpha + beta * n) of each setting.
+
+    It must be more than ``prune`` times slower than the best (``best_prev``, ``best_cur``: the fastest
+    time measured at those two sizes) at both, and not catching up: its time grew at least as much as the
+    best's between the two sizes, so its beta is at least that of the setting fastest at ``cur`` (the best's
+    growth bounds that one's from above). That growth is only trusted where the best is bandwidth-bound
+    (its beta term at least its alpha term: it grew by at least half the size's growth); in the latency
+    regime nothing is dropped, since a setting far behind there (Simple against LL) may be the fastest at
+    larger sizes, where its smaller beta wins."""
+    (n0, t0), (n1, t1) = prev, cur
+    if not (n1 > n0 and t0 > prune * best_prev and t1 > prune * best_cur):
+        return False
+    grown = best_cur - best_prev
+    return grown >= 0.5 * (n1 / n0 - 1) * best_prev and t1 - t0 >= grown
+
+
 def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on_sample, on_setting) -> dict:
     """Measure every setting of ``plan`` (collective -> settings, NCCL's default first) at ``sizes``.
 
-    One communicator per setting, for all the collectives it is a candidate of. A setting that
-    has been more than ``options.prune`` times slower than the best so far at two sizes in a row
-    is not measured at the larger sizes of that collective (``on_sample(None, ...)`` says so).
+    One communicator per setting, for all the collectives it is a candidate of. Not measured
+    (``on_sample(None, coll, n, setting, why)``): a setting with a fixed channel count below
+    ``options.channels_from`` (``why`` "channels": there NCCL's own count, measured as the ``/auto``
+    setting, is cut by size and the fixed counts differ by noise), and a setting that has been
+    ``falling_behind`` at two size steps in a row, at the larger sizes of that collective (``why``
+    "behind"). The best is over the settings measured before it and itself, NCCL's default apart, so
+    the first setting is measured at every size: each size keeps a measured setting to choose.
     ``on_setting(k, total, setting, seconds, applied)`` after each; ``applied`` is False when the
     plugin decided no call (NCCL ruled the setting out: what was measured is NCCL's choice).
     Returns seconds per collective (measuring) and for making communicators."""
     order = list(dict.fromkeys(s for settings in plan.values() for s in settings))
     best: dict[tuple[str, int], float] = {}
+    o = session.options
     seconds = {c: 0.0 for c in plan} | {"communicators": 0.0}
     for k, setting in enumerate(order):
         colls = [c for c in plan if setting in plan[c]]
@@ -165,19 +190,25 @@ def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on
         try:
             for coll in colls:
                 t0 = time.perf_counter()
-                losses = 0
+                steps, prev = 0, None
                 for n in sizes:
-                    if losses >= 2:
-                        on_sample(None, coll, n, setting)
+                    if not setting.is_default and setting.channels != -1 and n < o.channels_from:
+                        on_sample(None, coll, n, setting, "channels")
+                        continue
+                    if steps >= 2:
+                        on_sample(None, coll, n, setting, "behind")
                         continue
                     s = session.measure(be, coll, n, setting.label)
-                    on_sample(s, coll, n, setting)
-                    key = (coll, n)
-                    if not setting.is_default and s.median_us > session.options.prune * best.get(key, float("inf")):
-                        losses += 1
-                    else:
-                        losses = 0
-                    best[key] = min(best.get(key, float("inf")), s.median_us)
+                    on_sample(s, coll, n, setting, "")
+                    if setting.is_default:
+                        continue
+                    best[(coll, n)] = min(best.get((coll, n), float("inf")), s.median_us)
+                    cur = (n, s.median_us)
+                    # from channels_from on every setting is measured at both sizes of a step
+                    behind = prev is not None and prev[0] >= o.channels_from and falling_behind(
+                        prev, cur, best[(coll, prev[0])], best[(coll, n)], o.prune)
+                    steps = steps + 1 if behind else 0
+                    prev = cur
                 seconds[coll] += time.perf_counter() - t0
         finally:
             t0 = time.perf_counter()

@@ -73,7 +73,7 @@ class TuneRecord(Record):
     table: str = ""
     env_file: str = ""
     sweep: list[Sample] = field(default_factory=list)
-    pruned: list[dict] = field(default_factory=list)      # {collective, setting, bytes}: not measured
+    pruned: list[dict] = field(default_factory=list)      # {collective, setting, bytes, why}: not measured
     not_applied: list[str] = field(default_factory=list)  # settings NCCL ruled out: never chosen
     table_rows: list[str] = field(default_factory=list)
     compare: list[Compare] = field(default_factory=list)

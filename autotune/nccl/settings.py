@@ -71,10 +71,12 @@ def parse_channels(text: str, min_ctas: int) -> tuple[int, ...]:
 
 
 def candidates(collective: str, ranks: int, nodes: int, channels=DEFAULT_CHANNELS) -> list[Setting]:
-    """NCCL's default first, then every (algorithm, protocol, channels) for ``collective``."""
+    """NCCL's default first, then every (algorithm, protocol, channels) for ``collective``; Simple
+    first, then LL128 and LL: the sweep drops a setting behind the best measured before it in the
+    bandwidth regime, where Simple is the one to beat, so LL is dropped there early."""
     if collective not in TUNABLE:
         raise UserError(f"autotune nccl tunes {', '.join(TUNABLE)}, not {collective!r}")
-    return [DEFAULT] + [Setting(a, p, c) for a in algorithms(collective, ranks, nodes) for p in PROTOCOLS
+    return [DEFAULT] + [Setting(a, p, c) for a in algorithms(collective, ranks, nodes) for p in PROTOCOLS[::-1]
                         for c in channels]
 
 

@@ -18,7 +18,7 @@ import argparse
 import sys
 
 from autotune.reshard.cases import build_task, case_names, case_profile, load_case, parse_scenario
-from autotune.reshard.pipeline import PHASES, SCHEDULES, exposed_time, hidden_fraction, simulate
+from autotune.reshard.pipeline import PHASES, SCHEDULES, exposed_time, hidden_fraction, load_pipelines, simulate
 from autotune.reshard.plan import compare, make_plan
 from autotune.reshard.solvers import SOLVERS, SolverConfig
 from autotune.reshard.stagecomm import pipeline_from_preset
@@ -26,6 +26,7 @@ from autotune.reshard.strategies import STRATEGIES
 from calibrate import profile as profiles
 from calibrate.cli import command_parser, run_on_ranks
 from calibrate.errors import UserError
+from calibrate.outputs import check_output_path
 from kernels.reshard.cli import execute_and_report
 from kernels.reshard.plan import Plan
 from kernels.reshard.program import BACKENDS
@@ -83,18 +84,30 @@ def shape_arg(text: str) -> tuple[int, ...]:
         raise UserError(f"tensor shape {text!r} is not a list of integers: write e.g. 1024,1024,512") from None
     if not shape:
         raise UserError("empty tensor shape: write e.g. --shape 1024,1024,512")
+    if min(shape) < 1:
+        raise UserError(f"tensor shape {text!r} has a dimension below 1: every size must be positive")
     return shape
 
 
-def devices_per_host(args, prof) -> int:
-    if args.devices_per_host:
+def devices_per_host(args, prof, meshes: tuple[tuple[int, int], ...] = ()) -> int:
+    """--devices-per-host, else the profile's gpus_per_node, else the most devices a mesh puts on a host."""
+    if args.devices_per_host is not None:
         if args.devices_per_host < 1:
-            raise UserError("--devices-per-host must be at least 1")
+            raise UserError(f"--devices-per-host must be at least 1, got {args.devices_per_host}")
         return args.devices_per_host
     n = prof.hardware.get("gpus_per_node")
-    if not n:
-        raise UserError(f"profile {prof.name!r} does not say how many GPUs a host has: give --devices-per-host")
-    return int(n)
+    if n:
+        return int(n)
+    if meshes:
+        return max(m[1] for m in meshes)
+    raise UserError(f"profile {prof.name!r} does not say how many GPUs a host has: give --devices-per-host")
+
+
+def mesh_arg(text: str, what: str) -> tuple[int, int]:
+    mesh = parse_mesh_shape(text)
+    if min(mesh) < 1:
+        raise UserError(f"{what} {text!r} has an empty axis: hosts and devices must be at least 1, e.g. 2,4")
+    return mesh
 
 
 def _table(plans: dict, bound: float, strategies, solvers) -> str:
@@ -160,8 +173,30 @@ def run_pipeline(name: str, prof, args, cfg) -> dict:
     return {"name": name, "spec": fields, "schedules": out}
 
 
+def check_args(args) -> None:
+    """Counts, budgets and output paths, before any planning."""
+    if args.time_budget < 0:
+        raise UserError(f"--time-budget must be >= 0 seconds, got {args.time_budget}")
+    if args.rounds < 1:
+        raise UserError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.jobs < 0:
+        raise UserError(f"--jobs must be >= 0, got {args.jobs}")
+    if args.iters < 1:
+        raise UserError(f"--iters must be >= 1, got {args.iters}")
+    if args.micro_batches is not None and args.micro_batches < 1:
+        raise UserError(f"--micro-batches must be >= 1, got {args.micro_batches}")
+    if args.pipeline:
+        known = list(load_pipelines()["pipelines"])
+        if args.pipeline not in known:
+            raise UserError(f"unknown pipeline preset {args.pipeline!r}: choose one of {', '.join(known)}")
+    for flag, path in (("--plan-out", args.plan_out), ("--results", args.results)):
+        if path:
+            check_output_path(path, f"{flag} file")
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    check_args(args)
     if args.execute:
         return execute(args)
     cfg = SolverConfig(time_budget=args.time_budget, rounds=args.rounds, seed=args.seed)
@@ -207,9 +242,10 @@ def tasks_of(args, prof) -> list[tuple[str, ReshardTask, float | None]]:
         raise UserError("a task needs all of --src-mesh, --src-spec, --dst-mesh, --dst-spec and --shape")
     tasks = []
     if all(explicit):
-        task = build_task(parse_mesh_shape(args.src_mesh), args.src_spec, parse_mesh_shape(args.dst_mesh),
-                          args.dst_spec, shape_arg(args.shape), args.dtype, devices_per_host(args, prof),
-                          shared=args.shared_devices)
+        src, dst = mesh_arg(args.src_mesh, "--src-mesh"), mesh_arg(args.dst_mesh, "--dst-mesh")
+        shape = shape_arg(args.shape)
+        task = build_task(src, args.src_spec, dst, args.dst_spec, shape, args.dtype,
+                          devices_per_host(args, prof, (src, dst)), shared=args.shared_devices)
         tasks.append(("task", task, None))
     names = case_names() if args.all_cases else ([args.case] if args.case else [])
     dph = args.devices_per_host or int(prof.hardware.get("gpus_per_node") or 4)

@@ -20,6 +20,10 @@ reduce-scatter; a forward all-reduce (P->B) is an all-reduce backward too
 returns its input's gradient whole (``Strategy.grad_in``: a loss computed
 redundantly), where it is free; a forward zeroing (B->P) is free backward.
 
+A step runs at once on every group of its axes; where groups cross nodes,
+the groups on one node share its network, so the bandwidth term of such a step
+is multiplied by how many share it (``Coster.nic_sharing``).
+
 Message sizes follow nccl-tests' ``size`` (calibrate.collectives): all-reduce
 the vector, reduce-scatter its input, all-gather its output, all-to-all one
 rank's whole send buffer.
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 
 from calibrate.collectives import Collective, ring_coefficients
 from calibrate.errors import UserError
-from calibrate.profile import Profile
+from calibrate.profile import Group, Profile
 
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, dual, is_split, local_shape, split_dim
@@ -192,13 +196,27 @@ class Coster:
                     f"pass --profile with a profile measured {'inside a node' if tier == 'intra' else 'across nodes'}"
                 )
 
+    def nic_sharing(self, ranks: int, nodes: int) -> int:
+        """How many groups of a collective share each node's network: a step runs at once on every group
+        of its axes, and a group spanning ``nodes`` nodes with ``ranks / nodes`` ranks on each leaves the
+        node's other GPUs to as many other groups, all crossing the same network. 1 inside a node."""
+        return 1 if nodes == 1 else max(1, self.cluster.gpus_per_node * nodes // ranks)
+
+    def group_time(self, coll: Collective, nbytes: int, ranks: int, nodes: int) -> float:
+        """A collective on one group, costed on the profile, with its bandwidth term shared with the
+        groups that cross the same node's network at the same time (the profile's inter tier is one
+        group a node: e.g. the inter-node step of a hierarchical all-gather over 2 nodes x 16 GPUs runs
+        as 16 concurrent pairs, each at 1/16 of the node's bandwidth)."""
+        return self.profile.time(coll, nbytes * self.nic_sharing(ranks, nodes), Group(ranks, nodes))
+
     def step_time(self, step: Step) -> float:
         if step.op in LOCAL_OPS:
             return 0.0
         key = (step.op, step.nbytes, step.axes)
         t = self._memo.get(key)
         if t is None:
-            t = self.profile.time(Collective(step.op), step.nbytes, self.cluster.group(step.axes))
+            g = self.cluster.group(step.axes)
+            t = self.group_time(Collective(step.op), step.nbytes, g.ranks, g.nodes)
             self._memo[key] = t
         return t
 

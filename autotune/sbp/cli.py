@@ -25,11 +25,13 @@ from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import PlanFile, build_plan, plan_title, summary_lines
-from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, make_search
+from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
 
 DEFAULT_NODES, DEFAULT_GPUS = 4, 8
 DEFAULT_MEMORY_GIB = 80.0
 DEFAULT_OUT = "autotune-out"
+OBJECTIVE_WORDS = {"step": "predicted step time (compute + communication not hidden; --objective step)",
+                   "comm": "communication per step (AutoDDL's objective; --objective comm)"}
 
 
 def parse_budget(text: str) -> Budget:
@@ -50,10 +52,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpus-per-node", type=int, default=None, help=f"GPUs per node (default {DEFAULT_GPUS})")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"fitted profile name or JSON file (default {DEFAULT_PROFILE})")
     ap.add_argument("--search", default="cd", choices=sorted(SEARCHES), help="search algorithm (default cd)")
-    ap.add_argument("--budget", default="2", help="time (seconds) or steps ('2000steps') per search (default 2 s)")
+    ap.add_argument("--budget", default=None,
+                    help="time (seconds) or steps ('2000steps') per search (default: until converged, at most "
+                         "1 s + 2 ms per strategy, 2 to 25 s; comparison runs get the main search's time, at most 3 s)")
     ap.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GIB,
                     help=f"GiB per device, a hard constraint (default {DEFAULT_MEMORY_GIB:g})")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"directory for plan.json and report.html (default ./{DEFAULT_OUT})")
+    ap.add_argument("--objective", choices=("step", "comm"), default=None,
+                    help="what the search minimises: 'step', predicted step time (compute + the communication "
+                         "not hidden), or 'comm', all communication per step (AutoDDL's); default step when "
+                         "the profile has compute figures, else comm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare", default="cd,mh,random",
                     help="algorithms run for the convergence plot, each on the budget (default cd,mh,random; "
@@ -78,27 +86,31 @@ def progress(msg: str) -> None:
     print(f"[autotune] {msg}", file=sys.stderr, flush=True)
 
 
-def run_search(problem: Problem, name: str, budget: Budget, seed: int, start=None):
-    progress(f"search {name} (budget {budget.seconds or ''}{' s' if budget.seconds else ''}"
-             f"{budget.steps or ''}{' steps' if budget.steps else ''}"
+def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, start=None):
+    """``budget`` None: ``auto_budget`` (until converged, scaled with the problem)."""
+    budget = budget or auto_budget(problem)
+    progress(f"search {name} (budget {budget.describe()}"
              f"{', starting from the best Megatron plan' if start is not None else ''})")
     problem.forget_lazy()
-    res = make_search(name).run(problem, budget, np.random.default_rng(seed), start)
+    res = make_search(name, progress).run(problem, budget, np.random.default_rng(seed), start)
     progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
     return res
 
 
 def table(plans: list[dict]) -> str:
-    rows = [("strategy", "redistribution s", "grad sync s", "total s/step", "memory GiB", "search s")]
+    step = all("step_s" in p["totals"] for p in plans)
+    rows = [("strategy", "redistribution s", "grad sync s", "comm s/step")
+            + (("compute s", "step s") if step else ()) + ("memory GiB", "search s")]
     for p in plans:
         t = p["totals"]
-        if t["fits_memory"]:
-            total = f"{t['total_s']:.4g}"
-        else:
-            total = f"no plan fits (needs {t['memory_bytes'] / 2**30:.4g} GiB)"
-        rows.append((p["strategy"], f"{t['redistribution_s']:.4g}", f"{t['grad_sync_s']:.4g}",
-                     total, f"{t['memory_bytes'] / 2**30:.2f}",
-                     f"{p['search']['seconds']:.2f}" if "seconds" in p["search"] else "-"))
+        fits = t["fits_memory"]
+        over = f"no plan fits (needs {t['memory_bytes'] / 2**30:.4g} GiB)"
+        row = (p["strategy"], f"{t['redistribution_s']:.4g}", f"{t['grad_sync_s']:.4g}",
+               f"{t['total_s']:.4g}" if fits or step else over)
+        if step:
+            row += (f"{t['compute_s']:.4g}", f"{t['step_s']:.4g}" if fits else over)
+        rows.append(row + (f"{t['memory_bytes'] / 2**30:.2f}",
+                           f"{p['search']['seconds']:.2f}" if "seconds" in p["search"] else "-"))
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
 
@@ -106,7 +118,11 @@ def table(plans: list[dict]) -> str:
 def main(argv=None, report=None) -> int:
     """The search; ``report(plan_path, title)``, given by the command layer, writes the HTML report."""
     args = parser().parse_args(argv)
-    budget = parse_budget(args.budget)
+    budget = parse_budget(args.budget) if args.budget is not None else None
+    compare = [] if args.compare == "none" else [c.strip() for c in args.compare.split(",") if c.strip()]
+    for name in compare:
+        if name not in SEARCHES:
+            raise UserError(f"unknown search {name!r} in --compare: use some of {', '.join(SEARCHES)}, or none")
     overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v is not None}
     graph = load_model(args.model, args.preset, overrides)
     for flag, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
@@ -130,31 +146,39 @@ def main(argv=None, report=None) -> int:
     print(f"cluster {cluster}{default_note}; profile {profile.name}"
           f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
           f"memory limit {args.memory_limit:g} GiB per device", flush=True)
+    objective = args.objective
+    if objective is None:
+        objective = "step" if profile.compute is not None else "comm"
+        if profile.compute is None:
+            print(f"note: profile {profile.name!r} has no compute figures: minimising communication "
+                  f"(--objective comm); add them with python -m calibrate compute")
+    print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
     t0 = time.perf_counter()
     coster = Coster(profile, cluster)
-    problem = Problem(graph, coster, limit, progress=progress)
+    problem = Problem(graph, coster, limit, progress=progress, objective=objective)
     mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
     best = run_search(problem, args.search, budget, args.seed, warm)
     traces = {best.algorithm: best.trace}
-    compare = [] if args.compare == "none" else [c.strip() for c in args.compare.split(",") if c.strip()]
     space = float(np.prod([float(n) for n in problem.sizes]))
-    if space <= 1e8 and "exhaustive" not in compare:
+    if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
         compare.append("exhaustive")
     for name in compare:
         if name == args.search:
             continue
-        if name == "exhaustive" and space > EXHAUSTIVE_LIMIT:
-            progress(f"skip exhaustive: {space:.2e} plans")
+        if name in ("exhaustive", "dp") and (space > EXHAUSTIVE_LIMIT or objective != "comm"):
+            progress(f"skip {name}: {space:.2e} plans" if objective == "comm" else
+                     f"skip {name}: it sums per-layer costs, which the step objective is not")
             continue
-        other = run_search(problem, name, budget, args.seed)  # cold start: the convergence plot
+        # cold start, for the convergence plot; by default on the main search's time (at most 3 s)
+        other = run_search(problem, name, budget or Budget(seconds=min(3.0, max(best.seconds, 0.1))), args.seed)
         traces[other.algorithm] = other.trace
         if other.cost < best.cost:
             progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
             best = other
-    sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False)
+    sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
     try:
-        summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False)
+        summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False, objective=objective)
     except UserError as e:
         progress(f"SUMMA baseline unavailable: {e}")
         summa_problem = None
@@ -165,10 +189,10 @@ def main(argv=None, report=None) -> int:
                           lambda p: run_search(p, args.search, budget, args.seed))
     pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
                   {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   "wall_s": time.perf_counter() - t0})
+                   "wall_s": time.perf_counter() - t0, "objective": objective})
     path = pf.save(out / "plan.json")
     rep = report(path, plan_title(plan)) if report else None
     print(table([plan] + base))
-    print("\n".join(summary_lines(plan, base)))
+    print("\n".join(summary_lines(plan, base, objective)))
     print(f"wrote {path}" + (f" and {rep}" if rep else ""))
     return 0

@@ -21,6 +21,7 @@ from models.graph import LayerGraph
 from autotune.sbp.boxing import Coster, Step, box, box_backward
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op
 from autotune.sbp.memory import Memory, strategy_memory
+from autotune.sbp.steptime import layer_seconds, optimizer_seconds, require_compute
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, is_split
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
@@ -56,14 +57,22 @@ def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES) -> float:
     return strategy_memory(s, cluster, itemsize).total
 
 
+OBJECTIVES = ("comm", "step")
+
+
 class Problem:
     """Variables are the distinct layers (repeated layers tied); choices their strategies."""
 
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
-                 precompute_tables: bool | None = None, require_fit: bool = True):
+                 precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm"):
         """``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
-        without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal)."""
+        without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal).
+        ``objective``: "comm", seconds of communication per step (AutoDDL's), or "step", predicted step
+        time (``autotune.sbp.steptime``; needs the profile's compute model)."""
+        if objective not in OBJECTIVES:
+            raise UserError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+        self.objective = objective
         self.graph, self.coster, self.cluster = graph, coster, coster.cluster
         self.act_bytes = graph.act_bytes
         self.ops = [make_op(layer, self.act_bytes) for layer in graph.layers]
@@ -89,7 +98,24 @@ class Problem:
                                       for s in ss]) for ss in self.choices]
         self.node_sync = [np.array([sum(coster.step_time(st) for _, st in sync_steps(s, self.cluster, self.act_bytes)) for s in ss])
                           for ss in self.choices]
-        self.node = [c * (r + g).astype(float) for c, r, g in zip(self.counts, self.node_redist, self.node_sync)]
+        self.compute = coster.profile.compute
+        if objective == "step":
+            require_compute(coster.profile)
+        self.node_compute = self.node_bwd = None
+        if self.compute is not None:
+            secs = [[layer_seconds(op, s, self.cluster, self.compute, self.act_bytes) for s in ss]
+                    for op, ss in zip(self.ops, self.choices)]
+            self.node_compute = [np.array([self.mb * (f + b) + optimizer_seconds(s, self.cluster, self.compute,
+                                                                                self.act_bytes)
+                                           for (f, b), s in zip(sec, ss)]) for sec, ss in zip(secs, self.choices)]
+            self.node_bwd = [np.array([b for _, b in sec]) for sec in secs]
+        self.first = graph.chain[0]  # its gradients are ready last: their sync is never hidden
+        if objective == "comm":
+            self.node = [c * (r + g).astype(float) for c, r, g in zip(self.counts, self.node_redist, self.node_sync)]
+        else:
+            self.node = [c * (r + k) for c, r, k in zip(self.counts, self.node_redist, self.node_compute)]
+            self.sync_tot = [c * g for c, g in zip(self.counts, self.node_sync)]
+            self.bwd_tot = [c * b for c, b in zip(self.counts, self.node_bwd)]
         self.mem = [c * np.array([memory(s, self.cluster, self.act_bytes) for s in ss]) for c, ss in zip(self.counts, self.choices)]
         self.min_memory = float(sum(m.min() for m in self.mem))
         self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
@@ -145,11 +171,39 @@ class Problem:
     def feasible(self, assign) -> bool:
         return self.memory_limit is None or self.memory_of(assign) <= self.memory_limit
 
+    def exposed_sync(self, assign) -> float:
+        """Gradient sync not hidden behind the last micro-batch's backward: max(S - W, F) (``steptime``)."""
+        S = sum(float(self.counts[v] * self.node_sync[v][i]) for v, i in enumerate(assign))
+        W = sum(float(self.counts[v] * self.node_bwd[v][i]) for v, i in enumerate(assign))
+        return max(S - W, float(self.node_sync[self.first][assign[self.first]]))
+
+    def _extra(self, assign, v: int) -> np.ndarray | float:
+        """The non-additive part of the step objective for every choice of layer v, the others fixed."""
+        S = sum(self.sync_tot[u][i] for u, i in enumerate(assign) if u != v) + self.sync_tot[v]
+        W = sum(self.bwd_tot[u][i] for u, i in enumerate(assign) if u != v) + self.bwd_tot[v]
+        F = self.node_sync[self.first] if v == self.first else self.node_sync[self.first][assign[self.first]]
+        return np.maximum(S - W, F)
+
+    def _extra_pair(self, assign, u: int, v: int) -> np.ndarray:
+        rest_S = sum(self.sync_tot[w][i] for w, i in enumerate(assign) if w not in (u, v))
+        rest_W = sum(self.bwd_tot[w][i] for w, i in enumerate(assign) if w not in (u, v))
+        S = rest_S + self.sync_tot[u][:, None] + self.sync_tot[v][None, :]
+        W = rest_W + self.bwd_tot[u][:, None] + self.bwd_tot[v][None, :]
+        if self.first == u:
+            F = self.node_sync[u][:, None]
+        elif self.first == v:
+            F = self.node_sync[v][None, :]
+        else:
+            F = self.node_sync[self.first][assign[self.first]]
+        return np.maximum(S - W, F)
+
     def raw_cost(self, assign) -> float:
-        """Seconds of communication per step, the memory limit ignored."""
+        """The objective's seconds per step, the memory limit ignored."""
         total = sum(n[s] for n, s in zip(self.node, assign))
         for (a, b), c in self.edge_counts.items():
             total += c * self.edge_cost(a, b, assign[a], assign[b])
+        if self.objective == "step":
+            total += self.exposed_sync(assign)
         return float(total)
 
     def cost(self, assign) -> float:
@@ -166,6 +220,8 @@ class Problem:
         for (a, b), c in self.incident[v]:
             line = t.diagonal(a) if a == b else t.column(a, b, assign[b]) if a == v else t.row(a, b, assign[a])
             out = out + (line if c == 1 else c * line)
+        if self.objective == "step":
+            out = out + self._extra(assign, v)
         return out
 
     def pair_local(self, assign, u: int, v: int) -> np.ndarray:
@@ -183,6 +239,8 @@ class Problem:
                     continue
                 line = c * (t.diagonal(a) if a == b else t.column(a, b, assign[b]) if a == w else t.row(a, b, assign[a]))
                 out = out + (line[:, None] if axis == 0 else line[None, :])
+        if self.objective == "step":
+            out = out + self._extra_pair(assign, u, v)
         if self.memory_limit is not None:
             rest = self.memory_of(assign) - self.mem[u][assign[u]] - self.mem[v][assign[v]]
             out = np.where(rest + self.mem[u][:, None] + self.mem[v][None, :] <= self.memory_limit, out, math.inf)
@@ -198,7 +256,7 @@ class Problem:
     def candidates(self, assign, v: int) -> np.ndarray:
         """Total cost for every choice of layer v, the others fixed (inf where memory is exceeded)."""
         self.evaluations += len(self.choices[v])
-        out = self.local(assign, v)
+        out = self.local(assign, v)  # with the step objective's non-additive part
         rest = sum(n[s] for i, (n, s) in enumerate(zip(self.node, assign)) if i != v)
         rest += sum(c * self.edge_cost(a, b, assign[a], assign[b]) for (a, b), c in self.edge_counts.items()
                     if a != v and b != v)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.records import check_header, header
 from calibrate.jsonfile import read_json, write_json
 
 from autotune.sbp.boxing import Step
@@ -28,7 +29,7 @@ from autotune.sbp.layers import Strategy
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
-SCHEMA = "commtune.sbp-plan"
+KIND = "commtune.sbp-plan"
 VERSION = 1
 
 
@@ -83,7 +84,7 @@ def _comm(step: Step, problem: Problem, **extra) -> dict:
 def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict | None = None) -> dict:
     cl, mb = problem.cluster, problem.mb
     layers, edges = [], []
-    red_total = sync_total = 0.0
+    red_total = sync_total = comp_total = 0.0
     for v, (op, s_i, count) in enumerate(zip(problem.ops, assign, problem.counts)):
         s = problem.choices[v][s_i]
         comms = [_comm(st, problem, phase="internal", tensor=t, direction=d, per="micro-batch")
@@ -92,6 +93,8 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
                   for t, st in sync_steps(s, cl, problem.act_bytes)]
         red = float(problem.node_redist[v][s_i])
         sync = float(problem.node_sync[v][s_i])
+        comp = float(problem.node_compute[v][s_i]) if problem.node_compute is not None else None
+        comp_total += count * (comp or 0.0)
         red_total += count * red
         sync_total += count * sync
         layers.append({
@@ -102,6 +105,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
                     "weights": {w.name: s.sbp(w, cl) for w in s.weights}},
             "dtensor": dtensor(s, cl), "nd_sbp": nd_sbp(s), "collectives": comms,
             "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl, problem.act_bytes),
+            **({"compute_s": comp} if comp is not None else {}),
         })
     for (a, b), count in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
@@ -112,17 +116,21 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         red_total += count * t
         edges.append({"from": problem.ops[a].layer.name, "to": problem.ops[b].layer.name, "count": count,
                       "collectives": comms, "redistribution_s": t})
+    totals = {"redistribution_s": red_total, "grad_sync_s": sync_total,
+              "total_s": red_total + sync_total, "memory_bytes": problem.memory_of(assign),
+              "memory": problem.memory_breakdown(assign).to_dict(),
+              "fits_memory": problem.feasible(assign)}
+    if problem.node_compute is not None:  # the step-time model (autotune.sbp.steptime)
+        exposed = red_total + problem.exposed_sync(assign)
+        totals.update(compute_s=comp_total, exposed_comm_s=exposed, step_s=comp_total + exposed)
     return {
-        "schema": SCHEMA, "version": VERSION, "kind": SCHEMA, "strategy": strategy,
+        **header(KIND, VERSION), "strategy": strategy,
         "model": {"name": problem.graph.model, **problem.graph.config, "kind": problem.graph.model},
         "cluster": {"nodes": cl.nodes, "gpus_per_node": cl.gpus_per_node},
         "profile": problem.coster.profile.name, "micro_batches": mb,
         "memory_limit_bytes": problem.memory_limit, "search": search or {},
         "assignment": [int(a) for a in assign],
-        "totals": {"redistribution_s": red_total, "grad_sync_s": sync_total,
-                   "total_s": red_total + sync_total, "memory_bytes": problem.memory_of(assign),
-                   "memory": problem.memory_breakdown(assign).to_dict(),
-                   "fits_memory": problem.feasible(assign)},
+        "objective": problem.objective, "totals": totals,
         "layers": layers, "edges": edges,
     }
 
@@ -137,15 +145,13 @@ class PlanFile:
     meta: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "version": VERSION, "kind": SCHEMA, "meta": self.meta, "best": self.best,
+        return {**header(KIND, VERSION), "meta": self.meta, "best": self.best,
                 "baselines": self.baselines, "traces": self.traces}
 
     @classmethod
     def from_dict(cls, d: dict, origin: str = "plan") -> "PlanFile":
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise UserError(f"{origin} is not an SBP plan (schema {SCHEMA!r}): give a plan.json written by python -m autotune")
-        if d.get("version") != VERSION:
-            raise UserError(f"{origin} has plan version {d.get('version')!r}; this tool reads {VERSION}: re-run the search")
+        check_header(d, KIND, VERSION, "SBP plan", "give a plan.json written by python -m autotune, or re-run the "
+                     "search", origin)
         return cls(d["best"], d.get("baselines", []), d.get("traces", {}), d.get("meta", {}))
 
     def save(self, path: str | Path) -> Path:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from calibrate.collectives import Collective
-from calibrate.profile import Group
 
 from autotune.sbp.boxing import Coster
 
@@ -53,7 +52,7 @@ class RowBoxer:
             return out
         idx = np.flatnonzero(live)
         grp = ranks[idx] * (1 << 20) + nodes[idx]  # a group: ranks and nodes (each below 2^20)
-        prof = self.coster.profile
+        coster = self.coster
         for g in np.unique(grp):
             sel = idx[grp == g]
             r, n = int(g) >> 20, int(g) & ((1 << 20) - 1)
@@ -63,7 +62,7 @@ class RowBoxer:
                 key = (op, nb, r, n)
                 t = self._memo.get(key)
                 if t is None:
-                    t = self._memo[key] = prof.time(op, nb, Group(r, n))
+                    t = self._memo[key] = coster.group_time(op, nb, r, n)
                 vals[k] = t
             out[sel] = vals[inv.ravel()]
         return out

@@ -24,6 +24,7 @@ import numpy as np
 
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
+from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import load_model
 
@@ -35,6 +36,7 @@ from autotune.sbp.plan import build_plan
 from autotune.sbp.search import Budget, make_search
 
 KIND = "commtune.sbp-validate"
+VERSION = 1
 GPT_LAYER = {"layers": 1, "hidden": 1024, "heads": 16, "sequence": 512, "vocabulary": 8192, "batch": 8, "micro_batch": 8}
 
 
@@ -108,8 +110,24 @@ def plan_collectives(plan: dict) -> list[tuple[str, tuple[int, ...], int, float]
     return out
 
 
+def check_args(args) -> None:
+    """Every limit checked before MPI and the backend start (one line naming the flag and the fix)."""
+    for flag, v, least in (("--plans", args.plans, 2), ("--nodes", args.nodes, 1), ("--iters", args.iters, 1),
+                           ("--warmup", args.warmup, 0)):
+        if v < least:
+            raise UserError(f"{flag} {v} must be at least {least}" + (": Spearman needs two plans" if flag == "--plans" else ""))
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node {args.gpus_per_node} must be at least 1")
+    if args.out:
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create --out {args.out!r} ({e.strerror}): give a writable directory") from None
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    check_args(args)
     try:
         from mpi4py import MPI
     except ImportError:
@@ -167,7 +185,7 @@ def main(argv=None) -> int:
     if args.out:
         out = Path(args.out) / "validate.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"kind": KIND, "version": 1, "backend": args.backend, "cluster": str(cluster),
+        out.write_text(json.dumps({**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
                                    "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
                                    "plans": rows, "spearman": rho}, indent=1) + "\n")
         print(f"wrote {out}")

@@ -43,7 +43,11 @@ def parse_sizes(text: str) -> list[int]:
         except ValueError:
             raise UserError(f"--sizes {text!r}: the factor {parts[2]!r} is not a number; write e.g. 1K:1G:4") \
                 from None
-        sizes = sweep(parse_size(parts[0]), parse_size(parts[1]), factor)
+        lo, hi = parse_size(parts[0]), parse_size(parts[1])
+        if lo > hi:
+            raise UserError(f"--sizes {text!r}: the smallest size comes first; write e.g. {parts[1]}:{parts[0]}:"
+                            f"{parts[2]}")
+        sizes = sweep(lo, hi, factor)
     else:
         sizes = sorted({parse_size(t) for t in text.split(",") if t.strip()})
     if not sizes:

@@ -6,7 +6,7 @@
 
 For each size band: enumerate the candidates of the search space (algorithm of
 the GC3 library x channels x instances x protocol x CUDA blocks per thread block),
-rank them with the interpreter cost model (autotune/schedule/interp_model.py: the
+rank them with the interpreter cost model (kernels/interp/model.py: the
 profile's link, fitted per-protocol and per-CUDA-block costs), and, when run under
 mpirun with one process per GPU, measure the best few (--budget) and the
 fixed-configuration contenders with the interpreter beside NCCL; choose per band.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import time
 from pathlib import Path
 
@@ -29,13 +28,16 @@ from calibrate import profile as profiles
 from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json, write_json
+from calibrate.outputs import check_output_path
+from kernels.gc3.algorithms import check_size
 from kernels.interp import pack
+from kernels.interp.model import DEFAULT_PARAMS, load_params
 from kernels.interp.preset import DEFAULT_PRESET, load_preset
 
 from autotune.schedule import outputs
 from autotune.schedule.bands import DEFAULT_SIZES, bands_for, parse_sizes
 from autotune.schedule.choose import finish
-from autotune.schedule.interp_model import DEFAULT_PARAMS, load_params
 from autotune.schedule.measure import device_name, gpu_world, measure
 from autotune.schedule.model import Correction, Model
 from autotune.schedule.plan import log, rank_bands, select
@@ -71,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "model and print them beside the measurements, with Spearman per band")
     p.add_argument("--fit-model", metavar="INTERP_TUNE_JSON",
                    help="measure nothing: fit the interpreter model's parameters on an interpreter sweep record "
-                        "and print them (the JSON of presets/interp_model.json)")
+                        "and print them (the JSON of kernels/interp/fitted/interp_model.json)")
     p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES))
     p.add_argument("--reps", type=int, default=5, help="timed graph replays per candidate (default 5)")
     p.add_argument("--model-only", action="store_true", help="do not measure even where GPUs are available")
@@ -96,6 +98,7 @@ def _check(args) -> tuple[list[str], int]:
     gpn = args.gpus_per_node or args.gpus // args.nodes
     if gpn * args.nodes != args.gpus:
         raise UserError(f"--gpus-per-node {gpn} x --nodes {args.nodes} != --gpus {args.gpus}; make them agree")
+    check_size("ring_allreduce", args.gpus, nodes=args.nodes)  # every candidate is a GC3 program this big
     if args.budget < 1:
         raise UserError(f"--budget {args.budget}: measure at least 1 candidate per band")
     if args.reps < 1:
@@ -106,13 +109,7 @@ def _check(args) -> tuple[list[str], int]:
 def _load_correction(path: str | None) -> Correction | None:
     if not path:
         return None
-    try:
-        return Correction.from_dict(json.loads(Path(path).read_text()))
-    except OSError as e:
-        raise UserError(f"cannot read --correction {path!r} ({e.strerror}); give a model_correction.json") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"--correction {path!r} is not valid JSON ({e.msg}); give a model_correction.json") \
-            from None
+    return Correction.from_dict(read_json(path, "model correction", "give a model_correction.json"), repr(path))
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
@@ -153,6 +150,7 @@ def main(argv=None) -> int:
             print(rescore(args.rescore, prof, base_preset, load_params(args.model_params)))
         return 0
     colls, gpn = _check(args)
+    check_output_path(args.out, "output directory", directory=True)
     t_start = time.perf_counter()
     prof = profiles.Profile.load(args.profile)
     space = load_space(args.space)
@@ -220,9 +218,9 @@ def main(argv=None) -> int:
     written = {"programs": str(out / "programs"), "manifest": str(out / "manifest.json"),
                "nccl_tuner": str(out / "nccl_tuner.conf"), "result": str(out / "schedule.json")}
     if measuring:
-        corr = {"source": f"autotune schedule on {device}, {_dt.date.today().isoformat()}",
-                "terms": {p: v for res in results for p, v in res.correction.get("terms", {}).items()}}
-        (out / "model_correction.json").write_text(json.dumps(corr, indent=1) + "\n")
+        terms = {p: t for res in results for p, t in Correction.from_dict(res.correction).terms.items()}
+        corr = Correction(terms, f"autotune schedule on {device}, {_dt.date.today().isoformat()}")
+        write_json(out / "model_correction.json", corr.to_dict(), "model correction")
         written["model_correction"] = str(out / "model_correction.json")
     result = TuneResult(date=_dt.date.today().isoformat(), ranks=args.gpus, nodes=args.nodes, gpus_per_node=gpn,
                         profile=prof.name, dtype=args.dtype, space=space.name, measured=measuring,

@@ -3,7 +3,7 @@ per-protocol correction fitted to measurements, the GC3 cost simulation kept bes
 reference, and Spearman's rank correlation.
 
 - ``split`` is the runtime's own: one CUDA block per ``bytes_per_block`` of a
-  chunk, at most ``max_split`` (kernels.interp.pack.split_for).
+  chunk, at most ``max_split`` (kernels.interp.model.runtime_split).
 - The GC3 simulation (kernels/gc3/simulate.py, reported as ``simulated_us``) sees
   the interpreter's split as the compiler's ``instances`` replication done at run
   time: every thread block replicated ``split`` times on distinct connections (same
@@ -27,13 +27,13 @@ import numpy as np
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.profile import Group, Profile
+from calibrate.records import check_header, header
 from kernels.gc3.ir import Gpu, Program, Protocol, Step, ThreadBlock
 from kernels.gc3.simulate import LOCAL_BETA_FRACTION, simulate
-from kernels.interp import pack
 from kernels.interp.preset import Fifo
 
-from autotune.schedule import interp_model
-from autotune.schedule.interp_model import Links, ModelParams, copy_bytes
+from kernels.interp import model as interp_model
+from kernels.interp.model import Links, ModelParams, copy_bytes, runtime_split
 from autotune.schedule.space import Built
 
 
@@ -60,10 +60,8 @@ def split_program(program: Program, split: int) -> Program:
                                nchannels=program.nchannels * split, gpus=gpus)
 
 
-def runtime_split(program: Program, nbytes: int, esize: int, bytes_per_block: int, max_split: int) -> int:
-    """CUDA blocks per IR thread block that the interpreter uses at this size."""
-    chunk_bytes = max(esize, nbytes // program.nchunksperloop)
-    return pack.split_for(chunk_bytes, bytes_per_block, max_split)
+CORRECTION_KIND = "commtune.model-correction"
+CORRECTION_VERSION = 1
 
 
 @dataclass
@@ -78,11 +76,14 @@ class Correction:
         return a + k * seconds
 
     def to_dict(self) -> dict:
-        return {"source": self.source,
+        return {**header(CORRECTION_KIND, CORRECTION_VERSION), "source": self.source,
                 "terms": {p: {"a_us": a * 1e6, "k": k} for p, (a, k) in sorted(self.terms.items())}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Correction":
+    def from_dict(cls, d: dict, origin: str = "model correction") -> "Correction":
+        if "kind" in d or "version" in d:  # corrections written before the header have neither
+            check_header(d, CORRECTION_KIND, CORRECTION_VERSION, "model correction", "regenerate it with autotune schedule on GPUs",
+                         origin)
         try:
             return cls({p: (float(v["a_us"]) * 1e-6, float(v["k"])) for p, v in d.get("terms", {}).items()},
                        str(d.get("source", "")))

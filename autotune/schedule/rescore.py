@@ -9,19 +9,18 @@ Nothing is measured: the figures are a re-scoring of the recorded measurements.
 
 ``python -m autotune schedule --fit-model reports/records/interp_tune_*.json``:
 the interpreter model's parameters fitted on an interpreter sweep record
-(interp_model.fit), printed as the JSON of presets/interp_model.json.
+(interp_model.fit), printed as the JSON of kernels/interp/fitted/interp_model.json.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
 
-from calibrate.errors import UserError
 from calibrate.profile import Profile
 from kernels.interp import pack
 from kernels.interp.preset import Preset
 
-from autotune.schedule import interp_model
+from kernels.interp import model as interp_model
 from autotune.schedule.choose import correlations
 from autotune.schedule.model import Model
 from autotune.schedule.result import TuneResult
@@ -72,8 +71,8 @@ def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4) -> i
     """The interpreter model's parameters fitted on an interpreter sweep record (float32 rows)."""
     record = interp_model.load_tune_record(path)
     samples = interp_model.tune_samples(record, preset.threads)
-    one_hop, node = _ceiling_us(record, ONE_HOP_CEILING, 1024), _ceiling_us(record, GRAPH_NODE_CEILING, 0)
-    provenance = {"source": path, "measured": f"{record.get('date', '?')} on {record.get('device', '?')}, "
+    one_hop, node = record.ceiling_us(ONE_HOP_CEILING, 1024), record.ceiling_us(GRAPH_NODE_CEILING, 0)
+    provenance = {"source": path, "measured": f"{record.date or '?'} on {record.device or '?'}, "
                                               f"python -m kernels bench --sweep (reports/records/interp.md)",
                   "fitted": _dt.date.today().isoformat(),
                   "command": f"python -m autotune schedule --fit-model {path}",
@@ -84,16 +83,6 @@ def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4) -> i
         provenance["hop_us"] = "fitted with the other parameters on the record's multi-hop programs"
     return interp_model.fit(samples, preset.fifo, esize, interp_model.Links.from_profile(profile),
                             round(one_hop - node, 2), provenance)
-
-
-def _ceiling_us(record: dict, prefix: str, nbytes: int) -> float:
-    """The first run's ceiling named ``prefix...`` at ``nbytes``, in microseconds."""
-    for run in record.get("runs", []):
-        for c in run.get("ceilings", []):
-            if str(c.get("ceiling", "")).startswith(prefix) and int(c.get("bytes", -1)) == nbytes:
-                return float(c["us"])
-    raise UserError(f"the interpreter sweep record has no ceiling {prefix!r} at {nbytes} bytes (it sets hop_us); "
-                    f"record a sweep with python -m kernels bench --sweep model, which measures it")
 
 
 def fit_report(path: str, profile: Profile, preset: Preset) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
+from calibrate.records import check_header, header
 
 from autotune.schedule.space import Candidate
 
@@ -125,18 +126,15 @@ class TuneResult:
     collectives: list[CollectiveResult] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        d = {"kind": KIND, "version": VERSION}
+        d = header(KIND, VERSION)
         d.update({k: v for k, v in asdict(self).items() if k != "collectives"})
         d["collectives"] = [c.to_dict() for c in self.collectives]
         return d
 
     @classmethod
     def from_dict(cls, d: dict, origin: str = "result") -> "TuneResult":
-        if not isinstance(d, dict) or d.get("kind") != KIND:
-            raise UserError(f"{origin} is not a schedule tuning result (kind {KIND!r}); pass the schedule.json "
-                            f"that python -m autotune schedule wrote")
-        if d.get("version") != VERSION:
-            raise UserError(f"{origin} has version {d.get('version')!r}; this tool reads {VERSION}: rerun the tuner")
+        check_header(d, KIND, VERSION, "schedule tuning result",
+                     "pass the schedule.json that python -m autotune schedule wrote, or rerun it", origin)
         try:
             fields = {k: v for k, v in d.items() if k not in ("kind", "version", "collectives")}
             return cls(**fields, collectives=[CollectiveResult.from_dict(c) for c in d["collectives"]])

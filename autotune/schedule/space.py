@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.records import check_header
 from calibrate.jsonfile import read_named_json
 from kernels.gc3.algorithms import ALGORITHMS, build
 from kernels.gc3.compiler import compile_program
@@ -24,7 +25,8 @@ from kernels.gc3.xml_io import read_xml, write_xml
 from kernels.interp import pack
 from kernels.interp.preset import PROGRAM_DIR
 
-SPACE_VERSION = 1
+KIND = "commtune.schedule-space"
+VERSION = 1
 PRESET_DIR = Path(__file__).parent / "presets"
 DEFAULT_SPACE = "spaces"
 
@@ -78,9 +80,7 @@ class SearchSpace:
 
     @classmethod
     def from_json(cls, data: dict, name: str) -> "SearchSpace":
-        if data.get("version") != SPACE_VERSION:
-            raise UserError(f"search space {name!r} has version {data.get('version')!r}, this tool reads "
-                            f"{SPACE_VERSION}; update the file")
+        check_header(data, KIND, VERSION, "search space", "update the file", repr(name), (None,))
         try:
             space = cls(name=name, channels=tuple(int(c) for c in data["channels"]),
                         instances=tuple(int(i) for i in data["instances"]),
@@ -203,7 +203,7 @@ def enumerate_candidates(space: SearchSpace, collective: str, ranks: int, nodes:
         if Protocol(p) in pack.VALIDATED_PROTOCOLS:
             protocols.append(p)
         else:
-            notes.append(f"protocol {p} skipped: not yet validated on GPUs in the interpreter")
+            notes.append(f"protocol {p} skipped: the interpreter cost model has no parameters for it yet")
     built = []
     for alg, source, ch, inst, program in _programs(space, collective, ranks, nodes, notes):
         for proto in protocols:

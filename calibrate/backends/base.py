@@ -16,29 +16,22 @@ from __future__ import annotations
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from enum import Enum
 
 import numpy as np
 
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
+from calibrate.registry import NamedEnum
 from calibrate.device.dtypes import tolerance
 from calibrate.sizes import align
 
 
-class TimingMode(str, Enum):
+class TimingMode(NamedEnum):
+    __what__ = "timing mode"
+
     HOST = "host"
     GRAPH = "graph"
     ISOLATED = "isolated"
-
-    @classmethod
-    def parse(cls, name: str) -> "TimingMode":
-        if isinstance(name, cls):
-            return name
-        try:
-            return cls(str(name).lower())
-        except ValueError:
-            raise UserError(f"unknown timing mode {name!r}: choose from host, graph, isolated") from None
 
 
 def buffer_lengths(coll: Collective, count_total: int, p: int) -> tuple[int, int]:

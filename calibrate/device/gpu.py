@@ -64,3 +64,16 @@ def select_gpu(world, needs: str = "the nccl backend",
 def device_name(cp, device: int) -> str:
     name = cp.cuda.runtime.getDeviceProperties(device)["name"]
     return name.decode() if isinstance(name, bytes) else name
+
+
+def mpi_gpu(needs: str):
+    """(MPI world, cupy, this rank's GPU) for a command run under mpirun, one process per GPU;
+    one ``UserError`` naming ``needs`` ("the benchmark") where mpi4py, cupy or a GPU is missing."""
+    try:
+        from mpi4py import MPI
+        import cupy
+    except ImportError as e:
+        raise UserError(f"{needs} needs cupy and mpi4py on a GPU machine ({e}); run it there under "
+                        f"mpirun -np 2") from None
+    world = MPI.COMM_WORLD
+    return world, cupy, select_gpu(world, needs=needs, fallback="run it on a GPU machine")

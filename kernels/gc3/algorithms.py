@@ -201,7 +201,7 @@ ALGORITHMS: dict[str, AlgorithmFn] = {
 
 # traced ops of each algorithm (before the compiler splits them over instances), as closed forms
 OP_COUNTS: dict[str, Callable[[int, int, int], int]] = {   # (ranks, channels, nodes) -> ops
-    "ring_allreduce": lambda r, c, n: c * r * max(2 * r - 3, 1),
+    "ring_allreduce": lambda r, c, n: c * r * 2 * (r - 1),
     "allpairs_allreduce": lambda r, c, n: 3 * r * (r - 1),
     "hierarchical_allreduce": lambda r, c, n: r * (2 * r - 2),
     "rdh_allreduce": lambda r, c, n: 2 * r * max(1, r.bit_length() - 1),
@@ -225,9 +225,14 @@ def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nod
         raise UserError(f"--instances must be >= 1, got {instances}")
     ops = OP_COUNTS[name](ranks, channels, nodes) * instances
     if ops > MAX_OPS:
-        most = ranks
-        while most > 2 and OP_COUNTS[name](most, channels, max(1, nodes * most // ranks)) * instances > MAX_OPS:
-            most = most * 9 // 10
+        lo, hi = 2, ranks  # the most ranks within the limit (same nodes per rank), by bisection
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if OP_COUNTS[name](mid, channels, max(1, nodes * mid // ranks)) * instances <= MAX_OPS:
+                lo = mid
+            else:
+                hi = mid - 1
+        most = lo
         raise UserError(f"{name} on {ranks} ranks ({channels} channel(s), {instances} instance(s)) means about "
                         f"{ops:,} ops, over the compiler's limit of {MAX_OPS:,} (about {most} ranks with these "
                         f"settings); use fewer ranks, channels or instances")

@@ -63,18 +63,11 @@ def check_args(args) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     check_args(args)
-    try:
-        from mpi4py import MPI
-        import cupy as cp
-    except ImportError as e:
-        raise UserError(f"the benchmark needs cupy and mpi4py on a GPU machine ({e}); run it there under "
-                        f"mpirun -np 2") from None
-    from calibrate.device.gpu import device_name, select_gpu
+    from calibrate.device.gpu import device_name, mpi_gpu
     from kernels.interp.runtime import Communicator
     from kernels.interp.sweep import main_sweep
 
-    world = MPI.COMM_WORLD
-    local = select_gpu(world, needs="the benchmark", fallback="run it on a GPU machine")
+    world, cp, local = mpi_gpu("the benchmark")
     if args.sweep:
         return main_sweep(world, Path(args.out or "interp_tune_out"), args.sweep)
     comm = Communicator(world, args.preset)

@@ -28,7 +28,8 @@ SYMMETRIC_MIN_VERSION = 22700   # ncclCommWindowRegister appeared in NCCL 2.27
 
 
 class _UniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
+    # bytes, not c_char: a c_char array field reads back cut at its first zero byte
+    _fields_ = [("internal", ctypes.c_ubyte * UNIQUE_ID_BYTES)]
 
 
 def mapped_library(maps_text: str) -> str:
@@ -90,6 +91,8 @@ class NcclLib:
 
     def init_rank(self, nranks: int, uid: bytes, rank: int) -> int:
         comm = ctypes.c_void_p()
+        if len(uid) != UNIQUE_ID_BYTES:
+            raise UserError(f"NCCL unique id of {len(uid)} bytes, expected {UNIQUE_ID_BYTES}; pass unique_id()'s")
         u = _UniqueId()
         ctypes.memmove(ctypes.byref(u), uid, UNIQUE_ID_BYTES)
         self._check(self.lib.ncclCommInitRank(ctypes.byref(comm), ctypes.c_int(nranks), u, ctypes.c_int(rank)),

@@ -15,6 +15,8 @@ has at most IMG_WORDS words, in global memory otherwise.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,8 +31,9 @@ OPCODES = {
 }
 BUFFERS = {Buffer.INPUT: 0, Buffer.OUTPUT: 1, Buffer.SCRATCH: 2}
 PROTOCOLS = {Protocol.SIMPLE: 0, Protocol.LL: 1, Protocol.LL128: 2}
-# protocols whose results a GPU run has checked against NCCL (tests/gpu/interp_check.py, 2026-11-22);
-# the schedule autotuner proposes only these. LL128 is run by candidate tables until a run validates it.
+# protocols the schedule autotuner proposes: those its cost model was fitted for (Simple, LL; the
+# interpreter sweep of 2026-11-22). LL128 was checked equal to NCCL on GPUs on 2026-11-23 (every
+# program, float32 and bfloat16) and serves the shipped table, but is not in the model's sweep yet.
 VALIDATED_PROTOCOLS = (Protocol.SIMPLE, Protocol.LL)
 LL128_LINE, LL128_DATA = 128, 120   # bytes of an LL128 line, of its data
 LL128_TILE_STEP = 240               # LL128 tiles are whole lines and 16-byte multiples: lcm(120, 16)
@@ -192,6 +195,29 @@ def tile_elems(protocol: Protocol, slot_bytes: int, elem_bytes: int, max_cnt: in
     if per < 16:
         raise UserError(f"slot of {slot_bytes} bytes cannot hold {max_cnt} pieces; raise slot_bytes in the preset")
     return per // elem_bytes
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a launch is laid out: ``split`` CUDA blocks per IR thread block, ``tile_elems``
+    elements of each chunk piece per tile, ``blocks`` CUDA blocks in the grid."""
+
+    split: int
+    tile_elems: int
+    blocks: int
+    esize: int
+
+    def piece_tiles(self, chunk_bytes: float) -> int:
+        """Tiles of one CUDA block's piece of a chunk of ``chunk_bytes``."""
+        return max(1, math.ceil(chunk_bytes / self.split / (self.tile_elems * self.esize)))
+
+
+def launch_geometry(protocol: Protocol, esize: int, slot_bytes: int, max_cnt: int, ntb: int, split: int,
+                    tile_cap: int = 0) -> Geometry:
+    """The layout of a launch of ``ntb`` thread blocks whose steps move at most ``max_cnt``
+    chunks, with ``split`` and the entry's tile cap: what the runtime launches and the cost
+    model (``kernels.interp.model``) charges."""
+    return Geometry(split, tile_elems(protocol, slot_bytes, esize, max(1, max_cnt), tile_cap), ntb * split, esize)
 
 
 def split_for(chunk_bytes: int, bytes_per_block: int, max_split: int) -> int:

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from calibrate.cli import command_parser
-from calibrate.device.gpu import device_name, select_gpu
+from calibrate.device.gpu import device_name, mpi_gpu
 from calibrate.device.timing import time_graph
 from calibrate.errors import UserError
 from calibrate.records import header
@@ -120,17 +120,11 @@ def retune_main(args) -> int:
 
 
 def run(args, peer_names: list[str], colls: list[str]) -> int:
-    try:
-        from mpi4py import MPI
-        import cupy as cp
-    except ImportError as e:
-        raise UserError(f"the peer benchmark needs cupy and mpi4py on a GPU machine ({e}); run it there under "
-                        f"mpirun -np 2") from None
     from kernels.interp.peer_impls import PEERS, Ctx, InterpPeer, PeerUnavailable
     from kernels.interp.runtime import Communicator
 
-    world = MPI.COMM_WORLD
-    local = select_gpu(world, needs="the peer benchmark", fallback="run it on a GPU machine")
+    world, cp, local = mpi_gpu("the peer benchmark")
+    from mpi4py import MPI
     size_list = sweep(args.min_bytes, args.max_bytes, args.factor)
     ctx = Ctx(world, cp, Communicator(world, args.preset), args.dtype, max(size_list), local)
     device = device_name(cp, local)

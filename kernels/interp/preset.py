@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.records import check_header, header
 from calibrate.jsonfile import read_named_json
 from kernels.gc3.ir import Protocol
 
-PRESET_VERSION = 1
+KIND = "commtune.interp-preset"
+VERSION = 1
 PRESET_DIR = Path(__file__).parent / "presets"
 PROGRAM_DIR = Path(__file__).parent / "programs"
 DEFAULT_PRESET = "h200x2"
@@ -55,7 +57,7 @@ class Preset:
 
     def to_json(self) -> dict:
         return {
-            "version": PRESET_VERSION, "threads": self.threads, "max_channels": self.max_channels,
+            **header(KIND, VERSION), "threads": self.threads, "max_channels": self.max_channels,
             "max_split": self.max_split,
             "fifo": {p.value: {"slots": f.slots, "slot_bytes": f.slot_bytes} for p, f in self.fifo.items()},
             "programs": [{"program": e.program, "protocol": e.protocol.value if e.protocol else None,
@@ -66,9 +68,8 @@ class Preset:
 
     @classmethod
     def from_json(cls, data: dict, name: str = "") -> "Preset":
-        if data.get("version") != PRESET_VERSION:
-            raise UserError(f"preset {name!r} has version {data.get('version')!r}, this runtime reads "
-                            f"{PRESET_VERSION}; update the preset file")
+        check_header(data, KIND, VERSION, "interpreter preset", "update the preset file", repr(name),
+                     (None,))
         try:
             fifo = {Protocol(k): Fifo(int(v["slots"]), int(v["slot_bytes"])) for k, v in data["fifo"].items()}
             entries = tuple(Entry(program=e["program"],

@@ -61,7 +61,8 @@ def retune(rows: list[dict], base: Preset, candidates: dict[str, Preset], progra
     entries: list[Entry] = []
     fifo = dict(base.fifo)
     done = set()
-    for coll in sorted({c for c, _ in win}):
+    order = list(dict.fromkeys(programs.get(e.program) for e in base.entries))   # the base table's order
+    for coll in sorted({c for c, _ in win}, key=lambda c: (order.index(c) if c in order else len(order), c)):
         sizes = sorted(s for c, s in win if c == coll)
         bands: list[tuple[int, Entry | None]] = []
         for i, s in enumerate(sizes):
@@ -78,7 +79,7 @@ def retune(rows: list[dict], base: Preset, candidates: dict[str, Preset], progra
             if e is not None:
                 entries.append(dataclasses.replace(e, min_bytes=lo, max_bytes=hi))
         done.add(coll)
-    entries += [e for e in base.entries if programs.get(e.program) not in done]
+    entries += [e for e in base.entries if programs.get(e.program) not in done]   # e.g. alltoall, unmeasured
     return dataclasses.replace(base, entries=tuple(entries), fifo=fifo)
 
 

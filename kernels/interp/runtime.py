@@ -58,7 +58,6 @@ class _State:
     gimg: object        # the image in device memory when it does not fit the kernel parameters, else None
     sems: object
     epochs: object
-    grid: int
 
 
 class Communicator:
@@ -142,7 +141,7 @@ class Communicator:
             ends.append(send + recv)
         image = pack.image(packed, ends)
         st = _State(image, None if image.in_params else cp.asarray(image.words),
-                    cp.zeros(grid, dtype=cp.uint64), cp.zeros(grid, dtype=cp.uint64), grid)
+                    cp.zeros(grid, dtype=cp.uint64), cp.zeros(grid, dtype=cp.uint64))
         self._states[key] = st
         return st
 
@@ -258,13 +257,14 @@ class Communicator:
         self._ensure_scratch(scratch_bytes)
         st = self._state(program, c.protocol, c.split, dtype)
         fifo = fifo_for(self.preset, c.protocol)
-        tile = pack.tile_elems(c.protocol, fifo.slot_bytes, esize, packed.max_cnt, c.entry.tile_bytes)
+        geo = pack.launch_geometry(c.protocol, esize, fifo.slot_bytes, packed.max_cnt, packed.ntb, c.split,
+                                   c.entry.tile_bytes)
         scratch = self._scratch.data.ptr if self._scratch is not None else 0
         args = pack.params(st.image, st.gimg.data.ptr if st.gimg is not None else 0, (sptr, rptr, scratch),
-                           c.chunk, c.split, esize, tile, c.protocol, fifo.slots, fifo.slot_bytes,
+                           c.chunk, geo.split, esize, geo.tile_elems, c.protocol, fifo.slots, fifo.slot_bytes,
                            st.sems.data.ptr, st.epochs.data.ptr)
         with stream:
-            self.kernels[dtype]((st.grid,), (self.preset.threads,), (args,))
+            self.kernels[dtype]((geo.blocks,), (self.preset.threads,), (args,))
 
     def close(self) -> None:
         cp = self.cp

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from calibrate.cli import command_parser
-from calibrate.device.gpu import device_name, select_gpu
+from calibrate.device.gpu import device_name, mpi_gpu
 from calibrate.errors import UserError
 from calibrate.records import header
 
@@ -99,18 +99,14 @@ def make_layer(torch, allreduce):
 
 def run(args) -> int:
     try:
-        from mpi4py import MPI
-        import cupy as cp
         import torch
         import torch.distributed as dist
     except ImportError as e:
-        raise UserError(f"tp-mlp needs torch, cupy and mpi4py on a GPU machine ({e}); run it there under "
-                        f"mpirun -np 2") from None
+        raise UserError(f"tp-mlp needs torch on a GPU machine ({e}); run it there under mpirun -np 2") from None
     from kernels.interp.runtime import Communicator
     from kernels.interp.torch_comm import TorchInterp, init_torch_from_mpi
 
-    world = MPI.COMM_WORLD
-    local = select_gpu(world, needs="tp-mlp", fallback="run it on a GPU machine")
+    world, cp, local = mpi_gpu("tp-mlp")
     shard = check_shape(args.hidden, args.ffn, world.size)
     tokens = parse_tokens(args.tokens)
     init_torch_from_mpi(world, local)
@@ -153,43 +149,51 @@ def measure(torch, world, steps, interp, w1, w2, tokens, args, dev, tdt) -> dict
     dy = torch.randn(tokens, args.hidden, device=dev, generator=gen).to(tdt)
     x.requires_grad_()
     interp.prepare("allreduce", x)
-    results, times, eager = {}, {}, {}
-    for name, step in steps.items():
-        for p in (x, w1, w2):
-            p.grad = None
-        y = step(x, w1, w2, dy)
-        torch.cuda.synchronize()
-        results[name] = [t.detach().float().clone() for t in (y, x.grad, w1.grad, w2.grad)]
-    errs = [float(((a - b).abs() / (b.abs() + 1e-2)).max()) for a, b in zip(results["interp"], results["nccl"])]
-    tol = 1e-5 if tdt == torch.float32 else 2e-2
-    correct = bool(world.allreduce(int(max(errs) <= tol), op=MPI.MIN))
-    for name, step in steps.items():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                for p in (x, w1, w2):
-                    p.grad = None
-                step(x, w1, w2, dy)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        for p in (x, w1, w2):
-            p.grad = None
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(args.steps):
-                step(x, w1, w2, dy)
-        graph.replay()
-        torch.cuda.synchronize()
-        times[name] = timed(torch, world, lambda: graph.replay(), args)
-        eager[name] = timed(torch, world, lambda: [step(x, w1, w2, dy) for _ in range(args.steps)], args)
-        del graph
+    # Everything on one side stream (the capture's too): the leaves' gradient accumulators are
+    # made on the stream that first runs a backward, and one made on the legacy default stream
+    # breaks a later capture (GPU run of 2026-11-23: cudaErrorStreamCaptureImplicit).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    results, times, eager, graph_error = {}, {}, {}, ""
+    with torch.cuda.stream(side):
+        for name, step in steps.items():
+            for p in (x, w1, w2):
+                p.grad = None
+            y = step(x, w1, w2, dy)
+            torch.cuda.synchronize()
+            results[name] = [t.detach().float().clone() for t in (y, x.grad, w1.grad, w2.grad)]
+            del y   # no autograd graph (and no gradient accumulator) outlives its step
+        errs = [float(((a - b).abs() / (b.abs() + 1e-2)).max())
+                for a, b in zip(results["interp"], results["nccl"])]
+        tol = 1e-5 if tdt == torch.float32 else 2e-2
+        correct = bool(world.allreduce(int(max(errs) <= tol), op=MPI.MIN))
+        for name, step in steps.items():
+            eager[name] = timed(torch, world, lambda: [step(x, w1, w2, dy) for _ in range(args.steps)], args)
+        for name, step in steps.items():
+            torch.cuda.synchronize()
+            for p in (x, w1, w2):
+                p.grad = None
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, stream=side):
+                    for _ in range(args.steps):
+                        step(x, w1, w2, dy)
+                ok = 1
+            except RuntimeError as e:   # torch.AcceleratorError derives from it
+                graph_error, ok = f"{name}: {type(e).__name__}: {e}"[:300], 0
+            if not world.allreduce(ok, op=MPI.MIN):
+                times[name] = float("nan")
+                continue
+            graph.replay()
+            torch.cuda.synchronize()
+            times[name] = timed(torch, world, lambda: graph.replay(), args)
+            del graph
     return {"tokens": tokens, "allreduce_bytes": tokens * args.hidden * x.element_size(),
             "interp_choice": interp.comm.explain("allreduce", x.numel(), str(tdt).replace("torch.", "")),
             "interp_step_us": times["interp"], "nccl_step_us": times["nccl"],
-            "speedup": times["nccl"] / times["interp"],
+            "speedup": times["nccl"] / times["interp"], "graph_error": graph_error,
             "interp_eager_step_us": eager["interp"], "nccl_eager_step_us": eager["nccl"],
-            "correct": correct, "max_rel_err": max(errs)}
+            "eager_speedup": eager["nccl"] / eager["interp"], "correct": correct, "max_rel_err": max(errs)}
 
 
 def timed(torch, world, replay, args) -> float:

@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "commtune.profile": "reports.sections.fit:build",
     "kernels-bench": "reports.sections.interp:build",
     "commtune.sbp-plan": "reports.sections.sbp:build",
+    "commtune.autoddl-reproduction": "reports.sections.sbp:build_reproduction",
     "commtune.execute-summary": "reports.sections.execute:build",
     "reshard": "reports.sections.reshard:build",
     "schedule-tune": "reports.sections.schedule:build",

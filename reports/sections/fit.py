@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.collectives import Collective
-from calibrate.fit import implied_busbw, predict
+from calibrate.fit import fit_quality_problem, implied_busbw, predict
 from calibrate.profile import Profile
 from reports.html import Section
 
@@ -68,6 +68,19 @@ def _profile_section(prof: Profile) -> Section:
             axes[2 * (k // ncol) + 1, k % ncol].axis("off")
         fig.tight_layout()
         sec.figure(fig, "Fitted segments over the measured medians (log-log), and residuals in percent.")
+    poor = []
+    for tier, colls in prof.tiers.items():
+        for coll_name, by_p in colls.items():
+            for p, model in by_p.items():
+                problem = fit_quality_problem(model.validation.get("r2_log_time"),
+                                              model.validation.get("max_abs_rel_err"))
+                if problem:
+                    poor.append(f"{tier}/{coll_name} at p={p}: {problem}")
+    if poor:
+        sec.heading("Poor fits")
+        sec.text("These fits predict their own held-out sizes badly, so their predictions are not to be "
+                 "trusted: " + "; ".join(poor) + ". The timings were noisy: measure again with more iterations, "
+                 "at most one rank per core, or in graph mode.")
     sec.heading("Segments, fitted alpha and beta, held-out errors")
     sec.table(pd.DataFrame(rows), "Held-out errors: fitted on every other size, judged on the others.", "{:.4g}")
     steps = [{"tier": tier, "collective": c, "p": int(p), **s}

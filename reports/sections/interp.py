@@ -2,33 +2,24 @@
 speedup against size per collective (the shape of GC3's Fig. 7)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from calibrate.errors import UserError
+from kernels.interp.records import BenchRecord
 from reports.html import Section
-
-KIND = "kernels-bench"
 
 
 def load_rows(paths: list[Path]) -> pd.DataFrame:
     frames = []
     for p in paths:
         p = Path(p)
-        f = p / "bench.json" if p.is_dir() else p
-        try:
-            data = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"{f}: cannot read benchmark results ({e}); rerun python -m kernels bench --out") \
-                from None
-        if data.get("kind") != KIND:
-            raise UserError(f"{f}: kind {data.get('kind')!r} is not {KIND!r}; pass a kernels bench result")
-        df = pd.DataFrame(data["rows"])
-        df["device"] = data.get("device", "")
-        df["date"] = data.get("date", "")
+        rec = BenchRecord.load(p / "bench.json" if p.is_dir() else p)
+        df = pd.DataFrame(rec.rows)
+        df["device"] = rec.device
+        df["date"] = rec.date
         frames.append(df)
     if not frames:
         raise UserError("no kernels bench results given")

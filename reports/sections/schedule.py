@@ -75,7 +75,7 @@ def _collective(res: TuneResult, coll, path: Path) -> Section:
         below = s.get("bands_below_0.8") or []
         if below:
             sec.text(f"Bands where the model's ranking falls below Spearman 0.8: sizes {below}. The model "
-                     f"(autotune/schedule/interp_model.py) charges launch, per-hop, per-tile and per-CUDA-block "
+                     f"(kernels/interp/model.py) charges launch, per-hop, per-tile and per-CUDA-block "
                      f"costs fitted on the interpreter's own sweep; the per-protocol correction (t = a + k t_model, "
                      f"fitted on the other bands) is what the 'corrected' column scores, and later runs rank with "
                      f"it through --correction model_correction.json. `python -m autotune schedule --rescore "

@@ -12,7 +12,7 @@ import pytest
 from autotune.nccl import record as rec
 from autotune.nccl.choose import choose
 from autotune.nccl.cli import main
-from autotune.nccl.measure import Options, check_environment, compare, sweep
+from autotune.nccl.measure import Options, check_environment, compare, falling_behind, sweep
 from autotune.nccl.settings import DEFAULT, Setting, candidates, parse_channels, setting_table
 from calibrate.errors import UserError
 from kernels.nccl_tuner.table import ENV_TABLE, SIZE_MAX, Row, read_table, write_table
@@ -21,7 +21,7 @@ from kernels.nccl_tuner.table import ENV_TABLE, SIZE_MAX, Row, read_table, write
 def test_candidates_per_collective():
     ar = candidates("allreduce", 2, 1, (-1, 64))
     assert ar[0] == DEFAULT and len(ar) == 1 + 2 * 3 * 2
-    assert {s.algorithm for s in ar[1:]} == {"ring", "tree"}
+    assert {s.algorithm for s in ar[1:]} == {"ring", "tree"} and ar[1].protocol == "simple"
     assert {s.algorithm for s in candidates("allgather", 2, 1)[1:]} == {"ring"}
     assert {s.algorithm for s in candidates("reducescatter", 4, 4)[1:]} == {"ring", "pat"}  # one rank per node
     assert len(candidates("broadcast", 8, 2, (-1, 16, 32, 64))) == 1 + 3 * 4
@@ -59,6 +59,7 @@ class FakeSession:
     nodes: int = 1
     min_ctas: int = 64
     options: Options = field(default_factory=Options)
+    default_runs: dict = field(default_factory=dict)   # size -> what NCCL's default runs (else ring/ll)
     made: list = field(default_factory=list)
     measured: list = field(default_factory=list)
     calls_decided: int = 0
@@ -74,66 +75,145 @@ class FakeSession:
         assert not be.closed
         # the plugin decides the calls of every setting but ring/ll128/auto (as if NCCL had ruled it out)
         self.calls_decided += bool(be.rows) and label != "ring/ll128/auto"
-        key = label if label in ("default", "tuned") else label
-        t = self.times[(key, coll, n)] if (key, coll, n) in self.times else self.times[(key, n)]
+        t = self.times[(label, coll, n)] if (label, coll, n) in self.times else self.times[(label, n)]
         self.measured.append((label, coll, n))
-        runs = "ring/ll" if label in ("default", "ring/ll/auto") else "/".join(label.split("/")[:2])
+        runs = self.default_runs.get(n, "ring/ll") if label in ("default", "ring/ll/auto") else \
+            "/".join(label.split("/")[:2])
         return rec.Sample(coll, n, label, t, [t], 0 if check else -1, runs)
 
 
-SIZES = [1024, 4096, 16384, 1 << 20]
+def run_sweep(session, plan, sizes):
+    samples, skipped, done = [], [], []
+
+    def on_sample(s, coll, n, setting, why=""):
+        (skipped.append((setting.label, n, why)) if s is None else samples.append(s))
+
+    seconds = sweep(session, plan, sizes, on_sample, lambda k, total, s, sec, applied: done.append((k, total,
+                                                                                                    s.label, applied)))
+    return samples, skipped, done, seconds
 
 
-def _times():
+def test_falling_behind_closed_form():
+    # t = alpha + beta n: 4 us + n / 100 (bytes/us) is the best; 2x its beta and 1.6x behind: stays behind
+    best = {n: 4 + n / 100 for n in (1000, 2000)}
+    assert falling_behind((1000, 30.0), (2000, 50.0), best[1000], best[2000], 1.5)
+    assert not falling_behind((1000, 30.0), (2000, 50.0), best[1000], best[2000], 2.1)   # 2.08x at 2000
+    # behind, but growing slower than the best (a smaller beta, as Simple against LL): catching up, kept
+    assert not falling_behind((1000, 30.0), (2000, 33.0), best[1000], best[2000], 1.5)
+    # the best in its latency regime (beta n < alpha): nothing is dropped whatever the setting does
+    lat = {n: 40 + n / 100 for n in (1000, 2000)}
+    assert not falling_behind((1000, 100.0), (2000, 150.0), lat[1000], lat[2000], 1.5)
+
+
+def test_sweep_channels_drops_communicators_and_what_nccl_did_not_apply():
+    sizes = [1024, 4096, 256 << 10, 1 << 20, 4 << 20]
     t = {}
-    for n in SIZES:
-        t[("default", n)] = 10.0
-        t[("ring/ll/auto", n)] = 9.0 if n <= 4096 else 12.0
-        t[("ring/simple/64", n)] = 11.0 if n <= 4096 else 8.0
-        t[("ring/ll128/auto", n)] = 25.0          # far behind from the start: dropped after two sizes
-        t[("ring/ll128/64", n)] = 16.0 if n == 4096 else 10.5   # behind at one size only: kept
-    return t
-
-
-def test_sweep_prunes_and_choice_is_the_fastest_per_band():
-    plan = {"allreduce": [DEFAULT] + [Setting.parse(s) for s in ("ring/ll/auto", "ring/simple/64",
-                                                                 "ring/ll128/auto", "ring/ll128/64")]}
-    session = FakeSession(_times())
-    samples, pruned, settings_done = [], [], []
-
-    def on_sample(s, coll, n, setting):
-        (pruned.append((setting.label, n)) if s is None else samples.append(s))
-
-    seconds = sweep(session, plan, SIZES, on_sample,
-                    lambda k, total, s, sec, applied: settings_done.append((k, total, s.label, applied)))
-    assert pruned == [("ring/ll128/auto", 16384), ("ring/ll128/auto", 1 << 20)]
-    assert len(samples) == 5 * 4 - 2 and set(seconds) == {"allreduce", "communicators"}
+    for n in sizes:
+        t[("default", n)] = 10.0 + n / 1000
+        t[("ring/simple/64", n)] = 16.0 + n / 1000    # the first setting: the best to beat
+        t[("ring/ll128/auto", n)] = 12.0 + n / 900
+        t[("ring/ll/auto", n)] = 6.0 + n / 100        # 10x the beta: dropped after two steps behind
+    plan = {"allreduce": [DEFAULT] + [Setting.parse(s) for s in ("ring/simple/64", "ring/ll128/auto",
+                                                                 "ring/ll/auto")]}
+    session = FakeSession(t)
+    samples, skipped, done, seconds = run_sweep(session, plan, sizes)
+    # fixed channel counts only from channels_from (256K) up; LL behind at 256K->1M and 1M->4M... no: it
+    # is dropped after two steps in a row behind, so measured at 256K, 1M, dropped from there on
+    assert [(lab, n) for lab, n, why in skipped if why == "channels"] == [("ring/simple/64", 1024),
+                                                                         ("ring/simple/64", 4096)]
+    assert [(lab, n) for lab, n, why in skipped if why == "behind"] == []
+    assert len(samples) == 4 * 5 - 2 and set(seconds) == {"allreduce", "communicators"}
     # one communicator per setting, each closed; the default's has no table and NCCL's channels
-    assert len(session.made) == 5 and all(b.closed for b in session.made)
+    assert len(session.made) == 4 and all(b.closed for b in session.made)
     assert session.made[0].rows is None and session.made[0].min_ctas is None
-    assert session.made[2].rows == [Row("allreduce", 0, SIZE_MAX, "ring", "simple", 64, 1, 2)]
-    assert session.made[2].min_ctas == 64 and settings_done[-1] == (5, 5, "ring/ll128/64", True)
-    assert [s for _, _, s, applied in settings_done if not applied] == ["ring/ll128/auto"]
-    rows = choose(samples, ["allreduce"], SIZES, 2, 1)
-    # bands: [0, 2048) [2048, 8192) [8192, 131072) [131072, inf); the default is never a row
-    assert rows == [Row("allreduce", 0, 8191, "ring", "ll", -1, 1, 2),
-                    Row("allreduce", 8192, SIZE_MAX, "ring", "simple", 64, 1, 2)]
-    # the default's own algorithm and protocol with NCCL's channels is kept unless beaten by more than the margin
-    def near(t):
-        return [dataclasses.replace(s, median_us=t) if s.setting in ("ring/simple/64", "ring/ll128/64") else s
-                for s in samples]
+    assert session.made[1].rows == [Row("allreduce", 0, SIZE_MAX, "ring", "simple", 64, 1, 2)]
+    assert session.made[1].min_ctas == 64 and done[-1] == (4, 4, "ring/ll/auto", True)
+    assert [s for _, _, s, applied in done if not applied] == ["ring/ll128/auto"]
+    # with more sizes LL falls behind at two steps in a row (256K->1M, 1M->4M) and is not measured above
+    more = sizes + [16 << 20, 64 << 20]
+    t |= {(lab, n): t0 + n / beta for n in more[-2:]
+          for lab, t0, beta in (("default", 10.0, 1000), ("ring/simple/64", 16.0, 1000),
+                                ("ring/ll128/auto", 12.0, 900), ("ring/ll/auto", 6.0, 100))}
+    _, skipped, _, _ = run_sweep(FakeSession(t), plan, more)
+    assert [(lab, n) for lab, n, why in skipped if why == "behind"] == [("ring/ll/auto", 16 << 20),
+                                                                       ("ring/ll/auto", 64 << 20)]
 
-    # at 16 KiB and 1 MiB ring/ll/auto (what the default runs, with NCCL's channels) takes 12 us
-    assert choose(near(11.7), ["allreduce"], SIZES, 2, 1, margin=0.02)[-1].protocol == "simple"  # 2.5% faster
-    assert choose(near(11.8), ["allreduce"], SIZES, 2, 1, margin=0.02) == \
-        [Row("allreduce", 0, SIZE_MAX, "ring", "ll", -1, 1, 2)]                                    # 1.7%: kept
+
+GiB = 1 << 30
+CROSSOVER_SIZES = [1 << k for k in range(10, 31)]     # 1K..1G, factor 2, as the GPU run
+
+
+def crossover_times(sizes):
+    """A sweep with NCCL's protocol crossover, alpha-beta per protocol (us, bytes/us): LL fastest below
+    1 MiB (alpha 6, beta 1/80e3), Simple above (alpha 16, beta 1/360e3), LL128 never; fewer channels
+    less bandwidth; tree 1 us later and 10% slower; NCCL's default runs LL with its own channels below
+    2 MiB and Simple with 32 channels' bandwidth from 2 MiB on (what it picks itself)."""
+    proto = {"ll": (6.0, 80e3), "ll128": (14.0, 150e3), "simple": (16.0, 360e3)}
+    share = {"auto": 1.0, "16": 0.5, "32": 0.8, "64": 1.0}
+    algo = {"ring": (0.0, 1.0), "tree": (1.0, 0.9)}
+    t, runs = {}, {}
+    for n in sizes:
+        for a, (da, fa) in algo.items():
+            for p, (alpha, bw) in proto.items():
+                for c, f in share.items():
+                    t[(f"{a}/{p}/{c}", n)] = alpha + da + n / (bw * f * fa)
+        big = n >= 2 << 20
+        t[("default", n)] = 16.0 + n / (360e3 * 0.8) if big else 6.0 + n / 80e3
+        runs[n] = "ring/simple" if big else "ring/ll"
+    return t, runs
+
+
+def test_protocol_crossover_table_picks_simple_large_and_never_slower_than_default():
+    """The first GPU run's failure: a setting behind at small sizes was dropped for every larger size,
+    so Simple (losing to LL below 1 MiB) was never measured where it wins, and a band took a setting
+    measured only at another size: LL at 1 GiB, 0.54x of NCCL's default."""
+    times, runs = crossover_times(CROSSOVER_SIZES)
+    plan = {"allreduce": candidates("allreduce", 2, 1)}
+    session = FakeSession(times, default_runs=runs)
+    samples, skipped, done, _ = run_sweep(session, plan, CROSSOVER_SIZES)
+    measured = {(s.setting, s.bytes) for s in samples}
+    assert {("ring/simple/64", GiB), ("ring/simple/auto", GiB), ("tree/simple/64", GiB)} <= measured
+    assert ("ring/ll/16", GiB) not in measured      # pruning still drops LL in the bandwidth regime
+    rows = choose(samples, ["allreduce"], CROSSOVER_SIZES, 2, 1, [s for _, _, s, a in done if not a])
+    for n in CROSSOVER_SIZES:
+        row = next(r for r in rows if r.covers("allreduce", n))
+        label = Setting(row.algorithm, row.protocol, row.channels).label
+        assert (label, n) in measured, f"{label} chosen at {n} where it was not measured"
+        assert times[(label, n)] <= times[("default", n)] * (1 + 1e-9), f"{label} slower than default at {n}"
+        if n != 1 << 20:                              # at 1 MiB both are within the margin
+            assert row.protocol == ("ll" if n < 1 << 20 else "simple"), (n, label)
+    big = next(r for r in rows if r.covers("allreduce", GiB))
+    assert times[("default", GiB)] / times[(Setting(big.algorithm, big.protocol, big.channels).label, GiB)] \
+        == pytest.approx((16 + GiB / (360e3 * 0.8)) / (16 + GiB / 360e3))     # 64 channels of Simple: 1.249x
+
+
+def test_a_band_chooses_only_among_settings_measured_at_its_size():
+    sizes = [1 << 20, 16 << 20, GiB]
+    s = [rec.Sample("allreduce", n, lab, t, [t], 0, runs) for lab, n, t, runs in (
+        ("default", 1 << 20, 13.0, "ring/ll"), ("ring/ll/64", 1 << 20, 12.0, "ring/ll"),
+        ("default", 16 << 20, 77.0, "ring/simple"), ("ring/ll/64", 16 << 20, 108.0, "ring/ll"),
+        ("ring/simple/auto", 16 << 20, 70.0, "ring/simple"),
+        ("default", GiB, 3256.0, "ring/simple"), ("ring/simple/auto", GiB, 3000.0, "ring/simple"))]
+    rows = choose(s, ["allreduce"], sizes, 2, 1)
+    # 1 GiB: ring/ll/64 was not measured there (its 1 MiB figure says nothing about it)
+    assert [(r.protocol, r.channels) for r in rows] == [("ll", 64), ("simple", -1)]
+    # the default's own algorithm and protocol stay unless beaten by more than the margin
+    close = s + [rec.Sample("allreduce", GiB, "ring/simple/64", 2960.0, [2960.0], 0, "ring/simple")]
+    assert choose(close, ["allreduce"], sizes, 2, 1, margin=0.02)[-1].channels == -1      # 1.3% faster: kept
+    assert choose(close, ["allreduce"], sizes, 2, 1, margin=0.01)[-1].channels == 64      # beyond 1%: taken
+    # a band where no setting (or not the default) was measured gets no row: NCCL decides there
+    rows = choose([x for x in s if x.bytes != GiB or x.setting == "default"], ["allreduce"], sizes, 2, 1)
+    assert rows[-1].max_bytes < GiB and not any(r.covers("allreduce", GiB) for r in rows)
+    # and so does one where every setting measured is slower than the default by more than the margin
+    slow = [x for x in s if x.bytes != GiB or x.setting == "default"] + [
+        rec.Sample("allreduce", GiB, "ring/ll/64", 6100.0, [6100.0], 0, "ring/ll")]
+    assert not any(r.covers("allreduce", GiB) for r in choose(slow, ["allreduce"], sizes, 2, 1))
     # a setting NCCL did not apply is never chosen, even where it measured fastest
-    assert choose(samples, ["allreduce"], SIZES, 2, 1, excluded=["ring/ll/auto"]) == \
-        [Row("allreduce", 0, 2047, "ring", "ll128", 64, 1, 2),
-         Row("allreduce", 2048, SIZE_MAX, "ring", "simple", 64, 1, 2)]
+    assert choose(s, ["allreduce"], sizes, 2, 1, excluded=["ring/ll/64"])[0].protocol == "simple"
 
 
 def test_compare_alternates_and_labels_each_size():
+    SIZES = [1024, 4096, 16384, 1 << 20]
     rows = [Row("allreduce", 0, 8191, "ring", "ll", -1, 1, 2)]
     t = {("default", n): 10.0 for n in SIZES} | {("tuned", n): 8.0 for n in SIZES}
     session = FakeSession(t)
@@ -198,6 +278,7 @@ def built(tmp_path):
     (["--channels", "16,x"], "--channels"),
     (["--min-ctas", "65"], "--min-ctas"),
     (["--prune", "1"], "--prune"),
+    (["--channels-from", "big"], "bad size"),
     (["--table", "/no/such/table.csv"], "does not exist"),
 ])
 def test_bad_input_is_one_line(built, capsys, extra, msg):

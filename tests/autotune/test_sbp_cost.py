@@ -80,3 +80,26 @@ def test_profile_missing_a_tier():
     from autotune.sbp.mesh import Cluster
     with pytest.raises(UserError, match="no intra tier"):
         Coster(Profile.load("piz-daint"), Cluster(2, 4))
+
+
+def test_groups_crossing_nodes_share_the_node_network():
+    # 2 nodes x 4 GPUs: a step over the node axis alone runs as 4 concurrent 2-rank groups, one per GPU of a node,
+    # all through the same node network: its bandwidth term is 4 x a lone group's. A group of all 8 ranks (one
+    # flat ring) has the network to itself; inside a node nothing is shared.
+    from calibrate.collectives import Collective
+    from calibrate.profile import Group
+    from autotune.sbp.boxing import Step
+    from autotune.sbp.mesh import Cluster
+    cl = Cluster(2, 4)
+    c = Coster(PROFILE, cl)
+    node_axis, gpu_axes = (0,), (1, 2)
+    n = 1 << 20
+    assert c.step_time(Step("allgather", node_axis, n)) == pytest.approx(
+        PROFILE.time(Collective.ALLGATHER, 4 * n, Group(2, 2)), rel=1e-12)
+    assert c.step_time(Step("allreduce", (0, 1, 2), n)) == pytest.approx(
+        PROFILE.time(Collective.ALLREDUCE, n, Group(8, 2)), rel=1e-12)
+    assert c.step_time(Step("allgather", gpu_axes, n)) == pytest.approx(
+        PROFILE.time(Collective.ALLGATHER, n, Group(4, 1)), rel=1e-12)
+    seg = PROFILE.tiers["inter"]["allgather"]["2"].segments[0]
+    lone = PROFILE.time(Collective.ALLGATHER, n, Group(2, 2))
+    assert c.step_time(Step("allgather", node_axis, n)) - lone == pytest.approx(3 * 0.5 * n * seg.beta, rel=1e-9)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.schedule import interp_model as im
+from kernels.interp import model as im
 from autotune.schedule.cli import main
 from autotune.schedule.rescore import fit_record
 from autotune.schedule.result import TuneResult
@@ -89,7 +89,7 @@ def test_fit_recovers_the_hop_cost_from_multi_hop_programs():
 
 
 def test_shipped_parameters_are_the_fit_of_the_recorded_sweep():
-    """presets/interp_model.json is what --fit-model derives from the interpreter sweep it names."""
+    """kernels/interp/fitted/interp_model.json is what --fit-model derives from the interpreter sweep it names."""
     shipped = im.load_params()
     refit = fit_record(str(ROOT / shipped.provenance["source"]),
                        profiles.Profile.load(shipped.provenance["profile"]), load_preset("h200x2"))

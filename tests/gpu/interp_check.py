@@ -5,7 +5,7 @@
 
 One process per GPU. For every program that fits the rank count (the MSCCL XML
 files of ../shared/interop/msccl, or shared/interop/msccl inside the checkout,
-and kernels/interp/programs), for each protocol (Simple, LL), dtype (float32,
+and kernels/interp/programs), for each protocol (Simple, LL, LL128), dtype (float32,
 bfloat16) and size (the smallest legal count, sizes that do not divide the tile,
 up to 1 GiB): fresh random inputs, outputs poisoned, result equal to NCCL's.
 Then the bad-input cases, then ``python -m kernels bench``. Writes
@@ -62,7 +62,7 @@ def log(msg: str, rank: int) -> None:
 
 
 def correctness(comm, cp, files, max_bytes: int, quick: bool,
-                protocols=(Protocol.SIMPLE, Protocol.LL)) -> list[dict]:
+                protocols=(Protocol.SIMPLE, Protocol.LL, Protocol.LL128)) -> list[dict]:
     from mpi4py import MPI
 
     rank, nranks = comm.rank, comm.nranks
@@ -117,6 +117,18 @@ def correctness(comm, cp, files, max_bytes: int, quick: bool,
     return rows
 
 
+def without_ll128(comm, call):
+    """``call()`` with the communicator's table stripped of its LL128 FIFO (restored after)."""
+    import dataclasses
+
+    saved = comm.preset
+    comm.preset = dataclasses.replace(saved, fifo={k: v for k, v in saved.fifo.items() if k != Protocol.LL128})
+    try:
+        return call()
+    finally:
+        comm.preset = saved
+
+
 def bad_input(comm, cp, files) -> list[dict]:
     """Each case must raise UserError before anything is launched."""
     rows = []
@@ -133,7 +145,8 @@ def bad_input(comm, cp, files) -> list[dict]:
                                                                                        1 << 12, "float32")),
         "unsupported dtype": lambda: comm.choice_for(prog, Protocol.SIMPLE, 1, 1 << 10, "int8"),
         "unsupported reduction": lambda: comm.choice_for(prog, Protocol.SIMPLE, 1, 1 << 10, "float32", op="max"),
-        "unsupported protocol": lambda: comm.choice_for(prog, Protocol.LL128, 1, 1 << 10, "float32"),
+        "LL128 on a table without an LL128 FIFO": lambda: without_ll128(
+            comm, lambda: comm.choice_for(prog, Protocol.LL128, 1, 1 << 10, "float32")),
         "more thread blocks than the GPU holds": lambda: comm.collective(
             "allreduce", x, y, 1 << 10, "float32",
             choice=Choice(Entry(prog.name), prog, Protocol.SIMPLE, chunk=pack.chunk_elems(prog, 1 << 10, comm.nranks),
@@ -193,7 +206,7 @@ def main(argv: list[str]) -> int:
         (out / "bench.json").write_text(json.dumps(bench.result_json(rows, device, world.size, "h200x2"), indent=1))
         nbad = sum(not r["ok"] for r in checks)
         print(f"\ncorrectness: {len(checks) - nbad}/{len(checks)} runs equal to NCCL "
-              f"({len({r['file'] for r in checks})} programs, Simple and LL, float32 and bfloat16)")
+              f"({len({r['file'] for r in checks})} programs, Simple, LL and LL128, float32 and bfloat16)")
         for r in bad:
             print(f"bad input: {r['case']}: {'refused' if r['ok'] else 'NOT REFUSED'}: {r['message']}")
         print(bench.table(rows))

@@ -41,7 +41,7 @@ def test_profile_predicts_the_measured_group(calibration):
     assert all(t > 0 for t in times)
     assert times[0] <= times[2], "a fitted alpha-beta time must not fall with the size"
     data = json.loads(calibration.profile.read_text())
-    assert data["schema"] == "commtune.profile"
+    assert data["kind"] == "commtune.profile"
     assert Profile.from_dict(Profile.load(calibration.profile).to_dict()).to_dict() == profile.to_dict()
 
 

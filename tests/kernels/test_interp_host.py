@@ -263,7 +263,7 @@ def test_ll128_tiles_are_whole_lines():
 def test_ll128_needs_its_fifo_in_the_preset():
     from kernels.interp.preset import fifo_for
 
-    base = load_preset()
+    base = load_preset("h200x2-twoshot")   # a table without LL128 carries no LL128 FIFO
     with pytest.raises(UserError, match="no LL128 FIFO"):
         fifo_for(base, Protocol.LL128)
     data = base.to_json()

@@ -253,3 +253,13 @@ def test_retune_takes_a_candidate_only_where_it_was_correct_and_faster(tmp_path)
     assert "fastest correct table" in data["description"] and len(data["programs"]) == len(new.entries)
     with pytest.raises(UserError, match="not among the candidate presets"):
         retune(rows, base, {}, programs)
+
+
+def test_unique_id_keeps_all_128_bytes_zeros_included():
+    """NCCL's unique id has zero bytes inside; a c_char field would cut it at the first one
+    (2026-11-23: ncclCommInitRank failed with a remote error on the GPU)."""
+    raw = bytes([7, 0, 0, 9] + [0] * 60 + list(range(1, 65)))
+    u = ncclx._UniqueId()
+    import ctypes
+    ctypes.memmove(ctypes.byref(u), raw, ncclx.UNIQUE_ID_BYTES)
+    assert bytes(u.internal) == raw and len(bytes(u.internal)) == 128

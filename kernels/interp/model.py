@@ -1,10 +1,12 @@
-"""Cost model of a GC3 program as the interpreter runs it (kernels/interp), to rank candidates.
+"""Cost model of a GC3 program as this interpreter runs it, next to what it models (the
+schedule autotuner ranks candidates with it).
 
 Derived from the runtime's structure and fitted to measurements (the papers give no formula):
 - The interpreter runs each IR thread block as ``split`` CUDA blocks, block j moving the
-  j-th 1/split of every chunk (kernels/interp/runtime.py), tile by tile: a tile holds
-  ``pack.tile_elems`` elements of each chunk piece (the FIFO slot, LL carrying 8 data
-  bytes per 16-byte line, capped by the entry's ``tile_bytes``).
+  j-th 1/split of every chunk (runtime.py), tile by tile; ``pack.launch_geometry`` (which
+  the runtime launches with) gives the tile: ``pack.tile_elems`` elements of each chunk
+  piece (the FIFO slot, LL carrying 8 data bytes per 16-byte line, capped by the entry's
+  ``tile_bytes``), and the split the runtime picks (``runtime_split``).
 - One CUDA block pays, per tile of every step, a fixed cost ``tile_us`` (Simple: the
   flag written after the data and the fence that releases the slot; LL: the slot's
   head/tail bookkeeping) and streams its bytes at ``block_gbs``. Its time is
@@ -31,7 +33,7 @@ Derived from the runtime's structure and fitted to measurements (the papers give
 The per-protocol terms are linear in (launch_us, tile_us, 1 / block_gbs, grid_block_us), and
 hop_us is one more column where the samples include programs of several hops: ``fit`` solves
 them by non-negative least squares on relative error. The shipped parameters
-(presets/interp_model.json) are fitted on the interpreter's forced-configuration sweep named
+(fitted/interp_model.json) are fitted on the interpreter's forced-configuration sweep named
 in their provenance (python -m kernels bench --sweep model, 2 x H200; see
 reports/records/schedule.md), a different run from any schedule tuning, so ranking a
 schedule run's measured candidates with them uses none of that run's measurements.
@@ -41,7 +43,6 @@ an empty graph kernel node of the same record.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,8 @@ import numpy as np
 
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
-from calibrate.jsonfile import read_json, read_named_json
+from calibrate.jsonfile import read_named_json
+from calibrate.records import check_header, header
 from calibrate.profile import Group, Profile
 from kernels.gc3.interop import msccl_dir
 from kernels.gc3.ir import Program, Protocol
@@ -58,11 +60,13 @@ from kernels.gc3.simulate import LOCAL_BETA_FRACTION, PROTOCOL_EFFICIENCY, messa
 from kernels.gc3.xml_io import read_xml
 from kernels.interp import pack
 from kernels.interp.preset import PROGRAM_DIR, Fifo
+from kernels.interp.records import SweepRecord
 
-PARAMS_VERSION = 1
-PARAMS_DIR = Path(__file__).parent / "presets"
+KIND = "commtune.interp-model"
+VERSION = 1
+PARAMS_DIR = Path(__file__).parent / "fitted"
 DEFAULT_PARAMS = "interp_model"
-TUNE_KIND = "interp-tune"
+REFIT = "refit them with python -m autotune schedule --fit-model"
 
 
 @dataclass(frozen=True)
@@ -99,15 +103,14 @@ class ModelParams:
         return self.protocols[protocol]
 
     def to_json(self) -> dict:
-        return {"version": PARAMS_VERSION, "hop_us": self.hop_us,
+        return {**header(KIND, VERSION), "hop_us": self.hop_us,
                 "protocols": {p: dataclasses.asdict(v) for p, v in sorted(self.protocols.items())},
                 "provenance": self.provenance}
 
     @classmethod
     def from_json(cls, data: dict, name: str = "") -> "ModelParams":
-        if not isinstance(data, dict) or data.get("version") != PARAMS_VERSION:
-            raise UserError(f"interpreter model parameters {name!r} are not version {PARAMS_VERSION}; refit them "
-                            f"with python -m autotune schedule --fit-model")
+        # parameters written before the header have no kind
+        check_header(data, KIND, VERSION, "interpreter model parameters", REFIT, repr(name), (None,))
         try:
             protos = {str(p): ProtocolParams(float(v["launch_us"]), float(v["tile_us"]), float(v["block_gbs"]),
                                              float(v.get("grid_block_us", 0.0)))
@@ -115,7 +118,7 @@ class ModelParams:
             params = cls(protos, float(data["hop_us"]), dict(data.get("provenance", {})))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"interpreter model parameters {name!r} are malformed ({e!r}); compare them with "
-                            f"autotune/schedule/presets/{DEFAULT_PARAMS}.json") from None
+                            f"kernels/interp/fitted/{DEFAULT_PARAMS}.json") from None
         if any(v.block_gbs <= 0 or min(v.launch_us, v.tile_us, v.grid_block_us) < 0
                for v in protos.values()) or params.hop_us < 0:
             raise UserError(f"interpreter model parameters {name!r}: block_gbs must be > 0 and times >= 0")
@@ -125,6 +128,12 @@ class ModelParams:
 def load_params(name_or_path: str = DEFAULT_PARAMS) -> ModelParams:
     data, name = read_named_json(name_or_path, PARAMS_DIR, "interpreter model parameters")
     return ModelParams.from_json(data, name)
+
+
+def runtime_split(program: Program, nbytes: int, esize: int, bytes_per_block: int, max_split: int) -> int:
+    """CUDA blocks per IR thread block that the interpreter uses at this size."""
+    chunk_bytes = max(esize, nbytes // program.nchunksperloop)
+    return pack.split_for(chunk_bytes, bytes_per_block, max_split)
 
 
 def copy_bytes(program: Program, nbytes: int) -> int:
@@ -178,9 +187,9 @@ def features(program: Program, nbytes: int, split: int, tile_bytes: int, fifo: d
     per_node = gpus_per_node or program.ngpus
     chunk = nbytes / program.nchunksperloop
     max_cnt = max((st.cnt for g in program.gpus for tb in g.threadblocks for st in tb.steps), default=1)
-    slot = fifo[program.protocol].slot_bytes
-    tile = pack.tile_elems(program.protocol, slot, esize, max(1, max_cnt), tile_bytes) * esize
-    piece_tiles = max(1, math.ceil(chunk / split / tile))
+    geo = pack.launch_geometry(program.protocol, esize, fifo[program.protocol].slot_bytes, max_cnt,
+                               max(len(g.threadblocks) for g in program.gpus), split, tile_bytes)
+    piece_tiles = geo.piece_tiles(chunk)
     link: dict[tuple[int, int], float] = defaultdict(float)
     block = (0.0, 0)
     for g in program.gpus:
@@ -193,9 +202,8 @@ def features(program: Program, nbytes: int, split: int, tile_bytes: int, fifo: d
                     link[(g.id, tb.send)] += st.cnt * chunk
     intra = [b for (a, c), b in link.items() if a // per_node == c // per_node]
     inter = [b for (a, c), b in link.items() if a // per_node != c // per_node]
-    blocks = max(len(g.threadblocks) for g in program.gpus) * split
     return Features(hops(program), max(intra, default=0.0), max(inter, default=0.0), block[0], block[1],
-                    copy_bytes(program, nbytes), blocks)
+                    copy_bytes(program, nbytes), geo.blocks)
 
 
 @dataclass(frozen=True)
@@ -276,22 +284,18 @@ def fit(samples: list[Sample], fifo: dict[Protocol, Fifo], esize: int, links: Li
     return ModelParams(out, round(float(sol[-1]) * 1e6, 3) if fit_hop else hop_us, provenance or {})
 
 
-def load_tune_record(path: str | Path) -> dict:
-    """An interpreter sweep record (kind interp-tune, written by python -m kernels bench --sweep)."""
-    data = read_json(path, "interpreter sweep record", "give reports/records/interp_tune_*.json")
-    if not isinstance(data, dict) or data.get("kind") != TUNE_KIND:
-        raise UserError(f"{path} is not an interpreter sweep record (kind {TUNE_KIND!r}); give "
-                        f"reports/records/interp_tune_*.json")
-    return data
+def load_tune_record(path: str | Path) -> SweepRecord:
+    """An interpreter sweep record (``python -m kernels bench --sweep``)."""
+    return SweepRecord.load(path)
 
 
-def tune_samples(data: dict, threads: int = 512) -> list[Sample]:
+def tune_samples(record: SweepRecord, threads: int = 512) -> list[Sample]:
     """The correct float32 rows of an interpreter sweep record (``load_tune_record``) run with the
     preset's transport (its ``threads``, variant "base") and a shipped program, or a reference MSCCL
     program (``program_file``, looked up in kernels.gc3.interop.msccl_dir())."""
     programs: dict[str, Program] = {}
     out = []
-    for run in data.get("runs", []):
+    for run in record.runs:
         for r in run.get("rows", []):
             if (r.get("threads") != threads or not r.get("correct") or r.get("variant", "base") != "base"
                     or r.get("dtype", "float32") != "float32"):

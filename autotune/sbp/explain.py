@@ -1,0 +1,109 @@
+"""The computations behind the explanations of reports/records/sbp_reproduce.md, rerunnable:
+
+    python -m autotune.sbp.explain megatron-meshes CASE [--micro-batch N] [--classes N]
+        every Megatron mesh of an AutoDDL case: communication, gradient sync, redistribution, memory
+    python -m autotune.sbp.explain papers-plan
+        the paper's Fig. 3 strategy (its attention layer on 64 nodes, Megatron 4 x 16 elsewhere) against
+        Megatron 4 x 16 and the searched plan, wide transformer at micro-batch 16
+    python -m autotune.sbp.explain summa CASE --micro-batch N
+        why SUMMA has or has no plan: per 2D mesh, the layers without a strategy
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+from autotune.sbp.baselines import _Index, megatron_assignment, summa_assignment
+from autotune.sbp.mesh import RoleMesh, role_meshes
+from autotune.sbp.reproduce import _problem, breakdown, load_cases
+from autotune.sbp.search import auto_budget, make_search
+
+GI = 2**30
+
+
+def _case(cid: str) -> dict:
+    for c in load_cases():
+        if c["id"] == cid:
+            return c
+    raise SystemExit(f"unknown case {cid!r}")
+
+
+def _line(name, pr, a) -> str:
+    b = breakdown(pr, a)
+    cost = pr.cost(a)
+    return (f"{name}: {cost if math.isfinite(cost) else 'over memory'} s/step (raw {pr.raw_cost(a):.4g}); "
+            f"sync {sum(b['grad_sync_s_by_kind'].values()):.4g} {b['grad_sync_s_by_kind']}; "
+            f"redistribution {b['redistribution_s']:.4g}; {pr.memory_of(a) / GI:.2f} GiB")
+
+
+def megatron_meshes(case: dict, over: dict) -> None:
+    pr = _problem(case, over)
+    for m in role_meshes(pr.cluster, 2):
+        if case["gpus"] > 1 and m.sizes[1][0] != 1:
+            continue  # tensor parallel inside a node, as the paper tuned it on GCP
+        a = megatron_assignment(pr, *m.sizes)
+        print(_line(f"Megatron d={m.sizes[0]} t={m.sizes[1]}", pr, a) if a else f"Megatron {m.sizes}: no strategy")
+    res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0))
+    print(_line("searched", pr, res.assignment))
+
+
+def papers_plan() -> None:
+    case = _case("wide-daint-64")
+    pr = _problem(case, {"micro_batch": 16})
+    idx = _Index(pr)
+
+    def m(*r):
+        return RoleMesh(tuple((x, 1) for x in r))
+    keys = {"ln1": ("layernorm-split", m(4, 1, 16)), "qkv": ("autoddl", m(4, 8, 2)), "attention": ("attention", m(4, 16)),
+            "proj": ("autoddl", m(4, 4, 4)), "ln2": ("layernorm-split", m(4, 1, 16))}
+    mega = megatron_assignment(pr, (4, 1), (16, 1))
+    paper = list(mega)
+    for v, op in enumerate(pr.ops):
+        if op.layer.name in keys:
+            paper[v] = idx.get(v, keys[op.layer.name])
+    res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0), mega)
+    print(_line("Megatron 4 x 16", pr, mega))
+    print(_line("paper's Fig. 3 plan", pr, paper) + f"; reduction {(1 - pr.cost(paper) / pr.cost(mega)) * 100:.1f}%")
+    print(_line("searched", pr, res.assignment) + f"; reduction {(1 - res.cost / pr.cost(mega)) * 100:.1f}%")
+
+
+def summa(case: dict, over: dict) -> None:
+    pr = _problem(case, over, ("summa",))
+    names = [op.layer.name for op in pr.ops]
+    for m in role_meshes(pr.cluster, 2):
+        a = summa_assignment(pr, *m.sizes)
+        if a is not None:
+            print(f"SUMMA {m.sizes}: {pr.cost(a)} s/step, {pr.memory_of(a) / GI:.2f} GiB")
+            continue
+        idx = _Index(pr)
+        missing = [names[v] for v, op in enumerate(pr.ops)
+                   if idx.get(v, ("summa" if op.layer.kind in ("matmul", "embedding") else op.layer.kind, RoleMesh(m.sizes)))
+                   is None]
+        print(f"SUMMA {m.sizes}: no strategy for {', '.join(missing)}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autotune.sbp.explain", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["megatron-meshes", "papers-plan", "summa"])
+    ap.add_argument("case", nargs="?")
+    ap.add_argument("--micro-batch", type=int)
+    ap.add_argument("--classes", type=int, help="VGG: pad the classes (as Megatron-LM pads its vocabulary)")
+    args = ap.parse_args(argv)
+    if args.what == "papers-plan":
+        papers_plan()
+        return 0
+    case = _case(args.case)
+    over = dict(case.get("overrides", {}))
+    if args.micro_batch:
+        over["micro_batch"] = args.micro_batch
+    if args.classes:
+        over["classes"] = args.classes
+    (megatron_meshes if args.what == "megatron-meshes" else summa)(case, over)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

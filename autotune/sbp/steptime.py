@@ -1,0 +1,110 @@
+"""Compute time of a layer under a strategy, for the step-time objective (``--objective step``).
+
+Per device and micro-batch, forward and backward, from the profile's compute
+model (``calibrate.compute.ComputeModel``), on each device's local piece:
+
+    matmul      forward one matmul of the local (m, k, n); backward two of the same size
+                (dI and dW). m and n are the output's local rows and columns; k follows from
+                the flops: 2 t k n over the devices that do not repeat the work (a role
+                where input, weight and output are all B repeats it)
+    embedding   a gather of the local output forward, a scatter-add of it backward (memory-bound)
+    layernorm,  memory-bound: forward reads the input and writes the output (2 passes),
+    pointwise   backward reads input and gradient and writes a gradient (3 passes)
+    attention   softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads;
+                backward twice the forward
+    loss        softmax cross-entropy, memory-bound: 2 passes forward, 2 backward
+    conv        an implicit GEMM (local images x side^2, 9 x in-channels, out-channels);
+                backward twice the forward
+    pool        memory-bound: 2 passes forward, 2 backward
+
+plus, once per step, the optimizer reading and writing every locally held
+parameter's state (2 x 16 bytes a parameter, ``autotune.sbp.memory``).
+
+The step time of a plan (``Problem`` with objective "step") is
+
+    step = compute + redistribution + exposed gradient sync
+    exposed gradient sync = max(S - W, F)
+
+with S the gradient all-reduces of the step, W the backward compute of the last
+micro-batch (gradient accumulation syncs once, while the last micro-batch runs
+backward, as DDP and FSDP overlap them) and F the all-reduce of the first
+layer's gradients, which are ready only when the backward pass ends.
+Redistribution (boxing between and inside layers) is on the critical path:
+not hidden. Assumed: the gradient sync does not slow the backward's boxing
+(they share the network), and compute kernels run at the profile's rates at
+the local shapes.
+"""
+from __future__ import annotations
+
+import math
+
+from calibrate.compute import ComputeModel
+from calibrate.errors import UserError
+
+from autotune.sbp.layers import Op, Strategy, local_elems
+from autotune.sbp.memory import PRECISION
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.sbp import B, NdSbp, local_shape
+
+
+def require_compute(profile) -> ComputeModel:
+    cm = getattr(profile, "compute", None)
+    if cm is None:
+        raise UserError(f"profile {profile.name!r} has no compute figures, which --objective step needs: "
+                        f"measure them with python -m calibrate compute --out PROFILE.json, or use --objective comm")
+    return cm
+
+
+def _repeats(s: Strategy) -> int:
+    """How many devices repeat the same work: the roles where every tensor is B."""
+    ts = [t for t in (s.input, s.output, *s.weights) if t is not None]
+    out = 1
+    for r in range(len(s.mesh.sizes)):
+        if all(t.sbp[r] == B for t in ts):
+            out *= s.mesh.role_size(r)
+    return out
+
+
+def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one occurrence of a layer for one micro-batch on one device."""
+    kind, d = op.layer.kind, op.dims
+    per = cluster.devices // _repeats(s)
+
+    def mem(passes_fwd, passes_bwd, elems):
+        return cm.memory_seconds(passes_fwd * elems * act_bytes), cm.memory_seconds(passes_bwd * elems * act_bytes)
+
+    if kind == "matmul":
+        rows, cols = local_elems_shape(s.output, s, cluster)
+        k = d["tokens"] * d["k"] * d["n"] / per / (rows * cols)
+        f = cm.matmul_seconds(rows, max(1, round(k)), cols, act_bytes)
+        return f, 2 * f
+    if kind == "embedding":
+        return mem(1, 2, local_elems(s.output, s.mesh, cluster))
+    if kind in ("layernorm", "pointwise"):
+        return mem(2, 3, local_elems(s.input, s.mesh, cluster))
+    if kind == "attention":
+        mb, heads = d["micro_batch"], d["heads"]
+        f = cm.attention_seconds(mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb,
+                                 d["hidden"] // heads, act_bytes)
+        return f, 2 * f
+    if kind == "loss":
+        return mem(2, 2, local_elems(s.input, s.mesh, cluster))
+    if kind == "conv":
+        side, ch = d["side"], d["in_channels"]
+        v = d["out_features"] // (side * side)
+        f = cm.matmul_seconds(d["batch"] // per * side * side, 9 * ch, v, act_bytes)
+        return f, 2 * f
+    if kind == "pool":
+        return mem(2, 2, local_elems(s.input, s.mesh, cluster))
+    raise UserError(f"layer {op.layer.name}: no compute rule for kind {kind!r}")
+
+
+def local_elems_shape(t, s: Strategy, cluster: Cluster) -> tuple[int, int]:
+    shape = local_shape(t.shape, NdSbp(t.sbp, s.mesh).fine(cluster), cluster)
+    return shape[0], math.prod(shape[1:])
+
+
+def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
+    """Once per step: read and write every locally held parameter's weight, gradient and optimizer state."""
+    params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
+    return cm.memory_seconds(2 * params * sum(PRECISION[act_bytes])) if params else 0.0

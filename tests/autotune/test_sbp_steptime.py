@@ -1,0 +1,119 @@
+"""The step-time objective: compute from the profile's compute model plus the communication not hidden,
+against closed forms on small cases."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from calibrate.collectives import Collective
+from calibrate.compute import Band, ComputeModel
+from calibrate.errors import UserError
+from calibrate.profile import Group, Profile
+from models import load_model
+from autotune.__main__ import main as autotune_main
+from autotune.sbp.baselines import data_parallel, megatron_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.plan import build_plan
+from autotune.sbp.search import Budget, make_search
+
+BASE = Profile.load("gcp-a100")
+PEAK, LAUNCH, BW = 1e14, 1e-6, 1e12
+CM = ComputeModel("test: peak-rate model", "assumed", LAUNCH, BW, matmul={"2": Band(PEAK)}, attention={"2": Band(PEAK)})
+PROFILE = dataclasses.replace(BASE, compute=CM)
+DIMS = [256, 512, 128]
+T, MB = 64, 2  # tokens per micro-batch, micro-batches
+
+
+def mm(m, k, n):
+    return LAUNCH + 2 * m * k * n / PEAK
+
+
+def mem(nbytes):
+    return LAUNCH + nbytes / BW
+
+
+def mlp_problem(objective="step"):
+    g = load_model("mlp", None, {"dims": DIMS, "batch": T * MB, "micro_batch": T})
+    return Problem(g, Coster(PROFILE, Cluster(1, 4)), None, objective=objective)
+
+
+def test_data_parallel_step_closed_form():
+    # 4 GPUs, data parallel: each matmul on T/4 tokens forward, twice that backward; the loss memory-bound
+    # (2 + 2 passes over T/4 x 128 fp16); Adam reads and writes 16 bytes a parameter once a step. The
+    # gradient all-reduces (S) hide behind the last micro-batch's backward (W) except for the first
+    # layer's, ready last (F): exposed max(S - W, F).
+    pr = mlp_problem()
+    a = data_parallel(pr)
+    fwd = [mm(T // 4, k, n) for k, n in zip(DIMS, DIMS[1:])]
+    loss = mem(2 * T // 4 * DIMS[-1] * 2)
+    opt = sum(mem(2 * k * n * 16) for k, n in zip(DIMS, DIMS[1:]))
+    compute = MB * (sum(3 * f for f in fwd) + 2 * loss) + opt
+    syncs = [BASE.time(Collective.ALLREDUCE, k * n * 2, Group(4)) for k, n in zip(DIMS, DIMS[1:])]
+    W = sum(2 * f for f in fwd) + loss
+    exposed = max(sum(syncs) - W, syncs[0])
+    t = build_plan(pr, a, "dp")["totals"]
+    assert t["compute_s"] == pytest.approx(compute, rel=1e-12)
+    assert t["exposed_comm_s"] == pytest.approx(exposed, rel=1e-12)
+    assert t["step_s"] == pytest.approx(compute + exposed, rel=1e-12)
+    assert pr.cost(a) == pytest.approx(compute + exposed, rel=1e-12)
+    assert t["total_s"] == pytest.approx(sum(syncs), rel=1e-12)  # the comm objective's figure is unchanged
+
+
+def test_megatron_step_splits_the_matmuls():
+    # t = 4: fc0 column-parallel (n / 4), fc1 row-parallel (k / 4): a quarter of the flops each, no sync;
+    # the all-reduce of the output before the loss is on the critical path (exposed)
+    pr = mlp_problem()
+    a = megatron_assignment(pr, (1, 1), (1, 4))
+    t = build_plan(pr, a, "megatron")["totals"]
+    fwd = [mm(T, DIMS[0], DIMS[1] // 4), mm(T, DIMS[1] // 4, DIMS[2])]
+    loss = mem(2 * T * DIMS[-1] * 2)  # redundant over t: the whole logits
+    opt = sum(mem(2 * k * n // 4 * 16) for k, n in zip(DIMS, DIMS[1:]))
+    assert t["compute_s"] == pytest.approx(MB * (sum(3 * f for f in fwd) + 2 * loss) + opt, rel=1e-12)
+    assert t["exposed_comm_s"] == pytest.approx(t["redistribution_s"], rel=1e-12) and t["grad_sync_s"] == 0
+
+
+def test_local_costs_are_exact_cost_differences_under_the_step_objective():
+    pr = mlp_problem()
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        a = [int(rng.integers(n)) for n in pr.sizes]
+        v = int(rng.integers(len(a)))
+        loc = pr.local(a, v)
+        for i in rng.integers(pr.sizes[v], size=5):
+            b = list(a)
+            b[v] = int(i)
+            x, y = pr.raw_cost(b), pr.raw_cost(a)
+            if math.isfinite(x) and math.isfinite(y):
+                assert loc[i] - loc[a[v]] == pytest.approx(x - y, rel=1e-9, abs=1e-15)
+        u, w = sorted(rng.choice(len(a), 2, replace=False))
+        if (u, w) in pr.pairs:
+            pl = pr.pair_local(a, u, w)
+            b = list(a)
+            b[u], b[w] = int(rng.integers(pr.sizes[u])), int(rng.integers(pr.sizes[w]))
+            assert pl[b[u], b[w]] - pl[a[u], a[w]] == pytest.approx(pr.raw_cost(b) - pr.raw_cost(a), rel=1e-9, abs=1e-15)
+
+
+def test_search_under_the_step_objective_beats_the_baselines():
+    pr = mlp_problem()
+    res = make_search("cd").run(pr, Budget(steps=300), np.random.default_rng(0))
+    assert res.cost <= min(pr.cost(data_parallel(pr)), pr.cost(megatron_assignment(pr, (1, 1), (1, 4)))) + 1e-15
+    with pytest.raises(UserError, match="step objective"):
+        make_search("exhaustive").run(pr, Budget(), np.random.default_rng(0))
+
+
+def test_step_objective_needs_compute_figures(tmp_path, capsys):
+    bare = dataclasses.replace(BASE, compute=None)
+    g = load_model("mlp", None, {"dims": DIMS, "batch": T, "micro_batch": T})
+    with pytest.raises(UserError, match="no compute figures"):
+        Problem(g, Coster(bare, Cluster(1, 4)), None, objective="step")
+    f = tmp_path / "p.json"
+    bare.save(f)
+    small = ["--model", "mlp", "--dims", "64,32,16", "--batch", "16", "--micro-batch", "16", "--nodes", "1",
+             "--gpus-per-node", "4", "--profile", str(f), "--budget", "0.2", "--compare", "none"]
+    assert autotune_main(small + ["--out", str(tmp_path / "o1")]) == 0
+    assert "has no compute figures: minimising communication" in capsys.readouterr().out
+    assert autotune_main(small + ["--objective", "step", "--out", str(tmp_path / "o2")]) == 2
+    assert "no compute figures" in capsys.readouterr().err.strip().splitlines()[-1]

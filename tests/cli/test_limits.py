@@ -1,0 +1,68 @@
+"""The limits the commands check before any work, against closed forms and real programs."""
+from __future__ import annotations
+
+import pytest
+
+from calibrate.collectives import Collective
+from calibrate.errors import UserError
+from calibrate.fit import fit_quality_problem
+from calibrate.outputs import check_output_path
+from calibrate.run_limits import buffer_bytes, check_memory, oversubscription_warning
+from kernels.gc3.algorithms import ALGORITHMS, MAX_OPS, OP_COUNTS, build, check_size
+
+
+@pytest.mark.parametrize("name, ranks, channels, nodes", [
+    ("ring_allreduce", 5, 2, 1), ("allpairs_allreduce", 6, 1, 1), ("hierarchical_allreduce", 12, 1, 3),
+    ("rdh_allreduce", 8, 1, 1), ("ring_allgather", 4, 2, 1), ("ring_reducescatter", 5, 1, 1),
+    ("twostep_alltoall", 6, 1, 3), ("alltonext", 8, 1, 2)])
+def test_op_counts_are_the_traced_counts(name, ranks, channels, nodes):
+    prog = build(name, ranks, channels, 1, "Simple", nodes)
+    want = OP_COUNTS[name](ranks, channels, nodes)
+    if name == "alltonext":  # forwarding ops depend on node boundaries: the formula is an upper bound
+        assert len(prog.ops) <= want
+    else:
+        assert len(prog.ops) == want
+
+
+def test_every_algorithm_has_an_op_count():
+    assert set(OP_COUNTS) == set(ALGORITHMS)
+
+
+def test_size_limit_refuses_before_work():
+    assert check_size("ring_allreduce", 1024) == 1024 * 2 * 1023 <= MAX_OPS
+    with pytest.raises(UserError, match=r"100000 ranks .* over the compiler's limit of 2,500,000 \(about \d+ ranks"):
+        check_size("ring_allreduce", 100000)
+    with pytest.raises(UserError, match="instances"):
+        check_size("ring_allreduce", 8, instances=0)
+
+
+def test_output_path(tmp_path):
+    with pytest.raises(UserError, match="'/dev/null' is not a directory"):
+        check_output_path("/dev/null/x.json")
+    with pytest.raises(UserError, match="is a directory"):
+        check_output_path(tmp_path)
+    deep = tmp_path / "a" / "b" / "c.json"
+    assert check_output_path(deep) == deep and not (tmp_path / "a").exists()
+    assert check_output_path(tmp_path, directory=True) == tmp_path
+    (tmp_path / "f").write_text("")
+    with pytest.raises(UserError, match="not a directory"):
+        check_output_path(tmp_path / "f", directory=True)
+
+
+def test_buffers_and_memory():
+    # allgather of 1 MiB float32 on 4 ranks: send 1/4, receive all; doubled for --check
+    assert buffer_bytes([Collective.ALLGATHER], 1 << 20, "float32", 4, False) == (1 << 18) + (1 << 20)
+    assert buffer_bytes([Collective.ALLREDUCE, Collective.ALLGATHER], 1 << 20, "float32", 4, True) == 4 << 20
+    check_memory(1 << 30, 2, 3 << 30, "host h", "fix")
+    with pytest.raises(UserError, match=r"needs 1 GiB of buffers per rank \(4 rank\(s\) on host h: 4 GiB\) "
+                                        r"but host h has 3 GiB available: lower"):
+        check_memory(1 << 30, 4, 3 << 30, "host h", "lower --max-bytes")
+    assert oversubscription_warning(2, 2, "h") is None
+    assert "4 ranks share the 2 core(s) of h" in oversubscription_warning(4, 2, "h")
+
+
+def test_fit_quality_flags():
+    assert fit_quality_problem(0.99, 0.1) is None
+    assert fit_quality_problem(float("nan"), None) is None
+    problem = fit_quality_problem(-0.45, 0.9)
+    assert "r2 -0.45 (want >= 0.9)" in problem and "held-out max error 90% (want <= 50%)" in problem
