@@ -10,7 +10,9 @@ alltoall and sendrecv, of one rank's part for allgather (its input) and
 reducescatter (its output). Alltoall is grouped sends and receives, sendrecv a
 grouped ring shift (+1). A communicator left to garbage collection at exit can
 hang: one rank may never destroy it while another waits for it in
-ncclCommDestroy; ``destroy`` is the explicit, collective end.
+ncclCommDestroy; ``destroy`` is the explicit, collective end. Every CUDA graph that
+captured a call on a communicator must be destroyed before it: ncclCommDestroy
+(NCCL >= 2.26) waits until no graph holds a call on it, and never returns otherwise.
 """
 from __future__ import annotations
 

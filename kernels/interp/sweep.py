@@ -16,6 +16,7 @@ reference MSCCL programs of more than one hop, on which the per-hop cost is fitt
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import statistics
 import sys
@@ -81,11 +82,14 @@ def run_sweep(world, out: Path, name: str, record: SweepRecord) -> list[dict]:
     rows = record.runs[-1]["rows"]
     programs_by_coll = load_sweeps()["programs"]
     for vname, vcases in cases(name).items():
+        log(f"variant {vname}: creating the interpreter's communicator", world.rank)
         comm = Communicator(world, variant(vname))
         stream = cp.cuda.Stream(non_blocking=True)
         programs = {p.name: p for _, p in comm.loaded}
         for case in vcases:
             coll, proto, source = case["collective"], Protocol(case["protocol"]), case.get("program_file")
+            log(f"variant {vname}: case {coll} {proto.value} sizes {' '.join(map(str, case['sizes']))} splits "
+                f"{case['splits']} tiles {case['tile_bytes']}" + (f" program {source}" if source else ""), comm.rank)
             program = programs[programs_by_coll[coll]]
             if source:  # a reference MSCCL program instead of the shipped one
                 program = read_xml(msccl_dir() / source)
@@ -107,22 +111,39 @@ def run_sweep(world, out: Path, name: str, record: SweepRecord) -> list[dict]:
                         log(f"{vname:>10} {tile:>7} " + bench.line(row), comm.rank)
                         if comm.rank == 0:
                             record.save(out / "tune.json")
+        log(f"variant {vname}: closing its communicator", world.rank)
         comm.close()
     return rows
 
 
 def ceilings(world) -> list[dict]:
-    """Each ceiling beside NCCL in the same loop: (name, bytes, us per call, GB/s per direction)."""
+    """Each ceiling beside NCCL in the same loop: (name, bytes, us per call, GB/s per direction).
+
+    The CUDA graphs that captured NCCL calls all die inside ``_ceiling_rows``, before the
+    communicator is destroyed: ncclCommDestroy (NCCL >= 2.26) waits until every graph holding
+    a call on it is destroyed, so one left alive hangs it forever.
+    """
     import cupy as cp
-    from mpi4py import MPI
 
     from calibrate.device import nccl as device_nccl
+
+    nc = device_nccl.communicator(world, needs="the sweep")
+    stream = cp.cuda.Stream(non_blocking=True)
+    rows = _ceiling_rows(world, nc, stream)
+    gc.collect()  # graphs caught in reference cycles, if any, die here too
+    log("ceilings: destroying their NCCL communicator", world.rank)
+    device_nccl.destroy(world, stream, [nc])
+    return rows
+
+
+def _ceiling_rows(world, nc, stream) -> list[dict]:
+    """The ceilings' rows, measured with NCCL communicator ``nc`` on ``stream``; every graph is local."""
+    import cupy as cp
+    from mpi4py import MPI
 
     rank, peer = world.rank, 1 - world.rank
     mod = cp.RawModule(code=CEILINGS.read_text(), options=("-std=c++17",))
     empty, oneshot, push = (mod.get_function(n) for n in ("empty_kernel", "oneshot_ll_allreduce_f32", "push_copy"))
-    nc = device_nccl.communicator(world, needs="the sweep")
-    stream = cp.cuda.Stream(non_blocking=True)
     rows = []
 
     def timed(name, nbytes, graph, n, ref_graph=None):
@@ -182,7 +203,7 @@ def ceilings(world) -> list[dict]:
             timed(f"SM push {2 * sms} blocks, both ways (vs NCCL reducescatter of 2x)", nbytes, g_sm, 200, g_rs)
         world.Barrier()
         cp.cuda.runtime.ipcCloseMemHandle(pdst)
-    device_nccl.destroy(world, stream, [nc])
+    stream.synchronize()
     return rows
 
 
