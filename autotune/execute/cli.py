@@ -16,7 +16,6 @@ shorter (or longer) stack of the tied layers.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from pathlib import Path
 
@@ -96,7 +95,10 @@ def summarize(folder: str) -> int:
     print(f"{s['model'].get('name', '')} on {s['cluster']['nodes']}x{s['cluster']['gpus_per_node']} {s['device']} "
           f"({s['backend']}, {s['dtype']})")
     print(result.format_table(s["rows"]))
+    print(result.COLUMNS)
     print(result.format_targets(s["targets"]))
+    for f in s["failed"]:
+        print(f"not measured: {f['strategy']}: {f['error']}")
     (Path(folder) / "summary.md").write_text(result.markdown(s, f"python -m autotune execute --summarize {folder}"))
     print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
     return 0
@@ -118,7 +120,8 @@ def main(argv=None) -> int:
         check_model(plan, args)
         prepare(plan, launch.world, args.f_layers)
     from autotune.execute.env import start, stop
-    from autotune.execute.runner import run_plan
+    from autotune.execute.layout import torch
+    from autotune.execute.runner import free_device, out_of_memory_record, run_plan
     lead = launch.rank == 0
 
     def progress(msg):
@@ -129,20 +132,26 @@ def main(argv=None) -> int:
     try:
         for i, plan in enumerate(plans):
             progress(f"plan {i + 1}/{len(plans)}: {plan.get('strategy', '')} on {launch.world} {d.device.type} devices")
-            rec, model = run_plan(plan, d, layers=args.f_layers, steps=args.steps, warmup=args.warmup,
-                                  profile_steps=args.profile_steps, dtype=args.dtype, seed=args.seed, lr=args.lr,
-                                  progress=progress)
-            del model
+            free_device(d)
+            try:
+                rec, model = run_plan(plan, d, layers=args.f_layers, steps=args.steps, warmup=args.warmup,
+                                      profile_steps=args.profile_steps, dtype=args.dtype, seed=args.seed, lr=args.lr,
+                                      progress=progress)
+                model.release()
+                del model
+            except torch.OutOfMemoryError as e:  # this plan does not fit: record it and go on
+                rec = out_of_memory_record(plan, d, str(e))
+                progress(f"out of memory: {rec['detail']}")
             rec["command"] = "python -m autotune execute " + " ".join(argv if argv is not None else sys.argv[1:])
             rec["plan_file"] = str(args.plan)
             if lead:
                 path = result.write_record(Path(args.out), i, rec)
-                print(result.format_table(result.rows([rec])).splitlines()[-1], flush=True)
+                if "error" not in rec:
+                    print(result.format_table(result.rows([rec])).splitlines()[-1], flush=True)
                 progress(f"wrote {path}")
-            gc.collect()  # the gradient hooks hold the trainer: free the plan before measuring the next
+            free_device(d)
             if d.is_gpu:
-                import torch
-                torch.cuda.empty_cache()
+                progress(f"after plan {i + 1}: {torch.cuda.memory_allocated(d.device) / 2**30:.2f} GiB still allocated")
     finally:
         stop(d)
     if lead:

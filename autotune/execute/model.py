@@ -34,6 +34,13 @@ class PlanModel:
             for name, p in self.params[pos].items():
                 yield p, shapes[name][0], shapes[name][1]
 
+    def release(self) -> None:
+        """Free the weights and their gradients (before the next plan runs)."""
+        for local in self.params:
+            for p in local.values():
+                p.grad = None
+        self.params = []
+
     def parameters(self) -> list:
         return [p for p, _, _ in self.weight_fines()]
 

@@ -43,6 +43,8 @@ def _err(pred, meas):
 def rows(records: list[dict]) -> list[dict]:
     out = []
     for r in records:
+        if r.get("error"):
+            continue
         m, p = r["measured"], r["predicted"] if r.get("predicted_comparable", True) else {}
         mem = max(m["peak_memory_bytes"]) if m.get("peak_memory_bytes") else None
         out.append({
@@ -52,6 +54,8 @@ def rows(records: list[dict]) -> list[dict]:
             "pred_memory_bytes": p.get("memory_bytes"), "memory_bytes": mem,
             "memory_err": _err(p.get("memory_bytes"), mem),
             "pred_compute_s": p.get("compute_s"), "pred_exposed_comm_s": p.get("exposed_comm_s"),
+            "exposed_comm_s": m.get("exposed_comm_s"),
+            "exposed_err": _err(p.get("exposed_comm_s"), m.get("exposed_comm_s")),
             "loss_first": m["losses"][0], "loss_last": m["losses"][-1],
         })
     return out
@@ -104,13 +108,20 @@ def _gib(x):
 
 def format_table(table: list[dict]) -> str:
     head = ("plan", "pred step ms", "step ms", "err", "pred comm ms", "comm ms", "err",
-            "pred mem GiB", "mem GiB", "err", "loss first->last")
+            "pred exp ms", "exp ms", "err", "pred mem GiB", "mem GiB", "err", "loss first->last")
     body = [(r["strategy"], _ms(r["pred_step_s"]), _ms(r["step_s"]), _pct(r["step_err"]), _ms(r["pred_comm_s"]),
-             _ms(r["comm_s"]), _pct(r["comm_err"]), _gib(r["pred_memory_bytes"]), _gib(r["memory_bytes"]),
+             _ms(r["comm_s"]), _pct(r["comm_err"]), _ms(r.get("pred_exposed_comm_s")), _ms(r.get("exposed_comm_s")),
+             _pct(r.get("exposed_err")), _gib(r["pred_memory_bytes"]), _gib(r["memory_bytes"]),
              _pct(r["memory_err"]), f"{r['loss_first']:.4f}->{r['loss_last']:.4f}") for r in table]
     w = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(x))
                      for x in [head] + body)
+
+
+COLUMNS = ("comm ms: time inside the NCCL kernels per step (torch profiler), which includes their waiting for the "
+           "peer and their slowdown by the compute they overlap; pred comm: the plan's total communication time. "
+           "exp ms: the part of the NCCL kernel time covered by no compute kernel; pred exp: the plan's exposed "
+           "communication.")
 
 
 def format_targets(t: dict) -> str:
@@ -125,8 +136,12 @@ def format_targets(t: dict) -> str:
 
 def summary(records: list[dict]) -> dict:
     table = rows(records)
-    first = records[0]
-    return {"kind": SUMMARY_KIND, "version": VERSION, "model": first["model"], "cluster": first["cluster"],
+    first = next((r for r in records if not r.get("error")), records[0])
+    failed = [{"strategy": r["strategy"], "error": r["error"]} for r in records if r.get("error")]
+    if not table:
+        raise UserError("every executed plan failed (" + ", ".join(f"{f['strategy']}: {f['error']}" for f in failed)
+                        + "): run plans that fit the devices")
+    return {"failed": failed, "kind": SUMMARY_KIND, "version": VERSION, "model": first["model"], "cluster": first["cluster"],
             "device": first["device"], "backend": first["backend"], "dtype": first["dtype"], "rows": table,
             "targets": targets(table)}
 
@@ -136,6 +151,7 @@ def markdown(s: dict, command: str = "") -> str:
     c = s["cluster"]
     lines = [f"Executed plans: {s['model'].get('name', '')} on {c['nodes']} x {c['gpus_per_node']} {s['device']} "
              f"({s['backend']}, {s['dtype']}){f'; command: `{command}`' if command else ''}", "", "```",
-             format_table(s["rows"]), "```", ""]
+             format_table(s["rows"]), "```", "", COLUMNS, ""]
     lines += [f"- {line}" for line in format_targets(s["targets"]).splitlines()]
+    lines += [f"- not measured: {f['strategy']}: {f['error']}" for f in s.get("failed", [])]
     return "\n".join(lines) + "\n"

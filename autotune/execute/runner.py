@@ -3,6 +3,7 @@ model, train K steps, and return the measured figures beside the plan's
 predictions (a versioned record)."""
 from __future__ import annotations
 
+import gc
 import platform
 
 from calibrate.errors import UserError
@@ -63,7 +64,10 @@ def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_ste
     """(the result record, the trained model)."""
     graph, cluster, model = build(plan, d, layers, dtype, seed)
     trainer = Trainer(model, graph, d, seed, lr)
-    measured = trainer.run(steps, warmup, profile_steps, progress)
+    try:
+        measured = trainer.run(steps, warmup, profile_steps, progress)
+    finally:
+        trainer.close()
     plan_layers = (plan.get("model") or {}).get("layers")
     totals = plan.get("totals", {})
     return {
@@ -78,6 +82,26 @@ def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_ste
         "predicted": {k: totals[k] for k in PREDICTED if k in totals},
         "predicted_comparable": plan_layers is None or graph.config.get("layers", plan_layers) == plan_layers,
     }, model
+
+
+def free_device(d: Dist) -> None:
+    """Everything of the previous plan freed and the peak-memory counter reset, so that each
+    plan's peak is its own."""
+    gc.collect()
+    if d.is_gpu:
+        torch.cuda.synchronize(d.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(d.device)
+
+
+def out_of_memory_record(plan: dict, d: Dist, message: str) -> dict:
+    """The record of a plan that ran out of device memory (the summary lists it apart)."""
+    return {"kind": KIND, "version": VERSION, "strategy": plan.get("strategy", ""), "model": dict(plan.get("model") or {}),
+            "cluster": dict(plan.get("cluster") or {}), "world": d.launch.world, "launcher": d.launch.launcher,
+            "backend": "nccl" if d.is_gpu else "gloo",
+            "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
+            "torch": torch.__version__, "error": "out of memory", "detail": message.splitlines()[0][:300],
+            "predicted": {k: plan.get("totals", {})[k] for k in PREDICTED if k in plan.get("totals", {})}}
 
 
 def gather_weights(model: PlanModel, grads: bool = False) -> list[dict]:

@@ -8,7 +8,9 @@ model); otherwise everything is in the activation type.
 
 Measured per step: wall time (median over the steps after --warmup, the
 slowest device), time inside collectives (torch profiler: the NCCL kernels on
-GPUs, the gloo operations on CPUs), peak memory per device (GPUs) and the loss.
+GPUs, the gloo operations on CPUs; a kernel's time includes its waiting for
+the peer and its slowdown by the compute it overlaps), on GPUs the exposed part
+of it (covered by no compute kernel), peak memory per device (GPUs) and the loss.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from autotune.execute.layout import torch
 from autotune.sbp.sbp import B
 
 dist = torch.distributed
+NCCL = ("ncclDevKernel", "ncclKernel")
 
 
 class Trainer:
@@ -37,9 +40,19 @@ class Trainer:
         self._launching = False
         self._works = []
         groups = {id(p): g for p, g in self.sync}
-        for p in self.params:
-            if id(p) in groups:
-                p.register_post_accumulate_grad_hook(self._hook(groups[id(p)]))
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook(groups[id(p)]))
+                         for p in self.params if id(p) in groups]
+
+    def close(self) -> None:
+        """Drop the hooks (a parameter -> hook -> trainer cycle that the garbage collector
+        does not free: it kept every plan's weights and Adam state on the GPU), the optimizer
+        and the fp32 masters; the model keeps its weights and last gradients."""
+        for h in self._handles:
+            h.remove()
+        self._handles, self._works, self.sync = [], [], []
+        self.opt.state.clear()
+        self.opt = self.masters = None
+        self.params = []
 
     def _hook(self, group):
         def fire(p):
@@ -96,8 +109,10 @@ class Trainer:
         timed = times[warmup:] or times
         step_s = _slowest(statistics.median(timed), self.d)
         peak = self._peak_memory()
-        comm_s, comm_how = self._profile(steps, profile_steps, losses) if profile_steps else (None, "not profiled")
+        comm_s, comm_how, exposed = (self._profile(steps, profile_steps, losses) if profile_steps
+                                     else (None, "not profiled", None))
         return {"losses": losses, "step_times_s": times, "step_s": step_s, "comm_s": comm_s, "comm_source": comm_how,
+                "exposed_comm_s": exposed,
                 "peak_memory_bytes": peak}
 
     def _peak_memory(self) -> list | None:
@@ -108,7 +123,7 @@ class Trainer:
         dist.all_gather(out, mine)
         return [int(x.item()) for x in out]
 
-    def _profile(self, first_step: int, n: int, losses: list) -> tuple[float | None, str]:
+    def _profile(self, first_step: int, n: int, losses: list) -> tuple[float | None, str, float | None]:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.d.is_gpu else [])
@@ -118,12 +133,44 @@ class Trainer:
             self._sync_device()
         total = 0.0
         for e in prof.key_averages():
-            if self.d.is_gpu and e.key.startswith(("ncclDevKernel", "ncclKernel")):
+            if self.d.is_gpu and e.key.startswith(NCCL):
                 total += e.self_device_time_total
             elif not self.d.is_gpu and e.key.startswith("gloo:"):
                 total += e.cpu_time_total
-        how = "torch profiler: NCCL kernel time" if self.d.is_gpu else "torch profiler: gloo operations (CPU time)"
-        return _slowest(total / 1e6 / n, self.d), how
+        how = ("torch profiler: time inside NCCL kernels (includes their waiting for the peer and their slowdown "
+               "by concurrent compute)" if self.d.is_gpu else "torch profiler: gloo operations (CPU time)")
+        exposed = _slowest(exposed_time(*kernel_intervals(prof)) / 1e6 / n, self.d) if self.d.is_gpu else None
+        return _slowest(total / 1e6 / n, self.d), how, exposed
+
+
+def kernel_intervals(prof) -> tuple[list, list]:
+    """(NCCL kernel intervals, other kernel intervals) on this process's GPU, in microseconds."""
+    from torch.autograd import DeviceType
+
+    comm, other = [], []
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            (comm if e.name.startswith(NCCL) else other).append((e.time_range.start, e.time_range.end))
+    return comm, other
+
+
+def _union(intervals) -> list:
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def exposed_time(comm, compute) -> float:
+    """Length of the time covered by a ``comm`` interval and by no ``compute`` interval."""
+    total, busy = 0.0, _union(compute)
+    for a, b in _union(comm):
+        covered = sum(max(0.0, min(b, y) - max(a, x)) for x, y in busy if x < b and y > a)
+        total += (b - a) - covered
+    return total
 
 
 def _slowest(x: float, d) -> float:
