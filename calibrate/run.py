@@ -104,7 +104,9 @@ def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> Non
     except UserError as e:
         problem = str(e)
     _agree(world, problem)
-    warning = run_limits.oversubscription_warning(sharing, run_limits.cores(), here)
+    affinities = world.allgather((here, run_limits.cores()))
+    ncores = run_limits.host_cores(a for h, a in affinities if h == here)
+    warning = run_limits.oversubscription_warning(sharing, ncores, here)
     warnings = [w for w in world.allgather(warning) if w]
     if warnings:
         say(warnings[0], file=sys.stderr)

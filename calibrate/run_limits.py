@@ -61,11 +61,19 @@ def check_memory(need_per_rank: int, ranks_sharing: int, available: int | None, 
                         f"{available / 2**30:.3g} GiB available: {fix}")
 
 
-def cores() -> int:
+def cores() -> set[int]:
+    """The cores this process may run on (its affinity; every core where the OS has none)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def host_cores(affinities) -> int:
+    """Cores the ranks of one host may use together: the union of their affinities. A launcher
+    that binds each rank to its own core (Open MPI's mpirun does) gives one core per rank, which
+    is no oversubscription; ranks left unbound each see every core, which counts once."""
+    return len(set().union(*affinities))
 
 
 def oversubscription_warning(ranks_on_host: int, ncores: int, host: str) -> str | None:

@@ -7,7 +7,7 @@ from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.fit import fit_quality_problem
 from calibrate.outputs import check_output_path
-from calibrate.run_limits import buffer_bytes, check_memory, oversubscription_warning
+from calibrate.run_limits import buffer_bytes, check_memory, host_cores, oversubscription_warning
 from kernels.gc3.algorithms import ALGORITHMS, MAX_OPS, OP_COUNTS, build, check_size
 
 
@@ -58,6 +58,12 @@ def test_buffers_and_memory():
                                         r"but host h has 3 GiB available: lower"):
         check_memory(1 << 30, 4, 3 << 30, "host h", "lower --max-bytes")
     assert oversubscription_warning(2, 2, "h") is None
+    # mpirun binding each of 2 ranks to its own core: 2 cores for 2 ranks, no warning (seen wrongly on
+    # the 32-core H200 machine, 2026-11-23); unbound ranks each seeing both cores count them once
+    assert host_cores([{0}, {1}]) == 2
+    assert host_cores([{0, 1}, {0, 1}, {0, 1}, {0, 1}]) == 2
+    assert oversubscription_warning(2, host_cores([{0}, {1}]), "h") is None
+    assert "4 ranks share the 2 core(s)" in oversubscription_warning(4, host_cores([{0, 1}] * 4), "h")
     assert "4 ranks share the 2 core(s) of h" in oversubscription_warning(4, 2, "h")
 
 
