@@ -147,6 +147,10 @@ def main(argv=None, report=None) -> int:
           f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
           f"memory limit {args.memory_limit:g} GiB per device", flush=True)
     objective = args.objective
+    if objective is None and args.search in ("exhaustive", "dp"):
+        objective = "comm"
+        print(f"note: --search {args.search} sums per-layer costs, which only the communication objective does: "
+              f"minimising communication (--objective comm)")
     if objective is None:
         objective = "step" if profile.compute is not None else "comm"
         if profile.compute is None:

@@ -46,6 +46,11 @@ HOW = {
 }
 ELSEWHERE = {
     "mpirun -np 8 python -m calibrate run --backend nccl --mode graph -b 1K -e 1G --check --out results/node": GPU,
+    "mpirun -np 8 python -m calibrate run --backend nccl --mode graph -b 1408 -e 1G --check --refine "
+    "--out results/steps": GPU,
+    "mpirun -np 8 python -m calibrate validate --profile node.json --random 32 --seed 1 --out results/random": GPU,
+    "python -m autotune reproduce autoddl": "every AutoDDL case: minutes of search; "
+                                            "tests/autotune/test_sbp_reproduce.py runs one case end to end",
     "python -m calibrate compute --out h200.json": GPU,
     "python -m calibrate compute --profile h200-nvlink --out my.json --dtypes bf16": GPU,
     "mpirun -np 2 python -m autotune validate --backend nccl --gpus-per-node 2": GPU,
