@@ -69,6 +69,14 @@ class _Slot:
         self.reads: list[_Access] = []
 
 
+def _slot(meta: dict, i: int) -> "_Slot":
+    """The access record of element ``i``, made on its first access."""
+    sl = meta.get(i)
+    if sl is None:
+        sl = meta[i] = _Slot()
+    return sl
+
+
 class _Run:
     def __init__(self, program: Program, inputs: list[np.ndarray], fifo_slots: int, check_races: bool):
         self.p = program
@@ -138,9 +146,7 @@ class _Run:
         if self.check_races:
             meta = self.slots[r][b]
             for k in range(cnt):
-                sl = meta.get(o + k)
-                if sl is None:
-                    sl = meta[o + k] = _Slot()
+                sl = _slot(meta, o + k)
                 if sl.write is not None and not self._ordered(pid, sl.write):
                     raise ExecutionError("race", f"{self._name(loc)} reads {buf.value}[{off + k}] unordered with the "
                                          f"write by {self._name(sl.write.where)}")
@@ -154,9 +160,7 @@ class _Run:
         if self.check_races:
             meta = self.slots[r][b]
             for k in range(cnt):
-                sl = meta.get(o + k)
-                if sl is None:
-                    sl = meta[o + k] = _Slot()
+                sl = _slot(meta, o + k)
                 for acc in ([sl.write] if sl.write else []) + sl.reads:
                     if not self._ordered(pid, acc):
                         raise ExecutionError("race", f"{self._name(loc)} writes {buf.value}[{off + k}] on gpu {r} "
