@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--margin", type=float, default=0.02,
                    help="a setting replaces the default's own algorithm and protocol (with NCCL's channel count) "
                         "only when faster by more than this fraction (default 0.02)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="interleaved rounds of default and tuned in the final comparison (default 3)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="interleaved rounds of default and tuned in the final comparison (default 5)")
     p.add_argument("--no-check", action="store_true", help="do not check results on random data")
     p.add_argument("--plugin", default=None, help="the plugin library (default: where python -m kernels build-tuner "
                                                   "puts it)")
@@ -147,7 +147,7 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
     from calibrate.groups import topology
 
     from autotune.nccl.choose import choose
-    from autotune.nccl.measure import Options, Session, compare, sweep
+    from autotune.nccl.measure import GRAPH_US, Options, Session, compare, sweep
 
     t_start = time.perf_counter()
     lead = world.Get_rank() == 0
@@ -216,7 +216,8 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
             say(f"# wrote {table_path} ({len(table_rows)} rows) and {env_path}")
         save()
         say("# NCCL default against NCCL tuned (plugin and table), new communicators, CUDA graphs, median of "
-            f"{args.rounds} interleaved rounds x {args.reps} replays of {args.iters} calls, maximum over ranks; "
+            f"{args.rounds} interleaved rounds x {args.reps} replays of a graph of at least {args.iters} calls and "
+            f"{GRAPH_US / 1000:g} ms, maximum over ranks; "
             "ratio = default / tuned")
         if lead:
             print(f"#{'collective':>13} {'size':>10} {'default us':>11} {'tuned us':>10} {'ratio':>6}  "

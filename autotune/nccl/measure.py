@@ -118,11 +118,12 @@ class Session:
         return self.world.bcast(runs, root=0)
 
     def measure(self, be: NcclBackend, collective: str, nbytes: int, setting: str, reps: int | None = None,
-                check: bool = True) -> Sample:
+                check: bool = True, iters: int | None = None) -> Sample:
+        """One point: ``reps`` replays of a CUDA graph of ``iters`` calls (the options' by default)."""
         coll = Collective.parse(collective)
         o = self.options
         nbytes, _ = align(coll, nbytes, self.ranks, o.dtype)
-        samples = be.measure(coll, nbytes, o.dtype, o.iters, o.warmup, TimingMode.GRAPH, reps or o.reps)
+        samples = be.measure(coll, nbytes, o.dtype, iters or o.iters, o.warmup, TimingMode.GRAPH, reps or o.reps)
         wrong = be.check(coll, nbytes, o.dtype, seed=nbytes) if o.check and check else -1
         us = [float(x) * 1e6 for x in samples]
         return Sample(collective, nbytes, setting, median(us), us, int(wrong), self.noted(collective, nbytes))
@@ -220,28 +221,45 @@ def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on
     return seconds
 
 
+GRAPH_US = 1000.0      # a compared point's CUDA graph lasts at least this long (more calls at small sizes)
+MAX_ITERS = 1000
+
+
+def graph_iters(call_us: float, least: int) -> int:
+    """Calls per CUDA graph so that one replay lasts at least ``GRAPH_US``: a 5 us call replayed 20 times
+    is a 100 us graph, whose replays spread by several percent (the launch of the graph and the events
+    weigh on it); 200 calls bring the spread of the median below the 2% the comparison must resolve."""
+    if call_us <= 0:
+        return least
+    return max(least, min(MAX_ITERS, -(-int(GRAPH_US) // max(1, int(call_us)))))
+
+
 def compare(session: Session, rows: list[Row], collectives: list[str], sizes: list[int], on_row,
             rounds: int = 3) -> float:
     """NCCL default against NCCL with the plugin and ``rows``, on two new communicators, size by
-    size: ``rounds`` rounds of replays of each, alternating which goes first, both checked on
-    random data; the medians over all rounds. Returns the seconds it took."""
+    size: a first (checked, untimed) point of each sets the calls per graph (``graph_iters``), then
+    ``rounds`` rounds of replays of each, alternating which goes first; the medians over all rounds.
+    Returns the seconds it took."""
     t0 = time.perf_counter()
     default = session.backend(None, None)
     tuned = session.backend(rows, session.min_ctas)
     try:
         for coll in collectives:
             for n in sizes:
+                first = {name: session.measure(be, coll, n, name) for be, name in ((default, "default"),
+                                                                                      (tuned, "tuned"))}
+                iters = graph_iters(min(s.median_us for s in first.values()), session.options.iters)
                 got: dict[str, list[Sample]] = {"default": [], "tuned": []}
                 for k in range(rounds):
                     pair = [(default, "default"), (tuned, "tuned")]
                     for be, name in (pair if k % 2 == 0 else pair[::-1]):
-                        got[name].append(session.measure(be, coll, n, name, check=k == 0))
+                        got[name].append(session.measure(be, coll, n, name, check=False, iters=iters))
                 d, t = got["default"], got["tuned"]
                 row = next((r for r in rows if r.covers(coll, d[0].bytes)), None)
                 setting = "default" if row is None else Setting(row.algorithm, row.protocol, row.channels).label
                 on_row(Compare(coll, d[0].bytes, setting, median([x for s in d for x in s.samples_us]),
-                               median([x for s in t for x in s.samples_us]), d[0].wrong, t[0].wrong,
-                               d[0].runs, t[0].runs))
+                               median([x for s in t for x in s.samples_us]), first["default"].wrong,
+                               first["tuned"].wrong, first["default"].runs, first["tuned"].runs))
     finally:
         default.close()
         tuned.close()

@@ -12,7 +12,7 @@ import pytest
 from autotune.nccl import record as rec
 from autotune.nccl.choose import choose
 from autotune.nccl.cli import main
-from autotune.nccl.measure import Options, check_environment, compare, falling_behind, sweep
+from autotune.nccl.measure import Options, check_environment, compare, falling_behind, graph_iters, sweep
 from autotune.nccl.settings import DEFAULT, Setting, candidates, parse_channels, setting_table
 from calibrate.errors import UserError
 from kernels.nccl_tuner.table import ENV_TABLE, SIZE_MAX, Row, read_table, write_table
@@ -71,12 +71,12 @@ class FakeSession:
     def decided(self):
         return self.calls_decided
 
-    def measure(self, be, coll, n, label, reps=None, check=True):
+    def measure(self, be, coll, n, label, reps=None, check=True, iters=None):
         assert not be.closed
         # the plugin decides the calls of every setting but ring/ll128/auto (as if NCCL had ruled it out)
         self.calls_decided += bool(be.rows) and label != "ring/ll128/auto"
         t = self.times[(label, coll, n)] if (label, coll, n) in self.times else self.times[(label, n)]
-        self.measured.append((label, coll, n))
+        self.measured.append((label, coll, n, iters))
         runs = self.default_runs.get(n, "ring/ll") if label in ("default", "ring/ll/auto") else \
             "/".join(label.split("/")[:2])
         return rec.Sample(coll, n, label, t, [t], 0 if check else -1, runs)
@@ -221,9 +221,19 @@ def test_compare_alternates_and_labels_each_size():
     compare(session, rows, ["allreduce"], SIZES, got.append, rounds=3)
     assert [c.setting for c in got] == ["ring/ll/auto", "ring/ll/auto", "default", "default"]
     assert all(c.ratio == 1.25 and c.default_wrong == c.tuned_wrong == 0 for c in got)
-    assert [m[0] for m in session.measured] == ["default", "tuned", "tuned", "default", "default", "tuned"] * 4
+    # per size: a checked first point of each, then the rounds alternating which goes first, on graphs of
+    # graph_iters(8 us) = 125 calls (from the faster side's first point: a replay of at least 1 ms)
+    per_size = ["default", "tuned"] + ["default", "tuned", "tuned", "default", "default", "tuned"]
+    assert [m[0] for m in session.measured] == per_size * 4
+    assert [m[3] for m in session.measured] == ([None, None] + [125] * 6) * 4
     assert session.made[0].rows is None and session.made[1].rows == rows and session.made[1].min_ctas == 64
     assert all(b.closed for b in session.made)
+
+
+def test_graph_iters_make_a_replay_last_a_millisecond():
+    assert graph_iters(5.0, 20) == 200 and graph_iters(8.0, 20) == 125
+    assert graph_iters(3000.0, 20) == 20            # large sizes keep the options' calls per graph
+    assert graph_iters(0.1, 20) == 1000             # capped
 
 
 def test_summary_against_closed_forms(tmp_path):
