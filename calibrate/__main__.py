@@ -13,11 +13,11 @@ import sys
 from calibrate.cli import dispatch
 
 SUBCOMMANDS = {
-    "run": "calibrate.run:main",  # handles its own errors on every rank
-    "fit": "calibrate.fit_cli:main",
-    "validate": "calibrate.validate:main",
-    "profiles": "calibrate.profiles_cli:main",
-    "compute": "calibrate.compute_run:main",
+    "run": "calibrate.cli.run:main",  # handles its own errors on every rank
+    "fit": "calibrate.cli.fit:main",
+    "validate": "calibrate.cli.validate:main",
+    "profiles": "calibrate.cli.profiles:main",
+    "compute": "calibrate.cli.compute:main",
 }
 
 

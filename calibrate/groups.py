@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 GROUP_KINDS = ("world", "intra", "inter")
 
@@ -37,7 +37,7 @@ def parse_group_kinds(text: str) -> list[str]:
         if k not in GROUP_KINDS:
             raise UserError(f"unknown group {k!r}: choose from {', '.join(GROUP_KINDS)}")
     if not kinds:
-        raise UserError("--groups is empty: give world, intra and/or inter")
+        raise OptionError("groups", "is empty: give world, intra and/or inter")
     return kinds
 
 

@@ -148,7 +148,7 @@ class Profile:
         if not by_p:
             raise UserError(
                 f"profile {self.name!r} has no {coll.value} on the {tier} tier; "
-                f"calibrate it with --collectives {coll.value}"
+                f"calibrate it (python -m calibrate run --collectives {coll.value})"
             )
         p = group.ranks
         key = str(p) if str(p) in by_p else min(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from calibrate.records import check_header
 
 KIND = "calibration"
@@ -59,20 +59,19 @@ class ResultsDir:
             probe.write_text("")
             probe.unlink()
         except OSError as e:
-            raise UserError(f"cannot write to the results directory {str(self.path)!r} ({e.strerror}): "
-                            f"choose another with --out") from None
+            raise OptionError("out", f"{str(self.path)!r}: cannot write the results directory there "
+                                     f"({e.strerror}): choose another") from None
         if self.meta_path.exists():
             old = self.read_meta()
             if not resume:
-                raise UserError(f"{str(self.path)!r} already holds a calibration: add --resume to continue it, "
-                                f"or choose a new --out")
+                raise OptionError("out", f"{str(self.path)!r} already holds a calibration: add {{resume}} to continue "
+                                         f"it, or choose a new one")
             diff = [k for k in RESUME_KEYS if old.get("config", {}).get(k) != meta["config"].get(k)]
             if diff:
                 k = diff[0]
-                raise UserError(
-                    f"--resume: {str(self.path)!r} was measured with {k}={old['config'].get(k)!r}, "
-                    f"this run has {k}={meta['config'].get(k)!r}: use the same settings or a new --out"
-                )
+                raise OptionError(
+                    "resume", f"{str(self.path)!r} was measured with {k}={old['config'].get(k)!r}, this run has "
+                              f"{k}={meta['config'].get(k)!r}: use the same settings or a new {{out}}")
             meta["resumed_from"] = old.get("command")
         self.write_meta(meta)
         for name, fields in (("samples.csv", SAMPLE_FIELDS), ("stats.csv", STAT_FIELDS), ("points.csv", POINT_FIELDS)):

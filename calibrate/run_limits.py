@@ -7,7 +7,7 @@ import os
 from calibrate.backends.base import buffer_lengths
 from calibrate.collectives import Collective
 from calibrate.device.dtypes import dtype_size
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 # buffers of one size: send and receive, and as much again for --check's inputs and references
 CHECK_FACTOR = 2
@@ -15,11 +15,11 @@ CHECK_FACTOR = 2
 
 def check_counts(iters: int, warmup: int, reps: int) -> None:
     if iters < 1:
-        raise UserError(f"--iters (-n) must be >= 1, got {iters}")
+        raise OptionError("iters", f"must be >= 1, got {iters}")
     if warmup < 0:
-        raise UserError(f"--warmup (-w) must be >= 0, got {warmup}")
+        raise OptionError("warmup", f"must be >= 0, got {warmup}")
     if reps < 1:
-        raise UserError(f"--reps must be >= 1, got {reps}")
+        raise OptionError("reps", f"must be >= 1, got {reps}")
 
 
 def check_world(size: int) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from calibrate.collectives import Collective, rank_divides
 from calibrate.device.dtypes import dtype_size
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -48,13 +48,12 @@ def sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     """The geometric sweep min, min*factor, ... up to max (inclusive), each size
     rounded to 4 significant bits (``snap``) except the two ends."""
     if min_bytes <= 0 or max_bytes <= 0:
-        raise UserError("sizes must be positive: give --min-bytes and --max-bytes above zero")
+        raise OptionError("min_bytes", "and {max_bytes}: sizes must be positive; give both above zero")
     if min_bytes > max_bytes:
-        raise UserError(
-            f"--min-bytes ({format_size(min_bytes)}) is larger than --max-bytes ({format_size(max_bytes)}): swap them"
-        )
+        raise OptionError("min_bytes", f"({format_size(min_bytes)}) is larger than {{max_bytes}} "
+                                       f"({format_size(max_bytes)}): swap them")
     if factor <= 1:
-        raise UserError(f"--factor must be above 1, got {factor}")
+        raise OptionError("factor", f"must be above 1, got {factor}")
     sizes, n = [], float(min_bytes)
     while n <= max_bytes * (1 + 1e-9):
         sizes.append(min(max(snap(n), min_bytes), max_bytes))
@@ -88,5 +87,5 @@ def rounded_note(coll: Collective, requested: int, actual: int, p: int) -> str |
 
 def np_dtype(dtype: str):
     if dtype == "bfloat16":
-        raise UserError("bfloat16 has no host (numpy) type: use --dtype float16 or float32 with the mpi backend")
+        raise OptionError("dtype", "bfloat16 has no host (numpy) type: use float16 or float32 with the mpi backend")
     return np.dtype(dtype)

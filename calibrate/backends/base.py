@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from calibrate.collectives import Collective
-from calibrate.errors import UserError
+from calibrate.errors import OptionError
 from calibrate.registry import NamedEnum
 from calibrate.device.dtypes import tolerance
 from calibrate.sizes import align
@@ -95,7 +95,7 @@ class Backend(ABC):
                 out.append(time.perf_counter() - t0)
             return out
         if mode is TimingMode.GRAPH:
-            raise UserError(f"the {self.name} backend has no graph timing; use --mode host or isolated")
+            raise OptionError("mode", f"graph: the {self.name} backend has no graph timing; use host or isolated")
         self.synchronize()
         self.comm.Barrier()
         t0 = time.perf_counter()
@@ -138,9 +138,9 @@ class Backend(ABC):
         coll = Collective.parse(coll) if isinstance(coll, str) else coll
         mode = TimingMode.parse(mode) if isinstance(mode, str) else mode
         if mode is TimingMode.GRAPH and not self.supports_graph:
-            raise UserError(f"graph timing needs GPUs: use --backend nccl, or --mode host or isolated with {self.name}")
+            raise OptionError("mode", f"graph needs GPUs: use {{backend}} nccl, or host or isolated with {self.name}")
         if iters < 1 or warmup < 0 or reps < 1:
-            raise UserError("--iters and --reps must be at least 1 and --warmup at least 0")
+            raise OptionError("iters", "and {reps} must be at least 1 and {warmup} at least 0")
         nbytes, _ = self.aligned(coll, nbytes, dtype)
         send, recv = self.buffers(coll, nbytes, dtype)
         with self.context():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 UNDEF_INT = -(1 << 31)        # NCCL_CONFIG_UNDEF_INT
 CONFIG_MAGIC = 0xCAFEBEEF
@@ -37,7 +37,7 @@ class Config(ctypes.Structure):
 
 def make_config(min_ctas: int) -> Config:
     if not 1 <= min_ctas <= MAX_CHANNELS:
-        raise UserError(f"--min-ctas {min_ctas}: NCCL takes 1..{MAX_CHANNELS}")
+        raise OptionError("min_ctas", f"{min_ctas}: NCCL takes 1..{MAX_CHANNELS}")
     return Config(ctypes.sizeof(Config), CONFIG_MAGIC, CONFIG_VERSION, UNDEF_INT, UNDEF_INT, min_ctas,
                   MAX_CHANNELS, None, UNDEF_INT)
 

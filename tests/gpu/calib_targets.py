@@ -18,7 +18,7 @@ import pandas as pd
 
 from calibrate.profile import Profile
 from calibrate.results import ResultsDir, load_results
-from calibrate.validate import compare, summarize
+from calibrate.validation import compare, summarize
 
 TARGETS = {"graph": (2.0, 5.0), "host": (3.0, 10.0)}
 OVERHEAD = 30.0

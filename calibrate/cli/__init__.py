@@ -1,7 +1,7 @@
 """The command layer's shared plumbing: one dispatcher for every ``python -m
 <package>``, one argument-parser shape, and user errors as one line on stderr.
 
-    SUBCOMMANDS = {"fit": "calibrate.fit_cli:main", ...}
+    SUBCOMMANDS = {"fit": "calibrate.cli.fit:main", ...}
     sys.exit(dispatch("calibrate", __doc__, SUBCOMMANDS))
 
 A new subcommand is one entry in its package's ``SUBCOMMANDS`` table.
@@ -20,13 +20,23 @@ from calibrate.registry import load
 HELP = ("-h", "--help")
 
 
+def flag(name: str) -> str:
+    """A library parameter's command-line option: ``min_bytes`` -> ``--min-bytes``."""
+    return "--" + name.replace("_", "-")
+
+
+def message(e: UserError) -> str:
+    """A user error as the command line shows it: parameters spelled as options."""
+    return e.render(flag)
+
+
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
             prog: str = "") -> int:
     """Call ``main(argv)``; print a ``UserError`` as one line and return 2; Ctrl-C returns 130."""
     try:
         return int(main(argv) or 0)
     except UserError as e:
-        print(f"{prog + ': ' if prog else ''}error: {e}", file=sys.stderr)
+        print(f"{prog + ': ' if prog else ''}error: {message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog + ': ' if prog else ''}interrupted", file=sys.stderr)
@@ -92,7 +102,7 @@ def run_on_ranks(comm, work: Callable[[], object], prog: str, collective: bool =
         try:
             result = work()
         except UserError as e:
-            error = str(e)
+            error = message(e)
     if collective:
         error = next((e for e in comm.allgather(error) if e), None)
     else:
@@ -133,7 +143,7 @@ def run_mpi_command(work: Callable[[], int], world, prog: str, interrupted: str)
         return int(work() or 0)
     except UserError as e:
         if world.Get_rank() == 0:
-            print(f"{prog}: error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; {interrupted}", file=sys.stderr)

@@ -12,7 +12,6 @@ results directory of their own, and then judges the profile on them.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 
 import numpy as np
@@ -21,9 +20,10 @@ import pandas as pd
 from calibrate.cli import add_timing_args, command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
-from calibrate.profile import DEFAULT_PROFILE, Group, Profile
+from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.results import load_results
-from calibrate.sizes import parse_size, snap
+from calibrate.sizes import parse_size
+from calibrate.validation import compare, random_sizes, summarize
 
 
 def build_parser():
@@ -40,51 +40,6 @@ def build_parser():
                                                   "Default 256")
     add_timing_args(p, mode_default=None, min_default=None)
     return p
-
-
-def random_sizes(colls: list[Collective], lo: int, hi: int, count: int, seed: int, unit: int) -> dict[str, list[int]]:
-    """``count`` distinct sizes per collective, log-uniform in [lo, hi], multiples of ``unit`` and off the
-    sweeps' grid; one random stream per collective."""
-    if count < 1:
-        raise UserError(f"--random must be at least 1, got {count}")
-    if unit < 1:
-        raise UserError(f"--align must be at least 1 byte, got {unit}")
-    if not 0 < lo < hi:
-        raise UserError(f"random sizes need 0 < --min-bytes < --max-bytes (got {lo} and {hi})")
-    first, last = math.ceil(lo / unit) * unit, hi // unit * unit
-    if first > last:
-        raise UserError(f"no multiple of {unit} B lies between {lo} and {hi} B: lower --align or widen the range")
-    out = {}
-    for i, c in enumerate(colls):
-        rng = np.random.default_rng([seed, i])
-        picked: dict[int, None] = {}
-        for _ in range(1000 * count):
-            x = math.exp(rng.uniform(math.log(first), math.log(last)))
-            n = int(min(max(round(x / unit) * unit, first), last))
-            if snap(n) != n:  # off the sweeps' grid (4 significant bits: 2^k, 1.375 * 2^k, ...)
-                picked[n] = None
-            if len(picked) == count:
-                break
-        else:
-            raise UserError(f"too few sizes off the sweep grid are multiples of {unit} B between {lo} and {hi} B: "
-                            f"lower --random or --align, or widen the range")
-        out[c.value] = list(picked)  # in the order drawn: a run cut short keeps an unbiased sample
-    return out
-
-
-def compare(profile: Profile, stats: pd.DataFrame, min_bytes: int = 0) -> pd.DataFrame:
-    rows = []
-    for _, r in stats[stats["bytes"] >= min_bytes].iterrows():
-        pred = profile.time(r["collective"], float(r["bytes"]), Group(int(r["ranks"]), int(r["nodes"])))
-        rows.append({"tier": r["tier"], "collective": r["collective"], "p": int(r["ranks"]),
-                     "bytes": int(r["bytes"]), "measured_us": r["median_s"] * 1e6,
-                     "predicted_us": pred * 1e6, "error_%": (pred - r["median_s"]) / r["median_s"] * 100})
-    return pd.DataFrame(rows)
-
-
-def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    g = table.assign(abs_err=table["error_%"].abs()).groupby(["tier", "collective", "p"])
-    return g["abs_err"].agg(points="count", median_abs_err_pct="median", max_abs_err_pct="max").reset_index()
 
 
 def report(profile: Profile, stats: pd.DataFrame, min_bytes: int, summary_only: bool) -> int:
@@ -105,7 +60,7 @@ def measure_random(args) -> int:
     from mpi4py import MPI
 
     from calibrate.cli import run_mpi_command
-    from calibrate.run import INTERRUPTED, run
+    from calibrate.cli.run import INTERRUPTED, run
 
     world = MPI.COMM_WORLD
 

@@ -17,14 +17,14 @@ from calibrate.backends import REGISTRY as BACKENDS
 from calibrate import run_limits
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
-from calibrate.cli import add_timing_args, command_parser, run_mpi_command
+from calibrate.cli import add_timing_args, command_parser, message, run_mpi_command
 from calibrate.collectives import Collective, busbw_factor
 from calibrate.device.dtypes import dtype_size
 from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
 from calibrate.records import header
 from calibrate.refine import FLOOR
-from calibrate.refine_run import refine_curve
+from calibrate.cli.refine import refine_curve
 from calibrate.results import KIND, VERSION, ResultsDir
 from calibrate.sizes import align, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
@@ -102,7 +102,7 @@ def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> Non
             run_limits.check_memory(need, sharing, run_limits.host_available_bytes(), f"host {here}",
                                     "lower --max-bytes (-e) or run fewer ranks per host")
     except UserError as e:
-        problem = str(e)
+        problem = message(e)
     _agree(world, problem)
     affinities = world.allgather((here, run_limits.cores()))
     ncores = run_limits.host_cores(a for h, a in affinities if h == here)
@@ -170,7 +170,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
             rd.prepare(meta, args.resume)
             stored = rd.measured()
         except UserError as e:
-            problem = str(e)
+            problem = message(e)
     _agree(world, problem)
     stored = world.bcast(stored, root=0)  # every rank replays the same refinement decisions
     if stored:

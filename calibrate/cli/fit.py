@@ -17,7 +17,7 @@ from calibrate.fit import fit_piecewise, fit_quality_problem, holdout, implied_b
 from calibrate.outputs import check_output_path
 from calibrate.profile import CollectiveModel, Profile
 from calibrate.results import load_results
-from calibrate.validate import compare, summarize
+from calibrate.validation import compare, summarize
 
 # AutoDDL-style accuracy targets for graph-timed data (issue 3)
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.15
