@@ -8,7 +8,7 @@ For each size band: enumerate the candidates of the search space (algorithm of
 the GC3 library x channels x instances x protocol x CUDA blocks per thread block),
 rank them with the interpreter cost model (kernels/interp/model.py: the
 profile's link, fitted per-protocol and per-CUDA-block costs), and, when run under
-mpirun with one process per GPU, measure the best few (--budget) and the
+mpirun with one process per GPU, measure the best few (--candidates) and the
 fixed-configuration contenders with the interpreter beside NCCL; choose per band.
 Without GPUs it runs on the model alone and says that nothing was measured.
 
@@ -58,10 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"fitted profile name or JSON file (default {profiles.DEFAULT_PROFILE})")
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"band sizes, min:max:factor or a list (default {DEFAULT_SIZES})")
-    p.add_argument("--budget", type=int, default=4,
+    p.add_argument("--candidates", type=int, default=4,
                    help="candidates measured per band, best by the model first (default 4), with at least "
-                        "the best budget/2 of each protocol; the fixed-configuration contenders are measured in "
+                        "the best candidates/2 of each protocol; the fixed-configuration contenders are measured in "
                         "every band on top")
+    p.add_argument("--budget", type=int, default=None, help=argparse.SUPPRESS)  # renamed: --candidates
     p.add_argument("--space", default=DEFAULT_SPACE, help="search space name or JSON file (default spaces)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"interpreter preset whose transport is used (default {DEFAULT_PRESET})")
@@ -99,8 +100,11 @@ def _check(args) -> tuple[list[str], int]:
     if gpn * args.nodes != args.gpus:
         raise UserError(f"--gpus-per-node {gpn} x --nodes {args.nodes} != --gpus {args.gpus}; make them agree")
     check_size("ring_allreduce", args.gpus, nodes=args.nodes)  # every candidate is a GC3 program this big
-    if args.budget < 1:
-        raise UserError(f"--budget {args.budget}: measure at least 1 candidate per band")
+    if args.budget is not None:
+        raise UserError(f"--budget of autotune schedule is now --candidates (candidates measured per band; "
+                        f"--budget means time in the other commands): use --candidates {args.budget}")
+    if args.candidates < 1:
+        raise UserError(f"--candidates {args.candidates}: measure at least 1 candidate per band")
     if args.reps < 1:
         raise UserError(f"--reps {args.reps}: time at least 1 replay")
     return colls, gpn
@@ -179,7 +183,7 @@ def main(argv=None) -> int:
                       correction)
         bands = rank_bands(model, built, bands_spec, say)
         by_key = {b.candidate.key: b for b in built}
-        select(bands, args.budget, {k: b.candidate.protocol for k, b in by_key.items()})
+        select(bands, args.candidates, {k: b.candidate.protocol for k, b in by_key.items()})
         res = CollectiveResult(coll, {k: b.candidate for k, b in by_key.items()}, bands, notes=notes)
         t_model += time.perf_counter() - t0
         if measuring:

@@ -1,8 +1,8 @@
 """Rank every candidate in every band with the model, and pick what to measure.
 
-Measured in a band, one row per distinct launch (``launch_signature``): the ``budget``
+Measured in a band, one row per distinct launch (``launch_signature``): the ``candidates``
 candidates the model ranks best there, the
-best ``budget // 2`` (at least 1) of each protocol (the model is weakest at
+best ``candidates // 2`` (at least 1) of each protocol (the model is weakest at
 ranking across protocols, whose fixed costs differ most, so measurement must
 see each), plus the fixed-configuration contenders, measured in every band so that the best
 single fixed configuration can be compared with the tuned table: the model's
@@ -51,10 +51,10 @@ def fixed_contenders(bands: list[BandResult], n: int = FIXED_CONTENDERS) -> list
     return list(dict.fromkeys(winners + overall[:n]))
 
 
-def select(bands: list[BandResult], budget: int, protocol: dict[str, str]) -> None:
+def select(bands: list[BandResult], candidates: int, protocol: dict[str, str]) -> None:
     """Mark the rows to measure (``Row.selected``); ``protocol``: candidate key -> protocol."""
     contenders = set(fixed_contenders(bands))
-    per_protocol = max(1, budget // 2)
+    per_protocol = max(1, candidates // 2)
     for b in bands:
         seen: dict[str, int] = {}
         launches: set[tuple] = set()
@@ -66,7 +66,7 @@ def select(bands: list[BandResult], budget: int, protocol: dict[str, str]) -> No
                 continue
             p = protocol[r.key]
             seen[p] = seen.get(p, 0) + 1
-            r.selected = taken < budget or seen[p] <= per_protocol or r.key in contenders
+            r.selected = taken < candidates or seen[p] <= per_protocol or r.key in contenders
             if r.selected:
                 launches.add(sig)
             taken += 1

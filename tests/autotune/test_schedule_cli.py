@@ -107,7 +107,8 @@ def test_every_chosen_ring_band_is_exported_to_nccl(tmp_path):
     (["--collective", "broadcast"], "cannot be tuned"),
     (["--collective", "nope"], "unknown collective"),
     (["--sizes", "1K:1G"], "min:max:factor"),
-    (["--budget", "0"], "--budget"),
+    (["--candidates", "0"], "--candidates"),
+    (["--budget", "4"], "is now --candidates"),
     (["--profile", "nope"], "unknown profile"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, msg):
@@ -121,4 +122,4 @@ def test_bad_input_is_one_line_exit_2(argv, msg):
 def test_help():
     proc = subprocess.run([sys.executable, "-m", "autotune", "schedule", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
-    assert proc.returncode == 0 and "--budget" in proc.stdout and "nccl_tuner.conf" in proc.stdout
+    assert proc.returncode == 0 and "--candidates" in proc.stdout and "nccl_tuner.conf" in proc.stdout

@@ -23,7 +23,7 @@ def measured_result(tmp_path_factory):
     data = json.loads((ROOT / "autotune/schedule/presets/spaces.json").read_text())
     data.update({"channels": [1], "instances": [1, 2], "blocks": [{"bytes_per_block": 65536, "max_split": 8}]})
     (tmp / "space.json").write_text(json.dumps(data))
-    assert main(["--gpus", "2", "--profile", "gcp-a100", "--sizes", "1K,64K,4M", "--budget", "2",
+    assert main(["--gpus", "2", "--profile", "gcp-a100", "--sizes", "1K,64K,4M", "--candidates", "2",
                  "--space", str(tmp / "space.json"), "--out", str(tmp / "out")]) == 0
     res = TuneResult.load(tmp / "out")
     res.measured, res.device, res.not_measured_reason = True, "synthetic", ""
