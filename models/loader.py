@@ -5,7 +5,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from calibrate.jsonfile import read_json
 
 from models.builders import BUILDERS
@@ -77,7 +77,7 @@ def load_model(model: str, preset: str | None = None, overrides: dict | None = N
         if not isinstance(cfg, dict) or cfg.get("kind") not in BUILDERS:
             raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}")
         if preset:
-            raise UserError("--preset applies to a model kind, not to a model file: drop --preset or the file")
+            raise OptionError("preset", "applies to a model kind, not to a model file: drop it or the file")
         kind, origin = cfg["kind"], f"model file {model!r}"
     else:
         kind = model

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from calibrate.cli import command_parser, run_mpi_command
+from calibrate.cli import command_parser, message, run_mpi_command
 from calibrate.device.dtypes import dtype_size
 from calibrate.device.nccl_config import MAX_CHANNELS
 from calibrate.errors import UserError
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         colls, sizes, channels, plugin = validate(args)
     except UserError as e:
         if _lead_rank():
-            print(f"autotune nccl: error: {e}", file=sys.stderr)
+            print(f"autotune nccl: error: {message(e)}", file=sys.stderr)
         return 2
     from mpi4py import MPI
 
@@ -135,7 +135,7 @@ def _agree(world, fn):
     try:
         value = fn()
     except UserError as e:
-        problem = str(e)
+        problem = message(e)
     problems = [m for m in world.allgather(problem) if m]
     if problems:
         raise UserError(problems[0])

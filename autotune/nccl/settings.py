@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from kernels.nccl_tuner.table import PROTOCOLS, SIZE_MAX, Row
 
 TUNABLE = ("allreduce", "allgather", "reducescatter", "broadcast")
@@ -63,10 +63,10 @@ def parse_channels(text: str, min_ctas: int) -> tuple[int, ...]:
     try:
         values = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
-        raise UserError(f"--channels {text!r}: write channel counts separated by commas, e.g. -1,16,32,64") from None
+        raise OptionError("channels", f"{text!r}: write channel counts separated by commas, e.g. -1,16,32,64") from None
     bad = [v for v in values if not (v == -1 or 1 <= v <= min_ctas)]
     if not values or bad:
-        raise UserError(f"--channels {text!r}: each must be -1 (NCCL's own count) or 1..{min_ctas} (--min-ctas)")
+        raise OptionError("channels", f"{text!r}: each must be -1 (NCCL's own count) or 1..{min_ctas} ({{min_ctas}})")
     return tuple(values)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calibrate.collectives import Collective, ring_coefficients
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from calibrate.profile import Group, Profile
 
 from autotune.sbp.mesh import Cluster
@@ -191,10 +191,9 @@ class Coster:
             need.append("inter")
         for tier in need:
             if not self.profile.tiers.get(tier):
-                raise UserError(
-                    f"profile {self.profile.name!r} has no {tier} tier but the cluster {self.cluster} needs one: "
-                    f"pass --profile with a profile measured {'inside a node' if tier == 'intra' else 'across nodes'}"
-                )
+                raise OptionError(
+                    "profile", f"{self.profile.name!r} has no {tier} tier but the cluster {self.cluster} needs one: "
+                               f"give a profile measured {'inside a node' if tier == 'intra' else 'across nodes'}")
 
     def nic_sharing(self, ranks: int, nodes: int) -> int:
         """How many groups of a collective share each node's network: a step runs at once on every group

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, message
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import FIELDS, load_model, model_kinds
@@ -184,7 +184,7 @@ def main(argv=None, report=None) -> int:
     try:
         summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False, objective=objective)
     except UserError as e:
-        progress(f"SUMMA baseline unavailable: {e}")
+        progress(f"SUMMA baseline unavailable: {message(e)}")
         summa_problem = None
     progress("baselines: data parallel, Megatron (every mesh), SUMMA (every mesh), S/B only")
     plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",

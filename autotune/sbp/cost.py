@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward
@@ -139,10 +139,9 @@ class Problem:
 
     def require_fit(self) -> None:
         if not self.fits:
-            raise UserError(
-                f"no plan fits the memory limit of {self.memory_limit / 2**30:.1f} GiB per device: the smallest plan "
-                f"needs {self.min_memory / 2**30:.1f} GiB; raise --memory-limit, add devices or shrink the micro-batch"
-            )
+            raise OptionError(
+                "memory_limit", f"{self.memory_limit / 2**30:.1f} GiB per device: no plan fits it, the smallest "
+                                f"needs {self.min_memory / 2**30:.1f} GiB; raise it, add devices or shrink the micro-batch")
 
     def memory_breakdown(self, assign) -> Memory:
         """Parameters, gradients, optimizer states and activations per device of a plan."""

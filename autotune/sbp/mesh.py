@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from calibrate.profile import Group
 
 
@@ -44,9 +44,8 @@ class Cluster:
 
     def __post_init__(self):
         if self.nodes < 1 or self.gpus_per_node < 1:
-            raise UserError(
-                f"bad cluster {self.nodes} nodes x {self.gpus_per_node} GPUs: give --nodes and --gpus-per-node >= 1"
-            )
+            raise OptionError(
+                "nodes", f"{self.nodes} x {{gpus_per_node}} {self.gpus_per_node}: both must be at least 1")
 
     @property
     def devices(self) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrate.errors import UserError
 from calibrate.records import check_header, header
 from calibrate.jsonfile import read_json, write_json
 

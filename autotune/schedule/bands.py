@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError
 from calibrate.sizes import format_size, parse_size, sweep
 
 DEFAULT_SIZES = "1K:1G:4"
@@ -37,23 +37,23 @@ def parse_sizes(text: str) -> list[int]:
     if ":" in text:
         parts = text.split(":")
         if len(parts) != 3:
-            raise UserError(f"--sizes {text!r}: write min:max:factor (e.g. 1K:1G:4) or a list (e.g. 1K,1M,1G)")
+            raise OptionError("sizes", f"{text!r}: write min:max:factor (e.g. 1K:1G:4) or a list (e.g. 1K,1M,1G)")
         try:
             factor = float(parts[2])
         except ValueError:
-            raise UserError(f"--sizes {text!r}: the factor {parts[2]!r} is not a number; write e.g. 1K:1G:4") \
+            raise OptionError("sizes", f"{text!r}: the factor {parts[2]!r} is not a number; write e.g. 1K:1G:4") \
                 from None
         lo, hi = parse_size(parts[0]), parse_size(parts[1])
         if lo > hi:
-            raise UserError(f"--sizes {text!r}: the smallest size comes first; write e.g. {parts[1]}:{parts[0]}:"
+            raise OptionError("sizes", f"{text!r}: the smallest size comes first; write e.g. {parts[1]}:{parts[0]}:"
                             f"{parts[2]}")
         sizes = sweep(lo, hi, factor)
     else:
         sizes = sorted({parse_size(t) for t in text.split(",") if t.strip()})
     if not sizes:
-        raise UserError(f"--sizes {text!r} names no size; write e.g. 1K:1G:4")
+        raise OptionError("sizes", f"{text!r} names no size; write e.g. 1K:1G:4")
     if sizes[0] <= 0:
-        raise UserError(f"--sizes {text!r}: sizes must be positive")
+        raise OptionError("sizes", f"{text!r}: sizes must be positive")
     return sizes
 
 

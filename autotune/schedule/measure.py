@@ -16,7 +16,7 @@ import statistics
 
 from calibrate.device.gpu import device_name as gpu_name
 from calibrate.device.gpu import select_gpu
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from kernels.interp import bench, pack
 from kernels.interp.select import choose
 
@@ -41,7 +41,7 @@ def gpu_world(ranks: int):
     if world.size == 1 and ranks > 1:
         return None, None, f"this is one process; run under mpirun -np {ranks}, one process per GPU, to measure"
     if world.size != ranks:
-        raise UserError(f"running as {world.size} MPI processes but --gpus is {ranks}; start mpirun -np {ranks}")
+        raise OptionError("gpus", f"is {ranks} but this runs as {world.size} MPI processes: start mpirun -np {ranks}")
     select_gpu(world, needs="measuring candidates", fallback="run it on a GPU machine")
     return world, cp, None
 

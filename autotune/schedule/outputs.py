@@ -21,7 +21,6 @@ import json
 import re
 from pathlib import Path
 
-from calibrate.errors import UserError
 from kernels.gc3.ir import Protocol
 from kernels.gc3.xml_io import write_xml
 from kernels.interp.preset import Entry, Preset

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError
 
 from kernels.interp.peer_table import is_ours
 from kernels.interp.preset import Entry, Preset, load_preset
@@ -56,8 +56,7 @@ def retune(rows: list[dict], base: Preset, candidates: dict[str, Preset], progra
     tables = {"interp": base, **{f"interp[{name}]": p for name, p in candidates.items()}}
     missing = sorted({w for w in win.values() if w not in tables})
     if missing:
-        raise UserError(f"the record's winners {', '.join(missing)} are not among the candidate presets given; "
-                        f"pass them with --candidates")
+        raise OptionError("candidates", f"lacks the record's winners {', '.join(missing)}: pass their presets too")
     entries: list[Entry] = []
     fifo = dict(base.fifo)
     done = set()

@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 SOURCE = Path(__file__).with_name("tuner.c")
 LIBRARY_NAME = "libnccl-tuner-commtune.so"
@@ -24,7 +24,8 @@ def compiler(cc: str | None = None) -> str:
     name = cc or os.environ.get("CC") or "cc"
     path = shutil.which(name)
     if path is None:
-        raise UserError(f"no C compiler {name!r} on PATH: install one (Debian: apt-get install gcc) or pass --cc")
+        raise OptionError("cc", f"{name!r}: no such C compiler on PATH: install one (Debian: apt-get install gcc) or "
+                                f"name another")
     return path
 
 
@@ -39,8 +40,8 @@ def build(out: str | Path | None = None, cc: str | None = None) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
         os.close(fd)
     except OSError as e:
-        raise UserError(f"cannot write the plugin into {str(out.parent)!r} ({e.strerror}): pass --out "
-                        f"with a writable path") from None
+        raise OptionError("out", f"{str(out.parent)!r}: cannot write the plugin there ({e.strerror}): give a "
+                                 f"writable path") from None
     cmd = [cc_path, "-O2", "-Wall", "-Wextra", "-fPIC", "-shared", "-o", tmp, str(SOURCE)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

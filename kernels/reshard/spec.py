@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 Box = tuple[tuple[int, int], ...]  # per tensor dimension: [lo, hi)
 
@@ -44,10 +44,9 @@ class Mesh:
         """Row r of the mesh on host first_host + r, its columns on that host's first devices."""
         m1, m2 = shape
         if m2 > devices_per_host:
-            raise UserError(
-                f"mesh {m1}x{m2} needs {m2} devices per host but hosts have {devices_per_host}: "
-                f"use at most {devices_per_host} columns or set --devices-per-host"
-            )
+            raise OptionError(
+                "devices_per_host", f"{devices_per_host}: mesh {m1}x{m2} needs {m2} devices per host; use at most "
+                                    f"{devices_per_host} columns or set it")
         devs = tuple((first_host + r) * devices_per_host + c for r in range(m1) for c in range(m2))
         return cls((m1, m2), devs, devices_per_host)
 
