@@ -17,9 +17,9 @@ from calibrate.cli import dispatch
 SUBCOMMANDS = {
     "compile": "kernels.gc3.cli:compile_main",
     "check": "kernels.gc3.cli:check_main",
-    "bench": "kernels.interp.cli:main",
-    "peers": "kernels.interp.peers:main",
-    "tp-mlp": "kernels.interp.tp_mlp:main",
+    "bench": "kernels.interp.cli.bench:main",
+    "peers": "kernels.interp.cli.peers:main",
+    "tp-mlp": "kernels.interp.cli.tp_mlp:main",
     "reshard": "kernels.reshard.cli:main",
     "build-tuner": "kernels.nccl_tuner.cli:main",
 }

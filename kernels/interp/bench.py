@@ -1,5 +1,5 @@
 """The interpreter and NCCL side by side (``python -m kernels bench``; the command is
-``kernels.interp.cli``), under ``mpirun -np N`` (one process per GPU).
+``kernels.interp.cli.bench``), under ``mpirun -np N`` (one process per GPU).
 
 For each collective and size (nccl-tests' "size": the whole buffer) both run on
 the same buffers, each as a CUDA graph of N calls timed with CUDA events,

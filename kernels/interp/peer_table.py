@@ -1,4 +1,4 @@
-"""Host side of the peer benchmark (kernels/interp/peers.py): the NCCL environment
+"""Host side of the peer benchmark (kernels/interp/cli/peers.py): the NCCL environment
 sweep, merging records, NCCL's best setting and the best peer per size, our ratio
 to it, the issue's targets. Plain data; no GPU."""
 from __future__ import annotations

@@ -56,7 +56,8 @@ def retune(rows: list[dict], base: Preset, candidates: dict[str, Preset], progra
     tables = {"interp": base, **{f"interp[{name}]": p for name, p in candidates.items()}}
     missing = sorted({w for w in win.values() if w not in tables})
     if missing:
-        raise OptionError("candidates", f"lacks the record's winners {', '.join(missing)}: pass their presets too")
+        raise OptionError("candidates", f"lacks the record's winners {', '.join(missing)}, which are not among "
+                                        f"the candidate presets given: pass them too")
     entries: list[Entry] = []
     fifo = dict(base.fifo)
     done = set()

@@ -28,7 +28,8 @@ from calibrate.errors import UserError  # noqa: E402
 from kernels.gc3.interop import msccl_dir  # noqa: E402
 from kernels.gc3.ir import Protocol  # noqa: E402
 from kernels.gc3.xml_io import read_xml  # noqa: E402
-from kernels.interp import bench, cli, gpudata, pack  # noqa: E402
+from kernels.interp import bench, gpudata, pack  # noqa: E402
+from kernels.interp.cli import bench as bench_cli  # noqa: E402
 from kernels.interp.preset import PROGRAM_DIR, Entry  # noqa: E402
 from kernels.interp.select import Choice  # noqa: E402
 
@@ -196,7 +197,7 @@ def main(argv: list[str]) -> int:
     bad = bad_input(comm, cp, files)
     comm.close()
     comm = Communicator(world)
-    args = cli.build_parser().parse_args(["--max-bytes", "16M" if quick else "1G"])
+    args = bench_cli.build_parser().parse_args(["--max-bytes", "16M" if quick else "1G"])
     rows = bench.run(args, comm)
     comm.close()
     if world.rank == 0:

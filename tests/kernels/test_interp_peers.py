@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from calibrate.errors import UserError
-from kernels.interp import gpudata, ncclx, peer_table, peers
+from kernels.interp import gpudata, ncclx, peer_table
+from kernels.interp.cli import peers
 
 K, M, G = 1 << 10, 1 << 20, 1 << 30
 

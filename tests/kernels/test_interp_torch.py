@@ -9,7 +9,8 @@ import types
 import pytest
 
 from calibrate.errors import UserError
-from kernels.interp import torch_comm, tp_mlp
+from kernels.interp import torch_comm
+from kernels.interp.cli import tp_mlp
 
 if os.environ.get("CI"):
     import torch   # CI installs the test extra: torch must be there
