@@ -29,6 +29,12 @@ from kernels.interp.select import Choice, choose
 
 SOURCE = Path(__file__).with_name("interp.cu")
 KERNELS = {"float32": "gc3_interp_f32", "bfloat16": "gc3_interp_bf16", "float16": "gc3_interp_f16"}
+KERNEL_PROTOCOL = {Protocol.SIMPLE: "simple", Protocol.LL: "ll", Protocol.LL128: "ll128"}   # one kernel each
+
+
+def kernel_name(dtype: str, protocol: Protocol) -> str:
+    """The entry point of interp.cu for ``dtype`` and ``protocol`` (INTERP_ENTRY)."""
+    return f"{KERNELS[dtype]}_{KERNEL_PROTOCOL[protocol]}"
 NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 _IPC_LAZY_PEER = 1
 _D2D = 3
@@ -86,8 +92,11 @@ class Communicator:
 
         opts = ("-std=c++17", f"--gpu-architecture=sm_{self.cc}") + tuple(f"-I{d}" for d in _include_dirs())
         self.module = cp.RawModule(code=SOURCE.read_text(), options=opts)
-        self.kernels = {dt: self.module.get_function(name) for dt, name in KERNELS.items()}
-        self.max_resident = {dt: self._max_resident(k) for dt, k in self.kernels.items()}
+        self.kernels = {(dt, proto): self.module.get_function(kernel_name(dt, proto))
+                        for dt in KERNELS for proto in KERNEL_PROTOCOL}
+        # co-resident blocks per element type: the fewest of its protocols' kernels
+        self.max_resident = {dt: min(self._max_resident(self.kernels[(dt, proto)]) for proto in KERNEL_PROTOCOL)
+                             for dt in KERNELS}
 
         self.loaded: list[tuple[Entry, Program]] = []
         self._packed: dict[int, pack.Packed] = {}
@@ -264,7 +273,7 @@ class Communicator:
                            c.chunk, geo.split, esize, geo.tile_elems, c.protocol, fifo.slots, fifo.slot_bytes,
                            st.sems.data.ptr, st.epochs.data.ptr)
         with stream:
-            self.kernels[dtype]((geo.blocks,), (self.preset.threads,), (args,))
+            self.kernels[(dtype, c.protocol)]((geo.blocks,), (self.preset.threads,), (args,))
 
     def close(self) -> None:
         cp = self.cp
