@@ -34,33 +34,24 @@ def measure(out_csv: str, min_bytes=1 << 10, max_bytes=1 << 30, iters=20, reps=5
         big = cp.random.default_rng(rank).uniform(0.5, 1.5, n, dtype=cp.float32)
         out = cp.empty_like(big)
         part = n // p
-        for name in ("allreduce", "allgather", "reducescatter"):
+        calls = {
+            "allreduce": lambda: comm.allReduce(big.data.ptr, out.data.ptr, n, f32, nccl.NCCL_SUM, s),
+            "allgather": lambda: comm.allGather(big.data.ptr, out.data.ptr, part, f32, s),
+            "reducescatter": lambda: comm.reduceScatter(big.data.ptr, out.data.ptr, part, f32, nccl.NCCL_SUM, s),
+        }
+        for name, call in calls.items():
             host, gtimes = [], []
             for rep in range(reps + 1):  # rep 0 warms up
                 world.Barrier()
                 t0 = time.perf_counter()
-                if name == "allreduce":
-                    for _ in range(iters):
-                        comm.allReduce(big.data.ptr, out.data.ptr, n, f32, nccl.NCCL_SUM, s)
-                elif name == "allgather":
-                    for _ in range(iters):
-                        comm.allGather(big.data.ptr, out.data.ptr, part, f32, s)
-                else:
-                    for _ in range(iters):
-                        comm.reduceScatter(big.data.ptr, out.data.ptr, part, f32, nccl.NCCL_SUM, s)
+                for _ in range(iters):
+                    call()
                 stream.synchronize()
                 if rep:
                     host.append((time.perf_counter() - t0) / iters)
             stream.begin_capture()
-            if name == "allreduce":
-                for _ in range(iters):
-                    comm.allReduce(big.data.ptr, out.data.ptr, n, f32, nccl.NCCL_SUM, s)
-            elif name == "allgather":
-                for _ in range(iters):
-                    comm.allGather(big.data.ptr, out.data.ptr, part, f32, s)
-            else:
-                for _ in range(iters):
-                    comm.reduceScatter(big.data.ptr, out.data.ptr, part, f32, nccl.NCCL_SUM, s)
+            for _ in range(iters):
+                call()
             graph = stream.end_capture()
             graph.launch(stream)
             stream.synchronize()
