@@ -25,9 +25,22 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def message(e: UserError) -> str:
+def spelled_by(parser: argparse.ArgumentParser) -> Callable[[str], str]:
+    """Parameters spelled as ``parser`` names its options, short alias included:
+    ``iters`` -> ``--iters (-n)``; a parameter it lacks as ``flag`` spells it."""
+    options = {a.dest: a.option_strings for a in parser._actions if a.option_strings}
+
+    def spell(name: str) -> str:
+        opts = options.get(name) or [flag(name)]
+        long = [o for o in opts if o.startswith("--")] or opts
+        short = [o for o in opts if o not in long]
+        return long[0] + (f" ({short[0]})" if short else "")
+    return spell
+
+
+def message(e: UserError, spell: Callable[[str], str] = flag) -> str:
     """A user error as the command line shows it: parameters spelled as options."""
-    return e.render(flag)
+    return e.render(spell)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
@@ -135,7 +148,8 @@ def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_de
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping what is done")
 
 
-def run_mpi_command(work: Callable[[], int], world, prog: str, interrupted: str) -> int:
+def run_mpi_command(work: Callable[[], int], world, prog: str, interrupted: str,
+                    spell: Callable[[str], str] = flag) -> int:
     """``work()`` on every rank of an MPI job: a ``UserError`` printed once (by rank 0) and 2;
     Ctrl-C says ``interrupted`` and aborts the job with 130; any other exception is printed
     and aborts the job with 1, so that no rank is left waiting for a failed one."""
@@ -143,7 +157,7 @@ def run_mpi_command(work: Callable[[], int], world, prog: str, interrupted: str)
         return int(work() or 0)
     except UserError as e:
         if world.Get_rank() == 0:
-            print(f"{prog}: error: {message(e)}", file=sys.stderr)
+            print(f"{prog}: error: {message(e, spell)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; {interrupted}", file=sys.stderr)

@@ -17,7 +17,7 @@ from calibrate.backends import REGISTRY as BACKENDS
 from calibrate import run_limits
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
-from calibrate.cli import add_timing_args, command_parser, message, run_mpi_command
+from calibrate.cli import add_timing_args, command_parser, run_mpi_command, spelled_by
 from calibrate.collectives import Collective, busbw_factor
 from calibrate.device.dtypes import dtype_size
 from calibrate.errors import UserError
@@ -56,11 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _agree(world, problem: str | None) -> None:
+def _agree(world, problem: UserError | None) -> None:
     """Raise the first problem any rank found, on every rank."""
     problems = [m for m in world.allgather(problem) if m]
     if problems:
-        raise UserError(problems[0])
+        raise problems[0]
 
 
 def _pick_backend(name: str) -> str:
@@ -102,7 +102,7 @@ def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> Non
             run_limits.check_memory(need, sharing, run_limits.host_available_bytes(), f"host {here}",
                                     "lower --max-bytes (-e) or run fewer ranks per host")
     except UserError as e:
-        problem = message(e)
+        problem = e
     _agree(world, problem)
     affinities = world.allgather((here, run_limits.cores()))
     ncores = run_limits.host_cores(a for h, a in affinities if h == here)
@@ -170,7 +170,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
             rd.prepare(meta, args.resume)
             stored = rd.measured()
         except UserError as e:
-            problem = message(e)
+            problem = e
     _agree(world, problem)
     stored = world.bcast(stored, root=0)  # every rank replays the same refinement decisions
     if stored:
@@ -266,6 +266,7 @@ INTERRUPTED = "measured sizes are saved: add --resume to continue"
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     world = MPI.COMM_WORLD
-    return run_mpi_command(lambda: run(args, world), world, "calibrate run", INTERRUPTED)
+    return run_mpi_command(lambda: run(args, world), world, "calibrate run", INTERRUPTED, spelled_by(parser))
