@@ -126,7 +126,7 @@ CASES = [
     C("run-min-text", "calibrate run --backend mpi -b lots", "bad size 'lots'"),
     C("run-max-negative", "calibrate run --backend mpi --max-bytes=-1K", "bad size|expected one argument"),
     C("run-min-over-max", "calibrate run --backend mpi -b 1M -e 1K", "larger than --max-bytes"),
-    C("run-factor-one", "calibrate run --backend mpi -f 1", "--factor must be above 1"),
+    C("run-factor-one", "calibrate run --backend mpi -f 1", r"--factor \(-f\) must be above 1"),
     C("run-factor-text", "calibrate run --backend mpi -f x", "invalid float"),
     C("run-dtype", "calibrate run --backend mpi -d float8", "float8"),
     C("run-bfloat16-mpi", "calibrate run --backend mpi -d bfloat16", "bfloat16 needs the nccl backend"),
