@@ -7,6 +7,7 @@
     python -m autotune execute plan.json      # run a plan's training steps (torchrun/mpiexec/srun; torch)
     python -m autotune nccl ...               # stock NCCL tuned through the tuner plugin (under mpirun)
     python -m autotune reproduce autoddl      # AutoDDL's evaluation (§5) beside ours
+    python -m autotune explain ...            # the computations behind the reproduction's explanations
 """
 from __future__ import annotations
 
@@ -20,14 +21,15 @@ SUBCOMMANDS = {
     "schedule": "autotune.schedule.cli:main",
     "execute": "autotune.execute.cli:main",
     "nccl": "autotune.nccl.cli:main",
-    "reproduce": "autotune.sbp.reproduce:main",
+    "reproduce": "autotune.sbp.cli.reproduce:main",
+    "explain": "autotune.sbp.cli.explain:main",
 }
 DEFAULT = "autotune.__main__:search"
 
 
 def search(argv=None) -> int:
     """The SBP search, then its HTML report beside plan.json (the report step lives in the command layer)."""
-    from autotune.sbp.cli import main as search_main
+    from autotune.sbp.cli.search import main as search_main
 
     return search_main(argv, report=write_html)
 

@@ -1,28 +1,24 @@
-"""``python -m autotune reproduce autoddl``: AutoDDL's evaluation (§4.6, §5) beside ours.
+"""AutoDDL's evaluation (§4.6, §5) beside ours; the command is ``python -m autotune
+reproduce autoddl`` (``autotune/sbp/cli/reproduce.py``).
 
 Every case of ``autotune/sbp/presets/autoddl.json`` (the paper's model, batch,
 cluster, memory, profile and baselines) is searched under the communication
 objective (the paper's) and compared with the paper's figure: the winner and
 the communication saved against the best baseline that fits. A case passes when
 the winner is the paper's and the reduction is within 10 percentage points.
-Writes ``reproduce.json`` (a versioned record) and prints the table; the report
-section is ``reports.sections.sbp_reproduce``.
-
-    python -m autotune reproduce autoddl [--case ID ...] [--out DIR]
+The command writes ``reproduce.json`` (a versioned record, kind ``RECORD``) and
+prints the table; the report section is ``reports.sections.sbp_reproduce``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 
 from calibrate.errors import UserError
-from calibrate.jsonfile import write_json
 from calibrate.profile import Profile
 from models import load_model
 
@@ -171,7 +167,7 @@ def run_case(case: dict, progress=print) -> dict:
 
 
 def _attention_case(case: dict, pr: Problem) -> dict:
-    from autotune.sbp.targets import attention_volume
+    from autotune.sbp.volume import attention_volume
     pr.require_fit()
     mega, _, mesh = best_mesh(pr, megatron_assignment)
     res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0), mega)
@@ -218,35 +214,3 @@ def table(rows: list[dict]) -> list[dict]:
             "status": r["status"],
         })
     return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune reproduce", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("paper", choices=["autoddl"], help="the paper whose evaluation to reproduce")
-    ap.add_argument("--case", action="append", help="run only this case id (repeatable; default all)")
-    ap.add_argument("--out", default="reproduce-out", help="directory for reproduce.json (default ./reproduce-out)")
-    args = ap.parse_args(argv)
-    cases = load_cases()
-    ids = [c["id"] for c in cases]
-    for c in args.case or []:
-        if c not in ids:
-            raise UserError(f"unknown case {c!r}: use one of {', '.join(ids)}")
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --out {str(out)!r} ({e.strerror}): give a writable directory") from None
-    rows = []
-    for c in cases:
-        if args.case and c["id"] not in args.case:
-            continue
-        print(f"[reproduce] {c['id']} ({c['section']})", flush=True)
-        rows.append(run_case(c))
-        t = table(rows[-1:])[0]
-        print(f"  paper: {t['paper']}\n  ours:  {t['ours']}\n  difference {t['difference pp']} pp: {t['status']}",
-              flush=True)
-    path = write_json(out / "reproduce.json", {"kind": RECORD, "version": VERSION, "rows": rows}, "reproduction record")
-    passed = sum(r["status"] == "pass" for r in rows)
-    print(f"{passed}/{len(rows)} cases pass (same winner, reduction within {TOLERANCE_PP:g} pp); wrote {path}")
-    return 0

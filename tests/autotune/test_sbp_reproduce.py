@@ -37,3 +37,15 @@ def test_one_case_end_to_end(tmp_path, capsys):
 def test_unknown_case_is_one_line(capsys):
     assert autotune_main(["reproduce", "autoddl", "--case", "nope", "--out", "/tmp/unused-reproduce"]) == 2
     assert "unknown case 'nope'" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_explain_computations_run_on_a_case(capsys):
+    """python -m autotune explain: each computation behind the reproduction's explanations runs; SUMMA's
+    missing attention strategy on the 256-node wide transformer is the record's explanation."""
+    assert autotune_main(["explain", "summa", "wide-daint-256", "--micro-batch", "4"]) == 0
+    assert "no strategy for attention" in capsys.readouterr().out
+    assert autotune_main(["explain", "megatron-meshes", "vgg-daint-16", "--classes", "1008"]) == 0
+    out = capsys.readouterr().out
+    assert "Megatron d=" in out and "searched:" in out
+    assert autotune_main(["explain", "summa"]) == 2        # no case: one line, exit 2
+    assert "needs a case id" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem, memory
 from autotune.sbp.layers import Matmul, local_elems
 from autotune.sbp.mesh import Cluster, RoleMesh
-from autotune.sbp.targets import attention_volume
+from autotune.sbp.volume import attention_volume
 
 GI = 2**30
 

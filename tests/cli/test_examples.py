@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 HELPS = ["calibrate", "calibrate run", "calibrate fit", "calibrate validate", "calibrate profiles",
          "calibrate compute", "autotune", "autotune validate", "autotune reshard", "autotune schedule",
-         "autotune execute", "autotune nccl", "kernels", "kernels compile", "kernels check", "kernels bench",
+         "autotune execute", "autotune nccl", "autotune reproduce", "autotune explain", "kernels", "kernels compile", "kernels check", "kernels bench",
          "reports"]
 GPU = "needs GPUs (tests/gpu/run_all.sh)"
 # example (as written, whitespace collapsed) -> (extra arguments that keep it small, results it needs first)
@@ -43,6 +43,7 @@ HOW = {
     "python -m autotune schedule --rescore tuned/schedule.json": ([], ["tuned/schedule.json"]),
     "python -m kernels compile <algorithm> --ranks 8 ... -o x.xml": ([], []),
     "python -m kernels check x.xml": ([], ["x.xml"]),
+    "python -m autotune explain papers-plan": ([], []),
 }
 ELSEWHERE = {
     "mpirun -np 8 python -m calibrate run --backend nccl --mode graph -b 1K -e 1G --check --out results/node": GPU,
@@ -74,6 +75,9 @@ ELSEWHERE = {
     "python -m autotune execute --summarize exec": "a finished run: tests/autotune/test_execute*.py",
     "python -m autotune execute plan.json": "torch: tests/autotune/test_execute*.py",
     "python -m calibrate run": "the README's prose, not a command line",
+    "python -m autotune explain megatron-meshes CASE": "a placeholder (CASE): tests/autotune/test_sbp_reproduce.py",
+    "python -m autotune explain summa CASE --micro-batch N":
+        "placeholders (CASE, N): tests/autotune/test_sbp_reproduce.py",
 }
 
 

@@ -1,4 +1,4 @@
-"""The issue's targets, measured: ``python -m autotune.sbp.targets [--quick]`` prints a table.
+"""The SBP search's targets, measured (a benchmark): ``python tests/bench/sbp_targets.py [--quick]`` prints a table.
 
 1. 4-layer MLP (AutoDDL §4.6) at 128 and 4096 single-GPU nodes (piz-daint):
    exhaustive optimum and time (dynamic programming's beside it); CD and MH,
@@ -24,13 +24,10 @@ from models import load_model
 
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
-from autotune.sbp.cost import Problem, edge_steps, internal_steps
+from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import Budget, make_search
-
-ATTENTION = ("ln1", "qkv", "attention", "proj", "ln2")
-BLOCK = ATTENTION + ("fc1", "gelu", "fc2", "ln1")  # a whole transformer layer, ln1 to the next ln1
-
+from autotune.sbp.volume import BLOCK, attention_steps, attention_volume
 
 def mlp_row(nodes: int, seeds: int = 10) -> list[str]:
     """Setup (strategies, per-layer costs, every boxing table) is shared by all
@@ -76,32 +73,6 @@ def gpt175_row() -> list[str]:
             f"found {first:.2f} s into the search; total to best {build + first:.2f} s"]
 
 
-def attention_steps(pr: Problem, assign, chain=ATTENTION) -> list:
-    """(step, item size) of the collectives of one attention layer per micro-batch, forward and backward: inside ln1
-    (a split layer norm's statistics), qkv, attention and proj, and the boxings ln1 -> ... -> ln2.
-    With Megatron these are the all-reduce after proj (forward) and the one of the layer input's
-    gradient (backward; it reaches ln1's producer as a partial sum and shows on the edge into ln2
-    of the block before, the same size)."""
-    names = [op.layer.name for op in pr.ops]
-    vs = [names.index(n) for n in chain]
-    out = []
-    for v in vs[:-1]:
-        s = pr.choices[v][assign[v]]
-        itemsize = {it.tensor: it.itemsize for it in s.internal}
-        for tensor, _, steps in internal_steps(s, pr.cluster):
-            out += [(st, itemsize[tensor]) for st in steps]
-    for a, b in zip(vs, vs[1:]):
-        fwd, bwd = edge_steps(pr.choices[a][assign[a]], pr.choices[b][assign[b]], pr.ops[a].out_shape, pr.cluster,
-                              pr.act_bytes)
-        out += [(st, pr.act_bytes) for st in fwd + bwd]
-    return out
-
-
-def attention_volume(pr: Problem, assign, chain=ATTENTION) -> float:
-    """Elements one device sends (ring volumes of Table 2) in one attention layer per micro-batch."""
-    return sum(pr.coster.volume(st, itemsize) for st, itemsize in attention_steps(pr, assign, chain))
-
-
 def wide_row(budget: float) -> list[str]:
     """The plan is the cheapest of CD (from the best Megatron plan, as the CLI does) and MH over 4 seeds.
     The preset trains in fp32 (§5.2.1); P100 16 GB per node; gradient accumulation over micro-batches of
@@ -128,7 +99,7 @@ def wide_row(budget: float) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = command_parser("python -m autotune.sbp.targets", __doc__)
+    ap = command_parser("python tests/bench/sbp_targets.py", __doc__)
     ap.add_argument("--quick", action="store_true", help="skip the 4096-node MLP and the 175B model")
     args = ap.parse_args(argv)
     rows = mlp_row(128)

@@ -1,19 +1,22 @@
-"""The computations behind the explanations of reports/records/sbp_reproduce.md, rerunnable:
+"""``python -m autotune explain``: the computations behind the explanations of
+reports/records/sbp_reproduce.md, rerunnable:
 
-    python -m autotune.sbp.explain megatron-meshes CASE [--micro-batch N] [--classes N]
+    python -m autotune explain megatron-meshes CASE [--micro-batch N] [--classes N]
         every Megatron mesh of an AutoDDL case: communication, gradient sync, redistribution, memory
-    python -m autotune.sbp.explain papers-plan
+    python -m autotune explain papers-plan
         the paper's Fig. 3 strategy (its attention layer on 64 nodes, Megatron 4 x 16 elsewhere) against
         Megatron 4 x 16 and the searched plan, wide transformer at micro-batch 16
-    python -m autotune.sbp.explain summa CASE --micro-batch N
+    python -m autotune explain summa CASE --micro-batch N
         why SUMMA has or has no plan: per 2D mesh, the layers without a strategy
 """
 from __future__ import annotations
 
-import argparse
 import math
 
 import numpy as np
+
+from calibrate.cli import command_parser
+from calibrate.errors import UserError
 
 from autotune.sbp.baselines import _Index, megatron_assignment, summa_assignment
 from autotune.sbp.mesh import RoleMesh, role_meshes
@@ -27,7 +30,7 @@ def _case(cid: str) -> dict:
     for c in load_cases():
         if c["id"] == cid:
             return c
-    raise SystemExit(f"unknown case {cid!r}")
+    raise UserError(f"unknown case {cid!r}: use one of {', '.join(c['id'] for c in load_cases())}")
 
 
 def _line(name, pr, a) -> str:
@@ -85,16 +88,18 @@ def summa(case: dict, over: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.sbp.explain", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["megatron-meshes", "papers-plan", "summa"])
-    ap.add_argument("case", nargs="?")
-    ap.add_argument("--micro-batch", type=int)
+    ap = command_parser("python -m autotune explain", __doc__.split("\n\n")[0], epilog=__doc__)
+    ap.add_argument("what", choices=["megatron-meshes", "papers-plan", "summa"], help="which computation")
+    ap.add_argument("case", nargs="?", help="an AutoDDL case id (python -m autotune reproduce autoddl lists them)")
+    ap.add_argument("--micro-batch", type=int, help="micro-batch (default: the case's)")
     ap.add_argument("--classes", type=int, help="VGG: pad the classes (as Megatron-LM pads its vocabulary)")
     args = ap.parse_args(argv)
     if args.what == "papers-plan":
         papers_plan()
         return 0
+    if not args.case:
+        raise UserError(f"{args.what} needs a case id: e.g. python -m autotune explain {args.what} "
+                        f"{load_cases()[0]['id']}")
     case = _case(args.case)
     over = dict(case.get("overrides", {}))
     if args.micro_batch:
@@ -103,7 +108,3 @@ def main(argv=None) -> int:
         over["classes"] = args.classes
     (megatron_meshes if args.what == "megatron-meshes" else summa)(case, over)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
