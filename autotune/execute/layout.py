@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from calibrate.optional import require_torch
 
+from autotune.execute.commlog import Call
 from autotune.sbp.sbp import B, P, dual, is_split, split_dim
 
 torch = require_torch()
@@ -84,23 +85,32 @@ def redistribute(local, mesh, shape, src: tuple[str, ...], dst: tuple[str, ...],
     return out.contiguous()
 
 
+def _logged(log, x, shape, src, dst) -> None:
+    if log is not None and src != dst:
+        log.add(Call("redistribute", tuple(x.shape), x.dtype, tuple(shape), tuple(src), tuple(dst)))
+
+
 class _Box(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, mesh, shape, src, dst, gsrc, gdst):
-        ctx.args = (mesh, shape, gsrc, gdst)
+    def forward(ctx, x, mesh, shape, src, dst, gsrc, gdst, log):
+        ctx.args = (mesh, shape, gsrc, gdst, log)
+        _logged(log, x, shape, src, dst)
         return redistribute(x, mesh, shape, src, dst)
 
     @staticmethod
     def backward(ctx, g):
-        mesh, shape, gsrc, gdst = ctx.args
-        return redistribute(g, mesh, shape, gdst, gsrc), None, None, None, None, None, None
+        mesh, shape, gsrc, gdst, log = ctx.args
+        _logged(log, g, shape, gdst, gsrc)
+        return redistribute(g, mesh, shape, gdst, gsrc), None, None, None, None, None, None, None
 
 
-def box(x, mesh, shape, src: tuple[str, ...], dst: tuple[str, ...], grad_dst: tuple[str, ...] | None = None):
+def box(x, mesh, shape, src: tuple[str, ...], dst: tuple[str, ...], grad_dst: tuple[str, ...] | None = None,
+        log=None):
     """Redistribute local piece ``x`` from ``src`` to ``dst``; the backward moves the
-    gradient from ``grad_dst`` (default ``dual(dst)``) to ``dual(src)``."""
+    gradient from ``grad_dst`` (default ``dual(dst)``) to ``dual(src)``. ``log``
+    (an ``autotune.execute.commlog.CommLog``) records both calls for the replay."""
     if src == dst and grad_dst is None:
         return x
     gdst = tuple(dual(p) for p in dst) if grad_dst is None else tuple(grad_dst)
     gsrc = tuple(dual(p) for p in src)
-    return _Box.apply(x, mesh, tuple(shape), tuple(src), tuple(dst), gsrc, gdst)
+    return _Box.apply(x, mesh, tuple(shape), tuple(src), tuple(dst), gsrc, gdst, log)

@@ -53,7 +53,7 @@ class PlanModel:
                 if x is None:
                     x = ctx.piece(data["x"], spec.input)
                 else:
-                    x = box(x, ctx.mesh, spec.in_shape, prev, spec.input, grad_dst=spec.grad_in)
+                    x = box(x, ctx.mesh, spec.in_shape, prev, spec.input, grad_dst=spec.grad_in, log=ctx.log)
             weights = {n: p.to(ctx.dtype) for n, p in self.params[pos].items()}
             x = ops.forward(ctx, spec, x, weights, data, loss_scale)
             prev = spec.output

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from calibrate.attention import causal_attention
 from calibrate.errors import UserError
 
+from autotune.execute.commlog import Call
 from autotune.execute.layout import DTensor, Partial, Replicate, Shard, box, local_piece, local_range, torch
 from autotune.execute.planread import LayerSpec
 from autotune.sbp.sbp import B, P, is_split
@@ -36,6 +37,7 @@ class Ctx:
     axis_sizes: tuple[int, ...]
     dtype: object  # compute dtype of activations
     stat_dtype: object  # dtype of softmax / layer norm statistics
+    log: object = None  # an autotune.execute.commlog.CommLog: the collectives issued, for their replay
 
     def piece(self, full, fine):
         return local_piece(full, fine, self.coords, self.axis_sizes)
@@ -50,7 +52,7 @@ def _boxed(ctx: Ctx, spec: LayerSpec, tensor: str, x, fine):
     it = _internal(spec, tensor)
     if it is None:
         return x, fine
-    return box(x, ctx.mesh, it.shape, it.src, it.dst), it.dst
+    return box(x, ctx.mesh, it.shape, it.src, it.dst, log=ctx.log), it.dst
 
 
 def matmul(ctx: Ctx, spec: LayerSpec, x, w, wfine):
@@ -74,7 +76,8 @@ def layernorm(ctx: Ctx, spec: LayerSpec, x, w):
     h = spec.layer.dim("hidden")
     xs = x.to(ctx.stat_dtype)
     it = _internal(spec, "layernorm-stats")
-    stats = box(torch.stack([xs.sum(1), (xs * xs).sum(1)], 1), ctx.mesh, it.shape, it.src, it.dst)
+    stats = box(torch.stack([xs.sum(1), (xs * xs).sum(1)], 1), ctx.mesh, it.shape, it.src, it.dst,
+                log=ctx.log)
     mean = stats[:, 0] / h
     var = stats[:, 1] / h - mean * mean
     xhat = (xs - mean.unsqueeze(1)) * torch.rsqrt(var + EPS).unsqueeze(1)
@@ -95,36 +98,68 @@ def attention(ctx: Ctx, spec: LayerSpec, x):
 
 def loss(ctx: Ctx, spec: LayerSpec, logits, targets, scale: float):
     """This device's share of the loss: sum over its tokens of log-sum-exp minus the
-    target logit, times ``scale``. With the vocabulary split, the row max (no gradient)
-    and the (sum of exp, target logit) pair are all-reduced over the vocabulary axes;
-    the pair's gradient is then whole on every device (the plan's local gradient).
-    With the vocabulary whole ("loss-replicated"), the devices along those axes
+    target logit, times ``scale`` (``_CrossEntropy``). With the vocabulary split, the
+    row max and the (sum of exp, target logit) pair are all-reduced over the vocabulary
+    axes. With the vocabulary whole ("loss-replicated"), the devices along those axes
     compute the same share and each returns the whole gradient (B, as the plan says)."""
     fine = spec.input
-    vocab = spec.layer.dim("vocabulary")
-    off, n = local_range(vocab, 1, fine, ctx.coords, ctx.axis_sizes)
+    off, n = local_range(spec.layer.dim("vocabulary"), 1, fine, ctx.coords, ctx.axis_sizes)
     tgt = ctx.piece(targets, tuple("S0" if p == "S0" else B for p in fine))
-    z = logits.to(ctx.stat_dtype)
     split = tuple(P if is_split(p) and p != "S0" else p for p in fine)
-    whole = tuple(B if p == P else p for p in split)
-    top = z.detach().max(1, keepdim=True).values
-    if split != whole:
-        top = _max_over(ctx, top, split)
-    z = z - top
-    mine = (tgt >= off) & (tgt < off + n)
-    picked = z.gather(1, (tgt - off).clamp(0, n - 1).unsqueeze(1)).squeeze(1) * mine.to(z.dtype)
-    pair = torch.stack([z.exp().sum(1), picked], 1)
-    if split != whole:
-        pair = box(pair, ctx.mesh, (spec.layer.dim("tokens"), 2), split, whole, grad_dst=whole)
-    return (torch.log(pair[:, 0]) - pair[:, 1]).sum() * scale
+    return _CrossEntropy.apply(logits, tgt, off, n, scale, ctx, split, spec.layer.dim("tokens"))
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """Softmax cross-entropy over a vocabulary split across devices, as Megatron-LM's
+    vocab-parallel cross-entropy does it: forward in the statistics dtype (fp32 for
+    16-bit logits), one copy of the local logits turned in place into the softmax
+    probabilities, which is the one tensor kept for the backward pass (4 bytes per
+    local logit: ``autotune.sbp.memory``); backward (probabilities - one-hot) x the
+    loss gradient, in place, cast to the logits' dtype. No communication backward:
+    the probabilities are already normalised over the whole vocabulary."""
+
+    @staticmethod
+    def forward(fctx, logits, tgt, off, n, scale, ctx, split, tokens):
+        whole = tuple(B if p == P else p for p in split)
+        z = logits.to(ctx.stat_dtype, copy=True)
+        top = z.max(1, keepdim=True).values
+        if split != whole:
+            top = _max_over(ctx, top, split)
+        z.sub_(top)
+        mine = (tgt >= off) & (tgt < off + n)
+        idx = (tgt - off).clamp(0, n - 1).unsqueeze(1)
+        picked = z.gather(1, idx).squeeze(1) * mine.to(z.dtype)
+        z.exp_()
+        pair = torch.stack([z.sum(1), picked], 1)
+        if split != whole:
+            pair = box(pair, ctx.mesh, (tokens, 2), split, whole, log=ctx.log)
+        z.div_(pair[:, :1])
+        fctx.save_for_backward(z, idx, mine)
+        fctx.scale, fctx.dtype = scale, logits.dtype
+        return (torch.log(pair[:, 0]) - pair[:, 1]).sum() * scale
+
+    @staticmethod
+    def backward(fctx, g):
+        probs, idx, mine = fctx.saved_tensors
+        k = g.to(probs.dtype) * fctx.scale
+        probs.mul_(k)
+        probs.scatter_add_(1, idx, -(k * mine.to(probs.dtype)).expand(idx.shape[0]).unsqueeze(1))
+        return probs.to(fctx.dtype), None, None, None, None, None, None, None
 
 
 def _max_over(ctx: Ctx, m, split):
     """The max over the vocabulary axes (a max all-reduce, no gradient)."""
+    if ctx.log is not None:
+        ctx.log.add(Call("max", tuple(m.shape), m.dtype, (), tuple(split)))
+    return max_over(ctx.mesh, ctx.axis_sizes, m, split)
+
+
+def max_over(mesh, axis_sizes, m, split):
+    """The row maxima ``m`` (rows split as S0) all-reduced by max over the axes where ``split`` is P."""
     pl = tuple(Partial("max") if p == P else Shard(0) if p == "S0" else Replicate() for p in split)
-    shape = (m.shape[0] * _splits(split, "S0", ctx.axis_sizes), 1)
-    d = DTensor.from_local(m.contiguous(), ctx.mesh, pl, run_check=False, shape=shape, stride=(1, 1))
-    return d.redistribute(ctx.mesh, tuple(Replicate() if p == P else q for p, q in zip(split, pl))).to_local()
+    shape = (m.shape[0] * _splits(split, "S0", axis_sizes), 1)
+    d = DTensor.from_local(m.contiguous(), mesh, pl, run_check=False, shape=shape, stride=(1, 1))
+    return d.redistribute(mesh, tuple(Replicate() if p == P else q for p, q in zip(split, pl))).to_local()
 
 
 def _splits(fine, p, sizes) -> int:

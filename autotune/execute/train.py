@@ -4,25 +4,33 @@ axes where the weight is B, launched as soon as the last micro-batch's
 gradient is ready, so that it overlaps the rest of the backward pass as DDP
 does), then Adam. With 16-bit activations, weights and gradients are 16-bit
 and Adam keeps fp32 master weights (16 bytes per parameter, the plan's memory
-model); otherwise everything is in the activation type.
+model); the optimizer steps one weight at a time (its fp32 gradient made just
+before its update and dropped after it, Adam fused on GPUs so that it needs no
+temporaries), so the step needs the fp32 gradient of the largest local weight
+on top of the 16 bytes (``autotune.sbp.memory``); otherwise everything is in
+the activation type.
 
 Measured per step: wall time (median over the steps after --warmup, the
-slowest device), time inside collectives (torch profiler: the NCCL kernels on
-GPUs, the gloo operations on CPUs; a kernel's time includes its waiting for
-the peer and its slowdown by the compute it overlaps), on GPUs the exposed part
-of it (covered by no compute kernel), peak memory per device (GPUs) and the loss.
+slowest device); the time inside collectives (torch profiler: the NCCL kernels
+on GPUs, the gloo operations on CPUs; a kernel's time includes its waiting for
+the peer and its slowdown by the compute it overlaps); on GPUs the exposed part
+of it (covered by no other GPU activity, ``autotune.execute.trace``) and the
+device time by kernel family; the same step's collectives replayed alone
+(``autotune.execute.replay``); peak memory per device (GPUs), with the peak of
+the forward/backward and of the optimizer step of one step apart; the loss.
 """
 from __future__ import annotations
 
 import statistics
 import time
 
+from autotune.execute import trace
+from autotune.execute.commlog import Call, CommLog
 from autotune.execute.data import batch
 from autotune.execute.layout import torch
 from autotune.sbp.sbp import B
 
 dist = torch.distributed
-NCCL = ("ncclDevKernel", "ncclKernel")
 
 
 class Trainer:
@@ -31,17 +39,19 @@ class Trainer:
         self.params = model.parameters()
         self.mixed = model.ctx.dtype in (torch.bfloat16, torch.float16)
         self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.mixed else None
-        self.opt = torch.optim.Adam(self.masters if self.mixed else self.params, lr=lr)
-        self.sync = []  # (param, group) for weights whose gradient is partial somewhere
+        fused = {"fused": True} if d.is_gpu else {}
+        self.opt = torch.optim.Adam(self.masters if self.mixed else self.params, lr=lr, **fused)
+        self.log = model.ctx.log = CommLog()
+        self.sync = []  # (param, axes) for weights whose gradient is partial somewhere
         for p, _, fine in model.weight_fines():
             axes = tuple(a for a, q in enumerate(fine) if q == B and d.axis_sizes[a] > 1)
             if axes:
-                self.sync.append((p, d.group(axes)))
+                self.sync.append((p, axes))
         self._launching = False
         self._works = []
-        groups = {id(p): g for p, g in self.sync}
-        self._handles = [p.register_post_accumulate_grad_hook(self._hook(groups[id(p)]))
-                         for p in self.params if id(p) in groups]
+        axes_of = {id(p): a for p, a in self.sync}
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook(axes_of[id(p)]))
+                         for p in self.params if id(p) in axes_of]
 
     def close(self) -> None:
         """Drop the hooks (a parameter -> hook -> trainer cycle that the garbage collector
@@ -53,10 +63,14 @@ class Trainer:
         self.opt.state.clear()
         self.opt = self.masters = None
         self.params = []
+        self.model.ctx.log = None
 
-    def _hook(self, group):
+    def _hook(self, axes):
+        group = self.d.group(axes)
+
         def fire(p):
             if self._launching:
+                self.log.add(Call("allreduce", tuple(p.grad.shape), p.grad.dtype, axes=axes))
                 self._works.append(dist.all_reduce(p.grad, group=group, async_op=True))
         return fire
 
@@ -64,8 +78,31 @@ class Trainer:
         if self.d.is_gpu:
             torch.cuda.synchronize(self.d.device)
 
-    def step(self, step: int) -> float:
-        """One training step; returns the loss (mean over the step's tokens)."""
+    def _peak(self, reset: bool = True) -> int:
+        if not self.d.is_gpu:
+            return 0
+        peak = torch.cuda.max_memory_allocated(self.d.device)
+        if reset:
+            torch.cuda.reset_peak_memory_stats(self.d.device)
+        return peak
+
+    def _optimizer_step(self) -> None:
+        if not self.mixed:
+            self.opt.step()
+            return
+        for p, m in zip(self.params, self.masters):  # one weight at a time: one fp32 gradient alive
+            m.grad = p.grad.float()
+            self.opt.step()
+            m.grad = None
+            with torch.no_grad():
+                p.copy_(m)
+
+    def step(self, step: int, probe: dict | None = None) -> float:
+        """One training step; returns the loss (mean over the step's tokens). With ``probe``,
+        the peak memory before the step, of its forward/backward and of its optimizer step
+        go into it (bytes)."""
+        if probe is not None:
+            probe["before_step"] = self._peak()
         for p in self.params:
             p.grad = None
         mbs = self.graph.micro_batches
@@ -81,96 +118,81 @@ class Trainer:
         for w in self._works:
             w.wait()
         self._works = []
-        if self.mixed:
-            for p, m in zip(self.params, self.masters):
-                m.grad = p.grad.float()
-        self.opt.step()
-        if self.mixed:
-            with torch.no_grad():
-                for p, m in zip(self.params, self.masters):
-                    p.copy_(m)
+        if probe is not None:
+            probe["forward_backward"] = self._peak()
+        self._optimizer_step()
+        if probe is not None:
+            probe["optimizer_step"] = self._peak(reset=False)
         loss = total.to(torch.float64)
         dist.all_reduce(loss)
         return float(loss) / replicas
 
     def run(self, steps: int, warmup: int, profile_steps: int, progress=None) -> dict:
-        losses, times = [], []
+        """Train ``steps`` steps (the last one also records its collectives and its memory by
+        phase), then ``profile_steps`` under the profiler, then replay the recorded collectives."""
+        from autotune.execute.replay import replay
+
+        losses, times, probe = [], [], {}
         if self.d.is_gpu:
             torch.cuda.reset_peak_memory_stats(self.d.device)
         for s in range(steps):
+            last = s == steps - 1
             self._sync_device()
             dist.barrier()
+            self.log.on = last
             t0 = time.perf_counter()
-            losses.append(self.step(s))
+            losses.append(self.step(s, probe if last else None))
             self._sync_device()
             times.append(time.perf_counter() - t0)
+            self.log.on = False
             if progress:
                 progress(f"step {s + 1}/{steps}: loss {losses[-1]:.6g}, {times[-1] * 1e3:.1f} ms")
         timed = times[warmup:] or times
         step_s = _slowest(statistics.median(timed), self.d)
-        peak = self._peak_memory()
-        comm_s, comm_how, exposed = (self._profile(steps, profile_steps, losses) if profile_steps
-                                     else (None, "not profiled", None))
-        return {"losses": losses, "step_times_s": times, "step_s": step_s, "comm_s": comm_s, "comm_source": comm_how,
-                "exposed_comm_s": exposed,
-                "peak_memory_bytes": peak}
+        phases = {k: _slowest(float(v), self.d) for k, v in probe.items()} if self.d.is_gpu else None
+        peak = self._peak_memory(max(probe.values()) if probe else 0)
+        out = {"losses": losses, "step_times_s": times, "step_s": step_s, "peak_memory_bytes": peak,
+               "peak_memory_phases_bytes": phases, "comm_s": None, "comm_source": "not profiled",
+               "exposed_comm_s": None, "device_time_s": None, "top_kernels": None}
+        if profile_steps:
+            out.update(self._profile(steps, profile_steps, losses))
+        out.update(replay(self.log.calls, self.d, self.model.ctx))
+        return out
 
-    def _peak_memory(self) -> list | None:
+    def _peak_memory(self, peak: int) -> list | None:
         if not self.d.is_gpu:
             return None
-        mine = torch.tensor([float(torch.cuda.max_memory_allocated(self.d.device))], device=self.d.device)
+        mine = torch.tensor([float(peak)], device=self.d.device)
         out = [torch.zeros_like(mine) for _ in range(self.d.launch.world)]
         dist.all_gather(out, mine)
         return [int(x.item()) for x in out]
 
-    def _profile(self, first_step: int, n: int, losses: list) -> tuple[float | None, str, float | None]:
+    def _profile(self, first_step: int, n: int, losses: list) -> dict:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.d.is_gpu else [])
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, acc_events=True) as prof:
             for s in range(first_step, first_step + n):
                 losses.append(self.step(s))
             self._sync_device()
-        total = 0.0
-        for e in prof.key_averages():
-            if self.d.is_gpu and e.key.startswith(NCCL):
-                total += e.self_device_time_total
-            elif not self.d.is_gpu and e.key.startswith("gloo:"):
-                total += e.cpu_time_total
-        how = ("torch profiler: time inside NCCL kernels (includes their waiting for the peer and their slowdown "
-               "by concurrent compute)" if self.d.is_gpu else "torch profiler: gloo operations (CPU time)")
-        exposed = _slowest(exposed_time(*kernel_intervals(prof)) / 1e6 / n, self.d) if self.d.is_gpu else None
-        return _slowest(total / 1e6 / n, self.d), how, exposed
+        if not self.d.is_gpu:
+            total = sum(e.cpu_time_total for e in prof.key_averages() if e.key.startswith("gloo:"))
+            return {"comm_s": _slowest(total / 1e6 / n, self.d), "comm_source": "torch profiler: gloo operations (CPU time)"}
+        events = device_events(prof)
+        comm, busy = trace.split(events)
+        return {"comm_s": _slowest(sum(b - a for a, b in comm) / 1e6 / n, self.d),
+                "comm_source": "torch profiler: time inside NCCL kernels (includes their waiting for the peer and "
+                               "their slowdown by concurrent compute)",
+                "exposed_comm_s": _slowest(trace.exposed_time(comm, busy) / 1e6 / n, self.d),
+                "device_time_s": trace.breakdown(events, n), "top_kernels": trace.top_kernels(events, n)}
 
 
-def kernel_intervals(prof) -> tuple[list, list]:
-    """(NCCL kernel intervals, other kernel intervals) on this process's GPU, in microseconds."""
+def device_events(prof) -> list:
+    """This process's GPU activities from a finished profiler, as ``trace.DeviceEvent``."""
     from torch.autograd import DeviceType
 
-    comm, other = [], []
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            (comm if e.name.startswith(NCCL) else other).append((e.time_range.start, e.time_range.end))
-    return comm, other
-
-
-def _union(intervals) -> list:
-    out = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def exposed_time(comm, compute) -> float:
-    """Length of the time covered by a ``comm`` interval and by no ``compute`` interval."""
-    total, busy = 0.0, _union(compute)
-    for a, b in _union(comm):
-        covered = sum(max(0.0, min(b, y) - max(a, x)) for x, y in busy if x < b and y > a)
-        total += (b - a) - covered
-    return total
+    return [trace.DeviceEvent(e.name, e.time_range.start, e.time_range.end, bool(getattr(e, "is_user_annotation", False)))
+            for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
 def _slowest(x: float, d) -> float:

@@ -70,7 +70,7 @@ def test_out_of_memory_plan_is_listed_apart():
 
 
 def test_exposed_communication_closed_form():
-    from autotune.execute.train import exposed_time
+    from autotune.execute.trace import exposed_time
     # comm [0,10] and [20,30]; compute [2,5], [4,8] (union [2,8]) and [25,40]: exposed 4 + 5
     assert exposed_time([(0, 10), (20, 30)], [(2, 5), (4, 8), (25, 40)]) == 9
     assert exposed_time([(0, 10), (5, 12)], []) == 12
