@@ -10,6 +10,7 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
       "memory_Bps": 4.0e12,               # bytes moved (read + written) per second
       "matmul":    {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention": {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
+      "attention_backward": {...},        # optional, as "attention": the core's backward
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
 
@@ -19,7 +20,14 @@ and scales the first point's time down to ``launch_s`` below it; a band with
 only ``peak_flops`` (datasheet figures) costs ``launch_s + flops / peak_flops``.
 Matmul flops are 2 m k n; attention flops 4 b h s^2 d (QK^T and PV, counted
 as if not causal; the measured points are causal, as GPT runs them, so the
-causal saving lies in the fitted times). Backward of a matmul costs twice its
+causal saving lies in the fitted times). A measured attention band may instead
+be on the axis of score elements b h s^2 (``"axis": "scores"``, what
+``python -m calibrate compute`` writes): the core keeps its probabilities, so
+its time is that of the passes over the b h s^2 scores (scale, mask, softmax,
+the two batched matmuls reading and writing them), nearly independent of the
+head dimension d (H200, bf16, s = 1024: 577 us at d = 64, 586 us at d = 128),
+which flops, proportional to d, cannot express: on the flops axis, b = 4,
+h = 32, s = 1024, d = 128 read as the s = 2048, d = 64 point, twice its time. Backward of a matmul costs twice its
 forward (two matmuls of the same size).
 """
 from __future__ import annotations
@@ -33,12 +41,17 @@ from calibrate.errors import UserError
 KINDS = ("measured", "assumed")
 
 
+AXES = ("flops", "scores")
+
+
 @dataclass(frozen=True)
 class Band:
-    """The throughput of one op at one element size."""
+    """The throughput of one op at one element size. ``axis`` says what the points' first
+    value counts: flops, or (attention) score elements b h s^2."""
 
     peak_flops: float
-    points: tuple[tuple[float, float], ...] = ()  # (flops, seconds), increasing flops
+    points: tuple[tuple[float, float], ...] = ()  # (flops or score elements, seconds), increasing
+    axis: str = "flops"
 
     def seconds(self, flops: float, launch_s: float) -> float:
         if flops <= 0:
@@ -59,6 +72,8 @@ class Band:
         out = {"peak_flops": self.peak_flops}
         if self.points:
             out["points"] = [list(p) for p in self.points]
+        if self.axis != "flops":
+            out["axis"] = self.axis
         return out
 
 
@@ -77,7 +92,10 @@ def _band(d, where: str) -> Band:
             merged[-1] = (f, (merged[-1][1] + t) / 2)
         else:
             merged.append((f, t))
-    return Band(float(d["peak_flops"]), tuple(merged))
+    axis = d.get("axis", "flops")
+    if axis not in AXES or (axis != "flops" and not merged):
+        raise UserError(f"{where} has axis {axis!r}: use flops, or scores with measured points; re-run python -m calibrate compute")
+    return Band(float(d["peak_flops"]), tuple(merged), axis)
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,7 @@ class ComputeModel:
     matmul: dict = field(default_factory=dict)  # str(dtype_bytes) -> Band
     attention: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
+    attention_backward: dict = field(default_factory=dict)  # measured backward of the core (else 2 x forward)
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -105,9 +124,22 @@ class ComputeModel:
     def matmul_seconds(self, m: int, k: int, n: int, dtype_bytes: int) -> float:
         return self._band(self.matmul, "matmul", dtype_bytes).seconds(2.0 * m * k * n, self.launch_s)
 
-    def attention_seconds(self, batch: int, heads: int, seq: int, head_dim: int, dtype_bytes: int) -> float:
-        flops = 4.0 * batch * heads * seq * seq * head_dim
+    def attention_seconds(self, batch: int, heads: int, seq: int, head_dim: int, dtype_bytes: int,
+                          backward: bool = False) -> float:
+        """The causal attention core's forward (``backward``: its backward; without measured
+        backward figures, twice the forward, as two matmuls per forward matmul)."""
+        if backward:
+            band = self.attention_backward.get(str(dtype_bytes))
+            if band is None:
+                return 2 * self.attention_seconds(batch, heads, seq, head_dim, dtype_bytes)
+            return self._attention(band, batch, heads, seq, head_dim)
         band = self.attention.get(str(dtype_bytes)) or self._band(self.matmul, "matmul", dtype_bytes)
+        return self._attention(band, batch, heads, seq, head_dim)
+
+    def _attention(self, band: Band, batch: int, heads: int, seq: int, head_dim: int) -> float:
+        flops = 4.0 * batch * heads * seq * seq * head_dim
+        if band.axis == "scores":
+            return band.seconds(float(batch * heads * seq * seq), self.launch_s)
         return band.seconds(flops, self.launch_s)
 
     def memory_seconds(self, nbytes: float) -> float:
@@ -117,6 +149,8 @@ class ComputeModel:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
                 "matmul": {k: b.to_dict() for k, b in self.matmul.items()},
                 "attention": {k: b.to_dict() for k, b in self.attention.items()},
+                **({"attention_backward": {k: b.to_dict() for k, b in self.attention_backward.items()}}
+                   if self.attention_backward else {}),
                 "sources": dict(self.sources)}
 
     @classmethod
@@ -137,5 +171,7 @@ class ComputeModel:
             memory_Bps=float(d["memory_Bps"]),
             matmul={str(k): _band(v, f"{where} matmul {k}") for k, v in d["matmul"].items()},
             attention={str(k): _band(v, f"{where} attention {k}") for k, v in d.get("attention", {}).items()},
+            attention_backward={str(k): _band(v, f"{where} attention_backward {k}")
+                                for k, v in d.get("attention_backward", {}).items()},
             sources=dict(d.get("sources", {})),
         )

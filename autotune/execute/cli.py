@@ -99,6 +99,9 @@ def summarize(folder: str) -> int:
     print(result.format_targets(s["targets"]))
     for f in s["failed"]:
         print(f"not measured: {f['strategy']}: {f['error']}")
+    breakdown = result.format_breakdown(records)
+    (Path(folder) / "breakdown.txt").write_text(breakdown + "\n")
+    print(breakdown)
     (Path(folder) / "summary.md").write_text(result.markdown(s, f"python -m autotune execute --summarize {folder}"))
     print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
     return 0

@@ -82,7 +82,12 @@ def redistribute(local, mesh, shape, src: tuple[str, ...], dst: tuple[str, ...],
         coords = mesh.get_coordinate() if coords is None else coords
         if any(coords[a] != 0 for a in zero):
             out = torch.zeros_like(out)
-    return out.contiguous()
+    out = out.contiguous()
+    if out.untyped_storage().nbytes() > out.numel() * out.element_size():
+        # a piece of a larger buffer (a collective's whole output, chunked): its own storage, so
+        # that a layer keeping it for the backward pass does not keep the whole buffer alive
+        out = out.clone()
+    return out
 
 
 def _logged(log, x, shape, src, dst) -> None:

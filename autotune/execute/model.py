@@ -4,6 +4,7 @@ forward of one micro-batch through the chain with the plan's boxings between
 layers. The residual stream is not modelled, as in the plan's layer graph."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 from calibrate.errors import UserError
@@ -44,18 +45,20 @@ class PlanModel:
     def parameters(self) -> list:
         return [p for p, _, _ in self.weight_fines()]
 
-    def forward(self, data: dict, loss_scale: float):
-        """(this device's share of the loss, how many devices hold the same share)."""
+    def forward(self, data: dict, loss_scale: float, around=None):
+        """(this device's share of the loss, how many devices hold the same share). ``around(pos)``,
+        if given, is a context manager entered around each layer (its input boxing and its op)."""
         ctx, x, prev = self.ctx, None, None
         for pos, v in enumerate(self.graph.chain):
             spec = self.specs[v]
-            if spec.input is not None:
-                if x is None:
-                    x = ctx.piece(data["x"], spec.input)
-                else:
-                    x = box(x, ctx.mesh, spec.in_shape, prev, spec.input, grad_dst=spec.grad_in, log=ctx.log)
-            weights = {n: p.to(ctx.dtype) for n, p in self.params[pos].items()}
-            x = ops.forward(ctx, spec, x, weights, data, loss_scale)
+            with around(pos) if around else contextlib.nullcontext():
+                if spec.input is not None:
+                    if x is None:
+                        x = ctx.piece(data["x"], spec.input)
+                    else:
+                        x = box(x, ctx.mesh, spec.in_shape, prev, spec.input, grad_dst=spec.grad_in, log=ctx.log)
+                weights = {n: p.to(ctx.dtype) for n, p in self.params[pos].items()}
+                x = ops.forward(ctx, spec, x, weights, data, loss_scale)
             prev = spec.output
         last = self.specs[self.graph.chain[-1]]
         if last.kind != "loss":

@@ -128,6 +128,30 @@ COLUMNS = ("pred comm: the plan's total communication time per step; comm ms: th
            "exposed communication.")
 
 
+def format_breakdown(records: list[dict]) -> str:
+    """Per plan: device time per step by kernel family (ms), the replayed redistribution and
+    gradient sync (ms), and the memory peaks of one step by phase (GiB), where measured."""
+    fams, phases = [], []
+    for r in records:
+        m = r.get("measured") or {}
+        fams += [f for f in (m.get("device_time_s") or {}) if f not in fams]
+        phases += [p for p in (m.get("peak_memory_phases_bytes") or {}) if p not in phases]
+    head = ["plan"] + [f"{f} ms" for f in fams] + ["replay red ms", "replay sync ms", "pred red ms", "pred sync ms"] + \
+        [f"{p} GiB" for p in phases]
+    body = []
+    for r in records:
+        if r.get("error"):
+            continue
+        m, p = r["measured"], r.get("predicted", {})
+        dev, ph = m.get("device_time_s") or {}, m.get("peak_memory_phases_bytes") or {}
+        body.append([r["strategy"]] + [_ms(dev.get(f)) for f in fams] +
+                    [_ms(m.get("redistribution_alone_s")), _ms(m.get("grad_sync_alone_s")),
+                     _ms(p.get("redistribution_s")), _ms(p.get("grad_sync_s"))] + [_gib(ph.get(q)) for q in phases])
+    w = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(x))
+                     for x in [head] + body)
+
+
 def format_targets(t: dict) -> str:
     lines = []
     for name, v in t.items():

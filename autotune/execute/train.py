@@ -103,6 +103,7 @@ class Trainer:
         go into it (bytes)."""
         if probe is not None:
             probe["before_step"] = self._peak()
+            probe["allocated_at_start"] = torch.cuda.memory_allocated(self.d.device) if self.d.is_gpu else 0
         for p in self.params:
             p.grad = None
         mbs = self.graph.micro_batches
@@ -150,7 +151,7 @@ class Trainer:
         timed = times[warmup:] or times
         step_s = _slowest(statistics.median(timed), self.d)
         phases = {k: _slowest(float(v), self.d) for k, v in probe.items()} if self.d.is_gpu else None
-        peak = self._peak_memory(max(probe.values()) if probe else 0)
+        peak = self._peak_memory(max(v for k, v in probe.items() if k != "allocated_at_start") if probe else 0)
         out = {"losses": losses, "step_times_s": times, "step_s": step_s, "peak_memory_bytes": peak,
                "peak_memory_phases_bytes": phases, "comm_s": None, "comm_source": "not profiled",
                "exposed_comm_s": None, "device_time_s": None, "top_kernels": None}

@@ -20,7 +20,7 @@ from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op
-from autotune.sbp.memory import Memory, strategy_memory
+from autotune.sbp.memory import Memory, peak_workspace, strategy_memory
 from autotune.sbp.steptime import layer_seconds, optimizer_seconds, require_compute
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, is_split
@@ -144,11 +144,16 @@ class Problem:
                                 f"needs {self.min_memory / 2**30:.1f} GiB; raise it, add devices or shrink the micro-batch")
 
     def memory_breakdown(self, assign) -> Memory:
-        """Parameters, gradients, optimizer states and activations per device of a plan."""
+        """Parameters, gradients, optimizer states, activations and the peak's workspace per device of a plan."""
         out = Memory()
         for v, (i, c) in enumerate(zip(assign, self.counts)):
             out = out + strategy_memory(self.choices[v][i], self.cluster, self.act_bytes).scaled(c)
-        return out
+        ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes, self.mb)
+        return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
+
+    def peak_memory(self, assign) -> float:
+        """Bytes per device at a plan's peak: ``memory_of`` plus the workspace (``autotune.sbp.memory``)."""
+        return self.memory_breakdown(assign).total
 
     @property
     def sizes(self) -> list[int]:

@@ -116,7 +116,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         edges.append({"from": problem.ops[a].layer.name, "to": problem.ops[b].layer.name, "count": count,
                       "collectives": comms, "redistribution_s": t})
     totals = {"redistribution_s": red_total, "grad_sync_s": sync_total,
-              "total_s": red_total + sync_total, "memory_bytes": problem.memory_of(assign),
+              "total_s": red_total + sync_total, "memory_bytes": problem.peak_memory(assign),
               "memory": problem.memory_breakdown(assign).to_dict(),
               "fits_memory": problem.feasible(assign)}
     if problem.node_compute is not None:  # the step-time model (autotune.sbp.steptime)

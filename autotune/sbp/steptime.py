@@ -11,7 +11,7 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
     layernorm,  memory-bound: forward reads the input and writes the output (2 passes),
     pointwise   backward reads input and gradient and writes a gradient (3 passes)
     attention   softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads;
-                backward twice the forward
+                backward as measured (``python -m calibrate compute``), else twice the forward
     loss        softmax cross-entropy, memory-bound: 2 passes forward, 2 backward
     conv        an implicit GEMM (local images x side^2, 9 x in-channels, out-channels);
                 backward twice the forward
@@ -84,9 +84,8 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
         return mem(2, 3, local_elems(s.input, s.mesh, cluster))
     if kind == "attention":
         mb, heads = d["micro_batch"], d["heads"]
-        f = cm.attention_seconds(mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb,
-                                 d["hidden"] // heads, act_bytes)
-        return f, 2 * f
+        shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
+        return cm.attention_seconds(*shape, act_bytes), cm.attention_seconds(*shape, act_bytes, backward=True)
     if kind == "loss":
         return mem(2, 2, local_elems(s.input, s.mesh, cluster))
     if kind == "conv":

@@ -86,18 +86,24 @@ def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, flo
     return out
 
 
-def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple]]:
+def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple, float]]:
+    """(flops, forward seconds, (b, h, s, d), backward seconds): the backward is the time of
+    forward and backward together (autograd, the probabilities kept) less the forward's."""
     out = []
     batch, heads = 4, 16
     for d in HEAD_DIMS:
         for s in SEQS:
-            sets = [tuple(torch.randn(batch, heads, s, d, device=device, dtype=dtype) for _ in range(3))
-                    for _ in range(3)]
-            t = _time(torch, lambda i: causal_attention(torch, *sets[i % 3]), iters, warmup)
+            sets = [tuple(torch.randn(batch, heads, s, d, device=device, dtype=dtype, requires_grad=True)
+                          for _ in range(3)) for _ in range(3)]
+            grad = torch.randn(batch, heads, s, d, device=device, dtype=dtype)
+            with torch.no_grad():
+                t = _time(torch, lambda i: causal_attention(torch, *sets[i % 3]), iters, warmup)
+            both = _time(torch, lambda i: causal_attention(torch, *sets[i % 3]).backward(grad), iters, warmup)
             flops = 4.0 * batch * heads * s * s * d
-            out.append((flops, t, (batch, heads, s, d)))
-            progress(f"attention b={batch} h={heads} s={s} d={d} {dtype}: {t * 1e6:.1f} us")
-            del sets
+            out.append((flops, t, (batch, heads, s, d), max(both - t, t)))
+            progress(f"attention b={batch} h={heads} s={s} d={d} {dtype}: {t * 1e6:.1f} us forward, "
+                     f"{(both - t) * 1e6:.1f} us backward")
+            del sets, grad
     return out
 
 
@@ -145,7 +151,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     gpu = torch.cuda.get_device_name(device)
     progress(f"{gpu}, torch {torch.__version__}; base profile {profile.name}")
-    matmul, attention, sources = {}, {}, {}
+    matmul, attention, attention_bwd, sources = {}, {}, {}, {}
     for name in names:
         dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[name])
         size = DTYPES[name]
@@ -154,9 +160,13 @@ def main(argv=None) -> int:
         att = measure_attention(torch, dtype, device, args.iters, args.warmup)
         best = max(f / t for f, t, _ in mm)
         matmul[str(size)] = Band(peak or best, tuple(sorted((f, t) for f, t, _ in mm)))
-        attention[str(size)] = Band(peak or best, tuple(sorted((f, t) for f, t, _ in att)))
+        attention[str(size)] = Band(peak or best, tuple(sorted((b * h * s * s, t) for _, t, (b, h, s, _), _ in att)),
+                                    "scores")
+        attention_bwd[str(size)] = Band(peak or best, tuple(sorted((b * h * s * s, tb)
+                                                                   for _, _, (b, h, s, _), tb in att)), "scores")
         sources[f"matmul.{size}"] = f"measured ({name}, {len(mm)} shapes, best {best / 1e12:.0f} TFLOP/s)"
         sources[f"attention.{size}"] = f"measured ({name}, causal softmax(QK^T)V, probabilities kept, {len(att)} shapes)"
+        sources[f"attention_backward.{size}"] = f"measured ({name}, autograd backward of the same core, {len(att)} shapes)"
     mem = measure_memory(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
@@ -164,7 +174,8 @@ def main(argv=None) -> int:
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     profile.compute = ComputeModel(
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
-        kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources)
+        kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
+        attention_backward=attention_bwd)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s, launch {launch * 1e6:.1f} us")
     print(f"wrote the compute section of {profile.name} to {path}")

@@ -84,11 +84,14 @@ def test_memory_accounting_data_parallel_closed_form():
     params = g.parameters()
     t = mb * s // 4
     per_layer_inputs = t * (h + h + 3 * h + h + h + h + 4 * h + 4 * h)  # ln1 qkv attention proj ln2 fc1 gelu fc2
-    acts = L * per_layer_inputs + L * (mb // 4) * heads * s * s + t * h + t * h + t * v  # + ln_f, logits, loss
+    acts = L * per_layer_inputs + L * (mb // 4) * heads * s * s + t * h + t * h  # + ln_f's and logits' inputs
     m = pr.memory_breakdown(a)
     assert (m.parameters, m.gradients, m.optimizer) == (2 * params, 2 * params, 12 * params)
-    assert m.activations == 2 * acts
-    assert m.total == pr.memory_of(a)
+    assert m.activations == 2 * acts + 4 * t * v  # the loss keeps fp32 probabilities
+    # the peak: the logits' backward (2 micro-batches: its new weight gradient too) while the loss's
+    # probabilities are freed: + 2 (t h + t v + h v) - 4 t v, above the loss's own + 2 t v
+    assert m.workspace == 2 * (t * h + t * v + h * v) - 4 * t * v
+    assert m.total == pr.memory_of(a) + m.workspace == pr.peak_memory(a)
     assert sum(PRECISION[2]) == sum(PRECISION[4]) == 16
 
 
@@ -101,4 +104,4 @@ def test_memory_accounting_fp32_and_split_weights():
     m = pr.memory_breakdown(a)
     local = (1024 * 256 + 256 * 768 + 256 * 256 + 256 * 1024 + 1024 * 256 + 256 * 1024) // 4 + 3 * 2 * 256
     assert (m.parameters, m.gradients, m.optimizer) == (4 * local, 4 * local, 8 * local)
-    assert math.isclose(m.total, pr.memory_of(a))
+    assert math.isclose(m.total, pr.memory_of(a) + m.workspace)

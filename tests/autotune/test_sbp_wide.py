@@ -82,7 +82,8 @@ def test_act_bytes_must_be_2_or_4():
 
 
 def test_act_bytes_scales_activation_memory_and_boxing_bytes():
-    # an MLP 256-128 on 2 x 4 GPUs: the memory of a plan is params * 16 + inputs * act_bytes
+    # an MLP 256-128 on 2 x 4 GPUs: the memory of a plan is params * 16 + inputs * act_bytes, but the
+    # loss keeps fp32 probabilities (4 bytes a logit) in both precisions
     coster = Coster(Profile.load("gcp-a100"), Cluster(2, 4))
     cfg = {"dims": [256, 128, 64], "batch": 32, "micro_batch": 32}
     p2 = Problem(load_model("mlp", None, cfg), coster, None)
@@ -90,6 +91,6 @@ def test_act_bytes_scales_activation_memory_and_boxing_bytes():
     a = p2.min_memory_assignment()
     for v, i in enumerate(a):
         s = p2.choices[v][i]
-        acts = local_elems(s.input, s.mesh, p2.cluster)
+        acts = 0 if s.signature.startswith("loss") else local_elems(s.input, s.mesh, p2.cluster)
         assert memory(s, p2.cluster, 4) - memory(s, p2.cluster, 2) == 2 * acts
         assert p4.mem[v][i] - p2.mem[v][i] == 2 * acts

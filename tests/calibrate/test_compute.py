@@ -32,6 +32,31 @@ def test_points_interpolate_log_log_and_extrapolate_at_constant_rate():
     assert band.seconds(1e6, 1e-5) == pytest.approx(1e-5)  # never below a launch
 
 
+def test_attention_on_the_scores_axis_ignores_the_head_dimension():
+    """Points measured at b = 4, h = 16 (b h = 64) for s = 1024 and 2048: b h = 128 at s = 1024 has
+    twice the score elements of the first point, half those of the second (geometric mean of their
+    times, log-log), whatever d; on the flops axis the same points would give the second point's time."""
+    t1, t2 = 5.8e-4, 2.3e-3
+    d = {"kind": "measured", "source": "test", "launch_s": 1e-5, "memory_Bps": 1e12,
+         "matmul": {"2": {"peak_flops": 1e15}},
+         "attention": {"2": {"peak_flops": 1e15, "axis": "scores",
+                             "points": [[64 * 1024**2, t1], [64 * 2048**2, t2]]}}}
+    m = ComputeModel.from_dict(d)
+    want = math.sqrt(t1 * t2)
+    assert m.attention_seconds(4, 32, 1024, 128, 2) == pytest.approx(want)
+    assert m.attention_seconds(4, 32, 1024, 64, 2) == pytest.approx(want)
+    assert m.attention_seconds(8, 16, 1024, 128, 2) == pytest.approx(want)
+    assert ComputeModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    assert m.attention_seconds(4, 32, 1024, 128, 2, backward=True) == pytest.approx(2 * want)  # none measured: 2x
+    d["attention_backward"] = {"2": {"peak_flops": 1e15, "axis": "scores", "points": [[64 * 1024**2, 3 * t1]]}}
+    m = ComputeModel.from_dict(d)
+    assert m.attention_seconds(4, 16, 1024, 128, 2, backward=True) == pytest.approx(3 * t1)
+    assert ComputeModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    d["attention"]["2"]["axis"] = "tokens"
+    with pytest.raises(UserError, match="axis"):
+        ComputeModel.from_dict(d)
+
+
 def test_missing_dtype_names_the_fix():
     with pytest.raises(UserError, match="calibrate compute --dtypes fp32"):
         model().matmul_seconds(10, 10, 10, 4)

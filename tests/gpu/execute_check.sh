@@ -4,10 +4,13 @@
 #   1. python -m calibrate compute: the GPU's matmul/attention/memory figures, merged into the
 #      h200-nvlink profile ($OUT/profile.json), which every prediction below uses;
 #   2. the searched plan (per objective when python -m autotune has --objective), data parallel,
-#      Megatron, SUMMA, S/B only and random plans (tests/gpu/execute_plans.py), >= 8 in all;
+#      Megatron, SUMMA and RANDOM_PLANS (10) random plans spread over the predicted step time
+#      (tests/gpu/execute_plans.py says why), 15 in all;
 #   3. python -m autotune execute --which all under torchrun, one process per GPU;
 #   4. python -m autotune execute --summarize: the table (predicted vs measured step time,
-#      communication time, memory; Spearman; the targets) in $OUT/exec/summary.{json,md,txt}.
+#      communication time (the step's collectives replayed alone, and the in-step NCCL kernel
+#      time), exposed communication, memory; Spearman; the targets) in $OUT/exec/summary.{json,md,txt},
+#      then each plan's device time by kernel family and memory peak by phase (exec/breakdown.txt).
 # Any number of GPUs (NGPU, default: all of nvidia-smi's); run from the repository root:
 #   OUT=/path bash tests/gpu/execute_check.sh
 set -uo pipefail
@@ -39,7 +42,7 @@ for obj in $OBJECTIVES; do
   echo "search ($obj objective): exit $?"
   [ -f "$OUT/search-$obj/plan.json" ] && SEARCHED+=("$obj=$OUT/search-$obj")
 done
-$PY tests/gpu/execute_plans.py "$OUT/plans.json" --searched "${SEARCHED[@]}" --plans 9 --profile "$PROFILE" \
+$PY tests/gpu/execute_plans.py "$OUT/plans.json" --searched "${SEARCHED[@]}" --random ${RANDOM_PLANS:-10} --profile "$PROFILE" \
   "${MODEL[@]}" "${CLUSTER[@]}" --memory-limit 120 2>&1 | tail -1
 
 timeout 240 $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m autotune execute "$OUT/plans.json" \
