@@ -3,10 +3,16 @@ why): the recorded calls, in their order, on zero-filled buffers of their
 shapes, through the same code (``layout.redistribute``, ``ops.max_over``,
 ``dist.all_reduce`` on the same groups), synchronously, with no compute.
 
-Timed as two sequences per repetition, the boxings (redistribution, the
-plan's ``redistribution_s``) then the gradient all-reduces (``grad_sync_s``),
-between CUDA events on GPUs (wall clock after a barrier on CPUs); one
-repetition to warm up, the median of the rest, the slowest device.
+Two figures per step. The wall figure: the boxings (redistribution, the plan's
+``redistribution_s``) then the gradient all-reduces (``grad_sync_s``) timed as
+two sequences between CUDA events (wall clock after a barrier on CPUs), one
+repetition to warm up, the median of the rest, the slowest device; it includes
+the host's time to issue each call (DTensor's dispatch), during which the GPU
+idles. The kernel figure (GPUs): the same sequences under the torch profiler,
+each NCCL kernel's duration, the minimum over the devices (a kernel on the
+device that launched first also waits for the others; on the one that launched
+last it does not), summed per step: the collectives' own time, which is what
+the plan's alpha-beta costs predict.
 """
 from __future__ import annotations
 
@@ -57,6 +63,29 @@ def _slowest(x: float, d) -> float:
     return float(t.item())
 
 
+def _kernel_seconds(fns, d, reps: int) -> float | None:
+    """Seconds per repetition inside NCCL kernels, each the minimum over the devices (GPUs only)."""
+    if not d.is_gpu or not fns:
+        return None if not d.is_gpu else 0.0
+    from torch.profiler import ProfilerActivity, profile
+
+    from autotune.execute.trace import is_comm, min_over_devices
+    from autotune.execute.train import device_events
+
+    torch.cuda.synchronize(d.device)
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for f in fns:
+                f()
+        torch.cuda.synchronize(d.device)
+    mine = [e.end - e.start for e in sorted(device_events(prof), key=lambda e: e.start)
+            if is_comm(e.name) and not e.annotation]
+    everyone = [None] * d.launch.world
+    dist.all_gather_object(everyone, mine)
+    return min_over_devices(everyone) / 1e6 / reps
+
+
 def replay(calls: list[Call], d, ctx, reps: int = REPS) -> dict:
     """{"comm_alone_s", "redistribution_alone_s", "grad_sync_alone_s", "comm_calls"} of the recorded step."""
     boxing = [_runner(c, d, ctx) for c in calls if c.kind != "allreduce"]
@@ -68,9 +97,18 @@ def replay(calls: list[Call], d, ctx, reps: int = REPS) -> dict:
             red.append(a)
             grad.append(b)
     red_s, grad_s = _slowest(statistics.median(red), d), _slowest(statistics.median(grad), d)
+    red_k, grad_k = _kernel_seconds(boxing, d, reps), _kernel_seconds(sync, d, reps)
     counts: dict[str, int] = {}
     for c in calls:
         counts[c.kind] = counts.get(c.kind, 0) + 1
-    return {"comm_alone_s": red_s + grad_s, "redistribution_alone_s": red_s, "grad_sync_alone_s": grad_s,
-            "comm_calls": counts,
-            "comm_alone_source": f"the step's {len(calls)} collectives replayed alone, synchronously, median of {reps}"}
+    out = {"comm_alone_wall_s": red_s + grad_s, "redistribution_alone_wall_s": red_s, "grad_sync_alone_wall_s": grad_s,
+           "comm_calls": counts}
+    if red_k is None:  # CPUs: the wall figure is the one there is
+        out.update(comm_alone_s=red_s + grad_s, redistribution_alone_s=red_s, grad_sync_alone_s=grad_s,
+                   comm_alone_source=f"the step's {len(calls)} collectives replayed alone, synchronously, wall clock, "
+                                     f"median of {reps}")
+    else:
+        out.update(comm_alone_s=red_k + grad_k, redistribution_alone_s=red_k, grad_sync_alone_s=grad_k,
+                   comm_alone_source=f"the step's {len(calls)} collectives replayed alone: NCCL kernel time, the "
+                                     f"minimum over the devices, mean of {reps} repetitions")
+    return out

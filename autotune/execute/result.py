@@ -121,8 +121,9 @@ def format_table(table: list[dict]) -> str:
 
 
 COLUMNS = ("pred comm: the plan's total communication time per step; comm ms: the same step's collectives "
-           "replayed alone (same calls, sizes, order and groups, no compute; CUDA events), the figure the "
-           "communication target compares; kernel ms: time inside the NCCL kernels of a training step (torch "
+           "replayed alone (same calls, sizes, order and groups, no compute): on GPUs the time inside their NCCL kernels, "
+           "each the minimum over the devices (no waiting for a late peer), the figure the communication target "
+           "compares (the replay's wall time, which adds the host's dispatch, is in breakdown.txt); kernel ms: time inside the NCCL kernels of a training step (torch "
            "profiler), which also counts their waiting for the peer and their slowdown by the compute they overlap. "
            "exp ms: the part of the NCCL kernel time during which no other GPU activity runs; pred exp: the plan's "
            "exposed communication.")
@@ -136,7 +137,8 @@ def format_breakdown(records: list[dict]) -> str:
         m = r.get("measured") or {}
         fams += [f for f in (m.get("device_time_s") or {}) if f not in fams]
         phases += [p for p in (m.get("peak_memory_phases_bytes") or {}) if p not in phases]
-    head = ["plan"] + [f"{f} ms" for f in fams] + ["replay red ms", "replay sync ms", "pred red ms", "pred sync ms"] + \
+    head = ["plan"] + [f"{f} ms" for f in fams] + ["replay red ms", "replay sync ms", "pred red ms", "pred sync ms",
+                                                    "replay wall ms"] + \
         [f"{p} GiB" for p in phases]
     body = []
     for r in records:
@@ -146,7 +148,8 @@ def format_breakdown(records: list[dict]) -> str:
         dev, ph = m.get("device_time_s") or {}, m.get("peak_memory_phases_bytes") or {}
         body.append([r["strategy"]] + [_ms(dev.get(f)) for f in fams] +
                     [_ms(m.get("redistribution_alone_s")), _ms(m.get("grad_sync_alone_s")),
-                     _ms(p.get("redistribution_s")), _ms(p.get("grad_sync_s"))] + [_gib(ph.get(q)) for q in phases])
+                     _ms(p.get("redistribution_s")), _ms(p.get("grad_sync_s")), _ms(m.get("comm_alone_wall_s"))] +
+                    [_gib(ph.get(q)) for q in phases])
     w = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(x))
                      for x in [head] + body)

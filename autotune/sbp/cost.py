@@ -21,7 +21,7 @@ from models.graph import LayerGraph
 from autotune.sbp.boxing import Coster, Step, box, box_backward
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op
 from autotune.sbp.memory import Memory, peak_workspace, strategy_memory
-from autotune.sbp.steptime import layer_seconds, optimizer_seconds, require_compute
+from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds, require_compute
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, is_split
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
@@ -105,7 +105,9 @@ class Problem:
         if self.compute is not None:
             secs = [[layer_seconds(op, s, self.cluster, self.compute, self.act_bytes) for s in ss]
                     for op, ss in zip(self.ops, self.choices)]
-            self.node_compute = [np.array([self.mb * (f + b) + optimizer_seconds(s, self.cluster, self.compute,
+            self.node_compute = [np.array([self.mb * (f + b)
+                                           + optimizer_seconds(s, self.cluster, self.compute, self.act_bytes)
+                                           + (self.mb - 1) * accumulate_seconds(s, self.cluster, self.compute,
                                                                                 self.act_bytes)
                                            for (f, b), s in zip(sec, ss)]) for sec, ss in zip(secs, self.choices)]
             self.node_bwd = [np.array([b for _, b in sec]) for sec in secs]

@@ -7,18 +7,31 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
                 (dI and dW). m and n are the output's local rows and columns; k follows from
                 the flops: 2 t k n over the devices that do not repeat the work (a role
                 where input, weight and output are all B repeats it)
-    embedding   a gather of the local output forward, a scatter-add of it backward (memory-bound)
-    layernorm,  memory-bound: forward reads the input and writes the output (2 passes),
-    pointwise   backward reads input and gradient and writes a gradient (3 passes)
-    attention   softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads;
-                backward as measured (``python -m calibrate compute``), else twice the forward
-    loss        softmax cross-entropy, memory-bound: 2 passes forward, 2 backward
+    embedding   memory-bound: forward the gather and the mask of rows held elsewhere (4 passes
+                over the local output); backward the mask, and the dense gradient zero-filled
+                and scatter-added (4 passes over the output, 1 over the local weight)
+    layernorm   memory-bound: forward reads the input and writes the output (2 passes),
+                backward reads input and gradient and writes a gradient, then reads both again
+                for the scale's and shift's gradients (5 passes)
+    split       the executed ops one by one (``autotune.execute.ops.layernorm``), each reading its
+    layernorm   inputs and writing its output, a = act_bytes, f = 4 (fp32 statistics): forward
+                6a + 10f bytes per local element, backward 7a + 17f
+    pointwise   memory-bound: 2 passes forward, 3 backward
+    attention   softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads, forward
+                and backward as measured (``python -m calibrate compute``; backward twice the
+                forward without a measurement), plus the copies around the core: the output
+                made token-major (2 passes forward, 2 backward), Q, K, V's gradients written
+                into the fused QKV gradient (2 passes over the input)
+    loss        the executed cross-entropy (``autotune.execute.ops._CrossEntropy``), each op one
+                pass: forward a + 9f bytes per local logit (fp32 copy, max, subtract, exp, sum,
+                divide), backward 3f + a (scale in place, cast)
     conv        an implicit GEMM (local images x side^2, 9 x in-channels, out-channels);
                 backward twice the forward
     pool        memory-bound: 2 passes forward, 2 backward
 
 plus, once per step, the optimizer reading and writing every locally held
-parameter's state (2 x 16 bytes a parameter, ``autotune.sbp.memory``).
+parameter's state (2 x 16 bytes a parameter, ``autotune.sbp.memory``), and per
+micro-batch after the first, the gradient accumulation (``accumulate_seconds``).
 
 The step time of a plan (``Problem`` with objective "step") is
 
@@ -42,7 +55,7 @@ from calibrate.compute import ComputeModel
 from calibrate.errors import UserError
 
 from autotune.sbp.layers import Op, Strategy, local_elems
-from autotune.sbp.memory import PRECISION
+from autotune.sbp.memory import PRECISION, STAT_BYTES
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, local_shape
 
@@ -78,16 +91,30 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
         k = d["tokens"] * d["k"] * d["n"] / per / (rows * cols)
         f = cm.matmul_seconds(rows, max(1, round(k)), cols, act_bytes)
         return f, 2 * f
-    if kind == "embedding":
-        return mem(1, 2, local_elems(s.output, s.mesh, cluster))
-    if kind in ("layernorm", "pointwise"):
+    if kind == "embedding":  # gather and mask forward; mask, zero-filled dense gradient and scatter-add backward
+        out = local_elems(s.output, s.mesh, cluster)
+        wts = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
+        return cm.memory_seconds(4 * out * act_bytes), cm.memory_seconds((4 * out + wts) * act_bytes)
+    if kind == "layernorm" and s.signature == "layernorm-split":
+        e = local_elems(s.input, s.mesh, cluster)
+        a, f = act_bytes, STAT_BYTES
+        return cm.memory_seconds(e * (6 * a + 10 * f)), cm.memory_seconds(e * (7 * a + 17 * f))
+    if kind == "layernorm":  # backward: dx, then the scale's and shift's gradients, each reading x and dy
+        return mem(2, 5, local_elems(s.input, s.mesh, cluster))
+    if kind == "pointwise":
         return mem(2, 3, local_elems(s.input, s.mesh, cluster))
     if kind == "attention":
         mb, heads = d["micro_batch"], d["heads"]
         shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
-        return cm.attention_seconds(*shape, act_bytes), cm.attention_seconds(*shape, act_bytes, backward=True)
+        out, inp = local_elems(s.output, s.mesh, cluster), local_elems(s.input, s.mesh, cluster)
+        f, b = cm.attention_seconds(*shape, act_bytes), cm.attention_seconds(*shape, act_bytes, backward=True)
+        # the heads' output made token-major (a copy) forward; backward its gradient, and Q, K, V's
+        # gradients written into the fused QKV gradient
+        return f + cm.memory_seconds(2 * out * act_bytes), b + cm.memory_seconds(2 * (out + inp) * act_bytes)
     if kind == "loss":
-        return mem(2, 2, local_elems(s.input, s.mesh, cluster))
+        e = local_elems(s.input, s.mesh, cluster)
+        a, f = act_bytes, STAT_BYTES
+        return cm.memory_seconds(e * (a + 9 * f)), cm.memory_seconds(e * (3 * f + a))
     if kind == "conv":
         side, ch = d["side"], d["in_channels"]
         v = d["out_features"] // (side * side)
@@ -107,3 +134,10 @@ def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes
     """Once per step: read and write every locally held parameter's weight, gradient and optimizer state."""
     params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
     return cm.memory_seconds(2 * params * sum(PRECISION[act_bytes])) if params else 0.0
+
+
+def accumulate_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
+    """Per micro-batch after the first: adding each weight's new gradient to the step's
+    (read both, write one: 3 x the gradient's bytes per locally held parameter)."""
+    params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
+    return cm.memory_seconds(3 * params * PRECISION[act_bytes][1]) if params else 0.0
