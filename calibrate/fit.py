@@ -11,6 +11,16 @@ Segment boundaries lie at the geometric mean of the neighbouring sizes.
 
 Robustness: each size enters as the median of its samples (one outlier sample
 cannot move it); no point is dropped.
+
+Method "interpolate" (``fit_interpolated``) instead puts one alpha-beta segment
+between each two neighbouring measured sizes: the line through both (exact for
+an alpha-beta curve, so between two sizes of one protocol and algorithm it is
+the curve itself), non-negative least squares where the line would need a
+negative alpha or beta (a step inside the interval, or a time that falls).
+With the sweep's sizes a factor 2 apart and the refinement's sizes bracketing
+each step within 1/32 octave, it follows every step and every bend the
+measurements show, where a few segments chosen by BIC smooth some of them away;
+it does not average the noise of neighbouring sizes.
 """
 from __future__ import annotations
 
@@ -21,10 +31,12 @@ import numpy as np
 from scipy.optimize import nnls
 
 from calibrate.collectives import Collective, busbw_factor, ring_coefficients
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from calibrate.profile import Segment, segments_time
+from calibrate.refine import FLOOR, RESOLUTION, Point, flag_steps
 
 BIG = float(2 ** 62)
+METHODS = ("segments", "interpolate")
 
 
 def fit_alpha_beta(coll: Collective, p: int, n: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
@@ -91,6 +103,54 @@ def fit_piecewise(coll: Collective, p: int, n, t, max_segments: int = 4, min_poi
     return segments
 
 
+def fit_interpolated(coll: Collective, p: int, n, t) -> list[Segment]:
+    """One segment per interval between neighbouring sizes (see the module doc); the first and the
+    last extend to 0 and beyond the largest size."""
+    n, t = _sorted_points(coll, p, n, t)
+    segments = []
+    for k in range(len(n) - 1):
+        alpha, beta, sse = fit_alpha_beta(coll, p, n[k:k + 2], t[k:k + 2])
+        segments.append(Segment(0.0 if k == 0 else float(n[k]), BIG if k == len(n) - 2 else float(n[k + 1]),
+                                alpha, beta, {"points": 2, "rms_rel_err": math.sqrt(sse / 2),
+                                              "first_bytes": float(n[k]), "last_bytes": float(n[k + 1])}))
+    return segments
+
+
+def fit_curve(method: str, coll: Collective, p: int, n, t, max_segments: int = 4, min_points: int = 3) -> list[Segment]:
+    """The segments of one curve by ``method`` (one of ``METHODS``)."""
+    if method == "interpolate":
+        return fit_interpolated(coll, p, n, t)
+    if method == "segments":
+        return fit_piecewise(coll, p, n, t, max_segments, min_points)
+    raise OptionError("method", f"{method!r} is not a fit method: choose from {', '.join(METHODS)}")
+
+
+def _sorted_points(coll: Collective, p: int, n, t) -> tuple[np.ndarray, np.ndarray]:
+    n = np.asarray(n, dtype=float)
+    t = np.asarray(t, dtype=float)
+    order = np.argsort(n)
+    n, t = n[order], t[order]
+    if len(n) < 2:
+        raise UserError(f"{coll.value} at p={p}: {len(n)} size(s) measured, at least 2 are needed to fit alpha and beta")
+    if not (np.all(np.isfinite(t)) and np.all(t > 0) and np.all(np.isfinite(n))):
+        raise UserError(f"{coll.value} at p={p}: the measurements contain non-finite or non-positive times: measure again")
+    return n, t
+
+
+def measured_steps(n, t, ci_lo, ci_hi, floor: float = FLOOR, resolution: float = RESOLUTION) -> list[dict]:
+    """Where the measured curve steps (``calibrate.refine.flag_steps`` on the points, with their
+    confidence intervals): per step the last size below it and the first above, the gap between them
+    in octaves, the jump (time above over time below, as the smooth models on each side see it) and
+    whether the gap is within ``resolution`` octaves."""
+    pts = [Point(int(a), float(b), float(lo), float(hi)) for a, b, lo, hi in zip(n, t, ci_lo, ci_hi)]
+    out = []
+    for s in flag_steps(pts, floor):
+        out.append({"last_below_bytes": float(s.lo.nbytes), "first_above_bytes": float(s.hi.nbytes),
+                    "at_bytes": math.sqrt(s.lo.nbytes * s.hi.nbytes), "gap_octaves": s.width,
+                    "jump": s.hi.time_s / s.lo.time_s, "located": s.located(resolution)})
+    return out
+
+
 def switches(coll: Collective, p: int, segments: list[Segment], resolution: float = 1 / 32) -> list[dict]:
     """Where the fitted curve steps: per boundary between segments, the last size measured below it and
     the first above, the gap between them in octaves, the jump (time of the upper segment over the lower
@@ -143,7 +203,8 @@ def fit_quality_problem(r2: float | None, max_err: float | None) -> str | None:
     return ", ".join(bad) or None
 
 
-def holdout(coll: Collective, p: int, n, t, max_segments: int = 4, min_points: int = 3) -> Validation | None:
+def holdout(coll: Collective, p: int, n, t, max_segments: int = 4, min_points: int = 3,
+            method: str = "segments") -> Validation | None:
     """Fit on the even-indexed sizes, predict the odd ones. None with fewer than 6 sizes."""
     n = np.asarray(n, dtype=float)
     t = np.asarray(t, dtype=float)
@@ -152,7 +213,7 @@ def holdout(coll: Collective, p: int, n, t, max_segments: int = 4, min_points: i
     if len(n) < 6:
         return None
     train, test = np.arange(0, len(n), 2), np.arange(1, len(n), 2)
-    segs = fit_piecewise(coll, p, n[train], t[train], max_segments, min_points)
+    segs = fit_curve(method, coll, p, n[train], t[train], max_segments, min_points)
     pred = predict(coll, p, segs, n[test])
     rel = np.abs(pred - t[test]) / t[test]
     lt, lp = np.log(t[test]), np.log(np.maximum(pred, 1e-15))

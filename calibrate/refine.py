@@ -16,9 +16,13 @@ points, and a fit cannot tell where inside the gap the jump lies. Here:
    least ``floor``); at the ends of the sweep the one side that exists decides;
 2. each flagged interval is bisected on aligned sizes: the time at the
    midpoint is closer (in log) to the left line or to the right one, and the
-   step lies in the other half. Intervals are taken in order of jump times
-   width (the largest possible error first), until each is narrower than
-   ``resolution`` octaves, or the point or time budget is spent.
+   step lies in the other half. The steps of all the run's curves share one
+   time budget and are bisected breadth first (every step one midpoint per
+   round, the largest jump first within a round), until each is narrower than
+   ``resolution`` octaves, or the points or the time run out: a budget that is
+   short narrows every step alike, and a curve whose sweep was quick (whose
+   own share of the budget would buy almost nothing) gets as many rounds as
+   the others.
 
 Everything here is deterministic in the measured values, so a resumed run
 (which gets the points already on disk back from ``measure``) replays the same
@@ -29,7 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Hashable
 
 from calibrate.sizes import snap
 
@@ -146,47 +150,74 @@ class Report:
 def refine(points: list[Point], measure: Callable[[int], tuple[Point, float]], aligned: Callable[[int], int], *,
            budget_s: float, max_points: int, cost: Callable[[int], float], floor: float = FLOOR,
            resolution: float = RESOLUTION, progress: Callable[[Report, Step], None] | None = None) -> Report:
-    """Bisect every flagged interval of ``points`` (one curve of the sweep).
+    """``refine_curves`` on one curve."""
+    return refine_curves({0: points}, lambda _, n: measure(n), lambda _, n: aligned(n), budget_s=budget_s,
+                         max_points=max_points, cost=lambda _, n: cost(n), floor=floor, resolution=resolution,
+                         progress=None if progress is None else lambda _, rep, step, __: progress(rep, step))[0]
 
-    ``measure(nbytes)`` returns the point and the seconds it took (for a size
-    already on disk: the stored point and the seconds it took then).
-    ``aligned(nbytes)`` rounds a size as the collective needs. The next point is
-    measured only while the seconds spent plus its expected cost stay within
-    ``budget_s``: ``cost(nbytes)`` (an upper bound, e.g. the dearer sweep point
-    around it) until a refined point has been measured, then ``cost`` times the
-    largest ratio of a refined point's time to its ``cost`` so far.
+
+def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashable, int], tuple[Point, float]],
+                  aligned: Callable[[Hashable, int], int], *, budget_s: float, max_points: int,
+                  cost: Callable[[Hashable, int], float], floor: float = FLOOR, resolution: float = RESOLUTION,
+                  progress: Callable[[Hashable, Report, Step, float], None] | None = None) -> dict[Hashable, Report]:
+    """Bisect every flagged interval of every curve (``curves``: key -> the sweep's points) under one
+    time budget shared by all of them.
+
+    ``measure(key, nbytes)`` returns the point and the seconds it took (for a size
+    already on disk: the stored point and the seconds it took then);
+    ``aligned(key, nbytes)`` rounds a size as the collective needs. Steps are
+    bisected breadth first: every step of every curve gets its first midpoint
+    before any gets its second, and so on (the largest jump first within a
+    round), so that a short budget narrows every step alike rather than a few to
+    the end. A midpoint is measured only while the seconds spent plus its
+    expected cost stay within ``budget_s``: ``cost(key, nbytes)`` (an upper bound,
+    e.g. the dearer sweep point around it) until a refined point of that curve
+    has been measured, then ``cost`` times the largest ratio of a refined
+    point's time to its ``cost`` so far on that curve; a step whose next
+    midpoint does not fit is left there and the cheaper ones go on. At most
+    ``max_points`` refined points per curve. ``progress(key, report, step, seconds spent by all)``
+    after each point.
     """
-    report = Report()
-    queue: list[tuple[float, int, int]] = []
-    for k, step in enumerate(flag_steps(points, floor)):
-        report.steps.append(step)
-        heapq.heappush(queue, (-step.jump * step.width, k, k))
-    seq = len(report.steps)
-    ratio = None
+    reports = {key: Report() for key in curves}
+    queue: list[tuple[int, float, int, Hashable, int]] = []
+    seq = 0
+    for key, points in curves.items():
+        for k, step in enumerate(flag_steps(points, floor)):
+            reports[key].steps.append(step)
+            heapq.heappush(queue, (0, -step.jump * step.width, seq, key, k))
+            seq += 1
+    ratio: dict[Hashable, float] = {}
+    spent = 0.0
+    short = set()   # curves that left a step for want of time
     while queue:
-        _, _, k = heapq.heappop(queue)
-        step = report.steps[k]
+        rounds, _, _, key, k = heapq.heappop(queue)
+        rep = reports[key]
+        step = rep.steps[k]
         if step.located(resolution):
             continue
-        m = midpoint(step.lo.nbytes, step.hi.nbytes, aligned)
+        m = midpoint(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
         if m is None:  # no aligned size left between them: as located as it can be
             continue
-        if len(report.added) >= max_points:
-            report.stopped = "point limit"
-            break
-        if report.spent_s + cost(m) * (1.0 if ratio is None else ratio) > budget_s:
-            report.stopped = "time budget"
-            break
-        p, took = measure(m)
-        report.added.append(m)
-        report.spent_s += took
-        ratio = max(ratio or 0.0, took / cost(m)) if cost(m) > 0 else ratio
+        if len(rep.added) >= max_points:
+            rep.stopped = "point limit"
+            continue
+        if spent + cost(key, m) * ratio.get(key, 1.0) > budget_s:
+            short.add(key)
+            continue
+        p, took = measure(key, m)
+        rep.added.append(m)
+        rep.spent_s += took
+        spent += took
+        if cost(key, m) > 0:
+            ratio[key] = max(ratio.get(key, 0.0), took / cost(key, m))
         if step.side(p) == "left":
             step.lo = p
         else:
             step.hi = p
         seq += 1
-        heapq.heappush(queue, (-step.jump * step.width, seq, k))
+        heapq.heappush(queue, (rounds + 1, -step.jump * step.width, seq, key, k))
         if progress:
-            progress(report, step)
-    return report
+            progress(key, rep, step, spent)
+    for key in short:
+        reports[key].stopped = "time budget"
+    return reports

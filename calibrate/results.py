@@ -39,8 +39,10 @@ STAT_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype",
 POINT_FIELDS = ["group", "collective", "bytes", "phase", "wall_s"]
 PHASES = ("sweep", "refine", "random")
 # configuration keys that must agree for --resume
-RESUME_KEYS = ("backend", "mode", "dtype", "iters", "warmup", "reps", "world_size", "hosts", "sizes",
+RESUME_KEYS = ("backend", "mode", "dtype", "iters", "warmup", "reps", "min_batch_s", "world_size", "hosts", "sizes",
                "collectives", "groups")
+# what a key missing from an older directory's meta.json meant
+RESUME_DEFAULTS = {"min_batch_s": 0.0}
 
 
 @dataclass
@@ -66,11 +68,12 @@ class ResultsDir:
             if not resume:
                 raise OptionError("out", f"{str(self.path)!r} already holds a calibration: add {{resume}} to continue "
                                          f"it, or choose a new one")
-            diff = [k for k in RESUME_KEYS if old.get("config", {}).get(k) != meta["config"].get(k)]
+            was = {k: old.get("config", {}).get(k, RESUME_DEFAULTS.get(k)) for k in RESUME_KEYS}
+            diff = [k for k in RESUME_KEYS if was[k] != meta["config"].get(k)]
             if diff:
                 k = diff[0]
                 raise OptionError(
-                    "resume", f"{str(self.path)!r} was measured with {k}={old['config'].get(k)!r}, this run has "
+                    "resume", f"{str(self.path)!r} was measured with {k}={was[k]!r}, this run has "
                               f"{k}={meta['config'].get(k)!r}: use the same settings or a new {{out}}")
             meta["resumed_from"] = old.get("command")
         self.write_meta(meta)

@@ -9,11 +9,13 @@ reduced to the maximum over ranks (a collective is as slow as its slowest rank):
 - ``graph``: the ``iters`` calls captured in a CUDA graph, replayed and timed with
   CUDA events, the sample being the mean per call (nccl-tests -G; GPU only);
 - ``isolated``: barrier, one call, sync, per call (OSU-style); one sample per call.
-Host and graph modes give ``reps`` samples, isolated mode ``iters``.
+Host and graph modes give ``reps`` samples, isolated mode ``iters``. In host and graph
+modes a batch can be lengthened to a least duration (``Backend.batch_iters``).
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from abc import ABC, abstractmethod
 
@@ -24,6 +26,10 @@ from calibrate.errors import OptionError
 from calibrate.registry import NamedEnum
 from calibrate.device.dtypes import tolerance
 from calibrate.sizes import align
+
+
+PROBE_CALLS = 4          # calls of the probe batch that sets the batch length (``Backend.batch_iters``)
+MAX_BATCH_ITERS = 4096  # most calls per batch
 
 
 class TimingMode(NamedEnum):
@@ -133,8 +139,11 @@ class Backend(ABC):
         return align(coll, nbytes, self.size, dtype)
 
     def measure(self, coll: Collective | str, nbytes: int, dtype: str = "float32", iters: int = 20,
-                warmup: int = 5, mode: TimingMode | str = TimingMode.HOST, reps: int = 5) -> np.ndarray:
-        """Samples in seconds per call, each the maximum over ranks."""
+                warmup: int = 5, mode: TimingMode | str = TimingMode.HOST, reps: int = 5,
+                min_batch_s: float = 0.0) -> np.ndarray:
+        """Samples in seconds per call, each the maximum over ranks. With ``min_batch_s``, a batch
+        (host, graph) holds at least ``iters`` calls and at least that many seconds of them
+        (``batch_iters``)."""
         coll = Collective.parse(coll) if isinstance(coll, str) else coll
         mode = TimingMode.parse(mode) if isinstance(mode, str) else mode
         if mode is TimingMode.GRAPH and not self.supports_graph:
@@ -148,11 +157,32 @@ class Backend(ABC):
         self.synchronize()
         if warmup:
             self.time_batch(coll, send, recv, dtype, warmup, TimingMode.HOST)
+        if min_batch_s > 0 and mode is not TimingMode.ISOLATED:
+            iters = self.batch_iters(coll, send, recv, dtype, iters, min_batch_s)
         if mode is TimingMode.ISOLATED:
             local = self.time_batch(coll, send, recv, dtype, iters, mode)
         else:
             local = [self.time_batch(coll, send, recv, dtype, iters, mode)[0] for _ in range(reps)]
         return self.max_over_ranks(np.asarray(local, dtype=float))
+
+    def batch_iters(self, coll: Collective, send, recv, dtype: str, iters: int, min_batch_s: float) -> int:
+        """Calls per timed batch: ``iters``, or the power of two that makes a batch last at least
+        ``min_batch_s``, whichever is more (at most ``MAX_BATCH_ITERS``).
+
+        A batch starts when the ranks leave a barrier, a few microseconds apart, and
+        the first call waits for the last rank: that skew, and the launch of the
+        batch, are in every sample. Over 20 calls of 7 us they are several percent
+        of the sample and vary from one sample to the next; spread over a
+        millisecond of calls they are a fraction of a percent. The per-call time
+        comes from a probe batch (host-timed, after the warmup, so a first call's
+        set-up is not in it), the slowest rank's; a power of two keeps the count the
+        same over a range of sizes, and every rank uses the same count."""
+        probe = self.time_batch(coll, send, recv, dtype, PROBE_CALLS, TimingMode.HOST)[0]
+        per_call = float(self.max_over_ranks(np.asarray([probe], dtype=float))[0])
+        if per_call <= 0 or per_call * iters >= min_batch_s:
+            return iters
+        need = min_batch_s / per_call
+        return int(min(max(iters, 2 ** math.ceil(math.log2(need))), MAX_BATCH_ITERS))
 
     def max_over_ranks(self, local: np.ndarray) -> np.ndarray:
         from mpi4py import MPI

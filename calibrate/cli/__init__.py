@@ -140,6 +140,11 @@ def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_de
     p.add_argument("--iters", "-n", type=int, default=20, help="calls per timed batch (host, graph) or timed calls (isolated)")
     p.add_argument("--warmup", "-w", type=int, default=5, help="untimed calls before timing each size")
     p.add_argument("--reps", type=int, default=5, help="timed batches per size in host and graph modes")
+    p.add_argument("--min-batch-ms", type=float, default=1.0,
+                   help="in host and graph modes a timed batch lasts at least this long: at small sizes more than "
+                        "--iters calls (a power of two, from a probe after the warmup), so that the ranks' start "
+                        "skew and the launch are a fraction of a percent of each sample; 0: always --iters. "
+                        "Default 1")
     p.add_argument("--mode", "-m", default=mode_default, help="host (CPU clock, one sync), graph (CUDA graph, "
                    "events) or isolated (barrier, one call, sync). Default " + (mode_default or "the profile's"))
     p.add_argument("--groups", default="world,intra,inter",

@@ -13,12 +13,21 @@ import pandas as pd
 from calibrate.cli import command_parser
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
-from calibrate.fit import fit_piecewise, fit_quality_problem, holdout, implied_busbw, switches
+from calibrate.fit import METHODS, fit_curve, fit_quality_problem, holdout, implied_busbw, measured_steps, switches
 from calibrate.outputs import check_output_path
 from calibrate.profile import CollectiveModel, Profile
 from calibrate.results import load_results
 from calibrate.validation import compare, summarize
 
+METHOD_TEXT = {
+    "segments": "piecewise non-negative least squares on relative error (AutoDDL §3, Table 2 ring coefficients), "
+                "segments chosen by BIC, medians per size; segment boundaries at the steps of the measured curve "
+                "(located by calibrate run --refine where it ran)",
+    "interpolate": "one alpha-beta segment (AutoDDL §3, Table 2 ring coefficients) between each two neighbouring "
+                   "measured sizes, through both medians (non-negative least squares on relative error where that "
+                   "would need a negative alpha or beta); the steps of the curve are where calibrate run --refine "
+                   "bracketed them (switches: within 1/32 octave where located)",
+}
 # AutoDDL-style accuracy targets for graph-timed data (issue 3)
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.15
 FLAT_TOLERANCE = 1.25
@@ -30,7 +39,11 @@ def build_parser():
     p.add_argument("results", nargs="+", help="results directories written by python -m calibrate run")
     p.add_argument("-o", "--out", default="profile.json", help="profile JSON to write. Default profile.json")
     p.add_argument("--name", default=None, help="profile name. Default: the output file's stem")
-    p.add_argument("--max-segments", type=int, default=6, help="most segments per curve. Default 6")
+    p.add_argument("--method", default="interpolate", choices=METHODS,
+                   help="interpolate: one alpha-beta segment between each two neighbouring measured sizes (follows "
+                        "every step the sweep and the refinement measured); segments: at most --max-segments "
+                        "segments chosen by BIC (smooths the noise of neighbouring sizes). Default interpolate")
+    p.add_argument("--max-segments", type=int, default=6, help="most segments per curve (--method segments). Default 6")
     p.add_argument("--min-points", type=int, default=3, help="fewest sizes per segment. Default 3")
     p.add_argument("--link-peak", type=float, default=None,
                    help="the link's peak bandwidth per direction in GB/s, shown beside the fitted beta")
@@ -60,7 +73,8 @@ def combine(runs: list[tuple[dict, pd.DataFrame]]) -> tuple[pd.DataFrame, dict]:
     if not bad.empty:
         r = bad.iloc[0]
         raise UserError(f"non-finite or non-positive time for {r['collective']} at {r['bytes']} B: measure it again")
-    med = df.groupby(["tier", "collective", "ranks", "bytes"], as_index=False)["median_s"].median()
+    med = df.groupby(["tier", "collective", "ranks", "bytes"], as_index=False).agg(
+        median_s=("median_s", "median"), ci_lo_s=("ci_lo_s", "min"), ci_hi_s=("ci_hi_s", "max"))
     return med, {"mode": modes[0], "dtype": dtypes[0]}
 
 
@@ -78,7 +92,8 @@ def describe(runs) -> tuple[dict, dict]:
     return hardware, software
 
 
-def fit_profile(runs, name: str, max_segments: int, min_points: int) -> tuple[Profile, list[dict], list[dict]]:
+def fit_profile(runs, name: str, max_segments: int, min_points: int,
+                method: str = "segments") -> tuple[Profile, list[dict], list[dict]]:
     med, cfg = combine(runs)
     hardware, software = describe(runs)
     tiers: dict = {}
@@ -86,11 +101,12 @@ def fit_profile(runs, name: str, max_segments: int, min_points: int) -> tuple[Pr
     for (tier, coll_name, p), g in med.groupby(["tier", "collective", "ranks"]):
         coll, p = Collective.parse(coll_name), int(p)
         n, t = g["bytes"].to_numpy(float), g["median_s"].to_numpy(float)
-        segs = fit_piecewise(coll, p, n, t, max_segments, min_points)
-        val = holdout(coll, p, n, t, max_segments, min_points)
-        steps = switches(coll, p, segs)
+        segs = fit_curve(method, coll, p, n, t, max_segments, min_points)
+        val = holdout(coll, p, n, t, max_segments, min_points, method)
+        steps = switches(coll, p, segs) if method == "segments" else \
+            measured_steps(n, t, g["ci_lo_s"].to_numpy(float), g["ci_hi_s"].to_numpy(float))
         model = CollectiveModel(segs, [[float(a), float(b)] for a, b in zip(n, t)], val.as_dict() if val else {},
-                                "segments", steps)
+                                method, steps)
         tiers.setdefault(tier, {}).setdefault(coll.value, {})[str(p)] = model
         row = {"tier": tier, "collective": coll.value, "p": p, "sizes": len(n), "segments": len(segs),
                "steps_located": f"{sum(s['located'] for s in steps)}/{len(steps)}",
@@ -108,9 +124,7 @@ def fit_profile(runs, name: str, max_segments: int, min_points: int) -> tuple[Pr
         "fitted": _dt.datetime.now().isoformat(timespec="seconds"),
         "runs": [{"path": str(m.get("_path", "")), "created": m.get("created"), "command": m.get("command"),
                   "hosts": m["config"].get("hosts")} for m, _ in runs],
-        "method": "piecewise non-negative least squares on relative error (AutoDDL §3, Table 2 ring "
-                  "coefficients), segments chosen by BIC, medians per size; segment boundaries at the "
-                  "steps of the measured curve (located by calibrate run --refine where it ran)",
+        "method": METHOD_TEXT[method],
     }
     prof = Profile(name=name, provenance=provenance, hardware=hardware, software=software,
                    timing_mode=cfg["mode"], tiers=tiers)
@@ -179,7 +193,7 @@ def main(argv=None) -> int:
     for (meta, _), path in zip(runs, args.results):
         meta["_path"] = path
     name = args.name or Path(args.out).stem
-    prof, summary, heldout_rows = fit_profile(runs, name, args.max_segments, args.min_points)
+    prof, summary, heldout_rows = fit_profile(runs, name, args.max_segments, args.min_points, args.method)
     pd.set_option("display.width", 200)
     if not args.quiet and heldout_rows:
         print("# held-out sizes: prediction next to measurement")

@@ -1,11 +1,12 @@
-"""``calibrate run --refine``: the adaptive refinement of one collective's curve
-after its sweep, with its budget and progress lines (the logic is in
+"""``calibrate run --refine``: the adaptive refinement of a group's curves
+after their sweeps, with the budget and progress lines (the logic is in
 ``calibrate.refine``).
 
-The budget of a curve is ``--refine-budget`` times the seconds its sweep took
-(points.csv), and at most ``--refine-points`` sizes. Refined sizes are timed
-but not checked (``--check`` covers the sweep's sizes). A resumed run replays
-the same decisions from the points on disk and measures only what is missing.
+The budget is ``--refine-budget`` times the seconds the sweeps of all the
+group's collectives took (points.csv), shared by their steps, and at most
+``--refine-points`` sizes per collective. Refined sizes are timed but not
+checked (``--check`` covers the sweep's sizes). A resumed run replays the same
+decisions from the points on disk and measures only what is missing.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from calibrate.collectives import Collective
-from calibrate.refine import RESOLUTION, Point, Report, Step, refine
+from calibrate.refine import RESOLUTION, Point, Report, Step, refine_curves
 from calibrate.sizes import align
 
 
@@ -32,52 +33,63 @@ def _size(n: float) -> str:
     return f"{int(n)}"
 
 
-def refine_curve(args, say: Callable, label: str, coll: Collective, p: int, sizes: list[int], stored: dict,
-                 measure_size: Callable[[int, str, bool], None]) -> dict:
-    """Refine the curve of ``coll`` on group ``label`` (``p`` ranks); ``stored`` holds every point measured
-    (key (group, collective, bytes)) and ``measure_size(nbytes, phase, check)`` adds one. Returns the
-    record of what it did (refine.json)."""
-    aligned_sizes = sorted({align(coll, n, p, args.dtype)[0] for n in sizes})
-    recs = [(n, stored[(label, coll.value, n)]) for n in aligned_sizes]
-    walls = [r["wall_s"] for _, r in recs if r["wall_s"] is not None]
-    typical = float(np.median(walls)) if walls else 0.0
-    sweep_s = sum(r["wall_s"] if r["wall_s"] is not None else typical for _, r in recs)
-    budget_s = args.refine_budget * sweep_s
+def refine_group(args, say: Callable, label: str, colls: list[Collective], p: int, sizes: list[int], stored: dict,
+                 measure_size: Callable[[Collective, int, str, bool], None]) -> dict[str, dict]:
+    """Refine the curves of ``colls`` on group ``label`` (``p`` ranks) under one budget; ``stored`` holds
+    every point measured (key (group, collective, bytes)) and ``measure_size(coll, nbytes, phase, check)``
+    adds one. Returns, per collective, the record of what it did (refine.json)."""
+    recs, walls = {}, {}
+    for coll in colls:
+        aligned_sizes = sorted({align(coll, n, p, args.dtype)[0] for n in sizes})
+        recs[coll] = [(n, stored[(label, coll.value, n)]) for n in aligned_sizes]
+        known = [r["wall_s"] for _, r in recs[coll] if r["wall_s"] is not None]
+        typical = float(np.median(known)) if known else 0.0
+        walls[coll] = [(n, r["wall_s"] if r["wall_s"] is not None else typical) for n, r in recs[coll]]
+    sweep_s = {coll: sum(w for _, w in walls[coll]) for coll in colls}
+    total_s = sum(sweep_s.values())
+    budget_s = args.refine_budget * total_s
 
-    def measure(nbytes: int) -> tuple[Point, float]:
+    def measure(coll: Collective, nbytes: int) -> tuple[Point, float]:
         key = (label, coll.value, nbytes)
         if key not in stored:
-            measure_size(nbytes, "refine", False)
+            measure_size(coll, nbytes, "refine", False)
         rec = stored[key]
-        return _point(nbytes, rec), rec["wall_s"] if rec["wall_s"] is not None else typical
+        return _point(nbytes, rec), rec["wall_s"] if rec["wall_s"] is not None else cost(coll, nbytes)
 
-    def progress(rep: Report, step: Step) -> None:
-        say(f"# refine {coll.value} {label}: point {len(rep.added)}/{args.refine_points}, "
-            f"{rep.spent_s:.1f}/{budget_s:.1f} s: step x{math.exp(step.jump):.2f} in "
-            f"{_size(step.lo.nbytes)}..{_size(step.hi.nbytes)} ({step.width * 32:.2g}/32 octave)", file=sys.stderr)
-
-    def aligned(n: int) -> int:
-        return align(coll, n, p, args.dtype)[0]
-
-    say(f"# refine {coll.value} {label}: sweep took {sweep_s:.1f} s; budget {budget_s:.1f} s "
-        f"and {args.refine_points} points", file=sys.stderr)
-    sweep_walls = [(n, r["wall_s"] if r["wall_s"] is not None else typical) for n, r in recs]
-
-    def cost(nbytes: int) -> float:
+    def cost(coll: Collective, nbytes: int) -> float:
         """The dearer of the two sweep sizes around ``nbytes`` (which were checked as well: an upper bound)."""
-        k = bisect.bisect_left([n for n, _ in sweep_walls], nbytes)
-        return max(w for _, w in sweep_walls[max(k - 1, 0):k + 1])
+        pts = walls[coll]
+        k = bisect.bisect_left([n for n, _ in pts], nbytes)
+        return max(w for _, w in pts[max(k - 1, 0):k + 1])
 
-    report = refine([_point(n, r) for n, r in recs], measure, aligned, budget_s=budget_s,
-                    max_points=args.refine_points, cost=cost, floor=args.refine_tol, progress=progress)
-    for s in report.steps:
-        where = "located" if s.located(RESOLUTION) else "not located"
-        say(f"#   step x{math.exp(s.jump):.2f} between {_size(s.lo.nbytes)} and {_size(s.hi.nbytes)} "
-            f"({s.width * 32:.2g}/32 octave, {where})", file=sys.stderr)
-    share = f"{100 * report.spent_s / sweep_s:.0f}%" if sweep_s > 0 else "-"
-    say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {args.refine_points}), "
-        f"{report.spent_s:.1f} s = {share} of the sweep's {sweep_s:.1f} s; {report.located()}/{len(report.steps)} "
-        f"steps located within 1/32 octave; {report.stopped}", file=sys.stderr)
-    return {"sweep_points": len(recs), "sweep_s": sweep_s, "budget_s": budget_s, "refined_points": len(report.added),
-            "refine_s": report.spent_s, "stopped": report.stopped, "located": report.located(),
-            "steps": [dict(s.as_dict(), located=s.located(RESOLUTION)) for s in report.steps]}
+    def progress(coll: Collective, rep: Report, step: Step, spent: float) -> None:
+        say(f"# refine {label} {coll.value}: point {len(rep.added)}/{args.refine_points}, {spent:.1f}/"
+            f"{budget_s:.1f} s: step x{math.exp(step.jump):.2f} in {_size(step.lo.nbytes)}..{_size(step.hi.nbytes)} "
+            f"({step.width * 32:.2g}/32 octave)", file=sys.stderr)
+
+    say(f"# refine {label}: the sweeps took {total_s:.1f} s; budget {budget_s:.1f} s shared by "
+        f"{len(colls)} collectives, at most {args.refine_points} points each", file=sys.stderr)
+    reports = refine_curves({c: [_point(n, r) for n, r in recs[c]] for c in colls}, measure,
+                            lambda c, n: align(c, n, p, args.dtype)[0], budget_s=budget_s,
+                            max_points=args.refine_points, cost=cost, floor=args.refine_tol, progress=progress)
+    out = {}
+    for coll in colls:
+        report = reports[coll]
+        for s in report.steps:
+            where = "located" if s.located(RESOLUTION) else "not located"
+            say(f"#   {coll.value}: step x{math.exp(s.jump):.2f} between {_size(s.lo.nbytes)} and "
+                f"{_size(s.hi.nbytes)} ({s.width * 32:.2g}/32 octave, {where})", file=sys.stderr)
+        share = f"{100 * report.spent_s / sweep_s[coll]:.0f}%" if sweep_s[coll] > 0 else "-"
+        say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {args.refine_points}), "
+            f"{report.spent_s:.1f} s = {share} of its sweep's {sweep_s[coll]:.1f} s; {report.located()}/"
+            f"{len(report.steps)} steps located within 1/32 octave; {report.stopped}", file=sys.stderr)
+        out[coll.value] = {"sweep_points": len(recs[coll]), "sweep_s": sweep_s[coll], "budget_s": budget_s,
+                           "budget_shared_by": [c.value for c in colls], "group_sweep_s": total_s,
+                           "refined_points": len(report.added), "refine_s": report.spent_s,
+                           "stopped": report.stopped, "located": report.located(),
+                           "steps": [dict(s.as_dict(), located=s.located(RESOLUTION)) for s in report.steps]}
+    run_s = sum(r.spent_s for r in reports.values())
+    say(f"# refine {label}: {sum(len(r.added) for r in reports.values())} refined points, {run_s:.1f} s = "
+        f"{100 * run_s / total_s if total_s else 0:.0f}% of the sweeps' {total_s:.1f} s (budget "
+        f"{100 * args.refine_budget:.0f}%)", file=sys.stderr)
+    return out

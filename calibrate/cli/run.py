@@ -24,10 +24,11 @@ from calibrate.errors import UserError
 from calibrate.groups import parse_group_kinds, split, topology
 from calibrate.records import header
 from calibrate.refine import FLOOR
-from calibrate.cli.refine import refine_curve
+from calibrate.cli.refine import refine_group
 from calibrate.results import KIND, VERSION, ResultsDir
 from calibrate.sizes import align, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
+from calibrate.validation import random_sizes as draw_random_sizes
 
 HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
     "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
@@ -48,11 +49,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after each collective's sweep, locate the steps of its curve (NCCL's protocol and "
                         "algorithm switches) by bisection on aligned sizes, to 1/32 of an octave")
     p.add_argument("--refine-budget", type=float, default=0.3,
-                   help="refinement time per collective, as a fraction of its sweep's time. Default 0.3")
-    p.add_argument("--refine-points", type=int, default=24, help="most refined sizes per collective. Default 24")
+                   help="refinement time, as a fraction of the time the sweeps of all collectives took (shared by "
+                        "the steps of all curves). Default 0.3")
+    p.add_argument("--refine-points", type=int, default=64, help="most refined sizes per collective. Default 64")
     p.add_argument("--refine-tol", type=float, default=FLOOR,
                    help=f"least relative disagreement with the smooth model that counts as a step (the "
                         f"confidence intervals raise it where the data are noisy). Default {FLOOR}")
+    p.add_argument("--random", type=int, default=0, metavar="N",
+                   help="also measure N sizes per collective drawn at random (log-uniform, off the grid), in the "
+                        "same run and the same way as the sweep (each in turn with the sweep's sizes, in order, "
+                        "checked when --check is on), into a results directory of their own (--random-out) that "
+                        "no fit reads: python -m calibrate fit --validation judges a profile on them")
+    p.add_argument("--random-seed", type=int, default=0, help="seed of the random sizes. Default 0")
+    p.add_argument("--random-min-bytes", default=None, help="smallest random size. Default --min-bytes")
+    p.add_argument("--random-max-bytes", default=None, help="largest random size. Default --max-bytes")
+    p.add_argument("--random-align", default="256", help="random sizes are multiples of this many bytes per rank. "
+                                                         "Default 256")
+    p.add_argument("--random-out", default=None, help="results directory of the random sizes. Default: --out "
+                                                      "with -random appended")
     return p
 
 
@@ -127,6 +141,9 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     refining = args.refine
     if refining and (args.refine_points < 0 or args.refine_budget < 0 or args.refine_tol < 0):
         raise UserError("--refine-points, --refine-budget and --refine-tol must not be negative")
+    if args.min_batch_ms < 0:
+        raise UserError(f"--min-batch-ms must not be negative, got {args.min_batch_ms}")
+    random_n = getattr(args, "random", 0) if random_sizes is None else 0
     _agree(world, None)  # every rank parsed the same arguments
     if mode is TimingMode.GRAPH and backend_name != "nccl":
         raise UserError("graph timing needs GPUs: use --backend nccl, or --mode host or isolated")
@@ -136,6 +153,9 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     sizes = [] if random_sizes is not None else \
         sweep(parse_size(args.min_bytes), parse_size(args.max_bytes or max_default), args.factor)
     plan = random_sizes or {}
+    beside = {}  # collective -> random sizes measured in turn with the sweep's (--random)
+    if random_n:
+        beside = _random_plan(args, colls, world.Get_size(), max_default)
     phase = "sweep" if random_sizes is None else "random"
     check = args.check
     run_limits.check_world(world.Get_size())
@@ -146,35 +166,47 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
 
         device = select_gpu(world)
     _, nnodes, _, hosts = topology(world)
-    _check_resources(args, world, colls, sizes or [n for v in plan.values() for n in v], backend_name, hosts, say)
+    _check_resources(args, world, colls, sizes + [n for v in {**plan, **beside}.values() for n in v], backend_name,
+                     hosts, say)
     out = args.out or os.path.join("results", "calib-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     meta = {
         **header(KIND, VERSION),
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "config": {"backend": backend_name, "mode": mode.value, "dtype": args.dtype, "iters": args.iters,
-                   "warmup": args.warmup, "reps": args.reps, "world_size": world.Get_size(),
+                   "warmup": args.warmup, "reps": args.reps, "min_batch_s": args.min_batch_ms / 1e3,
+                   "world_size": world.Get_size(),
                    "hosts": sorted(set(hosts)), "collectives": [c.value for c in colls],
                    "sizes": sizes if random_sizes is None else random_sizes, "groups": kinds, "phase": phase,
                    **({"refine": {"budget": args.refine_budget, "points": args.refine_points,
                                   "tol": args.refine_tol}} if refining else {})},
-        "ranks": world.gather({"rank": rank, "host": socket.gethostname(), "device": device}, root=0),
+        "ranks": world.gather({"rank": rank, "host": socket.gethostname(), "device": device,
+                               "cores": sorted(run_limits.cores())}, root=0),
         "nodes": nnodes,
         "env": {k: v for k, v in os.environ.items()
                 if k.startswith(("NCCL_", "COMMTUNE_NCCL_", "SLURM_JOB", "OMPI_COMM_WORLD_SIZE"))},
     }
     rd = ResultsDir(Path(out))
-    stored, problem = {}, None
+    random_out = (args.random_out or out.rstrip("/") + "-random") if beside else None
+    meta_random = _random_meta(meta, beside, args, out) if beside else None
+    rd_random = ResultsDir(Path(random_out)) if beside else None
+    stored, stored_random, problem = {}, {}, None
     if rank == 0:
         try:
             rd.prepare(meta, args.resume)
             stored = rd.measured()
+            if rd_random:
+                rd_random.prepare(meta_random, args.resume)
+                stored_random = rd_random.measured()
         except UserError as e:
             problem = e
     _agree(world, problem)
-    stored = world.bcast(stored, root=0)  # every rank replays the same refinement decisions
-    if stored:
-        say(f"# resuming {out}: {len(stored)} sizes already measured are skipped", file=sys.stderr)
+    stored, stored_random = world.bcast((stored, stored_random), root=0)  # the same refinement on every rank
+    if stored or stored_random:
+        say(f"# resuming {out}: {len(stored) + len(stored_random)} sizes already measured are skipped",
+            file=sys.stderr)
+    sinks = {"sweep": (rd, stored), "refine": (rd, stored), "random": (rd_random, stored_random) if beside
+             else (rd, stored)}
 
     total_wrong, versions_written = 0, False
     for kind in kinds:
@@ -192,13 +224,17 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
             if rank == 0:
                 meta["ranks"] = [dict(r, **v) for r, v in zip(meta["ranks"], versions)]
                 rd.write_meta(meta)
+                if rd_random:
+                    meta_random["ranks"] = meta["ranks"]
+                    rd_random.write_meta(meta_random)
             versions_written = True
         label = f"{kind}:{info.ranks}x{info.nodes}"
         def measure_size(coll: Collective, nbytes: int, why: str, with_check: bool) -> None:
             """Time one size, check it if asked, and put it on disk (rank 0) and in ``stored``."""
             nonlocal total_wrong
             start = time.perf_counter()
-            samples = backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps)
+            samples = backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps,
+                                      min_batch_s=args.min_batch_ms / 1e3)
             world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # concurrent groups: the slowest
             wrong = -1
             if with_check:
@@ -211,17 +247,18 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
             algbw = nbytes / st["median_s"] / 1e9
             busbw = algbw * busbw_factor(coll, info.ranks)
             count = align(coll, nbytes, info.ranks, args.dtype)[1]
+            sink, kept = sinks[why]
             if rank == 0:
                 base = {"group": label, "tier": info.tier, "ranks": info.ranks, "nodes": info.nodes,
                         "collective": coll.value, "mode": mode.value, "dtype": args.dtype,
                         "bytes": nbytes, "count": count}
-                rd.append([dict(base, rep=i, time_s=float(t)) for i, t in enumerate(samples)],
+                sink.append([dict(base, rep=i, time_s=float(t)) for i, t in enumerate(samples)],
                           dict(base, **st, algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong),
                           {"group": label, "collective": coll.value, "bytes": nbytes, "phase": why,
                            "wall_s": wall})
                 print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong), flush=True)
-            stored[(label, coll.value, nbytes)] = {"median_s": st["median_s"], "ci_lo_s": st["ci_lo_s"],
-                                                   "ci_hi_s": st["ci_hi_s"], "wall_s": wall}
+            kept[(label, coll.value, nbytes)] = {"median_s": st["median_s"], "ci_lo_s": st["ci_lo_s"],
+                                                 "ci_hi_s": st["ci_hi_s"], "wall_s": wall}
 
         if phase == "random":
             # interleaved over the collectives: a run cut short still judges every collective
@@ -229,31 +266,54 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
             for coll, nbytes_req in interleaved(plan, colls):
                 nbytes, _ = align(coll, nbytes_req, info.ranks, args.dtype)
                 if (label, coll.value, nbytes) not in stored:
-                    measure_size(coll, nbytes, phase, False)
+                    measure_size(coll, nbytes, phase, check)
         else:
             for ci, coll in enumerate(colls):
                 say(f"# [{ci + 1}/{len(colls)}] {coll.value} on {label} (tier {info.tier}), mode {mode.value}, "
                     f"{len(sizes)} sizes", file=sys.stderr)
-                say(f"# {coll.value} group {label} tier {info.tier} mode {mode.value}\n{HEADER}")
+                say(f"# {coll.value} group {label} tier {info.tier} mode {mode.value}"
+                    + (f" (and {len(beside[coll.value])} random sizes into {random_out})" if beside else "")
+                    + f"\n{HEADER}")
                 notes = set()
-                for nbytes_req in sizes:
+                for nbytes_req, why in in_turn(sizes, beside.get(coll.value, [])):
                     nbytes, _ = align(coll, nbytes_req, info.ranks, args.dtype)
                     note = rounded_note(coll, nbytes_req, nbytes, info.ranks)
                     if note and rank == 0 and note not in notes:
                         notes.add(note)
                         print(f"# {note}", file=sys.stderr)
-                    if (label, coll.value, nbytes) not in stored:
-                        measure_size(coll, nbytes, phase, check)
+                    if (label, coll.value, nbytes) not in sinks[why][1]:
+                        measure_size(coll, nbytes, why, check)
         # every sweep first, then the refinements: a run cut short has every collective's sweep
-        for coll in colls if refining else []:
-            done = refine_curve(args, say, label, coll, info.ranks, sizes, stored,
-                                lambda n, why, chk, c=coll: measure_size(c, n, why, chk))
+        if refining:
+            done = refine_group(args, say, label, colls, info.ranks, sizes, stored, measure_size)
             if rank == 0:
-                rd.write_refine(label, coll.value, done)
+                for coll_name, record in done.items():
+                    rd.write_refine(label, coll_name, record)
         backend.close()
         comm.Free()
     say(f"# results in {out}" + (f"; {total_wrong} wrong elements" if check else ""), file=sys.stderr)
     return 1 if total_wrong else 0
+
+
+def in_turn(sizes: list[int], extra: list[int]) -> list[tuple[int, str]]:
+    """The sweep's sizes and the random ones of one collective, in ascending order, each with its phase:
+    every random size is measured between the sweep's sizes around it, under the same conditions."""
+    return sorted([(n, "sweep") for n in sizes] + [(n, "random") for n in extra])
+
+
+def _random_plan(args, colls: list[Collective], world_size: int, max_default: str) -> dict[str, list[int]]:
+    lo = parse_size(args.random_min_bytes or args.min_bytes)
+    hi = parse_size(args.random_max_bytes or args.max_bytes or max_default)
+    return draw_random_sizes(colls, lo, hi, args.random, args.random_seed, parse_size(args.random_align) * world_size)
+
+
+def _random_meta(meta: dict, plan: dict[str, list[int]], args, out: str) -> dict:
+    """meta.json of the random sizes' directory: the sweep's, with the sizes drawn and how."""
+    config = dict(meta["config"], sizes=plan, phase="random",
+                  random={"count": args.random, "seed": args.random_seed, "align_per_rank": args.random_align,
+                          "measured_with": out})
+    config.pop("refine", None)
+    return dict(meta, config=config)
 
 
 def interleaved(plan: dict[str, list[int]], colls: list[Collective]) -> list[tuple[Collective, int]]:

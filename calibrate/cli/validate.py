@@ -7,7 +7,10 @@ first measures N sizes per collective drawn at random: log-uniform between
 --min-bytes and --max-bytes, each a multiple of --align bytes per rank (so
 neither on the sweep's grid nor used by any fit), timed as ``calibrate run``
 times (the profile's timing mode unless --mode says otherwise), written to a
-results directory of their own, and then judges the profile on them.
+results directory of their own, and then judges the profile on them. Measured
+in a process of their own, after the sweep's, they are not timed under the
+sweep's conditions; ``calibrate run --random N`` measures them in the sweep's
+run, each in turn with the sweep's sizes (what tests/gpu/calib_check.sh does).
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="seed of the random sizes. Default 0")
     p.add_argument("--align", default="256", help="random sizes are multiples of this many bytes per rank. "
                                                   "Default 256")
+    p.add_argument("--check", action="store_true", help="with --random: check each size on fresh random data after "
+                   "timing it, as calibrate run --check does in the sweep that the profile was fitted on")
     add_timing_args(p, mode_default=None, min_default=None)
     return p
 
@@ -72,7 +77,7 @@ def measure_random(args) -> int:
         hi = parse_size(args.max_bytes or "1G")
         sizes = random_sizes(colls, lo, hi, args.random, args.seed, parse_size(args.align) * world.Get_size())
         args.out = args.out or os.path.join("results", "validate-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-        args.check, args.refine = False, False  # timed only, like refined sizes
+        args.refine = False
         rc = run(args, world, random_sizes=sizes)
         if world.Get_rank() == 0:
             stats = pd.concat([st for _, st in load_results([args.out])], ignore_index=True)

@@ -199,3 +199,63 @@ def test_profile_records_the_located_switch_and_old_profiles_load(tmp_path):
     (tmp_path / "v1.json").write_text(json.dumps(old))
     v1 = Profile.load(tmp_path / "v1.json")
     assert v1.tiers["intra"]["allreduce"]["2"].switches == [] and v1.time("allreduce", 1e6, Group(2)) == prof.time("allreduce", 1e6, Group(2))
+
+
+def test_one_budget_for_all_curves_narrows_every_step_alike():
+    """Curves share the budget, bisected breadth first: a short budget gives each step the same number
+    of midpoints; a sufficient one locates every step, whatever each curve's own sweep cost."""
+    from calibrate.refine import refine_curves
+
+    other = 40_000_000
+
+    def late_curve(n: float) -> float:
+        return 20e-6 + n / 300e9 if n < other else 200e-6 + n / 330e9
+
+    benches = {"a": Bench(step_curve), "b": Bench(late_curve, seed=1)}
+    pts = {k: sweep_points(b) for k, b in benches.items()}
+
+    def run(budget):
+        return refine_curves(pts, lambda k, n: benches[k](n), lambda k, n: aligned(n), budget_s=budget,
+                             max_points=24, cost=lambda k, n: 1.0)
+
+    short = run(6.0)
+    assert [len(short[k].added) for k in "ab"] == [3, 3] and all(r.stopped == "time budget" for r in short.values())
+    full = run(100.0)
+    assert located_at(full["a"], SWITCH) and located_at(full["b"], other)
+    assert all(r.stopped == "every step located" for r in full.values())
+
+
+def test_a_dear_step_left_for_want_of_time_lets_the_cheaper_ones_go_on():
+    from calibrate.refine import refine_curves
+
+    benches = {"dear": Bench(step_curve), "cheap": Bench(step_curve, seed=2)}
+    pts = {k: sweep_points(b) for k, b in benches.items()}
+    rep = refine_curves(pts, lambda k, n: benches[k](n), lambda k, n: aligned(n), budget_s=8.0, max_points=24,
+                        cost=lambda k, n: 50.0 if k == "dear" else 1.0)
+    assert rep["dear"].added == [] and rep["dear"].stopped == "time budget"
+    assert located_at(rep["cheap"], SWITCH)
+
+
+def test_interpolation_is_exact_between_sizes_of_one_segment_and_records_the_located_step():
+    """Through the points of a piecewise alpha-beta curve the interpolation is that curve, except
+    inside the located interval of the step; the step is recorded where the refinement bracketed it."""
+    from calibrate.fit import fit_interpolated, measured_steps
+
+    bench = Bench(lambda n: step_curve(n), seed=3)
+    refine(sweep_points(bench), bench, aligned, budget_s=100, max_points=24, cost=lambda n: 1.0)
+    exact = {n: step_curve(n) for n in bench.measured}      # the medians without noise
+    n = np.array(sorted(exact), dtype=float)
+    segs = fit_interpolated(COLL, P, n, [exact[int(x)] for x in n])
+    rng = np.random.default_rng(5)
+    sizes = np.exp(rng.uniform(math.log(1 << 10), math.log(1 << 30), 400))
+    below = n[n < SWITCH].max()
+    above = n[n >= SWITCH].min()
+    outside = sizes[(sizes < below) | (sizes > above)]
+    err = np.abs(predict(COLL, P, segs, outside) / np.array([step_curve(x) for x in outside]) - 1)
+    assert err.max() < 1e-9
+    t = np.array([bench.measured[int(x)].time_s for x in n])
+    lo = np.array([bench.measured[int(x)].ci_lo_s for x in n])
+    hi = np.array([bench.measured[int(x)].ci_hi_s for x in n])
+    (step,) = measured_steps(n, t, lo, hi)
+    assert step["located"] and step["last_below_bytes"] == below and step["first_above_bytes"] == above
+    assert step["jump"] == pytest.approx(step_curve(above) / step_curve(below), rel=0.02)

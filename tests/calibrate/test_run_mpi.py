@@ -90,29 +90,41 @@ def test_nccl_backend_without_gpu_is_a_clear_error(tmp_path):
 
 
 def test_refine_resume_random_validation_and_fit(tmp_path):
-    """--refine adds sizes after the sweep (phase refine in points.csv), a resumed run measures nothing
-    again, validate --random measures sizes off the grid, and fit --validation records their errors."""
+    """--refine adds sizes after the sweep (phase refine in points.csv); --random measures sizes off the grid
+    in turn with the sweep's, into a directory of their own; a resumed run measures nothing again;
+    validate --random measures sizes on its own, and fit --validation records their errors."""
     out, rand, prof = tmp_path / "res", tmp_path / "rand", tmp_path / "p.json"
     args = ["-b", "1K", "-e", "256K", *SMALL[4:], "--collectives", "allreduce,sendrecv", "--refine",
-            "--refine-budget", "2", "--refine-tol", "0.0", "--out", str(out)]
+            "--refine-budget", "2", "--refine-tol", "0.0", "--check", "--random", "4", "--random-seed", "3",
+            "--out", str(out)]
     r = calibrate(2, *args)
     assert r.returncode == 0, r.stderr
-    assert "refined points (limit 24)" in r.stderr
+    assert "refined points (limit 64)" in r.stderr and "budget 200%" in r.stderr
     points = pd.read_csv(out / "points.csv")
     sweep_rows = points[points["phase"] == "sweep"]
     assert len(sweep_rows) == 2 * 9 and (points["wall_s"] > 0).all()
     assert set(points["phase"]) <= {"sweep", "refine"}
+    beside = tmp_path / "res-random"
+    drawn = pd.read_csv(beside / "points.csv")
+    assert set(drawn["phase"]) == {"random"} and len(drawn) == 8
+    assert not set(drawn["bytes"]) & set(points["bytes"]) and all(snap(int(n)) != n for n in drawn["bytes"])
+    st = pd.read_csv(beside / "stats.csv")
+    assert (st["wrong"] == 0).all()  # checked like the sweep's sizes
+    meta = json.loads((beside / "meta.json").read_text())
+    assert meta["config"]["phase"] == "random" and meta["config"]["min_batch_s"] == 0.001
+    assert all(r["cores"] for r in meta["ranks"])
     refine = json.loads((out / "refine.json").read_text())
     assert set(refine) == {"world:2x1/allreduce", "world:2x1/sendrecv"}
-    assert all(v["refined_points"] == (points["phase"] == "refine").groupby(points["collective"]).sum()[k.split("/")[1]]
-               for k, v in refine.items())
-    before = (out / "stats.csv").read_text()
+    assert all(v["refined_points"] == (points["phase"] == "refine").groupby(points["collective"]).sum()
+               .get(k.split("/")[1], 0) for k, v in refine.items())
+    before = [(d / "stats.csv").read_text() for d in (out, beside)]
     r = calibrate(2, *args, "--resume")
     assert r.returncode == 0, r.stderr
-    assert (out / "stats.csv").read_text() == before  # the refinement replays from disk
-    fit = subprocess.run([sys.executable, "-m", "calibrate", "fit", str(out), "-o", str(prof), "--quiet"],
-                         capture_output=True, text=True, timeout=120)
+    assert [(d / "stats.csv").read_text() for d in (out, beside)] == before  # replayed from disk
+    fit = subprocess.run([sys.executable, "-m", "calibrate", "fit", str(out), "-o", str(prof), "--quiet",
+                          "--validation", str(beside)], capture_output=True, text=True, timeout=120)
     assert fit.returncode == 0, fit.stderr
+    assert "max_abs_err_pct" in fit.stdout
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "calibrate", "validate", "--profile", str(prof),
            "--random", "5", "--seed", "4", "-e", "256K", "--backend", "mpi", "--iters", "3", "--reps", "3",
            "--warmup", "1", "--collectives", "allreduce,sendrecv", "--out", str(rand)]

@@ -47,8 +47,10 @@ HOW = {
 }
 ELSEWHERE = {
     "mpirun -np 8 python -m calibrate run --backend nccl --mode graph -b 1K -e 1G --check --out results/node": GPU,
-    "mpirun -np 8 python -m calibrate run --backend nccl --mode graph -b 1408 -e 1G --check --refine "
+    "mpirun -np 8 python -m calibrate run --backend nccl --mode graph -b 1408 -e 1G --check --refine --random 32 "
     "--out results/steps": GPU,
+    "python -m calibrate fit results/steps --validation results/steps-random -o steps.json": "the results of a GPU "
+    "run: tests/calibrate/test_run_mpi.py fits with --validation on an MPI run",
     "mpirun -np 8 python -m calibrate validate --profile node.json --random 32 --seed 1 --out results/random": GPU,
     "python -m autotune reproduce autoddl": "every AutoDDL case: minutes of search; "
                                             "tests/autotune/test_sbp_reproduce.py runs one case end to end",

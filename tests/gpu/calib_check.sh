@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Part "calibrate" of tests/gpu/run_all.sh (2 GPUs, one process per GPU): for graph and host timing,
-#   1. the adaptive sweep: 1.375 KiB..1 GiB by x2 for the six collectives (--check), then --refine
-#      (each step of a curve located by bisection within 1/32 octave or the 30% time budget);
-#   2. the fit into a profile (segments at the located steps);
-#   3. 32 sizes per collective drawn at random (not on the grid, not fitted), measured in the same call
-#      and judged against that profile;
+#   1. one calibrate run: the sweep 1.375 KiB..704 MiB by x2 for the six collectives (--check) and, in the
+#      same run, 32 sizes per collective drawn at random between 1 KiB and 1 GiB (--random: not on the grid,
+#      each measured in turn with the sweep's sizes, checked as they are, into random-<mode>/, which no fit
+#      reads); then --refine (the steps of all curves bisected to 1/32 octave under one budget, 30% of the
+#      sweeps' time);
+#   2. the fit into a profile (segments at the located steps), judged on the random sizes (fit --validation);
+#   3. the same random sizes measured again in a process of their own (calibrate validate --random --check,
+#      random-separate-<mode>/): how far two runs of the same sizes differ, beside the model's error;
 # then the targets table (tests/gpu/calib_targets.py). Writes under $OUT:
-#   calib-<mode>/ (results dir: stats.csv, points.csv, refine.json), profile-<mode>.json, fit-<mode>.txt,
-#   random-<mode>/ (results dir of the random sizes), random-<mode>.txt, targets.txt.
+#   calib-<mode>/ (results dir: stats.csv, points.csv, refine.json), random-<mode>/, profile-<mode>.json,
+#   fit-<mode>.txt (with the random sizes' table), random-separate-<mode>/ and .txt, targets.txt.
 # $PACK_CMD (from run_all.sh) packs the results after each step.
 # The sweep's sizes are 11 * 2^k (1408 B, 2816 B, ... 704 MiB), not powers of two: at 4-64 KiB NCCL runs
 # powers of two 5-10% faster than other sizes (reports/records/calibrate.md, the 1.375 * 2^k sizes of the
 # sqrt(2) sweep), and users' sizes, like the random ones judged here, are rarely powers of two.
-# Each mpirun is under a timeout: a cut-short sweep keeps what it measured (resumable) and the rest goes on.
+# Each mpirun is under a timeout: a cut-short run keeps what it measured (resumable) and the rest goes on.
 set -u
 : "${OUT:?set OUT to the results folder}"
 PY=${PY:-python3}
@@ -20,30 +23,32 @@ PY=${PY:-python3}
 MPI=${CALIB_MPI:-"mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x PYTHONPATH"}
 BACKEND=${CALIB_BACKEND:-nccl}
 MAX=${CALIB_MAX:-1G}
-REPS=${CALIB_REPS:-11}        # timed batches per size: a tighter median at small sizes, little GPU time at large ones
+REPS=${CALIB_REPS:-11}        # timed batches per size
 RANDOM_N=${CALIB_RANDOM:-32}
 SEED=${CALIB_SEED:-1}
-SWEEP_TIMEOUT=${CALIB_SWEEP_TIMEOUT:-130}
-VALIDATE_TIMEOUT=${CALIB_VALIDATE_TIMEOUT:-60}
+SWEEP_TIMEOUT=${CALIB_SWEEP_TIMEOUT:-240}
+VALIDATE_TIMEOUT=${CALIB_VALIDATE_TIMEOUT:-90}
 pack() { eval "${PACK_CMD:-true}"; }
 for mode in ${CALIB_MODES:-graph host}; do
   t0=$(date +%s)
   timeout $SWEEP_TIMEOUT $MPI $PY -m calibrate run --backend $BACKEND --mode $mode -b 1408 -e $MAX -f 2 --reps $REPS \
-    --check --refine --out "$OUT/calib-$mode" > "$OUT/calib-$mode.log" 2>&1
+    --check --random $RANDOM_N --random-seed $SEED --random-min-bytes 1K --random-max-bytes $MAX \
+    --random-out "$OUT/random-$mode" --refine --out "$OUT/calib-$mode" > "$OUT/calib-$mode.log" 2>&1
   rc=$?
   t1=$(date +%s)
-  wrong=$(awk -F, 'NR>1 && $NF>0 {s+=$NF} END {print s+0}' "$OUT/calib-$mode/stats.csv" 2>/dev/null)
-  echo "calibrate $mode: adaptive sweep exit $rc in $((t1 - t0)) s (#wrong total: $wrong)"
+  wrong=$(cat "$OUT/calib-$mode/stats.csv" "$OUT/random-$mode/stats.csv" 2>/dev/null \
+    | awk -F, '$1 != "group" && $NF > 0 {s += $NF} END {print s + 0}')
+  echo "calibrate $mode: sweep, $RANDOM_N random sizes per collective and refinement, exit $rc in $((t1 - t0)) s (#wrong total: $wrong)"
   grep "refined points" "$OUT/calib-$mode.log" | sed 's/^/  /'
   pack
-  $PY -m calibrate fit "$OUT/calib-$mode" -o "$OUT/profile-$mode.json" --name "h200-nvlink-$mode" \
-    > "$OUT/fit-$mode.txt" 2>&1
+  $PY -m calibrate fit "$OUT/calib-$mode" --validation "$OUT/random-$mode" -o "$OUT/profile-$mode.json" \
+    --name "h200-nvlink-$mode" > "$OUT/fit-$mode.txt" 2>&1
   echo "calibrate $mode: fit exit $?"
   t2=$(date +%s)
   timeout $VALIDATE_TIMEOUT $MPI $PY -m calibrate validate --profile "$OUT/profile-$mode.json" --backend $BACKEND \
-    --mode $mode --random $RANDOM_N --seed $SEED -b 1K -e $MAX --reps $REPS --out "$OUT/random-$mode" \
-    > "$OUT/random-$mode.txt" 2>&1
-  echo "calibrate $mode: $RANDOM_N random sizes per collective, exit $? in $(( $(date +%s) - t2 )) s"
+    --mode $mode --random $RANDOM_N --seed $SEED -b 1K -e $MAX --reps $REPS --check --out "$OUT/random-separate-$mode" \
+    > "$OUT/random-separate-$mode.txt" 2>&1
+  echo "calibrate $mode: the random sizes again in a process of their own, exit $? in $(( $(date +%s) - t2 )) s"
   pack
 done
 $PY tests/gpu/calib_targets.py "$OUT" | tee "$OUT/targets.txt"

@@ -18,19 +18,20 @@ for d in calib-graph calib-host random-graph random-host; do
   [ -f "$src/$d/stats.csv" ] || { echo "calib_refit.sh: error: $src/$d/stats.csv is missing: give the results folder of part calibrate" >&2; exit 2; }
 done
 mkdir -p "$rec"
-for d in calib-graph calib-host random-graph random-host; do
+for d in calib-graph calib-host random-graph random-host random-separate-graph random-separate-host; do
   rm -rf "${rec:?}/$d"
-  cp -r "$src/$d" "$rec/$d"
+  [ -d "$src/$d" ] && cp -r "$src/$d" "$rec/$d"
 done
-for f in targets.txt calib-graph.log calib-host.log random-graph.txt random-host.txt; do
-  [ -f "$src/$f" ] && cp "$src/$f" "$rec/$f"
+for f in targets.txt calib-graph.log calib-host.log fit-graph.txt fit-host.txt random-separate-graph.txt \
+         random-separate-host.txt; do
+  [ -f "$src/$f" ] && cp "$src/$f" "$rec/gpu-$f"
 done
 when=$(date -u +%Y-%m-%d)
 for mode in graph host; do
   name=h200-nvlink; [ $mode = host ] && name=h200-nvlink-host
   $PY -m calibrate fit "$rec/calib-$mode" --validation "$rec/random-$mode" --name $name --link-peak 478 \
     --compute-from $name -o calibrate/profiles/$name.json --quiet \
-    --note "2 x H200 on NVLink (nvidia-h200-x2), $mode timing; adaptive sweep (calibrate run --refine) and 32 random sizes per collective measured in one device call by tests/gpu/calib_check.sh; refitted $when by tests/gpu/calib_refit.sh; raw runs in $rec" \
+    --note "2 x H200 on NVLink (nvidia-h200-x2), $mode timing; adaptive sweep (calibrate run --refine) with 32 random sizes per collective measured in the same run (--random) by tests/gpu/calib_check.sh; refitted $when by tests/gpu/calib_refit.sh; raw runs in $rec" \
     > "$rec/fit-$mode.txt"
   cat "$rec/fit-$mode.txt"
 done
