@@ -11,6 +11,7 @@ import pytest
 from calibrate.sizes import snap
 
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="the mpich wheel's mpiexec is not installed")
 
 
@@ -125,6 +126,10 @@ def test_refine_resume_random_validation_and_fit(tmp_path):
                           "--validation", str(beside)], capture_output=True, text=True, timeout=120)
     assert fit.returncode == 0, fit.stderr
     assert "max_abs_err_pct" in fit.stdout
+    offline = subprocess.run([sys.executable, str(ROOT / "tests/gpu/calib_offline.py"), str(out), str(beside)],
+                             capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert offline.returncode == 0, offline.stderr
+    assert {"interpolate", "segments"} <= set(offline.stdout.split()) and "measured around" in offline.stdout
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "calibrate", "validate", "--profile", str(prof),
            "--random", "5", "--seed", "4", "-e", "256K", "--backend", "mpi", "--iters", "3", "--reps", "3",
            "--warmup", "1", "--collectives", "allreduce,sendrecv", "--out", str(rand)]
