@@ -26,7 +26,11 @@ def _profile_section(prof: Profile) -> Section:
             coll = Collective.parse(coll_name)
             for p, model in by_p.items():
                 p = int(p)
-                for i, s in enumerate(model.segments):
+                # an interpolated model has a segment between each two measured sizes: its ends stand for it
+                shown = model.segments if model.method != "interpolate" or len(model.segments) < 3 else \
+                    [model.segments[0], model.segments[-1]]
+                for s in shown:
+                    i = model.segments.index(s)
                     rows.append({"tier": tier, "collective": coll_name, "p": p, "segment": i,
                                  "from_bytes": s.min_bytes, "to_bytes": s.max_bytes,
                                  "alpha_us": s.alpha * 1e6,
@@ -51,8 +55,10 @@ def _profile_section(prof: Profile) -> Section:
             grid = np.geomspace(n.min(), n.max(), 200)
             ax.loglog(n, t * 1e6, "o", ms=3, label="measured (median)")
             ax.loglog(grid, predict(coll, p, model.segments, grid) * 1e6, "-", label="fitted segments")
-            for s in model.segments[1:]:
-                ax.axvline(s.min_bytes, color="grey", lw=0.6, ls=":")
+            marks = [s["at_bytes"] for s in model.switches] if model.method == "interpolate" else \
+                [s.min_bytes for s in model.segments[1:]]
+            for x in marks:
+                ax.axvline(x, color="grey", lw=0.6, ls=":")
             ax.set_title(f"{tier} {coll_name} p={p}")
             ax.set_ylabel("time (us)")
             ax.legend(fontsize=7)
@@ -82,7 +88,9 @@ def _profile_section(prof: Profile) -> Section:
                  "trusted: " + "; ".join(poor) + ". The timings were noisy: measure again with more iterations, "
                  "at most one rank per core, or in graph mode.")
     sec.heading("Segments, fitted alpha and beta, held-out errors")
-    sec.table(pd.DataFrame(rows), "Held-out errors: fitted on every other size, judged on the others.", "{:.4g}")
+    sec.table(pd.DataFrame(rows), "Held-out errors: fitted on every other size, judged on the others. An "
+              "interpolated model (a segment between each two measured sizes) shows its first and last segment.",
+              "{:.4g}")
     steps = [{"tier": tier, "collective": c, "p": int(p), **s}
              for tier, cs in prof.tiers.items() for c, bp in cs.items() for p, m in bp.items() for s in m.switches]
     if steps:

@@ -108,7 +108,7 @@ def test_refine_resume_random_validation_and_fit(tmp_path):
     beside = tmp_path / "res-random"
     drawn = pd.read_csv(beside / "points.csv")
     assert set(drawn["phase"]) == {"random"} and len(drawn) == 8
-    assert not set(drawn["bytes"]) & set(points["bytes"]) and all(snap(int(n)) != n for n in drawn["bytes"])
+    assert not set(drawn["bytes"]) & set(sweep_rows["bytes"]) and all(snap(int(n)) != n for n in drawn["bytes"])
     st = pd.read_csv(beside / "stats.csv")
     assert (st["wrong"] == 0).all()  # checked like the sweep's sizes
     meta = json.loads((beside / "meta.json").read_text())
