@@ -20,7 +20,7 @@ from calibrate.backends.base import TimingMode
 from calibrate.cli import add_timing_args, command_parser, run_mpi_command, spelled_by
 from calibrate.collectives import Collective, busbw_factor
 from calibrate.device.dtypes import dtype_size
-from calibrate.errors import UserError
+from calibrate.errors import NAME, OptionError, UserError
 from calibrate.groups import parse_group_kinds, split, topology
 from calibrate.records import header
 from calibrate.refine import FLOOR
@@ -142,7 +142,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     if refining and (args.refine_points < 0 or args.refine_budget < 0 or args.refine_tol < 0):
         raise UserError("--refine-points, --refine-budget and --refine-tol must not be negative")
     if args.min_batch_ms < 0:
-        raise UserError(f"--min-batch-ms must not be negative, got {args.min_batch_ms}")
+        raise OptionError("min_batch_ms", f"must not be negative, got {args.min_batch_ms}")
     random_n = getattr(args, "random", 0) if random_sizes is None else 0
     _agree(world, None)  # every rank parsed the same arguments
     if mode is TimingMode.GRAPH and backend_name != "nccl":
@@ -301,10 +301,19 @@ def in_turn(sizes: list[int], extra: list[int]) -> list[tuple[int, str]]:
     return sorted([(n, "sweep") for n in sizes] + [(n, "random") for n in extra])
 
 
+# the parameters of calibrate.validation.random_sizes as calibrate run names them
+RANDOM_OPTIONS = {"align": "random_align", "min_bytes": "random_min_bytes", "max_bytes": "random_max_bytes"}
+
+
 def _random_plan(args, colls: list[Collective], world_size: int, max_default: str) -> dict[str, list[int]]:
     lo = parse_size(args.random_min_bytes or args.min_bytes)
     hi = parse_size(args.random_max_bytes or args.max_bytes or max_default)
-    return draw_random_sizes(colls, lo, hi, args.random, args.random_seed, parse_size(args.random_align) * world_size)
+    try:
+        return draw_random_sizes(colls, lo, hi, args.random, args.random_seed,
+                                 parse_size(args.random_align) * world_size)
+    except OptionError as e:
+        name = lambda n: RANDOM_OPTIONS.get(n, n)  # noqa: E731
+        raise OptionError(name(e.option), NAME.sub(lambda m: "{" + name(m.group(1)) + "}", e.problem)) from None
 
 
 def _random_meta(meta: dict, plan: dict[str, list[int]], args, out: str) -> dict:
