@@ -2,11 +2,16 @@
 
 ``ALGORITHMS[name](ranks, channels, instances, protocol, nodes=...) -> GC3Program``.
 ``ranks`` is the total rank count; multi-node algorithms take ``nodes`` and use
-ranks // nodes GPUs per node (rank = node * G + local index).
+ranks // nodes GPUs per node (rank = node * G + local index). The ring,
+all-pairs, hierarchical, halving-doubling, allgather and reduce-scatter programs
+use the DSL's vector form (one call per step for all chunks), so that tracing
+costs O(steps) Python calls, not O(ops).
 """
 from __future__ import annotations
 
 from typing import Callable
+
+import numpy as np
 
 from calibrate.errors import UserError
 from kernels.gc3.dsl import CollectiveSpec, GC3Program
@@ -15,15 +20,16 @@ from kernels.gc3.ir import Buffer, Protocol
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 
 
-def _reduce_chain(prog: GC3Program, ranks: list[int], index: int, count: int = 1, ch: int | None = None):
-    """Reduce input[index] along ``ranks``; the sum ends on the last one."""
+def _reduce_chain(prog: GC3Program, ranks: list, index, count: int = 1, ch=None):
+    """Reduce input[index] along ``ranks``; the sum ends on the last one (ranks, index and ch may be arrays:
+    one chain per element)."""
     c = prog.chunk(ranks[0], I, index, count)
     for r in ranks[1:]:
         c = prog.chunk(r, I, index, count).reduce(c, ch=ch)
     return c
 
 
-def _copy_chain(c, ranks: list[int], buf: Buffer, index: int, ch: int | None = None):
+def _copy_chain(c, ranks: list, buf: Buffer, index, ch=None):
     for r in ranks:
         c = c.copy(r, buf, index, ch=ch)
     return c
@@ -40,36 +46,39 @@ def _check(ranks: int, channels: int, nodes: int = 1) -> int:
 
 
 def ring_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
-    """Ring allreduce with ``channels`` rings (one chunk per rank per ring), in place."""
+    """Ring allreduce with ``channels`` rings (one chunk per rank per ring), in place; traced a ring step
+    at a time for all chunks (chunk r ends on rank r)."""
     _check(ranks, channels)
     prog = GC3Program(f"allreduce_ring_{channels}ch", CollectiveSpec("allreduce", ranks, ranks * channels, True),
                       protocol, instances)
+    r = np.arange(ranks)
     for ch in range(channels):
-        for r in range(ranks):
-            index = ch * ranks + r
-            order = [(r + 1 + k) % ranks for k in range(ranks)]  # ends on r
-            c = _reduce_chain(prog, order, index, ch=ch)
-            _copy_chain(c, order[:-1], I, index, ch=ch)
+        index = ch * ranks + r
+        order = [(r + 1 + k) % ranks for k in range(ranks)]  # ends on r
+        c = _reduce_chain(prog, order, index, ch=ch)
+        _copy_chain(c, order[:-1], I, index, ch=ch)
     return prog
 
 
 def allpairs_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
-    """All-pairs allreduce: rank r gathers and sums chunk r in scratch, then sends it to everyone."""
+    """All-pairs allreduce: rank r gathers and sums chunk r in scratch, then sends it to everyone (the k-th
+    other rank of r is k, or k + 1 from r on); traced for all ranks at once."""
     _check(ranks, channels)
     prog = GC3Program("allreduce_allpairs", CollectiveSpec("allreduce", ranks, ranks, True), protocol, instances)
-    for r in range(ranks):
-        others = [q for q in range(ranks) if q != r]
-        for k, q in enumerate(others):
-            prog.chunk(q, I, r).copy(r, S, k, ch=k % channels)
-        for k in range(len(others)):
-            prog.chunk(r, I, r).reduce(prog.chunk(r, S, k))
-        for k, q in enumerate(others):
-            prog.chunk(r, I, r).copy(q, I, r, ch=k % channels)
+    r = np.arange(ranks)
+    others = [np.where(k < r, k, k + 1) for k in range(ranks - 1)]
+    for k, q in enumerate(others):
+        prog.chunk(q, I, r).copy(r, S, k, ch=k % channels)
+    for k in range(ranks - 1):
+        prog.chunk(r, I, r).reduce(prog.chunk(r, S, k))
+    for k, q in enumerate(others):
+        prog.chunk(r, I, r).copy(q, I, r, ch=k % channels)
     return prog
 
 
 def hierarchical_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=2) -> GC3Program:
-    """Intra-node ring reduce-scatter, inter-node ring allreduce per local index, intra-node allgather."""
+    """Intra-node ring reduce-scatter, inter-node ring allreduce per local index, intra-node allgather;
+    traced for all chunks (and nodes) at once."""
     g = _check(ranks, channels, nodes)
     if nodes < 2 or g < 2:
         raise UserError("hierarchical allreduce needs --nodes >= 2 and >= 2 GPUs per node")
@@ -77,45 +86,42 @@ def hierarchical_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIM
     # chunk `index` uses channel index // g within nodes and nodes + index // g across them: different
     # directives keep the compiler from fusing across phases, and each ring then carries one chunk per
     # GPU, so no thread block sends twice on a connection before it receives (one FIFO slot suffices)
-    for index in range(ranks):
-        owner = index % g
-        home = (index // g) % nodes
-        intra, inter = index // g, nodes + index // g
-        # 1. on every node, reduce chunk `index` onto local GPU `owner`
-        for n in range(nodes):
-            local = [n * g + (owner + 1 + k) % g for k in range(g)]
-            _reduce_chain(prog, local, index, ch=intra)
-        # 2. across nodes, reduce onto node `home`, then broadcast back (GPUs with local index `owner`)
-        across = [((home + 1 + k) % nodes) * g + owner for k in range(nodes)]
-        c = _reduce_chain(prog, across, index, ch=inter)
-        _copy_chain(c, across[:-1], I, index, ch=inter)
-        # 3. on every node, broadcast from `owner` to the other GPUs
-        for n in range(nodes):
-            src = prog.chunk(n * g + owner, I, index)
-            _copy_chain(src, [n * g + (owner + 1 + k) % g for k in range(g - 1)], I, index, ch=intra)
+    index = np.arange(ranks)
+    owner, home = index % g, (index // g) % nodes
+    # every (chunk, node) pair, chunk by chunk
+    e_index, e_node = np.repeat(index, nodes), np.tile(np.arange(nodes), ranks)
+    e_owner = e_index % g
+    # 1. on every node, reduce chunk `index` onto local GPU `owner`
+    _reduce_chain(prog, [e_node * g + (e_owner + 1 + k) % g for k in range(g)], e_index, ch=e_index // g)
+    # 2. across nodes, reduce onto node `home`, then broadcast back (GPUs with local index `owner`)
+    across = [((home + 1 + k) % nodes) * g + owner for k in range(nodes)]
+    c = _reduce_chain(prog, across, index, ch=nodes + index // g)
+    _copy_chain(c, across[:-1], I, index, ch=nodes + index // g)
+    # 3. on every node, broadcast from `owner` to the other GPUs
+    src = prog.chunk(e_node * g + e_owner, I, e_index)
+    _copy_chain(src, [e_node * g + (e_owner + 1 + k) % g for k in range(g - 1)], I, e_index, ch=e_index // g)
     return prog
 
 
 def rdh_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
-    """Recursive halving reduce-scatter then recursive doubling allgather (ranks a power of 2)."""
+    """Recursive halving reduce-scatter then recursive doubling allgather (ranks a power of 2); each round
+    traced for all ranks at once."""
     _check(ranks, channels)
     if ranks & (ranks - 1):
         raise UserError(f"recursive halving-doubling needs a power-of-2 --ranks, got {ranks}")
     prog = GC3Program("allreduce_recursive_doubling_halving", CollectiveSpec("allreduce", ranks, ranks, True),
                       protocol, instances)
+    r = np.arange(ranks)
     d = ranks // 2
     while d >= 1:
-        for r in range(ranks):
-            p = r ^ d
-            lo = (r // (2 * d)) * 2 * d
-            keep_p = lo + (p & d)  # the half the partner keeps
-            prog.chunk(p, I, keep_p, d).reduce(prog.chunk(r, I, keep_p, d))
+        p = r ^ d
+        keep_p = (r // (2 * d)) * 2 * d + (p & d)  # the half the partner keeps
+        prog.chunk(p, I, keep_p, d).reduce(prog.chunk(r, I, keep_p, d))
         d //= 2
     d = 1
     while d < ranks:
-        for r in range(ranks):
-            lo = (r // d) * d
-            prog.chunk(r, I, lo, d).copy(r ^ d, I, lo)
+        lo = (r // d) * d
+        prog.chunk(r, I, lo, d).copy(r ^ d, I, lo)
         d *= 2
     return prog
 
@@ -125,10 +131,10 @@ def ring_allgather(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nod
     _check(ranks, channels)
     prog = GC3Program(f"allgather_ring_{channels}ch", CollectiveSpec("allgather", ranks, ranks * channels, True),
                       protocol, instances)
+    r = np.arange(ranks)
     for ch in range(channels):
-        for r in range(ranks):
-            c = prog.chunk(r, I, ch)
-            _copy_chain(c, [(r + 1 + k) % ranks for k in range(ranks - 1)], O, r * channels + ch, ch=ch)
+        c = prog.chunk(r, I, ch)
+        _copy_chain(c, [(r + 1 + k) % ranks for k in range(ranks - 1)], O, r * channels + ch, ch=ch)
     return prog
 
 
@@ -137,9 +143,9 @@ def ring_reducescatter(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE,
     _check(ranks, channels)
     prog = GC3Program(f"reducescatter_ring_{channels}ch",
                       CollectiveSpec("reducescatter", ranks, ranks * channels, True), protocol, instances)
+    r = np.arange(ranks)
     for ch in range(channels):
-        for r in range(ranks):
-            _reduce_chain(prog, [(r + 1 + k) % ranks for k in range(ranks)], r * channels + ch, ch=ch)
+        _reduce_chain(prog, [(r + 1 + k) % ranks for k in range(ranks)], r * channels + ch, ch=ch)
     return prog
 
 

@@ -14,583 +14,347 @@
    folded into it: ``rcs``/``rrcs``; an ``rrcs`` whose written value is dead (the
    next access of those slots is a plain write, or none and the slots are not
    the collective's output) becomes ``rrs``.
-4. Channels: instructions linked by messages form a chain that must share one
-   channel; its channel is its directive if any, else the lowest channel on
-   which every instruction fits a thread block (at most one send peer, one
-   receive peer and one channel per thread block; one thread block per
-   (peer, channel) and direction on a GPU). Physical channel = virtual channel
-   + lane * (virtual channels used).
-5. Thread blocks (§5.2, greedily): chains are placed in the global order below;
-   an instruction joins the thread block that already owns its connection, else
-   one with a free compatible slot (preferring the opposite direction to the same
-   peer), else a new one; local copies and reductions join the thread block of
-   their latest producer. Each thread block runs its instructions in one global
-   topological order: by dependency depth, then by decreasing reverse depth.
-6. Cross-thread-block dependencies become ``deps`` (the latest step of each
-   producing thread block) and ``has_dep`` on the producers.
-The result is checked by ``kernels.gc3.verify`` (deadlock, SM count).
+4. Channels and thread blocks (``kernels.gc3.placement``), 5. order and
+   cross-thread-block dependencies (``kernels.gc3.emit``).
+The result, an ``IRTable``, is checked by ``kernels.gc3.verify`` (deadlock, SM count).
 
-Complexity, for n traced ops moving c chunks in all, N instructions, D data
-dependencies (one per chunk access at most, so D = O(c)) and P peers of a rank:
-replication O(n * instances + c); lowering and the dependency DAG O(N + c);
-fusion O(N + D) (successors are indexed, not searched); dead writes O(N + c)
-in one backward pass; depths O(N + D) in one forward and one backward pass;
-the global order O(N log N) (one sort; the priority queue is only used if a
-connection's receives would leave the send order); channels O(N) per candidate
-channel of a chain (a directive, or the first free one); thread blocks
-O(N + P log P) per (rank, lane, channel); deps O(N + D). Memory O(N + c).
+Every pass works on columns (one numpy row per op, instruction, chunk access or
+dependency), never on a Python object per instruction. Complexity, for n traced
+ops, N instructions, A chunk accesses (the chunks the instructions read or
+write, so A = O(N * chunks per op)) and D dependencies (D <= 2A): replication
+O(n * instances + A); lowering O(N); dependencies O(A log A) (one sort of the
+accesses by slot, then running maxima); fusion O(N + D log D) (candidates are
+sends with one dependency, matched by array comparisons; only a program that
+mixes channel directives with ops without one and uses several directives
+takes O(N) Python steps, to replay the order-dependent choices); dead writes
+O(A) on the same sorted accesses. Memory O(A + D).
 """
 from __future__ import annotations
 
-import heapq
-from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 
 from calibrate.errors import UserError
-from kernels.gc3.dsl import OP_CH, OP_COUNT, OP_DST, OP_KIND, OP_PARALLEL, OP_SCOPE, OP_SRC, GC3Program, Slot
-from kernels.gc3.ir import Buffer, Gpu, Program, Step, StepType, ThreadBlock
+from kernels.gc3.arrays import order_by, unique
+from kernels.gc3.dsl import GC3Program
+from kernels.gc3.emit import emit
+from kernels.gc3.ir import Program
+from kernels.gc3.oplog import COPY
+from kernels.gc3.order import global_order, step_order
+from kernels.gc3.placement import place
+from kernels.gc3.table import IRTable
 from kernels.gc3.verify import DEFAULT_SM_COUNT, verify
 
-_SEND, _RECV, _RRC = StepType.SEND, StepType.RECV, StepType.RECV_REDUCE_COPY
-_RCS, _RRCS, _RRS = StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_COPY_SEND, StepType.RECV_REDUCE_SEND
+# step type codes (indexes into kernels.gc3.table.STEP_TYPES)
+SEND, RECV, RCS, RRS, RRC, RRCS, CPY, RE = range(8)
 
 
-@dataclass(slots=True)
-class Instr:
-    id: int
-    rank: int
-    type: StepType
-    src: Slot
-    dst: Slot
-    cnt: int
-    lane: int
-    ch: int | None
-    send: int = -1
-    recv: int = -1
-    deps: list | None = None                    # same-rank data dependencies (instr ids, distinct)
-    msg_from: int | None = None                 # the instr whose send this one receives
-    msg_to: int | None = None
-    alive: bool = True
+@dataclass
+class Instrs:
+    """Instructions in columns; ids are row numbers, in trace order (a topological order)."""
+
+    rank: np.ndarray
+    type: np.ndarray
+    src_buf: np.ndarray
+    src_idx: np.ndarray
+    dst_buf: np.ndarray
+    dst_idx: np.ndarray
+    cnt: np.ndarray
+    lane: np.ndarray
+    ch: np.ndarray           # channel directive (-1: none); the placed channel once placed
+    send: np.ndarray         # peer, -1 for none
+    recv: np.ndarray
+    msg_from: np.ndarray     # the instruction whose message this one receives, -1 for none
+    msg_to: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def take(self, rows: np.ndarray) -> "Instrs":
+        """The instructions ``rows`` (sorted), renumbered 0..len-1 (message links follow)."""
+        new = np.full(len(self), -1, dtype=np.int64)
+        new[rows] = np.arange(len(rows))
+        cols = {k: getattr(self, k)[rows] for k in self.__dataclass_fields__}
+        for k in ("msg_from", "msg_to"):
+            v = cols[k]
+            cols[k] = np.where(v >= 0, new[np.maximum(v, 0)], -1)
+        return Instrs(**cols)
 
 
-def _replicate(prog: GC3Program) -> tuple[list[tuple], Iterable[tuple]]:
-    """The sorted lane keys, and (kind, src, dst, count, lane key, ch) per physical op (made as they
-    are read when there is one lane); O(ops * instances + chunks)."""
-    n = prog.instances
-    out = []
-    if n == 1 and all(op[OP_PARALLEL] == 1 for op in prog.ops):
-        lane = (0, 0, 0)
-        return [lane], ((op[OP_KIND], op[OP_SRC], op[OP_DST], op[OP_COUNT], lane, op[OP_CH]) for op in prog.ops)
-    for k in range(n):
-        for op_id, op in enumerate(prog.ops):
-            kind, osrc, odst, count, ch, parallel, scope = (op[OP_KIND], op[OP_SRC], op[OP_DST], op[OP_COUNT],
-                                                            op[OP_CH], op[OP_PARALLEL], op[OP_SCOPE])
-            if count % parallel:
-                raise UserError(f"op #{op_id} moves {count} chunks, not divisible by parallelize({parallel})")
-            part = count // parallel
-            for j in range(parallel):
-                lane = (k, scope, j) if parallel > 1 else (k, 0, 0)
-                base = j * part
-                if n == 1:
-                    out.append((kind, (osrc[0], osrc[1], osrc[2] + base), (odst[0], odst[1], odst[2] + base),
-                                part, lane, ch))
-                    continue
-                for q in range(part):
-                    off = base + q
-                    out.append((kind, (osrc[0], osrc[1], (osrc[2] + off) * n + k),
-                                (odst[0], odst[1], (odst[2] + off) * n + k), 1, lane, ch))
-    return sorted({op[4] for op in out}), out
+def _replicate(prog: GC3Program):
+    """Physical ops (kind, src rank/buf/idx, dst rank/buf/idx, count, lane, ch) and the lane count."""
+    ops, n = prog.ops, prog.instances
+    bad = np.flatnonzero(ops.count % ops.parallel)
+    if len(bad):
+        k = int(bad[0])
+        raise UserError(f"op #{k} moves {int(ops.count[k])} chunks, not divisible by "
+                        f"parallelize({int(ops.parallel[k])})")
+    cols = (ops.kind, ops.src_rank, ops.src_buf, ops.src_idx, ops.dst_rank, ops.dst_buf, ops.dst_idx,
+            ops.count, ops.ch, ops.parallel, ops.scope)
+    if n == 1 and (ops.parallel == 1).all():
+        return cols[:8] + (np.zeros(len(ops), dtype=np.int64), ops.ch), 1
+    if n == 1:   # replica j of an op moves chunks [j * part, (j + 1) * part)
+        reps = ops.parallel
+        off = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
+        part = ops.count // ops.parallel
+        expand = [np.repeat(c, reps) for c in cols]
+        j = off
+        count = np.repeat(part, reps)
+        base = j * count
+        k = np.zeros(len(j), dtype=np.int64)
+    else:        # one op per chunk and instance: instance-major, then op, then chunk
+        cnt = ops.count
+        per = np.repeat(np.arange(len(ops)), cnt)
+        off1 = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        expand = [np.tile(c[per], n) for c in cols]
+        base = np.tile(off1, n)
+        k = np.repeat(np.arange(n), len(per))
+        j = base // (expand[7] // expand[9])
+        count = np.ones(len(base), dtype=np.int64)
+    kind, sr, sb, si, dr, db, di, _, ch, par, scope = expand
+    if n > 1:
+        si, di = (si + base) * n + k, (di + base) * n + k
+    else:
+        si, di = si + base, di + base
+    multi = par > 1
+    lane_key = (k * (int(scope.max()) + 1) + np.where(multi, scope, 0)) * (int(par.max()) + 1) + np.where(multi, j, 0)
+    keys = unique(lane_key)
+    return (kind, sr, sb, si, dr, db, di, count, np.searchsorted(keys, lane_key), ch), len(keys)
 
 
-def _slots(s: Slot, cnt: int):
-    if cnt == 1:
-        return [s]
-    return [(s[0], s[1], s[2] + k) for k in range(cnt)]
+def _lower(ops) -> Instrs:
+    """A local op is one instruction; a remote one a send then a receive (``r`` or ``rrc``)."""
+    kind, sr, sb, si, dr, db, di, count, lane, ch = ops
+    remote = sr != dr
+    width = 1 + remote.astype(np.int64)
+    first = np.cumsum(width) - width          # id of each op's first instruction
+    total = int(width.sum())
+    op_of = np.repeat(np.arange(len(kind)), width)
+    second = np.zeros(total, dtype=bool)
+    second[first[remote] + 1] = True
+    is_copy = kind[op_of] == COPY
+    rem = remote[op_of]
+    itype = np.where(~rem, np.where(is_copy, CPY, RE), np.where(~second, SEND, np.where(is_copy, RECV, RRC)))
+    rank = np.where(second, dr[op_of], sr[op_of])
+    src_buf, src_idx = sb[op_of], si[op_of]
+    rrc = itype == RRC
+    src_buf = np.where(rrc, db[op_of], src_buf)
+    src_idx = np.where(rrc, di[op_of], src_idx)
+    is_send = rem & ~second
+    ids = np.arange(total)
+    return Instrs(
+        rank=rank, type=itype.astype(np.int8), src_buf=src_buf, src_idx=src_idx, dst_buf=db[op_of],
+        dst_idx=di[op_of], cnt=count[op_of], lane=lane[op_of], ch=ch[op_of].copy(),
+        send=np.where(is_send, dr[op_of], -1), recv=np.where(second, sr[op_of], -1),
+        msg_from=np.where(second, ids - 1, -1), msg_to=np.where(is_send, ids + 1, -1))
 
 
-class _Lowering:
-    """Ops -> instructions with their data dependencies; O(1) per chunk access."""
+@dataclass
+class Accesses:
+    """Chunk accesses sorted by slot, then instruction: ``write`` when the instruction writes the slot,
+    ``read`` when it reads it (first, as lowered: a reduce reads what it writes)."""
 
-    def __init__(self):
-        self.instrs: list[Instr] = []
-        self.last_write: dict[Slot, int] = {}
-        self.readers: dict[Slot, list[int]] = {}
-
-    def add(self, rank, stype, src, dst, cnt, lane, ch, reads, writes) -> Instr:
-        iid = len(self.instrs)
-        last_write, readers = self.last_write, self.readers
-        if cnt == 1 and len(reads) + len(writes) == 1:  # one slot read or written: the common case
-            s = src if reads else dst
-            w = last_write.get(s)
-            if reads:
-                deps = [] if w is None else [w]
-                rs = readers.get(s)
-                if rs is None:
-                    readers[s] = [iid]
-                else:
-                    rs.append(iid)
-            else:
-                rs = readers.get(s)
-                deps = list(rs) if rs else []
-                if w is not None and w not in deps:
-                    deps.append(w)
-                last_write[s] = iid
-                readers[s] = None
-            ins = Instr(iid, rank, stype, src, dst, cnt, lane, ch, deps=deps)
-            self.instrs.append(ins)
-            return ins
-        deps = set()
-        for s in reads:
-            w = last_write.get(s)
-            if w is not None:
-                deps.add(w)
-        for s in writes:
-            w = last_write.get(s)
-            if w is not None:
-                deps.add(w)
-            rs = readers.get(s)
-            if rs:
-                deps.update(rs)
-        for s in reads:
-            rs = readers.get(s)
-            if rs is None:
-                readers[s] = [iid]
-            else:
-                rs.append(iid)
-        for s in writes:
-            last_write[s] = iid
-            readers[s] = None
-        deps.discard(iid)
-        ins = Instr(iid, rank, stype, src, dst, cnt, lane, ch, deps=list(deps) if deps else [])
-        self.instrs.append(ins)
-        return ins
-
-    def lower(self, ops: Iterable[tuple], lanes: dict) -> None:
-        for kind, src, dst, count, lane_key, ch in ops:
-            lane = lanes[lane_key]
-            srcs, dsts = _slots(src, count), _slots(dst, count)
-            if src[0] == dst[0]:
-                if kind == "copy":
-                    self.add(src[0], StepType.COPY, src, dst, count, lane, ch, srcs, dsts)
-                else:
-                    self.add(src[0], StepType.REDUCE, src, dst, count, lane, ch, srcs + dsts, dsts)
-                continue
-            snd = self.add(src[0], _SEND, src, dst, count, lane, ch, srcs, ())
-            if kind == "copy":
-                rcv = self.add(dst[0], _RECV, src, dst, count, lane, ch, (), dsts)
-            else:
-                rcv = self.add(dst[0], _RRC, dst, dst, count, lane, ch, dsts, dsts)
-            snd.send, rcv.recv = dst[0], src[0]
-            snd.msg_to, rcv.msg_from = rcv.id, snd.id
+    slot: np.ndarray         # (rank * 3 + buffer code) * span + index
+    instr: np.ndarray
+    read: np.ndarray
+    write: np.ndarray
+    span: int
 
 
-def _fuse(low: _Lowering, is_output) -> None:
-    """Fold sends into the receives that feed them, then mark dead writes; O(N + D)."""
-    ins = low.instrs
-    # chains of messages, with their channel directive: fusion must not join two different directives
-    parent = list(range(len(ins)))
-    directive = [i.ch for i in ins]
+def _accesses(ins: Instrs) -> Accesses:
+    t = ins.type
+    reads_src = (t == SEND) | (t == CPY) | (t == RE)
+    touches_dst = t != SEND
+    reads_dst = (t == RRC) | (t == RRCS) | (t == RRS) | (t == RE)
+    parts = []
+    for mask, buf, idx, rd, wr in ((reads_src, ins.src_buf, ins.src_idx, True, False),
+                                   (touches_dst, ins.dst_buf, ins.dst_idx, None, True)):
+        rows = np.flatnonzero(mask)
+        cnt = ins.cnt[rows]
+        rep = np.repeat(rows, cnt)
+        off = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        r = reads_dst[rep] if rd is None else np.full(len(rep), rd)
+        parts.append((ins.rank[rep], buf[rep], idx[rep] + off, rep, r, np.full(len(rep), wr)))
+    rank, buf, idx, instr, read, write = (np.concatenate(c) for c in zip(*parts))
+    span = int(idx.max(initial=0)) + 1
+    slot = (rank * 3 + buf) * span + idx
+    del rank, buf, idx
+    n = len(ins)
+    if slot.max(initial=0) < (1 << 60) // max(n, 1):   # one sort of (slot, instruction, read, write) codes
+        code = np.sort(((slot * n + instr) << 2) + (read.astype(np.int64) << 1) + write)
+        read, write = (code & 2) > 0, (code & 1) > 0
+        slot, instr = np.divmod(code >> 2, n)
+    else:
+        order = np.lexsort((instr, slot))
+        slot, instr, read, write = slot[order], instr[order], read[order], write[order]
+    # one access per (slot, instruction): a copy whose source and destination overlap reads and writes
+    dup = np.flatnonzero((slot[1:] == slot[:-1]) & (instr[1:] == instr[:-1])) + 1
+    if len(dup):
+        read[dup - 1] |= read[dup]
+        write[dup - 1] |= write[dup]
+        keep = np.ones(len(slot), dtype=bool)
+        keep[dup] = False
+        slot, instr, read, write = slot[keep], instr[keep], read[keep], write[keep]
+    return Accesses(slot, instr, read, write, span)
+
+
+def _group_bounds(slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive) of each element's run of equal slots."""
+    n = len(slot)
+    new = np.ones(n, dtype=bool)
+    new[1:] = slot[1:] != slot[:-1]
+    starts = np.flatnonzero(new)
+    lens = np.diff(np.append(starts, n))
+    return np.repeat(starts, lens), np.repeat(starts + lens, lens)
+
+
+def _dependencies(acc: Accesses, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(producer, consumer) instruction pairs, distinct, sorted by (producer, consumer): every access waits
+    for the slot's previous write, every write for the reads since then."""
+    L = len(acc.slot)
+    pos = np.arange(L)
+    start, end = _group_bounds(acc.slot)
+    w = acc.write
+    last_w = np.maximum.accumulate(np.where(w, pos, -1))
+    prev_w = np.empty(L, dtype=np.int64)
+    prev_w[0] = -1
+    prev_w[1:] = last_w[:-1]
+    a = prev_w >= start
+    next_w = np.minimum.accumulate(np.where(w, pos, L)[::-1])[::-1]
+    nxt = np.empty(L, dtype=np.int64)
+    nxt[-1:] = L
+    nxt[:-1] = next_w[1:]
+    b = ~w & (nxt < end)
+    src = np.concatenate((acc.instr[prev_w[a]], acc.instr[b]))
+    dst = np.concatenate((acc.instr[a], acc.instr[nxt[b]]))
+    key = unique(src * n + dst)
+    return key // n, key % n
+
+
+def _fuse(ins: Instrs, dep_src: np.ndarray, dep_dst: np.ndarray):
+    """Fold each send into the receive that is its only input; returns the live rows and the dependencies
+    rewritten onto them."""
+    n = len(ins)
+    indeg = np.bincount(dep_dst, minlength=n)
+    cand = (ins.type[dep_dst] == SEND) & (indeg[dep_dst] == 1)
+    p, s = dep_src[cand], dep_dst[cand]
+    ok = ((ins.type[p] == RECV) | (ins.type[p] == RRC)) & (ins.dst_buf[p] == ins.src_buf[s]) & (
+        ins.dst_idx[p] == ins.src_idx[s]) & (ins.cnt[p] == ins.cnt[s]) & (ins.lane[p] == ins.lane[s])
+    p, s = p[ok], s[ok]
+    comm = (ins.send >= 0) | (ins.recv >= 0)
+    directives = unique(ins.ch[comm & (ins.ch >= 0)])
+    if len(directives) > 1 and (ins.ch[comm] < 0).any():
+        p, s = _fuse_in_order(ins, p, s)
+    else:
+        if len(directives) > 1:   # every op has its directive: a chain's directive is any member's
+            same = ins.ch[p] == ins.ch[s]
+            p, s = p[same], s[same]
+        order = order_by(p, s)   # the first send (lowest id) fuses into a receive
+        p, s = p[order], s[order]
+        first = np.ones(len(p), dtype=bool)
+        first[1:] = p[1:] != p[:-1]
+        p, s = p[first], s[first]
+    ins.type[p] = np.where(ins.type[p] == RECV, RCS, RRCS)
+    ins.send[p] = ins.send[s]
+    ins.msg_to[p] = ins.msg_to[s]
+    ins.ch[p] = np.where(ins.ch[p] >= 0, ins.ch[p], ins.ch[s])
+    ins.msg_from[ins.msg_to[s]] = p
+    alive = np.ones(n, dtype=bool)
+    alive[s] = False
+    into = np.arange(n)
+    into[s] = p
+    keep = alive[dep_dst]
+    src, dst = into[dep_src[keep]], dep_dst[keep]
+    keep = src != dst
+    key = unique(src[keep] * n + dst[keep])
+    return alive, key // n, key % n
+
+
+def _fuse_in_order(ins: Instrs, p: np.ndarray, s: np.ndarray):
+    """Fusion with channel directives on some chains only: a chain's directive is known only once the
+    chains before it are joined, so the candidates (sorted by send) are replayed in order; O(N) Python."""
+    parent = {}
 
     def root(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
+        while parent.get(x, x) != x:
             x = parent[x]
         return x
-
-    def join(a, b):
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[rb] = ra
-            directive[ra] = directive[ra] if directive[ra] is not None else directive[rb]
-
-    # with at most one distinct directive in the program, no fusion can join two different ones
-    chained = len({d for d in directive if d is not None}) > 1
-    succ: dict[int, list[int]] = {}  # successors of sends, the only instructions fused away
-    for i in ins:
-        if chained and i.msg_to is not None:
-            join(i.id, i.msg_to)
-        for d in i.deps:
-            if ins[d].type == _SEND:
-                succ.setdefault(d, []).append(i.id)
-    for s in ins:
-        if s.type != _SEND or not s.alive or len(s.deps) != 1:
+    directive = {}
+    for i in np.flatnonzero(ins.msg_to >= 0).tolist():   # a send and its receive form one chain
+        j = int(ins.msg_to[i])
+        parent[j] = i
+        directive[i] = int(ins.ch[i]) if ins.ch[i] >= 0 else (int(ins.ch[j]) if ins.ch[j] >= 0 else None)
+    fused, used = [], set()
+    order = np.argsort(s, kind="stable")
+    for pi, si in zip(p[order].tolist(), s[order].tolist()):
+        if pi in used:
             continue
-        p = ins[s.deps[0]]
-        if p.type not in (_RECV, _RRC) or p.dst != s.src or p.cnt != s.cnt or p.lane != s.lane:
+        rp, rs = root(pi), root(si)
+        dp, ds = directive.get(rp), directive.get(rs)
+        if dp is not None and ds is not None and dp != ds:
             continue
-        if chained:
-            dp, ds = directive[root(p.id)], directive[root(s.id)]
-            if dp is not None and ds is not None and dp != ds:
-                continue
-            join(p.id, s.id)
-        p.type = _RCS if p.type == _RECV else _RRCS
-        p.send, p.msg_to, p.ch = s.send, s.msg_to, p.ch if p.ch is not None else s.ch
-        ins[s.msg_to].msg_from = p.id
-        s.alive = False
-        for oid in succ.get(s.id, ()):
-            other = ins[oid]
-            other.deps.remove(s.id)
-            if oid != p.id and p.id not in other.deps:
-                other.deps.append(p.id)
-    _mark_dead_writes(ins, is_output)
+        if rp != rs:
+            parent[rs] = rp
+            directive[rp] = dp if dp is not None else ds
+        used.add(pi)
+        fused.append((pi, si))
+    arr = np.array(fused, dtype=np.int64).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
 
 
-def _mark_dead_writes(ins: list[Instr], is_output) -> None:
-    """An ``rrcs`` whose written slots are next accessed by a plain write (or never, and are not an
-    output) becomes ``rrs``. One backward pass over the live instructions: O(N + c)."""
-    if not any(i.alive and i.type == _RRCS for i in ins):
+def _dead_writes(ins: Instrs, acc: Accesses, alive: np.ndarray, is_output) -> None:
+    """An ``rrcs`` whose written slots are next accessed (by a live instruction) by a plain write, or never
+    and are not an output, becomes ``rrs``; O(A)."""
+    if not (ins.type[alive] == RRCS).any():
         return
-    plain_next: dict[Slot, bool] = {}   # slot -> is its next access (so far, going backward) a plain write
-    for p in reversed(ins):
-        if not p.alive:
-            continue
-        t = p.type
-        if t == _RRCS:
-            dead = True
-            for s in _slots(p.dst, p.cnt):
-                nxt = plain_next.get(s)
-                if (nxt is None and is_output(s)) or nxt is False:
-                    dead = False
-                    break
-            if dead:
-                p.type = _RRS
-        # the instruction's first access of each slot, as lowered (reads come before writes)
-        if t in (_SEND, StepType.COPY, StepType.REDUCE):
-            reads = _slots(p.src, p.cnt)
-        else:
-            reads = []
-        if t in (_RRC, _RRCS, _RRS, StepType.REDUCE):
-            reads = reads + _slots(p.dst, p.cnt)
-        writes = [] if t == _SEND else _slots(p.dst, p.cnt)
-        read_set = set(reads)
-        for s in writes:
-            if s not in read_set:
-                plain_next[s] = True
-        for s in reads:
-            plain_next[s] = False
-
-
-def _order_keys(instrs: list[Instr], nids: int) -> np.ndarray:
-    """The ids of ``instrs`` sorted by (dependency depth, -reverse depth, id); O(N + D) plus a sort."""
-    depth = [0] * nids
-    rdepth = [0] * nids
-    for i in instrs:  # ids follow the trace, a topological order
-        d = 0
-        for p in i.deps:
-            if depth[p] >= d:
-                d = depth[p] + 1
-        if i.msg_from is not None and depth[i.msg_from] >= d:
-            d = depth[i.msg_from] + 1
-        depth[i.id] = d
-    for i in reversed(instrs):
-        r = rdepth[i.id] + 1
-        for p in i.deps:
-            if rdepth[p] < r:
-                rdepth[p] = r
-        if i.msg_from is not None and rdepth[i.msg_from] < r:
-            rdepth[i.msg_from] = r
-    ids = np.fromiter((i.id for i in instrs), dtype=np.int64, count=len(instrs))
-    dep = np.asarray(depth, dtype=np.int64)[ids]
-    rdep = np.asarray(rdepth, dtype=np.int64)[ids]
-    return ids[np.lexsort((ids, -rdep, dep))]
-
-
-class _Placement:
-    """Connections per (rank, lane, virtual channel); thread blocks are made from them at the end.
-
-    An instruction that receives from q and sends to p ties the receive side of
-    q and the send side of p to one thread block: a channel is valid for it if
-    neither side is already tied to another peer there. Plain sends and receives
-    always fit: they join the thread block that owns their side.
-    """
-
-    def __init__(self):
-        self.pair_s: dict[tuple, dict[int, int]] = defaultdict(dict)  # key -> send peer -> recv peer
-        self.pair_r: dict[tuple, dict[int, int]] = defaultdict(dict)
-        self.sends: dict[tuple, dict[int, int]] = defaultdict(dict)    # key -> send peer -> messages
-        self.recvs: dict[tuple, dict[int, int]] = defaultdict(dict)
-
-    def first_misfit(self, instrs: list, ch: int):
-        """The first of ``instrs`` (one chain) that cannot go on channel ``ch``, or None; O(len(instrs))."""
-        new_s: dict[tuple, int] = {}
-        new_r: dict[tuple, int] = {}
-        for i in instrs:
-            if i.send < 0 or i.recv < 0:
-                continue
-            key = (i.rank, i.lane, ch)
-            ps, pr = self.pair_s.get(key), self.pair_r.get(key)
-            have_r = new_s.get((key, i.send), ps.get(i.send, i.recv) if ps else i.recv)
-            have_s = new_r.get((key, i.recv), pr.get(i.recv, i.send) if pr else i.send)
-            if have_r != i.recv or have_s != i.send:
-                return i
-            new_s[(key, i.send)], new_r[(key, i.recv)] = i.recv, i.send
-        return None
-
-    def add(self, key, send, recv) -> None:
-        if send >= 0:
-            m = self.sends[key]
-            m[send] = m.get(send, 0) + 1
-        if recv >= 0:
-            m = self.recvs[key]
-            m[recv] = m.get(recv, 0) + 1
-        if send >= 0 and recv >= 0:
-            self.pair_s[key][send] = recv
-            self.pair_r[key][recv] = send
-
-    def threadblocks(self, key) -> list[tuple[int, int]]:
-        """(send, recv) of each thread block on ``key``: tied pairs, then same-peer pairs, then singles;
-        O(P log P) for P peers."""
-        pair_s, pair_r = self.pair_s.get(key, {}), self.pair_r.get(key, {})
-        sends, recvs = self.sends.get(key, {}), self.recvs.get(key, {})
-        tbs = sorted(pair_s.items())
-        free_s = sorted(p for p in sends if p not in pair_s)
-        free_r = sorted(p for p in recvs if p not in pair_r)
-        single_s = [p for p in free_s if sends[p] == 1]
-        single_r = [p for p in free_r if recvs[p] == 1]
-        set_r = set(single_r)
-        both = [p for p in single_s if p in set_r]  # the same peer both ways first
-        tbs += [(p, p) for p in both]
-        both_set = set(both)
-        single_s = [p for p in single_s if p not in both_set]
-        single_r = [p for p in single_r if p not in both_set]
-        tbs += list(zip(single_s, single_r))
-        done_s = {t[0] for t in tbs}
-        done_r = {t[1] for t in tbs}
-        tbs += [(p, -1) for p in free_s if p not in done_s]
-        tbs += [(-1, p) for p in free_r if p not in done_r]
-        return tbs
-
-
-def _schedule(instrs: list[Instr], order: np.ndarray, ins: list[Instr]) -> list[Instr]:
-    """One global order: topological, by the order key first, and receiving in the order of sending on
-    every connection (the k-th receive must take the k-th message). The key order is topological (depth
-    grows along every edge), so it is the answer unless some receive would overtake; only then the
-    priority queue runs. O(N) or O(N log N)."""
-    queues: dict[tuple, deque] = defaultdict(deque)
-    out = []
-    for n in order.tolist():
-        i = ins[n]
-        if i.msg_from is not None:
-            s = ins[i.msg_from]
-            q = queues[(s.rank, s.send, s.lane, s.ch)]
-            if q[0] != i.msg_from:
-                return _schedule_heap(instrs, order, ins)
-            q.popleft()
-        if i.msg_to is not None:
-            queues[(i.rank, i.send, i.lane, i.ch)].append(n)
-        out.append(i)
-    return out
-
-
-def _schedule_heap(instrs: list[Instr], order: np.ndarray, ins: list[Instr]) -> list[Instr]:
-    rank_of = {n: k for k, n in enumerate(order.tolist())}
-    succ = defaultdict(list)
-    missing = {}
-    for i in instrs:
-        preds = set(i.deps) | ({i.msg_from} if i.msg_from is not None else set())
-        missing[i.id] = len(preds)
-        for p in preds:
-            succ[p].append(i.id)
-
-    def conn(send_id):
-        s = ins[send_id]
-        return (s.rank, s.send, s.lane, s.ch)
-
-    heap = [(rank_of[i.id], i.id) for i in instrs if missing[i.id] == 0]
-    heapq.heapify(heap)
-    queues: dict[tuple, deque] = defaultdict(deque)   # sends whose receive is not scheduled yet
-    parked: dict[tuple, dict[int, int]] = defaultdict(dict)  # conn -> send id -> its parked receive
-    result = []
-    while heap:
-        _, n = heapq.heappop(heap)
-        i = ins[n]
-        if i.msg_from is not None:
-            c = conn(i.msg_from)
-            if queues[c][0] != i.msg_from:
-                parked[c][i.msg_from] = n
-                continue
-            queues[c].popleft()
-            if queues[c] and queues[c][0] in parked[c]:
-                q = parked[c].pop(queues[c][0])
-                heapq.heappush(heap, (rank_of[q], q))
-        if i.msg_to is not None:
-            queues[conn(n)].append(n)
-        result.append(i)
-        for s_ in succ[n]:
-            missing[s_] -= 1
-            if missing[s_] == 0:
-                heapq.heappush(heap, (rank_of[s_], s_))
-    if len(result) != len(instrs):
-        raise UserError("cannot order the receives of a connection like its sends (a cycle through a FIFO); "
-                        "put the crossing transfers on different channels")
-    return result
+    keep = alive[acc.instr]
+    slot, instr, read = acc.slot[keep], acc.instr[keep], acc.read[keep]
+    at = np.flatnonzero(ins.type[instr] == RRCS)
+    _, end = _group_bounds(slot)
+    has_next = at + 1 < end[at]
+    nxt = np.minimum(at + 1, len(slot) - 1)
+    dead = np.where(has_next, ~read[nxt], False)    # the next access is a plain write
+    last = np.flatnonzero(~has_next)
+    if len(last):
+        rank_buf, idx = np.divmod(slot[at[last]], acc.span)
+        rank, buf = np.divmod(rank_buf, 3)
+        dead[last] = ~is_output(rank, buf, idx)
+    bad = np.bincount(instr[at], weights=(~dead).astype(np.float64), minlength=len(ins)) > 0
+    rrcs = np.flatnonzero(alive & (ins.type == RRCS) & ~bad)
+    ins.type[rrcs] = RRS
 
 
 def compile_program(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_result: bool = True) -> Program:
-    """Compile a traced GC3 program into the IR; raise ``UserError`` naming any defect."""
-    program = _compile(prog, sm_count)  # the compiler's own state is freed before the check
-    if verify_result:
-        verify(program, sm_count=sm_count)
-    return program
+    """Compile a traced GC3 program into the IR (objects); raise ``UserError`` naming any defect."""
+    return compile_table(prog, sm_count, verify_result).to_program()
 
 
-def _compile(prog: GC3Program, sm_count: int) -> Program:
+def compile_table(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_result: bool = True) -> IRTable:
+    """Compile a traced GC3 program into the columnar IR; raise ``UserError`` naming any defect."""
     prog.check_postcondition()
-    if not prog.ops:
+    if not len(prog.ops):
         raise UserError(f"program {prog.name!r} has no operations")
-    lane_keys, ops = _replicate(prog)
-    lanes = {key: i for i, key in enumerate(lane_keys)}
-    low = _Lowering()
-    low.lower(ops, lanes)
+    ops, nlanes = _replicate(prog)
+    ins = _lower(ops)
     del ops
-    low.last_write = low.readers = None
-    spec = prog.spec
-    n = prog.instances
-
-    def is_output(slot):
-        return spec.required((slot[0], slot[1], slot[2] // n)) is not None
-
-    _fuse(low, is_output)
-    ins = [i if i.alive else None for i in low.instrs]
-    del low
-    instrs = [i for i in ins if i is not None]
-    order = _order_keys(instrs, len(ins))
-
-    # chains of instructions linked by messages share one channel
-    parent = list(range(len(ins)))
-
-    def root(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for i in instrs:
-        if i.msg_to is not None:
-            parent[root(i.msg_to)] = root(i.id)
-    chains: dict[int, list[Instr]] = {}
-    for iid in order.tolist():
-        i = ins[iid]
-        if i.send >= 0 or i.recv >= 0:
-            chains.setdefault(root(iid), []).append(i)
-    place = _Placement()
-    for comm in chains.values():
-        directives = {i.ch for i in comm if i.ch is not None}
-        if len(directives) > 1:
-            raise UserError(f"instructions chained by messages have different channel directives "
-                            f"{sorted(directives)} (around rank {comm[0].rank}); give one chain one channel")
-        cands = list(directives) or range(sm_count + 1)
-        for ch in cands:
-            bad = place.first_misfit(comm, ch)
-            if bad is None:
-                break
-        else:
-            raise UserError(f"rank {bad.rank}: {bad.type.value} (send to {bad.send}, receive from {bad.recv}) does "
-                            f"not fit channel {cands[0]}: a thread block there already pairs one of these peers "
-                            f"with another; give this chain another channel directive")
-        for i in comm:
-            i.ch = ch
-            place.add((i.rank, i.lane, ch), i.send, i.recv)
-    del chains
-    tb_list = {}
-    for tkey in sorted(set(place.sends) | set(place.recvs)):
-        tb_list[tkey] = place.threadblocks(tkey)
-    # thread block index lookups: exact (send, recv) pair, first by send peer, first by receive peer
-    find: dict[tuple, tuple[dict, dict, dict]] = {}
-    for tkey, tbs in tb_list.items():
-        by_pair, by_s, by_r = {}, {}, {}
-        for k, (s_, r_) in enumerate(tbs):
-            by_pair.setdefault((s_, r_), k)
-            by_s.setdefault(s_, k)
-            by_r.setdefault(r_, k)
-        find[tkey] = (by_pair, by_s, by_r)
-    order_list = order.tolist()
-    position = [0] * len(ins)
-    for k, iid in enumerate(order_list):
-        position[iid] = k
-    # thread block of each instruction: an index into tb_keys ((rank, lane, channel, index on that key))
-    tb_key_id: dict[tuple, int] = {}
-    tb_keys: list[tuple] = []
-    tb_of = [-1] * len(ins)
-
-    def tb_index(key: tuple) -> int:
-        t = tb_key_id.get(key)
-        if t is None:
-            t = tb_key_id[key] = len(tb_keys)
-            tb_keys.append(key)
-        return t
-    for iid in order_list:
-        i = ins[iid]
-        if i.send >= 0 or i.recv >= 0:
-            by_pair, by_s, by_r = find[(i.rank, i.lane, i.ch)]
-            if i.send >= 0 and i.recv >= 0:
-                k = by_pair[(i.send, i.recv)]
-            elif i.send >= 0:
-                k = by_s[i.send]
-            else:
-                k = by_r[i.recv]
-            tb_of[iid] = tb_index((i.rank, i.lane, i.ch, k))
-            continue
-        best = None
-        for d in i.deps:
-            if tb_of[d] >= 0 and (best is None or position[d] > position[best]):
-                best = d
-        if best is not None:
-            tb_of[iid] = tb_of[best]
-        else:
-            k = (i.rank, i.lane, i.ch or 0)
-            tb_list.setdefault(k, [(-1, -1)])
-            tb_of[iid] = tb_index((*k, 0))
-    return _emit(prog, instrs, ins, order, [tb_keys[t] if t >= 0 else None for t in tb_of], tb_list, lane_keys)
-
-
-def _emit(prog, instrs, ins, order, tb_of, tb_list, lane_keys) -> Program:
-    """Thread blocks, steps in the global order and cross-thread-block deps; O(N + D)."""
+    acc = _accesses(ins)
+    dep_src, dep_dst = _dependencies(acc, len(ins))
+    alive, dep_src, dep_dst = _fuse(ins, dep_src, dep_dst)
     spec, n = prog.spec, prog.instances
-    nv = max((k[2] for k in tb_list), default=0) + 1
-    tb_ids: dict[tuple, int] = {}
-    gpus = []
-    keys_of = defaultdict(list)
-    for k in sorted(tb_list):
-        keys_of[k[0]].append(k)
-    for r in range(spec.ranks):
-        tbs = []
-        for k in keys_of[r]:
-            for idx, (send, recv) in enumerate(tb_list[k]):
-                tb_ids[(*k, idx)] = len(tbs)
-                tbs.append(ThreadBlock(id=len(tbs), send=send, recv=recv, chan=k[2] + k[1] * nv))
-        nin = spec.buffer_chunks(r, Buffer.INPUT) or 0
-        nout = spec.buffer_chunks(r, Buffer.OUTPUT) or 0
-        sizes = {Buffer.INPUT: nin * n, Buffer.OUTPUT: nout * n, Buffer.SCRATCH: prog.scratch_chunks[r] * n}
-        if spec.inplace and spec.kind in ("allreduce", "reducescatter"):
-            sizes[Buffer.OUTPUT] = 0
-        if spec.inplace and spec.kind == "allgather":
-            sizes[Buffer.INPUT] = 0
-        gpus.append(Gpu(r, sizes[Buffer.INPUT], sizes[Buffer.OUTPUT], sizes[Buffer.SCRATCH], tbs))
-    pos_tb = [0] * len(ins)
-    pos_step = [0] * len(ins)
-    for i in _schedule(instrs, order, ins):
-        tb = gpus[i.rank].threadblocks[tb_ids[tb_of[i.id]]]
-        pos_tb[i.id], pos_step[i.id] = tb.id, len(tb.steps)
-        tb.steps.append(Step(len(tb.steps), i.type, i.src[1], i.src[2], i.dst[1], i.dst[2], i.cnt))
-    for i in instrs:
-        if not i.deps:
-            continue
-        tbid = pos_tb[i.id]
-        latest: dict[int, int] = {}
-        for d in i.deps:
-            dt, ds = pos_tb[d], pos_step[d]
-            if dt != tbid and latest.get(dt, -1) < ds:
-                latest[dt] = ds
-        if not latest:
-            continue
-        tbs = gpus[i.rank].threadblocks
-        step = tbs[tbid].steps[pos_step[i.id]]
-        step.deps = sorted(latest.items())
-        for dt, ds in step.deps:
-            tbs[dt].steps[ds].has_dep = True
-    return Program(name=prog.name, collective=spec.kind, ngpus=spec.ranks, nchunksperloop=spec.chunks * n,
-                   nchannels=nv * len(lane_keys), protocol=prog.protocol, inplace=spec.inplace, gpus=gpus)
+    _dead_writes(ins, acc, alive, lambda r, b, i: spec.is_output(r, b, i // n))
+    del acc
+    rows = np.flatnonzero(alive)
+    new = np.full(len(ins), -1, dtype=np.int64)
+    new[rows] = np.arange(len(rows))
+    ins = ins.take(rows)
+    dep_src, dep_dst = new[dep_src], new[dep_dst]
+    order = global_order(len(ins), dep_src, dep_dst, ins.msg_from)
+    placed = place(ins, dep_src, dep_dst, order, sm_count)
+    peers = int(prog.spec.ranks) + 1
+    conn = ((ins.rank * peers + ins.send + 1) * nlanes + ins.lane) * (int(ins.ch.max()) + 1) + ins.ch
+    seq = step_order(order, conn, ins.msg_from, dep_src, dep_dst)
+    table = emit(prog, ins, dep_src, dep_dst, placed, nlanes, seq)
+    if verify_result:
+        verify(table, sm_count=sm_count)
+    return table

@@ -7,69 +7,45 @@
     c = prog.chunk(1, Buffer.INPUT, 1).reduce(c, ch=0)
     ir = compile_program(prog)            # kernels.gc3.compiler
 
-Tracing keeps the symbolic content of every chunk slot: the set of input chunks
-(rank, index) summed into it, stored as a ``Value``: a tuple of (index, rank
-mask) pairs sorted by index, the mask's bit p set when rank p's input chunk
-``index`` is in the sum (most values name one index, so a reduction is one OR of
-two integers). That rejects a read of an uninitialised chunk, a
-reduction that would add an input twice, a stale reference (a ``ChunkRef``
-whose slots were overwritten since it was taken) and, at compile time, a final
-state that misses the postcondition. Offsets and counts are logical chunks,
-before the ``instances`` replication done by the compiler. In-place programs
-alias buffers as ``kernels.gc3.semantics`` describes, so ``Buffer.OUTPUT`` of an
-in-place allreduce is its input buffer.
+Vector form: ``rank`` and ``index`` may be integer arrays (of one length n, or
+scalars broadcast to it): the reference then names n chunk ranges, and a copy or
+reduce of it records n ops at once, in array order, exactly as n scalar calls in
+that order would (if the n ops touch a slot twice, they are traced one by one).
+A ring step over all ranks is one call:
 
-Cost: tracing an op is O(count) dictionary operations plus O(R / 64) word
-operations per reduced chunk (the masks); the built-in collectives' pre- and
-postconditions are computed per slot on demand (no table of R * C entries), so
-memory is O(slots written + ops).
+    r = np.arange(R)
+    c = prog.chunk(r, Buffer.INPUT, r).copy((r + 1) % R, Buffer.INPUT, r)
+
+Tracing keeps the symbolic content of every chunk slot: the set of input chunks
+(rank, index) summed into it, as one input index and a bit mask of ranks (a row
+of R/64 words; the few values that mix several indexes are kept as a ``Value``
+aside: a tuple of (index, rank mask) pairs sorted by index). That rejects a
+read of an uninitialised chunk, a reduction that would add an input twice, a
+stale reference (a ``ChunkRef`` whose slots were overwritten since it was taken)
+and, at compile time, a final state that misses the postcondition. Offsets and
+counts are logical chunks, before the ``instances`` replication done by the
+compiler. In-place programs alias buffers as ``kernels.gc3.semantics``
+describes, so ``Buffer.OUTPUT`` of an in-place allreduce is its input buffer.
+
+Cost: a call on n references of c chunks is O(n c R / 64) array work (plus an
+O(n c log(n c)) check that its slots are distinct) and O(1) Python; the ops go
+to columns (``kernels.gc3.oplog``). Memory: R / 8 + 16 bytes per slot of each
+buffer used (the slot state is dense: ranks x buffer size), plus the op columns.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+import numpy as np
 
 from calibrate.errors import UserError
+from kernels.gc3.arrays import isin, unique
 from kernels.gc3.ir import Buffer, Protocol
+from kernels.gc3.oplog import OpLog, OpTable
 from kernels.gc3.semantics import alias_index, logical_index
+from kernels.gc3.slots import NONE, SlotStore, Value, pairs_of, value_of
 
-Value = tuple  # ((input chunk index, rank mask), ...) sorted by index
-Slot = tuple  # (rank, Buffer, index): a storage slot, after in-place aliasing
 KINDS = ("allreduce", "reducescatter", "allgather", "alltoall", "custom")
-
-
-def value_of(pairs: Iterable[tuple[int, int]]) -> Value:
-    """The ``Value`` holding the input chunks ``pairs`` ((rank, index) each)."""
-    masks: dict[int, int] = {}
-    for rank, index in pairs:
-        masks[index] = masks.get(index, 0) | (1 << rank)
-    return tuple(sorted(masks.items()))
-
-
-def pairs_of(value: Value) -> list[tuple[int, int]]:
-    """The (rank, index) input chunks of ``value``, sorted."""
-    out = []
-    for index, mask in value:
-        rank = 0
-        while mask:
-            if mask & 1:
-                out.append((rank, index))
-            mask >>= 1
-            rank += 1
-    return sorted(out)
-
-
-def _merge(a: Value, b: Value) -> tuple[Value, Value]:
-    """(a + b, the chunks both hold)."""
-    if len(a) == 1 and len(b) == 1 and a[0][0] == b[0][0]:
-        ma, mb = a[0][1], b[0][1]
-        return ((a[0][0], ma | mb),), (((a[0][0], ma & mb),) if ma & mb else ())
-    da, db = dict(a), dict(b)
-    both = tuple((k, da[k] & m) for k, m in sorted(db.items()) if da.get(k, 0) & m)
-    for k, m in db.items():
-        da[k] = da.get(k, 0) | m
-    return tuple(sorted(da.items())), both
 
 
 @dataclass
@@ -80,8 +56,8 @@ class CollectiveSpec:
     output for allgather, the input otherwise). A custom collective gives its own
     ``precondition`` (slot -> input chunk ids it holds, a frozenset of (rank,
     index)) and ``postcondition`` (slot -> value required at the end), and its
-    per-rank buffer sizes; a built-in one computes them per slot
-    (``initial``, ``required``).
+    per-rank buffer sizes; a built-in one computes them (``initial``,
+    ``required``, and their array forms).
     """
 
     kind: str
@@ -111,21 +87,21 @@ class CollectiveSpec:
                 raise UserError("a custom collective needs a name, a precondition and a postcondition")
             self._pre = {s: value_of(v) for s, v in self.precondition.items()}
             self._post = {s: value_of(v) for s, v in self.postcondition.items()}
-        # which user buffers in-place aliasing maps elsewhere (others are stored as themselves)
-        self._aliased = {b for b in Buffer if any(
-            alias_index(self.kind, self.inplace, self.ranks, self.chunks, r, b, 0)[0] != b
-            for r in range(min(self.ranks, 2)))}
+        self._sizes = {b: np.array([self.buffer_chunks(r, b) or 0 for r in range(self.ranks)], dtype=np.int64)
+                       for b in (Buffer.INPUT, Buffer.OUTPUT)} if self.kind == "custom" else {
+            b: np.full(self.ranks, self.buffer_chunks(0, b), dtype=np.int64) for b in (Buffer.INPUT, Buffer.OUTPUT)}
 
-    def slot(self, rank: int, buf: Buffer, index: int) -> Slot:
-        if buf not in self._aliased:
-            return (rank, buf, index)
-        b, i = alias_index(self.kind, self.inplace, self.ranks, self.chunks, rank, buf, index)
-        return (rank, b, i)
+    def storage(self, rank: np.ndarray, buf: Buffer, index: np.ndarray) -> tuple[Buffer, np.ndarray]:
+        """The storage buffer and index of chunks ``buf[index]`` of ``rank`` (arrays), after aliasing."""
+        b, off = alias_index(self.kind, self.inplace, self.ranks, self.chunks, 0, buf, 0)
+        if b == buf:
+            return buf, index
+        base = np.zeros_like(rank) if off == 0 and self.kind == "allreduce" else rank * self._per
+        return b, index + base
 
-    def slots(self, rank: int, buf: Buffer, index: int, count: int) -> list[Slot]:
-        if buf not in self._aliased:
-            return [(rank, buf, index + k) for k in range(count)]
-        return [self.slot(rank, buf, index + k) for k in range(count)]
+    def sizes(self, buf: Buffer) -> np.ndarray | None:
+        """Logical size of a user buffer per rank (None: unbounded, for scratch)."""
+        return None if buf == Buffer.SCRATCH else self._sizes[buf]
 
     def buffer_chunks(self, rank: int, buf: Buffer) -> int | None:
         """Logical size of a user buffer (None: unbounded, for scratch)."""
@@ -137,13 +113,8 @@ class CollectiveSpec:
             return self._per if self.kind == "allgather" else self.chunks
         return self._per if self.kind == "reducescatter" else self.chunks
 
-    def _logical(self, slot: Slot, buf: Buffer) -> int | None:
-        r, b, i = slot
-        k = logical_index(self.kind, self.inplace, self.ranks, self.chunks, r, b, i, buf)
-        return k if k is not None and 0 <= k < self.buffer_chunks(r, buf) else None
-
-    def initial(self, slot: Slot) -> Value | None:
-        """What ``slot`` holds before the collective starts (None: nothing)."""
+    def initial(self, slot: tuple) -> Value | None:
+        """What storage slot (rank, buffer, index) holds before the collective starts (None: nothing)."""
         if self.kind == "custom":
             return self._pre.get(slot)
         r, b, i = slot
@@ -154,11 +125,30 @@ class CollectiveSpec:
             return ((i - lo, 1 << r),) if b == Buffer.OUTPUT and lo <= i < lo + self._per else None
         return ((i, 1 << r),) if b == Buffer.INPUT and 0 <= i < self._per else None
 
-    def required(self, slot: Slot) -> Value | None:
-        """What ``slot`` must hold at the end (None: anything)."""
+    def initial_rows(self, buf: Buffer, width: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Initial state of storage buffer ``buf`` of every rank (``width`` slots each) for a built-in
+        collective: (the input index each slot holds or NONE, shape (R, width)), the holder's rank being the
+        slot's rank; None if the collective starts with nothing there."""
+        r = np.arange(self.ranks)[:, None]
+        i = np.arange(width)[None, :]
+        if self.kind != "allgather":
+            if buf != Buffer.INPUT:
+                return None
+            return np.broadcast_to(np.where(i < self.chunks, i, NONE), (self.ranks, width)).copy()
+        if self.inplace:
+            if buf != Buffer.OUTPUT:
+                return None
+            lo = r * self._per
+            return np.where((lo <= i) & (i < lo + self._per), i - lo, NONE)
+        if buf != Buffer.INPUT:
+            return None
+        return np.broadcast_to(np.where(i < self._per, i, NONE), (self.ranks, width)).copy()
+
+    def required(self, slot: tuple) -> Value | None:
+        """What storage slot (rank, buffer, index) must hold at the end (None: anything)."""
         if self.kind == "custom":
             return self._post.get(slot)
-        k = self._logical(slot, Buffer.OUTPUT)
+        k = self._logical(slot[0], slot[1], slot[2])
         if k is None:
             return None
         r, per = slot[0], self._per
@@ -170,67 +160,132 @@ class CollectiveSpec:
             return ((k % per, 1 << (k // per)),)
         return ((r * per + k % per, 1 << (k // per)),)
 
-    def output_slots(self) -> Iterator[Slot]:
-        """Every slot with a required value, rank by rank; O(R * output chunks)."""
+    def _logical(self, r: int, b: Buffer, i: int) -> int | None:
+        k = logical_index(self.kind, self.inplace, self.ranks, self.chunks, r, b, i, Buffer.OUTPUT)
+        return k if k is not None and 0 <= k < self.buffer_chunks(r, Buffer.OUTPUT) else None
+
+    def is_output(self, rank: np.ndarray, buf: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """Whether storage slots (arrays of rank, buffer code into ``list(Buffer)``, index) have a required
+        value at the end."""
         if self.kind == "custom":
-            yield from self._post
-            return
-        for q in range(self.ranks):
-            for k in range(self.buffer_chunks(q, Buffer.OUTPUT)):
-                yield self.slot(q, Buffer.OUTPUT, k)
+            bufs = list(Buffer)
+            return np.fromiter(((r, bufs[b], i) in self._post for r, b, i in
+                                zip(rank.tolist(), buf.tolist(), index.tolist())), dtype=bool, count=len(rank))
+        code = {b: k for k, b in enumerate(Buffer)}
+        if self.inplace and self.kind == "reducescatter":
+            k, ok = index - rank * self._per, buf == code[Buffer.INPUT]
+        elif self.inplace and self.kind == "allreduce":
+            k, ok = index, buf == code[Buffer.INPUT]
+        else:
+            k, ok = index, buf == code[Buffer.OUTPUT]
+        return ok & (k >= 0) & (k < self._sizes[Buffer.OUTPUT][rank])
+
+    def output_slots(self) -> tuple[np.ndarray, Buffer, np.ndarray]:
+        """Every storage slot with a required value of a built-in collective: (ranks, buffer, indexes),
+        rank by rank."""
+        n = self.buffer_chunks(0, Buffer.OUTPUT)
+        rank = np.repeat(np.arange(self.ranks), n)
+        buf, index = self.storage(rank, Buffer.OUTPUT, np.tile(np.arange(n), self.ranks))
+        return rank, buf, index
+
+    def required_rows(self, rank: np.ndarray, index_out: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """For output chunks ``index_out`` (logical) of ``rank``: (the required input index, the required
+        holder rank, or None where all ranks are required)."""
+        per = self._per
+        if self.kind == "allreduce":
+            return index_out, None
+        if self.kind == "reducescatter":
+            return rank * per + index_out, None
+        if self.kind == "allgather":
+            return index_out % per, index_out // per
+        return rank * per + index_out % per, index_out // per
 
 
-# an op: (kind "copy" | "reduce", src slot, dst slot, count, channel directive or None,
-#         replicas of the parallelize() scope it was traced in, that scope's number or 0)
-Op = tuple
-OP_KIND, OP_SRC, OP_DST, OP_COUNT, OP_CH, OP_PARALLEL, OP_SCOPE = range(7)
+def _one(ch, e: int):
+    """The channel directive of op ``e`` of a call."""
+    return ch if ch is None or np.ndim(ch) == 0 else int(np.asarray(ch)[e])
 
 
 class ChunkRef:
-    """A reference to ``count`` consecutive chunks of one rank's buffer, valid until they are overwritten."""
+    """A reference to ``count`` consecutive chunks of one rank's buffer (or to n such ranges, with array
+    ``rank`` and ``index``), valid until they are overwritten."""
 
-    __slots__ = ("prog", "rank", "buffer", "index", "count", "slots", "versions", "values")
+    __slots__ = ("prog", "_rank", "buffer", "_index", "count", "_sbuf", "_sidx", "versions", "_scalar")
 
-    def __init__(self, prog: "GC3Program", rank: int, buf: Buffer, index: int, count: int,
-                 slots: list[Slot], versions: list[int], values: list[Value] | None = None):
-        self.prog, self.rank, self.buffer, self.index, self.count = prog, rank, buf, index, count
-        self.slots, self.versions, self.values = slots, versions, values
+    def __init__(self, prog: "GC3Program", rank: np.ndarray, buf: Buffer, index: np.ndarray, count: int,
+                 sbuf: Buffer, sidx: np.ndarray, versions: np.ndarray, scalar: bool):
+        self.prog, self._rank, self.buffer, self._index, self.count = prog, rank, buf, index, count
+        self._sbuf, self._sidx, self.versions, self._scalar = sbuf, sidx, versions, scalar
+
+    @property
+    def rank(self):
+        return int(self._rank[0]) if self._scalar else self._rank
+
+    @property
+    def index(self):
+        return int(self._index[0]) if self._scalar else self._index
+
+    def __len__(self):
+        return len(self._rank)
+
+    def _name(self, e: int) -> str:
+        i = int(self._index[e])
+        return f"chunk(rank {int(self._rank[e])}, {self.buffer.name.lower()}[{i}:{i + self.count}])"
 
     def __repr__(self):
-        return f"chunk(rank {self.rank}, {self.buffer.name.lower()}[{self.index}:{self.index + self.count}])"
+        if len(self._rank) == 1:
+            return self._name(0)
+        return f"{len(self._rank)} chunk ranges ({self._name(0)}, ...)"
 
-    def _check_fresh(self, action: str) -> list[Value]:
-        """The values of the slots (read when the reference was taken); raise if any was overwritten since."""
-        cells = self.prog._cells
-        for s, v in zip(self.slots, self.versions):
-            cell = cells.get(s)
-            if (cell[1] if cell is not None else 0) != v:
-                raise UserError(f"stale reference {self!r} used to {action}: {s[1].name.lower()}[{s[2]}] of rank "
-                                f"{s[0]} was overwritten after it was taken; take a new chunk(...) reference")
-        return self.values
+    def _slots(self) -> np.ndarray:
+        """Storage indexes of every chunk, shape (n, count)."""
+        return self._sidx[:, None] + np.arange(self.count)[None, :]
 
-    def copy(self, rank: int, buffer: Buffer, index: int, ch: int | None = None) -> "ChunkRef":
-        """Copy these chunks to ``buffer[index:]`` of ``rank``; returns a reference to the copy."""
-        values = self._check_fresh("copy")
-        dst = self.prog._ref(rank, buffer, index, self.count)
-        self.prog._record("copy", self, dst, ch)
-        return self.prog._write(dst, values)
+    def _check_fresh(self, action: str) -> None:
+        """Raise if any slot was overwritten since the reference was taken."""
+        store = self.prog._store
+        now = store.versions(self._sbuf, self._rank, self._slots())
+        bad = np.flatnonzero((now != self.versions).any(axis=1))
+        if len(bad):
+            e = int(bad[0])
+            k = int(np.flatnonzero(now[e] != self.versions[e])[0])
+            raise UserError(f"stale reference {self._name(e)} used to {action}: {self._sbuf.name.lower()}"
+                            f"[{int(self._sidx[e]) + k}] of rank {int(self._rank[e])} was overwritten after it "
+                            f"was taken; take a new chunk(...) reference")
 
-    def reduce(self, other: "ChunkRef", ch: int | None = None) -> "ChunkRef":
+    def _element(self, e: int) -> "ChunkRef":
+        s = slice(e, e + 1)
+        return ChunkRef(self.prog, self._rank[s], self.buffer, self._index[s], self.count, self._sbuf,
+                        self._sidx[s], self.versions[s], True)
+
+    def copy(self, rank, buffer: Buffer, index, ch=None) -> "ChunkRef":
+        """Copy these chunks to ``buffer[index:]`` of ``rank``; returns a reference to the copy. ``ch`` is a
+        channel directive (one, or one per chunk range), None to let the compiler choose."""
+        prog = self.prog
+        dst = prog._ref(rank, buffer, index, self.count, len(self._rank), check_values=False)
+        if not prog._distinct(self, dst, "copy"):
+            return prog._one_by_one([self._element(e).copy(int(dst._rank[e]), buffer, int(dst._index[e]),
+                                                           _one(ch, e))
+                                     for e in range(len(dst))], self._scalar)
+        self._check_fresh("copy")
+        prog._record(0, self, dst, ch)
+        return prog._write_copy(self, dst)
+
+    def reduce(self, other: "ChunkRef", ch=None) -> "ChunkRef":
         """Reduce ``other`` into these chunks (this += other); ``other`` may be on another rank."""
-        mine = self._check_fresh("reduce into")
-        theirs = other._check_fresh("reduce from")
+        prog = self.prog
         if other.count != self.count:
             raise UserError(f"cannot reduce {other!r} into {self!r}: counts differ")
-        merged = []
-        for k, (a, b) in enumerate(zip(mine, theirs)):
-            m, both = _merge(a, b)
-            if both:
-                raise UserError(f"reducing {other!r} into {self!r} would add input chunks "
-                                f"{pairs_of(both)} twice (at chunk {k}); reduce disjoint partial sums")
-            merged.append(m)
-        self.prog._record("reduce", other, self, ch)
-        return self.prog._write(self, merged)
+        if len(other) != len(self):
+            raise UserError(f"cannot reduce {len(other)} chunk ranges into {len(self)}: give as many of each")
+        if not prog._distinct(other, self, "reduce"):
+            return prog._one_by_one([self._element(e).reduce(other._element(e), _one(ch, e)) for e in range(len(self))],
+                                    self._scalar)
+        self._check_fresh("reduce into")
+        other._check_fresh("reduce from")
+        prog._write_reduce(other, self)
+        prog._record(1, other, self, ch)
+        return prog._written(self)
 
 
 class GC3Program:
@@ -242,21 +297,24 @@ class GC3Program:
             raise UserError(f"instances must be >= 1, got {instances}")
         self.name, self.spec, self.instances = name, spec, instances
         self.protocol = Protocol(protocol) if isinstance(protocol, str) else protocol
-        self.ops: list[Op] = []
-        self._cells: dict[Slot, tuple[Value, int]] = {}  # written slots: (value, 1 + index of the writing op)
+        self._log = OpLog()
+        self._store = SlotStore(spec)
         self._parallel = 1
         self._scope = 0
-        self.scratch_chunks = [0] * spec.ranks
+        self.scratch_chunks = np.zeros(spec.ranks, dtype=np.int64)
 
     @property
     def ranks(self) -> int:
         return self.spec.ranks
 
-    def chunk(self, rank: int, buffer: Buffer, index: int, count: int = 1) -> ChunkRef:
-        """A reference to ``count`` chunks of ``buffer`` at ``index`` on ``rank``."""
-        ref = self._ref(rank, buffer, index, count)
-        ref.values = self._values(ref, "reference")
-        return ref
+    @property
+    def ops(self) -> OpTable:
+        """The traced ops, in columns."""
+        return self._log.table()
+
+    def chunk(self, rank, buffer: Buffer, index, count: int = 1) -> ChunkRef:
+        """A reference to ``count`` chunks of ``buffer`` at ``index`` on ``rank`` (ints or arrays)."""
+        return self._ref(rank, buffer, index, count, None, check_values=True)
 
     @contextmanager
     def parallelize(self, n: int):
@@ -269,64 +327,118 @@ class GC3Program:
         finally:
             self._parallel = 1
 
-    def _get(self, slot: Slot) -> Value | None:
-        cell = self._cells.get(slot)
-        return cell[0] if cell is not None else self.spec.initial(slot)
-
     def state(self, rank: int, buffer: Buffer, index: int) -> Value | None:
-        return self._get(self.spec.slot(rank, buffer, index))
+        sbuf, sidx = self.spec.storage(np.array([rank]), buffer, np.array([index]))
+        return self._store.value(sbuf, rank, int(sidx[0]))
 
     def check_postcondition(self) -> None:
-        """O(R * output chunks)."""
+        """O(R * output chunks * R / 64), in blocks of ranks."""
         spec = self.spec
-        for slot in spec.output_slots():
-            want, got = spec.required(slot), self._get(slot)
-            if got != want:
-                r, b, i = slot
-                have = "nothing" if got is None else f"{len(pairs_of(got))} input chunk(s) {pairs_of(got)[:4]}"
-                need = pairs_of(want)
-                raise UserError(f"postcondition not met: rank {r} {b.name.lower()}[{i}] holds {have} but the "
-                                f"{spec.kind} needs {need[:4]}{'...' if len(need) > 4 else ''}")
+        if spec.kind == "custom":
+            for slot, want in spec._post.items():
+                self._check_slot(slot, want)
+            return
+        bad = self._store.first_unmet(spec)
+        if bad is not None:
+            self._check_slot(bad, spec.required(bad))
+
+    def _check_slot(self, slot: tuple, want: Value) -> None:
+        r, b, i = slot
+        got = self._store.value(b, r, i)
+        if got != want:
+            have = "nothing" if got is None else f"{len(pairs_of(got))} input chunk(s) {pairs_of(got)[:4]}"
+            need = pairs_of(want)
+            raise UserError(f"postcondition not met: rank {r} {b.name.lower()}[{i}] holds {have} but the "
+                            f"{self.spec.kind} needs {need[:4]}{'...' if len(need) > 4 else ''}")
 
     # ---- internals -------------------------------------------------------------------
-    def _ref(self, rank: int, buffer: Buffer, index: int, count: int) -> ChunkRef:
-        if not 0 <= rank < self.spec.ranks:
-            raise UserError(f"rank {rank} outside 0..{self.spec.ranks - 1}")
+    def _ref(self, rank, buffer: Buffer, index, count: int, n: int | None, check_values: bool) -> ChunkRef:
+        scalar = np.ndim(rank) == 0 and np.ndim(index) == 0 and n in (None, 1)
+        rank = np.asarray(rank, dtype=np.int64).reshape(-1)
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        n = max(len(rank), len(index)) if n is None else n
+        if len(rank) != n:
+            rank = np.broadcast_to(rank, n) if len(rank) == 1 else None
+        if len(index) != n:
+            index = np.broadcast_to(index, n) if len(index) == 1 else None
+        if rank is None or index is None:
+            raise UserError(f"rank and index arrays of a chunk reference must have one length ({n}); "
+                            f"give arrays of equal length or single values")
+        spec = self.spec
+        out = np.flatnonzero((rank < 0) | (rank >= spec.ranks))
+        if len(out):
+            raise UserError(f"rank {int(rank[out[0]])} outside 0..{spec.ranks - 1}")
         if type(buffer) is not Buffer:
             buffer = Buffer(buffer)
-        size = self.spec.buffer_chunks(rank, buffer)
-        if index < 0 or count < 1 or (size is not None and index + count > size):
-            raise UserError(f"{buffer.name.lower()}[{index}:{index + count}] on rank {rank} is outside the "
-                            f"buffer of {size} chunks; fix the index or count")
-        if buffer == Buffer.SCRATCH and index + count > self.scratch_chunks[rank]:
-            self.scratch_chunks[rank] = index + count
-        slots = self.spec.slots(rank, buffer, index, count)
-        cells = self._cells
-        versions = [cells[s][1] if s in cells else 0 for s in slots]
-        return ChunkRef(self, rank, buffer, index, count, slots, versions)
+        sizes = spec.sizes(buffer)
+        if count < 1 or (index < 0).any() or (sizes is not None and (index + count > sizes[rank]).any()):
+            e = int(np.flatnonzero((index < 0) | (count < 1) | (
+                index + count > (sizes[rank] if sizes is not None else np.inf)))[0])
+            size = None if sizes is None else int(sizes[rank[e]])
+            raise UserError(f"{buffer.name.lower()}[{int(index[e])}:{int(index[e]) + count}] on rank "
+                            f"{int(rank[e])} is outside the buffer of {size} chunks; fix the index or count")
+        if buffer == Buffer.SCRATCH:
+            np.maximum.at(self.scratch_chunks, rank, index + count)
+        sbuf, sidx = spec.storage(rank, buffer, index)
+        store = self._store
+        slots = sidx[:, None] + np.arange(count)[None, :]
+        store.reserve(sbuf, int(slots.max()) + 1)
+        if check_values:
+            empty = store.empty(sbuf, rank, slots)
+            if empty.any():
+                e, k = (int(x[0]) for x in np.nonzero(empty))
+                raise UserError(f"op #{len(self._log)} (reference) reads an uninitialised chunk: rank "
+                                f"{int(rank[e])} {sbuf.name.lower()}[{int(sidx[e]) + k}]; copy data there first")
+        return ChunkRef(self, rank, buffer, index, count, sbuf, sidx, store.versions(sbuf, rank, slots), scalar)
 
-    def _values(self, ref: ChunkRef, action: str) -> list[Value]:
-        out = []
-        for s in ref.slots:
-            v = self._get(s)
-            if v is None:
-                raise UserError(f"op #{len(self.ops)} ({action}) reads an uninitialised chunk: rank {s[0]} "
-                                f"{s[1].name.lower()}[{s[2]}]; copy data there first")
-            out.append(v)
-        return out
+    def _distinct(self, src: ChunkRef, dst: ChunkRef, kind: str) -> bool:
+        """Whether the n ops of this call can be traced at once: no op writes a slot that another writes or
+        reads (else they are traced one by one, in order). A copy onto itself is rejected."""
+        n, c = len(dst), dst.count
+        same = (src._rank == dst._rank) & (src._sbuf == dst._sbuf) & (src._sidx == dst._sidx)
+        if kind == "copy" and same.any():
+            raise UserError(f"copy of {src._name(int(np.flatnonzero(same)[0]))} onto itself")
+        if n == 1:
+            return True
+        codes = {b: k for k, b in enumerate(Buffer)}
+        big = int(max(src._sidx.max(), dst._sidx.max())) + c + 1
 
-    def _record(self, kind: str, src: ChunkRef, dst: ChunkRef, ch: int | None) -> None:
-        if ch is not None and ch < 0:
-            raise UserError(f"channel directive ch={ch} must be >= 0")
-        if kind == "copy" and src.slots == dst.slots:
-            raise UserError(f"copy of {src!r} onto itself")
-        self.ops.append((kind, src.slots[0], dst.slots[0], src.count, ch,
-                         self._parallel, self._scope if self._parallel > 1 else 0))
+        def keys(ref):
+            return ((ref._rank[:, None] * 3 + codes[ref._sbuf]) * big + ref._slots()).reshape(-1)
+        k_dst = unique(keys(dst))
+        return len(k_dst) == n * c and not isin(keys(src), k_dst).any()
 
-    def _write(self, ref: ChunkRef, values: list[Value]) -> ChunkRef:
-        version = len(self.ops)
-        cells = self._cells
-        for s, v in zip(ref.slots, values):
-            cells[s] = (v, version)
-        return ChunkRef(self, ref.rank, ref.buffer, ref.index, ref.count, ref.slots, [version] * ref.count,
-                        values)
+    def _one_by_one(self, refs: list[ChunkRef], scalar: bool) -> ChunkRef:
+        first = refs[0]
+        return ChunkRef(self, np.concatenate([r._rank for r in refs]), first.buffer,
+                        np.concatenate([r._index for r in refs]), first.count, first._sbuf,
+                        np.concatenate([r._sidx for r in refs]), np.concatenate([r.versions for r in refs]),
+                        scalar and len(refs) == 1)
+
+    def _record(self, kind: int, src: ChunkRef, dst: ChunkRef, ch) -> None:
+        code = -1 if ch is None else np.asarray(ch, dtype=np.int64)
+        if ch is not None and (code.ndim and len(code) != len(dst)):
+            raise UserError(f"{len(code)} channel directives for {len(dst)} chunk ranges; give one or as many")
+        if ch is not None and (code < 0).any():
+            raise UserError(f"channel directive ch={int(np.min(code))} must be >= 0")
+        self._log.append(kind, src._rank, src._sbuf, src._sidx, dst._rank, dst._sbuf, dst._sidx, dst.count,
+                         code, self._parallel, self._scope if self._parallel > 1 else 0)
+
+    def _write_copy(self, src: ChunkRef, dst: ChunkRef) -> ChunkRef:
+        self._store.copy(src._sbuf, src._rank, src._slots(), dst._sbuf, dst._rank, dst._slots())
+        return self._written(dst)
+
+    def _write_reduce(self, src: ChunkRef, dst: ChunkRef) -> None:
+        clash = self._store.reduce(src._sbuf, src._rank, src._slots(), dst._sbuf, dst._rank, dst._slots())
+        if clash is not None:
+            e, k, both = clash
+            raise UserError(f"reducing {src._name(e)} into {dst._name(e)} would add input chunks "
+                            f"{pairs_of(both)} twice (at chunk {k}); reduce disjoint partial sums")
+
+    def _written(self, ref: ChunkRef) -> ChunkRef:
+        """``ref`` after the last recorded op (one version per element) wrote it."""
+        n = len(ref)
+        versions = len(self._log) - n + 1 + np.arange(n)
+        self._store.set_versions(ref._sbuf, ref._rank, ref._slots(), versions)
+        return ChunkRef(self, ref._rank, ref.buffer, ref._index, ref.count, ref._sbuf, ref._sidx,
+                        np.repeat(versions[:, None], ref.count, axis=1), ref._scalar)

@@ -11,11 +11,15 @@ are labelled with why one waits for the other:
 Thread blocks are deterministic processes connected by FIFOs, so a cycle here is
 exactly a reachable deadlock, whatever the interleaving.
 
-Complexity, for S steps, D dependencies and M messages: connections O(S),
-message matching O(M), hasdep O(S + D), deadlock O(S + D + M): the wait-for
-graph has integer nodes and is acyclic exactly when each of its strongly
-connected components (scipy's, in C) is one node without a self-loop; only a
-cyclic graph is walked in Python, within one component, to name the cycle.
+Every check works on the columnar IR (``kernels.gc3.table.IRTable``; a
+``Program`` is converted first, O(S + D)) with array operations. Complexity,
+for S steps, T thread blocks, D dependencies and M messages: the SM count
+O(T); connection conflicts O(T log T) (one sort); message matching
+O(M log M) (one sort of the sends and one of the receives); hasdep O(S + D);
+deadlock O(S + D + M) to build the wait-for graph plus its strongly connected
+components (scipy's, in C): the graph is acyclic exactly when each component is
+one node without a self-loop; only a cyclic graph is walked in Python, within
+one component, to name the cycle. Memory O(S + D + M).
 """
 from __future__ import annotations
 
@@ -27,8 +31,9 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from calibrate.errors import UserError
-from kernels.gc3.executor import step_name
-from kernels.gc3.ir import RECEIVING, SENDING, Program
+from kernels.gc3.arrays import isin, rank_in_group, unique, unique_counts
+from kernels.gc3.ir import Program
+from kernels.gc3.table import RECEIVES, SENDS, IRTable
 
 DEFAULT_SM_COUNT = 132  # H100 SXM and H200: 132 streaming multiprocessors
 
@@ -51,136 +56,193 @@ class Summary:
     connections: int
 
 
-def _connections(program: Program):
-    """(sender, receiver, channel) -> list of (rank, tb, step) of its sends, and of its receives."""
-    sends, recvs = defaultdict(list), defaultdict(list)
-    for g in program.gpus:
-        seen_send, seen_recv = {}, {}
-        for tb in g.threadblocks:
-            for peer, seen, what in ((tb.send, seen_send, "send to"), (tb.recv, seen_recv, "receive from")):
-                if peer < 0:
-                    continue
-                key = (peer, tb.chan)
-                if key in seen:
-                    raise VerifyError("connection conflict", f"gpu {g.id}: thread blocks {seen[key]} and {tb.id} "
-                                      f"both {what} gpu {peer} on channel {tb.chan}; give them different channels")
-                seen[key] = tb.id
-            out, inc = (g.id, tb.send, tb.chan), (tb.recv, g.id, tb.chan)
-            for i, st in enumerate(tb.steps):
-                t = st.type
-                if t in SENDING:
-                    sends[out].append((g.id, tb, i))
-                if t in RECEIVING:
-                    recvs[inc].append((g.id, tb, i))
-    return sends, recvs
+@dataclass
+class _Messages:
+    """Sending and receiving steps of every connection (sender GPU, receiver GPU, channel), each sorted by
+    connection then by program order; ``k`` is a step's position on its connection."""
+
+    send_key: np.ndarray
+    send_step: np.ndarray
+    send_k: np.ndarray
+    recv_key: np.ndarray
+    recv_step: np.ndarray
+    recv_k: np.ndarray
 
 
-def verify(program: Program, sm_count: int = DEFAULT_SM_COUNT, fifo_slots: int = 1) -> Summary:
+def _check_connections(t: IRTable) -> None:
+    """No two thread blocks of a GPU send to (or receive from) one peer on one channel."""
+    ntb = len(t.tb_gpu)
+    peer = np.concatenate((t.tb_send, t.tb_recv))
+    row = np.concatenate((np.arange(ntb), np.arange(ntb)))
+    direction = np.repeat([0, 1], ntb)
+    order = 2 * row + direction
+    keep = peer >= 0
+    peer, row, direction, order = peer[keep], row[keep], direction[keep], order[keep]
+    chan = t.tb_chan[row]
+    gpu = t.tb_gpu[row]
+    by = np.lexsort((order, chan, peer, direction, gpu))
+    same = np.zeros(len(by), dtype=bool)
+    if len(by) > 1:
+        a, b = by[1:], by[:-1]
+        same[1:] = (gpu[a] == gpu[b]) & (direction[a] == direction[b]) & (peer[a] == peer[b]) & (chan[a] == chan[b])
+    if not same.any():
+        return
+    dup = np.flatnonzero(same)
+    first_dup = dup[np.argmin(order[by[dup]])]
+    start = first_dup
+    while same[start]:
+        start -= 1
+    e, seen = by[first_dup], by[start]
+    what = "send to" if direction[e] == 0 else "receive from"
+    raise VerifyError("connection conflict", f"gpu {int(t.gpu_id[gpu[e]])}: thread blocks {int(t.tb_id[row[seen]])} "
+                      f"and {int(t.tb_id[row[e]])} both {what} gpu {int(peer[e])} on channel {int(chan[e])}; "
+                      f"give them different channels")
+
+
+def _messages(t: IRTable) -> _Messages:
+    step_tb = t.step_tb()
+    gid = t.gpu_id[t.tb_gpu[step_tb]]
+    ng = max(int(t.ngpus), int(t.gpu_id.max(initial=0)) + 1)
+    nch = int(t.tb_chan.max(initial=0)) + 1
+
+    def side(mask, sender, receiver):
+        steps = np.flatnonzero(mask)
+        key = (sender[steps] * ng + receiver[steps]) * nch + t.tb_chan[step_tb[steps]]
+        order = np.argsort(key, kind="stable")   # steps are in program order within a connection
+        key, steps = key[order], steps[order]
+        return key, steps, rank_in_group(key)
+    send_tb_peer = t.tb_send[step_tb]
+    recv_tb_peer = t.tb_recv[step_tb]
+    sk, ss, sn = side(SENDS[t.st_type], gid, send_tb_peer)
+    rk, rs, rn = side(RECEIVES[t.st_type], recv_tb_peer, gid)
+    return _Messages(sk, ss, sn, rk, rs, rn)
+
+
+def _match(m: _Messages) -> tuple[np.ndarray, np.ndarray]:
+    """(send step, receive step) of every matched message: the k-th send and k-th receive of a connection."""
+    big = int(max(m.send_k.max(initial=0), m.recv_k.max(initial=0))) + 1
+    a = m.send_key * big + m.send_k
+    b = m.recv_key * big + m.recv_k
+    common, ia, ib = np.intersect1d(a, b, assume_unique=True, return_indices=True)
+    return m.send_step[ia], m.recv_step[ib]
+
+
+def _check_messages(t: IRTable, m: _Messages, ng: int, nch: int) -> None:
+    snd, rcv = _match(m)
+    bad_cnt = t.st_cnt[snd] != t.st_cnt[rcv]
+    keys, s_counts = unique_counts(m.send_key)
+    rkeys, r_counts = unique_counts(m.recv_key)
+    allkeys = unique(np.concatenate((keys, rkeys)))
+    ns = np.zeros(len(allkeys), dtype=np.int64)
+    nr = np.zeros(len(allkeys), dtype=np.int64)
+    ns[np.searchsorted(allkeys, keys)] = s_counts
+    nr[np.searchsorted(allkeys, rkeys)] = r_counts
+    unmatched = ns != nr
+    # the first connection (in key order) with a defect is reported
+    skey_of = np.empty(t.steps, dtype=np.int64)
+    skey_of[m.send_step] = m.send_key
+    mism_keys = skey_of[snd[bad_cnt]]
+    first_mism = mism_keys.min() if len(mism_keys) else None
+    first_unm = allkeys[unmatched].min() if unmatched.any() else None
+    if first_mism is None and first_unm is None:
+        return
+    if first_mism is not None and (first_unm is None or first_mism <= first_unm):
+        k = np.flatnonzero(bad_cnt & (skey_of[snd] == first_mism))
+        k = k[np.argmin(snd[k])]
+        a, b = int(snd[k]), int(rcv[k])
+        raise VerifyError("message mismatch", f"{t.step_name(a)} sends {int(t.st_cnt[a])} chunks but its matching "
+                          f"receive {t.step_name(b)} takes {int(t.st_cnt[b])}")
+    key = int(first_unm)
+    j = int(np.searchsorted(allkeys, key))
+    nsend, nrecv = int(ns[j]), int(nr[j])
+    if nsend > nrecv:
+        extra = m.send_step[np.flatnonzero((m.send_key == key) & (m.send_k == nrecv))[0]]
+    else:
+        extra = m.recv_step[np.flatnonzero((m.recv_key == key) & (m.recv_k == nsend))[0]]
+    sender, rest = divmod(key, ng * nch)
+    receiver, chan = divmod(rest, nch)
+    raise VerifyError("unmatched message", f"connection gpu {sender} -> gpu {receiver} channel {chan} has "
+                      f"{nsend} sends and {nrecv} receives; {t.step_name(int(extra))} has no partner")
+
+
+def _dep_rows(t: IRTable) -> tuple[np.ndarray, np.ndarray]:
+    """(waiting step row, awaited step row) of every dependency."""
+    step_tb = t.step_tb()
+    waiter = np.repeat(np.arange(t.steps), np.diff(t.dep_start))
+    tb = t.tb_row(t.tb_gpu[step_tb[waiter]], t.dep_tb)
+    if (tb < 0).any() or (t.dep_step >= np.diff(t.tb_start)[tb]).any():
+        k = int(waiter[np.flatnonzero((tb < 0) | (t.dep_step >= np.diff(t.tb_start)[tb]))[0]])
+        raise VerifyError("bad dependency", f"{t.step_name(k)} depends on a step that does not exist")
+    return waiter, t.tb_start[tb] + t.dep_step
+
+
+def verify(program: Program | IRTable, sm_count: int = DEFAULT_SM_COUNT, fifo_slots: int = 1) -> Summary:
     """Check ``program``; raise ``VerifyError`` naming the place of the first defect found."""
-    if len(program.gpus) != program.ngpus:
-        raise VerifyError("bad program", f"{len(program.gpus)} GPUs listed but ngpus={program.ngpus}")
-    for g in program.gpus:
-        if len(g.threadblocks) > sm_count:
-            raise VerifyError("too many thread blocks", f"gpu {g.id} uses {len(g.threadblocks)} thread blocks but "
-                              f"the target GPU has {sm_count} SMs; use fewer channels or instances")
-    sends, recvs = _connections(program)
-    for key in sorted(set(sends) | set(recvs)):
-        s, r = sends.get(key, []), recvs.get(key, [])
-        for k, (a, b) in enumerate(zip(s, r)):
-            sa, sb = a[1].steps[a[2]], b[1].steps[b[2]]
-            if sa.cnt != sb.cnt:
-                raise VerifyError("message mismatch", f"{step_name(a[0], a[1].id, a[2], sa)} sends {sa.cnt} chunks "
-                                  f"but its matching receive {step_name(b[0], b[1].id, b[2], sb)} takes {sb.cnt}")
-        if len(s) != len(r):
-            extra = s[len(r)] if len(s) > len(r) else r[len(s)]
-            st = extra[1].steps[extra[2]]
-            raise VerifyError("unmatched message", f"connection gpu {key[0]} -> gpu {key[1]} channel {key[2]} has "
-                              f"{len(s)} sends and {len(r)} receives; {step_name(extra[0], extra[1].id, extra[2], st)} "
-                              f"has no partner")
-    waited = set()
-    for g in program.gpus:
-        for tb in g.threadblocks:
-            for i, st in enumerate(tb.steps):
-                for d in st.deps:
-                    waited.add((g.id, *d))
-    for g in program.gpus:
-        for tb in g.threadblocks:
-            for i, st in enumerate(tb.steps):
-                if (g.id, tb.id, i) in waited and not st.has_dep:
-                    raise VerifyError("missing hasdep", f"{step_name(g.id, tb.id, i, st)} is waited on by another "
-                                      f"thread block but has hasdep=0, so it would never signal")
-    _check_deadlock(program, sends, recvs, fifo_slots)
+    t = program if isinstance(program, IRTable) else IRTable.from_program(program)
+    if len(t.gpu_id) != t.ngpus:
+        raise VerifyError("bad program", f"{len(t.gpu_id)} GPUs listed but ngpus={t.ngpus}")
+    per_gpu = np.bincount(t.tb_gpu, minlength=len(t.gpu_id))
+    over = np.flatnonzero(per_gpu > sm_count)
+    if len(over):
+        g = over[0]
+        raise VerifyError("too many thread blocks", f"gpu {int(t.gpu_id[g])} uses {int(per_gpu[g])} thread blocks "
+                          f"but the target GPU has {sm_count} SMs; use fewer channels or instances")
+    _check_connections(t)
+    m = _messages(t)
+    ng = max(int(t.ngpus), int(t.gpu_id.max(initial=0)) + 1)
+    nch = int(t.tb_chan.max(initial=0)) + 1
+    _check_messages(t, m, ng, nch)
+    waiter, awaited = _dep_rows(t)
+    missing = np.zeros(t.steps, dtype=bool)
+    missing[awaited] = True
+    missing &= ~t.st_hasdep
+    if missing.any():
+        k = int(np.flatnonzero(missing)[0])
+        raise VerifyError("missing hasdep", f"{t.step_name(k)} is waited on by another thread block but has "
+                          f"hasdep=0, so it would never signal")
+    _check_deadlock(t, m, waiter, awaited, fifo_slots)
     return Summary(
-        ngpus=program.ngpus,
-        threadblocks=program.max_threadblocks,
-        total_threadblocks=sum(len(g.threadblocks) for g in program.gpus),
-        channels=len({tb.chan for g in program.gpus for tb in g.threadblocks}),
-        steps=sum(len(tb.steps) for g in program.gpus for tb in g.threadblocks),
-        connections=len(sends),
+        ngpus=t.ngpus,
+        threadblocks=t.max_threadblocks,
+        total_threadblocks=len(t.tb_gpu),
+        channels=len(unique(t.tb_chan)),
+        steps=t.steps,
+        connections=len(unique(m.send_key)),
     )
 
 
 _KINDS = ("thread-block order", "dependency", "send/receive order on a connection", "FIFO slots")
 
 
-def _check_deadlock(program: Program, sends, recvs, fifo_slots: int) -> None:
-    # node ids: step k of thread block t of gpu r is base[(r, t)] + k (its first phase); a step that
-    # receives and sends has a second (send) phase, numbered from S on
-    base: dict[tuple[int, int], int] = {}
-    both, starts, where = [], [], []
-    n = 0
-    for g in program.gpus:
-        for tb in g.threadblocks:
-            base[(g.id, tb.id)] = n
-            if tb.steps:
-                starts.append(n)
-            where.append((n, g.id, tb))
-            n += len(tb.steps)
-            both.extend(st.type in SENDING and st.type in RECEIVING for st in tb.steps)
-    two = np.flatnonzero(np.fromiter(both, dtype=bool, count=n))
+def _check_deadlock(t: IRTable, m: _Messages, waiter: np.ndarray, awaited: np.ndarray, fifo_slots: int) -> None:
+    # node k < S: step row k (its first phase); a step that receives and sends has a second (send)
+    # phase, numbered from S on
+    n = t.steps
+    two = np.flatnonzero(SENDS[t.st_type] & RECEIVES[t.st_type])
     last = np.arange(n, dtype=np.int64)
     last[two] = n + np.arange(len(two))
     total = n + len(two)
     follows = np.ones(n, dtype=bool)
-    follows[starts] = False
+    follows[t.tb_start[:-1][np.diff(t.tb_start) > 0]] = False
     nxt = np.flatnonzero(follows)
-    src = [two, last[nxt - 1]]
-    dst = [last[two], nxt]
-    kinds = [np.zeros(len(two) + len(nxt), dtype=np.int8)]
-    dep_src, dep_dst = [], []
-    for g in program.gpus:
-        for tb in g.threadblocks:
-            b = base[(g.id, tb.id)]
-            for i, st in enumerate(tb.steps):
-                for d in st.deps:
-                    dep_src.append(base[(g.id, d[0])] + d[1])
-                    dep_dst.append(b + i)
-    src.append(last[np.asarray(dep_src, dtype=np.int64)])
-    dst.append(np.asarray(dep_dst, dtype=np.int64))
-    kinds.append(np.full(len(dep_src), 1, dtype=np.int8))
-    m_src, m_dst, f_src, f_dst = [], [], [], []
-    for key, s in sends.items():
-        rv = recvs.get(key, [])
-        sg = [base[(a[0], a[1].id)] + a[2] for a in s]
-        rg = [base[(a[0], a[1].id)] + a[2] for a in rv]
-        m_src += sg[:len(rg)]
-        m_dst += rg[:len(sg)]
-        f_src += rg[:max(0, len(sg) - fifo_slots)]
-        f_dst += sg[fifo_slots:fifo_slots + len(rg)]
-    src.append(last[np.asarray(m_src, dtype=np.int64)])
-    dst.append(np.asarray(m_dst, dtype=np.int64))
-    kinds.append(np.full(len(m_src), 2, dtype=np.int8))
-    src.append(np.asarray(f_src, dtype=np.int64))
-    dst.append(last[np.asarray(f_dst, dtype=np.int64)])
-    kinds.append(np.full(len(f_src), 3, dtype=np.int8))
-    src, dst, kinds = np.concatenate(src), np.concatenate(dst), np.concatenate(kinds)
+    big = int(max(m.send_k.max(initial=0), m.recv_k.max(initial=0))) + fifo_slots + 1
+    a = m.send_key * big + m.send_k
+    b = m.recv_key * big + m.recv_k
+    _, ia, ib = np.intersect1d(a, b, assume_unique=True, return_indices=True)
+    # FIFO: the k-th receive frees the slot the (k + slots)-th send needs
+    _, fa, fb = np.intersect1d(m.send_key * big + m.send_k - fifo_slots, b, assume_unique=True,
+                               return_indices=True)
+    src = np.concatenate((two, last[nxt - 1], last[awaited], last[m.send_step[ia]], m.recv_step[fb]))
+    dst = np.concatenate((last[two], nxt, waiter, m.recv_step[ib], last[m.send_step[fa]]))
+    kinds = np.concatenate((np.zeros(len(two) + len(nxt), dtype=np.int8), np.full(len(waiter), 1, np.int8),
+                            np.full(len(ia), 2, np.int8), np.full(len(fa), 3, np.int8)))
     graph = csr_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(total, total))
     ncomp, labels = connected_components(graph, directed=True, connection="strong")
     loops = src == dst
     if ncomp == total and not loops.any():
         return
     sizes = np.bincount(labels, minlength=ncomp)
-    cyclic = np.flatnonzero((sizes[labels] > 1) | np.isin(np.arange(total), src[loops]))
+    cyclic = np.flatnonzero((sizes[labels] > 1) | isin(np.arange(total), unique(src[loops])))
     comp = labels[cyclic.min()]
     inside = labels == comp
     keep = inside[src] & inside[dst]
@@ -188,26 +250,19 @@ def _check_deadlock(program: Program, sends, recvs, fifo_slots: int) -> None:
     for u, v, k in zip(src[keep].tolist(), dst[keep].tolist(), kinds[keep].tolist()):
         edges[u].append((v, _KINDS[k]))
     cycle = _find_cycle(set(np.flatnonzero(inside).tolist()), edges)
-    starts_arr = np.asarray([w[0] for w in where], dtype=np.int64)
     parts = []
-    for (u, kind) in cycle:
+    for u, kind in cycle:
         phase = u >= n
-        gid = int(two[u - n]) if phase else u
-        t = int(np.searchsorted(starts_arr, gid, side="right")) - 1
-        while where[t][0] > gid or len(where[t][2].steps) <= gid - where[t][0]:
-            t -= 1
-        b, rank, tb = where[t]
-        i = gid - b
-        parts.append(f"{step_name(rank, tb.id, i, tb.steps[i])}{' send' if phase else ''} -[{kind}]->")
+        parts.append(f"{t.step_name(int(two[u - n]) if phase else u)}{' send' if phase else ''} -[{kind}]->")
     raise VerifyError("deadlock", "cycle " + " ".join(parts) + " back to the first; reorder the steps, "
                       "use separate channels or more FIFO slots")
 
 
-def _find_cycle(stuck: set, edges) -> list[tuple[tuple, str]]:
+def _find_cycle(stuck: set, edges) -> list[tuple[int, str]]:
     """A cycle within ``stuck`` as (node, label of its outgoing edge) pairs."""
     start = min(stuck)
     # every stuck node has a stuck predecessor; walk predecessors until a node repeats
-    preds: dict[tuple, tuple[tuple, str]] = {}
+    preds: dict[int, tuple[int, str]] = {}
     for u in stuck:
         for v, kind in edges[u]:
             if v in stuck and v not in preds:

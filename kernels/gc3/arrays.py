@@ -1,0 +1,47 @@
+"""Sort-based set operations on integer arrays (numpy's hash-based ``unique`` and ``isin`` are many
+times slower on the millions of codes the compiler handles); each is O(n log n)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def unique(x: np.ndarray) -> np.ndarray:
+    s = np.sort(x)
+    keep = np.ones(len(s), dtype=bool)
+    keep[1:] = s[1:] != s[:-1]
+    return s[keep]
+
+
+def unique_counts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = np.sort(x)
+    keep = np.ones(len(s), dtype=bool)
+    keep[1:] = s[1:] != s[:-1]
+    starts = np.flatnonzero(keep)
+    return s[starts], np.diff(np.append(starts, len(s)))
+
+
+def isin(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Whether each element of ``x`` is in ``ref`` (sorted, distinct)."""
+    if not len(ref):
+        return np.zeros(len(x), dtype=bool)
+    pos = np.minimum(np.searchsorted(ref, x), len(ref) - 1)
+    return ref[pos] == x
+
+
+def order_by(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
+    """The stable order by (major, minor) of non-negative integer keys (one argsort of a combined key when
+    it fits in 63 bits, else a lexsort)."""
+    if not len(major):
+        return np.zeros(0, dtype=np.int64)
+    span = int(minor.max()) + 1
+    if int(major.max()) < (1 << 62) // max(span, 1):
+        return np.argsort(major.astype(np.int64) * span + minor, kind="stable")
+    return np.lexsort((minor, major))
+
+
+def rank_in_group(key: np.ndarray) -> np.ndarray:
+    """For a sorted key array, each element's position within its run of equal keys."""
+    if not len(key):
+        return np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    return np.arange(len(key)) - np.repeat(starts, np.diff(np.append(starts, len(key))))

@@ -1,0 +1,123 @@
+"""The compiler's global instruction order (GC3 §5.2): by dependency depth, then by decreasing reverse
+depth, then by id; and the step order, which also makes every connection's receives follow its sends.
+
+Depth is the longest path from a source over data dependencies and messages,
+reverse depth the longest path to a sink. Both are computed by Kahn's algorithm
+a level at a time on arrays: O(N + E) array work plus O(L) array calls for N
+instructions, E edges and a longest path of L instructions. The order is one
+sort: O(N log N). The step order is that order when it already keeps every
+connection's FIFO order (checked with one sort of the messages, O(M log M));
+only otherwise a priority queue replays it in Python, O((N + E) log N).
+"""
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict, deque
+
+import numpy as np
+
+from calibrate.errors import UserError
+from kernels.gc3.arrays import order_by, unique_counts
+
+
+def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(src, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    return ptr, dst[order]
+
+
+def levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Longest path (in edges) from a source to every node of the DAG ``src -> dst``."""
+    ptr, succ_of = _csr(n, src, dst)
+    indeg = np.bincount(dst, minlength=n)
+    depth = np.zeros(n, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    level = 0
+    done = 0
+    while len(frontier):
+        depth[frontier] = level
+        done += len(frontier)
+        lo, hi = ptr[frontier], ptr[frontier + 1]
+        cnt = hi - lo
+        total = int(cnt.sum())
+        if not total:
+            break
+        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
+        nodes, k = unique_counts(succ_of[idx])
+        indeg[nodes] -= k
+        frontier = nodes[indeg[nodes] == 0]
+        level += 1
+    if done < n and (indeg > 0).any():
+        raise UserError("the instruction graph has a cycle; this is a compiler defect, please report it")
+    return depth
+
+
+def global_order(n: int, dep_src: np.ndarray, dep_dst: np.ndarray, msg_from: np.ndarray) -> np.ndarray:
+    """Instruction ids sorted by (depth, -reverse depth, id)."""
+    recv = np.flatnonzero(msg_from >= 0)
+    src = np.concatenate((dep_src, msg_from[recv]))
+    dst = np.concatenate((dep_dst, recv))
+    depth = levels(n, src, dst)
+    rdepth = levels(n, dst, src)
+    return order_by(depth, int(rdepth.max(initial=0)) - rdepth)   # stable: ids break ties
+
+
+def step_order(order: np.ndarray, conn: np.ndarray, msg_from: np.ndarray, dep_src: np.ndarray,
+               dep_dst: np.ndarray) -> np.ndarray:
+    """``order`` if every connection (``conn`` of the sending instruction) receives in the order it sends,
+    else the topological order closest to it that does."""
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[order] = np.arange(len(order))
+    recv = np.flatnonzero(msg_from >= 0)
+    snd = msg_from[recv]
+    by = order_by(conn[snd], pos[snd])
+    same = conn[snd][by][1:] == conn[snd][by][:-1]
+    if not (same & (pos[recv][by][1:] < pos[recv][by][:-1])).any():
+        return order
+    return _heap_order(order, pos, conn, msg_from, dep_src, dep_dst)
+
+
+def _heap_order(order, pos, conn, msg_from, dep_src, dep_dst) -> np.ndarray:
+    n = len(order)
+    rank_of = pos.tolist()
+    msg = msg_from.tolist()
+    conn_l = conn.tolist()
+    recv = np.flatnonzero(msg_from >= 0)
+    src = np.concatenate((dep_src, msg_from[recv])).tolist()
+    dst = np.concatenate((dep_dst, recv)).tolist()
+    succ = defaultdict(list)
+    preds: dict[int, set] = defaultdict(set)
+    for a, b in zip(src, dst):
+        if a not in preds[b]:
+            preds[b].add(a)
+            succ[a].append(b)
+    missing = [len(preds[i]) for i in range(n)]
+    sends = set(msg_from[recv].tolist())
+    heap = [(rank_of[i], i) for i in range(n) if missing[i] == 0]
+    heapq.heapify(heap)
+    queues: dict[int, deque] = defaultdict(deque)   # sends whose receive is not scheduled yet
+    parked: dict[int, dict[int, int]] = defaultdict(dict)   # conn -> send id -> its parked receive
+    result = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        if msg[i] >= 0:
+            c = conn_l[msg[i]]
+            if queues[c][0] != msg[i]:
+                parked[c][msg[i]] = i
+                continue
+            queues[c].popleft()
+            if queues[c] and queues[c][0] in parked[c]:
+                q = parked[c].pop(queues[c][0])
+                heapq.heappush(heap, (rank_of[q], q))
+        if i in sends:
+            queues[conn_l[i]].append(i)
+        result.append(i)
+        for s in succ[i]:
+            missing[s] -= 1
+            if missing[s] == 0:
+                heapq.heappush(heap, (rank_of[s], s))
+    if len(result) != n:
+        raise UserError("cannot order the receives of a connection like its sends (a cycle through a FIFO); "
+                        "put the crossing transfers on different channels")
+    return np.array(result, dtype=np.int64)

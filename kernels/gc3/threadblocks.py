@@ -1,0 +1,112 @@
+"""Thread blocks of placed instructions, built with sorts and joins of integer codes (see
+``kernels.gc3.placement`` for the rules); O(N log N + E) for N instructions and E dependencies."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.gc3.arrays import isin, order_by, rank_in_group as _rank_in_group, unique, unique_counts
+
+
+
+@dataclass
+class Placed:
+    """Every instruction's thread block, and the thread blocks of every rank."""
+
+    tb: np.ndarray          # per instruction: thread block row (rows sorted by rank, then id)
+    tb_rank: np.ndarray     # per thread block
+    tb_send: np.ndarray
+    tb_recv: np.ndarray
+    tb_chan: np.ndarray
+    nchannels: int          # virtual channels used (per lane)
+
+
+def _lookup(codes: np.ndarray, values: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """``values`` at the first occurrence of each ``want`` in ``codes`` (which must contain it)."""
+    by = order_by(codes, values)
+    c, v = codes[by], values[by]
+    return v[np.searchsorted(c, want)]
+
+
+def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray) -> Placed:
+    n = len(ins)
+    R = int(max(ins.rank.max(), ins.send.max(), ins.recv.max())) + 1
+    P = R + 1                                                     # peer codes: peer + 1 (0: none)
+    nl = int(ins.lane.max()) + 1
+    local = (ins.send < 0) & (ins.recv < 0)
+    # local instructions: the thread block of the latest producer, else the first of their key
+    best = np.arange(n)
+    into_local = local[dep_dst]
+    d_src, d_dst = dep_src[into_local], dep_dst[into_local]
+    if len(d_dst):
+        by = order_by(d_dst, pos[d_src])
+        last = np.ones(len(by), dtype=bool)
+        last[:-1] = d_dst[by][1:] != d_dst[by][:-1]
+        best[d_dst[by][last]] = d_src[by][last]
+    while True:
+        nxt = best[best]
+        if (nxt == best).all():
+            break
+        best = nxt
+    orphan = local & (best == np.arange(n))
+    ch = np.where(local, np.maximum(ins.ch, 0), ins.ch)
+    nch = int(ch[~local | orphan].max()) + 1
+    key = (ins.rank * nl + ins.lane) * nch + ch                   # (rank, lane, channel), in that order
+    tied = ~local & (ins.send >= 0) & (ins.recv >= 0)
+    # candidate thread blocks: (key, category, order within category, send, recv)
+    t_code = unique((key[tied] * P + ins.send[tied] + 1) * P + ins.recv[tied] + 1)
+    t_key, t_s, t_r = t_code // (P * P), t_code // P % P - 1, t_code % P - 1
+    s_key, s_peer = key[ins.send >= 0], ins.send[ins.send >= 0]
+    s_code, s_count = unique_counts(s_key * R + s_peer)
+    r_key, r_peer = key[ins.recv >= 0], ins.recv[ins.recv >= 0]
+    r_code, r_count = unique_counts(r_key * R + r_peer)
+    free_s = ~isin(s_code, unique(t_key * R + t_s))
+    free_r = ~isin(r_code, unique(t_key * R + t_r))
+    single_s = s_code[free_s & (s_count == 1)]
+    single_r = r_code[free_r & (r_count == 1)]
+    both = single_s[isin(single_s, single_r)]
+    rem_s = single_s[~isin(single_s, both)]
+    rem_r = single_r[~isin(single_r, both)]
+    ks, kr = _rank_in_group(rem_s // R), _rank_in_group(rem_r // R)
+    big = max(int(ks.max(initial=0)), int(kr.max(initial=0))) + 1
+    _, zs, zr = np.intersect1d((rem_s // R) * big + ks, (rem_r // R) * big + kr, assume_unique=True,
+                               return_indices=True)
+    zipped_s, zipped_r = rem_s[zs], rem_r[zr]
+    only_s = s_code[free_s & ~isin(s_code, unique(np.concatenate((both, zipped_s))))]
+    only_r = r_code[free_r & ~isin(r_code, unique(np.concatenate((both, zipped_r))))]
+    none = np.full(len(only_s), -1)
+    cands = [
+        (t_key, 0, t_s, t_s, t_r),
+        (both // R, 1, both % R, both % R, both % R),
+        (zipped_s // R, 2, ks[zs], zipped_s % R, zipped_r % R),
+        (only_s // R, 3, only_s % R, only_s % R, none),
+        (only_r // R, 4, only_r % R, np.full(len(only_r), -1), only_r % R),
+    ]
+    lonely = unique(key[orphan])
+    lonely = lonely[~isin(lonely, unique(np.concatenate([c[0] for c in cands])))]
+    cands.append((lonely, 5, np.zeros(len(lonely), np.int64), np.full(len(lonely), -1), np.full(len(lonely), -1)))
+    e_key = np.concatenate([c[0] for c in cands]).astype(np.int64)
+    e_cat = np.concatenate([np.full(len(c[0]), c[1]) for c in cands])
+    e_sub = np.concatenate([c[2] for c in cands]).astype(np.int64)
+    e_send = np.concatenate([c[3] for c in cands]).astype(np.int64)
+    e_recv = np.concatenate([c[4] for c in cands]).astype(np.int64)
+    by = np.lexsort((e_sub, e_cat, e_key))
+    e_key, e_send, e_recv = e_key[by], e_send[by], e_recv[by]
+    rows = np.arange(len(e_key))                                    # thread block rows, in (key, index) order
+    tb = np.full(n, -1, dtype=np.int64)
+    t = np.flatnonzero(tied)
+    tb[t] = _lookup((e_key * P + e_send + 1) * P + e_recv + 1, rows,
+                    (key[t] * P + ins.send[t] + 1) * P + ins.recv[t] + 1)
+    so = np.flatnonzero(~local & ~tied & (ins.send >= 0))
+    tb[so] = _lookup(e_key * P + e_send + 1, rows, key[so] * P + ins.send[so] + 1)
+    ro = np.flatnonzero(~local & ~tied & (ins.recv >= 0))
+    tb[ro] = _lookup(e_key * P + e_recv + 1, rows, key[ro] * P + ins.recv[ro] + 1)
+    o = np.flatnonzero(orphan)
+    tb[o] = _lookup(e_key, rows, key[o])
+    loc = np.flatnonzero(local & ~orphan)
+    tb[loc] = tb[best[loc]]
+    e_rank = e_key // (nl * nch)
+    e_lane = (e_key // nch) % nl
+    return Placed(tb=tb, tb_rank=e_rank, tb_send=e_send, tb_recv=e_recv, tb_chan=e_key % nch + e_lane * nch,
+                  nchannels=nch)
