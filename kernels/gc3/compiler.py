@@ -344,11 +344,12 @@ def compile_table(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_res
     spec, n = prog.spec, prog.instances
     _dead_writes(ins, acc, alive, lambda r, b, i: spec.is_output(r, b, i // n))
     del acc
-    rows = np.flatnonzero(alive)
-    new = np.full(len(ins), -1, dtype=np.int64)
-    new[rows] = np.arange(len(rows))
-    ins = ins.take(rows)
-    dep_src, dep_dst = new[dep_src], new[dep_dst]
+    if not alive.all():
+        rows = np.flatnonzero(alive)
+        new = np.full(len(ins), -1, dtype=np.int64)
+        new[rows] = np.arange(len(rows))
+        ins = ins.take(rows)
+        dep_src, dep_dst = new[dep_src], new[dep_dst]
     order = global_order(len(ins), dep_src, dep_dst, ins.msg_from)
     placed = place(ins, dep_src, dep_dst, order, sm_count)
     peers = int(prog.spec.ranks) + 1

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calibrate.errors import UserError
-from kernels.gc3.arrays import isin, unique
+from kernels.gc3.arrays import isin
 from kernels.gc3.ir import Buffer, Protocol
 from kernels.gc3.oplog import OpLog, OpTable
 from kernels.gc3.semantics import alias_index, logical_index
@@ -201,6 +201,23 @@ class CollectiveSpec:
         return rank * per + index_out % per, index_out // per
 
 
+def _vector(rank, index, n: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``rank`` and ``index`` as int64 arrays of one length (``n`` if given), single values repeated."""
+    rank = np.asarray(rank, dtype=np.int64)
+    index = np.asarray(index, dtype=np.int64)
+    if n is None:
+        n = max(rank.size if rank.ndim else 1, index.size if index.ndim else 1)
+    out = []
+    for a in (rank, index):
+        if a.ndim == 0 or a.size == 1:
+            a = np.full(n, a.reshape(-1)[0] if a.ndim else a, dtype=np.int64)
+        elif a.ndim != 1 or len(a) != n:
+            raise UserError(f"rank and index arrays of a chunk reference must have one length ({n}); "
+                            f"give arrays of equal length or single values")
+        out.append(a)
+    return out[0], out[1]
+
+
 def _one(ch, e: int):
     """The channel directive of op ``e`` of a call."""
     return ch if ch is None or np.ndim(ch) == 0 else int(np.asarray(ch)[e])
@@ -210,12 +227,14 @@ class ChunkRef:
     """A reference to ``count`` consecutive chunks of one rank's buffer (or to n such ranges, with array
     ``rank`` and ``index``), valid until they are overwritten."""
 
-    __slots__ = ("prog", "_rank", "buffer", "_index", "count", "_sbuf", "_sidx", "versions", "_scalar")
+    __slots__ = ("prog", "_rank", "buffer", "_index", "count", "_sbuf", "_sidx", "versions", "_scalar",
+                 "_slot_cache", "_row_cache")
 
     def __init__(self, prog: "GC3Program", rank: np.ndarray, buf: Buffer, index: np.ndarray, count: int,
                  sbuf: Buffer, sidx: np.ndarray, versions: np.ndarray, scalar: bool):
         self.prog, self._rank, self.buffer, self._index, self.count = prog, rank, buf, index, count
         self._sbuf, self._sidx, self.versions, self._scalar = sbuf, sidx, versions, scalar
+        self._slot_cache = self._row_cache = None
 
     @property
     def rank(self):
@@ -239,12 +258,22 @@ class ChunkRef:
 
     def _slots(self) -> np.ndarray:
         """Storage indexes of every chunk, shape (n, count)."""
-        return self._sidx[:, None] + np.arange(self.count)[None, :]
+        if self._slot_cache is None:
+            c = self.count
+            self._slot_cache = self._sidx[:, None] if c == 1 else self._sidx[:, None] + np.arange(c)[None, :]
+        return self._slot_cache
+
+    def _rows(self) -> np.ndarray:
+        """Rows of every chunk in the slot store, shape (n, count) (scratch may have grown since)."""
+        width = self.prog._store.width[self._sbuf]
+        if self._row_cache is None or self._row_cache[0] != width:
+            self._row_cache = (width, self.prog._store.flat(self._sbuf, self._rank, self._slots()))
+        return self._row_cache[1]
 
     def _check_fresh(self, action: str) -> None:
         """Raise if any slot was overwritten since the reference was taken."""
         store = self.prog._store
-        now = store.versions(self._sbuf, self._rank, self._slots())
+        now = store.versions(self._sbuf, self._rows())
         bad = np.flatnonzero((now != self.versions).any(axis=1))
         if len(bad):
             e = int(bad[0])
@@ -354,24 +383,15 @@ class GC3Program:
     # ---- internals -------------------------------------------------------------------
     def _ref(self, rank, buffer: Buffer, index, count: int, n: int | None, check_values: bool) -> ChunkRef:
         scalar = np.ndim(rank) == 0 and np.ndim(index) == 0 and n in (None, 1)
-        rank = np.asarray(rank, dtype=np.int64).reshape(-1)
-        index = np.asarray(index, dtype=np.int64).reshape(-1)
-        n = max(len(rank), len(index)) if n is None else n
-        if len(rank) != n:
-            rank = np.broadcast_to(rank, n) if len(rank) == 1 else None
-        if len(index) != n:
-            index = np.broadcast_to(index, n) if len(index) == 1 else None
-        if rank is None or index is None:
-            raise UserError(f"rank and index arrays of a chunk reference must have one length ({n}); "
-                            f"give arrays of equal length or single values")
+        rank, index = _vector(rank, index, n)
         spec = self.spec
-        out = np.flatnonzero((rank < 0) | (rank >= spec.ranks))
-        if len(out):
-            raise UserError(f"rank {int(rank[out[0]])} outside 0..{spec.ranks - 1}")
+        if rank.min() < 0 or rank.max() >= spec.ranks:
+            bad = rank[(rank < 0) | (rank >= spec.ranks)][0]
+            raise UserError(f"rank {int(bad)} outside 0..{spec.ranks - 1}")
         if type(buffer) is not Buffer:
             buffer = Buffer(buffer)
         sizes = spec.sizes(buffer)
-        if count < 1 or (index < 0).any() or (sizes is not None and (index + count > sizes[rank]).any()):
+        if count < 1 or index.min() < 0 or (sizes is not None and (index + count > sizes[rank]).any()):
             e = int(np.flatnonzero((index < 0) | (count < 1) | (
                 index + count > (sizes[rank] if sizes is not None else np.inf)))[0])
             size = None if sizes is None else int(sizes[rank[e]])
@@ -381,32 +401,30 @@ class GC3Program:
             np.maximum.at(self.scratch_chunks, rank, index + count)
         sbuf, sidx = spec.storage(rank, buffer, index)
         store = self._store
-        slots = sidx[:, None] + np.arange(count)[None, :]
-        store.reserve(sbuf, int(slots.max()) + 1)
+        store.reserve(sbuf, int(sidx.max()) + count)
+        ref = ChunkRef(self, rank, buffer, index, count, sbuf, sidx, None, scalar)
+        rows = ref._rows()
         if check_values:
-            empty = store.empty(sbuf, rank, slots)
+            empty = store.empty(sbuf, rows)
             if empty.any():
                 e, k = (int(x[0]) for x in np.nonzero(empty))
                 raise UserError(f"op #{len(self._log)} (reference) reads an uninitialised chunk: rank "
                                 f"{int(rank[e])} {sbuf.name.lower()}[{int(sidx[e]) + k}]; copy data there first")
-        return ChunkRef(self, rank, buffer, index, count, sbuf, sidx, store.versions(sbuf, rank, slots), scalar)
+        ref.versions = store.versions(sbuf, rows)
+        return ref
 
     def _distinct(self, src: ChunkRef, dst: ChunkRef, kind: str) -> bool:
         """Whether the n ops of this call can be traced at once: no op writes a slot that another writes or
         reads (else they are traced one by one, in order). A copy onto itself is rejected."""
-        n, c = len(dst), dst.count
         same = (src._rank == dst._rank) & (src._sbuf == dst._sbuf) & (src._sidx == dst._sidx)
         if kind == "copy" and same.any():
             raise UserError(f"copy of {src._name(int(np.flatnonzero(same)[0]))} onto itself")
-        if n == 1:
+        if len(dst) == 1:
             return True
-        codes = {b: k for k, b in enumerate(Buffer)}
-        big = int(max(src._sidx.max(), dst._sidx.max())) + c + 1
-
-        def keys(ref):
-            return ((ref._rank[:, None] * 3 + codes[ref._sbuf]) * big + ref._slots()).reshape(-1)
-        k_dst = unique(keys(dst))
-        return len(k_dst) == n * c and not isin(keys(src), k_dst).any()
+        k_dst = np.sort(dst._rows().reshape(-1))
+        if (k_dst[1:] == k_dst[:-1]).any():
+            return False
+        return src._sbuf != dst._sbuf or not isin(src._rows().reshape(-1), k_dst).any()
 
     def _one_by_one(self, refs: list[ChunkRef], scalar: bool) -> ChunkRef:
         first = refs[0]
@@ -425,11 +443,11 @@ class GC3Program:
                          code, self._parallel, self._scope if self._parallel > 1 else 0)
 
     def _write_copy(self, src: ChunkRef, dst: ChunkRef) -> ChunkRef:
-        self._store.copy(src._sbuf, src._rank, src._slots(), dst._sbuf, dst._rank, dst._slots())
+        self._store.copy(src._sbuf, src._rows(), dst._sbuf, dst._rows())
         return self._written(dst)
 
     def _write_reduce(self, src: ChunkRef, dst: ChunkRef) -> None:
-        clash = self._store.reduce(src._sbuf, src._rank, src._slots(), dst._sbuf, dst._rank, dst._slots())
+        clash = self._store.reduce(src._sbuf, src._rows(), dst._sbuf, dst._rows())
         if clash is not None:
             e, k, both = clash
             raise UserError(f"reducing {src._name(e)} into {dst._name(e)} would add input chunks "
@@ -439,6 +457,6 @@ class GC3Program:
         """``ref`` after the last recorded op (one version per element) wrote it."""
         n = len(ref)
         versions = len(self._log) - n + 1 + np.arange(n)
-        self._store.set_versions(ref._sbuf, ref._rank, ref._slots(), versions)
+        self._store.set_versions(ref._sbuf, ref._rows(), versions)
         return ChunkRef(self, ref._rank, ref.buffer, ref._index, ref.count, ref._sbuf, ref._sidx,
                         np.repeat(versions[:, None], ref.count, axis=1), ref._scalar)

@@ -17,38 +17,36 @@ from collections import defaultdict, deque
 import numpy as np
 
 from calibrate.errors import UserError
-from kernels.gc3.arrays import order_by, unique_counts
-
-
-def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(src, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-    return ptr, dst[order]
+from kernels.gc3.arrays import order_by
 
 
 def levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Longest path (in edges) from a source to every node of the DAG ``src -> dst``."""
-    ptr, succ_of = _csr(n, src, dst)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    succ_of = dst[np.argsort(src, kind="stable")]
     indeg = np.bincount(dst, minlength=n)
     depth = np.zeros(n, dtype=np.int64)
+    slot = np.zeros(n, dtype=np.int64)     # scratch: drops repeated nodes from a frontier
     frontier = np.flatnonzero(indeg == 0)
-    level = 0
-    done = 0
+    level = done = 0
     while len(frontier):
         depth[frontier] = level
         done += len(frontier)
         lo, hi = ptr[frontier], ptr[frontier + 1]
         cnt = hi - lo
-        total = int(cnt.sum())
-        if not total:
-            break
-        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
-        nodes, k = unique_counts(succ_of[idx])
-        indeg[nodes] -= k
-        frontier = nodes[indeg[nodes] == 0]
+        if (cnt == 1).all():
+            succ = succ_of[lo]
+        else:
+            total = int(cnt.sum())
+            succ = succ_of[np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)]
+        np.subtract.at(indeg, succ, 1)
+        cand = succ[indeg[succ] == 0]
+        k = np.arange(len(cand))
+        slot[cand] = k
+        frontier = cand[slot[cand] == k]
         level += 1
-    if done < n and (indeg > 0).any():
+    if done < n:
         raise UserError("the instruction graph has a cycle; this is a compiler defect, please report it")
     return depth
 

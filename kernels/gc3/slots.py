@@ -57,12 +57,14 @@ def merge(a: Value, b: Value) -> tuple[Value, Value]:
 
 
 class SlotStore:
-    """Values and versions of the storage slots of one traced program."""
+    """Values and versions of the storage slots of one traced program; slot (rank, i) of a buffer is row
+    rank * width + i of its arrays."""
 
     def __init__(self, spec):
         self.spec = spec
         self.R = spec.ranks
         self.W = (spec.ranks + 63) // 64
+        self.width: dict[Buffer, int] = {}
         self.idx: dict[Buffer, np.ndarray] = {}
         self.mask: dict[Buffer, np.ndarray] = {}
         self.ver: dict[Buffer, np.ndarray] = {}
@@ -76,7 +78,7 @@ class SlotStore:
 
     def reserve(self, buf: Buffer, width: int) -> None:
         """Make slots 0..width-1 of ``buf`` exist on every rank (filled with the initial state)."""
-        have = self.idx[buf].shape[1] if buf in self.idx else 0
+        have = self.width.get(buf, 0)
         if width <= have:
             return
         spec = self.spec
@@ -88,69 +90,79 @@ class SlotStore:
         mask = np.zeros((self.R, width, self.W), dtype=np.uint64)
         ver = np.zeros((self.R, width), dtype=np.int64)
         if have:
-            idx[:, :have], mask[:, :have], ver[:, :have] = self.idx[buf], self.mask[buf], self.ver[buf]
+            idx[:, :have] = self.idx[buf].reshape(self.R, have)
+            mask[:, :have] = self.mask[buf].reshape(self.R, have, self.W)
+            ver[:, :have] = self.ver[buf].reshape(self.R, have)
         elif spec.kind != "custom":
             rows = spec.initial_rows(buf, width)
             if rows is not None:
                 idx[:] = rows
                 r = np.arange(self.R)
-                mask[r, :, r // 64] = np.where(rows != NONE, np.left_shift(np.uint64(1), (r % 64).astype(np.uint64))[:, None],
-                                               np.uint64(0))
-        else:
+                bit = np.left_shift(np.uint64(1), (r % 64).astype(np.uint64))[:, None]
+                mask[r, :, r // 64] = np.where(rows != NONE, bit, np.uint64(0))
+        self.width[buf] = width
+        self.idx[buf], self.mask[buf], self.ver[buf] = idx.reshape(-1), mask.reshape(-1, self.W), ver.reshape(-1)
+        if not have and spec.kind == "custom":
             for (r, b, i), value in spec._pre.items():
                 if b == buf and 0 <= i < width:
-                    self._set(idx, mask, buf, r, i, value)
-        self.idx[buf], self.mask[buf], self.ver[buf] = idx, mask, ver
+                    self._set(buf, r * width + i, value)
 
-    def _set(self, idx, mask, buf, r, i, value: Value) -> None:
+    def flat(self, buf: Buffer, rank: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Rows of slots (rank, slots) of ``buf``, shape of ``slots``."""
+        return rank[:, None] * self.width[buf] + slots
+
+    def _set(self, buf, row: int, value: Value) -> None:
         if len(value) == 1:
-            idx[r, i] = value[0][0]
-            mask[r, i] = self._row(value[0][1])
+            self.idx[buf][row] = value[0][0]
+            self.mask[buf][row] = self._row(value[0][1])
         else:
-            idx[r, i] = MULTI
-            self.multi[(buf, r, i)] = value
+            self.idx[buf][row] = MULTI
+            self.multi[(buf, row // self.width[buf], row % self.width[buf])] = value
 
     def value(self, buf: Buffer, rank: int, index: int) -> Value | None:
         self.reserve(buf, index + 1)
-        k = int(self.idx[buf][rank, index])
+        row = rank * self.width[buf] + index
+        k = int(self.idx[buf][row])
         if k == NONE:
             return None
         if k == MULTI:
             return self.multi[(buf, rank, index)]
-        return ((k, self._int(self.mask[buf][rank, index])),)
+        return ((k, self._int(self.mask[buf][row])),)
 
-    def versions(self, buf: Buffer, rank: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        return self.ver[buf][rank[:, None], slots]
+    def versions(self, buf: Buffer, rows: np.ndarray) -> np.ndarray:
+        return self.ver[buf][rows]
 
-    def set_versions(self, buf: Buffer, rank: np.ndarray, slots: np.ndarray, versions: np.ndarray) -> None:
-        self.ver[buf][rank[:, None], slots] = versions[:, None]
+    def set_versions(self, buf: Buffer, rows: np.ndarray, versions: np.ndarray) -> None:
+        self.ver[buf][rows] = versions[:, None]
 
-    def empty(self, buf: Buffer, rank: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        return self.idx[buf][rank[:, None], slots] == NONE
+    def empty(self, buf: Buffer, rows: np.ndarray) -> np.ndarray:
+        return self.idx[buf][rows] == NONE
 
-    def copy(self, sbuf, srank, sslots, dbuf, drank, dslots) -> None:
-        """Slots (drank, dslots) of ``dbuf`` take the values of (srank, sslots) of ``sbuf``."""
-        k = self.idx[sbuf][srank[:, None], sslots]
-        m = self.mask[sbuf][srank[:, None], sslots]
-        self.idx[dbuf][drank[:, None], dslots] = k
-        self.mask[dbuf][drank[:, None], dslots] = m
-        for e, c in zip(*np.nonzero(k == MULTI)):
-            self.multi[(dbuf, int(drank[e]), int(dslots[e, c]))] = self.multi[(sbuf, int(srank[e]), int(sslots[e, c]))]
+    def copy(self, sbuf, srows, dbuf, drows) -> None:
+        """Rows ``drows`` of ``dbuf`` take the values of rows ``srows`` of ``sbuf``."""
+        k = self.idx[sbuf][srows]
+        self.idx[dbuf][drows] = k
+        self.mask[dbuf][drows] = self.mask[sbuf][srows]
+        if (k == MULTI).any():
+            ws, wd = self.width[sbuf], self.width[dbuf]
+            for a, b in zip(srows[k == MULTI].tolist(), drows[k == MULTI].tolist()):
+                self.multi[(dbuf, b // wd, b % wd)] = self.multi[(sbuf, a // ws, a % ws)]
 
-    def reduce(self, sbuf, srank, sslots, dbuf, drank, dslots) -> tuple[int, int, Value] | None:
-        """Slots (drank, dslots) of ``dbuf`` += (srank, sslots) of ``sbuf``; or, if some input chunk would be
-        added twice, nothing changes and the first such (op, chunk, chunks held twice) is returned."""
-        ka = self.idx[dbuf][drank[:, None], dslots]
-        kb = self.idx[sbuf][srank[:, None], sslots]
-        ma = self.mask[dbuf][drank[:, None], dslots]
-        mb = self.mask[sbuf][srank[:, None], sslots]
+    def reduce(self, sbuf, srows, dbuf, drows) -> tuple[int, int, Value] | None:
+        """Rows ``drows`` of ``dbuf`` += rows ``srows`` of ``sbuf`` (shape (n, count)); or, if some input chunk
+        would be added twice, nothing changes and the first such (op, chunk, chunks held twice) is returned."""
+        ka = self.idx[dbuf][drows]
+        kb = self.idx[sbuf][srows]
+        ma = self.mask[dbuf][drows]
+        mb = self.mask[sbuf][srows]
         one = (ka >= 0) & (ka == kb)
         clash = one & (ma & mb).any(axis=-1)
-        general = np.argwhere(~one)
         merged = {}
-        for e, c in general.tolist():
-            va = self.value(dbuf, int(drank[e]), int(dslots[e, c]))
-            vb = self.value(sbuf, int(srank[e]), int(sslots[e, c]))
+        ws, wd = self.width[sbuf], self.width[dbuf]
+        for e, c in np.argwhere(~one).tolist():
+            a, b = int(drows[e, c]), int(srows[e, c])
+            va = self.value(dbuf, a // wd, a % wd)
+            vb = self.value(sbuf, b // ws, b % ws)
             merged[(e, c)] = total, both = merge(va, vb)
             if both:
                 clash[e, c] = True
@@ -158,12 +170,10 @@ class SlotStore:
             e, c = (int(x) for x in np.argwhere(clash)[0])
             if (e, c) in merged:
                 return e, c, merged[(e, c)][1]
-            both = self._int(ma[e, c] & mb[e, c])
-            return e, c, ((int(ka[e, c]), both),)
-        self.mask[dbuf][drank[:, None], dslots] = ma | mb
-        idx, mask = self.idx[dbuf], self.mask[dbuf]
+            return e, c, ((int(ka[e, c]), self._int(ma[e, c] & mb[e, c])),)
+        self.mask[dbuf][drows] = ma | mb
         for (e, c), (total, _) in merged.items():
-            self._set(idx, mask, dbuf, int(drank[e]), int(dslots[e, c]), total)
+            self._set(dbuf, int(drows[e, c]), total)
         return None
 
     def first_unmet(self, spec, block: int = 64) -> tuple | None:
@@ -180,8 +190,9 @@ class SlotStore:
             buf, sidx = spec.storage(rank, Buffer.OUTPUT, k_out)
             self.reserve(buf, int(sidx.max()) + 1)
             want_idx, holder = spec.required_rows(rank, k_out)
-            got_idx = self.idx[buf][rank, sidx]
-            got = self.mask[buf][rank, sidx]
+            rows = rank * self.width[buf] + sidx
+            got_idx = self.idx[buf][rows]
+            got = self.mask[buf][rows]
             if holder is None:
                 ok = (got == full).all(axis=1)
             else:
