@@ -126,28 +126,27 @@ def _replicate(prog: GC3Program):
 def _lower(ops) -> Instrs:
     """A local op is one instruction; a remote one a send then a receive (``r`` or ``rrc``)."""
     kind, sr, sb, si, dr, db, di, count, lane, ch = ops
+    nops = len(kind)
     remote = sr != dr
-    width = 1 + remote.astype(np.int64)
-    first = np.cumsum(width) - width          # id of each op's first instruction
-    total = int(width.sum())
-    op_of = np.repeat(np.arange(len(kind)), width)
-    second = np.zeros(total, dtype=bool)
-    second[first[remote] + 1] = True
-    is_copy = kind[op_of] == COPY
-    rem = remote[op_of]
-    itype = np.where(~rem, np.where(is_copy, CPY, RE), np.where(~second, SEND, np.where(is_copy, RECV, RRC)))
-    rank = np.where(second, dr[op_of], sr[op_of])
-    src_buf, src_idx = sb[op_of], si[op_of]
-    rrc = itype == RRC
-    src_buf = np.where(rrc, db[op_of], src_buf)
-    src_idx = np.where(rrc, di[op_of], src_idx)
-    is_send = rem & ~second
-    ids = np.arange(total)
+    keep = None if remote.all() else np.stack((np.ones(nops, dtype=bool), remote), axis=1).reshape(-1)
+
+    def col(a_first, a_second):
+        """Per op, its first instruction's value and (remote ops) its second's, interleaved."""
+        pair = np.empty((nops, 2), dtype=np.int64)
+        pair[:, 0] = a_first
+        pair[:, 1] = a_second
+        return pair.reshape(-1) if keep is None else pair.reshape(-1)[keep]
+    is_copy = kind == COPY
+    ids = col(0, 1)
+    ids += np.arange(len(ids)) - ids
+    minus = np.full(nops, -1)
     return Instrs(
-        rank=rank, type=itype.astype(np.int8), src_buf=src_buf, src_idx=src_idx, dst_buf=db[op_of],
-        dst_idx=di[op_of], cnt=count[op_of], lane=lane[op_of], ch=ch[op_of].copy(),
-        send=np.where(is_send, dr[op_of], -1), recv=np.where(second, sr[op_of], -1),
-        msg_from=np.where(second, ids - 1, -1), msg_to=np.where(is_send, ids + 1, -1))
+        rank=col(sr, dr), type=col(np.where(remote, SEND, np.where(is_copy, CPY, RE)),
+                                   np.where(is_copy, RECV, RRC)).astype(np.int8),
+        src_buf=col(sb, np.where(is_copy, sb, db)), src_idx=col(si, np.where(is_copy, si, di)),
+        dst_buf=col(db, db), dst_idx=col(di, di), cnt=col(count, count), lane=col(lane, lane), ch=col(ch, ch),
+        send=col(np.where(remote, dr, -1), minus), recv=col(minus, sr),
+        msg_from=np.where(col(0, 1) == 1, ids - 1, -1), msg_to=np.where(col(remote, 0) == 1, ids + 1, -1))
 
 
 @dataclass

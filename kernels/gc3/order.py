@@ -27,24 +27,29 @@ def levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     succ_of = dst[np.argsort(src, kind="stable")]
     indeg = np.bincount(dst, minlength=n)
     depth = np.zeros(n, dtype=np.int64)
-    slot = np.zeros(n, dtype=np.int64)     # scratch: drops repeated nodes from a frontier
     frontier = np.flatnonzero(indeg == 0)
     level = done = 0
     while len(frontier):
         depth[frontier] = level
         done += len(frontier)
-        lo, hi = ptr[frontier], ptr[frontier + 1]
-        cnt = hi - lo
-        if (cnt == 1).all():
+        lo = ptr[frontier]
+        cnt = ptr[frontier + 1] - lo
+        if cnt.min() == 1 == cnt.max():
             succ = succ_of[lo]
         else:
-            total = int(cnt.sum())
-            succ = succ_of[np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)]
-        np.subtract.at(indeg, succ, 1)
-        cand = succ[indeg[succ] == 0]
-        k = np.arange(len(cand))
-        slot[cand] = k
-        frontier = cand[slot[cand] == k]
+            succ = succ_of[np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]
+        succ.sort()
+        head = np.empty(len(succ), dtype=bool)
+        head[:1] = True
+        np.not_equal(succ[1:], succ[:-1], out=head[1:])
+        if head.all():
+            indeg[succ] -= 1
+            frontier = succ[indeg[succ] == 0]
+        else:
+            starts = np.flatnonzero(head)
+            nodes = succ[starts]
+            indeg[nodes] -= np.diff(np.append(starts, len(succ)))
+            frontier = nodes[indeg[nodes] == 0]
         level += 1
     if done < n:
         raise UserError("the instruction graph has a cycle; this is a compiler defect, please report it")

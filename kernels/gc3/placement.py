@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from calibrate.errors import UserError
-from kernels.gc3.arrays import order_by
+from kernels.gc3.arrays import order_by, unique
 from kernels.gc3.table import STEP_TYPES
 from kernels.gc3.threadblocks import Placed, threadblocks
 
@@ -106,8 +106,23 @@ def _channels_in_order(ins, members: list[list[int]], sm_count: int) -> None:
     ins.ch[:] = ch
 
 
+def _pairing_is_consistent(ins) -> bool:
+    """Whether no two instructions of one (rank, lane, channel) tie a send peer (or a receive peer) to two
+    different peers; O(N log N), whatever the placement order."""
+    tied = np.flatnonzero((ins.send >= 0) & (ins.recv >= 0))
+    if not len(tied):
+        return True
+    P = int(ins.rank.max()) + 1
+    key = (ins.rank[tied] * (int(ins.lane.max()) + 1) + ins.lane[tied]) * (int(ins.ch.max()) + 1) + ins.ch[tied]
+    pairs = unique((key * P + ins.send[tied]) * P + ins.recv[tied])
+    by_send, by_recv = pairs // P, (pairs // (P * P)) * P + pairs % P
+    return len(unique(by_send)) == len(pairs) == len(unique(by_recv))
+
+
 def _place_channels(ins, pos: np.ndarray, sm_count: int) -> None:
     comm = np.flatnonzero((ins.send >= 0) | (ins.recv >= 0))
+    if (ins.ch[comm] >= 0).all() and _pairing_is_consistent(ins):
+        return   # every chain carries its directive (fusion joins only equal ones) and every chain fits
     head = _chains(ins)[comm]
     first = np.full(len(ins), len(ins), dtype=np.int64)
     np.minimum.at(first, head, pos[comm])

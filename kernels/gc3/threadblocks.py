@@ -44,11 +44,13 @@ def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray)
         last = np.ones(len(by), dtype=bool)
         last[:-1] = d_dst[by][1:] != d_dst[by][:-1]
         best[d_dst[by][last]] = d_src[by][last]
-    while True:
-        nxt = best[best]
-        if (nxt == best).all():
+    loc_ids = np.flatnonzero(local)
+    b = best[loc_ids]
+    while True:     # follow producers through local instructions (pointer jumping)
+        nxt = best[b]
+        if (nxt == b).all():
             break
-        best = nxt
+        best[loc_ids] = b = nxt
     orphan = local & (best == np.arange(n))
     ch = np.where(local, np.maximum(ins.ch, 0), ins.ch)
     nch = int(ch[~local | orphan].max()) + 1
