@@ -28,15 +28,22 @@ def isin(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return ref[pos] == x
 
 
-def order_by(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
-    """The stable order by (major, minor) of non-negative integer keys (one argsort of a combined key when
-    it fits in 63 bits, else a lexsort)."""
-    if not len(major):
+def order_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
+    """The stable order by (major, minor) of non-negative integer keys: when (major, minor, position) fits
+    in 63 bits, one sort of those codes (several times faster than an argsort), else a lexsort."""
+    n = len(major)
+    if not n:
         return np.zeros(0, dtype=np.int64)
-    span = int(minor.max()) + 1
-    if int(major.max()) < (1 << 62) // max(span, 1):
-        return np.argsort(major.astype(np.int64) * span + minor, kind="stable")
-    return np.lexsort((minor, major))
+    span = 1 if minor is None else int(minor.max()) + 1
+    if (int(major.max()) + 1) * span < (1 << 62) // n:
+        code = major.astype(np.int64) * span
+        if minor is not None:
+            code += minor
+        code *= n
+        code += np.arange(n)
+        code.sort()
+        return code % n
+    return np.lexsort((np.arange(n), major) if minor is None else (minor, major))
 
 
 def rank_in_group(key: np.ndarray) -> np.ndarray:

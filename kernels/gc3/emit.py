@@ -31,7 +31,7 @@ def emit(prog, ins, dep_src: np.ndarray, dep_dst: np.ndarray, placed: Placed, nl
     R, N, T = spec.ranks, len(ins), len(placed.tb_rank)
     tb_first = np.searchsorted(placed.tb_rank, np.arange(R))
     tb_id = np.arange(T) - tb_first[placed.tb_rank]
-    by = seq[np.argsort(placed.tb[seq], kind="stable")]       # instructions by thread block, then step
+    by = seq[order_by(placed.tb[seq])]       # instructions by thread block, then step
     step_tb = placed.tb[by]
     tb_start = np.zeros(T + 1, dtype=np.int64)
     np.cumsum(np.bincount(step_tb, minlength=T), out=tb_start[1:])

@@ -24,7 +24,7 @@ def levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Longest path (in edges) from a source to every node of the DAG ``src -> dst``."""
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-    succ_of = dst[np.argsort(src, kind="stable")]
+    succ_of = dst[np.argsort(src, kind="stable")]   # edges come nearly sorted: timsort is fast
     indeg = np.bincount(dst, minlength=n)
     depth = np.zeros(n, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)

@@ -79,6 +79,11 @@ class IRTable:
 
     def tb_row(self, gpu_row: np.ndarray, tb_id: np.ndarray) -> np.ndarray:
         """Thread block rows of (gpu row, thread block id) pairs; -1 where there is none."""
+        gpu_row, tb_id = np.asarray(gpu_row, dtype=np.int64), np.asarray(tb_id, dtype=np.int64)
+        first = np.searchsorted(self.tb_gpu, np.arange(len(self.gpu_id)))
+        count = np.bincount(self.tb_gpu, minlength=len(self.gpu_id))
+        if len(self.tb_gpu) and (np.diff(self.tb_gpu) >= 0).all() and (self.tb_id == np.arange(len(self.tb_id)) - first[self.tb_gpu]).all():
+            return np.where((tb_id >= 0) & (tb_id < count[gpu_row]), first[gpu_row] + tb_id, -1)   # ids 0..k-1
         key = self.tb_gpu.astype(np.int64) * (1 << 32) + self.tb_id
         order = np.argsort(key, kind="stable")
         want = np.asarray(gpu_row, dtype=np.int64) * (1 << 32) + np.asarray(tb_id, dtype=np.int64)

@@ -93,7 +93,7 @@ def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray)
     e_sub = np.concatenate([c[2] for c in cands]).astype(np.int64)
     e_send = np.concatenate([c[3] for c in cands]).astype(np.int64)
     e_recv = np.concatenate([c[4] for c in cands]).astype(np.int64)
-    by = np.lexsort((e_sub, e_cat, e_key))
+    by = order_by(e_key * 6 + e_cat, e_sub)
     e_key, e_send, e_recv = e_key[by], e_send[by], e_recv[by]
     rows = np.arange(len(e_key))                                    # thread block rows, in (key, index) order
     tb = np.full(n, -1, dtype=np.int64)

@@ -31,7 +31,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from calibrate.errors import UserError
-from kernels.gc3.arrays import isin, rank_in_group, unique, unique_counts
+from kernels.gc3.arrays import isin, order_by, rank_in_group, unique, unique_counts
 from kernels.gc3.ir import Program
 from kernels.gc3.table import RECEIVES, SENDS, IRTable
 
@@ -80,7 +80,8 @@ def _check_connections(t: IRTable) -> None:
     peer, row, direction, order = peer[keep], row[keep], direction[keep], order[keep]
     chan = t.tb_chan[row]
     gpu = t.tb_gpu[row]
-    by = np.lexsort((order, chan, peer, direction, gpu))
+    code = ((gpu * 2 + direction) * (int(peer.max(initial=0)) + 1) + peer) * (int(chan.max(initial=0)) + 1) + chan
+    by = order_by(code, order)
     same = np.zeros(len(by), dtype=bool)
     if len(by) > 1:
         a, b = by[1:], by[:-1]

@@ -21,8 +21,11 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
+
 from calibrate.errors import UserError
 from kernels.gc3.ir import IR_VERSION, Buffer, Gpu, Program, Protocol, Step, StepType, ThreadBlock
+from kernels.gc3.table import BUFFERS, STEP_TYPES, IRTable
 
 VERSION_ATTR = "commtune_ir"
 
@@ -219,28 +222,85 @@ def single_dep_form(program: Program) -> Program:
     return out
 
 
-def write_xml(program: Program) -> str:
-    """MSCCL XML text for ``program`` (with our ``commtune_ir`` version attribute)."""
-    program = single_dep_form(program)
-    algo = ET.Element("algo", {
-        "name": program.name, "proto": program.protocol.value, "nchannels": str(program.nchannels),
-        "nchunksperloop": str(program.nchunksperloop), "ngpus": str(program.ngpus),
-        "coll": program.collective, "inplace": str(int(program.inplace)),
-        "outofplace": str(int(not program.inplace)), "minBytes": str(program.min_bytes),
-        "maxBytes": str(program.max_bytes), VERSION_ATTR: str(IR_VERSION),
-    })
-    for gpu in program.gpus:
-        gel = ET.SubElement(algo, "gpu", {"id": str(gpu.id), "i_chunks": str(gpu.i_chunks),
-                                          "o_chunks": str(gpu.o_chunks), "s_chunks": str(gpu.s_chunks)})
-        for tb in gpu.threadblocks:
-            tel = ET.SubElement(gel, "tb", {"id": str(tb.id), "send": str(tb.send), "recv": str(tb.recv),
-                                            "chan": str(tb.chan)})
-            for st in tb.steps:
-                depid, deps = st.deps[0] if st.deps else (-1, -1)
-                ET.SubElement(tel, "step", {
-                    "s": str(st.s), "type": st.type.value, "srcbuf": st.srcbuf.value, "srcoff": str(st.srcoff),
-                    "dstbuf": st.dstbuf.value, "dstoff": str(st.dstoff), "cnt": str(st.cnt),
-                    "depid": str(depid), "deps": str(deps), "hasdep": str(int(st.has_dep)),
-                })
-    ET.indent(algo, space="  ")
-    return ET.tostring(algo, encoding="unicode") + "\n"
+def _attr(text: str) -> str:
+    """An attribute value escaped as ElementTree escapes it."""
+    for raw, entity in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"), ("\r", "&#13;"),
+                        ("\n", "&#10;"), ("\t", "&#09;")):
+        text = text.replace(raw, entity)
+    return text
+
+
+def _single_dep_rows(t: IRTable):
+    """The steps of ``t`` in single-dependency form, as rows: (original step, its dependency as a (thread
+    block id, new step index) pair or (-1, -1), whether it is an inserted nop) in output order, and each
+    thread block's new first row. A step with k > 1 dependencies is preceded by k - 1 nops."""
+    ndeps = np.diff(t.dep_start)
+    extra = np.maximum(ndeps - 1, 0)
+    width = 1 + extra                                   # output rows per original step
+    out_start = np.zeros(len(width) + 1, dtype=np.int64)
+    np.cumsum(width, out=out_start[1:])
+    tb_out = out_start[t.tb_start]                     # new first row of each thread block
+    step_tb = t.step_tb()
+    new_index = out_start[1:] - 1 - tb_out[step_tb]     # new index of each original step (after its nops)
+    waiter = np.repeat(np.arange(t.steps), ndeps)
+    dep_row = t.tb_start[t.tb_row(t.tb_gpu[step_tb[waiter]], t.dep_tb)] + t.dep_step
+    # output row of dependency j of step k: the nops take deps 0..k-2, the step itself the last one
+    j = np.arange(len(waiter)) - t.dep_start[waiter]
+    row_of_dep = out_start[waiter] + j
+    total = int(out_start[-1])
+    src_step = np.repeat(np.arange(t.steps), width)
+    is_nop = np.ones(total, dtype=bool)
+    is_nop[out_start[1:] - 1] = False
+    dep_tb = np.full(total, -1, dtype=np.int64)
+    dep_idx = np.full(total, -1, dtype=np.int64)
+    dep_tb[row_of_dep] = t.dep_tb
+    dep_idx[row_of_dep] = new_index[dep_row]
+    return src_step, is_nop, dep_tb, dep_idx, tb_out, total
+
+
+def write_xml(program: Program | IRTable) -> str:
+    """MSCCL XML text for ``program`` (with our ``commtune_ir`` version attribute), written as
+    ElementTree writes it (two-space indent); a step with several dependencies is spelled with nops.
+    O(S + D) for S steps and D dependencies, one line per step."""
+    t = program if isinstance(program, IRTable) else IRTable.from_program(program)
+    src_step, is_nop, dep_tb, dep_idx, tb_out, total = _single_dep_rows(t)
+    types = [st.value for st in STEP_TYPES]
+    bufs = [b.value for b in BUFFERS]
+    typ = np.where(is_nop, STEP_TYPES.index(StepType.NOP), t.st_type[src_step]).tolist()
+    sb = np.where(is_nop, BUFFERS.index(Buffer.INPUT), t.st_srcbuf[src_step]).tolist()
+    db = np.where(is_nop, BUFFERS.index(Buffer.OUTPUT), t.st_dstbuf[src_step]).tolist()
+    so = np.where(is_nop, -1, t.st_srcoff[src_step]).tolist()
+    do = np.where(is_nop, -1, t.st_dstoff[src_step]).tolist()
+    cnt = np.where(is_nop, 0, t.st_cnt[src_step]).tolist()
+    hd = np.where(is_nop, False, t.st_hasdep[src_step]).astype(int).tolist()
+    dtb, didx = dep_tb.tolist(), dep_idx.tolist()
+    head = (f'<algo name="{_attr(t.name)}" proto="{t.protocol.value}" nchannels="{t.nchannels}" '
+            f'nchunksperloop="{t.nchunksperloop}" ngpus="{t.ngpus}" coll="{_attr(t.collective)}" '
+            f'inplace="{int(t.inplace)}" outofplace="{int(not t.inplace)}" minBytes="{t.min_bytes}" '
+            f'maxBytes="{t.max_bytes}" {VERSION_ATTR}="{IR_VERSION}"')
+    if not len(t.gpu_id):
+        return head + " />\n"
+    lines = [head + ">"]
+    tbs_of = np.searchsorted(t.tb_gpu, np.arange(len(t.gpu_id) + 1)).tolist()
+    tb_out = np.append(tb_out, total).tolist()
+    for g, (gid, (i, o, sc)) in enumerate(zip(t.gpu_id.tolist(), t.gpu_chunks.tolist())):
+        gpu = f'  <gpu id="{gid}" i_chunks="{i}" o_chunks="{o}" s_chunks="{sc}"'
+        if tbs_of[g] == tbs_of[g + 1]:
+            lines.append(gpu + " />")
+            continue
+        lines.append(gpu + ">")
+        for k in range(tbs_of[g], tbs_of[g + 1]):
+            tb = (f'    <tb id="{int(t.tb_id[k])}" send="{int(t.tb_send[k])}" recv="{int(t.tb_recv[k])}" '
+                  f'chan="{int(t.tb_chan[k])}"')
+            lo, hi = tb_out[k], tb_out[k + 1]
+            if lo == hi:
+                lines.append(tb + " />")
+                continue
+            lines.append(tb + ">")
+            lines.extend(f'      <step s="{r - lo}" type="{types[typ[r]]}" srcbuf="{bufs[sb[r]]}" srcoff="{so[r]}" '
+                         f'dstbuf="{bufs[db[r]]}" dstoff="{do[r]}" cnt="{cnt[r]}" depid="{dtb[r]}" '
+                         f'deps="{didx[r]}" hasdep="{hd[r]}" />' for r in range(lo, hi))
+            lines.append("    </tb>")
+        lines.append("  </gpu>")
+    lines.append("</algo>\n")
+    return "\n".join(lines)
