@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from calibrate.errors import UserError
+from calibrate.run_limits import host_available_bytes
 from kernels.gc3.dsl import CollectiveSpec, GC3Program
 from kernels.gc3.ir import Buffer, Protocol
 
@@ -216,31 +217,44 @@ OP_COUNTS: dict[str, Callable[[int, int, int], int]] = {   # (ranks, channels, n
     "twostep_alltoall": lambda r, c, n: r * r + r * (n - 1),
     "alltonext": lambda r, c, n: 3 * r * max(1, r // max(n, 1)),
 }
-# what one machine of the project's kind compiles and verifies (about 1.3 KB of memory per traced op:
-# kernels/gc3/scale_bench.py, reports/records/gc3.md)
-MAX_OPS = 2_500_000
+# peak memory of tracing, compiling and verifying, per traced op and per slot of the symbolic state
+# (ranks x chunks per rank, R/8 + 16 bytes each), plus the interpreter's own: measured on the ring,
+# all-pairs and hierarchical programs from 256 to 2048 ranks (reports/records/gc3.md, "Scale")
+BYTES_PER_OP = 560
+BASE_BYTES = 100 << 20
+_SYMMETRIC_BUFFERS = 2   # input and scratch (or output) of every rank
 
 
-def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nodes: int = 1) -> int:
-    """The ops the compiler would handle (traced ops x instances); raise ``UserError`` before any work
-    if that is over ``MAX_OPS``."""
+def predicted_bytes(name: str, ranks: int, channels: int = 1, instances: int = 1, nodes: int = 1) -> int:
+    """Predicted peak memory of compiling and verifying ``name`` with these settings."""
+    ops = OP_COUNTS[name](ranks, channels, nodes) * instances
+    slots = _SYMMETRIC_BUFFERS * ranks * ranks * channels
+    return BASE_BYTES + ops * BYTES_PER_OP + slots * (8 * ((ranks + 63) // 64) + 16)
+
+
+def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nodes: int = 1,
+               available: int | None = None) -> int:
+    """The ops the compiler would handle (traced ops x instances); raise ``UserError`` before any work if
+    its predicted memory is over ``available`` bytes (default: the memory this machine has available)."""
     if name not in ALGORITHMS:
         raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
     _check(ranks, channels, nodes)
     if instances < 1:
         raise UserError(f"--instances must be >= 1, got {instances}")
     ops = OP_COUNTS[name](ranks, channels, nodes) * instances
-    if ops > MAX_OPS:
+    limit = host_available_bytes() if available is None else available
+    need = predicted_bytes(name, ranks, channels, instances, nodes)
+    if limit is not None and need > limit:
         lo, hi = 2, ranks  # the most ranks within the limit (same nodes per rank), by bisection
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if OP_COUNTS[name](mid, channels, max(1, nodes * mid // ranks)) * instances <= MAX_OPS:
+            if predicted_bytes(name, mid, channels, instances, max(1, nodes * mid // ranks)) <= limit:
                 lo = mid
             else:
                 hi = mid - 1
-        most = lo
         raise UserError(f"{name} on {ranks} ranks ({channels} channel(s), {instances} instance(s)) means about "
-                        f"{ops:,} ops, over the compiler's limit of {MAX_OPS:,} (about {most} ranks with these "
+                        f"{ops:,} ops and {need / 2**30:.1f} GiB of memory, over the compiler's limit: the "
+                        f"{limit / 2**30:.1f} GiB this machine has available (about {lo} ranks fit with these "
                         f"settings); use fewer ranks, channels or instances")
     return ops
 

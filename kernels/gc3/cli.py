@@ -7,7 +7,7 @@ from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
 from kernels.gc3.algorithms import ALGORITHMS, build, check_size
-from kernels.gc3.compiler import compile_program
+from kernels.gc3.compiler import compile_table
 from kernels.gc3.executor import RACE_CHECK_MAX_CLOCK_BYTES, ExecutionError, check_program
 from kernels.gc3.verify import DEFAULT_SM_COUNT, verify
 from kernels.gc3.xml_io import read_xml, write_xml
@@ -35,8 +35,10 @@ def compile_main(argv=None) -> int:
                         f"{args.sm_count}; use fewer channels or instances")
     print(f"tracing {args.algorithm} on {args.ranks} ranks", file=sys.stderr)
     prog = build(args.algorithm, args.ranks, args.channels, args.instances, args.protocol, args.nodes)
-    print(f"compiling {len(prog.ops)} ops", file=sys.stderr)
-    ir = compile_program(prog, sm_count=args.sm_count)
+    print(f"compiling and verifying {len(prog.ops)} ops", file=sys.stderr)
+    ir = compile_table(prog, sm_count=args.sm_count)
+    del prog
+    print(f"writing {ir.steps} steps", file=sys.stderr)
     text = write_xml(ir)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -44,7 +46,7 @@ def compile_main(argv=None) -> int:
     except OSError as e:
         raise UserError(f"cannot write {str(out)!r} ({e.strerror}): choose a writable path") from None
     print(f"wrote {out}: {ir.ngpus} GPUs, {ir.max_threadblocks} thread blocks per GPU at most, "
-          f"{ir.nchannels} channels, {sum(len(t.steps) for g in ir.gpus for t in g.threadblocks)} steps")
+          f"{ir.nchannels} channels, {ir.steps} steps")
     return 0
 
 

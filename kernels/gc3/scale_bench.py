@@ -4,14 +4,16 @@
     python -m kernels.gc3.scale_bench --ranks 32,64 --algorithms ring_allreduce --execute-max 64
 
 Each (algorithm, ranks) runs in its own process (so that its peak memory is its
-own) under ``--timeout`` seconds of wall-clock time; sizes over the compiler's
-limit (``kernels.gc3.algorithms.MAX_OPS``) are refused as ``kernels compile``
-refuses them. The table gives the traced ops, the compiled
-steps, the seconds (CPU time of the process; wall time in brackets) of tracing,
-compiling, static verification and one execution on the reference executor, and
-the process's peak resident memory. Hierarchical programs use 8 nodes (so 16
-thread blocks per GPU); all-pairs needs ranks - 1 thread blocks per GPU, more
-than a GPU's SMs beyond 133 ranks, so the SM limit is lifted for the benchmark.
+own) under ``--timeout`` seconds of wall-clock time; sizes whose predicted
+memory is over what the machine has available are refused before any work, as
+``kernels compile`` refuses them (``kernels.gc3.algorithms.check_size``). The
+table gives the traced ops, the compiled steps, the seconds (CPU time of the
+process; wall time in brackets) of tracing, compiling (to the columnar IR),
+static verification and writing the MSCCL XML, the process's peak resident
+memory after those, and one execution on the reference executor (on the object
+IR) with the peak memory after it. Hierarchical programs use 8 nodes; all-pairs
+needs ranks - 1 thread blocks per GPU, more than a GPU's SMs beyond 133 ranks,
+so the SM limit is lifted for the benchmark.
 """
 from __future__ import annotations
 
@@ -40,11 +42,12 @@ def _peak_mb() -> float:
 
 
 def worker(name: str, ranks: int, execute: bool) -> dict:
-    """Trace, compile, verify (and execute) one program; the figures as a dict."""
+    """Trace, compile, verify, write (and execute) one program; the figures as a dict."""
     from kernels.gc3.algorithms import build, check_size
-    from kernels.gc3.compiler import compile_program
+    from kernels.gc3.compiler import compile_table
     from kernels.gc3.executor import check_program
     from kernels.gc3.verify import verify
+    from kernels.gc3.xml_io import write_xml
 
     sm = 10 ** 9
     row = {"algorithm": name, "ranks": ranks}
@@ -55,14 +58,17 @@ def worker(name: str, ranks: int, execute: bool) -> dict:
         return row
     prog, row["trace_s"], row["trace_wall_s"] = _timed(lambda: build(name, ranks, nodes=NODES.get(name, 1)))
     row["ops"] = len(prog.ops)
-    ir, row["compile_s"], row["compile_wall_s"] = _timed(lambda: compile_program(prog, sm, verify_result=False))
+    ir, row["compile_s"], row["compile_wall_s"] = _timed(lambda: compile_table(prog, sm, verify_result=False))
     del prog
-    row["steps"] = sum(len(tb.steps) for g in ir.gpus for tb in g.threadblocks)
+    row["steps"] = ir.steps
     row["threadblocks_per_gpu"] = ir.max_threadblocks
     _, row["verify_s"], row["verify_wall_s"] = _timed(lambda: verify(ir, sm_count=sm))
     row["peak_mb"] = _peak_mb()
+    text, row["write_s"], row["write_wall_s"] = _timed(lambda: write_xml(ir))
+    row["xml_mb"] = len(text) / 2 ** 20
+    del text
     if execute:
-        res, row["execute_s"], row["execute_wall_s"] = _timed(lambda: check_program(ir, seeds=1))
+        res, row["execute_s"], row["execute_wall_s"] = _timed(lambda: check_program(ir.to_program(), seeds=1))
         row["races_checked"] = res.races_checked
         row["execute_peak_mb"] = _peak_mb()
     return row
@@ -95,36 +101,39 @@ def main(argv=None) -> int:
     bad = [n for n in names if n not in ALGORITHMS]
     if bad:
         raise UserError(f"unknown algorithm {bad[0]!r}; choose among {', '.join(ALGORITHMS)}")
-    print("| algorithm | ranks | ops | steps | tb/GPU | trace s | compile s | verify s | peak MB "
-          "| execute s (1 seed) | peak MB with execute |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| algorithm | ranks | ops | steps | tb/GPU | trace s | compile s | verify s | trace+compile+verify s "
+          "| peak MB | write XML s (MB) | execute s (1 seed) | peak MB with execute |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in names:
         skip = False
         for r in ranks:
             if skip:
-                print(f"| {name} | {r} | skipped: a smaller rank count did not finish | | | | | | | | |")
+                print(f"| {name} | {r} | skipped: a smaller rank count did not finish | | | | | | | | | | |")
                 continue
             cmd = [sys.executable, "-m", "kernels.gc3.scale_bench", "--worker", name, str(r),
                    "1" if r <= args.execute_max else "0"]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
-                print(f"| {name} | {r} | over {args.timeout:.0f} s | | | | | | | | |", flush=True)
+                print(f"| {name} | {r} | over {args.timeout:.0f} s | | | | | | | | | | |", flush=True)
                 skip = True
                 continue
             if out.returncode != 0:
                 why = (out.stderr.strip().splitlines() or ["killed"])[-1][:80]
-                print(f"| {name} | {r} | failed (exit {out.returncode}): {why} | | | | | | | | |", flush=True)
+                print(f"| {name} | {r} | failed (exit {out.returncode}): {why} | | | | | | | | | | |", flush=True)
                 skip = True
                 continue
             row = json.loads(out.stdout.strip().splitlines()[-1])
             if "refused" in row:
-                print(f"| {name} | {r} | refused before any work: {row['refused']} | | | | | | | | |", flush=True)
+                print(f"| {name} | {r} | refused before any work: {row['refused']} | | | | | | | | | | |",
+                      flush=True)
                 continue
+            total = row["trace_s"] + row["compile_s"] + row["verify_s"]
             exe = _cell(row, "execute_s") + ("" if row.get("races_checked", True) else ", races not checked")
             print(f"| {name} | {r} | {row['ops']} | {row['steps']} | {row['threadblocks_per_gpu']} "
-                  f"| {_cell(row, 'trace_s')} | {_cell(row, 'compile_s')} | {_cell(row, 'verify_s')} "
-                  f"| {row['peak_mb']:.0f} | {exe} | {row.get('execute_peak_mb', float('nan')):.0f} |", flush=True)
+                  f"| {_cell(row, 'trace_s')} | {_cell(row, 'compile_s')} | {_cell(row, 'verify_s')} | {total:.1f} "
+                  f"| {row['peak_mb']:.0f} | {_cell(row, 'write_s')} ({row['xml_mb']:.0f}) | {exe} "
+                  f"| {row.get('execute_peak_mb', float('nan')):.0f} |", flush=True)
     return 0
 
 

@@ -8,7 +8,7 @@ from calibrate.errors import UserError
 from calibrate.fit import fit_quality_problem
 from calibrate.outputs import check_output_path
 from calibrate.run_limits import buffer_bytes, check_memory, host_cores, oversubscription_warning
-from kernels.gc3.algorithms import ALGORITHMS, MAX_OPS, OP_COUNTS, build, check_size
+from kernels.gc3.algorithms import ALGORITHMS, OP_COUNTS, build, check_size, predicted_bytes
 
 
 @pytest.mark.parametrize("name, ranks, channels, nodes", [
@@ -29,8 +29,12 @@ def test_every_algorithm_has_an_op_count():
 
 
 def test_size_limit_refuses_before_work():
-    assert check_size("ring_allreduce", 1024) == 1024 * 2 * 1023 <= MAX_OPS
-    with pytest.raises(UserError, match=r"100000 ranks .* over the compiler's limit of 2,500,000 \(about \d+ ranks"):
+    assert check_size("ring_allreduce", 1024, available=2 << 30) == 1024 * 2 * 1023
+    assert predicted_bytes("ring_allreduce", 1024) < 2 << 30 < predicted_bytes("ring_allreduce", 2048)
+    with pytest.raises(UserError, match=r"2048 ranks .* over the compiler's limit: the 2.0 GiB this machine has "
+                                        r"available \(about 1\d\d\d ranks fit"):
+        check_size("ring_allreduce", 2048, available=2 << 30)
+    with pytest.raises(UserError, match=r"100000 ranks .* over the compiler's limit"):
         check_size("ring_allreduce", 100000)
     with pytest.raises(UserError, match="instances"):
         check_size("ring_allreduce", 8, instances=0)
