@@ -220,9 +220,10 @@ OP_COUNTS: dict[str, Callable[[int, int, int], int]] = {   # (ranks, channels, n
 # peak memory of tracing, compiling and verifying, per traced op and per slot of the symbolic state
 # (ranks x chunks per rank, R/8 + 16 bytes each), plus the interpreter's own: measured on the ring,
 # all-pairs and hierarchical programs from 256 to 2048 ranks (reports/records/gc3.md, "Scale")
-BYTES_PER_OP = 560
+BYTES_PER_OP = 700
 BASE_BYTES = 100 << 20
 _SYMMETRIC_BUFFERS = 2   # input and scratch (or output) of every rank
+DEFAULT_MAX_MEMORY_GIB = 8.0
 
 
 def predicted_bytes(name: str, ranks: int, channels: int = 1, instances: int = 1, nodes: int = 1) -> int:
@@ -233,18 +234,23 @@ def predicted_bytes(name: str, ranks: int, channels: int = 1, instances: int = 1
 
 
 def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nodes: int = 1,
-               available: int | None = None) -> int:
+               max_memory_gib: float = DEFAULT_MAX_MEMORY_GIB, available: int | None = None) -> int:
     """The ops the compiler would handle (traced ops x instances); raise ``UserError`` before any work if
-    its predicted memory is over ``available`` bytes (default: the memory this machine has available)."""
+    its predicted memory is over ``max_memory_gib`` or over ``available`` bytes (default: what this machine
+    has available)."""
     if name not in ALGORITHMS:
         raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
     _check(ranks, channels, nodes)
     if instances < 1:
         raise UserError(f"--instances must be >= 1, got {instances}")
+    if not max_memory_gib > 0:
+        raise UserError(f"--max-memory must be > 0 GiB, got {max_memory_gib}")
     ops = OP_COUNTS[name](ranks, channels, nodes) * instances
-    limit = host_available_bytes() if available is None else available
+    avail = host_available_bytes() if available is None else available
+    limit = int(max_memory_gib * 2**30) if avail is None else min(int(max_memory_gib * 2**30), avail)
+    why = "--max-memory" if avail is None or limit < avail else "the memory this machine has available"
     need = predicted_bytes(name, ranks, channels, instances, nodes)
-    if limit is not None and need > limit:
+    if need > limit:
         lo, hi = 2, ranks  # the most ranks within the limit (same nodes per rank), by bisection
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -253,9 +259,9 @@ def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nod
             else:
                 hi = mid - 1
         raise UserError(f"{name} on {ranks} ranks ({channels} channel(s), {instances} instance(s)) means about "
-                        f"{ops:,} ops and {need / 2**30:.1f} GiB of memory, over the compiler's limit: the "
-                        f"{limit / 2**30:.1f} GiB this machine has available (about {lo} ranks fit with these "
-                        f"settings); use fewer ranks, channels or instances")
+                        f"{ops:,} ops and {need / 2**30:.1f} GiB of memory, over the compiler's limit of "
+                        f"{limit / 2**30:.1f} GiB ({why}; about {lo} ranks fit with these settings); use fewer "
+                        f"ranks, channels or instances, or a larger --max-memory if the machine has it")
     return ops
 
 

@@ -35,15 +35,27 @@ def order_by(major: np.ndarray, minor: np.ndarray | None = None) -> np.ndarray:
     if not n:
         return np.zeros(0, dtype=np.int64)
     span = 1 if minor is None else int(minor.max()) + 1
-    if (int(major.max()) + 1) * span < (1 << 62) // n:
+    bits = max(n - 1, 1).bit_length()           # positions take the low bits: decoding is a mask
+    if (int(major.max()) + 1) * span < (1 << (62 - bits)):
         code = major.astype(np.int64) * span
         if minor is not None:
             code += minor
-        code *= n
-        code += np.arange(n)
+        code <<= bits
+        code |= np.arange(n)
         code.sort()
-        return code % n
+        return code & ((1 << bits) - 1)
     return np.lexsort((np.arange(n), major) if minor is None else (minor, major))
+
+
+def index_of(codes: np.ndarray, rows: np.ndarray, want: np.ndarray, space: int) -> np.ndarray:
+    """``rows[i]`` for the i with ``codes[i] == want[k]``, for each k (``codes`` distinct, each ``want`` among
+    them, all in 0..space-1): a direct table when ``space`` is small, else a sort and a binary search."""
+    if space <= 4 * (len(codes) + len(want)) + 1024:
+        table = np.empty(space, dtype=np.int64)
+        table[codes] = rows
+        return table[want]
+    by = np.argsort(codes)
+    return rows[by][np.searchsorted(codes[by], want)]
 
 
 def rank_in_group(key: np.ndarray) -> np.ndarray:

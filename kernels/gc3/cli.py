@@ -6,7 +6,7 @@ import sys
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
-from kernels.gc3.algorithms import ALGORITHMS, build, check_size
+from kernels.gc3.algorithms import ALGORITHMS, DEFAULT_MAX_MEMORY_GIB, build, check_size
 from kernels.gc3.compiler import compile_table
 from kernels.gc3.executor import RACE_CHECK_MAX_CLOCK_BYTES, ExecutionError, check_program
 from kernels.gc3.verify import DEFAULT_SM_COUNT, verify
@@ -23,12 +23,15 @@ def compile_main(argv=None) -> int:
     ap.add_argument("--instances", type=int, default=1, help="program-wide instances (default 1)")
     ap.add_argument("--protocol", default="Simple", choices=["Simple", "LL", "LL128"])
     ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU")
+    ap.add_argument("--max-memory", type=float, default=DEFAULT_MAX_MEMORY_GIB,
+                    help="GiB the compiler may use; larger programs are refused before any work "
+                         f"(default {DEFAULT_MAX_MEMORY_GIB:g}, and never more than the machine has available)")
     ap.add_argument("-o", "--output", required=True, help="output XML file")
     args = ap.parse_args(argv)
     out = check_output_path(args.output, "output XML")
     if args.sm_count < 1:
         raise UserError(f"--sm-count must be >= 1, got {args.sm_count}")
-    check_size(args.algorithm, args.ranks, args.channels, args.instances, args.nodes)
+    check_size(args.algorithm, args.ranks, args.channels, args.instances, args.nodes, args.max_memory)
     if args.channels * args.instances > args.sm_count:
         raise UserError(f"{args.channels} channel(s) x {args.instances} instance(s) need at least "
                         f"{args.channels * args.instances} thread blocks per GPU, more than --sm-count "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.gc3.arrays import isin, order_by, rank_in_group as _rank_in_group, unique, unique_counts
+from kernels.gc3.arrays import index_of, isin, order_by, rank_in_group as _rank_in_group, unique, unique_counts
 
 
 
@@ -20,13 +20,6 @@ class Placed:
     tb_recv: np.ndarray
     tb_chan: np.ndarray
     nchannels: int          # virtual channels used (per lane)
-
-
-def _lookup(codes: np.ndarray, values: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """``values`` at the first occurrence of each ``want`` in ``codes`` (which must contain it)."""
-    by = order_by(codes, values)
-    c, v = codes[by], values[by]
-    return v[np.searchsorted(c, want)]
 
 
 def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray) -> Placed:
@@ -97,15 +90,16 @@ def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray)
     e_key, e_send, e_recv = e_key[by], e_send[by], e_recv[by]
     rows = np.arange(len(e_key))                                    # thread block rows, in (key, index) order
     tb = np.full(n, -1, dtype=np.int64)
-    t = np.flatnonzero(tied)
-    tb[t] = _lookup((e_key * P + e_send + 1) * P + e_recv + 1, rows,
-                    (key[t] * P + ins.send[t] + 1) * P + ins.recv[t] + 1)
-    so = np.flatnonzero(~local & ~tied & (ins.send >= 0))
-    tb[so] = _lookup(e_key * P + e_send + 1, rows, key[so] * P + ins.send[so] + 1)
-    ro = np.flatnonzero(~local & ~tied & (ins.recv >= 0))
-    tb[ro] = _lookup(e_key * P + e_recv + 1, rows, key[ro] * P + ins.recv[ro] + 1)
+    # a send peer (and a receive peer) has one thread block per key: look instructions up by (key, peer)
+    space = (int(e_key.max(initial=0)) + 1) * P
+    has_s, has_r = e_send >= 0, e_recv >= 0
+    sends, recvs = ins.send >= 0, ins.recv >= 0
+    # receive-only instructions: the thread block with their receive peer; the others: the one with their
+    # send peer (a tied pair's, for tied ones)
+    tb[recvs] = index_of(e_key[has_r] * P + e_recv[has_r], rows[has_r], key[recvs] * P + ins.recv[recvs], space)
+    tb[sends] = index_of(e_key[has_s] * P + e_send[has_s], rows[has_s], key[sends] * P + ins.send[sends], space)
     o = np.flatnonzero(orphan)
-    tb[o] = _lookup(e_key, rows, key[o])
+    tb[o] = np.searchsorted(e_key, key[o])          # the first thread block of their key
     loc = np.flatnonzero(local & ~orphan)
     tb[loc] = tb[best[loc]]
     e_rank = e_key // (nl * nch)

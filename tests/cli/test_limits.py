@@ -31,9 +31,11 @@ def test_every_algorithm_has_an_op_count():
 def test_size_limit_refuses_before_work():
     assert check_size("ring_allreduce", 1024, available=2 << 30) == 1024 * 2 * 1023
     assert predicted_bytes("ring_allreduce", 1024) < 2 << 30 < predicted_bytes("ring_allreduce", 2048)
-    with pytest.raises(UserError, match=r"2048 ranks .* over the compiler's limit: the 2.0 GiB this machine has "
-                                        r"available \(about 1\d\d\d ranks fit"):
+    with pytest.raises(UserError, match=r"2048 ranks .* over the compiler's limit of 2.0 GiB \(the memory this "
+                                        r"machine has available; about 1\d\d\d ranks fit"):
         check_size("ring_allreduce", 2048, available=2 << 30)
+    with pytest.raises(UserError, match=r"over the compiler's limit of 1.0 GiB \(--max-memory"):
+        check_size("ring_allreduce", 2048, max_memory_gib=1, available=4 << 30)
     with pytest.raises(UserError, match=r"100000 ranks .* over the compiler's limit"):
         check_size("ring_allreduce", 100000)
     with pytest.raises(UserError, match="instances"):
