@@ -228,13 +228,14 @@ class ChunkRef:
     ``rank`` and ``index``), valid until they are overwritten."""
 
     __slots__ = ("prog", "_rank", "buffer", "_index", "count", "_sbuf", "_sidx", "versions", "_scalar",
-                 "_slot_cache", "_row_cache")
+                 "_slot_cache", "_row_cache", "_taken_at")
 
     def __init__(self, prog: "GC3Program", rank: np.ndarray, buf: Buffer, index: np.ndarray, count: int,
                  sbuf: Buffer, sidx: np.ndarray, versions: np.ndarray, scalar: bool):
         self.prog, self._rank, self.buffer, self._index, self.count = prog, rank, buf, index, count
         self._sbuf, self._sidx, self.versions, self._scalar = sbuf, sidx, versions, scalar
         self._slot_cache = self._row_cache = None
+        self._taken_at = len(prog._log)     # ops recorded when the versions were read
 
     @property
     def rank(self):
@@ -272,6 +273,8 @@ class ChunkRef:
 
     def _check_fresh(self, action: str) -> None:
         """Raise if any slot was overwritten since the reference was taken."""
+        if self._taken_at == len(self.prog._log):
+            return
         store = self.prog._store
         now = store.versions(self._sbuf, self._rows())
         bad = np.flatnonzero((now != self.versions).any(axis=1))
@@ -284,8 +287,10 @@ class ChunkRef:
 
     def _element(self, e: int) -> "ChunkRef":
         s = slice(e, e + 1)
-        return ChunkRef(self.prog, self._rank[s], self.buffer, self._index[s], self.count, self._sbuf,
-                        self._sidx[s], self.versions[s], True)
+        out = ChunkRef(self.prog, self._rank[s], self.buffer, self._index[s], self.count, self._sbuf,
+                       self._sidx[s], self.versions[s], True)
+        out._taken_at = self._taken_at
+        return out
 
     def copy(self, rank, buffer: Buffer, index, ch=None) -> "ChunkRef":
         """Copy these chunks to ``buffer[index:]`` of ``rank``; returns a reference to the copy. ``ch`` is a
@@ -428,10 +433,12 @@ class GC3Program:
 
     def _one_by_one(self, refs: list[ChunkRef], scalar: bool) -> ChunkRef:
         first = refs[0]
-        return ChunkRef(self, np.concatenate([r._rank for r in refs]), first.buffer,
-                        np.concatenate([r._index for r in refs]), first.count, first._sbuf,
-                        np.concatenate([r._sidx for r in refs]), np.concatenate([r.versions for r in refs]),
-                        scalar and len(refs) == 1)
+        out = ChunkRef(self, np.concatenate([r._rank for r in refs]), first.buffer,
+                       np.concatenate([r._index for r in refs]), first.count, first._sbuf,
+                       np.concatenate([r._sidx for r in refs]), np.concatenate([r.versions for r in refs]),
+                       scalar and len(refs) == 1)
+        out._taken_at = -1    # versions of different moments: always check them
+        return out
 
     def _record(self, kind: int, src: ChunkRef, dst: ChunkRef, ch) -> None:
         code = -1 if ch is None else np.asarray(ch, dtype=np.int64)
@@ -458,5 +465,7 @@ class GC3Program:
         n = len(ref)
         versions = len(self._log) - n + 1 + np.arange(n)
         self._store.set_versions(ref._sbuf, ref._rows(), versions)
-        return ChunkRef(self, ref._rank, ref.buffer, ref._index, ref.count, ref._sbuf, ref._sidx,
-                        np.repeat(versions[:, None], ref.count, axis=1), ref._scalar)
+        out = ChunkRef(self, ref._rank, ref.buffer, ref._index, ref.count, ref._sbuf, ref._sidx,
+                       np.repeat(versions[:, None], ref.count, axis=1), ref._scalar)
+        out._slot_cache, out._row_cache = ref._slot_cache, ref._row_cache
+        return out

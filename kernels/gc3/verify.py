@@ -119,12 +119,19 @@ def _messages(t: IRTable) -> _Messages:
     return _Messages(sk, ss, sn, rk, rs, rn)
 
 
+def _meet(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indexes (i, j) with a[i] == b[j], for sorted arrays of distinct codes; O(len(a) log len(b))."""
+    if not len(b):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    j = np.minimum(np.searchsorted(b, a), len(b) - 1)
+    i = np.flatnonzero(b[j] == a)
+    return i, j[i]
+
+
 def _match(m: _Messages) -> tuple[np.ndarray, np.ndarray]:
     """(send step, receive step) of every matched message: the k-th send and k-th receive of a connection."""
     big = int(max(m.send_k.max(initial=0), m.recv_k.max(initial=0))) + 1
-    a = m.send_key * big + m.send_k
-    b = m.recv_key * big + m.recv_k
-    common, ia, ib = np.intersect1d(a, b, assume_unique=True, return_indices=True)
+    ia, ib = _meet(m.send_key * big + m.send_k, m.recv_key * big + m.recv_k)
     return m.send_step[ia], m.recv_step[ib]
 
 
@@ -229,15 +236,17 @@ def _check_deadlock(t: IRTable, m: _Messages, waiter: np.ndarray, awaited: np.nd
     big = int(max(m.send_k.max(initial=0), m.recv_k.max(initial=0))) + fifo_slots + 1
     a = m.send_key * big + m.send_k
     b = m.recv_key * big + m.recv_k
-    _, ia, ib = np.intersect1d(a, b, assume_unique=True, return_indices=True)
+    ia, ib = _meet(a, b)
     # FIFO: the k-th receive frees the slot the (k + slots)-th send needs
-    _, fa, fb = np.intersect1d(m.send_key * big + m.send_k - fifo_slots, b, assume_unique=True,
-                               return_indices=True)
+    fa, fb = _meet(a - fifo_slots, b)
     src = np.concatenate((two, last[nxt - 1], last[awaited], last[m.send_step[ia]], m.recv_step[fb]))
     dst = np.concatenate((last[two], nxt, waiter, m.recv_step[ib], last[m.send_step[fa]]))
     kinds = np.concatenate((np.zeros(len(two) + len(nxt), dtype=np.int8), np.full(len(waiter), 1, np.int8),
                             np.full(len(ia), 2, np.int8), np.full(len(fa), 3, np.int8)))
-    graph = csr_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(total, total))
+    by = order_by(src)
+    indptr = np.zeros(total + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=total), out=indptr[1:])
+    graph = csr_matrix((np.ones(len(src), dtype=np.int8), dst[by], indptr), shape=(total, total))
     ncomp, labels = connected_components(graph, directed=True, connection="strong")
     loops = src == dst
     if ncomp == total and not loops.any():
