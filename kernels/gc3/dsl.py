@@ -56,8 +56,8 @@ class CollectiveSpec:
     output for allgather, the input otherwise). A custom collective gives its own
     ``precondition`` (slot -> input chunk ids it holds, a frozenset of (rank,
     index)) and ``postcondition`` (slot -> value required at the end), and its
-    per-rank buffer sizes; a built-in one computes them (``initial``,
-    ``required``, and their array forms).
+    per-rank buffer sizes; a built-in one computes them (``initial_rows``,
+    ``required``, ``required_rows``).
     """
 
     kind: str
@@ -113,18 +113,6 @@ class CollectiveSpec:
             return self._per if self.kind == "allgather" else self.chunks
         return self._per if self.kind == "reducescatter" else self.chunks
 
-    def initial(self, slot: tuple) -> Value | None:
-        """What storage slot (rank, buffer, index) holds before the collective starts (None: nothing)."""
-        if self.kind == "custom":
-            return self._pre.get(slot)
-        r, b, i = slot
-        if self.kind != "allgather":
-            return ((i, 1 << r),) if b == Buffer.INPUT and 0 <= i < self.chunks else None
-        if self.inplace:
-            lo = r * self._per
-            return ((i - lo, 1 << r),) if b == Buffer.OUTPUT and lo <= i < lo + self._per else None
-        return ((i, 1 << r),) if b == Buffer.INPUT and 0 <= i < self._per else None
-
     def initial_rows(self, buf: Buffer, width: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Initial state of storage buffer ``buf`` of every rank (``width`` slots each) for a built-in
         collective: (the input index each slot holds or NONE, shape (R, width)), the holder's rank being the
@@ -179,14 +167,6 @@ class CollectiveSpec:
         else:
             k, ok = index, buf == code[Buffer.OUTPUT]
         return ok & (k >= 0) & (k < self._sizes[Buffer.OUTPUT][rank])
-
-    def output_slots(self) -> tuple[np.ndarray, Buffer, np.ndarray]:
-        """Every storage slot with a required value of a built-in collective: (ranks, buffer, indexes),
-        rank by rank."""
-        n = self.buffer_chunks(0, Buffer.OUTPUT)
-        rank = np.repeat(np.arange(self.ranks), n)
-        buf, index = self.storage(rank, Buffer.OUTPUT, np.tile(np.arange(n), self.ranks))
-        return rank, buf, index
 
     def required_rows(self, rank: np.ndarray, index_out: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """For output chunks ``index_out`` (logical) of ``rank``: (the required input index, the required

@@ -5,8 +5,9 @@
 
 Each (algorithm, ranks) runs in its own process (so that its peak memory is its
 own) under ``--timeout`` seconds of wall-clock time; sizes whose predicted
-memory is over what the machine has available are refused before any work, as
-``kernels compile`` refuses them (``kernels.gc3.algorithms.check_size``). The
+memory is over ``--max-memory`` (or what the machine has available) are refused
+before any work, as ``kernels compile`` refuses them
+(``kernels.gc3.algorithms.check_size``). The
 table gives the traced ops, the compiled steps, the seconds (CPU time of the
 process; wall time in brackets) of tracing, compiling (to the columnar IR),
 static verification and writing the MSCCL XML, the process's peak resident
@@ -23,8 +24,10 @@ import resource
 import subprocess
 import sys
 import time
+from functools import partial
 
 from calibrate.errors import UserError
+from kernels.gc3.algorithms import DEFAULT_MAX_MEMORY_GIB
 
 ALGORITHMS = ("ring_allreduce", "allpairs_allreduce", "hierarchical_allreduce")
 DEFAULT_RANKS = "32,64,128,256,512,1024,2048,4096"
@@ -41,7 +44,7 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker(name: str, ranks: int, execute: bool) -> dict:
+def worker(name: str, ranks: int, execute: bool, max_memory_gib: float) -> dict:
     """Trace, compile, verify, write (and execute) one program; the figures as a dict."""
     from kernels.gc3.algorithms import build, check_size
     from kernels.gc3.compiler import compile_table
@@ -52,13 +55,13 @@ def worker(name: str, ranks: int, execute: bool) -> dict:
     sm = 10 ** 9
     row = {"algorithm": name, "ranks": ranks}
     try:
-        check_size(name, ranks, nodes=NODES.get(name, 1))
+        check_size(name, ranks, nodes=NODES.get(name, 1), max_memory_gib=max_memory_gib)
     except UserError as e:
         row["refused"] = str(e)
         return row
-    prog, row["trace_s"], row["trace_wall_s"] = _timed(lambda: build(name, ranks, nodes=NODES.get(name, 1)))
+    prog, row["trace_s"], row["trace_wall_s"] = _timed(partial(build, name, ranks, nodes=NODES.get(name, 1)))
     row["ops"] = len(prog.ops)
-    ir, row["compile_s"], row["compile_wall_s"] = _timed(lambda: compile_table(prog, sm, verify_result=False))
+    ir, row["compile_s"], row["compile_wall_s"] = _timed(partial(compile_table, prog, sm, verify_result=False))
     del prog
     row["steps"] = ir.steps
     row["threadblocks_per_gpu"] = ir.max_threadblocks
@@ -88,10 +91,13 @@ def main(argv=None) -> int:
     ap.add_argument("--execute-max", type=int, default=256,
                     help="execute on the reference executor up to this many ranks (default 256)")
     ap.add_argument("--timeout", type=float, default=900, help="wall-clock seconds per case (default 900)")
-    ap.add_argument("--worker", nargs=3, metavar=("ALGORITHM", "RANKS", "EXECUTE"), help=argparse.SUPPRESS)
+    ap.add_argument("--max-memory", type=float, default=DEFAULT_MAX_MEMORY_GIB,
+                    help=f"GiB a case may be predicted to use, as kernels compile --max-memory "
+                         f"(default {DEFAULT_MAX_MEMORY_GIB:g})")
+    ap.add_argument("--worker", nargs=4, metavar=("ALGORITHM", "RANKS", "EXECUTE", "GIB"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.worker[2] == "1")))
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.worker[2] == "1", float(args.worker[3]))))
         return 0
     try:
         ranks = [int(r) for r in args.ranks.split(",")]
@@ -111,7 +117,7 @@ def main(argv=None) -> int:
                 print(f"| {name} | {r} | skipped: a smaller rank count did not finish | | | | | | | | | | |")
                 continue
             cmd = [sys.executable, "-m", "kernels.gc3.scale_bench", "--worker", name, str(r),
-                   "1" if r <= args.execute_max else "0"]
+                   "1" if r <= args.execute_max else "0", str(args.max_memory)]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
