@@ -217,20 +217,19 @@ OP_COUNTS: dict[str, Callable[[int, int, int], int]] = {   # (ranks, channels, n
     "twostep_alltoall": lambda r, c, n: r * r + r * (n - 1),
     "alltonext": lambda r, c, n: 3 * r * max(1, r // max(n, 1)),
 }
-# peak memory of tracing, compiling and verifying, per traced op and per slot of the symbolic state
-# (ranks x chunks per rank, R/8 + 16 bytes each), plus the interpreter's own: measured on the ring,
-# all-pairs and hierarchical programs from 256 to 2048 ranks (reports/records/gc3.md, "Scale")
-BYTES_PER_OP = 700
+# peak memory of tracing, compiling and verifying: BYTES_PER_OP + ranks / 16 bytes per traced op (the
+# symbolic state of a slot is R / 8 bytes, and a rank holds about R / 2 slots per op it takes part in)
+# plus the interpreter's own; 10 to 25% over the peaks measured for the ring and all-pairs programs at
+# 512 to 2048 ranks (reports/records/gc3.md, "Scale")
+BYTES_PER_OP = 640
 BASE_BYTES = 100 << 20
-_SYMMETRIC_BUFFERS = 2   # input and scratch (or output) of every rank
 DEFAULT_MAX_MEMORY_GIB = 8.0
 
 
 def predicted_bytes(name: str, ranks: int, channels: int = 1, instances: int = 1, nodes: int = 1) -> int:
     """Predicted peak memory of compiling and verifying ``name`` with these settings."""
     ops = OP_COUNTS[name](ranks, channels, nodes) * instances
-    slots = _SYMMETRIC_BUFFERS * ranks * ranks * channels
-    return BASE_BYTES + ops * BYTES_PER_OP + slots * (8 * ((ranks + 63) // 64) + 16)
+    return BASE_BYTES + ops * (BYTES_PER_OP + ranks // 16)
 
 
 def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nodes: int = 1,
