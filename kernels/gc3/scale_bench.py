@@ -139,7 +139,7 @@ def main(argv=None) -> int:
             print(f"| {name} | {r} | {row['ops']} | {row['steps']} | {row['threadblocks_per_gpu']} "
                   f"| {_cell(row, 'trace_s')} | {_cell(row, 'compile_s')} | {_cell(row, 'verify_s')} | {total:.1f} "
                   f"| {row['peak_mb']:.0f} | {_cell(row, 'write_s')} ({row['xml_mb']:.0f}) | {exe} "
-                  f"| {row.get('execute_peak_mb', float('nan')):.0f} |", flush=True)
+                  f"| {format(row['execute_peak_mb'], '.0f') if 'execute_peak_mb' in row else '-'} |", flush=True)
     return 0
 
 
