@@ -1,22 +1,38 @@
-"""Boxing costs of many redistributions at once: numpy over rows of (source, destination) placements.
+"""Boxing costs of many redistributions at once, from counts of transitions per class of fine axes.
 
 A coordinate-descent line search needs the cost of boxing one producer's
-output into every strategy of its consumer (a row of a boxing table), and the
-reverse; GPT-3 on 4,096 GPUs has ~1,000 strategies a layer, too many to walk
-``autotune.sbp.boxing.box`` one pair at a time. ``RowBoxer.cost`` follows the
-same path as ``box`` (its first order: free slices, reduce-scatters intra-node
-part first, one all-reduce, all-to-alls, all-gathers inter-node part first),
+output into every strategy of its consumer (a row of a boxing table);
+dynamic programming needs whole tables: GPT-3 on 4,096 GPUs has ~1,000
+strategies a layer, ~500,000 pairs an edge, far too many to walk
+``autotune.sbp.boxing.box`` one pair at a time. ``RowBoxer`` follows the same
+path as ``box`` (its first order: free slices, reduce-scatters intra-node
+part first, one all-reduce, all-to-alls, all-gathers inter-node part first)
 with the placements coded as integers per fine axis (S(d) -> d, B -> -1,
-P -> -2), every phase a mask over the axes and every message size a product
-over them. Rows where an intermediate of that order does not divide evenly
-are returned as NaN: the caller boxes them one by one with ``box``, which
-tries the other orders. Equal to ``box`` to rounding: tested on every pair of
-small problems.
+P -> -2).
 
-Complexity: O(J x A x D) array work for J rows, A fine axes, D tensor
-dimensions, plus one profile lookup per distinct (collective, bytes, group).
+What a pair's path costs depends only on how many axes of each *class* (axis
+size, inter- or intra-node) make each transition: every step is a collective
+over the axes of one transition (per tier), timed on its group's ranks and
+nodes, and every message size is the tensor's size over the product of the
+axes splitting each dimension. The transitions that matter are
+    K(d)  B or S(d) -> S(d)   split on d throughout (a free slice comes first)
+    RS(d) P -> S(d)           reduce-scatter
+    AR    P -> B              all-reduce
+    A(ij) S(i) -> S(j)        all-to-all
+    AG(d) S(d) -> B or P      all-gather (a zeroing to P is free)
+(B -> B, P -> P and B -> P change nothing). For a whole table the counts are
+popcounts of the AND of bit masks (per placement, which of the class's axes
+hold it) of every producer with every consumer, and a path step's time is looked up by a small integer key (the
+group's counts per class and the split counts per class and dimension), so a
+table costs a few dozen array passes plus one profile lookup per distinct
+step. Pairs where an intermediate of that order does not divide evenly take
+``box``'s other orders in turn (slices last; then all-gathers first too), and
+cost inf where none divides. Equal to ``box`` to rounding: tested on every
+pair of small problems.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -25,10 +41,11 @@ from calibrate.collectives import Collective
 from autotune.sbp.boxing import Coster
 
 CODE_B, CODE_P = -1, -2
+CODES = {"B": CODE_B, "P": CODE_P}
 
 
 def encode(fine: tuple[str, ...]) -> tuple[int, ...]:
-    return tuple(CODE_B if p == "B" else CODE_P if p == "P" else int(p[1:]) for p in fine)
+    return tuple(CODES.get(p) or int(p[1:]) for p in fine)
 
 
 def dual_code(codes: np.ndarray) -> np.ndarray:
@@ -40,103 +57,190 @@ class RowBoxer:
     def __init__(self, coster: Coster, itemsize: int):
         self.coster, self.itemsize = coster, itemsize
         cl = coster.cluster
-        self.z = np.array(cl.axis_sizes, dtype=np.int64)
-        self.inter = np.array(cl.axis_inter, dtype=bool)
-        self._memo: dict = {}
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for a, key in enumerate(zip(cl.axis_sizes, cl.axis_inter)):
+            groups.setdefault(key, []).append(a)
+        self.classes = [(z, inter, np.array(axes)) for (z, inter), axes in groups.items()]
+        self.radix = [len(axes) + 1 for _, _, axes in self.classes]
+        self.weight = [math.prod(self.radix[:c]) for c in range(len(self.classes))]
+        self.E = math.prod(self.radix)  # distinct count vectors over the classes
+        self._steps: dict[tuple, tuple[np.ndarray, np.ndarray] | dict] = {}
+        self._div: dict[tuple, np.ndarray] = {}
 
-    def _times(self, op: Collective, nbytes: np.ndarray, ranks: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        """Profile times of one step per row (0 where ranks == 1: no step)."""
-        out = np.zeros(len(nbytes))
-        live = ranks > 1
-        if not live.any():
-            return out
-        idx = np.flatnonzero(live)
-        grp = ranks[idx] * (1 << 20) + nodes[idx]  # a group: ranks and nodes (each below 2^20)
-        coster = self.coster
-        for g in np.unique(grp):
-            sel = idx[grp == g]
-            r, n = int(g) >> 20, int(g) & ((1 << 20) - 1)
-            uniq, inv = np.unique(nbytes[sel], return_inverse=True)
-            vals = np.empty(len(uniq))
-            for k, nb in enumerate(uniq.tolist()):
-                key = (op, nb, r, n)
-                t = self._memo.get(key)
-                if t is None:
-                    t = self._memo[key] = coster.group_time(op, nb, r, n)
-                vals[k] = t
-            out[sel] = vals[inv.ravel()]
+    # ---- counts ------------------------------------------------------------------------------------
+    def _counts(self, src: np.ndarray, dst: np.ndarray, nd: int, outer: bool) -> list[dict]:
+        """Per class, how many of its axes make each transition, times the class's weight in a key: arrays
+        (n1, n2) if ``outer`` else (J,). Each side's placements are bit masks over the class's axes (one per placement), a count the
+        popcount of their AND."""
+        out = []
+        pairs = [(i, j) for i in range(nd) for j in range(nd) if i != j]
+        for (_, _, axes), weight in zip(self.classes, self.weight):
+            bits = np.uint64(1) << np.arange(len(axes), dtype=np.uint64)
+
+            def masks(codes, side):
+                m = {v: ((codes[:, axes] == v) * bits).sum(axis=1, dtype=np.uint64) for v in (CODE_P, CODE_B, *range(nd))}
+                return {v: (x[:, None] if side == 0 else x[None, :]) if outer else x for v, x in m.items()}
+
+            s, d = masks(src, 0), masks(dst, 1)
+
+            def count(x):  # times the class's weight in a split-count key
+                return np.bitwise_count(x).astype(np.int32) * np.int32(weight)
+
+            out.append({"K": [count((s[CODE_B] | s[k]) & d[k]) for k in range(nd)],
+                        "AG": [count(s[k] & (d[CODE_B] | d[CODE_P])) for k in range(nd)],
+                        "A": {(i, j): count(s[i] & d[j]) for i, j in pairs},
+                        "RS": [count(s[CODE_P] & d[k]) for k in range(nd)],
+                        "AR": count(s[CODE_P] & d[CODE_B]),
+                        "slice": [count(s[CODE_B] & d[k]) for k in range(nd)]})
         return out
 
-    def cost(self, shape: tuple[int, ...], src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """Seconds of boxing a tensor of ``shape`` from ``src`` to ``dst`` (J x A codes; either may be one
-        row, broadcast); NaN where the first path order does not divide evenly."""
-        src, dst = np.broadcast_arrays(np.atleast_2d(src), np.atleast_2d(dst))
-        cur = src.copy()
-        dst = np.asarray(dst)
-        J = cur.shape[0]
-        z, inter = self.z, self.inter
-        dims = np.array(shape, dtype=np.int64)
-        nd = len(shape)
-        bad = np.zeros(J, dtype=bool)
-        total = np.zeros(J)
+    # ---- lookups -----------------------------------------------------------------------------------
+    def _decode(self, key: int) -> list[int]:
+        return [(key // self.weight[c]) % self.radix[c] for c in range(len(self.classes))]
 
-        def divisors(c):  # (J, D): product of the axis sizes splitting each dimension
-            return np.stack([np.where(c == d, z, 1).prod(axis=1) for d in range(nd)], axis=1)
+    def _product(self, key: int, only_inter: bool = False) -> int:
+        return math.prod(z ** n for (z, inter, _), n in zip(self.classes, self._decode(key)) if inter or not only_inter)
 
-        def local(c):  # elements of one device's piece; marks rows that do not divide
-            div = divisors(c)
-            ok = (dims % div == 0).all(axis=1)
-            bad[~ok] = True
-            return (dims // div).prod(axis=1)
+    def _divides(self, shape: tuple[int, ...], d: int) -> np.ndarray:
+        """Per split-count key of dimension d: whether the dimension divides by the product."""
+        ok = self._div.get((shape, d))
+        if ok is None:
+            ok = self._div[(shape, d)] = np.array([shape[d] % self._product(k) == 0 for k in range(self.E)])
+        return ok
 
-        def group(mask):
-            return np.where(mask, z, 1).prod(axis=1), np.where(mask & inter, z, 1).prod(axis=1)
+    def _elems(self, shape: tuple[int, ...]) -> tuple[np.ndarray, list[int]]:
+        """Per combination of split-count keys (dimension 0 + E x dimension 1 + ...): the index of one
+        device's element count in a list of the distinct counts."""
+        got = self._div.get((shape, "elems"))
+        if got is None:
+            vals: dict[int, int] = {}
+            idx = np.empty(self.E ** len(shape), dtype=np.int64)
+            for k in range(len(idx)):
+                n, rest = 1, k
+                for size in shape:
+                    n *= size // self._product(rest % self.E)
+                    rest //= self.E
+                idx[k] = vals.setdefault(n, len(vals))
+            got = self._div[(shape, "elems")] = (idx, list(vals))
+        return got
 
-        def step(op, mask, nbytes):
-            ranks, nodes = group(mask)
-            total[:] += self._times(op, nbytes, ranks, nodes)
+    def _times(self, op: Collective, shape, key: np.ndarray) -> np.ndarray:
+        """Seconds of one step per pair, from its key (the group's counts + E x the element count's index)."""
+        idx, elems = self._elems(shape)
+        span = self.E * len(elems)
+        memo = self._steps.get((op, shape))
+        if memo is None:
+            memo = self._steps[(op, shape)] = (np.zeros(span), np.zeros(span, dtype=bool))
+        vals, known = memo
+        seen = np.zeros(span, dtype=bool)
+        seen[key] = True
+        for k in np.flatnonzero(seen & ~known).tolist():
+            g = k % self.E
+            ranks = self._product(g)
+            vals[k] = 0.0 if ranks == 1 else self.coster.group_time(
+                op, elems[k // self.E] * self.itemsize, ranks, self._product(g, only_inter=True))
+            known[k] = True
+        return vals[key]
 
-        # free slices (B -> S), per dimension
-        for d in range(nd):
-            m = (cur == CODE_B) & (dst == d)
-            if m.any():
-                cur[m] = d
-                local(cur)
-        # reduce-scatters P -> S(d): per dimension, the intra-node part first
-        rs = (cur == CODE_P) & (dst >= 0)
-        for d in range(nd):
-            for tier in (~inter, inter):
-                m = rs & (dst == d) & tier
-                if m.any():
-                    nb = local(cur) * self.itemsize
-                    cur[m] = d
-                    local(cur)
-                    step(Collective.REDUCESCATTER, m, nb)
-        # one all-reduce P -> B
-        m = (cur == CODE_P) & (dst == CODE_B)
-        if m.any():
-            nb = local(cur) * self.itemsize
-            step(Collective.ALLREDUCE, m, nb)
-            cur[m] = CODE_B
-            local(cur)
-        # all-to-alls S(i) -> S(j), per (i, j)
-        a2a = (cur >= 0) & (dst >= 0) & (cur != dst)
-        pairs = [(i, j) for i in range(nd) for j in range(nd) if i != j]
-        masks = [a2a & (cur == i) & (dst == j) for i, j in pairs]
-        for (i, j), m in zip(pairs, masks):
-            if m.any():
-                nb = local(cur) * self.itemsize
-                cur[m] = j
-                local(cur)
-                step(Collective.ALLTOALL, m, nb)
-        # all-gathers S(d) -> B or P: per dimension, the inter-node part first
-        ag = (cur >= 0) & (dst < 0)
-        for d in range(nd):
-            for tier in (inter, ~inter):
-                m = ag & (cur == d) & tier
-                if m.any():
-                    cur[m] = CODE_B
-                    nb = local(cur) * self.itemsize
-                    step(Collective.ALLGATHER, m, nb)
+    # ---- the path ----------------------------------------------------------------------------------
+    def _walk(self, shape: tuple[int, ...], f: list[dict], early_slices: bool = True,
+              gather_first: bool = False) -> np.ndarray:
+        """The path in one of ``box``'s orders; NaN where an intermediate does not divide."""
+        nd, C, E = len(shape), len(self.classes), self.E
+        inter = [i for _, i, _ in self.classes]
+        # split-count key of each dimension: sum over classes of count x weight (slices B -> S(d) counted
+        # in K(d) from the start, taken back out until the end when they come last)
+        dk = [sum(f[c]["K"][d] + f[c]["AG"][d] + sum(f[c]["A"][(d, j)] for j in range(nd) if j != d)
+                  - (0 if early_slices else f[c]["slice"][d]) for c in range(C)) for d in range(nd)]
+        comb = sum(dk[d] * np.int32(E ** d) for d in range(nd))  # every dimension's key in one
+        total = np.zeros(f[0]["AR"].shape)
+        bad = np.zeros(total.shape, dtype=bool)
+        elem_idx = self._elems(shape)[0].astype(np.int32)
+
+        def check(d):
+            np.logical_or(bad, ~self._divides(shape, d)[dk[d]], out=bad)
+
+        def group(g):  # g: per class the group's weighted axis count (None: not in the group); None if empty
+            live = [x for x in g if x is not None and x.any()]
+            return sum(live[1:], live[0]) if live else None
+
+        def step(op, gw):
+            key = elem_idx[comb]
+            key *= np.int32(E)
+            key += gw
+            total[...] += self._times(op, shape, key)
+
+        def move(gw, d, sign):
+            nonlocal comb
+            dk[d] = dk[d] + gw if sign > 0 else dk[d] - gw
+            comb = comb + gw * np.int32(E ** d) if sign > 0 else comb - gw * np.int32(E ** d)
+
+        def gathers():  # inter-node part first; the message is the gathered output
+            for d in range(nd):
+                for tier in (True, False):
+                    gw = group([f[c]["AG"][d] if inter[c] == tier else None for c in range(C)])
+                    if gw is not None:
+                        move(gw, d, -1)
+                        step(Collective.ALLGATHER, gw)
+
+        for d in range(nd):  # after the free slices, if first
+            check(d)
+        if gather_first:
+            gathers()
+        for d in range(nd):  # reduce-scatters, intra-node part first
+            for tier in (False, True):
+                gw = group([f[c]["RS"][d] if inter[c] == tier else None for c in range(C)])
+                if gw is not None:
+                    step(Collective.REDUCESCATTER, gw)
+                    move(gw, d, 1)
+                    check(d)
+        gw = group([f[c]["AR"] for c in range(C)])
+        if gw is not None:
+            step(Collective.ALLREDUCE, gw)
+        for i in range(nd):  # all-to-alls
+            for j in range(nd):
+                if i != j:
+                    gw = group([f[c]["A"][(i, j)] for c in range(C)])
+                    if gw is not None:
+                        step(Collective.ALLTOALL, gw)
+                        move(gw, i, -1)
+                        move(gw, j, 1)
+                        check(j)
+        if not gather_first:
+            gathers()
+        if not early_slices:
+            for d in range(nd):
+                gw = group([f[c]["slice"][d] for c in range(C)])
+                if gw is not None:
+                    move(gw, d, 1)
+                    check(d)
         total[bad] = np.nan
         return total
+
+    def _orders(self, shape, src, dst, t: np.ndarray) -> np.ndarray:
+        """Pairs (rows of ``src`` and ``dst``) whose first order gave NaN: ``box``'s other orders in turn;
+        inf where none divides."""
+        for early, gather_first in ((False, False), (False, True)):
+            if not np.isnan(t).any():
+                break
+            k = np.flatnonzero(np.isnan(t))
+            t[k] = self._walk(shape, self._counts(src[k], dst[k], len(shape), outer=False), early, gather_first)
+        t[np.isnan(t)] = math.inf
+        return t
+
+    def cost(self, shape: tuple[int, ...], src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Seconds of boxing a tensor of ``shape`` from ``src`` to ``dst`` row by row (J x A codes; either
+        may be one row, broadcast); inf where no order keeps every intermediate evenly divisible."""
+        shape = tuple(shape)
+        src, dst = np.broadcast_arrays(np.atleast_2d(src), np.atleast_2d(dst))
+        return self._orders(shape, src, dst, self._walk(shape, self._counts(src, dst, len(shape), outer=False)))
+
+    def table(self, shape: tuple[int, ...], src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Seconds of boxing from every row of ``src`` (n1 x A) to every row of ``dst`` (n2 x A): n1 x n2;
+        inf where no order keeps every intermediate evenly divisible."""
+        shape, src, dst = tuple(shape), np.atleast_2d(src), np.atleast_2d(dst)
+        t = self._walk(shape, self._counts(src, dst, len(shape), outer=True))
+        if np.isnan(t).any():
+            i, j = np.nonzero(np.isnan(t))
+            t[i, j] = self._orders(shape, src[i], dst[j], t[i, j])
+        return t

@@ -16,103 +16,12 @@ import numpy as np
 from calibrate.errors import UserError
 
 from autotune.sbp.cost import Problem
+from autotune.sbp.dp import DynamicProgramming, applicable, relax
+from autotune.sbp.searchbase import Budget, Clock, Search, SearchResult, auto_budget, require_additive
+
+__all__ = ["Budget", "SearchResult", "auto_budget", "make_search", "SEARCHES", "EXHAUSTIVE_LIMIT"]
 
 EXHAUSTIVE_LIMIT = 10**12
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What stops a search: seconds, steps, and ``patience``: restarts in a row that find nothing cheaper
-    (convergence; coordinate descent only). Any one that runs out stops it."""
-
-    seconds: float | None = None
-    steps: int | None = None
-    patience: int | None = None
-
-    def __post_init__(self):
-        if any(v is not None and not (0 < v < math.inf) for v in (self.seconds, self.steps, self.patience)):
-            raise UserError("--budget must be a positive, finite number: give seconds (e.g. 10) or steps (e.g. 2000steps)")
-
-    def describe(self) -> str:
-        parts = [f"{self.seconds:.3g} s" if self.seconds else "", f"{self.steps} steps" if self.steps else "",
-                 f"or {self.patience} restarts without improvement" if self.patience else ""]
-        return " ".join(p for p in parts if p) or "none"
-
-
-def auto_budget(problem: Problem) -> Budget:
-    """The default budget, scaled with the problem: coordinate descent stops when 10 restarts per distinct
-    layer in a row find nothing cheaper (converged; 0.5 s for the default GPT on 4 x 8 GPUs), at the latest
-    after 1 s plus 1.5 ms of CPU per strategy, between 2 and 20 s (12.4 s for GPT-3 175B on 4,096 GPUs)."""
-    strategies = sum(problem.sizes)
-    return Budget(seconds=min(20.0, max(2.0, 1.0 + 1.5e-3 * strategies)), patience=10 * len(problem.sizes))
-
-
-@dataclass
-class SearchResult:
-    algorithm: str
-    assignment: list[int]
-    cost: float
-    seconds: float
-    steps: int
-    stopped: str
-    trace: list[tuple[float, float]] = field(default_factory=list)
-
-
-class _Clock:
-    """Budget, best cost so far and its trace; with ``progress``, a line about once a second: the current
-    best and the search rate."""
-
-    EVERY = 1.0
-
-    def __init__(self, budget: Budget, progress=None, name: str = ""):
-        self.budget, self.t0, self.steps = budget, time.process_time(), 0
-        self.trace: list[tuple[float, float]] = []
-        self.best = math.inf
-        self.progress, self.name, self._next = progress, name, self.EVERY
-
-    def elapsed(self) -> float:
-        """CPU seconds of this process since the start: the wall time on an idle core, and the same
-        search on a shared machine, which would cut a wall-clock budget short."""
-        return time.process_time() - self.t0
-
-    def out(self) -> str | None:
-        if self.progress is not None:
-            t = self.elapsed()
-            if t >= self._next:
-                self._next = t + self.EVERY
-                self.progress(f"  {self.name}: {t:.1f} s, best {self.best:.4g} s/step, {self.steps} steps "
-                              f"({self.steps / t:.0f}/s)")
-        if self.budget.steps is not None and self.steps >= self.budget.steps:
-            return f"step budget ({self.budget.steps} steps)"
-        if self.budget.seconds is not None and self.elapsed() >= self.budget.seconds:
-            return f"time budget ({self.budget.seconds:g} s)"
-        return None
-
-    def offer(self, cost: float) -> bool:
-        if cost < self.best:
-            self.best = cost
-            self.trace.append((self.elapsed(), cost))
-            return True
-        return False
-
-
-def _additive(problem: Problem, name: str) -> None:
-    if problem.objective != "comm":
-        raise UserError(f"--search {name} sums per-layer costs, which the step objective's overlap is not: "
-                        f"use --objective comm, or --search cd or mh")
-
-
-class Search:
-    name = ""
-    progress = None  # a callable taking one line, for long searches
-
-    def run(self, problem: Problem, budget: Budget, rng: np.random.Generator,
-            start: list[int] | None = None) -> SearchResult:
-        """``start``: an optional first plan (e.g. the best baseline) for the local searches."""
-        raise NotImplementedError
-
-    def _result(self, clock: _Clock, best: list[int], stopped: str) -> SearchResult:
-        return SearchResult(self.name, list(best), clock.best, clock.elapsed(), clock.steps, stopped, clock.trace)
 
 
 class Exhaustive(Search):
@@ -122,8 +31,8 @@ class Exhaustive(Search):
     name = "exhaustive"
 
     def run(self, problem, budget, rng, start=None):
-        _additive(problem, self.name)
-        clock = _Clock(budget, self.progress, self.name)
+        require_additive(problem, self.name)
+        clock = Clock(budget, self.progress, self.name)
         sizes = problem.sizes
         total = math.prod(sizes)
         if total > EXHAUSTIVE_LIMIT:
@@ -195,7 +104,7 @@ class RandomSearch(Search):
     name = "random"
 
     def run(self, problem, budget, rng, start=None):
-        clock, best = _Clock(budget, self.progress, self.name), None
+        clock, best = Clock(budget, self.progress, self.name), None
         while (reason := clock.out()) is None:
             a = [int(rng.integers(n)) for n in problem.sizes]
             clock.steps += 1
@@ -225,7 +134,7 @@ class MetropolisHastings(Search):
     CUTOFF = 30.0  # choices whose weight is below exp(-30) of the most likely one are never drawn
 
     def run(self, problem, budget, rng, start=None):
-        clock = _Clock(budget, self.progress, self.name)
+        clock = Clock(budget, self.progress, self.name)
         cur = list(start) if start is not None else problem.min_memory_assignment()
         cur_cost = problem.cost(cur)
         best = list(cur)
@@ -316,7 +225,7 @@ class CoordinateDescent(Search):
         return cur
 
     def run(self, problem, budget, rng, start=None):
-        clock = _Clock(budget, self.progress, self.name)
+        clock = Clock(budget, self.progress, self.name)
         best = None
         start = list(start) if start is not None else problem.min_memory_assignment()
         pairs = problem.pairs if problem.tables.precomputed else []
@@ -377,76 +286,6 @@ class CoordinateDescent(Search):
         res = self._result(clock, best, reason)
         res.cost = problem.cost(best)  # exact, free of the running sum's rounding
         return res
-
-
-class DynamicProgramming(Search):
-    """Exact optimum of a chain of layers by dynamic programming (Viterbi): the
-    cheapest plan of the first k layers ending in each strategy of layer k, one
-    (min, +) product with a boxing table per edge. Needs a layer graph whose
-    edges (a layer feeding itself aside) form simple paths: an MLP or a VGG,
-    not a transformer with tied blocks. The memory limit couples all layers: the
-    answer is exact when the unconstrained optimum fits; otherwise an error."""
-
-    name = "dp"
-
-    @staticmethod
-    def paths(problem) -> list[list[int]]:
-        nbrs: dict[int, list[int]] = {v: [] for v in range(len(problem.sizes))}
-        for a, b in problem.edge_counts:
-            if a != b:
-                nbrs[a].append(b)
-                nbrs[b].append(a)
-        bad = [problem.ops[v].layer.name for v, n in nbrs.items() if len(n) > 2 or len(set(n)) < len(n)]
-        if bad:
-            raise UserError(f"--search dp needs a chain of layers, but layer {bad[0]} joins more than two "
-                            f"(tied repeated blocks): use --search exhaustive, cd or mh")
-        out, seen = [], set()
-        for v in sorted(nbrs, key=lambda u: len(nbrs[u])):
-            if v in seen:
-                continue
-            path, prev = [v], None
-            seen.add(v)
-            while True:
-                nxt = [u for u in nbrs[path[-1]] if u != prev and u not in seen]
-                if not nxt:
-                    break
-                prev = path[-1]
-                path.append(nxt[0])
-                seen.add(nxt[0])
-            if len(nbrs[v]) == 2:  # every layer of this component has two neighbours: a cycle
-                raise UserError("--search dp needs a chain of layers, but the layer graph has a cycle: "
-                                "use --search exhaustive, cd or mh")
-            out.append(path)
-        return out
-
-    def run(self, problem, budget, rng, start=None):
-        _additive(problem, self.name)
-        clock = _Clock(budget, self.progress, self.name)
-        unary = [n.astype(float) for n in problem.node]
-        for (a, b), c in problem.edge_counts.items():
-            if a == b:
-                unary[a] = unary[a] + c * problem.tables.diagonal(a)
-        assign = [0] * len(unary)
-        for path in self.paths(problem):
-            f, back = unary[path[0]], []
-            for u, v in zip(path, path[1:]):
-                if (u, v) in problem.edge_counts:
-                    m = problem.edge_counts[(u, v)] * problem.edge_matrix(u, v)
-                else:
-                    m = problem.edge_counts[(v, u)] * problem.edge_matrix(v, u).T
-                tot = f[:, None] + m
-                back.append(np.argmin(tot, axis=0))
-                f = tot[back[-1], np.arange(tot.shape[1])] + unary[v]
-                clock.steps += tot.size
-            assign[path[-1]] = int(np.argmin(f))
-            for i in range(len(path) - 1, 0, -1):
-                assign[path[i - 1]] = int(back[i - 1][assign[path[i]]])
-        if not problem.feasible(assign):
-            raise UserError("the cheapest plan exceeds the memory limit, which dynamic programming cannot "
-                            "enforce: use --search exhaustive, cd or mh")
-        problem.evaluations += clock.steps
-        clock.offer(problem.cost(assign))
-        return self._result(clock, assign, "exact (dynamic programming over the chain)")
 
 
 SEARCHES: dict[str, type[Search]] = {

@@ -101,19 +101,13 @@ class EdgeTables:
                                   np.array([encode(s.fine_grad_in) if s.fine_grad_in else () for s in ss], dtype=np.int64))
         return c
 
-    def _vector(self, a: int, b: int, i, j) -> np.ndarray:
-        """One occurrence of edge (a, b) for producer strategies ``i`` and consumer strategies ``j`` (index
-        arrays of one length, or one of them a scalar), forward and backward, times micro-batches."""
+    def _block(self, a: int, b: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """Edge (a, b) for every producer strategy in ``i`` and consumer strategy in ``j`` (index arrays):
+        a len(i) x len(j) array, forward and backward, times micro-batches."""
         out_a, dual_a, _, _ = self.codes(a)
         _, _, in_b, grad_b = self.codes(b)
         shape = self.shapes[a]
-        t = self.rows.cost(shape, out_a[i], in_b[j]) + self.rows.cost(shape, grad_b[j], dual_a[i])
-        t = self.mb * t
-        for k in np.flatnonzero(np.isnan(t)):  # another path order, or none: box them one by one
-            ii = i if np.isscalar(i) else int(np.asarray(i)[k])
-            jj = j if np.isscalar(j) else int(np.asarray(j)[k])
-            t[k] = self.pair_direct(a, b, ii, jj)
-        return t
+        return self.mb * (self.rows.table(shape, out_a[i], in_b[j]) + self.rows.table(shape, grad_b[j], dual_a[i]).T)
 
     def forget_lazy(self) -> None:
         """Drop what was computed on demand (a fresh start for timing a search); precomputed tables stay."""
@@ -126,9 +120,7 @@ class EdgeTables:
         """The whole |choices a| x |choices b| table (kept)."""
         full = self._full.get((a, b))
         if full is None:
-            na, nb = len(self.choices[a]), len(self.choices[b])
-            ii, jj = np.repeat(np.arange(na), nb), np.tile(np.arange(nb), na)
-            full = self._vector(a, b, ii, jj).reshape(na, nb)
+            full = self._block(a, b, np.arange(len(self.choices[a])), np.arange(len(self.choices[b])))
             self._full[(a, b)] = full
         return full
 
@@ -140,7 +132,7 @@ class EdgeTables:
         key = (a, b, 0, j)
         line = self._lines.get(key)
         if line is None:
-            line = self._lines[key] = self._vector(a, b, np.arange(len(self.choices[a])), j)
+            line = self._lines[key] = self._block(a, b, np.arange(len(self.choices[a])), np.array([j]))[:, 0]
         return line
 
     def row(self, a: int, b: int, i: int) -> np.ndarray:
@@ -151,7 +143,7 @@ class EdgeTables:
         key = (a, b, 1, i)
         line = self._lines.get(key)
         if line is None:
-            line = self._lines[key] = self._vector(a, b, i, np.arange(len(self.choices[b])))
+            line = self._lines[key] = self._block(a, b, np.array([i]), np.arange(len(self.choices[b])))[0]
         return line
 
     def diagonal(self, a: int) -> np.ndarray:
@@ -159,6 +151,7 @@ class EdgeTables:
         key = (a, a, 2, 0)
         line = self._lines.get(key)
         if line is None:
-            idx = np.arange(len(self.choices[a]))
-            line = self._lines[key] = self._vector(a, a, idx, idx)
+            out_a, dual_a, in_a, grad_a = self.codes(a)
+            shape = self.shapes[a]
+            line = self._lines[key] = self.mb * (self.rows.cost(shape, out_a, in_a) + self.rows.cost(shape, grad_a, dual_a))
         return line

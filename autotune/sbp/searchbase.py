@@ -1,0 +1,109 @@
+"""What every search shares: its budget, its result, its clock and its interface (``autotune.sbp.search``
+holds the algorithms and their registry)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calibrate.errors import UserError
+
+from autotune.sbp.cost import Problem
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What stops a search: seconds, steps, and ``patience``: restarts in a row that find nothing cheaper
+    (convergence; coordinate descent only). Any one that runs out stops it."""
+
+    seconds: float | None = None
+    steps: int | None = None
+    patience: int | None = None
+
+    def __post_init__(self):
+        if any(v is not None and not (0 < v < math.inf) for v in (self.seconds, self.steps, self.patience)):
+            raise UserError("--budget must be a positive, finite number: give seconds (e.g. 10) or steps (e.g. 2000steps)")
+
+    def describe(self) -> str:
+        parts = [f"{self.seconds:.3g} s" if self.seconds else "", f"{self.steps} steps" if self.steps else "",
+                 f"or {self.patience} restarts without improvement" if self.patience else ""]
+        return " ".join(p for p in parts if p) or "none"
+
+
+def auto_budget(problem: Problem) -> Budget:
+    """The default budget, scaled with the problem: coordinate descent stops when 10 restarts per distinct
+    layer in a row find nothing cheaper (converged; 0.5 s for the default GPT on 4 x 8 GPUs), at the latest
+    after 1 s plus 1.5 ms of CPU per strategy, between 2 and 20 s (12.4 s for GPT-3 175B on 4,096 GPUs)."""
+    strategies = sum(problem.sizes)
+    return Budget(seconds=min(20.0, max(2.0, 1.0 + 1.5e-3 * strategies)), patience=10 * len(problem.sizes))
+
+
+@dataclass
+class SearchResult:
+    algorithm: str
+    assignment: list[int]
+    cost: float
+    seconds: float
+    steps: int
+    stopped: str
+    trace: list[tuple[float, float]] = field(default_factory=list)
+    bound: float = -math.inf  # a lower bound on the optimum, where the search proves one
+
+
+class Clock:
+    """Budget, best cost so far and its trace; with ``progress``, a line about once a second: the current
+    best and the search rate."""
+
+    EVERY = 1.0
+
+    def __init__(self, budget: Budget, progress=None, name: str = ""):
+        self.budget, self.t0, self.steps = budget, time.process_time(), 0
+        self.trace: list[tuple[float, float]] = []
+        self.best = math.inf
+        self.progress, self.name, self._next = progress, name, self.EVERY
+
+    def elapsed(self) -> float:
+        """CPU seconds of this process since the start: the wall time on an idle core, and the same
+        search on a shared machine, which would cut a wall-clock budget short."""
+        return time.process_time() - self.t0
+
+    def out(self) -> str | None:
+        if self.progress is not None:
+            t = self.elapsed()
+            if t >= self._next:
+                self._next = t + self.EVERY
+                self.progress(f"  {self.name}: {t:.1f} s, best {self.best:.4g} s/step, {self.steps} steps "
+                              f"({self.steps / t:.0f}/s)")
+        if self.budget.steps is not None and self.steps >= self.budget.steps:
+            return f"step budget ({self.budget.steps} steps)"
+        if self.budget.seconds is not None and self.elapsed() >= self.budget.seconds:
+            return f"time budget ({self.budget.seconds:g} s)"
+        return None
+
+    def offer(self, cost: float) -> bool:
+        if cost < self.best:
+            self.best = cost
+            self.trace.append((self.elapsed(), cost))
+            return True
+        return False
+
+
+def require_additive(problem: Problem, name: str) -> None:
+    if problem.objective != "comm":
+        raise UserError(f"--search {name} sums per-layer costs, which the step objective's overlap is not: "
+                        f"use --objective comm, or --search cd or mh")
+
+
+class Search:
+    name = ""
+    progress = None  # a callable taking one line, for long searches
+
+    def run(self, problem: Problem, budget: Budget, rng: np.random.Generator,
+            start: list[int] | None = None) -> SearchResult:
+        """``start``: an optional first plan (e.g. the best baseline) for the local searches."""
+        raise NotImplementedError
+
+    def _result(self, clock: Clock, best: list[int], stopped: str) -> SearchResult:
+        return SearchResult(self.name, list(best), clock.best, clock.elapsed(), clock.steps, stopped, clock.trace)
