@@ -31,20 +31,27 @@ class _Index:
         self.problem = problem
         self.by_key = [{fine_key(s, problem.cluster): i for i, s in enumerate(ss)} for ss in problem.choices]
         self.by_sig = [{(s.signature, s.mesh): i for i, s in enumerate(ss)} for ss in problem.choices]
+        self._found: dict = {}
 
     def get(self, v: int, key) -> int | None:
         op = self.problem.ops[v]
-        if isinstance(op, Matmul):
+        if not isinstance(op, Matmul):
+            return self.by_sig[v].get(key)
+        if (v, key) not in self._found:
             try:
                 s = finish(op.build(*key), self.problem.cluster)
             except UserError:
-                return None
-            return None if s is None else self.by_key[v].get(fine_key(s, self.problem.cluster))
-        return self.by_sig[v].get(key)
+                s = None
+            self._found[(v, key)] = None if s is None else self.by_key[v].get(fine_key(s, self.problem.cluster))
+        return self._found[(v, key)]
 
 
 def _index(problem: Problem) -> "_Index":
-    return _Index(problem)
+    """Built once per problem (``best_mesh`` asks for it once per mesh)."""
+    idx = problem.derived.get("strategy index")
+    if idx is None:
+        idx = problem.derived["strategy index"] = _Index(problem)
+    return idx
 
 
 def megatron_assignment(problem: Problem, d, t) -> list[int] | None:

@@ -133,6 +133,7 @@ class Problem:
         # adjacent distinct layers (u < v): the blocks of a joint two-layer move
         self.pairs = sorted({(min(a, b), max(a, b)) for a, b in self.edge_counts if a != b})
         self.evaluations = 0
+        self.derived: dict = {}  # what other modules compute from the problem once (e.g. a strategy index)
 
     @property
     def fits(self) -> bool:

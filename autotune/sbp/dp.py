@@ -68,8 +68,6 @@ class LayerDP:
             self.nbrs[v].add(u)
         self.cut = self._cut()
         self.Q = math.prod(problem.sizes[k] for k in self.cut)
-        self.combos = np.array(list(itertools.product(*(range(problem.sizes[k]) for k in self.cut))),
-                               dtype=np.int64).reshape(self.Q, len(self.cut))
         self._plan_forest()
 
     def table(self, u: int, v: int) -> np.ndarray:
@@ -123,9 +121,12 @@ class LayerDP:
                         stack.append((u, v))
             self.order += reversed(visit)
         self.varies = {v: bool(self.nbrs[v] & cut) for v in self.nbrs if v not in cut}
+        self.children: dict[int, list[int]] = {v: [] for v in self.varies}
         for v, p in self.order:
-            if p is not None and self.varies[v]:
-                self.varies[p] = True
+            if p is not None:
+                self.children[p].append(v)
+                self.varies[p] = self.varies[p] or self.varies[v]
+        self._memo: dict[int, tuple] = {}
 
     @property
     def work(self) -> int:
@@ -133,39 +134,66 @@ class LayerDP:
                    for (u, v), w in self.W.items())
 
     def solve(self, unary: list[np.ndarray]) -> tuple[float, list[int]]:
-        """The minimum of sum(unary) + the diagonal (self-edge) costs + the edge tables, and its plan."""
-        cut, Q = self.cut, self.Q
+        """The minimum of sum(unary) + the diagonal (self-edge) costs + the edge tables, and its plan
+        (inf and the least-memory plan if every plan costs inf). Strategies whose unary cost is inf
+        (excluded, e.g. by a memory cap) are dropped before the tables are read. A subtree whose costs
+        are those of the last solve sends the same message: it is reused (a search that changes a few
+        layers at a time recomputes only the messages on their way to the root)."""
+        own = [u + d for u, d in zip(unary, self.diag)]
+        keep = [np.flatnonzero(np.isfinite(o)) for o in own]
+        if any(len(k) == 0 for k in keep):
+            return math.inf, self.problem.min_memory_assignment()
+        cut = self.cut
+        cutset = set(cut)
         pos = {k: i for i, k in enumerate(cut)}
-        U: dict[int, np.ndarray] = {}
-        const = np.zeros(Q)
+        sig = [hash(o.tobytes()) for o in own]
+        cut_sig = tuple(sig[k] for k in cut)
+        combos = np.array(list(itertools.product(*(keep[k] for k in cut))), dtype=np.int64).reshape(
+            math.prod(len(keep[k]) for k in cut), len(cut))
+        const = np.zeros(len(combos))
         for i, k in enumerate(cut):
-            const += (unary[k] + self.diag[k])[self.combos[:, i]]
-            for k2 in self.nbrs[k] & set(cut):
+            const += own[k][combos[:, i]]
+            for k2 in self.nbrs[k] & cutset:
                 if k < k2:
-                    const += self.table(k, k2)[self.combos[:, i], self.combos[:, pos[k2]]]
-        for v in self.varies:
-            base = (unary[v] + self.diag[v])[None, :]
-            for k in self.nbrs[v] & set(cut):
-                base = base + self.table(k, v)[self.combos[:, pos[k]], :]
-            U[v] = base
+                    const += self.table(k, k2)[combos[:, i], combos[:, pos[k2]]]
+        U: dict[int, np.ndarray] = {}
+        sub: dict[int, np.ndarray] = {}
+        tree_sig: dict[int, tuple] = {}
+        msgs: dict[int, list[np.ndarray]] = {v: [] for v in self.varies}
         for v, p in self.order:  # messages up, children before parents
-            if p is None:
-                continue
-            W, Uv = self.table(v, p), U[v]
-            msg = np.empty((Uv.shape[0], W.shape[1]))
-            buf = np.empty(W.shape)
-            for q in range(Uv.shape[0]):
-                np.add(W, Uv[q][:, None], out=buf)
-                buf.min(axis=0, out=msg[q])
-            U[p] = U[p] + msg
+            tree_sig[v] = (sig[v], cut_sig if self.varies[v] else (), tuple(tree_sig[c] for c in self.children[v]))
+            key = (tree_sig[v], None if p is None else hash(keep[p].tobytes()))  # the message's columns: p's kept
+            hit = self._memo.get(v)
+            if hit is not None and hit[0] == key:
+                _, U[v], sub[v], msg = hit
+            else:
+                base = own[v][keep[v]][None, :]
+                for k in self.nbrs[v] & cutset:
+                    base = base + self.table(k, v)[combos[:, pos[k]]][:, keep[v]]
+                U[v] = sum(msgs[v], base)
+                msg = None
+                if p is not None:
+                    W = sub[v] = self.table(v, p)[np.ix_(keep[v], keep[p])]
+                    msg = np.empty((U[v].shape[0], W.shape[1]))
+                    buf = np.empty(W.shape)
+                    for q in range(U[v].shape[0]):
+                        np.add(W, U[v][q][:, None], out=buf)
+                        buf.min(axis=0, out=msg[q])
+                self._memo[v] = (key, U[v], sub.get(v), msg)
+            if p is not None:
+                msgs[p].append(msg)
         total = const + sum(U[r].min(axis=1) for r in self.roots)
         q = int(np.argmin(total))
+        if not math.isfinite(total[q]):
+            return math.inf, self.problem.min_memory_assignment()
         assign = [0] * len(unary)
+        local = {}
         for i, k in enumerate(cut):
-            assign[k] = int(self.combos[q, i])
+            assign[k] = int(combos[q, i])
         for v, p in reversed(self.order):  # choices down, parents before children
             row = U[v][q if U[v].shape[0] > 1 else 0]
-            assign[v] = int(np.argmin(row if p is None else row + self.table(v, p)[:, assign[p]]))
+            local[v] = int(np.argmin(row if p is None else row + sub[v][:, local[p]]))
+            assign[v] = int(keep[v][local[v]])
         return float(total[q]), assign
 
 
@@ -186,6 +214,8 @@ class Relaxed:
     bound: float = -math.inf
     exact: bool = False
     solves: int = 0
+    dp: LayerDP | None = None
+    unary: list[np.ndarray] = field(default_factory=list)  # the program's costs at the last lambda, mu = 0
 
     @property
     def best(self) -> float:
@@ -240,6 +270,7 @@ def relax(problem: Problem, clock: Clock | None = None, rounds: int = 8) -> Rela
             lo, hi = (mid, hi) if s > 0 else (lo, mid)
         return lo, over
 
+    out.dp = dp
     lam, over = best_lambda(0.0)
     if over > 0:  # the memory limit binds: find mu where the plan just fits
         scale = max(abs(c) for c, _ in out.plans) if out.plans else float(sum(n.min() for n in problem.node))
@@ -254,7 +285,8 @@ def relax(problem: Problem, clock: Clock | None = None, rounds: int = 8) -> Rela
             _, _, over = solve(lam, mid)
             lo, hi = (mid, hi) if over > 0 else (lo, mid)
         if step:
-            best_lambda(hi)
+            lam, _ = best_lambda(hi)
+    out.unary = [problem.node[v] + (lam * D[v] + (1 - lam) * F[v] if step else 0.0) for v in range(len(problem.sizes))]
     out.plans.sort(key=lambda x: x[0])
     out.exact = bool(out.plans) and out.plans[0][0] <= out.bound * (1 + 1e-12)
     return out

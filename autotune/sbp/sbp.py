@@ -45,7 +45,7 @@ def dual(p: str) -> str:
 
 
 def check_placement(p: str) -> str:
-    if p in (B, P) or re.fullmatch(r"S\d+", p):
+    if p in (B, P) or (p[:1] == "S" and p[1:].isascii() and p[1:].isdigit()):
         return p
     raise UserError(f"unknown SBP placement {p!r}: use S0, S1, ... (split), B (broadcast) or P (partial sum)")
 
@@ -53,28 +53,32 @@ def check_placement(p: str) -> str:
 def local_shape(shape, fine: tuple[str, ...], cluster: Cluster) -> tuple[int, ...]:
     """The shape of one device's piece; a UserError if a split does not divide."""
     out = list(shape)
-    for a, p in enumerate(fine):
-        if is_split(p):
-            d = split_dim(p)
-            if d >= len(shape):
-                raise UserError(
-                    f"SBP {p} splits dimension {d} but the tensor has shape {tuple(shape)}: split a dimension below {len(shape)}"
-                )
-            size = cluster.axis_sizes[a]
-            if out[d] % size:
-                raise UserError(
-                    f"dimension {d} of shape {tuple(shape)} does not divide evenly over the SBP split: "
-                    f"pick a mesh whose splits of dimension {d} multiply to a divisor of {shape[d]}"
-                )
-            out[d] //= size
+    for p, size in zip(fine, cluster.axis_sizes):
+        if p[0] != "S":
+            continue
+        d = int(p[1:])
+        if d >= len(shape):
+            raise UserError(
+                f"SBP {p} splits dimension {d} but the tensor has shape {tuple(shape)}: split a dimension below {len(shape)}"
+            )
+        if out[d] % size:
+            raise UserError(
+                f"dimension {d} of shape {tuple(shape)} does not divide evenly over the SBP split: "
+                f"pick a mesh whose splits of dimension {d} multiply to a divisor of {shape[d]}"
+            )
+        out[d] //= size
     return tuple(out)
 
 
 def divides(shape, fine: tuple[str, ...], cluster: Cluster) -> bool:
-    try:
-        local_shape(shape, fine, cluster)
-    except UserError:
-        return False
+    """Whether ``local_shape`` has a piece (every split divides its dimension)."""
+    out = list(shape)
+    for p, size in zip(fine, cluster.axis_sizes):
+        if p[0] == "S":
+            d = int(p[1:])
+            if d >= len(out) or out[d] % size:
+                return False
+            out[d] //= size
     return True
 
 

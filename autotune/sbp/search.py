@@ -16,7 +16,8 @@ import numpy as np
 from calibrate.errors import UserError
 
 from autotune.sbp.cost import Problem
-from autotune.sbp.dp import DynamicProgramming, applicable, relax
+from autotune.sbp.capsearch import cap_descent
+from autotune.sbp.dp import DynamicProgramming, Relaxed, applicable, relax
 from autotune.sbp.searchbase import Budget, Clock, Search, SearchResult, auto_budget, require_additive
 
 __all__ = ["Budget", "SearchResult", "auto_budget", "make_search", "SEARCHES", "EXHAUSTIVE_LIMIT"]
@@ -206,12 +207,21 @@ class CoordinateDescent(Search):
     ``RANDOM_EVERY``-th restart is a random plan (the paper's). On GPT-3 175B at
     4,096 GPUs perturbed restarts reach a 2% better plan in half the time of
     random ones. ``budget.patience``: stop after that many restarts in a row
-    find nothing cheaper (by more than ``TOL``)."""
+    find nothing cheaper (by more than ``TOL``).
+
+    With ``relaxation`` (the default), where dynamic programming applies
+    (``autotune.sbp.dp``), the first descents start from the cheapest plans of
+    the Lagrangian relaxation (up to ``SEEDS``, then ``start``), and its lower
+    bound stops the search as soon as the best plan is within ``TOL`` of it
+    (proven optimal): on GPT-3 175B at 4,096 GPUs the relaxation's plans are
+    within a few per cent of the best known before the first line search."""
 
     name = "cd"
     kick = 2
     RANDOM_EVERY = 8
     TOL = 1e-6
+    SEEDS = 4
+    relaxation = True
 
     def _perturb(self, problem, best, rng):
         cur = list(best)
@@ -224,67 +234,102 @@ class CoordinateDescent(Search):
                 cur[v] = best[v]
         return cur
 
+    def _seeds(self, problem, start, clock) -> tuple[list[list[int]], Relaxed | None]:
+        """The first starts: the relaxation's cheapest plans (where it applies), then ``start``."""
+        seeds = [list(start) if start is not None else problem.min_memory_assignment()]
+        if not self.relaxation or applicable(problem) is not None:
+            return seeds, None
+        try:
+            rel = relax(problem, clock)
+        except UserError:  # the layer graph's cycles cost too much to cut: no relaxation
+            return seeds, None
+        clock.bound = rel.bound
+        return sorted([p for _, p in rel.plans[:self.SEEDS]] + seeds, key=problem.cost), rel
+
+    def _descend(self, problem, cur, total, clock, pairs) -> tuple[float, str | None]:
+        """Line searches from ``cur`` (changed in place) to a fixed point: (its running cost, what stopped
+        the search if the budget did)."""
+        changed = True
+        while changed:
+            changed = False
+            for v in range(len(cur)):
+                loc = problem.local(cur, v)
+                mask = problem.memory_mask(cur, v)
+                if mask is not None:
+                    loc = np.where(mask, loc, math.inf)
+                clock.steps += 1
+                problem.evaluations += len(loc)
+                i = int(np.argmin(loc))
+                if loc[i] < loc[cur[v]]:
+                    old = loc[cur[v]]
+                    cur[v], changed = i, True
+                    total = total + (loc[i] - old) if math.isfinite(total) and math.isfinite(old) \
+                        else problem.cost(cur)
+                    clock.offer(total)
+                if (reason := clock.out()) is not None:
+                    return total, reason
+            for u, v in pairs if not changed else ():
+                loc = problem.pair_local(cur, u, v)
+                clock.steps += 1
+                problem.evaluations += loc.size
+                i, j = np.unravel_index(int(np.argmin(loc)), loc.shape)
+                old = loc[cur[u], cur[v]]
+                if loc[i, j] < old:
+                    cur[u], cur[v], changed = int(i), int(j), True
+                    total = total + (loc[i, j] - old) if math.isfinite(total) and math.isfinite(old) \
+                        else problem.cost(cur)
+                    clock.offer(total)
+                if (reason := clock.out()) is not None:
+                    return total, reason
+                if changed:
+                    break
+        return total, None
+
     def run(self, problem, budget, rng, start=None):
         clock = Clock(budget, self.progress, self.name)
-        best = None
-        start = list(start) if start is not None else problem.min_memory_assignment()
+        seeds, rel = self._seeds(problem, start, clock)
+        caps = rel is not None and not rel.exact and problem.memory_limit is not None
         pairs = problem.pairs if problem.tables.precomputed else []
+        best, best_cost = None, math.inf
         reason = None
         restarts = stale = 0
         while reason is None:
-            cur = list(start)
+            cur = seeds.pop(0)
             total = problem.cost(cur)
             before = clock.best
-            if clock.offer(total):
-                best = list(cur)
-            changed = True
-            while changed and reason is None:
-                changed = False
-                for v in range(len(cur)):
-                    loc = problem.local(cur, v)
-                    mask = problem.memory_mask(cur, v)
-                    if mask is not None:
-                        loc = np.where(mask, loc, math.inf)
-                    clock.steps += 1
-                    problem.evaluations += len(loc)
-                    i = int(np.argmin(loc))
-                    if loc[i] < loc[cur[v]]:
-                        old = loc[cur[v]]
-                        cur[v], changed = i, True
-                        total = total + (loc[i] - old) if math.isfinite(total) and math.isfinite(old) \
-                            else problem.cost(cur)
-                        if clock.offer(total):
-                            best = list(cur)
-                    if (reason := clock.out()) is not None:
-                        break
-                for u, v in pairs if not changed and reason is None else ():
-                    loc = problem.pair_local(cur, u, v)
-                    clock.steps += 1
-                    problem.evaluations += loc.size
-                    i, j = np.unravel_index(int(np.argmin(loc)), loc.shape)
-                    old = loc[cur[u], cur[v]]
-                    if loc[i, j] < old:
-                        cur[u], cur[v], changed = int(i), int(j), True
-                        total = total + (loc[i, j] - old) if math.isfinite(total) and math.isfinite(old) \
-                            else problem.cost(cur)
-                        if clock.offer(total):
-                            best = list(cur)
-                    if changed or (reason := clock.out()) is not None:
-                        break
+            clock.offer(total)
+            while caps and math.isfinite(total):  # memory caps, then line searches, until neither improves
+                total, plan, _ = cap_descent(problem, rel.dp, rel.unary, cur, total, clock)
+                cur[:] = plan
+                before_lines = total
+                total, reason = self._descend(problem, cur, total, clock, pairs)
+                total = problem.cost(cur)
+                if reason is not None or total >= before_lines * (1 - self.TOL):
+                    break
+            else:
+                total, reason = self._descend(problem, cur, total, clock, pairs)
+            cost = problem.cost(cur)
+            if cost < best_cost:
+                best, best_cost = list(cur), cost
             if reason is None and budget.seconds is None and budget.steps is None and budget.patience is None:
                 reason = "fixed point (no budget given)"
             if restarts:  # the first descent is not a restart
                 stale = 0 if clock.best < before * (1 - self.TOL) else stale + 1
             if reason is None and budget.patience is not None and stale >= budget.patience:
                 reason = f"converged ({stale} restarts in a row found nothing cheaper)"
+            if reason is None and clock.best <= clock.bound * (1 + self.TOL):
+                reason = f"optimal (the relaxation's lower bound {clock.bound:.6g} reached)"
             restarts += 1
+            if seeds:
+                continue
             if best is None or restarts % self.RANDOM_EVERY == 0:
-                start = problem.random_assignment(rng)
+                seeds.append(problem.random_assignment(rng))
             else:
-                start = self._perturb(problem, best, rng)
+                seeds.append(self._perturb(problem, best, rng))
         best = best or problem.min_memory_assignment()
         res = self._result(clock, best, reason)
         res.cost = problem.cost(best)  # exact, free of the running sum's rounding
+        res.bound = clock.bound
         return res
 
 

@@ -62,6 +62,7 @@ class Clock:
         self.budget, self.t0, self.steps = budget, time.process_time(), 0
         self.trace: list[tuple[float, float]] = []
         self.best = math.inf
+        self.bound = -math.inf  # a lower bound on the optimum, where the search has one
         self.progress, self.name, self._next = progress, name, self.EVERY
 
     def elapsed(self) -> float:
@@ -74,7 +75,9 @@ class Clock:
             t = self.elapsed()
             if t >= self._next:
                 self._next = t + self.EVERY
-                self.progress(f"  {self.name}: {t:.1f} s, best {self.best:.4g} s/step, {self.steps} steps "
+                gap = (f", {self.best / self.bound - 1:.2%} above the lower bound {self.bound:.4g}"
+                       if self.bound > 0 and math.isfinite(self.best) else "")
+                self.progress(f"  {self.name}: {t:.1f} s, best {self.best:.4g} s/step{gap}, {self.steps} steps "
                               f"({self.steps / t:.0f}/s)")
         if self.budget.steps is not None and self.steps >= self.budget.steps:
             return f"step budget ({self.budget.steps} steps)"

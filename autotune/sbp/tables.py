@@ -31,7 +31,7 @@ from autotune.sbp.layers import ACT_BYTES, Strategy
 from autotune.sbp.rowbox import RowBoxer, dual_code, encode
 
 # precompute every table when the edges hold at most this many strategy pairs in all
-PRECOMPUTE_PAIRS = 400_000
+PRECOMPUTE_PAIRS = 6_000_000
 
 
 def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster, itemsize: int = ACT_BYTES):

@@ -31,7 +31,7 @@ def test_cli_writes_plan_and_report(tmp_path, capsys):
 @pytest.mark.parametrize("args,msg", [
     (["--model", "bert"], "unknown model 'bert'"),
     (["--model", "gpt", "--preset", "gpt5"], "unknown preset 'gpt5'"),
-    (["--memory-limit", "0.001"], "smallest plan needs"),
+    (["--memory-limit", "0.001"], "smallest needs"),
     (["--profile", "piz-daint"], "no intra tier"),
     (["--nodes", "3"], "do not divide"),
 ])

@@ -33,9 +33,19 @@ def test_exhaustive_matches_brute_force(problem):
 @pytest.mark.parametrize("name", ["cd", "mh"])
 def test_heuristics_reach_the_optimum(problem, name):
     opt = brute(problem)
-    res = make_search(name).run(problem, Budget(steps=3000), np.random.default_rng(1))
+    search = make_search(name)
+    search.relaxation = False  # the heuristic on its own (cd's start from the relaxation: below)
+    res = search.run(problem, Budget(steps=3000), np.random.default_rng(1))
     assert res.cost == pytest.approx(opt, rel=0.01)
     assert "step budget" in res.stopped
+
+
+def test_coordinate_descent_stops_when_the_relaxation_proves_its_plan_optimal(problem):
+    # no memory limit and the communication objective: the relaxation's first program is exact, its bound
+    # the optimum, and the search stops there rather than on its step budget
+    res = make_search("cd").run(problem, Budget(steps=3000), np.random.default_rng(1))
+    assert res.cost == pytest.approx(brute(problem), rel=1e-12)
+    assert res.bound == pytest.approx(res.cost, rel=1e-12) and res.stopped.startswith("optimal")
 
 
 def test_random_search_stops_on_its_budget(problem):
@@ -96,5 +106,7 @@ def test_joint_moves_escape_the_mlp_local_minimum():
     pr = Problem(g, Coster(Profile.load("piz-daint"), Cluster(128, 1)), None, precompute_tables=True)
     opt = make_search("dp").run(pr, Budget(), np.random.default_rng(0)).cost
     for name in ("cd", "mh"):
-        r = make_search(name).run(pr, Budget(steps=30), np.random.default_rng(0))
+        search = make_search(name)
+        search.relaxation = False  # the line searches on their own, not started at the optimum
+        r = search.run(pr, Budget(steps=30), np.random.default_rng(0))
         assert r.cost == pytest.approx(opt, rel=1e-9), name

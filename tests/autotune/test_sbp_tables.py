@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from calibrate.errors import UserError
 from calibrate.profile import Profile
 from models import load_model
 from autotune.sbp.boxing import Coster
@@ -89,20 +88,17 @@ def test_dynamic_programming_on_two_layers_is_the_table_minimum():
     assert make_search("dp").run(pr, Budget(), np.random.default_rng(0)).cost == pytest.approx(want, rel=1e-12)
 
 
-def test_dynamic_programming_refuses_tied_blocks():
-    g = load_model("gpt", None, {"layers": 2, "hidden": 64, "heads": 4, "sequence": 8, "vocabulary": 128,
-                                 "batch": 8, "micro_batch": 8})
-    pr = Problem(g, Coster(PROFILE, Cluster(1, 4)), None)
-    with pytest.raises(UserError, match="chain of layers"):
-        make_search("dp").run(pr, Budget(), np.random.default_rng(0))
-
-
-def test_dynamic_programming_refuses_a_binding_memory_limit():
+def test_dynamic_programming_under_a_binding_memory_limit_returns_a_plan_that_fits_and_a_bound():
+    # the limit couples every layer: the relaxation's best plan that fits, at least the exhaustive optimum
+    # under the limit, which its lower bound does not exceed
     pr = mlp(Cluster(1, 8), dims=(64, 32, 128, 16, 8))
+    free = make_search("dp").run(pr, Budget(), np.random.default_rng(0))
+    pr.memory_limit = (pr.min_memory + pr.memory_of(free.assignment)) / 2
     dp = make_search("dp").run(pr, Budget(), np.random.default_rng(0))
-    pr.memory_limit = pr.memory_of(dp.assignment) - 1
-    with pytest.raises(UserError, match="memory limit"):
-        make_search("dp").run(pr, Budget(), np.random.default_rng(0))
+    ex = make_search("exhaustive").run(pr, Budget(), np.random.default_rng(0))
+    assert pr.feasible(dp.assignment) and ex.cost > free.cost
+    assert dp.cost >= ex.cost * (1 - 1e-12) and dp.bound <= ex.cost * (1 + 1e-12)
+    assert dp.stopped.startswith("exact") == (dp.cost <= dp.bound * (1 + 1e-12))
 
 
 def test_split_layer_norm_all_reduces_its_statistics_forward_and_backward():

@@ -1,0 +1,117 @@
+"""Dynamic programming over the layer graph (tied blocks: a cycle cut by conditioning), its Lagrangian
+bound and the memory-cap descent, against brute force over every plan of a small GPT."""
+import math
+
+import numpy as np
+import pytest
+
+from calibrate.profile import Profile
+from models import load_model
+from autotune.sbp.boxing import Coster
+from autotune.sbp.capsearch import cap_descent
+from autotune.sbp.cost import Problem
+from autotune.sbp.dp import LayerDP, relax
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.searchbase import Budget, Clock
+from autotune.sbp.search import make_search
+
+PROFILE = Profile.load("gcp-a100")
+TINY = {"layers": 2, "hidden": 64, "heads": 4, "sequence": 8, "vocabulary": 128, "batch": 8, "micro_batch": 8}
+
+
+def gpt(cluster, objective, limit=None):
+    return Problem(load_model("gpt", None, TINY), Coster(PROFILE, cluster), limit, objective=objective)
+
+
+def brute(pr):
+    """Cost and memory of every plan at once: one axis per layer (no dynamic programming involved)."""
+    n = len(pr.sizes)
+
+    def along(v, x):
+        shape = [1] * n
+        shape[v] = pr.sizes[v]
+        return np.asarray(x, dtype=float).reshape(shape)
+
+    cost = sum(along(v, pr.node[v]) for v in range(n))
+    mem = sum(along(v, pr.mem[v]) for v in range(n))
+    for (a, b), c in pr.edge_counts.items():
+        if a == b:
+            cost = cost + along(a, c * pr.tables.diagonal(a))
+        else:
+            shape = [1] * n
+            shape[a], shape[b] = pr.sizes[a], pr.sizes[b]
+            t = c * pr.edge_matrix(a, b)
+            cost = cost + (t if a < b else t.T).reshape(shape)
+    if pr.objective == "step":
+        s = sum(along(v, pr.counts[v] * pr.node_sync[v]) for v in range(n))
+        w = sum(along(v, pr.counts[v] * pr.node_bwd[v]) for v in range(n))
+        cost = cost + np.maximum(s - w, along(pr.first, pr.node_sync[pr.first]))
+    return cost, mem
+
+
+@pytest.mark.parametrize("cluster", [Cluster(1, 2), Cluster(2, 1)])
+def test_dp_over_tied_blocks_is_the_brute_force_optimum(cluster):
+    # the block's layers form a cycle (fc2 feeds the next block's ln1): cut at the attention core
+    pr = gpt(cluster, "comm")
+    dp = LayerDP(pr)
+    assert dp.cut == [pr.graph.layers.index(next(x for x in pr.graph.layers if x.kind == "attention"))]
+    cost, _ = brute(pr)
+    value, plan = dp.solve(list(pr.node))
+    assert value == pytest.approx(cost.min(), rel=1e-12)
+    assert pr.cost(plan) == pytest.approx(cost.min(), rel=1e-12)
+    res = make_search("dp").run(pr, Budget(), np.random.default_rng(0))
+    assert res.cost == pytest.approx(cost.min(), rel=1e-12) and res.stopped.startswith("exact")
+
+
+def test_dp_with_excluded_strategies_is_the_restricted_optimum():
+    # strategies with an inf unary cost are dropped (a memory cap); successive solves reuse unchanged
+    # subtrees' messages: each must equal a fresh program's answer and the brute force over what is left
+    pr = gpt(Cluster(1, 2), "comm")
+    cost, _ = brute(pr)
+    dp = LayerDP(pr)
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        allowed = [rng.random(n) < 0.7 for n in pr.sizes]
+        for a in allowed:
+            a[rng.integers(len(a))] = True
+        unary = [np.where(a, x, np.inf) for a, x in zip(allowed, pr.node)]
+        mask = np.ix_(*allowed)
+        want = cost[mask].min()
+        value, plan = dp.solve(unary)
+        assert value == pytest.approx(want, rel=1e-12)
+        assert LayerDP(pr).solve(unary)[0] == pytest.approx(want, rel=1e-12)
+        assert all(allowed[v][i] for v, i in enumerate(plan))
+
+
+@pytest.mark.parametrize("objective", ["comm", "step"])
+def test_relaxation_bounds_the_memory_limited_optimum(objective):
+    # a limit between the least-memory plan and the unconstrained optimum's memory binds: the bound is at
+    # most the brute-force optimum under the limit, every plan returned fits and costs at least that
+    free = gpt(Cluster(2, 1), objective)
+    cost, mem = brute(free)
+    unconstrained_mem = mem.flat[int(np.argmin(cost))]
+    limit = (mem.min() + unconstrained_mem) / 2
+    pr = gpt(Cluster(2, 1), objective, limit)
+    opt = np.where(mem <= limit, cost, np.inf).min()
+    assert opt > cost.min()  # the limit binds
+    rel = relax(pr)
+    assert rel.bound <= opt * (1 + 1e-12)
+    assert rel.plans and all(pr.memory_of(p) <= limit and c >= opt * (1 - 1e-12) for c, p in rel.plans)
+    assert rel.exact == (rel.best <= rel.bound * (1 + 1e-12))
+
+
+def test_cap_descent_keeps_the_limit_and_never_gets_worse():
+    free = gpt(Cluster(2, 1), "step")
+    cost, mem = brute(free)
+    limit = (mem.min() + mem.flat[int(np.argmin(cost))]) / 2
+    pr = gpt(Cluster(2, 1), "step", limit)
+    opt = np.where(mem <= limit, cost, np.inf).min()
+    rel = relax(pr)
+    start_cost, start = rel.plans[-1]
+    c, plan, converged = cap_descent(pr, rel.dp, rel.unary, list(start), start_cost, Clock(Budget()))
+    assert converged and pr.memory_of(plan) <= limit
+    assert opt * (1 - 1e-12) <= c <= start_cost and c == pytest.approx(pr.cost(plan), rel=1e-12)
+    # the default search (relaxation, caps, line searches) reaches the brute-force optimum here
+    res = make_search("cd").run(pr, Budget(patience=3), np.random.default_rng(0))
+    assert res.cost == pytest.approx(opt, rel=1e-9) and res.bound <= opt * (1 + 1e-12)
+    assert math.isfinite(res.bound)
