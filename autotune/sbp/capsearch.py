@@ -24,7 +24,7 @@ from autotune.sbp.cost import Problem
 from autotune.sbp.dp import LayerDP
 from autotune.sbp.searchbase import Clock
 
-DEPTH = 3
+DEPTH = 2
 TOL = 1e-9
 
 

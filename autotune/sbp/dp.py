@@ -211,6 +211,7 @@ class Relaxed:
     optimum, whether the cheapest plan is proven optimal, and how many dynamic programs it solved."""
 
     plans: list[tuple[float, list[int]]] = field(default_factory=list)
+    over: list[list[int]] = field(default_factory=list)  # the programs' plans over the memory limit
     bound: float = -math.inf
     exact: bool = False
     solves: int = 0
@@ -248,9 +249,12 @@ def relax(problem: Problem, clock: Clock | None = None, rounds: int = 8) -> Rela
         problem.evaluations += dp.work
         out.bound = max(out.bound, value - (mu * limit if mu else 0.0))
         cost = problem.cost(plan)
-        if math.isfinite(cost) and tuple(plan) not in seen:
+        if tuple(plan) not in seen:
             seen.add(tuple(plan))
-            out.plans.append((cost, plan))
+            if math.isfinite(cost):
+                out.plans.append((cost, plan))
+            elif limit is not None and problem.memory_of(plan) > limit:
+                out.over.append(plan)
         over = problem.memory_of(plan) - limit if limit is not None else -1.0
         slack = (sum(D[v][i] for v, i in enumerate(plan)) - F[first][plan[first]]) if step else 0.0
         return plan, slack, over

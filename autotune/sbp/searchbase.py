@@ -32,14 +32,6 @@ class Budget:
         return " ".join(p for p in parts if p) or "none"
 
 
-def auto_budget(problem: Problem) -> Budget:
-    """The default budget, scaled with the problem: coordinate descent stops when 10 restarts per distinct
-    layer in a row find nothing cheaper (converged; 0.5 s for the default GPT on 4 x 8 GPUs), at the latest
-    after 1 s plus 1.5 ms of CPU per strategy, between 2 and 20 s (12.4 s for GPT-3 175B on 4,096 GPUs)."""
-    strategies = sum(problem.sizes)
-    return Budget(seconds=min(20.0, max(2.0, 1.0 + 1.5e-3 * strategies)), patience=10 * len(problem.sizes))
-
-
 @dataclass
 class SearchResult:
     algorithm: str
