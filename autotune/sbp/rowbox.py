@@ -233,12 +233,16 @@ class RowBoxer:
         may be one row, broadcast); inf where no order keeps every intermediate evenly divisible."""
         shape = tuple(shape)
         src, dst = np.broadcast_arrays(np.atleast_2d(src), np.atleast_2d(dst))
+        if not self.classes:  # one device: nothing moves
+            return np.zeros(len(src))
         return self._orders(shape, src, dst, self._walk(shape, self._counts(src, dst, len(shape), outer=False)))
 
     def table(self, shape: tuple[int, ...], src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Seconds of boxing from every row of ``src`` (n1 x A) to every row of ``dst`` (n2 x A): n1 x n2;
         inf where no order keeps every intermediate evenly divisible."""
         shape, src, dst = tuple(shape), np.atleast_2d(src), np.atleast_2d(dst)
+        if not self.classes:  # one device: nothing moves
+            return np.zeros((len(src), len(dst)))
         t = self._walk(shape, self._counts(src, dst, len(shape), outer=True))
         if np.isnan(t).any():
             i, j = np.nonzero(np.isnan(t))

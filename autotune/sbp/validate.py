@@ -22,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrate.backends import REGISTRY as BACKENDS
+from calibrate.backends.base import TimingMode
 from calibrate.cli import command_parser
+from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
 from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
@@ -118,6 +121,11 @@ def check_args(args) -> None:
             raise UserError(f"{flag} {v} must be at least {least}" + (": Spearman needs two plans" if flag == "--plans" else ""))
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UserError(f"--gpus-per-node {args.gpus_per_node} must be at least 1")
+    if args.backend not in BACKENDS:
+        raise UserError(f"unknown --backend {args.backend!r}: choose from {', '.join(BACKENDS)}")
+    TimingMode.parse(args.mode)
+    dtype_info(args.dtype)
+    Profile.load(args.profile)
     if args.out:
         try:
             Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -140,6 +148,9 @@ def main(argv=None) -> int:
     gpus = args.gpus_per_node or max(size // args.nodes, 1)
     if args.nodes * gpus != size:
         raise UserError(f"{args.nodes} nodes x {gpus} ranks per node != {size} MPI ranks: match --nodes/--gpus-per-node to mpiexec -n")
+    if size < 2:
+        raise UserError("validate times the plans' collectives between ranks, and one rank has none: "
+                        "run it under mpiexec -n 2 or more")
     cluster = Cluster(args.nodes, gpus)
     plans = None
     if rank == 0:

@@ -30,7 +30,6 @@ MPIEXEC = Path(sys.executable).with_name("mpiexec")
 CPU_LIMIT_S = 10.0
 WALL_LIMIT_S = 60.0
 WORKERS = 3
-SBP = "autotune/sbp belongs to the sbp helper"
 
 
 @dataclass
@@ -225,17 +224,17 @@ CASES = [
     C("autotune-model-json-malformed", "autotune --model {files}/malformed.json", "not valid JSON|JSON"),
     C("autotune-compare", "autotune --compare annealing", "annealing"),
     # ---- autotune validate (one process; the MPI world is that process) --------------------
-    C("validate-plans-zero", "autotune validate --plans 0", "--plans", xfail=SBP),
-    C("validate-plans-negative", "autotune validate --plans -1", "--plans", xfail=SBP),
+    C("validate-plans-zero", "autotune validate --plans 0", "--plans"),
+    C("validate-plans-negative", "autotune validate --plans -1", "--plans"),
     C("validate-plans-text", "autotune validate --plans x", "invalid int"),
-    C("validate-backend", "autotune validate --backend gloo", "gloo", xfail=SBP),
+    C("validate-backend", "autotune validate --backend gloo", "gloo"),
     C("validate-profile", "autotune validate --profile nope", "nope"),
-    C("validate-nodes-zero", "autotune validate --nodes 0", "--nodes", xfail=SBP),
+    C("validate-nodes-zero", "autotune validate --nodes 0", "--nodes"),
     C("validate-gpus-misfit", "autotune validate --nodes 1 --gpus-per-node 3", "rank|world|gpus"),
-    C("validate-iters-zero", "autotune validate --iters 0", "iters", xfail=SBP),
-    C("validate-mode", "autotune validate --mode sometimes", "sometimes", xfail=SBP),
-    C("validate-dtype", "autotune validate --dtype float8", "float8", xfail=SBP),
-    C("validate-out-under-devnull", "autotune validate --out /dev/null/x", "not a directory", xfail=SBP),
+    C("validate-iters-zero", "autotune validate --iters 0", "iters"),
+    C("validate-mode", "autotune validate --mode sometimes", "sometimes"),
+    C("validate-dtype", "autotune validate --dtype float8", "float8"),
+    C("validate-out-under-devnull", "autotune validate --out /dev/null/x", "not a directory"),
     # ---- autotune reshard ------------------------------------------------------------------
     C("reshard-mesh-text", "autotune reshard --src-mesh x --src-spec S0RR --dst-mesh 2,4 --dst-spec S0RR "
       "--shape 1024,1024,512", "mesh"),
