@@ -53,8 +53,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"fitted profile name or JSON file (default {DEFAULT_PROFILE})")
     ap.add_argument("--search", default="cd", choices=sorted(SEARCHES), help="search algorithm (default cd)")
     ap.add_argument("--budget", default=None,
-                    help="time (seconds) or steps ('2000steps') per search (default: until converged, at most "
-                         "1 s + 2 ms per strategy, 2 to 25 s; comparison runs get the main search's time, at most 3 s)")
+                    help="time (seconds) or steps ('2000steps') per search (default: until converged, i.e. restarts "
+                         "in a row find nothing cheaper or the relaxation's lower bound is reached, at most 1 s + "
+                         "1.5 ms per strategy, 2 to 20 s; comparison runs get the main search's time, at most 3 s)")
     ap.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GIB,
                     help=f"GiB per device, a hard constraint (default {DEFAULT_MEMORY_GIB:g})")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"directory for plan.json and report.html (default ./{DEFAULT_OUT})")
