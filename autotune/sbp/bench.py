@@ -36,7 +36,7 @@ from autotune.sbp.search import Budget, auto_budget, make_search
 CASES = [  # (model, preset, nodes, gpus per node, profile)
     ("gpt", "autoddl-gcp-large", 4, 8, DEFAULT_PROFILE),
     ("gpt", "gpt3-6.7b", 64, 8, DEFAULT_PROFILE),
-    ("gpt", "gpt3-175b", 64, 8, DEFAULT_PROFILE),
+    ("gpt", "gpt3-175b", 256, 8, DEFAULT_PROFILE),
     ("gpt", "gpt3-175b", 512, 8, DEFAULT_PROFILE),
     ("gpt", "gpt3-175b", 512, 8, "gcp-a100"),
 ]
