@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError
 
 from autotune.sbp.cost import Problem
 from autotune.sbp.searchbase import Clock, Search
@@ -228,8 +228,8 @@ def relax(problem: Problem, clock: Clock | None = None, rounds: int = 8) -> Rela
     ``LayerDP.solve`` a lower bound and a plan; ``rounds`` bisection steps per multiplier."""
     dp = LayerDP(problem)
     if dp.work > CUT_WORK:
-        raise UserError(f"dynamic programming would touch {dp.work:.3g} table entries per solve (the layer graph's "
-                        f"cycles cut at {len(dp.cut)} layers): use --search cd or mh")
+        raise OptionError("search", f"dp would touch {dp.work:.3g} table entries per solve (the layer graph's "
+                                    f"cycles cut at {len(dp.cut)} layers): use cd or mh")
     out, seen = Relaxed(), set()
     step = problem.objective == "step"
     first = problem.first
@@ -306,11 +306,11 @@ class DynamicProgramming(Search):
     def run(self, problem, budget, rng, start=None):
         why = applicable(problem)
         if why:
-            raise UserError(f"--search dp needs every boxing table, but {why}: use --search cd or mh")
+            raise OptionError("search", f"dp needs every boxing table, but {why}: use cd or mh")
         clock = Clock(budget, self.progress, self.name)
         rel = relax(problem, clock)
         if not rel.plans:
-            raise UserError("dynamic programming found no plan under the memory limit: use --search cd or mh")
+            raise OptionError("search", "dp found no plan under the memory limit: use cd or mh")
         cost, plan = rel.plans[0]
         clock.offer(cost)
         gap = cost / rel.bound - 1 if rel.bound > 0 else math.inf

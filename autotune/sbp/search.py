@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
-from dataclasses import dataclass, field
 
 import numpy as np
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from calibrate.errors import UserError
 from calibrate.profile import Profile
 from models import load_model
 from autotune.sbp.boxing import Coster
