@@ -14,6 +14,7 @@ from autotune.nccl.choose import choose
 from autotune.nccl.cli import main
 from autotune.nccl.measure import Options, check_environment, compare, falling_behind, graph_iters, sweep
 from autotune.nccl.settings import DEFAULT, Setting, candidates, parse_channels, setting_table
+from calibrate.cli import message
 from calibrate.errors import UserError
 from kernels.nccl_tuner.table import ENV_TABLE, SIZE_MAX, Row, read_table, write_table
 
@@ -29,10 +30,11 @@ def test_candidates_per_collective():
         candidates("alltoall", 2, 1)
     assert Setting.parse("ring/ll128/auto") == Setting("ring", "ll128", -1)
     assert Setting.parse(Setting("tree", "simple", 32).label) == Setting("tree", "simple", 32)
-    with pytest.raises(UserError, match="--channels"):
+    with pytest.raises(UserError, match="^channels '0,16'"):
         parse_channels("0,16", 64)
-    with pytest.raises(UserError, match="--min-ctas"):
+    with pytest.raises(UserError) as bad:
         parse_channels("128", 64)
+    assert message(bad.value) == "--channels '128': each must be -1 (NCCL's own count) or 1..64 (--min-ctas)"
 
 
 def test_setting_table_covers_every_size_of_its_collectives():
