@@ -19,9 +19,9 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
     pointwise   memory-bound: 2 passes forward, 3 backward
     attention   softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads, forward
                 and backward as measured (``python -m calibrate compute``; backward twice the
-                forward without a measurement), plus the copies around the core: the output
-                made token-major (2 passes forward, 2 backward), Q, K, V's gradients written
-                into the fused QKV gradient (2 passes over the input)
+                forward without a measurement), plus the copies around the core
+                (``ATTENTION_COPY_PASSES``: Q, K, V made contiguous and the output token-major
+                forward; backward Q's, K's and V's gradients assembled into the fused QKV's)
     loss        the executed cross-entropy (``autotune.execute.ops._CrossEntropy``), each op one
                 pass: forward a + 9f bytes per local logit (fp32 copy, max, subtract, exp, sum,
                 divide), backward 3f + a (scale in place, cast)
@@ -29,8 +29,8 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
                 backward twice the forward
     pool        memory-bound: 2 passes forward, 2 backward
 
-plus, once per step, the optimizer reading and writing every locally held
-parameter's state (2 x 16 bytes a parameter, ``autotune.sbp.memory``), and per
+plus, once per step, the optimizer over every locally held parameter
+(``OPTIMIZER_BYTES``: fused Adam and, in mixed precision, the casts around it), and per
 micro-batch after the first, the gradient accumulation (``accumulate_seconds``).
 
 The step time of a plan (``Problem`` with objective "step") is
@@ -78,6 +78,14 @@ def _repeats(s: Strategy) -> int:
     return out
 
 
+# passes over the attention's local output (t x h a device) around the core, forward and backward:
+# forward Q, K and V, strided views of the fused QKV, copied contiguous for the batched matmuls
+# (3 x 2) and the output made token-major (2); backward the output's gradient made contiguous (2),
+# each of Q's, K's and V's gradients written into a zero-filled QKV-shaped gradient (3 x (3 + 2)),
+# and the three summed (2 additions of QKV-shaped tensors, 3 x 3 each)
+ATTENTION_COPY_PASSES = (3 * 2 + 2, 2 + 3 * (3 + 2) + 2 * 9)
+
+
 def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> tuple[float, float]:
     """(forward, backward) seconds of one occurrence of a layer for one micro-batch on one device."""
     kind, d = op.layer.kind, op.dims
@@ -106,11 +114,10 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     if kind == "attention":
         mb, heads = d["micro_batch"], d["heads"]
         shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
-        out, inp = local_elems(s.output, s.mesh, cluster), local_elems(s.input, s.mesh, cluster)
+        out = local_elems(s.output, s.mesh, cluster)
         f, b = cm.attention_seconds(*shape, act_bytes), cm.attention_seconds(*shape, act_bytes, backward=True)
-        # the heads' output made token-major (a copy) forward; backward its gradient, and Q, K, V's
-        # gradients written into the fused QKV gradient
-        return f + cm.memory_seconds(2 * out * act_bytes), b + cm.memory_seconds(2 * (out + inp) * act_bytes)
+        return (f + cm.memory_seconds(ATTENTION_COPY_PASSES[0] * out * act_bytes),
+                b + cm.memory_seconds(ATTENTION_COPY_PASSES[1] * out * act_bytes))
     if kind == "loss":
         e = local_elems(s.input, s.mesh, cluster)
         a, f = act_bytes, STAT_BYTES
@@ -130,10 +137,18 @@ def local_elems_shape(t, s: Strategy, cluster: Cluster) -> tuple[int, int]:
     return shape[0], math.prod(shape[1:])
 
 
+OPTIMIZER_BYTES = {  # bytes moved per locally held parameter by one optimizer step, by act_bytes
+    2: 28 + 6 + 6,  # fused Adam on the fp32 master (reads weight, gradient, m, v; writes weight, m, v),
+                    # the gradient's fp32 copy (2 read, 4 written), the 16-bit weight's copy (4 read, 2 written)
+    4: 28,          # fused Adam on the fp32 weight
+}
+
+
 def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
-    """Once per step: read and write every locally held parameter's weight, gradient and optimizer state."""
+    """Once per step: the optimizer over every locally held parameter (``OPTIMIZER_BYTES``,
+    as ``autotune.execute.train`` steps it)."""
     params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-    return cm.memory_seconds(2 * params * sum(PRECISION[act_bytes])) if params else 0.0
+    return cm.memory_seconds(params * OPTIMIZER_BYTES[act_bytes]) if params else 0.0
 
 
 def accumulate_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:

@@ -43,15 +43,16 @@ def mlp_problem(objective="step"):
 def test_data_parallel_step_closed_form():
     # 4 GPUs, data parallel: each matmul on T/4 tokens forward, twice that backward; the loss memory-bound
     # (the executed cross-entropy: 2 + 9 x 4 bytes a logit forward, 3 x 4 + 2 backward, T/4 x 128 logits);
-    # Adam reads and writes 16 bytes a parameter once a step; the second micro-batch's gradients are added
-    # to the first's (3 x 2 bytes a parameter). The gradient all-reduces (S) hide behind the last
-    # micro-batch's backward (W) except for the first layer's, ready last (F): exposed max(S - W, F).
+    # Adam (fused, with the casts around it) moves 40 bytes a parameter once a step; the second
+    # micro-batch's gradients are added to the first's (3 x 2 bytes a parameter). The gradient
+    # all-reduces (S) hide behind the last micro-batch's backward (W) except for the first layer's,
+    # ready last (F): exposed max(S - W, F).
     pr = mlp_problem()
     a = data_parallel(pr)
     fwd = [mm(T // 4, k, n) for k, n in zip(DIMS, DIMS[1:])]
     logits = T // 4 * DIMS[-1]
     loss_f, loss_b = mem(logits * (2 + 9 * 4)), mem(logits * (3 * 4 + 2))
-    opt = sum(mem(2 * k * n * 16) for k, n in zip(DIMS, DIMS[1:]))
+    opt = sum(mem(k * n * 40) for k, n in zip(DIMS, DIMS[1:]))  # fused Adam 28 bytes, the two casts 6 + 6
     accumulate = (MB - 1) * sum(mem(3 * k * n * 2) for k, n in zip(DIMS, DIMS[1:]))
     compute = MB * (sum(3 * f for f in fwd) + loss_f + loss_b) + opt + accumulate
     syncs = [BASE.time(Collective.ALLREDUCE, k * n * 2, Group(4)) for k, n in zip(DIMS, DIMS[1:])]
@@ -74,7 +75,7 @@ def test_megatron_step_splits_the_matmuls():
     fwd = [mm(T, DIMS[0], DIMS[1] // 4), mm(T, DIMS[1] // 4, DIMS[2])]
     logits = T * DIMS[-1]  # redundant over t: the whole logits
     loss = mem(logits * (2 + 9 * 4)) + mem(logits * (3 * 4 + 2))
-    opt = sum(mem(2 * k * n // 4 * 16) for k, n in zip(DIMS, DIMS[1:]))
+    opt = sum(mem(k * n // 4 * 40) for k, n in zip(DIMS, DIMS[1:]))
     accumulate = (MB - 1) * sum(mem(3 * k * n // 4 * 2) for k, n in zip(DIMS, DIMS[1:]))
     assert t["compute_s"] == pytest.approx(MB * (sum(3 * f for f in fwd) + loss) + opt + accumulate, rel=1e-12)
     assert t["exposed_comm_s"] == pytest.approx(t["redistribution_s"], rel=1e-12) and t["grad_sync_s"] == 0
