@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from calibrate.run_limits import host_available_bytes
 from kernels.gc3.dsl import CollectiveSpec, GC3Program
 from kernels.gc3.ir import Buffer, Protocol
@@ -38,11 +38,11 @@ def _copy_chain(c, ranks: list, buf: Buffer, index, ch=None):
 
 def _check(ranks: int, channels: int, nodes: int = 1) -> int:
     if ranks < 2:
-        raise UserError(f"--ranks must be >= 2, got {ranks}")
+        raise OptionError("ranks", f"must be >= 2, got {ranks}")
     if channels < 1:
-        raise UserError(f"--channels must be >= 1, got {channels}")
+        raise OptionError("channels", f"must be >= 1, got {channels}")
     if nodes < 1 or ranks % nodes:
-        raise UserError(f"--ranks {ranks} is not a multiple of --nodes {nodes}")
+        raise OptionError("ranks", f"{ranks} is not a multiple of {{nodes}} {nodes}")
     return ranks // nodes
 
 
@@ -82,7 +82,7 @@ def hierarchical_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIM
     traced for all chunks (and nodes) at once."""
     g = _check(ranks, channels, nodes)
     if nodes < 2 or g < 2:
-        raise UserError("hierarchical allreduce needs --nodes >= 2 and >= 2 GPUs per node")
+        raise OptionError("nodes", "must be >= 2 with >= 2 GPUs per node for the hierarchical allreduce")
     prog = GC3Program("hierarchical_allreduce", CollectiveSpec("allreduce", ranks, ranks, True), protocol, instances)
     # chunk `index` uses channel index // g within nodes and nodes + index // g across them: different
     # directives keep the compiler from fusing across phases, and each ring then carries one chunk per
@@ -109,7 +109,7 @@ def rdh_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, node
     traced for all ranks at once."""
     _check(ranks, channels)
     if ranks & (ranks - 1):
-        raise UserError(f"recursive halving-doubling needs a power-of-2 --ranks, got {ranks}")
+        raise OptionError("ranks", f"{ranks}: recursive halving-doubling needs a power-of-2 count")
     prog = GC3Program("allreduce_recursive_doubling_halving", CollectiveSpec("allreduce", ranks, ranks, True),
                       protocol, instances)
     r = np.arange(ranks)
@@ -241,13 +241,13 @@ def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nod
         raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
     _check(ranks, channels, nodes)
     if instances < 1:
-        raise UserError(f"--instances must be >= 1, got {instances}")
+        raise OptionError("instances", f"must be >= 1, got {instances}")
     if not max_memory_gib > 0:
-        raise UserError(f"--max-memory must be > 0 GiB, got {max_memory_gib}")
+        raise OptionError("max_memory", f"must be > 0 GiB, got {max_memory_gib}")
     ops = OP_COUNTS[name](ranks, channels, nodes) * instances
     avail = host_available_bytes() if available is None else available
     limit = int(max_memory_gib * 2**30) if avail is None else min(int(max_memory_gib * 2**30), avail)
-    why = "--max-memory" if avail is None or limit < avail else "the memory this machine has available"
+    why = "{max_memory}" if avail is None or limit < avail else "the memory this machine has available"
     need = predicted_bytes(name, ranks, channels, instances, nodes)
     if need > limit:
         lo, hi = 2, ranks  # the most ranks within the limit (same nodes per rank), by bisection
@@ -257,10 +257,11 @@ def check_size(name: str, ranks: int, channels: int = 1, instances: int = 1, nod
                 lo = mid
             else:
                 hi = mid - 1
-        raise UserError(f"{name} on {ranks} ranks ({channels} channel(s), {instances} instance(s)) means about "
-                        f"{ops:,} ops and {need / 2**30:.1f} GiB of memory, over the compiler's limit of "
-                        f"{limit / 2**30:.1f} GiB ({why}; about {lo} ranks fit with these settings); use fewer "
-                        f"ranks, channels or instances, or a larger --max-memory if the machine has it")
+        raise OptionError("ranks", f"{ranks}: {name} on {ranks} ranks ({channels} channel(s), {instances} "
+                                   f"instance(s)) means about {ops:,} ops and {need / 2**30:.1f} GiB of memory, over "
+                                   f"the compiler's limit of {limit / 2**30:.1f} GiB ({why}; about {lo} ranks fit "
+                                   f"with these settings); use fewer ranks, channels or instances, or a larger "
+                                   f"{{max_memory}} if the machine has it")
     return ops
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from calibrate.collectives import Collective
+from calibrate.cli import message
 from calibrate.errors import UserError
 from calibrate.fit import fit_quality_problem
 from calibrate.outputs import check_output_path
@@ -34,8 +35,9 @@ def test_size_limit_refuses_before_work():
     with pytest.raises(UserError, match=r"2048 ranks .* over the compiler's limit of 2.0 GiB \(the memory this "
                                         r"machine has available; about 1\d\d\d ranks fit"):
         check_size("ring_allreduce", 2048, available=2 << 30)
-    with pytest.raises(UserError, match=r"over the compiler's limit of 1.0 GiB \(--max-memory"):
+    with pytest.raises(UserError, match=r"over the compiler's limit of 1.0 GiB \(max_memory") as bad:
         check_size("ring_allreduce", 2048, max_memory_gib=1, available=4 << 30)
+    assert "(--max-memory;" in message(bad.value)        # the command layer spells the option
     with pytest.raises(UserError, match=r"100000 ranks .* over the compiler's limit"):
         check_size("ring_allreduce", 100000)
     with pytest.raises(UserError, match="instances"):

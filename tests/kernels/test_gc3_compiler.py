@@ -112,7 +112,7 @@ def test_bad_algorithm_arguments():
         build("nope", 4)
     with pytest.raises(UserError, match="power-of-2"):
         build("rdh_allreduce", 6)
-    with pytest.raises(UserError, match="not a multiple of --nodes"):
+    with pytest.raises(UserError, match="not a multiple of nodes"):
         build("hierarchical_allreduce", 5, nodes=2)
 
 

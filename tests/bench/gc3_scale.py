@@ -1,7 +1,7 @@
 """How the GC3 compiler, verifier and reference executor scale with the rank count.
 
-    python -m kernels.gc3.scale_bench                      # 32..4096 ranks, ring, all-pairs, hierarchical
-    python -m kernels.gc3.scale_bench --ranks 32,64 --algorithms ring_allreduce --execute-max 64
+    python tests/bench/gc3_scale.py                      # 32..4096 ranks, ring, all-pairs, hierarchical
+    python tests/bench/gc3_scale.py --ranks 32,64 --algorithms ring_allreduce --execute-max 64
 
 Each (algorithm, ranks) runs in its own process (so that its peak memory is its
 own) under ``--timeout`` seconds of wall-clock time; sizes whose predicted
@@ -84,7 +84,7 @@ def _cell(row: dict, key: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.gc3.scale_bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python tests/bench/gc3_scale.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default=DEFAULT_RANKS, help=f"rank counts (default {DEFAULT_RANKS})")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS), help="algorithms (default: %(default)s)")
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
             if skip:
                 print(f"| {name} | {r} | skipped: a smaller rank count did not finish | | | | | | | | | | |")
                 continue
-            cmd = [sys.executable, "-m", "kernels.gc3.scale_bench", "--worker", name, str(r),
+            cmd = [sys.executable, __file__, "--worker", name, str(r),
                    "1" if r <= args.execute_max else "0", str(args.max_memory)]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -145,4 +145,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     from calibrate.cli import run_cli
-    sys.exit(run_cli(main, prog="kernels.gc3.scale_bench"))
+    sys.exit(run_cli(main, prog="gc3_scale"))
