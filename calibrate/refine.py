@@ -17,12 +17,12 @@ points, and a fit cannot tell where inside the gap the jump lies. Here:
 2. each flagged interval is bisected on aligned sizes: the time at the
    midpoint is closer (in log) to the left line or to the right one, and the
    step lies in the other half. The steps of all the run's curves share one
-   time budget and are bisected breadth first (every step one midpoint per
-   round, the largest jump first within a round), until each is narrower than
-   ``resolution`` octaves, or the points or the time run out: a budget that is
-   short narrows every step alike, and a curve whose sweep was quick (whose
-   own share of the budget would buy almost nothing) gets as many rounds as
-   the others.
+   time budget: the interval of the largest jump times width (the largest
+   error a size inside it could have, weighted by how many sizes fall inside)
+   is bisected next, whichever curve it is on, until each is narrower than
+   ``resolution`` octaves or has no aligned size left inside, or the points or
+   the time run out. A curve whose sweep was quick gets as much as its steps
+   need, and a jump of a few percent waits for the large ones.
 
 Everything here is deterministic in the measured values, so a resumed run
 (which gets the points already on disk back from ``measure``) replays the same
@@ -89,13 +89,14 @@ class Step:
     right: Line | None
     jump: float        # the smaller of the two sides' misses (|log|), the step's size
     threshold: float   # the noise level a midpoint is judged against at the sweep's ends
+    exhausted: bool = False  # no aligned size is left inside: as narrow as the sizes allow
 
     @property
     def width(self) -> float:
         return math.log2(self.hi.nbytes / self.lo.nbytes)
 
     def located(self, resolution: float = RESOLUTION) -> bool:
-        return self.width <= resolution + 1e-12
+        return self.exhausted or self.width <= resolution + 1e-12
 
     def side(self, p: Point) -> str:
         """'left' when the midpoint ``p`` lies on the left branch (the step is above it)."""
@@ -107,6 +108,7 @@ class Step:
 
     def as_dict(self) -> dict:
         return {"lo_bytes": self.lo.nbytes, "hi_bytes": self.hi.nbytes, "width_octaves": self.width,
+                "no_size_left": self.exhausted,
                 "jump": math.exp(self.jump), "lo_us": self.lo.time_s * 1e6, "hi_us": self.hi.time_s * 1e6}
 
 
@@ -165,11 +167,9 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
 
     ``measure(key, nbytes)`` returns the point and the seconds it took (for a size
     already on disk: the stored point and the seconds it took then);
-    ``aligned(key, nbytes)`` rounds a size as the collective needs. Steps are
-    bisected breadth first: every step of every curve gets its first midpoint
-    before any gets its second, and so on (the largest jump first within a
-    round), so that a short budget narrows every step alike rather than a few to
-    the end. A midpoint is measured only while the seconds spent plus its
+    ``aligned(key, nbytes)`` rounds a size as the collective needs. The interval
+    of the largest jump times width, over all curves, is bisected next. A
+    midpoint is measured only while the seconds spent plus its
     expected cost stay within ``budget_s``: ``cost(key, nbytes)`` (an upper bound,
     e.g. the dearer sweep point around it) until a refined point of that curve
     has been measured, then ``cost`` times the largest ratio of a refined
@@ -179,24 +179,25 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
     after each point.
     """
     reports = {key: Report() for key in curves}
-    queue: list[tuple[int, float, int, Hashable, int]] = []
+    queue: list[tuple[float, int, Hashable, int]] = []
     seq = 0
     for key, points in curves.items():
         for k, step in enumerate(flag_steps(points, floor)):
             reports[key].steps.append(step)
-            heapq.heappush(queue, (0, -step.jump * step.width, seq, key, k))
+            heapq.heappush(queue, (-step.jump * step.width, seq, key, k))
             seq += 1
     ratio: dict[Hashable, float] = {}
     spent = 0.0
     short = set()   # curves that left a step for want of time
     while queue:
-        rounds, _, _, key, k = heapq.heappop(queue)
+        _, _, key, k = heapq.heappop(queue)
         rep = reports[key]
         step = rep.steps[k]
         if step.located(resolution):
             continue
         m = midpoint(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
         if m is None:  # no aligned size left between them: as located as it can be
+            step.exhausted = True
             continue
         if len(rep.added) >= max_points:
             rep.stopped = "point limit"
@@ -215,7 +216,7 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
         else:
             step.hi = p
         seq += 1
-        heapq.heappush(queue, (rounds + 1, -step.jump * step.width, seq, key, k))
+        heapq.heappush(queue, (-step.jump * step.width, seq, key, k))
         if progress:
             progress(key, rep, step, spent)
     for key in short:

@@ -19,7 +19,7 @@ import numpy as np
 
 from calibrate.collectives import Collective
 from calibrate.refine import RESOLUTION, Point, Report, Step, refine_curves
-from calibrate.sizes import align
+from calibrate.sizes import align, odd_multiple
 
 
 def _point(nbytes: int, rec: dict) -> Point:
@@ -34,10 +34,11 @@ def _size(n: float) -> str:
 
 
 def refine_group(args, say: Callable, label: str, colls: list[Collective], p: int, sizes: list[int], stored: dict,
-                 measure_size: Callable[[Collective, int, str, bool], None]) -> dict[str, dict]:
+                 measure_size: Callable[[Collective, int, str, bool], None], unit: int = 0) -> dict[str, dict]:
     """Refine the curves of ``colls`` on group ``label`` (``p`` ranks) under one budget; ``stored`` holds
     every point measured (key (group, collective, bytes)) and ``measure_size(coll, nbytes, phase, check)``
-    adds one. Returns, per collective, the record of what it did (refine.json)."""
+    adds one; with ``unit``, refined sizes are odd multiples of it (``calibrate.sizes.odd_multiple``).
+    Returns, per collective, the record of what it did (refine.json)."""
     recs, walls = {}, {}
     for coll in colls:
         aligned_sizes = sorted({align(coll, n, p, args.dtype)[0] for n in sizes})
@@ -70,13 +71,15 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
     say(f"# refine {label}: the sweeps took {total_s:.1f} s; budget {budget_s:.1f} s shared by "
         f"{len(colls)} collectives, at most {args.refine_points} points each", file=sys.stderr)
     reports = refine_curves({c: [_point(n, r) for n, r in recs[c]] for c in colls}, measure,
-                            lambda c, n: align(c, n, p, args.dtype)[0], budget_s=budget_s,
+                            lambda c, n: align(c, odd_multiple(n, unit) if unit else n, p, args.dtype)[0],
+                            budget_s=budget_s,
                             max_points=args.refine_points, cost=cost, floor=args.refine_tol, progress=progress)
     out = {}
     for coll in colls:
         report = reports[coll]
         for s in report.steps:
-            where = "located" if s.located(RESOLUTION) else "not located"
+            where = "located" if s.width <= RESOLUTION + 1e-12 else \
+                "no aligned size left inside" if s.exhausted else "not located"
             say(f"#   {coll.value}: step x{math.exp(s.jump):.2f} between {_size(s.lo.nbytes)} and "
                 f"{_size(s.hi.nbytes)} ({s.width * 32:.2g}/32 octave, {where})", file=sys.stderr)
         share = f"{100 * report.spent_s / sweep_s[coll]:.0f}%" if sweep_s[coll] > 0 else "-"

@@ -201,9 +201,9 @@ def test_profile_records_the_located_switch_and_old_profiles_load(tmp_path):
     assert v1.tiers["intra"]["allreduce"]["2"].switches == [] and v1.time("allreduce", 1e6, Group(2)) == prof.time("allreduce", 1e6, Group(2))
 
 
-def test_one_budget_for_all_curves_narrows_every_step_alike():
-    """Curves share the budget, bisected breadth first: a short budget gives each step the same number
-    of midpoints; a sufficient one locates every step, whatever each curve's own sweep cost."""
+def test_one_budget_for_all_curves_goes_to_the_largest_jump_times_width():
+    """Curves share the budget: the interval of the largest jump times width is bisected next, whichever
+    curve it is on (x2.1 then x1.5, each narrowed in turn); a sufficient budget locates every step."""
     from calibrate.refine import refine_curves
 
     other = 40_000_000
@@ -219,7 +219,9 @@ def test_one_budget_for_all_curves_narrows_every_step_alike():
                              max_points=24, cost=lambda k, n: 1.0)
 
     short = run(6.0)
-    assert [len(short[k].added) for k in "ab"] == [3, 3] and all(r.stopped == "time budget" for r in short.values())
+    assert [len(short[k].added) for k in "ab"] == [2, 4] and all(r.stopped == "time budget" for r in short.values())
+    jw = [s.jump * s.width for r in short.values() for s in r.steps]
+    assert max(jw) / min(jw) < 2.5  # neither was narrowed far while the other stayed wide
     full = run(100.0)
     assert located_at(full["a"], SWITCH) and located_at(full["b"], other)
     assert all(r.stopped == "every step located" for r in full.values())

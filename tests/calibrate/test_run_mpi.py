@@ -97,7 +97,7 @@ def test_refine_resume_random_validation_and_fit(tmp_path):
     out, rand, prof = tmp_path / "res", tmp_path / "rand", tmp_path / "p.json"
     args = ["-b", "1K", "-e", "256K", *SMALL[4:], "--collectives", "allreduce,sendrecv", "--refine",
             "--refine-budget", "2", "--refine-tol", "0.0", "--check", "--random", "4", "--random-seed", "3",
-            "--out", str(out)]
+            "--size-unit", "256", "--out", str(out)]
     r = calibrate(2, *args)
     assert r.returncode == 0, r.stderr
     assert "refined points (limit 64)" in r.stderr and "budget 200%" in r.stderr
@@ -105,6 +105,7 @@ def test_refine_resume_random_validation_and_fit(tmp_path):
     sweep_rows = points[points["phase"] == "sweep"]
     assert len(sweep_rows) == 2 * 9 and (points["wall_s"] > 0).all()
     assert set(points["phase"]) <= {"sweep", "refine"}
+    assert ((points["bytes"] // 512) % 2 == 1).all() and (points["bytes"] % 512 == 0).all()  # --size-unit 256
     beside = tmp_path / "res-random"
     drawn = pd.read_csv(beside / "points.csv")
     assert set(drawn["phase"]) == {"random"} and len(drawn) == 8

@@ -168,3 +168,14 @@ def test_batch_length_reaches_the_least_duration_in_a_power_of_two(per_call, ite
     got = b.batch_iters(Collective.ALLREDUCE, None, None, "float32", iters, 1e-3)
     assert got == want and b.probes == [(4, TimingMode.HOST)]
     assert got * per_call >= 1e-3 or got in (iters, 4096)
+
+
+def test_odd_multiples_are_aligned_to_the_unit_and_nothing_larger():
+    from calibrate.sizes import odd_multiple
+
+    assert [odd_multiple(n, 512) for n in (1, 1408, 2816, 5632, 90112)] == [512, 1536, 2560, 5632, 90624]
+    for n in sweep(1408, 1 << 30, 2):
+        m = odd_multiple(n, 512)
+        assert m % 512 == 0 and (m // 512) % 2 == 1 and abs(m - n) <= 512
+    with pytest.raises(UserError, match="size_unit"):
+        odd_multiple(100, 0)

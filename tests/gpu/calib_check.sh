@@ -12,15 +12,18 @@
 #   calib-<mode>/ (results dir: stats.csv, points.csv, refine.json), random-<mode>/, profile-<mode>.json,
 #   fit-<mode>.txt (with the random sizes' table), random-separate-<mode>/ and .txt, targets.txt.
 # $PACK_CMD (from run_all.sh) packs the results after each step.
-# The sweep's sizes are 11 * 2^k (1408 B, 2816 B, ... 704 MiB), not powers of two: at 4-64 KiB NCCL runs
-# powers of two 5-10% faster than other sizes (reports/records/calibrate.md, the 1.375 * 2^k sizes of the
-# sqrt(2) sweep), and users' sizes, like the random ones judged here, are rarely powers of two.
+# The sweep's sizes are 11 * 2^k (1408 B, 2816 B, ... 704 MiB) moved to odd multiples of 512 B (--size-unit
+# 256 per rank): NCCL runs sizes aligned to 8 KiB up to 8% faster at 48-250 KiB than the sizes around them
+# (run of 2026-11-23 09:15, reports/records/calibrate.md), and users' sizes, like the random ones judged
+# here (multiples of 512 B), are mostly not. --bind-to none: bound to one core (mpirun's default for 2
+# ranks), a rank shares it with its NCCL and CUDA threads, and host-mode times at small sizes jumped by
+# 20-50% between neighbouring sizes and between runs.
 # Each mpirun is under a timeout: a cut-short run keeps what it measured (resumable) and the rest goes on.
 set -u
 : "${OUT:?set OUT to the results folder}"
 PY=${PY:-python3}
 # CALIB_MPI, CALIB_BACKEND, CALIB_MODES and CALIB_MAX let the same script run on CPUs (mpich, --backend mpi)
-MPI=${CALIB_MPI:-"mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x PYTHONPATH"}
+MPI=${CALIB_MPI:-"mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x PYTHONPATH"}
 BACKEND=${CALIB_BACKEND:-nccl}
 MAX=${CALIB_MAX:-1G}
 REPS=${CALIB_REPS:-11}        # timed batches per size
@@ -32,7 +35,7 @@ pack() { eval "${PACK_CMD:-true}"; }
 for mode in ${CALIB_MODES:-graph host}; do
   t0=$(date +%s)
   timeout $SWEEP_TIMEOUT $MPI $PY -m calibrate run --backend $BACKEND --mode $mode -b 1408 -e $MAX -f 2 --reps $REPS \
-    --check --random $RANDOM_N --random-seed $SEED --random-min-bytes 1K --random-max-bytes $MAX \
+    --size-unit 256 --check --random $RANDOM_N --random-seed $SEED --random-min-bytes 1K --random-max-bytes $MAX \
     --random-out "$OUT/random-$mode" --refine --out "$OUT/calib-$mode" > "$OUT/calib-$mode.log" 2>&1
   rc=$?
   t1=$(date +%s)
