@@ -11,7 +11,8 @@ on top of the 16 bytes (``autotune.sbp.memory``); otherwise everything is in
 the activation type.
 
 Measured per step: wall time (median over the steps after --warmup, the
-slowest device); the time inside collectives (torch profiler: the NCCL kernels
+slowest device); the host's time to issue the step (until the loss's sync: near
+the wall time, the GPUs waited for the host); the time inside collectives (torch profiler: the NCCL kernels
 on GPUs, the gloo operations on CPUs; a kernel's time includes its waiting for
 the peer and its slowdown by the compute it overlaps); on GPUs the exposed part
 of it (covered by no other GPU activity, ``autotune.execute.trace``) and the
@@ -49,6 +50,7 @@ class Trainer:
                 self.sync.append((p, axes))
         self._launching = False
         self._works = []
+        self.issued = 0.0
         axes_of = {id(p): a for p, a in self.sync}
         self._handles = [p.register_post_accumulate_grad_hook(self._hook(axes_of[id(p)]))
                          for p in self.params if id(p) in axes_of]
@@ -124,6 +126,7 @@ class Trainer:
         self._optimizer_step()
         if probe is not None:
             probe["optimizer_step"] = self._peak(reset=False)
+        self.issued = time.perf_counter()  # the host has issued the whole step (the loss's sync follows)
         loss = total.to(torch.float64)
         dist.all_reduce(loss)
         return float(loss) / replicas
@@ -133,7 +136,7 @@ class Trainer:
         phase), then ``profile_steps`` under the profiler, then replay the recorded collectives."""
         from autotune.execute.replay import replay
 
-        losses, times, probe = [], [], {}
+        losses, times, issue, probe = [], [], [], {}
         if self.d.is_gpu:
             torch.cuda.reset_peak_memory_stats(self.d.device)
         for s in range(steps):
@@ -145,6 +148,7 @@ class Trainer:
             losses.append(self.step(s, probe if last else None))
             self._sync_device()
             times.append(time.perf_counter() - t0)
+            issue.append(self.issued - t0)
             self.log.on = False
             if progress:
                 progress(f"step {s + 1}/{steps}: loss {losses[-1]:.6g}, {times[-1] * 1e3:.1f} ms")
@@ -152,7 +156,9 @@ class Trainer:
         step_s = _slowest(statistics.median(timed), self.d)
         phases = {k: _slowest(float(v), self.d) for k, v in probe.items()} if self.d.is_gpu else None
         peak = self._peak_memory(max(v for k, v in probe.items() if k != "allocated_at_start") if probe else 0)
-        out = {"losses": losses, "step_times_s": times, "step_s": step_s, "peak_memory_bytes": peak,
+        host_s = _slowest(statistics.median(issue[warmup:] or issue), self.d)
+        out = {"losses": losses, "step_times_s": times, "step_s": step_s, "host_issue_s": host_s,
+               "peak_memory_bytes": peak,
                "peak_memory_phases_bytes": phases, "comm_s": None, "comm_source": "not profiled",
                "exposed_comm_s": None, "device_time_s": None, "top_kernels": None}
         if profile_steps:
