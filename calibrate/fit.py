@@ -19,8 +19,12 @@ the curve itself), non-negative least squares where the line would need a
 negative alpha or beta (a step inside the interval, or a time that falls).
 With the sweep's sizes a factor 2 apart and the refinement's sizes bracketing
 each step within 1/32 octave, it follows every step and every bend the
-measurements show, where a few segments chosen by BIC smooth some of them away;
-it does not average the noise of neighbouring sizes.
+measurements show, where a few segments chosen by BIC smooth some of them away.
+It does not average the noise of neighbouring sizes, but a size that is above
+both its neighbours or below both (a spike or a dip of one size: a sample of
+noise, or a size NCCL happens to run fast, such as a multiple of 8 KiB at
+48-250 KiB) is taken at the median of the three: a step of NCCL's is monotone
+over the sizes around it and keeps its values.
 """
 from __future__ import annotations
 
@@ -103,10 +107,19 @@ def fit_piecewise(coll: Collective, p: int, n, t, max_segments: int = 4, min_poi
     return segments
 
 
+def despike(t: np.ndarray) -> np.ndarray:
+    """Each inner value that is above both neighbours or below both, replaced by the median of the three."""
+    out = np.array(t, dtype=float)
+    for i in range(1, len(t) - 1):
+        out[i] = float(np.median(t[i - 1:i + 2]))
+    return out
+
+
 def fit_interpolated(coll: Collective, p: int, n, t) -> list[Segment]:
-    """One segment per interval between neighbouring sizes (see the module doc); the first and the
-    last extend to 0 and beyond the largest size."""
+    """One segment per interval between neighbouring sizes, through the despiked medians (see the
+    module doc); the first and the last extend to 0 and beyond the largest size."""
     n, t = _sorted_points(coll, p, n, t)
+    t = despike(t)
     segments = []
     for k in range(len(n) - 1):
         alpha, beta, sse = fit_alpha_beta(coll, p, n[k:k + 2], t[k:k + 2])
