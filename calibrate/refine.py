@@ -17,12 +17,14 @@ points, and a fit cannot tell where inside the gap the jump lies. Here:
 2. each flagged interval is bisected on aligned sizes: the time at the
    midpoint is closer (in log) to the left line or to the right one, and the
    step lies in the other half. The steps of all the run's curves share one
-   time budget: the interval of the largest jump times width (the largest
-   error a size inside it could have, weighted by how many sizes fall inside)
-   is bisected next, whichever curve it is on, until each is narrower than
-   ``resolution`` octaves or has no aligned size left inside, or the points or
-   the time run out. A curve whose sweep was quick gets as much as its steps
-   need, and a jump of a few percent waits for the large ones.
+   time budget: the interval worth most per second is bisected next,
+   whichever curve it is on: its width times its jump beyond the noise (how
+   many sizes fall inside, and how much more than the noise they could be
+   off), over the expected cost of its midpoint (a point at 500 MiB costs 15
+   times one at 50 KiB); until each is narrower than ``resolution`` octaves
+   or has no aligned size left inside, or the points or the time run out. A
+   curve whose sweep was quick gets as much as its steps need, and a jump of
+   a few percent waits for the large ones.
 
 Everything here is deterministic in the measured values, so a resumed run
 (which gets the points already on disk back from ``measure``) replays the same
@@ -168,7 +170,7 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
     ``measure(key, nbytes)`` returns the point and the seconds it took (for a size
     already on disk: the stored point and the seconds it took then);
     ``aligned(key, nbytes)`` rounds a size as the collective needs. The interval
-    of the largest jump times width, over all curves, is bisected next. A
+    worth most per second over all curves is bisected next (the module doc). A
     midpoint is measured only while the seconds spent plus its
     expected cost stay within ``budget_s``: ``cost(key, nbytes)`` (an upper bound,
     e.g. the dearer sweep point around it) until a refined point of that curve
@@ -179,12 +181,20 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
     after each point.
     """
     reports = {key: Report() for key in curves}
+
+    def worth(key: Hashable, step: Step) -> float:
+        """What bisecting ``step`` next is worth per second: its width times its jump beyond the noise,
+        over its midpoint's expected cost (no midpoint left: first, to be marked as such)."""
+        m = midpoint(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
+        excess = max(step.jump - step.threshold, 1e-3)
+        return step.width * excess / max(cost(key, m), 1e-9) if m is not None else math.inf
+
     queue: list[tuple[float, int, Hashable, int]] = []
     seq = 0
     for key, points in curves.items():
         for k, step in enumerate(flag_steps(points, floor)):
             reports[key].steps.append(step)
-            heapq.heappush(queue, (-step.jump * step.width, seq, key, k))
+            heapq.heappush(queue, (-worth(key, step), seq, key, k))
             seq += 1
     ratio: dict[Hashable, float] = {}
     spent = 0.0
@@ -216,7 +226,7 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
         else:
             step.hi = p
         seq += 1
-        heapq.heappush(queue, (-step.jump * step.width, seq, key, k))
+        heapq.heappush(queue, (-worth(key, step), seq, key, k))
         if progress:
             progress(key, rep, step, spent)
     for key in short:

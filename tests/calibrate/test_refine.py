@@ -261,3 +261,15 @@ def test_interpolation_is_exact_between_sizes_of_one_segment_and_records_the_loc
     (step,) = measured_steps(n, t, lo, hi)
     assert step["located"] and step["last_below_bytes"] == below and step["first_above_bytes"] == above
     assert step["jump"] == pytest.approx(step_curve(above) / step_curve(below), rel=0.02)
+
+
+def test_the_budget_goes_where_a_second_narrows_most():
+    """Two like steps, one on a curve whose points cost ten times more: the cheap one is narrowed first
+    (worth per second), and the dear one only once the cheap one is worth less per second."""
+    from calibrate.refine import refine_curves
+
+    benches = {"cheap": Bench(step_curve), "dear": Bench(step_curve, seed=4, cost=10.0)}
+    pts = {k: sweep_points(b) for k, b in benches.items()}
+    rep = refine_curves(pts, lambda k, n: benches[k](n), lambda k, n: aligned(n), budget_s=40.0, max_points=24,
+                        cost=lambda k, n: 10.0 if k == "dear" else 1.0)
+    assert located_at(rep["cheap"], SWITCH) and 1 <= len(rep["dear"].added) < len(rep["cheap"].added)
