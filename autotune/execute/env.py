@@ -7,7 +7,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError
 
 from autotune.execute.launch import Launch, launch_env, rendezvous
 from autotune.execute.layout import torch
@@ -73,7 +73,7 @@ def start(device: str = "auto") -> Dist:
     use_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if use_gpu:
         if not torch.cuda.is_available():
-            raise UserError("--device cuda but torch sees no GPU: use --device cpu or run on a GPU machine")
+            raise OptionError("device", "cuda, but torch sees no GPU: use cpu or run on a GPU machine")
         n = torch.cuda.device_count()
         dev = torch.device("cuda", launch.local_rank % n)
         torch.cuda.set_device(dev)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from models.builders import BUILDERS
 from models.graph import Layer, LayerGraph
 from models.loader import FIELDS, OPTIONAL, validate
@@ -60,9 +60,9 @@ def plan_graph(plan: dict, layers: int | None = None) -> LayerGraph:
     cfg = {k: v for k, v in cfg.items() if k in FIELDS[kind] or k in ("name", "source", "description")}
     if layers is not None:
         if kind != "gpt":
-            raise UserError(f"--layers applies to gpt plans; this plan is for a {kind} model: drop --layers")
+            raise OptionError("layers", f"applies to gpt plans; this plan is for a {kind} model: drop it")
         if layers < 1:
-            raise UserError("--layers must be at least 1")
+            raise OptionError("layers", "must be at least 1")
         cfg["layers"] = layers
     return BUILDERS[kind](validate(kind, cfg, "the plan's model"))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import platform
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 from autotune.execute import ops
 from autotune.execute.env import Dist
@@ -46,7 +46,7 @@ def compute_dtype(graph, name: str):
     if name == "auto":
         return torch.bfloat16 if graph.act_bytes == 2 else torch.float32
     if name not in DTYPES:
-        raise UserError(f"unknown --dtype {name!r}: use auto, {', '.join(DTYPES)}")
+        raise OptionError("dtype", f"{name!r} is unknown: use auto, {', '.join(DTYPES)}")
     return DTYPES[name]
 
 

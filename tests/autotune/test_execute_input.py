@@ -66,3 +66,4 @@ def test_torch_missing_names_the_extra(plan4, tmp_path):
 def test_summarize_without_results(tmp_path, capsys):
     assert main(["execute", "--summarize", str(tmp_path)]) == 2
     assert "no execute-" in _err(capsys)
+
