@@ -8,8 +8,9 @@
 #          calib-graph/ calib-host/ random-graph/ random-host/
 # RECORD:  where the raw runs are kept (default reports/records/calib-h200x2-adaptive)
 # Writes calibrate/profiles/h200-nvlink.json and h200-nvlink-host.json (their compute sections kept),
-# recombines the default h200-nvlink+ib400 (intra tier from h200-nvlink), and prints the targets table of
-# the refitted profiles against the random sizes.
+# recombines the default h200-nvlink+ib400 (intra tier from h200-nvlink), refits the interpreter cost
+# model's parameters (kernels/interp/fitted/interp_model.json: its link betas come from that profile) on
+# their own record, and prints the targets table of the refitted profiles against the random sizes.
 set -euo pipefail
 src=${1:?give the results folder of the GPU run (with calib-graph/ calib-host/ random-graph/ random-host/)}
 rec=${2:-reports/records/calib-h200x2-adaptive}
@@ -36,5 +37,9 @@ for mode in graph host; do
   cat "$rec/fit-$mode.txt"
 done
 $PY -m calibrate profiles --combine h200-nvlink ib400 --name h200-nvlink+ib400 -o calibrate/profiles/h200-nvlink+ib400.json
+# the interpreter cost model takes its link betas from the default profile: refit it on its own record
+interp=kernels/interp/fitted/interp_model.json
+sweep=$($PY -c "import json, sys; print(json.load(open(sys.argv[1]))['provenance']['source'])" $interp)
+$PY -m autotune schedule --fit-model "$sweep" --profile h200-nvlink+ib400 > "$interp.new" && mv "$interp.new" $interp
 $PY tests/gpu/calib_targets.py "$rec" --profile graph=calibrate/profiles/h200-nvlink.json \
   --profile host=calibrate/profiles/h200-nvlink-host.json | tee "$rec/targets-refit.txt"
