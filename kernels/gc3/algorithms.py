@@ -82,7 +82,7 @@ def hierarchical_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIM
     traced for all chunks (and nodes) at once."""
     g = _check(ranks, channels, nodes)
     if nodes < 2 or g < 2:
-        raise OptionError("nodes", "must be >= 2 with >= 2 GPUs per node for the hierarchical allreduce")
+        raise OptionError("nodes", ">= 2 and >= 2 GPUs per node are what the hierarchical allreduce needs")
     prog = GC3Program("hierarchical_allreduce", CollectiveSpec("allreduce", ranks, ranks, True), protocol, instances)
     # chunk `index` uses channel index // g within nodes and nodes + index // g across them: different
     # directives keep the compiler from fusing across phases, and each ring then carries one chunk per
