@@ -16,7 +16,7 @@ import sys
 from calibrate.cli import dispatch
 
 SUBCOMMANDS = {
-    "validate": "autotune.sbp.validate:main",
+    "validate": "autotune.sbp.cli.validate:main",
     "reshard": "autotune.reshard.cli:main",
     "schedule": "autotune.schedule.cli:main",
     "execute": "autotune.execute.cli:main",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calibrate.errors import UserError
+from calibrate.errors import OptionError
 
 from autotune.sbp.cost import Problem
 
@@ -24,7 +24,7 @@ class Budget:
 
     def __post_init__(self):
         if any(v is not None and not (0 < v < math.inf) for v in (self.seconds, self.steps, self.patience)):
-            raise UserError("--budget must be a positive, finite number: give seconds (e.g. 10) or steps (e.g. 2000steps)")
+            raise OptionError("budget", "must be a positive, finite number: give seconds (e.g. 10) or steps (e.g. 2000steps)")
 
     def describe(self) -> str:
         parts = [f"{self.seconds:.3g} s" if self.seconds else "", f"{self.steps} steps" if self.steps else "",
@@ -87,8 +87,8 @@ class Clock:
 
 def require_additive(problem: Problem, name: str) -> None:
     if problem.objective != "comm":
-        raise UserError(f"--search {name} sums per-layer costs, which the step objective's overlap is not: "
-                        f"use --objective comm, or --search cd or mh")
+        raise OptionError("search", f"{name} sums per-layer costs, which the step objective's overlap is not: "
+                          "use {objective} comm, or {search} cd or mh")
 
 
 class Search:

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 
 from calibrate.compute import ComputeModel
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 from autotune.sbp.layers import Op, Strategy, local_elems
 from autotune.sbp.memory import PRECISION, STAT_BYTES
@@ -63,8 +63,8 @@ from autotune.sbp.sbp import B, NdSbp, local_shape
 def require_compute(profile) -> ComputeModel:
     cm = getattr(profile, "compute", None)
     if cm is None:
-        raise UserError(f"profile {profile.name!r} has no compute figures, which --objective step needs: "
-                        f"measure them with python -m calibrate compute --out PROFILE.json, or use --objective comm")
+        raise OptionError("objective", f"step: profile {profile.name!r} has no compute figures, which this objective needs: "
+                          "measure them with python -m calibrate compute --out PROFILE.json, or use {objective} comm")
     return cm
 
 

@@ -1,66 +1,25 @@
-"""``python -m autotune validate``: replay the collectives of several plans
-through calibrate's backends and compare measured with predicted
-communication time (AutoDDL Fig. 4). Run it under MPI, one rank per device:
+"""The plans that ``autotune validate`` replays and the collectives each issues.
 
-    mpiexec -n 4 python -m autotune validate --backend mpi --profile gcp-a100
-    mpirun -np 2 python -m autotune validate --backend nccl --gpus-per-node 2
-
-The plans are a GPT model (by default one small layer) on the world seen as
---nodes x --gpus-per-node: the searched plan, data parallelism, Megatron and
-SUMMA on every mesh, the S/B-only search and random plans, until --plans plans
-with distinct predictions. Every collective runs on its real group (a
-``comm.Split`` along the plan's mesh axes) with its real message size, all
-groups at once, as in training; a plan's measured time is the sum over its
-collectives of the median time times how often the plan issues it per step.
+``candidate_plans``: the searched plan, data parallelism, Megatron and SUMMA
+on every mesh, then random plans, until enough plans with distinct
+predictions; ``plan_collectives``: (collective, mesh axes, bytes, times per
+step) of a plan, as its record lists them. The command that replays them
+through calibrate's backends is ``autotune/sbp/cli/validate.py``.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-
 import numpy as np
 
-from calibrate.backends import REGISTRY as BACKENDS
-from calibrate.backends.base import TimingMode
-from calibrate.cli import command_parser
-from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
-from calibrate.records import header
-from calibrate.profile import DEFAULT_PROFILE, Profile
-from models import load_model
 
 from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
-from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
-from autotune.sbp.mesh import Cluster, role_meshes
+from autotune.sbp.mesh import role_meshes
 from autotune.sbp.plan import build_plan
 from autotune.sbp.search import Budget, make_search
 
 KIND = "commtune.sbp-validate"
 VERSION = 1
-GPT_LAYER = {"layers": 1, "hidden": 1024, "heads": 16, "sequence": 512, "vocabulary": 8192, "batch": 8, "micro_batch": 8}
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = command_parser("python -m autotune validate", __doc__)
-    ap.add_argument("--backend", default="mpi", help="calibrate backend: mpi (anywhere) or nccl (GPUs)")
-    ap.add_argument("--nodes", type=int, default=1, help="nodes the ranks span (default 1)")
-    ap.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node (default: world size / nodes)")
-    ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile for the predictions (default {DEFAULT_PROFILE})")
-    ap.add_argument("--plans", type=int, default=8, help="how many plans to replay (default 8)")
-    ap.add_argument("--model", default="gpt")
-    ap.add_argument("--preset", default=None)
-    for k, v in GPT_LAYER.items():
-        ap.add_argument("--" + k.replace("_", "-"), dest=k, type=int, default=None, help=f"model field (default {v})")
-    ap.add_argument("--dtype", default="float32", help="element type of the buffers (default float32)")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--mode", default="host", help="timing mode: host, graph (nccl) or isolated")
-    ap.add_argument("--out", default=None, help="directory for validate.json (default: none)")
-    ap.add_argument("--seed", type=int, default=0)
-    return ap
 
 
 def candidate_plans(problem: Problem, n: int, seed: int) -> list[dict]:
@@ -111,93 +70,3 @@ def plan_collectives(plan: dict) -> list[tuple[str, tuple[int, ...], int, float]
         for c in e["collectives"]:
             out.append((c["collective"], tuple(c["axes"]), int(c["nbytes"]), float(e["count"] * mb)))
     return out
-
-
-def check_args(args) -> None:
-    """Every limit checked before MPI and the backend start (one line naming the flag and the fix)."""
-    for flag, v, least in (("--plans", args.plans, 2), ("--nodes", args.nodes, 1), ("--iters", args.iters, 1),
-                           ("--warmup", args.warmup, 0)):
-        if v < least:
-            raise UserError(f"{flag} {v} must be at least {least}" + (": Spearman needs two plans" if flag == "--plans" else ""))
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise UserError(f"--gpus-per-node {args.gpus_per_node} must be at least 1")
-    if args.backend not in BACKENDS:
-        raise UserError(f"unknown --backend {args.backend!r}: choose from {', '.join(BACKENDS)}")
-    TimingMode.parse(args.mode)
-    dtype_info(args.dtype)
-    Profile.load(args.profile)
-    if args.out:
-        try:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UserError(f"cannot create --out {args.out!r} ({e.strerror}): give a writable directory") from None
-
-
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    check_args(args)
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        raise UserError("validate needs mpi4py: install it and run under mpiexec") from None
-    from calibrate.backends import make_backend
-    from scipy.stats import spearmanr
-
-    world = MPI.COMM_WORLD
-    size, rank = world.Get_size(), world.Get_rank()
-    gpus = args.gpus_per_node or max(size // args.nodes, 1)
-    if args.nodes * gpus != size:
-        raise UserError(f"{args.nodes} nodes x {gpus} ranks per node != {size} MPI ranks: match --nodes/--gpus-per-node to mpiexec -n")
-    if size < 2:
-        raise UserError("validate times the plans' collectives between ranks, and one rank has none: "
-                        "run it under mpiexec -n 2 or more")
-    cluster = Cluster(args.nodes, gpus)
-    plans = None
-    if rank == 0:
-        fields = {k: getattr(args, k) for k in GPT_LAYER if getattr(args, k) is not None}
-        if args.model == "gpt" and args.preset is None:
-            fields = {**GPT_LAYER, **fields}
-        graph = load_model(args.model, args.preset, fields)
-        problem = Problem(graph, Coster(Profile.load(args.profile), cluster), None)
-        plans = candidate_plans(problem, args.plans, args.seed)
-        print(f"[validate] {len(plans)} plans of {graph.model} on {cluster}, backend {args.backend}", file=sys.stderr, flush=True)
-    plans = world.bcast(plans, root=0)
-    comms: dict = {}
-    measured: dict = {}
-    coords = cluster.coords(rank)
-    keys = sorted({(c, a, nb) for p in plans for c, a, nb, _ in plan_collectives(p)})
-    for i, (coll, axes, nbytes) in enumerate(keys):
-        if axes not in comms:
-            color = int(sum(v * 1000003 ** k for k, v in enumerate(c for a, c in enumerate(coords) if a not in axes)))
-            key = 0
-            for a in axes:
-                key = key * cluster.axis_sizes[a] + coords[a]
-            sub = world.Split(color % (2**31 - 1), key)
-            comms[axes] = make_backend(args.backend, sub)
-        t = comms[axes].measure(coll, nbytes, args.dtype, args.iters, args.warmup, args.mode)
-        measured[(coll, axes, nbytes)] = float(world.allreduce(float(np.median(t)), op=MPI.MAX))
-        if rank == 0:
-            print(f"[validate] {i + 1}/{len(keys)} {coll} on {len(axes)} axes, {nbytes} B: {measured[(coll, axes, nbytes)] * 1e3:.3f} ms",
-                  file=sys.stderr, flush=True)
-    for backend in comms.values():
-        backend.close()
-    if rank != 0:
-        return 0
-    rows = []
-    for p in plans:
-        meas = sum(per * measured[(c, a, nb)] for c, a, nb, per in plan_collectives(p))
-        rows.append({"plan": p["strategy"], "predicted_s": p["totals"]["total_s"], "measured_s": meas})
-    rho = float(spearmanr([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]).statistic)
-    w = max(len(r["plan"]) for r in rows)
-    print(f"{'plan'.ljust(w)}  predicted s  measured s")
-    for r in sorted(rows, key=lambda r: r["measured_s"]):
-        print(f"{r['plan'].ljust(w)}  {r['predicted_s']:11.4g}  {r['measured_s']:10.4g}")
-    print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {rho:.3f}")
-    if args.out:
-        out = Path(args.out) / "validate.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
-                                   "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
-                                   "plans": rows, "spearman": rho}, indent=1) + "\n")
-        print(f"wrote {out}")
-    return 0

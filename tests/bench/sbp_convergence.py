@@ -1,4 +1,4 @@
-"""Convergence benchmark of the default search: ``python -m autotune.sbp.bench [--quick]`` prints a table.
+"""Convergence benchmark of the default search: ``python tests/bench/sbp_convergence.py [--quick]`` prints a table.
 
 Per preset and cluster size: the default command's setup (profile, problem with
 its boxing tables, the best Megatron plan as the warm start) and search
@@ -76,7 +76,7 @@ def row(model, preset, nodes, gpus, profile, factor: float, references=REFERENCE
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.sbp.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python tests/bench/sbp_convergence.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the first case only, 2x instead of 20x")
     ap.add_argument("--case", type=int, action="append", help="run only case N (0-based; repeatable)")
