@@ -137,7 +137,7 @@ def format_breakdown(records: list[dict]) -> str:
         m = r.get("measured") or {}
         fams += [f for f in (m.get("device_time_s") or {}) if f not in fams]
         phases += [p for p in (m.get("peak_memory_phases_bytes") or {}) if p not in phases]
-    head = ["plan", "step ms", "host issue ms"] + [f"{f} ms" for f in fams] + \
+    head = ["plan", "step ms", "host issue ms", "idle ms"] + [f"{f} ms" for f in fams] + \
         ["replay red ms", "replay sync ms", "pred red ms", "pred sync ms", "replay wall ms"] + \
         [f"{p} GiB" for p in phases]
     body = []
@@ -146,7 +146,7 @@ def format_breakdown(records: list[dict]) -> str:
             continue
         m, p = r["measured"], r.get("predicted", {})
         dev, ph = m.get("device_time_s") or {}, m.get("peak_memory_phases_bytes") or {}
-        body.append([r["strategy"], _ms(m.get("step_s")), _ms(m.get("host_issue_s"))] +
+        body.append([r["strategy"], _ms(m.get("step_s")), _ms(m.get("host_issue_s")), _ms(m.get("device_idle_s"))] +
                     [_ms(dev.get(f)) for f in fams] +
                     [_ms(m.get("redistribution_alone_s")), _ms(m.get("grad_sync_alone_s")),
                      _ms(p.get("redistribution_s")), _ms(p.get("grad_sync_s")), _ms(m.get("comm_alone_wall_s"))] +

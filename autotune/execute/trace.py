@@ -77,6 +77,15 @@ def exposed_time(comm, compute) -> float:
     return total
 
 
+def idle_time(events: list[DeviceEvent]) -> float:
+    """Time between the first and the last activity during which the GPU runs nothing (annotations
+    left out): the device waiting for the host to issue work, or for the loss's sync."""
+    busy = union((e.start, e.end) for e in events if not e.annotation and e.end > e.start)
+    if not busy:
+        return 0.0
+    return (busy[-1][1] - busy[0][0]) - sum(b - a for a, b in busy)
+
+
 def breakdown(events: list[DeviceEvent], steps: int) -> dict:
     """Device time per step (seconds) by kernel family, annotations left out."""
     out: dict[str, float] = {}

@@ -191,6 +191,7 @@ class Trainer:
                 "comm_source": "torch profiler: time inside NCCL kernels (includes their waiting for the peer and "
                                "their slowdown by concurrent compute)",
                 "exposed_comm_s": _slowest(trace.exposed_time(comm, busy) / 1e6 / n, self.d),
+                "device_idle_s": _slowest(trace.idle_time(events) / 1e6 / n, self.d),
                 "device_time_s": trace.breakdown(events, n), "top_kernels": trace.top_kernels(events, n)}
 
 

@@ -4,7 +4,7 @@ such as ``nccl:all_reduce`` around each NCCL kernel) are labels, not work; count
 as busy they covered every NCCL kernel and measured no exposed communication."""
 import pytest
 
-from autotune.execute.trace import DeviceEvent, breakdown, exposed_time, family, min_over_devices, split, top_kernels
+from autotune.execute.trace import DeviceEvent, breakdown, exposed_time, family, idle_time, min_over_devices, split, top_kernels
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 GEMM = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"
@@ -54,3 +54,10 @@ def test_replayed_kernels_count_the_device_that_waited_for_nobody():
     # device 1 the second late (3 against 7): 5 + 3
     assert min_over_devices([[5.0, 7.0], [9.0, 3.0]]) == 8.0
     assert min_over_devices([[5.0, 7.0, 1.0], [9.0, 3.0]]) == 12.0  # different kernels: the least total
+
+
+def test_idle_time_is_the_gaps_between_activities():
+    # busy 0-40, 30-70, 60-65, 80-90, 95-96 (the annotations, such as the whole step 0-100, are no work):
+    # gaps 70-80 and 90-95
+    assert idle_time(step_trace()) == 15.0
+    assert idle_time([]) == 0.0
