@@ -124,29 +124,35 @@ def _replicate(prog: GC3Program):
 
 
 def _lower(ops) -> Instrs:
-    """A local op is one instruction; a remote one a send then a receive (``r`` or ``rrc``)."""
+    """A local op is one instruction; a remote one a send then a receive (``r`` or ``rrc``). Each column is
+    one repeat (values both instructions share) or one scatter per part; buffers and types are int8."""
     kind, sr, sb, si, dr, db, di, count, lane, ch = ops
-    nops = len(kind)
     remote = sr != dr
-    keep = None if remote.all() else np.stack((np.ones(nops, dtype=bool), remote), axis=1).reshape(-1)
+    reps = remote.astype(np.int64) + 1
+    first = np.cumsum(reps) - reps                  # row of each op's first instruction
+    second = first[remote] + 1                      # row of each remote op's receive
+    nins = len(kind) + len(second)
 
-    def col(a_first, a_second):
-        """Per op, its first instruction's value and (remote ops) its second's, interleaved."""
-        pair = np.empty((nops, 2), dtype=np.int64)
-        pair[:, 0] = a_first
-        pair[:, 1] = a_second
-        return pair.reshape(-1) if keep is None else pair.reshape(-1)[keep]
+    def col(a_first, a_second, dtype=np.int64):
+        """Per op, its first instruction's value and (remote ops) its second's."""
+        out = np.empty(nins, dtype=dtype)
+        out[first] = a_first
+        out[second] = a_second[remote] if np.ndim(a_second) else a_second
+        return out
+
+    def both(a, dtype=np.int64):
+        return np.repeat(a.astype(dtype, copy=False), reps)
     is_copy = kind == COPY
-    ids = col(0, 1)
-    ids += np.arange(len(ids)) - ids
-    minus = np.full(nops, -1)
+    recv, msg_from, msg_to = (np.full(nins, -1, dtype=np.int64) for _ in range(3))
+    recv[second] = sr[remote]
+    msg_from[second] = second - 1
+    msg_to[second - 1] = second
     return Instrs(
         rank=col(sr, dr), type=col(np.where(remote, SEND, np.where(is_copy, CPY, RE)),
-                                   np.where(is_copy, RECV, RRC)).astype(np.int8),
-        src_buf=col(sb, np.where(is_copy, sb, db)), src_idx=col(si, np.where(is_copy, si, di)),
-        dst_buf=col(db, db), dst_idx=col(di, di), cnt=col(count, count), lane=col(lane, lane), ch=col(ch, ch),
-        send=col(np.where(remote, dr, -1), minus), recv=col(minus, sr),
-        msg_from=np.where(col(0, 1) == 1, ids - 1, -1), msg_to=np.where(col(remote, 0) == 1, ids + 1, -1))
+                                   np.where(is_copy, RECV, RRC), np.int8),
+        src_buf=col(sb, np.where(is_copy, sb, db), np.int8), src_idx=col(si, np.where(is_copy, si, di)),
+        dst_buf=both(db, np.int8), dst_idx=both(di), cnt=both(count), lane=both(lane), ch=both(ch),
+        send=col(np.where(remote, dr, -1), -1), recv=recv, msg_from=msg_from, msg_to=msg_to)
 
 
 @dataclass
