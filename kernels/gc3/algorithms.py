@@ -63,17 +63,19 @@ def ring_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nod
 
 def allpairs_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
     """All-pairs allreduce: rank r gathers and sums chunk r in scratch, then sends it to everyone (the k-th
-    other rank of r is k, or k + 1 from r on); traced for all ranks at once."""
+    other rank of r is k, or k + 1 from r on). The gather and the broadcast are traced in one call each (all
+    k, then all r: the ops are those of one call per k); the sums, which all write chunk r of rank r, one
+    call per k for all ranks."""
     _check(ranks, channels)
     prog = GC3Program("allreduce_allpairs", CollectiveSpec("allreduce", ranks, ranks, True), protocol, instances)
     r = np.arange(ranks)
-    others = [np.where(k < r, k, k + 1) for k in range(ranks - 1)]
-    for k, q in enumerate(others):
-        prog.chunk(q, I, r).copy(r, S, k, ch=k % channels)
-    for k in range(ranks - 1):
-        prog.chunk(r, I, r).reduce(prog.chunk(r, S, k))
-    for k, q in enumerate(others):
-        prog.chunk(r, I, r).copy(q, I, r, ch=k % channels)
+    k = np.repeat(np.arange(ranks - 1), ranks)     # every (k, r), k-major
+    rk = np.tile(r, ranks - 1)
+    q = np.where(k < rk, k, k + 1)                 # the k-th other rank of r
+    prog.chunk(q, I, rk).copy(rk, S, k, ch=k % channels)
+    for j in range(ranks - 1):
+        prog.chunk(r, I, r).reduce(prog.chunk(r, S, j))
+    prog.chunk(rk, I, rk).copy(q, I, rk, ch=k % channels)
     return prog
 
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def bit_width(n: int) -> int:
+    """Bits that hold 0..n-1 (at least 1): codes ``(a << bit_width(n)) | b`` for b < n sort like (a, b) and
+    decode with a shift and a mask, much faster than a division."""
+    return max(n - 1, 1).bit_length()
+
+
 def unique(x: np.ndarray) -> np.ndarray:
     s = np.sort(x)
     keep = np.ones(len(s), dtype=bool)

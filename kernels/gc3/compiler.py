@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibrate.errors import UserError
-from kernels.gc3.arrays import order_by, unique
+from kernels.gc3.arrays import bit_width, order_by, unique
 from kernels.gc3.dsl import GC3Program
 from kernels.gc3.emit import emit
 from kernels.gc3.ir import Program
@@ -169,6 +169,7 @@ class Accesses:
 
 def _accesses(ins: Instrs) -> Accesses:
     t = ins.type
+    span = int(max((ins.src_idx + ins.cnt).max(initial=1), (ins.dst_idx + ins.cnt).max(initial=1)))
     reads_src = (t == SEND) | (t == CPY) | (t == RE)
     touches_dst = t != SEND
     reads_dst = (t == RRC) | (t == RRCS) | (t == RRS) | (t == RE)
@@ -177,22 +178,32 @@ def _accesses(ins: Instrs) -> Accesses:
                                    (touches_dst, ins.dst_buf, ins.dst_idx, None, True)):
         rows = np.flatnonzero(mask)
         cnt = ins.cnt[rows]
-        rep = np.repeat(rows, cnt)
-        off = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        r = reads_dst[rep] if rd is None else np.full(len(rep), rd)
-        parts.append((ins.rank[rep], buf[rep], idx[rep] + off, rep, r, np.full(len(rep), wr)))
-    rank, buf, idx, instr, read, write = (np.concatenate(c) for c in zip(*parts))
-    span = int(idx.max(initial=0)) + 1
-    slot = (rank * 3 + buf) * span + idx
-    del rank, buf, idx
+        if (cnt == 1).all():     # one chunk each (the usual case): no expansion
+            rep, at = rows, idx[rows]
+        else:
+            rep = np.repeat(rows, cnt)
+            at = idx[rep] + np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        slot = (ins.rank[rep] * 3 + buf[rep]) * span + at
+        flags = (reads_dst[rep].astype(np.int64) << 1) | wr if rd is None else np.full(len(rep), 2 * rd + wr)
+        parts.append((slot, rep, flags))
+    slot, instr, flags = (np.concatenate(c) for c in zip(*parts))
     n = len(ins)
-    if slot.max(initial=0) < (1 << 60) // max(n, 1):   # one sort of (slot, instruction, read, write) codes
-        code = np.sort(((slot * n + instr) << 2) + (read.astype(np.int64) << 1) + write)
+    bits = bit_width(n)
+    if slot.max(initial=0) < 1 << (61 - bits):   # one sort of (slot, instruction, read, write) codes
+        code = slot << bits
+        code |= instr
+        code <<= 2
+        code |= flags
+        del slot, instr, flags
+        code.sort()
         read, write = (code & 2) > 0, (code & 1) > 0
-        slot, instr = np.divmod(code >> 2, n)
+        code >>= 2
+        slot, instr = code >> bits, code & ((1 << bits) - 1)
+        del code
     else:
         order = np.lexsort((instr, slot))
-        slot, instr, read, write = slot[order], instr[order], read[order], write[order]
+        slot, instr, flags = slot[order], instr[order], flags[order]
+        read, write = (flags & 2) > 0, (flags & 1) > 0
     # one access per (slot, instruction): a copy whose source and destination overlap reads and writes
     dup = np.flatnonzero((slot[1:] == slot[:-1]) & (instr[1:] == instr[:-1])) + 1
     if len(dup):
@@ -233,8 +244,9 @@ def _dependencies(acc: Accesses, n: int) -> tuple[np.ndarray, np.ndarray]:
     b = ~w & (nxt < end)
     src = np.concatenate((acc.instr[prev_w[a]], acc.instr[b]))
     dst = np.concatenate((acc.instr[a], acc.instr[nxt[b]]))
-    key = unique(src * n + dst)
-    return key // n, key % n
+    bits = bit_width(n)
+    key = unique((src << bits) | dst)
+    return key >> bits, key & ((1 << bits) - 1)
 
 
 def _fuse(ins: Instrs, dep_src: np.ndarray, dep_dst: np.ndarray):
@@ -272,8 +284,9 @@ def _fuse(ins: Instrs, dep_src: np.ndarray, dep_dst: np.ndarray):
     keep = alive[dep_dst]
     src, dst = into[dep_src[keep]], dep_dst[keep]
     keep = src != dst
-    key = unique(src[keep] * n + dst[keep])
-    return alive, key // n, key % n
+    bits = bit_width(n)
+    key = unique((src[keep] << bits) | dst[keep])
+    return alive, key >> bits, key & ((1 << bits) - 1)
 
 
 def _fuse_in_order(ins: Instrs, p: np.ndarray, s: np.ndarray):
