@@ -7,6 +7,7 @@ from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
 from kernels.gc3.algorithms import ALGORITHMS, DEFAULT_MAX_MEMORY_GIB, build, check_size
+from kernels.gc3.allocator import reuse_freed_memory
 from kernels.gc3.compiler import compile_table
 from kernels.gc3.executor import RACE_CHECK_MAX_CLOCK_BYTES, ExecutionError, check_program
 from kernels.gc3.verify import DEFAULT_SM_COUNT, verify
@@ -28,6 +29,7 @@ def compile_main(argv=None) -> int:
                          f"(default {DEFAULT_MAX_MEMORY_GIB:g}, and never more than the machine has available)")
     ap.add_argument("-o", "--output", required=True, help="output XML file")
     args = ap.parse_args(argv)
+    reuse_freed_memory()
     out = check_output_path(args.output, "output XML")
     if args.sm_count < 1:
         raise UserError(f"--sm-count must be >= 1, got {args.sm_count}")
@@ -60,6 +62,7 @@ def check_main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=8, help="random interleavings and data sets (default 8)")
     ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU")
     args = ap.parse_args(argv)
+    reuse_freed_memory()
     if args.seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
     if args.sm_count < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.gc3.arrays import order_by
+from kernels.gc3.arrays import bit_width, order_by
 from kernels.gc3.ir import Buffer
 from kernels.gc3.table import IRTable
 from kernels.gc3.threadblocks import Placed
@@ -24,6 +24,28 @@ def _buffer_sizes(prog) -> np.ndarray:
     return sizes
 
 
+def _cross_dependencies(waiter: np.ndarray, tb: np.ndarray, step: np.ndarray):
+    """Per (waiting step row, producing thread block of its GPU), the last producing step: (waiter, thread block,
+    step) sorted by waiter then thread block. One sort of (waiter, thread block, step) codes (no positions,
+    no argsort) when they fit in 63 bits, else a lexsort."""
+    tb_bits = bit_width(int(tb.max(initial=0)) + 1)
+    step_bits = bit_width(int(step.max(initial=0)) + 1)
+    if int(waiter.max(initial=0)) < 1 << (63 - tb_bits - step_bits):
+        code = ((waiter << tb_bits) | tb) << step_bits
+        code |= step
+        code.sort()
+        group = code >> step_bits
+        last = np.ones(len(code), dtype=bool)
+        last[:-1] = group[1:] != group[:-1]
+        group = group[last]
+        return group >> tb_bits, group & ((1 << tb_bits) - 1), code[last] & ((1 << step_bits) - 1)
+    order = np.lexsort((step, tb, waiter))
+    waiter, tb, step = waiter[order], tb[order], step[order]
+    last = np.ones(len(waiter), dtype=bool)
+    last[:-1] = (waiter[1:] != waiter[:-1]) | (tb[1:] != tb[:-1])
+    return waiter[last], tb[last], step[last]
+
+
 def emit(prog, ins, dep_src: np.ndarray, dep_dst: np.ndarray, placed: Placed, nlanes: int,
          seq: np.ndarray) -> IRTable:
     """The IR of placed instructions ``ins`` run in the order ``seq``."""
@@ -39,23 +61,18 @@ def emit(prog, ins, dep_src: np.ndarray, dep_dst: np.ndarray, placed: Placed, nl
     row_of[by] = np.arange(N)
     step_of = row_of - tb_start[placed.tb]
     cross = placed.tb[dep_src] != placed.tb[dep_dst]
-    ds, dd = dep_src[cross], dep_dst[cross]
-    key = row_of[dd] * T + placed.tb[ds]
-    order = order_by(key, step_of[ds])
-    key, ds = key[order], ds[order]
-    last = np.ones(len(key), dtype=bool)
-    last[:-1] = key[1:] != key[:-1]
-    key, ds = key[last], ds[last]
-    waiter, producer_tb = np.divmod(key, T)
+    waiter, producer_tb, dep_step = _cross_dependencies(row_of[dep_dst[cross]], tb_id[placed.tb[dep_src[cross]]],
+                                                        step_of[dep_src[cross]])
     dep_start = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(np.bincount(waiter, minlength=N), out=dep_start[1:])
     hasdep = np.zeros(N, dtype=bool)
-    hasdep[row_of[ds]] = True
+    hasdep[tb_start[tb_first[placed.tb_rank[step_tb[waiter]]] + producer_tb] + dep_step] = True
     return IRTable(
         name=prog.name, collective=spec.kind, ngpus=R, nchunksperloop=spec.chunks * prog.instances,
         nchannels=placed.nchannels * nlanes, protocol=prog.protocol, inplace=spec.inplace, min_bytes=0,
         max_bytes=0, gpu_chunks=_buffer_sizes(prog), gpu_id=np.arange(R), tb_gpu=placed.tb_rank, tb_id=tb_id,
         tb_send=placed.tb_send, tb_recv=placed.tb_recv, tb_chan=placed.tb_chan, tb_start=tb_start,
-        st_type=ins.type[by].astype(np.int8), st_srcbuf=ins.src_buf[by].astype(np.int8), st_srcoff=ins.src_idx[by],
-        st_dstbuf=ins.dst_buf[by].astype(np.int8), st_dstoff=ins.dst_idx[by], st_cnt=ins.cnt[by], st_hasdep=hasdep,
-        dep_start=dep_start, dep_tb=tb_id[producer_tb], dep_step=step_of[ds])
+        st_type=ins.type[by].astype(np.int8, copy=False), st_srcbuf=ins.src_buf[by].astype(np.int8, copy=False),
+        st_srcoff=ins.src_idx[by], st_dstbuf=ins.dst_buf[by].astype(np.int8, copy=False), st_dstoff=ins.dst_idx[by],
+        st_cnt=ins.cnt[by], st_hasdep=hasdep,
+        dep_start=dep_start, dep_tb=producer_tb, dep_step=dep_step)
