@@ -19,7 +19,11 @@ def unique(x: np.ndarray) -> np.ndarray:
 
 
 def unique_counts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    s = np.sort(x)
+    return run_counts(np.sort(x))
+
+
+def run_counts(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of the sorted array ``s`` and how often each occurs; O(n)."""
     keep = np.ones(len(s), dtype=bool)
     keep[1:] = s[1:] != s[:-1]
     starts = np.flatnonzero(keep)

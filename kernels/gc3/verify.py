@@ -31,7 +31,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from calibrate.errors import UserError
-from kernels.gc3.arrays import isin, order_by, rank_in_group, unique, unique_counts
+from kernels.gc3.arrays import isin, order_by, rank_in_group, run_counts, unique
 from kernels.gc3.ir import Program
 from kernels.gc3.table import RECEIVES, SENDS, IRTable
 
@@ -128,18 +128,19 @@ def _meet(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return i, j[i]
 
 
-def _match(m: _Messages) -> tuple[np.ndarray, np.ndarray]:
-    """(send step, receive step) of every matched message: the k-th send and k-th receive of a connection."""
-    big = int(max(m.send_k.max(initial=0), m.recv_k.max(initial=0))) + 1
-    ia, ib = _meet(m.send_key * big + m.send_k, m.recv_key * big + m.recv_k)
-    return m.send_step[ia], m.recv_step[ib]
+def _codes(m: _Messages, fifo_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """(connection, position) codes of the sends and of the receives, sorted, with room for ``fifo_slots``."""
+    big = int(max(m.send_k.max(initial=0), m.recv_k.max(initial=0))) + fifo_slots + 1
+    return m.send_key * big + m.send_k, m.recv_key * big + m.recv_k
 
 
-def _check_messages(t: IRTable, m: _Messages, ng: int, nch: int) -> None:
-    snd, rcv = _match(m)
+def _check_messages(t: IRTable, m: _Messages, ia: np.ndarray, ib: np.ndarray, ng: int, nch: int) -> None:
+    """``ia``, ``ib``: the matched messages (the k-th send and k-th receive of a connection), as positions in
+    ``m``'s sends and receives."""
+    snd, rcv = m.send_step[ia], m.recv_step[ib]
     bad_cnt = t.st_cnt[snd] != t.st_cnt[rcv]
-    keys, s_counts = unique_counts(m.send_key)
-    rkeys, r_counts = unique_counts(m.recv_key)
+    keys, s_counts = run_counts(m.send_key)
+    rkeys, r_counts = run_counts(m.recv_key)
     allkeys = unique(np.concatenate((keys, rkeys)))
     ns = np.zeros(len(allkeys), dtype=np.int64)
     nr = np.zeros(len(allkeys), dtype=np.int64)
@@ -199,7 +200,9 @@ def verify(program: Program | IRTable, sm_count: int = DEFAULT_SM_COUNT, fifo_sl
     m = _messages(t)
     ng = max(int(t.ngpus), int(t.gpu_id.max(initial=0)) + 1)
     nch = int(t.tb_chan.max(initial=0)) + 1
-    _check_messages(t, m, ng, nch)
+    a, b = _codes(m, fifo_slots)
+    ia, ib = _meet(a, b)
+    _check_messages(t, m, ia, ib, ng, nch)
     waiter, awaited = _dep_rows(t)
     missing = np.zeros(t.steps, dtype=bool)
     missing[awaited] = True
@@ -208,7 +211,7 @@ def verify(program: Program | IRTable, sm_count: int = DEFAULT_SM_COUNT, fifo_sl
         k = int(np.flatnonzero(missing)[0])
         raise VerifyError("missing hasdep", f"{t.step_name(k)} is waited on by another thread block but has "
                           f"hasdep=0, so it would never signal")
-    _check_deadlock(t, m, waiter, awaited, fifo_slots)
+    _check_deadlock(t, m, (a, b, ia, ib), waiter, awaited, fifo_slots)
     return Summary(
         ngpus=t.ngpus,
         threadblocks=t.max_threadblocks,
@@ -222,7 +225,8 @@ def verify(program: Program | IRTable, sm_count: int = DEFAULT_SM_COUNT, fifo_sl
 _KINDS = ("thread-block order", "dependency", "send/receive order on a connection", "FIFO slots")
 
 
-def _check_deadlock(t: IRTable, m: _Messages, waiter: np.ndarray, awaited: np.ndarray, fifo_slots: int) -> None:
+def _check_deadlock(t: IRTable, m: _Messages, matched: tuple, waiter: np.ndarray, awaited: np.ndarray,
+                    fifo_slots: int) -> None:
     # node k < S: step row k (its first phase); a step that receives and sends has a second (send)
     # phase, numbered from S on
     n = t.steps
@@ -233,16 +237,11 @@ def _check_deadlock(t: IRTable, m: _Messages, waiter: np.ndarray, awaited: np.nd
     follows = np.ones(n, dtype=bool)
     follows[t.tb_start[:-1][np.diff(t.tb_start) > 0]] = False
     nxt = np.flatnonzero(follows)
-    big = int(max(m.send_k.max(initial=0), m.recv_k.max(initial=0))) + fifo_slots + 1
-    a = m.send_key * big + m.send_k
-    b = m.recv_key * big + m.recv_k
-    ia, ib = _meet(a, b)
+    a, b, ia, ib = matched      # send and receive codes (``_codes``), and the matched pairs
     # FIFO: the k-th receive frees the slot the (k + slots)-th send needs
     fa, fb = _meet(a - fifo_slots, b)
     src = np.concatenate((two, last[nxt - 1], last[awaited], last[m.send_step[ia]], m.recv_step[fb]))
     dst = np.concatenate((last[two], nxt, waiter, m.recv_step[ib], last[m.send_step[fa]]))
-    kinds = np.concatenate((np.zeros(len(two) + len(nxt), dtype=np.int8), np.full(len(waiter), 1, np.int8),
-                            np.full(len(ia), 2, np.int8), np.full(len(fa), 3, np.int8)))
     by = order_by(src)
     indptr = np.zeros(total + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=total), out=indptr[1:])
@@ -252,6 +251,8 @@ def _check_deadlock(t: IRTable, m: _Messages, waiter: np.ndarray, awaited: np.nd
     if ncomp == total and not loops.any():
         return
     sizes = np.bincount(labels, minlength=ncomp)
+    kinds = np.concatenate((np.zeros(len(two) + len(nxt), dtype=np.int8), np.full(len(waiter), 1, np.int8),
+                            np.full(len(ia), 2, np.int8), np.full(len(fa), 3, np.int8)))
     cyclic = np.flatnonzero((sizes[labels] > 1) | isin(np.arange(total), unique(src[loops])))
     comp = labels[cyclic.min()]
     inside = labels == comp
