@@ -73,13 +73,19 @@ def embedding(ctx: Ctx, spec: LayerSpec, ids, w, wfine):
 def layernorm(ctx: Ctx, spec: LayerSpec, x, w):
     if spec.signature != "layernorm-split":
         return F.layer_norm(x, (x.shape[1],), w[0], w[1], EPS)
-    h = spec.layer.dim("hidden")
-    xs = x.to(ctx.stat_dtype)
     it = _internal(spec, "layernorm-stats")
-    stats = box(torch.stack([xs.sum(1), (xs * xs).sum(1)], 1), ctx.mesh, it.shape, it.src, it.dst,
-                log=ctx.log)
-    mean = stats[:, 0] / h
-    var = stats[:, 1] / h - mean * mean
+    return split_layernorm(x, w, spec.layer.dim("hidden"), ctx.stat_dtype,
+                           lambda stats: box(stats, ctx.mesh, it.shape, it.src, it.dst, log=ctx.log))
+
+
+def split_layernorm(x, w, hidden: int, stat_dtype, reduce):
+    """Layer norm of rows whose ``hidden`` features are split across devices: each device's row sums
+    and sums of squares (in ``stat_dtype``), made whole by ``reduce`` (the plan's boxing), then the
+    normalisation and the affine on the local features."""
+    xs = x.to(stat_dtype)
+    stats = reduce(torch.stack([xs.sum(1), (xs * xs).sum(1)], 1))
+    mean = stats[:, 0] / hidden
+    var = stats[:, 1] / hidden - mean * mean
     xhat = (xs - mean.unsqueeze(1)) * torch.rsqrt(var + EPS).unsqueeze(1)
     return (xhat.to(x.dtype) * w[0] + w[1])
 

@@ -104,7 +104,7 @@ def _path(shape, itemsize, src, dst, cluster, early_slices: bool, gather_first: 
         for d in sorted({split_dim(dst[a]) for a in axes}):
             grp = tuple(a for a in axes if split_dim(dst[a]) == d)
             set_axes(grp, lambda a: dst[a])
-            steps.append(Step("slice", grp, 0, -1, d))
+            steps.append(Step("slice", grp, _local_elems(shape, cur, cluster) * itemsize, -1, d))
 
     def gathers():
         # S(i) -> B or P: all-gather, inter-node part first
@@ -147,6 +147,30 @@ def _path(shape, itemsize, src, dst, cluster, early_slices: bool, gather_first: 
         set_axes(zero, lambda a: P)
         steps.append(Step("zero", zero, 0))
     return tuple(steps)
+
+
+def local_copies(step: Step) -> int:
+    """How many local copies of ``step.nbytes`` (each reading and writing them) PyTorch's DTensor makes
+    around the step, as ``autotune execute`` runs it: the functional all-reduce clones its input; an
+    all-gather along a dimension other than 0 concatenates the gathered chunks, a reduce-scatter along one
+    chunks its input into a contiguous buffer, an all-to-all does both on the dimensions that are not 0;
+    a slice copies its piece out (its own storage). A zeroing (B -> P) writes zeros on the devices
+    off coordinate 0 only and is not counted."""
+    if step.op == Collective.ALLREDUCE.value or step.op == "slice":
+        return 1
+    if step.op == Collective.ALLGATHER.value:
+        return int(step.src_dim != 0)
+    if step.op == Collective.REDUCESCATTER.value:
+        return int(step.dst_dim != 0)
+    if step.op == Collective.ALLTOALL.value:
+        return int(step.src_dim != 0) + int(step.dst_dim != 0)
+    return 0
+
+
+def copy_seconds(steps, memory_seconds) -> float:
+    """Seconds of the local copies around ``steps`` (``local_copies``), each timed by ``memory_seconds``
+    on the bytes it reads and writes."""
+    return sum(n * memory_seconds(2 * st.nbytes) for st in steps for n in (local_copies(st),) if n)
 
 
 def box(shape: tuple[int, ...], itemsize: int, src: tuple[str, ...], dst: tuple[str, ...],

@@ -18,7 +18,7 @@ import numpy as np
 from calibrate.errors import OptionError, UserError
 from models.graph import LayerGraph
 
-from autotune.sbp.boxing import Coster, Step, box, box_backward
+from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op
 from autotune.sbp.memory import Memory, peak_workspace, strategy_memory
 from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds, require_compute
@@ -28,8 +28,12 @@ from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps
 
 
 def grad_sync_axes(s: Strategy, w, cluster: Cluster) -> tuple[int, ...]:
+    """The fine axes over which weight ``w``'s gradient is all-reduced: where the weight is B and the
+    layer's data is split (each device's tokens give partial sums). A layer without an input tensor (an
+    embedding) has its data split as its output's tokens."""
     wf = NdSbp(w.sbp, s.mesh).fine(cluster)
-    return tuple(a for a in range(len(wf)) if wf[a] == B and s.fine_in and is_split(s.fine_in[a]))
+    data = s.fine_in or s.fine_out
+    return tuple(a for a in range(len(wf)) if wf[a] == B and data and is_split(data[a]))
 
 
 def internal_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, str, tuple[Step, ...]]]:
@@ -41,6 +45,11 @@ def internal_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, str, tuple[
         if it.backward:
             out.append((it.tensor, "bwd", box_backward(it.shape, it.itemsize, src, dst, cluster)))
     return out
+
+
+def internal_copy_seconds(s: Strategy, cluster: Cluster, cm) -> float:
+    """Per micro-batch: DTensor's local copies around the boxing inside a layer (``boxing.copy_seconds``)."""
+    return sum(copy_seconds(steps, cm.memory_seconds) for _, _, steps in internal_steps(s, cluster))
 
 
 def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES) -> list[tuple[str, Step]]:
@@ -105,7 +114,7 @@ class Problem:
         if self.compute is not None:
             secs = [[layer_seconds(op, s, self.cluster, self.compute, self.act_bytes) for s in ss]
                     for op, ss in zip(self.ops, self.choices)]
-            self.node_compute = [np.array([self.mb * (f + b)
+            self.node_compute = [np.array([self.mb * (f + b + internal_copy_seconds(s, self.cluster, self.compute))
                                            + optimizer_seconds(s, self.cluster, self.compute, self.act_bytes)
                                            + (self.mb - 1) * accumulate_seconds(s, self.cluster, self.compute,
                                                                                 self.act_bytes)
@@ -129,7 +138,8 @@ class Problem:
             if b != a:
                 self.incident[b].append(((a, b), c))
         self.tables = EdgeTables(self.choices, [op.out_shape for op in self.ops], self.edge_counts, coster,
-                                 self.mb, precompute_tables, progress, self.act_bytes)
+                                 self.mb, precompute_tables, progress, self.act_bytes,
+                                 self.compute.memory_seconds if objective == "step" else None)
         # adjacent distinct layers (u < v): the blocks of a joint two-layer move
         self.pairs = sorted({(min(a, b), max(a, b)) for a, b in self.edge_counts if a != b})
         self.evaluations = 0

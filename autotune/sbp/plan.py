@@ -22,7 +22,7 @@ from pathlib import Path
 from calibrate.records import check_header, header
 from calibrate.jsonfile import read_json, write_json
 
-from autotune.sbp.boxing import Step
+from autotune.sbp.boxing import Step, copy_seconds
 from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
 from autotune.sbp.layers import Strategy
 from autotune.sbp.mesh import Cluster
@@ -111,10 +111,14 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         fwd, bwd = edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.act_bytes)
         comms = [_comm(st, problem, phase="boxing", tensor=problem.ops[a].layer.name, direction=d, per="micro-batch")
                  for d, steps in (("fwd", fwd), ("bwd", bwd)) for st in steps if st.collective]
-        t = problem.edge_cost(a, b, assign[a], assign[b])
+        t = mb * (problem.coster.time(fwd) + problem.coster.time(bwd))
         red_total += count * t
+        copies = {}
+        if problem.compute is not None:  # DTensor's local copies around the steps: compute time
+            copies = {"copy_s": mb * copy_seconds(fwd + bwd, problem.compute.memory_seconds)}
+            comp_total += count * copies["copy_s"]
         edges.append({"from": problem.ops[a].layer.name, "to": problem.ops[b].layer.name, "count": count,
-                      "collectives": comms, "redistribution_s": t})
+                      "collectives": comms, "redistribution_s": t, **copies})
     totals = {"redistribution_s": red_total, "grad_sync_s": sync_total,
               "total_s": red_total + sync_total, "memory_bytes": problem.peak_memory(assign),
               "memory": problem.memory_breakdown(assign).to_dict(),

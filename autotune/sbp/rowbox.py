@@ -54,8 +54,10 @@ def dual_code(codes: np.ndarray) -> np.ndarray:
 
 
 class RowBoxer:
-    def __init__(self, coster: Coster, itemsize: int):
-        self.coster, self.itemsize = coster, itemsize
+    def __init__(self, coster: Coster, itemsize: int, memory_seconds=None):
+        """``memory_seconds`` (bytes -> seconds): also cost DTensor's local copies around each step
+        (``autotune.sbp.boxing.local_copies``), as the step-time objective does."""
+        self.coster, self.itemsize, self.memory_seconds = coster, itemsize, memory_seconds
         cl = coster.cluster
         groups: dict[tuple[int, bool], list[int]] = {}
         for a, key in enumerate(zip(cl.axis_sizes, cl.axis_inter)):
@@ -65,6 +67,7 @@ class RowBoxer:
         self.weight = [math.prod(self.radix[:c]) for c in range(len(self.classes))]
         self.E = math.prod(self.radix)  # distinct count vectors over the classes
         self._steps: dict[tuple, tuple[np.ndarray, np.ndarray] | dict] = {}
+        self._copies: dict[tuple, np.ndarray] = {}
         self._div: dict[tuple, np.ndarray] = {}
 
     # ---- counts ------------------------------------------------------------------------------------
@@ -142,16 +145,24 @@ class RowBoxer:
             known[k] = True
         return vals[key]
 
+    def _copy_times(self, shape, key: np.ndarray, copies: int) -> np.ndarray:
+        """Seconds of ``copies`` local copies of a step's message per pair (0 where the group is empty)."""
+        idx, elems = self._elems(shape)
+        per = self._copies.get(shape)
+        if per is None:
+            per = self._copies[shape] = np.array([self.memory_seconds(2 * e * self.itemsize) for e in elems])
+        return np.where(key % self.E != 0, copies * per[key // self.E], 0.0)
+
     # ---- the path ----------------------------------------------------------------------------------
     def _walk(self, shape: tuple[int, ...], f: list[dict], early_slices: bool = True,
               gather_first: bool = False) -> np.ndarray:
         """The path in one of ``box``'s orders; NaN where an intermediate does not divide."""
         nd, C, E = len(shape), len(self.classes), self.E
         inter = [i for _, i, _ in self.classes]
-        # split-count key of each dimension: sum over classes of count x weight (slices B -> S(d) counted
-        # in K(d) from the start, taken back out until the end when they come last)
+        # split-count key of each dimension: sum over classes of count x weight (slices B -> S(d) are
+        # counted in K(d); taken out here, they are moved in where the order makes them)
         dk = [sum(f[c]["K"][d] + f[c]["AG"][d] + sum(f[c]["A"][(d, j)] for j in range(nd) if j != d)
-                  - (0 if early_slices else f[c]["slice"][d]) for c in range(C)) for d in range(nd)]
+                  - f[c]["slice"][d] for c in range(C)) for d in range(nd)]
         comb = sum(dk[d] * np.int32(E ** d) for d in range(nd))  # every dimension's key in one
         total = np.zeros(f[0]["AR"].shape)
         bad = np.zeros(total.shape, dtype=bool)
@@ -164,11 +175,14 @@ class RowBoxer:
             live = [x for x in g if x is not None and x.any()]
             return sum(live[1:], live[0]) if live else None
 
-        def step(op, gw):
+        def step(op, gw, copies=0):
             key = elem_idx[comb]
             key *= np.int32(E)
             key += gw
-            total[...] += self._times(op, shape, key)
+            if op is not None:
+                total[...] += self._times(op, shape, key)
+            if copies and self.memory_seconds is not None:
+                total[...] += self._copy_times(shape, key, copies)
 
         def move(gw, d, sign):
             nonlocal comb
@@ -181,9 +195,19 @@ class RowBoxer:
                     gw = group([f[c]["AG"][d] if inter[c] == tier else None for c in range(C)])
                     if gw is not None:
                         move(gw, d, -1)
-                        step(Collective.ALLGATHER, gw)
+                        step(Collective.ALLGATHER, gw, int(d != 0))
 
-        for d in range(nd):  # after the free slices, if first
+        def slices():  # each dimension's slice copies its piece out
+            for d in range(nd):
+                gw = group([f[c]["slice"][d] for c in range(C)])
+                if gw is not None:
+                    move(gw, d, 1)
+                    check(d)
+                    step(None, gw, 1)
+
+        if early_slices:
+            slices()
+        for d in range(nd):
             check(d)
         if gather_first:
             gathers()
@@ -191,29 +215,25 @@ class RowBoxer:
             for tier in (False, True):
                 gw = group([f[c]["RS"][d] if inter[c] == tier else None for c in range(C)])
                 if gw is not None:
-                    step(Collective.REDUCESCATTER, gw)
+                    step(Collective.REDUCESCATTER, gw, int(d != 0))
                     move(gw, d, 1)
                     check(d)
         gw = group([f[c]["AR"] for c in range(C)])
         if gw is not None:
-            step(Collective.ALLREDUCE, gw)
+            step(Collective.ALLREDUCE, gw, 1)
         for i in range(nd):  # all-to-alls
             for j in range(nd):
                 if i != j:
                     gw = group([f[c]["A"][(i, j)] for c in range(C)])
                     if gw is not None:
-                        step(Collective.ALLTOALL, gw)
+                        step(Collective.ALLTOALL, gw, int(i != 0) + int(j != 0))
                         move(gw, i, -1)
                         move(gw, j, 1)
                         check(j)
         if not gather_first:
             gathers()
         if not early_slices:
-            for d in range(nd):
-                gw = group([f[c]["slice"][d] for c in range(C)])
-                if gw is not None:
-                    move(gw, d, 1)
-                    check(d)
+            slices()
         total[bad] = np.nan
         return total
 

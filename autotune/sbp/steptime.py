@@ -15,7 +15,10 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
                 for the scale's and shift's gradients (5 passes)
     split       the executed ops one by one (``autotune.execute.ops.layernorm``), each reading its
     layernorm   inputs and writing its output, a = act_bytes, f = 4 (fp32 statistics): forward
-                6a + 10f bytes per local element, backward 7a + 17f
+                6a + 11f bytes per local element (cast, square, two row sums, centre, scale, cast,
+                affine), backward 9a + 26f (the affine's two products and two column sums, the casts,
+                and autograd's products, negation, two row sums and three accumulations in fp32; the
+                operator list of one backward pass, tests/autotune/test_sbp_steptime.py)
     pointwise   memory-bound: 2 passes forward, 3 backward
     attention   softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads, forward
                 and backward as measured (``python -m calibrate compute``; backward twice the
@@ -29,7 +32,10 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
                 backward twice the forward
     pool        memory-bound: 2 passes forward, 2 backward
 
-plus, once per step, the optimizer over every locally held parameter
+plus, per micro-batch, PyTorch DTensor's local copies around each boxing step
+(``autotune.sbp.boxing.local_copies``: the functional all-reduce's clone, the
+concatenation after an all-gather along a dimension other than 0, and the like),
+each a read and a write at the profile's memory bandwidth; and, once per step, the optimizer over every locally held parameter
 (``OPTIMIZER_BYTES``: fused Adam and, in mixed precision, the casts around it), and per
 micro-batch after the first, the gradient accumulation (``accumulate_seconds``).
 
@@ -106,7 +112,7 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     if kind == "layernorm" and s.signature == "layernorm-split":
         e = local_elems(s.input, s.mesh, cluster)
         a, f = act_bytes, STAT_BYTES
-        return cm.memory_seconds(e * (6 * a + 10 * f)), cm.memory_seconds(e * (7 * a + 17 * f))
+        return cm.memory_seconds(e * (6 * a + 11 * f)), cm.memory_seconds(e * (9 * a + 26 * f))
     if kind == "layernorm":  # backward: dx, then the scale's and shift's gradients, each reading x and dy
         return mem(2, 5, local_elems(s.input, s.mesh, cluster))
     if kind == "pointwise":

@@ -25,7 +25,7 @@ import numpy as np
 
 from calibrate.errors import UserError
 
-from autotune.sbp.boxing import Coster, box
+from autotune.sbp.boxing import Coster, box, copy_seconds
 from autotune.sbp.sbp import dual
 from autotune.sbp.layers import ACT_BYTES, Strategy
 from autotune.sbp.rowbox import RowBoxer, dual_code, encode
@@ -44,15 +44,18 @@ def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster, itemsize:
 
 class EdgeTables:
     def __init__(self, choices: list[list[Strategy]], shapes: list, edges, coster: Coster, micro_batches: int,
-                 precompute: bool | None = None, progress=None, itemsize: int = ACT_BYTES):
+                 precompute: bool | None = None, progress=None, itemsize: int = ACT_BYTES, memory_seconds=None):
+        """``memory_seconds`` (bytes -> seconds): add DTensor's local copies around each step
+        (``autotune.sbp.boxing.local_copies``), as the step-time objective does."""
         self.choices, self.shapes, self.coster, self.mb = choices, shapes, coster, micro_batches
+        self.memory_seconds = memory_seconds
         self.itemsize = itemsize
         self.cluster = coster.cluster
         self.edges = list(edges)
         self._memo: dict = {}
         self._full: dict[tuple[int, int], np.ndarray] = {}
         self._lines: dict[tuple, np.ndarray] = {}
-        self.rows = RowBoxer(coster, itemsize)
+        self.rows = RowBoxer(coster, itemsize, memory_seconds)
         self._codes: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         pairs = sum(len(choices[a]) * len(choices[b]) for a, b in self.edges if a != b)
         self.precomputed = pairs <= PRECOMPUTE_PAIRS if precompute is None else precompute
@@ -85,6 +88,8 @@ class EdgeTables:
             try:
                 fwd, bwd = edge_steps(sa, sb, self.shapes[a], self.cluster, self.itemsize)
                 t = self.mb * (self.coster.time(fwd) + self.coster.time(bwd))
+                if self.memory_seconds is not None:
+                    t += self.mb * copy_seconds(fwd + bwd, self.memory_seconds)
             except UserError:  # no evenly divisible path between these two layouts
                 t = math.inf
             self._memo[key] = t

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from autotune.sbp.boxing import box, box_backward
+from autotune.sbp.boxing import box, box_backward, copy_seconds, local_copies
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.simulate import DistTensor
 
@@ -61,6 +61,22 @@ def test_paper_path_reduce_scatter_then_all_gather():
 def test_single_axis_transitions(src, dst, op):
     steps = box((8, 8), 4, src, dst, Cluster(1, 2))
     assert [s.op for s in steps] == [op]
+
+
+@pytest.mark.parametrize("src,dst,copies,nbytes", [
+    (("P",), ("B",), 1, 8 * 8 * 4),        # the functional all-reduce clones its input
+    (("P",), ("S0",), 0, 8 * 8 * 4),       # reduce-scatter along dimension 0: in place
+    (("P",), ("S1",), 1, 8 * 8 * 4),       # along 1: the input chunked into a contiguous buffer
+    (("S0",), ("B",), 0, 8 * 8 * 4),       # all-gather along 0: the gathered buffer is the result
+    (("S1",), ("B",), 1, 8 * 8 * 4),       # along 1: the chunks concatenated
+    (("S0",), ("S1",), 1, 4 * 8 * 4),      # all-to-all: one side off dimension 0
+    (("B",), ("S1",), 1, 8 * 4 * 4),       # a slice copies its piece out
+    (("B",), ("P",), 0, 0),                # zeroing: not counted
+])
+def test_local_copies_around_each_step(src, dst, copies, nbytes):
+    (step,) = box((8, 8), 4, src, dst, Cluster(1, 2))
+    assert (local_copies(step), step.nbytes) == (copies, nbytes)
+    assert copy_seconds((step,), lambda b: 1e-6 + b / 1e12) == pytest.approx(copies * (1e-6 + 2 * nbytes / 1e12))
 
 
 def test_tiers_split_reduce_scatter_intra_first():

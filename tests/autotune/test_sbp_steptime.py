@@ -68,7 +68,8 @@ def test_data_parallel_step_closed_form():
 
 def test_megatron_step_splits_the_matmuls():
     # t = 4: fc0 column-parallel (n / 4), fc1 row-parallel (k / 4): a quarter of the flops each, no sync;
-    # the all-reduce of the output before the loss is on the critical path (exposed)
+    # the all-reduce of the output before the loss is on the critical path (exposed), and its functional
+    # form in DTensor clones its input first (a read and a write of the output, compute time)
     pr = mlp_problem()
     a = megatron_assignment(pr, (1, 1), (1, 4))
     t = build_plan(pr, a, "megatron")["totals"]
@@ -77,7 +78,8 @@ def test_megatron_step_splits_the_matmuls():
     loss = mem(logits * (2 + 9 * 4)) + mem(logits * (3 * 4 + 2))
     opt = sum(mem(k * n // 4 * 40) for k, n in zip(DIMS, DIMS[1:]))
     accumulate = (MB - 1) * sum(mem(3 * k * n // 4 * 2) for k, n in zip(DIMS, DIMS[1:]))
-    assert t["compute_s"] == pytest.approx(MB * (sum(3 * f for f in fwd) + loss) + opt + accumulate, rel=1e-12)
+    clone = mem(2 * logits * 2)
+    assert t["compute_s"] == pytest.approx(MB * (sum(3 * f for f in fwd) + loss + clone) + opt + accumulate, rel=1e-12)
     assert t["exposed_comm_s"] == pytest.approx(t["redistribution_s"], rel=1e-12) and t["grad_sync_s"] == 0
 
 
@@ -123,3 +125,39 @@ def test_step_objective_needs_compute_figures(tmp_path, capsys):
     assert "has no compute figures: minimising communication" in capsys.readouterr().out
     assert autotune_main(small + ["--objective", "step", "--out", str(tmp_path / "o2")]) == 2
     assert "no compute figures" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_split_layernorm_bytes_are_the_executed_operators():
+    # every operator of the executed split layer norm (forward, then backward), caught as it runs: the
+    # bytes it reads and writes of tensors with one element per local element (row statistics, the
+    # weights and views move nothing) are 6a + 11f forward and 9a + 26f backward per element, as
+    # layer_seconds costs them
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from autotune.execute.ops import split_layernorm
+
+    t, h = 16, 32
+    views = ("view", "_unsafe_view", "as_strided", "expand", "unsqueeze", "squeeze", "transpose", "t", "detach",
+             "alias", "select", "slice", "permute", "empty", "empty_like", "new_empty", "new_empty_strided", "lift_fresh")
+
+    class Bytes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0  # bytes per local element
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ not in views:
+                flat = torch.utils._pytree.tree_leaves((args, kwargs or {}, out))
+                self.n += sum(x.element_size() for x in flat if isinstance(x, torch.Tensor) and x.numel() == t * h)
+            return out
+
+    x = torch.randn(t, h, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(2, h, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(t, h, dtype=torch.bfloat16)
+    with Bytes() as fwd:
+        y = split_layernorm(x, w, 2 * h, torch.float32, lambda stats: stats.clone())
+    with Bytes() as bwd:
+        y.backward(g)
+    a, f = 2, 4
+    assert (fwd.n, bwd.n) == (6 * a + 11 * f, 9 * a + 26 * f)
