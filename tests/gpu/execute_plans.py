@@ -80,7 +80,7 @@ def random_plans(problem, pool: int, seed: int) -> list[dict]:
     return out
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out")
     ap.add_argument("--searched", nargs="*", default=[], help="LABEL=DIR of python -m autotune runs")
@@ -93,7 +93,11 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-limit", type=float, default=None, help="GiB per device")
     for f in FIELDS:
         ap.add_argument("--" + f.replace("_", "-"), dest=f, type=int, default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     graph = load_model("gpt", None, {f: getattr(args, f) for f in FIELDS})
     limit = args.memory_limit * 2**30 if args.memory_limit else None
     problem = Problem(graph, Coster(Profile.load(args.profile), Cluster(args.nodes, args.gpus_per_node)), limit,
