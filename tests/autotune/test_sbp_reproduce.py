@@ -47,5 +47,10 @@ def test_explain_computations_run_on_a_case(capsys):
     assert autotune_main(["explain", "megatron-meshes", "vgg-daint-16", "--classes", "1008"]) == 0
     out = capsys.readouterr().out
     assert "Megatron d=" in out and "searched:" in out
+    # GPT small on GCP: the searched plan departs from data parallelism at the embedding, whose weight
+    # gradient it syncs over 2 nodes on 1/16 of the weight instead of all 32 GPUs on all of it
+    assert autotune_main(["explain", "versus-data-parallel", "gpt-small-gcp", "--micro-batch", "512"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("embedding (x1):") and "% less" in out.splitlines()[-1]
     assert autotune_main(["explain", "summa"]) == 2        # no case: one line, exit 2
     assert "needs a case id" in capsys.readouterr().err

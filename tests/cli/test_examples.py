@@ -80,6 +80,8 @@ ELSEWHERE = {
     "python -m autotune explain megatron-meshes CASE": "a placeholder (CASE): tests/autotune/test_sbp_reproduce.py",
     "python -m autotune explain summa CASE --micro-batch N":
         "placeholders (CASE, N): tests/autotune/test_sbp_reproduce.py",
+    "python -m autotune explain versus-data-parallel CASE":
+        "a placeholder (CASE): tests/autotune/test_sbp_reproduce.py",
 }
 
 

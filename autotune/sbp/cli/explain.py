@@ -8,6 +8,9 @@ reports/records/sbp_reproduce.md, rerunnable:
         Megatron 4 x 16 and the searched plan, wide transformer at micro-batch 16
     python -m autotune explain summa CASE --micro-batch N
         why SUMMA has or has no plan: per 2D mesh, the layers without a strategy
+    python -m autotune explain versus-data-parallel CASE [--micro-batch N]
+        where the searched plan departs from data parallelism: each layer placed otherwise, with its
+        gradient sync and redistribution in both plans, and the boxings the searched plan adds
 """
 from __future__ import annotations
 
@@ -87,9 +90,30 @@ def summa(case: dict, over: dict) -> None:
         print(f"SUMMA {m.sizes}: no strategy for {', '.join(missing)}")
 
 
+def versus_data_parallel(case: dict, over: dict) -> None:
+    from autotune.sbp.baselines import data_parallel
+    from autotune.sbp.plan import build_plan
+
+    pr = _problem(case, over)
+    res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0))
+    ours, dp = build_plan(pr, res.assignment, "searched"), build_plan(pr, data_parallel(pr), "data parallel")
+    for a, b in zip(ours["layers"], dp["layers"]):
+        if a["sbp"] != b["sbp"]:
+            print(f"{a['name']} (x{a['count']}): searched {a['sbp']}; data parallel {b['sbp']}; gradient sync "
+                  f"{a['grad_sync_s'] * a['count'] * 1e3:.3f} ms against {b['grad_sync_s'] * b['count'] * 1e3:.3f} ms, "
+                  f"redistribution inside {a['redistribution_s'] * a['count'] * 1e3:.3f} ms against "
+                  f"{b['redistribution_s'] * b['count'] * 1e3:.3f} ms")
+    for e in ours["edges"]:
+        if e["redistribution_s"] > 0:
+            moves = ", ".join(f"{c['collective']} {c['nbytes']} B {c['direction']}" for c in e["collectives"])
+            print(f"boxing {e['from']} -> {e['to']} (x{e['count']}): {e['count'] * e['redistribution_s'] * 1e3:.3f} ms ({moves})")
+    t, d = ours["totals"]["total_s"], dp["totals"]["total_s"]
+    print(f"searched {t:.6g} s/step, data parallel {d:.6g} s/step: {(1 - t / d) * 100:.1f}% less")
+
+
 def main(argv=None) -> int:
     ap = command_parser("python -m autotune explain", __doc__.split("\n\n")[0], epilog=__doc__)
-    ap.add_argument("what", choices=["megatron-meshes", "papers-plan", "summa"], help="which computation")
+    ap.add_argument("what", choices=list(CASE_COMPUTATIONS) + ["papers-plan"], help="which computation")
     ap.add_argument("case", nargs="?", help="an AutoDDL case id (python -m autotune reproduce autoddl lists them)")
     ap.add_argument("--micro-batch", type=int, help="micro-batch (default: the case's)")
     ap.add_argument("--classes", type=int, help="VGG: pad the classes (as Megatron-LM pads its vocabulary)")
@@ -106,5 +130,8 @@ def main(argv=None) -> int:
         over["micro_batch"] = args.micro_batch
     if args.classes:
         over["classes"] = args.classes
-    (megatron_meshes if args.what == "megatron-meshes" else summa)(case, over)
+    CASE_COMPUTATIONS[args.what](case, over)
     return 0
+
+
+CASE_COMPUTATIONS = {"megatron-meshes": megatron_meshes, "summa": summa, "versus-data-parallel": versus_data_parallel}
