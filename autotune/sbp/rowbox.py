@@ -28,7 +28,10 @@ table costs a few dozen array passes plus one profile lookup per distinct
 step. Pairs where an intermediate of that order does not divide evenly take
 ``box``'s other orders in turn (slices last; then all-gathers first too), and
 cost inf where none divides. Equal to ``box`` to rounding: tested on every
-pair of small problems.
+pair of small problems. Given ``memory_seconds``, each step also costs
+DTensor's local copies around it (``autotune.sbp.boxing.local_copies``: they
+depend on the step's kind, its tensor dimensions and its message size, all
+known on the path), as the step-time objective counts them.
 """
 from __future__ import annotations
 
