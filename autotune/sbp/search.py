@@ -14,7 +14,7 @@ import numpy as np
 from calibrate.errors import UserError
 
 from autotune.sbp.cost import Problem
-from autotune.sbp.capsearch import cap_descent, repair
+from autotune.sbp.capsearch import UP, cap_descent, repair
 from autotune.sbp.dp import DynamicProgramming, Relaxed, applicable, relax
 from autotune.sbp.searchbase import Budget, Clock, Search, SearchResult, require_additive
 
@@ -224,7 +224,9 @@ class CoordinateDescent(Search):
     limit repaired from above (up to ``REPAIRS``, the nearest to the limit;
     ``capsearch.repair``) and ``start``, cheapest first, and alternate the
     memory-cap descent (``autotune.sbp.capsearch``: exact programs under
-    per-layer memory caps) with line searches until neither improves;
+    per-layer memory caps) with line searches until neither improves; then
+    the best plan once more with paid cap moves up to ``POLISH_UP`` levels
+    (about 600 programs, 2-3 s on GPT-3 175B: too many for every start);
     restarts then use line searches only (cheap and diverse). The
     relaxation's lower bound stops the search as soon as the best plan is
     within ``TOL`` of it (proven optimal). The two kinds of first start
@@ -242,6 +244,7 @@ class CoordinateDescent(Search):
     TOL = 1e-6
     SEEDS = 4
     REPAIRS = 2
+    POLISH_UP = 8
     relaxation = True
 
     def _perturb(self, problem, best, rng):
@@ -323,20 +326,23 @@ class CoordinateDescent(Search):
     def run(self, problem, budget, rng, start=None):
         clock = Clock(budget, self.progress, self.name)
         seeds, rel = self._seeds(problem, start, clock)
-        first_starts = len(seeds)
         caps = rel is not None and not rel.exact and problem.memory_limit is not None
+        first_starts = len(seeds) + caps  # with caps, the last: the best plan again, with deeper cap moves
         pairs = problem.pairs if problem.tables.precomputed else []
         best, best_cost = None, math.inf
         reason = None
         restarts = stale = 0
+        solved: dict = {}  # the cap descents' programs (capsearch.cap_descent's memo)
         while reason is None:
-            cur = seeds.pop(0)
+            deep = caps and restarts == first_starts - 1
+            cur = (list(best) if best is not None else problem.min_memory_assignment()) if deep else seeds.pop(0)
             total = problem.cost(cur)
             before = clock.best
             clock.offer(total)
             # from a first start: memory caps, then line searches, until neither improves; restarts: line searches
             while caps and restarts < first_starts and math.isfinite(total):
-                total, plan, _ = cap_descent(problem, rel.dp, rel.unary, cur, total, clock)
+                total, plan, _ = cap_descent(problem, rel.dp, rel.unary, cur, total, clock,
+                                             self.POLISH_UP if deep else UP, solved)
                 cur[:] = plan
                 before_lines = total
                 total, reason = self._descend(problem, cur, total, clock, pairs)
@@ -357,7 +363,7 @@ class CoordinateDescent(Search):
             if reason is None and clock.best <= clock.bound * (1 + self.TOL):
                 reason = f"optimal (the relaxation's lower bound {clock.bound:.6g} reached)"
             restarts += 1
-            if seeds:
+            if seeds or restarts < first_starts:
                 continue
             if best is None or restarts % self.RANDOM_EVERY == 0:
                 seeds.append(problem.random_assignment(rng))

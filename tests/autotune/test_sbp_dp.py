@@ -188,3 +188,37 @@ def test_the_default_search_reaches_the_memory_limited_optimum(objective, fracti
     pr, opt, _, _ = limited(Cluster(2, 1), objective, fraction)
     res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0))
     assert res.cost == pytest.approx(opt, rel=1e-12) and res.stopped.startswith(("converged", "optimal"))
+
+
+
+class Separable:
+    """Layers without boxing between them (each plan's cost the sum of its layers'), for the cap
+    descent's moves: the program under caps is each layer's cheapest strategy under its cap."""
+
+    def __init__(self, mem, cost, limit):
+        self.mem, self.unary, self.memory_limit = [np.array(m, float) for m in mem], [np.array(c, float) for c in cost], limit
+
+    def cost(self, plan):
+        fits = sum(m[i] for m, i in zip(self.mem, plan)) <= self.memory_limit
+        return float(sum(c[i] for c, i in zip(self.unary, plan))) if fits else math.inf
+
+    def solve(self, unary):
+        plan = [int(np.argmin(u)) for u in unary]
+        return float(sum(u[i] for u, i in zip(unary, plan))), plan
+
+
+def test_paid_cap_moves_reach_a_layer_several_levels_up():
+    # layer A (1..8 GiB) pays off only from 5 GiB up (cost 10 -> 0), layer B costs 9 - its GiB: under 10
+    # GiB the optimum is A 5, B 5 (cost 4). From A 1, B 9 (cost 10) no move of B down 1 or 2 levels, nor
+    # a paid move of A up 1 or 2 levels, helps (11, 12); a paid move 4 levels up (B down just as far) does
+    pr = Separable([range(1, 9), range(1, 10)], [[10] * 4 + [0] * 4, [9 - m for m in range(1, 10)]], 10.0)
+    brute_opt = min(pr.cost([a, b]) for a in range(8) for b in range(9))
+    assert brute_opt == 4.0
+    stuck, plan, converged = cap_descent(pr, pr, pr.unary, [0, 8], 10.0, Clock(Budget()), up=2)
+    assert converged and stuck == 10.0 and plan == [0, 8]
+    memo, clock = {}, Clock(Budget())
+    got, plan, converged = cap_descent(pr, pr, pr.unary, [0, 8], 10.0, clock, up=4, memo=memo)
+    assert converged and got == brute_opt and plan == [4, 4]
+    solved = clock.steps
+    again = cap_descent(pr, pr, pr.unary, [0, 8], 10.0, clock, up=4, memo=memo)
+    assert again == (got, plan, True) and clock.steps == solved  # every program read from the memo
