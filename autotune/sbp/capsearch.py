@@ -2,8 +2,8 @@
 
 Where the memory limit binds, the Lagrangian relaxation (``autotune.sbp.dp``)
 finds only the plans on the convex hull of (memory, cost): on GPT-3 175B at
-4,096 GPUs its best plan that fits is 6% above its bound, the optimum
-somewhere between. Caps close much of that gap exactly: a plan that fits uses
+4,096 GPUs under 80 GiB its best plan that fits is 2.2% above its bound,
+the optimum somewhere between. Caps close much of that gap exactly: a plan that fits uses
 some memory per layer, and every plan whose layers each use at most as much
 fits too; the cheapest of those is one dynamic program (``LayerDP.solve``
 with each layer's strategies above its cap dropped, which also makes it
@@ -25,9 +25,10 @@ objective's overlap term included), not the program's.
 
 The relaxation's plans that fit can all lie far below the limit: between
 the two multipliers where its plan just fits and where it just does not, the
-convex hull jumps (on GPT-3 175B at 2,048 GPUs, from a plan of 66 GiB at 76
-s/step to one of 85 GiB at 45 s/step, under 80 GiB), and the descent from
-the plan that fits stops 15% above the best known. ``repair`` starts on the
+convex hull jumps (on GPT-3 175B at 2,048 GPUs under 80 GiB, with the step
+model before DTensor's local copies were costed: from a plan of 66 GiB at
+76 s/step to one of 85 GiB at 45 s/step), and the descent from the plan
+that fits stops 15% above the best known. ``repair`` starts on the
 other side: from a plan *over* the limit, the caps are that plan's memory
 per layer; each step lowers one layer's cap by one memory level, trying
 every layer (one program each) and taking the one whose plan costs least

@@ -226,8 +226,8 @@ class CoordinateDescent(Search):
     memory-cap descent (``autotune.sbp.capsearch``: exact programs under
     per-layer memory caps) with line searches until neither improves; then
     the best plan once more with paid cap moves up to ``POLISH_UP`` levels
-    (about 600 programs, 2-3 s on GPT-3 175B: too many for every start);
-    restarts then use line searches only (cheap and diverse). The
+    (about 220 programs, 0.8 s on GPT-3 175B at 4,096 GPUs: too many for
+    every start); restarts then use line searches only (cheap and diverse). The
     relaxation's lower bound stops the search as soon as the best plan is
     within ``TOL`` of it (proven optimal). The two kinds of first start
     approach the limit from both sides, so the result does not hang on the
@@ -236,7 +236,9 @@ class CoordinateDescent(Search):
     GiB and its descent stops 15% above the best plan known (55.25 s/step);
     with restarts until 19 in a row found nothing cheaper, seeds 0, 1 and 2
     ended at 63.78, 63.78 and 55.77; from the repaired plans every seed
-    reaches 55.25 within 2 s."""
+    reaches 55.25 within 2 s. The paid cap moves make the result the same for
+    every seed at 2,048 GPUs under 64 and 96 GiB too, where seeds 0 and 1
+    had ended 2% apart (``reports/records/sbp_bench.md``)."""
 
     name = "cd"
     kick = 2

@@ -196,7 +196,8 @@ class Separable:
     descent's moves: the program under caps is each layer's cheapest strategy under its cap."""
 
     def __init__(self, mem, cost, limit):
-        self.mem, self.unary, self.memory_limit = [np.array(m, float) for m in mem], [np.array(c, float) for c in cost], limit
+        self.mem, self.unary = [np.array(m, float) for m in mem], [np.array(c, float) for c in cost]
+        self.memory_limit = limit
 
     def cost(self, plan):
         fits = sum(m[i] for m, i in zip(self.mem, plan)) <= self.memory_limit
