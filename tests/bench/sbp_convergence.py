@@ -10,7 +10,8 @@ of longer searches given 20x its search time: ``cd`` (the default algorithm,
 another seed, restarting until the time is up), ``cd-plain`` (coordinate
 descent without the relaxation, the previous default) and ``mh``
 (Metropolis-Hastings); and the ratio. The target (issue 14): within 1% of
-the best known, in under 30 s on one core, setup included. Times are CPU
+the best known, in under 30 s on one core, setup included. Run it from the checkout to measure with
+``PYTHONPATH=.`` (otherwise the installed copy of the package is imported). Times are CPU
 seconds of this process (the search budgets count CPU time, so a shared
 machine slows the wall clock, not the result); the load average is printed
 per row.
