@@ -149,22 +149,27 @@ def _path(shape, itemsize, src, dst, cluster, early_slices: bool, gather_first: 
     return tuple(steps)
 
 
-def local_copies(step: Step) -> int:
-    """How many local copies of ``step.nbytes`` (each reading and writing them) PyTorch's DTensor makes
-    around the step, as ``autotune execute`` runs it: the functional all-reduce clones its input; an
-    all-gather along a dimension other than 0 concatenates the gathered chunks, a reduce-scatter along one
-    chunks its input into a contiguous buffer, an all-to-all does both on the dimensions that are not 0;
-    a slice copies its piece out (its own storage). A zeroing (B -> P) writes zeros on the devices
-    off coordinate 0 only and is not counted."""
-    if step.op == Collective.ALLREDUCE.value or step.op == "slice":
+def copies_around(op: str, src_dim: int = -1, dst_dim: int = -1) -> int:
+    """How many local copies of a step's message (each reading and writing it) PyTorch's DTensor makes
+    around a step ``op`` that gathers dimension ``src_dim`` and splits ``dst_dim``, as ``autotune execute``
+    runs it: the functional all-reduce clones its input; an all-gather along a dimension other than 0
+    concatenates the gathered chunks, a reduce-scatter along one chunks its input into a contiguous buffer,
+    an all-to-all does both on the dimensions that are not 0; a slice copies its piece out (its own
+    storage). A zeroing (B -> P) writes zeros on the devices off coordinate 0 only and is not counted."""
+    if op == Collective.ALLREDUCE.value or op == "slice":
         return 1
-    if step.op == Collective.ALLGATHER.value:
-        return int(step.src_dim != 0)
-    if step.op == Collective.REDUCESCATTER.value:
-        return int(step.dst_dim != 0)
-    if step.op == Collective.ALLTOALL.value:
-        return int(step.src_dim != 0) + int(step.dst_dim != 0)
+    if op == Collective.ALLGATHER.value:
+        return int(src_dim != 0)
+    if op == Collective.REDUCESCATTER.value:
+        return int(dst_dim != 0)
+    if op == Collective.ALLTOALL.value:
+        return int(src_dim != 0) + int(dst_dim != 0)
     return 0
+
+
+def local_copies(step: Step) -> int:
+    """``copies_around`` a boxing step."""
+    return copies_around(step.op, step.src_dim, step.dst_dim)
 
 
 def copy_seconds(steps, memory_seconds) -> float:

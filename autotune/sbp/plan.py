@@ -64,6 +64,13 @@ def nd_sbp(s: Strategy) -> dict:
     return out
 
 
+def layer_sbp(s: Strategy, cluster: Cluster) -> dict:
+    """A strategy's placements as a plan's layer records them (``"sbp"``): input, output and weights."""
+    return {**({"input": s.sbp(s.input, cluster)} if s.input else {}),
+            **({"output": s.sbp(s.output, cluster)} if s.output else {}),
+            "weights": {w.name: s.sbp(w, cluster) for w in s.weights}}
+
+
 def dtensor(s: Strategy, cluster: Cluster) -> dict:
     dims = _mesh_dims(s)
     out = {"mesh_shape": [d[0] for d in dims], "mesh_dim_names": [d[2] for d in dims]}
@@ -99,9 +106,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         layers.append({
             "name": op.layer.name, "kind": op.layer.kind, "count": count, "signature": s.signature,
             "mesh": [list(x) for x in s.mesh.sizes],
-            "sbp": {**({"input": s.sbp(s.input, cl)} if s.input else {}),
-                    **({"output": s.sbp(s.output, cl)} if s.output else {}),
-                    "weights": {w.name: s.sbp(w, cl) for w in s.weights}},
+            "sbp": layer_sbp(s, cl),
             "dtensor": dtensor(s, cl), "nd_sbp": nd_sbp(s), "collectives": comms,
             "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl, problem.act_bytes),
             **({"compute_s": comp} if comp is not None else {}),

@@ -41,7 +41,7 @@ import numpy as np
 
 from calibrate.collectives import Collective
 
-from autotune.sbp.boxing import Coster
+from autotune.sbp.boxing import Coster, copies_around
 
 CODE_B, CODE_P = -1, -2
 CODES = {"B": CODE_B, "P": CODE_P}
@@ -150,7 +150,7 @@ class RowBoxer:
 
     def _copy_times(self, shape, key: np.ndarray, copies: int) -> np.ndarray:
         """Seconds of ``copies`` local copies of a step's message per pair (0 where the group is empty)."""
-        idx, elems = self._elems(shape)
+        _, elems = self._elems(shape)
         per = self._copies.get(shape)
         if per is None:
             per = self._copies[shape] = np.array([self.memory_seconds(2 * e * self.itemsize) for e in elems])
@@ -178,12 +178,13 @@ class RowBoxer:
             live = [x for x in g if x is not None and x.any()]
             return sum(live[1:], live[0]) if live else None
 
-        def step(op, gw, copies=0):
+        def step(op, gw, src_dim=-1, dst_dim=-1):
             key = elem_idx[comb]
             key *= np.int32(E)
             key += gw
-            if op is not None:
+            if op != "slice":
                 total[...] += self._times(op, shape, key)
+            copies = copies_around(op, src_dim, dst_dim)
             if copies and self.memory_seconds is not None:
                 total[...] += self._copy_times(shape, key, copies)
 
@@ -198,7 +199,7 @@ class RowBoxer:
                     gw = group([f[c]["AG"][d] if inter[c] == tier else None for c in range(C)])
                     if gw is not None:
                         move(gw, d, -1)
-                        step(Collective.ALLGATHER, gw, int(d != 0))
+                        step(Collective.ALLGATHER, gw, src_dim=d)
 
         def slices():  # each dimension's slice copies its piece out
             for d in range(nd):
@@ -206,7 +207,7 @@ class RowBoxer:
                 if gw is not None:
                     move(gw, d, 1)
                     check(d)
-                    step(None, gw, 1)
+                    step("slice", gw, dst_dim=d)
 
         if early_slices:
             slices()
@@ -218,18 +219,18 @@ class RowBoxer:
             for tier in (False, True):
                 gw = group([f[c]["RS"][d] if inter[c] == tier else None for c in range(C)])
                 if gw is not None:
-                    step(Collective.REDUCESCATTER, gw, int(d != 0))
+                    step(Collective.REDUCESCATTER, gw, dst_dim=d)
                     move(gw, d, 1)
                     check(d)
         gw = group([f[c]["AR"] for c in range(C)])
         if gw is not None:
-            step(Collective.ALLREDUCE, gw, 1)
+            step(Collective.ALLREDUCE, gw)
         for i in range(nd):  # all-to-alls
             for j in range(nd):
                 if i != j:
                     gw = group([f[c]["A"][(i, j)] for c in range(C)])
                     if gw is not None:
-                        step(Collective.ALLTOALL, gw, int(i != 0) + int(j != 0))
+                        step(Collective.ALLTOALL, gw, i, j)
                         move(gw, i, -1)
                         move(gw, j, 1)
                         check(j)

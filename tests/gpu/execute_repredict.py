@@ -28,22 +28,18 @@ from models import load_model  # noqa: E402
 from autotune.sbp.boxing import Coster  # noqa: E402
 from autotune.sbp.cost import Problem  # noqa: E402
 from autotune.sbp.mesh import Cluster  # noqa: E402
-from autotune.sbp.plan import build_plan  # noqa: E402
+from autotune.sbp.plan import build_plan, layer_sbp  # noqa: E402
 
 import execute_plans  # noqa: E402
 
 
 def assignment(problem: Problem, plan: dict) -> list[int]:
     """Strategy indices of ``plan``'s layers in ``problem``, matched by signature and placements."""
-    cl = problem.cluster
     out = []
     for v, layer in enumerate(plan["layers"]):
-        want = (layer["signature"], json.dumps(layer["sbp"], sort_keys=True))
+        want = (layer["signature"], layer["sbp"])
         for i, s in enumerate(problem.choices[v]):
-            sbp = {**({"input": s.sbp(s.input, cl)} if s.input else {}),
-                   **({"output": s.sbp(s.output, cl)} if s.output else {}),
-                   "weights": {w.name: s.sbp(w, cl) for w in s.weights}}
-            if (s.signature, json.dumps(sbp, sort_keys=True)) == want:
+            if (s.signature, layer_sbp(s, problem.cluster)) == want:
                 out.append(i)
                 break
         else:
@@ -65,7 +61,7 @@ def main(argv=None) -> int:
     run = Path((argv or sys.argv[1:])[0])
     plans = json.loads((run / "plans.json").read_text())
     cmd = shlex.split(plans["meta"]["command"])[1:]
-    args = execute_plans.parser().parse_args(cmd[:1] + [a for a in cmd[1:]])
+    args = execute_plans.parser().parse_args(cmd)
     prof = Profile.load(str(run / "profile.json"))
     graph = load_model("gpt", None, {f: getattr(args, f) for f in execute_plans.FIELDS})
     limit = args.memory_limit * 2**30 if args.memory_limit else None

@@ -21,8 +21,9 @@ import numpy as np
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
 
-from autotune.sbp.baselines import _Index, megatron_assignment, summa_assignment
+from autotune.sbp.baselines import _Index, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.mesh import RoleMesh, role_meshes
+from autotune.sbp.plan import build_plan
 from autotune.sbp.reproduce import _problem, breakdown, load_cases
 from autotune.sbp.search import auto_budget, make_search
 
@@ -91,9 +92,6 @@ def summa(case: dict, over: dict) -> None:
 
 
 def versus_data_parallel(case: dict, over: dict) -> None:
-    from autotune.sbp.baselines import data_parallel
-    from autotune.sbp.plan import build_plan
-
     pr = _problem(case, over)
     res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0))
     ours, dp = build_plan(pr, res.assignment, "searched"), build_plan(pr, data_parallel(pr), "data parallel")
