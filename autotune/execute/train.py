@@ -10,9 +10,16 @@ temporaries), so the step needs the fp32 gradient of the largest local weight
 on top of the 16 bytes (``autotune.sbp.memory``); otherwise everything is in
 the activation type.
 
-Measured per step: wall time (median over the steps after --warmup, the
-slowest device); the host's time to issue the step (until the loss's sync: near
-the wall time, the GPUs waited for the host); the time inside collectives (torch profiler: the NCCL kernels
+The steps run back to back as a training loop does: no synchronisation of the
+host with the GPU between them (the loss stays on the device until the run
+ends), so the host issues a step while the GPU runs the one before and the GPU
+waits for the host only where the host is the slower of the two. A step's time
+on GPUs is the time between CUDA events recorded on the stream at its start and
+at its end (which counts any wait for the host); on CPUs the host's wall time.
+
+Measured per step: that time (median over the steps after --warmup, the
+slowest device); the host's time to issue the step (above the step time: the
+step is host-bound); the time inside collectives (torch profiler: the NCCL kernels
 on GPUs, the gloo operations on CPUs; a kernel's time includes its waiting for
 the peer and its slowdown by the compute it overlaps); on GPUs the exposed part
 of it (covered by no other GPU activity, ``autotune.execute.trace``) and the
@@ -41,7 +48,9 @@ class Trainer:
         self.mixed = model.ctx.dtype in (torch.bfloat16, torch.float16)
         self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.mixed else None
         fused = {"fused": True} if d.is_gpu else {}
-        self.opt = torch.optim.Adam(self.masters if self.mixed else self.params, lr=lr, **fused)
+        # one Adam per weight: stepping one weight at a time costs the host O(weights), where
+        # one Adam over all of them would walk every weight at each of their steps
+        self.opts = [torch.optim.Adam([w], lr=lr, **fused) for w in (self.masters if self.mixed else self.params)]
         self.log = model.ctx.log = CommLog()
         self.sync = []  # (param, axes) for weights whose gradient is partial somewhere
         for p, _, fine in model.weight_fines():
@@ -50,7 +59,6 @@ class Trainer:
                 self.sync.append((p, axes))
         self._launching = False
         self._works = []
-        self.issued = 0.0
         axes_of = {id(p): a for p, a in self.sync}
         self._handles = [p.register_post_accumulate_grad_hook(self._hook(axes_of[id(p)]))
                          for p in self.params if id(p) in axes_of]
@@ -62,8 +70,9 @@ class Trainer:
         for h in self._handles:
             h.remove()
         self._handles, self._works, self.sync = [], [], []
-        self.opt.state.clear()
-        self.opt = self.masters = None
+        for opt in self.opts:
+            opt.state.clear()
+        self.opts, self.masters = [], None
         self.params = []
         self.model.ctx.log = None
 
@@ -90,17 +99,19 @@ class Trainer:
 
     def _optimizer_step(self) -> None:
         if not self.mixed:
-            self.opt.step()
+            for opt in self.opts:
+                opt.step()
             return
-        for p, m in zip(self.params, self.masters):  # one weight at a time: one fp32 gradient alive
+        for p, m, opt in zip(self.params, self.masters, self.opts):  # one weight at a time: one fp32 gradient alive
             m.grad = p.grad.float()
-            self.opt.step()
+            opt.step()
             m.grad = None
             with torch.no_grad():
                 p.copy_(m)
 
-    def step(self, step: int, probe: dict | None = None) -> float:
-        """One training step; returns the loss (mean over the step's tokens). With ``probe``,
+    def step(self, step: int, probe: dict | None = None):
+        """One training step; returns the loss (mean over the step's tokens), a tensor on the
+        device (reading it would make the host wait for the GPU). With ``probe``,
         the peak memory before the step, of its forward/backward and of its optimizer step
         go into it (bytes)."""
         if probe is not None:
@@ -126,32 +137,20 @@ class Trainer:
         self._optimizer_step()
         if probe is not None:
             probe["optimizer_step"] = self._peak(reset=False)
-        self.issued = time.perf_counter()  # the host has issued the whole step (the loss's sync follows)
         loss = total.to(torch.float64)
         dist.all_reduce(loss)
-        return float(loss) / replicas
+        return loss / replicas
 
     def run(self, steps: int, warmup: int, profile_steps: int, progress=None) -> dict:
-        """Train ``steps`` steps (the last one also records its collectives and its memory by
-        phase), then ``profile_steps`` under the profiler, then replay the recorded collectives."""
+        """Train ``steps`` steps back to back (the last one also records its collectives and its
+        memory by phase), then ``profile_steps`` under the profiler, then replay the recorded
+        collectives."""
         from autotune.execute.replay import replay
 
-        losses, times, issue, probe = [], [], [], {}
+        probe = {}
         if self.d.is_gpu:
             torch.cuda.reset_peak_memory_stats(self.d.device)
-        for s in range(steps):
-            last = s == steps - 1
-            self._sync_device()
-            dist.barrier()
-            self.log.on = last
-            t0 = time.perf_counter()
-            losses.append(self.step(s, probe if last else None))
-            self._sync_device()
-            times.append(time.perf_counter() - t0)
-            issue.append(self.issued - t0)
-            self.log.on = False
-            if progress:
-                progress(f"step {s + 1}/{steps}: loss {losses[-1]:.6g}, {times[-1] * 1e3:.1f} ms")
+        losses, times, issue = self._steps(0, steps, probe, progress)
         timed = times[warmup:] or times
         step_s = _slowest(statistics.median(timed), self.d)
         phases = {k: _slowest(float(v), self.d) for k, v in probe.items()} if self.d.is_gpu else None
@@ -166,6 +165,41 @@ class Trainer:
         out.update(replay(self.log.calls, self.d, self.model.ctx))
         return out
 
+    def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:
+        """Steps ``first`` .. ``first + n - 1`` back to back, after one barrier: (losses, each step's
+        time, each step's host issue time). The last step records its collectives, and its memory
+        by phase into ``probe``."""
+        self._sync_device()
+        dist.barrier()
+        gpu = self.d.is_gpu
+        marks = [self._mark()]
+        issue, losses = [], []
+        for s in range(first, first + n):
+            last = s == first + n - 1
+            self.log.on = last and probe is not None
+            t0 = time.perf_counter()
+            losses.append(self.step(s, probe if last and probe is not None else None))
+            issue.append(time.perf_counter() - t0)
+            marks.append(self._mark())
+            self.log.on = False
+            if progress:
+                progress(f"step {s + 1}/{first + n}: issued in {issue[-1] * 1e3:.1f} ms"
+                         + ("" if gpu else f", loss {float(losses[-1]):.6g}"))
+        self._sync_device()
+        if gpu:
+            times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+        else:
+            times = [b - a for a, b in zip(marks, marks[1:])]
+        return [float(x) for x in losses], times, issue
+
+    def _mark(self):
+        """A step boundary: a CUDA event recorded on the stream on GPUs, the host's clock on CPUs."""
+        if not self.d.is_gpu:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
     def _peak_memory(self, peak: int) -> list | None:
         if not self.d.is_gpu:
             return None
@@ -179,9 +213,7 @@ class Trainer:
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.d.is_gpu else [])
         with profile(activities=acts, acc_events=True) as prof:
-            for s in range(first_step, first_step + n):
-                losses.append(self.step(s))
-            self._sync_device()
+            losses.extend(self._steps(first_step, n)[0])
         if not self.d.is_gpu:
             total = sum(e.cpu_time_total for e in prof.key_averages() if e.key.startswith("gloo:"))
             return {"comm_s": _slowest(total / 1e6 / n, self.d), "comm_source": "torch profiler: gloo operations (CPU time)"}
