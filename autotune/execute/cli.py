@@ -24,7 +24,7 @@ from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
 from models import FIELDS
 
-from autotune.execute import result
+from autotune.execute import layertable, result
 from autotune.execute.launch import launch_env
 from autotune.execute.planread import model_kind
 from autotune.sbp.plan import PlanFile
@@ -102,6 +102,10 @@ def summarize(folder: str) -> int:
     breakdown = result.format_breakdown(records)
     (Path(folder) / "breakdown.txt").write_text(breakdown + "\n")
     print(breakdown)
+    layers = layertable.format_layers(records)
+    if layers:
+        (Path(folder) / "layers.txt").write_text(layers + "\n")
+        print(layers)
     (Path(folder) / "summary.md").write_text(result.markdown(s, f"python -m autotune execute --summarize {folder}"))
     print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
     return 0

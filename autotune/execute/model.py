@@ -42,12 +42,17 @@ class PlanModel:
                 p.grad = None
         self.params = []
 
+    def layer_names(self) -> list[tuple[str, str]]:
+        """(layer name, kind) of each chain position."""
+        return [(self.specs[v].layer.name, self.specs[v].kind) for v in self.graph.chain]
+
     def parameters(self) -> list:
         return [p for p, _, _ in self.weight_fines()]
 
-    def forward(self, data: dict, loss_scale: float, around=None):
+    def forward(self, data: dict, loss_scale: float, around=None, after=None):
         """(this device's share of the loss, how many devices hold the same share). ``around(pos)``,
-        if given, is a context manager entered around each layer (its input boxing and its op)."""
+        if given, is a context manager entered around each layer (its input boxing and its op);
+        ``after(pos, out)``, if given, is called with each layer's output."""
         ctx, x, prev = self.ctx, None, None
         for pos, v in enumerate(self.graph.chain):
             spec = self.specs[v]
@@ -59,6 +64,8 @@ class PlanModel:
                         x = box(x, ctx.mesh, spec.in_shape, prev, spec.input, grad_dst=spec.grad_in, log=ctx.log)
                 weights = {n: p.to(ctx.dtype) for n, p in self.params[pos].items()}
                 x = ops.forward(ctx, spec, x, weights, data, loss_scale)
+            if after:
+                after(pos, x)
             prev = spec.output
         last = self.specs[self.graph.chain[-1]]
         if last.kind != "loss":

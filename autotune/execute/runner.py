@@ -80,8 +80,21 @@ def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_ste
         "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": graph.micro_batches,
         "measured": measured,
         "predicted": {k: totals[k] for k in PREDICTED if k in totals},
+        "predicted_layers": predicted_layers(plan),
         "predicted_comparable": plan_layers is None or graph.config.get("layers", plan_layers) == plan_layers,
     }, model
+
+
+def predicted_layers(plan: dict) -> dict:
+    """The plan's per-occurrence predictions that the layer clock measures (``plan.build_plan``):
+    layer name -> forward, backward (one micro-batch) and optimizer seconds; "FROM->TO" -> the
+    boxing between two layers, forward and backward. Empty for plans made without compute figures."""
+    out = {lay["name"]: {k: lay[k] for k in ("forward_s", "backward_s", "optimizer_s")}
+           for lay in plan.get("layers", []) if "forward_s" in lay}
+    if out:
+        out.update({f"{e['from']}->{e['to']}": {k: e[k] for k in ("forward_s", "backward_s")}
+                    for e in plan.get("edges", []) if "forward_s" in e})
+    return out
 
 
 def free_device(d: Dist) -> None:

@@ -29,12 +29,14 @@ the forward/backward and of the optimizer step of one step apart; the loss.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
 from autotune.execute import trace
 from autotune.execute.commlog import Call, CommLog
 from autotune.execute.data import batch
+from autotune.execute.layerclock import LayerClock
 from autotune.execute.layout import torch
 from autotune.sbp.sbp import B
 
@@ -59,6 +61,7 @@ class Trainer:
                 self.sync.append((p, axes))
         self._launching = False
         self._works = []
+        self.clock = None  # the last timed step's layer clock (autotune.execute.layerclock)
         axes_of = {id(p): a for p, a in self.sync}
         self._handles = [p.register_post_accumulate_grad_hook(self._hook(axes_of[id(p)]))
                          for p in self.params if id(p) in axes_of]
@@ -109,7 +112,7 @@ class Trainer:
             with torch.no_grad():
                 p.copy_(m)
 
-    def step(self, step: int, probe: dict | None = None):
+    def step(self, step: int, probe: dict | None = None, clock: LayerClock | None = None):
         """One training step; returns the loss (mean over the step's tokens), a tensor on the
         device (reading it would make the host wait for the GPU). With ``probe``,
         the peak memory before the step, of its forward/backward and of its optimizer step
@@ -125,8 +128,12 @@ class Trainer:
         for j in range(mbs):
             data = batch(self.graph, self.seed, step, j, self.d.device, self.model.ctx.dtype)
             self._launching = j == mbs - 1
-            share, replicas = self.model.forward(data, scale)
+            if clock:
+                clock.micro_batch()
+            share, replicas = self.model.forward(data, scale, *((clock.around, clock.after) if clock else ()))
             share.backward()
+            if clock:
+                clock.backward_done()
             total = share.detach() if total is None else total + share.detach()
         self._launching = False
         for w in self._works:
@@ -134,7 +141,8 @@ class Trainer:
         self._works = []
         if probe is not None:
             probe["forward_backward"] = self._peak()
-        self._optimizer_step()
+        with clock.optimizer() if clock else contextlib.nullcontext():
+            self._optimizer_step()
         if probe is not None:
             probe["optimizer_step"] = self._peak(reset=False)
         loss = total.to(torch.float64)
@@ -159,7 +167,7 @@ class Trainer:
         out = {"losses": losses, "step_times_s": times, "step_s": step_s, "host_issue_s": host_s,
                "peak_memory_bytes": peak,
                "peak_memory_phases_bytes": phases, "comm_s": None, "comm_source": "not profiled",
-               "exposed_comm_s": None, "device_time_s": None, "top_kernels": None}
+               "exposed_comm_s": None, "device_time_s": None, "top_kernels": None, "layer_clock": self.clock}
         if profile_steps:
             out.update(self._profile(steps, profile_steps, losses))
         out.update(replay(self.log.calls, self.d, self.model.ctx))
@@ -174,11 +182,14 @@ class Trainer:
         gpu = self.d.is_gpu
         marks = [self._mark()]
         issue, losses = [], []
+        clock = None
         for s in range(first, first + n):
-            last = s == first + n - 1
-            self.log.on = last and probe is not None
+            last = s == first + n - 1 and probe is not None
+            self.log.on = last
+            if last:
+                clock = LayerClock(self.model.layer_names(), gpu)
             t0 = time.perf_counter()
-            losses.append(self.step(s, probe if last and probe is not None else None))
+            losses.append(self.step(s, probe if last else None, clock if last else None))
             issue.append(time.perf_counter() - t0)
             marks.append(self._mark())
             self.log.on = False
@@ -190,7 +201,19 @@ class Trainer:
             times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
         else:
             times = [b - a for a, b in zip(marks, marks[1:])]
+        if clock:
+            self.clock = self._slowest_clock(clock.result())
         return [float(x) for x in losses], times, issue
+
+    def _slowest_clock(self, res: dict) -> dict:
+        """The layer clock's figures, each the largest over the devices."""
+        vals = [v for layer in res["layers"] for v in (layer["forward_s"], layer["backward_s"])] + [res["optimizer_s"]]
+        t = torch.tensor([-1.0 if v is None else v for v in vals], dtype=torch.float64, device=self.d.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        out = [None if x < 0 else x for x in t.tolist()]
+        for i, layer in enumerate(res["layers"]):
+            layer["forward_s"], layer["backward_s"] = out[2 * i], out[2 * i + 1]
+        return {"layers": res["layers"], "optimizer_s": out[-1]}
 
     def _mark(self):
         """A step boundary: a CUDA event recorded on the stream on GPUs, the host's clock on CPUs."""

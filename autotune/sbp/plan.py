@@ -25,6 +25,7 @@ from calibrate.jsonfile import read_json, write_json
 from autotune.sbp.boxing import Step, copy_seconds
 from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
 from autotune.sbp.layers import Strategy
+from autotune.sbp.steptime import layer_seconds, optimizer_seconds
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
@@ -87,6 +88,17 @@ def _comm(step: Step, problem: Problem, **extra) -> dict:
                 tier=g.tier, nbytes=step.nbytes, seconds=problem.coster.step_time(step))
 
 
+def _layer_clock(problem: Problem, op, s: Strategy) -> dict:
+    """One occurrence's predicted forward and backward of one micro-batch (the op, with its own
+    boxing and the local copies around it) and optimizer step, as ``autotune execute``'s layer
+    clock measures them; the boxing into the layer is its in-edge's ``forward_s``/``backward_s``."""
+    cl, cm, ab = problem.cluster, problem.compute, problem.act_bytes
+    t = dict(zip(("fwd", "bwd"), layer_seconds(op, s, cl, cm, ab)))
+    for _, direction, steps in internal_steps(s, cl):
+        t[direction] += problem.coster.time(steps) + copy_seconds(steps, cm.memory_seconds)
+    return {"forward_s": t["fwd"], "backward_s": t["bwd"], "optimizer_s": optimizer_seconds(s, cl, cm, ab)}
+
+
 def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict | None = None) -> dict:
     cl, mb = problem.cluster, problem.mb
     layers, edges = [], []
@@ -100,6 +112,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         red = float(problem.node_redist[v][s_i])
         sync = float(problem.node_sync[v][s_i])
         comp = float(problem.node_compute[v][s_i]) if problem.node_compute is not None else None
+        clock = _layer_clock(problem, op, s) if comp is not None else {}
         comp_total += count * (comp or 0.0)
         red_total += count * red
         sync_total += count * sync
@@ -109,7 +122,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
             "sbp": layer_sbp(s, cl),
             "dtensor": dtensor(s, cl), "nd_sbp": nd_sbp(s), "collectives": comms,
             "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl, problem.act_bytes),
-            **({"compute_s": comp} if comp is not None else {}),
+            **({"compute_s": comp} if comp is not None else {}), **clock,
         })
     for (a, b), count in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
@@ -120,7 +133,9 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         red_total += count * t
         copies = {}
         if problem.compute is not None:  # DTensor's local copies around the steps: compute time
-            copies = {"copy_s": mb * copy_seconds(fwd + bwd, problem.compute.memory_seconds)}
+            cf, cb = (copy_seconds(x, problem.compute.memory_seconds) for x in (fwd, bwd))
+            copies = {"copy_s": mb * (cf + cb), "forward_s": problem.coster.time(fwd) + cf,
+                      "backward_s": problem.coster.time(bwd) + cb}
             comp_total += count * copies["copy_s"]
         edges.append({"from": problem.ops[a].layer.name, "to": problem.ops[b].layer.name, "count": count,
                       "collectives": comms, "redistribution_s": t, **copies})
