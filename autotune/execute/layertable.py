@@ -8,7 +8,8 @@ from autotune.execute.result import _err, _ms, _pct
 
 
 def layer_rows(rec: dict) -> list[dict]:
-    """One row per distinct layer name, in chain order, plus "optimizer" and "rest of step"."""
+    """One row per distinct layer name, in chain order, plus "optimizer" and "rest of step"
+    (the clocked step's time less its layers and optimizer)."""
     m = rec.get("measured") or {}
     clock, pred = m.get("layer_clock"), rec.get("predicted_layers") or {}
     if not clock:
@@ -37,7 +38,7 @@ def layer_rows(rec: dict) -> list[dict]:
                 "fwd_err": _err(pred_opt, clock.get("optimizer_s")), "pred_bwd_s": None, "bwd_s": None, "bwd_err": None})
     measured = [x for r in out for x in (r["fwd_s"], r["bwd_s"]) if x is not None]
     pred = [x for r in out for x in (r["pred_fwd_s"], r["pred_bwd_s"]) if x is not None]
-    step, pstep = m.get("step_s"), (rec.get("predicted") or {}).get("step_s")
+    step, pstep = clock.get("step_s", m.get("step_s")), (rec.get("predicted") or {}).get("step_s")
     out.append({"layer": "rest of step", "kind": "", "positions": "",
                 "pred_fwd_s": pstep - sum(pred) if pstep is not None and pred else None,
                 "fwd_s": step - sum(measured) if step is not None else None,

@@ -61,7 +61,7 @@ class Trainer:
                 self.sync.append((p, axes))
         self._launching = False
         self._works = []
-        self.clock = None  # the last timed step's layer clock (autotune.execute.layerclock)
+        self.clock = None  # the first timed step's layer clock (autotune.execute.layerclock)
         axes_of = {id(p): a for p, a in self.sync}
         self._handles = [p.register_post_accumulate_grad_hook(self._hook(axes_of[id(p)]))
                          for p in self.params if id(p) in axes_of]
@@ -158,7 +158,7 @@ class Trainer:
         probe = {}
         if self.d.is_gpu:
             torch.cuda.reset_peak_memory_stats(self.d.device)
-        losses, times, issue = self._steps(0, steps, probe, progress)
+        losses, times, issue = self._steps(0, steps, probe, progress, clock_at=min(warmup, steps - 1))
         timed = times[warmup:] or times
         step_s = _slowest(statistics.median(timed), self.d)
         phases = {k: _slowest(float(v), self.d) for k, v in probe.items()} if self.d.is_gpu else None
@@ -173,23 +173,23 @@ class Trainer:
         out.update(replay(self.log.calls, self.d, self.model.ctx))
         return out
 
-    def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:
+    def _steps(self, first: int, n: int, probe: dict | None = None, progress=None,
+               clock_at: int | None = None) -> tuple[list, list, list]:
         """Steps ``first`` .. ``first + n - 1`` back to back, after one barrier: (losses, each step's
         time, each step's host issue time). The last step records its collectives, and its memory
-        by phase into ``probe``."""
+        by phase into ``probe``; step ``clock_at`` runs the layer clock (a step in the middle of the
+        run: the last one before the device is synchronised is the slowest by a few percent)."""
         self._sync_device()
         dist.barrier()
         gpu = self.d.is_gpu
         marks = [self._mark()]
         issue, losses = [], []
-        clock = None
+        clock = LayerClock(self.model.layer_names(), gpu) if clock_at is not None else None
         for s in range(first, first + n):
             last = s == first + n - 1 and probe is not None
             self.log.on = last
-            if last:
-                clock = LayerClock(self.model.layer_names(), gpu)
             t0 = time.perf_counter()
-            losses.append(self.step(s, probe if last else None, clock if last else None))
+            losses.append(self.step(s, probe if last else None, clock if s == clock_at else None))
             issue.append(time.perf_counter() - t0)
             marks.append(self._mark())
             self.log.on = False
@@ -202,18 +202,19 @@ class Trainer:
         else:
             times = [b - a for a, b in zip(marks, marks[1:])]
         if clock:
-            self.clock = self._slowest_clock(clock.result())
+            self.clock = self._slowest_clock(dict(clock.result(), step_s=times[clock_at - first]))
         return [float(x) for x in losses], times, issue
 
     def _slowest_clock(self, res: dict) -> dict:
         """The layer clock's figures, each the largest over the devices."""
-        vals = [v for layer in res["layers"] for v in (layer["forward_s"], layer["backward_s"])] + [res["optimizer_s"]]
+        vals = [v for layer in res["layers"] for v in (layer["forward_s"], layer["backward_s"])] + \
+            [res["optimizer_s"], res["step_s"]]
         t = torch.tensor([-1.0 if v is None else v for v in vals], dtype=torch.float64, device=self.d.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         out = [None if x < 0 else x for x in t.tolist()]
         for i, layer in enumerate(res["layers"]):
             layer["forward_s"], layer["backward_s"] = out[2 * i], out[2 * i + 1]
-        return {"layers": res["layers"], "optimizer_s": out[-1]}
+        return {"layers": res["layers"], "optimizer_s": out[-2], "step_s": out[-1]}
 
     def _mark(self):
         """A step boundary: a CUDA event recorded on the stream on GPUs, the host's clock on CPUs."""

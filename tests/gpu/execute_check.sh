@@ -26,7 +26,7 @@ read -ra MODEL <<< "${MODEL_ARGS:---layers 4 --hidden 4096 --heads 32 --sequence
 CLUSTER=(--nodes 1 --gpus-per-node "$NGPU")
 t0=$SECONDS
 
-timeout 90 $PY -m calibrate compute --profile "$BASE" --out "$OUT/profile.json" --iters 10 --warmup 2 \
+timeout 180 $PY -m calibrate compute --profile "$BASE" --out "$OUT/profile.json" --iters 10 --warmup 2 \
   > "$OUT/compute.log" 2>&1
 rc=$?
 echo "calibrate compute: exit $rc ($((SECONDS - t0)) s)"
@@ -46,7 +46,7 @@ $PY tests/gpu/execute_plans.py "$OUT/plans.json" --searched "${SEARCHED[@]}" --r
   "${MODEL[@]}" "${CLUSTER[@]}" --memory-limit 120 2>&1 | tail -1
 
 timeout 240 $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m autotune execute "$OUT/plans.json" \
-  --which all --steps 5 --warmup 2 --profile-steps 2 --out "$OUT/exec" > "$OUT/execute.log" 2>&1
+  --which all --steps 8 --warmup 2 --profile-steps 2 --out "$OUT/exec" > "$OUT/execute.log" 2>&1
 echo "execute: exit $? ($((SECONDS - t0)) s so far)"
 tail -5 "$OUT/execute.log"
 $PY -m autotune execute --summarize "$OUT/exec" | tee "$OUT/exec/summary.txt"
