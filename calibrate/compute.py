@@ -11,7 +11,6 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
       "matmul":    {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention": {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention_backward": {...},        # optional, as "attention": the core's backward
-      "matmul_shapes": {"2": {"nn": [[m, k, n, seconds], ...], "nt": ..., "tn": ...}},  # optional
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
 
@@ -28,11 +27,8 @@ its time is that of the passes over the b h s^2 scores (scale, mask, softmax,
 the two batched matmuls reading and writing them), nearly independent of the
 head dimension d (H200, bf16, s = 1024: 577 us at d = 64, 586 us at d = 128),
 which flops, proportional to d, cannot express: on the flops axis, b = 4,
-h = 32, s = 1024, d = 128 read as the s = 2048, d = 64 point, twice its time.
-
-A matmul's time comes from the measured shape grid (``calibrate.matmul_shapes``: by shape
-and operand layout) where it covers the shape, else from the flops band; a layer's backward
-is its two matmuls in their own layouts (input gradient ``nt``, weight gradient ``tn``).
+h = 32, s = 1024, d = 128 read as the s = 2048, d = 64 point, twice its time. Backward of a matmul costs twice its
+forward (two matmuls of the same size).
 """
 from __future__ import annotations
 
@@ -41,7 +37,6 @@ import math
 from dataclasses import dataclass, field
 
 from calibrate.errors import UserError
-from calibrate.matmul_shapes import ShapeTable
 
 KINDS = ("measured", "assumed")
 
@@ -113,7 +108,6 @@ class ComputeModel:
     attention: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
     attention_backward: dict = field(default_factory=dict)  # measured backward of the core (else 2 x forward)
-    matmul_shapes: dict = field(default_factory=dict)  # str(dtype_bytes) -> ShapeTable (measured grid)
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -127,19 +121,8 @@ class ComputeModel:
             )
         return band
 
-    def matmul_seconds(self, m: int, k: int, n: int, dtype_bytes: int, layout: str = "nn") -> float:
-        """``a @ b`` of an (m, k) and a (k, n) matrix stored as ``layout`` says (``nt``: b transposed,
-        ``tn``: a transposed)."""
-        table = self.matmul_shapes.get(str(dtype_bytes))
-        t = table.seconds(m, k, n, layout) if table is not None else None
-        if t is not None:
-            return t
+    def matmul_seconds(self, m: int, k: int, n: int, dtype_bytes: int) -> float:
         return self._band(self.matmul, "matmul", dtype_bytes).seconds(2.0 * m * k * n, self.launch_s)
-
-    def linear_backward_seconds(self, m: int, k: int, n: int, dtype_bytes: int) -> float:
-        """The backward of ``x @ w`` (x: m x k, w: k x n): the input gradient dy @ w^T and the
-        weight gradient x^T @ dy."""
-        return self.matmul_seconds(m, n, k, dtype_bytes, "nt") + self.matmul_seconds(k, m, n, dtype_bytes, "tn")
 
     def attention_seconds(self, batch: int, heads: int, seq: int, head_dim: int, dtype_bytes: int,
                           backward: bool = False) -> float:
@@ -168,8 +151,6 @@ class ComputeModel:
                 "attention": {k: b.to_dict() for k, b in self.attention.items()},
                 **({"attention_backward": {k: b.to_dict() for k, b in self.attention_backward.items()}}
                    if self.attention_backward else {}),
-                **({"matmul_shapes": {k: t.to_dict() for k, t in self.matmul_shapes.items()}}
-                   if self.matmul_shapes else {}),
                 "sources": dict(self.sources)}
 
     @classmethod
@@ -193,6 +174,4 @@ class ComputeModel:
             attention_backward={str(k): _band(v, f"{where} attention_backward {k}")
                                 for k, v in d.get("attention_backward", {}).items()},
             sources=dict(d.get("sources", {})),
-            matmul_shapes={str(k): ShapeTable.from_dict(v, f"{where} matmul_shapes {k}")
-                           for k, v in (d.get("matmul_shapes") or {}).items()},
         )

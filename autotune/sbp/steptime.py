@@ -3,10 +3,8 @@
 Per device and micro-batch, forward and backward, from the profile's compute
 model (``calibrate.compute.ComputeModel``), on each device's local piece:
 
-    matmul      forward one matmul of the local (m, k, n); backward the input gradient
-                (m, n, k) and the weight gradient (k, m, n), each in its own operand layout
-                (``ComputeModel.linear_backward_seconds``; without a measured shape grid, two
-                of the forward's flops). m and n are the output's local rows and columns; k follows from
+    matmul      forward one matmul of the local (m, k, n); backward two of the same size
+                (dI and dW). m and n are the output's local rows and columns; k follows from
                 the flops: 2 t k n over the devices that do not repeat the work (a role
                 where input, weight and output are all B repeats it)
     embedding   memory-bound: forward the gather and the mask of rows held elsewhere (4 passes
@@ -105,8 +103,8 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     if kind == "matmul":
         rows, cols = local_elems_shape(s.output, s, cluster)
         k = d["tokens"] * d["k"] * d["n"] / per / (rows * cols)
-        k = max(1, round(k))
-        return cm.matmul_seconds(rows, k, cols, act_bytes), cm.linear_backward_seconds(rows, k, cols, act_bytes)
+        f = cm.matmul_seconds(rows, max(1, round(k)), cols, act_bytes)
+        return f, 2 * f
     if kind == "embedding":  # gather and mask forward; mask, zero-filled dense gradient and scatter-add backward
         out = local_elems(s.output, s.mesh, cluster)
         wts = sum(local_elems(w, s.mesh, cluster) for w in s.weights)

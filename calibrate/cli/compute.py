@@ -10,17 +10,13 @@ the causal attention core that executed plans run (``calibrate.attention``: the
 probabilities kept, as the plans' memory model counts them) over sequence
 lengths and head sizes,
 a device-to-device copy (memory bandwidth) and a one-element kernel (launch
-cost). For the --grid-dtypes (default bf16) also a grid of matmul shapes in the three
-layouts of a linear layer's forward and backward (``calibrate.matmul_shapes``), each
-timed back to back as a training step runs them (the mean over a window of calls, the
-median of three windows). Writes the profile's ``compute`` section (``calibrate.compute``): the
+cost). Writes the profile's ``compute`` section (``calibrate.compute``): the
 collective tiers of the base profile are kept.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +25,6 @@ from calibrate.cli import command_parser
 from calibrate.attention import causal_attention
 from calibrate.compute import Band, ComputeModel
 from calibrate.errors import UserError
-from calibrate.matmul_shapes import LAYOUTS, ShapeTable, grid
 from calibrate.jsonfile import read_json, write_json
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Profile
@@ -49,8 +44,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", default=None,
                     help=f"base profile whose tiers are kept (default: --out if it exists, else {DEFAULT_PROFILE})")
     ap.add_argument("--dtypes", default="bf16,fp32", help="element types, of bf16, fp16, fp32 (default bf16,fp32)")
-    ap.add_argument("--grid-dtypes", default="bf16",
-                    help="element types whose matmul shape grid is timed, of --dtypes, or none (default bf16)")
     ap.add_argument("--iters", type=int, default=20, help="timed runs per shape (default 20)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
@@ -91,54 +84,6 @@ def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, flo
         progress(f"matmul {m}x{k}x{n} {dtype}: {t * 1e6:.1f} us, {2.0 * m * k * n / t / 1e12:.1f} TFLOP/s")
         del sets
     return out
-
-
-def _time_back_to_back(torch, fn, window_s: float = 2e-3, windows: int = 3) -> float:
-    """Seconds per call of ``fn(i)`` run back to back, with no synchronisation between calls:
-    the median over ``windows`` windows of the mean call time, each window of enough calls
-    to last about ``window_s``."""
-    fn(0)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn(1)
-    b.record()
-    b.synchronize()
-    reps = max(2, min(200, math.ceil(window_s / max(a.elapsed_time(b) / 1e3, 1e-7))))
-    out = []
-    for w in range(windows):
-        a.record()
-        for i in range(reps):
-            fn(i)
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3 / reps)
-    return statistics.median(out)
-
-
-def measure_matmul_grid(torch, dtype, device) -> ShapeTable:
-    """Every shape of ``matmul_shapes.grid()`` in every layout, on views of three sets of random
-    buffers (rotated, so that no call reads what the previous one left in L2)."""
-    shapes = grid()
-    big = max(max(m * k, k * n) for m, k, n in shapes)
-    sets = [(torch.randn(big, device=device, dtype=dtype), torch.randn(big, device=device, dtype=dtype))
-            for _ in range(3)]
-
-    def operands(i, m, k, n, layout):
-        a, b = sets[i % 3]
-        x = a[:m * k].view(k, m).t() if layout == "tn" else a[:m * k].view(m, k)
-        y = b[:k * n].view(n, k).t() if layout == "nt" else b[:k * n].view(k, n)
-        return x, y
-
-    layouts = {}
-    for layout in LAYOUTS:
-        pts = {}
-        for m, k, n in shapes:
-            pts[(m, k, n)] = _time_back_to_back(torch, lambda i: torch.mm(*operands(i, m, k, n, layout)))
-        layouts[layout] = pts
-        best = max(2.0 * m * k * n / t for (m, k, n), t in pts.items())
-        progress(f"matmul grid {layout} {dtype}: {len(pts)} shapes, best {best / 1e12:.0f} TFLOP/s")
-    del sets
-    return ShapeTable(layouts)
 
 
 def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple, float]]:
@@ -195,9 +140,6 @@ def main(argv=None) -> int:
     bad = [d for d in names if d not in DTYPES]
     if bad or not names:
         raise UserError(f"unknown --dtypes {','.join(bad) or args.dtypes!r}: use some of {', '.join(DTYPES)}")
-    grid_names = [] if args.grid_dtypes.strip() == "none" else [d.strip() for d in args.grid_dtypes.split(",") if d.strip()]
-    if any(d not in names for d in grid_names):
-        raise UserError(f"--grid-dtypes {args.grid_dtypes!r}: give some of --dtypes ({','.join(names)}), or none")
     if args.iters < 3 or args.warmup < 0:
         raise UserError("--iters must be at least 3 and --warmup non-negative")
     out = Path(args.out)
@@ -209,7 +151,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     gpu = torch.cuda.get_device_name(device)
     progress(f"{gpu}, torch {torch.__version__}; base profile {profile.name}")
-    matmul, attention, attention_bwd, sources, shapes = {}, {}, {}, {}, {}
+    matmul, attention, attention_bwd, sources = {}, {}, {}, {}
     for name in names:
         dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[name])
         size = DTYPES[name]
@@ -225,10 +167,6 @@ def main(argv=None) -> int:
         sources[f"matmul.{size}"] = f"measured ({name}, {len(mm)} shapes, best {best / 1e12:.0f} TFLOP/s)"
         sources[f"attention.{size}"] = f"measured ({name}, causal softmax(QK^T)V, probabilities kept, {len(att)} shapes)"
         sources[f"attention_backward.{size}"] = f"measured ({name}, autograd backward of the same core, {len(att)} shapes)"
-        if name in grid_names:
-            shapes[str(size)] = measure_matmul_grid(torch, dtype, device)
-            sources[f"matmul_shapes.{size}"] = (f"measured ({name}, {len(grid())} shapes x {len(LAYOUTS)} layouts, "
-                                                "back to back)")
     mem = measure_memory(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
@@ -237,7 +175,7 @@ def main(argv=None) -> int:
     profile.compute = ComputeModel(
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
-        attention_backward=attention_bwd, matmul_shapes=shapes)
+        attention_backward=attention_bwd)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s, launch {launch * 1e6:.1f} us")
     print(f"wrote the compute section of {profile.name} to {path}")

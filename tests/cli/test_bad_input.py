@@ -137,8 +137,6 @@ CASES = [
     C("run-collective", "calibrate run --backend mpi -c allreduse", "allreduse"),
     C("run-collectives-empty", ["calibrate", "run", "--backend", "mpi", "-c", ","], "--collectives is empty"),
     C("run-groups", "calibrate run --backend mpi --groups planet", "planet"),
-    C("compute-grid-dtype", "calibrate compute --out {tmp}/p.json --dtypes fp32 --grid-dtypes bf16",
-      "--grid-dtypes 'bf16': give some of --dtypes"),
     C("run-backend", "calibrate run --backend gloo", "unknown backend 'gloo'"),
     C("run-one-rank", "calibrate run --backend mpi -b 1K -e 2K --out {tmp}/one", "one rank has nothing to measure"),
     # ---- calibrate run under MPI: limits and --resume ---------------------------------------
