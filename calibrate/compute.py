@@ -7,7 +7,9 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
       "kind": "measured" | "assumed",
       "source": "how the figures were obtained",
       "launch_s": 4e-06,                  # a kernel's fixed cost
-      "memory_Bps": 4.0e12,               # bytes moved (read + written) per second
+      "memory_Bps": 4.0e12,               # bytes moved (read + written) per second by a copy
+      "elementwise_Bps": 3.5e12,          # optional: by an elementwise kernel (else memory_Bps)
+      "optimizer_Bps": 3.4e12,            # optional: by the fused Adam kernel (else elementwise_Bps)
       "matmul":    {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention": {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention_backward": {...},        # optional, as "attention": the core's backward
@@ -108,6 +110,8 @@ class ComputeModel:
     attention: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
     attention_backward: dict = field(default_factory=dict)  # measured backward of the core (else 2 x forward)
+    elementwise_Bps: float | None = None  # an elementwise kernel's bytes per second (else memory_Bps)
+    optimizer_Bps: float | None = None  # the fused Adam kernel's (else elementwise_Bps)
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -143,10 +147,21 @@ class ComputeModel:
         return band.seconds(flops, self.launch_s)
 
     def memory_seconds(self, nbytes: float) -> float:
+        """A copy of ``nbytes`` (read plus written)."""
         return 0.0 if nbytes <= 0 else self.launch_s + nbytes / self.memory_Bps
+
+    def elementwise_seconds(self, nbytes: float) -> float:
+        """Memory-bound work other than a copy (elementwise, casts, row reductions) moving ``nbytes``."""
+        return 0.0 if nbytes <= 0 else self.launch_s + nbytes / (self.elementwise_Bps or self.memory_Bps)
+
+    def optimizer_seconds(self, nbytes: float) -> float:
+        """The fused Adam kernel moving ``nbytes``."""
+        return 0.0 if nbytes <= 0 else self.launch_s + nbytes / (self.optimizer_Bps or self.elementwise_Bps
+                                                                 or self.memory_Bps)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
+                **{k: getattr(self, k) for k in ("elementwise_Bps", "optimizer_Bps") if getattr(self, k)},
                 "matmul": {k: b.to_dict() for k, b in self.matmul.items()},
                 "attention": {k: b.to_dict() for k, b in self.attention.items()},
                 **({"attention_backward": {k: b.to_dict() for k, b in self.attention_backward.items()}}
@@ -164,6 +179,10 @@ class ComputeModel:
             v = d.get(key)
             if not isinstance(v, (int, float)) or v < 0 or (key == "memory_Bps" and v == 0):
                 raise UserError(f"{where} needs a non-negative {key}: re-run python -m calibrate compute")
+        for key in ("elementwise_Bps", "optimizer_Bps"):
+            v = d.get(key)
+            if v is not None and (not isinstance(v, (int, float)) or v <= 0):
+                raise UserError(f"{where} needs a positive {key} or none: re-run python -m calibrate compute")
         if not d.get("matmul"):
             raise UserError(f"{where} has no matmul figures: re-run python -m calibrate compute")
         return cls(
@@ -174,4 +193,6 @@ class ComputeModel:
             attention_backward={str(k): _band(v, f"{where} attention_backward {k}")
                                 for k, v in d.get("attention_backward", {}).items()},
             sources=dict(d.get("sources", {})),
+            elementwise_Bps=float(d["elementwise_Bps"]) if d.get("elementwise_Bps") else None,
+            optimizer_Bps=float(d["optimizer_Bps"]) if d.get("optimizer_Bps") else None,
         )

@@ -35,9 +35,15 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
 plus, per micro-batch, PyTorch DTensor's local copies around each boxing step
 (``autotune.sbp.boxing.local_copies``: the functional all-reduce's clone, the
 concatenation after an all-gather along a dimension other than 0, and the like),
-each a read and a write at the profile's memory bandwidth; and, once per step, the optimizer over every locally held parameter
-(``OPTIMIZER_BYTES``: fused Adam and, in mixed precision, the casts around it), and per
-micro-batch after the first, the gradient accumulation (``accumulate_seconds``).
+each a read and a write at the profile's copy bandwidth; and, once per step, the optimizer over every
+locally held parameter (``ADAM_BYTES`` at the fused Adam kernel's bandwidth and, in mixed precision,
+``CAST_BYTES``), and per micro-batch after the first, the gradient accumulation (``accumulate_seconds``).
+
+Memory-bound passes are timed at the bandwidth of the kernels that make them: copies (DTensor's, the
+attention's) at the profile's copy bandwidth ``memory_Bps``; the layers' elementwise work, casts and
+row reductions at ``elementwise_Bps``; Adam at ``optimizer_Bps`` (``calibrate.compute``: measured
+profiles have all three; 1 H200, 2026-11-23: the fused Adam kernel moved 82% of a copy's bytes a second
+inside a training step).
 
 The step time of a plan (``Problem`` with objective "step") is
 
@@ -98,7 +104,8 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     per = cluster.devices // _repeats(s)
 
     def mem(passes_fwd, passes_bwd, elems):
-        return cm.memory_seconds(passes_fwd * elems * act_bytes), cm.memory_seconds(passes_bwd * elems * act_bytes)
+        return (cm.elementwise_seconds(passes_fwd * elems * act_bytes),
+                cm.elementwise_seconds(passes_bwd * elems * act_bytes))
 
     if kind == "matmul":
         rows, cols = local_elems_shape(s.output, s, cluster)
@@ -108,11 +115,11 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     if kind == "embedding":  # gather and mask forward; mask, zero-filled dense gradient and scatter-add backward
         out = local_elems(s.output, s.mesh, cluster)
         wts = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-        return cm.memory_seconds(4 * out * act_bytes), cm.memory_seconds((4 * out + wts) * act_bytes)
+        return cm.elementwise_seconds(4 * out * act_bytes), cm.elementwise_seconds((4 * out + wts) * act_bytes)
     if kind == "layernorm" and s.signature == "layernorm-split":
         e = local_elems(s.input, s.mesh, cluster)
         a, f = act_bytes, STAT_BYTES
-        return cm.memory_seconds(e * (6 * a + 11 * f)), cm.memory_seconds(e * (9 * a + 26 * f))
+        return cm.elementwise_seconds(e * (6 * a + 11 * f)), cm.elementwise_seconds(e * (9 * a + 26 * f))
     if kind == "layernorm":  # backward: dx, then the scale's and shift's gradients, each reading x and dy
         return mem(2, 5, local_elems(s.input, s.mesh, cluster))
     if kind == "pointwise":
@@ -127,7 +134,7 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     if kind == "loss":
         e = local_elems(s.input, s.mesh, cluster)
         a, f = act_bytes, STAT_BYTES
-        return cm.memory_seconds(e * (a + 9 * f)), cm.memory_seconds(e * (3 * f + a))
+        return cm.elementwise_seconds(e * (a + 9 * f)), cm.elementwise_seconds(e * (3 * f + a))
     if kind == "conv":
         side, ch = d["side"], d["in_channels"]
         v = d["out_features"] // (side * side)
@@ -143,22 +150,22 @@ def local_elems_shape(t, s: Strategy, cluster: Cluster) -> tuple[int, int]:
     return shape[0], math.prod(shape[1:])
 
 
-OPTIMIZER_BYTES = {  # bytes moved per locally held parameter by one optimizer step, by act_bytes
-    2: 28 + 6 + 6,  # fused Adam on the fp32 master (reads weight, gradient, m, v; writes weight, m, v),
-                    # the gradient's fp32 copy (2 read, 4 written), the 16-bit weight's copy (4 read, 2 written)
-    4: 28,          # fused Adam on the fp32 weight
+ADAM_BYTES = 28  # fused Adam per fp32 parameter: reads weight, gradient, m, v; writes weight, m, v
+CAST_BYTES = {  # bytes moved per locally held parameter by the casts around Adam, by act_bytes
+    2: 6 + 6,  # the gradient's fp32 copy (2 read, 4 written), the 16-bit weight's copy (4 read, 2 written)
+    4: 0,
 }
 
 
 def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
-    """Once per step: the optimizer over every locally held parameter (``OPTIMIZER_BYTES``,
-    as ``autotune.execute.train`` steps it)."""
+    """Once per step: the optimizer over every locally held parameter (fused Adam at the fused
+    kernel's bandwidth, the casts around it elementwise, as ``autotune.execute.train`` steps it)."""
     params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-    return cm.memory_seconds(params * OPTIMIZER_BYTES[act_bytes]) if params else 0.0
+    return cm.optimizer_seconds(params * ADAM_BYTES) + cm.elementwise_seconds(params * CAST_BYTES[act_bytes])
 
 
 def accumulate_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
     """Per micro-batch after the first: adding each weight's new gradient to the step's
     (read both, write one: 3 x the gradient's bytes per locally held parameter)."""
     params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-    return cm.memory_seconds(3 * params * PRECISION[act_bytes][1]) if params else 0.0
+    return cm.elementwise_seconds(3 * params * PRECISION[act_bytes][1]) if params else 0.0

@@ -9,7 +9,9 @@ what the previous one left in L2): matmuls ``a @ b`` over a grid of shapes,
 the causal attention core that executed plans run (``calibrate.attention``: the
 probabilities kept, as the plans' memory model counts them) over sequence
 lengths and head sizes,
-a device-to-device copy (memory bandwidth) and a one-element kernel (launch
+a device-to-device copy (memory bandwidth), an elementwise addition and
+torch's fused Adam (the bandwidths of the step's other memory-bound kernels,
+which move fewer bytes a second than a copy) and a one-element kernel (launch
 cost). Writes the profile's ``compute`` section (``calibrate.compute``): the
 collective tiers of the base profile are kept.
 """
@@ -115,6 +117,26 @@ def measure_memory(torch, device, iters, warmup) -> float:
     return 2 * n * 4 / t
 
 
+def measure_elementwise(torch, device, iters, warmup) -> float:
+    """Bytes per second of c = a + b in bf16 (two reads and a write of 512 MiB each)."""
+    n = 1 << 28
+    a, b = (torch.randn(n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    c = [torch.empty_like(a) for _ in range(2)]
+    t = _time(torch, lambda i: torch.add(a, b, out=c[i % 2]), iters, warmup)
+    return 3 * n * 2 / t
+
+
+def measure_optimizer(torch, device, iters, warmup) -> float:
+    """Bytes per second of torch's fused Adam on one fp32 weight of 256 Mi elements (reads the
+    weight, its gradient and the two moments, writes the weight and the moments: 28 bytes each)."""
+    n = 1 << 28
+    w = torch.nn.Parameter(torch.randn(n, device=device))
+    w.grad = torch.randn(n, device=device)
+    opt = torch.optim.Adam([w], lr=1e-3, fused=True)
+    t = _time(torch, lambda i: opt.step(), iters, warmup)
+    return 28 * n / t
+
+
 def measure_launch(torch, device, iters, warmup) -> float:
     x = torch.zeros(1, device=device)
     return _time(torch, lambda i: x.add_(1.0), max(iters, 50), warmup)
@@ -168,15 +190,20 @@ def main(argv=None) -> int:
         sources[f"attention.{size}"] = f"measured ({name}, causal softmax(QK^T)V, probabilities kept, {len(att)} shapes)"
         sources[f"attention_backward.{size}"] = f"measured ({name}, autograd backward of the same core, {len(att)} shapes)"
     mem = measure_memory(torch, device, args.iters, args.warmup)
+    elementwise = measure_elementwise(torch, device, args.iters, args.warmup)
+    adam = measure_optimizer(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
+                   elementwise_Bps=f"measured: bf16 addition of 256 Mi elements, {elementwise / 1e9:.0f} GB/s",
+                   optimizer_Bps=f"measured: fused Adam on 256 Mi fp32 elements, {adam / 1e9:.0f} GB/s",
                    launch_s=f"measured: one-element kernel, {launch * 1e6:.1f} us")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     profile.compute = ComputeModel(
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
-        attention_backward=attention_bwd)
+        attention_backward=attention_bwd, elementwise_Bps=elementwise, optimizer_Bps=adam)
     path = profile.save(out)
-    progress(f"memory {mem / 1e9:.0f} GB/s, launch {launch * 1e6:.1f} us")
+    progress(f"memory {mem / 1e9:.0f} GB/s (copy), {elementwise / 1e9:.0f} GB/s (elementwise), "
+             f"{adam / 1e9:.0f} GB/s (fused Adam), launch {launch * 1e6:.1f} us")
     print(f"wrote the compute section of {profile.name} to {path}")
     return 0

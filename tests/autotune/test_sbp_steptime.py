@@ -21,7 +21,9 @@ from autotune.sbp.search import Budget, make_search
 
 BASE = Profile.load("gcp-a100")
 PEAK, LAUNCH, BW = 1e14, 1e-6, 1e12
-CM = ComputeModel("test: peak-rate model", "assumed", LAUNCH, BW, matmul={"2": Band(PEAK)}, attention={"2": Band(PEAK)})
+EW_BW, ADAM_BW = BW / 2, BW / 4  # elementwise kernels and fused Adam: each its own bandwidth
+CM = ComputeModel("test: peak-rate model", "assumed", LAUNCH, BW, matmul={"2": Band(PEAK)}, attention={"2": Band(PEAK)},
+                  elementwise_Bps=EW_BW, optimizer_Bps=ADAM_BW)
 PROFILE = dataclasses.replace(BASE, compute=CM)
 DIMS = [256, 512, 128]
 T, MB = 64, 2  # tokens per micro-batch, micro-batches
@@ -32,7 +34,15 @@ def mm(m, k, n):
 
 
 def mem(nbytes):
+    return LAUNCH + nbytes / EW_BW
+
+
+def copy(nbytes):
     return LAUNCH + nbytes / BW
+
+
+def adam(nbytes):
+    return LAUNCH + nbytes / ADAM_BW
 
 
 def mlp_problem(objective="step"):
@@ -52,7 +62,7 @@ def test_data_parallel_step_closed_form():
     fwd = [mm(T // 4, k, n) for k, n in zip(DIMS, DIMS[1:])]
     logits = T // 4 * DIMS[-1]
     loss_f, loss_b = mem(logits * (2 + 9 * 4)), mem(logits * (3 * 4 + 2))
-    opt = sum(mem(k * n * 40) for k, n in zip(DIMS, DIMS[1:]))  # fused Adam 28 bytes, the two casts 6 + 6
+    opt = sum(adam(k * n * 28) + mem(k * n * 12) for k, n in zip(DIMS, DIMS[1:]))  # fused Adam, the two casts 6 + 6
     accumulate = (MB - 1) * sum(mem(3 * k * n * 2) for k, n in zip(DIMS, DIMS[1:]))
     compute = MB * (sum(3 * f for f in fwd) + loss_f + loss_b) + opt + accumulate
     syncs = [BASE.time(Collective.ALLREDUCE, k * n * 2, Group(4)) for k, n in zip(DIMS, DIMS[1:])]
@@ -76,9 +86,9 @@ def test_megatron_step_splits_the_matmuls():
     fwd = [mm(T, DIMS[0], DIMS[1] // 4), mm(T, DIMS[1] // 4, DIMS[2])]
     logits = T * DIMS[-1]  # redundant over t: the whole logits
     loss = mem(logits * (2 + 9 * 4)) + mem(logits * (3 * 4 + 2))
-    opt = sum(mem(k * n // 4 * 40) for k, n in zip(DIMS, DIMS[1:]))
+    opt = sum(adam(k * n // 4 * 28) + mem(k * n // 4 * 12) for k, n in zip(DIMS, DIMS[1:]))
     accumulate = (MB - 1) * sum(mem(3 * k * n // 4 * 2) for k, n in zip(DIMS, DIMS[1:]))
-    clone = mem(2 * logits * 2)
+    clone = copy(2 * logits * 2)
     assert t["compute_s"] == pytest.approx(MB * (sum(3 * f for f in fwd) + loss + clone) + opt + accumulate, rel=1e-12)
     assert t["exposed_comm_s"] == pytest.approx(t["redistribution_s"], rel=1e-12) and t["grad_sync_s"] == 0
 
