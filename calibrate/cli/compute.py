@@ -9,7 +9,7 @@ what the previous one left in L2): matmuls ``a @ b`` over a grid of shapes,
 the causal attention core that executed plans run (``calibrate.attention``: the
 probabilities kept, as the plans' memory model counts them) over sequence
 lengths and head sizes,
-a device-to-device copy (memory bandwidth), an elementwise addition and
+a device-to-device copy (memory bandwidth), a GELU forward and backward and
 torch's fused Adam (the bandwidths of the step's other memory-bound kernels,
 which move fewer bytes a second than a copy) and a one-element kernel (launch
 cost). Writes the profile's ``compute`` section (``calibrate.compute``): the
@@ -118,12 +118,14 @@ def measure_memory(torch, device, iters, warmup) -> float:
 
 
 def measure_elementwise(torch, device, iters, warmup) -> float:
-    """Bytes per second of c = a + b in bf16 (two reads and a write of 512 MiB each)."""
-    n = 1 << 28
-    a, b = (torch.randn(n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    c = [torch.empty_like(a) for _ in range(2)]
-    t = _time(torch, lambda i: torch.add(a, b, out=c[i % 2]), iters, warmup)
-    return 3 * n * 2 / t
+    """Bytes per second of a GELU forward and backward in bf16 on 128 Mi elements (read 2 + write 2
+    bytes, then read 4 + write 2 an element): pointwise work computed in fp32, as a transformer's
+    elementwise kernels are, where a plain addition runs at a copy's speed and is not typical."""
+    n = 1 << 27
+    x, g = (torch.randn(n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    gelu, back = torch.nn.functional.gelu, torch.ops.aten.gelu_backward
+    t = _time(torch, lambda i: (gelu(x), back(g, x)), iters, warmup)
+    return 10 * n / t
 
 
 def measure_optimizer(torch, device, iters, warmup) -> float:
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
     adam = measure_optimizer(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
-                   elementwise_Bps=f"measured: bf16 addition of 256 Mi elements, {elementwise / 1e9:.0f} GB/s",
+                   elementwise_Bps=f"measured: bf16 GELU forward and backward, 128 Mi elements, {elementwise / 1e9:.0f} GB/s",
                    optimizer_Bps=f"measured: fused Adam on 256 Mi fp32 elements, {adam / 1e9:.0f} GB/s",
                    launch_s=f"measured: one-element kernel, {launch * 1e6:.1f} us")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
