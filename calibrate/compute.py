@@ -13,6 +13,8 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
       "matmul":    {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention": {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention_backward": {...},        # optional, as "attention": the core's backward
+      "attention_copies": {...},          # optional, on the "elements" axis: the layer around the core
+      "attention_copies_backward": {...}, # optional, the same for the backward
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
 
@@ -43,7 +45,7 @@ from calibrate.errors import UserError
 KINDS = ("measured", "assumed")
 
 
-AXES = ("flops", "scores")
+AXES = ("flops", "scores", "elements")
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ def _band(d, where: str) -> Band:
             merged.append((f, t))
     axis = d.get("axis", "flops")
     if axis not in AXES or (axis != "flops" and not merged):
-        raise UserError(f"{where} has axis {axis!r}: use flops, or scores with measured points; re-run python -m calibrate compute")
+        raise UserError(f"{where} has axis {axis!r}: use flops, or scores or elements with measured points; "
+                        "re-run python -m calibrate compute")
     return Band(float(d["peak_flops"]), tuple(merged), axis)
 
 
@@ -110,6 +113,8 @@ class ComputeModel:
     attention: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
     attention_backward: dict = field(default_factory=dict)  # measured backward of the core (else 2 x forward)
+    attention_copies: dict = field(default_factory=dict)  # the layer around the core, forward (elements axis)
+    attention_copies_backward: dict = field(default_factory=dict)  # and backward
     elementwise_Bps: float | None = None  # an elementwise kernel's bytes per second (else memory_Bps)
     optimizer_Bps: float | None = None  # the fused Adam kernel's (else elementwise_Bps)
 
@@ -140,6 +145,14 @@ class ComputeModel:
         band = self.attention.get(str(dtype_bytes)) or self._band(self.matmul, "matmul", dtype_bytes)
         return self._attention(band, batch, heads, seq, head_dim)
 
+    def attention_copy_seconds(self, batch: int, heads: int, seq: int, head_dim: int, dtype_bytes: int,
+                               backward: bool = False) -> float | None:
+        """The attention layer's work around its core (the fused QKV split into heads, the output
+        made token-major; backward the gradients put back together), measured as the layer's time
+        less the core's, on the axis of the layer's output elements b s h d; None if not measured."""
+        band = (self.attention_copies_backward if backward else self.attention_copies).get(str(dtype_bytes))
+        return None if band is None else band.seconds(float(batch * heads * seq * head_dim), self.launch_s)
+
     def _attention(self, band: Band, batch: int, heads: int, seq: int, head_dim: int) -> float:
         flops = 4.0 * batch * heads * seq * seq * head_dim
         if band.axis == "scores":
@@ -164,8 +177,9 @@ class ComputeModel:
                 **{k: getattr(self, k) for k in ("elementwise_Bps", "optimizer_Bps") if getattr(self, k)},
                 "matmul": {k: b.to_dict() for k, b in self.matmul.items()},
                 "attention": {k: b.to_dict() for k, b in self.attention.items()},
-                **({"attention_backward": {k: b.to_dict() for k, b in self.attention_backward.items()}}
-                   if self.attention_backward else {}),
+                **{key: {k: b.to_dict() for k, b in getattr(self, key).items()}
+                   for key in ("attention_backward", "attention_copies", "attention_copies_backward")
+                   if getattr(self, key)},
                 "sources": dict(self.sources)}
 
     @classmethod
@@ -190,8 +204,8 @@ class ComputeModel:
             memory_Bps=float(d["memory_Bps"]),
             matmul={str(k): _band(v, f"{where} matmul {k}") for k, v in d["matmul"].items()},
             attention={str(k): _band(v, f"{where} attention {k}") for k, v in d.get("attention", {}).items()},
-            attention_backward={str(k): _band(v, f"{where} attention_backward {k}")
-                                for k, v in d.get("attention_backward", {}).items()},
+            **{key: {str(k): _band(v, f"{where} {key} {k}") for k, v in d.get(key, {}).items()}
+               for key in ("attention_backward", "attention_copies", "attention_copies_backward")},
             sources=dict(d.get("sources", {})),
             elementwise_Bps=float(d["elementwise_Bps"]) if d.get("elementwise_Bps") else None,
             optimizer_Bps=float(d["optimizer_Bps"]) if d.get("optimizer_Bps") else None,

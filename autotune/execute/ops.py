@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calibrate.attention import causal_attention
+from calibrate.attention import attention_layer
 from calibrate.errors import UserError
 
 from autotune.execute.commlog import Call
@@ -94,12 +94,7 @@ def attention(ctx: Ctx, spec: LayerSpec, x):
     dims = spec.layer
     seq = dims.dim("tokens") // dims.dim("micro_batch")
     hd = dims.dim("hidden") // dims.dim("heads")
-    t, width = x.shape
-    heads = width // (3 * hd)
-    qkv = x.view(t // seq, seq, heads, 3, hd)
-    q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
-    out = causal_attention(torch, q, k, v)
-    return out.transpose(1, 2).reshape(t, heads * hd)
+    return attention_layer(torch, x, seq, hd)
 
 
 def loss(ctx: Ctx, spec: LayerSpec, logits, targets, scale: float):

@@ -22,9 +22,11 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
     pointwise   memory-bound: 2 passes forward, 3 backward
     attention   softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads, forward
                 and backward as measured (``python -m calibrate compute``; backward twice the
-                forward without a measurement), plus the copies around the core
-                (``ATTENTION_COPY_PASSES``: Q, K, V made contiguous and the output token-major
-                forward; backward Q's, K's and V's gradients assembled into the fused QKV's)
+                forward without a measurement), plus the layer's work around the core: as measured
+                (the executed layer's time less its core's, ``ComputeModel.attention_copy_seconds``),
+                else ``ATTENTION_COPY_PASSES`` at the copy bandwidth (Q, K, V made contiguous and
+                the output token-major forward; backward Q's, K's and V's gradients assembled into
+                the fused QKV's)
     loss        the executed cross-entropy (``autotune.execute.ops._CrossEntropy``), each op one
                 pass: forward a + 9f bytes per local logit (fp32 copy, max, subtract, exp, sum,
                 divide), backward 3f + a (scale in place, cast)
@@ -129,8 +131,9 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
         shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
         out = local_elems(s.output, s.mesh, cluster)
         f, b = cm.attention_seconds(*shape, act_bytes), cm.attention_seconds(*shape, act_bytes, backward=True)
-        return (f + cm.memory_seconds(ATTENTION_COPY_PASSES[0] * out * act_bytes),
-                b + cm.memory_seconds(ATTENTION_COPY_PASSES[1] * out * act_bytes))
+        cf, cb = (cm.attention_copy_seconds(*shape, act_bytes, backward=bwd) for bwd in (False, True))
+        return (f + (cf if cf is not None else cm.memory_seconds(ATTENTION_COPY_PASSES[0] * out * act_bytes)),
+                b + (cb if cb is not None else cm.memory_seconds(ATTENTION_COPY_PASSES[1] * out * act_bytes)))
     if kind == "loss":
         e = local_elems(s.input, s.mesh, cluster)
         a, f = act_bytes, STAT_BYTES

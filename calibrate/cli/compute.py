@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from calibrate.cli import command_parser
-from calibrate.attention import causal_attention
+from calibrate.attention import attention_layer, causal_attention
 from calibrate.compute import Band, ComputeModel
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
@@ -88,9 +88,12 @@ def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, flo
     return out
 
 
-def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple, float]]:
-    """(flops, forward seconds, (b, h, s, d), backward seconds): the backward is the time of
-    forward and backward together (autograd, the probabilities kept) less the forward's."""
+def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple]:
+    """Per shape (b, h, s, d): (flops, core forward seconds, shape, core backward seconds, layer
+    forward seconds, layer backward seconds). A backward is the time of forward and backward
+    together (autograd, the probabilities kept) less the forward's; the layer
+    (``calibrate.attention.attention_layer``) is the core with the fused QKV split into heads
+    before it and the output made token-major after it, as executed plans run it."""
     out = []
     batch, heads = 4, 16
     for d in HEAD_DIMS:
@@ -101,11 +104,18 @@ def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple[float, 
             with torch.no_grad():
                 t = _time(torch, lambda i: causal_attention(torch, *sets[i % 3]), iters, warmup)
             both = _time(torch, lambda i: causal_attention(torch, *sets[i % 3]).backward(grad), iters, warmup)
+            del sets
+            xs = [torch.randn(batch * s, 3 * heads * d, device=device, dtype=dtype, requires_grad=True)
+                  for _ in range(3)]
+            gl = grad.transpose(1, 2).reshape(batch * s, heads * d)
+            with torch.no_grad():
+                lt = _time(torch, lambda i: attention_layer(torch, xs[i % 3], s, d), iters, warmup)
+            lboth = _time(torch, lambda i: attention_layer(torch, xs[i % 3], s, d).backward(gl), iters, warmup)
             flops = 4.0 * batch * heads * s * s * d
-            out.append((flops, t, (batch, heads, s, d), max(both - t, t)))
-            progress(f"attention b={batch} h={heads} s={s} d={d} {dtype}: {t * 1e6:.1f} us forward, "
-                     f"{(both - t) * 1e6:.1f} us backward")
-            del sets, grad
+            out.append((flops, t, (batch, heads, s, d), max(both - t, t), lt, lboth - lt))
+            progress(f"attention b={batch} h={heads} s={s} d={d} {dtype}: core {t * 1e6:.1f} us forward, "
+                     f"{(both - t) * 1e6:.1f} us backward; layer {lt * 1e6:.1f} / {(lboth - lt) * 1e6:.1f} us")
+            del xs, grad, gl
     return out
 
 
@@ -175,7 +185,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     gpu = torch.cuda.get_device_name(device)
     progress(f"{gpu}, torch {torch.__version__}; base profile {profile.name}")
-    matmul, attention, attention_bwd, sources = {}, {}, {}, {}
+    matmul, attention, attention_bwd, sources, copies, copies_bwd = {}, {}, {}, {}, {}, {}
     for name in names:
         dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[name])
         size = DTYPES[name]
@@ -184,13 +194,20 @@ def main(argv=None) -> int:
         att = measure_attention(torch, dtype, device, args.iters, args.warmup)
         best = max(f / t for f, t, _ in mm)
         matmul[str(size)] = Band(peak or best, tuple(sorted((f, t) for f, t, _ in mm)))
-        attention[str(size)] = Band(peak or best, tuple(sorted((b * h * s * s, t) for _, t, (b, h, s, _), _ in att)),
+        attention[str(size)] = Band(peak or best, tuple(sorted((b * h * s * s, t) for _, t, (b, h, s, _), *_ in att)),
                                     "scores")
         attention_bwd[str(size)] = Band(peak or best, tuple(sorted((b * h * s * s, tb)
-                                                                   for _, _, (b, h, s, _), tb in att)), "scores")
+                                                                   for _, _, (b, h, s, _), tb, _, _ in att)), "scores")
+        copies[str(size)], copies_bwd[str(size)] = (
+            Band(peak or best, tuple(sorted((b * h * s * d, max(layer - core, 1e-7)) for b, h, s, d, core, layer in pairs)),
+                 "elements")
+            for pairs in ([(*shape, t, lt) for _, t, shape, _, lt, _ in att],
+                          [(*shape, tb, lb) for _, _, shape, tb, _, lb in att]))
         sources[f"matmul.{size}"] = f"measured ({name}, {len(mm)} shapes, best {best / 1e12:.0f} TFLOP/s)"
         sources[f"attention.{size}"] = f"measured ({name}, causal softmax(QK^T)V, probabilities kept, {len(att)} shapes)"
         sources[f"attention_backward.{size}"] = f"measured ({name}, autograd backward of the same core, {len(att)} shapes)"
+        sources[f"attention_copies.{size}"] = (f"measured ({name}, the attention layer's time less its core's, "
+                                               f"forward and backward, {len(att)} shapes)")
     mem = measure_memory(torch, device, args.iters, args.warmup)
     elementwise = measure_elementwise(torch, device, args.iters, args.warmup)
     adam = measure_optimizer(torch, device, args.iters, args.warmup)
@@ -203,7 +220,8 @@ def main(argv=None) -> int:
     profile.compute = ComputeModel(
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
-        attention_backward=attention_bwd, elementwise_Bps=elementwise, optimizer_Bps=adam)
+        attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
+        elementwise_Bps=elementwise, optimizer_Bps=adam)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), {elementwise / 1e9:.0f} GB/s (elementwise), "
              f"{adam / 1e9:.0f} GB/s (fused Adam), launch {launch * 1e6:.1f} us")

@@ -171,3 +171,29 @@ def test_split_layernorm_bytes_are_the_executed_operators():
         y.backward(g)
     a, f = 2, 4
     assert (fwd.n, bwd.n) == (6 * a + 11 * f, 9 * a + 26 * f)
+
+
+def test_attention_adds_the_measured_layer_around_its_core():
+    # GPT on 1 device: the attention layer is its core (scores band) plus the measured work around it
+    # (elements band) when the profile has it, else ATTENTION_COPY_PASSES at the copy bandwidth
+    from autotune.sbp.steptime import ATTENTION_COPY_PASSES, layer_seconds
+
+    cfg = dict(layers=1, hidden=64, heads=4, sequence=32, vocabulary=128, batch=8, micro_batch=4)
+    b, h, s, d = 4, 4, 32, 16
+    core = Band(1e15, ((1.0, 1e-6), (1e9, 1e-3)), "scores")
+    copies = Band(1e15, ((1.0, 1e-7), (1e9, 1e-4)), "elements")
+    plain = ComputeModel("t", "measured", LAUNCH, BW, matmul={"2": Band(PEAK)}, attention={"2": core},
+                         attention_backward={"2": core})
+    full = dataclasses.replace(plain, attention_copies={"2": copies}, attention_copies_backward={"2": copies})
+    for cm in (plain, full):
+        pr = Problem(load_model("gpt", None, cfg), Coster(dataclasses.replace(BASE, compute=cm), Cluster(1, 1)),
+                     None, objective="step")
+        v = next(i for i, op in enumerate(pr.ops) if op.layer.kind == "attention")
+        f, bwd = layer_seconds(pr.ops[v], pr.choices[v][0], pr.cluster, cm, 2)
+        t_core = core.seconds(b * h * s * s, LAUNCH)
+        if cm is full:
+            assert (f, bwd) == pytest.approx((t_core + copies.seconds(b * s * h * d, LAUNCH),) * 2, rel=1e-12)
+        else:
+            out = b * s * h * d
+            assert (f, bwd) == pytest.approx((t_core + LAUNCH + ATTENTION_COPY_PASSES[0] * out * 2 / BW,
+                                              t_core + LAUNCH + ATTENTION_COPY_PASSES[1] * out * 2 / BW), rel=1e-12)

@@ -57,6 +57,25 @@ def test_attention_on_the_scores_axis_ignores_the_head_dimension():
         ComputeModel.from_dict(d)
 
 
+def test_attention_copies_on_the_elements_axis():
+    """The layer around the core, measured per output element b s h d: b = 4, h = 16, s = 1024,
+    d = 128 (8 Mi elements) and twice that; b = 8, h = 32, s = 1024, d = 128 has 4x the first
+    point's elements: above the last point, its throughput (time x 2). None when not measured."""
+    d = {"kind": "measured", "source": "test", "launch_s": 1e-5, "memory_Bps": 1e12,
+         "matmul": {"2": {"peak_flops": 1e15}},
+         "attention_copies": {"2": {"peak_flops": 1e15, "axis": "elements",
+                                    "points": [[4 * 16 * 1024 * 128, 1e-4], [8 * 16 * 1024 * 128, 2.2e-4]]}},
+         "attention_copies_backward": {"2": {"peak_flops": 1e15, "axis": "elements",
+                                             "points": [[4 * 16 * 1024 * 128, 3e-4]]}}}
+    m = ComputeModel.from_dict(d)
+    assert m.attention_copy_seconds(4, 16, 1024, 128, 2) == pytest.approx(1e-4)
+    assert m.attention_copy_seconds(8, 32, 1024, 128, 2) == pytest.approx(2 * 2.2e-4)
+    assert m.attention_copy_seconds(4, 16, 1024, 128, 2, backward=True) == pytest.approx(3e-4)
+    assert m.attention_copy_seconds(4, 16, 1024, 128, 4) is None
+    assert model().attention_copy_seconds(4, 16, 1024, 128, 2) is None
+    assert ComputeModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+
+
 def test_missing_dtype_names_the_fix():
     with pytest.raises(UserError, match="calibrate compute --dtypes fp32"):
         model().matmul_seconds(10, 10, 10, 4)
