@@ -45,7 +45,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the result records (default ./{DEFAULT_OUT})")
-    ap.add_argument("--summarize", metavar="DIR", help="print the table of the results in DIR and write DIR/summary.json")
+    ap.add_argument("--summarize", metavar="DIR",
+                    help="print the tables of the results in DIR and write DIR/summary.json, summary.md, breakdown.txt "
+                         "(device time by kernel family, memory by phase) and layers.txt (each layer's predicted "
+                         "forward and backward beside the measured)")
     g = ap.add_argument_group("model (checked against the plan's; --layers runs a stack of that many layers)")
     g.add_argument("--model", help="model kind the plan must be for")
     g.add_argument("--preset", help="preset the plan must be for")
