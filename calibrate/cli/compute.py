@@ -33,7 +33,7 @@ from calibrate.profile import DEFAULT_PROFILE, Profile
 
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 SQUARES = (256, 512, 1024, 2048, 4096, 8192)
-TALL = (256, 512, 1024, 2048)  # (8s, s, s) and (8s, s, 4s): token-major shapes of transformer layers
+TALL = (256, 512, 1024, 2048)  # widths s of token-major transformer shapes (8s, s, s), (8s, s, 3s), (8s, s, 4s), (8s, 4s, s)
 SEQS = (256, 512, 1024, 2048, 4096)
 HEAD_DIMS = (64, 128)
 PEAKS = {"NVIDIA H200": {2: 989e12, 4: 67e12}, "NVIDIA H100": {2: 989e12, 4: 67e12},
@@ -75,13 +75,39 @@ def _time(torch, fn, iters: int, warmup: int) -> float:
     return statistics.median(out)
 
 
+def _time_between(torch, fn, iters: int, warmup: int, between) -> float:
+    """Median seconds of ``fn(i)`` between CUDA events, the calls issued without waiting for one
+    another and ``between()`` (memory-bound work) after each, as a training step interleaves its
+    matmuls with other kernels: a call timed alone after a synchronisation starts from an idle
+    GPU (1 H200, 2026-11-23: 8192 x 2048 x 6144 bf16 took 282 us so, 261 us between copies), and
+    matmuls back to back with nothing between run slower than in the step."""
+    for i in range(warmup):
+        fn(i)
+        between()
+    marks = []
+    for i in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(i)
+        b.record()
+        between()
+        marks.append((a, b))
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) / 1e3 for a, b in marks)
+
+
 def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple]]:
-    shapes = [(s, s, s) for s in SQUARES] + [(8 * s, s, s) for s in TALL] + [(8 * s, s, 4 * s) for s in TALL]
+    """Squares, and the token-major shapes of a transformer's linear layers (QKV, the MLP's two,
+    the projection) at several widths, each timed between copies of 256 MiB (``_time_between``)."""
+    shapes = [(s, s, s) for s in SQUARES] + [(8 * s, s, f * s) for s in TALL for f in (1, 3, 4)] + \
+        [(8 * s, 4 * s, s) for s in TALL]
+    src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
     out = []
     for m, k, n in shapes:
         sets = [(torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype))
                 for _ in range(3)]
-        t = _time(torch, lambda i: torch.mm(*sets[i % 3]), iters, warmup)
+        t = _time_between(torch, lambda i: torch.mm(*sets[i % 3]), iters, warmup, lambda: dst.copy_(src))
         out.append((2.0 * m * k * n, t, (m, k, n)))
         progress(f"matmul {m}x{k}x{n} {dtype}: {t * 1e6:.1f} us, {2.0 * m * k * n / t / 1e12:.1f} TFLOP/s")
         del sets
