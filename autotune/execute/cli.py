@@ -95,6 +95,7 @@ def check_model(plan: dict, args) -> None:
 def summarize(folder: str) -> int:
     records = result.load_records(Path(folder))
     s = result.summary(records)
+    s["layers"] = {r["strategy"]: rows for r in records if not r.get("error") for rows in (layertable.layer_rows(r),) if rows}
     print(f"{s['model'].get('name', '')} on {s['cluster']['nodes']}x{s['cluster']['gpus_per_node']} {s['device']} "
           f"({s['backend']}, {s['dtype']})")
     print(result.format_table(s["rows"]))

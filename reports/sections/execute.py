@@ -1,6 +1,7 @@
 """Report section for executed plans (``python -m autotune execute --summarize DIR``'s
 summary.json): predicted against measured step time, communication time and
-memory per plan, with the Spearman rank correlation and the targets of issue 15."""
+memory per plan, with the Spearman rank correlation and the targets of issue 15, and the
+first plan's layer clock (each layer's predicted and measured forward and backward)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,6 +24,17 @@ def _table(rows: list[dict]) -> pd.DataFrame:
         "predicted GiB": (r["pred_memory_bytes"] or float("nan")) / 2**30,
         "measured GiB": (r["memory_bytes"] or float("nan")) / 2**30,
         "loss first": r["loss_first"], "loss last": r["loss_last"],
+    } for r in rows])
+
+
+def _layers(rows: list[dict]) -> pd.DataFrame:
+    def ms(x):
+        return float("nan") if x is None else x * 1e3
+
+    return pd.DataFrame([{
+        "layer": r["layer"], "kind": r["kind"], "positions": r["positions"],
+        "predicted forward ms": ms(r["pred_fwd_s"]), "measured forward ms": ms(r["fwd_s"]),
+        "predicted backward ms": ms(r["pred_bwd_s"]), "measured backward ms": ms(r["bwd_s"]),
     } for r in rows])
 
 
@@ -57,5 +69,8 @@ def build(paths: list[Path]) -> list[Section]:
                 sec.figure(fig, f"{what}: measured against predicted (the line: equal)")
         for line in format_targets(s["targets"]).splitlines():
             sec.text(line)
+        for plan, rows in list((s.get("layers") or {}).items())[:1]:
+            sec.table(_layers(rows), f"{plan}, layer by layer (ms per step; forward and backward include the "
+                                     "boxing into the layer; the optimizer in the forward columns)")
         out.append(sec)
     return out
