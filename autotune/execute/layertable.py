@@ -4,7 +4,7 @@ in-boxing included), the optimizer step, and what the layers leave of the step (
 the loss's sync, the wait for the gradient sync, the gaps between kernels)."""
 from __future__ import annotations
 
-from autotune.execute.result import _err, _ms, _pct
+from autotune.execute.result import fmt_ms, fmt_pct, rel_err
 
 
 def layer_rows(rec: dict) -> list[dict]:
@@ -31,11 +31,11 @@ def layer_rows(rec: dict) -> list[dict]:
         prev = name
     out = list(rows.values())
     for r in out:
-        r["fwd_err"], r["bwd_err"] = _err(r["pred_fwd_s"], r["fwd_s"]), _err(r["pred_bwd_s"], r["bwd_s"])
+        r["fwd_err"], r["bwd_err"] = rel_err(r["pred_fwd_s"], r["fwd_s"]), rel_err(r["pred_bwd_s"], r["bwd_s"])
     opt = [r["pred_opt_s"] for r in out]
     pred_opt = None if None in opt else sum(opt)
     out.append({"layer": "optimizer", "kind": "", "positions": "", "pred_fwd_s": pred_opt, "fwd_s": clock.get("optimizer_s"),
-                "fwd_err": _err(pred_opt, clock.get("optimizer_s")), "pred_bwd_s": None, "bwd_s": None, "bwd_err": None})
+                "fwd_err": rel_err(pred_opt, clock.get("optimizer_s")), "pred_bwd_s": None, "bwd_s": None, "bwd_err": None})
     measured = [x for r in out for x in (r["fwd_s"], r["bwd_s"]) if x is not None]
     pred = [x for r in out for x in (r["pred_fwd_s"], r["pred_bwd_s"]) if x is not None]
     step, pstep = clock.get("step_s", m.get("step_s")), (rec.get("predicted") or {}).get("step_s")
@@ -54,8 +54,8 @@ def format_layers(records: list[dict]) -> str:
         rows = [] if rec.get("error") else layer_rows(rec)
         if not rows:
             continue
-        body = [[r["layer"], r["kind"], str(r["positions"]), _ms(r["pred_fwd_s"]), _ms(r["fwd_s"]), _pct(r["fwd_err"]),
-                 _ms(r["pred_bwd_s"]), _ms(r["bwd_s"]), _pct(r["bwd_err"])] for r in rows]
+        body = [[r["layer"], r["kind"], str(r["positions"]), fmt_ms(r["pred_fwd_s"]), fmt_ms(r["fwd_s"]), fmt_pct(r["fwd_err"]),
+                 fmt_ms(r["pred_bwd_s"]), fmt_ms(r["bwd_s"]), fmt_pct(r["bwd_err"])] for r in rows]
         w = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
         lines = ["  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(x)) for x in [head] + body]
         blocks.append(f"{rec['strategy']} (per step: {rec.get('micro_batches', 1)} micro-batches; forward and "

@@ -34,7 +34,7 @@ def load_records(folder: Path) -> list[dict]:
     return out
 
 
-def _err(pred, meas):
+def rel_err(pred, meas):
     if pred is None or meas is None or pred <= 0:
         return None
     return meas / pred - 1.0
@@ -49,14 +49,14 @@ def rows(records: list[dict]) -> list[dict]:
         mem = max(m["peak_memory_bytes"]) if m.get("peak_memory_bytes") else None
         out.append({
             "strategy": r["strategy"],
-            "pred_step_s": p.get("step_s"), "step_s": m["step_s"], "step_err": _err(p.get("step_s"), m["step_s"]),
+            "pred_step_s": p.get("step_s"), "step_s": m["step_s"], "step_err": rel_err(p.get("step_s"), m["step_s"]),
             "pred_comm_s": p.get("total_s"), "comm_alone_s": m.get("comm_alone_s"),
-            "comm_err": _err(p.get("total_s"), m.get("comm_alone_s")), "comm_s": m.get("comm_s"),
+            "comm_err": rel_err(p.get("total_s"), m.get("comm_alone_s")), "comm_s": m.get("comm_s"),
             "pred_memory_bytes": p.get("memory_bytes"), "memory_bytes": mem,
-            "memory_err": _err(p.get("memory_bytes"), mem),
+            "memory_err": rel_err(p.get("memory_bytes"), mem),
             "pred_compute_s": p.get("compute_s"), "pred_exposed_comm_s": p.get("exposed_comm_s"),
             "exposed_comm_s": m.get("exposed_comm_s"),
-            "exposed_err": _err(p.get("exposed_comm_s"), m.get("exposed_comm_s")),
+            "exposed_err": rel_err(p.get("exposed_comm_s"), m.get("exposed_comm_s")),
             "loss_first": m["losses"][0], "loss_last": m["losses"][-1],
         })
     return out
@@ -95,26 +95,26 @@ def targets(table: list[dict], searched_prefix: str = "searched") -> dict:
     return out
 
 
-def _ms(x):
+def fmt_ms(x):
     return "-" if x is None else f"{x * 1e3:.2f}"
 
 
-def _pct(x):
+def fmt_pct(x):
     return "-" if x is None else f"{x * 100:+.1f}%"
 
 
-def _gib(x):
+def fmt_gib(x):
     return "-" if x is None else f"{x / 2**30:.2f}"
 
 
 def format_table(table: list[dict]) -> str:
     head = ("plan", "pred step ms", "step ms", "err", "pred comm ms", "comm ms", "err", "kernel ms",
             "pred exp ms", "exp ms", "err", "pred mem GiB", "mem GiB", "err", "loss first->last")
-    body = [(r["strategy"], _ms(r["pred_step_s"]), _ms(r["step_s"]), _pct(r["step_err"]), _ms(r["pred_comm_s"]),
-             _ms(r.get("comm_alone_s")), _pct(r["comm_err"]), _ms(r["comm_s"]),
-             _ms(r.get("pred_exposed_comm_s")), _ms(r.get("exposed_comm_s")),
-             _pct(r.get("exposed_err")), _gib(r["pred_memory_bytes"]), _gib(r["memory_bytes"]),
-             _pct(r["memory_err"]), f"{r['loss_first']:.4f}->{r['loss_last']:.4f}") for r in table]
+    body = [(r["strategy"], fmt_ms(r["pred_step_s"]), fmt_ms(r["step_s"]), fmt_pct(r["step_err"]), fmt_ms(r["pred_comm_s"]),
+             fmt_ms(r.get("comm_alone_s")), fmt_pct(r["comm_err"]), fmt_ms(r["comm_s"]),
+             fmt_ms(r.get("pred_exposed_comm_s")), fmt_ms(r.get("exposed_comm_s")),
+             fmt_pct(r.get("exposed_err")), fmt_gib(r["pred_memory_bytes"]), fmt_gib(r["memory_bytes"]),
+             fmt_pct(r["memory_err"]), f"{r['loss_first']:.4f}->{r['loss_last']:.4f}") for r in table]
     w = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(x))
                      for x in [head] + body)
@@ -146,11 +146,11 @@ def format_breakdown(records: list[dict]) -> str:
             continue
         m, p = r["measured"], r.get("predicted", {})
         dev, ph = m.get("device_time_s") or {}, m.get("peak_memory_phases_bytes") or {}
-        body.append([r["strategy"], _ms(m.get("step_s")), _ms(m.get("host_issue_s")), _ms(m.get("device_idle_s"))] +
-                    [_ms(dev.get(f)) for f in fams] +
-                    [_ms(m.get("redistribution_alone_s")), _ms(m.get("grad_sync_alone_s")),
-                     _ms(p.get("redistribution_s")), _ms(p.get("grad_sync_s")), _ms(m.get("comm_alone_wall_s"))] +
-                    [_gib(ph.get(q)) for q in phases])
+        body.append([r["strategy"], fmt_ms(m.get("step_s")), fmt_ms(m.get("host_issue_s")), fmt_ms(m.get("device_idle_s"))] +
+                    [fmt_ms(dev.get(f)) for f in fams] +
+                    [fmt_ms(m.get("redistribution_alone_s")), fmt_ms(m.get("grad_sync_alone_s")),
+                     fmt_ms(p.get("redistribution_s")), fmt_ms(p.get("grad_sync_s")), fmt_ms(m.get("comm_alone_wall_s"))] +
+                    [fmt_gib(ph.get(q)) for q in phases])
     w = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(x))
                      for x in [head] + body)

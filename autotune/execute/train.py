@@ -18,8 +18,10 @@ on GPUs is the time between CUDA events recorded on the stream at its start and
 at its end (which counts any wait for the host); on CPUs the host's wall time.
 
 Measured per step: that time (median over the steps after --warmup, the
-slowest device); the host's time to issue the step (above the step time: the
-step is host-bound); the time inside collectives (torch profiler: the NCCL kernels
+slowest device); the host's time to issue the step (once CUDA's launch queue is
+full the host keeps the GPU's pace, so this is near the step time either way:
+the GPU's idle time in the profiled steps says whether the host held it back);
+the time inside collectives (torch profiler: the NCCL kernels
 on GPUs, the gloo operations on CPUs; a kernel's time includes its waiting for
 the peer and its slowdown by the compute it overlaps); on GPUs the exposed part
 of it (covered by no other GPU activity, ``autotune.execute.trace``) and the
