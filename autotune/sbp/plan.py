@@ -25,9 +25,9 @@ from calibrate.jsonfile import read_json, write_json
 from autotune.sbp.boxing import Step, copy_seconds
 from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
 from autotune.sbp.layers import Strategy
-from autotune.sbp.steptime import layer_seconds, optimizer_seconds
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, is_split, split_dim
+from autotune.sbp.steptime import layer_seconds, optimizer_seconds
 
 KIND = "commtune.sbp-plan"
 VERSION = 1

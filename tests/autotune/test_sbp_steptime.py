@@ -76,6 +76,19 @@ def test_data_parallel_step_closed_form():
     assert t["total_s"] == pytest.approx(sum(syncs), rel=1e-12)  # the comm objective's figure is unchanged
 
 
+def test_plan_records_each_layers_forward_backward_and_optimizer():
+    # what autotune execute's layer clock compares: data parallel on 4 GPUs, per micro-batch
+    pr = mlp_problem()
+    layers = {lay["name"]: lay for lay in build_plan(pr, data_parallel(pr), "dp")["layers"]}
+    matmuls = [lay for lay in layers.values() if lay["kind"] == "matmul"]
+    for lay, (k, n) in zip(matmuls, zip(DIMS, DIMS[1:])):
+        assert lay["forward_s"] == pytest.approx(mm(T // 4, k, n), rel=1e-12)
+        assert lay["backward_s"] == pytest.approx(2 * mm(T // 4, k, n), rel=1e-12)
+        assert lay["optimizer_s"] == pytest.approx(adam(k * n * 28) + mem(k * n * 12), rel=1e-12)
+        assert lay["compute_s"] == pytest.approx(MB * 3 * mm(T // 4, k, n) + lay["optimizer_s"]
+                                                 + (MB - 1) * mem(3 * k * n * 2), rel=1e-12)
+
+
 def test_megatron_step_splits_the_matmuls():
     # t = 4: fc0 column-parallel (n / 4), fc1 row-parallel (k / 4): a quarter of the flops each, no sync;
     # the all-reduce of the output before the loss is on the critical path (exposed), and its functional
