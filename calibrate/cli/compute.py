@@ -59,38 +59,28 @@ def progress(msg: str) -> None:
     print(f"[compute] {msg}", file=sys.stderr, flush=True)
 
 
-def _time(torch, fn, iters: int, warmup: int) -> float:
-    """Median seconds of ``fn(i)`` between CUDA events."""
+def _time(torch, fn, iters: int, warmup: int, between=None) -> float:
+    """Median seconds of ``fn(i)`` between CUDA events. Without ``between``, each call alone after
+    a synchronisation; with it, the calls issued without waiting for one another and
+    ``between()`` (memory-bound work) after each, as a training step interleaves its matmuls with
+    other kernels: a call alone starts on an idle GPU (1 H200, 2026-11-23: 8192 x 2048 x 6144 bf16
+    took 282 us so, 261 us between copies), and matmuls back to back with nothing between run
+    slower than in the step."""
     for i in range(warmup):
         fn(i)
+        if between:
+            between()
     torch.cuda.synchronize()
-    out = []
-    for i in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(i)
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(out)
-
-
-def _time_between(torch, fn, iters: int, warmup: int, between) -> float:
-    """Median seconds of ``fn(i)`` between CUDA events, the calls issued without waiting for one
-    another and ``between()`` (memory-bound work) after each, as a training step interleaves its
-    matmuls with other kernels: a call timed alone after a synchronisation starts from an idle
-    GPU (1 H200, 2026-11-23: 8192 x 2048 x 6144 bf16 took 282 us so, 261 us between copies), and
-    matmuls back to back with nothing between run slower than in the step."""
-    for i in range(warmup):
-        fn(i)
-        between()
     marks = []
     for i in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn(i)
         b.record()
-        between()
+        if between:
+            between()
+        else:
+            b.synchronize()
         marks.append((a, b))
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) / 1e3 for a, b in marks)
@@ -98,7 +88,7 @@ def _time_between(torch, fn, iters: int, warmup: int, between) -> float:
 
 def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple]]:
     """Squares, and the token-major shapes of a transformer's linear layers (QKV, the MLP's two,
-    the projection) at several widths, each timed between copies of 256 MiB (``_time_between``)."""
+    the projection) at several widths, each timed between copies of 256 MiB (``_time``)."""
     shapes = [(s, s, s) for s in SQUARES] + [(8 * s, s, f * s) for s in TALL for f in (1, 3, 4)] + \
         [(8 * s, 4 * s, s) for s in TALL]
     src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
@@ -107,7 +97,7 @@ def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, flo
     for m, k, n in shapes:
         sets = [(torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype))
                 for _ in range(3)]
-        t = _time_between(torch, lambda i: torch.mm(*sets[i % 3]), iters, warmup, lambda: dst.copy_(src))
+        t = _time(torch, lambda i: torch.mm(*sets[i % 3]), iters, warmup, between=lambda: dst.copy_(src))
         out.append((2.0 * m * k * n, t, (m, k, n)))
         progress(f"matmul {m}x{k}x{n} {dtype}: {t * 1e6:.1f} us, {2.0 * m * k * n / t / 1e12:.1f} TFLOP/s")
         del sets
