@@ -8,8 +8,8 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
       "source": "how the figures were obtained",
       "launch_s": 4e-06,                  # a kernel's fixed cost
       "memory_Bps": 4.0e12,               # bytes moved (read + written) per second by a copy
-      "elementwise_Bps": 3.5e12,          # optional: by an elementwise kernel (else memory_Bps)
-      "optimizer_Bps": 3.4e12,            # optional: by the fused Adam kernel (else elementwise_Bps)
+      "op_Bps": {"elementwise": 3.2e12,   # optional: bytes per second of the memory-bound kernels other
+                 "optimizer": 3.3e12, ...},  # than a copy, by kind (OPS; each falls back as OPS says)
       "matmul":    {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention": {"2": {"peak_flops": 9.9e14, "points": [[flops, seconds], ...]}, ...},
       "attention_backward": {...},        # optional, as "attention": the core's backward
@@ -46,6 +46,12 @@ KINDS = ("measured", "assumed")
 
 
 AXES = ("flops", "scores", "elements")
+OPS = {  # memory-bound kernels with their own measured bandwidth -> the kind a profile without it falls back to
+    "elementwise": None,  # pointwise work computed in fp32, casts, row reductions (None: the copy's memory_Bps)
+    "optimizer": "elementwise",  # torch's fused Adam
+    "embedding": "elementwise",  # the masked embedding's forward (calibrate.embedding)
+    "embedding_backward": "elementwise",  # its backward: the dense weight gradient by sort and segment sums
+}
 
 
 @dataclass(frozen=True)
@@ -115,8 +121,7 @@ class ComputeModel:
     attention_backward: dict = field(default_factory=dict)  # measured backward of the core (else 2 x forward)
     attention_copies: dict = field(default_factory=dict)  # the layer around the core, forward (elements axis)
     attention_copies_backward: dict = field(default_factory=dict)  # and backward
-    elementwise_Bps: float | None = None  # an elementwise kernel's bytes per second (else memory_Bps)
-    optimizer_Bps: float | None = None  # the fused Adam kernel's (else elementwise_Bps)
+    op_Bps: dict = field(default_factory=dict)  # OPS kind -> measured bytes per second
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -163,18 +168,19 @@ class ComputeModel:
         """A copy of ``nbytes`` (read plus written)."""
         return 0.0 if nbytes <= 0 else self.launch_s + nbytes / self.memory_Bps
 
-    def elementwise_seconds(self, nbytes: float) -> float:
-        """Memory-bound work other than a copy (elementwise, casts, row reductions) moving ``nbytes``."""
-        return 0.0 if nbytes <= 0 else self.launch_s + nbytes / (self.elementwise_Bps or self.memory_Bps)
-
-    def optimizer_seconds(self, nbytes: float) -> float:
-        """The fused Adam kernel moving ``nbytes``."""
-        return 0.0 if nbytes <= 0 else self.launch_s + nbytes / (self.optimizer_Bps or self.elementwise_Bps
-                                                                 or self.memory_Bps)
+    def op_seconds(self, op: str, nbytes: float) -> float:
+        """Memory-bound work of kind ``op`` (``OPS``) moving ``nbytes``, at its measured bandwidth or,
+        without one, at the kind it falls back to (in the end the copy's)."""
+        if nbytes <= 0:
+            return 0.0
+        kind = op
+        while kind is not None and kind not in self.op_Bps:
+            kind = OPS[kind]
+        return self.launch_s + nbytes / (self.op_Bps[kind] if kind is not None else self.memory_Bps)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
-                **{k: getattr(self, k) for k in ("elementwise_Bps", "optimizer_Bps") if getattr(self, k)},
+                **({"op_Bps": dict(self.op_Bps)} if self.op_Bps else {}),
                 "matmul": {k: b.to_dict() for k, b in self.matmul.items()},
                 "attention": {k: b.to_dict() for k, b in self.attention.items()},
                 **{key: {k: b.to_dict() for k, b in getattr(self, key).items()}
@@ -193,10 +199,11 @@ class ComputeModel:
             v = d.get(key)
             if not isinstance(v, (int, float)) or v < 0 or (key == "memory_Bps" and v == 0):
                 raise UserError(f"{where} needs a non-negative {key}: re-run python -m calibrate compute")
-        for key in ("elementwise_Bps", "optimizer_Bps"):
-            v = d.get(key)
-            if v is not None and (not isinstance(v, (int, float)) or v <= 0):
-                raise UserError(f"{where} needs a positive {key} or none: re-run python -m calibrate compute")
+        ops = d.get("op_Bps") or {}
+        if not isinstance(ops, dict) or any(k not in OPS or not isinstance(v, (int, float)) or v <= 0
+                                            for k, v in ops.items()):
+            raise UserError(f"{where} has a bad op_Bps {ops!r} (want positive bytes per second for some of "
+                            f"{', '.join(OPS)}): re-run python -m calibrate compute")
         if not d.get("matmul"):
             raise UserError(f"{where} has no matmul figures: re-run python -m calibrate compute")
         return cls(
@@ -207,6 +214,5 @@ class ComputeModel:
             **{key: {str(k): _band(v, f"{where} {key} {k}") for k, v in d.get(key, {}).items()}
                for key in ("attention_backward", "attention_copies", "attention_copies_backward")},
             sources=dict(d.get("sources", {})),
-            elementwise_Bps=float(d["elementwise_Bps"]) if d.get("elementwise_Bps") else None,
-            optimizer_Bps=float(d["optimizer_Bps"]) if d.get("optimizer_Bps") else None,
+            op_Bps={k: float(v) for k, v in ops.items()},
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calibrate.attention import attention_layer
+from calibrate.embedding import masked_embedding
 from calibrate.errors import UserError
 
 from autotune.execute.commlog import Call
@@ -65,9 +66,8 @@ def embedding(ctx: Ctx, spec: LayerSpec, ids, w, wfine):
     """One-hot(ids) @ W with the vocabulary split as W's rows: rows held elsewhere contribute zero."""
     w, wfine = _boxed(ctx, spec, "weight", w, wfine)
     ids = ctx.piece(ids, tuple("S0" if p == "S0" else B for p in spec.output))
-    off, n = local_range(spec.layer.dim("k"), 0, wfine, ctx.coords, ctx.axis_sizes)
-    mine = (ids >= off) & (ids < off + n)
-    return F.embedding((ids - off).clamp(0, n - 1), w) * mine.unsqueeze(1).to(w.dtype)
+    off, _ = local_range(spec.layer.dim("k"), 0, wfine, ctx.coords, ctx.axis_sizes)
+    return masked_embedding(torch, ids, w, off)
 
 
 def layernorm(ctx: Ctx, spec: LayerSpec, x, w):

@@ -43,9 +43,9 @@ locally held parameter (``ADAM_BYTES`` at the fused Adam kernel's bandwidth and,
 
 Memory-bound passes are timed at the bandwidth of the kernels that make them: copies (DTensor's, the
 attention's) at the profile's copy bandwidth ``memory_Bps``; the layers' elementwise work, casts and
-row reductions at ``elementwise_Bps``; Adam at ``optimizer_Bps`` (``calibrate.compute``: measured
-profiles have all three; 1 H200, 2026-11-23: the fused Adam kernel moved 82% of a copy's bytes a second
-inside a training step).
+row reductions, Adam and the embedding at the bandwidths ``calibrate compute`` measures for them
+(``ComputeModel.op_seconds``; 1 H200, 2026-11-23: a GELU and the fused Adam kernel moved 77-82% of a
+copy's bytes a second, the embedding's backward about a fifth of its modelled bytes' worth).
 
 The step time of a plan (``Problem`` with objective "step") is
 
@@ -106,8 +106,8 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     per = cluster.devices // _repeats(s)
 
     def mem(passes_fwd, passes_bwd, elems):
-        return (cm.elementwise_seconds(passes_fwd * elems * act_bytes),
-                cm.elementwise_seconds(passes_bwd * elems * act_bytes))
+        return (cm.op_seconds("elementwise", passes_fwd * elems * act_bytes),
+                cm.op_seconds("elementwise", passes_bwd * elems * act_bytes))
 
     if kind == "matmul":
         rows, cols = local_elems_shape(s.output, s, cluster)
@@ -117,11 +117,12 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     if kind == "embedding":  # gather and mask forward; mask, zero-filled dense gradient and scatter-add backward
         out = local_elems(s.output, s.mesh, cluster)
         wts = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-        return cm.elementwise_seconds(4 * out * act_bytes), cm.elementwise_seconds((4 * out + wts) * act_bytes)
+        return (cm.op_seconds("embedding", 4 * out * act_bytes),
+                cm.op_seconds("embedding_backward", (4 * out + wts) * act_bytes))
     if kind == "layernorm" and s.signature == "layernorm-split":
         e = local_elems(s.input, s.mesh, cluster)
         a, f = act_bytes, STAT_BYTES
-        return cm.elementwise_seconds(e * (6 * a + 11 * f)), cm.elementwise_seconds(e * (9 * a + 26 * f))
+        return cm.op_seconds("elementwise", e * (6 * a + 11 * f)), cm.op_seconds("elementwise", e * (9 * a + 26 * f))
     if kind == "layernorm":  # backward: dx, then the scale's and shift's gradients, each reading x and dy
         return mem(2, 5, local_elems(s.input, s.mesh, cluster))
     if kind == "pointwise":
@@ -137,7 +138,7 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     if kind == "loss":
         e = local_elems(s.input, s.mesh, cluster)
         a, f = act_bytes, STAT_BYTES
-        return cm.elementwise_seconds(e * (a + 9 * f)), cm.elementwise_seconds(e * (3 * f + a))
+        return cm.op_seconds("elementwise", e * (a + 9 * f)), cm.op_seconds("elementwise", e * (3 * f + a))
     if kind == "conv":
         side, ch = d["side"], d["in_channels"]
         v = d["out_features"] // (side * side)
@@ -164,11 +165,11 @@ def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes
     """Once per step: the optimizer over every locally held parameter (fused Adam at the fused
     kernel's bandwidth, the casts around it elementwise, as ``autotune.execute.train`` steps it)."""
     params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-    return cm.optimizer_seconds(params * ADAM_BYTES) + cm.elementwise_seconds(params * CAST_BYTES[act_bytes])
+    return cm.op_seconds("optimizer", params * ADAM_BYTES) + cm.op_seconds("elementwise", params * CAST_BYTES[act_bytes])
 
 
 def accumulate_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
     """Per micro-batch after the first: adding each weight's new gradient to the step's
     (read both, write one: 3 x the gradient's bytes per locally held parameter)."""
     params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-    return cm.elementwise_seconds(3 * params * PRECISION[act_bytes][1]) if params else 0.0
+    return cm.op_seconds("elementwise", 3 * params * PRECISION[act_bytes][1]) if params else 0.0

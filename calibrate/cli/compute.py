@@ -9,10 +9,10 @@ what the previous one left in L2): matmuls ``a @ b`` over a grid of shapes,
 the causal attention core that executed plans run (``calibrate.attention``: the
 probabilities kept, as the plans' memory model counts them) over sequence
 lengths and head sizes,
-a device-to-device copy (memory bandwidth), a GELU forward and backward and
-torch's fused Adam (the bandwidths of the step's other memory-bound kernels,
-which move fewer bytes a second than a copy) and a one-element kernel (launch
-cost). Writes the profile's ``compute`` section (``calibrate.compute``): the
+a device-to-device copy (memory bandwidth); a GELU forward and backward,
+torch's fused Adam and the masked embedding's forward and backward (the
+bandwidths of the step's other memory-bound kernels, which move fewer bytes a
+second than a copy); and a one-element kernel (launch cost). Writes the profile's ``compute`` section (``calibrate.compute``): the
 collective tiers of the base profile are kept.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from calibrate.cli import command_parser
 from calibrate.attention import attention_layer, causal_attention
+from calibrate.embedding import masked_embedding
 from calibrate.compute import Band, ComputeModel
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
@@ -38,6 +39,12 @@ SEQS = (256, 512, 1024, 2048, 4096)
 HEAD_DIMS = (64, 128)
 PEAKS = {"NVIDIA H200": {2: 989e12, 4: 67e12}, "NVIDIA H100": {2: 989e12, 4: 67e12},
          "NVIDIA A100": {2: 312e12, 4: 19.5e12}}
+
+
+OP_SOURCES = {"elementwise": "bf16 GELU forward and backward, 128 Mi elements",
+              "optimizer": "fused Adam on 256 Mi fp32 elements",
+              "embedding": "masked embedding forward, 8 Ki tokens x 32 Ki rows x 2 Ki, bytes as the step model counts",
+              "embedding_backward": "its backward, bytes as the step model counts"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -165,6 +172,20 @@ def measure_optimizer(torch, device, iters, warmup) -> float:
     return 28 * n / t
 
 
+def measure_embedding(torch, device, iters, warmup) -> tuple[float, float]:
+    """Bytes per second of the masked embedding (``calibrate.embedding``), forward and backward, in
+    bf16: 8 Ki tokens, 32 Ki rows of 2 Ki, counted as the step model counts them (forward 4 passes
+    over the output; backward 4 over the output and 1 over the weight)."""
+    t, rows, hidden = 8192, 32768, 2048
+    w = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+    ids = [torch.randint(0, rows, (t,), device=device) for _ in range(3)]
+    grad = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        f = _time(torch, lambda i: masked_embedding(torch, ids[i % 3], w, 0), iters, warmup)
+    both = _time(torch, lambda i: masked_embedding(torch, ids[i % 3], w, 0).backward(grad), iters, warmup)
+    return 4 * t * hidden * 2 / f, (4 * t * hidden + rows * hidden) * 2 / max(both - f, 1e-9)
+
+
 def measure_launch(torch, device, iters, warmup) -> float:
     x = torch.zeros(1, device=device)
     return _time(torch, lambda i: x.add_(1.0), max(iters, 50), warmup)
@@ -225,21 +246,21 @@ def main(argv=None) -> int:
         sources[f"attention_copies.{size}"] = (f"measured ({name}, the attention layer's time less its core's, "
                                                f"forward and backward, {len(att)} shapes)")
     mem = measure_memory(torch, device, args.iters, args.warmup)
-    elementwise = measure_elementwise(torch, device, args.iters, args.warmup)
-    adam = measure_optimizer(torch, device, args.iters, args.warmup)
+    ops = {"elementwise": measure_elementwise(torch, device, args.iters, args.warmup),
+           "optimizer": measure_optimizer(torch, device, args.iters, args.warmup)}
+    ops["embedding"], ops["embedding_backward"] = measure_embedding(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
-                   elementwise_Bps=f"measured: bf16 GELU forward and backward, 128 Mi elements, {elementwise / 1e9:.0f} GB/s",
-                   optimizer_Bps=f"measured: fused Adam on 256 Mi fp32 elements, {adam / 1e9:.0f} GB/s",
+                   **{f"op_Bps.{k}": f"measured: {OP_SOURCES[k]}, {v / 1e9:.0f} GB/s" for k, v in ops.items()},
                    launch_s=f"measured: one-element kernel, {launch * 1e6:.1f} us")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     profile.compute = ComputeModel(
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
-        elementwise_Bps=elementwise, optimizer_Bps=adam)
+        op_Bps=ops)
     path = profile.save(out)
-    progress(f"memory {mem / 1e9:.0f} GB/s (copy), {elementwise / 1e9:.0f} GB/s (elementwise), "
-             f"{adam / 1e9:.0f} GB/s (fused Adam), launch {launch * 1e6:.1f} us")
+    progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())
+             + f", launch {launch * 1e6:.1f} us")
     print(f"wrote the compute section of {profile.name} to {path}")
     return 0

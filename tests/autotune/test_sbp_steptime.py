@@ -23,7 +23,7 @@ BASE = Profile.load("gcp-a100")
 PEAK, LAUNCH, BW = 1e14, 1e-6, 1e12
 EW_BW, ADAM_BW = BW / 2, BW / 4  # elementwise kernels and fused Adam: each its own bandwidth
 CM = ComputeModel("test: peak-rate model", "assumed", LAUNCH, BW, matmul={"2": Band(PEAK)}, attention={"2": Band(PEAK)},
-                  elementwise_Bps=EW_BW, optimizer_Bps=ADAM_BW)
+                  op_Bps={"elementwise": EW_BW, "optimizer": ADAM_BW})
 PROFILE = dataclasses.replace(BASE, compute=CM)
 DIMS = [256, 512, 128]
 T, MB = 64, 2  # tokens per micro-batch, micro-batches

@@ -76,6 +76,28 @@ def test_attention_copies_on_the_elements_axis():
     assert ComputeModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
 
 
+def test_memory_bound_kinds_fall_back_in_order():
+    """op_seconds: a kind's own bandwidth, else the kind it falls back to (embedding -> elementwise
+    -> the copy's memory_Bps); a bad kind or value in a profile is one error line."""
+    d = {"kind": "measured", "source": "test", "launch_s": 1e-6, "memory_Bps": 4e12,
+         "matmul": {"2": {"peak_flops": 1e15}}}
+    assert ComputeModel.from_dict(d).op_seconds("embedding_backward", 4e9) == pytest.approx(1e-6 + 1e-3)
+    d["op_Bps"] = {"elementwise": 2e12}
+    m = ComputeModel.from_dict(d)
+    assert m.op_seconds("embedding", 4e9) == pytest.approx(1e-6 + 2e-3)
+    assert m.op_seconds("optimizer", 4e9) == pytest.approx(1e-6 + 2e-3)
+    d["op_Bps"] = {"elementwise": 2e12, "embedding_backward": 5e11}
+    m = ComputeModel.from_dict(d)
+    assert m.op_seconds("embedding_backward", 4e9) == pytest.approx(1e-6 + 8e-3)
+    assert m.op_seconds("embedding", 4e9) == pytest.approx(1e-6 + 2e-3)
+    assert m.op_seconds("elementwise", 0) == 0.0
+    assert ComputeModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    for bad in ({"gelu": 1e12}, {"optimizer": 0}, {"optimizer": "fast"}, [1e12]):
+        d["op_Bps"] = bad
+        with pytest.raises(UserError, match="op_Bps"):
+            ComputeModel.from_dict(d)
+
+
 def test_missing_dtype_names_the_fix():
     with pytest.raises(UserError, match="calibrate compute --dtypes fp32"):
         model().matmul_seconds(10, 10, 10, 4)
