@@ -227,29 +227,89 @@ _KINDS = ("thread-block order", "dependency", "send/receive order on a connectio
 
 def _check_deadlock(t: IRTable, m: _Messages, matched: tuple, waiter: np.ndarray, awaited: np.ndarray,
                     fifo_slots: int) -> None:
+    """Raise if the wait-for graph has a cycle. The graph is built as the rows of its reverse (each node's
+    list of the nodes it waits for), straight into compressed-row arrays: every node has at most one
+    thread-block-order, message and FIFO edge and its dependencies are already grouped by waiting step,
+    so each kind of edge is one scatter at known offsets, O(S + D + M), no sort. A graph and its reverse
+    have the same strongly connected components."""
     # node k < S: step row k (its first phase); a step that receives and sends has a second (send)
     # phase, numbered from S on
     n = t.steps
     two = np.flatnonzero(SENDS[t.st_type] & RECEIVES[t.st_type])
-    last = np.arange(n, dtype=np.int64)
-    last[two] = n + np.arange(len(two))
     total = n + len(two)
-    follows = np.ones(n, dtype=bool)
-    follows[t.tb_start[:-1][np.diff(t.tb_start) > 0]] = False
-    nxt = np.flatnonzero(follows)
+    if len(two):
+        last = np.arange(n, dtype=np.int64)
+        last[two] = n + np.arange(len(two))
+    else:
+        last = None                         # every step is one node: last phase of k is k
+
+    def phase(k):
+        return k if last is None else last[k]
     a, b, ia, ib = matched      # send and receive codes (``_codes``), and the matched pairs
     # FIFO: the k-th receive frees the slot the (k + slots)-th send needs
     fa, fb = _meet(a - fifo_slots, b)
+    nxt = _following(t)
+    # (waiting node, awaited node) per kind, each waiting node at most once except for dependencies
+    single = ((nxt, phase(nxt - 1)), (n + np.arange(len(two)), two), (m.recv_step[ib], phase(m.send_step[ia])),
+              (phase(m.send_step[fa]), m.recv_step[fb]))
+    ndeps = np.diff(t.dep_start)
+    on_deps = phase(awaited)
+    if (on_deps == waiter).any() or any(w.size and (w == u).any() for w, u in single):
+        _report_deadlock(t, two, m, (ia, ib, fa, fb), waiter, awaited)
+    idx = np.int32 if total + len(waiter) + sum(len(w) for w, _ in single) < 2 ** 31 else np.int64
+    degree = np.zeros(total, dtype=idx)
+    degree[:n] = ndeps
+    for w, _ in single:
+        degree[w] += 1
+    indptr = np.zeros(total + 1, dtype=idx)
+    np.cumsum(degree, out=indptr[1:])
+    del degree
+    indices = np.empty(int(indptr[-1]), dtype=idx)
+    fill = indptr[:-1].copy()               # next free place in each node's row
+    indices[np.arange(len(waiter), dtype=idx) + np.repeat(fill[:n] - t.dep_start[:-1].astype(idx), ndeps)] = on_deps
+    fill[:n] += ndeps.astype(idx)
+    del on_deps
+    for w, u in single:
+        indices[fill[w]] = u
+        fill[w] += 1
+    del fill, single
+    ncomp, _ = connected_components(_canonical(indices, indptr, total), directed=True, connection="strong")
+    if ncomp != total:
+        _report_deadlock(t, two, m, (ia, ib, fa, fb), waiter, awaited)
+
+
+def _canonical(indices: np.ndarray, indptr: np.ndarray, total: int) -> csr_matrix:
+    """The graph as a compressed-row matrix with sorted rows and no repeated edge (scipy 1.17's strong
+    components never return on some graphs with a repeated edge, e.g. rows [[1, 1], []])."""
+    graph = csr_matrix((np.ones(len(indices)), indices, indptr), shape=(total, total), copy=False)
+    graph.sum_duplicates()
+    return graph
+
+
+def _following(t: IRTable) -> np.ndarray:
+    """The steps that follow another step of their thread block."""
+    follows = np.ones(t.steps, dtype=bool)
+    follows[t.tb_start[:-1][np.diff(t.tb_start) > 0]] = False
+    return np.flatnonzero(follows)
+
+
+def _report_deadlock(t: IRTable, two: np.ndarray, m: _Messages, pairs: tuple, waiter: np.ndarray,
+                     awaited: np.ndarray) -> None:
+    """Name a cycle of the (cyclic) wait-for graph: the one through the lowest node on a cycle, found within
+    its strongly connected component."""
+    n = t.steps
+    total = n + len(two)
+    last = np.arange(n, dtype=np.int64)
+    last[two] = n + np.arange(len(two))
+    ia, ib, fa, fb = pairs
+    nxt = _following(t)
     src = np.concatenate((two, last[nxt - 1], last[awaited], last[m.send_step[ia]], m.recv_step[fb]))
     dst = np.concatenate((last[two], nxt, waiter, m.recv_step[ib], last[m.send_step[fa]]))
     by = order_by(src)
     indptr = np.zeros(total + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=total), out=indptr[1:])
-    graph = csr_matrix((np.ones(len(src), dtype=np.int8), dst[by], indptr), shape=(total, total))
-    ncomp, labels = connected_components(graph, directed=True, connection="strong")
+    ncomp, labels = connected_components(_canonical(dst[by], indptr, total), directed=True, connection="strong")
     loops = src == dst
-    if ncomp == total and not loops.any():
-        return
     sizes = np.bincount(labels, minlength=ncomp)
     kinds = np.concatenate((np.zeros(len(two) + len(nxt), dtype=np.int8), np.full(len(waiter), 1, np.int8),
                             np.full(len(ia), 2, np.int8), np.full(len(fa), 3, np.int8)))
