@@ -4,7 +4,9 @@ depth, then by id; and the step order, which also makes every connection's recei
 Depth is the longest path from a source over data dependencies and messages,
 reverse depth the longest path to a sink. Both are computed by Kahn's algorithm
 a level at a time on arrays: O(N + E) array work plus O(L) array calls for N
-instructions, E edges and a longest path of L instructions. The order is one
+instructions, E edges and a longest path of L instructions (a level with more
+than N / 16 successors is counted over all nodes at once, O(N), instead of
+sorting its successors; at most 16 E / N levels are). The order is one
 sort: O(N log N). The step order is that order when it already keeps every
 connection's FIFO order (checked with one sort of the messages, O(M log M));
 only otherwise a priority queue replays it in Python, O((N + E) log N).
@@ -20,12 +22,15 @@ from calibrate.errors import UserError
 from kernels.gc3.arrays import order_by
 
 
-def levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Longest path (in edges) from a source to every node of the DAG ``src -> dst``."""
+def levels(n: int, src: np.ndarray, dst: np.ndarray, fanout: np.ndarray, fanin: np.ndarray) -> np.ndarray:
+    """Longest path (in edges) from a source to every node of the DAG ``src -> dst``; ``fanout`` and
+    ``fanin`` are the nodes' out- and in-degrees (``fanin`` is used up). A level whose successors are
+    more than n / 16 is counted densely (one count over all nodes, no sort; at most 16 E / n levels are
+    that large, so O(N + E) in all)."""
     ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    np.cumsum(fanout, out=ptr[1:])
     succ_of = dst[np.argsort(src, kind="stable")]   # edges come nearly sorted: timsort is fast
-    indeg = np.bincount(dst, minlength=n)
+    indeg = fanin
     depth = np.zeros(n, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     level = done = 0
@@ -38,6 +43,12 @@ def levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
             succ = succ_of[lo]
         else:
             succ = succ_of[np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]
+        level += 1
+        if 16 * len(succ) > n:
+            hits = np.bincount(succ, minlength=n)
+            indeg -= hits
+            frontier = np.flatnonzero((indeg == 0) & (hits > 0))
+            continue
         succ.sort()
         head = np.empty(len(succ), dtype=bool)
         head[:1] = True
@@ -50,19 +61,22 @@ def levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
             nodes = succ[starts]
             indeg[nodes] -= np.diff(np.append(starts, len(succ)))
             frontier = nodes[indeg[nodes] == 0]
-        level += 1
     if done < n:
         raise UserError("the instruction graph has a cycle; this is a compiler defect, please report it")
     return depth
 
 
 def global_order(n: int, dep_src: np.ndarray, dep_dst: np.ndarray, msg_from: np.ndarray) -> np.ndarray:
-    """Instruction ids sorted by (depth, -reverse depth, id)."""
+    """Instruction ids sorted by (depth, -reverse depth, id). The degrees are counted once for both
+    directions."""
     recv = np.flatnonzero(msg_from >= 0)
     src = np.concatenate((dep_src, msg_from[recv]))
     dst = np.concatenate((dep_dst, recv))
-    depth = levels(n, src, dst)
-    rdepth = levels(n, dst, src)
+    fanout = np.bincount(src, minlength=n)
+    fanin = np.bincount(dst, minlength=n)
+    depth = levels(n, src, dst, fanout, fanin.copy())
+    rdepth = levels(n, dst, src, fanin, fanout)
+    del src, dst, fanout, fanin
     return order_by(depth, int(rdepth.max(initial=0)) - rdepth)   # stable: ids break ties
 
 
