@@ -11,8 +11,13 @@ def bit_width(n: int) -> int:
     return max(n - 1, 1).bit_length()
 
 
-def unique(x: np.ndarray) -> np.ndarray:
-    s = np.sort(x)
+def unique(x: np.ndarray, overwrite: bool = False) -> np.ndarray:
+    """The distinct values of ``x``, sorted; ``overwrite``: sort ``x`` itself (no copy)."""
+    if overwrite:
+        x.sort()
+        s = x
+    else:
+        s = np.sort(x)
     keep = np.ones(len(s), dtype=bool)
     keep[1:] = s[1:] != s[:-1]
     return s[keep]

@@ -236,16 +236,23 @@ def _dependencies(acc: Accesses, n: int) -> tuple[np.ndarray, np.ndarray]:
     prev_w = np.empty(L, dtype=np.int64)
     prev_w[0] = -1
     prev_w[1:] = last_w[:-1]
+    del last_w
     a = prev_w >= start
+    del start
     next_w = np.minimum.accumulate(np.where(w, pos, L)[::-1])[::-1]
+    del pos
     nxt = np.empty(L, dtype=np.int64)
     nxt[-1:] = L
     nxt[:-1] = next_w[1:]
+    del next_w
     b = ~w & (nxt < end)
-    src = np.concatenate((acc.instr[prev_w[a]], acc.instr[b]))
-    dst = np.concatenate((acc.instr[a], acc.instr[nxt[b]]))
+    del end
     bits = bit_width(n)
-    key = unique((src << bits) | dst)
+    code = np.concatenate((acc.instr[prev_w[a]], acc.instr[b]))
+    code <<= bits
+    code |= np.concatenate((acc.instr[a], acc.instr[nxt[b]]))
+    del prev_w, nxt, a, b
+    key = unique(code, overwrite=True)
     return key >> bits, key & ((1 << bits) - 1)
 
 
@@ -285,7 +292,11 @@ def _fuse(ins: Instrs, dep_src: np.ndarray, dep_dst: np.ndarray):
     src, dst = into[dep_src[keep]], dep_dst[keep]
     keep = src != dst
     bits = bit_width(n)
-    key = unique((src[keep] << bits) | dst[keep])
+    code = src[keep]
+    code <<= bits
+    code |= dst[keep]
+    del src, dst, keep
+    key = unique(code, overwrite=True)
     return alive, key >> bits, key & ((1 << bits) - 1)
 
 
@@ -373,6 +384,7 @@ def compile_table(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_res
     peers = int(prog.spec.ranks) + 1
     conn = ((ins.rank * peers + ins.send + 1) * nlanes + ins.lane) * (int(ins.ch.max()) + 1) + ins.ch
     seq = step_order(order, conn, ins.msg_from, dep_src, dep_dst)
+    del conn, order
     table = emit(prog, ins, dep_src, dep_dst, placed, nlanes, seq)
     if verify_result:
         verify(table, sm_count=sm_count)

@@ -27,12 +27,18 @@ def _buffer_sizes(prog) -> np.ndarray:
 def _cross_dependencies(waiter: np.ndarray, tb: np.ndarray, step: np.ndarray):
     """Per (waiting step row, producing thread block of its GPU), the last producing step: (waiter, thread block,
     step) sorted by waiter then thread block. One sort of (waiter, thread block, step) codes (no positions,
-    no argsort) when they fit in 63 bits, else a lexsort."""
+    no argsort) when they fit in 63 bits, else a lexsort. ``waiter`` is used up (it becomes the codes)."""
     tb_bits = bit_width(int(tb.max(initial=0)) + 1)
     step_bits = bit_width(int(step.max(initial=0)) + 1)
     if int(waiter.max(initial=0)) < 1 << (63 - tb_bits - step_bits):
-        code = ((waiter << tb_bits) | tb) << step_bits
+        code = waiter
+        del waiter
+        code <<= tb_bits
+        code |= tb
+        del tb
+        code <<= step_bits
         code |= step
+        del step
         code.sort()
         group = code >> step_bits
         last = np.ones(len(code), dtype=bool)
@@ -59,14 +65,20 @@ def emit(prog, ins, dep_src: np.ndarray, dep_dst: np.ndarray, placed: Placed, nl
     np.cumsum(np.bincount(step_tb, minlength=T), out=tb_start[1:])
     row_of = np.empty(N, dtype=np.int64)
     row_of[by] = np.arange(N)
-    step_of = row_of - tb_start[placed.tb]
     cross = placed.tb[dep_src] != placed.tb[dep_dst]
-    waiter, producer_tb, dep_step = _cross_dependencies(row_of[dep_dst[cross]], tb_id[placed.tb[dep_src[cross]]],
-                                                        step_of[dep_src[cross]])
+    waiting, producing = row_of[dep_dst[cross]], dep_src[cross]
+    del row_of, cross
+    step_of = np.empty(N, dtype=np.int64)
+    step_of[by] = np.arange(N) - tb_start[step_tb]
+    producer_step = step_of[producing]
+    del step_of
+    waiter, producer_tb, dep_step = _cross_dependencies(waiting, tb_id[placed.tb[producing]], producer_step)
+    del waiting, producing, producer_step
     dep_start = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(np.bincount(waiter, minlength=N), out=dep_start[1:])
     hasdep = np.zeros(N, dtype=bool)
     hasdep[tb_start[tb_first[placed.tb_rank[step_tb[waiter]]] + producer_tb] + dep_step] = True
+    del step_tb, waiter
     return IRTable(
         name=prog.name, collective=spec.kind, ngpus=R, nchunksperloop=spec.chunks * prog.instances,
         nchannels=placed.nchannels * nlanes, protocol=prog.protocol, inplace=spec.inplace, min_bytes=0,

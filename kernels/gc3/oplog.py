@@ -36,6 +36,9 @@ class OpTable:
 
 
 class OpLog:
+    """Ops a call at a time; ``table`` joins the calls so far into one ``OpTable`` and keeps only that (the
+    calls' own arrays are dropped, so a traced program holds its ops once)."""
+
     def __init__(self):
         self._parts: list[tuple] = []
         self._n = 0
@@ -50,19 +53,25 @@ class OpLog:
         self._parts.append((kind, src_rank, BUFFERS.index(src_buf), src_idx, dst_rank, BUFFERS.index(dst_buf),
                             dst_idx, count, np.broadcast_to(ch, len(src_rank)), parallel, scope))
         self._n += len(src_rank)
-        self._table = None
 
     def table(self) -> OpTable:
-        if self._table is None:
+        if self._parts or self._table is None:
             parts = self._parts
             sizes = np.array([len(p[1]) for p in parts], dtype=np.int64)
+            old = [] if self._table is None else [self._table]
 
             def scalar(k, dtype):
-                return np.repeat(np.array([p[k] for p in parts], dtype=dtype), sizes)
+                new = np.repeat(np.array([p[k] for p in parts], dtype=dtype), sizes)
+                return np.concatenate([getattr(t, FIELDS[k]) for t in old] + [new])
 
             def column(k):
-                return np.concatenate([p[k] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+                return np.concatenate([getattr(t, FIELDS[k]) for t in old] + [p[k] for p in parts] +
+                                      [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
             self._table = OpTable(scalar(0, np.int8), column(1), scalar(2, np.int8), column(3), column(4),
                                   scalar(5, np.int8), column(6), scalar(7, np.int64), column(8),
                                   scalar(9, np.int64), scalar(10, np.int64))
+            self._parts = []
         return self._table
+
+
+FIELDS = list(OpTable.__dataclass_fields__)

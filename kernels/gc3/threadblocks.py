@@ -22,13 +22,11 @@ class Placed:
     nchannels: int          # virtual channels used (per lane)
 
 
-def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray) -> Placed:
+def _latest_producers(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Per instruction, the communicating instruction whose thread block a local one joins (its latest
+    producer in the global order, followed through local producers), itself for the others and for local
+    instructions without a producer."""
     n = len(ins)
-    R = int(max(ins.rank.max(), ins.send.max(), ins.recv.max())) + 1
-    P = R + 1                                                     # peer codes: peer + 1 (0: none)
-    nl = int(ins.lane.max()) + 1
-    local = (ins.send < 0) & (ins.recv < 0)
-    # local instructions: the thread block of the latest producer, else the first of their key
     best = np.arange(n)
     into_local = local[dep_dst]
     d_src, d_dst = dep_src[into_local], dep_dst[into_local]
@@ -37,6 +35,7 @@ def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray)
         last = np.ones(len(by), dtype=bool)
         last[:-1] = d_dst[by][1:] != d_dst[by][:-1]
         best[d_dst[by][last]] = d_src[by][last]
+    del d_src, d_dst
     loc_ids = np.flatnonzero(local)
     b = best[loc_ids]
     while True:     # follow producers through local instructions (pointer jumping)
@@ -44,18 +43,19 @@ def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray)
         if (nxt == b).all():
             break
         best[loc_ids] = b = nxt
-    orphan = local & (best == np.arange(n))
-    ch = np.where(local, np.maximum(ins.ch, 0), ins.ch)
-    nch = int(ch[~local | orphan].max()) + 1
-    key = (ins.rank * nl + ins.lane) * nch + ch                   # (rank, lane, channel), in that order
-    tied = ~local & (ins.send >= 0) & (ins.recv >= 0)
-    # candidate thread blocks: (key, category, order within category, send, recv)
+    return best
+
+
+def _candidates(ins, key: np.ndarray, orphan: np.ndarray, R: int, P: int):
+    """The thread blocks (key, send peer, receive peer), sorted by key, then category, then order within
+    the category."""
+    tied = (ins.send >= 0) & (ins.recv >= 0)
     t_code = unique((key[tied] * P + ins.send[tied] + 1) * P + ins.recv[tied] + 1)
     t_key, t_s, t_r = t_code // (P * P), t_code // P % P - 1, t_code % P - 1
-    s_key, s_peer = key[ins.send >= 0], ins.send[ins.send >= 0]
-    s_code, s_count = unique_counts(s_key * R + s_peer)
-    r_key, r_peer = key[ins.recv >= 0], ins.recv[ins.recv >= 0]
-    r_code, r_count = unique_counts(r_key * R + r_peer)
+    sends, recvs = ins.send >= 0, ins.recv >= 0
+    s_code, s_count = unique_counts(key[sends] * R + ins.send[sends])
+    r_code, r_count = unique_counts(key[recvs] * R + ins.recv[recvs])
+    del sends, recvs
     free_s = ~isin(s_code, unique(t_key * R + t_s))
     free_r = ~isin(r_code, unique(t_key * R + t_r))
     single_s = s_code[free_s & (s_count == 1)]
@@ -87,17 +87,36 @@ def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray)
     e_send = np.concatenate([c[3] for c in cands]).astype(np.int64)
     e_recv = np.concatenate([c[4] for c in cands]).astype(np.int64)
     by = order_by(e_key * 6 + e_cat, e_sub)
-    e_key, e_send, e_recv = e_key[by], e_send[by], e_recv[by]
+    return e_key[by], e_send[by], e_recv[by]
+
+
+def threadblocks(ins, dep_src: np.ndarray, dep_dst: np.ndarray, pos: np.ndarray) -> Placed:
+    n = len(ins)
+    R = int(max(ins.rank.max(), ins.send.max(), ins.recv.max())) + 1
+    P = R + 1                                                     # peer codes: peer + 1 (0: none)
+    nl = int(ins.lane.max()) + 1
+    local = (ins.send < 0) & (ins.recv < 0)
+    # local instructions: the thread block of the latest producer, else the first of their key
+    best = _latest_producers(ins, dep_src, dep_dst, pos, local)
+    orphan = local & (best == np.arange(n))
+    ch = np.where(local, np.maximum(ins.ch, 0), ins.ch)
+    nch = int(ch[~local | orphan].max()) + 1
+    key = (ins.rank * nl + ins.lane) * nch + ch                   # (rank, lane, channel), in that order
+    del ch
+    e_key, e_send, e_recv = _candidates(ins, key, orphan, R, P)
     rows = np.arange(len(e_key))                                    # thread block rows, in (key, index) order
     tb = np.full(n, -1, dtype=np.int64)
     # a send peer (and a receive peer) has one thread block per key: look instructions up by (key, peer)
     space = (int(e_key.max(initial=0)) + 1) * P
     has_s, has_r = e_send >= 0, e_recv >= 0
-    sends, recvs = ins.send >= 0, ins.recv >= 0
     # receive-only instructions: the thread block with their receive peer; the others: the one with their
     # send peer (a tied pair's, for tied ones)
+    recvs = ins.recv >= 0
     tb[recvs] = index_of(e_key[has_r] * P + e_recv[has_r], rows[has_r], key[recvs] * P + ins.recv[recvs], space)
+    sends = ins.send >= 0
+    del recvs
     tb[sends] = index_of(e_key[has_s] * P + e_send[has_s], rows[has_s], key[sends] * P + ins.send[sends], space)
+    del sends
     o = np.flatnonzero(orphan)
     tb[o] = np.searchsorted(e_key, key[o])          # the first thread block of their key
     loc = np.flatnonzero(local & ~orphan)
