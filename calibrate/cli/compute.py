@@ -43,7 +43,7 @@ PEAKS = {"NVIDIA H200": {2: 989e12, 4: 67e12}, "NVIDIA H100": {2: 989e12, 4: 67e
 
 OP_SOURCES = {"elementwise": "bf16 GELU forward and backward, 128 Mi elements",
               "optimizer": "fused Adam on 256 Mi fp32 elements",
-              "embedding": "masked embedding forward, 8 Ki tokens x 32 Ki rows x 2 Ki, bytes as the step model counts",
+              "embedding": "masked embedding forward, 8 Ki tokens x 32 Ki rows x 4 Ki, bytes as the step model counts",
               "embedding_backward": "its backward, bytes as the step model counts"}
 
 
@@ -174,16 +174,23 @@ def measure_optimizer(torch, device, iters, warmup) -> float:
 
 def measure_embedding(torch, device, iters, warmup) -> tuple[float, float]:
     """Bytes per second of the masked embedding (``calibrate.embedding``), forward and backward, in
-    bf16: 8 Ki tokens, 32 Ki rows of 2 Ki, counted as the step model counts them (forward 4 passes
-    over the output; backward 4 over the output and 1 over the weight)."""
-    t, rows, hidden = 8192, 32768, 2048
+    bf16: 8 Ki tokens, 32 Ki rows of 4 Ki, counted as the step model counts them (forward 4 passes
+    over the output; backward 4 over the output and 1 over the weight). Its kernels are short, so
+    the calls run back to back as in a step (timed alone, each would wait for its launch), each
+    backward into a fresh weight gradient (no accumulation)."""
+    t, rows, hidden = 8192, 32768, 4096
     w = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
     ids = [torch.randint(0, rows, (t,), device=device) for _ in range(3)]
     grad = torch.randn(t, hidden, device=device, dtype=torch.bfloat16)
+
+    def both(i):
+        w.grad = None
+        masked_embedding(torch, ids[i % 3], w, 0).backward(grad)
+
     with torch.no_grad():
-        f = _time(torch, lambda i: masked_embedding(torch, ids[i % 3], w, 0), iters, warmup)
-    both = _time(torch, lambda i: masked_embedding(torch, ids[i % 3], w, 0).backward(grad), iters, warmup)
-    return 4 * t * hidden * 2 / f, (4 * t * hidden + rows * hidden) * 2 / max(both - f, 1e-9)
+        f = _time(torch, lambda i: masked_embedding(torch, ids[i % 3], w, 0), iters, warmup, between=lambda: None)
+    fb = _time(torch, both, iters, warmup, between=lambda: None)
+    return 4 * t * hidden * 2 / f, (4 * t * hidden + rows * hidden) * 2 / max(fb - f, 1e-9)
 
 
 def measure_launch(torch, device, iters, warmup) -> float:
