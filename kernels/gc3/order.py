@@ -19,7 +19,7 @@ from collections import defaultdict, deque
 import numpy as np
 
 from calibrate.errors import UserError
-from kernels.gc3.arrays import order_by
+from kernels.gc3.arrays import bit_width, order_by
 
 
 def levels(n: int, src: np.ndarray, dst: np.ndarray, fanout: np.ndarray, fanin: np.ndarray) -> np.ndarray:
@@ -84,13 +84,26 @@ def step_order(order: np.ndarray, conn: np.ndarray, msg_from: np.ndarray, dep_sr
                dep_dst: np.ndarray) -> np.ndarray:
     """``order`` if every connection (``conn`` of the sending instruction) receives in the order it sends,
     else the topological order closest to it that does."""
-    pos = np.empty(len(order), dtype=np.int64)
-    pos[order] = np.arange(len(order))
+    n = len(order)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
     recv = np.flatnonzero(msg_from >= 0)
     snd = msg_from[recv]
-    by = order_by(conn[snd], pos[snd])
-    same = conn[snd][by][1:] == conn[snd][by][:-1]
-    if not (same & (pos[recv][by][1:] < pos[recv][by][:-1])).any():
+    c, ps = conn[snd], pos[snd]
+    bits = bit_width(n)
+    if not len(c) or (c.min() >= 0 and int(c.max()) < 1 << (62 - bits)):
+        code = c << bits         # the send positions are distinct: one sort of (connection, position) codes
+        code |= ps
+        code.sort()
+        c = code >> bits
+        at = np.empty(n, dtype=np.int64)   # send position -> its receive's position
+        at[ps] = pos[recv]
+        r = at[code & ((1 << bits) - 1)]
+        del code, at
+    else:
+        by = order_by(c, ps)
+        c, r = c[by], pos[recv][by]
+    if not ((c[1:] == c[:-1]) & (r[1:] < r[:-1])).any():
         return order
     return _heap_order(order, pos, conn, msg_from, dep_src, dep_dst)
 

@@ -102,20 +102,20 @@ def _check_connections(t: IRTable) -> None:
 
 def _messages(t: IRTable) -> _Messages:
     step_tb = t.step_tb()
-    gid = t.gpu_id[t.tb_gpu[step_tb]]
+    gid = t.gpu_id[t.tb_gpu]
     ng = max(int(t.ngpus), int(t.gpu_id.max(initial=0)) + 1)
     nch = int(t.tb_chan.max(initial=0)) + 1
 
     def side(mask, sender, receiver):
+        """A thread block's connection is its (sender, receiver, channel): keyed per thread block."""
         steps = np.flatnonzero(mask)
-        key = (sender[steps] * ng + receiver[steps]) * nch + t.tb_chan[step_tb[steps]]
-        order = np.argsort(key, kind="stable")   # steps are in program order within a connection
+        key = ((sender * ng + receiver) * nch + t.tb_chan)[step_tb[steps]]
+        # stable: steps are in program order within a connection
+        order = order_by(key) if key.min(initial=0) >= 0 else np.argsort(key, kind="stable")
         key, steps = key[order], steps[order]
         return key, steps, rank_in_group(key)
-    send_tb_peer = t.tb_send[step_tb]
-    recv_tb_peer = t.tb_recv[step_tb]
-    sk, ss, sn = side(SENDS[t.st_type], gid, send_tb_peer)
-    rk, rs, rn = side(RECEIVES[t.st_type], recv_tb_peer, gid)
+    sk, ss, sn = side(SENDS[t.st_type], gid, t.tb_send)
+    rk, rs, rn = side(RECEIVES[t.st_type], t.tb_recv, gid)
     return _Messages(sk, ss, sn, rk, rs, rn)
 
 
