@@ -15,11 +15,13 @@ Every check works on the columnar IR (``kernels.gc3.table.IRTable``; a
 ``Program`` is converted first, O(S + D)) with array operations. Complexity,
 for S steps, T thread blocks, D dependencies and M messages: the SM count
 O(T); connection conflicts O(T log T) (one sort); message matching
-O(M log M) (one sort of the sends and one of the receives); hasdep O(S + D);
-deadlock O(S + D + M) to build the wait-for graph plus its strongly connected
-components (scipy's, in C): the graph is acyclic exactly when each component is
-one node without a self-loop; only a cyclic graph is walked in Python, within
-one component, to name the cycle. Memory O(S + D + M).
+O(M log M) (one sort of the sends' and one of the receives' codes, keyed per
+thread block); hasdep O(S + D); deadlock O(S + D + M) to build the reverse
+wait-for graph straight into compressed rows (no sort of its edges), O(E log d)
+to sort each node's row (d: the most edges of a node) plus its strongly
+connected components (scipy's, in C): the graph is acyclic exactly when each
+component is one node without a self-loop; only a cyclic graph is rebuilt and
+walked in Python, within one component, to name the cycle. Memory O(S + D + M).
 """
 from __future__ import annotations
 
