@@ -129,11 +129,16 @@ class SlotStore:
             return self.multi[(buf, rank, index)]
         return ((k, self._int(self.mask[buf][row])),)
 
+    def _masks(self, buf: Buffer, rows: np.ndarray) -> np.ndarray:
+        """The masks of ``rows`` (any shape; the result has one more axis, of W words). Rows are gathered and
+        scattered through 1-d indexes: numpy's path for a 2-d index into rows is several times slower."""
+        return np.take(self.mask[buf], rows.reshape(-1), axis=0).reshape(rows.shape + (self.W,))
+
     def versions(self, buf: Buffer, rows: np.ndarray) -> np.ndarray:
         return self.ver[buf][rows]
 
     def set_versions(self, buf: Buffer, rows: np.ndarray, versions: np.ndarray) -> None:
-        self.ver[buf][rows] = versions[:, None]
+        self.ver[buf][rows.reshape(-1)] = np.repeat(versions, rows.shape[1]) if rows.shape[1] > 1 else versions
 
     def empty(self, buf: Buffer, rows: np.ndarray) -> np.ndarray:
         return self.idx[buf][rows] == NONE
@@ -141,8 +146,8 @@ class SlotStore:
     def copy(self, sbuf, srows, dbuf, drows) -> None:
         """Rows ``drows`` of ``dbuf`` take the values of rows ``srows`` of ``sbuf``."""
         k = self.idx[sbuf][srows]
-        self.idx[dbuf][drows] = k
-        self.mask[dbuf][drows] = self.mask[sbuf][srows]
+        self.idx[dbuf][drows.reshape(-1)] = k.reshape(-1)
+        self.mask[dbuf][drows.reshape(-1)] = self._masks(sbuf, srows.reshape(-1))
         if (k == MULTI).any():
             ws, wd = self.width[sbuf], self.width[dbuf]
             for a, b in zip(srows[k == MULTI].tolist(), drows[k == MULTI].tolist()):
@@ -153,8 +158,8 @@ class SlotStore:
         would be added twice, nothing changes and the first such (op, chunk, chunks held twice) is returned."""
         ka = self.idx[dbuf][drows]
         kb = self.idx[sbuf][srows]
-        ma = self.mask[dbuf][drows]
-        mb = self.mask[sbuf][srows]
+        ma = self._masks(dbuf, drows)
+        mb = self._masks(sbuf, srows)
         one = (ka >= 0) & (ka == kb)
         clash = one & (ma & mb).any(axis=-1)
         merged = {}
@@ -171,7 +176,7 @@ class SlotStore:
             if (e, c) in merged:
                 return e, c, merged[(e, c)][1]
             return e, c, ((int(ka[e, c]), self._int(ma[e, c] & mb[e, c])),)
-        self.mask[dbuf][drows] = ma | mb
+        self.mask[dbuf][drows.reshape(-1)] = (ma | mb).reshape(-1, self.W)
         for (e, c), (total, _) in merged.items():
             self._set(dbuf, int(drows[e, c]), total)
         return None
@@ -192,7 +197,7 @@ class SlotStore:
             want_idx, holder = spec.required_rows(rank, k_out)
             rows = rank * self.width[buf] + sidx
             got_idx = self.idx[buf][rows]
-            got = self.mask[buf][rows]
+            got = self._masks(buf, rows)
             if holder is None:
                 ok = (got == full).all(axis=1)
             else:
