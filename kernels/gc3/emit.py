@@ -67,13 +67,13 @@ def emit(prog, ins, dep_src: np.ndarray, dep_dst: np.ndarray, placed: Placed, nl
     row_of[by] = np.arange(N)
     cross = placed.tb[dep_src] != placed.tb[dep_dst]
     waiting, producing = row_of[dep_dst[cross]], dep_src[cross]
-    del row_of, cross
-    step_of = np.empty(N, dtype=np.int64)
-    step_of[by] = np.arange(N) - tb_start[step_tb]
-    producer_step = step_of[producing]
-    del step_of
-    waiter, producer_tb, dep_step = _cross_dependencies(waiting, tb_id[placed.tb[producing]], producer_step)
-    del waiting, producing, producer_step
+    del cross
+    producer_row = placed.tb[producing]
+    producer_step = row_of[producing] - tb_start[producer_row]      # step index: row - first row of its tb
+    del row_of, producing
+    producer_row = tb_id[producer_row]
+    waiter, producer_tb, dep_step = _cross_dependencies(waiting, producer_row, producer_step)
+    del waiting, producer_row, producer_step
     dep_start = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(np.bincount(waiter, minlength=N), out=dep_start[1:])
     hasdep = np.zeros(N, dtype=bool)
