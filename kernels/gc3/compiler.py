@@ -279,6 +279,8 @@ def _fuse(ins: Instrs, dep_src: np.ndarray, dep_dst: np.ndarray):
         first = np.ones(len(p), dtype=bool)
         first[1:] = p[1:] != p[:-1]
         p, s = p[first], s[first]
+    if not len(p):          # nothing fuses: the dependencies stay as they are (distinct, sorted, no loop)
+        return np.ones(n, dtype=bool), dep_src, dep_dst
     ins.type[p] = np.where(ins.type[p] == RECV, RCS, RRCS)
     ins.send[p] = ins.send[s]
     ins.msg_to[p] = ins.msg_to[s]

@@ -143,22 +143,24 @@ def _check_messages(t: IRTable, m: _Messages, ia: np.ndarray, ib: np.ndarray, ng
     bad_cnt = t.st_cnt[snd] != t.st_cnt[rcv]
     keys, s_counts = run_counts(m.send_key)
     rkeys, r_counts = run_counts(m.recv_key)
-    allkeys = unique(np.concatenate((keys, rkeys)))
-    ns = np.zeros(len(allkeys), dtype=np.int64)
-    nr = np.zeros(len(allkeys), dtype=np.int64)
-    ns[np.searchsorted(allkeys, keys)] = s_counts
-    nr[np.searchsorted(allkeys, rkeys)] = r_counts
+    if np.array_equal(keys, rkeys):       # every connection both sends and receives
+        allkeys, ns, nr = keys, s_counts, r_counts
+    else:
+        allkeys = unique(np.concatenate((keys, rkeys)))
+        ns = np.zeros(len(allkeys), dtype=np.int64)
+        nr = np.zeros(len(allkeys), dtype=np.int64)
+        ns[np.searchsorted(allkeys, keys)] = s_counts
+        nr[np.searchsorted(allkeys, rkeys)] = r_counts
     unmatched = ns != nr
     # the first connection (in key order) with a defect is reported
-    skey_of = np.empty(t.steps, dtype=np.int64)
-    skey_of[m.send_step] = m.send_key
-    mism_keys = skey_of[snd[bad_cnt]]
+    pair_key = m.send_key[ia]
+    mism_keys = pair_key[bad_cnt]
     first_mism = mism_keys.min() if len(mism_keys) else None
     first_unm = allkeys[unmatched].min() if unmatched.any() else None
     if first_mism is None and first_unm is None:
         return
     if first_mism is not None and (first_unm is None or first_mism <= first_unm):
-        k = np.flatnonzero(bad_cnt & (skey_of[snd] == first_mism))
+        k = np.flatnonzero(bad_cnt & (pair_key == first_mism))
         k = k[np.argmin(snd[k])]
         a, b = int(snd[k]), int(rcv[k])
         raise VerifyError("message mismatch", f"{t.step_name(a)} sends {int(t.st_cnt[a])} chunks but its matching "
@@ -220,7 +222,7 @@ def verify(program: Program | IRTable, sm_count: int = DEFAULT_SM_COUNT, fifo_sl
         total_threadblocks=len(t.tb_gpu),
         channels=len(unique(t.tb_chan)),
         steps=t.steps,
-        connections=len(unique(m.send_key)),
+        connections=int(len(m.send_key) > 0) + int(np.count_nonzero(np.diff(m.send_key))),   # sorted keys
     )
 
 
