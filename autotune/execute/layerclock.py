@@ -19,6 +19,21 @@ import time
 from autotune.execute.layout import torch
 
 
+def mark(gpu: bool):
+    """A point on the device's timeline: a CUDA event recorded on the current stream on GPUs, the
+    host's clock on CPUs."""
+    if not gpu:
+        return time.perf_counter()
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
+
+
+def span(a, b, gpu: bool) -> float:
+    """Seconds from mark ``a`` to mark ``b`` (on GPUs, once both events have completed)."""
+    return a.elapsed_time(b) / 1e3 if gpu else b - a
+
+
 class LayerClock:
     def __init__(self, names: list[tuple[str, str]], gpu: bool):
         self.names = names  # per chain position: (layer name, layer kind)
@@ -29,11 +44,7 @@ class LayerClock:
         self.opt: tuple | None = None
 
     def mark(self):
-        if not self.gpu:
-            return time.perf_counter()
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
+        return mark(self.gpu)
 
     def micro_batch(self) -> None:
         self.fwd.append([None] * len(self.names))
@@ -64,22 +75,22 @@ class LayerClock:
         yield
         self.opt = (start, self.mark())
 
-    def _span(self, a, b) -> float:
-        return (a.elapsed_time(b) / 1e3) if self.gpu else (b - a)
+    def span(self, a, b) -> float:
+        return span(a, b, self.gpu)
 
     def result(self) -> dict:
         """After the device is idle: per position the forward and backward seconds (the mean over
         the micro-batches), and the optimizer step's seconds."""
         n = len(self.names)
-        fwd = [[self._span(*mb[p]) for mb in self.fwd if mb[p] is not None] for p in range(n)]
+        fwd = [[self.span(*mb[p]) for mb in self.fwd if mb[p] is not None] for p in range(n)]
         bwd = [[] for _ in range(n)]
         for grads, end in zip(self.grad, self.bwd_end):
             for p in range(n):
                 stop = end if p == 0 else grads.get(p - 1)
                 if p in grads and stop is not None:
-                    bwd[p].append(self._span(grads[p], stop))
+                    bwd[p].append(self.span(grads[p], stop))
         layers = [{"position": p, "name": name, "kind": kind,
                    "forward_s": statistics.fmean(fwd[p]) if fwd[p] else None,
                    "backward_s": statistics.fmean(bwd[p]) if bwd[p] else None}
                   for p, (name, kind) in enumerate(self.names)]
-        return {"layers": layers, "optimizer_s": self._span(*self.opt) if self.opt else None}
+        return {"layers": layers, "optimizer_s": self.span(*self.opt) if self.opt else None}

@@ -38,7 +38,7 @@ import time
 from autotune.execute import trace
 from autotune.execute.commlog import Call, CommLog
 from autotune.execute.data import batch
-from autotune.execute.layerclock import LayerClock
+from autotune.execute.layerclock import LayerClock, mark, span
 from autotune.execute.layout import torch
 from autotune.sbp.sbp import B
 
@@ -63,7 +63,6 @@ class Trainer:
                 self.sync.append((p, axes))
         self._launching = False
         self._works = []
-        self.clock = None  # the first timed step's layer clock (autotune.execute.layerclock)
         axes_of = {id(p): a for p, a in self.sync}
         self._handles = [p.register_post_accumulate_grad_hook(self._hook(axes_of[id(p)]))
                          for p in self.params if id(p) in axes_of]
@@ -160,7 +159,7 @@ class Trainer:
         probe = {}
         if self.d.is_gpu:
             torch.cuda.reset_peak_memory_stats(self.d.device)
-        losses, times, issue = self._steps(0, steps, probe, progress, clock_at=min(warmup, steps - 1))
+        losses, times, issue, clock = self._steps(0, steps, probe, progress, clock_at=min(warmup, steps - 1))
         timed = times[warmup:] or times
         step_s = _slowest(statistics.median(timed), self.d)
         phases = {k: _slowest(float(v), self.d) for k, v in probe.items()} if self.d.is_gpu else None
@@ -169,22 +168,23 @@ class Trainer:
         out = {"losses": losses, "step_times_s": times, "step_s": step_s, "host_issue_s": host_s,
                "peak_memory_bytes": peak,
                "peak_memory_phases_bytes": phases, "comm_s": None, "comm_source": "not profiled",
-               "exposed_comm_s": None, "device_time_s": None, "top_kernels": None, "layer_clock": self.clock}
+               "exposed_comm_s": None, "device_time_s": None, "top_kernels": None, "layer_clock": clock}
         if profile_steps:
             out.update(self._profile(steps, profile_steps, losses))
         out.update(replay(self.log.calls, self.d, self.model.ctx))
         return out
 
     def _steps(self, first: int, n: int, probe: dict | None = None, progress=None,
-               clock_at: int | None = None) -> tuple[list, list, list]:
+               clock_at: int | None = None) -> tuple[list, list, list, dict | None]:
         """Steps ``first`` .. ``first + n - 1`` back to back, after one barrier: (losses, each step's
-        time, each step's host issue time). The last step records its collectives, and its memory
-        by phase into ``probe``; step ``clock_at`` runs the layer clock (a step in the middle of the
-        run: the last one before the device is synchronised is the slowest by a few percent)."""
+        time, each step's host issue time, the layer clock's figures). The last step records its
+        collectives, and its memory by phase into ``probe``; step ``clock_at`` runs the layer clock
+        (a step in the middle of the run: the last one before the device is synchronised is the
+        slowest by a few percent)."""
         self._sync_device()
         dist.barrier()
         gpu = self.d.is_gpu
-        marks = [self._mark()]
+        marks = [mark(gpu)]
         issue, losses = [], []
         clock = LayerClock(self.model.layer_names(), gpu) if clock_at is not None else None
         for s in range(first, first + n):
@@ -193,19 +193,15 @@ class Trainer:
             t0 = time.perf_counter()
             losses.append(self.step(s, probe if last else None, clock if s == clock_at else None))
             issue.append(time.perf_counter() - t0)
-            marks.append(self._mark())
+            marks.append(mark(gpu))
             self.log.on = False
             if progress:
                 progress(f"step {s + 1}/{first + n}: issued in {issue[-1] * 1e3:.1f} ms"
                          + ("" if gpu else f", loss {float(losses[-1]):.6g}"))
         self._sync_device()
-        if gpu:
-            times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
-        else:
-            times = [b - a for a, b in zip(marks, marks[1:])]
-        if clock:
-            self.clock = self._slowest_clock(dict(clock.result(), step_s=times[clock_at - first]))
-        return [float(x) for x in losses], times, issue
+        times = [span(a, b, gpu) for a, b in zip(marks, marks[1:])]
+        figures = self._slowest_clock(dict(clock.result(), step_s=times[clock_at - first])) if clock else None
+        return [float(x) for x in losses], times, issue, figures
 
     def _slowest_clock(self, res: dict) -> dict:
         """The layer clock's figures, each the largest over the devices."""
@@ -217,14 +213,6 @@ class Trainer:
         for i, layer in enumerate(res["layers"]):
             layer["forward_s"], layer["backward_s"] = out[2 * i], out[2 * i + 1]
         return {"layers": res["layers"], "optimizer_s": out[-2], "step_s": out[-1]}
-
-    def _mark(self):
-        """A step boundary: a CUDA event recorded on the stream on GPUs, the host's clock on CPUs."""
-        if not self.d.is_gpu:
-            return time.perf_counter()
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
 
     def _peak_memory(self, peak: int) -> list | None:
         if not self.d.is_gpu:

@@ -12,8 +12,9 @@ lengths and head sizes,
 a device-to-device copy (memory bandwidth); a GELU forward and backward,
 torch's fused Adam and the masked embedding's forward and backward (the
 bandwidths of the step's other memory-bound kernels, which move fewer bytes a
-second than a copy); and a one-element kernel (launch cost). Writes the profile's ``compute`` section (``calibrate.compute``): the
-collective tiers of the base profile are kept.
+second than a copy); and a one-element kernel (launch cost). Writes the
+profile's ``compute`` section (``calibrate.compute``): the collective tiers of
+the base profile are kept.
 """
 from __future__ import annotations
 
