@@ -123,7 +123,7 @@ def test_embedded_gpu_profiles_carry_compute_with_sources(tmp_path):
 
 
 
-def test_merge_copies_only_the_compute_section(tmp_path):
+def test_merge_copies_only_the_compute_and_device_sections(tmp_path):
     from importlib import resources
 
     from calibrate.__main__ import main
@@ -135,8 +135,10 @@ def test_merge_copies_only_the_compute_section(tmp_path):
     dst.write_text(json.dumps(before, indent=1))
     assert main(["compute", "--merge", str(src), "--out", str(dst)]) == 0
     after = json.loads(dst.read_text())
-    assert after["compute"] == p.compute.to_dict()
-    assert {k: v for k, v in after.items() if k != "compute"} == {k: v for k, v in before.items() if k != "compute"}
+    assert after["compute"] == p.compute.to_dict() and after["device"] == p.device.to_dict()
+    assert before["device"] != p.device.to_dict()
+    rest = ("compute", "device")
+    assert {k: v for k, v in after.items() if k not in rest} == {k: v for k, v in before.items() if k not in rest}
 
 
 def sdpa_model(points, gqa="enable_gqa"):
@@ -246,3 +248,30 @@ def test_embedded_profiles_name_their_gpu_memory():
     assert h200.device.total_bytes == 143771 * 2**20
     assert Profile.load("gcp-a100").device.total_bytes < 41 * 2**30 < h200.memory_bytes
     assert Profile.load("piz-daint").memory_bytes < 16 * 2**30
+
+
+def test_sdpa_backend_from_op_and_kernel_names():
+    from calibrate.cli.compute import sdpa_backend
+    assert sdpa_backend(["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+                         "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>"]) == "flash"
+    assert sdpa_backend(["aten::_scaled_dot_product_efficient_attention", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"]) \
+        == "efficient"
+    assert sdpa_backend(["aten::_scaled_dot_product_cudnn_attention",
+                         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3"]) == "cudnn"
+    assert sdpa_backend(["aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax"]) == "math"
+    assert sdpa_backend(["aten::bmm", "aten::_softmax"]) == "math"
+
+
+def test_sdpa_backend_read_from_the_profiler_on_cpu():
+    """On CPUs torch runs its flash-style CPU kernel (aten::_scaled_dot_product_flash_attention_for_cpu)
+    unless only the math backend is allowed: the profiler tells the two apart, GQA included."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from calibrate.cli.compute import which_backend
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(2))
+    grad = torch.randn(2, 4, 16, 8)
+    assert which_backend(torch, q, k, v, grad) == "flash"
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert which_backend(torch, q, k, v, grad) == "math"
