@@ -11,6 +11,7 @@ from calibrate.jsonfile import read_json
 from models import transformer
 from models.builders import BUILDERS
 from models.graph import LayerGraph
+from models.hf import is_hf_config, read_hf
 
 # kind -> field -> type: "int" (positive), "ints" (a list of them), "bool", "str" (one of CHOICES[field]);
 # every field of a preset is overridable
@@ -92,11 +93,16 @@ def load_model(model: str, preset: str | None = None, overrides: dict | None = N
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if is_model_file(model):
         cfg = read_json(model, "model file", f"give a JSON file or one of {', '.join(model_kinds())}")
-        if not isinstance(cfg, dict) or cfg.get("kind") not in BUILDERS:
-            raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}")
+        origin = f"model file {model!r}"
         if preset:
             raise OptionError("preset", "applies to a model kind, not to a model file: drop it or the file")
-        kind, origin = cfg["kind"], f"model file {model!r}"
+        if isinstance(cfg, dict) and is_hf_config(cfg):
+            hf = read_hf(cfg, origin)
+            return BUILDERS[hf.kind](validate(hf.kind, hf.config(overrides), origin))
+        if not isinstance(cfg, dict) or cfg.get("kind") not in BUILDERS:
+            raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}, "
+                            f"or is a Hugging Face config.json (with \"architectures\")")
+        kind = cfg["kind"]
     else:
         kind = model
         if kind not in BUILDERS:
