@@ -47,6 +47,7 @@ if str(REPO) not in sys.path:
 from calibrate.cli import run_cli  # noqa: E402
 from calibrate.errors import UserError  # noqa: E402
 from calibrate.records import check_header  # noqa: E402
+from models import load_model  # noqa: E402
 
 SHAPES = REPO / "reports" / "records" / "transformer_shapes.json"
 SETS = ("development", "heldout")
@@ -347,7 +348,6 @@ def predict(shape: dict, profile_path: str, recompute: str) -> dict:
     import numpy as np
 
     from calibrate.profile import Profile
-    from models import load_model
 
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
