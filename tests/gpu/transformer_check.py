@@ -355,11 +355,12 @@ def predict(shape: dict, profile_path: str, recompute: str) -> dict:
     from autotune.sbp.plan import build_plan
     from autotune.sbp.search import auto_budget, make_search
 
+    from autotune.sbp.memory import Mode
+
     kind, cfg = model_config(shape)
     graph = load_model(kind, None, cfg)
-    extra = {} if recompute == "none" else {"recompute": recompute}  # the sbpcost branch's Problem option
     problem = Problem(graph, Coster(Profile.load(profile_path), Cluster(1, 1)), None, require_fit=False,
-                      objective="step", **extra)
+                      objective="step", mode=Mode(recompute=recompute))
     best = make_search("cd").run(problem, auto_budget(problem), np.random.default_rng(0))
     totals = build_plan(problem, best.assignment, "one GPU")["totals"]
     return {"pred_step_s": totals["step_s"], "pred_bytes": totals["memory_bytes"]}
