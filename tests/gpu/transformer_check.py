@@ -276,7 +276,7 @@ def modules():
 
 
 def build_module(shape: dict, recompute: str = "none"):
-    """The shape's module (parameters fp32, on the CPU)."""
+    """The shape's module (parameters fp32, on torch's default device)."""
     _, cfg = model_config(shape)
     return modules()[shape["family"]](cfg, recompute)
 
@@ -329,7 +329,8 @@ def measure(shape: dict, steps: int, warmup: int, recompute: str, device: str = 
     import torch
     module = None
     try:
-        module = build_module(shape, recompute).to(device)
+        with torch.device(device):  # parameters made and initialised on the GPU
+            module = build_module(shape, recompute)
         r = train_steps(torch, module, shape, steps, warmup, device)
     except torch.cuda.OutOfMemoryError:
         return {"note": "out of memory (skipped)"}

@@ -7,9 +7,10 @@
 #      prediction; the table in $OUT/transformer-<recompute>.txt, the rows in .json.
 # Run from the repository root, e.g. run(command="PARTS=transformer bash tests/gpu/run_all.sh") on
 # nvidia-h100-x1 or nvidia-h200, or directly: OUT=/path bash tests/gpu/transformer_check.sh
-# RECOMPUTE="none full" also runs every shape with torch.utils.checkpoint per block; CHECK_ARGS passes
+# RECOMPUTE (default "none full"): once as is, once with torch.utils.checkpoint per block; CHECK_ARGS passes
 # options to the check (e.g. "--sets development" or "--ids D1,H4"). Every command is under a timeout
-# (COMPUTE_TIMEOUT, CHECK_TIMEOUT seconds: together within one 10-minute device call by default).
+# (COMPUTE_TIMEOUT, CHECK_TIMEOUT per recomputation mode, seconds: together within one 10-minute
+# device call by default).
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 OUT=${OUT:-${1:-out}}
@@ -27,10 +28,10 @@ if [ $rc -ne 0 ]; then
   echo "transformer check: no profile measured on this machine, nothing predicted"
   exit 1
 fi
-for rec in ${RECOMPUTE:-none}; do
+for rec in ${RECOMPUTE:-none full}; do
   t1=$SECONDS
   # shellcheck disable=SC2086
-  timeout "${CHECK_TIMEOUT:-330}" $PY tests/gpu/transformer_check.py "$OUT/profile.json" --recompute "$rec" \
+  timeout "${CHECK_TIMEOUT:-170}" $PY tests/gpu/transformer_check.py "$OUT/profile.json" --recompute "$rec" \
     --out "$OUT/transformer-$rec.json" ${CHECK_ARGS:-} > "$OUT/transformer-$rec.txt" 2>&1
   echo "transformer check (recompute $rec): exit $? ($((SECONDS - t1)) s)"
   cat "$OUT/transformer-$rec.txt"

@@ -127,6 +127,8 @@ def test_training_steps_on_cpu_lower_the_loss():
         r = tc.train_steps(torch, tc.build_module(shape), shape, steps=4, warmup=1, device="cpu")
         assert len(r["losses"]) == 5 and r["step_s"] == [] and r["peak_bytes"] is None
         assert tc.loss_check(r["losses"]) == ""
+    r = tc.measure(TINY["llama"], steps=3, warmup=1, recompute="full", device="cpu")
+    assert r["note"] == "" and r["loss_last"] < r["loss_first"] and r["step_s"] is None
     assert tc.loss_check([2.0, 2.1]).startswith("loss did not decrease")
     assert tc.loss_check([2.0, float("nan")]) == "loss not finite"
 
