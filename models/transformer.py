@@ -70,7 +70,7 @@ HELP: dict[str, str] = {
     "batch": "sequences per step (global batch)",
     "micro_batch": "sequences per micro-batch (divides batch)",
     "kv_heads": "key/value heads, dividing heads (grouped-query attention; default heads)",
-    "head_dim": "width of a head (default hidden / heads)",
+    "head_dim": "width of a head (gpt, llama: default hidden / heads)",
     "ffn": "MLP inner width (gpt default 4 x hidden; llama: required)",
     "act_bytes": "bytes per activation element: 2 (bf16/fp16 mixed precision, default) or 4 (fp32)",
     "tied": "logits share the embedding's weight (gpt default true, llama false)",
