@@ -47,7 +47,8 @@ def test_model_file(tmp_path):
     ({"kind": "mlp", "dims": [8], "batch": 4, "micro_batch": 2}, "list of at least two"),
     ({"kind": "mlp", "dims": [8, 4], "batch": 4, "micro_batch": 3}, "not a multiple of micro_batch"),
     ({"kind": "mlp", "dims": [8, 4], "batch": 4, "micro_batch": 2, "hidden": 3}, "unknown field 'hidden'"),
-    ({"kind": "cnn"}, "needs a \"kind\" field"),
+    ({"kind": "cnn"}, "unknown kind 'cnn'; use one of gpt, llama, mlp, u-transformer, vgg13"),
+    ({"dims": [8, 4]}, "needs a \"kind\" field"),
 ])
 def test_bad_model_files(tmp_path, cfg, msg):
     f = tmp_path / "m.json"
