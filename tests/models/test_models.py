@@ -62,3 +62,12 @@ def test_unknown_model_and_preset():
         load_model("resnet")
     with pytest.raises(UserError, match="unknown preset"):
         load_model("gpt", "gpt-4")
+
+
+def test_blocks_cover_each_block_occurrence():
+    g = load_model("u-transformer")
+    assert len(g.blocks) == 5 * g.config["layers_per_stage"]
+    for start, end in g.blocks:
+        names = [g.layers[i].name.split(".")[-1] for i in g.chain[start:end]]
+        assert names == ["ln1", "qkv", "attention", "proj", "ln2", "fc1", "gelu", "fc2"]
+    assert load_model("mlp").blocks == [] and load_model("gpt").skips == []
