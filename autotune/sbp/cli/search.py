@@ -80,16 +80,15 @@ def parser() -> argparse.ArgumentParser:
             seen.add(name)
             flag = "--" + name.replace("_", "-")
             kinds = ", ".join(k for k in FIELDS if name in FIELDS[k])
+            common = dict(dest=f"f_{name}", default=None, help=f"{HELP[name]} ({kinds})")
             if typ == "int":
-                g.add_argument(flag, dest=f"f_{name}", type=int, default=None, metavar="N", help=f"{HELP[name]} ({kinds})")
+                g.add_argument(flag, type=int, metavar="N", **common)
             elif typ == "bool":
-                g.add_argument(flag, dest=f"f_{name}", type=true_or_false, default=None, metavar="true|false",
-                               help=f"{HELP[name]} ({kinds})")
+                g.add_argument(flag, type=true_or_false, metavar="true|false", **common)
             elif typ == "str":
-                g.add_argument(flag, dest=f"f_{name}", choices=CHOICES[name], default=None, help=f"{HELP[name]} ({kinds})")
+                g.add_argument(flag, choices=CHOICES[name], **common)
             else:
-                g.add_argument(flag, dest=f"f_{name}", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                               metavar="N,N,...", help=f"{HELP[name]} ({kinds})")
+                g.add_argument(flag, type=lambda s: [int(x) for x in s.split(",")], metavar="N,N,...", **common)
     return ap
 
 
