@@ -26,10 +26,16 @@ def model_kind(cfg: dict) -> str:
     raise UserError("the plan's model section names no known model: re-run the search (python -m autotune --out DIR)")
 
 
+# a gpt plan written before the transformer family (no "residual" field) was searched on the AutoDDL graph
+LEGACY_GPT = {"residual": False, "attention": "naive", "tied": False, "bias": False, "positions": "none"}
+
+
 def model_graph(cfg: dict, layers: int | None = None) -> LayerGraph:
     """The layer graph of a plan's model section; ``layers`` overrides its number of blocks."""
     kind = model_kind(cfg)
     cfg = {k: v for k, v in cfg.items() if k in FIELDS[kind] or k in ("name", "source", "description")}
+    if kind == "gpt" and "residual" not in cfg:
+        cfg = {**cfg, **LEGACY_GPT}
     if layers is not None:
         cfg["layers"] = layers
     return BUILDERS[kind](validate(kind, cfg, "the plan's model"))
