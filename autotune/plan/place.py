@@ -472,25 +472,21 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
     stray = [n for n, p in model.named_parameters() if id(p) not in seen]
     if stray:
         raise UserError(f"parameter {stray[0]} is in no module the plan's layers map: map its module in mapping=")
+    owners: dict[int, list] = {}  # id(parameter) -> [(module, attribute)], a tied one in several
+    for m in model.modules():
+        for attr, p in m._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((m, attr))
     for _, _, param, fine, where in todo:
         compute = _dtensor_placements(fine)
         _check_divides(tuple(param.shape), compute, mesh, where)
         store = _fsdp_placements(compute, tuple(param.shape), mesh, axes, where) if axes else compute
         dt = nn.Parameter(distribute_tensor(param.detach(), mesh, store), requires_grad=param.requires_grad)
         dt.register_hook(_sync_hook(mesh, tuple(store)))
-        for module in _owners(model, param):
-            attr = _name_in(module, param)
+        for module, attr in owners[id(param)]:
             setattr(module, attr, dt)
             if store != compute:
                 parametrize.register_parametrization(module, attr, _Gather(mesh, compute), unsafe=True)
-
-
-def _owners(model, param) -> list:
-    return [m for m in model.modules() if any(p is param for p in m._parameters.values())]
-
-
-def _name_in(module, param) -> str:
-    return next(n for n, p in module._parameters.items() if p is param)
 
 
 # --- recomputation --------------------------------------------------------------------------------------

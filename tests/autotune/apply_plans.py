@@ -67,24 +67,29 @@ def data_parallel(cfg: dict, axes: int = 2) -> dict:
                    {w: b for w in weights}) for name, kind, _, weights in layer_table(cfg)}
 
 
-def tp_data(cfg: dict) -> dict:
-    """Axis 0 splits the data, axis 1 is Megatron's tensor parallelism (column then row parallel)."""
+def tp_data(cfg: dict, axes: int = 2, tp: int = 1) -> dict:
+    """The first ``axes - tp`` axes split the data, the last ``tp`` are Megatron's tensor parallelism (column
+    then row parallel, the embedding vocabulary-parallel)."""
     act = "swiglu" if cfg["kind"] == "llama" else "gelu"
-    col, row = ("S0", "S1"), ("S0", "P")
-    rep, data = ("B", "B"), ("S0", "B")
+    d = axes - tp
+
+    def f(data, model):
+        return (data,) * d + (model,) * tp
+    col, row, rep, data = f("S0", "S1"), f("S0", "P"), ("B",) * axes, f("S0", "B")
+    w_col, w_row = f("B", "S1"), f("B", "S0")
     return {
-        "embedding": (None, row, {"weight": ("B", "S0")}),  # vocabulary-parallel
+        "embedding": (None, row, {"weight": w_row}),
         "ln1": (data, data, {"weight": rep}),
-        "qkv": (data, col, {"weight": ("B", "S1")}),
+        "qkv": (data, col, {"weight": w_col}),
         "attention": (col, col, {}),
-        "proj": (col, row, {"weight": ("B", "S0")}),
+        "proj": (col, row, {"weight": w_row}),
         "residual": (data, data, {}),
         "ln2": (data, data, {"weight": rep}),
-        "fc1": (data, col, {"weight": ("B", "S1")}),
+        "fc1": (data, col, {"weight": w_col}),
         act: (col, col, {}),
-        "fc2": (col, row, {"weight": ("B", "S0")}),
+        "fc2": (col, row, {"weight": w_row}),
         "ln_f": (data, data, {"weight": rep}),
-        "logits": (data, col, {"weight": ("B", "S1")}),
+        "logits": (data, col, {"weight": w_col}),
         "loss": (col, None, {}),
     }
 
