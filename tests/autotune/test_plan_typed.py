@@ -131,3 +131,20 @@ def test_micro_batches_split_the_batch():
     assert len(parts) == plan.micro_batches == 2 and torch.equal(parts[1]["ids"], torch.arange(8, 16).reshape(4, 2))
     with pytest.raises(UserError, match="micro-batches"):
         autotune.micro_batches(plan, torch.zeros(3))
+
+
+def test_gpt2_modules_are_found_and_checked():
+    """GPT-2's Conv1D layers ([in, out]), its position table and its tied logits, in one process."""
+    import autotune
+    from apply_plans import GPT
+    c = {**GPT, "sequence": 8}
+    cfg = transformers.GPT2Config(vocab_size=c["vocabulary"], n_positions=c["sequence"], n_embd=c["hidden"],
+                                  n_layer=c["layers"], n_head=c["heads"], n_inner=c["ffn"], bos_token_id=0,
+                                  eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).double().eval()  # no dropout
+    plan = typed_plan(c, 1, 1, data_parallel(c, axes=1), "one device")
+    ids = torch.randint(0, c["vocabulary"], (2, c["sequence"]))
+    want = model(input_ids=ids).logits
+    assert torch.equal(autotune.apply(plan, model)(input_ids=ids).logits, want)
+    with pytest.raises(UserError, match="computes"):
+        autotune.apply(typed_plan({**c, "ffn": 64}, 1, 1, data_parallel(c, axes=1), "x"), model)
