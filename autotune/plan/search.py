@@ -95,7 +95,7 @@ def convert(best: dict, baselines=(), origin: str = "plan") -> TypedPlan:
                                 f"re-run the search")
             weights.append(WeightPlan(name, tuple(shapes[name]), fine(text, cluster, where)))
         layers.append(LayerPlan(
-            layer.name, layer.kind, int(e.get("count", 1)), dict(layer.dims), sig,
+            layer.name, layer.kind, int(e.get("count", 1)), layer.all_dims(), sig,
             fine(sbp["input"], cluster, where) if "input" in sbp else None,
             fine(sbp["output"], cluster, where) if "output" in sbp else None,
             tuple(weights), {k: e[k] for k in LAYER_COSTS if k in e}, mesh.sizes))
