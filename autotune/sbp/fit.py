@@ -26,6 +26,7 @@ import math
 
 from autotune.sbp.cost import Problem
 from autotune.sbp.memory import Mode
+from autotune.sbp.searchbase import SearchResult
 
 ROUNDS = 4
 BINDING = 0.9
@@ -33,19 +34,28 @@ BINDING = 0.9
 
 def search_fitting(problem: Problem, run, start=None, rounds: int = ROUNDS):
     """``run(problem, start)`` -> a search result (``assignment``, ``cost``); the result whose plan fits at
-    its peak (the last one tried if none does, or None if the reserve leaves no plan)."""
+    its peak. The reserve never leaves the least-memory plan out; if no round's plan fits, that plan where
+    it fits (its cost the problem's), else the last round's result (which does not fit; None if none ran)."""
     if start is not None and problem.device_limit is not None:
-        problem.reserve = problem.memory_breakdown(start).workspace
+        problem.reserve = min(problem.memory_breakdown(start).workspace, problem.device_limit - problem.min_memory)
     res = None
     for _ in range(rounds):
         if not problem.fits:
-            return res
+            break
         res = run(problem, start)
         if problem.fits_plan(res.assignment):
             return res
         m = problem.memory_breakdown(res.assignment)
-        problem.reserve = max(problem.reserve + m.total - problem.device_limit, m.workspace)
-        start = None
+        reserve = min(max(problem.reserve + m.total - problem.device_limit, m.workspace),
+                      problem.device_limit - problem.min_memory)
+        if reserve <= problem.reserve:
+            break
+        problem.reserve, start = reserve, None
+    least = problem.min_memory_assignment()
+    if problem.device_limit is not None and problem.fits_plan(least):
+        return SearchResult(res.algorithm if res else "least memory", least, problem.raw_cost(least),
+                            res.seconds if res else 0.0, res.steps if res else 0,
+                            "no searched plan fits with its workspace: the least-memory plan", list(res.trace) if res else [])
     return res
 
 
