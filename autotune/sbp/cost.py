@@ -26,6 +26,7 @@ plan fits with its workspace (``fits_plan``).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import numpy as np
@@ -44,15 +45,16 @@ from autotune.sbp.sbp import NdSbp
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
 
 
-def internal_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, str, tuple[Step, ...]]]:
-    """(tensor, direction, steps) of the boxing inside a layer, per micro-batch."""
+@functools.lru_cache(maxsize=None)
+def internal_steps(s: Strategy, cluster: Cluster) -> tuple[tuple[str, str, tuple[Step, ...]], ...]:
+    """(tensor, direction, steps) of the boxing inside a layer, per micro-batch (pure, memoised)."""
     out = []
     for it in s.internal:
         src, dst = NdSbp(it.src, s.mesh).fine(cluster), NdSbp(it.dst, s.mesh).fine(cluster)
         out.append((it.tensor, it.direction, box(it.shape, it.itemsize, src, dst, cluster)))
         if it.backward:
             out.append((it.tensor, "bwd", box_backward(it.shape, it.itemsize, src, dst, cluster)))
-    return out
+    return tuple(out)
 
 
 def internal_copy_seconds(s: Strategy, cluster: Cluster, cm) -> float:
@@ -169,6 +171,7 @@ class Problem:
                 self.incident[b].append(((a, b), c))
         self._precompute, self._progress = precompute_tables, progress
         self.tables = None
+        self._shared: dict = {}  # per-strategy figures and mode problems, shared with ``with_mode``'s copies
         self._price(mode)
         if require_fit:
             self.require_fit()
@@ -188,12 +191,16 @@ class Problem:
         grad_bytes = PRECISION[ab][1] if step else ab
         self.grad_bytes = grad_bytes
         rec = mode.recompute
+        shared = self._shared
         self.node_redist = []
         for v, ss in enumerate(self.choices):
             redo = rec == "full" and self.roles[v] != OUTSIDE
-            self.node_redist.append(np.array([
-                mb * sum(self.coster.time(st) * (2 if redo and d == "fwd" else 1) for _, d, st in internal_steps(s, cl))
-                for s in ss]))
+            key = ("internal", v)
+            if key not in shared:  # per strategy: forward and backward seconds of the boxing inside the layer
+                shared[key] = [(sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d == "fwd"),
+                                sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d != "fwd"))
+                               for s in ss]
+            self.node_redist.append(np.array([mb * ((2 if redo else 1) * f + b) for f, b in shared[key]]))
         self.node_sync = [np.array([sum(self.coster.step_time(st) for _, st in sync_steps(s, cl, grad_bytes, mode))
                                     for s in ss]) for ss in self.choices]
         self.node_compute = self.node_bwd = None
@@ -201,14 +208,23 @@ class Problem:
         secs = None
         if self.compute is not None:
             cm = self.compute
-            secs = [[layer_seconds(op, s, cl, cm, ab, rec, self.roles[v]) for s in ss]
-                    for v, (op, ss) in enumerate(zip(self.ops, self.choices))]
+            secs = []
+            for v, (op, ss) in enumerate(zip(self.ops, self.choices)):
+                role = self.roles[v]
+                changed = (rec == "full" and role != OUTSIDE) or (rec == "selective" and op.layer.kind == "attention")
+                key = ("secs", v, rec if changed else "none")
+                if key not in shared:
+                    shared[key] = [layer_seconds(op, s, cl, cm, ab, rec, role) for s in ss]
+                secs.append(shared[key])
             self.node_compute = []
             for v, (sec, ss) in enumerate(zip(secs, self.choices)):
                 redo = 2 if rec == "full" and self.roles[v] != OUTSIDE else 1
+                if ("copies", v) not in shared:
+                    shared[("copies", v)] = [internal_copy_seconds(s, cl, cm) for s in ss]
                 self.node_compute.append(np.array([
-                    mb * (f + b + redo * internal_copy_seconds(s, cl, cm)) + optimizer_seconds(s, cl, cm, ab, mode)
-                    + (mb - 1) * accumulate_seconds(s, cl, cm, ab, mode) for (f, b), s in zip(sec, ss)]))
+                    mb * (f + b + redo * c) + optimizer_seconds(s, cl, cm, ab, mode)
+                    + (mb - 1) * accumulate_seconds(s, cl, cm, ab, mode)
+                    for (f, b), s, c in zip(sec, ss, shared[("copies", v)])]))
             self.node_bwd = [np.array([b for _, b in sec]) for sec in secs]
         if fsdp:  # exposed under the step objective, all of it under the communication objective
             for v, ss in enumerate(self.choices):
@@ -234,15 +250,20 @@ class Problem:
                                      self.compute.memory_seconds if step else None, factors,
                                      old.rows if old is not None else None)
 
-    def with_mode(self, mode: Mode, memory_limit: float | None = -1.0) -> "Problem":
+    def with_mode(self, mode: Mode) -> "Problem":
         """The same problem under another recomputation / FSDP ``mode`` (strategies and, where the mode does
-        not change them, boxing tables shared); ``memory_limit`` -1: this one's device limit."""
-        out = copy.copy(self)
-        if memory_limit != -1.0:
-            out.device_limit = memory_limit
-        out.derived = {}
-        out.evaluations = 0
-        out._price(mode)
+        not change them, boxing tables shared); made once per mode and problem family, then reused."""
+        if mode == self.mode:
+            return self
+        modes = self._shared.setdefault("modes", {self.mode: self})
+        out = modes.get(mode)
+        if out is None:
+            out = copy.copy(self)
+            out.derived = {}
+            out.evaluations = 0
+            out.reserve = 0.0
+            out._price(mode)
+            modes[mode] = out
         return out
 
     @property

@@ -3,8 +3,8 @@
 Workspace: a plan's peak holds, beyond the per-layer figures the searches add
 up, a workspace that depends on the whole plan (``autotune.sbp.memory.peak_workspace``).
 The searches constrain the per-layer sum to the device's limit less a
-``Problem.reserve``; ``search_fitting`` starts the reserve at the workspace of a
-given plan (the warm start, else none), searches, and while the searched plan
+``Problem.reserve``; ``search_fitting`` starts the reserve at the workspace of the
+warm start (none without one), searches, and while the searched plan
 does not fit at its peak raises the reserve by what it overshot (at least to
 its workspace) and searches again, a few rounds at most. So the plan it returns
 fits by the same accounting as the baselines' (``Problem.fits_plan``).
@@ -17,14 +17,18 @@ memory (it needs more than ``BINDING`` of the limit) or nothing fit, since
 recomputation only adds work to a plan and pays off only by freeing memory for
 a faster one. Selective recomputation only where some attention materialises its
 probabilities (with flash attention it saves nothing), full only where the model
-has blocks. Every later mode starts from the best plan so far (same strategy
-indices). The plan kept is the cheapest that fits.
+has blocks. A mode is skipped, too, when a lower bound on its every plan's cost,
+with no memory limit (``lower_bound``: one dynamic program over the additive part
+plus, under the step objective, the first layer's sync F, as max(S - W, F) >= F),
+is no cheaper than the best plan so far. Every later mode starts from the best plan
+so far (same strategy indices). The plan kept is the cheapest that fits.
 """
 from __future__ import annotations
 
 import math
 
 from autotune.sbp.cost import Problem
+from autotune.sbp.dp import CUT_WORK, LayerDP, applicable
 from autotune.sbp.memory import Mode
 from autotune.sbp.searchbase import SearchResult
 
@@ -36,8 +40,9 @@ def search_fitting(problem: Problem, run, start=None, rounds: int = ROUNDS):
     """``run(problem, start)`` -> a search result (``assignment``, ``cost``); the result whose plan fits at
     its peak. The reserve never leaves the least-memory plan out; if no round's plan fits, that plan where
     it fits (its cost the problem's), else the last round's result (which does not fit; None if none ran)."""
-    if start is not None and problem.device_limit is not None:
-        problem.reserve = min(problem.memory_breakdown(start).workspace, problem.device_limit - problem.min_memory)
+    if start is not None and problem.device_limit is not None:  # the warm start's workspace
+        problem.reserve = min(problem.memory_breakdown(start).workspace,
+                              max(problem.device_limit - problem.min_memory, 0.0))
     res = None
     for _ in range(rounds):
         if not problem.fits:
@@ -57,6 +62,21 @@ def search_fitting(problem: Problem, run, start=None, rounds: int = ROUNDS):
                             res.seconds if res else 0.0, res.steps if res else 0,
                             "no searched plan fits with its workspace: the least-memory plan", list(res.trace) if res else [])
     return res
+
+
+def lower_bound(problem: Problem) -> float:
+    """A lower bound on the cost of every plan of ``problem``, the memory limit ignored; -inf where dynamic
+    programming does not apply."""
+    if applicable(problem) is not None:
+        return -math.inf
+    dp = LayerDP(problem)
+    if dp.work > CUT_WORK:
+        return -math.inf
+    unary = list(problem.node)
+    if problem.objective == "step":
+        unary[problem.first] = unary[problem.first] + problem.node_sync[problem.first]
+    value, _ = dp.solve(unary)
+    return value
 
 
 def recompute_modes(problem: Problem) -> list[str]:
@@ -90,6 +110,12 @@ def search_modes(problem: Problem, run, start=None, progress=None, fsdp: bool = 
             if progress:
                 progress(f"mode {describe(mode)}: no plan fits")
             return
+        if best is not None:
+            bound = lower_bound(pr)
+            if bound >= best[1].cost * (1 - 1e-9):
+                if progress:
+                    progress(f"mode {describe(mode)}: skipped, its plans cost at least {bound:.4g} s/step")
+                return
         warm = best[1].assignment if best is not None else start
         res = search_fitting(pr, run, warm)
         if progress and res is not None:

@@ -17,6 +17,7 @@ W (B, S0, S1), O (S0, P, S1) (Megatron's row-parallel layer is one instance);
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -397,5 +398,8 @@ def make_op(layer: Layer, act_bytes: int = ACT_BYTES) -> Op:
     return cls(layer, act_bytes)
 
 
+@functools.lru_cache(maxsize=None)
 def local_elems(t: Tensor, mesh: RoleMesh, cluster: Cluster) -> int:
+    """Elements of ``t`` a device holds (a pure function of its arguments, memoised: the modes of a search
+    re-price the same strategies)."""
     return math.prod(local_shape(t.shape, NdSbp(t.sbp, mesh).fine(cluster), cluster))

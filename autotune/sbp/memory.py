@@ -75,6 +75,7 @@ peak will sit somewhat above the prediction.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -155,10 +156,13 @@ def precision(act_bytes: int) -> tuple[int, int, int]:
     return PRECISION[act_bytes]
 
 
+@functools.lru_cache(maxsize=None)
 def _elems(t, mesh, cluster: Cluster) -> int:
+    """Elements of ``t`` a device holds (pure, memoised)."""
     return math.prod(local_shape(t.shape, NdSbp(t.sbp, mesh).fine(cluster), cluster))
 
 
+@functools.lru_cache(maxsize=None)
 def grad_sync_axes(s, w, cluster: Cluster) -> tuple[int, ...]:
     """The fine axes over which weight ``w``'s gradient is all-reduced: where the weight is B and the
     layer's data is split (each device's tokens give partial sums). A layer without an input tensor (an
