@@ -119,7 +119,7 @@ class Op:
 
     def __init__(self, layer: Layer, act_bytes: int = ACT_BYTES):
         self.layer = layer
-        self.dims = dict(layer.dims)
+        self.dims = layer.all_dims()
         self.act_bytes = act_bytes
 
     @property

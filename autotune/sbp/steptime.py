@@ -30,9 +30,9 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
     positions   output (read it and the table's rows, write the sum), backward 1 over the output's
                 gradient and 1 over the local table's (its column sums)
     attention   flash 1: the causal SDPA flash attention core forward and backward from the
-    (flash)     profile's SDPA figures (``sdpa_seconds``: ``ComputeModel.sdpa_seconds`` where the
-                profile has them, else the causal flash flop count, forward 2 b h s^2 d and
-                backward 2.5 times that, at the profile's matmul rate), on (micro-batch / S0)
+    (flash)     profile's SDPA figures (``ComputeModel.sdpa_seconds``: measured and interpolated
+                where the profile has them, else the causal flash flop count, forward 2 b h s^2 d
+                and backward 2.5 times that, at the profile's matmul rate), on (micro-batch / S0)
                 sequences x (heads / S1) heads, (kv_heads / S1) KV heads; with rotary, the rotation of
                 Q and K (``ROTARY_PASSES`` over their local elements, forward and backward); plus
                 the layer's work around the core as for flash 0
@@ -135,25 +135,6 @@ ATTENTION_COPY_PASSES = (3 * 2 + 2, 2 + 3 * (3 + 2) + 2 * 9)
 # passes over Q's and K's local elements applying the rotary embedding, forward and backward: rotate_half
 # (read, write), x cos (read, write), rotate_half(x) sin added (read 2, write 1); the same transposed backward
 ROTARY_PASSES = (7, 7)
-SDPA_BACKWARD = 2.5  # the causal flash backward's flops over the forward's, without measured figures
-
-
-def sdpa_seconds(cm: ComputeModel, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, act_bytes: int,
-                 backward: bool = False) -> float:
-    """The causal SDPA flash attention core: ``ComputeModel.sdpa_seconds`` (measured, interpolated) where the
-    profile has it; else its flop count, forward 2 b h s^2 d and backward 2.5 times that, at the matmul rate."""
-    measured = getattr(cm, "sdpa_seconds", None)
-    if measured is not None:
-        try:
-            t = measured(batch, heads, kv_heads, seq, head_dim, act_bytes, backward=backward)
-        except UserError:  # no SDPA figures in this profile
-            t = None
-        if t is not None:
-            return t
-    f = cm.matmul_seconds(batch * heads * seq, seq, head_dim, act_bytes)
-    return SDPA_BACKWARD * f if backward else f
-
-
 def cast_bytes(s: Strategy, cluster: Cluster, act_bytes: int) -> tuple[float, float]:
     """Per micro-batch, (forward, backward) bytes of autocast's casts of a matmul's weights: to bf16 in the
     forward, the bf16 gradient to fp32 in the backward (``CAST_BYTES`` each, act_bytes 2 only)."""
@@ -169,7 +150,7 @@ def _core(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: in
     r0, r1 = s.mesh.role_size(0), s.mesh.role_size(1)
     seq, hd = d["tokens"] // mb, op.head_dim
     if d.get("flash", 0):
-        return sdpa_seconds(cm, mb // r0, heads // r1, op.kv_heads // r1, seq, hd, act_bytes, backward)
+        return cm.sdpa_seconds(mb // r0, heads // r1, op.kv_heads // r1, seq, hd, act_bytes, backward=backward)
     return cm.attention_seconds(mb // r0, heads // r1, seq, d["hidden"] // heads, act_bytes, backward=backward)
 
 

@@ -24,7 +24,8 @@ from autotune.sbp.memory import Mode, kept_bytes, peak_workspace, strategy_memor
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import build_plan
 from autotune.sbp.search import Budget, make_search
-from autotune.sbp.steptime import SDPA_BACKWARD, fsdp_seconds, layer_seconds, sdpa_seconds
+from calibrate.compute import SDPA_BACKWARD_FACTOR as SDPA_BACKWARD
+from autotune.sbp.steptime import fsdp_seconds, layer_seconds
 
 BASE = Profile.load("gcp-a100")
 PEAK, LAUNCH, BW = 1e14, 1e-6, 1e12
@@ -190,21 +191,29 @@ def test_gqa_flash_attention_keeps_q_k_v_o_and_lse_and_costs_sdpa():
     t, h = 32 // 2, 64 // 2
     assert kept_bytes(s, pr.cluster, 2) == (t * 128 // 2 + t * h) * 2 + t * 2 * 4  # QKV, O, fp32 LSE
     f, b = layer_seconds(op, s, pr.cluster, CM, 2)
-    core = LAUNCH + 2 * 2 * 2 * 8 * 8 * 16 / PEAK  # 2 b h s^2 d at the matmul rate (no SDPA figures)
+    flops = 2 * 2 * 2 * 8 * 8 * 16  # 2 b h s^2 d at the matmul rate (no SDPA figures), backward 2.5x
+    core, core_b = LAUNCH + flops / PEAK, LAUNCH + SDPA_BACKWARD * flops / PEAK
     rot = ew(7 * t * (2 + 1) * 16 * 2)  # Q's and K's local elements (heads/S1 + kv_heads/S1)
     copies = (LAUNCH + 8 * t * h * 2 / BW, LAUNCH + 35 * t * h * 2 / BW)
-    assert f == pytest.approx(core + rot + copies[0]) and b == pytest.approx(SDPA_BACKWARD * core + rot + copies[1])
+    assert f == pytest.approx(core + rot + copies[0]) and b == pytest.approx(core_b + rot + copies[1])
 
 
-def test_sdpa_adapter_uses_the_profiles_figures_when_present():
+def test_flash_attention_core_is_the_profiles_sdpa_figure():
     class WithSdpa(ComputeModel):
         def sdpa_seconds(self, batch, heads, kv_heads, seq, head_dim, act_bytes, backward=False):
-            return 1e-3 * (3 if backward else 1) * batch * heads * kv_heads
+            return 1e-3 * (3 if backward else 1) * batch * heads * kv_heads * seq * head_dim
 
-    cm = WithSdpa("t", "assumed", LAUNCH, BW, matmul={"2": Band(PEAK)})
-    assert sdpa_seconds(cm, 2, 4, 2, 8, 16, 2) == pytest.approx(16e-3)
-    assert sdpa_seconds(cm, 2, 4, 2, 8, 16, 2, backward=True) == pytest.approx(48e-3)
-    assert sdpa_seconds(CM, 2, 4, 2, 8, 16, 2) == pytest.approx(LAUNCH + 2 * 2 * 4 * 64 * 16 / PEAK)
+    cm = WithSdpa("t", "assumed", LAUNCH, BW, matmul={"2": Band(PEAK)}, op_Bps={"elementwise": EW_BW})
+    g = contract_graph(heads=4, kv_heads=2, rotary=0)
+    pr = problem(g, Cluster(1, 4))
+    s = next(s for s in pr.choices[3] if s.mesh.sizes == ((1, 2), (1, 2)))
+    f, b = layer_seconds(pr.ops[3], s, pr.cluster, cm, 2)
+    base_f, base_b = layer_seconds(pr.ops[3], s, pr.cluster, CM, 2)
+    flops = 2 * 2 * 2 * 8 * 8 * 16
+    core, core_b = LAUNCH + flops / PEAK, LAUNCH + SDPA_BACKWARD * flops / PEAK
+    # (micro-batch / S0, heads / S1, kv_heads / S1, sequence, head_dim) = (2, 2, 1, 8, 16)
+    assert f - base_f == pytest.approx(1e-3 * 2 * 2 * 1 * 8 * 16 - core)
+    assert b - base_b == pytest.approx(3e-3 * 2 * 2 * 1 * 8 * 16 - core_b)
 
 
 def test_naive_attention_keeps_todays_rule():
