@@ -2,8 +2,7 @@
 closed forms, the precision recipe, recomputation and FSDP accounting, the residual stream's cycles in
 the dynamic program against brute force, and the baselines users pick.
 
-The graph is the shared contract's (models/transformer.py builds it); ``contract_graph`` builds it here
-from ``models.graph`` alone."""
+The graph is the shared contract's, built by models/transformer.py (``contract_graph``)."""
 import dataclasses
 import math
 
@@ -13,6 +12,7 @@ import pytest
 from calibrate.collectives import Collective
 from calibrate.compute import Band, ComputeModel
 from calibrate.profile import Group, Profile
+from models import load_model
 from models.graph import Layer, LayerGraph
 from autotune.sbp.baselines import baseline_plans, data_parallel, megatron_assignment
 from autotune.sbp.boxing import Coster
@@ -35,55 +35,22 @@ CM = ComputeModel("test: peak-rate model", "assumed", LAUNCH, BW, matmul={"2": B
 PROFILE = dataclasses.replace(BASE, compute=CM)
 
 
-@dataclasses.dataclass
-class ContractGraph(LayerGraph):
-    """LayerGraph with the contract's ``skips`` and ``blocks`` (as models/graph.py gains them)."""
-
-    skips: list = dataclasses.field(default_factory=list)
-    blocks: list = dataclasses.field(default_factory=list)
-
-    def edges(self):
-        out = {}
-        for a, b in list(zip(self.chain, self.chain[1:])) + list(self.skips):
-            out[(a, b)] = out.get((a, b), 0) + 1
-        return out
+def contract_graph(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, sequence=8, vocabulary=128, batch=8,
+                   micro_batch=4, act_bytes=2, tied=False, flash=1, rotary=1, norm="rmsnorm", mlp="swiglu",
+                   positions=0, bias=0) -> LayerGraph:
+    """models' builder (the contract's chain: embedding, blocks of (ln1, qkv, attention, proj, residual, ln2,
+    fc1, swiglu|gelu, fc2, residual), ln_f, logits, loss; the embedding feeds the first residual through a
+    skip edge) on a small Llama-family config."""
+    pos = "learned" if positions else "rotary" if rotary else "none"
+    return load_model("llama", None, dict(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, sequence=sequence,
+        vocabulary=vocabulary, batch=batch, micro_batch=micro_batch, act_bytes=act_bytes, tied=tied,
+        attention="flash" if flash else "naive", norm=norm, mlp=mlp, positions=pos, bias=bool(bias),
+        qkv_bias=bool(bias), **({"max_positions": positions} if positions else {})))
 
 
 def _L(name, kind, **dims):
     return Layer(name, kind, tuple(sorted(dims.items())))
-
-
-def contract_graph(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, sequence=8, vocabulary=128, batch=8,
-                   micro_batch=4, act_bytes=2, tied=False, flash=1, rotary=1, norm="rmsnorm", mlp="swiglu",
-                   positions=0, bias=0) -> ContractGraph:
-    """The contract's chain: embedding, blocks of (ln1, qkv, attention, proj, residual, ln2, fc1, swiglu|gelu,
-    fc2, residual), ln_f, logits, loss; the embedding feeds the first residual through a skip edge."""
-    t, hd = micro_batch * sequence, hidden // heads
-    nb = {"bias": bias} if norm == "layernorm" else {}
-    mb = {"bias": bias} if bias else {}
-    emb = _L("embedding", "embedding", tokens=t, k=vocabulary, n=hidden, positions=positions)
-    block = [
-        _L("ln1", norm, tokens=t, hidden=hidden, **nb),
-        _L("qkv", "matmul", tokens=t, k=hidden, n=(heads + 2 * kv_heads) * hd, **mb),
-        _L("attention", "attention", tokens=t, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=hd,
-           micro_batch=micro_batch, flash=flash, rotary=rotary),
-        _L("proj", "matmul", tokens=t, k=hidden, n=hidden, **mb),
-        _L("residual", "residual", tokens=t, hidden=hidden),
-        _L("ln2", norm, tokens=t, hidden=hidden, **nb),
-        _L("fc1", "matmul", tokens=t, k=hidden, n=2 * ffn if mlp == "swiglu" else ffn, **mb),
-        _L("act", "swiglu" if mlp == "swiglu" else "pointwise", tokens=t, hidden=ffn),
-        _L("fc2", "matmul", tokens=t, k=ffn, n=hidden, **mb),
-    ]
-    tail = [_L("ln_f", norm, tokens=t, hidden=hidden, **nb),
-            _L("logits", "matmul", tokens=t, k=hidden, n=vocabulary, **({"tied": 1} if tied else {})),
-            _L("loss", "loss", tokens=t, vocabulary=vocabulary)]
-    lay = [emb] + block + tail
-    res = 5
-    one = list(range(1, 10)) + [res]
-    chain = [0] + one * layers + list(range(10, 13))
-    blocks = [(1 + 10 * i, 11 + 10 * i) for i in range(layers)]
-    cfg = {"act_bytes": act_bytes, "name": "contract"}
-    return ContractGraph("llama", lay, chain, batch, micro_batch, cfg, skips=[(0, res)], blocks=blocks)
 
 
 def problem(graph, cluster=Cluster(1, 4), limit=None, objective="step", mode=Mode(), profile=PROFILE):
@@ -126,7 +93,7 @@ def test_swiglu_keeps_pairs_halves_features_and_costs_its_passes():
     pr = problem(g, Cluster(1, 4))
     op = pr.ops[8]
     assert op.in_shape == (32, 256) and op.out_shape == (32, 128)
-    _, _, s = strat(pr, "act", "swiglu", ((1, 1), (1, 4)))
+    _, _, s = strat(pr, "swiglu", "swiglu", ((1, 1), (1, 4)))
     assert s.fine_in == ("S1", "S1") and s.fine_out == ("S1", "S1")
     out = 32 * 128 // 4
     f, b = layer_seconds(op, s, pr.cluster, CM, 2)
