@@ -282,7 +282,10 @@ class Attention(Op):
     it keeps the attention probabilities for the backward pass: (micro-batch /
     S0) x (heads / S1) x sequence^2 elements a device. flash 1 (SDPA flash
     attention): it keeps Q, K, V (its input), the output O and the log-sum-exp
-    (fp32, one a token and local head), no probabilities."""
+    (fp32, one a token and local head), no probabilities. Flash attention may
+    also run on three roles, the third computing redundantly (B): on clusters
+    larger than micro-batch x kv_heads devices (Llama 3 405B's batch of 32 on
+    16,384 GPUs) replication is the only way to place it (no context parallelism)."""
 
     @property
     def kv_heads(self) -> int:
@@ -306,7 +309,8 @@ class Attention(Op):
         t = self.dims["tokens"]
         seq = t // mb
         flash = self.dims.get("flash", 0)
-        for m in role_meshes(cluster, 2):
+        meshes = role_meshes(cluster, 2) + ([m for m in role_meshes(cluster, 3) if m.role_size(2) > 1] if flash else [])
+        for m in meshes:
             r0, r1 = m.role_size(0), m.role_size(1)
             if mb % r0 or heads % r1 or kv % r1:
                 continue
@@ -315,9 +319,9 @@ class Attention(Op):
                 lse = (t // r0) * (heads // r1) * 4
             else:
                 extra, lse = mb // r0 * (heads // r1) * seq * seq, 0
-            out.append(Strategy("attention", m, Tensor("input", self.in_shape, ("S0", "S1")),
-                                Tensor("output", self.out_shape, ("S0", "S1")), extra_act_elems=extra,
-                                extra_act_bytes=lse))
+            sbp = ("S0", "S1") if len(m.sizes) == 2 else ("S0", "S1", B)
+            out.append(Strategy("attention", m, Tensor("input", self.in_shape, sbp),
+                                Tensor("output", self.out_shape, sbp), extra_act_elems=extra, extra_act_bytes=lse))
         return _dedupe(out, cluster)
 
 

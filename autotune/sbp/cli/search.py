@@ -111,7 +111,7 @@ def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, st
     """``budget`` None: ``auto_budget`` (until converged, scaled with the problem)."""
     budget = budget or auto_budget(problem)
     progress(f"search {name} (budget {budget.describe()}"
-             f"{', starting from the best Megatron plan' if start is not None else ''})")
+             f"{', warm-started (the best Megatron plan, or the best plan of an earlier mode)' if start is not None else ''})")
     problem.forget_lazy()
     res = make_search(name, progress).run(problem, budget, np.random.default_rng(seed), start)
     progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
