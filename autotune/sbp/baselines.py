@@ -175,12 +175,14 @@ def _name(pr: Problem, name: str) -> str:
     return name if rec == "none" else f"{name}, recompute {rec}"
 
 
-def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb) -> list[dict]:
+def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb,
+                   skipped: list | None = None) -> list[dict]:
     """Data parallelism, the best Megatron mesh, FSDP, HSDP and TP+FSDP, each at its best recomputation
     (``at_best_recompute``), the best SUMMA mesh (``summa``: the problem restricted to SUMMA's signature) and
     the search restricted to S and B (``sb``, searched by ``search_sb(problem)``). A baseline with no plan
     under the memory limit is still a plan, the one needing the least memory, with ``totals.fits_memory``
-    false: it never aborts the run."""
+    false: it never aborts the run. A baseline no plan of which exists (some layer cannot take its placement:
+    e.g. data parallelism with fewer sequences in a micro-batch than devices) is named in ``skipped``."""
     cl = problem.cluster
     nodes, gpus = (cl.nodes, 1), (1, cl.gpus_per_node)
     node_axes = tuple(range(len(cl.node_axes)))
@@ -203,6 +205,8 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
             continue  # no axis to shard over: the same plan as without FSDP
         found = at_best_recompute(problem, make, axes)
         if found is None:
+            if skipped is not None:
+                skipped.append(name)
             continue
         pr, a, detail = found
         out.append(_plan_or_unfit(pr, a, _name(pr, f"{name} ({detail})" if detail else name)))

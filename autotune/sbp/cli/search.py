@@ -245,14 +245,18 @@ def main(argv=None, report=None) -> int:
              "SUMMA (every mesh), S/B only")
     plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
                       {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
+    skipped: list[str] = []
     base = baseline_plans(plain, summa_problem, sb_problem,
-                          lambda p: run_search(p, args.search, budget, args.seed))
+                          lambda p: run_search(p, args.search, budget, args.seed), skipped)
     pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
                   {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "wall_s": time.perf_counter() - t0, "objective": objective})
     path = pf.save(out / "plan.json")
     rep = report(path, plan_title(plan)) if report else None
     print(table([plan] + base))
+    if skipped:
+        print(f"no plan of {', '.join(skipped)} here: some layer cannot take its placement (e.g. the attention's "
+              f"micro-batch x heads does not cover the {cluster.devices} devices)")
     print(breakdown(plan))
     print("\n".join(summary_lines(plan, base, objective)))
     print(f"wrote {path}" + (f" and {rep}" if rep else ""))
