@@ -26,12 +26,16 @@ from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import build_plan
 from autotune.sbp.search import auto_budget, make_search
 
-CASES = [  # (model, preset, nodes, gpus per node)
-    ("llama", "llama3-8b", 8, 8),
-    ("llama", "llama3-70b", 8, 8),
-    ("llama", "llama3-405b", 16, 8),
-    ("llama", "llama3-405b", 2048, 8),
-    ("gpt", "gpt3-175b", 512, 8),
+# (model, preset, nodes, gpus per node, field overrides). A graph's micro-batch is global (the sequences of
+# one micro-batch over all devices): torchtitan's Llama 3 configs run no gradient accumulation, so the
+# micro-batch is the whole batch (the presets' micro_batch is torchtitan's local batch); at 2,048 nodes the
+# Llama 3 paper's batch of 16M tokens (2,048 sequences of 8,192), as 32 sequences cannot cover 16,384 GPUs
+CASES = [
+    ("llama", "llama3-8b", 8, 8, {"micro_batch": 64}),
+    ("llama", "llama3-70b", 8, 8, {"micro_batch": 64}),
+    ("llama", "llama3-405b", 16, 8, {"micro_batch": 32}),
+    ("llama", "llama3-405b", 2048, 8, {"batch": 2048, "micro_batch": 2048}),
+    ("gpt", "gpt3-175b", 512, 8, {}),
 ]
 BASELINES = ("FSDP", "HSDP", "TP+FSDP", "Megatron")
 
@@ -40,12 +44,12 @@ def run(pr: Problem, start):
     return make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0), start)
 
 
-def row(model: str, preset: str, nodes: int, gpus: int, profile: str) -> dict:
+def row(model: str, preset: str, nodes: int, gpus: int, overrides: dict, profile: str) -> dict:
     t0 = time.process_time()
     prof = Profile.load(profile)
     limit, _ = memory_limit(prof, None)
     objective = "step" if prof.compute is not None else "comm"
-    plain = Problem(load_model(model, preset), Coster(prof, Cluster(nodes, gpus)), limit, objective=objective,
+    plain = Problem(load_model(model, preset, overrides), Coster(prof, Cluster(nodes, gpus)), limit, objective=objective,
                     require_fit=False)
     mega, mega_cost, _ = best_mesh(plain, megatron_assignment)
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
@@ -57,7 +61,8 @@ def row(model: str, preset: str, nodes: int, gpus: int, profile: str) -> dict:
         for name in BASELINES:
             if b["strategy"].startswith(name + " ") or b["strategy"] == name:
                 base[name] = b
-    return {"case": f"{preset} {nodes}x{gpus}", "limit": limit, "plan": plan, "search_s": search_s, "base": base}
+    fields = ", ".join(f"{k} {v}" for k, v in overrides.items())
+    return {"case": f"{preset} {nodes}x{gpus}" + (f" ({fields})" if fields else ""), "limit": limit, "plan": plan, "search_s": search_s, "base": base}
 
 
 def cell(p: dict | None) -> str:
