@@ -1,11 +1,13 @@
 """Place a user's nn.Module as a plan says, for the user's own training loop:
 
     import autotune
-    model = autotune.apply("plan.json", model)        # after torch.distributed.init_process_group
+    plan = autotune.plan.load_plan("plan.json")       # a typed plan, or plan.json of python -m autotune
+    model = autotune.apply(plan, model)               # after torch.distributed.init_process_group
     opt = torch.optim.AdamW(model.parameters())
-    for batch in loader:
-        for mb in autotune.micro_batches(plan, batch):   # the plan's micro-batches
-            model(mb).loss.backward()
+    for batch in loader:                              # the same batch on every rank
+        mbs = autotune.micro_batches(plan, batch)     # the plan's micro-batches
+        for mb in mbs:
+            (model(input_ids=mb, labels=mb).loss / len(mbs)).backward()
         opt.step(); opt.zero_grad()
 
 ``apply(plan, model, mesh=None, mapping=None)``:
@@ -20,6 +22,8 @@
   layouts are head-group / pair interleaved, so this is the same split); a single fused qkv module is
   taken to be laid out head group by head group, except GPT-2's Conv1D ([q | k | v]), which a plan
   may not split by features. Norm weights follow their hidden dimension; a bias follows W's n.
+- Data: every rank runs the model on the same (micro-)batch; where the plan splits the data, each rank takes
+  its piece of the activations without communication (DTensor's Replicate -> Shard).
 - Activations: a mapped module's input (a local tensor) is made a DTensor in the placement it was
   handed in and redistributed to its layer's input placement; its output is redistributed to what
   the next layer of the chain expects (the next module layer's input, an inline layer's input, the
@@ -28,7 +32,9 @@
   local pieces. Plan dimension 0 (tokens) is the batch dimension of the module's tensors (a split
   must divide the batch; a tensor broadcast over the batch, e.g. position embeddings, is replicated
   and its gradient summed), dimension 1 (features) their last. The last module's output (the
-  logits) is handed on whole (replicated), for the user's loss. Partial sums are DTensor's.
+  logits) is handed on whole (replicated), for the user's loss. Partial sums are DTensor's, and so is
+  each module's own output placement (apply redistributes it to what the next layer expects, so a plan's
+  declared output of a module layer is not relied on; its inline layers' placements are).
 - Gradient sync: each parameter's gradient is redistributed to its placement (all-reduce of a
   replicated weight over the axes that split the data).
 - FSDP (``plan.sharding_mode == "fsdp"``): a weight replicated on a sharding axis is stored split
@@ -44,6 +50,8 @@
   "fc2": "blocks.*.mlp.down", "ln_f": "norm", "logits": "head"}``; layers computed inline (attention,
   gelu, swiglu, residual, loss) have no module.
 - World size 1: no placement (no DTensor), but shapes are checked and recomputation applied.
+- Errors (a plan for another world or mesh, shapes that differ from the plan's model, an unmapped layer):
+  one ``UserError`` line naming the problem and the fix, raised alike on every rank before any weight moves.
 
 ``micro_batches(plan, batch)`` splits a tensor (or a dict of tensors) along dimension 0 into the
 plan's micro-batches.
@@ -148,7 +156,7 @@ def find_layers(plan: TypedPlan, model, mapping: dict | None = None) -> tuple[li
     blocks = sorted(per_block)
     if blocks_want is not None and len(blocks) != blocks_want:
         raise UserError(f"the {type(model).__name__} has {len(blocks)} blocks but the plan's model has {blocks_want} "
-                        f"layers: apply a plan searched for this model (--field layers={len(blocks)})")
+                        f"layers: apply a plan searched for a model of {len(blocks)} layers")
     residual = next((lay for lay in plan.layers if lay.kind == "residual"), None)
     chain: list[Site] = []
     for name in HEAD:
@@ -201,8 +209,9 @@ def weight_placements(site: Site, pname: str, module, param) -> tuple[str, ...]:
         if param.dim() == 1:  # a bias: W's n
             return _hidden_only(w.placements, 1)
         if lay.kind == "embedding":
-            if param.shape[0] != w.shape[0]:  # the position table: replicated over vocabulary splits
-                return tuple(p if p == "S1" else B for p in w.placements)
+            if param.shape[0] != w.shape[0]:  # the position table: the plan's, else the hidden split of W's
+                pos = lay.weight("positions")
+                return pos.placements if pos is not None else tuple(p if p == "S1" else B for p in w.placements)
             return w.placements
         return w.placements if _is_conv1d(module) else tuple(_swap(p) for p in w.placements)
     return _hidden_only(w.placements, len(w.shape) - 1)

@@ -16,6 +16,27 @@ GPT = dict(kind="gpt", layers=2, hidden=32, heads=4, kv_heads=4, head_dim=8, ffn
            vocabulary=48, batch=8, micro_batch=4)
 
 
+def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200) -> TypedPlan:
+    """The SBP search's plan (over its recomputation and FSDP modes) for ``cfg``'s graph (models/), through
+    the typed plan's converter."""
+    from autotune.plan import load_plan
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.fit import search_modes
+    from autotune.sbp.plan import build_plan
+    from autotune.sbp.search import Budget, make_search
+    from calibrate.profile import Profile
+    from models import load_model
+    fields = {k: v for k, v in cfg.items() if k != "kind"}
+    if cfg["kind"] == "gpt":  # the nanoGPT-style module: a modern GPT with learned positions, untied logits
+        fields.update(residual=True, attention="flash", bias=True, tied=False, positions="learned")
+    problem = Problem(load_model(cfg["kind"], None, fields), Coster(Profile.load("h200-nvlink+ib400"),
+                                                                    Cluster(nodes, gpus)), require_fit=False)
+    problem, res = search_modes(problem, lambda pr, start: make_search("cd").run(
+        pr, Budget(steps=steps), np.random.default_rng(0)))
+    return load_plan(build_plan(problem, res.assignment, "searched"))
+
+
 def layer_table(cfg: dict) -> list[tuple[str, str, dict, dict]]:
     """(name, kind, dims, {weight: shape}) of each distinct layer, in chain order."""
     t = cfg["micro_batch"] * cfg["sequence"]

@@ -1,11 +1,11 @@
 """autotune.apply on 4 processes (gloo, float64) against the same model in one process: the loss of every
 step and every parameter after two Adam steps (two micro-batches each) agree to 1e-9 (relative), for a tiny
-Hugging Face LlamaForCausalLM and a nanoGPT-style module, with plans for FSDP (data parallel placements),
+Hugging Face LlamaForCausalLM and a nanoGPT-style module, with the SBP search's plan (models' llama/gpt
+graph, converted through the typed plan), plans for FSDP (data parallel placements),
 tensor parallelism + FSDP (full recomputation) and random plans that use partial sums (one with selective
 recomputation), on a 2 x 2 cluster and a 1 x 4 cluster; a plan with one wrong placement (the residual stream
-declared partial after the add) disagrees. One launch per cluster runs every plan. The plans are written by
-hand through the typed plan (tests/autotune/apply_plans.py): searched plans for the llama/gpt graph need the
-search's costs of its new layer kinds (rmsnorm, swiglu, residual)."""
+declared partial after the add) disagrees. One launch per cluster runs every plan. All but the searched
+plans are written by hand through the typed plan (tests/autotune/apply_plans.py)."""
 import os
 import socket
 import types
@@ -23,7 +23,7 @@ from torch import nn  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-from apply_plans import GPT, LLAMA, data_parallel, random_partial, tp_data, typed_plan  # noqa: E402
+from apply_plans import GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan  # noqa: E402
 
 STEPS, LR, SEED = 2, 1e-2, 0
 RTOL = 1e-9
@@ -155,7 +155,8 @@ def plans(nodes, gpus) -> list:
     out = []
     for kind, cfg in (("llama", LLAMA), ("gpt", GPT)):
         dp = data_parallel(cfg)
-        out += [(kind, typed_plan(cfg, nodes, gpus, dp, "FSDP", fsdp_axes=(0, 1))),
+        out += [(kind, searched(cfg, nodes, gpus)),
+                (kind, typed_plan(cfg, nodes, gpus, dp, "FSDP", fsdp_axes=(0, 1))),
                 (kind, typed_plan(cfg, nodes, gpus, tp_data(cfg), "TP + FSDP", recompute="full", fsdp_axes=(0,))),
                 (kind, typed_plan(cfg, nodes, gpus, random_partial(cfg, mesh, 1), "random 1")),
                 (kind, typed_plan(cfg, nodes, gpus, random_partial(cfg, mesh, 2), "random 2",
