@@ -336,6 +336,7 @@ def load_plan(source, origin: str | None = None) -> TypedPlan:
         pf = PlanFile.from_dict(source, origin)
         return TypedPlan.from_search(pf.best, pf.baselines, origin)
     if kind_of(source) == SEARCH_KIND:  # one plan dict, plan["best"]
-        check_header(source, SEARCH_KIND, 1, "SBP plan", "re-run python -m autotune --out DIR", origin)
+        from autotune.sbp.plan import VERSION as SEARCH_VERSION
+        check_header(source, SEARCH_KIND, SEARCH_VERSION, "SBP plan", "re-run python -m autotune --out DIR", origin)
         return TypedPlan.from_search(source, (), origin)
     return TypedPlan.from_dict(source, origin)
