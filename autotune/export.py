@@ -323,3 +323,16 @@ def export(pf: PlanFile, target: str, which: str = "best") -> Export:
         figures = {"strategy": near.get("strategy", ""), **{k: t.get(k) for k in ("step_s", "total_s", "memory_bytes")},
                    "fits_memory": t.get("fits_memory", True)}
     return Export(target, plan.get("strategy", ""), lo, RENDER[target](lo), tuple(cannot), figures)
+
+
+def next_steps(plan_path, plan: dict) -> list[str]:
+    """How to use a written plan: apply it in a training script, export it, measure it (the last
+    lines of ``python -m autotune`` and the report's plan section)."""
+    c = plan.get("cluster") or {}
+    nodes, gpus = c.get("nodes", 1), c.get("gpus_per_node", 1)
+    launch = f"torchrun --nproc-per-node {gpus}" if nodes == 1 else f"torchrun --nnodes {nodes} --nproc-per-node {gpus}"
+    return ["next steps:",
+            f"  apply it to your model:  autotune.apply(plan, model, mesh) in your training script "
+            f"(README: Apply a plan to your model)",
+            f"  export it:               python -m autotune export {plan_path} --to torchtitan|megatron",
+            f"  measure it:              {launch} -m autotune execute {plan_path}"]

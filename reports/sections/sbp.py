@@ -111,6 +111,7 @@ def _convergence_fig(traces: dict, optimum: float):
 
 
 def build(paths: list[Path]) -> list[Section]:
+    from autotune.export import next_steps
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
     for path in paths:
@@ -133,6 +134,9 @@ def build(paths: list[Path]) -> list[Section]:
             _layers(best), "x: how often the layer repeats (tied SBP). Placements per DeviceMesh dimension "
                            "(node parts first), as PyTorch DTensor and as OneFlow's nd-SBP write them.")
         sec.heading("Redistribution between layers").table(_edges(best))
+        sec.heading("Next steps")
+        for line in next_steps(path, best)[1:]:
+            sec.text(line.strip())
         if pf.traces:
             opt = min(min((x[1] for x in t), default=float("inf")) for t in pf.traces.values())
             sec.heading("Search convergence")
