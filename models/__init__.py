@@ -5,6 +5,6 @@
     load_model("path/to/model.json")             # {"kind": "gpt", "hidden": ..., ...}
 """
 from models.graph import Layer, LayerGraph
-from models.loader import FIELDS, load_model, model_kinds, presets
+from models.loader import CHOICES, FIELDS, HELP, load_model, model_kinds, presets
 
-__all__ = ["Layer", "LayerGraph", "FIELDS", "load_model", "model_kinds", "presets"]
+__all__ = ["Layer", "LayerGraph", "CHOICES", "FIELDS", "HELP", "load_model", "model_kinds", "presets"]
