@@ -36,6 +36,7 @@ import math
 
 from calibrate.errors import OptionError, UserError
 from calibrate.optional import require_torch
+from models.transformer import FAMILIES, TransformerConfig
 
 torch = require_torch()
 from torch import nn  # noqa: E402
@@ -48,34 +49,13 @@ INIT_STD = 0.02
 
 
 def family_config(cfg: dict) -> dict:
-    """The transformer config with the contract's defaults filled in (kind "gpt" or "llama")."""
+    """The transformer config with its family's defaults filled in (``models.transformer``: the same
+    fields and checks as the layer graph; ``kind`` "gpt" unless given)."""
     kind = cfg.get("kind", "gpt")
-    if kind not in ("gpt", "llama"):
-        raise UserError(f"the reference modules build gpt and llama models, not {kind!r}: "
-                        f"pass your own module (--module package.module:factory)")
-    gpt = kind == "gpt"
-    if not gpt and "ffn" not in cfg:
-        raise UserError("a llama model needs the field 'ffn' (SwiGLU width): add it to the model config")
-    out = dict(cfg, kind=kind)
-    out.setdefault("kv_heads", cfg["heads"])
-    out.setdefault("head_dim", cfg["hidden"] // cfg["heads"])
-    out.setdefault("ffn", 4 * cfg["hidden"])
-    out.setdefault("tied", gpt)
-    out.setdefault("attention", "flash")
-    out.setdefault("residual", True)
-    out.setdefault("norm", "layernorm" if gpt else "rmsnorm")
-    out.setdefault("mlp", "gelu" if gpt else "swiglu")
-    out.setdefault("positions", "learned" if gpt else "rotary")
-    out.setdefault("bias", gpt)
-    out.setdefault("qkv_bias", out["bias"] if gpt else False)
-    out.setdefault("max_positions", cfg["sequence"])
-    if out["heads"] % out["kv_heads"]:
-        raise UserError(f"heads {out['heads']} is not a multiple of kv_heads {out['kv_heads']}: change one of them")
-    for key, allowed in (("attention", ("flash", "naive")), ("norm", ("layernorm", "rmsnorm")),
-                         ("mlp", ("gelu", "swiglu")), ("positions", ("learned", "rotary"))):
-        if out[key] not in allowed:
-            raise UserError(f"model field {key!r} is {out[key]!r}: use one of {', '.join(allowed)}")
-    return out
+    if kind not in FAMILIES:
+        raise UserError(f"the reference modules build {' and '.join(FAMILIES)} models, not {kind!r}: "
+                        f"pass your own module (package.module:factory)")
+    return TransformerConfig.from_fields(kind, {k: v for k, v in cfg.items() if k != "kind"}, "model config").fields()
 
 
 def rotate(x, cos, sin):
@@ -136,7 +116,8 @@ class Residual(nn.Module):
 def _norm(c: dict):
     if c["norm"] == "rmsnorm":
         return nn.RMSNorm(c["hidden"], eps=1e-5)
-    return nn.LayerNorm(c["hidden"], eps=1e-5, bias=c["bias"])
+    # without the residual stream (the AutoDDL graph) LayerNorms keep their shift, as AutoDDL counts them
+    return nn.LayerNorm(c["hidden"], eps=1e-5, bias=c["bias"] or not c["residual"])
 
 
 class Block(nn.Module):

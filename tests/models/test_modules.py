@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from calibrate.errors import OptionError, UserError  # noqa: E402
-from models import load_model, model_kinds  # noqa: E402
+from models import load_model  # noqa: E402
+from models.transformer import build as build_graph  # noqa: E402
 from models.modules import build, family_config  # noqa: E402
 
 GPT = dict(kind="gpt", layers=2, hidden=16, heads=4, sequence=8, vocabulary=32, batch=4, micro_batch=2)
@@ -21,7 +22,7 @@ CONFIGS = {"gpt": GPT, "llama": LLAMA, "autoddl": AUTODDL, "qwen2": QWEN}
 def closed_form(cfg) -> int:
     c = family_config(cfg)
     h, hd, heads, kv, ffn, v = c["hidden"], c["head_dim"], c["heads"], c["kv_heads"], c["ffn"], c["vocabulary"]
-    norm = h * (2 if c["norm"] == "layernorm" and c["bias"] else 1)
+    norm = h * (2 if c["norm"] == "layernorm" and (c["bias"] or not c["residual"]) else 1)
     qkv = h * (heads + 2 * kv) * hd + c["qkv_bias"] * (heads + 2 * kv) * hd
     proj = heads * hd * h + c["bias"] * h
     up = 2 * ffn if c["mlp"] == "swiglu" else ffn
@@ -50,12 +51,24 @@ def test_shapes_and_closed_form_count(name):
     assert count(model) == closed_form(cfg)
 
 
+TINY = dict(layers=2, hidden=32, heads=4, sequence=8, vocabulary=64, batch=4, micro_batch=2, max_positions=8)
+
+
+@pytest.mark.parametrize("kind,preset,extra", [
+    ("gpt", "gpt2", {}), ("gpt", "autoddl-gcp-small", {}), ("gpt", "gpt3-1.3b", {}),
+    ("llama", "llama3-8b", {"kv_heads": 2, "ffn": 48, "head_dim": 8}), ("llama", "mistral-7b", {"kv_heads": 2, "ffn": 48, "head_dim": 8}),
+    ("llama", "qwen2.5-7b", {"kv_heads": 2, "ffn": 48, "head_dim": 8}),
+])
+def test_count_matches_the_layer_graph(kind, preset, extra):
+    graph = load_model(kind, preset, {**TINY, **extra})
+    cfg = dict(graph.config, kind=graph.model)
+    assert count(build(cfg)) == graph.parameters()
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_count_matches_the_layer_graph(name):
-    if "llama" not in model_kinds():
-        pytest.skip("the layer graph of the transformer family (models.transformer) has not landed")
+def test_count_matches_the_layer_graph_of_the_config(name):
     cfg = CONFIGS[name]
-    graph = load_model(cfg["kind"], None, {k: v for k, v in cfg.items() if k != "kind"})
+    graph = build_graph(cfg["kind"], {k: v for k, v in cfg.items() if k != "kind"})
     assert count(build(cfg)) == graph.parameters()
 
 
