@@ -99,9 +99,11 @@ def load_model(model: str, preset: str | None = None, overrides: dict | None = N
         if isinstance(cfg, dict) and is_hf_config(cfg):
             hf = read_hf(cfg, origin)
             return BUILDERS[hf.kind](validate(hf.kind, hf.config(overrides), origin))
-        if not isinstance(cfg, dict) or cfg.get("kind") not in BUILDERS:
+        if not isinstance(cfg, dict) or "kind" not in cfg:
             raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}, "
                             f"or is a Hugging Face config.json (with \"architectures\")")
+        if cfg["kind"] not in BUILDERS:
+            raise UserError(f"{origin}: unknown kind {cfg['kind']!r}; use one of {', '.join(model_kinds())}")
         kind = cfg["kind"]
     else:
         kind = model

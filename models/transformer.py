@@ -7,7 +7,11 @@ and Qwen2 (a QKV bias) are Llama configs.
 
 Chain per block with the residual stream: ln1, qkv, attention, proj, residual, ln2, fc1,
 (gelu | swiglu), fc2, residual; the whole chain: embedding, the blocks, ln_f, logits, loss.
-The residual layer is one layer tied across the model (see models/graph.py). Without the
+The residual layer is one layer tied across the model (see models/graph.py). The attention's
+input, the fused QKV of (heads + 2 kv_heads) x head_dim columns, is laid out head group by head
+group (each KV head followed by its query heads), so a split along features in whole
+groups keeps heads whole; swiglu's input, fc1's fused [gate, up], interleaves them column by
+column (2j gate j, 2j + 1 up j), so any even split keeps pairs. Without the
 residual stream ("residual": false, the AutoDDL graph) a block is ln1, qkv, attention, proj,
 ln2, fc1, gelu, fc2, its layers leave out dims at their absent value, and its LayerNorms keep
 their shift whatever ``bias`` says (AutoDDL's model counts it), so the AutoDDL presets build
@@ -70,7 +74,7 @@ HELP: dict[str, str] = {
     "batch": "sequences per step (global batch)",
     "micro_batch": "sequences per micro-batch (divides batch)",
     "kv_heads": "key/value heads, dividing heads (grouped-query attention; default heads)",
-    "head_dim": "width of a head (default hidden / heads)",
+    "head_dim": "width of a head (gpt, llama: default hidden / heads)",
     "ffn": "MLP inner width (gpt default 4 x hidden; llama: required)",
     "act_bytes": "bytes per activation element: 2 (bf16/fp16 mixed precision, default) or 4 (fp32)",
     "tied": "logits share the embedding's weight (gpt default true, llama false)",
@@ -214,7 +218,7 @@ def build_transformer(c: TransformerConfig, meta: dict | None = None) -> LayerGr
     if c.residual:
         residual = L("residual", "residual", tokens=t, hidden=h)
         layers = head + branch + [residual] + mlp + tail
-        r = layers.index(residual)
+        r = len(head) + len(branch)
         block = list(range(1, r + 1)) + list(range(r + 1, r + 1 + len(mlp))) + [r]
         skips = [(0, r)]
     else:
