@@ -266,17 +266,17 @@ def _check_heads(lay: LayerPlan, mods, plan: TypedPlan, where: str) -> None:
 
 
 # --- activations --------------------------------------------------------------------------------------
-def _act(fine, t) -> tuple[tuple, tuple]:
+def _act(fine, t, whole: bool = True) -> tuple[tuple, tuple]:
     """(forward, gradient) DTensor placements of plan placements ``fine`` on tensor ``t``: tokens are the
-    batch (dimension 0), features the last dimension; a tensor broadcast over the batch is replicated there
-    and its gradient partial."""
+    batch (dimension 0), features the last dimension; a whole tensor (``whole``: not a local piece) broadcast
+    over the batch (no batch dimension, or one of 1) is replicated there and its gradient partial."""
     fwd, grad = [], []
     for p in fine:
         if p == B:
             fwd.append(Replicate()), grad.append(Replicate())
-        elif p == P:
-            fwd.append(Partial()), grad.append(Partial())
-        elif split_dim(p) == 0 and (t.dim() < 3 or t.shape[0] == 1):
+        elif p == P:  # the gradient of a partial sum is whole on every device (DTensor's convention)
+            fwd.append(Partial()), grad.append(Replicate())
+        elif split_dim(p) == 0 and whole and (t.dim() < 3 or t.shape[0] == 1):
             fwd.append(Replicate()), grad.append(Partial())
         else:
             s = Shard(0) if split_dim(p) == 0 else Shard(t.dim() - 1)
@@ -300,13 +300,38 @@ def _check_divides(shape, placements, mesh, where: str) -> None:
                             f"the plan says: use a (micro-)batch that the plan's data split divides")
 
 
+class _ToPartial(torch.autograd.Function):
+    """Replicate -> Partial on ``axes`` on a local piece: the value kept on coordinate 0 of those axes, zeros
+    elsewhere. The gradient of a partial sum is whole on every device (DTensor's convention for Partial), as
+    is the gradient of the replicated input: the backward passes it on."""
+
+    @staticmethod
+    def forward(ctx, y, coords, axes):
+        return torch.zeros_like(y) if any(coords[a] != 0 for a in axes) else y.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None
+
+
 def _redistribute(x, mesh, placements):
-    """DTensor's redistribute, through Replicate where a target is Partial (from Shard it has no path)."""
-    if any(isinstance(p, Partial) for p in placements) and x.placements != tuple(placements):
-        mid = tuple(Replicate() if isinstance(p, Partial) and not isinstance(q, Partial) else p
-                    for p, q in zip(placements, x.placements))
-        x = x.redistribute(mesh, mid)
-    return x.redistribute(mesh, placements)
+    """``x`` in ``placements``: DTensor's redistribute, with a partial sum (the embedding's masked one) reduced
+    first and a Replicate -> Partial (DTensor's public redistribute has none) done by ``_ToPartial``."""
+    dst = tuple(placements)
+    if x.placements == dst:
+        return x
+    if any(isinstance(p, Partial) and type(p) is not Partial for p in x.placements):
+        x = x.redistribute(mesh, [Replicate() if isinstance(p, Partial) and type(p) is not Partial else p
+                                  for p in x.placements])
+    zero = tuple(a for a, (s, d) in enumerate(zip(x.placements, dst)) if isinstance(d, Partial) and
+                 not isinstance(s, Partial))
+    if not zero:
+        return x.redistribute(mesh, dst)
+    mid = tuple(Replicate() if a in zero else d for a, d in enumerate(dst))
+    y = x.redistribute(mesh, mid)
+    shape, stride = tuple(y.shape), tuple(y.stride())
+    z = _ToPartial.apply(y.to_local(), mesh.get_coordinate(), zero)
+    return DTensor.from_local(z, mesh, dst, run_check=False, shape=shape, stride=stride)
 
 
 def _handoffs(chain: list[Site]) -> list[tuple | None]:
@@ -324,6 +349,10 @@ def _handoffs(chain: list[Site]) -> list[tuple | None]:
             out.append(prev.layer.output)
         elif residual is not None and site.layer.name == first:
             out.append(residual.input)
+        elif i + 1 < len(chain) and chain[i + 1].layer.kind == "attention" and site.layer.input is not None:
+            # inline attention code shapes its output by its input's batch: hand it the attention's batch split
+            att = chain[i + 1].layer.input
+            out.append(tuple("S0" if a == "S0" else B if q == "S0" else q for q, a in zip(site.layer.input, att)))
         else:
             out.append(site.layer.input)
     return out
@@ -351,7 +380,7 @@ def _pre(module, args, kwargs, *, mesh, arrive, want, where):
         return None
     if arrive is None or not x.is_floating_point():  # token or position ids: replicated
         return (DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False),) + args[1:], kwargs
-    src, _ = _act(arrive, x)
+    src, _ = _act(arrive, x, whole=False)
     shape = _global_shape(x, src, mesh)
     X = DTensor.from_local(x, mesh, src, run_check=False, shape=shape, stride=_stride(shape))
     dst, _ = _act(want, X) if want is not None else (src, None)
