@@ -26,6 +26,8 @@ Layouts that keep a plan's splits whole:
   keeps pairs and ``fc1`` is column-parallel like GELU's ``fc1`` (chosen over separate gate and
   up Linears: one weight per plan layer, the one the plan prices).
 
+``plan_mapping`` is the mapping of plan layers to these names that ``autotune.apply`` takes.
+
 Recomputation (the plan's ``recompute``): "full" re-runs each block's forward in the backward pass
 (``torch.utils.checkpoint`` around each block: only the block's input is kept), "selective" only
 the attention core (the probabilities or the flash kernel's inputs).
@@ -172,6 +174,13 @@ class Transformer(nn.Module):
         self.loss = nn.CrossEntropyLoss()
         self.recompute = "none"
         self.set_recompute(recompute)
+
+    @property
+    def plan_mapping(self) -> dict:
+        """Plan layer -> module name pattern, for ``autotune.apply(plan, model, mapping=model.plan_mapping)``."""
+        out = {"embedding": ["embedding", "positions"] if self.positions is not None else "embedding",
+               **{name: f"blocks.*.{name}" for name in ("ln1", "qkv", "proj", "ln2", "fc1", "fc2")}}
+        return dict(out, ln_f="ln_f", logits="logits")
 
     def set_recompute(self, mode: str) -> None:
         if mode not in RECOMPUTE:
