@@ -332,7 +332,7 @@ def next_steps(plan_path, plan: dict) -> list[str]:
     nodes, gpus = c.get("nodes", 1), c.get("gpus_per_node", 1)
     launch = f"torchrun --nproc-per-node {gpus}" if nodes == 1 else f"torchrun --nnodes {nodes} --nproc-per-node {gpus}"
     return ["next steps:",
-            f"  apply it to your model:  autotune.apply(plan, model, mesh) in your training script "
+            f"  apply it to your model:  model = autotune.apply(\"{plan_path}\", model) in your training script "
             f"(README: Apply a plan to your model)",
             f"  export it:               python -m autotune export {plan_path} --to torchtitan|megatron",
             f"  measure it:              {launch} -m autotune execute {plan_path}"]

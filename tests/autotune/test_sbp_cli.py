@@ -28,7 +28,7 @@ def test_cli_writes_plan_and_report(tmp_path, capsys):
     assert "Search convergence" in html and "<svg" in html
     export = f"python -m autotune export {tmp_path / 'plan.json'} --to torchtitan|megatron"
     assert out.rstrip().endswith(f"torchrun --nnodes 2 --nproc-per-node 2 -m autotune execute {tmp_path / 'plan.json'}")
-    assert export in out and "autotune.apply(plan, model, mesh)" in out and "Next steps" in html and export in html
+    assert export in out and f'model = autotune.apply("{tmp_path / "plan.json"}", model)' in out and "Next steps" in html and export in html
 
 
 @pytest.mark.parametrize("args,msg", [
