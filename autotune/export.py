@@ -47,7 +47,7 @@ from autotune.sbp.sbp import B, is_split, parse, split_dim
 
 TARGETS = ("torchtitan", "megatron")
 # baselines that a framework runs as they are (by the start of their strategy name)
-EXPRESSIBLE = ("data parallel", "megatron", "fsdp", "tp+fsdp", "zero")
+EXPRESSIBLE = ("data parallel", "megatron", "fsdp", "hsdp", "tp+fsdp")
 RECOMPUTE = ("none", "selective", "full")
 NORMS = ("layernorm", "rmsnorm")
 
