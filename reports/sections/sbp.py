@@ -108,6 +108,7 @@ def _convergence_fig(traces: dict, optimum: float):
 
 
 def build(paths: list[Path]) -> list[Section]:
+    from autotune.export import next_steps
     from autotune.plan import TypedPlan
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
@@ -134,6 +135,9 @@ def build(paths: list[Path]) -> list[Section]:
                                   f"DeviceMesh {'x'.join(map(str, typed.mesh.sizes))} "
                                   f"({', '.join(typed.mesh.names)}; node axes first), as PyTorch DTensor writes them.")
         sec.heading("Redistribution between layers").table(_edges(best))
+        sec.heading("Next steps")
+        for line in next_steps(path, best)[1:]:
+            sec.text(line.strip())
         if pf.traces:
             opt = min(min((x[1] for x in t), default=float("inf")) for t in pf.traces.values())
             sec.heading("Search convergence")
