@@ -53,7 +53,7 @@ def unavailable() -> str | None:
     """Why namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN): run the test as root"
-    for tool in ("ip", "tc", "unshare"):
+    for tool in ("ip", "tc", "unshare", "nsenter"):
         if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
             return f"{tool} is not installed: apt-get install iproute2 util-linux"
     probe = f"{PREFIX}{os.getpid()}probe"
@@ -147,9 +147,11 @@ class NetnsCluster:
         return self.pair_rate_mbit.get((min(i, j), max(i, j)), self.rate_mbit)
 
     def enter(self, i: int) -> list[str]:
-        """argv prefix: run the rest in node i's network namespace under its hostname."""
-        return ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "sh", "-c",
-                f'hostname {self.hostname(i)} && exec "$@"', self.hostname(i)]
+        """argv prefix: run the rest in node i's network namespace, under its hostname (a fresh UTS
+        namespace) with its /etc/hosts (a private mount namespace; /sys and cgroups stay the machine's)."""
+        hosts = ETC_NETNS / self.ns(i) / "hosts"
+        return ["nsenter", f"--net={NETNS_DIR / self.ns(i)}", "unshare", "--uts", "--mount", "sh", "-c",
+                f'mount --bind {hosts} /etc/hosts && hostname {self.hostname(i)} && exec "$@"', self.hostname(i)]
 
     # ---- life --------------------------------------------------------------------------
     def start(self) -> "NetnsCluster":
@@ -170,7 +172,7 @@ class NetnsCluster:
         for i in range(self.nodes):
             ns = self.ns(i)
             _ip("netns", "add", ns)
-            # ip netns exec bind-mounts /etc/netns/<ns>/hosts over /etc/hosts: node names resolve
+            # node names resolve inside the nodes (enter binds it over /etc/hosts, as ip netns exec does)
             (ETC_NETNS / ns).mkdir(parents=True, exist_ok=True)
             (ETC_NETNS / ns / "hosts").write_text(hosts)
             _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
