@@ -125,3 +125,12 @@ def test_loader_refuses_bad_records(tmp_path, edit, msg):
 def test_config_refuses_bad_values(field, value, msg):
     with pytest.raises(UserError, match=msg):
         HealthConfig(**{field: value}).check()
+
+
+def test_report_section_draws_the_pair_heat_map(tmp_path):
+    from reports.sections import builder
+
+    path = record().save(tmp_path / "h.json")
+    (sec,) = builder("commtune.health")([path])
+    html = "".join(sec.blocks)
+    assert html.count("<svg") == 1 and "node1-node2" in html and "25%" in html
