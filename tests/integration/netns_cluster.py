@@ -88,7 +88,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _kill_in(ns: str) -> None:
+def kill_namespace(ns: str) -> None:
     """SIGKILL the processes left in namespace ``ns`` (every one was started into it by a cluster)."""
     r = _ip("netns", "pids", ns, check=False)
     for pid in r.stdout.split():
@@ -99,7 +99,7 @@ def _kill_in(ns: str) -> None:
 
 
 def _delete(ns: str) -> None:
-    _kill_in(ns)
+    kill_namespace(ns)
     _ip("netns", "del", ns, check=False)
     shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
 

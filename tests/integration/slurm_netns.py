@@ -53,7 +53,9 @@ def slurm_conf(root: Path, user: str, cluster: NetnsCluster) -> str:
         "SchedulerType=sched/builtin",
         "ReturnToService=2",
         "MinJobAge=4",
-        # a node whose slurmd dies is declared down after 20 s, and its job fails
+        # a node whose slurmd dies is declared down after 20 s, and its job fails (not requeued: the
+        # user resubmits with the same RESULTS)
+        "JobRequeue=0",
         "SlurmdTimeout=20",
         "MessageTimeout=5",
         "KillWait=5",
@@ -93,8 +95,11 @@ class MultiNodeSlurm:
         self._spawn("slurmctld", self.cluster.enter(0) + [_which("slurmctld"), "-D", "-i", "-f", str(conf)])
         for i in range(self.cluster.nodes):
             self.start_slurmd(i)
-        self._wait(self.all_idle, "every node idle", timeout)
+        self.wait_idle(timeout)
         return self
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        self._wait(self.all_idle, "every node idle", timeout)
 
     def start_slurmd(self, i: int) -> None:
         self._spawn(f"slurmd-{i}", self.cluster.enter(i) + [_which("slurmd"), "-D", "-f", str(self.root / "slurm.conf")])
