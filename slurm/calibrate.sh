@@ -161,9 +161,10 @@ case "$LAUNCHER" in
     srun)
         [[ -n "${SLURM_JOB_ID:-}" ]] || die "LAUNCHER=srun needs a Slurm allocation: submit with sbatch or set LAUNCHER=mpiexec"
         plugin=$(srun_mpi_plugin)
-        # a task that fails ends the step, and the others follow within 30 s: no rank waits forever
-        launch=(srun --kill-on-bad-exit=1 --wait=30)
+        launch=(srun)
         [[ "$plugin" != none ]] && launch+=(--mpi="$plugin")
+        # a task that fails ends the step, and the others follow within 30 s: no rank waits forever
+        launch+=(--kill-on-bad-exit=1 --wait=30)
         ;;
     mpiexec)
         if [[ -z "${MPIEXEC:-}" ]]; then
