@@ -19,7 +19,8 @@ Measurements (``measure``, every rank of an MPI job, the same ranks on every nod
   slows only rings in which the two are neighbours: that is what ``pairs`` is for.
 
 A time is an outlier when it is more than ``slow`` times the typical one (the
-median of its kind, with at least 3 of them; else the profile's expected time).
+median of its kind, with at least 3 of them; else the profile's expected time)
+and above the profile's expected time.
 The suspects (``suspects``): a node whose every pair is slow (with 3 nodes or
 more), each other slow pair, each slow rank, each smallest slow group of the
 halving search. ``fraction`` = expected / measured: the share of the profile's
@@ -118,13 +119,15 @@ def round_robin(n: int) -> list[list[tuple[int, int]]]:
 
 
 def flag_outliers(items: list[Timed], slow: float) -> None:
-    """Mark the items slower than ``slow`` times the typical: the median of their times with 3 or more,
-    else each one's expected time."""
+    """Mark the items slower than ``slow`` times the typical (the median of their times with 3 or more,
+    else each one's expected time) that are also slower than the profile expects: an item that delivers
+    the profile's bandwidth is not suspect, however much faster its peers happen to be."""
     if not items:
         return
     typical = statistics.median(t.measured_s for t in items) if len(items) >= 3 else None
     for t in items:
-        t.slow = t.measured_s > slow * (typical if typical is not None else t.expected_s)
+        t.slow = t.measured_s > slow * (typical if typical is not None else t.expected_s) \
+            and t.measured_s > t.expected_s
 
 
 def halving(nodes: list[int], measure: Callable[[list[list[int]]], list[float]],

@@ -81,6 +81,9 @@ def test_outliers_against_the_median_or_with_fewer_than_three_against_the_profil
     flag_outliers(two, 1.5)
     assert [t.slow for t in two] == [False, True]
     assert two[1].fraction == pytest.approx(1 / 1.6)
+    fast = [Timed(str(i), ["h"], t, 10.0) for i, t in enumerate([1.0, 1.0, 1.0, 2.0])]
+    flag_outliers(fast, 1.5)
+    assert not any(t.slow for t in fast)  # twice its peers' time, yet five times faster than profiled
 
 
 def record():

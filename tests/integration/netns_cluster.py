@@ -36,7 +36,8 @@ PREFIX = "ctmn"
 NETNS_DIR = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
 SUBNET = "10.251.0"
-MTU = 9000  # private, and only inside this cluster's namespaces
+MTU = 9000
+LATENCY = "100ms"  # tbf's queue, in time at the rate  # private, and only inside this cluster's namespaces
 _serial = itertools.count()
 
 
@@ -188,6 +189,9 @@ class NetnsCluster:
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "mtu", str(MTU), "up")
+            # a lost segment is sent again after 5 ms, not Linux's 200 ms minimum: a data centre's RTO,
+            # for a link whose round trip is well under a millisecond when its queue is empty
+            _ip("-n", ns, "route", "replace", f"{SUBNET}.0/24", "dev", "eth0", "rto_min", "5ms")
             self._shape(i)
         self._wait_reachable()
 
@@ -202,10 +206,17 @@ class NetnsCluster:
             _tc(ns, "class", "add", "dev", "eth0", "parent", "1:", "classid", f"1:{cls}", "htb",
                 "rate", "100gbit", "quantum", "65536")
             _tc(ns, "qdisc", "add", "dev", "eth0", "parent", f"1:{cls}", "handle", f"{cls + 10}:", "tbf",
-                "rate", f"{mbit}mbit", "burst", str(_burst(mbit)), "latency", "100ms")
+                "rate", f"{mbit}mbit", "burst", str(_burst(mbit)), "latency", LATENCY)
             if j is not None:
-                _tc(ns, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                _tc(ns, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "2", "u32",
                     "match", "ip", "dst", f"{self.addr(j)}/32", "flowid", f"1:{cls}")
+        # TCP's bare ACKs (IP header of 5 words, under 64 bytes, flags ACK only) take class 1:1, beside the
+        # data: behind a queue of data they would stretch the round trip of the flow coming the other way
+        # (two nodes exchanging at once each reached half the rate)
+        _tc(ns, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+            "match", "ip", "protocol", "6", "0xff", "match", "u8", "0x05", "0x0f", "at", "0",
+            "match", "u16", "0x0000", "0xffc0", "at", "2", "match", "u8", "0x10", "0xff", "at", "33",
+            "flowid", "1:1")
 
     def set_rates(self, rate_mbit: float, pair_rate_mbit: dict[tuple[int, int], float] | None = None) -> None:
         """Reshape every link of the running cluster (tc change of each tbf)."""
@@ -215,7 +226,7 @@ class NetnsCluster:
             for cls, j in [(1, None)] + [(k + 2, j) for k, j in enumerate(peers)]:
                 mbit = self.rate_mbit if j is None else self.rate(i, j)
                 _tc(self.ns(i), "qdisc", "change", "dev", "eth0", "parent", f"1:{cls}", "handle", f"{cls + 10}:",
-                    "tbf", "rate", f"{mbit}mbit", "burst", str(_burst(mbit)), "latency", "100ms")
+                    "tbf", "rate", f"{mbit}mbit", "burst", str(_burst(mbit)), "latency", LATENCY)
 
     def _wait_reachable(self, timeout: float = 20.0) -> None:
         """Until node0 reaches every other node: a TCP connect to a closed port is refused once it does."""
