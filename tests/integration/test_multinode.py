@@ -176,10 +176,17 @@ def srun(slurm: MultiNodeSlurm, nodes: int, argv: list[str], cwd: Path, timeout:
     cmd = ["srun", f"--nodes={nodes}", f"--nodelist={','.join(f'node{i}' for i in range(nodes))}",
            f"--ntasks-per-node={PER_NODE}", "--overcommit", "--mpi=pmi2", "--kill-on-bad-exit=1", "--wait=30",
            f"--time={max(1, int(timeout) // 60)}", "timeout", str(int(timeout)), sys.executable, "-m", *argv]
-    try:
-        return slurm.run(cmd, timeout=timeout + 30, cwd=cwd, extra_env={"PYTHONPATH": str(REPO), **MPI_ENV})
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{' '.join(argv)} ran past {timeout} s:\n{slurm.logs()}")
+    for attempt in (1, 2):
+        try:
+            r = slurm.run(cmd, timeout=timeout + 30, cwd=cwd, extra_env={"PYTHONPATH": str(REPO), **MPI_ENV})
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{' '.join(argv)} ran past {timeout} s:\n{slurm.logs()}")
+        # UCX's address exchange inside MPI_Init failed once in 8 steps here ("failed to unpack address,
+        # invalid bandwidth 0.00"; reports/records/integration.md): that step alone is started again
+        if r.returncode == 0 or "MPI_Init_thread" not in r.stderr or attempt == 2:
+            return r
+        print(f"MPI_Init failed across the namespaces, starting the step again:\n{r.stderr[-2000:]}")
+    return r
 
 
 def test_plans_across_nodes_cost_as_predicted(slurm, calibrated, tmp_path):
