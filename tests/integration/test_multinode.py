@@ -45,7 +45,7 @@ STEP_TIMEOUT_S = 120
 # between all ranks of the machine, whatever their hostname); within a node MPICH's shared memory.
 # UCX's rendezvous over TCP took twice the link's time for two 2 MiB exchanges at once through one
 # link (1 MiB: the link's time): eager sends up to 128 MiB (above every size here) keep MPI on the
-# link's rate ("inf" made autotune validate's MPI_Init fail in UCX's address exchange, every time)
+# link's rate
 MPI_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "UCX_RNDV_THRESH": "128M"}
 # bandwidth dominates from 512 KiB at these rates (alpha ~1 ms, 512 KiB ~ 70 ms); each size timed in
 # 3 batches of one call after one warm-up call (the median of 3): few bytes through the slow link
