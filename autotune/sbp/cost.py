@@ -266,6 +266,10 @@ class Problem:
             modes[mode] = out
         return out
 
+    def mode_problems(self) -> list["Problem"]:
+        """This problem and every mode made from it (``with_mode``) so far."""
+        return list(self._shared.get("modes", {self.mode: self}).values())
+
     @property
     def memory_limit(self) -> float | None:
         """What the searches constrain the per-layer sum to: the device's limit less the workspace reserve."""

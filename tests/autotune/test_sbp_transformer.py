@@ -374,11 +374,18 @@ def test_modes_search_picks_a_mode_that_fits_where_the_plain_one_cannot():
     pr = problem(g, Cluster(1, 4), limit, mode=Mode())
     pr_none = pr.fits
 
-    def run(p, start):
+    def run(p, start, share=1.0):
         return make_search("cd").run(p, Budget(patience=2), np.random.default_rng(0), start)
     got, res = search_modes(pr, run)
     assert not pr_none and res is not None and got.fits_plan(res.assignment)
     assert got.mode.recompute != "none" or got.mode.fsdp_axes is not None
+
+
+def test_modes_cover_fsdp_over_every_axis_the_intra_node_and_the_node_axes():
+    from autotune.sbp.fit import sharding_modes
+    pr = problem(contract_graph(), Cluster(2, 4))  # fine axes: node 2, GPUs 2 x 2
+    assert sharding_modes(pr) == [None, (0, 1, 2), (1, 2), (0,)]
+    assert sharding_modes(problem(contract_graph(), Cluster(1, 4))) == [None, (0, 1)]
 
 
 def test_baselines_users_pick_are_present_each_with_its_row():

@@ -16,14 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from calibrate.cli import command_parser, message
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
-from models import CHOICES, FIELDS, HELP, load_model, model_kinds, presets
+from models import CHOICES, FIELDS, HELP, load_model, model_kinds
+from models.loader import presets as kind_presets  # models.presets is also the presets' package
 
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
-from autotune.sbp.fit import search_fitting, search_modes
+from autotune.sbp.fit import scaled, search_fitting, search_modes
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import PlanFile, build_plan, plan_title, summary_lines
 from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
@@ -51,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
                     help=f"model kind ({', '.join(model_kinds())}), or a file (a name ending in .json or holding a "
                          f"path separator): a model JSON or a Hugging Face config.json (default gpt)")
     ap.add_argument("--preset", help="preset of the model kind (default: the kind's default, first below): " + "; ".join(
-        f"{kind}: {', '.join([presets(kind)[0]] + [n for n in presets(kind)[1] if n != presets(kind)[0]])}"
+        f"{kind}: {', '.join([kind_presets(kind)[0]] + [n for n in kind_presets(kind)[1] if n != kind_presets(kind)[0]])}"
         for kind in model_kinds()))
     ap.add_argument("--nodes", type=int, default=None, help=f"nodes (default {DEFAULT_NODES})")
     ap.add_argument("--gpus-per-node", type=int, default=None, help=f"GPUs per node (default {DEFAULT_GPUS})")
@@ -205,19 +206,22 @@ def main(argv=None, report=None) -> int:
     print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
     t0 = time.perf_counter()
     coster = Coster(profile, cluster)
-    problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective)
+    problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective, require_fit=False)
     mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
 
-    def run(pr, start):
-        return run_search(pr, args.search, budget, args.seed, start)
+    def run(pr, start, share=1.0):
+        return run_search(pr, args.search, scaled(budget or auto_budget(pr), share), args.seed, start)
     if args.modes == "all":
         problem, best = search_modes(problem, run, warm, progress)
     else:
+        problem.require_fit()
         best = search_fitting(problem, run, warm)
-    if best is None:
-        raise UserError(f"no plan fits {limit / 2**30:.4g} GiB per device with its workspace: raise --memory-limit, "
-                        "add devices or shrink the micro-batch")
+    if best is None or not problem.fits_plan(best.assignment):
+        least = min(p.min_memory for p in plain.mode_problems())
+        raise OptionError("memory_limit", f"{limit / 2**30:.4g} GiB per device: no plan fits it with its workspace "
+                                          f"under any recomputation or FSDP, the smallest needs {least / 2**30:.4g} "
+                                          "GiB before its workspace; raise it, add devices or shrink the micro-batch")
     traces = {best.algorithm: best.trace}
     space = float(np.prod([float(n) for n in problem.sizes]))
     if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
