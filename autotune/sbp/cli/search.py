@@ -21,6 +21,7 @@ from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
 
+from autotune.export import next_steps
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
@@ -264,4 +265,5 @@ def main(argv=None, report=None) -> int:
     print(breakdown(plan))
     print("\n".join(summary_lines(plan, base, objective)))
     print(f"wrote {path}" + (f" and {rep}" if rep else ""))
+    print("\n".join(next_steps(path, plan)))
     return 0
