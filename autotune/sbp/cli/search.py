@@ -151,6 +151,22 @@ def memory_limit(profile, gib: float | None) -> tuple[float, str]:
     return DEFAULT_MEMORY_GIB * 2**30, " (default)"
 
 
+FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
+
+
+def floor(plan: dict, baselines: list[dict], objective: str) -> dict:
+    """The searched plan, or the cheapest baseline of ``FLOOR`` that fits where it is cheaper: the command
+    never returns a plan worse than a baseline users pick."""
+    key = "step_s" if objective == "step" else "total_s"
+    fit = [b for b in baselines if b["strategy"].startswith(FLOOR) and b["totals"]["fits_memory"] and key in b["totals"]
+           and b["totals"][key] < plan["totals"][key]]
+    if not plan["totals"]["fits_memory"] or not fit:
+        return plan if not fit else dict(min(fit, key=lambda b: b["totals"][key]))
+    b = min(fit, key=lambda b: b["totals"][key])
+    return dict(b, strategy=f"searched (the baseline {b['strategy']} is cheaper than the search's plan)",
+                search=dict(plan["search"], replaced_by=b["strategy"]))
+
+
 def breakdown(plan: dict) -> str:
     """The searched plan's memory per device by kind, its recomputation and sharding, in one line each."""
     m = plan["totals"]["memory"]
@@ -253,6 +269,7 @@ def main(argv=None, report=None) -> int:
     skipped: list[str] = []
     base = baseline_plans(plain, summa_problem, sb_problem,
                           lambda p: run_search(p, args.search, budget, args.seed), skipped)
+    plan = floor(plan, base, objective)
     pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
                   {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "wall_s": time.perf_counter() - t0, "objective": objective})
