@@ -411,3 +411,14 @@ def test_baselines_users_pick_are_present_each_with_its_row():
     # with room, the baselines fit and each is at its cheapest recomputation (none: nothing to save)
     roomy = baseline_plans(problem(g, Cluster(2, 2), 2.0**40), None, None, None)
     assert all(p["totals"]["fits_memory"] and p["recompute"] == "none" for p in roomy)
+
+
+def test_the_command_never_returns_a_plan_slower_than_a_fitting_baseline():
+    from autotune.sbp.cli.search import floor
+    plan = {"strategy": "searched (cd)", "totals": {"step_s": 2.0, "fits_memory": True}, "search": {}}
+    hsdp = {"strategy": "HSDP (sharded inside each node)", "totals": {"step_s": 1.5, "fits_memory": True}}
+    unfit = {"strategy": "FSDP", "totals": {"step_s": 1.0, "fits_memory": False}}
+    summa = {"strategy": "SUMMA 2D", "totals": {"step_s": 0.5, "fits_memory": True}}  # another problem's plan
+    got = floor(plan, [hsdp, unfit, summa], "step")
+    assert got["totals"]["step_s"] == 1.5 and got["search"]["replaced_by"] == hsdp["strategy"]
+    assert floor(dict(plan, totals={"step_s": 1.0, "fits_memory": True}), [hsdp], "step")["strategy"] == "searched (cd)"
