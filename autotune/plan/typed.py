@@ -170,7 +170,10 @@ class Costs:
                 raise _bad(where, f"no {key!r}")
         if not isinstance(d["fits_memory"], bool):
             raise _bad(f"{where}.fits_memory", f"{d['fits_memory']!r} is not true or false")
-        memory = {k: _number(v, f"{where}.memory.{k}") for k, v in _dict(d.get("memory", {}), f"{where}.memory").items()}
+        # the workspace may be negative: with one micro-batch, the gradients not yet made at the peak
+        # (autotune.sbp.memory.peak_workspace)
+        memory = {k: _number(v, f"{where}.memory.{k}", -math.inf if k == "workspace_bytes" else 0.0)
+                  for k, v in _dict(d.get("memory", {}), f"{where}.memory").items()}
         known = {"redistribution_s", "grad_sync_s", "total_s", "memory_bytes", "fits_memory", "memory"}
         extra = {k: _number(v, f"{where}.{k}") for k, v in d.items() if k not in known}
         return cls(*(_number(d[k], f"{where}.{k}") for k in ("redistribution_s", "grad_sync_s", "total_s",

@@ -124,8 +124,8 @@ def best_mesh(problem: Problem, make) -> tuple[list[int] | None, float, tuple | 
         if a is None:
             continue
         problem.evaluations += 1
-        mem = problem.peak_memory(a)
-        cost = problem.raw_cost(a) if problem.device_limit is None or mem <= problem.device_limit else math.inf
+        mem = problem.peak_memory(a) if problem.recipe == "autocast" else problem.memory_of(a)
+        cost = problem.raw_cost(a) if problem.fits_plan(a) else math.inf
         if cost < best_cost:
             best, best_cost, best_mesh_ = a, cost, m.sizes
         if mem < least_mem:

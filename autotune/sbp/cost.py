@@ -36,7 +36,7 @@ from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op, with_recipe
-from autotune.sbp.memory import (FIRST, INSIDE, NONE, OUTSIDE, PRECISION, Memory, Mode, fsdp_axes, grad_sync_axes,
+from autotune.sbp.memory import (FIRST, INSIDE, NONE, OUTSIDE, PRECISION, RECIPES, Memory, Mode, fsdp_axes, grad_sync_axes,
                                   held_elems, peak_workspace, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
                                    require_compute)
@@ -75,9 +75,9 @@ def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: M
 
 
 def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: Mode = NONE, role: str = OUTSIDE,
-           tied: bool = False) -> float:
+           tied: bool = False, recipe: str = "autocast") -> float:
     """Bytes per device of one occurrence of a layer (``autotune.sbp.memory`` says what is counted)."""
-    return strategy_memory(s, cluster, itemsize, mode, role, tied).total
+    return strategy_memory(s, cluster, itemsize, mode, role, tied, recipe).total
 
 
 def chain_roles(graph: LayerGraph) -> list[str]:
@@ -125,12 +125,18 @@ class Problem:
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
                  precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm",
-                 mode: Mode = NONE):
+                 mode: Mode = NONE, recipe: str = "autocast"):
         """``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
         without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal).
         ``objective``: "comm", seconds of communication per step (AutoDDL's), or "step", predicted step
         time (``autotune.sbp.steptime``; needs the profile's compute model). ``mode``: recomputation and
-        FSDP (``autotune.sbp.memory.Mode``)."""
+        FSDP (``autotune.sbp.memory.Mode``). ``recipe``: "autocast", the precision recipe users run (its
+        memory; a plan fits at its peak, workspace included), or "autoddl", the paper's (fp16 weights and
+        gradients with an fp32 master; a plan fits by the per-layer sum, as the paper's search checks it: the
+        AutoDDL reproduction's)."""
+        if recipe not in RECIPES:
+            raise UserError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
+        self.recipe = recipe
         if objective not in OBJECTIVES:
             raise UserError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
         self.objective = objective
@@ -237,7 +243,7 @@ class Problem:
             self.node = [c * (r + k) for c, r, k in zip(self.counts, self.node_redist, self.node_compute)]
             self.sync_tot = [c * g for c, g in zip(self.counts, self.node_sync)]
             self.bwd_tot = [c * b for c, b in zip(self.counts, self.node_bwd)]
-        self.mem = [c * np.array([memory(s, cl, ab, mode, self.roles[v], self.tied[v]) for s in ss])
+        self.mem = [c * np.array([memory(s, cl, ab, mode, self.roles[v], self.tied[v], self.recipe) for s in ss])
                     for v, (c, ss) in enumerate(zip(self.counts, self.choices))]
         self.min_memory = float(sum(m.min() for m in self.mem))
         self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
@@ -266,6 +272,10 @@ class Problem:
             modes[mode] = out
         return out
 
+    def mode_problems(self) -> list["Problem"]:
+        """This problem and every mode made from it (``with_mode``) so far."""
+        return list(self._shared.get("modes", {self.mode: self}).values())
+
     @property
     def memory_limit(self) -> float | None:
         """What the searches constrain the per-layer sum to: the device's limit less the workspace reserve."""
@@ -293,7 +303,7 @@ class Problem:
         out = Memory()
         for v, (i, c) in enumerate(zip(assign, self.counts)):
             s = self.choices[v][i]
-            m = strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v])
+            m = strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v], self.recipe)
             if self.tied[v] and self.embedding is not None:
                 saved = tied_saving(s, self.choices[self.embedding][assign[self.embedding]], self.cluster,
                                     self.act_bytes, self.mode)
@@ -309,8 +319,13 @@ class Problem:
         return self.memory_breakdown(assign).total
 
     def fits_plan(self, assign) -> bool:
-        """Whether a plan fits the device's memory limit at its peak (the one fit check of plans)."""
-        return self.device_limit is None or self.peak_memory(assign) <= self.device_limit
+        """Whether a plan fits the device's memory limit at its peak (the one fit check of plans; the "autoddl"
+        recipe: by the per-layer sum, the paper's)."""
+        if self.device_limit is None:
+            return True
+        if self.recipe == "autoddl":
+            return self.memory_of(assign) <= self.device_limit
+        return self.peak_memory(assign) <= self.device_limit
 
     @property
     def sizes(self) -> list[int]:

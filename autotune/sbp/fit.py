@@ -9,19 +9,20 @@ does not fit at its peak raises the reserve by what it overshot (at least to
 its workspace) and searches again, a few rounds at most. So the plan it returns
 fits by the same accounting as the baselines' (``Problem.fits_plan``).
 
-Modes (``search_modes``): recomputation (none / selective / full) and FSDP
-(none / over every axis) are ``Problem`` options (``Problem.with_mode``, strategies
-and boxing tables shared). The driver searches the plain mode first, then FSDP
-over every axis; recomputation modes only when the best plan so far is bound by
-memory (it needs more than ``BINDING`` of the limit) or nothing fit, since
-recomputation only adds work to a plan and pays off only by freeing memory for
-a faster one. Selective recomputation only where some attention materialises its
-probabilities (with flash attention it saves nothing), full only where the model
-has blocks. A mode is skipped, too, when a lower bound on its every plan's cost,
-with no memory limit (``lower_bound``: one dynamic program over the additive part
-plus, under the step objective, the first layer's sync F, as max(S - W, F) >= F),
-is no cheaper than the best plan so far. Every later mode starts from the best plan
-so far (same strategy indices). The plan kept is the cheapest that fits.
+Modes (``search_modes``): recomputation (none / selective / full) and FSDP (none /
+over every axis / over the intra-node axes, HSDP's / over the node axes, TP+FSDP's)
+are ``Problem`` options (``Problem.with_mode``, strategies and boxing tables shared).
+The driver searches the plain mode first on the full budget, then every other mode
+that has a plan within the memory limit, cheapest lower bound first, on a
+``SHARE`` of the budget and warm-started from the best plan so far (same strategy
+indices); a mode is skipped when a lower bound on its every plan's cost is no
+cheaper than the best plan so far (``lower_bound``: with no memory limit, one
+dynamic program over the additive part plus, under the step objective, the first
+layer's sync F, as max(S - W, F) >= F; where dynamic programming does not apply,
+each layer's cheapest own cost, the boxing between layers being >= 0). Selective
+recomputation only where some attention materialises its probabilities (with
+flash attention it saves nothing), full only where the model has blocks. The plan
+kept is the cheapest that fits.
 """
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ import math
 from autotune.sbp.cost import Problem
 from autotune.sbp.dp import CUT_WORK, LayerDP, applicable
 from autotune.sbp.memory import Mode
-from autotune.sbp.searchbase import SearchResult
+from autotune.sbp.searchbase import Budget, SearchResult
 
 ROUNDS = 4
-BINDING = 0.9
+SHARE = 1 / 6  # of the first search's time for each later mode
 
 
 def search_fitting(problem: Problem, run, start=None, rounds: int = ROUNDS):
@@ -65,18 +66,15 @@ def search_fitting(problem: Problem, run, start=None, rounds: int = ROUNDS):
 
 
 def lower_bound(problem: Problem) -> float:
-    """A lower bound on the cost of every plan of ``problem``, the memory limit ignored; -inf where dynamic
-    programming does not apply."""
-    if applicable(problem) is not None:
-        return -math.inf
-    dp = LayerDP(problem)
-    if dp.work > CUT_WORK:
-        return -math.inf
+    """A lower bound on the cost of every plan of ``problem``, the memory limit ignored."""
     unary = list(problem.node)
     if problem.objective == "step":
         unary[problem.first] = unary[problem.first] + problem.node_sync[problem.first]
-    value, _ = dp.solve(unary)
-    return value
+    if applicable(problem) is None:
+        dp = LayerDP(problem)
+        if dp.work <= CUT_WORK:
+            return dp.solve(unary)[0]
+    return float(sum(u.min() for u in unary))
 
 
 def recompute_modes(problem: Problem) -> list[str]:
@@ -89,52 +87,63 @@ def recompute_modes(problem: Problem) -> list[str]:
     return out
 
 
-def all_axes(problem: Problem) -> tuple[int, ...]:
-    return tuple(range(len(problem.cluster.axis_sizes)))
+def scaled(budget: Budget, share: float) -> Budget:
+    """``share`` of a budget (each limit it sets; patience at least 3)."""
+    if share >= 1:
+        return budget
+    return Budget(seconds=budget.seconds * share if budget.seconds else None,
+                  steps=max(1, round(budget.steps * share)) if budget.steps else None,
+                  patience=max(3, round(budget.patience * share)) if budget.patience else None)
+
+
+def sharding_modes(problem: Problem) -> list[tuple[int, ...] | None]:
+    """FSDP's choices: none, every axis, the intra-node axes (HSDP), the node axes (TP+FSDP's)."""
+    cl = problem.cluster
+    nodes = tuple(range(len(cl.node_axes)))
+    gpus = tuple(range(len(cl.node_axes), len(cl.axis_sizes)))
+    out: list[tuple[int, ...] | None] = [None, nodes + gpus]
+    out += [a for a in (gpus, nodes) if a and a != nodes + gpus]
+    return out
 
 
 def search_modes(problem: Problem, run, start=None, progress=None, fsdp: bool = True):
-    """The best plan over the modes (``run(problem, start)`` searches one): (problem of its mode, result), or
-    (problem, None) where no mode fits."""
+    """The best plan over the modes (``run(problem, start, share)`` searches one, ``share`` of its default
+    budget): (problem of its mode, result), or (problem, the search's result that does not fit) where no mode
+    has a plan that fits, or (problem, None) where no mode has one within the memory limit at all."""
     best: tuple[Problem, object] | None = None
     fallback = None
+    modes = [m for m in (Mode(rec, sh) for rec in ["none"] + recompute_modes(problem)
+                         for sh in (sharding_modes(problem) if fsdp else [None])) if m != problem.mode]
 
-    def better(pr, res):
-        return res is not None and pr.fits_plan(res.assignment) and math.isfinite(res.cost) and (
-            best is None or res.cost < best[1].cost)
-
-    def attempt(mode: Mode):
+    def attempt(pr: Problem, share: float, warm):
         nonlocal best, fallback
-        pr = problem if mode == problem.mode else problem.with_mode(mode)
+        res = search_fitting(pr, lambda p, s: run(p, s, share), warm)
+        if res is None:
+            return
+        fits = pr.fits_plan(res.assignment) and math.isfinite(res.cost)
+        if progress:
+            progress(f"mode {describe(pr.mode)}: {res.cost:.4g} s/step, fits: {fits}")
+        if fits and (best is None or res.cost < best[1].cost):
+            best = (pr, res)
+        elif fallback is None:
+            fallback = (pr, res)
+
+    if problem.fits:
+        attempt(problem, 1.0, start)
+    others = []
+    for mode in modes:
+        pr = problem.with_mode(mode)
         if not pr.fits:
             if progress:
                 progress(f"mode {describe(mode)}: no plan fits")
-            return
-        if best is not None:
-            bound = lower_bound(pr)
-            if bound >= best[1].cost * (1 - 1e-9):
-                if progress:
-                    progress(f"mode {describe(mode)}: skipped, its plans cost at least {bound:.4g} s/step")
-                return
-        warm = best[1].assignment if best is not None else start
-        res = search_fitting(pr, run, warm)
-        if progress and res is not None:
-            progress(f"mode {describe(mode)}: {res.cost:.4g} s/step, fits: {pr.fits_plan(res.assignment)}")
-        if better(pr, res):
-            best = (pr, res)
-        elif fallback is None and res is not None:
-            fallback = (pr, res)
-
-    attempt(problem.mode)
-    if fsdp:
-        attempt(Mode(problem.mode.recompute, all_axes(problem)))
-    binding = best is None or problem.device_limit is None or (
-        best[0].peak_memory(best[1].assignment) > BINDING * problem.device_limit)
-    if binding and problem.device_limit is not None:
-        for rec in recompute_modes(problem):
-            attempt(Mode(rec))
-            if fsdp:
-                attempt(Mode(rec, all_axes(problem)))
+            continue
+        others.append((lower_bound(pr), pr))
+    for bound, pr in sorted(others, key=lambda x: x[0]):
+        if best is not None and bound >= best[1].cost * (1 - 1e-9):
+            if progress:
+                progress(f"mode {describe(pr.mode)}: skipped, its plans cost at least {bound:.4g} s/step")
+            continue
+        attempt(pr, SHARE if best is not None else 1.0, best[1].assignment if best is not None else start)
     if best is not None:
         return best
     return fallback if fallback is not None else (problem, None)

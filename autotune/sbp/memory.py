@@ -92,6 +92,10 @@ PRECISION = {
     2: (4, 4, 8),  # bf16 autocast: fp32 weight and gradient, Adam m and v (fp32)
     4: (4, 4, 8),  # fp32: weight, gradient, Adam m and v
 }
+# AutoDDL's recipe (``recipe`` "autoddl", the paper reproduction's): fp16/bf16 weight and gradient, fp32 master
+# weight and Adam m and v (ZeRO's K = 12); no autocast copies
+AUTODDL_PRECISION = {2: (2, 2, 12), 4: (4, 4, 8)}
+RECIPES = ("autocast", "autoddl")
 MATMUL_SIGNATURES = ("autoddl", "transposed", "summa")
 RECOMPUTE = ("none", "selective", "full")
 
@@ -246,12 +250,17 @@ def weight_copy_bytes(s, cluster: Cluster, act_bytes: int) -> float:
 
 
 def strategy_memory(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role: str = OUTSIDE,
-                    tied: bool = False) -> Memory:
+                    tied: bool = False, recipe: str = "autocast") -> Memory:
     """One occurrence of a layer under strategy ``s`` (an ``autotune.sbp.layers.Strategy``); ``tied``: a
-    logits layer sharing the embedding's weight (no optimizer state; its weight and gradient a copy)."""
+    logits layer sharing the embedding's weight (no optimizer state; its weight and gradient a copy);
+    ``recipe``: "autocast" (the users' recipe above) or "autoddl" (the paper's: ``AUTODDL_PRECISION``, no
+    autocast copies)."""
     w, g, o = precision(act_bytes)
+    if recipe != "autocast":
+        w, g, o = AUTODDL_PRECISION[act_bytes]
     params = sum(held_elems(s, t, cluster, mode) for t in s.weights)
-    copies = 0.0 if mode.recompute == "full" and role != OUTSIDE else weight_copy_bytes(s, cluster, act_bytes)
+    copies = 0.0 if (mode.recompute == "full" and role != OUTSIDE) or recipe != "autocast" else \
+        weight_copy_bytes(s, cluster, act_bytes)
     return Memory(params * w, params * g, 0.0 if tied else params * o,
                   kept_bytes(s, cluster, act_bytes, mode.recompute, role) + copies)
 

@@ -43,7 +43,7 @@ def _problem(case: dict, overrides: dict, signatures=None) -> Problem:
     g = load_model(case["model"], case["preset"], overrides)
     limit = case["memory_gib"] * GI if case.get("memory_gib") else None
     coster = Coster(Profile.load(case["profile"]), Cluster(case["nodes"], case["gpus"]))
-    return Problem(g, coster, limit, signatures=signatures, require_fit=False, objective="comm")
+    return Problem(g, coster, limit, signatures=signatures, require_fit=False, objective="comm", recipe="autoddl")
 
 
 def baselines(case: dict, pr: Problem, overrides: dict) -> dict[str, tuple[float, float, str]]:

@@ -378,11 +378,18 @@ def test_modes_search_picks_a_mode_that_fits_where_the_plain_one_cannot():
     pr = problem(g, Cluster(1, 4), limit, mode=Mode())
     pr_none = pr.fits
 
-    def run(p, start):
+    def run(p, start, share=1.0):
         return make_search("cd").run(p, Budget(patience=2), np.random.default_rng(0), start)
     got, res = search_modes(pr, run)
     assert not pr_none and res is not None and got.fits_plan(res.assignment)
     assert got.mode.recompute != "none" or got.mode.fsdp_axes is not None
+
+
+def test_modes_cover_fsdp_over_every_axis_the_intra_node_and_the_node_axes():
+    from autotune.sbp.fit import sharding_modes
+    pr = problem(contract_graph(), Cluster(2, 4))  # fine axes: node 2, GPUs 2 x 2
+    assert sharding_modes(pr) == [None, (0, 1, 2), (1, 2), (0,)]
+    assert sharding_modes(problem(contract_graph(), Cluster(1, 4))) == [None, (0, 1)]
 
 
 def test_baselines_users_pick_are_present_each_with_its_row():
@@ -404,3 +411,14 @@ def test_baselines_users_pick_are_present_each_with_its_row():
     # with room, the baselines fit and each is at its cheapest recomputation (none: nothing to save)
     roomy = baseline_plans(problem(g, Cluster(2, 2), 2.0**40), None, None, None)
     assert all(p["totals"]["fits_memory"] and p["recompute"] == "none" for p in roomy)
+
+
+def test_the_command_never_returns_a_plan_slower_than_a_fitting_baseline():
+    from autotune.sbp.cli.search import floor
+    plan = {"strategy": "searched (cd)", "totals": {"step_s": 2.0, "fits_memory": True}, "search": {}}
+    hsdp = {"strategy": "HSDP (sharded inside each node)", "totals": {"step_s": 1.5, "fits_memory": True}}
+    unfit = {"strategy": "FSDP", "totals": {"step_s": 1.0, "fits_memory": False}}
+    summa = {"strategy": "SUMMA 2D", "totals": {"step_s": 0.5, "fits_memory": True}}  # another problem's plan
+    got = floor(plan, [hsdp, unfit, summa], "step")
+    assert got["totals"]["step_s"] == 1.5 and got["search"]["replaced_by"] == hsdp["strategy"]
+    assert floor(dict(plan, totals={"step_s": 1.0, "fits_memory": True}), [hsdp], "step")["strategy"] == "searched (cd)"

@@ -35,7 +35,7 @@ from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cli.search import memory_limit
 from autotune.sbp.cost import Problem
-from autotune.sbp.fit import search_modes
+from autotune.sbp.fit import scaled, search_modes
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import Budget, auto_budget, make_search
 
@@ -75,8 +75,8 @@ def row(model, preset, nodes, gpus, profile, factor: float, references=REFERENCE
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
     setup = time.process_time() - t0
     if modes:
-        pr, res = search_modes(pr, lambda p, start: make_search("cd").run(p, auto_budget(p), np.random.default_rng(0),
-                                                                          start), warm)
+        pr, res = search_modes(pr, lambda p, start, share=1.0: make_search("cd").run(
+            p, scaled(auto_budget(p), share), np.random.default_rng(0), start), warm)
         res.seconds = time.process_time() - t0 - setup
     else:
         res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0), warm)

@@ -21,7 +21,7 @@ from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignmen
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cli.search import memory_limit
 from autotune.sbp.cost import Problem
-from autotune.sbp.fit import search_modes
+from autotune.sbp.fit import scaled, search_modes
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import build_plan
 from autotune.sbp.search import auto_budget, make_search
@@ -40,8 +40,8 @@ CASES = [
 BASELINES = ("FSDP", "HSDP", "TP+FSDP", "Megatron")
 
 
-def run(pr: Problem, start):
-    return make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0), start)
+def run(pr: Problem, start, share=1.0):
+    return make_search("cd").run(pr, scaled(auto_budget(pr), share), np.random.default_rng(0), start)
 
 
 def row(model: str, preset: str, nodes: int, gpus: int, overrides: dict, profile: str) -> dict:
@@ -53,7 +53,7 @@ def row(model: str, preset: str, nodes: int, gpus: int, overrides: dict, profile
                     require_fit=False)
     mega, mega_cost, _ = best_mesh(plain, megatron_assignment)
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
-    pr, res = search_modes(plain, run, warm) if plain.fits else (plain, None)
+    pr, res = search_modes(plain, run, warm)
     search_s = time.process_time() - t0
     plan = build_plan(pr, res.assignment, "searched") if res is not None else None
     base = {}

@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from calibrate.cli import command_parser, message
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
-from models import CHOICES, FIELDS, HELP, load_model, model_kinds, presets
+from models import CHOICES, FIELDS, HELP, load_model, model_kinds
+from models.loader import presets as kind_presets  # models.presets is also the presets' package
 
 from autotune.export import next_steps
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
-from autotune.sbp.fit import search_fitting, search_modes
+from autotune.sbp.fit import scaled, search_fitting, search_modes
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import PlanFile, build_plan, plan_title, summary_lines
 from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
@@ -52,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
                     help=f"model kind ({', '.join(model_kinds())}), or a file (a name ending in .json or holding a "
                          f"path separator): a model JSON or a Hugging Face config.json (default gpt)")
     ap.add_argument("--preset", help="preset of the model kind (default: the kind's default, first below): " + "; ".join(
-        f"{kind}: {', '.join([presets(kind)[0]] + [n for n in presets(kind)[1] if n != presets(kind)[0]])}"
+        f"{kind}: {', '.join([kind_presets(kind)[0]] + [n for n in kind_presets(kind)[1] if n != kind_presets(kind)[0]])}"
         for kind in model_kinds()))
     ap.add_argument("--nodes", type=int, default=None, help=f"nodes (default {DEFAULT_NODES})")
     ap.add_argument("--gpus-per-node", type=int, default=None, help=f"GPUs per node (default {DEFAULT_GPUS})")
@@ -150,6 +151,22 @@ def memory_limit(profile, gib: float | None) -> tuple[float, str]:
     return DEFAULT_MEMORY_GIB * 2**30, " (default)"
 
 
+FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
+
+
+def floor(plan: dict, baselines: list[dict], objective: str) -> dict:
+    """The searched plan, or the cheapest baseline of ``FLOOR`` that fits where it is cheaper: the command
+    never returns a plan worse than a baseline users pick."""
+    key = "step_s" if objective == "step" else "total_s"
+    fit = [b for b in baselines if b["strategy"].startswith(FLOOR) and b["totals"]["fits_memory"] and key in b["totals"]
+           and b["totals"][key] < plan["totals"][key]]
+    if not plan["totals"]["fits_memory"] or not fit:
+        return plan if not fit else dict(min(fit, key=lambda b: b["totals"][key]))
+    b = min(fit, key=lambda b: b["totals"][key])
+    return dict(b, strategy=f"searched (the baseline {b['strategy']} is cheaper than the search's plan)",
+                search=dict(plan["search"], replaced_by=b["strategy"]))
+
+
 def breakdown(plan: dict) -> str:
     """The searched plan's memory per device by kind, its recomputation and sharding, in one line each."""
     m = plan["totals"]["memory"]
@@ -206,19 +223,22 @@ def main(argv=None, report=None) -> int:
     print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
     t0 = time.perf_counter()
     coster = Coster(profile, cluster)
-    problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective)
+    problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective, require_fit=False)
     mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
 
-    def run(pr, start):
-        return run_search(pr, args.search, budget, args.seed, start)
+    def run(pr, start, share=1.0):
+        return run_search(pr, args.search, scaled(budget or auto_budget(pr), share), args.seed, start)
     if args.modes == "all":
         problem, best = search_modes(problem, run, warm, progress)
     else:
+        problem.require_fit()
         best = search_fitting(problem, run, warm)
-    if best is None:
-        raise UserError(f"no plan fits {limit / 2**30:.4g} GiB per device with its workspace: raise --memory-limit, "
-                        "add devices or shrink the micro-batch")
+    if best is None or not problem.fits_plan(best.assignment):
+        least = min(p.min_memory for p in plain.mode_problems())
+        raise OptionError("memory_limit", f"{limit / 2**30:.4g} GiB per device: no plan fits it with its workspace "
+                                          f"under any recomputation or FSDP, the smallest needs {least / 2**30:.4g} "
+                                          "GiB before its workspace; raise it, add devices or shrink the micro-batch")
     traces = {best.algorithm: best.trace}
     space = float(np.prod([float(n) for n in problem.sizes]))
     if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
@@ -249,6 +269,7 @@ def main(argv=None, report=None) -> int:
     skipped: list[str] = []
     base = baseline_plans(plain, summa_problem, sb_problem,
                           lambda p: run_search(p, args.search, budget, args.seed), skipped)
+    plan = floor(plan, base, objective)
     pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
                   {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "wall_s": time.perf_counter() - t0, "objective": objective})
