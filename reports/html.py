@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first)
 import pandas as pd  # noqa: E402
 
-from calibrate.errors import UserError  # noqa: E402
+from calibrate.outputs import write_atomic  # noqa: E402
 
 
 @dataclass
@@ -85,9 +85,5 @@ def render(title: str, sections: list[Section], sources: list[str] | None = None
 
 def write_report(path: str | Path, title: str, sections: list[Section], sources: list[str] | None = None) -> Path:
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(title, sections, sources))
-    except OSError as e:
-        raise UserError(f"cannot write the report to {str(path)!r} ({e.strerror}): choose a writable path with -o") from None
+    write_atomic(path, render(title, sections, sources), "report")
     return path

@@ -24,7 +24,7 @@ from autotune.reshard.solvers import SOLVERS, SolverConfig
 from autotune.reshard.stagecomm import pipeline_from_preset
 from autotune.reshard.strategies import STRATEGIES
 from calibrate import profile as profiles
-from calibrate.cli import command_parser, run_on_ranks
+from calibrate.cli import command_parser, finite_float, run_on_ranks
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
 from kernels.reshard.cli import execute_and_report
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="profile name or JSON file")
     p.add_argument("--strategy", default="broadcast", choices=list(STRATEGIES), help="strategy of the chosen plan")
     p.add_argument("--solver", default="ensemble", choices=list(SOLVERS), help="solver of the chosen plan")
-    p.add_argument("--time-budget", type=float, default=0.5, help="seconds for the DFS solver (default 0.5)")
+    p.add_argument("--time-budget", type=finite_float, default=0.5, help="seconds for the DFS solver (default 0.5)")
     p.add_argument("--rounds", type=int, default=16, help="random orders per randomized-greedy step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan-out", help="write the chosen plan as JSON (one task only)")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, finite_float
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.fit import METHODS, fit_curve, fit_quality_problem, holdout, implied_busbw, measured_steps, switches
@@ -45,7 +45,7 @@ def build_parser():
                         "segments chosen by BIC (smooths the noise of neighbouring sizes). Default interpolate")
     p.add_argument("--max-segments", type=int, default=6, help="most segments per curve (--method segments). Default 6")
     p.add_argument("--min-points", type=int, default=3, help="fewest sizes per segment. Default 3")
-    p.add_argument("--link-peak", type=float, default=None,
+    p.add_argument("--link-peak", type=finite_float, default=None,
                    help="the link's peak bandwidth per direction in GB/s, shown beside the fitted beta")
     p.add_argument("--validation", nargs="+", default=[], metavar="DIR",
                    help="results directories of sizes drawn at random (python -m calibrate validate --random), "

@@ -16,7 +16,6 @@ collectives of the median time times how often the plan issues it per step.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
 from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
+from calibrate.jsonfile import write_json
 from models import load_model
 
 from autotune.sbp.boxing import Coster
@@ -140,10 +140,9 @@ def main(argv=None) -> int:
         print(f"{r['plan'].ljust(w)}  {r['predicted_s']:11.4g}  {r['measured_s']:10.4g}")
     print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {rho:.3f}")
     if args.out:
-        out = Path(args.out) / "validate.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
-                                   "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
-                                   "plans": rows, "spearman": rho}, indent=1) + "\n")
+        out = write_json(Path(args.out) / "validate.json",
+                         {**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
+                          "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
+                          "plans": rows, "spearman": rho}, "validation record")
         print(f"wrote {out}")
     return 0
