@@ -189,6 +189,7 @@ def main(argv=None) -> int:
     if args.link_peak is not None and args.link_peak <= 0:
         raise UserError(f"--link-peak must be a bandwidth above 0 GB/s, got {args.link_peak}")
     check_output_path(args.out, "profile")
+    compute = Profile.load(args.compute_from).compute if args.compute_from else None
     runs = load_results(args.results)
     for (meta, _), path in zip(runs, args.results):
         meta["_path"] = path
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
     if args.note:
         prof.provenance["note"] = args.note
     if args.compute_from:
-        prof.compute = Profile.load(args.compute_from).compute
+        prof.compute = compute
     if args.link_peak:
         prof.hardware["link_peak_GBps"] = args.link_peak
     path = prof.save(args.out)
