@@ -34,10 +34,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from calibrate.collectives import Collective
 from calibrate.errors import OptionError, UserError
 from calibrate.jsonfile import read_json, write_json
 from calibrate.lock import DirLock
 from calibrate.outputs import write_atomic
+from calibrate.profile import TIERS
 from calibrate.records import check_header
 
 KIND = "calibration"
@@ -251,10 +253,17 @@ class ResultsDir:
         df = self._read_csv("stats.csv", STAT_FIELDS)
         torn = df[df[["bytes", "median_s"]].isna().any(axis=1)]
         if not torn.empty:
-            raise UserError(f"{str(path)!r} has a torn or incomplete row (row {int(torn.index[0]) + 1}): {FIX}")
+            raise UserError(f"{str(path)!r} row {int(torn.index[0]) + 2} is torn or incomplete (no bytes or "
+                            f"median_s): {FIX}")
         bad = df[(df["median_s"] <= 0) | (df["n"] < 1)]
         if not bad.empty:
             raise UserError(f"{str(path)!r} row {int(bad.index[0]) + 2}: median_s and n must be positive: {FIX}")
+        known = {c.value for c in Collective}
+        for column, allowed in (("collective", known), ("tier", set(TIERS))):
+            odd = df[~df[column].isin(allowed)]
+            if not odd.empty:
+                raise UserError(f"{str(path)!r} row {int(odd.index[0]) + 2}: {column} {odd[column].iloc[0]!r} is not "
+                                f"one of {', '.join(sorted(allowed))}: {FIX}")
         return df
 
     def samples(self) -> pd.DataFrame:

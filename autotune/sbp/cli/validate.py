@@ -23,7 +23,7 @@ import numpy as np
 
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends.base import TimingMode
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, run_on_ranks
 from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
 from calibrate.records import header
@@ -98,16 +98,22 @@ def main(argv=None) -> int:
         raise UserError("validate times the plans' collectives between ranks, and one rank has none: "
                         "run it under mpiexec -n 2 or more")
     cluster = Cluster(args.nodes, gpus)
-    plans = None
-    if rank == 0:
+
+    def build_plans() -> list:
         fields = {k: getattr(args, k) for k in GPT_LAYER if getattr(args, k) is not None}
         if args.model == "gpt" and args.preset is None:
             fields = {**GPT_LAYER, **fields}
         graph = load_model(args.model, args.preset, fields)
         problem = Problem(graph, Coster(Profile.load(args.profile), cluster), None)
-        plans = candidate_plans(problem, args.plans, args.seed)
-        print(f"[validate] {len(plans)} plans of {graph.model} on {cluster}, backend {args.backend}", file=sys.stderr, flush=True)
-    plans = world.bcast(plans, root=0)
+        found = candidate_plans(problem, args.plans, args.seed)
+        print(f"[validate] {len(found)} plans of {graph.model} on {cluster}, backend {args.backend}", file=sys.stderr,
+              flush=True)
+        return found
+
+    # built on rank 0 and broadcast; a bad model is one error (rank 0's) and every rank exits with it
+    plans = run_on_ranks(world, build_plans, "autotune validate")
+    if plans is None:
+        return 2
     comms: dict = {}
     measured: dict = {}
     coords = cluster.coords(rank)
