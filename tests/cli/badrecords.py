@@ -299,3 +299,71 @@ RESULTS_CASES = [
     ("stats-collective-unknown", _cell("stats.csv", "collective", "allreduse"), "allreduse"),
     ("stats-tier-unknown", _cell("stats.csv", "tier", "orbit"), "orbit|tier"),
 ]
+
+
+# ---- broken plans (plan.json of the SBP search) ---------------------------------------------------------
+def _best(d):
+    return d["best"]
+
+
+def _layer0(d):
+    return d["best"]["layers"][0]
+
+
+def _totals(d):
+    return d["best"]["totals"]
+
+
+PLAN_CASES = [
+    ("no-best", _drop(lambda d: d, "best"), "best is missing"),
+    ("best-text", _set(lambda d: d, "best", "fast"), "best is"),
+    ("best-list", _set(lambda d: d, "best", []), "best is"),
+    ("baselines-dict", _set(lambda d: d, "baselines", {}), "baselines"),
+    ("baseline-text", lambda d: d["baselines"].append("dp"), "baselines/"),
+    ("traces-list", _set(lambda d: d, "traces", []), "traces"),
+    ("meta-text", _set(lambda d: d, "meta", "x"), "meta"),
+    ("plan-kind", _set(lambda d: d, "kind", "commtune.profile"), "kind"),
+    ("plan-version", _set(lambda d: d, "version", 0), "version"),
+    ("no-strategy", _drop(_best, "strategy"), "strategy"),
+    ("strategy-number", _set(_best, "strategy", 1), "strategy"),
+    ("model-text", _set(_best, "model", "gpt"), "model"),
+    ("model-name-missing", _drop(lambda d: d["best"]["model"], "name"), "model/name"),
+    ("cluster-missing", _drop(_best, "cluster"), "cluster"),
+    ("cluster-nodes-zero", _set(lambda d: d["best"]["cluster"], "nodes", 0), "nodes"),
+    ("cluster-nodes-text", _set(lambda d: d["best"]["cluster"], "nodes", "4"), "nodes"),
+    ("cluster-gpus-float", _set(lambda d: d["best"]["cluster"], "gpus_per_node", 8.5), "gpus_per_node"),
+    ("micro-batches-zero", _set(_best, "micro_batches", 0), "micro_batches"),
+    ("memory-limit-inf", _set(_best, "memory_limit_bytes", math.inf), "memory_limit_bytes"),
+    ("memory-limit-negative", _set(_best, "memory_limit_bytes", -1), "memory_limit_bytes"),
+    ("search-text", _set(_best, "search", "cd"), "search"),
+    ("totals-missing", _drop(_best, "totals"), "totals"),
+    ("totals-text", _set(_best, "totals", "fast"), "totals"),
+    ("total-missing", _drop(_totals, "total_s"), "total_s"),
+    ("total-nan", _set(_totals, "total_s", math.nan), "total_s"),
+    ("total-inf", _set(_totals, "total_s", math.inf), "total_s"),
+    ("total-negative", _set(_totals, "total_s", -1.0), "total_s"),
+    ("total-text", _set(_totals, "grad_sync_s", "slow"), "grad_sync_s"),
+    ("fits-text", _set(_totals, "fits_memory", "yes"), "fits_memory"),
+    ("fits-missing", _drop(_totals, "fits_memory"), "fits_memory"),
+    ("memory-text", _set(_totals, "memory", "lots"), "memory"),
+    ("layers-missing", _drop(_best, "layers"), "layers"),
+    ("layers-empty", _set(_best, "layers", []), "layers is empty"),
+    ("layers-dict", _set(_best, "layers", {}), "layers"),
+    ("layer-text", lambda d: d["best"]["layers"].__setitem__(0, "ln"), "layers/0"),
+    ("layer-name-missing", _drop(_layer0, "name"), "name"),
+    ("layer-count-zero", _set(_layer0, "count", 0), "count"),
+    ("layer-mesh-text", _set(_layer0, "mesh", "4x8"), "mesh"),
+    ("layer-mesh-zero", _set(_layer0, "mesh", [[0, 8]]), "mesh"),
+    ("layer-mesh-15", _set(_layer0, "mesh", [[3, 5]]), "spans 15 devices"),
+    ("layer-dtensor-shape", lambda d: _layer0(d)["dtensor"].update(mesh_shape=[3, 5]), "mesh_shape"),
+    ("layer-dtensor-text", _set(_layer0, "dtensor", "S0"), "dtensor"),
+    ("layer-sbp-list", _set(_layer0, "sbp", []), "sbp"),
+    ("layer-cost-nan", _set(_layer0, "grad_sync_s", math.nan), "grad_sync_s"),
+    ("layer-memory-negative", _set(_layer0, "memory_bytes", -5), "memory_bytes"),
+    ("baseline-total-nan", lambda d: d["baselines"][0]["totals"].update(total_s=math.nan), "baselines/0"),
+    ("baseline-mesh-15", lambda d: d["baselines"][0]["layers"][0].update(mesh=[[15]]), "baselines/0"),
+    ("plan-whole-list", _text("[]"), "not a|kind"),
+    ("plan-empty", _text(""), "not valid JSON"),
+    ("plan-truncated", lambda d: json.dumps(d)[:300], "not valid JSON"),
+    ("plan-binary", lambda d: bytes(range(256)) * 3, "not valid JSON|not text"),
+]
