@@ -145,10 +145,8 @@ def test_bad_record(line, files, expect, inputs, tmp_path):
 
 
 # ---- a sample through the real entry points ----------------------------------------------------------
-SUBPROCESS_SAMPLE = ["profile-alpha-nan-autotune-search", "profile-min-above-max-calibrate-validate",
-                     "profile-fit-last-zero-calibrate-validate", "results-stats-binary-calibrate-fit",
-                     "results-meta-dir-reports", "plan-layer-mesh-15-reports", "option-run-factor-nan",
-                     "profile-binary-autotune-schedule"]
+SUBPROCESS_SAMPLE = ["profile-alpha-nan-autotune-search", "profile-fit-last-zero-calibrate-validate",
+                     "results-stats-binary-calibrate-fit", "plan-layer-mesh-15-reports", "option-run-factor-nan"]
 
 
 @pytest.mark.parametrize("case_id", SUBPROCESS_SAMPLE)
