@@ -30,10 +30,11 @@ def check_counts(iters: int, warmup: int, reps: int, sizes: int = 1) -> None:
         raise OptionError("reps", f"must be >= 1, got {reps}")
     calls = warmup + iters * reps
     if calls > MAX_CALLS_PER_SIZE:
-        hours = calls * max(sizes, 1) * FASTEST_CALL_S / 3600
+        seconds = calls * max(sizes, 1) * FASTEST_CALL_S
         raise OptionError("iters", f"{iters} x {{reps}} {reps} + {{warmup}} {warmup} is {calls:,} calls per size, "
-                                   f"at least {hours:.2g} h for {max(sizes, 1)} size(s) at {FASTEST_CALL_S * 1e6:.0f} "
-                                   f"us a call: at most {MAX_CALLS_PER_SIZE:,} calls per size")
+                                   f"at least {seconds:,.0f} s for {max(sizes, 1)} size(s) at "
+                                   f"{FASTEST_CALL_S * 1e6:.0f} us a call: at most {MAX_CALLS_PER_SIZE:,} calls "
+                                   f"per size")
 
 
 def check_world(size: int) -> None:

@@ -95,7 +95,7 @@ def _on_root(world, work) -> None:
     _agree(world, problem)
 
 
-def _pick_backend(name: str) -> str:
+def pick_backend(name: str) -> str:
     if name != "auto":
         if name not in BACKENDS:
             raise UserError(f"unknown backend {name!r}: choose from auto, {', '.join(BACKENDS)}")
@@ -161,7 +161,7 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
     mode = TimingMode.parse(args.mode)
     dtype_size(args.dtype)
     kinds = parse_group_kinds(args.groups)
-    backend_name = _pick_backend(args.backend)
+    backend_name = pick_backend(args.backend)
     refining = args.refine
     if refining and (args.refine_points < 0 or args.refine_budget < 0 or args.refine_tol < 0):
         raise UserError("--refine-points, --refine-budget and --refine-tol must not be negative")

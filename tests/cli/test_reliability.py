@@ -1,0 +1,103 @@
+"""The pieces the bad-input and fault suites rely on, each against a closed form."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from calibrate.cli import finite_float, launcher_rank, run_cli
+from calibrate.errors import OptionError, UserError
+from calibrate.jsonfile import non_finite, write_json
+from calibrate.profile import Profile
+from calibrate.results import ResultsDir
+from calibrate.run_limits import MAX_CALLS_PER_SIZE, check_counts
+from calibrate.validation import fairness_warnings
+from tests.cli.badrecords import make_results
+
+
+def test_write_json_never_writes_nan(tmp_path):
+    path = tmp_path / "plan.json"
+    write_json(path, {"ok": 1})
+    with pytest.raises(UserError, match=r"best/totals/total_s=nan, which is not a finite number: nothing was written"):
+        write_json(path, {"best": {"totals": {"total_s": math.nan}}}, "plan file")
+    assert json.loads(path.read_text()) == {"ok": 1}
+    assert non_finite({"a": [1.0, {"b": -math.inf}]}) == "a/1/b=-inf"
+    assert non_finite({"a": [1.0, 2]}) is None
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "1e400"])
+def test_finite_float_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="not a finite number"):
+        finite_float(text)
+
+
+def test_finite_float_accepts():
+    assert finite_float("1.5") == 1.5 and finite_float("-2e3") == -2000.0
+
+
+def test_calls_per_size_bounded():
+    check_counts(1000, 0, 1000)  # 1,000,000 calls: the most
+    with pytest.raises(OptionError, match=r"1,000,005 calls per size"):
+        check_counts(1000, 5, 1000)
+    with pytest.raises(OptionError, match=r"1,000,000,005 calls per size, at least 2,000 s for 1 size"):
+        check_counts(10 ** 9, 5, 1)
+    with pytest.raises(OptionError):
+        check_counts(MAX_CALLS_PER_SIZE, 1, 1)
+    check_counts(MAX_CALLS_PER_SIZE - 1, 1, 1)
+
+
+def test_errors_print_once_under_a_launcher(monkeypatch, capsys):
+    def bad(argv):
+        raise UserError("broken: fix it")
+    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    assert launcher_rank() == 0
+    monkeypatch.setenv("PMI_RANK", "1")
+    assert launcher_rank() == 1 and run_cli(bad, [], "x") == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert run_cli(bad, [], "x") == 2
+    assert capsys.readouterr().err == "x: error: broken: fix it\n"
+
+
+def test_fairness_warnings(tmp_path):
+    """A GPU profile judged on host CPUs, another timing mode, and group sizes it never measured."""
+    runs = []
+    for ranks in (2, 4):
+        rd = ResultsDir(make_results(tmp_path / f"r{ranks}", collectives=("allreduce",), ranks=ranks))
+        runs.append((rd.read_meta(), rd.stats()))
+    prof = Profile.load("h200-nvlink")  # NVIDIA H200, graph mode, 2-rank models measured up to 1 GiB
+    text = "\n".join(fairness_warnings(prof, runs))
+    assert "is of NVIDIA H200; these measurements are of host CPUs (backend mpi)" in text
+    assert "timed in graph mode, these measurements in host mode" in text
+    assert "intra allreduce on 4 ranks: the profile has no model for that group size; predicted from its " \
+           "2-rank model" in text
+    assert "on 2 ranks" not in text
+    assert fairness_warnings(prof, [(dict(runs[0][0], ranks=[{"gpu": "NVIDIA H200"}] * 2,
+                                          config=dict(runs[0][0]["config"], mode="graph")), runs[0][1])]) == []
+
+
+def test_plan_mesh_must_span_the_cluster(tmp_path):
+    from autotune.sbp.plancheck import check_plan
+
+    layer = {"name": "l", "kind": "matmul", "count": 1, "mesh": [[2, 1], [1, 4]]}
+    plan = {"best": {"strategy": "s", "model": {"name": "m"}, "cluster": {"nodes": 2, "gpus_per_node": 4},
+                     "totals": {"redistribution_s": 0.0, "grad_sync_s": 1.0, "total_s": 1.0, "memory_bytes": 1.0,
+                                "fits_memory": True},
+                     "layers": [layer]}}
+    assert check_plan(plan, "p") is plan
+    layer["mesh"] = [[3, 5]]
+    with pytest.raises(UserError, match="best/layers/0/mesh spans 15 devices, the plan's cluster has 8"):
+        check_plan(plan, "p")
+
+
+def test_results_samples_leave_out_sizes_without_stats(tmp_path):
+    res = make_results(tmp_path / "r", collectives=("allreduce",))
+    rd = ResultsDir(res)
+    n = len(rd.samples())
+    with open(res / "samples.csv", "a") as f:
+        f.write("world:2x1,intra,2,1,allreduce,host,float32,999,249,0,0.001\r\n")
+    assert len(pd.read_csv(res / "samples.csv")) == n + 1 and len(rd.samples()) == n
