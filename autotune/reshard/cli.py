@@ -103,10 +103,20 @@ def devices_per_host(args, prof, meshes: tuple[tuple[int, int], ...] = ()) -> in
     raise UserError(f"profile {prof.name!r} does not say how many GPUs a host has: give --devices-per-host")
 
 
+# the most devices one mesh may have: the planner's tasks grow with the product of the two meshes'
+# devices (a 16 x 8 mesh to itself already takes minutes on one CPU core)
+MAX_MESH_DEVICES = 1024
+
+
 def mesh_arg(text: str, what: str) -> tuple[int, int]:
     mesh = parse_mesh_shape(text)
     if min(mesh) < 1:
         raise UserError(f"{what} {text!r} has an empty axis: hosts and devices must be at least 1, e.g. 2,4")
+    devices = mesh[0] * mesh[1]
+    if devices > MAX_MESH_DEVICES:
+        raise UserError(f"{what} {text!r} has {devices:,} devices, over the planner's limit of {MAX_MESH_DEVICES:,} "
+                        f"(its work grows with the devices of both meshes multiplied: about {devices ** 2:.2g} "
+                        f"device pairs here): plan a smaller mesh")
     return mesh
 
 

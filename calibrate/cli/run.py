@@ -243,7 +243,7 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
     sinks = {"sweep": (rd, stored), "refine": (rd, stored), "random": (rd_random, stored_random) if beside
              else (rd, stored)}
 
-    total_wrong, versions_written = 0, False
+    total_wrong, checked, versions_written = 0, 0, False
     for kind in kinds:
         comm, info = split(world, kind)
         if comm is None:
@@ -268,7 +268,7 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
         label = f"{kind}:{info.ranks}x{info.nodes}"
         def measure_size(coll: Collective, nbytes: int, why: str, with_check: bool) -> None:
             """Time one size, check it if asked, and put it on disk (rank 0) and in ``stored``."""
-            nonlocal total_wrong
+            nonlocal total_wrong, checked
             start = time.perf_counter()
             samples = backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps,
                                       min_batch_s=args.min_batch_ms / 1e3)
@@ -279,6 +279,7 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
                 wrong = world.allreduce(backend.check(coll, nbytes, args.dtype, seed=nbytes),
                                         op=MPI.SUM) // info.ranks
                 total_wrong += max(wrong, 0)
+                checked += 1
             st = summarize(samples)
             wall = world.allreduce(time.perf_counter() - start, op=MPI.MAX)
             algbw = nbytes / st["median_s"] / 1e9
@@ -332,7 +333,11 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
             _on_root(world, lambda: [rd.write_refine(label, name, record) for name, record in done.items()])
         backend.close()
         comm.Free()
-    say(f"# results in {out}" + (f"; {total_wrong} wrong elements" if check else ""), file=sys.stderr)
+    if check and not checked:
+        verdict = "; nothing was checked (every size was measured before: --check checks the sizes a run measures)"
+    else:
+        verdict = f"; {total_wrong} wrong elements in {checked} checked sizes" if check else ""
+    say(f"# results in {out}{verdict}", file=sys.stderr)
     return 1 if total_wrong else 0
 
 

@@ -62,6 +62,15 @@ OPTION_CASES = [
     ("nccl-prune-nan", "autotune nccl --prune nan", "not a finite number"),
     ("nccl-margin-inf", "autotune nccl --margin inf", "not a finite number"),
     ("peers-margin-nan", "kernels peers --margin nan", "not a finite number"),
+    ("explain-micro-batch-zero", "autotune explain summa gpt-small-gcp --micro-batch 0", "--micro-batch"),
+    ("explain-micro-batch-negative", "autotune explain versus-data-parallel gpt-small-gcp --micro-batch -4",
+     "--micro-batch"),
+    ("explain-classes-zero", "autotune explain megatron-meshes vgg-gcp-2x4 --classes 0", "--classes"),
+    ("reshard-mesh-huge", "autotune reshard --src-mesh 100000,100000 --src-spec S0RR --dst-mesh 2,4 --dst-spec RRR "
+     "--shape 64,64,32", "over the planner's limit"),
+    ("reshard-dst-mesh-huge", "autotune reshard --src-mesh 2,4 --src-spec S0RR --dst-mesh 2048,8 --dst-spec RRR "
+     "--shape 64,64,32", "over the planner's limit"),
+    ("reproduce-out-devnull", "autotune reproduce autoddl --out /dev/null/x", "not a directory"),
     ("run-resume-missing", "calibrate run --backend mpi -b 1K -e 2K --out {out}/never --resume",
      "one rank|nothing to continue"),
 ]
