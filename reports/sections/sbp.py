@@ -9,18 +9,33 @@ import pandas as pd
 from reports.html import Section
 
 
+# what the chart stacks, by the objective the headline compares: its two parts and their sum
+PARTS = {"comm": (("redistribution", "redistribution_s"), ("gradient sync", "grad_sync_s"),
+                  "predicted communication, s per training step"),
+         "step": (("compute", "compute_s"), ("exposed communication", "exposed_comm_s"),
+                  "predicted step time, s")}
+
+
+def _objective(plans: list[dict], objective: str) -> str:
+    """The objective whose parts every plan has (the step's only where each plan has compute figures)."""
+    (_, a), (_, b), _ = PARTS["step"]
+    if objective == "step" and all(a in p["totals"] and b in p["totals"] for p in plans):
+        return "step"
+    return "comm"
+
+
 def _totals(plans: list[dict]) -> pd.DataFrame:
     rows = []
     for p in plans:
         t = p["totals"]
         fits = t["fits_memory"]
-        rows.append({
-            "strategy": p["strategy"],
-            "redistribution s/step": t["redistribution_s"],
-            "grad sync s/step": t["grad_sync_s"],
-            "total s/step": t["total_s"] if fits else f"no plan fits (needs {t['memory_bytes'] / 2**30:.4g} GiB)",
-            "memory GiB/device": t["memory_bytes"] / 2**30,
-        })
+        row = {"strategy": p["strategy"], "redistribution s/step": t["redistribution_s"],
+               "grad sync s/step": t["grad_sync_s"],
+               "total s/step": t["total_s"] if fits else f"no plan fits (needs {t['memory_bytes'] / 2**30:.4g} GiB)"}
+        if "step_s" in t:
+            row["step s"] = t["step_s"] if fits else "over memory"
+        row["memory GiB/device"] = t["memory_bytes"] / 2**30
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -36,36 +51,39 @@ def _placements(d: dict | None, key: str) -> str:
 def _layers(plan: dict) -> pd.DataFrame:
     rows = []
     for l in plan["layers"]:
-        dt, nd = l["dtensor"], l.get("nd_sbp", {})
+        dt, nd, count = l.get("dtensor") or {}, l.get("nd_sbp") or {}, l.get("count", 1)
         rows.append({
-            "layer": l["name"], "kind": l["kind"], "x": l["count"], "signature": l["signature"],
-            "mesh": "x".join(str(s) for s in dt["mesh_shape"]) or "1",
+            "layer": l["name"], "kind": l["kind"], "x": count, "signature": l.get("signature", "-"),
+            "mesh": "x".join(str(s) for s in dt.get("mesh_shape", [])) or "1",
             "input (DTensor)": _placements(dt, "input"), "input (nd-SBP)": nd.get("input", "-"),
             "output (DTensor)": _placements(dt, "output"), "output (nd-SBP)": nd.get("output", "-"),
-            "weight (DTensor)": "; ".join(f"[{', '.join(v)}]" for v in dt["weights"].values()) or "-",
-            "weight (nd-SBP)": "; ".join(nd.get("weights", {}).values()) or "-",
-            "AutoDDL notation (input)": l["sbp"].get("input", "-"),
-            "redistribution s": l["redistribution_s"] * l["count"], "grad sync s": l["grad_sync_s"] * l["count"],
-            "memory GiB": l["memory_bytes"] * l["count"] / 2**30,
+            "weight (DTensor)": "; ".join(f"[{', '.join(v)}]" for v in (dt.get("weights") or {}).values()) or "-",
+            "weight (nd-SBP)": "; ".join(map(str, (nd.get("weights") or {}).values())) or "-",
+            "AutoDDL notation (input)": (l.get("sbp") or {}).get("input", "-"),
+            "redistribution s": l.get("redistribution_s", 0.0) * count, "grad sync s": l.get("grad_sync_s", 0.0) * count,
+            "memory GiB": l.get("memory_bytes", 0.0) * count / 2**30,
         })
     return pd.DataFrame(rows)
 
 
 def _edges(plan: dict) -> pd.DataFrame:
     return pd.DataFrame([{
-        "from": e["from"], "to": e["to"], "x": e["count"],
-        "collectives": ", ".join(f"{c['direction']} {c['collective']}/{c['ranks']}({c['tier']})" for c in e["collectives"]) or "none",
-        "seconds": e["redistribution_s"] * e["count"],
-    } for e in plan["edges"]])
+        "from": e.get("from"), "to": e.get("to"), "x": e.get("count", 1),
+        "collectives": ", ".join(f"{c.get('direction')} {c.get('collective')}/{c.get('ranks')}({c.get('tier')})"
+                                 for c in e.get("collectives", []) if isinstance(c, dict)) or "none",
+        "seconds": e.get("redistribution_s", 0.0) * e.get("count", 1),
+    } for e in plan.get("edges", []) if isinstance(e, dict)])
 
 
-def _breakdown_fig(plans: list[dict]):
-    """Stacked bars of redistribution and gradient sync per plan, on a log axis when the costs span
+def _breakdown_fig(plans: list[dict], objective: str = "comm"):
+    """Stacked bars of the two parts of what the headline compares (``objective``: redistribution and
+    gradient sync, or compute and exposed communication) per plan, on a log axis when the costs span
     more than 5x (one baseline 10x the others no longer flattens the rest); each bar labelled with its
     total, and plans over the memory limit hatched and labelled so."""
+    (first, first_key), (second, second_key), xlabel = PARTS[objective]
     names = [p["strategy"] for p in plans]
-    red = [p["totals"]["redistribution_s"] for p in plans]
-    sync = [p["totals"]["grad_sync_s"] for p in plans]
+    red = [p["totals"][first_key] for p in plans]
+    sync = [p["totals"][second_key] for p in plans]
     tot = [r + g for r, g in zip(red, sync)]
     fits = [p["totals"]["fits_memory"] for p in plans]
     fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.45 * len(plans)))
@@ -75,21 +93,21 @@ def _breakdown_fig(plans: list[dict]):
     hatch = ["" if f else "//" for f in fits]
     if log:  # stacked segments on a log axis: the sync part drawn from the redistribution's end
         low = min(positive) / 3
-        ax.barh(y, [max(r, low) - low for r in red], left=low, label="redistribution", hatch=hatch)
+        ax.barh(y, [max(r, low) - low for r in red], left=low, label=first, hatch=hatch)
         ax.barh(y, [t - max(r, low) if t > max(r, low) else 0 for r, t in zip(red, tot)],
-                left=[max(r, low) for r in red], label="gradient sync", hatch=hatch)
+                left=[max(r, low) for r in red], label=second, hatch=hatch)
         ax.set_xscale("log")
         ax.set_xlim(low, max(tot) * 4)
     else:
-        ax.barh(y, red, label="redistribution", hatch=hatch)
-        ax.barh(y, sync, left=red, label="gradient sync", hatch=hatch)
+        ax.barh(y, red, label=first, hatch=hatch)
+        ax.barh(y, sync, left=red, label=second, hatch=hatch)
         ax.set_xlim(0, max(tot + [1e-12]) * 1.35)
     for i, (t, f) in enumerate(zip(tot, fits)):
         ax.text(t * (1.08 if log else 1) + (0 if log else max(tot) * 0.01), i,
                 f"{t:.3g} s" + ("" if f else " (over memory)"), va="center", fontsize=8)
     ax.set_yticks(y, names)
     ax.invert_yaxis()
-    ax.set_xlabel("predicted communication, s per training step" + (" (log scale)" if log else ""))
+    ax.set_xlabel(xlabel + (" (log scale)" if log else ""))
     ax.legend(loc="lower right", fontsize=8)
     return fig
 
@@ -121,20 +139,26 @@ def build(paths: list[Path]) -> list[Section]:
         sec = Section("Plan and baselines" if len(paths) == 1 else plan_title(best))
         for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
             sec.text(line.strip())
-        sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; search "
-                 f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
-                 f"Costs are the profile's predictions of communication time per training step.")
+        objective = _objective(plans, pf.meta.get("objective", "comm"))
+        search = best.get("search", {})
+        sec.text(f"Profile {best.get('profile', '?')}; {best.get('micro_batches', '?')} micro-batches per step; search "
+                 f"{search.get('algorithm', '')} stopped by: {search.get('stopped', '')}. "
+                 + ("Costs are the profile's predictions of the step time: compute and the communication it does "
+                    "not hide." if objective == "step" else
+                    "Costs are the profile's predictions of communication time per training step."))
         totals = _totals(plans)
         sec.heading("Baselines compared").table(totals)
-        sec.figure(_breakdown_fig(plans), "Cost breakdown: redistribution (boxing between and inside layers, "
-                                          "forward and backward) and weight-gradient synchronisation; hatched: "
-                                          "over the memory limit.")
+        sec.figure(_breakdown_fig(plans, objective),
+                   "Step time: compute and the communication it does not hide; hatched: over the memory limit."
+                   if objective == "step" else
+                   "Cost breakdown: redistribution (boxing between and inside layers, forward and backward) and "
+                   "weight-gradient synchronisation; hatched: over the memory limit.")
         sec.heading("Per-layer plan").table(
             _layers(best), "x: how often the layer repeats (tied SBP). Placements per DeviceMesh dimension "
                            "(node parts first), as PyTorch DTensor and as OneFlow's nd-SBP write them.")
         sec.heading("Redistribution between layers").table(_edges(best))
-        if pf.traces:
-            opt = min(min((x[1] for x in t), default=float("inf")) for t in pf.traces.values())
+        opt = min((x[1] for t in pf.traces.values() for x in t if x[1] > 0), default=0)
+        if pf.traces and opt > 0:
             sec.heading("Search convergence")
             sec.figure(_convergence_fig(pf.traces, opt), "Best cost found against search time (cf. AutoDDL Fig. 8).")
         sections.append(sec)

@@ -101,3 +101,34 @@ def test_results_samples_leave_out_sizes_without_stats(tmp_path):
     with open(res / "samples.csv", "a") as f:
         f.write("world:2x1,intra,2,1,allreduce,host,float32,999,249,0,0.001\r\n")
     assert len(pd.read_csv(res / "samples.csv")) == n + 1 and len(rd.samples()) == n
+
+
+def test_report_cells_are_for_people():
+    from reports.html import cell_text, table_html
+
+    assert cell_text(float("nan")) == "-" and cell_text(float("inf"), "total_s") == "-"
+    assert cell_text(4.611686018427388e18, "max_bytes") == "no limit"
+    assert cell_text(False) == "no" and cell_text(None) == "-"
+    assert cell_text(1536, "bytes") == "1.5 KiB" and cell_text(64 << 20, "bytes") == "64 MiB"
+    assert cell_text(3.2e-6, "median_s") == "3.2 us" and cell_text(0.0125, "step_s") == "12.5 ms"
+    assert cell_text({"a": 1.5, "b": True}) == "a: 1.5, b: yes"
+    html = table_html(pd.DataFrame({"bytes": [1024, 2 ** 62], "median_s": [float("nan"), 2.0],
+                                    "fits": [True, False], "extra": [{"k": 1}, [1, 2]]}))
+    for bad in ("nan", "inf", "e+18", "True", "False", "{"):
+        assert bad not in html
+
+
+def test_report_chart_shows_what_the_headline_compares():
+    from reports.sections.sbp import _breakdown_fig, _objective
+
+    totals = {"redistribution_s": 1.0, "grad_sync_s": 2.0, "total_s": 3.0, "memory_bytes": 1.0, "fits_memory": True}
+    plans = [{"strategy": "a", "totals": dict(totals, compute_s=10.0, exposed_comm_s=1.5, step_s=11.5)},
+             {"strategy": "b", "totals": dict(totals, compute_s=10.0, exposed_comm_s=3.0, step_s=13.0)}]
+    assert _objective(plans, "step") == "step" and _objective(plans, "comm") == "comm"
+    fig = _breakdown_fig(plans, "step")
+    ax = fig.axes[0]
+    assert ax.get_xlabel().startswith("predicted step time")
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["compute", "exposed communication"]
+    assert [t.get_text() for t in ax.texts] == ["11.5 s", "13 s"]
+    no_compute = [{"strategy": "a", "totals": totals}]
+    assert _objective(no_compute, "step") == "comm"
