@@ -118,14 +118,14 @@ def dispatch(prog: str, doc: str, subcommands: dict[str, str], argv: Sequence[st
         return run_cli(load(subcommands[argv[0]]), argv[1:], prog=f"{prog} {argv[0]}")
     if argv and argv[0] in HELP:
         try:
-            print(doc.strip(), flush=True)
+            print(plain(doc).strip(), flush=True)
         except BrokenPipeError:
             return quiet_broken_pipe()
         if default is None:
             return 0
         print()
     elif not argv and default is None:
-        print(doc.strip(), file=sys.stderr)
+        print(plain(doc).strip(), file=sys.stderr)
         return 2
     elif argv and not argv[0].startswith("-") or default is None:
         print(f"{prog}: error: unknown command {argv[0]!r}: use one of {', '.join(subcommands)}", file=sys.stderr)
@@ -158,9 +158,20 @@ class CommandParser(argparse.ArgumentParser):
             quiet_broken_pipe()
 
 
+def plain(text: str | None) -> str | None:
+    """Help text from a docstring: RST's double backticks dropped (``python -m x`` -> python -m x)."""
+    return text.replace("``", "") if text else text
+
+
 def command_parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
-    """The argument parser of a command: its description kept as written, defaults shown."""
-    return CommandParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
+    """The argument parser of a command: its description kept as written (RST's backticks dropped),
+    defaults shown; an epilog that repeats the description (a module docstring) is shown once."""
+    description = plain(description)
+    epilog = plain(kwargs.pop("epilog", None))
+    if epilog and description and epilog.strip().startswith(description.strip()):
+        epilog = epilog.strip()[len(description.strip()):].lstrip("\n").rstrip() or None
+    return CommandParser(prog=prog, description=description, epilog=epilog, formatter_class=HelpFormatter,
+                         **kwargs)
 
 
 def run_on_ranks(comm, work: Callable[[], object], prog: str, collective: bool = False):
