@@ -14,6 +14,8 @@ def read_json(path: str | Path, what: str, fix: str):
     """The parsed content of ``path``; ``what`` names the file in errors
     ("plan file"), ``fix`` says how to get a good one ("write one with --plan-out")."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{what} {str(p)!r} is a directory, not a file: {fix}")
     if not p.is_file():
         raise UserError(f"{what} {str(p)!r} does not exist: {fix}")
     try:

@@ -367,3 +367,50 @@ PLAN_CASES = [
     ("plan-truncated", lambda d: json.dumps(d)[:300], "not valid JSON"),
     ("plan-binary", lambda d: bytes(range(256)) * 3, "not valid JSON|not text"),
 ]
+
+
+# ---- broken execute results (execute-*.json of python -m autotune execute) ---------------------------
+def execute_record(name: str, step: float) -> dict:
+    """A result record as python -m autotune execute writes one."""
+    return {"kind": "commtune.execute-result", "version": 1, "strategy": name, "model": {"name": "gpt"},
+            "cluster": {"nodes": 1, "gpus_per_node": 2}, "device": "cpu", "backend": "gloo", "dtype": "float64",
+            "predicted": {"step_s": step, "total_s": step / 10, "memory_bytes": 1e9},
+            "measured": {"step_s": step * 1.05, "comm_alone_s": step / 9, "comm_s": step / 5,
+                         "peak_memory_bytes": [1.1e9, 1.0e9], "losses": [2.0, 1.5]}}
+
+
+def _measured(d):
+    return d["measured"]
+
+
+EXECUTE_CASES = [
+    ("no-strategy", _drop(lambda d: d, "strategy"), "strategy"),
+    ("strategy-list", _set(lambda d: d, "strategy", ["a"]), "strategy"),
+    ("wrong-kind", _set(lambda d: d, "kind", "commtune.sbp-plan"), "kind"),
+    ("version-2", _set(lambda d: d, "version", 2), "version"),
+    ("no-measured", _drop(lambda d: d, "measured"), "measured"),
+    ("measured-text", _set(lambda d: d, "measured", "fast"), "measured"),
+    ("step-missing", _drop(_measured, "step_s"), "step_s"),
+    ("step-text", _set(_measured, "step_s", "1 s"), "step_s"),
+    ("step-zero", _set(_measured, "step_s", 0), "step_s"),
+    ("step-nan", _set(_measured, "step_s", math.nan), "step_s"),
+    ("step-inf", _set(_measured, "step_s", math.inf), "step_s"),
+    ("losses-missing", _drop(_measured, "losses"), "losses"),
+    ("losses-empty", _set(_measured, "losses", []), "losses"),
+    ("losses-nan", _set(_measured, "losses", [2.0, math.nan]), "losses"),
+    ("losses-text", _set(_measured, "losses", "down"), "losses"),
+    ("comm-negative", _set(_measured, "comm_alone_s", -1.0), "comm_alone_s"),
+    ("comm-text", _set(_measured, "comm_s", "lots"), "comm_s"),
+    ("peak-text", _set(_measured, "peak_memory_bytes", "1 GiB"), "peak_memory_bytes"),
+    ("peak-nan", _set(_measured, "peak_memory_bytes", [math.nan]), "peak_memory_bytes"),
+    ("predicted-list", _set(lambda d: d, "predicted", []), "predicted"),
+    ("predicted-step-nan", _set(lambda d: d["predicted"], "step_s", math.nan), "predicted/step_s"),
+    ("predicted-memory-negative", _set(lambda d: d["predicted"], "memory_bytes", -1), "memory_bytes"),
+    ("model-text", _set(lambda d: d, "model", "gpt"), "model"),
+    ("cluster-missing", _drop(lambda d: d, "cluster"), "cluster"),
+    ("device-number", _set(lambda d: d, "device", 0), "device"),
+    ("error-number", _set(lambda d: d, "error", 5), "error"),
+    ("whole-list", _text("[]"), "kind"),
+    ("binary", lambda d: bytes(range(256)), "not valid JSON|not text"),
+    ("truncated", lambda d: json.dumps(d)[:40], "not valid JSON"),
+]

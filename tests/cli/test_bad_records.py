@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.badrecords import (PLAN_CASES, PROFILE_CASES, RESULTS_CASES, ROOT, broken_profile, digest,
-                                  make_results, run_main)
+from tests.cli.badrecords import (EXECUTE_CASES, PLAN_CASES, PROFILE_CASES, RESULTS_CASES, ROOT, broken_profile,
+                                  digest, execute_record, make_results, run_main)
 
 CPU_LIMIT_S = 10.0
 
@@ -38,6 +38,9 @@ RESULTS_COMMANDS = {
 }
 PLAN_COMMANDS = {
     "reports": "reports {plan} -o {out}/r.html",
+}
+EXECUTE_COMMANDS = {
+    "autotune-execute-summarize": "autotune execute --summarize {x}",
 }
 # options out of range or not finite, checked before any work
 OPTION_CASES = [
@@ -102,6 +105,18 @@ def inputs(tmp_path_factory):
         data = broken_profile(plan, mutate)
         path = plans / f"{name}.json"
         (path.write_bytes if isinstance(data, bytes) else path.write_text)(data)
+    for name, mutate, _ in EXECUTE_CASES:
+        folder = root / "executed" / name
+        folder.mkdir(parents=True)
+        for i, (strategy, step) in enumerate((("searched", 0.1), ("data parallel", 0.2), ("Megatron", 0.3))):
+            data = broken_profile(execute_record(strategy, step), mutate) if i == 1 else \
+                json.dumps(execute_record(strategy, step))
+            path = folder / f"execute-{i:02d}-x.json"
+            (path.write_bytes if isinstance(data, bytes) else path.write_text)(data)
+    good = root / "executed" / "good"
+    good.mkdir()
+    for i, (strategy, step) in enumerate((("searched", 0.1), ("data parallel", 0.2))):
+        (good / f"execute-{i:02d}-x.json").write_text(json.dumps(execute_record(strategy, step)))
     return root
 
 
@@ -115,6 +130,9 @@ def _cases():
     for name, _, expect in PLAN_CASES:
         for cmd, line in PLAN_COMMANDS.items():
             yield pytest.param(line, {"plan": f"plans/{name}.json"}, expect, id=f"plan-{name}-{cmd}")
+    for name, _, expect in EXECUTE_CASES:
+        for cmd, line in EXECUTE_COMMANDS.items():
+            yield pytest.param(line, {"x": f"executed/{name}"}, expect, id=f"execute-{name}-{cmd}")
     for name, line, expect in OPTION_CASES:
         yield pytest.param(line, {}, expect, id=f"option-{name}")
 
@@ -124,6 +142,15 @@ CASES = list(_cases())
 
 def test_the_suite_is_big():
     assert len(CASES) >= 300
+
+
+def test_the_good_records_are_accepted(inputs, tmp_path):
+    """The records the cases break, unbroken, pass the same commands (a case fails for its break)."""
+    for argv in (["calibrate", "validate", "--profile", "gcp-a100", str(inputs / "res")],
+                 ["reports", str(inputs / "res"), str(inputs / "plan" / "plan.json"), "-o", str(tmp_path / "r.html")],
+                 ["autotune", "execute", "--summarize", str(inputs / "executed" / "good")]):
+        rc, out, _, tb = run_main(argv)
+        assert rc == 0 and not tb, out[-800:] + tb
 
 
 def check_outcome(rc: int, out: str, expect: str, cpu_s: float, tb: str) -> None:
