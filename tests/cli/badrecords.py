@@ -414,3 +414,33 @@ EXECUTE_CASES = [
     ("binary", lambda d: bytes(range(256)), "not valid JSON|not text"),
     ("truncated", lambda d: json.dumps(d)[:40], "not valid JSON"),
 ]
+
+
+# ---- broken schedule results (schedule.json of python -m autotune schedule, read by --rescore) -----------
+def schedule_record() -> dict:
+    return {"kind": "schedule-tune", "version": 1, "date": "2026-11-25", "ranks": 2, "nodes": 1, "gpus_per_node": 2,
+            "profile": "gcp-a100", "dtype": "float32", "space": "default", "measured": False,
+            "collectives": [{"collective": "allreduce", "candidates": {}, "bands": [],
+                             "table": [{"lo": 0, "hi": 1024, "choice": "nccl"}]}]}
+
+
+def _coll0(d):
+    return d["collectives"][0]
+
+
+SCHEDULE_CASES = [
+    ("ranks-zero", _set(lambda d: d, "ranks", 0), "ranks"),
+    ("ranks-text", _set(lambda d: d, "ranks", "2"), "ranks"),
+    ("nodes-missing", _drop(lambda d: d, "nodes"), "nodes"),
+    ("measured-text", _set(lambda d: d, "measured", "no"), "measured"),
+    ("collectives-text", _set(lambda d: d, "collectives", "allreduce"), "collectives"),
+    ("collective-number", _set(lambda d: d, "collectives", [5]), "collectives"),
+    ("candidates-list", _set(_coll0, "candidates", []), "candidates"),
+    ("bands-text", _set(_coll0, "bands", "x"), "bands"),
+    ("band-rows-text", _set(_coll0, "bands", [{"rows": "x"}]), "rows"),
+    ("band-row-nan", _set(_coll0, "bands", [{"rows": [{"measured_us": math.nan}]}]), "measured_us"),
+    ("table-reversed", _set(_coll0, "table", [{"lo": 4096, "hi": 1024, "choice": "nccl"}]), "table/0"),
+    ("table-negative", _set(_coll0, "table", [{"lo": -1, "hi": 0, "choice": "nccl"}]), "table/0"),
+    ("table-text", _set(_coll0, "table", ["nccl"]), "table/0"),
+    ("schedule-kind", _set(lambda d: d, "kind", "commtune.profile"), "kind"),
+]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.badrecords import (EXECUTE_CASES, PLAN_CASES, PROFILE_CASES, RESULTS_CASES, ROOT, broken_profile,
-                                  digest, execute_record, make_results, run_main)
+from tests.cli.badrecords import (EXECUTE_CASES, PLAN_CASES, PROFILE_CASES, RESULTS_CASES, ROOT, SCHEDULE_CASES,
+                                  broken_profile, digest, execute_record, make_results, run_main, schedule_record)
 
 CPU_LIMIT_S = 10.0
 
@@ -38,6 +38,10 @@ RESULTS_COMMANDS = {
 }
 PLAN_COMMANDS = {
     "reports": "reports {plan} -o {out}/r.html",
+}
+SCHEDULE_COMMANDS = {
+    "autotune-schedule-rescore": "autotune schedule --rescore {s}",
+    "reports": "reports {s} -o {out}/r.html",
 }
 EXECUTE_COMMANDS = {
     "autotune-execute-summarize": "autotune execute --summarize {x}",
@@ -113,6 +117,11 @@ def inputs(tmp_path_factory):
                 json.dumps(execute_record(strategy, step))
             path = folder / f"execute-{i:02d}-x.json"
             (path.write_bytes if isinstance(data, bytes) else path.write_text)(data)
+    (root / "schedules").mkdir()
+    (root / "schedules" / "good.json").write_text(json.dumps(schedule_record()))
+    for name, mutate, _ in SCHEDULE_CASES:
+        data = broken_profile(schedule_record(), mutate)
+        (root / "schedules" / f"{name}.json").write_text(data)
     good = root / "executed" / "good"
     good.mkdir()
     for i, (strategy, step) in enumerate((("searched", 0.1), ("data parallel", 0.2))):
@@ -133,6 +142,9 @@ def _cases():
     for name, _, expect in EXECUTE_CASES:
         for cmd, line in EXECUTE_COMMANDS.items():
             yield pytest.param(line, {"x": f"executed/{name}"}, expect, id=f"execute-{name}-{cmd}")
+    for name, _, expect in SCHEDULE_CASES:
+        for cmd, line in SCHEDULE_COMMANDS.items():
+            yield pytest.param(line, {"s": f"schedules/{name}.json"}, expect, id=f"schedule-{name}-{cmd}")
     for name, line, expect in OPTION_CASES:
         yield pytest.param(line, {}, expect, id=f"option-{name}")
 
@@ -148,7 +160,9 @@ def test_the_good_records_are_accepted(inputs, tmp_path):
     """The records the cases break, unbroken, pass the same commands (a case fails for its break)."""
     for argv in (["calibrate", "validate", "--profile", "gcp-a100", str(inputs / "res")],
                  ["reports", str(inputs / "res"), str(inputs / "plan" / "plan.json"), "-o", str(tmp_path / "r.html")],
-                 ["autotune", "execute", "--summarize", str(inputs / "executed" / "good")]):
+                 ["autotune", "execute", "--summarize", str(inputs / "executed" / "good")],
+                 ["autotune", "schedule", "--rescore", str(inputs / "schedules" / "good.json")],
+                 ["reports", str(inputs / "schedules" / "good.json"), "-o", str(tmp_path / "s.html")]):
         rc, out, _, tb = run_main(argv)
         assert rc == 0 and not tb, out[-800:] + tb
 
