@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="ensemble", choices=list(SOLVERS), help="solver of the chosen plan")
     p.add_argument("--time-budget", type=finite_float, default=0.5, help="seconds for the DFS solver (default 0.5)")
     p.add_argument("--rounds", type=int, default=16, help="random orders per randomized-greedy step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomized-greedy solver's orders")
     p.add_argument("--plan-out", help="write the chosen plan as JSON (one task only)")
     p.add_argument("--results", help="write all results as JSON for the report (kind 'reshard')")
     p.add_argument("--jobs", type=int, default=12, help="how many jobs of the chosen plan to print")

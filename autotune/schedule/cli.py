@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fit-model", metavar="INTERP_TUNE_JSON",
                    help="measure nothing: fit the interpreter model's parameters on an interpreter sweep record "
                         "and print them (the JSON of kernels/interp/fitted/interp_model.json)")
-    p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES))
+    p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES),
+                   help="element type of the collectives' buffers")
     p.add_argument("--reps", type=int, default=5, help="timed graph replays per candidate (default 5)")
     p.add_argument("--model-only", action="store_true", help="do not measure even where GPUs are available")
     p.add_argument("--out", default="schedule-out", help="output directory (default schedule-out)")

@@ -23,7 +23,8 @@ def compile_main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=1, help="nodes, for multi-node algorithms (default 1)")
     ap.add_argument("--channels", type=int, default=1, help="channels (rings) per instance (default 1)")
     ap.add_argument("--instances", type=int, default=1, help="program-wide instances (default 1)")
-    ap.add_argument("--protocol", default="Simple", choices=["Simple", "LL", "LL128"])
+    ap.add_argument("--protocol", default="Simple", choices=["Simple", "LL", "LL128"],
+                    help="NCCL protocol the program's steps use (MSCCL's proto attribute)")
     ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU")
     ap.add_argument("--max-memory", type=finite_float, default=DEFAULT_MAX_MEMORY_GIB,
                     help="GiB the compiler may use; larger programs are refused before any work "

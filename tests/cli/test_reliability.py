@@ -132,3 +132,40 @@ def test_report_chart_shows_what_the_headline_compares():
     assert [t.get_text() for t in ax.texts] == ["11.5 s", "13 s"]
     no_compute = [{"strategy": "a", "totals": totals}]
     assert _objective(no_compute, "step") == "comm"
+
+
+class _Parsed(Exception):
+    pass
+
+
+# every command whose options this suite holds to a help line (calibrate compute, autotune execute and the
+# search have owners of their own)
+HELPED = [("calibrate", "run"), ("calibrate", "fit"), ("calibrate", "validate"), ("calibrate", "profiles"),
+          ("autotune", "validate"), ("autotune", "reshard"), ("autotune", "schedule"), ("autotune", "nccl"),
+          ("autotune", "reproduce"), ("autotune", "explain"), ("kernels", "compile"), ("kernels", "check"),
+          ("kernels", "bench"), ("kernels", "peers"), ("kernels", "tp-mlp"), ("kernels", "reshard"),
+          ("kernels", "build-tuner"), ("reports", "")]
+
+
+@pytest.mark.parametrize("package, command", HELPED, ids=[f"{p}-{c}" for p, c in HELPED])
+def test_every_option_has_a_help_line(package, command, monkeypatch):
+    """The parser a command builds, caught at parse time: each option and argument says what it is."""
+    import importlib
+
+    from calibrate.cli import CommandParser
+
+    def catch(self, args=None, namespace=None):
+        raise _Parsed(self)
+    monkeypatch.setattr(CommandParser, "parse_args", catch)
+    monkeypatch.setattr(CommandParser, "parse_known_args", lambda self, *a, **k: catch(self))
+    if package == "reports":
+        main = importlib.import_module("reports.__main__").main
+    else:
+        module, func = importlib.import_module(f"{package}.__main__").SUBCOMMANDS[command].split(":")
+        main = getattr(importlib.import_module(module), func)
+    with pytest.raises(_Parsed) as got:
+        main([])
+    parser = got.value.args[0]
+    bare = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
+            if not (a.help or "").strip() and a.dest != "help"]
+    assert not bare, f"options without a help line: {', '.join(bare)}"

@@ -29,7 +29,7 @@ from calibrate.errors import UserError
 from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.jsonfile import write_json
-from models import load_model
+from models import load_model, model_kinds
 
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
@@ -46,16 +46,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node (default: world size / nodes)")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile for the predictions (default {DEFAULT_PROFILE})")
     ap.add_argument("--plans", type=int, default=8, help="how many plans to replay (default 8)")
-    ap.add_argument("--model", default="gpt")
-    ap.add_argument("--preset", default=None)
+    ap.add_argument("--model", default="gpt", help="model kind whose plans are replayed: " + ", ".join(model_kinds()))
+    ap.add_argument("--preset", default=None, help="preset of the model (default: the one-layer GPT below); "
+                                                   "python -m autotune --help lists them")
     for k, v in GPT_LAYER.items():
         ap.add_argument("--" + k.replace("_", "-"), dest=k, type=int, default=None, help=f"model field (default {v})")
     ap.add_argument("--dtype", default="float32", help="element type of the buffers (default float32)")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10, help="timed calls of each collective")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls before timing each collective")
     ap.add_argument("--mode", default="host", help="timing mode: host, graph (nccl) or isolated")
     ap.add_argument("--out", default=None, help="directory for validate.json (default: none)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random candidate plans")
     return ap
 
 
