@@ -36,11 +36,10 @@ from scipy.optimize import nnls
 
 from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.errors import OptionError, UserError
-from calibrate.profile import Segment, segments_time
+from calibrate.profile import METHODS, Segment, segments_time
 from calibrate.refine import FLOOR, RESOLUTION, Point, flag_steps
 
 BIG = float(2 ** 62)
-METHODS = ("segments", "interpolate")
 
 
 def fit_alpha_beta(coll: Collective, p: int, n: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
@@ -177,7 +176,7 @@ def switches(coll: Collective, p: int, segments: list[Segment], resolution: floa
         gap = math.log2(first / last)
         t_lo = lo.time(coll, at, p)
         out.append({"last_below_bytes": last, "first_above_bytes": first, "at_bytes": at, "gap_octaves": gap,
-                    "jump": hi.time(coll, at, p) / t_lo if t_lo > 0 else float("inf"),
+                    "jump": hi.time(coll, at, p) / t_lo if t_lo > 0 else None,  # None: no finite ratio
                     "located": gap <= resolution + 1e-9})
     return out
 

@@ -46,6 +46,12 @@ VERSION = 2
 READ_VERSIONS = (1, 2)
 REFIT = "refit it with python -m calibrate fit"
 TIERS = ("intra", "inter")
+# the ranges a fitted segment's figures can have: no collective starts slower than a second, and
+# none moves fewer than a kilobyte a second; sizes up to the open end's 2**62 bytes
+MAX_ALPHA_S = 1.0
+MAX_BETA_S_PER_BYTE = 1e-3
+MAX_SEGMENT_BYTES = float(2 ** 62)
+METHODS = ("segments", "interpolate")
 
 
 @dataclass(frozen=True)
@@ -241,6 +247,11 @@ class Profile:
         for key in ("name", "provenance", "tiers"):
             if key not in d:
                 raise UserError(f"{origin} lacks the field {key!r}: refit it with python -m calibrate fit")
+        for key, kind in (("name", str), ("provenance", dict), ("hardware", dict), ("software", dict),
+                          ("timing_mode", str)):
+            if key in d and not isinstance(d[key], kind):
+                raise UserError(f"{origin}: {key} is {_short(d[key])}, not {'a string' if kind is str else 'an object'}: "
+                                f"fix it or {REFIT}")
         tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = {}
         if not isinstance(d["tiers"], dict) or not all(isinstance(c, dict) and all(isinstance(m, dict)
                                                                                   for m in c.values())
@@ -257,22 +268,14 @@ class Profile:
                 for p, m in by_p.items():
                     if not str(p).isdigit() or int(p) < 2:
                         raise UserError(f"{origin}: {tier}/{coll} has a bad group size {p!r}")
-                    segs = []
+                    where = f"{origin}: {tier}/{coll}/p={p}"
                     if not isinstance(m, dict) or not isinstance(m.get("segments", []), list):
-                        raise UserError(f"{origin}: {tier}/{coll}/p={p} is not a model with a list of segments: "
+                        raise UserError(f"{where} is not a model with a list of segments: "
                                         f"refit it with python -m calibrate fit")
-                    for s in m.get("segments", []):
-                        seg = _segment(s, f"{origin}: {tier}/{coll}/p={p}")
-                        if not (seg.alpha >= 0 and seg.beta >= 0 and math.isfinite(seg.alpha)
-                                and math.isfinite(seg.beta)):
-                            raise UserError(
-                                f"{origin}: {tier}/{coll}/p={p} has a negative or non-finite alpha or beta"
-                            )
-                        segs.append(seg)
-                    if not segs:
-                        raise UserError(f"{origin}: {tier}/{coll}/p={p} has no segments")
+                    segs = _segments(m.get("segments", []), where)
+                    _check_model_fields(m, where)
                     tiers[tier][coll][str(p)] = CollectiveModel(
-                        sorted(segs, key=lambda s: s.min_bytes), m.get("points", []), m.get("validation", {}),
+                        segs, m.get("points", []), m.get("validation", {}),
                         m.get("method", "segments"), m.get("switches", []))
         return cls(
             name=d["name"],
@@ -307,18 +310,79 @@ class Profile:
 DEFAULT_PROFILE = "h200-nvlink+ib400"
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _segments(raw: list, where: str) -> list[Segment]:
+    """The segments of one model, each checked, in size order, none overlapping the next."""
+    segs = sorted((_segment(s, where) for s in raw), key=lambda s: s.min_bytes)
+    if not segs:
+        raise UserError(f"{where} has no segments: {REFIT}")
+    for a, b in zip(segs, segs[1:]):
+        if b.min_bytes < a.max_bytes:
+            raise UserError(f"{where}: segments [{a.min_bytes:.0f}, {a.max_bytes:.0f}) and [{b.min_bytes:.0f}, "
+                            f"{b.max_bytes:.0f}) overlap: each segment must start where the one before ends; "
+                            f"{REFIT}")
+    return segs
+
+
 def _segment(s, where: str) -> Segment:
-    """A Segment from its JSON, every number checked to be one."""
+    """A Segment from its JSON, every number checked to be a finite one in its range."""
     fields = ("min_bytes", "max_bytes", "alpha", "beta")
     if not isinstance(s, dict) or any(k not in s for k in fields) or set(s) - set(fields) - {"fit"}:
         raise UserError(f"{where}: a segment needs exactly {', '.join(fields)} (and fit): "
                         f"refit it with python -m calibrate fit")
-    bad = [k for k in fields if isinstance(s[k], bool) or not isinstance(s[k], (int, float))]
+    bad = [k for k in fields if not _is_number(s[k])]
     if bad:
-        raise UserError(f"{where}: segment field {bad[0]} is {s[bad[0]]!r}, not a number: "
+        raise UserError(f"{where}: segment field {bad[0]} is {_short(s[bad[0]])}, not a number: "
                         f"fix it or refit with python -m calibrate fit")
-    return Segment(float(s["min_bytes"]), float(s["max_bytes"]), float(s["alpha"]), float(s["beta"]),
-                   s.get("fit", {}) if isinstance(s.get("fit", {}), dict) else {})
+    bad = [k for k in fields if not math.isfinite(s[k])]
+    if bad:
+        raise UserError(f"{where}: segment field {bad[0]} is {s[bad[0]]!r}, not a finite number: "
+                        f"fix it or {REFIT}")
+    lo, hi, alpha, beta = (float(s[k]) for k in fields)
+    if not 0 <= lo < hi <= MAX_SEGMENT_BYTES:
+        raise UserError(f"{where}: a segment spans [{lo:g}, {hi:g}) bytes; want 0 <= min_bytes < max_bytes <= "
+                        f"2**62: fix it or {REFIT}")
+    if not (0 <= alpha <= MAX_ALPHA_S and 0 <= beta <= MAX_BETA_S_PER_BYTE) or alpha == beta == 0:
+        raise UserError(f"{where}: a segment has alpha {alpha:g} s and beta {beta:g} s/B; want alpha in [0, "
+                        f"{MAX_ALPHA_S:g}] s, beta in [0, {MAX_BETA_S_PER_BYTE:g}] s/B, not both 0: "
+                        f"fix it or {REFIT}")
+    fit = s.get("fit", {})
+    if not isinstance(fit, dict):
+        raise UserError(f"{where}: a segment's fit is {_short(fit)}, not an object: fix it or {REFIT}")
+    for key in ("first_bytes", "last_bytes"):
+        if key in fit and not (_is_number(fit[key]) and 0 < fit[key] < math.inf):
+            raise UserError(f"{where}: a segment's fit/{key} is {_short(fit[key])}; want a positive size in "
+                            f"bytes: fix it or {REFIT}")
+    if "first_bytes" in fit and "last_bytes" in fit and fit["first_bytes"] > fit["last_bytes"]:
+        raise UserError(f"{where}: a segment's fit/first_bytes {fit['first_bytes']} is above its last_bytes "
+                        f"{fit['last_bytes']}: fix it or {REFIT}")
+    return Segment(lo, hi, alpha, beta, fit)
+
+
+def _check_model_fields(m: dict, where: str) -> None:
+    """The optional fields of a model have the shapes their readers (reports, validation) rely on."""
+    points = m.get("points", [])
+    if not isinstance(points, list) or not all(
+            isinstance(pt, list) and len(pt) == 2 and all(_is_number(v) and math.isfinite(v) for v in pt)
+            and pt[0] > 0 and pt[1] > 0 for pt in points):
+        raise UserError(f"{where}: points is not a list of [bytes, seconds] pairs of positive numbers: "
+                        f"fix it or {REFIT}")
+    if not isinstance(m.get("validation", {}), dict):
+        raise UserError(f"{where}: validation is {_short(m['validation'])}, not an object: fix it or {REFIT}")
+    if m.get("method", "segments") not in METHODS:
+        raise UserError(f"{where}: method is {_short(m['method'])}; want one of {', '.join(METHODS)}: "
+                        f"fix it or {REFIT}")
+    switches = m.get("switches", [])
+    if not isinstance(switches, list) or not all(isinstance(x, dict) for x in switches):
+        raise UserError(f"{where}: switches is not a list of objects: fix it or {REFIT}")
 
 
 def embedded_profile_names() -> list[str]:

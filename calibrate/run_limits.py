@@ -13,13 +13,28 @@ from calibrate.errors import OptionError, UserError
 CHECK_FACTOR = 2
 
 
-def check_counts(iters: int, warmup: int, reps: int) -> None:
+# calls of one size (warm-up and timed) beyond which a run is refused: a million calls at the fastest
+# collective's few microseconds is already seconds per size, times every size, collective and group
+MAX_CALLS_PER_SIZE = 1_000_000
+FASTEST_CALL_S = 2e-6
+
+
+def check_counts(iters: int, warmup: int, reps: int, sizes: int = 1) -> None:
+    """The counts of calls in range, and their work bounded (``sizes``: sizes times collectives
+    measured), before any work."""
     if iters < 1:
         raise OptionError("iters", f"must be >= 1, got {iters}")
     if warmup < 0:
         raise OptionError("warmup", f"must be >= 0, got {warmup}")
     if reps < 1:
         raise OptionError("reps", f"must be >= 1, got {reps}")
+    calls = warmup + iters * reps
+    if calls > MAX_CALLS_PER_SIZE:
+        seconds = calls * max(sizes, 1) * FASTEST_CALL_S
+        raise OptionError("iters", f"{iters} x {{reps}} {reps} + {{warmup}} {warmup} is {calls:,} calls per size, "
+                                   f"at least {seconds:,.0f} s for {max(sizes, 1)} size(s) at "
+                                   f"{FASTEST_CALL_S * 1e6:.0f} us a call: at most {MAX_CALLS_PER_SIZE:,} calls "
+                                   f"per size")
 
 
 def check_world(size: int) -> None:

@@ -52,8 +52,8 @@ def sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     if min_bytes > max_bytes:
         raise OptionError("min_bytes", f"({format_size(min_bytes)}) is larger than {{max_bytes}} "
                                        f"({format_size(max_bytes)}): swap them")
-    if factor <= 1:
-        raise OptionError("factor", f"must be above 1, got {factor}")
+    if not (1 < factor < math.inf):
+        raise OptionError("factor", f"must be above 1 and finite, got {factor}")
     sizes, n = [], float(min_bytes)
     while n <= max_bytes * (1 + 1e-9):
         sizes.append(min(max(snap(n), min_bytes), max_bytes))

@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     p = command_parser("python -m reports", __doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="results directories and/or JSON files (profiles, plans, ...)")
     p.add_argument("-o", "--out", default="report.html", help="HTML file to write. Default report.html")
-    p.add_argument("--title", default="Communication calibration and tuning report")
+    p.add_argument("--title", default="Communication calibration and tuning report",
+                   help="the report's title (its first heading and the page title)")
     args = p.parse_args(argv)
     check_output_path(args.out, "report")
     by_kind: dict[str, list[Path]] = {}

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first)
 import pandas as pd  # noqa: E402
 
-from calibrate.errors import UserError  # noqa: E402
+from calibrate.outputs import write_atomic  # noqa: E402
 
 
 @dataclass
@@ -56,13 +56,71 @@ def figure_html(fig, caption: str = "") -> str:
     return f'<figure class="fig">{svg}{cap}</figure>'
 
 
-def table_html(df: pd.DataFrame, caption: str = "", float_format: str = "{:.4g}") -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return float_format.format(v)
-        return v
+# a size at or above this is the open end of a range (profiles write 2**62 for "no upper bound")
+OPEN_END_BYTES = 2 ** 62
 
-    body = df.map(fmt).to_html(index=False, escape=True, border=0, classes="data")
+
+def size_text(nbytes: float) -> str:
+    """Bytes for people: 512 B, 1.5 KiB, 64 MiB, 2 GiB; the open end as "no limit"."""
+    if nbytes >= OPEN_END_BYTES:
+        return "no limit"
+    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def time_text(seconds: float) -> str:
+    """Seconds for people: 850 ns, 12.5 us, 3.2 ms, 1.25 s."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-9:.4g} ns" if seconds else "0 s"
+
+
+def _is_bytes(column: str) -> bool:
+    c = column.lower()
+    return c == "bytes" or c.endswith("_bytes") or c.endswith(" bytes") or c in ("size", "min_bytes", "max_bytes")
+
+
+def _is_seconds(column: str) -> bool:
+    c = column.lower()
+    return c.endswith("_s") and not c.endswith("_bps")
+
+
+def cell_text(v, column: str = "", float_format: str = "{:.4g}"):
+    """One table cell for people: sizes in KiB/MiB/GiB (bytes columns), times with units (``*_s``
+    columns), yes/no for booleans, "-" for missing and not-finite numbers, lists and objects spelled
+    out; other numbers by ``float_format``."""
+    import math
+
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "-"
+    if isinstance(v, (int, float)) and _is_bytes(column):
+        return size_text(float(v))
+    if isinstance(v, (int, float)) and _is_seconds(column):
+        return time_text(float(v))
+    if isinstance(v, float):
+        if abs(v) >= OPEN_END_BYTES:
+            return "no limit"
+        return float_format.format(v)
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {cell_text(x, str(k), float_format)}" for k, x in v.items()) or "-"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(cell_text(x, column, float_format)) for x in v) or "-"
+    return v
+
+
+def table_html(df: pd.DataFrame, caption: str = "", float_format: str = "{:.4g}") -> str:
+    shown = df.copy()
+    for column in shown.columns:
+        shown[column] = [cell_text(v.item() if hasattr(v, "item") else v, str(column), float_format)
+                         for v in df[column]]
+    body = shown.astype(str).to_html(index=False, escape=True, border=0, classes="data")
     cap = f"<p class='caption'>{html.escape(caption)}</p>" if caption else ""
     return f"{cap}<div class='tablewrap'>{body}</div>"
 
@@ -85,9 +143,5 @@ def render(title: str, sections: list[Section], sources: list[str] | None = None
 
 def write_report(path: str | Path, title: str, sections: list[Section], sources: list[str] | None = None) -> Path:
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(title, sections, sources))
-    except OSError as e:
-        raise UserError(f"cannot write the report to {str(path)!r} ({e.strerror}): choose a writable path with -o") from None
+    write_atomic(path, render(title, sections, sources), "report")
     return path

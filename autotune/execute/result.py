@@ -30,8 +30,56 @@ def load_records(folder: Path) -> list[dict]:
         raise UserError(f"no execute-*.json in {str(folder)!r}: run python -m autotune execute --out {folder} first")
     out = []
     for f in files:
-        out.append(load_record(f, KIND, VERSION, "execute result", "re-run python -m autotune execute"))
+        out.append(check_result(load_record(f, KIND, VERSION, "execute result", FIX), repr(str(f))))
     return out
+
+
+FIX = "re-run python -m autotune execute"
+MEASURED_SECONDS = ("comm_alone_s", "comm_s", "exposed_comm_s", "host_issue_s", "device_idle_s")
+PREDICTED = ("step_s", "total_s", "memory_bytes", "compute_s", "exposed_comm_s")
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def check_result(d: dict, origin: str) -> dict:
+    """``d`` when its fields have the types and ranges the table reads; one ``UserError`` naming the
+    field otherwise. A failed plan (``error``) needs only its strategy and the error."""
+    def fail(field: str, problem: str):
+        raise UserError(f"{origin}: {field} {problem}: {FIX}")
+
+    if not isinstance(d.get("strategy"), str):
+        fail("strategy", f"is {d.get('strategy')!r:.40}, not a string")
+    if d.get("error"):
+        if not isinstance(d["error"], str):
+            fail("error", "is not a message")
+        return d
+    for key, kind in (("model", dict), ("cluster", dict), ("device", str), ("backend", str), ("dtype", str)):
+        if not isinstance(d.get(key), kind):
+            fail(key, f"is {d.get(key)!r:.40}, not {'an object' if kind is dict else 'a string'}")
+    m = d.get("measured")
+    if not isinstance(m, dict):
+        fail("measured", f"is {m!r:.40}, not an object")
+    if not (_finite(m.get("step_s")) and m["step_s"] > 0):
+        fail("measured/step_s", f"is {m.get('step_s')!r}, not a positive finite number of seconds")
+    losses = m.get("losses")
+    if not (isinstance(losses, list) and losses and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                          and math.isfinite(x) for x in losses)):
+        fail("measured/losses", "is not a non-empty list of finite numbers")
+    for key in MEASURED_SECONDS:
+        if m.get(key) is not None and not _finite(m[key]):
+            fail(f"measured/{key}", f"is {m[key]!r}, not a finite number >= 0")
+    peak = m.get("peak_memory_bytes")
+    if peak is not None and not (isinstance(peak, list) and all(_finite(x) for x in peak)):
+        fail("measured/peak_memory_bytes", "is not a list of byte counts")
+    p = d.get("predicted", {})
+    if not isinstance(p, dict):
+        fail("predicted", f"is {p!r:.40}, not an object")
+    for key in PREDICTED:
+        if p.get(key) is not None and not _finite(p[key]):
+            fail(f"predicted/{key}", f"is {p[key]!r}, not a finite number >= 0")
+    return d
 
 
 def rel_err(pred, meas):

@@ -30,11 +30,12 @@ import sys
 import time
 from pathlib import Path
 
-from calibrate.cli import command_parser, message, run_mpi_command
+from calibrate.cli import command_parser, finite_float, message, run_mpi_command
 from calibrate.device.dtypes import dtype_size
 from calibrate.device.nccl_config import MAX_CHANNELS
 from calibrate.errors import UserError
 from calibrate.sizes import format_size, parse_size
+from calibrate.outputs import write_atomic
 from kernels.nccl_tuner.build import library
 from kernels.nccl_tuner.table import load_table, rows_for, write_table
 
@@ -59,14 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=20, help="calls per CUDA graph (default 20)")
     p.add_argument("--reps", type=int, default=5, help="timed graph replays per point (default 5)")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls before each point (default 5)")
-    p.add_argument("--prune", type=float, default=1.5,
+    p.add_argument("--prune", type=finite_float, default=1.5,
                    help="drop a setting for the larger sizes once it is this many times slower than the best at two "
                         "size steps in a row where the best is bandwidth-bound and the setting's time grows at least "
                         "as fast (default 1.5)")
     p.add_argument("--channels-from", default="256K",
                    help="smallest size at which fixed channel counts are measured; below it only NCCL's own "
                         "(default 256K)")
-    p.add_argument("--margin", type=float, default=0.02,
+    p.add_argument("--margin", type=finite_float, default=0.02,
                    help="a setting replaces the default's own algorithm and protocol (with NCCL's channel count) "
                         "only when faster by more than this fraction (default 0.02)")
     p.add_argument("--rounds", type=int, default=5,
@@ -210,9 +211,10 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
         header = (f"python -m autotune nccl, {record.date}, {record.device}, NCCL {record.nccl_version}, "
                   f"{ranks} ranks on {nodes} node(s)")
         if lead:
-            table_path.write_text(write_table(table_rows, [header, "sizes: NCCL's nBytes (the whole buffer); "
-                                                          "max_bytes inclusive; channels -1: NCCL's own"]))
-            env_path.write_text(rec.env_text(plugin, table_path, args.min_ctas, header))
+            write_atomic(table_path, write_table(table_rows, [header, "sizes: NCCL's nBytes (the whole buffer); "
+                                                             "max_bytes inclusive; channels -1: NCCL's own"]),
+                         "tuner table")
+            write_atomic(env_path, rec.env_text(plugin, table_path, args.min_ctas, header), "environment file")
             say(f"# wrote {table_path} ({len(table_rows)} rows) and {env_path}")
         save()
         say("# NCCL default against NCCL tuned (plugin and table), new communicators, CUDA graphs, median of "

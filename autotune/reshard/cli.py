@@ -24,7 +24,7 @@ from autotune.reshard.solvers import SOLVERS, SolverConfig
 from autotune.reshard.stagecomm import pipeline_from_preset
 from autotune.reshard.strategies import STRATEGIES
 from calibrate import profile as profiles
-from calibrate.cli import command_parser, run_on_ranks
+from calibrate.cli import command_parser, finite_float, run_on_ranks
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
 from kernels.reshard.cli import execute_and_report
@@ -55,9 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="profile name or JSON file")
     p.add_argument("--strategy", default="broadcast", choices=list(STRATEGIES), help="strategy of the chosen plan")
     p.add_argument("--solver", default="ensemble", choices=list(SOLVERS), help="solver of the chosen plan")
-    p.add_argument("--time-budget", type=float, default=0.5, help="seconds for the DFS solver (default 0.5)")
+    p.add_argument("--time-budget", type=finite_float, default=0.5, help="seconds for the DFS solver (default 0.5)")
     p.add_argument("--rounds", type=int, default=16, help="random orders per randomized-greedy step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomized-greedy solver's orders")
     p.add_argument("--plan-out", help="write the chosen plan as JSON (one task only)")
     p.add_argument("--results", help="write all results as JSON for the report (kind 'reshard')")
     p.add_argument("--jobs", type=int, default=12, help="how many jobs of the chosen plan to print")
@@ -103,10 +103,20 @@ def devices_per_host(args, prof, meshes: tuple[tuple[int, int], ...] = ()) -> in
     raise UserError(f"profile {prof.name!r} does not say how many GPUs a host has: give --devices-per-host")
 
 
+# the most devices one mesh may have: the planner's tasks grow with the product of the two meshes'
+# devices (a 16 x 8 mesh to itself already takes minutes on one CPU core)
+MAX_MESH_DEVICES = 1024
+
+
 def mesh_arg(text: str, what: str) -> tuple[int, int]:
     mesh = parse_mesh_shape(text)
     if min(mesh) < 1:
         raise UserError(f"{what} {text!r} has an empty axis: hosts and devices must be at least 1, e.g. 2,4")
+    devices = mesh[0] * mesh[1]
+    if devices > MAX_MESH_DEVICES:
+        raise UserError(f"{what} {text!r} has {devices:,} devices, over the planner's limit of {MAX_MESH_DEVICES:,} "
+                        f"(its work grows with the devices of both meshes multiplied: about {devices ** 2:.2g} "
+                        f"device pairs here): plan a smaller mesh")
     return mesh
 
 

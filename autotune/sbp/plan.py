@@ -26,6 +26,7 @@ from autotune.sbp.boxing import Step, copy_seconds
 from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
 from autotune.sbp.layers import Strategy
 from autotune.sbp.mesh import Cluster
+from autotune.sbp.plancheck import check_plan
 from autotune.sbp.sbp import B, P, is_split, split_dim
 from autotune.sbp.steptime import fsdp_steps, layer_seconds, optimizer_seconds
 
@@ -184,6 +185,7 @@ class PlanFile:
     def from_dict(cls, d: dict, origin: str = "plan") -> "PlanFile":
         check_header(d, KIND, VERSION, "SBP plan", "give a plan.json written by python -m autotune, or re-run the "
                      "search", origin)
+        check_plan(d, origin)
         return cls(d["best"], d.get("baselines", []), d.get("traces", {}), d.get("meta", {}))
 
     def save(self, path: str | Path) -> Path:

@@ -30,6 +30,7 @@ from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 from calibrate.outputs import check_output_path
+from calibrate.outputs import write_atomic
 from kernels.gc3.algorithms import check_size
 from kernels.interp import pack
 from kernels.interp.model import DEFAULT_PARAMS, load_params
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fit-model", metavar="INTERP_TUNE_JSON",
                    help="measure nothing: fit the interpreter model's parameters on an interpreter sweep record "
                         "and print them (the JSON of kernels/interp/fitted/interp_model.json)")
-    p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES))
+    p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES),
+                   help="element type of the collectives' buffers")
     p.add_argument("--reps", type=int, default=5, help="timed graph replays per candidate (default 5)")
     p.add_argument("--model-only", action="store_true", help="do not measure even where GPUs are available")
     p.add_argument("--out", default="schedule-out", help="output directory (default schedule-out)")
@@ -217,8 +219,8 @@ def main(argv=None) -> int:
     provenance = {"tool": "python -m autotune schedule", "date": _dt.date.today().isoformat(),
                   "measured": measuring, "profile": prof.name, "device": device}
     outputs.write_manifest(out / "manifest.json", manifest, provenance)
-    (out / "nccl_tuner.conf").write_text(outputs.nccl_csv(results, built_by_coll, space.nccl_algorithm,
-                                                          args.nodes, args.gpus))
+    write_atomic(out / "nccl_tuner.conf", outputs.nccl_csv(results, built_by_coll, space.nccl_algorithm,
+                                                            args.nodes, args.gpus), "NCCL tuner table")
     written = {"programs": str(out / "programs"), "manifest": str(out / "manifest.json"),
                "nccl_tuner": str(out / "nccl_tuner.conf"), "result": str(out / "schedule.json")}
     if measuring:

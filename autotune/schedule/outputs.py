@@ -14,10 +14,11 @@ search space's ``nccl_algorithm`` map; other bands get a comment line and NCCL
 keeps its own choice there.
 """
 from __future__ import annotations
+from calibrate.outputs import write_atomic
+from calibrate.jsonfile import write_json
 
 import dataclasses
 import datetime as _dt
-import json
 import re
 from pathlib import Path
 
@@ -58,8 +59,7 @@ def write_programs(out: Path, res: CollectiveResult, built: dict[str, Built]) ->
         program = dataclasses.replace(b.program, name=f"{res.collective}_{slug(t.choice)}",
                                       protocol=Protocol(b.candidate.protocol), min_bytes=t.lo, max_bytes=t.hi)
         path = out / "programs" / f"{res.collective}_{i:02d}_{slug(t.choice)}.xml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(write_xml(program))
+        write_atomic(path, write_xml(program), "program")
         t.xml = str(path.relative_to(out))
         paths.append(path)
     return paths
@@ -83,9 +83,7 @@ def write_manifest(path: Path, preset: Preset, provenance: dict) -> Path:
     data["description"] = ("tuned table of python -m autotune schedule: programs per size range; sizes outside "
                            "every range run on NCCL")
     data["provenance"] = provenance
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path
+    return write_json(path, data, "schedule manifest")
 
 
 def nccl_csv(results: list[CollectiveResult], built: dict[str, dict[str, Built]], nccl_algorithm: dict[str, str],

@@ -5,7 +5,7 @@ of model and measurement, and the tuned table."""
 from __future__ import annotations
 
 import dataclasses
-
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -135,11 +135,12 @@ class TuneResult:
     def from_dict(cls, d: dict, origin: str = "result") -> "TuneResult":
         check_header(d, KIND, VERSION, "schedule tuning result",
                      "pass the schedule.json that python -m autotune schedule wrote, or rerun it", origin)
+        _check_result(d, origin)
         try:
             fields = {k: v for k, v in d.items() if k not in ("kind", "version", "collectives")}
             return cls(**fields, collectives=[CollectiveResult.from_dict(c) for c in d["collectives"]])
-        except (KeyError, TypeError) as e:
-            raise UserError(f"{origin} is malformed ({e!r}); rerun the tuner") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise UserError(f"{origin} is malformed ({type(e).__name__}: {str(e)[:80]}); rerun the tuner") from None
 
     def save(self, path: str | Path) -> Path:
         return write_json(path, self.to_dict(), "tuning result")
@@ -152,3 +153,40 @@ class TuneResult:
         data = read_json(path, "tuning result", "give the tuner's output directory or its schedule.json, "
                                                  "or rerun python -m autotune schedule")
         return cls.from_dict(data, origin=str(path))
+
+
+def _check_result(d: dict, origin: str) -> None:
+    """The fields the readers rely on, typed and in range; one ``UserError`` naming the field otherwise."""
+    fix = "pass the schedule.json that python -m autotune schedule wrote, or rerun it"
+
+    def fail(field: str, problem: str):
+        raise UserError(f"{origin}: {field} {problem}: {fix}")
+
+    for key in ("ranks", "nodes", "gpus_per_node"):
+        v = d.get(key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            fail(key, f"is {v!r:.40}, not a count >= 1")
+    if not isinstance(d.get("measured"), bool):
+        fail("measured", f"is {d.get('measured')!r:.40}, not true or false")
+    colls = d.get("collectives")
+    if not isinstance(colls, list) or not all(isinstance(c, dict) for c in colls):
+        fail("collectives", "is not a list of objects")
+    for i, c in enumerate(colls):
+        for key, kind in (("collective", str), ("candidates", dict), ("bands", list), ("table", list)):
+            if key in c and not isinstance(c[key], kind):
+                fail(f"collectives/{i}/{key}", f"is {c[key]!r:.40}, not {'a string' if kind is str else 'an object' if kind is dict else 'a list'}")
+        for j, t in enumerate(c.get("table", [])):
+            lo, hi = (t.get("lo"), t.get("hi")) if isinstance(t, dict) else (None, None)
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (lo, hi)) \
+                    or (hi and lo >= hi):
+                fail(f"collectives/{i}/table/{j}", "is not a size range (lo, hi: bytes, 0 <= lo < hi, or hi 0 for "
+                                                   "no upper bound)")
+        for j, b in enumerate(c.get("bands", [])):
+            rows = b.get("rows", []) if isinstance(b, dict) else None
+            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                fail(f"collectives/{i}/bands/{j}", "has no list of rows")
+            for r in rows:
+                for key, v in r.items():
+                    if key.endswith("_us") and v is not None and not (
+                            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+                        fail(f"collectives/{i}/bands/{j}/rows/{key}", f"is {v!r}, not a finite time >= 0")

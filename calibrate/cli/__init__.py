@@ -9,6 +9,7 @@ A new subcommand is one entry in its package's ``SUBCOMMANDS`` table.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import traceback
 from typing import Callable, Sequence
@@ -38,22 +39,69 @@ def spelled_by(parser: argparse.ArgumentParser) -> Callable[[str], str]:
     return spell
 
 
+def finite_float(text: str) -> float:
+    """An option's number (argparse ``type``): NaN and infinities refused, as no real setting is one."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number: give a number such as 1.5")
+    return value
+
+
 def message(e: UserError, spell: Callable[[str], str] = flag) -> str:
     """A user error as the command line shows it: parameters spelled as options."""
     return e.render(spell)
 
 
+# the rank a launcher gives each process (torchrun, mpiexec of MPICH or Open MPI, srun), first found
+RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int:
+    """This process's rank under torchrun, mpiexec or srun (0 when started alone)."""
+    import os
+
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
             prog: str = "") -> int:
-    """Call ``main(argv)``; print a ``UserError`` as one line and return 2; Ctrl-C returns 130."""
+    """Call ``main(argv)``; print a ``UserError`` as one line (once: by rank 0 under a launcher, every
+    rank finding the same error in the same arguments) and return 2; Ctrl-C returns 130; a closed
+    output (``--help | head``) ends quietly."""
     try:
         return int(main(argv) or 0)
     except UserError as e:
-        print(f"{prog + ': ' if prog else ''}error: {message(e)}", file=sys.stderr)
+        if launcher_rank() == 0:
+            print(f"{prog + ': ' if prog else ''}error: {message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog + ': ' if prog else ''}interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+    except SystemExit as e:  # argparse: --help (0) or a bad option (2), its message already printed
+        if isinstance(e.code, int) or e.code is None:
+            return e.code or 0
+        raise
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of stdout went away (``| head``): no more output, no traceback at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141
 
 
 def dispatch(prog: str, doc: str, subcommands: dict[str, str], argv: Sequence[str] | None = None,
@@ -69,12 +117,15 @@ def dispatch(prog: str, doc: str, subcommands: dict[str, str], argv: Sequence[st
     if argv and argv[0] in subcommands:
         return run_cli(load(subcommands[argv[0]]), argv[1:], prog=f"{prog} {argv[0]}")
     if argv and argv[0] in HELP:
-        print(doc.strip())
+        try:
+            print(plain(doc).strip(), flush=True)
+        except BrokenPipeError:
+            return quiet_broken_pipe()
         if default is None:
             return 0
         print()
     elif not argv and default is None:
-        print(doc.strip(), file=sys.stderr)
+        print(plain(doc).strip(), file=sys.stderr)
         return 2
     elif argv and not argv[0].startswith("-") or default is None:
         print(f"{prog}: error: unknown command {argv[0]!r}: use one of {', '.join(subcommands)}", file=sys.stderr)
@@ -97,12 +148,30 @@ class CommandParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line: the problem, then where the options are listed."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n" if launcher_rank() == 0 else None)
+
+    def print_help(self, file=None):
+        try:
+            super().print_help(file)
+            (file or sys.stdout).flush()
+        except BrokenPipeError:
+            quiet_broken_pipe()
+
+
+def plain(text: str | None) -> str | None:
+    """Help text from a docstring: RST's double backticks dropped (``python -m x`` -> python -m x)."""
+    return text.replace("``", "") if text else text
 
 
 def command_parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
-    """The argument parser of a command: its description kept as written, defaults shown."""
-    return CommandParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
+    """The argument parser of a command: its description kept as written (RST's backticks dropped),
+    defaults shown; an epilog that repeats the description (a module docstring) is shown once."""
+    description = plain(description)
+    epilog = plain(kwargs.pop("epilog", None))
+    if epilog and description and epilog.strip().startswith(description.strip()):
+        epilog = epilog.strip()[len(description.strip()):].lstrip("\n").rstrip() or None
+    return CommandParser(prog=prog, description=description, epilog=epilog, formatter_class=HelpFormatter,
+                         **kwargs)
 
 
 def run_on_ranks(comm, work: Callable[[], object], prog: str, collective: bool = False):
@@ -140,7 +209,7 @@ def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_de
     p.add_argument("--iters", "-n", type=int, default=20, help="calls per timed batch (host, graph) or timed calls (isolated)")
     p.add_argument("--warmup", "-w", type=int, default=5, help="untimed calls before timing each size")
     p.add_argument("--reps", type=int, default=5, help="timed batches per size in host and graph modes")
-    p.add_argument("--min-batch-ms", type=float, default=1.0,
+    p.add_argument("--min-batch-ms", type=finite_float, default=1.0,
                    help="in host and graph modes a timed batch lasts at least this long: at small sizes more than "
                         "--iters calls (a power of two, from a probe after the warmup), so that the ranks' start "
                         "skew and the launch are a fraction of a percent of each sample; 0: always --iters. "

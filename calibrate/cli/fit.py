@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, finite_float
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.fit import METHODS, fit_curve, fit_quality_problem, holdout, implied_busbw, measured_steps, switches
@@ -45,7 +45,7 @@ def build_parser():
                         "segments chosen by BIC (smooths the noise of neighbouring sizes). Default interpolate")
     p.add_argument("--max-segments", type=int, default=6, help="most segments per curve (--method segments). Default 6")
     p.add_argument("--min-points", type=int, default=3, help="fewest sizes per segment. Default 3")
-    p.add_argument("--link-peak", type=float, default=None,
+    p.add_argument("--link-peak", type=finite_float, default=None,
                    help="the link's peak bandwidth per direction in GB/s, shown beside the fitted beta")
     p.add_argument("--validation", nargs="+", default=[], metavar="DIR",
                    help="results directories of sizes drawn at random (python -m calibrate validate --random), "
@@ -189,6 +189,7 @@ def main(argv=None) -> int:
     if args.link_peak is not None and args.link_peak <= 0:
         raise UserError(f"--link-peak must be a bandwidth above 0 GB/s, got {args.link_peak}")
     check_output_path(args.out, "profile")
+    measured = Profile.load(args.compute_from) if args.compute_from else None  # loaded before the fit: a bad file fails first
     runs = load_results(args.results)
     for (meta, _), path in zip(runs, args.results):
         meta["_path"] = path
@@ -213,7 +214,6 @@ def main(argv=None) -> int:
     if args.note:
         prof.provenance["note"] = args.note
     if args.compute_from:
-        measured = Profile.load(args.compute_from)
         prof.compute, prof.device = measured.compute, measured.device
     if args.link_peak:
         prof.hardware["link_peak_GBps"] = args.link_peak

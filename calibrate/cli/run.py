@@ -3,6 +3,7 @@ nccl-tests style, one process per rank (mpiexec or srun)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import os
 import shlex
@@ -17,7 +18,7 @@ from calibrate.backends import REGISTRY as BACKENDS
 from calibrate import run_limits
 from calibrate.backends import make_backend
 from calibrate.backends.base import TimingMode
-from calibrate.cli import add_timing_args, command_parser, run_mpi_command, spelled_by
+from calibrate.cli import add_timing_args, command_parser, finite_float, run_mpi_command, spelled_by
 from calibrate.collectives import Collective, busbw_factor
 from calibrate.device.dtypes import dtype_size
 from calibrate.errors import NAME, OptionError, UserError
@@ -30,6 +31,7 @@ from calibrate.sizes import align, odd_multiple, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
 from calibrate.validation import random_sizes as draw_random_sizes
 
+MAX_BATCH_MS = 10_000
 HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
     "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
     + "\n#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
@@ -42,17 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
         "Time collectives over a sweep of sizes (one process per GPU or rank, "
         "under mpiexec or srun) and write a resumable results directory.")
     add_timing_args(p, mode_default="host", min_default="1K")
-    p.add_argument("--factor", "-f", type=float, default=2.0, help="size multiplier between steps. Default 2")
+    p.add_argument("--factor", "-f", type=finite_float, default=2.0, help="size multiplier between steps. Default 2")
     p.add_argument("--check", action="store_true", help="after timing, check each size of the sweep on fresh "
                    "random data; exit non-zero if anything is wrong")
     p.add_argument("--refine", action="store_true",
                    help="after each collective's sweep, locate the steps of its curve (NCCL's protocol and "
                         "algorithm switches) by bisection on aligned sizes, to 1/32 of an octave")
-    p.add_argument("--refine-budget", type=float, default=0.25,
+    p.add_argument("--refine-budget", type=finite_float, default=0.25,
                    help="refinement time, as a fraction of the time the sweeps of all collectives took (shared by "
                         "the steps of all curves; the last point may overrun it by its own time). Default 0.25")
     p.add_argument("--refine-points", type=int, default=64, help="most refined sizes per collective. Default 64")
-    p.add_argument("--refine-tol", type=float, default=FLOOR,
+    p.add_argument("--refine-tol", type=finite_float, default=FLOOR,
                    help=f"least relative disagreement with the smooth model that counts as a step (the "
                         f"confidence intervals raise it where the data are noisy). Default {FLOOR}")
     p.add_argument("--size-unit", type=int, default=0, metavar="BYTES",
@@ -82,7 +84,18 @@ def _agree(world, problem: UserError | None) -> None:
         raise problems[0]
 
 
-def _pick_backend(name: str) -> str:
+def _on_root(world, work) -> None:
+    """``work()`` on rank 0 (a write); its ``UserError`` raised on every rank, so that none waits."""
+    problem = None
+    if world.Get_rank() == 0:
+        try:
+            work()
+        except UserError as e:
+            problem = e
+    _agree(world, problem)
+
+
+def pick_backend(name: str) -> str:
     if name != "auto":
         if name not in BACKENDS:
             raise UserError(f"unknown backend {name!r}: choose from auto, {', '.join(BACKENDS)}")
@@ -132,7 +145,13 @@ def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> Non
 
 
 def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
-    """Measure the sweep (or, from ``calibrate validate --random``, the given sizes per collective)."""
+    """Measure the sweep (or, from ``calibrate validate --random``, the given sizes per collective);
+    the results directories are locked (on rank 0) while it runs."""
+    with contextlib.ExitStack() as held:
+        return _run(args, world, random_sizes, held)
+
+
+def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextlib.ExitStack) -> int:
     rank = world.Get_rank()
     say = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
     run_limits.check_counts(args.iters, args.warmup, args.reps)
@@ -142,12 +161,15 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     mode = TimingMode.parse(args.mode)
     dtype_size(args.dtype)
     kinds = parse_group_kinds(args.groups)
-    backend_name = _pick_backend(args.backend)
+    backend_name = pick_backend(args.backend)
     refining = args.refine
     if refining and (args.refine_points < 0 or args.refine_budget < 0 or args.refine_tol < 0):
         raise UserError("--refine-points, --refine-budget and --refine-tol must not be negative")
     if args.min_batch_ms < 0:
         raise OptionError("min_batch_ms", f"must not be negative, got {args.min_batch_ms}")
+    if args.min_batch_ms > MAX_BATCH_MS:
+        raise OptionError("min_batch_ms", f"is {args.min_batch_ms:g} ms a batch: at most {MAX_BATCH_MS} ms "
+                                          f"(a second is already thousands of calls at any size)")
     random_n = getattr(args, "random", 0) if random_sizes is None else 0
     _agree(world, None)  # every rank parsed the same arguments
     if mode is TimingMode.GRAPH and backend_name != "nccl":
@@ -207,9 +229,11 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     stored, stored_random, problem = {}, {}, None
     if rank == 0:
         try:
+            held.callback(rd.close)
             rd.prepare(meta, args.resume)
             stored = rd.measured()
             if rd_random:
+                held.callback(rd_random.close)
                 rd_random.prepare(meta_random, args.resume)
                 stored_random = rd_random.measured()
         except UserError as e:
@@ -222,7 +246,7 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
     sinks = {"sweep": (rd, stored), "refine": (rd, stored), "random": (rd_random, stored_random) if beside
              else (rd, stored)}
 
-    total_wrong, versions_written = 0, False
+    total_wrong, checked, versions_written = 0, 0, False
     for kind in kinds:
         comm, info = split(world, kind)
         if comm is None:
@@ -235,17 +259,19 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
         backend = make_backend(backend_name, comm, **({"device": device} if device is not None else {}))
         if not versions_written:
             versions = world.gather(backend.versions(), root=0)
-            if rank == 0:
+
+            def write_versions():
                 meta["ranks"] = [dict(r, **v) for r, v in zip(meta["ranks"], versions)]
                 rd.write_meta(meta)
                 if rd_random:
                     meta_random["ranks"] = meta["ranks"]
                     rd_random.write_meta(meta_random)
+            _on_root(world, write_versions)
             versions_written = True
         label = f"{kind}:{info.ranks}x{info.nodes}"
         def measure_size(coll: Collective, nbytes: int, why: str, with_check: bool) -> None:
             """Time one size, check it if asked, and put it on disk (rank 0) and in ``stored``."""
-            nonlocal total_wrong
+            nonlocal total_wrong, checked
             start = time.perf_counter()
             samples = backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps,
                                       min_batch_s=args.min_batch_ms / 1e3)
@@ -256,21 +282,28 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
                 wrong = world.allreduce(backend.check(coll, nbytes, args.dtype, seed=nbytes),
                                         op=MPI.SUM) // info.ranks
                 total_wrong += max(wrong, 0)
+                checked += 1
             st = summarize(samples)
             wall = world.allreduce(time.perf_counter() - start, op=MPI.MAX)
             algbw = nbytes / st["median_s"] / 1e9
             busbw = algbw * busbw_factor(coll, info.ranks)
             count = align(coll, nbytes, info.ranks, args.dtype)[1]
             sink, kept = sinks[why]
+            problem = None
             if rank == 0:
                 base = {"group": label, "tier": info.tier, "ranks": info.ranks, "nodes": info.nodes,
                         "collective": coll.value, "mode": mode.value, "dtype": args.dtype,
                         "bytes": nbytes, "count": count}
-                sink.append([dict(base, rep=i, time_s=float(t)) for i, t in enumerate(samples)],
-                          dict(base, **st, algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong),
-                          {"group": label, "collective": coll.value, "bytes": nbytes, "phase": why,
-                           "wall_s": wall})
-                print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong), flush=True)
+                try:
+                    sink.append([dict(base, rep=i, time_s=float(t)) for i, t in enumerate(samples)],
+                                dict(base, **st, algbw_GBps=algbw, busbw_GBps=busbw, wrong=wrong),
+                                {"group": label, "collective": coll.value, "bytes": nbytes, "phase": why,
+                                 "wall_s": wall})
+                except UserError as e:
+                    problem = e
+                else:
+                    print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong), flush=True)
+            _agree(world, problem)  # a failed write (a full disk) stops every rank
             kept[(label, coll.value, nbytes)] = {"median_s": st["median_s"], "ci_lo_s": st["ci_lo_s"],
                                                  "ci_hi_s": st["ci_hi_s"], "wall_s": wall}
 
@@ -300,12 +333,14 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
         # every sweep first, then the refinements: a run cut short has every collective's sweep
         if refining:
             done = refine_group(args, say, label, colls, info.ranks, sizes, stored, measure_size, unit)
-            if rank == 0:
-                for coll_name, record in done.items():
-                    rd.write_refine(label, coll_name, record)
+            _on_root(world, lambda: [rd.write_refine(label, name, record) for name, record in done.items()])
         backend.close()
         comm.Free()
-    say(f"# results in {out}" + (f"; {total_wrong} wrong elements" if check else ""), file=sys.stderr)
+    if check and not checked:
+        verdict = "; nothing was checked (every size was measured before: --check checks the sizes a run measures)"
+    else:
+        verdict = f"; {total_wrong} wrong elements in {checked} checked sizes" if check else ""
+    say(f"# results in {out}{verdict}", file=sys.stderr)
     return 1 if total_wrong else 0
 
 

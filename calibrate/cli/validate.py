@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import sys
 
 import numpy as np
 import pandas as pd
@@ -26,7 +27,7 @@ from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.results import load_results
 from calibrate.sizes import parse_size
-from calibrate.validation import compare, random_sizes, summarize
+from calibrate.validation import compare, fairness_warnings, random_sizes, summarize
 
 
 def build_parser():
@@ -60,12 +61,26 @@ def report(profile: Profile, stats: pd.DataFrame, min_bytes: int, summary_only: 
     return 0 if np.isfinite(table["error_%"]).all() else 1
 
 
+def warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def default_max_bytes(profile: Profile, backend: str) -> str:
+    """The largest random size unless --max-bytes says: the backend's default (1G with nccl, 64M with mpi),
+    and no larger than the largest size the profile was fitted on (beyond it, nothing is measured to judge)."""
+    cap = (1 << 30) if backend == "nccl" else (64 << 20)
+    top = max((pt[0] for tier in profile.tiers.values() for by_p in tier.values() for m in by_p.values()
+               for pt in m.points), default=0)
+    return str(int(min(cap, top)) if top else cap)
+
+
 def measure_random(args) -> int:
     """Measure the random sizes under MPI (every rank), then judge the profile on rank 0."""
     from mpi4py import MPI
 
     from calibrate.cli import run_mpi_command
-    from calibrate.cli.run import INTERRUPTED, run
+    from calibrate.cli.run import INTERRUPTED, pick_backend, run
 
     world = MPI.COMM_WORLD
 
@@ -74,13 +89,15 @@ def measure_random(args) -> int:
         colls = [Collective.parse(c) for c in args.collectives.split(",") if c.strip()]
         args.mode = args.mode or profile.timing_mode or "host"
         lo = parse_size(args.min_bytes or "1K")
-        hi = parse_size(args.max_bytes or "1G")
+        hi = parse_size(args.max_bytes or default_max_bytes(profile, pick_backend(args.backend)))
         sizes = random_sizes(colls, lo, hi, args.random, args.seed, parse_size(args.align) * world.Get_size())
         args.out = args.out or os.path.join("results", "validate-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
         args.refine = False
         rc = run(args, world, random_sizes=sizes)
         if world.Get_rank() == 0:
-            stats = pd.concat([st for _, st in load_results([args.out])], ignore_index=True)
+            runs = load_results([args.out])
+            warn(fairness_warnings(profile, runs))
+            stats = pd.concat([st for _, st in runs], ignore_index=True)
             print(f"# {args.random} random sizes per collective (seed {args.seed}) measured into {args.out}")
             rc = max(rc, report(profile, stats, 0, args.summary_only))
         return rc
@@ -97,5 +114,7 @@ def main(argv=None) -> int:
     profile = Profile.load(args.profile)
     if not args.results:
         raise UserError("give results directories to judge the profile on, or --random N to measure sizes")
-    stats = pd.concat([st for _, st in load_results(args.results)], ignore_index=True)
+    runs = load_results(args.results)
+    warn(fairness_warnings(profile, runs))
+    stats = pd.concat([st for _, st in runs], ignore_index=True)
     return report(profile, stats, parse_size(args.min_bytes) if args.min_bytes else 0, args.summary_only)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import sys
 
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, finite_float
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
+from calibrate.outputs import write_atomic
 from kernels.gc3.algorithms import ALGORITHMS, DEFAULT_MAX_MEMORY_GIB, build, check_size
 from kernels.gc3.allocator import reuse_freed_memory
 from kernels.gc3.compiler import compile_table
@@ -22,9 +23,10 @@ def compile_main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=1, help="nodes, for multi-node algorithms (default 1)")
     ap.add_argument("--channels", type=int, default=1, help="channels (rings) per instance (default 1)")
     ap.add_argument("--instances", type=int, default=1, help="program-wide instances (default 1)")
-    ap.add_argument("--protocol", default="Simple", choices=["Simple", "LL", "LL128"])
+    ap.add_argument("--protocol", default="Simple", choices=["Simple", "LL", "LL128"],
+                    help="NCCL protocol the program's steps use (MSCCL's proto attribute)")
     ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU")
-    ap.add_argument("--max-memory", type=float, default=DEFAULT_MAX_MEMORY_GIB,
+    ap.add_argument("--max-memory", type=finite_float, default=DEFAULT_MAX_MEMORY_GIB,
                     help="GiB the compiler may use; larger programs are refused before any work "
                          f"(default {DEFAULT_MAX_MEMORY_GIB:g}, and never more than the machine has available)")
     ap.add_argument("-o", "--output", required=True, help="output XML file")
@@ -45,11 +47,7 @@ def compile_main(argv=None) -> int:
     del prog
     print(f"writing {ir.steps} steps", file=sys.stderr)
     text = write_xml(ir)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    except OSError as e:
-        raise UserError(f"cannot write {str(out)!r} ({e.strerror}): choose a writable path") from None
+    write_atomic(out, text, "program XML")
     print(f"wrote {out}: {ir.ngpus} GPUs, {ir.max_threadblocks} thread blocks per GPU at most, "
           f"{ir.nchannels} channels, {ir.steps} steps")
     return 0

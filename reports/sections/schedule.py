@@ -80,6 +80,10 @@ def _collective(res: TuneResult, coll, path: Path) -> Section:
                      f"fitted on the other bands) is what the 'corrected' column scores, and later runs rank with "
                      f"it through --correction model_correction.json. `python -m autotune schedule --rescore "
                      f"schedule.json` prints every prediction beside its measurement.")
+    if not coll.bands:
+        sec.text(f"No size band was tuned for {coll.collective}: nothing to chart.")
+        sec.text(f"Source: {path}")
+        return sec
     fig, ax = plt.subplots(figsize=(7, 3.6))
     nccl = [b.nccl_measured_us if res.measured else b.nccl_predicted_us for b in coll.bands]
     tuned = []

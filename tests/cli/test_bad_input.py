@@ -161,6 +161,7 @@ CASES = [
       "collectives=", ranks=2, unchanged=["stats", "meta"]),
     C("resume-groups", RUN.replace("--groups world", "--groups world,intra") + " --out " + RES + " --resume",
       "groups=", ranks=2, unchanged=["stats", "meta"]),
+    C("resume-missing-dir", RUN + " --out {tmp}/never --resume", "holds no calibration to continue", ranks=2),
     C("resume-world-size", RUN + " --out " + RES + " --resume", "world_size=", ranks=3,
       unchanged=["stats", "meta"]),
     # ---- calibrate fit -----------------------------------------------------------------------

@@ -23,7 +23,10 @@ set -u
 : "${OUT:?set OUT to the results folder}"
 PY=${PY:-python3}
 # CALIB_MPI, CALIB_BACKEND, CALIB_MODES and CALIB_MAX let the same script run on CPUs (mpich, --backend mpi)
-MPI=${CALIB_MPI:-"mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x PYTHONPATH"}
+source "$(dirname "$0")/mpi.sh"
+MPI=${CALIB_MPI:-$(mpi_cmd 2 NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS PYTHONUNBUFFERED \
+  PYTHONPATH)}
+FAILED=0
 BACKEND=${CALIB_BACKEND:-nccl}
 MAX=${CALIB_MAX:-1G}
 REPS=${CALIB_REPS:-11}        # timed batches per size
@@ -38,6 +41,7 @@ for mode in ${CALIB_MODES:-graph host}; do
     --size-unit 256 --check --random $RANDOM_N --random-seed $SEED --random-min-bytes 1K --random-max-bytes $MAX \
     --random-out "$OUT/random-$mode" --refine --out "$OUT/calib-$mode" > "$OUT/calib-$mode.log" 2>&1
   rc=$?
+  [ $rc -eq 0 ] || FAILED=1
   t1=$(date +%s)
   wrong=$(cat "$OUT/calib-$mode/stats.csv" "$OUT/random-$mode/stats.csv" 2>/dev/null \
     | awk -F, '$1 != "group" && $NF > 0 {s += $NF} END {print s + 0}')
@@ -46,12 +50,15 @@ for mode in ${CALIB_MODES:-graph host}; do
   pack
   $PY -m calibrate fit "$OUT/calib-$mode" --validation "$OUT/random-$mode" -o "$OUT/profile-$mode.json" \
     --name "h200-nvlink-$mode" > "$OUT/fit-$mode.txt" 2>&1
-  echo "calibrate $mode: fit exit $?"
+  rc=$?; [ $rc -eq 0 ] || FAILED=1
+  echo "calibrate $mode: fit exit $rc"
   t2=$(date +%s)
   timeout $VALIDATE_TIMEOUT $MPI $PY -m calibrate validate --profile "$OUT/profile-$mode.json" --backend $BACKEND \
     --mode $mode --random $RANDOM_N --seed $SEED -b 1K -e $MAX --reps $REPS --check --out "$OUT/random-separate-$mode" \
     > "$OUT/random-separate-$mode.txt" 2>&1
-  echo "calibrate $mode: the random sizes again in a process of their own, exit $? in $(( $(date +%s) - t2 )) s"
+  rc=$?; [ $rc -eq 0 ] || FAILED=1
+  echo "calibrate $mode: the random sizes again in a process of their own, exit $rc in $(( $(date +%s) - t2 )) s"
   pack
 done
 $PY tests/gpu/calib_targets.py "$OUT" | tee "$OUT/targets.txt"
+exit $FAILED

@@ -18,7 +18,12 @@ PY=${PY:-python3}
 export COMMTUNE_MSCCL_DIR=${COMMTUNE_MSCCL_DIR:-}
 # every mpirun under a timeout: a hung NCCL call must not eat the device call (2026-11-22: the bare
 # loop hung once and took the whole 10 minutes)
-MPIRUN="timeout 300 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED -x PYTHONPATH -x COMMTUNE_MSCCL_DIR"
+# the launcher's flags for the MPI installed (Open MPI or MPICH: tests/gpu/mpi.sh)
+source tests/gpu/mpi.sh
+MPIRUN="timeout 300 $(mpi_cmd 2 NCCL_NVLS_ENABLE PYTHONUNBUFFERED PYTHONPATH COMMTUNE_MSCCL_DIR OUT)"
+export CALIB_MPI=${CALIB_MPI:-$(mpi_cmd 2 NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS \
+  PYTHONUNBUFFERED PYTHONPATH)}
+FAILED=0
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PARTS=${PARTS:-"calibrate interp sbp reshard model schedule peers execute nccl"}  # add "bare" for the bare NCCL loop beside calibrate
 SUMMARY=$R/summary.txt
@@ -28,6 +33,8 @@ has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
 pack() { tar -czf "$OUT/gpu-results.tar.gz" -C "$OUT" results; }
 declare -A ARGS=()
 log() { echo "== $*" | tee -a "$SUMMARY"; }
+# status STEP RC: the step's exit in the summary; any failure makes this script's own exit non-zero
+status() { [ "$2" -eq 0 ] || FAILED=1; log "$1: exit $2"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.txt" 2>&1
 nvidia-smi topo -m >> "$R/gpus.txt" 2>&1
@@ -36,12 +43,12 @@ if has calibrate; then
   # adaptive sweeps (graph, host), fits, and validation at random sizes: tests/gpu/calib_check.sh
   PACK_CMD="tar -czf $OUT/gpu-results.tar.gz -C $OUT results" OUT="$R" PY=$PY bash tests/gpu/calib_check.sh \
     > "$R/calibrate.log" 2>&1
-  log "calibrate: exit $?"
+  status calibrate $?
   cat "$R/calibrate.log" | tee -a "$SUMMARY"
   pack
   if has bare; then
     $MPIRUN $PY tests/gpu/nccl_bare_loop.py "$R/bare.csv" > "$R/bare.log" 2>&1
-    log "bare loop: exit $?"
+    status "bare loop" $?
     $PY tests/gpu/nccl_bare_loop.py --compare "$R/bare.csv" "$R/calib-graph" "$R/calib-host" > "$R/bare-compare.txt" 2>&1
     log "$(tail -1 "$R/bare-compare.txt")"
     pack
@@ -53,7 +60,7 @@ fi
 # from the schedule's own measurements)
 if has model; then
   $MPIRUN $PY -m kernels bench --sweep model --out "$R/model-sweep" > "$R/model-sweep.log" 2>&1
-  log "interpreter sweep for the model: exit $?"
+  status "interpreter sweep for the model" $?
   $PY -m autotune schedule --fit-model "$R/model-sweep/tune.json" > "$R/interp_model.json" 2> "$R/fit-model.log" \
     && export SCHEDULE_ARGS="--model-params $R/interp_model.json"
   log "model fit: exit $? ${SCHEDULE_ARGS:-(schedule keeps the shipped parameters)}"
@@ -75,9 +82,9 @@ for part in interp sbp reshard schedule execute nccl peers; do  # peers after nc
     mkdir -p "$R/$part"
     case "$script" in
       *.sh) OUT="$R/$part" bash "$script" > "$R/$part/log.txt" 2>&1 ;;
-      *.py) OUT="$R/$part" $MPIRUN -x OUT $PY "$script" "$R/$part" ${ARGS[$part]:-} > "$R/$part/log.txt" 2>&1 ;;
+      *.py) OUT="$R/$part" $MPIRUN $PY "$script" "$R/$part" ${ARGS[$part]:-} > "$R/$part/log.txt" 2>&1 ;;
     esac
-    log "$part ($script): exit $?"
+    status "$part ($script)" $?
     tail -25 "$R/$part/log.txt"
     pack
   done
@@ -87,3 +94,4 @@ pack
 echo
 echo "==================== summary ===================="
 cat "$SUMMARY"
+exit $FAILED

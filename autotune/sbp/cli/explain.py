@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from calibrate.cli import command_parser
-from calibrate.errors import UserError
+from calibrate.errors import OptionError, UserError
 
 from autotune.sbp.baselines import _Index, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.mesh import RoleMesh, role_meshes
@@ -122,11 +122,14 @@ def main(argv=None) -> int:
     if not args.case:
         raise UserError(f"{args.what} needs a case id: e.g. python -m autotune explain {args.what} "
                         f"{load_cases()[0]['id']}")
+    for name, value in (("micro_batch", args.micro_batch), ("classes", args.classes)):
+        if value is not None and value < 1:
+            raise OptionError(name, f"must be at least 1, got {value}")
     case = _case(args.case)
     over = dict(case.get("overrides", {}))
-    if args.micro_batch:
+    if args.micro_batch is not None:
         over["micro_batch"] = args.micro_batch
-    if args.classes:
+    if args.classes is not None:
         over["classes"] = args.classes
     CASE_COMPUTATIONS[args.what](case, over)
     return 0

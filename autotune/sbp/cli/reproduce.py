@@ -16,6 +16,8 @@ from pathlib import Path
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
+from calibrate.lock import DirLock
+from calibrate.outputs import check_output_path
 
 from autotune.sbp.reproduce import RECORD, TOLERANCE_PP, VERSION, load_cases, run_case, table
 
@@ -32,10 +34,16 @@ def main(argv=None) -> int:
         if c not in ids:
             raise UserError(f"unknown case {c!r}: use one of {', '.join(ids)}")
     out = Path(args.out)
+    check_output_path(out / "reproduce.json", "reproduction record")  # before the cases, not after them
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create --out {str(out)!r} ({e.strerror}): give a writable directory") from None
+    with DirLock(out, "reproduction's --out directory"):
+        return _reproduce(args, cases, out)
+
+
+def _reproduce(args, cases: list[dict], out: Path) -> int:
     rows = []
     for c in cases:
         if args.case and c["id"] not in args.case:

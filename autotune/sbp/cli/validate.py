@@ -16,7 +16,6 @@ collectives of the median time times how often the plan issues it per step.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,12 +23,13 @@ import numpy as np
 
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends.base import TimingMode
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, run_on_ranks
 from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
 from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
-from models import load_model
+from calibrate.jsonfile import write_json
+from models import load_model, model_kinds
 
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
@@ -46,16 +46,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node (default: world size / nodes)")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile for the predictions (default {DEFAULT_PROFILE})")
     ap.add_argument("--plans", type=int, default=8, help="how many plans to replay (default 8)")
-    ap.add_argument("--model", default="gpt")
-    ap.add_argument("--preset", default=None)
+    ap.add_argument("--model", default="gpt", help="model kind whose plans are replayed: " + ", ".join(model_kinds()))
+    ap.add_argument("--preset", default=None, help="preset of the model (default: the one-layer GPT below); "
+                                                   "python -m autotune --help lists them")
     for k, v in GPT_LAYER.items():
         ap.add_argument("--" + k.replace("_", "-"), dest=k, type=int, default=None, help=f"model field (default {v})")
     ap.add_argument("--dtype", default="float32", help="element type of the buffers (default float32)")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10, help="timed calls of each collective")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls before timing each collective")
     ap.add_argument("--mode", default="host", help="timing mode: host, graph (nccl) or isolated")
     ap.add_argument("--out", default=None, help="directory for validate.json (default: none)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random candidate plans")
     return ap
 
 
@@ -98,16 +99,22 @@ def main(argv=None) -> int:
         raise UserError("validate times the plans' collectives between ranks, and one rank has none: "
                         "run it under mpiexec -n 2 or more")
     cluster = Cluster(args.nodes, gpus)
-    plans = None
-    if rank == 0:
+
+    def build_plans() -> list:
         fields = {k: getattr(args, k) for k in GPT_LAYER if getattr(args, k) is not None}
         if args.model == "gpt" and args.preset is None:
             fields = {**GPT_LAYER, **fields}
         graph = load_model(args.model, args.preset, fields)
         problem = Problem(graph, Coster(Profile.load(args.profile), cluster), None)
-        plans = candidate_plans(problem, args.plans, args.seed)
-        print(f"[validate] {len(plans)} plans of {graph.model} on {cluster}, backend {args.backend}", file=sys.stderr, flush=True)
-    plans = world.bcast(plans, root=0)
+        found = candidate_plans(problem, args.plans, args.seed)
+        print(f"[validate] {len(found)} plans of {graph.model} on {cluster}, backend {args.backend}", file=sys.stderr,
+              flush=True)
+        return found
+
+    # built on rank 0 and broadcast; a bad model is one error (rank 0's) and every rank exits with it
+    plans = run_on_ranks(world, build_plans, "autotune validate")
+    if plans is None:
+        return 2
     comms: dict = {}
     measured: dict = {}
     coords = cluster.coords(rank)
@@ -140,10 +147,9 @@ def main(argv=None) -> int:
         print(f"{r['plan'].ljust(w)}  {r['predicted_s']:11.4g}  {r['measured_s']:10.4g}")
     print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {rho:.3f}")
     if args.out:
-        out = Path(args.out) / "validate.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
-                                   "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
-                                   "plans": rows, "spearman": rho}, indent=1) + "\n")
+        out = write_json(Path(args.out) / "validate.json",
+                         {**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
+                          "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
+                          "plans": rows, "spearman": rho}, "validation record")
         print(f"wrote {out}")
     return 0

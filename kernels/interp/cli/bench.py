@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-bytes", type=parse_size, default=1 << 10, help="smallest size (default 1K)")
     p.add_argument("--max-bytes", type=parse_size, default=1 << 30, help="largest size (default 1G)")
     p.add_argument("--factor", type=int, default=4, help="size step factor (default 4)")
-    p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES))
+    p.add_argument("--dtype", default="float32", choices=sorted(pack.DTYPES),
+                   help="element type of the benchmarked buffers")
     p.add_argument("--preset", default=DEFAULT_PRESET, help="interpreter preset name or JSON path")
     p.add_argument("--reps", type=int, default=7, help="timed graph replays per side (median taken)")
     p.add_argument("--out", default="", help="directory for bench.json or tune.json (default: bench.json not "

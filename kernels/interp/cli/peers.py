@@ -19,17 +19,17 @@ NCCL's best setting per size from them. The record is rewritten after every size
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, finite_float
 from calibrate.device.gpu import device_name, mpi_gpu
 from calibrate.device.timing import time_graph
 from calibrate.errors import UserError
 from calibrate.records import header
 from calibrate.sizes import parse_size, sweep
+from calibrate.jsonfile import write_json
 
 from kernels.interp import peer_table
 from kernels.interp.bench import count_for, ncalls_for
@@ -58,7 +58,7 @@ def build_parser():
     p.add_argument("--nccl-settings", action="store_true", help="print the NCCL environment sweep, one per line")
     p.add_argument("--retune", metavar="RECORD", help="write the table --preset with the bands of RECORD's fastest "
                    "correct tables (the shipped one or a --candidates one) to --out (no GPU)")
-    p.add_argument("--margin", type=float, default=0.03, help="--retune: a candidate must be this much faster")
+    p.add_argument("--margin", type=finite_float, default=0.03, help="--retune: a candidate must be this much faster")
     return p
 
 
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         print(peer_table.table(summary))
         print(peer_table.targets_text(merged["targets"]))
         if args.out:
-            Path(args.out).write_text(json.dumps(merged, indent=1))
+            write_json(args.out, merged, "peer table")
         return 0
     from kernels.interp.peer_impls import PEERS
 
@@ -113,7 +113,7 @@ def retune_main(args) -> int:
     data["description"] = (f"{record.get('device', '')}: bands of the fastest correct table per size "
                            f"(shipped {args.preset} or candidates {args.candidates or 'none'}, a candidate only "
                            f"when {args.margin:.0%} faster) from python -m kernels peers, {record.get('date', '')}")
-    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    write_json(args.out, data, "interpreter preset")
     for e in new.entries:
         print(f"{e.program:>28} {e.protocol.value if e.protocol else '-':>6} [{e.min_bytes}, {e.max_bytes or 'inf'})")
     return 0
@@ -161,7 +161,7 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
                 for r in rows:
                     _log(world, peer_table.row_line(r))
                 if out is not None and world.rank == 0:
-                    out.write_text(json.dumps(record, indent=1))
+                    write_json(out, record, "peer table")
     finally:
         for p in reversed(peers):
             p.close()

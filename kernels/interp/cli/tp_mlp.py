@@ -12,15 +12,14 @@ Writes a versioned record (kind commtune.interp-tp-mlp).
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import statistics
 import sys
-from pathlib import Path
 
 from calibrate.cli import command_parser
 from calibrate.device.gpu import device_name, mpi_gpu
 from calibrate.errors import UserError
 from calibrate.records import header
+from calibrate.jsonfile import write_json
 
 RESULT_KIND = "commtune.interp-tp-mlp"
 RESULT_VERSION = 1
@@ -131,7 +130,7 @@ def run(args) -> int:
             if world.rank == 0:
                 print(line(row), file=sys.stderr, flush=True)
                 if args.out:
-                    Path(args.out).write_text(json.dumps(record, indent=1))
+                    write_json(args.out, record, "tensor-parallel MLP record")
     finally:
         torch.cuda.synchronize()
         interp.close()

@@ -1,0 +1,101 @@
+"""One writer per output directory: a lock file naming the host and process that holds it.
+
+    with DirLock(Path("results/calib-1"), "results directory"):
+        ...   # a second writer gets a UserError naming the holder
+
+The lock file (``.commtune.lock`` in the directory) is created exclusively and holds
+``host pid started``. A lock left by a process that no longer runs on this host
+(a kill -9) is stale and taken over; one held by another host is reported with the
+file to remove if that job is gone."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+from calibrate.errors import UserError
+
+LOCK_NAME = ".commtune.lock"
+# a lock file still empty after this long was left by a writer killed between creating and filling it
+EMPTY_STALE_S = 10.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DirLock:
+    """An exclusive lock on ``folder`` for this process (reentrant: acquiring it twice is a no-op)."""
+
+    def __init__(self, folder: str | Path, what: str = "output directory"):
+        self.folder, self.what = Path(folder), what
+        self.path = self.folder / LOCK_NAME
+        self.held = False
+
+    def holder(self) -> tuple[str, int, float] | None:
+        """(host, pid, start time) written in the lock file; None when it is empty or unreadable."""
+        try:
+            host, pid, started = self.path.read_text().split()
+            return host, int(pid), float(started)
+        except (OSError, ValueError):
+            return None
+
+    def _stale(self) -> bool:
+        who = self.holder()
+        if who is None:
+            try:
+                return time.time() - self.path.stat().st_mtime > EMPTY_STALE_S
+            except OSError:
+                return True
+        host, pid, _ = who
+        return host == socket.gethostname() and not _alive(pid)
+
+    def acquire(self) -> "DirLock":
+        if self.held:
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if self._stale():
+                    try:
+                        self.path.unlink()
+                    except FileNotFoundError:
+                        pass
+                    continue
+                who = self.holder()
+                by = (f"process {who[1]} on {who[0]} since {time.strftime('%H:%M:%S', time.localtime(who[2]))}"
+                      if who else "another process")
+                raise UserError(f"the {self.what} {str(self.folder)!r} is in use by {by}: wait for it to "
+                                f"finish or choose another; if that process is gone, remove {str(self.path)!r}")
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{socket.gethostname()} {os.getpid()} {time.time():.0f}\n")
+            self.held = True
+            return self
+        raise UserError(f"cannot lock the {self.what} {str(self.folder)!r}: its lock file keeps changing; "
+                        f"choose another")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        who = self.holder()
+        if who and who[0] == socket.gethostname() and who[1] == os.getpid():
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+        self.held = False
+
+    def __enter__(self) -> "DirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,193 @@
+"""Faults while writing: a kill -9 in mid-run, a full disk, two writers. Nothing measured may be
+lost or duplicated, and no good file may be replaced by a broken one."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from calibrate.errors import UserError
+from calibrate.jsonfile import write_json
+from calibrate.lock import LOCK_NAME, DirLock
+from calibrate.outputs import write_atomic
+from calibrate.results import SAMPLE_FIELDS, ResultsDir
+from tests.cli.badrecords import make_results
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+
+
+def _keys(df: pd.DataFrame) -> list[tuple]:
+    return list(zip(df["group"], df["collective"], df["bytes"].astype(int)))
+
+
+# ---- kill -9 ----------------------------------------------------------------------------------------
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="the mpich wheel's mpiexec is not installed")
+def test_kill_9_mid_run_then_resume(tmp_path):
+    """A 2-rank calibration killed (SIGKILL, the whole job) after a few sizes, then resumed: every size
+    measured before the kill is kept as it was, none is measured twice, and the resumed run takes
+    over the dead run's lock and completes the sweep."""
+    out = tmp_path / "res"
+    args = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "calibrate", "run", "--backend", "mpi", "-b", "1K",
+            "-e", "256K", "-f", "1.5", "-c", "allreduce", "--groups", "world", "--iters", "2", "--warmup", "0",
+            "--reps", "2", "--min-batch-ms", "20", "--out", str(out)]
+    job = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    stats = out / "stats.csv"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and job.poll() is None:
+            if stats.exists() and len(stats.read_text().splitlines()) >= 4:  # header and three sizes
+                break
+            time.sleep(0.05)
+        assert job.poll() is None, f"the run ended before it could be killed: {job.stderr.read()[-500:]}"
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert (out / LOCK_NAME).exists(), "the killed run's lock is gone: the kill came too late to test takeover"
+    kept = pd.read_csv(stats)
+    # a kill between a size's samples and its stats row: samples of a size without stats (planted here
+    # as well, in case the kill landed elsewhere) must not survive the resume
+    n_orphan = 3
+    with open(out / "samples.csv", "a") as f:
+        for rep in range(n_orphan):
+            f.write(f"world:2x1,intra,2,1,allreduce,host,float32,99999744,24999936,{rep},0.5\r\n")
+    r = subprocess.run(args + ["--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    after = pd.read_csv(stats)
+    samples = pd.read_csv(out / "samples.csv")
+    assert len(set(_keys(after))) == len(after), "a size measured twice"
+    meta = json.loads((out / "meta.json").read_text())
+    assert sorted(after["bytes"]) == sorted(meta["config"]["sizes"]), "the sweep is incomplete"
+    merged = kept.merge(after, on=["group", "collective", "bytes"], suffixes=("", "_after"))
+    assert len(merged) == len(kept) and (merged["median_s"] == merged["median_s_after"]).all(), "a result was lost"
+    assert set(_keys(samples)) == set(_keys(after)), "samples of a size without a stats row survived"
+    assert (samples.groupby(["group", "collective", "bytes"]).size() == 2).all(), "samples duplicated"
+    assert not (out / LOCK_NAME).exists(), "the lock outlived the run"
+
+
+# ---- a full disk -------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs (as root), unmounted after the test."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or r.returncode}): needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(folder: Path) -> None:
+    """Fill the file system of ``folder`` to the last byte."""
+    with open(folder / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\0")
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_full_disk_keeps_the_good_file(small_disk):
+    plan = small_disk / "plan.json"
+    good = {"kind": "x", "version": 1, "rows": list(range(1000))}
+    write_json(plan, good)
+    _fill(small_disk)
+    with pytest.raises(UserError, match=r"cannot write the plan file .*plan\.json.*No space left"):
+        write_json(plan, {**good, "rows": list(range(20000))}, "plan file")
+    assert json.loads(plan.read_text()) == good, "the good plan was replaced by a broken one"
+    with pytest.raises(UserError, match="No space left"):
+        write_atomic(small_disk / "report.html", "<html>" + "x" * 100000, "report")
+    assert not (small_disk / "report.html").exists()
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "plan.json"], "a temporary file was left"
+
+
+def test_full_disk_mid_calibration_loses_nothing(small_disk):
+    """Appending a size to a results directory on a full disk: a one-line error naming the file, the
+    sizes before it intact; the resume drops the torn part and measures that size again."""
+    res = make_results(small_disk / "res", collectives=("allreduce",))
+    stats_before = (res / "stats.csv").read_text()
+    meta = json.loads((res / "meta.json").read_text())
+    _fill(small_disk)
+    rd = ResultsDir(res)
+    base = {"group": "world:2x1", "tier": "intra", "ranks": 2, "nodes": 1, "collective": "allgather",
+            "mode": "host", "dtype": "float32", "bytes": 1 << 20, "count": 1 << 18}
+    rows = [dict(base, rep=i, time_s=1e-3) for i in range(4000)]
+    with pytest.raises(UserError, match=r"samples\.csv.*No space left.*--resume"):
+        rd.append(rows, dict(base, n=4000, median_s=1e-3), None)
+    assert (res / "stats.csv").read_text() == stats_before
+    (small_disk / "filler").unlink()
+    done = rd.prepare(meta, resume=True)
+    rd.close()
+    assert ("world:2x1", "allgather", 1 << 20) not in done
+    samples = rd.samples()
+    assert "allgather" not in set(samples["collective"]), "torn samples of the failed size survived"
+    assert len(pd.read_csv(res / "samples.csv")) == len(samples)
+
+
+# ---- two writers ---------------------------------------------------------------------------------------
+HOLD = ("import sys, time; from calibrate.lock import DirLock; l = DirLock(sys.argv[1], 'results directory')"
+        ".acquire(); print('held', flush=True); time.sleep(60)")
+
+
+def test_two_writers(tmp_path):
+    folder = tmp_path / "res"
+    other = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=rf"in use by process {other.pid} on .*remove .*{LOCK_NAME}"):
+            DirLock(folder, "results directory").acquire()
+        meta = json.loads((make_results(tmp_path / "proto") / "meta.json").read_text())
+        with pytest.raises(UserError, match="in use by process"):
+            ResultsDir(folder).prepare(meta, resume=False)
+        assert not (folder / "meta.json").exists(), "the refused writer wrote"
+    finally:
+        other.kill()
+        other.wait()
+    # the holder died without unlocking (kill -9): its lock is stale and taken over
+    with DirLock(folder) as lock:
+        assert lock.holder()[1] == os.getpid()
+    assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_lock_file_left_empty_is_stale_after_a_while(tmp_path):
+    (tmp_path / LOCK_NAME).write_text("")
+    with pytest.raises(UserError, match="in use by another process"):
+        DirLock(tmp_path).acquire()
+    old = time.time() - 60
+    os.utime(tmp_path / LOCK_NAME, (old, old))
+    DirLock(tmp_path).acquire().release()
+
+
+def test_resume_drops_samples_of_sizes_without_stats(tmp_path):
+    """The kill between samples.csv and stats.csv, planted: the resume keeps only whole sizes."""
+    res = make_results(tmp_path / "res", collectives=("allreduce",))
+    samples_before = (res / "samples.csv").read_text()
+    with open(res / "samples.csv", "a") as f:
+        f.write(",".join(["world:2x1", "intra", "2", "1", "allreduce", "host", "float32", "12345", "3086", "0",
+                          "0.001"]) + "\r\n")
+        f.write("world:2x1,intra,2,1,allre")  # torn
+    assert len(SAMPLE_FIELDS) == 11
+    meta = json.loads((res / "meta.json").read_text())
+    rd = ResultsDir(res)
+    rd.prepare(meta, resume=True)
+    rd.close()
+    assert (res / "samples.csv").read_text() == samples_before

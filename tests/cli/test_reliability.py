@@ -1,0 +1,171 @@
+"""The pieces the bad-input and fault suites rely on, each against a closed form."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from calibrate.cli import finite_float, launcher_rank, run_cli
+from calibrate.errors import OptionError, UserError
+from calibrate.jsonfile import non_finite, write_json
+from calibrate.profile import Profile
+from calibrate.results import ResultsDir
+from calibrate.run_limits import MAX_CALLS_PER_SIZE, check_counts
+from calibrate.validation import fairness_warnings
+from tests.cli.badrecords import make_results
+
+
+def test_write_json_never_writes_nan(tmp_path):
+    path = tmp_path / "plan.json"
+    write_json(path, {"ok": 1})
+    with pytest.raises(UserError, match=r"best/totals/total_s=nan, which is not a finite number: nothing was written"):
+        write_json(path, {"best": {"totals": {"total_s": math.nan}}}, "plan file")
+    assert json.loads(path.read_text()) == {"ok": 1}
+    assert non_finite({"a": [1.0, {"b": -math.inf}]}) == "a/1/b=-inf"
+    assert non_finite({"a": [1.0, 2]}) is None
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "1e400"])
+def test_finite_float_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="not a finite number"):
+        finite_float(text)
+
+
+def test_finite_float_accepts():
+    assert finite_float("1.5") == 1.5 and finite_float("-2e3") == -2000.0
+
+
+def test_calls_per_size_bounded():
+    check_counts(1000, 0, 1000)  # 1,000,000 calls: the most
+    with pytest.raises(OptionError, match=r"1,000,005 calls per size"):
+        check_counts(1000, 5, 1000)
+    with pytest.raises(OptionError, match=r"1,000,000,005 calls per size, at least 2,000 s for 1 size"):
+        check_counts(10 ** 9, 5, 1)
+    with pytest.raises(OptionError):
+        check_counts(MAX_CALLS_PER_SIZE, 1, 1)
+    check_counts(MAX_CALLS_PER_SIZE - 1, 1, 1)
+
+
+def test_errors_print_once_under_a_launcher(monkeypatch, capsys):
+    def bad(argv):
+        raise UserError("broken: fix it")
+    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    assert launcher_rank() == 0
+    monkeypatch.setenv("PMI_RANK", "1")
+    assert launcher_rank() == 1 and run_cli(bad, [], "x") == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert run_cli(bad, [], "x") == 2
+    assert capsys.readouterr().err == "x: error: broken: fix it\n"
+
+
+def test_fairness_warnings(tmp_path):
+    """A GPU profile judged on host CPUs, another timing mode, and group sizes it never measured."""
+    runs = []
+    for ranks in (2, 4):
+        rd = ResultsDir(make_results(tmp_path / f"r{ranks}", collectives=("allreduce",), ranks=ranks))
+        runs.append((rd.read_meta(), rd.stats()))
+    prof = Profile.load("h200-nvlink")  # NVIDIA H200, graph mode, 2-rank models measured up to 1 GiB
+    text = "\n".join(fairness_warnings(prof, runs))
+    assert "is of NVIDIA H200; these measurements are of host CPUs (backend mpi)" in text
+    assert "timed in graph mode, these measurements in host mode" in text
+    assert "intra allreduce on 4 ranks: the profile has no model for that group size; predicted from its " \
+           "2-rank model" in text
+    assert "on 2 ranks" not in text
+    assert fairness_warnings(prof, [(dict(runs[0][0], ranks=[{"gpu": "NVIDIA H200"}] * 2,
+                                          config=dict(runs[0][0]["config"], mode="graph")), runs[0][1])]) == []
+
+
+def test_plan_mesh_must_span_the_cluster(tmp_path):
+    from autotune.sbp.plancheck import check_plan
+
+    layer = {"name": "l", "kind": "matmul", "count": 1, "mesh": [[2, 1], [1, 4]]}
+    plan = {"best": {"strategy": "s", "model": {"name": "m"}, "cluster": {"nodes": 2, "gpus_per_node": 4},
+                     "totals": {"redistribution_s": 0.0, "grad_sync_s": 1.0, "total_s": 1.0, "memory_bytes": 1.0,
+                                "fits_memory": True},
+                     "layers": [layer]}}
+    assert check_plan(plan, "p") is plan
+    layer["mesh"] = [[3, 5]]
+    with pytest.raises(UserError, match="best/layers/0/mesh spans 15 devices, the plan's cluster has 8"):
+        check_plan(plan, "p")
+
+
+def test_results_samples_leave_out_sizes_without_stats(tmp_path):
+    res = make_results(tmp_path / "r", collectives=("allreduce",))
+    rd = ResultsDir(res)
+    n = len(rd.samples())
+    with open(res / "samples.csv", "a") as f:
+        f.write("world:2x1,intra,2,1,allreduce,host,float32,999,249,0,0.001\r\n")
+    assert len(pd.read_csv(res / "samples.csv")) == n + 1 and len(rd.samples()) == n
+
+
+def test_report_cells_are_for_people():
+    from reports.html import cell_text, table_html
+
+    assert cell_text(float("nan")) == "-" and cell_text(float("inf"), "total_s") == "-"
+    assert cell_text(4.611686018427388e18, "max_bytes") == "no limit"
+    assert cell_text(False) == "no" and cell_text(None) == "-"
+    assert cell_text(1536, "bytes") == "1.5 KiB" and cell_text(64 << 20, "bytes") == "64 MiB"
+    assert cell_text(3.2e-6, "median_s") == "3.2 us" and cell_text(0.0125, "step_s") == "12.5 ms"
+    assert cell_text({"a": 1.5, "b": True}) == "a: 1.5, b: yes"
+    html = table_html(pd.DataFrame({"bytes": [1024, 2 ** 62], "median_s": [float("nan"), 2.0],
+                                    "fits": [True, False], "extra": [{"k": 1}, [1, 2]]}))
+    for bad in ("nan", "inf", "e+18", "True", "False", "{"):
+        assert bad not in html
+
+
+def test_report_chart_shows_what_the_headline_compares():
+    from reports.sections.sbp import _breakdown_fig, _objective
+
+    totals = {"redistribution_s": 1.0, "grad_sync_s": 2.0, "total_s": 3.0, "memory_bytes": 1.0, "fits_memory": True}
+    plans = [{"strategy": "a", "totals": dict(totals, compute_s=10.0, exposed_comm_s=1.5, step_s=11.5)},
+             {"strategy": "b", "totals": dict(totals, compute_s=10.0, exposed_comm_s=3.0, step_s=13.0)}]
+    assert _objective(plans, "step") == "step" and _objective(plans, "comm") == "comm"
+    fig = _breakdown_fig(plans, "step")
+    ax = fig.axes[0]
+    assert ax.get_xlabel().startswith("predicted step time")
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["compute", "exposed communication"]
+    assert [t.get_text() for t in ax.texts] == ["11.5 s", "13 s"]
+    no_compute = [{"strategy": "a", "totals": totals}]
+    assert _objective(no_compute, "step") == "comm"
+
+
+class _Parsed(Exception):
+    pass
+
+
+# every command whose options this suite holds to a help line (calibrate compute, autotune execute and the
+# search have owners of their own)
+HELPED = [("calibrate", "run"), ("calibrate", "fit"), ("calibrate", "validate"), ("calibrate", "profiles"),
+          ("autotune", "validate"), ("autotune", "reshard"), ("autotune", "schedule"), ("autotune", "nccl"),
+          ("autotune", "reproduce"), ("autotune", "explain"), ("kernels", "compile"), ("kernels", "check"),
+          ("kernels", "bench"), ("kernels", "peers"), ("kernels", "tp-mlp"), ("kernels", "reshard"),
+          ("kernels", "build-tuner"), ("reports", "")]
+
+
+@pytest.mark.parametrize("package, command", HELPED, ids=[f"{p}-{c}" for p, c in HELPED])
+def test_every_option_has_a_help_line(package, command, monkeypatch):
+    """The parser a command builds, caught at parse time: each option and argument says what it is."""
+    import importlib
+
+    from calibrate.cli import CommandParser
+
+    def catch(self, args=None, namespace=None):
+        raise _Parsed(self)
+    monkeypatch.setattr(CommandParser, "parse_args", catch)
+    monkeypatch.setattr(CommandParser, "parse_known_args", lambda self, *a, **k: catch(self))
+    if package == "reports":
+        main = importlib.import_module("reports.__main__").main
+    else:
+        module, func = importlib.import_module(f"{package}.__main__").SUBCOMMANDS[command].split(":")
+        main = getattr(importlib.import_module(module), func)
+    with pytest.raises(_Parsed) as got:
+        main([])
+    parser = got.value.args[0]
+    bare = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
+            if not (a.help or "").strip() and a.dest != "help"]
+    assert not bare, f"options without a help line: {', '.join(bare)}"
