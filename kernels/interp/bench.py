@@ -1,20 +1,21 @@
 """The interpreter and NCCL side by side (``python -m kernels bench``; the command is
 ``kernels.interp.cli.bench``), under ``mpirun -np N`` (one process per GPU).
 
-For each collective and size (nccl-tests' "size": the whole buffer) both run on
-the same buffers, each as a CUDA graph of N calls timed with CUDA events,
-interleaved replay by replay; before timing, each result is checked against
-NCCL's on fresh random data with the outputs poisoned. ``table`` is an
+For each collective and size (nccl-tests' "size": the whole buffer) both are arms
+of the measurement engine (``calibrate.measure.engine``) on the same input buffer,
+each a CUDA graph of N calls timed with CUDA events, interleaved replay by replay;
+each result is checked on fresh random data with its output poisoned, against the
+reference computed from every rank's input, before timing and after the timed
+replays. ``table`` is an
 nccl-tests-style table with a speedup column; ``records.BenchRecord`` the result.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 
 from calibrate.collectives import Collective, busbw_factor
-from calibrate.device.timing import capture, time_graphs
 from calibrate.errors import UserError
+from calibrate.measure import engine
 from calibrate.sizes import sweep
 
 from kernels.interp import gpudata, pack
@@ -61,8 +62,10 @@ def run(args, comm) -> list[dict]:
 
 
 def measure(comm, coll: str, nbytes: int, dtype: str, choice, reps: int, stream) -> dict:
-    """One row: ``choice`` (a program launch, or NCCL) and NCCL on the same buffers, checked
-    against NCCL on fresh random data, then both timed as CUDA graphs, replays interleaved."""
+    """One row: ``choice`` (a program launch, or NCCL) and NCCL as two arms of the measurement engine
+    on the same input buffer: each checked against the reference computed from every rank's seeded
+    input before timing and again after its timed replays (FIFO credits and LL flags reused), CUDA
+    graphs of N calls, ``reps`` replays interleaved, median, maximum over ranks."""
     import cupy as cp
 
     rank, nranks = comm.rank, comm.nranks
@@ -71,40 +74,32 @@ def measure(comm, coll: str, nbytes: int, dtype: str, choice, reps: int, stream)
     send = gpudata.empty(cp, dtype, in_n)
     ours, ref = gpudata.empty(cp, dtype, out_n), gpudata.empty(cp, dtype, out_n)
     gpudata.fill_random(cp, send, dtype, seed=1000 * rank + nbytes % 997 + choice.split)
-    gpudata.poison(ours, dtype)
-    gpudata.poison(ref, dtype)
-    with stream:
-        comm.collective(coll, send, ours, count, dtype, stream=stream, choice=choice)
-        comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count, dtype, stream)
-    stream.synchronize()
-    ok, err = gpudata.compare(cp, ours, ref, dtype, out_n, nranks)
-    ok = bool(comm.mpi.allreduce(int(ok), op=_mpi_min()))
+
+    def arm(launch, out):
+        return gpudata.LaunchArm(cp, stream, launch, send, out.data.ptr, out_n, coll, count, dtype, rank, nranks, out)
+
+    interp = arm(lambda s: comm.collective(coll, send, ours, count, dtype, stream=s, choice=choice), ours)
+    nccl = arm(lambda s: comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count, dtype, s), ref)
     n = ncalls_for(nbytes)
-    with stream:
-        graphs = {
-            "interp": capture(stream, lambda s: comm.collective(coll, send, ours, count, dtype, stream=s,
-                                                                choice=choice), n),
-            "nccl": capture(stream, lambda s: comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count,
-                                                                   dtype, s), n),
-        }
-    times = time_graphs(cp, stream, graphs, n, reps, comm.mpi.Barrier)
-    t_i, t_n = statistics.median(times["interp"]), statistics.median(times["nccl"])
-    t_i, t_n = comm.mpi.allreduce(t_i, op=_mpi_max()), comm.mpi.allreduce(t_n, op=_mpi_max())
+    opts = engine.Options(engine.TimingMode.GRAPH, rounds=reps, calls=n, min_batch_s=0.0, warmup=2,
+                          seed=nbytes % 997 + choice.split)
+    res = engine.compare(engine.MpiGroup(comm.mpi), [("interp", lambda: interp), ("nccl", lambda: nccl)], opts)
+    i, r = res["interp"], res["nccl"]
+    t_i = i.median_s if i.median_s is not None else float("nan")
+    t_n = r.median_s if r.median_s is not None else float("nan")
+    err = float(comm.mpi.allreduce(interp.max_rel_err, op=_mpi_max()))
     f = busbw_factor(Collective.parse(coll), nranks)
     row = {"collective": coll, "bytes": nbytes, "count": count, "dtype": dtype,
            "program": "nccl" if choice.uses_nccl else choice.program.name,
            "protocol": choice.protocol.value if choice.protocol else "", "split": choice.split,
            "calls_per_graph": n, "interp_us": t_i * 1e6, "nccl_us": t_n * 1e6,
            "interp_busbw_gbs": nbytes / t_i * f / 1e9, "nccl_busbw_gbs": nbytes / t_n * f / 1e9,
-           "speedup": t_n / t_i, "correct": ok, "max_rel_err": err}
-    del graphs, send, ours, ref
+           "speedup": t_n / t_i, "correct": i.ok, "max_rel_err": err,
+           "checked": "before timing and after the timed replays", "nccl_correct": r.ok,
+           "wrong_before": i.wrong_before, "wrong_after": i.wrong_after, "why": i.reason or r.reason}
+    del send, ours, ref, interp, nccl
     cp.get_default_memory_pool().free_all_blocks()
     return row
-
-
-def _mpi_min():
-    from mpi4py import MPI
-    return MPI.MIN
 
 
 def _mpi_max():
