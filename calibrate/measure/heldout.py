@@ -68,7 +68,11 @@ def declare(tuner: str, development: dict[str, list[int]], lo: int, hi: int, cou
     from calibrate.validation import random_sizes
 
     colls = [Collective.parse(c) for c in development]
-    drawn = random_sizes(colls, lo, hi, count, seed, unit)
+    try:
+        drawn = random_sizes(colls, lo, hi, count, seed, unit)
+    except UserError as e:
+        raise OptionError("heldout", f"{count}: cannot draw that many sizes off the grid between {lo} and {hi} B in "
+                                     f"multiples of {unit} B ({e}): widen the sizes or hold out fewer") from None
     evaluation = {c: sorted(n for n in drawn[Collective.parse(c).value] if n not in set(development[c]))
                   for c in development}
     how = f"{count} per collective, log-uniform in [{lo}, {hi}] B, multiples of {unit} B, off the grid, seed {seed}"
