@@ -54,6 +54,9 @@ class Declaration:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"{origin}: malformed held-out declaration ({e!r}): rerun the tuner's development "
                             f"step, which declares it") from None
+        except UserError as e:
+            raise UserError(f"{origin}: bad held-out declaration ({e.problem if isinstance(e, OptionError) else e}): "
+                            f"rerun the tuner's development step") from None
         if d.get("sha256") != dec.sha256:
             raise UserError(f"{origin}: the held-out declaration does not match its hash (edited after it was "
                             f"declared): rerun the tuner's development step")
