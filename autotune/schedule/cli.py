@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from calibrate import profile as profiles
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, run_mpi_command
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
@@ -314,7 +314,8 @@ def evaluate_main(argv) -> int:
     world, cp, reason = gpu_world(result.ranks)
     if world is None:
         raise UserError(f"cannot evaluate here: {reason}")
-    return _evaluate(args, world, cp, result, declaration, tuned, run)
+    return run_mpi_command(lambda: _evaluate(args, world, cp, result, declaration, tuned, run), world,
+                           "autotune schedule evaluate", "what was measured is in schedule_evaluate.json")
 
 
 def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path) -> int:
