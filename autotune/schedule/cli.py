@@ -322,17 +322,26 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
     from calibrate.measure.provenance import command, commit
     from kernels.interp.runtime import Communicator
 
-    from autotune.schedule.evaluate import EvaluateRecord, arms_for, measure_point, summary
+    from autotune.schedule.evaluate import EvaluateRecord, arms_for, covering, knob_arms, measure_point, summary
 
     t0 = time.perf_counter()
     lead = world.rank == 0
     space = load_space(result.space)
-    fixed_built = {}
+    plans: dict[tuple[str, int], dict] = {}      # (collective, size) -> arm name -> Built or why not
     for res in result.collectives:
-        if res.fixed_baseline:
-            built, _ = enumerate_candidates(space, res.collective, result.ranks, result.nodes)
-            fixed_built[res.collective] = next((b for b in built if b.candidate.key == res.fixed_baseline), None)
-    preset = outputs.transport_preset(tuned, [b for b in fixed_built.values() if b], (), "schedule-evaluate")
+        built, _ = enumerate_candidates(space, res.collective, result.ranks, result.nodes)
+        by_key = {b.candidate.key: b for b in built}
+        fixed = by_key.get(res.fixed_baseline)
+        for n in declaration.evaluation.get(res.collective, []):
+            plan: dict = {}
+            if res.fixed_baseline:
+                plan[f"fixed {res.fixed_baseline}"] = fixed or f"{res.fixed_baseline} is not in space {space.name}"
+            key = covering(res.table, n)
+            if fixed is not None and key is not None and key in by_key:
+                plan.update(knob_arms(by_key[key].candidate, fixed.candidate, by_key))
+            plans[(res.collective, n)] = plan
+    needed = list({id(b): b for p in plans.values() for b in p.values() if not isinstance(b, str)}.values())
+    preset = outputs.transport_preset(tuned, needed, (), "schedule-evaluate")
     comm = Communicator(world, preset, entries=[])
     out = Path(args.out) if args.out else run / "schedule_evaluate.json"
     record = EvaluateRecord(date=_dt.datetime.now().isoformat(timespec="seconds"), command=command(),
@@ -342,17 +351,17 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
                             reps=args.reps)
     try:
         tuned_loaded = [(e, comm.load(e)) for e in tuned.entries]
-        fixed = {}
-        for coll, b in fixed_built.items():
-            if b is not None:
-                e = outputs.entry_for(b.candidate, b.program.name)
-                fixed[coll] = (b.candidate.key, [(e, comm.load(e, b.program))])
+        loaded = {}
+        for b in needed:
+            e = outputs.entry_for(b.candidate, b.program.name)
+            loaded[id(b)] = [(e, comm.load(e, b.program))]
         stream = cp.cuda.Stream(non_blocking=True)
         for res in result.collectives:
             coll = res.collective
             for n in declaration.evaluation.get(coll, []):
                 count = bench_count(coll, n, result.dtype, comm.nranks)
-                arms, label = arms_for(comm, coll, count, result.dtype, tuned_loaded, fixed.get(coll))
+                others = {name: b if isinstance(b, str) else loaded[id(b)] for name, b in plans[(coll, n)].items()}
+                arms, label = arms_for(comm, coll, count, result.dtype, tuned_loaded, others)
                 p = measure_point(comm, coll, n, result.dtype, arms, label, args.reps, stream)
                 record.points.append(p)
                 if lead:
@@ -371,6 +380,10 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
         print(f"{coll} at held-out sizes {s['sizes']}: over NCCL geomean {_fmt(s.get('over_nccl_geomean'), '.3f')}x, "
               f"worst {_fmt(s.get('over_nccl_min'), '.3f')}x; over the best fixed ({s['fixed'] or '-'}) geomean "
               f"{_fmt(s.get('over_fixed_geomean'), '.3f')}x; #wrong {s['wrong']}")
+        if s["knob_share"]:
+            print("  each chosen knob's share (the tuned choice with that knob as the fixed configuration has it, "
+                  "over the tuned time): " + ", ".join(f"{k} {_fmt(v['share_geomean'], '.3f')}x ({v['timed']}/"
+                                                       f"{v['sizes']} sizes)" for k, v in s["knob_share"].items()))
         for v in s["verdicts"]:
             print(f"  target {v['target']}: {v['value']} -> {v['state']}" + (f" ({v['why']})" if v["why"] else ""))
         bad += s["wrong"]

@@ -7,8 +7,11 @@ fresh process, at the sizes the run declared held out before measuring anything 
 checked), compares as arms of one engine comparison per size (``kernels.interp.bench.
 compare_choices``): the tuned manifest through the interpreter's own selection (what a
 user gets), NCCL, and the development run's best fixed configuration (one candidate at
-every size); each checked before and after its timed replays, medians. Its record
-(kind ``commtune.schedule-evaluate``) is the one to quote.
+every size); each checked before and after its timed replays, medians. Each knob in which
+the tuned choice differs from the fixed configuration gets an ablation arm, the tuned
+candidate with that one knob as the fixed configuration has it (``knob_arms``), so that the
+record says what each chosen knob is worth: its share, the ablation's time over the
+tuned one. Its record (kind ``commtune.schedule-evaluate``) is the one to quote.
 """
 from __future__ import annotations
 
@@ -21,6 +24,25 @@ from calibrate.measure.verdict import judge
 from calibrate.records import Record
 
 TUNED, NCCL = "tuned", "nccl"
+# the knobs of a candidate (autotune.schedule.space.Candidate); "algorithm" carries its source
+KNOBS = ("algorithm", "channels", "instances", "protocol", "bytes_per_block", "max_split", "tile_bytes")
+ABLATION = "tuned, {} as fixed"
+
+
+def knob_arms(tuned, fixed, by_key: dict) -> dict[str, object]:
+    """{arm name: the candidate's ``Built``, or why there is none} for each knob in which ``tuned``
+    differs from ``fixed`` (Candidates): ``tuned`` with that knob set as ``fixed`` has it."""
+    import dataclasses
+
+    out: dict[str, object] = {}
+    for knob in KNOBS:
+        if getattr(tuned, knob) == getattr(fixed, knob):
+            continue
+        change = {knob: getattr(fixed, knob)} | ({"source": fixed.source} if knob == "algorithm" else {})
+        variant = dataclasses.replace(tuned, **change)
+        out[ABLATION.format(knob)] = by_key.get(variant.key) or \
+            f"{variant.key} is not in the search space (the knob does not combine with the others)"
+    return out
 
 
 @dataclass
@@ -102,23 +124,41 @@ def summary(points: list[Point]) -> dict:
                     for a in p.arms)
         v.append(judge("wrong_0", float(wrong), lambda x: x == 0, fmt=".0f"))
         s["wrong"] = wrong
+        knobs = {}
+        for knob in KNOBS:
+            name = ABLATION.format(knob)
+            xs = [stats.ratio(p.median_us(name), p.median_us(TUNED)) for p in mine
+                  if any(a["name"] == name for a in p.arms)]
+            if xs:
+                have = [x for x in xs if x is not None]
+                knobs[knob] = {"share_geomean": stats.geomean(have) if have else None, "sizes": len(xs),
+                               "timed": len(have)}
+        s["knob_share"] = knobs       # the ablation's time over the tuned one: above 1, the knob is worth that
         s["verdicts"] = [x.to_dict() for x in v]
         out[coll] = s
     return out
 
 
-def arms_for(comm, coll: str, count: int, dtype: str, tuned_loaded: list, fixed: tuple | None) -> tuple[dict, str]:
+def arms_for(comm, coll: str, count: int, dtype: str, tuned_loaded: list, others: dict) -> tuple[dict, str]:
     """({arm name: Choice, None for NCCL, or a UserError saying why the arm cannot run}, the tuned choice's
-    label). ``fixed``: (key, [(entry, program)]) of the best fixed configuration."""
+    label). ``others``: arm name -> [(entry, program)] of one candidate (the best fixed configuration,
+    the knob ablations), or the reason it has none."""
     from kernels.interp.select import choose
 
     tuned = choose(tuned_loaded, coll, count, dtype, comm.nranks, comm.preset.max_split)
     arms: dict = {TUNED: tuned, NCCL: None}
-    if fixed is not None:
-        key, loaded = fixed
+    for name, loaded in others.items():
+        if isinstance(loaded, str):
+            arms[name] = UserError(loaded)
+            continue
         c = choose(loaded, coll, count, dtype, comm.nranks, comm.preset.max_split)
-        arms[f"fixed {key}"] = UserError(f"the interpreter cannot run it here: {c.reason}") if c.uses_nccl else c
+        arms[name] = UserError(f"the interpreter cannot run it here: {c.reason}") if c.uses_nccl else c
     return arms, "nccl" if tuned.uses_nccl else f"{tuned.program.name} ({tuned.protocol.value}, split {tuned.split})"
+
+
+def covering(table, nbytes: int) -> str | None:
+    """The candidate key of the tuned table entry serving ``nbytes`` (None: NCCL serves it)."""
+    return next((t.choice for t in table if t.lo <= nbytes and (t.hi == 0 or nbytes < t.hi)), None)
 
 
 def measure_point(comm, coll: str, nbytes: int, dtype: str, arms: dict, label: str, reps: int, stream) -> Point:

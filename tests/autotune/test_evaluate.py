@@ -113,3 +113,37 @@ def test_tables_rendered_from_records_and_stale_blocks_found(tmp_path):
     assert update(md, check=True) == ["ev.json"] and "old" in md.read_text()
     assert update(md) == ["ev.json"] and update(md, check=True) == []
     assert md.read_text().startswith("prose\n") and md.read_text().endswith("more prose\n")
+
+
+def test_each_knob_that_differs_from_the_fixed_configuration_gets_an_ablation_arm():
+    import dataclasses
+
+    from autotune.schedule.evaluate import covering, knob_arms
+    from autotune.schedule.result import TableEntry
+    from autotune.schedule.space import DEFAULT_SPACE, enumerate_candidates, load_space
+
+    built, _ = enumerate_candidates(load_space(DEFAULT_SPACE), "allreduce", 2, 1)
+    by_key = {b.candidate.key: b for b in built}
+    fixed, other = built[0].candidate, built[1].candidate    # ring Simple, tile 64K against 128K
+    assert dataclasses.replace(other, tile_bytes=fixed.tile_bytes) == fixed
+    arms = knob_arms(other, fixed, by_key)
+    assert list(arms) == ["tuned, tile_bytes as fixed"] and arms["tuned, tile_bytes as fixed"].candidate == fixed
+    assert knob_arms(fixed, fixed, by_key) == {}
+    # LL has no tile: the tuned LL candidate with Simple's protocol keeps tile 0, which Simple never has
+    ll = next(b.candidate for b in built if b.candidate.protocol == "LL")
+    arms = knob_arms(ll, fixed, by_key)
+    assert isinstance(arms["tuned, protocol as fixed"], str) and "not in the search space" in arms[
+        "tuned, protocol as fixed"]
+    assert set(arms) == {f"tuned, {k} as fixed" for k in ("protocol", "bytes_per_block", "tile_bytes")
+                         if getattr(ll, k) != getattr(fixed, k)}
+    table = [TableEntry(0, 4096, "a"), TableEntry(4096, 0, "b")]
+    assert covering(table, 100) == "a" and covering(table, 4096) == "b" and covering([], 1) is None
+
+
+def test_schedule_summary_reports_each_knobs_share():
+    pts = [Point("allreduce", n, "x", [arm("tuned", 4.0), arm("nccl", 6.0), arm("fixed k", 6.0),
+                                       arm("tuned, protocol as fixed", 5.0), arm("tuned, max_split as fixed", 4.4)])
+           for n in (3000, 9000)]
+    k = summary(pts)["allreduce"]["knob_share"]
+    assert k["protocol"]["share_geomean"] == pytest.approx(1.25) and k["max_split"]["share_geomean"] == \
+        pytest.approx(1.1) and set(k) == {"protocol", "max_split"}
