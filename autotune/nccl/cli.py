@@ -266,7 +266,7 @@ def declare_heldout(colls: list[str], sizes: list[int], ranks: int, args):
 
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return declare("autotune nccl", {c: list(sizes) for c in colls}, min(sizes), max(sizes), args.heldout,
-                   args.heldout_seed, 128 * ranks * 8, stamp)
+                   args.heldout_seed, 128 * ranks, stamp)
 
 
 def print_header(say, lead: bool, args, what: str) -> None:

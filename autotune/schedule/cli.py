@@ -182,9 +182,10 @@ def main(argv=None) -> int:
     correction = _load_correction(args.correction)
     bands_spec = bands_for(parse_sizes(args.sizes))
 
-    declaration = declare_heldout(colls, bands_spec, args)
     world, cp, reason = (None, None, "--model-only was given") if args.model_only else gpu_world(args.gpus)
     measuring = world is not None
+    # before anything is measured (a model-only run has nothing to evaluate)
+    declaration = declare_heldout(colls, bands_spec, args) if measuring else None
     lead = world is None or world.rank == 0
     say = log if lead else None
     if not measuring and say:
@@ -250,7 +251,7 @@ def main(argv=None) -> int:
                         profile=prof.name, dtype=args.dtype, space=space.name, measured=measuring,
                         not_measured_reason="" if measuring else reason, device=device,
                         input_correction=correction.to_dict() if correction else {},
-                        heldout=declaration.to_dict(),
+                        heldout=declaration.to_dict() if declaration else {},
                         seconds={"model": t_model, "measure": t_measure, "total": time.perf_counter() - t_start},
                         outputs=written, collectives=results)
     result.save(out / "schedule.json")
@@ -269,15 +270,17 @@ def main(argv=None) -> int:
 
 
 def declare_heldout(colls: list[str], bands, args):
-    """The held-out sizes, declared before anything is measured: between the bands' sizes, off the grid."""
+    """The held-out sizes, declared before anything is measured: off the grid, from half the smallest band's
+    size to twice the largest's (the table's bands cover every size)."""
     import datetime
 
     from calibrate.measure.heldout import declare
 
     reps = [b.rep for b in bands]
+    unit = 128 * args.gpus
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return declare("autotune schedule", {c: reps for c in colls}, min(reps), max(reps), args.heldout,
-                   args.heldout_seed, 128 * args.gpus * 8, stamp)
+    return declare("autotune schedule", {c: reps for c in colls}, max(unit, min(reps) // 2), 2 * max(reps),
+                   args.heldout, args.heldout_seed, unit, stamp)
 
 
 # -- python -m autotune schedule evaluate ---------------------------------------------------------
