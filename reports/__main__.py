@@ -1,6 +1,10 @@
 """``python -m reports <results dirs or JSON files...> -o report.html``: one
 self-contained HTML report from any results the project writes (calibration
-runs, fitted profiles, plans, benchmarks), a section per kind."""
+runs, fitted profiles, plans, benchmarks), a section per kind.
+
+``python -m reports tables FILE.md|RECORD.json ...``: the tuners' tables rendered from
+their JSON records (``reports/tables.py``): a record printed, a Markdown file's table
+blocks rewritten (``--check``: exit 1 where one is stale, writing nothing)."""
 from __future__ import annotations
 
 import sys
@@ -33,7 +37,28 @@ def kind_of(path: Path) -> str:
     return kind
 
 
+def tables(argv=None) -> int:
+    from reports.tables import render, update
+
+    p = command_parser("python -m reports tables", "Tables of the tuners' records, rendered from the JSON records.")
+    p.add_argument("inputs", nargs="+", help="Markdown files (their table blocks rewritten) or JSON records (printed)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 where a block is stale")
+    args = p.parse_args(argv)
+    stale = []
+    for f in args.inputs:
+        if f.endswith(".md"):
+            stale += [f"{f}: {s}" for s in update(f, check=args.check)]
+        else:
+            print(render(f))
+    for s in stale:
+        print(f"{'stale' if args.check else 'rewritten'}: {s}")
+    return 1 if args.check and stale else 0
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "tables":
+        return run_cli(tables, argv[1:], prog="python -m reports tables")
     p = command_parser("python -m reports", __doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="results directories and/or JSON files (profiles, plans, ...)")
     p.add_argument("-o", "--out", default="report.html", help="HTML file to write. Default report.html")

@@ -17,9 +17,8 @@ algorithm and protocol is what reproduces the default there.
 """
 from __future__ import annotations
 
-import math
-
 from calibrate.errors import UserError
+from calibrate.measure.stats import geomean
 from kernels.nccl_tuner.table import SIZE_MAX, Row, merge_bands
 
 from autotune.nccl.record import Sample
@@ -36,7 +35,7 @@ def pick(samples: list[Sample], band: Band, margin: float) -> str | None:
     for s in samples:
         if s.setting != "default" and s.bytes in defaults:
             times.setdefault(s.setting, {})[s.bytes] = s.median_us
-    score = {label: math.exp(sum(math.log(t[n] / d.median_us) for n, d in defaults.items()) / len(defaults))
+    score = {label: geomean(t[n] / d.median_us for n, d in defaults.items())
              for label, t in times.items() if len(t) == len(defaults)}
     if not score:
         return None
@@ -63,3 +62,18 @@ def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks:
                 rows.append(Setting.parse(label).row(coll, band.lo, SIZE_MAX if band.hi == 0 else band.hi - 1,
                                                      ranks, nodes))
     return merge_bands(rows)
+
+
+def best_fixed(sweep: list[Sample], collective: str, excluded=()) -> str | None:
+    """The one setting that would do best at every size of ``collective`` on its own: among the settings
+    measured at every size NCCL's default was (NCCL applied them), the least geometric mean of its time
+    over the default's. The baseline a per-size table must beat to be worth its bands."""
+    mine = [s for s in sweep if s.collective == collective and s.setting not in excluded]
+    defaults = {s.bytes: s.median_us for s in mine if s.setting == "default"}
+    times: dict[str, dict[int, float]] = {}
+    for s in mine:
+        if s.setting != "default" and s.bytes in defaults:
+            times.setdefault(s.setting, {})[s.bytes] = s.median_us
+    score = {label: geomean(t[n] / defaults[n] for n in defaults) for label, t in times.items()
+             if len(t) == len(defaults)}
+    return min(score, key=score.get) if score else None

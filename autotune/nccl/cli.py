@@ -2,6 +2,7 @@
 
     python -m kernels build-tuner                                   # once: the plugin (cc)
     mpirun -np 2 python -m autotune nccl --out tuned/               # measure, choose, re-measure
+    mpirun -np 2 python -m autotune nccl evaluate tuned/             # confirm: held-out sizes, fresh process
     source tuned/nccl_tuner.env                                     # in a job script: NCCL as tuned
     mpirun -np 2 python -m autotune nccl --table tuned/nccl_tuner.csv --out again/   # re-measure a table
 
@@ -19,6 +20,13 @@ NCCL_MIN_CTAS), then measures NCCL default against NCCL with the plugin and the 
 new communicators in the same run and prints the ratio per collective and size with
 #wrong. Everything measured is in nccl_tune.json (kind commtune.nccl-tune), saved after
 every setting.
+
+Before the sweep, --heldout sizes per collective (off the sweep's grid) are declared and
+hashed into the record: development never measures them. The comparison has five arms
+per size, so that each part of the gain is attributed: NCCL's default, the default with
+NCCL_MIN_CTAS alone, the table alone, the table with NCCL_MIN_CTAS (the env file), and the
+sweep's best fixed setting. ``evaluate`` re-measures those arms in a fresh process at the
+held-out sizes (nccl_evaluate.json, kind commtune.nccl-evaluate): the only figures to quote.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ from calibrate.cli import command_parser, finite_float, message, run_mpi_command
 from calibrate.device.dtypes import dtype_size
 from calibrate.device.nccl_config import MAX_CHANNELS
 from calibrate.errors import UserError
+from calibrate.measure import stats
 from calibrate.sizes import format_size, parse_size
 from calibrate.outputs import write_atomic
 from kernels.nccl_tuner.build import library
@@ -75,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="do not check results on random data")
     p.add_argument("--plugin", default=None, help="the plugin library (default: where python -m kernels build-tuner "
                                                   "puts it)")
+    p.add_argument("--heldout", type=int, default=4,
+                   help="sizes per collective held out for python -m autotune nccl evaluate: declared and hashed "
+                        "into the record before the sweep, never measured by it (default 4)")
+    p.add_argument("--heldout-seed", type=int, default=26, help="seed of the held-out sizes (default 26)")
     p.add_argument("--table", default=None,
                    help="measure nothing but NCCL default against NCCL with this table (a nccl_tuner.csv)")
     p.add_argument("--out", default=None, help="output directory (default results/nccl-tune-<date>-<time>)")
@@ -106,6 +119,8 @@ def validate(args) -> tuple[list[str], list[int], tuple[int, ...], Path]:
     args.channels_from_bytes = parse_size(args.channels_from)
     if not 0 <= args.margin < 0.5 or args.rounds < 1:
         raise UserError("--margin must be in [0, 0.5) and --rounds at least 1")
+    if args.heldout < 1:
+        raise UserError(f"--heldout {args.heldout}: hold out at least 1 size per collective for evaluate")
     plugin = library(args.plugin)
     if args.table:
         load_table(args.table)
@@ -116,6 +131,9 @@ def validate(args) -> tuple[list[str], list[int], tuple[int, ...], Path]:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "evaluate":
+        return evaluate_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         colls, sizes, channels, plugin = validate(args)
@@ -147,8 +165,9 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
     from calibrate.device.gpu import cupy_or_error, device_name, select_gpu
     from calibrate.groups import topology
 
-    from autotune.nccl.choose import choose
-    from autotune.nccl.measure import GRAPH_US, Options, Session, compare, sweep
+    from autotune.nccl.choose import best_fixed, choose
+    from autotune.nccl.measure import Options, Session, ablation_arms, compare, sweep
+    from autotune.nccl.settings import Setting, setting_table
 
     t_start = time.perf_counter()
     lead = world.Get_rank() == 0
@@ -172,7 +191,10 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
         nccl_version=session.nccl_version, ranks=ranks, nodes=nodes, dtype=args.dtype, mode="graph",
         iters=args.iters, reps=args.reps, rounds=args.rounds, min_ctas=args.min_ctas, collectives=colls,
         sizes=sizes, plugin=str(plugin))
+    if args.table is None:
+        record.heldout = declare_heldout(colls, sizes, ranks, args).to_dict()
     save = (lambda: record.save(out / "nccl_tune.json")) if lead else (lambda: None)
+    save()
     say(f"# autotune nccl: {ranks} ranks on {nodes} node(s), {record.device}, NCCL {record.nccl_version}, plugin "
         f"{plugin}; {len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}")
     try:
@@ -217,28 +239,78 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
             write_atomic(env_path, rec.env_text(plugin, table_path, args.min_ctas, header), "environment file")
             say(f"# wrote {table_path} ({len(table_rows)} rows) and {env_path}")
         save()
-        say("# NCCL default against NCCL tuned (plugin and table), new communicators, CUDA graphs, median of "
-            f"{args.rounds} interleaved rounds x {args.reps} replays of a graph of at least {args.iters} calls and "
-            f"{GRAPH_US / 1000:g} ms, maximum over ranks; "
-            "ratio = default / tuned")
-        if lead:
-            print(f"#{'collective':>13} {'size':>10} {'default us':>11} {'tuned us':>10} {'ratio':>6}  "
-                  f"{'setting':<18} {'#wrong':>6}  NCCL ran (default -> tuned)", flush=True)
+        fixed = {}
+        for c in colls:
+            label = best_fixed(record.sweep, c, record.not_applied) if record.sweep else None
+            if label is not None:
+                record.fixed[c] = label
+                fixed[c] = setting_table(Setting.parse(label), [c], ranks, nodes)
+        arms = {c: ablation_arms(table_rows, args.min_ctas, fixed.get(c), record.fixed.get(c, "")) for c in colls}
+        print_header(say, lead, args, "development sizes: not to be quoted, see python -m autotune nccl evaluate")
 
         def on_row(c: rec.Compare):
             record.compare.append(c)
             if lead:
-                print(f" {c.collective:>13} {c.bytes:>10} {c.default_us:>11.2f} {c.tuned_us:>10.2f} {c.ratio:>6.3f}  "
-                      f"{c.setting:<18} {max(c.default_wrong, 0) + max(c.tuned_wrong, 0):>6}  "
-                      f"{c.default_runs or '?'} -> {c.tuned_runs or '?'}", flush=True)
+                print(row_line(c), flush=True)
 
-        record.seconds["compare"] = compare(session, table_rows, colls, sizes, on_row, args.rounds)
+        record.seconds["compare"] = compare(session, arms, sizes, on_row, args.rounds, table=table_rows)
         record.seconds["total"] = time.perf_counter() - t_start
         record.plugin_counters = session.counters()
         save()
     finally:
         session.close()
     return _print_summary(record, say) if lead else 0
+
+
+def declare_heldout(colls: list[str], sizes: list[int], ranks: int, args):
+    """The held-out sizes, declared before any measurement: off the sweep's grid, in its range."""
+    from calibrate.measure.heldout import declare
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return declare("autotune nccl", {c: list(sizes) for c in colls}, min(sizes), max(sizes), args.heldout,
+                   args.heldout_seed, 128 * ranks, stamp)
+
+
+def print_header(say, lead: bool, args, what: str) -> None:
+    say(f"# arms per size: NCCL default, default with NCCL_MIN_CTAS={args.min_ctas} alone, the table alone, the "
+        f"table with NCCL_MIN_CTAS (tuned), the sweep's best fixed setting with it; new communicators, CUDA graphs "
+        f"of at least {args.iters} calls and 1 ms, {args.rounds} x {args.reps} replays interleaved arm by arm, "
+        f"median, maximum over ranks, checked before and after the timed replays; ratio = arm / tuned; {what}")
+    if lead:
+        print(f"#{'collective':>13} {'size':>10} {'default us':>11} {'tuned us':>10} {'ratio':>6} {'min_ctas':>8} "
+              f"{'table':>6} {'fixed':>6}  {'setting':<18} {'#wrong':>6}  NCCL ran (default -> tuned)", flush=True)
+
+
+def row_line(c: rec.Compare) -> str:
+    def f(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    fixed = next((a["name"] for a in c.arms if a["name"].startswith("fixed ")), "")
+    wrong = sum(max(a.get("wrong_before", -1), 0) + max(a.get("wrong_after", -1), 0) for a in c.arms)
+    missing = [a["name"] + ": " + a["reason"] for a in c.arms if a["status"] != "ok"]
+    return (f" {c.collective:>13} {c.bytes:>10} {f(c.default_us, '11.2f')} {f(c.tuned_us, '10.2f')} "
+            f"{f(c.ratio, '6.3f')} {f(stats.ratio(c.arm_us('min_ctas'), c.tuned_us), '8.3f')} "
+            f"{f(stats.ratio(c.arm_us('table'), c.tuned_us), '6.3f')} "
+            f"{f(stats.ratio(c.arm_us(fixed), c.tuned_us), '6.3f')}  {c.setting:<18} {wrong:>6}  "
+            f"{c.default_runs or '?'} -> {c.tuned_runs or '?'}" + (f"  MISSING {'; '.join(missing)}" if missing else ""))
+
+
+def summary_lines(compare: list) -> tuple[list[str], int]:
+    """The per-collective summary (targets as verdicts, the gain attributed) and #wrong."""
+    lines, wrong = [], 0
+    for coll, s in rec.summary(compare).items():
+        wrong += s["wrong"]
+
+        def f(x):
+            return "-" if x is None else f"{x:.3f}x"
+        met = ", ".join(f"{v['target']} {v['state']}" + (f" ({v['why']})" if v["why"] else "") for v in s["verdicts"])
+        parts = ", ".join(f"{n} {f(x)}" for n, x in s["against_default"].items())
+        lines.append(f"# {coll}: tuned over default geomean {f(s['geomean'])}, worst {f(s['worst'])}"
+                     f"{' at ' + format_size(s['worst_bytes']) if s['worst_bytes'] else ''}, "
+                     f"{format_size(s['largest_bytes'])} {f(s['largest_ratio'])}, #wrong {s['wrong']}; {met}")
+        lines.append(f"#   each arm over the default (geomean): {parts or '-'}; tuned over each: "
+                     f"{', '.join(f'{n} {f(x)}' for n, x in s['tuned_over'].items()) or '-'}")
+    return lines, wrong
 
 
 def _prepare(out: Path) -> None:
@@ -249,12 +321,8 @@ def _prepare(out: Path) -> None:
 
 
 def _print_summary(record: rec.TuneRecord, say) -> int:
-    wrong = 0
-    for coll, s in rec.summary(record.compare).items():
-        wrong += s["wrong"]
-        met = ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in s["targets"].items())
-        print(f"# {coll}: geomean {s['geomean']:.3f}x, worst {s['worst']:.3f}x at {format_size(s['worst_bytes'])}, "
-              f"{format_size(s['largest_bytes'])} {s['largest_ratio']:.3f}x, #wrong {s['wrong']}; {met}")
+    lines, wrong = summary_lines(record.compare)
+    print("\n".join(lines))
     seconds = {k: round(v, 1) for k, v in record.seconds.items()}
     main3 = sum(v for k, v in record.seconds.items() if k in ("sweep_allreduce", "sweep_allgather",
                                                                 "sweep_reducescatter"))
@@ -264,3 +332,121 @@ def _print_summary(record: rec.TuneRecord, say) -> int:
           f"{record.plugin_counters}", flush=True)
     say(f"# record: {Path(record.table).parent / 'nccl_tune.json'}")
     return 1 if wrong or sweep_wrong else 0
+
+
+# -- python -m autotune nccl evaluate -----------------------------------------------------------
+def build_evaluate_parser() -> argparse.ArgumentParser:
+    p = command_parser("python -m autotune nccl evaluate",
+                       "Confirm a tuned table: its arms re-measured at the development record's held-out sizes.",
+                       epilog="""Under mpirun, one process per GPU, in a fresh process (not the development run):
+reads nccl_tune.json (its held-out declaration checked against its hash, its table file against
+the rows it recorded) and measures, at the held-out sizes only, NCCL's default, the default with
+NCCL_MIN_CTAS alone, the table alone, the table with NCCL_MIN_CTAS and the sweep's best fixed
+setting, interleaved and checked before and after the timed replays. Writes nccl_evaluate.json
+(kind commtune.nccl-evaluate): the figures to quote.""")
+    p.add_argument("record", help="the development run's output directory or its nccl_tune.json")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (x --reps replays) per size")
+    p.add_argument("--reps", type=int, default=5, help="replays per round")
+    p.add_argument("--iters", type=int, default=20, help="least calls per CUDA graph")
+    p.add_argument("--warmup", type=int, default=5, help="untimed calls per arm and size")
+    p.add_argument("--no-check", action="store_true", help="do not check results (the record says so)")
+    p.add_argument("--plugin", default=None, help="the plugin library (default: the record's)")
+    p.add_argument("--out", default=None, help="output file (default nccl_evaluate.json beside the record)")
+    return p
+
+
+def evaluate_main(argv) -> int:
+    args = build_evaluate_parser().parse_args(argv)
+    try:
+        dev, declaration, out = _evaluate_inputs(args)
+        plugin = library(args.plugin or dev.plugin)
+        from autotune.nccl.measure import check_environment
+
+        check_environment(plugin)
+    except UserError as e:
+        if _lead_rank():
+            print(f"autotune nccl evaluate: error: {message(e)}", file=sys.stderr)
+        return 2
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    return run_mpi_command(lambda: evaluate(args, world, dev, declaration, out, plugin), world,
+                           "autotune nccl evaluate", f"what was measured is in {out}")
+
+
+def _evaluate_inputs(args):
+    from calibrate.measure.heldout import Declaration
+
+    path = Path(args.record)
+    path = path / "nccl_tune.json" if path.is_dir() else path
+    dev = rec.TuneRecord.load(path)
+    if not dev.heldout:
+        raise UserError(f"{str(path)!r} declares no held-out sizes (written before evaluate existed): rerun python "
+                        f"-m autotune nccl, which declares them before its sweep")
+    declaration = Declaration.from_dict(dev.heldout, repr(str(path)))
+    if not dev.table_rows or not Path(dev.table).exists():
+        raise UserError(f"{str(path)!r}: its table {dev.table!r} is missing: evaluate the directory the run wrote")
+    if [r.line() for r in load_table(dev.table)] != dev.table_rows:
+        raise UserError(f"{dev.table!r} differs from the rows its record chose: restore it or rerun the tuner")
+    if args.rounds < 1 or args.reps < 1 or args.iters < 1 or args.warmup < 0:
+        raise UserError("--rounds, --reps and --iters must be at least 1 and --warmup at least 0")
+    out = Path(args.out) if args.out else path.parent / "nccl_evaluate.json"
+    return dev, declaration, out
+
+
+def evaluate(args, world, dev: rec.TuneRecord, declaration, out: Path, plugin) -> int:
+    from calibrate.device.gpu import cupy_or_error, device_name, select_gpu
+    from calibrate.groups import topology
+    from calibrate.measure.provenance import command, commit
+
+    from autotune.nccl.measure import Options, Session, ablation_arms, compare
+    from autotune.nccl.settings import Setting, setting_table
+
+    t_start = time.perf_counter()
+    lead = world.Get_rank() == 0
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if lead else (lambda *a: None)
+    ranks = world.Get_size()
+    _, nodes, _, _ = topology(world)
+    if (ranks, nodes) != (dev.ranks, dev.nodes):
+        raise UserError(f"the record is for {dev.ranks} ranks on {dev.nodes} node(s), this job has {ranks} on "
+                        f"{nodes}: start mpirun as the development run was")
+    rows = _agree(world, lambda: rows_for(load_table(dev.table), ranks, nodes, f"tuner table {dev.table!r}"))
+    _agree(world, lambda: cupy_or_error("autotune nccl evaluate (under mpirun, one process per GPU)"))
+    device = select_gpu(world, needs="autotune nccl evaluate", fallback="run it on GPU nodes")
+    opts = Options(dev.dtype, args.iters, args.warmup, args.reps, not args.no_check)
+    session = _agree(world, lambda: Session(world, device, plugin, dev.min_ctas, ranks, nodes, opts))
+    import cupy as cp
+
+    record = rec.EvaluateRecord(
+        date=_dt.datetime.now().isoformat(timespec="seconds"), command=command(), commit=commit(),
+        device=f"{ranks} x {device_name(cp, device)}", nccl_version=session.nccl_version, ranks=ranks, nodes=nodes,
+        dtype=dev.dtype, min_ctas=dev.min_ctas, development=str(Path(dev.table).parent / "nccl_tune.json"),
+        heldout=declaration.to_dict(), table_rows=dev.table_rows, fixed=dict(dev.fixed), rounds=args.rounds)
+    arms = {c: ablation_arms(rows, dev.min_ctas,
+                             setting_table(Setting.parse(dev.fixed[c]), [c], ranks, nodes) if c in dev.fixed else None,
+                             dev.fixed.get(c, ""))
+            for c in dev.collectives}
+    print_header(say, lead, _with(args, min_ctas=dev.min_ctas), f"held-out sizes {declaration.evaluation} (declaration sha256 {declaration.sha256[:12]})")
+
+    def on_row(c: rec.Compare):
+        record.compare.append(c)
+        if lead:
+            print(row_line(c), flush=True)
+            record.save(out)
+
+    try:
+        record.seconds["compare"] = compare(session, arms, declaration.evaluation, on_row, args.rounds, table=rows)
+    finally:
+        session.close()
+    record.seconds["total"] = time.perf_counter() - t_start
+    if not lead:
+        return 0
+    record.save(out)
+    lines, wrong = summary_lines(record.compare)
+    print("\n".join(lines))
+    say(f"# record: {out}")
+    return 1 if wrong else 0
+
+
+def _with(args, **kw):
+    return argparse.Namespace(**vars(args), **kw)

@@ -6,9 +6,15 @@ file (one row per collective, every size) is named in COMMTUNE_NCCL_TUNER_TABLE 
 for that creation. NCCL loads the plugin once per process and keeps it: NCCL_TUNER_PLUGIN
 is set before the first communicator, and NCCL's default is a communicator made while no
 table is named (the plugin then leaves every choice to NCCL) and without a channel
-configuration. Timing is ``calibrate``'s NCCL backend in graph mode (the calls captured in
-a CUDA graph, CUDA events, median of the replays, maximum over ranks); every measured
-point is checked on fresh random data.
+configuration. Timing is the measurement engine (``calibrate.measure.engine``) on
+``calibrate``'s NCCL backend in graph mode (the calls captured in a CUDA graph, CUDA events,
+median of the replays, maximum over ranks); every measured point is checked on fresh random
+data, and every compared one before and after its timed replays.
+
+A comparison has named arms, each a communicator (``ablation_arms``): NCCL's default, the
+default with the tuned communicators' channel floor alone (NCCL_MIN_CTAS), the table alone
+(no floor), the table with the floor (what the env file sets), and the best fixed setting of
+the development sweep with the floor, so that each part of a gain is attributed.
 """
 from __future__ import annotations
 
@@ -16,19 +22,23 @@ import ctypes
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from calibrate.backends.base import TimingMode
+from calibrate.backends.base import CollectiveArm, TimingMode
 from calibrate.backends.nccl import NcclBackend
 from calibrate.collectives import Collective
 from calibrate.device import nccl as device_nccl
 from calibrate.errors import UserError
+from calibrate.measure import engine
+from calibrate.measure.stats import median
 from calibrate.sizes import align
 from kernels.nccl_tuner.table import ENV_TABLE, Row, write_table
 
 from autotune.nccl.record import Compare, Sample
 from autotune.nccl.settings import Setting, setting_table
+
+DEFAULT, MIN_CTAS, TABLE, TUNED = "default", "min_ctas", "table", "tuned"
 
 # environment that would change NCCL's default or the settings under the tuner's feet
 FORBIDDEN_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NRINGS",
@@ -71,6 +81,7 @@ class Session:
     _counters: ctypes.CDLL = field(init=False)
 
     def __post_init__(self):
+        self.group = engine.MpiGroup(self.world)
         os.environ["NCCL_TUNER_PLUGIN"] = str(self.plugin)  # before the first communicator of this process
         self.nccl_version = device_nccl.nccl_module("autotune nccl").get_version()
         self._workdir = Path(tempfile.mkdtemp(prefix="commtune-nccl-"))
@@ -105,6 +116,10 @@ class Session:
     def noted(self, collective: str, nbytes: int) -> str:
         """The algorithm/protocol NCCL ran for the last call, if it was ``collective`` of ``nbytes``
         (the plugin notes NCCL's pick, or its row's); rank 0's, so that every rank agrees."""
+        return self.world.bcast(self.noted_here(collective, nbytes), root=0)
+
+    def noted_here(self, collective: str, nbytes: int) -> str:
+        """``noted`` on this rank alone."""
         from kernels.nccl_tuner.table import ALGORITHMS, COLLECTIVES, PROTOCOLS
 
         def get(name, kind=ctypes.c_int):
@@ -115,7 +130,12 @@ class Session:
         if (0 <= coll < len(COLLECTIVES) and COLLECTIVES[coll] == collective and 0 <= algo < len(ALGORITHMS)
                 and 0 <= proto < len(PROTOCOLS) and get("bytes", ctypes.c_ulonglong) == nbytes):
             runs = f"{ALGORITHMS[algo]}/{PROTOCOLS[proto]}"
-        return self.world.bcast(runs, root=0)
+        return runs
+
+    def arm(self, be: NcclBackend, collective: str, nbytes: int) -> "NcclArm":
+        coll = Collective.parse(collective)
+        nbytes, _ = align(coll, nbytes, self.ranks, self.options.dtype)
+        return NcclArm(self, be, coll, nbytes, self.options.dtype)
 
     def measure(self, be: NcclBackend, collective: str, nbytes: int, setting: str, reps: int | None = None,
                 check: bool = True, iters: int | None = None) -> Sample:
@@ -134,9 +154,17 @@ class Session:
         self._workdir.rmdir()
 
 
-def median(values: list[float]) -> float:
-    v = sorted(values)
-    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+class NcclArm(CollectiveArm):
+    """A collective on one arm's communicator; ``runs``: what NCCL ran at its last check (this rank's)."""
+
+    def __init__(self, session: Session, be: NcclBackend, coll: Collective, nbytes: int, dtype: str):
+        super().__init__(be, coll, nbytes, dtype)
+        self.session, self.runs = session, ""
+
+    def check(self, seed: int) -> int:
+        wrong = super().check(seed)
+        self.runs = self.session.noted_here(self.coll.value, self.nbytes)
+        return wrong
 
 
 def _min():
@@ -222,45 +250,55 @@ def sweep(session: Session, plan: dict[str, list[Setting]], sizes: list[int], on
 
 
 GRAPH_US = 1000.0      # a compared point's CUDA graph lasts at least this long (more calls at small sizes)
-MAX_ITERS = 1000
 
 
-def graph_iters(call_us: float, least: int) -> int:
-    """Calls per CUDA graph so that one replay lasts at least ``GRAPH_US``: a 5 us call replayed 20 times
-    is a 100 us graph, whose replays spread by several percent (the launch of the graph and the events
-    weigh on it); 200 calls bring the spread of the median below the 2% the comparison must resolve."""
-    if call_us <= 0:
-        return least
-    return max(least, min(MAX_ITERS, -(-int(GRAPH_US) // max(1, int(call_us)))))
+def ablation_arms(rows: list[Row], min_ctas: int, fixed: list[Row] | None = None,
+                  fixed_label: str = "") -> dict[str, tuple[list[Row] | None, int | None]]:
+    """name -> (table rows or None, channel floor or None) of each arm: NCCL's default, the floor alone,
+    the table alone, both (what the env file sets) and, given, the best fixed setting with the floor."""
+    arms = {DEFAULT: (None, None), MIN_CTAS: (None, min_ctas), TABLE: (rows, None), TUNED: (rows, min_ctas)}
+    if fixed:
+        arms[f"fixed {fixed_label}"] = (fixed, min_ctas)
+    return arms
 
 
-def compare(session: Session, rows: list[Row], collectives: list[str], sizes: list[int], on_row,
-            rounds: int = 3) -> float:
-    """NCCL default against NCCL with the plugin and ``rows``, on two new communicators, size by
-    size: a first (checked, untimed) point of each sets the calls per graph (``graph_iters``), then
-    ``rounds`` rounds of replays of each, alternating which goes first; the medians over all rounds.
-    Returns the seconds it took."""
+def compare(session: Session, arms: dict[str, dict[str, tuple]], sizes: list[int] | dict[str, list[int]], on_row,
+            rounds: int = 5, table: list[Row] | None = None) -> float:
+    """Per collective (``arms``: collective -> ``ablation_arms``), each arm on its own new communicator;
+    per size (``sizes``, or ``sizes[collective]``) one engine comparison of all of them: checked before and after, CUDA graphs of at least
+    ``options.iters`` calls and ``GRAPH_US``, ``rounds`` x ``options.reps`` replays interleaved arm by
+    arm, median, maximum over ranks. An arm whose communicator cannot be made is a row saying why.
+    ``table``: the rows whose setting labels each size (default: the tuned arm's). Returns seconds."""
     t0 = time.perf_counter()
-    default = session.backend(None, None)
-    tuned = session.backend(rows, session.min_ctas)
-    try:
-        for coll in collectives:
-            for n in sizes:
-                first = {name: session.measure(be, coll, n, name) for be, name in ((default, "default"),
-                                                                                      (tuned, "tuned"))}
-                iters = graph_iters(min(s.median_us for s in first.values()), session.options.iters)
-                got: dict[str, list[Sample]] = {"default": [], "tuned": []}
-                for k in range(rounds):
-                    pair = [(default, "default"), (tuned, "tuned")]
-                    for be, name in (pair if k % 2 == 0 else pair[::-1]):
-                        got[name].append(session.measure(be, coll, n, name, check=False, iters=iters))
-                d, t = got["default"], got["tuned"]
-                row = next((r for r in rows if r.covers(coll, d[0].bytes)), None)
+    o = session.options
+    opts = engine.Options(TimingMode.GRAPH, rounds=rounds * o.reps, calls=o.iters, min_batch_s=GRAPH_US * 1e-6,
+                          warmup=o.warmup, check=o.check)
+    for coll, mine in arms.items():
+        made: dict[str, tuple[object, str]] = {}
+        try:
+            for name, (rows, ctas) in mine.items():
+                made[name] = session.group.agree(lambda rows=rows, ctas=ctas: session.backend(rows, ctas))
+            for n in (sizes[coll] if isinstance(sizes, dict) else sizes):
+                live: dict[str, NcclArm] = {}
+
+                def factory(name, n=n):
+                    be, err = made[name]
+                    if err:
+                        raise UserError(f"no communicator: {err}")
+                    live[name] = session.arm(be, coll, n)
+                    return live[name]
+
+                res = engine.compare(session.group, [(name, lambda name=name: factory(name)) for name in mine],
+                                     replace(opts, seed=n))
+                nbytes = next(iter(live.values())).nbytes if live else n
+                runs = session.world.bcast({k: a.runs for k, a in live.items()}, root=0)
+                label_rows = table if table is not None else (mine.get(TUNED, (None, None))[0] or [])
+                row = next((r for r in label_rows if r.covers(coll, nbytes)), None)
                 setting = "default" if row is None else Setting(row.algorithm, row.protocol, row.channels).label
-                on_row(Compare(coll, d[0].bytes, setting, median([x for s in d for x in s.samples_us]),
-                               median([x for s in t for x in s.samples_us]), first["default"].wrong,
-                               first["tuned"].wrong, first["default"].runs, first["tuned"].runs))
-    finally:
-        default.close()
-        tuned.close()
+                on_row(Compare.from_comparison(coll, nbytes, setting, res, runs))
+        finally:
+            for be, err in made.values():
+                if not err:
+                    be.close()
     return time.perf_counter() - t0
+

@@ -3,6 +3,7 @@
     python -m autotune schedule --collective allreduce --gpus 2 --out tuned/
     mpirun -np 2 python -m autotune schedule --collective allreduce --gpus 2 --out tuned/   # measures on GPUs
     python -m autotune schedule --rescore tuned/schedule.json        # the model against a recorded run
+    mpirun -np 2 python -m autotune schedule evaluate tuned/          # confirm: held-out sizes, fresh process
 
 For each size band: enumerate the candidates of the search space (algorithm of
 the GC3 library x channels x instances x protocol x CUDA blocks per thread block),
@@ -16,6 +17,13 @@ Writes to --out: programs/*.xml (MSCCL XML, minBytes/maxBytes set), manifest.jso
 (an interpreter preset: python -m kernels bench --preset OUT/manifest.json),
 nccl_tuner.conf (NCCL's example tuner plugin CSV), schedule.json (kind
 schedule-tune, for python -m reports) and model_correction.json when measured.
+
+Its figures are development figures: the best of the measured candidates per band
+against NCCL measured beside them, at the sizes chosen on. Before measuring, --heldout
+sizes per collective (between the bands' sizes) are declared and hashed into
+schedule.json; ``evaluate`` re-measures at those only, in a fresh process, the tuned
+manifest, NCCL and the best fixed configuration, as medians (schedule_evaluate.json,
+kind commtune.schedule-evaluate): the figures to quote.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ import time
 from pathlib import Path
 
 from calibrate import profile as profiles
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, run_mpi_command
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
@@ -80,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="element type of the collectives' buffers")
     p.add_argument("--reps", type=int, default=5, help="timed graph replays per candidate (default 5)")
     p.add_argument("--model-only", action="store_true", help="do not measure even where GPUs are available")
+    p.add_argument("--heldout", type=int, default=4,
+                   help="sizes per collective held out for python -m autotune schedule evaluate, declared before "
+                        "measuring (default 4)")
+    p.add_argument("--heldout-seed", type=int, default=26, help="seed of the held-out sizes (default 26)")
     p.add_argument("--out", default="schedule-out", help="output directory (default schedule-out)")
     return p
 
@@ -109,6 +121,8 @@ def _check(args) -> tuple[list[str], int]:
         raise UserError(f"--candidates {args.candidates}: measure at least 1 candidate per band")
     if args.reps < 1:
         raise UserError(f"--reps {args.reps}: time at least 1 replay")
+    if args.heldout < 1:
+        raise UserError(f"--heldout {args.heldout}: hold out at least 1 size per collective for evaluate")
     return colls, gpn
 
 
@@ -147,6 +161,11 @@ def report_table(res: CollectiveResult, measured: bool) -> str:
 
 
 def main(argv=None) -> int:
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "evaluate":
+        return evaluate_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.rescore or args.fit_model:
         prof, base_preset = profiles.Profile.load(args.profile), load_preset(args.preset)
@@ -167,6 +186,8 @@ def main(argv=None) -> int:
 
     world, cp, reason = (None, None, "--model-only was given") if args.model_only else gpu_world(args.gpus)
     measuring = world is not None
+    # before anything is measured (a model-only run has nothing to evaluate)
+    declaration = declare_heldout(colls, bands_spec, args) if measuring else None
     lead = world is None or world.rank == 0
     say = log if lead else None
     if not measuring and say:
@@ -232,6 +253,7 @@ def main(argv=None) -> int:
                         profile=prof.name, dtype=args.dtype, space=space.name, measured=measuring,
                         not_measured_reason="" if measuring else reason, device=device,
                         input_correction=correction.to_dict() if correction else {},
+                        heldout=declaration.to_dict() if declaration else {},
                         seconds={"model": t_model, "measure": t_measure, "total": time.perf_counter() - t_start},
                         outputs=written, collectives=results)
     result.save(out / "schedule.json")
@@ -241,6 +263,140 @@ def main(argv=None) -> int:
             log(f"note: {n}")
     if not measuring:
         print(f"nothing was measured ({reason}): the choices above come from the model alone")
+    else:
+        print("development figures (the best of the measured candidates per band, at the sizes chosen on): quote "
+              f"python -m autotune schedule evaluate {out}/ (held-out sizes {declaration.evaluation})")
     print(f"wrote {out}/ (programs/, manifest.json, nccl_tuner.conf, schedule.json) in "
           f"{result.seconds['total']:.1f} s (measuring {t_measure:.1f} s)")
     return 0 if all(r.correct is not False for res in results for b in res.bands for r in b.rows) else 1
+
+
+def declare_heldout(colls: list[str], bands, args):
+    """The held-out sizes, declared before anything is measured: off the grid, from half the smallest band's
+    size to twice the largest's (the table's bands cover every size)."""
+    import datetime
+
+    from calibrate.measure.heldout import declare
+
+    reps = [b.rep for b in bands]
+    unit = 128 * args.gpus
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return declare("autotune schedule", {c: reps for c in colls}, max(unit, min(reps) // 2), 2 * max(reps),
+                   args.heldout, args.heldout_seed, unit, stamp)
+
+
+# -- python -m autotune schedule evaluate ---------------------------------------------------------
+def build_evaluate_parser() -> argparse.ArgumentParser:
+    p = command_parser("python -m autotune schedule evaluate",
+                       "Confirm a tuned schedule table at the tuning run's held-out sizes (under mpirun, on GPUs).",
+                       epilog="""Reads schedule.json (its held-out declaration checked against its hash) and
+manifest.json of a measured run and measures, at the held-out sizes only, in this fresh process:
+the tuned manifest through the interpreter's selection, NCCL, and the run's best fixed
+configuration, as arms of one comparison per size (checked before and after the timed
+replays, medians). Writes schedule_evaluate.json (kind commtune.schedule-evaluate).""")
+    p.add_argument("run", help="the tuning run's output directory")
+    p.add_argument("--reps", type=int, default=15, help="replays per arm, interleaved (default 15)")
+    p.add_argument("--out", default=None, help="output file (default RUN/schedule_evaluate.json)")
+    return p
+
+
+def evaluate_main(argv) -> int:
+    args = build_evaluate_parser().parse_args(argv)
+    from calibrate.measure.heldout import Declaration
+
+    run = Path(args.run)
+    result = TuneResult.load(run)
+    if not result.measured:
+        raise UserError(f"{str(run)!r} was not measured (model only): nothing to confirm; tune on GPUs first")
+    if not result.heldout:
+        raise UserError(f"{str(run)!r} declares no held-out sizes (written before evaluate existed): rerun "
+                        f"python -m autotune schedule")
+    declaration = Declaration.from_dict(result.heldout, repr(str(run / "schedule.json")))
+    if args.reps < 1:
+        raise UserError(f"--reps {args.reps}: time at least 1 replay")
+    manifest_path = run / "manifest.json"
+    tuned = load_preset(str(manifest_path))
+    world, cp, reason = gpu_world(result.ranks)
+    if world is None:
+        raise UserError(f"cannot evaluate here: {reason}")
+    return run_mpi_command(lambda: _evaluate(args, world, cp, result, declaration, tuned, run), world,
+                           "autotune schedule evaluate", "what was measured is in schedule_evaluate.json")
+
+
+def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path) -> int:
+    from calibrate.measure.provenance import command, commit
+    from kernels.interp.runtime import Communicator
+
+    from autotune.schedule.evaluate import EvaluateRecord, arms_for, covering, knob_arms, measure_point, summary
+
+    t0 = time.perf_counter()
+    lead = world.rank == 0
+    space = load_space(result.space)
+    plans: dict[tuple[str, int], dict] = {}      # (collective, size) -> arm name -> Built or why not
+    for res in result.collectives:
+        built, _ = enumerate_candidates(space, res.collective, result.ranks, result.nodes)
+        by_key = {b.candidate.key: b for b in built}
+        fixed = by_key.get(res.fixed_baseline)
+        for n in declaration.evaluation.get(res.collective, []):
+            plan: dict = {}
+            if res.fixed_baseline:
+                plan[f"fixed {res.fixed_baseline}"] = fixed or f"{res.fixed_baseline} is not in space {space.name}"
+            key = covering(res.table, n)
+            if fixed is not None and key is not None and key in by_key:
+                plan.update(knob_arms(by_key[key].candidate, fixed.candidate, by_key))
+            plans[(res.collective, n)] = plan
+    needed = list({id(b): b for p in plans.values() for b in p.values() if not isinstance(b, str)}.values())
+    preset = outputs.transport_preset(tuned, needed, (), "schedule-evaluate")
+    comm = Communicator(world, preset, entries=[])
+    out = Path(args.out) if args.out else run / "schedule_evaluate.json"
+    record = EvaluateRecord(date=_dt.datetime.now().isoformat(timespec="seconds"), command=command(),
+                            commit=commit(), device=device_name(cp), ranks=result.ranks, dtype=result.dtype,
+                            development=str(run / "schedule.json"), heldout=declaration.to_dict(),
+                            fixed={c: r.fixed_baseline for c, r in ((r.collective, r) for r in result.collectives)},
+                            reps=args.reps)
+    try:
+        tuned_loaded = [(e, comm.load(e)) for e in tuned.entries]
+        loaded = {}
+        for b in needed:
+            e = outputs.entry_for(b.candidate, b.program.name)
+            loaded[id(b)] = [(e, comm.load(e, b.program))]
+        stream = cp.cuda.Stream(non_blocking=True)
+        for res in result.collectives:
+            coll = res.collective
+            for n in declaration.evaluation.get(coll, []):
+                count = bench_count(coll, n, result.dtype, comm.nranks)
+                others = {name: b if isinstance(b, str) else loaded[id(b)] for name, b in plans[(coll, n)].items()}
+                arms, label = arms_for(comm, coll, count, result.dtype, tuned_loaded, others)
+                p = measure_point(comm, coll, n, result.dtype, arms, label, args.reps, stream)
+                record.points.append(p)
+                if lead:
+                    log(f"{coll} {n} B: " + ", ".join(f"{a['name']} " + (f"{a['median_s'] * 1e6:.1f} us"
+                                                      if a["status"] == "ok" else f"{a['status']} ({a['reason']})")
+                                                      for a in p.arms) + f"; tuned ran {label}")
+                    record.save(out)
+    finally:
+        comm.close()
+    record.seconds = {"total": time.perf_counter() - t0}
+    if not lead:
+        return 0
+    record.save(out)
+    bad = 0
+    for coll, s in summary(record.points).items():
+        print(f"{coll} at held-out sizes {s['sizes']}: over NCCL geomean {_fmt(s.get('over_nccl_geomean'), '.3f')}x, "
+              f"worst {_fmt(s.get('over_nccl_min'), '.3f')}x; over the best fixed ({s['fixed'] or '-'}) geomean "
+              f"{_fmt(s.get('over_fixed_geomean'), '.3f')}x; #wrong {s['wrong']}")
+        if s["knob_share"]:
+            print("  each chosen knob's share (the tuned choice with that knob as the fixed configuration has it, "
+                  "over the tuned time): " + ", ".join(f"{k} {_fmt(v['share_geomean'], '.3f')}x ({v['timed']}/"
+                                                       f"{v['sizes']} sizes)" for k, v in s["knob_share"].items()))
+        for v in s["verdicts"]:
+            print(f"  target {v['target']}: {v['value']} -> {v['state']}" + (f" ({v['why']})" if v["why"] else ""))
+        bad += s["wrong"]
+    print(f"wrote {out}")
+    return 1 if bad else 0
+
+
+def bench_count(coll: str, nbytes: int, dtype: str, nranks: int) -> int:
+    from kernels.interp.bench import count_for
+
+    return count_for(coll, nbytes, pack.DTYPES[dtype], nranks)

@@ -4,19 +4,21 @@ runtime and benchmark (one process per GPU, under mpirun).
 Per band, at its size, each selected candidate is served through the
 interpreter's selection (``kernels.interp.select.choose`` on its entry alone,
 exactly what the tuned manifest will do) and handed to
-``kernels.interp.bench.measure``: fresh random input, output poisoned, result
-compared with NCCL's on every rank, then the candidate and NCCL captured as CUDA
-graphs of N calls, replays interleaved and timed with CUDA events; median
-replay, maximum over ranks. The band's NCCL time is the median of NCCL's times
+``kernels.interp.bench.measure`` (the measurement engine): fresh random input,
+output poisoned, result checked against the reference on every rank before timing
+and after the timed replays, the candidate and NCCL captured as CUDA graphs of N
+calls, replays interleaved and timed with CUDA events; median replay, maximum over
+ranks. The band's NCCL time is the median of NCCL's times
 beside its candidates. Calls are out of place, like NCCL's and the benchmark's.
+These are development figures (the best of the candidates against that median):
+``python -m autotune schedule evaluate`` gives the ones to quote.
 """
 from __future__ import annotations
-
-import statistics
 
 from calibrate.device.gpu import device_name as gpu_name
 from calibrate.device.gpu import select_gpu
 from calibrate.errors import OptionError, UserError
+from calibrate.measure.stats import median
 from kernels.interp import bench, pack
 from kernels.interp.select import choose
 
@@ -83,7 +85,7 @@ def measure_band(comm, collective: str, band: BandResult, built: dict[str, Built
             r.measured_us = row["interp_us"]
         nccl_us.append(row["nccl_us"])
     if nccl_us:
-        band.nccl_measured_us = statistics.median(nccl_us)
+        band.nccl_measured_us = median(nccl_us)
 
 
 def _mpi_max():

@@ -19,7 +19,6 @@ reference, and Spearman's rank correlation.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -149,18 +148,3 @@ class Model:
     def nccl(self, nbytes: int) -> float:
         """NCCL's time from the profile's fit (the profile is a fit of NCCL itself)."""
         return self.profile.time(self.collective, nbytes, Group(self.ranks, self.nodes))
-
-
-def spearman(x: list[float], y: list[float]) -> float | None:
-    """Spearman's rank correlation (ties get average ranks); None below 3 points or for a constant side."""
-    if len(x) != len(y):
-        raise ValueError("spearman needs equal lengths")
-    if len(x) < 3:
-        return None
-    from scipy.stats import rankdata
-
-    rx, ry = rankdata(x), rankdata(y)
-    if np.ptp(rx) == 0 or np.ptp(ry) == 0:
-        return None
-    r = float(np.corrcoef(rx, ry)[0, 1])
-    return None if math.isnan(r) else r

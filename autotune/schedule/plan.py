@@ -11,8 +11,9 @@ geometric mean of predicted time over all bands.
 """
 from __future__ import annotations
 
-import math
 import sys
+
+from calibrate.measure.stats import geomean
 
 from autotune.schedule.bands import Band
 from autotune.schedule.model import Model
@@ -20,10 +21,6 @@ from autotune.schedule.result import BandResult, Row, launch_signature
 from autotune.schedule.space import Built
 
 FIXED_CONTENDERS = 2
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def rank_bands(model: Model, built: list[Built], bands: list[Band], progress=None) -> list[BandResult]:

@@ -121,6 +121,7 @@ class TuneResult:
     not_measured_reason: str = ""
     device: str = ""
     input_correction: dict = field(default_factory=dict)
+    heldout: dict = field(default_factory=dict)       # calibrate.measure.heldout: declared before measuring
     seconds: dict = field(default_factory=dict)       # model, measure, total
     outputs: dict = field(default_factory=dict)       # what was written where
     collectives: list[CollectiveResult] = field(default_factory=list)

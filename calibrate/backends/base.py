@@ -10,34 +10,23 @@ reduced to the maximum over ranks (a collective is as slow as its slowest rank):
   CUDA events, the sample being the mean per call (nccl-tests -G; GPU only);
 - ``isolated``: barrier, one call, sync, per call (OSU-style); one sample per call.
 Host and graph modes give ``reps`` samples, isolated mode ``iters``. In host and graph
-modes a batch can be lengthened to a least duration (``Backend.batch_iters``).
+modes a batch can be lengthened to a least duration. The timing is the measurement engine's
+(``calibrate.measure.engine``): ``Backend.arm`` is one collective as an arm of a comparison.
 """
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 from abc import ABC, abstractmethod
+from typing import Callable
 
 import numpy as np
 
 from calibrate.collectives import Collective
-from calibrate.errors import OptionError
-from calibrate.registry import NamedEnum
+from calibrate.errors import OptionError, UserError
 from calibrate.device.dtypes import tolerance
+from calibrate.measure import engine
+from calibrate.measure.engine import TimingMode
 from calibrate.sizes import align
-
-
-PROBE_CALLS = 4          # calls of the probe batch that sets the batch length (``Backend.batch_iters``)
-MAX_BATCH_ITERS = 4096  # most calls per batch
-
-
-class TimingMode(NamedEnum):
-    __what__ = "timing mode"
-
-    HOST = "host"
-    GRAPH = "graph"
-    ISOLATED = "isolated"
 
 
 def buffer_lengths(coll: Collective, count_total: int, p: int) -> tuple[int, int]:
@@ -88,27 +77,10 @@ class Backend(ABC):
     def launch(self, coll: Collective, send, recv, dtype: str) -> None:
         """Start one collective (asynchronous on GPUs)."""
 
-    def time_batch(self, coll: Collective, send, recv, dtype: str, iters: int, mode: TimingMode) -> list[float]:
-        """Seconds per call of this rank: one value per batch (host, graph) or per call (isolated).
-        Host and isolated here, for every backend; a backend with ``supports_graph`` adds graph."""
-        if mode is TimingMode.ISOLATED:
-            out = []
-            for _ in range(iters):
-                self.comm.Barrier()
-                t0 = time.perf_counter()
-                self.launch(coll, send, recv, dtype)
-                self.synchronize()
-                out.append(time.perf_counter() - t0)
-            return out
-        if mode is TimingMode.GRAPH:
-            raise OptionError("mode", f"graph: the {self.name} backend has no graph timing; use host or isolated")
-        self.synchronize()
-        self.comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            self.launch(coll, send, recv, dtype)
-        self.synchronize()
-        return [(time.perf_counter() - t0) / iters]
+    def graph_timer(self, call: Callable[[], None], calls: int) -> Callable[[], float]:
+        """``calls`` calls of ``call`` captured once in a CUDA graph: a function that replays it and
+        returns the seconds of the replay (a backend with ``supports_graph`` provides it)."""
+        raise OptionError("mode", f"graph: the {self.name} backend has no graph timing; use host or isolated")
 
     @abstractmethod
     def fill_random(self, arr, seed: int) -> None:
@@ -138,63 +110,40 @@ class Backend(ABC):
     def aligned(self, coll: Collective, nbytes: int, dtype: str) -> tuple[int, int]:
         return align(coll, nbytes, self.size, dtype)
 
+    def arm(self, coll: Collective | str, nbytes: int, dtype: str = "float32") -> "CollectiveArm":
+        """One collective of ``nbytes`` on this backend as an arm of ``calibrate.measure.engine.compare``."""
+        coll = Collective.parse(coll) if isinstance(coll, str) else coll
+        nbytes, _ = self.aligned(coll, nbytes, dtype)
+        return CollectiveArm(self, coll, nbytes, dtype)
+
     def measure(self, coll: Collective | str, nbytes: int, dtype: str = "float32", iters: int = 20,
                 warmup: int = 5, mode: TimingMode | str = TimingMode.HOST, reps: int = 5,
                 min_batch_s: float = 0.0) -> np.ndarray:
-        """Samples in seconds per call, each the maximum over ranks. With ``min_batch_s``, a batch
-        (host, graph) holds at least ``iters`` calls and at least that many seconds of them
-        (``batch_iters``)."""
-        coll = Collective.parse(coll) if isinstance(coll, str) else coll
+        """Samples in seconds per call, each the maximum over ranks: the engine with this one arm,
+        unchecked (``check`` is separate). With ``min_batch_s``, a batch (host, graph) holds at least
+        ``iters`` calls and at least that many seconds of them."""
         mode = TimingMode.parse(mode) if isinstance(mode, str) else mode
         if mode is TimingMode.GRAPH and not self.supports_graph:
             raise OptionError("mode", f"graph needs GPUs: use {{backend}} nccl, or host or isolated with {self.name}")
         if iters < 1 or warmup < 0 or reps < 1:
             raise OptionError("iters", "and {reps} must be at least 1 and {warmup} at least 0")
-        nbytes, _ = self.aligned(coll, nbytes, dtype)
-        send, recv = self.buffers(coll, nbytes, dtype)
-        with self.context():
-            self.fill_random(send, seed=1000 + self.rank)
-        self.synchronize()
-        if warmup:
-            self.time_batch(coll, send, recv, dtype, warmup, TimingMode.HOST)
-        if min_batch_s > 0 and mode is not TimingMode.ISOLATED:
-            iters = self.batch_iters(coll, send, recv, dtype, iters, min_batch_s)
-        if mode is TimingMode.ISOLATED:
-            local = self.time_batch(coll, send, recv, dtype, iters, mode)
-        else:
-            local = [self.time_batch(coll, send, recv, dtype, iters, mode)[0] for _ in range(reps)]
-        return self.max_over_ranks(np.asarray(local, dtype=float))
-
-    def batch_iters(self, coll: Collective, send, recv, dtype: str, iters: int, min_batch_s: float) -> int:
-        """Calls per timed batch: ``iters``, or the power of two that makes a batch last at least
-        ``min_batch_s``, whichever is more (at most ``MAX_BATCH_ITERS``).
-
-        A batch starts when the ranks leave a barrier, a few microseconds apart, and
-        the first call waits for the last rank: that skew, and the launch of the
-        batch, are in every sample. Over 20 calls of 7 us they are several percent
-        of the sample and vary from one sample to the next; spread over a
-        millisecond of calls they are a fraction of a percent. The per-call time
-        comes from a probe batch (host-timed, after the warmup, so a first call's
-        set-up is not in it), the slowest rank's; a power of two keeps the count the
-        same over a range of sizes, and every rank uses the same count."""
-        probe = self.time_batch(coll, send, recv, dtype, PROBE_CALLS, TimingMode.HOST)[0]
-        per_call = float(self.max_over_ranks(np.asarray([probe], dtype=float))[0])
-        if per_call <= 0 or per_call * iters >= min_batch_s:
-            return iters
-        need = min_batch_s / per_call
-        return int(min(max(iters, 2 ** math.ceil(math.log2(need))), MAX_BATCH_ITERS))
-
-    def max_over_ranks(self, local: np.ndarray) -> np.ndarray:
-        from mpi4py import MPI
-
-        out = np.empty_like(local)
-        self.comm.Allreduce(local, out, op=MPI.MAX)
-        return out
+        isolated = mode is TimingMode.ISOLATED
+        opts = engine.Options(mode, rounds=1 if isolated else reps, calls=iters, min_batch_s=min_batch_s,
+                              warmup=warmup, check=False)
+        res = engine.compare(engine.MpiGroup(self.comm), [("this", lambda: self.arm(coll, nbytes, dtype))], opts)
+        arm = res["this"]
+        if not arm.ok:
+            raise UserError(f"{self.name} {coll} {nbytes} B: {arm.reason}")
+        return np.asarray(arm.samples_s, dtype=float)
 
     def check(self, coll: Collective | str, nbytes: int, dtype: str = "float32", seed: int = 0) -> int:
         """Run once on fresh random data (recv poisoned first); wrong elements summed over ranks."""
         from mpi4py import MPI
 
+        return int(self.comm.allreduce(self.check_local(coll, nbytes, dtype, seed), op=MPI.SUM))
+
+    def check_local(self, coll: Collective | str, nbytes: int, dtype: str = "float32", seed: int = 0) -> int:
+        """``check`` on this rank: its wrong elements."""
         coll = Collective.parse(coll) if isinstance(coll, str) else coll
         nbytes, _ = self.aligned(coll, nbytes, dtype)
         send, recv = self.buffers(coll, nbytes, dtype)
@@ -205,8 +154,7 @@ class Backend(ABC):
             self.launch(coll, send, recv, dtype)
             self.synchronize()
             expected = expected_output(self.xp, coll, [self.to_float64(x, dtype) for x in inputs], self.rank)
-            wrong = self.count_wrong(recv, expected, dtype)
-        return int(self.comm.allreduce(wrong, op=MPI.SUM))
+            return int(self.count_wrong(recv, expected, dtype))
 
     @property
     @abstractmethod
@@ -226,3 +174,33 @@ class Backend(ABC):
     def context(self):
         """A context in which array operations run in order with ``launch`` (a CUDA stream)."""
         return contextlib.nullcontext()
+
+
+class CollectiveArm(engine.Arm):
+    """One collective of one size on a backend's buffers; the backend stays its owner's (``own``:
+    closed with the arm, for an arm that made its own communicator)."""
+
+    def __init__(self, backend: Backend, coll: Collective, nbytes: int, dtype: str, own: bool = False):
+        self.backend, self.coll, self.nbytes, self.dtype, self.own = backend, coll, nbytes, dtype, own
+        self.send, self.recv = backend.buffers(coll, nbytes, dtype)
+        with backend.context():
+            backend.fill_random(self.send, seed=1000 + backend.rank)
+        backend.synchronize()
+
+    def call(self) -> None:
+        self.backend.launch(self.coll, self.send, self.recv, self.dtype)
+
+    def synchronize(self) -> None:
+        self.backend.synchronize()
+
+    def check(self, seed: int) -> int:
+        wrong = self.backend.check_local(self.coll, self.nbytes, self.dtype, seed)
+        self.send, self.recv = self.backend.buffers(self.coll, self.nbytes, self.dtype)
+        return wrong
+
+    def graph(self, calls: int) -> Callable[[], float]:
+        return self.backend.graph_timer(self.call, calls)
+
+    def close(self) -> None:
+        if self.own:
+            self.backend.close()

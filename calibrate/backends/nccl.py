@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from calibrate.backends.base import Backend, TimingMode, buffer_lengths
+from calibrate.backends.base import Backend, buffer_lengths
 from calibrate.collectives import Collective
 from calibrate.device import nccl as device_nccl
 from calibrate.device.dtypes import DTYPES, dtype_size
@@ -66,13 +66,10 @@ class NcclBackend(Backend):
         device_nccl.launch(self.nccl, coll, send.data.ptr, recv.data.ptr, count, dtype, self.rank, self.size,
                            self.stream.ptr)
 
-    def time_batch(self, coll, send, recv, dtype, iters, mode):
-        if mode is not TimingMode.GRAPH:
-            return super().time_batch(coll, send, recv, dtype, iters, mode)
-        key = (coll, send.data.ptr, recv.data.ptr, dtype, iters)
-        if key not in self._graphs:
-            self._graphs[key] = capture(self.stream, lambda s: self.launch(coll, send, recv, dtype), iters)
-        return [time_graph(cp, self.stream, self._graphs[key], iters, self.comm.Barrier)]
+    def graph_timer(self, call, calls):
+        graph = capture(self.stream, lambda s: call(), calls)
+        self._graphs[len(self._graphs)] = graph   # released with the buffers it replays on
+        return lambda: time_graph(cp, self.stream, graph, calls) * calls
 
     def synchronize(self):
         self.stream.synchronize()

@@ -1,20 +1,21 @@
 """The interpreter and NCCL side by side (``python -m kernels bench``; the command is
 ``kernels.interp.cli.bench``), under ``mpirun -np N`` (one process per GPU).
 
-For each collective and size (nccl-tests' "size": the whole buffer) both run on
-the same buffers, each as a CUDA graph of N calls timed with CUDA events,
-interleaved replay by replay; before timing, each result is checked against
-NCCL's on fresh random data with the outputs poisoned. ``table`` is an
+For each collective and size (nccl-tests' "size": the whole buffer) both are arms
+of the measurement engine (``calibrate.measure.engine``) on the same input buffer,
+each a CUDA graph of N calls timed with CUDA events, interleaved replay by replay;
+each result is checked on fresh random data with its output poisoned, against the
+reference computed from every rank's input, before timing and after the timed
+replays. ``table`` is an
 nccl-tests-style table with a speedup column; ``records.BenchRecord`` the result.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 
 from calibrate.collectives import Collective, busbw_factor
-from calibrate.device.timing import capture, time_graphs
 from calibrate.errors import UserError
+from calibrate.measure import engine
 from calibrate.sizes import sweep
 
 from kernels.interp import gpudata, pack
@@ -60,51 +61,66 @@ def run(args, comm) -> list[dict]:
     return rows
 
 
-def measure(comm, coll: str, nbytes: int, dtype: str, choice, reps: int, stream) -> dict:
-    """One row: ``choice`` (a program launch, or NCCL) and NCCL on the same buffers, checked
-    against NCCL on fresh random data, then both timed as CUDA graphs, replays interleaved."""
+def compare_choices(comm, coll: str, nbytes: int, dtype: str, choices: dict, reps: int, stream, seed: int = 0):
+    """An engine comparison (``calibrate.measure.engine.Comparison``) of named launches of one size on
+    one input buffer, each with its own output: a ``Choice`` of the interpreter (a program launch, or
+    its NCCL fallback), None for NCCL called directly, or an exception (the arm cannot run: its row
+    says why). Each arm is checked against the reference
+    computed from every rank's seeded input before timing and again after its timed replays (FIFO
+    credits and LL flags reused); CUDA graphs of ``ncalls_for`` calls, ``reps`` replays interleaved
+    arm by arm, median, maximum over ranks. Returns (comparison, {name: the arm's largest relative
+    error over ranks})."""
     import cupy as cp
 
     rank, nranks = comm.rank, comm.nranks
     count = count_for(coll, nbytes, pack.DTYPES[dtype], nranks)
     in_n, out_n = pack.buffer_elems(coll, count, nranks)
     send = gpudata.empty(cp, dtype, in_n)
-    ours, ref = gpudata.empty(cp, dtype, out_n), gpudata.empty(cp, dtype, out_n)
-    gpudata.fill_random(cp, send, dtype, seed=1000 * rank + nbytes % 997 + choice.split)
-    gpudata.poison(ours, dtype)
-    gpudata.poison(ref, dtype)
-    with stream:
-        comm.collective(coll, send, ours, count, dtype, stream=stream, choice=choice)
-        comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count, dtype, stream)
-    stream.synchronize()
-    ok, err = gpudata.compare(cp, ours, ref, dtype, out_n, nranks)
-    ok = bool(comm.mpi.allreduce(int(ok), op=_mpi_min()))
-    n = ncalls_for(nbytes)
-    with stream:
-        graphs = {
-            "interp": capture(stream, lambda s: comm.collective(coll, send, ours, count, dtype, stream=s,
-                                                                choice=choice), n),
-            "nccl": capture(stream, lambda s: comm.nccl_collective(coll, send.data.ptr, ref.data.ptr, count,
-                                                                   dtype, s), n),
-        }
-    times = time_graphs(cp, stream, graphs, n, reps, comm.mpi.Barrier)
-    t_i, t_n = statistics.median(times["interp"]), statistics.median(times["nccl"])
-    t_i, t_n = comm.mpi.allreduce(t_i, op=_mpi_max()), comm.mpi.allreduce(t_n, op=_mpi_max())
-    f = busbw_factor(Collective.parse(coll), nranks)
-    row = {"collective": coll, "bytes": nbytes, "count": count, "dtype": dtype,
-           "program": "nccl" if choice.uses_nccl else choice.program.name,
-           "protocol": choice.protocol.value if choice.protocol else "", "split": choice.split,
-           "calls_per_graph": n, "interp_us": t_i * 1e6, "nccl_us": t_n * 1e6,
-           "interp_busbw_gbs": nbytes / t_i * f / 1e9, "nccl_busbw_gbs": nbytes / t_n * f / 1e9,
-           "speedup": t_n / t_i, "correct": ok, "max_rel_err": err}
-    del graphs, send, ours, ref
+    gpudata.fill_random(cp, send, dtype, seed=1000 * rank + seed)
+    made: dict[str, gpudata.LaunchArm] = {}
+
+    def arm(name, choice):
+        def make():
+            if isinstance(choice, Exception):     # an arm that cannot run here: a row saying why
+                raise choice
+            out = gpudata.empty(cp, dtype, out_n)
+            if choice is None:
+                def launch(s):
+                    comm.nccl_collective(coll, send.data.ptr, out.data.ptr, count, dtype, s)
+            else:
+                def launch(s):
+                    comm.collective(coll, send, out, count, dtype, stream=s, choice=choice)
+            made[name] = gpudata.LaunchArm(cp, stream, launch, send, out.data.ptr, out_n, coll, count, dtype, rank,
+                                           nranks, out)
+            return made[name]
+        return make
+
+    opts = engine.Options(engine.TimingMode.GRAPH, rounds=reps, calls=ncalls_for(nbytes), min_batch_s=0.0, warmup=2,
+                          seed=seed)
+    res = engine.compare(engine.MpiGroup(comm.mpi), [(name, arm(name, c)) for name, c in choices.items()], opts)
+    errs = {name: float(max(comm.mpi.allgather(a.max_rel_err if a is not None else float("nan"))))
+            for name, a in ((n, made.get(n)) for n in choices)}
+    del send, made
     cp.get_default_memory_pool().free_all_blocks()
-    return row
+    return res, errs
 
 
-def _mpi_min():
-    from mpi4py import MPI
-    return MPI.MIN
+def measure(comm, coll: str, nbytes: int, dtype: str, choice, reps: int, stream) -> dict:
+    """One row: ``choice`` (a program launch, or NCCL) and NCCL compared (``compare_choices``)."""
+    res, errs = compare_choices(comm, coll, nbytes, dtype, {"interp": choice, "nccl": None}, reps, stream,
+                                seed=nbytes % 997 + choice.split)
+    i, r = res["interp"], res["nccl"]
+    t_i = i.median_s if i.median_s is not None else float("nan")
+    t_n = r.median_s if r.median_s is not None else float("nan")
+    f = busbw_factor(Collective.parse(coll), comm.nranks)
+    return {"collective": coll, "bytes": nbytes, "count": count_for(coll, nbytes, pack.DTYPES[dtype], comm.nranks),
+            "dtype": dtype, "program": "nccl" if choice.uses_nccl else choice.program.name,
+            "protocol": choice.protocol.value if choice.protocol else "", "split": choice.split,
+            "calls_per_graph": i.calls or ncalls_for(nbytes), "interp_us": t_i * 1e6, "nccl_us": t_n * 1e6,
+            "interp_busbw_gbs": nbytes / t_i * f / 1e9, "nccl_busbw_gbs": nbytes / t_n * f / 1e9,
+            "speedup": t_n / t_i, "correct": i.ok, "max_rel_err": errs["interp"],
+            "checked": "before timing and after the timed replays", "nccl_correct": r.ok,
+            "wrong_before": i.wrong_before, "wrong_after": i.wrong_after, "why": i.reason or r.reason}
 
 
 def _mpi_max():

@@ -1,10 +1,13 @@
 """GPU-side helpers shared by the benchmark and the GPU check: fresh random data,
-poisoned outputs, comparison with NCCL's result (timing: ``calibrate.device.timing``)."""
+poisoned outputs, comparison with NCCL's result or a local reference, and ``LaunchArm``:
+a launch on a stream as an arm of the measurement engine (``calibrate.measure.engine``)."""
 from __future__ import annotations
 
 import numpy as np
 
 from calibrate.device.dtypes import tolerance
+from calibrate.device.timing import capture, time_graph
+from calibrate.measure.engine import Arm
 
 POISON = {"float32": 0xFFFFFFFF, "bfloat16": 0xFFFF, "float16": 0xFFFF}   # NaN bit patterns
 STORAGE = {"float32": "uint32", "bfloat16": "uint16", "float16": "uint16"}
@@ -84,8 +87,53 @@ def reference(cp, collective: str, dtype: str, count: int, rank: int, nranks: in
 def compare_float(cp, got, want, scale, dtype: str, nranks: int) -> tuple[bool, float]:
     """(every element written and within rounding of ``want``, the largest error relative to
     ``scale``): the device layer's tolerance for a sum over ``nranks``, whatever its order."""
+    wrong, err = count_wrong(cp, got, want, scale, dtype, nranks)
+    return not wrong, err
+
+
+def count_wrong(cp, got, want, scale, dtype: str, nranks: int) -> tuple[int, float]:
+    """(elements not written or beyond rounding of ``want``, the largest error relative to ``scale``)."""
     n = want.size
     g = as_float(cp, got[:n], dtype)
     err = cp.abs(g - want) / (scale + 1e-30)
     bad = ~cp.isfinite(g) | (err > tolerance(dtype, nranks))
-    return not bool(bad.any()), float(cp.nan_to_num(err, nan=np.inf).max()) if n else 0.0
+    return int(cp.count_nonzero(bad)), float(cp.nan_to_num(err, nan=np.inf).max()) if n else 0.0
+
+
+class LaunchArm(Arm):
+    """A collective launched on a CuPy stream as an arm of ``calibrate.measure.engine.compare``:
+    ``launch(stream)`` reads ``send`` and writes the output at ``out_ptr`` (``out_n`` elements); its
+    check draws every rank's input from the seed (``reference``), poisons the output, launches once
+    and counts the wrong elements against the reference computed here (no library in it)."""
+
+    def __init__(self, cp, stream, launch, send, out_ptr: int, out_n: int, collective: str, count: int,
+                 dtype: str, rank: int, nranks: int, owner=None):
+        self.cp, self.stream, self.launch, self.send, self.out_ptr, self.out_n = cp, stream, launch, send, out_ptr, out_n
+        self.collective, self.count, self.dtype, self.rank, self.nranks = collective, count, dtype, rank, nranks
+        self.owner, self.max_rel_err = owner, 0.0
+
+    def call(self) -> None:
+        with self.stream:
+            self.launch(self.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def check(self, seed: int) -> int:
+        cp = self.cp
+        mine, want, scale = reference(cp, self.collective, self.dtype, self.count, self.rank, self.nranks, seed)
+        out = view(cp, self.out_ptr, self.out_n, self.dtype, self.owner)
+        with self.stream:
+            self.send[:mine.size] = mine
+            poison(out, self.dtype)
+        self.call()
+        self.synchronize()
+        wrong, err = count_wrong(cp, out, want, scale, self.dtype, self.nranks)
+        self.max_rel_err = max(self.max_rel_err, err)
+        return wrong
+
+    def graph(self, calls: int):
+        with self.stream:
+            g = capture(self.stream, self.launch, calls)
+        return lambda: time_graph(self.cp, self.stream, g, calls) * calls
+

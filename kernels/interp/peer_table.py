@@ -113,36 +113,61 @@ def table(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def targets(summary: list[dict]) -> list[dict]:
-    """The issue's targets against the best peer, each with its measured value and whether it is met."""
+def _missing_peers(rs: list[dict], peers: dict) -> list[str]:
+    """Why the best peer over ``rs`` may not be the best: a peer that did not start, or one that failed
+    (wrong, not captured) at one of these sizes. Our own rows are not peers."""
+    out = [f"{name}: did not start ({p.get('reason', '')})" for name, p in peers.items()
+           if not p.get("available", True) and not is_ours(name)]
+    for s in rs:
+        out += [f"{name} at {human(s['bytes'])}: failed" for name in s.get("failed", []) if not is_ours(name)]
+    return out
+
+
+def targets(summary: list[dict], peers: dict | None = None) -> list[dict]:
+    """The issue's targets against the best peer, each a verdict: its measured value and state, met,
+    not met, or unknown (with why) where a peer did not run (``peers``: the record's peer table) or
+    failed at one of the sizes the target is judged over. ``met`` is True only for state met."""
+    from calibrate.measure.verdict import judge
+
+    peers = peers or {}
     out = []
     ratios = [s for s in summary if s["ratio"] is not None]
+
+    def add(v, value_text: str):
+        d = v.to_dict()
+        d["value"] = value_text if v.value != "-" else "-"
+        d["met"] = d["state"] == "met"
+        out.append(d)
+
     for coll in ("allreduce", "allgather", "reducescatter"):
         rs = [s for s in ratios if s["collective"] == coll]
         if not rs:
             continue
+        allsizes = [s for s in summary if s["collective"] == coll]
         worst = min(rs, key=lambda s: s["ratio"])
-        out.append({"target": f"{coll}: >= 1.0x the best peer at every size",
-                    "value": f"min {worst['ratio']:.2f}x at {human(worst['bytes'])} ({worst['best_peer']})",
-                    "met": worst["ratio"] >= 1.0})
+        add(judge(f"{coll}: >= 1.0x the best peer at every size", worst["ratio"], lambda x: x >= 1.0,
+                  _missing_peers(allsizes, peers)),
+            f"min {worst['ratio']:.2f}x at {human(worst['bytes'])} ({worst['best_peer']})")
         small = [s for s in rs if s["bytes"] <= 64 * K]
         if small:
             ws = min(small, key=lambda s: s["ratio"])
-            out.append({"target": f"{coll}: >= 1.5x the best peer from 1 KiB to 64 KiB",
-                        "value": f"min {ws['ratio']:.2f}x at {human(ws['bytes'])} ({ws['best_peer']})",
-                        "met": ws["ratio"] >= 1.5})
+            add(judge(f"{coll}: >= 1.5x the best peer from 1 KiB to 64 KiB", ws["ratio"], lambda x: x >= 1.5,
+                      _missing_peers([s for s in allsizes if s["bytes"] <= 64 * K], peers)),
+                f"min {ws['ratio']:.2f}x at {human(ws['bytes'])} ({ws['best_peer']})")
     for s in summary:
         if s["collective"] == "allreduce" and s["bytes"] == K and s["interp_us"] is not None:
-            out.append({"target": "allreduce <= 2.5 us at 1 KiB", "value": f"{s['interp_us']:.2f} us",
-                        "met": s["interp_us"] <= 2.5})
+            add(judge("allreduce <= 2.5 us at 1 KiB", s["interp_us"], lambda x: x <= 2.5), f"{s['interp_us']:.2f} us")
         if s["collective"] == "allreduce" and s["bytes"] == G and s["interp_busbw_gbs"] is not None:
-            out.append({"target": "allreduce >= 370 GB/s busbw at 1 GiB",
-                        "value": f"{s['interp_busbw_gbs']:.1f} GB/s", "met": s["interp_busbw_gbs"] >= 370})
+            add(judge("allreduce >= 370 GB/s busbw at 1 GiB", s["interp_busbw_gbs"], lambda x: x >= 370),
+                f"{s['interp_busbw_gbs']:.1f} GB/s")
     return out
 
 
 def targets_text(ts: list[dict]) -> str:
-    return "\n".join(f"target {t['target']}: {t['value']} -> {'met' if t['met'] else 'MISSED'}" for t in ts)
+    def state(t):
+        st = t.get("state", "met" if t["met"] else "not met")
+        return {"met": "met", "not met": "MISSED"}.get(st, "UNKNOWN") + (f" ({t['why']})" if t.get("why") else "")
+    return "\n".join(f"target {t['target']}: {t['value']} -> {state(t)}" for t in ts)
 
 
 def row_line(r: dict) -> str:

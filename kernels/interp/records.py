@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from calibrate.errors import UserError
 from calibrate.records import Record
 
-TIMING = "CUDA graph of N calls per side, CUDA events, median of replays, max over ranks"
+TIMING = ("measurement engine: CUDA graph of N calls per side, replays interleaved, CUDA events, median of replays, "
+          "max over ranks; each side checked on fresh random data before timing and after its timed replays")
 
 
 @dataclass

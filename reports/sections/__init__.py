@@ -22,6 +22,7 @@ REGISTRY: dict[str, str] = {
     "reshard": "reports.sections.reshard:build",
     "schedule-tune": "reports.sections.schedule:build",
     "commtune.nccl-tune": "reports.sections.nccl_tuner:build",
+    "commtune.nccl-evaluate": "reports.sections.nccl_tuner:build_evaluate",
 }
 
 

@@ -12,10 +12,11 @@ import pytest
 from autotune.nccl import record as rec
 from autotune.nccl.choose import choose
 from autotune.nccl.cli import main
-from autotune.nccl.measure import Options, check_environment, compare, falling_behind, graph_iters, sweep
+from autotune.nccl.measure import Options, ablation_arms, check_environment, compare, falling_behind, sweep
 from autotune.nccl.settings import DEFAULT, Setting, candidates, parse_channels, setting_table
 from calibrate.cli import message
 from calibrate.errors import UserError
+from calibrate.measure import engine
 from kernels.nccl_tuner.table import ENV_TABLE, SIZE_MAX, Row, read_table, write_table
 
 
@@ -53,6 +54,28 @@ class FakeBackend:
         self.closed = True
 
 
+class FakeArm(engine.Arm):
+    """A collective whose every call takes ``us`` microseconds on the device (a graph replay says so)."""
+
+    def __init__(self, be, us, nbytes, wrong_after=0):
+        self.be, self.us, self.nbytes, self.wrong_after, self.checks, self.runs = be, us, nbytes, wrong_after, 0, ""
+
+    def call(self):
+        assert not self.be.closed
+
+    def check(self, seed):
+        self.checks += 1
+        return self.wrong_after if self.checks == 2 else 0
+
+    def graph(self, calls):
+        return lambda: self.us * 1e-6 * calls
+
+
+class FakeWorld:
+    def bcast(self, x, root=0):
+        return x
+
+
 @dataclass
 class FakeSession:
     """Times per (setting, collective, size) given; what a GPU session measures."""
@@ -65,10 +88,20 @@ class FakeSession:
     made: list = field(default_factory=list)
     measured: list = field(default_factory=list)
     calls_decided: int = 0
+    arm_times: dict = field(default_factory=dict)   # compare: (has rows, has floor) -> (us per size, wrong after)
+    refuse: tuple = ()                              # compare: (has rows, has floor) whose communicator fails
+    group: engine.Group = field(default_factory=engine.Solo)
+    world: FakeWorld = field(default_factory=FakeWorld)
 
     def backend(self, rows, min_ctas):
+        if (rows is not None, min_ctas is not None) in self.refuse:
+            raise UserError("ncclCommInitRank failed: out of memory")
         self.made.append(FakeBackend(rows, min_ctas))
         return self.made[-1]
+
+    def arm(self, be, coll, n):
+        us, wrong = self.arm_times[(be.rows is not None, be.min_ctas is not None)]
+        return FakeArm(be, us[n], n, wrong)
 
     def decided(self):
         return self.calls_decided
@@ -214,28 +247,58 @@ def test_a_band_chooses_only_among_settings_measured_at_its_size():
     assert choose(s, ["allreduce"], sizes, 2, 1, excluded=["ring/ll/64"])[0].protocol == "simple"
 
 
-def test_compare_alternates_and_labels_each_size():
-    SIZES = [1024, 4096, 16384, 1 << 20]
+def test_compare_attributes_the_gain_to_each_arm():
+    """The comparison's arms: NCCL's default, the channel floor alone, the table alone, both; the record
+    holds each arm's median and the summary each part of the gain (closed forms: times given)."""
+    SIZES = [1024, 4096, 1 << 20]
     rows = [Row("allreduce", 0, 8191, "ring", "ll", -1, 1, 2)]
-    t = {("default", n): 10.0 for n in SIZES} | {("tuned", n): 8.0 for n in SIZES}
-    session = FakeSession(t)
+    times = {(False, False): ({n: 10.0 for n in SIZES}, 0), (False, True): ({n: 9.0 for n in SIZES}, 0),
+             (True, False): ({n: 8.5 for n in SIZES}, 0), (True, True): ({n: 8.0 for n in SIZES}, 0)}
+    session = FakeSession({}, arm_times=times)
     got = []
-    compare(session, rows, ["allreduce"], SIZES, got.append, rounds=3)
-    assert [c.setting for c in got] == ["ring/ll/auto", "ring/ll/auto", "default", "default"]
-    assert all(c.ratio == 1.25 and c.default_wrong == c.tuned_wrong == 0 for c in got)
-    # per size: a checked first point of each, then the rounds alternating which goes first, on graphs of
-    # graph_iters(8 us) = 125 calls (from the faster side's first point: a replay of at least 1 ms)
-    per_size = ["default", "tuned"] + ["default", "tuned", "tuned", "default", "default", "tuned"]
-    assert [m[0] for m in session.measured] == per_size * 4
-    assert [m[3] for m in session.measured] == ([None, None] + [125] * 6) * 4
-    assert session.made[0].rows is None and session.made[1].rows == rows and session.made[1].min_ctas == 64
+    compare(session, {"allreduce": ablation_arms(rows, 64)}, SIZES, got.append, rounds=3)
+    assert [c.setting for c in got] == ["ring/ll/auto", "ring/ll/auto", "default"]
+    assert all(c.ratio == pytest.approx(1.25) and c.default_wrong == c.tuned_wrong == 0 for c in got)
+    assert [a["name"] for a in got[0].arms] == ["default", "min_ctas", "table", "tuned"]
+    assert all(len(a["samples_s"]) == 3 * session.options.reps for a in got[0].arms)
+    # one communicator per arm, made once for every size and closed; floor and table as named
+    assert [(b.rows, b.min_ctas) for b in session.made] == [(None, None), (None, 64), (rows, None), (rows, 64)]
     assert all(b.closed for b in session.made)
+    s = rec.summary(got)["allreduce"]
+    assert s["against_default"] == pytest.approx({"min_ctas": 10 / 9, "table": 10 / 8.5})
+    assert s["tuned_over"] == pytest.approx({"min_ctas": 9 / 8, "table": 8.5 / 8})
+    assert s["targets"] == {"never_slower_2pct": "met", "geomean_1.05": "met", "wrong_0": "met"}
 
 
-def test_graph_iters_make_a_replay_last_a_millisecond():
-    assert graph_iters(5.0, 20) == 200 and graph_iters(8.0, 20) == 125
-    assert graph_iters(3000.0, 20) == 20            # large sizes keep the options' calls per graph
-    assert graph_iters(0.1, 20) == 1000             # capped
+def test_a_missing_or_wrong_arm_is_a_row_and_the_verdict_unknown():
+    SIZES = [1024, 4096]
+    rows = [Row("allreduce", 0, SIZE_MAX, "ring", "ll", -1, 1, 2)]
+    times = {(False, False): ({n: 10.0 for n in SIZES}, 0), (False, True): ({n: 9.0 for n in SIZES}, 0),
+             (True, False): ({n: 8.5 for n in SIZES}, 3), (True, True): ({n: 8.0 for n in SIZES}, 0)}
+    got = []
+    compare(FakeSession({}, arm_times=times, refuse=((True, True),)), {"allreduce": ablation_arms(rows, 64)},
+            SIZES, got.append)
+    c = got[0]
+    tuned = next(a for a in c.arms if a["name"] == "tuned")
+    assert tuned["status"] == "failed" and "out of memory" in tuned["reason"] and c.tuned_us is None
+    table = next(a for a in c.arms if a["name"] == "table")
+    assert table["status"] == "wrong" and table["wrong_after"] == 3 and c.arm_us("table") is None
+    s = rec.summary(got)["allreduce"]
+    assert s["targets"]["geomean_1.05"] == "unknown" and s["targets"]["wrong_0"] == "not met"
+    assert "tuned at 1024 B: failed" in next(v["why"] for v in s["verdicts"] if v["target"] == "geomean_1.05")
+
+
+def test_best_fixed_setting_is_the_one_setting_best_over_every_size():
+    from autotune.nccl.choose import best_fixed
+
+    times, _ = crossover_times(CROSSOVER_SIZES)
+    samples = [rec.Sample("allreduce", n, lab, t, [t], 0) for (lab, n), t in times.items()]
+    label = best_fixed(samples, "allreduce")
+    geo = {lab: math.exp(sum(math.log(times[(lab, n)] / times[("default", n)]) for n in CROSSOVER_SIZES)
+                         / len(CROSSOVER_SIZES)) for lab in {k[0] for k in times} - {"default"}}
+    assert geo[label] == pytest.approx(min(geo.values()))          # ring/simple/auto and /64 tie here
+    assert best_fixed(samples, "allreduce", excluded=[label]) != label
+    assert best_fixed(samples, "allgather") is None
 
 
 def test_summary_against_closed_forms(tmp_path):
@@ -245,9 +308,10 @@ def test_summary_against_closed_forms(tmp_path):
     s = rec.summary(rows)
     assert math.isclose(s["allgather"]["geomean"], 1.1)
     assert s["allgather"]["largest_ratio"] == pytest.approx(1.21)
-    assert s["allgather"]["targets"] == {"never_slower_2pct": True, "geomean_1.05": True, "wrong_0": True,
-                                         "largest_1.15": True}
-    assert s["allreduce"]["targets"] == {"never_slower_2pct": False, "geomean_1.05": False, "wrong_0": False}
+    assert s["allgather"]["targets"] == {"never_slower_2pct": "met", "geomean_1.05": "met", "wrong_0": "met",
+                                         "largest_1.15": "met"}
+    assert s["allreduce"]["targets"] == {"never_slower_2pct": "not met", "geomean_1.05": "not met",
+                                         "wrong_0": "not met"}
     r = rec.TuneRecord("d", "c", "2 x H200", 22809, 2, 1, "float32", "graph", 20, 5, 64, ["allgather"], [1024],
                        "/p.so", compare=rows, sweep=[rec.Sample("allgather", 1024, "default", 1.0, [1.0], 0)])
     r.save(tmp_path / "x.json")

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from autotune.schedule.bands import Band, bands_for, parse_sizes
 from autotune.schedule.choose import choose_band, correlations, finish, fixed_baseline, table
-from autotune.schedule.model import Correction, copy_bytes, runtime_split, spearman, split_program
+from autotune.schedule.model import Correction, copy_bytes, runtime_split, split_program
+from calibrate.measure.stats import spearman
 from autotune.schedule.result import NCCL, BandResult, CollectiveResult, Row, TableEntry
 from autotune.schedule.space import Candidate
 from calibrate.errors import UserError

@@ -149,24 +149,10 @@ def test_gap_between_segments_blends_geometrically():
                                                    (7e-6, 300, 300)])
 def test_batch_length_reaches_the_least_duration_in_a_power_of_two(per_call, iters, want):
     """1 ms of 7 us calls is 143 calls: 256; 20 calls of 100 us already last 2 ms."""
-    from calibrate.backends.base import Backend, TimingMode
+    from calibrate.measure.engine import batch_calls
 
-    class Clock(Backend):
-        probes = []
-
-        def time_batch(self, coll, send, recv, dtype, n, mode):
-            self.probes.append((n, mode))
-            return [per_call]
-
-        def max_over_ranks(self, local):
-            return local
-
-        buffers = launch = fill_random = to_float64 = host_array = poison = xp = None
-
-    Clock.__abstractmethods__ = frozenset()
-    b = Clock.__new__(Clock)
-    got = b.batch_iters(Collective.ALLREDUCE, None, None, "float32", iters, 1e-3)
-    assert got == want and b.probes == [(4, TimingMode.HOST)]
+    got = batch_calls(per_call, iters, 1e-3)
+    assert got == want
     assert got * per_call >= 1e-3 or got in (iters, 4096)
 
 

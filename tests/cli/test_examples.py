@@ -72,6 +72,8 @@ ELSEWHERE = {
     "mpirun -np 8 python -m autotune nccl --out tuned": GPU,
     "mpirun -np 2 python -m autotune nccl --out tuned/": GPU,
     "mpirun -np 2 python -m autotune nccl --table tuned/nccl_tuner.csv --out again/": GPU,
+    "mpirun -np 2 python -m autotune nccl evaluate tuned/": GPU,
+    "mpirun -np 2 python -m autotune schedule evaluate tuned/": GPU,
     "torchrun --nproc-per-node 2 -m autotune execute out/plan.json --which all --out exec":
         "torch distributed: tests/autotune/test_execute*.py",
     "mpiexec -n 4 python -m autotune execute plan.json --layers 2 --steps 6": "torch: tests/autotune/test_execute*.py",

@@ -3,7 +3,10 @@
 #   OUT=/path bash tests/gpu/nccl_check.sh          (tests/gpu/run_all.sh runs it as part "nccl")
 # 1. python -m kernels build-tuner: the plugin, with the system C compiler.
 # 2. python -m autotune nccl on 2 GPUs, allreduce/allgather/reducescatter/broadcast, 1 KiB..1 GiB:
-#    the sweep, the table and env file, NCCL default against NCCL tuned ($OUT/tuned/).
+#    held-out sizes declared, the sweep, the table and env file, then the arms compared at the development
+#    sizes: NCCL default, NCCL_MIN_CTAS alone, the table alone, table + NCCL_MIN_CTAS, the best fixed setting.
+# 2b. python -m autotune nccl evaluate $OUT/tuned: the same arms at the held-out sizes, in a fresh process
+#    ($OUT/tuned/nccl_evaluate.json: the figures to quote; issue 31).
 # 3. python -m calibrate run with the env file sourced (NCCL_DEBUG=INFO): the harness picks the plugin up.
 # 4. A torch.distributed allreduce loop, without and with the env file (torchrun).
 # 5. The report section ($OUT/nccl-report.html) and a summary.
@@ -23,13 +26,23 @@ $PY -m kernels build-tuner --out "$PLUGIN" > "$OUT/build.log" 2>&1
 echo "build-tuner: exit $? ($(cat "$OUT/build.log"))"
 
 t0=$(date +%s)
-timeout 330 $MPIRUN $PY -m autotune nccl --plugin "$PLUGIN" --collectives allreduce,allgather,reducescatter,broadcast \
+timeout 480 $MPIRUN $PY -m autotune nccl --plugin "$PLUGIN" --collectives allreduce,allgather,reducescatter,broadcast \
   --sizes 1K:1G:2 --out "$OUT/tuned" > "$OUT/tune.log" 2> "$OUT/tune.err"
 rc_tune=$?
 echo "autotune nccl: exit $rc_tune, $(( $(date +%s) - t0 )) s wall (mpirun start to end)"
 tail -4 "$OUT/tune.err"
 grep '^#' "$OUT/tune.log" | tail -8
 [ $rc_tune -eq 0 ] || rc_all=1
+
+t0=$(date +%s)
+timeout 240 $MPIRUN $PY -m autotune nccl evaluate "$OUT/tuned" --plugin "$PLUGIN" > "$OUT/evaluate.log" \
+  2> "$OUT/evaluate.err"
+rc_eval=$?
+echo "autotune nccl evaluate: exit $rc_eval, $(( $(date +%s) - t0 )) s wall"
+tail -3 "$OUT/evaluate.err"
+grep '^#' "$OUT/evaluate.log" | tail -8
+[ $rc_eval -eq 0 ] || rc_all=1
+[ -f "$OUT/tuned/nccl_evaluate.json" ] && $PY -m reports tables "$OUT/tuned/nccl_evaluate.json" > "$OUT/evaluate.md"
 
 if [ -f "$OUT/tuned/nccl_tuner.env" ]; then
   ENVX="-x NCCL_TUNER_PLUGIN -x COMMTUNE_NCCL_TUNER_TABLE -x NCCL_MIN_CTAS -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
@@ -59,7 +72,7 @@ if [ -f "$OUT/tuned/nccl_tuner.env" ]; then
   [ $rc_torch -eq 0 ] && [ "$n_torch" -gt 0 ] || rc_all=1
 fi
 
-$PY -m reports "$OUT/tuned/nccl_tune.json" -o "$OUT/nccl-report.html" > "$OUT/report.log" 2>&1 \
+$PY -m reports "$OUT/tuned/nccl_tune.json" $(ls "$OUT/tuned/nccl_evaluate.json" 2>/dev/null) -o "$OUT/nccl-report.html" > "$OUT/report.log" 2>&1 \
   || echo "report: failed (see report.log)"
 
 $PY - "$OUT" <<'PYEOF'
@@ -74,8 +87,17 @@ except Exception as e:
 print(f"seconds: { {k: round(v, 1) for k, v in rec.seconds.items()} }; plugin counters {rec.plugin_counters}")
 print("table:", *rec.table_rows, sep="\n  ")
 for coll, s in summary(rec.compare).items():
-    print(f"{coll}: geomean {s['geomean']:.3f} worst {s['worst']:.3f} at {s['worst_bytes']} largest {s['largest_ratio']:.3f} "
-          f"#wrong {s['wrong']} targets {s['targets']}")
+    print(f"{coll} (development): geomean {s['geomean']} worst {s['worst']} at {s['worst_bytes']} largest "
+          f"{s['largest_ratio']} #wrong {s['wrong']} arms over default {s['against_default']} targets {s['targets']}")
+try:
+    from autotune.nccl.record import EvaluateRecord
+    ev = EvaluateRecord.load(out / "tuned/nccl_evaluate.json")
+    for coll, s in summary(ev.compare).items():
+        print(f"{coll} (EVALUATION, held-out {s['points']} sizes): geomean {s['geomean']} worst {s['worst']} "
+              f"#wrong {s['wrong']} arms over default {s['against_default']} tuned over arms {s['tuned_over']} "
+              f"targets {s['targets']}")
+except Exception as e:
+    print(f"no evaluation record: {e}")
 calib = out / "calib-tuned/stats.csv"
 if calib.exists():
     import pandas as pd

@@ -5,7 +5,11 @@
 #    measured with the interpreter beside NCCL (CUDA graphs, CUDA events), correctness against NCCL;
 #    writes $OUT/tuned/{programs/,manifest.json,nccl_tuner.conf,schedule.json,model_correction.json}.
 # 2. python -m kernels bench --preset $OUT/tuned/manifest.json: the tuned table through the interpreter's
-#    own selection (NCCL fallback outside its ranges), beside NCCL, into $OUT/bench-tuned/bench.json.
+#    own selection (NCCL fallback outside its ranges), beside NCCL, into $OUT/bench-tuned/bench.json; every
+#    row checked before timing and after the timed replays.
+# 2b. python -m autotune schedule evaluate $OUT/tuned: at the held-out sizes the tuning run declared, in a
+#    fresh process, the tuned manifest, NCCL and the best fixed configuration, medians
+#    ($OUT/tuned/schedule_evaluate.json: the figures to quote; issue 31).
 # 3. The report section ($OUT/schedule-report.html) and a short table of the issue's targets.
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -29,6 +33,12 @@ timeout 120 $MPIRUN $PY -m kernels bench --collectives "$COLLS" --factor 4 --pre
   --explain --out "$OUT/bench-tuned" > "$OUT/bench-tuned.log" 2>&1
 rc_bench=$?
 echo "bench with the tuned manifest: exit $rc_bench"
+
+timeout 180 $MPIRUN $PY -m autotune schedule evaluate "$OUT/tuned" > "$OUT/evaluate.log" 2>&1
+rc_eval=$?
+echo "schedule evaluate: exit $rc_eval"
+grep -v '^\[schedule\]' "$OUT/evaluate.log" | tail -8
+[ -f "$OUT/tuned/schedule_evaluate.json" ] && $PY -m reports tables "$OUT/tuned/schedule_evaluate.json" > "$OUT/evaluate.md"
 
 $PY -m reports "$OUT/tuned/schedule.json" "$OUT/bench-tuned/bench.json" -o "$OUT/schedule-report.html" \
   > "$OUT/report.log" 2>&1 || echo "report: failed (see report.log)"
@@ -57,4 +67,4 @@ try:
 except OSError:
     print("no bench-tuned/bench.json (see bench-tuned.log)")
 PYEOF
-[ $rc_tune -eq 0 ] && [ $rc_bench -eq 0 ]
+[ $rc_tune -eq 0 ] && [ $rc_bench -eq 0 ] && [ $rc_eval -eq 0 ]

@@ -71,6 +71,23 @@ def test_targets_met_and_missed():
     assert "MISSED" in peer_table.targets_text(list(t.values()))
 
 
+def test_a_peer_that_did_not_run_makes_the_peer_targets_unknown():
+    rows = [row("interp", "allreduce", K, 2.0), row("nccl", "allreduce", K, 4.0)]
+    peers = {"interp": {"available": True, "reason": ""},
+             "torch-oneshot": {"available": False, "reason": "ImportError: no torch"}}
+    t = {x["target"]: x for x in peer_table.targets(peer_table.summarize(rows), peers)}
+    best = t["allreduce: >= 1.0x the best peer at every size"]
+    assert best["state"] == "unknown" and not best["met"] and "torch-oneshot" in best["why"]
+    assert t["allreduce <= 2.5 us at 1 KiB"]["state"] == "met"          # judged over ours alone
+    assert "UNKNOWN" in peer_table.targets_text([best])
+    # a peer that failed at one of the sizes: unknown too; all peers up and correct: judged
+    failed = rows + [dict(row("nccl-symm", "allreduce", K, 1.0), correct=False, error="capture: boom")]
+    t = {x["target"]: x for x in peer_table.targets(peer_table.summarize(failed), {})}
+    assert t["allreduce: >= 1.0x the best peer at every size"]["state"] == "unknown"
+    t = {x["target"]: x for x in peer_table.targets(peer_table.summarize(rows), {"nccl": {"available": True}})}
+    assert t["allreduce: >= 1.0x the best peer at every size"]["state"] == "met"
+
+
 def test_merge_keeps_first_of_duplicates_and_all_peers(tmp_path):
     a = record([row("interp", "allreduce", K, 3.0), row("nccl", "allreduce", K, 6.0)],
                {"interp": {"available": True, "reason": ""}})

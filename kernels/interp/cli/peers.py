@@ -1,10 +1,12 @@
 """``python -m kernels peers``: the interpreter against the strongest peers, under
 ``mpirun -np N`` (one process per GPU).
 
-One timer for all: each peer's calls captured in a CUDA graph of N calls, replays
-of all peers interleaved, CUDA events, median, max over ranks; before timing,
-every peer's result is checked on fresh random data against the sum computed
-locally from every rank's input (no library in the reference).
+One timer for all, the measurement engine (``calibrate.measure.engine``): each peer
+an arm, its calls captured in a CUDA graph of N calls, replays of all peers
+interleaved, CUDA events, median, max over ranks; before timing and again after
+the timed replays, every peer's result is checked on fresh random data against
+the sum computed locally from every rank's input (no library in the reference).
+A target judged over the peers is unknown when a peer did not run.
 
     mpirun -np 2 python -m kernels peers --out peers.json             # interp, nccl, nccl-symm, torch-*
     NCCL_MIN_NCHANNELS=64 NCCL_MAX_NCHANNELS=64 NCCL_PROTO=LL128 \\
@@ -19,6 +21,7 @@ NCCL's best setting per size from them. The record is rewritten after every size
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -27,6 +30,7 @@ from calibrate.cli import command_parser, finite_float
 from calibrate.device.gpu import device_name, mpi_gpu
 from calibrate.device.timing import time_graph
 from calibrate.errors import UserError
+from calibrate.measure.engine import Arm, MpiGroup, Options, Status, TimingMode, compare
 from calibrate.records import header
 from calibrate.sizes import parse_size, sweep
 from calibrate.jsonfile import write_json
@@ -35,8 +39,9 @@ from kernels.interp import peer_table
 from kernels.interp.bench import count_for, ncalls_for
 
 DEFAULT_PEERS = ("interp", "nccl", "nccl-symm", "torch-oneshot", "torch-twoshot", "torch-rs", "torch-lowcontention")
-TIMING = ("CUDA graph of N calls per peer (200 small, about 20 ms of work large), replays of all peers "
-          "interleaved, CUDA events, median of replays, max over ranks")
+TIMING = ("measurement engine: CUDA graph of N calls per peer (200 small, about 20 ms of work large), replays "
+          "of all peers interleaved, CUDA events, median of replays, max over ranks; every peer checked on fresh "
+          "random data before timing and after its timed replays")
 
 
 def build_parser():
@@ -88,7 +93,7 @@ def main(argv=None) -> int:
         merged = peer_table.merge([peer_table.load(Path(f)) for f in args.merge])
         summary = peer_table.summarize(merged["rows"])
         merged["summary"] = summary
-        merged["targets"] = peer_table.targets(summary)
+        merged["targets"] = peer_table.targets(summary, merged["peers"])
         print(peer_table.table(summary))
         print(peer_table.targets_text(merged["targets"]))
         if args.out:
@@ -175,7 +180,9 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
             world.Barrier()
             dist.destroy_process_group()
     if world.rank == 0:
-        print(peer_table.table(peer_table.summarize(record["rows"])))
+        summary = peer_table.summarize(record["rows"])
+        print(peer_table.table(summary))
+        print(peer_table.targets_text(peer_table.targets(summary, record["peers"])))
     return 1 if peer_table.failures(record["rows"]) else 0
 
 
@@ -188,60 +195,76 @@ def _log(world, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+class PeerArm(Arm):
+    """A peer's call of one size as an arm of the measurement engine: checked on fresh random data
+    against the sum computed here from every rank's input, its CUDA graph replayed."""
+
+    def __init__(self, ctx, peer, coll: str, count: int, stream):
+        self.ctx, self.peer, self.coll, self.count, self.stream = ctx, peer, coll, count, stream
+        self.detail = peer.prepare(coll, count)
+        self.sptr, self.rptr = peer.buffers(coll, count)
+        self.max_rel_err = 0.0
+
+    def call(self) -> None:
+        self.peer.launch(self.coll, self.count, self.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def check(self, seed: int) -> int:
+        from kernels.interp import gpudata, pack
+
+        ctx, cp = self.ctx, self.ctx.cp
+        in_n, out_n = pack.buffer_elems(self.coll, self.count, ctx.world.size)
+        mine, want, scale = gpudata.reference(cp, self.coll, ctx.dtype, self.count, ctx.world.rank, ctx.world.size,
+                                              seed)
+        cp.cuda.runtime.memcpyAsync(self.sptr, mine.data.ptr, in_n * ctx.esize, 3, self.stream.ptr)
+        cp.cuda.runtime.memsetAsync(self.rptr, 0xFF, out_n * ctx.esize, self.stream.ptr)
+        self.stream.synchronize()
+        got = self.peer.launch(self.coll, self.count, self.stream)
+        self.stream.synchronize()
+        wrong, err = gpudata.count_wrong(cp, gpudata.view(cp, got, out_n, ctx.dtype, self.peer), want, scale,
+                                         ctx.dtype, ctx.world.size)
+        self.max_rel_err = max(self.max_rel_err, err)
+        return wrong
+
+    def graph(self, calls: int):
+        g = self.peer.capture(self.coll, self.count, self.stream, calls)
+        return lambda: time_graph(self.ctx.cp, self.stream, g, calls) * calls
+
+
 def measure_size(ctx, peers, coll: str, nbytes: int, count: int, args, stream) -> list[dict]:
-    """One row per peer: checked on fresh random data, then timed with the others."""
-    from mpi4py import MPI
-
-    from kernels.interp import gpudata, pack
-
-    cp, world, dtype, esize = ctx.cp, ctx.world, ctx.dtype, ctx.esize
-    in_n, out_n = pack.buffer_elems(coll, count, world.size)
-    mine, want, scale = gpudata.reference(cp, coll, dtype, count, world.rank, world.size, seed=nbytes % 65521)
-    n = ncalls_for(nbytes)
-    graphs, rows = {}, {}
-    for peer in peers:
-        name = _row_name(peer.name, args.label)
-        row = {"collective": coll, "bytes": nbytes, "count": count, "dtype": dtype, "peer": name, "detail": "",
-               "calls_per_graph": n, "us": float("nan"), "busbw_gbs": float("nan"), "correct": False,
-               "max_rel_err": float("nan"), "error": ""}
-        rows[name] = row
-        try:
-            row["detail"] = peer.prepare(coll, count)
-            sptr, rptr = peer.buffers(coll, count)
-            cp.cuda.runtime.memcpyAsync(sptr, mine.data.ptr, in_n * esize, 3, stream.ptr)
-            cp.cuda.runtime.memsetAsync(rptr, 0xFF, out_n * esize, stream.ptr)
-            stream.synchronize()
-            got = peer.launch(coll, count, stream)
-            stream.synchronize()
-            ok, err = gpudata.compare_float(cp, gpudata.view(cp, got, out_n, dtype, peer), want, scale, dtype,
-                                            world.size)
-            row["max_rel_err"] = err
-        except Exception as e:  # noqa: BLE001  (recorded; the other peers go on)
-            ok, row["error"] = False, f"{type(e).__name__}: {e}"[:300]
-        row["correct"] = bool(world.allreduce(int(ok), op=MPI.MIN))
-        if not row["correct"]:
-            continue
-        try:
-            graphs[name] = peer.capture(coll, count, stream, n)
-            good = 1
-        except Exception as e:  # noqa: BLE001
-            row["error"], good = f"capture: {type(e).__name__}: {e}"[:300], 0
-        if not world.allreduce(good, op=MPI.MIN):
-            graphs.pop(name, None)
-            row["correct"] = False
-            row["error"] = row["error"] or "capture failed on another rank"
-    del mine, want, scale
-    times: dict[str, list[float]] = {name: [] for name in graphs}
-    for _ in range(args.reps):   # replays of all peers interleaved: each sees the same machine state
-        for name, graph in graphs.items():
-            times[name].append(time_graph(cp, stream, graph, n, barrier=world.Barrier))
+    """One row per peer, all arms of one engine comparison: checked on fresh random data before timing
+    and after the timed replays, CUDA graphs of N calls, replays of all peers interleaved, median, max
+    over ranks. A peer wrong before or after is ``correct`` False without ``error`` (a failure); one
+    that could not prepare or capture carries its ``error`` (skipped)."""
     from calibrate.collectives import Collective, busbw_factor
 
-    f = busbw_factor(Collective.parse(coll), world.size)
-    for name, ts in times.items():
-        t = world.allreduce(statistics.median(ts), op=MPI.MAX)
-        rows[name]["us"] = t * 1e6
-        rows[name]["busbw_gbs"] = nbytes / t * f / 1e9
-    del graphs
-    cp.get_default_memory_pool().free_all_blocks()
-    return list(rows.values())
+    n = ncalls_for(nbytes)
+    made: dict[str, PeerArm] = {}
+
+    def factory(peer):
+        def make():
+            made[peer.name] = PeerArm(ctx, peer, coll, count, stream)
+            return made[peer.name]
+        return make
+
+    opts = Options(TimingMode.GRAPH, rounds=args.reps, calls=n, min_batch_s=0.0, warmup=2, seed=nbytes % 65521)
+    res = compare(MpiGroup(ctx.world), [(_row_name(p.name, args.label), factory(p)) for p in peers], opts)
+    f = busbw_factor(Collective.parse(coll), ctx.world.size)
+    rows = []
+    for p in peers:
+        name = _row_name(p.name, args.label)
+        a, arm = res[name], made.get(p.name)
+        t = a.median_s
+        err = max(ctx.world.allgather(arm.max_rel_err if arm else float("nan")))
+        rows.append({"collective": coll, "bytes": nbytes, "count": count, "dtype": ctx.dtype, "peer": name,
+                     "detail": arm.detail if arm else "", "calls_per_graph": a.calls or n,
+                     "us": t * 1e6 if t else float("nan"), "busbw_gbs": nbytes / t * f / 1e9 if t else float("nan"),
+                     "correct": a.ok, "max_rel_err": err,
+                     "error": "" if a.status is Status.WRONG or a.ok else a.reason[:300],
+                     "check": a.reason if a.status is Status.WRONG else "before timing and after the timed replays",
+                     "wrong_before": a.wrong_before, "wrong_after": a.wrong_after})
+    del made
+    ctx.cp.get_default_memory_pool().free_all_blocks()
+    return rows

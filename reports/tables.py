@@ -1,0 +1,142 @@
+"""Tables of the tuners' records as Markdown, rendered from the JSON records themselves, so
+that no figure in ``reports/records/*.md`` is typed by hand.
+
+A record file renders as a provenance line (kind, development or evaluation, command,
+commit, machine, date) and its table (``render``). In a Markdown file, the lines between
+
+    <!-- table: nccl_tune_h200x2_2026-11-23_run3.json -->
+    <!-- end table -->
+
+(the path relative to the Markdown file) are the rendering of that record: ``update``
+rewrites them, ``python -m reports tables --check FILE.md`` fails where one is stale.
+The prose around the blocks explains; the blocks are data.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from calibrate.errors import UserError
+from calibrate.jsonfile import read_json
+from calibrate.records import kind_of
+
+BLOCK = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+
+
+def _f(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _provenance(kind: str, basis: str, d: dict) -> str:
+    parts = [f"kind `{kind}`", f"**{basis}**", f"date {d.get('date', '?')}", f"device {d.get('device') or '?'}"]
+    if d.get("commit"):
+        parts.append(f"commit `{d['commit'][:12]}`")
+    if d.get("command"):
+        parts.append(f"command `{d['command']}`")
+    if d.get("heldout", {}).get("sha256"):
+        parts.append(f"held-out declaration sha256 `{d['heldout']['sha256'][:12]}`")
+    return "; ".join(parts)
+
+
+def _nccl(path: Path, d: dict, evaluation: bool) -> str:
+    from autotune.nccl import record as rec
+
+    r = (rec.EvaluateRecord if evaluation else rec.TuneRecord).load(path)
+    arms = list(dict.fromkeys(a["name"] for c in r.compare for a in c.arms if a["name"] not in ("default", "tuned")))
+    head = ["collective", "size", "default us", "tuned us", "default / tuned"] + [f"{a} / tuned" for a in arms] + \
+        ["setting", "#wrong", "missing"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in r.compare:
+        missing = "; ".join(f"{a['name']}: {a['status']}" for a in c.arms if a["status"] != "ok")
+        cells = [c.collective, str(c.bytes), _f(c.default_us), _f(c.tuned_us), _f(c.ratio, ".3f")]
+        cells += [_f(None if c.arm_us(a) is None or c.tuned_us is None else c.arm_us(a) / c.tuned_us, ".3f")
+                  for a in arms]
+        cells += [c.setting, str(max(c.default_wrong, 0) + max(c.tuned_wrong, 0)), missing]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for coll, s in rec.summary(r.compare).items():
+        verdicts = ", ".join(f"{v['target']} {v['state']}" for v in s.get("verdicts", []))
+        parts = ", ".join(f"{n} {_f(x, '.3f')}x" for n, x in s["against_default"].items())
+        lines.append(f"- {coll}: default / tuned geomean {_f(s['geomean'], '.3f')}x, worst {_f(s['worst'], '.3f')}x, "
+                     f"at the largest size {_f(s['largest_ratio'], '.3f')}x; each arm over the default: "
+                     f"{parts or '-'}; {verdicts}")
+    return "\n".join(lines)
+
+
+def _schedule_dev(path: Path, d: dict) -> str:
+    from autotune.schedule.result import NCCL, TuneResult
+
+    r = TuneResult.load(path)
+    lines = ["| collective | band size | choice | measured us | NCCL us | NCCL / choice |", "|---|---|---|---|---|---|"]
+    for c in r.collectives:
+        for b in c.bands:
+            row = b.row(b.choice)
+            mine = b.nccl_measured_us if b.choice == NCCL else (row.measured_us if row else None)
+            lines.append(f"| {c.collective} | {b.rep} | {b.choice} | {_f(mine)} | {_f(b.nccl_measured_us)} | "
+                         f"{_f(b.nccl_measured_us / mine if mine and b.nccl_measured_us else None, '.3f')} |")
+    lines.append("")
+    for c in r.collectives:
+        s = c.summary
+        lines.append(f"- {c.collective} (development: the best of the measured candidates per band against NCCL "
+                     f"beside them, at the sizes chosen on; not a figure to quote): over NCCL geomean "
+                     f"{_f(s.get('speedup_over_nccl_geomean'), '.3f')}x, over the fixed {c.fixed_baseline or '-'} "
+                     f"{_f(s.get('speedup_over_fixed_geomean'), '.3f')}x")
+    return "\n".join(lines)
+
+
+def _schedule_eval(path: Path, d: dict) -> str:
+    from autotune.schedule.evaluate import EvaluateRecord, summary
+
+    r = EvaluateRecord.load(path)
+    arms = list(dict.fromkeys(a["name"] for p in r.points for a in p.arms))
+    head = ["collective", "size"] + [f"{a} us" for a in arms] + ["NCCL / tuned", "tuned ran", "missing"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in r.points:
+        t, n = p.median_us("tuned"), p.median_us("nccl")
+        missing = "; ".join(f"{a['name']}: {a['status']}" for a in p.arms if a["status"] != "ok")
+        lines.append("| " + " | ".join([p.collective, str(p.bytes)] + [_f(p.median_us(a)) for a in arms]
+                                       + [_f(n / t if n and t else None, ".3f"), p.tuned_choice, missing]) + " |")
+    lines.append("")
+    for coll, s in summary(r.points).items():
+        lines.append(f"- {coll}: over NCCL geomean {_f(s.get('over_nccl_geomean'), '.3f')}x (worst "
+                     f"{_f(s.get('over_nccl_min'), '.3f')}x), over the best fixed {s['fixed'] or '-'} geomean "
+                     f"{_f(s.get('over_fixed_geomean'), '.3f')}x; "
+                     + ", ".join(f"{v['target']} {v['state']}" for v in s["verdicts"]))
+    return "\n".join(lines)
+
+
+RENDERERS = {
+    "commtune.nccl-tune": ("development", lambda p, d: _nccl(p, d, False)),
+    "commtune.nccl-evaluate": ("evaluation", lambda p, d: _nccl(p, d, True)),
+    "schedule-tune": ("development", _schedule_dev),
+    "commtune.schedule-evaluate": ("evaluation", _schedule_eval),
+}
+
+
+def render(path: str | Path) -> str:
+    """The provenance line and the table of one record."""
+    path = Path(path)
+    d = read_json(path, "record", "give a JSON record of autotune nccl or autotune schedule")
+    kind = kind_of(d)
+    if kind not in RENDERERS:
+        raise UserError(f"{str(path)!r} is of kind {kind!r}; tables are rendered for {', '.join(RENDERERS)}")
+    basis, fn = RENDERERS[kind]
+    return f"Rendered from `{path.name}`: {_provenance(kind, basis, d)}.\n\n{fn(path, d)}\n"
+
+
+def update(md: str | Path, check: bool = False) -> list[str]:
+    """Rewrite every table block of ``md`` from its record (``check``: write nothing); the stale blocks' paths."""
+    md = Path(md)
+    text = md.read_text()
+    stale = []
+
+    def sub(m):
+        body = render(md.parent / m.group("path"))
+        if body != m.group("body"):
+            stale.append(m.group("path"))
+        return m.group(1) + body + m.group(4)
+
+    new = BLOCK.sub(sub, text)
+    if not check and new != text:
+        md.write_text(new)
+    return stale
