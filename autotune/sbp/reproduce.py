@@ -11,9 +11,12 @@ prints the table; the report section is ``reports.sections.sbp_reproduce``.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 import time
+from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
@@ -23,6 +26,7 @@ from calibrate.profile import Profile
 from models import load_model
 
 from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
+from autotune.sbp.fit import search_fitting
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
@@ -39,28 +43,98 @@ def load_cases() -> list[dict]:
     return d["cases"]
 
 
-def _problem(case: dict, overrides: dict, signatures=None) -> Problem:
+@dataclass(frozen=True)
+class Config:
+    """One configuration for the whole table (no per-case switches).
+
+    ``p0_cap``: on the transformer cases, the most devices a matmul's or the embedding's weight is replicated
+    over (the paper's p0, §4.5.2; its Fig. 3 plan has p0 = 4), for the search and Megatron alike (data
+    parallelism is full replication by definition and SUMMA replicates no weight); None: no cap.
+    ``micro_batches``: for a case whose micro-batch is "largest-fitting", how many power-of-two micro-batches
+    are tried, from the largest at which some plan fits downwards; every baseline (mesh, micro-batch and,
+    for VGG's Megatron, layer order) and the search take their best over them. ``alpha_scale`` and
+    ``beta_scale`` multiply the profile's alpha and beta (the Piz Daint and GCP profiles are assumed)."""
+    p0_cap: int | None = 4
+    micro_batches: int = 3
+    alpha_scale: float = 1.0
+    beta_scale: float = 1.0
+
+
+SENSITIVITY = ((0.5, 1.0), (2.0, 1.0), (1.0, 0.5), (1.0, 2.0))  # (alpha, beta) scales of the sensitivity runs
+
+
+def scaled_profile(profile: Profile, alpha: float, beta: float) -> Profile:
+    """A copy of ``profile`` with every segment's alpha and beta multiplied."""
+    out = copy.deepcopy(profile)
+    for colls in out.tiers.values():
+        for models in colls.values():
+            for m in models.values():
+                m.segments = [dataclasses.replace(sg, alpha=sg.alpha * alpha, beta=sg.beta * beta)
+                              for sg in m.segments]
+    return out
+
+
+def replication(s) -> int:
+    """Devices over which a strategy's weight is replicated (B), the largest over its weights."""
+    return max((math.prod(s.mesh.role_size(r) for r, p in enumerate(w.sbp) if p == "B") for w in s.weights),
+               default=1)
+
+
+def _capped(case: dict, cap: int | None) -> int | None:
+    return cap if case["model"] == "gpt" else None
+
+
+def _problem(case: dict, overrides: dict, config: Config, signatures=None, cap: int | None = None) -> Problem:
     g = load_model(case["model"], case["preset"], overrides)
-    limit = case["memory_gib"] * GI if case.get("memory_gib") else None
-    coster = Coster(Profile.load(case["profile"]), Cluster(case["nodes"], case["gpus"]))
-    return Problem(g, coster, limit, signatures=signatures, require_fit=False, objective="comm")
+    profile = Profile.load(case["profile"])
+    if (config.alpha_scale, config.beta_scale) != (1.0, 1.0):
+        profile = scaled_profile(profile, config.alpha_scale, config.beta_scale)
+    limit = None
+    if case.get("memory_gib"):  # usable capacity where the profile knows its GPU, never above the nominal
+        limit = min(case["memory_gib"] * GI, profile.memory_bytes or math.inf)
+    keep = None if cap is None else (
+        lambda layer, s: layer.kind not in ("matmul", "embedding") or replication(s) <= cap)
+    coster = Coster(profile, Cluster(case["nodes"], case["gpus"]))
+    return Problem(g, coster, limit, signatures=signatures, require_fit=False, objective="comm", keep=keep)
 
 
-def baselines(case: dict, pr: Problem, overrides: dict) -> dict[str, tuple[float, float, str]]:
-    """name -> (communication s/step, memory bytes, detail); inf communication where nothing fits."""
+def _megatron_make(case: dict, cap: int | None, row_first: bool):
+    """Megatron on (d, t): tensor parallelism within a node on several GPUs a node (the paper's tuning, §5,
+    after [31]); d at most ``cap`` devices."""
+    def make(pr: Problem, d, t):
+        if cap is not None and math.prod(d) > cap:
+            return None
+        if case["gpus"] > 1 and t[0] != 1:
+            return None
+        return megatron_assignment(pr, d, t, row_first)
+    return make
+
+
+def megatron(case: dict, pr: Problem, cap: int | None):
+    """The best Megatron plan over meshes and, where the model has matmuls after convolutions, both layer
+    orders (column-first and row-first): (plan, cost, detail)."""
+    orders = (False, True) if case["model"].startswith("vgg") else (False,)
+    best = (None, math.inf, "")
+    for row_first in orders:
+        a, cost, mesh = best_mesh(pr, _megatron_make(case, cap, row_first))
+        if a is not None and (best[0] is None or cost < best[1]):
+            best = (a, cost, (f"d={mesh[0]}, t={mesh[1]}" + (", row-first" if row_first else "")) if mesh else "")
+    return best
+
+
+def baselines(case: dict, pr: Problem, overrides: dict, config: Config, cap: int | None = None) -> dict:
+    """name -> (communication s/step, peak memory bytes, detail, problem, plan); inf communication where
+    nothing fits."""
     out = {}
     for name in case["baselines"]:
         if name == "data parallel":
-            a, detail = data_parallel(pr), "d = all devices"
-            prob = pr
+            a, detail, prob = data_parallel(pr), "d = all devices", pr
         elif name == "Megatron":
-            # on several GPUs a node, tensor parallelism within a node, as the paper tuned it (§5, after [31])
-            make = megatron_assignment if case["gpus"] == 1 else _megatron_intra
-            a, _, mesh = best_mesh(pr, make)
-            prob, detail = pr, f"d={mesh[0]}, t={mesh[1]}" if mesh else ""
+            a, _, detail = megatron(case, pr, cap)
+            prob = pr
         elif name == "SUMMA":
             try:
-                prob = _problem(case, overrides, ("summa",))
+                prob = _problem(case, overrides, config, ("summa",))
             except UserError:
                 continue
             a, _, mesh = best_mesh(prob, summa_assignment)
@@ -69,13 +143,9 @@ def baselines(case: dict, pr: Problem, overrides: dict) -> dict[str, tuple[float
             raise UserError(f"unknown baseline {name!r} in the AutoDDL cases")
         if a is None:
             continue
-        out[name] = (prob.cost(a), prob.memory_of(a), detail, prob, a)
+        cost = prob.cost(a) if prob.fits_plan(a) else math.inf
+        out[name] = (cost, prob.peak_memory(a), detail, prob, a)
     return out
-
-
-def _megatron_intra(pr: Problem, d, t):
-    """Megatron with its tensor-parallel axis inside a node: t = (1, g)."""
-    return megatron_assignment(pr, d, t) if t[0] == 1 else None
 
 
 def breakdown(pr: Problem, assign: list[int]) -> dict:
@@ -90,41 +160,72 @@ def breakdown(pr: Problem, assign: list[int]) -> dict:
             "total_s": plan["totals"]["total_s"]}
 
 
-def pick_micro_batch(case: dict) -> tuple[dict, Problem, dict]:
-    """Each baseline at the largest power-of-two micro-batch dividing the batch at which it fits (§5.1.2: "the
-    largest possible micro-batch for the best baseline performance"); the search at the smallest of those
-    (the most memory room). Communication per step hardly depends on the micro-batch: the activations'
-    volume per step is the same, only the latency terms grow with the micro-batch count."""
+def micro_batch_overrides(case: dict, config: Config) -> list[dict]:
+    """The overrides of each micro-batch tried: the case's own, or (micro-batch "largest-fitting") the
+    ``config.micro_batches`` largest power-of-two divisors of the batch at which some plan fits."""
     over = dict(case.get("overrides", {}))
     if case.get("micro_batch") != "largest-fitting":
-        pr = _problem(case, over)
-        return over, pr, {k: v + (pr.graph.micro_batch,) for k, v in baselines(case, pr, over).items()}
+        return [over]
     batch = load_model(case["model"], case["preset"], over).batch
-    found: dict[str, tuple] = {}
-    problems: dict[int, tuple[dict, Problem]] = {}
-    mb = batch
-    while mb >= 1 and len(found) < len(case["baselines"]):
+    out, mb = [], batch
+    while mb >= 1 and len(out) < config.micro_batches:
         if batch % mb == 0:
             o = dict(over, micro_batch=mb)
             try:
-                pr = _problem(case, o)
+                if _problem(case, o, config).fits:
+                    out.append(o)
             except UserError:
-                pr = None
-            if pr is not None:
-                problems[mb] = (o, pr)
-                todo = dict(case, baselines=[b for b in case["baselines"] if b not in found])
-                for name, v in baselines(todo, pr, o).items():
-                    if math.isfinite(v[0]) or mb == 1:
-                        found[name] = v + (mb,)
+                pass
         mb //= 2
-    fitting = [v[5] for v in found.values() if math.isfinite(v[0])]
-    if not problems:
-        raise UserError(f"case {case['id']}: no micro-batch gives every layer a strategy")
-    o, pr = problems[min(fitting)] if fitting else problems[min(problems)]
-    return o, pr, found
+    if not out:
+        raise UserError(f"case {case['id']}: no micro-batch has a plan that fits; check the case's memory_gib")
+    return out
 
 
-def run_case(case: dict, progress=print) -> dict:
+def compare(case: dict, config: Config, cap: int | None) -> dict:
+    """Every baseline and the search, each at its best micro-batch; the reduction and the verdict."""
+    base: dict[str, tuple] = {}
+    searched = None
+    for o in micro_batch_overrides(case, config):
+        pr = _problem(case, o, config)
+        for name, v in baselines(case, pr, o, config, cap).items():
+            if name not in base or v[0] < base[name][0] or not math.isfinite(base[name][0]) and v[1] < base[name][1]:
+                base[name] = v + (pr.graph.micro_batch,)
+        spr = _problem(case, o, config, cap=cap) if cap is not None else pr
+        if not spr.fits:
+            continue
+        warm, warm_cost, _ = megatron(case, spr, cap)
+        rng = np.random.default_rng(0)
+        res = search_fitting(spr, lambda p, start: make_search("cd").run(p, auto_budget(p), rng, start),
+                             warm if warm is not None and math.isfinite(warm_cost) else None)
+        if res is not None and spr.fits_plan(res.assignment) and (searched is None or res.cost < searched[0]):
+            searched = (res.cost, spr, res.assignment, res.stopped)
+    fit = {k: v for k, v in base.items() if math.isfinite(v[0])}
+    best_name = min(fit, key=lambda k: fit[k][0]) if fit else None
+    paper = case["paper"]
+    named = [k for k in fit if k in paper.get("second", "")]
+    ref_name = min(named, key=lambda k: fit[k][0]) if named else best_name
+    cost = searched[0] if searched else math.inf
+    reduction = (1 - cost / fit[ref_name][0]) * 100 if ref_name and searched else None
+    best_red = (1 - cost / fit[best_name][0]) * 100 if best_name and searched else None
+    winner = "AutoDDL" if best_red is not None and best_red > 1.0 else best_name or "AutoDDL"
+    ok = winner == paper["winner"] and reduction is not None and abs(reduction - paper["reduction_pct"]) <= TOLERANCE_PP
+    return {"p0_cap": cap, "micro_batch": searched[1].graph.micro_batch if searched else None,
+            "searched_s": cost if searched else None,
+            "searched_memory_gib": searched[1].peak_memory(searched[2]) / GI if searched else None,
+            "memory_limit_gib": searched[1].device_limit / GI if searched and searched[1].device_limit else None,
+            "baselines": {k: {"comm_s": v[0] if math.isfinite(v[0]) else None, "memory_gib": v[1] / GI,
+                              "mesh": v[2], "micro_batch": v[5]} for k, v in base.items()},
+            "best_baseline": best_name, "winner": winner, "reduction_pct": reduction, "compared_with": ref_name,
+            "reduction_vs_best_pct": best_red,
+            "difference_pp": None if reduction is None else reduction - paper["reduction_pct"],
+            "status": "pass" if ok else "fail", "search_stopped": searched[3] if searched else None,
+            "_plans": (searched, fit.get(best_name))}
+
+
+def run_case(case: dict, config: Config = Config(), sensitivity: bool = True) -> dict:
+    """One case under ``config``: its row; transformer cases also without the p0 cap; with ``sensitivity``,
+    the reduction and verdict at each (alpha, beta) scaling of ``SENSITIVITY``."""
     kind = case.get("kind", "reduction")
     row = {"id": case["id"], "section": case["section"], "kind": kind, "paper": case["paper"]}
     if kind == "not-modelled":
@@ -132,45 +233,41 @@ def run_case(case: dict, progress=print) -> dict:
     t0 = time.process_time()
     if kind == "search":
         return dict(row, **_search_case(case), cpu_s=time.process_time() - t0)
-    over, pr, base = pick_micro_batch(case)
     if kind == "attention-volume":
-        return dict(row, **_attention_case(case, pr), cpu_s=time.process_time() - t0)
-    mega, mega_cost, _ = best_mesh(pr, megatron_assignment)
-    warm = mega if mega is not None and math.isfinite(mega_cost) else None
-    pr.require_fit()
-    res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0), warm)
-    fit = {k: v for k, v in base.items() if math.isfinite(v[0])}
-    best_name = min(fit, key=lambda k: fit[k][0]) if fit else None
-    # the reduction against the baseline the paper compares with (its second best), where it fits here
-    named = [k for k in fit if k in case["paper"].get("second", "")]
-    ref_name = min(named, key=lambda k: fit[k][0]) if named else best_name
-    reduction = (1 - res.cost / fit[ref_name][0]) * 100 if ref_name else None
-    best_red = (1 - res.cost / fit[best_name][0]) * 100 if best_name else None
-    winner = "AutoDDL" if best_red is not None and best_red > 1.0 else best_name or "AutoDDL"
-    worst = max(fit, key=lambda k: fit[k][0]) if fit else None
+        pr = _problem(case, dict(case.get("overrides", {})), config, cap=_capped(case, config.p0_cap))
+        return dict(row, **_attention_case(case, pr, _capped(case, config.p0_cap)), cpu_s=time.process_time() - t0)
+    res = compare(case, config, _capped(case, config.p0_cap))
+    searched, best = res.pop("_plans")
+    explain = {}
+    if searched:
+        explain["searched"] = breakdown(searched[1], searched[2])
+    if best:
+        explain[res["best_baseline"]] = breakdown(*best[3:5])
     paper = case["paper"]
-    explain = {"searched": breakdown(pr, res.assignment)}
-    if best_name:
-        explain[best_name] = breakdown(*fit[best_name][3:5])
-        explain["micro_batches"] = {k: v[5] for k, v in base.items()}
-        explain["baseline_s_for_papers_reduction"] = res.cost / (1 - paper["reduction_pct"] / 100) \
-            if paper.get("reduction_pct") is not None and paper["reduction_pct"] < 100 else None
-    ok = winner == paper["winner"] and reduction is not None and abs(reduction - paper["reduction_pct"]) <= TOLERANCE_PP
-    return dict(row, micro_batch=pr.graph.micro_batch, searched_s=res.cost, searched_memory_gib=pr.memory_of(res.assignment) / GI,
-                baselines={k: {"comm_s": v[0] if math.isfinite(v[0]) else None, "memory_gib": v[1] / GI, "mesh": v[2],
-                               "micro_batch": v[5]} for k, v in base.items()},
-                best_baseline=best_name, worst_baseline=worst, winner=winner, reduction_pct=reduction,
-                compared_with=ref_name, reduction_vs_best_pct=best_red,
-                difference_pp=None if reduction is None else reduction - paper["reduction_pct"],
-                status="pass" if ok else "fail", search_stopped=res.stopped, explain=explain,
-                cpu_s=time.process_time() - t0)
+    if res["searched_s"] and paper.get("reduction_pct") is not None and paper["reduction_pct"] < 100:
+        explain["baseline_s_for_papers_reduction"] = res["searched_s"] / (1 - paper["reduction_pct"] / 100)
+    row = dict(row, **res, explain=explain)
+    if _capped(case, config.p0_cap) is not None:
+        alt = compare(case, config, None)
+        alt.pop("_plans")
+        row["without_p0_cap"] = {k: alt[k] for k in ("reduction_pct", "winner", "compared_with", "status",
+                                                       "micro_batch", "searched_s", "difference_pp")}
+    if sensitivity:
+        row["sensitivity"] = []
+        for a, b in SENSITIVITY:
+            s = compare(case, dataclasses.replace(config, alpha_scale=a, beta_scale=b), _capped(case, config.p0_cap))
+            row["sensitivity"].append({"alpha_scale": a, "beta_scale": b, "reduction_pct": s["reduction_pct"],
+                                       "winner": s["winner"], "status": s["status"]})
+        row["flips"] = any(s["status"] != row["status"] for s in row["sensitivity"])
+    return dict(row, cpu_s=time.process_time() - t0)
 
 
-def _attention_case(case: dict, pr: Problem) -> dict:
+def _attention_case(case: dict, pr: Problem, cap: int | None) -> dict:
     from autotune.sbp.volume import attention_volume
     pr.require_fit()
-    mega, _, mesh = best_mesh(pr, megatron_assignment)
-    res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0), mega)
+    mega, _, mesh = megatron(case, pr, cap)
+    rng = np.random.default_rng(0)
+    res = search_fitting(pr, lambda p, start: make_search("cd").run(p, auto_budget(p), rng, start), mega)
     ours, theirs = attention_volume(pr, res.assignment), attention_volume(pr, mega)
     reduction = (1 - ours / theirs) * 100
     ok = abs(reduction - case["paper"]["reduction_pct"]) <= TOLERANCE_PP
