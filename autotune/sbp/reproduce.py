@@ -18,11 +18,13 @@ import math
 import time
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
 from calibrate.errors import UserError
 from calibrate.profile import Profile
+from calibrate.records import check_header
 from models import load_model
 
 from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
@@ -33,7 +35,7 @@ from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import Budget, auto_budget, make_search
 
 RECORD = "commtune.autoddl-reproduction"
-VERSION = 1
+VERSION = 2  # 2: config, per case p0 cap, sensitivity and without_p0_cap
 TOLERANCE_PP = 10.0
 GI = 2**30
 
@@ -292,6 +294,33 @@ def _search_case(case: dict) -> dict:
             "status": "pass" if ratio <= 1.01 else "fail"}
 
 
+def latest_record() -> Path | None:
+    """The newest recorded run of this repository (reports/records/sbp_reproduce_*.json), None if none."""
+    found = sorted(Path(__file__).resolve().parents[2].joinpath("reports", "records").glob("sbp_reproduce_*.json"))
+    return found[-1] if found else None
+
+
+def previous_statuses(path: Path | None) -> dict[str, str]:
+    """case id -> status in a recorded run; {} without one."""
+    if path is None:
+        return {}
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read the previous record {str(path)!r} ({e}): give a reproduce.json") from None
+    check_header(d, RECORD, (1, VERSION), "reproduction record", "give a reproduce.json of this command", str(path))
+    rows = d.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("id"), str)
+                                             and isinstance(r.get("status"), str) for r in rows):
+        raise UserError(f"{path}: 'rows' is not a list of cases with id and status: give a reproduce.json")
+    return {r["id"]: r["status"] for r in rows}
+
+
+def regressions(rows: list[dict], previous: dict[str, str]) -> list[str]:
+    """Cases that passed in ``previous`` and fail in ``rows``."""
+    return [r["id"] for r in rows if r["status"] == "fail" and previous.get(r["id"]) == "pass"]
+
+
 def table(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
@@ -308,6 +337,12 @@ def table(rows: list[dict]) -> list[dict]:
             + (f" ({r['detail']})" if r.get("detail") else ""),
             "difference pp": "-" if r.get("difference_pp") is None else f"{r['difference_pp']:+.1f}",
             "micro-batch": r.get("micro_batch", "-"),
-            "status": r["status"],
+            "status": r["status"] + (" (flips)" if r.get("flips") else ""),
+            "without p0 cap": "-" if "without_p0_cap" not in r or r["without_p0_cap"]["reduction_pct"] is None else
+            f"-{r['without_p0_cap']['reduction_pct']:.1f}% ({r['without_p0_cap']['status']})",
+            "sensitivity": "-" if "sensitivity" not in r else "alpha, beta scaled: " + ", ".join(
+                f"a x{s['alpha_scale']:g} b x{s['beta_scale']:g}: "
+                + ("-" if s["reduction_pct"] is None else f"-{s['reduction_pct']:.1f}%") + f" {s['status']}"
+                for s in r["sensitivity"]),
         })
     return out
