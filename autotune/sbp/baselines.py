@@ -101,13 +101,14 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False) -> list
     return [int(a) for a in assign]
 
 
-def summa_assignment(problem: Problem, r, c) -> list[int] | None:
+def summa_assignment(problem: Problem, r, c, signature: str = "summa") -> list[int] | None:
+    """SUMMA on an r x c mesh; ``signature`` "summa" (panels kept) or "summa-lean" (broadcast again)."""
     idx = _index(problem)
     out = []
     for v, op in enumerate(problem.ops):
         kind = op.layer.kind
         if kind in ("matmul", "embedding"):
-            key = ("summa", RoleMesh((r, c)))
+            key = (signature, RoleMesh((r, c)))
         elif kind in ("conv", "pool"):
             key = (kind, problem.choices[v][0].mesh)
         else:

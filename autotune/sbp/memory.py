@@ -92,7 +92,7 @@ PRECISION = {
     2: (4, 4, 8),  # bf16 autocast: fp32 weight and gradient, Adam m and v (fp32)
     4: (4, 4, 8),  # fp32: weight, gradient, Adam m and v
 }
-MATMUL_SIGNATURES = ("autoddl", "transposed", "summa")
+MATMUL_SIGNATURES = ("autoddl", "transposed", "summa", "summa-lean")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -205,6 +205,8 @@ def kept_bytes(s, cluster: Cluster, act_bytes: int, recompute: str = "none", rol
         return inp * (2 * STAT_BYTES + act_bytes)
     if s.signature == "summa":
         return s.extra_act_elems * act_bytes if s.input else 0
+    if s.signature == "summa-lean":  # the local blocks only; the panels are broadcast again in backward
+        return inp * act_bytes
     if s.signature == "residual":
         return 0.0
     if s.signature == "attention" and recompute == "selective" and not s.extra_act_bytes:
@@ -274,7 +276,7 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
             extra += STAT_BYTES * out
         else:
             elems += 2 * s.extra_act_elems
-    if s.signature == "summa":
+    if s.signature in ("summa", "summa-lean"):
         elems += s.extra_act_elems
     return elems * act_bytes + extra + wbytes
 

@@ -126,7 +126,8 @@ def megatron(case: dict, pr: Problem, cap: int | None):
 
 def baselines(case: dict, pr: Problem, overrides: dict, config: Config, cap: int | None = None) -> dict:
     """name -> (communication s/step, peak memory bytes, detail, problem, plan); inf communication where
-    nothing fits."""
+    nothing fits. "SUMMA" gives two: "SUMMA" (every gathered panel kept for the backward pass) and "SUMMA
+    lean" (local blocks only, the panels broadcast again in the backward pass)."""
     out = {}
     for name in case["baselines"]:
         if name == "data parallel":
@@ -134,13 +135,17 @@ def baselines(case: dict, pr: Problem, overrides: dict, config: Config, cap: int
         elif name == "Megatron":
             a, _, detail = megatron(case, pr, cap)
             prob = pr
-        elif name == "SUMMA":
-            try:
-                prob = _problem(case, overrides, config, ("summa",))
-            except UserError:
-                continue
-            a, _, mesh = best_mesh(prob, summa_assignment)
-            detail = f"{mesh[0]} x {mesh[1]}" if mesh else ""
+        elif name == "SUMMA":  # both SUMMAs: every gathered panel kept, and lean (broadcast again in backward)
+            for label, sig in (("SUMMA", "summa"), ("SUMMA lean", "summa-lean")):
+                try:
+                    prob = _problem(case, overrides, config, (sig,))
+                except UserError:
+                    continue
+                a, _, mesh = best_mesh(prob, lambda p, r, c: summa_assignment(p, r, c, sig))
+                if a is not None:
+                    out[label] = (prob.cost(a) if prob.fits_plan(a) else math.inf, prob.peak_memory(a),
+                                  f"{mesh[0]} x {mesh[1]}", prob, a)
+            continue
         else:
             raise UserError(f"unknown baseline {name!r} in the AutoDDL cases")
         if a is None:
@@ -205,7 +210,7 @@ def compare(case: dict, config: Config, cap: int | None) -> dict:
     fit = {k: v for k, v in base.items() if math.isfinite(v[0])}
     best_name = min(fit, key=lambda k: fit[k][0]) if fit else None
     paper = case["paper"]
-    named = [k for k in fit if k in paper.get("second", "")]
+    named = [k for k in fit if k.split()[0] in paper.get("second", "")]
     ref_name = min(named, key=lambda k: fit[k][0]) if named else best_name
     cost = searched[0] if searched else math.inf
     reduction = (1 - cost / fit[ref_name][0]) * 100 if ref_name and searched else None
