@@ -276,8 +276,8 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
             extra += STAT_BYTES * out
         else:
             elems += 2 * s.extra_act_elems
-    if s.signature in ("summa", "summa-lean"):
-        elems += s.extra_act_elems
+    if s.signature in ("summa", "summa-lean"):  # lean: the panels gathered again, and their gradients
+        elems += s.extra_act_elems * (2 if s.signature == "summa-lean" else 1)
     return elems * act_bytes + extra + wbytes
 
 

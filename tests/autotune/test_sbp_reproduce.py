@@ -124,3 +124,24 @@ def test_explain_computations_run_on_a_case(capsys):
     assert out.startswith("embedding (x1):") and "% less" in out.splitlines()[-1]
     assert autotune_main(["explain", "summa"]) == 2        # no case: one line, exit 2
     assert "needs a case id" in capsys.readouterr().err
+
+
+def test_lean_summa_keeps_local_blocks_and_broadcasts_again_in_backward():
+    """summa-lean against summa on one matmul, 2 x 2 mesh: it keeps the local input block (t/2 x k/2) instead of
+    the gathered panels, and its backward runs the forward's two gathers once more, nothing else changes."""
+    from autotune.sbp.cost import internal_steps
+    from autotune.sbp.layers import Matmul
+    from autotune.sbp.memory import kept_bytes, work_bytes
+    from autotune.sbp.mesh import Cluster, RoleMesh
+    from models.graph import Layer
+    t, k, n = 64, 32, 16
+    op = Matmul(Layer("fc", "matmul", (("k", k), ("n", n), ("tokens", t))), 4)
+    cl, mesh = Cluster(4, 1), RoleMesh(((2, 1), (2, 1)))
+    kept, lean = op.build("summa", mesh), op.build("summa-lean", mesh)
+    assert kept_bytes(kept, cl, 4) == ((t // 2) * k + k * (n // 2)) * 4
+    assert kept_bytes(lean, cl, 4) == (t // 2) * (k // 2) * 4
+    assert work_bytes(lean, cl, 4, False) - work_bytes(kept, cl, 4, False) == ((t // 2) * k + k * (n // 2)) * 4
+    a, b = internal_steps(kept, cl), internal_steps(lean, cl)
+    fwd = [x for x in a if x[1] == "fwd"]
+    assert b == a + tuple((name, "bwd", steps) for name, _, steps in fwd) and len(fwd) == 2
+    assert [s.signature for s in op.strategies(cl)] and "summa-lean" not in {s.signature for s in op.strategies(cl)}
