@@ -145,3 +145,16 @@ def test_lean_summa_keeps_local_blocks_and_broadcasts_again_in_backward():
     fwd = [x for x in a if x[1] == "fwd"]
     assert b == a + tuple((name, "bwd", steps) for name, _, steps in fwd) and len(fwd) == 2
     assert [s.signature for s in op.strategies(cl)] and "summa-lean" not in {s.signature for s in op.strategies(cl)}
+
+
+def test_sensitivity_parts_give_the_cost_at_scaled_alpha_and_beta():
+    """A plan's alpha and beta parts add up to its cost, and a x alpha part + b x beta part is its cost
+    re-computed from scratch with the profile's alphas scaled by a and betas by b."""
+    from autotune.sbp.reproduce import alpha_beta_parts
+    case = _case("vgg-daint-16")
+    pr = _problem(case, case["overrides"], Config())
+    a = megatron_assignment(pr, (2, 1), (8, 1), True)
+    alpha, beta = alpha_beta_parts(pr, a)
+    assert alpha > 0 and beta > 0 and alpha + beta == pytest.approx(pr.raw_cost(a), rel=1e-12)
+    scaled = _problem(case, case["overrides"], Config(alpha_scale=0.5, beta_scale=3.0))
+    assert scaled.raw_cost(a) == pytest.approx(0.5 * alpha + 3.0 * beta, rel=1e-9)
