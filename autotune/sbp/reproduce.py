@@ -167,46 +167,61 @@ def breakdown(pr: Problem, assign: list[int]) -> dict:
             "total_s": plan["totals"]["total_s"]}
 
 
-def micro_batch_overrides(case: dict, config: Config) -> list[dict]:
-    """The overrides of each micro-batch tried: the case's own, or (micro-batch "largest-fitting") the
-    ``config.micro_batches`` largest power-of-two divisors of the batch at which some plan fits."""
+def micro_batch_overrides(case: dict, config: Config):
+    """(overrides, search here) of each micro-batch tried: the case's own, or (micro-batch "largest-fitting")
+    the power-of-two divisors of the batch from the largest at which some plan fits downwards: the search at
+    the first ``config.micro_batches`` of them, the baselines at those and further down while some baseline
+    has no plan that fits (``needed()`` says so), to micro-batch 1."""
     over = dict(case.get("overrides", {}))
     if case.get("micro_batch") != "largest-fitting":
-        return [over]
+        yield over, True
+        return
     batch = load_model(case["model"], case["preset"], over).batch
-    out, mb = [], batch
-    while mb >= 1 and len(out) < config.micro_batches:
+    tried, mb = 0, batch
+    while mb >= 1:
         if batch % mb == 0:
             o = dict(over, micro_batch=mb)
             try:
-                if _problem(case, o, config).fits:
-                    out.append(o)
+                fits = _problem(case, o, config).fits
             except UserError:
-                pass
+                fits = False
+            if fits:
+                tried += 1
+                more = yield o, tried <= config.micro_batches
+                if tried >= config.micro_batches and not more:
+                    return
         mb //= 2
-    if not out:
+    if not tried:
         raise UserError(f"case {case['id']}: no micro-batch has a plan that fits; check the case's memory_gib")
-    return out
 
 
 def compare(case: dict, config: Config, cap: int | None) -> dict:
     """Every baseline and the search, each at its best micro-batch; the reduction and the verdict."""
     base: dict[str, tuple] = {}
     searched = None
-    for o in micro_batch_overrides(case, config):
+    gen = micro_batch_overrides(case, config)
+    step, needed = next(gen), True
+    while True:
+        o, search_here = step
         pr = _problem(case, o, config)
         for name, v in baselines(case, pr, o, config, cap).items():
             if name not in base or v[0] < base[name][0] or not math.isfinite(base[name][0]) and v[1] < base[name][1]:
                 base[name] = v + (pr.graph.micro_batch,)
+        named = {k.split()[0] for k in base}
+        needed = any(not math.isfinite(v[0]) for v in base.values()) or any(
+            b.split()[0] not in named for b in case["baselines"])
         spr = _problem(case, o, config, cap=cap) if cap is not None else pr
-        if not spr.fits:
-            continue
-        warm, warm_cost, _ = megatron(case, spr, cap)
-        rng = np.random.default_rng(0)
-        res = search_fitting(spr, lambda p, start: make_search("cd").run(p, auto_budget(p), rng, start),
-                             warm if warm is not None and math.isfinite(warm_cost) else None)
-        if res is not None and spr.fits_plan(res.assignment) and (searched is None or res.cost < searched[0]):
-            searched = (res.cost, spr, res.assignment, res.stopped)
+        if search_here and spr.fits:
+            warm, warm_cost, _ = megatron(case, spr, cap)
+            rng = np.random.default_rng(0)
+            res = search_fitting(spr, lambda p, start: make_search("cd").run(p, auto_budget(p), rng, start),
+                                 warm if warm is not None and math.isfinite(warm_cost) else None)
+            if res is not None and spr.fits_plan(res.assignment) and (searched is None or res.cost < searched[0]):
+                searched = (res.cost, spr, res.assignment, res.stopped)
+        try:
+            step = gen.send(needed)
+        except StopIteration:
+            break
     fit = {k: v for k, v in base.items() if math.isfinite(v[0])}
     cost = searched[0] if searched else math.inf
     v = verdict(case, cost, {k: x[0] for k, x in fit.items()})
