@@ -396,18 +396,18 @@ def table(rows: list[dict]) -> list[dict]:
             "paper": f"{p.get('winner', '')}" + (f", -{p['reduction_pct']:g}% vs {p.get('second', '')}"
                                                   if p.get("reduction_pct") is not None else ""),
             "ours": r.get("reason", "") if r["status"] == "not modelled" else
-            f"{r.get('winner', '')}" + (f", -{ours:.1f}% vs {r.get('compared_with') or 'Megatron'}" if ours is not None else "")
-            + (f"; best baseline here {r['best_baseline']} (-{r['reduction_vs_best_pct']:.1f}%)"
+            f"{r.get('winner', '')}" + (f", {-ours:+.1f}% vs {r.get('compared_with') or 'Megatron'}" if ours is not None else "")
+            + (f"; best baseline here {r['best_baseline']} ({-r['reduction_vs_best_pct']:+.1f}%)"
                if r.get("best_baseline") and r.get("best_baseline") != r.get("compared_with") else "")
             + (f" ({r['detail']})" if r.get("detail") else ""),
             "difference pp": "-" if r.get("difference_pp") is None else f"{r['difference_pp']:+.1f}",
             "micro-batch": r.get("micro_batch", "-"),
             "status": r["status"] + (" (flips)" if r.get("flips") else ""),
             "without p0 cap": "-" if "without_p0_cap" not in r or r["without_p0_cap"]["reduction_pct"] is None else
-            f"-{r['without_p0_cap']['reduction_pct']:.1f}% ({r['without_p0_cap']['status']})",
+            f"{-r['without_p0_cap']['reduction_pct']:+.1f}% ({r['without_p0_cap']['status']})",
             "sensitivity": "-" if "sensitivity" not in r else "alpha, beta scaled: " + ", ".join(
                 f"a x{s['alpha_scale']:g} b x{s['beta_scale']:g}: "
-                + ("-" if s["reduction_pct"] is None else f"-{s['reduction_pct']:.1f}%") + f" {s['status']}"
+                + ("-" if s["reduction_pct"] is None else f"{-s['reduction_pct']:+.1f}%") + f" {s['status']}"
                 for s in r["sensitivity"]),
         })
     return out
