@@ -1,2 +1,11 @@
 """Stage 2 of the flow: plans from fitted profiles (SBP search, collective
-schedules, cross-mesh resharding)."""
+schedules, cross-mesh resharding), and ``autotune.apply(plan, model)``, which
+places a user's nn.Module as a plan says (``autotune.plan.place``; torch is
+imported on first use, not by ``import autotune``)."""
+
+
+def __getattr__(name):
+    if name in ("apply", "micro_batches"):
+        from autotune.plan import place
+        return getattr(place, name)
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")

@@ -8,6 +8,7 @@
     python -m autotune nccl ...               # stock NCCL tuned through the tuner plugin (under mpirun)
     python -m autotune reproduce autoddl      # AutoDDL's evaluation (§5) beside ours
     python -m autotune explain ...            # the computations behind the reproduction's explanations
+    python -m autotune export plan.json --to torchtitan|megatron   # the plan as those frameworks' config
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ SUBCOMMANDS = {
     "nccl": "autotune.nccl.cli:main",
     "reproduce": "autotune.sbp.cli.reproduce:main",
     "explain": "autotune.sbp.cli.explain:main",
+    "export": "autotune.__main__:export",
 }
 DEFAULT = "autotune.__main__:search"
 
@@ -39,6 +41,38 @@ def write_html(plan_path, title: str):
     from reports.sections.sbp import build
 
     return write_report(plan_path.parent / "report.html", title, build([plan_path]), [str(plan_path)])
+
+
+def export(argv=None) -> int:
+    """A plan as torchtitan's job config or Megatron-LM's flags (``autotune.export``)."""
+    from pathlib import Path
+
+    from calibrate.cli import command_parser
+    from calibrate.errors import UserError
+    from calibrate.outputs import check_output_path
+
+    from autotune.export import TARGETS
+    from autotune.export import export as export_plan
+    from autotune.sbp.plan import PlanFile
+
+    ap = command_parser("python -m autotune export", export_plan.__doc__ + "\n\n    python -m autotune export "
+                        "autotune-out/plan.json --to megatron")
+    ap.add_argument("plan", help="plan.json written by python -m autotune")
+    ap.add_argument("--to", required=True, choices=TARGETS, help="the framework whose config to write")
+    ap.add_argument("--which", default="best", help="best, or baseline:NAME (a baseline whose name starts with NAME)")
+    ap.add_argument("--out", help="write the config to this file too (default: print only)")
+    args = ap.parse_args(argv)
+    e = export_plan(PlanFile.load(args.plan), args.to, args.which)
+    print(e.text, end="")
+    if args.out:
+        out = check_output_path(Path(args.out), "export")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(e.text)
+        except OSError as err:
+            raise UserError(f"cannot write {str(out)!r} ({err.strerror}): choose a writable --out") from None
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
 
 
 def main(argv=None) -> int:

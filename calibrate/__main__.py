@@ -5,6 +5,7 @@
     validate   print a profile's predictions next to measurements, with the error
     profiles   list the embedded profiles and their provenance
     compute    measure the GPU's matmul, attention and memory throughput into a profile (torch)
+    health     time every rank and node pair against a profile, name the slow link or node (under MPI)
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ SUBCOMMANDS = {
     "validate": "calibrate.cli.validate:main",
     "profiles": "calibrate.cli.profiles:main",
     "compute": "calibrate.cli.compute:main",
+    "health": "calibrate.cli.health:main",  # handles its own errors on every rank
 }
 
 

@@ -18,6 +18,8 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
       "sdpa": {"2": {"gqa": "enable_gqa", "causal": true,   # optional: torch's scaled_dot_product_attention,
                      "points": [{"batch": 32, "heads": 8, "kv_heads": 1, "sequence": 512, "head_dim": 64,
                                  "forward_s": ..., "backward_s": ..., "backend": "flash"}, ...]}},
+      "layer_s": {"rmsnorm": [fwd, bwd], ...},  # optional: seconds per element of the memory-bound pieces of
+                                          # a user's step, timed as executed (calibrate.layers)
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
 
@@ -55,6 +57,7 @@ import math
 from dataclasses import dataclass, field
 
 from calibrate.errors import UserError
+from calibrate.layers import KINDS as LAYER_KINDS
 
 KINDS = ("measured", "assumed")
 
@@ -224,6 +227,7 @@ class ComputeModel:
     attention_copies_backward: dict = field(default_factory=dict)  # and backward
     op_Bps: dict = field(default_factory=dict)  # OPS kind -> measured bytes per second
     sdpa: dict = field(default_factory=dict)  # str(dtype_bytes) -> SdpaTable: torch's fused causal SDPA
+    layer_s: dict = field(default_factory=dict)  # calibrate.layers kind -> (forward, backward) seconds per element
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -291,8 +295,17 @@ class ComputeModel:
             kind = OPS[kind]
         return self.launch_s + nbytes / (self.op_Bps[kind] if kind is not None else self.memory_Bps)
 
+    def layer_seconds(self, kind: str, elems: float) -> tuple[float, float] | None:
+        """(forward, backward) seconds of ``elems`` elements of a memory-bound piece of a user's step
+        (``calibrate.layers``) as measured, or None where the profile has no figure for it."""
+        per = self.layer_s.get(kind)
+        if per is None:
+            return None
+        return (0.0, 0.0) if elems <= 0 else (per[0] * elems, per[1] * elems)
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
+                **({"layer_s": {k: list(v) for k, v in self.layer_s.items()}} if self.layer_s else {}),
                 **({"op_Bps": dict(self.op_Bps)} if self.op_Bps else {}),
                 "matmul": {k: b.to_dict() for k, b in self.matmul.items()},
                 "attention": {k: b.to_dict() for k, b in self.attention.items()},
@@ -320,6 +333,13 @@ class ComputeModel:
                             f"{', '.join(OPS)}): re-run python -m calibrate compute")
         if not d.get("matmul"):
             raise UserError(f"{where} has no matmul figures: re-run python -m calibrate compute")
+        layers = d.get("layer_s") or {}
+        if not isinstance(layers, dict) or any(
+                k not in LAYER_KINDS or not isinstance(v, (list, tuple)) or len(v) != 2
+                or any(not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x) or x < 0
+                       for x in v) for k, v in layers.items()):
+            raise UserError(f"{where} has a bad layer_s {layers!r} (want kind -> [forward, backward] non-negative "
+                            f"seconds per element, kinds of {', '.join(LAYER_KINDS)}): re-run python -m calibrate compute")
         return cls(
             source=str(d.get("source", "")), kind=d["kind"], launch_s=float(d["launch_s"]),
             memory_Bps=float(d["memory_Bps"]),
@@ -330,6 +350,7 @@ class ComputeModel:
             sources=dict(d.get("sources", {})),
             op_Bps={k: float(v) for k, v in ops.items()},
             sdpa=_sdpa_tables(d.get("sdpa", {}), where),
+            layer_s={k: (float(v[0]), float(v[1])) for k, v in layers.items()},
         )
 
 

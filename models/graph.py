@@ -27,11 +27,23 @@ from dataclasses import dataclass, field
 
 # kind -> dim -> its value when a layer leaves it out; "heads" and "hidden // heads" are read from the layer
 ABSENT: dict[str, dict[str, int | str]] = {
-    "matmul": {"bias": 0, "tied": 0},
+    "matmul": {"bias": 0, "tied": 0, "projections": 1, "cast_input": 0},
     "embedding": {"positions": 0},
-    "layernorm": {"bias": 1},
-    "attention": {"kv_heads": "heads", "head_dim": "hidden // heads", "flash": 0, "rotary": 0},
+    "layernorm": {"bias": 1, "autocast": 0},
+    "rmsnorm": {"autocast": 0},
+    "attention": {"kv_heads": "heads", "head_dim": "hidden // heads", "flash": 0, "rotary": 0, "autocast": 0,
+                  "qkv_fused": 0},
+    "pointwise": {"autocast": 0},
+    "swiglu": {"autocast": 0},
+    "residual": {"autocast": 0},
+    "loss": {"autocast": 0},
 }
+# How a user's module runs the layer (the graph of a model with the residual stream writes them; the
+# AutoDDL graph leaves them at their absent values): "autocast" 1, the layer runs as in a user's bf16
+# autocast step (norms on the fp32 residual stream, F.cross_entropy on bf16 logits); a matmul's
+# "projections", how many nn.Linear modules a user writes for it (Llama's separate q, k, v: 3; its gate
+# and up: 2), and "cast_input" 1 where it reads an fp32 norm output, which each of them casts to bf16 on
+# its own; attention's "qkv_fused" 1 where its input comes from one fused projection split into q, k, v.
 
 
 @dataclass(frozen=True)

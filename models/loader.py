@@ -42,7 +42,9 @@ def model_kinds() -> list[str]:
 
 
 def _preset_file(kind: str) -> dict:
-    return json.loads(resources.files("models.presets").joinpath(f"{kind}.json").read_text())
+    # through the models package: importing the models.presets subpackage would rebind models.presets,
+    # the function, to the subpackage for every later "from models import presets"
+    return json.loads(resources.files("models").joinpath("presets", f"{kind}.json").read_text())
 
 
 def presets(kind: str) -> tuple[str, list[str]]:

@@ -188,9 +188,13 @@ def build_transformer(c: TransformerConfig, meta: dict | None = None) -> LayerGr
     L = partial(_layer, sparse)
     t, h, v = c.micro_batch * c.sequence, c.hidden, c.vocabulary
     width = c.heads * c.head_dim
-    norm_dims = {"tokens": t, "hidden": h}
+    norm_dims = {"tokens": t, "hidden": h, "autocast": int(c.residual)}
     if c.norm is Norm.LAYERNORM:
         norm_dims["bias"] = int(c.bias or not c.residual)
+    # how a user writes the projections (models.graph.ABSENT): GPT's fused c_attn and c_fc, Llama's separate
+    # q, k, v and gate, up (Hugging Face, torchtitan); with the residual stream each reads an fp32 norm output
+    qkv_projections = 1 if c.kind == "gpt" else 3
+    user = {"autocast": int(c.residual)}
 
     def norm(name: str) -> Layer:
         return L(name, c.norm.value, **norm_dims)
@@ -198,25 +202,29 @@ def build_transformer(c: TransformerConfig, meta: dict | None = None) -> LayerGr
     swiglu = c.mlp is Mlp.SWIGLU
     attention = L("attention", "attention", tokens=t, hidden=width, heads=c.heads, kv_heads=c.kv_heads,
                   head_dim=c.head_dim, micro_batch=c.micro_batch, flash=int(c.attention is Attention.FLASH),
-                  rotary=int(c.positions is Positions.ROTARY))
+                  rotary=int(c.positions is Positions.ROTARY), qkv_fused=int(c.residual and qkv_projections == 1),
+                  **user)
     branch = [
         norm("ln1"),
-        L("qkv", "matmul", tokens=t, k=h, n=(c.heads + 2 * c.kv_heads) * c.head_dim, bias=int(c.qkv_bias)),
+        L("qkv", "matmul", tokens=t, k=h, n=(c.heads + 2 * c.kv_heads) * c.head_dim, bias=int(c.qkv_bias),
+          projections=qkv_projections if c.residual else 1, cast_input=int(c.residual)),
         attention,
         L("proj", "matmul", tokens=t, k=width, n=h, bias=int(c.bias)),
     ]
     mlp = [
         norm("ln2"),
-        L("fc1", "matmul", tokens=t, k=h, n=(2 if swiglu else 1) * c.ffn, bias=int(c.bias)),
-        L("swiglu", "swiglu", tokens=t, hidden=c.ffn) if swiglu else L("gelu", "pointwise", tokens=t, hidden=c.ffn),
+        L("fc1", "matmul", tokens=t, k=h, n=(2 if swiglu else 1) * c.ffn, bias=int(c.bias),
+          projections=(2 if swiglu else 1) if c.residual else 1, cast_input=int(c.residual)),
+        L("swiglu", "swiglu", tokens=t, hidden=c.ffn, **user) if swiglu
+        else L("gelu", "pointwise", tokens=t, hidden=c.ffn, **user),
         L("fc2", "matmul", tokens=t, k=c.ffn, n=h, bias=int(c.bias)),
     ]
     rows = c.max_positions if c.positions is Positions.LEARNED else 0
-    logits = dict(tokens=t, k=h, n=v, bias=0) | ({"tied": 1} if c.tied else {})
+    logits = dict(tokens=t, k=h, n=v, bias=0, projections=1, cast_input=int(c.residual)) | ({"tied": 1} if c.tied else {})
     head = [L("embedding", "embedding", tokens=t, k=v, n=h, positions=rows)]
-    tail = [norm("ln_f"), L("logits", "matmul", **logits), L("loss", "loss", tokens=t, vocabulary=v)]
+    tail = [norm("ln_f"), L("logits", "matmul", **logits), L("loss", "loss", tokens=t, vocabulary=v, **user)]
     if c.residual:
-        residual = L("residual", "residual", tokens=t, hidden=h)
+        residual = L("residual", "residual", tokens=t, hidden=h, **user)
         layers = head + branch + [residual] + mlp + tail
         r = len(head) + len(branch)
         block = list(range(1, r + 1)) + list(range(r + 1, r + 1 + len(mlp))) + [r]

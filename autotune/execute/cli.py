@@ -12,6 +12,16 @@ one result per plan (measured step time, time in collectives, peak memory per
 device, losses) beside the plan's predictions into --out. Model flags
 (--hidden, --heads, ...) are checked against the plan's model; --layers runs a
 shorter (or longer) stack of the tied layers.
+
+Transformer plans (gpt, llama) run through apply: a real nn.Module (the reference
+modules, models.modules:build, or yours: --module package.module:factory, called
+with the plan's model config dict, forward(ids, targets) returning the mean
+loss) placed by autotune.plan.apply, trained as a user would (fp32 parameters,
+bf16 autocast where the plan's activations are 16-bit, AdamW). Other models (mlp,
+u-transformer), or --executor ops, run the op-by-op executor, which also times
+each layer and replays the step's collectives alone.
+
+    torchrun --nproc-per-node 4 -m autotune execute plan.json --module mypkg.model:build
 """
 from __future__ import annotations
 
@@ -26,10 +36,20 @@ from models import FIELDS
 
 from autotune.execute import layertable, result
 from autotune.execute.launch import launch_env
+from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.execute.planread import model_kind
 from autotune.sbp.plan import PlanFile
 
 DEFAULT_OUT = "execute-out"
+EXECUTORS = ("auto", "apply", "ops")
+MODULE_KINDS = ("gpt", "llama")  # the model kinds of the reference modules
+
+
+def executor(plan: dict, name: str) -> str:
+    """apply or ops for this plan."""
+    if name != "auto":
+        return name
+    return "apply" if model_kind(plan.get("model") or {}) in MODULE_KINDS else "ops"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,6 +64,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="auto", help="auto, cuda or cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    ap.add_argument("--module", default=DEFAULT_MODULE,
+                    help="package.module:factory building the nn.Module from the plan's model config (apply executor)")
+    ap.add_argument("--executor", default="auto", choices=EXECUTORS,
+                    help="apply (an nn.Module placed by autotune.plan.apply), ops (op by op, with the layer clock), "
+                         "or auto: apply for gpt and llama plans, ops otherwise")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the result records (default ./{DEFAULT_OUT})")
     ap.add_argument("--summarize", metavar="DIR",
                     help="print the tables of the results in DIR and write DIR/summary.json, summary.md, breakdown.txt "
@@ -126,13 +151,18 @@ def main(argv=None) -> int:
     pf = PlanFile.load(args.plan)
     plans = select(pf, args.which)
     launch = launch_env()
-    from autotune.execute.runner import prepare
+    from autotune.execute.runner import plan_cluster, prepare
+    from autotune.execute.usermodule import load_factory
     for plan in plans:
         check_model(plan, args)
-        prepare(plan, launch.world, args.f_layers)
+        if executor(plan, args.executor) == "ops":
+            prepare(plan, launch.world, args.f_layers)
+        else:
+            plan_cluster(plan, launch.world)
+            load_factory(args.module)
     from autotune.execute.env import start, stop
     from autotune.execute.layout import torch
-    from autotune.execute.runner import free_device, out_of_memory_record, run_plan
+    from autotune.execute.runner import free_device, out_of_memory_record, run_module_plan, run_plan
     lead = launch.rank == 0
 
     def progress(msg):
@@ -144,11 +174,14 @@ def main(argv=None) -> int:
         for i, plan in enumerate(plans):
             progress(f"plan {i + 1}/{len(plans)}: {plan.get('strategy', '')} on {launch.world} {d.device.type} devices")
             free_device(d)
+            common = dict(layers=args.f_layers, steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps,
+                          dtype=args.dtype, seed=args.seed, lr=args.lr, progress=progress)
             try:
-                rec, model = run_plan(plan, d, layers=args.f_layers, steps=args.steps, warmup=args.warmup,
-                                      profile_steps=args.profile_steps, dtype=args.dtype, seed=args.seed, lr=args.lr,
-                                      progress=progress)
-                model.release()
+                if executor(plan, args.executor) == "ops":
+                    rec, model = run_plan(plan, d, **common)
+                    model.release()
+                else:
+                    rec, model = run_module_plan(plan, d, module=args.module, **common)
                 del model
             except torch.OutOfMemoryError as e:  # this plan does not fit: record it and go on
                 rec = out_of_memory_record(plan, d, str(e))

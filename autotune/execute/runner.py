@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import platform
+from dataclasses import replace
 
 from calibrate.errors import OptionError, UserError
 
@@ -12,9 +13,11 @@ from autotune.execute import ops
 from autotune.execute.env import Dist
 from autotune.execute.layout import DTensor, placements, torch
 from autotune.execute.model import PlanModel
+from autotune.execute.moduletrain import ModuleTrainer, build_module
 from autotune.execute.planread import layer_specs, plan_graph
 from autotune.execute.result import KIND, VERSION
 from autotune.execute.train import Trainer
+from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.sbp.mesh import Cluster
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -71,7 +74,7 @@ def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_ste
     plan_layers = (plan.get("model") or {}).get("layers")
     totals = plan.get("totals", {})
     return {
-        "kind": KIND, "version": VERSION, "strategy": plan.get("strategy", ""),
+        "kind": KIND, "version": VERSION, "strategy": plan.get("strategy", ""), "executor": "ops",
         "model": dict(plan.get("model") or {}, layers=graph.config.get("layers", plan_layers)),
         "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
         "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
@@ -82,6 +85,54 @@ def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_ste
         "predicted": {k: totals[k] for k in PREDICTED if k in totals},
         "predicted_layers": predicted_layers(plan),
         "predicted_comparable": plan_layers is None or graph.config.get("layers", plan_layers) == plan_layers,
+    }, model
+
+
+def module_dtypes(config: dict, name: str):
+    """(parameter dtype, autocast dtype or None) of the module path: fp32 parameters with bf16
+    autocast where the plan's activations are 16-bit (auto), or one dtype throughout."""
+    if name == "auto":
+        return torch.float32, torch.bfloat16 if config.get("act_bytes", 2) == 2 else None
+    if name not in DTYPES:
+        raise OptionError("dtype", f"{name!r} is unknown: use auto, {', '.join(DTYPES)}")
+    return (torch.float32, torch.bfloat16) if name == "bfloat16" else (DTYPES[name], None)
+
+
+def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
+                    profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None):
+    """(the result record, the placed module): ``module``'s model (``package.module:factory``, called
+    with the plan's model config) placed by ``autotune.plan.apply`` as ``plan`` (a plan of plan.json,
+    or a typed plan) says, trained by ``ModuleTrainer``. A module may carry ``plan_mapping``, the
+    mapping of plan layers to its module names that apply takes."""
+    from autotune.plan import ModelSpec, apply, load_plan
+
+    typed = load_plan(plan)
+    cluster = plan_cluster({"cluster": {"nodes": typed.cluster.nodes, "gpus_per_node": typed.cluster.gpus_per_node},
+                            "strategy": typed.strategy}, d.launch.world)
+    if layers is not None:
+        if layers < 1:
+            raise OptionError("layers", "must be at least 1")
+        typed = replace(typed, model=ModelSpec(typed.model.kind, dict(typed.model.config, layers=layers)))
+    config = {"kind": typed.model.kind, **typed.model.config}
+    d.set_mesh(cluster.axis_sizes)
+    param_dtype, autocast = module_dtypes(config, dtype)
+    model = build_module(module, config, seed, param_dtype, d.device)
+    model = apply(typed, model, d.mesh, mapping=getattr(model, "plan_mapping", None))
+    trainer = ModuleTrainer(model, config, typed.micro_batches, d, seed, lr, autocast)
+    try:
+        measured = trainer.run(steps, warmup, profile_steps, progress)
+    finally:
+        trainer.close()
+    totals = typed.costs.to_dict() if typed.costs else {}
+    return {
+        "kind": KIND, "version": VERSION, "strategy": typed.strategy, "executor": "apply", "module": module,
+        "model": config, "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
+        "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
+        "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
+        "torch": torch.__version__, "dtype": str(autocast or param_dtype).replace("torch.", ""),
+        "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": typed.micro_batches,
+        "measured": measured, "predicted": {k: totals[k] for k in PREDICTED if k in totals},
+        "predicted_layers": {}, "predicted_comparable": layers is None,
     }, model
 
 

@@ -223,22 +223,28 @@ class Trainer:
         return [int(x.item()) for x in out]
 
     def _profile(self, first_step: int, n: int, losses: list) -> dict:
-        from torch.profiler import ProfilerActivity, profile
+        return profiled(self.d, n, lambda: losses.extend(self._steps(first_step, n)[0]))
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.d.is_gpu else [])
-        with profile(activities=acts, acc_events=True) as prof:
-            losses.extend(self._steps(first_step, n)[0])
-        if not self.d.is_gpu:
-            total = sum(e.cpu_time_total for e in prof.key_averages() if e.key.startswith("gloo:"))
-            return {"comm_s": _slowest(total / 1e6 / n, self.d), "comm_source": "torch profiler: gloo operations (CPU time)"}
-        events = device_events(prof)
-        comm, busy = trace.split(events)
-        return {"comm_s": _slowest(sum(b - a for a, b in comm) / 1e6 / n, self.d),
-                "comm_source": "torch profiler: time inside NCCL kernels (includes their waiting for the peer and "
-                               "their slowdown by concurrent compute)",
-                "exposed_comm_s": _slowest(trace.exposed_time(comm, busy) / 1e6 / n, self.d),
-                "device_idle_s": _slowest(trace.idle_time(events) / 1e6 / n, self.d),
-                "device_time_s": trace.breakdown(events, n), "top_kernels": trace.top_kernels(events, n)}
+
+def profiled(d, n: int, run) -> dict:
+    """The time in collectives per step of ``run()`` (``n`` steps) under the torch profiler; on GPUs
+    also its exposed part, the device's idle time and the device time by kernel family."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if d.is_gpu else [])
+    with profile(activities=acts, acc_events=True) as prof:
+        run()
+    if not d.is_gpu:
+        total = sum(e.cpu_time_total for e in prof.key_averages() if e.key.startswith("gloo:"))
+        return {"comm_s": _slowest(total / 1e6 / n, d), "comm_source": "torch profiler: gloo operations (CPU time)"}
+    events = device_events(prof)
+    comm, busy = trace.split(events)
+    return {"comm_s": _slowest(sum(b - a for a, b in comm) / 1e6 / n, d),
+            "comm_source": "torch profiler: time inside NCCL kernels (includes their waiting for the peer and "
+                           "their slowdown by concurrent compute)",
+            "exposed_comm_s": _slowest(trace.exposed_time(comm, busy) / 1e6 / n, d),
+            "device_idle_s": _slowest(trace.idle_time(events) / 1e6 / n, d),
+            "device_time_s": trace.breakdown(events, n), "top_kernels": trace.top_kernels(events, n)}
 
 
 def device_events(prof) -> list:

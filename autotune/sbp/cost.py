@@ -35,7 +35,7 @@ from calibrate.errors import OptionError, UserError
 from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
-from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op
+from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op, with_recipe
 from autotune.sbp.memory import (FIRST, INSIDE, NONE, OUTSIDE, PRECISION, Memory, Mode, fsdp_axes, grad_sync_axes,
                                   held_elems, peak_workspace, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
@@ -145,7 +145,7 @@ class Problem:
         self.reserve = 0.0
         self.choices: list[list[Strategy]] = []
         for op in self.ops:
-            ss = op.strategies(self.cluster, signatures)
+            ss = [with_recipe(s, op.layer) for s in op.strategies(self.cluster, signatures)]
             if not allow_partial:
                 ss = [s for s in ss if not s.uses_partial]
             if keep is not None:

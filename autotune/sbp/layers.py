@@ -20,6 +20,7 @@ backward pass (baseline only).
 from __future__ import annotations
 
 import functools
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -69,6 +70,12 @@ class Strategy:
     fine_in: tuple[str, ...] = field(default=(), compare=False)
     fine_out: tuple[str, ...] = field(default=(), compare=False)
     fine_grad_in: tuple[str, ...] = field(default=(), compare=False)
+    # how a user's module runs the layer (models.graph.ABSENT's "autocast", "projections", "cast_input",
+    # "qkv_fused"), (key, value) pairs; empty for the AutoDDL graph (``with_recipe``)
+    recipe: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+
+    def recipe_dim(self, key: str) -> int:
+        return dict(self.recipe).get(key, 0)
 
     @property
     def uses_partial(self) -> bool:
@@ -402,6 +409,17 @@ OPS: dict[str, type[Op]] = {
     "conv": DataParallel,
     "pool": DataParallel,
 }
+
+
+RECIPE_DIMS = ("autocast", "projections", "cast_input", "qkv_fused")
+
+
+def with_recipe(s: Strategy, layer: Layer) -> Strategy:
+    """``s`` carrying the layer's recipe dims (how a user's module runs it), which the memory model reads."""
+    dims = layer.all_dims()
+    if not dims.get("autocast") and not dims.get("cast_input"):
+        return s
+    return dataclasses.replace(s, recipe=tuple((k, dims[k]) for k in RECIPE_DIMS if k in dims))
 
 
 def make_op(layer: Layer, act_bytes: int = ACT_BYTES) -> Op:

@@ -197,8 +197,13 @@ def kept_bytes(s, cluster: Cluster, act_bytes: int, recompute: str = "none", rol
     saved tensors), given the recomputation and the layer's place (``OUTSIDE``, ``FIRST``, ``INSIDE``
     a block)."""
     inp = _elems(s.input, s.mesh, cluster) if s.input else 0
+    user = act_bytes == 2 and s.recipe_dim("autocast")
     if recompute == "full" and role != OUTSIDE:
-        return inp * act_bytes if role == FIRST else 0.0
+        return inp * (STAT_BYTES if user else act_bytes) if role == FIRST else 0.0
+    if act_bytes == 2 and s.recipe:
+        kept = user_kept(s, inp, _elems(s.output, s.mesh, cluster) if s.output else 0)
+        if kept is not None:
+            return kept
     if s.signature in ("loss", "loss-replicated"):
         return inp * STAT_BYTES
     if s.signature.endswith("norm-split"):
@@ -212,6 +217,27 @@ def kept_bytes(s, cluster: Cluster, act_bytes: int, recompute: str = "none", rol
     if s.signature == "attention" and recompute == "selective" and not s.extra_act_bytes:
         return inp * act_bytes  # the probabilities are recomputed
     return (inp + s.extra_act_elems) * act_bytes + s.extra_act_bytes
+
+
+def user_kept(s, inp: int, out: int) -> float | None:
+    """What autograd keeps of a layer in a user's bf16 autocast step (``calibrate.layers`` says how each
+    piece runs), or None where the generic rule holds (the attention: Q, K, V, O and the log-sum-exp):
+
+        a matmul reading an fp32 norm output   one bf16 copy of it per projection (each nn.Linear
+                                               casts its input on its own and keeps the copy)
+        layernorm                              its fp32 input (the residual stream)
+        rmsnorm (as Llama's reference)         its fp32 input and the fp32 normalised product
+        GELU                                   its bf16 input
+        SwiGLU silu(gate) * up                 gate (silu's input), silu(gate) and up: three bf16
+        residual add                           nothing
+        loss (F.cross_entropy on bf16)         the fp32 log-probabilities"""
+    if s.recipe_dim("cast_input"):
+        return (s.recipe_dim("projections") or 1) * inp * 2
+    if not s.recipe_dim("autocast"):
+        return None
+    return {"layernorm": inp * STAT_BYTES, "rmsnorm": 2 * inp * STAT_BYTES, "pointwise": inp * 2,
+            "swiglu": 3 * out * 2, "residual": 0.0, "loss": inp * STAT_BYTES,
+            "loss-replicated": inp * STAT_BYTES}.get(s.signature)
 
 
 def weight_copy_bytes(s, cluster: Cluster, act_bytes: int) -> float:
@@ -264,6 +290,8 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
     inp, out = _local(s.input, s, cluster), _local(s.output, s, cluster)
     weights = sum(_local(w, s, cluster) for w in s.weights)
     if s.signature in ("loss", "loss-replicated"):
+        if act_bytes == 2 and s.recipe_dim("autocast"):  # F.cross_entropy: nll's fp32 gradient, then the bf16 one
+            return inp * (STAT_BYTES + act_bytes)
         return inp * act_bytes  # the probabilities become the gradient in place; its cast
     if act_bytes == 2:
         wbytes = weights * (act_bytes + (PRECISION[2][1] if accumulate else 0))
@@ -301,12 +329,20 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     without recomputation is alive too (less the block input, kept already). Under FSDP
     (``mode.fsdp_axes``), two layers' gathered weights (the one in use and the one prefetched)
     are alive throughout: twice the largest. The fused AdamW step on fp32 gradients needs no
-    more. The workspace is the peak minus all kept activations (never negative)."""
+    more. Gradients are set to None after each step (``zero_grad(set_to_none=True)``, PyTorch's
+    default), so with one micro-batch the backward of position i runs while only the gradients of
+    the positions after it exist; with gradient accumulation every gradient exists from the first
+    micro-batch on. The workspace is the peak minus all kept activations and all gradients: with one
+    micro-batch it can be negative (the gradients not yet made at the peak)."""
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
+    grads = [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
+    after = sum(grads)  # the gradients of the positions after the current one
+    total_grads = after
     kept = peak = 0.0
     block = 0.0  # the re-run block's activations, up to the current position
     gathered = [0.0]
+    alive = []  # per position: the activations alive while its backward runs
     for s, role in zip(chain_strategies, roles):
         k = kept_bytes(s, cluster, act_bytes, mode.recompute, role)
         kept += k
@@ -317,7 +353,11 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
                 block += kept_bytes(s, cluster, act_bytes) + weight_copy_bytes(s, cluster, act_bytes) - k
             else:
                 block = 0.0
-        peak = max(peak, kept + block + work_bytes(s, cluster, act_bytes, acc))
+        alive.append(kept + block)
+    for s, a, g in zip(chain_strategies, alive, grads):
+        after -= g
+        peak = max(peak, a + work_bytes(s, cluster, act_bytes, acc) + (total_grads if acc else after))
         gathered.append(gathered_weight_bytes(s, cluster, mode))
     gathered.sort()
-    return max(peak - kept, 0.0) + gathered[-1] + (gathered[-2] if len(gathered) > 1 else 0.0)
+    peak = max(peak, kept, total_grads)  # the end of the forward; the optimizer step
+    return peak - kept - total_grads + gathered[-1] + (gathered[-2] if len(gathered) > 1 else 0.0)

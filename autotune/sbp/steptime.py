@@ -166,8 +166,45 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     return f, b
 
 
+# layer kind -> the piece of a user's step (calibrate.layers) it is charged as, per element of its input or output
+USER_PIECES = {"layernorm": ("layernorm", "input"), "rmsnorm": ("rmsnorm", "input"), "pointwise": ("gelu", "input"),
+               "swiglu": ("swiglu", "output"), "residual": ("residual", "output"), "loss": ("loss", "input")}
+
+
+def _user_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel) -> tuple[float, float] | None:
+    """(forward, backward) of a layer that runs as in a user's bf16 autocast step (``Strategy.recipe``),
+    from the profile's figures of those pieces as executed (``ComputeModel.layer_seconds``); None where
+    the profile has none or the layer is not such a piece (the split norms keep their own rule)."""
+    kind = op.layer.kind
+    if kind not in USER_PIECES or not s.recipe_dim("autocast") or s.signature.endswith("-split"):
+        return None
+    piece, side = USER_PIECES[kind]
+    t = s.input if side == "input" else s.output
+    return cm.layer_seconds(piece, local_elems(t, s.mesh, cluster))
+
+
+def _user_attention(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel) -> tuple[float, float] | None:
+    """The work around a user's attention core, as executed (``calibrate.layers``): rotary on the local
+    query and key heads, the output made token-major, and, after a fused QKV projection, its gradient
+    concatenated from q's, k's and v's; None where the profile lacks one of those figures."""
+    d = op.layer.all_dims()
+    out = local_elems(s.output, s.mesh, cluster)
+    parts = [cm.layer_seconds("attention_out", out)]
+    if d["rotary"]:
+        qk = (d["tokens"] // s.mesh.role_size(0)) * ((d["heads"] + d["kv_heads"]) // s.mesh.role_size(1)) * d["head_dim"]
+        parts.append(cm.layer_seconds("rotary", qk))
+    if s.recipe_dim("qkv_fused"):
+        parts.append(cm.layer_seconds("qkv_split", local_elems(s.input, s.mesh, cluster)))
+    if any(p is None for p in parts):
+        return None
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
 def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> tuple[float, float]:
     kind, d = op.layer.kind, op.dims
+    user = _user_seconds(op, s, cluster, cm) if act_bytes == 2 else None
+    if user is not None:
+        return user
     per = cluster.devices // _repeats(s)
 
     def mem(passes_fwd, passes_bwd, elems):
@@ -179,7 +216,13 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
         k = d["tokens"] * d["k"] * d["n"] / per / (rows * cols)
         f = cm.matmul_seconds(rows, max(1, round(k)), cols, act_bytes)
         cf, cb = cast_bytes(s, cluster, act_bytes)
-        return f + cm.op_seconds("elementwise", cf), 2 * f + cm.op_seconds("elementwise", cb)
+        f, b = f + cm.op_seconds("elementwise", cf), 2 * f + cm.op_seconds("elementwise", cb)
+        casts = cm.layer_seconds("cast", local_elems(s.input, s.mesh, cluster)) \
+            if act_bytes == 2 and s.recipe_dim("cast_input") and s.input is not None else None
+        if casts is not None:  # each projection casts the fp32 norm output to bf16 (calibrate.layers)
+            n = s.recipe_dim("projections") or 1
+            f, b = f + n * casts[0], b + n * casts[1]
+        return f, b
     if kind == "embedding":  # gather and mask forward; mask, zero-filled dense gradient and scatter-add backward
         out = local_elems(s.output, s.mesh, cluster)
         wts = sum(local_elems(w, s.mesh, cluster) for w in s.weights if w.name == "weight")
@@ -207,6 +250,9 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
         shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
         out = local_elems(s.output, s.mesh, cluster)
         f, b = (_core(op, s, cluster, cm, act_bytes, bwd) for bwd in (False, True))
+        around = _user_attention(op, s, cluster, cm) if act_bytes == 2 and s.recipe_dim("autocast") else None
+        if around is not None:
+            return f + around[0], b + around[1]
         if d.get("rotary", 0):
             qk = (d["tokens"] // s.mesh.role_size(0)) * ((heads + op.kv_heads) // s.mesh.role_size(1)) * op.head_dim
             f += cm.op_seconds("elementwise", ROTARY_PASSES[0] * qk * act_bytes)

@@ -39,6 +39,7 @@ from pathlib import Path
 from calibrate.cli import command_parser
 from calibrate.attention import attention_layer, causal_attention
 from calibrate.embedding import masked_embedding
+from calibrate.layers import pieces as layer_pieces
 from calibrate.compute import Band, ComputeModel, SdpaPoint, SdpaTable
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
@@ -297,6 +298,19 @@ def measure_embedding(torch, device, iters, warmup) -> tuple[float, float]:
     return 4 * t * hidden * 2 / f, (4 * t * hidden + rows * hidden) * 2 / max(fb - f, 1e-9)
 
 
+def measure_layers(torch, device, iters, warmup) -> dict:
+    """Seconds per element, forward and backward, of each memory-bound piece of a user's step
+    (``calibrate.layers``), each run back to back as in a step; the backward is the forward plus
+    backward less the forward."""
+    out = {}
+    for kind, (elems, fwd, both) in layer_pieces(torch, device).items():
+        f = _time(torch, lambda i: fwd(), iters, warmup, between=lambda: None)
+        fb = _time(torch, lambda i: both(), iters, warmup, between=lambda: None)
+        out[kind] = (f / elems, max(fb - f, 0.0) / elems)
+    torch.cuda.empty_cache()
+    return out
+
+
 def measure_launch(torch, device, iters, warmup) -> float:
     x = torch.zeros(1, device=device)
     return _time(torch, lambda i: x.add_(1.0), max(iters, 50), warmup)
@@ -374,6 +388,11 @@ def main(argv=None) -> int:
            "optimizer": measure_optimizer(torch, device, args.iters, args.warmup)}
     ops["embedding"], ops["embedding_backward"] = measure_embedding(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
+    layers = measure_layers(torch, device, args.iters, args.warmup)
+    progress("layers (ns per element forward / backward): "
+             + ", ".join(f"{k} {f * 1e9:.3f}/{b * 1e9:.3f}" for k, (f, b) in layers.items()))
+    sources["layer_s"] = ("measured: the memory-bound pieces of a user's step as executed (calibrate.layers), "
+                          "16 Ki tokens x 4 Ki hidden, back to back")
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
                    **{f"op_Bps.{k}": f"measured: {OP_SOURCES[k]}, {v / 1e9:.0f} GB/s" for k, v in ops.items()},
                    launch_s=f"measured: one-element kernel, {launch * 1e6:.1f} us")
@@ -382,7 +401,7 @@ def main(argv=None) -> int:
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
-        op_Bps=ops, sdpa=sdpa)
+        op_Bps=ops, sdpa=sdpa, layer_s=layers)
     profile.device = device_memory(torch, device, free_at_start)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())

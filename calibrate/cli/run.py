@@ -176,6 +176,9 @@ def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
 
         device = select_gpu(world)
     _, nnodes, _, hosts = topology(world)
+    if nnodes == 1 and set(kinds) == {"inter"}:
+        raise OptionError("groups", "is inter alone, which measures between nodes, and every rank is on one node: "
+                                    "add world or intra, or run on 2 or more nodes")
     _check_resources(args, world, colls, sizes + [n for v in {**plan, **beside}.values() for n in v], backend_name,
                      hosts, say)
     out = args.out or os.path.join("results", "calib-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))

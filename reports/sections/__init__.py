@@ -14,6 +14,7 @@ from calibrate.registry import load
 REGISTRY: dict[str, str] = {
     "calibration": "reports.sections.calibration:build",
     "commtune.profile": "reports.sections.fit:build",
+    "commtune.health": "reports.sections.health:build",
     "kernels-bench": "reports.sections.interp:build",
     "commtune.sbp-plan": "reports.sections.sbp:build",
     "commtune.autoddl-reproduction": "reports.sections.sbp:build_reproduction",

@@ -9,44 +9,41 @@ import pandas as pd
 from reports.html import Section
 
 
-def _totals(plans: list[dict]) -> pd.DataFrame:
+def _totals(plans: list) -> pd.DataFrame:
+    """One row per (strategy, autotune.plan.Costs)."""
     rows = []
-    for p in plans:
-        t = p["totals"]
-        fits = t["fits_memory"]
+    for strategy, t in plans:
         rows.append({
-            "strategy": p["strategy"],
-            "redistribution s/step": t["redistribution_s"],
-            "grad sync s/step": t["grad_sync_s"],
-            "total s/step": t["total_s"] if fits else f"no plan fits (needs {t['memory_bytes'] / 2**30:.4g} GiB)",
-            "memory GiB/device": t["memory_bytes"] / 2**30,
+            "strategy": strategy,
+            "redistribution s/step": t.redistribution_s,
+            "grad sync s/step": t.grad_sync_s,
+            "total s/step": t.total_s if t.fits_memory else f"no plan fits (needs {t.memory_bytes / 2**30:.4g} GiB)",
+            "memory GiB/device": t.memory_bytes / 2**30,
         })
     return pd.DataFrame(rows)
 
 
-def _placements(d: dict | None, key: str) -> str:
-    if d is None:
+def _placements(fine) -> str:
+    if fine is None:
         return "-"
-    v = d.get(key)
-    if v is None:
-        return "-"
-    return "[" + ", ".join(v) + "]" if isinstance(v, list) else v
+    from autotune.plan import dtensor_placement
+    return "[" + ", ".join(dtensor_placement(p) for p in fine) + "]"
 
 
-def _layers(plan: dict) -> pd.DataFrame:
+def _layers(typed, plan: dict) -> pd.DataFrame:
+    """The typed plan's layers (autotune.plan.TypedPlan), with the search's own notation beside them."""
+    notation = {lay["name"]: lay["sbp"].get("input", "-") for lay in plan["layers"]}
     rows = []
-    for l in plan["layers"]:
-        dt, nd = l["dtensor"], l.get("nd_sbp", {})
+    for lay in typed.layers:
+        c = lay.costs
         rows.append({
-            "layer": l["name"], "kind": l["kind"], "x": l["count"], "signature": l["signature"],
-            "mesh": "x".join(str(s) for s in dt["mesh_shape"]) or "1",
-            "input (DTensor)": _placements(dt, "input"), "input (nd-SBP)": nd.get("input", "-"),
-            "output (DTensor)": _placements(dt, "output"), "output (nd-SBP)": nd.get("output", "-"),
-            "weight (DTensor)": "; ".join(f"[{', '.join(v)}]" for v in dt["weights"].values()) or "-",
-            "weight (nd-SBP)": "; ".join(nd.get("weights", {}).values()) or "-",
-            "AutoDDL notation (input)": l["sbp"].get("input", "-"),
-            "redistribution s": l["redistribution_s"] * l["count"], "grad sync s": l["grad_sync_s"] * l["count"],
-            "memory GiB": l["memory_bytes"] * l["count"] / 2**30,
+            "layer": lay.name, "kind": lay.kind, "x": lay.count, "signature": lay.signature,
+            "input": _placements(lay.input), "output": _placements(lay.output),
+            "weights": "; ".join(f"{w.name} {_placements(w.placements)}" for w in lay.weights) or "-",
+            "AutoDDL notation (input)": notation.get(lay.name, "-"),
+            "redistribution s": c.get("redistribution_s", 0.0) * lay.count,
+            "grad sync s": c.get("grad_sync_s", 0.0) * lay.count,
+            "memory GiB": c.get("memory_bytes", 0.0) * lay.count / 2**30,
         })
     return pd.DataFrame(rows)
 
@@ -59,15 +56,15 @@ def _edges(plan: dict) -> pd.DataFrame:
     } for e in plan["edges"]])
 
 
-def _breakdown_fig(plans: list[dict]):
+def _breakdown_fig(plans: list):
     """Stacked bars of redistribution and gradient sync per plan, on a log axis when the costs span
     more than 5x (one baseline 10x the others no longer flattens the rest); each bar labelled with its
     total, and plans over the memory limit hatched and labelled so."""
-    names = [p["strategy"] for p in plans]
-    red = [p["totals"]["redistribution_s"] for p in plans]
-    sync = [p["totals"]["grad_sync_s"] for p in plans]
+    names = [name for name, _ in plans]
+    red = [c.redistribution_s for _, c in plans]
+    sync = [c.grad_sync_s for _, c in plans]
     tot = [r + g for r, g in zip(red, sync)]
-    fits = [p["totals"]["fits_memory"] for p in plans]
+    fits = [c.fits_memory for _, c in plans]
     fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.45 * len(plans)))
     y = list(range(len(plans)))
     positive = [t for t in tot if t > 0]
@@ -111,17 +108,21 @@ def _convergence_fig(traces: dict, optimum: float):
 
 
 def build(paths: list[Path]) -> list[Section]:
+    from autotune.export import next_steps
+    from autotune.plan import TypedPlan
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
     for path in paths:
         pf = PlanFile.load(path)
         best = pf.best
-        plans = [best] + pf.baselines
+        typed = TypedPlan.from_search(best, pf.baselines, f"plan file {str(path)!r}")
+        plans = [(typed.strategy, typed.costs)] + [(b.strategy, b.costs) for b in typed.baselines]
         # one plan: the page's title names it (python -m autotune); several: each section does
         sec = Section("Plan and baselines" if len(paths) == 1 else plan_title(best))
         for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
             sec.text(line.strip())
-        sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; search "
+        sec.text(f"Profile {typed.profile}; {typed.micro_batches} micro-batches per step; recomputation "
+                 f"{typed.recompute}; FSDP {typed.sharding_mode}; search "
                  f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
                  f"Costs are the profile's predictions of communication time per training step.")
         totals = _totals(plans)
@@ -130,9 +131,13 @@ def build(paths: list[Path]) -> list[Section]:
                                           "forward and backward) and weight-gradient synchronisation; hatched: "
                                           "over the memory limit.")
         sec.heading("Per-layer plan").table(
-            _layers(best), "x: how often the layer repeats (tied SBP). Placements per DeviceMesh dimension "
-                           "(node parts first), as PyTorch DTensor and as OneFlow's nd-SBP write them.")
+            _layers(typed, best), f"x: how often the layer repeats (tied SBP). Placements per dimension of the fine "
+                                  f"DeviceMesh {'x'.join(map(str, typed.mesh.sizes))} "
+                                  f"({', '.join(typed.mesh.names)}; node axes first), as PyTorch DTensor writes them.")
         sec.heading("Redistribution between layers").table(_edges(best))
+        sec.heading("Next steps")
+        for line in next_steps(path, best)[1:]:
+            sec.text(line.strip())
         if pf.traces:
             opt = min(min((x[1] for x in t), default=float("inf")) for t in pf.traces.values())
             sec.heading("Search convergence")

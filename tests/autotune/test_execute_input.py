@@ -18,6 +18,13 @@ def plan4(tmp_path_factory):
     return out / "plan.json"
 
 
+@pytest.fixture(scope="module")
+def plan1(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan1")
+    assert main(["--nodes", "1", "--gpus-per-node", "1", *TINY, "--out", str(out)]) == 0
+    return out / "plan.json"
+
+
 def _err(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -67,3 +74,12 @@ def test_summarize_without_results(tmp_path, capsys):
     assert main(["execute", "--summarize", str(tmp_path)]) == 2
     assert "no execute-" in _err(capsys)
 
+
+
+@pytest.mark.parametrize("spec,words", [("models.modules", "package.module:factory"),
+                                        ("no_such_package.mod:build", "cannot import 'no_such_package.mod'"),
+                                        ("models.modules:no_such_factory", "no callable 'no_such_factory'")])
+def test_bad_module_factory(plan1, spec, words, capsys):
+    assert main(["execute", str(plan1), "--module", spec]) == 2
+    line = _err(capsys)
+    assert line.startswith("autotune execute: error: --module") and words in line

@@ -26,6 +26,9 @@ def test_cli_writes_plan_and_report(tmp_path, capsys):
                                                  if b["totals"]["fits_memory"]) * 1.0000001
     html = (tmp_path / "report.html").read_text()
     assert "Search convergence" in html and "<svg" in html
+    export = f"python -m autotune export {tmp_path / 'plan.json'} --to torchtitan|megatron"
+    assert out.rstrip().endswith(f"torchrun --nnodes 2 --nproc-per-node 2 -m autotune execute {tmp_path / 'plan.json'}")
+    assert export in out and f'model = autotune.apply("{tmp_path / "plan.json"}", model)' in out and "Next steps" in html and export in html
 
 
 @pytest.mark.parametrize("args,msg", [

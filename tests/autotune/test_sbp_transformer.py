@@ -98,7 +98,7 @@ def test_swiglu_keeps_pairs_halves_features_and_costs_its_passes():
     out = 32 * 128 // 4
     f, b = layer_seconds(op, s, pr.cluster, CM, 2)
     assert f == pytest.approx(ew(5 * out * 2)) and b == pytest.approx(ew(9 * out * 2))
-    assert kept_bytes(s, pr.cluster, 2) == 2 * out * 2  # its (tokens, 2 ffn) input
+    assert kept_bytes(s, pr.cluster, 2) == 3 * out * 2  # gate, silu(gate) and up in bf16 (memory.user_kept)
     # an ffn that 4 does not divide has no feature split over 4 (the output's S1 checks the pairs)
     odd = make_op(_L("act", "swiglu", tokens=32, hidden=6), 2).strategies(Cluster(1, 4))
     assert all(s.mesh.role_size(1) in (1, 2) for s in odd)
@@ -224,9 +224,13 @@ def test_bf16_autocast_recipe_memory_closed_form():
     assert (m.parameters, m.gradients, m.optimizer) == (4 * params, 4 * params, 8 * params)
     t = 32
     copies = 2 * (mat + h * V)  # autocast's bf16 copies of the matmul weights
-    acts = 2 * (t * h + t * h + t * (qkv // h) + t * h + t * h + t * h + t * h + t * 2 * f + t * f + t * h + t * h)
-    # ln1 qkv attention(QKV) attention(O) proj ln2 fc1 swiglu fc2 ln_f logits; the LSE; the loss's fp32
-    acts += t * 4 * 4 + 4 * t * V
+    # as a user's autocast step keeps them (memory.user_kept): the RMSNorms their fp32 input and normalised
+    # product; qkv one bf16 copy of ln1's output per projection (q, k, v), fc1 per projection (gate, up),
+    # logits one; attention Q, K, V, O (bf16) and the LSE (fp32); proj its bf16 input; SwiGLU gate, silu(gate)
+    # and up; fc2 its bf16 input; the residual adds nothing; the loss the fp32 log-probabilities
+    norms = 3 * 2 * 4 * t * h
+    acts = norms + 3 * 2 * t * h + 2 * (t * (qkv // h) + t * h) + t * 4 * 4 + 2 * t * h + 2 * 2 * t * h
+    acts += 3 * 2 * t * f + 2 * t * f + 2 * t * h + 4 * t * V
     assert m.activations == acts + copies
 
 
@@ -239,7 +243,7 @@ def test_full_recompute_keeps_only_block_inputs_and_reruns_the_forward():
     t = 32 // 4
     mn, mf = none.memory_breakdown(a), full.memory_breakdown(a)
     outside = sum(kept_bytes(none.choices[v][a[v]], none.cluster, 2) for v in (0, 10, 11, 12))
-    assert mf.activations == outside + 2 * (t * 64 * 2) + 2 * 64 * 128  # 2 block inputs, the logits' bf16 copy
+    assert mf.activations == outside + 2 * (t * 64 * 4) + 2 * 64 * 128  # 2 fp32 block inputs, the logits' bf16 copy
     assert mf.parameters == mn.parameters and mf.activations < mn.activations
     # compute: each block layer's backward gains its forward
     for v in range(1, 10):

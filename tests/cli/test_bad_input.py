@@ -181,6 +181,13 @@ CASES = [
     C("fit-out-is-dir", "calibrate fit " + RES + " -o {tmp}", "is a directory"),
     C("fit-link-peak-negative", "calibrate fit " + RES + " --link-peak -5 -o {tmp}/p.json", "--link-peak"),
     C("fit-link-peak-text", "calibrate fit " + RES + " --link-peak fast -o {tmp}/p.json", "invalid float"),
+    # ---- calibrate health (options and the profile checked before any exchange) ------------
+    C("health-slow-one", "calibrate health --slow 1", "--slow must be a factor above 1"),
+    C("health-iters-zero", "calibrate health --iters 0", r"--iters \(-n\) must be at least 1"),
+    C("health-bytes-text", "calibrate health --bytes lots", "bad size 'lots'"),
+    C("health-search", "calibrate health --search all", "invalid choice: 'all'"),
+    C("health-unknown-profile", "calibrate health --profile nope", "nope"),
+    C("health-no-intra-tier", "calibrate health --profile ib400", "no intra tier", ranks=2),
     # ---- calibrate validate --------------------------------------------------------------
     C("validate-unknown-profile", "calibrate validate --profile nope " + RES, "nope"),
     C("validate-profile-malformed", "calibrate validate --profile {files}/malformed.json " + RES, "not valid JSON"),

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 HELPS = ["calibrate", "calibrate run", "calibrate fit", "calibrate validate", "calibrate profiles",
-         "calibrate compute", "autotune", "autotune validate", "autotune reshard", "autotune schedule",
+         "calibrate compute", "calibrate health", "autotune", "autotune validate", "autotune reshard", "autotune schedule",
          "autotune execute", "autotune nccl", "autotune reproduce", "autotune explain", "kernels", "kernels compile", "kernels check", "kernels bench",
          "reports"]
 GPU = "needs GPUs (tests/gpu/run_all.sh)"
@@ -46,6 +46,8 @@ HOW = {
     "python -m autotune explain papers-plan": ([], []),
 }
 ELSEWHERE = {
+    "srun --mpi=pmi2 python -m calibrate health --profile results/x/profile.json --out health.json":
+        "needs several nodes: tests/integration/test_multinode.py runs it on a cluster of network namespaces",
     "mpirun -np 8 python -m calibrate run --backend nccl --mode graph -b 1K -e 1G --check --out results/node": GPU,
     "mpirun -np 8 python -m calibrate run --backend nccl --mode graph -b 1408 -e 1G --check --refine --random 32 "
     "--out results/steps": GPU,

@@ -8,7 +8,8 @@ import pytest
 
 from integration_env import REPO, require
 
-SCRIPTS = [REPO / ".ci" / "run", *sorted((REPO / "slurm").glob("*.sh"))]
+SCRIPTS = [REPO / ".ci" / "run", *sorted((REPO / "slurm").glob("*.sh")),
+           *sorted((REPO / "tests" / "integration").glob("*.sh"))]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))

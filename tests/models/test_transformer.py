@@ -98,9 +98,9 @@ def test_residual_graph_structure():
     assert e[(emb, r)] == 1 and e[(emb, 1)] == 1 and e[(r, 1)] == 2 and e[(r, 10)] == 1 and (r, r) not in e
     att = g.layers[3].all_dims()
     assert att == {"tokens": 32, "hidden": 64, "heads": 8, "kv_heads": 2, "head_dim": 8, "micro_batch": 2,
-                   "flash": 1, "rotary": 1}
+                   "flash": 1, "rotary": 1, "autocast": 1, "qkv_fused": 0}
     assert g.layers[2].dim("n") == (8 + 2 * 2) * 8  # fused QKV: heads + 2 kv_heads of head_dim
-    assert g.layers[7].dim("n") == 2 * 96 and g.layers[8].all_dims() == {"tokens": 32, "hidden": 96}
+    assert g.layers[7].dim("n") == 2 * 96 and g.layers[8].all_dims() == {"tokens": 32, "hidden": 96, "autocast": 1}
     assert g.layers[1].kind == "rmsnorm" and g.layers[0].dim("positions") == 0
 
 
@@ -108,7 +108,8 @@ def test_gpt_graph_has_learned_positions_biases_and_tied_logits():
     g = load_model("gpt", "gpt2")
     by = {l.name: l for l in g.layers}
     assert by["embedding"].dim("positions") == 1024 and by["logits"].dim("tied") == 1
-    assert by["qkv"].dim("bias") == 1 and by["ln1"].all_dims() == {"tokens": 16 * 1024, "hidden": 768, "bias": 1}
+    assert by["qkv"].dim("bias") == 1 and by["ln1"].all_dims() == {"tokens": 16 * 1024, "hidden": 768, "bias": 1,
+                                                                                   "autocast": 1}
     assert by["gelu"].kind == "pointwise" and by["attention"].dim("flash") == 1
     untied = load_model("gpt", "gpt2", {"tied": False})
     assert untied.parameters() - g.parameters() == 768 * 50257

@@ -20,6 +20,7 @@ from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds, presets
 
+from autotune.export import next_steps
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
@@ -260,4 +261,5 @@ def main(argv=None, report=None) -> int:
     print(breakdown(plan))
     print("\n".join(summary_lines(plan, base, objective)))
     print(f"wrote {path}" + (f" and {rep}" if rep else ""))
+    print("\n".join(next_steps(path, plan)))
     return 0

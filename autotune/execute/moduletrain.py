@@ -1,0 +1,140 @@
+"""A plan's training steps on a real nn.Module placed by ``autotune.plan.apply``: the reference
+modules of the transformer family (``models.modules:build``) by default, or a user's factory
+(``--module package.module:factory``, called with the plan's model config dict; the module's
+``forward(ids, targets)`` returns the mean loss over the micro-batch's tokens).
+
+The step is the user's recipe: fp32 parameters (float64 for the CPU correctness tests), bf16
+autocast on CUDA when the plan's activations are 16-bit, AdamW (fused on CUDA), the plan's
+micro-batches accumulated before one optimizer step. Every process feeds the whole micro-batch
+(token ids and targets from the step's seed); the placed module takes each layer's piece of it.
+
+Measured as for the op-by-op executor (``autotune.execute.train``): steps back to back, each the
+time between CUDA events at its boundaries (the host's clock on CPUs), the host's issue time, peak
+memory by phase, the loss, and under the profiler the time in collectives (and on GPUs its
+exposed part and the device time by kernel family). The layer clock and the collectives' replay
+need the op-by-op executor's own boxing calls and are not measured here.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from calibrate.errors import UserError
+
+from autotune.execute.data import _gen
+from autotune.execute.layerclock import mark, span
+from autotune.execute.layout import torch
+from autotune.execute.train import _slowest, profiled
+from autotune.execute.usermodule import load_factory
+
+dist = torch.distributed
+
+
+def build_module(spec: str, config: dict, seed: int, dtype, device):
+    """The factory's module for the plan's model config, built under ``seed`` (the same weights on
+    every process), its parameters in ``dtype`` on ``device``."""
+    factory = load_factory(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = factory(dict(config))
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module: return the model")
+    return model.to(device=device, dtype=dtype)
+
+
+def token_batch(config: dict, seed: int, step: int, micro: int, device) -> tuple:
+    """(ids, targets) of micro-batch ``micro`` of step ``step``, each (micro_batch, sequence)."""
+    g = _gen(device, seed, 1_000_000 + step, micro)
+    shape = (config["micro_batch"], config["sequence"])
+    ids = torch.randint(0, config["vocabulary"], shape, generator=g, device=device)
+    return ids, torch.randint(0, config["vocabulary"], shape, generator=g, device=device)
+
+
+def _local(x):
+    """A tensor's whole value on this process (a DTensor's full tensor)."""
+    return x.full_tensor() if hasattr(x, "full_tensor") else x
+
+
+class ModuleTrainer:
+    def __init__(self, model, config: dict, micro_batches: int, d, seed: int, lr: float, autocast=None):
+        self.model, self.config, self.micro_batches, self.d, self.seed = model, config, micro_batches, d, seed
+        self.autocast = autocast
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, **({"fused": True} if d.is_gpu else {}))
+
+    def close(self) -> None:
+        self.opt.state.clear()
+        self.opt = None
+
+    def _peak(self, reset: bool = True) -> int:
+        if not self.d.is_gpu:
+            return 0
+        peak = torch.cuda.max_memory_allocated(self.d.device)
+        if reset:
+            torch.cuda.reset_peak_memory_stats(self.d.device)
+        return peak
+
+    def step(self, step: int, probe: dict | None = None):
+        """One training step; returns the loss (mean over the step's tokens) as a tensor on the device."""
+        if probe is not None:
+            probe["before_step"] = self._peak()
+        self.opt.zero_grad(set_to_none=True)
+        total = None
+        for j in range(self.micro_batches):
+            ids, targets = token_batch(self.config, self.seed, step, j, self.d.device)
+            if self.autocast is not None:
+                with torch.autocast(self.d.device.type, dtype=self.autocast):
+                    loss = self.model(ids, targets)
+            else:
+                loss = self.model(ids, targets)
+            (loss / self.micro_batches).backward()
+            share = _local(loss.detach()) / self.micro_batches
+            total = share if total is None else total + share
+        if probe is not None:
+            probe["forward_backward"] = self._peak()
+        self.opt.step()
+        if probe is not None:
+            probe["optimizer_step"] = self._peak(reset=False)
+        return total
+
+    def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:
+        if self.d.is_gpu:
+            torch.cuda.synchronize(self.d.device)
+        dist.barrier()
+        gpu = self.d.is_gpu
+        marks, issue, losses = [mark(gpu)], [], []
+        for s in range(first, first + n):
+            last = s == first + n - 1 and probe is not None
+            t0 = time.perf_counter()
+            losses.append(self.step(s, probe if last else None))
+            issue.append(time.perf_counter() - t0)
+            marks.append(mark(gpu))
+            if progress:
+                progress(f"step {s + 1}/{first + n}: issued in {issue[-1] * 1e3:.1f} ms"
+                         + ("" if gpu else f", loss {float(losses[-1]):.6g}"))
+        if gpu:
+            torch.cuda.synchronize(self.d.device)
+        return [float(x) for x in losses], [span(a, b, gpu) for a, b in zip(marks, marks[1:])], issue
+
+    def run(self, steps: int, warmup: int, profile_steps: int, progress=None) -> dict:
+        probe = {}
+        if self.d.is_gpu:
+            torch.cuda.reset_peak_memory_stats(self.d.device)
+        losses, times, issue = self._steps(0, steps, probe, progress)
+        gpu = self.d.is_gpu
+        peak = None
+        if gpu:
+            mine = torch.tensor([float(max(probe.values()))], device=self.d.device)
+            out = [torch.zeros_like(mine) for _ in range(self.d.launch.world)]
+            dist.all_gather(out, mine)
+            peak = [int(x.item()) for x in out]
+        res = {"losses": losses, "step_times_s": times, "step_s": _slowest(statistics.median(times[warmup:] or times), self.d),
+               "host_issue_s": _slowest(statistics.median(issue[warmup:] or issue), self.d), "peak_memory_bytes": peak,
+               "peak_memory_phases_bytes": {k: _slowest(float(v), self.d) for k, v in probe.items()} if gpu else None,
+               "comm_s": None, "comm_source": "not profiled", "exposed_comm_s": None, "device_time_s": None,
+               "top_kernels": None, "layer_clock": None}
+        if profile_steps:
+            res.update(self._profile(steps, profile_steps, losses))
+        return res
+
+    def _profile(self, first: int, n: int, losses: list) -> dict:
+        return profiled(self.d, n, lambda: losses.extend(self._steps(first, n)[0]))

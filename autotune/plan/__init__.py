@@ -1,0 +1,14 @@
+"""Plans as a user holds them: the typed plan (``typed.py``, no torch) and ``apply`` (``place.py``,
+torch: place a user's nn.Module as a plan says). ``import autotune.plan`` does not import torch."""
+from autotune.plan.typed import (Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan,
+                                 dtensor_placement, load_plan)
+
+__all__ = ["Baseline", "Costs", "FineMesh", "LayerPlan", "ModelSpec", "TypedPlan", "WeightPlan",
+           "dtensor_placement", "load_plan", "apply", "micro_batches"]
+
+
+def __getattr__(name):
+    if name in ("apply", "micro_batches"):
+        from autotune.plan import place as module
+        return getattr(module, name)
+    raise AttributeError(f"module 'autotune.plan' has no attribute {name!r}")

@@ -1,0 +1,109 @@
+"""Today's plan dict (``plan["best"]`` of ``python -m autotune``'s plan.json) as a typed plan: the model
+rebuilt from its fields for the layers' dims, each layer's SBP notation expanded to fine-axis placements,
+its weights' shapes from its strategy."""
+from __future__ import annotations
+
+from calibrate.errors import UserError
+from models.builders import BUILDERS
+from models.graph import Layer, LayerGraph
+from models.loader import FIELDS, OPTIONAL, validate
+
+from autotune.plan.typed import Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan
+from autotune.sbp.layers import Matmul, make_op
+from autotune.sbp.mesh import Cluster, RoleMesh
+from autotune.sbp.sbp import parse
+
+LAYER_COSTS = ("redistribution_s", "grad_sync_s", "memory_bytes", "compute_s", "forward_s", "backward_s",
+               "optimizer_s")
+
+
+def model_kind(cfg: dict) -> str:
+    if cfg.get("kind") in BUILDERS:
+        return cfg["kind"]
+    for kind, fields in FIELDS.items():
+        if set(fields) - OPTIONAL <= set(cfg):
+            return kind
+    raise UserError("the plan's model section names no known model: re-run the search (python -m autotune --out DIR)")
+
+
+# a gpt plan written before the transformer family (no "residual" field) was searched on the AutoDDL graph
+LEGACY_GPT = {"residual": False, "attention": "naive", "tied": False, "bias": False, "positions": "none"}
+
+
+def model_graph(cfg: dict, layers: int | None = None) -> LayerGraph:
+    """The layer graph of a plan's model section; ``layers`` overrides its number of blocks."""
+    kind = model_kind(cfg)
+    cfg = {k: v for k, v in cfg.items() if k in FIELDS[kind] or k in ("name", "source", "description")}
+    if kind == "gpt" and "residual" not in cfg:
+        cfg = {**cfg, **LEGACY_GPT}
+    if layers is not None:
+        cfg["layers"] = layers
+    return BUILDERS[kind](validate(kind, cfg, "the plan's model"))
+
+
+def fine(text: str, cluster: Cluster, where: str) -> tuple[str, ...]:
+    """Fine-axis placements of the plan's notation ``(S0: (2, 1), B: (1, 2))``."""
+    try:
+        out = parse(text, cluster).fine(cluster)
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
+    return out if out else ("B",)  # one device: a single axis of size 1
+
+
+def strategy(layer: Layer, signature: str, mesh: RoleMesh, cluster: Cluster, act_bytes: int):
+    """The strategy of ``layer`` a plan names by signature and role mesh."""
+    op = make_op(layer, act_bytes)
+    if isinstance(op, Matmul):
+        return op.build(signature, mesh)
+    for s in op.strategies(cluster):
+        if s.signature == signature and s.mesh == mesh:
+            return s
+    raise UserError(f"layer {layer.name}: signature {signature!r} on mesh {[list(m) for m in mesh.sizes]} is not "
+                    f"a strategy of a {layer.kind} layer on {cluster}: re-run the search")
+
+
+def _cluster(best: dict, origin: str) -> Cluster:
+    try:
+        return Cluster(int(best["cluster"]["nodes"]), int(best["cluster"]["gpus_per_node"]))
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{origin}: no cluster nodes/gpus_per_node: re-run python -m autotune --out DIR") from None
+
+
+def convert(best: dict, baselines=(), origin: str = "plan") -> TypedPlan:
+    cfg = dict(best.get("model") or {})
+    graph = model_graph(cfg)
+    cluster = _cluster(best, origin)
+    entries = best.get("layers") or []
+    names = [e.get("name") for e in entries]
+    want = [layer.name for layer in graph.layers]
+    if names != want:
+        raise UserError(f"{origin}: the plan's layers {names[:4]}... are not its model's {want[:4]}...: "
+                        f"re-run the search for this model")
+    layers = []
+    for layer, e in zip(graph.layers, entries):
+        where = f"{origin}: layer {layer.name}"
+        try:
+            mesh = RoleMesh(tuple(tuple(m) for m in e["mesh"]))
+            sbp, sig = e["sbp"], e["signature"]
+        except (KeyError, TypeError):
+            raise UserError(f"{where} lacks mesh, sbp or signature: re-run the search") from None
+        shapes = {w.name: w.shape for w in strategy(layer, sig, mesh, cluster, graph.act_bytes).weights}
+        weights = []
+        for name, text in sbp.get("weights", {}).items():
+            if name not in shapes:
+                raise UserError(f"{where}: the plan places a weight {name!r} that a {layer.kind} layer has not: "
+                                f"re-run the search")
+            weights.append(WeightPlan(name, tuple(shapes[name]), fine(text, cluster, where)))
+        layers.append(LayerPlan(
+            layer.name, layer.kind, int(e.get("count", 1)), layer.all_dims(), sig,
+            fine(sbp["input"], cluster, where) if "input" in sbp else None,
+            fine(sbp["output"], cluster, where) if "output" in sbp else None,
+            tuple(weights), {k: e[k] for k in LAYER_COSTS if k in e}, mesh.sizes))
+    sharding = best.get("sharding") or {"mode": "none", "axes": []}
+    return TypedPlan(
+        ModelSpec(graph.model, {k: v for k, v in cfg.items() if k != "kind"}), cluster, FineMesh.of(cluster),
+        tuple(layers), int(best.get("micro_batches", 1)), best.get("recompute", "none"),
+        sharding.get("mode", "none"), tuple(sharding.get("axes", ())), best.get("strategy", ""),
+        best.get("profile", ""), Costs.from_dict(best["totals"], f"{origin}: totals") if "totals" in best else None,
+        tuple(Baseline(b.get("strategy", ""), Costs.from_dict(b["totals"], f"{origin}: baseline totals"))
+              for b in baselines))

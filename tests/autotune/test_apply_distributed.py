@@ -1,0 +1,201 @@
+"""autotune.apply on 4 processes (gloo, float64) against the same model in one process: the loss of every
+step and every parameter after two Adam steps (two micro-batches each) agree to 1e-9 (relative), for a tiny
+Hugging Face LlamaForCausalLM and a nanoGPT-style module, with the SBP search's plan (models' llama/gpt
+graph, converted through the typed plan), plans for FSDP (data parallel placements),
+tensor parallelism + FSDP (full recomputation) and random plans that use partial sums (one with selective
+recomputation), on a 2 x 2 cluster (on a 1 x 4 cluster, whose fine axes are the same, the searched plans); a plan with one wrong placement (the residual stream
+declared partial after the add) disagrees. One launch per cluster runs every plan. All but the searched
+plans are written by hand through the typed plan (tests/autotune/apply_plans.py)."""
+import os
+import socket
+import types
+
+import numpy as np
+import pytest
+
+if not os.environ.get("CI"):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+import torch  # noqa: E402
+import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
+import torch.multiprocessing as mp  # noqa: E402
+from torch import nn  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
+
+from apply_plans import GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan  # noqa: E402
+
+STEPS, LR, SEED = 2, 1e-2, 0
+RTOL = 1e-9
+
+
+class Block(nn.Module):
+    """nanoGPT's block, its fused qkv laid out head by head ([q k v] of head 0, then head 1, ...)."""
+
+    def __init__(self, c):
+        super().__init__()
+        h, self.hd = c["hidden"], c["head_dim"]
+        self.ln_1, self.ln_2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.attn = nn.Module()
+        self.attn.c_attn, self.attn.c_proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.mlp = nn.Module()
+        self.mlp.c_fc, self.mlp.c_proj = nn.Linear(h, c["ffn"]), nn.Linear(c["ffn"], h)
+
+    def forward(self, x):
+        qkv = self.attn.c_attn(self.ln_1(x))
+        b, t, _ = qkv.shape  # the attention's local batch, which may differ from the residual stream's
+        q, k, v = qkv.view(b, t, -1, 3, self.hd).transpose(1, 2).unbind(3)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn.c_proj(y.transpose(1, 2).reshape(b, t, -1))
+        return x + self.mlp.c_proj(nn.functional.gelu(self.mlp.c_fc(self.ln_2(x))))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        h = c["hidden"]
+        self.transformer = nn.Module()
+        self.transformer.wte, self.transformer.wpe = nn.Embedding(c["vocabulary"], h), nn.Embedding(c["sequence"], h)
+        self.transformer.h = nn.ModuleList(Block(c) for _ in range(c["layers"]))
+        self.transformer.ln_f = nn.LayerNorm(h)
+        self.lm_head = nn.Linear(h, c["vocabulary"], bias=False)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1])
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+def _rms_norm(self, x):
+    """Llama's RMSNorm in the model's dtype (Hugging Face's computes in float32 whatever the model's dtype, and
+    float32 sums in another order than one process's would hide a wrong gradient under 1e-9)."""
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def make_model(kind: str):
+    torch.manual_seed(SEED)
+    if kind == "gpt":
+        return NanoGPT(GPT).double()
+    c = LLAMA
+    cfg = LlamaConfig(vocab_size=c["vocabulary"], hidden_size=c["hidden"], intermediate_size=c["ffn"],
+                      num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+                      num_key_value_heads=c["kv_heads"], max_position_embeddings=c["sequence"],
+                      attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).double()
+    for m in model.modules():
+        if isinstance(m, LlamaRMSNorm):
+            m.forward = types.MethodType(_rms_norm, m)
+    return model
+
+
+def logits_of(model, ids):
+    out = model(ids) if isinstance(model, NanoGPT) else model(input_ids=ids, use_cache=False).logits
+    return out
+
+
+def train(model, plan, cfg):
+    """STEPS Adam steps on fixed random tokens, each over the plan's micro-batches: (losses, parameters)."""
+    import autotune
+    g = torch.Generator().manual_seed(SEED + 1)
+    ids = torch.randint(0, cfg["vocabulary"], (cfg["batch"], cfg["sequence"] + 1), generator=g)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        total = 0.0
+        mbs = autotune.micro_batches(plan, ids)
+        for mb in mbs:
+            logits = logits_of(model, mb[:, :-1])
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mb[:, 1:].reshape(-1))
+            (loss / len(mbs)).backward()
+            total += loss.item() / len(mbs)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses, parameters(model)
+
+
+def parameters(model) -> dict:
+    from torch.distributed.tensor import DTensor
+    out = {}
+    for name, p in model.named_parameters():
+        name = name.replace("parametrizations.", "").replace(".original", "")
+        out[name] = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, jobs, out):
+    import torch.distributed as dist
+
+    import autotune
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = []
+    for kind, plan in jobs:
+        cfg = GPT if kind == "gpt" else LLAMA
+        try:
+            results.append(train(autotune.apply(plan, make_model(kind)), plan, cfg))
+        except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
+            results.append(f"{type(e).__name__}: {e}")
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def plans(nodes, gpus) -> list:
+    """Every plan on 2 x 2; on 1 x 4, whose fine axes are the same two of size 2 (only the search's costs
+    differ), the searched plans and the wrong one."""
+    mesh = (2, 2)
+    out = []
+    for kind, cfg in (("llama", LLAMA), ("gpt", GPT)):
+        dp = data_parallel(cfg)
+        out.append((kind, searched(cfg, nodes, gpus)))
+        if nodes == 1:
+            continue
+        out += [(kind, typed_plan(cfg, nodes, gpus, dp, "FSDP", fsdp_axes=(0, 1))),
+                (kind, typed_plan(cfg, nodes, gpus, tp_data(cfg), "TP + FSDP", recompute="full", fsdp_axes=(0,))),
+                (kind, typed_plan(cfg, nodes, gpus, random_partial(cfg, mesh, 1), "random 1")),
+                (kind, typed_plan(cfg, nodes, gpus, random_partial(cfg, mesh, 2), "random 2",
+                                  recompute="selective"))]
+    broken = tp_data(LLAMA)
+    i, _, w = broken["residual"]
+    broken["residual"] = (i, ("S0", "P"), w)
+    out.append(("llama", typed_plan(LLAMA, nodes, gpus, broken, "broken (residual output P)")))
+    return out
+
+
+def mismatch(ref, got) -> str | None:
+    if isinstance(got, str):
+        return got
+    (ref_losses, ref_params), (losses, params) = ref, got
+    if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
+        return f"losses {losses} != {ref_losses}"
+    for name, want in ref_params.items():
+        if name not in params:
+            return f"parameter {name} missing"
+        if not torch.allclose(params[name], want, rtol=RTOL, atol=RTOL):
+            return f"parameter {name} differs by {(params[name] - want).abs().max():.3g}"
+    return None
+
+
+@pytest.mark.parametrize("nodes,gpus", [(2, 2), (1, 4)])
+def test_apply_matches_one_process(nodes, gpus, tmp_path):
+    jobs = plans(nodes, gpus)
+    out = tmp_path / "results.pt"
+    # forked before this process computes anything (its imports shared: spawning re-imports transformers 4 times)
+    mp.start_processes(_worker, args=(4, _free_port(), jobs, str(out)), nprocs=4, start_method="fork")
+    results = torch.load(out)
+    refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
+    assert len(results) == len(jobs)
+    for (kind, plan), got in zip(jobs[:-1], results):
+        assert mismatch(refs[kind], got) is None, f"{kind} {plan.strategy} on {nodes}x{gpus}: {mismatch(refs[kind], got)}"
+    assert mismatch(refs["llama"], results[-1]) is not None, "a wrong placement went unnoticed"
+    assert refs["llama"][0][1] != pytest.approx(refs["llama"][0][0])  # the loss moved between the steps
