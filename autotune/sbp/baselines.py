@@ -66,14 +66,19 @@ def _index(problem: Problem) -> "_Index":
     return idx
 
 
-def megatron_assignment(problem: Problem, d, t) -> list[int] | None:
-    """The Megatron plan on mesh (d, t), or None if some layer cannot take it."""
+def megatron_assignment(problem: Problem, d, t, row_first: bool = False) -> list[int] | None:
+    """The Megatron plan on mesh (d, t), or None if some layer cannot take it. ``row_first``: the first matmul
+    after a layer that is not one (VGG's fc0 after the convolutions) row-parallel, then alternating."""
     idx = _index(problem)
     assign: list[int | None] = [None] * len(problem.ops)
     prev_split = False  # whether the previous layer's output is split over t along features
+    prev_kind = None
     for v in problem.graph.chain:
         op = problem.ops[v]
         kind = op.layer.kind
+        if row_first and kind == "matmul" and prev_kind in ("conv", "pool"):
+            prev_split = True
+        prev_kind = kind
         if kind == "embedding":
             key, split = ("autoddl", RoleMesh((d, ONE, t))), False
         elif kind == "matmul":
@@ -96,13 +101,14 @@ def megatron_assignment(problem: Problem, d, t) -> list[int] | None:
     return [int(a) for a in assign]
 
 
-def summa_assignment(problem: Problem, r, c) -> list[int] | None:
+def summa_assignment(problem: Problem, r, c, signature: str = "summa") -> list[int] | None:
+    """SUMMA on an r x c mesh; ``signature`` "summa" (panels kept) or "summa-lean" (broadcast again)."""
     idx = _index(problem)
     out = []
     for v, op in enumerate(problem.ops):
         kind = op.layer.kind
         if kind in ("matmul", "embedding"):
-            key = ("summa", RoleMesh((r, c)))
+            key = (signature, RoleMesh((r, c)))
         elif kind in ("conv", "pool"):
             key = (kind, problem.choices[v][0].mesh)
         else:

@@ -125,8 +125,9 @@ class Problem:
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
                  precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm",
-                 mode: Mode = NONE, recipe: str = "autocast"):
-        """``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
+                 mode: Mode = NONE, recipe: str = "autocast", keep=None):
+        """``keep``: a predicate ``keep(layer, strategy)``; the strategies it rejects are left out (e.g. a cap
+        on weight replication). ``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
         without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal).
         ``objective``: "comm", seconds of communication per step (AutoDDL's), or "step", predicted step
         time (``autotune.sbp.steptime``; needs the profile's compute model). ``mode``: recomputation and
@@ -153,6 +154,8 @@ class Problem:
             ss = [with_recipe(s, op.layer) for s in op.strategies(self.cluster, signatures)]
             if not allow_partial:
                 ss = [s for s in ss if not s.uses_partial]
+            if keep is not None:
+                ss = [s for s in ss if keep(op.layer, s)]
             if not ss:
                 raise UserError(
                     f"layer {op.layer.name} has no strategy on {self.cluster} (sizes do not divide): "

@@ -13,7 +13,9 @@ Matmul roles (AutoDDL §4.2.2, I W = O, I [m, k], W [k, n]):
 Signature "autoddl" orders the roles (m, n, k): I (S0, B, S1), W (B, S1, S0),
 O (S0, S1, P), the paper's; "transposed" orders them (m, k, n): I (S0, S1, B),
 W (B, S0, S1), O (S0, P, S1) (Megatron's row-parallel layer is one instance);
-"summa" is the 2D algorithm of Xu et al. (baseline only).
+"summa" is the 2D algorithm of Xu et al. (baseline only), keeping every gathered panel for the backward
+pass; "summa-lean" the 2-D SUMMA that keeps only its local blocks and broadcasts the panels again in the
+backward pass (baseline only).
 """
 from __future__ import annotations
 
@@ -141,6 +143,9 @@ class Op:
         raise NotImplementedError
 
 
+SUMMAS = ("summa", "summa-lean")
+
+
 class Matmul(Op):
     """linear / matmul, and embedding (k = vocabulary, the input one-hot token ids)."""
 
@@ -167,16 +172,20 @@ class Matmul(Op):
 
     def build(self, sig: str, mesh: RoleMesh) -> Strategy:
         t, k, n = self.dims["tokens"], self.dims["k"], self.dims["n"]
-        if sig == "summa":
+        if sig in SUMMAS:
             sb = ("S0", "S1")
             weights = (Tensor("weight", (k, n), sb),) + self._extra_weights(sb, sb)
             gather_w = Internal("weight", (k, n), self.act_bytes, sb, (B, "S1"))
             if self.layer.kind == "embedding":
-                return Strategy("summa", mesh, None, Tensor("output", (t, n), sb), weights,
+                return Strategy(sig, mesh, None, Tensor("output", (t, n), sb), weights,
                                 (gather_w,), extra_act_elems=k * (n // mesh.role_size(1)))
+            gather_x = Internal("input", (t, k), self.act_bytes, sb, ("S0", B))
+            again = () if sig == "summa" else tuple(  # the backward's own broadcasts of both panels
+                Internal(g.tensor, g.shape, g.itemsize, g.src, g.dst, backward=False, direction="bwd")
+                for g in (gather_x, gather_w))
             return Strategy(
-                "summa", mesh, Tensor("input", (t, k), sb), Tensor("output", (t, n), sb), weights,
-                (Internal("input", (t, k), self.act_bytes, sb, ("S0", B)), gather_w),
+                sig, mesh, Tensor("input", (t, k), sb), Tensor("output", (t, n), sb), weights,
+                (gather_x, gather_w) + again,
                 extra_act_elems=(t // mesh.role_size(0)) * k + k * (n // mesh.role_size(1)),
             )
         roles = MATMUL_ORDERS[sig]
@@ -189,7 +198,7 @@ class Matmul(Op):
         sigs = signatures or tuple(MATMUL_ORDERS)
         out = []
         for sig in sigs:
-            if sig == "summa":
+            if sig in SUMMAS:
                 out += [self.build(sig, m) for m in role_meshes(cluster, 2)]
             else:
                 out += [self.build(sig, m) for m in role_meshes(cluster, 3)]

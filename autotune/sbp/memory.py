@@ -96,7 +96,7 @@ PRECISION = {
 # weight and Adam m and v (ZeRO's K = 12); no autocast copies
 AUTODDL_PRECISION = {2: (2, 2, 12), 4: (4, 4, 8)}
 RECIPES = ("autocast", "autoddl")
-MATMUL_SIGNATURES = ("autoddl", "transposed", "summa")
+MATMUL_SIGNATURES = ("autoddl", "transposed", "summa", "summa-lean")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -214,6 +214,8 @@ def kept_bytes(s, cluster: Cluster, act_bytes: int, recompute: str = "none", rol
         return inp * (2 * STAT_BYTES + act_bytes)
     if s.signature == "summa":
         return s.extra_act_elems * act_bytes if s.input else 0
+    if s.signature == "summa-lean":  # the local blocks only; the panels are broadcast again in backward
+        return inp * act_bytes
     if s.signature == "residual":
         return 0.0
     if s.signature == "attention" and recompute == "selective" and not s.extra_act_bytes:
@@ -311,8 +313,8 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
             extra += STAT_BYTES * out
         else:
             elems += 2 * s.extra_act_elems
-    if s.signature == "summa":
-        elems += s.extra_act_elems
+    if s.signature in ("summa", "summa-lean"):  # lean: the panels gathered again, and their gradients
+        elems += s.extra_act_elems * (2 if s.signature == "summa-lean" else 1)
     return elems * act_bytes + extra + wbytes
 
 

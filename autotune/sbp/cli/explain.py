@@ -24,7 +24,7 @@ from calibrate.errors import OptionError, UserError
 from autotune.sbp.baselines import _Index, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.mesh import RoleMesh, role_meshes
 from autotune.sbp.plan import build_plan
-from autotune.sbp.reproduce import _problem, breakdown, load_cases
+from autotune.sbp.reproduce import Config, _problem, breakdown, load_cases
 from autotune.sbp.search import auto_budget, make_search
 
 GI = 2**30
@@ -46,7 +46,7 @@ def _line(name, pr, a) -> str:
 
 
 def megatron_meshes(case: dict, over: dict) -> None:
-    pr = _problem(case, over)
+    pr = _problem(case, over, Config())
     for m in role_meshes(pr.cluster, 2):
         if case["gpus"] > 1 and m.sizes[1][0] != 1:
             continue  # tensor parallel inside a node, as the paper tuned it on GCP
@@ -58,7 +58,7 @@ def megatron_meshes(case: dict, over: dict) -> None:
 
 def papers_plan() -> None:
     case = _case("wide-daint-64")
-    pr = _problem(case, {"micro_batch": 16})
+    pr = _problem(case, {"micro_batch": 16}, Config())
     idx = _Index(pr)
 
     def m(*r):
@@ -77,7 +77,7 @@ def papers_plan() -> None:
 
 
 def summa(case: dict, over: dict) -> None:
-    pr = _problem(case, over, ("summa",))
+    pr = _problem(case, over, Config(), ("summa",))
     names = [op.layer.name for op in pr.ops]
     for m in role_meshes(pr.cluster, 2):
         a = summa_assignment(pr, *m.sizes)
@@ -92,7 +92,7 @@ def summa(case: dict, over: dict) -> None:
 
 
 def versus_data_parallel(case: dict, over: dict) -> None:
-    pr = _problem(case, over)
+    pr = _problem(case, over, Config())
     res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0))
     ours, dp = build_plan(pr, res.assignment, "searched"), build_plan(pr, data_parallel(pr), "data parallel")
     for a, b in zip(ours["layers"], dp["layers"]):

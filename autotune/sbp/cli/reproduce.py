@@ -5,9 +5,15 @@ cluster, memory, profile and baselines) is searched under the communication
 objective (the paper's) and compared with the paper's figure: the winner and
 the communication saved against the best baseline that fits. A case passes when
 the winner is the paper's and the reduction is within 10 percentage points.
-Writes ``reproduce.json`` (a versioned record) and prints the table.
+Writes ``reproduce.json`` (a versioned record) and prints the table. One
+configuration for every case (``autotune.sbp.reproduce.Config``: p0 cap 4 on the
+transformer cases, reported without it too; baselines and search over meshes,
+micro-batches and VGG Megatron's layer order; memory against the profile's usable
+capacity, workspace included) and, per case, the verdict with alpha or beta
+halved and doubled (a verdict that flips is marked). Exits 1 when a case fails
+that passed in the previous record (``--previous``: a regression), else 0.
 
-    python -m autotune reproduce autoddl [--case ID ...] [--out DIR]
+    python -m autotune reproduce autoddl [--case ID ...] [--out DIR] [--previous FILE] [--no-sensitivity]
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from calibrate.jsonfile import write_json
 from calibrate.lock import DirLock
 from calibrate.outputs import check_output_path
 
-from autotune.sbp.reproduce import RECORD, TOLERANCE_PP, VERSION, load_cases, run_case, table
+from autotune.sbp.reproduce import (RECORD, TOLERANCE_PP, VERSION, Config, latest_record, load_cases,
+                                    previous_statuses, regressions, run_case, table)
 
 
 def main(argv=None) -> int:
@@ -27,7 +34,15 @@ def main(argv=None) -> int:
     ap.add_argument("paper", choices=["autoddl"], help="the paper whose evaluation to reproduce")
     ap.add_argument("--case", action="append", help="run only this case id (repeatable; default all)")
     ap.add_argument("--out", default="reproduce-out", help="directory for reproduce.json (default ./reproduce-out)")
+    ap.add_argument("--previous", default=None,
+                    help="the last recorded run (reproduce.json) to compare with; default the newest "
+                         "reports/records/sbp_reproduce_*.json of this repository")
+    ap.add_argument("--no-sensitivity", action="store_true", help="skip the alpha-beta sensitivity runs")
+    ap.add_argument("--p0-cap", type=int, default=Config.p0_cap,
+                    help="most devices a transformer weight is replicated over (0: no cap)")
     args = ap.parse_args(argv)
+    config = Config(p0_cap=args.p0_cap or None)
+    prev = previous_statuses(Path(args.previous) if args.previous else latest_record())
     cases = load_cases()
     ids = [c["id"] for c in cases]
     for c in args.case or []:
@@ -49,11 +64,17 @@ def _reproduce(args, cases: list[dict], out: Path) -> int:
         if args.case and c["id"] not in args.case:
             continue
         print(f"[reproduce] {c['id']} ({c['section']})", flush=True)
-        rows.append(run_case(c))
+        rows.append(run_case(c, config, not args.no_sensitivity))
         t = table(rows[-1:])[0]
-        print(f"  paper: {t['paper']}\n  ours:  {t['ours']}\n  difference {t['difference pp']} pp: {t['status']}",
-              flush=True)
-    path = write_json(out / "reproduce.json", {"kind": RECORD, "version": VERSION, "rows": rows}, "reproduction record")
+        print(f"  paper: {t['paper']}\n  ours:  {t['ours']}\n  difference {t['difference pp']} pp: {t['status']}"
+              + (f"\n  {t['sensitivity']}" if t["sensitivity"] != "-" else ""), flush=True)
+    path = write_json(out / "reproduce.json", {"kind": RECORD, "version": VERSION,
+                                               "config": {"p0_cap": config.p0_cap, "micro_batches": config.micro_batches},
+                                               "rows": rows}, "reproduction record")
     passed = sum(r["status"] == "pass" for r in rows)
-    print(f"{passed}/{len(rows)} cases pass (same winner, reduction within {TOLERANCE_PP:g} pp); wrote {path}")
-    return 0
+    lost = regressions(rows, prev)
+    print(f"{passed}/{len(rows)} cases pass (same winner, reduction within {TOLERANCE_PP:g} pp); "
+          + (f"REGRESSION: {', '.join(lost)} passed in the previous record and fail now" if lost
+             else "no regression against the previous record" if prev else "no previous record to compare with")
+          + f"; wrote {path}")
+    return 1 if lost else 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import statistics
 import sys
 from pathlib import Path
 
