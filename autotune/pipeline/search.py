@@ -115,11 +115,11 @@ def stage_choices(graph: LayerGraph, cluster: Cluster, stages: str | int,
 
 
 def micro_batch_choices(graph: LayerGraph, stages: int, sub: Cluster, count: int) -> list[int]:
-    """Up to ``count`` micro-batch counts m, p <= m <= 8p dividing the batch: first those whose micro-batch
+    """Up to ``count`` (0: all) micro-batch counts m, p <= m <= 8p dividing the batch: first those whose micro-batch
     splits over the stage's nodes (data parallel across nodes, Megatron's way), the largest first."""
     ms = [m for m in range(stages, 8 * stages + 1) if graph.batch % m == 0]
     ms.sort(key=lambda m: ((graph.batch // m) % sub.nodes == 0, m), reverse=True)
-    return ms[:count]
+    return ms[:count] if count else ms
 
 
 def inflight(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
@@ -358,3 +358,30 @@ def _short(split: list[int]) -> str:
         out.append(f"{split[i]}x{j - i}" if j - i > 1 else str(split[i]))
         i = j
     return "[" + ", ".join(out) + "]"
+
+
+def parse_stages(text: str) -> str | int:
+    """``auto`` | ``off`` | a count (1 is off)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "off"):
+        return t
+    try:
+        n = int(t)
+    except ValueError:
+        raise OptionError("pipeline", f"{text!r} is not auto, off or a stage count: give e.g. auto or 16") from None
+    if n < 1:
+        raise OptionError("pipeline", f"{n} stages: give at least 1 (1 or off: no pipeline), or auto")
+    return "off" if n == 1 else n
+
+
+def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str) -> None:
+    """Bad input found before any work: a schedule that does not exist, more stages than blocks or
+    devices, a submesh that does not divide the cluster, fewer micro-batches than stages."""
+    name = schedule_name(schedule)
+    if stages in ("auto", "off"):
+        return
+    [(p, sub)] = stage_choices(graph, cluster, stages)
+    if name != "gpipe" and not micro_batch_choices(graph, p, sub, 0):
+        raise OptionError("stages", f"{p} stages need at least {p} micro-batches for {schedule} but the batch "
+                                    f"{graph.batch} has no micro-batch count from {p} to {8 * p}: use fewer "
+                                    f"stages or a batch with such a divisor")
