@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports.html import Section
+from reports.sections import pipeline as pipeline_section
 
 
 def _totals(plans: list[dict]) -> pd.DataFrame:
@@ -129,6 +130,8 @@ def build(paths: list[Path]) -> list[Section]:
         sec.figure(_breakdown_fig(plans), "Cost breakdown: redistribution (boxing between and inside layers, "
                                           "forward and backward) and weight-gradient synchronisation; hatched: "
                                           "over the memory limit.")
+        if "stages" in best:
+            pipeline_section.add(sec, best)
         sec.heading("Per-layer plan").table(
             _layers(best), "x: how often the layer repeats (tied SBP). Placements per DeviceMesh dimension "
                            "(node parts first), as PyTorch DTensor and as OneFlow's nd-SBP write them.")

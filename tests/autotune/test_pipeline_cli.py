@@ -5,6 +5,8 @@ import json
 import pytest
 
 from autotune.__main__ import main as autotune_main
+from reports.html import Section
+from reports.sections.pipeline import add
 
 SMALL = ["--model", "gpt", "--preset", "gpt3-1.3b", "--layers", "4", "--hidden", "256", "--heads", "4",
          "--sequence", "128", "--vocabulary", "1024", "--batch", "16", "--micro-batch", "4", "--nodes", "2",
@@ -26,7 +28,12 @@ def test_pipeline_stages_in_plan_and_table(tmp_path, capsys):
     assert s0["boundary_forward_s"] > 0 and s0["plan"]["layers"] and s0["timeline"]
     assert p["totals"]["step_s"] >= max(s["end_s"] for s in p["stages"])
     assert "pipelined (2 stages" in out
-    assert "<svg" in (tmp_path / "report.html").read_text()
+    html = (tmp_path / "report.html").read_text()
+    assert "<svg" in html and (("Pipeline stages" in html) == ("stages" in d["best"]))
+    sec = Section("pipeline")
+    add(sec, p)
+    body = "".join(sec.blocks)
+    assert "Pipeline stages" in body and "<svg" in body and "stage 1" in body
 
 
 @pytest.mark.parametrize("args,msg", [
