@@ -15,6 +15,9 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
       "attention_backward": {...},        # optional, as "attention": the core's backward
       "attention_copies": {...},          # optional, on the "elements" axis: the layer around the core
       "attention_copies_backward": {...}, # optional, the same for the backward
+      "sdpa": {"2": {"gqa": "enable_gqa", "causal": true,   # optional: torch's scaled_dot_product_attention,
+                     "points": [{"batch": 32, "heads": 8, "kv_heads": 1, "sequence": 512, "head_dim": 64,
+                                 "forward_s": ..., "backward_s": ..., "backend": "flash"}, ...]}},
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
 
@@ -33,6 +36,17 @@ head dimension d (H200, bf16, s = 1024: 577 us at d = 64, 586 us at d = 128),
 which flops, proportional to d, cannot express: on the flops axis, b = 4,
 h = 32, s = 1024, d = 128 read as the s = 2048, d = 64 point, twice its time. Backward of a matmul costs twice its
 forward (two matmuls of the same size).
+
+SDPA (``sdpa``, ``ComputeModel.sdpa_seconds``): torch's fused causal attention (flash and its
+kin: nothing of size s^2 kept), measured per (head_dim, heads, kv_heads) configuration over
+sequence lengths, each point with the backend it ran on. A query (b, h, kv, s, d) reads the
+configuration of the measured head dimension nearest to d (on a log scale, the larger on a tie),
+and of it the (heads, kv_heads) whose group size heads / kv_heads is nearest to h / kv (log scale;
+then the nearest heads); along the sequence it interpolates log-log between the measured points'
+time per (batch x head), t / (b h); the rest scales by flops: linearly in b h and in d / d_measured,
+and as (s / s_end)^2 beyond the measured sequences; never below ``launch_s``. Without SDPA figures
+for the element size, the causal flash flop count (forward 2 b h s^2 d, backward 2.5 times the
+forward's) at the matmul band's rate.
 """
 from __future__ import annotations
 
@@ -46,6 +60,10 @@ KINDS = ("measured", "assumed")
 
 
 AXES = ("flops", "scores", "elements")
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")  # torch.nn.attention.SDPBackend, by kernel family
+SDPA_GQA = ("enable_gqa", "repeat")  # K/V heads shared by scaled_dot_product_attention(enable_gqa=True), or repeated first
+SDPA_DIMS = ("batch", "heads", "kv_heads", "sequence", "head_dim")
+SDPA_BACKWARD_FACTOR = 2.5  # without figures: backward flops over forward flops (flash attention's backward)
 OPS = {  # memory-bound kernels with their own measured bandwidth -> the kind a profile without it falls back to
     "elementwise": None,  # pointwise work computed in fp32, casts, row reductions (None: the copy's memory_Bps)
     "optimizer": "elementwise",  # torch's fused Adam
@@ -110,6 +128,89 @@ def _band(d, where: str) -> Band:
 
 
 @dataclass(frozen=True)
+class SdpaPoint:
+    """One measured shape of causal SDPA: forward and backward medians, and the backend it ran on."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    sequence: int
+    head_dim: int
+    forward_s: float
+    backward_s: float
+    backend: str
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in (*SDPA_DIMS, "forward_s", "backward_s", "backend")}
+
+
+def _log_nearest(values, want: float):
+    """The value nearest to ``want`` on a log scale; the larger on a tie."""
+    return min(values, key=lambda v: (abs(math.log(v / want)), -v))
+
+
+@dataclass(frozen=True)
+class SdpaTable:
+    """The measured SDPA grid of one element size (the rule: the module docstring)."""
+
+    points: tuple[SdpaPoint, ...]
+    gqa: str = "enable_gqa"
+
+    def seconds(self, batch: int, heads: int, kv_heads: int, sequence: int, head_dim: int,
+                backward: bool, launch_s: float) -> float:
+        d = _log_nearest({p.head_dim for p in self.points}, head_dim)
+        same_d = [p for p in self.points if p.head_dim == d]
+        group = heads / kv_heads
+        h, kv = min({(p.heads, p.kv_heads) for p in same_d},
+                    key=lambda c: (abs(math.log(c[0] / c[1] / group)), abs(math.log(c[0] / heads)), -c[0]))
+        row = [(p.sequence, (p.backward_s if backward else p.forward_s) / (p.batch * p.heads))
+               for p in same_d if (p.heads, p.kv_heads) == (h, kv)]  # sequences increasing (checked on load)
+        seqs = [s for s, _ in row]
+        if sequence <= seqs[0] or sequence >= seqs[-1]:
+            s0, u0 = row[0] if sequence <= seqs[0] else row[-1]
+            per_head = u0 * (sequence / s0) ** 2
+        else:
+            i = bisect.bisect_right(seqs, sequence)
+            (s0, u0), (s1, u1) = row[i - 1], row[i]
+            w = math.log(sequence / s0) / math.log(s1 / s0)
+            per_head = u0 ** (1 - w) * u1 ** w
+        return max(launch_s, per_head * batch * heads * head_dim / d)
+
+    def backends(self) -> list[str]:
+        return sorted({p.backend for p in self.points})
+
+    def to_dict(self) -> dict:
+        return {"gqa": self.gqa, "causal": True, "points": [p.to_dict() for p in self.points]}
+
+
+def _sdpa(d, where: str) -> SdpaTable:
+    fix = "re-run python -m calibrate compute"
+    if not isinstance(d, dict) or not isinstance(d.get("points"), list) or not d["points"]:
+        raise UserError(f"{where} needs a non-empty list of points: {fix}")
+    if d.get("gqa", "enable_gqa") not in SDPA_GQA or d.get("causal", True) is not True:
+        raise UserError(f"{where} has gqa {d.get('gqa')!r}, causal {d.get('causal')!r} (want gqa one of "
+                        f"{', '.join(SDPA_GQA)}, causal true): {fix}")
+    points, last = [], {}
+    for p in d["points"]:
+        ok = isinstance(p, dict) and set(p) == {*SDPA_DIMS, "forward_s", "backward_s", "backend"}
+        ok = ok and all(isinstance(p[k], int) and not isinstance(p[k], bool) and p[k] > 0 for k in SDPA_DIMS)
+        ok = ok and all(isinstance(p[k], (int, float)) and not isinstance(p[k], bool) and math.isfinite(p[k])
+                        and p[k] > 0 for k in ("forward_s", "backward_s"))
+        if not ok or p["backend"] not in SDPA_BACKENDS or p["heads"] % p["kv_heads"]:
+            raise UserError(f"{where} has a bad point {p!r} (want positive integer {', '.join(SDPA_DIMS)} with "
+                            f"kv_heads dividing heads, finite positive forward_s and backward_s, backend one of "
+                            f"{', '.join(SDPA_BACKENDS)}): {fix}")
+        key = (p["head_dim"], p["heads"], p["kv_heads"])
+        if p["sequence"] <= last.get(key, 0):
+            raise UserError(f"{where}: the points of head_dim {key[0]}, heads {key[1]}, kv_heads {key[2]} are not "
+                            f"in increasing sequence order (sequence {p['sequence']} after {last[key]}): {fix}")
+        last[key] = p["sequence"]
+        points.append(SdpaPoint(*(p[k] for k in SDPA_DIMS), float(p["forward_s"]), float(p["backward_s"]),
+                                p["backend"]))
+    return SdpaTable(tuple(points), d.get("gqa", "enable_gqa"))
+
+
+@dataclass(frozen=True)
 class ComputeModel:
     source: str
     kind: str
@@ -122,6 +223,7 @@ class ComputeModel:
     attention_copies: dict = field(default_factory=dict)  # the layer around the core, forward (elements axis)
     attention_copies_backward: dict = field(default_factory=dict)  # and backward
     op_Bps: dict = field(default_factory=dict)  # OPS kind -> measured bytes per second
+    sdpa: dict = field(default_factory=dict)  # str(dtype_bytes) -> SdpaTable: torch's fused causal SDPA
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -149,6 +251,17 @@ class ComputeModel:
             return self._attention(band, batch, heads, seq, head_dim)
         band = self.attention.get(str(dtype_bytes)) or self._band(self.matmul, "matmul", dtype_bytes)
         return self._attention(band, batch, heads, seq, head_dim)
+
+    def sdpa_seconds(self, batch: int, heads: int, kv_heads: int, sequence: int, head_dim: int, act_bytes: int,
+                     backward: bool = False) -> float:
+        """Causal ``scaled_dot_product_attention`` (its forward, or ``backward``: its backward) on
+        [batch, heads, sequence, head_dim] queries and kv_heads K/V heads: the measured grid
+        interpolated (module docstring), else the causal flash flop count at the matmul rate."""
+        table = self.sdpa.get(str(act_bytes))
+        if table is not None:
+            return table.seconds(batch, heads, kv_heads, sequence, head_dim, backward, self.launch_s)
+        flops = 2.0 * batch * heads * sequence * sequence * head_dim * (SDPA_BACKWARD_FACTOR if backward else 1.0)
+        return self._band(self.matmul, "matmul", act_bytes).seconds(flops, self.launch_s)
 
     def attention_copy_seconds(self, batch: int, heads: int, seq: int, head_dim: int, dtype_bytes: int,
                                backward: bool = False) -> float | None:
@@ -186,6 +299,7 @@ class ComputeModel:
                 **{key: {k: b.to_dict() for k, b in getattr(self, key).items()}
                    for key in ("attention_backward", "attention_copies", "attention_copies_backward")
                    if getattr(self, key)},
+                **({"sdpa": {k: t.to_dict() for k, t in self.sdpa.items()}} if self.sdpa else {}),
                 "sources": dict(self.sources)}
 
     @classmethod
@@ -215,4 +329,11 @@ class ComputeModel:
                for key in ("attention_backward", "attention_copies", "attention_copies_backward")},
             sources=dict(d.get("sources", {})),
             op_Bps={k: float(v) for k, v in ops.items()},
+            sdpa=_sdpa_tables(d.get("sdpa", {}), where),
         )
+
+
+def _sdpa_tables(d, where: str) -> dict:
+    if not isinstance(d, dict):
+        raise UserError(f"{where} has sdpa {d!r}, not element size -> figures: re-run python -m calibrate compute")
+    return {str(k): _sdpa(v, f"{where} sdpa {k}") for k, v in d.items()}

@@ -16,6 +16,14 @@ Costing a group (``Group(ranks, nodes)``):
 - a group size that the profile did not measure uses the measured p nearest on a
   log scale: alpha and beta are per-hop constants of the ring model, so they
   carry across p (``calibrate fit`` reports how flat they really are).
+
+The optional ``device`` section names the GPU of one rank and its memory:
+``{"name", "total_bytes", "usable_bytes", "source"}``. Usable bytes are what one training
+process can allocate: the card's total less the CUDA context (its runtime, the kernels of
+torch, cuBLAS and attention loaded) and whatever else holds memory on it. ``python -m
+calibrate compute`` measures it (``calibrate/cli/compute.py``: free memory at the end of its
+run, after releasing torch's cache, plus what torch still holds); the embedded profiles state
+their source. ``Profile.memory_bytes`` is the usable figure, or None without a section.
 """
 from __future__ import annotations
 
@@ -123,6 +131,34 @@ def segments_time(coll: Collective, p: int, segments: list[Segment], nbytes: flo
     return t_lo ** (1 - w) * t_hi ** w
 
 
+@dataclass(frozen=True)
+class Device:
+    """The GPU of one rank: its name, total and usable memory (module docstring)."""
+
+    name: str
+    total_bytes: int
+    usable_bytes: int
+    source: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "total_bytes": self.total_bytes, "usable_bytes": self.usable_bytes,
+                "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d, origin: str = "profile") -> "Device":
+        fix = "re-run python -m calibrate compute, or fix the section by hand"
+        if not isinstance(d, dict) or set(d) != {"name", "total_bytes", "usable_bytes", "source"}:
+            raise UserError(f"{origin}: the device section needs exactly name, total_bytes, usable_bytes and "
+                            f"source: {fix}")
+        if not isinstance(d["name"], str) or not d["name"] or not isinstance(d["source"], str):
+            raise UserError(f"{origin}: the device's name and source must be text (name non-empty): {fix}")
+        sizes = [d[k] for k in ("total_bytes", "usable_bytes")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes) or sizes[1] > sizes[0]:
+            raise UserError(f"{origin}: the device has total_bytes {sizes[0]!r} and usable_bytes {sizes[1]!r}; want "
+                            f"positive integers, usable at most total: {fix}")
+        return cls(d["name"], d["total_bytes"], d["usable_bytes"], d["source"])
+
+
 @dataclass
 class Profile:
     name: str
@@ -133,6 +169,12 @@ class Profile:
     # tier -> collective -> str(p) -> CollectiveModel
     tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = field(default_factory=dict)
     compute: ComputeModel | None = None  # the GPU's compute model (``calibrate.compute``), if known
+    device: Device | None = None  # the GPU of one rank and its memory, if known
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """Usable GPU memory per device in bytes (the device section), or None when not known."""
+        return None if self.device is None else self.device.usable_bytes
 
     # ---- costing -------------------------------------------------------------------
     def model(self, coll: Collective | str, group: Group) -> tuple[CollectiveModel, int]:
@@ -190,6 +232,7 @@ class Profile:
                 for tier, colls in self.tiers.items()
             },
             **({"compute": self.compute.to_dict()} if self.compute is not None else {}),
+            **({"device": self.device.to_dict()} if self.device is not None else {}),
         }
 
     @classmethod
@@ -239,6 +282,7 @@ class Profile:
             timing_mode=d.get("timing_mode", ""),
             tiers=tiers,
             compute=ComputeModel.from_dict(d["compute"], origin) if "compute" in d else None,
+            device=Device.from_dict(d["device"], origin) if "device" in d else None,
         )
 
     def save(self, path: str | Path) -> Path:

@@ -2,6 +2,7 @@
 loss layer, whose input (the last layer's output) must not be partial."""
 from __future__ import annotations
 
+from models import transformer
 from models.graph import Layer, LayerGraph
 
 
@@ -20,19 +21,6 @@ def _block(prefix: str, t: int, mb: int, h: int, heads: int, ffn: int) -> list[L
         _L(f"{prefix}gelu", "pointwise", tokens=t, hidden=ffn),
         _L(f"{prefix}fc2", "matmul", tokens=t, k=ffn, n=h),
     ]
-
-
-def build_gpt(c: dict) -> LayerGraph:
-    t = c["micro_batch"] * c["sequence"]
-    h, v = c["hidden"], c["vocabulary"]
-    head = [_L("embedding", "embedding", tokens=t, k=v, n=h)]
-    block = _block("", t, c["micro_batch"], h, c["heads"], c.get("ffn", 4 * h))
-    tail = [_L("ln_f", "layernorm", tokens=t, hidden=h), _L("logits", "matmul", tokens=t, k=h, n=v),
-            _L("loss", "loss", tokens=t, vocabulary=v)]
-    layers = head + block + tail
-    nb = len(block)
-    chain = [0] + list(range(1, 1 + nb)) * c["layers"] + list(range(1 + nb, len(layers)))
-    return LayerGraph("gpt", layers, chain, c["batch"], c["micro_batch"], c)
 
 
 def build_mlp(c: dict) -> LayerGraph:
@@ -71,20 +59,30 @@ def build_u_transformer(c: dict) -> LayerGraph:
     t, mb, v, hd = c["micro_batch"] * c["sequence"], c["micro_batch"], c["vocabulary"], c["head_dim"]
     widths = c["widths"]
     layers = [_L("embedding", "embedding", tokens=t, k=v, n=widths[0])]
-    chain = [0]
+    chain, blocks = [0], []
     for s, w in enumerate(widths):
         if s:
             layers.append(_L(f"s{s}.down" if w < widths[s - 1] else f"s{s}.up", "matmul", tokens=t, k=widths[s - 1], n=w))
             chain.append(len(layers) - 1)
         start = len(layers)
         layers += _block(f"s{s}.", t, mb, w, w // hd, 4 * w)
-        chain += list(range(start, len(layers))) * c["layers_per_stage"]
+        for _ in range(c["layers_per_stage"]):
+            blocks.append((len(chain), len(chain) + len(layers) - start))
+            chain += range(start, len(layers))
     tail = [_L("ln_f", "layernorm", tokens=t, hidden=widths[-1]),
             _L("logits", "matmul", tokens=t, k=widths[-1], n=v), _L("loss", "loss", tokens=t, vocabulary=v)]
     start = len(layers)
     layers += tail
     chain += list(range(start, len(layers)))
-    return LayerGraph("u-transformer", layers, chain, c["batch"], c["micro_batch"], c)
+    return LayerGraph("u-transformer", layers, chain, c["batch"], c["micro_batch"], c, blocks=blocks)
 
 
-BUILDERS = {"gpt": build_gpt, "mlp": build_mlp, "vgg13": build_vgg13, "u-transformer": build_u_transformer}
+def build_gpt(c: dict) -> LayerGraph:
+    return transformer.build("gpt", c)
+
+
+def build_llama(c: dict) -> LayerGraph:
+    return transformer.build("llama", c)
+
+
+BUILDERS = {"gpt": build_gpt, "llama": build_llama, "mlp": build_mlp, "vgg13": build_vgg13, "u-transformer": build_u_transformer}

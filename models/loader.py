@@ -2,26 +2,39 @@
 from __future__ import annotations
 
 import json
+import os
 from importlib import resources
-from pathlib import Path
 
 from calibrate.errors import OptionError, UserError
 from calibrate.jsonfile import read_json
 
+from models import transformer
 from models.builders import BUILDERS
 from models.graph import LayerGraph
+from models.hf import is_hf_config, read_hf
 
-# kind -> field -> type ("int" or "ints"); every field of a preset is overridable
+# kind -> field -> type: "int" (positive), "ints" (a list of them), "bool", "str" (one of CHOICES[field]);
+# every field of a preset is overridable
 FIELDS: dict[str, dict[str, str]] = {
-    "gpt": {"layers": "int", "hidden": "int", "heads": "int", "sequence": "int", "vocabulary": "int",
-            "batch": "int", "micro_batch": "int", "ffn": "int", "act_bytes": "int"},
+    "gpt": dict(transformer.FIELDS),
+    "llama": dict(transformer.FIELDS),
     "mlp": {"dims": "ints", "batch": "int", "micro_batch": "int", "act_bytes": "int"},
     "vgg13": {"batch": "int", "micro_batch": "int", "image": "int", "classes": "int", "act_bytes": "int"},
     "u-transformer": {"widths": "ints", "layers_per_stage": "int", "head_dim": "int", "sequence": "int",
                       "vocabulary": "int", "batch": "int", "micro_batch": "int", "act_bytes": "int"},
 }
+CHOICES: dict[str, tuple[str, ...]] = dict(transformer.CHOICES)
+# field -> what it is, one line (the command's help)
+HELP: dict[str, str] = {
+    **transformer.HELP,
+    "dims": "layer widths of the MLP, input first",
+    "image": "image side in pixels (a multiple of 32)",
+    "classes": "output classes",
+    "widths": "stage widths of the U-Transformer",
+    "layers_per_stage": "transformer blocks per stage",
+}
 # act_bytes: bytes per activation and gradient element, 2 (fp16/bf16 mixed precision, the default) or 4 (fp32)
-OPTIONAL = {"ffn", "act_bytes"}
+OPTIONAL = (set(transformer.FIELDS) - set(transformer.REQUIRED["gpt"])) | {"act_bytes"}
 
 
 def model_kinds() -> list[str]:
@@ -39,6 +52,10 @@ def presets(kind: str) -> tuple[str, list[str]]:
 
 
 def validate(kind: str, cfg: dict, origin: str) -> dict:
+    """``cfg`` checked (a UserError naming the field and the fix); a transformer's with every field filled in."""
+    if kind in transformer.FAMILIES:
+        c = transformer.TransformerConfig.from_fields(kind, cfg, origin)
+        return {k: v for k, v in cfg.items() if k in transformer.META} | c.fields()
     fields = FIELDS[kind]
     unknown = sorted(set(cfg) - set(fields) - {"kind", "name", "description", "source"})
     if unknown:
@@ -59,8 +76,6 @@ def validate(kind: str, cfg: dict, origin: str) -> dict:
         raise UserError(f"{origin}: batch {cfg['batch']} is not a multiple of micro_batch {cfg['micro_batch']}; change one of them")
     if cfg.get("act_bytes", 2) not in (2, 4):
         raise UserError(f"{origin}: act_bytes {cfg['act_bytes']!r} must be 2 (fp16/bf16 mixed precision) or 4 (fp32)")
-    if kind == "gpt" and cfg["hidden"] % cfg["heads"]:
-        raise UserError(f"{origin}: hidden {cfg['hidden']} is not a multiple of heads {cfg['heads']}; change one of them")
     if kind == "u-transformer" and any(w % cfg["head_dim"] for w in cfg["widths"]):
         raise UserError(f"{origin}: every width must be a multiple of head_dim {cfg['head_dim']}")
     if kind == "vgg13" and cfg["image"] % 32:
@@ -68,17 +83,28 @@ def validate(kind: str, cfg: dict, origin: str) -> dict:
     return cfg
 
 
+def is_model_file(model: str) -> bool:
+    """``model`` names a file when it ends in .json or holds a path separator; otherwise it is a kind."""
+    return model.endswith(".json") or "/" in model or os.sep in model or bool(os.altsep and os.altsep in model)
+
+
 def load_model(model: str, preset: str | None = None, overrides: dict | None = None) -> LayerGraph:
     """A model kind (with a preset) or a JSON file; ``overrides`` replace fields."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    path = Path(model)
-    if path.suffix == ".json" or path.exists():
-        cfg = read_json(path, "model file", f"give a JSON file or one of {', '.join(model_kinds())}")
-        if not isinstance(cfg, dict) or cfg.get("kind") not in BUILDERS:
-            raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}")
+    if is_model_file(model):
+        cfg = read_json(model, "model file", f"give a JSON file or one of {', '.join(model_kinds())}")
+        origin = f"model file {model!r}"
         if preset:
             raise OptionError("preset", "applies to a model kind, not to a model file: drop it or the file")
-        kind, origin = cfg["kind"], f"model file {model!r}"
+        if isinstance(cfg, dict) and is_hf_config(cfg):
+            hf = read_hf(cfg, origin)
+            return BUILDERS[hf.kind](validate(hf.kind, hf.config(overrides), origin))
+        if not isinstance(cfg, dict) or "kind" not in cfg:
+            raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}, "
+                            f"or is a Hugging Face config.json (with \"architectures\")")
+        if cfg["kind"] not in BUILDERS:
+            raise UserError(f"{origin}: unknown kind {cfg['kind']!r}; use one of {', '.join(model_kinds())}")
+        kind = cfg["kind"]
     else:
         kind = model
         if kind not in BUILDERS:
@@ -90,5 +116,4 @@ def load_model(model: str, preset: str | None = None, overrides: dict | None = N
         cfg = dict(_preset_file(kind)["presets"][name], name=name)
         origin = f"{kind} preset {name!r}"
     cfg = dict(cfg, **overrides)
-    validate(kind, cfg, origin)
-    return BUILDERS[kind](cfg)
+    return BUILDERS[kind](validate(kind, cfg, origin))

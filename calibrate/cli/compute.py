@@ -8,13 +8,24 @@ Times, with CUDA events and the median of --iters runs on fresh random data
 what the previous one left in L2): matmuls ``a @ b`` over a grid of shapes,
 the causal attention core that executed plans run (``calibrate.attention``: the
 probabilities kept, as the plans' memory model counts them) over sequence
-lengths and head sizes,
-a device-to-device copy (memory bandwidth); a GELU forward and backward,
+lengths and head sizes, torch's fused causal attention
+(``scaled_dot_product_attention``, is_causal, grouped-query heads by enable_gqa=True) forward and
+backward over a grid of sequence lengths 512..16384, head sizes 64 and 128 and (heads, kv_heads)
+from 8 to 64 heads and 1 to all K/V heads, each point with the backend it ran on (flash,
+efficient, cudnn or math: the aten op the dispatcher called, read with torch's profiler); a
+device-to-device copy (memory bandwidth); a GELU forward and backward,
 torch's fused Adam and the masked embedding's forward and backward (the
 bandwidths of the step's other memory-bound kernels, which move fewer bytes a
 second than a copy); and a one-element kernel (launch cost). Writes the
-profile's ``compute`` section (``calibrate.compute``): the collective tiers of
+profile's ``compute`` section (``calibrate.compute``) and its ``device`` section (the GPU's
+name, total memory, and usable memory: at the end of the run, once torch's cache is released,
+the free memory plus what torch still holds, i.e. the total less this process's CUDA context
+grown by the kernels a step loads, and less other processes' memory): the collective tiers of
 the base profile are kept.
+
+How long: on one H100 or H200, the SDPA grid (132 bf16 points, 18 fp32) adds about half a
+minute at --iters 10 to the rest (matmuls, attention core, bandwidths), estimated from its
+flops at the measured rates; each run prints its own times per part.
 """
 from __future__ import annotations
 
@@ -22,22 +33,33 @@ import argparse
 import datetime as _dt
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from calibrate.cli import command_parser
 from calibrate.attention import attention_layer, causal_attention
 from calibrate.embedding import masked_embedding
-from calibrate.compute import Band, ComputeModel
+from calibrate.compute import Band, ComputeModel, SdpaPoint, SdpaTable
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 from calibrate.optional import require_torch
-from calibrate.profile import DEFAULT_PROFILE, Profile
+from calibrate.profile import DEFAULT_PROFILE, Device, Profile
 
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 SQUARES = (256, 512, 1024, 2048, 4096, 8192)
 TALL = (256, 512, 1024, 2048)  # widths s of token-major transformer shapes (8s, s, s), (8s, s, 3s), (8s, s, 4s), (8s, 4s, s)
 SEQS = (256, 512, 1024, 2048, 4096)
 HEAD_DIMS = (64, 128)
+SDPA_TOKENS = 16384  # batch x sequence of every SDPA point: a training micro-batch's tokens
+# (heads, kv_heads) per element size; bf16 over sequences 512..16384, fp32 (no flash kernel: a slower
+# backend, maybe one that keeps the s^2 scores) over 512..2048
+SDPA_HEADS = {2: ((8, 8), (8, 1), (16, 16), (16, 2), (16, 1), (32, 32), (32, 4), (32, 1), (64, 64), (64, 8), (64, 1)),
+              4: ((8, 8), (32, 32), (32, 4))}
+SDPA_SEQS = {2: (512, 1024, 2048, 4096, 8192, 16384), 4: (512, 1024, 2048)}
+SDPA_OPS = (("cudnn", ("_scaled_dot_product_cudnn", "cudnn")),  # cudnn first: its kernel names say "flash" too
+            ("flash", ("_scaled_dot_product_flash", "flash_fwd", "flash_bwd", "pytorch_flash")),
+            ("efficient", ("_scaled_dot_product_efficient", "_efficient_attention", "fmha_cutlass")),
+            ("math", ("_scaled_dot_product_attention_math",)))
 PEAKS = {"NVIDIA H200": {2: 989e12, 4: 67e12}, "NVIDIA H100": {2: 989e12, 4: 67e12},
          "NVIDIA A100": {2: 312e12, 4: 19.5e12}}
 
@@ -58,8 +80,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--merge", metavar="PROFILE.json",
-                    help="measure nothing: copy the compute section of PROFILE.json (measured earlier) into --out "
-                         "(e.g. an embedded profile), the rest of --out untouched")
+                    help="measure nothing: copy the compute and device sections of PROFILE.json (measured earlier) "
+                         "into --out (e.g. an embedded profile), the rest of --out untouched")
     return ap
 
 
@@ -143,6 +165,79 @@ def measure_attention(torch, dtype, device, iters, warmup) -> list[tuple]:
     return out
 
 
+def sdpa_backend(names) -> str:
+    """The SDPA backend that ran, from the names of the ops and kernels a profiler saw during one
+    call (the dispatcher's aten op ``aten::_scaled_dot_product_<backend>...``, or its kernels)."""
+    names = [n.lower() for n in names]
+    for backend, marks in SDPA_OPS:
+        if any(m in n for n in names for m in marks):
+            return backend
+    return "math"  # no fused op: the composite of matmuls and a softmax
+
+
+def sdpa_call(torch, q, k, v):
+    """Causal SDPA as users call it; K/V heads fewer than Q's shared through enable_gqa."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                            enable_gqa=k.shape[1] != q.shape[1])
+
+
+def which_backend(torch, q, k, v, grad) -> str:
+    """The backend of one forward and backward, read from torch's profiler (host ops only)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        sdpa_call(torch, q, k, v).backward(grad)
+    return sdpa_backend(e.name for e in prof.events())
+
+
+def measure_sdpa(torch, dtype, size, device, iters, warmup) -> list[SdpaPoint]:
+    """Causal SDPA per (head_dim, heads, kv_heads, sequence) of the grid (batch = SDPA_TOKENS /
+    sequence), timed as the matmuls are (calls back to back, a 256 MiB copy after each, fresh
+    inputs rotated over three sets): the forward with autograd on (as in training), and forward and
+    backward together, the backward being their difference. A shape that does not fit is skipped."""
+    src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    out = []
+    for d in (64, 128):
+        for heads, kv in SDPA_HEADS[size]:
+            for s in SDPA_SEQS[size]:
+                b = SDPA_TOKENS // s
+                try:
+                    sets = [(torch.randn(b, heads, s, d, device=device, dtype=dtype, requires_grad=True),
+                             *(torch.randn(b, kv, s, d, device=device, dtype=dtype, requires_grad=True)
+                               for _ in range(2))) for _ in range(3)]
+                    grad = torch.randn(b, heads, s, d, device=device, dtype=dtype)
+                    backend = which_backend(torch, *sets[0], grad)
+                    fwd = _time(torch, lambda i: sdpa_call(torch, *sets[i % 3]), iters, warmup,
+                                between=lambda: dst.copy_(src))
+                    both = _time(torch, lambda i: sdpa_call(torch, *sets[i % 3]).backward(grad), iters, warmup,
+                                 between=lambda: dst.copy_(src))
+                except torch.cuda.OutOfMemoryError:
+                    progress(f"sdpa b={b} h={heads} kv={kv} s={s} d={d} {dtype}: out of memory, skipped")
+                    sets = grad = None
+                    torch.cuda.empty_cache()
+                    continue
+                del sets, grad
+                out.append(SdpaPoint(b, heads, kv, s, d, fwd, max(both - fwd, fwd), backend))
+                flops = 2.0 * b * heads * s * s * d
+                progress(f"sdpa b={b} h={heads} kv={kv} s={s} d={d} {dtype} ({backend}): {fwd * 1e6:.1f} us forward "
+                         f"({flops / fwd / 1e12:.0f} TFLOP/s causal), {(both - fwd) * 1e6:.1f} us backward")
+    return out
+
+
+def device_memory(torch, device, free_at_start: int) -> Device:
+    """The GPU's name, total and usable memory (usable: the rule in this module's docstring)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    usable = min(total, free + torch.cuda.memory_reserved(device))
+    name = torch.cuda.get_device_name(device)
+    return Device(name, int(total), int(usable),
+                  f"measured by python -m calibrate compute: torch.cuda.mem_get_info's total; usable = its free "
+                  f"memory at the end of the run after torch.cuda.empty_cache() plus torch's reserved "
+                  f"({usable / 2**30:.2f} GiB; {free_at_start / 2**30:.2f} GiB free when the run started, "
+                  f"before the kernels it loaded)")
+
+
 def measure_memory(torch, device, iters, warmup) -> float:
     n = 1 << 28  # 256 Mi fp32 = 1 GiB per buffer
     src = [torch.rand(n, device=device) for _ in range(2)]
@@ -200,13 +295,17 @@ def measure_launch(torch, device, iters, warmup) -> float:
 
 
 def merge(src: str, out: str) -> Path:
-    """--out's JSON with the compute section of ``src`` (both profiles; nothing else changes)."""
-    measured = Profile.load(src).compute
+    """--out's JSON with the compute section of ``src``, and its device section if it has one (both
+    profiles; nothing else changes)."""
+    source = Profile.load(src)
+    measured = source.compute
     if measured is None:
         raise UserError(f"{src} has no compute section: measure one with python -m calibrate compute --out {src}")
     Profile.load(out)  # --out must be a profile
     data = read_json(out, "profile", "give a profile JSON as --out")
     data["compute"] = measured.to_dict()
+    if source.device is not None:
+        data["device"] = source.device.to_dict()
     return write_json(out, data, "profile")
 
 
@@ -215,6 +314,7 @@ def main(argv=None) -> int:
     if args.merge:
         print(f"wrote the compute section of {args.merge} into {merge(args.merge, args.out)}")
         return 0
+    started = time.perf_counter()
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bad = [d for d in names if d not in DTYPES]
     if bad or not names:
@@ -228,15 +328,23 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise UserError("python -m calibrate compute measures a GPU but torch sees no CUDA device: run it on a GPU machine")
     device = torch.device(args.device)
+    free_at_start = torch.cuda.mem_get_info(device)[0]
     gpu = torch.cuda.get_device_name(device)
     progress(f"{gpu}, torch {torch.__version__}; base profile {profile.name}")
-    matmul, attention, attention_bwd, sources, copies, copies_bwd = {}, {}, {}, {}, {}, {}
+    matmul, attention, attention_bwd, sources, copies, copies_bwd, sdpa = {}, {}, {}, {}, {}, {}, {}
     for name in names:
         dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[name])
         size = DTYPES[name]
         peak = next((v[size] for k, v in PEAKS.items() if gpu.startswith(k)), None)
         mm = measure_matmul(torch, dtype, device, args.iters, args.warmup)
         att = measure_attention(torch, dtype, device, args.iters, args.warmup)
+        t0 = time.perf_counter()
+        points = measure_sdpa(torch, dtype, size, device, args.iters, args.warmup)
+        progress(f"sdpa {name}: {len(points)} shapes in {time.perf_counter() - t0:.0f} s")
+        if points:
+            sdpa[str(size)] = SdpaTable(tuple(points), "enable_gqa")
+            sources[f"sdpa.{size}"] = (f"measured ({name}, scaled_dot_product_attention is_causal, enable_gqa, "
+                                       f"{len(points)} shapes, backends {', '.join(sdpa[str(size)].backends())})")
         best = max(f / t for f, t, _ in mm)
         matmul[str(size)] = Band(peak or best, tuple(sorted((f, t) for f, t, _ in mm)))
         attention[str(size)] = Band(peak or best, tuple(sorted((b * h * s * s, t) for _, t, (b, h, s, _), *_ in att)),
@@ -266,9 +374,12 @@ def main(argv=None) -> int:
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
-        op_Bps=ops)
+        op_Bps=ops, sdpa=sdpa)
+    profile.device = device_memory(torch, device, free_at_start)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())
              + f", launch {launch * 1e6:.1f} us")
+    progress(f"{profile.device.name}: {profile.device.total_bytes / 2**30:.2f} GiB total, "
+             f"{profile.device.usable_bytes / 2**30:.2f} GiB usable; whole run {time.perf_counter() - started:.0f} s")
     print(f"wrote the compute section of {profile.name} to {path}")
     return 0

@@ -52,8 +52,8 @@ def build_parser():
                         "not used by the fit: the fitted profile is judged on them and the errors go into its "
                         "provenance")
     p.add_argument("--compute-from", default=None, metavar="PROFILE",
-                   help="carry the compute section (python -m calibrate compute) of this profile, a name or a "
-                        "JSON file, into the fitted one (a refit of an embedded profile keeps its compute figures)")
+                   help="carry the compute and device sections (python -m calibrate compute) of this profile, a "
+                        "name or a JSON file, into the fitted one (a refit of an embedded profile keeps its compute figures)")
     p.add_argument("--note", default=None, help="a line for the profile's provenance (where and how it was measured)")
     p.add_argument("--quiet", action="store_true", help="print only the summary table")
     return p
@@ -213,7 +213,8 @@ def main(argv=None) -> int:
     if args.note:
         prof.provenance["note"] = args.note
     if args.compute_from:
-        prof.compute = Profile.load(args.compute_from).compute
+        measured = Profile.load(args.compute_from)
+        prof.compute, prof.device = measured.compute, measured.device
     if args.link_peak:
         prof.hardware["link_peak_GBps"] = args.link_peak
     path = prof.save(args.out)

@@ -24,6 +24,7 @@ def combine(intra: Profile, inter: Profile, name: str) -> Profile:
         timing_mode=intra.timing_mode,
         tiers={"intra": intra.tiers["intra"], "inter": inter.tiers["inter"]},
         compute=intra.compute,  # the GPUs are the intra profile's
+        device=intra.device or inter.device,
     )
 
 

@@ -123,7 +123,7 @@ def test_embedded_gpu_profiles_carry_compute_with_sources(tmp_path):
 
 
 
-def test_merge_copies_only_the_compute_section(tmp_path):
+def test_merge_copies_only_the_compute_and_device_sections(tmp_path):
     from importlib import resources
 
     from calibrate.__main__ import main
@@ -135,5 +135,143 @@ def test_merge_copies_only_the_compute_section(tmp_path):
     dst.write_text(json.dumps(before, indent=1))
     assert main(["compute", "--merge", str(src), "--out", str(dst)]) == 0
     after = json.loads(dst.read_text())
-    assert after["compute"] == p.compute.to_dict()
-    assert {k: v for k, v in after.items() if k != "compute"} == {k: v for k, v in before.items() if k != "compute"}
+    assert after["compute"] == p.compute.to_dict() and after["device"] == p.device.to_dict()
+    assert before["device"] != p.device.to_dict()
+    rest = ("compute", "device")
+    assert {k: v for k, v in after.items() if k not in rest} == {k: v for k, v in before.items() if k not in rest}
+
+
+def sdpa_model(points, gqa="enable_gqa"):
+    """A model with the given SDPA points, each (batch, heads, kv_heads, sequence, head_dim, fwd, bwd)."""
+    keys = ("batch", "heads", "kv_heads", "sequence", "head_dim", "forward_s", "backward_s")
+    d = {"kind": "measured", "source": "test", "launch_s": 1e-6, "memory_Bps": 1e12,
+         "matmul": {"2": {"peak_flops": 1e15}},
+         "sdpa": {"2": {"gqa": gqa, "causal": True,
+                        "points": [dict(zip(keys, p), backend="flash") for p in points]}}}
+    return d
+
+
+def test_sdpa_interpolates_per_head_along_the_sequence_and_scales_by_flops():
+    """Time per (batch x head) interpolated log-log in the sequence; batch, heads and head_dim scale
+    linearly (flops); beyond the measured sequences (s / s_end)^2."""
+    d = sdpa_model([(32, 8, 8, 512, 64, 1e-4, 3e-4), (8, 8, 8, 2048, 64, 1.6e-3, 4e-3),
+                    (32, 8, 8, 512, 128, 2e-4, 5e-4)])
+    m = ComputeModel.from_dict(d)
+    assert m.sdpa_seconds(32, 8, 8, 512, 64, 2) == pytest.approx(1e-4)  # a grid point, exactly
+    assert m.sdpa_seconds(8, 8, 8, 2048, 64, 2, backward=True) == pytest.approx(4e-3)
+    u0, u1 = 1e-4 / 256, 1.6e-3 / 64  # per (batch x head)
+    assert m.sdpa_seconds(1, 1, 1, 1024, 64, 2) == pytest.approx(math.sqrt(u0 * u1))  # log-midpoint
+    assert m.sdpa_seconds(3, 16, 16, 1024, 64, 2) == pytest.approx(48 * math.sqrt(u0 * u1))
+    assert m.sdpa_seconds(1, 1, 1, 8192, 64, 2) == pytest.approx(u1 * 16)  # (8192 / 2048)^2
+    assert m.sdpa_seconds(32, 8, 8, 256, 128, 2) == pytest.approx(2e-4 / 4)  # below: (256 / 512)^2
+    # head_dim 96 is nearer 128 than 64 on a log scale: the d = 128 row, scaled by 96 / 128
+    assert m.sdpa_seconds(32, 8, 8, 512, 96, 2, backward=True) == pytest.approx(5e-4 * 96 / 128)
+    assert m.sdpa_seconds(1, 1, 1, 16, 64, 2) == pytest.approx(1e-6)  # never below a launch
+    assert ComputeModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+
+
+def test_sdpa_picks_the_nearest_group_size():
+    """(h, kv) rows 8/8 (group 1) and 32/4 (group 8): a query of group 4 reads the 32/4 row (log 4 is
+    0.69 from log 8, 1.39 from log 1), scaled to its 16 heads; group 2 reads the 8/8 row."""
+    d = sdpa_model([(4, 8, 8, 1024, 128, 1e-3, 2e-3), (4, 32, 4, 1024, 128, 2e-3, 5e-3)])
+    m = ComputeModel.from_dict(d)
+    assert m.sdpa_seconds(4, 16, 4, 1024, 128, 2) == pytest.approx(2e-3 / 2)
+    assert m.sdpa_seconds(4, 16, 16, 1024, 128, 2) == pytest.approx(1e-3 * 2)
+    assert m.sdpa_seconds(4, 16, 8, 1024, 128, 2, backward=True) == pytest.approx(2e-3 * 2)  # group 2: nearer 1
+
+
+def test_sdpa_without_figures_is_the_flash_flop_count_at_the_matmul_rate():
+    m = model()
+    fwd = 2 * 4 * 16 * 2048**2 * 128
+    assert m.sdpa_seconds(4, 16, 4, 2048, 128, 2) == pytest.approx(1e-5 + fwd / 1e15)
+    assert m.sdpa_seconds(4, 16, 4, 2048, 128, 2, backward=True) == pytest.approx(1e-5 + 2.5 * fwd / 1e15)
+    m = ComputeModel.from_dict(sdpa_model([(4, 8, 8, 1024, 128, 1e-3, 2e-3)]))
+    with pytest.raises(UserError, match="--dtypes fp32"):  # no fp32 SDPA nor matmul figures
+        m.sdpa_seconds(4, 8, 8, 1024, 128, 4)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("forward_s", float("nan"), "bad point"), ("backward_s", 0, "bad point"), ("forward_s", -1e-3, "bad point"),
+    ("backend", "triton", "bad point"), ("kv_heads", 3, "bad point"), ("sequence", 1.5, "bad point"),
+    ("heads", True, "bad point"), ("sequence", 256, "increasing sequence"), ("sequence", 1024, "increasing sequence")])
+def test_bad_sdpa_figures_are_one_line_errors(field, value, match):
+    d = sdpa_model([(4, 8, 8, 1024, 128, 1e-3, 2e-3), (2, 8, 8, 2048, 128, 4e-3, 9e-3)])
+    d["sdpa"]["2"]["points"][1][field] = value
+    with pytest.raises(UserError, match=match) as e:
+        ComputeModel.from_dict(d)
+    assert "\n" not in str(e.value) and "calibrate compute" in str(e.value)
+
+
+def test_bad_sdpa_sections_are_refused():
+    for bad in ({"2": {"points": []}}, {"2": []}, [1], {"2": {"gqa": "shared", "points": [{}]}},
+                {"2": {"causal": False, "points": [{}]}}):
+        d = sdpa_model([(4, 8, 8, 1024, 128, 1e-3, 2e-3)])
+        d["sdpa"] = bad
+        with pytest.raises(UserError, match="sdpa"):
+            ComputeModel.from_dict(d)
+
+
+def test_profiles_without_sdpa_or_device_still_load_and_say_none(tmp_path):
+    p = Profile.load("h200-nvlink")
+    data = p.to_dict()
+    data.pop("device", None)
+    data["compute"].pop("sdpa", None)
+    old = Profile.from_dict(json.loads(json.dumps(data)))
+    assert old.memory_bytes is None and old.compute.sdpa == {}
+    assert old.compute.sdpa_seconds(1, 8, 8, 1024, 64, 2) > 0  # the flop-count fallback
+
+
+def test_device_section_round_trips_and_is_validated():
+    p = Profile.load("h200-nvlink")
+    data = p.to_dict()
+    data["device"] = {"name": "NVIDIA H100 80GB HBM3", "total_bytes": 85_520_809_984,
+                      "usable_bytes": 84_500_000_000, "source": "test"}
+    q = Profile.from_dict(json.loads(json.dumps(data)))
+    assert q.memory_bytes == 84_500_000_000 and q.device.name == "NVIDIA H100 80GB HBM3"
+    assert Profile.from_dict(q.to_dict()).device == q.device
+    for bad in ({**data["device"], "usable_bytes": 10**12}, {**data["device"], "total_bytes": 8.5e10},
+                {**data["device"], "name": ""}, {k: v for k, v in data["device"].items() if k != "source"},
+                {**data["device"], "usable_bytes": -1}, "H100"):
+        with pytest.raises(UserError, match="device") as e:
+            Profile.from_dict({**data, "device": bad})
+        assert "\n" not in str(e.value)
+
+
+def test_embedded_profiles_name_their_gpu_memory():
+    """Every embedded profile with a GPU states its usable memory per device with a source; the
+    H200's is nvidia-smi's 143771 MiB less the stated context reserve."""
+    for name in embedded_profile_names():
+        p = Profile.load(name)
+        assert p.device is not None and p.device.source, name
+        assert 0 < p.memory_bytes < p.device.total_bytes
+    h200 = Profile.load("h200-nvlink")
+    assert h200.device.total_bytes == 143771 * 2**20
+    assert Profile.load("gcp-a100").device.total_bytes < 41 * 2**30 < h200.memory_bytes
+    assert Profile.load("piz-daint").memory_bytes < 16 * 2**30
+
+
+def test_sdpa_backend_from_op_and_kernel_names():
+    from calibrate.cli.compute import sdpa_backend
+    assert sdpa_backend(["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+                         "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>"]) == "flash"
+    assert sdpa_backend(["aten::_scaled_dot_product_efficient_attention", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"]) \
+        == "efficient"
+    assert sdpa_backend(["aten::_scaled_dot_product_cudnn_attention",
+                         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3"]) == "cudnn"
+    assert sdpa_backend(["aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax"]) == "math"
+    assert sdpa_backend(["aten::bmm", "aten::_softmax"]) == "math"
+
+
+def test_sdpa_backend_read_from_the_profiler_on_cpu():
+    """On CPUs torch runs its flash-style CPU kernel (aten::_scaled_dot_product_flash_attention_for_cpu)
+    unless only the math backend is allowed: the profiler tells the two apart, GQA included."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from calibrate.cli.compute import which_backend
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(2))
+    grad = torch.randn(2, 4, 16, 8)
+    assert which_backend(torch, q, k, v, grad) == "flash"
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert which_backend(torch, q, k, v, grad) == "math"

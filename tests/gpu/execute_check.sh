@@ -26,7 +26,7 @@ read -ra MODEL <<< "${MODEL_ARGS:---layers 4 --hidden 4096 --heads 32 --sequence
 CLUSTER=(--nodes 1 --gpus-per-node "$NGPU")
 t0=$SECONDS
 
-timeout 180 $PY -m calibrate compute --profile "$BASE" --out "$OUT/profile.json" --iters 10 --warmup 2 \
+timeout 300 $PY -m calibrate compute --profile "$BASE" --out "$OUT/profile.json" --iters 10 --warmup 2 \
   > "$OUT/compute.log" 2>&1
 rc=$?
 echo "calibrate compute: exit $rc ($((SECONDS - t0)) s)"

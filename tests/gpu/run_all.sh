@@ -3,7 +3,9 @@
 #   run(command="bash tests/gpu/run_all.sh", kind="nvidia-h200-x2")
 # Installs nothing. Full results go to $OUT/gpu-results.tar.gz (and the log to
 # $OUT/log.txt); a short table is printed last. Parts can be chosen with
-# PARTS="calibrate interp ..." (default: all).
+# PARTS="calibrate interp ..." (default: all but "transformer"). Part "transformer" (issue 26's one-GPU
+# target: tests/gpu/transformer_check.sh) needs one GPU and no mpirun; run it alone on a one-GPU machine:
+#   run(command="PARTS=transformer bash tests/gpu/run_all.sh", kind="nvidia-h100-x1")  (or nvidia-h200)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-out}
@@ -55,6 +57,14 @@ if has model; then
   $PY -m autotune schedule --fit-model "$R/model-sweep/tune.json" > "$R/interp_model.json" 2> "$R/fit-model.log" \
     && export SCHEDULE_ARGS="--model-params $R/interp_model.json"
   log "model fit: exit $? ${SCHEDULE_ARGS:-(schedule keeps the shipped parameters)}"
+  pack
+fi
+
+if has transformer; then  # one GPU, no mpirun: its own block (the loop below runs .py checks under mpirun)
+  mkdir -p "$R/transformer"
+  OUT="$R/transformer" PY=$PY bash tests/gpu/transformer_check.sh > "$R/transformer/log.txt" 2>&1
+  log "transformer (tests/gpu/transformer_check.sh): exit $?"
+  tail -40 "$R/transformer/log.txt" | tee -a "$SUMMARY"
   pack
 fi
 

@@ -47,7 +47,8 @@ def test_model_file(tmp_path):
     ({"kind": "mlp", "dims": [8], "batch": 4, "micro_batch": 2}, "list of at least two"),
     ({"kind": "mlp", "dims": [8, 4], "batch": 4, "micro_batch": 3}, "not a multiple of micro_batch"),
     ({"kind": "mlp", "dims": [8, 4], "batch": 4, "micro_batch": 2, "hidden": 3}, "unknown field 'hidden'"),
-    ({"kind": "cnn"}, "needs a \"kind\" field"),
+    ({"kind": "cnn"}, "unknown kind 'cnn'; use one of gpt, llama, mlp, u-transformer, vgg13"),
+    ({"dims": [8, 4]}, "needs a \"kind\" field"),
 ])
 def test_bad_model_files(tmp_path, cfg, msg):
     f = tmp_path / "m.json"
@@ -61,3 +62,12 @@ def test_unknown_model_and_preset():
         load_model("resnet")
     with pytest.raises(UserError, match="unknown preset"):
         load_model("gpt", "gpt-4")
+
+
+def test_blocks_cover_each_block_occurrence():
+    g = load_model("u-transformer")
+    assert len(g.blocks) == 5 * g.config["layers_per_stage"]
+    for start, end in g.blocks:
+        names = [g.layers[i].name.split(".")[-1] for i in g.chain[start:end]]
+        assert names == ["ln1", "qkv", "attention", "proj", "ln2", "fc1", "gelu", "fc2"]
+    assert load_model("mlp").blocks == [] and load_model("gpt").skips == []

@@ -19,7 +19,7 @@ import numpy as np
 from calibrate.cli import command_parser, message
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
-from models import FIELDS, load_model, model_kinds
+from models import CHOICES, FIELDS, HELP, load_model, model_kinds, presets
 
 from autotune.pipeline.record import pipeline_plans
 from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
@@ -49,8 +49,12 @@ def parse_budget(text: str) -> Budget:
 
 def parser() -> argparse.ArgumentParser:
     ap = command_parser("python -m autotune", __doc__)
-    ap.add_argument("--model", default="gpt", help=f"model kind ({', '.join(model_kinds())}) or a JSON file (default gpt)")
-    ap.add_argument("--preset", help="preset of the model kind (default: the kind's default preset)")
+    ap.add_argument("--model", default="gpt",
+                    help=f"model kind ({', '.join(model_kinds())}), or a file (a name ending in .json or holding a "
+                         f"path separator): a model JSON or a Hugging Face config.json (default gpt)")
+    ap.add_argument("--preset", help="preset of the model kind (default: the kind's default, first below): " + "; ".join(
+        f"{kind}: {', '.join([presets(kind)[0]] + [n for n in presets(kind)[1] if n != presets(kind)[0]])}"
+        for kind in model_kinds()))
     ap.add_argument("--nodes", type=int, default=None, help=f"nodes (default {DEFAULT_NODES})")
     ap.add_argument("--gpus-per-node", type=int, default=None, help=f"GPUs per node (default {DEFAULT_GPUS})")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"fitted profile name or JSON file (default {DEFAULT_PROFILE})")
@@ -82,12 +86,23 @@ def parser() -> argparse.ArgumentParser:
                 continue
             seen.add(name)
             flag = "--" + name.replace("_", "-")
+            kinds = ", ".join(k for k in FIELDS if name in FIELDS[k])
+            common = dict(dest=f"f_{name}", default=None, help=f"{HELP[name]} ({kinds})")
             if typ == "int":
-                g.add_argument(flag, dest=f"f_{name}", type=int, default=None, metavar="N")
+                g.add_argument(flag, type=int, metavar="N", **common)
+            elif typ == "bool":
+                g.add_argument(flag, type=true_or_false, metavar="true|false", **common)
+            elif typ == "str":
+                g.add_argument(flag, choices=CHOICES[name], **common)
             else:
-                g.add_argument(flag, dest=f"f_{name}", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                               metavar="N,N,...")
+                g.add_argument(flag, type=lambda s: [int(x) for x in s.split(",")], metavar="N,N,...", **common)
     return ap
+
+
+def true_or_false(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return text.lower() == "true"
 
 
 def progress(msg: str) -> None:
