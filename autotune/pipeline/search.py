@@ -92,7 +92,8 @@ def stage_choices(graph: LayerGraph, cluster: Cluster, stages: str | int,
                   max_nodes: int | None = None) -> list[tuple[int, Cluster]]:
     """The stage counts and submeshes to try: the one given, or every count whose submesh has at most
     ``max_nodes`` nodes (bigger stages pay for tensor-parallel traffic across nodes, which is what stages
-    are for; their SBP problems are the costliest to build)."""
+    are for; their SBP problems are the costliest to build), at least the two with the smallest submeshes;
+    a count is a candidate when it divides the cluster and the batch has at least that many micro-batches."""
     nb = len(blocks(graph))
     if stages != "auto":
         p = int(stages)
@@ -103,15 +104,16 @@ def stage_choices(graph: LayerGraph, cluster: Cluster, stages: str | int,
         if p > cluster.devices:
             raise OptionError("stages", f"{p} stages on {cluster.devices} devices: use at most {cluster.devices}")
         return [(p, submesh(cluster, p))]
-    out = []
+    feasible = []
     for p in range(2, min(nb, cluster.devices) + 1):
         try:
             sub = submesh(cluster, p)
         except UserError:
             continue
-        if max_nodes is None or sub.nodes <= max_nodes:
-            out.append((p, sub))
-    return out
+        if micro_batch_choices(graph, p, sub, 0):
+            feasible.append((p, sub))
+    out = [(p, sub) for p, sub in feasible if max_nodes is None or sub.nodes <= max_nodes]
+    return out if len(out) >= 2 else sorted(feasible, key=lambda x: x[1].devices)[:2]
 
 
 def micro_batch_choices(graph: LayerGraph, stages: int, sub: Cluster, count: int) -> list[int]:

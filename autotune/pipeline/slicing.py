@@ -18,9 +18,8 @@ def blocks(graph: LayerGraph) -> list[tuple[int, int]]:
     """(start, end) chain positions of each block occurrence: ``graph.blocks`` where the graph lists them,
     else the runs of the repeated layers (a block starts where a repeated layer follows a layer that is
     not its predecessor in the block)."""
-    given = getattr(graph, "blocks", None)
-    if given:
-        return [tuple(b) for b in given]
+    if graph.blocks:
+        return [tuple(b) for b in graph.blocks]
     counts, chain = graph.counts(), graph.chain
     starts = [i for i in range(len(chain)) if counts[chain[i]] > 1
               and (i == 0 or chain[i - 1] != chain[i] - 1 or counts[chain[i - 1]] != counts[chain[i]])]
@@ -49,11 +48,16 @@ def stage_spans(graph: LayerGraph, split: list[int]) -> list[tuple[int, int]]:
 
 
 def stage_graph(graph: LayerGraph, lo: int, hi: int) -> LayerGraph:
-    """Chain positions [lo, hi) as a layer graph of their own (the same batch, micro-batch and config)."""
+    """Chain positions [lo, hi) as a layer graph of their own (the same batch, micro-batch and config), with
+    the skips whose two layers it holds (the embedding's into the residual stream: the first stage's) and
+    its blocks. The residual stream enters a later stage's first residual occurrence from the previous
+    stage: its placement there is the boundary's (``autotune.pipeline.boundary``)."""
     used = sorted(set(graph.chain[lo:hi]))
     index = {v: i for i, v in enumerate(used)}
+    skips = [(index[a], index[b]) for a, b in graph.skips if a in index and b in index]
+    inner = [(a - lo, b - lo) for a, b in graph.blocks if lo <= a and b <= hi]
     return LayerGraph(graph.model, [graph.layers[v] for v in used], [index[v] for v in graph.chain[lo:hi]],
-                      graph.batch, graph.micro_batch, graph.config)
+                      graph.batch, graph.micro_batch, graph.config, skips, inner)
 
 
 def signature(graph: LayerGraph, lo: int, hi: int) -> tuple:
