@@ -9,7 +9,8 @@ the ``micro_batch_choices`` largest (a smaller micro-batch shrinks the bubble (p
 
 The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
 go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
-``refine`` best with the stage DP over splits within ``width`` blocks of the balanced share. Each
+``refine`` best (by the estimate plus the first stage's exposed sync and optimizer, which end the step)
+with the stage DP over splits within ``width`` blocks of the balanced share. Each
 candidate that is kept is simulated (``autotune.reshard.pipeline.simulate``: the schedule's order, the
 boundaries' transfers overlapped as it allows), and its step is
 
@@ -152,6 +153,11 @@ class Candidate:
     ends: list[float] = field(default_factory=list)
     name: str = ""
     tensor: int = 0  # the Megatron baseline's tensor-parallel degree
+
+    @property
+    def rank(self) -> float:
+        """The estimate plus the first stage's exposed gradient sync and optimizer (it ends the step)."""
+        return self.estimate + self.plans[0].fig.exposed_sync + self.plans[0].fig.optimizer
 
 
 class StageSearch:
@@ -308,7 +314,7 @@ class PipelineSearch:
                 self.progress(f"pipeline: {p} stages of {sub}, {m} micro-batches, split {_short(c.split)}: "
                               f"estimate {c.estimate:.4g} s")
                 cands.append(c)
-        cands = sorted((c for c in cands if math.isfinite(c.estimate)), key=lambda c: c.estimate)
+        cands = sorted((c for c in cands if math.isfinite(c.estimate)), key=lambda c: c.rank)
         best = None
         for c in cands[:self.cfg.refine]:
             c = self.finish(self.refine(c, self.cfg.width))
@@ -344,7 +350,7 @@ class PipelineSearch:
                     if math.isfinite(c.estimate):
                         cands.append(c)
         best = None
-        for c in sorted(cands, key=lambda c: c.estimate)[:self.cfg.refine]:
+        for c in sorted(cands, key=lambda c: c.rank)[:self.cfg.refine]:
             c = self.finish(c)
             if best is None or c.step < best.step:
                 best = c
