@@ -385,11 +385,11 @@ def parse_stages(text: str) -> str | int:
 def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str) -> None:
     """Bad input found before any work: a schedule that does not exist, more stages than blocks or
     devices, a submesh that does not divide the cluster, fewer micro-batches than stages."""
-    name = schedule_name(schedule)
+    schedule_name(schedule)
     if stages in ("auto", "off"):
         return
     [(p, sub)] = stage_choices(graph, cluster, stages)
-    if name != "gpipe" and not micro_batch_choices(graph, p, sub, 0):
+    if not micro_batch_choices(graph, p, sub, 0):  # GPipe could run fewer, but every stage would idle
         raise OptionError("stages", f"{p} stages need at least {p} micro-batches for {schedule} but the batch "
                                     f"{graph.batch} has no micro-batch count from {p} to {8 * p}: use fewer "
                                     f"stages or a batch with such a divisor")
