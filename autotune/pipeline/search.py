@@ -5,7 +5,9 @@ and submesh under the memory its schedule keeps in flight.
 Candidates (``stage_choices``): p stages of whole nodes (p divides the node count) or of a slice of one
 node (p = nodes x q, q dividing the GPUs per node), 2 <= p <= blocks. Micro-batch counts m: divisors
 of the batch with p <= m <= 8p (each stage must have a micro-batch to run in 1F1B's steady state),
-the ``micro_batch_choices`` largest (a smaller micro-batch shrinks the bubble (p - 1) / m).
+those whose micro-batch splits over the stage's nodes first, the largest first (a smaller micro-batch
+shrinks the bubble (p - 1) / m); the first ``micro_batch_choices`` whose stages can be laid out on the
+submesh (a micro-batch too small to split over it has no strategy for some layer) are tried.
 
 The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
 go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
@@ -305,12 +307,16 @@ class PipelineSearch:
         t0 = time.perf_counter()
         cands = []
         for p, sub in stage_choices(self.graph, self.cluster, self.cfg.stages, self.cfg.max_stage_nodes):
-            for m in micro_batch_choices(self.graph, p, sub, self.cfg.micro_batch_choices):
+            kept = 0
+            for m in micro_batch_choices(self.graph, p, sub, 0):
+                if kept == self.cfg.micro_batch_choices:
+                    break
                 try:
                     c = self.candidate(p, sub, m, self.balanced(p), name=f"{p} stages")
                 except UserError as e:  # a stage with no strategy on its submesh (sizes do not divide)
                     self.progress(f"pipeline: {p} stages x {m} micro-batches skipped ({e})")
                     continue
+                kept += 1
                 self.progress(f"pipeline: {p} stages of {sub}, {m} micro-batches, split {_short(c.split)}: "
                               f"estimate {c.estimate:.4g} s")
                 cands.append(c)
@@ -334,21 +340,27 @@ class PipelineSearch:
             if sub.gpus_per_node != self.cluster.gpus_per_node:
                 continue
             meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1]
-            for m in micro_batch_choices(self.graph, p, sub, self.cfg.micro_batch_choices):
+            kept = 0
+            for m in micro_batch_choices(self.graph, p, sub, 0):
+                if kept == self.cfg.micro_batch_choices:
+                    break
                 split = self.balanced(p)
                 spans = stage_spans(self.graph_for(m), split)
+                built = False
                 for mesh in meshes:
                     try:
                         plans = [self.stages.fixed(m, spans[i], sub, inflight(self.schedule, i, p, m), mesh)
                                  for i in range(p)]
                     except UserError:
-                        continue
+                        break  # a stage with no strategy on its submesh at this micro-batch
+                    built = True
                     if any(x is None for x in plans):
                         continue
                     c = self.candidate(p, sub, m, split, plans, name=f"Megatron 3-D (t={mesh[1][1]})")
                     c.tensor = mesh[1][1]
                     if math.isfinite(c.estimate):
                         cands.append(c)
+                kept += built
         best = None
         for c in sorted(cands, key=lambda c: c.rank)[:self.cfg.refine]:
             c = self.finish(c)
