@@ -70,7 +70,7 @@ class PipelineConfig:
 
     def reference(self) -> "PipelineConfig":
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
-                              self.refine + 4, self.max_stage_nodes * 4, self.budget_scale * 20, self.search,
+                              self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
                               self.seed)
 
 

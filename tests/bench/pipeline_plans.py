@@ -69,7 +69,11 @@ def main() -> None:
             continue
         cluster = Cluster(nodes, gpus)
         best, cpu, ps = run(graph, cluster, profile, PipelineConfig())
+        print(f"{name}: default {describe(best)} split {best.split if best else '-'}: "
+              f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s", flush=True)
         mega = ps.megatron_3d()
+        print(f"{name}: Megatron 3-D {describe(mega)} t={mega.tensor if mega else '-'}: "
+              f"{mega.step if mega else float('inf'):.4g} s/step", flush=True)
         ref = None if args.no_reference else run(graph, cluster, profile, PipelineConfig().reference())[0]
         single = None if args.no_single else single_stage(graph, cluster, profile)
         step = best.step if best is not None else float("inf")
