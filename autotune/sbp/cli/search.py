@@ -19,7 +19,8 @@ import numpy as np
 from calibrate.cli import command_parser, message
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
-from models import CHOICES, FIELDS, HELP, load_model, model_kinds, presets
+from models import CHOICES, FIELDS, HELP, load_model, model_kinds
+from models.loader import presets  # not models.presets: once loaded, that name is the presets data package
 
 from autotune.pipeline.record import pipeline_plans
 from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
