@@ -17,7 +17,7 @@ from calibrate.errors import UserError
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                  "GPT2LMHeadModel": "gpt2"}  # architecture -> model_type
 DEFAULT_SEQUENCE = 4096  # at most the config's max_position_embeddings (GPT-2: n_positions)
-DEFAULTS = {"batch": 64, "micro_batch": 1}
+DEFAULTS = {"batch": 64, "micro_batch": 64}  # micro_batch is global (all devices), one micro-batch a step
 
 
 def is_hf_config(cfg: dict) -> bool:

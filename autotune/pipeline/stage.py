@@ -34,7 +34,8 @@ class StageProblem(Problem):
 
     def __init__(self, graph, coster, memory_limit, objective: str = "step", inflight: int = 1, **kw):
         super().__init__(graph, coster, memory_limit, require_fit=False, objective=objective, **kw)
-        parts = [[strategy_memory(s, self.cluster, self.act_bytes) for s in ss] for ss in self.choices]
+        parts = [[strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v]) for s in ss]
+                 for v, ss in enumerate(self.choices)]
         self._total = [np.array([m.total for m in ms]) for ms in parts]
         self._acts = [np.array([m.activations for m in ms]) for ms in parts]
         self.inflight = 1

@@ -10,6 +10,16 @@ loss vocabulary-parallel after a column-parallel layer, else (after a
 row-parallel one) on the all-reduced logits, computed redundantly over t. In a
 plain chain of matmuls (MLP, VGG's dense layers) column- and row-parallel
 alternate. Data parallelism is Megatron with t = 1.
+
+The baselines users pick, each at its best recomputation (none, selective where
+attention materialises its probabilities, full where the model has blocks: the
+cheapest that fits, else the one needing least memory): data parallelism,
+Megatron (best mesh), FSDP (data parallel over all devices, every weight sharded
+over every axis: ZeRO-3), HSDP (data parallel, sharded over the intra-node axes,
+replicated across nodes), TP+FSDP (torchtitan's 2-D: Megatron with t = the GPUs of
+a node, sharded over the node axes); SUMMA and the S/B-only search without
+recomputation. The fit check is the plans' own (``Problem.fits_plan``: at the
+peak, workspace included).
 """
 from __future__ import annotations
 
@@ -18,7 +28,9 @@ import math
 from calibrate.errors import UserError
 
 from autotune.sbp.cost import Problem
+from autotune.sbp.fit import recompute_modes
 from autotune.sbp.layers import Matmul, finish, fine_key
+from autotune.sbp.memory import Mode
 from autotune.sbp.mesh import RoleMesh, role_meshes
 
 ONE = (1, 1)
@@ -103,23 +115,46 @@ def summa_assignment(problem: Problem, r, c) -> list[int] | None:
 
 
 def best_mesh(problem: Problem, make) -> tuple[list[int] | None, float, tuple | None]:
-    """The cheapest plan ``make(problem, a, b)`` over all 2-role meshes (a, b) that fits the memory limit;
-    if none fits, the one that needs the least memory (its cost inf)."""
+    """The cheapest plan ``make(problem, a, b)`` over all 2-role meshes (a, b) that fits the memory limit at
+    its peak; if none fits, the one that needs the least memory (its cost inf)."""
     best, best_cost, best_mesh_ = None, math.inf, None
     least, least_mem, least_mesh = None, math.inf, None
     for m in role_meshes(problem.cluster, 2):
         a = make(problem, *m.sizes)
         if a is None:
             continue
-        cost = problem.cost(a)
+        problem.evaluations += 1
+        mem = problem.peak_memory(a)
+        cost = problem.raw_cost(a) if problem.device_limit is None or mem <= problem.device_limit else math.inf
         if cost < best_cost:
             best, best_cost, best_mesh_ = a, cost, m.sizes
-        mem = problem.memory_of(a)
         if mem < least_mem:
             least, least_mem, least_mesh = a, mem, m.sizes
     if best is None:
         return least, math.inf, least_mesh
     return best, best_cost, best_mesh_
+
+
+def at_best_recompute(problem: Problem, make, fsdp_axes: tuple[int, ...] | None = None):
+    """``make(problem)`` -> (plan or None, detail) under each recomputation (and FSDP over ``fsdp_axes``):
+    (problem of the mode, plan, detail) of the cheapest that fits, else of the one needing least memory;
+    None if no mode has a plan."""
+    best = least = None
+    for rec in ["none"] + recompute_modes(problem):
+        mode = Mode(rec, fsdp_axes)
+        pr = problem if mode == problem.mode else problem.with_mode(mode)
+        a, detail = make(pr)
+        if a is None:
+            continue
+        mem = pr.peak_memory(a)
+        if pr.device_limit is None or mem <= pr.device_limit:
+            cost = pr.raw_cost(a)
+            if best is None or cost < best[0]:
+                best = (cost, pr, a, detail)
+        if least is None or mem < least[0]:
+            least = (mem, pr, a, detail)
+    pick = best or least
+    return None if pick is None else pick[1:]
 
 
 def data_parallel(problem: Problem) -> list[int] | None:
@@ -135,18 +170,46 @@ def _plan_or_unfit(problem: Problem, assign: list[int], name: str, search: dict 
     return plan
 
 
-def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb) -> list[dict]:
-    """Data parallelism, the best Megatron mesh, the best SUMMA mesh (``summa``: the problem restricted to
-    SUMMA's signature) and the search restricted to S and B (``sb``, searched by ``search_sb(problem)``).
-    A baseline with no plan under the memory limit is still a plan, the one needing the least memory, with
-    ``totals.fits_memory`` false: it never aborts the run."""
+def _name(pr: Problem, name: str) -> str:
+    rec = pr.mode.recompute
+    return name if rec == "none" else f"{name}, recompute {rec}"
+
+
+def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb,
+                   skipped: list | None = None) -> list[dict]:
+    """Data parallelism, the best Megatron mesh, FSDP, HSDP and TP+FSDP, each at its best recomputation
+    (``at_best_recompute``), the best SUMMA mesh (``summa``: the problem restricted to SUMMA's signature) and
+    the search restricted to S and B (``sb``, searched by ``search_sb(problem)``). A baseline with no plan
+    under the memory limit is still a plan, the one needing the least memory, with ``totals.fits_memory``
+    false: it never aborts the run. A baseline no plan of which exists (some layer cannot take its placement:
+    e.g. data parallelism with fewer sequences in a micro-batch than devices) is named in ``skipped``."""
+    cl = problem.cluster
+    nodes, gpus = (cl.nodes, 1), (1, cl.gpus_per_node)
+    node_axes = tuple(range(len(cl.node_axes)))
+    gpu_axes = tuple(range(len(cl.node_axes), len(cl.axis_sizes)))
+    every = node_axes + gpu_axes
+
+    def megatron(pr):
+        a, _, mesh = best_mesh(pr, megatron_assignment)
+        return a, (f"d={tuple(mesh[0])}, t={tuple(mesh[1])}" if mesh else "")
+
+    rows = [("data parallel", lambda pr: (data_parallel(pr), ""), None),
+            ("Megatron", megatron, None),
+            ("FSDP", lambda pr: (data_parallel(pr), "d = all devices, sharded over every axis"), every),
+            ("HSDP", lambda pr: (data_parallel(pr), "sharded inside each node, replicated across nodes"), gpu_axes),
+            ("TP+FSDP", lambda pr: (megatron_assignment(pr, nodes, gpus), f"t={gpus}, sharded over the node axes"),
+             node_axes)]
     out = []
-    a = data_parallel(problem)
-    if a is not None:
-        out.append(_plan_or_unfit(problem, a, "data parallel"))
-    a, _, mesh = best_mesh(problem, megatron_assignment)
-    if a is not None:
-        out.append(_plan_or_unfit(problem, a, f"Megatron (d={tuple(mesh[0])}, t={tuple(mesh[1])})"))
+    for name, make, axes in rows:
+        if axes is not None and not axes:
+            continue  # no axis to shard over: the same plan as without FSDP
+        found = at_best_recompute(problem, make, axes)
+        if found is None:
+            if skipped is not None:
+                skipped.append(name)
+            continue
+        pr, a, detail = found
+        out.append(_plan_or_unfit(pr, a, _name(pr, f"{name} ({detail})" if detail else name)))
     if summa is not None:
         a, _, mesh = best_mesh(summa, summa_assignment)
         if a is not None:

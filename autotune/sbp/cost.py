@@ -6,11 +6,27 @@ Cost of a plan, seconds per training step (the communication the profile predict
                      and backward, plus boxing inside layers)
     gradient sync  = one all-reduce per weight over the axes where it is B while
                      the layer's input is split (once per step: gradient accumulation)
-Memory per device: parameters, gradients, optimizer states and one micro-batch's
-activations, accounted in ``autotune.sbp.memory``.
+Memory per device: parameters, gradients, optimizer states, one micro-batch's
+activations and the workspace, accounted in ``autotune.sbp.memory``.
+
+A ``Mode`` (``autotune.sbp.memory``) sets the recomputation and FSDP's sharding of
+a problem: its memory, compute and communication follow (``Problem.with_mode``
+shares the strategies and boxing tables). Under FSDP a sharded weight's gradient is
+reduce-scattered per micro-batch (``steptime.fsdp_steps``) instead of all-reduced
+once a step over its sharding axes; over its other sync axes (HSDP's replicas) its
+shard is all-reduced once a step. Gradients are synced in the recipe's gradient
+type under the step objective (fp32, ``memory.PRECISION``) and in the activation
+type under the communication objective (AutoDDL's, unchanged).
+
+The memory limit is the device's (``device_limit``); the searches constrain the
+per-layer sum to ``memory_limit`` = the device's less a ``reserve`` for the
+workspace, which ``autotune.sbp.fit.search_fitting`` raises until the searched
+plan fits with its workspace (``fits_plan``).
 """
 from __future__ import annotations
 
+import copy
+import functools
 import math
 
 import numpy as np
@@ -20,31 +36,25 @@ from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op
-from autotune.sbp.memory import Memory, peak_workspace, strategy_memory
-from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds, require_compute
+from autotune.sbp.memory import (FIRST, INSIDE, NONE, OUTSIDE, PRECISION, Memory, Mode, fsdp_axes, grad_sync_axes,
+                                  held_elems, peak_workspace, strategy_memory, tied_saving)
+from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
+                                   require_compute)
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import B, NdSbp, is_split
+from autotune.sbp.sbp import NdSbp
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
 
 
-def grad_sync_axes(s: Strategy, w, cluster: Cluster) -> tuple[int, ...]:
-    """The fine axes over which weight ``w``'s gradient is all-reduced: where the weight is B and the
-    layer's data is split (each device's tokens give partial sums). A layer without an input tensor (an
-    embedding) has its data split as its output's tokens."""
-    wf = NdSbp(w.sbp, s.mesh).fine(cluster)
-    data = s.fine_in or s.fine_out
-    return tuple(a for a in range(len(wf)) if wf[a] == B and data and is_split(data[a]))
-
-
-def internal_steps(s: Strategy, cluster: Cluster) -> list[tuple[str, str, tuple[Step, ...]]]:
-    """(tensor, direction, steps) of the boxing inside a layer, per micro-batch."""
+@functools.lru_cache(maxsize=None)
+def internal_steps(s: Strategy, cluster: Cluster) -> tuple[tuple[str, str, tuple[Step, ...]], ...]:
+    """(tensor, direction, steps) of the boxing inside a layer, per micro-batch (pure, memoised)."""
     out = []
     for it in s.internal:
         src, dst = NdSbp(it.src, s.mesh).fine(cluster), NdSbp(it.dst, s.mesh).fine(cluster)
         out.append((it.tensor, it.direction, box(it.shape, it.itemsize, src, dst, cluster)))
         if it.backward:
             out.append((it.tensor, "bwd", box_backward(it.shape, it.itemsize, src, dst, cluster)))
-    return out
+    return tuple(out)
 
 
 def internal_copy_seconds(s: Strategy, cluster: Cluster, cm) -> float:
@@ -52,18 +62,58 @@ def internal_copy_seconds(s: Strategy, cluster: Cluster, cm) -> float:
     return sum(copy_seconds(steps, cm.memory_seconds) for _, _, steps in internal_steps(s, cluster))
 
 
-def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES) -> list[tuple[str, Step]]:
+def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: Mode = NONE) -> list[tuple[str, Step]]:
+    """Once a step: each weight's gradient all-reduced over its sync axes (``grad_sync_axes``) less its FSDP
+    axes (whose gradient is reduce-scattered per micro-batch instead), on what the device holds of it."""
     out = []
     for w in s.weights:
-        axes = grad_sync_axes(s, w, cluster)
+        sharded = fsdp_axes(s, w, cluster, mode)
+        axes = tuple(a for a in grad_sync_axes(s, w, cluster) if a not in sharded)
         if axes:
-            out.append((w.name, Step("allreduce", axes, local_elems(w, s.mesh, cluster) * itemsize)))
+            out.append((w.name, Step("allreduce", axes, round(held_elems(s, w, cluster, mode)) * itemsize)))
     return out
 
 
-def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES) -> float:
+def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: Mode = NONE, role: str = OUTSIDE,
+           tied: bool = False) -> float:
     """Bytes per device of one occurrence of a layer (``autotune.sbp.memory`` says what is counted)."""
-    return strategy_memory(s, cluster, itemsize).total
+    return strategy_memory(s, cluster, itemsize, mode, role, tied).total
+
+
+def chain_roles(graph: LayerGraph) -> list[str]:
+    """Each chain position's place for recomputation: ``OUTSIDE`` every block, a block's ``FIRST`` layer or
+    ``INSIDE`` one (``LayerGraph.blocks``: [start, end) chain positions; absent: no blocks)."""
+    roles = [OUTSIDE] * len(graph.chain)
+    for start, end in getattr(graph, "blocks", None) or []:
+        roles[start] = FIRST
+        for p in range(start + 1, end):
+            roles[p] = INSIDE
+    return roles
+
+
+def layer_roles(graph: LayerGraph) -> list[str]:
+    """Each distinct layer's place: the same at every occurrence, else ``OUTSIDE`` (nothing recomputed)."""
+    out: list[str | None] = [None] * len(graph.layers)
+    for v, r in zip(graph.chain, chain_roles(graph)):
+        out[v] = r if out[v] in (None, r) else OUTSIDE
+    return [r or OUTSIDE for r in out]
+
+
+def forward_factors(graph: LayerGraph) -> dict[tuple[int, int], float]:
+    """Per edge, how many times its forward boxing runs per micro-batch under full recomputation, on
+    average over its occurrences: twice where both ends lie in one block (the block's forward re-run)."""
+    roles = chain_roles(graph)
+    block_of = [-1] * len(graph.chain)
+    for i, (start, end) in enumerate(getattr(graph, "blocks", None) or []):
+        for p in range(start, end):
+            block_of[p] = i
+    inside: dict[tuple[int, int], int] = {}
+    for p in range(len(graph.chain) - 1):
+        if roles[p] != OUTSIDE and block_of[p] == block_of[p + 1]:
+            key = (graph.chain[p], graph.chain[p + 1])
+            inside[key] = inside.get(key, 0) + 1
+    counts = graph.edges()
+    return {e: 1.0 + n / counts[e] for e, n in inside.items()}
 
 
 OBJECTIVES = ("comm", "step")
@@ -74,11 +124,13 @@ class Problem:
 
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
-                 precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm"):
+                 precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm",
+                 mode: Mode = NONE):
         """``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
         without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal).
         ``objective``: "comm", seconds of communication per step (AutoDDL's), or "step", predicted step
-        time (``autotune.sbp.steptime``; needs the profile's compute model)."""
+        time (``autotune.sbp.steptime``; needs the profile's compute model). ``mode``: recomputation and
+        FSDP (``autotune.sbp.memory.Mode``)."""
         if objective not in OBJECTIVES:
             raise UserError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
         self.objective = objective
@@ -88,7 +140,8 @@ class Problem:
         self.counts = graph.counts()
         self.edge_counts = graph.edges()
         self.mb = graph.micro_batches
-        self.memory_limit = memory_limit
+        self.device_limit = memory_limit
+        self.reserve = 0.0
         self.choices: list[list[Strategy]] = []
         for op in self.ops:
             ss = op.strategies(self.cluster, signatures)
@@ -103,47 +156,125 @@ class Problem:
         if progress:
             progress(f"{len(self.ops)} distinct layers, {sum(map(len, self.choices))} strategies, "
                      f"search space 10^{sum(math.log10(len(c)) for c in self.choices):.1f}")
-        self.node_redist = [np.array([self.mb * sum(coster.time(st) for _, _, st in internal_steps(s, self.cluster))
-                                      for s in ss]) for ss in self.choices]
-        self.node_sync = [np.array([sum(coster.step_time(st) for _, st in sync_steps(s, self.cluster, self.act_bytes)) for s in ss])
-                          for ss in self.choices]
         self.compute = coster.profile.compute
         if objective == "step":
             require_compute(coster.profile)
-        self.node_compute = self.node_bwd = None
-        if self.compute is not None:
-            secs = [[layer_seconds(op, s, self.cluster, self.compute, self.act_bytes) for s in ss]
-                    for op, ss in zip(self.ops, self.choices)]
-            self.node_compute = [np.array([self.mb * (f + b + internal_copy_seconds(s, self.cluster, self.compute))
-                                           + optimizer_seconds(s, self.cluster, self.compute, self.act_bytes)
-                                           + (self.mb - 1) * accumulate_seconds(s, self.cluster, self.compute,
-                                                                                self.act_bytes)
-                                           for (f, b), s in zip(sec, ss)]) for sec, ss in zip(secs, self.choices)]
-            self.node_bwd = [np.array([b for _, b in sec]) for sec in secs]
         self.first = graph.chain[0]  # its gradients are ready last: their sync is never hidden
-        if objective == "comm":
-            self.node = [c * (r + g).astype(float) for c, r, g in zip(self.counts, self.node_redist, self.node_sync)]
-        else:
-            self.node = [c * (r + k) for c, r, k in zip(self.counts, self.node_redist, self.node_compute)]
-            self.sync_tot = [c * g for c, g in zip(self.counts, self.node_sync)]
-            self.bwd_tot = [c * b for c, b in zip(self.counts, self.node_bwd)]
-        self.mem = [c * np.array([memory(s, self.cluster, self.act_bytes) for s in ss]) for c, ss in zip(self.counts, self.choices)]
-        self.min_memory = float(sum(m.min() for m in self.mem))
-        self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
-        if require_fit:
-            self.require_fit()
+        self.chain_roles = chain_roles(graph)
+        self.roles = layer_roles(graph)
+        self.tied = [op.layer.kind == "matmul" and bool(op.dims.get("tied", 0)) for op in self.ops]
+        self.embedding = next((v for v, op in enumerate(self.ops) if op.layer.kind == "embedding"), None)
         self.incident: list[list[tuple[tuple[int, int], int]]] = [[] for _ in self.ops]
         for (a, b), c in self.edge_counts.items():
             self.incident[a].append(((a, b), c))
             if b != a:
                 self.incident[b].append(((a, b), c))
-        self.tables = EdgeTables(self.choices, [op.out_shape for op in self.ops], self.edge_counts, coster,
-                                 self.mb, precompute_tables, progress, self.act_bytes,
-                                 self.compute.memory_seconds if objective == "step" else None)
+        self._precompute, self._progress = precompute_tables, progress
+        self.tables = None
+        self._shared: dict = {}  # per-strategy figures and mode problems, shared with ``with_mode``'s copies
+        self._price(mode)
+        if require_fit:
+            self.require_fit()
         # adjacent distinct layers (u < v): the blocks of a joint two-layer move
         self.pairs = sorted({(min(a, b), max(a, b)) for a, b in self.edge_counts if a != b})
         self.evaluations = 0
         self.derived: dict = {}  # what other modules compute from the problem once (e.g. a strategy index)
+
+    def _price(self, mode: Mode) -> None:
+        """The costs and memory of every strategy under ``mode``, and the boxing tables (shared where the mode
+        does not change them)."""
+        if mode.recompute == "full" and not getattr(self.graph, "blocks", None):
+            raise OptionError("recompute", f"full: model {self.graph.model} has no transformer blocks to recompute")
+        self.mode = mode
+        cl, ab, mb = self.cluster, self.act_bytes, self.mb
+        step = self.objective == "step"
+        grad_bytes = PRECISION[ab][1] if step else ab
+        self.grad_bytes = grad_bytes
+        rec = mode.recompute
+        shared = self._shared
+        self.node_redist = []
+        for v, ss in enumerate(self.choices):
+            redo = rec == "full" and self.roles[v] != OUTSIDE
+            key = ("internal", v)
+            if key not in shared:  # per strategy: forward and backward seconds of the boxing inside the layer
+                shared[key] = [(sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d == "fwd"),
+                                sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d != "fwd"))
+                               for s in ss]
+            self.node_redist.append(np.array([mb * ((2 if redo else 1) * f + b) for f, b in shared[key]]))
+        self.node_sync = [np.array([sum(self.coster.step_time(st) for _, st in sync_steps(s, cl, grad_bytes, mode))
+                                    for s in ss]) for ss in self.choices]
+        self.node_compute = self.node_bwd = None
+        fsdp = mode.fsdp_axes is not None
+        secs = None
+        if self.compute is not None:
+            cm = self.compute
+            secs = []
+            for v, (op, ss) in enumerate(zip(self.ops, self.choices)):
+                role = self.roles[v]
+                changed = (rec == "full" and role != OUTSIDE) or (rec == "selective" and op.layer.kind == "attention")
+                key = ("secs", v, rec if changed else "none")
+                if key not in shared:
+                    shared[key] = [layer_seconds(op, s, cl, cm, ab, rec, role) for s in ss]
+                secs.append(shared[key])
+            self.node_compute = []
+            for v, (sec, ss) in enumerate(zip(secs, self.choices)):
+                redo = 2 if rec == "full" and self.roles[v] != OUTSIDE else 1
+                if ("copies", v) not in shared:
+                    shared[("copies", v)] = [internal_copy_seconds(s, cl, cm) for s in ss]
+                self.node_compute.append(np.array([
+                    mb * (f + b + redo * c) + optimizer_seconds(s, cl, cm, ab, mode)
+                    + (mb - 1) * accumulate_seconds(s, cl, cm, ab, mode)
+                    for (f, b), s, c in zip(sec, ss, shared[("copies", v)])]))
+            self.node_bwd = [np.array([b for _, b in sec]) for sec in secs]
+        if fsdp:  # exposed under the step objective, all of it under the communication objective
+            for v, ss in enumerate(self.choices):
+                extra = [mb * fsdp_seconds(s, cl, self.coster, mode, *((f, b) if step else (None, None)))
+                         for s, (f, b) in zip(ss, secs[v] if step and secs else [(None, None)] * len(ss))]
+                self.node_redist[v] = self.node_redist[v] + np.array(extra)
+        if self.objective == "comm":
+            self.node = [c * (r + g).astype(float) for c, r, g in zip(self.counts, self.node_redist, self.node_sync)]
+        else:
+            self.node = [c * (r + k) for c, r, k in zip(self.counts, self.node_redist, self.node_compute)]
+            self.sync_tot = [c * g for c, g in zip(self.counts, self.node_sync)]
+            self.bwd_tot = [c * b for c, b in zip(self.counts, self.node_bwd)]
+        self.mem = [c * np.array([memory(s, cl, ab, mode, self.roles[v], self.tied[v]) for s in ss])
+                    for v, (c, ss) in enumerate(zip(self.counts, self.choices))]
+        self.min_memory = float(sum(m.min() for m in self.mem))
+        self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
+        factors = forward_factors(self.graph) if rec == "full" else {}
+        old = self.tables
+        if old is None or old.forward_factor != factors:
+            self.tables = EdgeTables(self.choices, [op.out_shape for op in self.ops], self.edge_counts, self.coster,
+                                     mb, self._precompute if old is None else old.precomputed,
+                                     self._progress if old is None else None, ab,
+                                     self.compute.memory_seconds if step else None, factors,
+                                     old.rows if old is not None else None)
+
+    def with_mode(self, mode: Mode) -> "Problem":
+        """The same problem under another recomputation / FSDP ``mode`` (strategies and, where the mode does
+        not change them, boxing tables shared); made once per mode and problem family, then reused."""
+        if mode == self.mode:
+            return self
+        modes = self._shared.setdefault("modes", {self.mode: self})
+        out = modes.get(mode)
+        if out is None:
+            out = copy.copy(self)
+            out.derived = {}
+            out.evaluations = 0
+            out.reserve = 0.0
+            out._price(mode)
+            modes[mode] = out
+        return out
+
+    @property
+    def memory_limit(self) -> float | None:
+        """What the searches constrain the per-layer sum to: the device's limit less the workspace reserve."""
+        return None if self.device_limit is None else self.device_limit - self.reserve
+
+    @memory_limit.setter
+    def memory_limit(self, value: float | None) -> None:
+        """A new device limit, no reserve."""
+        self.device_limit, self.reserve = value, 0.0
 
     @property
     def fits(self) -> bool:
@@ -153,20 +284,33 @@ class Problem:
     def require_fit(self) -> None:
         if not self.fits:
             raise OptionError(
-                "memory_limit", f"{self.memory_limit / 2**30:.1f} GiB per device: no plan fits it, the smallest "
+                "memory_limit", f"{self.device_limit / 2**30:.1f} GiB per device: no plan fits it, the smallest "
                                 f"needs {self.min_memory / 2**30:.1f} GiB; raise it, add devices or shrink the micro-batch")
 
     def memory_breakdown(self, assign) -> Memory:
-        """Parameters, gradients, optimizer states, activations and the peak's workspace per device of a plan."""
+        """Parameters, gradients, optimizer states, activations and the peak's workspace per device of a plan
+        (a tied logits layer's copy dropped where its weight is placed as the embedding's)."""
         out = Memory()
         for v, (i, c) in enumerate(zip(assign, self.counts)):
-            out = out + strategy_memory(self.choices[v][i], self.cluster, self.act_bytes).scaled(c)
-        ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes, self.mb)
+            s = self.choices[v][i]
+            m = strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v])
+            if self.tied[v] and self.embedding is not None:
+                saved = tied_saving(s, self.choices[self.embedding][assign[self.embedding]], self.cluster,
+                                    self.act_bytes, self.mode)
+                m = Memory(m.parameters - saved.parameters, m.gradients - saved.gradients, m.optimizer,
+                           m.activations)
+            out = out + m.scaled(c)
+        ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
+                            self.mb, self.mode, self.chain_roles)
         return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
 
     def peak_memory(self, assign) -> float:
-        """Bytes per device at a plan's peak: ``memory_of`` plus the workspace (``autotune.sbp.memory``)."""
+        """Bytes per device at a plan's peak: ``memory_breakdown``'s total, the workspace included."""
         return self.memory_breakdown(assign).total
+
+    def fits_plan(self, assign) -> bool:
+        """Whether a plan fits the device's memory limit at its peak (the one fit check of plans)."""
+        return self.device_limit is None or self.peak_memory(assign) <= self.device_limit
 
     @property
     def sizes(self) -> list[int]:

@@ -17,6 +17,7 @@ W (B, S0, S1), O (S0, P, S1) (Megatron's row-parallel layer is one instance);
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -61,6 +62,7 @@ class Strategy:
     weights: tuple[Tensor, ...] = ()
     internal: tuple[Internal, ...] = ()
     extra_act_elems: int = 0  # locally kept activations beyond the input (SUMMA panels, attention probabilities)
+    extra_act_bytes: int = 0  # locally kept bytes beyond those (flash attention's fp32 log-sum-exp)
     grad_in: tuple[str, ...] | None = None  # placement of the input's gradient it returns (None: the dual of the input)
     fine_in: tuple[str, ...] = field(default=(), compare=False)
     fine_out: tuple[str, ...] = field(default=(), compare=False)
@@ -85,14 +87,14 @@ def finish(s: Strategy, cluster: Cluster) -> Strategy | None:
     fi = NdSbp(s.input.sbp, s.mesh).fine(cluster) if s.input else ()
     fo = NdSbp(s.output.sbp, s.mesh).fine(cluster) if s.output else ()
     fg = NdSbp(s.grad_in, s.mesh).fine(cluster) if s.grad_in else tuple(dual(p) for p in fi)
-    return Strategy(s.signature, s.mesh, s.input, s.output, s.weights, s.internal, s.extra_act_elems, s.grad_in,
-                    fi, fo, fg)
+    return Strategy(s.signature, s.mesh, s.input, s.output, s.weights, s.internal, s.extra_act_elems,
+                    s.extra_act_bytes, s.grad_in, fi, fo, fg)
 
 
 def fine_key(s: Strategy, cluster: Cluster) -> tuple:
     """What a strategy does on the fine axes: equal keys are the same plan for the layer."""
     return (s.fine_in, s.fine_out, s.fine_grad_in, tuple(NdSbp(w.sbp, s.mesh).fine(cluster) for w in s.weights),
-            s.internal, s.extra_act_elems)
+            s.internal, s.extra_act_elems, s.extra_act_bytes)
 
 
 def _dedupe(strats, cluster) -> list[Strategy]:
@@ -117,7 +119,7 @@ class Op:
 
     def __init__(self, layer: Layer, act_bytes: int = ACT_BYTES):
         self.layer = layer
-        self.dims = dict(layer.dims)
+        self.dims = layer.all_dims()
         self.act_bytes = act_bytes
 
     @property
@@ -143,24 +145,38 @@ class Matmul(Op):
     def out_shape(self):
         return (self.dims["tokens"], self.dims["n"])
 
+    def _extra_weights(self, out_sbp: tuple[str, ...], w_sbp: tuple[str, ...]) -> tuple[Tensor, ...]:
+        """A matmul's bias (n,), placed as the output's feature split (S0 where the output is S1, B
+        elsewhere); an embedding's learned positions (positions, n), split as the token table's n (S1
+        where the table is S1, B elsewhere)."""
+        n = self.dims["n"]
+        out = []
+        if self.layer.kind == "matmul" and self.dims.get("bias", 0):
+            out.append(Tensor("bias", (n,), tuple("S0" if p == "S1" else B for p in out_sbp)))
+        if self.layer.kind == "embedding" and self.dims.get("positions", 0):
+            out.append(Tensor("positions", (self.dims["positions"], n),
+                              tuple("S1" if p == "S1" else B for p in w_sbp)))
+        return tuple(out)
+
     def build(self, sig: str, mesh: RoleMesh) -> Strategy:
         t, k, n = self.dims["tokens"], self.dims["k"], self.dims["n"]
         if sig == "summa":
             sb = ("S0", "S1")
+            weights = (Tensor("weight", (k, n), sb),) + self._extra_weights(sb, sb)
             gather_w = Internal("weight", (k, n), self.act_bytes, sb, (B, "S1"))
             if self.layer.kind == "embedding":
-                return Strategy("summa", mesh, None, Tensor("output", (t, n), sb), (Tensor("weight", (k, n), sb),),
+                return Strategy("summa", mesh, None, Tensor("output", (t, n), sb), weights,
                                 (gather_w,), extra_act_elems=k * (n // mesh.role_size(1)))
             return Strategy(
-                "summa", mesh, Tensor("input", (t, k), sb), Tensor("output", (t, n), sb),
-                (Tensor("weight", (k, n), sb),),
+                "summa", mesh, Tensor("input", (t, k), sb), Tensor("output", (t, n), sb), weights,
                 (Internal("input", (t, k), self.act_bytes, sb, ("S0", B)), gather_w),
                 extra_act_elems=(t // mesh.role_size(0)) * k + k * (n // mesh.role_size(1)),
             )
         roles = MATMUL_ORDERS[sig]
         i, w, o = (tuple(MATMUL_ROLES[r][j] for r in roles) for j in range(3))
         inp = None if self.layer.kind == "embedding" else Tensor("input", (t, k), i)
-        return Strategy(sig, mesh, inp, Tensor("output", (t, n), o), (Tensor("weight", (k, n), w),))
+        return Strategy(sig, mesh, inp, Tensor("output", (t, n), o),
+                        (Tensor("weight", (k, n), w),) + self._extra_weights(o, w))
 
     def strategies(self, cluster, signatures=None):
         sigs = signatures or tuple(MATMUL_ORDERS)
@@ -181,7 +197,14 @@ class LayerNorm(Op):
     role 2; each token's statistics then need the other pieces: the forward
     all-reduces the partial sum and sum of squares (2 fp32 per token) over role
     2, the backward the two sums its gradient needs, mean(dy) and mean(dy * x_hat)
-    (derived from first principles, as Megatron's sequence-parallel layer norm)."""
+    (derived from first principles, as Megatron's sequence-parallel layer norm).
+    Its weight: the scale and, with ``bias`` (absent: 1, the AutoDDL presets' layer
+    norm), the shift, (1 + bias, hidden).
+
+    RMSNorm (kind "rmsnorm", signatures "rmsnorm" and "rmsnorm-split") is the same
+    without the mean and the shift: its weight the scale (1, hidden); split, the
+    forward all-reduces one partial sum of squares a token and the backward one sum,
+    mean(dy * x_hat) (1 fp32 per token each)."""
 
     @property
     def in_shape(self):
@@ -191,22 +214,28 @@ class LayerNorm(Op):
 
     def strategies(self, cluster, signatures=None):
         t, h = self.in_shape
-        out = [Strategy("layernorm", m, Tensor("input", (t, h), ("S0", B)), Tensor("output", (t, h), ("S0", B)),
-                        (Tensor("weight", (2, h), (B, B)),))
+        kind = self.layer.kind
+        rms = kind == "rmsnorm"
+        rows = 1 if rms else 1 + self.dims.get("bias", 1)
+        nstat = 1 if rms else 2
+        out = [Strategy(kind, m, Tensor("input", (t, h), ("S0", B)), Tensor("output", (t, h), ("S0", B)),
+                        (Tensor("weight", (rows, h), (B, B)),))
                for m in role_meshes(cluster, 2)]
         sb = ("S0", B, "S1")
         for m in role_meshes(cluster, 3):
             if m.role_size(2) == 1:
                 continue
-            stats = tuple(Internal(name, (t, 2), 4, ("S0", B, P), ("S0", B, B), backward=False, direction=d)
-                          for name, d in (("layernorm-stats", "fwd"), ("layernorm-grad-stats", "bwd")))
-            out.append(Strategy("layernorm-split", m, Tensor("input", (t, h), sb), Tensor("output", (t, h), sb),
-                                (Tensor("weight", (2, h), (B, B, "S1")),), stats))
+            stats = tuple(Internal(name, (t, nstat), 4, ("S0", B, P), ("S0", B, B), backward=False, direction=d)
+                          for name, d in ((f"{kind}-stats", "fwd"), (f"{kind}-grad-stats", "bwd")))
+            out.append(Strategy(f"{kind}-split", m, Tensor("input", (t, h), sb), Tensor("output", (t, h), sb),
+                                (Tensor("weight", (rows, h), (B, B, "S1")),), stats))
         return _dedupe(out, cluster)
 
 
 class Pointwise(Op):
-    """Elementwise ops and activations: any split of the input, no communication."""
+    """Elementwise ops and activations: any split of the input, no communication. Kind "residual"
+    (the residual stream's add, one layer tied over the model) has the same strategies, signature
+    "residual"."""
 
     @property
     def in_shape(self):
@@ -216,21 +245,59 @@ class Pointwise(Op):
 
     def strategies(self, cluster, signatures=None):
         shape = self.in_shape
+        sig = "residual" if self.layer.kind == "residual" else "pointwise"
         return _dedupe([
-            Strategy("pointwise", m, Tensor("input", shape, ("S0", "S1")), Tensor("output", shape, ("S0", "S1")))
+            Strategy(sig, m, Tensor("input", self.in_shape, ("S0", "S1")), Tensor("output", self.out_shape, ("S0", "S1")))
+            for m in role_meshes(cluster, 2)
+        ], cluster)
+
+
+class SwiGLU(Pointwise):
+    """silu(gate) * up on fc1's fused output (tokens, 2 ffn), gate and up interleaved column by column:
+    any split of the input's features into whole pairs (S1 dividing ffn, which the output's (tokens,
+    ffn) S1 checks) keeps each pair on one device, and the output's S1 halves it."""
+
+    @property
+    def in_shape(self):
+        return (self.dims["tokens"], 2 * self.dims["hidden"])
+
+    @property
+    def out_shape(self):
+        return (self.dims["tokens"], self.dims["hidden"])
+
+    def strategies(self, cluster, signatures=None):
+        return _dedupe([
+            Strategy("swiglu", m, Tensor("input", self.in_shape, ("S0", "S1")), Tensor("output", self.out_shape, ("S0", "S1")))
             for m in role_meshes(cluster, 2)
         ], cluster)
 
 
 class Attention(Op):
-    """Self-attention core softmax(Q K^T) V: heads split (S1 of the fused QKV),
-    tokens split only at sequence boundaries (S0 must divide the micro-batch).
-    Besides its input it keeps the attention probabilities for the backward
-    pass: (micro-batch / S0) x (heads / S1) x sequence^2 elements a device."""
+    """Self-attention core softmax(Q K^T) V: heads split (S1 of the fused QKV,
+    (tokens, (heads + 2 kv_heads) head_dim), laid out in whole KV groups, so S1
+    must divide kv_heads), tokens split only at sequence boundaries (S0 must
+    divide the micro-batch).
+
+    flash 0 (materialised probabilities; the AutoDDL presets): besides its input
+    it keeps the attention probabilities for the backward pass: (micro-batch /
+    S0) x (heads / S1) x sequence^2 elements a device. flash 1 (SDPA flash
+    attention): it keeps Q, K, V (its input), the output O and the log-sum-exp
+    (fp32, one a token and local head), no probabilities. Flash attention may
+    also run on three roles, the third computing redundantly (B): on clusters
+    larger than micro-batch x kv_heads devices (Llama 3 405B's batch of 32 on
+    16,384 GPUs) replication is the only way to place it (no context parallelism)."""
+
+    @property
+    def kv_heads(self) -> int:
+        return self.dims.get("kv_heads", self.dims["heads"])
+
+    @property
+    def head_dim(self) -> int:
+        return self.dims.get("head_dim", self.dims["hidden"] // self.dims["heads"])
 
     @property
     def in_shape(self):
-        return (self.dims["tokens"], 3 * self.dims["hidden"])
+        return (self.dims["tokens"], (self.dims["heads"] + 2 * self.kv_heads) * self.head_dim)
 
     @property
     def out_shape(self):
@@ -238,14 +305,23 @@ class Attention(Op):
 
     def strategies(self, cluster, signatures=None):
         out = []
-        mb, heads = self.dims["micro_batch"], self.dims["heads"]
-        seq = self.dims["tokens"] // mb
-        for m in role_meshes(cluster, 2):
-            if mb % m.role_size(0) or heads % m.role_size(1):
+        mb, heads, kv = self.dims["micro_batch"], self.dims["heads"], self.kv_heads
+        t = self.dims["tokens"]
+        seq = t // mb
+        flash = self.dims.get("flash", 0)
+        meshes = role_meshes(cluster, 2) + ([m for m in role_meshes(cluster, 3) if m.role_size(2) > 1] if flash else [])
+        for m in meshes:
+            r0, r1 = m.role_size(0), m.role_size(1)
+            if mb % r0 or heads % r1 or kv % r1:
                 continue
-            probs = mb // m.role_size(0) * (heads // m.role_size(1)) * seq * seq
-            out.append(Strategy("attention", m, Tensor("input", self.in_shape, ("S0", "S1")),
-                                Tensor("output", self.out_shape, ("S0", "S1")), extra_act_elems=probs))
+            if flash:
+                extra = (t // r0) * (self.dims["hidden"] // r1)  # O
+                lse = (t // r0) * (heads // r1) * 4
+            else:
+                extra, lse = mb // r0 * (heads // r1) * seq * seq, 0
+            sbp = ("S0", "S1") if len(m.sizes) == 2 else ("S0", "S1", B)
+            out.append(Strategy("attention", m, Tensor("input", self.in_shape, sbp),
+                                Tensor("output", self.out_shape, sbp), extra_act_elems=extra, extra_act_bytes=lse))
         return _dedupe(out, cluster)
 
 
@@ -308,7 +384,10 @@ OPS: dict[str, type[Op]] = {
     "matmul": Matmul,
     "embedding": Matmul,
     "layernorm": LayerNorm,
+    "rmsnorm": LayerNorm,
     "pointwise": Pointwise,
+    "residual": Pointwise,
+    "swiglu": SwiGLU,
     "attention": Attention,
     "loss": Loss,
     "conv": DataParallel,
@@ -323,5 +402,8 @@ def make_op(layer: Layer, act_bytes: int = ACT_BYTES) -> Op:
     return cls(layer, act_bytes)
 
 
+@functools.lru_cache(maxsize=None)
 def local_elems(t: Tensor, mesh: RoleMesh, cluster: Cluster) -> int:
+    """Elements of ``t`` a device holds (a pure function of its arguments, memoised: the modes of a search
+    re-price the same strategies)."""
     return math.prod(local_shape(t.shape, NdSbp(t.sbp, mesh).fine(cluster), cluster))

@@ -5,68 +5,121 @@ layer once per occurrence) of
 
     parameters   W * weight_bytes      W: the layer's weight elements held locally
     gradients    W * grad_bytes           (a weight split over an axis is divided by it,
-    optimizer    W * optimizer_bytes       replicated (B) it is not)
+    optimizer    W * optimizer_bytes       replicated (B) it is not; under FSDP also
+                                           divided over its sharding axes)
     activations  A * act_bytes         A: what one micro-batch keeps for the backward pass
 
-with, per precision (``act_bytes`` of the model: 2 mixed precision, 4 fp32),
+The precision recipe is the one users run (``act_bytes`` of the model):
 
-    mixed precision  weight 2 (fp16/bf16), gradient 2, optimizer 12: the fp32
-                     master weight, Adam's momentum and variance (ZeRO's K = 12)
-    fp32             weight 4, gradient 4, optimizer 8: Adam's momentum and variance
+    2 (bf16 autocast)  fp32 parameters under bf16 autocast with fused AdamW: weight 4
+                       (fp32), gradient 4 (the bf16 weight gradient is accumulated into
+                       the fp32 .grad), optimizer 8 (Adam's momentum and variance); and,
+                       per micro-batch, the bf16 copy autocast makes of every matmul
+                       weight (and bias) in the forward, kept alive for the backward:
+                       2 bytes per element of the weight as the layer uses it (gathered,
+                       under FSDP), counted with the activations (``weight_copy_bytes``)
+    4 (fp32)           weight 4, gradient 4, optimizer 8, no copies
 
-so 16 bytes per locally held parameter either way. The activations kept for
-the backward pass are, per layer (``kept_bytes``, in the activation type
-unless said otherwise; what the executed step keeps, counted by
+so 16 bytes per locally held parameter either way, plus the bf16 copies. The
+activations kept for the backward pass are, per layer (``kept_bytes``, in the
+activation type unless said otherwise; what the executed step keeps, counted by
 ``autotune.execute.saved`` and checked by tests/autotune/test_execute_memory.py):
 
-    matmul, layer norm, GELU   its input (the matmul's I for dW = I^T dO, the
-                               layer norm's and GELU's input)
-    attention                  its input (Q, K, V) and the probabilities softmax(Q K^T)
+    matmul, norm, GELU, SwiGLU its input (the matmul's I for dW = I^T dO, the
+                               norm's, GELU's and SwiGLU's input)
+    residual                   nothing (an add's backward passes its gradient on)
+    attention, flash 0         its input (Q, K, V) and the probabilities softmax(Q K^T)
                                ((micro-batch / S0) x (heads / S1) x sequence^2 a device)
+    attention, flash 1         its input (Q, K, V), its output O and the log-sum-exp
+                               (fp32, (tokens / S0) x (heads / S1) a device)
     SUMMA matmul               its two gathered panels, which replace its input (the
                                gathered input panel is what dW needs); a SUMMA
                                embedding nothing (its backward needs the token ids only)
     loss                       the softmax probabilities in fp32 (4 bytes per local
                                logit, Megatron-LM's vocab-parallel cross-entropy)
-    split layer norm           two fp32 copies of its input (x and x - mean, kept by
+    split layer norm / RMSNorm two fp32 copies of its input (x and x - mean, kept by
                                the products with x and with 1/sigma) and the
                                normalised input in the activation type
 
+Recomputation (``Mode.recompute``, per tied block, ``autotune.sbp.recompute``):
+"selective" drops the materialised attention's probabilities (flash attention
+keeps what it keeps); "full" keeps, of a block, only its input (the first
+layer's input, act_bytes an element) and no bf16 weight copy (they are made again
+when the block's forward is re-run).
+
+A tied logits layer (dim ``tied``: it shares the embedding's weight) holds no
+optimizer state (the optimizer steps the embedding's weight); the search counts
+its weight and gradient as a copy in its own placement (its redistribution of the
+embedding's); a plan whose logits weight is placed as the embedding's (the
+transpose of the same fine placement) holds one tensor: ``Problem.memory_breakdown``
+then drops the copy (``tied_saving``). So the search's sum is an upper bound of
+the plan's memory.
+
 On top of these, a step's peak holds a transient workspace (``peak_workspace``:
 the gradients being computed in the backward pass of one layer while the
-layers before it still keep their activations, or the optimizer step's fp32
-gradient of one weight); the search constrains the sum of the per-layer
-figures, and a plan's totals report its peak with the workspace. Only one micro-batch's
-activations are alive at a time: gradient accumulation runs the forward and
-backward of a micro-batch before the next, accumulating into the gradients
-above. No activation recomputation.
+layers before it still keep their activations, with full recomputation the
+re-run block's activations, and under FSDP two layers' gathered weights). A
+plan fits when parameters + gradients + optimizer states + activations +
+workspace is at most the limit: one accounting in the search's fit check and
+the baselines' (``Problem.fits_plan``). Only one micro-batch's activations are
+alive at a time: gradient accumulation runs the forward and backward of a
+micro-batch before the next, accumulating into the gradients above.
 
 These are AutoDDL's assumptions (§4.5.2: "since we used gradient accumulation
 for all the experiments, the main bottleneck for memory was the model
 parameters and its optimizer states"; §5.2.1 fp32 on Piz Daint, §5.3.1 mixed
-precision on the A100s; §5.1.2 "the largest possible micro-batch"). The paper
-measured memory in OneFlow; what it does not say, we assume: Adam (the optimizer
-of Megatron-LM, whose models §5.1.2 takes). Not counted: the collectives'
-buffers, the framework's workspace, allocator fragmentation and the
-embedding's token ids; a measured peak will sit somewhat above the prediction.
+precision on the A100s; §5.1.2 "the largest possible micro-batch"), with the
+precision recipe above. Not counted: the collectives' buffers, the framework's
+workspace, allocator fragmentation and the embedding's token ids; a measured
+peak will sit somewhat above the prediction.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 from calibrate.errors import UserError
 
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import NdSbp, local_shape
+from autotune.sbp.sbp import B, NdSbp, is_split, local_shape, split_dim
 
 STAT_BYTES = 4  # softmax and layer-norm statistics: fp32 in both precisions
+COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight, kept for the backward (act_bytes 2)
 
 # bytes per locally held parameter: (weight, gradient, optimizer state), by act_bytes
 PRECISION = {
-    2: (2, 2, 12),  # mixed precision: fp16/bf16 weight and gradient; fp32 master weight, Adam m and v
-    4: (4, 4, 8),   # fp32: weight, gradient, Adam m and v
+    2: (4, 4, 8),  # bf16 autocast: fp32 weight and gradient, Adam m and v (fp32)
+    4: (4, 4, 8),  # fp32: weight, gradient, Adam m and v
 }
+MATMUL_SIGNATURES = ("autoddl", "transposed", "summa")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a plan trains beyond its placements: recomputation per tied block and FSDP's sharding axes
+    (None: no FSDP; otherwise every weight is sharded over those of its gradient-sync axes)."""
+
+    recompute: str = "none"
+    fsdp_axes: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.recompute not in RECOMPUTE:
+            raise UserError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE)}")
+
+    @property
+    def sharding(self) -> dict:
+        """The plan's "sharding" field."""
+        if self.fsdp_axes is None:
+            return {"mode": "none", "axes": []}
+        return {"mode": "fsdp", "axes": list(self.fsdp_axes)}
+
+
+NONE = Mode()
+
+# a layer's place in the chain for recomputation: outside every block, a block's first layer, inside one
+OUTSIDE, FIRST, INSIDE = "outside", "first", "inside"
 
 
 @dataclass(frozen=True)
@@ -103,27 +156,94 @@ def precision(act_bytes: int) -> tuple[int, int, int]:
     return PRECISION[act_bytes]
 
 
+@functools.lru_cache(maxsize=None)
 def _elems(t, mesh, cluster: Cluster) -> int:
+    """Elements of ``t`` a device holds (pure, memoised)."""
     return math.prod(local_shape(t.shape, NdSbp(t.sbp, mesh).fine(cluster), cluster))
 
 
-def kept_bytes(s, cluster: Cluster, act_bytes: int) -> float:
-    """Bytes one micro-batch of a layer under strategy ``s`` keeps for the backward pass."""
+@functools.lru_cache(maxsize=None)
+def grad_sync_axes(s, w, cluster: Cluster) -> tuple[int, ...]:
+    """The fine axes over which weight ``w``'s gradient is all-reduced: where the weight is B and the
+    layer's data is split (each device's tokens give partial sums). A layer without an input tensor (an
+    embedding) has its data split as its output's tokens. A bias is summed over the output's rows: its
+    data is the output's tokens (a role where the output is partial sums holds the whole bias gradient
+    on each device)."""
+    wf = NdSbp(w.sbp, s.mesh).fine(cluster)
+    if w.name == "bias":
+        data = s.fine_out
+        return tuple(a for a in range(len(wf)) if wf[a] == B and is_split(data[a]) and split_dim(data[a]) == 0)
+    data = s.fine_in or s.fine_out
+    return tuple(a for a in range(len(wf)) if wf[a] == B and data and is_split(data[a]))
+
+
+def fsdp_axes(s, w, cluster: Cluster, mode: Mode) -> tuple[int, ...]:
+    """The axes weight ``w`` is sharded over under FSDP: its gradient-sync axes among the mode's."""
+    if mode.fsdp_axes is None:
+        return ()
+    return tuple(a for a in grad_sync_axes(s, w, cluster) if a in mode.fsdp_axes)
+
+
+def held_elems(s, w, cluster: Cluster, mode: Mode = NONE) -> float:
+    """Elements of weight ``w`` a device holds between uses (sharded over its FSDP axes)."""
+    n = _elems(w, s.mesh, cluster)
+    for a in fsdp_axes(s, w, cluster, mode):
+        n /= cluster.axis_sizes[a]
+    return n
+
+
+def kept_bytes(s, cluster: Cluster, act_bytes: int, recompute: str = "none", role: str = OUTSIDE) -> float:
+    """Bytes one micro-batch of a layer under strategy ``s`` keeps for the backward pass (autograd's
+    saved tensors), given the recomputation and the layer's place (``OUTSIDE``, ``FIRST``, ``INSIDE``
+    a block)."""
     inp = _elems(s.input, s.mesh, cluster) if s.input else 0
+    if recompute == "full" and role != OUTSIDE:
+        return inp * act_bytes if role == FIRST else 0.0
     if s.signature in ("loss", "loss-replicated"):
         return inp * STAT_BYTES
-    if s.signature == "layernorm-split":
+    if s.signature.endswith("norm-split"):
         return inp * (2 * STAT_BYTES + act_bytes)
     if s.signature == "summa":
         return s.extra_act_elems * act_bytes if s.input else 0
-    return (inp + s.extra_act_elems) * act_bytes
+    if s.signature == "residual":
+        return 0.0
+    if s.signature == "attention" and recompute == "selective" and not s.extra_act_bytes:
+        return inp * act_bytes  # the probabilities are recomputed
+    return (inp + s.extra_act_elems) * act_bytes + s.extra_act_bytes
 
 
-def strategy_memory(s, cluster: Cluster, act_bytes: int) -> Memory:
-    """One occurrence of a layer under strategy ``s`` (an ``autotune.sbp.layers.Strategy``)."""
+def weight_copy_bytes(s, cluster: Cluster, act_bytes: int) -> float:
+    """Autocast's bf16 copies of a matmul's weights (as the layer uses them), kept for its backward."""
+    if act_bytes != 2 or s.input is None or s.signature not in MATMUL_SIGNATURES:
+        return 0.0
+    return COPY_BYTES * sum(_elems(w, s.mesh, cluster) for w in s.weights)
+
+
+def strategy_memory(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role: str = OUTSIDE,
+                    tied: bool = False) -> Memory:
+    """One occurrence of a layer under strategy ``s`` (an ``autotune.sbp.layers.Strategy``); ``tied``: a
+    logits layer sharing the embedding's weight (no optimizer state; its weight and gradient a copy)."""
     w, g, o = precision(act_bytes)
-    params = sum(_elems(t, s.mesh, cluster) for t in s.weights)
-    return Memory(params * w, params * g, params * o, kept_bytes(s, cluster, act_bytes))
+    params = sum(held_elems(s, t, cluster, mode) for t in s.weights)
+    copies = 0.0 if mode.recompute == "full" and role != OUTSIDE else weight_copy_bytes(s, cluster, act_bytes)
+    return Memory(params * w, params * g, 0.0 if tied else params * o,
+                  kept_bytes(s, cluster, act_bytes, mode.recompute, role) + copies)
+
+
+def tied_saving(s_logits, s_embedding, cluster: Cluster, act_bytes: int, mode: Mode = NONE) -> Memory:
+    """What a tied logits layer's copy costs when it is not needed: its weight placed as the embedding's
+    (the transposed fine placement: S0 and S1 swapped), one tensor, so its weight and gradient go."""
+    lw = next(w for w in s_logits.weights if w.name == "weight")
+    ew = next(w for w in s_embedding.weights if w.name == "weight")
+    swap = {"S0": "S1", "S1": "S0"}
+    lf = NdSbp(lw.sbp, s_logits.mesh).fine(cluster)
+    ef = NdSbp(ew.sbp, s_embedding.mesh).fine(cluster)
+    if tuple(swap.get(p, p) for p in lf) != ef or fsdp_axes(s_logits, lw, cluster, mode) != fsdp_axes(
+            s_embedding, ew, cluster, mode):
+        return Memory()
+    w, g, _ = precision(act_bytes)
+    n = held_elems(s_logits, lw, cluster, mode)
+    return Memory(n * w, n * g)
 
 
 def _local(t, s, cluster: Cluster) -> int:
@@ -132,37 +252,70 @@ def _local(t, s, cluster: Cluster) -> int:
 
 def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
     """Bytes a layer allocates beyond what it keeps while its backward runs (its forward
-    needs no more): the gradients of its output and of its input, the attention's
-    gradients of the probabilities and of the scores, the split layer norm's fp32
-    gradients (two input-sized), SUMMA's gradients of its gathered panels, and, when
-    ``accumulate`` (micro-batches after the first), each weight's new gradient before it
-    is added to the accumulated one."""
+    needs no more): the gradients of its output and of its input, the materialised
+    attention's gradients of the probabilities and of the scores (flash attention: its fp32
+    dQ accumulator, 4 bytes per output element), the split norm's fp32 gradients (two
+    input-sized), SUMMA's gradients of its gathered panels, and each weight's new gradient:
+    with bf16 autocast (act_bytes 2) the bf16 gradient every micro-batch, and, when
+    ``accumulate`` (micro-batches after the first), its fp32 cast before it is added to .grad
+    (the first micro-batch's cast becomes .grad); in fp32 the new gradient when ``accumulate``."""
     inp, out = _local(s.input, s, cluster), _local(s.output, s, cluster)
     weights = sum(_local(w, s, cluster) for w in s.weights)
     if s.signature in ("loss", "loss-replicated"):
         return inp * act_bytes  # the probabilities become the gradient in place; its cast
-    elems = inp + out + (weights if accumulate else 0)
+    if act_bytes == 2:
+        wbytes = weights * (act_bytes + (PRECISION[2][1] if accumulate else 0))
+    else:
+        wbytes = weights * act_bytes if accumulate else 0
+    elems = inp + out
+    extra = 2 * STAT_BYTES * inp if s.signature.endswith("norm-split") else 0
     if s.signature == "attention":
-        elems += 2 * s.extra_act_elems
+        if s.extra_act_bytes:
+            extra += STAT_BYTES * out
+        else:
+            elems += 2 * s.extra_act_elems
     if s.signature == "summa":
         elems += s.extra_act_elems
-    extra = 2 * STAT_BYTES * inp if s.signature == "layernorm-split" else 0
-    return elems * act_bytes + extra
+    return elems * act_bytes + extra + wbytes
 
 
-def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_batches: int) -> float:
+def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
+    """Under FSDP, the bytes of a layer's weights gathered for use (fp32: the parameters' type) beyond the
+    shards it holds."""
+    if mode.fsdp_axes is None:
+        return 0.0
+    w = PRECISION[2][0]
+    return sum((_elems(t, s.mesh, cluster) - held_elems(s, t, cluster, mode)) * w for t in s.weights)
+
+
+def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_batches: int,
+                   mode: Mode = NONE, roles=None) -> float:
     """Bytes above parameters, gradients, optimizer states and kept activations at a step's
     peak. The backward of chain position i runs while positions 0..i still keep their
     activations (the later ones are freed), so the activations peak at
-    max over i of (kept by 0..i + work of i); the optimizer step (mixed precision)
-    holds one weight's fp32 gradient at a time, 4 bytes per element of the largest
-    local weight, when no activation is kept. The workspace is the larger of the
-    two peaks minus all kept activations (never negative)."""
+    max over i of (kept by 0..i + work of i). With full recomputation (``roles``: each
+    position's place, ``OUTSIDE``, ``FIRST`` or ``INSIDE`` a block) a block's forward is re-run
+    before its backward: at position i inside a block, what the block's positions up to i keep
+    without recomputation is alive too (less the block input, kept already). Under FSDP
+    (``mode.fsdp_axes``), two layers' gathered weights (the one in use and the one prefetched)
+    are alive throughout: twice the largest. The fused AdamW step on fp32 gradients needs no
+    more. The workspace is the peak minus all kept activations (never negative)."""
     acc = micro_batches > 1
-    kept = peak = largest = 0.0
-    for s in chain_strategies:
-        kept += kept_bytes(s, cluster, act_bytes)
-        peak = max(peak, kept + work_bytes(s, cluster, act_bytes, acc))
-        largest = max([largest] + [_local(w, s, cluster) for w in s.weights])
-    step = 4 * largest if act_bytes == 2 else 0.0
-    return max(peak, step) - kept
+    roles = roles or [OUTSIDE] * len(chain_strategies)
+    kept = peak = 0.0
+    block = 0.0  # the re-run block's activations, up to the current position
+    gathered = [0.0]
+    for s, role in zip(chain_strategies, roles):
+        k = kept_bytes(s, cluster, act_bytes, mode.recompute, role)
+        kept += k
+        if mode.recompute == "full":
+            if role == FIRST:
+                block = 0.0
+            if role != OUTSIDE:
+                block += kept_bytes(s, cluster, act_bytes) + weight_copy_bytes(s, cluster, act_bytes) - k
+            else:
+                block = 0.0
+        peak = max(peak, kept + block + work_bytes(s, cluster, act_bytes, acc))
+        gathered.append(gathered_weight_bytes(s, cluster, mode))
+    gathered.sort()
+    return max(peak - kept, 0.0) + gathered[-1] + (gathered[-2] if len(gathered) > 1 else 0.0)

@@ -27,7 +27,7 @@ from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_
 from autotune.sbp.layers import Strategy
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, is_split, split_dim
-from autotune.sbp.steptime import layer_seconds, optimizer_seconds
+from autotune.sbp.steptime import fsdp_steps, layer_seconds, optimizer_seconds
 
 KIND = "commtune.sbp-plan"
 VERSION = 1
@@ -88,15 +88,20 @@ def _comm(step: Step, problem: Problem, **extra) -> dict:
                 tier=g.tier, nbytes=step.nbytes, seconds=problem.coster.step_time(step))
 
 
-def _layer_clock(problem: Problem, op, s: Strategy) -> dict:
+def _layer_clock(problem: Problem, op, s: Strategy, role: str) -> dict:
     """One occurrence's predicted forward and backward of one micro-batch (the op, with its own
     boxing and the local copies around it) and optimizer step, as ``autotune execute``'s layer
     clock measures them; the boxing into the layer is its in-edge's ``forward_s``/``backward_s``."""
     cl, cm, ab = problem.cluster, problem.compute, problem.act_bytes
-    t = dict(zip(("fwd", "bwd"), layer_seconds(op, s, cl, cm, ab)))
+    rec = problem.mode.recompute
+    t = dict(zip(("fwd", "bwd"), layer_seconds(op, s, cl, cm, ab, rec, role)))
     for _, direction, steps in internal_steps(s, cl):
-        t[direction] += problem.coster.time(steps) + copy_seconds(steps, cm.memory_seconds)
-    return {"forward_s": t["fwd"], "backward_s": t["bwd"], "optimizer_s": optimizer_seconds(s, cl, cm, ab)}
+        sec = problem.coster.time(steps) + copy_seconds(steps, cm.memory_seconds)
+        t[direction] += sec
+        if direction == "fwd" and rec == "full" and role != "outside":
+            t["bwd"] += sec
+    return {"forward_s": t["fwd"], "backward_s": t["bwd"],
+            "optimizer_s": optimizer_seconds(s, cl, cm, ab, problem.mode)}
 
 
 def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict | None = None) -> dict:
@@ -108,11 +113,13 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         comms = [_comm(st, problem, phase="internal", tensor=t, direction=d, per="micro-batch")
                  for t, d, steps in internal_steps(s, cl) for st in steps if st.collective]
         comms += [_comm(st, problem, phase="grad-sync", tensor=t, direction="bwd", per="step")
-                  for t, st in sync_steps(s, cl, problem.act_bytes)]
+                  for t, st in sync_steps(s, cl, problem.grad_bytes, problem.mode)]
+        comms += [_comm(st, problem, phase="fsdp", tensor=t, direction=d, per="micro-batch")
+                  for t, d, st in fsdp_steps(s, cl, problem.mode)]
         red = float(problem.node_redist[v][s_i])
         sync = float(problem.node_sync[v][s_i])
         comp = float(problem.node_compute[v][s_i]) if problem.node_compute is not None else None
-        clock = _layer_clock(problem, op, s) if comp is not None else {}
+        clock = _layer_clock(problem, op, s, problem.roles[v]) if comp is not None else {}
         comp_total += count * (comp or 0.0)
         red_total += count * red
         sync_total += count * sync
@@ -121,7 +128,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
             "mesh": [list(x) for x in s.mesh.sizes],
             "sbp": layer_sbp(s, cl),
             "dtensor": dtensor(s, cl), "nd_sbp": nd_sbp(s), "collectives": comms,
-            "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl, problem.act_bytes),
+            "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl, problem.act_bytes, problem.mode, problem.roles[v], problem.tied[v]),
             **({"compute_s": comp} if comp is not None else {}), **clock,
         })
     for (a, b), count in problem.edge_counts.items():
@@ -129,12 +136,13 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         fwd, bwd = edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.act_bytes)
         comms = [_comm(st, problem, phase="boxing", tensor=problem.ops[a].layer.name, direction=d, per="micro-batch")
                  for d, steps in (("fwd", fwd), ("bwd", bwd)) for st in steps if st.collective]
-        t = mb * (problem.coster.time(fwd) + problem.coster.time(bwd))
+        rerun = problem.tables.forward_factor.get((a, b), 1.0)  # full recomputation re-runs forward boxings
+        t = mb * (rerun * problem.coster.time(fwd) + problem.coster.time(bwd))
         red_total += count * t
         copies = {}
         if problem.compute is not None:  # DTensor's local copies around the steps: compute time
             cf, cb = (copy_seconds(x, problem.compute.memory_seconds) for x in (fwd, bwd))
-            copies = {"copy_s": mb * (cf + cb), "forward_s": problem.coster.time(fwd) + cf,
+            copies = {"copy_s": mb * (rerun * cf + cb), "forward_s": problem.coster.time(fwd) + cf,
                       "backward_s": problem.coster.time(bwd) + cb}
             comp_total += count * copies["copy_s"]
         edges.append({"from": problem.ops[a].layer.name, "to": problem.ops[b].layer.name, "count": count,
@@ -142,7 +150,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
     totals = {"redistribution_s": red_total, "grad_sync_s": sync_total,
               "total_s": red_total + sync_total, "memory_bytes": problem.peak_memory(assign),
               "memory": problem.memory_breakdown(assign).to_dict(),
-              "fits_memory": problem.feasible(assign)}
+              "fits_memory": problem.fits_plan(assign)}
     if problem.node_compute is not None:  # the step-time model (autotune.sbp.steptime)
         exposed = red_total + problem.exposed_sync(assign)
         totals.update(compute_s=comp_total, exposed_comm_s=exposed, step_s=comp_total + exposed)
@@ -151,7 +159,8 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         "model": {"name": problem.graph.model, **problem.graph.config, "kind": problem.graph.model},
         "cluster": {"nodes": cl.nodes, "gpus_per_node": cl.gpus_per_node},
         "profile": problem.coster.profile.name, "micro_batches": mb,
-        "memory_limit_bytes": problem.memory_limit, "search": search or {},
+        "memory_limit_bytes": problem.device_limit, "search": search or {},
+        "recompute": problem.mode.recompute, "sharding": problem.mode.sharding,
         "assignment": [int(a) for a in assign],
         "objective": problem.objective, "totals": totals,
         "layers": layers, "edges": edges,

@@ -11,16 +11,32 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
                 over the local output); backward the mask, and the dense gradient zero-filled
                 and scatter-added (4 passes over the output, 1 over the local weight)
     layernorm   memory-bound: forward reads the input and writes the output (2 passes),
-                backward reads input and gradient and writes a gradient, then reads both again
-                for the scale's and shift's gradients (5 passes)
-    split       the executed ops one by one (``autotune.execute.ops.layernorm``), each reading its
+    / rmsnorm   backward reads input and gradient and writes a gradient, then reads both again
+                for the scale's and shift's gradients (5 passes; RMSNorm counted the same)
+    split norm  the executed ops one by one (``autotune.execute.ops.layernorm``), each reading its
     layernorm   inputs and writing its output, a = act_bytes, f = 4 (fp32 statistics): forward
                 6a + 11f bytes per local element (cast, square, two row sums, centre, scale, cast,
                 affine), backward 9a + 26f (the affine's two products and two column sums, the casts,
                 and autograd's products, negation, two row sums and three accumulations in fp32; the
                 operator list of one backward pass, tests/autotune/test_sbp_steptime.py)
     pointwise   memory-bound: 2 passes forward, 3 backward
-    attention   softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads, forward
+    swiglu      memory-bound, over the local output's elements: forward 5 passes (read the gate,
+                write silu(gate), read it and up, write the product), backward 9 (silu(gate)
+                again: 2; d up = dy silu(gate): 3; d gate = dy up silu'(gate): 4)
+    residual    memory-bound, over the local output's elements: forward 3 passes (read the
+                branch and the stream, write the sum), backward 3 (the stream's gradient read,
+                the branch's added to it, written)
+    embedding   with learned positions (``positions`` > 0): forward 3 more passes over the local
+    positions   output (read it and the table's rows, write the sum), backward 1 over the output's
+                gradient and 1 over the local table's (its column sums)
+    attention   flash 1: the causal SDPA flash attention core forward and backward from the
+    (flash)     profile's SDPA figures (``ComputeModel.sdpa_seconds``: measured and interpolated
+                where the profile has them, else the causal flash flop count, forward 2 b h s^2 d
+                and backward 2.5 times that, at the profile's matmul rate), on (micro-batch / S0)
+                sequences x (heads / S1) heads, (kv_heads / S1) KV heads; with rotary, the rotation of
+                Q and K (``ROTARY_PASSES`` over their local elements, forward and backward); plus
+                the layer's work around the core as for flash 0
+    attention   flash 0: softmax(Q K^T) V on (micro-batch / S0) sequences x (heads / S1) heads, forward
                 and backward as measured (``python -m calibrate compute``; backward twice the
                 forward without a measurement), plus the layer's work around the core: as measured
                 (the executed layer's time less its core's, ``ComputeModel.attention_copy_seconds``),
@@ -37,9 +53,24 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
 plus, per micro-batch, PyTorch DTensor's local copies around each boxing step
 (``autotune.sbp.boxing.local_copies``: the functional all-reduce's clone, the
 concatenation after an all-gather along a dimension other than 0, and the like),
-each a read and a write at the profile's copy bandwidth; and, once per step, the optimizer over every
-locally held parameter (``ADAM_BYTES`` at the fused Adam kernel's bandwidth and, in mixed precision,
-``CAST_BYTES``), and per micro-batch after the first, the gradient accumulation (``accumulate_seconds``).
+each a read and a write at the profile's copy bandwidth; and the precision recipe users run
+(``autotune.sbp.memory``): with act_bytes 2 (fp32 parameters under bf16 autocast), per micro-batch
+every matmul weight cast to bf16 in the forward (read 4, write 2 bytes a parameter) and its bf16
+gradient cast to fp32 in the backward (read 2, write 4; ``CAST_BYTES``), in the matmul's forward and
+backward; per micro-batch after the first, the new fp32 gradient added into .grad (read 4 + 4, write 4:
+``accumulate_seconds``); once per step, fused AdamW over every locally held parameter (``ADAM_BYTES`` at
+the fused kernel's bandwidth).
+
+Recomputation (``autotune.sbp.memory.Mode``): "selective" adds the attention core's forward to the
+attention layer's backward; "full" adds, to each layer inside a block, its forward (compute, its
+internal forward boxing, the casts) to its backward, and the block's forward boxings between its layers
+run twice (``autotune.sbp.tables.EdgeTables``'s forward factor). FSDP (``fsdp_seconds``): per
+micro-batch and occurrence each sharded weight is all-gathered (fp32, 4 bytes a gathered element) in
+the forward and again in the backward, and its gradient reduce-scattered (fp32) in the backward;
+prefetched, they overlap the layer's compute: exposed = max(0, all-gather - forward compute) +
+max(0, all-gather + reduce-scatter - backward compute), the layer's own compute the only cover
+(a prefetch one layer ahead hides behind the layer before it as much as behind this one, so the
+rule is the layer's as if it prefetched its own).
 
 Memory-bound passes are timed at the bandwidth of the kernels that make them: copies (DTensor's, the
 attention's) at the profile's copy bandwidth ``memory_Bps``; the layers' elementwise work, casts and
@@ -68,8 +99,9 @@ import math
 from calibrate.compute import ComputeModel
 from calibrate.errors import OptionError, UserError
 
+from autotune.sbp.boxing import Coster, Step
 from autotune.sbp.layers import Op, Strategy, local_elems
-from autotune.sbp.memory import PRECISION, STAT_BYTES
+from autotune.sbp.memory import MATMUL_SIGNATURES, NONE, OUTSIDE, PRECISION, STAT_BYTES, Mode, fsdp_axes, held_elems
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, local_shape
 
@@ -100,8 +132,41 @@ def _repeats(s: Strategy) -> int:
 ATTENTION_COPY_PASSES = (3 * 2 + 2, 2 + 3 * (3 + 2) + 2 * 9)
 
 
-def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> tuple[float, float]:
-    """(forward, backward) seconds of one occurrence of a layer for one micro-batch on one device."""
+# passes over Q's and K's local elements applying the rotary embedding, forward and backward: rotate_half
+# (read, write), x cos (read, write), rotate_half(x) sin added (read 2, write 1); the same transposed backward
+ROTARY_PASSES = (7, 7)
+def cast_bytes(s: Strategy, cluster: Cluster, act_bytes: int) -> tuple[float, float]:
+    """Per micro-batch, (forward, backward) bytes of autocast's casts of a matmul's weights: to bf16 in the
+    forward, the bf16 gradient to fp32 in the backward (``CAST_BYTES`` each, act_bytes 2 only)."""
+    if act_bytes != 2 or s.input is None or s.signature not in MATMUL_SIGNATURES:
+        return 0.0, 0.0
+    n = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
+    return CAST_BYTES * n, CAST_BYTES * n
+
+
+def _core(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, backward: bool) -> float:
+    d = op.dims
+    mb, heads = d["micro_batch"], d["heads"]
+    r0, r1 = s.mesh.role_size(0), s.mesh.role_size(1)
+    seq, hd = d["tokens"] // mb, op.head_dim
+    if d.get("flash", 0):
+        return cm.sdpa_seconds(mb // r0, heads // r1, op.kv_heads // r1, seq, hd, act_bytes, backward=backward)
+    return cm.attention_seconds(mb // r0, heads // r1, seq, d["hidden"] // heads, act_bytes, backward=backward)
+
+
+def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int,
+                  recompute: str = "none", role: str = OUTSIDE) -> tuple[float, float]:
+    """(forward, backward) seconds of one occurrence of a layer for one micro-batch on one device; the
+    backward with what the recomputation re-runs (``recompute``; ``role``: the layer's place in a block)."""
+    f, b = _layer_seconds(op, s, cluster, cm, act_bytes)
+    if recompute == "full" and role != OUTSIDE:
+        b += f
+    elif recompute == "selective" and op.layer.kind == "attention":
+        b += _core(op, s, cluster, cm, act_bytes, False)
+    return f, b
+
+
+def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> tuple[float, float]:
     kind, d = op.layer.kind, op.dims
     per = cluster.devices // _repeats(s)
 
@@ -113,25 +178,39 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
         rows, cols = local_elems_shape(s.output, s, cluster)
         k = d["tokens"] * d["k"] * d["n"] / per / (rows * cols)
         f = cm.matmul_seconds(rows, max(1, round(k)), cols, act_bytes)
-        return f, 2 * f
+        cf, cb = cast_bytes(s, cluster, act_bytes)
+        return f + cm.op_seconds("elementwise", cf), 2 * f + cm.op_seconds("elementwise", cb)
     if kind == "embedding":  # gather and mask forward; mask, zero-filled dense gradient and scatter-add backward
         out = local_elems(s.output, s.mesh, cluster)
-        wts = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-        return (cm.op_seconds("embedding", 4 * out * act_bytes),
-                cm.op_seconds("embedding_backward", (4 * out + wts) * act_bytes))
-    if kind == "layernorm" and s.signature == "layernorm-split":
+        wts = sum(local_elems(w, s.mesh, cluster) for w in s.weights if w.name == "weight")
+        f = cm.op_seconds("embedding", 4 * out * act_bytes)
+        b = cm.op_seconds("embedding_backward", (4 * out + wts) * act_bytes)
+        pos = [w for w in s.weights if w.name == "positions"]
+        if pos:
+            f += cm.op_seconds("elementwise", 3 * out * act_bytes)
+            b += cm.op_seconds("elementwise", (out + local_elems(pos[0], s.mesh, cluster)) * act_bytes)
+        return f, b
+    if kind in ("layernorm", "rmsnorm") and s.signature.endswith("-split"):
         e = local_elems(s.input, s.mesh, cluster)
         a, f = act_bytes, STAT_BYTES
         return cm.op_seconds("elementwise", e * (6 * a + 11 * f)), cm.op_seconds("elementwise", e * (9 * a + 26 * f))
-    if kind == "layernorm":  # backward: dx, then the scale's and shift's gradients, each reading x and dy
+    if kind in ("layernorm", "rmsnorm"):  # backward: dx, then the scale's and shift's gradients, each reading x and dy
         return mem(2, 5, local_elems(s.input, s.mesh, cluster))
     if kind == "pointwise":
         return mem(2, 3, local_elems(s.input, s.mesh, cluster))
+    if kind == "swiglu":
+        return mem(5, 9, local_elems(s.output, s.mesh, cluster))
+    if kind == "residual":
+        return mem(3, 3, local_elems(s.output, s.mesh, cluster))
     if kind == "attention":
         mb, heads = d["micro_batch"], d["heads"]
         shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
         out = local_elems(s.output, s.mesh, cluster)
-        f, b = cm.attention_seconds(*shape, act_bytes), cm.attention_seconds(*shape, act_bytes, backward=True)
+        f, b = (_core(op, s, cluster, cm, act_bytes, bwd) for bwd in (False, True))
+        if d.get("rotary", 0):
+            qk = (d["tokens"] // s.mesh.role_size(0)) * ((heads + op.kv_heads) // s.mesh.role_size(1)) * op.head_dim
+            f += cm.op_seconds("elementwise", ROTARY_PASSES[0] * qk * act_bytes)
+            b += cm.op_seconds("elementwise", ROTARY_PASSES[1] * qk * act_bytes)
         cf, cb = (cm.attention_copy_seconds(*shape, act_bytes, backward=bwd) for bwd in (False, True))
         return (f + (cf if cf is not None else cm.memory_seconds(ATTENTION_COPY_PASSES[0] * out * act_bytes)),
                 b + (cb if cb is not None else cm.memory_seconds(ATTENTION_COPY_PASSES[1] * out * act_bytes)))
@@ -154,22 +233,48 @@ def local_elems_shape(t, s: Strategy, cluster: Cluster) -> tuple[int, int]:
     return shape[0], math.prod(shape[1:])
 
 
-ADAM_BYTES = 28  # fused Adam per fp32 parameter: reads weight, gradient, m, v; writes weight, m, v
-CAST_BYTES = {  # bytes moved per locally held parameter by the casts around Adam, by act_bytes
-    2: 6 + 6,  # the gradient's fp32 copy (2 read, 4 written), the 16-bit weight's copy (4 read, 2 written)
-    4: 0,
-}
+ADAM_BYTES = 28  # fused AdamW per fp32 parameter: reads weight, gradient, m, v; writes weight, m, v
+CAST_BYTES = 6  # autocast's cast of a weight to bf16 (read 4, write 2) or of its bf16 gradient to fp32 (read 2, write 4)
 
 
-def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
-    """Once per step: the optimizer over every locally held parameter (fused Adam at the fused
-    kernel's bandwidth, the casts around it elementwise, as ``autotune.execute.train`` steps it)."""
-    params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-    return cm.op_seconds("optimizer", params * ADAM_BYTES) + cm.op_seconds("elementwise", params * CAST_BYTES[act_bytes])
+def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, mode: Mode = NONE) -> float:
+    """Once per step: fused AdamW over every locally held parameter (FSDP: its shards) at the fused kernel's
+    bandwidth (the fp32 weights and gradients of the recipe need no cast around it)."""
+    params = sum(held_elems(s, w, cluster, mode) for w in s.weights)
+    return cm.op_seconds("optimizer", params * ADAM_BYTES)
 
 
-def accumulate_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
-    """Per micro-batch after the first: adding each weight's new gradient to the step's
-    (read both, write one: 3 x the gradient's bytes per locally held parameter)."""
-    params = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
+def accumulate_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, mode: Mode = NONE) -> float:
+    """Per micro-batch after the first: adding each weight's new fp32 gradient into .grad (read both, write
+    one: 3 x 4 bytes per locally held parameter; FSDP: the reduce-scattered shard)."""
+    params = sum(held_elems(s, w, cluster, mode) for w in s.weights)
     return cm.op_seconds("elementwise", 3 * params * PRECISION[act_bytes][1]) if params else 0.0
+
+
+def fsdp_steps(s: Strategy, cluster: Cluster, mode: Mode) -> list[tuple[str, str, Step]]:
+    """(weight, direction, step) of FSDP's collectives per micro-batch and occurrence: each sharded weight
+    all-gathered forward and backward (fp32: its gathered bytes), its gradient reduce-scattered backward."""
+    out = []
+    wb = PRECISION[2][0]
+    for w in s.weights:
+        axes = fsdp_axes(s, w, cluster, mode)
+        if not axes:
+            continue
+        nbytes = local_elems(w, s.mesh, cluster) * wb
+        out += [(w.name, "fwd", Step("allgather", axes, nbytes)), (w.name, "bwd", Step("allgather", axes, nbytes)),
+                (w.name, "bwd", Step("reducescatter", axes, nbytes))]
+    return out
+
+
+def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd: float | None,
+                 bwd: float | None) -> float:
+    """Per micro-batch and occurrence, FSDP's communication not hidden behind the layer's own compute
+    (``fwd``, ``bwd`` seconds; None: nothing hidden, the communication objective's sum)."""
+    steps = fsdp_steps(s, cluster, mode)
+    if not steps:
+        return 0.0
+    tf = sum(coster.step_time(st) for _, d, st in steps if d == "fwd")
+    tb = sum(coster.step_time(st) for _, d, st in steps if d == "bwd")
+    if fwd is None:
+        return tf + tb
+    return max(0.0, tf - fwd) + max(0.0, tb - bwd)

@@ -44,10 +44,15 @@ def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster, itemsize:
 
 class EdgeTables:
     def __init__(self, choices: list[list[Strategy]], shapes: list, edges, coster: Coster, micro_batches: int,
-                 precompute: bool | None = None, progress=None, itemsize: int = ACT_BYTES, memory_seconds=None):
+                 precompute: bool | None = None, progress=None, itemsize: int = ACT_BYTES, memory_seconds=None,
+                 forward_factor: dict | None = None, rows: RowBoxer | None = None):
         """``memory_seconds`` (bytes -> seconds): add DTensor's local copies around each step
-        (``autotune.sbp.boxing.local_copies``), as the step-time objective does."""
+        (``autotune.sbp.boxing.local_copies``), as the step-time objective does. ``forward_factor``: edge
+        (a, b) -> how many times its forward boxing runs per micro-batch on average over its occurrences
+        (default 1; full recomputation re-runs a block's forward boxings). ``rows``: a ``RowBoxer`` to share
+        (its memo does not depend on the factors)."""
         self.choices, self.shapes, self.coster, self.mb = choices, shapes, coster, micro_batches
+        self.forward_factor = forward_factor or {}
         self.memory_seconds = memory_seconds
         self.itemsize = itemsize
         self.cluster = coster.cluster
@@ -55,7 +60,7 @@ class EdgeTables:
         self._memo: dict = {}
         self._full: dict[tuple[int, int], np.ndarray] = {}
         self._lines: dict[tuple, np.ndarray] = {}
-        self.rows = RowBoxer(coster, itemsize, memory_seconds)
+        self.rows = rows if rows is not None else RowBoxer(coster, itemsize, memory_seconds)
         self._codes: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         pairs = sum(len(choices[a]) * len(choices[b]) for a, b in self.edges if a != b)
         self.precomputed = pairs <= PRECOMPUTE_PAIRS if precompute is None else precompute
@@ -87,13 +92,13 @@ class EdgeTables:
         if t is None:
             try:
                 fwd, bwd = edge_steps(sa, sb, self.shapes[a], self.cluster, self.itemsize)
-                t = self.mb * (self.coster.time(fwd) + self.coster.time(bwd))
+                t = (self.coster.time(fwd), self.coster.time(bwd))
                 if self.memory_seconds is not None:
-                    t += self.mb * copy_seconds(fwd + bwd, self.memory_seconds)
+                    t = (t[0] + copy_seconds(fwd, self.memory_seconds), t[1] + copy_seconds(bwd, self.memory_seconds))
             except UserError:  # no evenly divisible path between these two layouts
-                t = math.inf
+                t = (math.inf, math.inf)
             self._memo[key] = t
-        return t
+        return self.mb * (self.forward_factor.get((a, b), 1.0) * t[0] + t[1])
 
     def codes(self, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Layer v's strategies as integer codes per fine axis: (output, dual of output, input, input's gradient)."""
@@ -112,7 +117,8 @@ class EdgeTables:
         out_a, dual_a, _, _ = self.codes(a)
         _, _, in_b, grad_b = self.codes(b)
         shape = self.shapes[a]
-        return self.mb * (self.rows.table(shape, out_a[i], in_b[j]) + self.rows.table(shape, grad_b[j], dual_a[i]).T)
+        f = self.forward_factor.get((a, b), 1.0)
+        return self.mb * (f * self.rows.table(shape, out_a[i], in_b[j]) + self.rows.table(shape, grad_b[j], dual_a[i]).T)
 
     def forget_lazy(self) -> None:
         """Drop what was computed on demand (a fresh start for timing a search); precomputed tables stay."""
@@ -158,5 +164,6 @@ class EdgeTables:
         if line is None:
             out_a, dual_a, in_a, grad_a = self.codes(a)
             shape = self.shapes[a]
-            line = self._lines[key] = self.mb * (self.rows.cost(shape, out_a, in_a) + self.rows.cost(shape, grad_a, dual_a))
+            f = self.forward_factor.get((a, a), 1.0)
+            line = self._lines[key] = self.mb * (f * self.rows.cost(shape, out_a, in_a) + self.rows.cost(shape, grad_a, dual_a))
         return line

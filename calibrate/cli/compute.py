@@ -181,6 +181,14 @@ def sdpa_call(torch, q, k, v):
                                                             enable_gqa=k.shape[1] != q.shape[1])
 
 
+def fresh_backward(torch, qkv, grad) -> None:
+    """Forward and backward into fresh gradients: a step's Q, K and V gradients flow on to the QKV
+    projection, and are not added into earlier ones (which would cost a pass over each)."""
+    for t in qkv:
+        t.grad = None
+    sdpa_call(torch, *qkv).backward(grad)
+
+
 def which_backend(torch, q, k, v, grad) -> str:
     """The backend of one forward and backward, read from torch's profiler (host ops only)."""
     from torch.profiler import ProfilerActivity, profile
@@ -209,7 +217,7 @@ def measure_sdpa(torch, dtype, size, device, iters, warmup) -> list[SdpaPoint]:
                     backend = which_backend(torch, *sets[0], grad)
                     fwd = _time(torch, lambda i: sdpa_call(torch, *sets[i % 3]), iters, warmup,
                                 between=lambda: dst.copy_(src))
-                    both = _time(torch, lambda i: sdpa_call(torch, *sets[i % 3]).backward(grad), iters, warmup,
+                    both = _time(torch, lambda i: fresh_backward(torch, sets[i % 3], grad), iters, warmup,
                                  between=lambda: dst.copy_(src))
                 except torch.cuda.OutOfMemoryError:
                     progress(f"sdpa b={b} h={heads} kv={kv} s={s} d={d} {dtype}: out of memory, skipped")

@@ -32,8 +32,8 @@ def test_data_parallel_is_one_gradient_all_reduce_per_weight():
     a = data_parallel(pr)
     expect = sum(ar(k * n * 2, 4) for k, n in zip(DIMS, DIMS[1:]))
     assert pr.cost(a) == pytest.approx(expect, rel=1e-12)
-    # memory: all weights replicated, inputs split over 4
-    mem = sum(k * n * PARAM_BYTES + T // 4 * k * 2 for k, n in zip(DIMS, DIMS[1:])) + T // 4 * DIMS[-1] * 4  # + the loss's fp32 probabilities
+    # memory: all weights replicated (16 bytes a parameter and autocast's bf16 copy, 2), inputs split over 4
+    mem = sum(k * n * (PARAM_BYTES + 2) + T // 4 * k * 2 for k, n in zip(DIMS, DIMS[1:])) + T // 4 * DIMS[-1] * 4  # + the loss's fp32 probabilities
     assert pr.memory_of(a) == pytest.approx(mem)
 
 

@@ -111,8 +111,9 @@ def test_cap_descent_keeps_the_limit_and_never_gets_worse():
     c, plan, converged = cap_descent(pr, rel.dp, rel.unary, list(start), start_cost, Clock(Budget()))
     assert converged and pr.memory_of(plan) <= limit
     assert opt * (1 - 1e-12) <= c <= start_cost and c == pytest.approx(pr.cost(plan), rel=1e-12)
-    # the default search (relaxation, caps, line searches) reaches the brute-force optimum here
-    res = make_search("cd").run(pr, Budget(patience=3), np.random.default_rng(0))
+    # the default search (relaxation, caps, line searches) reaches the brute-force optimum here (under the
+    # bf16-autocast recipe's costs after 10 fruitless restarts; 3 stop 6.8% above it)
+    res = make_search("cd").run(pr, Budget(patience=10), np.random.default_rng(0))
     assert res.cost == pytest.approx(opt, rel=1e-9) and res.bound <= opt * (1 + 1e-12)
     assert math.isfinite(res.bound)
 
@@ -171,10 +172,11 @@ def test_repair_is_the_greedy_rule_over_every_plan():
 
 @pytest.mark.parametrize("fraction", [0.6, 0.9])
 def test_repaired_plans_are_first_starts_where_the_relaxations_plans_that_fit_stop_short(fraction):
-    # a small case of the relaxation's hull jumping over the limit (piz-daint, step objective): every
-    # descent from its plans that fit stops 14-17% above the optimum; the repaired plans' reach it, so the
-    # search converges there without the restarts' help (patience 1, any seed)
-    pr, opt, _, _ = limited(Cluster(2, 1), "step", fraction, Profile.load("piz-daint"))
+    # a small case of the relaxation's hull jumping over the limit (gcp-a100, step objective, the
+    # bf16-autocast recipe's costs): every descent from its plans that fit stops 10.5% above the optimum;
+    # the repaired plans' reach it, so the search converges there without the restarts' help (patience 1,
+    # any seed)
+    pr, opt, _, _ = limited(Cluster(2, 1), "step", fraction, PROFILE)
     for seed in range(3):
         without = make_search("cd")
         without.REPAIRS = 0

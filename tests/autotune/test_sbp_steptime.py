@@ -53,27 +53,32 @@ def mlp_problem(objective="step"):
 def test_data_parallel_step_closed_form():
     # 4 GPUs, data parallel: each matmul on T/4 tokens forward, twice that backward; the loss memory-bound
     # (the executed cross-entropy: 2 + 9 x 4 bytes a logit forward, 3 x 4 + 2 backward, T/4 x 128 logits);
-    # Adam (fused, with the casts around it) moves 40 bytes a parameter once a step; the second
-    # micro-batch's gradients are added to the first's (3 x 2 bytes a parameter). The gradient
-    # all-reduces (S) hide behind the last micro-batch's backward (W) except for the first layer's,
-    # ready last (F): exposed max(S - W, F).
+    # bf16 autocast over fp32 parameters: per micro-batch each weight cast to bf16 forward (6 bytes a
+    # parameter) and its bf16 gradient to fp32 backward (6); fused AdamW moves 28 bytes a parameter once
+    # a step; the second micro-batch's fp32 gradients are added to the first's (3 x 4 bytes a parameter).
+    # The fp32 gradient all-reduces (S) hide behind the last micro-batch's backward (W) except for the
+    # first layer's, ready last (F): exposed max(S - W, F).
     pr = mlp_problem()
     a = data_parallel(pr)
-    fwd = [mm(T // 4, k, n) for k, n in zip(DIMS, DIMS[1:])]
+    fwd = [mm(T // 4, k, n) + mem(6 * k * n) for k, n in zip(DIMS, DIMS[1:])]
+    bwd = [2 * mm(T // 4, k, n) + mem(6 * k * n) for k, n in zip(DIMS, DIMS[1:])]
     logits = T // 4 * DIMS[-1]
     loss_f, loss_b = mem(logits * (2 + 9 * 4)), mem(logits * (3 * 4 + 2))
-    opt = sum(adam(k * n * 28) + mem(k * n * 12) for k, n in zip(DIMS, DIMS[1:]))  # fused Adam, the two casts 6 + 6
-    accumulate = (MB - 1) * sum(mem(3 * k * n * 2) for k, n in zip(DIMS, DIMS[1:]))
-    compute = MB * (sum(3 * f for f in fwd) + loss_f + loss_b) + opt + accumulate
-    syncs = [BASE.time(Collective.ALLREDUCE, k * n * 2, Group(4)) for k, n in zip(DIMS, DIMS[1:])]
-    W = sum(2 * f for f in fwd) + loss_b
+    opt = sum(adam(k * n * 28) for k, n in zip(DIMS, DIMS[1:]))  # fused AdamW on the fp32 weights
+    accumulate = (MB - 1) * sum(mem(3 * k * n * 4) for k, n in zip(DIMS, DIMS[1:]))
+    compute = MB * (sum(fwd) + sum(bwd) + loss_f + loss_b) + opt + accumulate
+    syncs = [BASE.time(Collective.ALLREDUCE, k * n * 4, Group(4)) for k, n in zip(DIMS, DIMS[1:])]
+    W = sum(bwd) + loss_b
     exposed = max(sum(syncs) - W, syncs[0])
     t = build_plan(pr, a, "dp")["totals"]
     assert t["compute_s"] == pytest.approx(compute, rel=1e-12)
     assert t["exposed_comm_s"] == pytest.approx(exposed, rel=1e-12)
     assert t["step_s"] == pytest.approx(compute + exposed, rel=1e-12)
     assert pr.cost(a) == pytest.approx(compute + exposed, rel=1e-12)
-    assert t["total_s"] == pytest.approx(sum(syncs), rel=1e-12)  # the comm objective's figure is unchanged
+    assert t["total_s"] == pytest.approx(sum(syncs), rel=1e-12)
+    # the comm objective (AutoDDL's) syncs the gradients in the activation type, as before
+    assert mlp_problem("comm").cost(a) == pytest.approx(
+        sum(BASE.time(Collective.ALLREDUCE, k * n * 2, Group(4)) for k, n in zip(DIMS, DIMS[1:])), rel=1e-12)
 
 
 def test_plan_records_each_layers_forward_backward_and_optimizer():
@@ -82,11 +87,11 @@ def test_plan_records_each_layers_forward_backward_and_optimizer():
     layers = {lay["name"]: lay for lay in build_plan(pr, data_parallel(pr), "dp")["layers"]}
     matmuls = [lay for lay in layers.values() if lay["kind"] == "matmul"]
     for lay, (k, n) in zip(matmuls, zip(DIMS, DIMS[1:])):
-        assert lay["forward_s"] == pytest.approx(mm(T // 4, k, n), rel=1e-12)
-        assert lay["backward_s"] == pytest.approx(2 * mm(T // 4, k, n), rel=1e-12)
-        assert lay["optimizer_s"] == pytest.approx(adam(k * n * 28) + mem(k * n * 12), rel=1e-12)
-        assert lay["compute_s"] == pytest.approx(MB * 3 * mm(T // 4, k, n) + lay["optimizer_s"]
-                                                 + (MB - 1) * mem(3 * k * n * 2), rel=1e-12)
+        assert lay["forward_s"] == pytest.approx(mm(T // 4, k, n) + mem(6 * k * n), rel=1e-12)
+        assert lay["backward_s"] == pytest.approx(2 * mm(T // 4, k, n) + mem(6 * k * n), rel=1e-12)
+        assert lay["optimizer_s"] == pytest.approx(adam(k * n * 28), rel=1e-12)
+        assert lay["compute_s"] == pytest.approx(MB * (3 * mm(T // 4, k, n) + 2 * mem(6 * k * n)) + lay["optimizer_s"]
+                                                 + (MB - 1) * mem(3 * k * n * 4), rel=1e-12)
 
 
 def test_megatron_step_splits_the_matmuls():
@@ -97,12 +102,14 @@ def test_megatron_step_splits_the_matmuls():
     a = megatron_assignment(pr, (1, 1), (1, 4))
     t = build_plan(pr, a, "megatron")["totals"]
     fwd = [mm(T, DIMS[0], DIMS[1] // 4), mm(T, DIMS[1] // 4, DIMS[2])]
+    casts = sum(2 * mem(6 * k * n // 4) for k, n in zip(DIMS, DIMS[1:]))
     logits = T * DIMS[-1]  # redundant over t: the whole logits
     loss = mem(logits * (2 + 9 * 4)) + mem(logits * (3 * 4 + 2))
-    opt = sum(adam(k * n // 4 * 28) + mem(k * n // 4 * 12) for k, n in zip(DIMS, DIMS[1:]))
-    accumulate = (MB - 1) * sum(mem(3 * k * n // 4 * 2) for k, n in zip(DIMS, DIMS[1:]))
+    opt = sum(adam(k * n // 4 * 28) for k, n in zip(DIMS, DIMS[1:]))
+    accumulate = (MB - 1) * sum(mem(3 * k * n // 4 * 4) for k, n in zip(DIMS, DIMS[1:]))
     clone = copy(2 * logits * 2)
-    assert t["compute_s"] == pytest.approx(MB * (sum(3 * f for f in fwd) + loss + clone) + opt + accumulate, rel=1e-12)
+    assert t["compute_s"] == pytest.approx(MB * (sum(3 * f for f in fwd) + casts + loss + clone) + opt + accumulate,
+                                           rel=1e-12)
     assert t["exposed_comm_s"] == pytest.approx(t["redistribution_s"], rel=1e-12) and t["grad_sync_s"] == 0
 
 

@@ -275,3 +275,17 @@ def test_sdpa_backend_read_from_the_profiler_on_cpu():
     assert which_backend(torch, q, k, v, grad) == "flash"
     with sdpa_kernel([SDPBackend.MATH]):
         assert which_backend(torch, q, k, v, grad) == "math"
+
+
+def test_sdpa_timing_backward_writes_fresh_gradients():
+    """Each timed backward starts from no gradient (a second call gives the first call's gradient,
+    not twice it), as in a step where Q, K and V's gradients flow on to the QKV projection."""
+    torch = pytest.importorskip("torch")
+    from calibrate.cli.compute import fresh_backward
+    q = torch.randn(1, 4, 8, 4, requires_grad=True)
+    k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(2))
+    grad = torch.randn(1, 4, 8, 4)
+    fresh_backward(torch, (q, k, v), grad)
+    first = [t.grad.clone() for t in (q, k, v)]
+    fresh_backward(torch, (q, k, v), grad)
+    assert all(torch.equal(a, t.grad) for a, t in zip(first, (q, k, v)))

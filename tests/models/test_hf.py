@@ -74,7 +74,7 @@ def test_config_json_counts_like_transformers(family, fields, tmp_path):
     config.to_json_file(tmp_path / "config.json")
     g = load_model(str(tmp_path / "config.json"))
     assert g.parameters() == hf_parameters(config)
-    assert (g.batch, g.micro_batch) == (64, 1)
+    assert (g.batch, g.micro_batch) == (64, 64)
     assert g.config["sequence"] == min(4096, fields.get("n_positions", config.max_position_embeddings))
 
 

@@ -27,6 +27,7 @@ from autotune.pipeline.search import PipelineConfig, check as check_pipeline, pa
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
+from autotune.sbp.fit import search_fitting, search_modes
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import PlanFile, build_plan, plan_title, summary_lines
 from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
@@ -64,8 +65,12 @@ def parser() -> argparse.ArgumentParser:
                     help="time (seconds) or steps ('2000steps') per search (default: until converged, i.e. restarts "
                          "in a row find nothing cheaper or the relaxation's lower bound is reached, at most 1 s + "
                          "1.5 ms per strategy, 2 to 20 s; comparison runs get the main search's time, at most 3 s)")
-    ap.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GIB,
-                    help=f"GiB per device, a hard constraint (default {DEFAULT_MEMORY_GIB:g})")
+    ap.add_argument("--memory-limit", type=float, default=None,
+                    help="GiB per device, a hard constraint on a plan's peak, workspace included (default: the "
+                         f"profile's usable GPU memory, else {DEFAULT_MEMORY_GIB:g})")
+    ap.add_argument("--modes", choices=("all", "none"), default="all",
+                    help="'all': also search with FSDP and, where memory binds, recomputation (selective, full), "
+                         "keeping the cheapest plan that fits; 'none': no recomputation, no FSDP")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"directory for plan.json and report.html (default ./{DEFAULT_OUT})")
     ap.add_argument("--objective", choices=("step", "comm"), default=None,
                     help="what the search minimises: 'step', predicted step time (compute + the communication "
@@ -114,7 +119,7 @@ def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, st
     """``budget`` None: ``auto_budget`` (until converged, scaled with the problem)."""
     budget = budget or auto_budget(problem)
     progress(f"search {name} (budget {budget.describe()}"
-             f"{', starting from the best Megatron plan' if start is not None else ''})")
+             f"{', warm-started (the best Megatron plan, or the best plan of an earlier mode)' if start is not None else ''})")
     problem.forget_lazy()
     res = make_search(name, progress).run(problem, budget, np.random.default_rng(seed), start)
     progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
@@ -139,6 +144,31 @@ def table(plans: list[dict]) -> str:
     return "\n".join("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
 
 
+def memory_limit(profile, gib: float | None) -> tuple[float, str]:
+    """Bytes per device: ``gib`` if given, else the profile's usable GPU memory, else the default (with a
+    note saying which)."""
+    if gib is not None:
+        return gib * 2**30, ""
+    usable = getattr(profile, "memory_bytes", None)
+    if usable:
+        return float(usable), f" (profile {profile.name}'s usable GPU memory)"
+    print(f"note: profile {profile.name!r} does not give its GPU memory: memory limit {DEFAULT_MEMORY_GIB:g} GiB "
+          "(set it with --memory-limit)")
+    return DEFAULT_MEMORY_GIB * 2**30, " (default)"
+
+
+def breakdown(plan: dict) -> str:
+    """The searched plan's memory per device by kind, its recomputation and sharding, in one line each."""
+    m = plan["totals"]["memory"]
+    parts = [("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"), ("optimizer states", "optimizer_bytes"),
+             ("activations", "activations_bytes"), ("workspace", "workspace_bytes")]
+    sh = plan.get("sharding", {"mode": "none"})
+    return (f"searched plan's memory per device: " + ", ".join(f"{name} {m[k] / 2**30:.2f}" for name, k in parts)
+            + f" GiB; total {plan['totals']['memory_bytes'] / 2**30:.2f} GiB\n"
+            + f"recompute {plan.get('recompute', 'none')}; sharding "
+            + (f"fsdp over axes {sh['axes']}" if sh["mode"] == "fsdp" else "none"))
+
+
 def main(argv=None, report=None) -> int:
     """The search; ``report(plan_path, title)``, given by the command layer, writes the HTML report."""
     args = parser().parse_args(argv)
@@ -158,9 +188,9 @@ def main(argv=None, report=None) -> int:
     stages = parse_stages(args.pipeline)
     check_pipeline(graph, cluster, stages, args.schedule)
     profile = Profile.load(args.profile)
-    if args.memory_limit <= 0:
+    if args.memory_limit is not None and args.memory_limit <= 0:
         raise UserError("--memory-limit must be positive (GiB per device)")
-    limit = args.memory_limit * 2**30
+    limit, limit_note = memory_limit(profile, args.memory_limit)
     out = Path(args.out)
     try:  # an unwritable --out is found before the search, not after it
         out.mkdir(parents=True, exist_ok=True)
@@ -171,7 +201,7 @@ def main(argv=None, report=None) -> int:
           f"batch {graph.batch} in {graph.micro_batches} micro-batches")
     print(f"cluster {cluster}{default_note}; profile {profile.name}"
           f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
-          f"memory limit {args.memory_limit:g} GiB per device", flush=True)
+          f"memory limit {limit / 2**30:.4g} GiB per device{limit_note}", flush=True)
     objective = args.objective
     if objective is None and args.search in ("exhaustive", "dp"):
         objective = "comm"
@@ -190,10 +220,19 @@ def main(argv=None, report=None) -> int:
         stages = "off"
     t0 = time.perf_counter()
     coster = Coster(profile, cluster)
-    problem = Problem(graph, coster, limit, progress=progress, objective=objective)
+    problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective)
     mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
-    best = run_search(problem, args.search, budget, args.seed, warm)
+
+    def run(pr, start):
+        return run_search(pr, args.search, budget, args.seed, start)
+    if args.modes == "all":
+        problem, best = search_modes(problem, run, warm, progress)
+    else:
+        best = search_fitting(problem, run, warm)
+    if best is None:
+        raise UserError(f"no plan fits {limit / 2**30:.4g} GiB per device with its workspace: raise --memory-limit, "
+                        "add devices or shrink the micro-batch")
     traces = {best.algorithm: best.trace}
     space = float(np.prod([float(n) for n in problem.sizes]))
     if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
@@ -208,7 +247,7 @@ def main(argv=None, report=None) -> int:
         # cold start, for the convergence plot; by default on the main search's time (at most 3 s)
         other = run_search(problem, name, budget or Budget(seconds=min(3.0, max(best.seconds, 0.1))), args.seed)
         traces[other.algorithm] = other.trace
-        if other.cost < best.cost:
+        if other.cost < best.cost and problem.fits_plan(other.assignment):
             progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
             best = other
     sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
@@ -217,11 +256,13 @@ def main(argv=None, report=None) -> int:
     except UserError as e:
         progress(f"SUMMA baseline unavailable: {message(e)}")
         summa_problem = None
-    progress("baselines: data parallel, Megatron (every mesh), SUMMA (every mesh), S/B only")
+    progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation), "
+             "SUMMA (every mesh), S/B only")
     plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
                       {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
-    base = baseline_plans(problem, summa_problem, sb_problem,
-                          lambda p: run_search(p, args.search, budget, args.seed))
+    skipped: list[str] = []
+    base = baseline_plans(plain, summa_problem, sb_problem,
+                          lambda p: run_search(p, args.search, budget, args.seed), skipped)
     if stages != "off":
         progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {args.schedule})")
         piped, mega3d = pipeline_plans(graph, cluster, profile, limit,
@@ -245,6 +286,10 @@ def main(argv=None, report=None) -> int:
         print(f"pipeline: {pl['stages']} stages of {sub['nodes']} x {sub['gpus_per_node']} GPUs, {pl['schedule']}, "
               f"{pl['micro_batches']} micro-batches, blocks per stage {pl['split']}; bubble {t['bubble_s']:.4g} s, "
               f"boundaries {t['boundary_s'] * 1e3:.3g} ms per micro-batch in all")
+    if skipped:
+        print(f"no plan of {', '.join(skipped)} here: some layer cannot take its placement (e.g. the attention's "
+              f"micro-batch x heads does not cover the {cluster.devices} devices)")
+    print(breakdown(plan))
     print("\n".join(summary_lines(plan, base, objective)))
     print(f"wrote {path}" + (f" and {rep}" if rep else ""))
     return 0
