@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports.html import Section
+from reports.sections import pipeline as pipeline_section
 
 
 def _totals(plans: list) -> pd.DataFrame:
@@ -130,6 +131,8 @@ def build(paths: list[Path]) -> list[Section]:
         sec.figure(_breakdown_fig(plans), "Cost breakdown: redistribution (boxing between and inside layers, "
                                           "forward and backward) and weight-gradient synchronisation; hatched: "
                                           "over the memory limit.")
+        if "stages" in best:
+            pipeline_section.add(sec, best)
         sec.heading("Per-layer plan").table(
             _layers(typed, best), f"x: how often the layer repeats (tied SBP). Placements per dimension of the fine "
                                   f"DeviceMesh {'x'.join(map(str, typed.mesh.sizes))} "

@@ -9,7 +9,8 @@ from autotune.__main__ import main as autotune_main
 from autotune.sbp.plan import PlanFile
 
 SMALL = ["--model", "gpt", "--preset", "gpt3-1.3b", "--layers", "2", "--nodes", "2", "--gpus-per-node", "2",
-         "--profile", "gcp-a100", "--budget", "0.3", "--batch", "8", "--micro-batch", "8", "--sequence", "256"]
+         "--profile", "gcp-a100", "--budget", "0.3", "--batch", "8", "--micro-batch", "8", "--sequence", "256",
+         "--pipeline", "off"]  # the single-stage search (stages: tests/autotune/test_pipeline_cli.py)
 
 
 def test_cli_writes_plan_and_report(tmp_path, capsys):

@@ -3,6 +3,7 @@
     python -m autotune --model gpt                     # default preset, cluster and profile
     python -m autotune --model gpt --preset gpt3-175b --nodes 512 --gpus-per-node 8
     python -m autotune --model mlp --nodes 128 --gpus-per-node 1 --profile piz-daint --search exhaustive
+    python -m autotune --model gpt --preset gpt3-175b --nodes 512 --gpus-per-node 8 --pipeline 16 --schedule eager-1f1b
 
 Writes plan.json and report.html into --out (default ./autotune-out).
 """
@@ -22,6 +23,8 @@ from models import CHOICES, FIELDS, HELP, load_model, model_kinds
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
 
 from autotune.export import next_steps
+from autotune.pipeline.record import pipeline_plans
+from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
@@ -75,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
                          "not hidden), or 'comm', all communication per step (AutoDDL's); default step when "
                          "the profile has compute figures, else comm")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pipeline", default="auto",
+                    help="pipeline stages: 'auto' (tried, kept when faster than the best single-stage plan; needs "
+                         "the step objective), 'off', or a stage count (default auto)")
+    ap.add_argument("--schedule", default="1f1b", help="pipeline schedule: 1f1b, gpipe or eager-1f1b (default 1f1b)")
     ap.add_argument("--compare", default="cd,mh,random",
                     help="algorithms run for the convergence plot, each on the budget (default cd,mh,random; "
                          "exhaustive is added when the space is small); 'none' to skip")
@@ -195,6 +202,8 @@ def main(argv=None, report=None) -> int:
     nodes = DEFAULT_NODES if args.nodes is None else args.nodes
     gpus = DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node
     cluster = Cluster(nodes, gpus)
+    stages = parse_stages(args.pipeline)
+    check_pipeline(graph, cluster, stages, args.schedule)
     profile = Profile.load(args.profile)
     if args.memory_limit is not None and args.memory_limit <= 0:
         raise UserError("--memory-limit must be positive (GiB per device)")
@@ -221,6 +230,11 @@ def main(argv=None, report=None) -> int:
             print(f"note: profile {profile.name!r} has no compute figures: minimising communication "
                   f"(--objective comm); add them with python -m calibrate compute")
     print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
+    if stages != "off" and objective != "step":
+        if stages != "auto":
+            raise UserError("pipeline stages are timed by the step objective: use --objective step with a profile "
+                            "that has compute figures, or --pipeline off")
+        stages = "off"
     t0 = time.perf_counter()
     coster = Coster(profile, cluster)
     problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective, require_fit=False)
@@ -270,12 +284,29 @@ def main(argv=None, report=None) -> int:
     base = baseline_plans(plain, summa_problem, sb_problem,
                           lambda p: run_search(p, args.search, budget, args.seed), skipped)
     plan = floor(plan, base, objective)
+    if stages != "off":
+        progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {args.schedule})")
+        piped, mega3d = pipeline_plans(graph, cluster, profile, limit,
+                                       PipelineConfig(stages, args.schedule, search=args.search, seed=args.seed),
+                                       progress)
+        base += [x for x in (mega3d,) if x is not None]
+        if piped is not None and piped["totals"]["step_s"] < plan["totals"]["step_s"]:
+            base.insert(0, dict(plan, strategy=f"best single-stage: {plan['strategy']}"))
+            plan = piped
+        elif piped is not None:
+            base.append(piped)
     pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
                   {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "wall_s": time.perf_counter() - t0, "objective": objective})
     path = pf.save(out / "plan.json")
     rep = report(path, plan_title(plan)) if report else None
     print(table([plan] + base))
+    if "pipeline" in plan:
+        pl, t = plan["pipeline"], plan["totals"]
+        sub = pl["submesh"]
+        print(f"pipeline: {pl['stages']} stages of {sub['nodes']} x {sub['gpus_per_node']} GPUs, {pl['schedule']}, "
+              f"{pl['micro_batches']} micro-batches, blocks per stage {pl['split']}; bubble {t['bubble_s']:.4g} s, "
+              f"boundaries {t['boundary_s'] * 1e3:.3g} ms per micro-batch in all")
     if skipped:
         print(f"no plan of {', '.join(skipped)} here: some layer cannot take its placement (e.g. the attention's "
               f"micro-batch x heads does not cover the {cluster.devices} devices)")

@@ -1,0 +1,148 @@
+"""A stage boundary priced by the resharding planner (``autotune.reshard``, the resharding paper's unit
+tasks, send/recv or broadcast strategies and load-balancing solvers).
+
+Forward, the last layer's output of stage i moves from its placement on stage i's submesh to the first
+layer's input placement on stage i + 1's; backward, that input's gradient moves back into the output's
+gradient placement. A placement is on the fine axes of the stage's own cluster (``autotune.sbp.mesh``);
+each device's tile follows from it exactly (the splits of a dimension in fine-axis order, the first
+axis major), and the unit tasks are the intersections of the distinct source and destination tiles, as
+``kernels.reshard.tasks.unit_tasks`` makes them for a sharding spec. A partial (P) tensor is reduced on
+its own submesh before it leaves (the boxing P -> B priced by the stage's ``Coster``); a partial
+destination (the gradient of a replicated output) takes disjoint tiles, its P axes splitting the
+dimension the source splits most (zeros elsewhere are a valid partial), so one replica receives each
+piece and the pieces line up with the source's. A unit task held by many replicas offers at most ``SENDERS`` of them as senders, a different run of them for each
+unit (the solver's load balancing still spreads the sends; without the cap a replicated source of 256
+devices costs the solver minutes). Devices: stage i's submesh is the i-th run of whole nodes, or the
+i-th slice of a node, in rank order, so transfers between whole-node stages use the profile's inter-node
+tier and those inside one node its intra-node tier (``autotune.reshard.network``).
+"""
+from __future__ import annotations
+
+import math
+
+from autotune.reshard.plan import make_plan
+from autotune.reshard.solvers import SolverConfig
+from autotune.sbp.boxing import Coster, box
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.sbp import B, P, dual
+from kernels.reshard.spec import Box, Mesh, ShardingSpec, box_volume, intersect
+from kernels.reshard.tasks import ReshardTask, UnitTask
+
+STRATEGY, SOLVER = "broadcast", "ensemble"
+SOLVER_CONFIG = SolverConfig(time_budget=0.05, rounds=4, restarts=1)
+SENDERS = 8
+
+
+def submesh_devices(stage: int, sub: Cluster, gpus_per_node: int) -> tuple[int, ...]:
+    """Global device ids of stage ``stage``'s submesh, in its rank order."""
+    if sub.gpus_per_node == gpus_per_node:
+        first = stage * sub.nodes * gpus_per_node
+        return tuple(range(first, first + sub.devices))
+    first = stage * sub.gpus_per_node
+    return tuple(range(first, first + sub.gpus_per_node))
+
+
+def tiles(shape: tuple[int, ...], fine: tuple[str, ...], cluster: Cluster, devices) -> dict[int, Box]:
+    """Each device's box of the tensor under fine-axis placement ``fine`` (P read as B)."""
+    out = {}
+    for rank, dev in enumerate(devices):
+        coords = cluster.coords(rank)
+        box = []
+        for d, n in enumerate(shape):
+            idx, parts = 0, 1
+            for a, p in enumerate(fine):
+                if p == f"S{d}":
+                    idx, parts = idx * cluster.axis_sizes[a] + coords[a], parts * cluster.axis_sizes[a]
+            size = n // parts
+            box.append((idx * size, (idx + 1) * size))
+        out[dev] = tuple(box)
+    return out
+
+
+def _groups(t: dict[int, Box]) -> list[tuple[Box, tuple[int, ...]]]:
+    g: dict[Box, list[int]] = {}
+    for dev, b in t.items():
+        g.setdefault(b, []).append(dev)
+    return [(b, tuple(d)) for b, d in g.items()]
+
+
+def units(shape, itemsize: int, src: dict[int, Box], dst: dict[int, Box]) -> list[UnitTask]:
+    out = []
+    sg = _groups(src)
+    for dbox, receivers in _groups(dst):
+        for sbox, senders in sg:
+            piece = intersect(sbox, dbox)
+            if piece is not None:
+                k = len(out)
+                if len(senders) > SENDERS:
+                    step = len(senders) // SENDERS
+                    senders = tuple(senders[(k + j * step) % len(senders)] for j in range(SENDERS))
+                out.append(UnitTask(k, piece, senders, receivers, box_volume(piece) * itemsize))
+    return out
+
+
+def _whole(fine: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(B if p == P else p for p in fine)
+
+
+def _receive(fine: tuple[str, ...], shape, cluster: Cluster, src: Cluster, src_fine) -> tuple[str, ...]:
+    """A destination placement as received: its P axes take disjoint pieces along the dimension the source
+    splits most (so pieces line up with the source's tiles), B where that does not divide."""
+    if P not in fine:
+        return fine
+    split = [math.prod(src.axis_sizes[a] for a, p in enumerate(src_fine) if p == f"S{d}") for d in range(len(shape))]
+    d = max(range(len(shape)), key=lambda i: split[i])
+    parts = math.prod(cluster.axis_sizes[a] for a, p in enumerate(fine) if p in (P, f"S{d}"))
+    sd = f"S{d}" if shape[d] % parts == 0 else B
+    return tuple(sd if p == P else p for p in fine)
+
+
+class BoundaryPricer:
+    """Seconds per micro-batch of one boundary, cached by (placements, submeshes, devices' layout)."""
+
+    def __init__(self, profile, gpus_per_node: int, itemsize: int):
+        self.profile, self.gpus_per_node, self.itemsize = profile, gpus_per_node, itemsize
+        self._cache: dict = {}
+        self._coster: dict = {}
+
+    def _reduce(self, shape, fine, cluster: Cluster) -> float:
+        if P not in fine:
+            return 0.0
+        c = self._coster.setdefault(cluster, Coster(self.profile, cluster))
+        return c.time(box(shape, self.itemsize, fine, _whole(fine), cluster))
+
+    def move(self, shape, src_fine, src: Cluster, src_devs, dst_fine, dst: Cluster, dst_devs) -> float:
+        """Seconds to move a tensor from (src_fine on src_devs) to (dst_fine on dst_devs)."""
+        key = (tuple(shape), src_fine, src, dst_fine, dst,
+               tuple(d // self.gpus_per_node - src_devs[0] // self.gpus_per_node for d in src_devs + dst_devs))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        a = tiles(shape, _whole(src_fine), src, src_devs)
+        b = tiles(shape, _receive(dst_fine, shape, dst, src, src_fine), dst, dst_devs)
+        us = units(shape, self.itemsize, a, b)
+        task = ReshardTask(tuple(shape), "float16" if self.itemsize == 2 else "float32",
+                           _mesh(src, src_devs, self.gpus_per_node), ShardingSpec.parse("R" * len(shape)),
+                           _mesh(dst, dst_devs, self.gpus_per_node), ShardingSpec.parse("R" * len(shape)))
+        t = self._reduce(shape, src_fine, src) + make_plan(task, self.profile, STRATEGY, SOLVER, SOLVER_CONFIG,
+                                                           us, bound=0.0).makespan
+        self._cache[key] = t
+        return t
+
+    def boundary(self, shape, out_fine, in_fine, grad_fine, src: Cluster, dst: Cluster, stage: int) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch between stage ``stage`` and the next: the output
+        ``out_fine`` into the input ``in_fine``; the input's gradient ``grad_fine`` back into the output's."""
+        sd = submesh_devices(stage, src, self.gpus_per_node)
+        dd = submesh_devices(stage + 1, dst, self.gpus_per_node)
+        fwd = self.move(shape, out_fine, src, sd, in_fine, dst, dd)
+        bwd = self.move(shape, grad_fine, dst, dd, tuple(dual(p) for p in out_fine), src, sd)
+        return fwd, bwd
+
+
+def _mesh(cluster: Cluster, devices, gpus_per_node: int) -> Mesh:
+    hosts = len({d // gpus_per_node for d in devices})
+    return Mesh((hosts, len(devices) // hosts), tuple(devices), gpus_per_node)
+
+
+def transfer_bytes(shape, itemsize: int) -> float:
+    return math.prod(shape) * itemsize

@@ -1,0 +1,87 @@
+"""A pipelined plan as the plan record's ``best`` (or a baseline): the fields of a single-stage plan
+(``autotune.sbp.plan.build_plan``) with totals over the pipeline, plus ``pipeline`` (schedule, stages,
+micro-batches, makespan, bubble) and ``stages``: per stage its chain-position range and layer names,
+submesh, in-flight micro-batches, forward and backward seconds per micro-batch, the boundary to the next
+stage (seconds per micro-batch each way), memory, its timeline (the simulated intervals) and its SBP
+plan (``layers``, ``edges``, ``totals`` as today). ``layers`` and ``edges`` of the whole are the
+stages' in order, each with its ``stage``.
+
+Totals: ``step_s`` the simulated step; ``compute_s``, ``redistribution_s`` and ``grad_sync_s`` those of
+the busiest stage (per step, on its devices); ``boundary_s`` the boundary transfers of one micro-batch
+summed over the boundaries, both ways; ``bubble_s`` the step less the busiest stage's work;
+``memory_bytes`` the largest stage's peak.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from calibrate.records import header
+
+from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch
+from autotune.sbp.plan import KIND, VERSION, build_plan
+
+
+def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dict | None = None) -> dict:
+    g = search.graph_for(c.micro_batches)
+    stages, layers, edges = [], [], []
+    for i, (sp, span) in enumerate(zip(c.plans, c.spans)):
+        plan = build_plan(sp.problem, sp.assign, f"stage {i}", sp.search)
+        for x in plan["layers"]:
+            layers.append(dict(x, stage=i))
+        for x in plan["edges"]:
+            edges.append(dict(x, stage=i))
+        fwd, bwd = c.boundaries[i] if i < len(c.boundaries) else (0.0, 0.0)
+        stages.append({
+            "stage": i, "chain": list(span), "blocks": c.split[i],
+            "first_layer": g.layers[g.chain[span[0]]].name, "last_layer": g.layers[g.chain[span[1] - 1]].name,
+            "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
+            "inflight": sp.problem.inflight, "forward_s": sp.fig.forward, "backward_s": sp.fig.backward,
+            "boundary_forward_s": fwd, "boundary_backward_s": bwd,
+            "grad_sync_s": sp.fig.grad_sync, "exposed_sync_s": sp.fig.exposed_sync, "optimizer_s": sp.fig.optimizer,
+            "end_s": c.ends[i], "memory_bytes": sp.fig.memory, "fits_memory": sp.fig.fits,
+            "timeline": [[iv.kind, iv.micro_batch, iv.start, iv.end] for iv in c.result.intervals
+                         if iv.lane == f"stage {i}"],
+            "plan": plan,
+        })
+    busiest = max(range(c.stages), key=lambda i: c.plans[i].fig.compute + c.plans[i].fig.redistribution)
+    bf = c.plans[busiest].fig
+    work = c.micro_batches * (bf.forward + bf.backward) + bf.exposed_sync + bf.optimizer
+    totals = {"step_s": c.step, "compute_s": bf.compute, "redistribution_s": bf.redistribution,
+              "grad_sync_s": bf.grad_sync, "total_s": bf.redistribution + bf.grad_sync,
+              "exposed_comm_s": c.step - bf.compute,
+              "boundary_s": sum(f + b for f, b in c.boundaries), "bubble_s": max(0.0, c.step - work),
+              "memory_bytes": max(x.fig.memory for x in c.plans),
+              "memory": stages[busiest]["plan"]["totals"]["memory"],
+              "fits_memory": all(x.fig.fits for x in c.plans)}
+    return {
+        **header(KIND, VERSION), "strategy": strategy,
+        "model": {"name": g.model, **g.config, "kind": g.model},
+        "cluster": {"nodes": search.cluster.nodes, "gpus_per_node": search.cluster.gpus_per_node},
+        "profile": search.profile.name, "micro_batches": c.micro_batches,
+        "memory_limit_bytes": search.stages.limit, "search": {**(info or {}), "config": asdict(search.cfg)}, "assignment": [],
+        "objective": "step", "totals": totals, "layers": layers, "edges": edges,
+        "pipeline": {"schedule": search.cfg.schedule, "stages": c.stages, "micro_batches": c.micro_batches,
+                     "split": list(c.split), "makespan_s": c.result.makespan,
+                     "peak_activations": list(c.result.peak_activations),
+                     "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
+                     "steady": list(c.result.steady)},
+        "stages": stages,
+    }
+
+
+def pipeline_plans(graph, cluster, profile, memory_limit: float, cfg: PipelineConfig, progress=None):
+    """(the best pipelined plan, the best Megatron-style 3-D plan), each a plan dict or None where no
+    candidate fits; and the search's seconds."""
+    t0 = time.perf_counter()
+    search = PipelineSearch(graph, cluster, profile, memory_limit, cfg, progress)
+    best = search.run()
+    info = {"algorithm": f"pipeline stages + {cfg.search}", "seconds": time.perf_counter() - t0,
+            "stage_searches": search.stages.searches}
+    out = pipeline_plan(search, best, f"pipelined ({best.stages} stages, {cfg.schedule}, {best.micro_batches} "
+                                      f"micro-batches)", info) if best is not None else None
+    mega = search.megatron_3d()
+    base = pipeline_plan(search, mega, f"Megatron 3-D (t={mega.tensor}, {mega.stages} stages, "
+                                       f"{mega.micro_batches} micro-batches)", {"algorithm": "megatron"}) \
+        if mega is not None else None
+    return out, base

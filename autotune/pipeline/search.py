@@ -1,0 +1,407 @@
+"""The search over pipeline stages: how many stages, each stage's submesh, the micro-batch count, the split
+of the blocks among the stages and, inside each stage, the SBP search of today on the stage's sub-graph
+and submesh under the memory its schedule keeps in flight.
+
+Candidates (``stage_choices``): p stages of whole nodes (p divides the node count) or of a slice of one
+node (p = nodes x q, q dividing the GPUs per node), 2 <= p <= blocks. Micro-batch counts m: divisors
+of the batch with p <= m <= 8p (each stage must have a micro-batch to run in 1F1B's steady state),
+those whose micro-batch splits over the stage's nodes first, the largest first (a smaller micro-batch
+shrinks the bubble (p - 1) / m); the first ``micro_batch_choices`` whose stages can be laid out on the
+submesh (a micro-batch too small to split over it has no strategy for some layer) are tried.
+
+The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
+go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
+``refine`` best (by the estimate plus the first stage's exposed sync and optimizer, which end the step)
+with the stage DP over splits within ``width`` blocks of the balanced share. Each
+candidate that is kept is simulated (``autotune.reshard.pipeline.simulate``: the schedule's order, the
+boundaries' transfers overlapped as it allows), and its step is
+
+    step = max over stages i of (end of stage i's last backward + its exposed gradient sync + optimizer)
+
+Stage plans are cached by (layer slice signature, submesh, micro-batches, in-flight count): the middle
+stages of a transformer are one problem. A stage is searched first with one micro-batch in flight (the
+loosest memory); if that plan fits under the stage's own in-flight count it is that count's plan too (a
+tighter limit cannot find a cheaper one), else the stage is searched again under its count.
+
+The Megatron-style 3-D baseline (``megatron_3d``): whole-node stages, the Megatron plan inside each stage
+on the mesh (d, t) with t inside a node (``autotune.sbp.baselines.megatron_assignment``), the balanced
+split, at its best (p, t, m).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calibrate.errors import OptionError, UserError
+from models.graph import LayerGraph
+
+from autotune.pipeline.boundary import BoundaryPricer
+from autotune.pipeline.slicing import blocks, signature, stage_graph, stage_spans, with_micro_batches
+from autotune.pipeline.split import best_split, estimate, window
+from autotune.pipeline.stage import StageFigures, StageProblem, figures
+from autotune.reshard.pipeline import SCHEDULES, PipelineSpec, simulate
+from autotune.sbp.baselines import best_mesh, megatron_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
+from autotune.sbp.search import auto_budget, make_search
+from autotune.sbp.searchbase import Budget
+
+SCHEDULE_NAMES = {"1f1b": "1f1b", "gpipe": "gpipe", "eager-1f1b": "eager_1f1b"}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """``stages``: "auto" (every candidate count), or a count; ``schedule``: 1f1b | gpipe | eager-1f1b.
+    ``width``, ``micro_batch_choices``, ``refine`` and ``budget_scale`` set how much of the space is
+    searched (``reference`` scales them up for the 20x check)."""
+
+    stages: str | int = "auto"
+    schedule: str = "1f1b"
+    width: int = 1
+    micro_batch_choices: int = 1
+    refine: int = 2
+    max_stage_nodes: int = 32
+    budget_scale: float = 1.0
+    search: str = "cd"
+    seed: int = 0
+
+    def reference(self) -> "PipelineConfig":
+        return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
+                              self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
+                              self.seed)
+
+
+def schedule_name(name: str) -> str:
+    if name not in SCHEDULE_NAMES:
+        raise OptionError("schedule", f"{name!r} is not a pipeline schedule: use one of {', '.join(SCHEDULE_NAMES)}")
+    return SCHEDULE_NAMES[name]
+
+
+def submesh(cluster: Cluster, stages: int) -> Cluster:
+    """Each stage's submesh: whole nodes, or a slice of one node; a UserError if it does not divide."""
+    if cluster.nodes % stages == 0:
+        return Cluster(cluster.nodes // stages, cluster.gpus_per_node)
+    if stages % cluster.nodes == 0 and cluster.gpus_per_node % (stages // cluster.nodes) == 0:
+        return Cluster(1, cluster.gpus_per_node // (stages // cluster.nodes))
+    raise OptionError("stages", f"{stages} stages do not divide the cluster {cluster} into equal submeshes: use a "
+                                f"divisor of the {cluster.nodes} nodes, or the nodes times a divisor of "
+                                f"{cluster.gpus_per_node} GPUs per node")
+
+
+def stage_choices(graph: LayerGraph, cluster: Cluster, stages: str | int,
+                  max_nodes: int | None = None) -> list[tuple[int, Cluster]]:
+    """The stage counts and submeshes to try: the one given, or every count whose submesh has at most
+    ``max_nodes`` nodes (bigger stages pay for tensor-parallel traffic across nodes, which is what stages
+    are for; their SBP problems are the costliest to build), at least the two with the smallest submeshes;
+    a count is a candidate when it divides the cluster and the batch has at least that many micro-batches."""
+    nb = len(blocks(graph))
+    if stages != "auto":
+        p = int(stages)
+        if p < 1:
+            raise OptionError("stages", f"{p} must be at least 1 (1: no pipeline)")
+        if p > nb:
+            raise OptionError("stages", f"{p} stages for {nb} blocks: use at most {nb}, a stage needs a block")
+        if p > cluster.devices:
+            raise OptionError("stages", f"{p} stages on {cluster.devices} devices: use at most {cluster.devices}")
+        return [(p, submesh(cluster, p))]
+    feasible = []
+    for p in range(2, min(nb, cluster.devices) + 1):
+        try:
+            sub = submesh(cluster, p)
+        except UserError:
+            continue
+        if micro_batch_choices(graph, p, sub, 0):
+            feasible.append((p, sub))
+    out = [(p, sub) for p, sub in feasible if max_nodes is None or sub.nodes <= max_nodes]
+    return out if len(out) >= 2 else sorted(feasible, key=lambda x: x[1].devices)[:2]
+
+
+def micro_batch_choices(graph: LayerGraph, stages: int, sub: Cluster, count: int) -> list[int]:
+    """Up to ``count`` (0: all) micro-batch counts m, p <= m <= 8p dividing the batch: first those whose micro-batch
+    splits over the stage's nodes (data parallel across nodes, Megatron's way), the largest first."""
+    ms = [m for m in range(stages, 8 * stages + 1) if graph.batch % m == 0]
+    ms.sort(key=lambda m: ((graph.batch // m) % sub.nodes == 0, m), reverse=True)
+    return ms[:count] if count else ms
+
+
+def inflight(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
+    """Micro-batches whose activations stage ``stage`` keeps at the schedule's peak (its warm-up)."""
+    return min(max(SCHEDULES[schedule]().warmup(stage, stages, micro_batches), 1), micro_batches)
+
+
+@dataclass
+class StagePlan:
+    problem: StageProblem
+    assign: list[int]
+    fig: StageFigures
+    search: dict
+
+
+@dataclass
+class Candidate:
+    stages: int
+    sub: Cluster
+    micro_batches: int
+    split: list[int]
+    plans: list[StagePlan]
+    estimate: float
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    boundaries: list[tuple[float, float]] = field(default_factory=list)
+    result: object = None
+    step: float = math.inf
+    ends: list[float] = field(default_factory=list)
+    name: str = ""
+    tensor: int = 0  # the Megatron baseline's tensor-parallel degree
+
+    @property
+    def rank(self) -> float:
+        """The estimate plus the first stage's exposed gradient sync and optimizer (it ends the step)."""
+        return self.estimate + self.plans[0].fig.exposed_sync + self.plans[0].fig.optimizer
+
+
+class StageSearch:
+    """SBP plans of stages, cached; one per (slice signature, submesh, micro-batches, in-flight count)."""
+
+    def __init__(self, graph: LayerGraph, profile, memory_limit: float, cfg: PipelineConfig, progress=None):
+        self.graph, self.profile, self.limit, self.cfg = graph, profile, memory_limit, cfg
+        self.progress = progress
+        self._graphs: dict[int, LayerGraph] = {}
+        self._problems: dict = {}
+        self._plans: dict = {}
+        self._costers: dict = {}
+        self.searches = 0
+
+    def graph_for(self, m: int) -> LayerGraph:
+        if m not in self._graphs:
+            self._graphs[m] = with_micro_batches(self.graph, m)
+        return self._graphs[m]
+
+    def problem(self, m: int, span, sub: Cluster, f: int) -> StageProblem:
+        g = self.graph_for(m)
+        key = (signature(g, *span), sub, m)
+        base = self._problems.get(key)
+        if base is None:
+            coster = self._costers.setdefault(sub, Coster(self.profile, sub))
+            base = self._problems[key] = StageProblem(stage_graph(g, *span), coster, self.limit)
+        return base.in_flight(f)
+
+    def _search(self, problem: StageProblem) -> tuple[list[int], dict]:
+        mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
+        start = mega if mega is not None and math.isfinite(mega_cost) else None
+        b = auto_budget(problem)
+        budget = Budget(seconds=b.seconds * self.cfg.budget_scale,
+                        patience=max(1, round(b.patience * self.cfg.budget_scale)))
+        problem.forget_lazy()
+        res = make_search(self.cfg.search).run(problem, budget, np.random.default_rng(self.cfg.seed), start)
+        self.searches += 1
+        return list(res.assignment), {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
+                                      "stopped": res.stopped}
+
+    def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
+        g = self.graph_for(m)
+        key = (signature(g, *span), sub, m, f)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        loose = self.problem(m, span, sub, 1)
+        lkey = (signature(g, *span), sub, m, 1)
+        if lkey not in self._plans:
+            a, info = self._search(loose) if loose.fits else (loose.min_memory_assignment(), {"note": "no plan fits"})
+            self._plans[lkey] = StagePlan(loose, a, figures(loose, a), info)
+        out = self._plans[lkey]
+        if f != 1:
+            prob = self.problem(m, span, sub, f)
+            if prob.feasible(out.assign):
+                out = StagePlan(prob, out.assign, figures(prob, out.assign), dict(out.search, inflight_reused=True))
+            elif prob.fits:
+                a, info = self._search(prob)
+                out = StagePlan(prob, a, figures(prob, a), info)
+            else:
+                a = prob.min_memory_assignment()
+                out = StagePlan(prob, a, figures(prob, a), {"note": "no plan fits"})
+        self._plans[key] = out
+        return out
+
+    def fixed(self, m: int, span, sub: Cluster, f: int, mesh: tuple) -> StagePlan | None:
+        """The Megatron plan on (d, t) = ``mesh`` of the stage, None where a layer cannot take it."""
+        prob = self.problem(m, span, sub, f)
+        a = megatron_assignment(prob, *mesh)
+        return None if a is None else StagePlan(prob, a, figures(prob, a), {"algorithm": "megatron"})
+
+
+def _time(plan: StagePlan) -> float:
+    return plan.fig.forward + plan.fig.backward if plan.fig.fits else math.inf
+
+
+class PipelineSearch:
+    def __init__(self, graph: LayerGraph, cluster: Cluster, profile, memory_limit: float,
+                 cfg: PipelineConfig = PipelineConfig(), progress=None):
+        if profile.compute is None:
+            raise UserError(f"profile {profile.name!r} has no compute figures, which pipeline stages are timed "
+                            f"by: add them with python -m calibrate compute, or turn the pipeline off")
+        self.graph, self.cluster, self.profile, self.cfg = graph, cluster, profile, cfg
+        self.schedule = schedule_name(cfg.schedule)
+        self.progress = progress or (lambda msg: None)
+        self.stages = StageSearch(graph, profile, memory_limit, cfg, progress)
+        self.pricer = BoundaryPricer(profile, cluster.gpus_per_node, graph.act_bytes)
+        self.nblocks = len(blocks(graph))
+
+    def _plans(self, p, sub, m, split) -> list[StagePlan]:
+        spans = stage_spans(self.graph_for(m), split)
+        return [self.stages.plan(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in range(p)]
+
+    def graph_for(self, m):
+        return self.stages.graph_for(m)
+
+    def balanced(self, p: int) -> list[int]:
+        base, extra = divmod(self.nblocks, p)
+        mid = list(range(1, p - 1)) or list(range(p))
+        return [base + (1 if i in mid[:extra] else 0) for i in range(p)] if extra <= len(mid) else \
+            [base + (1 if i < extra else 0) for i in range(p)]
+
+    def candidate(self, p, sub, m, split, plans=None, name="") -> Candidate:
+        plans = plans or self._plans(p, sub, m, split)
+        return Candidate(p, sub, m, split, plans, estimate([_time(x) for x in plans], m), name=name)
+
+    def refine(self, c: Candidate, width: int) -> Candidate:
+        g, m, p = self.graph_for(c.micro_batches), c.micro_batches, c.stages
+        bl = blocks(g)
+        lo, hi = window(self.nblocks, p, width)
+
+        def t(i, b, k):
+            lo_pos = 0 if i == 0 else bl[b][0]
+            hi_pos = len(g.chain) if i == p - 1 else bl[b + k - 1][1]
+            return _time(self.stages.plan(m, (lo_pos, hi_pos), c.sub, inflight(self.schedule, i, p, m)))
+
+        found = best_split(self.nblocks, p, t, m, lo, hi)
+        if found is None or found[1] >= c.estimate:
+            return c
+        return self.candidate(p, c.sub, m, found[0], name=c.name)
+
+    def finish(self, c: Candidate) -> Candidate:
+        """Boundaries priced, the schedule simulated, the step."""
+        g = self.graph_for(c.micro_batches)
+        c.spans = stage_spans(g, c.split)
+        c.boundaries = []
+        for i in range(c.stages - 1):
+            a, b = c.plans[i], c.plans[i + 1]
+            pa, pb = a.problem, b.problem
+            last, first = pa.graph.chain[-1], pb.graph.chain[0]
+            sa, sb = pa.choices[last][a.assign[last]], pb.choices[first][b.assign[first]]
+            c.boundaries.append(self.pricer.boundary(pa.ops[last].out_shape, sa.fine_out, sb.fine_in,
+                                                     sb.fine_grad_in, c.sub, c.sub, i))
+        spec = PipelineSpec(c.name or "pipeline", c.micro_batches, tuple(x.fig.forward for x in c.plans),
+                            tuple(x.fig.backward for x in c.plans), tuple(f for f, _ in c.boundaries),
+                            tuple(b for _, b in c.boundaries), tuple(0.0 for _ in c.plans))
+        c.result = simulate(spec, self.schedule)
+        c.ends = [max(iv.end for iv in c.result.intervals if iv.lane == f"stage {i}") for i in range(c.stages)]
+        fits = all(x.fig.fits for x in c.plans)
+        c.step = max(e + x.fig.exposed_sync + x.fig.optimizer for e, x in zip(c.ends, c.plans)) if fits else math.inf
+        return c
+
+    def run(self) -> Candidate | None:
+        """The best pipelined plan found, or None where no candidate fits."""
+        t0 = time.perf_counter()
+        cands = []
+        for p, sub in stage_choices(self.graph, self.cluster, self.cfg.stages, self.cfg.max_stage_nodes):
+            kept = 0
+            for m in micro_batch_choices(self.graph, p, sub, 0):
+                if kept == self.cfg.micro_batch_choices:
+                    break
+                try:
+                    c = self.candidate(p, sub, m, self.balanced(p), name=f"{p} stages")
+                except UserError as e:  # a stage with no strategy on its submesh (sizes do not divide)
+                    self.progress(f"pipeline: {p} stages x {m} micro-batches skipped ({e})")
+                    continue
+                kept += 1
+                self.progress(f"pipeline: {p} stages of {sub}, {m} micro-batches, split {_short(c.split)}: "
+                              f"estimate {c.estimate:.4g} s")
+                cands.append(c)
+        cands = sorted((c for c in cands if math.isfinite(c.estimate)), key=lambda c: c.rank)
+        best = None
+        for c in cands[:self.cfg.refine]:
+            c = self.finish(self.refine(c, self.cfg.width))
+            self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches, split {_short(c.split)}: "
+                          f"step {c.step:.4g} s (simulated {self.cfg.schedule})")
+            if best is None or c.step < best.step:
+                best = c
+        self.seconds = time.perf_counter() - t0
+        return best if best is not None and math.isfinite(best.step) else None
+
+    def megatron_3d(self) -> Candidate | None:
+        """Megatron-style 3-D: whole-node stages, (d, t) Megatron inside each with t inside a node, the
+        balanced split; the best over stages, t and micro-batch counts (the ``refine`` best estimates
+        simulated)."""
+        cands = []
+        for p, sub in stage_choices(self.graph, self.cluster, self.cfg.stages, self.cfg.max_stage_nodes):
+            if sub.gpus_per_node != self.cluster.gpus_per_node:
+                continue
+            meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1]
+            kept = 0
+            for m in micro_batch_choices(self.graph, p, sub, 0):
+                if kept == self.cfg.micro_batch_choices:
+                    break
+                split = self.balanced(p)
+                spans = stage_spans(self.graph_for(m), split)
+                built = False
+                for mesh in meshes:
+                    try:
+                        plans = [self.stages.fixed(m, spans[i], sub, inflight(self.schedule, i, p, m), mesh)
+                                 for i in range(p)]
+                    except UserError:
+                        break  # a stage with no strategy on its submesh at this micro-batch
+                    built = True
+                    if any(x is None for x in plans):
+                        continue
+                    c = self.candidate(p, sub, m, split, plans, name=f"Megatron 3-D (t={mesh[1][1]})")
+                    c.tensor = mesh[1][1]
+                    if math.isfinite(c.estimate):
+                        cands.append(c)
+                kept += built
+        best = None
+        for c in sorted(cands, key=lambda c: c.rank)[:self.cfg.refine]:
+            c = self.finish(c)
+            if best is None or c.step < best.step:
+                best = c
+        return best if best is not None and math.isfinite(best.step) else None
+
+
+def _short(split: list[int]) -> str:
+    out, i = [], 0
+    while i < len(split):
+        j = i
+        while j < len(split) and split[j] == split[i]:
+            j += 1
+        out.append(f"{split[i]}x{j - i}" if j - i > 1 else str(split[i]))
+        i = j
+    return "[" + ", ".join(out) + "]"
+
+
+def parse_stages(text: str) -> str | int:
+    """``auto`` | ``off`` | a count (1 is off)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "off"):
+        return t
+    try:
+        n = int(t)
+    except ValueError:
+        raise OptionError("pipeline", f"{text!r} is not auto, off or a stage count: give e.g. auto or 16") from None
+    if n < 1:
+        raise OptionError("pipeline", f"{n} stages: give at least 1 (1 or off: no pipeline), or auto")
+    return "off" if n == 1 else n
+
+
+def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str) -> None:
+    """Bad input found before any work: a schedule that does not exist, more stages than blocks or
+    devices, a submesh that does not divide the cluster, fewer micro-batches than stages."""
+    schedule_name(schedule)
+    if stages in ("auto", "off"):
+        return
+    [(p, sub)] = stage_choices(graph, cluster, stages)
+    if not micro_batch_choices(graph, p, sub, 0):  # GPipe could run fewer, but every stage would idle
+        raise OptionError("stages", f"{p} stages need at least {p} micro-batches for {schedule} but the batch "
+                                    f"{graph.batch} has no micro-batch count from {p} to {8 * p}: use fewer "
+                                    f"stages or a batch with such a divisor")

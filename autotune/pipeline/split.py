@@ -1,0 +1,61 @@
+"""The split of a model's blocks among pipeline stages (the stage DP).
+
+Stage i of p takes k_i >= 1 consecutive blocks (sum L); its time per micro-batch T(i, b, k) (forward
+plus backward, b the blocks before it) comes from its SBP plan. The pipeline's makespan with m
+micro-batches is estimated as
+
+    sum_i T_i + (m - 1) max_i T_i
+
+(exact for 1F1B and GPipe when the boundaries cost nothing: the first micro-batch crosses every stage,
+the bottleneck stage runs the other m - 1 back to back). ``best_split`` minimises it exactly over the
+splits whose stages take between ``lo`` and ``hi`` blocks: for every candidate bottleneck tau (each T
+value), a DP over (stage, blocks used) minimises sum T under T_i <= tau; the best tau gives the optimum.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+
+def window(blocks: int, stages: int, width: int) -> tuple[int, int]:
+    """Blocks a stage may take: within ``width`` of the balanced share."""
+    return max(1, blocks // stages - width), -(-blocks // stages) + width
+
+
+def estimate(times: list[float], micro_batches: int) -> float:
+    return sum(times) + (micro_batches - 1) * max(times)
+
+
+def best_split(blocks: int, stages: int, time: Callable[[int, int, int], float], micro_batches: int,
+               lo: int, hi: int) -> tuple[list[int], float] | None:
+    """The split minimising ``estimate`` with lo <= k_i <= hi, or None if there is none; ``time(i, b, k)``
+    is stage i's time with k blocks after the first b (inf: the stage does not fit)."""
+    table: dict[tuple[int, int, int], float] = {}
+    for i in range(stages):
+        for b in range(i * lo, min(i * hi, blocks - (stages - i) * lo) + 1):
+            for k in range(lo, hi + 1):
+                rest = blocks - b - k
+                if (stages - i - 1) * lo <= rest <= (stages - i - 1) * hi:
+                    table[(i, b, k)] = time(i, b, k)
+    best: tuple[float, list[int]] | None = None
+    for tau in sorted({t for t in table.values() if math.isfinite(t)}):
+        # DP backwards: cost[(i, b)] = least sum of T over stages i.. with b blocks used before stage i
+        cost: dict[tuple[int, int], tuple[float, int]] = {(stages, blocks): (0.0, 0)}
+        for i in range(stages - 1, -1, -1):
+            for (j, b, k), t in table.items():
+                if j != i or t > tau or (i + 1, b + k) not in cost:
+                    continue
+                c = t + cost[(i + 1, b + k)][0]
+                if (i, b) not in cost or c < cost[(i, b)][0]:
+                    cost[(i, b)] = (c, k)
+        if (0, 0) not in cost:
+            continue
+        total = cost[(0, 0)][0] + (micro_batches - 1) * tau
+        if best is None or total < best[0]:
+            split, b = [], 0
+            for i in range(stages):
+                k = cost[(i, b)][1]
+                split.append(k)
+                b += k
+            best = (total, split)
+    return None if best is None else (best[1], best[0])

@@ -1,0 +1,99 @@
+"""One pipeline stage as an SBP problem: its sub-graph on its submesh, the memory of the micro-batches
+its schedule keeps in flight, and the figures the pipeline's step model takes from its plan.
+
+Memory per device of a stage that keeps ``inflight`` micro-batches' activations (1F1B: stage i of p
+keeps p - i, GPipe all m, eager-1F1B 2(p - i) - 1, at most m; ``autotune.reshard.pipeline``): the
+parameters, gradients and optimizer states of its layers once, the activations of one micro-batch
+(``autotune.sbp.memory``) ``inflight`` times, plus the peak's workspace.
+
+Per micro-batch, a stage's forward (backward) is the sum over its layer occurrences of their forward
+(backward) compute (``autotune.sbp.steptime``), the boxing inside them that runs in that pass and the
+boxing between consecutive layers in that direction, each boxing with its local copies; the gradient
+accumulation after each micro-batch but the first is spread over the backward passes ((m - 1) / m of it
+each). Once per step: the gradient all-reduce (exposed as in the single-stage model: max(S - W, F),
+``Problem.exposed_sync``) and the optimizer. m (forward + backward) + optimizer + exposed sync is the
+stage's ``Problem`` cost under the step objective (tested).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.sbp.boxing import copy_seconds
+from autotune.sbp.cost import Problem, internal_steps
+from autotune.sbp.memory import Memory, strategy_memory
+from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds
+from autotune.sbp.tables import edge_steps
+
+
+class StageProblem(Problem):
+    """A ``Problem`` whose memory counts ``inflight`` micro-batches' activations (``in_flight`` makes a copy
+    with another count that shares the costs and boxing tables)."""
+
+    def __init__(self, graph, coster, memory_limit, objective: str = "step", inflight: int = 1, **kw):
+        super().__init__(graph, coster, memory_limit, require_fit=False, objective=objective, **kw)
+        parts = [[strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v]) for s in ss]
+                 for v, ss in enumerate(self.choices)]
+        self._total = [np.array([m.total for m in ms]) for ms in parts]
+        self._acts = [np.array([m.activations for m in ms]) for ms in parts]
+        self.inflight = 1
+        self._set_inflight(inflight)
+
+    def _set_inflight(self, k: int) -> None:
+        self.inflight = k
+        self.mem = [c * (t + (k - 1) * a) for c, t, a in zip(self.counts, self._total, self._acts)]
+        self.min_memory = float(sum(m.min() for m in self.mem))
+        self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
+
+    def in_flight(self, k: int) -> "StageProblem":
+        if k == self.inflight:
+            return self
+        out = copy.copy(self)
+        out.derived = {}
+        out._set_inflight(k)
+        return out
+
+    def memory_breakdown(self, assign) -> Memory:
+        m = super().memory_breakdown(assign)
+        return Memory(m.parameters, m.gradients, m.optimizer, m.activations * self.inflight, m.workspace)
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """A stage plan's times (seconds) and memory (bytes per device)."""
+
+    forward: float       # per micro-batch
+    backward: float      # per micro-batch
+    compute: float       # per step: compute, copies, optimizer and accumulation
+    redistribution: float  # per step: boxing between and inside layers
+    grad_sync: float     # per step: the gradient all-reduces
+    exposed_sync: float  # the part of grad_sync not hidden behind the last backward
+    optimizer: float
+    memory: float        # peak, with the in-flight activations
+    fits: bool
+
+
+def figures(problem: StageProblem, assign) -> StageFigures:
+    cl, cm, m = problem.cluster, problem.compute, problem.mb
+    fwd = bwd = comp = red = opt = 0.0
+    for v, (op, i, c) in enumerate(zip(problem.ops, assign, problem.counts)):
+        s = problem.choices[v][i]
+        f, b = layer_seconds(op, s, cl, cm, problem.act_bytes)
+        acc = accumulate_seconds(s, cl, cm, problem.act_bytes) * (m - 1) / m
+        o = optimizer_seconds(s, cl, cm, problem.act_bytes)
+        fwd, bwd, comp, opt = fwd + c * f, bwd + c * (b + acc), comp + c * (m * (f + b + acc) + o), opt + c * o
+        for _, d, steps in internal_steps(s, cl):
+            t, k = problem.coster.time(steps), copy_seconds(steps, cm.memory_seconds)
+            fwd, bwd = (fwd + c * (t + k), bwd) if d == "fwd" else (fwd, bwd + c * (t + k))
+            comp, red = comp + c * m * k, red + c * m * t
+    for (a, b), c in problem.edge_counts.items():
+        sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
+        for d, steps in zip(("fwd", "bwd"), edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.act_bytes)):
+            t, k = problem.coster.time(steps), copy_seconds(steps, cm.memory_seconds)
+            fwd, bwd = (fwd + c * (t + k), bwd) if d == "fwd" else (fwd, bwd + c * (t + k))
+            comp, red = comp + c * m * k, red + c * m * t
+    sync = sum(float(c * problem.node_sync[v][i]) for v, (i, c) in enumerate(zip(assign, problem.counts)))
+    return StageFigures(fwd, bwd, comp, red, sync, problem.exposed_sync(assign), opt,
+                        problem.peak_memory(assign), problem.feasible(assign))

@@ -1,0 +1,49 @@
+"""``python -m autotune`` with pipeline stages: the pipelined plan in plan.json and the table, and bad
+input as one line before any work."""
+import json
+
+import pytest
+
+from autotune.__main__ import main as autotune_main
+from reports.html import Section
+from reports.sections.pipeline import add
+
+SMALL = ["--model", "gpt", "--preset", "gpt3-1.3b", "--layers", "4", "--hidden", "256", "--heads", "4",
+         "--sequence", "128", "--vocabulary", "1024", "--batch", "16", "--micro-batch", "4", "--nodes", "2",
+         "--gpus-per-node", "2", "--profile", "h200-nvlink+ib400", "--budget", "0.3", "--compare", "none"]
+
+
+def test_pipeline_stages_in_plan_and_table(tmp_path, capsys):
+    assert autotune_main(SMALL + ["--pipeline", "2", "--schedule", "eager-1f1b", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    d = json.loads((tmp_path / "plan.json").read_text())
+    plans = [d["best"]] + d["baselines"]
+    piped = [p for p in plans if "stages" in p]
+    assert any(p["strategy"].startswith("pipelined (2 stages, eager-1f1b") for p in piped)
+    assert any(p["strategy"].startswith("Megatron 3-D") for p in piped)
+    p = next(p for p in piped if p["strategy"].startswith("pipelined"))
+    assert [s["inflight"] for s in p["stages"]] == [min(p["micro_batches"], 3), 1]  # eager: 2(p - i) - 1
+    s0 = p["stages"][0]
+    assert s0["chain"][0] == 0 and p["stages"][1]["chain"][0] == s0["chain"][1]
+    assert s0["boundary_forward_s"] > 0 and s0["plan"]["layers"] and s0["timeline"]
+    assert p["totals"]["step_s"] >= max(s["end_s"] for s in p["stages"])
+    assert "pipelined (2 stages" in out
+    html = (tmp_path / "report.html").read_text()
+    assert "<svg" in html and (("Pipeline stages" in html) == ("stages" in d["best"]))
+    sec = Section("pipeline")
+    add(sec, p)
+    body = "".join(sec.blocks)
+    assert "Pipeline stages" in body and "<svg" in body and "stage 1" in body
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--pipeline", "many"], "not auto, off or a stage count"),
+    (["--pipeline", "5"], "5 stages for 4 blocks"),
+    (["--pipeline", "3"], "do not divide the cluster"),
+    (["--schedule", "zb"], "not a pipeline schedule"),
+    (["--pipeline", "4", "--batch", "2", "--micro-batch", "1"], "need at least 4 micro-batches"),
+])
+def test_bad_pipeline_input_is_one_line(args, msg, capsys):
+    assert autotune_main(SMALL + args + ["--out", "/tmp/unused-autotune-out"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "\n" not in err

@@ -1,0 +1,57 @@
+"""The stage DP (``best_split``) against brute force: every split of the blocks, each stage's time from a
+table (random, with stages that do not fit), the estimate sum + (m - 1) max."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from autotune.pipeline.split import best_split, estimate, window
+
+
+def _brute(blocks, stages, time, m, lo, hi):
+    best = None
+    for split in itertools.product(range(lo, hi + 1), repeat=stages):
+        if sum(split) != blocks:
+            continue
+        b, ts = 0, []
+        for i, k in enumerate(split):
+            ts.append(time(i, b, k))
+            b += k
+        if not all(math.isfinite(t) for t in ts):
+            continue
+        e = estimate(ts, m)
+        if best is None or e < best[1] - 1e-12:
+            best = (list(split), e)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_dp_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    blocks, stages = int(rng.integers(4, 10)), int(rng.integers(2, 4))
+    m = int(rng.integers(1, 9))
+    lo, hi = window(blocks, stages, int(rng.integers(0, 3)))
+    table = {}
+
+    def time(i, b, k):  # stage i's time with k blocks after b: position-dependent, some over memory
+        if (i, b, k) not in table:
+            table[(i, b, k)] = math.inf if rng.random() < 0.1 else k * (1 + 0.3 * rng.random()) + 0.5 * (i == 0)
+        return table[(i, b, k)]
+
+    got = best_split(blocks, stages, time, m, lo, hi)
+    want = _brute(blocks, stages, time, m, lo, hi)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and got[1] == pytest.approx(want[1])
+        b, ts = 0, []
+        for i, k in enumerate(got[0]):
+            ts.append(time(i, b, k))
+            b += k
+        assert sum(got[0]) == blocks and estimate(ts, m) == pytest.approx(want[1])
+
+
+def test_balanced_when_stages_are_equal():
+    split, e = best_split(12, 4, lambda i, b, k: float(k), 8, *window(12, 4, 2))
+    assert split == [3, 3, 3, 3] and e == pytest.approx(12 + 7 * 3)

@@ -1,0 +1,113 @@
+"""Stages of a small GPT: slices of the layer graph, the in-flight memory, the stage figures against the
+stage problem's step cost, boundaries priced by the resharding planner, and the stage DP of the search
+against every split."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from calibrate.collectives import Collective
+from calibrate.profile import Group, Profile
+from models import load_model
+from autotune.pipeline.boundary import BoundaryPricer, tiles
+from autotune.pipeline.search import PipelineConfig, PipelineSearch, inflight
+from autotune.pipeline.slicing import blocks, stage_graph, stage_spans, with_micro_batches
+from autotune.pipeline.split import estimate
+from autotune.pipeline.stage import StageProblem, figures
+from autotune.sbp.boxing import Coster
+from autotune.sbp.memory import strategy_memory
+from autotune.sbp.mesh import Cluster
+from kernels.reshard.spec import box_volume
+
+SMALL = {"layers": 4, "hidden": 256, "heads": 4, "sequence": 128, "vocabulary": 1024, "batch": 16, "micro_batch": 4}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return load_model("gpt", "gpt3-1.3b", SMALL)
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return Profile.load("h200-nvlink+ib400")
+
+
+def test_slices_cover_the_chain(graph):
+    assert len(blocks(graph)) == 4
+    spans = stage_spans(graph, [1, 2, 1])
+    assert spans[0][0] == 0 and spans[-1][1] == len(graph.chain)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    names = [l.name for lo, hi in spans for g in (stage_graph(graph, lo, hi),) for l in (g.layers[v] for v in g.chain)]
+    assert names == [graph.layers[v].name for v in graph.chain]
+    mid = stage_graph(graph, *spans[1])
+    assert mid.counts() == [2] * len(mid.layers)  # two blocks of tied layers
+    assert with_micro_batches(graph, 8).micro_batch == 2
+
+
+def test_inflight_memory_and_figures(graph, profile):
+    g = with_micro_batches(graph, 4)
+    span = stage_spans(g, [2, 2])[0]
+    cl = Cluster(1, 2)
+    base = StageProblem(stage_graph(g, *span), Coster(profile, cl), None)
+    a = base.min_memory_assignment()
+    acts = sum(c * strategy_memory(base.choices[v][a[v]], cl, base.act_bytes).activations
+               for v, c in enumerate(base.counts))
+    assert acts > 0
+    for k in (2, 3):
+        p = base.in_flight(k)
+        assert p.memory_of(a) == pytest.approx(base.memory_of(a) + (k - 1) * acts)
+        assert p.peak_memory(a) - base.peak_memory(a) == pytest.approx((k - 1) * acts)
+        assert base.inflight == 1  # a copy, the base unchanged
+    f = figures(base, a)
+    assert base.mb * (f.forward + f.backward) + f.optimizer + f.exposed_sync == pytest.approx(base.raw_cost(a))
+    assert f.forward > 0 and f.backward > f.forward
+
+
+def test_tiles_partition_the_tensor():
+    cl = Cluster(4, 4)  # fine axes 2 x 2 | 2 x 2
+    shape = (64, 32)
+    for fine in [("S0", "S1", "S0", "B"), ("B", "B", "S1", "S0"), ("S1", "S1", "S1", "S1")]:
+        t = tiles(shape, fine, cl, range(cl.devices))
+        distinct = set(t.values())
+        assert sum(box_volume(b) for b in distinct) == shape[0] * shape[1]
+        copies = math.prod(n for n, p in zip(cl.axis_sizes, fine) if p == "B")
+        assert all(list(t.values()).count(b) == copies for b in distinct)
+
+
+def test_boundary_between_equal_placements_is_one_hop(profile):
+    # stages of 2 GPUs in one node, both with rows split over their 2 GPUs: device i of stage 0 sends its
+    # half to device i of stage 1, both pairs at once on the intra-node tier
+    pricer = BoundaryPricer(profile, 8, 2)
+    cl = Cluster(1, 2)
+    shape = (512, 256)
+    fwd, bwd = pricer.boundary(shape, ("S0",), ("S0",), ("S0",), cl, cl, 0)
+    one = profile.time(Collective.SENDRECV, shape[0] * shape[1] * 2 / 2, Group(2, 1))
+    assert fwd == pytest.approx(one, rel=1e-6) and bwd == pytest.approx(one, rel=1e-6)
+    # across nodes: each of the node's devices shares the node's port, so the time is at least one inter hop
+    whole = Cluster(1, 8)
+    f2, _ = pricer.boundary(shape, ("S0",) * 3, ("S0",) * 3, ("S0",) * 3, whole, whole, 0)
+    assert f2 >= profile.time(Collective.SENDRECV, shape[0] * shape[1] * 2 / 8, Group(2, 2)) * (1 - 1e-9)
+    # a partial output is reduced before it leaves: dearer than the same tensor split
+    f3, _ = pricer.boundary(shape, ("P",), ("S0",), ("S0",), cl, cl, 0)
+    assert f3 > fwd
+
+
+def test_stage_dp_against_every_split(graph, profile):
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 80 * 2**30, PipelineConfig(stages=2, width=3))
+    m, p, sub = 4, 2, Cluster(1, 2)
+    c = ps.refine(ps.candidate(p, sub, m, ps.balanced(p)), width=3)
+    g = ps.graph_for(m)
+    best = math.inf
+    for split in itertools.product(range(1, 4), repeat=p):
+        if sum(split) != 4:
+            continue
+        spans = stage_spans(g, list(split))
+        ts = []
+        for i in range(p):
+            sp = ps.stages.plan(m, spans[i], sub, inflight(ps.schedule, i, p, m))
+            ts.append(sp.fig.forward + sp.fig.backward)
+        best = min(best, estimate(ts, m))
+    assert c.estimate == pytest.approx(best)
+    done = ps.finish(c)
+    assert np.isfinite(done.step) and done.step >= done.result.makespan

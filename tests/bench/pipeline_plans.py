@@ -1,0 +1,93 @@
+"""Pipeline stages in the main search, measured (a benchmark; issue 30 item 7):
+``python tests/bench/pipeline_plans.py [--cases NAME,...] [--no-reference] [--no-single]`` prints a table.
+
+Per case (model preset on nodes x GPUs, the default profile, 80 GiB, 1F1B): the pipelined plan of the
+default search (its stages, micro-batches, split, step) and its CPU seconds on this process (one core);
+the same search with 20x the effort (``PipelineConfig.reference``: wider splits, more micro-batch
+counts, larger stages, more candidates refined, 20x each stage's SBP budget) and the default's gap to
+it; the best Megatron-style 3-D plan; and, unless --no-single, the single-stage plan of today's search
+(``python -m autotune``'s, started from the best Megatron plan) and the pipelined plan's speed-up over it.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from calibrate.cli import command_parser
+from calibrate.errors import UserError
+from calibrate.profile import DEFAULT_PROFILE, Profile
+from models import load_model
+
+from autotune.pipeline.search import PipelineConfig, PipelineSearch
+from autotune.sbp.baselines import best_mesh, megatron_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.search import auto_budget, make_search
+
+LIMIT = 80 * 2**30
+CASES = {"gpt3-175b@512x8": ("gpt", "gpt3-175b", 512, 8), "gpt3-175b@2048x8": ("gpt", "gpt3-175b", 2048, 8),
+         "llama3-405b@512x8": ("llama", "llama3-405b", 512, 8), "llama3-405b@2048x8": ("llama", "llama3-405b", 2048, 8)}
+
+
+def single_stage(graph, cluster, profile) -> float:
+    problem = Problem(graph, Coster(profile, cluster), LIMIT, objective="step", require_fit=False)
+    if not problem.fits:
+        return float("inf")
+    mega, cost, _ = best_mesh(problem, megatron_assignment)
+    start = mega if mega is not None and np.isfinite(cost) else None
+    return make_search("cd").run(problem, auto_budget(problem), np.random.default_rng(0), start).cost
+
+
+def run(graph, cluster, profile, cfg):
+    c0 = time.process_time()
+    ps = PipelineSearch(graph, cluster, profile, LIMIT, cfg)
+    best = ps.run()
+    return best, time.process_time() - c0, ps
+
+
+def describe(c) -> str:
+    return f"{c.stages} x {c.sub.nodes}x{c.sub.gpus_per_node}, m {c.micro_batches}" if c is not None else "none"
+
+
+def main() -> None:
+    ap = command_parser("python tests/bench/pipeline_plans.py", __doc__)
+    ap.add_argument("--cases", default=",".join(CASES), help="cases to run, comma-separated")
+    ap.add_argument("--no-reference", action="store_true", help="skip the 20x reference search")
+    ap.add_argument("--no-single", action="store_true", help="skip today's single-stage search")
+    args = ap.parse_args()
+    profile = Profile.load(DEFAULT_PROFILE)
+    rows = [("case", "pipelined", "step s", "CPU s", "20x step s", "gap %", "Megatron 3-D", "3-D step s",
+             "single-stage s", "speed-up")]
+    for name in args.cases.split(","):
+        kind, preset, nodes, gpus = CASES[name]
+        try:
+            graph = load_model(kind, preset)
+        except UserError:  # the llama kind is not in this tree yet
+            rows.append((name, f"no {kind} preset {preset}", *["-"] * 8))
+            continue
+        cluster = Cluster(nodes, gpus)
+        best, cpu, ps = run(graph, cluster, profile, PipelineConfig())
+        print(f"{name}: default {describe(best)} split {best.split if best else '-'}: "
+              f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s", flush=True)
+        mega = ps.megatron_3d()
+        print(f"{name}: Megatron 3-D {describe(mega)} t={mega.tensor if mega else '-'}: "
+              f"{mega.step if mega else float('inf'):.4g} s/step", flush=True)
+        ref = None if args.no_reference else run(graph, cluster, profile, PipelineConfig().reference())[0]
+        single = None if args.no_single else single_stage(graph, cluster, profile)
+        step = best.step if best is not None else float("inf")
+        rows.append((name, describe(best), f"{step:.4g}", f"{cpu:.1f}",
+                     f"{ref.step:.4g}" if ref is not None else "-",
+                     f"{(step / ref.step - 1) * 100:+.2f}" if ref is not None else "-",
+                     f"t={mega.tensor}, {describe(mega)}" if mega is not None else "none",
+                     f"{mega.step:.4g}" if mega is not None else "-",
+                     f"{single:.4g}" if single is not None else "-",
+                     f"{single / step:.2f}x" if single is not None else "-"))
+        print(" | ".join(rows[-1]), flush=True)
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print("\n".join("  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows))
+
+
+if __name__ == "__main__":
+    main()
