@@ -4,7 +4,7 @@ the file, the field and the fix.
 
 Checked: ``best`` and each of ``baselines`` is a plan (strategy, model, cluster, totals,
 layers; optional fields typed where present), totals are finite and not negative, every
-layer's mesh spans the cluster's devices exactly; ``traces`` and ``meta`` are objects.
+layer's mesh spans the cluster's devices exactly (a pipelined plan's: its stages' submesh); ``traces`` and ``meta`` are objects.
 Fields a plan gains later (recomputation, sharding, stages) are left to their readers."""
 from __future__ import annotations
 
@@ -71,6 +71,9 @@ class _Check:
         layers = self.kind(p, "layers", list, where)
         if not layers:
             self.fail(f"{where}/layers", "is empty")
+        sub = (p.get("pipeline") or {}).get("submesh") if isinstance(p.get("pipeline"), dict) else None
+        if isinstance(sub, dict) and _whole(sub.get("nodes")) and _whole(sub.get("gpus_per_node")):
+            devices = sub["nodes"] * sub["gpus_per_node"]  # a pipelined plan: each stage's layers span its submesh
         for i, layer in enumerate(layers):
             self.layer(layer, f"{where}/layers/{i}", devices)
 
@@ -83,7 +86,9 @@ class _Check:
                 if not isinstance(v, bool):
                     self.fail(f"{where}/{key}", f"is {_short(v)}, not true or false")
             elif key == "memory":
-                if not isinstance(v, dict) or not all(_number(x) and x >= 0 for x in v.values()):
+                # the workspace may be negative: the gradients not yet made at the peak (autotune.sbp.memory)
+                if not isinstance(v, dict) or not all(_number(x) and (x >= 0 or k == "workspace_bytes")
+                                                      for k, x in v.items()):
                     self.fail(f"{where}/{key}", "is not an object of byte counts")
             elif not (_number(v) and v >= 0):
                 self.fail(f"{where}/{key}", f"is {_short(v)}, not a finite number >= 0")
