@@ -64,9 +64,9 @@ class _Check:
             self.kind(p, key, kind, where, required=False)
         if "micro_batches" in p and not (_whole(p["micro_batches"]) and p["micro_batches"] >= 1):
             self.fail(f"{where}/micro_batches", f"is {_short(p['micro_batches'])}, not a count >= 1")
-        if "memory_limit_bytes" in p and not (_number(p["memory_limit_bytes"]) and p["memory_limit_bytes"] > 0):
-            self.fail(f"{where}/memory_limit_bytes", f"is {_short(p['memory_limit_bytes'])}, not a positive "
-                                                     f"finite number")
+        limit = p.get("memory_limit_bytes")  # None: the search ran without a memory limit
+        if limit is not None and not (_number(limit) and limit > 0):
+            self.fail(f"{where}/memory_limit_bytes", f"is {_short(limit)}, not a positive finite number or null")
         self.totals(self.kind(p, "totals", dict, where), f"{where}/totals")
         layers = self.kind(p, "layers", list, where)
         if not layers:
