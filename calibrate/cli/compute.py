@@ -304,8 +304,11 @@ def measure_layers(torch, device, iters, warmup) -> dict:
     backward less the forward."""
     out = {}
     for kind, (elems, fwd, both) in layer_pieces(torch, device).items():
-        f = _time(torch, lambda i: fwd(), iters, warmup, between=lambda: None)
-        fb = _time(torch, lambda i: both(), iters, warmup, between=lambda: None)
+        # three rounds, forward and forward + backward alternating, the median of each: one round's glitch
+        # (an H100, 2026-11-25: one calibration's attention_out backward 11x the previous one's) drops out
+        f, fb = (statistics.median(ts) for ts in zip(*[
+            (_time(torch, lambda i: fwd(), iters, max(warmup, 3), between=lambda: None),
+             _time(torch, lambda i: both(), iters, max(warmup, 3), between=lambda: None)) for _ in range(3)]))
         out[kind] = (f / elems, max(fb - f, 0.0) / elems)
     torch.cuda.empty_cache()
     return out
