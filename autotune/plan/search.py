@@ -69,18 +69,28 @@ def _cluster(best: dict, origin: str) -> Cluster:
         raise UserError(f"{origin}: no cluster nodes/gpus_per_node: re-run python -m autotune --out DIR") from None
 
 
-def convert(best: dict, baselines=(), origin: str = "plan") -> TypedPlan:
+def _stage_layers(graph: LayerGraph, names: list) -> list[Layer]:
+    """The model's layers a pipeline stage's plan names: a non-empty run of them in the model's order."""
+    it = iter(graph.layers)
+    picked = [next((layer for layer in it if layer.name == name), None) for name in names]
+    return picked if names and all(picked) else []
+
+
+def convert(best: dict, baselines=(), origin: str = "plan", stage: bool = False) -> TypedPlan:
+    """``stage``: ``best`` is one stage's plan of a pipelined plan (``plan["best"]["stages"][i]["plan"]``),
+    whose layers are those of the model that the stage runs, in the model's order."""
     cfg = dict(best.get("model") or {})
     graph = model_graph(cfg)
     cluster = _cluster(best, origin)
     entries = best.get("layers") or []
     names = [e.get("name") for e in entries]
     want = [layer.name for layer in graph.layers]
-    if names != want:
-        raise UserError(f"{origin}: the plan's layers {names[:4]}... are not its model's {want[:4]}...: "
-                        f"re-run the search for this model")
+    model_layers = _stage_layers(graph, names) if stage else graph.layers if names == want else []
+    if not model_layers:
+        raise UserError(f"{origin}: the plan's layers {names[:4]}... are not {'a run of ' if stage else ''}its "
+                        f"model's {want[:4]}...: re-run the search for this model")
     layers = []
-    for layer, e in zip(graph.layers, entries):
+    for layer, e in zip(model_layers, entries):
         where = f"{origin}: layer {layer.name}"
         try:
             mesh = RoleMesh(tuple(tuple(m) for m in e["mesh"]))

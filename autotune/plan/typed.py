@@ -285,10 +285,12 @@ class TypedPlan:
 
     # --- from today's plan dict (plan.json of python -m autotune) ----------------------------------
     @classmethod
-    def from_search(cls, best: dict, baselines: list[dict] = (), origin: str = "plan") -> "TypedPlan":
-        """The typed plan of ``plan["best"]`` (and its baselines) as ``autotune.sbp.plan.build_plan`` writes it."""
+    def from_search(cls, best: dict, baselines: list[dict] = (), origin: str = "plan",
+                    stage: bool = False) -> "TypedPlan":
+        """The typed plan of ``plan["best"]`` (and its baselines) as ``autotune.sbp.plan.build_plan`` writes it;
+        ``stage``: of one stage's plan of a pipelined plan (its layers a run of the model's)."""
         from autotune.plan.search import convert
-        return convert(best, baselines, origin)
+        return convert(best, baselines, origin, stage)
 
 
 def check(plan: TypedPlan) -> None:

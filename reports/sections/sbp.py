@@ -110,20 +110,31 @@ def _convergence_fig(traces: dict, optimum: float):
 
 def build(paths: list[Path]) -> list[Section]:
     from autotune.export import next_steps
-    from autotune.plan import TypedPlan
+    from autotune.plan import Costs, TypedPlan
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
     for path in paths:
         pf = PlanFile.load(path)
         best = pf.best
-        typed = TypedPlan.from_search(best, pf.baselines, f"plan file {str(path)!r}")
-        plans = [(typed.strategy, typed.costs)] + [(b.strategy, b.costs) for b in typed.baselines]
+        origin = f"plan file {str(path)!r}"
+        if "stages" in best:  # pipelined: the whole's totals, and each stage's plan typed on its submesh
+            per_stage = [(f"stage {s['stage']}: ", s["plan"],
+                          TypedPlan.from_search(s["plan"], (), f"{origin}: stage {s['stage']}", stage=True))
+                         for s in best["stages"]]
+            plans = [(best["strategy"], Costs.from_dict(best["totals"], f"{origin}: totals"))]
+            plans += [(b["strategy"], Costs.from_dict(b["totals"], f"{origin}: baseline totals"))
+                      for b in pf.baselines]
+        else:
+            typed = TypedPlan.from_search(best, pf.baselines, origin)
+            per_stage = [("", best, typed)]
+            plans = [(typed.strategy, typed.costs)] + [(b.strategy, b.costs) for b in typed.baselines]
+        sharding = (best.get("sharding") or {}).get("mode", "none")
         # one plan: the page's title names it (python -m autotune); several: each section does
         sec = Section("Plan and baselines" if len(paths) == 1 else plan_title(best))
         for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
             sec.text(line.strip())
-        sec.text(f"Profile {typed.profile}; {typed.micro_batches} micro-batches per step; recomputation "
-                 f"{typed.recompute}; FSDP {typed.sharding_mode}; search "
+        sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; recomputation "
+                 f"{best.get('recompute', 'none')}; FSDP {sharding}; search "
                  f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
                  f"Costs are the profile's predictions of communication time per training step.")
         totals = _totals(plans)
@@ -133,10 +144,12 @@ def build(paths: list[Path]) -> list[Section]:
                                           "over the memory limit.")
         if "stages" in best:
             pipeline_section.add(sec, best)
-        sec.heading("Per-layer plan").table(
-            _layers(typed, best), f"x: how often the layer repeats (tied SBP). Placements per dimension of the fine "
-                                  f"DeviceMesh {'x'.join(map(str, typed.mesh.sizes))} "
-                                  f"({', '.join(typed.mesh.names)}; node axes first), as PyTorch DTensor writes them.")
+        for label, plan, layers in per_stage:
+            sec.heading(f"{label}Per-layer plan").table(
+                _layers(layers, plan), f"x: how often the layer repeats (tied SBP). Placements per dimension of the "
+                                       f"fine DeviceMesh {'x'.join(map(str, layers.mesh.sizes))} "
+                                       f"({', '.join(layers.mesh.names)}; node axes first), as PyTorch DTensor writes "
+                                       f"them.")
         sec.heading("Redistribution between layers").table(_edges(best))
         sec.heading("Next steps")
         for line in next_steps(path, best)[1:]:

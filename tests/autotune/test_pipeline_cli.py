@@ -36,6 +36,27 @@ def test_pipeline_stages_in_plan_and_table(tmp_path, capsys):
     assert "Pipeline stages" in body and "<svg" in body and "stage 1" in body
 
 
+def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
+    from autotune.plan import TypedPlan
+    from autotune.sbp.plan import PlanFile
+    from calibrate.errors import UserError
+    from reports.sections.sbp import build
+    assert autotune_main(SMALL + ["--pipeline", "2", "--out", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "plan.json").read_text())
+    p = next(p for p in [d["best"]] + d["baselines"] if "stages" in p)
+    for s in p["stages"]:  # each stage's plan: a run of the model's layers on its submesh
+        names = [x["name"] for x in s["plan"]["layers"]]
+        typed = TypedPlan.from_search(s["plan"], stage=True)
+        assert [lay.name for lay in typed.layers] == names and typed.cluster.nodes == s["submesh"]["nodes"]
+        with pytest.raises(UserError, match="are not its model's"):
+            TypedPlan.from_search(s["plan"])  # not the whole model
+        with pytest.raises(UserError, match="are not a run of its model's"):
+            TypedPlan.from_search(dict(s["plan"], layers=s["plan"]["layers"][::-1]), stage=True)
+    PlanFile(p, d["baselines"]).save(tmp_path / "pipelined.json")  # the report of a pipelined best
+    body = "".join(build([tmp_path / "pipelined.json"])[0].blocks)
+    assert all(f"stage {s['stage']}: Per-layer plan" in body for s in p["stages"]) and "Pipeline stages" in body
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--pipeline", "many"], "not auto, off or a stage count"),
     (["--pipeline", "5"], "5 stages for 4 blocks"),
