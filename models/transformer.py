@@ -61,6 +61,13 @@ FIELDS: dict[str, str] = {
     "qkv_bias": "bool", "max_positions": "int",
 }
 CHOICES: dict[str, tuple[str, ...]] = {name: tuple(e.value for e in enum) for name, enum in ENUMS.items()}
+# the largest values planned for, each far above any model trained today (Llama 3 405B: 126 blocks, 16,384 wide,
+# sequence 131,072 after its long-context stage; GPT-3's batch 3.2M tokens)
+LIMITS = {"layers": 4096, "hidden": 1 << 20, "ffn": 1 << 22, "heads": 1 << 14, "sequence": 1 << 24, "vocabulary": 1 << 24,
+          "batch": 1 << 24, "micro_batch": 1 << 24}
+LIMIT_WHY = {"layers": "the layer graph holds ten chain positions a block", "hidden": "model width",
+             "ffn": "MLP width", "heads": "attention heads", "sequence": "tokens per sequence",
+             "vocabulary": "embedding rows", "batch": "sequences a step", "micro_batch": "sequences a micro-batch"}
 REQUIRED: dict[str, tuple[str, ...]] = {
     "gpt": ("layers", "hidden", "heads", "sequence", "vocabulary", "batch", "micro_batch"),
     "llama": ("layers", "hidden", "heads", "ffn", "sequence", "vocabulary", "batch", "micro_batch"),
@@ -160,6 +167,10 @@ class TransformerConfig:
         if c["batch"] % c["micro_batch"]:
             raise UserError(f"{origin}: batch {c['batch']} is not a multiple of micro_batch {c['micro_batch']}; "
                             f"change one of them")
+        for key, most in LIMITS.items():  # work bounded before it starts: the layer graph and its tables grow with these
+            if c[key] > most:
+                raise UserError(f"{origin}: field {key!r} is {c[key]:,}, above the {most:,} this tool plans for "
+                                f"({LIMIT_WHY[key]}); give a smaller {key}")
         if c["act_bytes"] not in (2, 4):
             raise UserError(f"{origin}: act_bytes {c['act_bytes']!r} must be 2 (fp16/bf16 mixed precision) or 4 (fp32)")
         if c["positions"] == "learned" and c["max_positions"] < c["sequence"]:

@@ -64,3 +64,14 @@ def test_default_run_names_the_default_profile(tmp_path):
         assert (tmp_path / "plan.json").is_file()
     else:
         assert r.returncode == 2 and DEFAULT_PROFILE in r.stderr
+
+
+def test_a_second_search_into_a_locked_out_is_refused(tmp_path):
+    """Two searches into one --out: the second finds the first's lock and stops before any work."""
+    from calibrate.lock import DirLock
+    out = tmp_path / "out"
+    with DirLock(out, "search output directory"):
+        r = subprocess.run([sys.executable, "-m", "autotune", "--model", "mlp", "--nodes", "1", "--gpus-per-node", "2",
+                            "--compare", "none", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "is in use by process" in r.stderr and "Traceback" not in r.stderr
+    assert not (out / "plan.json").exists()

@@ -179,3 +179,13 @@ def test_bad_model_file_fields_fail_before_building(tmp_path):
         load_model(str(f))
     with pytest.raises(UserError, match="llama preset 'llama3-8b': field 'mlp' is 'relu'"):
         load_model("llama", None, {"mlp": "relu"})
+
+
+@pytest.mark.parametrize("field, value", [("layers", 100_000_000), ("batch", 2**62), ("sequence", 2**30)])
+def test_work_beyond_the_limits_is_refused_before_building(field, value):
+    cfg = {"layers": 2, "hidden": 64, "heads": 4, "sequence": 16, "vocabulary": 128, "batch": 4, "micro_batch": 4,
+           field: value}
+    if field == "batch":
+        cfg["micro_batch"] = 2**62
+    with pytest.raises(UserError, match=f"field '{field}' is .* above the"):
+        load_model("gpt", None, cfg)

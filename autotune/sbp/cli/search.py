@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrate.cli import command_parser, message
+from calibrate.cli import command_parser, finite_float, message
 from calibrate.errors import OptionError, UserError
+from calibrate.lock import DirLock
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
@@ -66,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
                     help="time (seconds) or steps ('2000steps') per search (default: until converged, i.e. restarts "
                          "in a row find nothing cheaper or the relaxation's lower bound is reached, at most 1 s + "
                          "1.5 ms per strategy, 2 to 20 s; comparison runs get the main search's time, at most 3 s)")
-    ap.add_argument("--memory-limit", type=float, default=None,
+    ap.add_argument("--memory-limit", type=finite_float, default=None,
                     help="GiB per device, a hard constraint on a plan's peak, workspace included (default: the "
                          f"profile's usable GPU memory, else {DEFAULT_MEMORY_GIB:g})")
     ap.add_argument("--modes", choices=("all", "none"), default="all",
@@ -213,105 +214,106 @@ def main(argv=None, report=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create --out {str(out)!r} ({e.strerror}): give a writable directory") from None
-    default_note = " (default cluster)" if args.nodes is None and args.gpus_per_node is None else ""
-    print(f"model {graph.model} {graph.config.get('name', '')}: {graph.parameters() / 1e9:.2f}B parameters, "
-          f"batch {graph.batch} in {graph.micro_batches} micro-batches")
-    print(f"cluster {cluster}{default_note}; profile {profile.name}"
-          f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
-          f"memory limit {limit / 2**30:.4g} GiB per device{limit_note}", flush=True)
-    objective = args.objective
-    if objective is None and args.search in ("exhaustive", "dp"):
-        objective = "comm"
-        print(f"note: --search {args.search} sums per-layer costs, which only the communication objective does: "
-              f"minimising communication (--objective comm)")
-    if objective is None:
-        objective = "step" if profile.compute is not None else "comm"
-        if profile.compute is None:
-            print(f"note: profile {profile.name!r} has no compute figures: minimising communication "
-                  f"(--objective comm); add them with python -m calibrate compute")
-    print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
-    if stages != "off" and objective != "step":
-        if stages != "auto":
-            raise UserError("pipeline stages are timed by the step objective: use --objective step with a profile "
-                            "that has compute figures, or --pipeline off")
-        stages = "off"
-    t0 = time.perf_counter()
-    coster = Coster(profile, cluster)
-    problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective, require_fit=False)
-    mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
-    warm = mega if mega is not None and np.isfinite(mega_cost) else None
+    with DirLock(out, "search output directory"):  # two searches into one --out: the second is refused
+        default_note = " (default cluster)" if args.nodes is None and args.gpus_per_node is None else ""
+        print(f"model {graph.model} {graph.config.get('name', '')}: {graph.parameters() / 1e9:.2f}B parameters, "
+              f"batch {graph.batch} in {graph.micro_batches} micro-batches")
+        print(f"cluster {cluster}{default_note}; profile {profile.name}"
+              f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
+              f"memory limit {limit / 2**30:.4g} GiB per device{limit_note}", flush=True)
+        objective = args.objective
+        if objective is None and args.search in ("exhaustive", "dp"):
+            objective = "comm"
+            print(f"note: --search {args.search} sums per-layer costs, which only the communication objective does: "
+                  f"minimising communication (--objective comm)")
+        if objective is None:
+            objective = "step" if profile.compute is not None else "comm"
+            if profile.compute is None:
+                print(f"note: profile {profile.name!r} has no compute figures: minimising communication "
+                      f"(--objective comm); add them with python -m calibrate compute")
+        print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
+        if stages != "off" and objective != "step":
+            if stages != "auto":
+                raise UserError("pipeline stages are timed by the step objective: use --objective step with a profile "
+                                "that has compute figures, or --pipeline off")
+            stages = "off"
+        t0 = time.perf_counter()
+        coster = Coster(profile, cluster)
+        problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective, require_fit=False)
+        mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
+        warm = mega if mega is not None and np.isfinite(mega_cost) else None
 
-    def run(pr, start, share=1.0):
-        return run_search(pr, args.search, scaled(budget or auto_budget(pr), share), args.seed, start)
-    if args.modes == "all":
-        problem, best = search_modes(problem, run, warm, progress)
-    else:
-        problem.require_fit()
-        best = search_fitting(problem, run, warm)
-    if best is None or not problem.fits_plan(best.assignment):
-        least = min(p.min_memory for p in plain.mode_problems())
-        raise OptionError("memory_limit", f"{limit / 2**30:.4g} GiB per device: no plan fits it with its workspace "
-                                          f"under any recomputation or FSDP, the smallest needs {least / 2**30:.4g} "
-                                          "GiB before its workspace; raise it, add devices or shrink the micro-batch")
-    traces = {best.algorithm: best.trace}
-    space = float(np.prod([float(n) for n in problem.sizes]))
-    if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
-        compare.append("exhaustive")
-    for name in compare:
-        if name == args.search:
-            continue
-        if name in ("exhaustive", "dp") and (space > EXHAUSTIVE_LIMIT or objective != "comm"):
-            progress(f"skip {name}: {space:.2e} plans" if objective == "comm" else
-                     f"skip {name}: it sums per-layer costs, which the step objective is not")
-            continue
-        # cold start, for the convergence plot; by default on the main search's time (at most 3 s)
-        other = run_search(problem, name, budget or Budget(seconds=min(3.0, max(best.seconds, 0.1))), args.seed)
-        traces[other.algorithm] = other.trace
-        if other.cost < best.cost and problem.fits_plan(other.assignment):
-            progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
-            best = other
-    sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
-    try:
-        summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False, objective=objective)
-    except UserError as e:
-        progress(f"SUMMA baseline unavailable: {message(e)}")
-        summa_problem = None
-    progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation), "
-             "SUMMA (every mesh), S/B only")
-    plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
-                      {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
-    skipped: list[str] = []
-    base = baseline_plans(plain, summa_problem, sb_problem,
-                          lambda p: run_search(p, args.search, budget, args.seed), skipped)
-    plan = floor(plan, base, objective)
-    if stages != "off":
-        progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {args.schedule})")
-        piped, mega3d = pipeline_plans(graph, cluster, profile, limit,
-                                       PipelineConfig(stages, args.schedule, search=args.search, seed=args.seed),
-                                       progress)
-        base += [x for x in (mega3d,) if x is not None]
-        if piped is not None and piped["totals"]["step_s"] < plan["totals"]["step_s"]:
-            base.insert(0, dict(plan, strategy=f"best single-stage: {plan['strategy']}"))
-            plan = piped
-        elif piped is not None:
-            base.append(piped)
-    pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
-                  {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   "wall_s": time.perf_counter() - t0, "objective": objective})
-    path = pf.save(out / "plan.json")
-    rep = report(path, plan_title(plan)) if report else None
-    print(table([plan] + base))
-    if "pipeline" in plan:
-        pl, t = plan["pipeline"], plan["totals"]
-        sub = pl["submesh"]
-        print(f"pipeline: {pl['stages']} stages of {sub['nodes']} x {sub['gpus_per_node']} GPUs, {pl['schedule']}, "
-              f"{pl['micro_batches']} micro-batches, blocks per stage {pl['split']}; bubble {t['bubble_s']:.4g} s, "
-              f"boundaries {t['boundary_s'] * 1e3:.3g} ms per micro-batch in all")
-    if skipped:
-        print(f"no plan of {', '.join(skipped)} here: some layer cannot take its placement (e.g. the attention's "
-              f"micro-batch x heads does not cover the {cluster.devices} devices)")
-    print(breakdown(plan))
-    print("\n".join(summary_lines(plan, base, objective)))
-    print(f"wrote {path}" + (f" and {rep}" if rep else ""))
-    print("\n".join(next_steps(path, plan)))
-    return 0
+        def run(pr, start, share=1.0):
+            return run_search(pr, args.search, scaled(budget or auto_budget(pr), share), args.seed, start)
+        if args.modes == "all":
+            problem, best = search_modes(problem, run, warm, progress)
+        else:
+            problem.require_fit()
+            best = search_fitting(problem, run, warm)
+        if best is None or not problem.fits_plan(best.assignment):
+            least = min(p.min_memory for p in plain.mode_problems())
+            raise OptionError("memory_limit", f"{limit / 2**30:.4g} GiB per device: no plan fits it with its workspace "
+                                              f"under any recomputation or FSDP, the smallest needs {least / 2**30:.4g} "
+                                              "GiB before its workspace; raise it, add devices or shrink the micro-batch")
+        traces = {best.algorithm: best.trace}
+        space = float(np.prod([float(n) for n in problem.sizes]))
+        if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
+            compare.append("exhaustive")
+        for name in compare:
+            if name == args.search:
+                continue
+            if name in ("exhaustive", "dp") and (space > EXHAUSTIVE_LIMIT or objective != "comm"):
+                progress(f"skip {name}: {space:.2e} plans" if objective == "comm" else
+                         f"skip {name}: it sums per-layer costs, which the step objective is not")
+                continue
+            # cold start, for the convergence plot; by default on the main search's time (at most 3 s)
+            other = run_search(problem, name, budget or Budget(seconds=min(3.0, max(best.seconds, 0.1))), args.seed)
+            traces[other.algorithm] = other.trace
+            if other.cost < best.cost and problem.fits_plan(other.assignment):
+                progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
+                best = other
+        sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
+        try:
+            summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False, objective=objective)
+        except UserError as e:
+            progress(f"SUMMA baseline unavailable: {message(e)}")
+            summa_problem = None
+        progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation), "
+                 "SUMMA (every mesh), S/B only")
+        plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
+                          {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
+        skipped: list[str] = []
+        base = baseline_plans(plain, summa_problem, sb_problem,
+                              lambda p: run_search(p, args.search, budget, args.seed), skipped)
+        plan = floor(plan, base, objective)
+        if stages != "off":
+            progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {args.schedule})")
+            piped, mega3d = pipeline_plans(graph, cluster, profile, limit,
+                                           PipelineConfig(stages, args.schedule, search=args.search, seed=args.seed),
+                                           progress)
+            base += [x for x in (mega3d,) if x is not None]
+            if piped is not None and piped["totals"]["step_s"] < plan["totals"]["step_s"]:
+                base.insert(0, dict(plan, strategy=f"best single-stage: {plan['strategy']}"))
+                plan = piped
+            elif piped is not None:
+                base.append(piped)
+        pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
+                      {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
+                       "wall_s": time.perf_counter() - t0, "objective": objective})
+        path = pf.save(out / "plan.json")
+        rep = report(path, plan_title(plan)) if report else None
+        print(table([plan] + base))
+        if "pipeline" in plan:
+            pl, t = plan["pipeline"], plan["totals"]
+            sub = pl["submesh"]
+            print(f"pipeline: {pl['stages']} stages of {sub['nodes']} x {sub['gpus_per_node']} GPUs, {pl['schedule']}, "
+                  f"{pl['micro_batches']} micro-batches, blocks per stage {pl['split']}; bubble {t['bubble_s']:.4g} s, "
+                  f"boundaries {t['boundary_s'] * 1e3:.3g} ms per micro-batch in all")
+        if skipped:
+            print(f"no plan of {', '.join(skipped)} here: some layer cannot take its placement (e.g. the attention's "
+                  f"micro-batch x heads does not cover the {cluster.devices} devices)")
+        print(breakdown(plan))
+        print("\n".join(summary_lines(plan, base, objective)))
+        print(f"wrote {path}" + (f" and {rep}" if rep else ""))
+        print("\n".join(next_steps(path, plan)))
+        return 0
