@@ -55,10 +55,10 @@ def main(argv=None) -> int:
     except OSError as e:
         raise UserError(f"cannot create --out {str(out)!r} ({e.strerror}): give a writable directory") from None
     with DirLock(out, "reproduction's --out directory"):
-        return _reproduce(args, cases, out)
+        return _reproduce(args, config, prev, cases, out)
 
 
-def _reproduce(args, cases: list[dict], out: Path) -> int:
+def _reproduce(args, config: Config, prev, cases: list[dict], out: Path) -> int:
     rows = []
     for c in cases:
         if args.case and c["id"] not in args.case:
