@@ -10,6 +10,26 @@ from reports.html import Section
 from reports.sections import pipeline as pipeline_section
 
 
+# what the chart stacks, by the objective the headline compares: its two parts and their sum
+PARTS = {"comm": (("redistribution", "redistribution_s"), ("gradient sync", "grad_sync_s"),
+                  "predicted communication, s per training step"),
+         "step": (("compute", "compute_s"), ("exposed communication", "exposed_comm_s"),
+                  "predicted step time, s")}
+
+
+def _part(costs, key: str) -> float:
+    """One part of PARTS from autotune.plan.Costs (the step model's figures are in its ``extra``)."""
+    return costs.extra[key] if key in costs.extra else getattr(costs, key)
+
+
+def _objective(plans: list, objective: str) -> str:
+    """The objective whose parts every (strategy, Costs) has (the step's only where each has compute figures)."""
+    (_, a), (_, b), _ = PARTS["step"]
+    if objective == "step" and all(a in c.extra and b in c.extra for _, c in plans):
+        return "step"
+    return "comm"
+
+
 def _totals(plans: list) -> pd.DataFrame:
     """One row per (strategy, autotune.plan.Costs)."""
     rows = []
@@ -19,8 +39,10 @@ def _totals(plans: list) -> pd.DataFrame:
             "redistribution s/step": t.redistribution_s,
             "grad sync s/step": t.grad_sync_s,
             "total s/step": t.total_s if t.fits_memory else f"no plan fits (needs {t.memory_bytes / 2**30:.4g} GiB)",
-            "memory GiB/device": t.memory_bytes / 2**30,
         })
+        if "step_s" in t.extra:
+            rows[-1]["step s"] = t.extra["step_s"] if t.fits_memory else "over memory"
+        rows[-1]["memory GiB/device"] = t.memory_bytes / 2**30
     return pd.DataFrame(rows)
 
 
@@ -57,13 +79,15 @@ def _edges(plan: dict) -> pd.DataFrame:
     } for e in plan["edges"]])
 
 
-def _breakdown_fig(plans: list):
-    """Stacked bars of redistribution and gradient sync per plan, on a log axis when the costs span
-    more than 5x (one baseline 10x the others no longer flattens the rest); each bar labelled with its
+def _breakdown_fig(plans: list, objective: str = "comm"):
+    """Stacked bars of the two parts of what the headline compares (``objective``: redistribution and
+    gradient sync, or compute and exposed communication) per (strategy, Costs), on a log axis when the costs
+    span more than 5x (one baseline 10x the others no longer flattens the rest); each bar labelled with its
     total, and plans over the memory limit hatched and labelled so."""
+    (first, first_key), (second, second_key), xlabel = PARTS[objective]
     names = [name for name, _ in plans]
-    red = [c.redistribution_s for _, c in plans]
-    sync = [c.grad_sync_s for _, c in plans]
+    red = [_part(c, first_key) for _, c in plans]
+    sync = [_part(c, second_key) for _, c in plans]
     tot = [r + g for r, g in zip(red, sync)]
     fits = [c.fits_memory for _, c in plans]
     fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.45 * len(plans)))
@@ -73,21 +97,21 @@ def _breakdown_fig(plans: list):
     hatch = ["" if f else "//" for f in fits]
     if log:  # stacked segments on a log axis: the sync part drawn from the redistribution's end
         low = min(positive) / 3
-        ax.barh(y, [max(r, low) - low for r in red], left=low, label="redistribution", hatch=hatch)
+        ax.barh(y, [max(r, low) - low for r in red], left=low, label=first, hatch=hatch)
         ax.barh(y, [t - max(r, low) if t > max(r, low) else 0 for r, t in zip(red, tot)],
-                left=[max(r, low) for r in red], label="gradient sync", hatch=hatch)
+                left=[max(r, low) for r in red], label=second, hatch=hatch)
         ax.set_xscale("log")
         ax.set_xlim(low, max(tot) * 4)
     else:
-        ax.barh(y, red, label="redistribution", hatch=hatch)
-        ax.barh(y, sync, left=red, label="gradient sync", hatch=hatch)
+        ax.barh(y, red, label=first, hatch=hatch)
+        ax.barh(y, sync, left=red, label=second, hatch=hatch)
         ax.set_xlim(0, max(tot + [1e-12]) * 1.35)
     for i, (t, f) in enumerate(zip(tot, fits)):
         ax.text(t * (1.08 if log else 1) + (0 if log else max(tot) * 0.01), i,
                 f"{t:.3g} s" + ("" if f else " (over memory)"), va="center", fontsize=8)
     ax.set_yticks(y, names)
     ax.invert_yaxis()
-    ax.set_xlabel("predicted communication, s per training step" + (" (log scale)" if log else ""))
+    ax.set_xlabel(xlabel + (" (log scale)" if log else ""))
     ax.legend(loc="lower right", fontsize=8)
     return fig
 
@@ -129,6 +153,7 @@ def build(paths: list[Path]) -> list[Section]:
             per_stage = [("", best, typed)]
             plans = [(typed.strategy, typed.costs)] + [(b.strategy, b.costs) for b in typed.baselines]
         sharding = (best.get("sharding") or {}).get("mode", "none")
+        objective = _objective(plans, pf.meta.get("objective", "comm"))
         # one plan: the page's title names it (python -m autotune); several: each section does
         sec = Section("Plan and baselines" if len(paths) == 1 else plan_title(best))
         for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
@@ -136,12 +161,16 @@ def build(paths: list[Path]) -> list[Section]:
         sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; recomputation "
                  f"{best.get('recompute', 'none')}; FSDP {sharding}; search "
                  f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
-                 f"Costs are the profile's predictions of communication time per training step.")
+                 + ("Costs are the profile's predictions of the step time: compute and the communication it does "
+                    "not hide." if objective == "step" else
+                    "Costs are the profile's predictions of communication time per training step."))
         totals = _totals(plans)
         sec.heading("Baselines compared").table(totals)
-        sec.figure(_breakdown_fig(plans), "Cost breakdown: redistribution (boxing between and inside layers, "
-                                          "forward and backward) and weight-gradient synchronisation; hatched: "
-                                          "over the memory limit.")
+        sec.figure(_breakdown_fig(plans, objective),
+                   "Cost breakdown: compute and the communication it does not hide; hatched: over the memory limit."
+                   if objective == "step" else
+                   "Cost breakdown: redistribution (boxing between and inside layers, forward and backward) and "
+                   "weight-gradient synchronisation; hatched: over the memory limit.")
         if "stages" in best:
             pipeline_section.add(sec, best)
         for label, plan, layers in per_stage:

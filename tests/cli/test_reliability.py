@@ -119,18 +119,19 @@ def test_report_cells_are_for_people():
 
 
 def test_report_chart_shows_what_the_headline_compares():
+    from autotune.plan import Costs
     from reports.sections.sbp import _breakdown_fig, _objective
 
     totals = {"redistribution_s": 1.0, "grad_sync_s": 2.0, "total_s": 3.0, "memory_bytes": 1.0, "fits_memory": True}
-    plans = [{"strategy": "a", "totals": dict(totals, compute_s=10.0, exposed_comm_s=1.5, step_s=11.5)},
-             {"strategy": "b", "totals": dict(totals, compute_s=10.0, exposed_comm_s=3.0, step_s=13.0)}]
+    plans = [("a", Costs.from_dict(dict(totals, compute_s=10.0, exposed_comm_s=1.5, step_s=11.5), "a")),
+             ("b", Costs.from_dict(dict(totals, compute_s=10.0, exposed_comm_s=3.0, step_s=13.0), "b"))]
     assert _objective(plans, "step") == "step" and _objective(plans, "comm") == "comm"
     fig = _breakdown_fig(plans, "step")
     ax = fig.axes[0]
     assert ax.get_xlabel().startswith("predicted step time")
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["compute", "exposed communication"]
     assert [t.get_text() for t in ax.texts] == ["11.5 s", "13 s"]
-    no_compute = [{"strategy": "a", "totals": totals}]
+    no_compute = [("a", Costs.from_dict(totals, "a"))]
     assert _objective(no_compute, "step") == "comm"
 
 
