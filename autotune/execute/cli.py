@@ -32,6 +32,7 @@ from pathlib import Path
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
+from calibrate.outputs import check_output_path
 from models import FIELDS
 
 from autotune.execute import layertable, result
@@ -61,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile-steps", type=int, default=2,
                     help="further steps under the torch profiler for the time in collectives (default 2; 0: none)")
     ap.add_argument("--dtype", default="auto", help="auto (the plan's act_bytes: 2 bf16, 4 fp32), float64, float32, bfloat16")
-    ap.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                    help="auto (cuda where torch sees a GPU, else cpu), cuda or cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     ap.add_argument("--module", default=DEFAULT_MODULE,
@@ -148,6 +150,7 @@ def main(argv=None) -> int:
         raise UserError("give a plan.json (python -m autotune execute PLAN), or --summarize DIR")
     if args.steps < 1 or args.warmup < 0 or args.profile_steps < 0:
         raise UserError("--steps must be at least 1, --warmup and --profile-steps non-negative")
+    check_output_path(args.out, "--out folder", directory=True)  # before any step runs, not after them all
     pf = PlanFile.load(args.plan)
     plans = select(pf, args.which)
     launch = launch_env()
