@@ -22,13 +22,19 @@ EMPTY_STALE_S = 10.0
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host: a zombie (killed, its parent gone and not yet reaped, as MPI ranks
+    are for a while after a kill -9 of their launcher) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): kill's answer stands
+    return state not in ("Z", "X")
 
 
 class DirLock:

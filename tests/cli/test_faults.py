@@ -168,6 +168,23 @@ def test_two_writers(tmp_path):
     assert not (folder / LOCK_NAME).exists()
 
 
+def test_a_lock_held_by_a_killed_process_not_yet_reaped_is_stale(tmp_path):
+    """A zombie holder (kill -9'd MPI ranks stay zombies until reaped) is dead: its lock is taken over."""
+    other = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        other.kill()
+        stat = Path(f"/proc/{other.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)  # killed, not reaped (no wait yet): a zombie
+        with DirLock(tmp_path) as lock:
+            assert lock.holder()[1] == os.getpid()
+    finally:
+        other.wait()
+
+
 def test_a_lock_file_left_empty_is_stale_after_a_while(tmp_path):
     (tmp_path / LOCK_NAME).write_text("")
     with pytest.raises(UserError, match="in use by another process"):
