@@ -32,7 +32,7 @@ def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200) -> TypedPlan:
         fields.update(residual=True, attention="flash", bias=True, tied=False, positions="learned")
     problem = Problem(load_model(cfg["kind"], None, fields), Coster(Profile.load("h200-nvlink+ib400"),
                                                                     Cluster(nodes, gpus)), require_fit=False)
-    problem, res = search_modes(problem, lambda pr, start: make_search("cd").run(
+    problem, res = search_modes(problem, lambda pr, start, share=1.0: make_search("cd").run(
         pr, Budget(steps=steps), np.random.default_rng(0)))
     return load_plan(build_plan(problem, res.assignment, "searched"))
 
