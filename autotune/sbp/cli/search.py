@@ -292,7 +292,9 @@ def main(argv=None, report=None) -> int:
                                            PipelineConfig(stages, args.schedule, search=args.search, seed=args.seed),
                                            progress)
             base += [x for x in (mega3d,) if x is not None]
-            if piped is not None and piped["totals"]["step_s"] < plan["totals"]["step_s"]:
+            fits = piped is not None and piped["totals"].get("fits_memory", False) and (
+            limit is None or piped["totals"]["memory_bytes"] <= limit)
+        if fits and (not plan["totals"]["fits_memory"] or piped["totals"]["step_s"] < plan["totals"]["step_s"]):
                 base.insert(0, dict(plan, strategy=f"best single-stage: {plan['strategy']}"))
                 plan = piped
             elif piped is not None:
