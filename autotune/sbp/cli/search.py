@@ -293,8 +293,8 @@ def main(argv=None, report=None) -> int:
                                            progress)
             base += [x for x in (mega3d,) if x is not None]
             fits = piped is not None and piped["totals"].get("fits_memory", False) and (
-            limit is None or piped["totals"]["memory_bytes"] <= limit)
-        if fits and (not plan["totals"]["fits_memory"] or piped["totals"]["step_s"] < plan["totals"]["step_s"]):
+                limit is None or piped["totals"]["memory_bytes"] <= limit)
+            if fits and (not plan["totals"]["fits_memory"] or piped["totals"]["step_s"] < plan["totals"]["step_s"]):
                 base.insert(0, dict(plan, strategy=f"best single-stage: {plan['strategy']}"))
                 plan = piped
             elif piped is not None:
