@@ -44,6 +44,11 @@ HOW = {
     "python -m kernels compile <algorithm> --ranks 8 ... -o x.xml": ([], []),
     "python -m kernels check x.xml": ([], ["x.xml"]),
     "python -m autotune explain papers-plan": ([], []),
+    "python -m autotune --model llama --preset llama3-8b --nodes 1 --gpus-per-node 8 --out plan8":
+        (["--budget", "0.3", "--compare", "none"], []),
+    "python -m autotune export plan8/plan.json --to torchtitan": ([], ["plan8/plan.json"]),
+    "python -m autotune --model gpt --preset gpt3-175b --nodes 512 --gpus-per-node 8 --pipeline 16 "
+    "--schedule eager-1f1b": (["--budget", "0.3", "--compare", "none"], []),
 }
 ELSEWHERE = {
     "srun --mpi=pmi2 python -m calibrate health --profile results/x/profile.json --out health.json":
@@ -86,6 +91,11 @@ ELSEWHERE = {
         "placeholders (CASE, N): tests/autotune/test_sbp_reproduce.py",
     "python -m autotune explain versus-data-parallel CASE":
         "a placeholder (CASE): tests/autotune/test_sbp_reproduce.py",
+    "python -m autotune export plan.json --to torchtitan|megatron":
+        "a choice of targets (torchtitan|megatron): the README's export runs here, tests/autotune/test_export.py "
+        "exports both",
+    "torchrun --nproc-per-node 4 -m autotune execute plan.json --module mypkg.model:build":
+        "a user's module (mypkg.model:build): tests/autotune/test_execute_input.py loads --module factories",
 }
 
 
@@ -114,8 +124,10 @@ def examples() -> dict[str, str]:
         text = r.stdout.replace("\\\n", " ")
         for line in text.splitlines():
             s = line.strip()
+            # "python -m X: what it does" heads a --help: a title, not an example
+            title = re.match(r"^[^#]*?:(\s|$)", s)
             if (re.match(r"^(mpiexec|mpirun|srun|torchrun|python -m)\b", s) and " ... " not in f" {s} "
-                    and " -m " in s):
+                    and " -m " in s and not title):
                 found.setdefault(_strip(s), f"{cmd} --help")
             elif s.startswith("python -m kernels compile <algorithm>"):
                 found.setdefault(_strip(s), f"{cmd} --help")
@@ -167,6 +179,9 @@ def _prepare(needs: list[str], cwd: Path) -> None:
         elif need == "tuned/schedule.json":
             _run([sys.executable, "-m", "autotune", "schedule", "--collective", "allreduce", "--gpus", "2",
                   "--sizes", "1K:1M:32", "--out", "tuned/"], cwd)
+        elif need == "plan8/plan.json":
+            _run([sys.executable, "-m", "autotune", "--model", "llama", "--preset", "llama3-8b", "--nodes", "1",
+                  "--gpus-per-node", "8", "--budget", "0.3", "--compare", "none", "--out", "plan8"], cwd)
         elif need == "x.xml":
             _run([sys.executable, "-m", "kernels", "compile", "ring_allreduce", "--ranks", "8", "-o", "x.xml"], cwd)
 
