@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the GPU scripts: the MPI launcher of this machine with the flags its flavour takes.
 #   source tests/gpu/mpi.sh; MPIRUN="$(mpi_cmd 2 NCCL_NVLS_ENABLE PYTHONPATH)"; timeout 300 $MPIRUN python3 ...
 # Open MPI's mpirun takes --allow-run-as-root, --bind-to none and -x VAR per variable passed;

@@ -72,6 +72,7 @@ if [ -f "$OUT/tuned/nccl_tuner.env" ]; then
   [ $rc_torch -eq 0 ] && [ "$n_torch" -gt 0 ] || rc_all=1
 fi
 
+# shellcheck disable=SC2046  # the evaluation record where one was written: no word at all otherwise
 $PY -m reports "$OUT/tuned/nccl_tune.json" $(ls "$OUT/tuned/nccl_evaluate.json" 2>/dev/null) -o "$OUT/nccl-report.html" > "$OUT/report.log" 2>&1 \
   || echo "report: failed (see report.log)"
 

@@ -33,6 +33,7 @@ done
 $PY -m calibrate fit "$R/calib-np2" -o "$R/profile-np2.json" > "$R/fit-np2.txt" 2>&1
 $PY -m calibrate fit $sizes -o "$R/profile-all.json" > "$R/fit-all.txt" 2>&1   # warns where busbw is not flat across p
 log "flatness: $(grep -c 'varies across p' "$R/fit-all.txt") collective(s) flagged"
+# shellcheck disable=SC2046  # the 4- and 8-GPU results that exist, one word each
 $PY -m calibrate validate --profile "$R/profile-np2.json" $(ls -d "$R"/calib-np4 "$R"/calib-np8 2>/dev/null) \
   --min-bytes 1M --summary-only > "$R/validate-np2.txt" 2>&1
 log "2-GPU profile on 4 and 8 GPUs (target: median error <= 10% from 1 MiB):"; cat "$R/validate-np2.txt" | tee -a "$SUMMARY"

@@ -41,6 +41,7 @@ nvidia-smi topo -m >> "$R/gpus.txt" 2>&1
 
 if has calibrate; then
   # adaptive sweeps (graph, host), fits, and validation at random sizes: tests/gpu/calib_check.sh
+  # shellcheck disable=SC2097,SC2098  # PACK_CMD packs the outer $OUT; the script writes into OUT=$R
   PACK_CMD="tar -czf $OUT/gpu-results.tar.gz -C $OUT results" OUT="$R" PY=$PY bash tests/gpu/calib_check.sh \
     > "$R/calibrate.log" 2>&1
   status calibrate $?
