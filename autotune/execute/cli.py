@@ -33,6 +33,7 @@ from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
 from calibrate.outputs import check_output_path
+from calibrate.profile import Profile
 from models import FIELDS
 
 from autotune.execute import layertable, result
@@ -142,6 +143,19 @@ def summarize(folder: str) -> int:
     return 0
 
 
+def device_warning(plan: dict, here: str) -> str | None:
+    """A warning where the plan's predictions come from a profile measured on another device than this
+    run's (an H200 profile's step time set against a CPU run is no comparison), else None."""
+    try:
+        device = Profile.load(plan.get("profile", "")).device
+    except UserError:
+        return None
+    if device is None or device.name == here:
+        return None
+    return (f"warning: the predictions come from profile {plan.get('profile')!r}, measured on {device.name}; this run "
+            f"is on {here}: for a fair comparison search with a profile measured here (python -m calibrate compute)")
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.summarize:
@@ -176,6 +190,9 @@ def main(argv=None) -> int:
     try:
         for i, plan in enumerate(plans):
             progress(f"plan {i + 1}/{len(plans)}: {plan.get('strategy', '')} on {launch.world} {d.device.type} devices")
+            unfair = device_warning(plan, torch.cuda.get_device_name(d.device) if d.is_gpu else "CPU")
+            if unfair:
+                progress(unfair)
             free_device(d)
             common = dict(layers=args.f_layers, steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps,
                           dtype=args.dtype, seed=args.seed, lr=args.lr, progress=progress)

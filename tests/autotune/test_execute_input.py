@@ -83,3 +83,12 @@ def test_bad_module_factory(plan1, spec, words, capsys):
     assert main(["execute", str(plan1), "--module", spec]) == 2
     line = _err(capsys)
     assert line.startswith("autotune execute: error: --module") and words in line
+
+
+def test_a_profile_of_another_device_is_warned_of():
+    from autotune.execute.cli import device_warning
+    from calibrate.profile import DEFAULT_PROFILE, Profile
+    name = Profile.load(DEFAULT_PROFILE).device.name
+    assert "measured on" in device_warning({"profile": DEFAULT_PROFILE}, "CPU")
+    assert device_warning({"profile": DEFAULT_PROFILE}, name) is None
+    assert device_warning({"profile": "no-such-profile"}, "CPU") is None
