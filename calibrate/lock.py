@@ -21,7 +21,7 @@ LOCK_NAME = ".commtune.lock"
 EMPTY_STALE_S = 10.0
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs on this host: a zombie (killed, its parent gone and not yet reaped, as MPI ranks
     are for a while after a kill -9 of their launcher) does not."""
     try:
@@ -61,7 +61,7 @@ class DirLock:
             except OSError:
                 return True
         host, pid, _ = who
-        return host == socket.gethostname() and not _alive(pid)
+        return host == socket.gethostname() and not pid_alive(pid)
 
     def acquire(self) -> "DirLock":
         if self.held:

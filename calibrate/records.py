@@ -81,6 +81,18 @@ class Record:
         raise NotImplementedError
 
     @classmethod
+    def from_fields(cls, d: dict, origin: str, **lists):
+        """A dataclass record from its body: ``cls(**body)`` without the header, each field named in
+        ``lists`` a list of that dataclass's dicts; a malformed body is one UserError naming the record."""
+        body = {k: v for k, v in d.items() if k not in ("kind", "version")}
+        try:
+            for key, item in lists.items():
+                body[key] = [item(**x) for x in body.get(key, [])]
+            return cls(**body)
+        except TypeError as e:
+            raise UserError(f"{origin}: malformed {cls.WHAT} ({e}): {cls.FIX}") from None
+
+    @classmethod
     def check(cls, d, origin: str) -> dict:
         return check_header(d, cls.KIND, cls.VERSION, cls.WHAT, cls.FIX, origin, cls.LEGACY_KINDS)
 

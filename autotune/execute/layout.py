@@ -17,6 +17,7 @@ from __future__ import annotations
 from calibrate.optional import require_torch
 
 from autotune.execute.commlog import Call
+from autotune.plan.place import contiguous_strides
 from autotune.sbp.sbp import B, P, dual, is_split, split_dim
 
 torch = require_torch()
@@ -56,14 +57,6 @@ def local_piece(full, fine, coords, axis_sizes):
     return out.clone(memory_format=torch.contiguous_format)  # its own storage: the whole tensor can be freed
 
 
-def _stride(shape) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))
-
-
 def redistribute(local, mesh, shape, src: tuple[str, ...], dst: tuple[str, ...], coords=None):
     """This device's piece under ``dst`` of the tensor (global ``shape``) held under ``src``.
     DTensor moves everything but the partial targets: S -> P goes through B (an
@@ -76,7 +69,7 @@ def redistribute(local, mesh, shape, src: tuple[str, ...], dst: tuple[str, ...],
     out = local
     if mid != src:
         x = DTensor.from_local(local.contiguous(), mesh, placements(src), run_check=False,
-                               shape=tuple(shape), stride=_stride(shape))
+                               shape=tuple(shape), stride=contiguous_strides(shape))
         out = x.redistribute(mesh, placements(mid)).to_local()
     if zero:
         coords = mesh.get_coordinate() if coords is None else coords

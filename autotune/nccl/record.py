@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from calibrate.errors import UserError
 from calibrate.measure import stats
 from calibrate.measure.engine import Comparison
 from calibrate.measure.verdict import judge
@@ -124,13 +123,7 @@ class TuneRecord(Record):
 
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "TuneRecord":
-        body = {k: v for k, v in d.items() if k not in ("kind", "version")}
-        try:
-            body["sweep"] = [Sample(**s) for s in body.get("sweep", [])]
-            body["compare"] = [Compare(**c) for c in body.get("compare", [])]
-            return cls(**body)
-        except TypeError as e:
-            raise UserError(f"{origin}: malformed {cls.WHAT} ({e}): {cls.FIX}") from None
+        return cls.from_fields(d, origin, sweep=Sample, compare=Compare)
 
 
 ABLATIONS = ("min_ctas", "table")     # the arms that take one part of the tuned configuration each
@@ -210,12 +203,7 @@ class EvaluateRecord(Record):
 
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "EvaluateRecord":
-        body = {k: v for k, v in d.items() if k not in ("kind", "version")}
-        try:
-            body["compare"] = [Compare(**c) for c in body.get("compare", [])]
-            return cls(**body)
-        except TypeError as e:
-            raise UserError(f"{origin}: malformed {cls.WHAT} ({e}): {cls.FIX}") from None
+        return cls.from_fields(d, origin, compare=Compare)
 
 
 def env_text(plugin: str | Path, table: str | Path, min_ctas: int, header: str) -> str:

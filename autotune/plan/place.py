@@ -391,7 +391,7 @@ def _pre(module, args, kwargs, *, mesh, arrive, want, where):
         return (DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False),) + args[1:], kwargs
     src, _ = _act(arrive, x, whole=False)
     shape = _global_shape(x, src, mesh)
-    X = DTensor.from_local(x, mesh, src, run_check=False, shape=shape, stride=_stride(shape))
+    X = DTensor.from_local(x, mesh, src, run_check=False, shape=shape, stride=contiguous_strides(shape))
     dst, _ = _act(want, X) if want is not None else (src, None)
     _check_divides(shape, dst, mesh, where)
     return (_redistribute(X, mesh, dst),) + args[1:], kwargs
@@ -407,7 +407,8 @@ def _post(module, args, out, *, mesh, leave):
     return _redistribute(out, mesh, dst).to_local(grad_placements=grad)
 
 
-def _stride(shape) -> tuple[int, ...]:
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
     out, acc = [], 1
     for s in reversed(shape):
         out.append(acc)

@@ -89,12 +89,7 @@ class EvaluateRecord(Record):
 
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "EvaluateRecord":
-        body = {k: v for k, v in d.items() if k not in ("kind", "version")}
-        try:
-            body["points"] = [Point(**p) for p in body.get("points", [])]
-            return cls(**body)
-        except TypeError as e:
-            raise UserError(f"{origin}: malformed {cls.WHAT} ({e}): {cls.FIX}") from None
+        return cls.from_fields(d, origin, points=Point)
 
 
 def summary(points: list[Point]) -> dict:

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibrate.lock import pid_alive
+
 PREFIX = "ctmn"
 NETNS_DIR = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
@@ -79,16 +81,6 @@ def unavailable() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def kill_namespace(ns: str) -> None:
     """SIGKILL the processes left in namespace ``ns`` (every one was started into it by a cluster)."""
     r = _ip("netns", "pids", ns, check=False)
@@ -114,7 +106,7 @@ def cleanup_stale() -> list[str]:
     stale = []
     for name in sorted(names):
         m = re.match(rf"{PREFIX}(\d+)x", name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             _delete(name)
             stale.append(name)
     return stale
