@@ -16,7 +16,7 @@ if not os.environ.get("CI"):
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from execute_plans import data_parallel, megatron, typed_plan  # noqa: E402
+from hand_plans import data_parallel, megatron, typed_plan  # noqa: E402
 
 LLAMA = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8, vocabulary=64,
              batch=8, micro_batch=4)

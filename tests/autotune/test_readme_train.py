@@ -14,7 +14,7 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 import torch  # noqa: E402
 
-from execute_plans import megatron, typed_plan  # noqa: E402
+from hand_plans import megatron, typed_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("readme_train.py")
