@@ -27,6 +27,15 @@ class Dist:
     def is_gpu(self) -> bool:
         return self.device.type == "cuda"
 
+    def peak_bytes(self, reset: bool = True) -> int:
+        """The device's peak allocated bytes since the last reset (0 on a CPU); ``reset`` starts a new peak."""
+        if not self.is_gpu:
+            return 0
+        peak = torch.cuda.max_memory_allocated(self.device)
+        if reset:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
+
     def set_mesh(self, axis_sizes: tuple[int, ...]) -> None:
         """The DeviceMesh over the cluster's fine axes (rank = mixed-radix coordinates)."""
         from torch.distributed.device_mesh import init_device_mesh

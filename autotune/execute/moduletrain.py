@@ -65,18 +65,10 @@ class ModuleTrainer:
         self.opt.state.clear()
         self.opt = None
 
-    def _peak(self, reset: bool = True) -> int:
-        if not self.d.is_gpu:
-            return 0
-        peak = torch.cuda.max_memory_allocated(self.d.device)
-        if reset:
-            torch.cuda.reset_peak_memory_stats(self.d.device)
-        return peak
-
     def step(self, step: int, probe: dict | None = None):
         """One training step; returns the loss (mean over the step's tokens) as a tensor on the device."""
         if probe is not None:
-            probe["before_step"] = self._peak()
+            probe["before_step"] = self.d.peak_bytes()
         self.opt.zero_grad(set_to_none=True)
         total = None
         for j in range(self.micro_batches):
@@ -90,10 +82,10 @@ class ModuleTrainer:
             share = _local(loss.detach()) / self.micro_batches
             total = share if total is None else total + share
         if probe is not None:
-            probe["forward_backward"] = self._peak()
+            probe["forward_backward"] = self.d.peak_bytes()
         self.opt.step()
         if probe is not None:
-            probe["optimizer_step"] = self._peak(reset=False)
+            probe["optimizer_step"] = self.d.peak_bytes(reset=False)
         return total
 
     def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:

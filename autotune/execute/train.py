@@ -93,14 +93,6 @@ class Trainer:
         if self.d.is_gpu:
             torch.cuda.synchronize(self.d.device)
 
-    def _peak(self, reset: bool = True) -> int:
-        if not self.d.is_gpu:
-            return 0
-        peak = torch.cuda.max_memory_allocated(self.d.device)
-        if reset:
-            torch.cuda.reset_peak_memory_stats(self.d.device)
-        return peak
-
     def _optimizer_step(self) -> None:
         if not self.mixed:
             for opt in self.opts:
@@ -119,7 +111,7 @@ class Trainer:
         the peak memory before the step, of its forward/backward and of its optimizer step
         go into it (bytes)."""
         if probe is not None:
-            probe["before_step"] = self._peak()
+            probe["before_step"] = self.d.peak_bytes()
             probe["allocated_at_start"] = torch.cuda.memory_allocated(self.d.device) if self.d.is_gpu else 0
         for p in self.params:
             p.grad = None
@@ -141,11 +133,11 @@ class Trainer:
             w.wait()
         self._works = []
         if probe is not None:
-            probe["forward_backward"] = self._peak()
+            probe["forward_backward"] = self.d.peak_bytes()
         with clock.optimizer() if clock else contextlib.nullcontext():
             self._optimizer_step()
         if probe is not None:
-            probe["optimizer_step"] = self._peak(reset=False)
+            probe["optimizer_step"] = self.d.peak_bytes(reset=False)
         loss = total.to(torch.float64)
         dist.all_reduce(loss)
         return loss / replicas
