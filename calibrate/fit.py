@@ -25,6 +25,16 @@ both its neighbours or below both (a spike or a dip of one size: a sample of
 noise, or a size NCCL happens to run fast, such as a multiple of 8 KiB at
 48-250 KiB) is taken at the median of the three: a step of NCCL's is monotone
 over the sizes around it and keeps its values.
+
+Both methods keep a fall in time from one size to the next only where it is real. A measured curve
+can fall (NCCL's own thresholds switch to a faster algorithm or protocol a little late: the curve
+steps down, and the NCCL tuner exists because of it), and the fit keeps such a fall. A fall smaller
+than ``FLOOR`` (the least relative change that counts as a step) is noise of the medians on a loaded
+host: those are pooled with their neighbours into their mean (``monotone``, pool-adjacent-violators
+isotonic regression restricted to falls within the floor) before fitting, and the segments method
+raises a segment's alpha by such a fall where it would start below the segment before it. Otherwise a
+latency-bound curve could come out a few parts in ten thousand lower at 16 KiB than at 1 KiB, and a
+planner would prefer padding messages.
 """
 from __future__ import annotations
 
@@ -61,16 +71,10 @@ def _bic(sse: float, npts: int, nseg: int) -> float:
 
 
 def fit_piecewise(coll: Collective, p: int, n, t, max_segments: int = 4, min_points: int = 3) -> list[Segment]:
-    """Segments covering [0, inf) fitted to the points (n sorted ascending)."""
-    n = np.asarray(n, dtype=float)
-    t = np.asarray(t, dtype=float)
-    order = np.argsort(n)
-    n, t = n[order], t[order]
+    """Segments covering [0, inf) fitted to the points, made monotone first (module doc)."""
+    n, t = _sorted_points(coll, p, n, t)
+    t = monotone(t)
     N = len(n)
-    if N < 2:
-        raise UserError(f"{coll.value} at p={p}: {N} size(s) measured, at least 2 are needed to fit alpha and beta")
-    if not (np.all(np.isfinite(t)) and np.all(t > 0) and np.all(np.isfinite(n))):
-        raise UserError(f"{coll.value} at p={p}: the measurements contain non-finite or non-positive times: measure again")
     min_points = max(2, min(min_points, N))
     cost: dict[tuple[int, int], tuple[float, float, float]] = {}
     for i in range(N):
@@ -103,7 +107,23 @@ def fit_piecewise(coll: Collective, p: int, n, t, max_segments: int = 4, min_poi
         hi = BIG if idx == len(bounds) - 1 else math.sqrt(n[j - 1] * n[j])
         segments.append(Segment(lo, hi, alpha, beta, {"points": j - i, "rms_rel_err": math.sqrt(sse / (j - i)),
                                                       "first_bytes": float(n[i]), "last_bytes": float(n[j - 1])}))
-    return segments
+    return _no_small_step_down(coll, p, segments)
+
+
+def _no_small_step_down(coll: Collective, p: int, segments: list[Segment], floor: float = FLOOR) -> list[Segment]:
+    """Each segment's alpha raised, where it would start below the segment before it by less than ``floor``
+    (relative) across the gap between them (the last size of one, the first of the next, where
+    ``segments_time`` blends the two): a boundary then steps down only by a real fall (module doc)."""
+    a = ring_coefficients(coll, p)[0]
+    out = segments[:1]
+    for seg in segments[1:]:
+        prev = out[-1]
+        gap = (prev.fit["last_bytes"], seg.fit["first_bytes"])
+        deficit = max(prev.time(coll, x, p) - seg.time(coll, x, p) for x in gap)
+        if 0 < deficit <= floor * prev.time(coll, gap[1], p) and a > 0:
+            seg = Segment(seg.min_bytes, seg.max_bytes, seg.alpha + deficit / a, seg.beta, seg.fit)
+        out.append(seg)
+    return out
 
 
 def despike(t: np.ndarray) -> np.ndarray:
@@ -114,11 +134,29 @@ def despike(t: np.ndarray) -> np.ndarray:
     return out
 
 
+def monotone(t: np.ndarray, floor: float = FLOOR) -> np.ndarray:
+    """``t`` with each fall smaller than ``floor`` (relative) pooled away: adjacent values (or pooled
+    blocks) where the later is below the earlier by at most ``floor`` are replaced by their mean (pool
+    adjacent violators); a larger fall is kept (module doc)."""
+    def falls_within_floor(a: list[float], b: list[float]) -> bool:
+        ma, mb = a[0] / a[1], b[0] / b[1]
+        return mb < ma <= mb * (1 + floor)
+
+    blocks: list[list[float]] = []          # [sum, count] per pooled block
+    for x in np.asarray(t, dtype=float):
+        blocks.append([float(x), 1.0])
+        while len(blocks) > 1 and falls_within_floor(blocks[-2], blocks[-1]):
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return np.concatenate([np.full(int(c), s / c) for s, c in blocks]) if blocks else np.asarray(t, dtype=float)
+
+
 def fit_interpolated(coll: Collective, p: int, n, t) -> list[Segment]:
-    """One segment per interval between neighbouring sizes, through the despiked medians (see the
-    module doc); the first and the last extend to 0 and beyond the largest size."""
+    """One segment per interval between neighbouring sizes, through the despiked medians made monotone
+    (see the module doc); the first and the last extend to 0 and beyond the largest size."""
     n, t = _sorted_points(coll, p, n, t)
-    t = despike(t)
+    t = monotone(despike(t))
     segments = []
     for k in range(len(n) - 1):
         alpha, beta, sse = fit_alpha_beta(coll, p, n[k:k + 2], t[k:k + 2])
