@@ -37,7 +37,7 @@ from calibrate.profile import Profile
 from models import FIELDS
 
 from autotune.execute import layertable, result
-from autotune.execute.launch import launch_env
+from autotune.execute.launch import check_steps, launch_env
 from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.execute.planread import model_kind
 from autotune.sbp.plan import PlanFile
@@ -162,8 +162,7 @@ def main(argv=None) -> int:
         return summarize(args.summarize)
     if not args.plan:
         raise UserError("give a plan.json (python -m autotune execute PLAN), or --summarize DIR")
-    if args.steps < 1 or args.warmup < 0 or args.profile_steps < 0:
-        raise UserError("--steps must be at least 1, --warmup and --profile-steps non-negative")
+    check_steps(args.steps, args.warmup, args.profile_steps)
     check_output_path(args.out, "--out folder", directory=True)  # before any step runs, not after them all
     pf = PlanFile.load(args.plan)
     plans = select(pf, args.which)

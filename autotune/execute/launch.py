@@ -49,3 +49,13 @@ def rendezvous(launch: Launch) -> tuple[str, str]:
     if launch.world == 1 or os.environ.get("SLURM_NNODES", "1") == "1":
         return addr or "127.0.0.1", port or str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000)
     raise UserError("several nodes under srun without MASTER_ADDR: export MASTER_ADDR (the first node) and MASTER_PORT")
+
+
+def check_steps(steps: int, warmup: int, profile_steps: int) -> None:
+    """The step counts a run takes: at least one step timed after the warm-up steps (which the median
+    leaves out), no negative count; a ``UserError`` naming the fix otherwise, before any step runs."""
+    if steps < 1 or warmup < 0 or profile_steps < 0:
+        raise UserError("--steps must be at least 1, --warmup and --profile-steps non-negative")
+    if warmup >= steps:
+        raise UserError(f"--warmup {warmup} leaves none of the --steps {steps} to time (the first --warmup steps "
+                        f"are left out of the median): give --steps above --warmup, e.g. --steps {warmup + 3}")

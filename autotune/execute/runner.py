@@ -11,6 +11,7 @@ from calibrate.errors import OptionError, UserError
 
 from autotune.execute import ops
 from autotune.execute.env import Dist
+from autotune.execute.launch import check_steps
 from autotune.execute.layout import DTensor, placements, torch
 from autotune.execute.model import PlanModel
 from autotune.execute.moduletrain import ModuleTrainer, build_module
@@ -65,6 +66,7 @@ def build(plan: dict, d: Dist, layers: int | None, dtype_name: str, seed: int):
 def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_steps=2, dtype="auto", seed=0,
              lr=1e-3, progress=None) -> tuple[dict, PlanModel]:
     """(the result record, the trained model)."""
+    check_steps(steps, warmup, profile_steps)
     graph, cluster, model = build(plan, d, layers, dtype, seed)
     trainer = Trainer(model, graph, d, seed, lr)
     try:
@@ -106,6 +108,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     mapping of plan layers to its module names that apply takes."""
     from autotune.plan import ModelSpec, apply, load_plan
 
+    check_steps(steps, warmup, profile_steps)
     typed = load_plan(plan)
     cluster = plan_cluster({"cluster": {"nodes": typed.cluster.nodes, "gpus_per_node": typed.cluster.gpus_per_node},
                             "strategy": typed.strategy}, d.launch.world)

@@ -36,6 +36,9 @@ HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
     "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
     + "\n#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
         "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""))
+# random sizes come interleaved over the collectives: each row names its collective and its place in the run
+RANDOM_HEADER = "\n".join(line + f" {name:<14} {done:>9}" for line, name, done in
+                          zip(HEADER.split("\n"), ("collective", ""), ("done", "")))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,7 +272,7 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
             _on_root(world, write_versions)
             versions_written = True
         label = f"{kind}:{info.ranks}x{info.nodes}"
-        def measure_size(coll: Collective, nbytes: int, why: str, with_check: bool) -> None:
+        def measure_size(coll: Collective, nbytes: int, why: str, with_check: bool, tag: str = "") -> None:
             """Time one size, check it if asked, and put it on disk (rank 0) and in ``stored``."""
             nonlocal total_wrong, checked
             start = time.perf_counter()
@@ -302,18 +305,19 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
                 except UserError as e:
                     problem = e
                 else:
-                    print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong), flush=True)
+                    print(_row(nbytes, count, args.dtype, coll, st["median_s"], busbw, wrong) + tag, flush=True)
             _agree(world, problem)  # a failed write (a full disk) stops every rank
             kept[(label, coll.value, nbytes)] = {"median_s": st["median_s"], "ci_lo_s": st["ci_lo_s"],
                                                  "ci_hi_s": st["ci_hi_s"], "wall_s": wall}
 
         if phase == "random":
             # interleaved over the collectives: a run cut short still judges every collective
-            say(f"# random sizes on {label} (tier {info.tier}), mode {mode.value}\n{HEADER}")
-            for coll, nbytes_req in interleaved(plan, colls):
+            order = interleaved(plan, colls)
+            say(f"# {len(order)} random sizes on {label} (tier {info.tier}), mode {mode.value}\n{RANDOM_HEADER}")
+            for i, (coll, nbytes_req) in enumerate(order, 1):
                 nbytes, _ = align(coll, nbytes_req, info.ranks, args.dtype)
                 if (label, coll.value, nbytes) not in stored:
-                    measure_size(coll, nbytes, phase, check)
+                    measure_size(coll, nbytes, phase, check, tag=f" {coll.value:<14} {f'{i}/{len(order)}':>9}")
         else:
             for ci, coll in enumerate(colls):
                 say(f"# [{ci + 1}/{len(colls)}] {coll.value} on {label} (tier {info.tier}), mode {mode.value}, "

@@ -137,6 +137,9 @@ def test_refine_resume_random_validation_and_fit(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert r.returncode == 0, r.stderr
     assert "predicted_us" in r.stdout and "max_abs_err_pct" in r.stdout
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[-1:] and ln.split()[-1].endswith("/10")]
+    assert [row[-1] for row in rows] == [f"{i}/10" for i in range(1, 11)]   # each row: its collective, its place
+    assert [row[-2] for row in rows] == ["allreduce", "sendrecv"] * 5
     st = pd.read_csv(rand / "stats.csv")
     assert len(st) == 10 and (st["bytes"] % 512 == 0).all()
     assert not set(st["bytes"]) & set(sweep_rows["bytes"])

@@ -76,6 +76,9 @@ OPTION_CASES = [
      "--shape 64,64,32", "over the planner's limit"),
     ("reshard-dst-mesh-huge", "autotune reshard --src-mesh 2,4 --src-spec S0RR --dst-mesh 2048,8 --dst-spec RRR "
      "--shape 64,64,32", "over the planner's limit"),
+    ("execute-warmup-all-steps", "autotune execute {good_plan} --steps 3 --warmup 3", r"--warmup 3 leaves none"),
+    ("execute-warmup-above-steps", "autotune execute {good_plan} --steps 2 --warmup 5", r"give --steps above"),
+    ("execute-steps-zero", "autotune execute {good_plan} --steps 0", r"--steps must be at least 1"),
     ("reproduce-out-devnull", "autotune reproduce autoddl --out /dev/null/x", "not a directory"),
     ("run-resume-missing", "calibrate run --backend mpi -b 1K -e 2K --out {out}/never --resume",
      "one rank|nothing to continue"),
@@ -181,7 +184,7 @@ def check_outcome(rc: int, out: str, expect: str, cpu_s: float, tb: str) -> None
 
 @pytest.mark.parametrize("line, files, expect", CASES)
 def test_bad_record(line, files, expect, inputs, tmp_path):
-    subst = {"res": str(inputs / "res"), "out": str(tmp_path / "out"),
+    subst = {"res": str(inputs / "res"), "out": str(tmp_path / "out"), "good_plan": str(inputs / "plan" / "plan.json"),
              **{k: str(inputs / v) for k, v in files.items()}}
     argv = [a.format(**subst) for a in line.split()]
     watched = [inputs / v for v in files.values()] + [inputs / "res"]
