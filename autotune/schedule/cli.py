@@ -22,8 +22,9 @@ Its figures are development figures: the best of the measured candidates per ban
 against NCCL measured beside them, at the sizes chosen on. Before measuring, --heldout
 sizes per collective (between the bands' sizes) are declared and hashed into
 schedule.json; ``evaluate`` re-measures at those only, in a fresh process, the tuned
-manifest, NCCL and the best fixed configuration, as medians (schedule_evaluate.json,
-kind commtune.schedule-evaluate): the figures to quote.
+manifest, NCCL, NCCL's best setting (--nccl-run: an NCCL tuning run's table), the best
+fixed configuration and the tuned choice with each knob as fixed, as medians
+(schedule_evaluate.json, kind commtune.schedule-evaluate): the figures to quote.
 """
 from __future__ import annotations
 
@@ -386,15 +387,6 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
     lead = world.rank == 0
     plans = plan_arms(result, declaration, load_space(result.space))
     needed = list({id(b): b for p in plans.values() for b in p.values() if not isinstance(b, str)}.values())
-    nccl_arms = None
-    if best is not None:      # the plugin is loaded with the first NCCL communicator of the process: this one
-        from autotune.nccl.measure import Options, Session
-        from autotune.schedule.nccl_best import NcclBestArms
-
-        nccl_arms = NcclBestArms(best, Session(world, cp.cuda.Device().id, plugin, best.min_ctas, result.ranks,
-                                               result.nodes, Options(dtype=result.dtype)))
-    preset = outputs.transport_preset(tuned, needed, (), "schedule-evaluate")
-    comm = Communicator(world, preset, entries=[])
     out = Path(args.out) if args.out else run / "schedule_evaluate.json"
     record = EvaluateRecord(date=_dt.datetime.now().isoformat(timespec="seconds"), command=command(),
                             commit=commit(), device=device_name(cp), ranks=result.ranks, dtype=result.dtype,
@@ -402,44 +394,53 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
                             fixed={c: r.fixed_baseline for c, r in ((r.collective, r) for r in result.collectives)},
                             reps=args.reps, nccl_run=best.to_dict() if best else {})
     todo = [(res.collective, n) for res in result.collectives for n in declaration.evaluation.get(res.collective, [])]
-    try:
-        tuned_loaded = [(e, comm.load(e)) for e in tuned.entries]
-        loaded = {}
-        for b in needed:
-            e = outputs.entry_for(b.candidate, b.program.name)
-            loaded[id(b)] = [(e, comm.load(e, b.program))]
-        stream = cp.cuda.Stream(non_blocking=True)
-        slowest = 0.0
-        for i, (coll, n) in enumerate(todo):
-            t_size = time.perf_counter()
-            # rank 0's clock decides for every rank, so that all skip the same sizes
-            late = world.bcast(bool(args.max_seconds) and t_size - t0 + slowest > args.max_seconds, root=0)
-            if late:
-                record.skipped.append({"collective": coll, "bytes": n, "why": f"--max-seconds {args.max_seconds:g} "
-                                       f"reached ({t_size - t0:.0f} s so far, {slowest:.0f} s per size)"})
-                if lead:
-                    log(f"[{i + 1}/{len(todo)}] {coll} {n} B: skipped, {record.skipped[-1]['why']}")
-                continue
-            count = bench_count(coll, n, result.dtype, comm.nranks)
-            others = {name: b if isinstance(b, str) else loaded[id(b)] for name, b in plans[(coll, n)].items()}
-            ready = {NCCL_BEST: nccl_arms.arm(coll, n) if nccl_arms else UserError(
-                "no --nccl-run given: NCCL's best setting comes from a python -m autotune nccl run's sweep")}
-            arms, label = arms_for(comm, coll, count, result.dtype, tuned_loaded, others, ready)
-            p = measure_point(comm, coll, n, result.dtype, arms, label, args.reps, stream,
-                              best.label(coll, n) if best else "")
-            record.points.append(p)
-            slowest = max(slowest, time.perf_counter() - t_size)
+    # no try/finally around the collective work: a rank failing alone would leave the others waiting in a
+    # collective clean-up; on an error the process ends (run_mpi_command aborts the job unless every rank raised
+    # the same UserError) and the driver releases what it held
+    nccl_arms = None
+    if best is not None:    # the plugin is loaded with the first NCCL communicator of the process: made after it
+        from autotune.nccl.measure import Options, Session
+        from autotune.schedule.nccl_best import NcclBestArms
+
+        nccl_arms = NcclBestArms(best, Session(world, cp.cuda.Device().id, plugin, best.min_ctas, result.ranks,
+                                               result.nodes, Options(dtype=result.dtype)))
+    comm = Communicator(world, outputs.transport_preset(tuned, needed, (), "schedule-evaluate"), entries=[])
+    tuned_loaded = [(e, comm.load(e)) for e in tuned.entries]
+    loaded = {}
+    for b in needed:
+        e = outputs.entry_for(b.candidate, b.program.name)
+        loaded[id(b)] = [(e, comm.load(e, b.program))]
+    stream = cp.cuda.Stream(non_blocking=True)
+    slowest = 0.0
+    for i, (coll, n) in enumerate(todo):
+        t_size = time.perf_counter()
+        # rank 0's clock decides for every rank, so that all skip the same sizes
+        late = world.bcast(bool(args.max_seconds) and t_size - t0 + slowest > args.max_seconds, root=0)
+        if late:
+            record.skipped.append({"collective": coll, "bytes": n, "why": f"--max-seconds {args.max_seconds:g} "
+                                   f"reached: {t_size - t0:.0f} s so far, the slowest size took {slowest:.0f} s"})
             if lead:
-                log(f"[{i + 1}/{len(todo)}] {coll} {n} B in {time.perf_counter() - t_size:.1f} s "
-                    f"({time.perf_counter() - t0:.0f} s so far): " + ", ".join(
-                        f"{a['name']} " + (f"{a['median_s'] * 1e6:.1f} us" if a["status"] == "ok"
-                                           else f"{a['status']} ({a['reason']})") for a in p.arms)
-                    + f"; tuned ran {label}" + (f"; NCCL best ran {p.nccl_best}" if p.nccl_best else ""))
-                record.save(out)
-    finally:
-        if nccl_arms is not None:
-            nccl_arms.close()
-        comm.close()
+                log(f"[{i + 1}/{len(todo)}] {coll} {n} B: skipped, {record.skipped[-1]['why']}")
+            continue
+        count = bench_count(coll, n, result.dtype, comm.nranks)
+        others = {name: b if isinstance(b, str) else loaded[id(b)] for name, b in plans[(coll, n)].items()}
+        ready = {NCCL_BEST: nccl_arms.arm(coll, n) if nccl_arms else UserError(
+            "no --nccl-run given: NCCL's best setting comes from a python -m autotune nccl run's sweep")}
+        arms, label = arms_for(comm, coll, count, result.dtype, tuned_loaded, others, ready)
+        p = measure_point(comm, coll, n, result.dtype, arms, label, args.reps, stream,
+                          best.label(coll, n) if best else "")
+        record.points.append(p)
+        slowest = max(slowest, time.perf_counter() - t_size)
+        if lead:
+            log(f"[{i + 1}/{len(todo)}] {coll} {n} B in {time.perf_counter() - t_size:.1f} s "
+                f"({time.perf_counter() - t0:.0f} s so far): " + ", ".join(
+                    f"{a['name']} " + (f"{a['median_s'] * 1e6:.1f} us" if a["status"] == "ok"
+                                       else f"{a['status']} ({a['reason']})") for a in p.arms)
+                + f"; tuned ran {label}" + (f"; NCCL best ran {p.nccl_best}" if p.nccl_best else ""))
+            _save(record, out)
+    if nccl_arms is not None:
+        nccl_arms.close()
+    comm.close()
     record.seconds = {"total": time.perf_counter() - t0}
     if not lead:
         return 0
@@ -460,6 +461,15 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
         bad += s["wrong"]
     print(f"wrote {out} in {record.seconds['total']:.0f} s")
     return 1 if bad else 0
+
+
+def _save(record, out: Path) -> None:
+    """Save after each size on rank 0 alone: a failure is said, not raised (the other ranks go on to the next
+    size and would wait for this one); the final save raises it."""
+    try:
+        record.save(out)
+    except UserError as e:
+        log(f"could not save {out} yet: {e}")
 
 
 def bench_count(coll: str, nbytes: int, dtype: str, nranks: int) -> int:
