@@ -69,6 +69,9 @@ def load_nccl_run(path: str, ranks: int, nodes: int, dtype: str) -> NcclBest:
     if not dev.sweep:
         raise UserError(f"--nccl-run {str(p)!r} has no development sweep (its table was given with --table, not "
                         f"chosen by it): give the directory of a python -m autotune nccl run that swept")
+    if not dev.table:
+        raise UserError(f"--nccl-run {str(p)!r} wrote no table (the run stopped before choosing): give a run that "
+                        f"finished")
     rows = read_table("\n".join(dev.table_rows), f"the table of {str(p)!r}", allow_empty=True)
     return NcclBest(str(p), dev.device, dev.nccl_version, dev.min_ctas, dev.plugin, tuple(dev.collectives),
                     tuple(dev.sizes), tuple(r for r in rows if r.applies_to(ranks, nodes)))

@@ -141,7 +141,7 @@ def _nccl_run(tmp_path, **kw):
                   dtype="float32", mode="graph", iters=20, reps=5, min_ctas=64, collectives=["allreduce"],
                   sizes=[1024, 16384, 1 << 20, 1 << 24], plugin=str(tmp_path / "absent.so"),
                   sweep=[rec.Sample("allreduce", 1024, "default", 6.0, [6.0], 0)],
-                  table_rows=[r.line() for r in rows]) | kw
+                  table=str(tmp_path / "nccl_tuner.csv"), table_rows=[r.line() for r in rows]) | kw
     rec.TuneRecord(**fields).save(tmp_path / "nccl_tune.json")
     return tmp_path
 
@@ -159,7 +159,8 @@ def test_nccl_best_is_the_nccl_runs_row_for_the_size(tmp_path):
 
 @pytest.mark.parametrize("kw,args,msg", [({"ranks": 4}, (2, 1, "float32"), "measured on 4 ranks"),
                                          ({}, (2, 1, "float16"), "measured float32"),
-                                         ({"sweep": []}, (2, 1, "float32"), "no development sweep")])
+                                         ({"sweep": []}, (2, 1, "float32"), "no development sweep"),
+                                         ({"table": "", "table_rows": []}, (2, 1, "float32"), "wrote no table")])
 def test_nccl_run_of_another_job_refused(tmp_path, kw, args, msg):
     with pytest.raises(UserError, match=msg):
         load_nccl_run(str(_nccl_run(tmp_path, **kw)), *args)
