@@ -460,7 +460,7 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
             print(f"  target {v['target']}: {v['value']} -> {v['state']}" + (f" ({v['why']})" if v["why"] else ""))
         bad += s["wrong"]
     print(f"wrote {out} in {record.seconds['total']:.0f} s")
-    return 1 if bad else 0
+    return 1 if bad or record.skipped else 0
 
 
 def _save(record, out: Path) -> None:

@@ -142,7 +142,7 @@ def summary(points: list[Point], skipped: list[dict] = ()) -> dict:
         for key, base in (("nccl", NCCL), ("nccl_best", NCCL_BEST), ("fixed", fixed)):
             if base is None:
                 s[f"over_{key}_geomean"] = s[f"over_{key}_min"] = None
-                s[f"missing_{key}"] = ["fixed: no best fixed configuration recorded"]
+                s[f"missing_{key}"] = ["fixed: no best fixed configuration recorded"] if mine else unmeasured
                 continue
             geo, worst, missing = _over(mine, base)
             s[f"over_{key}_geomean"], s[f"over_{key}_min"], s[f"missing_{key}"] = geo, worst, missing + unmeasured

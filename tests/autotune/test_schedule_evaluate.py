@@ -218,6 +218,7 @@ def test_a_size_not_measured_makes_every_verdict_unknown():
     assert {x["state"] for x in s["verdicts"]} == {"unknown"}
     only = summary([], skipped)["allreduce"]          # nothing measured at all: still a row, unknown
     assert only["sizes"] == [] and {x["state"] for x in only["verdicts"]} == {"unknown"}
+    assert all("not measured (--max-seconds 150 reached)" in x["why"] for x in only["verdicts"])
 
 
 def test_record_holds_no_nan_and_renders(tmp_path):
