@@ -85,22 +85,33 @@ def _schedule_dev(path: Path, d: dict) -> str:
 
 
 def _schedule_eval(path: Path, d: dict) -> str:
-    from autotune.schedule.evaluate import EvaluateRecord, summary
+    from autotune.schedule.evaluate import NCCL_BEST, EvaluateRecord, summary
 
     r = EvaluateRecord.load(path)
     arms = list(dict.fromkeys(a["name"] for p in r.points for a in p.arms))
-    head = ["collective", "size"] + [f"{a} us" for a in arms] + ["NCCL / tuned", "tuned ran", "missing"]
+    head = ["collective", "size"] + [f"{a} us" for a in arms] + ["NCCL / tuned", "NCCL best / tuned",
+                                                                 "NCCL best ran", "tuned ran", "missing"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in r.points:
-        t, n = p.median_us("tuned"), p.median_us("nccl")
+        t, n, b = p.median_us("tuned"), p.median_us("nccl"), p.median_us(NCCL_BEST)
         missing = "; ".join(f"{a['name']}: {a['status']}" for a in p.arms if a["status"] != "ok")
         lines.append("| " + " | ".join([p.collective, str(p.bytes)] + [_f(p.median_us(a)) for a in arms]
-                                       + [_f(n / t if n and t else None, ".3f"), p.tuned_choice, missing]) + " |")
+                                       + [_f(n / t if n and t else None, ".3f"), _f(b / t if b and t else None, ".3f"),
+                                          p.nccl_best or "-", p.tuned_choice, missing]) + " |")
     lines.append("")
-    for coll, s in summary(r.points).items():
-        lines.append(f"- {coll}: over NCCL geomean {_f(s.get('over_nccl_geomean'), '.3f')}x (worst "
-                     f"{_f(s.get('over_nccl_min'), '.3f')}x), over the best fixed {s['fixed'] or '-'} geomean "
-                     f"{_f(s.get('over_fixed_geomean'), '.3f')}x; "
+    if r.nccl_run:
+        lines.append(f"- NCCL's best setting per size: the table of {r.nccl_run['path']} ({r.nccl_run['device']}, "
+                     f"NCCL {r.nccl_run['nccl_version']}), chosen from its development sweep")
+    for k in r.skipped:
+        lines.append(f"- {k['collective']} {k['bytes']} B: not measured ({k['why']})")
+    for coll, s in summary(r.points, r.skipped).items():
+        knobs = ", ".join(f"{k} {_f(v['share_geomean'], '.3f')}x ({v['timed']}/{v['sizes']} sizes)"
+                          for k, v in s["knob_share"].items())
+        lines.append(f"- {coll}: over NCCL geomean {_f(s['over_nccl_geomean'], '.3f')}x (worst "
+                     f"{_f(s['over_nccl_min'], '.3f')}x), over NCCL's best setting geomean "
+                     f"{_f(s['over_nccl_best_geomean'], '.3f')}x (worst {_f(s['over_nccl_best_min'], '.3f')}x), over "
+                     f"the best fixed {s['fixed'] or '-'} geomean {_f(s['over_fixed_geomean'], '.3f')}x; "
+                     + (f"each knob's share {knobs}; " if knobs else "")
                      + ", ".join(f"{v['target']} {v['state']}" for v in s["verdicts"]))
     return "\n".join(lines)
 

@@ -22,8 +22,9 @@ Its figures are development figures: the best of the measured candidates per ban
 against NCCL measured beside them, at the sizes chosen on. Before measuring, --heldout
 sizes per collective (between the bands' sizes) are declared and hashed into
 schedule.json; ``evaluate`` re-measures at those only, in a fresh process, the tuned
-manifest, NCCL and the best fixed configuration, as medians (schedule_evaluate.json,
-kind commtune.schedule-evaluate): the figures to quote.
+manifest, NCCL, NCCL's best setting (--nccl-run: an NCCL tuning run's table), the best
+fixed configuration and the tuned choice with each knob as fixed, as medians
+(schedule_evaluate.json, kind commtune.schedule-evaluate): the figures to quote.
 """
 from __future__ import annotations
 
@@ -291,13 +292,41 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
                        "Confirm a tuned schedule table at the tuning run's held-out sizes (under mpirun, on GPUs).",
                        epilog="""Reads schedule.json (its held-out declaration checked against its hash) and
 manifest.json of a measured run and measures, at the held-out sizes only, in this fresh process:
-the tuned manifest through the interpreter's selection, NCCL, and the run's best fixed
-configuration, as arms of one comparison per size (checked before and after the timed
-replays, medians). Writes schedule_evaluate.json (kind commtune.schedule-evaluate).""")
+the tuned manifest through the interpreter's selection, NCCL, NCCL's best setting for the size
+(from the development sweep of --nccl-run), the run's best fixed configuration and, per knob in
+which the tuned choice differs from it, the tuned choice with that knob as fixed, as arms of one
+comparison per size (checked before and after the timed replays, medians). Prints each size as
+it is done; with --max-seconds, a size that would not finish in time is skipped and recorded as
+not measured. Writes schedule_evaluate.json (kind commtune.schedule-evaluate).""")
     p.add_argument("run", help="the tuning run's output directory")
     p.add_argument("--reps", type=int, default=15, help="replays per arm, interleaved (default 15)")
+    p.add_argument("--nccl-run", default=None,
+                   help="output directory (or nccl_tune.json) of a python -m autotune nccl run on this machine kind: "
+                        "NCCL's best setting per size is its table's (chosen from its development sweep); without "
+                        "it that arm is a row saying why and the verdicts over it are unknown")
+    p.add_argument("--plugin", default=None,
+                   help="the NCCL tuner plugin that applies that setting (default: the NCCL run's, else where "
+                        "python -m kernels build-tuner puts it)")
+    p.add_argument("--max-seconds", type=float, default=0.0,
+                   help="start no held-out size after this many seconds that would, at the slowest size's pace so "
+                        "far, end after it; 0: no limit (default 0)")
     p.add_argument("--out", default=None, help="output file (default RUN/schedule_evaluate.json)")
     return p
+
+
+def _nccl_best_inputs(args, result: TuneResult):
+    """(NcclBest, plugin path) of --nccl-run, or (None, None) without it; checked before any GPU work."""
+    if not args.nccl_run:
+        return None, None
+    from kernels.nccl_tuner.build import library
+
+    from autotune.nccl.measure import check_environment
+    from autotune.schedule.nccl_best import load_nccl_run
+
+    best = load_nccl_run(args.nccl_run, result.ranks, result.nodes, result.dtype)
+    plugin = library(args.plugin or (best.plugin if Path(best.plugin).is_file() else None))
+    check_environment(plugin)
+    return best, plugin
 
 
 def evaluate_main(argv) -> int:
@@ -314,25 +343,24 @@ def evaluate_main(argv) -> int:
     declaration = Declaration.from_dict(result.heldout, repr(str(run / "schedule.json")))
     if args.reps < 1:
         raise UserError(f"--reps {args.reps}: time at least 1 replay")
+    if not args.max_seconds >= 0:
+        raise UserError(f"--max-seconds {args.max_seconds}: give seconds >= 0 (0: no limit)")
     manifest_path = run / "manifest.json"
     tuned = load_preset(str(manifest_path))
+    best, plugin = _nccl_best_inputs(args, result)
     world, cp, reason = gpu_world(result.ranks)
     if world is None:
         raise UserError(f"cannot evaluate here: {reason}")
-    return run_mpi_command(lambda: _evaluate(args, world, cp, result, declaration, tuned, run), world,
+    return run_mpi_command(lambda: _evaluate(args, world, cp, result, declaration, tuned, run, best, plugin), world,
                            "autotune schedule evaluate", "what was measured is in schedule_evaluate.json")
 
 
-def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path) -> int:
-    from calibrate.measure.provenance import command, commit
-    from kernels.interp.runtime import Communicator
+def plan_arms(result: TuneResult, declaration, space) -> dict[tuple[str, int], dict]:
+    """(collective, held-out size) -> {arm name: the ``Built`` candidate, or why there is none}: the best
+    fixed configuration and the knob ablations of the tuned entry serving that size."""
+    from autotune.schedule.evaluate import covering, knob_arms
 
-    from autotune.schedule.evaluate import EvaluateRecord, arms_for, covering, knob_arms, measure_point, summary
-
-    t0 = time.perf_counter()
-    lead = world.rank == 0
-    space = load_space(result.space)
-    plans: dict[tuple[str, int], dict] = {}      # (collective, size) -> arm name -> Built or why not
+    plans: dict[tuple[str, int], dict] = {}
     for res in result.collectives:
         built, _ = enumerate_candidates(space, res.collective, result.ranks, result.nodes)
         by_key = {b.candidate.key: b for b in built}
@@ -343,48 +371,87 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
                 plan[f"fixed {res.fixed_baseline}"] = fixed or f"{res.fixed_baseline} is not in space {space.name}"
             key = covering(res.table, n)
             if fixed is not None and key is not None and key in by_key:
-                plan.update(knob_arms(by_key[key].candidate, fixed.candidate, by_key))
+                plan.update(knob_arms(by_key[key].candidate, fixed.candidate, by_key, res.collective, result.ranks,
+                                      result.nodes))
             plans[(res.collective, n)] = plan
+    return plans
+
+
+def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path, best, plugin) -> int:
+    from calibrate.measure.provenance import command, commit
+    from kernels.interp.runtime import Communicator
+
+    from autotune.schedule.evaluate import NCCL_BEST, EvaluateRecord, arms_for, measure_point, summary
+
+    t0 = time.perf_counter()
+    lead = world.rank == 0
+    plans = plan_arms(result, declaration, load_space(result.space))
     needed = list({id(b): b for p in plans.values() for b in p.values() if not isinstance(b, str)}.values())
-    preset = outputs.transport_preset(tuned, needed, (), "schedule-evaluate")
-    comm = Communicator(world, preset, entries=[])
     out = Path(args.out) if args.out else run / "schedule_evaluate.json"
     record = EvaluateRecord(date=_dt.datetime.now().isoformat(timespec="seconds"), command=command(),
                             commit=commit(), device=device_name(cp), ranks=result.ranks, dtype=result.dtype,
                             development=str(run / "schedule.json"), heldout=declaration.to_dict(),
                             fixed={c: r.fixed_baseline for c, r in ((r.collective, r) for r in result.collectives)},
-                            reps=args.reps)
-    try:
-        tuned_loaded = [(e, comm.load(e)) for e in tuned.entries]
-        loaded = {}
-        for b in needed:
-            e = outputs.entry_for(b.candidate, b.program.name)
-            loaded[id(b)] = [(e, comm.load(e, b.program))]
-        stream = cp.cuda.Stream(non_blocking=True)
-        for res in result.collectives:
-            coll = res.collective
-            for n in declaration.evaluation.get(coll, []):
-                count = bench_count(coll, n, result.dtype, comm.nranks)
-                others = {name: b if isinstance(b, str) else loaded[id(b)] for name, b in plans[(coll, n)].items()}
-                arms, label = arms_for(comm, coll, count, result.dtype, tuned_loaded, others)
-                p = measure_point(comm, coll, n, result.dtype, arms, label, args.reps, stream)
-                record.points.append(p)
-                if lead:
-                    log(f"{coll} {n} B: " + ", ".join(f"{a['name']} " + (f"{a['median_s'] * 1e6:.1f} us"
-                                                      if a["status"] == "ok" else f"{a['status']} ({a['reason']})")
-                                                      for a in p.arms) + f"; tuned ran {label}")
-                    record.save(out)
-    finally:
-        comm.close()
+                            reps=args.reps, nccl_run=best.to_dict() if best else {})
+    todo = [(res.collective, n) for res in result.collectives for n in declaration.evaluation.get(res.collective, [])]
+    # no try/finally around the collective work: a rank failing alone would leave the others waiting in a
+    # collective clean-up; on an error the process ends (run_mpi_command aborts the job unless every rank raised
+    # the same UserError) and the driver releases what it held
+    nccl_arms = None
+    if best is not None:    # the plugin is loaded with the first NCCL communicator of the process: made after it
+        from autotune.nccl.measure import Options, Session
+        from autotune.schedule.nccl_best import NcclBestArms
+
+        nccl_arms = NcclBestArms(best, Session(world, cp.cuda.Device().id, plugin, best.min_ctas, result.ranks,
+                                               result.nodes, Options(dtype=result.dtype)))
+    comm = Communicator(world, outputs.transport_preset(tuned, needed, (), "schedule-evaluate"), entries=[])
+    tuned_loaded = [(e, comm.load(e)) for e in tuned.entries]
+    loaded = {}
+    for b in needed:
+        e = outputs.entry_for(b.candidate, b.program.name)
+        loaded[id(b)] = [(e, comm.load(e, b.program))]
+    stream = cp.cuda.Stream(non_blocking=True)
+    slowest = 0.0
+    for i, (coll, n) in enumerate(todo):
+        t_size = time.perf_counter()
+        # rank 0's clock decides for every rank, so that all skip the same sizes
+        late = world.bcast(bool(args.max_seconds) and t_size - t0 + slowest > args.max_seconds, root=0)
+        if late:
+            record.skipped.append({"collective": coll, "bytes": n, "why": f"--max-seconds {args.max_seconds:g} "
+                                   f"reached: {t_size - t0:.0f} s so far, the slowest size took {slowest:.0f} s"})
+            if lead:
+                log(f"[{i + 1}/{len(todo)}] {coll} {n} B: skipped, {record.skipped[-1]['why']}")
+            continue
+        count = bench_count(coll, n, result.dtype, comm.nranks)
+        others = {name: b if isinstance(b, str) else loaded[id(b)] for name, b in plans[(coll, n)].items()}
+        ready = {NCCL_BEST: nccl_arms.arm(coll, n) if nccl_arms else UserError(
+            "no --nccl-run given: NCCL's best setting comes from a python -m autotune nccl run's sweep")}
+        arms, label = arms_for(comm, coll, count, result.dtype, tuned_loaded, others, ready)
+        p = measure_point(comm, coll, n, result.dtype, arms, label, args.reps, stream,
+                          best.label(coll, n) if best else "")
+        record.points.append(p)
+        slowest = max(slowest, time.perf_counter() - t_size)
+        if lead:
+            log(f"[{i + 1}/{len(todo)}] {coll} {n} B in {time.perf_counter() - t_size:.1f} s "
+                f"({time.perf_counter() - t0:.0f} s so far): " + ", ".join(
+                    f"{a['name']} " + (f"{a['median_s'] * 1e6:.1f} us" if a["status"] == "ok"
+                                       else f"{a['status']} ({a['reason']})") for a in p.arms)
+                + f"; tuned ran {label}" + (f"; NCCL best ran {p.nccl_best}" if p.nccl_best else ""))
+            _save(record, out)
+    if nccl_arms is not None:
+        nccl_arms.close()
+    comm.close()
     record.seconds = {"total": time.perf_counter() - t0}
     if not lead:
         return 0
     record.save(out)
     bad = 0
-    for coll, s in summary(record.points).items():
-        print(f"{coll} at held-out sizes {s['sizes']}: over NCCL geomean {_fmt(s.get('over_nccl_geomean'), '.3f')}x, "
-              f"worst {_fmt(s.get('over_nccl_min'), '.3f')}x; over the best fixed ({s['fixed'] or '-'}) geomean "
-              f"{_fmt(s.get('over_fixed_geomean'), '.3f')}x; #wrong {s['wrong']}")
+    for coll, s in summary(record.points, record.skipped).items():
+        print(f"{coll} at held-out sizes {s['sizes']}: over NCCL geomean {_fmt(s['over_nccl_geomean'], '.3f')}x, "
+              f"worst {_fmt(s['over_nccl_min'], '.3f')}x; over NCCL's best setting geomean "
+              f"{_fmt(s['over_nccl_best_geomean'], '.3f')}x, worst {_fmt(s['over_nccl_best_min'], '.3f')}x; over "
+              f"the best fixed ({s['fixed'] or '-'}) geomean {_fmt(s['over_fixed_geomean'], '.3f')}x; "
+              f"#wrong {s['wrong']}" + (f"; NOT MEASURED: {'; '.join(s['not_measured'])}" if s["not_measured"] else ""))
         if s["knob_share"]:
             print("  each chosen knob's share (the tuned choice with that knob as the fixed configuration has it, "
                   "over the tuned time): " + ", ".join(f"{k} {_fmt(v['share_geomean'], '.3f')}x ({v['timed']}/"
@@ -392,8 +459,17 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
         for v in s["verdicts"]:
             print(f"  target {v['target']}: {v['value']} -> {v['state']}" + (f" ({v['why']})" if v["why"] else ""))
         bad += s["wrong"]
-    print(f"wrote {out}")
-    return 1 if bad else 0
+    print(f"wrote {out} in {record.seconds['total']:.0f} s")
+    return 1 if bad or record.skipped else 0
+
+
+def _save(record, out: Path) -> None:
+    """Save after each size on rank 0 alone: a failure is said, not raised (the other ranks go on to the next
+    size and would wait for this one); the final save raises it."""
+    try:
+        record.save(out)
+    except UserError as e:
+        log(f"could not save {out} yet: {e}")
 
 
 def bench_count(coll: str, nbytes: int, dtype: str, nranks: int) -> int:

@@ -230,3 +230,25 @@ def build_candidate(c: Candidate, ranks: int, nodes: int = 1) -> Built:
     else:
         raise UserError(f"recorded candidate {c.key} names unknown algorithm {c.algorithm!r}; rerun the tuner")
     return Built(c, dataclasses.replace(program, protocol=Protocol(c.protocol)))
+
+
+def build_variant(c: Candidate, collective: str, ranks: int, nodes: int = 1) -> Built:
+    """A candidate outside the enumerated space (a knob of one candidate set as another has it), built
+    when the interpreter can run it; a ``UserError`` saying why it cannot otherwise: a protocol it does
+    not implement, a program that does not build (a channel or instance count the algorithm cannot
+    take), one for another collective or number of ranks, or an in-place one that cannot serve
+    out-of-place calls."""
+    if Protocol(c.protocol) not in pack.VALIDATED_PROTOCOLS:
+        raise UserError(f"{c.key}: the interpreter does not run protocol {c.protocol}")
+    try:
+        b = build_candidate(c, ranks, nodes)
+    except UserError as e:
+        raise UserError(f"{c.key} does not build: {e}") from None
+    p = b.program
+    if p.collective != collective:
+        raise UserError(f"{c.key} is a {p.collective}, not a {collective}")
+    if p.ngpus != ranks:
+        raise UserError(f"{c.key} is for {p.ngpus} ranks, not {ranks}")
+    if not out_of_place_ok(p):
+        raise UserError(f"{c.key}: an in-place {collective} cannot serve out-of-place calls")
+    return b

@@ -64,8 +64,9 @@ def run(args, comm) -> list[dict]:
 def compare_choices(comm, coll: str, nbytes: int, dtype: str, choices: dict, reps: int, stream, seed: int = 0):
     """An engine comparison (``calibrate.measure.engine.Comparison``) of named launches of one size on
     one input buffer, each with its own output: a ``Choice`` of the interpreter (a program launch, or
-    its NCCL fallback), None for NCCL called directly, or an exception (the arm cannot run: its row
-    says why). Each arm is checked against the reference
+    its NCCL fallback), None for NCCL called directly, an exception (the arm cannot run: its row
+    says why), or a factory of an engine arm with buffers of its own (e.g. NCCL on another
+    communicator; its error is NaN). Each arm is checked against the reference
     computed from every rank's seeded input before timing and again after its timed replays (FIFO
     credits and LL flags reused); CUDA graphs of ``ncalls_for`` calls, ``reps`` replays interleaved
     arm by arm, median, maximum over ranks. Returns (comparison, {name: the arm's largest relative
@@ -80,6 +81,9 @@ def compare_choices(comm, coll: str, nbytes: int, dtype: str, choices: dict, rep
     made: dict[str, gpudata.LaunchArm] = {}
 
     def arm(name, choice):
+        if callable(choice):                      # an arm of its own, made as it is
+            return choice
+
         def make():
             if isinstance(choice, Exception):     # an arm that cannot run here: a row saying why
                 raise choice

@@ -21,13 +21,17 @@ def arm(name, us=None, status=Status.OK, reason="", wrong=(0, 0)):
 
 
 def test_schedule_summary_is_medians_at_the_heldout_sizes():
-    pts = [Point("allreduce", 3000, "p (LL, split 2)", [arm("tuned", 4.0), arm("nccl", 6.0), arm("fixed k", 5.0)]),
-           Point("allreduce", 90000, "nccl", [arm("tuned", 10.0), arm("nccl", 9.0), arm("fixed k", 12.5)])]
+    pts = [Point("allreduce", 3000, "p (LL, split 2)", [arm("tuned", 4.0), arm("nccl", 6.0), arm("nccl best", 5.0),
+                                                         arm("fixed k", 5.0)]),
+           Point("allreduce", 90000, "nccl", [arm("tuned", 10.0), arm("nccl", 9.0), arm("nccl best", 9.9),
+                                              arm("fixed k", 12.5)])]
     s = summary(pts)["allreduce"]
     assert s["over_nccl_geomean"] == pytest.approx((6 / 4 * 9 / 10) ** 0.5)
     assert s["over_nccl_min"] == pytest.approx(0.9) and s["over_fixed_geomean"] == pytest.approx((5 / 4 * 1.25) ** 0.5)
+    assert s["over_nccl_best_min"] == pytest.approx(0.99)
     states = {v["target"]: v["state"] for v in s["verdicts"]}
     assert states == {"tuned >= 0.98x NCCL at every held-out size": "not met",
+                      "tuned >= 0.98x NCCL's best setting at every held-out size": "met",
                       "tuned faster than the best fixed configuration (geomean)": "met", "wrong_0": "met"}
 
 
@@ -113,31 +117,6 @@ def test_tables_rendered_from_records_and_stale_blocks_found(tmp_path):
     assert update(md, check=True) == ["ev.json"] and "old" in md.read_text()
     assert update(md) == ["ev.json"] and update(md, check=True) == []
     assert md.read_text().startswith("prose\n") and md.read_text().endswith("more prose\n")
-
-
-def test_each_knob_that_differs_from_the_fixed_configuration_gets_an_ablation_arm():
-    import dataclasses
-
-    from autotune.schedule.evaluate import covering, knob_arms
-    from autotune.schedule.result import TableEntry
-    from autotune.schedule.space import DEFAULT_SPACE, enumerate_candidates, load_space
-
-    built, _ = enumerate_candidates(load_space(DEFAULT_SPACE), "allreduce", 2, 1)
-    by_key = {b.candidate.key: b for b in built}
-    fixed, other = built[0].candidate, built[1].candidate    # ring Simple, tile 64K against 128K
-    assert dataclasses.replace(other, tile_bytes=fixed.tile_bytes) == fixed
-    arms = knob_arms(other, fixed, by_key)
-    assert list(arms) == ["tuned, tile_bytes as fixed"] and arms["tuned, tile_bytes as fixed"].candidate == fixed
-    assert knob_arms(fixed, fixed, by_key) == {}
-    # LL has no tile: the tuned LL candidate with Simple's protocol keeps tile 0, which Simple never has
-    ll = next(b.candidate for b in built if b.candidate.protocol == "LL")
-    arms = knob_arms(ll, fixed, by_key)
-    assert isinstance(arms["tuned, protocol as fixed"], str) and "not in the search space" in arms[
-        "tuned, protocol as fixed"]
-    assert set(arms) == {f"tuned, {k} as fixed" for k in ("protocol", "bytes_per_block", "tile_bytes")
-                         if getattr(ll, k) != getattr(fixed, k)}
-    table = [TableEntry(0, 4096, "a"), TableEntry(4096, 0, "b")]
-    assert covering(table, 100) == "a" and covering(table, 4096) == "b" and covering([], 1) is None
 
 
 def test_schedule_summary_reports_each_knobs_share():
