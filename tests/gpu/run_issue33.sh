@@ -20,7 +20,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/issue33}
 R=$OUT/issue33
-PY=${PY:-python3}
+PY=${PY:-$(command -v python3)}   # absolute: mpirun may resolve a bare python3 on another PATH (2026-11-27: /usr/bin/python3, no mpi4py)
 PARTS=${PARTS:-all}
 INTERP_BENCH_DEFAULT=1
 [ "$PARTS" = schedule ] && INTERP_BENCH_DEFAULT=0     # the short run: the bench only with INTERP_BENCH=1
