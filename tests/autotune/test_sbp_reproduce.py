@@ -216,3 +216,25 @@ def test_baselines_fit_at_their_peak_not_only_by_the_per_layer_sum():
     pr = _problem(case, over, Config())
     for name, (cost, peak, *_rest) in baselines(case, pr, over, Config(), 8).items():
         assert cost == float("inf") or peak <= pr.device_limit, name
+
+
+def test_micro_batches_every_fitting_one_or_a_window_for_the_search():
+    """GPT small on GCP (batch 512): every power-of-two micro-batch at which some plan fits, largest first, the
+    search at each (None) or at the first two (2), the baselines further down only while one has no plan."""
+    from autotune.sbp.reproduce import micro_batch_overrides
+    case = _case("gpt-small-gcp")
+
+    def walk(config, needed):
+        gen, out = micro_batch_overrides(case, config), []
+        step = next(gen)
+        while True:
+            out.append((step[0]["micro_batch"], step[1]))
+            try:
+                step = gen.send(needed)
+            except StopIteration:
+                return out
+    every = walk(Config(), False)
+    assert [mb for mb, _ in every] == [512 >> i for i in range(len(every))] and len(every) >= 8
+    assert all(here for _, here in every)
+    assert walk(Config(micro_batches=2), False) == every[:2] and walk(Config(micro_batches=2), False)[1][1]
+    assert walk(Config(micro_batches=2), True) == every[:2] + [(mb, False) for mb, _ in every[2:]]
