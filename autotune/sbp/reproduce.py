@@ -407,8 +407,9 @@ def _attention_case(case: dict, config: Config, cap: int | None) -> dict:
     reduction = (1 - ours / theirs) * 100
     ok = abs(reduction - case["paper"]["reduction_pct"]) <= TOLERANCE_PP
     gi = pr.mb / 2**30
-    return {"p0_cap": cap, "micro_batch": pr.graph.micro_batch, "winner": "AutoDDL" if reduction > 1 else "Megatron",
-            "reduction_pct": reduction, "searched_memory_gib": peak, "difference_pp": reduction - case["paper"]["reduction_pct"],
+    return {"p0_cap": cap, "micro_batch": pr.graph.micro_batch,
+            "winner": "AutoDDL" if reduction > 1 else "Megatron", "reduction_pct": reduction,
+            "searched_memory_gib": peak, "difference_pp": reduction - case["paper"]["reduction_pct"],
             "window_reduction_pct": (1 - win_ours / win_theirs) * 100,
             "detail": f"activation elements per device and batch, forward and backward, whole block: searched "
                       f"{ours * gi:.3g} Gi, Megatron {mesh} {theirs * gi:.3g} Gi; ln1 -> ln2 window: "
@@ -444,7 +445,8 @@ def previous_statuses(path: Path | None) -> dict[str, str]:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read the previous record {str(path)!r} ({e}): give a reproduce.json") from None
-    check_header(d, RECORD, tuple(range(1, VERSION + 1)), "reproduction record", "give a reproduce.json of this command", str(path))
+    check_header(d, RECORD, tuple(range(1, VERSION + 1)), "reproduction record",
+                 "give a reproduce.json of this command", str(path))
     rows = d.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("id"), str)
                                              and isinstance(r.get("status"), str) for r in rows):

@@ -9,12 +9,14 @@ Writes ``reproduce.json`` (a versioned record) and prints the table. One
 configuration for every case (``autotune.sbp.reproduce.Config``: the p0 cap on the
 transformer cases from the memory the parameters and optimizer states need,
 reported under cap 4 and without a cap too; baselines and search over meshes,
-micro-batches and VGG Megatron's layer order; memory against the profile's usable
-capacity by the paper's per-layer sum, the peak with workspace reported) and, per case, the verdict with alpha or beta
-halved and doubled (a verdict that flips is marked). Exits 1 when a case fails
-that passed in the previous record (``--previous``: a regression), else 0.
+micro-batches and VGG Megatron's layer order; every compared plan within the
+profile's usable memory at its peak, workspace included) and, per case, the
+verdict with alpha or beta halved and doubled (a verdict that flips is marked).
+Exits 1 when a case fails that passed in the previous record (``--previous``: a
+regression), else 0.
 
     python -m autotune reproduce autoddl [--case ID ...] [--out DIR] [--previous FILE] [--no-sensitivity]
+        [--p0-cap memory|N|0]
 """
 from __future__ import annotations
 
@@ -82,8 +84,8 @@ def _reproduce(args, config: Config, prev, cases: list[dict], out: Path) -> int:
         t = table(rows[-1:])[0]
         print(f"  paper: {t['paper']}\n  ours:  {t['ours']}\n  difference {t['difference pp']} pp: {t['status']}"
               + (f"\n  {t['sensitivity']}" if t["sensitivity"] != "-" else ""), flush=True)
-    path = write_json(out / "reproduce.json", {"kind": RECORD, "version": VERSION,
-                                               "config": {"p0_cap": config.p0_cap, "micro_batches": config.micro_batches},
+    config_fields = {"p0_cap": config.p0_cap, "micro_batches": config.micro_batches}
+    path = write_json(out / "reproduce.json", {"kind": RECORD, "version": VERSION, "config": config_fields,
                                                "rows": rows}, "reproduction record")
     passed = sum(r["status"] == "pass" for r in rows)
     lost = regressions(rows, prev)
