@@ -120,9 +120,11 @@ def summa_assignment(problem: Problem, r, c, signature: str = "summa") -> list[i
     return out
 
 
-def best_mesh(problem: Problem, make) -> tuple[list[int] | None, float, tuple | None]:
-    """The cheapest plan ``make(problem, a, b)`` over all 2-role meshes (a, b) that fits the memory limit at
-    its peak; if none fits, the one that needs the least memory (its cost inf)."""
+def best_mesh(problem: Problem, make, fits=None) -> tuple[list[int] | None, float, tuple | None]:
+    """The cheapest plan ``make(problem, a, b)`` over all 2-role meshes (a, b) that fits the memory limit
+    (``fits(plan)``, default ``problem.fits_plan``); if none fits, the one that needs the least memory (its
+    cost inf)."""
+    fits = fits or problem.fits_plan
     best, best_cost, best_mesh_ = None, math.inf, None
     least, least_mem, least_mesh = None, math.inf, None
     for m in role_meshes(problem.cluster, 2):
@@ -131,7 +133,7 @@ def best_mesh(problem: Problem, make) -> tuple[list[int] | None, float, tuple | 
             continue
         problem.evaluations += 1
         mem = problem.peak_memory(a) if problem.recipe == "autocast" else problem.memory_of(a)
-        cost = problem.raw_cost(a) if problem.fits_plan(a) else math.inf
+        cost = problem.raw_cost(a) if fits(a) else math.inf
         if cost < best_cost:
             best, best_cost, best_mesh_ = a, cost, m.sizes
         if mem < least_mem:

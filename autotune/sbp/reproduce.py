@@ -29,13 +29,14 @@ from models import load_model
 
 from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.fit import search_fitting
+from autotune.sbp.memory import AUTODDL_PRECISION, tied_saving
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import Budget, auto_budget, make_search
 
 RECORD = "commtune.autoddl-reproduction"
-VERSION = 2  # 2: config, per case p0 cap, sensitivity and without_p0_cap
+VERSION = 3  # 2: config, per case p0 cap, sensitivity and without_p0_cap; 3: p0 cap "memory", p0_caps per case
 TOLERANCE_PP = 10.0
 GI = 2**30
 
@@ -50,18 +51,21 @@ class Config:
     """One configuration for the whole table (no per-case switches).
 
     ``p0_cap``: on the transformer cases, the most devices a matmul's or the embedding's weight is replicated
-    over (the paper's p0, §4.5.2; its Fig. 3 plan has p0 = 4), for the search and Megatron alike (data
-    parallelism is full replication by definition and SUMMA replicates no weight); None: no cap.
+    over (the paper's p0, §4.5.2), for the search and Megatron alike (data parallelism is full replication by
+    definition and SUMMA replicates no weight): "memory" (per case, ``p0_threshold``: the largest at which the
+    parameters and optimizer states fit), a number, or None (no cap).
     ``micro_batches``: for a case whose micro-batch is "largest-fitting", how many power-of-two micro-batches
-    are tried, from the largest at which some plan fits downwards; every baseline (mesh, micro-batch and,
-    for VGG's Megatron, layer order) and the search take their best over them. ``alpha_scale`` and
+    the search tries, from the largest at which some plan fits downwards (None: every one, down to 1); every
+    baseline (mesh, micro-batch and, for VGG's Megatron, layer order) and the search take their best over
+    them, the baselines further down while one of them has no plan that fits. ``alpha_scale`` and
     ``beta_scale`` multiply the profile's alpha and beta (the Piz Daint and GCP profiles are assumed)."""
-    p0_cap: int | None = 4
-    micro_batches: int = 3
+    p0_cap: int | str | None = "memory"
+    micro_batches: int | None = None
     alpha_scale: float = 1.0
     beta_scale: float = 1.0
 
 
+ALTERNATIVE_P0_CAPS = (4, None)  # every transformer case is reported under these too (4: the Fig. 3 plan's p0)
 SENSITIVITY = ((0.5, 1.0), (2.0, 1.0), (1.0, 0.5), (1.0, 2.0))  # (alpha, beta) scales of the sensitivity
 
 
@@ -82,8 +86,35 @@ def replication(s) -> int:
                default=1)
 
 
-def _capped(case: dict, cap: int | None) -> int | None:
-    return cap if case["model"] == "gpt" else None
+def _limit(case: dict, profile: Profile) -> float | None:
+    """Bytes a device may hold: the case's memory, at most the profile's usable capacity where it knows its GPU."""
+    if not case.get("memory_gib"):
+        return None
+    return min(case["memory_gib"] * GI, profile.memory_bytes or math.inf)
+
+
+def p0_threshold(case: dict) -> int | None:
+    """The largest power-of-two p0 at which the model's parameters, gradients and optimizer states (the
+    paper's recipe's bytes a parameter), replicated p0 times and split over the other devices, fit the usable
+    memory: §4.5.2 bounds p0 because "the main bottleneck for memory was the model parameters and its
+    optimizer states". None where the case has no memory limit."""
+    limit = _limit(case, Profile.load(case["profile"]))
+    if limit is None:
+        return None
+    g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
+    state = g.parameters() * sum(AUTODDL_PRECISION[g.act_bytes])
+    devices = case["nodes"] * case["gpus"]
+    p0 = 1 << (devices.bit_length() - 1)
+    while p0 > 1 and state * p0 / devices > limit:
+        p0 //= 2
+    return p0
+
+
+def _capped(case: dict, cap: int | str | None) -> int | None:
+    """The p0 cap of ``Config.p0_cap`` on a case: none but on the transformer cases; "memory" resolved."""
+    if case["model"] != "gpt" or cap is None:
+        return None
+    return p0_threshold(case) if cap == "memory" else cap
 
 
 def _problem(case: dict, overrides: dict, config: Config, signatures=None, cap: int | None = None) -> Problem:
@@ -91,14 +122,19 @@ def _problem(case: dict, overrides: dict, config: Config, signatures=None, cap: 
     profile = Profile.load(case["profile"])
     if (config.alpha_scale, config.beta_scale) != (1.0, 1.0):
         profile = scaled_profile(profile, config.alpha_scale, config.beta_scale)
-    limit = None
-    if case.get("memory_gib"):  # usable capacity where the profile knows its GPU, never above the nominal
-        limit = min(case["memory_gib"] * GI, profile.memory_bytes or math.inf)
+    limit = _limit(case, profile)
     keep = None if cap is None else (
         lambda layer, s: layer.kind not in ("matmul", "embedding") or replication(s) <= cap)
     coster = Coster(profile, Cluster(case["nodes"], case["gpus"]))
     return Problem(g, coster, limit, signatures=signatures, require_fit=False, objective="comm", recipe="autoddl",
                    keep=keep)
+
+
+def fits_at_peak(pr: Problem, assign: list[int]) -> bool:
+    """Whether a plan fits the usable memory at its peak, the workspace included (``Problem.peak_memory``;
+    the "autoddl" recipe's own check, ``Problem.fits_plan``, is the per-layer sum): the check of every plan
+    the reproduction compares."""
+    return pr.device_limit is None or pr.peak_memory(assign) <= pr.device_limit
 
 
 def _megatron_make(case: dict, cap: int | None, row_first: bool):
@@ -119,7 +155,7 @@ def megatron(case: dict, pr: Problem, cap: int | None):
     orders = (False, True) if case["model"].startswith("vgg") else (False,)
     best = (None, math.inf, "")
     for row_first in orders:
-        a, cost, mesh = best_mesh(pr, _megatron_make(case, cap, row_first))
+        a, cost, mesh = best_mesh(pr, _megatron_make(case, cap, row_first), lambda a: fits_at_peak(pr, a))
         if a is not None and (best[0] is None or cost < best[1]):
             best = (a, cost, (f"d={mesh[0]}, t={mesh[1]}" + (", row-first" if row_first else "")) if mesh else "")
     return best
@@ -142,16 +178,17 @@ def baselines(case: dict, pr: Problem, overrides: dict, config: Config, cap: int
                     prob = _problem(case, overrides, config, (sig,))
                 except UserError:
                     continue
-                a, _, mesh = best_mesh(prob, lambda p, r, c: summa_assignment(p, r, c, sig))
+                a, _, mesh = best_mesh(prob, lambda p, r, c: summa_assignment(p, r, c, sig),
+                                       lambda a: fits_at_peak(prob, a))
                 if a is not None:
-                    out[label] = (prob.cost(a) if prob.fits_plan(a) else math.inf, prob.peak_memory(a),
+                    out[label] = (prob.cost(a) if fits_at_peak(prob, a) else math.inf, prob.peak_memory(a),
                                   f"{mesh[0]} x {mesh[1]}", prob, a)
             continue
         else:
             raise UserError(f"unknown baseline {name!r} in the AutoDDL cases")
         if a is None:
             continue
-        cost = prob.cost(a) if prob.fits_plan(a) else math.inf
+        cost = prob.cost(a) if fits_at_peak(prob, a) else math.inf
         out[name] = (cost, prob.peak_memory(a), detail, prob, a)
     return out
 
@@ -164,15 +201,23 @@ def breakdown(pr: Problem, assign: list[int]) -> dict:
     for layer in plan["layers"]:
         if layer["grad_sync_s"]:
             sync[layer["kind"]] = sync.get(layer["kind"], 0.0) + layer["grad_sync_s"] * layer["count"]
-    return {"grad_sync_s_by_kind": sync, "redistribution_s": plan["totals"]["redistribution_s"],
-            "total_s": plan["totals"]["total_s"]}
+    out = {"grad_sync_s_by_kind": sync, "redistribution_s": plan["totals"]["redistribution_s"],
+           "total_s": plan["totals"]["total_s"]}
+    tied = [v for v, t in enumerate(pr.tied) if t]
+    if tied and pr.embedding is not None:  # the logits' weight is the embedding's: its sync is counted twice
+        e = pr.choices[pr.embedding][assign[pr.embedding]]
+        out["tied_logits"] = {
+            "grad_sync_s": sum(float(pr.node_sync[v][assign[v]]) * pr.counts[v] for v in tied),
+            "placed_as_embedding": all(tied_saving(pr.choices[v][assign[v]], e, pr.cluster, pr.act_bytes,
+                                                   pr.mode).parameters > 0 for v in tied)}
+    return out
 
 
 def micro_batch_overrides(case: dict, config: Config):
     """(overrides, search here) of each micro-batch tried: the case's own, or (micro-batch "largest-fitting")
     the power-of-two divisors of the batch from the largest at which some plan fits downwards: the search at
-    the first ``config.micro_batches`` of them, the baselines at those and further down while some baseline
-    has no plan that fits (``needed()`` says so), to micro-batch 1."""
+    the first ``config.micro_batches`` of them (every one where None), the baselines at those and further down
+    while some baseline has no plan that fits (the value sent in says so), to micro-batch 1."""
     over = dict(case.get("overrides", {}))
     if case.get("micro_batch") != "largest-fitting":
         yield over, True
@@ -188,8 +233,9 @@ def micro_batch_overrides(case: dict, config: Config):
                 fits = False
             if fits:
                 tried += 1
-                more = yield o, tried <= config.micro_batches
-                if tried >= config.micro_batches and not more:
+                window = config.micro_batches
+                more = yield o, window is None or tried <= window
+                if window is not None and tried >= window and not more:
                     return
         mb //= 2
     if not tried:
@@ -217,7 +263,7 @@ def compare(case: dict, config: Config, cap: int | None) -> dict:
             rng = np.random.default_rng(0)
             res = search_fitting(spr, lambda p, start: make_search("cd").run(p, auto_budget(p), rng, start),
                                  warm if warm is not None and math.isfinite(warm_cost) else None)
-            if res is not None and spr.fits_plan(res.assignment) and (searched is None or res.cost < searched[0]):
+            if res is not None and fits_at_peak(spr, res.assignment) and (searched is None or res.cost < searched[0]):
                 searched = (res.cost, spr, res.assignment, res.stopped)
         try:
             step = gen.send(needed)
@@ -288,9 +334,9 @@ def sensitivity(case: dict, searched, fit: dict) -> list[dict]:
 
 
 def run_case(case: dict, config: Config = Config(), with_sensitivity: bool = True) -> dict:
-    """One case under ``config``: its row; transformer cases also without the p0 cap; with
-    ``with_sensitivity``, the reduction and verdict at each (alpha, beta) scaling of ``SENSITIVITY``
-    (``sensitivity``)."""
+    """One case under ``config``: its row; transformer cases also under each cap of ``ALTERNATIVE_P0_CAPS``
+    (``p0_caps``, keyed "4" and "none"); with ``with_sensitivity``, the reduction and verdict at each (alpha,
+    beta) scaling of ``SENSITIVITY`` (``sensitivity``)."""
     kind = case.get("kind", "reduction")
     row = {"id": case["id"], "section": case["section"], "kind": kind, "paper": case["paper"]}
     if kind == "not-modelled":
@@ -298,10 +344,12 @@ def run_case(case: dict, config: Config = Config(), with_sensitivity: bool = Tru
     t0 = time.process_time()
     if kind == "search":
         return dict(row, **_search_case(case), cpu_s=time.process_time() - t0)
+    cap = _capped(case, config.p0_cap)
     if kind == "attention-volume":
-        pr = _problem(case, dict(case.get("overrides", {})), config, cap=_capped(case, config.p0_cap))
-        return dict(row, **_attention_case(case, pr, _capped(case, config.p0_cap)), cpu_s=time.process_time() - t0)
-    res = compare(case, config, _capped(case, config.p0_cap))
+        row = dict(row, **_attention_case(case, config, cap))
+        return dict(row, **_other_caps(case, row, lambda c: _attention_case(case, config, c)),
+                    cpu_s=time.process_time() - t0)
+    res = compare(case, config, cap)
     searched, fit = res.pop("_plans")
     explain = {}
     if searched:
@@ -315,30 +363,53 @@ def run_case(case: dict, config: Config = Config(), with_sensitivity: bool = Tru
     if with_sensitivity:
         row["sensitivity"] = sensitivity(case, searched, fit)
         row["flips"] = any(x["status"] != row["status"] for x in row["sensitivity"])
-    if _capped(case, config.p0_cap) is not None:
-        alt = compare(case, config, None)
+
+    def other(c):
+        alt = compare(case, config, c)
         alt.pop("_plans")
-        row["without_p0_cap"] = {k: alt[k] for k in ("reduction_pct", "winner", "compared_with", "status",
-                                                       "micro_batch", "searched_s", "difference_pp")}
-    return dict(row, cpu_s=time.process_time() - t0)
+        return alt
+    return dict(row, **_other_caps(case, row, other), cpu_s=time.process_time() - t0)
 
 
-def _attention_case(case: dict, pr: Problem, cap: int | None) -> dict:
+def _other_caps(case: dict, row: dict, run) -> dict:
+    """{"p0_caps": {"4": ..., "none": ...}} on a transformer case: the verdict under each cap of
+    ``ALTERNATIVE_P0_CAPS`` (``run(cap)`` -> a row; the case's own where the cap is the same); {} elsewhere."""
+    if case["model"] != "gpt":
+        return {}
+    out = {}
+    for alt in ALTERNATIVE_P0_CAPS:
+        same = alt == row["p0_cap"] or alt is None and row["p0_cap"] >= case["nodes"] * case["gpus"]
+        r = row if same else run(alt)
+        out["none" if alt is None else str(alt)] = {k: r.get(k) for k in (
+            "p0_cap", "reduction_pct", "winner", "compared_with", "status", "micro_batch", "searched_s",
+            "difference_pp")}
+    return {"p0_caps": out}
+
+
+def _attention_case(case: dict, config: Config, cap: int | None) -> dict:
     """Fig. 3's measure, activation elements sent per device, searched plan against the best Megatron, scored
     on the whole transformer block (ln1 to the next ln1: the search minimises the whole step, and part of its
     traffic sits on the fc2 -> ln1 edge, outside the paper's ln1 -> ln2 window); the window's figure beside."""
     from autotune.sbp.volume import ATTENTION, BLOCK, attention_volume
+    pr = _problem(case, dict(case.get("overrides", {})), config, cap=cap)
     pr.require_fit()
     mega, _, mesh = megatron(case, pr, cap)
     rng = np.random.default_rng(0)
     res = search_fitting(pr, lambda p, start: make_search("cd").run(p, auto_budget(p), rng, start), mega)
+    peak = pr.peak_memory(res.assignment) / GI
+    if not fits_at_peak(pr, res.assignment):
+        return {"p0_cap": cap, "micro_batch": pr.graph.micro_batch, "winner": "Megatron", "reduction_pct": None,
+                "difference_pp": None, "searched_memory_gib": peak,
+                "detail": f"the searched plan needs {peak:.2f} GiB at its peak, over the "
+                          f"{pr.device_limit / GI:.2f} GiB usable", "status": "fail"}
     ours, theirs = attention_volume(pr, res.assignment, BLOCK), attention_volume(pr, mega, BLOCK)
     win_ours, win_theirs = attention_volume(pr, res.assignment, ATTENTION), attention_volume(pr, mega, ATTENTION)
     reduction = (1 - ours / theirs) * 100
     ok = abs(reduction - case["paper"]["reduction_pct"]) <= TOLERANCE_PP
     gi = pr.mb / 2**30
-    return {"micro_batch": pr.graph.micro_batch, "winner": "AutoDDL" if reduction > 1 else "Megatron",
-            "reduction_pct": reduction, "difference_pp": reduction - case["paper"]["reduction_pct"],
+    return {"p0_cap": cap, "micro_batch": pr.graph.micro_batch,
+            "winner": "AutoDDL" if reduction > 1 else "Megatron", "reduction_pct": reduction,
+            "searched_memory_gib": peak, "difference_pp": reduction - case["paper"]["reduction_pct"],
             "window_reduction_pct": (1 - win_ours / win_theirs) * 100,
             "detail": f"activation elements per device and batch, forward and backward, whole block: searched "
                       f"{ours * gi:.3g} Gi, Megatron {mesh} {theirs * gi:.3g} Gi; ln1 -> ln2 window: "
@@ -374,7 +445,8 @@ def previous_statuses(path: Path | None) -> dict[str, str]:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read the previous record {str(path)!r} ({e}): give a reproduce.json") from None
-    check_header(d, RECORD, (1, VERSION), "reproduction record", "give a reproduce.json of this command", str(path))
+    check_header(d, RECORD, tuple(range(1, VERSION + 1)), "reproduction record",
+                 "give a reproduce.json of this command", str(path))
     rows = d.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("id"), str)
                                              and isinstance(r.get("status"), str) for r in rows):
@@ -385,6 +457,19 @@ def previous_statuses(path: Path | None) -> dict[str, str]:
 def regressions(rows: list[dict], previous: dict[str, str]) -> list[str]:
     """Cases that passed in ``previous`` and fail in ``rows``."""
     return [r["id"] for r in rows if r["status"] == "fail" and previous.get(r["id"]) == "pass"]
+
+
+def _cap_cell(alt: dict | None) -> str:
+    if alt is None:
+        return "-"
+    if alt["reduction_pct"] is None:
+        return f"no searched plan fits ({alt['status']})"
+    return f"{-alt['reduction_pct']:+.1f}% ({alt['status']})"
+
+
+def passes_by_cap(rows: list[dict]) -> dict[str, int]:
+    """Cases passing under each cap of ``ALTERNATIVE_P0_CAPS`` (a case without one: its own status)."""
+    return {k: sum((r.get("p0_caps", {}).get(k) or r)["status"] == "pass" for r in rows) for k in ("4", "none")}
 
 
 def table(rows: list[dict]) -> list[dict]:
@@ -403,9 +488,10 @@ def table(rows: list[dict]) -> list[dict]:
             + (f" ({r['detail']})" if r.get("detail") else ""),
             "difference pp": "-" if r.get("difference_pp") is None else f"{r['difference_pp']:+.1f}",
             "micro-batch": r.get("micro_batch", "-"),
-            "status": r["status"] + (" (flips)" if r.get("flips") else ""),
-            "without p0 cap": "-" if "without_p0_cap" not in r or r["without_p0_cap"]["reduction_pct"] is None else
-            f"{-r['without_p0_cap']['reduction_pct']:+.1f}% ({r['without_p0_cap']['status']})",
+            "status": r["status"] + (" (flips)" if r.get("flips") else "")
+            + (" (p0 cap)" if any(v["status"] != r["status"] for v in r.get("p0_caps", {}).values()) else ""),
+            "p0 cap": "-" if r.get("p0_cap") is None else r["p0_cap"],
+            **{f"p0 cap {k}": _cap_cell(r.get("p0_caps", {}).get(k)) for k in ("4", "none")},
             "sensitivity": "-" if "sensitivity" not in r else "alpha, beta scaled: " + ", ".join(
                 f"a x{s['alpha_scale']:g} b x{s['beta_scale']:g}: "
                 + ("-" if s["reduction_pct"] is None else f"{-s['reduction_pct']:+.1f}%") + f" {s['status']}"

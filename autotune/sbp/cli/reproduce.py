@@ -6,14 +6,17 @@ objective (the paper's) and compared with the paper's figure: the winner and
 the communication saved against the best baseline that fits. A case passes when
 the winner is the paper's and the reduction is within 10 percentage points.
 Writes ``reproduce.json`` (a versioned record) and prints the table. One
-configuration for every case (``autotune.sbp.reproduce.Config``: p0 cap 4 on the
-transformer cases, reported without it too; baselines and search over meshes,
-micro-batches and VGG Megatron's layer order; memory against the profile's usable
-capacity, workspace included) and, per case, the verdict with alpha or beta
-halved and doubled (a verdict that flips is marked). Exits 1 when a case fails
-that passed in the previous record (``--previous``: a regression), else 0.
+configuration for every case (``autotune.sbp.reproduce.Config``: the p0 cap on the
+transformer cases from the memory the parameters and optimizer states need,
+reported under cap 4 and without a cap too; baselines and search over meshes,
+micro-batches and VGG Megatron's layer order; every compared plan within the
+profile's usable memory at its peak, workspace included) and, per case, the
+verdict with alpha or beta halved and doubled (a verdict that flips is marked).
+Exits 1 when a case fails that passed in the previous record (``--previous``: a
+regression), else 0.
 
     python -m autotune reproduce autoddl [--case ID ...] [--out DIR] [--previous FILE] [--no-sensitivity]
+        [--p0-cap memory|N|0]
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from calibrate.lock import DirLock
 from calibrate.outputs import check_output_path
 
 from autotune.sbp.reproduce import (RECORD, TOLERANCE_PP, VERSION, Config, latest_record, load_cases,
-                                    previous_statuses, regressions, run_case, table)
+                                    passes_by_cap, previous_statuses, regressions, run_case, table)
 
 
 def main(argv=None) -> int:
@@ -38,10 +41,11 @@ def main(argv=None) -> int:
                     help="the last recorded run (reproduce.json) to compare with; default the newest "
                          "reports/records/sbp_reproduce_*.json of this repository")
     ap.add_argument("--no-sensitivity", action="store_true", help="skip the alpha-beta sensitivity runs")
-    ap.add_argument("--p0-cap", type=int, default=Config.p0_cap,
-                    help="most devices a transformer weight is replicated over (0: no cap)")
+    ap.add_argument("--p0-cap", default=Config.p0_cap,
+                    help="most devices a transformer weight is replicated over: 'memory' (default: per case, the "
+                         "most at which the parameters and optimizer states fit), a number, or 0 (no cap)")
     args = ap.parse_args(argv)
-    config = Config(p0_cap=args.p0_cap or None)
+    config = Config(p0_cap=_p0_cap(args.p0_cap))
     prev = previous_statuses(Path(args.previous) if args.previous else latest_record())
     cases = load_cases()
     ids = [c["id"] for c in cases]
@@ -58,6 +62,18 @@ def main(argv=None) -> int:
         return _reproduce(args, config, prev, cases, out)
 
 
+def _p0_cap(text: str) -> int | str | None:
+    if text == "memory":
+        return text
+    try:
+        cap = int(text)
+    except ValueError:
+        cap = -1
+    if cap < 0:
+        raise UserError(f"--p0-cap {text!r}: give 'memory', a number of devices, or 0 for no cap")
+    return cap or None
+
+
 def _reproduce(args, config: Config, prev, cases: list[dict], out: Path) -> int:
     rows = []
     for c in cases:
@@ -68,12 +84,13 @@ def _reproduce(args, config: Config, prev, cases: list[dict], out: Path) -> int:
         t = table(rows[-1:])[0]
         print(f"  paper: {t['paper']}\n  ours:  {t['ours']}\n  difference {t['difference pp']} pp: {t['status']}"
               + (f"\n  {t['sensitivity']}" if t["sensitivity"] != "-" else ""), flush=True)
-    path = write_json(out / "reproduce.json", {"kind": RECORD, "version": VERSION,
-                                               "config": {"p0_cap": config.p0_cap, "micro_batches": config.micro_batches},
+    config_fields = {"p0_cap": config.p0_cap, "micro_batches": config.micro_batches}
+    path = write_json(out / "reproduce.json", {"kind": RECORD, "version": VERSION, "config": config_fields,
                                                "rows": rows}, "reproduction record")
     passed = sum(r["status"] == "pass" for r in rows)
     lost = regressions(rows, prev)
-    print(f"{passed}/{len(rows)} cases pass (same winner, reduction within {TOLERANCE_PP:g} pp); "
+    others = ", ".join(f"{n} under p0 cap {k}" for k, n in passes_by_cap(rows).items())
+    print(f"{passed}/{len(rows)} cases pass (same winner, reduction within {TOLERANCE_PP:g} pp; {others}); "
           + (f"REGRESSION: {', '.join(lost)} passed in the previous record and fail now" if lost
              else "no regression against the previous record" if prev else "no previous record to compare with")
           + f"; wrote {path}")
