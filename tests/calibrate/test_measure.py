@@ -155,3 +155,79 @@ def test_engine_on_mpi_ranks():
     # one rank's failure to start is every rank's row
     assert arms["refused"]["status"] == "failed" and "rank 1" in arms["refused"]["reason"]
     assert got["order"][1][0] == "mpi-allgather"
+
+
+# -- the engine over torch.distributed ranks (gloo): TorchGroup, and the execute replay on it ------
+def _torch_ranks(rank, port, out):
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from autotune.execute.replay import _wall
+    from calibrate.measure.engine import Arm, TorchGroup
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+
+    class AllReduce(Arm):
+        """The sum over ranks by gloo; ``fault_from``: from that call on rank 1 corrupts one element."""
+
+        def __init__(self, fault_from=0):
+            self.buf, self.calls, self.fault_from = torch.zeros(64, dtype=torch.float64), 0, fault_from
+
+        def _input(self, seed, r):
+            return torch.rand(64, generator=torch.Generator().manual_seed(seed * 7 + r), dtype=torch.float64)
+
+        def call(self):
+            self.calls += 1
+            dist.all_reduce(self.buf)
+            if self.fault_from and rank == 1 and self.calls >= self.fault_from:
+                self.buf[0] += 1
+
+        def check(self, seed):
+            self.buf.copy_(self._input(seed, rank))
+            self.call()
+            want = self._input(seed, 0) + self._input(seed, 1)
+            return int((~torch.isclose(self.buf, want)).sum())
+
+    def refused():
+        if rank == 1:
+            raise ImportError("no such library on rank 1")
+        return AllReduce()
+
+    group = TorchGroup(torch.device("cpu"))
+    res = compare(group, [("gloo", AllReduce), ("planted", lambda: AllReduce(fault_from=2)), ("refused", refused)],
+                  Options("host", **FAST, seed=3))
+    buf = torch.zeros(1024)
+    d = types.SimpleNamespace(is_gpu=False, device=torch.device("cpu"))
+    walls = _wall([lambda: dist.all_reduce(buf)], [], d, 3)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"comparison": res.to_dict(), "walls": walls, "max": group.max(
+            np.asarray([float(rank), 5.0])).tolist(), "sum": group.sum(rank + 1)}))
+    else:
+        group.max(np.asarray([float(rank), 5.0]))
+        group.sum(rank + 1)
+    dist.destroy_process_group()
+
+
+def test_engine_on_torch_distributed_ranks(tmp_path):
+    import socket
+
+    torch = pytest.importorskip("torch")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out.json"
+    torch.multiprocessing.spawn(_torch_ranks, args=(port, str(out)), nprocs=2)
+    got = json.loads(out.read_text())
+    arms = {a["name"]: a for a in got["comparison"]["arms"]}
+    assert arms["gloo"]["status"] == "ok" and arms["gloo"]["wrong_before"] == 0 == arms["gloo"]["wrong_after"]
+    # rank 1 corrupts one element from its second call: found only after the timed calls
+    assert arms["planted"]["wrong_before"] == 0 and arms["planted"]["wrong_after"] == 1
+    assert arms["planted"]["status"] == "wrong" and arms["planted"]["median_s"] is None
+    assert arms["refused"]["status"] == "failed" and "rank 1" in arms["refused"]["reason"]
+    assert got["max"] == [1.0, 5.0] and got["sum"] == 3
+    boxing, sync = got["walls"]
+    assert boxing > 0 and sync == 0.0
