@@ -124,12 +124,22 @@ def _compute_eval(path: Path, d: dict) -> str:
     return "\n".join(lines)
 
 
+def _peers(path: Path, d: dict) -> str:
+    from kernels.interp import peer_table
+
+    r = peer_table.load(path)
+    summary = peer_table.summarize(r["rows"])
+    targets = peer_table.targets_text(peer_table.targets(summary, r.get("peers", {})))
+    return "```\n" + peer_table.table(summary) + "\n```\n\n" + "\n".join(f"- {t}" for t in targets.splitlines())
+
+
 RENDERERS = {
     "commtune.nccl-tune": ("development", lambda p, d: _nccl(p, d, False)),
     "commtune.nccl-evaluate": ("evaluation", lambda p, d: _nccl(p, d, True)),
     "schedule-tune": ("development", _schedule_dev),
     "commtune.schedule-evaluate": ("evaluation", _schedule_eval),
     "calibrate.compute-evaluate": ("evaluation", _compute_eval),
+    "commtune.interp-peers": ("development", _peers),   # "basis" evaluation: a --heldout run
 }
 
 
@@ -141,6 +151,7 @@ def render(path: str | Path) -> str:
     if kind not in RENDERERS:
         raise UserError(f"{str(path)!r} is of kind {kind!r}; tables are rendered for {', '.join(RENDERERS)}")
     basis, fn = RENDERERS[kind]
+    basis = d.get("basis") if d.get("basis") in ("development", "evaluation") else basis
     return f"Rendered from `{path.name}`: {_provenance(kind, basis, d)}.\n\n{fn(path, d)}\n"
 
 
