@@ -408,7 +408,7 @@ def main(argv=None) -> int:
                    launch_s=f"measured: one-element kernel, {launch * 1e6:.1f} us")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     profile.compute = ComputeModel(
-        source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
+        source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} isolated runs, or of 3 batches of them back to back (calibrate.measure)",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
         op_Bps=ops, sdpa=sdpa, layer_s=layers)
