@@ -41,6 +41,13 @@ def test_geomean_ratio_and_the_one_sign_of_relative_error():
     assert stats.ratio_ci((10, 12), (4, 5)) == pytest.approx((2.0, 3.0))
 
 
+def test_summary_of_samples():
+    s = stats.summarize([float(x) for x in range(1, 21)])
+    # 20 samples: median 10.5; p95 by linear interpolation 19.05; Binomial(20, 1/2) interval x_(6)..x_(15)
+    assert (s["n"], s["median_s"], s["min_s"], s["max_s"]) == (20, 10.5, 1.0, 20.0)
+    assert s["p95_s"] == pytest.approx(19.05) and (s["ci_lo_s"], s["ci_hi_s"]) == (6.0, 15.0)
+
+
 def test_rank_correlations():
     from scipy.stats import kendalltau
 
