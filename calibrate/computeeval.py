@@ -49,7 +49,7 @@ class Grid:
 def _log_uniform(rng, lo: int, hi: int, unit: int) -> int:
     first, last = math.ceil(lo / unit) * unit, hi // unit * unit
     if first > last:
-        raise OptionError("heldout", f"no multiple of {unit} lies between {lo} and {hi}: widen the range")
+        raise OptionError("unit", f"{unit}: no multiple of it lies between {lo} and {hi}: lower it or widen the range")
     return int(min(max(round(math.exp(rng.uniform(math.log(first), math.log(last))) / unit) * unit, first), last))
 
 
@@ -61,8 +61,8 @@ def _draw(count: int, what: str, draw_one, taken: set) -> list[list[int]]:
             picked[x] = None
         if len(picked) == count:
             return [list(x) for x in picked]
-    raise OptionError("heldout", f"{count} {what} shapes off the development grid cannot be drawn from these ranges: "
-                                 f"widen them or hold out fewer")
+    raise OptionError("count", f"{count}: that many {what} shapes off the development grid cannot be drawn from "
+                               f"these ranges: widen them or hold out fewer")
 
 
 def draw_shapes(grid: Grid, seed: int, count: int, matmul_range: tuple[int, int], seq_range: tuple[int, int],
@@ -72,10 +72,10 @@ def draw_shapes(grid: Grid, seed: int, count: int, matmul_range: tuple[int, int]
     ``seq_range`` (multiples of 64), heads from ``SDPA_HEADS``, batch ``tokens`` // sequence; and the
     layer sizes given (tokens, hidden), none the grid's."""
     if count < 1:
-        raise OptionError("heldout", f"must hold out at least 1 shape of each, got {count}")
+        raise OptionError("count", f"must be at least 1 (shapes held out of each), got {count}")
     on_grid = [list(x) for x in layers if tuple(x) in set(grid.layers)]
     if on_grid:
-        raise OptionError("heldout", f"layer sizes {on_grid} are development's: hold out other (tokens, hidden)")
+        raise OptionError("layers", f"{on_grid}: development measures these sizes: hold out other (tokens, hidden)")
     rng = np.random.default_rng([seed, 0])
     matmul = _draw(count, "matmul", lambda: tuple(_log_uniform(rng, *matmul_range, unit) for _ in range(3)),
                    set(grid.matmul))

@@ -51,7 +51,7 @@ def test_declared_shapes_are_off_the_grid_and_hashed(declared):
 
 def test_a_shape_on_the_grid_cannot_be_held_out(tmp_path):
     grid = development_grid()
-    with pytest.raises(UserError, match="development's"):
+    with pytest.raises(UserError, match="development measures these sizes"):
         draw_shapes(grid, 0, 1, (32, 64), (64, 128), 256, [grid.layers[0]], 16)
     # only grid shapes to draw from: refused, not silently short
     with pytest.raises(UserError, match="cannot be drawn"):
