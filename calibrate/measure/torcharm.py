@@ -20,6 +20,21 @@ from typing import Callable
 from calibrate.measure.engine import Arm, Options, Solo, TimingMode, compare
 
 
+def mark(torch, cuda: bool):
+    """A point on the device's timeline: a CUDA event recorded on the current stream, or (``cuda``
+    False: every op is done when it returns) the host's clock."""
+    if not cuda:
+        return time.perf_counter()
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
+
+
+def span(a, b, cuda: bool) -> float:
+    """Seconds from mark ``a`` to mark ``b`` (on a GPU, once both events have completed)."""
+    return a.elapsed_time(b) / 1e3 if cuda else b - a
+
+
 class TorchArm(Arm):
     def __init__(self, torch, device, fn: Callable[[int], object], between: Callable[[], object] | None = None,
                  verify: Callable[[int, Callable], int] | None = None):
@@ -28,20 +43,10 @@ class TorchArm(Arm):
         self.cuda = self.device.type == "cuda"
         self.i = 0
 
-    def _mark(self):
-        if not self.cuda:
-            return time.perf_counter()
-        e = self.torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
-
-    def _span(self, a, b) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
-
     def _one(self) -> tuple:
-        a = self._mark()
+        a = mark(self.torch, self.cuda)
         self.fn(self.i)
-        b = self._mark()
+        b = mark(self.torch, self.cuda)
         self.i += 1
         if self.between is not None:
             self.between()
@@ -63,7 +68,7 @@ class TorchArm(Arm):
         def run() -> float:
             marks = [self._one() for _ in range(calls)]
             self.synchronize()
-            return sum(self._span(a, b) for a, b in marks)
+            return sum(span(a, b, self.cuda) for a, b in marks)
         return run
 
 
