@@ -37,6 +37,7 @@ def test_geomean_ratio_and_the_one_sign_of_relative_error():
     assert stats.rel_err(110, 100) == pytest.approx(0.10)    # model too high: positive
     assert stats.rel_err(90, 100) == pytest.approx(-0.10)
     assert stats.rel_err(1, 0) is None and stats.rel_err(None, 1) is None
+    assert stats.rel_err_pct(90, 100) == pytest.approx(-10.0) and math.isnan(stats.rel_err_pct(1, 0))
     assert stats.ratio(12, 10) == pytest.approx(1.2) and stats.ratio(None, 1) is None
     assert stats.ratio_ci((10, 12), (4, 5)) == pytest.approx((2.0, 3.0))
 
