@@ -46,6 +46,7 @@ from scipy.optimize import nnls
 
 from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.errors import OptionError, UserError
+from calibrate.measure import stats
 from calibrate.profile import METHODS, Segment, segments_time
 from calibrate.refine import FLOOR, RESOLUTION, Point, flag_steps
 
@@ -269,7 +270,7 @@ def holdout(coll: Collective, p: int, n, t, max_segments: int = 4, min_points: i
     lt, lp = np.log(t[test]), np.log(np.maximum(pred, 1e-15))
     ss_tot = float(((lt - lt.mean()) ** 2).sum())
     r2 = 1 - float(((lt - lp) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
-    return Validation(len(test), float(np.median(rel)), float(rel.max()), r2,
+    return Validation(len(test), stats.median(rel), float(rel.max()), r2,
                       list(zip(n[test].tolist(), t[test].tolist(), pred.tolist())))
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ import numpy as np
 from calibrate.collectives import Collective
 from calibrate.errors import OptionError, UserError
 from calibrate.jsonfile import write_json
+from calibrate.measure import stats
 from calibrate.profile import Group, Profile
 from calibrate.records import Record
 
@@ -124,7 +124,7 @@ def flag_outliers(items: list[Timed], slow: float) -> None:
     the profile's bandwidth is not suspect, however much faster its peers happen to be."""
     if not items:
         return
-    typical = statistics.median(t.measured_s for t in items) if len(items) >= 3 else None
+    typical = stats.median(t.measured_s for t in items) if len(items) >= 3 else None
     for t in items:
         t.slow = t.measured_s > slow * (typical if typical is not None else t.expected_s) \
             and t.measured_s > t.expected_s
@@ -221,7 +221,7 @@ def _rings(world, rings: list[list[int]], nbytes: int, iters: int, warmup: int) 
         world.Sendrecv(buf, dest=mine[(k + 1) % len(mine)], recvbuf=out, source=mine[(k - 1) % len(mine)])
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    return float(np.median(times)) if mine is not None else None
+    return stats.median(times) if mine is not None else None
 
 
 def _node_rings(world, node_ranks: list[list[int]], groups: list[list[int]], cfg: HealthConfig) -> list[float]:

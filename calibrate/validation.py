@@ -11,6 +11,7 @@ import pandas as pd
 
 from calibrate.collectives import Collective
 from calibrate.errors import OptionError
+from calibrate.measure.stats import rel_err_pct
 from calibrate.profile import Group, Profile
 from calibrate.sizes import snap
 
@@ -51,7 +52,7 @@ def compare(profile: Profile, stats: pd.DataFrame, min_bytes: int = 0) -> pd.Dat
         pred = profile.time(r["collective"], float(r["bytes"]), Group(int(r["ranks"]), int(r["nodes"])))
         rows.append({"tier": r["tier"], "collective": r["collective"], "p": int(r["ranks"]),
                      "bytes": int(r["bytes"]), "measured_us": r["median_s"] * 1e6,
-                     "predicted_us": pred * 1e6, "error_%": (pred - r["median_s"]) / r["median_s"] * 100})
+                     "predicted_us": pred * 1e6, "error_%": rel_err_pct(pred, r["median_s"])})
     return pd.DataFrame(rows)
 
 

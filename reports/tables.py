@@ -116,22 +116,53 @@ def _schedule_eval(path: Path, d: dict) -> str:
     return "\n".join(lines)
 
 
+def _compute_eval(path: Path, d: dict) -> str:
+    from calibrate.computeeval import EvaluateRecord, pct, summary
+
+    r = EvaluateRecord.load(path)
+    lines = ["| item | shape | part | predicted us | measured us | error | status |", "|---|---|---|---|---|---|---|"]
+    for row in r.rows:
+        us = [None if x is None else x * 1e6 for x in (row.predicted_s, row.measured_s)]
+        status = row.status + (f" ({row.reason})" if row.reason else "")
+        lines.append(f"| {row.item} | {row.shape} | {row.part} | {_f(us[0], '.1f')} | {_f(us[1], '.1f')} | "
+                     f"{pct(row.rel_err)} | {status} |")
+    lines += ["", "Error: (predicted - measured) / measured, positive where the model is too slow."]
+    for part, s in summary(r.rows).items():
+        lines.append(f"- {part}: {s['measured']} of {s['rows']} measured; median error {pct(s['median_err'])}, "
+                     f"median |error| {pct(s['median_abs_err'], '')}, worst |error| {pct(s['worst_abs_err'], '')}; Spearman "
+                     f"{_f(s['spearman'], '.3f')}, Kendall {_f(s['kendall'], '.3f')}"
+                     + (f"; {len(s['missing'])} without a figure (the rows say why)" if s["missing"] else ""))
+    return "\n".join(lines)
+
+
+def _peers(path: Path, d: dict) -> str:
+    from kernels.interp import peer_table
+
+    r = peer_table.load(path)
+    summary = peer_table.summarize(r["rows"])
+    targets = peer_table.targets_text(peer_table.targets(summary, r.get("peers", {})))
+    return "```\n" + peer_table.table(summary) + "\n```\n\n" + "\n".join(f"- {t}" for t in targets.splitlines())
+
+
 RENDERERS = {
     "commtune.nccl-tune": ("development", lambda p, d: _nccl(p, d, False)),
     "commtune.nccl-evaluate": ("evaluation", lambda p, d: _nccl(p, d, True)),
     "schedule-tune": ("development", _schedule_dev),
     "commtune.schedule-evaluate": ("evaluation", _schedule_eval),
+    "calibrate.compute-evaluate": ("evaluation", _compute_eval),
+    "commtune.interp-peers": ("development", _peers),   # "basis" evaluation: a --heldout run
 }
 
 
 def render(path: str | Path) -> str:
     """The provenance line and the table of one record."""
     path = Path(path)
-    d = read_json(path, "record", "give a JSON record of autotune nccl or autotune schedule")
+    d = read_json(path, "record", "give a JSON record of autotune nccl, autotune schedule or calibrate compute evaluate")
     kind = kind_of(d)
     if kind not in RENDERERS:
         raise UserError(f"{str(path)!r} is of kind {kind!r}; tables are rendered for {', '.join(RENDERERS)}")
     basis, fn = RENDERERS[kind]
+    basis = d.get("basis") if d.get("basis") in ("development", "evaluation") else basis
     return f"Rendered from `{path.name}`: {_provenance(kind, basis, d)}.\n\n{fn(path, d)}\n"
 
 

@@ -14,24 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 
 from autotune.execute.layout import torch
+from calibrate.measure.torcharm import mark as device_mark, span
 
 
 def mark(gpu: bool):
-    """A point on the device's timeline: a CUDA event recorded on the current stream on GPUs, the
-    host's clock on CPUs."""
-    if not gpu:
-        return time.perf_counter()
-    e = torch.cuda.Event(enable_timing=True)
-    e.record()
-    return e
-
-
-def span(a, b, gpu: bool) -> float:
-    """Seconds from mark ``a`` to mark ``b`` (on GPUs, once both events have completed)."""
-    return a.elapsed_time(b) / 1e3 if gpu else b - a
+    """A point on the device's timeline (``calibrate.measure.torcharm.mark``: a CUDA event on GPUs,
+    the host's clock on CPUs)."""
+    return device_mark(torch, gpu)
 
 
 class LayerClock:

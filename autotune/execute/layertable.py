@@ -4,7 +4,8 @@ in-boxing included), the optimizer step, and what the layers leave of the step (
 the loss's sync, the wait for the gradient sync, the gaps between kernels)."""
 from __future__ import annotations
 
-from autotune.execute.result import fmt_ms, fmt_pct, rel_err
+from autotune.execute.result import fmt_ms, fmt_pct
+from calibrate.measure.stats import rel_err
 
 
 def layer_rows(rec: dict) -> list[dict]:

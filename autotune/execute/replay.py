@@ -5,8 +5,9 @@ shapes, through the same code (``layout.redistribute``, ``ops.max_over``,
 
 Two figures per step. The wall figure: the boxings (redistribution, the plan's
 ``redistribution_s``) then the gradient all-reduces (``grad_sync_s``) timed as
-two sequences between CUDA events (wall clock after a barrier on CPUs), one
-repetition to warm up, the median of the rest, the slowest device; it includes
+two arms of the measurement engine (``calibrate.measure``: interleaved in rounds, a
+barrier before each, the host clock around a synchronised call, one call to warm up),
+the slowest device each round, the median; it includes
 the host's time to issue each call (DTensor's dispatch), during which the GPU
 idles. The kernel figure (GPUs): the same sequences under the torch profiler,
 each NCCL kernel's duration, the minimum over the devices (a kernel on the
@@ -16,12 +17,10 @@ the plan's alpha-beta costs predict.
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 from autotune.execute.commlog import Call
 from autotune.execute.layout import redistribute, torch
 from autotune.execute.ops import max_over
+from calibrate.measure.engine import Arm, Options, TimingMode, TorchGroup, compare
 
 dist = torch.distributed
 REPS = 5
@@ -37,30 +36,34 @@ def _runner(call: Call, d, ctx):
     return lambda: dist.all_reduce(buf, group=group)
 
 
-def _timed(fns, d) -> float:
-    if not fns:
-        return 0.0
-    if d.is_gpu:
-        torch.cuda.synchronize(d.device)
-    dist.barrier()
-    if d.is_gpu:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for f in fns:
+class _Sequence(Arm):
+    """One of the step's two sequences as an arm of the measurement engine: a call runs it once,
+    synchronously issued; its wall time includes the host's time to issue each collective."""
+
+    def __init__(self, fns, d):
+        self.fns, self.d = fns, d
+
+    def call(self) -> None:
+        for f in self.fns:
             f()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    for f in fns:
-        f()
-    return time.perf_counter() - t0
+
+    def synchronize(self) -> None:
+        if self.d.is_gpu:
+            torch.cuda.synchronize(self.d.device)
 
 
-def _slowest(x: float, d) -> float:
-    t = torch.tensor([x], dtype=torch.float64, device=d.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+def _wall(boxing, sync, d, reps: int) -> tuple[float, float]:
+    """Seconds of each sequence: the two interleaved in ``reps`` rounds, one call a round after a
+    barrier, one call to warm up, the maximum over the ranks, the median (``calibrate.measure``)."""
+    arms = [(name, lambda fns=fns: _Sequence(fns, d)) for name, fns in (("boxing", boxing), ("sync", sync)) if fns]
+    if not arms:
+        return 0.0, 0.0
+    res = compare(TorchGroup(d.device), arms, Options(TimingMode.HOST, rounds=reps, calls=1, min_batch_s=0.0,
+                                                      warmup=1, check=False))
+    bad = [f"{n}: {a.reason}" for n, a in res.arms.items() if not a.ok]
+    if bad:
+        raise RuntimeError(f"replaying the step's collectives failed: {'; '.join(bad)}")
+    return tuple(res[n].median_s if n in res.arms else 0.0 for n in ("boxing", "sync"))
 
 
 def _kernel_seconds(fns, d, reps: int) -> float | None:
@@ -90,13 +93,7 @@ def replay(calls: list[Call], d, ctx, reps: int = REPS) -> dict:
     """{"comm_alone_s", "redistribution_alone_s", "grad_sync_alone_s", "comm_calls"} of the recorded step."""
     boxing = [_runner(c, d, ctx) for c in calls if c.kind != "allreduce"]
     sync = [_runner(c, d, ctx) for c in calls if c.kind == "allreduce"]
-    red, grad = [], []
-    for r in range(reps + 1):
-        a, b = _timed(boxing, d), _timed(sync, d)
-        if r:
-            red.append(a)
-            grad.append(b)
-    red_s, grad_s = _slowest(statistics.median(red), d), _slowest(statistics.median(grad), d)
+    red_s, grad_s = _wall(boxing, sync, d, reps)
     red_k, grad_k = _kernel_seconds(boxing, d, reps), _kernel_seconds(sync, d, reps)
     counts: dict[str, int] = {}
     for c in calls:
@@ -106,7 +103,7 @@ def replay(calls: list[Call], d, ctx, reps: int = REPS) -> dict:
     if red_k is None:  # CPUs: the wall figure is the one there is
         out.update(comm_alone_s=red_s + grad_s, redistribution_alone_s=red_s, grad_sync_alone_s=grad_s,
                    comm_alone_source=f"the step's {len(calls)} collectives replayed alone, synchronously, wall clock, "
-                                     f"median of {reps}")
+                                     f"the slowest rank, median of {reps} rounds")
     else:
         out.update(comm_alone_s=red_k + grad_k, redistribution_alone_s=red_k, grad_sync_alone_s=grad_k,
                    comm_alone_source=f"the step's {len(calls)} collectives replayed alone: NCCL kernel time, the "

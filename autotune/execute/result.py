@@ -1,5 +1,6 @@
 """Result records of executed plans, the predicted-against-measured table and the
-targets of issue 15 (pure Python: no torch)."""
+targets of issue 15 (pure Python: no torch). An error is ``calibrate.measure.stats.rel_err``,
+(predicted - measured) / measured: positive where the prediction is too high."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
+from calibrate.measure.stats import rel_err, spearman
 from calibrate.records import load_record
 
 KIND = "commtune.execute-result"
@@ -82,12 +84,6 @@ def check_result(d: dict, origin: str) -> dict:
     return d
 
 
-def rel_err(pred, meas):
-    if pred is None or meas is None or pred <= 0:
-        return None
-    return meas / pred - 1.0
-
-
 def rows(records: list[dict]) -> list[dict]:
     out = []
     for r in records:
@@ -108,16 +104,6 @@ def rows(records: list[dict]) -> list[dict]:
             "loss_first": m["losses"][0], "loss_last": m["losses"][-1],
         })
     return out
-
-
-def spearman(xs, ys) -> float | None:
-    pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
-    if len(pairs) < 3:
-        return None
-    from scipy.stats import spearmanr
-
-    rho = spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic
-    return None if rho is None or math.isnan(rho) else float(rho)
 
 
 def targets(table: list[dict], searched_prefix: str = "searched") -> dict:

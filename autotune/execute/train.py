@@ -32,7 +32,6 @@ the forward/backward and of the optimizer step of one step apart; the loss.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 
 from autotune.execute import trace
@@ -41,6 +40,8 @@ from autotune.execute.data import batch
 from autotune.execute.layerclock import LayerClock, mark, span
 from autotune.execute.layout import torch
 from autotune.sbp.sbp import B
+from calibrate.measure import stats
+from calibrate.measure.engine import TorchGroup
 
 dist = torch.distributed
 
@@ -153,10 +154,10 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.d.device)
         losses, times, issue, clock = self._steps(0, steps, probe, progress, clock_at=min(warmup, steps - 1))
         timed = times[warmup:] or times
-        step_s = _slowest(statistics.median(timed), self.d)
+        step_s = _slowest(stats.median(timed), self.d)
         phases = {k: _slowest(float(v), self.d) for k, v in probe.items()} if self.d.is_gpu else None
         peak = self._peak_memory(max(v for k, v in probe.items() if k != "allocated_at_start") if probe else 0)
-        host_s = _slowest(statistics.median(issue[warmup:] or issue), self.d)
+        host_s = _slowest(stats.median(issue[warmup:] or issue), self.d)
         out = {"losses": losses, "step_times_s": times, "step_s": step_s, "host_issue_s": host_s,
                "peak_memory_bytes": peak,
                "peak_memory_phases_bytes": phases, "comm_s": None, "comm_source": "not profiled",
@@ -199,9 +200,8 @@ class Trainer:
         """The layer clock's figures, each the largest over the devices."""
         vals = [v for layer in res["layers"] for v in (layer["forward_s"], layer["backward_s"])] + \
             [res["optimizer_s"], res["step_s"]]
-        t = torch.tensor([-1.0 if v is None else v for v in vals], dtype=torch.float64, device=self.d.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        out = [None if x < 0 else x for x in t.tolist()]
+        slowest = TorchGroup(self.d.device).max([-1.0 if v is None else v for v in vals])
+        out = [None if x < 0 else float(x) for x in slowest]
         for i, layer in enumerate(res["layers"]):
             layer["forward_s"], layer["backward_s"] = out[2 * i], out[2 * i + 1]
         return {"layers": res["layers"], "optimizer_s": out[-2], "step_s": out[-1]}
@@ -248,6 +248,5 @@ def device_events(prof) -> list:
 
 
 def _slowest(x: float, d) -> float:
-    t = torch.tensor([x], dtype=torch.float64, device=d.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    """The largest of every rank's ``x`` (the measurement engine's maximum over ranks)."""
+    return float(TorchGroup(d.device).max([x])[0])

@@ -2,8 +2,11 @@
 
     python -m calibrate compute --out h200.json                  # merge into h200.json (or the default profile)
     python -m calibrate compute --profile h200-nvlink --out my.json --dtypes bf16
+    python -m calibrate compute declare --out heldout.json       # held-out shapes, before development
+    python -m calibrate compute evaluate --heldout heldout.json --profile my.json --out eval.json
 
-Times, with CUDA events and the median of --iters runs on fresh random data
+Times, with CUDA events through the measurement engine (``calibrate.measure``) and the
+median of --iters runs (or of three batches of them) on fresh random data
 (a new set of inputs per shape, rotated over three copies so that no run reads
 what the previous one left in L2): matmuls ``a @ b`` over a grid of shapes,
 the causal attention core that executed plans run (``calibrate.attention``: the
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,8 +43,10 @@ from calibrate.attention import attention_layer, causal_attention
 from calibrate.embedding import masked_embedding
 from calibrate.layers import pieces as layer_pieces
 from calibrate.compute import Band, ComputeModel, SdpaPoint, SdpaTable
+from calibrate.computeeval import Grid
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
+from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Device, Profile
 
@@ -52,6 +56,7 @@ TALL = (256, 512, 1024, 2048)  # widths s of token-major transformer shapes (8s,
 SEQS = (256, 512, 1024, 2048, 4096)
 HEAD_DIMS = (64, 128)
 SDPA_TOKENS = 16384  # batch x sequence of every SDPA point: a training micro-batch's tokens
+LAYER_SIZE = (16384, 4096)  # (tokens, hidden) of the layer pieces (calibrate.layers.pieces' defaults)
 # (heads, kv_heads) per element size; bf16 over sequences 512..16384, fp32 (no flash kernel: a slower
 # backend, maybe one that keeps the s^2 scores) over 512..2048
 SDPA_HEADS = {2: ((8, 8), (8, 1), (16, 16), (16, 2), (16, 1), (32, 32), (32, 4), (32, 1), (64, 64), (64, 8), (64, 1)),
@@ -91,37 +96,34 @@ def progress(msg: str) -> None:
 
 
 def _time(torch, fn, iters: int, warmup: int, between=None) -> float:
-    """Median seconds of ``fn(i)`` between CUDA events. Without ``between``, each call alone after
-    a synchronisation; with it, the calls issued without waiting for one another and
-    ``between()`` (memory-bound work) after each, as a training step interleaves its matmuls with
-    other kernels: a call alone starts on an idle GPU (1 H200, 2026-11-23: 8192 x 2048 x 6144 bf16
-    took 282 us so, 261 us between copies), and matmuls back to back with nothing between run
-    slower than in the step."""
-    for i in range(warmup):
-        fn(i)
-        if between:
-            between()
-    torch.cuda.synchronize()
-    marks = []
-    for i in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(i)
-        b.record()
-        if between:
-            between()
-        else:
-            b.synchronize()
-        marks.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) / 1e3 for a, b in marks)
+    """Median seconds of ``fn(i)`` between CUDA events (``calibrate.measure.torcharm``). Without
+    ``between``, ``iters`` calls each alone after a synchronisation; with it, three batches of calls
+    issued without waiting for one another (``iters`` calls in all) and ``between()`` (memory-bound
+    work) after each, as a training step interleaves its matmuls with other kernels, the median of the
+    batches' mean call: a call alone starts on an idle GPU (1 H200, 2026-11-23: 8192 x 2048 x 6144 bf16
+    took 282 us so, 261 us between copies), and matmuls back to back with nothing between run slower
+    than in the step."""
+    arm = [("call", lambda: TorchArm(torch, "cuda", fn, between))]
+    return medians(torch, arm, timing(iters, warmup, back_to_back=between is not None))["call"]
+
+
+def matmul_shapes() -> list[tuple[int, int, int]]:
+    """(m, k, n) of the matmuls development measures."""
+    return [(s, s, s) for s in SQUARES] + [(8 * s, s, f * s) for s in TALL for f in (1, 3, 4)] + \
+        [(8 * s, 4 * s, s) for s in TALL]
+
+
+def development_grid() -> Grid:
+    """Every shape this command measures (``calibrate.computeeval``: evaluation holds out others)."""
+    sdpa = tuple((SDPA_TOKENS // s, h, kv, s, d) for size in SDPA_HEADS for d in HEAD_DIMS
+                 for h, kv in SDPA_HEADS[size] for s in SDPA_SEQS[size])
+    return Grid(tuple(matmul_shapes()), sdpa, (LAYER_SIZE,))
 
 
 def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple]]:
     """Squares, and the token-major shapes of a transformer's linear layers (QKV, the MLP's two,
     the projection) at several widths, each timed between copies of 256 MiB (``_time``)."""
-    shapes = [(s, s, s) for s in SQUARES] + [(8 * s, s, f * s) for s in TALL for f in (1, 3, 4)] + \
-        [(8 * s, 4 * s, s) for s in TALL]
+    shapes = matmul_shapes()
     src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     out = []
@@ -206,7 +208,7 @@ def measure_sdpa(torch, dtype, size, device, iters, warmup) -> list[SdpaPoint]:
     src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     out = []
-    for d in (64, 128):
+    for d in HEAD_DIMS:
         for heads, kv in SDPA_HEADS[size]:
             for s in SDPA_SEQS[size]:
                 b = SDPA_TOKENS // s
@@ -303,13 +305,13 @@ def measure_layers(torch, device, iters, warmup) -> dict:
     (``calibrate.layers``), each run back to back as in a step; the backward is the forward plus
     backward less the forward."""
     out = {}
-    for kind, (elems, fwd, both) in layer_pieces(torch, device).items():
-        # three rounds, forward and forward + backward alternating, the median of each: one round's glitch
-        # (an H100, 2026-11-25: one calibration's attention_out backward 11x the previous one's) drops out
-        f, fb = (statistics.median(ts) for ts in zip(*[
-            (_time(torch, lambda i: fwd(), iters, max(warmup, 3), between=lambda: None),
-             _time(torch, lambda i: both(), iters, max(warmup, 3), between=lambda: None)) for _ in range(3)]))
-        out[kind] = (f / elems, max(fb - f, 0.0) / elems)
+    for kind, (elems, fwd, both) in layer_pieces(torch, device, *LAYER_SIZE).items():
+        # forward and forward + backward as two arms interleaved in three rounds of back-to-back batches,
+        # the median of each: one round's glitch (an H100, 2026-11-25: one calibration's attention_out
+        # backward 11x the previous one's) drops out
+        arms = [(n, lambda f=f: TorchArm(torch, device, lambda i: f())) for n, f in (("f", fwd), ("fb", both))]
+        t = medians(torch, arms, timing(3 * iters, max(warmup, 3), back_to_back=True))
+        out[kind] = (t["f"] / elems, max(t["fb"] - t["f"], 0.0) / elems)
     torch.cuda.empty_cache()
     return out
 
@@ -335,6 +337,11 @@ def merge(src: str, out: str) -> Path:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("declare", "evaluate"):
+        from calibrate.cli import compute_evaluate
+
+        return getattr(compute_evaluate, f"{argv[0]}_main")(argv[1:])
     args = parser().parse_args(argv)
     if args.merge:
         print(f"wrote the compute section of {args.merge} into {merge(args.merge, args.out)}")
@@ -401,7 +408,7 @@ def main(argv=None) -> int:
                    launch_s=f"measured: one-element kernel, {launch * 1e6:.1f} us")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     profile.compute = ComputeModel(
-        source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} runs",
+        source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} isolated runs, or of 3 batches of them back to back (calibrate.measure)",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
         op_Bps=ops, sdpa=sdpa, layer_s=layers)

@@ -13,6 +13,7 @@ import pandas as pd
 from calibrate.cli import command_parser, finite_float
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
+from calibrate.measure.stats import rel_err_pct
 from calibrate.fit import METHODS, fit_curve, fit_quality_problem, holdout, implied_busbw, measured_steps, switches
 from calibrate.outputs import check_output_path
 from calibrate.profile import CollectiveModel, Profile
@@ -118,7 +119,7 @@ def fit_profile(runs, name: str, max_segments: int, min_points: int,
         for nb, meas, pred in (val.rows if val else []):
             heldout_rows.append({"tier": tier, "collective": coll.value, "p": p, "bytes": int(nb),
                                  "measured_us": meas * 1e6, "predicted_us": pred * 1e6,
-                                 "error_%": (pred - meas) / meas * 100})
+                                 "error_%": rel_err_pct(pred, meas)})
     provenance = {
         "kind": "measured",
         "fitted": _dt.datetime.now().isoformat(timespec="seconds"),

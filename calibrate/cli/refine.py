@@ -15,9 +15,9 @@ import math
 import sys
 from typing import Callable
 
-import numpy as np
 
 from calibrate.collectives import Collective
+from calibrate.measure import stats
 from calibrate.refine import RESOLUTION, Point, Report, Step, refine_curves
 from calibrate.sizes import align, odd_multiple
 
@@ -44,7 +44,7 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
         aligned_sizes = sorted({align(coll, n, p, args.dtype)[0] for n in sizes})
         recs[coll] = [(n, stored[(label, coll.value, n)]) for n in aligned_sizes]
         known = [r["wall_s"] for _, r in recs[coll] if r["wall_s"] is not None]
-        typical = float(np.median(known)) if known else 0.0
+        typical = stats.median(known) if known else 0.0
         walls[coll] = [(n, r["wall_s"] if r["wall_s"] is not None else typical) for n, r in recs[coll]]
     sweep_s = {coll: sum(w for _, w in walls[coll]) for coll in colls}
     total_s = sum(sweep_s.values())

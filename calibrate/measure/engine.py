@@ -137,6 +137,42 @@ class MpiGroup(Group):
         return self.comm.allgather(value)
 
 
+class TorchGroup(Group):
+    """The ranks of a torch.distributed process group (``group`` None: the default one); the
+    reductions run on ``device`` (a CUDA device under NCCL, the CPU under gloo)."""
+
+    def __init__(self, device, group=None):
+        import torch.distributed as dist
+
+        self.dist, self.device, self.group = dist, device, group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+
+    def barrier(self) -> None:
+        self.dist.barrier(group=self.group)
+
+    def _reduce(self, local: np.ndarray, dtype, op) -> np.ndarray:
+        import torch
+
+        t = torch.as_tensor(np.ascontiguousarray(local), dtype=dtype).to(self.device)
+        self.dist.all_reduce(t, op=op, group=self.group)
+        return t.cpu().numpy()
+
+    def max(self, local: np.ndarray) -> np.ndarray:
+        import torch
+
+        return self._reduce(np.asarray(local, dtype=float), torch.float64, self.dist.ReduceOp.MAX).astype(float)
+
+    def sum(self, value: int) -> int:
+        import torch
+
+        return int(self._reduce(np.asarray([int(value)], dtype=np.int64), torch.int64, self.dist.ReduceOp.SUM)[0])
+
+    def gather(self, value) -> list:
+        out = [None] * self.size
+        self.dist.all_gather_object(out, value, group=self.group)
+        return out
+
+
 # -- an arm ---------------------------------------------------------------------------------
 class Arm(ABC):
     """One side of a comparison on this rank: a call, its check, its timers."""
@@ -148,10 +184,11 @@ class Arm(ABC):
     def synchronize(self) -> None:
         """Wait for launched work (nothing to wait for on the host)."""
 
-    @abstractmethod
     def check(self, seed: int) -> int:
         """Fresh random input from ``seed`` (different on each rank, the same for a seed), the output
-        poisoned, one call: the elements of this rank's output that are wrong."""
+        poisoned, one call: the elements of this rank's output that are wrong. An arm without a
+        check (a calibration's timing of work whose output nothing reads) runs with ``check`` off."""
+        raise OptionError("check", "this arm has no check: compare it with Options(check=False)")
 
     def graph(self, calls: int) -> Callable[[], float]:
         """``calls`` calls captured once; the function replays them and returns the seconds the

@@ -105,6 +105,12 @@ def rel_err(predicted: float | None, measured: float | None) -> float | None:
     return (predicted - measured) / measured
 
 
+def rel_err_pct(predicted: float | None, measured: float | None) -> float:
+    """``rel_err`` in percent, nan where it is None (for tables whose columns are numbers)."""
+    e = rel_err(predicted, measured)
+    return math.nan if e is None else e * 100
+
+
 def ratio(base: float | None, ours: float | None) -> float | None:
     """base / ours (times): above 1 where ours is faster; None where either is missing."""
     if base is None or ours is None or not (base > 0 and ours > 0):

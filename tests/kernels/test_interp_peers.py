@@ -281,3 +281,37 @@ def test_unique_id_keeps_all_128_bytes_zeros_included():
     import ctypes
     ctypes.memmove(ctypes.byref(u), raw, ncclx.UNIQUE_ID_BYTES)
     assert bytes(u.internal) == raw and len(bytes(u.internal)) == 128
+
+
+def test_heldout_sizes_are_declared_off_the_sweep_and_hash_checked(tmp_path, capsys):
+    from calibrate.sizes import sweep
+
+    path = tmp_path / "heldout.json"
+    assert peers.main(["--declare", str(path), "--collectives", "allreduce,allgather", "--min-bytes", "1K",
+                       "--max-bytes", "64M", "--heldout-count", "3"]) == 0
+    dec, sizes = peers.heldout_sizes(str(path), ["allreduce"])
+    grid = set(sweep(K, 64 * M, 4))
+    assert set(sizes) == {"allreduce"} and len(sizes["allreduce"]) == 3
+    assert all(K <= n <= 64 * M and n % peers.HELDOUT_UNIT == 0 and n not in grid for n in sizes["allreduce"])
+    assert dec["development"]["allgather"] == sorted(grid)
+    with pytest.raises(UserError, match="no sizes of reducescatter"):
+        peers.heldout_sizes(str(path), ["reducescatter"])
+    data = json.loads(path.read_text())
+    data["heldout"]["evaluation"]["allreduce"][0] += peers.HELDOUT_UNIT
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="hash"):
+        peers.heldout_sizes(str(path), ["allreduce"])
+
+
+def test_a_heldout_peer_record_renders_as_an_evaluation(tmp_path):
+    from reports.tables import render
+
+    r = record([row("interp", "allreduce", 43008, 3.0), row("interp[h200x2]", "allreduce", 43008, 3.3),
+                row("nccl", "allreduce", 43008, 6.0)], {"nccl-symm": {"available": False, "reason": "no symm"}})
+    r["basis"] = "evaluation"
+    path = tmp_path / "evaluate.json"
+    path.write_text(json.dumps(r))
+    text = render(path)
+    assert "**evaluation**" in text and "42 KiB" in text
+    # a peer that did not start makes the target over the peers unknown, not met
+    assert "UNKNOWN (nccl-symm: did not start (no symm))" in text

@@ -19,13 +19,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends.base import TimingMode
 from calibrate.cli import command_parser, run_on_ranks
 from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
+from calibrate.measure.stats import median, spearman
 from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.jsonfile import write_json
@@ -88,7 +88,6 @@ def main(argv=None) -> int:
     except ImportError:
         raise UserError("validate needs mpi4py: install it and run under mpiexec") from None
     from calibrate.backends import make_backend
-    from scipy.stats import spearmanr
 
     world = MPI.COMM_WORLD
     size, rank = world.Get_size(), world.Get_rank()
@@ -128,7 +127,7 @@ def main(argv=None) -> int:
             sub = world.Split(color % (2**31 - 1), key)
             comms[axes] = make_backend(args.backend, sub)
         t = comms[axes].measure(coll, nbytes, args.dtype, args.iters, args.warmup, args.mode)
-        measured[(coll, axes, nbytes)] = float(world.allreduce(float(np.median(t)), op=MPI.MAX))
+        measured[(coll, axes, nbytes)] = float(world.allreduce(median(t), op=MPI.MAX))
         if rank == 0:
             print(f"[validate] {i + 1}/{len(keys)} {coll} on {len(axes)} axes, {nbytes} B: {measured[(coll, axes, nbytes)] * 1e3:.3f} ms",
                   file=sys.stderr, flush=True)
@@ -140,12 +139,12 @@ def main(argv=None) -> int:
     for p in plans:
         meas = sum(per * measured[(c, a, nb)] for c, a, nb, per in plan_collectives(p))
         rows.append({"plan": p["strategy"], "predicted_s": p["totals"]["total_s"], "measured_s": meas})
-    rho = float(spearmanr([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]).statistic)
+    rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     w = max(len(r["plan"]) for r in rows)
     print(f"{'plan'.ljust(w)}  predicted s  measured s")
     for r in sorted(rows, key=lambda r: r["measured_s"]):
         print(f"{r['plan'].ljust(w)}  {r['predicted_s']:11.4g}  {r['measured_s']:10.4g}")
-    print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {rho:.3f}")
+    print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {'-' if rho is None else format(rho, '.3f')}")
     if args.out:
         out = write_json(Path(args.out) / "validate.json",
                          {**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),

@@ -13,6 +13,14 @@ A target judged over the peers is unknown when a peer did not run.
       mpirun -np 2 python -m kernels peers --peers nccl --label ch64/LL128 --out nccl_ch64_LL128.json
     python -m kernels peers --merge peers.json nccl_*.json --out merged.json   # table, best peer, ratio
     python -m kernels peers --nccl-settings      # the environment sweep, one line per setting
+    python -m kernels peers --declare heldout.json   # before the sweep: held-out sizes (no GPU)
+    mpirun -np 2 python -m kernels peers --heldout heldout.json --peers interp,nccl --candidates h200x2 \
+      --preset retuned.json --out evaluate.json      # the chosen preset against the base one and NCCL
+
+A preset chosen from a sweep (``--retune``) is confirmed by ``--heldout``: in a fresh
+process, at sizes declared before the sweep (``--declare``: off its grid, hashed), the
+chosen preset (``interp``) against the base one (``interp[BASE]``) and NCCL, medians;
+its record's ``basis`` is ``evaluation`` (the figures to quote).
 
 NCCL reads its channel limits once per process, so each setting of the sweep is
 its own process and communicator (the GPU script runs them); ``--merge`` takes
@@ -63,7 +71,51 @@ def build_parser():
     p.add_argument("--retune", metavar="RECORD", help="write the table --preset with the bands of RECORD's fastest "
                    "correct tables (the shipped one or a --candidates one) to --out (no GPU)")
     p.add_argument("--margin", type=finite_float, default=0.03, help="--retune: a candidate must be this much faster")
+    p.add_argument("--declare", metavar="FILE", help="before the development sweep: draw --heldout-count sizes per "
+                   "collective between --min-bytes and --max-bytes, off the sweep, and write them to FILE (no GPU)")
+    p.add_argument("--heldout-count", type=int, default=4, help="--declare: sizes held out per collective")
+    p.add_argument("--seed", type=int, default=0, help="--declare: the draw's seed")
+    p.add_argument("--heldout", metavar="FILE", help="the confirmatory evaluation of a preset: measure only the sizes "
+                   "FILE declares held out (the chosen --preset as interp, the base one as --candidates, nccl)")
     return p
+
+
+HELDOUT_KIND, HELDOUT_VERSION = "commtune.interp-heldout", 1
+HELDOUT_UNIT = 1024   # held-out sizes are whole KiB: every rank count and element size divides them
+
+
+def declare_main(args, colls: list[str]) -> int:
+    """Held-out sizes per collective off the sweep of ``args`` (``calibrate.measure.heldout``), written
+    to ``args.declare`` with the command and commit."""
+    from calibrate.measure import heldout, provenance
+
+    sweep_sizes = sweep(args.min_bytes, args.max_bytes, args.factor)
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    dec = heldout.declare("interp presets", {c: sweep_sizes for c in colls}, args.min_bytes, args.max_bytes,
+                          args.heldout_count, args.seed, HELDOUT_UNIT, stamp)
+    write_json(args.declare, {**header(HELDOUT_KIND, HELDOUT_VERSION), "command": provenance.command(),
+                              "commit": provenance.commit(), "heldout": dec.to_dict()}, "held-out declaration")
+    for c, sizes in dec.evaluation.items():
+        print(f"{c}: held out {', '.join(map(str, sizes))} B")
+    print(f"declared in {args.declare} (sha256 {dec.sha256[:12]})")
+    return 0
+
+
+def heldout_sizes(path: str, colls: list[str]) -> tuple[dict, dict[str, list[int]]]:
+    """(the declaration of ``path``, hash checked, as a dict; its evaluation sizes of each of ``colls``)."""
+    from calibrate.measure import heldout
+    from calibrate.records import load_record
+
+    d = load_record(path, HELDOUT_KIND, HELDOUT_VERSION, "held-out declaration",
+                    "write one with python -m kernels peers --declare FILE")
+    dec = heldout.Declaration.from_dict(d.get("heldout"), repr(path)) if isinstance(d.get("heldout"), dict) else None
+    if dec is None:
+        raise UserError(f"{path!r} has no held-out declaration: write one with python -m kernels peers --declare FILE")
+    missing = [c for c in colls if c not in dec.evaluation]
+    if missing:
+        raise UserError(f"{path!r} holds out no sizes of {', '.join(missing)}: pass --collectives "
+                        f"{','.join(dec.evaluation)} or declare them")
+    return dec.to_dict(), {c: dec.evaluation[c] for c in colls}
 
 
 def record_header(device: str, nranks: int, dtype: str, preset: str) -> dict:
@@ -88,6 +140,9 @@ def main(argv=None) -> int:
         return 0
     if args.retune:
         return retune_main(args)
+    colls = _parse_list(args.collectives, ("allreduce", "allgather", "reducescatter"), "collective")
+    if args.declare:
+        return declare_main(args, colls)
     if args.merge:
         merged = peer_table.merge([peer_table.load(Path(f)) for f in args.merge])
         summary = peer_table.summarize(merged["rows"])
@@ -101,7 +156,6 @@ def main(argv=None) -> int:
     from kernels.interp.peer_impls import PEERS
 
     peers = _parse_list(args.peers, PEERS, "peer")
-    colls = _parse_list(args.collectives, ("allreduce", "allgather", "reducescatter"), "collective")
     return run(args, peers, colls)
 
 
@@ -127,12 +181,16 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
     from kernels.interp.peer_impls import PEERS, Ctx, InterpPeer, PeerUnavailable
     from kernels.interp.runtime import Communicator
 
+    declared, sizes = heldout_sizes(args.heldout, colls) if args.heldout else \
+        (None, {c: sweep(args.min_bytes, args.max_bytes, args.factor) for c in colls})
     world, cp, local = mpi_gpu("the peer benchmark")
     from mpi4py import MPI
-    size_list = sweep(args.min_bytes, args.max_bytes, args.factor)
-    ctx = Ctx(world, cp, Communicator(world, args.preset), args.dtype, max(size_list), local)
+    ctx = Ctx(world, cp, Communicator(world, args.preset), args.dtype, max(max(v) for v in sizes.values()), local)
     device = device_name(cp, local)
     record = record_header(f"{world.size} x {device}", world.size, args.dtype, args.preset)
+    record["basis"] = "development" if declared is None else "evaluation"
+    if declared is not None:
+        record["heldout"] = declared
     out = Path(args.out) if args.out else None
     peers = []
     makers = [(name, PEERS[name]) for name in peer_names]
@@ -155,7 +213,7 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
     stream = cp.cuda.Stream(non_blocking=True)
     try:
         for coll in colls:
-            for nbytes in size_list:
+            for nbytes in sizes[coll]:
                 count = count_for(coll, nbytes, ctx.esize, world.size)
                 if count == 0:
                     continue

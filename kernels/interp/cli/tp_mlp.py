@@ -12,12 +12,12 @@ Writes a versioned record (kind commtune.interp-tp-mlp).
 from __future__ import annotations
 
 import datetime as _dt
-import statistics
 import sys
 
 from calibrate.cli import command_parser
 from calibrate.device.gpu import device_name, mpi_gpu
 from calibrate.errors import UserError
+from calibrate.measure import stats
 from calibrate.records import header
 from calibrate.jsonfile import write_json
 
@@ -208,7 +208,7 @@ def timed(torch, world, replay, args) -> float:
         e1.record()
         e1.synchronize()
         out.append(e0.elapsed_time(e1) * 1e3 / args.steps)
-    return world.allreduce(statistics.median(out), op=MPI.MAX)
+    return world.allreduce(stats.median(out), op=MPI.MAX)
 
 
 def line(r: dict) -> str:
