@@ -153,7 +153,9 @@ def load_pipelined(source, origin: str | None = None) -> PipelinedPlan:
                             f"{list(split)} gives it {split[i]} blocks: re-run the search (a split must match its "
                             f"stages' plans)")
         stages.append(replace(typed, model=ModelSpec(typed.model.kind, dict(typed.model.config, layers=split[i]))))
-    return PipelinedPlan(model, cluster, sub, schedule, m, split, tuple(stages), str(source.get("strategy", "")))
+    out = PipelinedPlan(model, cluster, sub, schedule, m, split, tuple(stages), str(source.get("strategy", "")))
+    _check_sequences(out, origin)
+    return out
 
 
 # --- cutting the module --------------------------------------------------------------------------------------
@@ -360,12 +362,12 @@ class Pipeline:
 def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pipeline:
     """This rank's stage of ``model`` placed and scheduled as the pipelined ``plan`` says (module doc)."""
     pp = load_pipelined(plan)
+    cls, default_mapping = _cut_of(model)
     world = _world()
     if pp.world != world:
         raise UserError(f"the plan is for {pp.cluster} = {pp.world} devices in {len(pp.split)} stages but {world} "
                         f"processes run: launch {pp.world} (torchrun --nproc-per-node ...) or search a plan for "
                         f"{world}")
-    cls, default_mapping = _cut_of(model)
     mapping = dict(mapping if mapping is not None else default_mapping)
     p, S = len(pp.split), pp.submesh.devices
     rank = dist.get_rank()
@@ -377,7 +379,6 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
         raise UserError(f"the {type(model).__name__} has {blocks_have} blocks but the plan splits "
                         f"{sum(pp.split)} ({list(pp.split)}): apply a plan searched for a model of {blocks_have} "
                         f"layers")
-    _check_sequences(pp)
     tied = _tied(model, mapping)
     lo, hi = pp.block_range(stage)
     module = cls(model, lo, hi, first, last)
@@ -413,7 +414,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
     return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied_params, device, mesh)
 
 
-def _check_sequences(pp: PipelinedPlan) -> None:
+def _check_sequences(pp: PipelinedPlan, origin: str) -> None:
     """The stream's token split must give each device whole sequences of a micro-batch (the modules' batch
     dimension is the plan's tokens)."""
     mb = pp.model.get("micro_batch")
@@ -423,7 +424,7 @@ def _check_sequences(pp: PipelinedPlan) -> None:
             for p, n in zip(fine or (), typed.mesh.sizes):
                 parts *= n if p == "S0" else 1
             if mb is not None and mb % parts:
-                raise UserError(f"stage {i} splits the tokens of a micro-batch of {mb} sequences over {parts} "
+                raise UserError(f"{origin}: stage {i} splits the tokens of a micro-batch of {mb} sequences over {parts} "
                                 f"devices: apply splits whole sequences; search with a larger micro-batch "
                                 f"(--batch) or fewer micro-batches")
 
