@@ -63,12 +63,8 @@ from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate  # noqa: E402
 
 
-def _schedule(name: str):
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
-    return {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "eager-1f1b": Schedule1F1B}[name]
-
-
-SCHEDULES = ("1f1b", "gpipe", "eager-1f1b")
+# the plan's schedule: the torch.distributed.pipelining class that runs it (eager-1F1B: see the module doc)
+SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "eager-1f1b": "Schedule1F1B"}
 SEARCH_KIND = "commtune.sbp-plan"
 
 
@@ -251,8 +247,8 @@ def _cut_of(model):
                     f"autotune.apply")
 
 
-def _tied(model, mapping: dict) -> bool:
-    """Whether a parameter is shared between the embedding's modules and the logits' (a tied head)."""
+def _tied(model, mapping: dict) -> set[int]:
+    """The ids of the parameters shared between the embedding's modules and the logits' (a tied head)."""
     names = dict(model.named_modules())
 
     def params(layer):
@@ -260,7 +256,7 @@ def _tied(model, mapping: dict) -> bool:
         pats = [pats] if isinstance(pats, str) else list(pats)
         return {id(p) for n, m in names.items() if n and any(fnmatch.fnmatchcase(n, pat) for pat in pats)
                 for p in m.parameters()}
-    return bool(params("embedding") & params("logits"))
+    return params("embedding") & params("logits")
 
 
 # --- placing a stage -----------------------------------------------------------------------------------------
@@ -307,14 +303,19 @@ def _cross_entropy(logits, targets):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+@dataclass
 class Pipeline:
     """This rank's stage of a pipelined plan, placed and scheduled (``apply_pipeline``)."""
 
-    def __init__(self, plan: PipelinedPlan, stage: int, module, schedule, pp_group, tied_group, tied_params,
-                 device, mesh):
-        self.plan, self.stage, self.module, self.schedule = plan, stage, module, schedule
-        self.pp_group, self.tied_group, self.tied_params = pp_group, tied_group, tied_params
-        self.device, self.mesh = device, mesh
+    plan: PipelinedPlan
+    stage: int
+    module: nn.Module        # this rank's stage (its parameters for the optimizer)
+    schedule: object         # the torch.distributed.pipelining schedule
+    pp_group: object         # rank j of every stage
+    tied_group: object       # rank j of the first and the last stage, where the head is tied
+    tied: tuple[str, ...]    # the stage module's parameters tied across the first and the last stage
+    device: object
+    mesh: object             # this stage's submesh (None: one device)
 
     @property
     def first(self) -> bool:
@@ -347,7 +348,8 @@ class Pipeline:
 
     def _sum_tied(self) -> None:
         """The tied embedding's and logits' gradients summed between the first and the last stage."""
-        for p in self.tied_params:
+        for name in self.tied:
+            p = self.module.get_parameter(name)
             g = p.grad
             if g is None:
                 g = torch.zeros_like(p)
@@ -379,9 +381,10 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
         raise UserError(f"the {type(model).__name__} has {blocks_have} blocks but the plan splits "
                         f"{sum(pp.split)} ({list(pp.split)}): apply a plan searched for a model of {blocks_have} "
                         f"layers")
-    tied = _tied(model, mapping)
+    tied_ids = _tied(model, mapping)
     lo, hi = pp.block_range(stage)
     module = cls(model, lo, hi, first, last)
+    tied = tuple(n for n, prm in module.named_parameters() if id(prm) in tied_ids)
     chain, prefixes = find_layers(typed, module, _mapping_for(typed, mapping))
     _check_shapes(chain, typed)
     backend = dist.get_backend()
@@ -392,7 +395,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
     pp_group = world_mesh["pp"].get_group()
     tied_group = None
     for k in range(S):  # every rank makes every pair's group, in the same order
-        g = dist.new_group([k, (p - 1) * S + k]) if tied else None
+        g = dist.new_group([k, (p - 1) * S + k]) if tied_ids else None
         if k == j:
             tied_group = g
     if mesh is not None:
@@ -403,15 +406,11 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
             prev_out = _stream(pp.stages[stage - 1])[1]
             module.arrive = functools.partial(_arrive, mesh=mesh, src=prev_out, dst=s_in)
     _recompute(module, chain, prefixes, typed.recompute)
-    tied_params = []
-    if tied and (first or last):
-        layer = "embedding" if first else "logits"
-        tied_params = [prm for site in chain if site.layer.name == layer for _, mod in site.modules
-                       for name, prm in mod.named_parameters(recurse=False) if name == "weight"][:1]
-    from torch.distributed.pipelining import PipelineStage
-    pstage = PipelineStage(module, stage, p, device, group=pp_group)
-    schedule = _schedule(pp.schedule)(pstage, pp.micro_batches, loss_fn=loss_fn or _cross_entropy)
-    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied_params, device, mesh)
+    import torch.distributed.pipelining as pipelining
+    pstage = pipelining.PipelineStage(module, stage, p, device, group=pp_group)
+    schedule = getattr(pipelining, SCHEDULES[pp.schedule])(pstage, pp.micro_batches,
+                                                           loss_fn=loss_fn or _cross_entropy)
+    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh)
 
 
 def _check_sequences(pp: PipelinedPlan, origin: str) -> None:

@@ -1,5 +1,5 @@
 """``python -m autotune execute`` on a pipelined plan, 4 processes (gloo, float64): the reference GPT (tied
-embedding and logits) cut into 2 stages of 2 devices by the pipeline search's plan, trained through
+embedding and logits) cut into 4 stages of 1 device by the pipeline search's plan, trained through
 ``autotune.apply_pipeline``; the losses of the record equal the same module trained in one process on the
 same micro-batches (AdamW); a plan for another world, --layers, and --executor ops are one-line errors
 before any step."""
@@ -18,7 +18,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from pipeline_exec_plans import GPT, searched  # noqa: E402
 
 STEPS, LR, SEED, RTOL = 2, 1e-2, 0, 1e-9
-CFG = dict(GPT, batch=32)
+CFG = dict(GPT)
 
 
 def _free_port() -> int:
@@ -58,7 +58,7 @@ def one_process(config: dict, micro_batches: int) -> list[float]:
 def plan_file(tmp_path_factory):
     from autotune.sbp.plan import PlanFile
     path = tmp_path_factory.mktemp("pipe") / "plan.json"
-    PlanFile(searched(CFG, 2), []).save(path)
+    PlanFile(searched(CFG, 4), []).save(path)
     return path
 
 
