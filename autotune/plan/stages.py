@@ -423,8 +423,8 @@ def _check_sequences(pp: PipelinedPlan, origin: str) -> None:
             for p, n in zip(fine or (), typed.mesh.sizes):
                 parts *= n if p == "S0" else 1
             if mb is not None and mb % parts:
-                raise UserError(f"{origin}: stage {i} splits the tokens of a micro-batch of {mb} sequences over {parts} "
-                                f"devices: apply splits whole sequences; search with a larger micro-batch "
+                raise UserError(f"{origin}: stage {i} splits the tokens of a micro-batch of {mb} sequences over "
+                                f"{parts} devices: apply splits whole sequences; search with a larger micro-batch "
                                 f"(--batch) or fewer micro-batches")
 
 
