@@ -1,7 +1,7 @@
 """``python -m autotune execute`` on a pipelined plan, 4 processes (gloo, float64): the reference GPT (tied
 embedding and logits) cut into 4 stages of 1 device by the pipeline search's plan, trained through
 ``autotune.apply_pipeline``; the losses of the record equal the same module trained in one process on the
-same micro-batches (AdamW); a plan for another world, --layers, and --executor ops are one-line errors
+same micro-batches (AdamW), and --summarize tables it; a plan for another world, --layers, and --executor ops are one-line errors
 before any step."""
 import json
 import os
@@ -75,6 +75,8 @@ def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
     want = one_process(plan["model"], plan["micro_batches"])
     assert rec["measured"]["losses"] == pytest.approx(want, rel=RTOL, abs=0)
     assert want[1] != pytest.approx(want[0])
+    from autotune.execute.cli import summarize
+    assert summarize(str(out)) == 0 and (out / "summary.md").exists()  # the table of a pipelined run
 
 
 @pytest.mark.parametrize("extra,msg", [
