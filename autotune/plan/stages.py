@@ -29,9 +29,11 @@
   between paired devices, as the resharding plan's unit tasks do; between different placements the
   change runs as collectives inside the receiving submesh after the P2P (an all-gather for S -> B),
   where the resharding planner prices direct transfers between the two submeshes.
-- Schedules (``SCHEDULES``): 1f1b -> ``Schedule1F1B``, gpipe -> ``ScheduleGPipe``; eager-1f1b (more
-  forwards in flight to hide the boundary) has no single-stage-per-rank schedule in the library and runs
-  as ``Schedule1F1B`` (the same numbers; the overlap the plan predicts is not reproduced).
+- Schedules (``SCHEDULES``): 1f1b -> ``Schedule1F1B``, gpipe -> ``ScheduleGPipe``; eager-1f1b (stage i
+  runs 2(p - i) - 1 forwards before its first backward, to hide the boundary) has no class in the library:
+  ``ScheduleEager1F1B`` runs the step model's own order (``autotune.reshard.pipeline.EagerOneFOneB``) on
+  the library's schedule runtime (``_PipelineScheduleRuntime`` fed a compute-only action list, which adds
+  the sends and receives; a private API of torch.distributed.pipelining, as torchtitan's CSV schedules use).
 - Tied embedding and logits (first and last stage): each holds its own copy of the weight; after the
   backward their gradients are summed between the two stages (rank j of the first with rank j of the
   last, whole gradients), as Megatron does, so both copies take the same optimizer step.
@@ -63,8 +65,31 @@ from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate  # noqa: E402
 
 
-# the plan's schedule: the torch.distributed.pipelining class that runs it (eager-1F1B: see the module doc)
-SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "eager-1f1b": "Schedule1F1B"}
+
+
+def _eager_1f1b(stage, n_microbatches: int, loss_fn=None):
+    """Eager-1F1B on the library's schedule runtime: each stage's order as ``autotune.reshard.pipeline``
+    simulates it, its communication added by the runtime."""
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+
+    from autotune.reshard.pipeline import EagerOneFOneB
+    schedule = _PipelineScheduleRuntime([stage], n_microbatches, loss_fn=loss_fn)
+    kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+    orders = EagerOneFOneB().orders(stage.num_stages, n_microbatches)
+    schedule._prepare_schedule_with_comms({s: [_Action(s, kinds[k], m) for k, m in order]
+                                          for s, order in enumerate(orders)})
+    return schedule
+
+
+def _library(name: str):
+    def make(stage, n_microbatches: int, loss_fn=None):
+        import torch.distributed.pipelining as pipelining
+        return getattr(pipelining, name)(stage, n_microbatches, loss_fn=loss_fn)
+    return make
+
+
+# the plan's schedule: what builds it on this rank's PipelineStage
+SCHEDULES = {"1f1b": _library("Schedule1F1B"), "gpipe": _library("ScheduleGPipe"), "eager-1f1b": _eager_1f1b}
 SEARCH_KIND = "commtune.sbp-plan"
 
 
@@ -406,10 +431,9 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
             prev_out = _stream(pp.stages[stage - 1])[1]
             module.arrive = functools.partial(_arrive, mesh=mesh, src=prev_out, dst=s_in)
     _recompute(module, chain, prefixes, typed.recompute)
-    import torch.distributed.pipelining as pipelining
-    pstage = pipelining.PipelineStage(module, stage, p, device, group=pp_group)
-    schedule = getattr(pipelining, SCHEDULES[pp.schedule])(pstage, pp.micro_batches,
-                                                           loss_fn=loss_fn or _cross_entropy)
+    from torch.distributed.pipelining import PipelineStage
+    pstage = PipelineStage(module, stage, p, device, group=pp_group)
+    schedule = SCHEDULES[pp.schedule](pstage, pp.micro_batches, loss_fn=loss_fn or _cross_entropy)
     return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh)
 
 

@@ -4,7 +4,8 @@ modules, tied embedding and logits: their gradients summed between the first and
 Hugging Face Llama, with the pipeline search's plans as 2 stages x 2 devices and 4 stages x 1; on 2 x 2 also
 plans whose second (first) stage replicates everything (the boundary reshards the data-parallel stream
 S0 -> B (B -> S0) and its gradient back) and one whose second stage declares the arriving stream a partial
-sum while its blocks compute it split (a wrong boundary placement), which fails; on 4 x 1 also GPipe and eager-1F1B plans. One
+sum while its blocks compute it split (a wrong boundary placement), which fails; on 4 x 1 also GPipe and eager-1F1B plans.
+Each stage keeps at most the micro-batches in flight that the plan's schedule says (counted at run time). One
 launch per model and layout (each about 30 s on the shared 2-core box)."""
 import os
 import socket
@@ -26,16 +27,35 @@ from pipeline_exec_plans import (GPT, LLAMA, LR, STEPS, batch, make_model, repli
 RTOL = 1e-9
 
 
-def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict]:
-    """STEPS Adam steps of this rank's stage: (losses, this stage's parameters whole, by the model's names)."""
+def _count_in_flight(module) -> dict:
+    """The micro-batches whose forward ran and whose backward has not reached the stage's output yet: now
+    and at most."""
+    count = {"now": 0, "peak": 0}
+
+    def done(grad):
+        count["now"] -= 1
+
+    def forward(mod, args, out):
+        count["now"] += 1
+        count["peak"] = max(count["peak"], count["now"])
+        out.register_hook(done)
+    module.register_forward_hook(forward)
+    return count
+
+
+def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int]:
+    """STEPS Adam steps of this rank's stage: (losses, this stage's parameters whole, by the model's names, the
+    most micro-batches it kept in flight)."""
     import autotune
     model = make_model(cfg)
     names = {id(m): n for n, m in model.named_modules()}
     pipe = autotune.apply_pipeline(plan, model)
+    in_flight = _count_in_flight(pipe.module)
     opt = torch.optim.Adam(pipe.module.parameters(), lr=LR)
     ids, targets = batch(cfg)
     losses = []
     for _ in range(STEPS):
+        in_flight.update(now=0, peak=0)  # counted over the last step (the first one's also infers shapes)
         losses.append(float(pipe.step(ids, targets)))
         opt.step()
         opt.zero_grad()
@@ -44,7 +64,7 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict]:
         for pn, p in m.named_parameters(recurse=False):
             whole = p.full_tensor() if isinstance(p, torch.distributed.tensor.DTensor) else p
             params[f"{names[id(m)]}.{pn}".lstrip(".")] = whole.detach().clone()
-    return losses, params
+    return losses, params, in_flight["peak"]
 
 
 def _free_port() -> int:
@@ -77,7 +97,7 @@ def mismatch(ref, got) -> str | None:
     """Where the pipelined run differs from one process (None: it agrees)."""
     if isinstance(got, str):
         return got
-    (ref_losses, ref_params), (losses, params) = ref, got
+    (ref_losses, ref_params), (losses, params, _) = ref, got
     if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
         return f"losses {losses} != {ref_losses}"
     for name, have in params.items():
@@ -123,3 +143,6 @@ def test_pipeline_matches_one_process(kind, stages, tmp_path):
         assert not any(problems), f"{kind} {plan['strategy']}: {[p for p in problems if p]}"
         seen = {name for r in range(4) for name in results[r][k][1]}
         assert seen == set(ref[1]), f"parameters no stage trained: {sorted(set(ref[1]) - seen)}"
+        # the executed schedule keeps what the step model says (1F1B p - i, eager 2(p - i) - 1, GPipe m)
+        per_rank = [s["inflight"] for s in plan["stages"] for _ in range(4 // stages)]
+        assert [results[r][k][2] for r in range(4)] == per_rank, plan["pipeline"]["schedule"]
