@@ -28,12 +28,14 @@
   backward's gradient redistributed back. So a boundary between equal placements moves each tile once
   between paired devices, as the resharding plan's unit tasks do; between different placements the
   change runs as collectives inside the receiving submesh after the P2P (an all-gather for S -> B),
-  where the resharding planner prices direct transfers between the two submeshes.
+  where the resharding planner prices direct transfers between the two submeshes (and into the next
+  stage's first layer's input placement, which apply's hook on that layer reaches from the stream's).
 - Schedules (``SCHEDULES``): 1f1b -> ``Schedule1F1B``, gpipe -> ``ScheduleGPipe``; eager-1f1b (stage i
   runs 2(p - i) - 1 forwards before its first backward, to hide the boundary) has no class in the library:
-  ``ScheduleEager1F1B`` runs the step model's own order (``autotune.reshard.pipeline.EagerOneFOneB``) on
-  the library's schedule runtime (``_PipelineScheduleRuntime`` fed a compute-only action list, which adds
-  the sends and receives; a private API of torch.distributed.pipelining, as torchtitan's CSV schedules use).
+  ``_eager_1f1b`` runs the step model's own order (``autotune.reshard.pipeline.EagerOneFOneB``) on the
+  library's schedule runtime (``_PipelineScheduleRuntime`` fed a compute-only action list, to which it
+  adds the sends and receives; a private API of torch.distributed.pipelining, which torchtitan's CSV
+  schedules use too).
 - Tied embedding and logits (first and last stage): each holds its own copy of the weight; after the
   backward their gradients are summed between the two stages (rank j of the first with rank j of the
   last, whole gradients), as Megatron does, so both copies take the same optimizer step.

@@ -4,9 +4,9 @@ modules, tied embedding and logits: their gradients summed between the first and
 Hugging Face Llama, with the pipeline search's plans as 2 stages x 2 devices and 4 stages x 1; on 2 x 2 also
 plans whose second (first) stage replicates everything (the boundary reshards the data-parallel stream
 S0 -> B (B -> S0) and its gradient back) and one whose second stage declares the arriving stream a partial
-sum while its blocks compute it split (a wrong boundary placement), which fails; on 4 x 1 also GPipe and eager-1F1B plans.
-Each stage keeps at most the micro-batches in flight that the plan's schedule says (counted at run time). One
-launch per model and layout (each about 30 s on the shared 2-core box)."""
+sum while its blocks compute it split (a wrong boundary placement), which fails; on 4 x 1 also GPipe and
+eager-1F1B plans. Each stage keeps the micro-batches in flight that the plan's schedule says (counted at run
+time). One launch per model and layout (each about 30 s on the shared 2-core box)."""
 import os
 import socket
 

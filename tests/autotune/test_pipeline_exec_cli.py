@@ -1,8 +1,8 @@
 """``python -m autotune execute`` on a pipelined plan, 4 processes (gloo, float64): the reference GPT (tied
 embedding and logits) cut into 4 stages of 1 device by the pipeline search's plan, trained through
 ``autotune.apply_pipeline``; the losses of the record equal the same module trained in one process on the
-same micro-batches (AdamW), and --summarize tables it; a plan for another world, --layers, and --executor ops are one-line errors
-before any step."""
+same micro-batches (AdamW), and --summarize tables it; a plan for another world, --layers, and --executor ops
+are one-line errors before any step."""
 import json
 import os
 import socket

@@ -6,7 +6,8 @@
    through ``autotune.apply_pipeline`` with the pipeline search's plans (2 stages x 2 devices, 4 x 1, each
    schedule) for two Adam steps; per run the largest relative difference of the losses and the largest
    absolute difference of any parameter entry (weights are O(0.02)-O(1)) from the same model trained in
-   one process, and the wall seconds of the 4-process launch.
+   one process, the micro-batches each rank kept in flight in the last step beside the plan's, and the
+   wall seconds of the 4-process launch.
 2. One plan's per-stage timeline as the step model predicts it (the plan's ``stages[i].timeline``): per
    stage its blocks, forward and backward per micro-batch, the boundary to the next stage, the
    micro-batches in flight, the end of its last backward and its idle share of the step; then the
@@ -62,8 +63,8 @@ def _rel(a, b) -> float:
 
 def correctness(tmp: Path) -> None:
     print("| model | stages x devices | schedule | micro-batches | split | max rel. loss diff | "
-          "max abs. parameter diff | wall s (4 processes) |")
-    print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |")
+          "max abs. parameter diff | in flight per rank, run (plan) | wall s (4 processes) |")
+    print("| --- | --- | --- | ---: | --- | ---: | ---: | --- | ---: |")
     for kind, stages, schedule in RUNS:
         cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32 if stages == 2 else 8)
         plan = searched(cfg, stages, schedule=schedule)
@@ -75,8 +76,10 @@ def correctness(tmp: Path) -> None:
         got = [torch.load(f"{out}.{r}") for r in range(4)]
         loss = max(_rel(torch.tensor(g[0]), torch.tensor(ref_losses)) for g in got)
         par = max(float((p - ref_params[n]).abs().max()) for g in got for n, p in g[1].items())
+        run = [g[2] for g in got]
+        want = [s["inflight"] for s in plan["stages"] for _ in range(4 // stages)]
         print(f"| {kind} | {stages} x {4 // stages} | {schedule} | {plan['micro_batches']} | "
-              f"{plan['pipeline']['split']} | {loss:.1e} | {par:.1e} | {wall:.1f} |")
+              f"{plan['pipeline']['split']} | {loss:.1e} | {par:.1e} | {run} ({want}) | {wall:.1f} |")
 
 
 def timeline(case: str, width: int) -> None:
