@@ -2,11 +2,12 @@
 every step and every parameter after two Adam steps agree to 1e-9 (relative), for a small GPT (reference
 modules, tied embedding and logits: their gradients summed between the first and the last stage) and a small
 Hugging Face Llama, with the pipeline search's plans as 2 stages x 2 devices and 4 stages x 1; on 2 x 2 also
-plans whose second (first) stage replicates everything (the boundary reshards the data-parallel stream
-S0 -> B (B -> S0) and its gradient back) and one whose second stage declares the arriving stream a partial
-sum while its blocks compute it split (a wrong boundary placement), which fails; on 4 x 1 also GPipe and
-eager-1F1B plans. Each stage keeps the micro-batches in flight that the plan's schedule says (counted at run
-time). One launch per model and layout (each about 30 s on the shared 2-core box)."""
+plans whose second (first, under eager-1F1B) stage replicates everything (the boundary reshards the
+data-parallel stream S0 -> B (B -> S0) and its gradient back) and one whose second stage declares the
+arriving stream a partial sum while its blocks compute it split (a wrong boundary placement), which fails;
+on 4 x 1 also GPipe and eager-1F1B plans. Each stage keeps the micro-batches in flight that the plan's
+schedule says (counted at run time). One launch per model and layout (each 3-45 s on the shared 2-core
+box)."""
 import os
 import socket
 
@@ -111,16 +112,16 @@ def mismatch(ref, got) -> str | None:
 
 def jobs_for(kind: str, stages: int) -> list[tuple[dict, dict, bool]]:
     """(model config, pipelined plan, whether it must agree with one process): the search's plan, and on 2 x 2
-    plans whose second or first stage replicates everything (GPT) or whose second stage declares the arriving
-    stream partial (Llama); on 4 x 1 the other schedules (eager-1f1b runs as the library's 1F1B)."""
+    plans whose second or first (eager-1F1B) stage replicates everything (GPT) or whose second stage declares
+    the arriving stream partial (Llama); on 4 x 1 the other schedules."""
     # 2 x 2: a batch of 32 so that the search's 16 micro-batches hold 2 sequences, one per device of a stage
     cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32 if stages == 2 else 8)
     plan = searched(cfg, stages)
     if stages == 2:
         assert plan["stages"][0]["plan"]["layers"][5]["sbp"]["output"].startswith("(S0: (1, 2)")  # split data
-        if kind == "gpt":  # the boundary reshards S0 -> B, and B -> S0
+        if kind == "gpt":  # the boundary reshards S0 -> B, and B -> S0 (under eager-1F1B)
             return [(cfg, plan, True), (cfg, restage(plan, 1, replicated), True),
-                    (cfg, restage(plan, 0, replicated), True)]
+                    (cfg, restage(searched(cfg, stages, schedule="eager-1f1b"), 0, replicated), True)]
         return [(cfg, plan, True), (cfg, restage(plan, 1, partial_stream), False)]
     return [(cfg, plan, True), (cfg, searched(cfg, stages, schedule="gpipe" if kind == "gpt" else "eager-1f1b"), True)]
 
