@@ -1,11 +1,15 @@
 """Stage 2 of the flow: plans from fitted profiles (SBP search, collective
 schedules, cross-mesh resharding), and ``autotune.apply(plan, model)``, which
-places a user's nn.Module as a plan says (``autotune.plan.place``; torch is
-imported on first use, not by ``import autotune``)."""
+places a user's nn.Module as a plan says (``autotune.plan.place``), and
+``autotune.apply_pipeline(plan, model)``, which runs a pipelined plan's stage on it
+(``autotune.plan.stages``); torch is imported on first use, not by ``import autotune``."""
 
 
 def __getattr__(name):
     if name in ("apply", "micro_batches"):
         from autotune.plan import place
         return getattr(place, name)
+    if name == "apply_pipeline":
+        from autotune.plan import stages
+        return stages.apply_pipeline
     raise AttributeError(f"module 'autotune' has no attribute {name!r}")

@@ -22,6 +22,9 @@ u-transformer), or --executor ops, run the op-by-op executor, which also times
 each layer and replays the step's collectives alone.
 
     torchrun --nproc-per-node 4 -m autotune execute plan.json --module mypkg.model:build
+
+A pipelined plan (python -m autotune --pipeline N) runs through autotune.apply_pipeline: the module cut
+into the plan's stages, each rank training its stage under the plan's schedule (autotune.execute.pipetrain).
 """
 from __future__ import annotations
 
@@ -48,7 +51,12 @@ MODULE_KINDS = ("gpt", "llama")  # the model kinds of the reference modules
 
 
 def executor(plan: dict, name: str) -> str:
-    """apply or ops for this plan."""
+    """apply, ops or pipeline (a pipelined plan, through autotune.apply_pipeline) for this plan."""
+    if "stages" in plan:
+        if name == "ops":
+            raise UserError("a pipelined plan runs through autotune.apply_pipeline, not the op-by-op executor: "
+                            "drop --executor ops")
+        return "pipeline"
     if name != "auto":
         return name
     return "apply" if model_kind(plan.get("model") or {}) in MODULE_KINDS else "ops"
@@ -168,11 +176,15 @@ def main(argv=None) -> int:
     plans = select(pf, args.which)
     launch = launch_env()
     from autotune.execute.runner import plan_cluster, prepare
+    from autotune.execute.pipetrain import check_pipelined, run_pipeline_plan
     from autotune.execute.usermodule import load_factory
     for plan in plans:
         check_model(plan, args)
         if executor(plan, args.executor) == "ops":
             prepare(plan, launch.world, args.f_layers)
+        elif executor(plan, args.executor) == "pipeline":
+            check_pipelined(plan, launch.world, args.f_layers)
+            load_factory(args.module)
         else:
             plan_cluster(plan, launch.world)
             load_factory(args.module)
@@ -199,6 +211,8 @@ def main(argv=None) -> int:
                 if executor(plan, args.executor) == "ops":
                     rec, model = run_plan(plan, d, **common)
                     model.release()
+                elif executor(plan, args.executor) == "pipeline":
+                    rec, model = run_pipeline_plan(plan, d, module=args.module, **common)
                 else:
                     rec, model = run_module_plan(plan, d, module=args.module, **common)
                 del model

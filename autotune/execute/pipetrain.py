@@ -1,0 +1,89 @@
+"""A pipelined plan's training steps (``python -m autotune execute`` on a plan with ``stages``): the module
+of the plan's model (``--module``, the reference modules by default) cut into the plan's stages and placed
+by ``autotune.apply_pipeline``, each rank training its stage: the step's micro-batches (the same token ids
+and targets as ``autotune.execute.moduletrain`` draws for a single-stage plan) run by the plan's schedule,
+then AdamW on the stage's parameters. Measured as the module path measures (step times, host issue time,
+peak memory by phase, the loss, which every rank gets from the last stage), beside the pipelined plan's
+predictions (its totals and, per stage, the simulated end of its last backward)."""
+from __future__ import annotations
+
+import platform
+
+from calibrate.errors import OptionError
+
+from autotune.execute.layout import torch
+from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch
+from autotune.execute.result import KIND, VERSION
+from autotune.execute.usermodule import DEFAULT_MODULE
+
+PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution_s", "grad_sync_s", "memory_bytes",
+             "boundary_s", "bubble_s")
+
+
+def check_pipelined(plan: dict, world: int, layers: int | None):
+    """The pipelined plan read and checked against the launch before any work starts."""
+    from autotune.execute.runner import plan_cluster
+    from autotune.plan.stages import load_pipelined
+    if layers is not None:
+        raise OptionError("layers", "a pipelined plan splits its model's blocks among its stages: drop --layers, or "
+                                    "search a plan for that many layers")
+    plan_cluster(plan, world)
+    return load_pipelined(plan)
+
+
+class PipelineTrainer(ModuleTrainer):
+    """``ModuleTrainer`` whose step is the pipeline schedule's over the whole batch."""
+
+    def __init__(self, pipe, config: dict, d, seed: int, lr: float, autocast=None):
+        super().__init__(pipe.module, config, pipe.plan.micro_batches, d, seed, lr, autocast)
+        self.pipe = pipe
+
+    def step(self, step: int, probe: dict | None = None):
+        if probe is not None:
+            probe["before_step"] = self.d.peak_bytes()
+        self.opt.zero_grad(set_to_none=True)
+        pairs = [token_batch(self.config, self.seed, step, j, self.d.device) for j in range(self.micro_batches)]
+        ids, targets = torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
+        if self.autocast is not None:
+            with torch.autocast(self.d.device.type, dtype=self.autocast):
+                loss = self.pipe.step(ids, targets)
+        else:
+            loss = self.pipe.step(ids, targets)
+        if probe is not None:
+            probe["forward_backward"] = self.d.peak_bytes()
+        self.opt.step()
+        if probe is not None:
+            probe["optimizer_step"] = self.d.peak_bytes(reset=False)
+        return loss
+
+
+def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
+                      profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None):
+    """(the result record, this rank's pipeline): ``module``'s model cut and placed by ``apply_pipeline``."""
+    import autotune
+    from autotune.execute.runner import module_dtypes
+
+    pp = check_pipelined(plan, d.launch.world, layers)
+    config = dict(pp.model)
+    param_dtype, autocast = module_dtypes(config, dtype)
+    model = build_module(module, config, seed, param_dtype, d.device)
+    pipe = autotune.apply_pipeline(pp, model)
+    trainer = PipelineTrainer(pipe, config, d, seed, lr, autocast)
+    try:
+        measured = trainer.run(steps, warmup, profile_steps, progress)
+    finally:
+        trainer.close()
+    totals = plan.get("totals", {})
+    return {
+        "kind": KIND, "version": VERSION, "strategy": pp.strategy, "executor": "pipeline", "module": module,
+        "model": config, "cluster": {"nodes": pp.cluster.nodes, "gpus_per_node": pp.cluster.gpus_per_node},
+        "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
+        "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
+        "torch": torch.__version__, "dtype": str(autocast or param_dtype).replace("torch.", ""),
+        "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": pp.micro_batches,
+        "pipeline": {"stages": len(pp.split), "split": list(pp.split), "schedule": pp.schedule,
+                     "library_schedule": type(pipe.schedule).__name__,
+                     "submesh": {"nodes": pp.submesh.nodes, "gpus_per_node": pp.submesh.gpus_per_node}},
+        "measured": measured, "predicted": {k: totals[k] for k in PREDICTED if k in totals},
+        "predicted_layers": {}, "predicted_comparable": True,
+    }, pipe

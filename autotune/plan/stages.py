@@ -1,0 +1,461 @@
+"""Run a pipelined plan (``plan["best"]`` with ``stages``, ``autotune.pipeline.record``) on a user's nn.Module:
+
+    import autotune
+    pipe = autotune.apply_pipeline("out/plan.json", model)   # after init_process_group, every rank alike
+    opt = torch.optim.AdamW(pipe.module.parameters())         # this rank's stage
+    for ids, targets in loader:                               # the whole batch, the same on every rank
+        loss = pipe.step(ids, targets)                        # the schedule over the plan's micro-batches
+        opt.step(); opt.zero_grad()
+
+``apply_pipeline(plan, model, mapping=None, loss_fn=None)``:
+
+- The ranks: stage i runs on the i-th run of ``submesh.devices`` ranks (``autotune.pipeline.boundary``'s
+  layout); one DeviceMesh (stages, *the stage's fine axes) over the world, its "pp" dimension the
+  pipeline's process groups (rank j of every stage), the rest this stage's submesh.
+- The cut (``CUTS``, recognised like ``autotune.plan.place.FAMILIES``): the project's reference modules
+  (``models.modules``) and Hugging Face Llama-family models. The first stage holds the embedding (and a
+  learned position table), each stage the blocks the plan's split gives it, the last the final norm and
+  the logits; the stage's module names keep the model's, its blocks numbered from 0.
+- Each stage's module is placed on its submesh as ``autotune.apply`` places a model (the same
+  parameters, hooks and recomputation: ``autotune.plan.place``), with its stage's plan
+  (``TypedPlan.from_search(..., stage=True)``).
+- The stage boundary: the residual stream (without one, the last block layer's output) leaves stage i
+  as this rank's local piece in stage i's stream placement (its residual's output) and goes, through
+  ``torch.distributed.pipelining``'s P2P, to the rank of stage i + 1 at the same mesh coordinates (the
+  library sends each rank's own tensor: whole tensors, one per rank pair). There it is read in stage i's
+  placement on stage i + 1's submesh (the same shape) and redistributed by DTensor to the stage's own
+  stream placement (its residual's input, as the stream enters block 0 in ``apply``), with the
+  backward's gradient redistributed back. So a boundary between equal placements moves each tile once
+  between paired devices, as the resharding plan's unit tasks do; between different placements the
+  change runs as collectives inside the receiving submesh after the P2P (an all-gather for S -> B),
+  where the resharding planner prices direct transfers between the two submeshes (and into the next
+  stage's first layer's input placement, which apply's hook on that layer reaches from the stream's).
+- Schedules (``SCHEDULES``): 1f1b -> ``Schedule1F1B``, gpipe -> ``ScheduleGPipe``; eager-1f1b (stage i
+  runs 2(p - i) - 1 forwards before its first backward, to hide the boundary) has no class in the library:
+  ``_eager_1f1b`` runs the step model's own order (``autotune.reshard.pipeline.EagerOneFOneB``) on the
+  library's schedule runtime (``_PipelineScheduleRuntime`` fed a compute-only action list, to which it
+  adds the sends and receives; a private API of torch.distributed.pipelining, which torchtitan's CSV
+  schedules use too).
+- Tied embedding and logits (first and last stage): each holds its own copy of the weight; after the
+  backward their gradients are summed between the two stages (rank j of the first with rank j of the
+  last, whole gradients), as Megatron does, so both copies take the same optimizer step.
+- ``step(ids, targets)`` splits the batch into the plan's micro-batches along dimension 0, runs the
+  schedule (gradients of the mean loss over the micro-batches) and returns that loss on every rank.
+- Errors (not a pipelined plan, a world other than the plan's, a split that is not the model's blocks, a
+  module apply cannot cut): one ``UserError`` naming the problem and the fix, alike on every rank, before
+  any weight moves.
+"""
+from __future__ import annotations
+
+import fnmatch
+import functools
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from calibrate.errors import UserError
+from calibrate.jsonfile import read_json
+from calibrate.records import kind_of
+
+from autotune.plan.place import (FAMILIES, HEAD, TAIL, Site, _act, _check_shapes, _global_shape, _handoffs, _place,
+                                 _post, _pre, _recompute, _redistribute, _world, contiguous_strides, find_layers,
+                                 torch)
+from autotune.plan.typed import ModelSpec, TypedPlan
+from autotune.sbp.mesh import Cluster
+
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate  # noqa: E402
+
+
+
+
+def _eager_1f1b(stage, n_microbatches: int, loss_fn=None):
+    """Eager-1F1B on the library's schedule runtime: each stage's order as ``autotune.reshard.pipeline``
+    simulates it, its communication added by the runtime."""
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+
+    from autotune.reshard.pipeline import EagerOneFOneB
+    schedule = _PipelineScheduleRuntime([stage], n_microbatches, loss_fn=loss_fn)
+    kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+    orders = EagerOneFOneB().orders(stage.num_stages, n_microbatches)
+    schedule._prepare_schedule_with_comms({s: [_Action(s, kinds[k], m) for k, m in order]
+                                          for s, order in enumerate(orders)})
+    return schedule
+
+
+def _library(name: str):
+    def make(stage, n_microbatches: int, loss_fn=None):
+        import torch.distributed.pipelining as pipelining
+        return getattr(pipelining, name)(stage, n_microbatches, loss_fn=loss_fn)
+    return make
+
+
+# the plan's schedule: what builds it on this rank's PipelineStage
+SCHEDULES = {"1f1b": _library("Schedule1F1B"), "gpipe": _library("ScheduleGPipe"), "eager-1f1b": _eager_1f1b}
+SEARCH_KIND = "commtune.sbp-plan"
+
+
+# --- the pipelined plan -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PipelinedPlan:
+    """What a pipelined plan tells the executor: per stage its typed plan on its submesh and its blocks."""
+
+    model: dict                      # the model's config with its kind
+    cluster: Cluster
+    submesh: Cluster
+    schedule: str
+    micro_batches: int
+    split: tuple[int, ...]           # blocks per stage
+    stages: tuple[TypedPlan, ...]
+    strategy: str = ""
+
+    @property
+    def world(self) -> int:
+        return self.cluster.devices
+
+    def block_range(self, i: int) -> tuple[int, int]:
+        lo = sum(self.split[:i])
+        return lo, lo + self.split[i]
+
+
+def load_pipelined(source, origin: str | None = None) -> PipelinedPlan:
+    """The one loader: a PipelinedPlan, plan.json of ``python -m autotune`` whose best is pipelined (a path
+    or its dict), or one pipelined plan dict (``plan["best"]`` or a baseline with ``stages``)."""
+    if isinstance(source, PipelinedPlan):
+        return source
+    if isinstance(source, (str, Path)):
+        origin = origin or f"plan file {str(source)!r}"
+        source = read_json(source, "plan file", "give a plan written by python -m autotune --pipeline N --out DIR")
+    origin = origin or "plan"
+    if not isinstance(source, dict):
+        raise UserError(f"{origin}: a {type(source).__name__} is not a pipelined plan: give plan.json of "
+                        f"python -m autotune --pipeline N, or its best plan")
+    if kind_of(source) == SEARCH_KIND and "best" in source:
+        from autotune.sbp.plan import PlanFile
+        source = PlanFile.from_dict(source, origin).best
+    if "stages" not in source or "pipeline" not in source:
+        raise UserError(f"{origin}: the plan {source.get('strategy', '')!r} has no pipeline stages: place it with "
+                        f"autotune.apply, or search with python -m autotune --pipeline N")
+    pl, model = source["pipeline"], dict(source.get("model") or {})
+    try:
+        cluster = Cluster(int(source["cluster"]["nodes"]), int(source["cluster"]["gpus_per_node"]))
+        sub = Cluster(int(pl["submesh"]["nodes"]), int(pl["submesh"]["gpus_per_node"]))
+        schedule, m, split = str(pl["schedule"]), int(pl["micro_batches"]), tuple(int(k) for k in pl["split"])
+        entries = [s["plan"] for s in source["stages"]]
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{origin}: the pipeline section lacks schedule, micro_batches, split, submesh or the "
+                        f"stages' plans: re-run python -m autotune --pipeline N") from None
+    p = len(entries)
+    if schedule not in SCHEDULES:
+        raise UserError(f"{origin}: schedule {schedule!r} is not one of {', '.join(SCHEDULES)}: re-run the search")
+    if p < 2 or len(split) != p or any(k < 1 for k in split):
+        raise UserError(f"{origin}: {p} stages with the split {list(split)}: a pipeline needs at least 2 stages, "
+                        f"each with at least one block; re-run the search")
+    if sub.devices * p != cluster.devices:
+        raise UserError(f"{origin}: {p} stages of {sub} do not make the cluster {cluster}: re-run the search")
+    if model.get("layers") is not None and sum(split) != model["layers"]:
+        raise UserError(f"{origin}: the split {list(split)} gives {sum(split)} blocks but the model has "
+                        f"{model['layers']}: re-run the search for this model")
+    if schedule != "gpipe" and m < p:
+        raise UserError(f"{origin}: {m} micro-batches for {p} stages under {schedule}: 1F1B needs at least one "
+                        f"micro-batch per stage; re-run the search with a larger batch or fewer stages")
+    stages = []
+    for i, e in enumerate(entries):
+        typed = TypedPlan.from_search(e, (), f"{origin}: stage {i}", stage=True)
+        if typed.cluster != sub:
+            raise UserError(f"{origin}: stage {i}'s plan is for {typed.cluster}, not the submesh {sub}: re-run "
+                            f"the search")
+        names = {lay.name for lay in typed.layers}
+        if (i == 0) != ("embedding" in names) or (i == p - 1) != ("logits" in names):
+            raise UserError(f"{origin}: stage {i}'s plan {'lacks' if (i == 0) == ('embedding' not in names) else 'has'}"
+                            f" the embedding or logits: the first stage holds the embedding, the last the logits; "
+                            f"re-run the search")
+        counts = {lay.count for lay in typed.layers if lay.name not in HEAD + TAIL and lay.kind != "residual"}
+        if counts != {split[i]}:
+            raise UserError(f"{origin}: stage {i}'s plan repeats its block layers {sorted(counts)} times but the split "
+                            f"{list(split)} gives it {split[i]} blocks: re-run the search (a split must match its "
+                            f"stages' plans)")
+        stages.append(replace(typed, model=ModelSpec(typed.model.kind, dict(typed.model.config, layers=split[i]))))
+    out = PipelinedPlan(model, cluster, sub, schedule, m, split, tuple(stages), str(source.get("strategy", "")))
+    _check_sequences(out, origin)
+    return out
+
+
+# --- cutting the module --------------------------------------------------------------------------------------
+def _arrive(x, mesh, src: tuple | None, dst: tuple | None):
+    """The stream's local piece in ``src`` (the previous stage's placement) redistributed to ``dst`` on
+    ``mesh`` (this stage's submesh); as is where the submesh is one device."""
+    if mesh is None or src is None or dst is None:
+        return x
+    placements, _ = _act(src, x, whole=False)
+    shape = _global_shape(x, placements, mesh)
+    X = DTensor.from_local(x, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
+    want, grad = _act(dst, X)
+    return _redistribute(X, mesh, want).to_local(grad_placements=grad)
+
+
+class ReferenceStage(nn.Module):
+    """A stage of ``models.modules.Transformer``: its forward is the model's, cut."""
+
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
+        super().__init__()
+        self.embedding = model.embedding if first else None
+        self.positions = model.positions if first else None
+        self.blocks = nn.ModuleList(list(model.blocks)[lo:hi])
+        self.ln_f = model.ln_f if last else None
+        self.logits = model.logits if last else None
+        self.recompute = model.recompute
+        self.arrive = None
+
+    def forward(self, x):
+        if self.embedding is not None:
+            ids = x
+            x = self.embedding(ids)
+            if self.positions is not None:
+                x = x + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        elif self.arrive is not None:
+            x = self.arrive(x)
+        for block in self.blocks:
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.logits(self.ln_f(x)) if self.logits is not None else x
+
+
+class HFStage(nn.Module):
+    """A stage of a Hugging Face causal LM (Llama family): its base model with the stage's decoder layers,
+    run from the embedding (first) or from ``inputs_embeds`` (later stages); the final norm and the head in
+    the last."""
+
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
+        super().__init__()
+        base = model.model
+        base.layers = nn.ModuleList(list(base.layers)[lo:hi])
+        if not first:
+            base.embed_tokens = None
+        if not last:
+            base.norm = nn.Identity()
+        self.model = base
+        self.lm_head = model.lm_head if last else None
+        self.first = first
+        self.arrive = None
+
+    def forward(self, x):
+        if self.first:
+            h = self.model(input_ids=x, use_cache=False).last_hidden_state
+        else:
+            h = self.model(inputs_embeds=self.arrive(x) if self.arrive is not None else x,
+                           use_cache=False).last_hidden_state
+        return self.lm_head(h) if self.lm_head is not None else h
+
+
+def _is_reference(model) -> bool:
+    return type(model).__name__ == "Transformer" and type(model).__module__ == "models.modules"
+
+
+def _is_hf_llama(model) -> bool:
+    return FAMILIES["llama"][0](model) and hasattr(model, "model") and hasattr(model, "lm_head")
+
+
+# name: (recognise, the stage module's class, the mapping of plan layers to module names)
+CUTS = {
+    "reference": (_is_reference, ReferenceStage, lambda m: m.plan_mapping),
+    "hf-llama": (_is_hf_llama, HFStage, lambda m: FAMILIES["llama"][1]),
+}
+
+
+def _cut_of(model):
+    for name, (match, cls, mapping) in CUTS.items():
+        if match(model):
+            return cls, mapping(model)
+    raise UserError(f"apply_pipeline cuts the reference modules (models.modules) and Hugging Face Llama-family "
+                    f"models, not a {type(model).__name__}: use one of those, or a single-stage plan with "
+                    f"autotune.apply")
+
+
+def _tied(model, mapping: dict) -> set[int]:
+    """The ids of the parameters shared between the embedding's modules and the logits' (a tied head)."""
+    names = dict(model.named_modules())
+
+    def params(layer):
+        pats = mapping.get(layer, [])
+        pats = [pats] if isinstance(pats, str) else list(pats)
+        return {id(p) for n, m in names.items() if n and any(fnmatch.fnmatchcase(n, pat) for pat in pats)
+                for p in m.parameters()}
+    return params("embedding") & params("logits")
+
+
+# --- placing a stage -----------------------------------------------------------------------------------------
+def _stream(plan: TypedPlan) -> tuple[tuple | None, tuple | None]:
+    """(in, out): the placements the stream enters and leaves a stage in: the residual's input and output,
+    else the first block layer's input and the last block layer's output."""
+    residual = next((lay for lay in plan.layers if lay.kind == "residual"), None)
+    if residual is not None:
+        return residual.input, residual.output
+    block = [lay for lay in plan.layers if lay.name not in HEAD + TAIL]
+    return block[0].input, block[-1].output
+
+
+def _install_stage_hooks(chain: list[Site], mesh, first: bool, last: bool, stream_in, stream_out) -> None:
+    """``apply``'s hooks on a stage: the first module of a later stage takes the stream as it arrives
+    (``stream_in``), the last module of an earlier stage hands on what its chain expects next (the stream's
+    placement where the chain ends in a module)."""
+    arrive = _handoffs(chain)
+    mods = [i for i, s in enumerate(chain) if s.modules]
+    if not first:
+        arrive[mods[0]] = stream_in
+    for i in mods:
+        site = chain[i]
+        if i != mods[-1]:
+            leave = arrive[i + 1]
+        elif last:
+            leave = None
+        else:
+            leave = arrive[i + 1] if i + 1 < len(chain) else stream_out
+        for name, module in site.modules:
+            module.register_forward_pre_hook(
+                functools.partial(_pre, mesh=mesh, arrive=arrive[i], want=site.layer.input, where=name),
+                with_kwargs=True)
+            module.register_forward_hook(functools.partial(_post, mesh=mesh, leave=leave))
+
+
+def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
+    names = {lay.name for lay in plan.layers}
+    return {k: v for k, v in mapping.items() if k in names}
+
+
+# --- the pipeline ---------------------------------------------------------------------------------------------
+def _cross_entropy(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@dataclass
+class Pipeline:
+    """This rank's stage of a pipelined plan, placed and scheduled (``apply_pipeline``)."""
+
+    plan: PipelinedPlan
+    stage: int
+    module: nn.Module        # this rank's stage (its parameters for the optimizer)
+    schedule: object         # the torch.distributed.pipelining schedule
+    pp_group: object         # rank j of every stage
+    tied_group: object       # rank j of the first and the last stage, where the head is tied
+    tied: tuple[str, ...]    # the stage module's parameters tied across the first and the last stage
+    device: object
+    mesh: object             # this stage's submesh (None: one device)
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == len(self.plan.split) - 1
+
+    def step(self, ids, targets):
+        """One forward and backward of the whole batch over the plan's micro-batches (gradients of the mean
+        loss; no optimizer step); returns that mean loss (a 0-d tensor) on every rank."""
+        m = self.plan.micro_batches
+        if ids.shape[0] % m:
+            raise UserError(f"a batch of {ids.shape[0]} does not split into the plan's {m} micro-batches: use a "
+                            f"batch that {m} divides")
+        losses: list = []
+        if self.first:
+            self.schedule.step(ids)
+        elif self.last:
+            self.schedule.step(target=targets, losses=losses)
+        else:
+            self.schedule.step()
+        self._sum_tied()
+        loss = (torch.stack([x.detach() for x in losses]).mean() if self.last
+                else torch.zeros((), dtype=torch.float64, device=self.device))
+        loss = loss.to(torch.float64)
+        dist.broadcast(loss, group_src=len(self.plan.split) - 1, group=self.pp_group)
+        return loss
+
+    def _sum_tied(self) -> None:
+        """The tied embedding's and logits' gradients summed between the first and the last stage."""
+        for name in self.tied:
+            p = self.module.get_parameter(name)
+            g = p.grad
+            if g is None:
+                g = torch.zeros_like(p)
+            whole = g.full_tensor() if isinstance(g, DTensor) else g.clone()
+            dist.all_reduce(whole, group=self.tied_group)
+            if isinstance(p, DTensor):
+                whole = DTensor.from_local(whole, p.device_mesh, [Replicate()] * p.device_mesh.ndim,
+                                           run_check=False).redistribute(p.device_mesh, p.placements)
+            p.grad = whole
+
+
+def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pipeline:
+    """This rank's stage of ``model`` placed and scheduled as the pipelined ``plan`` says (module doc)."""
+    pp = load_pipelined(plan)
+    cls, default_mapping = _cut_of(model)
+    world = _world()
+    if pp.world != world:
+        raise UserError(f"the plan is for {pp.cluster} = {pp.world} devices in {len(pp.split)} stages but {world} "
+                        f"processes run: launch {pp.world} (torchrun --nproc-per-node ...) or search a plan for "
+                        f"{world}")
+    mapping = dict(mapping if mapping is not None else default_mapping)
+    p, S = len(pp.split), pp.submesh.devices
+    rank = dist.get_rank()
+    stage, j = divmod(rank, S)
+    first, last = stage == 0, stage == p - 1
+    typed = pp.stages[stage]
+    blocks_have = len(_blocks(model, cls))
+    if blocks_have != sum(pp.split):
+        raise UserError(f"the {type(model).__name__} has {blocks_have} blocks but the plan splits "
+                        f"{sum(pp.split)} ({list(pp.split)}): apply a plan searched for a model of {blocks_have} "
+                        f"layers")
+    tied_ids = _tied(model, mapping)
+    lo, hi = pp.block_range(stage)
+    module = cls(model, lo, hi, first, last)
+    tied = tuple(n for n, prm in module.named_parameters() if id(prm) in tied_ids)
+    chain, prefixes = find_layers(typed, module, _mapping_for(typed, mapping))
+    _check_shapes(chain, typed)
+    backend = dist.get_backend()
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    from torch.distributed.device_mesh import init_device_mesh
+    world_mesh = init_device_mesh(device.type, (p, *typed.mesh.sizes), mesh_dim_names=("pp", *typed.mesh.names))
+    mesh = world_mesh[typed.mesh.names] if S > 1 else None
+    pp_group = world_mesh["pp"].get_group()
+    tied_group = None
+    for k in range(S):  # every rank makes every pair's group, in the same order
+        g = dist.new_group([k, (p - 1) * S + k]) if tied_ids else None
+        if k == j:
+            tied_group = g
+    if mesh is not None:
+        _place(chain, typed, mesh, module)
+        s_in, s_out = _stream(typed)
+        _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
+        if not first:
+            prev_out = _stream(pp.stages[stage - 1])[1]
+            module.arrive = functools.partial(_arrive, mesh=mesh, src=prev_out, dst=s_in)
+    _recompute(module, chain, prefixes, typed.recompute)
+    from torch.distributed.pipelining import PipelineStage
+    pstage = PipelineStage(module, stage, p, device, group=pp_group)
+    schedule = SCHEDULES[pp.schedule](pstage, pp.micro_batches, loss_fn=loss_fn or _cross_entropy)
+    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh)
+
+
+def _check_sequences(pp: PipelinedPlan, origin: str) -> None:
+    """The stream's token split must give each device whole sequences of a micro-batch (the modules' batch
+    dimension is the plan's tokens)."""
+    mb = pp.model.get("micro_batch")
+    for i, typed in enumerate(pp.stages):
+        for fine in _stream(typed):
+            parts = 1
+            for p, n in zip(fine or (), typed.mesh.sizes):
+                parts *= n if p == "S0" else 1
+            if mb is not None and mb % parts:
+                raise UserError(f"{origin}: stage {i} splits the tokens of a micro-batch of {mb} sequences over "
+                                f"{parts} devices: apply splits whole sequences; search with a larger micro-batch "
+                                f"(--batch) or fewer micro-batches")
+
+
+def _blocks(model, cls) -> list:
+    return list(model.blocks) if cls is ReferenceStage else list(model.model.layers)
+
+
+__all__ = ["PipelinedPlan", "Pipeline", "apply_pipeline", "load_pipelined", "CUTS", "SCHEDULES"]

@@ -1,0 +1,104 @@
+"""Pipelined plans and models for the pipeline execution tests: the pipeline search's plan
+(``autotune.pipeline.record.pipeline_plans``) of a small GPT (the reference modules, tied embedding and
+logits, learned positions) and of a small Llama (Hugging Face), their modules, and one process's training
+as the reference."""
+from __future__ import annotations
+
+import copy
+import re
+import types
+
+GPT = dict(kind="gpt", layers=4, hidden=32, heads=4, kv_heads=4, head_dim=8, ffn=64, sequence=8, vocabulary=48,
+           batch=8, micro_batch=2, residual=True, attention="flash", bias=True, tied=True, positions="learned")
+LLAMA = dict(kind="llama", layers=4, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8,
+             vocabulary=40, batch=8, micro_batch=2)
+STEPS, LR, SEED = 2, 1e-2, 0
+
+
+def searched(cfg: dict, stages: int, nodes: int = 2, gpus: int = 2, schedule: str = "1f1b") -> dict:
+    """The pipeline search's plan of ``cfg`` in ``stages`` stages (its plan dict, as plan.json's best)."""
+    from autotune.pipeline.record import pipeline_plans
+    from autotune.pipeline.search import PipelineConfig
+    from autotune.sbp.mesh import Cluster
+    from calibrate.profile import Profile
+    from models import load_model
+    graph = load_model(cfg["kind"], None, {k: v for k, v in cfg.items() if k != "kind"})
+    plan, _ = pipeline_plans(graph, Cluster(nodes, gpus), Profile.load("h200-nvlink+ib400"), 80 * 2**30,
+                             PipelineConfig(stages, schedule, search="cd"))
+    return plan
+
+
+def restage(plan: dict, stage: int, rewrite) -> dict:
+    """``plan`` with stage ``stage``'s layers' placements rewritten: ``rewrite(layer name, key, text)`` gives
+    the new SBP text of the layer's input, output or a weight."""
+    out = copy.deepcopy(plan)
+    for lay in out["stages"][stage]["plan"]["layers"]:
+        sbp = lay["sbp"]
+        for key in ("input", "output"):
+            if key in sbp:
+                sbp[key] = rewrite(lay["name"], key, sbp[key])
+        sbp["weights"] = {w: rewrite(lay["name"], w, t) for w, t in sbp.get("weights", {}).items()}
+    return out
+
+
+def replicated(name: str, key: str, text: str) -> str:
+    """Every split and partial sum made replication: the stage runs the whole micro-batch on each device."""
+    return re.sub(r"\b(S\d|P):", "B:", text)
+
+
+def make_model(cfg: dict):
+    import torch
+    if cfg["kind"] == "gpt":
+        from models.modules import build
+        return build(cfg, seed=SEED).double()
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    torch.manual_seed(SEED)
+    hf = LlamaConfig(vocab_size=cfg["vocabulary"], hidden_size=cfg["hidden"], intermediate_size=cfg["ffn"],
+                     num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                     num_key_value_heads=cfg["kv_heads"], max_position_embeddings=cfg["sequence"],
+                     attn_implementation="sdpa")
+    model = LlamaForCausalLM(hf).double()
+    for m in model.modules():
+        if isinstance(m, LlamaRMSNorm):
+            m.forward = types.MethodType(_rms_norm, m)
+    return model
+
+
+def _rms_norm(self, x):
+    """Llama's RMSNorm in the model's dtype (Hugging Face's computes in float32, whose sums in another order
+    would hide a wrong gradient under 1e-9)."""
+    import torch
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def batch(cfg: dict):
+    """(ids, targets) of the whole batch, the same every step."""
+    import torch
+    g = torch.Generator().manual_seed(SEED + 1)
+    tokens = torch.randint(0, cfg["vocabulary"], (cfg["batch"], cfg["sequence"] + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def logits_of(model, ids):
+    return model(ids) if hasattr(model, "plan_mapping") else model(input_ids=ids, use_cache=False).logits
+
+
+def train_one_process(cfg: dict, micro_batches: int) -> tuple[list, dict]:
+    """STEPS Adam steps of the whole model in one process, the batch in ``micro_batches``: (losses, parameters)."""
+    import torch
+    model = make_model(cfg)
+    ids, targets = batch(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        total = 0.0
+        for x, y in zip(ids.chunk(micro_batches), targets.chunk(micro_batches)):
+            logits = logits_of(model, x)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            (loss / micro_batches).backward()
+            total += loss.item() / micro_batches
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}

@@ -1,0 +1,91 @@
+"""``python -m autotune execute`` on a pipelined plan, 4 processes (gloo, float64): the reference GPT (tied
+embedding and logits) cut into 4 stages of 1 device by the pipeline search's plan, trained through
+``autotune.apply_pipeline``; the losses of the record equal the same module trained in one process on the
+same micro-batches (AdamW), and --summarize tables it; a plan for another world, --layers, and --executor ops
+are one-line errors before any step."""
+import json
+import os
+import socket
+
+import pytest
+
+if not os.environ.get("CI"):
+    pytest.importorskip("torch")
+import torch  # noqa: E402
+import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
+import torch.multiprocessing as mp  # noqa: E402
+
+from pipeline_exec_plans import GPT, searched  # noqa: E402
+
+STEPS, LR, SEED, RTOL = 2, 1e-2, 0, 1e-9
+CFG = dict(GPT)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, argv):
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    from autotune.execute.cli import main
+    main(argv)
+
+
+def one_process(config: dict, micro_batches: int) -> list[float]:
+    """The execute module path's step in one process: the reference module, AdamW, the same micro-batches."""
+    from autotune.execute.moduletrain import build_module, token_batch
+    model = build_module("models.modules:build", config, SEED, torch.float64, torch.device("cpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for s in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for j in range(micro_batches):
+            ids, targets = token_batch(config, SEED, s, j, torch.device("cpu"))
+            loss = model(ids, targets)
+            (loss / micro_batches).backward()
+            total += loss.item() / micro_batches
+        opt.step()
+        losses.append(total)
+    return losses
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    from autotune.sbp.plan import PlanFile
+    path = tmp_path_factory.mktemp("pipe") / "plan.json"
+    PlanFile(searched(CFG, 4), []).save(path)
+    return path
+
+
+def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
+    out = tmp_path / "exec"
+    argv = [str(plan_file), "--steps", str(STEPS), "--warmup", "0", "--profile-steps", "0", "--dtype", "float64",
+            "--device", "cpu", "--lr", str(LR), "--seed", str(SEED), "--out", str(out)]
+    mp.start_processes(_worker, args=(4, _free_port(), argv), nprocs=4, start_method="fork")
+    rec = json.loads(next(out.glob("*.json")).read_text())
+    plan = json.loads(plan_file.read_text())["best"]
+    assert rec["executor"] == "pipeline" and rec["pipeline"]["split"] == plan["pipeline"]["split"]
+    assert rec["pipeline"]["library_schedule"] == "Schedule1F1B" and rec["world"] == 4
+    assert rec["predicted"]["step_s"] == plan["totals"]["step_s"]
+    want = one_process(plan["model"], plan["micro_batches"])
+    assert rec["measured"]["losses"] == pytest.approx(want, rel=RTOL, abs=0)
+    assert want[1] != pytest.approx(want[0])
+    from autotune.execute.cli import summarize
+    assert summarize(str(out)) == 0 and (out / "summary.md").exists()  # the table of a pipelined run
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--layers", "2"], "a pipelined plan splits its model's blocks"),
+    (["--executor", "ops"], "drop --executor ops"),
+    ([], "processes were launched"),
+])
+def test_bad_pipelined_execute_is_one_line(plan_file, extra, msg, tmp_path, capsys):
+    from autotune.__main__ import main
+    assert main(["execute", str(plan_file), "--out", str(tmp_path / "x")] + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "\n" not in err
