@@ -22,6 +22,11 @@
   layouts are head-group / pair interleaved, so this is the same split); a single fused qkv module is
   taken to be laid out head group by head group, except GPT-2's Conv1D ([q | k | v]), which a plan
   may not split by features. Norm weights follow their hidden dimension; a bias follows W's n.
+- Vocabulary: where the plan splits the embedding's table by rows (the vocabulary), over one mesh axis or
+  several, each device looks up the ids in its rows and the output is a partial sum over those axes
+  (Megatron-LM's vocabulary-parallel embedding, ``_vocab_embedding``; DTensor's own rule takes one axis
+  only). The logits split by vocabulary are DTensor's column-parallel Linear; the user's loss gets them
+  whole (below), so its cross-entropy is the one-process one.
 - Data: every rank runs the model on the same (micro-)batch; where the plan splits the data, each rank takes
   its piece of the activations without communication (DTensor's Replicate -> Shard).
 - Activations: a mapped module's input (a local tensor) is made a DTensor in the placement it was
@@ -499,6 +504,47 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
                 parametrize.register_parametrization(module, attr, _Gather(mesh, compute), unsafe=True)
 
 
+# --- vocabulary-parallel embedding ------------------------------------------------------------------------
+def _vocab_embedding(module, ids, *, mesh, compute: tuple):
+    """``module``'s (an ``nn.Embedding``) lookup with its table split by rows (the vocabulary) over one or more
+    mesh axes, as Megatron-LM's vocabulary-parallel embedding: each device looks up the ids in its rows, zeros
+    the others, and the output is a partial sum over the vocabulary axes (split by features where the table's
+    columns are, replicated elsewhere). Its gradient (whole on every device: DTensor's convention for Partial)
+    reaches only the local rows. DTensor's own embedding rule handles one vocabulary axis only."""
+    weight = module.weight
+    local_w = weight.to_local()
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    _, offset = compute_local_shape_and_global_offset(tuple(weight.shape), mesh, compute)
+    lo, rows = offset[0], local_w.shape[0]
+    ids = ids.to_local() if isinstance(ids, DTensor) else ids
+    local = ids - lo
+    outside = (local < 0) | (local >= rows)
+    pad = module.padding_idx
+    pad = pad - lo if pad is not None and lo <= pad < lo + rows else None
+    out = nn.functional.embedding(local.masked_fill(outside, 0), local_w, pad)
+    out = out.masked_fill(outside.unsqueeze(-1), 0)
+    placements = [Partial() if isinstance(c, Shard) and c.dim == 0 else Shard(out.dim() - 1) if isinstance(c, Shard)
+                  else Replicate() for c in compute]
+    shape = tuple(ids.shape) + (weight.shape[1],)
+    return DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
+
+
+def _vocab_parallel(chain: list[Site], plan: TypedPlan, mesh) -> None:
+    """The embedding's token table, where the plan splits it by vocabulary, looked up by ``_vocab_embedding``."""
+    site = next((s for s in chain if s.layer.kind == "embedding" and s.modules), None)
+    if site is None:
+        return
+    name, module = site.modules[0]
+    compute = tuple(_dtensor_placements(weight_placements(site, "weight", module, module.weight)))
+    if not any(isinstance(c, Shard) and c.dim == 0 for c in compute):
+        return
+    if not isinstance(module, nn.Embedding) or module.max_norm is not None:
+        raise UserError(f"{name}: the plan splits the embedding by vocabulary, which apply does for a plain "
+                        f"nn.Embedding (no max_norm) only: apply a plan with the vocabulary unsplit "
+                        f"(embedding weight placements without S0)")
+    module.forward = functools.partial(_vocab_embedding, module, mesh=mesh, compute=compute)
+
+
 # --- recomputation --------------------------------------------------------------------------------------
 def _recompute(model, chain: list[Site], prefixes: dict, how: str) -> None:
     if how == "none":
@@ -550,6 +596,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None):
             device = "cuda" if dist.get_backend() == "nccl" else "cpu"
             mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)
         _place(chain, plan, mesh, model)
+        _vocab_parallel(chain, plan, mesh)
         _install_hooks(chain, mesh)
     _recompute(model, chain, prefixes, plan.recompute)
     return model

@@ -115,6 +115,17 @@ def tp_data(cfg: dict, axes: int = 2, tp: int = 1) -> dict:
     }
 
 
+def vocab_parallel(cfg: dict) -> dict:
+    """Megatron's tensor parallelism on fine axis 1 (``tp_data``), and the embedding's and the logits' weights
+    split by vocabulary over both fine axes (all four devices): the embedding's output a partial sum on both,
+    the logits split by vocabulary on both."""
+    out = tp_data(cfg)
+    out["embedding"] = (None, ("P", "P"), {"weight": ("S0", "S0")})
+    out["logits"] = (("B", "B"), ("S1", "S1"), {"weight": ("S1", "S1")})
+    out["loss"] = (("S1", "S1"), None, {})
+    return out
+
+
 def random_partial(cfg: dict, mesh: tuple[int, ...], seed: int) -> dict:
     """Random placements that keep the inline layers computable on local pieces (attention split by batch or
     whole KV groups, activation functions and norms never given partial sums, the residual stream in one

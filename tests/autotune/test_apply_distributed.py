@@ -1,10 +1,12 @@
 """autotune.apply on 4 processes (gloo, float64) against the same model in one process: the loss of every
 step and every parameter after two Adam steps (two micro-batches each) agree to 1e-9 (relative), for a tiny
 Hugging Face LlamaForCausalLM and a nanoGPT-style module, with the SBP search's plan (models' llama/gpt
-graph, converted through the typed plan), plans for FSDP (data parallel placements),
+graph, converted through the typed plan), a plan splitting the embedding and the logits by vocabulary over
+all four devices (on both clusters), plans for FSDP (data parallel placements),
 tensor parallelism + FSDP (full recomputation) and random plans that use partial sums (one with selective
-recomputation), on a 2 x 2 cluster (on a 1 x 4 cluster, whose fine axes are the same, the searched plans); a plan with one wrong placement (the residual stream
-declared partial after the add) disagrees. One launch per cluster runs every plan. All but the searched
+recomputation), on a 2 x 2 cluster (on a 1 x 4 cluster, whose fine axes are the same, the searched and the
+vocabulary-parallel plans); the vocabulary-parallel plan with one wrong placement (the residual stream declared
+partial after the add) disagrees. One launch per cluster runs every plan. All but the searched
 plans are written by hand through the typed plan (tests/autotune/apply_plans.py)."""
 import os
 import socket
@@ -23,7 +25,7 @@ from torch import nn  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-from apply_plans import GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan  # noqa: E402
+from apply_plans import GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan, vocab_parallel  # noqa: E402
 
 STEPS, LR, SEED = 2, 1e-2, 0
 RTOL = 1e-9
@@ -152,12 +154,13 @@ def _worker(rank, world, port, jobs, out):
 
 def plans(nodes, gpus) -> list:
     """Every plan on 2 x 2; on 1 x 4, whose fine axes are the same two of size 2 (only the search's costs
-    differ), the searched plans and the wrong one."""
+    differ), the searched and vocabulary-parallel plans and the wrong one."""
     mesh = (2, 2)
     out = []
     for kind, cfg in (("llama", LLAMA), ("gpt", GPT)):
         dp = data_parallel(cfg)
         out.append((kind, searched(cfg, nodes, gpus)))
+        out.append((kind, typed_plan(cfg, nodes, gpus, vocab_parallel(cfg), "vocabulary parallel")))
         if nodes == 1:
             continue
         out += [(kind, typed_plan(cfg, nodes, gpus, dp, "FSDP", fsdp_axes=(0, 1))),
@@ -165,7 +168,7 @@ def plans(nodes, gpus) -> list:
                 (kind, typed_plan(cfg, nodes, gpus, random_partial(cfg, mesh, 1), "random 1")),
                 (kind, typed_plan(cfg, nodes, gpus, random_partial(cfg, mesh, 2), "random 2",
                                   recompute="selective"))]
-    broken = tp_data(LLAMA)
+    broken = vocab_parallel(LLAMA)
     i, _, w = broken["residual"]
     broken["residual"] = (i, ("S0", "P"), w)
     out.append(("llama", typed_plan(LLAMA, nodes, gpus, broken, "broken (residual output P)")))
