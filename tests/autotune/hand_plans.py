@@ -51,3 +51,15 @@ def megatron(layer):
     if layer.kind == "loss":
         return col, None, ()
     return data, data, ("B", "B")  # norms and the residual stream
+
+
+def vocab_parallel(layer):
+    """``megatron``, with the embedding's and the logits' weights split by vocabulary over both fine axes (the
+    embedding's output a partial sum on both, the logits split by vocabulary on both)."""
+    if layer.name == "embedding":
+        return None, ("P", "P"), ("S0", "S0")
+    if layer.name == "logits":
+        return ("B", "B"), ("S1", "S1"), ("S1", "S1")
+    if layer.kind == "loss":
+        return ("S1", "S1"), None, ()
+    return megatron(layer)

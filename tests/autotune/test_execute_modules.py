@@ -2,7 +2,8 @@
 process: the loss of every step, every weight after two AdamW steps and its last gradient agree to 1e-9
 (relative), for a Llama-style plan (data x Megatron tensor parallelism, grouped-query attention, SwiGLU,
 RMSNorm, rotary positions), the same plan with full recomputation, and a GPT plan (learned positions,
-tied logits, LayerNorm with shift, GELU) in data parallelism over four devices; a plan with one wrong
+tied logits, LayerNorm with shift, GELU) in data parallelism over four devices and in tensor parallelism with
+its embedding and tied logits split by vocabulary over all four devices; a plan with one wrong
 placement (the residual stream declared partial after the add) disagrees. The plans are written by hand
 (the search's cost rules for these layers are another branch's)."""
 import json
@@ -16,7 +17,7 @@ if not os.environ.get("CI"):
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from hand_plans import data_parallel, megatron, typed_plan  # noqa: E402
+from hand_plans import data_parallel, megatron, typed_plan, vocab_parallel  # noqa: E402
 
 LLAMA = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8, vocabulary=64,
              batch=8, micro_batch=4)
@@ -27,7 +28,8 @@ STEPS, LR, SEED, RTOL = 2, 1e-2, 0, 1e-9
 def plans() -> list[dict]:
     out = [typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2)"),
            typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2), full recomputation", "full"),
-           typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)")]
+           typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)"),
+           typed_plan(GPT, 2, 2, vocab_parallel, "gpt megatron, vocabulary over all four devices (2, 2), tied logits")]
     out = [p.to_dict() for p in out]
     broken = json.loads(json.dumps(out[0]))
     residual = next(lay for lay in broken["layers"] if lay["name"] == "residual")
