@@ -545,6 +545,69 @@ def _vocab_parallel(chain: list[Site], plan: TypedPlan, mesh) -> None:
     module.forward = functools.partial(_vocab_embedding, module, mesh=mesh, compute=compute)
 
 
+# --- FSDP through fully_shard ----------------------------------------------------------------------------
+def fully_shard_plan(plan: TypedPlan) -> bool:
+    """Whether ``plan`` is a pure FSDP or HSDP baseline that ``fully_shard`` expresses: weights sharded over
+    data axes (``sharding_mode`` "fsdp"), every weight otherwise replicated, every activation split by the
+    data on every axis, and the sharding axes the trailing fine axes (sharded in a node, replicated across).
+    Every other plan takes the DTensor placement path (``_place``)."""
+    if plan.sharding_mode != "fsdp" or not plan.sharding_axes or plan.world == 1:
+        return False
+    axes = sorted(plan.sharding_axes)
+    if axes != list(range(len(plan.mesh.sizes) - len(axes), len(plan.mesh.sizes))):
+        return False
+    for lay in plan.layers:
+        if any(set(w.placements) != {B} for w in lay.weights):
+            return False
+        if any(fine is not None and set(fine) != {"S0"} for fine in (lay.input, lay.output)):
+            return False
+    return True
+
+
+def _data_piece(module, args, kwargs, *, rank: int, world: int, where: str):
+    """The rank's piece of the whole batch (token ids) that every rank feeds; tensors without a batch
+    dimension (position ids) pass whole."""
+    x = args[0]
+    if x.dim() < 2:
+        return None
+    if x.shape[0] % world:
+        raise UserError(f"{where}: a micro-batch of {x.shape[0]} does not split over the plan's {world} data-parallel "
+                        f"devices: use a micro-batch that {world} divides")
+    return (x.chunk(world)[rank],) + args[1:], kwargs
+
+
+def _whole_batch(module, args, out, *, mesh):
+    """The data pieces of the output (the logits) gathered whole on every rank, for the user's loss; the
+    backward hands each rank its piece's gradient (summed over ranks by FSDP's reduction, divide factor 1)."""
+    placements = [Shard(0)] * mesh.ndim
+    shape = _global_shape(out, placements, mesh)
+    whole = DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
+    return whole.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
+
+
+def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str) -> None:
+    """torchtitan's FSDP: ``fully_shard`` on each block, then on the whole model, over a mesh of (replicate,
+    shard) for HSDP or (shard,) for FSDP; each rank computes its piece of the batch."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    shard = math.prod(plan.mesh.sizes[a] for a in plan.sharding_axes)
+    replicate = plan.world // shard
+    mesh = (init_device_mesh(device, (replicate, shard), mesh_dim_names=("replicate", "shard")) if replicate > 1
+            else init_device_mesh(device, (shard,), mesh_dim_names=("shard",)))
+    names = dict(model.named_modules())
+    units = [names[prefix] for prefix in prefixes.values()] + [model]
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
+    for unit in units:  # each unit reduces its own gradients
+        unit.set_gradient_divide_factor(1.0)
+    mapped = [(n, m) for site in chain for n, m in site.modules]
+    rank = dist.get_rank()
+    for name, module in next(s for s in chain if s.modules).modules:
+        module.register_forward_pre_hook(functools.partial(_data_piece, rank=rank, world=plan.world, where=name),
+                                         with_kwargs=True)
+    mapped[-1][1].register_forward_hook(functools.partial(_whole_batch, mesh=mesh))
+
+
 # --- recomputation --------------------------------------------------------------------------------------
 def _recompute(model, chain: list[Site], prefixes: dict, how: str) -> None:
     if how == "none":
@@ -591,9 +654,13 @@ def apply(plan, model, mesh=None, mapping: dict | None = None):
     chain, prefixes = find_layers(plan, model, mapping)
     _check_shapes(chain, plan)
     if world > 1:
+        device = mesh.device_type if mesh is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
+        if fully_shard_plan(plan):
+            _recompute(model, chain, prefixes, plan.recompute)
+            _fully_shard(model, chain, prefixes, plan, device)
+            return model
         if mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
             mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)
         _place(chain, plan, mesh, model)
         _vocab_parallel(chain, plan, mesh)
