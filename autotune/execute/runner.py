@@ -105,6 +105,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     or a typed plan) says, trained by ``ModuleTrainer``. A module may carry ``plan_mapping``, the
     mapping of plan layers to its module names that apply takes."""
     from autotune.plan import ModelSpec, apply, load_plan
+    from autotune.plan.place import fully_shard_plan
 
     typed = load_plan(plan)
     cluster = plan_cluster({"cluster": {"nodes": typed.cluster.nodes, "gpus_per_node": typed.cluster.gpus_per_node},
@@ -126,6 +127,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     totals = typed.costs.to_dict() if typed.costs else {}
     return {
         "kind": KIND, "version": VERSION, "strategy": typed.strategy, "executor": "apply", "module": module,
+        "apply_path": "fully_shard" if fully_shard_plan(typed) else "dtensor",
         "model": config, "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
         "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
         "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",

@@ -16,7 +16,8 @@ def weights(layer) -> dict:
     return {"weight": (d["hidden"],)} if layer.kind == "rmsnorm" else {}
 
 
-def typed_plan(cfg: dict, nodes: int, gpus: int, placements, strategy: str, recompute: str = "none") -> TypedPlan:
+def typed_plan(cfg: dict, nodes: int, gpus: int, placements, strategy: str, recompute: str = "none",
+               fsdp_axes: tuple[int, ...] = ()) -> TypedPlan:
     """The plan of ``cfg``'s layer graph with ``placements(layer) -> (input, output, weight placements)``."""
     graph = build_graph(cfg["kind"], {k: v for k, v in cfg.items() if k != "kind"})
     counts = graph.counts()
@@ -28,7 +29,8 @@ def typed_plan(cfg: dict, nodes: int, gpus: int, placements, strategy: str, reco
     cluster = Cluster(nodes, gpus)
     return TypedPlan(ModelSpec(cfg["kind"], {k: v for k, v in cfg.items() if k != "kind"}), cluster,
                      FineMesh.of(cluster), tuple(layers), micro_batches=cfg["batch"] // cfg["micro_batch"],
-                     recompute=recompute, strategy=strategy)
+                     recompute=recompute, sharding_mode="fsdp" if fsdp_axes else "none", sharding_axes=fsdp_axes,
+                     strategy=strategy)
 
 
 def data_parallel(layer):

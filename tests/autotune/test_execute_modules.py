@@ -3,7 +3,7 @@ process: the loss of every step, every weight after two AdamW steps and its last
 (relative), for a Llama-style plan (data x Megatron tensor parallelism, grouped-query attention, SwiGLU,
 RMSNorm, rotary positions), the same plan with full recomputation, and a GPT plan (learned positions,
 tied logits, LayerNorm with shift, GELU) in data parallelism over four devices and in tensor parallelism with
-its embedding and tied logits split by vocabulary over all four devices; a plan with one wrong
+its embedding and tied logits split by vocabulary over all four devices, and a Llama FSDP plan (fully_shard); a plan with one wrong
 placement (the residual stream declared partial after the add) disagrees. The plans are written by hand
 (the search's cost rules for these layers are another branch's)."""
 import json
@@ -29,7 +29,8 @@ def plans() -> list[dict]:
     out = [typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2)"),
            typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2), full recomputation", "full"),
            typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)"),
-           typed_plan(GPT, 2, 2, vocab_parallel, "gpt megatron, vocabulary over all four devices (2, 2), tied logits")]
+           typed_plan(GPT, 2, 2, vocab_parallel, "gpt megatron, vocabulary over all four devices (2, 2), tied logits"),
+           typed_plan(LLAMA, 1, 4, data_parallel, "llama FSDP (1, 4), fully_shard", fsdp_axes=(0, 1))]
     out = [p.to_dict() for p in out]
     broken = json.loads(json.dumps(out[0]))
     residual = next(lay for lay in broken["layers"] if lay["name"] == "residual")
@@ -63,7 +64,7 @@ def _worker(rank, world, port, plans_file, out):
         except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
             results.append(f"{type(e).__name__}: {e}")
             continue
-        results.append({"losses": rec["measured"]["losses"], "executor": rec["executor"],
+        results.append({"losses": rec["measured"]["losses"], "executor": rec["executor"], "path": rec["apply_path"],
                         "weights": {n: _whole(p.detach()) for n, p in model.named_parameters()},
                         "grads": {n: _whole(p.grad) for n, p in model.named_parameters()}})
     if rank == 0:
@@ -118,6 +119,7 @@ def test_apply_path_matches_one_process(tmp_path):
     assert len(results) == len(ps)
     for plan, got in zip(ps[:-1], results):
         assert got["executor"] == "apply"
+        assert got["path"] == ("fully_shard" if "FSDP" in plan["strategy"] else "dtensor"), plan["strategy"]
         problem = mismatch(refs[plan["model"]["kind"]], got)
         assert problem is None, f"{plan['strategy']}: {problem}"
     assert mismatch(refs["llama"], results[-1]) is not None, "a wrong placement went unnoticed"
