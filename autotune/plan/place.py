@@ -42,10 +42,16 @@
   declared output of a module layer is not relied on; its inline layers' placements are).
 - Gradient sync: each parameter's gradient is redistributed to its placement (all-reduce of a
   replicated weight over the axes that split the data).
-- FSDP (``plan.sharding_mode == "fsdp"``): a weight replicated on a sharding axis is stored split
-  there (its first dimension that divides) and all-gathered at use by a parametrization, whose
-  backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
-  ``fully_shard``, whose parameters live on a sub-mesh the hooks' DTensors do not share).
+- FSDP: a pure FSDP, HSDP or TP + FSDP baseline (``fully_shard_layout``: weights sharded over the data
+  axes, the only other split one trailing tensor-parallel axis placed column-/row-wise without sequence
+  parallelism) is placed as torchtitan does: ``parallelize_module`` (``ColwiseParallel`` /
+  ``RowwiseParallel``) on the tensor-parallel axis, then ``fully_shard`` on each block and the whole model
+  over the data axes ((replicate, shard) for HSDP); each rank computes its data piece of the batch, the
+  logits are gathered whole. Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
+  a sharding axis split there (its first dimension that divides), all-gathered at use by a parametrization
+  whose backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
+  ``fully_shard``, whose parameters live on a sub-mesh the per-layer hooks' DTensors do not share).
+  ``placement_path(plan, model)`` says which path a plan takes.
 - Recomputation: ``"full"`` wraps each block in ``torch.utils.checkpoint``; ``"selective"`` each
   block's attention module.
 - Module names: found by pattern for Hugging Face Llama, Mistral, Qwen2, GPT-2 and nanoGPT-style
@@ -546,22 +552,116 @@ def _vocab_parallel(chain: list[Site], plan: TypedPlan, mesh) -> None:
 
 
 # --- FSDP through fully_shard ----------------------------------------------------------------------------
-def fully_shard_plan(plan: TypedPlan) -> bool:
-    """Whether ``plan`` is a pure FSDP or HSDP baseline that ``fully_shard`` expresses: weights sharded over
-    data axes (``sharding_mode`` "fsdp"), every weight otherwise replicated, every activation split by the
-    data on every axis, and the sharding axes the trailing fine axes (sharded in a node, replicated across).
-    Every other plan takes the DTensor placement path (``_place``)."""
-    if plan.sharding_mode != "fsdp" or not plan.sharding_axes or plan.world == 1:
-        return False
-    axes = sorted(plan.sharding_axes)
-    if axes != list(range(len(plan.mesh.sizes) - len(axes), len(plan.mesh.sizes))):
-        return False
+@dataclass(frozen=True)
+class FullyShard:
+    """A plan that torchtitan's composition expresses: data axes (every activation split by the data, the
+    weights sharded over ``shard`` of them and replicated over the others) and at most one trailing tensor
+    parallel axis placed as ``parallelize_module``'s column- and row-wise styles."""
+
+    data: tuple[int, ...]
+    shard: tuple[int, ...]
+    tp: int | None
+
+
+# plan layer -> (its weight's placement on the tensor-parallel axis, the module's style); inline layers and
+# norms: the activation placements they take there
+_TP_WEIGHTS = {"qkv": {"S1": "colwise"}, "fc1": {"S1": "colwise"}, "proj": {"S0": "rowwise"},
+               "fc2": {"S0": "rowwise"}, "embedding": {"S0": "rowwise", B: None}, "logits": {"S1": "colwise", B: None}}
+_TP_INLINE = {"attention": "S1", "swiglu": "S1", "pointwise": "S1", "residual": B}
+# style -> (input placements, output placements) it computes on the tensor-parallel axis
+_TP_ACTS = {"colwise": ((B,), ("S1",)), "rowwise": (("S1",), (P, B)), None: ((B,), (B,))}
+
+
+def _tp_axis_ok(plan: TypedPlan, axis: int) -> bool:
+    """Whether every layer's placements on ``axis`` are Megatron's (torchtitan's) without sequence parallelism."""
     for lay in plan.layers:
-        if any(set(w.placements) != {B} for w in lay.weights):
+        w = lay.weight("weight")
+        if lay.name in _TP_WEIGHTS:
+            if w is None or w.placements[axis] not in _TP_WEIGHTS[lay.name]:
+                return False
+            ins, outs = _TP_ACTS[_TP_WEIGHTS[lay.name][w.placements[axis]]]
+            if lay.kind == "embedding":
+                ins, outs = (B,), (P, B)
+            if (lay.input is not None and lay.input[axis] not in ins) or (
+                    lay.output is not None and lay.output[axis] not in outs):
+                return False
+        elif any(x.placements[axis] != B for x in lay.weights):
             return False
-        if any(fine is not None and set(fine) != {"S0"} for fine in (lay.input, lay.output)):
+        want = _TP_INLINE.get(lay.kind)
+        if want is not None and any(f is not None and f[axis] != want for f in (lay.input, lay.output)):
+            return False
+        if lay.kind in ("layernorm", "rmsnorm") and any(f is not None and f[axis] != B for f in (lay.input, lay.output)):
             return False
     return True
+
+
+def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
+    """The ``FullyShard`` of a pure FSDP, HSDP or TP + FSDP baseline (``sharding_mode`` "fsdp"; weights
+    sharded over data axes: all of them, or the trailing ones with the leading replicated; at most one
+    trailing tensor-parallel axis as ``_tp_axis_ok``); None for every other plan, which takes the DTensor
+    placement path (``_place``)."""
+    n = len(plan.mesh.sizes)
+    if plan.sharding_mode != "fsdp" or not plan.sharding_axes or plan.world == 1:
+        return None
+
+    def data_axis(a: int) -> bool:
+        return all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
+            f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
+
+    data = tuple(a for a in range(n) if data_axis(a))
+    rest = tuple(a for a in range(n) if a not in data)
+    tp = rest[0] if len(rest) == 1 and rest[0] == n - 1 and _tp_axis_ok(plan, rest[0]) else None
+    if (rest and tp is None) or data != tuple(range(len(data))) or not data:
+        return None
+    shard = tuple(sorted(plan.sharding_axes))
+    if tp is not None and shard != data:  # TP + FSDP: sharded over every data axis (torchtitan's 2-D)
+        return None
+    if shard != data[len(data) - len(shard):]:
+        return None
+    return FullyShard(data, shard, tp)
+
+
+def fully_shard_plan(plan: TypedPlan) -> bool:
+    """Whether ``plan`` takes the ``fully_shard`` path (``fully_shard_layout``)."""
+    return fully_shard_layout(plan) is not None
+
+
+def _tp_modules(chain: list[Site], tp: int) -> dict | None:
+    """module name -> ``parallelize_module`` style for the plan's tensor-parallel axis; None where the modules
+    cannot take them (not ``nn.Linear`` / ``nn.Embedding``, or a weight tied between two mapped modules)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    styles, owners = {}, {}
+    for site in chain:
+        for i, (name, module) in enumerate(site.modules):
+            for p in module.parameters(recurse=False):
+                if id(p) in owners:
+                    return None
+                owners[id(p)] = name
+            style = None
+            if site.layer.name in _TP_WEIGHTS and not (site.layer.kind == "embedding" and i > 0):
+                style = _TP_WEIGHTS[site.layer.name][site.layer.weight("weight").placements[tp]]
+            if style is None:
+                continue
+            if type(module) not in (nn.Linear, nn.Embedding) or (isinstance(module, nn.Embedding) and style != "rowwise"):
+                return None
+            if site.layer.name == "logits":  # whole logits for the user's loss
+                styles[name] = ColwiseParallel(output_layouts=Replicate())
+            elif site.layer.kind == "embedding":  # token ids, whole on every device
+                styles[name] = RowwiseParallel(input_layouts=Replicate())
+            else:
+                styles[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+    return styles
+
+
+def placement_path(plan, model, mapping: dict | None = None) -> str:
+    """"fully_shard" or "dtensor": the path ``apply`` places ``model`` by (see ``fully_shard_layout``)."""
+    plan = load_plan(plan)
+    layout = fully_shard_layout(plan)
+    if layout is None:
+        return "dtensor"
+    if layout.tp is not None and _tp_modules(find_layers(plan, model, mapping)[0], layout.tp) is None:
+        return "dtensor"
+    return "fully_shard"
 
 
 def _data_piece(module, args, kwargs, *, rank: int, world: int, where: str):
@@ -585,27 +685,37 @@ def _whole_batch(module, args, out, *, mesh):
     return whole.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
 
 
-def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str) -> None:
-    """torchtitan's FSDP: ``fully_shard`` on each block, then on the whole model, over a mesh of (replicate,
-    shard) for HSDP or (shard,) for FSDP; each rank computes its piece of the batch."""
+def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, device: str) -> None:
+    """torchtitan's composition: ``parallelize_module`` on the tensor-parallel axis (if any), then
+    ``fully_shard`` on each block and on the whole model over the data axes, a (replicate, shard) mesh for
+    HSDP; each rank computes its data piece of the batch."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    shard = math.prod(plan.mesh.sizes[a] for a in plan.sharding_axes)
-    replicate = plan.world // shard
-    mesh = (init_device_mesh(device, (replicate, shard), mesh_dim_names=("replicate", "shard")) if replicate > 1
-            else init_device_mesh(device, (shard,), mesh_dim_names=("shard",)))
+    sizes = plan.mesh.sizes
+    shard = math.prod(sizes[a] for a in layout.shard)
+    replicate = math.prod(sizes[a] for a in layout.data) // shard
+    dims = {"replicate": replicate, "shard": shard, "tp": sizes[layout.tp] if layout.tp is not None else 1}
+    dims = {k: v for k, v in dims.items() if v > 1 or k == "shard"}
+    world_mesh = init_device_mesh(device, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    if layout.tp is not None:
+        from torch.distributed.tensor.parallel import parallelize_module
+        parallelize_module(model, world_mesh["tp"], _tp_modules(chain, layout.tp))
+    _recompute(model, chain, prefixes, plan.recompute)
+    data = tuple(k for k in dims if k != "tp")
+    mesh = world_mesh[data]
     names = dict(model.named_modules())
     units = [names[prefix] for prefix in prefixes.values()] + [model]
     for unit in units:
         fully_shard(unit, mesh=mesh)
     for unit in units:  # each unit reduces its own gradients
         unit.set_gradient_divide_factor(1.0)
-    mapped = [(n, m) for site in chain for n, m in site.modules]
-    rank = dist.get_rank()
+    coords = [world_mesh.get_local_rank(k) for k in data]
+    rank = coords[0] * shard + coords[1] if len(coords) == 2 else coords[0]
     for name, module in next(s for s in chain if s.modules).modules:
-        module.register_forward_pre_hook(functools.partial(_data_piece, rank=rank, world=plan.world, where=name),
-                                         with_kwargs=True)
-    mapped[-1][1].register_forward_hook(functools.partial(_whole_batch, mesh=mesh))
+        module.register_forward_pre_hook(functools.partial(_data_piece, rank=rank, world=replicate * shard,
+                                                           where=name), with_kwargs=True, prepend=True)
+    last = [m for site in chain for _, m in site.modules][-1]
+    last.register_forward_hook(functools.partial(_whole_batch, mesh=mesh))
 
 
 # --- recomputation --------------------------------------------------------------------------------------
@@ -655,9 +765,9 @@ def apply(plan, model, mesh=None, mapping: dict | None = None):
     _check_shapes(chain, plan)
     if world > 1:
         device = mesh.device_type if mesh is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
-        if fully_shard_plan(plan):
-            _recompute(model, chain, prefixes, plan.recompute)
-            _fully_shard(model, chain, prefixes, plan, device)
+        layout = fully_shard_layout(plan)
+        if layout is not None and (layout.tp is None or _tp_modules(chain, layout.tp) is not None):
+            _fully_shard(model, chain, prefixes, plan, layout, device)
             return model
         if mesh is None:
             from torch.distributed.device_mesh import init_device_mesh

@@ -1,8 +1,9 @@
 """autotune.apply on 4 processes (gloo, float64) against the same model in one process: the loss of every
 step and every parameter after two Adam steps (two micro-batches each) agree to 1e-9 (relative), for a tiny
 Hugging Face LlamaForCausalLM and a nanoGPT-style module, with the SBP search's plan (models' llama/gpt
-graph, converted through the typed plan), FSDP and HSDP (full recomputation) through fully_shard, a plan splitting the embedding and the logits by vocabulary over
-all four devices (on both clusters), tensor parallelism + FSDP (full recomputation) and random plans that use partial sums (one with selective
+graph, converted through the typed plan), FSDP, HSDP (full recomputation) and tensor parallelism + FSDP
+(full recomputation) through fully_shard (+ parallelize_module), a plan splitting the embedding and the logits
+by vocabulary over all four devices (on both clusters), and random plans that use partial sums (one with selective
 recomputation), on a 2 x 2 cluster (on a 1 x 4 cluster, whose fine axes are the same, the searched and the
 vocabulary-parallel plans); the vocabulary-parallel plan with one wrong placement (the residual stream declared
 partial after the add) disagrees. One launch per cluster runs every plan. All but the searched
@@ -25,7 +26,7 @@ from torch.distributed.fsdp import FSDPModule  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-from autotune.plan.place import fully_shard_plan  # noqa: E402
+from autotune.plan.place import fully_shard_plan, placement_path  # noqa: E402
 from apply_plans import GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan, vocab_parallel  # noqa: E402
 
 STEPS, LR, SEED = 2, 1e-2, 0
@@ -145,9 +146,12 @@ def _worker(rank, world, port, jobs, out):
     for kind, plan in jobs:
         cfg = GPT if kind == "gpt" else LLAMA
         try:
-            model = autotune.apply(plan, make_model(kind))
-            if isinstance(model, FSDPModule) != fully_shard_plan(plan):
-                raise RuntimeError(f"fully_shard {'not ' if fully_shard_plan(plan) else ''}applied")
+            model = make_model(kind)
+            path = placement_path(plan, model)
+            model = autotune.apply(plan, model)
+            if isinstance(model, FSDPModule) != (path == "fully_shard"):
+                raise RuntimeError(f"placement_path says {path} but fully_shard was{'' if path == 'dtensor' else ' not'} "
+                                   f"applied")
             results.append(train(model, plan, cfg))
         except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
             results.append(f"{type(e).__name__}: {e}")
@@ -197,8 +201,9 @@ def mismatch(ref, got) -> str | None:
 @pytest.mark.parametrize("nodes,gpus", [(2, 2), (1, 4)])
 def test_apply_matches_one_process(nodes, gpus, tmp_path):
     jobs = plans(nodes, gpus)
-    # the pure FSDP and HSDP baselines take fully_shard, every other plan the DTensor placement path
-    assert [p.strategy for _, p in jobs if fully_shard_plan(p)] == ["FSDP", "HSDP"] * 2 * (nodes > 1)
+    # the FSDP, HSDP and TP + FSDP baselines take fully_shard (+ parallelize_module), every other plan the DTensor
+    # placement path
+    assert [p.strategy for _, p in jobs if fully_shard_plan(p)] == ["FSDP", "HSDP", "TP + FSDP"] * 2 * (nodes > 1)
     out = tmp_path / "results.pt"
     # forked before this process computes anything (its imports shared: spawning re-imports transformers 4 times)
     mp.start_processes(_worker, args=(4, _free_port(), jobs, str(out)), nprocs=4, start_method="fork")
