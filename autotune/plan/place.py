@@ -265,24 +265,23 @@ def _check_shapes(chain: list[Site], plan: TypedPlan) -> None:
 
 
 def _check_heads(lay: LayerPlan, mods, plan: TypedPlan, where: str) -> None:
-    """A feature split of the fused qkv (its weight's n, or the attention's input) must keep KV head groups
-    whole; GPT-2's [q | k | v] c_attn cannot be split by features."""
+    """A feature split of the attention's input must keep KV head groups whole (a fused qkv laid out head group
+    by head group, or separate q, k, v); GPT-2's [q | k | v] c_attn cannot be split by features there. The qkv
+    weight's own split need not: its output is redistributed to the attention's input placement."""
     if lay.name != "qkv":
         return
     attention = next((a for a in plan.layers if a.kind == "attention"), None)
-    w = lay.weight("weight")
-    for fine in (w.placements if w else None, attention.input if attention else None):
-        parts = math.prod(n for p, n in zip(fine or (), plan.mesh.sizes) if p == "S1")
-        if parts == 1:
-            continue
-        if len(mods) == 1 and _is_conv1d(mods[0][1]):
-            raise UserError(f"{where}: GPT-2's fused c_attn is laid out [q | k | v], which the plan's split of its "
-                            f"features over {parts} devices does not keep whole: search with qkv's features unsplit, "
-                            f"or give the model separate q/k/v projections")
-        kv = plan.model.get("kv_heads", plan.model.get("heads"))
-        if kv is not None and kv % parts:
-            raise UserError(f"{where}: the plan splits qkv's features over {parts} devices but the model has {kv} "
-                            f"KV heads: apply a plan whose qkv split divides them")
+    parts = math.prod(n for p, n in zip(attention.input or (), plan.mesh.sizes) if p == "S1") if attention else 1
+    if parts == 1:
+        return
+    if len(mods) == 1 and _is_conv1d(mods[0][1]):
+        raise UserError(f"{where}: GPT-2's fused c_attn is laid out [q | k | v], which the plan's split of the "
+                        f"attention's features over {parts} devices does not keep whole: search with the attention's "
+                        f"features unsplit, or give the model separate q/k/v projections")
+    kv = plan.model.get("kv_heads", plan.model.get("heads"))
+    if kv is not None and kv % parts:
+        raise UserError(f"{where}: the plan splits the attention's features over {parts} devices but the model has "
+                        f"{kv} KV heads: apply a plan whose attention split divides them")
 
 
 # --- activations --------------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ GPT = dict(kind="gpt", layers=2, hidden=32, heads=4, kv_heads=4, head_dim=8, ffn
            vocabulary=48, batch=8, micro_batch=4)
 
 
-def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200) -> TypedPlan:
-    """The SBP search's plan (over its recomputation and FSDP modes) for ``cfg``'s graph (models/), through
-    the typed plan's converter."""
+def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tuple[int, ...] | None = None) -> TypedPlan:
+    """The SBP search's plan (over its recomputation and FSDP modes; in FSDP over ``fsdp_axes`` without
+    recomputation where given) for ``cfg``'s graph (models/), through the typed plan's converter."""
     from autotune.plan import load_plan
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
@@ -32,8 +32,13 @@ def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200) -> TypedPlan:
         fields.update(residual=True, attention="flash", bias=True, tied=False, positions="learned")
     problem = Problem(load_model(cfg["kind"], None, fields), Coster(Profile.load("h200-nvlink+ib400"),
                                                                     Cluster(nodes, gpus)), require_fit=False)
-    problem, res = search_modes(problem, lambda pr, start, share=1.0: make_search("cd").run(
-        pr, Budget(steps=steps), np.random.default_rng(0)))
+    if fsdp_axes is not None:
+        from autotune.sbp.memory import Mode
+        problem = problem.with_mode(Mode("none", fsdp_axes))
+        res = make_search("cd").run(problem, Budget(steps=steps), np.random.default_rng(0))
+    else:
+        problem, res = search_modes(problem, lambda pr, start, share=1.0: make_search("cd").run(
+            pr, Budget(steps=steps), np.random.default_rng(0)))
     return load_plan(build_plan(problem, res.assignment, "searched"))
 
 

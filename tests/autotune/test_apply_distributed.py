@@ -1,7 +1,8 @@
 """autotune.apply on 4 processes (gloo, float64) against the same model in one process: the loss of every
 step and every parameter after two Adam steps (two micro-batches each) agree to 1e-9 (relative), for a tiny
 Hugging Face LlamaForCausalLM and a nanoGPT-style module, with the SBP search's plan (models' llama/gpt
-graph, converted through the typed plan), FSDP, HSDP (full recomputation) and tensor parallelism + FSDP
+graph, converted through the typed plan; for the Llama also the search's plan in FSDP mode, whose qkv
+weight is split over more devices than KV heads), FSDP, HSDP (full recomputation) and tensor parallelism + FSDP
 (full recomputation) through fully_shard (+ parallelize_module), a plan splitting the embedding and the logits
 by vocabulary over all four devices (on both clusters), and random plans that use partial sums (one with selective
 recomputation), on a 2 x 2 cluster (on a 1 x 4 cluster, whose fine axes are the same, the searched and the
@@ -169,6 +170,10 @@ def plans(nodes, gpus) -> list:
         dp = data_parallel(cfg)
         out.append((kind, searched(cfg, nodes, gpus)))
         out.append((kind, typed_plan(cfg, nodes, gpus, vocab_parallel(cfg), "vocabulary parallel")))
+        if kind == "llama":  # its qkv weight split over 4 devices, more than the 2 KV heads (the attention's over 2)
+            plan = searched(cfg, nodes, gpus, fsdp_axes=(0, 1))
+            assert plan.layer("qkv").weight("weight").placements == ("S1", "S1") != plan.layer("attention").input
+            out.append((kind, plan))
         if nodes == 1:
             continue
         out += [(kind, typed_plan(cfg, nodes, gpus, dp, "FSDP", fsdp_axes=(0, 1))),
