@@ -693,6 +693,10 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
     sizes = plan.mesh.sizes
     shard = math.prod(sizes[a] for a in layout.shard)
     replicate = math.prod(sizes[a] for a in layout.data) // shard
+    micro = plan.model.get("micro_batch")
+    if micro is not None and micro % (replicate * shard):
+        raise UserError(f"the plan's micro-batch of {micro} does not split over its {replicate * shard} data-parallel "
+                        f"devices: apply a plan searched for a micro-batch that {replicate * shard} divides")
     dims = {"replicate": replicate, "shard": shard, "tp": sizes[layout.tp] if layout.tp is not None else 1}
     dims = {k: v for k, v in dims.items() if v > 1 or k == "shard"}
     world_mesh = init_device_mesh(device, tuple(dims.values()), mesh_dim_names=tuple(dims))
