@@ -47,7 +47,7 @@
   parallelism) is placed as torchtitan does: ``parallelize_module`` (``ColwiseParallel`` /
   ``RowwiseParallel``) on the tensor-parallel axis, then ``fully_shard`` on each block and the whole model
   over the data axes ((replicate, shard) for HSDP); each rank computes its data piece of the batch, the
-  logits are gathered whole. Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
+  logits are gathered whole (the meshes are apply's own, built from the world). Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
   a sharding axis split there (its first dimension that divides), all-gathered at use by a parametrization
   whose backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
   ``fully_shard``, whose parameters live on a sub-mesh the per-layer hooks' DTensors do not share).
@@ -562,8 +562,8 @@ class FullyShard:
     tp: int | None
 
 
-# plan layer -> (its weight's placement on the tensor-parallel axis, the module's style); inline layers and
-# norms: the activation placements they take there
+# _TP_WEIGHTS: plan layer -> {its weight's placement on the tensor-parallel axis: its module's style (None:
+# replicated, no style)}; _TP_INLINE: inline layer kind -> the activation placement it takes on that axis
 _TP_WEIGHTS = {"qkv": {"S1": "colwise"}, "fc1": {"S1": "colwise"}, "proj": {"S0": "rowwise"},
                "fc2": {"S0": "rowwise"}, "embedding": {"S0": "rowwise", B: None}, "logits": {"S1": "colwise", B: None}}
 _TP_INLINE = {"attention": "S1", "swiglu": "S1", "pointwise": "S1", "residual": B}
@@ -589,7 +589,8 @@ def _tp_axis_ok(plan: TypedPlan, axis: int) -> bool:
         want = _TP_INLINE.get(lay.kind)
         if want is not None and any(f is not None and f[axis] != want for f in (lay.input, lay.output)):
             return False
-        if lay.kind in ("layernorm", "rmsnorm") and any(f is not None and f[axis] != B for f in (lay.input, lay.output)):
+        norm = lay.kind in ("layernorm", "rmsnorm")
+        if norm and any(f is not None and f[axis] != B for f in (lay.input, lay.output)):
             return False
     return True
 
@@ -641,7 +642,7 @@ def _tp_modules(chain: list[Site], tp: int) -> dict | None:
                 style = _TP_WEIGHTS[site.layer.name][site.layer.weight("weight").placements[tp]]
             if style is None:
                 continue
-            if type(module) not in (nn.Linear, nn.Embedding) or (isinstance(module, nn.Embedding) and style != "rowwise"):
+            if type(module) not in (nn.Linear, nn.Embedding) or (type(module) is nn.Embedding and style != "rowwise"):
                 return None
             if site.layer.name == "logits":  # whole logits for the user's loss
                 styles[name] = ColwiseParallel(output_layouts=Replicate())

@@ -28,7 +28,8 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
 from autotune.plan.place import fully_shard_plan, placement_path  # noqa: E402
-from apply_plans import GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan, vocab_parallel  # noqa: E402
+from apply_plans import (GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan,  # noqa: E402
+                         vocab_parallel)
 
 STEPS, LR, SEED = 2, 1e-2, 0
 RTOL = 1e-9
@@ -151,8 +152,8 @@ def _worker(rank, world, port, jobs, out):
             path = placement_path(plan, model)
             model = autotune.apply(plan, model)
             if isinstance(model, FSDPModule) != (path == "fully_shard"):
-                raise RuntimeError(f"placement_path says {path} but fully_shard was{'' if path == 'dtensor' else ' not'} "
-                                   f"applied")
+                raise RuntimeError(f"placement_path says {path} but fully_shard was"
+                                   f"{'' if path == 'dtensor' else ' not'} applied")
             results.append(train(model, plan, cfg))
         except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
             results.append(f"{type(e).__name__}: {e}")

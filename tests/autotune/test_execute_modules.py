@@ -1,11 +1,11 @@
-"""execute's apply path on 4 processes (gloo, float64) against the same reference module trained in one
-process: the loss of every step, every weight after two AdamW steps and its last gradient agree to 1e-9
-(relative), for a Llama-style plan (data x Megatron tensor parallelism, grouped-query attention, SwiGLU,
-RMSNorm, rotary positions), the same plan with full recomputation, and a GPT plan (learned positions,
-tied logits, LayerNorm with shift, GELU) in data parallelism over four devices and in tensor parallelism with
-its embedding and tied logits split by vocabulary over all four devices, and a Llama FSDP plan (fully_shard); a plan with one wrong
-placement (the residual stream declared partial after the add) disagrees. The plans are written by hand
-(the search's cost rules for these layers are another branch's)."""
+"""execute's apply path on 4 processes (gloo, float64) against the same reference module trained in one process:
+the loss of every step, every weight after two AdamW steps and its last gradient agree to 1e-9 (relative), for
+a Llama-style plan (data x Megatron tensor parallelism, grouped-query attention, SwiGLU, RMSNorm, rotary
+positions), the same plan with full recomputation, and a GPT plan (learned positions, tied logits, LayerNorm
+with shift, GELU) in data parallelism over four devices and in tensor parallelism with its embedding and tied
+logits split by vocabulary over all four devices, and a Llama FSDP plan (fully_shard); a plan with one wrong
+placement (the residual stream declared partial after the add) disagrees. The plans are written by hand (the
+search's cost rules for these layers are another branch's)."""
 import json
 import os
 import socket
