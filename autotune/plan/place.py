@@ -550,6 +550,24 @@ def _vocab_parallel(chain: list[Site], plan: TypedPlan, mesh) -> None:
     module.forward = functools.partial(_vocab_embedding, module, mesh=mesh, compute=compute)
 
 
+# --- norms over split features ------------------------------------------------------------------------------
+def _rms_norm(module, x):
+    """``nn.RMSNorm``'s function written out of place: its composite kernel adds eps in place to the mean of
+    squares, which DTensor refuses when the mean is a partial sum (the features split)."""
+    eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * module.weight if module.weight is not None else y
+
+
+def _split_norms(chain: list[Site]) -> None:
+    """Every ``nn.RMSNorm`` whose plan layer takes its input split by features computed by ``_rms_norm``."""
+    for site in chain:
+        if site.layer.kind == "rmsnorm" and any(p == "S1" for p in site.layer.input or ()):
+            for _, module in site.modules:
+                if isinstance(module, nn.RMSNorm) and len(module.normalized_shape) == 1:  # parametrized: a subclass
+                    module.forward = functools.partial(_rms_norm, module)
+
+
 # --- FSDP through fully_shard ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FullyShard:
@@ -778,6 +796,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None):
             mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)
         _place(chain, plan, mesh, model)
         _vocab_parallel(chain, plan, mesh)
+        _split_norms(chain)
         _install_hooks(chain, mesh)
     _recompute(model, chain, prefixes, plan.recompute)
     return model

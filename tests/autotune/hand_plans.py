@@ -65,3 +65,10 @@ def vocab_parallel(layer):
     if layer.kind == "loss":
         return ("S1", "S1"), None, ()
     return megatron(layer)
+
+
+def split_norm(layer):
+    """``megatron``, with the last norm's input, output and weight split by features on fine axis 1."""
+    if layer.name == "ln_f":
+        return ("S0", "S1"), ("S0", "S1"), ("B", "S0")
+    return megatron(layer)

@@ -3,7 +3,7 @@ the loss of every step, every weight after two AdamW steps and its last gradient
 a Llama-style plan (data x Megatron tensor parallelism, grouped-query attention, SwiGLU, RMSNorm, rotary
 positions), the same plan with full recomputation, and a GPT plan (learned positions, tied logits, LayerNorm
 with shift, GELU) in data parallelism over four devices and in tensor parallelism with its embedding and tied
-logits split by vocabulary over all four devices, and a Llama FSDP plan (fully_shard); a plan with one wrong
+logits split by vocabulary over all four devices, a Llama FSDP plan (fully_shard) and a Llama plan whose last RMSNorm is split by features; a plan with one wrong
 placement (the residual stream declared partial after the add) disagrees. The plans are written by hand (the
 search's cost rules for these layers are another branch's)."""
 import json
@@ -17,7 +17,7 @@ if not os.environ.get("CI"):
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from hand_plans import data_parallel, megatron, typed_plan, vocab_parallel  # noqa: E402
+from hand_plans import data_parallel, megatron, split_norm, typed_plan, vocab_parallel  # noqa: E402
 
 LLAMA = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8, vocabulary=64,
              batch=8, micro_batch=4)
@@ -30,7 +30,8 @@ def plans() -> list[dict]:
            typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2), full recomputation", "full"),
            typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)"),
            typed_plan(GPT, 2, 2, vocab_parallel, "gpt megatron, vocabulary over all four devices (2, 2), tied logits"),
-           typed_plan(LLAMA, 1, 4, data_parallel, "llama FSDP (1, 4), fully_shard", fsdp_axes=(0, 1))]
+           typed_plan(LLAMA, 1, 4, data_parallel, "llama FSDP (1, 4), fully_shard", fsdp_axes=(0, 1)),
+           typed_plan(LLAMA, 2, 2, split_norm, "llama megatron (2, 2), the last RMSNorm split by features")]
     out = [p.to_dict() for p in out]
     broken = json.loads(json.dumps(out[0]))
     residual = next(lay for lay in broken["layers"] if lay["name"] == "residual")
