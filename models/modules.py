@@ -9,22 +9,29 @@ not import this module (nor torch).
     loss = model(ids, targets)          # ids, targets: (micro_batch, sequence) token ids
 
 Module names mirror the plan's layer names: ``embedding`` (the token table; ``positions`` the
-learned position table, part of the plan's embedding layer), ``blocks.{i}.ln1``, ``.qkv``,
-``.attention``, ``.proj``, ``.residual``, ``.ln2``, ``.fc1``, ``.gelu`` or ``.swiglu``, ``.fc2``,
-then ``ln_f``, ``logits`` and ``loss``. Pre-norm blocks add both branches into the residual stream
-(one ``residual`` module called twice per block, as the graph ties one residual layer); without
-``residual`` (the AutoDDL presets) the block is a plain chain.
+learned position table, part of the plan's embedding layer), ``blocks.{i}.ln1``, the QKV projection,
+``.attention``, ``.proj``, ``.residual``, ``.ln2``, the MLP's first projection, ``.gelu`` or
+``.swiglu``, ``.fc2``, then ``ln_f``, ``logits`` and ``loss``. Pre-norm blocks add both branches into
+the residual stream (one ``residual`` module called twice per block, as the graph ties one residual
+layer); without ``residual`` (the AutoDDL presets) the block is a plain chain.
 
-Layouts that keep a plan's splits whole:
+The projections are written as each family's users write them, the way the layer graph prices
+them (its ``projections`` dim, ``models.transformer``):
 
-- ``qkv`` is one Linear whose output is grouped head group by head group: for each KV head its
-  key, its value, then its ``heads / kv_heads`` query heads (``head_dim`` columns each). Splitting
-  it by columns in whole groups hands each device whole heads; ``attention`` reads the number of
-  groups from its input's width, so it runs unchanged on a column-parallel piece.
-- SwiGLU's gate and up projections are one Linear ``fc1`` of ``2 * ffn`` outputs, interleaved
-  column by column (column ``2j`` the gate of unit ``j``, ``2j + 1`` its up), so any even split
-  keeps pairs and ``fc1`` is column-parallel like GELU's ``fc1`` (chosen over separate gate and
-  up Linears: one weight per plan layer, the one the plan prices).
+- Llama (Hugging Face, torchtitan): separate ``q_proj``, ``k_proj``, ``v_proj`` Linears for the
+  plan's ``qkv`` layer and separate ``gate_proj``, ``up_proj`` for its ``fc1`` (a SwiGLU of any
+  family). Query head ``j`` belongs to KV head ``j // (heads / kv_heads)``, so a split of each
+  projection's outputs into equal pieces hands each device whole head groups, the same split as
+  the fused layer's in the plan (its contract lays the fused QKV out head group by head group and
+  [gate, up] interleaved).
+- GPT (nanoGPT): one fused ``qkv`` Linear (nanoGPT's ``c_attn``) and one ``fc1`` (``c_fc``).
+  ``qkv``'s output is grouped head group by head group (for each KV head its key, its value, then
+  its ``heads / kv_heads`` query heads, ``head_dim`` columns each): nanoGPT's [q | k | v] columns
+  permuted, the same cost, so that a split by columns in whole groups hands each device whole
+  heads; ``attention`` reads the number of groups from its input's width, so it runs unchanged on
+  a column-parallel piece. Without the residual stream (the AutoDDL graph, one projection each)
+  a SwiGLU's gate and up are one ``fc1`` of ``2 * ffn`` outputs interleaved column by column
+  (column ``2j`` the gate of unit ``j``, ``2j + 1`` its up), so any even split keeps pairs.
 
 ``plan_mapping`` is the mapping of plan layers to these names that ``autotune.apply`` takes.
 
@@ -68,9 +75,19 @@ def rotate(x, cos, sin):
     return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
 
 
+def separate_projections(c: dict) -> tuple[bool, bool]:
+    """(q, k, v separate, gate and up separate) for config ``c``: as the layer graph prices them
+    (Llama's separate projections, GPT's fused c_attn; a SwiGLU's gate and up separate; one fused
+    projection each without the residual stream)."""
+    return c["kind"] == "llama" and c["residual"], c["mlp"] == "swiglu" and c["residual"]
+
+
 class Attention(nn.Module):
-    """Causal (grouped-query) self-attention core: fused QKV in (batch, seq, groups * (2 + q_per_kv)
-    * head_dim), heads' outputs out (batch, seq, groups * q_per_kv * head_dim). No weights."""
+    """Causal (grouped-query) self-attention core. Input: the fused QKV (batch, seq, groups * (2 +
+    q_per_kv) * head_dim), head group by head group, or separate q (batch, seq, heads * head_dim),
+    k and v (batch, seq, kv_heads * head_dim); output: the heads' outputs (batch, seq, heads *
+    head_dim). The number of heads is read from the inputs' widths (a column-parallel piece runs
+    unchanged). No weights."""
 
     def __init__(self, head_dim: int, q_per_kv: int, flash: bool, rotary: bool, max_positions: int):
         super().__init__()
@@ -81,14 +98,23 @@ class Attention(nn.Module):
             self.register_buffer("cos", angles.cos(), persistent=False)
             self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, qkv):
+    def _split(self, qkv):
         b, s, width = qkv.shape
         r, hd = self.q_per_kv, self.head_dim
         groups = width // ((r + 2) * hd)
         x = qkv.view(b, s, groups, r + 2, hd)
-        k, v, q = x[:, :, :, 0], x[:, :, :, 1], x[:, :, :, 2:].reshape(b, s, groups * r, hd)
+        return x[:, :, :, 0], x[:, :, :, 1], x[:, :, :, 2:].reshape(b, s, groups * r, hd)
+
+    def forward(self, *qkv):
+        hd = self.head_dim
+        if len(qkv) == 1:
+            k, v, q = self._split(qkv[0])
+        else:
+            q, k, v = (t.unflatten(-1, (t.shape[-1] // hd, hd)) for t in qkv)
+        b, s, heads, _ = q.shape
+        r = heads // k.shape[2]
         if self.rotary:
-            cos, sin = (t[:s, None, :].to(qkv.dtype) for t in (self.cos, self.sin))
+            cos, sin = (t[:s, None, :].to(q.dtype) for t in (self.cos, self.sin))
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, seq, head_dim)
         if self.flash:
@@ -96,16 +122,18 @@ class Attention(nn.Module):
         else:  # the probabilities materialised, as AutoDDL counts them
             k, v = (t.repeat_interleave(r, dim=1) for t in (k, v))
             scores = q @ k.transpose(-2, -1) / math.sqrt(hd)
-            mask = torch.ones(s, s, dtype=torch.bool, device=qkv.device).triu(1)
+            mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
             out = scores.masked_fill(mask, float("-inf")).softmax(dim=-1) @ v
-        return out.transpose(1, 2).reshape(b, s, groups * r * hd)
+        return out.transpose(1, 2).reshape(b, s, heads * hd)
 
 
 class SwiGLU(nn.Module):
-    """silu(gate) * up of fc1's interleaved output (column 2j gate j, 2j + 1 up j)."""
+    """silu(gate) * up: of separate gate and up, or of fc1's interleaved output (column 2j gate j,
+    2j + 1 up j)."""
 
-    def forward(self, x):
-        return F.silu(x[..., 0::2]) * x[..., 1::2]
+    def forward(self, *x):
+        gate, up = x if len(x) == 2 else (x[0][..., 0::2], x[0][..., 1::2])
+        return F.silu(gate) * up
 
 
 class Residual(nn.Module):
@@ -127,33 +155,46 @@ class Block(nn.Module):
         super().__init__()
         h, hd, heads, kv = c["hidden"], c["head_dim"], c["heads"], c["kv_heads"]
         self.residual_stream = c["residual"]
+        self.separate_qkv, self.separate_mlp = separate_projections(c)
         self.selective = False
         self.ln1 = _norm(c)
-        self.qkv = nn.Linear(h, (heads + 2 * kv) * hd, bias=c["qkv_bias"])
+        if self.separate_qkv:
+            self.q_proj = nn.Linear(h, heads * hd, bias=c["qkv_bias"])
+            self.k_proj = nn.Linear(h, kv * hd, bias=c["qkv_bias"])
+            self.v_proj = nn.Linear(h, kv * hd, bias=c["qkv_bias"])
+        else:
+            self.qkv = nn.Linear(h, (heads + 2 * kv) * hd, bias=c["qkv_bias"])
         self.attention = Attention(hd, heads // kv, c["attention"] == "flash", c["positions"] == "rotary",
                                    c["max_positions"])
         self.proj = nn.Linear(heads * hd, h, bias=c["bias"])
         if self.residual_stream:
             self.residual = Residual()
         self.ln2 = _norm(c)
+        if self.separate_mlp:
+            self.gate_proj = nn.Linear(h, c["ffn"], bias=c["bias"])
+            self.up_proj = nn.Linear(h, c["ffn"], bias=c["bias"])
+        else:
+            self.fc1 = nn.Linear(h, (2 if c["mlp"] == "swiglu" else 1) * c["ffn"], bias=c["bias"])
         if c["mlp"] == "swiglu":
-            self.fc1 = nn.Linear(h, 2 * c["ffn"], bias=c["bias"])
             self.swiglu = SwiGLU()
         else:
-            self.fc1 = nn.Linear(h, c["ffn"], bias=c["bias"])
             self.gelu = nn.GELU()
         self.fc2 = nn.Linear(c["ffn"], h, bias=c["bias"])
         self.mlp = c["mlp"]
 
-    def _attend(self, qkv):
+    def _attend(self, *qkv):
         if self.selective and torch.is_grad_enabled():
-            return checkpoint(self.attention, qkv, use_reentrant=False)
-        return self.attention(qkv)
+            return checkpoint(self.attention, *qkv, use_reentrant=False)
+        return self.attention(*qkv)
 
     def forward(self, x):
-        a = self.proj(self._attend(self.qkv(self.ln1(x))))
+        y = self.ln1(x)
+        qkv = (self.q_proj(y), self.k_proj(y), self.v_proj(y)) if self.separate_qkv else (self.qkv(y),)
+        a = self.proj(self._attend(*qkv))
         x = self.residual(x, a) if self.residual_stream else a
-        m = self.fc2(getattr(self, self.mlp)(self.fc1(self.ln2(x))))
+        y = self.ln2(x)
+        up = (self.gate_proj(y), self.up_proj(y)) if self.separate_mlp else (self.fc1(y),)
+        m = self.fc2(getattr(self, self.mlp)(*up))
         return self.residual(x, m) if self.residual_stream else m
 
 
@@ -178,8 +219,13 @@ class Transformer(nn.Module):
     @property
     def plan_mapping(self) -> dict:
         """Plan layer -> module name pattern, for ``autotune.apply(plan, model, mapping=model.plan_mapping)``."""
+        qkv, mlp = separate_projections(self.config)
         out = {"embedding": ["embedding", "positions"] if self.positions is not None else "embedding",
                **{name: f"blocks.*.{name}" for name in ("ln1", "qkv", "proj", "ln2", "fc1", "fc2")}}
+        if qkv:
+            out["qkv"] = [f"blocks.*.{p}_proj" for p in "qkv"]
+        if mlp:
+            out["fc1"] = ["blocks.*.gate_proj", "blocks.*.up_proj"]
         return dict(out, ln_f="ln_f", logits="logits")
 
     def set_recompute(self, mode: str) -> None:

@@ -107,6 +107,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     or a typed plan) says, trained by ``ModuleTrainer``. A module may carry ``plan_mapping``, the
     mapping of plan layers to its module names that apply takes."""
     from autotune.plan import ModelSpec, apply, load_plan
+    from autotune.plan.place import placement_path
 
     check_steps(steps, warmup, profile_steps)
     typed = load_plan(plan)
@@ -120,7 +121,9 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     d.set_mesh(cluster.axis_sizes)
     param_dtype, autocast = module_dtypes(config, dtype)
     model = build_module(module, config, seed, param_dtype, d.device)
-    model = apply(typed, model, d.mesh, mapping=getattr(model, "plan_mapping", None))
+    mapping = getattr(model, "plan_mapping", None)
+    path = placement_path(typed, model, mapping) if d.launch.world > 1 else "none"
+    model = apply(typed, model, d.mesh, mapping=mapping)
     trainer = ModuleTrainer(model, config, typed.micro_batches, d, seed, lr, autocast)
     try:
         measured = trainer.run(steps, warmup, profile_steps, progress)
@@ -129,6 +132,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     totals = typed.costs.to_dict() if typed.costs else {}
     return {
         "kind": KIND, "version": VERSION, "strategy": typed.strategy, "executor": "apply", "module": module,
+        "apply_path": path,
         "model": config, "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
         "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
         "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",

@@ -22,6 +22,11 @@
   layouts are head-group / pair interleaved, so this is the same split); a single fused qkv module is
   taken to be laid out head group by head group, except GPT-2's Conv1D ([q | k | v]), which a plan
   may not split by features. Norm weights follow their hidden dimension; a bias follows W's n.
+- Vocabulary: where the plan splits the embedding's table by rows (the vocabulary), over one mesh axis or
+  several, each device looks up the ids in its rows and the output is a partial sum over those axes
+  (Megatron-LM's vocabulary-parallel embedding, ``_vocab_embedding``; DTensor's own rule takes one axis
+  only). The logits split by vocabulary are DTensor's column-parallel Linear; the user's loss gets them
+  whole (below), so its cross-entropy is the one-process one.
 - Data: every rank runs the model on the same (micro-)batch; where the plan splits the data, each rank takes
   its piece of the activations without communication (DTensor's Replicate -> Shard).
 - Activations: a mapped module's input (a local tensor) is made a DTensor in the placement it was
@@ -37,10 +42,16 @@
   declared output of a module layer is not relied on; its inline layers' placements are).
 - Gradient sync: each parameter's gradient is redistributed to its placement (all-reduce of a
   replicated weight over the axes that split the data).
-- FSDP (``plan.sharding_mode == "fsdp"``): a weight replicated on a sharding axis is stored split
-  there (its first dimension that divides) and all-gathered at use by a parametrization, whose
-  backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
-  ``fully_shard``, whose parameters live on a sub-mesh the hooks' DTensors do not share).
+- FSDP: a pure FSDP, HSDP or TP + FSDP baseline (``fully_shard_layout``: weights sharded over the data
+  axes, the only other split one trailing tensor-parallel axis placed column-/row-wise without sequence
+  parallelism) is placed as torchtitan does: ``parallelize_module`` (``ColwiseParallel`` /
+  ``RowwiseParallel``) on the tensor-parallel axis, then ``fully_shard`` on each block and the whole model
+  over the data axes ((replicate, shard) for HSDP); each rank computes its data piece of the batch, the
+  logits are gathered whole (the meshes are apply's own, built from the world). Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
+  a sharding axis split there (its first dimension that divides), all-gathered at use by a parametrization
+  whose backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
+  ``fully_shard``, whose parameters live on a sub-mesh the per-layer hooks' DTensors do not share).
+  ``placement_path(plan, model)`` says which path a plan takes.
 - Recomputation: ``"full"`` wraps each block in ``torch.utils.checkpoint``; ``"selective"`` each
   block's attention module.
 - Module names: found by pattern for Hugging Face Llama, Mistral, Qwen2, GPT-2 and nanoGPT-style
@@ -254,24 +265,23 @@ def _check_shapes(chain: list[Site], plan: TypedPlan) -> None:
 
 
 def _check_heads(lay: LayerPlan, mods, plan: TypedPlan, where: str) -> None:
-    """A feature split of the fused qkv (its weight's n, or the attention's input) must keep KV head groups
-    whole; GPT-2's [q | k | v] c_attn cannot be split by features."""
+    """A feature split of the attention's input must keep KV head groups whole (a fused qkv laid out head group
+    by head group, or separate q, k, v); GPT-2's [q | k | v] c_attn cannot be split by features there. The qkv
+    weight's own split need not: its output is redistributed to the attention's input placement."""
     if lay.name != "qkv":
         return
     attention = next((a for a in plan.layers if a.kind == "attention"), None)
-    w = lay.weight("weight")
-    for fine in (w.placements if w else None, attention.input if attention else None):
-        parts = math.prod(n for p, n in zip(fine or (), plan.mesh.sizes) if p == "S1")
-        if parts == 1:
-            continue
-        if len(mods) == 1 and _is_conv1d(mods[0][1]):
-            raise UserError(f"{where}: GPT-2's fused c_attn is laid out [q | k | v], which the plan's split of its "
-                            f"features over {parts} devices does not keep whole: search with qkv's features unsplit, "
-                            f"or give the model separate q/k/v projections")
-        kv = plan.model.get("kv_heads", plan.model.get("heads"))
-        if kv is not None and kv % parts:
-            raise UserError(f"{where}: the plan splits qkv's features over {parts} devices but the model has {kv} "
-                            f"KV heads: apply a plan whose qkv split divides them")
+    parts = math.prod(n for p, n in zip(attention.input or (), plan.mesh.sizes) if p == "S1") if attention else 1
+    if parts == 1:
+        return
+    if len(mods) == 1 and _is_conv1d(mods[0][1]):
+        raise UserError(f"{where}: GPT-2's fused c_attn is laid out [q | k | v], which the plan's split of the "
+                        f"attention's features over {parts} devices does not keep whole: search with the attention's "
+                        f"features unsplit, or give the model separate q/k/v projections")
+    kv = plan.model.get("kv_heads", plan.model.get("heads"))
+    if kv is not None and kv % parts:
+        raise UserError(f"{where}: the plan splits the attention's features over {parts} devices but the model has "
+                        f"{kv} KV heads: apply a plan whose attention split divides them")
 
 
 # --- activations --------------------------------------------------------------------------------------
@@ -499,6 +509,237 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
                 parametrize.register_parametrization(module, attr, _Gather(mesh, compute), unsafe=True)
 
 
+# --- vocabulary-parallel embedding ------------------------------------------------------------------------
+def _vocab_embedding(module, ids, *, mesh, compute: tuple):
+    """``module``'s (an ``nn.Embedding``) lookup with its table split by rows (the vocabulary) over one or more
+    mesh axes, as Megatron-LM's vocabulary-parallel embedding: each device looks up the ids in its rows, zeros
+    the others, and the output is a partial sum over the vocabulary axes (split by features where the table's
+    columns are, replicated elsewhere). Its gradient (whole on every device: DTensor's convention for Partial)
+    reaches only the local rows. DTensor's own embedding rule handles one vocabulary axis only."""
+    weight = module.weight
+    local_w = weight.to_local()
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    _, offset = compute_local_shape_and_global_offset(tuple(weight.shape), mesh, compute)
+    lo, rows = offset[0], local_w.shape[0]
+    ids = ids.to_local() if isinstance(ids, DTensor) else ids
+    local = ids - lo
+    outside = (local < 0) | (local >= rows)
+    pad = module.padding_idx
+    pad = pad - lo if pad is not None and lo <= pad < lo + rows else None
+    out = nn.functional.embedding(local.masked_fill(outside, 0), local_w, pad)
+    out = out.masked_fill(outside.unsqueeze(-1), 0)
+    placements = [Partial() if isinstance(c, Shard) and c.dim == 0 else Shard(out.dim() - 1) if isinstance(c, Shard)
+                  else Replicate() for c in compute]
+    shape = tuple(ids.shape) + (weight.shape[1],)
+    return DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
+
+
+def _vocab_parallel(chain: list[Site], plan: TypedPlan, mesh) -> None:
+    """The embedding's token table, where the plan splits it by vocabulary, looked up by ``_vocab_embedding``."""
+    site = next((s for s in chain if s.layer.kind == "embedding" and s.modules), None)
+    if site is None:
+        return
+    name, module = site.modules[0]
+    compute = tuple(_dtensor_placements(weight_placements(site, "weight", module, module.weight)))
+    if not any(isinstance(c, Shard) and c.dim == 0 for c in compute):
+        return
+    if not isinstance(module, nn.Embedding) or module.max_norm is not None:
+        raise UserError(f"{name}: the plan splits the embedding by vocabulary, which apply does for a plain "
+                        f"nn.Embedding (no max_norm) only: apply a plan with the vocabulary unsplit "
+                        f"(embedding weight placements without S0)")
+    module.forward = functools.partial(_vocab_embedding, module, mesh=mesh, compute=compute)
+
+
+# --- norms over split features ------------------------------------------------------------------------------
+def _rms_norm(module, x):
+    """``nn.RMSNorm``'s function written out of place: its composite kernel adds eps in place to the mean of
+    squares, which DTensor refuses when the mean is a partial sum (the features split)."""
+    eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * module.weight if module.weight is not None else y
+
+
+def _split_norms(chain: list[Site]) -> None:
+    """Every ``nn.RMSNorm`` whose plan layer takes its input split by features computed by ``_rms_norm``."""
+    for site in chain:
+        if site.layer.kind == "rmsnorm" and any(p == "S1" for p in site.layer.input or ()):
+            for _, module in site.modules:
+                if isinstance(module, nn.RMSNorm) and len(module.normalized_shape) == 1:  # parametrized: a subclass
+                    module.forward = functools.partial(_rms_norm, module)
+
+
+# --- FSDP through fully_shard ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FullyShard:
+    """A plan that torchtitan's composition expresses: data axes (every activation split by the data, the
+    weights sharded over ``shard`` of them and replicated over the others) and at most one trailing tensor
+    parallel axis placed as ``parallelize_module``'s column- and row-wise styles."""
+
+    data: tuple[int, ...]
+    shard: tuple[int, ...]
+    tp: int | None
+
+
+# _TP_WEIGHTS: plan layer -> {its weight's placement on the tensor-parallel axis: its module's style (None:
+# replicated, no style)}; _TP_INLINE: inline layer kind -> the activation placement it takes on that axis
+_TP_WEIGHTS = {"qkv": {"S1": "colwise"}, "fc1": {"S1": "colwise"}, "proj": {"S0": "rowwise"},
+               "fc2": {"S0": "rowwise"}, "embedding": {"S0": "rowwise", B: None}, "logits": {"S1": "colwise", B: None}}
+_TP_INLINE = {"attention": "S1", "swiglu": "S1", "pointwise": "S1", "residual": B}
+# style -> (input placements, output placements) it computes on the tensor-parallel axis
+_TP_ACTS = {"colwise": ((B,), ("S1",)), "rowwise": (("S1",), (P, B)), None: ((B,), (B,))}
+
+
+def _tp_axis_ok(plan: TypedPlan, axis: int) -> bool:
+    """Whether every layer's placements on ``axis`` are Megatron's (torchtitan's) without sequence parallelism."""
+    for lay in plan.layers:
+        w = lay.weight("weight")
+        if lay.name in _TP_WEIGHTS:
+            if w is None or w.placements[axis] not in _TP_WEIGHTS[lay.name]:
+                return False
+            ins, outs = _TP_ACTS[_TP_WEIGHTS[lay.name][w.placements[axis]]]
+            if lay.kind == "embedding":
+                ins, outs = (B,), (P, B)
+            if (lay.input is not None and lay.input[axis] not in ins) or (
+                    lay.output is not None and lay.output[axis] not in outs):
+                return False
+        elif any(x.placements[axis] != B for x in lay.weights):
+            return False
+        want = _TP_INLINE.get(lay.kind)
+        if want is not None and any(f is not None and f[axis] != want for f in (lay.input, lay.output)):
+            return False
+        norm = lay.kind in ("layernorm", "rmsnorm")
+        if norm and any(f is not None and f[axis] != B for f in (lay.input, lay.output)):
+            return False
+    return True
+
+
+def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
+    """The ``FullyShard`` of a pure FSDP, HSDP or TP + FSDP baseline (``sharding_mode`` "fsdp"; weights
+    sharded over data axes: all of them, or the trailing ones with the leading replicated; at most one
+    trailing tensor-parallel axis as ``_tp_axis_ok``); None for every other plan, which takes the DTensor
+    placement path (``_place``)."""
+    n = len(plan.mesh.sizes)
+    if plan.sharding_mode != "fsdp" or not plan.sharding_axes or plan.world == 1:
+        return None
+
+    def data_axis(a: int) -> bool:
+        return all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
+            f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
+
+    data = tuple(a for a in range(n) if data_axis(a))
+    rest = tuple(a for a in range(n) if a not in data)
+    tp = rest[0] if len(rest) == 1 and rest[0] == n - 1 and _tp_axis_ok(plan, rest[0]) else None
+    if (rest and tp is None) or data != tuple(range(len(data))) or not data:
+        return None
+    shard = tuple(sorted(plan.sharding_axes))
+    if tp is not None and shard != data:  # TP + FSDP: sharded over every data axis (torchtitan's 2-D)
+        return None
+    if shard != data[len(data) - len(shard):]:
+        return None
+    return FullyShard(data, shard, tp)
+
+
+def fully_shard_plan(plan: TypedPlan) -> bool:
+    """Whether ``plan`` takes the ``fully_shard`` path (``fully_shard_layout``)."""
+    return fully_shard_layout(plan) is not None
+
+
+def _tp_modules(chain: list[Site], tp: int) -> dict | None:
+    """module name -> ``parallelize_module`` style for the plan's tensor-parallel axis; None where the modules
+    cannot take them (not ``nn.Linear`` / ``nn.Embedding``, or a weight tied between two mapped modules)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    styles, owners = {}, {}
+    for site in chain:
+        for i, (name, module) in enumerate(site.modules):
+            for p in module.parameters(recurse=False):
+                if id(p) in owners:
+                    return None
+                owners[id(p)] = name
+            style = None
+            if site.layer.name in _TP_WEIGHTS and not (site.layer.kind == "embedding" and i > 0):
+                style = _TP_WEIGHTS[site.layer.name][site.layer.weight("weight").placements[tp]]
+            if style is None:
+                continue
+            if type(module) not in (nn.Linear, nn.Embedding) or (type(module) is nn.Embedding and style != "rowwise"):
+                return None
+            if site.layer.name == "logits":  # whole logits for the user's loss
+                styles[name] = ColwiseParallel(output_layouts=Replicate())
+            elif site.layer.kind == "embedding":  # token ids, whole on every device
+                styles[name] = RowwiseParallel(input_layouts=Replicate())
+            else:
+                styles[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+    return styles
+
+
+def placement_path(plan, model, mapping: dict | None = None) -> str:
+    """"fully_shard" or "dtensor": the path ``apply`` places ``model`` by (see ``fully_shard_layout``)."""
+    plan = load_plan(plan)
+    layout = fully_shard_layout(plan)
+    if layout is None:
+        return "dtensor"
+    if layout.tp is not None and _tp_modules(find_layers(plan, model, mapping)[0], layout.tp) is None:
+        return "dtensor"
+    return "fully_shard"
+
+
+def _data_piece(module, args, kwargs, *, rank: int, world: int, where: str):
+    """The rank's piece of the whole batch (token ids) that every rank feeds; tensors without a batch
+    dimension (position ids) pass whole."""
+    x = args[0]
+    if x.dim() < 2:
+        return None
+    if x.shape[0] % world:
+        raise UserError(f"{where}: a micro-batch of {x.shape[0]} does not split over the plan's {world} data-parallel "
+                        f"devices: use a micro-batch that {world} divides")
+    return (x.chunk(world)[rank],) + args[1:], kwargs
+
+
+def _whole_batch(module, args, out, *, mesh):
+    """The data pieces of the output (the logits) gathered whole on every rank, for the user's loss; the
+    backward hands each rank its piece's gradient (summed over ranks by FSDP's reduction, divide factor 1)."""
+    placements = [Shard(0)] * mesh.ndim
+    shape = _global_shape(out, placements, mesh)
+    whole = DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
+    return whole.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
+
+
+def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, device: str) -> None:
+    """torchtitan's composition: ``parallelize_module`` on the tensor-parallel axis (if any), then
+    ``fully_shard`` on each block and on the whole model over the data axes, a (replicate, shard) mesh for
+    HSDP; each rank computes its data piece of the batch."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    sizes = plan.mesh.sizes
+    shard = math.prod(sizes[a] for a in layout.shard)
+    replicate = math.prod(sizes[a] for a in layout.data) // shard
+    micro = plan.model.get("micro_batch")
+    if micro is not None and micro % (replicate * shard):
+        raise UserError(f"the plan's micro-batch of {micro} does not split over its {replicate * shard} data-parallel "
+                        f"devices: apply a plan searched for a micro-batch that {replicate * shard} divides")
+    dims = {"replicate": replicate, "shard": shard, "tp": sizes[layout.tp] if layout.tp is not None else 1}
+    dims = {k: v for k, v in dims.items() if v > 1 or k == "shard"}
+    world_mesh = init_device_mesh(device, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    if layout.tp is not None:
+        from torch.distributed.tensor.parallel import parallelize_module
+        parallelize_module(model, world_mesh["tp"], _tp_modules(chain, layout.tp))
+    _recompute(model, chain, prefixes, plan.recompute)
+    data = tuple(k for k in dims if k != "tp")
+    mesh = world_mesh[data]
+    names = dict(model.named_modules())
+    units = [names[prefix] for prefix in prefixes.values()] + [model]
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
+    for unit in units:  # each unit reduces its own gradients
+        unit.set_gradient_divide_factor(1.0)
+    coords = [world_mesh.get_local_rank(k) for k in data]
+    rank = coords[0] * shard + coords[1] if len(coords) == 2 else coords[0]
+    for name, module in next(s for s in chain if s.modules).modules:
+        module.register_forward_pre_hook(functools.partial(_data_piece, rank=rank, world=replicate * shard,
+                                                           where=name), with_kwargs=True, prepend=True)
+    last = [m for site in chain for _, m in site.modules][-1]
+    last.register_forward_hook(functools.partial(_whole_batch, mesh=mesh))
+
+
 # --- recomputation --------------------------------------------------------------------------------------
 def _recompute(model, chain: list[Site], prefixes: dict, how: str) -> None:
     if how == "none":
@@ -545,11 +786,17 @@ def apply(plan, model, mesh=None, mapping: dict | None = None):
     chain, prefixes = find_layers(plan, model, mapping)
     _check_shapes(chain, plan)
     if world > 1:
+        device = mesh.device_type if mesh is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
+        layout = fully_shard_layout(plan)
+        if layout is not None and (layout.tp is None or _tp_modules(chain, layout.tp) is not None):
+            _fully_shard(model, chain, prefixes, plan, layout, device)
+            return model
         if mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
             mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)
         _place(chain, plan, mesh, model)
+        _vocab_parallel(chain, plan, mesh)
+        _split_norms(chain)
         _install_hooks(chain, mesh)
     _recompute(model, chain, prefixes, plan.recompute)
     return model

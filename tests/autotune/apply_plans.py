@@ -16,9 +16,9 @@ GPT = dict(kind="gpt", layers=2, hidden=32, heads=4, kv_heads=4, head_dim=8, ffn
            vocabulary=48, batch=8, micro_batch=4)
 
 
-def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200) -> TypedPlan:
-    """The SBP search's plan (over its recomputation and FSDP modes) for ``cfg``'s graph (models/), through
-    the typed plan's converter."""
+def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tuple[int, ...] | None = None) -> TypedPlan:
+    """The SBP search's plan (over its recomputation and FSDP modes; in FSDP over ``fsdp_axes`` without
+    recomputation where given) for ``cfg``'s graph (models/), through the typed plan's converter."""
     from autotune.plan import load_plan
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
@@ -32,8 +32,13 @@ def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200) -> TypedPlan:
         fields.update(residual=True, attention="flash", bias=True, tied=False, positions="learned")
     problem = Problem(load_model(cfg["kind"], None, fields), Coster(Profile.load("h200-nvlink+ib400"),
                                                                     Cluster(nodes, gpus)), require_fit=False)
-    problem, res = search_modes(problem, lambda pr, start, share=1.0: make_search("cd").run(
-        pr, Budget(steps=steps), np.random.default_rng(0)))
+    if fsdp_axes is not None:
+        from autotune.sbp.memory import Mode
+        problem = problem.with_mode(Mode("none", fsdp_axes))
+        res = make_search("cd").run(problem, Budget(steps=steps), np.random.default_rng(0))
+    else:
+        problem, res = search_modes(problem, lambda pr, start, share=1.0: make_search("cd").run(
+            pr, Budget(steps=steps), np.random.default_rng(0)))
     return load_plan(build_plan(problem, res.assignment, "searched"))
 
 
@@ -113,6 +118,17 @@ def tp_data(cfg: dict, axes: int = 2, tp: int = 1) -> dict:
         "logits": (data, col, {"weight": w_col}),
         "loss": (col, None, {}),
     }
+
+
+def vocab_parallel(cfg: dict) -> dict:
+    """Megatron's tensor parallelism on fine axis 1 (``tp_data``), and the embedding's and the logits' weights
+    split by vocabulary over both fine axes (all four devices): the embedding's output a partial sum on both,
+    the logits split by vocabulary on both."""
+    out = tp_data(cfg)
+    out["embedding"] = (None, ("P", "P"), {"weight": ("S0", "S0")})
+    out["logits"] = (("B", "B"), ("S1", "S1"), {"weight": ("S1", "S1")})
+    out["loss"] = (("S1", "S1"), None, {})
+    return out
 
 
 def random_partial(cfg: dict, mesh: tuple[int, ...], seed: int) -> dict:

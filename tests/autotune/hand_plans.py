@@ -16,7 +16,8 @@ def weights(layer) -> dict:
     return {"weight": (d["hidden"],)} if layer.kind == "rmsnorm" else {}
 
 
-def typed_plan(cfg: dict, nodes: int, gpus: int, placements, strategy: str, recompute: str = "none") -> TypedPlan:
+def typed_plan(cfg: dict, nodes: int, gpus: int, placements, strategy: str, recompute: str = "none",
+               fsdp_axes: tuple[int, ...] = ()) -> TypedPlan:
     """The plan of ``cfg``'s layer graph with ``placements(layer) -> (input, output, weight placements)``."""
     graph = build_graph(cfg["kind"], {k: v for k, v in cfg.items() if k != "kind"})
     counts = graph.counts()
@@ -28,7 +29,8 @@ def typed_plan(cfg: dict, nodes: int, gpus: int, placements, strategy: str, reco
     cluster = Cluster(nodes, gpus)
     return TypedPlan(ModelSpec(cfg["kind"], {k: v for k, v in cfg.items() if k != "kind"}), cluster,
                      FineMesh.of(cluster), tuple(layers), micro_batches=cfg["batch"] // cfg["micro_batch"],
-                     recompute=recompute, strategy=strategy)
+                     recompute=recompute, sharding_mode="fsdp" if fsdp_axes else "none", sharding_axes=fsdp_axes,
+                     strategy=strategy)
 
 
 def data_parallel(layer):
@@ -51,3 +53,22 @@ def megatron(layer):
     if layer.kind == "loss":
         return col, None, ()
     return data, data, ("B", "B")  # norms and the residual stream
+
+
+def vocab_parallel(layer):
+    """``megatron``, with the embedding's and the logits' weights split by vocabulary over both fine axes (the
+    embedding's output a partial sum on both, the logits split by vocabulary on both)."""
+    if layer.name == "embedding":
+        return None, ("P", "P"), ("S0", "S0")
+    if layer.name == "logits":
+        return ("B", "B"), ("S1", "S1"), ("S1", "S1")
+    if layer.kind == "loss":
+        return ("S1", "S1"), None, ()
+    return megatron(layer)
+
+
+def split_norm(layer):
+    """``megatron``, with the last norm's input, output and weight split by features on fine axis 1."""
+    if layer.name == "ln_f":
+        return ("S0", "S1"), ("S0", "S1"), ("B", "S0")
+    return megatron(layer)

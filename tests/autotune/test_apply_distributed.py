@@ -1,10 +1,13 @@
 """autotune.apply on 4 processes (gloo, float64) against the same model in one process: the loss of every
 step and every parameter after two Adam steps (two micro-batches each) agree to 1e-9 (relative), for a tiny
 Hugging Face LlamaForCausalLM and a nanoGPT-style module, with the SBP search's plan (models' llama/gpt
-graph, converted through the typed plan), plans for FSDP (data parallel placements),
-tensor parallelism + FSDP (full recomputation) and random plans that use partial sums (one with selective
-recomputation), on a 2 x 2 cluster (on a 1 x 4 cluster, whose fine axes are the same, the searched plans); a plan with one wrong placement (the residual stream
-declared partial after the add) disagrees. One launch per cluster runs every plan. All but the searched
+graph, converted through the typed plan; for the Llama also the search's plan in FSDP mode, whose qkv
+weight is split over more devices than KV heads), FSDP, HSDP (full recomputation) and tensor parallelism + FSDP
+(full recomputation) through fully_shard (+ parallelize_module), a plan splitting the embedding and the logits
+by vocabulary over all four devices (on both clusters), and random plans that use partial sums (one with selective
+recomputation), on a 2 x 2 cluster (on a 1 x 4 cluster, whose fine axes are the same, the searched and the
+vocabulary-parallel plans); the vocabulary-parallel plan with one wrong placement (the residual stream declared
+partial after the add) disagrees. One launch per cluster runs every plan. All but the searched
 plans are written by hand through the typed plan (tests/autotune/apply_plans.py)."""
 import os
 import socket
@@ -20,10 +23,13 @@ import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.distributed.fsdp import FSDPModule  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-from apply_plans import GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan  # noqa: E402
+from autotune.plan.place import fully_shard_plan, placement_path  # noqa: E402
+from apply_plans import (GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan,  # noqa: E402
+                         vocab_parallel)
 
 STEPS, LR, SEED = 2, 1e-2, 0
 RTOL = 1e-9
@@ -142,7 +148,13 @@ def _worker(rank, world, port, jobs, out):
     for kind, plan in jobs:
         cfg = GPT if kind == "gpt" else LLAMA
         try:
-            results.append(train(autotune.apply(plan, make_model(kind)), plan, cfg))
+            model = make_model(kind)
+            path = placement_path(plan, model)
+            model = autotune.apply(plan, model)
+            if isinstance(model, FSDPModule) != (path == "fully_shard"):
+                raise RuntimeError(f"placement_path says {path} but fully_shard was"
+                                   f"{'' if path == 'dtensor' else ' not'} applied")
+            results.append(train(model, plan, cfg))
         except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
             results.append(f"{type(e).__name__}: {e}")
     if rank == 0:
@@ -152,20 +164,26 @@ def _worker(rank, world, port, jobs, out):
 
 def plans(nodes, gpus) -> list:
     """Every plan on 2 x 2; on 1 x 4, whose fine axes are the same two of size 2 (only the search's costs
-    differ), the searched plans and the wrong one."""
+    differ), the searched and vocabulary-parallel plans and the wrong one."""
     mesh = (2, 2)
     out = []
     for kind, cfg in (("llama", LLAMA), ("gpt", GPT)):
         dp = data_parallel(cfg)
         out.append((kind, searched(cfg, nodes, gpus)))
+        out.append((kind, typed_plan(cfg, nodes, gpus, vocab_parallel(cfg), "vocabulary parallel")))
+        if kind == "llama":  # its qkv weight split over 4 devices, more than the 2 KV heads (the attention's over 2)
+            plan = searched(cfg, nodes, gpus, fsdp_axes=(0, 1))
+            assert plan.layer("qkv").weight("weight").placements == ("S1", "S1") != plan.layer("attention").input
+            out.append((kind, plan))
         if nodes == 1:
             continue
         out += [(kind, typed_plan(cfg, nodes, gpus, dp, "FSDP", fsdp_axes=(0, 1))),
+                (kind, typed_plan(cfg, nodes, gpus, dp, "HSDP", recompute="full", fsdp_axes=(1,))),
                 (kind, typed_plan(cfg, nodes, gpus, tp_data(cfg), "TP + FSDP", recompute="full", fsdp_axes=(0,))),
                 (kind, typed_plan(cfg, nodes, gpus, random_partial(cfg, mesh, 1), "random 1")),
                 (kind, typed_plan(cfg, nodes, gpus, random_partial(cfg, mesh, 2), "random 2",
                                   recompute="selective"))]
-    broken = tp_data(LLAMA)
+    broken = vocab_parallel(LLAMA)
     i, _, w = broken["residual"]
     broken["residual"] = (i, ("S0", "P"), w)
     out.append(("llama", typed_plan(LLAMA, nodes, gpus, broken, "broken (residual output P)")))
@@ -189,6 +207,9 @@ def mismatch(ref, got) -> str | None:
 @pytest.mark.parametrize("nodes,gpus", [(2, 2), (1, 4)])
 def test_apply_matches_one_process(nodes, gpus, tmp_path):
     jobs = plans(nodes, gpus)
+    # the FSDP, HSDP and TP + FSDP baselines take fully_shard (+ parallelize_module), every other plan the DTensor
+    # placement path
+    assert [p.strategy for _, p in jobs if fully_shard_plan(p)] == ["FSDP", "HSDP", "TP + FSDP"] * 2 * (nodes > 1)
     out = tmp_path / "results.pt"
     # forked before this process computes anything (its imports shared: spawning re-imports transformers 4 times)
     mp.start_processes(_worker, args=(4, _free_port(), jobs, str(out)), nprocs=4, start_method="fork")

@@ -1,10 +1,11 @@
-"""execute's apply path on 4 processes (gloo, float64) against the same reference module trained in one
-process: the loss of every step, every weight after two AdamW steps and its last gradient agree to 1e-9
-(relative), for a Llama-style plan (data x Megatron tensor parallelism, grouped-query attention, SwiGLU,
-RMSNorm, rotary positions), the same plan with full recomputation, and a GPT plan (learned positions,
-tied logits, LayerNorm with shift, GELU) in data parallelism over four devices; a plan with one wrong
-placement (the residual stream declared partial after the add) disagrees. The plans are written by hand
-(the search's cost rules for these layers are another branch's)."""
+"""execute's apply path on 4 processes (gloo, float64) against the same reference module trained in one process:
+the loss of every step, every weight after two AdamW steps and its last gradient agree to 1e-9 (relative), for
+a Llama-style plan (data x Megatron tensor parallelism, grouped-query attention, SwiGLU, RMSNorm, rotary
+positions), the same plan with full recomputation, and a GPT plan (learned positions, tied logits, LayerNorm
+with shift, GELU) in data parallelism over four devices and in tensor parallelism with its embedding and tied
+logits split by vocabulary over all four devices, a Llama FSDP plan (fully_shard) and a Llama plan whose last RMSNorm is split by features; a plan with one wrong
+placement (the residual stream declared partial after the add) disagrees. The plans are written by hand (the
+search's cost rules for these layers are another branch's)."""
 import json
 import os
 import socket
@@ -16,7 +17,7 @@ if not os.environ.get("CI"):
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from hand_plans import data_parallel, megatron, typed_plan  # noqa: E402
+from hand_plans import data_parallel, megatron, split_norm, typed_plan, vocab_parallel  # noqa: E402
 
 LLAMA = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8, vocabulary=64,
              batch=8, micro_batch=4)
@@ -27,7 +28,10 @@ STEPS, LR, SEED, RTOL = 2, 1e-2, 0, 1e-9
 def plans() -> list[dict]:
     out = [typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2)"),
            typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2), full recomputation", "full"),
-           typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)")]
+           typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)"),
+           typed_plan(GPT, 2, 2, vocab_parallel, "gpt megatron, vocabulary over all four devices (2, 2), tied logits"),
+           typed_plan(LLAMA, 1, 4, data_parallel, "llama FSDP (1, 4), fully_shard", fsdp_axes=(0, 1)),
+           typed_plan(LLAMA, 2, 2, split_norm, "llama megatron (2, 2), the last RMSNorm split by features")]
     out = [p.to_dict() for p in out]
     broken = json.loads(json.dumps(out[0]))
     residual = next(lay for lay in broken["layers"] if lay["name"] == "residual")
@@ -61,7 +65,7 @@ def _worker(rank, world, port, plans_file, out):
         except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
             results.append(f"{type(e).__name__}: {e}")
             continue
-        results.append({"losses": rec["measured"]["losses"], "executor": rec["executor"],
+        results.append({"losses": rec["measured"]["losses"], "executor": rec["executor"], "path": rec["apply_path"],
                         "weights": {n: _whole(p.detach()) for n, p in model.named_parameters()},
                         "grads": {n: _whole(p.grad) for n, p in model.named_parameters()}})
     if rank == 0:
@@ -116,6 +120,7 @@ def test_apply_path_matches_one_process(tmp_path):
     assert len(results) == len(ps)
     for plan, got in zip(ps[:-1], results):
         assert got["executor"] == "apply"
+        assert got["path"] == ("fully_shard" if "FSDP" in plan["strategy"] else "dtensor"), plan["strategy"]
         problem = mismatch(refs[plan["model"]["kind"]], got)
         assert problem is None, f"{plan['strategy']}: {problem}"
     assert mismatch(refs["llama"], results[-1]) is not None, "a wrong placement went unnoticed"

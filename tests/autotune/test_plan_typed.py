@@ -148,3 +148,28 @@ def test_gpt2_modules_are_found_and_checked():
     assert torch.equal(autotune.apply(plan, model)(input_ids=ids).logits, want)
     with pytest.raises(UserError, match="computes"):
         autotune.apply(typed_plan({**c, "ffn": 64}, 1, 1, data_parallel(c, axes=1), "x"), model)
+
+
+def test_which_plans_take_fully_shard():
+    """Pure FSDP, HSDP (trailing axes sharded) and TP + FSDP (one trailing column/row-wise axis) take
+    fully_shard; everything else, and a TP + FSDP plan on a module with tied weights or GPT-2's Conv1D, the
+    DTensor path."""
+    from apply_plans import GPT, random_partial, tp_data, vocab_parallel
+    from autotune.plan.place import FullyShard, fully_shard_layout, fully_shard_plan, placement_path
+    dp, tp = data_parallel(LLAMA), tp_data(LLAMA)
+    assert fully_shard_layout(typed_plan(LLAMA, 2, 2, dp, "FSDP", fsdp_axes=(0, 1))) == FullyShard((0, 1), (0, 1), None)
+    assert fully_shard_layout(typed_plan(LLAMA, 2, 2, dp, "HSDP", fsdp_axes=(1,))) == FullyShard((0, 1), (1,), None)
+    assert fully_shard_layout(typed_plan(LLAMA, 2, 2, tp, "TP+FSDP", fsdp_axes=(0,))) == FullyShard((0,), (0,), 1)
+    wrong = dict(tp, proj=(tp["proj"][0], tp["proj"][1], {"weight": ("B", "S1")}))  # not row-wise
+    for plan in (typed_plan(LLAMA, 2, 2, dp, "DP"), typed_plan(LLAMA, 2, 2, dp, "sharded across", fsdp_axes=(0,)),
+                 typed_plan(LLAMA, 2, 2, wrong, "TP+FSDP, proj not row-wise", fsdp_axes=(0,)),
+                 typed_plan(LLAMA, 2, 2, tp, "TP without FSDP"),
+                 typed_plan(LLAMA, 2, 2, vocab_parallel(LLAMA), "vocabulary", fsdp_axes=(0,)),
+                 typed_plan(LLAMA, 2, 2, random_partial(LLAMA, (2, 2), 1), "random", fsdp_axes=(0, 1))):
+        assert fully_shard_layout(plan) is None, plan.strategy
+    from models.modules import build
+    gpt = dict(GPT, ffn=4 * GPT["hidden"])
+    plan = typed_plan(gpt, 2, 2, tp_data(gpt), "TP+FSDP", fsdp_axes=(0,))
+    model = build(gpt)
+    assert fully_shard_plan(plan) and placement_path(plan, model, model.plan_mapping) == "dtensor"  # tied logits
+    assert placement_path(plan, build(dict(gpt, tied=False)), model.plan_mapping) == "fully_shard"

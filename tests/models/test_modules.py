@@ -1,6 +1,7 @@
 """The reference nn.Modules of the transformer family (models.modules): shapes, parameter counts
-(a closed form, and the layer graph's count once it knows the family), the grouped QKV and
-interleaved SwiGLU layouts against Hugging Face's Llama with the same weights, flash against naive
+(a closed form, and the layer graph's count once it knows the family), one Linear per projection
+the layer graph prices, the Llama against Hugging Face's with the same weights, the fused
+(head-grouped QKV, interleaved SwiGLU) and separate projections computing the same function, flash against naive
 attention, causality, and recomputation's gradients against none."""
 import pytest
 
@@ -74,11 +75,31 @@ def test_count_matches_the_layer_graph_of_the_config(name):
 
 def test_module_names_mirror_the_plan_layers():
     names = {n for n, _ in build(LLAMA).named_modules()}
-    for n in ("embedding", "ln_f", "logits", "loss", "blocks.1.ln1", "blocks.1.qkv", "blocks.1.attention",
-              "blocks.1.proj", "blocks.1.residual", "blocks.1.ln2", "blocks.1.fc1", "blocks.1.swiglu", "blocks.1.fc2"):
+    for n in ("embedding", "ln_f", "logits", "loss", "blocks.1.ln1", "blocks.1.q_proj", "blocks.1.k_proj",
+              "blocks.1.v_proj", "blocks.1.attention", "blocks.1.proj", "blocks.1.residual", "blocks.1.ln2",
+              "blocks.1.gate_proj", "blocks.1.up_proj", "blocks.1.swiglu", "blocks.1.fc2"):
         assert n in names
+    assert not {"blocks.1.qkv", "blocks.1.fc1"} & names
     gpt = {n for n, _ in build(GPT).named_modules()}
-    assert {"positions", "blocks.0.gelu"} <= gpt and "blocks.0.residual" not in {n for n, _ in build(AUTODDL).named_modules()}
+    assert {"positions", "blocks.0.gelu", "blocks.0.qkv", "blocks.0.fc1"} <= gpt and "blocks.0.q_proj" not in gpt
+    assert "blocks.0.residual" not in {n for n, _ in build(AUTODDL).named_modules()}
+
+
+@pytest.mark.parametrize("cfg,qkv,fc1", [
+    (LLAMA, 3, 2), (GPT, 1, 1), (AUTODDL, 1, 1), (dict(GPT, mlp="swiglu", ffn=24), 1, 2),
+    (dict(LLAMA, residual=False), 1, 1)])
+def test_projections_as_the_graph_prices_them(cfg, qkv, fc1):
+    """One Linear per projection the layer graph prices (its ``projections`` dim), each of the graph's width."""
+    graph = build_graph(cfg["kind"], {k: v for k, v in cfg.items() if k != "kind"})
+    model = build(cfg)
+    mapping = model.plan_mapping
+    names = dict(model.named_modules())
+    for layer in ("qkv", "fc1"):
+        dims = next(lay for lay in graph.layers if lay.name == layer).all_dims()
+        pats = mapping[layer] if isinstance(mapping[layer], list) else [mapping[layer]]
+        mods = [names[p.replace("*", "0")] for p in pats]
+        assert len(mods) == dims["projections"] == {"qkv": qkv, "fc1": fc1}[layer]
+        assert sum(m.out_features for m in mods) == dims["n"] and {m.in_features for m in mods} == {dims["k"]}
 
 
 def test_tied_logits_share_the_embedding():
@@ -106,9 +127,7 @@ def test_causal(name):
 
 
 def hf_llama(model, cfg):
-    """Hugging Face's LlamaForCausalLM with the reference module's weights: qkv's groups (k, v,
-    then the group's queries) split into q_proj, k_proj, v_proj; fc1's interleaved columns into
-    gate_proj (even) and up_proj (odd)."""
+    """Hugging Face's LlamaForCausalLM with the reference module's weights (the same names, one to one)."""
     transformers = pytest.importorskip("transformers")
     c = family_config(cfg)
     hd, heads, kv = c["head_dim"], c["heads"], c["kv_heads"]
@@ -116,19 +135,16 @@ def hf_llama(model, cfg):
         vocab_size=c["vocabulary"], hidden_size=c["hidden"], intermediate_size=c["ffn"], num_hidden_layers=c["layers"],
         num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd, max_position_embeddings=c["max_positions"],
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False)).double()
-    r = heads // kv
     with torch.no_grad():
         hf.model.embed_tokens.weight.copy_(model.embedding.weight)
         hf.lm_head.weight.copy_(model.logits.weight)
         hf.model.norm.weight.copy_(model.ln_f.weight)
         for mine, theirs in zip(model.blocks, hf.model.layers):
-            w = mine.qkv.weight.view(kv, r + 2, hd, c["hidden"])
-            theirs.self_attn.k_proj.weight.copy_(w[:, 0].reshape(kv * hd, -1))
-            theirs.self_attn.v_proj.weight.copy_(w[:, 1].reshape(kv * hd, -1))
-            theirs.self_attn.q_proj.weight.copy_(w[:, 2:].reshape(heads * hd, -1))
+            for p in ("q_proj", "k_proj", "v_proj"):
+                getattr(theirs.self_attn, p).weight.copy_(getattr(mine, p).weight)
             theirs.self_attn.o_proj.weight.copy_(mine.proj.weight)
-            theirs.mlp.gate_proj.weight.copy_(mine.fc1.weight[0::2])
-            theirs.mlp.up_proj.weight.copy_(mine.fc1.weight[1::2])
+            theirs.mlp.gate_proj.weight.copy_(mine.gate_proj.weight)
+            theirs.mlp.up_proj.weight.copy_(mine.up_proj.weight)
             theirs.mlp.down_proj.weight.copy_(mine.fc2.weight)
             theirs.input_layernorm.weight.copy_(mine.ln1.weight)
             theirs.post_attention_layernorm.weight.copy_(mine.ln2.weight)
@@ -184,3 +200,21 @@ def test_bad_config():
         build(dict(GPT, kind="mlp"))
     with pytest.raises(OptionError):
         build(GPT, recompute="some")
+
+
+@pytest.mark.parametrize("rotary", [True, False])
+def test_fused_and_separate_projections_agree(rotary):
+    """The head-grouped fused QKV (k, v, then the group's queries) and interleaved [gate, up] give what separate
+    q, k, v and gate, up give; a fused QKV laid out [q | k | v] does not."""
+    from models.modules import Attention, SwiGLU
+    hd, heads, kv, b, s = 4, 6, 2, 2, 5
+    r = heads // kv
+    att = Attention(hd, r, True, rotary, s).double()
+    q, k, v = (torch.randn(b, s, n * hd, dtype=torch.float64) for n in (heads, kv, kv))
+    grouped = torch.cat([torch.cat([k.unflatten(-1, (kv, hd))[:, :, g], v.unflatten(-1, (kv, hd))[:, :, g],
+                                    q.unflatten(-1, (heads, hd))[:, :, g * r:(g + 1) * r].flatten(-2)], -1)
+                         for g in range(kv)], -1)
+    torch.testing.assert_close(att(grouped), att(q, k, v), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(att(torch.cat([q, k, v], -1)), att(q, k, v))
+    gate, up = torch.randn(b, s, 7, dtype=torch.float64), torch.randn(b, s, 7, dtype=torch.float64)
+    torch.testing.assert_close(SwiGLU()(torch.stack([gate, up], -1).flatten(-2)), SwiGLU()(gate, up))
