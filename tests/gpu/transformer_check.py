@@ -26,8 +26,9 @@ its row, saying so.
 Predicted: ``models.load_model`` (kind gpt or llama with the shape's fields, batch = micro_batch,
 flash attention, residual stream) and ``autotune.sbp.cost.Problem`` on a 1 x 1 cluster with
 PROFILE.json, objective "step": the searched plan's totals ``step_s`` and ``memory_bytes``.
-Errors are measured / predicted - 1 (positive: the model under-predicts), as in
-reports/records/execute.md.
+Errors are the project's one relative error, ``calibrate.measure.stats.rel_err``: (predicted - measured)
+/ measured, positive where the prediction is too high (the records before 2026-11-27 printed
+measured / predicted - 1, the other sign).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ if str(REPO) not in sys.path:
 
 from calibrate.cli import run_cli  # noqa: E402
 from calibrate.errors import UserError  # noqa: E402
+from calibrate.measure import stats  # noqa: E402
 from calibrate.records import check_header  # noqa: E402
 from models import load_model  # noqa: E402
 
@@ -369,7 +371,7 @@ def predict(shape: dict, profile_path: str, recompute: str) -> dict:
 
 # ---- the table -----------------------------------------------------------------------------------
 def error(measured, predicted):
-    return None if measured is None or predicted is None or predicted <= 0 else measured / predicted - 1
+    return stats.rel_err(predicted, measured)
 
 
 def _f(v, scale: float, fmt: str) -> str:

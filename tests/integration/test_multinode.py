@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 from calibrate.health import HealthRecord
+from calibrate.measure import stats
 from calibrate.profile import Group, Profile
 from integration_env import REPO, require
 from netns_cluster import NetnsCluster, kill_namespace, unavailable
@@ -203,8 +204,8 @@ def test_plans_across_nodes_cost_as_predicted(slurm, calibrated, tmp_path):
     v = json.loads((tmp_path / "validate.json").read_text())
     assert len(v["plans"]) >= 10 and v["cluster"].startswith("2")
     assert {"searched", "data", "Megatron", "random"} <= {p["plan"].split()[0] for p in v["plans"]}
-    errors = {p["plan"]: p["measured_s"] / p["predicted_s"] - 1 for p in v["plans"]}
-    print("per-plan error (measured / predicted - 1):", {k: f"{e:+.1%}" for k, e in errors.items()})
+    errors = {p["plan"]: stats.rel_err(p["predicted_s"], p["measured_s"]) for p in v["plans"]}
+    print("per-plan error ((predicted - measured) / measured):", {k: f"{e:+.1%}" for k, e in errors.items()})
     assert v["spearman"] >= MIN_SPEARMAN, v
     assert max(abs(e) for e in errors.values()) <= TOL_PLAN, errors
 

@@ -144,13 +144,14 @@ def test_table_errors_and_medians_per_set():
              "note": "out of memory (skipped)"}]
     out = tc.table(copy.deepcopy(rows))
     lines = out.splitlines()
-    assert lines[1].split()[:8] == ["D1", "development", "100.00", "110.00", "+10.0", "2.00", "1.00", "-50.0"]
+    assert lines[1].split()[:8] == ["D1", "development", "100.00", "110.00", "-9.1", "2.00", "1.00", "+100.0"]
     assert lines[4].split()[:8] == ["H1", "heldout", "300.00", "-", "-", "3.00", "-", "-"]
     assert "out of memory (skipped)" in lines[4]
     dev = next(x for x in lines if x.startswith("development:"))
-    # step errors +10, -5, +30: median +10.0, median size 10.0; memory -50, 0, +50: median +0.0, size 50.0
-    assert "step time median +10.0%, median |error| 10.0% (3 shapes)" in dev
-    assert "memory median +0.0%, median |error| 50.0% (3 shapes)" in dev
+    # (predicted - measured) / measured: steps -9.1, +5.3, -23.1: median -9.1, median size 9.1;
+    # memory +100, 0, -33.3: median +0.0, median size 33.3
+    assert "step time median -9.1%, median |error| 9.1% (3 shapes)" in dev
+    assert "memory median +0.0%, median |error| 33.3% (3 shapes)" in dev
     assert "heldout: step time: no shape measured; memory: no shape measured" in out
 
 
