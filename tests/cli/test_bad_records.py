@@ -226,3 +226,12 @@ def test_help_into_a_closed_pipe_is_quiet():
         finally:
             os.close(write)
         assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
+def test_export_checks_its_out_before_printing(inputs, tmp_path):
+    """``autotune export --out`` naming a folder is refused before the config is printed (it was
+    printed whole, then refused)."""
+    rc, out, cpu_s, tb = run_main(["autotune", "export", str(inputs / "plan" / "plan.json"), "--to", "torchtitan",
+                                   "--out", str(tmp_path)])
+    check_outcome(rc, out, "is a directory", cpu_s, tb)
+    assert len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
