@@ -79,6 +79,15 @@ OPTION_CASES = [
     ("execute-warmup-all-steps", "autotune execute {good_plan} --steps 3 --warmup 3", r"--warmup 3 leaves none"),
     ("execute-warmup-above-steps", "autotune execute {good_plan} --steps 2 --warmup 5", r"give --steps above"),
     ("execute-steps-zero", "autotune execute {good_plan} --steps 0", r"--steps must be at least 1"),
+    ("execute-lr-nan", "autotune execute {good_plan} --lr nan", "--lr: 'nan' is not a finite number"),
+    ("execute-lr-negative", "autotune execute {good_plan} --lr -1", r"--lr -1 is not a learning rate"),
+    ("execute-tied-true", "autotune execute {good_plan} --tied true", "the plan's model has tied"),
+    ("execute-attention-other", "autotune execute {good_plan} --attention flash", "the plan's model has attention"),
+    ("execute-steps-billion", "autotune execute {good_plan} --steps 1000000000", "over the limit of 100,000 steps"),
+    ("search-seed-negative", "autotune --seed -1 --out {out}/s", "--seed -1 is out of range"),
+    ("search-seed-2-32", "autotune --seed 4294967296 --out {out}/s", "--seed 4294967296 is out of range"),
+    ("search-budget-years", "autotune --budget 1e12 --out {out}/s", "over the limit of 86,400 s"),
+    ("search-budget-steps-huge", "autotune --budget 99999999999steps --out {out}/s", "over the limit"),
     ("reproduce-out-devnull", "autotune reproduce autoddl --out /dev/null/x", "not a directory"),
     ("run-resume-missing", "calibrate run --backend mpi -b 1K -e 2K --out {out}/never --resume",
      "one rank|nothing to continue"),
@@ -235,3 +244,17 @@ def test_export_checks_its_out_before_printing(inputs, tmp_path):
                                    "--out", str(tmp_path)])
     check_outcome(rc, out, "is a directory", cpu_s, tb)
     assert len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+
+
+def test_a_models_package_in_the_working_folder_is_named(tmp_path):
+    """``python -m autotune`` run inside a training repository with its own ``models/`` package (first
+    on the import path): one line naming the package and the console script, no ImportError traceback."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "net.py").write_text("class Net:\n    pass\n")
+    for argv in (["autotune", "--model", "gpt", "--out", "gpt"], ["autotune", "execute", "plan.json"]):
+        r = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        check_outcome(r.returncode, r.stdout + r.stderr, "the package 'models' in .* hides this project's own "
+                      "'models'.*commtune-autotune", 0.0, "")
+        assert not (tmp_path / "gpt").exists()
