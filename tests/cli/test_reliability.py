@@ -186,3 +186,17 @@ def test_every_option_has_a_help_line(package, command, monkeypatch):
     bare = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
             if not (a.help or "").strip() and a.dest != "help"]
     assert not bare, f"options without a help line: {', '.join(bare)}"
+
+
+def test_gpu_run_all_exits_non_zero_when_a_part_fails(tmp_path):
+    """tests/gpu/run_all.sh's own exit counts every part: a failed transformer check (here: no Python)
+    makes it non-zero (the transformer part was logged, not counted, and the script exited 0)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run(["bash", "tests/gpu/run_all.sh"], cwd=root, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OUT=str(tmp_path), PARTS="transformer", PY="false"))
+    assert "transformer (tests/gpu/transformer_check.sh): exit 1" in r.stdout, r.stdout[-800:]
+    assert r.returncode != 0
