@@ -32,7 +32,7 @@ from pathlib import Path
 from calibrate.cli import command_parser, finite_float
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
-from calibrate.outputs import check_output_path
+from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import Profile
 
 from autotune.execute import layertable, result
@@ -116,6 +116,7 @@ def check_model(plan: dict, args) -> None:
 
 def summarize(folder: str) -> int:
     records = result.load_records(Path(folder))
+    check_output_path(Path(folder) / "summary.json", "execute summary")  # before the tables, not after them
     s = result.summary(records)
     s["layers"] = {r["strategy"]: rows for r in records if not r.get("error") for rows in (layertable.layer_rows(r),) if rows}
     print(f"{s['model'].get('name', '')} on {s['cluster']['nodes']}x{s['cluster']['gpus_per_node']} {s['device']} "
@@ -126,13 +127,14 @@ def summarize(folder: str) -> int:
     for f in s["failed"]:
         print(f"not measured: {f['strategy']}: {f['error']}")
     breakdown = result.format_breakdown(records)
-    (Path(folder) / "breakdown.txt").write_text(breakdown + "\n")
+    write_atomic(Path(folder) / "breakdown.txt", breakdown + "\n", "execute breakdown")
     print(breakdown)
     layers = layertable.format_layers(records)
     if layers:
-        (Path(folder) / "layers.txt").write_text(layers + "\n")
+        write_atomic(Path(folder) / "layers.txt", layers + "\n", "execute layer table")
         print(layers)
-    (Path(folder) / "summary.md").write_text(result.markdown(s, f"python -m autotune execute --summarize {folder}"))
+    write_atomic(Path(folder) / "summary.md", result.markdown(s, f"python -m autotune execute --summarize {folder}"),
+                 "execute summary")
     print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
     return 0
 

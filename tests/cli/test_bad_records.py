@@ -258,3 +258,15 @@ def test_a_models_package_in_the_working_folder_is_named(tmp_path):
         check_outcome(r.returncode, r.stdout + r.stderr, "the package 'models' in .* hides this project's own "
                       "'models'.*commtune-autotune", 0.0, "")
         assert not (tmp_path / "gpt").exists()
+
+
+def test_summarize_checks_its_outputs_before_the_tables(inputs, tmp_path):
+    """``execute --summarize DIR`` where DIR/summary.json cannot be written (a folder of that name) is
+    refused before the tables are printed and before breakdown.txt is written (both happened first)."""
+    folder = tmp_path / "executed"
+    shutil.copytree(inputs / "executed" / "good", folder)
+    (folder / "summary.json").mkdir()
+    rc, out, cpu_s, tb = run_main(["autotune", "execute", "--summarize", str(folder)])
+    check_outcome(rc, out, "summary.json' is a directory", cpu_s, tb)
+    assert len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+    assert sorted(p.name for p in folder.iterdir()) == ["execute-00-x.json", "execute-01-x.json", "summary.json"]
