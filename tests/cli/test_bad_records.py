@@ -37,6 +37,7 @@ RESULTS_COMMANDS = {
 }
 PLAN_COMMANDS = {
     "reports": "reports {plan} -o {out}/r.html",
+    "autotune-export": "autotune export {plan} --to megatron --out {out}/m.sh",
 }
 SCHEDULE_COMMANDS = {
     "autotune-schedule-rescore": "autotune schedule --rescore {s}",
