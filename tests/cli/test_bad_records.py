@@ -6,6 +6,7 @@ of CPU time, and change no file: the inputs keep their content and no output app
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -271,3 +272,73 @@ def test_summarize_checks_its_outputs_before_the_tables(inputs, tmp_path):
     check_outcome(rc, out, "summary.json' is a directory", cpu_s, tb)
     assert len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
     assert sorted(p.name for p in folder.iterdir()) == ["execute-00-x.json", "execute-01-x.json", "summary.json"]
+
+
+# ---- records the report reads beside plans and profiles: execute summary, resharding results, reproduction --
+SECTION_CASES = [
+    # (record, edit of the parsed good record, what the error names)
+    ("summary", lambda d: d.pop("cluster"), "cluster is missing"),
+    ("summary", lambda d: d.update(cluster="x"), "cluster is 'x', not an object"),
+    ("summary", lambda d: d.pop("device"), "device is missing"),
+    ("summary", lambda d: d.update(backend=5), "backend is 5, not a string"),
+    ("summary", lambda d: d["cluster"].update(nodes=0), "cluster/nodes is 0"),
+    ("summary", lambda d: d.update(rows="x"), "rows is 'x', not a list"),
+    ("summary", lambda d: d["rows"][0].update(step_s=math.nan), "rows/0/step_s is nan"),
+    ("summary", lambda d: d["rows"][0].pop("strategy"), "rows/0/strategy is missing"),
+    ("summary", lambda d: d["rows"][0].update(pred_memory_bytes=-1), "rows/0/pred_memory_bytes"),
+    ("summary", lambda d: d.update(targets=[]), "targets is \\[\\], not an object"),
+    ("summary", lambda d: d.update(failed={"x": 1}), "failed is"),
+    ("reshard", lambda d: d.update(cases={"x": 1}), "cases is"),
+    ("reshard", lambda d: d["cases"][0].pop("times"), "cases/0/times is missing"),
+    ("reshard", lambda d: d["cases"][0].update(lower_bound="x"), "cases/0/lower_bound"),
+    ("reshard", lambda d: d["cases"][0]["task"].pop("src_mesh"), "cases/0/task/src_mesh is missing"),
+    ("reshard", lambda d: d["cases"][0]["chosen"].update(makespan=math.inf), "cases/0/chosen/makespan is inf"),
+    ("reshard", lambda d: d.update(pipelines=[{"name": "p"}]), "pipelines/0/schedules is missing"),
+    ("reshard", lambda d: d.update(executed=[{"measured_s": "1"}]), "executed/0/measured_s"),
+    ("reshard", lambda d: d.update(profile=3), "profile is 3, not a string"),
+    ("reproduction", lambda d: d.pop("rows"), "rows is missing"),
+    ("reproduction", lambda d: d.update(rows={"a": 1}), "rows is"),
+    ("reproduction", lambda d: d["rows"][0].pop("status"), "rows/0/status is missing"),
+    ("reproduction", lambda d: d["rows"][0].update(paper="AutoDDL"), "rows/0/paper is 'AutoDDL', not an object"),
+    ("reproduction", lambda d: d["rows"][0].update(sensitivity=[{"alpha_scale": 1}]), "rows/0/sensitivity/0/"),
+    ("reproduction", lambda d: d["rows"][0].update(difference_pp=math.nan), "rows/0/difference_pp is nan"),
+]
+
+
+@pytest.fixture(scope="module")
+def section_records(inputs, tmp_path_factory):
+    """The good record of each kind: a summary of the executed records, a resharding results file, and a
+    reproduction record (one kept in reports/records)."""
+    root = tmp_path_factory.mktemp("section_records")
+    shutil.copytree(inputs / "executed" / "good", root / "executed")
+    rc, out, _, tb = run_main(["autotune", "execute", "--summarize", str(root / "executed")])
+    assert rc == 0 and not tb, out + tb
+    rc, out, _, tb = run_main(["autotune", "reshard", "--case", "1", "--results", str(root / "reshard.json")])
+    assert rc == 0 and not tb, out + tb
+    return {"summary": json.loads((root / "executed" / "summary.json").read_text()),
+            "reshard": json.loads((root / "reshard.json").read_text()),
+            "reproduction": json.loads((ROOT / "reports" / "records" / "sbp_reproduce_2026-11-25_issue29.json")
+                                       .read_text())}
+
+
+def test_the_good_section_records_are_reported(section_records, tmp_path):
+    for name, record in section_records.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+        rc, out, _, tb = run_main(["reports", str(tmp_path / f"{name}.json"), "-o", str(tmp_path / f"{name}.html")])
+        assert rc == 0 and not tb, out[-800:] + tb
+
+
+@pytest.mark.parametrize("record, edit, expect", SECTION_CASES,
+                         ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(SECTION_CASES)])
+def test_a_broken_section_record_is_one_line(record, edit, expect, section_records, tmp_path):
+    """A record with a field missing or of the wrong type: one line naming the field (it was a KeyError or
+    TypeError traceback from the report section), no report written."""
+    import copy
+
+    data = copy.deepcopy(section_records[record])
+    edit(data)
+    path = tmp_path / f"{record}.json"
+    path.write_text(json.dumps(data))
+    rc, out, cpu_s, tb = run_main(["reports", str(path), "-o", str(tmp_path / "out" / "r.html")])
+    check_outcome(rc, out, expect, cpu_s, tb)
+    assert not (tmp_path / "out").exists()
