@@ -346,3 +346,18 @@ def test_a_broken_section_record_is_one_line(record, edit, expect, section_recor
     rc, out, cpu_s, tb = run_main(["reports", str(path), "-o", str(tmp_path / "out" / "r.html")])
     check_outcome(rc, out, expect, cpu_s, tb)
     assert not (tmp_path / "out").exists()
+
+
+def test_reports_on_execute_output_names_summarize(inputs, tmp_path):
+    """``reports`` given an execute --out folder or one of its records says to summarize it first (it
+    said "no meta.json" / "no report section knows"); given the summarized folder, it reports it."""
+    folder = tmp_path / "exec"
+    folder.mkdir()
+    for record in (inputs / "executed" / "good").glob("execute-*.json"):
+        shutil.copy(record, folder)
+    for target in (folder, folder / "execute-00-x.json"):
+        rc, out, cpu_s, tb = run_main(["reports", str(target), "-o", str(tmp_path / "out" / "r.html")])
+        check_outcome(rc, out, "python -m autotune execute --summarize DIR", cpu_s, tb)
+    assert run_main(["autotune", "execute", "--summarize", str(folder)])[0] == 0
+    rc, out, _, tb = run_main(["reports", str(folder), "-o", str(tmp_path / "r.html")])
+    assert rc == 0 and not tb and "Executed plans" in (tmp_path / "r.html").read_text(), out[-600:]
