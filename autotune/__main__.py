@@ -48,8 +48,7 @@ def export(argv=None) -> int:
     from pathlib import Path
 
     from calibrate.cli import command_parser
-    from calibrate.errors import UserError
-    from calibrate.outputs import check_output_path
+    from calibrate.outputs import check_output_path, write_atomic
 
     from autotune.export import TARGETS
     from autotune.export import export as export_plan
@@ -62,15 +61,11 @@ def export(argv=None) -> int:
     ap.add_argument("--which", default="best", help="best, or baseline:NAME (a baseline whose name starts with NAME)")
     ap.add_argument("--out", help="write the config to this file too (default: print only)")
     args = ap.parse_args(argv)
+    out = check_output_path(Path(args.out), "export") if args.out else None
     e = export_plan(PlanFile.load(args.plan), args.to, args.which)
     print(e.text, end="")
-    if args.out:
-        out = check_output_path(Path(args.out), "export")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(e.text)
-        except OSError as err:
-            raise UserError(f"cannot write {str(out)!r} ({err.strerror}): choose a writable --out") from None
+    if out is not None:
+        write_atomic(out, e.text, "export")
         print(f"wrote {out}", file=sys.stderr)
     return 0
 

@@ -174,10 +174,10 @@ def layout(plan: dict) -> Layout:
         lay["count"] for lay in norms)
     model = plan.get("model") or {}
     data = math.prod(cluster.axis_sizes[a] for a in data_axes)  # a pipelined plan: its first stage's submesh
-    try:
-        micro, batch, seq = int(model["micro_batch"]), int(model["batch"]), int(model.get("sequence", 1))
-    except (KeyError, TypeError, ValueError):
-        raise UserError("the plan's model has no batch or micro_batch: re-run the search") from None
+    micro, batch, seq = model.get("micro_batch"), model.get("batch"), model.get("sequence", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (micro, batch, seq)):
+        raise UserError(f"the plan's model has micro_batch {micro!r}, batch {batch!r}, sequence {seq!r}; each must be "
+                        f"a positive integer: re-run the search")
     return Layout(data=data, fsdp=math.prod(cluster.axis_sizes[a] for a in fsdp_axes),
                   tensor=math.prod(cluster.axis_sizes[a] for a in tensor_axes), pipeline=pipeline,
                   sequence_parallel=sp, recompute=recompute, micro_batch=max(micro // data, 1),
@@ -301,6 +301,8 @@ def select(pf: PlanFile, which: str) -> dict:
         return pf.best
     if which.startswith("baseline:"):
         name = which.split(":", 1)[1].strip().lower()
+        if not name:
+            raise OptionError("which", f"{which!r} names no baseline: give baseline:NAME, e.g. baseline:megatron")
         hits = [b for b in pf.baselines if b.get("strategy", "").lower().startswith(name)]
         if hits:
             return hits[0]

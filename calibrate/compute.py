@@ -108,12 +108,18 @@ class Band:
         return out
 
 
+def _finite(v, low: float = 0.0) -> bool:
+    """A JSON number (not a bool), finite and above ``low`` (at or above 0 where ``low`` is 0)."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v >= 0 if low == 0 else v > low))
+
+
 def _band(d, where: str) -> Band:
-    if not isinstance(d, dict) or not isinstance(d.get("peak_flops"), (int, float)) or d["peak_flops"] <= 0:
-        raise UserError(f"{where} needs a positive peak_flops: re-run python -m calibrate compute")
+    if not isinstance(d, dict) or not _finite(d.get("peak_flops")) or d["peak_flops"] <= 0:
+        raise UserError(f"{where} needs a finite positive peak_flops: re-run python -m calibrate compute")
     pts = []
     for p in d.get("points", []):
-        if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in p)):
+        if not (isinstance(p, list) and len(p) == 2 and all(_finite(x) and x > 0 for x in p)):
             raise UserError(f"{where} has a bad point {p!r} (want [flops, seconds] > 0): re-run python -m calibrate compute")
         pts.append((float(p[0]), float(p[1])))
     pts.sort()
@@ -324,20 +330,20 @@ class ComputeModel:
             raise UserError(f"{where} has kind {d.get('kind')!r}; use one of {', '.join(KINDS)}")
         for key in ("launch_s", "memory_Bps"):
             v = d.get(key)
-            if not isinstance(v, (int, float)) or v < 0 or (key == "memory_Bps" and v == 0):
-                raise UserError(f"{where} needs a non-negative {key}: re-run python -m calibrate compute")
+            if not _finite(v) or (key == "memory_Bps" and v == 0):
+                raise UserError(f"{where} has {key} {v!r}; want a finite non-negative number (memory_Bps above 0): "
+                                "re-run python -m calibrate compute")
         ops = d.get("op_Bps") or {}
-        if not isinstance(ops, dict) or any(k not in OPS or not isinstance(v, (int, float)) or v <= 0
+        if not isinstance(ops, dict) or any(k not in OPS or not _finite(v) or v <= 0
                                             for k, v in ops.items()):
-            raise UserError(f"{where} has a bad op_Bps {ops!r} (want positive bytes per second for some of "
+            raise UserError(f"{where} has a bad op_Bps {ops!r} (want finite positive bytes per second for some of "
                             f"{', '.join(OPS)}): re-run python -m calibrate compute")
         if not d.get("matmul"):
             raise UserError(f"{where} has no matmul figures: re-run python -m calibrate compute")
         layers = d.get("layer_s") or {}
         if not isinstance(layers, dict) or any(
                 k not in LAYER_KINDS or not isinstance(v, (list, tuple)) or len(v) != 2
-                or any(not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x) or x < 0
-                       for x in v) for k, v in layers.items()):
+                or any(not _finite(x) for x in v) for k, v in layers.items()):
             raise UserError(f"{where} has a bad layer_s {layers!r} (want kind -> [forward, backward] non-negative "
                             f"seconds per element, kinds of {', '.join(LAYER_KINDS)}): re-run python -m calibrate compute")
         return cls(

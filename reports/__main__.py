@@ -19,18 +19,25 @@ from reports.html import write_report
 from reports.sections import REGISTRY, builder
 
 
+EXECUTE_RESULT = "commtune.execute-result"
+SUMMARIZE = ("the report reads an execute folder's summary: run python -m autotune execute --summarize DIR, then "
+             "give DIR (or DIR/summary.json)")
+
+
 def kind_of(path: Path) -> str:
     fix = "give a results directory or a JSON file the project wrote"
     if path.is_dir():
         meta = path / "meta.json"
         if not meta.exists():
-            raise UserError(f"{str(path)!r} has no meta.json: {fix}")
+            raise UserError(f"{str(path)!r} has no meta.json: {SUMMARIZE if any(path.glob('execute-*.json')) else fix}")
         data = read_json(meta, "results metadata", fix)
     elif path.is_file():
         data = read_json(path, "input", fix)
     else:
         raise UserError(f"{str(path)!r} does not exist: {fix}")
     kind = record_kind(data)
+    if kind == EXECUTE_RESULT:
+        raise UserError(f"{str(path)!r} is one plan's execute result: {SUMMARIZE}")
     if kind not in REGISTRY:
         raise UserError(f"{str(path)!r} is of kind {kind!r}, which no report section knows "
                         f"(known: {', '.join(REGISTRY)})")
@@ -69,6 +76,8 @@ def main(argv=None) -> int:
     by_kind: dict[str, list[Path]] = {}
     for s in args.inputs:
         path = Path(s)
+        if path.is_dir() and not (path / "meta.json").exists() and (path / "summary.json").is_file():
+            path = path / "summary.json"  # an execute --out folder, summarized
         by_kind.setdefault(kind_of(path), []).append(path)
     sections = []
     for kind in REGISTRY:  # registry order is the order of the flow

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json
+from calibrate.outputs import write_atomic
 from calibrate.records import kind_of
 
 BLOCK = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
@@ -180,5 +181,5 @@ def update(md: str | Path, check: bool = False) -> list[str]:
 
     new = BLOCK.sub(sub, text)
     if not check and new != text:
-        md.write_text(new)
+        write_atomic(md, new, "document")
     return stale

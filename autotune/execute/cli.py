@@ -32,17 +32,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, finite_float
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
-from calibrate.outputs import check_output_path
+from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import Profile
-from models import FIELDS
 
 from autotune.execute import layertable, result
 from autotune.execute.launch import check_steps, launch_env
 from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.execute.planread import model_kind
+from autotune.sbp.cli.search import add_model_fields
 from autotune.sbp.plan import PlanFile
 
 DEFAULT_OUT = "execute-out"
@@ -73,8 +73,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", help="auto (the plan's act_bytes: 2 bf16, 4 fp32), float64, float32, bfloat16")
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                     help="auto (cuda where torch sees a GPU, else cpu), cuda or cpu")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    ap.add_argument("--lr", type=finite_float, default=1e-3, help="Adam learning rate, above 0 (default 1e-3)")
     ap.add_argument("--module", default=DEFAULT_MODULE,
                     help="package.module:factory building the nn.Module from the plan's model config (apply executor)")
     ap.add_argument("--executor", default="auto", choices=EXECUTORS,
@@ -88,13 +88,7 @@ def parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("model (checked against the plan's; --layers runs a stack of that many layers)")
     g.add_argument("--model", help="model kind the plan must be for")
     g.add_argument("--preset", help="preset the plan must be for")
-    seen = set()
-    for fields in FIELDS.values():
-        for name, typ in fields.items():
-            if name not in seen:
-                seen.add(name)
-                conv = int if typ == "int" else (lambda s: [int(x) for x in s.split(",")])
-                g.add_argument("--" + name.replace("_", "-"), dest=f"f_{name}", type=conv, default=None)
+    add_model_fields(g)
     return ap
 
 
@@ -130,6 +124,7 @@ def check_model(plan: dict, args) -> None:
 
 def summarize(folder: str) -> int:
     records = result.load_records(Path(folder))
+    check_output_path(Path(folder) / "summary.json", "execute summary")  # before the tables, not after them
     s = result.summary(records)
     s["layers"] = {r["strategy"]: rows for r in records if not r.get("error") for rows in (layertable.layer_rows(r),) if rows}
     print(f"{s['model'].get('name', '')} on {s['cluster']['nodes']}x{s['cluster']['gpus_per_node']} {s['device']} "
@@ -140,13 +135,14 @@ def summarize(folder: str) -> int:
     for f in s["failed"]:
         print(f"not measured: {f['strategy']}: {f['error']}")
     breakdown = result.format_breakdown(records)
-    (Path(folder) / "breakdown.txt").write_text(breakdown + "\n")
+    write_atomic(Path(folder) / "breakdown.txt", breakdown + "\n", "execute breakdown")
     print(breakdown)
     layers = layertable.format_layers(records)
     if layers:
-        (Path(folder) / "layers.txt").write_text(layers + "\n")
+        write_atomic(Path(folder) / "layers.txt", layers + "\n", "execute layer table")
         print(layers)
-    (Path(folder) / "summary.md").write_text(result.markdown(s, f"python -m autotune execute --summarize {folder}"))
+    write_atomic(Path(folder) / "summary.md", result.markdown(s, f"python -m autotune execute --summarize {folder}"),
+                 "execute summary")
     print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
     return 0
 
@@ -171,6 +167,8 @@ def main(argv=None) -> int:
     if not args.plan:
         raise UserError("give a plan.json (python -m autotune execute PLAN), or --summarize DIR")
     check_steps(args.steps, args.warmup, args.profile_steps)
+    if args.lr <= 0:
+        raise UserError(f"--lr {args.lr:g} is not a learning rate: give one above 0, e.g. 1e-3")
     check_output_path(args.out, "--out folder", directory=True)  # before any step runs, not after them all
     pf = PlanFile.load(args.plan)
     plans = select(pf, args.which)

@@ -51,11 +51,17 @@ def rendezvous(launch: Launch) -> tuple[str, str]:
     raise UserError("several nodes under srun without MASTER_ADDR: export MASTER_ADDR (the first node) and MASTER_PORT")
 
 
+MAX_STEPS = 100_000  # training steps (timed and profiled) one run may take
+
+
 def check_steps(steps: int, warmup: int, profile_steps: int) -> None:
     """The step counts a run takes: at least one step timed after the warm-up steps (which the median
     leaves out), no negative count; a ``UserError`` naming the fix otherwise, before any step runs."""
     if steps < 1 or warmup < 0 or profile_steps < 0:
         raise UserError("--steps must be at least 1, --warmup and --profile-steps non-negative")
+    if steps + profile_steps > MAX_STEPS:
+        raise UserError(f"--steps {steps} and --profile-steps {profile_steps} are over the limit of {MAX_STEPS:,} "
+                        f"steps a run (a measurement needs tens): give fewer")
     if warmup >= steps:
         raise UserError(f"--warmup {warmup} leaves none of the --steps {steps} to time (the first --warmup steps "
                         f"are left out of the median): give --steps above --warmup, e.g. --steps {warmup + 3}")

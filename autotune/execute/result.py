@@ -11,10 +11,30 @@ from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
 from calibrate.measure.stats import rel_err, spearman
 from calibrate.records import load_record
+from calibrate.schema import AMOUNT, COUNT, MAYBE_AMOUNT, MAYBE_REAL, check
 
 KIND = "commtune.execute-result"
 SUMMARY_KIND = "commtune.execute-summary"
 VERSION = 1
+SUMMARY_FIX = "run python -m autotune execute --summarize DIR"
+# the body of summary.json as its readers (the report, the markdown) use it
+SUMMARY_SCHEMA = {
+    "model": dict, "cluster": {"nodes": COUNT, "gpus_per_node": COUNT}, "device": str, "backend": str, "dtype": str,
+    "failed?": [{"strategy": str, "error": str}],
+    "rows": [{"strategy": str, "pred_step_s": MAYBE_AMOUNT, "step_s": AMOUNT, "pred_comm_s": MAYBE_AMOUNT,
+              "comm_s": MAYBE_AMOUNT, "pred_memory_bytes": MAYBE_AMOUNT, "memory_bytes": MAYBE_AMOUNT,
+              "loss_first": MAYBE_REAL, "loss_last": MAYBE_REAL}],
+    "targets": {str: {"value": MAYBE_REAL, "target": str, "met": (bool, None)}},
+    "layers?": {str: [{"layer": str, "kind": str, "pred_fwd_s": MAYBE_AMOUNT,
+                       "fwd_s": MAYBE_AMOUNT, "pred_bwd_s": MAYBE_AMOUNT, "bwd_s": MAYBE_AMOUNT}]},
+}
+
+
+def load_summary(path: str | Path) -> dict:
+    """A summary.json (``--summarize``'s), its header and body checked."""
+    s = load_record(path, SUMMARY_KIND, VERSION, "execute summary", SUMMARY_FIX)
+    check(s, SUMMARY_SCHEMA, repr(str(path)), SUMMARY_FIX)
+    return s
 TARGETS = {"spearman": 0.9, "searched_within": 0.03, "step_err": 0.10, "comm_err": 0.15, "memory_err": 0.10}
 
 

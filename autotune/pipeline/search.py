@@ -45,6 +45,7 @@ from autotune.pipeline.stage import StageFigures, StageProblem, figures
 from autotune.reshard.pipeline import SCHEDULES, PipelineSpec, simulate
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
+from autotune.sbp.fit import search_fitting
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
 from autotune.sbp.search import auto_budget, make_search
 from autotune.sbp.searchbase import Budget
@@ -195,7 +196,10 @@ class StageSearch:
         budget = Budget(seconds=b.seconds * self.cfg.budget_scale,
                         patience=max(1, round(b.patience * self.cfg.budget_scale)))
         problem.forget_lazy()
-        res = make_search(self.cfg.search).run(problem, budget, np.random.default_rng(self.cfg.seed), start)
+        reserve = problem.reserve  # search_fitting raises it until the plan fits at its peak; the cached problem keeps its own
+        res = search_fitting(problem, lambda p, s: make_search(self.cfg.search).run(
+            p, budget, np.random.default_rng(self.cfg.seed), s), start)
+        problem.reserve = reserve
         self.searches += 1
         return list(res.assignment), {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
                                       "stopped": res.stopped}
@@ -214,7 +218,7 @@ class StageSearch:
         out = self._plans[lkey]
         if f != 1:
             prob = self.problem(m, span, sub, f)
-            if prob.feasible(out.assign):
+            if prob.fits_plan(out.assign):
                 out = StagePlan(prob, out.assign, figures(prob, out.assign), dict(out.search, inflight_reused=True))
             elif prob.fits:
                 a, info = self._search(prob)

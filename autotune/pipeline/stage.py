@@ -96,4 +96,4 @@ def figures(problem: StageProblem, assign) -> StageFigures:
             comp, red = comp + c * m * k, red + c * m * t
     sync = sum(float(c * problem.node_sync[v][i]) for v, (i, c) in enumerate(zip(assign, problem.counts)))
     return StageFigures(fwd, bwd, comp, red, sync, problem.exposed_sync(assign), opt,
-                        problem.peak_memory(assign), problem.feasible(assign))
+                        problem.peak_memory(assign), problem.fits_plan(assign))

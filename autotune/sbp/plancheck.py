@@ -3,7 +3,7 @@ gets a plan whose fields have the types and ranges it relies on, or one ``UserEr
 the file, the field and the fix.
 
 Checked: ``best`` and each of ``baselines`` is a plan (strategy, model, cluster, totals,
-layers; optional fields typed where present), totals are finite and not negative, every
+layers; optional fields typed where present; the model's integer fields counts >= 1), totals are finite and not negative, every
 layer's mesh spans the cluster's devices exactly (a pipelined plan's: its stages' submesh); ``traces`` and ``meta`` are objects.
 Fields a plan gains later (recomputation, sharding, stages) are left to their readers."""
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 
 from calibrate.errors import UserError
+from models import FIELDS
 
 FIX = "give a plan.json written by python -m autotune, or re-run the search"
 TOTALS = ("redistribution_s", "grad_sync_s", "total_s", "memory_bytes")
+COUNTS = sorted({name for fields in FIELDS.values() for name, typ in fields.items() if typ == "int"})  # model fields
 
 
 def _short(value) -> str:
@@ -54,6 +56,9 @@ class _Check:
         model = self.kind(p, "model", dict, where)
         if not isinstance(model.get("name"), str):
             self.fail(f"{where}/model/name", f"is {_short(model.get('name'))}, not a string")
+        for key in COUNTS:
+            if key in model and not (_whole(model[key]) and model[key] >= 1):
+                self.fail(f"{where}/model/{key}", f"is {_short(model[key])}, not a count >= 1")
         cluster = self.kind(p, "cluster", dict, where)
         for key in ("nodes", "gpus_per_node"):
             if not (_whole(cluster.get(key)) and cluster[key] >= 1):

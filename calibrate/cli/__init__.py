@@ -12,6 +12,7 @@ import argparse
 import math
 import sys
 import traceback
+from pathlib import Path
 from typing import Callable, Sequence
 
 from calibrate.collectives import ALL_COLLECTIVES
@@ -86,10 +87,36 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         return 130
     except BrokenPipeError:
         return quiet_broken_pipe()
+    except ImportError:
+        hidden = shadowing_package()
+        if hidden is None:
+            raise
+        if launcher_rank() == 0:
+            name, folder = hidden
+            print(f"{prog + ': ' if prog else ''}error: the package {name!r} in {str(folder)!r} hides this project's "
+                  f"own {name!r} (python -m puts the current folder first on the import path): run the console "
+                  f"script (commtune-autotune, commtune-calibrate) instead of python -m, or run from another folder",
+                  file=sys.stderr)
+        return 2
     except SystemExit as e:  # argparse: --help (0) or a bad option (2), its message already printed
         if isinstance(e.code, int) or e.code is None:
             return e.code or 0
         raise
+
+
+# the project's top-level packages: one of the same name earlier on the import path hides it
+PACKAGES = ("calibrate", "models", "autotune", "kernels", "reports")
+
+
+def shadowing_package() -> tuple[str, Path] | None:
+    """(name, folder) of a loaded package named as one of the project's but from elsewhere (a
+    training repository's own ``models/`` where ``python -m autotune`` runs), else None."""
+    home = Path(__file__).resolve().parents[2]
+    for name in PACKAGES:
+        where = getattr(sys.modules.get(name), "__file__", None)
+        if where and not Path(where).resolve().is_relative_to(home):
+            return name, Path(where).parent
+    return None
 
 
 def quiet_broken_pipe() -> int:
@@ -115,7 +142,7 @@ def dispatch(prog: str, doc: str, subcommands: dict[str, str], argv: Sequence[st
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in subcommands:
-        return run_cli(load(subcommands[argv[0]]), argv[1:], prog=f"{prog} {argv[0]}")
+        return run_cli(lambda a: load(subcommands[argv[0]])(a), argv[1:], prog=f"{prog} {argv[0]}")
     if argv and argv[0] in HELP:
         try:
             print(plain(doc).strip(), flush=True)
@@ -130,7 +157,7 @@ def dispatch(prog: str, doc: str, subcommands: dict[str, str], argv: Sequence[st
     elif argv and not argv[0].startswith("-") or default is None:
         print(f"{prog}: error: unknown command {argv[0]!r}: use one of {', '.join(subcommands)}", file=sys.stderr)
         return 2
-    return run_cli(load(default), argv, prog=prog)
+    return run_cli(lambda a: load(default)(a), argv, prog=prog)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

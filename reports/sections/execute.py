@@ -9,8 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from autotune.execute.result import SUMMARY_KIND, VERSION, format_targets
-from calibrate.records import load_record
+from autotune.execute.result import format_targets, load_summary
 from reports.html import Section
 
 
@@ -56,7 +55,7 @@ def _scatter(rows: list[dict], pred: str, meas: str, what: str):
 def build(paths: list[Path]) -> list[Section]:
     out = []
     for p in paths:
-        s = load_record(p, SUMMARY_KIND, VERSION, "execute summary", "run python -m autotune execute --summarize DIR")
+        s = load_summary(p)
         c = s["cluster"]
         sec = Section(f"Executed plans: {s['model'].get('name', '')} on {c['nodes']} x {c['gpus_per_node']} "
                       f"{s['device']} ({s['backend']}, {s['dtype']})")

@@ -6,6 +6,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from calibrate.jsonfile import read_json
+from calibrate.schema import AMOUNT, MAYBE_REAL, check
 from reports.html import Section
 from reports.sections import pipeline as pipeline_section
 
@@ -191,14 +193,23 @@ def build(paths: list[Path]) -> list[Section]:
     return sections
 
 
+REPRODUCTION_FIX = "write one with python -m autotune reproduce autoddl --out DIR"
+_SCALED = {"alpha_scale": AMOUNT, "beta_scale": AMOUNT, "reduction_pct": MAYBE_REAL, "status": str}
+# the rows of the reproduction record as the table reads them
+REPRODUCTION_SCHEMA = {"rows": [{
+    "id": str, "section": str, "status": str, "paper": {"reduction_pct?": MAYBE_REAL},
+    "reduction_pct?": MAYBE_REAL, "reduction_vs_best_pct?": MAYBE_REAL, "difference_pp?": MAYBE_REAL,
+    "without_p0_cap?": {"reduction_pct": MAYBE_REAL, "status": str}, "sensitivity?": [_SCALED]}]}
+
+
 def build_reproduction(paths: list[Path]) -> list[Section]:
     """``python -m autotune reproduce autoddl``'s record: the paper's figure beside ours, per case."""
-    import json
-
     from autotune.sbp.reproduce import table
     sections = []
     for path in paths:
-        rows = json.loads(Path(path).read_text())["rows"]
+        rows = read_json(path, "reproduction record", REPRODUCTION_FIX)
+        check(rows, REPRODUCTION_SCHEMA, repr(str(path)), REPRODUCTION_FIX)
+        rows = rows["rows"]
         passed = sum(r["status"] == "pass" for r in rows)
         sec = Section("AutoDDL's evaluation reproduced")
         sec.text(f"{passed} of {len(rows)} cases pass: the same winner as the paper and a communication reduction "

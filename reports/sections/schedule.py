@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from autotune.schedule.result import NCCL, TuneResult
-from reports.html import Section
+from reports.html import Section, size_text
 
 
 def _num(x):
@@ -46,7 +46,8 @@ def _collective(res: TuneResult, coll, path: Path) -> Section:
     for b in coll.bands:
         r = b.row(b.choice)
         c = coll.candidates.get(b.choice)
-        rows.append({"from B": b.lo, "to B": b.hi or "inf", "size B": b.rep, "choice": b.choice,
+        rows.append({"from": size_text(b.lo), "to": size_text(b.hi) if b.hi else "no limit", "size": size_text(b.rep),
+                     "choice": b.choice,
                      "protocol": c.protocol if c else "", "split": r.split if r else "",
                      "predicted us": b.nccl_predicted_us if b.choice == NCCL else r.predicted_us,
                      "measured us": _num(b.nccl_measured_us if b.choice == NCCL else r.measured_us),

@@ -6,6 +6,7 @@ of CPU time, and change no file: the inputs keep their content and no output app
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -37,6 +38,7 @@ RESULTS_COMMANDS = {
 }
 PLAN_COMMANDS = {
     "reports": "reports {plan} -o {out}/r.html",
+    "autotune-export": "autotune export {plan} --to megatron --out {out}/m.sh",
 }
 SCHEDULE_COMMANDS = {
     "autotune-schedule-rescore": "autotune schedule --rescore {s}",
@@ -79,6 +81,20 @@ OPTION_CASES = [
     ("execute-warmup-all-steps", "autotune execute {good_plan} --steps 3 --warmup 3", r"--warmup 3 leaves none"),
     ("execute-warmup-above-steps", "autotune execute {good_plan} --steps 2 --warmup 5", r"give --steps above"),
     ("execute-steps-zero", "autotune execute {good_plan} --steps 0", r"--steps must be at least 1"),
+    ("execute-lr-nan", "autotune execute {good_plan} --lr nan", "--lr: 'nan' is not a finite number"),
+    ("execute-lr-negative", "autotune execute {good_plan} --lr -1", r"--lr -1 is not a learning rate"),
+    ("execute-tied-true", "autotune execute {good_plan} --tied true", "the plan's model has tied"),
+    ("execute-attention-other", "autotune execute {good_plan} --attention flash", "the plan's model has attention"),
+    ("execute-steps-billion", "autotune execute {good_plan} --steps 1000000000", "over the limit of 100,000 steps"),
+    ("search-seed-negative", "autotune --seed -1 --out {out}/s", "--seed -1 is out of range"),
+    ("search-seed-2-32", "autotune --seed 4294967296 --out {out}/s", "--seed 4294967296 is out of range"),
+    ("search-budget-years", "autotune --budget 1e12 --out {out}/s", "over the limit of 86,400 s"),
+    ("search-budget-steps-huge", "autotune --budget 99999999999steps --out {out}/s", "over the limit"),
+    ("tp-mlp-hidden-zero", "kernels tp-mlp --hidden 0", "--hidden 0"),
+    ("tp-mlp-ffn-negative", "kernels tp-mlp --ffn -8", "--ffn -8"),
+    ("tp-mlp-tokens-zero", "kernels tp-mlp --tokens 8,0", "positive token counts"),
+    ("tp-mlp-steps-zero", "kernels tp-mlp --steps 0", "--steps 0"),
+    ("tp-mlp-out-devnull", "kernels tp-mlp --out /dev/null/x.json", "not a directory"),
     ("reproduce-out-devnull", "autotune reproduce autoddl --out /dev/null/x", "not a directory"),
     ("run-resume-missing", "calibrate run --backend mpi -b 1K -e 2K --out {out}/never --resume",
      "one rank|nothing to continue"),
@@ -226,3 +242,127 @@ def test_help_into_a_closed_pipe_is_quiet():
         finally:
             os.close(write)
         assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
+def test_export_checks_its_out_before_printing(inputs, tmp_path):
+    """``autotune export --out`` naming a folder is refused before the config is printed (it was
+    printed whole, then refused)."""
+    rc, out, cpu_s, tb = run_main(["autotune", "export", str(inputs / "plan" / "plan.json"), "--to", "torchtitan",
+                                   "--out", str(tmp_path)])
+    check_outcome(rc, out, "is a directory", cpu_s, tb)
+    assert len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+
+
+def test_a_models_package_in_the_working_folder_is_named(tmp_path):
+    """``python -m autotune`` run inside a training repository with its own ``models/`` package (first
+    on the import path): one line naming the package and the console script, no ImportError traceback."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "net.py").write_text("class Net:\n    pass\n")
+    for argv in (["autotune", "--model", "gpt", "--out", "gpt"], ["autotune", "execute", "plan.json"]):
+        r = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        check_outcome(r.returncode, r.stdout + r.stderr, "the package 'models' in .* hides this project's own "
+                      "'models'.*commtune-autotune", 0.0, "")
+        assert not (tmp_path / "gpt").exists()
+
+
+def test_summarize_checks_its_outputs_before_the_tables(inputs, tmp_path):
+    """``execute --summarize DIR`` where DIR/summary.json cannot be written (a folder of that name) is
+    refused before the tables are printed and before breakdown.txt is written (both happened first)."""
+    folder = tmp_path / "executed"
+    folder.mkdir()
+    for record in (inputs / "executed" / "good").glob("execute-*.json"):  # not what an earlier --summarize wrote
+        shutil.copy(record, folder)
+    (folder / "summary.json").mkdir()
+    rc, out, cpu_s, tb = run_main(["autotune", "execute", "--summarize", str(folder)])
+    check_outcome(rc, out, "summary.json' is a directory", cpu_s, tb)
+    assert len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+    assert sorted(p.name for p in folder.iterdir()) == ["execute-00-x.json", "execute-01-x.json", "summary.json"]
+
+
+# ---- records the report reads beside plans and profiles: execute summary, resharding results, reproduction --
+SECTION_CASES = [
+    # (record, edit of the parsed good record, what the error names)
+    ("summary", lambda d: d.pop("cluster"), "cluster is missing"),
+    ("summary", lambda d: d.update(cluster="x"), "cluster is 'x', not an object"),
+    ("summary", lambda d: d.pop("device"), "device is missing"),
+    ("summary", lambda d: d.update(backend=5), "backend is 5, not a string"),
+    ("summary", lambda d: d["cluster"].update(nodes=0), "cluster/nodes is 0"),
+    ("summary", lambda d: d.update(rows="x"), "rows is 'x', not a list"),
+    ("summary", lambda d: d["rows"][0].update(step_s=math.nan), "rows/0/step_s is nan"),
+    ("summary", lambda d: d["rows"][0].pop("strategy"), "rows/0/strategy is missing"),
+    ("summary", lambda d: d["rows"][0].update(pred_memory_bytes=-1), "rows/0/pred_memory_bytes"),
+    ("summary", lambda d: d.update(targets=[]), "targets is \\[\\], not an object"),
+    ("summary", lambda d: d.update(failed={"x": 1}), "failed is"),
+    ("reshard", lambda d: d.update(cases={"x": 1}), "cases is"),
+    ("reshard", lambda d: d["cases"][0].pop("times"), "cases/0/times is missing"),
+    ("reshard", lambda d: d["cases"][0].update(lower_bound="x"), "cases/0/lower_bound"),
+    ("reshard", lambda d: d["cases"][0]["task"].pop("src_mesh"), "cases/0/task/src_mesh is missing"),
+    ("reshard", lambda d: d["cases"][0]["chosen"].update(makespan=math.inf), "cases/0/chosen/makespan is inf"),
+    ("reshard", lambda d: d.update(pipelines=[{"name": "p"}]), "pipelines/0/schedules is missing"),
+    ("reshard", lambda d: d.update(executed=[{"measured_s": "1"}]), "executed/0/measured_s"),
+    ("reshard", lambda d: d.update(profile=3), "profile is 3, not a string"),
+    ("reproduction", lambda d: d.pop("rows"), "rows is missing"),
+    ("reproduction", lambda d: d.update(rows={"a": 1}), "rows is"),
+    ("reproduction", lambda d: d["rows"][0].pop("status"), "rows/0/status is missing"),
+    ("reproduction", lambda d: d["rows"][0].update(paper="AutoDDL"), "rows/0/paper is 'AutoDDL', not an object"),
+    ("reproduction", lambda d: d["rows"][0].update(sensitivity=[{"alpha_scale": 1}]), "rows/0/sensitivity/0/"),
+    ("reproduction", lambda d: d["rows"][0].update(difference_pp=math.nan), "rows/0/difference_pp is nan"),
+]
+
+
+@pytest.fixture(scope="module")
+def section_records(inputs, tmp_path_factory):
+    """The good record of each kind: a summary of the executed records, a resharding results file, and a
+    reproduction record (one kept in reports/records)."""
+    root = tmp_path_factory.mktemp("section_records")
+    (root / "executed").mkdir()
+    for record in (inputs / "executed" / "good").glob("execute-*.json"):
+        shutil.copy(record, root / "executed")
+    rc, out, _, tb = run_main(["autotune", "execute", "--summarize", str(root / "executed")])
+    assert rc == 0 and not tb, out + tb
+    rc, out, _, tb = run_main(["autotune", "reshard", "--case", "1", "--results", str(root / "reshard.json")])
+    assert rc == 0 and not tb, out + tb
+    return {"summary": json.loads((root / "executed" / "summary.json").read_text()),
+            "reshard": json.loads((root / "reshard.json").read_text()),
+            "reproduction": json.loads((ROOT / "reports" / "records" / "sbp_reproduce_2026-11-25_issue29.json")
+                                       .read_text())}
+
+
+def test_the_good_section_records_are_reported(section_records, tmp_path):
+    for name, record in section_records.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+        rc, out, _, tb = run_main(["reports", str(tmp_path / f"{name}.json"), "-o", str(tmp_path / f"{name}.html")])
+        assert rc == 0 and not tb, out[-800:] + tb
+
+
+@pytest.mark.parametrize("record, edit, expect", SECTION_CASES,
+                         ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(SECTION_CASES)])
+def test_a_broken_section_record_is_one_line(record, edit, expect, section_records, tmp_path):
+    """A record with a field missing or of the wrong type: one line naming the field (it was a KeyError or
+    TypeError traceback from the report section), no report written."""
+    import copy
+
+    data = copy.deepcopy(section_records[record])
+    edit(data)
+    path = tmp_path / f"{record}.json"
+    path.write_text(json.dumps(data))
+    rc, out, cpu_s, tb = run_main(["reports", str(path), "-o", str(tmp_path / "out" / "r.html")])
+    check_outcome(rc, out, expect, cpu_s, tb)
+    assert not (tmp_path / "out").exists()
+
+
+def test_reports_on_execute_output_names_summarize(inputs, tmp_path):
+    """``reports`` given an execute --out folder or one of its records says to summarize it first (it
+    said "no meta.json" / "no report section knows"); given the summarized folder, it reports it."""
+    folder = tmp_path / "exec"
+    folder.mkdir()
+    for record in (inputs / "executed" / "good").glob("execute-*.json"):
+        shutil.copy(record, folder)
+    for target in (folder, folder / "execute-00-x.json"):
+        rc, out, cpu_s, tb = run_main(["reports", str(target), "-o", str(tmp_path / "out" / "r.html")])
+        check_outcome(rc, out, "python -m autotune execute --summarize DIR", cpu_s, tb)
+    assert run_main(["autotune", "execute", "--summarize", str(folder)])[0] == 0
+    rc, out, _, tb = run_main(["reports", str(folder), "-o", str(tmp_path / "r.html")])
+    assert rc == 0 and not tb and "Executed plans" in (tmp_path / "r.html").read_text(), out[-600:]

@@ -80,3 +80,27 @@ def test_fit_quality_flags():
     assert fit_quality_problem(float("nan"), None) is None
     problem = fit_quality_problem(-0.45, 0.9)
     assert "r2 -0.45 (want >= 0.9)" in problem and "held-out max error 90% (want <= 50%)" in problem
+
+
+def test_a_pipelined_plan_fits_the_memory_limit_at_its_peak(tmp_path):
+    """The memory limit is hard: a pipelined plan is marked as fitting only where its peak, workspace
+    included, is within it (a 2-stage plan needing 0.0555 GiB was marked as fitting 0.055 GiB, as GPT-3
+    175B on 256 x 8 at 80.10 GiB fitted 80 GiB), and the stage search looks for one that does."""
+    import json
+
+    from autotune.sbp.cli.search import main
+
+    out = tmp_path / "plan"
+    main(["--nodes", "1", "--gpus-per-node", "4", "--layers", "4", "--hidden", "256", "--heads", "4", "--sequence",
+          "256", "--vocabulary", "1024", "--batch", "64", "--micro-batch", "4", "--pipeline", "2", "--compare", "none",
+          "--budget", "0.3", "--memory-limit", "0.055", "--out", str(out)], report=lambda *a: None)
+    pf = json.loads((out / "plan.json").read_text())
+    plans = [pf["best"], *pf["baselines"]]
+    piped = [p for p in plans if "pipeline" in p]
+    assert piped
+    for p in plans:
+        limit, t = p["memory_limit_bytes"], p["totals"]
+        assert t["fits_memory"] == (t["memory_bytes"] <= limit), (p["strategy"], t["memory_bytes"] / 2**30)
+        for s in p.get("stages", []):
+            assert s["fits_memory"] == (s["memory_bytes"] <= limit), (p["strategy"], s["stage"])
+    assert piped[0]["totals"]["fits_memory"]

@@ -118,6 +118,22 @@ def test_report_cells_are_for_people():
         assert bad not in html
 
 
+def test_schedule_report_gives_band_sizes_for_people(tmp_path):
+    """The schedule section's band table: sizes in B/KiB/MiB and the last band open ("no limit"), not raw
+    byte counts ending in "inf"."""
+    import re
+
+    from autotune.schedule.cli import main as schedule_main
+    from reports.__main__ import main as reports_main
+
+    schedule_main(["--model-only", "--sizes", "1K:1M:3", "--out", str(tmp_path / "s")])
+    reports_main([str(tmp_path / "s" / "schedule.json"), "-o", str(tmp_path / "r.html")])
+    page = (tmp_path / "r.html").read_text()
+    cells = re.findall(r"<td>([^<]*)</td>", page)
+    assert "no limit" in cells and "1 KiB" in cells
+    assert not [c for c in cells if c in ("inf", "nan") or re.fullmatch(r"\d{4,}", c)], cells
+
+
 def test_report_chart_shows_what_the_headline_compares():
     from autotune.plan import Costs
     from reports.sections.sbp import _breakdown_fig, _objective
@@ -139,13 +155,13 @@ class _Parsed(Exception):
     pass
 
 
-# every command whose options this suite holds to a help line (calibrate compute, autotune execute and the
-# search have owners of their own)
+# every command whose options this suite holds to a help line (calibrate compute and the search have owners
+# of their own)
 HELPED = [("calibrate", "run"), ("calibrate", "fit"), ("calibrate", "validate"), ("calibrate", "profiles"),
           ("autotune", "validate"), ("autotune", "reshard"), ("autotune", "schedule"), ("autotune", "nccl"),
           ("autotune", "reproduce"), ("autotune", "explain"), ("kernels", "compile"), ("kernels", "check"),
           ("kernels", "bench"), ("kernels", "peers"), ("kernels", "tp-mlp"), ("kernels", "reshard"),
-          ("kernels", "build-tuner"), ("reports", "")]
+          ("kernels", "build-tuner"), ("reports", ""), ("autotune", "execute")]
 
 
 @pytest.mark.parametrize("package, command", HELPED, ids=[f"{p}-{c}" for p, c in HELPED])
@@ -170,3 +186,17 @@ def test_every_option_has_a_help_line(package, command, monkeypatch):
     bare = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
             if not (a.help or "").strip() and a.dest != "help"]
     assert not bare, f"options without a help line: {', '.join(bare)}"
+
+
+def test_gpu_run_all_exits_non_zero_when_a_part_fails(tmp_path):
+    """tests/gpu/run_all.sh's own exit counts every part: a failed transformer check (here: no Python)
+    makes it non-zero (the transformer part was logged, not counted, and the script exited 0)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run(["bash", "tests/gpu/run_all.sh"], cwd=root, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OUT=str(tmp_path), PARTS="transformer", PY="false"))
+    assert "transformer (tests/gpu/transformer_check.sh): exit 1" in r.stdout, r.stdout[-800:]
+    assert r.returncode != 0

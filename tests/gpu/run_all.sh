@@ -71,7 +71,7 @@ fi
 if has transformer; then  # one GPU, no mpirun: its own block (the loop below runs .py checks under mpirun)
   mkdir -p "$R/transformer"
   OUT="$R/transformer" PY=$PY bash tests/gpu/transformer_check.sh > "$R/transformer/log.txt" 2>&1
-  log "transformer (tests/gpu/transformer_check.sh): exit $?"
+  status "transformer (tests/gpu/transformer_check.sh)" $?
   tail -40 "$R/transformer/log.txt" | tee -a "$SUMMARY"
   pack
 fi

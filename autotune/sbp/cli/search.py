@@ -41,14 +41,22 @@ OBJECTIVE_WORDS = {"step": "predicted step time (compute + communication not hid
                    "comm": "communication per step (AutoDDL's objective; --objective comm)"}
 
 
+# the most one search may be given: a day, or as many steps as about an hour of the fastest search
+MAX_BUDGET_S = 86_400.0
+MAX_BUDGET_STEPS = 100_000_000
+SEEDS = 2**32  # numpy's generators take seeds in [0, 2**32)
+
+
 def parse_budget(text: str) -> Budget:
     t = text.strip().lower()
     try:
-        if t.endswith("steps"):
-            return Budget(steps=int(t[:-5]))
-        return Budget(seconds=float(t.rstrip("s")))
+        budget = Budget(steps=int(t[:-5])) if t.endswith("steps") else Budget(seconds=float(t.rstrip("s")))
     except ValueError:
         raise UserError(f"bad --budget {text!r}: give seconds (e.g. 5) or steps (e.g. 2000steps)") from None
+    if (budget.seconds or 0) > MAX_BUDGET_S or (budget.steps or 0) > MAX_BUDGET_STEPS:
+        raise UserError(f"--budget {text!r} is over the limit of {MAX_BUDGET_S:,.0f} s or {MAX_BUDGET_STEPS:,} steps "
+                        f"per search: give a smaller budget, or none to stop when the search converges")
+    return budget
 
 
 def parser() -> argparse.ArgumentParser:
@@ -78,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
                     help="what the search minimises: 'step', predicted step time (compute + the communication "
                          "not hidden), or 'comm', all communication per step (AutoDDL's); default step when "
                          "the profile has compute figures, else comm")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help=f"seed of the randomised searches, 0 to {SEEDS - 1}")
     ap.add_argument("--pipeline", default="auto",
                     help="pipeline stages: 'auto' (tried, kept when faster than the best single-stage plan; needs "
                          "the step objective), 'off', or a stage count (default auto)")
@@ -86,7 +94,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--compare", default="cd,mh,random",
                     help="algorithms run for the convergence plot, each on the budget (default cd,mh,random; "
                          "exhaustive is added when the space is small); 'none' to skip")
-    g = ap.add_argument_group("model fields (override the preset)")
+    add_model_fields(ap.add_argument_group("model fields (override the preset)"))
+    return ap
+
+
+def add_model_fields(g) -> None:
+    """Every model kind's fields as options of ``g`` (dest ``f_<name>``, each with its type and help)."""
     seen = set()
     for kind, fields in FIELDS.items():
         for name, typ in fields.items():
@@ -104,7 +117,6 @@ def parser() -> argparse.ArgumentParser:
                 g.add_argument(flag, choices=CHOICES[name], **common)
             else:
                 g.add_argument(flag, type=lambda s: [int(x) for x in s.split(",")], metavar="N,N,...", **common)
-    return ap
 
 
 def true_or_false(text: str) -> bool:
@@ -191,6 +203,8 @@ def main(argv=None, report=None) -> int:
     """The search; ``report(plan_path, title)``, given by the command layer, writes the HTML report."""
     args = parser().parse_args(argv)
     budget = parse_budget(args.budget) if args.budget is not None else None
+    if not 0 <= args.seed < SEEDS:
+        raise UserError(f"--seed {args.seed} is out of range: give a whole number from 0 to {SEEDS - 1}")
     compare = [] if args.compare == "none" else [c.strip() for c in args.compare.split(",") if c.strip()]
     for name in compare:
         if name not in SEARCHES:

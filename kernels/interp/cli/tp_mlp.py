@@ -20,6 +20,7 @@ from calibrate.errors import UserError
 from calibrate.measure import stats
 from calibrate.records import header
 from calibrate.jsonfile import write_json
+from calibrate.outputs import check_output_path
 
 RESULT_KIND = "commtune.interp-tp-mlp"
 RESULT_VERSION = 1
@@ -96,7 +97,19 @@ def make_layer(torch, allreduce):
     return step
 
 
+def check_options(args) -> list[int]:
+    """The options that need no GPU, checked before one is looked for; the token counts."""
+    if args.hidden <= 0 or args.ffn < 0:
+        raise UserError(f"--hidden {args.hidden} and --ffn {args.ffn}: give a positive width (--ffn 0: 4 x hidden)")
+    if args.steps < 1 or args.reps < 1:
+        raise UserError(f"--steps {args.steps} and --reps {args.reps} must be at least 1")
+    if args.out:
+        check_output_path(args.out, "tp-mlp record")
+    return parse_tokens(args.tokens)
+
+
 def run(args) -> int:
+    tokens = check_options(args)
     try:
         import torch
         import torch.distributed as dist
@@ -107,7 +120,6 @@ def run(args) -> int:
 
     world, cp, local = mpi_gpu("tp-mlp")
     shard = check_shape(args.hidden, args.ffn, world.size)
-    tokens = parse_tokens(args.tokens)
     init_torch_from_mpi(world, local)
     interp = TorchInterp(Communicator(world))
     dev = torch.device("cuda", local)
