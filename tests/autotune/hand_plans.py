@@ -72,3 +72,19 @@ def split_norm(layer):
     if layer.name == "ln_f":
         return ("S0", "S1"), ("S0", "S1"), ("B", "S0")
     return megatron(layer)
+
+
+def build_with_torch_rmsnorm(config: dict):
+    """The reference module (``models.modules.build``) with torch's ``nn.RMSNorm`` in place of each Hugging
+    Face-style RMSNorm, the same weights: a module written as torchtitan writes its norms."""
+    from torch import nn
+
+    from models.modules import RMSNorm, build
+    model = build(config)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, RMSNorm):
+                fused = nn.RMSNorm(child.weight.shape[0], eps=child.eps)
+                fused.weight.data.copy_(child.weight.data)
+                setattr(parent, name, fused)
+    return model

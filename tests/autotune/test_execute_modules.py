@@ -23,6 +23,10 @@ LLAMA = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
              batch=8, micro_batch=4)
 GPT = dict(kind="gpt", layers=2, hidden=32, heads=4, ffn=64, sequence=8, vocabulary=48, batch=8, micro_batch=4)
 STEPS, LR, SEED, RTOL = 2, 1e-2, 0, 1e-9
+DEFAULT_MODULE = "models.modules:build"
+# the reference module with torch's fused nn.RMSNorm (torchtitan's way): apply computes it out of place where the
+# plan splits its input by features (its composite kernel adds eps in place to a partial sum, which DTensor refuses)
+TORCH_RMSNORM, TORCH_RMSNORM_TAG = "hand_plans:build_with_torch_rmsnorm", ", nn.RMSNorm"
 
 
 def plans() -> list[dict]:
@@ -31,7 +35,9 @@ def plans() -> list[dict]:
            typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)"),
            typed_plan(GPT, 2, 2, vocab_parallel, "gpt megatron, vocabulary over all four devices (2, 2), tied logits"),
            typed_plan(LLAMA, 1, 4, data_parallel, "llama FSDP (1, 4), fully_shard", fsdp_axes=(0, 1)),
-           typed_plan(LLAMA, 2, 2, split_norm, "llama megatron (2, 2), the last RMSNorm split by features")]
+           typed_plan(LLAMA, 2, 2, split_norm, "llama megatron (2, 2), the last RMSNorm split by features"),
+           typed_plan(LLAMA, 2, 2, split_norm, "llama megatron (2, 2), the last RMSNorm split by features"
+                      + TORCH_RMSNORM_TAG)]
     out = [p.to_dict() for p in out]
     broken = json.loads(json.dumps(out[0]))
     residual = next(lay for lay in broken["layers"] if lay["name"] == "residual")
@@ -59,9 +65,10 @@ def _worker(rank, world, port, plans_file, out):
     d = start("cpu")
     results = []
     for plan in json.loads(open(plans_file).read()):
+        module = TORCH_RMSNORM if plan["strategy"].endswith(TORCH_RMSNORM_TAG) else DEFAULT_MODULE
         try:
-            rec, model = run_module_plan(plan, d, steps=STEPS, warmup=0, profile_steps=0, dtype="float64",
-                                         seed=SEED, lr=LR)
+            rec, model = run_module_plan(plan, d, module=module, steps=STEPS, warmup=0, profile_steps=0,
+                                         dtype="float64", seed=SEED, lr=LR)
         except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
             results.append(f"{type(e).__name__}: {e}")
             continue
