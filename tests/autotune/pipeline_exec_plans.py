@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import copy
 import re
-import types
+
+from tiny_models import hf_llama
 
 GPT = dict(kind="gpt", layers=4, hidden=32, heads=4, kv_heads=4, head_dim=8, ffn=64, sequence=8, vocabulary=48,
            batch=8, micro_batch=2, residual=True, attention="flash", bias=True, tied=True, positions="learned")
@@ -47,29 +48,10 @@ def replicated(name: str, key: str, text: str) -> str:
 
 
 def make_model(cfg: dict):
-    import torch
     if cfg["kind"] == "gpt":
         from models.modules import build
         return build(cfg, seed=SEED).double()
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-    torch.manual_seed(SEED)
-    hf = LlamaConfig(vocab_size=cfg["vocabulary"], hidden_size=cfg["hidden"], intermediate_size=cfg["ffn"],
-                     num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
-                     num_key_value_heads=cfg["kv_heads"], max_position_embeddings=cfg["sequence"],
-                     attn_implementation="sdpa")
-    model = LlamaForCausalLM(hf).double()
-    for m in model.modules():
-        if isinstance(m, LlamaRMSNorm):
-            m.forward = types.MethodType(_rms_norm, m)
-    return model
-
-
-def _rms_norm(self, x):
-    """Llama's RMSNorm in the model's dtype (Hugging Face's computes in float32, whose sums in another order
-    would hide a wrong gradient under 1e-9)."""
-    import torch
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+    return hf_llama(cfg, SEED)
 
 
 def batch(cfg: dict):

@@ -10,8 +10,6 @@ vocabulary-parallel plans); the vocabulary-parallel plan with one wrong placemen
 partial after the add) disagrees. One launch per cluster runs every plan. All but the searched
 plans are written by hand through the typed plan (tests/autotune/apply_plans.py)."""
 import os
-import socket
-import types
 
 import numpy as np
 import pytest
@@ -24,10 +22,9 @@ import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the w
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
 from autotune.plan.place import fully_shard_plan, placement_path  # noqa: E402
+from tiny_models import free_port, hf_llama  # noqa: E402
 from apply_plans import (GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan,  # noqa: E402
                          vocab_parallel)
 
@@ -74,26 +71,11 @@ class NanoGPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
 
-def _rms_norm(self, x):
-    """Llama's RMSNorm in the model's dtype (Hugging Face's computes in float32 whatever the model's dtype, and
-    float32 sums in another order than one process's would hide a wrong gradient under 1e-9)."""
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
 def make_model(kind: str):
     torch.manual_seed(SEED)
     if kind == "gpt":
         return NanoGPT(GPT).double()
-    c = LLAMA
-    cfg = LlamaConfig(vocab_size=c["vocabulary"], hidden_size=c["hidden"], intermediate_size=c["ffn"],
-                      num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                      num_key_value_heads=c["kv_heads"], max_position_embeddings=c["sequence"],
-                      attn_implementation="sdpa")
-    model = LlamaForCausalLM(cfg).double()
-    for m in model.modules():
-        if isinstance(m, LlamaRMSNorm):
-            m.forward = types.MethodType(_rms_norm, m)
-    return model
+    return hf_llama(LLAMA, SEED)
 
 
 def logits_of(model, ids):
@@ -130,11 +112,6 @@ def parameters(model) -> dict:
         out[name] = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
     return out
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, jobs, out):
@@ -212,7 +189,7 @@ def test_apply_matches_one_process(nodes, gpus, tmp_path):
     assert [p.strategy for _, p in jobs if fully_shard_plan(p)] == ["FSDP", "HSDP", "TP + FSDP"] * 2 * (nodes > 1)
     out = tmp_path / "results.pt"
     # forked before this process computes anything (its imports shared: spawning re-imports transformers 4 times)
-    mp.start_processes(_worker, args=(4, _free_port(), jobs, str(out)), nprocs=4, start_method="fork")
+    mp.start_processes(_worker, args=(4, free_port(), jobs, str(out)), nprocs=4, start_method="fork")
     results = torch.load(out)
     refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
     assert len(results) == len(jobs)

@@ -6,7 +6,6 @@ plans that use partial sums (and SUMMA, whose layers gather panels inside), on a
 one wrong placement (a row-parallel output declared B instead of P) disagrees."""
 import json
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from autotune.sbp.plan import build_plan  # noqa: E402
 from autotune.sbp.search import Budget, make_search  # noqa: E402
 from calibrate.profile import Profile  # noqa: E402
 from models import load_model  # noqa: E402
+from tiny_models import free_port  # noqa: E402
 
 TINY = dict(layers=2, hidden=8, heads=4, sequence=4, vocabulary=16, batch=8, micro_batch=4, ffn=32)
 MLP = dict(dims=[8, 16, 8], batch=8, micro_batch=4)
@@ -57,11 +57,6 @@ def make_plans(nodes, gpus) -> tuple[list[dict], dict]:
     return plans, broken
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _worker(rank, world, port, plans_file, out):
     torch.set_num_threads(1)
@@ -83,7 +78,7 @@ def _worker(rank, world, port, plans_file, out):
 def run_distributed(plans, tmp_path, world=4):
     pf, out = tmp_path / "plans.json", tmp_path / "results.pt"
     pf.write_text(json.dumps(plans))
-    mp.spawn(_worker, args=(world, _free_port(), str(pf), str(out)), nprocs=world)
+    mp.spawn(_worker, args=(world, free_port(), str(pf), str(out)), nprocs=world)
     return torch.load(out)
 
 

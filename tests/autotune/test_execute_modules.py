@@ -8,7 +8,6 @@ placement (the residual stream declared partial after the add) disagrees. The pl
 search's cost rules for these layers are another branch's)."""
 import json
 import os
-import socket
 
 import pytest
 
@@ -18,6 +17,7 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from hand_plans import data_parallel, megatron, split_norm, typed_plan, vocab_parallel  # noqa: E402
+from tiny_models import free_port  # noqa: E402
 
 LLAMA = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8, vocabulary=64,
              batch=8, micro_batch=4)
@@ -45,11 +45,6 @@ def plans() -> list[dict]:
     broken["strategy"] = "broken: the residual stream declared partial after the add"
     return out + [broken]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _whole(t):
@@ -121,7 +116,7 @@ def test_apply_path_matches_one_process(tmp_path):
     ps = plans()
     pf, out = tmp_path / "plans.json", tmp_path / "results.pt"
     pf.write_text(json.dumps(ps))
-    mp.spawn(_worker, args=(4, _free_port(), str(pf), str(out)), nprocs=4)
+    mp.spawn(_worker, args=(4, free_port(), str(pf), str(out)), nprocs=4)
     results = torch.load(out)
     refs = {"llama": reference(LLAMA), "gpt": reference(GPT)}
     assert len(results) == len(ps)

@@ -9,7 +9,6 @@ on 4 x 1 also GPipe and eager-1F1B plans. Each stage keeps the micro-batches in 
 schedule says (counted at run time). One launch per model and layout (each 3-45 s on the shared 2-core
 box)."""
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ import transformers  # noqa: E402,F401
 
 from pipeline_exec_plans import (GPT, LLAMA, LR, STEPS, batch, make_model, replicated, restage,  # noqa: E402
                                  searched, train_one_process)
+from tiny_models import free_port  # noqa: E402
 
 RTOL = 1e-9
 
@@ -67,11 +67,6 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int]:
             params[f"{names[id(m)]}.{pn}".lstrip(".")] = whole.detach().clone()
     return losses, params, in_flight["peak"]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, jobs, out):
@@ -130,7 +125,7 @@ def jobs_for(kind: str, stages: int) -> list[tuple[dict, dict, bool]]:
 def test_pipeline_matches_one_process(kind, stages, tmp_path):
     jobs = jobs_for(kind, stages)
     out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, _free_port(), [(c, p) for c, p, _ in jobs], str(out)), nprocs=4,
+    mp.start_processes(_worker, args=(4, free_port(), [(c, p) for c, p, _ in jobs], str(out)), nprocs=4,
                        start_method="fork")
     results = [torch.load(f"{out}.{r}") for r in range(4)]
     cfg = jobs[0][0]

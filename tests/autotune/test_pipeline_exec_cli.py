@@ -5,7 +5,6 @@ same micro-batches (AdamW), and --summarize tables it; a plan for another world,
 are one-line errors before any step."""
 import json
 import os
-import socket
 
 import pytest
 
@@ -16,15 +15,11 @@ import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the w
 import torch.multiprocessing as mp  # noqa: E402
 
 from pipeline_exec_plans import GPT, searched  # noqa: E402
+from tiny_models import free_port  # noqa: E402
 
 STEPS, LR, SEED, RTOL = 2, 1e-2, 0, 1e-9
 CFG = dict(GPT)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, argv):
@@ -66,7 +61,7 @@ def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
     out = tmp_path / "exec"
     argv = [str(plan_file), "--steps", str(STEPS), "--warmup", "0", "--profile-steps", "0", "--dtype", "float64",
             "--device", "cpu", "--lr", str(LR), "--seed", str(SEED), "--out", str(out)]
-    mp.start_processes(_worker, args=(4, _free_port(), argv), nprocs=4, start_method="fork")
+    mp.start_processes(_worker, args=(4, free_port(), argv), nprocs=4, start_method="fork")
     rec = json.loads(next(out.glob("*.json")).read_text())
     plan = json.loads(plan_file.read_text())["best"]
     assert rec["executor"] == "pipeline" and rec["pipeline"]["split"] == plan["pipeline"]["split"]

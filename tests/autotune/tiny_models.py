@@ -1,0 +1,37 @@
+"""What the multi-process tests of apply, execute and pipelining share: a free port for gloo's rendezvous and
+a tiny Hugging Face Llama in float64 whose norms stay in float64."""
+from __future__ import annotations
+
+import socket
+import types
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rms_norm(self, x):
+    """Llama's RMSNorm in the model's dtype (Hugging Face's computes in float32 whatever the model's dtype, and
+    float32 sums in another order than one process's would hide a wrong gradient under 1e-9)."""
+    import torch
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def hf_llama(cfg: dict, seed: int):
+    """transformers' LlamaForCausalLM of a model config (random weights from ``seed``, nothing downloaded), in
+    float64 with its RMSNorms in float64."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    torch.manual_seed(seed)
+    hf = LlamaConfig(vocab_size=cfg["vocabulary"], hidden_size=cfg["hidden"], intermediate_size=cfg["ffn"],
+                     num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                     num_key_value_heads=cfg["kv_heads"], max_position_embeddings=cfg["sequence"],
+                     attn_implementation="sdpa")
+    model = LlamaForCausalLM(hf).double()
+    for m in model.modules():
+        if isinstance(m, LlamaRMSNorm):
+            m.forward = types.MethodType(_rms_norm, m)
+    return model
