@@ -1,6 +1,7 @@
 """GPU-side helpers shared by the benchmark and the GPU check: fresh random data,
-poisoned outputs, comparison with NCCL's result or a local reference, and ``LaunchArm``:
-a launch on a stream as an arm of the measurement engine (``calibrate.measure.engine``)."""
+poisoned outputs, comparison with NCCL's result or a local reference, ``StreamArm``: a
+launch on a stream as an arm of the measurement engine (``calibrate.measure.engine``), and
+``LaunchArm``: such a launch of a collective, with its check."""
 from __future__ import annotations
 
 import numpy as np

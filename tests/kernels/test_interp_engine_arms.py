@@ -87,6 +87,11 @@ def test_steps_that_cannot_be_captured_make_the_graph_verdict_unknown():
     assert row["verdict"] in tp_mlp.table([row]).splitlines()[1]
 
 
+def test_the_tolerance_grows_with_the_ranks_and_keeps_its_floor():
+    assert tp_mlp.tolerance("float32", 2) == 1e-5 and tp_mlp.tolerance("float16", 1) == 2e-2
+    assert tp_mlp.tolerance("bfloat16", 8) > tp_mlp.tolerance("bfloat16", 2) >= 2e-2
+
+
 def test_an_arm_that_fails_to_start_is_a_row_with_its_reason():
     steps = {"interp": tp_mlp.make_layer(torch, planted(10 ** 9)), "nccl": tp_mlp.make_layer(torch, planted(10 ** 9))}
 

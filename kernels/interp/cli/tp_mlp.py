@@ -20,6 +20,7 @@ import datetime as _dt
 import sys
 
 from calibrate.cli import command_parser
+from calibrate.device import dtypes
 from calibrate.device.gpu import device_name, mpi_gpu
 from calibrate.errors import UserError
 from calibrate.measure import engine
@@ -129,9 +130,11 @@ def host_allreduce(torch, world):
     return allreduce
 
 
-def tolerance(torch, dtype) -> float:
-    """Largest error relative to |reference| + 1e-2 of a step whose allreduce rounds differently."""
-    return 1e-5 if dtype == torch.float32 else 2e-2
+def tolerance(dtype: str, nranks: int) -> float:
+    """Largest error relative to |reference| + 1e-2 of a step whose allreduce rounds differently from
+    the host's float32 sum: that of a sum over ``nranks`` ranks rounded in ``dtype``
+    (``calibrate.device.dtypes``), and never below 1e-5 (float32) or 2e-2 (16-bit types)."""
+    return max(1e-5 if dtype == "float32" else 2e-2, dtypes.tolerance(dtype, nranks))
 
 
 class StepArm(engine.Arm):
@@ -328,7 +331,7 @@ def measure(torch, world, steps, interp, w1, w2, tokens, args, dev, tdt) -> dict
     with torch.cuda.stream(side):
         graph, eager, made = compare_steps(
             engine.MpiGroup(world), steps,
-            lambda step: StepArm(torch, step, reference, x, w1, w2, dy, tolerance(torch, tdt), side), args)
+            lambda step: StepArm(torch, step, reference, x, w1, w2, dy, tolerance(args.dtype, world.size), side), args)
     err = max(world.allgather(max((a.max_rel_err for a in made.values()), default=float("nan"))))
     choice = interp.comm.explain("allreduce", x.numel(), str(tdt).replace("torch.", ""))
     return row_from(tokens, tokens * args.hidden * x.element_size(), choice, graph, eager, err)
