@@ -27,12 +27,3 @@ def time_graph(cp, stream, graph, ncalls: int, barrier=None) -> float:
     stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) * 1e-3 / ncalls
 
-
-def time_graphs(cp, stream, graphs: dict, ncalls: int, reps: int, barrier=None) -> dict[str, list[float]]:
-    """Seconds per call of each graph, replayed ``reps`` times in turn (interleaved, so that
-    every side sees the same machine state)."""
-    out: dict[str, list[float]] = {k: [] for k in graphs}
-    for _ in range(reps):
-        for name, graph in graphs.items():
-            out[name].append(time_graph(cp, stream, graph, ncalls, barrier))
-    return out

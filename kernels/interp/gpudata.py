@@ -1,6 +1,7 @@
 """GPU-side helpers shared by the benchmark and the GPU check: fresh random data,
-poisoned outputs, comparison with NCCL's result or a local reference, and ``LaunchArm``:
-a launch on a stream as an arm of the measurement engine (``calibrate.measure.engine``)."""
+poisoned outputs, comparison with NCCL's result or a local reference, ``StreamArm``: a
+launch on a stream as an arm of the measurement engine (``calibrate.measure.engine``), and
+``LaunchArm``: such a launch of a collective, with its check."""
 from __future__ import annotations
 
 import numpy as np
@@ -100,17 +101,13 @@ def count_wrong(cp, got, want, scale, dtype: str, nranks: int) -> tuple[int, flo
     return int(cp.count_nonzero(bad)), float(cp.nan_to_num(err, nan=np.inf).max()) if n else 0.0
 
 
-class LaunchArm(Arm):
-    """A collective launched on a CuPy stream as an arm of ``calibrate.measure.engine.compare``:
-    ``launch(stream)`` reads ``send`` and writes the output at ``out_ptr`` (``out_n`` elements); its
-    check draws every rank's input from the seed (``reference``), poisons the output, launches once
-    and counts the wrong elements against the reference computed here (no library in it)."""
+class StreamArm(Arm):
+    """A launch on a CuPy stream as an arm of ``calibrate.measure.engine.compare``: ``launch(stream)``
+    issues the work; a batch is ``calls`` launches captured once in a CUDA graph, each replay timed
+    by events. It has no check of its own (``LaunchArm`` adds one for a collective)."""
 
-    def __init__(self, cp, stream, launch, send, out_ptr: int, out_n: int, collective: str, count: int,
-                 dtype: str, rank: int, nranks: int, owner=None):
-        self.cp, self.stream, self.launch, self.send, self.out_ptr, self.out_n = cp, stream, launch, send, out_ptr, out_n
-        self.collective, self.count, self.dtype, self.rank, self.nranks = collective, count, dtype, rank, nranks
-        self.owner, self.max_rel_err = owner, 0.0
+    def __init__(self, cp, stream, launch):
+        self.cp, self.stream, self.launch = cp, stream, launch
 
     def call(self) -> None:
         with self.stream:
@@ -118,6 +115,25 @@ class LaunchArm(Arm):
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def graph(self, calls: int):
+        with self.stream:
+            g = capture(self.stream, self.launch, calls)
+        return lambda: time_graph(self.cp, self.stream, g, calls) * calls
+
+
+class LaunchArm(StreamArm):
+    """A collective launched on a CuPy stream (``StreamArm``): ``launch(stream)`` reads ``send`` and
+    writes the output at ``out_ptr`` (``out_n`` elements); its check draws every rank's input from
+    the seed (``reference``), poisons the output, launches once and counts the wrong elements
+    against the reference computed here (no library in it)."""
+
+    def __init__(self, cp, stream, launch, send, out_ptr: int, out_n: int, collective: str, count: int,
+                 dtype: str, rank: int, nranks: int, owner=None):
+        super().__init__(cp, stream, launch)
+        self.send, self.out_ptr, self.out_n = send, out_ptr, out_n
+        self.collective, self.count, self.dtype, self.rank, self.nranks = collective, count, dtype, rank, nranks
+        self.owner, self.max_rel_err = owner, 0.0
 
     def check(self, seed: int) -> int:
         cp = self.cp
@@ -131,9 +147,3 @@ class LaunchArm(Arm):
         wrong, err = count_wrong(cp, out, want, scale, self.dtype, self.nranks)
         self.max_rel_err = max(self.max_rel_err, err)
         return wrong
-
-    def graph(self, calls: int):
-        with self.stream:
-            g = capture(self.stream, self.launch, calls)
-        return lambda: time_graph(self.cp, self.stream, g, calls) * calls
-

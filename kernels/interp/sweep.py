@@ -5,7 +5,9 @@ For every case of the sweep (``sweeps.json``: preset variant, collective, sizes,
 protocol, splits, tile caps, optionally a reference MSCCL program) the forced launch
 is checked against NCCL on fresh random data and timed beside it (``bench.measure``).
 Ceilings (``ceilings.cu``): the graph kernel-node floor, a minimal one-block LL
-allreduce, SM and copy-engine pushes of 1 GiB in both directions at once. The
+allreduce, SM and copy-engine pushes of 1 GiB in both directions at once, each beside
+NCCL as arms of the measurement engine (``ceiling_row``; the one-shot allreduce and
+its NCCL arm checked on fresh random data before and after the timed replays). The
 record (``records.SweepRecord``) is rewritten after every row.
 
 Sweeps: "first" chose the 2026-11-22 preset's bands, "bands" checked its open
@@ -22,16 +24,15 @@ import sys
 from pathlib import Path
 
 from calibrate.device.gpu import device_name
-from calibrate.device.timing import capture, time_graphs
 from calibrate.errors import UserError
-from calibrate.measure import stats
+from calibrate.measure import engine
 from calibrate.records import check_header
 from calibrate.sizes import parse_size
 from kernels.gc3.interop import msccl_dir
 from kernels.gc3.ir import Protocol
 from kernels.gc3.xml_io import read_xml
 
-from kernels.interp import bench, pack
+from kernels.interp import bench, gpudata, pack
 from kernels.interp.preset import Entry, Fifo, load_preset
 from kernels.interp.records import SweepRecord
 from kernels.interp.select import Choice
@@ -136,31 +137,60 @@ def ceilings(world) -> list[dict]:
     return rows
 
 
+CEILING_REPS = 7      # interleaved rounds of a ceiling's comparison
+
+
+def ceiling_row(group, name: str, nbytes: int, arms: list, calls: int, checked: bool,
+                reps: int = CEILING_REPS) -> dict:
+    """One ceiling: its arms (``x``, the ceiling; ``nccl``, NCCL beside it, when there is one) compared
+    by the engine: CUDA graphs of ``calls`` calls, ``reps`` replays interleaved arm by arm, barrier
+    before each, median, maximum over ranks; ``checked``: both results checked on fresh random data
+    before and after the timed replays, and the name says ok, WRONG or unknown (an arm that did
+    not run). An arm that did not run has no time (NaN) and its reason in ``why``."""
+    opts = engine.Options(engine.TimingMode.GRAPH, rounds=reps, calls=calls, min_batch_s=0.0, warmup=1,
+                          check=checked)
+    res = engine.compare(group, arms, opts)
+    names = [n for n, _ in arms]
+    missing = res.missing(names)
+    x, ref = res["x"], res.arms.get("nccl")
+
+    def us(a) -> float:
+        return a.median_s * 1e6 if a is not None and a.median_s is not None else float("nan")
+
+    row = {"ceiling": name, "bytes": nbytes, "us": us(x), "nccl_us": us(ref),
+           "gbs": nbytes / x.median_s / 1e9 if nbytes and x.median_s else 0.0,
+           "status": x.status.value, "nccl_status": ref.status.value if ref is not None else "",
+           "why": "; ".join(missing), "checked": "before timing and after the timed replays" if checked else "no"}
+    if checked:
+        wrong = any(res[n].status is engine.Status.WRONG for n in names)
+        state = "WRONG" if wrong else ("unknown" if missing else "ok")
+        row["ceiling"], row["correct"] = f"{name} ({state})", state == "ok"
+        row["wrong_before"], row["wrong_after"] = x.wrong_before, x.wrong_after
+    return row
+
+
 def _ceiling_rows(world, nc, stream) -> list[dict]:
     """The ceilings' rows, measured with NCCL communicator ``nc`` on ``stream``; every graph is local."""
     import cupy as cp
-    from mpi4py import MPI
 
     rank, peer = world.rank, 1 - world.rank
+    group = engine.MpiGroup(world)
     mod = cp.RawModule(code=CEILINGS.read_text(), options=("-std=c++17",))
     empty, oneshot, push = (mod.get_function(n) for n in ("empty_kernel", "oneshot_ll_allreduce_f32", "push_copy"))
     rows = []
 
-    def timed(name, nbytes, graph, n, ref_graph=None):
-        graphs = {"x": graph} | ({"nccl": ref_graph} if ref_graph is not None else {})
-        t = time_graphs(cp, stream, graphs, n, 7, world.Barrier)
-        tx = world.allreduce(stats.median(t["x"]), op=MPI.MAX)
-        tn = world.allreduce(stats.median(t["nccl"]), op=MPI.MAX) if ref_graph is not None else float("nan")
-        row = {"ceiling": name, "bytes": nbytes, "us": tx * 1e6, "nccl_us": tn * 1e6,
-               "gbs": nbytes / tx / 1e9 if nbytes else 0.0}
+    def arm(launch):
+        return lambda: gpudata.StreamArm(cp, stream, launch)
+
+    def timed(name, nbytes, arms, calls, checked=False):
+        row = ceiling_row(group, name, nbytes, arms, calls, checked)
         rows.append(row)
-        log(f"ceiling {name:>28} {nbytes:>11} {row['us']:>9.2f} us  nccl {row['nccl_us']:>9.2f} us  "
-            f"{row['gbs']:>7.1f} GB/s", rank)
+        log(f"ceiling {row['ceiling']:>28} {nbytes:>11} {row['us']:>9.2f} us  nccl {row['nccl_us']:>9.2f} us  "
+            f"{row['gbs']:>7.1f} GB/s" + (f"  ({row['why']})" if row["why"] else ""), rank)
         return row
 
     with stream:
-        g = capture(stream, lambda s: empty((1,), (32,), ()), 200)
-        timed("graph kernel node (empty)", 0, g, 200)
+        timed("graph kernel node (empty)", 0, [("x", arm(lambda s: empty((1,), (32,), ())))], 200)
         # one-shot LL allreduce: 2 buffers of up to 64 KiB of data (128 KiB of lines) each
         buf = cp.zeros(2 * 64 * K // 8 * 16 // 16 * 4, dtype=cp.uint32)  # 2 x 8192 lines x 16 B
         counter = cp.zeros(1, dtype=cp.uint64)
@@ -169,17 +199,19 @@ def _ceiling_rows(world, nc, stream) -> list[dict]:
         world.Barrier()
         for nbytes in (1 * K, 4 * K, 16 * K, 64 * K):
             n = nbytes // 4
-            x = cp.random.RandomState(rank + nbytes).standard_normal(n, dtype=cp.float32)
-            y, ref = cp.full(n, cp.nan, dtype=cp.float32), cp.full(n, cp.nan, dtype=cp.float32)
+            x = gpudata.empty(cp, "float32", n)      # float32 bits; the kernel reads them through a pointer
+            y, ref = gpudata.empty(cp, "float32", n), gpudata.empty(cp, "float32", n)
+            gpudata.fill_random(cp, x, "float32", seed=rank + nbytes)
             args = (x, y, cp.int64(n), cp.uint64(peer_buf), buf, counter)
-            oneshot((1,), (512,), args)
-            nc.allReduce(x.data.ptr, ref.data.ptr, n, 7, 0, stream.ptr)
-            stream.synchronize()
-            ok = world.allreduce(int(bool(cp.allclose(y, ref, rtol=1e-6, atol=0))), op=MPI.MIN)
-            g1 = capture(stream, lambda s: oneshot((1,), (512,), args), 200)
-            g2 = capture(stream, lambda s: nc.allReduce(x.data.ptr, ref.data.ptr, n, 7, 0, s.ptr), 200)
-            r = timed(f"one-shot LL allreduce ({'ok' if ok else 'WRONG'})", nbytes, g1, 200, g2)
-            r["correct"] = bool(ok)
+
+            def checked_arm(launch, out, x=x, n=n):
+                return lambda: gpudata.LaunchArm(cp, stream, launch, x, out.data.ptr, n, "allreduce", n, "float32",
+                                                 rank, world.size, out)
+            timed("one-shot LL allreduce", nbytes,
+                  [("x", checked_arm(lambda s, args=args: oneshot((1,), (512,), args), y)),
+                   ("nccl", checked_arm(lambda s, x=x, ref=ref, n=n: nc.allReduce(x.data.ptr, ref.data.ptr, n, 7, 0,
+                                                                                 s.ptr), ref))],
+                  200, checked=True)
         world.Barrier()
         cp.cuda.runtime.ipcCloseMemHandle(peer_buf)
         # 1 GiB pushed into the peer by both ranks at once: copy engine, SM stores; NCCL allreduce beside
@@ -189,18 +221,19 @@ def _ceiling_rows(world, nc, stream) -> list[dict]:
         pdst = cp.cuda.runtime.ipcOpenMemHandle(handles[peer], 1)
         world.Barrier()
         sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
-        g_ce = capture(stream, lambda s: cp.cuda.runtime.memcpyAsync(pdst, src.data.ptr, G, 3, s.ptr), 5)
-        g_nc = capture(stream, lambda s: nc.allReduce(src.data.ptr, dst.data.ptr, G // 4, 7, 0, s.ptr), 5)
-        timed("copy engine push, both ways", G, g_ce, 5, g_nc)
+        nccl_1g = ("nccl", arm(lambda s: nc.allReduce(src.data.ptr, dst.data.ptr, G // 4, 7, 0, s.ptr)))
+        timed("copy engine push, both ways", G,
+              [("x", arm(lambda s: cp.cuda.runtime.memcpyAsync(pdst, src.data.ptr, G, 3, s.ptr))), nccl_1g], 5)
         for blocks in (sms, 2 * sms):
-            g_sm = capture(stream, lambda s: push((blocks,), (512,), (src, cp.uint64(pdst), cp.int64(G // 16))), 5)
-            timed(f"SM push {blocks} blocks, both ways", G, g_sm, 5, g_nc)
+            timed(f"SM push {blocks} blocks, both ways", G,
+                  [("x", arm(lambda s, blocks=blocks: push((blocks,), (512,), (src, cp.uint64(pdst),
+                                                                              cp.int64(G // 16))))), nccl_1g], 5)
         for nbytes in (512 * K, 1 * M):
-            g_sm = capture(stream, lambda s: push((2 * sms,), (512,), (src, cp.uint64(pdst),
-                                                                       cp.int64(nbytes // 16))), 200)
-            g_rs = capture(stream, lambda s: nc.reduceScatter(src.data.ptr, dst.data.ptr, nbytes // 4,
-                                                              7, 0, s.ptr), 200)
-            timed(f"SM push {2 * sms} blocks, both ways (vs NCCL reducescatter of 2x)", nbytes, g_sm, 200, g_rs)
+            timed(f"SM push {2 * sms} blocks, both ways (vs NCCL reducescatter of 2x)", nbytes,
+                  [("x", arm(lambda s, nbytes=nbytes: push((2 * sms,), (512,), (src, cp.uint64(pdst),
+                                                                                 cp.int64(nbytes // 16))))),
+                   ("nccl", arm(lambda s, nbytes=nbytes: nc.reduceScatter(src.data.ptr, dst.data.ptr, nbytes // 4,
+                                                                           7, 0, s.ptr)))], 200)
         world.Barrier()
         cp.cuda.runtime.ipcCloseMemHandle(pdst)
     stream.synchronize()
