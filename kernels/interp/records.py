@@ -5,6 +5,7 @@ interpreter's cost model (``kernels.interp.model``) is fitted."""
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from dataclasses import dataclass, field
 
 from calibrate.errors import UserError
@@ -61,10 +62,16 @@ class SweepRecord(Record):
         return cls(d.get("device", ""), d.get("runs", []), d.get("date", ""))
 
     def ceiling_us(self, prefix: str, nbytes: int) -> float:
-        """The first run's ceiling named ``prefix...`` at ``nbytes``, in microseconds."""
+        """The first run's ceiling named ``prefix...`` at ``nbytes``, in microseconds (a ceiling that was wrong
+        after timing or did not run has no time: refused)."""
         for run in self.runs:
             for c in run.get("ceilings", []):
                 if str(c.get("ceiling", "")).startswith(prefix) and int(c.get("bytes", -1)) == nbytes:
-                    return float(c["us"])
+                    us = float(c["us"]) if c.get("us") is not None else math.nan
+                    if not (math.isfinite(us) and us > 0):
+                        raise UserError(f"the interpreter sweep's ceiling {c.get('ceiling')!r} at {nbytes} bytes has no "
+                                        f"time ({c.get('why') or c.get('status') or 'not measured'}): record the sweep "
+                                        f"again with python -m kernels bench --sweep")
+                    return us
         raise UserError(f"the interpreter sweep record has no ceiling {prefix!r} at {nbytes} bytes; "
                         f"record a sweep with python -m kernels bench --sweep, which measures it")

@@ -158,3 +158,15 @@ def test_an_unchecked_ceiling_is_graph_timed_and_interleaved():
     assert row["us"] > 0 and row["nccl_us"] > 0 and row["gbs"] == 0.0 and row["why"] == ""
     timed = dev.ran[-6 * 4:]   # 3 rounds x 2 arms x 4 calls per graph replay, each arm first in turn
     assert [timed[i * 4] for i in range(6)] == ["x", "nccl", "nccl", "x", "x", "nccl"]
+
+
+def test_a_ceiling_without_a_time_is_refused_by_the_record():
+    """A ceiling that was wrong after timing (or did not run) keeps no time; the rescoring that reads it refuses."""
+    from calibrate.errors import UserError
+    from kernels.interp.records import SweepRecord
+    rec = SweepRecord(device="stand-in", runs=[{"sweep": "s", "rows": [], "ceilings": [
+        {"ceiling": "one-shot LL allreduce (WRONG)", "bytes": 1024, "us": float("nan"), "why": "3 wrong after timing"},
+        {"ceiling": "one-shot LL allreduce (ok)", "bytes": 2048, "us": 4.5}]}])
+    assert rec.ceiling_us("one-shot LL allreduce", 2048) == 4.5
+    with pytest.raises(UserError, match="3 wrong after timing"):
+        rec.ceiling_us("one-shot LL allreduce", 1024)
