@@ -45,6 +45,7 @@ from autotune.pipeline.stage import StageFigures, StageProblem, figures
 from autotune.reshard.pipeline import SCHEDULES, PipelineSpec, simulate
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Catalogue
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
 from autotune.sbp.search import auto_budget, make_search
 from autotune.sbp.searchbase import Budget
@@ -141,6 +142,15 @@ class StagePlan:
 
 
 @dataclass
+class Rung:
+    """Stage plans for in-flight counts ``first`` to ``last``: ``plan``, searched under ``first``."""
+
+    first: int
+    last: float
+    plan: StagePlan
+
+
+@dataclass
 class Candidate:
     stages: int
     sub: Cluster
@@ -171,7 +181,8 @@ class StageSearch:
         self._graphs: dict[int, LayerGraph] = {}
         self._problems: dict = {}
         self._plans: dict = {}
-        self._costers: dict = {}
+        self._catalogues: dict = {}  # per submesh: strategies and boxing tables its stage problems share
+        self._ladders: dict = {}
         self.searches = 0
 
     def graph_for(self, m: int) -> LayerGraph:
@@ -184,8 +195,10 @@ class StageSearch:
         key = (signature(g, *span), sub, m)
         base = self._problems.get(key)
         if base is None:
-            coster = self._costers.setdefault(sub, Coster(self.profile, sub))
-            base = self._problems[key] = StageProblem(stage_graph(g, *span), coster, self.limit)
+            cat = self._catalogues.get(sub)
+            if cat is None:
+                cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
+            base = self._problems[key] = StageProblem(stage_graph(g, *span), cat.coster, self.limit, catalogue=cat)
         return base.in_flight(f)
 
     def _search(self, problem: StageProblem) -> tuple[list[int], dict]:
@@ -201,29 +214,41 @@ class StageSearch:
                                       "stopped": res.stopped}
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
+        """The stage's plan under ``f`` micro-batches in flight, from its ladder of searches (``ladder``)."""
         g = self.graph_for(m)
         key = (signature(g, *span), sub, m, f)
         hit = self._plans.get(key)
         if hit is not None:
             return hit
-        loose = self.problem(m, span, sub, 1)
-        lkey = (signature(g, *span), sub, m, 1)
-        if lkey not in self._plans:
-            a, info = self._search(loose) if loose.fits else (loose.min_memory_assignment(), {"note": "no plan fits"})
-            self._plans[lkey] = StagePlan(loose, a, figures(loose, a), info)
-        out = self._plans[lkey]
-        if f != 1:
+        rung = next(r for r in self.ladder(m, span, sub, f) if r.first <= f <= r.last)
+        if rung.first == f:
+            out = rung.plan
+        else:
             prob = self.problem(m, span, sub, f)
-            if prob.feasible(out.assign):
-                out = StagePlan(prob, out.assign, figures(prob, out.assign), dict(out.search, inflight_reused=True))
-            elif prob.fits:
-                a, info = self._search(prob)
-                out = StagePlan(prob, a, figures(prob, a), info)
-            else:
-                a = prob.min_memory_assignment()
-                out = StagePlan(prob, a, figures(prob, a), {"note": "no plan fits"})
+            out = StagePlan(prob, rung.plan.assign, figures(prob, rung.plan.assign),
+                            dict(rung.plan.search, inflight_reused=rung.first))
         self._plans[key] = out
         return out
+
+    def ladder(self, m: int, span, sub: Cluster, f: int) -> list["Rung"]:
+        """The searches of a stage over in-flight counts, up to ``f``: the first under one micro-batch in flight
+        (the loosest memory); each next one under the least count its predecessor's plan does not fit. A plan
+        searched under k in flight fits every count up to its ``StageProblem.max_inflight`` and is that count's
+        plan too (a tighter limit only takes plans away: a search under it cannot find a cheaper one than the
+        looser search found, which fits). Where no plan fits under k, no plan fits any larger count: the rung
+        holds the least-memory plan from k on."""
+        g = self.graph_for(m)
+        rungs = self._ladders.setdefault((signature(g, *span), sub, m), [])
+        while not rungs or rungs[-1].last < f:
+            k = rungs[-1].last + 1 if rungs else 1
+            prob = self.problem(m, span, sub, k)
+            if prob.fits:
+                a, info = self._search(prob)
+                last = max(prob.max_inflight(a), k)
+            else:
+                a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
+            rungs.append(Rung(k, last, StagePlan(prob, a, figures(prob, a), info)))
+        return rungs
 
     def fixed(self, m: int, span, sub: Cluster, f: int, mesh: tuple) -> StagePlan | None:
         """The Megatron plan on (d, t) = ``mesh`` of the stage, None where a layer cannot take it."""

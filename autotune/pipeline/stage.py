@@ -17,6 +17,7 @@ stage's ``Problem`` cost under the step objective (tested).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,22 @@ class StageProblem(Problem):
         out.derived = {}
         out._set_inflight(k)
         return out
+
+    def max_inflight(self, assign) -> float:
+        """The most micro-batches in flight under which plan ``assign`` keeps within the memory limit (0: none;
+        inf: its activations take no memory)."""
+        if self.memory_limit is None:
+            return math.inf
+        total = sum(float(c * t[i]) for c, t, i in zip(self.counts, self._total, assign))
+        acts = sum(float(c * a[i]) for c, a, i in zip(self.counts, self._acts, assign))
+        if acts <= 0:
+            return math.inf if total <= self.memory_limit else 0
+        k = max(int((self.memory_limit - total) // acts) + 1, 0)
+        while k > 0 and not self.in_flight(k).feasible(assign):  # the closed form's rounding, both ways
+            k -= 1
+        while self.in_flight(k + 1).feasible(assign):
+            k += 1
+        return k
 
     def memory_breakdown(self, assign) -> Memory:
         m = super().memory_breakdown(assign)

@@ -41,6 +41,7 @@ from autotune.sbp.memory import (FIRST, INSIDE, NONE, OUTSIDE, PRECISION, RECIPE
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
                                    require_compute)
 from autotune.sbp.mesh import Cluster
+from autotune.sbp.rowbox import RowBoxer
 from autotune.sbp.sbp import NdSbp
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
 
@@ -119,13 +120,37 @@ def forward_factors(graph: LayerGraph) -> dict[tuple[int, int], float]:
 OBJECTIVES = ("comm", "step")
 
 
+class Catalogue:
+    """What problems on one cluster share, made once: each layer's strategies (by layer, activation size and
+    signatures) and the boxing tables (one ``RowBoxer`` that keeps them, per activation size and objective).
+    A pipeline's stage problems hold the same layers on one submesh (``autotune.pipeline.search``)."""
+
+    def __init__(self, coster: Coster):
+        self.coster = coster
+        self.strategies: dict[tuple, list[Strategy]] = {}
+        self.rows: dict[tuple, RowBoxer] = {}
+
+    def layer_strategies(self, op, signatures) -> list[Strategy]:
+        key = (op.layer, op.act_bytes, signatures)
+        out = self.strategies.get(key)
+        if out is None:
+            out = self.strategies[key] = [with_recipe(s, op.layer) for s in op.strategies(self.coster.cluster, signatures)]
+        return out
+
+    def boxer(self, itemsize: int, memory_seconds) -> RowBoxer:
+        key = (itemsize, memory_seconds is not None)
+        if key not in self.rows:
+            self.rows[key] = RowBoxer(self.coster, itemsize, memory_seconds, keep_tables=True)
+        return self.rows[key]
+
+
 class Problem:
     """Variables are the distinct layers (repeated layers tied); choices their strategies."""
 
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
                  precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm",
-                 mode: Mode = NONE, recipe: str = "autocast", keep=None):
+                 mode: Mode = NONE, recipe: str = "autocast", keep=None, catalogue: Catalogue | None = None):
         """``keep``: a predicate ``keep(layer, strategy)``; the strategies it rejects are left out (e.g. a cap
         on weight replication). ``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
         without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal).
@@ -134,7 +159,11 @@ class Problem:
         FSDP (``autotune.sbp.memory.Mode``). ``recipe``: "autocast", the precision recipe users run (its
         memory; a plan fits at its peak, workspace included), or "autoddl", the paper's (fp16 weights and
         gradients with an fp32 master; a plan fits by the per-layer sum, as the paper's search checks it: the
-        AutoDDL reproduction's)."""
+        AutoDDL reproduction's). ``catalogue``: strategies and boxing tables shared with other problems on the
+        same ``coster`` (``Catalogue``)."""
+        if catalogue is not None and catalogue.coster is not coster:
+            raise UserError("a problem's catalogue must be made on its own coster")
+        self.catalogue = catalogue
         if recipe not in RECIPES:
             raise UserError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
         self.recipe = recipe
@@ -151,7 +180,8 @@ class Problem:
         self.reserve = 0.0
         self.choices: list[list[Strategy]] = []
         for op in self.ops:
-            ss = [with_recipe(s, op.layer) for s in op.strategies(self.cluster, signatures)]
+            ss = list(catalogue.layer_strategies(op, signatures)) if catalogue is not None else \
+                [with_recipe(s, op.layer) for s in op.strategies(self.cluster, signatures)]
             if not allow_partial:
                 ss = [s for s in ss if not s.uses_partial]
             if keep is not None:
@@ -257,7 +287,16 @@ class Problem:
                                      mb, self._precompute if old is None else old.precomputed,
                                      self._progress if old is None else None, ab,
                                      self.compute.memory_seconds if step else None, factors,
-                                     old.rows if old is not None else None)
+                                     old.rows if old is not None else self.catalogue.boxer(
+                                         ab, self.compute.memory_seconds if step else None)
+                                     if self.catalogue is not None else None)
+
+    def shared(self, key, make):
+        """What another module computes once from the strategies alone (e.g. a strategy index): ``make()``'s
+        value, made once and shared by this problem, its modes (``with_mode``) and its other copies."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
     def with_mode(self, mode: Mode) -> "Problem":
         """The same problem under another recomputation / FSDP ``mode`` (strategies and, where the mode does

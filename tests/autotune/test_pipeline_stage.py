@@ -111,3 +111,54 @@ def test_stage_dp_against_every_split(graph, profile):
     assert c.estimate == pytest.approx(best)
     done = ps.finish(c)
     assert np.isfinite(done.step) and done.step >= done.result.makespan
+
+
+@pytest.mark.parametrize("kind,preset,config", [
+    ("gpt", "gpt3-1.3b", SMALL),
+    ("llama", "llama3-8b", {"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "sequence": 128,
+                            "vocabulary": 1024, "batch": 16, "micro_batch": 4}),
+])
+def test_catalogue_changes_no_figure(kind, preset, config, profile):
+    """Stage problems sharing strategies and boxing tables (``Catalogue``) price every plan exactly as problems
+    built alone: the same strategies, per-layer costs, memory and boxing tables, under each mode."""
+    from autotune.sbp.cost import Catalogue
+    from autotune.sbp.memory import Mode
+    g = load_model(kind, preset, config)
+    cl = Cluster(2, 2)
+    cat = Catalogue(Coster(profile, cl))
+    spans = stage_spans(g, [1, 2, 1]) + stage_spans(g, [2, 2])
+    for span in spans + spans:  # the second round reads the catalogue's tables
+        sg = stage_graph(g, *span)
+        alone = StageProblem(sg, Coster(profile, cl), 80 * 2**30)
+        shared = StageProblem(sg, cat.coster, 80 * 2**30, catalogue=cat)
+        for mode in (Mode("none", None), Mode("full", (0, 1))):
+            a, b = alone.with_mode(mode), shared.with_mode(mode)
+            assert [[s.signature for s in ss] for ss in a.choices] == [[s.signature for s in ss] for ss in b.choices]
+            assert [[s.fine_out for s in ss] for ss in a.choices] == [[s.fine_out for s in ss] for ss in b.choices]
+            for x, y in zip(a.node + a.mem + a.node_sync, b.node + b.mem + b.node_sync):
+                np.testing.assert_array_equal(x, y)
+            for u, v in a.edge_counts:
+                if u != v:
+                    np.testing.assert_array_equal(a.edge_matrix(u, v), b.edge_matrix(u, v))
+    assert cat.strategies and all(r._tables for r in cat.rows.values())
+
+
+def test_ladder_plans_fit_their_inflight(graph, profile):
+    """Each in-flight count's plan comes from the ladder's rung that covers it and fits under that count; a
+    rung's plan stops fitting one past its last count."""
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub = 8, Cluster(1, 2)
+    span = stage_spans(ps.graph_for(m), [2, 2])[0]
+    for f in range(1, m + 1):
+        sp = ps.stages.plan(m, span, sub, f)
+        assert sp.problem.inflight == f
+        rungs = ps.stages.ladder(m, span, sub, f)
+        assert all(r.first <= r.last for r in rungs)
+        assert [r.first for r in rungs[1:]] == [r.last + 1 for r in rungs[:-1]]
+        rung = next(r for r in rungs if r.first <= f <= r.last)
+        assert sp.assign == rung.plan.assign
+        if rung.plan.problem.fits:
+            assert sp.fig.fits
+            if math.isfinite(rung.last):
+                assert not sp.problem.in_flight(int(rung.last) + 1).feasible(rung.plan.assign)
+    assert len(rungs) >= 3 and not rungs[-1].plan.problem.fits  # plans for several counts, then none fits
