@@ -182,7 +182,7 @@ class StageSearch:
         self._problems: dict = {}
         self._plans: dict = {}
         self._catalogues: dict = {}  # per submesh: strategies and boxing tables its stage problems share
-        self._ladders: dict = {}
+        self._rungs: dict = {}
         self.searches = 0
 
     def graph_for(self, m: int) -> LayerGraph:
@@ -214,13 +214,14 @@ class StageSearch:
                                       "stopped": res.stopped}
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
-        """The stage's plan under ``f`` micro-batches in flight, from its ladder of searches (``ladder``)."""
+        """The stage's plan under ``f`` micro-batches in flight: the plan of the nearest search under fewer or as
+        many that fits under ``f`` (``rungs``), else a search under ``f``."""
         g = self.graph_for(m)
         key = (signature(g, *span), sub, m, f)
         hit = self._plans.get(key)
         if hit is not None:
             return hit
-        rung = next(r for r in self.ladder(m, span, sub, f) if r.first <= f <= r.last)
+        rung = self.rung(m, span, sub, f)
         if rung.first == f:
             out = rung.plan
         else:
@@ -230,25 +231,27 @@ class StageSearch:
         self._plans[key] = out
         return out
 
-    def ladder(self, m: int, span, sub: Cluster, f: int) -> list["Rung"]:
-        """The searches of a stage over in-flight counts, up to ``f``: the first under one micro-batch in flight
-        (the loosest memory); each next one under the least count its predecessor's plan does not fit. A plan
-        searched under k in flight fits every count up to its ``StageProblem.max_inflight`` and is that count's
-        plan too (a tighter limit only takes plans away: a search under it cannot find a cheaper one than the
-        looser search found, which fits). Where no plan fits under k, no plan fits any larger count: the rung
-        holds the least-memory plan from k on."""
+    def rung(self, m: int, span, sub: Cluster, f: int) -> "Rung":
+        """The search whose plan serves ``f`` in flight. A stage is searched first under one micro-batch in
+        flight (the loosest memory). A plan searched under k in flight fits every count up to its
+        ``StageProblem.max_inflight``: the rung with the largest k <= ``f`` serves ``f`` where ``f`` is within
+        its reach (a tighter limit only takes plans away, so a search under ``f`` cannot find a cheaper plan than
+        the looser one did, which fits), else ``f`` is searched. Where no plan fits under k, none fits a larger
+        count: that rung holds the least-memory plan from k on."""
         g = self.graph_for(m)
-        rungs = self._ladders.setdefault((signature(g, *span), sub, m), [])
-        while not rungs or rungs[-1].last < f:
-            k = rungs[-1].last + 1 if rungs else 1
+        rungs = self._rungs.setdefault((signature(g, *span), sub, m), {})
+        for k in ((1, f) if f != 1 else (1,)):
+            below = max((r for r in rungs.values() if r.first <= k), key=lambda r: r.first, default=None)
+            if below is not None and k <= below.last:
+                continue
             prob = self.problem(m, span, sub, k)
             if prob.fits:
                 a, info = self._search(prob)
                 last = max(prob.max_inflight(a), k)
             else:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
-            rungs.append(Rung(k, last, StagePlan(prob, a, figures(prob, a), info)))
-        return rungs
+            rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
+        return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
 
     def fixed(self, m: int, span, sub: Cluster, f: int, mesh: tuple) -> StagePlan | None:
         """The Megatron plan on (d, t) = ``mesh`` of the stage, None where a layer cannot take it."""

@@ -143,22 +143,21 @@ def test_catalogue_changes_no_figure(kind, preset, config, profile):
     assert cat.strategies and all(r._tables for r in cat.rows.values())
 
 
-def test_ladder_plans_fit_their_inflight(graph, profile):
-    """Each in-flight count's plan comes from the ladder's rung that covers it and fits under that count; a
-    rung's plan stops fitting one past its last count."""
+def test_rungs_serve_the_inflight_counts_they_fit(graph, profile):
+    """Each in-flight count's plan is the plan of the search under the largest count at most it (one in
+    flight searched first) and fits under it; a count beyond every rung's reach is searched itself."""
     ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
     m, sub = 8, Cluster(1, 2)
     span = stage_spans(ps.graph_for(m), [2, 2])[0]
-    for f in range(1, m + 1):
+    for f in (5, 2, 8, 3, 6, 1, 4, 7):
         sp = ps.stages.plan(m, span, sub, f)
         assert sp.problem.inflight == f
-        rungs = ps.stages.ladder(m, span, sub, f)
-        assert all(r.first <= r.last for r in rungs)
-        assert [r.first for r in rungs[1:]] == [r.last + 1 for r in rungs[:-1]]
-        rung = next(r for r in rungs if r.first <= f <= r.last)
+        rung = ps.stages.rung(m, span, sub, f)
+        assert rung.first <= f and (f <= rung.last or not rung.plan.problem.fits)
         assert sp.assign == rung.plan.assign
         if rung.plan.problem.fits:
             assert sp.fig.fits
             if math.isfinite(rung.last):
                 assert not sp.problem.in_flight(int(rung.last) + 1).feasible(rung.plan.assign)
-    assert len(rungs) >= 3 and not rungs[-1].plan.problem.fits  # plans for several counts, then none fits
+    rungs = ps.stages._rungs[next(iter(ps.stages._rungs))]
+    assert 1 in rungs and len(rungs) >= 3 and rungs[1].last < 5 and 5 in rungs  # 5 was beyond the first's reach
