@@ -402,19 +402,6 @@ class Problem:
         F = self.node_sync[self.first] if v == self.first else self.node_sync[self.first][assign[self.first]]
         return np.maximum(S - W, F)
 
-    def _extra_pair(self, assign, u: int, v: int) -> np.ndarray:
-        rest_S = sum(self.sync_tot[w][i] for w, i in enumerate(assign) if w not in (u, v))
-        rest_W = sum(self.bwd_tot[w][i] for w, i in enumerate(assign) if w not in (u, v))
-        S = rest_S + self.sync_tot[u][:, None] + self.sync_tot[v][None, :]
-        W = rest_W + self.bwd_tot[u][:, None] + self.bwd_tot[v][None, :]
-        if self.first == u:
-            F = self.node_sync[u][:, None]
-        elif self.first == v:
-            F = self.node_sync[v][None, :]
-        else:
-            F = self.node_sync[self.first][assign[self.first]]
-        return np.maximum(S - W, F)
-
     def raw_cost(self, assign) -> float:
         """The objective's seconds per step, the memory limit ignored."""
         total = sum(n[s] for n, s in zip(self.node, assign))
@@ -446,22 +433,40 @@ class Problem:
         """The part of the cost that depends on adjacent layers u and v, for every pair of their
         choices, the others fixed: a |choices u| x |choices v| array (the boxing table between
         them plus each layer's other incident lines); inf where the plan exceeds the memory limit.
-        Reads whole tables: meant for problems whose tables are precomputed (``tables.precomputed``)."""
-        out = self.node[u][:, None] + self.node[v][None, :]
+        Reads whole tables: meant for problems whose tables are precomputed (``tables.precomputed``).
+        What depends on one layer alone is summed as a vector first, so the full array takes a few passes:
+        the joint table, the outer sum of the two vectors, the step objective's max(S - W, F) and the mask."""
         t = self.tables
-        for w, axis in ((u, 0), (v, 1)):
+        lines = {u: self.node[u], v: self.node[v]}
+        joint = None
+        for w in (u, v):
             for (a, b), c in self.incident[w]:
                 if {a, b} == {u, v}:
                     if w == u:  # the joint edge, once
-                        out = out + c * (t.table(u, v) if a == u else t.table(v, u).T)
+                        m = t.table(u, v) if a == u else t.table(v, u).T
+                        joint = m if c == 1 else c * m
                     continue
-                line = c * (t.diagonal(a) if a == b else t.column(a, b, assign[b]) if a == w else t.row(a, b, assign[a]))
-                out = out + (line[:, None] if axis == 0 else line[None, :])
+                line = t.diagonal(a) if a == b else t.column(a, b, assign[b]) if a == w else t.row(a, b, assign[a])
+                lines[w] = lines[w] + (line if c == 1 else c * line)
+        out = lines[u][:, None] + lines[v][None, :]
+        if joint is not None:
+            out += joint
         if self.objective == "step":
-            out = out + self._extra_pair(assign, u, v)
+            rest = [w for w in range(len(assign)) if w not in (u, v)]
+            slack = (sum(float(self.sync_tot[w][assign[w]]) for w in rest)
+                     - sum(float(self.bwd_tot[w][assign[w]]) for w in rest))
+            diff = np.add.outer(slack + self.sync_tot[u] - self.bwd_tot[u], self.sync_tot[v] - self.bwd_tot[v])
+            if self.first == u:
+                np.maximum(diff, self.node_sync[u][:, None], out=diff)
+            elif self.first == v:
+                np.maximum(diff, self.node_sync[v][None, :], out=diff)
+            else:
+                np.maximum(diff, self.node_sync[self.first][assign[self.first]], out=diff)
+            out += diff
         if self.memory_limit is not None:
-            rest = self.memory_of(assign) - self.mem[u][assign[u]] - self.mem[v][assign[v]]
-            out = np.where(rest + self.mem[u][:, None] + self.mem[v][None, :] <= self.memory_limit, out, math.inf)
+            rest_mem = self.memory_of(assign) - self.mem[u][assign[u]] - self.mem[v][assign[v]]
+            over = np.add.outer(self.mem[u], self.mem[v]) > self.memory_limit - rest_mem
+            out[over] = math.inf
         return out
 
     def memory_mask(self, assign, v: int) -> np.ndarray | None:
