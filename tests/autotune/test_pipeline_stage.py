@@ -161,3 +161,26 @@ def test_rungs_serve_the_inflight_counts_they_fit(graph, profile):
                 assert not sp.problem.in_flight(int(rung.last) + 1).feasible(rung.plan.assign)
     rungs = ps.stages._rungs[next(iter(ps.stages._rungs))]
     assert 1 in rungs and len(rungs) >= 3 and rungs[1].last < 5 and 5 in rungs  # 5 was beyond the first's reach
+
+
+def test_units_are_the_tile_intersections():
+    """The unit tasks are each destination tile's intersections with every source tile, in that order."""
+    from autotune.pipeline.boundary import SENDERS, units
+    from kernels.reshard.spec import intersect
+    cl = Cluster(4, 4)
+    shape = (64, 48)
+    for sf, df in [(("S0", "S1", "B", "S0"), ("S1", "B", "S0", "S0")), (("B", "B", "B", "B"), ("S0", "S1", "S0", "B")),
+                   (("S1", "S1", "S0", "B"), ("S0", "S0", "S1", "S1"))]:
+        src = tiles(shape, sf, cl, tuple(range(16)))
+        dst = tiles(shape, df, cl, tuple(range(16, 32)))
+        got = units(shape, 2, src, dst)
+        sg, dg = {}, {}
+        for d, b in src.items():
+            sg.setdefault(b, []).append(d)
+        for d, b in dst.items():
+            dg.setdefault(b, []).append(d)
+        want = [(p, tuple(r)) for db, r in dg.items() for sb in sg for p in (intersect(sb, db),) if p is not None]
+        assert [(u.box, u.receivers) for u in got] == want
+        assert [u.index for u in got] == list(range(len(want)))
+        assert all(u.nbytes == box_volume(u.box) * 2 and 1 <= len(u.senders) <= SENDERS for u in got)
+        assert sum(u.nbytes for u in got) == sum(box_volume(b) * 2 for b in dg)  # the source tiles partition it
