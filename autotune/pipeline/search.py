@@ -46,6 +46,8 @@ from autotune.reshard.pipeline import SCHEDULES, PipelineSpec, simulate
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Catalogue
+from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, sharding_modes
+from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
 from autotune.sbp.search import auto_budget, make_search
 from autotune.sbp.searchbase import Budget
@@ -190,28 +192,50 @@ class StageSearch:
             self._graphs[m] = with_micro_batches(self.graph, m)
         return self._graphs[m]
 
-    def problem(self, m: int, span, sub: Cluster, f: int) -> StageProblem:
+    def problem(self, m: int, span, sub: Cluster, f: int, mode: Mode = NONE) -> StageProblem:
         g = self.graph_for(m)
-        key = (signature(g, *span), sub, m)
+        key = (signature(g, *span), sub, m, mode)
         base = self._problems.get(key)
         if base is None:
             cat = self._catalogues.get(sub)
             if cat is None:
                 cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
-            base = self._problems[key] = StageProblem(stage_graph(g, *span), cat.coster, self.limit, catalogue=cat)
+            base = self._problems[key] = StageProblem(stage_graph(g, *span), cat.coster, self.limit, catalogue=cat,
+                                                      mode=mode)
         return base.in_flight(f)
 
-    def _search(self, problem: StageProblem) -> tuple[list[int], dict]:
-        mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
-        start = mega if mega is not None and math.isfinite(mega_cost) else None
-        b = auto_budget(problem)
+    def _search(self, problem: StageProblem, share: float = 1.0, start=None):
+        """The SBP search of one stage problem (from the best Megatron plan unless ``start``), ``share`` of its
+        budget: (plan, cost, search info)."""
+        if start is None:
+            mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
+            start = mega if mega is not None and math.isfinite(mega_cost) else None
+        b = scaled(auto_budget(problem), share)
         budget = Budget(seconds=b.seconds * self.cfg.budget_scale,
                         patience=max(1, round(b.patience * self.cfg.budget_scale)))
         problem.forget_lazy()
         res = make_search(self.cfg.search).run(problem, budget, np.random.default_rng(self.cfg.seed), start)
         self.searches += 1
-        return list(res.assignment), {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
-                                      "stopped": res.stopped}
+        return list(res.assignment), res.cost, {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
+                                                "stopped": res.stopped, "recompute": problem.mode.recompute,
+                                                "sharding": problem.mode.sharding}
+
+    def _search_modes(self, m: int, span, sub: Cluster, k: int):
+        """Where no plain plan fits under ``k`` in flight: the modes (recomputation, FSDP) under which one does,
+        cheapest lower bound first (``autotune.sbp.fit.lower_bound``), the first on the full budget, each later
+        one on ``SHARE`` of it from the best plan so far, skipped where its bound is no cheaper than that plan
+        (as ``autotune.sbp.fit.search_modes``): (problem, plan, info) of the cheapest, None if no mode fits."""
+        plain = self.problem(m, span, sub, k)
+        modes = [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in sharding_modes(plain)]
+        probs = [pr for pr in (self.problem(m, span, sub, k, mode) for mode in modes if mode != NONE) if pr.fits]
+        best = None
+        for bound, pr in sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0]):
+            if best is not None and bound >= best[1] * (1 - 1e-9):
+                continue
+            a, cost, info = self._search(pr, SHARE if best else 1.0, best[2] if best else None)
+            if pr.feasible(a) and (best is None or cost < best[1]):
+                best = (pr, cost, a, info)
+        return None if best is None else (best[0], best[2], best[3])
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
         """The stage's plan under ``f`` micro-batches in flight: the plan of the nearest search under fewer or as
@@ -225,7 +249,7 @@ class StageSearch:
         if rung.first == f:
             out = rung.plan
         else:
-            prob = self.problem(m, span, sub, f)
+            prob = self.problem(m, span, sub, f, rung.plan.problem.mode)
             out = StagePlan(prob, rung.plan.assign, figures(prob, rung.plan.assign),
                             dict(rung.plan.search, inflight_reused=rung.first))
         self._plans[key] = out
@@ -245,8 +269,12 @@ class StageSearch:
             if below is not None and k <= below.last:
                 continue
             prob = self.problem(m, span, sub, k)
+            moded = None if prob.fits else self._search_modes(m, span, sub, k)
             if prob.fits:
-                a, info = self._search(prob)
+                a, _, info = self._search(prob)
+                last = max(prob.max_inflight(a), k)
+            elif moded is not None:
+                prob, a, info = moded
                 last = max(prob.max_inflight(a), k)
             else:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf

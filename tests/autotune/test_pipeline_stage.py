@@ -184,3 +184,45 @@ def test_units_are_the_tile_intersections():
         assert [u.index for u in got] == list(range(len(want)))
         assert all(u.nbytes == box_volume(u.box) * 2 and 1 <= len(u.senders) <= SENDERS for u in got)
         assert sum(u.nbytes for u in got) == sum(box_volume(b) * 2 for b in dg)  # the source tiles partition it
+
+
+@pytest.mark.parametrize("mode", [("full", None), ("none", (0, 1)), ("full", (0, 1)), ("full", (1,))])
+def test_figures_under_modes_are_the_problem_cost(graph, profile, mode):
+    """Under recomputation and FSDP, m (forward + backward) + optimizer + exposed sync is the stage problem's
+    step cost, for several plans; full recomputation makes the backward dearer, not the forward."""
+    from autotune.sbp.memory import Mode
+    g = with_micro_batches(graph, 4)
+    cl = Cluster(1, 4)
+    for span in stage_spans(g, [2, 2]):
+        plain = StageProblem(stage_graph(g, *span), Coster(profile, cl), None)
+        pr = StageProblem(stage_graph(g, *span), Coster(profile, cl), None, mode=Mode(*mode))
+        rng = np.random.default_rng(0)
+        for a in [pr.min_memory_assignment()] + [[int(rng.integers(n)) for n in pr.sizes] for _ in range(5)]:
+            f = figures(pr, a)
+            if not math.isfinite(f.forward + f.backward):
+                continue
+            assert pr.mb * (f.forward + f.backward) + f.optimizer + f.exposed_sync == pytest.approx(pr.raw_cost(a))
+            if mode == ("full", None):
+                p = figures(plain, a)
+                assert f.forward == pytest.approx(p.forward) and f.backward > p.backward
+                assert pr.memory_of(a) < plain.memory_of(a)
+
+
+def test_a_stage_that_fits_only_with_a_mode_gets_its_plan(graph, profile):
+    """A memory limit under which no plain plan of a stage fits but a recomputed or sharded one does: the stage
+    plan is searched under those modes and fits; in-flight counts it serves take the same mode."""
+    from autotune.sbp.memory import Mode
+    ps0 = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2))
+    m, sub = 4, Cluster(1, 2)
+    span = stage_spans(ps0.graph_for(m), [2, 2])[0]
+    plain = ps0.stages.problem(m, span, sub, 2).min_memory
+    full = ps0.stages.problem(m, span, sub, 2, Mode("full", (0,))).min_memory
+    assert full < plain
+    limit = (full + plain) / 2
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2))
+    sp = ps.stages.plan(m, span, sub, 2)
+    assert not ps.stages.problem(m, span, sub, 2).fits
+    assert sp.fig.fits and sp.problem.mode != Mode() and sp.problem.memory_of(sp.assign) <= limit
+    assert sp.search["recompute"] == sp.problem.mode.recompute
+    one = ps.stages.plan(m, span, sub, 1)
+    assert one.fig.fits
