@@ -18,10 +18,13 @@ boundaries' transfers overlapped as it allows), and its step is
 
     step = max over stages i of (end of stage i's last backward + its exposed gradient sync + optimizer)
 
-Stage plans are cached by (layer slice signature, submesh, micro-batches, in-flight count): the middle
-stages of a transformer are one problem. A stage is searched first with one micro-batch in flight (the
-loosest memory); if that plan fits under the stage's own in-flight count it is that count's plan too (a
-tighter limit cannot find a cheaper one), else the stage is searched again under its count.
+Stage problems are made once per (layer slice signature, submesh, micro-batches, mode): the middle stages of
+a transformer are one problem, and all stage problems on a submesh share their strategies and boxing tables
+(``autotune.sbp.cost.Catalogue``). A stage is searched first with one micro-batch in flight (the loosest
+memory); a plan searched under k in flight serves every larger count it still fits (``StageSearch.rung``: a
+tighter limit cannot find a cheaper plan), and a count beyond every such plan's reach is searched itself.
+Where no plain plan fits a count, the stage is searched under the recomputation and FSDP modes where one does
+(``StageSearch._search_modes``); the plan records its mode.
 
 The Megatron-style 3-D baseline (``megatron_3d``): whole-node stages, the Megatron plan inside each stage
 on the mesh (d, t) with t inside a node (``autotune.sbp.baselines.megatron_assignment``), the balanced
@@ -260,8 +263,9 @@ class StageSearch:
         flight (the loosest memory). A plan searched under k in flight fits every count up to its
         ``StageProblem.max_inflight``: the rung with the largest k <= ``f`` serves ``f`` where ``f`` is within
         its reach (a tighter limit only takes plans away, so a search under ``f`` cannot find a cheaper plan than
-        the looser one did, which fits), else ``f`` is searched. Where no plan fits under k, none fits a larger
-        count: that rung holds the least-memory plan from k on."""
+        the looser one did, which fits), else ``f`` is searched: plain, else under the modes where a plan fits
+        (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in any mode, none
+        fits a larger count: that rung holds the least-memory plain plan from k on."""
         g = self.graph_for(m)
         rungs = self._rungs.setdefault((signature(g, *span), sub, m), {})
         for k in ((1, f) if f != 1 else (1,)):

@@ -12,7 +12,7 @@ boxing between consecutive layers in that direction, each boxing with its local 
 accumulation after each micro-batch but the first is spread over the backward passes ((m - 1) / m of it
 each). Once per step: the gradient all-reduce (exposed as in the single-stage model: max(S - W, F),
 ``Problem.exposed_sync``) and the optimizer. m (forward + backward) + optimizer + exposed sync is the
-stage's ``Problem`` cost under the step objective (tested).
+stage's ``Problem`` cost under the step objective (tested), under its recomputation and FSDP mode too.
 """
 from __future__ import annotations
 
