@@ -49,7 +49,7 @@ from autotune.reshard.pipeline import SCHEDULES, PipelineSpec, simulate
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Catalogue
-from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, sharding_modes
+from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, search_fitting, sharding_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
 from autotune.sbp.search import auto_budget, make_search
@@ -217,14 +217,16 @@ class StageSearch:
         budget = Budget(seconds=b.seconds * self.cfg.budget_scale,
                         patience=max(1, round(b.patience * self.cfg.budget_scale)))
         problem.forget_lazy()
-        res = make_search(self.cfg.search).run(problem, budget, np.random.default_rng(self.cfg.seed), start)
+        res = search_fitting(problem, lambda p, s: make_search(self.cfg.search).run(
+            p, budget, np.random.default_rng(self.cfg.seed), s), start)
+        problem.reserve = 0.0  # the workspace's reserve was the search's; plans are judged at their peak
         self.searches += 1
         return list(res.assignment), res.cost, {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
                                                 "stopped": res.stopped, "recompute": problem.mode.recompute,
                                                 "sharding": problem.mode.sharding}
 
     def _search_modes(self, m: int, span, sub: Cluster, k: int):
-        """Where no plain plan fits under ``k`` in flight: the modes (recomputation, FSDP) under which one does,
+        """Where no plain plan fits under ``k`` in flight (at its peak, workspace included): the modes (recomputation, FSDP) under which one does,
         cheapest lower bound first (``autotune.sbp.fit.lower_bound``), the first on the full budget, each later
         one on ``SHARE`` of it from the best plan so far, skipped where its bound is no cheaper than that plan
         (as ``autotune.sbp.fit.search_modes``): (problem, plan, info) of the cheapest, None if no mode fits."""
@@ -236,7 +238,7 @@ class StageSearch:
             if best is not None and bound >= best[1] * (1 - 1e-9):
                 continue
             a, cost, info = self._search(pr, SHARE if best else 1.0, best[2] if best else None)
-            if pr.feasible(a) and (best is None or cost < best[1]):
+            if pr.fits_plan(a) and (best is None or cost < best[1]):
                 best = (pr, cost, a, info)
         return None if best is None else (best[0], best[2], best[3])
 
@@ -273,12 +275,13 @@ class StageSearch:
             if below is not None and k <= below.last:
                 continue
             prob = self.problem(m, span, sub, k)
-            moded = None if prob.fits else self._search_modes(m, span, sub, k)
+            found = None
             if prob.fits:
                 a, _, info = self._search(prob)
-                last = max(prob.max_inflight(a), k)
-            elif moded is not None:
-                prob, a, info = moded
+                found = (prob, a, info) if prob.fits_plan(a) else None
+            found = found or self._search_modes(m, span, sub, k)
+            if found is not None:
+                prob, a, info = found
                 last = max(prob.max_inflight(a), k)
             else:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf

@@ -53,22 +53,23 @@ class StageProblem(Problem):
             return self
         out = copy.copy(self)
         out.derived = {}
+        out.reserve = 0.0
         out._set_inflight(k)
         return out
 
     def max_inflight(self, assign) -> float:
-        """The most micro-batches in flight under which plan ``assign`` keeps within the memory limit (0: none;
-        inf: its activations take no memory)."""
-        if self.memory_limit is None:
+        """The most micro-batches in flight under which plan ``assign`` fits the device's memory at its peak,
+        workspace included (``fits_plan``; 0: none; inf: no limit, or its activations take no memory)."""
+        if self.device_limit is None:
             return math.inf
-        total = sum(float(c * t[i]) for c, t, i in zip(self.counts, self._total, assign))
-        acts = sum(float(c * a[i]) for c, a, i in zip(self.counts, self._acts, assign))
+        m = self.memory_breakdown(assign)
+        acts = m.activations / self.inflight
         if acts <= 0:
-            return math.inf if total <= self.memory_limit else 0
-        k = max(int((self.memory_limit - total) // acts) + 1, 0)
-        while k > 0 and not self.in_flight(k).feasible(assign):  # the closed form's rounding, both ways
+            return math.inf if m.total <= self.device_limit else 0
+        k = max(int((self.device_limit - (m.total - m.activations)) // acts), 0)
+        while k > 0 and not self.in_flight(k).fits_plan(assign):  # the closed form's rounding, both ways
             k -= 1
-        while self.in_flight(k + 1).feasible(assign):
+        while self.in_flight(k + 1).fits_plan(assign):
             k += 1
         return k
 
@@ -129,4 +130,4 @@ def figures(problem: StageProblem, assign) -> StageFigures:
         comp, red = comp + c * m * ((1 + again) * kf + kb), red + c * m * ((1 + again) * tf + tb)
     sync = sum(float(c * problem.node_sync[v][i]) for v, (i, c) in enumerate(zip(assign, problem.counts)))
     return StageFigures(fwd, bwd, comp, red, sync, problem.exposed_sync(assign), opt,
-                        problem.peak_memory(assign), problem.feasible(assign))
+                        problem.peak_memory(assign), problem.fits_plan(assign))

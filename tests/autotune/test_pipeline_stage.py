@@ -158,7 +158,7 @@ def test_rungs_serve_the_inflight_counts_they_fit(graph, profile):
         if rung.plan.problem.fits:
             assert sp.fig.fits
             if math.isfinite(rung.last):
-                assert not sp.problem.in_flight(int(rung.last) + 1).feasible(rung.plan.assign)
+                assert not sp.problem.in_flight(int(rung.last) + 1).fits_plan(rung.plan.assign)
     rungs = ps.stages._rungs[next(iter(ps.stages._rungs))]
     assert 1 in rungs and len(rungs) >= 3 and rungs[1].last < 5 and 5 in rungs  # 5 was beyond the first's reach
 
@@ -222,7 +222,7 @@ def test_a_stage_that_fits_only_with_a_mode_gets_its_plan(graph, profile):
     ps = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2))
     sp = ps.stages.plan(m, span, sub, 2)
     assert not ps.stages.problem(m, span, sub, 2).fits
-    assert sp.fig.fits and sp.problem.mode != Mode() and sp.problem.memory_of(sp.assign) <= limit
+    assert sp.fig.fits and sp.problem.mode != Mode() and sp.problem.peak_memory(sp.assign) <= limit
     assert sp.search["recompute"] == sp.problem.mode.recompute
     one = ps.stages.plan(m, span, sub, 1)
     assert one.fig.fits
