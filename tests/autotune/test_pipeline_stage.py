@@ -226,3 +226,16 @@ def test_a_stage_that_fits_only_with_a_mode_gets_its_plan(graph, profile):
     assert sp.search["recompute"] == sp.problem.mode.recompute
     one = ps.stages.plan(m, span, sub, 1)
     assert one.fig.fits
+
+
+def test_pipelined_plan_fits_at_every_stage_peak(graph, profile):
+    """Under a limit the per-layer sums alone would pass but the workspace would not, every stage of the
+    plan returned fits the device at its peak, workspace included."""
+    loose = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2)).run()
+    peak = max(sp.problem.peak_memory(sp.assign) for sp in loose.plans)
+    limit = 0.8 * peak
+    best = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2)).run()
+    assert best is not None
+    for sp in best.plans:
+        assert sp.fig.fits and sp.problem.peak_memory(sp.assign) <= limit
+        assert sp.fig.memory == pytest.approx(sp.problem.peak_memory(sp.assign))
