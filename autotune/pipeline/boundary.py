@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
 from autotune.sbp.boxing import Coster, box
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, dual
-from kernels.reshard.spec import Box, Mesh, ShardingSpec, box_volume, intersect
+from kernels.reshard.spec import Box, Mesh, ShardingSpec, box_volume
 from kernels.reshard.tasks import ReshardTask, UnitTask
 
 STRATEGY, SOLVER = "broadcast", "ensemble"
@@ -67,17 +69,24 @@ def _groups(t: dict[int, Box]) -> list[tuple[Box, tuple[int, ...]]]:
 
 
 def units(shape, itemsize: int, src: dict[int, Box], dst: dict[int, Box]) -> list[UnitTask]:
+    """The unit tasks: each distinct destination tile's intersections with the distinct source tiles, in that
+    order (the overlaps of one destination tile with every source tile found at once, as integer arrays)."""
     out = []
     sg = _groups(src)
+    lo = np.array([[a for a, _ in b] for b, _ in sg], dtype=np.int64).reshape(len(sg), len(shape))
+    hi = np.array([[z for _, z in b] for b, _ in sg], dtype=np.int64).reshape(len(sg), len(shape))
     for dbox, receivers in _groups(dst):
-        for sbox, senders in sg:
-            piece = intersect(sbox, dbox)
-            if piece is not None:
-                k = len(out)
-                if len(senders) > SENDERS:
-                    step = len(senders) // SENDERS
-                    senders = tuple(senders[(k + j * step) % len(senders)] for j in range(SENDERS))
-                out.append(UnitTask(k, piece, senders, receivers, box_volume(piece) * itemsize))
+        dlo = np.array([a for a, _ in dbox], dtype=np.int64)
+        dhi = np.array([z for _, z in dbox], dtype=np.int64)
+        plo, phi = np.maximum(lo, dlo), np.minimum(hi, dhi)
+        for i in np.flatnonzero((plo < phi).all(axis=1)):
+            senders = sg[i][1]
+            piece = tuple((int(a), int(z)) for a, z in zip(plo[i], phi[i]))
+            k = len(out)
+            if len(senders) > SENDERS:
+                step = len(senders) // SENDERS
+                senders = tuple(senders[(k + j * step) % len(senders)] for j in range(SENDERS))
+            out.append(UnitTask(k, piece, senders, receivers, box_volume(piece) * itemsize))
     return out
 
 

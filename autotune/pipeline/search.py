@@ -18,10 +18,13 @@ boundaries' transfers overlapped as it allows), and its step is
 
     step = max over stages i of (end of stage i's last backward + its exposed gradient sync + optimizer)
 
-Stage plans are cached by (layer slice signature, submesh, micro-batches, in-flight count): the middle
-stages of a transformer are one problem. A stage is searched first with one micro-batch in flight (the
-loosest memory); if that plan fits under the stage's own in-flight count it is that count's plan too (a
-tighter limit cannot find a cheaper one), else the stage is searched again under its count.
+Stage problems are made once per (layer slice signature, submesh, micro-batches, mode): the middle stages of
+a transformer are one problem, and all stage problems on a submesh share their strategies and boxing tables
+(``autotune.sbp.cost.Catalogue``). A stage is searched first with one micro-batch in flight (the loosest
+memory); a plan searched under k in flight serves every larger count it still fits (``StageSearch.rung``: a
+tighter limit cannot find a cheaper plan), and a count beyond every such plan's reach is searched itself.
+Where no plain plan fits a count, the stage is searched under the recomputation and FSDP modes where one does
+(``StageSearch._search_modes``); the plan records its mode.
 
 The Megatron-style 3-D baseline (``megatron_3d``): whole-node stages, the Megatron plan inside each stage
 on the mesh (d, t) with t inside a node (``autotune.sbp.baselines.megatron_assignment``), the balanced
@@ -45,7 +48,9 @@ from autotune.pipeline.stage import StageFigures, StageProblem, figures
 from autotune.reshard.pipeline import SCHEDULES, PipelineSpec, simulate
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
-from autotune.sbp.fit import search_fitting
+from autotune.sbp.cost import Catalogue
+from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, search_fitting, sharding_modes
+from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
 from autotune.sbp.search import auto_budget, make_search
 from autotune.sbp.searchbase import Budget
@@ -142,6 +147,15 @@ class StagePlan:
 
 
 @dataclass
+class Rung:
+    """Stage plans for in-flight counts ``first`` to ``last``: ``plan``, searched under ``first``."""
+
+    first: int
+    last: float
+    plan: StagePlan
+
+
+@dataclass
 class Candidate:
     stages: int
     sub: Cluster
@@ -172,7 +186,8 @@ class StageSearch:
         self._graphs: dict[int, LayerGraph] = {}
         self._problems: dict = {}
         self._plans: dict = {}
-        self._costers: dict = {}
+        self._catalogues: dict = {}  # per submesh: strategies and boxing tables its stage problems share
+        self._rungs: dict = {}
         self.searches = 0
 
     def graph_for(self, m: int) -> LayerGraph:
@@ -180,54 +195,98 @@ class StageSearch:
             self._graphs[m] = with_micro_batches(self.graph, m)
         return self._graphs[m]
 
-    def problem(self, m: int, span, sub: Cluster, f: int) -> StageProblem:
+    def problem(self, m: int, span, sub: Cluster, f: int, mode: Mode = NONE) -> StageProblem:
         g = self.graph_for(m)
-        key = (signature(g, *span), sub, m)
+        key = (signature(g, *span), sub, m, mode)
         base = self._problems.get(key)
         if base is None:
-            coster = self._costers.setdefault(sub, Coster(self.profile, sub))
-            base = self._problems[key] = StageProblem(stage_graph(g, *span), coster, self.limit)
+            cat = self._catalogues.get(sub)
+            if cat is None:
+                cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
+            base = self._problems[key] = StageProblem(stage_graph(g, *span), cat.coster, self.limit, catalogue=cat,
+                                                      mode=mode)
         return base.in_flight(f)
 
-    def _search(self, problem: StageProblem) -> tuple[list[int], dict]:
-        mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
-        start = mega if mega is not None and math.isfinite(mega_cost) else None
-        b = auto_budget(problem)
+    def _search(self, problem: StageProblem, share: float = 1.0, start=None):
+        """The SBP search of one stage problem (from the best Megatron plan unless ``start``), ``share`` of its
+        budget: (plan, cost, search info)."""
+        if start is None:
+            mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
+            start = mega if mega is not None and math.isfinite(mega_cost) else None
+        b = scaled(auto_budget(problem), share)
         budget = Budget(seconds=b.seconds * self.cfg.budget_scale,
                         patience=max(1, round(b.patience * self.cfg.budget_scale)))
         problem.forget_lazy()
-        reserve = problem.reserve  # search_fitting raises it until the plan fits at its peak; the cached problem keeps its own
         res = search_fitting(problem, lambda p, s: make_search(self.cfg.search).run(
             p, budget, np.random.default_rng(self.cfg.seed), s), start)
-        problem.reserve = reserve
+        problem.reserve = 0.0  # the workspace's reserve was the search's; plans are judged at their peak
         self.searches += 1
-        return list(res.assignment), {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
-                                      "stopped": res.stopped}
+        return list(res.assignment), res.cost, {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
+                                                "stopped": res.stopped, "recompute": problem.mode.recompute,
+                                                "sharding": problem.mode.sharding}
+
+    def _search_modes(self, m: int, span, sub: Cluster, k: int):
+        """Where no plain plan fits under ``k`` in flight (at its peak, workspace included): the modes (recomputation, FSDP) under which one does,
+        cheapest lower bound first (``autotune.sbp.fit.lower_bound``), the first on the full budget, each later
+        one on ``SHARE`` of it from the best plan so far, skipped where its bound is no cheaper than that plan
+        (as ``autotune.sbp.fit.search_modes``): (problem, plan, info) of the cheapest, None if no mode fits."""
+        plain = self.problem(m, span, sub, k)
+        modes = [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in sharding_modes(plain)]
+        probs = [pr for pr in (self.problem(m, span, sub, k, mode) for mode in modes if mode != NONE) if pr.fits]
+        best = None
+        for bound, pr in sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0]):
+            if best is not None and bound >= best[1] * (1 - 1e-9):
+                continue
+            a, cost, info = self._search(pr, SHARE if best else 1.0, best[2] if best else None)
+            if pr.fits_plan(a) and (best is None or cost < best[1]):
+                best = (pr, cost, a, info)
+        return None if best is None else (best[0], best[2], best[3])
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
+        """The stage's plan under ``f`` micro-batches in flight: the plan of the nearest search under fewer or as
+        many that fits under ``f`` (``rungs``), else a search under ``f``."""
         g = self.graph_for(m)
         key = (signature(g, *span), sub, m, f)
         hit = self._plans.get(key)
         if hit is not None:
             return hit
-        loose = self.problem(m, span, sub, 1)
-        lkey = (signature(g, *span), sub, m, 1)
-        if lkey not in self._plans:
-            a, info = self._search(loose) if loose.fits else (loose.min_memory_assignment(), {"note": "no plan fits"})
-            self._plans[lkey] = StagePlan(loose, a, figures(loose, a), info)
-        out = self._plans[lkey]
-        if f != 1:
-            prob = self.problem(m, span, sub, f)
-            if prob.fits_plan(out.assign):
-                out = StagePlan(prob, out.assign, figures(prob, out.assign), dict(out.search, inflight_reused=True))
-            elif prob.fits:
-                a, info = self._search(prob)
-                out = StagePlan(prob, a, figures(prob, a), info)
-            else:
-                a = prob.min_memory_assignment()
-                out = StagePlan(prob, a, figures(prob, a), {"note": "no plan fits"})
+        rung = self.rung(m, span, sub, f)
+        if rung.first == f:
+            out = rung.plan
+        else:
+            prob = self.problem(m, span, sub, f, rung.plan.problem.mode)
+            out = StagePlan(prob, rung.plan.assign, figures(prob, rung.plan.assign),
+                            dict(rung.plan.search, inflight_reused=rung.first))
         self._plans[key] = out
         return out
+
+    def rung(self, m: int, span, sub: Cluster, f: int) -> "Rung":
+        """The search whose plan serves ``f`` in flight. A stage is searched first under one micro-batch in
+        flight (the loosest memory). A plan searched under k in flight fits every count up to its
+        ``StageProblem.max_inflight``: the rung with the largest k <= ``f`` serves ``f`` where ``f`` is within
+        its reach (a tighter limit only takes plans away, so a search under ``f`` cannot find a cheaper plan than
+        the looser one did, which fits), else ``f`` is searched: plain, else under the modes where a plan fits
+        (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in any mode, none
+        fits a larger count: that rung holds the least-memory plain plan from k on."""
+        g = self.graph_for(m)
+        rungs = self._rungs.setdefault((signature(g, *span), sub, m), {})
+        for k in ((1, f) if f != 1 else (1,)):
+            below = max((r for r in rungs.values() if r.first <= k), key=lambda r: r.first, default=None)
+            if below is not None and k <= below.last:
+                continue
+            prob = self.problem(m, span, sub, k)
+            found = None
+            if prob.fits:
+                a, _, info = self._search(prob)
+                found = (prob, a, info) if prob.fits_plan(a) else None
+            found = found or self._search_modes(m, span, sub, k)
+            if found is not None:
+                prob, a, info = found
+                last = max(prob.max_inflight(a), k)
+            else:
+                a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
+            rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
+        return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
 
     def fixed(self, m: int, span, sub: Cluster, f: int, mesh: tuple) -> StagePlan | None:
         """The Megatron plan on (d, t) = ``mesh`` of the stage, None where a layer cannot take it."""

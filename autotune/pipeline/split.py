@@ -37,13 +37,18 @@ def best_split(blocks: int, stages: int, time: Callable[[int, int, int], float],
                 rest = blocks - b - k
                 if (stages - i - 1) * lo <= rest <= (stages - i - 1) * hi:
                     table[(i, b, k)] = time(i, b, k)
+    by_stage: list[list[tuple[int, int, float]]] = [[] for _ in range(stages)]
+    for (i, b, k), t in table.items():
+        by_stage[i].append((b, k, t))
     best: tuple[float, list[int]] | None = None
     for tau in sorted({t for t in table.values() if math.isfinite(t)}):
+        if best is not None and (micro_batches - 1) * tau >= best[0]:
+            break  # every later bottleneck costs more than the best split already
         # DP backwards: cost[(i, b)] = least sum of T over stages i.. with b blocks used before stage i
         cost: dict[tuple[int, int], tuple[float, int]] = {(stages, blocks): (0.0, 0)}
         for i in range(stages - 1, -1, -1):
-            for (j, b, k), t in table.items():
-                if j != i or t > tau or (i + 1, b + k) not in cost:
+            for b, k, t in by_stage[i]:
+                if t > tau or (i + 1, b + k) not in cost:
                     continue
                 c = t + cost[(i + 1, b + k)][0]
                 if (i, b) not in cost or c < cost[(i, b)][0]:

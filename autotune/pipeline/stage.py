@@ -12,19 +12,20 @@ boxing between consecutive layers in that direction, each boxing with its local 
 accumulation after each micro-batch but the first is spread over the backward passes ((m - 1) / m of it
 each). Once per step: the gradient all-reduce (exposed as in the single-stage model: max(S - W, F),
 ``Problem.exposed_sync``) and the optimizer. m (forward + backward) + optimizer + exposed sync is the
-stage's ``Problem`` cost under the step objective (tested).
+stage's ``Problem`` cost under the step objective (tested), under its recomputation and FSDP mode too.
 """
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from autotune.sbp.boxing import copy_seconds
-from autotune.sbp.cost import Problem, internal_steps
-from autotune.sbp.memory import Memory, strategy_memory
-from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds
+from autotune.sbp.cost import Problem, forward_factors, internal_steps
+from autotune.sbp.memory import OUTSIDE, Memory, strategy_memory
+from autotune.sbp.steptime import accumulate_seconds, fsdp_steps, layer_seconds, optimizer_seconds
 from autotune.sbp.tables import edge_steps
 
 
@@ -52,8 +53,25 @@ class StageProblem(Problem):
             return self
         out = copy.copy(self)
         out.derived = {}
+        out.reserve = 0.0
         out._set_inflight(k)
         return out
+
+    def max_inflight(self, assign) -> float:
+        """The most micro-batches in flight under which plan ``assign`` fits the device's memory at its peak,
+        workspace included (``fits_plan``; 0: none; inf: no limit, or its activations take no memory)."""
+        if self.device_limit is None:
+            return math.inf
+        m = self.memory_breakdown(assign)
+        acts = m.activations / self.inflight
+        if acts <= 0:
+            return math.inf if m.total <= self.device_limit else 0
+        k = max(int((self.device_limit - (m.total - m.activations)) // acts), 0)
+        while k > 0 and not self.in_flight(k).fits_plan(assign):  # the closed form's rounding, both ways
+            k -= 1
+        while self.in_flight(k + 1).fits_plan(assign):
+            k += 1
+        return k
 
     def memory_breakdown(self, assign) -> Memory:
         m = super().memory_breakdown(assign)
@@ -76,24 +94,40 @@ class StageFigures:
 
 
 def figures(problem: StageProblem, assign) -> StageFigures:
-    cl, cm, m = problem.cluster, problem.compute, problem.mb
+    """Under the problem's mode (``autotune.sbp.memory.Mode``): full recomputation re-runs a block's forward
+    (its compute, the boxing inside its layers and between them) in the backward pass; FSDP's all-gathers and
+    reduce-scatters not hidden behind a layer's own compute (``steptime.fsdp_seconds``) add to the pass they
+    run in."""
+    cl, cm, m, mode = problem.cluster, problem.compute, problem.mb, problem.mode
+    full = mode.recompute == "full"
+    factors = forward_factors(problem.graph) if full else {}
     fwd = bwd = comp = red = opt = 0.0
     for v, (op, i, c) in enumerate(zip(problem.ops, assign, problem.counts)):
         s = problem.choices[v][i]
-        f, b = layer_seconds(op, s, cl, cm, problem.act_bytes)
-        acc = accumulate_seconds(s, cl, cm, problem.act_bytes) * (m - 1) / m
-        o = optimizer_seconds(s, cl, cm, problem.act_bytes)
+        role = problem.roles[v]
+        redo = 1 if full and role != OUTSIDE else 0
+        f, b = layer_seconds(op, s, cl, cm, problem.act_bytes, mode.recompute, role)
+        acc = accumulate_seconds(s, cl, cm, problem.act_bytes, mode) * (m - 1) / m
+        o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode)
         fwd, bwd, comp, opt = fwd + c * f, bwd + c * (b + acc), comp + c * (m * (f + b + acc) + o), opt + c * o
+        tf = kf = tb = kb = 0.0
         for _, d, steps in internal_steps(s, cl):
             t, k = problem.coster.time(steps), copy_seconds(steps, cm.memory_seconds)
-            fwd, bwd = (fwd + c * (t + k), bwd) if d == "fwd" else (fwd, bwd + c * (t + k))
-            comp, red = comp + c * m * k, red + c * m * t
+            tf, kf, tb, kb = (tf + t, kf + k, tb, kb) if d == "fwd" else (tf, kf, tb + t, kb + k)
+        # recomputed: the forward boxing again, and the local copies again (both passes', as ``Problem`` prices them)
+        fwd, bwd = fwd + c * (tf + kf), bwd + c * (tb + kb + redo * (tf + kf + kb))
+        comp, red = comp + c * m * (1 + redo) * (kf + kb), red + c * m * ((1 + redo) * tf + tb)
+        tf = sum(problem.coster.step_time(st) for _, d, st in fsdp_steps(s, cl, mode) if d == "fwd")
+        tb = sum(problem.coster.step_time(st) for _, d, st in fsdp_steps(s, cl, mode) if d != "fwd")
+        xf, xb = max(0.0, tf - f), max(0.0, tb - b)
+        fwd, bwd, red = fwd + c * xf, bwd + c * xb, red + c * m * (xf + xb)
     for (a, b), c in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
-        for d, steps in zip(("fwd", "bwd"), edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.act_bytes)):
-            t, k = problem.coster.time(steps), copy_seconds(steps, cm.memory_seconds)
-            fwd, bwd = (fwd + c * (t + k), bwd) if d == "fwd" else (fwd, bwd + c * (t + k))
-            comp, red = comp + c * m * k, red + c * m * t
+        (tf, kf), (tb, kb) = [(problem.coster.time(st), copy_seconds(st, cm.memory_seconds))
+                              for st in edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.act_bytes)]
+        again = factors.get((a, b), 1.0) - 1.0  # the forward boxing re-run in the backward pass
+        fwd, bwd = fwd + c * (tf + kf), bwd + c * (again * (tf + kf) + tb + kb)
+        comp, red = comp + c * m * ((1 + again) * kf + kb), red + c * m * ((1 + again) * tf + tb)
     sync = sum(float(c * problem.node_sync[v][i]) for v, (i, c) in enumerate(zip(assign, problem.counts)))
     return StageFigures(fwd, bwd, comp, red, sync, problem.exposed_sync(assign), opt,
                         problem.peak_memory(assign), problem.fits_plan(assign))

@@ -59,11 +59,8 @@ class _Index:
 
 
 def _index(problem: Problem) -> "_Index":
-    """Built once per problem (``best_mesh`` asks for it once per mesh)."""
-    idx = problem.derived.get("strategy index")
-    if idx is None:
-        idx = problem.derived["strategy index"] = _Index(problem)
-    return idx
+    """Built once per problem and shared with its modes and copies (``best_mesh`` asks for it once per mesh)."""
+    return problem.shared("strategy index", lambda: _Index(problem))
 
 
 def megatron_assignment(problem: Problem, d, t, row_first: bool = False) -> list[int] | None:

@@ -41,6 +41,7 @@ from autotune.sbp.memory import (FIRST, INSIDE, NONE, OUTSIDE, PRECISION, RECIPE
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
                                    require_compute)
 from autotune.sbp.mesh import Cluster
+from autotune.sbp.rowbox import RowBoxer
 from autotune.sbp.sbp import NdSbp
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
 
@@ -119,13 +120,37 @@ def forward_factors(graph: LayerGraph) -> dict[tuple[int, int], float]:
 OBJECTIVES = ("comm", "step")
 
 
+class Catalogue:
+    """What problems on one cluster share, made once: each layer's strategies (by layer, activation size and
+    signatures) and the boxing tables (one ``RowBoxer`` that keeps them, per activation size and objective).
+    A pipeline's stage problems hold the same layers on one submesh (``autotune.pipeline.search``)."""
+
+    def __init__(self, coster: Coster):
+        self.coster = coster
+        self.strategies: dict[tuple, list[Strategy]] = {}
+        self.rows: dict[tuple, RowBoxer] = {}
+
+    def layer_strategies(self, op, signatures) -> list[Strategy]:
+        key = (op.layer, op.act_bytes, signatures)
+        out = self.strategies.get(key)
+        if out is None:
+            out = self.strategies[key] = [with_recipe(s, op.layer) for s in op.strategies(self.coster.cluster, signatures)]
+        return out
+
+    def boxer(self, itemsize: int, memory_seconds) -> RowBoxer:
+        key = (itemsize, memory_seconds is not None)
+        if key not in self.rows:
+            self.rows[key] = RowBoxer(self.coster, itemsize, memory_seconds, keep_tables=True)
+        return self.rows[key]
+
+
 class Problem:
     """Variables are the distinct layers (repeated layers tied); choices their strategies."""
 
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
                  precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm",
-                 mode: Mode = NONE, recipe: str = "autocast", keep=None):
+                 mode: Mode = NONE, recipe: str = "autocast", keep=None, catalogue: Catalogue | None = None):
         """``keep``: a predicate ``keep(layer, strategy)``; the strategies it rejects are left out (e.g. a cap
         on weight replication). ``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
         without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal).
@@ -134,7 +159,11 @@ class Problem:
         FSDP (``autotune.sbp.memory.Mode``). ``recipe``: "autocast", the precision recipe users run (its
         memory; a plan fits at its peak, workspace included), or "autoddl", the paper's (fp16 weights and
         gradients with an fp32 master; a plan fits by the per-layer sum, as the paper's search checks it: the
-        AutoDDL reproduction's)."""
+        AutoDDL reproduction's). ``catalogue``: strategies and boxing tables shared with other problems on the
+        same ``coster`` (``Catalogue``)."""
+        if catalogue is not None and catalogue.coster is not coster:
+            raise UserError("a problem's catalogue must be made on its own coster")
+        self.catalogue = catalogue
         if recipe not in RECIPES:
             raise UserError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
         self.recipe = recipe
@@ -151,7 +180,8 @@ class Problem:
         self.reserve = 0.0
         self.choices: list[list[Strategy]] = []
         for op in self.ops:
-            ss = [with_recipe(s, op.layer) for s in op.strategies(self.cluster, signatures)]
+            ss = list(catalogue.layer_strategies(op, signatures)) if catalogue is not None else \
+                [with_recipe(s, op.layer) for s in op.strategies(self.cluster, signatures)]
             if not allow_partial:
                 ss = [s for s in ss if not s.uses_partial]
             if keep is not None:
@@ -257,7 +287,16 @@ class Problem:
                                      mb, self._precompute if old is None else old.precomputed,
                                      self._progress if old is None else None, ab,
                                      self.compute.memory_seconds if step else None, factors,
-                                     old.rows if old is not None else None)
+                                     old.rows if old is not None else self.catalogue.boxer(
+                                         ab, self.compute.memory_seconds if step else None)
+                                     if self.catalogue is not None else None)
+
+    def shared(self, key, make):
+        """What another module computes once from the strategies alone (e.g. a strategy index): ``make()``'s
+        value, made once and shared by this problem, its modes (``with_mode``) and its other copies."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
     def with_mode(self, mode: Mode) -> "Problem":
         """The same problem under another recomputation / FSDP ``mode`` (strategies and, where the mode does
@@ -363,19 +402,6 @@ class Problem:
         F = self.node_sync[self.first] if v == self.first else self.node_sync[self.first][assign[self.first]]
         return np.maximum(S - W, F)
 
-    def _extra_pair(self, assign, u: int, v: int) -> np.ndarray:
-        rest_S = sum(self.sync_tot[w][i] for w, i in enumerate(assign) if w not in (u, v))
-        rest_W = sum(self.bwd_tot[w][i] for w, i in enumerate(assign) if w not in (u, v))
-        S = rest_S + self.sync_tot[u][:, None] + self.sync_tot[v][None, :]
-        W = rest_W + self.bwd_tot[u][:, None] + self.bwd_tot[v][None, :]
-        if self.first == u:
-            F = self.node_sync[u][:, None]
-        elif self.first == v:
-            F = self.node_sync[v][None, :]
-        else:
-            F = self.node_sync[self.first][assign[self.first]]
-        return np.maximum(S - W, F)
-
     def raw_cost(self, assign) -> float:
         """The objective's seconds per step, the memory limit ignored."""
         total = sum(n[s] for n, s in zip(self.node, assign))
@@ -407,22 +433,40 @@ class Problem:
         """The part of the cost that depends on adjacent layers u and v, for every pair of their
         choices, the others fixed: a |choices u| x |choices v| array (the boxing table between
         them plus each layer's other incident lines); inf where the plan exceeds the memory limit.
-        Reads whole tables: meant for problems whose tables are precomputed (``tables.precomputed``)."""
-        out = self.node[u][:, None] + self.node[v][None, :]
+        Reads whole tables: meant for problems whose tables are precomputed (``tables.precomputed``).
+        What depends on one layer alone is summed as a vector first, so the full array takes a few passes:
+        the joint table, the outer sum of the two vectors, the step objective's max(S - W, F) and the mask."""
         t = self.tables
-        for w, axis in ((u, 0), (v, 1)):
+        lines = {u: self.node[u], v: self.node[v]}
+        joint = None
+        for w in (u, v):
             for (a, b), c in self.incident[w]:
                 if {a, b} == {u, v}:
                     if w == u:  # the joint edge, once
-                        out = out + c * (t.table(u, v) if a == u else t.table(v, u).T)
+                        m = t.table(u, v) if a == u else t.table(v, u).T
+                        joint = m if c == 1 else c * m
                     continue
-                line = c * (t.diagonal(a) if a == b else t.column(a, b, assign[b]) if a == w else t.row(a, b, assign[a]))
-                out = out + (line[:, None] if axis == 0 else line[None, :])
+                line = t.diagonal(a) if a == b else t.column(a, b, assign[b]) if a == w else t.row(a, b, assign[a])
+                lines[w] = lines[w] + (line if c == 1 else c * line)
+        out = lines[u][:, None] + lines[v][None, :]
+        if joint is not None:
+            out += joint
         if self.objective == "step":
-            out = out + self._extra_pair(assign, u, v)
+            rest = [w for w in range(len(assign)) if w not in (u, v)]
+            slack = (sum(float(self.sync_tot[w][assign[w]]) for w in rest)
+                     - sum(float(self.bwd_tot[w][assign[w]]) for w in rest))
+            diff = np.add.outer(slack + self.sync_tot[u] - self.bwd_tot[u], self.sync_tot[v] - self.bwd_tot[v])
+            if self.first == u:
+                np.maximum(diff, self.node_sync[u][:, None], out=diff)
+            elif self.first == v:
+                np.maximum(diff, self.node_sync[v][None, :], out=diff)
+            else:
+                np.maximum(diff, self.node_sync[self.first][assign[self.first]], out=diff)
+            out += diff
         if self.memory_limit is not None:
-            rest = self.memory_of(assign) - self.mem[u][assign[u]] - self.mem[v][assign[v]]
-            out = np.where(rest + self.mem[u][:, None] + self.mem[v][None, :] <= self.memory_limit, out, math.inf)
+            rest_mem = self.memory_of(assign) - self.mem[u][assign[u]] - self.mem[v][assign[v]]
+            over = np.add.outer(self.mem[u], self.mem[v]) > self.memory_limit - rest_mem
+            out[over] = math.inf
         return out
 
     def memory_mask(self, assign, v: int) -> np.ndarray | None:

@@ -57,10 +57,12 @@ def dual_code(codes: np.ndarray) -> np.ndarray:
 
 
 class RowBoxer:
-    def __init__(self, coster: Coster, itemsize: int, memory_seconds=None):
+    def __init__(self, coster: Coster, itemsize: int, memory_seconds=None, keep_tables: bool = False):
         """``memory_seconds`` (bytes -> seconds): also cost DTensor's local copies around each step
-        (``autotune.sbp.boxing.local_copies``), as the step-time objective does."""
+        (``autotune.sbp.boxing.local_copies``), as the step-time objective does. ``keep_tables``: remember
+        every ``table`` by its codes (for many problems on one cluster that share layers: a pipeline's stages)."""
         self.coster, self.itemsize, self.memory_seconds = coster, itemsize, memory_seconds
+        self._tables: dict[tuple, np.ndarray] | None = {} if keep_tables else None
         cl = coster.cluster
         groups: dict[tuple[int, bool], list[int]] = {}
         for a, key in enumerate(zip(cl.axis_sizes, cl.axis_inter)):
@@ -267,8 +269,17 @@ class RowBoxer:
         shape, src, dst = tuple(shape), np.atleast_2d(src), np.atleast_2d(dst)
         if not self.classes:  # one device: nothing moves
             return np.zeros((len(src), len(dst)))
+        key = None
+        if self._tables is not None:
+            key = (shape, src.shape, dst.shape, src.tobytes(), dst.tobytes())
+            hit = self._tables.get(key)
+            if hit is not None:
+                return hit
         t = self._walk(shape, self._counts(src, dst, len(shape), outer=True))
         if np.isnan(t).any():
             i, j = np.nonzero(np.isnan(t))
             t[i, j] = self._orders(shape, src[i], dst[j], t[i, j])
+        if key is not None:
+            t.flags.writeable = False
+            self._tables[key] = t
         return t

@@ -111,3 +111,131 @@ def test_stage_dp_against_every_split(graph, profile):
     assert c.estimate == pytest.approx(best)
     done = ps.finish(c)
     assert np.isfinite(done.step) and done.step >= done.result.makespan
+
+
+@pytest.mark.parametrize("kind,preset,config", [
+    ("gpt", "gpt3-1.3b", SMALL),
+    ("llama", "llama3-8b", {"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "sequence": 128,
+                            "vocabulary": 1024, "batch": 16, "micro_batch": 4}),
+])
+def test_catalogue_changes_no_figure(kind, preset, config, profile):
+    """Stage problems sharing strategies and boxing tables (``Catalogue``) price every plan exactly as problems
+    built alone: the same strategies, per-layer costs, memory and boxing tables, under each mode."""
+    from autotune.sbp.cost import Catalogue
+    from autotune.sbp.memory import Mode
+    g = load_model(kind, preset, config)
+    cl = Cluster(2, 2)
+    cat = Catalogue(Coster(profile, cl))
+    spans = stage_spans(g, [1, 2, 1]) + stage_spans(g, [2, 2])
+    for span in spans + spans:  # the second round reads the catalogue's tables
+        sg = stage_graph(g, *span)
+        alone = StageProblem(sg, Coster(profile, cl), 80 * 2**30)
+        shared = StageProblem(sg, cat.coster, 80 * 2**30, catalogue=cat)
+        for mode in (Mode("none", None), Mode("full", (0, 1))):
+            a, b = alone.with_mode(mode), shared.with_mode(mode)
+            assert [[s.signature for s in ss] for ss in a.choices] == [[s.signature for s in ss] for ss in b.choices]
+            assert [[s.fine_out for s in ss] for ss in a.choices] == [[s.fine_out for s in ss] for ss in b.choices]
+            for x, y in zip(a.node + a.mem + a.node_sync, b.node + b.mem + b.node_sync):
+                np.testing.assert_array_equal(x, y)
+            for u, v in a.edge_counts:
+                if u != v:
+                    np.testing.assert_array_equal(a.edge_matrix(u, v), b.edge_matrix(u, v))
+    assert cat.strategies and all(r._tables for r in cat.rows.values())
+
+
+def test_rungs_serve_the_inflight_counts_they_fit(graph, profile):
+    """Each in-flight count's plan is the plan of the search under the largest count at most it (one in
+    flight searched first) and fits under it; a count beyond every rung's reach is searched itself."""
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub = 8, Cluster(1, 2)
+    span = stage_spans(ps.graph_for(m), [2, 2])[0]
+    for f in (5, 2, 8, 3, 6, 1, 4, 7):
+        sp = ps.stages.plan(m, span, sub, f)
+        assert sp.problem.inflight == f
+        rung = ps.stages.rung(m, span, sub, f)
+        assert rung.first <= f and (f <= rung.last or not rung.plan.problem.fits)
+        assert sp.assign == rung.plan.assign
+        if rung.plan.problem.fits:
+            assert sp.fig.fits
+            if math.isfinite(rung.last):
+                assert not sp.problem.in_flight(int(rung.last) + 1).fits_plan(rung.plan.assign)
+    rungs = ps.stages._rungs[next(iter(ps.stages._rungs))]
+    assert 1 in rungs and len(rungs) >= 3 and rungs[1].last < 5 and 5 in rungs  # 5 was beyond the first's reach
+
+
+def test_units_are_the_tile_intersections():
+    """The unit tasks are each destination tile's intersections with every source tile, in that order."""
+    from autotune.pipeline.boundary import SENDERS, units
+    from kernels.reshard.spec import intersect
+    cl = Cluster(4, 4)
+    shape = (64, 48)
+    for sf, df in [(("S0", "S1", "B", "S0"), ("S1", "B", "S0", "S0")), (("B", "B", "B", "B"), ("S0", "S1", "S0", "B")),
+                   (("S1", "S1", "S0", "B"), ("S0", "S0", "S1", "S1"))]:
+        src = tiles(shape, sf, cl, tuple(range(16)))
+        dst = tiles(shape, df, cl, tuple(range(16, 32)))
+        got = units(shape, 2, src, dst)
+        sg, dg = {}, {}
+        for d, b in src.items():
+            sg.setdefault(b, []).append(d)
+        for d, b in dst.items():
+            dg.setdefault(b, []).append(d)
+        want = [(p, tuple(r)) for db, r in dg.items() for sb in sg for p in (intersect(sb, db),) if p is not None]
+        assert [(u.box, u.receivers) for u in got] == want
+        assert [u.index for u in got] == list(range(len(want)))
+        assert all(u.nbytes == box_volume(u.box) * 2 and 1 <= len(u.senders) <= SENDERS for u in got)
+        assert sum(u.nbytes for u in got) == sum(box_volume(b) * 2 for b in dg)  # the source tiles partition it
+
+
+@pytest.mark.parametrize("mode", [("full", None), ("none", (0, 1)), ("full", (0, 1)), ("full", (1,))])
+def test_figures_under_modes_are_the_problem_cost(graph, profile, mode):
+    """Under recomputation and FSDP, m (forward + backward) + optimizer + exposed sync is the stage problem's
+    step cost, for several plans; full recomputation makes the backward dearer, not the forward."""
+    from autotune.sbp.memory import Mode
+    g = with_micro_batches(graph, 4)
+    cl = Cluster(1, 4)
+    for span in stage_spans(g, [2, 2]):
+        plain = StageProblem(stage_graph(g, *span), Coster(profile, cl), None)
+        pr = StageProblem(stage_graph(g, *span), Coster(profile, cl), None, mode=Mode(*mode))
+        rng = np.random.default_rng(0)
+        for a in [pr.min_memory_assignment()] + [[int(rng.integers(n)) for n in pr.sizes] for _ in range(5)]:
+            f = figures(pr, a)
+            if not math.isfinite(f.forward + f.backward):
+                continue
+            assert pr.mb * (f.forward + f.backward) + f.optimizer + f.exposed_sync == pytest.approx(pr.raw_cost(a))
+            if mode == ("full", None):
+                p = figures(plain, a)
+                assert f.forward == pytest.approx(p.forward) and f.backward > p.backward
+                assert pr.memory_of(a) < plain.memory_of(a)
+
+
+def test_a_stage_that_fits_only_with_a_mode_gets_its_plan(graph, profile):
+    """A memory limit under which no plain plan of a stage fits but a recomputed or sharded one does: the stage
+    plan is searched under those modes and fits; in-flight counts it serves take the same mode."""
+    from autotune.sbp.memory import Mode
+    ps0 = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2))
+    m, sub = 4, Cluster(1, 2)
+    span = stage_spans(ps0.graph_for(m), [2, 2])[0]
+    plain = ps0.stages.problem(m, span, sub, 2).min_memory
+    full = ps0.stages.problem(m, span, sub, 2, Mode("full", (0,))).min_memory
+    assert full < plain
+    limit = (full + plain) / 2
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2))
+    sp = ps.stages.plan(m, span, sub, 2)
+    assert not ps.stages.problem(m, span, sub, 2).fits
+    assert sp.fig.fits and sp.problem.mode != Mode() and sp.problem.peak_memory(sp.assign) <= limit
+    assert sp.search["recompute"] == sp.problem.mode.recompute
+    one = ps.stages.plan(m, span, sub, 1)
+    assert one.fig.fits
+
+
+def test_pipelined_plan_fits_at_every_stage_peak(graph, profile):
+    """Under a limit the per-layer sums alone would pass but the workspace would not, every stage of the
+    plan returned fits the device at its peak, workspace included."""
+    loose = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2)).run()
+    peak = max(sp.problem.peak_memory(sp.assign) for sp in loose.plans)
+    limit = 0.8 * peak
+    best = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2)).run()
+    assert best is not None
+    for sp in best.plans:
+        assert sp.fig.fits and sp.problem.peak_memory(sp.assign) <= limit
+        assert sp.fig.memory == pytest.approx(sp.problem.peak_memory(sp.assign))

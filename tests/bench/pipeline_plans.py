@@ -1,7 +1,8 @@
 """Pipeline stages in the main search, measured (a benchmark; issue 30 item 7):
 ``python tests/bench/pipeline_plans.py [--cases NAME,...] [--no-reference] [--no-single]`` prints a table.
 
-Per case (model preset on nodes x GPUs, the default profile, 80 GiB, 1F1B): the pipelined plan of the
+Per case (model preset on nodes x GPUs, the default profile, 80 GiB unless ``--memory-limit`` (GiB, or
+``profile``: the profile's usable memory, the default command's limit), 1F1B): the pipelined plan of the
 default search (its stages, micro-batches, split, step) and its CPU seconds on this process (one core);
 the same search with 20x the effort (``PipelineConfig.reference``: wider splits, more micro-batch
 counts, larger stages, more candidates refined, 20x each stage's SBP budget) and the default's gap to
@@ -22,6 +23,7 @@ from models import load_model
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
+from autotune.sbp.cli.search import memory_limit
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import auto_budget, make_search
@@ -31,8 +33,8 @@ CASES = {"gpt3-175b@512x8": ("gpt", "gpt3-175b", 512, 8), "gpt3-175b@2048x8": ("
          "llama3-405b@512x8": ("llama", "llama3-405b", 512, 8), "llama3-405b@2048x8": ("llama", "llama3-405b", 2048, 8)}
 
 
-def single_stage(graph, cluster, profile) -> float:
-    problem = Problem(graph, Coster(profile, cluster), LIMIT, objective="step", require_fit=False)
+def single_stage(graph, cluster, profile, limit) -> float:
+    problem = Problem(graph, Coster(profile, cluster), limit, objective="step", require_fit=False)
     if not problem.fits:
         return float("inf")
     mega, cost, _ = best_mesh(problem, megatron_assignment)
@@ -40,9 +42,9 @@ def single_stage(graph, cluster, profile) -> float:
     return make_search("cd").run(problem, auto_budget(problem), np.random.default_rng(0), start).cost
 
 
-def run(graph, cluster, profile, cfg):
+def run(graph, cluster, profile, cfg, limit):
     c0 = time.process_time()
-    ps = PipelineSearch(graph, cluster, profile, LIMIT, cfg)
+    ps = PipelineSearch(graph, cluster, profile, limit, cfg)
     best = ps.run()
     return best, time.process_time() - c0, ps
 
@@ -55,9 +57,15 @@ def main() -> None:
     ap = command_parser("python tests/bench/pipeline_plans.py", __doc__)
     ap.add_argument("--cases", default=",".join(CASES), help="cases to run, comma-separated")
     ap.add_argument("--no-reference", action="store_true", help="skip the 20x reference search")
+    ap.add_argument("--memory-limit", default=str(LIMIT / 2**30),
+                    help="GiB per device, or 'profile' (the profile's usable memory); default 80")
     ap.add_argument("--no-single", action="store_true", help="skip today's single-stage search")
     args = ap.parse_args()
     profile = Profile.load(DEFAULT_PROFILE)
+    try:
+        limit = memory_limit(profile, None)[0] if args.memory_limit == "profile" else float(args.memory_limit) * 2**30
+    except ValueError:
+        raise SystemExit(f"--memory-limit {args.memory_limit!r}: give GiB per device or 'profile'") from None
     rows = [("case", "pipelined", "step s", "CPU s", "20x step s", "gap %", "Megatron 3-D", "3-D step s",
              "single-stage s", "speed-up")]
     for name in args.cases.split(","):
@@ -68,14 +76,17 @@ def main() -> None:
             rows.append((name, f"no {kind} preset {preset}", *["-"] * 8))
             continue
         cluster = Cluster(nodes, gpus)
-        best, cpu, ps = run(graph, cluster, profile, PipelineConfig())
+        best, cpu, ps = run(graph, cluster, profile, PipelineConfig(), limit)
         print(f"{name}: default {describe(best)} split {best.split if best else '-'}: "
-              f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s", flush=True)
+              f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s, {ps.stages.searches} stage searches",
+              flush=True)
         mega = ps.megatron_3d()
         print(f"{name}: Megatron 3-D {describe(mega)} t={mega.tensor if mega else '-'}: "
               f"{mega.step if mega else float('inf'):.4g} s/step", flush=True)
-        ref = None if args.no_reference else run(graph, cluster, profile, PipelineConfig().reference())[0]
-        single = None if args.no_single else single_stage(graph, cluster, profile)
+        ref = None if args.no_reference else run(graph, cluster, profile, PipelineConfig().reference(), limit)[0]
+        if ref is not None:
+            print(f"{name}: reference {describe(ref)} split {ref.split}: {ref.step:.4g} s/step", flush=True)
+        single = None if args.no_single else single_stage(graph, cluster, profile, limit)
         step = best.step if best is not None else float("inf")
         rows.append((name, describe(best), f"{step:.4g}", f"{cpu:.1f}",
                      f"{ref.step:.4g}" if ref is not None else "-",
