@@ -128,6 +128,7 @@ def figures(problem: StageProblem, assign) -> StageFigures:
         again = factors.get((a, b), 1.0) - 1.0  # the forward boxing re-run in the backward pass
         fwd, bwd = fwd + c * (tf + kf), bwd + c * (again * (tf + kf) + tb + kb)
         comp, red = comp + c * m * ((1 + again) * kf + kb), red + c * m * ((1 + again) * tf + tb)
-    sync = sum(float(c * problem.node_sync[v][i]) for v, (i, c) in enumerate(zip(assign, problem.counts)))
+    sync = sum(float(c * problem.node_sync[v][i]) for v, (i, c) in enumerate(zip(assign, problem.counts))) \
+        - problem.tied_saved(assign)
     return StageFigures(fwd, bwd, comp, red, sync, problem.exposed_sync(assign), opt,
                         problem.peak_memory(assign), problem.fits_plan(assign))

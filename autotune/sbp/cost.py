@@ -5,7 +5,10 @@ Cost of a plan, seconds per training step (the communication the profile predict
     redistribution = micro_batches * (boxing between consecutive layers, forward
                      and backward, plus boxing inside layers)
     gradient sync  = one all-reduce per weight over the axes where it is B while
-                     the layer's input is split (once per step: gradient accumulation)
+                     the layer's input is split (once per step: gradient accumulation);
+                     a tied logits layer whose weight is placed as the embedding's holds
+                     one tensor with it, so one gradient: its sync is the embedding's
+                     (``Problem.tied_sync``), where its sync axes are among the embedding's
 Memory per device: parameters, gradients, optimizer states, one micro-batch's
 activations and the workspace, accounted in ``autotune.sbp.memory``.
 
@@ -37,7 +40,7 @@ from models.graph import LayerGraph
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op, with_recipe
 from autotune.sbp.memory import (FIRST, INSIDE, NONE, OUTSIDE, PRECISION, RECIPES, Memory, Mode, fsdp_axes, grad_sync_axes,
-                                  held_elems, peak_workspace, strategy_memory, tied_saving)
+                                  held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
                                    require_compute)
 from autotune.sbp.mesh import Cluster
@@ -203,6 +206,10 @@ class Problem:
         self.roles = layer_roles(graph)
         self.tied = [op.layer.kind == "matmul" and bool(op.dims.get("tied", 0)) for op in self.ops]
         self.embedding = next((v for v, op in enumerate(self.ops) if op.layer.kind == "embedding"), None)
+        tied_logits = [v for v, t in enumerate(self.tied) if t]
+        # (logits, embedding) when the logits share the embedding's weight once in the graph: one sync of both
+        self.tied_pair = (tied_logits[0], self.embedding) if len(tied_logits) == 1 and self.embedding is not None \
+            and self.counts[tied_logits[0]] == 1 and self.counts[self.embedding] == 1 else None
         self.incident: list[list[tuple[tuple[int, int], int]]] = [[] for _ in self.ops]
         for (a, b), c in self.edge_counts.items():
             self.incident[a].append(((a, b), c))
@@ -242,6 +249,7 @@ class Problem:
             self.node_redist.append(np.array([mb * ((2 if redo else 1) * f + b) for f, b in shared[key]]))
         self.node_sync = [np.array([sum(self.coster.step_time(st) for _, st in sync_steps(s, cl, grad_bytes, mode))
                                     for s in ss]) for ss in self.choices]
+        self.tied_sync = self._tied_sync_table(grad_bytes, mode) if self.tied_pair else None
         self.node_compute = self.node_bwd = None
         fsdp = mode.fsdp_axes is not None
         secs = None
@@ -297,6 +305,57 @@ class Problem:
         if key not in self._shared:
             self._shared[key] = make()
         return self._shared[key]
+
+    def _tied_sync_table(self, grad_bytes: int, mode: Mode) -> np.ndarray:
+        """Seconds of gradient sync a plan saves, per (logits strategy, embedding strategy), where the tied logits'
+        weight is placed as the embedding's (``shares_tied_weight``: one tensor, whose gradient sums both uses)
+        and the logits' sync axes are among the embedding's: the embedding's sync then reduces the sum, and the
+        logits' own all-reduce of the weight's gradient is not made (0 elsewhere)."""
+        t, e = self.tied_pair
+        cl = self.cluster
+
+        def weight_sync(s) -> tuple[float, frozenset]:
+            steps = [st for name, st in sync_steps(s, cl, grad_bytes, mode) if name == "weight"]
+            return (sum(self.coster.step_time(st) for st in steps),
+                    frozenset(a for st in steps for a in st.axes))
+
+        logits = [weight_sync(s) for s in self.choices[t]]
+        emb_axes = [weight_sync(s)[1] for s in self.choices[e]]
+        out = np.zeros((len(self.choices[t]), len(self.choices[e])))
+        for i, (secs, axes) in enumerate(logits):
+            if secs <= 0:
+                continue
+            for j, se in enumerate(self.choices[e]):
+                if axes <= emb_axes[j] and shares_tied_weight(self.choices[t][i], se, cl, mode):
+                    out[i, j] = secs
+        return out
+
+    def tied_saved(self, assign, v: int | None = None) -> np.ndarray | float:
+        """The tied logits' sync saved (``tied_sync``) by a plan, or, for layer ``v``, for every choice of it
+        with the others fixed (0 without a tied pair)."""
+        if self.tied_pair is None:
+            return 0.0
+        t, e = self.tied_pair
+        if v == t:
+            return self.tied_sync[:, assign[e]]
+        if v == e:
+            return self.tied_sync[assign[t], :]
+        return float(self.tied_sync[assign[t], assign[e]])
+
+    def tied_saved_pair(self, assign, u: int, v: int) -> np.ndarray | float:
+        """``tied_saved`` for every pair of choices of layers ``u`` and ``v``, the others fixed: an array that
+        broadcasts to |choices u| x |choices v|."""
+        if self.tied_pair is None:
+            return 0.0
+        t, e = self.tied_pair
+        if (u, v) == (t, e):
+            return self.tied_sync
+        if (u, v) == (e, t):
+            return self.tied_sync.T
+        if t in (u, v) or e in (u, v):
+            line = self.tied_saved(assign, u if u in (t, e) else v)
+            return line[:, None] if u in (t, e) else line[None, :]
+        return self.tied_saved(assign)
 
     def with_mode(self, mode: Mode) -> "Problem":
         """The same problem under another recomputation / FSDP ``mode`` (strategies and, where the mode does
@@ -391,13 +450,14 @@ class Problem:
 
     def exposed_sync(self, assign) -> float:
         """Gradient sync not hidden behind the last micro-batch's backward: max(S - W, F) (``steptime``)."""
-        S = sum(float(self.counts[v] * self.node_sync[v][i]) for v, i in enumerate(assign))
+        S = sum(float(self.counts[v] * self.node_sync[v][i]) for v, i in enumerate(assign)) - self.tied_saved(assign)
         W = sum(float(self.counts[v] * self.node_bwd[v][i]) for v, i in enumerate(assign))
         return max(S - W, float(self.node_sync[self.first][assign[self.first]]))
 
     def _extra(self, assign, v: int) -> np.ndarray | float:
         """The non-additive part of the step objective for every choice of layer v, the others fixed."""
-        S = sum(self.sync_tot[u][i] for u, i in enumerate(assign) if u != v) + self.sync_tot[v]
+        S = sum(self.sync_tot[u][i] for u, i in enumerate(assign) if u != v) + self.sync_tot[v] \
+            - self.tied_saved(assign, v)
         W = sum(self.bwd_tot[u][i] for u, i in enumerate(assign) if u != v) + self.bwd_tot[v]
         F = self.node_sync[self.first] if v == self.first else self.node_sync[self.first][assign[self.first]]
         return np.maximum(S - W, F)
@@ -409,6 +469,8 @@ class Problem:
             total += c * self.edge_cost(a, b, assign[a], assign[b])
         if self.objective == "step":
             total += self.exposed_sync(assign)
+        else:
+            total -= self.tied_saved(assign)
         return float(total)
 
     def cost(self, assign) -> float:
@@ -427,6 +489,8 @@ class Problem:
             out = out + (line if c == 1 else c * line)
         if self.objective == "step":
             out = out + self._extra(assign, v)
+        elif self.tied_pair is not None and v in self.tied_pair:
+            out = out - self.tied_saved(assign, v)
         return out
 
     def pair_local(self, assign, u: int, v: int) -> np.ndarray:
@@ -456,6 +520,7 @@ class Problem:
             slack = (sum(float(self.sync_tot[w][assign[w]]) for w in rest)
                      - sum(float(self.bwd_tot[w][assign[w]]) for w in rest))
             diff = np.add.outer(slack + self.sync_tot[u] - self.bwd_tot[u], self.sync_tot[v] - self.bwd_tot[v])
+            diff = diff - self.tied_saved_pair(assign, u, v)
             if self.first == u:
                 np.maximum(diff, self.node_sync[u][:, None], out=diff)
             elif self.first == v:
@@ -463,6 +528,8 @@ class Problem:
             else:
                 np.maximum(diff, self.node_sync[self.first][assign[self.first]], out=diff)
             out += diff
+        elif self.tied_pair is not None and {u, v} & set(self.tied_pair):
+            out = out - self.tied_saved_pair(assign, u, v)
         if self.memory_limit is not None:
             rest_mem = self.memory_of(assign) - self.mem[u][assign[u]] - self.mem[v][assign[v]]
             over = np.add.outer(self.mem[u], self.mem[v]) > self.memory_limit - rest_mem
@@ -483,6 +550,8 @@ class Problem:
         rest = sum(n[s] for i, (n, s) in enumerate(zip(self.node, assign)) if i != v)
         rest += sum(c * self.edge_cost(a, b, assign[a], assign[b]) for (a, b), c in self.edge_counts.items()
                     if a != v and b != v)
+        if self.objective != "step" and (self.tied_pair is None or v not in self.tied_pair):
+            rest -= self.tied_saved(assign)
         out = out + rest
         mask = self.memory_mask(assign, v)
         if mask is not None:

@@ -70,6 +70,9 @@ def lower_bound(problem: Problem) -> float:
     unary = list(problem.node)
     if problem.objective == "step":
         unary[problem.first] = unary[problem.first] + problem.node_sync[problem.first]
+    elif problem.tied_pair is not None:  # the most a choice of the tied logits can save with any embedding's
+        t = problem.tied_pair[0]
+        unary[t] = unary[t] - problem.tied_sync.max(axis=1)
     if applicable(problem) is None:
         dp = LayerDP(problem)
         if dp.work <= CUT_WORK:

@@ -267,17 +267,24 @@ def strategy_memory(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role
                   kept_bytes(s, cluster, act_bytes, mode.recompute, role) + copies)
 
 
-def tied_saving(s_logits, s_embedding, cluster: Cluster, act_bytes: int, mode: Mode = NONE) -> Memory:
-    """What a tied logits layer's copy costs when it is not needed: its weight placed as the embedding's
-    (the transposed fine placement: S0 and S1 swapped), one tensor, so its weight and gradient go."""
+def shares_tied_weight(s_logits, s_embedding, cluster: Cluster, mode: Mode = NONE) -> bool:
+    """Whether a tied logits layer's weight is placed as the embedding's (the transposed fine placement: S0
+    and S1 swapped, the same FSDP axes): then the two are one tensor (one copy, one gradient)."""
     lw = next(w for w in s_logits.weights if w.name == "weight")
     ew = next(w for w in s_embedding.weights if w.name == "weight")
     swap = {"S0": "S1", "S1": "S0"}
     lf = NdSbp(lw.sbp, s_logits.mesh).fine(cluster)
     ef = NdSbp(ew.sbp, s_embedding.mesh).fine(cluster)
-    if tuple(swap.get(p, p) for p in lf) != ef or fsdp_axes(s_logits, lw, cluster, mode) != fsdp_axes(
-            s_embedding, ew, cluster, mode):
+    return tuple(swap.get(p, p) for p in lf) == ef and fsdp_axes(s_logits, lw, cluster, mode) == fsdp_axes(
+        s_embedding, ew, cluster, mode)
+
+
+def tied_saving(s_logits, s_embedding, cluster: Cluster, act_bytes: int, mode: Mode = NONE) -> Memory:
+    """What a tied logits layer's copy costs when it is not needed: its weight placed as the embedding's
+    (``shares_tied_weight``), one tensor, so its weight and gradient go."""
+    if not shares_tied_weight(s_logits, s_embedding, cluster, mode):
         return Memory()
+    lw = next(w for w in s_logits.weights if w.name == "weight")
     w, g, _ = precision(act_bytes)
     n = held_elems(s_logits, lw, cluster, mode)
     return Memory(n * w, n * g)

@@ -109,6 +109,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
     cl, mb = problem.cluster, problem.mb
     layers, edges = [], []
     red_total = sync_total = comp_total = 0.0
+    tied_saved = problem.tied_saved(assign)  # the tied logits' weight gradient synced with the embedding's
     for v, (op, s_i, count) in enumerate(zip(problem.ops, assign, problem.counts)):
         s = problem.choices[v][s_i]
         comms = [_comm(st, problem, phase="internal", tensor=t, direction=d, per="micro-batch")
@@ -119,6 +120,9 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
                   for t, d, st in fsdp_steps(s, cl, problem.mode)]
         red = float(problem.node_redist[v][s_i])
         sync = float(problem.node_sync[v][s_i])
+        if tied_saved and v == problem.tied_pair[0]:
+            sync -= tied_saved
+            comms = [c for c in comms if not (c["phase"] == "grad-sync" and c["tensor"] == "weight")]
         comp = float(problem.node_compute[v][s_i]) if problem.node_compute is not None else None
         clock = _layer_clock(problem, op, s, problem.roles[v]) if comp is not None else {}
         comp_total += count * (comp or 0.0)

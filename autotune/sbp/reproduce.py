@@ -204,10 +204,11 @@ def breakdown(pr: Problem, assign: list[int]) -> dict:
     out = {"grad_sync_s_by_kind": sync, "redistribution_s": plan["totals"]["redistribution_s"],
            "total_s": plan["totals"]["total_s"]}
     tied = [v for v, t in enumerate(pr.tied) if t]
-    if tied and pr.embedding is not None:  # the logits' weight is the embedding's: its sync is counted twice
+    if tied and pr.embedding is not None:  # the logits' weight is the embedding's: synced with it where placed alike
         e = pr.choices[pr.embedding][assign[pr.embedding]]
         out["tied_logits"] = {
-            "grad_sync_s": sum(float(pr.node_sync[v][assign[v]]) * pr.counts[v] for v in tied),
+            "grad_sync_s": sum(float(pr.node_sync[v][assign[v]]) * pr.counts[v] for v in tied) - pr.tied_saved(assign),
+            "synced_with_embedding_s": pr.tied_saved(assign),
             "placed_as_embedding": all(tied_saving(pr.choices[v][assign[v]], e, pr.cluster, pr.act_bytes,
                                                    pr.mode).parameters > 0 for v in tied)}
     return out
