@@ -17,7 +17,10 @@ from calibrate.errors import UserError
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                  "GPT2LMHeadModel": "gpt2"}  # architecture -> model_type
 DEFAULT_SEQUENCE = 4096  # at most the config's max_position_embeddings (GPT-2: n_positions)
-DEFAULTS = {"batch": 64, "micro_batch": 64}  # micro_batch is global (all devices), one micro-batch a step
+DEFAULTS = {"batch": 64, "micro_batch": 64}
+GELU_ACTIVATIONS = ("gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "relu")  # GPT-2's MLP, likewise
+# the activations of a Llama-family gated MLP that the SwiGLU cost rule prices (each one elementwise pass)
+GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")  # micro_batch is global (all devices), one micro-batch a step
 
 
 def is_hf_config(cfg: dict) -> bool:
@@ -79,12 +82,20 @@ def read_hf(cfg: dict, origin: str) -> HfModel:
     """The transformer of a Hugging Face config (a parsed config.json)."""
     mt = _model_type(cfg, origin)
     if mt == "gpt2":
+        act = cfg.get("activation_function", "gelu_new")
+        if act not in GELU_ACTIVATIONS:
+            raise UserError(f"{origin}: activation_function {act!r} is not modelled; GPT-2's MLP is priced with "
+                            f"{', '.join(GELU_ACTIVATIONS)}: give one of them")
         hidden = _int(cfg, "n_embd", origin)
         fields = {"layers": _int(cfg, "n_layer", origin), "hidden": hidden,
                   "heads": _int(cfg, "n_head", origin), "ffn": _int(cfg, "n_inner", origin, 4 * hidden),
                   "vocabulary": _int(cfg, "vocab_size", origin), "max_positions": _int(cfg, "n_positions", origin),
                   "tied": _bool(cfg, "tie_word_embeddings", origin, True)}
         return HfModel("gpt", _named(fields, cfg), None, fields["max_positions"], origin)
+    act = cfg.get("hidden_act", "silu")
+    if act not in GATED_ACTIVATIONS:
+        raise UserError(f"{origin}: hidden_act {act!r} is not modelled; the gated MLP is priced with "
+                        f"{', '.join(GATED_ACTIVATIONS)} (elementwise, the same cost): give one of them")
     hidden = _int(cfg, "hidden_size", origin)
     heads = _int(cfg, "num_attention_heads", origin)
     fields = {"layers": _int(cfg, "num_hidden_layers", origin), "hidden": hidden, "heads": heads,

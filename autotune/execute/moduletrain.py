@@ -36,7 +36,13 @@ def build_module(spec: str, config: dict, seed: int, dtype, device):
     factory = load_factory(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = factory(dict(config))
+        try:
+            model = factory(dict(config))
+        except UserError:
+            raise
+        except Exception as e:  # the user's code: its error as one line, not a traceback on every rank
+            raise UserError(f"{spec}(config) raised {type(e).__name__}: {e}: it is called with the plan's model "
+                            f"config (a dict: kind, layers, hidden, ...); make it build the model from that") from None
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module: return the model")
     return model.to(device=device, dtype=dtype)

@@ -43,6 +43,9 @@ def parse_sizes(text: str) -> list[int]:
         except ValueError:
             raise OptionError("sizes", f"{text!r}: the factor {parts[2]!r} is not a number; write e.g. 1K:1G:4") \
                 from None
+        if not (math.isfinite(factor) and factor > 1):
+            raise OptionError("sizes", f"{text!r}: the factor {parts[2]!r} must be a number above 1 (each size that "
+                                       f"many times the one before); write e.g. 1K:1G:4")
         lo, hi = parse_size(parts[0]), parse_size(parts[1])
         if lo > hi:
             raise OptionError("sizes", f"{text!r}: the smallest size comes first; write e.g. {parts[1]}:{parts[0]}:"

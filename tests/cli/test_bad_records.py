@@ -95,6 +95,8 @@ OPTION_CASES = [
     ("tp-mlp-tokens-zero", "kernels tp-mlp --tokens 8,0", "positive token counts"),
     ("tp-mlp-steps-zero", "kernels tp-mlp --steps 0", "--steps 0"),
     ("tp-mlp-out-devnull", "kernels tp-mlp --out /dev/null/x.json", "not a directory"),
+    ("schedule-sizes-factor-zero", "autotune schedule --sizes 1K:1M:0", r"--sizes .*must be a number above 1"),
+    ("schedule-sizes-factor-one", "autotune schedule --sizes 1K:1M:1", r"--sizes .*must be a number above 1"),
     ("reproduce-out-devnull", "autotune reproduce autoddl --out /dev/null/x", "not a directory"),
     ("run-resume-missing", "calibrate run --backend mpi -b 1K -e 2K --out {out}/never --resume",
      "one rank|nothing to continue"),

@@ -92,6 +92,8 @@ def test_model_type_without_architectures(tmp_path):
     ("Llama", dict(num_hidden_layers=2, attention_bias=True), {}, "attention_bias true with mlp_bias false"),
     ("Llama", dict(num_hidden_layers=2, num_key_value_heads=5), {}, "'kv_heads' is 5, which does not divide heads 32"),
     ("Llama", dict(num_hidden_layers=2), {"micro_batch": 3}, "batch 64 is not a multiple of micro_batch 3"),
+    ("Llama", dict(num_hidden_layers=2, hidden_act="weird"), {}, "hidden_act 'weird' is not modelled"),
+    ("GPT2", dict(n_layer=2, activation_function="weird"), {}, "activation_function 'weird' is not modelled"),
 ])
 def test_bad_hf_configs(family, fields, over, msg, tmp_path):
     arch = {"Mixtral": "MixtralForCausalLM"}.get(family) or MODEL[family]
