@@ -50,16 +50,14 @@ from __future__ import annotations
 import fnmatch
 import functools
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from calibrate.errors import UserError
-from calibrate.jsonfile import read_json
 from calibrate.records import kind_of
 
 from autotune.plan.place import (FAMILIES, HEAD, TAIL, Site, _act, _check_shapes, _global_shape, _handoffs, _place,
                                  _post, _pre, _recompute, _redistribute, _world, contiguous_strides, find_layers,
                                  torch)
-from autotune.plan.typed import ModelSpec, TypedPlan
+from autotune.plan.typed import ModelSpec, TypedPlan, read_source
 from autotune.sbp.mesh import Cluster
 
 import torch.distributed as dist  # noqa: E402
@@ -123,10 +121,7 @@ def load_pipelined(source, origin: str | None = None) -> PipelinedPlan:
     or its dict), or one pipelined plan dict (``plan["best"]`` or a baseline with ``stages``)."""
     if isinstance(source, PipelinedPlan):
         return source
-    if isinstance(source, (str, Path)):
-        origin = origin or f"plan file {str(source)!r}"
-        source = read_json(source, "plan file", "give a plan written by python -m autotune --pipeline N --out DIR")
-    origin = origin or "plan"
+    source, origin = read_source(source, origin, "give a plan written by python -m autotune --pipeline N --out DIR")
     if not isinstance(source, dict):
         raise UserError(f"{origin}: a {type(source).__name__} is not a pipelined plan: give plan.json of "
                         f"python -m autotune --pipeline N, or its best plan")

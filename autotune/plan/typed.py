@@ -327,15 +327,20 @@ def check(plan: TypedPlan) -> None:
                     raise _bad(f"layer {lay.name} weight {w.name}", f"{p} over {n} does not divide shape {list(w.shape)}")
 
 
+def read_source(source, origin: str | None, fix: str) -> tuple[object, str]:
+    """(the plan as parsed JSON, where it came from): ``source`` read where it is a path (``fix``: what to give
+    instead when it cannot be read), as it is otherwise."""
+    if isinstance(source, (str, Path)):
+        return read_json(source, "plan file", fix), origin or f"plan file {str(source)!r}"
+    return source, origin or "plan"
+
+
 def load_plan(source, origin: str | None = None) -> TypedPlan:
     """The one loader: a TypedPlan, a typed-plan file or dict, or the search's plan.json (file or dict,
     converted). An old version of either is one error naming the version and the fix."""
     if isinstance(source, TypedPlan):
         return source
-    if isinstance(source, (str, Path)):
-        origin = origin or f"plan file {str(source)!r}"
-        source = read_json(source, "plan file", "give a plan written by python -m autotune --out DIR")
-    origin = origin or "plan"
+    source, origin = read_source(source, origin, "give a plan written by python -m autotune --out DIR")
     if kind_of(source) == SEARCH_KIND and "best" in source:
         from autotune.sbp.plan import PlanFile
         pf = PlanFile.from_dict(source, origin)
