@@ -4,7 +4,11 @@
 #      its compute section, SDPA grid and device memory measured here);
 #   2. tests/gpu/transformer_check.py with that profile: the declared shapes
 #      (reports/records/transformer_shapes.json) run as plain nn.Modules, measured beside the planner's
-#      prediction; the table in $OUT/transformer-<recompute>.txt, the rows in .json.
+#      prediction; the table in $OUT/transformer-<recompute>.txt, the rows in .json;
+#   3. python -m calibrate compute evaluate at the held-out shapes of reports/records/compute_heldout_*.json
+#      (issue 31; EVALUATE=0 skips it);
+#   4. tests/gpu/transformer_apply.sh: the searched plans of D3 and H4 executed through autotune.apply
+#      beside the prediction (issue 27; APPLY=0 skips it).
 # Run from the repository root, e.g. run(command="PARTS=transformer bash tests/gpu/run_all.sh") on
 # nvidia-h100-x1 or nvidia-h200, or directly: OUT=/path bash tests/gpu/transformer_check.sh
 # RECOMPUTE (default "none full"): once as is, once with torch.utils.checkpoint per block; CHECK_ARGS passes
@@ -36,4 +40,19 @@ for rec in ${RECOMPUTE:-none full}; do
   echo "transformer check (recompute $rec): exit $? ($((SECONDS - t1)) s)"
   cat "$OUT/transformer-$rec.txt"
 done
+# 3. the compute model's confirmatory evaluation (issue 31): the held-out shapes declared in the records, measured
+#    in a fresh process beside this run's profile (EVALUATE=0 skips it)
+if [ "${EVALUATE:-1}" = 1 ]; then
+  t1=$SECONDS
+  timeout "${EVAL_TIMEOUT:-150}" $PY -m calibrate compute evaluate --heldout reports/records/compute_heldout_2026-11-27.json \
+    --profile "$OUT/profile.json" --out "$OUT/compute_eval.json" > "$OUT/compute_eval.log" 2>&1
+  echo "calibrate compute evaluate: exit $? ($((SECONDS - t1)) s)"
+  [ -f "$OUT/compute_eval.json" ] && $PY -m reports tables "$OUT/compute_eval.json" > "$OUT/compute_eval.md" 2>&1 \
+    && tail -20 "$OUT/compute_eval.md"
+fi
+# 4. issue 27: the searched plans of D3 and H4 through autotune.apply on the reference modules, beside the
+#    prediction, with this run's profile (APPLY=0 skips it)
+if [ "${APPLY:-1}" = 1 ]; then
+  OUT="$OUT/apply" PROFILE="$OUT/profile.json" PY=$PY bash tests/gpu/transformer_apply.sh
+fi
 echo "transformer part: $((SECONDS - t0)) s"
