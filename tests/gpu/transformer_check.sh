@@ -53,6 +53,7 @@ fi
 # 4. issue 27: the searched plans of D3 and H4 through autotune.apply on the reference modules, beside the
 #    prediction, with this run's profile (APPLY=0 skips it)
 if [ "${APPLY:-1}" = 1 ]; then
-  OUT="$OUT/apply" PROFILE="$OUT/profile.json" PY=$PY bash tests/gpu/transformer_apply.sh
+  profile="$OUT/profile.json"
+  OUT="$OUT/apply" PROFILE="$profile" PY=$PY bash tests/gpu/transformer_apply.sh
 fi
 echo "transformer part: $((SECONDS - t0)) s"
