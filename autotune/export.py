@@ -333,8 +333,9 @@ def next_steps(plan_path, plan: dict) -> list[str]:
     c = plan.get("cluster") or {}
     nodes, gpus = c.get("nodes", 1), c.get("gpus_per_node", 1)
     launch = f"torchrun --nproc-per-node {gpus}" if nodes == 1 else f"torchrun --nnodes {nodes} --nproc-per-node {gpus}"
+    apply = (f"pipe = autotune.apply_pipeline(\"{plan_path}\", model), then pipe.step(ids, targets) a step"
+             if "stages" in plan else f"model = autotune.apply(\"{plan_path}\", model)")
     return ["next steps:",
-            f"  apply it to your model:  model = autotune.apply(\"{plan_path}\", model) in your training script "
-            f"(README: Apply a plan to your model)",
+            f"  apply it to your model:  {apply} in your training script (README: Apply a plan to your model)",
             f"  export it:               python -m autotune export {plan_path} --to torchtitan|megatron",
             f"  measure it:              {launch} -m autotune execute {plan_path}"]

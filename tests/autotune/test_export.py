@@ -123,3 +123,11 @@ def test_bad_input(plans, tmp_path, capsys):
     out = tmp_path / "flags.txt"
     assert main(["export", str(path), "--to", "megatron", "--out", str(out)]) == 0
     assert out.read_text() == capsys.readouterr().out
+
+
+def test_next_steps_name_the_call_that_applies_the_plan():
+    from autotune.export import next_steps
+    one = "\n".join(next_steps("p.json", {"cluster": {"nodes": 1, "gpus_per_node": 4}}))
+    staged = "\n".join(next_steps("p.json", {"cluster": {"nodes": 2, "gpus_per_node": 8}, "stages": [{}, {}]}))
+    assert 'model = autotune.apply("p.json", model)' in one and "apply_pipeline" not in one
+    assert 'pipe = autotune.apply_pipeline("p.json", model)' in staged and "torchrun --nnodes 2" in staged
