@@ -16,6 +16,8 @@ need the op-by-op executor's own boxing calls and are not measured here.
 """
 from __future__ import annotations
 
+import contextlib
+
 import statistics
 import time
 
@@ -64,7 +66,7 @@ def _local(x):
 class ModuleTrainer:
     def __init__(self, model, config: dict, micro_batches: int, d, seed: int, lr: float, autocast=None):
         self.model, self.config, self.micro_batches, self.d, self.seed = model, config, micro_batches, d, seed
-        self.autocast = autocast
+        self.autocast_dtype = autocast
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, **({"fused": True} if d.is_gpu else {}))
 
     def close(self) -> None:
@@ -76,22 +78,30 @@ class ModuleTrainer:
         if probe is not None:
             probe["before_step"] = self.d.peak_bytes()
         self.opt.zero_grad(set_to_none=True)
-        total = None
-        for j in range(self.micro_batches):
-            ids, targets = token_batch(self.config, self.seed, step, j, self.d.device)
-            if self.autocast is not None:
-                with torch.autocast(self.d.device.type, dtype=self.autocast):
-                    loss = self.model(ids, targets)
-            else:
-                loss = self.model(ids, targets)
-            (loss / self.micro_batches).backward()
-            share = _local(loss.detach()) / self.micro_batches
-            total = share if total is None else total + share
+        total = self.forward_backward(step)
         if probe is not None:
             probe["forward_backward"] = self.d.peak_bytes()
         self.opt.step()
         if probe is not None:
             probe["optimizer_step"] = self.d.peak_bytes(reset=False)
+        return total
+
+    def autocast(self):
+        """The step's autocast context (none where the parameters' dtype is the compute dtype)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.d.device.type, dtype=self.autocast_dtype)
+
+    def forward_backward(self, step: int):
+        """The step's micro-batches forward and backward, gradients accumulated; the mean loss."""
+        total = None
+        for j in range(self.micro_batches):
+            ids, targets = token_batch(self.config, self.seed, step, j, self.d.device)
+            with self.autocast():
+                loss = self.model(ids, targets)
+            (loss / self.micro_batches).backward()
+            share = _local(loss.detach()) / self.micro_batches
+            total = share if total is None else total + share
         return total
 
     def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:
@@ -125,8 +135,8 @@ class ModuleTrainer:
             out = [torch.zeros_like(mine) for _ in range(self.d.launch.world)]
             dist.all_gather(out, mine)
             peak = [int(x.item()) for x in out]
-        res = {"losses": losses, "step_times_s": times, "step_s": _slowest(statistics.median(times[warmup:] or times), self.d),
-               "host_issue_s": _slowest(statistics.median(issue[warmup:] or issue), self.d), "peak_memory_bytes": peak,
+        res = {"losses": losses, "step_times_s": times, "step_s": _slowest(statistics.median(times[warmup:]), self.d),
+               "host_issue_s": _slowest(statistics.median(issue[warmup:]), self.d), "peak_memory_bytes": peak,
                "peak_memory_phases_bytes": {k: _slowest(float(v), self.d) for k, v in probe.items()} if gpu else None,
                "comm_s": None, "comm_source": "not profiled", "exposed_comm_s": None, "device_time_s": None,
                "top_kernels": None, "layer_clock": None}

@@ -11,6 +11,7 @@ import platform
 
 from calibrate.errors import OptionError
 
+from autotune.execute.launch import check_steps
 from autotune.execute.layout import torch
 from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch
 from autotune.execute.result import KIND, VERSION
@@ -38,23 +39,12 @@ class PipelineTrainer(ModuleTrainer):
         super().__init__(pipe.module, config, pipe.plan.micro_batches, d, seed, lr, autocast)
         self.pipe = pipe
 
-    def step(self, step: int, probe: dict | None = None):
-        if probe is not None:
-            probe["before_step"] = self.d.peak_bytes()
-        self.opt.zero_grad(set_to_none=True)
+    def forward_backward(self, step: int):
+        """The schedule over the step's micro-batches (drawn as the single-stage path draws them); the loss."""
         pairs = [token_batch(self.config, self.seed, step, j, self.d.device) for j in range(self.micro_batches)]
         ids, targets = torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
-        if self.autocast is not None:
-            with torch.autocast(self.d.device.type, dtype=self.autocast):
-                loss = self.pipe.step(ids, targets)
-        else:
-            loss = self.pipe.step(ids, targets)
-        if probe is not None:
-            probe["forward_backward"] = self.d.peak_bytes()
-        self.opt.step()
-        if probe is not None:
-            probe["optimizer_step"] = self.d.peak_bytes(reset=False)
-        return loss
+        with self.autocast():
+            return self.pipe.step(ids, targets)
 
 
 def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
@@ -63,6 +53,7 @@ def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=Non
     import autotune
     from autotune.execute.runner import module_dtypes
 
+    check_steps(steps, warmup, profile_steps)
     pp = check_pipelined(plan, d.launch.world, layers)
     config = dict(pp.model)
     param_dtype, autocast = module_dtypes(config, dtype)

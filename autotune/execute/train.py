@@ -152,12 +152,12 @@ class Trainer:
         probe = {}
         if self.d.is_gpu:
             torch.cuda.reset_peak_memory_stats(self.d.device)
-        losses, times, issue, clock = self._steps(0, steps, probe, progress, clock_at=min(warmup, steps - 1))
-        timed = times[warmup:] or times
+        losses, times, issue, clock = self._steps(0, steps, probe, progress, clock_at=warmup)
+        timed = times[warmup:]
         step_s = _slowest(stats.median(timed), self.d)
         phases = {k: _slowest(float(v), self.d) for k, v in probe.items()} if self.d.is_gpu else None
         peak = self._peak_memory(max(v for k, v in probe.items() if k != "allocated_at_start") if probe else 0)
-        host_s = _slowest(stats.median(issue[warmup:] or issue), self.d)
+        host_s = _slowest(stats.median(issue[warmup:]), self.d)
         out = {"losses": losses, "step_times_s": times, "step_s": step_s, "host_issue_s": host_s,
                "peak_memory_bytes": peak,
                "peak_memory_phases_bytes": phases, "comm_s": None, "comm_source": "not profiled",
