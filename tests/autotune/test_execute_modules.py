@@ -17,7 +17,7 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from hand_plans import data_parallel, megatron, split_norm, typed_plan, vocab_parallel  # noqa: E402
-from tiny_models import free_port  # noqa: E402
+from tiny_models import free_port, module_path_one_process  # noqa: E402
 
 LLAMA = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8, vocabulary=64,
              batch=8, micro_batch=4)
@@ -77,24 +77,7 @@ def _worker(rank, world, port, plans_file, out):
 
 def reference(cfg: dict):
     """One process, whole tensors: the reference module, AdamW, the same batches."""
-    from autotune.execute.moduletrain import token_batch
-    from models.modules import build
-    torch.manual_seed(SEED)
-    model = build(cfg, seed=SEED).double()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    n = cfg["batch"] // cfg["micro_batch"]
-    losses = []
-    for s in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for j in range(n):
-            ids, targets = token_batch(cfg, SEED, s, j, torch.device("cpu"))
-            loss = model(ids, targets) / n
-            loss.backward()
-            total += float(loss)
-        opt.step()
-        losses.append(total)
-    return losses, {k: p.detach() for k, p in model.named_parameters()}, {k: p.grad for k, p in model.named_parameters()}
+    return module_path_one_process(cfg, cfg["batch"] // cfg["micro_batch"], STEPS, LR, SEED)
 
 
 def mismatch(ref, got) -> str | None:

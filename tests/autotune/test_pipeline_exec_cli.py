@@ -15,7 +15,7 @@ import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the w
 import torch.multiprocessing as mp  # noqa: E402
 
 from pipeline_exec_plans import GPT, searched  # noqa: E402
-from tiny_models import free_port  # noqa: E402
+from tiny_models import free_port, module_path_one_process  # noqa: E402
 
 STEPS, LR, SEED, RTOL = 2, 1e-2, 0, 1e-9
 CFG = dict(GPT)
@@ -31,22 +31,8 @@ def _worker(rank, world, port, argv):
 
 
 def one_process(config: dict, micro_batches: int) -> list[float]:
-    """The execute module path's step in one process: the reference module, AdamW, the same micro-batches."""
-    from autotune.execute.moduletrain import build_module, token_batch
-    model = build_module("models.modules:build", config, SEED, torch.float64, torch.device("cpu"))
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for s in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for j in range(micro_batches):
-            ids, targets = token_batch(config, SEED, s, j, torch.device("cpu"))
-            loss = model(ids, targets)
-            (loss / micro_batches).backward()
-            total += loss.item() / micro_batches
-        opt.step()
-        losses.append(total)
-    return losses
+    """The execute module path's losses in one process (``tiny_models.module_path_one_process``)."""
+    return module_path_one_process(config, micro_batches, STEPS, LR, SEED)[0]
 
 
 @pytest.fixture(scope="module")

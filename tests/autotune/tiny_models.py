@@ -1,5 +1,6 @@
-"""What the multi-process tests of apply, execute and pipelining share: a free port for gloo's rendezvous and
-a tiny Hugging Face Llama in float64 whose norms stay in float64."""
+"""What the multi-process tests of apply, execute and pipelining share: a free port for gloo's rendezvous, a
+tiny Hugging Face Llama in float64 whose norms stay in float64, and the execute module path's training in one
+process (the reference those tests compare with)."""
 from __future__ import annotations
 
 import socket
@@ -35,3 +36,27 @@ def hf_llama(cfg: dict, seed: int):
         if isinstance(m, LlamaRMSNorm):
             m.forward = types.MethodType(_rms_norm, m)
     return model
+
+
+def module_path_one_process(config: dict, micro_batches: int, steps: int, lr: float, seed: int):
+    """(losses, weights, last gradients): the execute module path's steps in one process, whole tensors, float64:
+    the reference module built as ``python -m autotune execute`` builds it, AdamW, the same micro-batches."""
+    import torch
+
+    from autotune.execute.moduletrain import build_module, token_batch
+    cpu = torch.device("cpu")
+    model = build_module("models.modules:build", config, seed, torch.float64, cpu)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for j in range(micro_batches):
+            ids, targets = token_batch(config, seed, s, j, cpu)
+            loss = model(ids, targets) / micro_batches
+            loss.backward()
+            total += float(loss)
+        opt.step()
+        losses.append(total)
+    return (losses, {k: p.detach() for k, p in model.named_parameters()},
+            {k: p.grad for k, p in model.named_parameters()})
