@@ -35,6 +35,8 @@ def load_summary(path: str | Path) -> dict:
     s = load_record(path, SUMMARY_KIND, VERSION, "execute summary", SUMMARY_FIX)
     check(s, SUMMARY_SCHEMA, repr(str(path)), SUMMARY_FIX)
     return s
+
+
 TARGETS = {"spearman": 0.9, "searched_within": 0.03, "step_err": 0.10, "comm_err": 0.15, "memory_err": 0.10}
 
 

@@ -120,17 +120,24 @@ def development_grid() -> Grid:
     return Grid(tuple(matmul_shapes()), sdpa, (LAYER_SIZE,))
 
 
+def copy_256mib(torch, device):
+    """A copy of 256 MiB to issue after each timed matmul and SDPA call: the caches hold none of the
+    next call's inputs, as in a training step where other work runs between them."""
+    src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
 def measure_matmul(torch, dtype, device, iters, warmup) -> list[tuple[float, float, tuple]]:
     """Squares, and the token-major shapes of a transformer's linear layers (QKV, the MLP's two,
     the projection) at several widths, each timed between copies of 256 MiB (``_time``)."""
     shapes = matmul_shapes()
-    src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
+    between = copy_256mib(torch, device)
     out = []
     for m, k, n in shapes:
         sets = [(torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype))
                 for _ in range(3)]
-        t = _time(torch, lambda i: torch.mm(*sets[i % 3]), iters, warmup, between=lambda: dst.copy_(src))
+        t = _time(torch, lambda i: torch.mm(*sets[i % 3]), iters, warmup, between=between)
         out.append((2.0 * m * k * n, t, (m, k, n)))
         progress(f"matmul {m}x{k}x{n} {dtype}: {t * 1e6:.1f} us, {2.0 * m * k * n / t / 1e12:.1f} TFLOP/s")
         del sets
@@ -205,8 +212,7 @@ def measure_sdpa(torch, dtype, size, device, iters, warmup) -> list[SdpaPoint]:
     sequence), timed as the matmuls are (calls back to back, a 256 MiB copy after each, fresh
     inputs rotated over three sets): the forward with autograd on (as in training), and forward and
     backward together, the backward being their difference. A shape that does not fit is skipped."""
-    src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
+    between = copy_256mib(torch, device)
     out = []
     for d in HEAD_DIMS:
         for heads, kv in SDPA_HEADS[size]:
@@ -218,10 +224,9 @@ def measure_sdpa(torch, dtype, size, device, iters, warmup) -> list[SdpaPoint]:
                                for _ in range(2))) for _ in range(3)]
                     grad = torch.randn(b, heads, s, d, device=device, dtype=dtype)
                     backend = which_backend(torch, *sets[0], grad)
-                    fwd = _time(torch, lambda i: sdpa_call(torch, *sets[i % 3]), iters, warmup,
-                                between=lambda: dst.copy_(src))
+                    fwd = _time(torch, lambda i: sdpa_call(torch, *sets[i % 3]), iters, warmup, between=between)
                     both = _time(torch, lambda i: fresh_backward(torch, sets[i % 3], grad), iters, warmup,
-                                 between=lambda: dst.copy_(src))
+                                 between=between)
                 except torch.cuda.OutOfMemoryError:
                     progress(f"sdpa b={b} h={heads} kv={kv} s={s} d={d} {dtype}: out of memory, skipped")
                     sets = grad = None

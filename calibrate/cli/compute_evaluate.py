@@ -23,7 +23,7 @@ import math
 import sys
 
 from calibrate.cli import command_parser
-from calibrate.cli.compute import DTYPES, development_grid, fresh_backward, sdpa_call
+from calibrate.cli.compute import DTYPES, copy_256mib, development_grid, fresh_backward, sdpa_call
 from calibrate.computeeval import EvaluateRecord, HeldoutRecord, Row, declare, draw_shapes, pct, shapes_of, summary
 from calibrate.errors import UserError
 from calibrate.layers import pieces as layer_pieces
@@ -118,11 +118,7 @@ def _wrong(torch, got, ref, tol) -> int:
 
 def _copier(torch, device):
     """The 256 MiB copy issued after each matmul and SDPA call on a GPU (development's condition)."""
-    if torch.device(device).type != "cuda":
-        return None
-    src = torch.randn(1 << 27, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
+    return copy_256mib(torch, device) if torch.device(device).type == "cuda" else None
 
 
 def _matmul_arm(torch, device, dtype, m, k, n, between):
