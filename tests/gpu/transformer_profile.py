@@ -127,10 +127,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="transformer_profile.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("profile", help="the profile python -m calibrate compute wrote on this machine")
+    ap.add_argument("--shapes", default=str(tc.SHAPES),
+                    help="a shape declaration; only its development rows are read (default %(default)s)")
     ap.add_argument("--ids", default=None, help="development shape ids (default all of them)")
     ap.add_argument("--recompute", default="none", choices=tc.RECOMPUTE)
     args = ap.parse_args(argv)
-    shapes = tc.load_shapes(tc.SHAPES, ("development",))
+    shapes = tc.load_shapes(args.shapes, ("development",))
     if args.ids:
         want = set(args.ids.split(","))
         if want - {s["id"] for s in shapes}:
