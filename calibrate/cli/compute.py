@@ -19,7 +19,7 @@ efficient, cudnn or math: the aten op the dispatcher called, read with torch's p
 device-to-device copy (memory bandwidth); a GELU forward and backward,
 torch's fused Adam and the masked embedding's forward and backward (the
 bandwidths of the step's other memory-bound kernels, which move fewer bytes a
-second than a copy); and a one-element kernel (launch cost). Writes the
+second than a copy); and one-element kernels queued behind a matmul (a kernel's fixed cost in a step). Writes the
 profile's ``compute`` section (``calibrate.compute``) and its ``device`` section (the GPU's
 name, total memory, and usable memory: at the end of the run, once torch's cache is released,
 the free memory plus what torch still holds, i.e. the total less this process's CUDA context
@@ -199,6 +199,19 @@ def fresh_backward(torch, qkv, grad) -> None:
     sdpa_call(torch, *qkv).backward(grad)
 
 
+SDPA_ROUNDS = 5  # interleaved rounds of the forward and the forward + backward arms
+
+
+def _forward_and_both(torch, fwd, both, iters, warmup, between) -> tuple[float, float]:
+    """Median seconds of ``fwd(i)`` and of ``both(i)``, two arms interleaved in SDPA_ROUNDS rounds of
+    back-to-back calls with ``between()`` after each: a slow spell of the device falls on both arms
+    alike instead of on the one timed during it (one H100, 2026-11-27: a backward timed after its
+    forward came out at 930 us in one calibration and 385 and 437 us in two others)."""
+    arms = [(n, lambda f=f: TorchArm(torch, "cuda", f, between)) for n, f in (("f", fwd), ("fb", both))]
+    t = medians(torch, arms, timing(iters, warmup, back_to_back=True, rounds=SDPA_ROUNDS))
+    return t["f"], t["fb"]
+
+
 def which_backend(torch, q, k, v, grad) -> str:
     """The backend of one forward and backward, read from torch's profiler (host ops only)."""
     from torch.profiler import ProfilerActivity, profile
@@ -211,7 +224,8 @@ def measure_sdpa(torch, dtype, size, device, iters, warmup) -> list[SdpaPoint]:
     """Causal SDPA per (head_dim, heads, kv_heads, sequence) of the grid (batch = SDPA_TOKENS /
     sequence), timed as the matmuls are (calls back to back, a 256 MiB copy after each, fresh
     inputs rotated over three sets): the forward with autograd on (as in training), and forward and
-    backward together, the backward being their difference. A shape that does not fit is skipped."""
+    backward together, the backward being their difference, the two interleaved
+    (``_forward_and_both``). A shape that does not fit is skipped."""
     between = copy_256mib(torch, device)
     out = []
     for d in HEAD_DIMS:
@@ -224,9 +238,9 @@ def measure_sdpa(torch, dtype, size, device, iters, warmup) -> list[SdpaPoint]:
                                for _ in range(2))) for _ in range(3)]
                     grad = torch.randn(b, heads, s, d, device=device, dtype=dtype)
                     backend = which_backend(torch, *sets[0], grad)
-                    fwd = _time(torch, lambda i: sdpa_call(torch, *sets[i % 3]), iters, warmup, between=between)
-                    both = _time(torch, lambda i: fresh_backward(torch, sets[i % 3], grad), iters, warmup,
-                                 between=between)
+                    fwd, both = _forward_and_both(torch, lambda i: sdpa_call(torch, *sets[i % 3]),
+                                                  lambda i: fresh_backward(torch, sets[i % 3], grad), iters,
+                                                  warmup, between)
                 except torch.cuda.OutOfMemoryError:
                     progress(f"sdpa b={b} h={heads} kv={kv} s={s} d={d} {dtype}: out of memory, skipped")
                     sets = grad = None
@@ -321,9 +335,28 @@ def measure_layers(torch, device, iters, warmup) -> dict:
     return out
 
 
+LAUNCH_QUEUE = 100  # one-element kernels behind the matmul in measure_launch
+
+
 def measure_launch(torch, device, iters, warmup) -> float:
+    """A kernel's fixed cost inside a step: a long matmul (8192^3 bf16, over a millisecond) followed by
+    LAUNCH_QUEUE one-element kernels, less the matmul alone (two arms interleaved, calls back to back),
+    per kernel: issued while the matmul runs, the small kernels wait in the queue and run back to back,
+    as a step's small kernels run behind its large ones. Timed alone after a synchronisation, one such
+    kernel waits for its own launch (20-43 us on one H100 over seven calibrations, 2026-11-25..27),
+    which no kernel of a step issued ahead of the GPU pays."""
     x = torch.zeros(1, device=device)
-    return _time(torch, lambda i: x.add_(1.0), max(iters, 50), warmup)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+
+    def queued(i):
+        torch.mm(a, a)
+        for _ in range(LAUNCH_QUEUE):
+            x.add_(1.0)
+
+    arms = [(n, lambda f=f: TorchArm(torch, "cuda", f, lambda: None))
+            for n, f in (("matmul", lambda i: torch.mm(a, a)), ("queued", queued))]
+    t = medians(torch, arms, timing(3 * iters, warmup, back_to_back=True))
+    return max(t["queued"] - t["matmul"], 0.0) / LAUNCH_QUEUE
 
 
 def merge(src: str, out: str) -> Path:
@@ -410,7 +443,7 @@ def main(argv=None) -> int:
                           "16 Ki tokens x 4 Ki hidden, back to back")
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
                    **{f"op_Bps.{k}": f"measured: {OP_SOURCES[k]}, {v / 1e9:.0f} GB/s" for k, v in ops.items()},
-                   launch_s=f"measured: one-element kernel, {launch * 1e6:.1f} us")
+                   launch_s=f"measured: one-element kernel queued behind a matmul, {launch * 1e6:.2f} us")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     profile.compute = ComputeModel(
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} isolated runs, or of 3 batches of them back to back (calibrate.measure)",
@@ -420,7 +453,7 @@ def main(argv=None) -> int:
     profile.device = device_memory(torch, device, free_at_start)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())
-             + f", launch {launch * 1e6:.1f} us")
+             + f", launch {launch * 1e6:.2f} us")
     progress(f"{profile.device.name}: {profile.device.total_bytes / 2**30:.2f} GiB total, "
              f"{profile.device.usable_bytes / 2**30:.2f} GiB usable; whole run {time.perf_counter() - started:.0f} s")
     print(f"wrote the compute section of {profile.name} to {path}")
