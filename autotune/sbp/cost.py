@@ -412,7 +412,7 @@ class Problem:
                            m.activations)
             out = out + m.scaled(c)
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
-                            self.mb, self.mode, self.chain_roles)
+                            self.mb, self.mode, self.chain_roles, self.recipe)
         return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
 
     def peak_memory(self, assign) -> float:

@@ -335,7 +335,7 @@ def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
 
 
 def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_batches: int,
-                   mode: Mode = NONE, roles=None) -> float:
+                   mode: Mode = NONE, roles=None, recipe: str = "autocast") -> float:
     """Bytes above parameters, gradients, optimizer states and kept activations at a step's
     peak. The backward of chain position i runs while positions 0..i still keep their
     activations (the later ones are freed), so the activations peak at
@@ -348,8 +348,11 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     more. Gradients are set to None after each step (``zero_grad(set_to_none=True)``, PyTorch's
     default), so with one micro-batch the backward of position i runs while only the gradients of
     the positions after it exist; with gradient accumulation every gradient exists from the first
-    micro-batch on. The workspace is the peak minus all kept activations and all gradients: with one
-    micro-batch it can be negative (the gradients not yet made at the peak)."""
+    micro-batch on. A position's activations are what ``strategy_memory`` counts (autocast's bf16 weight
+    copies with them: each is freed with its layer's backward, as the rest of what the layer keeps), so
+    that the peak and the breakdown it completes count the same bytes. The workspace is the peak minus
+    all kept activations and all gradients: with one micro-batch it can be negative (the gradients not
+    yet made at the peak, or, at an optimizer-step peak, the activations already freed)."""
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
     grads = [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
@@ -360,7 +363,7 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     gathered = [0.0]
     alive = []  # per position: the activations alive while its backward runs
     for s, role in zip(chain_strategies, roles):
-        k = kept_bytes(s, cluster, act_bytes, mode.recompute, role)
+        k = strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe).activations
         kept += k
         if mode.recompute == "full":
             if role == FIRST:
