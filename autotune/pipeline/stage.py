@@ -108,7 +108,7 @@ def figures(problem: StageProblem, assign) -> StageFigures:
         redo = 1 if full and role != OUTSIDE else 0
         f, b = layer_seconds(op, s, cl, cm, problem.act_bytes, mode.recompute, role)
         acc = accumulate_seconds(s, cl, cm, problem.act_bytes, mode) * (m - 1) / m
-        o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode)
+        o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode, problem.tied[v])
         fwd, bwd, comp, opt = fwd + c * f, bwd + c * (b + acc), comp + c * (m * (f + b + acc) + o), opt + c * o
         tf = kf = tb = kb = 0.0
         for _, d, steps in internal_steps(s, cl):

@@ -204,8 +204,11 @@ class Problem:
         self.first = graph.chain[0]  # its gradients are ready last: their sync is never hidden
         self.chain_roles = chain_roles(graph)
         self.roles = layer_roles(graph)
-        self.tied = [op.layer.kind == "matmul" and bool(op.dims.get("tied", 0)) for op in self.ops]
         self.embedding = next((v for v, op in enumerate(self.ops) if op.layer.kind == "embedding"), None)
+        # a logits layer sharing the embedding's weight, both in this problem (a pipeline stage without the
+        # embedding holds the weight as its own parameter, with its optimizer states, as Megatron does)
+        self.tied = [op.layer.kind == "matmul" and bool(op.dims.get("tied", 0)) and self.embedding is not None
+                     for op in self.ops]
         tied_logits = [v for v, t in enumerate(self.tied) if t]
         # (logits, embedding) when the logits share the embedding's weight once in the graph: one sync of both
         self.tied_pair = (tied_logits[0], self.embedding) if len(tied_logits) == 1 and self.embedding is not None \
@@ -269,7 +272,7 @@ class Problem:
                 if ("copies", v) not in shared:
                     shared[("copies", v)] = [internal_copy_seconds(s, cl, cm) for s in ss]
                 self.node_compute.append(np.array([
-                    mb * (f + b + redo * c) + optimizer_seconds(s, cl, cm, ab, mode)
+                    mb * (f + b + redo * c) + optimizer_seconds(s, cl, cm, ab, mode, self.tied[v])
                     + (mb - 1) * accumulate_seconds(s, cl, cm, ab, mode)
                     for (f, b), s, c in zip(sec, ss, shared[("copies", v)])]))
             self.node_bwd = [np.array([b for _, b in sec]) for sec in secs]

@@ -89,7 +89,7 @@ def _comm(step: Step, problem: Problem, **extra) -> dict:
                 tier=g.tier, nbytes=step.nbytes, seconds=problem.coster.step_time(step))
 
 
-def _layer_clock(problem: Problem, op, s: Strategy, role: str) -> dict:
+def _layer_clock(problem: Problem, op, s: Strategy, role: str, tied: bool) -> dict:
     """One occurrence's predicted forward and backward of one micro-batch (the op, with its own
     boxing and the local copies around it) and optimizer step, as ``autotune execute``'s layer
     clock measures them; the boxing into the layer is its in-edge's ``forward_s``/``backward_s``."""
@@ -102,7 +102,7 @@ def _layer_clock(problem: Problem, op, s: Strategy, role: str) -> dict:
         if direction == "fwd" and rec == "full" and role != "outside":
             t["bwd"] += sec
     return {"forward_s": t["fwd"], "backward_s": t["bwd"],
-            "optimizer_s": optimizer_seconds(s, cl, cm, ab, problem.mode)}
+            "optimizer_s": optimizer_seconds(s, cl, cm, ab, problem.mode, tied)}
 
 
 def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict | None = None) -> dict:
@@ -124,7 +124,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
             sync -= tied_saved
             comms = [c for c in comms if not (c["phase"] == "grad-sync" and c["tensor"] == "weight")]
         comp = float(problem.node_compute[v][s_i]) if problem.node_compute is not None else None
-        clock = _layer_clock(problem, op, s, problem.roles[v]) if comp is not None else {}
+        clock = _layer_clock(problem, op, s, problem.roles[v], problem.tied[v]) if comp is not None else {}
         comp_total += count * (comp or 0.0)
         red_total += count * red
         sync_total += count * sync

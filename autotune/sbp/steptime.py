@@ -283,9 +283,13 @@ ADAM_BYTES = 28  # fused AdamW per fp32 parameter: reads weight, gradient, m, v;
 CAST_BYTES = 6  # autocast's cast of a weight to bf16 (read 4, write 2) or of its bf16 gradient to fp32 (read 2, write 4)
 
 
-def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, mode: Mode = NONE) -> float:
+def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, mode: Mode = NONE,
+                      tied: bool = False) -> float:
     """Once per step: fused AdamW over every locally held parameter (FSDP: its shards) at the fused kernel's
-    bandwidth (the fp32 weights and gradients of the recipe need no cast around it)."""
+    bandwidth (the fp32 weights and gradients of the recipe need no cast around it). A tied logits layer
+    (``tied``) has none of its own: the optimizer steps the embedding's weight once."""
+    if tied:
+        return 0.0
     params = sum(held_elems(s, w, cluster, mode) for w in s.weights)
     return cm.op_seconds("optimizer", params * ADAM_BYTES)
 

@@ -15,6 +15,7 @@ per shape:
   copies) with each group's largest kernels;
 - the planner's per-layer forward and backward (``build_plan``'s ``forward_s``/``backward_s`` of
   every layer times its count) grouped by layer kind;
+- the GPU time of that step by the host op that launched it (self time, the top 24);
 - peak memory: ``torch.cuda.max_memory_allocated`` beside the plan's breakdown.
 """
 from __future__ import annotations
@@ -123,6 +124,18 @@ def plan_layers(shape: dict, profile_path: str, recompute: str) -> dict:
     return {"kinds": dict(kinds), "optimizer": opt, "totals": plan["totals"]}
 
 
+def op_table(prof) -> list[tuple[str, float, int]]:
+    """(op name, self GPU seconds, calls) per host op of the profiled step (autograd's backward nodes and
+    aten ops alike), largest first: which op's kernels the step's time went to."""
+    rows = []
+    for e in prof.key_averages():
+        secs = getattr(e, "self_device_time_total", None)
+        secs = (e.self_cuda_time_total if secs is None else secs) / 1e6
+        if secs > 0:
+            rows.append((e.key, secs, e.count))
+    return sorted(rows, key=lambda r: -r[1])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="transformer_profile.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,7 +163,7 @@ def main(argv=None) -> int:
         torch.cuda.reset_peak_memory_stats()
         ph, opt, (x, y) = phases(torch, module, shape)
         peak = torch.cuda.max_memory_allocated()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = module(x, y)
             loss.backward()
@@ -171,6 +184,9 @@ def main(argv=None) -> int:
         for g, (secs, names) in sorted(kt.items(), key=lambda kv: -kv[1][0]):
             top = sorted(names.items(), key=lambda kv: -kv[1])[:4]
             print(f"  {g:12s} {secs * 1e3:8.2f} ms   " + "; ".join(f"{n[:60]} {s * 1e3:.2f}" for n, s in top))
+        print("GPU time by the op that launched it (self, top 24; ms, calls):")
+        for name, secs, calls in op_table(prof)[:24]:
+            print(f"  {name[:48]:48s} {secs * 1e3:8.2f} {calls:6d}")
         print("predicted per layer kind (ms forward / backward):")
         for k, (f, b) in sorted(pred["kinds"].items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
             print(f"  {k:28s} {f * 1e3:8.2f} {b * 1e3:8.2f}")
