@@ -45,16 +45,24 @@ def _nccl(path: Path, d: dict, evaluation: bool) -> str:
     r = (rec.EvaluateRecord if evaluation else rec.TuneRecord).load(path)
     arms = list(dict.fromkeys(a["name"] for c in r.compare for a in c.arms if a["name"] not in ("default", "tuned")))
     head = ["collective", "size", "default us", "tuned us", "default / tuned"] + [f"{a} / tuned" for a in arms] + \
-        ["setting", "#wrong", "missing"]
+        ["setting", "#wrong", "NCCL ran (default -> tuned)", "missing"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in r.compare:
         missing = "; ".join(f"{a['name']}: {a['status']}" for a in c.arms if a["status"] != "ok")
         cells = [c.collective, str(c.bytes), _f(c.default_us), _f(c.tuned_us), _f(c.ratio, ".3f")]
         cells += [_f(None if c.arm_us(a) is None or c.tuned_us is None else c.arm_us(a) / c.tuned_us, ".3f")
                   for a in arms]
-        cells += [c.setting, str(max(c.default_wrong, 0) + max(c.tuned_wrong, 0)), missing]
+        ran = f"{c.default_runs or '?'} -> {c.tuned_runs or '?'}" if c.default_runs or c.tuned_runs else "-"
+        cells += [c.setting, str(max(c.default_wrong, 0) + max(c.tuned_wrong, 0)), ran, missing]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if r.seconds:
+        lines.append("- seconds: " + ", ".join(f"{k} {_f(v, '.1f')}" for k, v in r.seconds.items()))
+    if not evaluation:
+        lines.append(f"- sweep: {len(r.sweep)} points measured, {len(r.pruned)} not measured (pruned), "
+                     f"#wrong {sum(max(s.wrong, 0) for s in r.sweep)}; table {len(r.table_rows)} rows"
+                     + ("; plugin counters (rank 0): " + ", ".join(f"{k} {v}" for k, v in r.plugin_counters.items())
+                        if r.plugin_counters else ""))
     for coll, s in rec.summary(r.compare).items():
         verdicts = ", ".join(f"{v['target']} {v['state']}" for v in s.get("verdicts", []))
         parts = ", ".join(f"{n} {_f(x, '.3f')}x" for n, x in s["against_default"].items())
