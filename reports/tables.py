@@ -76,20 +76,29 @@ def _schedule_dev(path: Path, d: dict) -> str:
     from autotune.schedule.result import NCCL, TuneResult
 
     r = TuneResult.load(path)
-    lines = ["| collective | band size | choice | measured us | NCCL us | NCCL / choice |", "|---|---|---|---|---|---|"]
+    lines = ["| collective | band size | choice | measured us | NCCL us | NCCL / choice | Spearman (as ranked) |",
+             "|---|---|---|---|---|---|---|"]
     for c in r.collectives:
         for b in c.bands:
             row = b.row(b.choice)
             mine = b.nccl_measured_us if b.choice == NCCL else (row.measured_us if row else None)
             lines.append(f"| {c.collective} | {b.rep} | {b.choice} | {_f(mine)} | {_f(b.nccl_measured_us)} | "
-                         f"{_f(b.nccl_measured_us / mine if mine and b.nccl_measured_us else None, '.3f')} |")
+                         f"{_f(b.nccl_measured_us / mine if mine and b.nccl_measured_us else None, '.3f')} | "
+                         f"{_f(b.spearman)} |")
     lines.append("")
+    if r.seconds:
+        lines.append("- seconds: " + ", ".join(f"{k} {_f(v, '.1f')}" for k, v in r.seconds.items()))
     for c in r.collectives:
         s = c.summary
+        below = s.get("bands_below_0.8") or []
         lines.append(f"- {c.collective} (development: the best of the measured candidates per band against NCCL "
                      f"beside them, at the sizes chosen on; not a figure to quote): over NCCL geomean "
-                     f"{_f(s.get('speedup_over_nccl_geomean'), '.3f')}x, over the fixed {c.fixed_baseline or '-'} "
-                     f"{_f(s.get('speedup_over_fixed_geomean'), '.3f')}x")
+                     f"{_f(s.get('speedup_over_nccl_geomean'), '.3f')}x (worst band "
+                     f"{_f(s.get('speedup_over_nccl_min'), '.3f')}x, {s.get('bands_nccl', 0)} of {s.get('bands', 0)} "
+                     f"bands left to NCCL), over the fixed {c.fixed_baseline or '-'} "
+                     f"{_f(s.get('speedup_over_fixed_geomean'), '.3f')}x; Spearman min {_f(s.get('spearman_min'))} "
+                     f"(with the per-protocol correction {_f(s.get('spearman_corrected_min'))}), "
+                     f"{len(below)} band(s) below 0.8" + (f" ({', '.join(map(str, below))})" if below else ""))
     return "\n".join(lines)
 
 
@@ -144,6 +153,64 @@ def _compute_eval(path: Path, d: dict) -> str:
     return "\n".join(lines)
 
 
+def _geomean(xs: list[float]) -> float | None:
+    import math
+
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+BENCH_RANGES = ((0, 256 << 10, "1 B..256 KiB"), (256 << 10, 64 << 20, "256 KiB..64 MiB"), ((64 << 20) + 1, 1 << 62, "> 64 MiB"))
+
+
+def _bench(path: Path, d: dict) -> str:
+    from kernels.interp.peer_table import human
+    from kernels.interp.records import BenchRecord
+
+    r = BenchRecord.load(path)
+    lines = [f"Preset `{r.preset}`, {r.nranks} ranks; timing: {r.timing}.", "",
+             "| collective | size | dtype | program | protocol | split | interp us | NCCL us | NCCL / interp | "
+             "interp busbw GB/s | NCCL busbw GB/s | correct |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in r.rows:
+        ok = "yes" if row.get("correct") and row.get("nccl_correct", True) else f"NO {row.get('why', '')}".strip()
+        lines.append(f"| {row['collective']} | {human(row['bytes'])} | {row.get('dtype', '-')} | {row.get('program', '-')} | "
+                     f"{row.get('protocol', '-')} | {row.get('split', '-')} | {_f(row.get('interp_us'))} | "
+                     f"{_f(row.get('nccl_us'))} | {_f(row.get('speedup'))} | {_f(row.get('interp_busbw_gbs'), '.1f')} | "
+                     f"{_f(row.get('nccl_busbw_gbs'), '.1f')} | {ok} |")
+    lines.append("")
+    for (coll, dtype) in dict.fromkeys((row["collective"], row.get("dtype", "-")) for row in r.rows):
+        rows = sorted((x for x in r.rows if x["collective"] == coll and x.get("dtype", "-") == dtype),
+                      key=lambda x: x["bytes"])
+        worst = min(rows, key=lambda x: x.get("speedup") or 0.0)
+        ranges = ", ".join(f"{name} {_f(_geomean([x.get('speedup') for x in rows if lo <= x['bytes'] <= hi]))}x"
+                           for lo, hi, name in BENCH_RANGES if any(lo <= x["bytes"] <= hi for x in rows))
+        lines.append(f"- {coll} {dtype}: NCCL / interp geomean {_f(_geomean([x.get('speedup') for x in rows]))}x "
+                     f"({ranges}); worst {_f(worst.get('speedup'))}x at {human(worst['bytes'])}; at "
+                     f"{human(rows[-1]['bytes'])} {_f(rows[-1].get('speedup'))}x, busbw "
+                     f"{_f(rows[-1].get('interp_busbw_gbs'), '.1f')} GB/s (NCCL {_f(rows[-1].get('nccl_busbw_gbs'), '.1f')}); "
+                     f"{sum(1 for x in rows if x.get('correct'))} of {len(rows)} correct")
+    return "\n".join(lines)
+
+
+def _sweep(path: Path, d: dict) -> str:
+    from kernels.interp.peer_table import human
+    from kernels.interp.records import SweepRecord
+
+    r = SweepRecord.load(path)
+    lines = []
+    for run in r.runs:
+        rows = run.get("rows", [])
+        lines += [f"Sweep `{run.get('sweep', '?')}`: {len(rows)} forced configurations, "
+                  f"{sum(1 for x in rows if x.get('correct'))} correct; the machine's ceilings measured in the same run:",
+                  "", "| ceiling | size | us | NCCL us beside it | GB/s |", "|---|---|---|---|---|"]
+        for c in run.get("ceilings", []):
+            nccl = c.get("nccl_us")
+            lines.append(f"| {c['ceiling']} | {human(c['bytes']) if c['bytes'] else '-'} | {_f(c.get('us'))} | "
+                         f"{_f(nccl if nccl == nccl else None)} | {_f(c.get('gbs'), '.1f') if c.get('gbs') else '-'} |")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
+
+
 def _peers(path: Path, d: dict) -> str:
     from kernels.interp import peer_table
 
@@ -159,7 +226,9 @@ RENDERERS = {
     "schedule-tune": ("development", _schedule_dev),
     "commtune.schedule-evaluate": ("evaluation", _schedule_eval),
     "calibrate.compute-evaluate": ("evaluation", _compute_eval),
-    "commtune.interp-peers": ("development", _peers),   # "basis" evaluation: a --heldout run
+    "commtune.interp-peers": ("development", _peers),
+    "kernels-bench": ("development", _bench),
+    "interp-tune": ("development", _sweep),   # "basis" evaluation: a --heldout run
 }
 
 
