@@ -220,6 +220,24 @@ def _peers(path: Path, d: dict) -> str:
     return "```\n" + peer_table.table(summary) + "\n```\n\n" + "\n".join(f"- {t}" for t in targets.splitlines())
 
 
+def _tp_mlp(path: Path, d: dict) -> str:
+    from calibrate.records import check_header
+    from kernels.interp.cli.tp_mlp import RESULT_KIND
+
+    check_header(d, RESULT_KIND, 1, "TP MLP record", "write one with python -m kernels tp-mlp --out FILE", repr(str(path)))
+    lines = [f"hidden {d['hidden']}, ffn {d['ffn']} split over {d['nranks']} ranks, {d['dtype']}; timing: {d['timing']}; "
+             "microseconds per step, speedup = NCCL / interp.", "",
+             "| tokens | allreduce bytes | interp (graph) | NCCL (graph) | speedup | interp (eager) | NCCL (eager) | "
+             "eager speedup | ok |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        ok = "yes" if r.get("correct") else f"NO {r.get('graph_error', '')}".strip()
+        lines.append(f"| {r['tokens']} | {r['allreduce_bytes']} | {_f(r.get('interp_step_us'), '.1f')} | "
+                     f"{_f(r.get('nccl_step_us'), '.1f')} | {_f(r.get('speedup'), '.3f')} | "
+                     f"{_f(r.get('interp_eager_step_us'), '.1f')} | {_f(r.get('nccl_eager_step_us'), '.1f')} | "
+                     f"{_f(r.get('eager_speedup'), '.3f')} | {ok} |")
+    return "\n".join(lines)
+
+
 RENDERERS = {
     "commtune.nccl-tune": ("development", lambda p, d: _nccl(p, d, False)),
     "commtune.nccl-evaluate": ("evaluation", lambda p, d: _nccl(p, d, True)),
@@ -227,6 +245,7 @@ RENDERERS = {
     "commtune.schedule-evaluate": ("evaluation", _schedule_eval),
     "calibrate.compute-evaluate": ("evaluation", _compute_eval),
     "commtune.interp-peers": ("development", _peers),
+    "commtune.interp-tp-mlp": ("development", _tp_mlp),
     "kernels-bench": ("development", _bench),
     "interp-tune": ("development", _sweep),   # "basis" evaluation: a --heldout run
 }
