@@ -21,6 +21,7 @@ from calibrate.jsonfile import read_json
 from calibrate.outputs import write_atomic
 from calibrate.records import kind_of
 
+EXECUTE_FOLDER = "commtune.execute-result"   # a folder of them (python -m autotune execute --out DIR)
 BLOCK = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 
 
@@ -29,11 +30,11 @@ def _f(x, spec: str = ".2f") -> str:
 
 
 def _provenance(kind: str, basis: str, d: dict) -> str:
-    parts = [f"kind `{kind}`", f"**{basis}**", f"date {d.get('date', '?')}", f"device {d.get('device') or '?'}"]
-    if d.get("commit"):
-        parts.append(f"commit `{d['commit'][:12]}`")
-    if d.get("command"):
-        parts.append(f"command `{d['command']}`")
+    """Kind, development or evaluation, date, machine, commit and command: each as the record holds it."""
+    none = "not recorded"
+    parts = [f"kind `{kind}`", f"**{basis}**", f"date {d.get('date') or none}", f"device {d.get('device') or none}",
+             f"commit `{d['commit'][:12]}`" if d.get("commit") else f"commit {none}",
+             f"command `{d['command']}`" if d.get("command") else f"command {none}"]
     if d.get("heldout", {}).get("sha256"):
         parts.append(f"held-out declaration sha256 `{d['heldout']['sha256'][:12]}`")
     return "; ".join(parts)
@@ -238,12 +239,53 @@ def _tp_mlp(path: Path, d: dict) -> str:
     return "\n".join(lines)
 
 
+def _layer_lines(strategy: str, rows: list[dict]) -> list[str]:
+    from autotune.execute.result import fmt_ms, fmt_pct
+
+    lines = [f"{strategy}, per step (forward and backward include the boxing into the layer; optimizer in the fwd "
+             f"columns):", "", "| layer | kind | n | pred fwd ms | fwd ms | err | pred bwd ms | bwd ms | err |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['layer']} | {r.get('kind', '')} | {r.get('positions', '')} | {fmt_ms(r.get('pred_fwd_s'))} | "
+                     f"{fmt_ms(r.get('fwd_s'))} | {fmt_pct(r.get('fwd_err'))} | {fmt_ms(r.get('pred_bwd_s'))} | "
+                     f"{fmt_ms(r.get('bwd_s'))} | {fmt_pct(r.get('bwd_err'))} |")
+    return lines + [""]
+
+
+def _execute_summary(path: Path, d: dict) -> str:
+    from autotune.execute import result
+
+    s = result.load_summary(path)
+    c = s["cluster"]
+    lines = [f"{s['model'].get('name', '')} on {c['nodes']} x {c['gpus_per_node']} {s['device']} ({s['backend']}, "
+             f"{s['dtype']})", "", "```", result.format_table(s["rows"]), "```", "", result.COLUMNS]
+    if not any("comm_alone_s" in r for r in s["rows"]):
+        lines.append("This record predates the replay of the collectives alone: its comm error compares the plan's "
+                     "communication with the NCCL kernel time inside the step (kernel ms).")
+    lines.append("")
+    lines += [f"- {line}" for line in result.format_targets(s["targets"]).splitlines()]
+    lines += [f"- not measured: {f['strategy']}: {f['error']}" for f in s.get("failed", [])]
+    for strategy, rows in (s.get("layers") or {}).items():
+        lines += [""] + _layer_lines(strategy, rows)
+    return "\n".join(lines).rstrip("\n")
+
+
+def _execute_folder(path: Path, d: dict) -> str:
+    from autotune.execute import result
+
+    return ("Device time per step by kernel family, the collectives replayed alone and the memory peaks by phase "
+            "(`python -m autotune execute --summarize` writes the same as breakdown.txt):\n\n```\n"
+            + result.format_breakdown(result.load_records(path)) + "\n```")
+
+
 RENDERERS = {
     "commtune.nccl-tune": ("development", lambda p, d: _nccl(p, d, False)),
     "commtune.nccl-evaluate": ("evaluation", lambda p, d: _nccl(p, d, True)),
     "schedule-tune": ("development", _schedule_dev),
     "commtune.schedule-evaluate": ("evaluation", _schedule_eval),
     "calibrate.compute-evaluate": ("evaluation", _compute_eval),
+    "commtune.execute-summary": ("development", _execute_summary),
+    EXECUTE_FOLDER: ("development", _execute_folder),
     "commtune.interp-peers": ("development", _peers),
     "commtune.interp-tp-mlp": ("development", _tp_mlp),
     "kernels-bench": ("development", _bench),
@@ -251,16 +293,27 @@ RENDERERS = {
 }
 
 
+def _read(path: Path) -> tuple[str | None, dict]:
+    """A record's kind and content; a folder of execute results is one record (its first plan's header)."""
+    if path.is_dir():
+        from autotune.execute.result import load_records
+
+        return EXECUTE_FOLDER, load_records(path)[0]
+    d = read_json(path, "record", f"give one of the records {', '.join(RENDERERS)} (a JSON file, or a folder of "
+                  "execute results)")
+    return kind_of(d), d
+
+
 def render(path: str | Path) -> str:
     """The provenance line and the table of one record."""
     path = Path(path)
-    d = read_json(path, "record", "give a JSON record of autotune nccl, autotune schedule or calibrate compute evaluate")
-    kind = kind_of(d)
+    kind, d = _read(path)
     if kind not in RENDERERS:
         raise UserError(f"{str(path)!r} is of kind {kind!r}; tables are rendered for {', '.join(RENDERERS)}")
     basis, fn = RENDERERS[kind]
     basis = d.get("basis") if d.get("basis") in ("development", "evaluation") else basis
-    return f"Rendered from `{path.name}`: {_provenance(kind, basis, d)}.\n\n{fn(path, d)}\n"
+    name = f"{path.parent.name}/{path.name}" if path.is_dir() else path.name
+    return f"Rendered from `{name}`: {_provenance(kind, basis, d)}.\n\n{fn(path, d)}\n"
 
 
 def update(md: str | Path, check: bool = False) -> list[str]:
