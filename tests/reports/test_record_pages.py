@@ -27,8 +27,12 @@ def test_a_changed_figure_is_found_stale(tmp_path):
     page = next(p for p in PAGES if p.parent == RECORDS)
     text = page.read_text()
     for m in BLOCK.finditer(text):
-        (tmp_path / m.group("path")).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(page.parent / m.group("path"), tmp_path / m.group("path"))
+        src, dst = page.parent / m.group("path"), tmp_path / m.group("path")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+        else:
+            shutil.copy(src, dst)
     md = tmp_path / page.name
     md.write_text(text)
     m = BLOCK.search(text)
