@@ -278,6 +278,75 @@ def _execute_folder(path: Path, d: dict) -> str:
             + result.format_breakdown(result.load_records(path)) + "\n```")
 
 
+def _sbp_validate(path: Path, d: dict) -> str:
+    from autotune.sbp.validate import KIND, VERSION
+    from calibrate.records import check_header
+
+    check_header(d, KIND, VERSION, "plan validation record", "write one with python -m autotune validate --out DIR",
+                 repr(str(path)))
+    lines = [f"Backend {d['backend']}, {d['cluster']}, mode {d['mode']}, {d['dtype']}; predicted with the profile "
+             f"`{d['profile']}`; plans in measured order.", "",
+             "| plan | predicted s | measured s | error |", "|---|---|---|---|"]
+    rows = sorted(d["plans"], key=lambda r: r["measured_s"])
+    for r in rows:
+        err = (r["predicted_s"] - r["measured_s"]) / r["measured_s"] if r["measured_s"] else None
+        lines.append(f"| {r['plan']} | {r['predicted_s']:.4g} | {r['measured_s']:.4g} | "
+                     f"{'-' if err is None else format(err * 100, '+.1f') + '%'} |")
+    errs = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rows if r["measured_s"]]
+    lines += ["", f"- Spearman rank correlation (predicted vs measured, {len(rows)} plans): {_f(d.get('spearman'), '.3f')}; "
+                  f"worst |error| {_f(max(errs) * 100 if errs else None, '.1f')}%"]
+    return "\n".join(lines)
+
+
+RESHARD_BASELINE = "greedy_in_order"   # the paper's load-balancing baseline, in Alpa's task order
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def _reshard(path: Path, d: dict) -> str:
+    from kernels.reshard.results import ReshardResults
+
+    r = ReshardResults.load(path)
+    lines = [f"Profile `{r.profile}`."]
+    if r.cases:
+        lines += ["", f"Strategies timed with the solver `{RESHARD_BASELINE}` (the paper's baseline); \"Alpa\": all-gather "
+                  "over each slice's receivers (global_allgather); chosen: the plan picked (strategy and solver).", "",
+                  "| case | unit tasks | send/recv s | local all-gather s | Alpa s | chosen s | lower bound s | "
+                  "chosen / bound | x vs send/recv | x vs Alpa |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for c in r.cases:
+            t = {k: v.get(RESHARD_BASELINE) for k, v in c["times"].items()}
+            chosen, bound = c["chosen"]["makespan"], c["lower_bound"]
+            sr, la, ga = t.get("send_recv"), t.get("local_allgather"), t.get("global_allgather")
+            lines.append(f"| {c['case'].removeprefix('case ')} | {c['unit_tasks']} | {_f(sr, '.3f')} | {_f(la, '.3f')} | "
+                         f"{_f(ga, '.3f')} | {_f(chosen, '.3f')} | {_f(bound, '.3f')} | {_f(chosen / bound, '.3f')} | "
+                         f"{_f(sr / chosen if sr else None)} | {_f(ga / chosen if ga else None)} |")
+    for pipe in r.pipelines:
+        lines += ["", f"Pipeline `{pipe['name']}`: hidden = share of each transfer during which its consumer stage "
+                  "computes, by phase (warm-up, steady, cool-down); exposed = makespan with minus without communication.",
+                  "", "| schedule | iteration s | micro-batches/s | hidden, all | warm-up | steady | cool-down | exposed s | "
+                  "peak activations per stage |", "|---|---|---|---|---|---|---|---|---|"]
+        for name, sc in pipe["schedules"].items():
+            ph = sc.get("hidden_by_phase") or {}
+            steady = "(no steady phase)" if "steady" in ph and ph["steady"] is None else _pct(ph.get("steady"))
+            lines.append(f"| {name} | {sc['makespan']:.3f} | {sc['throughput']:.2f} | {_pct(sc['hidden'])} | "
+                         f"{_pct(ph.get('warmup'))} | {steady} | {_pct(ph.get('cooldown'))} | {sc['exposed']:.3f} | "
+                         f"{sc['peak_activations']} |")
+    if r.executed:
+        lines += ["", "Executed plans (every destination tile checked):", "",
+                  "| scenario | strategy | bytes | jobs | predicted ms | measured ms | measured / predicted | wrong |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for e in r.executed:
+            lines.append(f"| {e.get('scenario', '-')} | {e.get('strategy', '-')} | {e.get('bytes', '-')} | "
+                         f"{e.get('jobs', '-')} | {e['predicted_s'] * 1e3:.3f} | {e['measured_s'] * 1e3:.3f} | "
+                         f"{_f(e['measured_s'] / e['predicted_s'] if e['predicted_s'] else None)} | {e.get('wrong', '-')} |")
+        ratios = [e["measured_s"] / e["predicted_s"] for e in r.executed if e["predicted_s"]]
+        lines += ["", f"- measured / predicted from {_f(min(ratios))} to {_f(max(ratios))}; wrong tiles "
+                      f"{sum(e.get('wrong', 0) for e in r.executed)} in {len(r.executed)} plans"]
+    return "\n".join(lines)
+
+
 RENDERERS = {
     "commtune.nccl-tune": ("development", lambda p, d: _nccl(p, d, False)),
     "commtune.nccl-evaluate": ("evaluation", lambda p, d: _nccl(p, d, True)),
@@ -285,6 +354,8 @@ RENDERERS = {
     "commtune.schedule-evaluate": ("evaluation", _schedule_eval),
     "calibrate.compute-evaluate": ("evaluation", _compute_eval),
     "commtune.execute-summary": ("development", _execute_summary),
+    "reshard": ("development", _reshard),
+    "commtune.sbp-validate": ("development", _sbp_validate),   # plans not declared held out
     EXECUTE_FOLDER: ("development", _execute_folder),
     "commtune.interp-peers": ("development", _peers),
     "commtune.interp-tp-mlp": ("development", _tp_mlp),
