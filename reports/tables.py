@@ -347,6 +347,46 @@ def _reshard(path: Path, d: dict) -> str:
     return "\n".join(lines)
 
 
+TRANSFORMER_CHECK = "transformer-check"   # tests/gpu/transformer_check.py --out: no header; known by its fields
+
+
+def _rel(pred, meas) -> float | None:
+    return None if pred is None or not meas else (pred - meas) / meas
+
+
+def _signed(x) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def _transformer(path: Path, d: dict) -> str:
+    import statistics
+
+    rows = d["rows"]
+    lines = [f"Shapes sha256 `{d['shapes_sha256']}`, recomputation {d['recompute']}; error = (predicted - measured) / "
+             "measured (positive: over-predicted).", "",
+             "| shape | set | family | predicted ms | measured ms | error | predicted GiB | peak GiB | error | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['id']} | {r['set']} | {r.get('family', '-')} | {_f(r.get('pred_step_s') and r['pred_step_s'] * 1e3)} | "
+                     f"{_f(r.get('step_s') and r['step_s'] * 1e3)} | {_signed(_rel(r.get('pred_step_s'), r.get('step_s')))} | "
+                     f"{_f(r.get('pred_bytes') and r['pred_bytes'] / 2**30)} | {_f(r.get('peak_bytes') and r['peak_bytes'] / 2**30)} | "
+                     f"{_signed(_rel(r.get('pred_bytes'), r.get('peak_bytes')))} | {r.get('note') or ''} |")
+    lines.append("")
+    for kind in dict.fromkeys(r["set"] for r in rows):
+        part = [r for r in rows if r["set"] == kind]
+        parts = []
+        for what, pk, mk in (("step", "pred_step_s", "step_s"), ("memory", "pred_bytes", "peak_bytes")):
+            errs = [(r["id"], e) for r in part for e in (_rel(r.get(pk), r.get(mk)),) if e is not None]
+            if not errs:
+                parts.append(f"{what}: no figure")
+                continue
+            worst = max(errs, key=lambda x: abs(x[1]))
+            parts.append(f"{what} median {_signed(statistics.median(e for _, e in errs))}, median |error| "
+                         f"{statistics.median(abs(e) for _, e in errs) * 100:.1f}%, worst {_signed(worst[1])} ({worst[0]})")
+        lines.append(f"- {kind} ({len(part)} shapes): " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 RENDERERS = {
     "commtune.nccl-tune": ("development", lambda p, d: _nccl(p, d, False)),
     "commtune.nccl-evaluate": ("evaluation", lambda p, d: _nccl(p, d, True)),
@@ -355,6 +395,7 @@ RENDERERS = {
     "calibrate.compute-evaluate": ("evaluation", _compute_eval),
     "commtune.execute-summary": ("development", _execute_summary),
     "reshard": ("development", _reshard),
+    TRANSFORMER_CHECK: ("evaluation for the held-out rows, development for the others", _transformer),
     "commtune.sbp-validate": ("development", _sbp_validate),   # plans not declared held out
     EXECUTE_FOLDER: ("development", _execute_folder),
     "commtune.interp-peers": ("development", _peers),
@@ -372,7 +413,10 @@ def _read(path: Path) -> tuple[str | None, dict]:
         return EXECUTE_FOLDER, load_records(path)[0]
     d = read_json(path, "record", f"give one of the records {', '.join(RENDERERS)} (a JSON file, or a folder of "
                   "execute results)")
-    return kind_of(d), d
+    kind = kind_of(d)
+    if kind is None and isinstance(d, dict) and {"shapes_sha256", "recompute", "rows"} <= set(d):
+        kind = TRANSFORMER_CHECK
+    return kind, d
 
 
 def render(path: str | Path) -> str:
