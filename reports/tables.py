@@ -347,6 +347,28 @@ def _reshard(path: Path, d: dict) -> str:
     return "\n".join(lines)
 
 
+REPRODUCE_COLUMNS = ("case", "section", "paper", "ours", "difference pp", "micro-batch", "p0 cap", "status",
+                     "p0 cap 4", "p0 cap none")
+
+
+def _reproduce(path: Path, d: dict) -> str:
+    from autotune.sbp.reproduce import RECORD, TOLERANCE_PP, VERSION, passes_by_cap, table
+    from calibrate.records import check_header
+
+    check_header(d, RECORD, tuple(range(1, VERSION + 1)), "reproduction record",
+                 "write one with python -m autotune reproduce autoddl --out DIR", repr(str(path)))
+    rows = table(d["rows"])
+    cols = [c for c in REPRODUCE_COLUMNS if any(r[c] != "-" for r in rows)] if d.get("config") else \
+        ["case", "section", "paper", "ours", "difference pp", "micro-batch", "status"]
+    lines = [f"Configuration: {d.get('config') or 'not recorded (version 1)'}; pass: the paper's winner and reduction "
+             f"within {TOLERANCE_PP:g} pp.", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    passed = sum(r["status"] == "pass" for r in d["rows"])
+    by_cap = ", ".join(f"{n} under p0 cap {k}" for k, n in passes_by_cap(d["rows"]).items()) if d.get("config") else ""
+    lines += ["", f"- {passed} of {len(rows)} cases pass" + (f" ({by_cap})" if by_cap else "")]
+    return "\n".join(lines)
+
+
 TRANSFORMER_CHECK = "transformer-check"   # tests/gpu/transformer_check.py --out: no header; known by its fields
 
 
@@ -395,6 +417,7 @@ RENDERERS = {
     "calibrate.compute-evaluate": ("evaluation", _compute_eval),
     "commtune.execute-summary": ("development", _execute_summary),
     "reshard": ("development", _reshard),
+    "commtune.autoddl-reproduction": ("development", _reproduce),
     TRANSFORMER_CHECK: ("evaluation for the held-out rows, development for the others", _transformer),
     "commtune.sbp-validate": ("development", _sbp_validate),   # plans not declared held out
     EXECUTE_FOLDER: ("development", _execute_folder),

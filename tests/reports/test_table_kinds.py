@@ -70,3 +70,14 @@ def test_reshard_speedups_against_the_baselines(tmp_path):
     d = {"kind": "reshard", "version": 1, "profile": "p", "cases": [case], "pipelines": [], "executed": []}
     text = render(_write(tmp_path, "r.json", d))
     assert "| 1 | 2 | 4.000 | 2.000 | 3.000 | 1.000 | 0.500 | 2.000 | 4.00 | 3.00 |" in text
+
+
+def test_autoddl_reproduction_record_renders_its_verdicts():
+    from pathlib import Path
+
+    records = Path(__file__).resolve().parents[2] / "reports" / "records"
+    text = render(records / "sbp_reproduce_2026-11-27_tied.json")
+    # the page's session 3: 9 of the 12 modelled cases pass, pipeline-table3 not modelled
+    assert "- 9 of 13 cases pass" in text
+    assert "| pipeline-table3 |" in text and "| not modelled |" in text
+    assert "| gpt-small-gcp |" in text
