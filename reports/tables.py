@@ -1,8 +1,11 @@
-"""Tables of the tuners' records as Markdown, rendered from the JSON records themselves, so
+"""Tables of the project's records as Markdown, rendered from the JSON records themselves, so
 that no figure in ``reports/records/*.md`` is typed by hand.
 
-A record file renders as a provenance line (kind, development or evaluation, command,
-commit, machine, date) and its table (``render``). In a Markdown file, the lines between
+A record renders as a provenance line (kind, development or evaluation, date, machine, commit,
+command; "not recorded" where the record lacks one) and its table (``render``), one renderer
+per record kind (``RENDERERS``). A record is a JSON file with a kind header, a folder of
+execute results (``python -m autotune execute --out DIR``), or the one-GPU transformer check's
+output, which has no header and is known by its fields. In a Markdown file, the lines between
 
     <!-- table: nccl_tune_h200x2_2026-11-23_run3.json -->
     <!-- end table -->
