@@ -14,6 +14,9 @@ figure predicts well, so each is timed as executed, forward and backward, and th
                     product, type_as, times the weight), per element
     cast            a Linear's input cast from fp32 to bf16; backward the bf16 gradient cast back and
                     added to the fp32 gradient of the norm's output, per element, per projection
+    cast_up         a bf16 tensor cast to fp32 (a weight's bf16 gradient made the fp32 .grad); backward
+                    the fp32 gradient cast back to bf16, per element (the fp32 -> bf16 direction moves the
+                    same bytes yet runs faster: one H100, 2026-11-27, 2.0 ps against 3.1-3.9 ps an element)
     residual        the fp32 stream plus a bf16 branch output; backward the branch's gradient cast to
                     bf16 and the stream's two gradients added, per element
     gelu            GELU (exact, nn.GELU's default) on bf16, per element
@@ -31,8 +34,8 @@ made once (``inputs``), so ``calibrate compute`` times both and takes the differ
 """
 from __future__ import annotations
 
-KINDS = ("layernorm", "rmsnorm", "cast", "residual", "gelu", "swiglu", "rotary", "attention_out", "qkv_split",
-         "loss")
+KINDS = ("layernorm", "rmsnorm", "cast", "cast_up", "residual", "gelu", "swiglu", "rotary", "attention_out",
+         "qkv_split", "loss")
 
 
 def _rms(torch, x, weight, eps: float = 1e-5):
@@ -79,6 +82,13 @@ def pieces(torch, device, tokens: int = 16384, hidden: int = 4096, heads: int = 
         y.backward(g16)
         return x.grad + g32  # the norm output's gradient gathers this projection's
     out["cast"] = (tokens * hidden, lambda: x.to(bf16), cast_fb)
+
+    h16 = leaf(tokens, hidden, dtype=bf16)
+
+    def cast_up_fb():
+        h16.grad = None
+        h16.to(f32).backward(g32)
+    out["cast_up"] = (tokens * hidden, lambda: h16.to(f32), cast_up_fb)
 
     branch = leaf(tokens, hidden, dtype=bf16)
 

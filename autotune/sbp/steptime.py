@@ -144,6 +144,21 @@ def cast_bytes(s: Strategy, cluster: Cluster, act_bytes: int) -> tuple[float, fl
     return CAST_BYTES * n, CAST_BYTES * n
 
 
+def weight_cast_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> tuple[float, float]:
+    """(forward, backward) seconds of autocast's casts of a matmul's weights per micro-batch: each element
+    cast fp32 -> bf16 in the forward (the profile's ``cast`` piece forward: the same kernel) and its bf16
+    gradient cast to fp32 in the backward (the ``cast_up`` piece forward; one H100, 2026-11-27: 3.1-3.9 ps
+    an element, where the bytes at the elementwise bandwidth give 2.0), each as measured where the profile
+    has it, else its bytes (``cast_bytes``) at the elementwise bandwidth."""
+    cf, cb = cast_bytes(s, cluster, act_bytes)
+    if not cf:
+        return 0.0, 0.0
+    n = cf / CAST_BYTES
+    down, up = cm.layer_seconds("cast", n), cm.layer_seconds("cast_up", n)
+    return (down[0] if down is not None else cm.op_seconds("elementwise", cf),
+            up[0] if up is not None else cm.op_seconds("elementwise", cb))
+
+
 def _core(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, backward: bool) -> float:
     d = op.dims
     mb, heads = d["micro_batch"], d["heads"]
@@ -215,8 +230,8 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
         rows, cols = local_elems_shape(s.output, s, cluster)
         k = d["tokens"] * d["k"] * d["n"] / per / (rows * cols)
         f = cm.matmul_seconds(rows, max(1, round(k)), cols, act_bytes)
-        cf, cb = cast_bytes(s, cluster, act_bytes)
-        f, b = f + cm.op_seconds("elementwise", cf), 2 * f + cm.op_seconds("elementwise", cb)
+        wf, wb = weight_cast_seconds(s, cluster, cm, act_bytes)
+        f, b = f + wf, 2 * f + wb
         casts = cm.layer_seconds("cast", local_elems(s.input, s.mesh, cluster)) \
             if act_bytes == 2 and s.recipe_dim("cast_input") and s.input is not None else None
         if casts is not None:  # each projection casts the fp32 norm output to bf16 (calibrate.layers)

@@ -144,6 +144,8 @@ def main(argv=None) -> int:
                     help="a shape declaration; only its development rows are read (default %(default)s)")
     ap.add_argument("--ids", default=None, help="development shape ids (default all of them)")
     ap.add_argument("--recompute", default="none", choices=tc.RECOMPUTE)
+    ap.add_argument("--by-shape", default=None, metavar="OP",
+                    help="also print the GPU time of host op OP (e.g. aten::copy_) by its input shapes")
     args = ap.parse_args(argv)
     shapes = tc.load_shapes(args.shapes, ("development",))
     if args.ids:
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
         torch.cuda.reset_peak_memory_stats()
         ph, opt, (x, y) = phases(torch, module, shape)
         peak = torch.cuda.max_memory_allocated()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=bool(args.by_shape)) as prof:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = module(x, y)
             loss.backward()
@@ -187,6 +189,12 @@ def main(argv=None) -> int:
         print("GPU time by the op that launched it (self, top 24; ms, calls):")
         for name, secs, calls in op_table(prof)[:24]:
             print(f"  {name[:48]:48s} {secs * 1e3:8.2f} {calls:6d}")
+        if args.by_shape:
+            print(f"{args.by_shape} by input shapes (self GPU ms, calls):")
+            rows = [(e.input_shapes, (getattr(e, "self_device_time_total", None) or e.self_cuda_time_total) / 1e3,
+                     e.count) for e in prof.key_averages(group_by_input_shape=True) if e.key == args.by_shape]
+            for shapes, ms, calls in sorted(rows, key=lambda r: -r[1])[:20]:
+                print(f"  {str(shapes)[:70]:70s} {ms:8.2f} {calls:6d}")
         print("predicted per layer kind (ms forward / backward):")
         for k, (f, b) in sorted(pred["kinds"].items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
             print(f"  {k:28s} {f * 1e3:8.2f} {b * 1e3:8.2f}")
