@@ -20,8 +20,6 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
                                  "forward_s": ..., "backward_s": ..., "backend": "flash"}, ...]}},
       "layer_s": {"rmsnorm": [fwd, bwd], ...},  # optional: seconds per element of the memory-bound pieces of
                                           # a user's step, timed as executed (calibrate.layers)
-      "layer_fixed_s": {"rmsnorm": [fwd, bwd], ...},  # optional: and seconds per call of each piece (its
-                                          # kernels' fixed costs: measured at two sizes, the line's intercept)
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
 
@@ -236,7 +234,6 @@ class ComputeModel:
     op_Bps: dict = field(default_factory=dict)  # OPS kind -> measured bytes per second
     sdpa: dict = field(default_factory=dict)  # str(dtype_bytes) -> SdpaTable: torch's fused causal SDPA
     layer_s: dict = field(default_factory=dict)  # calibrate.layers kind -> (forward, backward) seconds per element
-    layer_fixed_s: dict = field(default_factory=dict)  # calibrate.layers kind -> (forward, backward) seconds per call
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -306,18 +303,15 @@ class ComputeModel:
 
     def layer_seconds(self, kind: str, elems: float) -> tuple[float, float] | None:
         """(forward, backward) seconds of ``elems`` elements of a memory-bound piece of a user's step
-        (``calibrate.layers``) as measured: its seconds per call (``layer_fixed_s``, where measured) plus
-        per element; None where the profile has no figure for it."""
+        (``calibrate.layers``) as measured, or None where the profile has no figure for it."""
         per = self.layer_s.get(kind)
         if per is None:
             return None
-        fixed = self.layer_fixed_s.get(kind, (0.0, 0.0))
-        return (0.0, 0.0) if elems <= 0 else (fixed[0] + per[0] * elems, fixed[1] + per[1] * elems)
+        return (0.0, 0.0) if elems <= 0 else (per[0] * elems, per[1] * elems)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
                 **({"layer_s": {k: list(v) for k, v in self.layer_s.items()}} if self.layer_s else {}),
-                **({"layer_fixed_s": {k: list(v) for k, v in self.layer_fixed_s.items()}} if self.layer_fixed_s else {}),
                 **({"op_Bps": dict(self.op_Bps)} if self.op_Bps else {}),
                 "matmul": {k: b.to_dict() for k, b in self.matmul.items()},
                 "attention": {k: b.to_dict() for k, b in self.attention.items()},
@@ -346,13 +340,12 @@ class ComputeModel:
                             f"{', '.join(OPS)}): re-run python -m calibrate compute")
         if not d.get("matmul"):
             raise UserError(f"{where} has no matmul figures: re-run python -m calibrate compute")
-        layers, fixed = d.get("layer_s") or {}, d.get("layer_fixed_s") or {}
-        for key, value, unit in (("layer_s", layers, "per element"), ("layer_fixed_s", fixed, "per call")):
-            if not isinstance(value, dict) or any(
-                    k not in LAYER_KINDS or not isinstance(v, (list, tuple)) or len(v) != 2
-                    or any(not _finite(x) for x in v) for k, v in value.items()):
-                raise UserError(f"{where} has a bad {key} {value!r} (want kind -> [forward, backward] non-negative "
-                                f"seconds {unit}, kinds of {', '.join(LAYER_KINDS)}): re-run python -m calibrate compute")
+        layers = d.get("layer_s") or {}
+        if not isinstance(layers, dict) or any(
+                k not in LAYER_KINDS or not isinstance(v, (list, tuple)) or len(v) != 2
+                or any(not _finite(x) for x in v) for k, v in layers.items()):
+            raise UserError(f"{where} has a bad layer_s {layers!r} (want kind -> [forward, backward] non-negative "
+                            f"seconds per element, kinds of {', '.join(LAYER_KINDS)}): re-run python -m calibrate compute")
         return cls(
             source=str(d.get("source", "")), kind=d["kind"], launch_s=float(d["launch_s"]),
             memory_Bps=float(d["memory_Bps"]),
@@ -364,7 +357,6 @@ class ComputeModel:
             op_Bps={k: float(v) for k, v in ops.items()},
             sdpa=_sdpa_tables(d.get("sdpa", {}), where),
             layer_s={k: (float(v[0]), float(v[1])) for k, v in layers.items()},
-            layer_fixed_s={k: (float(v[0]), float(v[1])) for k, v in fixed.items()},
         )
 
 

@@ -57,7 +57,6 @@ SEQS = (256, 512, 1024, 2048, 4096)
 HEAD_DIMS = (64, 128)
 SDPA_TOKENS = 16384  # batch x sequence of every SDPA point: a training micro-batch's tokens
 LAYER_SIZE = (16384, 4096)  # (tokens, hidden) of the layer pieces (calibrate.layers.pieces' defaults)
-LAYER_SMALL = (2048, 4096)  # and the second size, for their seconds per call (measure_layers)
 # (heads, kv_heads) per element size; bf16 over sequences 512..16384, fp32 (no flash kernel: a slower
 # backend, maybe one that keeps the s^2 scores) over 512..2048
 SDPA_HEADS = {2: ((8, 8), (8, 1), (16, 16), (16, 2), (16, 1), (32, 32), (32, 4), (32, 1), (64, 64), (64, 8), (64, 1)),
@@ -118,7 +117,7 @@ def development_grid() -> Grid:
     """Every shape this command measures (``calibrate.computeeval``: evaluation holds out others)."""
     sdpa = tuple((SDPA_TOKENS // s, h, kv, s, d) for size in SDPA_HEADS for d in HEAD_DIMS
                  for h, kv in SDPA_HEADS[size] for s in SDPA_SEQS[size])
-    return Grid(tuple(matmul_shapes()), sdpa, (LAYER_SIZE, LAYER_SMALL))
+    return Grid(tuple(matmul_shapes()), sdpa, (LAYER_SIZE,))
 
 
 def copy_256mib(torch, device):
@@ -320,36 +319,20 @@ def measure_embedding(torch, device, iters, warmup) -> tuple[float, float]:
     return 4 * t * hidden * 2 / f, (4 * t * hidden + rows * hidden) * 2 / max(fb - f, 1e-9)
 
 
-def _time_pieces(torch, device, size, iters, warmup) -> dict:
-    """kind -> (elements, forward seconds, backward seconds) of each piece at (tokens, hidden) ``size``."""
+def measure_layers(torch, device, iters, warmup) -> dict:
+    """Seconds per element, forward and backward, of each memory-bound piece of a user's step
+    (``calibrate.layers``), each run back to back as in a step; the backward is the forward plus
+    backward less the forward."""
     out = {}
-    for kind, (elems, fwd, both) in layer_pieces(torch, device, *size).items():
+    for kind, (elems, fwd, both) in layer_pieces(torch, device, *LAYER_SIZE).items():
         # forward and forward + backward as two arms interleaved in three rounds of back-to-back batches,
         # the median of each: one round's glitch (an H100, 2026-11-25: one calibration's attention_out
         # backward 11x the previous one's) drops out
         arms = [(n, lambda f=f: TorchArm(torch, device, lambda i: f())) for n, f in (("f", fwd), ("fb", both))]
         t = medians(torch, arms, timing(3 * iters, max(warmup, 3), back_to_back=True))
-        out[kind] = (elems, t["f"], max(t["fb"] - t["f"], 0.0))
+        out[kind] = (t["f"] / elems, max(t["fb"] - t["f"], 0.0) / elems)
     torch.cuda.empty_cache()
     return out
-
-
-def measure_layers(torch, device, iters, warmup) -> tuple[dict, dict]:
-    """Each memory-bound piece of a user's step (``calibrate.layers``), run back to back as in a step, at
-    LAYER_SIZE and at LAYER_SMALL (the backward: the forward plus backward less the forward), as a line in
-    its elements: (kind -> (forward, backward) seconds per element, kind -> (forward, backward) seconds per
-    call). The per-call part is what the piece's kernels cost whatever their size (a few microseconds
-    each; Llama's RMSNorm runs seven), which a rate per element alone leaves out of a small model's
-    step."""
-    big = _time_pieces(torch, device, LAYER_SIZE, iters, warmup)
-    small = _time_pieces(torch, device, LAYER_SMALL, iters, warmup)
-    per, fixed = {}, {}
-    for kind, (n, *t) in big.items():
-        m, *u = small[kind]
-        slope = [max(a - b, 0.0) / (n - m) for a, b in zip(t, u)]
-        per[kind] = tuple(slope)
-        fixed[kind] = tuple(max(b - s * m, 0.0) for b, s in zip(u, slope))
-    return per, fixed
 
 
 LAUNCH_QUEUE = 100  # one-element kernels behind the matmul in measure_launch
@@ -453,13 +436,11 @@ def main(argv=None) -> int:
            "optimizer": measure_optimizer(torch, device, args.iters, args.warmup)}
     ops["embedding"], ops["embedding_backward"] = measure_embedding(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
-    layers, fixed = measure_layers(torch, device, args.iters, args.warmup)
-    progress("layers (ps per element forward / backward; us per call): "
-             + ", ".join(f"{k} {f * 1e12:.2f}/{b * 1e12:.2f}; {fixed[k][0] * 1e6:.1f}/{fixed[k][1] * 1e6:.1f}"
-                         for k, (f, b) in layers.items()))
+    layers = measure_layers(torch, device, args.iters, args.warmup)
+    progress("layers (ns per element forward / backward): "
+             + ", ".join(f"{k} {f * 1e9:.3f}/{b * 1e9:.3f}" for k, (f, b) in layers.items()))
     sources["layer_s"] = ("measured: the memory-bound pieces of a user's step as executed (calibrate.layers), "
-                          "back to back, the slope between 2 Ki and 16 Ki tokens x 4 Ki hidden")
-    sources["layer_fixed_s"] = "measured: the same line's intercept (seconds per call)"
+                          "16 Ki tokens x 4 Ki hidden, back to back")
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
                    **{f"op_Bps.{k}": f"measured: {OP_SOURCES[k]}, {v / 1e9:.0f} GB/s" for k, v in ops.items()},
                    launch_s=f"measured: one-element kernel queued behind a matmul, {launch * 1e6:.2f} us")
@@ -468,7 +449,7 @@ def main(argv=None) -> int:
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} isolated runs, or of 3 batches of them back to back (calibrate.measure)",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
-        op_Bps=ops, sdpa=sdpa, layer_s=layers, layer_fixed_s=fixed)
+        op_Bps=ops, sdpa=sdpa, layer_s=layers)
     profile.device = device_memory(torch, device, free_at_start)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())
