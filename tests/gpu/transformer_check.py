@@ -453,8 +453,16 @@ def main(argv=None) -> int:
               flush=True)
     print(table(rows))
     if args.out:
-        Path(args.out).write_text(json.dumps({"shapes_sha256": file_hash(args.shapes), "profile": args.profile,
-                                              "recompute": args.recompute, "rows": rows}, indent=1) + "\n")
+        import datetime
+
+        import torch
+
+        from calibrate.measure import provenance
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else provenance.machine()
+        Path(args.out).write_text(json.dumps({
+            "date": datetime.date.today().isoformat(), "device": device, "commit": provenance.commit(),
+            "command": provenance.command(), "shapes_sha256": file_hash(args.shapes), "profile": args.profile,
+            "recompute": args.recompute, "rows": rows}, indent=1) + "\n")
     return 0
 
 
