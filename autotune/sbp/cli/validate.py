@@ -34,7 +34,7 @@ from models import load_model, model_kinds
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.validate import KIND, VERSION, candidate_plans, plan_collectives
+from autotune.sbp.validate import KIND, VERSION, candidate_plans, collective_rows, plan_collectives, tier_split
 
 GPT_LAYER = {"layers": 1, "hidden": 1024, "heads": 16, "sequence": 512, "vocabulary": 8192, "batch": 8, "micro_batch": 8}
 
@@ -138,17 +138,25 @@ def main(argv=None) -> int:
     rows = []
     for p in plans:
         meas = sum(per * measured[(c, a, nb)] for c, a, nb, per in plan_collectives(p))
-        rows.append({"plan": p["strategy"], "predicted_s": p["totals"]["total_s"], "measured_s": meas})
+        rows.append({"plan": p["strategy"], "predicted_s": p["totals"]["total_s"], "measured_s": meas,
+                     "tiers": tier_split(p, measured)})
     rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     w = max(len(r["plan"]) for r in rows)
     print(f"{'plan'.ljust(w)}  predicted s  measured s")
     for r in sorted(rows, key=lambda r: r["measured_s"]):
         print(f"{r['plan'].ljust(w)}  {r['predicted_s']:11.4g}  {r['measured_s']:10.4g}")
     print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {'-' if rho is None else format(rho, '.3f')}")
+    colls = collective_rows(plans, measured)
+    print(f"per collective (group ranks x nodes, tier), heaviest first: predicted / measured ms, all plans' seconds")
+    for c in sorted(colls, key=lambda c: -c["plans_measured_s"]):
+        print(f"  {c['collective']:<13} {c['ranks']}x{c['nodes']} {c['tier']:<5} {c['nbytes']:>9} B  "
+              f"{c['predicted_s'] * 1e3:9.3f} / {c['measured_s'] * 1e3:9.3f} ms  "
+              f"{c['plans_predicted_s']:8.4g} / {c['plans_measured_s']:8.4g} s")
     if args.out:
         out = write_json(Path(args.out) / "validate.json",
                          {**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
                           "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
-                          "plans": rows, "spearman": rho}, "validation record")
+                          "plans": rows, "spearman": rho, "collectives": colls},
+                         "validation record")
         print(f"wrote {out}")
     return 0
