@@ -5,10 +5,14 @@
   like nccl-tests' NCCL_TESTS_SPLIT);
 - ``inter``: one rank per host (the i-th rank of every host forms group i).
 Each group is labelled with its tier: intra when it lies in one node, else inter.
+``sleeping_barrier``: a barrier whose waiting ranks sleep instead of spinning (for
+nodes emulated on one machine, whose ranks share its cores: the groups of one
+node are then timed one node at a time, the others asleep).
 """
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -73,6 +77,14 @@ def split(world, kind: str):
             f"start the same number of ranks on every node"
         )
     return comm, info
+
+
+def sleeping_barrier(comm, poll_s: float = 1e-3) -> None:
+    """A barrier on ``comm`` whose ranks sleep ``poll_s`` between tests of it instead of spinning in MPI's
+    progress loop, leaving the cores to the ranks still at work."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(poll_s)
 
 
 def comm_world():

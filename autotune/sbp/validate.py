@@ -104,3 +104,4 @@ def collective_rows(plans: list[dict], measured: dict) -> list[dict]:
             row["plans_predicted_s"] += per * row["predicted_s"]
             row["plans_measured_s"] += per * row["measured_s"]
     return [rows[k] for k in sorted(rows)]
+
