@@ -2,7 +2,8 @@
 
 - ``world``: every rank;
 - ``intra``: the ranks of one host (one group per host, measured concurrently,
-  like nccl-tests' NCCL_TESTS_SPLIT);
+  like nccl-tests' NCCL_TESTS_SPLIT; ``calibrate run`` starts every timed batch
+  of the groups of a kind at one barrier of the world);
 - ``inter``: one rank per host (the i-th rank of every host forms group i).
 Each group is labelled with its tier: intra when it lies in one node, else inter.
 ``sleeping_barrier``: a barrier whose waiting ranks sleep instead of spinning (for

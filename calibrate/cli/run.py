@@ -48,10 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
         "under mpiexec or srun) and write a resumable results directory.")
     add_timing_args(p, mode_default="host", min_default="1K")
     p.add_argument("--factor", "-f", type=finite_float, default=2.0, help="size multiplier between steps. Default 2")
-    p.add_argument("--nodes-share-cores", action="store_true",
-                   help="the nodes are emulated on one machine (e.g. network namespaces) and share its cores: time "
-                        "the intra groups one node at a time, the other ranks asleep, as on separate machines (all "
-                        "at once, each rank's busy wait takes turns with the others' on the shared cores)")
     p.add_argument("--check", action="store_true", help="after timing, check each size of the sweep on fresh "
                    "random data; exit non-zero if anything is wrong")
     p.add_argument("--refine", action="store_true",
@@ -284,12 +280,14 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
                 return backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps,
                                        min_batch_s=args.min_batch_ms / 1e3)
             if args.nodes_share_cores and info.nodes == 1 and nnodes > 1:
+                backend.start_comm = None
                 samples = None
                 for turn in range(nnodes):  # one node's groups at a time, the others asleep
                     if turn == node:
                         samples = timed()
                     sleeping_barrier(world)
             else:
+                backend.start_comm = world  # the groups of this kind start each batch together
                 samples = timed()
             world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # concurrent groups: the slowest
             wrong = -1

@@ -10,7 +10,8 @@ The plans are a GPT model (by default one small layer) on the world seen as
 SUMMA on every mesh, the S/B-only search and random plans, until --plans plans
 with distinct predictions. Every collective runs on its real group (a
 ``comm.Split`` along the plan's mesh axes) with its real message size, all
-groups at once, as in training; a plan's measured time is the sum over its
+groups at once (each timed batch starting at one barrier of every rank), as in
+training; a plan's measured time is the sum over its
 collectives of the median time times how often the plan issues it per step.
 
 With --nodes-share-cores (nodes emulated on one machine, e.g. network
@@ -143,12 +144,14 @@ def main(argv=None) -> int:
             return median(comms[axes].measure(coll, nbytes, args.dtype, args.iters, args.warmup, args.mode))
 
         if args.nodes_share_cores and cluster.group(axes).nodes == 1 and args.nodes > 1:
+            comms[axes].start_comm = None
             t = 0.0
             for node in range(args.nodes):
                 if rank // gpus == node:
                     t = measure()
                 sleeping_barrier(world)
         else:
+            comms[axes].start_comm = world  # every group of these axes starts each batch together
             t = measure()
         measured[(coll, axes, nbytes)] = float(world.allreduce(t, op=MPI.MAX))
         if rank == 0:
