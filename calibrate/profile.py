@@ -16,6 +16,14 @@ Costing a group (``Group(ranks, nodes)``):
 - a group size that the profile did not measure uses the measured p nearest on a
   log scale: alpha and beta are per-hop constants of the ring model, so they
   carry across p (``calibrate fit`` reports how flat they really are).
+- groups crossing nodes share each node's network with the other groups that
+  run at once (one per GPU of a node for a one-rank-per-node group): each
+  model records ``groups_per_node``, how many groups of its size crossed each
+  node's network at once when it was measured (``calibrate run``'s inter groups:
+  one per rank of a node; its world: one; an assumed datasheet figure: one).
+  ``Profile.time(..., groups_per_node=k)`` prices k groups at once: the model
+  at k / groups_per_node times the bytes, the bandwidth term of the node's
+  network shared that many more (or fewer) ways than when measured.
 
 The optional ``device`` section names the GPU of one rank and its memory:
 ``{"name", "total_bytes", "usable_bytes", "source"}``. Usable bytes are what one training
@@ -42,7 +50,8 @@ from calibrate.records import check_header, header
 KIND = "commtune.profile"
 VERSION = 2
 # version 1: segments only; 2 adds, per model, how it was built ("method") and the switch points
-# between its segments ("switches"); version 1 files load with no switches recorded
+# between its segments ("switches"), and optionally how many groups crossed each node's network at once
+# ("groups_per_node", 1 where absent); version 1 files load with no switches recorded
 READ_VERSIONS = (1, 2)
 REFIT = "refit it with python -m calibrate fit"
 TIERS = ("intra", "inter")
@@ -92,15 +101,18 @@ class CollectiveModel:
     """The fitted segments of one collective on one tier at one group size, with
     the measured points they were fitted to ([bytes, median seconds]), the
     held-out validation of the fit, where the profile was measured, how the
-    model was built (``method``) and where its curve steps (``switches``: per
+    model was built (``method``), where its curve steps (``switches``: per
     boundary between segments, the sizes measured on each side, the jump, and
-    whether the step was located within 1/32 octave)."""
+    whether the step was located within 1/32 octave) and how many groups of
+    this size crossed each node's network at once when it was measured
+    (``groups_per_node``; module docstring)."""
 
     segments: list[Segment]
     points: list[list[float]] = field(default_factory=list)
     validation: dict = field(default_factory=dict)
     method: str = "segments"
     switches: list[dict] = field(default_factory=list)
+    groups_per_node: int = 1
 
     def segment_for(self, nbytes: float) -> Segment:
         return segment_for(self.segments, nbytes)
@@ -204,12 +216,16 @@ class Profile:
         )
         return by_p[key], p
 
-    def time(self, coll: Collective | str, nbytes: float, group: Group) -> float:
-        """Predicted seconds for one collective of ``nbytes`` (nccl-tests' size) on ``group``."""
+    def time(self, coll: Collective | str, nbytes: float, group: Group, groups_per_node: int | None = None) -> float:
+        """Predicted seconds for one collective of ``nbytes`` (nccl-tests' size) on ``group``; with
+        ``groups_per_node``, while that many such groups cross each node's network at once (module
+        docstring), else as many as when the model was measured."""
         if group.ranks == 1 or nbytes <= 0:
             return 0.0
         coll = Collective.parse(coll) if isinstance(coll, str) else coll
         model, p = self.model(coll, group)
+        if groups_per_node is not None and group.nodes > 1:
+            nbytes = nbytes * groups_per_node / model.groups_per_node
         return model.time(coll, nbytes, p)
 
     def busbw(self, coll: Collective | str, nbytes: float, group: Group) -> float:
@@ -276,7 +292,7 @@ class Profile:
                     _check_model_fields(m, where)
                     tiers[tier][coll][str(p)] = CollectiveModel(
                         segs, m.get("points", []), m.get("validation", {}),
-                        m.get("method", "segments"), m.get("switches", []))
+                        m.get("method", "segments"), m.get("switches", []), m.get("groups_per_node", 1))
         return cls(
             name=d["name"],
             provenance=d["provenance"],
@@ -383,6 +399,10 @@ def _check_model_fields(m: dict, where: str) -> None:
     switches = m.get("switches", [])
     if not isinstance(switches, list) or not all(isinstance(x, dict) for x in switches):
         raise UserError(f"{where}: switches is not a list of objects: fix it or {REFIT}")
+    k = m.get("groups_per_node", 1)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise UserError(f"{where}: groups_per_node is {_short(k)}; want a whole number of groups, at least 1: "
+                        f"fix it or {REFIT}")
 
 
 def embedded_profile_names() -> list[str]:

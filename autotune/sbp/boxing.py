@@ -22,7 +22,10 @@ redundantly), where it is free; a forward zeroing (B->P) is free backward.
 
 A step runs at once on every group of its axes; where groups cross nodes,
 the groups on one node share its network, so the bandwidth term of such a step
-is multiplied by how many share it (``Coster.nic_sharing``).
+is multiplied by how many share it (``Coster.nic_sharing``), relative to how
+many shared it when the profile measured that group size (``groups_per_node``
+of the profile's model: a calibrated inter tier measured the one-rank-per-node
+groups all at once, one per rank of a node).
 
 Message sizes follow nccl-tests' ``size`` (calibrate.collectives): all-reduce
 the vector, reduce-scatter its input, all-gather its output, all-to-all one
@@ -232,10 +235,11 @@ class Coster:
 
     def group_time(self, coll: Collective, nbytes: int, ranks: int, nodes: int) -> float:
         """A collective on one group, costed on the profile, with its bandwidth term shared with the
-        groups that cross the same node's network at the same time (the profile's inter tier is one
-        group a node: e.g. the inter-node step of a hierarchical all-gather over 2 nodes x 16 GPUs runs
-        as 16 concurrent pairs, each at 1/16 of the node's bandwidth)."""
-        return self.profile.time(coll, nbytes * self.nic_sharing(ranks, nodes), Group(ranks, nodes))
+        groups that cross the same node's network at the same time: e.g. the inter-node step of a
+        hierarchical all-gather over 2 nodes x 16 GPUs runs as 16 concurrent pairs, each at 1/16 of the
+        node's bandwidth where the profile's figure is one group a node, and at the figure itself where
+        the profile measured 16 pairs at once (``Profile.time``'s ``groups_per_node``)."""
+        return self.profile.time(coll, nbytes, Group(ranks, nodes), groups_per_node=self.nic_sharing(ranks, nodes))
 
     def step_time(self, step: Step) -> float:
         if step.op in LOCAL_OPS:

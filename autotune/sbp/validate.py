@@ -3,8 +3,11 @@
 ``candidate_plans``: the searched plan, data parallelism, Megatron and SUMMA
 on every mesh, then random plans, until enough plans with distinct
 predictions; ``plan_collectives``: (collective, mesh axes, bytes, times per
-step) of a plan, as its record lists them. The command that replays them
-through calibrate's backends is ``autotune/sbp/cli/validate.py``.
+step) of a plan, as its record lists them; ``collective_rows``: every distinct
+collective the plans issue, with its group, the profile's prediction and the
+time measured, so that a plan's error can be traced to the group and tier that
+make it. The command that replays them through calibrate's backends is
+``autotune/sbp/cli/validate.py``.
 """
 from __future__ import annotations
 
@@ -58,15 +61,47 @@ def candidate_plans(problem: Problem, n: int, seed: int) -> list[dict]:
     return out[:max(n, 1)]
 
 
+def plan_comms(plan: dict) -> list[tuple[dict, float]]:
+    """Every collective record of a plan (its layers' and edges') with how often the plan issues it per step."""
+    mb = plan["micro_batches"]
+    out = [(c, float(layer["count"] * (mb if c["per"] == "micro-batch" else 1)))
+           for layer in plan["layers"] for c in layer["collectives"]]
+    out += [(c, float(e["count"] * mb)) for e in plan["edges"] for c in e["collectives"]]
+    return out
+
+
+def _key(c: dict) -> tuple[str, tuple[int, ...], int]:
+    return c["collective"], tuple(c["axes"]), int(c["nbytes"])
+
+
 def plan_collectives(plan: dict) -> list[tuple[str, tuple[int, ...], int, float]]:
     """(collective, axes, nbytes, times per step) of every collective of a plan."""
-    mb = plan["micro_batches"]
-    out = []
-    for layer in plan["layers"]:
-        for c in layer["collectives"]:
-            per = layer["count"] * (mb if c["per"] == "micro-batch" else 1)
-            out.append((c["collective"], tuple(c["axes"]), int(c["nbytes"]), float(per)))
-    for e in plan["edges"]:
-        for c in e["collectives"]:
-            out.append((c["collective"], tuple(c["axes"]), int(c["nbytes"]), float(e["count"] * mb)))
+    return [(*_key(c), per) for c, per in plan_comms(plan)]
+
+
+def tier_split(plan: dict, measured: dict) -> dict[str, dict[str, float]]:
+    """A plan's predicted and ``measured`` communication seconds per step, by the tier of each group."""
+    out: dict[str, dict[str, float]] = {}
+    for c, per in plan_comms(plan):
+        t = out.setdefault(c["tier"], {"predicted_s": 0.0, "measured_s": 0.0})
+        t["predicted_s"] += per * float(c["seconds"])
+        t["measured_s"] += per * float(measured[_key(c)])
     return out
+
+
+def collective_rows(plans: list[dict], measured: dict) -> list[dict]:
+    """One row per distinct (collective, axes, bytes) of ``plans``: its group (ranks, nodes, tier), the
+    profile's predicted seconds (as the plans' records cost it), the ``measured`` seconds, and the seconds
+    it adds to the plans' predicted and measured communication summed over every plan (its weight)."""
+    rows: dict = {}
+    for plan in plans:
+        for c, per in plan_comms(plan):
+            key = _key(c)
+            row = rows.setdefault(key, {"collective": key[0], "axes": list(key[1]), "nbytes": key[2],
+                                        "ranks": c["ranks"], "nodes": c["nodes"], "tier": c["tier"],
+                                        "predicted_s": float(c["seconds"]), "measured_s": float(measured[key]),
+                                        "plans_predicted_s": 0.0, "plans_measured_s": 0.0})
+            row["plans_predicted_s"] += per * row["predicted_s"]
+            row["plans_measured_s"] += per * row["measured_s"]
+    return [rows[k] for k in sorted(rows)]
+

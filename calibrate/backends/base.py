@@ -67,6 +67,9 @@ class Backend(ABC):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        # where every timed batch starts: a barrier over this communicator (``engine.MpiGroup``'s start);
+        # the caller sets a wider one when other groups are measured at the same time
+        self.start_comm = None
 
     # -- what a backend provides ------------------------------------------------------
     @abstractmethod
@@ -130,7 +133,7 @@ class Backend(ABC):
         isolated = mode is TimingMode.ISOLATED
         opts = engine.Options(mode, rounds=1 if isolated else reps, calls=iters, min_batch_s=min_batch_s,
                               warmup=warmup, check=False)
-        res = engine.compare(engine.MpiGroup(self.comm), [("this", lambda: self.arm(coll, nbytes, dtype))], opts)
+        res = engine.compare(engine.MpiGroup(self.comm, self.start_comm), [("this", lambda: self.arm(coll, nbytes, dtype))], opts)
         arm = res["this"]
         if not arm.ok:
             raise UserError(f"{self.name} {coll} {nbytes} B: {arm.reason}")

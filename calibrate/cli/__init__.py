@@ -245,6 +245,10 @@ def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_de
                    "events) or isolated (barrier, one call, sync). Default " + (mode_default or "the profile's"))
     p.add_argument("--groups", default="world,intra,inter",
                    help="groups to measure: world, intra (ranks of one host), inter (one rank per host)")
+    p.add_argument("--nodes-share-cores", action="store_true",
+                   help="the nodes are emulated on one machine (e.g. network namespaces) and share its cores: time "
+                        "the intra groups one node at a time, the other ranks asleep, as on separate machines (all "
+                        "at once, each rank's busy wait takes turns with the others' on the shared cores)")
     p.add_argument("--out", "-o", default=None, help="results directory. Default results/calib-<date>-<time>")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping what is done")
 

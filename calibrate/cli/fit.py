@@ -68,15 +68,32 @@ def combine(runs: list[tuple[dict, pd.DataFrame]]) -> tuple[pd.DataFrame, dict]:
     dtypes = sorted({m["config"]["dtype"] for m, _ in runs})
     if len(dtypes) > 1:
         raise UserError(f"the results mix dtypes ({', '.join(dtypes)}): fit each dtype into its own profile")
-    frames = [st for _, st in runs]
+    frames = [st.assign(groups_per_node=groups_per_node(meta, st)) for meta, st in runs]
     df = pd.concat(frames, ignore_index=True)
     bad = df[~np.isfinite(df["median_s"]) | (df["median_s"] <= 0)]
     if not bad.empty:
         r = bad.iloc[0]
         raise UserError(f"non-finite or non-positive time for {r['collective']} at {r['bytes']} B: measure it again")
+    mixed = df.groupby(["tier", "collective", "ranks"])["groups_per_node"].nunique()
+    if (mixed > 1).any():
+        tier, coll, p = mixed[mixed > 1].index[0]
+        raise UserError(f"the results measure {tier}/{coll} on groups of {p} ranks with different numbers of groups "
+                        f"crossing each node's network at once (runs of different ranks per node): fit each into its "
+                        f"own profile")
     med = df.groupby(["tier", "collective", "ranks", "bytes"], as_index=False).agg(
-        median_s=("median_s", "median"), ci_lo_s=("ci_lo_s", "min"), ci_hi_s=("ci_hi_s", "max"))
+        median_s=("median_s", "median"), ci_lo_s=("ci_lo_s", "min"), ci_hi_s=("ci_hi_s", "max"),
+        groups_per_node=("groups_per_node", "first"))
     return med, {"mode": modes[0], "dtype": dtypes[0]}
+
+
+def groups_per_node(meta: dict, stats: pd.DataFrame) -> pd.Series:
+    """Per stats row, how many groups crossed each node's network at once: a run measures every group of
+    a kind at once, and a group of ``ranks`` on ``nodes`` nodes leaves each node's other ranks to that many
+    other groups (the inter groups: one per rank of a node; the world: one). 1 inside a node."""
+    per_node = meta["config"]["world_size"] // max(int(meta.get("nodes", 1)), 1)
+    crossing = stats["nodes"] > 1
+    shared = (per_node * stats["nodes"] // stats["ranks"]).clip(lower=1)
+    return shared.where(crossing, 1).astype(int)
 
 
 def describe(runs) -> tuple[dict, dict]:
@@ -107,7 +124,7 @@ def fit_profile(runs, name: str, max_segments: int, min_points: int,
         steps = switches(coll, p, segs) if method == "segments" else \
             measured_steps(n, t, g["ci_lo_s"].to_numpy(float), g["ci_hi_s"].to_numpy(float))
         model = CollectiveModel(segs, [[float(a), float(b)] for a, b in zip(n, t)], val.as_dict() if val else {},
-                                method, steps)
+                                method, steps, int(g["groups_per_node"].iloc[0]))
         tiers.setdefault(tier, {}).setdefault(coll.value, {})[str(p)] = model
         row = {"tier": tier, "collective": coll.value, "p": p, "sizes": len(n), "segments": len(segs),
                "steps_located": f"{sum(s['located'] for s in steps)}/{len(steps)}",

@@ -22,7 +22,7 @@ from calibrate.cli import add_timing_args, command_parser, finite_float, run_mpi
 from calibrate.collectives import Collective, busbw_factor
 from calibrate.device.dtypes import dtype_size
 from calibrate.errors import NAME, OptionError, UserError
-from calibrate.groups import parse_group_kinds, split, topology
+from calibrate.groups import parse_group_kinds, sleeping_barrier, split, topology
 from calibrate.records import header
 from calibrate.refine import FLOOR
 from calibrate.cli.refine import refine_group
@@ -200,7 +200,7 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
         from calibrate.device.gpu import select_gpu
 
         device = select_gpu(world)
-    _, nnodes, _, hosts = topology(world)
+    node, nnodes, _, hosts = topology(world)
     if nnodes == 1 and set(kinds) == {"inter"}:
         raise OptionError("groups", "is inter alone, which measures between nodes, and every rank is on one node: "
                                     "add world or intra, or run on 2 or more nodes")
@@ -276,8 +276,19 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
             """Time one size, check it if asked, and put it on disk (rank 0) and in ``stored``."""
             nonlocal total_wrong, checked
             start = time.perf_counter()
-            samples = backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps,
-                                      min_batch_s=args.min_batch_ms / 1e3)
+            def timed():
+                return backend.measure(coll, nbytes, args.dtype, args.iters, args.warmup, mode, args.reps,
+                                       min_batch_s=args.min_batch_ms / 1e3)
+            if args.nodes_share_cores and info.nodes == 1 and nnodes > 1:
+                backend.start_comm = None
+                samples = None
+                for turn in range(nnodes):  # one node's groups at a time, the others asleep
+                    if turn == node:
+                        samples = timed()
+                    sleeping_barrier(world)
+            else:
+                backend.start_comm = world  # the groups of this kind start each batch together
+                samples = timed()
             world.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # concurrent groups: the slowest
             wrong = -1
             if with_check:

@@ -111,14 +111,16 @@ class Solo(Group):
 
 
 class MpiGroup(Group):
-    """The ranks of an mpi4py communicator."""
+    """The ranks of an mpi4py communicator; with ``start``, a wider communicator whose ranks run other
+    groups' comparisons at the same time, every batch starts at a barrier over it (groups measured at
+    once start together, as the steps of a training job do, instead of drifting apart)."""
 
-    def __init__(self, comm):
-        self.comm = comm
+    def __init__(self, comm, start=None):
+        self.comm, self.start = comm, start if start is not None else comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        self.start.Barrier()
 
     def max(self, local: np.ndarray) -> np.ndarray:
         from mpi4py import MPI

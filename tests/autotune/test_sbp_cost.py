@@ -103,3 +103,23 @@ def test_groups_crossing_nodes_share_the_node_network():
     seg = PROFILE.tiers["inter"]["allgather"]["2"].segments[0]
     lone = PROFILE.time(Collective.ALLGATHER, n, Group(2, 2))
     assert c.step_time(Step("allgather", node_axis, n)) - lone == pytest.approx(3 * 0.5 * n * seg.beta, rel=1e-9)
+
+
+def test_a_profile_measured_with_the_groups_sharing_the_network_is_not_shared_again():
+    # calibrate run measures its inter groups (one rank per node) all at once, one per rank of a node: on
+    # 2 nodes x 2 ranks the profile's 2-rank inter model already holds 2 groups through each node's network,
+    # and the plans' node-axis steps (2 such groups at once) cost what it measured, not twice its bandwidth term
+    import copy
+    from calibrate.collectives import Collective
+    from calibrate.profile import Group
+    from autotune.sbp.boxing import Step
+    from autotune.sbp.mesh import Cluster
+    shared = copy.deepcopy(PROFILE)
+    for by_p in shared.tiers["inter"].values():
+        by_p["2"].groups_per_node = 2
+    n = 1 << 20
+    assert Coster(shared, Cluster(2, 2)).step_time(Step("allgather", (0,), n)) == pytest.approx(
+        shared.time(Collective.ALLGATHER, n, Group(2, 2)), rel=1e-12)
+    # on 2 nodes x 4 ranks, 4 groups share it: twice what was measured
+    assert Coster(shared, Cluster(2, 4)).step_time(Step("allgather", (0,), n)) == pytest.approx(
+        shared.time(Collective.ALLGATHER, 2 * n, Group(2, 2)), rel=1e-12)

@@ -25,6 +25,31 @@ def test_validate_mpi_four_ranks(tmp_path):
     assert -1.0 <= d["spearman"] <= 1.0
 
 
+@pytest.mark.skipif(not MPIEXEC.exists() and not shutil.which("mpiexec"), reason="no mpiexec")
+def test_validate_on_two_nodes_sharing_cores_times_every_group_and_splits_by_tier(tmp_path):
+    # 4 ranks seen as 2 nodes x 2: the intra-node groups timed one node at a time (--nodes-share-cores), the
+    # groups across nodes all at once; every collective gets a time, and each plan's figures split by tier add up
+    exe = str(MPIEXEC) if MPIEXEC.exists() else shutil.which("mpiexec")
+    cmd = [exe, "-n", "4", sys.executable, "-m", "autotune", "validate", "--backend", "mpi", "--profile", "gcp-a100",
+           "--nodes", "2", "--gpus-per-node", "2", "--nodes-share-cores", "--hidden", "128", "--heads", "4",
+           "--sequence", "64", "--vocabulary", "512", "--batch", "8", "--micro-batch", "8", "--iters", "1",
+           "--warmup", "1", "--plans", "4", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads((tmp_path / "validate.json").read_text())
+    assert d["nodes_share_cores"] is True and len(d["plans"]) == 4
+    colls = d["collectives"]
+    assert {c["tier"] for c in colls} == {"intra", "inter"}
+    assert all(c["measured_s"] > 0 and c["predicted_s"] > 0 for c in colls)
+    assert all((c["nodes"] == 1) == (c["tier"] == "intra") for c in colls)
+    for p in d["plans"]:
+        assert sum(t["measured_s"] for t in p["tiers"].values()) == pytest.approx(p["measured_s"], rel=1e-9)
+    # every plan's collectives, weighted by how often each plan issues them, are what the plans sum to
+    assert sum(c["plans_measured_s"] for c in colls) == pytest.approx(sum(p["measured_s"] for p in d["plans"]),
+                                                                      rel=1e-9)
+    assert "per collective" in r.stdout and " inter " in r.stdout
+
+
 def test_validate_rejects_a_world_that_does_not_match(capsys):
     from autotune.__main__ import main
     assert main(["validate", "--nodes", "2", "--gpus-per-node", "2", "--profile", "gcp-a100"]) == 2

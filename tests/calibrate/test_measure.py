@@ -165,6 +165,21 @@ def test_engine_on_mpi_ranks():
     assert got["order"][1][0] == "mpi-allgather"
 
 
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="the mpich wheel's mpiexec is not installed")
+@pytest.mark.parametrize("start", ["world", "own"])
+def test_groups_measured_at_once_start_each_batch_together(start):
+    # two groups of 2 ranks, one 30 ms slower a call: started at one world barrier, no call of batch k begins
+    # before every call of batch k-1 has ended; at their own barriers the fast group runs ahead of the slow one
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    r = subprocess.run([str(MPIEXEC), "-n", "4", sys.executable, str(ROOT / "tests/calibrate/start_together_on_ranks.py"),
+                        start], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    stamps = json.loads(r.stdout.strip().splitlines()[-1])
+    rounds = len(stamps[0])
+    together = all(min(s[k][0] for s in stamps) >= max(s[k - 1][1] for s in stamps) for k in range(1, rounds))
+    assert together == (start == "world"), stamps
+
+
 # -- the engine over torch.distributed ranks (gloo): TorchGroup, and the execute replay on it ------
 def _torch_ranks(rank, port, out):
     import types

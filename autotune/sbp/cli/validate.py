@@ -10,8 +10,18 @@ The plans are a GPT model (by default one small layer) on the world seen as
 SUMMA on every mesh, the S/B-only search and random plans, until --plans plans
 with distinct predictions. Every collective runs on its real group (a
 ``comm.Split`` along the plan's mesh axes) with its real message size, all
-groups at once, as in training; a plan's measured time is the sum over its
+groups at once (each timed batch starting at one barrier of every rank), as in
+training; a plan's measured time is the sum over its
 collectives of the median time times how often the plan issues it per step.
+
+With --nodes-share-cores (nodes emulated on one machine, e.g. network
+namespaces, whose ranks share its cores) the groups inside one node are timed
+one node at a time while the other nodes' ranks sleep: on separate machines
+they never meet, while on shared cores every rank's busy wait takes turns with
+the others' at the scheduler's tick (a 2-rank exchange of 1 KiB in shared
+memory: 16-64 ms with both nodes' groups at once, 3 us alone). Groups that
+cross nodes still run all at once: they share the nodes' network, as in
+training.
 """
 from __future__ import annotations
 
@@ -25,7 +35,8 @@ from calibrate.backends.base import TimingMode
 from calibrate.cli import command_parser, run_on_ranks
 from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
-from calibrate.measure.stats import median, spearman
+from calibrate.groups import sleeping_barrier
+from calibrate.measure.stats import median, rel_err_pct, spearman
 from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.jsonfile import write_json
@@ -34,7 +45,7 @@ from models import load_model, model_kinds
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.validate import KIND, VERSION, candidate_plans, plan_collectives
+from autotune.sbp.validate import KIND, VERSION, candidate_plans, collective_rows, plan_collectives, tier_split
 
 GPT_LAYER = {"layers": 1, "hidden": 1024, "heads": 16, "sequence": 512, "vocabulary": 8192, "batch": 8, "micro_batch": 8}
 
@@ -55,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=int, default=10, help="timed calls of each collective")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before timing each collective")
     ap.add_argument("--mode", default="host", help="timing mode: host, graph (nccl) or isolated")
+    ap.add_argument("--nodes-share-cores", action="store_true",
+                    help="the nodes are emulated on one machine and share its cores: time the groups inside a node "
+                         "one node at a time, the other ranks asleep (module docstring)")
     ap.add_argument("--out", default=None, help="directory for validate.json (default: none)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random candidate plans")
     return ap
@@ -126,8 +140,20 @@ def main(argv=None) -> int:
                 key = key * cluster.axis_sizes[a] + coords[a]
             sub = world.Split(color % (2**31 - 1), key)
             comms[axes] = make_backend(args.backend, sub)
-        t = comms[axes].measure(coll, nbytes, args.dtype, args.iters, args.warmup, args.mode)
-        measured[(coll, axes, nbytes)] = float(world.allreduce(median(t), op=MPI.MAX))
+        def measure() -> float:
+            return median(comms[axes].measure(coll, nbytes, args.dtype, args.iters, args.warmup, args.mode))
+
+        if args.nodes_share_cores and cluster.group(axes).nodes == 1 and args.nodes > 1:
+            comms[axes].start_comm = None
+            t = 0.0
+            for node in range(args.nodes):
+                if rank // gpus == node:
+                    t = measure()
+                sleeping_barrier(world)
+        else:
+            comms[axes].start_comm = world  # every group of these axes starts each batch together
+            t = measure()
+        measured[(coll, axes, nbytes)] = float(world.allreduce(t, op=MPI.MAX))
         if rank == 0:
             print(f"[validate] {i + 1}/{len(keys)} {coll} on {len(axes)} axes, {nbytes} B: {measured[(coll, axes, nbytes)] * 1e3:.3f} ms",
                   file=sys.stderr, flush=True)
@@ -138,17 +164,30 @@ def main(argv=None) -> int:
     rows = []
     for p in plans:
         meas = sum(per * measured[(c, a, nb)] for c, a, nb, per in plan_collectives(p))
-        rows.append({"plan": p["strategy"], "predicted_s": p["totals"]["total_s"], "measured_s": meas})
+        rows.append({"plan": p["strategy"], "predicted_s": p["totals"]["total_s"], "measured_s": meas,
+                     "tiers": tier_split(p, measured)})
     rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     w = max(len(r["plan"]) for r in rows)
-    print(f"{'plan'.ljust(w)}  predicted s  measured s")
+    tiers = sorted({t for r in rows for t in r["tiers"]})
+    print(f"{'plan'.ljust(w)}  predicted s  measured s  error" + "".join(f"  {t} pred / meas s" for t in tiers))
     for r in sorted(rows, key=lambda r: r["measured_s"]):
-        print(f"{r['plan'].ljust(w)}  {r['predicted_s']:11.4g}  {r['measured_s']:10.4g}")
+        split = "".join(f"  {r['tiers'].get(t, {}).get('predicted_s', 0.0):8.4g} / "
+                        f"{r['tiers'].get(t, {}).get('measured_s', 0.0):<8.4g}" for t in tiers)
+        print(f"{r['plan'].ljust(w)}  {r['predicted_s']:11.4g}  {r['measured_s']:10.4g}  "
+              f"{rel_err_pct(r['predicted_s'], r['measured_s']):+5.0f}%{split}")
     print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {'-' if rho is None else format(rho, '.3f')}")
+    colls = collective_rows(plans, measured)
+    print(f"per collective (group ranks x nodes, tier), heaviest first: predicted / measured ms, all plans' seconds")
+    for c in sorted(colls, key=lambda c: -c["plans_measured_s"]):
+        print(f"  {c['collective']:<13} {c['ranks']}x{c['nodes']} {c['tier']:<5} {c['nbytes']:>9} B  "
+              f"{c['predicted_s'] * 1e3:9.3f} / {c['measured_s'] * 1e3:9.3f} ms  "
+              f"{c['plans_predicted_s']:8.4g} / {c['plans_measured_s']:8.4g} s")
     if args.out:
         out = write_json(Path(args.out) / "validate.json",
                          {**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
                           "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
-                          "plans": rows, "spearman": rho}, "validation record")
+                          "nodes_share_cores": args.nodes_share_cores,
+                          "plans": rows, "spearman": rho, "collectives": colls},
+                         "validation record")
         print(f"wrote {out}")
     return 0
