@@ -19,6 +19,7 @@ from dataclasses import asdict
 from calibrate.records import header
 
 from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch
+from autotune.pipeline.threed import megatron_3d
 from autotune.sbp.plan import KIND, VERSION, build_plan
 
 
@@ -80,8 +81,6 @@ def pipeline_plans(graph, cluster, profile, memory_limit: float, cfg: PipelineCo
             "stage_searches": search.stages.searches}
     out = pipeline_plan(search, best, f"pipelined ({best.stages} stages, {cfg.schedule}, {best.micro_batches} "
                                       f"micro-batches)", info) if best is not None else None
-    mega = search.megatron_3d()
-    base = pipeline_plan(search, mega, f"Megatron 3-D (t={mega.tensor}, {mega.stages} stages, "
-                                       f"{mega.micro_batches} micro-batches)", {"algorithm": "megatron"}) \
-        if mega is not None else None
+    mega = megatron_3d(search)
+    base = pipeline_plan(search, mega, mega.name, {"algorithm": "megatron"}) if mega is not None else None
     return out, base

@@ -21,6 +21,7 @@ from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import load_model
 
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
+from autotune.pipeline.threed import megatron_3d
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cli.search import memory_limit
@@ -80,7 +81,7 @@ def main() -> None:
         print(f"{name}: default {describe(best)} split {best.split if best else '-'}: "
               f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s, {ps.stages.searches} stage searches",
               flush=True)
-        mega = ps.megatron_3d()
+        mega = megatron_3d(ps)
         print(f"{name}: Megatron 3-D {describe(mega)} t={mega.tensor if mega else '-'}: "
               f"{mega.step if mega else float('inf'):.4g} s/step", flush=True)
         ref = None if args.no_reference else run(graph, cluster, profile, PipelineConfig().reference(), limit)[0]

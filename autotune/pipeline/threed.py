@@ -1,0 +1,110 @@
+"""The Megatron-style 3-D baseline, as users of Megatron-LM run it: tensor parallelism t inside a node,
+pipeline stages of whole nodes, data parallelism over the rest, and the training modes that make large
+models fit.
+
+Degrees: p stages of whole nodes (p divides the node count, p <= blocks; the given count if the search has
+one), the Megatron plan inside each stage on its mesh (d, t) with t in the divisors of the GPUs per node and
+d = the stage's devices / t (``autotune.sbp.baselines.megatron_assignment``: column- then row-parallel
+matmuls, vocabulary-parallel logits; data parallelism over whole sequences, so a micro-batch must hold a
+multiple of d sequences), the balanced split of the blocks, and m micro-batches (every divisor of the batch
+from p to 8p: Megatron's ``--global-batch-size`` / ``--micro-batch-size`` x d).
+
+Modes, one for every stage as Megatron's flags set them: activation recomputation none, selective (the
+attention's probabilities) or full (a block keeps its input; ``--recompute-granularity``), each without and
+with the weights, gradients and optimizer states sharded over the data-parallel group (Megatron-FSDP's
+``optim_grads_params``, ZeRO-3: ``autotune.sbp.memory.Mode`` with every axis as FSDP's, which shards each
+weight over its gradient-sync axes, the data-parallel ones). Megatron's distributed optimizer (ZeRO-1:
+optimizer states alone sharded over the data-parallel group, ``--use-distributed-optimizer``) is not in
+the cost model (``autotune.sbp.memory`` has no mode that shards the optimizer states alone, nor its
+reduce-scatter / all-gather in place of the all-reduce), so it is not offered. A mode is tried for a
+(p, t, m) only where no plain plan fits: the plain plan is the cheapest that fits when one does.
+
+Every (p, t, m, mode) whose stages all fit is ranked by the split DP's estimate (``autotune.pipeline.split``)
+plus the first stage's exposed sync and optimizer; the ``refine`` best are simulated with their boundaries
+(``PipelineSearch.finish``) and the fastest step is the baseline.
+"""
+from __future__ import annotations
+
+import math
+
+from calibrate.errors import UserError
+
+from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, inflight, micro_batch_choices, \
+    stage_choices
+from autotune.pipeline.slicing import stage_spans
+from autotune.pipeline.stage import figures
+from autotune.sbp.baselines import megatron_assignment
+from autotune.sbp.fit import recompute_modes
+from autotune.sbp.memory import NONE, Mode
+from autotune.sbp.mesh import Cluster, role_meshes
+
+
+def modes(search: PipelineSearch, m: int, span, sub: Cluster) -> list[Mode]:
+    """The modes after the plain one: each recomputation the model has, without and with FSDP over the
+    data-parallel group."""
+    plain = search.stages.problem(m, span, sub, 1)
+    every = tuple(range(len(sub.axis_sizes)))
+    return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in (None, every)
+            if Mode(rec, sh) != NONE]
+
+
+def describe(mode: Mode) -> str:
+    parts = [] if mode.recompute == "none" else [f"recompute {mode.recompute}"]
+    return ", ".join(parts + ([] if mode.fsdp_axes is None else ["FSDP over the data-parallel group"]))
+
+
+def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tuple, mode: Mode) -> list[StagePlan] | None:
+    """The Megatron plan of every stage on ``mesh`` under ``mode``, None where a layer cannot take it."""
+    spans = stage_spans(search.graph_for(m), search.balanced(p))
+    out = []
+    for i, span in enumerate(spans):
+        prob = search.stages.problem(m, span, sub, inflight(search.schedule, i, p, m), mode)
+        a = megatron_assignment(prob, *mesh)
+        if a is None:
+            return None
+        out.append(StagePlan(prob, a, figures(prob, a), {"algorithm": "megatron", "recompute": mode.recompute,
+                                                         "sharding": mode.sharding}))
+    return out
+
+
+def candidates(search: PipelineSearch) -> list[Candidate]:
+    """Every (p, t, m) at its cheapest mode whose stages all fit."""
+    out = []
+    for p, sub in stage_choices(search.graph, search.cluster, search.cfg.stages):
+        if sub.gpus_per_node != search.cluster.gpus_per_node:
+            continue  # Megatron's stages are whole nodes, t inside one
+        meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1]
+        for m in micro_batch_choices(search.graph, p, sub, 0):
+            for mesh in meshes:
+                try:
+                    plain = stage_plans(search, p, sub, m, mesh, NONE)
+                except UserError:  # a stage with no strategy on its submesh at this micro-batch
+                    break
+                if plain is None:
+                    continue  # the micro-batch's sequences do not split over d
+                t = mesh[1][1]
+                found = [search.candidate(p, sub, m, search.balanced(p), plain)]
+                if not math.isfinite(found[0].estimate):
+                    span = stage_spans(search.graph_for(m), search.balanced(p))[0]
+                    for mode in modes(search, m, span, sub):
+                        plans = stage_plans(search, p, sub, m, mesh, mode)
+                        if plans is not None:
+                            found.append(search.candidate(p, sub, m, search.balanced(p), plans))
+                best = min(found, key=lambda c: c.estimate)
+                if math.isfinite(best.estimate):
+                    mode = best.plans[0].problem.mode
+                    extra = f", {describe(mode)}" if mode != NONE else ""
+                    best.name = f"Megatron 3-D (t={t}, {p} stages, {m} micro-batches{extra})"
+                    best.tensor = t
+                    out.append(best)
+    return out
+
+
+def megatron_3d(search: PipelineSearch) -> Candidate | None:
+    """The best Megatron-style 3-D plan that fits (``refine`` best estimates simulated), None if none does."""
+    best = None
+    for c in sorted(candidates(search), key=lambda c: c.rank)[:search.cfg.refine]:
+        c = search.finish(c)
+        if best is None or c.step < best.step:
+            best = c
+    return best if best is not None and math.isfinite(best.step) else None
