@@ -20,7 +20,7 @@ from dataclasses import asdict
 from calibrate.records import header
 
 from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, StagePlan
-from autotune.pipeline.threed import megatron_3d
+from autotune.pipeline.threed import seeded
 from autotune.sbp.plan import KIND, VERSION, build_plan
 
 
@@ -86,14 +86,15 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
 
 def pipeline_plans(graph, cluster, profile, memory_limit: float, cfg: PipelineConfig, progress=None):
     """(the best pipelined plan, the best Megatron-style 3-D plan), each a plan dict or None where no
-    candidate fits; and the search's seconds."""
+    candidate fits; the pipelined plan is the 3-D one where the stage search finds none faster
+    (``autotune.pipeline.threed.seeded``)."""
     t0 = time.perf_counter()
     search = PipelineSearch(graph, cluster, profile, memory_limit, cfg, progress)
-    best = search.run()
+    best, mega, same = seeded(search)
     info = {"algorithm": f"pipeline stages + {cfg.search}", "seconds": time.perf_counter() - t0,
-            "stage_searches": search.stages.searches}
+            "stage_searches": search.stages.searches, "seeded_by_3d": same}
+    note = "; the Megatron 3-D plan: no searched plan is faster" if same else ""
     out = pipeline_plan(search, best, f"pipelined ({best.stages} stages, {cfg.schedule}, {best.micro_batches} "
-                                      f"micro-batches)", info) if best is not None else None
-    mega = megatron_3d(search)
+                                      f"micro-batches{note})", info) if best is not None else None
     base = pipeline_plan(search, mega, mega.name, {"algorithm": "megatron"}) if mega is not None else None
     return out, base

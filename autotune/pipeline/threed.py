@@ -7,7 +7,8 @@ one), the Megatron plan inside each stage on its mesh (d, t) with t in the divis
 d = the stage's devices / t (``autotune.sbp.baselines.megatron_assignment``: column- then row-parallel
 matmuls, vocabulary-parallel logits; data parallelism over whole sequences, so a micro-batch must hold a
 multiple of d sequences), the balanced split of the blocks, and m micro-batches (every divisor of the batch
-from p to 8p: Megatron's ``--global-batch-size`` / ``--micro-batch-size`` x d).
+up to 8p, fewer than p too: Megatron's ``--global-batch-size`` / (``--micro-batch-size`` x d), which its 1F1B
+runs with a larger bubble, ``micro_batch_counts``).
 
 Modes, one for every stage as Megatron's flags set them: activation recomputation none, selective (the
 attention's probabilities) or full (a block keeps its input; ``--recompute-granularity``), each without and
@@ -29,8 +30,7 @@ import math
 
 from calibrate.errors import UserError
 
-from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, inflight, micro_batch_choices, \
-    stage_choices
+from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, inflight, stage_choices
 from autotune.pipeline.slicing import stage_spans
 from autotune.pipeline.stage import figures
 from autotune.sbp.baselines import megatron_assignment
@@ -67,14 +67,24 @@ def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tupl
     return out
 
 
-def candidates(search: PipelineSearch) -> list[Candidate]:
-    """Every (p, t, m) at its cheapest mode whose stages all fit."""
+def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool) -> list[int]:
+    """Micro-batch counts m dividing the batch, at most 8p; fewer than p too (Megatron's 1F1B then runs
+    min(p - i, m) forwards before the first backward, with a bubble of (p - 1) / m: the only counts whose
+    micro-batch splits over the data-parallel group where that group is large); with t inside a node, only
+    those whose micro-batch splits over the stage's nodes (d is at least the node count)."""
+    return [m for m in range(1, 8 * stages + 1) if batch % m == 0
+            and (not tensor_in_node or (batch // m) % sub.nodes == 0)]
+
+
+def candidates(search: PipelineSearch, tensor_in_node: bool = True) -> list[Candidate]:
+    """Every (p, t, m) at its cheapest mode whose stages all fit; ``tensor_in_node`` False lets t span nodes
+    (clusters of one GPU a node, as AutoDDL's Megatron on Piz Daint)."""
     out = []
     for p, sub in stage_choices(search.graph, search.cluster, search.cfg.stages):
         if sub.gpus_per_node != search.cluster.gpus_per_node:
             continue  # Megatron's stages are whole nodes, t inside one
-        meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1]
-        for m in micro_batch_choices(search.graph, p, sub, 0):
+        meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1 or not tensor_in_node]
+        for m in micro_batch_counts(search.graph.batch, p, sub, tensor_in_node):
             for mesh in meshes:
                 try:
                     plain = stage_plans(search, p, sub, m, mesh, NONE)
@@ -82,7 +92,7 @@ def candidates(search: PipelineSearch) -> list[Candidate]:
                     break
                 if plain is None:
                     continue  # the micro-batch's sequences do not split over d
-                t = mesh[1][1]
+                t = math.prod(mesh[1])
                 found = [search.candidate(p, sub, m, search.balanced(p), plain)]
                 if not math.isfinite(found[0].estimate):
                     span = stage_spans(search.graph_for(m), search.balanced(p))[0]
@@ -100,11 +110,21 @@ def candidates(search: PipelineSearch) -> list[Candidate]:
     return out
 
 
-def megatron_3d(search: PipelineSearch) -> Candidate | None:
+def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True) -> Candidate | None:
     """The best Megatron-style 3-D plan that fits (``refine`` best estimates simulated), None if none does."""
     best = None
-    for c in sorted(candidates(search), key=lambda c: c.rank)[:search.cfg.refine]:
+    for c in sorted(candidates(search, tensor_in_node), key=lambda c: c.rank)[:search.cfg.refine]:
         c = search.finish(c)
         if best is None or c.step < best.step:
             best = c
     return best if best is not None and math.isfinite(best.step) else None
+
+
+def seeded(search: PipelineSearch, tensor_in_node: bool = True) -> tuple[Candidate | None, Candidate | None, bool]:
+    """(the pipelined plan, the 3-D baseline, whether the plan is the baseline's): the stage search's best,
+    seeded with the 3-D plan at the candidate level (the 3-D plan is one of the search's plans: the same
+    stages, splits and per-stage SBP placements), so the pipelined plan is never slower than the baseline."""
+    best, mega = search.run(), megatron_3d(search, tensor_in_node)
+    if mega is not None and (best is None or mega.step < best.step):
+        return mega, mega, True
+    return best, mega, False

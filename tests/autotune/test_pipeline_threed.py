@@ -7,7 +7,7 @@ import pytest
 from calibrate.profile import Profile
 from models import load_model
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
-from autotune.pipeline.threed import candidates, megatron_3d, stage_plans
+from autotune.pipeline.threed import candidates, megatron_3d, seeded, stage_plans
 from autotune.sbp.memory import NONE
 from autotune.sbp.mesh import Cluster, role_meshes
 
@@ -30,7 +30,8 @@ def test_degrees_and_the_best_simulated_step(graph, profile):
     cs = candidates(ps)
     # whole-node stages (2 or 4 of 2 nodes or 1), t in {1, 2} inside a node, m from p to 8p dividing 16
     assert {c.stages for c in cs} == {2, 4} and {c.tensor for c in cs} == {1, 2}
-    assert all(c.sub.gpus_per_node == 2 and c.stages <= c.micro_batches <= 8 * c.stages for c in cs)
+    assert all(c.sub.gpus_per_node == 2 and c.micro_batches <= 8 * c.stages and 16 % c.micro_batches == 0 for c in cs)
+    assert any(c.micro_batches < c.stages for c in cs)  # Megatron runs fewer micro-batches than stages too
     assert all(x.problem.mode == NONE for c in cs for x in c.plans)  # 80 GiB: every plain plan fits
     best = megatron_3d(ps)
     steps = [ps.finish(c).step for c in cs]
@@ -58,3 +59,12 @@ def test_recomputation_or_fsdp_where_no_plain_plan_fits(graph, profile):
     # and the mode costs time: the plain plan of the same degrees (unlimited) is faster per micro-batch
     free = stage_plans(ps, best.stages, best.sub, best.micro_batches, mesh, NONE)
     assert sum(x.fig.forward + x.fig.backward for x in free) < sum(x.fig.forward + x.fig.backward for x in best.plans)
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_the_seeded_search_is_never_slower_than_3d(graph, profile, stages):
+    ps = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(stages=stages))
+    best, mega, same = seeded(ps)
+    alone = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(stages=stages)).run()
+    assert best.step == pytest.approx(min(alone.step, mega.step))
+    assert same == (mega.step < alone.step) and (best is mega) == same
