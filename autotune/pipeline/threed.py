@@ -20,9 +20,11 @@ the cost model (``autotune.sbp.memory`` has no mode that shards the optimizer st
 reduce-scatter / all-gather in place of the all-reduce), so it is not offered. A mode is tried for a
 (p, t, m) only where no plain plan fits: the plain plan is the cheapest that fits when one does.
 
-Every (p, t, m, mode) whose stages all fit is ranked by the split DP's estimate (``autotune.pipeline.split``)
-plus the first stage's exposed sync and optimizer; the ``refine`` best are simulated with their boundaries
-(``PipelineSearch.finish``) and the fastest step is the baseline.
+Every (p, t, m) whose stages all fit (at its cheapest mode by the split DP's estimate, ``autotune.pipeline.split``)
+is simulated with its boundaries (``PipelineSearch.finish``) and the fastest step is the baseline. All of them:
+the estimate leaves the boundaries out, which with many stages and few micro-batches sit on the critical path
+(GPT-3 175B on 2,048 x 8: the best estimate, 64 stages of 48 micro-batches, simulates to 4.08 s; the fourth,
+32 stages of 24, to 3.51 s).
 """
 from __future__ import annotations
 
@@ -39,12 +41,12 @@ from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
 
 
-def modes(search: PipelineSearch, m: int, span, sub: Cluster) -> list[Mode]:
-    """The modes after the plain one: each recomputation the model has, without and with FSDP over the
-    data-parallel group."""
+def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = True) -> list[Mode]:
+    """The modes after the plain one: each recomputation the model has, without and (``sharding``) with FSDP
+    over the data-parallel group."""
     plain = search.stages.problem(m, span, sub, 1)
     every = tuple(range(len(sub.axis_sizes)))
-    return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in (None, every)
+    return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in ((None, every) if sharding else (None,))
             if Mode(rec, sh) != NONE]
 
 
@@ -67,24 +69,26 @@ def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tupl
     return out
 
 
-def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool) -> list[int]:
-    """Micro-batch counts m dividing the batch, at most 8p; fewer than p too (Megatron's 1F1B then runs
+def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool, most: int | None = None) -> list[int]:
+    """Micro-batch counts m dividing the batch, at most ``most`` (default 8p, as the stage search); fewer than p too (Megatron's 1F1B then runs
     min(p - i, m) forwards before the first backward, with a bubble of (p - 1) / m: the only counts whose
     micro-batch splits over the data-parallel group where that group is large); with t inside a node, only
     those whose micro-batch splits over the stage's nodes (d is at least the node count)."""
-    return [m for m in range(1, 8 * stages + 1) if batch % m == 0
+    return [m for m in range(1, (most or 8 * stages) + 1) if batch % m == 0
             and (not tensor_in_node or (batch // m) % sub.nodes == 0)]
 
 
-def candidates(search: PipelineSearch, tensor_in_node: bool = True) -> list[Candidate]:
+def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
+               most: int | None = None) -> list[Candidate]:
     """Every (p, t, m) at its cheapest mode whose stages all fit; ``tensor_in_node`` False lets t span nodes
-    (clusters of one GPU a node, as AutoDDL's Megatron on Piz Daint)."""
+    (clusters of one GPU a node, as AutoDDL's Megatron on Piz Daint); ``sharding`` False leaves FSDP out (the
+    Megatron-LM of 2021, AutoDDL's baseline); ``most``: the most micro-batches (``micro_batch_counts``)."""
     out = []
     for p, sub in stage_choices(search.graph, search.cluster, search.cfg.stages):
         if sub.gpus_per_node != search.cluster.gpus_per_node:
             continue  # Megatron's stages are whole nodes, t inside one
         meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1 or not tensor_in_node]
-        for m in micro_batch_counts(search.graph.batch, p, sub, tensor_in_node):
+        for m in micro_batch_counts(search.graph.batch, p, sub, tensor_in_node, most):
             for mesh in meshes:
                 try:
                     plain = stage_plans(search, p, sub, m, mesh, NONE)
@@ -96,7 +100,7 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True) -> list[Cand
                 found = [search.candidate(p, sub, m, search.balanced(p), plain)]
                 if not math.isfinite(found[0].estimate):
                     span = stage_spans(search.graph_for(m), search.balanced(p))[0]
-                    for mode in modes(search, m, span, sub):
+                    for mode in modes(search, m, span, sub, sharding):
                         plans = stage_plans(search, p, sub, m, mesh, mode)
                         if plans is not None:
                             found.append(search.candidate(p, sub, m, search.balanced(p), plans))
@@ -110,21 +114,23 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True) -> list[Cand
     return out
 
 
-def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True) -> Candidate | None:
-    """The best Megatron-style 3-D plan that fits (``refine`` best estimates simulated), None if none does."""
+def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
+                most: int | None = None) -> Candidate | None:
+    """The best Megatron-style 3-D plan that fits (every candidate simulated), None if none does."""
     best = None
-    for c in sorted(candidates(search, tensor_in_node), key=lambda c: c.rank)[:search.cfg.refine]:
+    for c in candidates(search, tensor_in_node, sharding, most):
         c = search.finish(c)
         if best is None or c.step < best.step:
             best = c
     return best if best is not None and math.isfinite(best.step) else None
 
 
-def seeded(search: PipelineSearch, tensor_in_node: bool = True) -> tuple[Candidate | None, Candidate | None, bool]:
+def seeded(search: PipelineSearch, tensor_in_node: bool = True,
+           sharding: bool = True, most: int | None = None) -> tuple[Candidate | None, Candidate | None, bool]:
     """(the pipelined plan, the 3-D baseline, whether the plan is the baseline's): the stage search's best,
     seeded with the 3-D plan at the candidate level (the 3-D plan is one of the search's plans: the same
     stages, splits and per-stage SBP placements), so the pipelined plan is never slower than the baseline."""
-    best, mega = search.run(), megatron_3d(search, tensor_in_node)
+    best, mega = search.run(), megatron_3d(search, tensor_in_node, sharding, most)
     if mega is not None and (best is None or mega.step < best.step):
         return mega, mega, True
     return best, mega, False
