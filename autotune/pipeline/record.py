@@ -9,7 +9,8 @@ stages' in order, each with its ``stage``.
 
 Totals: ``step_s`` the simulated step; ``compute_s``, ``redistribution_s`` and ``grad_sync_s`` those of
 the busiest stage (per step, on its devices); ``boundary_s`` the boundary transfers of one micro-batch
-summed over the boundaries, both ways (``boundary_planned_s`` the same by the resharding planner); ``bubble_s`` the step less the busiest stage's work;
+summed over the boundaries, both ways (``boundary_planned_s`` the same by the resharding planner);
+``bubble_s`` the step less the busiest stage's work;
 ``memory_bytes`` the largest stage's peak.
 """
 from __future__ import annotations
@@ -64,7 +65,8 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
     totals = {"step_s": c.step, "compute_s": bf.compute, "redistribution_s": bf.redistribution,
               "grad_sync_s": bf.grad_sync, "total_s": bf.redistribution + bf.grad_sync,
               "exposed_comm_s": c.step - bf.compute,
-              "boundary_s": sum(f + b for f, b in c.boundaries), "boundary_planned_s": sum(f + b for f, b in planned), "bubble_s": max(0.0, c.step - work),
+              "boundary_s": sum(f + b for f, b in c.boundaries),
+              "boundary_planned_s": sum(f + b for f, b in planned), "bubble_s": max(0.0, c.step - work),
               "memory_bytes": max(x.fig.memory for x in c.plans),
               "memory": stages[busiest]["plan"]["totals"]["memory"],
               "fits_memory": all(x.fig.fits for x in c.plans)}

@@ -20,9 +20,9 @@ the cost model (``autotune.sbp.memory`` has no mode that shards the optimizer st
 reduce-scatter / all-gather in place of the all-reduce), so it is not offered. A mode is tried for a
 (p, t, m) only where no plain plan fits: the plain plan is the cheapest that fits when one does.
 
-Every (p, t, m) whose stages all fit (at its cheapest mode by the split DP's estimate, ``autotune.pipeline.split``)
-is simulated with its boundaries (``PipelineSearch.finish``) and the fastest step is the baseline. All of them:
-the estimate leaves the boundaries out, which with many stages and few micro-batches sit on the critical path
+Every (p, t, m) whose stages all fit (at its cheapest mode by the split DP's estimate,
+``autotune.pipeline.split``) is simulated with its boundaries (``PipelineSearch.finish``) and the fastest
+step is the baseline. All of them: the estimate leaves the boundaries out, which with many stages and few micro-batches sit on the critical path
 (GPT-3 175B on 2,048 x 8: the best estimate, 64 stages of 48 micro-batches, simulates to 4.08 s; the fourth,
 32 stages of 24, to 3.51 s).
 """
@@ -46,8 +46,8 @@ def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = T
     over the data-parallel group."""
     plain = search.stages.problem(m, span, sub, 1)
     every = tuple(range(len(sub.axis_sizes)))
-    return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in ((None, every) if sharding else (None,))
-            if Mode(rec, sh) != NONE]
+    shardings = (None, every) if sharding else (None,)
+    return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in shardings if Mode(rec, sh) != NONE]
 
 
 def describe(mode: Mode) -> str:
@@ -55,7 +55,8 @@ def describe(mode: Mode) -> str:
     return ", ".join(parts + ([] if mode.fsdp_axes is None else ["FSDP over the data-parallel group"]))
 
 
-def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tuple, mode: Mode) -> list[StagePlan] | None:
+def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tuple,
+                mode: Mode) -> list[StagePlan] | None:
     """The Megatron plan of every stage on ``mesh`` under ``mode``, None where a layer cannot take it."""
     spans = stage_spans(search.graph_for(m), search.balanced(p))
     out = []
@@ -69,11 +70,13 @@ def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tupl
     return out
 
 
-def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool, most: int | None = None) -> list[int]:
-    """Micro-batch counts m dividing the batch, at most ``most`` (default 8p, as the stage search); fewer than p too (Megatron's 1F1B then runs
-    min(p - i, m) forwards before the first backward, with a bubble of (p - 1) / m: the only counts whose
-    micro-batch splits over the data-parallel group where that group is large); with t inside a node, only
-    those whose micro-batch splits over the stage's nodes (d is at least the node count)."""
+def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool,
+                       most: int | None = None) -> list[int]:
+    """Micro-batch counts m dividing the batch, at most ``most`` (default 8p, as the stage search); fewer than p
+    too (Megatron's 1F1B then runs min(p - i, m) forwards before the first backward, with a bubble of
+    (p - 1) / m: the only counts whose micro-batch splits over the data-parallel group where that group is
+    large); with t inside a node, only those whose micro-batch splits over the stage's nodes (d is at least the
+    node count)."""
     return [m for m in range(1, (most or 8 * stages) + 1) if batch % m == 0
             and (not tensor_in_node or (batch // m) % sub.nodes == 0)]
 

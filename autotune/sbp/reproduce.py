@@ -446,7 +446,8 @@ def _pipeline_case(case: dict, config: Config) -> dict:
     ours = theirs = None
     per_stages = []
     for p in case["stages"]:
-        ps = PipelineSearch(g, cluster, profile, limit, PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p))
+        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p)
+        ps = PipelineSearch(g, cluster, profile, limit, cfg)
         a, b, same = seeded(ps, tensor_in_node=case["gpus"] > 1, sharding=False, most=g.batch, runnable=False)
         per_stages.append({"stages": p, "searched_s": a.step if a else None, "megatron_s": b.step if b else None,
                            "searched": _piped(a), "megatron": b.name if b else None, "seeded_by_3d": same})

@@ -7,8 +7,8 @@ import pytest
 from autotune.__main__ import main as autotune_main
 from autotune.sbp.baselines import megatron_assignment
 from autotune.sbp.memory import AUTODDL_PRECISION
-from autotune.sbp.reproduce import (Config, _capped, _limit, _problem, load_cases, run_case, p0_threshold, passes_by_cap,
-                                    previous_statuses, regressions, replication, scaled_profile, table)
+from autotune.sbp.reproduce import (Config, _capped, _limit, _problem, load_cases, p0_threshold, passes_by_cap,
+                                    previous_statuses, run_case, regressions, replication, scaled_profile, table)
 from calibrate.profile import Profile
 from models import load_model
 
@@ -22,7 +22,7 @@ def test_presets_parameter_counts_match_the_papers():
     d = json.loads(resources.files("autotune.sbp.presets").joinpath("autoddl.json").read_text())
     seen = set()
     for c in d["cases"]:
-        if c.get("model") == "gpt" and c["preset"] != "autoddl-deep":  # the paper gives no count for Table 3's deep model
+        if c.get("model") == "gpt" and c["preset"] != "autoddl-deep":  # the paper gives no count for the deep one
             g = load_model("gpt", c["preset"], c["overrides"])
             assert g.parameters() / 1e9 == pytest.approx(d["parameters_b"][c["preset"]], rel=0.01), c["id"]
             seen.add(c["preset"])
