@@ -1,26 +1,44 @@
-"""A stage boundary priced by the resharding planner (``autotune.reshard``, the resharding paper's unit
-tasks, send/recv or broadcast strategies and load-balancing solvers).
+"""A stage boundary priced as it executes, and as the resharding planner would move it.
 
-Forward, the last layer's output of stage i moves from its placement on stage i's submesh to the first
-layer's input placement on stage i + 1's; backward, that input's gradient moves back into the output's
-gradient placement. A placement is on the fine axes of the stage's own cluster (``autotune.sbp.mesh``);
-each device's tile follows from it exactly (the splits of a dimension in fine-axis order, the first
-axis major), and the unit tasks are the intersections of the distinct source and destination tiles, as
-``kernels.reshard.tasks.unit_tasks`` makes them for a sharding spec. A partial (P) tensor is reduced on
-its own submesh before it leaves (the boxing P -> B priced by the stage's ``Coster``); a partial
-destination (the gradient of a replicated output) takes disjoint tiles, its P axes splitting the
+Forward, the last layer's output of stage i (placement ``out`` on stage i's submesh) becomes the first
+layer's input of stage i + 1 (placement ``in`` on its submesh); backward, that input's gradient
+(``grad``) returns as the output's gradient (dual(out): B and P swap, S stays, the stages' own boxing
+rule, ``autotune.sbp.boxing``). A placement is on the fine axes of the stage's own cluster
+(``autotune.sbp.mesh``); each device's tile follows from it exactly (the splits of a dimension in
+fine-axis order, the first axis major; a P axis holds the whole extent).
+
+As it executes (``boundary``; ``autotune.plan.stages``, torch.distributed.pipelining): each rank sends its
+own local tile in ``out`` to the rank of stage i + 1 at the same mesh coordinates (one unit task per
+device pair, all at once, priced by the resharding planner's network: pairs crossing nodes share the
+node's port), and the receiving submesh redistributes it from ``out`` to ``in`` (DTensor; priced as the
+boxing ``out -> in`` on that submesh with the profile's tiers, ``Coster``): an S0 -> B boundary pays an
+all-gather on the receiving submesh, a partial output a reduce there. Backward: the gradient is
+redistributed on stage i + 1's submesh from ``grad`` to dual(out), then each rank's tile goes back to its
+pair. Equal placements cost the tile transfer alone. The two submeshes must have the same shape (the
+search's stages do).
+
+As the resharding planner moves it (``planned``: the resharding paper's unit tasks, send/recv or
+broadcast strategies and load-balancing solvers; optimistic by the receiving submesh's collective where
+placements differ, kept as a second figure): the unit tasks are the intersections of the distinct source and
+destination tiles, as ``kernels.reshard.tasks.unit_tasks`` makes them for a sharding spec. A partial (P)
+tensor is reduced on its own submesh before it leaves (the boxing P -> B priced by the stage's ``Coster``);
+a partial destination (the gradient of a replicated output) takes disjoint tiles, its P axes splitting the
 dimension the source splits most (zeros elsewhere are a valid partial), so one replica receives each
 piece and the pieces line up with the source's. A unit task held by many replicas offers at most ``SENDERS`` of them as senders, a different run of them for each
 unit (the solver's load balancing still spreads the sends; without the cap a replicated source of 256
-devices costs the solver minutes). Devices: stage i's submesh is the i-th run of whole nodes, or the
-i-th slice of a node, in rank order, so transfers between whole-node stages use the profile's inter-node
-tier and those inside one node its intra-node tier (``autotune.reshard.network``).
+devices costs the solver minutes).
+
+Devices: stage i's submesh is the i-th run of whole nodes, or the i-th slice of a node, in rank order, so
+transfers between whole-node stages use the profile's inter-node tier and those inside one node its
+intra-node tier (``autotune.reshard.network``).
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from calibrate.errors import UserError
 
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
@@ -114,33 +132,74 @@ class BoundaryPricer:
         self._cache: dict = {}
         self._coster: dict = {}
 
+    def _costs(self, cluster: Cluster) -> Coster:
+        return self._coster.setdefault(cluster, Coster(self.profile, cluster))
+
+    def redistribute(self, shape, src_fine, dst_fine, cluster: Cluster) -> float:
+        """Seconds of the boxing ``src_fine -> dst_fine`` on ``cluster`` (inf where no path divides evenly)."""
+        try:
+            steps = box(tuple(shape), self.itemsize, src_fine, dst_fine, cluster)
+        except UserError:
+            return math.inf
+        return self._costs(cluster).time(steps)
+
     def _reduce(self, shape, fine, cluster: Cluster) -> float:
-        if P not in fine:
-            return 0.0
-        c = self._coster.setdefault(cluster, Coster(self.profile, cluster))
-        return c.time(box(shape, self.itemsize, fine, _whole(fine), cluster))
+        return self.redistribute(shape, fine, _whole(fine), cluster) if P in fine else 0.0
+
+    def _makespan(self, shape, src: Cluster, src_devs, dst: Cluster, dst_devs, us: list[UnitTask]) -> float:
+        task = ReshardTask(tuple(shape), "float16" if self.itemsize == 2 else "float32",
+                           _mesh(src, src_devs, self.gpus_per_node), ShardingSpec.parse("R" * len(shape)),
+                           _mesh(dst, dst_devs, self.gpus_per_node), ShardingSpec.parse("R" * len(shape)))
+        return make_plan(task, self.profile, STRATEGY, SOLVER, SOLVER_CONFIG, us, bound=0.0).makespan
+
+    def _layout(self, src_devs, dst_devs) -> tuple:
+        return tuple(d // self.gpus_per_node - src_devs[0] // self.gpus_per_node for d in src_devs + dst_devs)
+
+    def transfer(self, shape, fine, src: Cluster, src_devs, dst_devs) -> float:
+        """Seconds to send every rank's local tile under ``fine`` (P read whole) to the rank at the same
+        coordinates of the next submesh (of ``src``'s shape), all pairs at once."""
+        key = ("transfer", tuple(shape), fine, src, self._layout(src_devs, dst_devs))
+        hit = self._cache.get(key)
+        if hit is None:
+            t = tiles(shape, _whole(fine), src, src_devs)
+            us = [UnitTask(k, t[a], (a,), (b,), box_volume(t[a]) * self.itemsize)
+                  for k, (a, b) in enumerate(zip(src_devs, dst_devs))]
+            hit = self._cache[key] = self._makespan(shape, src, src_devs, src, dst_devs, us)
+        return hit
 
     def move(self, shape, src_fine, src: Cluster, src_devs, dst_fine, dst: Cluster, dst_devs) -> float:
-        """Seconds to move a tensor from (src_fine on src_devs) to (dst_fine on dst_devs)."""
-        key = (tuple(shape), src_fine, src, dst_fine, dst,
-               tuple(d // self.gpus_per_node - src_devs[0] // self.gpus_per_node for d in src_devs + dst_devs))
+        """Seconds to move a tensor from (src_fine on src_devs) to (dst_fine on dst_devs) by the resharding
+        planner's unit tasks."""
+        key = ("move", tuple(shape), src_fine, src, dst_fine, dst, self._layout(src_devs, dst_devs))
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         a = tiles(shape, _whole(src_fine), src, src_devs)
         b = tiles(shape, _receive(dst_fine, shape, dst, src, src_fine), dst, dst_devs)
         us = units(shape, self.itemsize, a, b)
-        task = ReshardTask(tuple(shape), "float16" if self.itemsize == 2 else "float32",
-                           _mesh(src, src_devs, self.gpus_per_node), ShardingSpec.parse("R" * len(shape)),
-                           _mesh(dst, dst_devs, self.gpus_per_node), ShardingSpec.parse("R" * len(shape)))
-        t = self._reduce(shape, src_fine, src) + make_plan(task, self.profile, STRATEGY, SOLVER, SOLVER_CONFIG,
-                                                           us, bound=0.0).makespan
+        t = self._reduce(shape, src_fine, src) + self._makespan(shape, src, src_devs, dst, dst_devs, us)
         self._cache[key] = t
         return t
 
     def boundary(self, shape, out_fine, in_fine, grad_fine, src: Cluster, dst: Cluster, stage: int) -> tuple[float, float]:
-        """(forward, backward) seconds per micro-batch between stage ``stage`` and the next: the output
-        ``out_fine`` into the input ``in_fine``; the input's gradient ``grad_fine`` back into the output's."""
+        """(forward, backward) seconds per micro-batch between stage ``stage`` and the next, as it executes:
+        the output's tiles in ``out_fine`` sent pairwise, then redistributed to ``in_fine`` on the receiving
+        submesh; the input's gradient redistributed there from ``grad_fine`` to the output's gradient
+        placement, then its tiles sent back."""
+        if src != dst:
+            raise UserError(f"a boundary as it executes pairs ranks at the same coordinates: submeshes {src} and "
+                            f"{dst} differ; give every stage the same submesh")
+        sd = submesh_devices(stage, src, self.gpus_per_node)
+        dd = submesh_devices(stage + 1, dst, self.gpus_per_node)
+        back = tuple(dual(p) for p in out_fine)
+        fwd = self.transfer(shape, out_fine, src, sd, dd) + self.redistribute(shape, out_fine, in_fine, dst)
+        bwd = self.redistribute(shape, grad_fine, back, dst) + self.transfer(shape, back, dst, dd, sd)
+        return fwd, bwd
+
+    def planned(self, shape, out_fine, in_fine, grad_fine, src: Cluster, dst: Cluster, stage: int) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch between stage ``stage`` and the next as the resharding
+        planner moves it: the output ``out_fine`` into the input ``in_fine`` by direct tile-to-tile transfers;
+        the input's gradient ``grad_fine`` back into the output's."""
         sd = submesh_devices(stage, src, self.gpus_per_node)
         dd = submesh_devices(stage + 1, dst, self.gpus_per_node)
         fwd = self.move(shape, out_fine, src, sd, in_fine, dst, dd)

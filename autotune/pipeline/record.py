@@ -2,13 +2,15 @@
 (``autotune.sbp.plan.build_plan``) with totals over the pipeline, plus ``pipeline`` (schedule, stages,
 micro-batches, makespan, bubble) and ``stages``: per stage its chain-position range and layer names,
 submesh, in-flight micro-batches, forward and backward seconds per micro-batch, the boundary to the next
-stage (seconds per micro-batch each way), memory, its timeline (the simulated intervals) and its SBP
+stage (seconds per micro-batch each way, as it executes; ``boundary_planned_*`` as the resharding planner
+would move it, ``autotune.pipeline.boundary``), memory, its timeline (the simulated intervals) and its SBP
 plan (``layers``, ``edges``, ``totals`` as today). ``layers`` and ``edges`` of the whole are the
 stages' in order, each with its ``stage``.
 
 Totals: ``step_s`` the simulated step; ``compute_s``, ``redistribution_s`` and ``grad_sync_s`` those of
 the busiest stage (per step, on its devices); ``boundary_s`` the boundary transfers of one micro-batch
-summed over the boundaries, both ways; ``bubble_s`` the step less the busiest stage's work;
+summed over the boundaries, both ways (``boundary_planned_s`` the same by the resharding planner);
+``bubble_s`` the step less the busiest stage's work;
 ``memory_bytes`` the largest stage's peak.
 """
 from __future__ import annotations
@@ -18,13 +20,24 @@ from dataclasses import asdict
 
 from calibrate.records import header
 
-from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch
+from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, StagePlan
+from autotune.pipeline.threed import seeded
 from autotune.sbp.plan import KIND, VERSION, build_plan
+
+
+def stream(a: StagePlan, b: StagePlan) -> tuple:
+    """(shape, out, in, grad) of the boundary from stage plan ``a`` to the next, ``b``: the last layer's output
+    shape and placement, the first layer's input placement and its gradient's (as ``PipelineSearch.finish``)."""
+    pa, pb = a.problem, b.problem
+    last, first = pa.graph.chain[-1], pb.graph.chain[0]
+    sa, sb = pa.choices[last][a.assign[last]], pb.choices[first][b.assign[first]]
+    return pa.ops[last].out_shape, sa.fine_out, sb.fine_in, sb.fine_grad_in
 
 
 def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dict | None = None) -> dict:
     g = search.graph_for(c.micro_batches)
     stages, layers, edges = [], [], []
+    planned = [search.pricer.planned(*stream(c.plans[i], c.plans[i + 1]), c.sub, c.sub, i) for i in range(c.stages - 1)]
     for i, (sp, span) in enumerate(zip(c.plans, c.spans)):
         plan = build_plan(sp.problem, sp.assign, f"stage {i}", sp.search)
         for x in plan["layers"]:
@@ -32,12 +45,14 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
         for x in plan["edges"]:
             edges.append(dict(x, stage=i))
         fwd, bwd = c.boundaries[i] if i < len(c.boundaries) else (0.0, 0.0)
+        pf, pb = planned[i] if i < len(planned) else (0.0, 0.0)
         stages.append({
             "stage": i, "chain": list(span), "blocks": c.split[i],
             "first_layer": g.layers[g.chain[span[0]]].name, "last_layer": g.layers[g.chain[span[1] - 1]].name,
             "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
             "inflight": sp.problem.inflight, "forward_s": sp.fig.forward, "backward_s": sp.fig.backward,
             "boundary_forward_s": fwd, "boundary_backward_s": bwd,
+            "boundary_planned_forward_s": pf, "boundary_planned_backward_s": pb,
             "grad_sync_s": sp.fig.grad_sync, "exposed_sync_s": sp.fig.exposed_sync, "optimizer_s": sp.fig.optimizer,
             "end_s": c.ends[i], "memory_bytes": sp.fig.memory, "fits_memory": sp.fig.fits,
             "timeline": [[iv.kind, iv.micro_batch, iv.start, iv.end] for iv in c.result.intervals
@@ -50,7 +65,8 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
     totals = {"step_s": c.step, "compute_s": bf.compute, "redistribution_s": bf.redistribution,
               "grad_sync_s": bf.grad_sync, "total_s": bf.redistribution + bf.grad_sync,
               "exposed_comm_s": c.step - bf.compute,
-              "boundary_s": sum(f + b for f, b in c.boundaries), "bubble_s": max(0.0, c.step - work),
+              "boundary_s": sum(f + b for f, b in c.boundaries),
+              "boundary_planned_s": sum(f + b for f, b in planned), "bubble_s": max(0.0, c.step - work),
               "memory_bytes": max(x.fig.memory for x in c.plans),
               "memory": stages[busiest]["plan"]["totals"]["memory"],
               "fits_memory": all(x.fig.fits for x in c.plans)}
@@ -72,16 +88,15 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
 
 def pipeline_plans(graph, cluster, profile, memory_limit: float, cfg: PipelineConfig, progress=None):
     """(the best pipelined plan, the best Megatron-style 3-D plan), each a plan dict or None where no
-    candidate fits; and the search's seconds."""
+    candidate fits; the pipelined plan is the 3-D one where the stage search finds none faster
+    (``autotune.pipeline.threed.seeded``)."""
     t0 = time.perf_counter()
     search = PipelineSearch(graph, cluster, profile, memory_limit, cfg, progress)
-    best = search.run()
+    best, mega, same = seeded(search)
     info = {"algorithm": f"pipeline stages + {cfg.search}", "seconds": time.perf_counter() - t0,
-            "stage_searches": search.stages.searches}
+            "stage_searches": search.stages.searches, "seeded_by_3d": same}
+    note = "; the Megatron 3-D plan: no searched plan is faster" if same else ""
     out = pipeline_plan(search, best, f"pipelined ({best.stages} stages, {cfg.schedule}, {best.micro_batches} "
-                                      f"micro-batches)", info) if best is not None else None
-    mega = search.megatron_3d()
-    base = pipeline_plan(search, mega, f"Megatron 3-D (t={mega.tensor}, {mega.stages} stages, "
-                                       f"{mega.micro_batches} micro-batches)", {"algorithm": "megatron"}) \
-        if mega is not None else None
+                                      f"micro-batches{note})", info) if best is not None else None
+    base = pipeline_plan(search, mega, mega.name, {"algorithm": "megatron"}) if mega is not None else None
     return out, base

@@ -26,9 +26,7 @@ tighter limit cannot find a cheaper plan), and a count beyond every such plan's 
 Where no plain plan fits a count, the stage is searched under the recomputation and FSDP modes where one does
 (``StageSearch._search_modes``); the plan records its mode.
 
-The Megatron-style 3-D baseline (``megatron_3d``): whole-node stages, the Megatron plan inside each stage
-on the mesh (d, t) with t inside a node (``autotune.sbp.baselines.megatron_assignment``), the balanced
-split, at its best (p, t, m).
+The Megatron-style 3-D baseline is ``autotune.pipeline.threed``.
 """
 from __future__ import annotations
 
@@ -51,7 +49,7 @@ from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Catalogue
 from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, search_fitting, sharding_modes
 from autotune.sbp.memory import NONE, Mode
-from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
+from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import auto_budget, make_search
 from autotune.sbp.searchbase import Budget
 
@@ -288,12 +286,6 @@ class StageSearch:
             rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
         return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
 
-    def fixed(self, m: int, span, sub: Cluster, f: int, mesh: tuple) -> StagePlan | None:
-        """The Megatron plan on (d, t) = ``mesh`` of the stage, None where a layer cannot take it."""
-        prob = self.problem(m, span, sub, f)
-        a = megatron_assignment(prob, *mesh)
-        return None if a is None else StagePlan(prob, a, figures(prob, a), {"algorithm": "megatron"})
-
 
 def _time(plan: StagePlan) -> float:
     return plan.fig.forward + plan.fig.backward if plan.fig.fits else math.inf
@@ -392,43 +384,6 @@ class PipelineSearch:
             if best is None or c.step < best.step:
                 best = c
         self.seconds = time.perf_counter() - t0
-        return best if best is not None and math.isfinite(best.step) else None
-
-    def megatron_3d(self) -> Candidate | None:
-        """Megatron-style 3-D: whole-node stages, (d, t) Megatron inside each with t inside a node, the
-        balanced split; the best over stages, t and micro-batch counts (the ``refine`` best estimates
-        simulated)."""
-        cands = []
-        for p, sub in stage_choices(self.graph, self.cluster, self.cfg.stages, self.cfg.max_stage_nodes):
-            if sub.gpus_per_node != self.cluster.gpus_per_node:
-                continue
-            meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1]
-            kept = 0
-            for m in micro_batch_choices(self.graph, p, sub, 0):
-                if kept == self.cfg.micro_batch_choices:
-                    break
-                split = self.balanced(p)
-                spans = stage_spans(self.graph_for(m), split)
-                built = False
-                for mesh in meshes:
-                    try:
-                        plans = [self.stages.fixed(m, spans[i], sub, inflight(self.schedule, i, p, m), mesh)
-                                 for i in range(p)]
-                    except UserError:
-                        break  # a stage with no strategy on its submesh at this micro-batch
-                    built = True
-                    if any(x is None for x in plans):
-                        continue
-                    c = self.candidate(p, sub, m, split, plans, name=f"Megatron 3-D (t={mesh[1][1]})")
-                    c.tensor = mesh[1][1]
-                    if math.isfinite(c.estimate):
-                        cands.append(c)
-                kept += built
-        best = None
-        for c in sorted(cands, key=lambda c: c.rank)[:self.cfg.refine]:
-            c = self.finish(c)
-            if best is None or c.step < best.step:
-                best = c
         return best if best is not None and math.isfinite(best.step) else None
 
 

@@ -6,7 +6,8 @@ Per case (model preset on nodes x GPUs, the default profile, 80 GiB unless ``--m
 default search (its stages, micro-batches, split, step) and its CPU seconds on this process (one core);
 the same search with 20x the effort (``PipelineConfig.reference``: wider splits, more micro-batch
 counts, larger stages, more candidates refined, 20x each stage's SBP budget) and the default's gap to
-it; the best Megatron-style 3-D plan; and, unless --no-single, the single-stage plan of today's search
+it; the best Megatron-style 3-D plan (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and
+FSDP searched) and its CPU seconds; and, unless --no-single, the single-stage plan of today's search
 (``python -m autotune``'s, started from the best Megatron plan) and the pipelined plan's speed-up over it.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import load_model
 
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
+from autotune.pipeline.threed import megatron_3d
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cli.search import memory_limit
@@ -53,6 +55,11 @@ def describe(c) -> str:
     return f"{c.stages} x {c.sub.nodes}x{c.sub.gpus_per_node}, m {c.micro_batches}" if c is not None else "none"
 
 
+def _modes(c) -> str:
+    """The 3-D plan's recomputation / FSDP, as its name gives them."""
+    return "".join(f", {x.strip(')')}" for x in c.name.split(", ") if x.startswith(("recompute", "FSDP")))
+
+
 def main() -> None:
     ap = command_parser("python tests/bench/pipeline_plans.py", __doc__)
     ap.add_argument("--cases", default=",".join(CASES), help="cases to run, comma-separated")
@@ -66,23 +73,25 @@ def main() -> None:
         limit = memory_limit(profile, None)[0] if args.memory_limit == "profile" else float(args.memory_limit) * 2**30
     except ValueError:
         raise SystemExit(f"--memory-limit {args.memory_limit!r}: give GiB per device or 'profile'") from None
-    rows = [("case", "pipelined", "step s", "CPU s", "20x step s", "gap %", "Megatron 3-D", "3-D step s",
+    rows = [("case", "pipelined", "step s", "CPU s", "20x step s", "gap %", "Megatron 3-D", "3-D step s", "3-D CPU s",
              "single-stage s", "speed-up")]
     for name in args.cases.split(","):
         kind, preset, nodes, gpus = CASES[name]
         try:
             graph = load_model(kind, preset)
         except UserError:  # the llama kind is not in this tree yet
-            rows.append((name, f"no {kind} preset {preset}", *["-"] * 8))
+            rows.append((name, f"no {kind} preset {preset}", *["-"] * 9))
             continue
         cluster = Cluster(nodes, gpus)
         best, cpu, ps = run(graph, cluster, profile, PipelineConfig(), limit)
         print(f"{name}: default {describe(best)} split {best.split if best else '-'}: "
               f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s, {ps.stages.searches} stage searches",
               flush=True)
-        mega = ps.megatron_3d()
-        print(f"{name}: Megatron 3-D {describe(mega)} t={mega.tensor if mega else '-'}: "
-              f"{mega.step if mega else float('inf'):.4g} s/step", flush=True)
+        c0 = time.process_time()
+        mega = megatron_3d(ps)
+        mega_cpu = time.process_time() - c0
+        print(f"{name}: {mega.name if mega else 'Megatron 3-D: none fits'}: {mega.step if mega else float('inf'):.4g} "
+              f"s/step, {mega_cpu:.1f} CPU s", flush=True)
         ref = None if args.no_reference else run(graph, cluster, profile, PipelineConfig().reference(), limit)[0]
         if ref is not None:
             print(f"{name}: reference {describe(ref)} split {ref.split}: {ref.step:.4g} s/step", flush=True)
@@ -91,8 +100,8 @@ def main() -> None:
         rows.append((name, describe(best), f"{step:.4g}", f"{cpu:.1f}",
                      f"{ref.step:.4g}" if ref is not None else "-",
                      f"{(step / ref.step - 1) * 100:+.2f}" if ref is not None else "-",
-                     f"t={mega.tensor}, {describe(mega)}" if mega is not None else "none",
-                     f"{mega.step:.4g}" if mega is not None else "-",
+                     f"t={mega.tensor}, {describe(mega)}{_modes(mega)}" if mega is not None else "none",
+                     f"{mega.step:.4g}" if mega is not None else "-", f"{mega_cpu:.1f}",
                      f"{single:.4g}" if single is not None else "-",
                      f"{single / step:.2f}x" if single is not None else "-"))
         print(" | ".join(rows[-1]), flush=True)

@@ -1,0 +1,151 @@
+"""The Megatron-style 3-D baseline, as users of Megatron-LM run it: tensor parallelism t inside a node,
+pipeline stages of whole nodes, data parallelism over the rest, and the training modes that make large
+models fit.
+
+Degrees: p stages of whole nodes (p divides the node count, p <= blocks; the given count if the search has
+one), the Megatron plan inside each stage on its mesh (d, t) with t in the divisors of the GPUs per node and
+d = the stage's devices / t (``autotune.sbp.baselines.megatron_assignment``: column- then row-parallel
+matmuls, vocabulary-parallel logits; data parallelism over whole sequences, so a micro-batch must hold a
+multiple of d sequences), the balanced split of the blocks, and m micro-batches (every divisor of the batch
+up to 8p, fewer than p too: Megatron's ``--global-batch-size`` / (``--micro-batch-size`` x d), which its 1F1B
+runs with a larger bubble, ``micro_batch_counts``).
+
+Modes, one for every stage as Megatron's flags set them: activation recomputation none, selective (the
+attention's probabilities) or full (a block keeps its input; ``--recompute-granularity``), each without and
+with the weights, gradients and optimizer states sharded over the data-parallel group (Megatron-FSDP's
+``optim_grads_params``, ZeRO-3: ``autotune.sbp.memory.Mode`` with every axis as FSDP's, which shards each
+weight over its gradient-sync axes, the data-parallel ones). Megatron's distributed optimizer (ZeRO-1:
+optimizer states alone sharded over the data-parallel group, ``--use-distributed-optimizer``) is not in
+the cost model (``autotune.sbp.memory`` has no mode that shards the optimizer states alone, nor its
+reduce-scatter / all-gather in place of the all-reduce), so it is not offered. A mode is tried for a
+(p, t, m) only where no plain plan fits: the plain plan is the cheapest that fits when one does.
+
+Every (p, t, m) whose stages all fit (at its cheapest mode by the split DP's estimate,
+``autotune.pipeline.split``) is simulated with its boundaries (``PipelineSearch.finish``) and the fastest
+step is the baseline. All of them: the estimate leaves the boundaries out, which with many stages and few micro-batches sit on the critical path
+(GPT-3 175B on 2,048 x 8: the best estimate, 64 stages of 48 micro-batches, simulates to 4.08 s; the fourth,
+32 stages of 24, to 3.51 s).
+"""
+from __future__ import annotations
+
+import math
+
+from calibrate.errors import UserError
+
+from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, inflight, stage_choices
+from autotune.pipeline.slicing import stage_spans
+from autotune.pipeline.stage import figures
+from autotune.sbp.baselines import megatron_assignment
+from autotune.sbp.fit import recompute_modes
+from autotune.sbp.memory import NONE, Mode
+from autotune.sbp.mesh import Cluster, role_meshes
+
+
+def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = True) -> list[Mode]:
+    """The modes after the plain one: each recomputation the model has, without and (``sharding``) with FSDP
+    over the data-parallel group."""
+    plain = search.stages.problem(m, span, sub, 1)
+    every = tuple(range(len(sub.axis_sizes)))
+    shardings = (None, every) if sharding else (None,)
+    return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in shardings if Mode(rec, sh) != NONE]
+
+
+def describe(mode: Mode) -> str:
+    parts = [] if mode.recompute == "none" else [f"recompute {mode.recompute}"]
+    return ", ".join(parts + ([] if mode.fsdp_axes is None else ["FSDP over the data-parallel group"]))
+
+
+def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tuple,
+                mode: Mode) -> list[StagePlan] | None:
+    """The Megatron plan of every stage on ``mesh`` under ``mode``, None where a layer cannot take it."""
+    spans = stage_spans(search.graph_for(m), search.balanced(p))
+    out = []
+    for i, span in enumerate(spans):
+        prob = search.stages.problem(m, span, sub, inflight(search.schedule, i, p, m), mode)
+        a = megatron_assignment(prob, *mesh)
+        if a is None:
+            return None
+        out.append(StagePlan(prob, a, figures(prob, a), {"algorithm": "megatron", "recompute": mode.recompute,
+                                                         "sharding": mode.sharding}))
+    return out
+
+
+def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool,
+                       most: int | None = None) -> list[int]:
+    """Micro-batch counts m dividing the batch, at most ``most`` (default 8p, as the stage search); fewer than p
+    too (Megatron's 1F1B then runs min(p - i, m) forwards before the first backward, with a bubble of
+    (p - 1) / m: the only counts whose micro-batch splits over the data-parallel group where that group is
+    large); with t inside a node, only those whose micro-batch splits over the stage's nodes (d is at least the
+    node count)."""
+    return [m for m in range(1, (most or 8 * stages) + 1) if batch % m == 0
+            and (not tensor_in_node or (batch // m) % sub.nodes == 0)]
+
+
+def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
+               most: int | None = None) -> list[Candidate]:
+    """Every (p, t, m) at its cheapest mode whose stages all fit; ``tensor_in_node`` False lets t span nodes
+    (clusters of one GPU a node, as AutoDDL's Megatron on Piz Daint); ``sharding`` False leaves FSDP out (the
+    Megatron-LM of 2021, AutoDDL's baseline); ``most``: the most micro-batches (``micro_batch_counts``)."""
+    out = []
+    for p, sub in stage_choices(search.graph, search.cluster, search.cfg.stages):
+        if sub.gpus_per_node != search.cluster.gpus_per_node:
+            continue  # Megatron's stages are whole nodes, t inside one
+        meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1 or not tensor_in_node]
+        for m in micro_batch_counts(search.graph.batch, p, sub, tensor_in_node, most):
+            for mesh in meshes:
+                try:
+                    plain = stage_plans(search, p, sub, m, mesh, NONE)
+                except UserError:  # a stage with no strategy on its submesh at this micro-batch
+                    break
+                if plain is None:
+                    continue  # the micro-batch's sequences do not split over d
+                t = math.prod(mesh[1])
+                found = [search.candidate(p, sub, m, search.balanced(p), plain)]
+                if not math.isfinite(found[0].estimate):
+                    span = stage_spans(search.graph_for(m), search.balanced(p))[0]
+                    for mode in modes(search, m, span, sub, sharding):
+                        plans = stage_plans(search, p, sub, m, mesh, mode)
+                        if plans is not None:
+                            found.append(search.candidate(p, sub, m, search.balanced(p), plans))
+                best = min(found, key=lambda c: c.estimate)
+                if math.isfinite(best.estimate):
+                    mode = best.plans[0].problem.mode
+                    extra = f", {describe(mode)}" if mode != NONE else ""
+                    best.name = f"Megatron 3-D (t={t}, {p} stages, {m} micro-batches{extra})"
+                    best.tensor = t
+                    out.append(best)
+    return out
+
+
+def finished(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
+             most: int | None = None) -> list[Candidate]:
+    """Every candidate that fits, simulated, fastest first."""
+    out = [search.finish(c) for c in candidates(search, tensor_in_node, sharding, most)]
+    return sorted((c for c in out if math.isfinite(c.step)), key=lambda c: c.step)
+
+
+def executable(search: PipelineSearch, c: Candidate) -> bool:
+    """Whether ``autotune.apply_pipeline`` runs the plan: 1F1B and eager-1F1B need m >= p (the library's
+    schedules), GPipe any m."""
+    return search.schedule == "gpipe" or c.micro_batches >= c.stages
+
+
+def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
+                most: int | None = None) -> Candidate | None:
+    """The best Megatron-style 3-D plan that fits (every candidate simulated), None if none does."""
+    return next(iter(finished(search, tensor_in_node, sharding, most)), None)
+
+
+def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True, most: int | None = None,
+           runnable: bool = True) -> tuple[Candidate | None, Candidate | None, bool]:
+    """(the pipelined plan, the 3-D baseline, whether the plan is a 3-D one): the stage search's best, seeded
+    with the 3-D plans at the candidate level (a 3-D plan is one of the search's plans: the same stages, splits
+    and per-stage SBP placements): the fastest 3-D plan that ``autotune.apply_pipeline`` can run (m >= p under
+    1F1B; the baseline itself may have fewer micro-batches, as Megatron runs them; ``runnable`` False: any)
+    where it is faster. So the pipelined plan is never slower than those 3-D plans."""
+    best, done = search.run(), finished(search, tensor_in_node, sharding, most)
+    mega = next(iter(done), None)
+    runs = next((c for c in done if not runnable or executable(search, c)), None)
+    if runs is not None and (best is None or runs.step < best.step):
+        return runs, mega, True
+    return best, mega, False

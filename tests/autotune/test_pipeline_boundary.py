@@ -1,0 +1,66 @@
+"""A stage boundary priced as it executes (``BoundaryPricer.boundary``: each rank's tile to its pair, then the
+receiving submesh's redistribution) against closed forms of the profile, and against the resharding
+planner's direct transfers (``planned``)."""
+import pytest
+
+from calibrate.collectives import Collective
+from calibrate.errors import UserError
+from calibrate.profile import Group, Profile
+from autotune.pipeline.boundary import BoundaryPricer
+from autotune.sbp.mesh import Cluster
+
+SHAPE = (512, 256)
+ITEM = 2
+WHOLE = SHAPE[0] * SHAPE[1] * ITEM
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return Profile.load("h200-nvlink+ib400")
+
+
+def test_equal_placements_cost_the_tile_transfer_alone(profile):
+    # two stages of 2 GPUs in one node, rows split on both: device i sends its half to device i of stage 1
+    pricer = BoundaryPricer(profile, 8, ITEM)
+    cl = Cluster(1, 2)
+    pair = profile.time(Collective.SENDRECV, WHOLE / 2, Group(2, 1))
+    fwd, bwd = pricer.boundary(SHAPE, ("S0",), ("S0",), ("S0",), cl, cl, 0)
+    assert fwd == pytest.approx(pair, rel=1e-9) and bwd == pytest.approx(pair, rel=1e-9)
+    # replicated on both sides (the gradient partial, its dual): each rank sends its whole copy, nothing else
+    whole = profile.time(Collective.SENDRECV, WHOLE, Group(2, 1))
+    fwd, bwd = pricer.boundary(SHAPE, ("B",), ("B",), ("P",), cl, cl, 0)
+    assert fwd == pytest.approx(whole, rel=1e-9) and bwd == pytest.approx(whole, rel=1e-9)
+
+
+def test_split_to_replicated_pays_the_receiving_all_gather(profile):
+    pricer = BoundaryPricer(profile, 8, ITEM)
+    cl = Cluster(1, 2)
+    pair = profile.time(Collective.SENDRECV, WHOLE / 2, Group(2, 1))
+    gather = profile.time(Collective.ALLGATHER, WHOLE, Group(2, 1))  # nccl-tests' size: the output
+    scatter = profile.time(Collective.REDUCESCATTER, WHOLE, Group(2, 1))  # its input
+    fwd, bwd = pricer.boundary(SHAPE, ("S0",), ("B",), ("P",), cl, cl, 0)
+    assert fwd == pytest.approx(pair + gather, rel=1e-9)
+    # backward: the partial gradient reduce-scattered to rows on stage 1, then each half sent back
+    assert bwd == pytest.approx(scatter + pair, rel=1e-9)
+    # the resharding planner's direct transfers are another figure: each stage-1 device receives both halves
+    pf, _ = pricer.planned(SHAPE, ("S0",), ("B",), ("P",), cl, cl, 0)
+    assert pf != pytest.approx(fwd, rel=1e-3) and pf >= pair * (1 - 1e-9)
+    # a partial output crosses whole and is reduced on the receiving side
+    f3, _ = pricer.boundary(SHAPE, ("P",), ("S0",), ("S0",), cl, cl, 0)
+    assert f3 == pytest.approx(profile.time(Collective.SENDRECV, WHOLE, Group(2, 1)) + scatter, rel=1e-9)
+
+
+def test_across_nodes_the_pairs_share_the_port(profile):
+    # stages of one whole node each: 8 pairs cross the inter-node tier at once, each with 1/8 of the tile
+    pricer = BoundaryPricer(profile, 8, ITEM)
+    node = Cluster(1, 8)
+    fine = ("S0",) * len(node.axis_sizes)
+    fwd, _ = pricer.boundary(SHAPE, fine, fine, fine, node, node, 0)
+    assert fwd >= profile.time(Collective.SENDRECV, WHOLE / 8, Group(2, 2)) * (1 - 1e-9)
+    inside = BoundaryPricer(profile, 16, ITEM).boundary(SHAPE, fine, fine, fine, node, node, 0)[0]
+    assert fwd > inside  # the same stages as two halves of one 16-GPU node: the intra-node tier
+
+
+def test_submeshes_of_different_shapes_are_refused(profile):
+    with pytest.raises(UserError, match="same coordinates"):
+        BoundaryPricer(profile, 8, ITEM).boundary(SHAPE, ("S0",), ("S0",), ("S0",), Cluster(1, 2), Cluster(1, 4), 0)
