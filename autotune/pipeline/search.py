@@ -268,8 +268,7 @@ class StageSearch:
         the looser one did, which fits), else ``f`` is searched: plain, else under the modes where a plan fits
         (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in any mode, none
         fits a larger count: that rung holds the least-memory plain plan from k on."""
-        g = self.graph_for(m)
-        rungs = self._rungs.setdefault((signature(g, *span), sub, m), {})
+        rungs = self._rungs_of(m, span, sub)
         for k in ((1, f) if f != 1 else (1,)):
             below = max((r for r in rungs.values() if r.first <= k), key=lambda r: r.first, default=None)
             if below is not None and k <= below.last:
@@ -287,6 +286,23 @@ class StageSearch:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
             rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
         return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
+
+    def bound(self, m: int, span, sub: Cluster, f: int) -> float:
+        """A lower bound on the time per micro-batch of the stage's plan under ``f`` in flight, searching at most
+        the one-in-flight rung: the plan's time where a rung's reach covers ``f`` (``plan`` would take it), else
+        the largest time of the rungs searched under fewer in flight (a tighter limit cannot find a cheaper plan,
+        as ``rung`` takes it)."""
+        below = [r for r in self._rungs_of(m, span, sub).values() if r.first <= f]
+        if not below:
+            self.rung(m, span, sub, 1)
+            below = [r for r in self._rungs_of(m, span, sub).values() if r.first <= f]
+        top = max(below, key=lambda r: r.first)
+        if f <= top.last:
+            return _time(self.plan(m, span, sub, f))
+        return max(_time(r.plan) for r in below)
+
+    def _rungs_of(self, m: int, span, sub: Cluster) -> dict:
+        return self._rungs.setdefault((signature(self.graph_for(m), *span), sub, m), {})
 
     def fixed(self, m: int, span, sub: Cluster, f: int, mesh: tuple) -> StagePlan | None:
         """The Megatron plan on (d, t) = ``mesh`` of the stage, None where a layer cannot take it."""
@@ -325,6 +341,12 @@ class PipelineSearch:
         return [base + (1 if i in mid[:extra] else 0) for i in range(p)] if extra <= len(mid) else \
             [base + (1 if i < extra else 0) for i in range(p)]
 
+    def bound(self, p, sub, m, split) -> float:
+        """A lower bound on the estimate (and the rank) of the candidate with ``split``
+        (``StageSearch.bound`` per stage)."""
+        spans = stage_spans(self.graph_for(m), split)
+        return estimate([self.stages.bound(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in range(p)], m)
+
     def candidate(self, p, sub, m, split, plans=None, name="") -> Candidate:
         plans = plans or self._plans(p, sub, m, split)
         return Candidate(p, sub, m, split, plans, estimate([_time(x) for x in plans], m), name=name)
@@ -334,12 +356,16 @@ class PipelineSearch:
         bl = blocks(g)
         lo, hi = window(self.nblocks, p, width)
 
-        def t(i, b, k):
-            lo_pos = 0 if i == 0 else bl[b][0]
-            hi_pos = len(g.chain) if i == p - 1 else bl[b + k - 1][1]
-            return _time(self.stages.plan(m, (lo_pos, hi_pos), c.sub, inflight(self.schedule, i, p, m)))
+        def span(i, b, k):
+            return 0 if i == 0 else bl[b][0], len(g.chain) if i == p - 1 else bl[b + k - 1][1]
 
-        found = best_split(self.nblocks, p, t, m, lo, hi)
+        def t(i, b, k):
+            return _time(self.stages.plan(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m)))
+
+        def lower(i, b, k):
+            return self.stages.bound(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m))
+
+        found = best_split(self.nblocks, p, t, m, lo, hi, lower)
         if found is None or found[1] >= c.estimate:
             return c
         return self.candidate(p, c.sub, m, found[0], name=c.name)
@@ -368,22 +394,32 @@ class PipelineSearch:
     def run(self) -> Candidate | None:
         """The best pipelined plan found, or None where no candidate fits."""
         t0 = time.perf_counter()
-        cands = []
+        bounds = []
         for p, sub in stage_choices(self.graph, self.cluster, self.cfg.stages, self.cfg.max_stage_nodes):
             kept = 0
             for m in micro_batch_choices(self.graph, p, sub, 0):
                 if kept == self.cfg.micro_batch_choices:
                     break
                 try:
-                    c = self.candidate(p, sub, m, self.balanced(p), name=f"{p} stages")
+                    bounds.append((self.bound(p, sub, m, self.balanced(p)), p, sub, m))
                 except UserError as e:  # a stage with no strategy on its submesh (sizes do not divide)
                     self.progress(f"pipeline: {p} stages x {m} micro-batches skipped ({e})")
                     continue
                 kept += 1
-                self.progress(f"pipeline: {p} stages of {sub}, {m} micro-batches, split {_short(c.split)}: "
-                              f"estimate {c.estimate:.4g} s")
+        # the candidates' plans, in the order of their bounds, until no bound can enter the ``refine`` best ranks
+        cands: list[Candidate] = []
+        for n, (bound, p, sub, m) in enumerate(sorted(bounds, key=lambda x: x[0])):
+            ranks = sorted(c.rank for c in cands)
+            if not math.isfinite(bound) or (len(ranks) >= self.cfg.refine and bound >= ranks[self.cfg.refine - 1]):
+                self.progress(f"pipeline: {len(bounds) - n} candidates skipped: their estimates are at least "
+                              f"{bound:.4g} s")
+                break
+            c = self.candidate(p, sub, m, self.balanced(p), name=f"{p} stages")
+            self.progress(f"pipeline: {p} stages of {sub}, {m} micro-batches, split {_short(c.split)}: "
+                          f"estimate {c.estimate:.4g} s")
+            if math.isfinite(c.estimate):
                 cands.append(c)
-        cands = sorted((c for c in cands if math.isfinite(c.estimate)), key=lambda c: c.rank)
+        cands.sort(key=lambda c: c.rank)
         best = None
         for c in cands[:self.cfg.refine]:
             c = self.finish(self.refine(c, self.cfg.width))
