@@ -22,8 +22,9 @@ Stage problems are made once per (layer slice signature, submesh, micro-batches,
 a transformer are one problem, and all stage problems on a submesh share their strategies and boxing tables
 (``autotune.sbp.cost.Catalogue``). A stage is searched first with one micro-batch in flight (the loosest
 memory); a plan searched under k in flight serves every larger count it still fits (``StageSearch.rung``: a
-tighter limit cannot find a cheaper plan), and a count beyond every such plan's reach is searched itself.
-Where no plain plan fits a count, the stage is searched under the recomputation and FSDP modes where one does
+tighter limit cannot find a cheaper plan), and a count beyond every such plan's reach is searched itself:
+plain, and under the recomputation and FSDP modes whose lower bound beats the plain plan (a plain plan squeezed
+under a tight limit can cost many times a recomputed one) or where no plain plan fits
 (``StageSearch._search_modes``); the plan records its mode.
 
 The Megatron-style 3-D baseline (``megatron_3d``): whole-node stages, the Megatron plan inside each stage
@@ -226,14 +227,21 @@ class StageSearch:
                                                 "sharding": problem.mode.sharding}
 
     def _search_modes(self, m: int, span, sub: Cluster, k: int):
-        """Where no plain plan fits under ``k`` in flight (at its peak, workspace included): the modes (recomputation, FSDP) under which one does,
-        cheapest lower bound first (``autotune.sbp.fit.lower_bound``), the first on the full budget, each later
-        one on ``SHARE`` of it from the best plan so far, skipped where its bound is no cheaper than that plan
-        (as ``autotune.sbp.fit.search_modes``): (problem, plan, info) of the cheapest, None if no mode fits."""
+        """The stage's plan under ``k`` in flight over the modes (as ``autotune.sbp.fit.search_modes``): the plain
+        mode first on the full budget where its plans can fit, then the modes (recomputation, FSDP) under which
+        a plan fits (at its peak, workspace included), cheapest lower bound first
+        (``autotune.sbp.fit.lower_bound``), the first searched on the full budget, each later one on ``SHARE`` of
+        it from the best plan so far, skipped where its bound is no cheaper than that plan (a plain plan squeezed
+        under a tight limit is dearer than a recomputed one): (problem, plan, info) of the cheapest, None if no
+        mode has a plan that fits."""
         plain = self.problem(m, span, sub, k)
+        best = None
+        if plain.fits:
+            a, cost, info = self._search(plain)
+            if plain.fits_plan(a):
+                best = (plain, cost, a, info)
         modes = [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in sharding_modes(plain)]
         probs = [pr for pr in (self.problem(m, span, sub, k, mode) for mode in modes if mode != NONE) if pr.fits]
-        best = None
         for bound, pr in sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0]):
             if best is not None and bound >= best[1] * (1 - 1e-9):
                 continue
@@ -265,8 +273,8 @@ class StageSearch:
         flight (the loosest memory). A plan searched under k in flight fits every count up to its
         ``StageProblem.max_inflight``: the rung with the largest k <= ``f`` serves ``f`` where ``f`` is within
         its reach (a tighter limit only takes plans away, so a search under ``f`` cannot find a cheaper plan than
-        the looser one did, which fits), else ``f`` is searched: plain, else under the modes where a plan fits
-        (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in any mode, none
+        the looser one did, which fits), else ``f`` is searched, plain and under the modes whose bound can beat
+        the plain plan (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in any mode, none
         fits a larger count: that rung holds the least-memory plain plan from k on."""
         rungs = self._rungs_of(m, span, sub)
         for k in ((1, f) if f != 1 else (1,)):
@@ -274,11 +282,7 @@ class StageSearch:
             if below is not None and k <= below.last:
                 continue
             prob = self.problem(m, span, sub, k)
-            found = None
-            if prob.fits:
-                a, _, info = self._search(prob)
-                found = (prob, a, info) if prob.fits_plan(a) else None
-            found = found or self._search_modes(m, span, sub, k)
+            found = self._search_modes(m, span, sub, k)
             if found is not None:
                 prob, a, info = found
                 last = max(prob.max_inflight(a), k)
@@ -330,7 +334,9 @@ class PipelineSearch:
 
     def _plans(self, p, sub, m, split) -> list[StagePlan]:
         spans = stage_spans(self.graph_for(m), split)
-        return [self.stages.plan(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in range(p)]
+        # the last stage first: it keeps the fewest micro-batches in flight, its plan may serve the others' counts
+        plans = [self.stages.plan(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in reversed(range(p))]
+        return plans[::-1]
 
     def graph_for(self, m):
         return self.stages.graph_for(m)

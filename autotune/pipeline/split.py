@@ -12,9 +12,11 @@ splits whose stages take between ``lo`` and ``hi`` blocks: for every candidate b
 value), a DP over (stage, blocks used) minimises sum T under T_i <= tau; the best tau gives the optimum.
 
 Each T is a stage SBP search, so ``best_split`` takes a cheap lower bound on T (``bound``) and times only
-what the optimum needs: the DP runs on the bounds (T where timed), the entries of its best split that are
-not timed yet are timed, and it runs again until its best split is made of timed entries. The estimate
-does not decrease when a T grows, so that split is the optimum of the DP over every T.
+what the optimum needs: the DP runs on the bounds (T where timed), the last entry of its best split that is
+not timed yet is timed, and it runs again until its best split is made of timed entries. The estimate
+does not decrease when a T grows, so that split is the optimum of the DP over every T. The last stage first:
+a pipeline's later stages keep fewer micro-batches in flight, and a plan searched under fewer serves the
+counts it still fits (``autotune.pipeline.search.StageSearch``), which tightens the others' bounds.
 """
 from __future__ import annotations
 
@@ -55,8 +57,7 @@ def best_split(blocks: int, stages: int, time: Callable[[int, int, int], float],
             b += k
         if not todo:
             return found
-        for e in todo:
-            timed[e] = time(*e)
+        timed[todo[-1]] = time(*todo[-1])
 
 
 def _solve(table: dict[tuple[int, int, int], float], blocks: int, stages: int,
