@@ -239,3 +239,20 @@ def test_pipelined_plan_fits_at_every_stage_peak(graph, profile):
     for sp in best.plans:
         assert sp.fig.fits and sp.problem.peak_memory(sp.assign) <= limit
         assert sp.fig.memory == pytest.approx(sp.problem.peak_memory(sp.assign))
+
+
+def test_a_squeezed_plain_plan_loses_to_a_mode(graph, profile):
+    """A limit under which a plain plan fits but only squeezed: the stage's plan is the cheaper plan of a
+    recomputation mode, not the plain plan that fits."""
+    from autotune.sbp.memory import Mode
+    ps0 = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2))
+    m, sub = 4, Cluster(1, 2)
+    span = stage_spans(ps0.graph_for(m), [2, 2])[0]
+    limit = 1.07 * ps0.stages.problem(m, span, sub, 2).min_memory
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2))
+    plain = ps.stages.problem(m, span, sub, 2)
+    a, cost, _ = ps.stages._search(plain)
+    assert plain.fits_plan(a)
+    sp = ps.stages.plan(m, span, sub, 2)
+    assert sp.problem.mode != Mode() and sp.fig.fits
+    assert sp.problem.cost(sp.assign) < cost * 0.95
