@@ -189,6 +189,9 @@ class StageSearch:
         self._plans: dict = {}
         self._catalogues: dict = {}  # per submesh: strategies and boxing tables its stage problems share
         self._rungs: dict = {}
+        self._signatures: dict = {}  # (m, span) -> the number of the slice's signature
+        self._numbers: dict = {}  # signature -> its number
+        self._bounds: dict = {}  # (signature, sub, m, f) -> ``bound``, until the next rung is searched
         self.searches = 0
 
     def graph_for(self, m: int) -> LayerGraph:
@@ -196,9 +199,16 @@ class StageSearch:
             self._graphs[m] = with_micro_batches(self.graph, m)
         return self._graphs[m]
 
+    def signature(self, m: int, span) -> int:
+        """The slice's signature as a number (equal signatures, equal numbers; a tuple of layers is slow to hash)."""
+        key = (m, span)
+        if key not in self._signatures:
+            self._signatures[key] = self._numbers.setdefault(signature(self.graph_for(m), *span), len(self._numbers))
+        return self._signatures[key]
+
     def problem(self, m: int, span, sub: Cluster, f: int, mode: Mode = NONE) -> StageProblem:
         g = self.graph_for(m)
-        key = (signature(g, *span), sub, m, mode)
+        key = (self.signature(m, span), sub, m, mode)
         base = self._problems.get(key)
         if base is None:
             cat = self._catalogues.get(sub)
@@ -253,8 +263,7 @@ class StageSearch:
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
         """The stage's plan under ``f`` micro-batches in flight: the plan of the nearest search under fewer or as
         many that fits under ``f`` (``rungs``), else a search under ``f``."""
-        g = self.graph_for(m)
-        key = (signature(g, *span), sub, m, f)
+        key = (self.signature(m, span), sub, m, f)
         hit = self._plans.get(key)
         if hit is not None:
             return hit
@@ -289,6 +298,7 @@ class StageSearch:
             else:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
             rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
+            self._bounds.clear()
         return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
 
     def bound(self, m: int, span, sub: Cluster, f: int) -> float:
@@ -296,6 +306,12 @@ class StageSearch:
         the one-in-flight rung: the plan's time where a rung's reach covers ``f`` (``plan`` would take it), else
         the largest time of the rungs searched under fewer in flight (a tighter limit cannot find a cheaper plan,
         as ``rung`` takes it)."""
+        key = (self.signature(m, span), sub, m, f)
+        if key not in self._bounds:
+            self._bounds[key] = self._bound(m, span, sub, f)
+        return self._bounds[key]
+
+    def _bound(self, m: int, span, sub: Cluster, f: int) -> float:
         below = [r for r in self._rungs_of(m, span, sub).values() if r.first <= f]
         if not below:
             self.rung(m, span, sub, 1)
@@ -306,7 +322,7 @@ class StageSearch:
         return max(_time(r.plan) for r in below)
 
     def _rungs_of(self, m: int, span, sub: Cluster) -> dict:
-        return self._rungs.setdefault((signature(self.graph_for(m), *span), sub, m), {})
+        return self._rungs.setdefault((self.signature(m, span), sub, m), {})
 
     def fixed(self, m: int, span, sub: Cluster, f: int, mesh: tuple) -> StagePlan | None:
         """The Megatron plan on (d, t) = ``mesh`` of the stage, None where a layer cannot take it."""
