@@ -207,15 +207,19 @@ class StageSearch:
         return self._signatures[key]
 
     def problem(self, m: int, span, sub: Cluster, f: int, mode: Mode = NONE) -> StageProblem:
-        g = self.graph_for(m)
+        """The stage problem under ``f`` in flight and ``mode`` (a mode's problem made from the plain one:
+        ``Problem.with_mode``, per-strategy figures shared)."""
         key = (self.signature(m, span), sub, m, mode)
         base = self._problems.get(key)
         if base is None:
-            cat = self._catalogues.get(sub)
-            if cat is None:
-                cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
-            base = self._problems[key] = StageProblem(stage_graph(g, *span), cat.coster, self.limit, catalogue=cat,
-                                                      mode=mode)
+            if mode != NONE:
+                base = self.problem(m, span, sub, 1).with_mode(mode)
+            else:
+                cat = self._catalogues.get(sub)
+                if cat is None:
+                    cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
+                base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.limit, catalogue=cat)
+            self._problems[key] = base
         return base.in_flight(f)
 
     def _search(self, problem: StageProblem, share: float = 1.0, start=None):

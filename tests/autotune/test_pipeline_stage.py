@@ -140,6 +140,11 @@ def test_catalogue_changes_no_figure(kind, preset, config, profile):
             for u, v in a.edge_counts:
                 if u != v:
                     np.testing.assert_array_equal(a.edge_matrix(u, v), b.edge_matrix(u, v))
+            # a mode's problem made from the plain one (the pipeline search's way) keeps the mode's in-flight memory
+            direct = StageProblem(sg, Coster(profile, cl), 80 * 2**30, mode=mode).in_flight(3)
+            for x, y in zip(direct.mem + direct.node, b.in_flight(3).mem + b.in_flight(3).node):
+                np.testing.assert_array_equal(x, y)
+            assert direct.min_memory == b.in_flight(3).min_memory
     assert cat.strategies and all(r._tables for r in cat.rows.values())
 
 
