@@ -377,7 +377,10 @@ class PipelineSearch:
         plans = plans or self._plans(p, sub, m, split)
         return Candidate(p, sub, m, split, plans, estimate([_time(x) for x in plans], m), name=name)
 
-    def refine(self, c: Candidate, width: int) -> Candidate:
+    def refine(self, c: Candidate, width: int, cutoff: float = math.inf) -> Candidate | None:
+        """The candidate with its best split within ``width`` blocks of the balanced share (``best_split``);
+        None where no split's estimate is under ``cutoff`` (a step is never under its estimate: the schedule's
+        makespan without transfers is the estimate, and the sync and optimizer come after it)."""
         g, m, p = self.graph_for(c.micro_batches), c.micro_batches, c.stages
         bl = blocks(g)
         lo, hi = window(self.nblocks, p, width)
@@ -391,8 +394,10 @@ class PipelineSearch:
         def lower(i, b, k):
             return self.stages.bound(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m))
 
-        found = best_split(self.nblocks, p, t, m, lo, hi, lower)
-        if found is None or found[1] >= c.estimate:
+        found = best_split(self.nblocks, p, t, m, lo, hi, lower, cutoff)
+        if found is None:
+            return None if c.estimate >= cutoff else c
+        if found[1] >= c.estimate:
             return c
         return self.candidate(p, c.sub, m, found[0], name=c.name)
 
@@ -448,7 +453,12 @@ class PipelineSearch:
         cands.sort(key=lambda c: c.rank)
         best = None
         for c in cands[:self.cfg.refine]:
-            c = self.finish(self.refine(c, self.cfg.width))
+            r = self.refine(c, self.cfg.width, best.step if best is not None else math.inf)
+            if r is None:
+                self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches: no split's estimate is "
+                              f"under the best step {best.step:.4g} s")
+                continue
+            c = self.finish(r)
             self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches, split {_short(c.split)}: "
                           f"step {c.step:.4g} s (simulated {self.cfg.schedule})")
             if best is None or c.step < best.step:

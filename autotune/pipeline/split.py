@@ -34,11 +34,11 @@ def estimate(times: list[float], micro_batches: int) -> float:
 
 
 def best_split(blocks: int, stages: int, time: Callable[[int, int, int], float], micro_batches: int,
-               lo: int, hi: int, bound: Callable[[int, int, int], float] | None = None
-               ) -> tuple[list[int], float] | None:
-    """The split minimising ``estimate`` with lo <= k_i <= hi, or None if there is none; ``time(i, b, k)``
-    is stage i's time with k blocks after the first b (inf: the stage does not fit); ``bound(i, b, k)`` a
-    lower bound on it (default: ``time`` itself, every entry timed)."""
+               lo: int, hi: int, bound: Callable[[int, int, int], float] | None = None,
+               cutoff: float = math.inf) -> tuple[list[int], float] | None:
+    """The split minimising ``estimate`` with lo <= k_i <= hi, or None if there is none under ``cutoff``;
+    ``time(i, b, k)`` is stage i's time with k blocks after the first b (inf: the stage does not fit);
+    ``bound(i, b, k)`` a lower bound on it (default: ``time`` itself, every entry timed)."""
     entries = [(i, b, k) for i in range(stages)
                for b in range(i * lo, min(i * hi, blocks - (stages - i) * lo) + 1)
                for k in range(lo, hi + 1) if (stages - i - 1) * lo <= blocks - b - k <= (stages - i - 1) * hi]
@@ -47,7 +47,7 @@ def best_split(blocks: int, stages: int, time: Callable[[int, int, int], float],
         timed = {e: time(*e) for e in entries}
     while True:
         table = {e: timed[e] if e in timed else bound(*e) for e in entries}
-        found = _solve(table, blocks, stages, micro_batches)
+        found = _solve(table, blocks, stages, micro_batches, cutoff)
         if found is None:
             return None
         split, b, todo = found[0], 0, []
@@ -60,15 +60,15 @@ def best_split(blocks: int, stages: int, time: Callable[[int, int, int], float],
         timed[todo[-1]] = time(*todo[-1])
 
 
-def _solve(table: dict[tuple[int, int, int], float], blocks: int, stages: int,
-           micro_batches: int) -> tuple[list[int], float] | None:
-    """The exact DP over the entries' times ``table``: (split, estimate), None if no split fits."""
+def _solve(table: dict[tuple[int, int, int], float], blocks: int, stages: int, micro_batches: int,
+           cutoff: float = math.inf) -> tuple[list[int], float] | None:
+    """The exact DP over the entries' times ``table``: (split, estimate), None if no split fits under ``cutoff``."""
     by_stage: list[list[tuple[int, int, float]]] = [[] for _ in range(stages)]
     for (i, b, k), t in table.items():
         by_stage[i].append((b, k, t))
     best: tuple[float, list[int]] | None = None
     for tau in sorted({t for t in table.values() if math.isfinite(t)}):
-        if best is not None and (micro_batches - 1) * tau >= best[0]:
+        if (micro_batches - 1) * tau >= (best[0] if best is not None else cutoff):
             break  # every later bottleneck costs more than the best split already
         # DP backwards: cost[(i, b)] = least sum of T over stages i.. with b blocks used before stage i
         cost: dict[tuple[int, int], tuple[float, int]] = {(stages, blocks): (0.0, 0)}
@@ -82,7 +82,7 @@ def _solve(table: dict[tuple[int, int, int], float], blocks: int, stages: int,
         if (0, 0) not in cost:
             continue
         total = cost[(0, 0)][0] + (micro_batches - 1) * tau
-        if best is None or total < best[0]:
+        if total < (best[0] if best is not None else cutoff):
             split, b = [], 0
             for i in range(stages):
                 k = cost[(i, b)][1]

@@ -93,3 +93,12 @@ def test_bounded_dp_stops_at_a_split_of_timed_entries():
     split, e = best_split(12, 4, lambda i, b, k: timed.append((i, b, k)) or float(k), 8, *window(12, 4, 2),
                           bound=lambda i, b, k: float(k))
     assert split == [3, 3, 3, 3] and sorted(timed) == [(0, 0, 3), (1, 3, 3), (2, 6, 3), (3, 9, 3)]
+
+
+def test_cutoff_keeps_the_optimum_under_it_and_stops_above_it():
+    def time(i, b, k):
+        return float(k) + 0.1 * i
+    split, e = best_split(12, 4, time, 8, *window(12, 4, 2))
+    assert best_split(12, 4, time, 8, *window(12, 4, 2), cutoff=e * 1.001) == (split, e)
+    assert best_split(12, 4, time, 8, *window(12, 4, 2), bound=time, cutoff=e * 1.001) == (split, e)
+    assert best_split(12, 4, time, 8, *window(12, 4, 2), cutoff=e) is None
