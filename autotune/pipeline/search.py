@@ -12,7 +12,11 @@ submesh (a micro-batch too small to split over it has no strategy for some layer
 The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
 go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
 ``refine`` best (by the estimate plus the first stage's exposed sync and optimizer, which end the step)
-with the stage DP over splits within ``width`` blocks of the balanced share. Each
+with the stage DP over splits within ``width`` blocks of the balanced share. Both passes search a stage only
+where its lower bound (``StageSearch.bound``: the times of the searches under fewer micro-batches in flight)
+leaves it a chance: the candidates are planned in the order of their estimates' bounds until a bound cannot
+enter the ``refine`` best ranks, the stage DP times only the entries its optimum needs (``best_split``'s
+bounds), and a candidate whose DP finds no estimate under the best step so far is not refined. Each
 candidate that is kept is simulated (``autotune.reshard.pipeline.simulate``: the schedule's order, the
 boundaries' transfers overlapped as it allows), and its step is
 
