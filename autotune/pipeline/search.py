@@ -196,6 +196,7 @@ class StageSearch:
         self._signatures: dict = {}  # (m, span) -> the number of the slice's signature
         self._numbers: dict = {}  # signature -> its number
         self._bounds: dict = {}  # (signature, sub, m, f) -> ``bound``, until the next rung is searched
+        self._costs: dict = {}  # (signature, sub, m) -> mode -> [(in flight, cost of the plan its search found)]
         self.searches = 0
 
     def graph_for(self, m: int) -> LayerGraph:
@@ -251,21 +252,33 @@ class StageSearch:
         (``autotune.sbp.fit.lower_bound``), the first searched on the full budget, each later one on ``SHARE`` of
         it from the best plan so far, skipped where its bound is no cheaper than that plan (a plain plan squeezed
         under a tight limit is dearer than a recomputed one): (problem, plan, info) of the cheapest, None if no
-        mode has a plan that fits."""
+        mode has a plan that fits.
+
+        Where the stage was searched under fewer in flight (an earlier rung), a mode's bound is also the cost
+        its search found there (a tighter limit cannot find a cheaper plan, as ``rung`` takes it); the modes then
+        go cheapest bound first, plain included (on the full budget wherever it is searched), so a plain plan
+        that a recomputed one beat under a looser limit is not searched again under a tighter one."""
         plain = self.problem(m, span, sub, k)
-        best = None
-        if plain.fits:
-            a, cost, info = self._search(plain)
-            if plain.fits_plan(a):
-                best = (plain, cost, a, info)
+        history = self._costs.setdefault((self.signature(m, span), sub, m), {})
         modes = [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in sharding_modes(plain)]
         probs = [pr for pr in (self.problem(m, span, sub, k, mode) for mode in modes if mode != NONE) if pr.fits]
-        for bound, pr in sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0]):
+        order = sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0])
+        if plain.fits:
+            order = [(-math.inf, plain)] + order
+        if any(kk < k for costs in history.values() for kk, _ in costs):
+            order = sorted(((max([bound if pr is not plain else lower_bound(pr)]
+                                 + [c for kk, c in history.get(pr.mode, []) if kk < k]), pr) for bound, pr in order),
+                           key=lambda x: x[0])
+        best = None
+        for bound, pr in order:
             if best is not None and bound >= best[1] * (1 - 1e-9):
                 continue
-            a, cost, info = self._search(pr, SHARE if best else 1.0, best[2] if best else None)
-            if pr.fits_plan(a) and (best is None or cost < best[1]):
-                best = (pr, cost, a, info)
+            full = best is None or pr is plain
+            a, cost, info = self._search(pr, 1.0 if full else SHARE, None if full else best[2])
+            if pr.fits_plan(a):
+                history.setdefault(pr.mode, []).append((k, cost))
+                if best is None or cost < best[1]:
+                    best = (pr, cost, a, info)
         return None if best is None else (best[0], best[2], best[3])
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
