@@ -304,8 +304,8 @@ class StageSearch:
         ``StageProblem.max_inflight``: the rung with the largest k <= ``f`` serves ``f`` where ``f`` is within
         its reach (a tighter limit only takes plans away, so a search under ``f`` cannot find a cheaper plan than
         the looser one did, which fits), else ``f`` is searched, plain and under the modes whose bound can beat
-        the plain plan (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in any mode, none
-        fits a larger count: that rung holds the least-memory plain plan from k on."""
+        the plain plan (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in
+        any mode, none fits a larger count: that rung holds the least-memory plain plan from k on."""
         rungs = self._rungs_of(m, span, sub)
         for k in ((1, f) if f != 1 else (1,)):
             below = max((r for r in rungs.values() if r.first <= k), key=lambda r: r.first, default=None)
