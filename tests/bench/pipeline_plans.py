@@ -8,7 +8,8 @@ the same search with 20x the effort (``PipelineConfig.reference``: wider splits,
 counts, larger stages, more candidates refined, 20x each stage's SBP budget) and the default's gap to
 it (``--reference space``: the wider space on the default budgets; ``--reference budget``: 20x each stage's
 SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan; and, unless
---no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the best Megatron plan) and the pipelined plan's speed-up over it.
+--no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the best
+Megatron plan) and the pipelined plan's speed-up over it.
 """
 from __future__ import annotations
 
