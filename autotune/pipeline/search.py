@@ -12,7 +12,11 @@ submesh (a micro-batch too small to split over it has no strategy for some layer
 The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
 go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
 ``refine`` best (by the estimate plus the first stage's exposed sync and optimizer, which end the step)
-with the stage DP over splits within ``width`` blocks of the balanced share. Each
+with the stage DP over splits within ``width`` blocks of the balanced share. Both passes search a stage only
+where its lower bound (``StageSearch.bound``: the times of the searches under fewer micro-batches in flight)
+leaves it a chance: the candidates are planned in the order of their estimates' bounds until a bound cannot
+enter the ``refine`` best ranks, the stage DP times only the entries its optimum needs (``best_split``'s
+bounds), and a candidate whose DP finds no estimate under the best step so far is not refined. Each
 candidate that is kept is simulated (``autotune.reshard.pipeline.simulate``: the schedule's order, the
 boundaries' transfers overlapped as it allows), and its step is
 
@@ -22,8 +26,9 @@ Stage problems are made once per (layer slice signature, submesh, micro-batches,
 a transformer are one problem, and all stage problems on a submesh share their strategies and boxing tables
 (``autotune.sbp.cost.Catalogue``). A stage is searched first with one micro-batch in flight (the loosest
 memory); a plan searched under k in flight serves every larger count it still fits (``StageSearch.rung``: a
-tighter limit cannot find a cheaper plan), and a count beyond every such plan's reach is searched itself.
-Where no plain plan fits a count, the stage is searched under the recomputation and FSDP modes where one does
+tighter limit cannot find a cheaper plan), and a count beyond every such plan's reach is searched itself:
+plain, and under the recomputation and FSDP modes whose lower bound beats the plain plan (a plain plan squeezed
+under a tight limit can cost many times a recomputed one) or where no plain plan fits
 (``StageSearch._search_modes``); the plan records its mode.
 
 The Megatron-style 3-D baseline is ``autotune.pipeline.threed``.
@@ -186,6 +191,10 @@ class StageSearch:
         self._plans: dict = {}
         self._catalogues: dict = {}  # per submesh: strategies and boxing tables its stage problems share
         self._rungs: dict = {}
+        self._signatures: dict = {}  # (m, span) -> the number of the slice's signature
+        self._numbers: dict = {}  # signature -> its number
+        self._bounds: dict = {}  # (signature, sub, m, f) -> ``bound``, until the next rung is searched
+        self._costs: dict = {}  # (signature, sub, m) -> mode -> [(in flight, cost of the plan its search found)]
         self.searches = 0
 
     def graph_for(self, m: int) -> LayerGraph:
@@ -193,16 +202,27 @@ class StageSearch:
             self._graphs[m] = with_micro_batches(self.graph, m)
         return self._graphs[m]
 
+    def signature(self, m: int, span) -> int:
+        """The slice's signature as a number (equal signatures, equal numbers; a tuple of layers is slow to hash)."""
+        key = (m, span)
+        if key not in self._signatures:
+            self._signatures[key] = self._numbers.setdefault(signature(self.graph_for(m), *span), len(self._numbers))
+        return self._signatures[key]
+
     def problem(self, m: int, span, sub: Cluster, f: int, mode: Mode = NONE) -> StageProblem:
-        g = self.graph_for(m)
-        key = (signature(g, *span), sub, m, mode)
+        """The stage problem under ``f`` in flight and ``mode`` (a mode's problem made from the plain one:
+        ``Problem.with_mode``, per-strategy figures shared)."""
+        key = (self.signature(m, span), sub, m, mode)
         base = self._problems.get(key)
         if base is None:
-            cat = self._catalogues.get(sub)
-            if cat is None:
-                cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
-            base = self._problems[key] = StageProblem(stage_graph(g, *span), cat.coster, self.limit, catalogue=cat,
-                                                      mode=mode)
+            if mode != NONE:
+                base = self.problem(m, span, sub, 1).with_mode(mode)
+            else:
+                cat = self._catalogues.get(sub)
+                if cat is None:
+                    cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
+                base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.limit, catalogue=cat)
+            self._problems[key] = base
         return base.in_flight(f)
 
     def _search(self, problem: StageProblem, share: float = 1.0, start=None):
@@ -224,27 +244,45 @@ class StageSearch:
                                                 "sharding": problem.mode.sharding}
 
     def _search_modes(self, m: int, span, sub: Cluster, k: int):
-        """Where no plain plan fits under ``k`` in flight (at its peak, workspace included): the modes (recomputation, FSDP) under which one does,
-        cheapest lower bound first (``autotune.sbp.fit.lower_bound``), the first on the full budget, each later
-        one on ``SHARE`` of it from the best plan so far, skipped where its bound is no cheaper than that plan
-        (as ``autotune.sbp.fit.search_modes``): (problem, plan, info) of the cheapest, None if no mode fits."""
+        """The stage's plan under ``k`` in flight over the modes (as ``autotune.sbp.fit.search_modes``): the plain
+        mode first on the full budget where its plans can fit, then the modes (recomputation, FSDP) under which
+        a plan fits (at its peak, workspace included), cheapest lower bound first
+        (``autotune.sbp.fit.lower_bound``), the first searched on the full budget, each later one on ``SHARE`` of
+        it from the best plan so far, skipped where its bound is no cheaper than that plan (a plain plan squeezed
+        under a tight limit is dearer than a recomputed one): (problem, plan, info) of the cheapest, None if no
+        mode has a plan that fits.
+
+        Where the stage was searched under fewer in flight (an earlier rung), a mode's bound is also the cost
+        its search found there (a tighter limit cannot find a cheaper plan, as ``rung`` takes it); the modes then
+        go cheapest bound first, plain included (on the full budget wherever it is searched), so a plain plan
+        that a recomputed one beat under a looser limit is not searched again under a tighter one."""
         plain = self.problem(m, span, sub, k)
+        history = self._costs.setdefault((self.signature(m, span), sub, m), {})
         modes = [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in sharding_modes(plain)]
         probs = [pr for pr in (self.problem(m, span, sub, k, mode) for mode in modes if mode != NONE) if pr.fits]
+        order = sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0])
+        if plain.fits:
+            order = [(-math.inf, plain)] + order
+        if any(kk < k for costs in history.values() for kk, _ in costs):
+            order = sorted(((max([bound if pr is not plain else lower_bound(pr)]
+                                 + [c for kk, c in history.get(pr.mode, []) if kk < k]), pr) for bound, pr in order),
+                           key=lambda x: x[0])
         best = None
-        for bound, pr in sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0]):
+        for bound, pr in order:
             if best is not None and bound >= best[1] * (1 - 1e-9):
                 continue
-            a, cost, info = self._search(pr, SHARE if best else 1.0, best[2] if best else None)
-            if pr.fits_plan(a) and (best is None or cost < best[1]):
-                best = (pr, cost, a, info)
+            full = best is None or pr is plain
+            a, cost, info = self._search(pr, 1.0 if full else SHARE, None if full else best[2])
+            if pr.fits_plan(a):
+                history.setdefault(pr.mode, []).append((k, cost))
+                if best is None or cost < best[1]:
+                    best = (pr, cost, a, info)
         return None if best is None else (best[0], best[2], best[3])
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
         """The stage's plan under ``f`` micro-batches in flight: the plan of the nearest search under fewer or as
         many that fits under ``f`` (``rungs``), else a search under ``f``."""
-        g = self.graph_for(m)
-        key = (signature(g, *span), sub, m, f)
+        key = (self.signature(m, span), sub, m, f)
         hit = self._plans.get(key)
         if hit is not None:
             return hit
@@ -263,28 +301,47 @@ class StageSearch:
         flight (the loosest memory). A plan searched under k in flight fits every count up to its
         ``StageProblem.max_inflight``: the rung with the largest k <= ``f`` serves ``f`` where ``f`` is within
         its reach (a tighter limit only takes plans away, so a search under ``f`` cannot find a cheaper plan than
-        the looser one did, which fits), else ``f`` is searched: plain, else under the modes where a plan fits
-        (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in any mode, none
-        fits a larger count: that rung holds the least-memory plain plan from k on."""
-        g = self.graph_for(m)
-        rungs = self._rungs.setdefault((signature(g, *span), sub, m), {})
+        the looser one did, which fits), else ``f`` is searched, plain and under the modes whose bound can beat
+        the plain plan (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in
+        any mode, none fits a larger count: that rung holds the least-memory plain plan from k on."""
+        rungs = self._rungs_of(m, span, sub)
         for k in ((1, f) if f != 1 else (1,)):
             below = max((r for r in rungs.values() if r.first <= k), key=lambda r: r.first, default=None)
             if below is not None and k <= below.last:
                 continue
             prob = self.problem(m, span, sub, k)
-            found = None
-            if prob.fits:
-                a, _, info = self._search(prob)
-                found = (prob, a, info) if prob.fits_plan(a) else None
-            found = found or self._search_modes(m, span, sub, k)
+            found = self._search_modes(m, span, sub, k)
             if found is not None:
                 prob, a, info = found
                 last = max(prob.max_inflight(a), k)
             else:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
             rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
+            self._bounds.clear()
         return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
+
+    def bound(self, m: int, span, sub: Cluster, f: int) -> float:
+        """A lower bound on the time per micro-batch of the stage's plan under ``f`` in flight, searching at most
+        the one-in-flight rung: the plan's time where a rung's reach covers ``f`` (``plan`` would take it), else
+        the largest time of the rungs searched under fewer in flight (a tighter limit cannot find a cheaper plan,
+        as ``rung`` takes it)."""
+        key = (self.signature(m, span), sub, m, f)
+        if key not in self._bounds:
+            self._bounds[key] = self._bound(m, span, sub, f)
+        return self._bounds[key]
+
+    def _bound(self, m: int, span, sub: Cluster, f: int) -> float:
+        below = [r for r in self._rungs_of(m, span, sub).values() if r.first <= f]
+        if not below:
+            self.rung(m, span, sub, 1)
+            below = [r for r in self._rungs_of(m, span, sub).values() if r.first <= f]
+        top = max(below, key=lambda r: r.first)
+        if f <= top.last:
+            return _time(self.plan(m, span, sub, f))
+        return max(_time(r.plan) for r in below)
+
+    def _rungs_of(self, m: int, span, sub: Cluster) -> dict:
+        return self._rungs.setdefault((self.signature(m, span), sub, m), {})
 
 
 def _time(plan: StagePlan) -> float:
@@ -306,7 +363,9 @@ class PipelineSearch:
 
     def _plans(self, p, sub, m, split) -> list[StagePlan]:
         spans = stage_spans(self.graph_for(m), split)
-        return [self.stages.plan(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in range(p)]
+        # the last stage first: it keeps the fewest micro-batches in flight, its plan may serve the others' counts
+        plans = [self.stages.plan(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in reversed(range(p))]
+        return plans[::-1]
 
     def graph_for(self, m):
         return self.stages.graph_for(m)
@@ -317,22 +376,37 @@ class PipelineSearch:
         return [base + (1 if i in mid[:extra] else 0) for i in range(p)] if extra <= len(mid) else \
             [base + (1 if i < extra else 0) for i in range(p)]
 
+    def bound(self, p, sub, m, split) -> float:
+        """A lower bound on the estimate (and the rank) of the candidate with ``split``
+        (``StageSearch.bound`` per stage)."""
+        spans = stage_spans(self.graph_for(m), split)
+        return estimate([self.stages.bound(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in range(p)], m)
+
     def candidate(self, p, sub, m, split, plans=None, name="") -> Candidate:
         plans = plans or self._plans(p, sub, m, split)
         return Candidate(p, sub, m, split, plans, estimate([_time(x) for x in plans], m), name=name)
 
-    def refine(self, c: Candidate, width: int) -> Candidate:
+    def refine(self, c: Candidate, width: int, cutoff: float = math.inf) -> Candidate | None:
+        """The candidate with its best split within ``width`` blocks of the balanced share (``best_split``);
+        None where no split's estimate is under ``cutoff`` (a step is never under its estimate: the schedule's
+        makespan without transfers is the estimate, and the sync and optimizer come after it)."""
         g, m, p = self.graph_for(c.micro_batches), c.micro_batches, c.stages
         bl = blocks(g)
         lo, hi = window(self.nblocks, p, width)
 
-        def t(i, b, k):
-            lo_pos = 0 if i == 0 else bl[b][0]
-            hi_pos = len(g.chain) if i == p - 1 else bl[b + k - 1][1]
-            return _time(self.stages.plan(m, (lo_pos, hi_pos), c.sub, inflight(self.schedule, i, p, m)))
+        def span(i, b, k):
+            return 0 if i == 0 else bl[b][0], len(g.chain) if i == p - 1 else bl[b + k - 1][1]
 
-        found = best_split(self.nblocks, p, t, m, lo, hi)
-        if found is None or found[1] >= c.estimate:
+        def t(i, b, k):
+            return _time(self.stages.plan(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m)))
+
+        def lower(i, b, k):
+            return self.stages.bound(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m))
+
+        found = best_split(self.nblocks, p, t, m, lo, hi, lower, cutoff)
+        if found is None:
+            return None if c.estimate >= cutoff else c
+        if found[1] >= c.estimate:
             return c
         return self.candidate(p, c.sub, m, found[0], name=c.name)
 
@@ -360,25 +434,40 @@ class PipelineSearch:
     def run(self) -> Candidate | None:
         """The best pipelined plan found, or None where no candidate fits."""
         t0 = time.perf_counter()
-        cands = []
+        bounds = []
         for p, sub in stage_choices(self.graph, self.cluster, self.cfg.stages, self.cfg.max_stage_nodes):
             kept = 0
             for m in micro_batch_choices(self.graph, p, sub, 0):
                 if kept == self.cfg.micro_batch_choices:
                     break
                 try:
-                    c = self.candidate(p, sub, m, self.balanced(p), name=f"{p} stages")
+                    bounds.append((self.bound(p, sub, m, self.balanced(p)), p, sub, m))
                 except UserError as e:  # a stage with no strategy on its submesh (sizes do not divide)
                     self.progress(f"pipeline: {p} stages x {m} micro-batches skipped ({e})")
                     continue
                 kept += 1
-                self.progress(f"pipeline: {p} stages of {sub}, {m} micro-batches, split {_short(c.split)}: "
-                              f"estimate {c.estimate:.4g} s")
+        # the candidates' plans, in the order of their bounds, until no bound can enter the ``refine`` best ranks
+        cands: list[Candidate] = []
+        for n, (bound, p, sub, m) in enumerate(sorted(bounds, key=lambda x: x[0])):
+            ranks = sorted(c.rank for c in cands)
+            if not math.isfinite(bound) or (len(ranks) >= self.cfg.refine and bound >= ranks[self.cfg.refine - 1]):
+                self.progress(f"pipeline: {len(bounds) - n} candidates skipped: their estimates are at least "
+                              f"{bound:.4g} s")
+                break
+            c = self.candidate(p, sub, m, self.balanced(p), name=f"{p} stages")
+            self.progress(f"pipeline: {p} stages of {sub}, {m} micro-batches, split {_short(c.split)}: "
+                          f"estimate {c.estimate:.4g} s")
+            if math.isfinite(c.estimate):
                 cands.append(c)
-        cands = sorted((c for c in cands if math.isfinite(c.estimate)), key=lambda c: c.rank)
+        cands.sort(key=lambda c: c.rank)
         best = None
         for c in cands[:self.cfg.refine]:
-            c = self.finish(self.refine(c, self.cfg.width))
+            r = self.refine(c, self.cfg.width, best.step if best is not None else math.inf)
+            if r is None:
+                self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches: no split's estimate is "
+                              f"under the best step {best.step:.4g} s")
+                continue
+            c = self.finish(r)
             self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches, split {_short(c.split)}: "
                           f"step {c.step:.4g} s (simulated {self.cfg.schedule})")
             if best is None or c.step < best.step:

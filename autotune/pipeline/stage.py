@@ -34,13 +34,18 @@ class StageProblem(Problem):
     with another count that shares the costs and boxing tables)."""
 
     def __init__(self, graph, coster, memory_limit, objective: str = "step", inflight: int = 1, **kw):
+        self.inflight = inflight
         super().__init__(graph, coster, memory_limit, require_fit=False, objective=objective, **kw)
+
+    def _price(self, mode) -> None:
+        """``Problem._price``, and the memory per strategy split into what the in-flight count multiplies
+        (``with_mode`` copies share the per-strategy figures that the mode does not change)."""
+        super()._price(mode)
         parts = [[strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v]) for s in ss]
                  for v, ss in enumerate(self.choices)]
         self._total = [np.array([m.total for m in ms]) for ms in parts]
         self._acts = [np.array([m.activations for m in ms]) for ms in parts]
-        self.inflight = 1
-        self._set_inflight(inflight)
+        self._set_inflight(self.inflight)
 
     def _set_inflight(self, k: int) -> None:
         self.inflight = k

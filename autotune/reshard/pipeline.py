@@ -28,6 +28,7 @@ counts from 1): 1F1B runs S - s (the paper's #stages - i + 1), eager-1F1B runs
 """
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -226,14 +227,24 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
         peak[s] = max(peak[s], held[s])
     ms = max(i.end for i in intervals)
     comm = sum(e - b for _, b, e in transfers)
-    busy = {s: [(i.start, i.end) for i in intervals if i.lane == f"stage {s}"] for s in range(S)}
+    busy: dict[int, list[tuple[float, float]]] = {s: [] for s in range(S)}
+    for iv in intervals:
+        if iv.lane.startswith("stage "):
+            busy[int(iv.lane[6:])].append((iv.start, iv.end))
     idle = sum((e - b) - _overlap(b, e, busy[c]) for c, b, e in transfers)
     return PipelineResult(schedule, ms, M / ms, peak, [p * a for p, a in zip(peak, spec.activation_bytes)],
                           comm, idle, _steady_window(intervals, S), intervals)
 
 
 def _overlap(start: float, end: float, spans: list[tuple[float, float]]) -> float:
-    return sum(max(0.0, min(end, e) - max(start, b)) for b, e in spans)
+    """The time of [start, end) inside ``spans``: one stage's intervals, in time order and disjoint."""
+    total = 0.0
+    for k in range(bisect.bisect_right(spans, start, key=lambda x: x[1]), len(spans)):
+        b, e = spans[k]
+        if b >= end:
+            break
+        total += max(0.0, min(end, e) - max(start, b))
+    return total
 
 
 def _steady_window(intervals: list[Interval], stages: int) -> tuple[float, float]:

@@ -55,3 +55,50 @@ def test_dp_equals_brute_force(seed):
 def test_balanced_when_stages_are_equal():
     split, e = best_split(12, 4, lambda i, b, k: float(k), 8, *window(12, 4, 2))
     assert split == [3, 3, 3, 3] and e == pytest.approx(12 + 7 * 3)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bounded_dp_equals_the_full_dp_and_times_fewer_entries(seed):
+    """With a lower bound per entry (the time scaled down by up to 30%, inf where the time is), the DP finds the
+    full DP's optimum and times only some of the entries."""
+    rng = np.random.default_rng(100 + seed)
+    blocks, stages, m = int(rng.integers(8, 16)), int(rng.integers(2, 5)), int(rng.integers(2, 12))
+    lo, hi = window(blocks, stages, 2)
+    table = {}
+
+    def value(i, b, k):
+        if (i, b, k) not in table:
+            table[(i, b, k)] = math.inf if rng.random() < 0.1 else k * (1 + 0.3 * rng.random()) + 0.5 * (i == 0)
+        return table[(i, b, k)]
+
+    timed = set()
+
+    def time(i, b, k):
+        assert (i, b, k) not in timed  # each entry timed once
+        timed.add((i, b, k))
+        return value(i, b, k)
+
+    full = best_split(blocks, stages, value, m, lo, hi)
+    got = best_split(blocks, stages, time, m, lo, hi, lambda i, b, k: value(i, b, k) * (0.7 + 0.3 * ((i + b + k) % 2)))
+    if full is None:
+        assert got is None
+    else:
+        assert got is not None and got[1] == pytest.approx(full[1])
+        assert len(timed) < len(table)
+
+
+def test_bounded_dp_stops_at_a_split_of_timed_entries():
+    """Exact bounds: one round times only the optimum's entries."""
+    timed = []
+    split, e = best_split(12, 4, lambda i, b, k: timed.append((i, b, k)) or float(k), 8, *window(12, 4, 2),
+                          bound=lambda i, b, k: float(k))
+    assert split == [3, 3, 3, 3] and sorted(timed) == [(0, 0, 3), (1, 3, 3), (2, 6, 3), (3, 9, 3)]
+
+
+def test_cutoff_keeps_the_optimum_under_it_and_stops_above_it():
+    def time(i, b, k):
+        return float(k) + 0.1 * i
+    split, e = best_split(12, 4, time, 8, *window(12, 4, 2))
+    assert best_split(12, 4, time, 8, *window(12, 4, 2), cutoff=e * 1.001) == (split, e)
+    assert best_split(12, 4, time, 8, *window(12, 4, 2), bound=time, cutoff=e * 1.001) == (split, e)
+    assert best_split(12, 4, time, 8, *window(12, 4, 2), cutoff=e) is None

@@ -140,6 +140,11 @@ def test_catalogue_changes_no_figure(kind, preset, config, profile):
             for u, v in a.edge_counts:
                 if u != v:
                     np.testing.assert_array_equal(a.edge_matrix(u, v), b.edge_matrix(u, v))
+            # a mode's problem made from the plain one (the pipeline search's way) keeps the mode's in-flight memory
+            direct = StageProblem(sg, Coster(profile, cl), 80 * 2**30, mode=mode).in_flight(3)
+            for x, y in zip(direct.mem + direct.node, b.in_flight(3).mem + b.in_flight(3).node):
+                np.testing.assert_array_equal(x, y)
+            assert direct.min_memory == b.in_flight(3).min_memory
     assert cat.strategies and all(r._tables for r in cat.rows.values())
 
 
@@ -239,3 +244,44 @@ def test_pipelined_plan_fits_at_every_stage_peak(graph, profile):
     for sp in best.plans:
         assert sp.fig.fits and sp.problem.peak_memory(sp.assign) <= limit
         assert sp.fig.memory == pytest.approx(sp.problem.peak_memory(sp.assign))
+
+
+def test_a_squeezed_plain_plan_loses_to_a_mode(graph, profile):
+    """A limit under which a plain plan fits but only squeezed: the stage's plan is the cheaper plan of a
+    recomputation mode, not the plain plan that fits."""
+    from autotune.sbp.memory import Mode
+    ps0 = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2))
+    m, sub = 4, Cluster(1, 2)
+    span = stage_spans(ps0.graph_for(m), [2, 2])[0]
+    limit = 1.07 * ps0.stages.problem(m, span, sub, 2).min_memory
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2))
+    plain = ps.stages.problem(m, span, sub, 2)
+    a, cost, _ = ps.stages._search(plain)
+    assert plain.fits_plan(a)
+    sp = ps.stages.plan(m, span, sub, 2)
+    assert sp.problem.mode != Mode() and sp.fig.fits
+    assert sp.problem.cost(sp.assign) < cost * 0.95
+
+
+def test_a_mode_dearer_under_fewer_in_flight_is_not_searched_again(graph, profile):
+    """The plain plan under 1 in flight costs more than the plan found under 2 (a mode's): the plain mode is
+    not searched under 2 (a tighter limit cannot make it cheaper), and a plain search there finds nothing
+    cheaper than the plan kept."""
+    from autotune.sbp.memory import Mode
+    ps0 = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2))
+    m, sub = 4, Cluster(1, 2)
+    span = stage_spans(ps0.graph_for(m), [2, 2])[0]
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 1.2 * ps0.stages.problem(m, span, sub, 2).min_memory,
+                        PipelineConfig(stages=2))
+    st, seen = ps.stages, []
+    search = st._search
+    st._search = lambda pr, share=1.0, start=None: (seen.append((pr.inflight, pr.mode)), search(pr, share, start))[1]
+    st._search_modes(m, span, sub, 1)
+    assert (1, Mode()) in seen
+    pr, a, _ = st._search_modes(m, span, sub, 2)
+    plain_one = min(c for k, c in st._costs[next(iter(st._costs))][Mode()] if k == 1)
+    assert pr.mode != Mode() and pr.cost(a) <= plain_one and st.problem(m, span, sub, 2).fits
+    assert (2, Mode()) not in seen
+    plain = st.problem(m, span, sub, 2)
+    b, cost, _ = search(plain)
+    assert not plain.fits_plan(b) or cost >= pr.cost(a)

@@ -6,13 +6,16 @@ Per case (model preset on nodes x GPUs, the default profile, 80 GiB unless ``--m
 default search (its stages, micro-batches, split, step) and its CPU seconds on this process (one core);
 the same search with 20x the effort (``PipelineConfig.reference``: wider splits, more micro-batch
 counts, larger stages, more candidates refined, 20x each stage's SBP budget) and the default's gap to
-it; the best Megatron-style 3-D plan (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and
-FSDP searched) and its CPU seconds; and, unless --no-single, the single-stage plan of today's search
-(``python -m autotune``'s, started from the best Megatron plan) and the pipelined plan's speed-up over it.
+it (``--reference space``: the wider space on the default budgets; ``--reference budget``: 20x each stage's
+SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan
+(``autotune.pipeline.threed``: degrees, micro-batches, recomputation and FSDP searched) and its CPU seconds;
+and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
+best Megatron plan) and the pipelined plan's speed-up over it.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -64,6 +67,8 @@ def main() -> None:
     ap = command_parser("python tests/bench/pipeline_plans.py", __doc__)
     ap.add_argument("--cases", default=",".join(CASES), help="cases to run, comma-separated")
     ap.add_argument("--no-reference", action="store_true", help="skip the 20x reference search")
+    ap.add_argument("--reference", choices=("full", "space", "budget"), default="full",
+                    help="the reference: the wider space and 20x budgets (full), or either alone")
     ap.add_argument("--memory-limit", default=str(LIMIT / 2**30),
                     help="GiB per device, or 'profile' (the profile's usable memory); default 80")
     ap.add_argument("--no-single", action="store_true", help="skip today's single-stage search")
@@ -92,9 +97,13 @@ def main() -> None:
         mega_cpu = time.process_time() - c0
         print(f"{name}: {mega.name if mega else 'Megatron 3-D: none fits'}: {mega.step if mega else float('inf'):.4g} "
               f"s/step, {mega_cpu:.1f} CPU s", flush=True)
-        ref = None if args.no_reference else run(graph, cluster, profile, PipelineConfig().reference(), limit)[0]
+        full = PipelineConfig().reference()
+        cfg = {"full": full, "space": replace(full, budget_scale=1.0),
+               "budget": replace(PipelineConfig(), budget_scale=full.budget_scale)}[args.reference]
+        ref, ref_cpu, _ = (None, 0.0, None) if args.no_reference else run(graph, cluster, profile, cfg, limit)
         if ref is not None:
-            print(f"{name}: reference {describe(ref)} split {ref.split}: {ref.step:.4g} s/step", flush=True)
+            print(f"{name}: reference ({args.reference}) {describe(ref)} split {ref.split}: {ref.step:.4g} s/step, "
+                  f"{ref_cpu:.1f} CPU s", flush=True)
         single = None if args.no_single else single_stage(graph, cluster, profile, limit)
         step = best.step if best is not None else float("inf")
         rows.append((name, describe(best), f"{step:.4g}", f"{cpu:.1f}",
