@@ -10,7 +10,7 @@ the engine's ``host`` mode the calls of a batch are issued back to back, after o
 untimed call: a batch starts on an idle device, whose first timed call would otherwise
 include the host's time to issue it (the device waits between the first mark and the
 kernel: one H100, 2026-11-27, a causal SDPA forward of 16 x 16 heads x 1024 x 64 timed in
-batches of two came out 45 us above the in-step time per call); in
+batches of two read 145 us a call, 110 us with the untimed call first, 103 us in a step); in
 ``isolated`` mode each call runs alone after a synchronization. ``verify(seed, fn)``,
 when given, is the arm's check (``Arm.check``): fresh inputs from ``seed``, one call
 through ``fn`` (the arm's own), its wrong elements; without it the comparison runs
