@@ -70,7 +70,7 @@ class PipelineConfig:
     stages: str | int = "auto"
     schedule: str = "1f1b"
     width: int = 1
-    micro_batch_choices: int = 1
+    micro_batch_choices: int = 2
     refine: int = 2
     max_stage_nodes: int = 32
     budget_scale: float = 1.0

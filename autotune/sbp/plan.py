@@ -241,6 +241,9 @@ def summary_lines(best: dict, baselines: list[dict], objective: str = "comm") ->
     elif c["speedup"] is None:
         lines.append(f"searched plan: {c['plan_s']:.4g} s/step predicted {what}, as the best baseline that fits, "
                      f"{c['best_baseline']}")
+    elif c["speedup"] == 0:
+        lines.append(f"searched plan: {c['plan_s']:.4g} s/step predicted {what}; the best baseline that fits, "
+                     f"{c['best_baseline']}, predicts none")
     else:
         change = (1 - 1 / c["speedup"]) * 100
         lines.append(f"searched plan: {c['plan_s']:.4g} s/step predicted {what}, {c['speedup']:.2f}x "
