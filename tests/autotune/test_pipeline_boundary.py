@@ -5,7 +5,7 @@ import pytest
 
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
-from calibrate.profile import Group, Profile
+from calibrate.profile import Group
 from autotune.pipeline.boundary import BoundaryPricer
 from autotune.sbp.mesh import Cluster
 
@@ -13,10 +13,6 @@ SHAPE = (512, 256)
 ITEM = 2
 WHOLE = SHAPE[0] * SHAPE[1] * ITEM
 
-
-@pytest.fixture(scope="module")
-def profile():
-    return Profile.load("h200-nvlink+ib400")
 
 
 def test_equal_placements_cost_the_tile_transfer_alone(profile):

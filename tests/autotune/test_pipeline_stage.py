@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from calibrate.collectives import Collective
-from calibrate.profile import Group, Profile
+from calibrate.profile import Group
 from models import load_model
 from autotune.pipeline.boundary import BoundaryPricer, tiles
 from autotune.pipeline.search import PipelineConfig, PipelineSearch, inflight
@@ -19,18 +19,9 @@ from autotune.sbp.boxing import Coster
 from autotune.sbp.memory import strategy_memory
 from autotune.sbp.mesh import Cluster
 from kernels.reshard.spec import box_volume
-
-SMALL = {"layers": 4, "hidden": 256, "heads": 4, "sequence": 128, "vocabulary": 1024, "batch": 16, "micro_batch": 4}
-
-
-@pytest.fixture(scope="module")
-def graph():
-    return load_model("gpt", "gpt3-1.3b", SMALL)
+from tiny_models import PIPELINE_GPT
 
 
-@pytest.fixture(scope="module")
-def profile():
-    return Profile.load("h200-nvlink+ib400")
 
 
 def test_slices_cover_the_chain(graph):
@@ -114,7 +105,7 @@ def test_stage_dp_against_every_split(graph, profile):
 
 
 @pytest.mark.parametrize("kind,preset,config", [
-    ("gpt", "gpt3-1.3b", SMALL),
+    ("gpt", "gpt3-1.3b", PIPELINE_GPT),
     ("llama", "llama3-8b", {"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "sequence": 128,
                             "vocabulary": 1024, "batch": 16, "micro_batch": 4}),
 ])

@@ -4,25 +4,13 @@ import math
 
 import pytest
 
-from calibrate.profile import Profile
-from models import load_model
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
 from autotune.pipeline.threed import candidates, finished, megatron_3d, seeded, stage_plans
 from autotune.sbp.memory import NONE
 from autotune.sbp.mesh import Cluster, role_meshes
 
-SMALL = {"layers": 4, "hidden": 256, "heads": 4, "sequence": 128, "vocabulary": 1024, "batch": 16, "micro_batch": 4}
 CLUSTER = Cluster(4, 2)
 
-
-@pytest.fixture(scope="module")
-def graph():
-    return load_model("gpt", "gpt3-1.3b", SMALL)
-
-
-@pytest.fixture(scope="module")
-def profile():
-    return Profile.load("h200-nvlink+ib400")
 
 
 def test_degrees_and_the_best_simulated_step(graph, profile):

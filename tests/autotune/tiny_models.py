@@ -7,6 +7,11 @@ import socket
 import types
 
 
+# the small GPT (gpt3-1.3b's shape, shrunk) the pipeline tests plan (conftest.py's ``graph``)
+PIPELINE_GPT = {"layers": 4, "hidden": 256, "heads": 4, "sequence": 128, "vocabulary": 1024, "batch": 16,
+                "micro_batch": 4}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
