@@ -458,8 +458,9 @@ def main(argv=None) -> int:
         import torch
 
         from calibrate.measure import provenance
+        from calibrate.outputs import write_atomic
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else provenance.machine()
-        Path(args.out).write_text(json.dumps({
+        write_atomic(args.out, json.dumps({
             "date": datetime.date.today().isoformat(), "device": device, "commit": provenance.commit(),
             "command": provenance.command(), "shapes_sha256": file_hash(args.shapes), "profile": args.profile,
             "recompute": args.recompute, "rows": rows}, indent=1) + "\n")
