@@ -47,7 +47,7 @@ from models.graph import LayerGraph
 from autotune.pipeline.boundary import BoundaryPricer
 from autotune.pipeline.slicing import blocks, signature, stage_graph, stage_spans, with_micro_batches
 from autotune.pipeline.split import best_split, estimate, window
-from autotune.pipeline.stage import StageFigures, StageProblem, figures
+from autotune.pipeline.stage import Layout, StageFigures, StageProblem, figures
 from autotune.reshard.pipeline import SCHEDULES, PipelineSpec, simulate
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
@@ -195,6 +195,8 @@ class StageSearch:
         self._numbers: dict = {}  # signature -> its number
         self._bounds: dict = {}  # (signature, sub, m, f) -> ``bound``, until the next rung is searched
         self._costs: dict = {}  # (signature, sub, m) -> mode -> [(in flight, cost of the plan its search found)]
+        self._layouts: dict = {}  # (signature, sub, m) -> ``Layout``
+        self._fixed: dict = {}  # (signature, sub, m, mesh, mode) -> (Megatron's problem, its plan) or None
         self.searches = 0
 
     def graph_for(self, m: int) -> LayerGraph:
@@ -209,6 +211,38 @@ class StageSearch:
             self._signatures[key] = self._numbers.setdefault(signature(self.graph_for(m), *span), len(self._numbers))
         return self._signatures[key]
 
+    def catalogue(self, sub: Cluster) -> Catalogue:
+        cat = self._catalogues.get(sub)
+        if cat is None:
+            cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
+        return cat
+
+    def layout(self, m: int, span, sub: Cluster) -> Layout:
+        """The stage's layers and strategies on ``sub``, unpriced."""
+        key = (self.signature(m, span), sub, m)
+        if key not in self._layouts:
+            self._layouts[key] = Layout(stage_graph(self.graph_for(m), *span), self.catalogue(sub))
+        return self._layouts[key]
+
+    def megatron(self, m: int, span, sub: Cluster, f: int, mesh: tuple,
+                 mode: Mode = NONE) -> tuple[StageProblem, list[int]] | None:
+        """Megatron's plan of the stage on ``mesh`` (d, t) under ``f`` in flight and ``mode``, on a problem that
+        prices that plan's strategies alone (``Layout.fixed``; the 3-D baseline needs no other, and its figures
+        are the full problem's: tested): (problem, plan), None where a layer cannot take it."""
+        key = (self.signature(m, span), sub, m, mesh, mode)
+        if key not in self._fixed:
+            if mode != NONE:
+                plain = self.megatron(m, span, sub, 1, mesh)
+                self._fixed[key] = None if plain is None else (plain[0].with_mode(mode), plain[1])
+            else:
+                lay = self.layout(m, span, sub)
+                a = megatron_assignment(lay, *mesh)
+                prob = None if a is None else lay.fixed(a, self.limit)
+                a = None if prob is None else megatron_assignment(prob, *mesh)
+                self._fixed[key] = None if a is None else (prob, a)
+        found = self._fixed[key]
+        return None if found is None else (found[0].in_flight(f), found[1])
+
     def problem(self, m: int, span, sub: Cluster, f: int, mode: Mode = NONE) -> StageProblem:
         """The stage problem under ``f`` in flight and ``mode`` (a mode's problem made from the plain one:
         ``Problem.with_mode``, per-strategy figures shared)."""
@@ -218,9 +252,7 @@ class StageSearch:
             if mode != NONE:
                 base = self.problem(m, span, sub, 1).with_mode(mode)
             else:
-                cat = self._catalogues.get(sub)
-                if cat is None:
-                    cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
+                cat = self.catalogue(sub)
                 base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.limit, catalogue=cat)
             self._problems[key] = base
         return base.in_flight(f)

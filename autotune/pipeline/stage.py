@@ -22,8 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calibrate.errors import UserError
+
 from autotune.sbp.boxing import copy_seconds
-from autotune.sbp.cost import Problem, forward_factors, internal_steps
+from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps
+from autotune.sbp.layers import make_op
 from autotune.sbp.memory import OUTSIDE, Memory, strategy_memory
 from autotune.sbp.steptime import accumulate_seconds, fsdp_steps, layer_seconds, optimizer_seconds
 from autotune.sbp.tables import edge_steps
@@ -81,6 +84,36 @@ class StageProblem(Problem):
     def memory_breakdown(self, assign) -> Memory:
         m = super().memory_breakdown(assign)
         return Memory(m.parameters, m.gradients, m.optimizer, m.activations * self.inflight, m.workspace)
+
+
+class Layout:
+    """A stage's layers and each one's strategies on its submesh, unpriced (what ``Problem`` would choose
+    from, the same objects: they come from the submesh's ``Catalogue``): where a fixed plan such as
+    Megatron's (``autotune.sbp.baselines.megatron_assignment``, which reads ``graph``, ``ops``, ``choices``,
+    ``cluster`` and ``shared``) is picked before any strategy is priced."""
+
+    def __init__(self, graph, catalogue: Catalogue):
+        self.graph, self.cluster, self.catalogue = graph, catalogue.coster.cluster, catalogue
+        self.ops = [make_op(layer, graph.act_bytes) for layer in graph.layers]
+        self.choices = [catalogue.layer_strategies(op, None) for op in self.ops]
+        for op, ss in zip(self.ops, self.choices):
+            if not ss:  # as ``Problem`` says it
+                raise UserError(f"layer {op.layer.name} has no strategy on {self.cluster} (sizes do not divide): "
+                                f"pick a batch, micro-batch or hidden size divisible by the device count")
+        self._shared: dict = {}
+
+    def shared(self, key, make):
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
+
+    def fixed(self, assign, memory_limit, objective: str = "step") -> StageProblem:
+        """The stage problem whose layers have the one strategy ``assign`` picks each (a layer's choices are
+        the picked strategies of its occurrences): its figures for that plan are the full problem's
+        (the same per-strategy cost and memory functions), at the price of one strategy a layer."""
+        picked = {id(self.choices[v][i]) for v, i in enumerate(assign)}
+        return StageProblem(self.graph, self.catalogue.coster, memory_limit, objective, catalogue=self.catalogue,
+                            keep=lambda layer, s: id(s) in picked)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,6 @@ from calibrate.errors import UserError
 from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, inflight, stage_choices
 from autotune.pipeline.slicing import stage_spans
 from autotune.pipeline.stage import figures
-from autotune.sbp.baselines import megatron_assignment
 from autotune.sbp.fit import recompute_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
@@ -44,7 +43,7 @@ from autotune.sbp.mesh import Cluster, role_meshes
 def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = True) -> list[Mode]:
     """The modes after the plain one: each recomputation the model has, without and (``sharding``) with FSDP
     over the data-parallel group."""
-    plain = search.stages.problem(m, span, sub, 1)
+    plain = search.stages.layout(m, span, sub)
     every = tuple(range(len(sub.axis_sizes)))
     shardings = (None, every) if sharding else (None,)
     return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in shardings if Mode(rec, sh) != NONE]
@@ -57,14 +56,15 @@ def describe(mode: Mode) -> str:
 
 def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tuple,
                 mode: Mode) -> list[StagePlan] | None:
-    """The Megatron plan of every stage on ``mesh`` under ``mode``, None where a layer cannot take it."""
+    """The Megatron plan of every stage on ``mesh`` under ``mode``, None where a layer cannot take it (each on a
+    problem that prices Megatron's strategies alone: ``StageSearch.megatron``)."""
     spans = stage_spans(search.graph_for(m), search.balanced(p))
     out = []
     for i, span in enumerate(spans):
-        prob = search.stages.problem(m, span, sub, inflight(search.schedule, i, p, m), mode)
-        a = megatron_assignment(prob, *mesh)
-        if a is None:
+        found = search.stages.megatron(m, span, sub, inflight(search.schedule, i, p, m), mesh, mode)
+        if found is None:
             return None
+        prob, a = found
         out.append(StagePlan(prob, a, figures(prob, a), {"algorithm": "megatron", "recompute": mode.recompute,
                                                          "sharding": mode.sharding}))
     return out

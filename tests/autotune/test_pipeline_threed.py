@@ -6,7 +6,7 @@ import pytest
 
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
 from autotune.pipeline.threed import candidates, finished, megatron_3d, seeded, stage_plans
-from autotune.sbp.memory import NONE
+from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
 
 CLUSTER = Cluster(4, 2)
@@ -63,3 +63,56 @@ def test_the_seeded_search_is_never_slower_than_the_runnable_3d(graph, profile, 
     anyway, _, _ = seeded(PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(stages=stages)),
                           runnable=False)
     assert anyway.step == pytest.approx(min(alone.step, mega.step))
+
+
+def _full_problem_plans(ps, p, sub, m, mesh, mode):
+    """The 3-D stage plans as they were made before ``StageSearch.megatron``: on the full stage problem (every
+    strategy of every layer priced), Megatron's plan picked from it."""
+    from autotune.pipeline.search import StagePlan, inflight
+    from autotune.pipeline.slicing import stage_spans
+    from autotune.pipeline.stage import figures
+    from autotune.sbp.baselines import megatron_assignment
+    out = []
+    for i, span in enumerate(stage_spans(ps.graph_for(m), ps.balanced(p))):
+        prob = ps.stages.problem(m, span, sub, inflight(ps.schedule, i, p, m), mode)
+        a = megatron_assignment(prob, *mesh)
+        if a is None:
+            return None
+        out.append(StagePlan(prob, a, figures(prob, a), {}))
+    return out
+
+
+@pytest.mark.parametrize("stages,tensor,m,recompute,fsdp", [
+    (2, 2, 4, "none", False), (2, 1, 2, "none", False), (4, 2, 2, "none", False), (4, 2, 8, "full", False),
+    (2, 2, 4, "selective", True), (4, 1, 8, "full", True), (2, 1, 8, "none", False)])
+def test_megatron_only_stage_problems_give_the_full_problems_figures(graph, profile, stages, tensor, m, recompute,
+                                                                     fsdp):
+    """The 3-D baseline prices Megatron's strategies alone (``StageSearch.megatron``): per stage the same
+    forward, backward, sync, optimizer and peak memory as on the full stage problem, and the same simulated step
+    (its boundaries read the plans' strategies); under a limit that some stages miss, the same fit verdicts."""
+    sub = Cluster(CLUSTER.nodes // stages, CLUSTER.gpus_per_node)
+    mode = Mode(recompute, tuple(range(len(sub.axis_sizes))) if fsdp else None)  # FSDP over the data-parallel group
+    mesh = next(r.sizes for r in role_meshes(sub, 2) if r.sizes[1] == (1, tensor))
+    for limit in (80 * 2**30, None):
+        ps = PipelineSearch(graph, CLUSTER, profile, limit or 80 * 2**30, PipelineConfig())
+        before = _full_problem_plans(ps, stages, sub, m, mesh, mode)
+        if before is None:  # 2 sequences a micro-batch do not split over d = 4: neither way has a plan
+            assert stage_plans(ps, stages, sub, m, mesh, mode) is None
+            return
+        if limit is None:  # a limit between the stages' peaks: the first stages (more in flight) miss it
+            peaks = sorted(x.fig.memory for x in before)
+            limit = (peaks[0] + peaks[-1]) / 2
+            ps = PipelineSearch(graph, CLUSTER, profile, limit, PipelineConfig())
+            before = _full_problem_plans(ps, stages, sub, m, mesh, mode)
+            assert {x.fig.fits for x in before} == {True, False}
+        after = stage_plans(ps, stages, sub, m, mesh, mode)
+        assert all(len(c) == 1 for x in after for c in x.problem.choices)  # one strategy a layer priced
+        assert any(len(c) > 1 for x in before for c in x.problem.choices)
+        for x, y in zip(before, after):
+            assert x.fig == y.fig
+            assert [x.problem.choices[v][i] for v, i in enumerate(x.assign)] == \
+                [y.problem.choices[v][i] for v, i in enumerate(y.assign)]
+            assert x.problem.exposed_sync(x.assign) == y.problem.exposed_sync(y.assign)
+        c0 = ps.finish(ps.candidate(stages, sub, m, ps.balanced(stages), before))
+        c1 = ps.finish(ps.candidate(stages, sub, m, ps.balanced(stages), after))
+        assert c0.step == c1.step and c0.boundaries == c1.boundaries and c0.estimate == c1.estimate
