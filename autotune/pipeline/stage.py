@@ -40,14 +40,18 @@ class StageProblem(Problem):
         self.inflight = inflight
         super().__init__(graph, coster, memory_limit, require_fit=False, objective=objective, **kw)
 
-    def _price(self, mode) -> None:
-        """``Problem._price``, and the memory per strategy split into what the in-flight count multiplies
-        (``with_mode`` copies share the per-strategy figures that the mode does not change)."""
-        super()._price(mode)
-        parts = [[strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v]) for s in ss]
-                 for v, ss in enumerate(self.choices)]
-        self._total = [np.array([m.total for m in ms]) for ms in parts]
-        self._acts = [np.array([m.activations for m in ms]) for ms in parts]
+    def _price_memory(self, mode) -> None:
+        """The memory per strategy split into what the in-flight count multiplies (made once per layer, as
+        ``Problem._figures`` keeps per-strategy figures: ``with_mode`` copies and the catalogue's other
+        problems share them)."""
+        def parts(v):
+            return np.array([(m.total, m.activations) for m in (
+                strategy_memory(s, self.cluster, self.act_bytes, mode, self.roles[v], self.tied[v], self.recipe)
+                for s in self.choices[v])], dtype=float).reshape(len(self.choices[v]), 2)
+        split = [self._figures(v, ("memory parts", mode, self.roles[v], self.tied[v], self.recipe),
+                               lambda v=v: parts(v)) for v in range(len(self.choices))]
+        self._total = [p[:, 0] for p in split]
+        self._acts = [p[:, 1] for p in split]
         self._set_inflight(self.inflight)
 
     def _set_inflight(self, k: int) -> None:

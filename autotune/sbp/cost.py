@@ -132,9 +132,14 @@ class Catalogue:
         self.coster = coster
         self.strategies: dict[tuple, list[Strategy]] = {}
         self.rows: dict[tuple, RowBoxer] = {}
+        self.figures: dict[tuple, np.ndarray] = {}  # per (layer, figure): one value per strategy (``Problem._figures``)
+
+    @staticmethod
+    def key(op, signatures) -> tuple:
+        return op.layer, op.act_bytes, signatures
 
     def layer_strategies(self, op, signatures) -> list[Strategy]:
-        key = (op.layer, op.act_bytes, signatures)
+        key = Catalogue.key(op, signatures)
         out = self.strategies.get(key)
         if out is None:
             out = self.strategies[key] = [with_recipe(s, op.layer) for s in op.strategies(self.coster.cluster, signatures)]
@@ -182,13 +187,17 @@ class Problem:
         self.device_limit = memory_limit
         self.reserve = 0.0
         self.choices: list[list[Strategy]] = []
+        self._layer_keys: list[tuple | None] = []  # the catalogue's key of a layer whose choices are its strategies
         for op in self.ops:
             ss = list(catalogue.layer_strategies(op, signatures)) if catalogue is not None else \
                 [with_recipe(s, op.layer) for s in op.strategies(self.cluster, signatures)]
+            whole = len(ss)
             if not allow_partial:
                 ss = [s for s in ss if not s.uses_partial]
             if keep is not None:
                 ss = [s for s in ss if keep(op.layer, s)]
+            self._layer_keys.append(Catalogue.key(op, signatures) if catalogue is not None and len(ss) == whole
+                                    else None)
             if not ss:
                 raise UserError(
                     f"layer {op.layer.name} has no strategy on {self.cluster} (sizes do not divide): "
@@ -231,7 +240,10 @@ class Problem:
 
     def _price(self, mode: Mode) -> None:
         """The costs and memory of every strategy under ``mode``, and the boxing tables (shared where the mode
-        does not change them)."""
+        does not change them). Per-strategy figures are made once per layer (``_figures``): for this problem
+        and its mode copies, and, with a ``Catalogue``, for every problem on the catalogue's cluster that has the
+        layer with the same strategies (a pipeline's stage problems: the same block layers in stages of
+        different lengths)."""
         if mode.recompute == "full" and not getattr(self.graph, "blocks", None):
             raise OptionError("recompute", f"full: model {self.graph.model} has no transformer blocks to recompute")
         self.mode = mode
@@ -240,18 +252,19 @@ class Problem:
         grad_bytes = PRECISION[ab][1] if step else ab
         self.grad_bytes = grad_bytes
         rec = mode.recompute
-        shared = self._shared
+        fig = self._figures
         self.node_redist = []
         for v, ss in enumerate(self.choices):
             redo = rec == "full" and self.roles[v] != OUTSIDE
-            key = ("internal", v)
-            if key not in shared:  # per strategy: forward and backward seconds of the boxing inside the layer
-                shared[key] = [(sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d == "fwd"),
-                                sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d != "fwd"))
-                               for s in ss]
-            self.node_redist.append(np.array([mb * ((2 if redo else 1) * f + b) for f, b in shared[key]]))
-        self.node_sync = [np.array([sum(self.coster.step_time(st) for _, st in sync_steps(s, cl, grad_bytes, mode))
-                                    for s in ss]) for ss in self.choices]
+            # per strategy: forward and backward seconds of the boxing inside the layer
+            inner = fig(v, ("internal",), lambda ss=ss: np.array(
+                [(sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d == "fwd"),
+                  sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d != "fwd")) for s in ss]
+                ).reshape(len(ss), 2))
+            self.node_redist.append(mb * ((2 if redo else 1) * inner[:, 0] + inner[:, 1]))
+        self.node_sync = [fig(v, ("sync", grad_bytes, mode), lambda ss=ss: np.array(
+            [sum(self.coster.step_time(st) for _, st in sync_steps(s, cl, grad_bytes, mode)) for s in ss], dtype=float))
+            for v, ss in enumerate(self.choices)]
         self.tied_sync = self._tied_sync_table(grad_bytes, mode) if self.tied_pair else None
         self.node_compute = self.node_bwd = None
         fsdp = mode.fsdp_axes is not None
@@ -262,35 +275,39 @@ class Problem:
             for v, (op, ss) in enumerate(zip(self.ops, self.choices)):
                 role = self.roles[v]
                 changed = (rec == "full" and role != OUTSIDE) or (rec == "selective" and op.layer.kind == "attention")
-                key = ("secs", v, rec if changed else "none")
-                if key not in shared:
-                    shared[key] = [layer_seconds(op, s, cl, cm, ab, rec, role) for s in ss]
-                secs.append(shared[key])
+                secs.append(fig(v, ("secs", rec if changed else "none", role), lambda op=op, ss=ss, role=role: np.array(
+                    [layer_seconds(op, s, cl, cm, ab, rec, role) for s in ss], dtype=float).reshape(len(ss), 2)))
             self.node_compute = []
             for v, (sec, ss) in enumerate(zip(secs, self.choices)):
                 redo = 2 if rec == "full" and self.roles[v] != OUTSIDE else 1
-                if ("copies", v) not in shared:
-                    shared[("copies", v)] = [internal_copy_seconds(s, cl, cm) for s in ss]
-                self.node_compute.append(np.array([
-                    mb * (f + b + redo * c) + optimizer_seconds(s, cl, cm, ab, mode, self.tied[v])
-                    + (mb - 1) * accumulate_seconds(s, cl, cm, ab, mode)
-                    for (f, b), s, c in zip(sec, ss, shared[("copies", v)])]))
-            self.node_bwd = [np.array([b for _, b in sec]) for sec in secs]
+                copies = fig(v, ("copies",), lambda ss=ss: np.array([internal_copy_seconds(s, cl, cm) for s in ss],
+                                                                    dtype=float))
+                opt = fig(v, ("optimizer", mode, self.tied[v]), lambda ss=ss, v=v: np.array(
+                    [optimizer_seconds(s, cl, cm, ab, mode, self.tied[v]) for s in ss], dtype=float))
+                acc = fig(v, ("accumulate", mode), lambda ss=ss: np.array(
+                    [accumulate_seconds(s, cl, cm, ab, mode) for s in ss], dtype=float))
+                self.node_compute.append(mb * (sec[:, 0] + sec[:, 1] + redo * copies) + opt + (mb - 1) * acc)
+            self.node_bwd = [sec[:, 1] for sec in secs]
         if fsdp:  # exposed under the step objective, all of it under the communication objective
             for v, ss in enumerate(self.choices):
-                extra = [mb * fsdp_seconds(s, cl, self.coster, mode, *((f, b) if step else (None, None)))
-                         for s, (f, b) in zip(ss, secs[v] if step and secs else [(None, None)] * len(ss))]
-                self.node_redist[v] = self.node_redist[v] + np.array(extra)
+                if step and secs:
+                    role = self.roles[v]
+                    changed = (rec == "full" and role != OUTSIDE) or \
+                        (rec == "selective" and self.ops[v].layer.kind == "attention")
+                    key = ("fsdp", mode, rec if changed else "none", role)
+                    extra = fig(v, key, lambda ss=ss, sec=secs[v]: np.array(
+                        [fsdp_seconds(s, cl, self.coster, mode, f, b) for s, (f, b) in zip(ss, sec)], dtype=float))
+                else:
+                    extra = fig(v, ("fsdp", mode), lambda ss=ss: np.array(
+                        [fsdp_seconds(s, cl, self.coster, mode, None, None) for s in ss], dtype=float))
+                self.node_redist[v] = self.node_redist[v] + mb * extra
         if self.objective == "comm":
             self.node = [c * (r + g).astype(float) for c, r, g in zip(self.counts, self.node_redist, self.node_sync)]
         else:
             self.node = [c * (r + k) for c, r, k in zip(self.counts, self.node_redist, self.node_compute)]
             self.sync_tot = [c * g for c, g in zip(self.counts, self.node_sync)]
             self.bwd_tot = [c * b for c, b in zip(self.counts, self.node_bwd)]
-        self.mem = [c * np.array([memory(s, cl, ab, mode, self.roles[v], self.tied[v], self.recipe) for s in ss])
-                    for v, (c, ss) in enumerate(zip(self.counts, self.choices))]
-        self.min_memory = float(sum(m.min() for m in self.mem))
-        self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
+        self._price_memory(mode)
         factors = forward_factors(self.graph) if rec == "full" else {}
         old = self.tables
         if old is None or old.forward_factor != factors:
@@ -301,6 +318,31 @@ class Problem:
                                      old.rows if old is not None else self.catalogue.boxer(
                                          ab, self.compute.memory_seconds if step else None)
                                      if self.catalogue is not None else None)
+
+    def _price_memory(self, mode: Mode) -> None:
+        """``mem`` (bytes per device of each strategy's occurrences, ``autotune.sbp.memory``) and its least."""
+        cl, ab = self.cluster, self.act_bytes
+        self.mem = [c * self._figures(v, ("memory", mode, self.roles[v], self.tied[v], self.recipe), lambda ss=ss, v=v:
+                                      np.array([memory(s, cl, ab, mode, self.roles[v], self.tied[v], self.recipe)
+                                                for s in ss], dtype=float))
+                    for v, (c, ss) in enumerate(zip(self.counts, self.choices))]
+        self.min_memory = float(sum(m.min() for m in self.mem))
+        self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
+
+    def _figures(self, v: int, what: tuple, make) -> np.ndarray:
+        """A per-strategy figure of layer ``v`` (``what``: its name and what it depends on beside the layer and
+        its strategies), made once: in the catalogue, per layer, where this problem's choices of ``v`` are the
+        catalogue's strategies of the layer and its coster is the catalogue's (shared by every problem on that
+        cluster), else in this problem's family (``_shared``)."""
+        layer = self._layer_keys[v]
+        if layer is not None and self.catalogue.coster is self.coster:
+            store, key = self.catalogue.figures, (layer,) + what
+        else:
+            store, key = self._shared, (v,) + what
+        out = store.get(key)
+        if out is None:
+            out = store[key] = make()
+        return out
 
     def shared(self, key, make):
         """What another module computes once from the strategies alone (e.g. a strategy index): ``make()``'s

@@ -118,15 +118,17 @@ def test_catalogue_changes_no_figure(kind, preset, config, profile):
     cl = Cluster(2, 2)
     cat = Catalogue(Coster(profile, cl))
     spans = stage_spans(g, [1, 2, 1]) + stage_spans(g, [2, 2])
-    for span in spans + spans:  # the second round reads the catalogue's tables
+    made = []
+    for span in spans + spans:  # the second round reads the catalogue's tables and per-strategy figures
         sg = stage_graph(g, *span)
         alone = StageProblem(sg, Coster(profile, cl), 80 * 2**30)
         shared = StageProblem(sg, cat.coster, 80 * 2**30, catalogue=cat)
-        for mode in (Mode("none", None), Mode("full", (0, 1))):
+        for mode in (Mode("none", None), Mode("full", (0, 1)), Mode("none", (1,)), Mode("full", None)):
             a, b = alone.with_mode(mode), shared.with_mode(mode)
             assert [[s.signature for s in ss] for ss in a.choices] == [[s.signature for s in ss] for ss in b.choices]
             assert [[s.fine_out for s in ss] for ss in a.choices] == [[s.fine_out for s in ss] for ss in b.choices]
-            for x, y in zip(a.node + a.mem + a.node_sync, b.node + b.mem + b.node_sync):
+            for x, y in zip(a.node + a.mem + a.node_sync + a.node_compute + a.node_bwd + a.node_redist + a._acts,
+                            b.node + b.mem + b.node_sync + b.node_compute + b.node_bwd + b.node_redist + b._acts):
                 np.testing.assert_array_equal(x, y)
             for u, v in a.edge_counts:
                 if u != v:
@@ -136,7 +138,9 @@ def test_catalogue_changes_no_figure(kind, preset, config, profile):
             for x, y in zip(direct.mem + direct.node, b.in_flight(3).mem + b.in_flight(3).node):
                 np.testing.assert_array_equal(x, y)
             assert direct.min_memory == b.in_flight(3).min_memory
+        made.append(len(cat.figures))
     assert cat.strategies and all(r._tables for r in cat.rows.values())
+    assert made[len(spans) - 1] > 0 and made[-1] == made[len(spans) - 1]  # the second round priced nothing anew
 
 
 def test_rungs_serve_the_inflight_counts_they_fit(graph, profile):
