@@ -86,7 +86,9 @@ class StageProblem(Problem):
         return k
 
     def memory_breakdown(self, assign) -> Memory:
-        m = super().memory_breakdown(assign)
+        """``Problem.memory_breakdown`` with the activations of ``inflight`` micro-batches (one micro-batch's
+        breakdown made once per mode and plan, shared by the in-flight copies)."""
+        m = self.shared(("breakdown", self.mode, tuple(assign)), lambda: Problem.memory_breakdown(self, assign))
         return Memory(m.parameters, m.gradients, m.optimizer, m.activations * self.inflight, m.workspace)
 
 
@@ -139,7 +141,14 @@ def figures(problem: StageProblem, assign) -> StageFigures:
     """Under the problem's mode (``autotune.sbp.memory.Mode``): full recomputation re-runs a block's forward
     (its compute, the boxing inside its layers and between them) in the backward pass; FSDP's all-gathers and
     reduce-scatters not hidden behind a layer's own compute (``steptime.fsdp_seconds``) add to the pass they
-    run in."""
+    run in. The times do not depend on the micro-batches in flight: made once per mode and plan, shared by the
+    problem's in-flight copies; the memory is the copy's."""
+    times = problem.shared(("times", problem.mode, tuple(assign)), lambda: _times(problem, assign))
+    return StageFigures(*times, problem.peak_memory(assign), problem.fits_plan(assign))
+
+
+def _times(problem: StageProblem, assign) -> tuple[float, ...]:
+    """``StageFigures``' times: forward, backward, compute, redistribution, grad sync, exposed sync, optimizer."""
     cl, cm, m, mode = problem.cluster, problem.compute, problem.mb, problem.mode
     full = mode.recompute == "full"
     factors = forward_factors(problem.graph) if full else {}
@@ -172,5 +181,4 @@ def figures(problem: StageProblem, assign) -> StageFigures:
         comp, red = comp + c * m * ((1 + again) * kf + kb), red + c * m * ((1 + again) * tf + tb)
     sync = sum(float(c * problem.node_sync[v][i]) for v, (i, c) in enumerate(zip(assign, problem.counts))) \
         - problem.tied_saved(assign)
-    return StageFigures(fwd, bwd, comp, red, sync, problem.exposed_sync(assign), opt,
-                        problem.peak_memory(assign), problem.fits_plan(assign))
+    return fwd, bwd, comp, red, sync, problem.exposed_sync(assign), opt
