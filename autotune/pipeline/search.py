@@ -175,6 +175,19 @@ class Candidate:
     tensor: int = 0  # the Megatron baseline's tensor-parallel degree
 
     @property
+    def floor(self) -> float:
+        """A lower bound on the step ``PipelineSearch.finish`` simulates, under any schedule and boundaries: stage
+        j cannot start before micro-batch 1's forwards through the stages before it, it runs m (forward +
+        backward), and stage 0's last backward waits for the backwards of the stages before j after it; stage 0's
+        exposed sync and optimizer follow. So step >= max_j (sum_{i<j} T_i + m T_j) + stage 0's exposed sync and
+        optimizer (the estimate itself is not a bound where an early stage is the slowest)."""
+        lead, most = 0.0, 0.0
+        for x in self.plans:
+            t = _time(x)
+            most, lead = max(most, lead + self.micro_batches * t), lead + t
+        return most + self.plans[0].fig.exposed_sync + self.plans[0].fig.optimizer
+
+    @property
     def rank(self) -> float:
         """The estimate plus the first stage's exposed gradient sync and optimizer (it ends the step)."""
         return self.estimate + self.plans[0].fig.exposed_sync + self.plans[0].fig.optimizer

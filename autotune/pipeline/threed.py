@@ -22,9 +22,10 @@ reduce-scatter / all-gather in place of the all-reduce), so it is not offered. A
 
 Every (p, t, m) whose stages all fit (at its cheapest mode by the split DP's estimate,
 ``autotune.pipeline.split``) is simulated with its boundaries (``PipelineSearch.finish``) and the fastest
-step is the baseline. All of them: the estimate leaves the boundaries out, which with many stages and few micro-batches sit on the critical path
-(GPT-3 175B on 2,048 x 8: the best estimate, 64 stages of 48 micro-batches, simulates to 4.08 s; the fourth,
-32 stages of 24, to 3.51 s).
+step is the baseline. Not ranked by the estimate: it leaves the boundaries out, which with many stages and few
+micro-batches sit on the critical path (GPT-3 175B on 2,048 x 8: the best estimate, 64 stages of 48
+micro-batches, simulates to 4.08 s; the fourth, 32 stages of 24, to 3.51 s); but a candidate whose step's lower
+bound (``Candidate.floor``) is no better than the fastest simulated step is not simulated (``finished``).
 """
 from __future__ import annotations
 
@@ -119,9 +120,20 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
 
 def finished(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
              most: int | None = None) -> list[Candidate]:
-    """Every candidate that fits, simulated, fastest first."""
-    out = [search.finish(c) for c in candidates(search, tensor_in_node, sharding, most)]
-    return sorted((c for c in out if math.isfinite(c.step)), key=lambda c: c.step)
+    """The candidates that fit and can be the fastest or the fastest that ``autotune.apply_pipeline`` runs
+    (``executable``), simulated, fastest first: candidates are simulated in the order of their step's lower
+    bound (``Candidate.floor``), and one whose bound is no better than both (it could be neither) is left out."""
+    out: list[Candidate] = []
+    best = runs = math.inf
+    for c in sorted(candidates(search, tensor_in_node, sharding, most), key=lambda c: c.floor):
+        if c.floor >= best and (c.floor >= runs or not executable(search, c)):
+            continue
+        c = search.finish(c)
+        if math.isfinite(c.step):
+            out.append(c)
+            best = min(best, c.step)
+            runs = min(runs, c.step) if executable(search, c) else runs
+    return sorted(out, key=lambda c: c.step)
 
 
 def executable(search: PipelineSearch, c: Candidate) -> bool:

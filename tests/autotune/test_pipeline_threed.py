@@ -116,3 +116,20 @@ def test_megatron_only_stage_problems_give_the_full_problems_figures(graph, prof
         c0 = ps.finish(ps.candidate(stages, sub, m, ps.balanced(stages), before))
         c1 = ps.finish(ps.candidate(stages, sub, m, ps.balanced(stages), after))
         assert c0.step == c1.step and c0.boundaries == c1.boundaries and c0.estimate == c1.estimate
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "eager-1f1b"])
+def test_simulation_skipped_only_where_the_floor_cannot_win(graph, profile, schedule):
+    """``Candidate.floor`` is under every candidate's simulated step (a lower bound under each schedule), and
+    ``finished`` (which simulates only candidates whose floor beats the fastest so far) gives the fastest and
+    the fastest executable plan that simulating every candidate gives."""
+    from autotune.pipeline.threed import executable
+    ps = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(schedule=schedule))
+    every = [ps.finish(c) for c in candidates(ps)]
+    assert len(every) > 10 and all(c.floor <= c.step * (1 + 1e-12) for c in every)
+    assert any(c.floor > c.estimate for c in every)  # tighter than the estimate somewhere
+    done = finished(PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(schedule=schedule)))
+    assert done[0].step == min(c.step for c in every)
+    runs = [c for c in done if executable(ps, c)]
+    assert runs[0].step == min(c.step for c in every if executable(ps, c))
+    assert [c.step for c in done] == sorted(c.step for c in done) and len(done) < len(every)
