@@ -310,7 +310,10 @@ class Problem:
         self._price_memory(mode)
         factors = forward_factors(self.graph) if rec == "full" else {}
         old = self.tables
-        if old is None or old.forward_factor != factors:
+        key = ("tables", tuple(sorted(factors.items())))  # the mode copies with these factors share one
+        if old is not None and old.forward_factor != factors and key in self._shared:
+            self.tables = self._shared[key]
+        elif old is None or old.forward_factor != factors:
             self.tables = EdgeTables(self.choices, [op.out_shape for op in self.ops], self.edge_counts, self.coster,
                                      mb, self._precompute if old is None else old.precomputed,
                                      self._progress if old is None else None, ab,
@@ -318,6 +321,7 @@ class Problem:
                                      old.rows if old is not None else self.catalogue.boxer(
                                          ab, self.compute.memory_seconds if step else None)
                                      if self.catalogue is not None else None)
+        self._shared.setdefault(key, self.tables)
 
     def _price_memory(self, mode: Mode) -> None:
         """``mem`` (bytes per device of each strategy's occurrences, ``autotune.sbp.memory``) and its least."""

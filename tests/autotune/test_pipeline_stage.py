@@ -139,6 +139,9 @@ def test_catalogue_changes_no_figure(kind, preset, config, profile):
                 np.testing.assert_array_equal(x, y)
             assert direct.min_memory == b.in_flight(3).min_memory
         made.append(len(cat.figures))
+        # the modes with the same forward factors share one set of boxing tables
+        assert shared.with_mode(Mode("full", (0, 1))).tables is shared.with_mode(Mode("full", None)).tables
+        assert shared.with_mode(Mode("none", (1,))).tables is shared.tables
     assert cat.strategies and all(r._tables for r in cat.rows.values())
     assert made[len(spans) - 1] > 0 and made[-1] == made[len(spans) - 1]  # the second round priced nothing anew
 
