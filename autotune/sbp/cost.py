@@ -405,6 +405,7 @@ class Problem:
         """Parameters, gradients, optimizer states, activations and the peak's workspace per device of a plan
         (a tied logits layer's copy dropped where its weight is placed as the embedding's)."""
         out = Memory()
+        shared = 0.0
         for v, (i, c) in enumerate(zip(assign, self.counts)):
             s = self.choices[v][i]
             m = strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v], self.recipe)
@@ -413,9 +414,10 @@ class Problem:
                                     self.act_bytes, self.mode)
                 m = Memory(m.parameters - saved.parameters, m.gradients - saved.gradients, m.optimizer,
                            m.activations)
+                shared += saved.gradients * c
             out = out + m.scaled(c)
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
-                            self.mb, self.mode, self.chain_roles, self.recipe)
+                            self.mb, self.mode, self.chain_roles, self.recipe, shared)
         return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
 
     def peak_memory(self, assign) -> float:

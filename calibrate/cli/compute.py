@@ -57,8 +57,8 @@ SEQS = (256, 512, 1024, 2048, 4096)
 HEAD_DIMS = (64, 128)
 SDPA_TOKENS = 16384  # batch x sequence of every SDPA point: a training micro-batch's tokens
 LAYER_SIZES = ((16384, 4096), (4096, 1024))  # (tokens, hidden) of the layer pieces: the reference and 16x fewer
-LAYER_QUEUE = 4  # calls of a layer piece issued behind the cover matmuls (measure_layers)
-COVER_MATMULS = 2  # 8192^3 bf16 matmuls ahead of them: longer than the host takes to issue the calls
+LAYER_QUEUE = 4  # calls of a layer piece timed together, between the cover matmuls (measure_layers)
+COVER_MATMULS = 4  # 8192^3 bf16 matmuls after them (~6 ms on an H100): longer than the host takes to issue the next
 # (heads, kv_heads) per element size; bf16 over sequences 512..16384, fp32 (no flash kernel: a slower
 # backend, maybe one that keeps the s^2 scores) over 512..2048
 SDPA_HEADS = {2: ((8, 8), (8, 1), (16, 16), (16, 2), (16, 1), (32, 32), (32, 4), (32, 1), (64, 64), (64, 8), (64, 1)),
@@ -324,18 +324,22 @@ def measure_embedding(torch, device, iters, warmup) -> tuple[float, float]:
 def measure_layers(torch, device, iters, warmup) -> tuple[dict, dict]:
     """(seconds per element, seconds per call), forward and backward, of each memory-bound piece of a user's
     step (``calibrate.layers``), from its times at ``LAYER_SIZES`` (``calibrate.compute.fit_layer_piece``).
-    At each size ``LAYER_QUEUE`` calls are issued behind ``COVER_MATMULS`` long matmuls, less the matmuls
-    alone (three arms interleaved in three rounds of back-to-back batches, the median of each: one round's
-    glitch drops out): the calls wait in the queue and run back to back on the GPU, as a step's small
-    kernels run behind its matmuls, so a small size is not timed at the host's pace of issuing it. The
-    backward is the forward plus backward less the forward. One rate per element from the reference size
-    alone under-predicted the smaller of the confirmatory sizes by 4-11% (one H100, 2026-11-27)."""
+    At each size a timed call is ``LAYER_QUEUE`` calls of the piece, and ``COVER_MATMULS`` long matmuls run
+    untimed after each (``TorchArm``'s ``between``; two arms, forward and forward plus backward, interleaved
+    in three rounds of back-to-back batches, the median of each: one round's glitch drops out): the host
+    issues the next calls while the matmuls run, so they wait in the queue and run back to back on the GPU,
+    as a step's small kernels run behind its matmuls, and a small size is timed at the GPU's pace, not at the
+    host's pace of issuing it. The backward is the forward plus backward less the forward. One rate per
+    element from the reference size alone under-predicted the smaller of the confirmatory sizes by 4-11%
+    (one H100, 2026-11-27)."""
     cover = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+
+    def matmuls():
+        for _ in range(COVER_MATMULS):
+            torch.mm(cover, cover)
 
     def queued(fn):
         def run(i):
-            for _ in range(COVER_MATMULS):
-                torch.mm(cover, cover)
             for _ in range(LAYER_QUEUE):
                 fn()
         return run
@@ -343,15 +347,14 @@ def measure_layers(torch, device, iters, warmup) -> tuple[dict, dict]:
     times: dict = {}
     for tokens, hidden in LAYER_SIZES:
         for kind, (elems, fwd, both) in layer_pieces(torch, device, tokens, hidden, max(1, hidden // 128)).items():
-            arms = [(n, lambda f=f: TorchArm(torch, device, f)) for n, f in
-                    (("cover", queued(lambda: None)), ("f", queued(fwd)), ("fb", queued(both)))]
+            arms = [(n, lambda f=f: TorchArm(torch, device, queued(f), matmuls)) for n, f in (("f", fwd), ("fb", both))]
             t = medians(torch, arms, timing(3 * iters, max(warmup, 3), back_to_back=True))
-            f = max(t["f"] - t["cover"], 0.0) / LAYER_QUEUE
-            times.setdefault(kind, []).append((elems, f, max(t["fb"] - t["cover"], 0.0) / LAYER_QUEUE - f))
+            f = t["f"] / LAYER_QUEUE
+            times.setdefault(kind, []).append((elems, f, max(t["fb"] / LAYER_QUEUE - f, 0.0)))
         torch.cuda.empty_cache()
     per, call = {}, {}
     for kind, rows in times.items():
-        (cf, pf), (cb, pb) = (fit_layer_piece([(n, max(r[k], 0.0)) for n, *r in rows]) for k in (0, 1))
+        (cf, pf), (cb, pb) = (fit_layer_piece([(n, r[k]) for n, *r in rows]) for k in (0, 1))
         per[kind], call[kind] = (pf, pb), (cf, cb)
     return per, call
 
@@ -463,7 +466,7 @@ def main(argv=None) -> int:
                          for k, (f, b) in layers.items()))
     sizes = " and ".join(f"{t // 1024} Ki tokens x {h // 1024} Ki hidden" for t, h in LAYER_SIZES)
     sources["layer_s"] = ("measured: the memory-bound pieces of a user's step as executed (calibrate.layers) at "
-                          f"{sizes}, {LAYER_QUEUE} calls queued behind matmuls; the line through both: per element")
+                          f"{sizes}, {LAYER_QUEUE} calls at a time between long matmuls; the line through both: per element")
     sources["layer_call_s"] = "measured: the same line's cost per call (its intercept, at least 0)"
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
                    **{f"op_Bps.{k}": f"measured: {OP_SOURCES[k]}, {v / 1e9:.0f} GB/s" for k, v in ops.items()},
