@@ -321,33 +321,36 @@ def measure_embedding(torch, device, iters, warmup) -> tuple[float, float]:
     return 4 * t * hidden * 2 / f, (4 * t * hidden + rows * hidden) * 2 / max(fb - f, 1e-9)
 
 
-def measure_layers(torch, device, iters, warmup) -> tuple[dict, dict]:
-    """(seconds per element, seconds per call), forward and backward, of each memory-bound piece of a user's
-    step (``calibrate.layers``), from its times at ``LAYER_SIZES`` (``calibrate.compute.fit_layer_piece``).
-    At each size a timed call is ``LAYER_QUEUE`` calls of the piece, and ``COVER_MATMULS`` long matmuls run
-    untimed after each (``TorchArm``'s ``between``; two arms, forward and forward plus backward, interleaved
-    in three rounds of back-to-back batches, the median of each: one round's glitch drops out): the host
-    issues the next calls while the matmuls run, so they wait in the queue and run back to back on the GPU,
-    as a step's small kernels run behind its matmuls, and a small size is timed at the GPU's pace, not at the
-    host's pace of issuing it. The backward is the forward plus backward less the forward. One rate per
-    element from the reference size alone under-predicted the smaller of the confirmatory sizes by 4-11%
-    (one H100, 2026-11-27)."""
-    cover = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-
+def layer_piece_arm(torch, device, fn, cover) -> TorchArm:
+    """The engine's arm for a memory-bound piece of a user's step (``calibrate.layers``) as a step runs it:
+    a timed call is ``LAYER_QUEUE`` calls of ``fn``, and ``COVER_MATMULS`` long matmuls of ``cover`` (an
+    8192^2 bf16 matrix) run untimed after each (``TorchArm``'s ``between``): the host issues the next calls
+    while the matmuls run, so they wait in the queue and run back to back on the GPU, at the GPU's pace, not
+    at the host's pace of issuing them, and start with the matmuls' data in the caches, not their own. Its
+    seconds per call are ``LAYER_QUEUE`` pieces' (divide by it). Development (``measure_layers``) and the
+    confirmatory evaluation (``calibrate compute evaluate``) time the pieces through it alike."""
     def matmuls():
         for _ in range(COVER_MATMULS):
             torch.mm(cover, cover)
 
-    def queued(fn):
-        def run(i):
-            for _ in range(LAYER_QUEUE):
-                fn()
-        return run
+    def run(i):
+        for _ in range(LAYER_QUEUE):
+            fn()
+    return TorchArm(torch, device, run, matmuls)
 
+
+def measure_layers(torch, device, iters, warmup) -> tuple[dict, dict]:
+    """(seconds per element, seconds per call), forward and backward, of each memory-bound piece of a user's
+    step (``calibrate.layers``), from its times at ``LAYER_SIZES`` (``calibrate.compute.fit_layer_piece``),
+    each timed through ``layer_piece_arm`` (two arms, forward and forward plus backward, interleaved in
+    three rounds of back-to-back batches, the median of each: one round's glitch drops out). The backward is
+    the forward plus backward less the forward. One rate per element from the reference size alone
+    under-predicted the smaller of the confirmatory sizes by 4-11% (one H100, 2026-11-27)."""
+    cover = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     times: dict = {}
     for tokens, hidden in LAYER_SIZES:
         for kind, (elems, fwd, both) in layer_pieces(torch, device, tokens, hidden, max(1, hidden // 128)).items():
-            arms = [(n, lambda f=f: TorchArm(torch, device, queued(f), matmuls)) for n, f in (("f", fwd), ("fb", both))]
+            arms = [(n, lambda f=f: layer_piece_arm(torch, device, f, cover)) for n, f in (("f", fwd), ("fb", both))]
             t = medians(torch, arms, timing(3 * iters, max(warmup, 3), back_to_back=True))
             f = t["f"] / LAYER_QUEUE
             times.setdefault(kind, []).append((elems, f, max(t["fb"] / LAYER_QUEUE - f, 0.0)))
