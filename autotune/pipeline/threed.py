@@ -125,9 +125,25 @@ def finished(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool
 
 
 def executable(search: PipelineSearch, c: Candidate) -> bool:
-    """Whether ``autotune.apply_pipeline`` runs the plan: 1F1B and eager-1F1B need m >= p (the library's
-    schedules), GPipe any m."""
+    """Whether ``autotune.apply_pipeline`` runs the plan under the search's schedule: 1F1B and eager-1F1B need
+    m >= p (the library's schedules), GPipe any m."""
     return search.schedule == "gpipe" or c.micro_batches >= c.stages
+
+
+def under_gpipe(search: PipelineSearch, c: Candidate) -> Candidate:
+    """``c`` as ``autotune.apply_pipeline`` runs a plan of fewer micro-batches than stages: under GPipe (torch's
+    ``ScheduleGPipe``; with m <= p, 1F1B's order on the first p - m + 1 stages is GPipe's already, all forwards
+    then all backwards, and the later stages keep all m in flight too), its stages' plans (the same placements)
+    under m in flight, simulated under GPipe."""
+    m, p = c.micro_batches, c.stages
+    spans = stage_spans(search.graph_for(m), c.split)
+    plans = []
+    for i, (sp, span) in enumerate(zip(c.plans, spans)):
+        prob = search.stages.problem(m, span, c.sub, inflight("gpipe", i, p, m), sp.problem.mode)
+        plans.append(StagePlan(prob, sp.assign, figures(prob, sp.assign), dict(sp.search, schedule="gpipe")))
+    out = search.candidate(p, c.sub, m, list(c.split), plans, name=f"{c.name} under GPipe")
+    out.tensor, out.schedule = c.tensor, "gpipe"
+    return search.finish(out)
 
 
 def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
@@ -137,15 +153,21 @@ def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True, sharding: b
 
 
 def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True, most: int | None = None,
-           runnable: bool = True) -> tuple[Candidate | None, Candidate | None, bool]:
+           runnable: bool = True, gpipe: bool = True) -> tuple[Candidate | None, Candidate | None, bool]:
     """(the pipelined plan, the 3-D baseline, whether the plan is a 3-D one): the stage search's best, seeded
     with the 3-D plans at the candidate level (a 3-D plan is one of the search's plans: the same stages, splits
-    and per-stage SBP placements): the fastest 3-D plan that ``autotune.apply_pipeline`` can run (m >= p under
-    1F1B; the baseline itself may have fewer micro-batches, as Megatron runs them; ``runnable`` False: any)
-    where it is faster. So the pipelined plan is never slower than those 3-D plans."""
+    and per-stage SBP placements): the fastest 3-D plan as ``autotune.apply_pipeline`` runs it (``runnable``;
+    one of fewer micro-batches than stages under 1F1B or eager-1F1B runs under GPipe, priced so,
+    ``under_gpipe``; ``gpipe`` False: only those the search's schedule runs itself; the baseline keeps
+    Megatron's 1F1B with m < p) where it is faster. So the pipelined plan is never slower than those 3-D
+    plans."""
     best, done = search.run(), finished(search, tensor_in_node, sharding, most)
     mega = next(iter(done), None)
-    runs = next((c for c in done if not runnable or executable(search, c)), None)
+    if runnable:
+        done = sorted((c for c in (c if executable(search, c) else under_gpipe(search, c) if gpipe else None
+                                   for c in done) if c is not None and math.isfinite(c.step)),
+                      key=lambda c: c.step)
+    runs = next(iter(done), None)
     if runs is not None and (best is None or runs.step < best.step):
         return runs, mega, True
     return best, mega, False

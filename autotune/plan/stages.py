@@ -36,8 +36,10 @@
   resharding planner prices direct transfers between the two submeshes (and into the next stage's first
   layer's input placement, which apply's hook on that layer reaches from the stream's). Records without
   the route run the direct one.
-- Schedules (``SCHEDULES``): 1f1b -> ``Schedule1F1B``, gpipe -> ``ScheduleGPipe``; eager-1f1b (stage i
-  runs 2(p - i) - 1 forwards before its first backward, to hide the boundary) has no class in the library:
+- Schedules (``SCHEDULES``): 1f1b -> ``Schedule1F1B`` (at least one micro-batch per stage), gpipe ->
+  ``ScheduleGPipe`` (any count: the search's plans of fewer micro-batches than stages run under it,
+  ``autotune.pipeline.threed.under_gpipe``); eager-1f1b (stage i runs 2(p - i) - 1 forwards before its
+  first backward, to hide the boundary) has no class in the library:
   ``_eager_1f1b`` runs the step model's own order (``autotune.reshard.pipeline.EagerOneFOneB``) on the
   library's schedule runtime (``_PipelineScheduleRuntime`` fed a compute-only action list, to which it
   adds the sends and receives; a private API of torch.distributed.pipelining, which torchtitan's CSV
@@ -162,7 +164,8 @@ def load_pipelined(source, origin: str | None = None) -> PipelinedPlan:
                         f"{model['layers']}: re-run the search for this model")
     if schedule != "gpipe" and m < p:
         raise UserError(f"{origin}: {m} micro-batches for {p} stages under {schedule}: 1F1B needs at least one "
-                        f"micro-batch per stage; re-run the search with a larger batch or fewer stages")
+                        f"micro-batch per stage; re-run the search with --schedule gpipe, or with more micro-batches "
+                        f"(a larger batch) or fewer stages")
     stages = []
     for i, e in enumerate(entries):
         typed = TypedPlan.from_search(e, (), f"{origin}: stage {i}", stage=True)
@@ -483,7 +486,7 @@ def _sent(entry: dict, typed: TypedPlan, i: int, origin: str) -> tuple[str, ...]
         sent = tuple(check_placement(str(x)) for x in got)
     except (TypeError, UserError):
         sent = None
-    if sent is None or len(sent) != len(out) or any(
+    if sent is None or P not in out or len(sent) != len(out) or any(
             (s != o) if o != P else not is_split(s) for o, s in zip(out, sent)):
         raise UserError(f"{origin}: stage {i}'s boundary_sent {got!r} is not its stream's placement {list(out)} with "
                         f"each partial-sum axis split, as the scatter route sends it: re-run the search")
