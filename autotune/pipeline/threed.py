@@ -157,13 +157,14 @@ def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool =
     """(the pipelined plan, the 3-D baseline, whether the plan is a 3-D one): the stage search's best, seeded
     with the 3-D plans at the candidate level (a 3-D plan is one of the search's plans: the same stages, splits
     and per-stage SBP placements): the fastest 3-D plan as ``autotune.apply_pipeline`` runs it (``runnable``;
-    one of fewer micro-batches than stages under 1F1B or eager-1F1B runs under GPipe, priced so,
-    ``under_gpipe``; ``gpipe`` False: only those the search's schedule runs itself; the baseline keeps
-    Megatron's 1F1B with m < p) where it is faster. So the pipelined plan is never slower than those 3-D
-    plans."""
+    under 1F1B one of fewer micro-batches than stages runs under GPipe, priced so, ``under_gpipe``, as
+    Megatron's 1F1B is GPipe's order on its first stages then; ``gpipe`` False, or eager-1F1B, whose point is
+    hiding the boundaries: only those the search's schedule runs itself; the baseline keeps Megatron's 1F1B
+    with m < p) where it is faster. So the pipelined plan is never slower than those 3-D plans."""
     best, done = search.run(), finished(search, tensor_in_node, sharding, most)
     mega = next(iter(done), None)
     if runnable:
+        gpipe = gpipe and search.schedule == "1f1b"
         done = sorted((c for c in (c if executable(search, c) else under_gpipe(search, c) if gpipe else None
                                    for c in done) if c is not None and math.isfinite(c.step)),
                       key=lambda c: c.step)
