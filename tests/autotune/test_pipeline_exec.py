@@ -45,23 +45,26 @@ def _unreduced(x, mesh, src, dst):
 
 def _count_in_flight(module) -> dict:
     """The micro-batches whose forward ran and whose backward has not reached the stage's output yet: now
-    and at most."""
-    count = {"now": 0, "peak": 0}
+    and at most; and the order of the stage's forwards (F) and backwards (B, as they reach its output)."""
+    count = {"now": 0, "peak": 0, "order": []}
 
     def done(grad):
         count["now"] -= 1
+        count["order"].append("B")
 
     def forward(mod, args, out):
         count["now"] += 1
         count["peak"] = max(count["peak"], count["now"])
+        count["order"].append("F")
         out.register_hook(done)
     module.register_forward_hook(forward)
     return count
 
 
-def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int]:
+def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int, list]:
     """STEPS Adam steps of this rank's stage: (losses, this stage's parameters whole, by the model's names, the
-    most micro-batches it kept in flight)."""
+    most micro-batches it kept in flight, the order of its forwards and backwards), the last two over the last
+    step."""
     import autotune
     model = make_model(cfg)
     names = {id(m): n for n, m in model.named_modules()}
@@ -71,7 +74,7 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int]:
     ids, targets = batch(cfg)
     losses = []
     for _ in range(STEPS):
-        in_flight.update(now=0, peak=0)  # counted over the last step (the first one's also infers shapes)
+        in_flight.update(now=0, peak=0, order=[])  # over the last step (the first one's also infers shapes)
         losses.append(float(pipe.step(ids, targets)))
         opt.step()
         opt.zero_grad()
@@ -80,7 +83,7 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int]:
         for pn, p in m.named_parameters(recurse=False):
             whole = p.full_tensor() if isinstance(p, torch.distributed.tensor.DTensor) else p
             params[f"{names[id(m)]}.{pn}".lstrip(".")] = whole.detach().clone()
-    return losses, params, in_flight["peak"]
+    return losses, params, in_flight["peak"], in_flight["order"]
 
 
 
@@ -111,7 +114,7 @@ def mismatch(ref, got) -> str | None:
     """Where the pipelined run differs from one process (None: it agrees)."""
     if isinstance(got, str):
         return got
-    (ref_losses, ref_params), (losses, params, _) = ref, got
+    (ref_losses, ref_params), (losses, params) = ref, got[:2]
     if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
         return f"losses {losses} != {ref_losses}"
     for name, have in params.items():
@@ -200,3 +203,7 @@ def test_fewer_micro_batches_than_stages_run_under_gpipe(tmp_path):
                        start_method="fork")
     results = [torch.load(f"{out}.{r}") for r in range(4)]
     _check(train_one_process(GPT, 2), results, jobs, 4, "m < p under GPipe")
+    # each stage's forwards and backwards in the order the step model's timeline has them: all forwards first
+    for r, s in enumerate(plan["stages"]):
+        timeline = [kind for kind, *_ in sorted(s["timeline"], key=lambda iv: iv[2]) if kind in ("F", "B")]
+        assert results[r][0][3] == timeline == ["F", "F", "B", "B"]
