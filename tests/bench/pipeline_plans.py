@@ -10,7 +10,7 @@ it (``--reference space``: the wider space on the default budgets; ``--reference
 SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan
 (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and FSDP searched) and its CPU seconds;
 a line with the fastest 3-D plan as ``autotune.apply_pipeline`` runs it (fewer micro-batches than stages
-under GPipe, ``threed.under_gpipe``) and the plan record's pipelined plan (``threed.seeded``: the faster of
+under GPipe, ``threed.as_run``) and the plan record's pipelined plan (``threed.seeded``: the faster of
 the two); and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
 best Megatron plan) and the pipelined plan's speed-up over it.
 """
@@ -27,7 +27,7 @@ from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import load_model
 
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
-from autotune.pipeline.threed import executable, finished, under_gpipe
+from autotune.pipeline.threed import as_run, finished
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cli.search import memory_limit
@@ -101,7 +101,7 @@ def main() -> None:
         print(f"{name}: {mega.name if mega else 'Megatron 3-D: none fits'}: {mega.step if mega else float('inf'):.4g} "
               f"s/step, {mega_cpu:.1f} CPU s", flush=True)
         c0 = time.process_time()
-        runs = min((c if executable(ps, c) else under_gpipe(ps, c) for c in done), key=lambda c: c.step, default=None)
+        runs = as_run(ps, done)
         if runs is not None:
             seed = min((c for c in (best, runs) if c is not None), key=lambda c: c.step)
             print(f"{name}: 3-D as run: {runs.name}: {runs.step:.4g} s/step ({time.process_time() - c0:.1f} CPU s); "
