@@ -82,7 +82,7 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
         "profile": search.profile.name, "micro_batches": c.micro_batches,
         "memory_limit_bytes": search.stages.limit, "search": {**(info or {}), "config": asdict(search.cfg)}, "assignment": [],
         "objective": "step", "totals": totals, "layers": layers, "edges": edges,
-        "pipeline": {"schedule": c.schedule or search.cfg.schedule, "stages": c.stages, "micro_batches": c.micro_batches,
+        "pipeline": {"schedule": search.cfg.schedule, "stages": c.stages, "micro_batches": c.micro_batches,
                      "split": list(c.split), "makespan_s": c.result.makespan,
                      "peak_activations": list(c.result.peak_activations),
                      "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
@@ -101,7 +101,7 @@ def pipeline_plans(graph, cluster, profile, memory_limit: float, cfg: PipelineCo
     info = {"algorithm": f"pipeline stages + {cfg.search}", "seconds": time.perf_counter() - t0,
             "stage_searches": search.stages.searches, "seeded_by_3d": same}
     note = "; the Megatron 3-D plan: no searched plan is faster" if same else ""
-    out = pipeline_plan(search, best, f"pipelined ({best.stages} stages, {best.schedule or cfg.schedule}, "
-                                      f"{best.micro_batches} micro-batches{note})", info) if best is not None else None
+    out = pipeline_plan(search, best, f"pipelined ({best.stages} stages, {cfg.schedule}, {best.micro_batches} "
+                                      f"micro-batches{note})", info) if best is not None else None
     base = pipeline_plan(search, mega, mega.name, {"algorithm": "megatron"}) if mega is not None else None
     return out, base

@@ -173,7 +173,6 @@ class Candidate:
     ends: list[float] = field(default_factory=list)
     name: str = ""
     tensor: int = 0  # the Megatron baseline's tensor-parallel degree
-    schedule: str = ""  # the schedule it runs under where not the search's (PipelineConfig.schedule's names)
 
     @property
     def rank(self) -> float:
@@ -426,7 +425,7 @@ class PipelineSearch:
         spec = PipelineSpec(c.name or "pipeline", c.micro_batches, tuple(x.fig.forward for x in c.plans),
                             tuple(x.fig.backward for x in c.plans), tuple(f for f, _ in c.boundaries),
                             tuple(b for _, b in c.boundaries), tuple(0.0 for _ in c.plans))
-        c.result = simulate(spec, schedule_name(c.schedule) if c.schedule else self.schedule)
+        c.result = simulate(spec, self.schedule)
         c.ends = [max(iv.end for iv in c.result.intervals if iv.lane == f"stage {i}") for i in range(c.stages)]
         fits = all(x.fig.fits for x in c.plans)
         c.step = max(e + x.fig.exposed_sync + x.fig.optimizer for e, x in zip(c.ends, c.plans)) if fits else math.inf

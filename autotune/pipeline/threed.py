@@ -124,66 +124,21 @@ def finished(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool
     return sorted((c for c in out if math.isfinite(c.step)), key=lambda c: c.step)
 
 
-def executable(search: PipelineSearch, c: Candidate) -> bool:
-    """Whether ``autotune.apply_pipeline`` runs the plan under the search's schedule: 1F1B and eager-1F1B need
-    m >= p (the library's schedules), GPipe any m."""
-    return search.schedule == "gpipe" or c.micro_batches >= c.stages
-
-
-def under_gpipe(search: PipelineSearch, c: Candidate) -> Candidate:
-    """``c`` as ``autotune.apply_pipeline`` runs a plan of fewer micro-batches than stages: under GPipe (torch's
-    ``ScheduleGPipe``; with m <= p, 1F1B's order on the first p - m + 1 stages is GPipe's already, all forwards
-    then all backwards, and the later stages keep all m in flight too), its stages' plans (the same placements)
-    under m in flight, simulated under GPipe."""
-    m, p = c.micro_batches, c.stages
-    spans = stage_spans(search.graph_for(m), c.split)
-    plans = []
-    for i, (sp, span) in enumerate(zip(c.plans, spans)):
-        prob = search.stages.problem(m, span, c.sub, inflight("gpipe", i, p, m), sp.problem.mode)
-        plans.append(StagePlan(prob, sp.assign, figures(prob, sp.assign), dict(sp.search, schedule="gpipe")))
-    out = search.candidate(p, c.sub, m, list(c.split), plans, name=f"{c.name} under GPipe")
-    out.tensor, out.schedule = c.tensor, "gpipe"
-    return search.finish(out)
-
-
 def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
                 most: int | None = None) -> Candidate | None:
     """The best Megatron-style 3-D plan that fits (every candidate simulated), None if none does."""
     return next(iter(finished(search, tensor_in_node, sharding, most)), None)
 
 
-def as_run(search: PipelineSearch, done: list[Candidate], bar: float = math.inf,
-           gpipe: bool = True) -> Candidate | None:
-    """The fastest of the simulated 3-D plans ``done`` (fastest first) as ``autotune.apply_pipeline`` runs them,
-    if under ``bar`` s: those the search's schedule runs, and under 1F1B (``gpipe``) those of fewer
-    micro-batches than stages under GPipe (``under_gpipe``). A plan is re-priced under GPipe only while its
-    1F1B step is under the best so far: GPipe keeps more micro-batches in flight on the same placements and
-    starts the later stages' backwards later, so its step is not under 1F1B's (the step model's orders; checked
-    on every such plan of the tests, not proven for every stage time and boundary)."""
-    gpipe = gpipe and search.schedule == "1f1b"
-    out = None
-    for c in done:
-        if c.step >= bar:
-            break
-        run = c if executable(search, c) else under_gpipe(search, c) if gpipe else None
-        if run is not None and math.isfinite(run.step) and run.step < bar:
-            out, bar = run, run.step
-    return out
-
-
-def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True, most: int | None = None,
-           runnable: bool = True, gpipe: bool = True) -> tuple[Candidate | None, Candidate | None, bool]:
+def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
+           most: int | None = None) -> tuple[Candidate | None, Candidate | None, bool]:
     """(the pipelined plan, the 3-D baseline, whether the plan is a 3-D one): the stage search's best, seeded
     with the 3-D plans at the candidate level (a 3-D plan is one of the search's plans: the same stages, splits
-    and per-stage SBP placements): the fastest 3-D plan as ``autotune.apply_pipeline`` runs it (``runnable``,
-    ``as_run``: under 1F1B one of fewer micro-batches than stages runs under GPipe, priced so, as Megatron's
-    1F1B is GPipe's order on its first stages then; ``gpipe`` False, or eager-1F1B, whose point is hiding the
-    boundaries: only those the search's schedule runs itself; the baseline keeps Megatron's 1F1B with m < p)
-    where it is faster. So the pipelined plan is never slower than those 3-D plans."""
+    and per-stage SBP placements): the fastest 3-D plan where it is faster, fewer micro-batches than stages
+    included (``autotune.apply_pipeline`` runs them in the order the step model prices, Megatron's 1F1B among
+    them). So the pipelined plan is never slower than the 3-D baseline."""
     best, done = search.run(), finished(search, tensor_in_node, sharding, most)
     mega = next(iter(done), None)
-    bar = best.step if best is not None else math.inf
-    runs = as_run(search, done, bar, gpipe) if runnable else next((c for c in done if c.step < bar), None)
-    if runs is not None:
-        return runs, mega, True
+    if mega is not None and (best is None or mega.step < best.step):
+        return mega, mega, True
     return best, mega, False

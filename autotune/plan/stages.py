@@ -36,11 +36,12 @@
   resharding planner prices direct transfers between the two submeshes (and into the next stage's first
   layer's input placement, which apply's hook on that layer reaches from the stream's). Records without
   the route run the direct one.
-- Schedules (``SCHEDULES``): 1f1b -> ``Schedule1F1B`` (at least one micro-batch per stage), gpipe ->
-  ``ScheduleGPipe`` (any count: the search's plans of fewer micro-batches than stages run under it,
-  ``autotune.pipeline.threed.under_gpipe``); eager-1f1b (stage i runs 2(p - i) - 1 forwards before its
-  first backward, to hide the boundary) has no class in the library:
-  ``_eager_1f1b`` runs the step model's own order (``autotune.reshard.pipeline.EagerOneFOneB``) on the
+- Schedules (``SCHEDULES``), for any number of micro-batches m: 1f1b -> ``Schedule1F1B`` where m >= p;
+  with fewer micro-batches than stages (the 3-D plans the search seeds with, as Megatron-LM runs them;
+  the library's class refuses them) Megatron's order, stage i running min(p - i, m) forwards before its
+  first backward; gpipe -> ``ScheduleGPipe``; eager-1f1b (stage i runs 2(p - i) - 1 forwards before its
+  first backward, to hide the boundary) has no class in the library. The orders the library lacks run as
+  the step model simulates them (``autotune.reshard.pipeline.SCHEDULES``' orders, ``_runtime``) on the
   library's schedule runtime (``_PipelineScheduleRuntime`` fed a compute-only action list, to which it
   adds the sends and receives; a private API of torch.distributed.pipelining, which torchtitan's CSV
   schedules use too).
@@ -77,18 +78,21 @@ from torch.distributed.tensor import DTensor, Replicate  # noqa: E402
 
 
 
-def _eager_1f1b(stage, n_microbatches: int, loss_fn=None):
-    """Eager-1F1B on the library's schedule runtime: each stage's order as ``autotune.reshard.pipeline``
-    simulates it, its communication added by the runtime."""
-    from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+def _runtime(order: str):
+    """A schedule of the step model (``autotune.reshard.pipeline.SCHEDULES[order]``) on the library's schedule
+    runtime: each stage's order of forwards and backwards as the step model simulates it, its communication
+    added by the runtime."""
+    def make(stage, n_microbatches: int, loss_fn=None):
+        from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
 
-    from autotune.reshard.pipeline import EagerOneFOneB
-    schedule = _PipelineScheduleRuntime([stage], n_microbatches, loss_fn=loss_fn)
-    kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
-    orders = EagerOneFOneB().orders(stage.num_stages, n_microbatches)
-    schedule._prepare_schedule_with_comms({s: [_Action(s, kinds[k], m) for k, m in order]
-                                          for s, order in enumerate(orders)})
-    return schedule
+        from autotune.reshard.pipeline import SCHEDULES as ORDERS
+        schedule = _PipelineScheduleRuntime([stage], n_microbatches, loss_fn=loss_fn)
+        kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+        orders = ORDERS[order]().orders(stage.num_stages, n_microbatches)
+        schedule._prepare_schedule_with_comms({s: [_Action(s, kinds[k], m) for k, m in order]
+                                              for s, order in enumerate(orders)})
+        return schedule
+    return make
 
 
 def _library(name: str):
@@ -98,8 +102,17 @@ def _library(name: str):
     return make
 
 
+def _one_f_one_b(stage, n_microbatches: int, loss_fn=None):
+    """1F1B: the library's ``Schedule1F1B`` where every stage has a micro-batch in its steady state (m >= p);
+    with fewer, Megatron's order (stage i runs min(p - i, m) forwards before its first backward), which the
+    library's class refuses, on its runtime."""
+    if n_microbatches >= stage.num_stages:
+        return _library("Schedule1F1B")(stage, n_microbatches, loss_fn)
+    return _runtime("1f1b")(stage, n_microbatches, loss_fn)
+
+
 # the plan's schedule: what builds it on this rank's PipelineStage
-SCHEDULES = {"1f1b": _library("Schedule1F1B"), "gpipe": _library("ScheduleGPipe"), "eager-1f1b": _eager_1f1b}
+SCHEDULES = {"1f1b": _one_f_one_b, "gpipe": _library("ScheduleGPipe"), "eager-1f1b": _runtime("eager_1f1b")}
 SEARCH_KIND = "commtune.sbp-plan"
 
 
@@ -162,10 +175,6 @@ def load_pipelined(source, origin: str | None = None) -> PipelinedPlan:
     if model.get("layers") is not None and sum(split) != model["layers"]:
         raise UserError(f"{origin}: the split {list(split)} gives {sum(split)} blocks but the model has "
                         f"{model['layers']}: re-run the search for this model")
-    if schedule != "gpipe" and m < p:
-        raise UserError(f"{origin}: {m} micro-batches for {p} stages under {schedule}: 1F1B needs at least one "
-                        f"micro-batch per stage; re-run the search with --schedule gpipe, or with more micro-batches "
-                        f"(a larger batch) or fewer stages")
     stages = []
     for i, e in enumerate(entries):
         typed = TypedPlan.from_search(e, (), f"{origin}: stage {i}", stage=True)

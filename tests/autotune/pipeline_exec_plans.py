@@ -19,27 +19,22 @@ STEPS, LR, SEED = 2, 1e-2, 0
 
 
 def searched(cfg: dict, stages: int, nodes: int = 2, gpus: int = 2, schedule: str = "1f1b") -> dict:
-    """The pipeline search's plan of ``cfg`` in ``stages`` stages under ``schedule`` (its plan dict, as plan.json's
-    best): the stage search's best seeded with the 3-D plans that schedule runs itself (``threed.seeded``
-    without the GPipe runs of fewer micro-batches than stages, which ``megatron`` makes)."""
-    from autotune.pipeline.record import pipeline_plan
-    from autotune.pipeline.search import PipelineConfig, PipelineSearch
-    from autotune.pipeline.threed import seeded
+    """The pipeline search's plan of ``cfg`` in ``stages`` stages (its plan dict, as plan.json's best)."""
+    from autotune.pipeline.record import pipeline_plans
+    from autotune.pipeline.search import PipelineConfig
     from autotune.sbp.mesh import Cluster
     from calibrate.profile import Profile
     from models import load_model
     graph = load_model(cfg["kind"], None, {k: v for k, v in cfg.items() if k != "kind"})
-    search = PipelineSearch(graph, Cluster(nodes, gpus), Profile.load("h200-nvlink+ib400"), 80 * 2**30,
-                            PipelineConfig(stages, schedule, search="cd"))
-    best, _, _ = seeded(search, gpipe=False)
-    return pipeline_plan(search, best, f"pipelined ({best.stages} stages, {schedule}, {best.micro_batches} "
-                                       f"micro-batches)")
+    plan, _ = pipeline_plans(graph, Cluster(nodes, gpus), Profile.load("h200-nvlink+ib400"), 80 * 2**30,
+                             PipelineConfig(stages, schedule, search="cd"))
+    return plan
 
 
-def megatron(cfg: dict, nodes: int, gpus: int, stages: int, tensor: int, micro_batches: int) -> dict:
+def megatron(cfg: dict, nodes: int, gpus: int, stages: int, tensor: int, micro_batches: int,
+             schedule: str = "1f1b") -> dict:
     """The Megatron-style 3-D plan (``autotune.pipeline.threed``) of ``cfg`` in ``stages`` stages of whole nodes
-    with t = ``tensor`` and ``micro_batches``, as the plan record writes it; with fewer micro-batches than stages
-    as ``apply_pipeline`` runs it, under GPipe (``threed.under_gpipe``)."""
+    with t = ``tensor`` and ``micro_batches`` under ``schedule``, as the plan record writes it."""
     from autotune.pipeline import threed
     from autotune.pipeline.record import pipeline_plan
     from autotune.pipeline.search import PipelineConfig, PipelineSearch
@@ -48,10 +43,8 @@ def megatron(cfg: dict, nodes: int, gpus: int, stages: int, tensor: int, micro_b
     from models import load_model
     graph = load_model(cfg["kind"], None, {k: v for k, v in cfg.items() if k != "kind"})
     search = PipelineSearch(graph, Cluster(nodes, gpus), Profile.load("h200-nvlink+ib400"), 80 * 2**30,
-                            PipelineConfig(stages))
+                            PipelineConfig(stages, schedule))
     c = next(c for c in threed.finished(search) if c.tensor == tensor and c.micro_batches == micro_batches)
-    if not threed.executable(search, c):
-        c = threed.under_gpipe(search, c)
     return pipeline_plan(search, c, c.name)
 
 

@@ -9,8 +9,9 @@ on 4 x 1 also GPipe and eager-1F1B plans. A partial-sum boundary (a Megatron 3-D
 residual stream, t = 2: stage 0 ends in fc2's row-parallel output, P; stage 1 takes it replicated) on
 2 x 2 by each route (direct: the whole partial tile sent, reduced on the receiver; scatter: reduce-scattered
 on the sender to the features or to the sequences, then all-gathered on the receiver), and a deliberately
-wrong route (the partial pieces sent unreduced), which fails; and a 3-D plan of fewer micro-batches than
-stages (4 x 1, m = 2) run under GPipe. Each stage keeps the micro-batches in flight that the plan's
+wrong route (the partial pieces sent unreduced), which fails; and 3-D plans of fewer micro-batches than
+stages (4 x 1, m = 2) under 1F1B (Megatron's order, on the library's runtime) and eager-1F1B, each stage's
+forwards and backwards in the step model's order. Each stage keeps the micro-batches in flight that the plan's
 schedule says (counted at run time). One launch per model and layout (each 3-45 s on the shared 2-core
 box)."""
 import contextlib
@@ -194,16 +195,21 @@ def test_partial_sum_boundary_by_each_route(tmp_path):
     _check(ref, results, jobs, 2, "partial-sum boundary")
 
 
-def test_fewer_micro_batches_than_stages_run_under_gpipe(tmp_path):
-    plan = megatron(GPT, 4, 1, 4, 1, 2)  # 4 stages of one device, 2 micro-batches
-    assert plan["pipeline"]["schedule"] == "gpipe" and [s["inflight"] for s in plan["stages"]] == [2] * 4
-    jobs = [(GPT, plan, True, False)]
+def test_fewer_micro_batches_than_stages(tmp_path):
+    # 3-D plans of 4 stages of one device and 2 micro-batches: 1F1B as Megatron runs it (stage i: min(p - i, m)
+    # forwards before its first backward), which torch's Schedule1F1B refuses, and eager-1F1B
+    plans = [megatron(GPT, 4, 1, 4, 1, 2), megatron(GPT, 4, 1, 4, 1, 2, schedule="eager-1f1b")]
+    assert [p["pipeline"]["schedule"] for p in plans] == ["1f1b", "eager-1f1b"]
+    assert [s["inflight"] for s in plans[0]["stages"]] == [2, 2, 2, 1]
+    jobs = [(GPT, plan, True, False) for plan in plans]
     out = tmp_path / "results.pt"
     mp.start_processes(_worker, args=(4, free_port(), [(c, p, w) for c, p, _, w in jobs], str(out)), nprocs=4,
                        start_method="fork")
     results = [torch.load(f"{out}.{r}") for r in range(4)]
-    _check(train_one_process(GPT, 2), results, jobs, 4, "m < p under GPipe")
-    # each stage's forwards and backwards in the order the step model's timeline has them: all forwards first
-    for r, s in enumerate(plan["stages"]):
-        timeline = [kind for kind, *_ in sorted(s["timeline"], key=lambda iv: iv[2]) if kind in ("F", "B")]
-        assert results[r][0][3] == timeline == ["F", "F", "B", "B"]
+    _check(train_one_process(GPT, 2), results, jobs, 4, "m < p")
+    # each stage's forwards and backwards, as they ran, in the order of the step model's timeline
+    for k, plan in enumerate(plans):
+        for r, s in enumerate(plan["stages"]):
+            timeline = [kind for kind, *_ in sorted(s["timeline"], key=lambda iv: iv[2]) if kind in ("F", "B")]
+            assert results[r][k][3] == timeline, (plan["pipeline"]["schedule"], r)
+    assert [results[r][0][3] for r in (0, 3)] == [["F", "F", "B", "B"], ["F", "B", "F", "B"]]

@@ -9,9 +9,7 @@ counts, larger stages, more candidates refined, 20x each stage's SBP budget) and
 it (``--reference space``: the wider space on the default budgets; ``--reference budget``: 20x each stage's
 SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan
 (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and FSDP searched) and its CPU seconds;
-a line with the fastest 3-D plan as ``autotune.apply_pipeline`` runs it (fewer micro-batches than stages
-under GPipe, ``threed.as_run``) and the plan record's pipelined plan (``threed.seeded``: the faster of
-the two); and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
+and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
 best Megatron plan) and the pipelined plan's speed-up over it.
 """
 from __future__ import annotations
@@ -27,7 +25,7 @@ from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import load_model
 
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
-from autotune.pipeline.threed import as_run, finished
+from autotune.pipeline.threed import megatron_3d
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cli.search import memory_limit
@@ -95,18 +93,10 @@ def main() -> None:
               f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s, {ps.stages.searches} stage searches",
               flush=True)
         c0 = time.process_time()
-        done = finished(ps)
-        mega = next(iter(done), None)
+        mega = megatron_3d(ps)
         mega_cpu = time.process_time() - c0
         print(f"{name}: {mega.name if mega else 'Megatron 3-D: none fits'}: {mega.step if mega else float('inf'):.4g} "
               f"s/step, {mega_cpu:.1f} CPU s", flush=True)
-        c0 = time.process_time()
-        runs = as_run(ps, done)
-        if runs is not None:
-            seed = min((c for c in (best, runs) if c is not None), key=lambda c: c.step)
-            print(f"{name}: 3-D as run: {runs.name}: {runs.step:.4g} s/step ({time.process_time() - c0:.1f} CPU s); "
-                  f"the plan record's: {describe(seed)} ({seed.schedule or 'the search schedule'}): {seed.step:.4g} "
-                  f"s/step", flush=True)
         full = PipelineConfig().reference()
         cfg = {"full": full, "space": replace(full, budget_scale=1.0),
                "budget": replace(PipelineConfig(), budget_scale=full.budget_scale)}[args.reference]
