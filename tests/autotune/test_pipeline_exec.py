@@ -131,7 +131,7 @@ def jobs_for(kind: str, stages: int) -> list[tuple[dict, dict, bool]]:
     """(model config, pipelined plan, whether it must agree with one process): the search's plan, and on 2 x 2
     plans whose second or first (eager-1F1B) stage replicates everything (GPT) or whose second stage declares
     the arriving stream partial (Llama); on 4 x 1 the other schedules."""
-    # 2 x 2: a batch of 32 so that the search's 16 micro-batches hold 2 sequences, one per device of a stage
+    # 2 x 2: a batch of 32, so that the micro-batches of the search's plan split into whole sequences per device
     cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32 if stages == 2 else 8)
     plan = searched(cfg, stages)
     if stages == 2:
