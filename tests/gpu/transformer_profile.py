@@ -246,13 +246,7 @@ def main(argv=None) -> int:
         for k, (f, b) in sorted(pred["kinds"].items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
             print(f"  {k:28s} {f * 1e3:8.2f} {b * 1e3:8.2f}")
         if args.memory:
-            def step():
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    lo = module(x, y)
-                lo.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            memory_timeline(torch, step)
+            memory_timeline(torch, lambda: tc.one_step(torch, module, opt, x, y))
         mem = pred["totals"].get("memory", {})
         print(f"peak memory measured {peak / 2**30:.2f} GiB; predicted {pred['totals']['memory_bytes'] / 2**30:.2f} "
               "GiB = " + ", ".join(f"{k[:-6]} {v / 2**30:.2f}" for k, v in mem.items()))
