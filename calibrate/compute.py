@@ -20,6 +20,8 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
                                  "forward_s": ..., "backward_s": ..., "backend": "flash"}, ...]}},
       "layer_s": {"rmsnorm": [fwd, bwd], ...},  # optional: seconds per element of the memory-bound pieces of
                                           # a user's step, timed as executed (calibrate.layers)
+      "layer_call_s": {"rmsnorm": [fwd, bwd], ...},  # optional: their seconds per call beyond the per-element
+                                          # rate (a piece of few elements runs below its large size's rate)
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
 
@@ -113,6 +115,33 @@ def _finite(v, low: float = 0.0) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and (v >= 0 if low == 0 else v > low))
 
+
+
+def _layer_figures(d: dict, key: str, where: str, unit: str) -> dict:
+    """A profile's ``layer_s`` or ``layer_call_s``: kind -> (forward, backward), validated."""
+    figures = d.get(key) or {}
+    if not isinstance(figures, dict) or any(
+            k not in LAYER_KINDS or not isinstance(v, (list, tuple)) or len(v) != 2
+            or any(not _finite(x) for x in v) for k, v in figures.items()):
+        raise UserError(f"{where} has a bad {key} {figures!r} (want kind -> [forward, backward] non-negative "
+                        f"{unit}, kinds of {', '.join(LAYER_KINDS)}): re-run python -m calibrate compute")
+    return {k: (float(v[0]), float(v[1])) for k, v in figures.items()}
+
+
+def fit_layer_piece(points) -> tuple[float, float]:
+    """(seconds per call, seconds per element) of a memory-bound piece from its times at two or more sizes
+    (``points``: (elements, seconds)): the least-squares line through them, its per-call cost at least 0
+    (a negative intercept is noise: then the rate through the origin that fits best)."""
+    pts = [(float(n), float(t)) for n, t in points]
+    if len(pts) < 2 or len({n for n, _ in pts}) < 2 or any(n <= 0 or not math.isfinite(t) or t < 0 for n, t in pts):
+        raise ValueError(f"a layer piece needs finite times at two or more distinct positive sizes: {points!r}")
+    mean_n = sum(n for n, _ in pts) / len(pts)
+    mean_t = sum(t for _, t in pts) / len(pts)
+    slope = sum((n - mean_n) * (t - mean_t) for n, t in pts) / sum((n - mean_n) ** 2 for n, _ in pts)
+    call = mean_t - slope * mean_n
+    if call < 0 or slope < 0:
+        return 0.0, sum(n * t for n, t in pts) / sum(n * n for n, _ in pts)
+    return call, slope
 
 def _band(d, where: str) -> Band:
     if not isinstance(d, dict) or not _finite(d.get("peak_flops")) or d["peak_flops"] <= 0:
@@ -234,6 +263,7 @@ class ComputeModel:
     op_Bps: dict = field(default_factory=dict)  # OPS kind -> measured bytes per second
     sdpa: dict = field(default_factory=dict)  # str(dtype_bytes) -> SdpaTable: torch's fused causal SDPA
     layer_s: dict = field(default_factory=dict)  # calibrate.layers kind -> (forward, backward) seconds per element
+    layer_call_s: dict = field(default_factory=dict)  # the same kinds -> (forward, backward) seconds per call
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -302,16 +332,21 @@ class ComputeModel:
         return self.launch_s + nbytes / (self.op_Bps[kind] if kind is not None else self.memory_Bps)
 
     def layer_seconds(self, kind: str, elems: float) -> tuple[float, float] | None:
-        """(forward, backward) seconds of ``elems`` elements of a memory-bound piece of a user's step
-        (``calibrate.layers``) as measured, or None where the profile has no figure for it."""
+        """(forward, backward) seconds of one call of a memory-bound piece of a user's step
+        (``calibrate.layers``) over ``elems`` elements, as measured: its per-call cost plus its
+        per-element rate times ``elems`` (``fit_layer_piece``); None where the profile has no figure."""
         per = self.layer_s.get(kind)
         if per is None:
             return None
-        return (0.0, 0.0) if elems <= 0 else (per[0] * elems, per[1] * elems)
+        if elems <= 0:
+            return 0.0, 0.0
+        call = self.layer_call_s.get(kind, (0.0, 0.0))
+        return call[0] + per[0] * elems, call[1] + per[1] * elems
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
                 **({"layer_s": {k: list(v) for k, v in self.layer_s.items()}} if self.layer_s else {}),
+                **({"layer_call_s": {k: list(v) for k, v in self.layer_call_s.items()}} if self.layer_call_s else {}),
                 **({"op_Bps": dict(self.op_Bps)} if self.op_Bps else {}),
                 "matmul": {k: b.to_dict() for k, b in self.matmul.items()},
                 "attention": {k: b.to_dict() for k, b in self.attention.items()},
@@ -340,12 +375,11 @@ class ComputeModel:
                             f"{', '.join(OPS)}): re-run python -m calibrate compute")
         if not d.get("matmul"):
             raise UserError(f"{where} has no matmul figures: re-run python -m calibrate compute")
-        layers = d.get("layer_s") or {}
-        if not isinstance(layers, dict) or any(
-                k not in LAYER_KINDS or not isinstance(v, (list, tuple)) or len(v) != 2
-                or any(not _finite(x) for x in v) for k, v in layers.items()):
-            raise UserError(f"{where} has a bad layer_s {layers!r} (want kind -> [forward, backward] non-negative "
-                            f"seconds per element, kinds of {', '.join(LAYER_KINDS)}): re-run python -m calibrate compute")
+        layers, calls = (_layer_figures(d, key, where, unit) for key, unit in
+                         (("layer_s", "seconds per element"), ("layer_call_s", "seconds per call")))
+        if set(calls) - set(layers):
+            raise UserError(f"{where} has layer_call_s for {', '.join(sorted(set(calls) - set(layers)))} without its "
+                            "layer_s: re-run python -m calibrate compute")
         return cls(
             source=str(d.get("source", "")), kind=d["kind"], launch_s=float(d["launch_s"]),
             memory_Bps=float(d["memory_Bps"]),
@@ -356,7 +390,7 @@ class ComputeModel:
             sources=dict(d.get("sources", {})),
             op_Bps={k: float(v) for k, v in ops.items()},
             sdpa=_sdpa_tables(d.get("sdpa", {}), where),
-            layer_s={k: (float(v[0]), float(v[1])) for k, v in layers.items()},
+            layer_s=layers, layer_call_s=calls,
         )
 
 

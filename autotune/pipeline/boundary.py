@@ -7,15 +7,27 @@ rule, ``autotune.sbp.boxing``). A placement is on the fine axes of the stage's o
 (``autotune.sbp.mesh``); each device's tile follows from it exactly (the splits of a dimension in
 fine-axis order, the first axis major; a P axis holds the whole extent).
 
-As it executes (``boundary``; ``autotune.plan.stages``, torch.distributed.pipelining): each rank sends its
-own local tile in ``out`` to the rank of stage i + 1 at the same mesh coordinates (one unit task per
-device pair, all at once, priced by the resharding planner's network: pairs crossing nodes share the
-node's port), and the receiving submesh redistributes it from ``out`` to ``in`` (DTensor; priced as the
-boxing ``out -> in`` on that submesh with the profile's tiers, ``Coster``): an S0 -> B boundary pays an
-all-gather on the receiving submesh, a partial output a reduce there. Backward: the gradient is
-redistributed on stage i + 1's submesh from ``grad`` to dual(out), then each rank's tile goes back to its
-pair. Equal placements cost the tile transfer alone. The two submeshes must have the same shape (the
-search's stages do).
+As it executes (``route``; ``autotune.plan.stages``, torch.distributed.pipelining), by one of two routes
+(``ROUTES``), the cheaper one (forward plus backward) per boundary, named in the plan record
+(``boundary_route``, with the placement the tiles cross in, ``boundary_sent``):
+
+- ``direct``: each rank sends its own local tile in ``out`` (a P axis whole) to the rank of stage i + 1 at
+  the same mesh coordinates (one unit task per device pair, all at once, priced by the resharding planner's
+  network: pairs crossing nodes share the node's port), and the receiving submesh redistributes it from
+  ``out`` to ``in`` (DTensor; priced as the boxing ``out -> in`` on that submesh with the profile's tiers,
+  ``Coster``): an S0 -> B boundary pays an all-gather on the receiving submesh, a partial output its whole
+  tiles sent and a reduction there. Backward: the gradient is redistributed on stage i + 1's submesh from
+  ``grad`` to dual(out), then each rank's tile goes back to its pair.
+- ``scatter`` (an output with P axes; Megatron's scatter-gather of pipeline tensors): the sending submesh
+  first reduce-scatters the partial sum (``sent``: each P axis of ``out`` made S along the dimension the
+  receiving placement splits on that axis, else the features, the last dimension; ``sent_placement``), the
+  smaller tiles cross pairwise, and the receiving submesh redistributes ``sent -> in`` (e.g. the
+  all-gather where ``in`` is B). Backward the mirror image: ``grad -> dual(sent)`` on the receiving
+  submesh, the tiles sent back, and on the sender ``dual(sent) -> dual(out)`` (the gradient of the
+  reduce-scatter, an all-gather).
+
+Equal placements cost the tile transfer alone. The two submeshes must have the same shape (the search's
+stages do).
 
 As the resharding planner moves it (``planned``: the resharding paper's unit tasks, send/recv or
 broadcast strategies and load-balancing solvers; optimistic by the receiving submesh's collective where
@@ -35,6 +47,7 @@ intra-node tier (``autotune.reshard.network``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,13 +57,46 @@ from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
 from autotune.sbp.boxing import Coster, box
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import B, P, dual
+from autotune.sbp.sbp import B, P, dual, is_split, local_shape, split_dim
 from kernels.reshard.spec import Box, Mesh, ShardingSpec, box_volume
 from kernels.reshard.tasks import ReshardTask, UnitTask
 
 STRATEGY, SOLVER = "broadcast", "ensemble"
 SOLVER_CONFIG = SolverConfig(time_budget=0.05, rounds=4, restarts=1)
 SENDERS = 8
+DIRECT, SCATTER = "direct", "scatter"
+ROUTES = (DIRECT, SCATTER)
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one boundary runs: ``name`` (``ROUTES``), the placement its tiles cross in (``sent``, on the
+    sending submesh's fine axes) and its seconds per micro-batch each way."""
+
+    name: str
+    sent: tuple[str, ...]
+    forward: float
+    backward: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+def sent_placement(shape, out_fine: tuple[str, ...], in_fine: tuple[str, ...],
+                   cluster: Cluster) -> tuple[str, ...] | None:
+    """The scatter route's placement: each P axis of ``out_fine`` split along the dimension ``in_fine`` splits on
+    that axis, else the last (the features); None where ``out_fine`` has no P or a split does not divide."""
+    if P not in out_fine:
+        return None
+    last = f"S{len(shape) - 1}"
+    sent = tuple((q if is_split(q) and split_dim(q) < len(shape) else last) if o == P else o
+                 for o, q in zip(out_fine, in_fine))
+    try:
+        local_shape(shape, sent, cluster)
+    except UserError:
+        return None
+    return sent
 
 
 def submesh_devices(stage: int, sub: Cluster, gpus_per_node: int) -> tuple[int, ...]:
@@ -181,20 +227,46 @@ class BoundaryPricer:
         self._cache[key] = t
         return t
 
-    def boundary(self, shape, out_fine, in_fine, grad_fine, src: Cluster, dst: Cluster, stage: int) -> tuple[float, float]:
-        """(forward, backward) seconds per micro-batch between stage ``stage`` and the next, as it executes:
-        the output's tiles in ``out_fine`` sent pairwise, then redistributed to ``in_fine`` on the receiving
-        submesh; the input's gradient redistributed there from ``grad_fine`` to the output's gradient
-        placement, then its tiles sent back."""
+    def routes(self, shape, out_fine, in_fine, grad_fine, src: Cluster, dst: Cluster, stage: int) -> list[Route]:
+        """The routes the executor can run for the boundary between stage ``stage`` and the next (module doc):
+        the direct one, and the scatter one where the output is partial and its split divides."""
         if src != dst:
             raise UserError(f"a boundary as it executes pairs ranks at the same coordinates: submeshes {src} and "
                             f"{dst} differ; give every stage the same submesh")
-        sd = submesh_devices(stage, src, self.gpus_per_node)
-        dd = submesh_devices(stage + 1, dst, self.gpus_per_node)
-        back = tuple(dual(p) for p in out_fine)
-        fwd = self.transfer(shape, out_fine, src, sd, dd) + self.redistribute(shape, out_fine, in_fine, dst)
-        bwd = self.redistribute(shape, grad_fine, back, dst) + self.transfer(shape, back, dst, dd, sd)
-        return fwd, bwd
+        layout = self._layout(submesh_devices(stage, src, self.gpus_per_node),
+                              submesh_devices(stage + 1, dst, self.gpus_per_node))
+        key = ("routes", tuple(shape), out_fine, in_fine, grad_fine, src, layout)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = [self._route(DIRECT, out_fine, shape, out_fine, in_fine, grad_fine, src, stage)]
+            sent = sent_placement(shape, out_fine, in_fine, src)
+            if sent is not None:
+                hit.append(self._route(SCATTER, sent, shape, out_fine, in_fine, grad_fine, src, stage))
+            self._cache[key] = hit
+        return list(hit)
+
+    def route(self, shape, out_fine, in_fine, grad_fine, src: Cluster, dst: Cluster, stage: int) -> Route:
+        """The route the boundary runs: the cheapest of ``routes``, forward and backward together."""
+        return min(self.routes(shape, out_fine, in_fine, grad_fine, src, dst, stage), key=lambda r: r.total)
+
+    def _route(self, name, sent, shape, out_fine, in_fine, grad_fine, sub: Cluster, stage: int) -> Route:
+        """``out`` -> ``sent`` on the sending submesh, the tiles in ``sent`` to their pairs, ``sent`` -> ``in`` on the
+        receiving one; backward ``grad`` -> dual(sent) there, the tiles back, dual(sent) -> dual(out)."""
+        sd = submesh_devices(stage, sub, self.gpus_per_node)
+        dd = submesh_devices(stage + 1, sub, self.gpus_per_node)
+        back = tuple(dual(p) for p in sent)
+        fwd = (self.redistribute(shape, out_fine, sent, sub) + self.transfer(shape, sent, sub, sd, dd)
+               + self.redistribute(shape, sent, in_fine, sub))
+        bwd = (self.redistribute(shape, grad_fine, back, sub) + self.transfer(shape, back, sub, dd, sd)
+               + self.redistribute(shape, back, tuple(dual(p) for p in out_fine), sub))
+        return Route(name, tuple(sent), fwd, bwd)
+
+    def boundary(self, shape, out_fine, in_fine, grad_fine, src: Cluster, dst: Cluster,
+                 stage: int) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch between stage ``stage`` and the next, as it executes
+        (``route``)."""
+        r = self.route(shape, out_fine, in_fine, grad_fine, src, dst, stage)
+        return r.forward, r.backward
 
     def planned(self, shape, out_fine, in_fine, grad_fine, src: Cluster, dst: Cluster, stage: int) -> tuple[float, float]:
         """(forward, backward) seconds per micro-batch between stage ``stage`` and the next as the resharding

@@ -2,8 +2,10 @@
 (``autotune.sbp.plan.build_plan``) with totals over the pipeline, plus ``pipeline`` (schedule, stages,
 micro-batches, makespan, bubble) and ``stages``: per stage its chain-position range and layer names,
 submesh, in-flight micro-batches, forward and backward seconds per micro-batch, the boundary to the next
-stage (seconds per micro-batch each way, as it executes; ``boundary_planned_*`` as the resharding planner
-would move it, ``autotune.pipeline.boundary``), memory, its timeline (the simulated intervals) and its SBP
+stage (seconds per micro-batch each way, as it executes, ``boundary_forward_s`` and ``boundary_backward_s``, by
+the route ``boundary_route``, direct or scatter, whose tiles cross in the fine-axis placement ``boundary_sent``;
+both None on the last stage; ``boundary_planned_*`` as the resharding planner would move it,
+``autotune.pipeline.boundary``), memory, its timeline (the simulated intervals) and its SBP
 plan (``layers``, ``edges``, ``totals`` as today). ``layers`` and ``edges`` of the whole are the
 stages' in order, each with its ``stage``.
 
@@ -38,6 +40,7 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
     g = search.graph_for(c.micro_batches)
     stages, layers, edges = [], [], []
     planned = [search.pricer.planned(*stream(c.plans[i], c.plans[i + 1]), c.sub, c.sub, i) for i in range(c.stages - 1)]
+    routes = [search.pricer.route(*stream(c.plans[i], c.plans[i + 1]), c.sub, c.sub, i) for i in range(c.stages - 1)]
     for i, (sp, span) in enumerate(zip(c.plans, c.spans)):
         plan = build_plan(sp.problem, sp.assign, f"stage {i}", sp.search)
         for x in plan["layers"]:
@@ -46,12 +49,14 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
             edges.append(dict(x, stage=i))
         fwd, bwd = c.boundaries[i] if i < len(c.boundaries) else (0.0, 0.0)
         pf, pb = planned[i] if i < len(planned) else (0.0, 0.0)
+        route = routes[i] if i < len(routes) else None
         stages.append({
             "stage": i, "chain": list(span), "blocks": c.split[i],
             "first_layer": g.layers[g.chain[span[0]]].name, "last_layer": g.layers[g.chain[span[1] - 1]].name,
             "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
             "inflight": sp.problem.inflight, "forward_s": sp.fig.forward, "backward_s": sp.fig.backward,
             "boundary_forward_s": fwd, "boundary_backward_s": bwd,
+            "boundary_route": route.name if route else None, "boundary_sent": list(route.sent) if route else None,
             "boundary_planned_forward_s": pf, "boundary_planned_backward_s": pb,
             "grad_sync_s": sp.fig.grad_sync, "exposed_sync_s": sp.fig.exposed_sync, "optimizer_s": sp.fig.optimizer,
             "end_s": c.ends[i], "memory_bytes": sp.fig.memory, "fits_memory": sp.fig.fits,

@@ -27,7 +27,7 @@ from calibrate.errors import UserError
 from autotune.sbp.boxing import copy_seconds
 from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps
 from autotune.sbp.layers import make_op
-from autotune.sbp.memory import OUTSIDE, Memory, strategy_memory
+from autotune.sbp.memory import RERUN, Memory, strategy_memory
 from autotune.sbp.steptime import accumulate_seconds, fsdp_steps, layer_seconds, optimizer_seconds
 from autotune.sbp.tables import edge_steps
 
@@ -156,7 +156,7 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
     for v, (op, i, c) in enumerate(zip(problem.ops, assign, problem.counts)):
         s = problem.choices[v][i]
         role = problem.roles[v]
-        redo = 1 if full and role != OUTSIDE else 0
+        redo = 1 if full and role in RERUN else 0
         f, b = layer_seconds(op, s, cl, cm, problem.act_bytes, mode.recompute, role)
         acc = accumulate_seconds(s, cl, cm, problem.act_bytes, mode) * (m - 1) / m
         o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode, problem.tied[v])

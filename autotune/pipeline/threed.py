@@ -120,26 +120,19 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
 
 def finished(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
              most: int | None = None) -> list[Candidate]:
-    """The candidates that fit and can be the fastest or the fastest that ``autotune.apply_pipeline`` runs
-    (``executable``), simulated, fastest first: candidates are simulated in the order of their step's lower
-    bound (``Candidate.floor``), and one whose bound is no better than both (it could be neither) is left out."""
+    """The candidates that fit and can be the fastest, simulated, fastest first: candidates are simulated in the
+    order of their step's lower bound (``Candidate.floor``), and one whose bound is no better than the fastest
+    step so far is left out (it cannot be the baseline)."""
     out: list[Candidate] = []
-    best = runs = math.inf
+    best = math.inf
     for c in sorted(candidates(search, tensor_in_node, sharding, most), key=lambda c: c.floor):
-        if c.floor >= best and (c.floor >= runs or not executable(search, c)):
-            continue
+        if c.floor >= best:
+            break
         c = search.finish(c)
         if math.isfinite(c.step):
             out.append(c)
             best = min(best, c.step)
-            runs = min(runs, c.step) if executable(search, c) else runs
     return sorted(out, key=lambda c: c.step)
-
-
-def executable(search: PipelineSearch, c: Candidate) -> bool:
-    """Whether ``autotune.apply_pipeline`` runs the plan: 1F1B and eager-1F1B need m >= p (the library's
-    schedules), GPipe any m."""
-    return search.schedule == "gpipe" or c.micro_batches >= c.stages
 
 
 def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
@@ -148,16 +141,15 @@ def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True, sharding: b
     return next(iter(finished(search, tensor_in_node, sharding, most)), None)
 
 
-def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True, most: int | None = None,
-           runnable: bool = True) -> tuple[Candidate | None, Candidate | None, bool]:
+def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
+           most: int | None = None) -> tuple[Candidate | None, Candidate | None, bool]:
     """(the pipelined plan, the 3-D baseline, whether the plan is a 3-D one): the stage search's best, seeded
     with the 3-D plans at the candidate level (a 3-D plan is one of the search's plans: the same stages, splits
-    and per-stage SBP placements): the fastest 3-D plan that ``autotune.apply_pipeline`` can run (m >= p under
-    1F1B; the baseline itself may have fewer micro-batches, as Megatron runs them; ``runnable`` False: any)
-    where it is faster. So the pipelined plan is never slower than those 3-D plans."""
+    and per-stage SBP placements): the fastest 3-D plan where it is faster, fewer micro-batches than stages
+    included (``autotune.apply_pipeline`` runs them in the order the step model prices, Megatron's 1F1B among
+    them). So the pipelined plan is never slower than the 3-D baseline."""
     best, done = search.run(), finished(search, tensor_in_node, sharding, most)
     mega = next(iter(done), None)
-    runs = next((c for c in done if not runnable or executable(search, c)), None)
-    if runs is not None and (best is None or runs.step < best.step):
-        return runs, mega, True
+    if mega is not None and (best is None or mega.step < best.step):
+        return mega, mega, True
     return best, mega, False

@@ -20,19 +20,28 @@
   parameters, hooks and recomputation: ``autotune.plan.place``), with its stage's plan
   (``TypedPlan.from_search(..., stage=True)``).
 - The stage boundary: the residual stream (without one, the last block layer's output) leaves stage i
-  as this rank's local piece in stage i's stream placement (its residual's output) and goes, through
-  ``torch.distributed.pipelining``'s P2P, to the rank of stage i + 1 at the same mesh coordinates (the
-  library sends each rank's own tensor: whole tensors, one per rank pair). There it is read in stage i's
-  placement on stage i + 1's submesh (the same shape) and redistributed by DTensor to the stage's own
-  stream placement (its residual's input, as the stream enters block 0 in ``apply``), with the
-  backward's gradient redistributed back. So a boundary between equal placements moves each tile once
-  between paired devices, as the resharding plan's unit tasks do; between different placements the
-  change runs as collectives inside the receiving submesh after the P2P (an all-gather for S -> B),
-  where the resharding planner prices direct transfers between the two submeshes (and into the next
-  stage's first layer's input placement, which apply's hook on that layer reaches from the stream's).
-- Schedules (``SCHEDULES``): 1f1b -> ``Schedule1F1B``, gpipe -> ``ScheduleGPipe``; eager-1f1b (stage i
-  runs 2(p - i) - 1 forwards before its first backward, to hide the boundary) has no class in the library:
-  ``_eager_1f1b`` runs the step model's own order (``autotune.reshard.pipeline.EagerOneFOneB``) on the
+  as this rank's local piece in stage i's stream placement (its residual's output), by the boundary's
+  route (the plan record's ``boundary_route`` and ``boundary_sent``, ``autotune.pipeline.boundary``, which
+  prices the same steps): ``direct`` sends that piece as it is; ``scatter`` (a partial-sum stream, e.g. a
+  row-parallel projection's output) first redistributes it by DTensor on stage i's submesh to the placement
+  ``boundary_sent`` (a reduce-scatter: each P axis split, Megatron's scatter-gather of pipeline tensors), so
+  smaller pieces travel. Through ``torch.distributed.pipelining``'s P2P each rank's piece goes to the rank
+  of stage i + 1 at the same mesh coordinates (the library sends each rank's own tensor: whole tensors, one
+  per rank pair). There it is read in the sent placement on stage i + 1's submesh (the same shape) and
+  redistributed by DTensor to the stage's own stream placement (its residual's input, as the stream enters
+  block 0 in ``apply``), with the backward's gradients redistributed back on both sides (on the sender the
+  gradient of the reduce-scatter, an all-gather). So a boundary between equal placements moves each tile
+  once between paired devices, as the resharding plan's unit tasks do; between different placements the
+  change runs as collectives inside the submeshes around the P2P (an all-gather for S -> B), where the
+  resharding planner prices direct transfers between the two submeshes (and into the next stage's first
+  layer's input placement, which apply's hook on that layer reaches from the stream's). Records without
+  the route run the direct one.
+- Schedules (``SCHEDULES``), for any number of micro-batches m: 1f1b -> ``Schedule1F1B`` where m >= p;
+  with fewer micro-batches than stages (the 3-D plans the search seeds with, as Megatron-LM runs them;
+  the library's class refuses them) Megatron's order, stage i running min(p - i, m) forwards before its
+  first backward; gpipe -> ``ScheduleGPipe``; eager-1f1b (stage i runs 2(p - i) - 1 forwards before its
+  first backward, to hide the boundary) has no class in the library. The orders the library lacks run as
+  the step model simulates them (``autotune.reshard.pipeline.SCHEDULES``' orders, ``_runtime``) on the
   library's schedule runtime (``_PipelineScheduleRuntime`` fed a compute-only action list, to which it
   adds the sends and receives; a private API of torch.distributed.pipelining, which torchtitan's CSV
   schedules use too).
@@ -54,11 +63,13 @@ from dataclasses import dataclass, replace
 from calibrate.errors import UserError
 from calibrate.records import kind_of
 
+from autotune.pipeline.boundary import DIRECT, ROUTES
 from autotune.plan.place import (FAMILIES, HEAD, TAIL, Site, _act, _check_shapes, _global_shape, _handoffs, _place,
                                  _post, _pre, _recompute, _redistribute, _world, contiguous_strides, find_layers,
                                  torch)
 from autotune.plan.typed import ModelSpec, TypedPlan, read_source
 from autotune.sbp.mesh import Cluster
+from autotune.sbp.sbp import P, check_placement, is_split
 
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
@@ -67,18 +78,21 @@ from torch.distributed.tensor import DTensor, Replicate  # noqa: E402
 
 
 
-def _eager_1f1b(stage, n_microbatches: int, loss_fn=None):
-    """Eager-1F1B on the library's schedule runtime: each stage's order as ``autotune.reshard.pipeline``
-    simulates it, its communication added by the runtime."""
-    from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+def _runtime(order: str):
+    """A schedule of the step model (``autotune.reshard.pipeline.SCHEDULES[order]``) on the library's schedule
+    runtime: each stage's order of forwards and backwards as the step model simulates it, its communication
+    added by the runtime."""
+    def make(stage, n_microbatches: int, loss_fn=None):
+        from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
 
-    from autotune.reshard.pipeline import EagerOneFOneB
-    schedule = _PipelineScheduleRuntime([stage], n_microbatches, loss_fn=loss_fn)
-    kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
-    orders = EagerOneFOneB().orders(stage.num_stages, n_microbatches)
-    schedule._prepare_schedule_with_comms({s: [_Action(s, kinds[k], m) for k, m in order]
-                                          for s, order in enumerate(orders)})
-    return schedule
+        from autotune.reshard.pipeline import SCHEDULES as ORDERS
+        schedule = _PipelineScheduleRuntime([stage], n_microbatches, loss_fn=loss_fn)
+        kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+        orders = ORDERS[order]().orders(stage.num_stages, n_microbatches)
+        schedule._prepare_schedule_with_comms({s: [_Action(s, kinds[k], m) for k, m in order]
+                                              for s, order in enumerate(orders)})
+        return schedule
+    return make
 
 
 def _library(name: str):
@@ -88,8 +102,17 @@ def _library(name: str):
     return make
 
 
+def _one_f_one_b(stage, n_microbatches: int, loss_fn=None):
+    """1F1B: the library's ``Schedule1F1B`` where every stage has a micro-batch in its steady state (m >= p);
+    with fewer, Megatron's order (stage i runs min(p - i, m) forwards before its first backward), which the
+    library's class refuses, on its runtime."""
+    if n_microbatches >= stage.num_stages:
+        return _library("Schedule1F1B")(stage, n_microbatches, loss_fn)
+    return _runtime("1f1b")(stage, n_microbatches, loss_fn)
+
+
 # the plan's schedule: what builds it on this rank's PipelineStage
-SCHEDULES = {"1f1b": _library("Schedule1F1B"), "gpipe": _library("ScheduleGPipe"), "eager-1f1b": _eager_1f1b}
+SCHEDULES = {"1f1b": _one_f_one_b, "gpipe": _library("ScheduleGPipe"), "eager-1f1b": _runtime("eager_1f1b")}
 SEARCH_KIND = "commtune.sbp-plan"
 
 
@@ -105,6 +128,7 @@ class PipelinedPlan:
     micro_batches: int
     split: tuple[int, ...]           # blocks per stage
     stages: tuple[TypedPlan, ...]
+    sent: tuple[tuple[str, ...], ...]  # per boundary, the placement the stream crosses in (its route's)
     strategy: str = ""
 
     @property
@@ -151,9 +175,6 @@ def load_pipelined(source, origin: str | None = None) -> PipelinedPlan:
     if model.get("layers") is not None and sum(split) != model["layers"]:
         raise UserError(f"{origin}: the split {list(split)} gives {sum(split)} blocks but the model has "
                         f"{model['layers']}: re-run the search for this model")
-    if schedule != "gpipe" and m < p:
-        raise UserError(f"{origin}: {m} micro-batches for {p} stages under {schedule}: 1F1B needs at least one "
-                        f"micro-batch per stage; re-run the search with a larger batch or fewer stages")
     stages = []
     for i, e in enumerate(entries):
         typed = TypedPlan.from_search(e, (), f"{origin}: stage {i}", stage=True)
@@ -171,16 +192,18 @@ def load_pipelined(source, origin: str | None = None) -> PipelinedPlan:
                             f"{list(split)} gives it {split[i]} blocks: re-run the search (a split must match its "
                             f"stages' plans)")
         stages.append(replace(typed, model=ModelSpec(typed.model.kind, dict(typed.model.config, layers=split[i]))))
-    out = PipelinedPlan(model, cluster, sub, schedule, m, split, tuple(stages), str(source.get("strategy", "")))
+    sent = tuple(_sent(source["stages"][i], stages[i], i, origin) for i in range(p - 1))
+    out = PipelinedPlan(model, cluster, sub, schedule, m, split, tuple(stages), sent, str(source.get("strategy", "")))
     _check_sequences(out, origin)
     return out
 
 
 # --- cutting the module --------------------------------------------------------------------------------------
-def _arrive(x, mesh, src: tuple | None, dst: tuple | None):
-    """The stream's local piece in ``src`` (the previous stage's placement) redistributed to ``dst`` on
-    ``mesh`` (this stage's submesh); as is where the submesh is one device."""
-    if mesh is None or src is None or dst is None:
+def _reshard_stream(x, mesh, src: tuple | None, dst: tuple | None):
+    """The stream's local piece in ``src`` redistributed to ``dst`` on ``mesh`` (a stage's submesh): before the
+    send (this stage's stream placement to its route's) and after it (the route's to the next stage's); as is
+    where the submesh is one device or the placements are equal."""
+    if mesh is None or src is None or dst is None or tuple(src) == tuple(dst):
         return x
     placements, _ = _act(src, x, whole=False)
     shape = _global_shape(x, placements, mesh)
@@ -201,6 +224,7 @@ class ReferenceStage(nn.Module):
         self.logits = model.logits if last else None
         self.recompute = model.recompute
         self.arrive = None
+        self.depart = None
 
     def forward(self, x):
         if self.embedding is not None:
@@ -215,7 +239,9 @@ class ReferenceStage(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        return self.logits(self.ln_f(x)) if self.logits is not None else x
+        if self.logits is not None:
+            return self.logits(self.ln_f(x))
+        return self.depart(x) if self.depart is not None else x
 
 
 class HFStage(nn.Module):
@@ -235,6 +261,7 @@ class HFStage(nn.Module):
         self.lm_head = model.lm_head if last else None
         self.first = first
         self.arrive = None
+        self.depart = None
 
     def forward(self, x):
         if self.first:
@@ -242,7 +269,9 @@ class HFStage(nn.Module):
         else:
             h = self.model(inputs_embeds=self.arrive(x) if self.arrive is not None else x,
                            use_cache=False).last_hidden_state
-        return self.lm_head(h) if self.lm_head is not None else h
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        return self.depart(h) if self.depart is not None else h
 
 
 def _is_reference(model) -> bool:
@@ -424,9 +453,10 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
         _place(chain, typed, mesh, module)
         s_in, s_out = _stream(typed)
         _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
+        if not last:
+            module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=pp.sent[stage])
         if not first:
-            prev_out = _stream(pp.stages[stage - 1])[1]
-            module.arrive = functools.partial(_arrive, mesh=mesh, src=prev_out, dst=s_in)
+            module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=pp.sent[stage - 1], dst=s_in)
     _recompute(module, chain, prefixes, typed.recompute)
     from torch.distributed.pipelining import PipelineStage
     pstage = PipelineStage(module, stage, p, device, group=pp_group)
@@ -439,7 +469,7 @@ def _check_sequences(pp: PipelinedPlan, origin: str) -> None:
     dimension is the plan's tokens)."""
     mb = pp.model.get("micro_batch")
     for i, typed in enumerate(pp.stages):
-        for fine in _stream(typed):
+        for fine in _stream(typed) + pp.sent[i:i + 1]:
             parts = 1
             for p, n in zip(fine or (), typed.mesh.sizes):
                 parts *= n if p == "S0" else 1
@@ -447,6 +477,29 @@ def _check_sequences(pp: PipelinedPlan, origin: str) -> None:
                 raise UserError(f"{origin}: stage {i} splits the tokens of a micro-batch of {mb} sequences over "
                                 f"{parts} devices: apply splits whole sequences; search with a larger micro-batch "
                                 f"(--batch) or fewer micro-batches")
+
+
+def _sent(entry: dict, typed: TypedPlan, i: int, origin: str) -> tuple[str, ...] | None:
+    """The placement the stream leaves stage ``i`` in, by its boundary's route (``boundary_route``,
+    ``boundary_sent``; none recorded: direct): the stage's stream placement, or for ``scatter`` the same with
+    each partial-sum axis split."""
+    out = _stream(typed)[1]
+    route = entry.get("boundary_route") or DIRECT
+    if route not in ROUTES:
+        raise UserError(f"{origin}: stage {i}'s boundary route {route!r} is not one of {', '.join(ROUTES)}: re-run "
+                        f"the search")
+    if route == DIRECT or out is None:
+        return out
+    got = entry.get("boundary_sent")
+    try:
+        sent = tuple(check_placement(str(x)) for x in got)
+    except (TypeError, UserError):
+        sent = None
+    if sent is None or P not in out or len(sent) != len(out) or any(
+            (s != o) if o != P else not is_split(s) for o, s in zip(out, sent)):
+        raise UserError(f"{origin}: stage {i}'s boundary_sent {got!r} is not its stream's placement {list(out)} with "
+                        f"each partial-sum axis split, as the scatter route sends it: re-run the search")
+    return sent
 
 
 def _blocks(model, cls) -> list:

@@ -39,8 +39,8 @@ from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op, with_recipe
-from autotune.sbp.memory import (FIRST, INSIDE, NONE, OUTSIDE, PRECISION, RECIPES, Memory, Mode, fsdp_axes, grad_sync_axes,
-                                  held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
+from autotune.sbp.memory import (FIRST, INSIDE, LAST, NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL, Memory, Mode,
+                                  fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
                                    require_compute)
 from autotune.sbp.mesh import Cluster
@@ -85,21 +85,35 @@ def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: Mode 
 
 
 def chain_roles(graph: LayerGraph) -> list[str]:
-    """Each chain position's place for recomputation: ``OUTSIDE`` every block, a block's ``FIRST`` layer or
-    ``INSIDE`` one (``LayerGraph.blocks``: [start, end) chain positions; absent: no blocks)."""
+    """Each chain position's place for recomputation (``autotune.sbp.memory``'s roles): ``OUTSIDE`` every
+    block, a block's ``FIRST`` layer, ``INSIDE`` one, the residual adds that close it ``TAIL`` and the matmul
+    before them ``LAST`` (``LayerGraph.blocks``: [start, end) chain positions; absent: no blocks)."""
     roles = [OUTSIDE] * len(graph.chain)
     for start, end in getattr(graph, "blocks", None) or []:
         roles[start] = FIRST
         for p in range(start + 1, end):
             roles[p] = INSIDE
+        p = end - 1
+        while p > start and graph.layers[graph.chain[p]].kind == "residual":
+            roles[p] = TAIL
+            p -= 1
+        if p > start and graph.layers[graph.chain[p]].kind == "matmul":
+            roles[p] = LAST
     return roles
 
 
 def layer_roles(graph: LayerGraph) -> list[str]:
-    """Each distinct layer's place: the same at every occurrence, else ``OUTSIDE`` (nothing recomputed)."""
+    """Each distinct layer's place: the same at every occurrence, else ``OUTSIDE`` (nothing recomputed); a layer
+    both ``INSIDE`` a block and at its ``TAIL`` (the residual add, one layer tied across the model) is ``INSIDE``:
+    its add at the tail, which the re-run skips, is counted as re-run (one residual add's forward a block)."""
     out: list[str | None] = [None] * len(graph.layers)
     for v, r in zip(graph.chain, chain_roles(graph)):
-        out[v] = r if out[v] in (None, r) else OUTSIDE
+        if out[v] is None or out[v] == r:
+            out[v] = r
+        elif {out[v], r} == {INSIDE, TAIL}:
+            out[v] = INSIDE
+        else:
+            out[v] = OUTSIDE
     return [r or OUTSIDE for r in out]
 
 
@@ -113,7 +127,7 @@ def forward_factors(graph: LayerGraph) -> dict[tuple[int, int], float]:
             block_of[p] = i
     inside: dict[tuple[int, int], int] = {}
     for p in range(len(graph.chain) - 1):
-        if roles[p] != OUTSIDE and block_of[p] == block_of[p + 1]:
+        if roles[p] != OUTSIDE and roles[p + 1] != TAIL and block_of[p] == block_of[p + 1]:
             key = (graph.chain[p], graph.chain[p + 1])
             inside[key] = inside.get(key, 0) + 1
     counts = graph.edges()
@@ -255,7 +269,7 @@ class Problem:
         fig = self._figures
         self.node_redist = []
         for v, ss in enumerate(self.choices):
-            redo = rec == "full" and self.roles[v] != OUTSIDE
+            redo = rec == "full" and self.roles[v] in RERUN
             # per strategy: forward and backward seconds of the boxing inside the layer
             inner = fig(v, ("internal",), lambda ss=ss: np.array(
                 [(sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d == "fwd"),
@@ -279,7 +293,7 @@ class Problem:
                     [layer_seconds(op, s, cl, cm, ab, rec, role) for s in ss], dtype=float).reshape(len(ss), 2)))
             self.node_compute = []
             for v, (sec, ss) in enumerate(zip(secs, self.choices)):
-                redo = 2 if rec == "full" and self.roles[v] != OUTSIDE else 1
+                redo = 2 if rec == "full" and self.roles[v] in RERUN else 1
                 copies = fig(v, ("copies",), lambda ss=ss: np.array([internal_copy_seconds(s, cl, cm) for s in ss],
                                                                     dtype=float))
                 opt = fig(v, ("optimizer", mode, self.tied[v]), lambda ss=ss, v=v: np.array(
@@ -451,6 +465,7 @@ class Problem:
         """Parameters, gradients, optimizer states, activations and the peak's workspace per device of a plan
         (a tied logits layer's copy dropped where its weight is placed as the embedding's)."""
         out = Memory()
+        shared = 0.0
         for v, (i, c) in enumerate(zip(assign, self.counts)):
             s = self.choices[v][i]
             m = strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v], self.recipe)
@@ -459,9 +474,10 @@ class Problem:
                                     self.act_bytes, self.mode)
                 m = Memory(m.parameters - saved.parameters, m.gradients - saved.gradients, m.optimizer,
                            m.activations)
+                shared += saved.gradients * c
             out = out + m.scaled(c)
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
-                            self.mb, self.mode, self.chain_roles, self.recipe)
+                            self.mb, self.mode, self.chain_roles, self.recipe, shared)
         return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
 
     def peak_memory(self, assign) -> float:

@@ -44,8 +44,9 @@ activation type unless said otherwise; what the executed step keeps, counted by
 Recomputation (``Mode.recompute``, per tied block, ``autotune.sbp.recompute``):
 "selective" drops the materialised attention's probabilities (flash attention
 keeps what it keeps); "full" keeps, of a block, only its input (the first
-layer's input, act_bytes an element) and no bf16 weight copy (they are made again
-when the block's forward is re-run).
+layer's input, act_bytes an element) and no bf16 weight copy for the backward (they
+are made again when the block's forward is re-run), though autocast's cache holds
+the forward's copies until the forward ends (counted in the workspace there).
 
 A tied logits layer (dim ``tied``: it shares the embedding's weight) holds no
 optimizer state (the optimizer steps the embedding's weight); the search counts
@@ -122,8 +123,14 @@ class Mode:
 
 NONE = Mode()
 
-# a layer's place in the chain for recomputation: outside every block, a block's first layer, inside one
-OUTSIDE, FIRST, INSIDE = "outside", "first", "inside"
+# a layer's place in the chain for recomputation: outside every block, a block's first layer, inside one, the
+# block's last layer that keeps a tensor (its closing matmul) or one after it (the residual adds closing it).
+# torch.utils.checkpoint (non-reentrant, early stop, PyTorch's default) re-runs a block's forward only until its
+# last saved tensor is packed, and an op's inputs are saved before its kernel runs: LAST re-runs what precedes its
+# kernel (autocast's casts), TAIL nothing (one H100, 2026-11-27, development D1 and D3 recomputed: the re-run added
+# 13.9 and 16.4 ms of kernels where the whole blocks' forward would be 18.8 and 19.2)
+OUTSIDE, FIRST, INSIDE, LAST, TAIL = "outside", "first", "inside", "last", "tail"
+RERUN = (FIRST, INSIDE)  # the places whose whole forward the re-run repeats
 
 
 @dataclass(frozen=True)
@@ -325,6 +332,17 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
     return elems * act_bytes + extra + wbytes
 
 
+def loss_forward_bytes(s, cluster: Cluster, act_bytes: int) -> float:
+    """Bytes a loss layer's forward holds beyond what it keeps, at the end of the forward: its input (the
+    logits, kept by no layer) and, under bf16 autocast (F.cross_entropy on bf16 logits), one more logit-sized
+    bf16 transient (one H100, 2026-11-27: 3 x 0.49 GiB alive at the loss's line for 0.98 GiB of fp32
+    log-probabilities kept); 0 for other layers."""
+    if s.signature not in ("loss", "loss-replicated"):
+        return 0.0
+    inp = _local(s.input, s, cluster)
+    return inp * act_bytes * (2 if act_bytes == 2 and s.recipe_dim("autocast") else 1)
+
+
 def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
     """Under FSDP, the bytes of a layer's weights gathered for use (fp32: the parameters' type) beyond the
     shards it holds."""
@@ -335,7 +353,7 @@ def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
 
 
 def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_batches: int,
-                   mode: Mode = NONE, roles=None, recipe: str = "autocast") -> float:
+                   mode: Mode = NONE, roles=None, recipe: str = "autocast", shared_gradients: float = 0.0) -> float:
     """Bytes above parameters, gradients, optimizer states and kept activations at a step's
     peak. The backward of chain position i runs while positions 0..i still keep their
     activations (the later ones are freed), so the activations peak at
@@ -344,7 +362,11 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     before its backward: at position i inside a block, what the block's positions up to i keep
     without recomputation is alive too (less the block input, kept already). Under FSDP
     (``mode.fsdp_axes``), two layers' gathered weights (the one in use and the one prefetched)
-    are alive throughout: twice the largest. The fused AdamW step on fp32 gradients needs no
+    are alive throughout: twice the largest. At the end of the forward (the loss's forward) everything kept
+    is alive with the loss's input and its forward's transient (``loss_forward_bytes``) and, with full
+    recomputation under autocast, the bf16 copies of every re-run block's weights: autocast caches a
+    weight's cast until its context exits, after the loss (one H100, 2026-11-27, development D2 and D4
+    recomputed: that peak, 0.3-0.9 GiB above the backward's). The fused AdamW step on fp32 gradients needs no
     more. Gradients are set to None after each step (``zero_grad(set_to_none=True)``, PyTorch's
     default), so with one micro-batch the backward of position i runs while only the gradients of
     the positions after it exist; with gradient accumulation every gradient exists from the first
@@ -352,19 +374,27 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     copies with them: each is freed with its layer's backward, as the rest of what the layer keeps), so
     that the peak and the breakdown it completes count the same bytes. The workspace is the peak minus
     all kept activations and all gradients: with one micro-batch it can be negative (the gradients not
-    yet made at the peak, or, at an optimizer-step peak, the activations already freed)."""
+    yet made at the peak, or, at an optimizer-step peak, the activations already freed). ``shared_gradients``:
+    the bytes of gradients two positions count of one tensor (a tied logits weight placed as the embedding's:
+    ``tied_saving``), which exist once: so that the breakdown's gradients, which drop them, plus this
+    workspace make the peak (they were once subtracted from every peak: one H100, development D2 recomputed,
+    0.31 GiB under)."""
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
     grads = [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
     after = sum(grads)  # the gradients of the positions after the current one
-    total_grads = after
+    total_grads = after - shared_gradients
     kept = peak = 0.0
     block = 0.0  # the re-run block's activations, up to the current position
     gathered = [0.0]
     alive = []  # per position: the activations alive while its backward runs
+    forward_end = 0.0  # beyond what is kept, at the end of the forward: the loss's and autocast's cached copies
     for s, role in zip(chain_strategies, roles):
         k = strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe).activations
         kept += k
+        forward_end += loss_forward_bytes(s, cluster, act_bytes)
+        if mode.recompute == "full" and role != OUTSIDE and recipe == "autocast":
+            forward_end += weight_copy_bytes(s, cluster, act_bytes)
         if mode.recompute == "full":
             if role == FIRST:
                 block = 0.0
@@ -378,5 +408,5 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
         peak = max(peak, a + work_bytes(s, cluster, act_bytes, acc) + (total_grads if acc else after))
         gathered.append(gathered_weight_bytes(s, cluster, mode))
     gathered.sort()
-    peak = max(peak, kept, total_grads)  # the end of the forward; the optimizer step
+    peak = max(peak, kept + forward_end + (total_grads if acc else 0.0), total_grads)  # the forward's end; the step
     return peak - kept - total_grads + gathered[-1] + (gathered[-2] if len(gathered) > 1 else 0.0)

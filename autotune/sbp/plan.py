@@ -25,6 +25,7 @@ from calibrate.jsonfile import read_json, write_json
 from autotune.sbp.boxing import Step, copy_seconds
 from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
 from autotune.sbp.layers import Strategy
+from autotune.sbp.memory import RERUN
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plancheck import check_plan
 from autotune.sbp.sbp import B, P, is_split, split_dim
@@ -99,7 +100,7 @@ def _layer_clock(problem: Problem, op, s: Strategy, role: str, tied: bool) -> di
     for _, direction, steps in internal_steps(s, cl):
         sec = problem.coster.time(steps) + copy_seconds(steps, cm.memory_seconds)
         t[direction] += sec
-        if direction == "fwd" and rec == "full" and role != "outside":
+        if direction == "fwd" and rec == "full" and role in RERUN:
             t["bwd"] += sec
     return {"forward_s": t["fwd"], "backward_s": t["bwd"],
             "optimizer_s": optimizer_seconds(s, cl, cm, ab, problem.mode, tied)}

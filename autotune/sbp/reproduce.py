@@ -448,7 +448,7 @@ def _pipeline_case(case: dict, config: Config) -> dict:
     for p in case["stages"]:
         cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p)
         ps = PipelineSearch(g, cluster, profile, limit, cfg)
-        a, b, same = seeded(ps, tensor_in_node=case["gpus"] > 1, sharding=False, most=g.batch, runnable=False)
+        a, b, same = seeded(ps, tensor_in_node=case["gpus"] > 1, sharding=False, most=g.batch)
         per_stages.append({"stages": p, "searched_s": a.step if a else None, "megatron_s": b.step if b else None,
                            "searched": _piped(a), "megatron": b.name if b else None, "seeded_by_3d": same})
         ours = a if a is not None and (ours is None or a.step < ours.step) else ours

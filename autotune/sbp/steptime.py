@@ -64,7 +64,9 @@ the fused kernel's bandwidth).
 Recomputation (``autotune.sbp.memory.Mode``): "selective" adds the attention core's forward to the
 attention layer's backward; "full" adds, to each layer inside a block, its forward (compute, its
 internal forward boxing, the casts) to its backward, and the block's forward boxings between its layers
-run twice (``autotune.sbp.tables.EdgeTables``'s forward factor). FSDP (``fsdp_seconds``): per
+run twice (``autotune.sbp.tables.EdgeTables``'s forward factor), up to where torch.utils.checkpoint stops
+re-running (``autotune.sbp.memory``'s roles): the block's closing matmul (``LAST``) its casts but not its
+product, the residual adds after it (``TAIL``) nothing. FSDP (``fsdp_seconds``): per
 micro-batch and occurrence each sharded weight is all-gathered (fp32, 4 bytes a gathered element) in
 the forward and again in the backward, and its gradient reduce-scattered (fp32) in the backward;
 prefetched, they overlap the layer's compute: exposed = max(0, all-gather - forward compute) +
@@ -101,7 +103,8 @@ from calibrate.errors import OptionError, UserError
 
 from autotune.sbp.boxing import Coster, Step
 from autotune.sbp.layers import Op, Strategy, local_elems
-from autotune.sbp.memory import MATMUL_SIGNATURES, NONE, OUTSIDE, PRECISION, STAT_BYTES, Mode, fsdp_axes, held_elems
+from autotune.sbp.memory import (LAST, MATMUL_SIGNATURES, NONE, OUTSIDE, PRECISION, RERUN, STAT_BYTES, Mode,
+                                 fsdp_axes, held_elems)
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, local_shape
 
@@ -174,8 +177,10 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     """(forward, backward) seconds of one occurrence of a layer for one micro-batch on one device; the
     backward with what the recomputation re-runs (``recompute``; ``role``: the layer's place in a block)."""
     f, b = _layer_seconds(op, s, cluster, cm, act_bytes)
-    if recompute == "full" and role != OUTSIDE:
+    if recompute == "full" and role in RERUN:
         b += f
+    elif recompute == "full" and role == LAST:  # its casts again, not its product (``autotune.sbp.memory``'s roles)
+        b += f - _matmul_kernel_seconds(op, s, cluster, cm, act_bytes)
     elif recompute == "selective" and op.layer.kind == "attention":
         b += _core(op, s, cluster, cm, act_bytes, False)
     return f, b
@@ -227,9 +232,7 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
                 cm.op_seconds("elementwise", passes_bwd * elems * act_bytes))
 
     if kind == "matmul":
-        rows, cols = local_elems_shape(s.output, s, cluster)
-        k = d["tokens"] * d["k"] * d["n"] / per / (rows * cols)
-        f = cm.matmul_seconds(rows, max(1, round(k)), cols, act_bytes)
+        f = _matmul_kernel_seconds(op, s, cluster, cm, act_bytes)
         wf, wb = weight_cast_seconds(s, cluster, cm, act_bytes)
         f, b = f + wf, 2 * f + wb
         casts = cm.layer_seconds("cast", local_elems(s.input, s.mesh, cluster)) \
@@ -287,6 +290,15 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
     if kind == "pool":
         return mem(2, 2, local_elems(s.input, s.mesh, cluster))
     raise UserError(f"layer {op.layer.name}: no compute rule for kind {kind!r}")
+
+
+def _matmul_kernel_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
+    """A matmul layer's forward product alone (no casts) on its local (m, k, n): m and n the output's local rows
+    and columns, k from the flops over the devices that do not repeat the work."""
+    d = op.dims
+    rows, cols = local_elems_shape(s.output, s, cluster)
+    k = d["tokens"] * d["k"] * d["n"] / (cluster.devices // _repeats(s)) / (rows * cols)
+    return cm.matmul_seconds(rows, max(1, round(k)), cols, act_bytes)
 
 
 def local_elems_shape(t, s: Strategy, cluster: Cluster) -> tuple[int, int]:

@@ -70,6 +70,10 @@ class Backend(ABC):
         # where every timed batch starts: a barrier over this communicator (``engine.MpiGroup``'s start);
         # the caller sets a wider one when other groups are measured at the same time
         self.start_comm = None
+        # a rank waiting for its collective gives its core to the others (sched_yield) instead of spinning: set by
+        # the caller where ranks outnumber the cores they share (--nodes-share-cores; a backend whose waits spin on
+        # the host honours it, mpi)
+        self.yield_while_waiting = False
 
     # -- what a backend provides ------------------------------------------------------
     @abstractmethod

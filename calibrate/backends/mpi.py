@@ -1,6 +1,7 @@
 """The MPI backend: mpi4py collectives on host (numpy) buffers. Runs anywhere."""
 from __future__ import annotations
 
+import os
 
 import mpi4py
 import numpy as np
@@ -36,21 +37,19 @@ class MpiBackend(Backend):
         return self._cache[key]
 
     def launch(self, coll, send, recv, dtype):
+        """The blocking collective; with ``yield_while_waiting`` its nonblocking form, tested until done with
+        the core given up between tests (``os.sched_yield``): on cores shared by more ranks than cores, a
+        spinning rank holds its core until the scheduler's tick while the rank that has the next step waits."""
         c, p, r = self.comm, self.size, self.rank
-        if coll is Collective.ALLREDUCE:
-            c.Allreduce(send, recv, op=MPI.SUM)
-        elif coll is Collective.ALLGATHER:
-            c.Allgather(send, recv)
-        elif coll is Collective.REDUCESCATTER:
-            c.Reduce_scatter_block(send, recv, op=MPI.SUM)
-        elif coll is Collective.ALLTOALL:
-            c.Alltoall(send, recv)
-        elif coll is Collective.BROADCAST:
-            if r == 0:
-                recv[...] = send
-            c.Bcast(recv, root=0)
-        else:
-            c.Sendrecv(send, dest=(r + 1) % p, recvbuf=recv, source=(r - 1) % p)
+        if coll is Collective.BROADCAST and r == 0:
+            recv[...] = send
+        name, args, kwargs = _call(coll, send, recv, p, r)
+        if not self.yield_while_waiting:
+            getattr(c, name)(*args, **kwargs)
+            return
+        request = getattr(c, "I" + name[0].lower() + name[1:])(*args, **kwargs)
+        while not request.Test():
+            os.sched_yield()
 
     def fill_random(self, arr, seed):
         arr[...] = self.host_array(len(arr), str(arr.dtype), seed)
@@ -66,3 +65,18 @@ class MpiBackend(Backend):
 
     def to_float64(self, arr, dtype):
         return arr.astype(np.float64)
+
+
+def _call(coll: Collective, send, recv, p: int, r: int) -> tuple[str, tuple, dict]:
+    """The mpi4py method (blocking name; ``I`` + it is the nonblocking one) and its arguments for one collective."""
+    if coll is Collective.ALLREDUCE:
+        return "Allreduce", (send, recv), {"op": MPI.SUM}
+    if coll is Collective.ALLGATHER:
+        return "Allgather", (send, recv), {}
+    if coll is Collective.REDUCESCATTER:
+        return "Reduce_scatter_block", (send, recv), {"op": MPI.SUM}
+    if coll is Collective.ALLTOALL:
+        return "Alltoall", (send, recv), {}
+    if coll is Collective.BROADCAST:
+        return "Bcast", (recv,), {"root": 0}
+    return "Sendrecv", (send,), {"dest": (r + 1) % p, "recvbuf": recv, "source": (r - 1) % p}

@@ -248,7 +248,8 @@ def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_de
     p.add_argument("--nodes-share-cores", action="store_true",
                    help="the nodes are emulated on one machine (e.g. network namespaces) and share its cores: time "
                         "the intra groups one node at a time, the other ranks asleep, as on separate machines (all "
-                        "at once, each rank's busy wait takes turns with the others' on the shared cores)")
+                        "at once, each rank's busy wait takes turns with the others' on the shared cores); in groups "
+                        "across nodes a waiting rank yields its core (mpi)")
     p.add_argument("--out", "-o", default=None, help="results directory. Default results/calib-<date>-<time>")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out, skipping what is done")
 

@@ -42,7 +42,7 @@ from calibrate.cli import command_parser
 from calibrate.attention import attention_layer, causal_attention
 from calibrate.embedding import masked_embedding
 from calibrate.layers import pieces as layer_pieces
-from calibrate.compute import Band, ComputeModel, SdpaPoint, SdpaTable
+from calibrate.compute import Band, ComputeModel, SdpaPoint, SdpaTable, fit_layer_piece
 from calibrate.computeeval import Grid
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
@@ -56,7 +56,9 @@ TALL = (256, 512, 1024, 2048)  # widths s of token-major transformer shapes (8s,
 SEQS = (256, 512, 1024, 2048, 4096)
 HEAD_DIMS = (64, 128)
 SDPA_TOKENS = 16384  # batch x sequence of every SDPA point: a training micro-batch's tokens
-LAYER_SIZE = (16384, 4096)  # (tokens, hidden) of the layer pieces (calibrate.layers.pieces' defaults)
+LAYER_SIZES = ((16384, 4096), (4096, 1024))  # (tokens, hidden) of the layer pieces: the reference and 16x fewer
+LAYER_QUEUE = 4  # calls of a layer piece timed together, between the cover matmuls (measure_layers)
+COVER_MATMULS = 4  # 8192^3 bf16 matmuls after them (~6 ms on an H100): longer than the host takes to issue the next
 # (heads, kv_heads) per element size; bf16 over sequences 512..16384, fp32 (no flash kernel: a slower
 # backend, maybe one that keeps the s^2 scores) over 512..2048
 SDPA_HEADS = {2: ((8, 8), (8, 1), (16, 16), (16, 2), (16, 1), (32, 32), (32, 4), (32, 1), (64, 64), (64, 8), (64, 1)),
@@ -117,7 +119,7 @@ def development_grid() -> Grid:
     """Every shape this command measures (``calibrate.computeeval``: evaluation holds out others)."""
     sdpa = tuple((SDPA_TOKENS // s, h, kv, s, d) for size in SDPA_HEADS for d in HEAD_DIMS
                  for h, kv in SDPA_HEADS[size] for s in SDPA_SEQS[size])
-    return Grid(tuple(matmul_shapes()), sdpa, (LAYER_SIZE,))
+    return Grid(tuple(matmul_shapes()), sdpa, LAYER_SIZES)
 
 
 def copy_256mib(torch, device):
@@ -319,20 +321,45 @@ def measure_embedding(torch, device, iters, warmup) -> tuple[float, float]:
     return 4 * t * hidden * 2 / f, (4 * t * hidden + rows * hidden) * 2 / max(fb - f, 1e-9)
 
 
-def measure_layers(torch, device, iters, warmup) -> dict:
-    """Seconds per element, forward and backward, of each memory-bound piece of a user's step
-    (``calibrate.layers``), each run back to back as in a step; the backward is the forward plus
-    backward less the forward."""
-    out = {}
-    for kind, (elems, fwd, both) in layer_pieces(torch, device, *LAYER_SIZE).items():
-        # forward and forward + backward as two arms interleaved in three rounds of back-to-back batches,
-        # the median of each: one round's glitch (an H100, 2026-11-25: one calibration's attention_out
-        # backward 11x the previous one's) drops out
-        arms = [(n, lambda f=f: TorchArm(torch, device, lambda i: f())) for n, f in (("f", fwd), ("fb", both))]
-        t = medians(torch, arms, timing(3 * iters, max(warmup, 3), back_to_back=True))
-        out[kind] = (t["f"] / elems, max(t["fb"] - t["f"], 0.0) / elems)
-    torch.cuda.empty_cache()
-    return out
+def layer_piece_arm(torch, device, fn, cover) -> TorchArm:
+    """The engine's arm for a memory-bound piece of a user's step (``calibrate.layers``) as a step runs it:
+    a timed call is ``LAYER_QUEUE`` calls of ``fn``, and ``COVER_MATMULS`` long matmuls of ``cover`` (an
+    8192^2 bf16 matrix) run untimed after each (``TorchArm``'s ``between``): the host issues the next calls
+    while the matmuls run, so they wait in the queue and run back to back on the GPU, at the GPU's pace, not
+    at the host's pace of issuing them, and start with the matmuls' data in the caches, not their own. Its
+    seconds per call are ``LAYER_QUEUE`` pieces' (divide by it). Development (``measure_layers``) and the
+    confirmatory evaluation (``calibrate compute evaluate``) time the pieces through it alike."""
+    def matmuls():
+        for _ in range(COVER_MATMULS):
+            torch.mm(cover, cover)
+
+    def run(i):
+        for _ in range(LAYER_QUEUE):
+            fn()
+    return TorchArm(torch, device, run, matmuls)
+
+
+def measure_layers(torch, device, iters, warmup) -> tuple[dict, dict]:
+    """(seconds per element, seconds per call), forward and backward, of each memory-bound piece of a user's
+    step (``calibrate.layers``), from its times at ``LAYER_SIZES`` (``calibrate.compute.fit_layer_piece``),
+    each timed through ``layer_piece_arm`` (two arms, forward and forward plus backward, interleaved in
+    three rounds of back-to-back batches, the median of each: one round's glitch drops out). The backward is
+    the forward plus backward less the forward. One rate per element from the reference size alone
+    under-predicted the smaller of the confirmatory sizes by 4-11% (one H100, 2026-11-27)."""
+    cover = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    times: dict = {}
+    for tokens, hidden in LAYER_SIZES:
+        for kind, (elems, fwd, both) in layer_pieces(torch, device, tokens, hidden, max(1, hidden // 128)).items():
+            arms = [(n, lambda f=f: layer_piece_arm(torch, device, f, cover)) for n, f in (("f", fwd), ("fb", both))]
+            t = medians(torch, arms, timing(3 * iters, max(warmup, 3), back_to_back=True))
+            f = t["f"] / LAYER_QUEUE
+            times.setdefault(kind, []).append((elems, f, max(t["fb"] / LAYER_QUEUE - f, 0.0)))
+        torch.cuda.empty_cache()
+    per, call = {}, {}
+    for kind, rows in times.items():
+        (cf, pf), (cb, pb) = (fit_layer_piece([(n, r[k]) for n, *r in rows]) for k in (0, 1))
+        per[kind], call[kind] = (pf, pb), (cf, cb)
+    return per, call
 
 
 LAUNCH_QUEUE = 100  # one-element kernels behind the matmul in measure_launch
@@ -436,11 +463,14 @@ def main(argv=None) -> int:
            "optimizer": measure_optimizer(torch, device, args.iters, args.warmup)}
     ops["embedding"], ops["embedding_backward"] = measure_embedding(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
-    layers = measure_layers(torch, device, args.iters, args.warmup)
-    progress("layers (ns per element forward / backward): "
-             + ", ".join(f"{k} {f * 1e9:.3f}/{b * 1e9:.3f}" for k, (f, b) in layers.items()))
-    sources["layer_s"] = ("measured: the memory-bound pieces of a user's step as executed (calibrate.layers), "
-                          "16 Ki tokens x 4 Ki hidden, back to back")
+    layers, layer_calls = measure_layers(torch, device, args.iters, args.warmup)
+    progress("layers (ns per element forward / backward; us per call forward / backward): "
+             + ", ".join(f"{k} {f * 1e9:.4f}/{b * 1e9:.4f}; {layer_calls[k][0] * 1e6:.1f}/{layer_calls[k][1] * 1e6:.1f}"
+                         for k, (f, b) in layers.items()))
+    sizes = " and ".join(f"{t // 1024} Ki tokens x {h // 1024} Ki hidden" for t, h in LAYER_SIZES)
+    sources["layer_s"] = ("measured: the memory-bound pieces of a user's step as executed (calibrate.layers) at "
+                          f"{sizes}, {LAYER_QUEUE} calls at a time between long matmuls; the line through both: per element")
+    sources["layer_call_s"] = "measured: the same line's cost per call (its intercept, at least 0)"
     sources.update(memory_Bps=f"measured: device copy of 1 GiB, {mem / 1e9:.0f} GB/s read+write",
                    **{f"op_Bps.{k}": f"measured: {OP_SOURCES[k]}, {v / 1e9:.0f} GB/s" for k, v in ops.items()},
                    launch_s=f"measured: one-element kernel queued behind a matmul, {launch * 1e6:.2f} us")
@@ -449,7 +479,7 @@ def main(argv=None) -> int:
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} isolated runs, or of 3 batches of them back to back (calibrate.measure)",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
-        op_Bps=ops, sdpa=sdpa, layer_s=layers)
+        op_Bps=ops, sdpa=sdpa, layer_s=layers, layer_call_s=layer_calls)
     profile.device = device_memory(torch, device, free_at_start)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())

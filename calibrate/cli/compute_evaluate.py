@@ -8,7 +8,8 @@ confirmatory evaluation (``calibrate.computeeval`` says what and why).
 ``evaluate`` measures each of them in this fresh process through the measurement engine
 (``calibrate.measure``): the matmuls of all shapes as arms of one comparison, each SDPA
 shape's forward and forward + backward as two arms (the backward their difference), each
-layer size's pieces (``calibrate.layers``) forward and forward + backward; interleaved
+layer size's pieces (``calibrate.layers``) forward and forward + backward (on a GPU between long
+matmuls, as development times them: ``calibrate.cli.compute.layer_piece_arm``); interleaved
 rounds of back-to-back batches (on a GPU a 256 MiB copy after each matmul and SDPA call,
 as development times them, and CUDA events around each call), medians. Matmul and SDPA
 results are checked before and after the timed calls against a float64 (matmul) or
@@ -18,12 +19,14 @@ figures say nothing of a GPU profile).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import sys
 
 from calibrate.cli import command_parser
-from calibrate.cli.compute import DTYPES, copy_256mib, development_grid, fresh_backward, sdpa_call
+from calibrate.cli.compute import (DTYPES, LAYER_QUEUE, copy_256mib, development_grid, fresh_backward,
+                                  layer_piece_arm, sdpa_call)
 from calibrate.computeeval import EvaluateRecord, HeldoutRecord, Row, declare, draw_shapes, pct, shapes_of, summary
 from calibrate.errors import UserError
 from calibrate.layers import pieces as layer_pieces
@@ -219,16 +222,28 @@ def measure_sdpa(torch, device, dtype, size, model, shapes, args) -> list[Row]:
     return rows
 
 
+def _per_piece(arm):
+    """An arm of ``layer_piece_arm`` with its samples per piece (LAYER_QUEUE pieces a timed call)."""
+    return dataclasses.replace(arm, samples_s=[t / LAYER_QUEUE for t in arm.samples_s])
+
+
 def measure_layers(torch, device, model, sizes, args) -> list[Row]:
     rows = []
+    cuda = torch.device(device).type == "cuda"
+    cover = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) if cuda else None
     for tokens, hidden in sizes:
         heads = max(4, hidden // 128)
         if hidden % heads:
             raise UserError(f"layer size {tokens}x{hidden}: the hidden size must divide into {heads} heads")
         pieces = layer_pieces(torch, torch.device(device), tokens, hidden, heads)
-        arms = [(f"{kind} {part}", lambda f=f: TorchArm(torch, device, lambda i: f()))
-                for kind, (_, fwd, both) in pieces.items() for part, f in (("forward", fwd), ("both", both))]
-        res = compare(Solo(), arms, _options(args, check=False))
+        if cuda:  # as development times them (``layer_piece_arm``): between long matmuls, LAYER_QUEUE a call
+            arms = [(f"{kind} {part}", lambda f=f: layer_piece_arm(torch, device, f, cover))
+                    for kind, (_, fwd, both) in pieces.items() for part, f in (("forward", fwd), ("both", both))]
+            res = {k: _per_piece(a) for k, a in compare(Solo(), arms, _options(args, check=False)).arms.items()}
+        else:
+            arms = [(f"{kind} {part}", lambda f=f: TorchArm(torch, device, lambda i: f()))
+                    for kind, (_, fwd, both) in pieces.items() for part, f in (("forward", fwd), ("both", both))]
+            res = compare(Solo(), arms, _options(args, check=False))
         for kind, (elems, _, _) in pieces.items():
             pred = model.layer_seconds(kind, elems)
             shape = f"{kind} @ {tokens}x{hidden}"

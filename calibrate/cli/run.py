@@ -260,6 +260,8 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
             comm.Free()
             continue
         backend = make_backend(backend_name, comm, **({"device": device} if device is not None else {}))
+        # groups across nodes run with every node's ranks at once: on shared cores a waiting rank yields its core
+        backend.yield_while_waiting = args.nodes_share_cores and info.nodes > 1
         if not versions_written:
             versions = world.gather(backend.versions(), root=0)
 

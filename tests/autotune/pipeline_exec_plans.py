@@ -1,7 +1,8 @@
 """Pipelined plans and models for the pipeline execution tests: the pipeline search's plan
 (``autotune.pipeline.record.pipeline_plans``) of a small GPT (the reference modules, tied embedding and
-logits, learned positions) and of a small Llama (Hugging Face), their modules, and one process's training
-as the reference."""
+logits, learned positions) and of a small Llama (Hugging Face), a Megatron-style 3-D plan of a small GPT
+without the residual stream (its stages end in the row-parallel projection's partial sum), their modules,
+and one process's training as the reference."""
 from __future__ import annotations
 
 import copy
@@ -13,6 +14,7 @@ GPT = dict(kind="gpt", layers=4, hidden=32, heads=4, kv_heads=4, head_dim=8, ffn
            batch=8, micro_batch=2, residual=True, attention="flash", bias=True, tied=True, positions="learned")
 LLAMA = dict(kind="llama", layers=4, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8,
              vocabulary=40, batch=8, micro_batch=2)
+GPT_PLAIN = dict(GPT, residual=False)  # the AutoDDL graph's block: a stage's stream is fc2's output
 STEPS, LR, SEED = 2, 1e-2, 0
 
 
@@ -27,6 +29,30 @@ def searched(cfg: dict, stages: int, nodes: int = 2, gpus: int = 2, schedule: st
     plan, _ = pipeline_plans(graph, Cluster(nodes, gpus), Profile.load("h200-nvlink+ib400"), 80 * 2**30,
                              PipelineConfig(stages, schedule, search="cd"))
     return plan
+
+
+def megatron(cfg: dict, nodes: int, gpus: int, stages: int, tensor: int, micro_batches: int,
+             schedule: str = "1f1b") -> dict:
+    """The Megatron-style 3-D plan (``autotune.pipeline.threed``) of ``cfg`` in ``stages`` stages of whole nodes
+    with t = ``tensor`` and ``micro_batches`` under ``schedule``, as the plan record writes it."""
+    from autotune.pipeline import threed
+    from autotune.pipeline.record import pipeline_plan
+    from autotune.pipeline.search import PipelineConfig, PipelineSearch
+    from autotune.sbp.mesh import Cluster
+    from calibrate.profile import Profile
+    from models import load_model
+    graph = load_model(cfg["kind"], None, {k: v for k, v in cfg.items() if k != "kind"})
+    search = PipelineSearch(graph, Cluster(nodes, gpus), Profile.load("h200-nvlink+ib400"), 80 * 2**30,
+                            PipelineConfig(stages, schedule))
+    c = next(c for c in threed.finished(search) if c.tensor == tensor and c.micro_batches == micro_batches)
+    return pipeline_plan(search, c, c.name)
+
+
+def rerouted(plan: dict, stage: int, route: str, sent: list) -> dict:
+    """``plan`` with stage ``stage``'s boundary run by ``route``, its tiles crossing in ``sent``."""
+    out = copy.deepcopy(plan)
+    out["stages"][stage].update(boundary_route=route, boundary_sent=list(sent))
+    return out
 
 
 def restage(plan: dict, stage: int, rewrite) -> dict:

@@ -5,10 +5,18 @@ Hugging Face Llama, with the pipeline search's plans as 2 stages x 2 devices and
 plans whose second (first, under eager-1F1B) stage replicates everything (the boundary reshards the
 data-parallel stream S0 -> B (B -> S0) and its gradient back) and one whose second stage declares the
 arriving stream a partial sum while its blocks compute it split (a wrong boundary placement), which fails;
-on 4 x 1 also GPipe and eager-1F1B plans. Each stage keeps the micro-batches in flight that the plan's
+on 4 x 1 also GPipe and eager-1F1B plans. A partial-sum boundary (a Megatron 3-D plan of a GPT without the
+residual stream, t = 2: stage 0 ends in fc2's row-parallel output, P; stage 1 takes it replicated) on
+2 x 2 by each route (direct: the whole partial tile sent, reduced on the receiver; scatter: reduce-scattered
+on the sender to the features or to the sequences, then all-gathered on the receiver), and a deliberately
+wrong route (the partial pieces sent unreduced), which fails; and 3-D plans of fewer micro-batches than
+stages (4 x 1, m = 2) under 1F1B (Megatron's order, on the library's runtime) and eager-1F1B, each stage's
+forwards and backwards in the step model's order. Each stage keeps the micro-batches in flight that the plan's
 schedule says (counted at run time). One launch per model and layout (each 3-45 s on the shared 2-core
 box)."""
+import contextlib
 import os
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -21,32 +29,43 @@ import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the w
 import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
-from pipeline_exec_plans import (GPT, LLAMA, LR, STEPS, batch, make_model, replicated, restage,  # noqa: E402
-                                 searched, train_one_process)
+from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, make_model, megatron,  # noqa: E402
+                                 replicated, rerouted, restage, searched, train_one_process)
 from tiny_models import free_port  # noqa: E402
 
+from autotune.plan import stages as stages_module  # noqa: E402
+
 RTOL = 1e-9
+_RESHARD = stages_module._reshard_stream
+
+
+def _unreduced(x, mesh, src, dst):
+    """A deliberately wrong route: the sending stage's partial sum read as whole, so its pieces leave unreduced."""
+    return _RESHARD(x, mesh, None if src is None else tuple("B" if p == "P" else p for p in src), dst)
 
 
 def _count_in_flight(module) -> dict:
     """The micro-batches whose forward ran and whose backward has not reached the stage's output yet: now
-    and at most."""
-    count = {"now": 0, "peak": 0}
+    and at most; and the order of the stage's forwards (F) and backwards (B, as they reach its output)."""
+    count = {"now": 0, "peak": 0, "order": []}
 
     def done(grad):
         count["now"] -= 1
+        count["order"].append("B")
 
     def forward(mod, args, out):
         count["now"] += 1
         count["peak"] = max(count["peak"], count["now"])
+        count["order"].append("F")
         out.register_hook(done)
     module.register_forward_hook(forward)
     return count
 
 
-def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int]:
+def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int, list]:
     """STEPS Adam steps of this rank's stage: (losses, this stage's parameters whole, by the model's names, the
-    most micro-batches it kept in flight)."""
+    most micro-batches it kept in flight, the order of its forwards and backwards), the last two over the last
+    step."""
     import autotune
     model = make_model(cfg)
     names = {id(m): n for n, m in model.named_modules()}
@@ -56,7 +75,7 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int]:
     ids, targets = batch(cfg)
     losses = []
     for _ in range(STEPS):
-        in_flight.update(now=0, peak=0)  # counted over the last step (the first one's also infers shapes)
+        in_flight.update(now=0, peak=0, order=[])  # over the last step (the first one's also infers shapes)
         losses.append(float(pipe.step(ids, targets)))
         opt.step()
         opt.zero_grad()
@@ -65,7 +84,7 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int]:
         for pn, p in m.named_parameters(recurse=False):
             whole = p.full_tensor() if isinstance(p, torch.distributed.tensor.DTensor) else p
             params[f"{names[id(m)]}.{pn}".lstrip(".")] = whole.detach().clone()
-    return losses, params, in_flight["peak"]
+    return losses, params, in_flight["peak"], in_flight["order"]
 
 
 
@@ -75,9 +94,12 @@ def _worker(rank, world, port, jobs, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = []
-    for cfg, plan in jobs:
+    for cfg, plan, *wrong in jobs:
+        route = mock.patch.object(stages_module, "_reshard_stream", _unreduced) if wrong and wrong[0] else \
+            contextlib.nullcontext()
         try:
-            results.append(train_pipelined(cfg, plan))
+            with route:
+                results.append(train_pipelined(cfg, plan))
         except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
             results.append(f"{type(e).__name__}: {e}")
     torch.save(results, f"{out}.{rank}")
@@ -93,7 +115,7 @@ def mismatch(ref, got) -> str | None:
     """Where the pipelined run differs from one process (None: it agrees)."""
     if isinstance(got, str):
         return got
-    (ref_losses, ref_params), (losses, params, _) = ref, got
+    (ref_losses, ref_params), (losses, params) = ref, got[:2]
     if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
         return f"losses {losses} != {ref_losses}"
     for name, have in params.items():
@@ -109,7 +131,7 @@ def jobs_for(kind: str, stages: int) -> list[tuple[dict, dict, bool]]:
     """(model config, pipelined plan, whether it must agree with one process): the search's plan, and on 2 x 2
     plans whose second or first (eager-1F1B) stage replicates everything (GPT) or whose second stage declares
     the arriving stream partial (Llama); on 4 x 1 the other schedules."""
-    # 2 x 2: a batch of 32 so that the search's 16 micro-batches hold 2 sequences, one per device of a stage
+    # 2 x 2: a batch of 32, so that the micro-batches of the search's plan split into whole sequences per device
     cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32 if stages == 2 else 8)
     plan = searched(cfg, stages)
     if stages == 2:
@@ -142,3 +164,52 @@ def test_pipeline_matches_one_process(kind, stages, tmp_path):
         # the executed schedule keeps what the step model says (1F1B p - i, eager 2(p - i) - 1, GPipe m)
         per_rank = [s["inflight"] for s in plan["stages"] for _ in range(4 // stages)]
         assert [results[r][k][2] for r in range(4)] == per_rank, plan["pipeline"]["schedule"]
+
+
+def _check(ref, results, jobs, stages: int, label: str) -> None:
+    for k, (_, plan, ok, *_) in enumerate(jobs):
+        problems = [mismatch(ref, results[r][k]) for r in range(4)]
+        if not ok:
+            assert any(problems), f"{label}: a wrong route went unnoticed"
+            continue
+        assert not any(problems), f"{label} {plan['strategy']}: {[p for p in problems if p]}"
+        per_rank = [s["inflight"] for s in plan["stages"] for _ in range(4 // stages)]
+        assert [results[r][k][2] for r in range(4)] == per_rank, plan["pipeline"]["schedule"]
+
+
+def test_partial_sum_boundary_by_each_route(tmp_path):
+    cfg = dict(GPT_PLAIN, batch=32)
+    plan = megatron(cfg, 2, 2, 2, 2, 16)  # 2 stages of one 2-GPU node, t = 2, 16 micro-batches of 2 sequences
+    last = plan["stages"][0]["plan"]["layers"][-1]
+    assert last["name"] == "fc2" and "P: (1, 2)" in last["sbp"]["output"]  # the stream leaves partial
+    assert plan["stages"][0]["boundary_route"] == "direct"  # tiny tiles: the extra collective's latency loses
+    scatter = rerouted(plan, 0, "scatter", ["S1"])
+    jobs = [(cfg, plan, True, False), (cfg, scatter, True, False),
+            (cfg, rerouted(plan, 0, "scatter", ["S0"]), True, False), (cfg, scatter, False, True)]
+    out = tmp_path / "results.pt"
+    mp.start_processes(_worker, args=(4, free_port(), [(c, p, w) for c, p, _, w in jobs], str(out)), nprocs=4,
+                       start_method="fork")
+    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    ref = train_one_process(cfg, 16)
+    assert ref[0][1] != pytest.approx(ref[0][0])
+    _check(ref, results, jobs, 2, "partial-sum boundary")
+
+
+def test_fewer_micro_batches_than_stages(tmp_path):
+    # 3-D plans of 4 stages of one device and 2 micro-batches: 1F1B as Megatron runs it (stage i: min(p - i, m)
+    # forwards before its first backward), which torch's Schedule1F1B refuses, and eager-1F1B
+    plans = [megatron(GPT, 4, 1, 4, 1, 2), megatron(GPT, 4, 1, 4, 1, 2, schedule="eager-1f1b")]
+    assert [p["pipeline"]["schedule"] for p in plans] == ["1f1b", "eager-1f1b"]
+    assert [s["inflight"] for s in plans[0]["stages"]] == [2, 2, 2, 1]
+    jobs = [(GPT, plan, True, False) for plan in plans]
+    out = tmp_path / "results.pt"
+    mp.start_processes(_worker, args=(4, free_port(), [(c, p, w) for c, p, _, w in jobs], str(out)), nprocs=4,
+                       start_method="fork")
+    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    _check(train_one_process(GPT, 2), results, jobs, 4, "m < p")
+    # each stage's forwards and backwards, as they ran, in the order of the step model's timeline
+    for k, plan in enumerate(plans):
+        for r, s in enumerate(plan["stages"]):
+            timeline = [kind for kind, *_ in sorted(s["timeline"], key=lambda iv: iv[2]) if kind in ("F", "B")]
+            assert results[r][k][3] == timeline, (plan["pipeline"]["schedule"], r)
+    assert [results[r][0][3] for r in (0, 3)] == [["F", "F", "B", "B"], ["F", "B", "F", "B"]]

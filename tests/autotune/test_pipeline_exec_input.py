@@ -1,7 +1,8 @@
 """The pipelined plan as apply_pipeline reads it: per stage its typed plan on the submesh and its blocks;
-bad input (not a pipelined plan, a split that is not the model's or not its stages' plans, too few
-micro-batches for 1F1B, an unknown schedule, a token split that cuts sequences, a module it cannot cut, a
-world other than the plan's) is one UserError line naming the fix, before any weight moves."""
+bad input (not a pipelined plan, a split that is not the model's or not its stages' plans, an unknown
+schedule, a token split that cuts sequences, a boundary route that is not
+one or whose sent placement is not its stream's with the partial sums split, a module it cannot cut, a world
+other than the plan's) is one UserError line naming the fix, before any weight moves."""
 import copy
 import os
 
@@ -44,11 +45,13 @@ def _edit(plan, f):
     (lambda p: p.pop("stages"), "has no pipeline stages"),
     (lambda p: p["pipeline"].update(split=[2, 3]), "gives 5 blocks but the model has 4"),
     (lambda p: p["pipeline"].update(split=[1, 3]), "repeats its block layers [2] times but the split"),
-    (lambda p: p["pipeline"].update(micro_batches=1), "1F1B needs at least one micro-batch per stage"),
     (lambda p: p["pipeline"].update(schedule="zb"), "schedule 'zb' is not one of"),
     (lambda p: p["pipeline"].update(submesh={"nodes": 1, "gpus_per_node": 1}), "do not make the cluster"),
     (lambda p: p["model"].update(micro_batch=1), "splits the tokens of a micro-batch of 1 sequences over 2"),
     (lambda p: p["stages"].reverse(), "the first stage holds the embedding"),
+    (lambda p: p["stages"][0].update(boundary_route="zz"), "boundary route 'zz' is not one of direct, scatter"),
+    (lambda p: p["stages"][0].update(boundary_route="scatter", boundary_sent=["S0", "S1"]),
+     "with each partial-sum axis split, as the scatter route sends it"),
 ])
 def test_bad_pipelined_plan_is_one_line(plan, edit, msg):
     with pytest.raises(UserError) as e:

@@ -9,7 +9,7 @@ counts, larger stages, more candidates refined, 20x each stage's SBP budget) and
 it (``--reference space``: the wider space on the default budgets; ``--reference budget``: 20x each stage's
 SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan
 (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and FSDP searched) and its CPU seconds;
-and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
+the faster of the two, the plan record's pipelined plan (``threed.seeded``); and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
 best Megatron plan) and the pipelined plan's speed-up over it.
 """
 from __future__ import annotations
@@ -97,6 +97,10 @@ def main() -> None:
         mega_cpu = time.process_time() - c0
         print(f"{name}: {mega.name if mega else 'Megatron 3-D: none fits'}: {mega.step if mega else float('inf'):.4g} "
               f"s/step, {mega_cpu:.1f} CPU s", flush=True)
+        seed = min((c for c in (best, mega) if c is not None), key=lambda c: c.step, default=None)
+        if seed is not None:  # threed.seeded's choice, without searching again
+            print(f"{name}: the plan record's pipelined plan (threed.seeded): {describe(seed)}: {seed.step:.4g} "
+                  f"s/step", flush=True)
         full = PipelineConfig().reference()
         cfg = {"full": full, "space": replace(full, budget_scale=1.0),
                "budget": replace(PipelineConfig(), budget_scale=full.budget_scale)}[args.reference]

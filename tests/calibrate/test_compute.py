@@ -289,3 +289,29 @@ def test_sdpa_timing_backward_writes_fresh_gradients():
     first = [t.grad.clone() for t in (q, k, v)]
     fresh_backward(torch, (q, k, v), grad)
     assert all(torch.equal(a, t.grad) for a, t in zip(first, (q, k, v)))
+
+
+def test_layer_piece_fit_is_the_line_through_its_sizes():
+    from calibrate.compute import fit_layer_piece
+    call, per = fit_layer_piece([(4e6, 12e-6 + 4e6 * 3e-12), (6.4e7, 12e-6 + 6.4e7 * 3e-12)])
+    assert call == pytest.approx(12e-6) and per == pytest.approx(3e-12)
+    # a small size faster than the large one's rate is noise: no negative per-call cost, the rate through 0
+    call, per = fit_layer_piece([(1.0, 1.0), (3.0, 9.0)])
+    assert call == 0.0 and per == pytest.approx((1 * 1 + 3 * 9) / (1 + 9))
+    with pytest.raises(ValueError):
+        fit_layer_piece([(4e6, 1e-5)])
+
+
+def test_layer_seconds_add_the_per_call_cost_and_round_trip():
+    d = {"kind": "measured", "source": "test", "launch_s": 1e-6, "memory_Bps": 1e12,
+         "matmul": {"2": {"peak_flops": 1e15}}, "layer_s": {"rmsnorm": [1e-11, 3e-11], "gelu": [2e-12, 4e-12]},
+         "layer_call_s": {"rmsnorm": [5e-6, 9e-6]}}
+    m = ComputeModel.from_dict(d)
+    assert m.layer_seconds("rmsnorm", 1e6) == pytest.approx((5e-6 + 1e-5, 9e-6 + 3e-5))
+    assert m.layer_seconds("gelu", 1e6) == pytest.approx((2e-6, 4e-6))  # no per-call figure: the rate alone
+    assert m.layer_seconds("rmsnorm", 0) == (0.0, 0.0) and m.layer_seconds("swiglu", 1e6) is None
+    assert ComputeModel.from_dict(json.loads(json.dumps(m.to_dict()))).layer_call_s == m.layer_call_s
+    with pytest.raises(UserError, match="layer_call_s for swiglu without its layer_s"):
+        ComputeModel.from_dict(dict(d, layer_call_s={"swiglu": [1e-6, 1e-6]}))
+    with pytest.raises(UserError, match="bad layer_call_s"):
+        ComputeModel.from_dict(dict(d, layer_call_s={"rmsnorm": [float("nan"), 1e-6]}))

@@ -58,11 +58,7 @@ def step_products(torch, shape) -> dict[tuple, list[float]]:
     opt = torch.optim.AdamW(module.parameters(), lr=6e-4, fused=True)
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = module(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        tc.one_step(torch, module, opt, x, y)
 
     for _ in range(3):
         step()

@@ -284,6 +284,17 @@ def build_module(shape: dict, recompute: str = "none"):
 
 
 # ---- measuring -----------------------------------------------------------------------------------
+def one_step(torch, module, opt, x, y, device_type: str = "cuda"):
+    """One training step as users write it: the forward under bf16 autocast (on CUDA), the backward, the
+    optimizer's step and its gradients set to None; returns the loss."""
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=device_type == "cuda"):
+        loss = module(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def train_steps(torch, module, shape: dict, steps: int, warmup: int, device) -> dict:
     """Steps back to back on one fixed batch (fp32 parameters, bf16 autocast, fused AdamW on CUDA);
     returns the step times between CUDA events (CUDA) and the losses, first to last."""
@@ -295,12 +306,7 @@ def train_steps(torch, module, shape: dict, steps: int, warmup: int, device) -> 
     losses, marks = [], []
 
     def step():
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cuda):
-            loss = module(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        losses.append(one_step(torch, module, opt, x, y, torch.device(device).type).detach())
 
     for _ in range(warmup):
         step()

@@ -16,7 +16,10 @@ per shape:
 - the planner's per-layer forward and backward (``build_plan``'s ``forward_s``/``backward_s`` of
   every layer times its count) grouped by layer kind;
 - the GPU time of that step by the host op that launched it (self time, the top 24);
-- peak memory: ``torch.cuda.max_memory_allocated`` beside the plan's breakdown.
+- peak memory: ``torch.cuda.max_memory_allocated`` beside the plan's breakdown;
+- with ``--memory``: one more step under ``torch.cuda.memory._record_memory_history``: where the
+  step peaks (the allocation that reached it and where it was made) and what is alive then, grouped
+  by the line of the module or of the step that allocated it (``memory_timeline``).
 """
 from __future__ import annotations
 
@@ -124,6 +127,48 @@ def plan_layers(shape: dict, profile_path: str, recompute: str) -> dict:
     return {"kinds": dict(kinds), "optimizer": opt, "totals": plan["totals"]}
 
 
+def _site(frames) -> str:
+    """Where an allocation was made: the innermost frame in the user's module (transformer_check.py), else in
+    this script, with ``recompute`` when torch.utils.checkpoint re-ran it and ``backward`` when autograd made it."""
+    names = [(f.get("filename", ""), f.get("line", 0), f.get("name", "")) for f in frames or []]
+    mine = [n for n in names if n[0].endswith("transformer_check.py")] or \
+        [n for n in names if n[0].endswith("transformer_profile.py")]
+    where = f"{Path(mine[0][0]).name}:{mine[0][1]} {mine[0][2]}" if mine else (names[0][2] if names else "?")
+    tags = [t for t, key in (("recompute", "checkpoint.py"), ("backward", "autograd")) if any(key in n[0] for n in names)]
+    return where + (f" [{', '.join(tags)}]" if tags else "")
+
+
+def memory_timeline(torch, step) -> None:
+    """Run ``step()`` once under the allocator's history and print its peak: the bytes alive before the step,
+    the allocation that reached the peak and where it was made, and what was alive then by site."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    before = torch.cuda.memory_allocated()
+    try:
+        step()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live, total, peak, at, peak_live = {}, before, before, None, {}
+    for e in snap["device_traces"][torch.cuda.current_device()]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], _site(e.get("frames")))
+            total += e["size"]
+            if total > peak:
+                peak, at, peak_live = total, live[e["addr"]][1], dict(live)
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            total -= live.pop(e["addr"])[0]
+    sites: dict[str, list] = defaultdict(lambda: [0, 0])
+    for size, site in peak_live.values():
+        sites[site][0] += size
+        sites[site][1] += 1
+    print(f"memory timeline: {before / 2**30:.2f} GiB alive before the step (parameters, optimizer states); peak "
+          f"{peak / 2**30:.2f} GiB reached by an allocation at {at}; alive then, made during the step (GiB, tensors):")
+    for site, (size, n) in sorted(sites.items(), key=lambda kv: -kv[1][0])[:20]:
+        print(f"  {site[:90]:90s} {size / 2**30:7.3f} {n:5d}")
+
+
 def op_table(prof) -> list[tuple[str, float, int]]:
     """(op name, self GPU seconds, calls) per host op of the profiled step (autograd's backward nodes and
     aten ops alike), largest first: which op's kernels the step's time went to."""
@@ -144,6 +189,8 @@ def main(argv=None) -> int:
                     help="a shape declaration; only its development rows are read (default %(default)s)")
     ap.add_argument("--ids", default=None, help="development shape ids (default all of them)")
     ap.add_argument("--recompute", default="none", choices=tc.RECOMPUTE)
+    ap.add_argument("--memory", action="store_true",
+                    help="also run one step under the allocator's history and print what is alive at its peak")
     ap.add_argument("--by-shape", default=None, metavar="OP",
                     help="also print the GPU time of host op OP (e.g. aten::copy_) by its input shapes")
     args = ap.parse_args(argv)
@@ -198,6 +245,8 @@ def main(argv=None) -> int:
         print("predicted per layer kind (ms forward / backward):")
         for k, (f, b) in sorted(pred["kinds"].items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
             print(f"  {k:28s} {f * 1e3:8.2f} {b * 1e3:8.2f}")
+        if args.memory:
+            memory_timeline(torch, lambda: tc.one_step(torch, module, opt, x, y))
         mem = pred["totals"].get("memory", {})
         print(f"peak memory measured {peak / 2**30:.2f} GiB; predicted {pred['totals']['memory_bytes'] / 2**30:.2f} "
               "GiB = " + ", ".join(f"{k[:-6]} {v / 2**30:.2f}" for k, v in mem.items()))
