@@ -120,9 +120,9 @@ def _row(nbytes, count, dtype, coll, t, busbw, wrong) -> str:
             f"{algbw:>8.2f} {busbw:>8.2f} {w:>7}")
 
 
-def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> None:
+def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> bool:
     """Memory for the largest size on every rank (host memory per host, or the GPU's), before any work;
-    a warning when a host has more ranks than cores."""
+    a warning when a host has more ranks than cores, and whether one has (the same answer on every rank)."""
     here = socket.gethostname()
     sharing = hosts.count(here)
     need = run_limits.buffer_bytes(colls, max(sizes), args.dtype, world.Get_size(), args.check)
@@ -145,6 +145,7 @@ def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> Non
     warnings = [w for w in world.allgather(warning) if w]
     if warnings:
         say(warnings[0], file=sys.stderr)
+    return any(world.allgather(sharing > ncores))
 
 
 def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
@@ -204,8 +205,8 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
     if nnodes == 1 and set(kinds) == {"inter"}:
         raise OptionError("groups", "is inter alone, which measures between nodes, and every rank is on one node: "
                                     "add world or intra, or run on 2 or more nodes")
-    _check_resources(args, world, colls, sizes + [n for v in {**plan, **beside}.values() for n in v], backend_name,
-                     hosts, say)
+    oversubscribed = _check_resources(args, world, colls, sizes + [n for v in {**plan, **beside}.values() for n in v],
+                                      backend_name, hosts, say)
     out = args.out or os.path.join("results", "calib-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     meta = {
         **header(KIND, VERSION),
@@ -260,8 +261,10 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
             comm.Free()
             continue
         backend = make_backend(backend_name, comm, **({"device": device} if device is not None else {}))
-        # groups across nodes run with every node's ranks at once: on shared cores a waiting rank yields its core
-        backend.yield_while_waiting = args.nodes_share_cores and info.nodes > 1
+        # on shared cores a waiting rank yields its core: groups across emulated nodes run with every node's ranks at
+        # once, and a host with more ranks than cores (4 MPI ranks on 2 cores: a spinning rank held its core until the
+        # scheduler's tick, a 1 KiB allreduce took 25 ms, sometimes more than a 16 KiB one)
+        backend.yield_while_waiting = (args.nodes_share_cores and info.nodes > 1) or oversubscribed
         if not versions_written:
             versions = world.gather(backend.versions(), root=0)
 
