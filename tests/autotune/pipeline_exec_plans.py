@@ -44,7 +44,9 @@ def megatron(cfg: dict, nodes: int, gpus: int, stages: int, tensor: int, micro_b
     graph = load_model(cfg["kind"], None, {k: v for k, v in cfg.items() if k != "kind"})
     search = PipelineSearch(graph, Cluster(nodes, gpus), Profile.load("h200-nvlink+ib400"), 80 * 2**30,
                             PipelineConfig(stages, schedule))
-    c = next(c for c in threed.finished(search) if c.tensor == tensor and c.micro_batches == micro_batches)
+    # this (t, m)'s candidate simulated here: ``threed.finished`` keeps only those that can be the fastest
+    c = search.finish(next(c for c in threed.candidates(search)
+                           if c.tensor == tensor and c.micro_batches == micro_batches))
     return pipeline_plan(search, c, c.name)
 
 
