@@ -288,8 +288,7 @@ class Problem:
             secs = []
             for v, (op, ss) in enumerate(zip(self.ops, self.choices)):
                 role = self.roles[v]
-                changed = (rec == "full" and role != OUTSIDE) or (rec == "selective" and op.layer.kind == "attention")
-                secs.append(fig(v, ("secs", rec if changed else "none", role), lambda op=op, ss=ss, role=role: np.array(
+                secs.append(fig(v, ("secs", self._recomputed(v), role), lambda op=op, ss=ss, role=role: np.array(
                     [layer_seconds(op, s, cl, cm, ab, rec, role) for s in ss], dtype=float).reshape(len(ss), 2)))
             self.node_compute = []
             for v, (sec, ss) in enumerate(zip(secs, self.choices)):
@@ -305,10 +304,7 @@ class Problem:
         if fsdp:  # exposed under the step objective, all of it under the communication objective
             for v, ss in enumerate(self.choices):
                 if step and secs:
-                    role = self.roles[v]
-                    changed = (rec == "full" and role != OUTSIDE) or \
-                        (rec == "selective" and self.ops[v].layer.kind == "attention")
-                    key = ("fsdp", mode, rec if changed else "none", role)
+                    key = ("fsdp", mode, self._recomputed(v), self.roles[v])
                     extra = fig(v, key, lambda ss=ss, sec=secs[v]: np.array(
                         [fsdp_seconds(s, cl, self.coster, mode, f, b) for s, (f, b) in zip(ss, sec)], dtype=float))
                 else:
@@ -336,6 +332,13 @@ class Problem:
                                          ab, self.compute.memory_seconds if step else None)
                                      if self.catalogue is not None else None)
         self._shared.setdefault(key, self.tables)
+
+    def _recomputed(self, v: int) -> str:
+        """The recomputation that changes layer ``v``'s seconds under the mode being priced: the mode's where it
+        re-runs some of the layer, else "none" (the key its figures share with the plain problem's)."""
+        rec, role = self.mode.recompute, self.roles[v]
+        changed = (rec == "full" and role != OUTSIDE) or (rec == "selective" and self.ops[v].layer.kind == "attention")
+        return rec if changed else "none"
 
     def _price_memory(self, mode: Mode) -> None:
         """``mem`` (bytes per device of each strategy's occurrences, ``autotune.sbp.memory``) and its least."""

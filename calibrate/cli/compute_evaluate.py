@@ -222,28 +222,26 @@ def measure_sdpa(torch, device, dtype, size, model, shapes, args) -> list[Row]:
     return rows
 
 
-def _per_piece(arm):
-    """An arm of ``layer_piece_arm`` with its samples per piece (LAYER_QUEUE pieces a timed call)."""
-    return dataclasses.replace(arm, samples_s=[t / LAYER_QUEUE for t in arm.samples_s])
+def _per_piece(arm, calls: int):
+    """An arm's result with its samples per piece (``calls`` pieces a timed call)."""
+    return dataclasses.replace(arm, samples_s=[t / calls for t in arm.samples_s])
 
 
 def measure_layers(torch, device, model, sizes, args) -> list[Row]:
     rows = []
-    cuda = torch.device(device).type == "cuda"
-    cover = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) if cuda else None
+    if torch.device(device).type == "cuda":  # as development times them: between long matmuls, LAYER_QUEUE a call
+        cover = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        arm, per_call = (lambda f: layer_piece_arm(torch, device, f, cover)), LAYER_QUEUE
+    else:  # the CPU stand-in: one piece a call
+        arm, per_call = (lambda f: TorchArm(torch, device, lambda i: f())), 1
     for tokens, hidden in sizes:
         heads = max(4, hidden // 128)
         if hidden % heads:
             raise UserError(f"layer size {tokens}x{hidden}: the hidden size must divide into {heads} heads")
         pieces = layer_pieces(torch, torch.device(device), tokens, hidden, heads)
-        if cuda:  # as development times them (``layer_piece_arm``): between long matmuls, LAYER_QUEUE a call
-            arms = [(f"{kind} {part}", lambda f=f: layer_piece_arm(torch, device, f, cover))
-                    for kind, (_, fwd, both) in pieces.items() for part, f in (("forward", fwd), ("both", both))]
-            res = {k: _per_piece(a) for k, a in compare(Solo(), arms, _options(args, check=False)).arms.items()}
-        else:
-            arms = [(f"{kind} {part}", lambda f=f: TorchArm(torch, device, lambda i: f()))
-                    for kind, (_, fwd, both) in pieces.items() for part, f in (("forward", fwd), ("both", both))]
-            res = compare(Solo(), arms, _options(args, check=False))
+        arms = [(f"{kind} {part}", lambda f=f: arm(f))
+                for kind, (_, fwd, both) in pieces.items() for part, f in (("forward", fwd), ("both", both))]
+        res = {k: _per_piece(a, per_call) for k, a in compare(Solo(), arms, _options(args, check=False)).arms.items()}
         for kind, (elems, _, _) in pieces.items():
             pred = model.layer_seconds(kind, elems)
             shape = f"{kind} @ {tokens}x{hidden}"
