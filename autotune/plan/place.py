@@ -707,6 +707,7 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
     """torchtitan's composition: ``parallelize_module`` on the tensor-parallel axis (if any), then
     ``fully_shard`` on each block and on the whole model over the data axes, a (replicate, shard) mesh for
     HSDP; each rank computes its data piece of the batch."""
+    from torch.distributed import get_backend
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     sizes = plan.mesh.sizes
@@ -729,8 +730,11 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
     units = [names[prefix] for prefix in prefixes.values()] + [model]
     for unit in units:
         fully_shard(unit, mesh=mesh)
+    gloo = get_backend(mesh.get_group(0)) == "gloo"
     for unit in units:  # each unit reduces its own gradients
         unit.set_gradient_divide_factor(1.0)
+        if gloo:  # gloo has no pre-multiplied sum, which fully_shard asks for 16- and 32-bit gradients
+            unit.set_force_sum_reduction_for_comms(True)
     coords = [world_mesh.get_local_rank(k) for k in data]
     rank = coords[0] * shard + coords[1] if len(coords) == 2 else coords[0]
     for name, module in next(s for s in chain if s.modules).modules:

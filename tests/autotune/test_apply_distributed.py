@@ -197,3 +197,35 @@ def test_apply_matches_one_process(nodes, gpus, tmp_path):
         assert mismatch(refs[kind], got) is None, f"{kind} {plan.strategy} on {nodes}x{gpus}: {mismatch(refs[kind], got)}"
     assert mismatch(refs["llama"], results[-1]) is not None, "a wrong placement went unnoticed"
     assert refs["llama"][0][1] != pytest.approx(refs["llama"][0][0])  # the loss moved between the steps
+
+
+def _worker_float32(rank, world, port, plan, out):
+    import torch.distributed as dist
+
+    import autotune
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = train(autotune.apply(plan, make_model("gpt").float()), plan, GPT)
+    except Exception as e:
+        result = f"{type(e).__name__}: {e}"
+    if rank == 0:
+        torch.save(result, out)
+    dist.destroy_process_group()
+
+
+def test_fsdp_float32_on_gloo(tmp_path):
+    """fully_shard reduces 16- and 32-bit gradients by a pre-multiplied sum, which gloo lacks (a RuntimeError
+    at the first backward, as `autotune execute --device cpu` met it): on gloo the FSDP baseline sums instead,
+    and matches one process in float32."""
+    plan = typed_plan(GPT, 2, 2, data_parallel(GPT), "FSDP", fsdp_axes=(0, 1))
+    out = tmp_path / "result.pt"
+    mp.start_processes(_worker_float32, args=(4, free_port(), plan, str(out)), nprocs=4, start_method="fork")
+    got = torch.load(out)
+    assert not isinstance(got, str), got
+    (ref_losses, ref_params), (losses, params) = train(make_model("gpt").float(), plan, GPT), got
+    assert np.allclose(losses, ref_losses, rtol=1e-5, atol=0), (losses, ref_losses)
+    for name, want in ref_params.items():
+        # 1e-3: Adam divides float32 rounding of near-zero gradients (the key bias) by their own size
+        assert torch.allclose(params[name], want, rtol=0, atol=1e-3), (name, (params[name] - want).abs().max())
