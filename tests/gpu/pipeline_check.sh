@@ -18,7 +18,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 OUT=${OUT:-${1:-out}}
-PY=${PY:-python3}
+PY=${PY:-$(command -v python3)}   # absolute: mpirun may resolve a bare python3 on another PATH (one without mpi4py)
 NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 BACKEND=${CALIB_BACKEND:-nccl}
 DEVICE=${DEVICE:-cuda}
