@@ -8,7 +8,7 @@
 #      variants in VARIANTS (model:stages:schedule); each plan file holds the searched single-stage plan,
 #      its baselines (data parallel, FSDP, Megatron, SUMMA, ...) and the pipelined plan;
 #   3. python -m autotune execute under torchrun, one process per GPU: every plan of the first variant
-#      (--which all), the pipelined plan alone of the others;
+#      (--which all), the pipelined plan alone of the others (WHICH: the same --which for every variant);
 #   4. python -m autotune execute --summarize per variant: predicted against measured step time and memory.
 # Any number of GPUs (NGPU, default all of nvidia-smi's); run from the repository root:
 #   run(command="OUT=\$OUT/pipe bash tests/gpu/pipeline_check.sh", kind="nvidia-h100-x4")
@@ -57,7 +57,7 @@ for v in $VARIANTS; do
     --pipeline "$stages" --schedule "$schedule" --compare none --out "$OUT/$name" > "$OUT/$name.search.log" 2>&1
   status "search $name" $?
   grep -E "^(searched|pipelined|FSDP|data parallel)" "$OUT/$name.search.log"
-  if [ $first -eq 1 ]; then which=all; else which=baseline:pipelined; fi
+  if [ $first -eq 1 ]; then which=${WHICH:-all}; else which=${WHICH:-baseline:pipelined}; fi
   first=0
   timeout "${EXEC_TIMEOUT:-240}" $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m autotune execute \
     "$OUT/$name/plan.json" --which "$which" --steps "$STEPS" --warmup 2 --profile-steps 0 --device "$DEVICE" \
