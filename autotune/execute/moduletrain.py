@@ -64,9 +64,13 @@ def _local(x):
 
 
 class ModuleTrainer:
-    def __init__(self, model, config: dict, micro_batches: int, d, seed: int, lr: float, autocast=None):
+    def __init__(self, model, config: dict, micro_batches: int, d, seed: int, lr: float, autocast=None,
+                 local_loss: bool = False):
+        """``local_loss``: the model returns the loss of this rank's piece of the batch (``apply``'s output
+        "local"); the step's loss is then their mean over the ranks."""
         self.model, self.config, self.micro_batches, self.d, self.seed = model, config, micro_batches, d, seed
         self.autocast_dtype = autocast
+        self.local_loss = local_loss
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, **({"fused": True} if d.is_gpu else {}))
 
     def close(self) -> None:
@@ -102,6 +106,9 @@ class ModuleTrainer:
             (loss / self.micro_batches).backward()
             share = _local(loss.detach()) / self.micro_batches
             total = share if total is None else total + share
+        if self.local_loss:
+            dist.all_reduce(total)
+            total = total / self.d.launch.world
         return total
 
     def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:

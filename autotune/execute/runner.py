@@ -123,8 +123,10 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     model = build_module(module, config, seed, param_dtype, d.device)
     mapping = getattr(model, "plan_mapping", None)
     path = placement_path(typed, model, mapping) if d.launch.world > 1 else "none"
-    model = apply(typed, model, d.mesh, mapping=mapping)
-    trainer = ModuleTrainer(model, config, typed.micro_batches, d, seed, lr, autocast)
+    # FSDP plans as torchtitan steps them (each rank its piece's loss, gradients averaged): what the plan prices
+    output = "local" if path == "fully_shard" else "whole"
+    model = apply(typed, model, d.mesh, mapping=mapping, output=output)
+    trainer = ModuleTrainer(model, config, typed.micro_batches, d, seed, lr, autocast, local_loss=output == "local")
     try:
         measured = trainer.run(steps, warmup, profile_steps, progress)
     finally:
@@ -132,7 +134,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     totals = typed.costs.to_dict() if typed.costs else {}
     return {
         "kind": KIND, "version": VERSION, "strategy": typed.strategy, "executor": "apply", "module": module,
-        "apply_path": path,
+        "apply_path": path, "output": output,
         "model": config, "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
         "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
         "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",

@@ -10,7 +10,7 @@
             (model(input_ids=mb, labels=mb).loss / len(mbs)).backward()
         opt.step(); opt.zero_grad()
 
-``apply(plan, model, mesh=None, mapping=None)``:
+``apply(plan, model, mesh=None, mapping=None, output="whole")``:
 
 - ``plan``: a ``TypedPlan``, a typed-plan file, or plan.json of ``python -m autotune`` (``load_plan``).
 - The mesh: one DeviceMesh over the plan's fine axes (``plan.mesh``), built from the world when
@@ -47,7 +47,12 @@
   parallelism) is placed as torchtitan does: ``parallelize_module`` (``ColwiseParallel`` /
   ``RowwiseParallel``) on the tensor-parallel axis, then ``fully_shard`` on each block and the whole model
   over the data axes ((replicate, shard) for HSDP); each rank computes its data piece of the batch, the
-  logits are gathered whole (the meshes are apply's own, built from the world). Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
+  logits are gathered whole (the meshes are apply's own, built from the world). With ``output="local"``
+  (these plans only) the model's call is cut to this rank's piece of the batch instead (ids, targets, labels:
+  every input whose first dimension is the batch), its outputs and loss are that piece's, nothing is
+  gathered, and fully_shard averages the gradients: torchtitan's step, and the step the plan prices (the
+  whole-batch logits and loss on every rank are not in it). A loss computed outside the model takes
+  ``data_piece(model, targets)``; ``python -m autotune execute`` runs these plans so. Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
   a sharding axis split there (its first dimension that divides), all-gathered at use by a parametrization
   whose backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
   ``fully_shard``, whose parameters live on a sub-mesh the per-layer hooks' DTensors do not share).
@@ -694,6 +699,45 @@ def _data_piece(module, args, kwargs, *, rank: int, world: int, where: str):
     return (x.chunk(world)[rank],) + args[1:], kwargs
 
 
+@dataclass(frozen=True)
+class DataSplit:
+    """This rank's piece of every batch under ``apply(..., output="local")``: piece ``rank`` of ``world``."""
+
+    rank: int
+    world: int
+
+    def piece(self, t, where: str):
+        if t.shape[0] % self.world:
+            raise UserError(f"{where}: a batch of {t.shape[0]} does not split over the plan's {self.world} "
+                            f"data-parallel devices: use a (micro-)batch that {self.world} divides")
+        return t.chunk(self.world)[self.rank]
+
+
+def _batch_of(args, kwargs) -> int | None:
+    first = next((t for t in (*args, *kwargs.values()) if hasattr(t, "dim") and t.dim() >= 1), None)
+    return None if first is None else first.shape[0]
+
+
+def _local_batch(module, args, kwargs, *, split: DataSplit):
+    """Every tensor of the model's call whose first dimension is the batch (ids, targets, labels, masks)
+    cut to this rank's piece; the rest (position ids of one row, flags) pass whole."""
+    batch = _batch_of(args, kwargs)
+    if batch is None:
+        return None
+
+    def cut(t):
+        return split.piece(t, "the model's input") if hasattr(t, "dim") and t.dim() >= 1 and t.shape[0] == batch \
+            else t
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def data_piece(model, t):
+    """``t`` (a whole batch, e.g. the targets of a loss computed outside the model) cut to the piece this
+    rank's outputs are of, for a model placed by ``apply(..., output="local")``; ``t`` itself otherwise."""
+    split = getattr(model, "_autotune_data_split", None)
+    return t if split is None else split.piece(t, "data_piece")
+
+
 def _whole_batch(module, args, out, *, mesh):
     """The data pieces of the output (the logits) gathered whole on every rank, for the user's loss; the
     backward hands each rank its piece's gradient (summed over ranks by FSDP's reduction, divide factor 1)."""
@@ -703,10 +747,13 @@ def _whole_batch(module, args, out, *, mesh):
     return whole.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
 
 
-def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, device: str) -> None:
+def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, device: str,
+                 output: str) -> None:
     """torchtitan's composition: ``parallelize_module`` on the tensor-parallel axis (if any), then
     ``fully_shard`` on each block and on the whole model over the data axes, a (replicate, shard) mesh for
-    HSDP; each rank computes its data piece of the batch."""
+    HSDP; each rank computes its data piece of the batch. ``output`` "whole": the logits gathered whole on
+    every rank, gradients summed; "local": the model's call cut to this rank's piece (its outputs and loss
+    that piece's), gradients averaged (fully_shard's default, torchtitan's step)."""
     from torch.distributed import get_backend
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -731,12 +778,18 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
     for unit in units:
         fully_shard(unit, mesh=mesh)
     gloo = get_backend(mesh.get_group(0)) == "gloo"
-    for unit in units:  # each unit reduces its own gradients
-        unit.set_gradient_divide_factor(1.0)
-        if gloo:  # gloo has no pre-multiplied sum, which fully_shard asks for 16- and 32-bit gradients
+    for unit in units:
+        if output == "whole":  # each rank's gradient is already its piece's share of the whole batch's loss
+            unit.set_gradient_divide_factor(1.0)
+        if gloo:  # gloo has neither the pre-multiplied sum nor the average fully_shard asks for
             unit.set_force_sum_reduction_for_comms(True)
     coords = [world_mesh.get_local_rank(k) for k in data]
     rank = coords[0] * shard + coords[1] if len(coords) == 2 else coords[0]
+    if output == "local":
+        split = DataSplit(rank, replicate * shard)
+        model._autotune_data_split = split
+        model.register_forward_pre_hook(functools.partial(_local_batch, split=split), with_kwargs=True, prepend=True)
+        return
     for name, module in next(s for s in chain if s.modules).modules:
         module.register_forward_pre_hook(functools.partial(_data_piece, rank=rank, world=replicate * shard,
                                                            where=name), with_kwargs=True, prepend=True)
@@ -777,8 +830,14 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def apply(plan, model, mesh=None, mapping: dict | None = None):
+OUTPUTS = ("whole", "local")
+
+
+def apply(plan, model, mesh=None, mapping: dict | None = None, output: str = "whole"):
     """Place ``model``'s parameters and activations as ``plan`` says; returns ``model`` (see the module doc)."""
+    if output not in OUTPUTS:
+        raise UserError(f"output={output!r} is unknown: use 'whole' (every rank gets the whole batch's outputs) or "
+                        f"'local' (each rank its piece's, FSDP plans)")
     plan = load_plan(plan)
     world = _world()
     if plan.world != world:
@@ -793,8 +852,11 @@ def apply(plan, model, mesh=None, mapping: dict | None = None):
         device = mesh.device_type if mesh is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
         layout = fully_shard_layout(plan)
         if layout is not None and (layout.tp is None or _tp_modules(chain, layout.tp) is not None):
-            _fully_shard(model, chain, prefixes, plan, layout, device)
+            _fully_shard(model, chain, prefixes, plan, layout, device, output)
             return model
+        if output == "local":
+            raise UserError(f"output='local' needs a plan placed by fully_shard (FSDP, HSDP, TP + FSDP); "
+                            f"{plan.strategy!r} is placed by DTensor: use output='whole'")
         if mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
             mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)

@@ -384,12 +384,14 @@ class Pipeline:
             raise UserError(f"a batch of {ids.shape[0]} does not split into the plan's {m} micro-batches: use a "
                             f"batch that {m} divides")
         losses: list = []
+        # return_outputs=False: the last stage would otherwise keep every micro-batch's logits until the step
+        # ends (torch's output_chunks: m logit tensors where 1F1B keeps one micro-batch in flight there)
         if self.first:
-            self.schedule.step(ids)
+            self.schedule.step(ids, return_outputs=False)
         elif self.last:
-            self.schedule.step(target=targets, losses=losses)
+            self.schedule.step(target=targets, losses=losses, return_outputs=False)
         else:
-            self.schedule.step()
+            self.schedule.step(return_outputs=False)
         self._sum_tied()
         loss = (torch.stack([x.detach() for x in losses]).mean() if self.last
                 else torch.zeros((), dtype=torch.float64, device=self.device))

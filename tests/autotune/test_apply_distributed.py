@@ -229,3 +229,67 @@ def test_fsdp_float32_on_gloo(tmp_path):
     for name, want in ref_params.items():
         # 1e-3: Adam divides float32 rounding of near-zero gradients (the key bias) by their own size
         assert torch.allclose(params[name], want, rtol=0, atol=1e-3), (name, (params[name] - want).abs().max())
+
+
+def train_local(model, plan, cfg):
+    """``train`` for a model placed with output="local": each rank's logits and targets are its piece of the
+    micro-batch (``data_piece``), its loss that piece's mean; the step's loss is the mean over the ranks."""
+    import torch.distributed as dist
+
+    import autotune
+    from autotune.plan.place import data_piece
+    g = torch.Generator().manual_seed(SEED + 1)
+    ids = torch.randint(0, cfg["vocabulary"], (cfg["batch"], cfg["sequence"] + 1), generator=g)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        total = torch.zeros((), dtype=torch.float64)
+        mbs = autotune.micro_batches(plan, ids)
+        for mb in mbs:
+            logits = logits_of(model, mb[:, :-1])
+            targets = data_piece(model, mb[:, 1:])
+            assert logits.shape[0] == targets.shape[0] < mb.shape[0]  # the rank's piece, not the whole batch
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            (loss / len(mbs)).backward()
+            total += loss.detach() / len(mbs)
+        dist.all_reduce(total)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total.item() / dist.get_world_size())
+    return losses, parameters(model)
+
+
+def _worker_local(rank, world, port, jobs, out):
+    import torch.distributed as dist
+
+    import autotune
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = []
+    for kind, plan in jobs:
+        try:
+            model = autotune.apply(plan, make_model(kind), output="local")
+            results.append(train_local(model, plan, GPT if kind == "gpt" else LLAMA))
+        except Exception as e:
+            results.append(f"{type(e).__name__}: {e}")
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def test_fsdp_local_output_matches_one_process(tmp_path):
+    """apply(..., output="local") (torchtitan's step: each rank its piece's loss, gradients averaged by
+    fully_shard, no logits gathered) on the FSDP, HSDP and TP + FSDP baselines of both models: the losses and
+    parameters of one process; a plan placed by DTensor refuses it in one line."""
+    jobs = [(kind, plan) for kind, plan in plans(2, 2) if fully_shard_plan(plan)]
+    assert len(jobs) == 6
+    dtensor = ("llama", plans(2, 2)[0][1])
+    out = tmp_path / "results.pt"
+    mp.start_processes(_worker_local, args=(4, free_port(), jobs + [dtensor], str(out)), nprocs=4,
+                       start_method="fork")
+    results = torch.load(out)
+    refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
+    for (kind, plan), got in zip(jobs, results):
+        assert mismatch(refs[kind], got) is None, f"{kind} {plan.strategy}: {mismatch(refs[kind], got)}"
+    assert isinstance(results[-1], str) and "output='local' needs a plan placed by fully_shard" in results[-1]
