@@ -13,7 +13,8 @@
 # Any number of GPUs (NGPU, default all of nvidia-smi's); run from the repository root:
 #   run(command="OUT=\$OUT/pipe bash tests/gpu/pipeline_check.sh", kind="nvidia-h100-x4")
 # On CPUs (the logic, not the figures): DEVICE=cpu NGPU=4 PROFILE=h200-nvlink MODEL_LLAMA=... MODEL_GPT=...
-# (PROFILE: plan with that profile instead of calibrating this machine; calibrate compute needs a GPU)
+# (PROFILE: plan with that profile instead of calibrating this machine; calibrate compute needs a GPU).
+# COMPUTE_FROM=profile.json: calibrate the collectives here, take the compute figures from that profile.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -41,9 +42,15 @@ timeout "${CALIB_TIMEOUT:-200}" $MPI $PY -m calibrate run --backend "$BACKEND" -
 status "calibrate run ($BACKEND, $NGPU ranks)" $?
 $PY -m calibrate fit "$OUT/calib" -o "$OUT/profile-comm.json" --name "this-node-x$NGPU" > "$OUT/fit.txt" 2>&1
 status "calibrate fit" $?
-timeout "${COMPUTE_TIMEOUT:-240}" $PY -m calibrate compute --profile "$OUT/profile-comm.json" --out "$OUT/profile.json" \
-  --device "$DEVICE" ${COMPUTE_ARGS:---iters 10 --warmup 2} > "$OUT/compute.log" 2>&1
-status "calibrate compute" $?
+if [ -n "${COMPUTE_FROM:-}" ]; then  # the compute figures of an earlier calibrate compute on this GPU model
+  cp "$OUT/profile-comm.json" "$OUT/profile.json"
+  $PY -m calibrate compute --out "$OUT/profile.json" --merge "$COMPUTE_FROM" > "$OUT/compute.log" 2>&1
+  status "calibrate compute --merge $COMPUTE_FROM" $?
+else
+  timeout "${COMPUTE_TIMEOUT:-240}" $PY -m calibrate compute --profile "$OUT/profile-comm.json" --out "$OUT/profile.json" \
+    --device "$DEVICE" ${COMPUTE_ARGS:---iters 10 --warmup 2} > "$OUT/compute.log" 2>&1
+  status "calibrate compute" $?
+fi
 [ -f "$OUT/profile.json" ] || { echo "no profile measured on this machine: nothing predicted"; exit 1; }
 PROFILE=$OUT/profile.json
 fi
