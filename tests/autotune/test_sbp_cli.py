@@ -75,3 +75,13 @@ def test_a_second_search_into_a_locked_out_is_refused(tmp_path):
                             "--compare", "none", "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "is in use by process" in r.stderr and "Traceback" not in r.stderr
     assert not (out / "plan.json").exists()
+
+
+def test_graph_note_names_autoddls_graph():
+    """Size flags on the gpt kind's default preset keep AutoDDL's graph: the model line says so and how to get a
+    transformer as users write it; a user's GPT gets no note."""
+    from autotune.sbp.cli.search import graph_note
+    from models.loader import load_model
+    note = graph_note(load_model("gpt", None, {"layers": 2}).config)
+    assert "attention naive" in note and "no residual stream" in note and "--preset gpt2" in note
+    assert graph_note(load_model("gpt", "gpt2").config) == "" == graph_note(load_model("llama", "llama3-8b").config)

@@ -47,6 +47,16 @@ MAX_BUDGET_STEPS = 100_000_000
 SEEDS = 2**32  # numpy's generators take seeds in [0, 2**32)
 
 
+def graph_note(config: dict) -> str:
+    """A word where the model is AutoDDL's graph rather than a transformer as users write it (the gpt kind's
+    default preset is AutoDDL's, and size flags keep the preset's other fields)."""
+    odd = [w for w, on in (("attention naive", config.get("attention") == "naive"),
+                           ("no residual stream", config.get("residual") is False)) if on]
+    if not odd:
+        return ""
+    return (f" (AutoDDL's graph: {', '.join(odd)}; a transformer as users write it: --preset gpt2, or "
+            f"--attention flash --residual true)")
+
 def parse_budget(text: str) -> Budget:
     t = text.strip().lower()
     try:
@@ -193,7 +203,9 @@ def breakdown(plan: dict) -> str:
     parts = [("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"), ("optimizer states", "optimizer_bytes"),
              ("activations", "activations_bytes"), ("workspace", "workspace_bytes")]
     sh = plan.get("sharding", {"mode": "none"})
-    return (f"searched plan's memory per device: " + ", ".join(f"{name} {m[k] / 2**30:.2f}" for name, k in parts)
+    # + 0.0: a figure that rounds to zero prints 0.00, not -0.00
+    return (f"searched plan's memory per device: " + ", ".join(f"{name} {round(m[k] / 2**30, 2) + 0.0:.2f}"
+                                                               for name, k in parts)
             + f" GiB; total {plan['totals']['memory_bytes'] / 2**30:.2f} GiB\n"
             + f"recompute {plan.get('recompute', 'none')}; sharding "
             + (f"fsdp over axes {sh['axes']}" if sh["mode"] == "fsdp" else "none"))
@@ -231,7 +243,7 @@ def main(argv=None, report=None) -> int:
     with DirLock(out, "search output directory"):  # two searches into one --out: the second is refused
         default_note = " (default cluster)" if args.nodes is None and args.gpus_per_node is None else ""
         print(f"model {graph.model} {graph.config.get('name', '')}: {graph.parameters() / 1e9:.2f}B parameters, "
-              f"batch {graph.batch} in {graph.micro_batches} micro-batches")
+              f"batch {graph.batch} in {graph.micro_batches} micro-batches{graph_note(graph.config)}")
         print(f"cluster {cluster}{default_note}; profile {profile.name}"
               f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
               f"memory limit {limit / 2**30:.4g} GiB per device{limit_note}", flush=True)
