@@ -57,8 +57,8 @@ def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=Non
     pp = check_pipelined(plan, d.launch.world, layers)
     config = dict(pp.model)
     param_dtype, autocast = module_dtypes(config, dtype)
-    model = build_module(module, config, seed, param_dtype, d.device)
-    pipe = autotune.apply_pipeline(pp, model)
+    # built on the CPU: apply_pipeline moves this rank's stage to its device, and the rest stays off the GPU
+    pipe = autotune.apply_pipeline(pp, build_module(module, config, seed, param_dtype, "cpu"))
     trainer = PipelineTrainer(pipe, config, d, seed, lr, autocast)
     try:
         measured = trainer.run(steps, warmup, profile_steps, progress)

@@ -16,6 +16,9 @@
   (``models.modules``) and Hugging Face Llama-family models. The first stage holds the embedding (and a
   learned position table), each stage the blocks the plan's split gives it, the last the final norm and
   the logits; the stage's module names keep the model's, its blocks numbered from 0.
+- Devices: the stage's module (its part of the model) is moved to this rank's device; nothing else is. Build
+  the model on the CPU (as ``python -m autotune execute`` does) so that the other stages' weights never reach
+  this rank's GPU: a model built on the GPU keeps them all there while the caller holds it.
 - Each stage's module is placed on its submesh as ``autotune.apply`` places a model (the same
   parameters, hooks and recomputation: ``autotune.plan.place``), with its stage's plan
   (``TypedPlan.from_search(..., stage=True)``).
@@ -442,6 +445,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
     _check_shapes(chain, typed)
     backend = dist.get_backend()
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    module.to(device)  # this stage's part alone
     from torch.distributed.device_mesh import init_device_mesh
     world_mesh = init_device_mesh(device.type, (p, *typed.mesh.sizes), mesh_dim_names=("pp", *typed.mesh.names))
     mesh = world_mesh[typed.mesh.names] if S > 1 else None
