@@ -52,7 +52,7 @@
   every input whose first dimension is the batch), its outputs and loss are that piece's, nothing is
   gathered, and fully_shard averages the gradients: torchtitan's step, and the step the plan prices (the
   whole-batch logits and loss on every rank are not in it). A loss computed outside the model takes
-  ``data_piece(model, targets)``; ``python -m autotune execute`` runs these plans so. Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
+  ``autotune.data_piece(model, targets)``; ``python -m autotune execute`` runs these plans so. Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
   a sharding axis split there (its first dimension that divides), all-gathered at use by a parametrization
   whose backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
   ``fully_shard``, whose parameters live on a sub-mesh the per-layer hooks' DTensors do not share).

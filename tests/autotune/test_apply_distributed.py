@@ -237,7 +237,6 @@ def train_local(model, plan, cfg):
     import torch.distributed as dist
 
     import autotune
-    from autotune.plan.place import data_piece
     g = torch.Generator().manual_seed(SEED + 1)
     ids = torch.randint(0, cfg["vocabulary"], (cfg["batch"], cfg["sequence"] + 1), generator=g)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
@@ -247,7 +246,7 @@ def train_local(model, plan, cfg):
         mbs = autotune.micro_batches(plan, ids)
         for mb in mbs:
             logits = logits_of(model, mb[:, :-1])
-            targets = data_piece(model, mb[:, 1:])
+            targets = autotune.data_piece(model, mb[:, 1:])
             assert logits.shape[0] == targets.shape[0] < mb.shape[0]  # the rank's piece, not the whole batch
             loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
             (loss / len(mbs)).backward()
