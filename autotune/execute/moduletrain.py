@@ -101,9 +101,13 @@ class ModuleTrainer:
         total = None
         for j in range(self.micro_batches):
             ids, targets = token_batch(self.config, self.seed, step, j, self.d.device)
-            with self.autocast():
-                loss = self.model(ids, targets)
-            (loss / self.micro_batches).backward()
+            # DDP: the gradients all-reduced once a step, with the last micro-batch's backward (as priced)
+            last = j == self.micro_batches - 1
+            sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else contextlib.nullcontext()
+            with sync:
+                with self.autocast():
+                    loss = self.model(ids, targets)
+                (loss / self.micro_batches).backward()
             share = _local(loss.detach()) / self.micro_batches
             total = share if total is None else total + share
         if self.local_loss:

@@ -122,11 +122,12 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     param_dtype, autocast = module_dtypes(config, dtype)
     model = build_module(module, config, seed, param_dtype, d.device)
     mapping = getattr(model, "plan_mapping", None)
-    path = placement_path(typed, model, mapping) if d.launch.world > 1 else "none"
-    # FSDP plans as torchtitan steps them (each rank its piece's loss, gradients averaged): what the plan prices
-    output = "local" if path == "fully_shard" else "whole"
-    model = apply(typed, model, d.mesh, mapping=mapping, output=output)
-    trainer = ModuleTrainer(model, config, typed.micro_batches, d, seed, lr, autocast, local_loss=output == "local")
+    # data-parallel and FSDP plans as users step them (DDP, torchtitan: each rank its piece's loss, gradients
+    # averaged; no whole-batch logits): what the plan prices
+    path = placement_path(typed, model, mapping, output="local") if d.launch.world > 1 else "none"
+    output = "local" if path in ("fully_shard", "ddp") else "whole"
+    placed = apply(typed, model, d.mesh, mapping=mapping, output=output)  # the DDP module on the "ddp" path
+    trainer = ModuleTrainer(placed, config, typed.micro_batches, d, seed, lr, autocast, local_loss=output == "local")
     try:
         measured = trainer.run(steps, warmup, profile_steps, progress)
     finally:

@@ -52,11 +52,14 @@
   every input whose first dimension is the batch), its outputs and loss are that piece's, nothing is
   gathered, and fully_shard averages the gradients: torchtitan's step, and the step the plan prices (the
   whole-batch logits and loss on every rank are not in it). A loss computed outside the model takes
-  ``autotune.data_piece(model, targets)``; ``python -m autotune execute`` runs these plans so. Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
+  ``autotune.data_piece(model, targets)``; ``python -m autotune execute`` runs these plans so. A pure
+  data-parallel plan (``data_parallel_plan``) with ``output="local"`` is DDP's step: the same cut, then
+  ``DistributedDataParallel`` (apply returns the DDP module; with several micro-batches run all but the last
+  under its ``no_sync()``, as the plan prices one all-reduce a step). Every other plan with ``sharding_mode == "fsdp"`` stores a weight replicated on
   a sharding axis split there (its first dimension that divides), all-gathered at use by a parametrization
   whose backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
   ``fully_shard``, whose parameters live on a sub-mesh the per-layer hooks' DTensors do not share).
-  ``placement_path(plan, model)`` says which path a plan takes.
+  ``placement_path(plan, model, output=...)`` says which path a plan takes.
 - Recomputation: ``"full"`` wraps each block in ``torch.utils.checkpoint``; ``"selective"`` each
   block's attention module.
 - Module names: found by pattern for Hugging Face Llama, Mistral, Qwen2, GPT-2 and nanoGPT-style
@@ -644,6 +647,16 @@ def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
     return FullyShard(data, shard, tp)
 
 
+def data_parallel_plan(plan: TypedPlan) -> bool:
+    """Whether ``plan`` is pure data parallelism (no FSDP; every weight replicated and every activation split by
+    the data on every axis): what DDP runs, which ``apply(..., output="local")`` places it with."""
+    if plan.world == 1 or plan.sharding_mode == "fsdp":
+        return False
+    return all(all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
+        f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
+        for a in range(len(plan.mesh.sizes)))
+
+
 def fully_shard_plan(plan: TypedPlan) -> bool:
     """Whether ``plan`` takes the ``fully_shard`` path (``fully_shard_layout``)."""
     return fully_shard_layout(plan) is not None
@@ -676,12 +689,13 @@ def _tp_modules(chain: list[Site], tp: int) -> dict | None:
     return styles
 
 
-def placement_path(plan, model, mapping: dict | None = None) -> str:
-    """"fully_shard" or "dtensor": the path ``apply`` places ``model`` by (see ``fully_shard_layout``)."""
+def placement_path(plan, model, mapping: dict | None = None, output: str = "whole") -> str:
+    """"fully_shard", "ddp" or "dtensor": the path ``apply(..., output=output)`` places ``model`` by (see
+    ``fully_shard_layout`` and ``data_parallel_plan``)."""
     plan = load_plan(plan)
     layout = fully_shard_layout(plan)
     if layout is None:
-        return "dtensor"
+        return "ddp" if output == "local" and data_parallel_plan(plan) else "dtensor"
     if layout.tp is not None and _tp_modules(find_layers(plan, model, mapping)[0], layout.tp) is None:
         return "dtensor"
     return "fully_shard"
@@ -797,6 +811,20 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
     last.register_forward_hook(functools.partial(_whole_batch, mesh=mesh))
 
 
+# --- data parallelism through DDP ---------------------------------------------------------------------------
+def _ddp(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str):
+    """A pure data-parallel plan as users run it: the model's call cut to this rank's piece of the batch
+    (``_local_batch``), recomputation as planned, then ``DistributedDataParallel`` (its gradients averaged,
+    all-reduced in buckets during the backward); returns the DDP module."""
+    from torch.nn.parallel import DistributedDataParallel
+    _recompute(model, chain, prefixes, plan.recompute)
+    split = DataSplit(dist.get_rank(), plan.world)
+    model.register_forward_pre_hook(functools.partial(_local_batch, split=split), with_kwargs=True, prepend=True)
+    ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None)
+    ddp._autotune_data_split = split
+    return ddp
+
+
 # --- recomputation --------------------------------------------------------------------------------------
 def _recompute(model, chain: list[Site], prefixes: dict, how: str) -> None:
     if how == "none":
@@ -855,8 +883,10 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, output: str = "wh
             _fully_shard(model, chain, prefixes, plan, layout, device, output)
             return model
         if output == "local":
-            raise UserError(f"output='local' needs a plan placed by fully_shard (FSDP, HSDP, TP + FSDP); "
-                            f"{plan.strategy!r} is placed by DTensor: use output='whole'")
+            if not data_parallel_plan(plan):
+                raise UserError(f"output='local' needs a data-parallel or FSDP plan (DDP, FSDP, HSDP, TP + FSDP); "
+                                f"{plan.strategy!r} is placed by DTensor: use output='whole'")
+            return _ddp(model, chain, prefixes, plan, device)
         if mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
             mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)

@@ -79,7 +79,8 @@ def make_model(kind: str):
 
 
 def logits_of(model, ids):
-    out = model(ids) if isinstance(model, NanoGPT) else model(input_ids=ids, use_cache=False).logits
+    nano = isinstance(getattr(model, "module", model), NanoGPT)  # DDP wraps the model in .module
+    out = model(ids) if nano else model(input_ids=ids, use_cache=False).logits
     return out
 
 
@@ -255,7 +256,7 @@ def train_local(model, plan, cfg):
         opt.step()
         opt.zero_grad()
         losses.append(total.item() / dist.get_world_size())
-    return losses, parameters(model)
+    return losses, parameters(getattr(model, "module", model))  # DDP's wrapped module
 
 
 def _worker_local(rank, world, port, jobs, out):
@@ -269,26 +270,31 @@ def _worker_local(rank, world, port, jobs, out):
     for kind, plan in jobs:
         try:
             model = autotune.apply(plan, make_model(kind), output="local")
-            results.append(train_local(model, plan, GPT if kind == "gpt" else LLAMA))
+            results.append((type(model).__name__, train_local(model, plan, GPT if kind == "gpt" else LLAMA)))
         except Exception as e:
-            results.append(f"{type(e).__name__}: {e}")
+            results.append((None, f"{type(e).__name__}: {e}"))
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
 
 
-def test_fsdp_local_output_matches_one_process(tmp_path):
-    """apply(..., output="local") (torchtitan's step: each rank its piece's loss, gradients averaged by
-    fully_shard, no logits gathered) on the FSDP, HSDP and TP + FSDP baselines of both models: the losses and
-    parameters of one process; a plan placed by DTensor refuses it in one line."""
+def test_local_output_matches_one_process(tmp_path):
+    """apply(..., output="local") (each rank its piece's loss, gradients averaged, no logits gathered) on the
+    data-parallel plan (DDP) and the FSDP, HSDP and TP + FSDP baselines (fully_shard, torchtitan's step) of both
+    models: the losses and parameters of one process; a plan placed by DTensor refuses it in one line."""
+    from autotune.plan.place import data_parallel_plan
     jobs = [(kind, plan) for kind, plan in plans(2, 2) if fully_shard_plan(plan)]
-    assert len(jobs) == 6
-    dtensor = ("llama", plans(2, 2)[0][1])
+    jobs += [(kind, typed_plan(cfg, 2, 2, data_parallel(cfg), "data parallel")) for kind, cfg in (("llama", LLAMA),
+                                                                                                ("gpt", GPT))]
+    assert len(jobs) == 8 and [data_parallel_plan(p) for _, p in jobs] == [False] * 6 + [True] * 2
+    dtensor = ("llama", typed_plan(LLAMA, 2, 2, vocab_parallel(LLAMA), "vocabulary parallel"))
     out = tmp_path / "results.pt"
     mp.start_processes(_worker_local, args=(4, free_port(), jobs + [dtensor], str(out)), nprocs=4,
                        start_method="fork")
     results = torch.load(out)
     refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
-    for (kind, plan), got in zip(jobs, results):
+    for (kind, plan), (placed, got) in zip(jobs, results):
         assert mismatch(refs[kind], got) is None, f"{kind} {plan.strategy}: {mismatch(refs[kind], got)}"
-    assert isinstance(results[-1], str) and "output='local' needs a plan placed by fully_shard" in results[-1]
+        want = "DistributedDataParallel" if data_parallel_plan(plan) else "FSDP" + type(make_model(kind)).__name__
+        assert placed == want, (plan.strategy, placed)
+    assert isinstance(results[-1][1], str) and "output='local' needs a data-parallel or FSDP plan" in results[-1][1]

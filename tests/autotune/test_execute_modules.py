@@ -2,7 +2,7 @@
 the loss of every step, every weight after two AdamW steps and its last gradient agree to 1e-9 (relative), for
 a Llama-style plan (data x Megatron tensor parallelism, grouped-query attention, SwiGLU, RMSNorm, rotary
 positions), the same plan with full recomputation, and a GPT plan (learned positions, tied logits, LayerNorm
-with shift, GELU) in data parallelism over four devices and in tensor parallelism with its embedding and tied
+with shift, GELU) in data parallelism over four devices (DDP) and in tensor parallelism with its embedding and tied
 logits split by vocabulary over all four devices, a Llama FSDP plan (fully_shard) and a Llama plan whose last RMSNorm is split by features; a plan with one wrong
 placement (the residual stream declared partial after the add) disagrees. The plans are written by hand (the
 search's cost rules for these layers are another branch's)."""
@@ -105,7 +105,8 @@ def test_apply_path_matches_one_process(tmp_path):
     assert len(results) == len(ps)
     for plan, got in zip(ps[:-1], results):
         assert got["executor"] == "apply"
-        assert got["path"] == ("fully_shard" if "FSDP" in plan["strategy"] else "dtensor"), plan["strategy"]
+        want = "fully_shard" if "FSDP" in plan["strategy"] else "ddp" if "data parallel" in plan["strategy"] else "dtensor"
+        assert got["path"] == want, plan["strategy"]
         problem = mismatch(refs[plan["model"]["kind"]], got)
         assert problem is None, f"{plan['strategy']}: {problem}"
     assert mismatch(refs["llama"], results[-1]) is not None, "a wrong placement went unnoticed"
