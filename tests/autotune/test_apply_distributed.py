@@ -115,29 +115,34 @@ def parameters(model) -> dict:
 
 
 
-def _worker(rank, world, port, jobs, out):
+def _on_gloo(rank, world, port, out, fn, jobs):
+    """A worker: gloo among ``world`` forked processes, ``fn(kind, plan)`` for each job (its exception as a
+    line: the wrong plan may fail outright instead of giving other numbers); rank 0 saves the results."""
     import torch.distributed as dist
-
-    import autotune
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = []
     for kind, plan in jobs:
-        cfg = GPT if kind == "gpt" else LLAMA
         try:
-            model = make_model(kind)
-            path = placement_path(plan, model)
-            model = autotune.apply(plan, model)
-            if isinstance(model, FSDPModule) != (path == "fully_shard"):
-                raise RuntimeError(f"placement_path says {path} but fully_shard was"
-                                   f"{'' if path == 'dtensor' else ' not'} applied")
-            results.append(train(model, plan, cfg))
-        except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
+            results.append(fn(kind, plan))
+        except Exception as e:
             results.append(f"{type(e).__name__}: {e}")
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
+
+
+def _applied(kind, plan):
+    """``apply`` (the whole-batch contract) on the path ``placement_path`` names, then ``train``."""
+    import autotune
+    model = make_model(kind)
+    path = placement_path(plan, model)
+    model = autotune.apply(plan, model)
+    if isinstance(model, FSDPModule) != (path == "fully_shard"):
+        raise RuntimeError(f"placement_path says {path} but fully_shard was{'' if path == 'dtensor' else ' not'} "
+                           f"applied")
+    return train(model, plan, GPT if kind == "gpt" else LLAMA)
 
 
 def plans(nodes, gpus) -> list:
@@ -190,7 +195,7 @@ def test_apply_matches_one_process(nodes, gpus, tmp_path):
     assert [p.strategy for _, p in jobs if fully_shard_plan(p)] == ["FSDP", "HSDP", "TP + FSDP"] * 2 * (nodes > 1)
     out = tmp_path / "results.pt"
     # forked before this process computes anything (its imports shared: spawning re-imports transformers 4 times)
-    mp.start_processes(_worker, args=(4, free_port(), jobs, str(out)), nprocs=4, start_method="fork")
+    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _applied, jobs), nprocs=4, start_method="fork")
     results = torch.load(out)
     refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
     assert len(results) == len(jobs)
@@ -200,20 +205,9 @@ def test_apply_matches_one_process(nodes, gpus, tmp_path):
     assert refs["llama"][0][1] != pytest.approx(refs["llama"][0][0])  # the loss moved between the steps
 
 
-def _worker_float32(rank, world, port, plan, out):
-    import torch.distributed as dist
-
+def _float32(kind, plan):
     import autotune
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        result = train(autotune.apply(plan, make_model("gpt").float()), plan, GPT)
-    except Exception as e:
-        result = f"{type(e).__name__}: {e}"
-    if rank == 0:
-        torch.save(result, out)
-    dist.destroy_process_group()
+    return train(autotune.apply(plan, make_model(kind).float()), plan, GPT)
 
 
 def test_fsdp_float32_on_gloo(tmp_path):
@@ -222,8 +216,9 @@ def test_fsdp_float32_on_gloo(tmp_path):
     and matches one process in float32."""
     plan = typed_plan(GPT, 2, 2, data_parallel(GPT), "FSDP", fsdp_axes=(0, 1))
     out = tmp_path / "result.pt"
-    mp.start_processes(_worker_float32, args=(4, free_port(), plan, str(out)), nprocs=4, start_method="fork")
-    got = torch.load(out)
+    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _float32, [("gpt", plan)]), nprocs=4,
+                       start_method="fork")
+    got = torch.load(out)[0]
     assert not isinstance(got, str), got
     (ref_losses, ref_params), (losses, params) = train(make_model("gpt").float(), plan, GPT), got
     assert np.allclose(losses, ref_losses, rtol=1e-5, atol=0), (losses, ref_losses)
@@ -259,23 +254,11 @@ def train_local(model, plan, cfg):
     return losses, parameters(getattr(model, "module", model))  # DDP's wrapped module
 
 
-def _worker_local(rank, world, port, jobs, out):
-    import torch.distributed as dist
-
+def _local(kind, plan):
+    """``apply(..., output="local")``, then ``train_local``: (the placed module's type, the result)."""
     import autotune
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = []
-    for kind, plan in jobs:
-        try:
-            model = autotune.apply(plan, make_model(kind), output="local")
-            results.append((type(model).__name__, train_local(model, plan, GPT if kind == "gpt" else LLAMA)))
-        except Exception as e:
-            results.append((None, f"{type(e).__name__}: {e}"))
-    if rank == 0:
-        torch.save(results, out)
-    dist.destroy_process_group()
+    model = autotune.apply(plan, make_model(kind), output="local")
+    return type(model).__name__, train_local(model, plan, GPT if kind == "gpt" else LLAMA)
 
 
 def test_local_output_matches_one_process(tmp_path):
@@ -289,7 +272,7 @@ def test_local_output_matches_one_process(tmp_path):
     assert len(jobs) == 8 and [data_parallel_plan(p) for _, p in jobs] == [False] * 6 + [True] * 2
     dtensor = ("llama", typed_plan(LLAMA, 2, 2, vocab_parallel(LLAMA), "vocabulary parallel"))
     out = tmp_path / "results.pt"
-    mp.start_processes(_worker_local, args=(4, free_port(), jobs + [dtensor], str(out)), nprocs=4,
+    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _local, jobs + [dtensor]), nprocs=4,
                        start_method="fork")
     results = torch.load(out)
     refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
@@ -297,4 +280,4 @@ def test_local_output_matches_one_process(tmp_path):
         assert mismatch(refs[kind], got) is None, f"{kind} {plan.strategy}: {mismatch(refs[kind], got)}"
         want = "DistributedDataParallel" if data_parallel_plan(plan) else "FSDP" + type(make_model(kind)).__name__
         assert placed == want, (plan.strategy, placed)
-    assert isinstance(results[-1][1], str) and "output='local' needs a data-parallel or FSDP plan" in results[-1][1]
+    assert isinstance(results[-1], str) and "output='local' needs a data-parallel or FSDP plan" in results[-1]

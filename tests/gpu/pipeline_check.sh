@@ -37,8 +37,10 @@ t0=$SECONDS
 status() { [ "$2" -eq 0 ] || FAILED=1; echo "== $1: exit $2 ($((SECONDS - t0)) s)"; }
 
 if [ -z "${PROFILE:-}" ]; then
+RESUME=(); [ -f "$OUT/calib/meta.json" ] && RESUME=(--resume)  # a call cut short continues its sweep
+# shellcheck disable=SC2086  # $MPI and $PY are commands with their flags
 timeout "${CALIB_TIMEOUT:-200}" $MPI $PY -m calibrate run --backend "$BACKEND" --mode "${CALIB_MODE:-graph}" --groups world \
-  -b 4K -e "${CALIB_MAX:-1G}" -f 4 --reps 5 --check $([ -f "$OUT/calib/meta.json" ] && echo --resume) --out "$OUT/calib" > "$OUT/calib.log" 2>&1
+  -b 4K -e "${CALIB_MAX:-1G}" -f 4 --reps 5 --check "${RESUME[@]}" --out "$OUT/calib" > "$OUT/calib.log" 2>&1
 status "calibrate run ($BACKEND, $NGPU ranks)" $?
 $PY -m calibrate fit "$OUT/calib" -o "$OUT/profile-comm.json" --name "this-node-x$NGPU" > "$OUT/fit.txt" 2>&1
 status "calibrate fit" $?
