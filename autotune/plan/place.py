@@ -48,7 +48,7 @@
   ``RowwiseParallel``) on the tensor-parallel axis, then ``fully_shard`` on each block and the whole model
   over the data axes ((replicate, shard) for HSDP); each rank computes its data piece of the batch, the
   logits are gathered whole (the meshes are apply's own, built from the world). With ``output="local"``
-  (these plans only) the model's call is cut to this rank's piece of the batch instead (ids, targets, labels:
+  (these plans, and pure data-parallel ones: below) the model's call is cut to this rank's piece of the batch instead (ids, targets, labels:
   every input whose first dimension is the batch), its outputs and loss are that piece's, nothing is
   gathered, and fully_shard averages the gradients: torchtitan's step, and the step the plan prices (the
   whole-batch logits and loss on every rank are not in it). A loss computed outside the model takes
