@@ -305,11 +305,11 @@ class StageSearch:
         history = self._costs.setdefault((self.signature(m, span), sub, m), {})
         modes = [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in sharding_modes(plain)]
         probs = [pr for pr in (self.problem(m, span, sub, k, mode) for mode in modes if mode != NONE) if pr.fits]
-        order = sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0])
+        order = sorted(((_lower_bound(pr), pr) for pr in probs), key=lambda x: x[0])
         if plain.fits:
             order = [(-math.inf, plain)] + order
         if any(kk < k for costs in history.values() for kk, _ in costs):
-            order = sorted(((max([bound if pr is not plain else lower_bound(pr)]
+            order = sorted(((max([bound if pr is not plain else _lower_bound(pr)]
                                  + [c for kk, c in history.get(pr.mode, []) if kk < k]), pr) for bound, pr in order),
                            key=lambda x: x[0])
         best = None
@@ -387,6 +387,12 @@ class StageSearch:
 
     def _rungs_of(self, m: int, span, sub: Cluster) -> dict:
         return self._rungs.setdefault((self.signature(m, span), sub, m), {})
+
+
+def _lower_bound(problem: StageProblem) -> float:
+    """``autotune.sbp.fit.lower_bound`` of the stage problem, made once per mode: it leaves the memory limit out,
+    so every in-flight copy of the problem (``StageProblem.in_flight``, which shares ``shared``) has the same."""
+    return problem.shared(("lower bound", problem.mode), lambda: lower_bound(problem))
 
 
 def _time(plan: StagePlan) -> float:

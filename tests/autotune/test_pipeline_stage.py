@@ -283,3 +283,24 @@ def test_a_mode_dearer_under_fewer_in_flight_is_not_searched_again(graph, profil
     plain = st.problem(m, span, sub, 2)
     b, cost, _ = search(plain)
     assert not plain.fits_plan(b) or cost >= pr.cost(a)
+
+
+def test_the_modes_lower_bound_is_made_once_for_every_inflight_count(graph, profile):
+    """``_lower_bound`` leaves the memory out: each in-flight copy's is the bound a fresh problem gives, and
+    the copies share one computation."""
+    from autotune.pipeline.search import _lower_bound
+    from autotune.sbp.fit import lower_bound
+    from autotune.sbp.memory import Mode
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub = 8, Cluster(1, 2)
+    span = stage_spans(ps.graph_for(m), [2, 2])[0]
+    for mode in (Mode(), Mode("full", (0,))):
+        one = ps.stages.problem(m, span, sub, 1, mode)
+        first = _lower_bound(one)
+        for f in (1, 3, 8):
+            pr = ps.stages.problem(m, span, sub, f, mode)
+            fresh = StageProblem(pr.graph, pr.coster, pr.device_limit, inflight=f).with_mode(mode)
+            assert _lower_bound(pr) == first == pytest.approx(lower_bound(fresh), rel=1e-12)
+        assert _lower_bound(one.in_flight(5)) is first
+    assert _lower_bound(ps.stages.problem(m, span, sub, 2, Mode("full", (0,)))) != \
+        _lower_bound(ps.stages.problem(m, span, sub, 2))
