@@ -206,7 +206,7 @@ class StageSearch:
         self._rungs: dict = {}
         self._signatures: dict = {}  # (m, span) -> the number of the slice's signature
         self._numbers: dict = {}  # signature -> its number
-        self._bounds: dict = {}  # (signature, sub, m, f) -> ``bound``, until the next rung is searched
+        self._bounds: dict = {}  # (signature, sub, m) -> f -> ``bound``, until that slice's next rung is searched
         self._costs: dict = {}  # (signature, sub, m) -> mode -> [(in flight, cost of the plan its search found)]
         self._layouts: dict = {}  # (signature, sub, m) -> ``Layout``
         self._fixed: dict = {}  # (signature, sub, m, mesh, mode) -> (Megatron's problem, its plan) or None
@@ -362,7 +362,7 @@ class StageSearch:
             else:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
             rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
-            self._bounds.clear()
+            self._bounds.pop((self.signature(m, span), sub, m), None)  # the other slices' bounds stand
         return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
 
     def bound(self, m: int, span, sub: Cluster, f: int) -> float:
@@ -370,10 +370,13 @@ class StageSearch:
         the one-in-flight rung: the plan's time where a rung's reach covers ``f`` (``plan`` would take it), else
         the largest time of the rungs searched under fewer in flight (a tighter limit cannot find a cheaper plan,
         as ``rung`` takes it)."""
-        key = (self.signature(m, span), sub, m, f)
-        if key not in self._bounds:
-            self._bounds[key] = self._bound(m, span, sub, f)
-        return self._bounds[key]
+        key = (self.signature(m, span), sub, m)
+        known = self._bounds.get(key)
+        if known is not None and f in known:
+            return known[f]
+        value = self._bound(m, span, sub, f)  # may search the slice's first rung, which drops its bounds
+        self._bounds.setdefault(key, {})[f] = value
+        return value
 
     def _bound(self, m: int, span, sub: Cluster, f: int) -> float:
         below = [r for r in self._rungs_of(m, span, sub).values() if r.first <= f]

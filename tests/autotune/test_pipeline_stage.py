@@ -304,3 +304,22 @@ def test_the_modes_lower_bound_is_made_once_for_every_inflight_count(graph, prof
         assert _lower_bound(one.in_flight(5)) is first
     assert _lower_bound(ps.stages.problem(m, span, sub, 2, Mode("full", (0,)))) != \
         _lower_bound(ps.stages.problem(m, span, sub, 2))
+
+
+def test_a_rung_searched_for_one_slice_leaves_the_other_slices_bounds(graph, profile):
+    """``StageSearch.bound``'s cache is dropped per slice: a search for one slice keeps the other's bounds,
+    and both slices' bounds are those of a search that met the slices in the other order."""
+    def search():
+        return PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub, counts = 8, Cluster(1, 2), range(1, 9)
+    ps, fresh = search(), search()
+    a, b = stage_spans(ps.graph_for(m), [2, 2])
+    first_b = [ps.stages.bound(m, b, sub, f) for f in counts]
+    rungs = len(ps.stages._rungs_of(m, a, sub))
+    ps.stages.plan(m, a, sub, 8)
+    assert len(ps.stages._rungs_of(m, a, sub)) > rungs  # a was searched ...
+    assert set(ps.stages._bounds[(ps.stages.signature(m, b), sub, m)]) == set(counts)  # ... b's bounds kept
+    fresh.stages.plan(m, a, sub, 8)
+    assert [ps.stages.bound(m, x, sub, f) for x in (a, b) for f in counts] == \
+        [fresh.stages.bound(m, x, sub, f) for x in (a, b) for f in counts]
+    assert first_b == [fresh.stages.bound(m, b, sub, f) for f in counts]
