@@ -323,3 +323,24 @@ def test_a_rung_searched_for_one_slice_leaves_the_other_slices_bounds(graph, pro
     assert [ps.stages.bound(m, x, sub, f) for x in (a, b) for f in counts] == \
         [fresh.stages.bound(m, x, sub, f) for x in (a, b) for f in counts]
     assert first_b == [fresh.stages.bound(m, b, sub, f) for f in counts]
+
+
+def test_pair_moves_of_an_inflight_copy_mask_by_its_own_memory(graph, profile):
+    """``Problem.pair_local`` keeps each problem's pair memory (``_pair_memory``): a copy under more micro-batches
+    in flight, made after the first problem's pair moves, masks the pairs its own memory puts over the limit."""
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub = 8, Cluster(1, 2)
+    span = stage_spans(ps.graph_for(m), [2, 2])[0]
+    one = ps.stages.problem(m, span, sub, 1)
+    a = one.min_memory_assignment()
+    masked = []
+    for pr in (one, one.in_flight(6), one.in_flight(6).in_flight(2)):
+        for u, v in pr.pairs:
+            rest = pr.memory_of(a) - pr.mem[u][a[u]] - pr.mem[v][a[v]]
+            over = np.add.outer(pr.mem[u], pr.mem[v]) > pr.memory_limit - rest
+            got = pr.pair_local(a, u, v)
+            assert np.array_equal(np.isinf(got) & over, over)
+            assert np.isfinite(got[~over]).all()
+            masked.append(int(over.sum()))
+    n = len(one.pairs)
+    assert sum(masked[n:2 * n]) > sum(masked[:n])  # six in flight: more pairs over the limit
