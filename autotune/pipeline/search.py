@@ -448,14 +448,16 @@ class PipelineSearch:
         bl = blocks(g)
         lo, hi = window(self.nblocks, p, width)
 
+        counts = [inflight(self.schedule, i, p, m) for i in range(p)]  # once: the DP asks for bounds many times
+
         def span(i, b, k):
             return 0 if i == 0 else bl[b][0], len(g.chain) if i == p - 1 else bl[b + k - 1][1]
 
         def t(i, b, k):
-            return _time(self.stages.plan(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m)))
+            return _time(self.stages.plan(m, span(i, b, k), c.sub, counts[i]))
 
         def lower(i, b, k):
-            return self.stages.bound(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m))
+            return self.stages.bound(m, span(i, b, k), c.sub, counts[i])
 
         found = best_split(self.nblocks, p, t, m, lo, hi, lower, cutoff)
         if found is None:
