@@ -4,10 +4,13 @@ and submesh under the memory its schedule keeps in flight.
 
 Candidates (``stage_choices``): p stages of whole nodes (p divides the node count) or of a slice of one
 node (p = nodes x q, q dividing the GPUs per node), 2 <= p <= blocks. Micro-batch counts m: divisors
-of the batch with p <= m <= 8p (each stage must have a micro-batch to run in 1F1B's steady state),
-those whose micro-batch splits over the stage's nodes first, the largest first (a smaller micro-batch
-shrinks the bubble (p - 1) / m); the first ``micro_batch_choices`` whose stages can be laid out on the
-submesh (a micro-batch too small to split over it has no strategy for some layer) are tried.
+of the batch with p <= m <= 8p, and where none of these splits its micro-batch over the stage's nodes, those
+from p / 2 that do (``fewest``; fewer than p run as Megatron's 1F1B runs them, stage i min(p - i, m)
+forwards before its first backward, with a bubble of (p - 1) / m: where the batch is small against the
+data-parallel group, the only counts whose micro-batch splits over the nodes); those whose micro-batch
+splits over the stage's nodes first, the largest first (a smaller micro-batch shrinks the bubble
+(p - 1) / m); the first ``micro_batch_choices`` whose stages can be laid out on the submesh (a micro-batch
+too small to split over it has no strategy for some layer) are tried.
 
 The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
 go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
@@ -128,11 +131,24 @@ def stage_choices(graph: LayerGraph, cluster: Cluster, stages: str | int,
     return out if len(out) >= 2 else sorted(feasible, key=lambda x: x[1].devices)[:2]
 
 
+def fewest(stages: int) -> int:
+    """The fewest micro-batches the search gives p stages: p / 2 (rounded up). Fewer than p run (Megatron's
+    1F1B order, ``autotune.plan.stages``), at a bubble of (p - 1) / m; below p / 2 it exceeds the work of
+    two steps' micro-batches."""
+    return -(-stages // 2)
+
+
 def micro_batch_choices(graph: LayerGraph, stages: int, sub: Cluster, count: int) -> list[int]:
-    """Up to ``count`` (0: all) micro-batch counts m, p <= m <= 8p dividing the batch: first those whose micro-batch
-    splits over the stage's nodes (data parallel across nodes, Megatron's way), the largest first."""
+    """Up to ``count`` (0: all) micro-batch counts m, p <= m <= 8p dividing the batch, and where none of these
+    splits its micro-batch over the stage's nodes (data parallel across nodes, Megatron's way) those from
+    ``fewest(p)`` below p that do (each count is another set of stage searches: only where the counts from p
+    leave data parallelism across nodes out); those that split first, the largest first."""
+    def splits(m):
+        return (graph.batch // m) % sub.nodes == 0
     ms = [m for m in range(stages, 8 * stages + 1) if graph.batch % m == 0]
-    ms.sort(key=lambda m: ((graph.batch // m) % sub.nodes == 0, m), reverse=True)
+    if not any(splits(m) for m in ms):
+        ms += [m for m in range(fewest(stages), stages) if graph.batch % m == 0 and splits(m)]
+    ms.sort(key=lambda m: (splits(m), m), reverse=True)
     return ms[:count] if count else ms
 
 
@@ -559,12 +575,13 @@ def parse_stages(text: str) -> str | int:
 
 def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str) -> None:
     """Bad input found before any work: a schedule that does not exist, more stages than blocks or
-    devices, a submesh that does not divide the cluster, fewer micro-batches than stages."""
+    devices, a submesh that does not divide the cluster, too few micro-batches (``micro_batch_choices``)."""
     schedule_name(schedule)
     if stages in ("auto", "off"):
         return
     [(p, sub)] = stage_choices(graph, cluster, stages)
-    if not micro_batch_choices(graph, p, sub, 0):  # GPipe could run fewer, but every stage would idle
-        raise OptionError("stages", f"{p} stages need at least {p} micro-batches for {schedule} but the batch "
-                                    f"{graph.batch} has no micro-batch count from {p} to {8 * p}: use fewer "
-                                    f"stages or a batch with such a divisor")
+    if not micro_batch_choices(graph, p, sub, 0):
+        raise OptionError("stages", f"{p} stages need at least {p} micro-batches for {schedule}, or {fewest(p)} "
+                                    f"whose micro-batch splits over a stage's {sub.nodes} node(s), but the batch "
+                                    f"{graph.batch} has no such micro-batch count up to {8 * p}: use fewer stages "
+                                    f"or a batch with such a divisor")
