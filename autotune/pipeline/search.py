@@ -4,10 +4,13 @@ and submesh under the memory its schedule keeps in flight.
 
 Candidates (``stage_choices``): p stages of whole nodes (p divides the node count) or of a slice of one
 node (p = nodes x q, q dividing the GPUs per node), 2 <= p <= blocks. Micro-batch counts m: divisors
-of the batch with p <= m <= 8p (each stage must have a micro-batch to run in 1F1B's steady state),
-those whose micro-batch splits over the stage's nodes first, the largest first (a smaller micro-batch
-shrinks the bubble (p - 1) / m); the first ``micro_batch_choices`` whose stages can be laid out on the
-submesh (a micro-batch too small to split over it has no strategy for some layer) are tried.
+of the batch with p <= m <= 8p, and where none of these splits its micro-batch over the stage's nodes, those
+from p / 2 that do (``fewest``; fewer than p run as Megatron's 1F1B runs them, stage i min(p - i, m)
+forwards before its first backward, with a bubble of (p - 1) / m: where the batch is small against the
+data-parallel group, the only counts whose micro-batch splits over the nodes); those whose micro-batch
+splits over the stage's nodes first, the largest first (a smaller micro-batch shrinks the bubble
+(p - 1) / m); the first ``micro_batch_choices`` whose stages can be laid out on the submesh (a micro-batch
+too small to split over it has no strategy for some layer) are tried.
 
 The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
 go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
@@ -128,11 +131,24 @@ def stage_choices(graph: LayerGraph, cluster: Cluster, stages: str | int,
     return out if len(out) >= 2 else sorted(feasible, key=lambda x: x[1].devices)[:2]
 
 
+def fewest(stages: int) -> int:
+    """The fewest micro-batches the search gives p stages: p / 2 (rounded up). Fewer than p run (Megatron's
+    1F1B order, ``autotune.plan.stages``), at a bubble of (p - 1) / m of the compute; below p / 2 the bubble is
+    about twice the compute or more."""
+    return -(-stages // 2)
+
+
 def micro_batch_choices(graph: LayerGraph, stages: int, sub: Cluster, count: int) -> list[int]:
-    """Up to ``count`` (0: all) micro-batch counts m, p <= m <= 8p dividing the batch: first those whose micro-batch
-    splits over the stage's nodes (data parallel across nodes, Megatron's way), the largest first."""
+    """Up to ``count`` (0: all) micro-batch counts m, p <= m <= 8p dividing the batch, and where none of these
+    splits its micro-batch over the stage's nodes (data parallel across nodes, Megatron's way) those from
+    ``fewest(p)`` below p that do (each count is another set of stage searches: only where the counts from p
+    leave data parallelism across nodes out); those that split first, the largest first."""
+    def splits(m):
+        return (graph.batch // m) % sub.nodes == 0
     ms = [m for m in range(stages, 8 * stages + 1) if graph.batch % m == 0]
-    ms.sort(key=lambda m: ((graph.batch // m) % sub.nodes == 0, m), reverse=True)
+    if not any(splits(m) for m in ms):
+        ms += [m for m in range(fewest(stages), stages) if graph.batch % m == 0 and splits(m)]
+    ms.sort(key=lambda m: (splits(m), m), reverse=True)
     return ms[:count] if count else ms
 
 
@@ -206,7 +222,7 @@ class StageSearch:
         self._rungs: dict = {}
         self._signatures: dict = {}  # (m, span) -> the number of the slice's signature
         self._numbers: dict = {}  # signature -> its number
-        self._bounds: dict = {}  # (signature, sub, m, f) -> ``bound``, until the next rung is searched
+        self._bounds: dict = {}  # (signature, sub, m) -> f -> ``bound``, until that slice's next rung is searched
         self._costs: dict = {}  # (signature, sub, m) -> mode -> [(in flight, cost of the plan its search found)]
         self._layouts: dict = {}  # (signature, sub, m) -> ``Layout``
         self._fixed: dict = {}  # (signature, sub, m, mesh, mode) -> (Megatron's problem, its plan) or None
@@ -305,11 +321,11 @@ class StageSearch:
         history = self._costs.setdefault((self.signature(m, span), sub, m), {})
         modes = [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in sharding_modes(plain)]
         probs = [pr for pr in (self.problem(m, span, sub, k, mode) for mode in modes if mode != NONE) if pr.fits]
-        order = sorted(((lower_bound(pr), pr) for pr in probs), key=lambda x: x[0])
+        order = sorted(((_lower_bound(pr), pr) for pr in probs), key=lambda x: x[0])
         if plain.fits:
             order = [(-math.inf, plain)] + order
         if any(kk < k for costs in history.values() for kk, _ in costs):
-            order = sorted(((max([bound if pr is not plain else lower_bound(pr)]
+            order = sorted(((max([bound if pr is not plain else _lower_bound(pr)]
                                  + [c for kk, c in history.get(pr.mode, []) if kk < k]), pr) for bound, pr in order),
                            key=lambda x: x[0])
         best = None
@@ -362,7 +378,7 @@ class StageSearch:
             else:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
             rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
-            self._bounds.clear()
+            self._bounds.pop((self.signature(m, span), sub, m), None)  # the other slices' bounds stand
         return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
 
     def bound(self, m: int, span, sub: Cluster, f: int) -> float:
@@ -370,10 +386,13 @@ class StageSearch:
         the one-in-flight rung: the plan's time where a rung's reach covers ``f`` (``plan`` would take it), else
         the largest time of the rungs searched under fewer in flight (a tighter limit cannot find a cheaper plan,
         as ``rung`` takes it)."""
-        key = (self.signature(m, span), sub, m, f)
-        if key not in self._bounds:
-            self._bounds[key] = self._bound(m, span, sub, f)
-        return self._bounds[key]
+        key = (self.signature(m, span), sub, m)
+        known = self._bounds.get(key)
+        if known is not None and f in known:
+            return known[f]
+        value = self._bound(m, span, sub, f)  # may search the slice's first rung, which drops its bounds
+        self._bounds.setdefault(key, {})[f] = value
+        return value
 
     def _bound(self, m: int, span, sub: Cluster, f: int) -> float:
         below = [r for r in self._rungs_of(m, span, sub).values() if r.first <= f]
@@ -387,6 +406,12 @@ class StageSearch:
 
     def _rungs_of(self, m: int, span, sub: Cluster) -> dict:
         return self._rungs.setdefault((self.signature(m, span), sub, m), {})
+
+
+def _lower_bound(problem: StageProblem) -> float:
+    """``autotune.sbp.fit.lower_bound`` of the stage problem, made once per mode: it leaves the memory limit out,
+    so every in-flight copy of the problem (``StageProblem.in_flight``, which shares ``shared``) has the same."""
+    return problem.shared(("lower bound", problem.mode), lambda: lower_bound(problem))
 
 
 def _time(plan: StagePlan) -> float:
@@ -439,14 +464,16 @@ class PipelineSearch:
         bl = blocks(g)
         lo, hi = window(self.nblocks, p, width)
 
+        counts = [inflight(self.schedule, i, p, m) for i in range(p)]  # once: the DP asks for bounds many times
+
         def span(i, b, k):
             return 0 if i == 0 else bl[b][0], len(g.chain) if i == p - 1 else bl[b + k - 1][1]
 
         def t(i, b, k):
-            return _time(self.stages.plan(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m)))
+            return _time(self.stages.plan(m, span(i, b, k), c.sub, counts[i]))
 
         def lower(i, b, k):
-            return self.stages.bound(m, span(i, b, k), c.sub, inflight(self.schedule, i, p, m))
+            return self.stages.bound(m, span(i, b, k), c.sub, counts[i])
 
         found = best_split(self.nblocks, p, t, m, lo, hi, lower, cutoff)
         if found is None:
@@ -548,12 +575,13 @@ def parse_stages(text: str) -> str | int:
 
 def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str) -> None:
     """Bad input found before any work: a schedule that does not exist, more stages than blocks or
-    devices, a submesh that does not divide the cluster, fewer micro-batches than stages."""
+    devices, a submesh that does not divide the cluster, too few micro-batches (``micro_batch_choices``)."""
     schedule_name(schedule)
     if stages in ("auto", "off"):
         return
     [(p, sub)] = stage_choices(graph, cluster, stages)
-    if not micro_batch_choices(graph, p, sub, 0):  # GPipe could run fewer, but every stage would idle
-        raise OptionError("stages", f"{p} stages need at least {p} micro-batches for {schedule} but the batch "
-                                    f"{graph.batch} has no micro-batch count from {p} to {8 * p}: use fewer "
-                                    f"stages or a batch with such a divisor")
+    if not micro_batch_choices(graph, p, sub, 0):
+        raise OptionError("stages", f"{p} stages need at least {p} micro-batches for {schedule}, or {fewest(p)} "
+                                    f"whose micro-batch splits over a stage's {sub.nodes} node(s), but the batch "
+                                    f"{graph.batch} has no such micro-batch count up to {8 * p}: use fewer stages "
+                                    f"or a batch with such a divisor")

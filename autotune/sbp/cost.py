@@ -600,9 +600,16 @@ class Problem:
             out = out - self.tied_saved_pair(assign, u, v)
         if self.memory_limit is not None:
             rest_mem = self.memory_of(assign) - self.mem[u][assign[u]] - self.mem[v][assign[v]]
-            over = np.add.outer(self.mem[u], self.mem[v]) > self.memory_limit - rest_mem
-            out[over] = math.inf
+            np.putmask(out, self._pair_memory(u, v) > self.memory_limit - rest_mem, math.inf)
         return out
+
+    def _pair_memory(self, u: int, v: int) -> np.ndarray:
+        """The memory of every pair of choices of layers u and v, made once per problem (``derived``: its copies,
+        whose memory may differ, start without it)."""
+        key = ("pair memory", u, v)
+        if key not in self.derived:
+            self.derived[key] = np.add.outer(self.mem[u], self.mem[v])
+        return self.derived[key]
 
     def memory_mask(self, assign, v: int) -> np.ndarray | None:
         """Which choices of layer v keep the plan within the memory limit (None: no limit)."""

@@ -286,11 +286,20 @@ class CoordinateDescent(Search):
                     seeds.append(fixed[1])
         return sorted(seeds + given, key=problem.cost) or [problem.min_memory_assignment()], rel
 
-    def _descend(self, problem, cur, total, clock, pairs) -> tuple[float, str | None]:
+    def _descend(self, problem, cur, total, clock, pairs, ends: dict | None = None) -> tuple[float, str | None]:
         """Line searches from ``cur`` (changed in place) to a fixed point: (its running cost, what stopped
-        the search if the budget did)."""
+        the search if the budget did). ``ends``: the plan each sweep of an earlier descent on this problem
+        started from -> the fixed point that descent ended at, kept between calls. A descent is a function of
+        the plan its sweep starts from, so one that reaches such a plan ends at that fixed point without
+        sweeping again (restarts mostly descend back to the best plan, whose pair searches then run once)."""
+        starts: list[tuple] = []
         changed = True
         while changed:
+            here = tuple(cur)
+            if ends is not None and here in ends:
+                cur[:] = ends[here]
+                break
+            starts.append(here)
             changed = False
             for v in range(len(cur)):
                 loc = problem.local(cur, v)
@@ -323,6 +332,9 @@ class CoordinateDescent(Search):
                     return total, reason
                 if changed:
                     break
+        if ends is not None:
+            end = tuple(cur)
+            ends.update((x, end) for x in starts)
         return total, None
 
     def run(self, problem, budget, rng, start=None):
@@ -335,6 +347,7 @@ class CoordinateDescent(Search):
         reason = None
         restarts = stale = 0
         solved: dict = {}  # the cap descents' programs (capsearch.cap_descent's memo)
+        ends: dict = {}  # the descents' sweep starts -> their fixed points (``_descend``)
         while reason is None:
             deep = caps and restarts == first_starts - 1
             cur = (list(best) if best is not None else problem.min_memory_assignment()) if deep else seeds.pop(0)
@@ -347,12 +360,12 @@ class CoordinateDescent(Search):
                                              self.POLISH_UP if deep else UP, solved)
                 cur[:] = plan
                 before_lines = total
-                total, reason = self._descend(problem, cur, total, clock, pairs)
+                total, reason = self._descend(problem, cur, total, clock, pairs, ends)
                 total = problem.cost(cur)
                 if reason is not None or total >= before_lines * (1 - self.TOL):
                     break
             else:
-                total, reason = self._descend(problem, cur, total, clock, pairs)
+                total, reason = self._descend(problem, cur, total, clock, pairs, ends)
             cost = problem.cost(cur)
             if cost < best_cost:
                 best, best_cost = list(cur), cost

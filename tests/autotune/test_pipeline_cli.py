@@ -62,9 +62,29 @@ def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
     (["--pipeline", "5"], "5 stages for 4 blocks"),
     (["--pipeline", "3"], "do not divide the cluster"),
     (["--schedule", "zb"], "not a pipeline schedule"),
-    (["--pipeline", "4", "--batch", "2", "--micro-batch", "1"], "need at least 4 micro-batches"),
+    (["--pipeline", "4", "--batch", "1", "--micro-batch", "1"], "need at least 4 micro-batches for 1f1b, or 2"),
 ])
 def test_bad_pipeline_input_is_one_line(args, msg, capsys):
     assert autotune_main(SMALL + args + ["--out", "/tmp/unused-autotune-out"]) == 2
     err = capsys.readouterr().err.strip()
     assert msg in err and "\n" not in err
+
+
+def test_fewer_micro_batches_than_stages_where_no_count_from_p_splits(tmp_path):
+    """4 stages of one GPU and a batch of 2: no count from 4 divides it, 2 (from p / 2, splitting over the stage's
+    one node) does: the stage search plans 2 micro-batches on 4 stages, stage i keeping min(p - i, m) in flight."""
+    from autotune.pipeline.search import micro_batch_choices
+    from models import load_model
+    from autotune.sbp.mesh import Cluster
+    g = load_model("gpt", "gpt3-1.3b", {"layers": 4, "hidden": 256, "heads": 4, "sequence": 128, "vocabulary": 1024,
+                                        "batch": 48, "micro_batch": 4})
+    assert micro_batch_choices(g, 8, Cluster(4, 1), 0) == [12, 48, 24, 16, 8]  # 12 splits over 4 nodes: none below 8
+    assert micro_batch_choices(g, 16, Cluster(4, 1), 0) == [12, 48, 24, 16]  # none from 16 splits: 12 (>= 8) added
+    assert micro_batch_choices(g, 16, Cluster(4, 1), 2) == [12, 48]
+    args = list(SMALL)
+    args[args.index("--batch") + 1], args[args.index("--micro-batch") + 1] = "2", "1"
+    assert autotune_main(args + ["--pipeline", "4", "--out", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "plan.json").read_text())
+    p = next(p for p in [d["best"]] + d["baselines"] if p["strategy"].startswith("pipelined"))
+    assert p["pipeline"]["stages"] == 4 and p["micro_batches"] == 2
+    assert [s["inflight"] for s in p["stages"]] == [2, 2, 2, 1]

@@ -283,3 +283,64 @@ def test_a_mode_dearer_under_fewer_in_flight_is_not_searched_again(graph, profil
     plain = st.problem(m, span, sub, 2)
     b, cost, _ = search(plain)
     assert not plain.fits_plan(b) or cost >= pr.cost(a)
+
+
+def test_the_modes_lower_bound_is_made_once_for_every_inflight_count(graph, profile):
+    """``_lower_bound`` leaves the memory out: each in-flight copy's is the bound a fresh problem gives, and
+    the copies share one computation."""
+    from autotune.pipeline.search import _lower_bound
+    from autotune.sbp.fit import lower_bound
+    from autotune.sbp.memory import Mode
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub = 8, Cluster(1, 2)
+    span = stage_spans(ps.graph_for(m), [2, 2])[0]
+    for mode in (Mode(), Mode("full", (0,))):
+        one = ps.stages.problem(m, span, sub, 1, mode)
+        first = _lower_bound(one)
+        for f in (1, 3, 8):
+            pr = ps.stages.problem(m, span, sub, f, mode)
+            fresh = StageProblem(pr.graph, pr.coster, pr.device_limit, inflight=f).with_mode(mode)
+            assert _lower_bound(pr) == first == pytest.approx(lower_bound(fresh), rel=1e-12)
+        assert _lower_bound(one.in_flight(5)) is first
+    assert _lower_bound(ps.stages.problem(m, span, sub, 2, Mode("full", (0,)))) != \
+        _lower_bound(ps.stages.problem(m, span, sub, 2))
+
+
+def test_a_rung_searched_for_one_slice_leaves_the_other_slices_bounds(graph, profile):
+    """``StageSearch.bound``'s cache is dropped per slice: a search for one slice keeps the other's bounds,
+    and both slices' bounds are those of a search that met the slices in the other order."""
+    def search():
+        return PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub, counts = 8, Cluster(1, 2), range(1, 9)
+    ps, fresh = search(), search()
+    a, b = stage_spans(ps.graph_for(m), [2, 2])
+    first_b = [ps.stages.bound(m, b, sub, f) for f in counts]
+    rungs = len(ps.stages._rungs_of(m, a, sub))
+    ps.stages.plan(m, a, sub, 8)
+    assert len(ps.stages._rungs_of(m, a, sub)) > rungs  # a was searched ...
+    assert set(ps.stages._bounds[(ps.stages.signature(m, b), sub, m)]) == set(counts)  # ... b's bounds kept
+    fresh.stages.plan(m, a, sub, 8)
+    assert [ps.stages.bound(m, x, sub, f) for x in (a, b) for f in counts] == \
+        [fresh.stages.bound(m, x, sub, f) for x in (a, b) for f in counts]
+    assert first_b == [fresh.stages.bound(m, b, sub, f) for f in counts]
+
+
+def test_pair_moves_of_an_inflight_copy_mask_by_its_own_memory(graph, profile):
+    """``Problem.pair_local`` keeps each problem's pair memory (``_pair_memory``): a copy under more micro-batches
+    in flight, made after the first problem's pair moves, masks the pairs its own memory puts over the limit."""
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub = 8, Cluster(1, 2)
+    span = stage_spans(ps.graph_for(m), [2, 2])[0]
+    one = ps.stages.problem(m, span, sub, 1)
+    a = one.min_memory_assignment()
+    masked = []
+    for pr in (one, one.in_flight(6), one.in_flight(6).in_flight(2)):
+        for u, v in pr.pairs:
+            rest = pr.memory_of(a) - pr.mem[u][a[u]] - pr.mem[v][a[v]]
+            over = np.add.outer(pr.mem[u], pr.mem[v]) > pr.memory_limit - rest
+            got = pr.pair_local(a, u, v)
+            assert np.array_equal(np.isinf(got) & over, over)
+            assert np.isfinite(got[~over]).all()
+            masked.append(int(over.sum()))
+    n = len(one.pairs)
+    assert sum(masked[n:2 * n]) > sum(masked[:n])  # six in flight: more pairs over the limit

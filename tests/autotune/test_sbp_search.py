@@ -110,3 +110,31 @@ def test_joint_moves_escape_the_mlp_local_minimum():
         search.relaxation = False  # the line searches on their own, not started at the optimum
         r = search.run(pr, Budget(steps=30), np.random.default_rng(0))
         assert r.cost == pytest.approx(opt, rel=1e-9), name
+
+
+def test_descents_that_reach_a_known_sweep_start_end_at_that_descents_fixed_point(problem):
+    # the restarts' memo (``CoordinateDescent._descend``'s ``ends``): a descent is a function of the plan its
+    # sweep starts from, so one that meets a sweep start of an earlier descent ends where that one ended
+    from autotune.sbp.searchbase import Clock
+    least = problem.min_memory
+    full = Problem(problem.graph, problem.coster, least + 0.3 * (sum(m.max() for m in problem.mem) - least))
+    cd = make_search("cd")
+    for pr in (problem, full):
+        pairs = pr.pairs if pr.tables.precomputed else []
+        clock = Clock(Budget(), None, "cd")
+        rng = np.random.default_rng(3)
+        starts = [pr.random_assignment(rng) for _ in range(40)]
+        ends: dict = {}
+        fresh = []
+        for start in starts:
+            a, b = list(start), list(start)
+            cd._descend(pr, a, pr.cost(a), clock, pairs)
+            cd._descend(pr, b, pr.cost(b), clock, pairs, ends)
+            assert a == b
+            fresh.append(a)
+        assert all(tuple(s) in ends for s in starts)
+        for start, end in zip(starts, fresh):  # every start now known: the memo alone answers
+            again = list(start)
+            cd._descend(pr, again, pr.cost(again), clock, pairs, ends)
+            assert again == end and ends[tuple(start)] == tuple(end)
+        assert len({tuple(e) for e in fresh}) < len(fresh)  # descents met: the memo had something to answer
