@@ -35,11 +35,19 @@ def test_results_directory(calibration):
 
 
 def test_profile_predicts_the_measured_group(calibration):
+    """At every measured size the profile's allreduce of the world group lies within what was measured there or at
+    a neighbouring size (its segments join neighbouring medians). Not that the time grows with the size: on CI's
+    2 cores the 4 ranks' 1-16 KiB allreduces take one, two or four of the scheduler's 4 ms ticks per 3 calls,
+    whatever the size (reports/records/integration.md, 2026-11-27, session 11)."""
     profile = Profile.load(calibration.profile)
     group = Group(ranks=RANKS, nodes=1)
-    times = [profile.time(Collective.ALLREDUCE, n, group) for n in (1024, 4096, 16384)]
-    assert all(t > 0 for t in times)
-    assert times[0] <= times[2], "a fitted alpha-beta time must not fall with the size"
+    stats = pd.read_csv(calibration.results / "stats.csv")
+    world = stats[(stats["collective"] == "allreduce") & (stats["ranks"] == RANKS)].sort_values("bytes")
+    lo, hi, sizes = list(world["min_s"]), list(world["max_s"]), list(world["bytes"])
+    for i, n in enumerate(sizes):
+        t = profile.time(Collective.ALLREDUCE, int(n), group)
+        near = slice(max(i - 1, 0), i + 2)
+        assert min(lo[near]) <= t <= max(hi[near]), (n, t, lo[near], hi[near])
     data = json.loads(calibration.profile.read_text())
     assert data["kind"] == "commtune.profile"
     assert Profile.from_dict(Profile.load(calibration.profile).to_dict()).to_dict() == profile.to_dict()
