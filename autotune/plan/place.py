@@ -701,16 +701,13 @@ def placement_path(plan, model, mapping: dict | None = None, output: str = "whol
     return "fully_shard"
 
 
-def _data_piece(module, args, kwargs, *, rank: int, world: int, where: str):
+def _data_piece(module, args, kwargs, *, split: DataSplit, where: str):
     """The rank's piece of the whole batch (token ids) that every rank feeds; tensors without a batch
     dimension (position ids) pass whole."""
     x = args[0]
     if x.dim() < 2:
         return None
-    if x.shape[0] % world:
-        raise UserError(f"{where}: a micro-batch of {x.shape[0]} does not split over the plan's {world} data-parallel "
-                        f"devices: use a micro-batch that {world} divides")
-    return (x.chunk(world)[rank],) + args[1:], kwargs
+    return (split.piece(x, where),) + args[1:], kwargs
 
 
 @dataclass(frozen=True)
@@ -722,9 +719,14 @@ class DataSplit:
 
     def piece(self, t, where: str):
         if t.shape[0] % self.world:
-            raise UserError(f"{where}: a batch of {t.shape[0]} does not split over the plan's {self.world} "
-                            f"data-parallel devices: use a (micro-)batch that {self.world} divides")
+            raise UserError(f"{where}: a micro-batch of {t.shape[0]} does not split over the plan's {self.world} "
+                            f"data-parallel devices: use a micro-batch that {self.world} divides")
         return t.chunk(self.world)[self.rank]
+
+    def cut_calls(self, model) -> None:
+        """``model``'s calls cut to this piece (``_local_batch``), and ``data_piece`` told which piece it is."""
+        model._autotune_data_split = self
+        model.register_forward_pre_hook(functools.partial(_local_batch, split=self), with_kwargs=True, prepend=True)
 
 
 def _batch_of(args, kwargs) -> int | None:
@@ -799,14 +801,13 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
             unit.set_force_sum_reduction_for_comms(True)
     coords = [world_mesh.get_local_rank(k) for k in data]
     rank = coords[0] * shard + coords[1] if len(coords) == 2 else coords[0]
+    split = DataSplit(rank, replicate * shard)
     if output == "local":
-        split = DataSplit(rank, replicate * shard)
-        model._autotune_data_split = split
-        model.register_forward_pre_hook(functools.partial(_local_batch, split=split), with_kwargs=True, prepend=True)
+        split.cut_calls(model)
         return
     for name, module in next(s for s in chain if s.modules).modules:
-        module.register_forward_pre_hook(functools.partial(_data_piece, rank=rank, world=replicate * shard,
-                                                           where=name), with_kwargs=True, prepend=True)
+        module.register_forward_pre_hook(functools.partial(_data_piece, split=split, where=name), with_kwargs=True,
+                                         prepend=True)
     last = [m for site in chain for _, m in site.modules][-1]
     last.register_forward_hook(functools.partial(_whole_batch, mesh=mesh))
 
@@ -819,7 +820,7 @@ def _ddp(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str)
     from torch.nn.parallel import DistributedDataParallel
     _recompute(model, chain, prefixes, plan.recompute)
     split = DataSplit(dist.get_rank(), plan.world)
-    model.register_forward_pre_hook(functools.partial(_local_batch, split=split), with_kwargs=True, prepend=True)
+    split.cut_calls(model)
     ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None)
     ddp._autotune_data_split = split
     return ddp

@@ -142,10 +142,10 @@ def _check_resources(args, world, colls, sizes, backend_name, hosts, say) -> boo
     affinities = world.allgather((here, run_limits.cores()))
     ncores = run_limits.host_cores(a for h, a in affinities if h == here)
     warning = run_limits.oversubscription_warning(sharing, ncores, here)
-    warnings = [w for w in world.allgather(warning) if w]
+    warnings = [w for w in world.allgather(warning) if w]  # a rank warns where its host has more ranks than cores
     if warnings:
         say(warnings[0], file=sys.stderr)
-    return any(world.allgather(sharing > ncores))
+    return bool(warnings)
 
 
 def run(args, world, random_sizes: dict[str, list[int]] | None = None) -> int:
