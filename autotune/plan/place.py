@@ -816,12 +816,15 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
 def _ddp(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str):
     """A pure data-parallel plan as users run it: the model's call cut to this rank's piece of the batch
     (``_local_batch``), recomputation as planned, then ``DistributedDataParallel`` (its gradients averaged,
-    all-reduced in buckets during the backward); returns the DDP module."""
+    all-reduced in buckets during the backward, each gradient a view into its bucket: one copy of the
+    gradients, as the plan's memory counts them; DDP's default keeps a second one in its buckets, 4 bytes a
+    parameter more); returns the DDP module."""
     from torch.nn.parallel import DistributedDataParallel
     _recompute(model, chain, prefixes, plan.recompute)
     split = DataSplit(dist.get_rank(), plan.world)
     split.cut_calls(model)
-    ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None)
+    ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None,
+                                  gradient_as_bucket_view=True)
     ddp._autotune_data_split = split
     return ddp
 
