@@ -195,7 +195,7 @@ def srun(slurm: MultiNodeSlurm, nodes: int, argv: list[str], cwd: Path, timeout:
 
 
 # the layer whose plans are replayed: a hidden size of 512 puts the plans' traffic between the nodes at 256 KiB - 2 MiB a
-# collective (35-280 ms at 60 Mbit/s; validate about 35 s of calls), where the link's time dominates the scheduler's
+# collective (35-280 ms at 60 Mbit/s; validate 60-70 s at load 7), where the link's time dominates the scheduler's
 # ticks; at hidden 256 the searched plan was 0.26 s, a fifth of it 1-64 KiB allreduces whose time is ticks
 # (reports/records/integration.md, 2026-11-27, sessions 10 and 12)
 LAYER = {"hidden": 512, "heads": 8, "sequence": 128, "vocabulary": 2048}
@@ -206,12 +206,13 @@ def test_plans_across_nodes_cost_as_predicted(slurm, calibrated, tmp_path):
     Spearman >= 0.9, every plan's communication time within 25% of the prediction. The profile's inter groups
     were measured 2 at once (one per rank of a node) and the plans' node-axis steps run 2 at once: priced as
     measured, not shared twice (``groups_per_node``); each node's shared-memory groups timed alone
-    (--nodes-share-cores) and batches of at least MIN_BATCH_MS, as in the calibration."""
+    (--nodes-share-cores), 3 batches of at least MIN_BATCH_MS a collective, as in the calibration."""
     _, results, _, _ = calibrated
     layer = [a for k, v in LAYER.items() for a in (f"--{k}", str(v))]
     r = srun(slurm, NODES, ["autotune", "validate", "--backend", "mpi", "--nodes", str(NODES), "--gpus-per-node",
                             str(PER_NODE), "--profile", str(results / "profile.json"), "--plans", "12", *layer,
-                            "--iters", "1", "--warmup", "1", "--min-batch-ms", MIN_BATCH_MS, "--nodes-share-cores",
+                            "--iters", "1", "--warmup", "1", "--reps", "3", "--min-batch-ms", MIN_BATCH_MS,
+                            "--nodes-share-cores",
                             "--out", str(tmp_path)], tmp_path)
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{slurm.logs()}"
     print(r.stdout)
