@@ -195,7 +195,7 @@ def srun(slurm: MultiNodeSlurm, nodes: int, argv: list[str], cwd: Path, timeout:
 
 
 # the layer whose plans are replayed: a hidden size of 512 puts the plans' traffic between the nodes at 256 KiB - 2 MiB a
-# collective (35-280 ms at 60 Mbit/s; validate 60-70 s at load 7), where the link's time dominates the scheduler's
+# collective (35-280 ms at 60 Mbit/s; validate 36-70 s at load 4-7), where the link's time dominates the scheduler's
 # ticks; at hidden 256 the searched plan was 0.26 s, a fifth of it 1-64 KiB allreduces whose time is ticks
 # (reports/records/integration.md, 2026-11-27, sessions 10 and 12)
 LAYER = {"hidden": 512, "heads": 8, "sequence": 128, "vocabulary": 2048}
