@@ -49,7 +49,8 @@ STEP_TIMEOUT_S = 120
 # link's rate
 MPI_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "UCX_RNDV_THRESH": "128M"}
 # bandwidth dominates from 512 KiB at these rates (alpha ~1 ms, 512 KiB ~ 70 ms); each size timed in
-# 3 batches of one call after one warm-up call (the median of 3): few bytes through the slow link
+# 3 batches after one warm-up call (the median of 3), a batch one call from 20 ms a call up: few bytes through the
+# slow link
 # The nodes share this machine's cores: each node's intra group is timed alone, the other ranks asleep
 # (--nodes-share-cores); both nodes' shared-memory groups at once took 16-64 ms for what takes 3 us alone
 # (every rank's busy wait taking turns with the others' at the scheduler's tick); in the groups across nodes a
