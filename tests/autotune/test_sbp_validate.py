@@ -33,11 +33,12 @@ def test_validate_on_two_nodes_sharing_cores_times_every_group_and_splits_by_tie
     cmd = [exe, "-n", "4", sys.executable, "-m", "autotune", "validate", "--backend", "mpi", "--profile", "gcp-a100",
            "--nodes", "2", "--gpus-per-node", "2", "--nodes-share-cores", "--hidden", "128", "--heads", "4",
            "--sequence", "64", "--vocabulary", "512", "--batch", "8", "--micro-batch", "8", "--iters", "1",
-           "--warmup", "1", "--plans", "4", "--out", str(tmp_path)]
+           "--warmup", "1", "--reps", "3", "--min-batch-ms", "2", "--plans", "4", "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads((tmp_path / "validate.json").read_text())
     assert d["nodes_share_cores"] is True and len(d["plans"]) == 4
+    assert d["reps"] == 3 and d["min_batch_s"] == pytest.approx(2e-3)
     colls = d["collectives"]
     assert {c["tier"] for c in colls} == {"intra", "inter"}
     assert all(c["measured_s"] > 0 and c["predicted_s"] > 0 for c in colls)
@@ -54,3 +55,18 @@ def test_validate_rejects_a_world_that_does_not_match(capsys):
     from autotune.__main__ import main
     assert main(["validate", "--nodes", "2", "--gpus-per-node", "2", "--profile", "gcp-a100"]) == 2
     assert "MPI ranks" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("flag, value, says", [("--reps", "0", "--reps 0 must be at least 1"),
+                                               ("--min-batch-ms", "-1", "--min-batch-ms -1 must be at least 0")])
+def test_validate_rejects_bad_timing_options_before_starting(capsys, flag, value, says):
+    from autotune.__main__ import main
+    assert main(["validate", flag, value, "--profile", "gcp-a100"]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_validate_rejects_a_batch_length_that_is_not_a_number(capsys):
+    from autotune.__main__ import main
+    assert main(["validate", "--min-batch-ms", "nan", "--profile", "gcp-a100"]) == 2
+    assert "not a finite number" in capsys.readouterr().err

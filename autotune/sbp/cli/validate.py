@@ -34,7 +34,7 @@ from pathlib import Path
 
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends.base import TimingMode
-from calibrate.cli import command_parser, run_on_ranks
+from calibrate.cli import command_parser, finite_float, run_on_ranks
 from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
 from calibrate.groups import sleeping_barrier
@@ -67,6 +67,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="float32", help="element type of the buffers (default float32)")
     ap.add_argument("--iters", type=int, default=10, help="timed calls of each collective")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before timing each collective")
+    ap.add_argument("--reps", type=int, default=5, help="timed batches of each collective, whose median is its time "
+                                                       "(host mode; default 5)")
+    ap.add_argument("--min-batch-ms", type=finite_float, default=0.0,
+                    help="a timed batch lasts at least this long: collectives faster than that are timed over more "
+                         "than --iters calls (a power of two, from a probe after the warmup), each sample their mean "
+                         "per call, as calibrate run's option of the same name; give the profile's calibration's "
+                         "value (default 0: always --iters calls)")
     ap.add_argument("--mode", default="host", help="timing mode: host, graph (nccl) or isolated")
     ap.add_argument("--nodes-share-cores", action="store_true",
                     help="the nodes are emulated on one machine and share its cores: time the groups inside a node "
@@ -80,9 +87,9 @@ def parser() -> argparse.ArgumentParser:
 def check_args(args) -> None:
     """Every limit checked before MPI and the backend start (one line naming the flag and the fix)."""
     for flag, v, least in (("--plans", args.plans, 2), ("--nodes", args.nodes, 1), ("--iters", args.iters, 1),
-                           ("--warmup", args.warmup, 0)):
+                           ("--warmup", args.warmup, 0), ("--reps", args.reps, 1), ("--min-batch-ms", args.min_batch_ms, 0)):
         if v < least:
-            raise UserError(f"{flag} {v} must be at least {least}" + (": Spearman needs two plans" if flag == "--plans" else ""))
+            raise UserError(f"{flag} {v:g} must be at least {least}" + (": Spearman needs two plans" if flag == "--plans" else ""))
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UserError(f"--gpus-per-node {args.gpus_per_node} must be at least 1")
     if args.backend not in BACKENDS:
@@ -145,7 +152,8 @@ def main(argv=None) -> int:
             comms[axes] = make_backend(args.backend, sub)
             comms[axes].yield_while_waiting = args.nodes_share_cores and cluster.group(axes).nodes > 1
         def measure() -> float:
-            return median(comms[axes].measure(coll, nbytes, args.dtype, args.iters, args.warmup, args.mode))
+            return median(comms[axes].measure(coll, nbytes, args.dtype, args.iters, args.warmup, args.mode, args.reps,
+                                              min_batch_s=args.min_batch_ms / 1e3))
 
         if args.nodes_share_cores and cluster.group(axes).nodes == 1 and args.nodes > 1:
             comms[axes].start_comm = None
@@ -190,7 +198,8 @@ def main(argv=None) -> int:
         out = write_json(Path(args.out) / "validate.json",
                          {**header(KIND, VERSION), "backend": args.backend, "cluster": str(cluster),
                           "profile": args.profile, "mode": args.mode, "dtype": args.dtype,
-                          "nodes_share_cores": args.nodes_share_cores,
+                          "nodes_share_cores": args.nodes_share_cores, "reps": args.reps,
+                          "min_batch_s": args.min_batch_ms / 1e3,
                           "plans": rows, "spearman": rho, "collectives": colls},
                          "validation record")
         print(f"wrote {out}")
