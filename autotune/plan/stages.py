@@ -67,12 +67,13 @@ from calibrate.errors import UserError
 from calibrate.records import kind_of
 
 from autotune.pipeline.boundary import DIRECT, ROUTES
-from autotune.plan.place import (FAMILIES, HEAD, TAIL, Site, _act, _check_shapes, _global_shape, _handoffs, _place,
-                                 _post, _pre, _recompute, _redistribute, _world, contiguous_strides, find_layers,
-                                 torch)
+from autotune.plan.place import (FAMILIES, HEAD, TAIL, DataSplit, Site, _act, _check_shapes, _ddp, _fully_shard,
+                                 _global_shape, _handoffs, _place, _post, _pre, _recompute, _redistribute, _world,
+                                 contiguous_strides, data_parallel_plan, find_layers, fsdp_dims, fully_shard_layout,
+                                 path_of, torch)
 from autotune.plan.typed import ModelSpec, TypedPlan, read_source
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import P, check_placement, is_split
+from autotune.sbp.sbp import B, P, check_placement, is_split
 
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
@@ -352,6 +353,82 @@ def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
     return {k: v for k, v in mapping.items() if k in names}
 
 
+def _local_dims(pp: PipelinedPlan, stage: int) -> dict[str, int] | None:
+    """The mesh dimensions of stage ``stage``'s local path, from the plan alone (so alike on every rank, which
+    must all make every stage's meshes): fully_shard's (``fsdp_dims``) or DDP's ("dp": the stage's devices),
+    where the stage's plan takes one (``fully_shard_layout``, ``data_parallel_plan``: apply's predicates) and
+    each of its boundaries carries each rank's local piece (``local_stream``); None: the DTensor path."""
+    typed = pp.stages[stage]
+    if typed.world == 1:
+        return None
+    layout = fully_shard_layout(typed)
+    if layout is None and not data_parallel_plan(typed):
+        return None
+    want = local_stream(typed)
+    ends = ([pp.sent[stage - 1]] if stage > 0 else []) + ([pp.sent[stage]] if stage < len(pp.split) - 1 else [])
+    if any(end is None or tuple(end) != want for end in ends):
+        return None
+    return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
+
+
+def local_stream(typed: TypedPlan) -> tuple[str, ...]:
+    """The stream placement in which a stage on apply's local path holds it: split by the batch (S0) over the
+    data axes, whole (B) on a tensor-parallel axis: each rank's local piece is DTensor's tile of it."""
+    layout = fully_shard_layout(typed)
+    tp = layout.tp if layout is not None else None
+    return tuple(B if a == tp else "S0" for a in range(len(typed.mesh.sizes)))
+
+
+def stage_paths(pp: PipelinedPlan) -> list[str]:
+    """Per stage, the path its plan asks for (``apply_pipeline`` may still place a fully_shard stage by DTensor
+    where its modules cannot take the tensor-parallel styles: ``Pipeline.path`` says what ran): "fully_shard",
+    "ddp", "dtensor", or "none" for a stage of one device."""
+    out = []
+    for i, typed in enumerate(pp.stages):
+        dims = _local_dims(pp, i)
+        out.append("none" if typed.world == 1 else "dtensor" if dims is None else "ddp" if "dp" in dims
+                   else "fully_shard")
+    return out
+
+
+LOCAL = ("fully_shard", "ddp")  # apply's local paths
+
+
+class _Plain(nn.Module):
+    """A fully_shard stage behind a plain module, so that the library's ``PipelineStage`` does not take it for
+    an ``FSDPModule`` (which it would keep gathered and unreduced until the last micro-batch): fully_shard
+    gathers and reduce-scatters each micro-batch, as the step model prices (module doc)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """The identity whose backward multiplies the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x, factor: float):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+def _scale_grad(x, *, factor: float):
+    return _ScaleGrad.apply(x, factor)
+
+
+def _piece_loss(x, target, *, loss_fn, split: DataSplit):
+    """The loss of this rank's piece: its outputs against its piece of the micro-batch's targets."""
+    return loss_fn(x, split.piece(target, "the targets"))
+
+
 # --- the pipeline ---------------------------------------------------------------------------------------------
 def _cross_entropy(logits, targets):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
@@ -370,6 +447,13 @@ class Pipeline:
     tied: tuple[str, ...]    # the stage module's parameters tied across the first and the last stage
     device: object
     mesh: object             # this stage's submesh (None: one device)
+    paths: tuple = ()        # per stage, how it is placed: "fully_shard", "ddp", "dtensor", "none" (one device)
+    data_groups: tuple = ()  # a local-path stage's data-parallel process groups (its loss averaged over them)
+
+    @property
+    def path(self) -> str:
+        """How this rank's stage is placed (``paths``)."""
+        return self.paths[self.stage]
 
     @property
     def first(self) -> bool:
@@ -399,6 +483,10 @@ class Pipeline:
         loss = (torch.stack([x.detach() for x in losses]).mean() if self.last
                 else torch.zeros((), dtype=torch.float64, device=self.device))
         loss = loss.to(torch.float64)
+        if self.last:  # a local path's loss is of this rank's piece: the mean over the stage's data ranks
+            for group in self.data_groups:
+                dist.all_reduce(loss, group=group)
+                loss /= dist.get_world_size(group)
         dist.broadcast(loss, group_src=len(self.plan.split) - 1, group=self.pp_group)
         return loss
 
@@ -455,19 +543,54 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
         g = dist.new_group([k, (p - 1) * S + k]) if tied_ids else None
         if k == j:
             tied_group = g
-    if mesh is not None:
-        _place(chain, typed, mesh, module)
-        s_in, s_out = _stream(typed)
-        _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
-        if not last:
-            module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=pp.sent[stage])
-        if not first:
-            module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=pp.sent[stage - 1], dst=s_in)
-    _recompute(module, chain, prefixes, typed.recompute)
+    dims = _local_dims(pp, stage)
+    path = "none" if mesh is None else "dtensor" if dims is None else path_of(typed, chain, "local")
+    paths: list = [None] * world
+    dist.all_gather_object(paths, path)  # a fully_shard plan whose modules refuse its TP styles: by DTensor
+    paths = paths[::S]
+    meshes = {}
+    for i in range(p):  # every rank makes every local-path stage's mesh, in the same order
+        key = tuple(_local_dims(pp, i).items()) if paths[i] in LOCAL else None
+        if key is not None and key not in meshes:
+            meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
+                                           mesh_dim_names=("pp", *(k for k, _ in key)))
+    runs, data_groups, loss = module, (), loss_fn or _cross_entropy
+    if path in LOCAL:  # apply's local path on the stage's submesh
+        local_mesh = meshes[tuple(dims.items())]
+        if path == "fully_shard":
+            split, data_mesh = _fully_shard(module, chain, prefixes, typed, fully_shard_layout(typed), local_mesh,
+                                            "local")
+            data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
+            runs = _Plain(module)
+        else:
+            split = DataSplit(local_mesh.get_local_rank("dp"), S)
+            data_groups = (local_mesh["dp"].get_group(),)
+            runs = _ddp(module, chain, prefixes, typed, device.type, split, data_groups[0])
+        if first:
+            split.cut_calls(module)
+        if last:
+            loss = functools.partial(_piece_loss, loss_fn=loss, split=split)
+        # beside a DTensor-path stage (whose gradients are of the whole micro-batch's loss, not of each piece's
+        # loss: 1 / pieces of them), the gradients crossing the boundary rescaled
+        if not first and paths[stage - 1] not in LOCAL:
+            module.arrive = functools.partial(_scale_grad, factor=1 / split.world)
+        if not last and paths[stage + 1] not in LOCAL:
+            module.depart = functools.partial(_scale_grad, factor=split.world)
+    else:
+        if mesh is not None:
+            _place(chain, typed, mesh, module)
+            s_in, s_out = _stream(typed)
+            _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
+            if not last:
+                module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=pp.sent[stage])
+            if not first:
+                module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=pp.sent[stage - 1], dst=s_in)
+        _recompute(module, chain, prefixes, typed.recompute)
     from torch.distributed.pipelining import PipelineStage
-    pstage = PipelineStage(module, stage, p, device, group=pp_group)
-    schedule = SCHEDULES[pp.schedule](pstage, pp.micro_batches, loss_fn=loss_fn or _cross_entropy)
-    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh)
+    pstage = PipelineStage(runs, stage, p, device, group=pp_group)
+    schedule = SCHEDULES[pp.schedule](pstage, pp.micro_batches, loss_fn=loss)
+    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
+                    data_groups)
 
 
 def _check_sequences(pp: PipelinedPlan, origin: str) -> None:
@@ -512,4 +635,5 @@ def _blocks(model, cls) -> list:
     return list(model.blocks) if cls is ReferenceStage else list(model.model.layers)
 
 
-__all__ = ["PipelinedPlan", "Pipeline", "apply_pipeline", "load_pipelined", "CUTS", "SCHEDULES"]
+__all__ = ["PipelinedPlan", "Pipeline", "apply_pipeline", "load_pipelined", "stage_paths", "local_stream", "CUTS",
+           "SCHEDULES"]
