@@ -42,18 +42,46 @@ def _summed(*args):
     return _FULLY_SHARD(*args[:-1], "whole")
 
 
+# planted bugs: gradients summed over the stage's data ranks; the first stage's micro-batches not cut into
+# pieces; the fully_shard module handed to PipelineStage as it is (which then keeps the weights gathered and the
+# gradients unreduced until the last micro-batch: torchtitan's step, not the priced one)
 BUGS = {"summed": lambda: mock.patch.object(stages_module, "_fully_shard", _summed),
-        "uncut": lambda: mock.patch.object(DataSplit, "cut_calls", lambda self, model: None)}
+        "uncut": lambda: mock.patch.object(DataSplit, "cut_calls", lambda self, model: None),
+        "special-cased": lambda: mock.patch.object(stages_module, "_Plain", lambda module: module)}
 
 
 def _whole(p):
     return (p.full_tensor() if isinstance(p, torch.distributed.tensor.DTensor) else p).detach().clone()
 
 
+@contextlib.contextmanager
+def counting(pipe, calls: dict):
+    """``calls`` counts fully_shard's all-gathers and reduce-scatters and DDP's bucket all-reduces meanwhile."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return call
+    ddp = pipe.schedule._stage.submod
+    if isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and not calls.get("hooked"):
+        def hook(state, bucket):  # DDP's own all-reduce, counted (DDP reads the hook's parameter names)
+            calls["allreduce"] += 1
+            return allreduce_hook(ddp.process_group, bucket)
+        ddp.register_comm_hook(None, hook)
+        calls["hooked"] = True
+    with mock.patch.object(dist, "all_gather_single", counted("allgather", dist.all_gather_single)), \
+            mock.patch.object(dist, "reduce_scatter_single", counted("reducescatter", dist.reduce_scatter_single)):
+        yield
+
+
 def train_pipelined(cfg: dict, plan: dict):
     """STEPS Adam steps of this rank's stage: (losses, parameters, first step's gradients, by the model's names;
-    the path its stage took)."""
+    the path its stage took; its collectives in the last step and its fully_shard units)."""
     import autotune
+    from torch.distributed.fsdp import FSDPModule
     model = make_model(cfg)
     names = {id(m): n for n, m in model.named_modules()}
     pipe = autotune.apply_pipeline(plan, model)
@@ -61,7 +89,9 @@ def train_pipelined(cfg: dict, plan: dict):
     ids, targets = batch(cfg)
     losses, grads = [], {}
     for step in range(STEPS):
-        losses.append(float(pipe.step(ids, targets)))
+        calls = dict(allgather=0, reducescatter=0, allreduce=0, hooked=calls.get("hooked")) if step else {}
+        with counting(pipe, calls) if step else contextlib.nullcontext():
+            losses.append(float(pipe.step(ids, targets)))
         if step == 0:
             grads = {f"{names[id(m)]}.{pn}".lstrip("."): _whole(p.grad) for _, m in pipe.module.named_modules()
                      for pn, p in m.named_parameters(recurse=False)}
@@ -69,7 +99,8 @@ def train_pipelined(cfg: dict, plan: dict):
         opt.zero_grad()
     params = {f"{names[id(m)]}.{pn}".lstrip("."): _whole(p) for _, m in pipe.module.named_modules()
               for pn, p in m.named_parameters(recurse=False)}
-    return losses, params, grads, pipe.path
+    units = sum(isinstance(m, FSDPModule) for m in pipe.module.modules())
+    return losses, params, grads, pipe.path, calls, units
 
 
 def _worker(rank, world, port, jobs, out):
@@ -88,11 +119,16 @@ def _worker(rank, world, port, jobs, out):
     dist.destroy_process_group()
 
 
-def mismatch(ref, grads_ref, got) -> str | None:
-    """Where the pipelined run differs from one process (None: it agrees)."""
+def mismatch(ref, grads_ref, got, path: str) -> str | None:
+    """Where the pipelined run differs from one process, or from what the step model prices (None: it agrees):
+    the path, the gradients, the parameters, the losses; the collectives of the last step: DDP one all-reduce
+    (the tiny model's one bucket: no_sync until the last micro-batch), fully_shard each micro-batch's
+    all-gather of every unit in its forward and reduce-scatter of every unit in its backward."""
     if isinstance(got, str):
         return got
-    losses, params, grads, _ = got
+    losses, params, grads, took, calls, units = got
+    if took != path:
+        return f"the stage took the {took} path, not {path}"
     for what, have, want in (("gradient", grads, grads_ref), ("parameter", params, ref[1])):
         for name, x in have.items():
             if name not in want:
@@ -101,20 +137,25 @@ def mismatch(ref, grads_ref, got) -> str | None:
                 return f"{what} {name} differs by {(x - want[name]).abs().max():.3g}"
     if not np.allclose(losses, ref[0], rtol=RTOL, atol=0):
         return f"losses {losses} != {ref[0]}"
+    want = {"ddp": (0, 0, 1), "fully_shard": (M * units, M * units, 0)}.get(path, (0, 0, 0))
+    have = (calls["allgather"], calls["reducescatter"], calls["allreduce"])
+    if have[1:] != want[1:] or have[0] < want[0]:
+        return f"collectives (all-gathers, reduce-scatters, all-reduces) {have}, priced {want} ({units} units)"
     return None
 
 
 def jobs_for(kind: str) -> tuple[dict, list]:
-    """(model config, [(plan, the paths its stages must take, planted bug or None)])."""
+    """(model config, [(plan, the paths its stages take, planted bug or None)]); the bugs last (a job that
+    fails on some ranks may leave the others' groups unusable)."""
     cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32)
     ddp = in_micro_batches(searched(cfg, 2), M)
     fsdp = sharded(sharded(ddp, 0), 1)
+    both = ["fully_shard", "fully_shard"]
     if kind == "gpt":
-        return cfg, [(ddp, ["ddp", "ddp"], None), (fsdp, ["fully_shard", "fully_shard"], None),
+        return cfg, [(ddp, ["ddp", "ddp"], None), (fsdp, both, None),
                      (restage(sharded(ddp, 0), 1, replicated), ["fully_shard", "dtensor"], None),
-                     (fsdp, None, "summed")]
-    return cfg, [(fsdp, ["fully_shard", "fully_shard"], None), (ddp, ["ddp", "ddp"], None),
-                 (ddp, None, "uncut")]
+                     (fsdp, both, "special-cased"), (fsdp, both, "summed")]
+    return cfg, [(fsdp, both, None), (ddp, ["ddp", "ddp"], None), (ddp, ["ddp", "ddp"], "uncut")]
 
 
 @pytest.mark.parametrize("kind", ["gpt", "llama"])
@@ -122,7 +163,7 @@ def test_local_stages_match_one_process(kind, tmp_path):
     from autotune.plan.stages import load_pipelined, stage_paths
     cfg, jobs = jobs_for(kind)
     for plan, paths, _ in jobs:
-        assert paths is None or stage_paths(load_pipelined(plan)) == paths
+        assert stage_paths(load_pipelined(plan)) == paths
     out = tmp_path / "results.pt"
     mp.start_processes(_worker, args=(4, free_port(), [(cfg, p, bug) for p, _, bug in jobs], str(out)), nprocs=4,
                        start_method="fork")
@@ -130,11 +171,10 @@ def test_local_stages_match_one_process(kind, tmp_path):
     ref, grads = train_one_process(cfg, M), first_gradients(cfg, M)
     assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved between the steps
     for k, (plan, paths, bug) in enumerate(jobs):
-        problems = [mismatch(ref, grads, results[r][k]) for r in range(4)]
+        problems = [mismatch(ref, grads, results[r][k], paths[r // 2]) for r in range(4)]
         if bug:
             assert any(problems), f"{kind}: the planted bug {bug!r} went unnoticed"
             continue
         assert not any(problems), f"{kind} {paths}: {[p for p in problems if p]}"
-        assert [results[r][k][3] for r in range(4)] == [paths[r // 2] for r in range(4)]  # no DTensor fallback
         seen = {name for r in range(4) for name in results[r][k][1]}
         assert seen == set(ref[1]), f"parameters no stage trained: {sorted(set(ref[1]) - seen)}"
