@@ -59,7 +59,8 @@
   a sharding axis split there (its first dimension that divides), all-gathered at use by a parametrization
   whose backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
   ``fully_shard``, whose parameters live on a sub-mesh the per-layer hooks' DTensors do not share).
-  ``placement_path(plan, model, output=...)`` says which path a plan takes.
+  ``placement_path(plan, model, output=...)`` says which path a plan takes (``path_of``, which
+  ``autotune.apply_pipeline`` asks for each stage of a pipelined plan).
 - Recomputation: ``"full"`` wraps each block in ``torch.utils.checkpoint``; ``"selective"`` each
   block's attention module.
 - Module names: found by pattern for Hugging Face Llama, Mistral, Qwen2, GPT-2 and nanoGPT-style

@@ -19,9 +19,31 @@
 - Devices: the stage's module (its part of the model) is moved to this rank's device; nothing else is. Build
   the model on the CPU (as ``python -m autotune execute`` does) so that the other stages' weights never reach
   this rank's GPU: a model built on the GPU keeps them all there while the caller holds it.
-- Each stage's module is placed on its submesh as ``autotune.apply`` places a model (the same
-  parameters, hooks and recomputation: ``autotune.plan.place``), with its stage's plan
-  (``TypedPlan.from_search(..., stage=True)``).
+- Each stage's module is placed on its submesh with its stage's plan (``TypedPlan.from_search(...,
+  stage=True)``) by one of ``autotune.apply``'s paths (``autotune.plan.place``; ``stage_paths`` says which a
+  plan asks for, ``Pipeline.paths`` which ran, ``python -m autotune execute`` records them):
+  - "ddp" / "fully_shard", apply's local path, for a stage plan that is pure data parallelism
+    (``data_parallel_plan``) or FSDP/HSDP/TP + FSDP-shaped (``fully_shard_layout``) and whose boundaries
+    carry the stream as each rank's local piece (the plan's sent placement at each of its boundaries is
+    ``local_stream``: split by the batch over the data axes, whole on a tensor-parallel axis):
+    ``DistributedDataParallel`` over the stage's ranks, or torchtitan's ``parallelize_module`` +
+    ``fully_shard`` on the stage's submesh; each rank runs its piece of every micro-batch (the first stage
+    cuts the ids, the last the targets: ``DataSplit``), its loss that piece's, gradients averaged over the
+    stage's data ranks; the boundary is the P2P of each rank's local piece to the rank at the same
+    coordinates of the next stage, nothing redistributed. The communication is the step model's
+    (``autotune.pipeline.stage``): DDP all-reduces once a step (``PipelineStage`` runs a DDP module under
+    ``no_sync`` until the last micro-batch: ``sync_steps`` once a step); fully_shard all-gathers each
+    unit's weights in each micro-batch's forward and backward and reduce-scatters its gradient in each
+    backward (``fsdp_steps``, per micro-batch), with the weights sharded between uses (the memory priced).
+    For that the fully_shard module reaches ``PipelineStage`` behind a plain module (``_Plain``): the library
+    special-cases a stage module that is an ``FSDPModule`` (gradient sync and resharding after backward off
+    until the last micro-batch: unsharded gradients accumulated, one reduce-scatter a step; torchtitan's
+    PP + FSDP), which is not what the step model prices (the tests count the collectives of a step).
+  - "dtensor": every other stage plan, as ``apply`` places a model by DTensor (parameters, per-layer hooks,
+    recomputation; its stream at the boundaries below); next to a local-path stage, whose gradients are of
+    each piece's loss (the number of pieces times those of the whole micro-batch's loss that the DTensor
+    path computes), the gradient crossing the boundary is rescaled on the local side.
+  - "none": a stage of one device, placed as it is.
 - The stage boundary: the residual stream (without one, the last block layer's output) leaves stage i
   as this rank's local piece in stage i's stream placement (its residual's output), by the boundary's
   route (the plan record's ``boundary_route`` and ``boundary_sent``, ``autotune.pipeline.boundary``, which
@@ -52,7 +74,8 @@
   backward their gradients are summed between the two stages (rank j of the first with rank j of the
   last, whole gradients), as Megatron does, so both copies take the same optimizer step.
 - ``step(ids, targets)`` splits the batch into the plan's micro-batches along dimension 0, runs the
-  schedule (gradients of the mean loss over the micro-batches) and returns that loss on every rank.
+  schedule (gradients of the mean loss over the micro-batches) and returns the mean loss over the whole
+  batch on every rank (a local-path last stage's pieces' losses averaged over its data ranks).
 - Errors (not a pipelined plan, a world other than the plan's, a split that is not the model's blocks, a
   module apply cannot cut): one ``UserError`` naming the problem and the fix, alike on every rank, before
   any weight moves.
