@@ -780,13 +780,14 @@ def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
 
 
 def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, world_mesh,
-                 output: str):
+                 output: str, ignored: tuple = ()):
     """torchtitan's composition: ``parallelize_module`` on the tensor-parallel axis (if any), then
     ``fully_shard`` on each block and on the whole model over the data axes, a (replicate, shard) mesh for
     HSDP. ``world_mesh``: a DeviceMesh with ``fsdp_dims``' dimensions (and any others, e.g. a pipeline's).
     ``output`` "whole": gradients summed (each rank's is its piece's share of the whole batch's loss);
     "local": averaged (fully_shard's default, torchtitan's step). Returns (this rank's ``DataSplit``, the data
-    mesh); the caller cuts the calls or gathers the outputs."""
+    mesh); the caller cuts the calls or gathers the outputs. ``ignored``: parameters fully_shard leaves as they
+    are (placed by the caller)."""
     from torch.distributed import get_backend
     from torch.distributed.fsdp import fully_shard
     dims = fsdp_dims(plan, layout)
@@ -804,7 +805,7 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
     names = dict(model.named_modules())
     units = [names[prefix] for prefix in prefixes.values()] + [model]
     for unit in units:
-        fully_shard(unit, mesh=mesh)
+        fully_shard(unit, mesh=mesh, ignored_params=set(ignored) or None)
     gloo = get_backend(mesh.get_group(0)) == "gloo"
     for unit in units:
         if output == "whole":  # each rank's gradient is already its piece's share of the whole batch's loss

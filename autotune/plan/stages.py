@@ -100,7 +100,7 @@ from autotune.sbp.sbp import B, P, check_placement, is_split
 
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.distributed.tensor import DTensor, Replicate  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 
 
 
@@ -376,22 +376,72 @@ def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
     return {k: v for k, v in mapping.items() if k in names}
 
 
-def _local_dims(pp: PipelinedPlan, stage: int) -> dict[str, int] | None:
-    """The mesh dimensions of stage ``stage``'s local path, from the plan alone (so alike on every rank, which
-    must all make every stage's meshes): fully_shard's (``fsdp_dims``) or DDP's ("dp": the stage's devices),
-    where the stage's plan takes one (``fully_shard_layout``, ``data_parallel_plan``: apply's predicates) and
-    each of its boundaries carries each rank's local piece (``local_stream``); None: the DTensor path."""
+def _local_plan(pp: PipelinedPlan, stage: int) -> TypedPlan | None:
+    """The plan by which stage ``stage`` is placed on apply's local path, from the plan alone (so alike on every
+    rank, which must all make every local stage's mesh): its own where it is data parallel or fully_shard-shaped
+    (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or a first stage's ``_columns_twin``,
+    and each of its boundaries carries each rank's local piece (``local_stream``); None: the DTensor path."""
     typed = pp.stages[stage]
     if typed.world == 1:
         return None
-    layout = fully_shard_layout(typed)
-    if layout is None and not data_parallel_plan(typed):
+    if stage == 0:
+        typed = _columns_twin(typed) or typed
+    if fully_shard_layout(typed) is None and not data_parallel_plan(typed):
         return None
     want = local_stream(typed)
     ends = ([pp.sent[stage - 1]] if stage > 0 else []) + ([pp.sent[stage]] if stage < len(pp.split) - 1 else [])
     if any(end is None or tuple(end) != want for end in ends):
         return None
+    return typed
+
+
+def _local_dims(typed: TypedPlan) -> dict[str, int]:
+    """The mesh dimensions of a local-path stage plan: fully_shard's (``fsdp_dims``) or DDP's ("dp")."""
+    layout = fully_shard_layout(typed)
     return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
+
+
+def _columns_twin(typed: TypedPlan) -> TypedPlan | None:
+    """A first stage in FSDP mode whose embedding is split by features on every axis (S1: each device holds its
+    columns of the table and looks up the whole micro-batch there; the step model prices that and the S1 -> S0
+    boxing to the first block) and whose other layers are fully_shard-shaped without tensor parallelism (the
+    searched 2 x 2 plans of a 1.1 B Llama): the same plan with a data-parallel embedding, which
+    ``fully_shard_layout`` takes; its embedding is then placed by ``_column_lookup``. None for other plans."""
+    emb = typed.layer("embedding")
+    n = len(typed.mesh.sizes)
+    cols = ("S1",) * n
+    if emb is None or typed.sharding_mode != "fsdp" or emb.output != cols or \
+            [w.placements for w in emb.weights] != [cols]:
+        return None
+    data = replace(emb, output=("S0",) * n, weights=(replace(emb.weights[0], placements=(B,) * n),))
+    twin = replace(typed, layers=tuple(data if lay is emb else lay for lay in typed.layers))
+    layout = fully_shard_layout(twin)
+    return twin if layout is not None and layout.tp is None else None
+
+
+def _column_module(chain: list[Site], tied_ids: set):
+    """The embedding module ``_column_lookup`` can place (one plain ``nn.Embedding``, its table not tied to the
+    logits); None: the stage keeps the DTensor path."""
+    site = chain[0] if chain and chain[0].layer.kind == "embedding" else None
+    if site is None or len(site.modules) != 1:
+        return None
+    module = site.modules[0][1]
+    if type(module) is not nn.Embedding or module.max_norm is not None or id(module.weight) in tied_ids:
+        return None
+    return module
+
+
+def _column_lookup(ids, *, module, mesh, factor: float):
+    """The embedding's lookup with its table split by columns over the stage's data mesh (a DTensor, Shard(1)):
+    every device looks the whole micro-batch up in its columns, and the output goes to this rank's piece of the
+    micro-batch with all features (DTensor's Shard(2) -> Shard(0): an all-to-all, the S1 -> S0 boxing the step
+    model prices). Its gradient, summed over the pieces' losses, is scaled by ``factor`` (1 / pieces) to the
+    average fully_shard takes for the others."""
+    out = _scale_grad(nn.functional.embedding(ids, module.weight.to_local(), module.padding_idx), factor=factor)
+    placements = [Shard(out.dim() - 1)] * mesh.ndim
+    shape = _global_shape(out, placements, mesh)
+    x = DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
+    return x.redistribute(mesh, [Shard(0)] * mesh.ndim).to_local()
 
 
 def local_stream(typed: TypedPlan) -> tuple[str, ...]:
@@ -408,9 +458,9 @@ def stage_paths(pp: PipelinedPlan) -> list[str]:
     "ddp", "dtensor", or "none" for a stage of one device."""
     out = []
     for i, typed in enumerate(pp.stages):
-        dims = _local_dims(pp, i)
-        out.append("none" if typed.world == 1 else "dtensor" if dims is None else "ddp" if "dp" in dims
-                   else "fully_shard")
+        local = _local_plan(pp, i)
+        out.append("none" if typed.world == 1 else "dtensor" if local is None else "ddp" if
+                   fully_shard_layout(local) is None else "fully_shard")
     return out
 
 
@@ -566,30 +616,39 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
         g = dist.new_group([k, (p - 1) * S + k]) if tied_ids else None
         if k == j:
             tied_group = g
-    dims = _local_dims(pp, stage)
-    path = "none" if mesh is None else "dtensor" if dims is None else path_of(typed, chain, "local")
+    local = _local_plan(pp, stage)
+    columns = _column_module(chain, tied_ids) if local is not None and local is not typed else None
+    path = "none" if mesh is None else "dtensor" if local is None or (local is not typed and columns is None) \
+        else path_of(local, chain, "local")
     paths: list = [None] * world
-    dist.all_gather_object(paths, path)  # a fully_shard plan whose modules refuse its TP styles: by DTensor
+    # alike on every rank: a stage whose modules refuse its plan's TP styles or column embedding takes DTensor's
+    dist.all_gather_object(paths, path)
     paths = paths[::S]
     meshes = {}
     for i in range(p):  # every rank makes every local-path stage's mesh, in the same order
-        key = tuple(_local_dims(pp, i).items()) if paths[i] in LOCAL else None
+        key = tuple(_local_dims(_local_plan(pp, i)).items()) if paths[i] in LOCAL else None
         if key is not None and key not in meshes:
             meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
                                            mesh_dim_names=("pp", *(k for k, _ in key)))
     runs, data_groups, loss = module, (), loss_fn or _cross_entropy
     if path in LOCAL:  # apply's local path on the stage's submesh
-        local_mesh = meshes[tuple(dims.items())]
+        local_mesh = meshes[tuple(_local_dims(local).items())]
         if path == "fully_shard":
-            split, data_mesh = _fully_shard(module, chain, prefixes, typed, fully_shard_layout(typed), local_mesh,
-                                            "local")
+            ignored = (columns.weight,) if columns is not None else ()
+            split, data_mesh = _fully_shard(module, chain, prefixes, local, fully_shard_layout(local), local_mesh,
+                                            "local", ignored)
             data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
             runs = _Plain(module)
         else:
             split = DataSplit(local_mesh.get_local_rank("dp"), S)
             data_groups = (local_mesh["dp"].get_group(),)
-            runs = _ddp(module, chain, prefixes, typed, device.type, split, data_groups[0])
-        if first:
+            runs = _ddp(module, chain, prefixes, local, device.type, split, data_groups[0])
+        if columns is not None:  # the whole micro-batch's ids looked up in this rank's columns, then its piece
+            columns.weight = nn.Parameter(distribute_tensor(columns.weight.detach(), data_mesh,
+                                                            [Shard(1)] * data_mesh.ndim))
+            columns.forward = functools.partial(_column_lookup, module=columns, mesh=data_mesh,
+                                                factor=1 / split.world)
+        elif first:
             split.cut_calls(module)
         if last:
             loss = functools.partial(_piece_loss, loss_fn=loss, split=split)

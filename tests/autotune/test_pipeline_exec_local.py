@@ -11,6 +11,7 @@ DTensor path fails. A stage that replicates everything beside a fully_shard one 
 boundary reshards S0 -> B on its submesh). Planted bugs fail: gradients summed instead of averaged over the
 stage's data ranks, and the first stage's micro-batches not cut into pieces."""
 import contextlib
+import datetime
 import os
 from unittest import mock
 
@@ -25,8 +26,9 @@ import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the w
 import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
-from pipeline_exec_plans import (GPT, LLAMA, LR, STEPS, batch, first_gradients, in_micro_batches,  # noqa: E402
-                                 make_model, replicated, restage, searched, sharded, train_one_process)
+from pipeline_exec_plans import (GPT, LLAMA, LR, STEPS, batch, column_embedding, first_gradients,  # noqa: E402
+                                 in_micro_batches, make_model, replicated, restage, searched, sharded,
+                                 train_one_process)
 from tiny_models import free_port  # noqa: E402
 
 from autotune.plan import stages as stages_module  # noqa: E402
@@ -37,17 +39,20 @@ M = 4  # micro-batches of 8 sequences (batch 32): 4 per device
 _FULLY_SHARD = stages_module._fully_shard
 
 
-def _summed(*args):
+def _summed(model, chain, prefixes, plan, layout, mesh, output, *rest):
     """A planted bug: fully_shard's gradients summed over the stage's data ranks instead of averaged."""
-    return _FULLY_SHARD(*args[:-1], "whole")
+    assert output == "local"
+    return _FULLY_SHARD(model, chain, prefixes, plan, layout, mesh, "whole", *rest)
 
 
 # planted bugs: gradients summed over the stage's data ranks; the first stage's micro-batches not cut into
 # pieces; the fully_shard module handed to PipelineStage as it is (which then keeps the weights gathered and the
-# gradients unreduced until the last micro-batch: torchtitan's step, not the priced one)
+# gradients unreduced until the last micro-batch: torchtitan's step, not the priced one); the gradient of an
+# embedding by columns (and of a boundary beside a DTensor-path stage) not rescaled
 BUGS = {"summed": lambda: mock.patch.object(stages_module, "_fully_shard", _summed),
         "uncut": lambda: mock.patch.object(DataSplit, "cut_calls", lambda self, model: None),
-        "special-cased": lambda: mock.patch.object(stages_module, "_Plain", lambda module: module)}
+        "special-cased": lambda: mock.patch.object(stages_module, "_Plain", lambda module: module),
+        "unscaled": lambda: mock.patch.object(stages_module, "_scale_grad", lambda x, factor: x)}
 
 
 def _whole(p):
@@ -77,6 +82,20 @@ def counting(pipe, calls: dict):
         yield
 
 
+def named_parameters(module, names: dict):
+    """(the model's name, parameter) of the stage module's parameters; a parametrized one (the DTensor path's
+    FSDP gather at use) by the name of the weight it stands for."""
+    from torch.nn.utils import parametrize
+    for _, m in module.named_modules():
+        if id(m) not in names:  # a parametrization's container: its owner reports it
+            continue
+        own = dict(m.named_parameters(recurse=False))
+        if parametrize.is_parametrized(m):
+            own.update({pn: m.parametrizations[pn].original for pn in m.parametrizations})
+        for pn, p in own.items():
+            yield f"{names[id(m)]}.{pn}".lstrip("."), p
+
+
 def train_pipelined(cfg: dict, plan: dict):
     """STEPS Adam steps of this rank's stage: (losses, parameters, first step's gradients, by the model's names;
     the path its stage took; its collectives in the last step and its fully_shard units)."""
@@ -93,13 +112,13 @@ def train_pipelined(cfg: dict, plan: dict):
         with counting(pipe, calls) if step else contextlib.nullcontext():
             losses.append(float(pipe.step(ids, targets)))
         if step == 0:
-            grads = {f"{names[id(m)]}.{pn}".lstrip("."): _whole(p.grad) for _, m in pipe.module.named_modules()
-                     for pn, p in m.named_parameters(recurse=False)}
+            grads = {name: _whole(p.grad) for name, p in named_parameters(pipe.module, names)}
         opt.step()
         opt.zero_grad()
-    params = {f"{names[id(m)]}.{pn}".lstrip("."): _whole(p) for _, m in pipe.module.named_modules()
-              for pn, p in m.named_parameters(recurse=False)}
-    units = sum(isinstance(m, FSDPModule) for m in pipe.module.modules())
+    params = {name: _whole(p) for name, p in named_parameters(pipe.module, names)}
+    # fully_shard's units that manage parameters (a first stage's root holds none where its embedding is by columns)
+    units = sum(isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group is not None
+                for m in pipe.module.modules())
     return losses, params, grads, pipe.path, calls, units
 
 
@@ -107,7 +126,8 @@ def _worker(rank, world, port, jobs, out):
     import torch.distributed as dist
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a job that fails on some ranks leaves the others waiting: their collectives time out instead of hanging
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180))
     results = []
     for cfg, plan, bug in jobs:
         try:
@@ -145,32 +165,35 @@ def mismatch(ref, grads_ref, got, path: str) -> str | None:
 
 
 def jobs_for(kind: str) -> tuple[dict, list]:
-    """(model config, [(plan, the paths its stages take, planted bug or None)]); the bugs last (a job that
-    fails on some ranks may leave the others' groups unusable)."""
+    """(model config, [(plan, the paths its stages take, planted bug or None[, the paths the plan asks for
+    where its modules refuse one])]); the bugs last (a job that fails on some ranks may leave the others' groups
+    unusable)."""
     cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32)
     ddp = in_micro_batches(searched(cfg, 2), M)
     fsdp = sharded(sharded(ddp, 0), 1)
     both = ["fully_shard", "fully_shard"]
-    if kind == "gpt":
+    if kind == "gpt":  # its embedding by columns asked for, but tied (and with positions): by DTensor
         return cfg, [(ddp, ["ddp", "ddp"], None), (fsdp, both, None),
                      (restage(sharded(ddp, 0), 1, replicated), ["fully_shard", "dtensor"], None),
+                     (column_embedding(fsdp), ["dtensor", "fully_shard"], None, both),
                      (fsdp, both, "special-cased"), (fsdp, both, "summed")]
-    return cfg, [(fsdp, both, None), (ddp, ["ddp", "ddp"], None), (ddp, ["ddp", "ddp"], "uncut")]
+    return cfg, [(fsdp, both, None), (ddp, ["ddp", "ddp"], None), (column_embedding(fsdp), both, None),
+                 (column_embedding(fsdp), both, "unscaled"), (ddp, ["ddp", "ddp"], "uncut")]
 
 
 @pytest.mark.parametrize("kind", ["gpt", "llama"])
 def test_local_stages_match_one_process(kind, tmp_path):
     from autotune.plan.stages import load_pipelined, stage_paths
     cfg, jobs = jobs_for(kind)
-    for plan, paths, _ in jobs:
-        assert stage_paths(load_pipelined(plan)) == paths
+    for plan, paths, _, *asks in jobs:
+        assert stage_paths(load_pipelined(plan)) == (asks[0] if asks else paths)
     out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, free_port(), [(cfg, p, bug) for p, _, bug in jobs], str(out)), nprocs=4,
-                       start_method="fork")
+    mp.start_processes(_worker, args=(4, free_port(), [(cfg, p, bug) for p, _, bug, *_ in jobs], str(out)),
+                       nprocs=4, start_method="fork")
     results = [torch.load(f"{out}.{r}") for r in range(4)]
     ref, grads = train_one_process(cfg, M), first_gradients(cfg, M)
     assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved between the steps
-    for k, (plan, paths, bug) in enumerate(jobs):
+    for k, (plan, paths, bug, *_) in enumerate(jobs):
         problems = [mismatch(ref, grads, results[r][k], paths[r // 2]) for r in range(4)]
         if bug:
             assert any(problems), f"{kind}: the planted bug {bug!r} went unnoticed"
