@@ -25,7 +25,11 @@
   - "ddp" / "fully_shard", apply's local path, for a stage plan that is pure data parallelism
     (``data_parallel_plan``) or FSDP/HSDP/TP + FSDP-shaped (``fully_shard_layout``) and whose boundaries
     carry the stream as each rank's local piece (the plan's sent placement at each of its boundaries is
-    ``local_stream``: split by the batch over the data axes, whole on a tensor-parallel axis):
+    ``local_stream``: split by the batch over the data axes, whole on a tensor-parallel axis); also a first
+    stage in FSDP mode whose embedding alone is split by features (``_columns_twin``: the table's columns on
+    each device, which looks up the whole micro-batch's ids there and hands its piece on by an all-to-all,
+    the S1 -> S0 boxing the plan prices; the searched 2 x 2 plans of a 1.1 B Llama have it), its table a
+    DTensor of columns that fully_shard leaves alone (a tied or multi-module embedding: the DTensor path):
     ``DistributedDataParallel`` over the stage's ranks, or torchtitan's ``parallelize_module`` +
     ``fully_shard`` on the stage's submesh; each rank runs its piece of every micro-batch (the first stage
     cuts the ids, the last the targets: ``DataSplit``), its loss that piece's, gradients averaged over the
