@@ -458,8 +458,8 @@ def local_stream(typed: TypedPlan) -> tuple[str, ...]:
 
 def stage_paths(pp: PipelinedPlan) -> list[str]:
     """Per stage, the path its plan asks for (``apply_pipeline`` may still place a fully_shard stage by DTensor
-    where its modules cannot take the tensor-parallel styles: ``Pipeline.path`` says what ran): "fully_shard",
-    "ddp", "dtensor", or "none" for a stage of one device."""
+    where its modules cannot take the tensor-parallel styles or the column embedding: ``Pipeline.paths`` says
+    what ran): "fully_shard", "ddp", "dtensor", or "none" for a stage of one device."""
     out = []
     for i, typed in enumerate(pp.stages):
         local = _local_plan(pp, i)

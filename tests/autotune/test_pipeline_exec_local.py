@@ -26,9 +26,9 @@ import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the w
 import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
-from pipeline_exec_plans import (GPT, LLAMA, LR, STEPS, batch, column_embedding, first_gradients,  # noqa: E402
-                                 in_micro_batches, make_model, replicated, restage, searched, sharded,
-                                 train_one_process)
+from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, column_embedding,  # noqa: E402
+                                 first_gradients, in_micro_batches, make_model, megatron, replicated, restage,
+                                 searched, sharded, train_one_process)
 from tiny_models import free_port  # noqa: E402
 
 from autotune.plan import stages as stages_module  # noqa: E402
@@ -201,3 +201,21 @@ def test_local_stages_match_one_process(kind, tmp_path):
         assert not any(problems), f"{kind} {paths}: {[p for p in problems if p]}"
         seen = {name for r in range(4) for name in results[r][k][1]}
         assert seen == set(ref[1]), f"parameters no stage trained: {sorted(set(ref[1]) - seen)}"
+
+
+def test_which_stages_take_which_path():
+    """A stage takes apply's local path where its plan is data parallel or fully_shard-shaped (or a first stage
+    whose embedding alone is by columns, in FSDP mode) and the stream arrives and leaves as each rank's local
+    piece; Megatron's tensor-parallel stages, replicated ones and a data-parallel stage that receives the stream
+    whole keep DTensor's; a stage of one device is placed as it is."""
+    from autotune.plan.stages import load_pipelined, stage_paths
+    cfg = dict(LLAMA, batch=32)
+    ddp = in_micro_batches(searched(cfg, 2), M)
+    cases = [(ddp, ["ddp", "ddp"]), (sharded(ddp, 1), ["ddp", "fully_shard"]),
+             (restage(ddp, 1, replicated), ["ddp", "dtensor"]),
+             (restage(ddp, 0, replicated), ["dtensor", "dtensor"]),  # the stream reaches stage 1 whole
+             (column_embedding(ddp), ["dtensor", "ddp"]),  # by columns without FSDP: not fully_shard's
+             (column_embedding(sharded(ddp, 0)), ["fully_shard", "ddp"]),
+             (megatron(dict(GPT_PLAIN, batch=32), 2, 2, 2, 2, 16), ["dtensor", "dtensor"]),
+             (searched(dict(GPT, batch=8), 4), ["none"] * 4)]
+    assert [stage_paths(load_pipelined(plan)) for plan, _ in cases] == [paths for _, paths in cases]
