@@ -73,7 +73,7 @@ def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=Non
         "torch": torch.__version__, "dtype": str(autocast or param_dtype).replace("torch.", ""),
         "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": pp.micro_batches,
         "pipeline": {"stages": len(pp.split), "split": list(pp.split), "schedule": pp.schedule,
-                     "library_schedule": type(pipe.schedule).__name__,
+                     "library_schedule": type(pipe.schedule).__name__, "paths": list(pipe.paths),
                      "submesh": {"nodes": pp.submesh.nodes, "gpus_per_node": pp.submesh.gpus_per_node}},
         "measured": measured, "predicted": {k: totals[k] for k in PREDICTED if k in totals},
         "predicted_layers": {}, "predicted_comparable": True,

@@ -59,7 +59,8 @@
   a sharding axis split there (its first dimension that divides), all-gathered at use by a parametrization
   whose backward reduce-scatters its gradient: ZeRO-3 expressed in DTensor on the one fine mesh (not
   ``fully_shard``, whose parameters live on a sub-mesh the per-layer hooks' DTensors do not share).
-  ``placement_path(plan, model, output=...)`` says which path a plan takes.
+  ``placement_path(plan, model, output=...)`` says which path a plan takes (``path_of``, which
+  ``autotune.apply_pipeline`` asks for each stage of a pipelined plan).
 - Recomputation: ``"full"`` wraps each block in ``torch.utils.checkpoint``; ``"selective"`` each
   block's attention module.
 - Module names: found by pattern for Hugging Face Llama, Mistral, Qwen2, GPT-2 and nanoGPT-style
@@ -693,12 +694,17 @@ def placement_path(plan, model, mapping: dict | None = None, output: str = "whol
     """"fully_shard", "ddp" or "dtensor": the path ``apply(..., output=output)`` places ``model`` by (see
     ``fully_shard_layout`` and ``data_parallel_plan``)."""
     plan = load_plan(plan)
+    return path_of(plan, find_layers(plan, model, mapping)[0], output)
+
+
+def path_of(plan: TypedPlan, chain: list[Site], output: str) -> str:
+    """The path of ``plan`` on the modules of ``chain``: "fully_shard" where ``fully_shard_layout`` expresses it
+    (its tensor-parallel axis, if any, on modules ``parallelize_module`` takes), "ddp" for a pure data-parallel
+    plan with ``output="local"``, else "dtensor"."""
     layout = fully_shard_layout(plan)
-    if layout is None:
-        return "ddp" if output == "local" and data_parallel_plan(plan) else "dtensor"
-    if layout.tp is not None and _tp_modules(find_layers(plan, model, mapping)[0], layout.tp) is None:
-        return "dtensor"
-    return "fully_shard"
+    if layout is not None and (layout.tp is None or _tp_modules(chain, layout.tp) is not None):
+        return "fully_shard"
+    return "ddp" if output == "local" and data_parallel_plan(plan) else "dtensor"
 
 
 def _data_piece(module, args, kwargs, *, split: DataSplit, where: str):
@@ -763,48 +769,58 @@ def _whole_batch(module, args, out, *, mesh):
     return whole.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
 
 
-def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, device: str,
-                 output: str) -> None:
-    """torchtitan's composition: ``parallelize_module`` on the tensor-parallel axis (if any), then
-    ``fully_shard`` on each block and on the whole model over the data axes, a (replicate, shard) mesh for
-    HSDP; each rank computes its data piece of the batch. ``output`` "whole": the logits gathered whole on
-    every rank, gradients summed; "local": the model's call cut to this rank's piece (its outputs and loss
-    that piece's), gradients averaged (fully_shard's default, torchtitan's step)."""
-    from torch.distributed import get_backend
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
+    """The mesh ``fully_shard`` runs on, its dimension names and sizes in rank order: "replicate" (HSDP's
+    leading data axes), "shard", "tp"; those of one device left out except "shard"."""
     sizes = plan.mesh.sizes
     shard = math.prod(sizes[a] for a in layout.shard)
     replicate = math.prod(sizes[a] for a in layout.data) // shard
-    micro = plan.model.get("micro_batch")
-    if micro is not None and micro % (replicate * shard):
-        raise UserError(f"the plan's micro-batch of {micro} does not split over its {replicate * shard} data-parallel "
-                        f"devices: apply a plan searched for a micro-batch that {replicate * shard} divides")
     dims = {"replicate": replicate, "shard": shard, "tp": sizes[layout.tp] if layout.tp is not None else 1}
-    dims = {k: v for k, v in dims.items() if v > 1 or k == "shard"}
-    world_mesh = init_device_mesh(device, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    return {k: v for k, v in dims.items() if v > 1 or k == "shard"}
+
+
+def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, world_mesh,
+                 output: str, ignored: tuple = ()):
+    """torchtitan's composition: ``parallelize_module`` on the tensor-parallel axis (if any), then
+    ``fully_shard`` on each block and on the whole model over the data axes, a (replicate, shard) mesh for
+    HSDP. ``world_mesh``: a DeviceMesh with ``fsdp_dims``' dimensions (and any others, e.g. a pipeline's).
+    ``output`` "whole": gradients summed (each rank's is its piece's share of the whole batch's loss);
+    "local": averaged (fully_shard's default, torchtitan's step). Returns (this rank's ``DataSplit``, the data
+    mesh); the caller cuts the calls or gathers the outputs. ``ignored``: parameters fully_shard leaves as they
+    are (placed by the caller)."""
+    from torch.distributed import get_backend
+    from torch.distributed.fsdp import fully_shard
+    dims = fsdp_dims(plan, layout)
+    data = tuple(k for k in dims if k != "tp")
+    parts = math.prod(dims[k] for k in data)
+    micro = plan.model.get("micro_batch")
+    if micro is not None and micro % parts:
+        raise UserError(f"the plan's micro-batch of {micro} does not split over its {parts} data-parallel "
+                        f"devices: apply a plan searched for a micro-batch that {parts} divides")
     if layout.tp is not None:
         from torch.distributed.tensor.parallel import parallelize_module
         parallelize_module(model, world_mesh["tp"], _tp_modules(chain, layout.tp))
     _recompute(model, chain, prefixes, plan.recompute)
-    data = tuple(k for k in dims if k != "tp")
     mesh = world_mesh[data]
     names = dict(model.named_modules())
     units = [names[prefix] for prefix in prefixes.values()] + [model]
     for unit in units:
-        fully_shard(unit, mesh=mesh)
+        fully_shard(unit, mesh=mesh, ignored_params=set(ignored) or None)
     gloo = get_backend(mesh.get_group(0)) == "gloo"
     for unit in units:
         if output == "whole":  # each rank's gradient is already its piece's share of the whole batch's loss
             unit.set_gradient_divide_factor(1.0)
         if gloo:  # gloo has neither the pre-multiplied sum nor the average fully_shard asks for
             unit.set_force_sum_reduction_for_comms(True)
-    coords = [world_mesh.get_local_rank(k) for k in data]
-    rank = coords[0] * shard + coords[1] if len(coords) == 2 else coords[0]
-    split = DataSplit(rank, replicate * shard)
-    if output == "local":
-        split.cut_calls(model)
-        return
+    rank = 0
+    for k in data:  # row-major over the data dimensions, as DTensor's Shard(0) on each in turn
+        rank = rank * dims[k] + world_mesh.get_local_rank(k)
+    return DataSplit(rank, parts), mesh
+
+
+def _gather_outputs(chain: list[Site], split: DataSplit, mesh) -> None:
+    """``apply``'s whole-batch contract on a fully_shard model: its first module takes this rank's piece of the
+    batch every rank feeds, its last hands the outputs (the logits) whole to every rank."""
     for name, module in next(s for s in chain if s.modules).modules:
         module.register_forward_pre_hook(functools.partial(_data_piece, split=split, where=name), with_kwargs=True,
                                          prepend=True)
@@ -813,18 +829,16 @@ def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layo
 
 
 # --- data parallelism through DDP ---------------------------------------------------------------------------
-def _ddp(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str):
-    """A pure data-parallel plan as users run it: the model's call cut to this rank's piece of the batch
-    (``_local_batch``), recomputation as planned, then ``DistributedDataParallel`` (its gradients averaged,
-    all-reduced in buckets during the backward, each gradient a view into its bucket: one copy of the
-    gradients, as the plan's memory counts them; DDP's default keeps a second one in its buckets, 4 bytes a
-    parameter more); returns the DDP module."""
+def _ddp(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str, split: DataSplit, group=None):
+    """A pure data-parallel plan as users run it: recomputation as planned, then ``DistributedDataParallel``
+    over ``group`` (None: the world; its gradients averaged, all-reduced in buckets during the backward, each
+    gradient a view into its bucket: one copy of the gradients, as the plan's memory counts them; DDP's default
+    keeps a second one in its buckets, 4 bytes a parameter more); returns the DDP module, which ``data_piece``
+    asks for this rank's piece ``split`` (the caller cuts the calls)."""
     from torch.nn.parallel import DistributedDataParallel
     _recompute(model, chain, prefixes, plan.recompute)
-    split = DataSplit(dist.get_rank(), plan.world)
-    split.cut_calls(model)
     ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None,
-                                  gradient_as_bucket_view=True)
+                                  process_group=group, gradient_as_bucket_view=True)
     ddp._autotune_data_split = split
     return ddp
 
@@ -882,17 +896,26 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, output: str = "wh
     _check_shapes(chain, plan)
     if world > 1:
         device = mesh.device_type if mesh is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
-        layout = fully_shard_layout(plan)
-        if layout is not None and (layout.tp is None or _tp_modules(chain, layout.tp) is not None):
-            _fully_shard(model, chain, prefixes, plan, layout, device, output)
+        from torch.distributed.device_mesh import init_device_mesh
+        path = path_of(plan, chain, output)
+        if path == "fully_shard":
+            layout = fully_shard_layout(plan)
+            dims = fsdp_dims(plan, layout)
+            split, data_mesh = _fully_shard(model, chain, prefixes, plan, layout, init_device_mesh(
+                device, tuple(dims.values()), mesh_dim_names=tuple(dims)), output)
+            if output == "local":
+                split.cut_calls(model)
+            else:
+                _gather_outputs(chain, split, data_mesh)
             return model
         if output == "local":
-            if not data_parallel_plan(plan):
+            if path != "ddp":
                 raise UserError(f"output='local' needs a data-parallel or FSDP plan (DDP, FSDP, HSDP, TP + FSDP); "
                                 f"{plan.strategy!r} is placed by DTensor: use output='whole'")
-            return _ddp(model, chain, prefixes, plan, device)
+            split = DataSplit(dist.get_rank(), plan.world)
+            split.cut_calls(model)
+            return _ddp(model, chain, prefixes, plan, device, split)
         if mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
             mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)
         _place(chain, plan, mesh, model)
         _vocab_parallel(chain, plan, mesh)

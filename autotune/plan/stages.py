@@ -19,9 +19,35 @@
 - Devices: the stage's module (its part of the model) is moved to this rank's device; nothing else is. Build
   the model on the CPU (as ``python -m autotune execute`` does) so that the other stages' weights never reach
   this rank's GPU: a model built on the GPU keeps them all there while the caller holds it.
-- Each stage's module is placed on its submesh as ``autotune.apply`` places a model (the same
-  parameters, hooks and recomputation: ``autotune.plan.place``), with its stage's plan
-  (``TypedPlan.from_search(..., stage=True)``).
+- Each stage's module is placed on its submesh with its stage's plan (``TypedPlan.from_search(...,
+  stage=True)``) by one of ``autotune.apply``'s paths (``autotune.plan.place``; ``stage_paths`` says which a
+  plan asks for, ``Pipeline.paths`` which ran, ``python -m autotune execute`` records them):
+  - "ddp" / "fully_shard", apply's local path, for a stage plan that is pure data parallelism
+    (``data_parallel_plan``) or FSDP/HSDP/TP + FSDP-shaped (``fully_shard_layout``) and whose boundaries
+    carry the stream as each rank's local piece (the plan's sent placement at each of its boundaries is
+    ``local_stream``: split by the batch over the data axes, whole on a tensor-parallel axis); also a first
+    stage in FSDP mode whose embedding alone is split by features (``_columns_twin``: the table's columns on
+    each device, which looks up the whole micro-batch's ids there and hands its piece on by an all-to-all,
+    the S1 -> S0 boxing the plan prices; the searched 2 x 2 plans of a 1.1 B Llama have it), its table a
+    DTensor of columns that fully_shard leaves alone (a tied or multi-module embedding: the DTensor path):
+    ``DistributedDataParallel`` over the stage's ranks, or torchtitan's ``parallelize_module`` +
+    ``fully_shard`` on the stage's submesh; each rank runs its piece of every micro-batch (the first stage
+    cuts the ids, the last the targets: ``DataSplit``), its loss that piece's, gradients averaged over the
+    stage's data ranks; the boundary is the P2P of each rank's local piece to the rank at the same
+    coordinates of the next stage, nothing redistributed. The communication is the step model's
+    (``autotune.pipeline.stage``): DDP all-reduces once a step (``PipelineStage`` runs a DDP module under
+    ``no_sync`` until the last micro-batch: ``sync_steps`` once a step); fully_shard all-gathers each
+    unit's weights in each micro-batch's forward and backward and reduce-scatters its gradient in each
+    backward (``fsdp_steps``, per micro-batch), with the weights sharded between uses (the memory priced).
+    For that the fully_shard module reaches ``PipelineStage`` behind a plain module (``_Plain``): the library
+    special-cases a stage module that is an ``FSDPModule`` (gradient sync and resharding after backward off
+    until the last micro-batch: unsharded gradients accumulated, one reduce-scatter a step; torchtitan's
+    PP + FSDP), which is not what the step model prices (the tests count the collectives of a step).
+  - "dtensor": every other stage plan, as ``apply`` places a model by DTensor (parameters, per-layer hooks,
+    recomputation; its stream at the boundaries below); next to a local-path stage, whose gradients are of
+    each piece's loss (the number of pieces times those of the whole micro-batch's loss that the DTensor
+    path computes), the gradient crossing the boundary is rescaled on the local side.
+  - "none": a stage of one device, placed as it is.
 - The stage boundary: the residual stream (without one, the last block layer's output) leaves stage i
   as this rank's local piece in stage i's stream placement (its residual's output), by the boundary's
   route (the plan record's ``boundary_route`` and ``boundary_sent``, ``autotune.pipeline.boundary``, which
@@ -52,7 +78,8 @@
   backward their gradients are summed between the two stages (rank j of the first with rank j of the
   last, whole gradients), as Megatron does, so both copies take the same optimizer step.
 - ``step(ids, targets)`` splits the batch into the plan's micro-batches along dimension 0, runs the
-  schedule (gradients of the mean loss over the micro-batches) and returns that loss on every rank.
+  schedule (gradients of the mean loss over the micro-batches) and returns the mean loss over the whole
+  batch on every rank (a local-path last stage's pieces' losses averaged over its data ranks).
 - Errors (not a pipelined plan, a world other than the plan's, a split that is not the model's blocks, a
   module apply cannot cut): one ``UserError`` naming the problem and the fix, alike on every rank, before
   any weight moves.
@@ -67,16 +94,17 @@ from calibrate.errors import UserError
 from calibrate.records import kind_of
 
 from autotune.pipeline.boundary import DIRECT, ROUTES
-from autotune.plan.place import (FAMILIES, HEAD, TAIL, Site, _act, _check_shapes, _global_shape, _handoffs, _place,
-                                 _post, _pre, _recompute, _redistribute, _world, contiguous_strides, find_layers,
-                                 torch)
+from autotune.plan.place import (FAMILIES, HEAD, TAIL, DataSplit, Site, _act, _check_shapes, _ddp, _fully_shard,
+                                 _global_shape, _handoffs, _place, _post, _pre, _recompute, _redistribute, _world,
+                                 contiguous_strides, data_parallel_plan, find_layers, fsdp_dims, fully_shard_layout,
+                                 path_of, torch)
 from autotune.plan.typed import ModelSpec, TypedPlan, read_source
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import P, check_placement, is_split
+from autotune.sbp.sbp import B, P, check_placement, is_split
 
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.distributed.tensor import DTensor, Replicate  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 
 
 
@@ -352,6 +380,132 @@ def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
     return {k: v for k, v in mapping.items() if k in names}
 
 
+def _local_plan(pp: PipelinedPlan, stage: int) -> TypedPlan | None:
+    """The plan by which stage ``stage`` is placed on apply's local path, from the plan alone (so alike on every
+    rank, which must all make every local stage's mesh): its own where it is data parallel or fully_shard-shaped
+    (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or a first stage's ``_columns_twin``,
+    and each of its boundaries carries each rank's local piece (``local_stream``); None: the DTensor path."""
+    typed = pp.stages[stage]
+    if typed.world == 1:
+        return None
+    if stage == 0:
+        typed = _columns_twin(typed) or typed
+    if fully_shard_layout(typed) is None and not data_parallel_plan(typed):
+        return None
+    want = local_stream(typed)
+    ends = ([pp.sent[stage - 1]] if stage > 0 else []) + ([pp.sent[stage]] if stage < len(pp.split) - 1 else [])
+    if any(end is None or tuple(end) != want for end in ends):
+        return None
+    return typed
+
+
+def _local_dims(typed: TypedPlan) -> dict[str, int]:
+    """The mesh dimensions of a local-path stage plan: fully_shard's (``fsdp_dims``) or DDP's ("dp")."""
+    layout = fully_shard_layout(typed)
+    return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
+
+
+def _columns_twin(typed: TypedPlan) -> TypedPlan | None:
+    """A first stage in FSDP mode whose embedding is split by features on every axis (S1: each device holds its
+    columns of the table and looks up the whole micro-batch there; the step model prices that and the S1 -> S0
+    boxing to the first block) and whose other layers are fully_shard-shaped without tensor parallelism (the
+    searched 2 x 2 plans of a 1.1 B Llama): the same plan with a data-parallel embedding, which
+    ``fully_shard_layout`` takes; its embedding is then placed by ``_column_lookup``. None for other plans."""
+    emb = typed.layer("embedding")
+    n = len(typed.mesh.sizes)
+    cols = ("S1",) * n
+    if emb is None or typed.sharding_mode != "fsdp" or emb.output != cols or \
+            [w.placements for w in emb.weights] != [cols]:
+        return None
+    data = replace(emb, output=("S0",) * n, weights=(replace(emb.weights[0], placements=(B,) * n),))
+    twin = replace(typed, layers=tuple(data if lay is emb else lay for lay in typed.layers))
+    layout = fully_shard_layout(twin)
+    return twin if layout is not None and layout.tp is None else None
+
+
+def _column_module(chain: list[Site], tied_ids: set):
+    """The embedding module ``_column_lookup`` can place (one plain ``nn.Embedding``, its table not tied to the
+    logits); None: the stage keeps the DTensor path."""
+    site = chain[0] if chain and chain[0].layer.kind == "embedding" else None
+    if site is None or len(site.modules) != 1:
+        return None
+    module = site.modules[0][1]
+    if type(module) is not nn.Embedding or module.max_norm is not None or id(module.weight) in tied_ids:
+        return None
+    return module
+
+
+def _column_lookup(ids, *, module, mesh, factor: float):
+    """The embedding's lookup with its table split by columns over the stage's data mesh (a DTensor, Shard(1)):
+    every device looks the whole micro-batch up in its columns, and the output goes to this rank's piece of the
+    micro-batch with all features (DTensor's Shard(2) -> Shard(0): an all-to-all, the S1 -> S0 boxing the step
+    model prices). Its gradient, summed over the pieces' losses, is scaled by ``factor`` (1 / pieces) to the
+    average fully_shard takes for the others."""
+    out = _scale_grad(nn.functional.embedding(ids, module.weight.to_local(), module.padding_idx), factor=factor)
+    placements = [Shard(out.dim() - 1)] * mesh.ndim
+    shape = _global_shape(out, placements, mesh)
+    x = DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
+    return x.redistribute(mesh, [Shard(0)] * mesh.ndim).to_local()
+
+
+def local_stream(typed: TypedPlan) -> tuple[str, ...]:
+    """The stream placement in which a stage on apply's local path holds it: split by the batch (S0) over the
+    data axes, whole (B) on a tensor-parallel axis: each rank's local piece is DTensor's tile of it."""
+    layout = fully_shard_layout(typed)
+    tp = layout.tp if layout is not None else None
+    return tuple(B if a == tp else "S0" for a in range(len(typed.mesh.sizes)))
+
+
+def stage_paths(pp: PipelinedPlan) -> list[str]:
+    """Per stage, the path its plan asks for (``apply_pipeline`` may still place a fully_shard stage by DTensor
+    where its modules cannot take the tensor-parallel styles or the column embedding: ``Pipeline.paths`` says
+    what ran): "fully_shard", "ddp", "dtensor", or "none" for a stage of one device."""
+    out = []
+    for i, typed in enumerate(pp.stages):
+        local = _local_plan(pp, i)
+        out.append("none" if typed.world == 1 else "dtensor" if local is None else "ddp" if
+                   fully_shard_layout(local) is None else "fully_shard")
+    return out
+
+
+LOCAL = ("fully_shard", "ddp")  # apply's local paths
+
+
+class _Plain(nn.Module):
+    """A fully_shard stage behind a plain module, so that the library's ``PipelineStage`` does not take it for
+    an ``FSDPModule`` (which it would keep gathered and unreduced until the last micro-batch): fully_shard
+    gathers and reduce-scatters each micro-batch, as the step model prices (module doc)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """The identity whose backward multiplies the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x, factor: float):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+def _scale_grad(x, *, factor: float):
+    return _ScaleGrad.apply(x, factor)
+
+
+def _piece_loss(x, target, *, loss_fn, split: DataSplit):
+    """The loss of this rank's piece: its outputs against its piece of the micro-batch's targets."""
+    return loss_fn(x, split.piece(target, "the targets"))
+
+
 # --- the pipeline ---------------------------------------------------------------------------------------------
 def _cross_entropy(logits, targets):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
@@ -370,6 +524,13 @@ class Pipeline:
     tied: tuple[str, ...]    # the stage module's parameters tied across the first and the last stage
     device: object
     mesh: object             # this stage's submesh (None: one device)
+    paths: tuple = ()        # per stage, how it is placed: "fully_shard", "ddp", "dtensor", "none" (one device)
+    data_groups: tuple = ()  # a local-path stage's data-parallel process groups (its loss averaged over them)
+
+    @property
+    def path(self) -> str:
+        """How this rank's stage is placed (``paths``)."""
+        return self.paths[self.stage]
 
     @property
     def first(self) -> bool:
@@ -399,6 +560,10 @@ class Pipeline:
         loss = (torch.stack([x.detach() for x in losses]).mean() if self.last
                 else torch.zeros((), dtype=torch.float64, device=self.device))
         loss = loss.to(torch.float64)
+        if self.last:  # a local path's loss is of this rank's piece: the mean over the stage's data ranks
+            for group in self.data_groups:
+                dist.all_reduce(loss, group=group)
+                loss /= dist.get_world_size(group)
         dist.broadcast(loss, group_src=len(self.plan.split) - 1, group=self.pp_group)
         return loss
 
@@ -455,19 +620,63 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
         g = dist.new_group([k, (p - 1) * S + k]) if tied_ids else None
         if k == j:
             tied_group = g
-    if mesh is not None:
-        _place(chain, typed, mesh, module)
-        s_in, s_out = _stream(typed)
-        _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
-        if not last:
-            module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=pp.sent[stage])
-        if not first:
-            module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=pp.sent[stage - 1], dst=s_in)
-    _recompute(module, chain, prefixes, typed.recompute)
+    local = _local_plan(pp, stage)
+    columns = _column_module(chain, tied_ids) if local is not None and local is not typed else None
+    path = "none" if mesh is None else "dtensor" if local is None or (local is not typed and columns is None) \
+        else path_of(local, chain, "local")
+    paths: list = [None] * world
+    # alike on every rank: a stage whose modules refuse its plan's TP styles or column embedding takes DTensor's
+    dist.all_gather_object(paths, path)
+    paths = paths[::S]
+    meshes = {}
+    for i in range(p):  # every rank makes every local-path stage's mesh, in the same order
+        key = tuple(_local_dims(_local_plan(pp, i)).items()) if paths[i] in LOCAL else None
+        if key is not None and key not in meshes:
+            meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
+                                           mesh_dim_names=("pp", *(k for k, _ in key)))
+    runs, data_groups, loss = module, (), loss_fn or _cross_entropy
+    if path in LOCAL:  # apply's local path on the stage's submesh
+        local_mesh = meshes[tuple(_local_dims(local).items())]
+        if path == "fully_shard":
+            ignored = (columns.weight,) if columns is not None else ()
+            split, data_mesh = _fully_shard(module, chain, prefixes, local, fully_shard_layout(local), local_mesh,
+                                            "local", ignored)
+            data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
+            runs = _Plain(module)
+        else:
+            split = DataSplit(local_mesh.get_local_rank("dp"), S)
+            data_groups = (local_mesh["dp"].get_group(),)
+            runs = _ddp(module, chain, prefixes, local, device.type, split, data_groups[0])
+        if columns is not None:  # the whole micro-batch's ids looked up in this rank's columns, then its piece
+            columns.weight = nn.Parameter(distribute_tensor(columns.weight.detach(), data_mesh,
+                                                            [Shard(1)] * data_mesh.ndim))
+            columns.forward = functools.partial(_column_lookup, module=columns, mesh=data_mesh,
+                                                factor=1 / split.world)
+        elif first:
+            split.cut_calls(module)
+        if last:
+            loss = functools.partial(_piece_loss, loss_fn=loss, split=split)
+        # beside a DTensor-path stage (whose gradients are of the whole micro-batch's loss, not of each piece's
+        # loss: 1 / pieces of them), the gradients crossing the boundary rescaled
+        if not first and paths[stage - 1] not in LOCAL:
+            module.arrive = functools.partial(_scale_grad, factor=1 / split.world)
+        if not last and paths[stage + 1] not in LOCAL:
+            module.depart = functools.partial(_scale_grad, factor=split.world)
+    else:
+        if mesh is not None:
+            _place(chain, typed, mesh, module)
+            s_in, s_out = _stream(typed)
+            _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
+            if not last:
+                module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=pp.sent[stage])
+            if not first:
+                module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=pp.sent[stage - 1], dst=s_in)
+        _recompute(module, chain, prefixes, typed.recompute)
     from torch.distributed.pipelining import PipelineStage
-    pstage = PipelineStage(module, stage, p, device, group=pp_group)
-    schedule = SCHEDULES[pp.schedule](pstage, pp.micro_batches, loss_fn=loss_fn or _cross_entropy)
-    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh)
+    pstage = PipelineStage(runs, stage, p, device, group=pp_group)
+    schedule = SCHEDULES[pp.schedule](pstage, pp.micro_batches, loss_fn=loss)
+    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
+                    data_groups)
 
 
 def _check_sequences(pp: PipelinedPlan, origin: str) -> None:
@@ -512,4 +721,5 @@ def _blocks(model, cls) -> list:
     return list(model.blocks) if cls is ReferenceStage else list(model.model.layers)
 
 
-__all__ = ["PipelinedPlan", "Pipeline", "apply_pipeline", "load_pipelined", "CUTS", "SCHEDULES"]
+__all__ = ["PipelinedPlan", "Pipeline", "apply_pipeline", "load_pipelined", "stage_paths", "local_stream", "CUTS",
+           "SCHEDULES"]

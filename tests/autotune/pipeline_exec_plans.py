@@ -112,3 +112,48 @@ def train_one_process(cfg: dict, micro_batches: int) -> tuple[list, dict]:
         opt.zero_grad()
         losses.append(total)
     return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def sharded(plan: dict, stage: int, axes=(0,)) -> dict:
+    """``plan`` with stage ``stage``'s weights sharded (FSDP mode) over ``axes``: a data-parallel stage becomes
+    the FSDP plan that fully_shard runs."""
+    out = copy.deepcopy(plan)
+    entry = out["stages"][stage]["plan"]
+    entry["sharding"] = {"mode": "fsdp", "axes": list(axes)}
+    return out
+
+
+def in_micro_batches(plan: dict, m: int) -> dict:
+    """``plan`` run in ``m`` micro-batches of the same batch (its model's micro-batch, each stage's count)."""
+    out = copy.deepcopy(plan)
+    mb = out["model"]["batch"] // m
+    out["pipeline"]["micro_batches"] = m
+    out["model"]["micro_batch"] = mb
+    for s in out["stages"]:
+        s["plan"]["micro_batches"] = m
+        s["plan"]["model"]["micro_batch"] = mb
+    return out
+
+
+def first_gradients(cfg: dict, micro_batches: int) -> dict:
+    """The gradients of the first step's mean loss in one process, by parameter name."""
+    model = make_model(cfg)
+    ids, targets = batch(cfg)
+    import torch
+    for x, y in zip(ids.chunk(micro_batches), targets.chunk(micro_batches)):
+        logits = logits_of(model, x)
+        (torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()) / micro_batches).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def column_embedding(plan: dict) -> dict:
+    """``plan`` with its first stage's embedding split by features on the stage's one axis (its table's columns,
+    the whole micro-batch looked up there; the searched plans of a 1.1 B Llama on 2 x 2 H100s have it), as the
+    search writes it."""
+    out = copy.deepcopy(plan)
+    lay = out["stages"][0]["plan"]["layers"][0]
+    assert lay["name"] == "embedding"
+    lay["mesh"] = [[1, 1], [1, 2], [1, 1]]
+    lay["sbp"] = {"output": "(S0: (1, 1), S1: (1, 2), P: (1, 1))",
+                  "weights": {"weight": "(B: (1, 1), S1: (1, 2), S0: (1, 1))"}}
+    return out

@@ -52,6 +52,7 @@ def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
     plan = json.loads(plan_file.read_text())["best"]
     assert rec["executor"] == "pipeline" and rec["pipeline"]["split"] == plan["pipeline"]["split"]
     assert rec["pipeline"]["library_schedule"] == "Schedule1F1B" and rec["world"] == 4
+    assert rec["pipeline"]["paths"] == ["none"] * 4  # stages of one device: nothing to place
     assert rec["predicted"]["step_s"] == plan["totals"]["step_s"]
     want = one_process(plan["model"], plan["micro_batches"])
     assert rec["measured"]["losses"] == pytest.approx(want, rel=RTOL, abs=0)

@@ -1,0 +1,221 @@
+"""Stages of several devices on apply's local path: ``autotune.apply_pipeline`` on 4 processes as 2 stages x 2
+devices (gloo, float64) places a stage whose plan is data parallel through DDP and one in FSDP mode through
+fully_shard on the stage's submesh (each rank its piece of every micro-batch, the boundary each rank's local
+piece), and agrees with one process: the first step's gradients, the loss of every step on every rank (the mean
+over the whole batch: the pieces' losses averaged over the stage's data ranks) and every parameter after two Adam
+steps, to 1e-9 (relative), for a small GPT (tied embedding and logits, sharded in both the first and the last
+stage: their gradients summed between the stages) and a small Hugging Face Llama, with 4 micro-batches (so that
+DDP's one all-reduce per step and fully_shard's reduce-scatter per micro-batch both accumulate). Each rank
+reports the path its stage took, which must be the one ``stage_paths`` names: a stage falling back to the
+DTensor path fails. A stage that replicates everything beside a fully_shard one keeps the DTensor path (the
+boundary reshards S0 -> B on its submesh). Planted bugs fail: gradients summed instead of averaged over the
+stage's data ranks, and the first stage's micro-batches not cut into pieces."""
+import contextlib
+import datetime
+import os
+from unittest import mock
+
+import numpy as np
+import pytest
+
+if not os.environ.get("CI"):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+import torch  # noqa: E402
+import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
+import torch.multiprocessing as mp  # noqa: E402
+import transformers  # noqa: E402,F401
+
+from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, column_embedding,  # noqa: E402
+                                 first_gradients, in_micro_batches, make_model, megatron, replicated, restage,
+                                 searched, sharded, train_one_process)
+from tiny_models import free_port  # noqa: E402
+
+from autotune.plan import stages as stages_module  # noqa: E402
+from autotune.plan.place import DataSplit  # noqa: E402
+
+RTOL = 1e-9
+M = 4  # micro-batches of 8 sequences (batch 32): 4 per device
+_FULLY_SHARD = stages_module._fully_shard
+
+
+def _summed(model, chain, prefixes, plan, layout, mesh, output, *rest):
+    """A planted bug: fully_shard's gradients summed over the stage's data ranks instead of averaged."""
+    assert output == "local"
+    return _FULLY_SHARD(model, chain, prefixes, plan, layout, mesh, "whole", *rest)
+
+
+# planted bugs: gradients summed over the stage's data ranks; the first stage's micro-batches not cut into
+# pieces; the fully_shard module handed to PipelineStage as it is (which then keeps the weights gathered and the
+# gradients unreduced until the last micro-batch: torchtitan's step, not the priced one); the gradient of an
+# embedding by columns (and of a boundary beside a DTensor-path stage) not rescaled
+BUGS = {"summed": lambda: mock.patch.object(stages_module, "_fully_shard", _summed),
+        "uncut": lambda: mock.patch.object(DataSplit, "cut_calls", lambda self, model: None),
+        "special-cased": lambda: mock.patch.object(stages_module, "_Plain", lambda module: module),
+        "unscaled": lambda: mock.patch.object(stages_module, "_scale_grad", lambda x, factor: x)}
+
+
+def _whole(p):
+    return (p.full_tensor() if isinstance(p, torch.distributed.tensor.DTensor) else p).detach().clone()
+
+
+@contextlib.contextmanager
+def counting(pipe, calls: dict):
+    """``calls`` counts fully_shard's all-gathers and reduce-scatters and DDP's bucket all-reduces meanwhile."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return call
+    ddp = pipe.schedule._stage.submod
+    if isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and not calls.get("hooked"):
+        def hook(state, bucket):  # DDP's own all-reduce, counted (DDP reads the hook's parameter names)
+            calls["allreduce"] += 1
+            return allreduce_hook(ddp.process_group, bucket)
+        ddp.register_comm_hook(None, hook)
+        calls["hooked"] = True
+    with mock.patch.object(dist, "all_gather_single", counted("allgather", dist.all_gather_single)), \
+            mock.patch.object(dist, "reduce_scatter_single", counted("reducescatter", dist.reduce_scatter_single)):
+        yield
+
+
+def named_parameters(module, names: dict):
+    """(the model's name, parameter) of the stage module's parameters; a parametrized one (the DTensor path's
+    FSDP gather at use) by the name of the weight it stands for."""
+    from torch.nn.utils import parametrize
+    for _, m in module.named_modules():
+        if id(m) not in names:  # a parametrization's container: its owner reports it
+            continue
+        own = dict(m.named_parameters(recurse=False))
+        if parametrize.is_parametrized(m):
+            own.update({pn: m.parametrizations[pn].original for pn in m.parametrizations})
+        for pn, p in own.items():
+            yield f"{names[id(m)]}.{pn}".lstrip("."), p
+
+
+def train_pipelined(cfg: dict, plan: dict):
+    """STEPS Adam steps of this rank's stage: (losses, parameters, first step's gradients, by the model's names;
+    the path its stage took; its collectives in the last step and its fully_shard units)."""
+    import autotune
+    from torch.distributed.fsdp import FSDPModule
+    model = make_model(cfg)
+    names = {id(m): n for n, m in model.named_modules()}
+    pipe = autotune.apply_pipeline(plan, model)
+    opt = torch.optim.Adam(pipe.module.parameters(), lr=LR)
+    ids, targets = batch(cfg)
+    losses, grads = [], {}
+    for step in range(STEPS):
+        calls = dict(allgather=0, reducescatter=0, allreduce=0, hooked=calls.get("hooked")) if step else {}
+        with counting(pipe, calls) if step else contextlib.nullcontext():
+            losses.append(float(pipe.step(ids, targets)))
+        if step == 0:
+            grads = {name: _whole(p.grad) for name, p in named_parameters(pipe.module, names)}
+        opt.step()
+        opt.zero_grad()
+    params = {name: _whole(p) for name, p in named_parameters(pipe.module, names)}
+    # fully_shard's units that manage parameters (a first stage's root holds none where its embedding is by columns)
+    units = sum(isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group is not None
+                for m in pipe.module.modules())
+    return losses, params, grads, pipe.path, calls, units
+
+
+def _worker(rank, world, port, jobs, out):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # a job that fails on some ranks leaves the others waiting: their collectives time out instead of hanging
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180))
+    results = []
+    for cfg, plan, bug in jobs:
+        try:
+            with BUGS[bug]() if bug else contextlib.nullcontext():
+                results.append(train_pipelined(cfg, plan))
+        except Exception as e:  # a planted bug may fail outright instead of giving other numbers
+            results.append(f"{type(e).__name__}: {e}")
+    torch.save(results, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def mismatch(ref, grads_ref, got, path: str) -> str | None:
+    """Where the pipelined run differs from one process, or from what the step model prices (None: it agrees):
+    the path, the gradients, the parameters, the losses; the collectives of the last step: DDP one all-reduce
+    (the tiny model's one bucket: no_sync until the last micro-batch), fully_shard each micro-batch's
+    all-gather of every unit in its forward and reduce-scatter of every unit in its backward."""
+    if isinstance(got, str):
+        return got
+    losses, params, grads, took, calls, units = got
+    if took != path:
+        return f"the stage took the {took} path, not {path}"
+    for what, have, want in (("gradient", grads, grads_ref), ("parameter", params, ref[1])):
+        for name, x in have.items():
+            if name not in want:
+                return f"{what} {name} is not the model's"
+            if not torch.allclose(x, want[name], rtol=RTOL, atol=RTOL):
+                return f"{what} {name} differs by {(x - want[name]).abs().max():.3g}"
+    if not np.allclose(losses, ref[0], rtol=RTOL, atol=0):
+        return f"losses {losses} != {ref[0]}"
+    want = {"ddp": (0, 0, 1), "fully_shard": (M * units, M * units, 0)}.get(path, (0, 0, 0))
+    have = (calls["allgather"], calls["reducescatter"], calls["allreduce"])
+    if have[1:] != want[1:] or have[0] < want[0]:
+        return f"collectives (all-gathers, reduce-scatters, all-reduces) {have}, priced {want} ({units} units)"
+    return None
+
+
+def jobs_for(kind: str) -> tuple[dict, list]:
+    """(model config, [(plan, the paths its stages take, planted bug or None[, the paths the plan asks for
+    where its modules refuse one])]); the bugs last (a job that fails on some ranks may leave the others' groups
+    unusable)."""
+    cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32)
+    ddp = in_micro_batches(searched(cfg, 2), M)
+    fsdp = sharded(sharded(ddp, 0), 1)
+    both = ["fully_shard", "fully_shard"]
+    if kind == "gpt":  # its embedding by columns asked for, but tied (and with positions): by DTensor
+        return cfg, [(ddp, ["ddp", "ddp"], None), (fsdp, both, None),
+                     (restage(sharded(ddp, 0), 1, replicated), ["fully_shard", "dtensor"], None),
+                     (column_embedding(fsdp), ["dtensor", "fully_shard"], None, both),
+                     (fsdp, both, "special-cased"), (fsdp, both, "summed")]
+    return cfg, [(fsdp, both, None), (ddp, ["ddp", "ddp"], None), (column_embedding(fsdp), both, None),
+                 (column_embedding(fsdp), both, "unscaled"), (ddp, ["ddp", "ddp"], "uncut")]
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_local_stages_match_one_process(kind, tmp_path):
+    from autotune.plan.stages import load_pipelined, stage_paths
+    cfg, jobs = jobs_for(kind)
+    for plan, paths, _, *asks in jobs:
+        assert stage_paths(load_pipelined(plan)) == (asks[0] if asks else paths)
+    out = tmp_path / "results.pt"
+    mp.start_processes(_worker, args=(4, free_port(), [(cfg, p, bug) for p, _, bug, *_ in jobs], str(out)),
+                       nprocs=4, start_method="fork")
+    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    ref, grads = train_one_process(cfg, M), first_gradients(cfg, M)
+    assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved between the steps
+    for k, (plan, paths, bug, *_) in enumerate(jobs):
+        problems = [mismatch(ref, grads, results[r][k], paths[r // 2]) for r in range(4)]
+        if bug:
+            assert any(problems), f"{kind}: the planted bug {bug!r} went unnoticed"
+            continue
+        assert not any(problems), f"{kind} {paths}: {[p for p in problems if p]}"
+        seen = {name for r in range(4) for name in results[r][k][1]}
+        assert seen == set(ref[1]), f"parameters no stage trained: {sorted(set(ref[1]) - seen)}"
+
+
+def test_which_stages_take_which_path():
+    """A stage takes apply's local path where its plan is data parallel or fully_shard-shaped (or a first stage
+    whose embedding alone is by columns, in FSDP mode) and the stream arrives and leaves as each rank's local
+    piece; Megatron's tensor-parallel stages, replicated ones and a data-parallel stage that receives the stream
+    whole keep DTensor's; a stage of one device is placed as it is."""
+    from autotune.plan.stages import load_pipelined, stage_paths
+    cfg = dict(LLAMA, batch=32)
+    ddp = in_micro_batches(searched(cfg, 2), M)
+    cases = [(ddp, ["ddp", "ddp"]), (sharded(ddp, 1), ["ddp", "fully_shard"]),
+             (restage(ddp, 1, replicated), ["ddp", "dtensor"]),
+             (restage(ddp, 0, replicated), ["dtensor", "dtensor"]),  # the stream reaches stage 1 whole
+             (column_embedding(ddp), ["dtensor", "ddp"]),  # by columns without FSDP: not fully_shard's
+             (column_embedding(sharded(ddp, 0)), ["fully_shard", "ddp"]),
+             (megatron(dict(GPT_PLAIN, batch=32), 2, 2, 2, 2, 16), ["dtensor", "dtensor"]),
+             (searched(dict(GPT, batch=8), 4), ["none"] * 4)]
+    assert [stage_paths(load_pipelined(plan)) for plan, _ in cases] == [paths for _, paths in cases]
