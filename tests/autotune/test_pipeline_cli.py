@@ -58,9 +58,9 @@ def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
             TypedPlan.from_search(dict(s["plan"], layers=s["plan"]["layers"][::-1]), stage=True)
     # the report's conversion (every layer's strategies enumerated once for all stages) types each stage the same
     assert convert_stages(p) == [TypedPlan.from_search(s["plan"], stage=True) for s in p["stages"]]
-    bad = dict(p, stages=[dict(s, plan=dict(s["plan"], layers=[dict(x, signature="nope") if x["signature"] in NORMS else x
-                                                          for x in s["plan"]["layers"]]))
-                          for s in p["stages"]])
+    def renamed(plan):  # the norms' signature one no strategy has
+        return dict(plan, layers=[dict(x, signature="nope") if x["signature"] in NORMS else x for x in plan["layers"]])
+    bad = dict(p, stages=[dict(s, plan=renamed(s["plan"])) for s in p["stages"]])
     with pytest.raises(UserError, match="signature 'nope' on mesh"):
         convert_stages(bad)
     PlanFile(p, d["baselines"]).save(tmp_path / "pipelined.json")  # the report of a pipelined best

@@ -376,3 +376,20 @@ def test_the_relaxations_programs_without_memory_are_shared_by_the_inflight_copi
                 assert shared < len(calls) if f > 1 else shared == len(calls)
     finally:
         LayerDP.solve = solve
+
+
+def test_the_collector_runs_less_often_during_a_search_and_as_before_after(graph, profile):
+    import gc
+    from autotune.pipeline.search import GC_THRESHOLDS, fewer_collections
+    before = gc.get_threshold()
+    seen = []
+    with fewer_collections():
+        seen.append(gc.get_threshold())
+        with fewer_collections():
+            seen.append(gc.get_threshold())
+        seen.append(gc.get_threshold())
+    assert seen == [GC_THRESHOLDS] * 3 and gc.get_threshold() == before != GC_THRESHOLDS
+    with pytest.raises(ZeroDivisionError):
+        with fewer_collections():
+            1 / 0
+    assert gc.get_threshold() == before
