@@ -258,10 +258,12 @@ def relax(problem: Problem, clock: Clock | None = None, rounds: int = 8) -> Rela
             for u in unary:
                 digest.update(u.tobytes())
             key = digest.digest()
-            if key not in free:
-                free[key] = dp.solve(unary)
-            value, plan = free[key]
-            plan = list(plan)
+            if key in free:
+                value, plan = free[key][0], list(free[key][1])
+            else:
+                value, plan = dp.solve(unary)
+                if math.isfinite(value):  # an infinite one answers with the copy's own least-memory plan
+                    free[key] = (value, list(plan))
         out.solves += 1
         if clock is not None:
             clock.steps += 1
