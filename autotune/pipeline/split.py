@@ -66,11 +66,10 @@ def _solve(table: dict[tuple[int, int, int], float], blocks: int, stages: int, m
     by_stage: list[list[tuple[int, int, float]]] = [[] for _ in range(stages)]
     for (i, b, k), t in table.items():
         by_stage[i].append((b, k, t))
-    best: tuple[float, list[int]] | None = None
-    for tau in sorted({t for t in table.values() if math.isfinite(t)}):
-        if (micro_batches - 1) * tau >= (best[0] if best is not None else cutoff):
-            break  # every later bottleneck costs more than the best split already
-        # DP backwards: cost[(i, b)] = least sum of T over stages i.. with b blocks used before stage i
+
+    def least(tau: float) -> dict[tuple[int, int], tuple[float, int]]:
+        """DP backwards: cost[(i, b)] = least sum of T over stages i.. with b blocks used before stage i, each T
+        at most ``tau``."""
         cost: dict[tuple[int, int], tuple[float, int]] = {(stages, blocks): (0.0, 0)}
         for i in range(stages - 1, -1, -1):
             for b, k, t in by_stage[i]:
@@ -79,6 +78,16 @@ def _solve(table: dict[tuple[int, int, int], float], blocks: int, stages: int, m
                 c = t + cost[(i + 1, b + k)][0]
                 if (i, b) not in cost or c < cost[(i, b)][0]:
                     cost[(i, b)] = (c, k)
+        return cost
+
+    # the least sum of T of any split: no bottleneck tau gives a smaller one, so a tau whose
+    # least + (m - 1) tau is no better than the best split so far (or the cutoff) ends the search
+    floor = least(math.inf).get((0, 0), (math.inf, 0))[0]
+    best: tuple[float, list[int]] | None = None
+    for tau in sorted({t for t in table.values() if math.isfinite(t)}):
+        if floor + (micro_batches - 1) * tau >= (best[0] if best is not None else cutoff):
+            break  # every later bottleneck costs more than the best split already
+        cost = least(tau)
         if (0, 0) not in cost:
             continue
         total = cost[(0, 0)][0] + (micro_batches - 1) * tau

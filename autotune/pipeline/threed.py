@@ -33,7 +33,7 @@ import math
 
 from calibrate.errors import UserError
 
-from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, inflight, stage_choices
+from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, inflight, stage_choices
 from autotune.pipeline.slicing import stage_spans
 from autotune.pipeline.stage import figures
 from autotune.sbp.fit import recompute_modes
@@ -125,7 +125,9 @@ def finished(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool
     step so far is left out (it cannot be the baseline)."""
     out: list[Candidate] = []
     best = math.inf
-    for c in sorted(candidates(search, tensor_in_node, sharding, most), key=lambda c: c.floor):
+    with fewer_collections():
+        found = candidates(search, tensor_in_node, sharding, most)
+    for c in sorted(found, key=lambda c: c.floor):
         if c.floor >= best:
             break
         c = search.finish(c)

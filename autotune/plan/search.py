@@ -52,14 +52,28 @@ def fine(text: str, cluster: Cluster, where: str) -> tuple[str, ...]:
 
 def strategy(layer: Layer, signature: str, mesh: RoleMesh, cluster: Cluster, act_bytes: int):
     """The strategy of ``layer`` a plan names by signature and role mesh."""
-    op = make_op(layer, act_bytes)
-    if isinstance(op, Matmul):
-        return op.build(signature, mesh)
-    for s in op.strategies(cluster):
-        if s.signature == signature and s.mesh == mesh:
-            return s
-    raise UserError(f"layer {layer.name}: signature {signature!r} on mesh {[list(m) for m in mesh.sizes]} is not "
-                    f"a strategy of a {layer.kind} layer on {cluster}: re-run the search")
+    return Strategies()(layer, signature, mesh, cluster, act_bytes)
+
+
+class Strategies:
+    """``strategy`` for many plans on one cluster (a pipelined plan's stages): a layer's strategies are
+    enumerated once per (layer, cluster), not once per plan that names one of them."""
+
+    def __init__(self):
+        self._found: dict = {}
+
+    def __call__(self, layer: Layer, signature: str, mesh: RoleMesh, cluster: Cluster, act_bytes: int):
+        op = make_op(layer, act_bytes)
+        if isinstance(op, Matmul):
+            return op.build(signature, mesh)
+        key = (layer, cluster, act_bytes)
+        if key not in self._found:
+            self._found[key] = {(s.signature, s.mesh): s for s in reversed(op.strategies(cluster))}
+        found = self._found[key].get((signature, mesh))
+        if found is None:
+            raise UserError(f"layer {layer.name}: signature {signature!r} on mesh {[list(m) for m in mesh.sizes]} is "
+                            f"not a strategy of a {layer.kind} layer on {cluster}: re-run the search")
+        return found
 
 
 def _cluster(best: dict, origin: str) -> Cluster:
@@ -76,9 +90,12 @@ def _stage_layers(graph: LayerGraph, names: list) -> list[Layer]:
     return picked if names and all(picked) else []
 
 
-def convert(best: dict, baselines=(), origin: str = "plan", stage: bool = False) -> TypedPlan:
+def convert(best: dict, baselines=(), origin: str = "plan", stage: bool = False,
+            strategies: Strategies | None = None) -> TypedPlan:
     """``stage``: ``best`` is one stage's plan of a pipelined plan (``plan["best"]["stages"][i]["plan"]``),
-    whose layers are those of the model that the stage runs, in the model's order."""
+    whose layers are those of the model that the stage runs, in the model's order; ``strategies``: a lookup
+    shared by the plans converted together (``convert_stages``)."""
+    strategies = strategies or Strategies()
     cfg = dict(best.get("model") or {})
     graph = model_graph(cfg)
     cluster = _cluster(best, origin)
@@ -97,7 +114,7 @@ def convert(best: dict, baselines=(), origin: str = "plan", stage: bool = False)
             sbp, sig = e["sbp"], e["signature"]
         except (KeyError, TypeError):
             raise UserError(f"{where} lacks mesh, sbp or signature: re-run the search") from None
-        shapes = {w.name: w.shape for w in strategy(layer, sig, mesh, cluster, graph.act_bytes).weights}
+        shapes = {w.name: w.shape for w in strategies(layer, sig, mesh, cluster, graph.act_bytes).weights}
         weights = []
         for name, text in sbp.get("weights", {}).items():
             if name not in shapes:
@@ -117,3 +134,10 @@ def convert(best: dict, baselines=(), origin: str = "plan", stage: bool = False)
         best.get("profile", ""), Costs.from_dict(best["totals"], f"{origin}: totals") if "totals" in best else None,
         tuple(Baseline(b.get("strategy", ""), Costs.from_dict(b["totals"], f"{origin}: baseline totals"))
               for b in baselines))
+
+
+def convert_stages(best: dict, origin: str = "plan") -> list[TypedPlan]:
+    """Each stage's typed plan of a pipelined ``plan["best"]`` (``convert(..., stage=True)`` per stage), the
+    layers' strategies enumerated once for all stages."""
+    strategies = Strategies()
+    return [convert(s["plan"], (), f"{origin}: stage {s['stage']}", True, strategies) for s in best["stages"]]

@@ -41,9 +41,14 @@ class _Index:
 
     def __init__(self, problem: Problem):
         self.problem = problem
-        self.by_key = [{fine_key(s, problem.cluster): i for i, s in enumerate(ss)} for ss in problem.choices]
+        self._by_key: dict[int, dict] = {}  # a matmul layer's strategies by fine key, made where one is looked up
         self.by_sig = [{(s.signature, s.mesh): i for i, s in enumerate(ss)} for ss in problem.choices]
         self._found: dict = {}
+
+    def by_key(self, v: int) -> dict:
+        if v not in self._by_key:
+            self._by_key[v] = {fine_key(s, self.problem.cluster): i for i, s in enumerate(self.problem.choices[v])}
+        return self._by_key[v]
 
     def get(self, v: int, key) -> int | None:
         op = self.problem.ops[v]
@@ -54,7 +59,7 @@ class _Index:
                 s = finish(op.build(*key), self.problem.cluster)
             except UserError:
                 s = None
-            self._found[(v, key)] = None if s is None else self.by_key[v].get(fine_key(s, self.problem.cluster))
+            self._found[(v, key)] = None if s is None else self.by_key(v).get(fine_key(s, self.problem.cluster))
         return self._found[(v, key)]
 
 

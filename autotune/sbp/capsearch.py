@@ -56,14 +56,16 @@ def cap_descent(problem: Problem, dp: LayerDP, unary: list[np.ndarray], plan: li
     program's ``unary`` costs, paid moves up to ``up`` levels; (cost, plan, converged). Moves are tried
     from the layer whose move last succeeded on (most of those before it failed the last time).
     ``memo``: caps -> (cost, plan) of programs already solved with these ``unary`` costs, kept between
-    calls (descents from several starts often end at the same plan and try the same moves there)."""
+    calls (descents from several starts often end at the same plan and try the same moves there); its key is
+    the number of each layer's memory levels under its cap (``_levels_under``), which fixes the program: caps
+    that differ but keep the same strategies are one program."""
     limit = problem.memory_limit
     n = len(plan)
     levels = [np.unique(m) for m in problem.mem]
     memo = {} if memo is None else memo
 
     def solve(caps):
-        key = tuple(caps)
+        key = _levels_under(levels, caps)
         if key not in memo:
             _, y = dp.solve(_capped(problem, unary, caps))
             clock.steps += 1
@@ -122,6 +124,12 @@ def cap_descent(problem: Problem, dp: LayerDP, unary: list[np.ndarray], plan: li
         if found is None:
             return cost, plan, True
         cost, plan = found
+
+
+def _levels_under(levels: list[np.ndarray], caps) -> tuple[int, ...]:
+    """How many of each layer's distinct memory figures (``levels``, ascending) ``_capped`` keeps under ``caps``:
+    equal tuples, the same strategies kept, the same program."""
+    return tuple(int(np.searchsorted(lv, c * (1 + 1e-12), side="right")) for lv, c in zip(levels, caps))
 
 
 def _capped(problem: Problem, unary: list[np.ndarray], caps) -> list[np.ndarray]:

@@ -31,6 +31,7 @@ entries off it, in numpy (about 0.1 s for GPT-3 175B on 4,096 GPUs).
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from autotune.sbp.searchbase import Clock, Search
 
 CUT_WORK = 2 * 10**8  # the most table entries times cut choices one solve may touch
 PAIRS_LIMIT = 2 * 10**7  # the most boxing-table entries the graph's edges may hold for dynamic programming
+BATCH = 2**16  # the most entries of a message's min-plus product made at once (the rest: one cut choice at a time)
 
 
 class LayerDP:
@@ -174,11 +176,14 @@ class LayerDP:
                 msg = None
                 if p is not None:
                     W = sub[v] = self.table(v, p)[np.ix_(keep[v], keep[p])]
-                    msg = np.empty((U[v].shape[0], W.shape[1]))
-                    buf = np.empty(W.shape)
-                    for q in range(U[v].shape[0]):
-                        np.add(W, U[v][q][:, None], out=buf)
-                        buf.min(axis=0, out=msg[q])
+                    if U[v].shape[0] * W.size <= BATCH:  # small (capped) tables: one call for every cut choice
+                        msg = (U[v][:, :, None] + W[None, :, :]).min(axis=1)
+                    else:
+                        msg = np.empty((U[v].shape[0], W.shape[1]))
+                        buf = np.empty(W.shape)
+                        for q in range(U[v].shape[0]):
+                            np.add(W, U[v][q][:, None], out=buf)
+                            buf.min(axis=0, out=msg[q])
                 self._memo[v] = (key, U[v], sub.get(v), msg)
             if p is not None:
                 msgs[p].append(msg)
@@ -238,11 +243,27 @@ def relax(problem: Problem, clock: Clock | None = None, rounds: int = 8) -> Rela
         D = [problem.sync_tot[v] - problem.bwd_tot[v] for v in range(len(problem.sizes))]
         F = [problem.node_sync[v] if v == first else 0.0 for v in range(len(problem.sizes))]
 
+    free = problem.shared(("relaxation without memory", problem.mode), dict)
+
     def solve(lam: float, mu: float) -> tuple[list[int], float, float]:
-        """(plan, S - W - F of it, memory over the limit)."""
+        """(plan, S - W - F of it, memory over the limit). Without the memory term (mu 0) the program is the same
+        for every copy of the problem that differs in its memory alone (a pipeline stage's in-flight copies,
+        which share ``shared``): solved once for them all, keyed by a digest of its costs."""
         unary = [problem.node[v] + (lam * D[v] + (1 - lam) * F[v] if step else 0.0)
                  + (mu * problem.mem[v] if mu else 0.0) for v in range(len(problem.sizes))]
-        value, plan = dp.solve(unary)
+        if mu:
+            value, plan = dp.solve(unary)
+        else:
+            digest = hashlib.blake2b(digest_size=20)
+            for u in unary:
+                digest.update(u.tobytes())
+            key = digest.digest()
+            if key in free:
+                value, plan = free[key][0], list(free[key][1])
+            else:
+                value, plan = dp.solve(unary)
+                if math.isfinite(value):  # an infinite one answers with the copy's own least-memory plan
+                    free[key] = (value, list(plan))
         out.solves += 1
         if clock is not None:
             clock.steps += 1

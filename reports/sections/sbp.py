@@ -137,6 +137,7 @@ def _convergence_fig(traces: dict, optimum: float):
 def build(paths: list[Path]) -> list[Section]:
     from autotune.export import next_steps
     from autotune.plan import Costs, TypedPlan
+    from autotune.plan.search import convert_stages
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
     for path in paths:
@@ -144,9 +145,8 @@ def build(paths: list[Path]) -> list[Section]:
         best = pf.best
         origin = f"plan file {str(path)!r}"
         if "stages" in best:  # pipelined: the whole's totals, and each stage's plan typed on its submesh
-            per_stage = [(f"stage {s['stage']}: ", s["plan"],
-                          TypedPlan.from_search(s["plan"], (), f"{origin}: stage {s['stage']}", stage=True))
-                         for s in best["stages"]]
+            per_stage = [(f"stage {s['stage']}: ", s["plan"], typed)
+                         for s, typed in zip(best["stages"], convert_stages(best, origin))]
             plans = [(best["strategy"], Costs.from_dict(best["totals"], f"{origin}: totals"))]
             plans += [(b["strategy"], Costs.from_dict(b["totals"], f"{origin}: baseline totals"))
                       for b in pf.baselines]

@@ -36,8 +36,12 @@ def test_pipeline_stages_in_plan_and_table(tmp_path, capsys):
     assert "Pipeline stages" in body and "<svg" in body and "stage 1" in body
 
 
+NORMS = ("layernorm", "rmsnorm")
+
+
 def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
     from autotune.plan import TypedPlan
+    from autotune.plan.search import convert_stages
     from autotune.sbp.plan import PlanFile
     from calibrate.errors import UserError
     from reports.sections.sbp import build
@@ -52,6 +56,13 @@ def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
             TypedPlan.from_search(s["plan"])  # not the whole model
         with pytest.raises(UserError, match="are not a run of its model's"):
             TypedPlan.from_search(dict(s["plan"], layers=s["plan"]["layers"][::-1]), stage=True)
+    # the report's conversion (every layer's strategies enumerated once for all stages) types each stage the same
+    assert convert_stages(p) == [TypedPlan.from_search(s["plan"], stage=True) for s in p["stages"]]
+    def renamed(plan):  # the norms' signature one no strategy has
+        return dict(plan, layers=[dict(x, signature="nope") if x["signature"] in NORMS else x for x in plan["layers"]])
+    bad = dict(p, stages=[dict(s, plan=renamed(s["plan"])) for s in p["stages"]])
+    with pytest.raises(UserError, match="signature 'nope' on mesh"):
+        convert_stages(bad)
     PlanFile(p, d["baselines"]).save(tmp_path / "pipelined.json")  # the report of a pipelined best
     body = "".join(build([tmp_path / "pipelined.json"])[0].blocks)
     assert all(f"stage {s['stage']}: Per-layer plan" in body for s in p["stages"]) and "Pipeline stages" in body

@@ -344,3 +344,52 @@ def test_pair_moves_of_an_inflight_copy_mask_by_its_own_memory(graph, profile):
             masked.append(int(over.sum()))
     n = len(one.pairs)
     assert sum(masked[n:2 * n]) > sum(masked[:n])  # six in flight: more pairs over the limit
+
+
+def test_the_relaxations_programs_without_memory_are_shared_by_the_inflight_copies(graph, profile):
+    """``relax``'s programs without the memory term are solved once for a stage problem's in-flight copies: each
+    copy's relaxation (plans, bound, plans over the limit) is a fresh problem's, with fewer programs solved."""
+    from autotune.sbp.dp import LayerDP, relax
+    from autotune.sbp.memory import Mode
+    calls = []
+    solve = LayerDP.solve
+
+    def counted(self, unary):
+        calls.append(1)
+        return solve(self, unary)
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub = 8, Cluster(1, 2)
+    span = stage_spans(ps.graph_for(m), [2, 2])[0]
+    LayerDP.solve = counted
+    try:
+        for mode in (Mode(), Mode("full", (0,))):
+            for f in (1, 3, 8):
+                pr = ps.stages.problem(m, span, sub, f, mode)
+                fresh = StageProblem(pr.graph, pr.coster, pr.device_limit, inflight=f).with_mode(mode)
+                calls.clear()
+                got = relax(pr)
+                shared = len(calls)
+                calls.clear()
+                want = relax(fresh)
+                assert (got.plans, got.over, got.bound, got.exact) == (want.plans, want.over, want.bound, want.exact)
+                assert [list(u) for u in got.unary] == [list(u) for u in want.unary]
+                assert shared < len(calls) if f > 1 else shared == len(calls)
+    finally:
+        LayerDP.solve = solve
+
+
+def test_the_collector_runs_less_often_during_a_search_and_as_before_after(graph, profile):
+    import gc
+    from autotune.pipeline.search import GC_THRESHOLDS, fewer_collections
+    before = gc.get_threshold()
+    seen = []
+    with fewer_collections():
+        seen.append(gc.get_threshold())
+        with fewer_collections():
+            seen.append(gc.get_threshold())
+        seen.append(gc.get_threshold())
+    assert seen == [GC_THRESHOLDS] * 3 and gc.get_threshold() == before != GC_THRESHOLDS
+    with pytest.raises(ZeroDivisionError):
+        with fewer_collections():
+            1 / 0
+    assert gc.get_threshold() == before

@@ -225,3 +225,38 @@ def test_paid_cap_moves_reach_a_layer_several_levels_up():
     solved = clock.steps
     again = cap_descent(pr, pr, pr.unary, [0, 8], 10.0, clock, up=4, memo=memo)
     assert again == (got, plan, True) and clock.steps == solved  # every program read from the memo
+
+
+def test_cap_programs_are_keyed_by_the_strategies_their_caps_keep():
+    """``cap_descent``'s memo key (the levels under each cap) is equal for two caps exactly where ``_capped``
+    keeps the same strategies, caps on a level, between levels and below every level included."""
+    from autotune.sbp.capsearch import _capped, _levels_under
+    pr, _, _, _ = limited(Cluster(2, 1), "step", 0.5)
+    levels = [np.unique(m) for m in pr.mem]
+    unary = [np.zeros(len(m)) for m in pr.mem]
+    rng = np.random.default_rng(0)
+    points = [np.concatenate([lv, (lv[:-1] + lv[1:]) / 2, [lv[0] / 2, lv[-1] * 2]]) for lv in levels]
+    caps = [[float(rng.choice(p)) for p in points] for _ in range(60)]
+    for a in caps:
+        for b in caps[:20]:
+            same = all((x == y).all() for x, y in zip(_capped(pr, unary, a), _capped(pr, unary, b)))
+            assert same == (_levels_under(levels, a) == _levels_under(levels, b))
+
+
+@pytest.mark.parametrize("cluster", [Cluster(1, 2), Cluster(2, 2)])
+def test_messages_made_at_once_equal_those_made_per_cut_choice(cluster, monkeypatch):
+    """``LayerDP.solve``'s min-plus product over every cut choice at once (``BATCH``) gives the messages, values
+    and plans of one cut choice at a time, under random costs with strategies excluded (inf)."""
+    import autotune.sbp.dp as dp_module
+    pr = gpt(cluster, "comm")
+    rng = np.random.default_rng(1)
+    cases = [[np.where(rng.random(len(u)) < 0.3, np.inf, rng.random(len(u))) for u in pr.node] for _ in range(8)]
+    for u in cases:  # keep one strategy per layer: a program with a plan
+        for x in u:
+            x[0] = 1.0
+    got = {}
+    for batch in (0, 10**9):
+        monkeypatch.setattr(dp_module, "BATCH", batch)
+        dp = LayerDP(pr)
+        got[batch] = [dp.solve(u) for u in cases + [list(pr.node)]]
+    assert got[0] == got[10**9]
