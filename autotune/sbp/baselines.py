@@ -92,7 +92,9 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False) -> list
             sig = "loss" if prev_split or RoleMesh((d, t)).role_size(1) == 1 else "loss-replicated"
             key, split = (sig, RoleMesh((d, t))), False
         else:
-            key, split = (kind, RoleMesh((d, t))), kind in ("attention", "pointwise")
+            # the attention core and the activation (GELU, or SwiGLU on fc1's interleaved gate and up) keep the
+            # features a column-parallel layer split over t: the next matmul runs row-parallel
+            key, split = (kind, RoleMesh((d, t))), kind in ("attention", "pointwise", "swiglu")
         i = idx.get(v, key)
         if i is None:
             return None

@@ -458,3 +458,22 @@ def test_the_command_never_returns_a_plan_slower_than_a_fitting_baseline():
     got = floor(plan, [hsdp, unfit, summa], "step")
     assert got["totals"]["step_s"] == 1.5 and got["search"]["replaced_by"] == hsdp["strategy"]
     assert floor(dict(plan, totals={"step_s": 1.0, "fits_memory": True}), [hsdp], "step")["strategy"] == "searched (cd)"
+
+
+@pytest.mark.parametrize("mlp", ["swiglu", "gelu"])
+def test_megatron_runs_the_mlp_column_then_row_parallel(mlp):
+    # Megatron's MLP: fc1 column-parallel, the activation (GELU, or SwiGLU on fc1's interleaved gate and up)
+    # on the features fc1 split over t, fc2 row-parallel: no boxing between fc1 and fc2, and per block and
+    # micro-batch the forward's two all-reduces (after proj and fc2) and the backward's two (before qkv and fc1),
+    # so one more block adds exactly 4 all-reduces of the (tokens / d) x hidden activation over t.
+    t, tokens, hidden = 4, 4 * 8, 64
+    costs = []
+    for layers in (1, 2):
+        pr = problem(contract_graph(layers=layers, mlp=mlp, kv_heads=4), Cluster(1, 4), objective="comm")
+        a = megatron_assignment(pr, (1, 1), (1, t))
+        chosen = {pr.ops[v].layer.name: pr.choices[v][a[v]] for v in pr.graph.chain}
+        # row-parallel: each device's rows of the weight, the output partial sums over t
+        assert chosen["fc2"].uses_partial and not chosen["fc1"].uses_partial, (chosen["fc1"], chosen["fc2"])
+        costs.append(pr.cost(a))
+    ar = PROFILE.time(Collective.ALLREDUCE, tokens * hidden * 2, Group(t))
+    assert costs[1] - costs[0] == pytest.approx(pr.mb * 4 * ar, rel=1e-9)
