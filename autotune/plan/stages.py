@@ -36,13 +36,16 @@
     stage's data ranks; the boundary is the P2P of each rank's local piece to the rank at the same
     coordinates of the next stage, nothing redistributed. The communication is the step model's
     (``autotune.pipeline.stage``): DDP all-reduces once a step (``PipelineStage`` runs a DDP module under
-    ``no_sync`` until the last micro-batch: ``sync_steps`` once a step); fully_shard all-gathers each
-    unit's weights in each micro-batch's forward and backward and reduce-scatters its gradient in each
-    backward (``fsdp_steps``, per micro-batch), with the weights sharded between uses (the memory priced).
-    For that the fully_shard module reaches ``PipelineStage`` behind a plain module (``_Plain``): the library
-    special-cases a stage module that is an ``FSDPModule`` (gradient sync and resharding after backward off
-    until the last micro-batch: unsharded gradients accumulated, one reduce-scatter a step; torchtitan's
-    PP + FSDP), which is not what the step model prices (the tests count the collectives of a step).
+    ``no_sync`` until the last micro-batch: ``sync_steps`` once a step); fully_shard runs torchtitan's PP +
+    FSDP step: the ``FSDPModule`` is handed to ``PipelineStage``, which turns gradient sync and resharding after backward off
+    until the last micro-batch. Per step and unit that holds parameters: a block's unit (resharded after each
+    forward) is all-gathered by the stage's first forward and by every pass that follows a forward (the forward
+    after a forward, the backward after a forward), m + 1 times for m micro-batches whatever the order (every
+    forward but the last is followed by a pass, the stage ends on a backward); the root unit (the layers
+    outside the blocks: fully_shard keeps it gathered from its forward) once; each unit's gradients
+    accumulated unsharded and reduce-scattered once, in the last backward. The step model prices this
+    (``autotune.pipeline.stage``: the weights and gradients held unsharded; the tests count the collectives of
+    a step).
   - "dtensor": every other stage plan, as ``apply`` places a model by DTensor (parameters, per-layer hooks,
     recomputation; its stream at the boundaries below); next to a local-path stage, whose gradients are of
     each piece's loss (the number of pieces times those of the whole micro-batch's loss that the DTensor
@@ -471,19 +474,6 @@ def stage_paths(pp: PipelinedPlan) -> list[str]:
 LOCAL = ("fully_shard", "ddp")  # apply's local paths
 
 
-class _Plain(nn.Module):
-    """A fully_shard stage behind a plain module, so that the library's ``PipelineStage`` does not take it for
-    an ``FSDPModule`` (which it would keep gathered and unreduced until the last micro-batch): fully_shard
-    gathers and reduce-scatters each micro-batch, as the step model prices (module doc)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x):
-        return self.inner(x)
-
-
 class _ScaleGrad(torch.autograd.Function):
     """The identity whose backward multiplies the gradient by ``factor``."""
 
@@ -642,7 +632,6 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
             split, data_mesh = _fully_shard(module, chain, prefixes, local, fully_shard_layout(local), local_mesh,
                                             "local", ignored)
             data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
-            runs = _Plain(module)
         else:
             split = DataSplit(local_mesh.get_local_rank("dp"), S)
             data_groups = (local_mesh["dp"].get_group(),)

@@ -5,11 +5,12 @@ piece), and agrees with one process: the first step's gradients, the loss of eve
 over the whole batch: the pieces' losses averaged over the stage's data ranks) and every parameter after two Adam
 steps, to 1e-9 (relative), for a small GPT (tied embedding and logits, sharded in both the first and the last
 stage: their gradients summed between the stages) and a small Hugging Face Llama, with 4 micro-batches (so that
-DDP's one all-reduce per step and fully_shard's reduce-scatter per micro-batch both accumulate). Each rank
+DDP's one all-reduce per step and fully_shard's unsharded gradients both accumulate over micro-batches). Each rank
 reports the path its stage took, which must be the one ``stage_paths`` names: a stage falling back to the
 DTensor path fails. A stage that replicates everything beside a fully_shard one keeps the DTensor path (the
 boundary reshards S0 -> B on its submesh). Planted bugs fail: gradients summed instead of averaged over the
-stage's data ranks, and the first stage's micro-batches not cut into pieces."""
+stage's data ranks, the first stage's micro-batches not cut into pieces, and the FSDP module not recognised by
+``PipelineStage`` (fully_shard gathering and reduce-scattering every micro-batch: the collective counts)."""
 import contextlib
 import datetime
 import os
@@ -23,6 +24,7 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
+import torch.distributed.pipelining.stage  # noqa: E402,F401  (the planted bug patches its FSDPModule)
 import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
@@ -46,12 +48,12 @@ def _summed(model, chain, prefixes, plan, layout, mesh, output, *rest):
 
 
 # planted bugs: gradients summed over the stage's data ranks; the first stage's micro-batches not cut into
-# pieces; the fully_shard module handed to PipelineStage as it is (which then keeps the weights gathered and the
-# gradients unreduced until the last micro-batch: torchtitan's step, not the priced one); the gradient of an
-# embedding by columns (and of a boundary beside a DTensor-path stage) not rescaled
+# pieces; the fully_shard module not recognised by PipelineStage (which then gathers and reduce-scatters every
+# micro-batch: not torchtitan's step, which the plan prices); the gradient of an embedding by columns (and of a
+# boundary beside a DTensor-path stage) not rescaled
 BUGS = {"summed": lambda: mock.patch.object(stages_module, "_fully_shard", _summed),
         "uncut": lambda: mock.patch.object(DataSplit, "cut_calls", lambda self, model: None),
-        "special-cased": lambda: mock.patch.object(stages_module, "_Plain", lambda module: module),
+        "unrecognised": lambda: mock.patch.object(torch.distributed.pipelining.stage, "FSDPModule", type("Other", (), {})),
         "unscaled": lambda: mock.patch.object(stages_module, "_scale_grad", lambda x, factor: x)}
 
 
@@ -117,9 +119,9 @@ def train_pipelined(cfg: dict, plan: dict):
         opt.zero_grad()
     params = {name: _whole(p) for name, p in named_parameters(pipe.module, names)}
     # fully_shard's units that manage parameters (a first stage's root holds none where its embedding is by columns)
-    units = sum(isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group is not None
-                for m in pipe.module.modules())
-    return losses, params, grads, pipe.path, calls, units
+    units = [m for m in pipe.module.modules()
+             if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group is not None]
+    return losses, params, grads, pipe.path, calls, (len(units), any(m is pipe.module for m in units))
 
 
 def _worker(rank, world, port, jobs, out):
@@ -143,7 +145,8 @@ def mismatch(ref, grads_ref, got, path: str) -> str | None:
     """Where the pipelined run differs from one process, or from what the step model prices (None: it agrees):
     the path, the gradients, the parameters, the losses; the collectives of the last step: DDP one all-reduce
     (the tiny model's one bucket: no_sync until the last micro-batch), fully_shard each micro-batch's
-    all-gather of every unit in its forward and reduce-scatter of every unit in its backward."""
+    torchtitan's PP + FSDP step (``autotune.plan.stages``): per unit holding parameters one reduce-scatter, and
+    all-gathers m + 1 of a block's unit (the first forward and every pass after a forward), 1 of the root's."""
     if isinstance(got, str):
         return got
     losses, params, grads, took, calls, units = got
@@ -157,9 +160,11 @@ def mismatch(ref, grads_ref, got, path: str) -> str | None:
                 return f"{what} {name} differs by {(x - want[name]).abs().max():.3g}"
     if not np.allclose(losses, ref[0], rtol=RTOL, atol=0):
         return f"losses {losses} != {ref[0]}"
-    want = {"ddp": (0, 0, 1), "fully_shard": (M * units, M * units, 0)}.get(path, (0, 0, 0))
+    units, root = units
+    gathers = (units - root) * (M + 1) + root
+    want = {"ddp": (0, 0, 1), "fully_shard": (gathers, units, 0)}.get(path, (0, 0, 0))
     have = (calls["allgather"], calls["reducescatter"], calls["allreduce"])
-    if have[1:] != want[1:] or have[0] < want[0]:
+    if have != want:
         return f"collectives (all-gathers, reduce-scatters, all-reduces) {have}, priced {want} ({units} units)"
     return None
 
@@ -176,7 +181,7 @@ def jobs_for(kind: str) -> tuple[dict, list]:
         return cfg, [(ddp, ["ddp", "ddp"], None), (fsdp, both, None),
                      (restage(sharded(ddp, 0), 1, replicated), ["fully_shard", "dtensor"], None),
                      (column_embedding(fsdp), ["dtensor", "fully_shard"], None, both),
-                     (fsdp, both, "special-cased"), (fsdp, both, "summed")]
+                     (fsdp, both, "unrecognised"), (fsdp, both, "summed")]
     return cfg, [(fsdp, both, None), (ddp, ["ddp", "ddp"], None), (column_embedding(fsdp), both, None),
                  (column_embedding(fsdp), both, "unscaled"), (ddp, ["ddp", "ddp"], "uncut")]
 
