@@ -13,6 +13,26 @@ accumulation after each micro-batch but the first is spread over the backward pa
 each). Once per step: the gradient all-reduce (exposed as in the single-stage model: max(S - W, F),
 ``Problem.exposed_sync``) and the optimizer. m (forward + backward) + optimizer + exposed sync is the
 stage's ``Problem`` cost under the step objective (tested), under its recomputation and FSDP mode too.
+
+A stage in FSDP mode runs as torchtitan runs it (``autotune.plan.stages``: the ``FSDPModule`` handed to
+``PipelineStage``, resharding after backward and gradient sync off until the last micro-batch; the gloo tests
+count its collectives), not as a single-stage FSDP plan (``steptime.fsdp_steps`` per micro-batch). With m
+micro-batches, k = min(inflight, m) of them forwarded before the stage's first backward, per step and
+occurrence of a layer whose weights FSDP shards (AG: their fp32 all-gather, RS: their gradients' fp32
+reduce-scatter, f and b: the layer's forward and backward compute; ``StageProblem.gathers``,
+``steptime.pipelined_fsdp_seconds``):
+
+    a block's layer (a fully_shard unit, resharded after each forward)
+        k max(0, AG - f) + (m - k + 1) max(0, AG - b)      the first forward, each pass after a forward
+    a layer outside the blocks (the root unit, kept gathered)
+        max(0, AG - f)                                      its first forward
+    grad sync += RS, exposed whole                          after the last backward (REDUCE_GRAD), unhidden
+
+spread evenly over the micro-batches' forwards and backwards in ``StageFigures`` (m (forward + backward)
+holds them all); no reduce-scatter per micro-batch. Memory per occurrence (``memory.pipelined_fsdp_memory``):
+the whole weight gathered (fp32: fully_shard has no MixedPrecisionPolicy here) and its fp32 shard, the whole
+fp32 gradient (accumulated whole: ``accumulate_seconds`` of the whole weight), the shard's optimizer states, activations per in-flight micro-batch as above, and the
+workspace as without FSDP (nothing gathered on the fly).
 """
 from __future__ import annotations
 
@@ -27,8 +47,9 @@ from calibrate.errors import UserError
 from autotune.sbp.boxing import copy_seconds
 from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps
 from autotune.sbp.layers import make_op
-from autotune.sbp.memory import RERUN, Memory, strategy_memory
-from autotune.sbp.steptime import accumulate_seconds, fsdp_steps, layer_seconds, optimizer_seconds
+from autotune.sbp.memory import (NONE, OUTSIDE, RERUN, Memory, Mode, peak_workspace, pipelined_fsdp_memory,
+                                  strategy_memory, tied_saving)
+from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds, pipelined_fsdp_seconds
 from autotune.sbp.tables import edge_steps
 
 
@@ -40,15 +61,70 @@ class StageProblem(Problem):
         self.inflight = inflight
         super().__init__(graph, coster, memory_limit, require_fit=False, objective=objective, **kw)
 
+    @property
+    def pipelined_fsdp(self) -> bool:
+        """Whether the stage runs FSDP as torchtitan does (its mode shards weights): then its gathers, its
+        reduce-scatter and its memory are the module doc's, not the single-stage plan's."""
+        return self.mode.fsdp_axes is not None
+
+    def _price(self, mode: Mode) -> None:
+        """``Problem._price``; in FSDP mode under the step objective its per-micro-batch FSDP communication
+        replaced by the stage's (module doc): the forward and backward all-gathers' exposed seconds per gather
+        (``_gathers``, which the in-flight count multiplies: ``_set_inflight``), one reduce-scatter a step in the
+        gradient sync, none of which the last backward hides (W = 0 in ``Problem.exposed_sync``); the gradients
+        accumulated unsharded."""
+        self._gathers = None
+        super()._price(mode)
+        if not (self.pipelined_fsdp and self.objective == "step" and self.compute is not None):
+            return
+        cl, cm, ab, mb = self.cluster, self.compute, self.act_bytes, self.mb
+        base, gathers, sync, compute = [], [], [], []
+        whole = Mode(mode.recompute)  # the gradients accumulate unsharded
+        for v, ss in enumerate(self.choices):
+            role, rec = self.roles[v], self._recomputed(v)
+            secs = self._figures(v, ("secs", rec, role), lambda: None)
+            old = self._figures(v, ("fsdp", mode, rec, role), lambda: None)
+            acc = self._figures(v, ("accumulate", mode), lambda: None)
+            unsharded = self._figures(v, ("accumulate", whole), lambda ss=ss: np.array(
+                [accumulate_seconds(s, cl, cm, ab, whole) for s in ss], dtype=float))
+            compute.append(self.node_compute[v] + (mb - 1) * (unsharded - acc))
+            parts = self._figures(v, ("pipelined fsdp", mode, rec, role), lambda ss=ss, secs=secs: np.array(
+                [pipelined_fsdp_seconds(s, cl, self.coster, mode, f, b) for s, (f, b) in zip(ss, secs)],
+                dtype=float).reshape(len(ss), 3))
+            base.append(self.node_redist[v] - mb * old)
+            gathers.append((parts[:, 0], parts[:, 1], role == OUTSIDE))
+            sync.append(self.node_sync[v] + parts[:, 2])
+        self._redist_base, self._gathers = base, gathers
+        self.node_sync, self.node_compute = sync, compute
+        self.sync_tot = [c * g for c, g in zip(self.counts, sync)]
+        self.node_bwd = [np.zeros(len(ss)) for ss in self.choices]
+        self.bwd_tot = [np.zeros(len(ss)) for ss in self.choices]
+        self._set_inflight(self.inflight)
+
+    def gathers(self, k: int | None = None) -> tuple[int, int, int]:
+        """Per step under FSDP as torchtitan runs it, with ``k`` (default: the problem's) micro-batches in
+        flight: (the forward, the backward all-gathers of a block's layer, the forward all-gathers of a layer
+        outside the blocks). A block is a fully_shard unit resharded after each forward: the stage's first
+        forward gathers it, and every pass that follows a forward (the warm-up's k - 1 forwards, then each
+        backward after a forward: the first backward and the m - k that follow the steady state's forwards),
+        k forward and m - k + 1 backward gathers; the layers outside the blocks are the root unit, gathered
+        once (its first forward) and kept until the step's end."""
+        k = min(self.inflight if k is None else k, self.mb)
+        return k, self.mb - k + 1, 1
+
     def _price_memory(self, mode) -> None:
         """The memory per strategy split into what the in-flight count multiplies (made once per layer, as
         ``Problem._figures`` keeps per-strategy figures: ``with_mode`` copies and the catalogue's other
-        problems share them)."""
+        problems share them); in FSDP mode torchtitan's (``pipelined_fsdp_memory``)."""
+        fsdp = mode.fsdp_axes is not None
+        price = pipelined_fsdp_memory if fsdp else strategy_memory
+
         def parts(v):
             return np.array([(m.total, m.activations) for m in (
-                strategy_memory(s, self.cluster, self.act_bytes, mode, self.roles[v], self.tied[v], self.recipe)
+                price(s, self.cluster, self.act_bytes, mode, self.roles[v], self.tied[v], self.recipe)
                 for s in self.choices[v])], dtype=float).reshape(len(self.choices[v]), 2)
-        split = [self._figures(v, ("memory parts", mode, self.roles[v], self.tied[v], self.recipe),
+        what = "pipelined fsdp memory parts" if fsdp else "memory parts"
+        split = [self._figures(v, (what, mode, self.roles[v], self.tied[v], self.recipe),
                                lambda v=v: parts(v)) for v in range(len(self.choices))]
         self._total = [p[:, 0] for p in split]
         self._acts = [p[:, 1] for p in split]
@@ -59,6 +135,11 @@ class StageProblem(Problem):
         self.mem = [c * (t + (k - 1) * a) for c, t, a in zip(self.counts, self._total, self._acts)]
         self.min_memory = float(sum(m.min() for m in self.mem))
         self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
+        if getattr(self, "_gathers", None) is not None:  # torchtitan's FSDP: the gathers a step depend on k
+            nf, nb, root = self.gathers(k)
+            self.node_redist = [r + (root * gf if out else nf * gf + nb * gb)
+                                for r, (gf, gb, out) in zip(self._redist_base, self._gathers)]
+            self.node = [c * (r + q) for c, r, q in zip(self.counts, self.node_redist, self.node_compute)]
 
     def in_flight(self, k: int) -> "StageProblem":
         if k == self.inflight:
@@ -68,6 +149,11 @@ class StageProblem(Problem):
         out.reserve = 0.0
         out._set_inflight(k)
         return out
+
+    def shared_key(self, what: tuple) -> tuple:
+        """The key of a figure the in-flight copies share: with the in-flight count where it changes the figure
+        (FSDP as torchtitan runs it: the gathers a step)."""
+        return what + (self.inflight,) if self._gathers is not None else what
 
     def max_inflight(self, assign) -> float:
         """The most micro-batches in flight under which plan ``assign`` fits the device's memory at its peak,
@@ -88,8 +174,32 @@ class StageProblem(Problem):
     def memory_breakdown(self, assign) -> Memory:
         """``Problem.memory_breakdown`` with the activations of ``inflight`` micro-batches (one micro-batch's
         breakdown made once per mode and plan, shared by the in-flight copies)."""
-        m = self.shared(("breakdown", self.mode, tuple(assign)), lambda: Problem.memory_breakdown(self, assign))
+        m = self.shared(("breakdown", self.mode, tuple(assign)), lambda: self._one_breakdown(assign))
         return Memory(m.parameters, m.gradients, m.optimizer, m.activations * self.inflight, m.workspace)
+
+    def _one_breakdown(self, assign) -> Memory:
+        """One micro-batch's breakdown: ``Problem.memory_breakdown``'s; in FSDP mode torchtitan's (module doc):
+        each layer's ``pipelined_fsdp_memory``, the tied logits' copy dropped and the workspace as without FSDP
+        (the gradients whole, every weight gathered already: no gathered transients)."""
+        if not self.pipelined_fsdp:
+            return Problem.memory_breakdown(self, assign)
+        plain = Mode(self.mode.recompute)
+        out, shared = Memory(), 0.0
+        for v, (i, c) in enumerate(zip(assign, self.counts)):
+            s = self.choices[v][i]
+            m = pipelined_fsdp_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v],
+                                      self.recipe)
+            if self.tied[v] and self.embedding is not None:
+                emb = self.choices[self.embedding][assign[self.embedding]]
+                saved = tied_saving(s, emb, self.cluster, self.act_bytes, plain)  # the whole copy and gradient
+                shard = tied_saving(s, emb, self.cluster, self.act_bytes, self.mode).parameters  # its shard
+                m = Memory(m.parameters - saved.parameters - shard, m.gradients - saved.gradients, m.optimizer,
+                           m.activations)
+                shared += saved.gradients * c
+            out = out + m.scaled(c)
+        ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
+                            self.mb, plain, self.chain_roles, self.recipe, shared)
+        return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
 
 
 class Layout:
@@ -141,9 +251,11 @@ def figures(problem: StageProblem, assign) -> StageFigures:
     """Under the problem's mode (``autotune.sbp.memory.Mode``): full recomputation re-runs a block's forward
     (its compute, the boxing inside its layers and between them) in the backward pass; FSDP's all-gathers and
     reduce-scatters not hidden behind a layer's own compute (``steptime.fsdp_seconds``) add to the pass they
-    run in. The times do not depend on the micro-batches in flight: made once per mode and plan, shared by the
-    problem's in-flight copies; the memory is the copy's."""
-    times = problem.shared(("times", problem.mode, tuple(assign)), lambda: _times(problem, assign))
+    run in; in FSDP mode torchtitan's (module doc): the all-gathers of a step spread evenly over its micro-batches'
+    passes, the reduce-scatter in the gradient sync. The times are made once per mode and plan, shared by the
+    problem's in-flight copies (in FSDP mode per in-flight count: ``StageProblem.shared_key``); the memory is
+    the copy's."""
+    times = problem.shared(problem.shared_key(("times", problem.mode, tuple(assign))), lambda: _times(problem, assign))
     return StageFigures(*times, problem.peak_memory(assign), problem.fits_plan(assign))
 
 
@@ -153,12 +265,14 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
     full = mode.recompute == "full"
     factors = forward_factors(problem.graph) if full else {}
     fwd = bwd = comp = red = opt = 0.0
+    block_f, block_b, root = problem.gathers()
     for v, (op, i, c) in enumerate(zip(problem.ops, assign, problem.counts)):
         s = problem.choices[v][i]
         role = problem.roles[v]
         redo = 1 if full and role in RERUN else 0
         f, b = layer_seconds(op, s, cl, cm, problem.act_bytes, mode.recompute, role)
-        acc = accumulate_seconds(s, cl, cm, problem.act_bytes, mode) * (m - 1) / m
+        acc = accumulate_seconds(s, cl, cm, problem.act_bytes, Mode(mode.recompute) if problem.pipelined_fsdp
+                                 else mode) * (m - 1) / m
         o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode, problem.tied[v])
         fwd, bwd, comp, opt = fwd + c * f, bwd + c * (b + acc), comp + c * (m * (f + b + acc) + o), opt + c * o
         tf = kf = tb = kb = 0.0
@@ -168,10 +282,10 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
         # recomputed: the forward boxing again, and the local copies again (both passes', as ``Problem`` prices them)
         fwd, bwd = fwd + c * (tf + kf), bwd + c * (tb + kb + redo * (tf + kf + kb))
         comp, red = comp + c * m * (1 + redo) * (kf + kb), red + c * m * ((1 + redo) * tf + tb)
-        tf = sum(problem.coster.step_time(st) for _, d, st in fsdp_steps(s, cl, mode) if d == "fwd")
-        tb = sum(problem.coster.step_time(st) for _, d, st in fsdp_steps(s, cl, mode) if d != "fwd")
-        xf, xb = max(0.0, tf - f), max(0.0, tb - b)
-        fwd, bwd, red = fwd + c * xf, bwd + c * xb, red + c * m * (xf + xb)
+        if problem.pipelined_fsdp:  # the step's gathers spread over its micro-batches; the reduce-scatter: sync
+            gf, gb, _ = pipelined_fsdp_seconds(s, cl, problem.coster, mode, f, b)
+            nf, nb = (root, 0) if role == OUTSIDE else (block_f, block_b)
+            fwd, bwd, red = fwd + c * nf * gf / m, bwd + c * nb * gb / m, red + c * (nf * gf + nb * gb)
     for (a, b), c in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
         (tf, kf), (tb, kb) = [(problem.coster.time(st), copy_seconds(st, cm.memory_seconds))

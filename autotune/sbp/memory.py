@@ -410,3 +410,21 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     gathered.sort()
     peak = max(peak, kept + forward_end + (total_grads if acc else 0.0), total_grads)  # the forward's end; the step
     return peak - kept - total_grads + gathered[-1] + (gathered[-2] if len(gathered) > 1 else 0.0)
+
+
+def pipelined_fsdp_memory(s, cluster: Cluster, act_bytes: int, mode: Mode, role: str = OUTSIDE, tied: bool = False,
+                          recipe: str = "autocast") -> Memory:
+    """One occurrence of a layer in a pipeline stage in FSDP mode as torchtitan runs it (``autotune.plan.stages``:
+    fully_shard without a MixedPrecisionPolicy, resharding after backward off until the step's end): its
+    weights gathered (``weight`` bytes an element of the whole local weight, fully_shard's fp32) beside their
+    shards (fp32 master weights, ``weight`` bytes an element of the shard), its gradients accumulated
+    unsharded (``gradient`` bytes an element of the whole), the optimizer states of the shards only (none for a
+    tied logits layer); a weight FSDP does not shard (no FSDP axis) held once, with its optimizer states;
+    activations as ``strategy_memory``'s. So the plan without FSDP plus the shards' weights, less the
+    optimizer states of what the other ranks hold."""
+    w, g, o = precision(act_bytes) if recipe == "autocast" else AUTODDL_PRECISION[act_bytes]
+    whole = sum(_elems(t, s.mesh, cluster) for t in s.weights)
+    shard = sum(held_elems(s, t, cluster, mode) for t in s.weights if fsdp_axes(s, t, cluster, mode))
+    rest = whole - sum(_elems(t, s.mesh, cluster) for t in s.weights if fsdp_axes(s, t, cluster, mode))
+    acts = strategy_memory(s, cluster, act_bytes, mode, role, tied, recipe).activations
+    return Memory((whole + shard) * w, whole * g, 0.0 if tied else (shard + rest) * o, acts)

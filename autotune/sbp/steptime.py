@@ -355,3 +355,18 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     if fwd is None:
         return tf + tb
     return max(0.0, tf - fwd) + max(0.0, tb - bwd)
+
+
+def pipelined_fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd: float,
+                           bwd: float) -> tuple[float, float, float]:
+    """A pipeline stage's FSDP as torchtitan runs it (``autotune.plan.stages``: the ``FSDPModule`` handed to
+    ``PipelineStage``, resharding after backward and gradient sync off until the step's end), per occurrence:
+    (one forward all-gather's seconds not hidden behind the layer's forward compute ``fwd``, one backward
+    all-gather's not hidden behind its backward compute ``bwd``, the reduce-scatter of its gradients once a
+    step): max(0, AG - fwd), max(0, AG - bwd), RS, with AG the all-gathers of its sharded weights (fp32) and RS
+    their gradients' reduce-scatters (fp32, after the stage's last backward: nothing hides them). How many
+    gathers a step runs is the stage's (``autotune.pipeline.stage``)."""
+    steps = fsdp_steps(s, cluster, mode)
+    ag = sum(coster.step_time(st) for _, d, st in steps if d == "fwd")
+    rs = sum(coster.step_time(st) for _, _, st in steps if st.op == "reducescatter")
+    return max(0.0, ag - fwd), max(0.0, ag - bwd), rs

@@ -262,27 +262,29 @@ def test_a_squeezed_plain_plan_loses_to_a_mode(graph, profile):
 
 
 def test_a_mode_dearer_under_fewer_in_flight_is_not_searched_again(graph, profile):
-    """The plain plan under 1 in flight costs more than the plan found under 2 (a mode's): the plain mode is
-    not searched under 2 (a tighter limit cannot make it cheaper), and a plain search there finds nothing
-    cheaper than the plan kept."""
+    """FSDP's plan under 1 in flight costs more than the plain plan found under 2 (a roomy limit), while its
+    lower bound under 2 does not: the cost found under fewer in flight is what keeps it from being searched under
+    2 (a tighter limit cannot make it cheaper), and an FSDP search there finds nothing cheaper than the plan
+    kept."""
+    from autotune.pipeline.search import _lower_bound
     from autotune.sbp.memory import Mode
     ps0 = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2))
-    m, sub = 4, Cluster(1, 2)
+    m, sub, fsdp = 4, Cluster(1, 2), Mode("none", (0,))
     span = stage_spans(ps0.graph_for(m), [2, 2])[0]
-    ps = PipelineSearch(graph, Cluster(2, 2), profile, 1.2 * ps0.stages.problem(m, span, sub, 2).min_memory,
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 1.8 * ps0.stages.problem(m, span, sub, 2).min_memory,
                         PipelineConfig(stages=2))
     st, seen = ps.stages, []
     search = st._search
     st._search = lambda pr, share=1.0, start=None: (seen.append((pr.inflight, pr.mode)), search(pr, share, start))[1]
     st._search_modes(m, span, sub, 1)
-    assert (1, Mode()) in seen
+    assert (1, fsdp) in seen
     pr, a, _ = st._search_modes(m, span, sub, 2)
-    plain_one = min(c for k, c in st._costs[next(iter(st._costs))][Mode()] if k == 1)
-    assert pr.mode != Mode() and pr.cost(a) <= plain_one and st.problem(m, span, sub, 2).fits
-    assert (2, Mode()) not in seen
-    plain = st.problem(m, span, sub, 2)
-    b, cost, _ = search(plain)
-    assert not plain.fits_plan(b) or cost >= pr.cost(a)
+    fsdp_one = min(c for k, c in st._costs[next(iter(st._costs))][fsdp] if k == 1)
+    sharded = st.problem(m, span, sub, 2, fsdp)
+    assert pr.mode == Mode() and _lower_bound(sharded) < pr.cost(a) <= fsdp_one and sharded.fits
+    assert (2, fsdp) not in seen
+    b, cost, _ = search(sharded)
+    assert not sharded.fits_plan(b) or cost >= pr.cost(a)
 
 
 def test_the_modes_lower_bound_is_made_once_for_every_inflight_count(graph, profile):
