@@ -30,9 +30,11 @@ reduce-scatter, f and b: the layer's forward and backward compute; ``StageProble
 
 spread evenly over the micro-batches' forwards and backwards in ``StageFigures`` (m (forward + backward)
 holds them all); no reduce-scatter per micro-batch. Memory per occurrence (``memory.pipelined_fsdp_memory``):
-the whole weight gathered (fp32: fully_shard has no MixedPrecisionPolicy here) and its fp32 shard, the whole
-fp32 gradient (accumulated whole: ``accumulate_seconds`` of the whole weight), the shard's optimizer states, activations per in-flight micro-batch as above, and the
-workspace as without FSDP (nothing gathered on the fly).
+the fp32 shards of its weights (fully_shard has no MixedPrecisionPolicy here), outside the blocks (the root
+unit, kept gathered) the whole weights too, the whole fp32 gradients (accumulated unsharded from the first
+backward: ``accumulate_seconds`` of the whole weight), the shards' optimizer states, activations per in-flight
+micro-batch as above; the workspace as without FSDP plus the blocks' gathered weights
+(``StageProblem._gathered``: in a backward the blocks already run stay gathered as their activations go).
 """
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ from calibrate.errors import UserError
 from autotune.sbp.boxing import copy_seconds
 from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps
 from autotune.sbp.layers import make_op
-from autotune.sbp.memory import (NONE, OUTSIDE, RERUN, Memory, Mode, peak_workspace, pipelined_fsdp_memory,
-                                  strategy_memory, tied_saving)
+from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, gathered_weight_bytes, peak_workspace,
+                                  pipelined_fsdp_memory, strategy_memory, tied_saving)
 from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds, pipelined_fsdp_seconds
 from autotune.sbp.tables import edge_steps
 
@@ -179,8 +181,8 @@ class StageProblem(Problem):
 
     def _one_breakdown(self, assign) -> Memory:
         """One micro-batch's breakdown: ``Problem.memory_breakdown``'s; in FSDP mode torchtitan's (module doc):
-        each layer's ``pipelined_fsdp_memory``, the tied logits' copy dropped and the workspace as without FSDP
-        (the gradients whole, every weight gathered already: no gathered transients)."""
+        each layer's ``pipelined_fsdp_memory``, the tied logits' copy dropped, the workspace as without FSDP
+        (the gradients whole) plus the blocks' gathered weights (``_gathered``)."""
         if not self.pipelined_fsdp:
             return Problem.memory_breakdown(self, assign)
         plain = Mode(self.mode.recompute)
@@ -192,14 +194,30 @@ class StageProblem(Problem):
             if self.tied[v] and self.embedding is not None:
                 emb = self.choices[self.embedding][assign[self.embedding]]
                 saved = tied_saving(s, emb, self.cluster, self.act_bytes, plain)  # the whole copy and gradient
-                shard = tied_saving(s, emb, self.cluster, self.act_bytes, self.mode).parameters  # its shard
-                m = Memory(m.parameters - saved.parameters - shard, m.gradients - saved.gradients, m.optimizer,
-                           m.activations)
+                m = Memory(m.parameters - tied_saving(s, emb, self.cluster, self.act_bytes, self.mode).parameters
+                           - saved.parameters, m.gradients - saved.gradients, m.optimizer, m.activations)
                 shared += saved.gradients * c
             out = out + m.scaled(c)
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
                             self.mb, plain, self.chain_roles, self.recipe, shared)
-        return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
+        return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws + self._gathered(assign))
+
+    def _gathered(self, assign) -> float:
+        """The blocks' gathered weights at the peak (fp32, beyond their shards: ``gathered_weight_bytes``). A
+        block's unit is gathered for its forward (the next one prefetched) and resharded after it; in a backward
+        the blocks already run stay gathered (resharding after backward off) while their activations of that
+        micro-batch are freed: with G_b and A_b block b's gathered weights and one micro-batch's activations,
+        max over b of (G_b + ... + G_last) + G_(b-1) - (A_(b+1) + ... + A_last), at least the two largest
+        G (a forward's)."""
+        g, a = [], []
+        for start, end in getattr(self.graph, "blocks", None) or []:
+            picked = [(p, self.graph.chain[p]) for p in range(start, end)]
+            g.append(sum(gathered_weight_bytes(self.choices[v][assign[v]], self.cluster, self.mode) for _, v in picked))
+            a.append(sum(strategy_memory(self.choices[v][assign[v]], self.cluster, self.act_bytes, self.mode,
+                                         self.chain_roles[p], self.tied[v], self.recipe).activations
+                         for p, v in picked))
+        two = sum(sorted(g)[-2:])
+        return max([two] + [sum(g[b:]) + (g[b - 1] if b else 0.0) - sum(a[b + 1:]) for b in range(len(g))])
 
 
 class Layout:

@@ -415,16 +415,16 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
 def pipelined_fsdp_memory(s, cluster: Cluster, act_bytes: int, mode: Mode, role: str = OUTSIDE, tied: bool = False,
                           recipe: str = "autocast") -> Memory:
     """One occurrence of a layer in a pipeline stage in FSDP mode as torchtitan runs it (``autotune.plan.stages``:
-    fully_shard without a MixedPrecisionPolicy, resharding after backward off until the step's end): its
-    weights gathered (``weight`` bytes an element of the whole local weight, fully_shard's fp32) beside their
-    shards (fp32 master weights, ``weight`` bytes an element of the shard), its gradients accumulated
-    unsharded (``gradient`` bytes an element of the whole), the optimizer states of the shards only (none for a
-    tied logits layer); a weight FSDP does not shard (no FSDP axis) held once, with its optimizer states;
-    activations as ``strategy_memory``'s. So the plan without FSDP plus the shards' weights, less the
-    optimizer states of what the other ranks hold."""
+    fully_shard without a MixedPrecisionPolicy, a block's unit resharded after each forward, resharding after
+    backward and gradient sync off until the step's end): its weights' fp32 shards (``weight`` bytes an element
+    of the shard), and, outside the blocks (``role`` ``OUTSIDE``: the root unit, kept gathered from its first
+    forward), the whole gathered weights too; its gradients accumulated unsharded from the first backward on
+    (``gradient`` bytes an element of the whole local weight); the optimizer states of the shards only (none
+    for a tied logits layer); a weight FSDP does not shard (no FSDP axis) held once, with its optimizer states;
+    activations as ``strategy_memory``'s. A block's gathered weights are transient (the stage's workspace)."""
     w, g, o = precision(act_bytes) if recipe == "autocast" else AUTODDL_PRECISION[act_bytes]
     whole = sum(_elems(t, s.mesh, cluster) for t in s.weights)
-    shard = sum(held_elems(s, t, cluster, mode) for t in s.weights if fsdp_axes(s, t, cluster, mode))
-    rest = whole - sum(_elems(t, s.mesh, cluster) for t in s.weights if fsdp_axes(s, t, cluster, mode))
+    sharded = sum(_elems(t, s.mesh, cluster) for t in s.weights if fsdp_axes(s, t, cluster, mode))
+    held = sum(held_elems(s, t, cluster, mode) for t in s.weights)
     acts = strategy_memory(s, cluster, act_bytes, mode, role, tied, recipe).activations
-    return Memory((whole + shard) * w, whole * g, 0.0 if tied else (shard + rest) * o, acts)
+    return Memory((held + (sharded if role == OUTSIDE else 0)) * w, whole * g, 0.0 if tied else held * o, acts)
