@@ -36,16 +36,16 @@
     stage's data ranks; the boundary is the P2P of each rank's local piece to the rank at the same
     coordinates of the next stage, nothing redistributed. The communication is the step model's
     (``autotune.pipeline.stage``): DDP all-reduces once a step (``PipelineStage`` runs a DDP module under
-    ``no_sync`` until the last micro-batch: ``sync_steps`` once a step); fully_shard runs torchtitan's PP +
-    FSDP step: the ``FSDPModule`` is handed to ``PipelineStage``, which turns gradient sync and resharding after backward off
-    until the last micro-batch. Per step and unit that holds parameters: a block's unit (resharded after each
+    ``no_sync`` until the last micro-batch: ``sync_steps`` once a step); fully_shard runs torchtitan's PP + FSDP
+    step: the ``FSDPModule`` is handed to ``PipelineStage``, which turns gradient sync and resharding after backward
+    off until the last micro-batch. Per step and unit that holds parameters: a block's unit (resharded after each
     forward) is all-gathered by the stage's first forward and by every pass that follows a forward (the forward
     after a forward, the backward after a forward), m + 1 times for m micro-batches whatever the order (every
-    forward but the last is followed by a pass, the stage ends on a backward); the root unit (the layers
-    outside the blocks: fully_shard keeps it gathered from its forward) once; each unit's gradients
-    accumulated unsharded and reduce-scattered once, in the last backward. The step model prices this
-    (``autotune.pipeline.stage``: the weights and gradients held unsharded; the tests count the collectives of
-    a step).
+    forward but the last is followed by a pass, the stage ends on a backward); the root unit (the layers outside the
+    blocks: fully_shard keeps it gathered from its forward) once; each unit's gradients accumulated unsharded and
+    reduce-scattered once, in the last backward. The step model prices this (``autotune.pipeline.stage``: the
+    gradients held unsharded, a block's weights gathered from its backward to the next forward; the tests count the
+    collectives of a step).
   - "dtensor": every other stage plan, as ``apply`` places a model by DTensor (parameters, per-layer hooks,
     recomputation; its stream at the boundaries below); next to a local-path stage, whose gradients are of
     each piece's loss (the number of pieces times those of the whole micro-batch's loss that the DTensor

@@ -53,7 +53,8 @@ def _summed(model, chain, prefixes, plan, layout, mesh, output, *rest):
 # boundary beside a DTensor-path stage) not rescaled
 BUGS = {"summed": lambda: mock.patch.object(stages_module, "_fully_shard", _summed),
         "uncut": lambda: mock.patch.object(DataSplit, "cut_calls", lambda self, model: None),
-        "unrecognised": lambda: mock.patch.object(torch.distributed.pipelining.stage, "FSDPModule", type("Other", (), {})),
+        "unrecognised": lambda: mock.patch.object(torch.distributed.pipelining.stage, "FSDPModule",
+                                                  type("Other", (), {})),
         "unscaled": lambda: mock.patch.object(stages_module, "_scale_grad", lambda x, factor: x)}
 
 

@@ -1,9 +1,10 @@
 """A pipeline stage in FSDP mode priced as torchtitan runs it (``autotune.pipeline.stage``'s module doc; the run
 counted by tests/autotune/test_pipeline_exec_local.py): per step, a block's layers all-gathered k times in the
-forward and m - k + 1 in the backward (k in flight), the layers outside the blocks once, one reduce-scatter of
-the gradients after the last backward (unhidden), gradients held whole, the weights as shards (the root unit's
-also whole, the blocks' gathered transiently) with the shards' optimizer states. Each check is a closed form that the per-micro-batch rule of a single-stage FSDP plan
-(2m all-gathers and m reduce-scatters a step, weights and gradients sharded) fails."""
+forward and m - k + 1 in the backward (k in flight), the layers outside the blocks once, one reduce-scatter of the
+gradients after the last backward (unhidden), gradients held whole, the weights as shards (the root unit's also
+whole, the blocks' gathered transiently) with the shards' optimizer states. Each check is a closed form that the
+per-micro-batch rule of a single-stage FSDP plan (2m all-gathers and m reduce-scatters a step, weights and gradients
+sharded) fails."""
 import math
 
 import numpy as np
