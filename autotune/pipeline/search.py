@@ -60,7 +60,7 @@ from autotune.sbp.cost import Catalogue
 from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, search_fitting, sharding_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.search import auto_budget, make_search
+from autotune.sbp.search import CoordinateDescent, auto_budget, make_search
 from autotune.sbp.searchbase import Budget
 
 SCHEDULE_NAMES = {"1f1b": "1f1b", "gpipe": "gpipe", "eager-1f1b": "eager_1f1b"}
@@ -85,7 +85,10 @@ def fewer_collections():
 class PipelineConfig:
     """``stages``: "auto" (every candidate count), or a count; ``schedule``: 1f1b | gpipe | eager-1f1b.
     ``width``, ``micro_batch_choices``, ``refine`` and ``budget_scale`` set how much of the space is
-    searched (``reference`` scales them up for the 20x check)."""
+    searched (``reference`` scales them up for the 20x check); ``patience`` caps each stage search's restart
+    patience (None: ``auto_budget``'s) and ``relax_rounds`` sets its relaxation's bisection steps (the
+    cd search's), both at the full effort by default and in ``reference`` (cheaper settings measured against
+    the 20x reference: reports/records/pipeline.md, speed session 6)."""
 
     stages: str | int = "auto"
     schedule: str = "1f1b"
@@ -96,11 +99,13 @@ class PipelineConfig:
     budget_scale: float = 1.0
     search: str = "cd"
     seed: int = 0
+    patience: int | None = None
+    relax_rounds: int = CoordinateDescent.relax_rounds
 
     def reference(self) -> "PipelineConfig":
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
                               self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
-                              self.seed)
+                              self.seed, None, CoordinateDescent.relax_rounds)
 
 
 def schedule_name(name: str) -> str:
@@ -310,11 +315,15 @@ class StageSearch:
             mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
             start = mega if mega is not None and math.isfinite(mega_cost) else None
         b = scaled(auto_budget(problem), share)
+        patience = b.patience if self.cfg.patience is None else min(b.patience, self.cfg.patience)
         budget = Budget(seconds=b.seconds * self.cfg.budget_scale,
-                        patience=max(1, round(b.patience * self.cfg.budget_scale)))
+                        patience=max(1, round(patience * self.cfg.budget_scale)))
         problem.forget_lazy()
-        res = search_fitting(problem, lambda p, s: make_search(self.cfg.search).run(
-            p, budget, np.random.default_rng(self.cfg.seed), s), start)
+        search = make_search(self.cfg.search)
+        if isinstance(search, CoordinateDescent):
+            search.relax_rounds = self.cfg.relax_rounds
+        res = search_fitting(problem, lambda p, s: search.run(p, budget, np.random.default_rng(self.cfg.seed), s),
+                             start)
         problem.reserve = 0.0  # the workspace's reserve was the search's; plans are judged at their peak
         self.searches += 1
         return list(res.assignment), res.cost, {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,

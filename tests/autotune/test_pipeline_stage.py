@@ -393,3 +393,23 @@ def test_the_collector_runs_less_often_during_a_search_and_as_before_after(graph
         with fewer_collections():
             1 / 0
     assert gc.get_threshold() == before
+
+
+
+def test_search_effort_settings_reach_the_stage_searches(graph, profile):
+    """``PipelineConfig.patience`` caps each stage search's restarts and ``relax_rounds`` its relaxation's
+    bisection steps (fewer search steps at 1 than at the full 8, the patience the same); the reference keeps
+    the full effort."""
+    m, sub, f = 8, Cluster(1, 2), 3
+
+    def searched(cfg):
+        ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, cfg)
+        prob = ps.stages.problem(m, stage_spans(ps.graph_for(m), [2, 2])[0], sub, f)
+        return ps.stages._search(prob)[2]
+
+    full, capped = searched(PipelineConfig(stages=2)), searched(PipelineConfig(stages=2, patience=1))
+    assert "converged (1 restarts" in capped["stopped"] and "converged (1 restarts" not in full["stopped"]
+    rounds = searched(PipelineConfig(stages=2, patience=1, relax_rounds=1))
+    assert rounds["steps"] < capped["steps"]
+    ref = PipelineConfig(patience=1, relax_rounds=1).reference()
+    assert ref.patience is None and ref.relax_rounds == PipelineConfig().relax_rounds == 8
