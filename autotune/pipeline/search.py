@@ -14,8 +14,11 @@ too small to split over it has no strategy for some layer) are tried.
 
 The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
 go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
-``refine`` best (by the estimate plus the first stage's exposed sync and optimizer, which end the step)
-with the stage DP over splits within ``width`` blocks of the balanced share. Both passes search a stage only
+``refine`` best (by the estimate plus the first stage's exposed sync and optimizer, which end the step) are
+simulated on their balanced splits, and the ``split_dps`` fastest of them (1 by default: the DP of a candidate
+that simulates slower on its balanced split found no faster plan in any benchmark case, at a third of the
+main command's stage search; reports/records/pipeline.md, speed session 6) get the stage DP over splits within
+``width`` blocks of the balanced share. Both passes search a stage only
 where its lower bound (``StageSearch.bound``: the times of the searches under fewer micro-batches in flight)
 leaves it a chance: the candidates are planned in the order of their estimates' bounds until a bound cannot
 enter the ``refine`` best ranks, the stage DP times only the entries its optimum needs (``best_split``'s
@@ -101,11 +104,12 @@ class PipelineConfig:
     seed: int = 0
     patience: int | None = None
     relax_rounds: int = CoordinateDescent.relax_rounds
+    split_dps: int = 1
 
     def reference(self) -> "PipelineConfig":
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
                               self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
-                              self.seed, None, CoordinateDescent.relax_rounds)
+                              self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4)
 
 
 def schedule_name(name: str) -> str:
@@ -562,18 +566,23 @@ class PipelineSearch:
             if math.isfinite(c.estimate):
                 cands.append(c)
         cands.sort(key=lambda c: c.rank)
-        best = None
-        for c in cands[:self.cfg.refine]:
-            r = self.refine(c, self.cfg.width, best.step if best is not None else math.inf)
-            if r is None:
-                self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches: no split's estimate is "
-                              f"under the best step {best.step:.4g} s")
-                continue
-            c = self.finish(r)
+        # the ``refine`` best simulated on their balanced splits; the split DP for the ``split_dps`` fastest of them
+        balanced = sorted((self.finish(c) for c in cands[:self.cfg.refine]), key=lambda c: c.step)
+        for c in balanced:
             self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches, split {_short(c.split)}: "
                           f"step {c.step:.4g} s (simulated {self.cfg.schedule})")
-            if best is None or c.step < best.step:
-                best = c
+        best = balanced[0] if balanced else None
+        for c in balanced[:self.cfg.split_dps]:
+            r = self.refine(c, self.cfg.width, best.step)
+            if r is None or r is c:
+                self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches: no other split's "
+                              f"estimate is under the best step {best.step:.4g} s")
+                continue
+            r = self.finish(r)
+            self.progress(f"pipeline: {r.stages} stages, {r.micro_batches} micro-batches, split {_short(r.split)}: "
+                          f"step {r.step:.4g} s (simulated {self.cfg.schedule})")
+            if r.step < best.step:
+                best = r
         self.seconds = time.perf_counter() - t0
         return best if best is not None and math.isfinite(best.step) else None
 

@@ -413,3 +413,21 @@ def test_search_effort_settings_reach_the_stage_searches(graph, profile):
     assert rounds["steps"] < capped["steps"]
     ref = PipelineConfig(patience=1, relax_rounds=1).reference()
     assert ref.patience is None and ref.relax_rounds == PipelineConfig().relax_rounds == 8
+
+
+def test_split_dp_for_the_fastest_balanced_candidates(graph, profile):
+    """The ``refine`` best candidates are simulated on their balanced splits; the split DP runs for the
+    ``split_dps`` fastest of them, from the fastest on, and the plan is never slower than any balanced one."""
+    for dps in (1, 2):
+        ps = PipelineSearch(graph, Cluster(2, 2), profile, 80 * 2**30, PipelineConfig(refine=2, split_dps=dps))
+        finished, refined = [], []
+        finish, refine = ps.finish, ps.refine
+        ps.finish = lambda c: finished.append(finish(c)) or finished[-1]
+        ps.refine = lambda c, *a: refined.append(c) or refine(c, *a)
+        best = ps.run()
+        balanced = finished[:2]
+        assert len(balanced) == 2 and {c.stages for c in balanced} == {2, 4}
+        assert all(c.split == ps.balanced(c.stages) for c in balanced)
+        order = sorted(balanced, key=lambda c: c.step)
+        assert refined == order[:dps]
+        assert best.step <= order[0].step

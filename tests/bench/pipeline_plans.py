@@ -9,7 +9,8 @@ counts, larger stages, more candidates refined, 20x each stage's SBP budget) and
 it (``--reference space``: the wider space on the default budgets; ``--reference budget``: 20x each stage's
 SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan
 (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and FSDP searched) and its CPU seconds;
-``--patience N`` / ``--relax-rounds N``: the default search with each stage search's restart patience capped at N /
+``--split-dps N``: the split DP for the N fastest balanced candidates (default 1; ``refine``, 2, is the
+earlier default's coverage); ``--patience N`` / ``--relax-rounds N``: the default search with each stage search's restart patience capped at N /
 N bisection steps per relaxation multiplier (``PipelineConfig``; the reference keeps its full effort);
 the faster of the two, the plan record's pipelined plan (``threed.seeded``); and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
 best Megatron plan) and the pipelined plan's speed-up over it.
@@ -84,6 +85,8 @@ def main() -> None:
                     help="the reference: the wider space and 20x budgets (full), or either alone")
     ap.add_argument("--memory-limit", default=str(LIMIT / 2**30),
                     help="GiB per device, or 'profile' (the profile's usable memory); default 80")
+    ap.add_argument("--split-dps", type=positive, default=PipelineConfig.split_dps,
+                    help=f"candidates the split DP refines in the default search (default {PipelineConfig.split_dps})")
     ap.add_argument("--patience", type=positive, default=None,
                     help="cap on each stage search's restart patience in the default search (default: none)")
     ap.add_argument("--relax-rounds", type=positive, default=PipelineConfig.relax_rounds,
@@ -106,7 +109,7 @@ def main() -> None:
             rows.append((name, f"no {kind} preset {preset}", *["-"] * 9))
             continue
         cluster = Cluster(nodes, gpus)
-        default = PipelineConfig(patience=args.patience, relax_rounds=args.relax_rounds)
+        default = PipelineConfig(patience=args.patience, relax_rounds=args.relax_rounds, split_dps=args.split_dps)
         best, cpu, ps = run(graph, cluster, profile, default, limit)
         print(f"{name}: default {describe(best)} split {best.split if best else '-'}: "
               f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s, {ps.stages.searches} stage searches",
