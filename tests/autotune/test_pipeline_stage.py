@@ -407,12 +407,13 @@ def test_search_effort_settings_reach_the_stage_searches(graph, profile):
         prob = ps.stages.problem(m, stage_spans(ps.graph_for(m), [2, 2])[0], sub, f)
         return ps.stages._search(prob)[2]
 
-    full, capped = searched(PipelineConfig(stages=2)), searched(PipelineConfig(stages=2, patience=1))
+    full = searched(PipelineConfig(stages=2, patience=None, relax_rounds=8))
+    capped = searched(PipelineConfig(stages=2, patience=1, relax_rounds=8))
     assert "converged (1 restarts" in capped["stopped"] and "converged (1 restarts" not in full["stopped"]
     rounds = searched(PipelineConfig(stages=2, patience=1, relax_rounds=1))
     assert rounds["steps"] < capped["steps"]
     ref = PipelineConfig(patience=1, relax_rounds=1).reference()
-    assert ref.patience is None and ref.relax_rounds == PipelineConfig().relax_rounds == 8
+    assert ref.patience is None and ref.relax_rounds == 8 and ref.split_dps == ref.refine
 
 
 def test_split_dp_for_the_fastest_balanced_candidates(graph, profile):

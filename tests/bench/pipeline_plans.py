@@ -10,7 +10,7 @@ it (``--reference space``: the wider space on the default budgets; ``--reference
 SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan
 (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and FSDP searched) and its CPU seconds;
 ``--split-dps N``: the split DP for the N fastest balanced candidates (default 1; ``refine``, 2, is the
-earlier default's coverage); ``--patience N`` / ``--relax-rounds N``: the default search with each stage search's restart patience capped at N /
+earlier default's coverage); ``--patience N|none`` / ``--relax-rounds N``: the default search with each stage search's restart patience capped at N /
 N bisection steps per relaxation multiplier (``PipelineConfig``; the reference keeps its full effort);
 the faster of the two, the plan record's pipelined plan (``threed.seeded``); and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
 best Megatron plan) and the pipelined plan's speed-up over it.
@@ -52,6 +52,10 @@ def positive(text: str) -> int:
     return n
 
 
+def patience(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else positive(text)
+
+
 def single_stage(graph, cluster, profile, limit) -> float:
     problem = Problem(graph, Coster(profile, cluster), limit, objective="step", require_fit=False)
     if not problem.fits:
@@ -87,8 +91,9 @@ def main() -> None:
                     help="GiB per device, or 'profile' (the profile's usable memory); default 80")
     ap.add_argument("--split-dps", type=positive, default=PipelineConfig.split_dps,
                     help=f"candidates the split DP refines in the default search (default {PipelineConfig.split_dps})")
-    ap.add_argument("--patience", type=positive, default=None,
-                    help="cap on each stage search's restart patience in the default search (default: none)")
+    ap.add_argument("--patience", type=patience, default=PipelineConfig.patience,
+                    help=f"cap on each stage search's restart patience in the default search (default "
+                         f"{PipelineConfig.patience}; none: auto_budget's)")
     ap.add_argument("--relax-rounds", type=positive, default=PipelineConfig.relax_rounds,
                     help=f"relaxation bisection steps per multiplier in the default search "
                          f"(default {PipelineConfig.relax_rounds})")
