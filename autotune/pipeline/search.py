@@ -91,9 +91,10 @@ class PipelineConfig:
     searched (``reference`` scales them up for the 20x check); ``patience`` caps each stage search's restart
     patience (None: ``auto_budget``'s) and ``relax_rounds`` sets its relaxation's bisection steps (the cd
     search's ``CoordinateDescent.relax_rounds``, 8). The defaults, 3 and 2, with ``split_dps`` 1, took the main
-    command on Llama-3 405B, 2,048 x 8 from 89.8 to 57.4 CPU s (side by side) at a plan 0.022% slower (12.9981 against
-    12.9953 s/step) and left the benchmark's four cases' plans unchanged (reports/records/pipeline.md, speed
-    session 6); ``reference`` and ``patience=None, relax_rounds=8, split_dps=refine`` search at the full effort."""
+    command on Llama-3 405B, 2,048 x 8 from 89.8 to 57.4 CPU s (side by side) at a plan 0.022% slower (12.9981
+    against 12.9953 s/step) and left the benchmark's four cases' plans unchanged (reports/records/pipeline.md,
+    speed session 6); ``reference`` and ``patience=None, relax_rounds=8, split_dps=refine`` search at the full
+    effort."""
 
     stages: str | int = "auto"
     schedule: str = "1f1b"
