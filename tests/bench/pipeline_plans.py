@@ -10,8 +10,9 @@ it (``--reference space``: the wider space on the default budgets; ``--reference
 SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan
 (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and FSDP searched) and its CPU seconds;
 ``--split-dps N``: the split DP for the N fastest balanced candidates (default 1; ``refine``, 2, is the
-earlier default's coverage); ``--patience N|none`` / ``--relax-rounds N``: the default search with each stage search's restart patience capped at N /
-N bisection steps per relaxation multiplier (``PipelineConfig``; the reference keeps its full effort);
+earlier default's coverage); ``--patience N|none`` / ``--relax-rounds N``: the default search with each stage
+search's restart patience capped at N / N bisection steps per relaxation multiplier (``PipelineConfig``; the
+reference keeps its full effort);
 the faster of the two, the plan record's pipelined plan (``threed.seeded``); and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
 best Megatron plan) and the pipelined plan's speed-up over it.
 """
