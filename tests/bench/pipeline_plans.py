@@ -54,7 +54,12 @@ def positive(text: str) -> int:
 
 
 def patience(text: str) -> int | None:
-    return None if text.strip().lower() == "none" else positive(text)
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return positive(text)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"{text!r}: give a whole number of at least 1, or none") from None
 
 
 def single_stage(graph, cluster, profile, limit) -> float:
