@@ -14,8 +14,11 @@ too small to split over it has no strategy for some layer) are tried.
 
 The search runs in two passes. First every (p, m) with the balanced split (the blocks as even as they
 go, the remainder to the middle stages), ranked by the estimate of ``autotune.pipeline.split``; then the
-``refine`` best (by the estimate plus the first stage's exposed sync and optimizer, which end the step)
-with the stage DP over splits within ``width`` blocks of the balanced share. Both passes search a stage only
+``refine`` best (by the estimate plus the first stage's exposed sync and optimizer, which end the step) are
+simulated on their balanced splits, and the ``split_dps`` fastest of them (1 by default: the DP of a candidate
+that simulates slower on its balanced split found no faster plan in any benchmark case, at a third of the
+main command's stage search; reports/records/pipeline.md, speed session 6) get the stage DP over splits within
+``width`` blocks of the balanced share. Both passes search a stage only
 where its lower bound (``StageSearch.bound``: the times of the searches under fewer micro-batches in flight)
 leaves it a chance: the candidates are planned in the order of their estimates' bounds until a bound cannot
 enter the ``refine`` best ranks, the stage DP times only the entries its optimum needs (``best_split``'s
@@ -60,7 +63,7 @@ from autotune.sbp.cost import Catalogue
 from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, search_fitting, sharding_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.search import auto_budget, make_search
+from autotune.sbp.search import CoordinateDescent, auto_budget, make_search
 from autotune.sbp.searchbase import Budget
 
 SCHEDULE_NAMES = {"1f1b": "1f1b", "gpipe": "gpipe", "eager-1f1b": "eager_1f1b"}
@@ -85,7 +88,13 @@ def fewer_collections():
 class PipelineConfig:
     """``stages``: "auto" (every candidate count), or a count; ``schedule``: 1f1b | gpipe | eager-1f1b.
     ``width``, ``micro_batch_choices``, ``refine`` and ``budget_scale`` set how much of the space is
-    searched (``reference`` scales them up for the 20x check)."""
+    searched (``reference`` scales them up for the 20x check); ``patience`` caps each stage search's restart
+    patience (None: ``auto_budget``'s) and ``relax_rounds`` sets its relaxation's bisection steps (the cd
+    search's ``CoordinateDescent.relax_rounds``, 8). The defaults, 3 and 2, with ``split_dps`` 1, took the main
+    command on Llama-3 405B, 2,048 x 8 from 89.8 to 57.4 CPU s (side by side) at a plan 0.022% slower (12.9981
+    against 12.9953 s/step) and left the benchmark's four cases' plans unchanged (reports/records/pipeline.md,
+    speed session 6); ``reference`` and ``patience=None, relax_rounds=8, split_dps=refine`` search at the full
+    effort."""
 
     stages: str | int = "auto"
     schedule: str = "1f1b"
@@ -96,11 +105,14 @@ class PipelineConfig:
     budget_scale: float = 1.0
     search: str = "cd"
     seed: int = 0
+    patience: int | None = 3
+    relax_rounds: int = 2
+    split_dps: int = 1
 
     def reference(self) -> "PipelineConfig":
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
                               self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
-                              self.seed)
+                              self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4)
 
 
 def schedule_name(name: str) -> str:
@@ -310,11 +322,15 @@ class StageSearch:
             mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
             start = mega if mega is not None and math.isfinite(mega_cost) else None
         b = scaled(auto_budget(problem), share)
+        patience = b.patience if self.cfg.patience is None else min(b.patience, self.cfg.patience)
         budget = Budget(seconds=b.seconds * self.cfg.budget_scale,
-                        patience=max(1, round(b.patience * self.cfg.budget_scale)))
+                        patience=max(1, round(patience * self.cfg.budget_scale)))
         problem.forget_lazy()
-        res = search_fitting(problem, lambda p, s: make_search(self.cfg.search).run(
-            p, budget, np.random.default_rng(self.cfg.seed), s), start)
+        search = make_search(self.cfg.search)
+        if isinstance(search, CoordinateDescent):
+            search.relax_rounds = self.cfg.relax_rounds
+        res = search_fitting(problem, lambda p, s: search.run(p, budget, np.random.default_rng(self.cfg.seed), s),
+                             start)
         problem.reserve = 0.0  # the workspace's reserve was the search's; plans are judged at their peak
         self.searches += 1
         return list(res.assignment), res.cost, {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
@@ -553,18 +569,23 @@ class PipelineSearch:
             if math.isfinite(c.estimate):
                 cands.append(c)
         cands.sort(key=lambda c: c.rank)
-        best = None
-        for c in cands[:self.cfg.refine]:
-            r = self.refine(c, self.cfg.width, best.step if best is not None else math.inf)
-            if r is None:
-                self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches: no split's estimate is "
-                              f"under the best step {best.step:.4g} s")
-                continue
-            c = self.finish(r)
+        # the ``refine`` best simulated on their balanced splits; the split DP for the ``split_dps`` fastest of them
+        balanced = sorted((self.finish(c) for c in cands[:self.cfg.refine]), key=lambda c: c.step)
+        for c in balanced:
             self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches, split {_short(c.split)}: "
                           f"step {c.step:.4g} s (simulated {self.cfg.schedule})")
-            if best is None or c.step < best.step:
-                best = c
+        best = balanced[0] if balanced else None
+        for c in balanced[:self.cfg.split_dps]:
+            r = self.refine(c, self.cfg.width, best.step)
+            if r is None or r is c:
+                self.progress(f"pipeline: {c.stages} stages, {c.micro_batches} micro-batches: no other split's "
+                              f"estimate is under the best step {best.step:.4g} s")
+                continue
+            r = self.finish(r)
+            self.progress(f"pipeline: {r.stages} stages, {r.micro_batches} micro-batches, split {_short(r.split)}: "
+                          f"step {r.step:.4g} s (simulated {self.cfg.schedule})")
+            if r.step < best.step:
+                best = r
         self.seconds = time.perf_counter() - t0
         return best if best is not None and math.isfinite(best.step) else None
 

@@ -248,6 +248,7 @@ class CoordinateDescent(Search):
     REPAIRS = 2
     POLISH_UP = 8
     relaxation = True
+    relax_rounds = 8  # bisection steps per multiplier of the relaxation (``dp.relax``'s rounds)
 
     def _perturb(self, problem, best, rng):
         cur = list(best)
@@ -269,7 +270,7 @@ class CoordinateDescent(Search):
         rel = None
         if self.relaxation and applicable(problem) is None:
             try:
-                rel = relax(problem, clock)
+                rel = relax(problem, clock, self.relax_rounds)
             except UserError:  # the layer graph's cycles cost too much to cut: no relaxation
                 rel = None
         if rel is None:

@@ -395,3 +395,42 @@ def test_the_collector_runs_less_often_during_a_search_and_as_before_after(graph
         with fewer_collections():
             1 / 0
     assert gc.get_threshold() == before
+
+
+
+def test_search_effort_settings_reach_the_stage_searches(graph, profile):
+    """``PipelineConfig.patience`` caps each stage search's restarts and ``relax_rounds`` its relaxation's
+    bisection steps (fewer search steps at 1 than at the full 8, the patience the same); the reference keeps
+    the full effort."""
+    m, sub, f = 8, Cluster(1, 2), 3
+
+    def searched(cfg):
+        ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, cfg)
+        prob = ps.stages.problem(m, stage_spans(ps.graph_for(m), [2, 2])[0], sub, f)
+        return ps.stages._search(prob)[2]
+
+    full = searched(PipelineConfig(stages=2, patience=None, relax_rounds=8))
+    capped = searched(PipelineConfig(stages=2, patience=1, relax_rounds=8))
+    assert "converged (1 restarts" in capped["stopped"] and "converged (1 restarts" not in full["stopped"]
+    rounds = searched(PipelineConfig(stages=2, patience=1, relax_rounds=1))
+    assert rounds["steps"] < capped["steps"]
+    ref = PipelineConfig(patience=1, relax_rounds=1).reference()
+    assert ref.patience is None and ref.relax_rounds == 8 and ref.split_dps == ref.refine
+
+
+def test_split_dp_for_the_fastest_balanced_candidates(graph, profile):
+    """The ``refine`` best candidates are simulated on their balanced splits; the split DP runs for the
+    ``split_dps`` fastest of them, from the fastest on, and the plan is never slower than any balanced one."""
+    for dps in (1, 2):
+        ps = PipelineSearch(graph, Cluster(2, 2), profile, 80 * 2**30, PipelineConfig(refine=2, split_dps=dps))
+        finished, refined = [], []
+        finish, refine = ps.finish, ps.refine
+        ps.finish = lambda c: finished.append(finish(c)) or finished[-1]
+        ps.refine = lambda c, *a: refined.append(c) or refine(c, *a)
+        best = ps.run()
+        balanced = finished[:2]
+        assert len(balanced) == 2 and {c.stages for c in balanced} == {2, 4}
+        assert all(c.split == ps.balanced(c.stages) for c in balanced)
+        order = sorted(balanced, key=lambda c: c.step)
+        assert refined == order[:dps]
+        assert best.step <= order[0].step

@@ -9,12 +9,17 @@ counts, larger stages, more candidates refined, 20x each stage's SBP budget) and
 it (``--reference space``: the wider space on the default budgets; ``--reference budget``: 20x each stage's
 SBP budget on the default space; ``full``, the default: both); the best Megatron-style 3-D plan
 (``autotune.pipeline.threed``: degrees, micro-batches, recomputation and FSDP searched) and its CPU seconds;
+``--split-dps N``: the split DP for the N fastest balanced candidates (default 1; ``refine``, 2, is the
+earlier default's coverage); ``--patience N|none`` / ``--relax-rounds N``: the default search with each stage
+search's restart patience capped at N / N bisection steps per relaxation multiplier (``PipelineConfig``; the
+reference keeps its full effort);
 the faster of the two, the plan record's pipelined plan (``threed.seeded``); and, unless --no-single, the single-stage plan of today's search (``python -m autotune``'s, started from the
 best Megatron plan) and the pipelined plan's speed-up over it.
 """
 from __future__ import annotations
 
 import time
+from argparse import ArgumentTypeError
 from dataclasses import replace
 
 import numpy as np
@@ -36,6 +41,25 @@ from autotune.sbp.search import auto_budget, make_search
 LIMIT = 80 * 2**30
 CASES = {"gpt3-175b@512x8": ("gpt", "gpt3-175b", 512, 8), "gpt3-175b@2048x8": ("gpt", "gpt3-175b", 2048, 8),
          "llama3-405b@512x8": ("llama", "llama3-405b", 512, 8), "llama3-405b@2048x8": ("llama", "llama3-405b", 2048, 8)}
+
+
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return n
+
+
+def patience(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return positive(text)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"{text!r}: give a whole number of at least 1, or none") from None
 
 
 def single_stage(graph, cluster, profile, limit) -> float:
@@ -71,6 +95,14 @@ def main() -> None:
                     help="the reference: the wider space and 20x budgets (full), or either alone")
     ap.add_argument("--memory-limit", default=str(LIMIT / 2**30),
                     help="GiB per device, or 'profile' (the profile's usable memory); default 80")
+    ap.add_argument("--split-dps", type=positive, default=PipelineConfig.split_dps,
+                    help=f"candidates the split DP refines in the default search (default {PipelineConfig.split_dps})")
+    ap.add_argument("--patience", type=patience, default=PipelineConfig.patience,
+                    help=f"cap on each stage search's restart patience in the default search (default "
+                         f"{PipelineConfig.patience}; none: auto_budget's)")
+    ap.add_argument("--relax-rounds", type=positive, default=PipelineConfig.relax_rounds,
+                    help=f"relaxation bisection steps per multiplier in the default search "
+                         f"(default {PipelineConfig.relax_rounds})")
     ap.add_argument("--no-single", action="store_true", help="skip today's single-stage search")
     args = ap.parse_args()
     profile = Profile.load(DEFAULT_PROFILE)
@@ -88,7 +120,8 @@ def main() -> None:
             rows.append((name, f"no {kind} preset {preset}", *["-"] * 9))
             continue
         cluster = Cluster(nodes, gpus)
-        best, cpu, ps = run(graph, cluster, profile, PipelineConfig(), limit)
+        default = PipelineConfig(patience=args.patience, relax_rounds=args.relax_rounds, split_dps=args.split_dps)
+        best, cpu, ps = run(graph, cluster, profile, default, limit)
         print(f"{name}: default {describe(best)} split {best.split if best else '-'}: "
               f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s, {ps.stages.searches} stage searches",
               flush=True)
