@@ -137,7 +137,7 @@ class StageProblem(Problem):
         self.mem = [c * (t + (k - 1) * a) for c, t, a in zip(self.counts, self._total, self._acts)]
         self.min_memory = float(sum(m.min() for m in self.mem))
         self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
-        if getattr(self, "_gathers", None) is not None:  # torchtitan's FSDP: the gathers a step depend on k
+        if self._gathers is not None:  # torchtitan's FSDP: the gathers a step depend on k (``_price`` set them)
             nf, nb, root = self.gathers(k)
             self.node_redist = [r + (root * gf if out else nf * gf + nb * gb)
                                 for r, (gf, gb, out) in zip(self._redist_base, self._gathers)]
@@ -210,7 +210,7 @@ class StageProblem(Problem):
         max over b of (G_b + ... + G_last) + G_(b-1) - (A_(b+1) + ... + A_last), at least the two largest
         G (a forward's)."""
         g, a = [], []
-        for start, end in getattr(self.graph, "blocks", None) or []:
+        for start, end in self.graph.blocks:
             picked = [(p, self.graph.chain[p]) for p in range(start, end)]
             g.append(sum(gathered_weight_bytes(self.choices[v][assign[v]], self.cluster, self.mode) for _, v in picked))
             a.append(sum(strategy_memory(self.choices[v][assign[v]], self.cluster, self.act_bytes, self.mode,
