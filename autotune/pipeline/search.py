@@ -45,7 +45,7 @@ import gc
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -93,8 +93,8 @@ class PipelineConfig:
     search's ``CoordinateDescent.relax_rounds``, 8). The defaults, 3 and 2, with ``split_dps`` 1, took the main
     command on Llama-3 405B, 2,048 x 8 from 89.8 to 57.4 CPU s (side by side) at a plan 0.022% slower (12.9981
     against 12.9953 s/step) and left the benchmark's four cases' plans unchanged (reports/records/pipeline.md,
-    speed session 6); ``reference`` and ``patience=None, relax_rounds=8, split_dps=refine`` search at the full
-    effort."""
+    speed session 6); ``reference`` and ``full_effort`` (patience None, relax_rounds 8, split_dps = refine)
+    search at the full effort."""
 
     stages: str | int = "auto"
     schedule: str = "1f1b"
@@ -108,6 +108,12 @@ class PipelineConfig:
     patience: int | None = 3
     relax_rounds: int = 2
     split_dps: int = 1
+
+    def full_effort(self) -> "PipelineConfig":
+        """The same space searched at the stage searches' full effort: the split DP for every refined candidate,
+        ``auto_budget``'s restart patience and the cd search's own relaxation rounds (the command's
+        ``--pipeline-effort full``)."""
+        return replace(self, patience=None, relax_rounds=CoordinateDescent.relax_rounds, split_dps=self.refine)
 
     def reference(self) -> "PipelineConfig":
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,

@@ -35,7 +35,7 @@ from autotune.sbp.memory import AUTODDL_PRECISION, NONE, tied_saving
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.search import Budget, CoordinateDescent, auto_budget, make_search
+from autotune.sbp.search import Budget, auto_budget, make_search
 
 RECORD = "commtune.autoddl-reproduction"
 VERSION = 3  # 2: config, per case p0 cap, sensitivity and without_p0_cap; 3: p0 cap "memory", p0_caps per case
@@ -448,8 +448,7 @@ def _pipeline_case(case: dict, config: Config) -> dict:
     for p in case["stages"]:
         # every micro-batch count and candidate refined, at the stage searches' full effort (the command's
         # cheaper defaults are measured on the large cases: reports/records/pipeline.md, speed session 6)
-        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p, split_dps=8 * p, patience=None,
-                             relax_rounds=CoordinateDescent.relax_rounds)
+        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p).full_effort()
         ps = PipelineSearch(g, cluster, profile, limit, cfg)
         a, b, same = seeded(ps, tensor_in_node=case["gpus"] > 1, sharding=False, most=g.batch)
         per_stages.append({"stages": p, "searched_s": a.step if a else None, "megatron_s": b.step if b else None,

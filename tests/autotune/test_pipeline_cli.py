@@ -99,3 +99,14 @@ def test_fewer_micro_batches_than_stages_where_no_count_from_p_splits(tmp_path):
     p = next(p for p in [d["best"]] + d["baselines"] if p["strategy"].startswith("pipelined"))
     assert p["pipeline"]["stages"] == 4 and p["micro_batches"] == 2
     assert [s["inflight"] for s in p["stages"]] == [2, 2, 2, 1]
+
+
+@pytest.mark.parametrize("effort", ["default", "full"])
+def test_pipeline_effort_reaches_the_search(effort, tmp_path):
+    """``--pipeline-effort full`` searches the stages at full effort (``PipelineConfig.full_effort``), the default
+    at the command's capped effort; the plan records the settings it was searched with."""
+    assert autotune_main(SMALL + ["--pipeline", "2", "--pipeline-effort", effort, "--out", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "plan.json").read_text())
+    cfg = next(p for p in [d["best"]] + d["baselines"] if p["strategy"].startswith("pipelined"))["search"]["config"]
+    want = (None, 8, cfg["refine"]) if effort == "full" else (3, 2, 1)
+    assert (cfg["patience"], cfg["relax_rounds"], cfg["split_dps"]) == want

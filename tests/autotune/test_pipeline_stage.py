@@ -416,6 +416,8 @@ def test_search_effort_settings_reach_the_stage_searches(graph, profile):
     assert rounds["steps"] < capped["steps"]
     ref = PipelineConfig(patience=1, relax_rounds=1).reference()
     assert ref.patience is None and ref.relax_rounds == 8 and ref.split_dps == ref.refine
+    full = PipelineConfig(stages=2, patience=1, relax_rounds=1, refine=3).full_effort()
+    assert (full.patience, full.relax_rounds, full.split_dps, full.refine, full.stages) == (None, 8, 3, 3, 2)
 
 
 def test_split_dp_for_the_fastest_balanced_candidates(graph, profile):

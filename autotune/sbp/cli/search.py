@@ -101,6 +101,10 @@ def parser() -> argparse.ArgumentParser:
                     help="pipeline stages: 'auto' (tried, kept when faster than the best single-stage plan; needs "
                          "the step objective), 'off', or a stage count (default auto)")
     ap.add_argument("--schedule", default="1f1b", help="pipeline schedule: 1f1b, gpipe or eager-1f1b (default 1f1b)")
+    ap.add_argument("--pipeline-effort", choices=("default", "full"), default="default",
+                    help="the stage searches' effort: 'default' (capped restarts and relaxation rounds, the split "
+                         "DP for the fastest candidate: within 0.02%% of full effort on the benchmark cases, "
+                         "reports/records/pipeline.md) or 'full' (slower)")
     ap.add_argument("--compare", default="cd,mh,random",
                     help="algorithms run for the convergence plot, each on the budget (default cd,mh,random; "
                          "exhaustive is added when the space is small); 'none' to skip")
@@ -148,6 +152,12 @@ def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, st
     res = make_search(name, progress).run(problem, budget, np.random.default_rng(seed), start)
     progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
     return res
+
+
+def pipeline_config(stages, args) -> PipelineConfig:
+    """The pipeline search's settings from the command's flags."""
+    cfg = PipelineConfig(stages, args.schedule, search=args.search, seed=args.seed)
+    return cfg.full_effort() if args.pipeline_effort == "full" else cfg
 
 
 def table(plans: list[dict]) -> str:
@@ -315,7 +325,7 @@ def main(argv=None, report=None) -> int:
         if stages != "off":
             progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {args.schedule})")
             piped, mega3d = pipeline_plans(graph, cluster, profile, limit,
-                                           PipelineConfig(stages, args.schedule, search=args.search, seed=args.seed),
+                                           pipeline_config(stages, args),
                                            progress)
             base += [x for x in (mega3d,) if x is not None]
             fits = piped is not None and piped["totals"].get("fits_memory", False) and (
