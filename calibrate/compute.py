@@ -22,6 +22,10 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
                                           # a user's step, timed as executed (calibrate.layers)
       "layer_call_s": {"rmsnorm": [fwd, bwd], ...},  # optional: their seconds per call beyond the per-element
                                           # rate (a piece of few elements runs below its large size's rate)
+      "host_s": {"dtensor": [per_pass, per_step], ...},  # optional: the host's seconds to issue a step on each of
+                                          # apply's paths (HOST_PATHS), per layer occurrence and micro-batch
+                                          # (forward + backward) and per layer occurrence and step (the optimizer)
+                                          # (autotune.execute.hostfit: measured where the kernels take less)
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
 
@@ -62,6 +66,7 @@ from calibrate.errors import UserError
 from calibrate.layers import KINDS as LAYER_KINDS
 
 KINDS = ("measured", "assumed")
+HOST_PATHS = ("dtensor", "ddp", "fully_shard", "none")  # autotune.plan's placement paths ("none": one device)
 
 
 AXES = ("flops", "scores", "elements")
@@ -264,6 +269,7 @@ class ComputeModel:
     sdpa: dict = field(default_factory=dict)  # str(dtype_bytes) -> SdpaTable: torch's fused causal SDPA
     layer_s: dict = field(default_factory=dict)  # calibrate.layers kind -> (forward, backward) seconds per element
     layer_call_s: dict = field(default_factory=dict)  # the same kinds -> (forward, backward) seconds per call
+    host_s: dict = field(default_factory=dict)  # HOST_PATHS path -> (per layer occurrence and micro-batch, per step)
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -343,8 +349,18 @@ class ComputeModel:
         call = self.layer_call_s.get(kind, (0.0, 0.0))
         return call[0] + per[0] * elems, call[1] + per[1] * elems
 
+    def host_seconds(self, path: str, occurrences: int, micro_batches: int) -> tuple[float, float] | None:
+        """(per micro-batch, per step) seconds the host takes to issue the forward and backward of
+        ``occurrences`` layer occurrences, and their optimizer step, placed on apply's ``path``; None where the
+        profile has no host figures for that path."""
+        per = self.host_s.get(path)
+        if per is None:
+            return None
+        return occurrences * per[0], occurrences * per[1]
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
+                **({"host_s": {k: list(v) for k, v in self.host_s.items()}} if self.host_s else {}),
                 **({"layer_s": {k: list(v) for k, v in self.layer_s.items()}} if self.layer_s else {}),
                 **({"layer_call_s": {k: list(v) for k, v in self.layer_call_s.items()}} if self.layer_call_s else {}),
                 **({"op_Bps": dict(self.op_Bps)} if self.op_Bps else {}),
@@ -390,8 +406,21 @@ class ComputeModel:
             sources=dict(d.get("sources", {})),
             op_Bps={k: float(v) for k, v in ops.items()},
             sdpa=_sdpa_tables(d.get("sdpa", {}), where),
-            layer_s=layers, layer_call_s=calls,
+            layer_s=layers, layer_call_s=calls, host_s=_host_figures(d.get("host_s"), where),
         )
+
+
+def _host_figures(figures, where: str) -> dict:
+    """A profile's ``host_s``: path -> (seconds per layer occurrence and micro-batch, per layer occurrence and
+    step), validated (non-negative, under a second)."""
+    figures = figures or {}
+    if not isinstance(figures, dict) or any(
+            k not in HOST_PATHS or not isinstance(v, (list, tuple)) or len(v) != 2
+            or any(not _finite(x) or x >= 1 for x in v) for k, v in figures.items()):
+        raise UserError(f"{where} has a bad host_s {figures!r} (want path -> [per micro-batch, per step] seconds "
+                        f"per layer occurrence, 0 <= s < 1, paths of {', '.join(HOST_PATHS)}): re-run python -m "
+                        f"autotune execute --fit-host")
+    return {k: (float(v[0]), float(v[1])) for k, v in figures.items()}
 
 
 def _sdpa_tables(d, where: str) -> dict:

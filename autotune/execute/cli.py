@@ -4,6 +4,8 @@
     mpiexec -n 4 python -m autotune execute plan.json --layers 2 --steps 6
     srun -n 8 python -m autotune execute plan.json
     python -m autotune execute --summarize exec        # the table of a finished run, with the targets
+    python -m autotune execute --fit-host d2 d8 t2 t8 --profile p.json --profile-out p-host.json
+                                                       # the host's cost per path (autotune.execute.hostfit)
 
 One process per device (NCCL on GPUs, gloo on CPUs). Builds the plan's model
 (fixed-seed weights), lays every layer out as the plan says (DTensor placements
@@ -85,6 +87,14 @@ def parser() -> argparse.ArgumentParser:
                     help="print the tables of the results in DIR and write DIR/summary.json, summary.md, breakdown.txt "
                          "(device time by kernel family, memory by phase) and layers.txt (each layer's predicted "
                          "forward and backward beside the measured)")
+    ap.add_argument("--apply-path", default="auto", choices=("auto", "dtensor"),
+                    help="auto: each plan on the path apply takes (DDP, fully_shard or DTensor); dtensor: "
+                         "data-parallel plans placed by DTensor too (the host's cost of each path)")
+    ap.add_argument("--fit-host", nargs="+", metavar="DIR",
+                    help="fit each path's host figures from the results in these folders (two depths and two "
+                         "micro-batch counts a path) into --profile, written to --profile-out")
+    ap.add_argument("--profile", help="with --fit-host: the profile to add the host figures to")
+    ap.add_argument("--profile-out", help="with --fit-host: where to write that profile")
     g = ap.add_argument_group("model (checked against the plan's; --layers runs a stack of that many layers)")
     g.add_argument("--model", help="model kind the plan must be for")
     g.add_argument("--preset", help="preset the plan must be for")
@@ -147,6 +157,22 @@ def summarize(folder: str) -> int:
     return 0
 
 
+def fit_host(folders: list[str], profile: str | None, out: str | None) -> int:
+    from autotune.execute.hostfit import fit_profile, fits, table
+    if not profile or not out:
+        raise UserError("--fit-host needs --profile (the profile measured on this machine) and --profile-out (where "
+                        "to write it with the host figures)")
+    target = check_output_path(Path(out), "--profile-out")
+    base = Profile.load(profile)
+    found, failed = fits(folders)
+    print(table(found))
+    for why in failed:
+        print(f"not fitted: {why}")
+    written = fit_profile(base, found, f"python -m autotune execute --fit-host {' '.join(folders)}").save(target)
+    print(f"wrote {written}")
+    return 0
+
+
 def device_warning(plan: dict, here: str) -> str | None:
     """A warning where the plan's predictions come from a profile measured on another device than this
     run's (an H200 profile's step time set against a CPU run is no comparison), else None."""
@@ -164,6 +190,8 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.summarize:
         return summarize(args.summarize)
+    if args.fit_host:
+        return fit_host(args.fit_host, args.profile, args.profile_out)
     if not args.plan:
         raise UserError("give a plan.json (python -m autotune execute PLAN), or --summarize DIR")
     check_steps(args.steps, args.warmup, args.profile_steps)
@@ -212,7 +240,7 @@ def main(argv=None) -> int:
                 elif executor(plan, args.executor) == "pipeline":
                     rec, model = run_pipeline_plan(plan, d, module=args.module, **common)
                 else:
-                    rec, model = run_module_plan(plan, d, module=args.module, **common)
+                    rec, model = run_module_plan(plan, d, module=args.module, apply_path=args.apply_path, **common)
                 del model
             except torch.OutOfMemoryError as e:  # this plan does not fit: record it and go on
                 rec = out_of_memory_record(plan, d, str(e))

@@ -100,12 +100,17 @@ def module_dtypes(config: dict, name: str):
     return (torch.float32, torch.bfloat16) if name == "bfloat16" else (DTYPES[name], None)
 
 
+APPLY_PATHS = ("auto", "dtensor")
+
+
 def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
-                    profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None):
+                    profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto"):
     """(the result record, the placed module): ``module``'s model (``package.module:factory``, called
     with the plan's model config) placed by ``autotune.plan.apply`` as ``plan`` (a plan of plan.json,
     or a typed plan) says, trained by ``ModuleTrainer``. A module may carry ``plan_mapping``, the
-    mapping of plan layers to its module names that apply takes."""
+    mapping of plan layers to its module names that apply takes. ``apply_path`` "dtensor": a data-parallel
+    plan placed by DTensor (whole outputs) instead of DDP, the same plan on the other path (the host's cost
+    of each path: ``autotune.execute.hostfit``); fully_shard-shaped plans keep fully_shard."""
     from autotune.plan import ModelSpec, apply, load_plan
     from autotune.plan.place import placement_path
 
@@ -124,7 +129,10 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     mapping = getattr(model, "plan_mapping", None)
     # data-parallel and FSDP plans as users step them (DDP, torchtitan: each rank its piece's loss, gradients
     # averaged; no whole-batch logits): what the plan prices
-    path = placement_path(typed, model, mapping, output="local") if d.launch.world > 1 else "none"
+    if apply_path not in APPLY_PATHS:
+        raise OptionError("apply-path", f"{apply_path!r}: use one of {', '.join(APPLY_PATHS)}")
+    output = "whole" if apply_path == "dtensor" else "local"
+    path = placement_path(typed, model, mapping, output=output) if d.launch.world > 1 else "none"
     output = "local" if path in ("fully_shard", "ddp") else "whole"
     placed = apply(typed, model, d.mesh, mapping=mapping, output=output)  # the DDP module on the "ddp" path
     trainer = ModuleTrainer(placed, config, typed.micro_batches, d, seed, lr, autocast, local_loss=output == "local")
