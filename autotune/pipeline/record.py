@@ -59,6 +59,7 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
             "boundary_route": route.name if route else None, "boundary_sent": list(route.sent) if route else None,
             "boundary_planned_forward_s": pf, "boundary_planned_backward_s": pb,
             "grad_sync_s": sp.fig.grad_sync, "exposed_sync_s": sp.fig.exposed_sync, "optimizer_s": sp.fig.optimizer,
+            **({"apply_path": sp.fig.path, "host_pass_s": sp.fig.host} if sp.fig.path else {}),
             "end_s": c.ends[i], "memory_bytes": sp.fig.memory, "fits_memory": sp.fig.fits,
             "timeline": [[iv.kind, iv.micro_batch, iv.start, iv.end] for iv in c.result.intervals
                          if iv.lane == f"stage {i}"],

@@ -53,6 +53,7 @@ from calibrate.errors import OptionError, UserError
 from models.graph import LayerGraph
 
 from autotune.pipeline.boundary import BoundaryPricer
+from autotune.pipeline.paths import data_parallel_plan
 from autotune.pipeline.slicing import blocks, signature, stage_graph, stage_spans, with_micro_batches
 from autotune.pipeline.split import best_split, estimate, window
 from autotune.pipeline.stage import Layout, StageFigures, StageProblem, figures
@@ -377,7 +378,9 @@ class StageSearch:
                 history.setdefault(pr.mode, []).append((k, cost))
                 if best is None or cost < best[1]:
                     best = (pr, cost, a, info)
-        return None if best is None else (best[0], best[2], best[3])
+        if best is None:
+            return None
+        return _at_host_pace((best[0], best[2], best[3]), [plain] + probs)
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
         """The stage's plan under ``f`` micro-batches in flight: the plan of the nearest search under fewer or as
@@ -445,6 +448,34 @@ class StageSearch:
 
     def _rungs_of(self, m: int, span, sub: Cluster) -> dict:
         return self._rungs.setdefault((self.signature(m, span), sub, m), {})
+
+
+def _at_host_pace(found, problems):
+    """Where the profile has host figures (``autotune.pipeline.paths``): the searched plan ``found`` (problem,
+    plan, info) against the data-parallel plan of each of ``problems`` (the stage's modes), apply's local paths,
+    by the stage's time a step at the host's pace (m (forward + backward) + exposed sync + optimizer, each with
+    its path's floor): the faster. The SBP search prices the devices alone, so a plan only the DTensor path runs
+    can win there and lose here (a small model's stage: the DTensor path's host issues a layer's pass in
+    milliseconds)."""
+    prob, a, info = found
+    if prob.compute is None or not prob.compute.host_s:
+        return found
+
+    def step(pr, assign):
+        fig = figures(pr, assign)
+        return pr.mb * (fig.forward + fig.backward) + fig.exposed_sync + fig.optimizer if fig.fits else math.inf
+
+    best = (step(prob, a), found)
+    for pr in problems:
+        dp = data_parallel_plan(pr)
+        if dp is None or not pr.fits_plan(dp):
+            continue
+        t = step(pr, dp)
+        if t < best[0]:
+            best = (t, (pr, dp, {"algorithm": "data parallel (apply's local path: faster than the searched plan at "
+                                              "the host's pace)", "recompute": pr.mode.recompute,
+                                 "sharding": pr.mode.sharding}))
+    return best[1]
 
 
 def _lower_bound(problem: StageProblem) -> float:

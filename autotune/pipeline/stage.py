@@ -46,6 +46,7 @@ import numpy as np
 
 from calibrate.errors import UserError
 
+from autotune.pipeline.paths import host_floor
 from autotune.sbp.boxing import copy_seconds
 from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps
 from autotune.sbp.layers import make_op
@@ -263,6 +264,8 @@ class StageFigures:
     optimizer: float
     memory: float        # peak, with the in-flight activations
     fits: bool
+    path: str = ""       # the path apply places the plan by, where the profile has host figures (``paths``)
+    host: float = 0.0    # the host's seconds to issue a micro-batch's forward and backward on that path
 
 
 def figures(problem: StageProblem, assign) -> StageFigures:
@@ -272,9 +275,10 @@ def figures(problem: StageProblem, assign) -> StageFigures:
     run in; in FSDP mode torchtitan's (module doc): the all-gathers of a step spread evenly over its micro-batches'
     passes, the reduce-scatter in the gradient sync. The times are made once per mode and plan, shared by the
     problem's in-flight copies (in FSDP mode per in-flight count: ``StageProblem.shared_key``); the memory is
-    the copy's."""
+    the copy's. Where the profile has host figures, the host's floor of the plan's path
+    (``autotune.pipeline.paths.host_floor``)."""
     times = problem.shared(problem.shared_key(("times", problem.mode, tuple(assign))), lambda: _times(problem, assign))
-    return StageFigures(*times, problem.peak_memory(assign), problem.fits_plan(assign))
+    return host_floor(StageFigures(*times, problem.peak_memory(assign), problem.fits_plan(assign)), problem, assign)
 
 
 def _times(problem: StageProblem, assign) -> tuple[float, ...]:

@@ -27,12 +27,14 @@ DEFAULT_MODULE = "models.modules:build"
 # the reference module with torch's fused nn.RMSNorm (torchtitan's way): apply computes it out of place where the
 # plan splits its input by features (its composite kernel adds eps in place to a partial sum, which DTensor refuses)
 TORCH_RMSNORM, TORCH_RMSNORM_TAG = "hand_plans:build_with_torch_rmsnorm", ", nn.RMSNorm"
+DTENSOR_TAG = ", placed by DTensor (--apply-path dtensor)"  # the same data-parallel plan on the other path
 
 
 def plans() -> list[dict]:
     out = [typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2)"),
            typed_plan(LLAMA, 2, 2, megatron, "llama megatron (2, 2), full recomputation", "full"),
            typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)"),
+           typed_plan(GPT, 1, 4, data_parallel, "gpt data parallel (1, 4)" + DTENSOR_TAG),
            typed_plan(GPT, 2, 2, vocab_parallel, "gpt megatron, vocabulary over all four devices (2, 2), tied logits"),
            typed_plan(LLAMA, 1, 4, data_parallel, "llama FSDP (1, 4), fully_shard", fsdp_axes=(0, 1)),
            typed_plan(LLAMA, 2, 2, split_norm, "llama megatron (2, 2), the last RMSNorm split by features"),
@@ -63,7 +65,8 @@ def _worker(rank, world, port, plans_file, out):
         module = TORCH_RMSNORM if plan["strategy"].endswith(TORCH_RMSNORM_TAG) else DEFAULT_MODULE
         try:
             rec, model = run_module_plan(plan, d, module=module, steps=STEPS, warmup=0, profile_steps=0,
-                                         dtype="float64", seed=SEED, lr=LR)
+                                         dtype="float64", seed=SEED, lr=LR,
+                                         apply_path="dtensor" if plan["strategy"].endswith(DTENSOR_TAG) else "auto")
         except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
             results.append(f"{type(e).__name__}: {e}")
             continue
@@ -105,7 +108,8 @@ def test_apply_path_matches_one_process(tmp_path):
     assert len(results) == len(ps)
     for plan, got in zip(ps[:-1], results):
         assert got["executor"] == "apply"
-        want = "fully_shard" if "FSDP" in plan["strategy"] else "ddp" if "data parallel" in plan["strategy"] else "dtensor"
+        want = "fully_shard" if "FSDP" in plan["strategy"] else "dtensor" if plan["strategy"].endswith(DTENSOR_TAG) \
+            else "ddp" if "data parallel" in plan["strategy"] else "dtensor"
         assert got["path"] == want, plan["strategy"]
         problem = mismatch(refs[plan["model"]["kind"]], got)
         assert problem is None, f"{plan['strategy']}: {problem}"

@@ -1,0 +1,117 @@
+"""The path a stage plan runs on and the host's floor under it (``autotune.pipeline.paths``): the floor's closed
+form (the device's figures where the host is faster, n h_pass and n h_step where it is not, the forward and
+backward scaled alike); the path read from the plan (ddp, fully_shard, dtensor, none) and the executor's own
+reading (``autotune.plan.stages.stage_paths``) agreeing; the chooser taking the data-parallel plan where the
+searched one is on the DTensor path and slower at the host's pace; and the measured 2 x 2 case of
+reports/records/pipeline.md (run 6 of session 12: 1158 ms on the DTensor path against 407 predicted): with the
+host figures measured on that machine, the search's stages are on DDP."""
+import os
+from dataclasses import replace
+
+import pytest
+
+from autotune.pipeline import paths
+from autotune.pipeline.search import PipelineConfig, PipelineSearch, _at_host_pace
+from autotune.pipeline.slicing import stage_graph, stage_spans, with_micro_batches
+from autotune.pipeline.stage import StageProblem, _times, figures
+from autotune.sbp.baselines import megatron_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.memory import Mode
+from autotune.sbp.mesh import Cluster
+from calibrate.profile import Profile
+from models import load_model
+
+M = 4
+RECORDS = os.path.join(os.path.dirname(__file__), "..", "..", "reports", "records")
+H100 = os.path.join(RECORDS, "pipeline-gpu-2026-11-27", "profile.json")  # no host figures
+H100_HOST = os.path.join(RECORDS, "pipeline-gpu-2026-11-27-s13", "profile-h100x4-host.json")  # the same + host_s
+LLAMA_1B = dict(layers=16, hidden=2048, heads=16, kv_heads=4, ffn=8192, sequence=2048, vocabulary=32000, batch=32,
+                micro_batch=32)
+
+
+def with_host(profile, host: dict):
+    return replace(profile, compute=replace(profile.compute, host_s=host))
+
+
+def stage(graph, profile, i: int = 1, cluster=Cluster(1, 4), mode: Mode = Mode()) -> StageProblem:
+    g = with_micro_batches(graph, M)
+    span = stage_spans(g, [2, 2])[i]
+    return StageProblem(stage_graph(g, *span), Coster(profile, cluster), None, mode=mode).in_flight(1)
+
+
+@pytest.mark.parametrize("per_pass,per_step", [(1e-9, 1e-9), (0.5, 0.25)])
+def test_host_floor_closed_form(graph, profile, per_pass, per_step):
+    pr = stage(graph, with_host(profile, {"ddp": (per_pass, per_step)}))
+    dp = paths.data_parallel_plan(pr)
+    fwd, bwd, comp, red, sync, exposed, opt = _times(pr, dp)
+    fig = figures(pr, dp)
+    n = len(pr.graph.chain)
+    assert fig.path == "ddp" and fig.host == pytest.approx(n * per_pass)
+    assert fig.forward + fig.backward == pytest.approx(max(fwd + bwd, n * per_pass))
+    assert fig.forward / fig.backward == pytest.approx(fwd / bwd)
+    assert fig.optimizer == pytest.approx(max(opt, n * per_step))
+    assert fig.compute == pytest.approx(comp + M * (fig.forward + fig.backward - fwd - bwd) + fig.optimizer - opt)
+    assert (fig.redistribution, fig.grad_sync, fig.exposed_sync) == (red, sync, exposed)
+    plain = figures(stage(graph, profile), dp)  # no host figures: the device's, no path
+    assert (plain.forward, plain.backward, plain.path) == (fwd, bwd, "")
+
+
+def test_stage_path_reads_the_plan(graph, profile):
+    pr = stage(graph, profile)
+    dp = paths.data_parallel_plan(pr)
+    assert paths.stage_path(pr, dp) == "ddp"
+    assert paths.stage_path(pr.with_mode(Mode("none", (0, 1))), dp) == "fully_shard"
+    tp = megatron_assignment(pr, (1, 2), (1, 2))
+    assert tp is not None and tp != dp and paths.stage_path(pr, tp) == "dtensor"
+    one = stage(graph, profile, cluster=Cluster(1, 1))
+    assert paths.stage_path(one, paths.data_parallel_plan(one)) == "none"
+
+
+def test_the_chooser_takes_the_local_path_at_the_host_pace(graph, profile):
+    """A tensor-parallel stage plan (the DTensor path) against the data-parallel one: kept where the profile has
+    no host figures (the search's choice stands) or where DDP's host is the slower, replaced where the DTensor
+    path's host is."""
+    def choose(host):
+        pr = stage(graph, with_host(profile, host) if host else profile)
+        tp = megatron_assignment(pr, (1, 2), (1, 2))
+        return _at_host_pace((pr, tp, {"algorithm": "cd"}), [pr])[1] == paths.data_parallel_plan(pr)
+    assert not choose(None)
+    assert not choose({"dtensor": (1e-9, 0.0), "ddp": (0.1, 0.0)})
+    assert choose({"dtensor": (0.1, 0.0), "ddp": (1e-9, 0.0)})
+
+
+def _llama_1b_plan(profile_path: str):
+    graph = load_model("llama", None, LLAMA_1B)
+    return PipelineSearch(graph, Cluster(1, 4), Profile.load(profile_path), 80 * 2**30, PipelineConfig(2)).run()
+
+
+def test_the_measured_case_runs_on_ddp_with_the_host_figures():
+    """Without host figures the search's 2 x 2 plan of the 1.1 B Llama has a stage only the DTensor path runs
+    (run 6: 2.6x slower than predicted); with the host figures measured on that machine both stages are data
+    parallel (DDP), and priced at the host's pace where it is the slower."""
+    before = _llama_1b_plan(H100)
+    assert "dtensor" in [paths.stage_path(x.problem, x.assign) for x in before.plans]
+    after = _llama_1b_plan(H100_HOST)
+    assert [x.fig.path for x in after.plans] == ["ddp", "ddp"]
+    for x in after.plans:
+        assert x.fig.forward + x.fig.backward >= x.fig.host * (1 - 1e-12)
+
+
+def test_the_executor_reads_the_same_paths(graph, profile):
+    """``stage_path`` (from the strategies) and ``autotune.plan.stages.stage_paths`` (from the typed plan, what
+    apply_pipeline runs) agree on searched plans, with and without host figures."""
+    pytest.importorskip("torch")
+    from autotune.pipeline.record import pipeline_plan
+    from autotune.plan.stages import load_pipelined, stage_paths
+    cases = [(graph, Cluster(2, 2), profile), (graph, Cluster(1, 4), with_host(profile, {"dtensor": (0.1, 0.0)})),
+             (load_model("llama", None, LLAMA_1B), Cluster(1, 4), Profile.load(H100)),
+             (load_model("llama", None, LLAMA_1B), Cluster(1, 4), Profile.load(H100_HOST))]
+    seen = set()
+    for g, cluster, prof in cases:
+        search = PipelineSearch(g, cluster, prof, 80 * 2**30, PipelineConfig(2))
+        c = search.run()
+        search.finish(c)
+        ours = [paths.stage_path(x.problem, x.assign) for x in c.plans]
+        assert stage_paths(load_pipelined(pipeline_plan(search, c, "test"))) == ours
+        seen.update(ours)
+    assert {"ddp", "dtensor"} <= seen
