@@ -273,3 +273,50 @@ def test_which_stages_take_which_path():
              (megatron(dict(GPT_PLAIN, batch=32), 2, 2, 2, 2, 16), ["dtensor", "dtensor"]),
              (searched(dict(GPT, batch=8), 4), ["none"] * 4)]
     assert [stage_paths(load_pipelined(plan)) for plan, _ in cases] == [paths for _, paths in cases]
+
+
+def _loss_worker(rank, world, port, out):
+    """Each rank its columns (``torch.chunk``) of the same logits: ``_vocab_loss`` and its gradient."""
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    got = []
+    for dtype in (torch.float64, torch.bfloat16):
+        logits, targets = _loss_case(dtype)
+        columns = logits.chunk(world, -1)
+        mine = columns[rank].detach().clone().requires_grad_()
+        offset = sum(c.shape[-1] for c in columns[:rank])
+        loss = stages_module._vocab_loss(mine, targets, group=dist.group.WORLD, offset=offset)
+        (3 * loss).backward()
+        got.append((loss.detach(), mine.grad))
+    torch.save(got, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def _loss_case(dtype):
+    """Logits of 2 x 5 tokens over a vocabulary of 13 (split 7 + 6), large enough to overflow exp unshifted,
+    and targets with two left out (-100)."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(2, 5, 13, generator=g, dtype=torch.float64) * 4 + 800).to(dtype)
+    targets = torch.randint(0, 13, (2, 5), generator=g)
+    targets[0, 1] = targets[1, 4] = -100
+    return logits, targets
+
+
+def test_vocabulary_parallel_loss(tmp_path):
+    """``_vocab_loss`` on 2 ranks' columns gives torch's cross entropy of the whole logits (the mean over the
+    targets that are not -100; half precision in float32) and each rank the gradient of its columns."""
+    out = tmp_path / "loss.pt"
+    mp.start_processes(_loss_worker, args=(2, free_port(), str(out)), nprocs=2, start_method="fork")
+    got = [torch.load(f"{out}.{r}") for r in range(2)]
+    for k, (dtype, tol) in enumerate(((torch.float64, 1e-12), (torch.bfloat16, 1e-2))):
+        logits, targets = _loss_case(dtype)
+        whole = logits.float().requires_grad_() if dtype == torch.bfloat16 else logits.clone().requires_grad_()
+        want = torch.nn.functional.cross_entropy(whole.flatten(0, 1), targets.flatten())
+        (3 * want).backward()
+        grads = whole.grad.to(dtype).chunk(2, -1)
+        for r in range(2):
+            loss, grad = got[r][k]
+            assert loss.dtype == dtype and grad.dtype == dtype
+            assert torch.allclose(loss.double(), want.double(), rtol=tol, atol=0), (dtype, r, loss, want)
+            assert torch.allclose(grad.double(), grads[r].double(), rtol=tol, atol=tol), (dtype, r)
