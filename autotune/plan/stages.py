@@ -25,16 +25,32 @@
   - "ddp" / "fully_shard", apply's local path, for a stage plan that is pure data parallelism
     (``data_parallel_plan``) or FSDP/HSDP/TP + FSDP-shaped (``fully_shard_layout``) and whose boundaries
     carry the stream as each rank's local piece (the plan's sent placement at each of its boundaries is
-    ``local_stream``: split by the batch over the data axes, whole on a tensor-parallel axis); also a first
-    stage in FSDP mode whose embedding alone is split by features (``_columns_twin``: the table's columns on
-    each device, which looks up the whole micro-batch's ids there and hands its piece on by an all-to-all,
-    the S1 -> S0 boxing the plan prices; the searched 2 x 2 plans of a 1.1 B Llama have it), its table a
-    DTensor of columns that fully_shard leaves alone (a tied or multi-module embedding: the DTensor path):
+    ``local_stream``: split by the batch over the data axes, whole on a tensor-parallel axis);
     ``DistributedDataParallel`` over the stage's ranks, or torchtitan's ``parallelize_module`` +
     ``fully_shard`` on the stage's submesh; each rank runs its piece of every micro-batch (the first stage
     cuts the ids, the last the targets: ``DataSplit``), its loss that piece's, gradients averaged over the
     stage's data ranks; the boundary is the P2P of each rank's local piece to the rank at the same
-    coordinates of the next stage, nothing redistributed. The communication is the step model's
+    coordinates of the next stage, nothing redistributed. Also such a stage (DDP, or fully_shard without
+    tensor parallelism) once layers it computes itself are read as data parallel (``_local_twin``,
+    ``LocalPlan``; the search's 2 x 2 plans of a 1.1 B Llama have both, on DDP or FSDP blocks):
+    - a first stage's embedding split by features (``_column_lookup``: the table a DTensor of columns, Shard(1),
+      that DDP / fully_shard leave alone; each device looks the whole micro-batch's ids up in its columns and
+      hands its piece on by an all-to-all, the S1 -> S0 boxing the plan prices; the table's gradient, summed
+      over the pieces' losses, scaled to their average);
+    - a last stage's logits split by vocabulary with a vocabulary-parallel loss (``_vocab_logits``,
+      ``_vocab_loss``; one data dimension: not HSDP): the weight's rows a DTensor, Shard(0), that DDP /
+      fully_shard leave alone; per micro-batch each rank's piece of the stream all-gathered over the stage's
+      data ranks to the whole micro-batch (the plan's S0 -> B before the logits), the local matmul against the
+      rank's rows, Megatron-LM's vocabulary-parallel cross entropy (an all-reduce of the tokens' maxima, one of
+      their sums of exponentials with the target logits: the plan prices these as one all-reduce of 2 fp32 a
+      token) giving the whole micro-batch's mean loss on every rank (targets -100 left out, as torch's
+      cross_entropy), and in the backward the stream's gradient reduce-scattered back to the pieces (the plan's
+      reduce-scatter) and scaled by the number of pieces (the blocks' gradients, averaged over the data ranks,
+      are of each piece's loss); the rows' gradient is whole for them, nothing synchronised.
+    Where the modules cannot take these (a tied embedding and head, as the reference GPT's, whose splits differ;
+    an embedding of several modules, e.g. learned positions; a head with a bias or not an ``nn.Linear``), or a
+    ``loss_fn`` is given for vocabulary-parallel logits (the user's loss takes whole logits), the stage keeps
+    the DTensor path. The communication is the step model's
     (``autotune.pipeline.stage``): DDP all-reduces once a step (``PipelineStage`` runs a DDP module under
     ``no_sync`` until the last micro-batch: ``sync_steps`` once a step); fully_shard runs torchtitan's PP + FSDP
     step: the ``FSDPModule`` is handed to ``PipelineStage``, which turns gradient sync and resharding after backward
@@ -45,7 +61,7 @@
     blocks: fully_shard keeps it gathered from its forward) once; each unit's gradients accumulated unsharded and
     reduce-scattered once, in the last backward. The step model prices this (``autotune.pipeline.stage``: the
     gradients held unsharded, a block's weights gathered from its backward to the next forward; the tests count the
-    collectives of a step).
+    collectives of a step, those of the vocabulary-parallel logits and loss too).
   - "dtensor": every other stage plan, as ``apply`` places a model by DTensor (parameters, per-layer hooks,
     recomputation; its stream at the boundaries below); next to a local-path stage, whose gradients are of
     each piece's loss (the number of pieces times those of the whole micro-batch's loss that the DTensor
@@ -82,7 +98,8 @@
   last, whole gradients), as Megatron does, so both copies take the same optimizer step.
 - ``step(ids, targets)`` splits the batch into the plan's micro-batches along dimension 0, runs the
   schedule (gradients of the mean loss over the micro-batches) and returns the mean loss over the whole
-  batch on every rank (a local-path last stage's pieces' losses averaged over its data ranks).
+  batch on every rank (a local-path last stage's pieces' losses averaged over its data ranks; with
+  vocabulary-parallel logits every rank's loss is already the whole micro-batch's).
 - Errors (not a pipelined plan, a world other than the plan's, a split that is not the model's blocks, a
   module apply cannot cut): one ``UserError`` naming the problem and the fix, alike on every rank, before
   any weight moves.
@@ -534,7 +551,8 @@ class _VocabCrossEntropy(torch.autograd.Function):
     token), as Megatron-LM's vocabulary-parallel cross entropy: the tokens' maxima all-reduced (MAX), then their
     sums of exponentials and target logits in one all-reduce (SUM); the mean over the targets that are not
     ``IGNORE_INDEX``, on every rank. Backward: local (softmax minus the target's one-hot in this rank's columns),
-    no communication. Half-precision logits are computed in float32."""
+    no communication. Half-precision logits are computed in float32, their loss a float32 (as torch's
+    cross_entropy under autocast)."""
 
     @staticmethod
     def forward(ctx, logits, targets, group, offset: int):
@@ -554,7 +572,7 @@ class _VocabCrossEntropy(torch.autograd.Function):
         soft /= stats[:, :1]
         ctx.save_for_backward(soft, idx, mine, valid, count)
         ctx.dtype = logits.dtype
-        return loss.to(logits.dtype)
+        return loss
 
     @staticmethod
     def backward(ctx, g):

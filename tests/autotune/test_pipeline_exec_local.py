@@ -8,9 +8,14 @@ stage: their gradients summed between the stages) and a small Hugging Face Llama
 DDP's one all-reduce per step and fully_shard's unsharded gradients both accumulate over micro-batches). Each rank
 reports the path its stage took, which must be the one ``stage_paths`` names: a stage falling back to the
 DTensor path fails. A stage that replicates everything beside a fully_shard one keeps the DTensor path (the
-boundary reshards S0 -> B on its submesh). Planted bugs fail: gradients summed instead of averaged over the
-stage's data ranks, the first stage's micro-batches not cut into pieces, and the FSDP module not recognised by
-``PipelineStage`` (fully_shard gathering and reduce-scattering every micro-batch: the collective counts)."""
+boundary reshards S0 -> B on its submesh). The search's 2 x 2 plan of a 1.1 B Llama (the first stage's embedding
+by columns, the last stage's logits by vocabulary with a vocabulary-parallel loss) runs on DDP and on fully_shard
+(and a GPT's untied head by vocabulary; tied, it keeps the DTensor path), with its collectives counted: per
+micro-batch the stream's all-gather before the logits, the reduce-scatter back, the loss's two all-reduces.
+Planted bugs fail: gradients summed instead of averaged over the stage's data ranks, the first stage's
+micro-batches not cut into pieces, the FSDP module not recognised by ``PipelineStage`` (fully_shard gathering and
+reduce-scattering every micro-batch: the collective counts), the column embedding's gradient not scaled, the
+head's stream gradient cut to the piece instead of reduce-scattered, and not scaled to the pieces' losses."""
 import contextlib
 import datetime
 import os
@@ -305,7 +310,8 @@ def _loss_case(dtype):
 
 def test_vocabulary_parallel_loss(tmp_path):
     """``_vocab_loss`` on 2 ranks' columns gives torch's cross entropy of the whole logits (the mean over the
-    targets that are not -100; half precision in float32) and each rank the gradient of its columns."""
+    targets that are not -100; half precision in float32, as under autocast) and each rank the gradient of its
+    columns."""
     out = tmp_path / "loss.pt"
     mp.start_processes(_loss_worker, args=(2, free_port(), str(out)), nprocs=2, start_method="fork")
     got = [torch.load(f"{out}.{r}") for r in range(2)]
@@ -317,6 +323,6 @@ def test_vocabulary_parallel_loss(tmp_path):
         grads = whole.grad.to(dtype).chunk(2, -1)
         for r in range(2):
             loss, grad = got[r][k]
-            assert loss.dtype == dtype and grad.dtype == dtype
+            assert loss.dtype == want.dtype and grad.dtype == dtype
             assert torch.allclose(loss.double(), want.double(), rtol=tol, atol=0), (dtype, r, loss, want)
             assert torch.allclose(grad.double(), grads[r].double(), rtol=tol, atol=tol), (dtype, r)
