@@ -404,12 +404,13 @@ def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
 @dataclass(frozen=True)
 class LocalPlan:
     """A stage's placement on apply's local path (``_local_plan``): the plan DDP or fully_shard runs, and the
-    layers outside it that the stage computes itself."""
+    layers outside it that the stage computes itself: ``columns``, the first stage's embedding split by features
+    (``_column_lookup``); ``vocabulary``, the last stage's logits split by vocabulary rows and their loss
+    vocabulary-parallel (``_vocab_logits``, ``_vocab_loss``)."""
 
-    plan: TypedPlan           # data parallel or fully_shard-shaped
-    columns: bool = False     # the first stage's embedding split by features (``_column_lookup``)
-    vocabulary: bool = False  # the last stage's logits split by vocabulary rows, their loss vocabulary-parallel
-    #                           (``_vocab_logits``, ``_vocab_loss``)
+    plan: TypedPlan  # data parallel or fully_shard-shaped
+    columns: bool = False
+    vocabulary: bool = False
 
 
 def _local_plan(pp: PipelinedPlan, stage: int) -> LocalPlan | None:
