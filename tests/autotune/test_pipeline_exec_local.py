@@ -225,7 +225,7 @@ def jobs_for(kind: str) -> tuple[dict, list]:
     # the search's 2 x 2 plan of a 1.1 B Llama: the embedding by columns, the head by vocabulary, DDP blocks
     searchs = vocabulary_head(column_embedding(ddp))
     return cfg, [(fsdp, both, None), (ddp, ddps, None), (column_embedding(fsdp), both, None),
-                 (searchs, ddps, None), (vocabulary_head(column_embedding(fsdp)), both, None),
+                 (column_embedding(ddp), ddps, None), (vocabulary_head(ddp), ddps, None), (searchs, ddps, None), (vocabulary_head(column_embedding(fsdp)), both, None),
                  (column_embedding(fsdp), both, "unscaled"), (searchs, ddps, "chunked"),
                  (searchs, ddps, "unscaled-head"), (ddp, ddps, "uncut")]
 
