@@ -829,14 +829,20 @@ def _gather_outputs(chain: list[Site], split: DataSplit, mesh) -> None:
 
 
 # --- data parallelism through DDP ---------------------------------------------------------------------------
-def _ddp(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str, split: DataSplit, group=None):
+def _ddp(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device: str, split: DataSplit, group=None,
+         ignored: tuple = ()):
     """A pure data-parallel plan as users run it: recomputation as planned, then ``DistributedDataParallel``
     over ``group`` (None: the world; its gradients averaged, all-reduced in buckets during the backward, each
     gradient a view into its bucket: one copy of the gradients, as the plan's memory counts them; DDP's default
     keeps a second one in its buckets, 4 bytes a parameter more); returns the DDP module, which ``data_piece``
-    asks for this rank's piece ``split`` (the caller cuts the calls)."""
+    asks for this rank's piece ``split`` (the caller cuts the calls). ``ignored``: parameters DDP leaves as they
+    are (neither broadcast nor all-reduced: placed by the caller, as fully_shard's ``ignored``)."""
     from torch.nn.parallel import DistributedDataParallel
     _recompute(model, chain, prefixes, plan.recompute)
+    skip = {id(p) for p in ignored}
+    if skip:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [n for n, p in model.named_parameters() if id(p) in skip])
     ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None,
                                   process_group=group, gradient_as_bucket_view=True)
     ddp._autotune_data_split = split

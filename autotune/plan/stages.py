@@ -25,16 +25,32 @@
   - "ddp" / "fully_shard", apply's local path, for a stage plan that is pure data parallelism
     (``data_parallel_plan``) or FSDP/HSDP/TP + FSDP-shaped (``fully_shard_layout``) and whose boundaries
     carry the stream as each rank's local piece (the plan's sent placement at each of its boundaries is
-    ``local_stream``: split by the batch over the data axes, whole on a tensor-parallel axis); also a first
-    stage in FSDP mode whose embedding alone is split by features (``_columns_twin``: the table's columns on
-    each device, which looks up the whole micro-batch's ids there and hands its piece on by an all-to-all,
-    the S1 -> S0 boxing the plan prices; the searched 2 x 2 plans of a 1.1 B Llama have it), its table a
-    DTensor of columns that fully_shard leaves alone (a tied or multi-module embedding: the DTensor path):
+    ``local_stream``: split by the batch over the data axes, whole on a tensor-parallel axis);
     ``DistributedDataParallel`` over the stage's ranks, or torchtitan's ``parallelize_module`` +
     ``fully_shard`` on the stage's submesh; each rank runs its piece of every micro-batch (the first stage
     cuts the ids, the last the targets: ``DataSplit``), its loss that piece's, gradients averaged over the
     stage's data ranks; the boundary is the P2P of each rank's local piece to the rank at the same
-    coordinates of the next stage, nothing redistributed. The communication is the step model's
+    coordinates of the next stage, nothing redistributed. Also such a stage (DDP, or fully_shard without
+    tensor parallelism) once layers it computes itself are read as data parallel (``_local_twin``,
+    ``LocalPlan``; the search's 2 x 2 plans of a 1.1 B Llama have both, on DDP or FSDP blocks):
+    - a first stage's embedding split by features (``_column_lookup``: the table a DTensor of columns, Shard(1),
+      that DDP / fully_shard leave alone; each device looks the whole micro-batch's ids up in its columns and
+      hands its piece on by an all-to-all, the S1 -> S0 boxing the plan prices; the table's gradient, summed
+      over the pieces' losses, scaled to their average);
+    - a last stage's logits split by vocabulary with a vocabulary-parallel loss (``_vocab_logits``,
+      ``_vocab_loss``; one data dimension: not HSDP): the weight's rows a DTensor, Shard(0), that DDP /
+      fully_shard leave alone; per micro-batch each rank's piece of the stream all-gathered over the stage's
+      data ranks to the whole micro-batch (the plan's S0 -> B before the logits), the local matmul against the
+      rank's rows, Megatron-LM's vocabulary-parallel cross entropy (an all-reduce of the tokens' maxima, one of
+      their sums of exponentials with the target logits: the plan prices these as one all-reduce of 2 fp32 a
+      token) giving the whole micro-batch's mean loss on every rank (targets -100 left out, as torch's
+      cross_entropy), and in the backward the stream's gradient reduce-scattered back to the pieces (the plan's
+      reduce-scatter) and scaled by the number of pieces (the blocks' gradients, averaged over the data ranks,
+      are of each piece's loss); the rows' gradient is whole for them, nothing synchronised.
+    Where the modules cannot take these (a tied embedding and head, as the reference GPT's, whose splits differ;
+    an embedding of several modules, e.g. learned positions; a head with a bias or not an ``nn.Linear``), or a
+    ``loss_fn`` is given for vocabulary-parallel logits (the user's loss takes whole logits), the stage keeps
+    the DTensor path. The communication is the step model's
     (``autotune.pipeline.stage``): DDP all-reduces once a step (``PipelineStage`` runs a DDP module under
     ``no_sync`` until the last micro-batch: ``sync_steps`` once a step); fully_shard runs torchtitan's PP + FSDP
     step: the ``FSDPModule`` is handed to ``PipelineStage``, which turns gradient sync and resharding after backward
@@ -45,7 +61,7 @@
     blocks: fully_shard keeps it gathered from its forward) once; each unit's gradients accumulated unsharded and
     reduce-scattered once, in the last backward. The step model prices this (``autotune.pipeline.stage``: the
     gradients held unsharded, a block's weights gathered from its backward to the next forward; the tests count the
-    collectives of a step).
+    collectives of a step, those of the vocabulary-parallel logits and loss too).
   - "dtensor": every other stage plan, as ``apply`` places a model by DTensor (parameters, per-layer hooks,
     recomputation; its stream at the boundaries below); next to a local-path stage, whose gradients are of
     each piece's loss (the number of pieces times those of the whole micro-batch's loss that the DTensor
@@ -82,7 +98,8 @@
   last, whole gradients), as Megatron does, so both copies take the same optimizer step.
 - ``step(ids, targets)`` splits the batch into the plan's micro-batches along dimension 0, runs the
   schedule (gradients of the mean loss over the micro-batches) and returns the mean loss over the whole
-  batch on every rank (a local-path last stage's pieces' losses averaged over its data ranks).
+  batch on every rank (a local-path last stage's pieces' losses averaged over its data ranks; with
+  vocabulary-parallel logits every rank's loss is already the whole micro-batch's).
 - Errors (not a pipelined plan, a world other than the plan's, a split that is not the model's blocks, a
   module apply cannot cut): one ``UserError`` naming the problem and the fix, alike on every rank, before
   any weight moves.
@@ -108,6 +125,7 @@ from autotune.sbp.sbp import B, P, check_placement, is_split
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
 
 
 
@@ -383,23 +401,35 @@ def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
     return {k: v for k, v in mapping.items() if k in names}
 
 
-def _local_plan(pp: PipelinedPlan, stage: int) -> TypedPlan | None:
-    """The plan by which stage ``stage`` is placed on apply's local path, from the plan alone (so alike on every
-    rank, which must all make every local stage's mesh): its own where it is data parallel or fully_shard-shaped
-    (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or a first stage's ``_columns_twin``,
-    and each of its boundaries carries each rank's local piece (``local_stream``); None: the DTensor path."""
+@dataclass(frozen=True)
+class LocalPlan:
+    """A stage's placement on apply's local path (``_local_plan``): the plan DDP or fully_shard runs, and the
+    layers outside it that the stage computes itself: ``columns``, the first stage's embedding split by features
+    (``_column_lookup``); ``vocabulary``, the last stage's logits split by vocabulary rows and their loss
+    vocabulary-parallel (``_vocab_logits``, ``_vocab_loss``)."""
+
+    plan: TypedPlan  # data parallel or fully_shard-shaped
+    columns: bool = False
+    vocabulary: bool = False
+
+
+def _local_plan(pp: PipelinedPlan, stage: int) -> LocalPlan | None:
+    """How stage ``stage`` is placed on apply's local path, from the plan alone (so alike on every rank, which
+    must all make every local stage's mesh): its plan where it is data parallel or fully_shard-shaped
+    (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or its ``_local_twin`` (an embedding
+    by features, logits by vocabulary), and each of its boundaries carries each rank's local piece
+    (``local_stream``); None: the DTensor path."""
     typed = pp.stages[stage]
     if typed.world == 1:
         return None
-    if stage == 0:
-        typed = _columns_twin(typed) or typed
-    if fully_shard_layout(typed) is None and not data_parallel_plan(typed):
+    local = _local_twin(typed)
+    if local is None:
         return None
-    want = local_stream(typed)
+    want = local_stream(local.plan)
     ends = ([pp.sent[stage - 1]] if stage > 0 else []) + ([pp.sent[stage]] if stage < len(pp.split) - 1 else [])
     if any(end is None or tuple(end) != want for end in ends):
         return None
-    return typed
+    return local
 
 
 def _local_dims(typed: TypedPlan) -> dict[str, int]:
@@ -408,22 +438,38 @@ def _local_dims(typed: TypedPlan) -> dict[str, int]:
     return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
 
 
-def _columns_twin(typed: TypedPlan) -> TypedPlan | None:
-    """A first stage in FSDP mode whose embedding is split by features on every axis (S1: each device holds its
-    columns of the table and looks up the whole micro-batch there; the step model prices that and the S1 -> S0
-    boxing to the first block) and whose other layers are fully_shard-shaped without tensor parallelism (the
-    searched 2 x 2 plans of a 1.1 B Llama): the same plan with a data-parallel embedding, which
-    ``fully_shard_layout`` takes; its embedding is then placed by ``_column_lookup``. None for other plans."""
-    emb = typed.layer("embedding")
+def _local_twin(typed: TypedPlan) -> LocalPlan | None:
+    """The ``LocalPlan`` of a stage plan that DDP or fully_shard runs (``data_parallel_plan``,
+    ``fully_shard_layout``) as it is, or once two layers the stage computes itself are read as data parallel:
+
+    - an embedding split by features on every axis (S1 table columns and output: each device looks the whole
+      micro-batch up in its columns, then the S1 -> S0 boxing to the first block; ``_column_lookup``);
+    - logits split by vocabulary on every axis (weight S1: the rows of ``nn.Linear``'s [vocabulary, hidden]
+      weight; input B: the stream gathered S0 -> B before them; output S1) and a vocabulary-parallel loss (input
+      S1): ``_vocab_logits`` and ``_vocab_loss``.
+
+    Such a twin must be data parallel (DDP) or fully_shard-shaped without tensor parallelism (and, with the
+    vocabulary-parallel logits, over one data dimension: not HSDP); the searched 2 x 2 plans of a 1.1 B Llama
+    have both (FSDP or DDP blocks). None: the DTensor path."""
     n = len(typed.mesh.sizes)
-    cols = ("S1",) * n
-    if emb is None or typed.sharding_mode != "fsdp" or emb.output != cols or \
-            [w.placements for w in emb.weights] != [cols]:
-        return None
-    data = replace(emb, output=("S0",) * n, weights=(replace(emb.weights[0], placements=(B,) * n),))
-    twin = replace(typed, layers=tuple(data if lay is emb else lay for lay in typed.layers))
+    cols, batch, whole = ("S1",) * n, ("S0",) * n, (B,) * n
+    swap: dict[str, object] = {}
+    emb = typed.layer("embedding")
+    if emb is not None and emb.output == cols and [w.placements for w in emb.weights] == [cols]:
+        swap["embedding"] = replace(emb, output=batch, weights=(replace(emb.weights[0], placements=whole),))
+    logits, loss = typed.layer("logits"), typed.layer("loss")
+    if logits is not None and loss is not None and logits.input == whole and logits.output == cols and \
+            [w.placements for w in logits.weights] == [cols] and loss.input == cols:
+        swap["logits"] = replace(logits, input=batch, output=batch,
+                                 weights=(replace(logits.weights[0], placements=whole),))
+        swap["loss"] = replace(loss, input=batch)
+    twin = replace(typed, layers=tuple(swap.get(lay.name, lay) for lay in typed.layers)) if swap else typed
     layout = fully_shard_layout(twin)
-    return twin if layout is not None and layout.tp is None else None
+    if swap and layout is not None:
+        ok = layout.tp is None and ("logits" not in swap or "replicate" not in fsdp_dims(twin, layout))
+    else:
+        ok = layout is not None or data_parallel_plan(twin)
+    return LocalPlan(twin, "embedding" in swap, "logits" in swap) if ok else None
 
 
 def _column_module(chain: list[Site], tied_ids: set):
@@ -451,6 +497,98 @@ def _column_lookup(ids, *, module, mesh, factor: float):
     return x.redistribute(mesh, [Shard(0)] * mesh.ndim).to_local()
 
 
+def _vocab_module(chain: list[Site], tied_ids: set):
+    """The logits module ``_vocab_logits`` can place (one plain ``nn.Linear`` without bias, its weight not tied
+    to the embedding: a tied head whose split differs from the embedding's, as the reference GPT's, keeps the
+    DTensor path); None: the stage keeps the DTensor path."""
+    site = next((s for s in chain if s.layer.name == "logits"), None)
+    if site is None or len(site.modules) != 1:
+        return None
+    module = site.modules[0][1]
+    if type(module) is not nn.Linear or module.bias is not None or id(module.weight) in tied_ids:
+        return None
+    return module
+
+
+class _GatherStream(torch.autograd.Function):
+    """The stream's pieces (split by the batch over ``group``, in its rank order) gathered whole on every rank
+    (all-gather, S0 -> B); the backward reduce-scatters the gradient (``_reduce_scatter``): every rank's
+    vocabulary rows contribute to the gradient of every piece."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
+        dist.all_gather_single(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return _reduce_scatter(g, ctx.group), None
+
+
+def _reduce_scatter(g, group):
+    """``g`` (whole on every rank of ``group``) summed over the group, this rank's piece of dimension 0 kept."""
+    out = g.new_empty((g.shape[0] // dist.get_world_size(group), *g.shape[1:]))
+    dist.reduce_scatter_single(out, g.contiguous(), group=group)
+    return out
+
+
+def _vocab_logits(x, *, module, group, factor: float):
+    """The logits of the whole micro-batch in this rank's vocabulary rows (``module.weight`` a DTensor of rows,
+    Shard(0), over the stage's data mesh): this rank's piece of the stream gathered over ``group`` (the S0 -> B
+    all-gather the plan prices before the logits), times the local rows. Backward: the stream's gradient
+    reduce-scattered back to the pieces (the plan's reduce-scatter) and scaled by ``factor`` (the number of
+    pieces): the loss is the whole micro-batch's, the blocks' gradients are averaged over the data ranks (DDP,
+    fully_shard) as gradients of each piece's own loss, ``factor`` times those of the whole micro-batch's."""
+    return nn.functional.linear(_GatherStream.apply(_scale_grad(x, factor=factor), group), module.weight.to_local())
+
+
+IGNORE_INDEX = -100  # torch's cross_entropy default: targets left out of the mean
+
+
+class _VocabCrossEntropy(torch.autograd.Function):
+    """Cross entropy of logits split by vocabulary over ``group`` (each rank its columns ``offset`` ..., of every
+    token), as Megatron-LM's vocabulary-parallel cross entropy: the tokens' maxima all-reduced (MAX), then their
+    sums of exponentials and target logits in one all-reduce (SUM); the mean over the targets that are not
+    ``IGNORE_INDEX``, on every rank. Backward: local (softmax minus the target's one-hot in this rank's columns),
+    no communication. Half-precision logits are computed in float32, their loss a float32 (as torch's
+    cross_entropy under autocast)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, group, offset: int):
+        x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+        top = x.detach().amax(-1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        local = targets - offset
+        mine = (local >= 0) & (local < x.shape[-1])
+        idx = local.masked_fill(~mine, 0)
+        soft = (x.detach() - top.unsqueeze(-1)).exp_()
+        picked = (x.detach().gather(-1, idx.unsqueeze(-1)).squeeze(-1) - top).masked_fill(~mine, 0)
+        stats = torch.stack([soft.sum(-1), picked], -1)
+        dist.all_reduce(stats, group=group)
+        valid = targets != IGNORE_INDEX
+        count = valid.sum()
+        loss = (stats[:, 0].log() - stats[:, 1]).masked_fill(~valid, 0).sum() / count
+        soft /= stats[:, :1]
+        ctx.save_for_backward(soft, idx, mine, valid, count)
+        ctx.dtype = logits.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, g):
+        soft, idx, mine, valid, count = ctx.saved_tensors
+        grad = soft.scatter_add_(-1, idx.unsqueeze(-1), -mine.unsqueeze(-1).to(soft.dtype))  # in place: once
+        grad *= (valid.to(soft.dtype) * (g / count)).unsqueeze(-1)
+        return grad.to(ctx.dtype), None, None, None
+
+
+def _vocab_loss(logits, targets, *, group, offset: int):
+    """The whole micro-batch's mean cross entropy from this rank's vocabulary columns of its logits
+    (``_VocabCrossEntropy``), the same on every rank of the stage."""
+    return _VocabCrossEntropy.apply(logits.flatten(0, -2), targets.flatten(), group, offset)
+
+
 def local_stream(typed: TypedPlan) -> tuple[str, ...]:
     """The stream placement in which a stage on apply's local path holds it: split by the batch (S0) over the
     data axes, whole (B) on a tensor-parallel axis: each rank's local piece is DTensor's tile of it."""
@@ -460,14 +598,15 @@ def local_stream(typed: TypedPlan) -> tuple[str, ...]:
 
 
 def stage_paths(pp: PipelinedPlan) -> list[str]:
-    """Per stage, the path its plan asks for (``apply_pipeline`` may still place a fully_shard stage by DTensor
-    where its modules cannot take the tensor-parallel styles or the column embedding: ``Pipeline.paths`` says
-    what ran): "fully_shard", "ddp", "dtensor", or "none" for a stage of one device."""
+    """Per stage, the path its plan asks for (``apply_pipeline`` may still place a stage by DTensor where its
+    modules cannot take the tensor-parallel styles, the column embedding or the vocabulary-parallel logits, or
+    a ``loss_fn`` is given for vocabulary-parallel logits: ``Pipeline.paths`` says what ran): "fully_shard",
+    "ddp", "dtensor", or "none" for a stage of one device."""
     out = []
     for i, typed in enumerate(pp.stages):
         local = _local_plan(pp, i)
         out.append("none" if typed.world == 1 else "dtensor" if local is None else "ddp" if
-                   fully_shard_layout(local) is None else "fully_shard")
+                   fully_shard_layout(local.plan) is None else "fully_shard")
     return out
 
 
@@ -611,31 +750,33 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
         if k == j:
             tied_group = g
     local = _local_plan(pp, stage)
-    columns = _column_module(chain, tied_ids) if local is not None and local is not typed else None
-    path = "none" if mesh is None else "dtensor" if local is None or (local is not typed and columns is None) \
-        else path_of(local, chain, "local")
+    columns = _column_module(chain, tied_ids) if local is not None and local.columns else None
+    # a user's loss takes the whole logits: vocabulary-parallel ones are then gathered by the DTensor path
+    head = _vocab_module(chain, tied_ids) if local is not None and local.vocabulary and loss_fn is None else None
+    refused = local is not None and ((local.columns and columns is None) or (local.vocabulary and head is None))
+    path = "none" if mesh is None else "dtensor" if local is None or refused else path_of(local.plan, chain, "local")
     paths: list = [None] * world
     # alike on every rank: a stage whose modules refuse its plan's TP styles or column embedding takes DTensor's
     dist.all_gather_object(paths, path)
     paths = paths[::S]
     meshes = {}
     for i in range(p):  # every rank makes every local-path stage's mesh, in the same order
-        key = tuple(_local_dims(_local_plan(pp, i)).items()) if paths[i] in LOCAL else None
+        key = tuple(_local_dims(_local_plan(pp, i).plan).items()) if paths[i] in LOCAL else None
         if key is not None and key not in meshes:
             meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
                                            mesh_dim_names=("pp", *(k for k, _ in key)))
     runs, data_groups, loss = module, (), loss_fn or _cross_entropy
     if path in LOCAL:  # apply's local path on the stage's submesh
-        local_mesh = meshes[tuple(_local_dims(local).items())]
+        local_mesh = meshes[tuple(_local_dims(local.plan).items())]
+        ignored = tuple(m.weight for m in (columns, head) if m is not None)  # placed below, by rows or columns
         if path == "fully_shard":
-            ignored = (columns.weight,) if columns is not None else ()
-            split, data_mesh = _fully_shard(module, chain, prefixes, local, fully_shard_layout(local), local_mesh,
-                                            "local", ignored)
+            split, data_mesh = _fully_shard(module, chain, prefixes, local.plan, fully_shard_layout(local.plan),
+                                            local_mesh, "local", ignored)
             data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
         else:
-            split = DataSplit(local_mesh.get_local_rank("dp"), S)
-            data_groups = (local_mesh["dp"].get_group(),)
-            runs = _ddp(module, chain, prefixes, local, device.type, split, data_groups[0])
+            split, data_mesh = DataSplit(local_mesh.get_local_rank("dp"), S), local_mesh["dp"]
+            data_groups = (data_mesh.get_group(),)
+            runs = _ddp(module, chain, prefixes, local.plan, device.type, split, data_groups[0], ignored)
         if columns is not None:  # the whole micro-batch's ids looked up in this rank's columns, then its piece
             columns.weight = nn.Parameter(distribute_tensor(columns.weight.detach(), data_mesh,
                                                             [Shard(1)] * data_mesh.ndim))
@@ -643,7 +784,13 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
                                                 factor=1 / split.world)
         elif first:
             split.cut_calls(module)
-        if last:
+        if head is not None:  # the whole micro-batch's logits in this rank's vocabulary rows, their loss
+            rows = [Shard(0)] * data_mesh.ndim
+            offset = compute_local_shape_and_global_offset(tuple(head.weight.shape), data_mesh, rows)[1][0]
+            head.weight = nn.Parameter(distribute_tensor(head.weight.detach(), data_mesh, rows))
+            head.forward = functools.partial(_vocab_logits, module=head, group=data_groups[0], factor=split.world)
+            loss = functools.partial(_vocab_loss, group=data_groups[0], offset=offset)
+        elif last:
             loss = functools.partial(_piece_loss, loss_fn=loss, split=split)
         # beside a DTensor-path stage (whose gradients are of the whole micro-batch's loss, not of each piece's
         # loss: 1 / pieces of them), the gradients crossing the boundary rescaled

@@ -8,9 +8,14 @@ stage: their gradients summed between the stages) and a small Hugging Face Llama
 DDP's one all-reduce per step and fully_shard's unsharded gradients both accumulate over micro-batches). Each rank
 reports the path its stage took, which must be the one ``stage_paths`` names: a stage falling back to the
 DTensor path fails. A stage that replicates everything beside a fully_shard one keeps the DTensor path (the
-boundary reshards S0 -> B on its submesh). Planted bugs fail: gradients summed instead of averaged over the
-stage's data ranks, the first stage's micro-batches not cut into pieces, and the FSDP module not recognised by
-``PipelineStage`` (fully_shard gathering and reduce-scattering every micro-batch: the collective counts)."""
+boundary reshards S0 -> B on its submesh). The search's 2 x 2 plan of a 1.1 B Llama (the first stage's embedding
+by columns, the last stage's logits by vocabulary with a vocabulary-parallel loss) runs on DDP and on fully_shard
+(and a GPT's untied head by vocabulary; tied, it keeps the DTensor path), with its collectives counted: per
+micro-batch the stream's all-gather before the logits, the reduce-scatter back, the loss's two all-reduces.
+Planted bugs fail: gradients summed instead of averaged over the stage's data ranks, the first stage's
+micro-batches not cut into pieces, the FSDP module not recognised by ``PipelineStage`` (fully_shard gathering and
+reduce-scattering every micro-batch: the collective counts), the column embedding's gradient not scaled, the
+head's stream gradient cut to the piece instead of reduce-scattered, and not scaled to the pieces' losses."""
 import contextlib
 import datetime
 import os
@@ -30,7 +35,7 @@ import transformers  # noqa: E402,F401
 
 from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, column_embedding,  # noqa: E402
                                  first_gradients, in_micro_batches, make_model, megatron, replicated, restage,
-                                 searched, sharded, train_one_process)
+                                 searched, sharded, train_one_process, vocabulary_head, vocabulary_parallel)
 from tiny_models import free_port  # noqa: E402
 
 from autotune.plan import stages as stages_module  # noqa: E402
@@ -39,6 +44,7 @@ from autotune.plan.place import DataSplit  # noqa: E402
 RTOL = 1e-9
 M = 4  # micro-batches of 8 sequences (batch 32): 4 per device
 _FULLY_SHARD = stages_module._fully_shard
+_VOCAB_LOGITS = stages_module._vocab_logits
 
 
 def _summed(model, chain, prefixes, plan, layout, mesh, output, *rest):
@@ -47,15 +53,29 @@ def _summed(model, chain, prefixes, plan, layout, mesh, output, *rest):
     return _FULLY_SHARD(model, chain, prefixes, plan, layout, mesh, "whole", *rest)
 
 
+def _chunked(g, group):
+    """A planted bug: the gradient of the gathered stream cut to this rank's piece, not reduce-scattered."""
+    import torch.distributed as dist
+    return g.chunk(dist.get_world_size(group))[dist.get_rank(group)]
+
+
+def _unscaled_head(x, *, module, group, factor):
+    """A planted bug: the stream's gradient from the whole micro-batch's loss not scaled to the pieces' losses."""
+    return _VOCAB_LOGITS(x, module=module, group=group, factor=1.0)
+
+
 # planted bugs: gradients summed over the stage's data ranks; the first stage's micro-batches not cut into
 # pieces; the fully_shard module not recognised by PipelineStage (which then gathers and reduce-scatters every
 # micro-batch: not torchtitan's step, which the plan prices); the gradient of an embedding by columns (and of a
-# boundary beside a DTensor-path stage) not rescaled
+# boundary beside a DTensor-path stage) not rescaled; the vocabulary-parallel head's stream gradient chunked
+# instead of reduce-scattered, or not scaled from the whole micro-batch's loss to the pieces'
 BUGS = {"summed": lambda: mock.patch.object(stages_module, "_fully_shard", _summed),
         "uncut": lambda: mock.patch.object(DataSplit, "cut_calls", lambda self, model: None),
         "unrecognised": lambda: mock.patch.object(torch.distributed.pipelining.stage, "FSDPModule",
                                                   type("Other", (), {})),
-        "unscaled": lambda: mock.patch.object(stages_module, "_scale_grad", lambda x, factor: x)}
+        "unscaled": lambda: mock.patch.object(stages_module, "_scale_grad", lambda x, factor: x),
+        "chunked": lambda: mock.patch.object(stages_module, "_reduce_scatter", _chunked),
+        "unscaled-head": lambda: mock.patch.object(stages_module, "_vocab_logits", _unscaled_head)}
 
 
 def _whole(p):
@@ -64,7 +84,8 @@ def _whole(p):
 
 @contextlib.contextmanager
 def counting(pipe, calls: dict):
-    """``calls`` counts fully_shard's all-gathers and reduce-scatters and DDP's bucket all-reduces meanwhile."""
+    """``calls`` counts the all-gathers and reduce-scatters (fully_shard's, the vocabulary-parallel head's stream),
+    DDP's bucket all-reduces and every ``all_reduce`` call (DDP's, the loss's) meanwhile."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -81,7 +102,8 @@ def counting(pipe, calls: dict):
         ddp.register_comm_hook(None, hook)
         calls["hooked"] = True
     with mock.patch.object(dist, "all_gather_single", counted("allgather", dist.all_gather_single)), \
-            mock.patch.object(dist, "reduce_scatter_single", counted("reducescatter", dist.reduce_scatter_single)):
+            mock.patch.object(dist, "reduce_scatter_single", counted("reducescatter", dist.reduce_scatter_single)), \
+            mock.patch.object(dist, "all_reduce", counted("reduce", dist.all_reduce)):
         yield
 
 
@@ -111,7 +133,7 @@ def train_pipelined(cfg: dict, plan: dict):
     ids, targets = batch(cfg)
     losses, grads = [], {}
     for step in range(STEPS):
-        calls = dict(allgather=0, reducescatter=0, allreduce=0, hooked=calls.get("hooked")) if step else {}
+        calls = dict(allgather=0, reducescatter=0, allreduce=0, reduce=0, hooked=calls.get("hooked")) if step else {}
         with counting(pipe, calls) if step else contextlib.nullcontext():
             losses.append(float(pipe.step(ids, targets)))
         if step == 0:
@@ -122,7 +144,8 @@ def train_pipelined(cfg: dict, plan: dict):
     # fully_shard's units that manage parameters (a first stage's root holds none where its embedding is by columns)
     units = [m for m in pipe.module.modules()
              if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group is not None]
-    return losses, params, grads, pipe.path, calls, (len(units), any(m is pipe.module for m in units))
+    return (losses, params, grads, pipe.path, calls, (len(units), any(m is pipe.module for m in units)),
+            (pipe.stage, len(pipe.plan.split), len(pipe.tied)))
 
 
 def _worker(rank, world, port, jobs, out):
@@ -142,15 +165,19 @@ def _worker(rank, world, port, jobs, out):
     dist.destroy_process_group()
 
 
-def mismatch(ref, grads_ref, got, path: str) -> str | None:
+def mismatch(ref, grads_ref, got, path: str, vocabulary: bool = False) -> str | None:
     """Where the pipelined run differs from one process, or from what the step model prices (None: it agrees):
     the path, the gradients, the parameters, the losses; the collectives of the last step: DDP one all-reduce
     (the tiny model's one bucket: no_sync until the last micro-batch), fully_shard each micro-batch's
     torchtitan's PP + FSDP step (``autotune.plan.stages``): per unit holding parameters one reduce-scatter, and
-    all-gathers m + 1 of a block's unit (the first forward and every pass after a forward), 1 of the root's."""
+    all-gathers m + 1 of a block's unit (the first forward and every pass after a forward), 1 of the root's; a
+    last stage whose logits are split by vocabulary (``vocabulary``, on a local path) per micro-batch the
+    stream's all-gather before them and reduce-scatter back (the plan's S0 -> B boxing) and its loss's two
+    all-reduces (the maxima; the sums of exponentials with the target logits). Every ``all_reduce`` call counted:
+    DDP's bucket, the loss averaged over a local last stage's data ranks, the tied weights' sum, the loss's."""
     if isinstance(got, str):
         return got
-    losses, params, grads, took, calls, units = got
+    losses, params, grads, took, calls, units, (stage, stages, tied) = got
     if took != path:
         return f"the stage took the {took} path, not {path}"
     for what, have, want in (("gradient", grads, grads_ref), ("parameter", params, ref[1])):
@@ -164,9 +191,14 @@ def mismatch(ref, grads_ref, got, path: str) -> str | None:
     units, root = units
     gathers = (units - root) * (M + 1) + root
     want = {"ddp": (0, 0, 1), "fully_shard": (gathers, units, 0)}.get(path, (0, 0, 0))
+    head = vocabulary and stage == stages - 1 and path in ("ddp", "fully_shard")
+    want = (want[0] + M * head, want[1] + M * head, want[2])
+    reduces = want[2] + (stage == stages - 1 and path in ("ddp", "fully_shard")) + tied + 2 * M * head
     have = (calls["allgather"], calls["reducescatter"], calls["allreduce"])
     if have != want:
         return f"collectives (all-gathers, reduce-scatters, all-reduces) {have}, priced {want} ({units} units)"
+    if calls["reduce"] != reduces:
+        return f"{calls['reduce']} all_reduce calls, not {reduces}"
     return None
 
 
@@ -174,20 +206,31 @@ def jobs_for(kind: str) -> tuple[dict, list]:
     """(model config, [(plan, the paths its stages take, planted bug or None[, the paths the plan asks for
     where its modules refuse one])]); the bugs last (a job that fails on some ranks may leave the others' groups
     unusable)."""
-    cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32)
+    cfg = dict(GPT if kind.startswith("gpt") else LLAMA, batch=32)
+    if kind == "gpt-untied":
+        cfg["tied"] = False
     ddp = in_micro_batches(searched(cfg, 2), M)
     fsdp = sharded(sharded(ddp, 0), 1)
-    both = ["fully_shard", "fully_shard"]
-    if kind == "gpt":  # its embedding by columns asked for, but tied (and with positions): by DTensor
-        return cfg, [(ddp, ["ddp", "ddp"], None), (fsdp, both, None),
+    both, ddps = ["fully_shard", "fully_shard"], ["ddp", "ddp"]
+    if kind == "gpt":  # its embedding by columns asked for, but tied (and with positions): by DTensor; so is its
+        # head by vocabulary (tied to an embedding split otherwise)
+        return cfg, [(ddp, ddps, None), (fsdp, both, None),
                      (restage(sharded(ddp, 0), 1, replicated), ["fully_shard", "dtensor"], None),
                      (column_embedding(fsdp), ["dtensor", "fully_shard"], None, both),
+                     (vocabulary_head(ddp), ["ddp", "dtensor"], None, ddps),
                      (fsdp, both, "unrecognised"), (fsdp, both, "summed")]
-    return cfg, [(fsdp, both, None), (ddp, ["ddp", "ddp"], None), (column_embedding(fsdp), both, None),
-                 (column_embedding(fsdp), both, "unscaled"), (ddp, ["ddp", "ddp"], "uncut")]
+    if kind == "gpt-untied":  # the head by vocabulary on DDP and on fully_shard
+        return cfg, [(vocabulary_head(ddp), ddps, None), (vocabulary_head(fsdp), both, None),
+                     (vocabulary_head(ddp), ddps, "unscaled-head")]
+    # the search's 2 x 2 plan of a 1.1 B Llama: the embedding by columns, the head by vocabulary, DDP blocks
+    searchs = vocabulary_head(column_embedding(ddp))
+    return cfg, [(fsdp, both, None), (ddp, ddps, None), (column_embedding(fsdp), both, None),
+                 (column_embedding(ddp), ddps, None), (vocabulary_head(ddp), ddps, None), (searchs, ddps, None), (vocabulary_head(column_embedding(fsdp)), both, None),
+                 (column_embedding(fsdp), both, "unscaled"), (searchs, ddps, "chunked"),
+                 (searchs, ddps, "unscaled-head"), (ddp, ddps, "uncut")]
 
 
-@pytest.mark.parametrize("kind", ["gpt", "llama"])
+@pytest.mark.parametrize("kind", ["gpt", "gpt-untied", "llama"])
 def test_local_stages_match_one_process(kind, tmp_path):
     from autotune.plan.stages import load_pipelined, stage_paths
     cfg, jobs = jobs_for(kind)
@@ -200,7 +243,7 @@ def test_local_stages_match_one_process(kind, tmp_path):
     ref, grads = train_one_process(cfg, M), first_gradients(cfg, M)
     assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved between the steps
     for k, (plan, paths, bug, *_) in enumerate(jobs):
-        problems = [mismatch(ref, grads, results[r][k], paths[r // 2]) for r in range(4)]
+        problems = [mismatch(ref, grads, results[r][k], paths[r // 2], vocabulary_parallel(plan)) for r in range(4)]
         if bug:
             assert any(problems), f"{kind}: the planted bug {bug!r} went unnoticed"
             continue
@@ -209,19 +252,77 @@ def test_local_stages_match_one_process(kind, tmp_path):
         assert seen == set(ref[1]), f"parameters no stage trained: {sorted(set(ref[1]) - seen)}"
 
 
+def whole_loss(name: str, key: str, text: str) -> str:
+    """The loss's input (the logits) whole on the stage's axis: the search's "loss-replicated"."""
+    return text.replace("S1: (1, 2)", "B: (1, 2)") if name == "loss" else text
+
+
 def test_which_stages_take_which_path():
-    """A stage takes apply's local path where its plan is data parallel or fully_shard-shaped (or a first stage
-    whose embedding alone is by columns, in FSDP mode) and the stream arrives and leaves as each rank's local
-    piece; Megatron's tensor-parallel stages, replicated ones and a data-parallel stage that receives the stream
-    whole keep DTensor's; a stage of one device is placed as it is."""
+    """A stage takes apply's local path where its plan is data parallel or fully_shard-shaped (or becomes so once
+    a first stage's embedding by columns or a last stage's logits by vocabulary with a vocabulary-parallel loss
+    are read as data parallel, on DDP or fully_shard) and the stream arrives and leaves as each rank's local
+    piece; Megatron's tensor-parallel stages, replicated ones, a data-parallel stage that receives the stream
+    whole and logits by vocabulary whose loss takes them whole keep DTensor's; a stage of one device is placed
+    as it is."""
     from autotune.plan.stages import load_pipelined, stage_paths
     cfg = dict(LLAMA, batch=32)
     ddp = in_micro_batches(searched(cfg, 2), M)
     cases = [(ddp, ["ddp", "ddp"]), (sharded(ddp, 1), ["ddp", "fully_shard"]),
              (restage(ddp, 1, replicated), ["ddp", "dtensor"]),
              (restage(ddp, 0, replicated), ["dtensor", "dtensor"]),  # the stream reaches stage 1 whole
-             (column_embedding(ddp), ["dtensor", "ddp"]),  # by columns without FSDP: not fully_shard's
+             (column_embedding(ddp), ["ddp", "ddp"]),
              (column_embedding(sharded(ddp, 0)), ["fully_shard", "ddp"]),
+             (vocabulary_head(column_embedding(ddp)), ["ddp", "ddp"]),  # the search's 2 x 2 Llama
+             (vocabulary_head(sharded(ddp, 1)), ["ddp", "fully_shard"]),
+             (restage(vocabulary_head(ddp), 1, whole_loss), ["ddp", "dtensor"]),
              (megatron(dict(GPT_PLAIN, batch=32), 2, 2, 2, 2, 16), ["dtensor", "dtensor"]),
              (searched(dict(GPT, batch=8), 4), ["none"] * 4)]
     assert [stage_paths(load_pipelined(plan)) for plan, _ in cases] == [paths for _, paths in cases]
+
+
+def _loss_worker(rank, world, port, out):
+    """Each rank its columns (``torch.chunk``) of the same logits: ``_vocab_loss`` and its gradient."""
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    got = []
+    for dtype in (torch.float64, torch.bfloat16):
+        logits, targets = _loss_case(dtype)
+        columns = logits.chunk(world, -1)
+        mine = columns[rank].detach().clone().requires_grad_()
+        offset = sum(c.shape[-1] for c in columns[:rank])
+        loss = stages_module._vocab_loss(mine, targets, group=dist.group.WORLD, offset=offset)
+        (3 * loss).backward()
+        got.append((loss.detach(), mine.grad))
+    torch.save(got, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def _loss_case(dtype):
+    """Logits of 2 x 5 tokens over a vocabulary of 13 (split 7 + 6), large enough to overflow exp unshifted,
+    and targets with two left out (-100)."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(2, 5, 13, generator=g, dtype=torch.float64) * 4 + 800).to(dtype)
+    targets = torch.randint(0, 13, (2, 5), generator=g)
+    targets[0, 1] = targets[1, 4] = -100
+    return logits, targets
+
+
+def test_vocabulary_parallel_loss(tmp_path):
+    """``_vocab_loss`` on 2 ranks' columns gives torch's cross entropy of the whole logits (the mean over the
+    targets that are not -100; half precision in float32, as under autocast) and each rank the gradient of its
+    columns."""
+    out = tmp_path / "loss.pt"
+    mp.start_processes(_loss_worker, args=(2, free_port(), str(out)), nprocs=2, start_method="fork")
+    got = [torch.load(f"{out}.{r}") for r in range(2)]
+    for k, (dtype, tol) in enumerate(((torch.float64, 1e-12), (torch.bfloat16, 1e-2))):
+        logits, targets = _loss_case(dtype)
+        whole = logits.float().requires_grad_() if dtype == torch.bfloat16 else logits.clone().requires_grad_()
+        want = torch.nn.functional.cross_entropy(whole.flatten(0, 1), targets.flatten())
+        (3 * want).backward()
+        grads = whole.grad.to(dtype).chunk(2, -1)
+        for r in range(2):
+            loss, grad = got[r][k]
+            assert loss.dtype == want.dtype and grad.dtype == dtype
+            assert torch.allclose(loss.double(), want.double(), rtol=tol, atol=0), (dtype, r, loss, want)
+            assert torch.allclose(grad.double(), grads[r].double(), rtol=tol, atol=tol), (dtype, r)
