@@ -53,6 +53,7 @@ import numpy as np
 
 from calibrate.errors import UserError
 
+from autotune.plan.typed import DIRECT, ROUTES, SCATTER
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
 from autotune.sbp.boxing import Coster, box
@@ -64,8 +65,6 @@ from kernels.reshard.tasks import ReshardTask, UnitTask
 STRATEGY, SOLVER = "broadcast", "ensemble"
 SOLVER_CONFIG = SolverConfig(time_budget=0.05, rounds=4, restarts=1)
 SENDERS = 8
-DIRECT, SCATTER = "direct", "scatter"
-ROUTES = (DIRECT, SCATTER)
 
 
 @dataclass(frozen=True)

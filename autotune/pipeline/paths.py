@@ -1,13 +1,12 @@
-"""The path ``autotune.apply_pipeline`` places a stage plan by, read from the strategies the plan picks, and
-the host's floor under the stage's time on that path.
+"""The path ``autotune.apply_pipeline`` places a stage plan by, and the host's floor under the stage's time on
+that path.
 
-apply runs a stage of several devices on a local path where its plan is one users run: data parallel
-("ddp", through DDP) or data parallel in FSDP mode ("fully_shard"); every other plan takes the DTensor path
-("dtensor": every layer's activations and weights DTensors, each op dispatched through DTensor); a stage of
-one device runs as it is ("none"). Here a plan is data parallel when every layer takes the strategy of the
-data-parallel baseline (``autotune.sbp.baselines.data_parallel``); the tensor-parallel plans that
-fully_shard also runs (TP + FSDP) count as "dtensor" here (their host cost over-stated rather than hidden).
-``autotune.plan.stages.stage_paths`` is the executor's own reading (tested to agree on searched plans).
+apply runs a stage of several devices on a local path where its plan is one users run: data parallel ("ddp",
+through DDP) or FSDP / TP + FSDP-shaped ("fully_shard"), also with a first stage's embedding split by features
+or a last stage's logits split by vocabulary (``autotune.plan.layouts.local_twin``); every other plan takes the
+DTensor path ("dtensor": every layer's activations and weights DTensors, each op dispatched through DTensor); a
+stage of one device runs as it is ("none"). ``stage_path`` reads it from the stage plan's typed plan as
+``autotune.plan.stages.stage_paths`` does (the boundaries aside: tested to agree on searched plans).
 
 The host's floor (``host_floor``): where the profile has host figures for the path (``compute.host_s``,
 fitted by ``autotune.execute.hostfit`` from executed steps), the host issues a micro-batch's forward and
@@ -23,24 +22,32 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autotune.plan.layouts import fully_shard_layout, local_twin
+from autotune.plan.typed import TypedPlan
 from autotune.sbp.baselines import data_parallel
+from autotune.sbp.plan import build_plan
 
 PATHS = ("ddp", "fully_shard", "dtensor", "none")
 
 
-def data_parallel_plan(problem) -> list[int] | None:
+def dp_assignment(problem) -> list[int] | None:
     """The stage's data-parallel plan (made once per problem and shared with its modes and in-flight copies)."""
     return problem.shared(("data-parallel plan",), lambda: data_parallel(problem))
 
 
 def stage_path(problem, assign) -> str:
-    """The path apply places the stage plan ``assign`` of ``problem`` by (module doc)."""
+    """The path apply places the stage plan ``assign`` of ``problem`` by (module doc; made once per plan)."""
     if problem.cluster.devices == 1:
         return "none"
-    dp = data_parallel_plan(problem)
-    if dp is None or list(assign) != list(dp):
+    return problem.shared(("apply path", problem.mode, tuple(assign)), lambda: _typed_path(problem, assign))
+
+
+def _typed_path(problem, assign) -> str:
+    typed = TypedPlan.from_search(build_plan(problem, assign, "stage"), (), "a stage plan", stage=True)
+    local = local_twin(typed)
+    if local is None:
         return "dtensor"
-    return "fully_shard" if problem.mode.fsdp_axes is not None else "ddp"
+    return "ddp" if fully_shard_layout(local.plan) is None else "fully_shard"
 
 
 def host_floor(fig, problem, assign):

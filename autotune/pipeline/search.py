@@ -53,7 +53,7 @@ from calibrate.errors import OptionError, UserError
 from models.graph import LayerGraph
 
 from autotune.pipeline.boundary import BoundaryPricer
-from autotune.pipeline.paths import data_parallel_plan
+from autotune.pipeline.paths import dp_assignment
 from autotune.pipeline.slicing import blocks, signature, stage_graph, stage_spans, with_micro_batches
 from autotune.pipeline.split import best_split, estimate, window
 from autotune.pipeline.stage import Layout, StageFigures, StageProblem, figures
@@ -467,7 +467,7 @@ def _at_host_pace(found, problems):
 
     best = (step(prob, a), found)
     for pr in problems:
-        dp = data_parallel_plan(pr)
+        dp = dp_assignment(pr)
         if dp is None or not pr.fits_plan(dp):
             continue
         t = step(pr, dp)

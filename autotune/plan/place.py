@@ -87,6 +87,7 @@ from dataclasses import dataclass
 from calibrate.errors import UserError
 from calibrate.optional import require_torch
 
+from autotune.plan.layouts import TP_WEIGHTS, FullyShard, data_parallel_plan, fsdp_dims, fully_shard_layout
 from autotune.plan.typed import LayerPlan, TypedPlan, load_plan
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
@@ -578,91 +579,6 @@ def _split_norms(chain: list[Site]) -> None:
 
 
 # --- FSDP through fully_shard ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FullyShard:
-    """A plan that torchtitan's composition expresses: data axes (every activation split by the data, the
-    weights sharded over ``shard`` of them and replicated over the others) and at most one trailing tensor
-    parallel axis placed as ``parallelize_module``'s column- and row-wise styles."""
-
-    data: tuple[int, ...]
-    shard: tuple[int, ...]
-    tp: int | None
-
-
-# _TP_WEIGHTS: plan layer -> {its weight's placement on the tensor-parallel axis: its module's style (None:
-# replicated, no style)}; _TP_INLINE: inline layer kind -> the activation placement it takes on that axis
-_TP_WEIGHTS = {"qkv": {"S1": "colwise"}, "fc1": {"S1": "colwise"}, "proj": {"S0": "rowwise"},
-               "fc2": {"S0": "rowwise"}, "embedding": {"S0": "rowwise", B: None}, "logits": {"S1": "colwise", B: None}}
-_TP_INLINE = {"attention": "S1", "swiglu": "S1", "pointwise": "S1", "residual": B}
-# style -> (input placements, output placements) it computes on the tensor-parallel axis
-_TP_ACTS = {"colwise": ((B,), ("S1",)), "rowwise": (("S1",), (P, B)), None: ((B,), (B,))}
-
-
-def _tp_axis_ok(plan: TypedPlan, axis: int) -> bool:
-    """Whether every layer's placements on ``axis`` are Megatron's (torchtitan's) without sequence parallelism."""
-    for lay in plan.layers:
-        w = lay.weight("weight")
-        if lay.name in _TP_WEIGHTS:
-            if w is None or w.placements[axis] not in _TP_WEIGHTS[lay.name]:
-                return False
-            ins, outs = _TP_ACTS[_TP_WEIGHTS[lay.name][w.placements[axis]]]
-            if lay.kind == "embedding":
-                ins, outs = (B,), (P, B)
-            if (lay.input is not None and lay.input[axis] not in ins) or (
-                    lay.output is not None and lay.output[axis] not in outs):
-                return False
-        elif any(x.placements[axis] != B for x in lay.weights):
-            return False
-        want = _TP_INLINE.get(lay.kind)
-        if want is not None and any(f is not None and f[axis] != want for f in (lay.input, lay.output)):
-            return False
-        norm = lay.kind in ("layernorm", "rmsnorm")
-        if norm and any(f is not None and f[axis] != B for f in (lay.input, lay.output)):
-            return False
-    return True
-
-
-def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
-    """The ``FullyShard`` of a pure FSDP, HSDP or TP + FSDP baseline (``sharding_mode`` "fsdp"; weights
-    sharded over data axes: all of them, or the trailing ones with the leading replicated; at most one
-    trailing tensor-parallel axis as ``_tp_axis_ok``); None for every other plan, which takes the DTensor
-    placement path (``_place``)."""
-    n = len(plan.mesh.sizes)
-    if plan.sharding_mode != "fsdp" or not plan.sharding_axes or plan.world == 1:
-        return None
-
-    def data_axis(a: int) -> bool:
-        return all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
-            f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
-
-    data = tuple(a for a in range(n) if data_axis(a))
-    rest = tuple(a for a in range(n) if a not in data)
-    tp = rest[0] if len(rest) == 1 and rest[0] == n - 1 and _tp_axis_ok(plan, rest[0]) else None
-    if (rest and tp is None) or data != tuple(range(len(data))) or not data:
-        return None
-    shard = tuple(sorted(plan.sharding_axes))
-    if tp is not None and shard != data:  # TP + FSDP: sharded over every data axis (torchtitan's 2-D)
-        return None
-    if shard != data[len(data) - len(shard):]:
-        return None
-    return FullyShard(data, shard, tp)
-
-
-def data_parallel_plan(plan: TypedPlan) -> bool:
-    """Whether ``plan`` is pure data parallelism (no FSDP; every weight replicated and every activation split by
-    the data on every axis): what DDP runs, which ``apply(..., output="local")`` places it with."""
-    if plan.world == 1 or plan.sharding_mode == "fsdp":
-        return False
-    return all(all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
-        f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
-        for a in range(len(plan.mesh.sizes)))
-
-
-def fully_shard_plan(plan: TypedPlan) -> bool:
-    """Whether ``plan`` takes the ``fully_shard`` path (``fully_shard_layout``)."""
-    return fully_shard_layout(plan) is not None
-
-
 def _tp_modules(chain: list[Site], tp: int) -> dict | None:
     """module name -> ``parallelize_module`` style for the plan's tensor-parallel axis; None where the modules
     cannot take them (not ``nn.Linear`` / ``nn.Embedding``, or a weight tied between two mapped modules)."""
@@ -675,8 +591,8 @@ def _tp_modules(chain: list[Site], tp: int) -> dict | None:
                     return None
                 owners[id(p)] = name
             style = None
-            if site.layer.name in _TP_WEIGHTS and not (site.layer.kind == "embedding" and i > 0):
-                style = _TP_WEIGHTS[site.layer.name][site.layer.weight("weight").placements[tp]]
+            if site.layer.name in TP_WEIGHTS and not (site.layer.kind == "embedding" and i > 0):
+                style = TP_WEIGHTS[site.layer.name][site.layer.weight("weight").placements[tp]]
             if style is None:
                 continue
             if type(module) not in (nn.Linear, nn.Embedding) or (type(module) is nn.Embedding and style != "rowwise"):
@@ -767,16 +683,6 @@ def _whole_batch(module, args, out, *, mesh):
     shape = _global_shape(out, placements, mesh)
     whole = DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
     return whole.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
-
-
-def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
-    """The mesh ``fully_shard`` runs on, its dimension names and sizes in rank order: "replicate" (HSDP's
-    leading data axes), "shard", "tp"; those of one device left out except "shard"."""
-    sizes = plan.mesh.sizes
-    shard = math.prod(sizes[a] for a in layout.shard)
-    replicate = math.prod(sizes[a] for a in layout.data) // shard
-    dims = {"replicate": replicate, "shard": shard, "tp": sizes[layout.tp] if layout.tp is not None else 1}
-    return {k: v for k, v in dims.items() if v > 1 or k == "shard"}
 
 
 def _fully_shard(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, world_mesh,

@@ -31,7 +31,7 @@
     cuts the ids, the last the targets: ``DataSplit``), its loss that piece's, gradients averaged over the
     stage's data ranks; the boundary is the P2P of each rank's local piece to the rank at the same
     coordinates of the next stage, nothing redistributed. Also such a stage (DDP, or fully_shard without
-    tensor parallelism) once layers it computes itself are read as data parallel (``_local_twin``,
+    tensor parallelism) once layers it computes itself are read as data parallel (``local_twin``,
     ``LocalPlan``; the search's 2 x 2 plans of a 1.1 B Llama have both, on DDP or FSDP blocks):
     - a first stage's embedding split by features (``_column_lookup``: the table a DTensor of columns, Shard(1),
       that DDP / fully_shard leave alone; each device looks the whole micro-batch's ids up in its columns and
@@ -113,12 +113,11 @@ from dataclasses import dataclass, replace
 from calibrate.errors import UserError
 from calibrate.records import kind_of
 
-from autotune.pipeline.boundary import DIRECT, ROUTES
+from autotune.plan.layouts import LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin
 from autotune.plan.place import (FAMILIES, HEAD, TAIL, DataSplit, Site, _act, _check_shapes, _ddp, _fully_shard,
                                  _global_shape, _handoffs, _place, _post, _pre, _recompute, _redistribute, _world,
-                                 contiguous_strides, data_parallel_plan, find_layers, fsdp_dims, fully_shard_layout,
-                                 path_of, torch)
-from autotune.plan.typed import ModelSpec, TypedPlan, read_source
+                                 contiguous_strides, find_layers, path_of, torch)
+from autotune.plan.typed import DIRECT, ROUTES, ModelSpec, TypedPlan, read_source
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, check_placement, is_split
 
@@ -401,28 +400,16 @@ def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
     return {k: v for k, v in mapping.items() if k in names}
 
 
-@dataclass(frozen=True)
-class LocalPlan:
-    """A stage's placement on apply's local path (``_local_plan``): the plan DDP or fully_shard runs, and the
-    layers outside it that the stage computes itself: ``columns``, the first stage's embedding split by features
-    (``_column_lookup``); ``vocabulary``, the last stage's logits split by vocabulary rows and their loss
-    vocabulary-parallel (``_vocab_logits``, ``_vocab_loss``)."""
-
-    plan: TypedPlan  # data parallel or fully_shard-shaped
-    columns: bool = False
-    vocabulary: bool = False
-
-
 def _local_plan(pp: PipelinedPlan, stage: int) -> LocalPlan | None:
     """How stage ``stage`` is placed on apply's local path, from the plan alone (so alike on every rank, which
     must all make every local stage's mesh): its plan where it is data parallel or fully_shard-shaped
-    (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or its ``_local_twin`` (an embedding
+    (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or its ``local_twin`` (an embedding
     by features, logits by vocabulary), and each of its boundaries carries each rank's local piece
     (``local_stream``); None: the DTensor path."""
     typed = pp.stages[stage]
     if typed.world == 1:
         return None
-    local = _local_twin(typed)
+    local = local_twin(typed)
     if local is None:
         return None
     want = local_stream(local.plan)
@@ -436,40 +423,6 @@ def _local_dims(typed: TypedPlan) -> dict[str, int]:
     """The mesh dimensions of a local-path stage plan: fully_shard's (``fsdp_dims``) or DDP's ("dp")."""
     layout = fully_shard_layout(typed)
     return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
-
-
-def _local_twin(typed: TypedPlan) -> LocalPlan | None:
-    """The ``LocalPlan`` of a stage plan that DDP or fully_shard runs (``data_parallel_plan``,
-    ``fully_shard_layout``) as it is, or once two layers the stage computes itself are read as data parallel:
-
-    - an embedding split by features on every axis (S1 table columns and output: each device looks the whole
-      micro-batch up in its columns, then the S1 -> S0 boxing to the first block; ``_column_lookup``);
-    - logits split by vocabulary on every axis (weight S1: the rows of ``nn.Linear``'s [vocabulary, hidden]
-      weight; input B: the stream gathered S0 -> B before them; output S1) and a vocabulary-parallel loss (input
-      S1): ``_vocab_logits`` and ``_vocab_loss``.
-
-    Such a twin must be data parallel (DDP) or fully_shard-shaped without tensor parallelism (and, with the
-    vocabulary-parallel logits, over one data dimension: not HSDP); the searched 2 x 2 plans of a 1.1 B Llama
-    have both (FSDP or DDP blocks). None: the DTensor path."""
-    n = len(typed.mesh.sizes)
-    cols, batch, whole = ("S1",) * n, ("S0",) * n, (B,) * n
-    swap: dict[str, object] = {}
-    emb = typed.layer("embedding")
-    if emb is not None and emb.output == cols and [w.placements for w in emb.weights] == [cols]:
-        swap["embedding"] = replace(emb, output=batch, weights=(replace(emb.weights[0], placements=whole),))
-    logits, loss = typed.layer("logits"), typed.layer("loss")
-    if logits is not None and loss is not None and logits.input == whole and logits.output == cols and \
-            [w.placements for w in logits.weights] == [cols] and loss.input == cols:
-        swap["logits"] = replace(logits, input=batch, output=batch,
-                                 weights=(replace(logits.weights[0], placements=whole),))
-        swap["loss"] = replace(loss, input=batch)
-    twin = replace(typed, layers=tuple(swap.get(lay.name, lay) for lay in typed.layers)) if swap else typed
-    layout = fully_shard_layout(twin)
-    if swap and layout is not None:
-        ok = layout.tp is None and ("logits" not in swap or "replicate" not in fsdp_dims(twin, layout))
-    else:
-        ok = layout is not None or data_parallel_plan(twin)
-    return LocalPlan(twin, "embedding" in swap, "logits" in swap) if ok else None
 
 
 def _column_module(chain: list[Site], tied_ids: set):
@@ -587,14 +540,6 @@ def _vocab_loss(logits, targets, *, group, offset: int):
     """The whole micro-batch's mean cross entropy from this rank's vocabulary columns of its logits
     (``_VocabCrossEntropy``), the same on every rank of the stage."""
     return _VocabCrossEntropy.apply(logits.flatten(0, -2), targets.flatten(), group, offset)
-
-
-def local_stream(typed: TypedPlan) -> tuple[str, ...]:
-    """The stream placement in which a stage on apply's local path holds it: split by the batch (S0) over the
-    data axes, whole (B) on a tensor-parallel axis: each rank's local piece is DTensor's tile of it."""
-    layout = fully_shard_layout(typed)
-    tp = layout.tp if layout is not None else None
-    return tuple(B if a == tp else "S0" for a in range(len(typed.mesh.sizes)))
 
 
 def stage_paths(pp: PipelinedPlan) -> list[str]:

@@ -29,6 +29,11 @@ from calibrate.records import check_header, header, kind_of
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
+# the routes of a pipelined plan's stage boundary (``autotune.pipeline.boundary`` prices them): the stream sent as
+# the last stage layer holds it, or scattered first
+DIRECT, SCATTER = "direct", "scatter"
+ROUTES = (DIRECT, SCATTER)
+
 KIND = "commtune.plan"
 VERSION = 1
 WHAT = "typed plan"

@@ -23,7 +23,8 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
-from autotune.plan.place import fully_shard_plan, placement_path  # noqa: E402
+from autotune.plan.layouts import fully_shard_plan  # noqa: E402
+from autotune.plan.place import placement_path  # noqa: E402
 from tiny_models import free_port, hf_llama  # noqa: E402
 from apply_plans import (GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan,  # noqa: E402
                          vocab_parallel)
@@ -265,7 +266,7 @@ def test_local_output_matches_one_process(tmp_path):
     """apply(..., output="local") (each rank its piece's loss, gradients averaged, no logits gathered) on the
     data-parallel plan (DDP) and the FSDP, HSDP and TP + FSDP baselines (fully_shard, torchtitan's step) of both
     models: the losses and parameters of one process; a plan placed by DTensor refuses it in one line."""
-    from autotune.plan.place import data_parallel_plan
+    from autotune.plan.layouts import data_parallel_plan
     jobs = [(kind, plan) for kind, plan in plans(2, 2) if fully_shard_plan(plan)]
     jobs += [(kind, typed_plan(cfg, 2, 2, data_parallel(cfg), "data parallel")) for kind, cfg in (("llama", LLAMA),
                                                                                                 ("gpt", GPT))]

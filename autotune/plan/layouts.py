@@ -1,0 +1,161 @@
+"""The plans apply runs on a local path, read from the typed plan alone (no torch): ``fully_shard_layout``
+(FSDP, HSDP, TP + FSDP as torchtitan composes them), ``data_parallel_plan`` (DDP), a pipeline stage's
+``local_twin`` (the same with a first stage's embedding split by features or a last stage's logits split by
+vocabulary) and ``local_stream`` (the stream such a stage holds). ``autotune.plan.place`` and
+``autotune.plan.stages`` place by them; ``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from autotune.plan.typed import TypedPlan
+from autotune.sbp.sbp import B, P
+
+
+@dataclass(frozen=True)
+class FullyShard:
+    """A plan that torchtitan's composition expresses: data axes (every activation split by the data, the
+    weights sharded over ``shard`` of them and replicated over the others) and at most one trailing tensor
+    parallel axis placed as ``parallelize_module``'s column- and row-wise styles."""
+
+    data: tuple[int, ...]
+    shard: tuple[int, ...]
+    tp: int | None
+
+
+# TP_WEIGHTS: plan layer -> {its weight's placement on the tensor-parallel axis: its module's style (None:
+# replicated, no style)}; TP_INLINE: inline layer kind -> the activation placement it takes on that axis
+TP_WEIGHTS = {"qkv": {"S1": "colwise"}, "fc1": {"S1": "colwise"}, "proj": {"S0": "rowwise"},
+              "fc2": {"S0": "rowwise"}, "embedding": {"S0": "rowwise", B: None}, "logits": {"S1": "colwise", B: None}}
+TP_INLINE = {"attention": "S1", "swiglu": "S1", "pointwise": "S1", "residual": B}
+# style -> (input placements, output placements) it computes on the tensor-parallel axis
+TP_ACTS = {"colwise": ((B,), ("S1",)), "rowwise": (("S1",), (P, B)), None: ((B,), (B,))}
+
+
+def tp_axis_ok(plan: TypedPlan, axis: int) -> bool:
+    """Whether every layer's placements on ``axis`` are Megatron's (torchtitan's) without sequence parallelism."""
+    for lay in plan.layers:
+        w = lay.weight("weight")
+        if lay.name in TP_WEIGHTS:
+            if w is None or w.placements[axis] not in TP_WEIGHTS[lay.name]:
+                return False
+            ins, outs = TP_ACTS[TP_WEIGHTS[lay.name][w.placements[axis]]]
+            if lay.kind == "embedding":
+                ins, outs = (B,), (P, B)
+            if (lay.input is not None and lay.input[axis] not in ins) or (
+                    lay.output is not None and lay.output[axis] not in outs):
+                return False
+        elif any(x.placements[axis] != B for x in lay.weights):
+            return False
+        want = TP_INLINE.get(lay.kind)
+        if want is not None and any(f is not None and f[axis] != want for f in (lay.input, lay.output)):
+            return False
+        norm = lay.kind in ("layernorm", "rmsnorm")
+        if norm and any(f is not None and f[axis] != B for f in (lay.input, lay.output)):
+            return False
+    return True
+
+
+def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
+    """The ``FullyShard`` of a pure FSDP, HSDP or TP + FSDP baseline (``sharding_mode`` "fsdp"; weights
+    sharded over data axes: all of them, or the trailing ones with the leading replicated; at most one
+    trailing tensor-parallel axis as ``tp_axis_ok``); None for every other plan, which takes the DTensor
+    placement path (``_place``)."""
+    n = len(plan.mesh.sizes)
+    if plan.sharding_mode != "fsdp" or not plan.sharding_axes or plan.world == 1:
+        return None
+
+    def data_axis(a: int) -> bool:
+        return all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
+            f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
+
+    data = tuple(a for a in range(n) if data_axis(a))
+    rest = tuple(a for a in range(n) if a not in data)
+    tp = rest[0] if len(rest) == 1 and rest[0] == n - 1 and tp_axis_ok(plan, rest[0]) else None
+    if (rest and tp is None) or data != tuple(range(len(data))) or not data:
+        return None
+    shard = tuple(sorted(plan.sharding_axes))
+    if tp is not None and shard != data:  # TP + FSDP: sharded over every data axis (torchtitan's 2-D)
+        return None
+    if shard != data[len(data) - len(shard):]:
+        return None
+    return FullyShard(data, shard, tp)
+
+
+def data_parallel_plan(plan: TypedPlan) -> bool:
+    """Whether ``plan`` is pure data parallelism (no FSDP; every weight replicated and every activation split by
+    the data on every axis): what DDP runs, which ``apply(..., output="local")`` places it with."""
+    if plan.world == 1 or plan.sharding_mode == "fsdp":
+        return False
+    return all(all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
+        f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
+        for a in range(len(plan.mesh.sizes)))
+
+
+def fully_shard_plan(plan: TypedPlan) -> bool:
+    """Whether ``plan`` takes the ``fully_shard`` path (``fully_shard_layout``)."""
+    return fully_shard_layout(plan) is not None
+
+
+def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
+    """The mesh ``fully_shard`` runs on, its dimension names and sizes in rank order: "replicate" (HSDP's
+    leading data axes), "shard", "tp"; those of one device left out except "shard"."""
+    sizes = plan.mesh.sizes
+    shard = math.prod(sizes[a] for a in layout.shard)
+    replicate = math.prod(sizes[a] for a in layout.data) // shard
+    dims = {"replicate": replicate, "shard": shard, "tp": sizes[layout.tp] if layout.tp is not None else 1}
+    return {k: v for k, v in dims.items() if v > 1 or k == "shard"}
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """A stage's placement on apply's local path (``_local_plan``): the plan DDP or fully_shard runs, and the
+    layers outside it that the stage computes itself: ``columns``, the first stage's embedding split by features
+    (``_column_lookup``); ``vocabulary``, the last stage's logits split by vocabulary rows and their loss
+    vocabulary-parallel (``_vocab_logits``, ``_vocab_loss``)."""
+
+    plan: TypedPlan  # data parallel or fully_shard-shaped
+    columns: bool = False
+    vocabulary: bool = False
+
+
+def local_twin(typed: TypedPlan) -> LocalPlan | None:
+    """The ``LocalPlan`` of a stage plan that DDP or fully_shard runs (``data_parallel_plan``,
+    ``fully_shard_layout``) as it is, or once two layers the stage computes itself are read as data parallel:
+
+    - an embedding split by features on every axis (S1 table columns and output: each device looks the whole
+      micro-batch up in its columns, then the S1 -> S0 boxing to the first block; ``_column_lookup``);
+    - logits split by vocabulary on every axis (weight S1: the rows of ``nn.Linear``'s [vocabulary, hidden]
+      weight; input B: the stream gathered S0 -> B before them; output S1) and a vocabulary-parallel loss (input
+      S1): ``_vocab_logits`` and ``_vocab_loss``.
+
+    Such a twin must be data parallel (DDP) or fully_shard-shaped without tensor parallelism (and, with the
+    vocabulary-parallel logits, over one data dimension: not HSDP); the searched 2 x 2 plans of a 1.1 B Llama
+    have both (FSDP or DDP blocks). None: the DTensor path."""
+    n = len(typed.mesh.sizes)
+    cols, batch, whole = ("S1",) * n, ("S0",) * n, (B,) * n
+    swap: dict[str, object] = {}
+    emb = typed.layer("embedding")
+    if emb is not None and emb.output == cols and [w.placements for w in emb.weights] == [cols]:
+        swap["embedding"] = replace(emb, output=batch, weights=(replace(emb.weights[0], placements=whole),))
+    logits, loss = typed.layer("logits"), typed.layer("loss")
+    if logits is not None and loss is not None and logits.input == whole and logits.output == cols and \
+            [w.placements for w in logits.weights] == [cols] and loss.input == cols:
+        swap["logits"] = replace(logits, input=batch, output=batch,
+                                 weights=(replace(logits.weights[0], placements=whole),))
+        swap["loss"] = replace(loss, input=batch)
+    twin = replace(typed, layers=tuple(swap.get(lay.name, lay) for lay in typed.layers)) if swap else typed
+    layout = fully_shard_layout(twin)
+    if swap and layout is not None:
+        ok = layout.tp is None and ("logits" not in swap or "replicate" not in fsdp_dims(twin, layout))
+    else:
+        ok = layout is not None or data_parallel_plan(twin)
+    return LocalPlan(twin, "embedding" in swap, "logits" in swap) if ok else None
+
+
+def local_stream(typed: TypedPlan) -> tuple[str, ...]:
+    """The stream placement in which a stage on apply's local path holds it: split by the batch (S0) over the
+    data axes, whole (B) on a tensor-parallel axis: each rank's local piece is DTensor's tile of it."""
+    layout = fully_shard_layout(typed)
+    tp = layout.tp if layout is not None else None
+    return tuple(B if a == tp else "S0" for a in range(len(typed.mesh.sizes)))
