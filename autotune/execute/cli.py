@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
                          "forward and backward beside the measured)")
     ap.add_argument("--apply-path", default="auto", choices=("auto", "dtensor"),
                     help="auto: each plan on the path apply takes (DDP, fully_shard or DTensor); dtensor: "
-                         "data-parallel plans placed by DTensor too (the host's cost of each path)")
+                         "data-parallel plans and pipeline stages placed by DTensor too (the host's cost of each path)")
     ap.add_argument("--fit-host", nargs="+", metavar="DIR",
                     help="fit each path's host figures from the results in these folders (two depths and two "
                          "micro-batch counts a path) into --profile, written to --profile-out")
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
                     rec, model = run_plan(plan, d, **common)
                     model.release()
                 elif executor(plan, args.executor) == "pipeline":
-                    rec, model = run_pipeline_plan(plan, d, module=args.module, **common)
+                    rec, model = run_pipeline_plan(plan, d, module=args.module, apply_path=args.apply_path, **common)
                 else:
                     rec, model = run_module_plan(plan, d, module=args.module, apply_path=args.apply_path, **common)
                 del model

@@ -656,8 +656,10 @@ class Pipeline:
             p.grad = whole
 
 
-def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pipeline:
-    """This rank's stage of ``model`` placed and scheduled as the pipelined ``plan`` says (module doc)."""
+def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local: bool = True) -> Pipeline:
+    """This rank's stage of ``model`` placed and scheduled as the pipelined ``plan`` says (module doc);
+    ``local`` False: every stage of several devices on the DTensor path (the same plan on the other path, for
+    the host's cost of each: ``autotune.execute.hostfit``)."""
     pp = load_pipelined(plan)
     cls, default_mapping = _cut_of(model)
     world = _world()
@@ -694,7 +696,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None) -> Pi
         g = dist.new_group([k, (p - 1) * S + k]) if tied_ids else None
         if k == j:
             tied_group = g
-    local = _local_plan(pp, stage)
+    local = _local_plan(pp, stage) if local else None
     columns = _column_module(chain, tied_ids) if local is not None and local.columns else None
     # a user's loss takes the whole logits: vocabulary-parallel ones are then gathered by the DTensor path
     head = _vocab_module(chain, tied_ids) if local is not None and local.vocabulary and loss_fn is None else None
