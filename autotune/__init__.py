@@ -6,7 +6,7 @@ places a user's nn.Module as a plan says (``autotune.plan.place``), and
 
 
 def __getattr__(name):
-    if name in ("apply", "micro_batches", "data_piece"):
+    if name in ("apply", "micro_batches", "data_piece", "param_groups"):
         from autotune.plan import place
         return getattr(place, name)
     if name == "apply_pipeline":

@@ -28,6 +28,7 @@ from autotune.execute.layerclock import mark, span
 from autotune.execute.layout import torch
 from autotune.execute.train import _slowest, profiled
 from autotune.execute.usermodule import load_factory
+from autotune.plan.place import param_groups
 
 dist = torch.distributed
 
@@ -71,7 +72,7 @@ class ModuleTrainer:
         self.model, self.config, self.micro_batches, self.d, self.seed = model, config, micro_batches, d, seed
         self.autocast_dtype = autocast
         self.local_loss = local_loss
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, **({"fused": True} if d.is_gpu else {}))
+        self.opt = torch.optim.AdamW(param_groups(model), lr=lr, **({"fused": True} if d.is_gpu else {}))
 
     def close(self) -> None:
         self.opt.state.clear()

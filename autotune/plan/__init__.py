@@ -4,11 +4,11 @@ from autotune.plan.typed import (Baseline, Costs, FineMesh, LayerPlan, ModelSpec
                                  dtensor_placement, load_plan)
 
 __all__ = ["Baseline", "Costs", "FineMesh", "LayerPlan", "ModelSpec", "TypedPlan", "WeightPlan",
-           "dtensor_placement", "load_plan", "apply", "micro_batches", "data_piece"]
+           "dtensor_placement", "load_plan", "apply", "micro_batches", "data_piece", "param_groups"]
 
 
 def __getattr__(name):
-    if name in ("apply", "micro_batches", "data_piece"):
+    if name in ("apply", "micro_batches", "data_piece", "param_groups"):
         from autotune.plan import place as module
         return getattr(module, name)
     raise AttributeError(f"module 'autotune.plan' has no attribute {name!r}")

@@ -837,6 +837,16 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, output: str = "wh
     return model
 
 
+def param_groups(module) -> list[dict]:
+    """``module``'s trainable parameters as optimizer parameter groups of one kind each: the DTensors (a local
+    stage's embedding by features or logits by vocabulary beside its DDP parameters) and the plain tensors;
+    torch's fused AdamW refuses a group that mixes them. Pass them where the parameters go:
+    ``torch.optim.AdamW(param_groups(stage_module), fused=True)``."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    return [{"params": g} for g in groups if g]
+
+
 def micro_batches(plan, batch) -> list:
     """``batch`` (a tensor, or a dict of tensors) split along dimension 0 into the plan's micro-batches."""
     n = load_plan(plan).micro_batches

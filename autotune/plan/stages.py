@@ -472,7 +472,7 @@ class _GatherStream(torch.autograd.Function):
     def forward(ctx, x, group):
         ctx.group = group
         out = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
-        dist.all_gather_single(out, x.contiguous(), group=group)
+        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
@@ -483,7 +483,7 @@ class _GatherStream(torch.autograd.Function):
 def _reduce_scatter(g, group):
     """``g`` (whole on every rank of ``group``) summed over the group, this rank's piece of dimension 0 kept."""
     out = g.new_empty((g.shape[0] // dist.get_world_size(group), *g.shape[1:]))
-    dist.reduce_scatter_single(out, g.contiguous(), group=group)
+    dist.reduce_scatter_tensor(out, g.contiguous(), group=group)
     return out
 
 

@@ -101,9 +101,14 @@ def counting(pipe, calls: dict):
             return allreduce_hook(ddp.process_group, bucket)
         ddp.register_comm_hook(None, hook)
         calls["hooked"] = True
-    with mock.patch.object(dist, "all_gather_single", counted("allgather", dist.all_gather_single)), \
-            mock.patch.object(dist, "reduce_scatter_single", counted("reducescatter", dist.reduce_scatter_single)), \
-            mock.patch.object(dist, "all_reduce", counted("reduce", dist.all_reduce)):
+    # fully_shard's (torch 2.13: the *_single names) and the head's (the names every torch 2.x has); neither
+    # calls the other through the module's attribute, so each call is counted once
+    with contextlib.ExitStack() as stack:
+        for name, kind in (("all_gather_single", "allgather"), ("all_gather_into_tensor", "allgather"),
+                           ("reduce_scatter_single", "reducescatter"), ("reduce_scatter_tensor", "reducescatter"),
+                           ("all_reduce", "reduce")):
+            if hasattr(dist, name):
+                stack.enter_context(mock.patch.object(dist, name, counted(kind, getattr(dist, name))))
         yield
 
 
