@@ -87,6 +87,8 @@ ELSEWHERE = {
     "mpiexec -n 4 python -m autotune execute plan.json --layers 2 --steps 6": "torch: tests/autotune/test_execute*.py",
     "srun -n 8 python -m autotune execute plan.json": "Slurm: tests/integration/test_slurm.py",
     "python -m autotune execute --summarize exec": "a finished run: tests/autotune/test_execute*.py",
+    "python -m autotune execute --fit-host d2 d8 t2 t8 --profile p.json --profile-out p-host.json":
+        "finished runs: tests/autotune/test_hostfit.py",
     "python -m autotune execute plan.json": "torch: tests/autotune/test_execute*.py",
     "python -m calibrate run": "the README's prose, not a command line",
     "python -m autotune explain megatron-meshes CASE": "a placeholder (CASE): tests/autotune/test_sbp_reproduce.py",

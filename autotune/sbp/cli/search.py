@@ -26,6 +26,7 @@ from models.loader import presets as kind_presets  # models.presets is also the 
 from autotune.export import next_steps
 from autotune.pipeline.record import pipeline_plans
 from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
+from autotune.plan.hostpace import at_host_pace
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
@@ -321,6 +322,8 @@ def main(argv=None, report=None) -> int:
         skipped: list[str] = []
         base = baseline_plans(plain, summa_problem, sb_problem,
                               lambda p: run_search(p, args.search, budget, args.seed), skipped)
+        if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
+            plan, base = at_host_pace(plan, profile.compute), [at_host_pace(b, profile.compute) for b in base]
         plan = floor(plan, base, objective)
         if stages != "off":
             progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {args.schedule})")

@@ -1,0 +1,47 @@
+"""A single-stage plan's step at the host's pace on the path ``apply`` runs it by (``execute``'s way: DDP for a
+data-parallel plan, fully_shard for an FSDP-shaped one, DTensor for every other plan of several devices).
+
+Where the profile has host figures for that path (``compute.host_s``: ``autotune.execute.hostfit``), the host
+issues a step of the model's n layer occurrences (``len(graph.chain)``) over m micro-batches in
+m n h_pass + n h_step seconds, and the step lasts at least that long:
+
+    step = max(the step model's step, m n h_pass + n h_step)
+
+(the pipeline's stages take the same floor per micro-batch: ``autotune.pipeline.paths``). Only transformer
+plans that ``apply`` places (gpt, llama); the other models' plans, and every plan where the profile has no host
+figures, keep their step.
+"""
+from __future__ import annotations
+
+from autotune.plan.layouts import data_parallel_plan, fully_shard_layout
+from autotune.plan.search import convert, model_graph
+from autotune.plan.typed import TypedPlan
+
+KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
+
+
+def plan_path(typed: TypedPlan) -> str:
+    """The path ``apply(plan, model, output="local")`` places a single-stage plan by, from the plan alone."""
+    if typed.world == 1:
+        return "none"
+    if fully_shard_layout(typed) is not None:
+        return "fully_shard"
+    return "ddp" if data_parallel_plan(typed) else "dtensor"
+
+
+def at_host_pace(plan: dict, compute) -> dict:
+    """``plan`` (a single-stage plan of ``build_plan``) with its step at the host's pace (module doc), its
+    ``apply_path`` and ``totals.host_step_s``; ``plan`` itself where the floor does not apply."""
+    totals = plan.get("totals") or {}
+    model = plan.get("model") or {}
+    if compute is None or not compute.host_s or "stages" in plan or "step_s" not in totals or \
+            model.get("kind") not in KINDS:
+        return plan
+    typed = convert(plan, (), "plan")
+    path = plan_path(typed)
+    host = compute.host_seconds(path, len(model_graph(model).chain), typed.micro_batches)
+    if host is None:
+        return dict(plan, apply_path=path)
+    per_pass, per_step = host
+    step = typed.micro_batches * per_pass + per_step
+    return dict(plan, apply_path=path, totals=dict(totals, host_step_s=step, step_s=max(totals["step_s"], step)))

@@ -1,0 +1,65 @@
+"""Single-stage plans at the host's pace (``autotune.plan.hostpace``): each plan's step is at least its path's host
+time, m n h_pass + n h_step (closed form, against the same command without host figures); the path read from the
+plan (DDP, fully_shard, DTensor); and the measured 1.1 B Llama on 4 x H100 (session 13, run 12: the searched plan,
+DTensor path, 496.7 ms measured against 293.5 predicted without host figures): with the host figures the command
+prices it at 483 ms and returns the FSDP baseline (322.4 ms measured) instead."""
+import json
+import os
+from dataclasses import replace
+
+import pytest
+
+from autotune.__main__ import main as autotune_main
+from autotune.plan.hostpace import at_host_pace
+from autotune.plan.search import model_graph
+from calibrate.profile import Profile
+
+RECORDS = os.path.join(os.path.dirname(__file__), "..", "..", "reports", "records")
+H100 = os.path.join(RECORDS, "pipeline-gpu-2026-11-27", "profile.json")
+H100_HOST = os.path.join(RECORDS, "pipeline-gpu-2026-11-27-s13", "profile-h100x4-host.json")
+LLAMA_1B = ["--model", "llama", "--layers", "16", "--hidden", "2048", "--heads", "16", "--kv-heads", "4", "--ffn", "8192",
+            "--sequence", "2048", "--vocabulary", "32000", "--batch", "32", "--micro-batch", "32", "--nodes", "1",
+            "--gpus-per-node", "4", "--pipeline", "off", "--compare", "none"]
+SMALL = ["--model", "llama", "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+         "--sequence", "16", "--vocabulary", "256", "--batch", "16", "--micro-batch", "4", "--nodes", "1",
+         "--gpus-per-node", "4", "--pipeline", "off", "--compare", "none"]
+
+
+def plans(tmp_path, args, profile) -> dict:
+    out = tmp_path / "out"
+    assert autotune_main(args + ["--profile", str(profile), "--out", str(out)]) == 0
+    d = json.loads((out / "plan.json").read_text())
+    return {p["strategy"]: p for p in [d["best"]] + d["baselines"]}
+
+
+def test_the_floor_closed_form(tmp_path):
+    base = Profile.load("h200-nvlink")
+    per_pass, per_step = 5e-3, 1e-3
+    host = replace(base, compute=replace(base.compute, host_s={"ddp": (per_pass, per_step), "dtensor": (1e-9, 0.0),
+                                                               "fully_shard": (1e-9, 0.0)}))
+    path = tmp_path / "host.json"
+    host.save(path)
+    without = plans(tmp_path / "a", SMALL, "h200-nvlink")
+    with_host = plans(tmp_path / "b", SMALL, path)
+    dp = with_host["data parallel"]
+    n, m = len(model_graph(dp["model"]).chain), dp["micro_batches"]
+    assert dp["apply_path"] == "ddp" and m == 4
+    assert dp["totals"]["host_step_s"] == pytest.approx(m * n * per_pass + n * per_step)
+    assert dp["totals"]["step_s"] == pytest.approx(max(without["data parallel"]["totals"]["step_s"],
+                                                       m * n * per_pass + n * per_step))
+    assert dp["totals"]["step_s"] > without["data parallel"]["totals"]["step_s"]  # the host binds here
+    fsdp = next(p for s, p in with_host.items() if s.startswith("FSDP"))
+    assert fsdp["apply_path"] == "fully_shard"
+    assert fsdp["totals"]["step_s"] == next(p for s, p in without.items() if s.startswith("FSDP"))["totals"]["step_s"]
+    assert at_host_pace(dp, None) is dp and "apply_path" not in without["data parallel"]
+
+
+def test_the_measured_case_takes_fsdp(tmp_path):
+    before = plans(tmp_path / "a", LLAMA_1B, H100)
+    assert "searched (cd)" in before  # the search's own plan is the best without host figures
+    after = plans(tmp_path / "b", LLAMA_1B, H100_HOST)
+    best = next(p for s, p in after.items() if s.startswith("searched"))
+    assert best["strategy"].startswith("searched (the baseline FSDP") and best["apply_path"] == "fully_shard"
+    sb = after["S/B only (cd)"]
+    assert sb["apply_path"] == "dtensor" and sb["totals"]["step_s"] == pytest.approx(sb["totals"]["host_step_s"])
+    assert 0.45 < sb["totals"]["step_s"] < 0.52  # the DTensor path's host, as run 12 measured the searched plan's
