@@ -425,16 +425,21 @@ def _local_dims(typed: TypedPlan) -> dict[str, int]:
     return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
 
 
-def _column_module(chain: list[Site], tied_ids: set):
-    """The embedding module ``_column_lookup`` can place (one plain ``nn.Embedding``, its table not tied to the
-    logits); None: the stage keeps the DTensor path."""
-    site = chain[0] if chain and chain[0].layer.kind == "embedding" else None
+def _sole_module(chain: list[Site], name: str, tied_ids: set, takes):
+    """The one module that plan layer ``name`` maps to where ``takes(module)`` and its weight is not tied to
+    another layer's; None: the stage keeps the DTensor path."""
+    site = next((s for s in chain if s.layer.name == name), None)
     if site is None or len(site.modules) != 1:
         return None
     module = site.modules[0][1]
-    if type(module) is not nn.Embedding or module.max_norm is not None or id(module.weight) in tied_ids:
-        return None
-    return module
+    return module if takes(module) and id(module.weight) not in tied_ids else None
+
+
+def _column_module(chain: list[Site], tied_ids: set):
+    """The embedding module ``_column_lookup`` can place (one plain ``nn.Embedding``, its table not tied to the
+    logits); None: the stage keeps the DTensor path."""
+    return _sole_module(chain, "embedding", tied_ids,
+                        lambda m: type(m) is nn.Embedding and m.max_norm is None)
 
 
 def _column_lookup(ids, *, module, mesh, factor: float):
@@ -454,13 +459,7 @@ def _vocab_module(chain: list[Site], tied_ids: set):
     """The logits module ``_vocab_logits`` can place (one plain ``nn.Linear`` without bias, its weight not tied
     to the embedding: a tied head whose split differs from the embedding's, as the reference GPT's, keeps the
     DTensor path); None: the stage keeps the DTensor path."""
-    site = next((s for s in chain if s.layer.name == "logits"), None)
-    if site is None or len(site.modules) != 1:
-        return None
-    module = site.modules[0][1]
-    if type(module) is not nn.Linear or module.bias is not None or id(module.weight) in tied_ids:
-        return None
-    return module
+    return _sole_module(chain, "logits", tied_ids, lambda m: type(m) is nn.Linear and m.bias is None)
 
 
 class _GatherStream(torch.autograd.Function):
