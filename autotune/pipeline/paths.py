@@ -27,8 +27,6 @@ from autotune.plan.typed import TypedPlan
 from autotune.sbp.baselines import data_parallel
 from autotune.sbp.plan import build_plan
 
-PATHS = ("ddp", "fully_shard", "dtensor", "none")
-
 
 def dp_assignment(problem) -> list[int] | None:
     """The stage's data-parallel plan (made once per problem and shared with its modes and in-flight copies)."""
