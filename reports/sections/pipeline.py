@@ -19,6 +19,8 @@ def stage_table(plan: dict) -> pd.DataFrame:
             "boundary ms (fwd/bwd)": f"{s['boundary_forward_s'] * 1e3:.3g} / {s['boundary_backward_s'] * 1e3:.3g}",
             "grad sync s (exposed)": f"{s['grad_sync_s']:.3g} ({s['exposed_sync_s']:.3g})",
             "memory GiB": s["memory_bytes"] / 2**30,
+            **({"apply path (host ms / micro-batch)": f"{s['apply_path']} ({s['host_pass_s'] * 1e3:.3g})"}
+               if "apply_path" in s else {}),
         })
     return pd.DataFrame(rows)
 
@@ -51,6 +53,8 @@ def add(sec: Section, plan: dict) -> None:
              f"boundary transfers {t['boundary_s'] * 1e3:.3g} ms per micro-batch over all boundaries, both ways.")
     sec.table(stage_table(plan), "Per stage: its layers, submesh, the micro-batches whose activations it keeps "
                                  "(the schedule's warm-up), per-micro-batch forward and backward, the boundary to "
-                                 "the next stage (resharding planner), gradient sync and peak memory.")
+                                 "the next stage (resharding planner), gradient sync and peak memory; where the "
+                                 "profile has host figures, the path apply places the stage by and the host's "
+                                 "time to issue a micro-batch on it (a floor under forward + backward).")
     sec.figure(timeline_fig(plan), "The simulated schedule: forward (light), backward (dark), then each stage's "
                                    "exposed gradient sync and optimizer (hatched).")

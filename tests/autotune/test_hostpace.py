@@ -60,6 +60,7 @@ def test_the_measured_case_takes_fsdp(tmp_path):
     after = plans(tmp_path / "b", LLAMA_1B, H100_HOST)
     best = next(p for s, p in after.items() if s.startswith("searched"))
     assert best["strategy"].startswith("searched (the baseline FSDP") and best["apply_path"] == "fully_shard"
+    assert best["strategy"].endswith("at the host's pace of the dtensor path it takes)")
     sb = after["S/B only (cd)"]
     assert sb["apply_path"] == "dtensor" and sb["totals"]["step_s"] == pytest.approx(sb["totals"]["host_step_s"])
     assert 0.45 < sb["totals"]["step_s"] < 0.52  # the DTensor path's host, as run 12 measured the searched plan's

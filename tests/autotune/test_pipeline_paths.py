@@ -125,3 +125,20 @@ def test_the_executor_reads_the_same_paths(graph, profile):
             assert stage_paths(load_pipelined(pipeline_plan(search, c, "test"))) == ours, c.name
             seen.update(ours)
     assert {"ddp", "fully_shard", "dtensor"} <= seen
+
+
+def test_the_plan_record_and_report_name_each_stage_path():
+    """With host figures the pipelined plan's record names each stage's path and host time, and the report's stage
+    table shows them; without, neither."""
+    from autotune.pipeline.record import pipeline_plan
+    from reports.sections.pipeline import stage_table
+    llama = load_model("llama", None, LLAMA_1B)
+    for prof, want in ((H100_HOST, True), (H100, False)):
+        search = PipelineSearch(llama, Cluster(1, 4), Profile.load(prof), 80 * 2**30, PipelineConfig(2))
+        record = pipeline_plan(search, search.finish(search.run()), "test")
+        assert [s.get("apply_path") for s in record["stages"]] == (["ddp", "ddp"] if want else [None, None])
+        column = "apply path (host ms / micro-batch)"
+        table = stage_table(record)
+        assert (column in table.columns) == want
+        if want:
+            assert list(table[column]) == [f"ddp ({s['host_pass_s'] * 1e3:.3g})" for s in record["stages"]]

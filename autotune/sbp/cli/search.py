@@ -204,7 +204,10 @@ def floor(plan: dict, baselines: list[dict], objective: str) -> dict:
     if not plan["totals"]["fits_memory"] or not fit:
         return plan if not fit else dict(min(fit, key=lambda b: b["totals"][key]))
     b = min(fit, key=lambda b: b["totals"][key])
-    return dict(b, strategy=f"searched (the baseline {b['strategy']} is cheaper than the search's plan)",
+    host = plan["totals"].get("host_step_s")  # the search's plan priced at its path's host pace, where it binds
+    why = f" at the host's pace of the {plan['apply_path']} path it takes" if host is not None and \
+        host >= plan["totals"][key] else ""
+    return dict(b, strategy=f"searched (the baseline {b['strategy']} is cheaper than the search's plan{why})",
                 search=dict(plan["search"], replaced_by=b["strategy"]))
 
 
