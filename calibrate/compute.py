@@ -349,7 +349,7 @@ class ComputeModel:
         call = self.layer_call_s.get(kind, (0.0, 0.0))
         return call[0] + per[0] * elems, call[1] + per[1] * elems
 
-    def host_seconds(self, path: str, occurrences: int, micro_batches: int) -> tuple[float, float] | None:
+    def host_seconds(self, path: str, occurrences: int) -> tuple[float, float] | None:
         """(per micro-batch, per step) seconds the host takes to issue the forward and backward of
         ``occurrences`` layer occurrences, and their optimizer step, placed on apply's ``path``; None where the
         profile has no host figures for that path."""

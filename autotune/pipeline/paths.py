@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.plan.layouts import fully_shard_layout, local_twin
+from autotune.plan.layouts import local_twin, twin_path
 from autotune.plan.typed import TypedPlan
 from autotune.sbp.baselines import data_parallel
 from autotune.sbp.plan import build_plan
@@ -41,11 +41,8 @@ def stage_path(problem, assign) -> str:
 
 
 def _typed_path(problem, assign) -> str:
-    typed = TypedPlan.from_search(build_plan(problem, assign, "stage"), (), "a stage plan", stage=True)
-    local = local_twin(typed)
-    if local is None:
-        return "dtensor"
-    return "ddp" if fully_shard_layout(local.plan) is None else "fully_shard"
+    return twin_path(local_twin(TypedPlan.from_search(build_plan(problem, assign, "stage"), (), "a stage plan",
+                                                      stage=True)))
 
 
 def host_floor(fig, problem, assign):
@@ -55,7 +52,7 @@ def host_floor(fig, problem, assign):
     if cm is None or not cm.host_s:
         return fig
     path = stage_path(problem, assign)
-    host = cm.host_seconds(path, len(problem.graph.chain), problem.mb)
+    host = cm.host_seconds(path, len(problem.graph.chain))
     if host is None:
         return replace(fig, path=path)
     per_pass, per_step = host

@@ -13,20 +13,10 @@ figures, keep their step.
 """
 from __future__ import annotations
 
-from autotune.plan.layouts import data_parallel_plan, fully_shard_layout
+from autotune.plan.layouts import plan_path
 from autotune.plan.search import convert, model_graph
-from autotune.plan.typed import TypedPlan
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
-
-
-def plan_path(typed: TypedPlan) -> str:
-    """The path ``apply(plan, model, output="local")`` places a single-stage plan by, from the plan alone."""
-    if typed.world == 1:
-        return "none"
-    if fully_shard_layout(typed) is not None:
-        return "fully_shard"
-    return "ddp" if data_parallel_plan(typed) else "dtensor"
 
 
 def at_host_pace(plan: dict, compute) -> dict:
@@ -39,7 +29,7 @@ def at_host_pace(plan: dict, compute) -> dict:
         return plan
     typed = convert(plan, (), "plan")
     path = plan_path(typed)
-    host = compute.host_seconds(path, len(model_graph(model).chain), typed.micro_batches)
+    host = compute.host_seconds(path, len(model_graph(model).chain))
     if host is None:
         return dict(plan, apply_path=path)
     per_pass, per_step = host

@@ -1,7 +1,8 @@
 """The plans apply runs on a local path, read from the typed plan alone (no torch): ``fully_shard_layout``
 (FSDP, HSDP, TP + FSDP as torchtitan composes them), ``data_parallel_plan`` (DDP), a pipeline stage's
 ``local_twin`` (the same with a first stage's embedding split by features or a last stage's logits split by
-vocabulary) and ``local_stream`` (the stream such a stage holds). ``autotune.plan.place`` and
+vocabulary), ``local_stream`` (the stream such a stage holds), and the path each gives (``plan_path``,
+``twin_path``). ``autotune.plan.place`` and
 ``autotune.plan.stages`` place by them; ``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
 from __future__ import annotations
 
@@ -97,6 +98,17 @@ def fully_shard_plan(plan: TypedPlan) -> bool:
     return fully_shard_layout(plan) is not None
 
 
+def plan_path(plan: TypedPlan) -> str:
+    """The path ``apply(..., output="local")`` places ``plan`` by, read from the plan alone: "fully_shard" where
+    ``fully_shard_layout`` expresses it, "ddp" for pure data parallelism, else "dtensor"; "none" on one device
+    (``autotune.plan.place.path_of`` also asks the modules whether they take a tensor-parallel axis)."""
+    if plan.world == 1:
+        return "none"
+    if fully_shard_layout(plan) is not None:
+        return "fully_shard"
+    return "ddp" if data_parallel_plan(plan) else "dtensor"
+
+
 def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
     """The mesh ``fully_shard`` runs on, its dimension names and sizes in rank order: "replicate" (HSDP's
     leading data axes), "shard", "tp"; those of one device left out except "shard"."""
@@ -159,3 +171,8 @@ def local_stream(typed: TypedPlan) -> tuple[str, ...]:
     layout = fully_shard_layout(typed)
     tp = layout.tp if layout is not None else None
     return tuple(B if a == tp else "S0" for a in range(len(typed.mesh.sizes)))
+
+
+def twin_path(local: LocalPlan | None) -> str:
+    """The path of a pipeline stage of several devices from its ``local_twin`` (None: "dtensor")."""
+    return "dtensor" if local is None else plan_path(local.plan)

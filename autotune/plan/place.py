@@ -87,7 +87,7 @@ from dataclasses import dataclass
 from calibrate.errors import UserError
 from calibrate.optional import require_torch
 
-from autotune.plan.layouts import TP_WEIGHTS, FullyShard, data_parallel_plan, fsdp_dims, fully_shard_layout
+from autotune.plan.layouts import TP_WEIGHTS, FullyShard, data_parallel_plan, fsdp_dims, fully_shard_layout, plan_path
 from autotune.plan.typed import LayerPlan, TypedPlan, load_plan
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
@@ -614,13 +614,14 @@ def placement_path(plan, model, mapping: dict | None = None, output: str = "whol
 
 
 def path_of(plan: TypedPlan, chain: list[Site], output: str) -> str:
-    """The path of ``plan`` on the modules of ``chain``: "fully_shard" where ``fully_shard_layout`` expresses it
-    (its tensor-parallel axis, if any, on modules ``parallelize_module`` takes), "ddp" for a pure data-parallel
-    plan with ``output="local"``, else "dtensor"."""
-    layout = fully_shard_layout(plan)
-    if layout is not None and (layout.tp is None or _tp_modules(chain, layout.tp) is not None):
-        return "fully_shard"
-    return "ddp" if output == "local" and data_parallel_plan(plan) else "dtensor"
+    """The path of ``plan`` (of several devices) on the modules of ``chain``: the plan's own (``plan_path``),
+    except "dtensor" where a fully_shard plan's tensor-parallel axis falls on modules ``parallelize_module`` does
+    not take, or a data-parallel plan is asked for whole outputs (``output`` "whole")."""
+    path = plan_path(plan)
+    if path == "fully_shard":
+        tp = fully_shard_layout(plan).tp
+        return path if tp is None or _tp_modules(chain, tp) is not None else "dtensor"
+    return "dtensor" if path == "ddp" and output != "local" else path
 
 
 def _data_piece(module, args, kwargs, *, split: DataSplit, where: str):

@@ -113,7 +113,7 @@ from dataclasses import dataclass, replace
 from calibrate.errors import UserError
 from calibrate.records import kind_of
 
-from autotune.plan.layouts import LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin
+from autotune.plan.layouts import LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin, twin_path
 from autotune.plan.place import (FAMILIES, HEAD, TAIL, DataSplit, Site, _act, _check_shapes, _ddp, _fully_shard,
                                  _global_shape, _handoffs, _place, _post, _pre, _recompute, _redistribute, _world,
                                  contiguous_strides, find_layers, path_of, torch)
@@ -548,9 +548,7 @@ def stage_paths(pp: PipelinedPlan) -> list[str]:
     "ddp", "dtensor", or "none" for a stage of one device."""
     out = []
     for i, typed in enumerate(pp.stages):
-        local = _local_plan(pp, i)
-        out.append("none" if typed.world == 1 else "dtensor" if local is None else "ddp" if
-                   fully_shard_layout(local.plan) is None else "fully_shard")
+        out.append("none" if typed.world == 1 else twin_path(_local_plan(pp, i)))
     return out
 
 

@@ -71,8 +71,8 @@ def test_fit_host_writes_a_profile_that_loads(tmp_path, capsys):
     assert host["dtensor"] == pytest.approx((6 * PASS, STEP), rel=1e-6)
     assert "fully_shard" not in host
     cm = Profile.load(out).compute
-    assert cm.host_seconds("ddp", 10, 3) == pytest.approx((10 * PASS, 10 * STEP))
-    assert cm.host_seconds("fully_shard", 10, 3) is None
+    assert cm.host_seconds("ddp", 10) == pytest.approx((10 * PASS, 10 * STEP))
+    assert cm.host_seconds("fully_shard", 10) is None
 
 
 @pytest.mark.parametrize("bad", [{"nccl": [1e-4, 0]}, {"ddp": [1e-4]}, {"ddp": [-1e-4, 0]}, {"ddp": [2.0, 0]},
