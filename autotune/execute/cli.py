@@ -43,7 +43,7 @@ from calibrate.profile import Profile
 from autotune.execute import layertable, result
 from autotune.execute.launch import check_steps, launch_env
 from autotune.execute.usermodule import DEFAULT_MODULE
-from autotune.execute.planread import model_kind
+from autotune.execute.planread import APPLY_PATHS, model_kind
 from autotune.sbp.cli.search import add_model_fields
 from autotune.sbp.plan import PlanFile
 
@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
                     help="print the tables of the results in DIR and write DIR/summary.json, summary.md, breakdown.txt "
                          "(device time by kernel family, memory by phase) and layers.txt (each layer's predicted "
                          "forward and backward beside the measured)")
-    ap.add_argument("--apply-path", default="auto", choices=("auto", "dtensor"),
+    ap.add_argument("--apply-path", default="auto", choices=APPLY_PATHS,
                     help="auto: each plan on the path apply takes (DDP, fully_shard or DTensor); dtensor: "
                          "data-parallel plans and pipeline stages placed by DTensor too (the host's cost of each path)")
     ap.add_argument("--fit-host", nargs="+", metavar="DIR",

@@ -14,6 +14,7 @@ from calibrate.errors import OptionError
 from autotune.execute.launch import check_steps
 from autotune.execute.layout import torch
 from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch
+from autotune.execute.planread import check_apply_path
 from autotune.execute.result import KIND, VERSION
 from autotune.execute.usermodule import DEFAULT_MODULE
 
@@ -55,6 +56,7 @@ def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=Non
     from autotune.execute.runner import module_dtypes
 
     check_steps(steps, warmup, profile_steps)
+    check_apply_path(apply_path)
     pp = check_pipelined(plan, d.launch.world, layers)
     config = dict(pp.model)
     param_dtype, autocast = module_dtypes(config, dtype)

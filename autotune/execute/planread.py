@@ -14,6 +14,14 @@ from autotune.sbp.mesh import Cluster, RoleMesh
 from autotune.sbp.sbp import NdSbp
 
 KINDS = ("gpt", "mlp", "u-transformer")  # models whose layer kinds execute knows
+# where apply places a plan: "auto", the path it takes; "dtensor", data-parallel plans and pipeline stages by
+# DTensor too (the same plan on the other path: the host's cost of each, ``autotune.execute.hostfit``)
+APPLY_PATHS = ("auto", "dtensor")
+
+
+def check_apply_path(name: str) -> None:
+    if name not in APPLY_PATHS:
+        raise OptionError("apply-path", f"{name!r}: use one of {', '.join(APPLY_PATHS)}")
 
 
 @dataclass(frozen=True)

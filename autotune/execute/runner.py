@@ -15,7 +15,7 @@ from autotune.execute.launch import check_steps
 from autotune.execute.layout import DTensor, placements, torch
 from autotune.execute.model import PlanModel
 from autotune.execute.moduletrain import ModuleTrainer, build_module
-from autotune.execute.planread import layer_specs, plan_graph
+from autotune.execute.planread import check_apply_path, layer_specs, plan_graph
 from autotune.execute.result import KIND, VERSION
 from autotune.execute.train import Trainer
 from autotune.execute.usermodule import DEFAULT_MODULE
@@ -100,9 +100,6 @@ def module_dtypes(config: dict, name: str):
     return (torch.float32, torch.bfloat16) if name == "bfloat16" else (DTYPES[name], None)
 
 
-APPLY_PATHS = ("auto", "dtensor")
-
-
 def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
                     profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto"):
     """(the result record, the placed module): ``module``'s model (``package.module:factory``, called
@@ -129,8 +126,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     mapping = getattr(model, "plan_mapping", None)
     # data-parallel and FSDP plans as users step them (DDP, torchtitan: each rank its piece's loss, gradients
     # averaged; no whole-batch logits): what the plan prices
-    if apply_path not in APPLY_PATHS:
-        raise OptionError("apply-path", f"{apply_path!r}: use one of {', '.join(APPLY_PATHS)}")
+    check_apply_path(apply_path)
     output = "whole" if apply_path == "dtensor" else "local"
     path = placement_path(typed, model, mapping, output=output) if d.launch.world > 1 else "none"
     output = "local" if path in ("fully_shard", "ddp") else "whole"
