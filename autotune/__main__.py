@@ -17,13 +17,13 @@ import sys
 from calibrate.cli import dispatch
 
 SUBCOMMANDS = {
-    "validate": "autotune.sbp.cli.validate:main",
+    "validate": "autotune.cli.validate:main",
     "reshard": "autotune.reshard.cli:main",
     "schedule": "autotune.schedule.cli:main",
     "execute": "autotune.execute.cli:main",
     "nccl": "autotune.nccl.cli:main",
-    "reproduce": "autotune.sbp.cli.reproduce:main",
-    "explain": "autotune.sbp.cli.explain:main",
+    "reproduce": "autotune.cli.reproduce:main",
+    "explain": "autotune.cli.explain:main",
     "export": "autotune.__main__:export",
 }
 DEFAULT = "autotune.__main__:search"
@@ -31,7 +31,7 @@ DEFAULT = "autotune.__main__:search"
 
 def search(argv=None) -> int:
     """The SBP search, then its HTML report beside plan.json (the report step lives in the command layer)."""
-    from autotune.sbp.cli.search import main as search_main
+    from autotune.cli.search import main as search_main
 
     return search_main(argv, report=write_html)
 

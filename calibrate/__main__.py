@@ -18,7 +18,7 @@ SUBCOMMANDS = {
     "fit": "calibrate.cli.fit:main",
     "validate": "calibrate.cli.validate:main",
     "profiles": "calibrate.cli.profiles:main",
-    "compute": "calibrate.cli.compute:main",
+    "compute": "calibrate.cli.compute_evaluate:main",
     "health": "calibrate.cli.health:main",  # handles its own errors on every rank
 }
 

@@ -1,49 +1,12 @@
 """Judging a profile against measurements: its prediction beside each measured
-size with the error, the summary per collective and tier, and the random sizes
-(off every sweep's grid, used by no fit) that ``calibrate validate --random``
-measures so that the error is known between the grid points too."""
+size with the error and the summary per collective and tier (the random sizes that ``calibrate validate --random``
+measures, off every sweep's grid, are drawn by ``calibrate.measure.heldout.random_sizes``)."""
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pandas as pd
 
-from calibrate.collectives import Collective
-from calibrate.errors import OptionError
 from calibrate.measure.stats import rel_err_pct
 from calibrate.profile import Group, Profile
-from calibrate.sizes import snap
-
-
-def random_sizes(colls: list[Collective], lo: int, hi: int, count: int, seed: int, unit: int) -> dict[str, list[int]]:
-    """``count`` distinct sizes per collective, log-uniform in [lo, hi], multiples of ``unit`` and off the
-    sweeps' grid; one random stream per collective."""
-    if count < 1:
-        raise OptionError("random", f"must be at least 1, got {count}")
-    if unit < 1:
-        raise OptionError("align", f"must be at least 1 byte, got {unit}")
-    if not 0 < lo < hi:
-        raise OptionError("min_bytes", f"and {{max_bytes}} must satisfy 0 < min < max for random sizes (got {lo} and {hi})")
-    first, last = math.ceil(lo / unit) * unit, hi // unit * unit
-    if first > last:
-        raise OptionError("align", f"{unit}: no multiple of it lies between {lo} and {hi} B: lower it or widen the range")
-    out = {}
-    for i, c in enumerate(colls):
-        rng = np.random.default_rng([seed, i])
-        picked: dict[int, None] = {}
-        for _ in range(1000 * count):
-            x = math.exp(rng.uniform(math.log(first), math.log(last)))
-            n = int(min(max(round(x / unit) * unit, first), last))
-            if snap(n) != n:  # off the sweeps' grid (4 significant bits: 2^k, 1.375 * 2^k, ...)
-                picked[n] = None
-            if len(picked) == count:
-                break
-        else:
-            raise OptionError("random", f"{count}: too few sizes off the sweep grid are multiples of {unit} B between "
-                                       f"{lo} and {hi} B: lower it or {{align}}, or widen the range")
-        out[c.value] = list(picked)  # in the order drawn: a run cut short keeps an unbiased sample
-    return out
 
 
 def compare(profile: Profile, stats: pd.DataFrame, min_bytes: int = 0) -> pd.DataFrame:

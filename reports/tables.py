@@ -355,7 +355,7 @@ REPRODUCE_COLUMNS = ("case", "section", "paper", "ours", "difference pp", "micro
 
 
 def _reproduce(path: Path, d: dict) -> str:
-    from autotune.sbp.reproduce import RECORD, TOLERANCE_PP, VERSION, passes_by_cap, table
+    from autotune.reproduce import RECORD, TOLERANCE_PP, VERSION, passes_by_cap, table
     from calibrate.records import check_header
 
     check_header(d, RECORD, tuple(range(1, VERSION + 1)), "reproduction record",

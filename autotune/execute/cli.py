@@ -44,7 +44,7 @@ from autotune.execute import layertable, result
 from autotune.execute.launch import check_steps, launch_env
 from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.execute.planread import APPLY_PATHS, model_kind
-from autotune.sbp.cli.search import add_model_fields
+from autotune.cli.search import add_model_fields
 from autotune.sbp.plan import PlanFile
 
 DEFAULT_OUT = "execute-out"

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from calibrate.errors import OptionError, UserError
 from models.graph import Layer, LayerGraph
 
-from autotune.plan.search import model_graph, model_kind, strategy
-from autotune.plan.typed import TypedPlan
+from autotune.plan.search import convert, model_graph, model_kind, strategy
 from autotune.sbp.mesh import Cluster, RoleMesh
 from autotune.sbp.sbp import NdSbp
 
@@ -65,7 +64,7 @@ def plan_graph(plan: dict, layers: int | None = None) -> LayerGraph:
 
 def layer_specs(plan: dict, graph: LayerGraph, cluster: Cluster) -> list[LayerSpec]:
     """Each layer's placements as the typed plan reads them, with the boxings inside it (its strategy's)."""
-    typed = TypedPlan.from_search(plan)
+    typed = convert(plan)
     names = [lay.name for lay in typed.layers]
     want = [layer.name for layer in graph.layers]
     if names != want:

@@ -7,7 +7,7 @@ where NCCL cuts its channels by size is NCCL's default itself (so noise never tr
 a setting that is no faster). A band gets no row (NCCL decides there) where NCCL's default or no
 setting was measured, or where the setting chosen is slower than the default by more than ``margin``.
 
-Bands are ``autotune.schedule.bands``: band i holds size s_i and runs from the geometric
+Bands are ``autotune.nccl.bands``: band i holds size s_i and runs from the geometric
 mean of s_(i-1) and s_i to that of s_i and s_(i+1), the first from 0 and the last without
 an upper bound, so the table covers every size of each tuned collective. NCCL's default is
 measured beside the settings but is never a row: the tuned communicators have
@@ -23,7 +23,7 @@ from kernels.nccl_tuner.table import SIZE_MAX, Row, merge_bands
 
 from autotune.nccl.record import Sample
 from autotune.nccl.settings import Setting
-from autotune.schedule.bands import Band, bands_for
+from autotune.nccl.bands import Band, bands_for
 
 
 def pick(samples: list[Sample], band: Band, margin: float) -> str | None:

@@ -50,7 +50,7 @@ from kernels.nccl_tuner.table import load_table, rows_for, write_table
 
 from autotune.nccl import record as rec
 from autotune.nccl.settings import TUNABLE, candidates, parse_channels
-from autotune.schedule.bands import parse_sizes
+from autotune.nccl.bands import parse_sizes
 
 DEFAULT_SIZES = "1K:1G:2"
 DEFAULT_COLLECTIVES = "allreduce,allgather,reducescatter"

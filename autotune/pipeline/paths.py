@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.plan.layouts import local_twin, twin_path
-from autotune.plan.typed import TypedPlan
+from autotune.plan.search import convert
 from autotune.sbp.baselines import data_parallel
 from autotune.sbp.plan import build_plan
 
@@ -41,8 +41,7 @@ def stage_path(problem, assign) -> str:
 
 
 def _typed_path(problem, assign) -> str:
-    return twin_path(local_twin(TypedPlan.from_search(build_plan(problem, assign, "stage"), (), "a stage plan",
-                                                      stage=True)))
+    return twin_path(local_twin(convert(build_plan(problem, assign, "stage"), (), "a stage plan", stage=True)))
 
 
 def host_floor(fig, problem, assign):

@@ -1,7 +1,8 @@
 """Plans as a user holds them: the typed plan (``typed.py``, no torch) and ``apply`` (``place.py``,
 torch: place a user's nn.Module as a plan says). ``import autotune.plan`` does not import torch."""
+from autotune.plan.search import load_plan
 from autotune.plan.typed import (Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan,
-                                 dtensor_placement, load_plan)
+                                 dtensor_placement)
 
 __all__ = ["Baseline", "Costs", "FineMesh", "LayerPlan", "ModelSpec", "TypedPlan", "WeightPlan",
            "dtensor_placement", "load_plan", "apply", "micro_batches", "data_piece", "param_groups"]

@@ -88,7 +88,8 @@ from calibrate.errors import UserError
 from calibrate.optional import require_torch
 
 from autotune.plan.layouts import TP_WEIGHTS, FullyShard, data_parallel_plan, fsdp_dims, fully_shard_layout, plan_path
-from autotune.plan.typed import LayerPlan, TypedPlan, load_plan
+from autotune.plan.search import load_plan
+from autotune.plan.typed import LayerPlan, TypedPlan
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
 torch = require_torch()

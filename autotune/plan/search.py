@@ -4,11 +4,13 @@ its weights' shapes from its strategy."""
 from __future__ import annotations
 
 from calibrate.errors import UserError
+from calibrate.records import check_header, kind_of
 from models.builders import BUILDERS
 from models.graph import Layer, LayerGraph
 from models.loader import FIELDS, OPTIONAL, validate
 
-from autotune.plan.typed import Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan
+from autotune.plan.typed import (SEARCH_KIND, Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan,
+                                 read_source)
 from autotune.sbp.layers import Matmul, make_op
 from autotune.sbp.mesh import Cluster, RoleMesh
 from autotune.sbp.sbp import parse
@@ -141,3 +143,20 @@ def convert_stages(best: dict, origin: str = "plan") -> list[TypedPlan]:
     layers' strategies enumerated once for all stages."""
     strategies = Strategies()
     return [convert(s["plan"], (), f"{origin}: stage {s['stage']}", True, strategies) for s in best["stages"]]
+
+
+def load_plan(source, origin: str | None = None) -> TypedPlan:
+    """The one loader: a TypedPlan, a typed-plan file or dict, or the search's plan.json (file or dict,
+    converted). An old version of either is one error naming the version and the fix."""
+    if isinstance(source, TypedPlan):
+        return source
+    source, origin = read_source(source, origin, "give a plan written by python -m autotune --out DIR")
+    if kind_of(source) == SEARCH_KIND and "best" in source:
+        from autotune.sbp.plan import PlanFile
+        pf = PlanFile.from_dict(source, origin)
+        return convert(pf.best, pf.baselines, origin)
+    if kind_of(source) == SEARCH_KIND:  # one plan dict, plan["best"]
+        from autotune.sbp.plan import VERSION as SEARCH_VERSION
+        check_header(source, SEARCH_KIND, SEARCH_VERSION, "SBP plan", "re-run python -m autotune --out DIR", origin)
+        return convert(source, (), origin)
+    return TypedPlan.from_dict(source, origin)

@@ -19,7 +19,7 @@
 - Devices: the stage's module (its part of the model) is moved to this rank's device; nothing else is. Build
   the model on the CPU (as ``python -m autotune execute`` does) so that the other stages' weights never reach
   this rank's GPU: a model built on the GPU keeps them all there while the caller holds it.
-- Each stage's module is placed on its submesh with its stage's plan (``TypedPlan.from_search(...,
+- Each stage's module is placed on its submesh with its stage's plan (``convert(...,
   stage=True)``) by one of ``autotune.apply``'s paths (``autotune.plan.place``; ``stage_paths`` says which a
   plan asks for, ``Pipeline.paths`` which ran, ``python -m autotune execute`` records them):
   - "ddp" / "fully_shard", apply's local path, for a stage plan that is pure data parallelism
@@ -117,6 +117,7 @@ from autotune.plan.layouts import LocalPlan, fsdp_dims, fully_shard_layout, loca
 from autotune.plan.place import (FAMILIES, HEAD, TAIL, DataSplit, Site, _act, _check_shapes, _ddp, _fully_shard,
                                  _global_shape, _handoffs, _place, _post, _pre, _recompute, _redistribute, _world,
                                  contiguous_strides, find_layers, path_of, torch)
+from autotune.plan.search import convert
 from autotune.plan.typed import DIRECT, ROUTES, ModelSpec, TypedPlan, read_source
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, check_placement, is_split
@@ -228,7 +229,7 @@ def load_pipelined(source, origin: str | None = None) -> PipelinedPlan:
                         f"{model['layers']}: re-run the search for this model")
     stages = []
     for i, e in enumerate(entries):
-        typed = TypedPlan.from_search(e, (), f"{origin}: stage {i}", stage=True)
+        typed = convert(e, (), f"{origin}: stage {i}", stage=True)
         if typed.cluster != sub:
             raise UserError(f"{origin}: stage {i}'s plan is for {typed.cluster}, not the submesh {sub}: re-run "
                             f"the search")

@@ -10,7 +10,7 @@ micro-batches, predicted costs and memory (with its breakdown) and the
 baselines' costs.
 
     plan = load_plan("plan.json")         # a typed plan, or plan.json of python -m autotune (converted)
-    plan = TypedPlan.from_search(best, baselines)   # from today's plan dict
+    plan = convert(best, baselines)       # from today's plan dict (autotune.plan.search)
     plan.save("typed.json")
 
 Placements are the SBP strings of ``autotune.sbp.sbp``; ``dtensor_placements``
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
-from calibrate.records import check_header, header, kind_of
+from calibrate.records import check_header, header
 
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, is_split, split_dim
@@ -288,15 +288,6 @@ class TypedPlan:
     def save(self, path: str | Path) -> Path:
         return write_json(Path(path), self.to_dict(), WHAT)
 
-    # --- from today's plan dict (plan.json of python -m autotune) ----------------------------------
-    @classmethod
-    def from_search(cls, best: dict, baselines: list[dict] = (), origin: str = "plan",
-                    stage: bool = False) -> "TypedPlan":
-        """The typed plan of ``plan["best"]`` (and its baselines) as ``autotune.sbp.plan.build_plan`` writes it;
-        ``stage``: of one stage's plan of a pipelined plan (its layers a run of the model's)."""
-        from autotune.plan.search import convert
-        return convert(best, baselines, origin, stage)
-
 
 def check(plan: TypedPlan) -> None:
     """Every cross-field rule of a typed plan (the loader's and the constructor's)."""
@@ -338,20 +329,3 @@ def read_source(source, origin: str | None, fix: str) -> tuple[object, str]:
     if isinstance(source, (str, Path)):
         return read_json(source, "plan file", fix), origin or f"plan file {str(source)!r}"
     return source, origin or "plan"
-
-
-def load_plan(source, origin: str | None = None) -> TypedPlan:
-    """The one loader: a TypedPlan, a typed-plan file or dict, or the search's plan.json (file or dict,
-    converted). An old version of either is one error naming the version and the fix."""
-    if isinstance(source, TypedPlan):
-        return source
-    source, origin = read_source(source, origin, "give a plan written by python -m autotune --out DIR")
-    if kind_of(source) == SEARCH_KIND and "best" in source:
-        from autotune.sbp.plan import PlanFile
-        pf = PlanFile.from_dict(source, origin)
-        return TypedPlan.from_search(pf.best, pf.baselines, origin)
-    if kind_of(source) == SEARCH_KIND:  # one plan dict, plan["best"]
-        from autotune.sbp.plan import VERSION as SEARCH_VERSION
-        check_header(source, SEARCH_KIND, SEARCH_VERSION, "SBP plan", "re-run python -m autotune --out DIR", origin)
-        return TypedPlan.from_search(source, (), origin)
-    return TypedPlan.from_dict(source, origin)

@@ -7,7 +7,7 @@ step) of a plan, as its record lists them; ``collective_rows``: every distinct
 collective the plans issue, with its group, the profile's prediction and the
 time measured, so that a plan's error can be traced to the group and tier that
 make it. The command that replays them through calibrate's backends is
-``autotune/sbp/cli/validate.py``.
+``autotune/cli/validate.py``.
 """
 from __future__ import annotations
 

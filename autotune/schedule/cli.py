@@ -46,7 +46,7 @@ from kernels.interp.model import DEFAULT_PARAMS, load_params
 from kernels.interp.preset import DEFAULT_PRESET, load_preset
 
 from autotune.schedule import outputs
-from autotune.schedule.bands import DEFAULT_SIZES, bands_for, parse_sizes
+from autotune.nccl.bands import DEFAULT_SIZES, bands_for, parse_sizes
 from autotune.schedule.choose import finish
 from autotune.schedule.measure import device_name, gpu_world, measure
 from autotune.schedule.model import Correction, Model

@@ -15,7 +15,7 @@ import sys
 
 from calibrate.measure.stats import geomean
 
-from autotune.schedule.bands import Band
+from autotune.nccl.bands import Band
 from autotune.schedule.model import Model
 from autotune.schedule.result import BandResult, Row, launch_signature
 from autotune.schedule.space import Built

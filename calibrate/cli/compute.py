@@ -402,11 +402,6 @@ def merge(src: str, out: str) -> Path:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("declare", "evaluate"):
-        from calibrate.cli import compute_evaluate
-
-        return getattr(compute_evaluate, f"{argv[0]}_main")(argv[1:])
     args = parser().parse_args(argv)
     if args.merge:
         print(f"wrote the compute section of {args.merge} into {merge(args.merge, args.out)}")

@@ -25,6 +25,7 @@ import math
 import sys
 
 from calibrate.cli import command_parser
+from calibrate.cli import compute
 from calibrate.cli.compute import (DTYPES, LAYER_QUEUE, copy_256mib, development_grid, fresh_backward,
                                   layer_piece_arm, sdpa_call)
 from calibrate.computeeval import EvaluateRecord, HeldoutRecord, Row, declare, draw_shapes, pct, shapes_of, summary
@@ -290,3 +291,10 @@ def evaluate_main(argv) -> int:
     print(f"wrote the compute model's evaluation ({len(rows)} figures, held-out sha256 {dec.sha256[:12]}) to {path}")
     return 0
 
+
+def main(argv=None) -> int:
+    """``calibrate compute``: its ``declare`` and ``evaluate`` steps here, the measurement ``compute.main``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("declare", "evaluate"):
+        return {"declare": declare_main, "evaluate": evaluate_main}[argv[0]](argv[1:])
+    return compute.main(argv)

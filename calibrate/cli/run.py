@@ -29,7 +29,7 @@ from calibrate.cli.refine import refine_group
 from calibrate.results import KIND, VERSION, ResultsDir
 from calibrate.sizes import align, odd_multiple, parse_size, rounded_note, sweep
 from calibrate.stats import summarize
-from calibrate.validation import random_sizes as draw_random_sizes
+from calibrate.measure.heldout import random_sizes as draw_random_sizes
 
 MAX_BATCH_MS = 10_000
 HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
@@ -370,7 +370,7 @@ def in_turn(sizes: list[int], extra: list[int]) -> list[tuple[int, str]]:
     return sorted([(n, "sweep") for n in sizes] + [(n, "random") for n in extra])
 
 
-# the parameters of calibrate.validation.random_sizes as calibrate run names them
+# the parameters of calibrate.measure.heldout.random_sizes as calibrate run names them
 RANDOM_OPTIONS = {"align": "random_align", "min_bytes": "random_min_bytes", "max_bytes": "random_max_bytes"}
 
 

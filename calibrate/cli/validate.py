@@ -27,7 +27,8 @@ from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.results import load_results
 from calibrate.sizes import parse_size
-from calibrate.validation import compare, fairness_warnings, random_sizes, summarize
+from calibrate.measure.heldout import random_sizes
+from calibrate.validation import compare, fairness_warnings, summarize
 
 
 def build_parser():

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from calibrate.collectives import Collective
 from calibrate.errors import OptionError, UserError
+from calibrate.sizes import snap
 
 
 @dataclass(frozen=True)
@@ -66,10 +71,7 @@ class Declaration:
 def declare(tuner: str, development: dict[str, list[int]], lo: int, hi: int, count: int, seed: int,
             unit: int, declared: str, extra: dict | None = None) -> Declaration:
     """``count`` evaluation sizes per collective, log-uniform in [lo, hi], multiples of ``unit``, off the
-    sweeps' grid and none a development size (``calibrate.validation.random_sizes``)."""
-    from calibrate.collectives import Collective
-    from calibrate.validation import random_sizes
-
+    sweeps' grid and none a development size (``random_sizes``)."""
     colls = [Collective.parse(c) for c in development]
     try:
         drawn = random_sizes(colls, lo, hi, count, seed, unit)
@@ -81,3 +83,33 @@ def declare(tuner: str, development: dict[str, list[int]], lo: int, hi: int, cou
     how = f"{count} per collective, log-uniform in [{lo}, {hi}] B, multiples of {unit} B, off the grid, seed {seed}"
     return Declaration(tuner, {c: sorted(v) for c, v in development.items()}, evaluation, how, declared,
                        dict(extra or {}))
+
+
+def random_sizes(colls: list[Collective], lo: int, hi: int, count: int, seed: int, unit: int) -> dict[str, list[int]]:
+    """``count`` distinct sizes per collective, log-uniform in [lo, hi], multiples of ``unit`` and off the
+    sweeps' grid; one random stream per collective."""
+    if count < 1:
+        raise OptionError("random", f"must be at least 1, got {count}")
+    if unit < 1:
+        raise OptionError("align", f"must be at least 1 byte, got {unit}")
+    if not 0 < lo < hi:
+        raise OptionError("min_bytes", f"and {{max_bytes}} must satisfy 0 < min < max for random sizes (got {lo} and {hi})")
+    first, last = math.ceil(lo / unit) * unit, hi // unit * unit
+    if first > last:
+        raise OptionError("align", f"{unit}: no multiple of it lies between {lo} and {hi} B: lower it or widen the range")
+    out = {}
+    for i, c in enumerate(colls):
+        rng = np.random.default_rng([seed, i])
+        picked: dict[int, None] = {}
+        for _ in range(1000 * count):
+            x = math.exp(rng.uniform(math.log(first), math.log(last)))
+            n = int(min(max(round(x / unit) * unit, first), last))
+            if snap(n) != n:  # off the sweeps' grid (4 significant bits: 2^k, 1.375 * 2^k, ...)
+                picked[n] = None
+            if len(picked) == count:
+                break
+        else:
+            raise OptionError("random", f"{count}: too few sizes off the sweep grid are multiples of {unit} B between "
+                                       f"{lo} and {hi} B: lower it or {{align}}, or widen the range")
+        out[c.value] = list(picked)  # in the order drawn: a run cut short keeps an unbiased sample
+    return out

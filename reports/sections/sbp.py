@@ -137,7 +137,7 @@ def _convergence_fig(traces: dict, optimum: float):
 def build(paths: list[Path]) -> list[Section]:
     from autotune.export import next_steps
     from autotune.plan import Costs, TypedPlan
-    from autotune.plan.search import convert_stages
+    from autotune.plan.search import convert, convert_stages
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
     for path in paths:
@@ -151,7 +151,7 @@ def build(paths: list[Path]) -> list[Section]:
             plans += [(b["strategy"], Costs.from_dict(b["totals"], f"{origin}: baseline totals"))
                       for b in pf.baselines]
         else:
-            typed = TypedPlan.from_search(best, pf.baselines, origin)
+            typed = convert(best, pf.baselines, origin)
             per_stage = [("", best, typed)]
             plans = [(typed.strategy, typed.costs)] + [(b.strategy, b.costs) for b in typed.baselines]
         sharding = (best.get("sharding") or {}).get("mode", "none")
@@ -204,7 +204,7 @@ REPRODUCTION_SCHEMA = {"rows": [{
 
 def build_reproduction(paths: list[Path]) -> list[Section]:
     """``python -m autotune reproduce autoddl``'s record: the paper's figure beside ours, per case."""
-    from autotune.sbp.reproduce import table
+    from autotune.reproduce import table
     sections = []
     for path in paths:
         rows = read_json(path, "reproduction record", REPRODUCTION_FIX)

@@ -41,7 +41,7 @@ NORMS = ("layernorm", "rmsnorm")
 
 def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
     from autotune.plan import TypedPlan
-    from autotune.plan.search import convert_stages
+    from autotune.plan.search import convert, convert_stages
     from autotune.sbp.plan import PlanFile
     from calibrate.errors import UserError
     from reports.sections.sbp import build
@@ -50,14 +50,14 @@ def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
     p = next(p for p in [d["best"]] + d["baselines"] if "stages" in p)
     for s in p["stages"]:  # each stage's plan: a run of the model's layers on its submesh
         names = [x["name"] for x in s["plan"]["layers"]]
-        typed = TypedPlan.from_search(s["plan"], stage=True)
+        typed = convert(s["plan"], stage=True)
         assert [lay.name for lay in typed.layers] == names and typed.cluster.nodes == s["submesh"]["nodes"]
         with pytest.raises(UserError, match="are not its model's"):
-            TypedPlan.from_search(s["plan"])  # not the whole model
+            convert(s["plan"])  # not the whole model
         with pytest.raises(UserError, match="are not a run of its model's"):
-            TypedPlan.from_search(dict(s["plan"], layers=s["plan"]["layers"][::-1]), stage=True)
+            convert(dict(s["plan"], layers=s["plan"]["layers"][::-1]), stage=True)
     # the report's conversion (every layer's strategies enumerated once for all stages) types each stage the same
-    assert convert_stages(p) == [TypedPlan.from_search(s["plan"], stage=True) for s in p["stages"]]
+    assert convert_stages(p) == [convert(s["plan"], stage=True) for s in p["stages"]]
     def renamed(plan):  # the norms' signature one no strategy has
         return dict(plan, layers=[dict(x, signature="nope") if x["signature"] in NORMS else x for x in plan["layers"]])
     bad = dict(p, stages=[dict(s, plan=renamed(s["plan"])) for s in p["stages"]])

@@ -80,7 +80,7 @@ def test_a_second_search_into_a_locked_out_is_refused(tmp_path):
 def test_graph_note_names_autoddls_graph():
     """Size flags on the gpt kind's default preset keep AutoDDL's graph: the model line says so and how to get a
     transformer as users write it; a user's GPT gets no note."""
-    from autotune.sbp.cli.search import graph_note
+    from autotune.cli.search import graph_note
     from models.loader import load_model
     note = graph_note(load_model("gpt", None, {"layers": 2}).config)
     assert "attention naive" in note and "no residual stream" in note and "--preset gpt2" in note

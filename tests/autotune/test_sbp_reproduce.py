@@ -7,7 +7,7 @@ import pytest
 from autotune.__main__ import main as autotune_main
 from autotune.sbp.baselines import megatron_assignment
 from autotune.sbp.memory import AUTODDL_PRECISION
-from autotune.sbp.reproduce import (Config, _capped, _limit, _problem, load_cases, p0_threshold, passes_by_cap,
+from autotune.reproduce import (Config, _capped, _limit, _problem, load_cases, p0_threshold, passes_by_cap,
                                     previous_statuses, run_case, regressions, replication, scaled_profile, table)
 from calibrate.profile import Profile
 from models import load_model
@@ -71,7 +71,7 @@ def test_data_parallel_syncs_the_tied_table_once():
     """GPT small on GCP, data parallelism: the logits' weight is the embedding's table, placed alike: one tensor,
     one gradient, one all-reduce (the embedding's); the logits' own sync, as large, is what the plan saves."""
     from autotune.sbp.baselines import data_parallel
-    from autotune.sbp.reproduce import breakdown
+    from autotune.reproduce import breakdown
     case = _case("gpt-small-gcp")
     pr = _problem(case, dict(case["overrides"], micro_batch=64), Config())
     a = data_parallel(pr)
@@ -200,7 +200,7 @@ def test_lean_summa_keeps_local_blocks_and_broadcasts_again_in_backward():
 def test_sensitivity_parts_give_the_cost_at_scaled_alpha_and_beta():
     """A plan's alpha and beta parts add up to its cost, and a x alpha part + b x beta part is its cost
     re-computed from scratch with the profile's alphas scaled by a and betas by b."""
-    from autotune.sbp.reproduce import alpha_beta_parts
+    from autotune.reproduce import alpha_beta_parts
     case = _case("vgg-daint-16")
     pr = _problem(case, case["overrides"], Config())
     a = megatron_assignment(pr, (2, 1), (8, 1), True)
@@ -215,7 +215,7 @@ def test_baselines_fit_at_their_peak_not_only_by_the_per_layer_sum():
     per-layer sum but not at its peak (workspace included); the reproduction reports no baseline over the
     usable memory at its peak."""
     from autotune.sbp.baselines import summa_assignment
-    from autotune.sbp.reproduce import baselines, fits_at_peak
+    from autotune.reproduce import baselines, fits_at_peak
     case = _case("wide-daint-64")
     over = dict(case["overrides"], micro_batch=128)
     lean = _problem(case, over, Config(), ("summa-lean",))
@@ -229,7 +229,7 @@ def test_baselines_fit_at_their_peak_not_only_by_the_per_layer_sum():
 def test_micro_batches_every_fitting_one_or_a_window_for_the_search():
     """GPT small on GCP (batch 512): every power-of-two micro-batch at which some plan fits, largest first, the
     search at each (None) or at the first two (2), the baselines further down only while one has no plan."""
-    from autotune.sbp.reproduce import micro_batch_overrides
+    from autotune.reproduce import micro_batch_overrides
     case = _case("gpt-small-gcp")
 
     def walk(config, needed):

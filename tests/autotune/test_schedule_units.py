@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.schedule.bands import Band, bands_for, parse_sizes
+from autotune.nccl.bands import Band, bands_for, parse_sizes
 from autotune.schedule.choose import choose_band, correlations, finish, fixed_baseline, table
 from autotune.schedule.model import Correction, copy_bytes, runtime_split, split_program
 from calibrate.measure.stats import spearman

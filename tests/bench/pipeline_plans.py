@@ -33,7 +33,7 @@ from autotune.pipeline.search import PipelineConfig, PipelineSearch
 from autotune.pipeline.threed import megatron_3d
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
-from autotune.sbp.cli.search import memory_limit
+from autotune.cli.search import memory_limit
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import auto_budget, make_search

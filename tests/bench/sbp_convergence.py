@@ -37,7 +37,7 @@ from models import load_model
 from autotune.pipeline.search import PipelineConfig, PipelineSearch
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
-from autotune.sbp.cli.search import memory_limit
+from autotune.cli.search import memory_limit
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import scaled, search_modes
 from autotune.sbp.mesh import Cluster

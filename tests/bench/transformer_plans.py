@@ -19,7 +19,7 @@ from models import load_model
 
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
-from autotune.sbp.cli.search import memory_limit
+from autotune.cli.search import memory_limit
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import scaled, search_modes
 from autotune.sbp.mesh import Cluster

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from calibrate.cli import compute_evaluate as ce
-from calibrate.cli.compute import development_grid, main as compute_main
+from calibrate.cli.compute import development_grid
+from calibrate.cli.compute_evaluate import main as compute_main
 from calibrate.computeeval import EvaluateRecord, HeldoutRecord, Row, draw_shapes, summary
 from calibrate.errors import UserError
 from calibrate.layers import KINDS as LAYER_KINDS

@@ -149,7 +149,7 @@ def test_random_sizes_are_off_the_grid_aligned_distinct_and_seeded():
     from calibrate.errors import UserError
     from calibrate.sizes import snap
     from calibrate.cli import message
-    from calibrate.validation import random_sizes
+    from calibrate.measure.heldout import random_sizes
 
     colls = [Collective.ALLREDUCE, Collective.ALLGATHER]
     a = random_sizes(colls, 1 << 10, 1 << 30, 32, seed=1, unit=512)

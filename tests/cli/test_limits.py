@@ -88,7 +88,7 @@ def test_a_pipelined_plan_fits_the_memory_limit_at_its_peak(tmp_path):
     175B on 256 x 8 at 80.10 GiB fitted 80 GiB), and the stage search looks for one that does."""
     import json
 
-    from autotune.sbp.cli.search import main
+    from autotune.cli.search import main
 
     out = tmp_path / "plan"
     main(["--nodes", "1", "--gpus-per-node", "4", "--layers", "4", "--hidden", "256", "--heads", "4", "--sequence",

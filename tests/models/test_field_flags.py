@@ -2,7 +2,7 @@
 import pytest
 
 from autotune.__main__ import main as autotune_main
-from autotune.sbp.cli.search import parser
+from autotune.cli.search import parser
 from models import FIELDS, load_model
 
 

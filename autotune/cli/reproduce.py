@@ -6,7 +6,7 @@ objective (the paper's) and compared with the paper's figure: the winner and
 the communication saved against the best baseline that fits. A case passes when
 the winner is the paper's and the reduction is within 10 percentage points.
 Writes ``reproduce.json`` (a versioned record) and prints the table. One
-configuration for every case (``autotune.sbp.reproduce.Config``: the p0 cap on the
+configuration for every case (``autotune.reproduce.Config``: the p0 cap on the
 transformer cases from the memory the parameters and optimizer states need,
 reported under cap 4 and without a cap too; baselines and search over meshes,
 micro-batches and VGG Megatron's layer order; every compared plan within the
@@ -28,7 +28,7 @@ from calibrate.jsonfile import write_json
 from calibrate.lock import DirLock
 from calibrate.outputs import check_output_path
 
-from autotune.sbp.reproduce import (RECORD, TOLERANCE_PP, VERSION, Config, latest_record, load_cases,
+from autotune.reproduce import (RECORD, TOLERANCE_PP, VERSION, Config, latest_record, load_cases,
                                     passes_by_cap, previous_statuses, regressions, run_case, table)
 
 

@@ -24,7 +24,7 @@ from calibrate.errors import OptionError, UserError
 from autotune.sbp.baselines import _Index, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.mesh import RoleMesh, role_meshes
 from autotune.sbp.plan import build_plan
-from autotune.sbp.reproduce import Config, _problem, breakdown, load_cases
+from autotune.reproduce import Config, _problem, breakdown, load_cases
 from autotune.sbp.search import auto_budget, make_search
 
 GI = 2**30

@@ -1,5 +1,5 @@
 """AutoDDL's evaluation (§4.6, §5) beside ours; the command is ``python -m autotune
-reproduce autoddl`` (``autotune/sbp/cli/reproduce.py``).
+reproduce autoddl`` (``autotune/cli/reproduce.py``).
 
 Every case of ``autotune/sbp/presets/autoddl.json`` (the paper's model, batch,
 cluster, memory, profile and baselines) is searched under the communication
@@ -497,7 +497,7 @@ def _search_case(case: dict) -> dict:
 
 def latest_record() -> Path | None:
     """The newest recorded run of this repository (reports/records/sbp_reproduce_*.json), None if none."""
-    found = sorted(Path(__file__).resolve().parents[2].joinpath("reports", "records").glob("sbp_reproduce_*.json"))
+    found = sorted(Path(__file__).resolve().parents[1].joinpath("reports", "records").glob("sbp_reproduce_*.json"))
     return found[-1] if found else None
 
 
