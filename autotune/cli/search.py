@@ -1,4 +1,5 @@
-"""``python -m autotune``: search per-layer SBP distributions for a model.
+"""``python -m autotune``: search per-layer SBP distributions for a model (the command around the library
+call ``autotune.search``, ``autotune.planner``: it parses the flags, prints and writes).
 
     python -m autotune --model gpt                     # default preset, cluster and profile
     python -m autotune --model gpt --preset gpt3-175b --nodes 512 --gpus-per-node 8
@@ -11,29 +12,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-
-from calibrate.cli import command_parser, finite_float, message
-from calibrate.errors import OptionError, UserError
+from calibrate.cli import command_parser, finite_float
+from calibrate.errors import UserError
 from calibrate.lock import DirLock
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
 
 from autotune.export import next_steps
-from autotune.pipeline.record import pipeline_plans
-from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
-from autotune.plan.hostpace import at_host_pace
-from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
-from autotune.sbp.boxing import Coster
-from autotune.sbp.cost import Problem
-from autotune.sbp.fit import scaled, search_fitting, search_modes
+from autotune.pipeline.search import check as check_pipeline, parse_stages
+from autotune.planner import choose_objective, search
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import PlanFile, build_plan, plan_title, summary_lines
-from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
+from autotune.sbp.plan import plan_title, summary_lines
+from autotune.sbp.search import SEARCHES, Budget
 
 DEFAULT_NODES, DEFAULT_GPUS = 4, 8
 DEFAULT_MEMORY_GIB = 80.0
@@ -144,23 +137,6 @@ def progress(msg: str) -> None:
     print(f"[autotune] {msg}", file=sys.stderr, flush=True)
 
 
-def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, start=None):
-    """``budget`` None: ``auto_budget`` (until converged, scaled with the problem)."""
-    budget = budget or auto_budget(problem)
-    progress(f"search {name} (budget {budget.describe()}"
-             f"{', warm-started (the best Megatron plan, or the best plan of an earlier mode)' if start is not None else ''})")
-    problem.forget_lazy()
-    res = make_search(name, progress).run(problem, budget, np.random.default_rng(seed), start)
-    progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
-    return res
-
-
-def pipeline_config(stages, args) -> PipelineConfig:
-    """The pipeline search's settings from the command's flags."""
-    cfg = PipelineConfig(stages, args.schedule, search=args.search, seed=args.seed)
-    return cfg.full_effort() if args.pipeline_effort == "full" else cfg
-
-
 def table(plans: list[dict]) -> str:
     step = all("step_s" in p["totals"] for p in plans)
     rows = [("strategy", "redistribution s", "grad sync s", "comm s/step")
@@ -190,25 +166,6 @@ def memory_limit(profile, gib: float | None) -> tuple[float, str]:
     print(f"note: profile {profile.name!r} does not give its GPU memory: memory limit {DEFAULT_MEMORY_GIB:g} GiB "
           "(set it with --memory-limit)")
     return DEFAULT_MEMORY_GIB * 2**30, " (default)"
-
-
-FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
-
-
-def floor(plan: dict, baselines: list[dict], objective: str) -> dict:
-    """The searched plan, or the cheapest baseline of ``FLOOR`` that fits where it is cheaper: the command
-    never returns a plan worse than a baseline users pick."""
-    key = "step_s" if objective == "step" else "total_s"
-    fit = [b for b in baselines if b["strategy"].startswith(FLOOR) and b["totals"]["fits_memory"] and key in b["totals"]
-           and b["totals"][key] < plan["totals"][key]]
-    if not plan["totals"]["fits_memory"] or not fit:
-        return plan if not fit else dict(min(fit, key=lambda b: b["totals"][key]))
-    b = min(fit, key=lambda b: b["totals"][key])
-    host = plan["totals"].get("host_step_s")  # the search's plan priced at its path's host pace, where it binds
-    why = f" at the host's pace of the {plan['apply_path']} path it takes" if host is not None and \
-        host >= plan["totals"][key] else ""
-    return dict(b, strategy=f"searched (the baseline {b['strategy']} is cheaper than the search's plan{why})",
-                search=dict(plan["search"], replaced_by=b["strategy"]))
 
 
 def breakdown(plan: dict) -> str:
@@ -261,89 +218,16 @@ def main(argv=None, report=None) -> int:
         print(f"cluster {cluster}{default_note}; profile {profile.name}"
               f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
               f"memory limit {limit / 2**30:.4g} GiB per device{limit_note}", flush=True)
-        objective = args.objective
-        if objective is None and args.search in ("exhaustive", "dp"):
-            objective = "comm"
-            print(f"note: --search {args.search} sums per-layer costs, which only the communication objective does: "
-                  f"minimising communication (--objective comm)")
-        if objective is None:
-            objective = "step" if profile.compute is not None else "comm"
-            if profile.compute is None:
-                print(f"note: profile {profile.name!r} has no compute figures: minimising communication "
-                      f"(--objective comm); add them with python -m calibrate compute")
+        objective, note = choose_objective(args.objective, args.search, profile)
+        if note:
+            print(f"note: {note}")
         print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
-        if stages != "off" and objective != "step":
-            if stages != "auto":
-                raise UserError("pipeline stages are timed by the step objective: use --objective step with a profile "
-                                "that has compute figures, or --pipeline off")
-            stages = "off"
-        t0 = time.perf_counter()
-        coster = Coster(profile, cluster)
-        problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective, require_fit=False)
-        mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
-        warm = mega if mega is not None and np.isfinite(mega_cost) else None
-
-        def run(pr, start, share=1.0):
-            return run_search(pr, args.search, scaled(budget or auto_budget(pr), share), args.seed, start)
-        if args.modes == "all":
-            problem, best = search_modes(problem, run, warm, progress)
-        else:
-            problem.require_fit()
-            best = search_fitting(problem, run, warm)
-        if best is None or not problem.fits_plan(best.assignment):
-            least = min(p.min_memory for p in plain.mode_problems())
-            raise OptionError("memory_limit", f"{limit / 2**30:.4g} GiB per device: no plan fits it with its workspace "
-                                              f"under any recomputation or FSDP, the smallest needs {least / 2**30:.4g} "
-                                              "GiB before its workspace; raise it, add devices or shrink the micro-batch")
-        traces = {best.algorithm: best.trace}
-        space = float(np.prod([float(n) for n in problem.sizes]))
-        if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
-            compare.append("exhaustive")
-        for name in compare:
-            if name == args.search:
-                continue
-            if name in ("exhaustive", "dp") and (space > EXHAUSTIVE_LIMIT or objective != "comm"):
-                progress(f"skip {name}: {space:.2e} plans" if objective == "comm" else
-                         f"skip {name}: it sums per-layer costs, which the step objective is not")
-                continue
-            # cold start, for the convergence plot; by default on the main search's time (at most 3 s)
-            other = run_search(problem, name, budget or Budget(seconds=min(3.0, max(best.seconds, 0.1))), args.seed)
-            traces[other.algorithm] = other.trace
-            if other.cost < best.cost and problem.fits_plan(other.assignment):
-                progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
-                best = other
-        sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
-        try:
-            summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False, objective=objective)
-        except UserError as e:
-            progress(f"SUMMA baseline unavailable: {message(e)}")
-            summa_problem = None
-        progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation), "
-                 "SUMMA (every mesh), S/B only")
-        plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
-                          {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
-        skipped: list[str] = []
-        base = baseline_plans(plain, summa_problem, sb_problem,
-                              lambda p: run_search(p, args.search, budget, args.seed), skipped)
-        if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
-            plan, base = at_host_pace(plan, profile.compute), [at_host_pace(b, profile.compute) for b in base]
-        plan = floor(plan, base, objective)
-        if stages != "off":
-            progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {args.schedule})")
-            piped, mega3d = pipeline_plans(graph, cluster, profile, limit,
-                                           pipeline_config(stages, args),
-                                           progress)
-            base += [x for x in (mega3d,) if x is not None]
-            fits = piped is not None and piped["totals"].get("fits_memory", False) and (
-                limit is None or piped["totals"]["memory_bytes"] <= limit)
-            if fits and (not plan["totals"]["fits_memory"] or piped["totals"]["step_s"] < plan["totals"]["step_s"]):
-                base.insert(0, dict(plan, strategy=f"best single-stage: {plan['strategy']}"))
-                plan = piped
-            elif piped is not None:
-                base.append(piped)
-        pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
-                      {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
-                       "wall_s": time.perf_counter() - t0, "objective": objective})
+        pf = search(graph, cluster, profile, memory_limit=limit, algorithm=args.search, budget=budget,
+                    modes=args.modes, objective=objective, seed=args.seed, pipeline=stages, schedule=args.schedule,
+                    pipeline_effort=args.pipeline_effort, compare=compare, progress=progress)
+        plan, base, skipped = pf.best, pf.baselines, pf.meta.pop("skipped", [])
+        pf.meta = {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   **pf.meta}
         path = pf.save(out / "plan.json")
         rep = report(path, plan_title(plan)) if report else None
         print(table([plan] + base))

@@ -450,7 +450,7 @@ def test_baselines_users_pick_are_present_each_with_its_row():
 
 
 def test_the_command_never_returns_a_plan_slower_than_a_fitting_baseline():
-    from autotune.cli.search import floor
+    from autotune.planner import floor
     plan = {"strategy": "searched (cd)", "totals": {"step_s": 2.0, "fits_memory": True}, "search": {}}
     hsdp = {"strategy": "HSDP (sharded inside each node)", "totals": {"step_s": 1.5, "fits_memory": True}}
     unfit = {"strategy": "FSDP", "totals": {"step_s": 1.0, "fits_memory": False}}

@@ -1,0 +1,175 @@
+"""The search as a library call: ``autotune.search(model, cluster, profile, ...)`` returns the plan file
+(``autotune.sbp.plan.PlanFile``: the chosen plan, the baselines, the convergence traces) that ``python -m
+autotune`` writes as plan.json; the command parses its flags, calls this and prints.
+
+    import autotune
+    plans = autotune.search("gpt", Cluster(4, 8), "default", budget=Budget(seconds=2))
+    plans.best["totals"]["step_s"]
+
+Steps: the SBP search (warm-started from the best Megatron mesh; with ``modes="all"`` also under FSDP and
+recomputation), the comparison searches (``compare``: the convergence plot), the baselines (data parallel,
+Megatron, FSDP, HSDP, TP+FSDP, SUMMA, S/B only), each plan at its path's host pace, the floor (never a plan
+worse than a baseline users pick) and, with ``pipeline`` not "off", the pipelined plans.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from calibrate.cli import message
+from calibrate.errors import OptionError, UserError
+from calibrate.profile import Profile
+from models import LayerGraph, load_model
+
+from autotune.pipeline.record import pipeline_plans
+from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
+from autotune.plan.hostpace import at_host_pace
+from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem
+from autotune.sbp.fit import scaled, search_fitting, search_modes
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.plan import PlanFile, build_plan
+from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
+
+COMPARE = ("cd", "mh", "random")
+FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+def choose_objective(objective: str | None, search: str, profile: Profile) -> tuple[str, str]:
+    """(the objective, a note saying why where it was not given): the step time where the profile has compute
+    figures, else the communication, which the per-layer searches (exhaustive, dp) always minimise."""
+    if objective is None and search in ("exhaustive", "dp"):
+        return "comm", (f"--search {search} sums per-layer costs, which only the communication objective does: "
+                        f"minimising communication (--objective comm)")
+    if objective is None and profile.compute is None:
+        return "comm", (f"profile {profile.name!r} has no compute figures: minimising communication "
+                        f"(--objective comm); add them with python -m calibrate compute")
+    return objective or "step", ""
+
+
+def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, start=None, progress=_quiet):
+    """``budget`` None: ``auto_budget`` (until converged, scaled with the problem)."""
+    budget = budget or auto_budget(problem)
+    progress(f"search {name} (budget {budget.describe()}"
+             f"{', warm-started (the best Megatron plan, or the best plan of an earlier mode)' if start is not None else ''})")
+    problem.forget_lazy()
+    res = make_search(name, progress).run(problem, budget, np.random.default_rng(seed), start)
+    progress(f"  {name}: best {res.cost:.4g} s/step after {res.seconds:.2f} s, {res.steps} steps; stopped: {res.stopped}")
+    return res
+
+
+def floor(plan: dict, baselines: list[dict], objective: str) -> dict:
+    """The searched plan, or the cheapest baseline of ``FLOOR`` that fits where it is cheaper: the command
+    never returns a plan worse than a baseline users pick."""
+    key = "step_s" if objective == "step" else "total_s"
+    fit = [b for b in baselines if b["strategy"].startswith(FLOOR) and b["totals"]["fits_memory"] and key in b["totals"]
+           and b["totals"][key] < plan["totals"][key]]
+    if not plan["totals"]["fits_memory"] or not fit:
+        return plan if not fit else dict(min(fit, key=lambda b: b["totals"][key]))
+    b = min(fit, key=lambda b: b["totals"][key])
+    host = plan["totals"].get("host_step_s")  # the search's plan priced at its path's host pace, where it binds
+    why = f" at the host's pace of the {plan['apply_path']} path it takes" if host is not None and \
+        host >= plan["totals"][key] else ""
+    return dict(b, strategy=f"searched (the baseline {b['strategy']} is cheaper than the search's plan{why})",
+                search=dict(plan["search"], replaced_by=b["strategy"]))
+
+
+def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *, memory_limit: float | None,
+           algorithm: str = "cd", budget: Budget | None = None, modes: str = "all", objective: str | None = None,
+           seed: int = 0, pipeline: str | int = "auto", schedule: str = "1f1b", pipeline_effort: str = "default",
+           compare=COMPARE, progress=_quiet) -> PlanFile:
+    """The plans for ``model`` (a layer graph, or a model kind or file for ``models.load_model``) on
+    ``cluster`` under ``profile`` (a ``Profile`` or its name or file), ``memory_limit`` bytes a device (None:
+    none): the plan file ``python -m autotune`` writes. ``budget`` None: each search until it converges;
+    ``compare``: the searches run again cold for the convergence plot; ``pipeline``: "auto", "off" or a stage
+    count; ``progress``: called with a line per step."""
+    graph = load_model(model) if isinstance(model, str) else model
+    profile = Profile.load(profile) if isinstance(profile, str) else profile
+    compare = list(compare)
+    for name in [algorithm, *compare]:
+        if name not in SEARCHES:
+            raise UserError(f"unknown search {name!r}: use one of {', '.join(SEARCHES)}")
+    stages = parse_stages(str(pipeline))
+    check_pipeline(graph, cluster, stages, schedule)
+    objective, _ = choose_objective(objective, algorithm, profile)
+    if stages != "off" and objective != "step":
+        if stages != "auto":
+            raise UserError("pipeline stages are timed by the step objective: use --objective step with a profile "
+                            "that has compute figures, or --pipeline off")
+        stages = "off"
+    t0 = time.perf_counter()
+    coster = Coster(profile, cluster)
+    problem = plain = Problem(graph, coster, memory_limit, progress=progress, objective=objective, require_fit=False)
+    mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
+    warm = mega if mega is not None and np.isfinite(mega_cost) else None
+
+    def run(pr, start, share=1.0):
+        return run_search(pr, algorithm, scaled(budget or auto_budget(pr), share), seed, start, progress)
+    if modes == "all":
+        problem, best = search_modes(problem, run, warm, progress)
+    else:
+        problem.require_fit()
+        best = search_fitting(problem, run, warm)
+    if best is None or not problem.fits_plan(best.assignment):
+        least = min(p.min_memory for p in plain.mode_problems())
+        raise OptionError("memory_limit", f"{memory_limit / 2**30:.4g} GiB per device: no plan fits it with its "
+                                          f"workspace under any recomputation or FSDP, the smallest needs "
+                                          f"{least / 2**30:.4g} GiB before its workspace; raise it, add devices or "
+                                          f"shrink the micro-batch")
+    traces = {best.algorithm: best.trace}
+    space = float(np.prod([float(n) for n in problem.sizes]))
+    if space <= 1e8 and "exhaustive" not in compare and objective == "comm":
+        compare.append("exhaustive")
+    for name in compare:
+        if name == algorithm:
+            continue
+        if name in ("exhaustive", "dp") and (space > EXHAUSTIVE_LIMIT or objective != "comm"):
+            progress(f"skip {name}: {space:.2e} plans" if objective == "comm" else
+                     f"skip {name}: it sums per-layer costs, which the step objective is not")
+            continue
+        # cold start, for the convergence plot; by default on the main search's time (at most 3 s)
+        other = run_search(problem, name, budget or Budget(seconds=min(3.0, max(best.seconds, 0.1))), seed,
+                           progress=progress)
+        traces[other.algorithm] = other.trace
+        if other.cost < best.cost and problem.fits_plan(other.assignment):
+            progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
+            best = other
+    sb_problem = Problem(graph, coster, memory_limit, allow_partial=False, require_fit=False, objective=objective)
+    try:
+        summa_problem = Problem(graph, coster, memory_limit, signatures=("summa",), require_fit=False,
+                                objective=objective)
+    except UserError as e:
+        progress(f"SUMMA baseline unavailable: {message(e)}")
+        summa_problem = None
+    progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation), "
+             "SUMMA (every mesh), S/B only")
+    plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
+                      {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
+    skipped: list[str] = []
+    base = baseline_plans(plain, summa_problem, sb_problem,
+                          lambda p: run_search(p, algorithm, budget, seed, progress=progress), skipped)
+    if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
+        plan, base = at_host_pace(plan, profile.compute), [at_host_pace(b, profile.compute) for b in base]
+    plan = floor(plan, base, objective)
+    if stages != "off":
+        progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {schedule})")
+        cfg = PipelineConfig(stages, schedule, search=algorithm, seed=seed)
+        piped, mega3d = pipeline_plans(graph, cluster, profile, memory_limit,
+                                       cfg.full_effort() if pipeline_effort == "full" else cfg, progress)
+        base += [x for x in (mega3d,) if x is not None]
+        fits = piped is not None and piped["totals"].get("fits_memory", False) and (
+            memory_limit is None or piped["totals"]["memory_bytes"] <= memory_limit)
+        if fits and (not plan["totals"]["fits_memory"] or piped["totals"]["step_s"] < plan["totals"]["step_s"]):
+            base.insert(0, dict(plan, strategy=f"best single-stage: {plan['strategy']}"))
+            plan = piped
+        elif piped is not None:
+            base.append(piped)
+    return PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
+                    {"wall_s": time.perf_counter() - t0, "objective": objective,
+                     **({"skipped": skipped} if skipped else {})})
