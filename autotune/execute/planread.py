@@ -9,13 +9,14 @@ from calibrate.errors import OptionError, UserError
 from models.graph import Layer, LayerGraph
 
 from autotune.plan.search import convert, model_graph, model_kind, strategy
+from autotune.plan.typed import ApplyPath
 from autotune.sbp.mesh import Cluster, RoleMesh
 from autotune.sbp.sbp import NdSbp
 
 KINDS = ("gpt", "mlp", "u-transformer")  # models whose layer kinds execute knows
 # where apply places a plan: "auto", the path it takes; "dtensor", data-parallel plans and pipeline stages by
 # DTensor too (the same plan on the other path: the host's cost of each, ``autotune.execute.hostfit``)
-APPLY_PATHS = ("auto", "dtensor")
+APPLY_PATHS = ("auto", ApplyPath.DTENSOR)
 
 
 def check_apply_path(name: str) -> None:

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.plan.layouts import local_twin, twin_path
-from autotune.plan.search import convert
+from autotune.plan.search import from_problem
+from autotune.plan.typed import ApplyPath
 from autotune.sbp.baselines import data_parallel
-from autotune.sbp.plan import build_plan
 
 
 def dp_assignment(problem) -> list[int] | None:
@@ -33,15 +33,15 @@ def dp_assignment(problem) -> list[int] | None:
     return problem.shared(("data-parallel plan",), lambda: data_parallel(problem))
 
 
-def stage_path(problem, assign) -> str:
+def stage_path(problem, assign) -> ApplyPath:
     """The path apply places the stage plan ``assign`` of ``problem`` by (module doc; made once per plan)."""
     if problem.cluster.devices == 1:
-        return "none"
+        return ApplyPath.NONE
     return problem.shared(("apply path", problem.mode, tuple(assign)), lambda: _typed_path(problem, assign))
 
 
-def _typed_path(problem, assign) -> str:
-    return twin_path(local_twin(convert(build_plan(problem, assign, "stage"), (), "a stage plan", stage=True)))
+def _typed_path(problem, assign) -> ApplyPath:
+    return twin_path(local_twin(from_problem(problem, assign, "stage")))
 
 
 def host_floor(fig, problem, assign):

@@ -48,7 +48,7 @@ from calibrate.errors import UserError
 
 from autotune.pipeline.paths import host_floor
 from autotune.sbp.boxing import copy_seconds
-from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps
+from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps, rows_of
 from autotune.sbp.layers import make_op
 from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, gathered_weight_bytes, peak_workspace,
                                   pipelined_fsdp_memory, strategy_memory, tied_saving)
@@ -230,7 +230,7 @@ class Layout:
     def __init__(self, graph, catalogue: Catalogue):
         self.graph, self.cluster, self.catalogue = graph, catalogue.coster.cluster, catalogue
         self.ops = [make_op(layer, graph.act_bytes) for layer in graph.layers]
-        self.choices = [catalogue.layer_strategies(op, None) for op in self.ops]
+        self.choices = [catalogue.layer_strategies(op, None, rows_of(graph)) for op in self.ops]
         for op, ss in zip(self.ops, self.choices):
             if not ss:  # as ``Problem`` says it
                 raise UserError(f"layer {op.layer.name} has no strategy on {self.cluster} (sizes do not divide): "

@@ -1,10 +1,10 @@
 """Plans as a user holds them: the typed plan (``typed.py``, no torch) and ``apply`` (``place.py``,
 torch: place a user's nn.Module as a plan says). ``import autotune.plan`` does not import torch."""
 from autotune.plan.search import load_plan
-from autotune.plan.typed import (Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan,
+from autotune.plan.typed import (ApplyPath, Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan,
                                  dtensor_placement)
 
-__all__ = ["Baseline", "Costs", "FineMesh", "LayerPlan", "ModelSpec", "TypedPlan", "WeightPlan",
+__all__ = ["ApplyPath", "Baseline", "Costs", "FineMesh", "LayerPlan", "ModelSpec", "TypedPlan", "WeightPlan",
            "dtensor_placement", "load_plan", "apply", "micro_batches", "data_piece", "param_groups"]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from autotune.plan.typed import TypedPlan
+from autotune.plan.typed import ApplyPath, TypedPlan
 from autotune.sbp.sbp import B, P
 
 
@@ -98,15 +98,15 @@ def fully_shard_plan(plan: TypedPlan) -> bool:
     return fully_shard_layout(plan) is not None
 
 
-def plan_path(plan: TypedPlan) -> str:
+def plan_path(plan: TypedPlan) -> ApplyPath:
     """The path ``apply(..., output="local")`` places ``plan`` by, read from the plan alone: "fully_shard" where
     ``fully_shard_layout`` expresses it, "ddp" for pure data parallelism, else "dtensor"; "none" on one device
     (``autotune.plan.place.path_of`` also asks the modules whether they take a tensor-parallel axis)."""
     if plan.world == 1:
-        return "none"
+        return ApplyPath.NONE
     if fully_shard_layout(plan) is not None:
-        return "fully_shard"
-    return "ddp" if data_parallel_plan(plan) else "dtensor"
+        return ApplyPath.FULLY_SHARD
+    return ApplyPath.DDP if data_parallel_plan(plan) else ApplyPath.DTENSOR
 
 
 def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
@@ -173,6 +173,6 @@ def local_stream(typed: TypedPlan) -> tuple[str, ...]:
     return tuple(B if a == tp else "S0" for a in range(len(typed.mesh.sizes)))
 
 
-def twin_path(local: LocalPlan | None) -> str:
+def twin_path(local: LocalPlan | None) -> ApplyPath:
     """The path of a pipeline stage of several devices from its ``local_twin`` (None: "dtensor")."""
-    return "dtensor" if local is None else plan_path(local.plan)
+    return ApplyPath.DTENSOR if local is None else plan_path(local.plan)

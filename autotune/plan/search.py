@@ -13,7 +13,7 @@ from autotune.plan.typed import (SEARCH_KIND, Baseline, Costs, FineMesh, LayerPl
                                  read_source)
 from autotune.sbp.layers import Matmul, make_op
 from autotune.sbp.mesh import Cluster, RoleMesh
-from autotune.sbp.sbp import parse
+from autotune.sbp.sbp import NdSbp, parse
 
 LAYER_COSTS = ("redistribution_s", "grad_sync_s", "memory_bytes", "compute_s", "forward_s", "backward_s",
                "optimizer_s")
@@ -136,6 +136,28 @@ def convert(best: dict, baselines=(), origin: str = "plan", stage: bool = False,
         best.get("profile", ""), Costs.from_dict(best["totals"], f"{origin}: totals") if "totals" in best else None,
         tuple(Baseline(b.get("strategy", ""), Costs.from_dict(b["totals"], f"{origin}: baseline totals"))
               for b in baselines))
+
+
+def from_problem(problem, assign, strategy: str = "") -> TypedPlan:
+    """The typed plan of ``assign`` on ``problem`` (an ``autotune.sbp.cost.Problem``) as the search holds it:
+    each layer's placements read from its chosen strategy, not re-enumerated and without the costs (what
+    apply's path needs: ``autotune.pipeline.paths``). Its layers are ``convert(build_plan(problem, assign))``'s."""
+    cl = problem.cluster
+
+    def fine_of(t, s):
+        return None if t is None else NdSbp(t.sbp, s.mesh).fine(cl) or ("B",)  # one device: one axis of size 1
+    layers = []
+    for op, s_i, count, choices in zip(problem.ops, assign, problem.counts, problem.choices):
+        s = choices[s_i]
+        layers.append(LayerPlan(op.layer.name, op.layer.kind, count, op.layer.all_dims(), s.signature,
+                                fine_of(s.input, s), fine_of(s.output, s),
+                                tuple(WeightPlan(w.name, tuple(w.shape), fine_of(w, s)) for w in s.weights),
+                                {}, s.mesh.sizes))
+    sharding = problem.mode.sharding
+    config = {k: v for k, v in {"name": problem.graph.model, **problem.graph.config}.items() if k != "kind"}
+    return TypedPlan(ModelSpec(problem.graph.model, config), cl,
+                     FineMesh.of(cl), tuple(layers), problem.mb, problem.mode.recompute, sharding["mode"],
+                     tuple(sharding["axes"]), strategy, problem.coster.profile.name)
 
 
 def convert_stages(best: dict, origin: str = "plan") -> list[TypedPlan]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from calibrate.errors import UserError
@@ -33,6 +34,18 @@ from autotune.sbp.sbp import B, P, is_split, split_dim
 # the last stage layer holds it, or scattered first
 DIRECT, SCATTER = "direct", "scatter"
 ROUTES = (DIRECT, SCATTER)
+
+
+
+class ApplyPath(StrEnum):
+    """How ``apply`` places a plan, decided once from the plan (``autotune.plan.layouts.plan_path``): its
+    value is the name records and profiles' host figures use, and it compares equal to it."""
+
+    NONE = "none"  # one device: the model as it is
+    DDP = "ddp"  # pure data parallelism: DistributedDataParallel
+    FULLY_SHARD = "fully_shard"  # FSDP, HSDP, TP + FSDP as torchtitan composes them
+    DTENSOR = "dtensor"  # every other plan: per-layer DTensor placements
+
 
 KIND = "commtune.plan"
 VERSION = 1

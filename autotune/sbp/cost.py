@@ -137,6 +137,20 @@ def forward_factors(graph: LayerGraph) -> dict[tuple[int, int], float]:
 OBJECTIVES = ("comm", "step")
 
 
+def rows_of(graph: LayerGraph) -> int | None:
+    """The micro-batch of a transformer, whose activations a user's module holds as (batch, sequence,
+    features): the rows ``layer_strategies`` splits; None for other models."""
+    return graph.micro_batch if "sequence" in graph.config else None
+
+
+def layer_strategies(op, cluster: Cluster, signatures, rows: int | None) -> list[Strategy]:
+    """``op``'s strategies in its recipe; with ``rows``, those whose input or output splits the tokens over
+    devices that do not divide ``rows`` left out (apply cuts a micro-batch into whole sequences)."""
+    out = [with_recipe(s, op.layer) for s in op.strategies(cluster, signatures)]
+    return out if rows is None else [s for s in out if all(
+        rows % math.prod(n for p, n in zip(f, cluster.axis_sizes) if p == "S0") == 0 for f in (s.fine_in, s.fine_out))]
+
+
 class Catalogue:
     """What problems on one cluster share, made once: each layer's strategies (by layer, activation size and
     signatures) and the boxing tables (one ``RowBoxer`` that keeps them, per activation size and objective).
@@ -149,14 +163,14 @@ class Catalogue:
         self.figures: dict[tuple, np.ndarray] = {}  # per (layer, figure): one value per strategy (``Problem._figures``)
 
     @staticmethod
-    def key(op, signatures) -> tuple:
-        return op.layer, op.act_bytes, signatures
+    def key(op, signatures, rows=None) -> tuple:
+        return op.layer, op.act_bytes, signatures, rows
 
-    def layer_strategies(self, op, signatures) -> list[Strategy]:
-        key = Catalogue.key(op, signatures)
+    def layer_strategies(self, op, signatures, rows=None) -> list[Strategy]:
+        key = Catalogue.key(op, signatures, rows)
         out = self.strategies.get(key)
         if out is None:
-            out = self.strategies[key] = [with_recipe(s, op.layer) for s in op.strategies(self.coster.cluster, signatures)]
+            out = self.strategies[key] = layer_strategies(op, self.coster.cluster, signatures, rows)
         return out
 
     def boxer(self, itemsize: int, memory_seconds) -> RowBoxer:
@@ -202,15 +216,16 @@ class Problem:
         self.reserve = 0.0
         self.choices: list[list[Strategy]] = []
         self._layer_keys: list[tuple | None] = []  # the catalogue's key of a layer whose choices are its strategies
+        rows = rows_of(graph)
         for op in self.ops:
-            ss = list(catalogue.layer_strategies(op, signatures)) if catalogue is not None else \
-                [with_recipe(s, op.layer) for s in op.strategies(self.cluster, signatures)]
+            ss = list(catalogue.layer_strategies(op, signatures, rows)) if catalogue is not None else \
+                layer_strategies(op, self.cluster, signatures, rows)
             whole = len(ss)
             if not allow_partial:
                 ss = [s for s in ss if not s.uses_partial]
             if keep is not None:
                 ss = [s for s in ss if keep(op.layer, s)]
-            self._layer_keys.append(Catalogue.key(op, signatures) if catalogue is not None and len(ss) == whole
+            self._layer_keys.append(Catalogue.key(op, signatures, rows) if catalogue is not None and len(ss) == whole
                                     else None)
             if not ss:
                 raise UserError(

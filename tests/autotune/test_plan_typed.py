@@ -174,3 +174,19 @@ def test_which_plans_take_fully_shard():
     model = build(gpt)
     assert fully_shard_plan(plan) and placement_path(plan, model, model.plan_mapping) == "dtensor"  # tied logits
     assert placement_path(plan, build(dict(gpt, tied=False)), model.plan_mapping) == "fully_shard"
+
+
+@pytest.mark.parametrize("kind, cluster", [("gpt", Cluster(2, 2)), ("llama", Cluster(1, 4)), ("gpt", Cluster(1, 1))])
+def test_the_search_holds_the_typed_plan_that_plan_json_converts_to(kind, cluster):
+    """``from_problem`` (the search's assignment read from its strategies) has the layers ``convert`` rebuilds
+    from the written plan (the model re-validated, the strategies re-enumerated), costs aside."""
+    from dataclasses import replace
+
+    from autotune.plan.search import convert, from_problem
+    fields = dict(TINY, kv_heads=2) if kind == "llama" else TINY
+    problem = Problem(load_model(kind, None, fields), Coster(Profile.load("h200-nvlink+ib400"), cluster))
+    for seed in range(3):
+        assign = problem.random_assignment(np.random.default_rng(seed))
+        held, written = from_problem(problem, assign, "random"), convert(build_plan(problem, assign, "random"))
+        assert held.layers == tuple(replace(lay, costs={}) for lay in written.layers)
+        assert replace(held, layers=()) == replace(written, layers=(), costs=None)
