@@ -3,8 +3,8 @@
 autotune`` writes as plan.json; the command parses its flags, calls this and prints.
 
     import autotune
-    plans = autotune.search("gpt", Cluster(4, 8), "default", budget=Budget(seconds=2))
-    plans.best["totals"]["step_s"]
+    plans = autotune.search("gpt", Cluster(4, 8), "h200-nvlink+ib400", memory_limit=80 * 2**30)
+    plans.best["totals"]["step_s"], [b["strategy"] for b in plans.baselines]
 
 Steps: the SBP search (warm-started from the best Megatron mesh; with ``modes="all"`` also under FSDP and
 recomputation), the comparison searches (``compare``: the convergence plot), the baselines (data parallel,
@@ -37,10 +37,6 @@ COMPARE = ("cd", "mh", "random")
 FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
 
 
-def _quiet(msg: str) -> None:
-    pass
-
-
 def choose_objective(objective: str | None, search: str, profile: Profile) -> tuple[str, str]:
     """(the objective, a note saying why where it was not given): the step time where the profile has compute
     figures, else the communication, which the per-layer searches (exhaustive, dp) always minimise."""
@@ -53,7 +49,7 @@ def choose_objective(objective: str | None, search: str, profile: Profile) -> tu
     return objective or "step", ""
 
 
-def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, start=None, progress=_quiet):
+def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, progress, start=None):
     """``budget`` None: ``auto_budget`` (until converged, scaled with the problem)."""
     budget = budget or auto_budget(problem)
     progress(f"search {name} (budget {budget.describe()}"
@@ -83,12 +79,13 @@ def floor(plan: dict, baselines: list[dict], objective: str) -> dict:
 def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *, memory_limit: float | None,
            algorithm: str = "cd", budget: Budget | None = None, modes: str = "all", objective: str | None = None,
            seed: int = 0, pipeline: str | int = "auto", schedule: str = "1f1b", pipeline_effort: str = "default",
-           compare=COMPARE, progress=_quiet) -> PlanFile:
+           compare=COMPARE, progress=None) -> PlanFile:
     """The plans for ``model`` (a layer graph, or a model kind or file for ``models.load_model``) on
     ``cluster`` under ``profile`` (a ``Profile`` or its name or file), ``memory_limit`` bytes a device (None:
     none): the plan file ``python -m autotune`` writes. ``budget`` None: each search until it converges;
     ``compare``: the searches run again cold for the convergence plot; ``pipeline``: "auto", "off" or a stage
     count; ``progress``: called with a line per step."""
+    progress = progress or (lambda line: None)
     graph = load_model(model) if isinstance(model, str) else model
     profile = Profile.load(profile) if isinstance(profile, str) else profile
     compare = list(compare)
@@ -110,7 +107,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
 
     def run(pr, start, share=1.0):
-        return run_search(pr, algorithm, scaled(budget or auto_budget(pr), share), seed, start, progress)
+        return run_search(pr, algorithm, scaled(budget or auto_budget(pr), share), seed, progress, start)
     if modes == "all":
         problem, best = search_modes(problem, run, warm, progress)
     else:
@@ -134,8 +131,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
                      f"skip {name}: it sums per-layer costs, which the step objective is not")
             continue
         # cold start, for the convergence plot; by default on the main search's time (at most 3 s)
-        other = run_search(problem, name, budget or Budget(seconds=min(3.0, max(best.seconds, 0.1))), seed,
-                           progress=progress)
+        other = run_search(problem, name, budget or Budget(seconds=min(3.0, max(best.seconds, 0.1))), seed, progress)
         traces[other.algorithm] = other.trace
         if other.cost < best.cost and problem.fits_plan(other.assignment):
             progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
@@ -153,7 +149,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
                       {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
     skipped: list[str] = []
     base = baseline_plans(plain, summa_problem, sb_problem,
-                          lambda p: run_search(p, algorithm, budget, seed, progress=progress), skipped)
+                          lambda p: run_search(p, algorithm, budget, seed, progress), skipped)
     if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
         plan, base = at_host_pace(plan, profile.compute), [at_host_pace(b, profile.compute) for b in base]
     plan = floor(plan, base, objective)

@@ -136,7 +136,7 @@ def _convergence_fig(traces: dict, optimum: float):
 
 def build(paths: list[Path]) -> list[Section]:
     from autotune.export import next_steps
-    from autotune.plan import Costs, TypedPlan
+    from autotune.plan import Costs
     from autotune.plan.search import convert, convert_stages
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []

@@ -40,7 +40,6 @@ NORMS = ("layernorm", "rmsnorm")
 
 
 def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
-    from autotune.plan import TypedPlan
     from autotune.plan.search import convert, convert_stages
     from autotune.sbp.plan import PlanFile
     from calibrate.errors import UserError
