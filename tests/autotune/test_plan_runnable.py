@@ -1,6 +1,6 @@
 """Every plan the search returns is one apply can take (``autotune.plan.runnable``): shapes of every model
 family (Llama, Qwen2, Mistral and GPT-2 as Hugging Face configs, nanoGPT as the gpt kind), cluster sizes,
-micro-batches of 1, 2 and more, drawn by hypothesis; the best plan and every baseline, each stage of a
+micro-batches of 1, 2 and more, pipeline schedules, drawn by hypothesis; the best plan and every baseline, each stage of a
 pipelined one. A planted bug (tokens split into pieces of sequences) fails it."""
 from __future__ import annotations
 
@@ -53,26 +53,26 @@ def returned(plans) -> list[tuple[str, object]]:
     return out
 
 
-def search(graph, nodes, gpus):
+def search(graph, nodes, gpus, schedule="1f1b"):
     return autotune.search(graph, Cluster(nodes, gpus), PROFILE, memory_limit=80 * 2**30,
-                           budget=Budget(steps=40), compare=(), pipeline="auto")
+                           budget=Budget(steps=40), compare=(), pipeline="auto", schedule=schedule)
 
 
 PROFILE = Profile.load(DEFAULT_PROFILE)
 
 
-@settings(max_examples=6, deadline=None, phases=(Phase.explicit, Phase.generate),  # no shrinking: each a search
+@settings(max_examples=8, deadline=None, phases=(Phase.explicit, Phase.generate),  # no shrinking: each a search
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(family=st.sampled_from(FAMILIES), layers=st.integers(1, 2), heads=st.sampled_from((2, 3, 4, 6, 8)),
        grouped=st.booleans(), head_dim=st.sampled_from((8, 16)), vocabulary=st.sampled_from((96, 100, 128, 250)),
        micro=st.sampled_from((1, 2, 4, 6)), count=st.integers(1, 2), nodes=st.integers(1, 2),
-       gpus=st.sampled_from((1, 2, 4)))
+       gpus=st.sampled_from((1, 2, 4)), schedule=st.sampled_from(("1f1b", "gpipe", "eager-1f1b")))
 def test_every_returned_plan_is_one_apply_can_take(tmp_path, family, layers, heads, grouped, head_dim, vocabulary,
-                                                   micro, count, nodes, gpus):
+                                                   micro, count, nodes, gpus, schedule):
     groups = next(g for g in (2, 1) if heads % g == 0) if grouped else heads
     graph = model(tmp_path, family, layers, heads, groups, head_dim, vocabulary, micro, count)
     try:
-        plans = search(graph, nodes, gpus)
+        plans = search(graph, nodes, gpus, schedule)
     except UserError:  # no plan (one line: e.g. some layer has no strategy as the sizes do not divide)
         return
     found = {name: bad for name, typed in returned(plans) if (bad := unrunnable(typed))}
