@@ -15,6 +15,7 @@ other tasks default to ``calibrate.profile.DEFAULT_PROFILE``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from autotune.reshard.cases import build_task, case_names, case_profile, load_case, parse_scenario
@@ -77,6 +78,10 @@ def _progress(msg: str) -> None:
     print(f"[reshard] {msg}", file=sys.stderr, flush=True)
 
 
+# the most elements a resharded tensor may have (2^48: 1 PiB in float32)
+MAX_TENSOR_ELEMENTS = 2**48
+
+
 def shape_arg(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
@@ -86,6 +91,11 @@ def shape_arg(text: str) -> tuple[int, ...]:
         raise UserError("empty tensor shape: write e.g. --shape 1024,1024,512")
     if min(shape) < 1:
         raise UserError(f"tensor shape {text!r} has a dimension below 1: every size must be positive")
+    elements = math.prod(shape)
+    if elements > MAX_TENSOR_ELEMENTS:
+        raise UserError(f"tensor shape {text!r} has {elements:.3g} elements, over the planner's limit of "
+                        f"{MAX_TENSOR_ELEMENTS:.3g} (2^48, a petabyte in float32, more than any cluster holds): "
+                        f"give a smaller shape")
     return shape
 
 

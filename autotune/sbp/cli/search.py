@@ -37,6 +37,8 @@ from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget,
 
 DEFAULT_NODES, DEFAULT_GPUS = 4, 8
 DEFAULT_MEMORY_GIB = 80.0
+MAX_MEMORY_GIB = 2**20  # 1 PiB per device: far above any GPU, and its bytes stay finite
+DEFAULT_SCHEDULE = "1f1b"
 DEFAULT_OUT = "autotune-out"
 OBJECTIVE_WORDS = {"step": "predicted step time (compute + communication not hidden; --objective step)",
                    "comm": "communication per step (AutoDDL's objective; --objective comm)"}
@@ -101,7 +103,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pipeline", default="auto",
                     help="pipeline stages: 'auto' (tried, kept when faster than the best single-stage plan; needs "
                          "the step objective), 'off', or a stage count (default auto)")
-    ap.add_argument("--schedule", default="1f1b", help="pipeline schedule: 1f1b, gpipe or eager-1f1b (default 1f1b)")
+    ap.add_argument("--schedule", default=None, help="pipeline schedule: 1f1b, gpipe or eager-1f1b (default 1f1b)")
     ap.add_argument("--pipeline-effort", choices=("default", "full"), default="default",
                     help="the stage searches' effort: 'default' (capped restarts and relaxation rounds, the split "
                          "DP for the fastest candidate: within 0.02%% of full effort on the benchmark cases, "
@@ -244,10 +246,15 @@ def main(argv=None, report=None) -> int:
     gpus = DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node
     cluster = Cluster(nodes, gpus)
     stages = parse_stages(args.pipeline)
+    if stages == "off" and args.schedule is not None:
+        raise UserError(f"--schedule {args.schedule} orders a pipeline's micro-batches, and --pipeline "
+                        f"{args.pipeline} searches none: drop --schedule, or give --pipeline auto or a stage count")
+    args.schedule = args.schedule or DEFAULT_SCHEDULE
     check_pipeline(graph, cluster, stages, args.schedule)
     profile = Profile.load(args.profile)
-    if args.memory_limit is not None and args.memory_limit <= 0:
-        raise UserError("--memory-limit must be positive (GiB per device)")
+    if args.memory_limit is not None and not 0 < args.memory_limit <= MAX_MEMORY_GIB:
+        raise UserError(f"--memory-limit {args.memory_limit:g} GiB per device is out of range: give a positive "
+                        f"number of GiB of at most {MAX_MEMORY_GIB} (a GPU's memory, e.g. 80)")
     limit, limit_note = memory_limit(profile, args.memory_limit)
     out = Path(args.out)
     try:  # an unwritable --out is found before the search, not after it
