@@ -34,7 +34,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from calibrate.cli import command_parser, finite_float
+from calibrate.cli import command_parser, finite_float, seed_int
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
 from calibrate.outputs import check_output_path, write_atomic
@@ -75,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", help="auto (the plan's act_bytes: 2 bf16, 4 fp32), float64, float32, bfloat16")
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                     help="auto (cuda where torch sees a GPU, else cpu), cuda or cpu")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the weights and the data")
     ap.add_argument("--lr", type=finite_float, default=1e-3, help="Adam learning rate, above 0 (default 1e-3)")
     ap.add_argument("--module", default=DEFAULT_MODULE,
                     help="package.module:factory building the nn.Module from the plan's model config (apply executor)")

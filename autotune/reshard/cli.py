@@ -25,7 +25,7 @@ from autotune.reshard.solvers import SOLVERS, SolverConfig
 from autotune.reshard.stagecomm import pipeline_from_preset
 from autotune.reshard.strategies import STRATEGIES
 from calibrate import profile as profiles
-from calibrate.cli import command_parser, finite_float, run_on_ranks
+from calibrate.cli import command_parser, finite_float, run_on_ranks, seed_int
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
 from kernels.reshard.cli import execute_and_report
@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="ensemble", choices=list(SOLVERS), help="solver of the chosen plan")
     p.add_argument("--time-budget", type=finite_float, default=0.5, help="seconds for the DFS solver (default 0.5)")
     p.add_argument("--rounds", type=int, default=16, help="random orders per randomized-greedy step")
-    p.add_argument("--seed", type=int, default=0, help="seed of the randomized-greedy solver's orders")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the randomized-greedy solver's orders")
     p.add_argument("--plan-out", help="write the chosen plan as JSON (one task only)")
     p.add_argument("--results", help="write all results as JSON for the report (kind 'reshard')")
     p.add_argument("--jobs", type=int, default=12, help="how many jobs of the chosen plan to print")

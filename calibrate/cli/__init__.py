@@ -51,6 +51,21 @@ def finite_float(text: str) -> float:
     return value
 
 
+SEED_LIMIT = 2**32  # numpy's and torch's seeds alike take 0 .. 2^32 - 1
+
+
+def seed_int(text: str) -> int:
+    """A ``--seed`` (argparse ``type``): an integer from 0 to 2^32 - 1, checked on every rank before any
+    rank waits on another."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed: give an integer from 0 to {SEED_LIMIT - 1}")
+    return value
+
+
 def message(e: UserError, spell: Callable[[str], str] = flag) -> str:
     """A user error as the command line shows it: parameters spelled as options."""
     return e.render(spell)
@@ -212,6 +227,12 @@ def run_on_ranks(comm, work: Callable[[], object], prog: str, collective: bool =
             result = work()
         except UserError as e:
             error = message(e)
+        except Exception:  # a bug on this rank: the other ranks would wait on it forever; end them all
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+            comm.Abort(1)
     if collective:
         error = next((e for e in comm.allgather(error) if e), None)
     else:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends.base import TimingMode
-from calibrate.cli import command_parser, finite_float, run_on_ranks
+from calibrate.cli import command_parser, finite_float, run_on_ranks, seed_int
 from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
 from calibrate.groups import sleeping_barrier
@@ -80,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
                          "one node at a time, the other ranks asleep; in groups across nodes a waiting rank yields "
                          "its core (module docstring)")
     ap.add_argument("--out", default=None, help="directory for validate.json (default: none)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random candidate plans")
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the random candidate plans")
     return ap
 
 
