@@ -91,6 +91,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     """Call ``main(argv)``; print a ``UserError`` as one line (once: by rank 0 under a launcher, every
     rank finding the same error in the same arguments) and return 2; Ctrl-C returns 130; a closed
     output (``--help | head``) ends quietly."""
+    stop = terminate_as_exit()
     try:
         return int(main(argv) or 0)
     except UserError as e:
@@ -113,10 +114,28 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
                   f"script (commtune-autotune, commtune-calibrate) instead of python -m, or run from another folder",
                   file=sys.stderr)
         return 2
-    except SystemExit as e:  # argparse: --help (0) or a bad option (2), its message already printed
+    except SystemExit as e:  # argparse: --help (0) or a bad option (2), its message already printed; SIGTERM
         if isinstance(e.code, int) or e.code is None:
             return e.code or 0
         raise
+    finally:
+        stop()
+
+
+def terminate_as_exit() -> Callable[[], None]:
+    """SIGTERM (a scheduler's cancel, a launcher stopping its ranks) raised as ``SystemExit(143)`` in the
+    main thread, so that ``finally`` clauses run (temporary files removed, locks released) as for Ctrl-C;
+    returns the function that puts the previous handler back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 # the project's top-level packages: one of the same name earlier on the import path hides it

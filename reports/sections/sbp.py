@@ -134,14 +134,16 @@ def _convergence_fig(traces: dict, optimum: float):
     return fig
 
 
-def build(paths: list[Path]) -> list[Section]:
+def build(paths: list[Path], shown: list[Path] | None = None) -> list[Section]:
+    """The sections of the plan files ``paths``, each named on the page as ``shown`` names it (default: its
+    path; the search builds its report from a staged copy of the plan it is about to write)."""
     from autotune.export import next_steps
     from autotune.plan import Costs, TypedPlan
     from autotune.plan.search import convert_stages
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
-    for path in paths:
-        pf = PlanFile.load(path)
+    for read, path in zip(paths, shown or paths):
+        pf = PlanFile.load(read)
         best = pf.best
         origin = f"plan file {str(path)!r}"
         if "stages" in best:  # pipelined: the whole's totals, and each stage's plan typed on its submesh

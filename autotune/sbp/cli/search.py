@@ -19,6 +19,8 @@ import numpy as np
 from calibrate.cli import command_parser, finite_float, message
 from calibrate.errors import OptionError, UserError
 from calibrate.lock import DirLock
+from calibrate.jsonfile import dumps
+from calibrate.outputs import staged, write_atomic, write_together
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
@@ -228,7 +230,8 @@ def breakdown(plan: dict) -> str:
 
 
 def main(argv=None, report=None) -> int:
-    """The search; ``report(plan_path, title)``, given by the command layer, writes the HTML report."""
+    """The search; ``report(staged_plan, plan_path, title)``, given by the command layer, renders the HTML
+    report written with plan.json."""
     args = parser().parse_args(argv)
     budget = parse_budget(args.budget) if args.budget is not None else None
     if not 0 <= args.seed < SEEDS:
@@ -351,8 +354,14 @@ def main(argv=None, report=None) -> int:
         pf = PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
                       {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                        "wall_s": time.perf_counter() - t0, "objective": objective})
-        path = pf.save(out / "plan.json")
-        rep = report(path, plan_title(plan)) if report else None
+        path, rep = out / "plan.json", out / "report.html" if report else None
+        text = dumps(pf.to_dict(), "plan file")
+        if report:  # the plan and its report written together: both or neither (calibrate.outputs)
+            with staged(path, text) as staged_plan:
+                html = report(staged_plan, path, plan_title(plan))
+            write_together({path: text, rep: html}, "plan and report")
+        else:
+            write_atomic(path, text, "plan file")
         print(table([plan] + base))
         if "pipeline" in plan:
             pl, t = plan["pipeline"], plan["totals"]
