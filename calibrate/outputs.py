@@ -89,6 +89,28 @@ def staged(path: str | Path, data: str | bytes):
         tmp.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def staged_dir(folder: str | Path, name: str):
+    """A temporary folder in ``folder`` (named as a temporary file of ``name``, so that ``remove_stale``
+    removes it once its writer is gone) for outputs written together before ``replace_dir`` moves them in
+    (a full disk fails inside it, the old outputs kept); removed afterwards with what is left in it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.{_host()}.{os.getpid()}.", suffix=".tmp", dir=folder))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """The folder ``new`` renamed to ``target``; an old ``target`` is moved into ``new``'s parent's staging
+    (``new`` must lie in a ``staged_dir``, which removes it)."""
+    if target.exists():
+        os.replace(target, new.parent / f"old-{target.name}")
+    os.replace(new, target)
+
+
 def check_utf8(path: str | Path, what: str) -> None:
     """A path whose name is not UTF-8 (a byte Python keeps as a lone surrogate) cannot be shown in a
     report or printed: refused before any work."""
