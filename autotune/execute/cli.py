@@ -37,6 +37,7 @@ from pathlib import Path
 from calibrate.cli import command_parser, finite_float, seed_int
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
+from calibrate.lock import DirLock
 from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import Profile
 
@@ -186,6 +187,22 @@ def device_warning(plan: dict, here: str) -> str | None:
             f"is on {here}: for a fair comparison search with a profile measured here (python -m calibrate compute)")
 
 
+def lock_on_rank0(lock: DirLock, lead: bool) -> None:
+    """``lock`` taken by rank 0; its refusal raised on every rank (before any of them runs a step)."""
+    import torch.distributed as dist
+
+    box = [None]
+    if lead:
+        try:
+            lock.acquire()
+        except UserError as e:
+            box = [str(e)]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise UserError(box[0])
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.summarize:
@@ -224,7 +241,9 @@ def main(argv=None) -> int:
             print(f"[execute] {msg}", file=sys.stderr, flush=True)
 
     d = start(args.device)
+    lock = DirLock(args.out, "execute output directory")  # two runs into one --out: the second refused
     try:
+        lock_on_rank0(lock, lead)
         for i, plan in enumerate(plans):
             progress(f"plan {i + 1}/{len(plans)}: {plan.get('strategy', '')} on {launch.world} {d.device.type} devices")
             unfair = device_warning(plan, torch.cuda.get_device_name(d.device) if d.is_gpu else "CPU")
@@ -257,6 +276,7 @@ def main(argv=None) -> int:
                 progress(f"after plan {i + 1}: {torch.cuda.memory_allocated(d.device) / 2**30:.2f} GiB still allocated")
     finally:
         stop(d)
+        lock.release()
     if lead:
         print(result.format_table(result.rows(result.load_records(Path(args.out))[-len(plans):])))
     return 0

@@ -9,7 +9,7 @@ from models.graph import Layer, LayerGraph
 from models.loader import FIELDS, OPTIONAL, validate
 
 from autotune.plan.typed import Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan
-from autotune.sbp.layers import Matmul, make_op
+from autotune.sbp.layers import MATMUL_ORDERS, SUMMAS, Matmul, make_op
 from autotune.sbp.mesh import Cluster, RoleMesh
 from autotune.sbp.sbp import parse
 
@@ -65,6 +65,9 @@ class Strategies:
     def __call__(self, layer: Layer, signature: str, mesh: RoleMesh, cluster: Cluster, act_bytes: int):
         op = make_op(layer, act_bytes)
         if isinstance(op, Matmul):
+            if signature not in MATMUL_ORDERS and signature not in SUMMAS:
+                raise UserError(f"layer {layer.name}: signature {signature!r} is not a strategy of a {layer.kind} "
+                                f"layer (those are {', '.join([*MATMUL_ORDERS, *SUMMAS])}): re-run the search")
             return op.build(signature, mesh)
         key = (layer, cluster, act_bytes)
         if key not in self._found:
