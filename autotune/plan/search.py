@@ -93,11 +93,22 @@ def _stage_layers(graph: LayerGraph, names: list) -> list[Layer]:
     return picked if names and all(picked) else []
 
 
+def refuse_pipelined(best: dict, origin: str) -> None:
+    """A pipelined plan (its stages' plans inside) is placed stage by stage: read as one plan, its layers
+    would not be its model's, so it is pointed to ``autotune.apply_pipeline`` instead."""
+    if isinstance(best, dict) and "stages" in best:
+        n = len(best["stages"]) if isinstance(best["stages"], list) else "several"
+        raise UserError(f"{origin}: the plan is pipelined ({n} stages), and autotune.apply places a plan of one "
+                        f"stage: place it with autotune.apply_pipeline(plan, model) (or search with --pipeline off)")
+
+
 def convert(best: dict, baselines=(), origin: str = "plan", stage: bool = False,
             strategies: Strategies | None = None) -> TypedPlan:
     """``stage``: ``best`` is one stage's plan of a pipelined plan (``plan["best"]["stages"][i]["plan"]``),
     whose layers are those of the model that the stage runs, in the model's order; ``strategies``: a lookup
     shared by the plans converted together (``convert_stages``)."""
+    if not stage:
+        refuse_pipelined(best, origin)
     strategies = strategies or Strategies()
     cfg = dict(best.get("model") or {})
     graph = model_graph(cfg)

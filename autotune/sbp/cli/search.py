@@ -20,7 +20,7 @@ from calibrate.cli import command_parser, finite_float, message
 from calibrate.errors import OptionError, UserError
 from calibrate.lock import DirLock
 from calibrate.jsonfile import dumps
-from calibrate.outputs import staged, write_atomic, write_together
+from calibrate.outputs import check_utf8, staged, write_atomic, write_together
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
@@ -260,6 +260,7 @@ def main(argv=None, report=None) -> int:
                         f"number of GiB of at most {MAX_MEMORY_GIB} (a GPU's memory, e.g. 80)")
     limit, limit_note = memory_limit(profile, args.memory_limit)
     out = Path(args.out)
+    check_utf8(out, "search output directory")
     try:  # an unwritable --out is found before the search, not after it
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
