@@ -133,11 +133,25 @@ def check_model(plan: dict, args) -> None:
                             f"given: drop the flag or re-run the search with it")
 
 
-def summarize(folder: str) -> int:
+def write_summary(folder: str | Path) -> tuple[dict, list[dict]]:
+    """summary.json (what python -m reports reads), summary.md, breakdown.txt and layers.txt of the records in
+    ``folder``; (the summary, the records)."""
     records = result.load_records(Path(folder))
     check_output_path(Path(folder) / "summary.json", "execute summary")  # before the tables, not after them
     s = result.summary(records)
     s["layers"] = {r["strategy"]: rows for r in records if not r.get("error") for rows in (layertable.layer_rows(r),) if rows}
+    write_atomic(Path(folder) / "breakdown.txt", result.format_breakdown(records) + "\n", "execute breakdown")
+    layers = layertable.format_layers(records)
+    if layers:
+        write_atomic(Path(folder) / "layers.txt", layers + "\n", "execute layer table")
+    write_atomic(Path(folder) / "summary.md", result.markdown(s, f"python -m autotune execute --summarize {folder}"),
+                 "execute summary")
+    write_json(Path(folder) / "summary.json", s, "execute summary")
+    return s, records
+
+
+def summarize(folder: str) -> int:
+    s, records = write_summary(folder)
     print(f"{s['model'].get('name', '')} on {s['cluster']['nodes']}x{s['cluster']['gpus_per_node']} {s['device']} "
           f"({s['backend']}, {s['dtype']})")
     print(result.format_table(s["rows"]))
@@ -145,16 +159,11 @@ def summarize(folder: str) -> int:
     print(result.format_targets(s["targets"]))
     for f in s["failed"]:
         print(f"not measured: {f['strategy']}: {f['error']}")
-    breakdown = result.format_breakdown(records)
-    write_atomic(Path(folder) / "breakdown.txt", breakdown + "\n", "execute breakdown")
-    print(breakdown)
+    print(result.format_breakdown(records))
     layers = layertable.format_layers(records)
     if layers:
-        write_atomic(Path(folder) / "layers.txt", layers + "\n", "execute layer table")
         print(layers)
-    write_atomic(Path(folder) / "summary.md", result.markdown(s, f"python -m autotune execute --summarize {folder}"),
-                 "execute summary")
-    print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
+    print(f"wrote {Path(folder) / 'summary.json'} and summary.md")
     return 0
 
 
@@ -279,4 +288,6 @@ def main(argv=None) -> int:
         lock.release()
     if lead:
         print(result.format_table(result.rows(result.load_records(Path(args.out))[-len(plans):])))
+        write_summary(args.out)  # the records' summary stored beside them: python -m reports reads the folder
+        print(f"wrote {Path(args.out) / 'summary.json'} (python -m reports {args.out} -o report.html)")
     return 0

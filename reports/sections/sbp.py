@@ -156,14 +156,15 @@ def build(paths: list[Path], shown: list[Path] | None = None) -> list[Section]:
             typed = TypedPlan.from_search(best, pf.baselines, origin)
             per_stage = [("", best, typed)]
             plans = [(typed.strategy, typed.costs)] + [(b.strategy, b.costs) for b in typed.baselines]
-        sharding = (best.get("sharding") or {}).get("mode", "none")
+        sharding = best.get("sharding") or {}
+        fsdp = (f"over the fine axes {list(sharding.get('axes', []))}" if sharding.get("mode") == "fsdp" else "none")
         objective = _objective(plans, pf.meta.get("objective", "comm"))
         # one plan: the page's title names it (python -m autotune); several: each section does
         sec = Section("Plan and baselines" if len(paths) == 1 else plan_title(best))
         for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
             sec.text(line.strip())
         sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; recomputation "
-                 f"{best.get('recompute', 'none')}; FSDP {sharding}; search "
+                 f"{best.get('recompute', 'none')}; FSDP {fsdp}; search "
                  f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
                  + ("Costs are the profile's predictions of the step time: compute and the communication it does "
                     "not hide." if objective == "step" else
