@@ -51,7 +51,7 @@ from calibrate.errors import OptionError, UserError
 
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import PlanFile
-from autotune.sbp.sbp import B, is_split, parse, split_dim
+from autotune.sbp.sbp import B, is_split, parse
 
 TARGETS = ("torchtitan", "megatron")
 # baselines that a framework runs as they are (by the start of their strategy name)
@@ -270,7 +270,7 @@ def same_scheme(pf: PlanFile, plan: dict) -> dict | None:
     return min(same, key=lambda b: (b.get("totals") or {}).get("step_s", math.inf)) if same else None
 
 
-def _data_parallel_differences(stage: dict, lo: Layout, where: str) -> list[str]:
+def _data_parallel_differences(stage: dict, where: str) -> list[str]:
     """Layers of ``stage`` (a plan of one stage, no tensor parallelism) placed otherwise than data parallelism
     places them: every activation split on the batch over every data axis, every weight whole (FSDP
     shards the weights by ``sharding``, not by their placements)."""
@@ -306,8 +306,8 @@ def cannot_express(target: str, plan: dict, lo: Layout, own: dict | None) -> lis
             nearest = "1F1B"
             out.append(f"the {lo.schedule} schedule: {target} has no such schedule (exported: {nearest})")
     if lo.tensor == 1:
-        for where, stage, slo in stages:
-            out += _data_parallel_differences(stage, slo, where)
+        for where, stage, _ in stages:
+            out += _data_parallel_differences(stage, where)
     elif own is not None and own is not plan and "stages" not in plan:
         out += _layer_differences(_stage_plan(plan), own)
     elif own is None:
