@@ -297,3 +297,21 @@ def test_a_lock_path_that_is_a_directory_or_unwritable_is_one_line(tmp_path, mon
     with pytest.raises(UserError, match=r"cannot lock the output directory .*\(Permission denied\): choose a "
                                         r"writable directory"):
         DirLock(tmp_path / "b").acquire()
+
+
+def test_every_directory_writer_refuses_a_folder_locked_on_another_host(tmp_path):
+    """schedule, execute (tests/autotune/test_execute_input.py) and validate take the --out lock before any
+    work, a lock from another host included; under mpiexec every rank ends at once."""
+    from tests.cli.badrecords import run_main
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text("otherhost 77 1700000000\n")
+    rc, text, _, tb = run_main(["autotune", "schedule", "--model-only", "--out", str(out)])
+    assert rc == 2 and not tb and "in use by process 77 on otherhost" in text.strip().splitlines()[-1]
+    if MPIEXEC.exists():
+        t0 = time.monotonic()
+        r = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-m", "autotune", "validate", "--out", str(out)],
+                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and time.monotonic() - t0 < 30
+        assert "in use by process 77 on otherhost" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]

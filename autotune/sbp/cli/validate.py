@@ -42,6 +42,7 @@ from calibrate.measure.stats import median, rel_err_pct, spearman
 from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.jsonfile import write_json
+from calibrate.lock import DirLock
 from models import load_model, model_kinds
 
 from autotune.sbp.boxing import Coster
@@ -106,6 +107,15 @@ def check_args(args) -> None:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    lock = DirLock(args.out, "validate output directory") if args.out else None  # one run per --out
+    try:
+        return _validate(args, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _validate(args, lock: DirLock | None) -> int:
     check_args(args)
     try:
         from mpi4py import MPI
@@ -124,6 +134,8 @@ def main(argv=None) -> int:
     cluster = Cluster(args.nodes, gpus)
 
     def build_plans() -> list:
+        if lock is not None:  # on rank 0, before any rank measures: a refusal ends every rank
+            lock.acquire()
         fields = {k: getattr(args, k) for k in GPT_LAYER if getattr(args, k) is not None}
         if args.model == "gpt" and args.preset is None:
             fields = {**GPT_LAYER, **fields}
