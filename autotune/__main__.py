@@ -33,14 +33,15 @@ def search(argv=None) -> int:
     """The SBP search, then its HTML report beside plan.json (the report step lives in the command layer)."""
     from autotune.cli.search import main as search_main
 
-    return search_main(argv, report=write_html)
+    return search_main(argv, report=render_html)
 
 
-def write_html(plan_path, title: str):
-    from reports.html import write_report
+def render_html(staged_plan, plan_path, title: str) -> str:
+    """The report page of the plan in ``staged_plan``, which the search writes to ``plan_path``."""
+    from reports.html import render
     from reports.sections.sbp import build
 
-    return write_report(plan_path.parent / "report.html", title, build([plan_path]), [str(plan_path)])
+    return render(title, build([staged_plan], [plan_path]), [str(plan_path)])
 
 
 def export(argv=None) -> int:

@@ -1,5 +1,6 @@
-"""A plan as the configuration of a training framework: torchtitan's job config (TOML) or
-Megatron-LM's command-line flags.
+"""A plan as the configuration of a training framework: torchtitan's command-line overrides (its
+release 0.3 configures a job by ``--module``/``--config`` and ``--section.field`` overrides parsed by
+tyro; the 0.2 TOML job config is gone) or Megatron-LM's command-line flags.
 
     from autotune.export import export
     from autotune.sbp.plan import PlanFile
@@ -11,28 +12,35 @@ its data-parallel axes (of which the FSDP ones, ``plan["sharding"]``, shard the 
 whose input is split along tokens over the tensor axes mean sequence parallelism; ``stages`` give
 the pipeline degree and ``recompute`` the activation checkpointing. The tools' own names:
 
-- torchtitan (``torchtitan/config/job_config.py``): ``[parallelism]`` ``data_parallel_replicate_degree``,
-  ``data_parallel_shard_degree`` (FSDP; both > 1 is HSDP), ``tensor_parallel_degree`` (its tensor
-  parallelism always shards the norms' sequence: sequence parallel is implied),
-  ``pipeline_parallel_degree``, ``pipeline_parallel_microbatch_size``; ``[activation_checkpoint]``
-  ``mode`` ("none" | "selective" | "full"), ``selective_ac_option``; ``[training]``
-  ``local_batch_size``, ``global_batch_size``, ``seq_len``. Its device mesh nests pp, dp_replicate,
-  dp_shard, tp from the outside in.
+- torchtitan 0.3 (``torchtitan/config/configs.py``, ``trainer.py``): ``--parallelism.``
+  ``data_parallel_replicate_degree``, ``data_parallel_shard_degree`` (FSDP; both > 1 is HSDP),
+  ``tensor_parallel_degree`` (its tensor parallelism always shards the norms' sequence: sequence
+  parallel is implied), ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (GPipe, 1F1B),
+  ``module_fqns_per_model_part`` (the stage split: one comma-separated list of modules per stage),
+  ``pipeline_parallel_microbatch_size``; ``--training.`` ``local_batch_size``, ``global_batch_size``,
+  ``seq_len``; activation checkpointing as the subcommand ``activation-checkpoint:none|full|selective``
+  (last). Its device mesh nests pp, dp_replicate, dp_shard, tp from the outside in.
 - Megatron-LM (``megatron/training/arguments.py``): ``--tensor-model-parallel-size``,
   ``--pipeline-model-parallel-size`` (data parallelism is what is left of the world),
   ``--sequence-parallel``, ``--recompute-granularity`` (full | selective),
   ``--recompute-method`` (uniform | block), ``--recompute-num-layers``,
-  ``--micro-batch-size`` (per data-parallel rank), ``--global-batch-size``, ``--seq-length``; FSDP
-  (ZeRO-3) as Megatron-FSDP: ``--use-megatron-fsdp --data-parallel-sharding-strategy
-  optim_grads_params --use-distributed-optimizer`` (the distributed optimizer alone shards only the
-  optimizer state, which a plan without FSDP does not price, so it is not emitted then).
-  Tensor-parallel ranks are adjacent ranks.
+  ``--micro-batch-size`` (per data-parallel rank), ``--global-batch-size``, ``--seq-length``; an
+  uneven stage split as ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
+  (Megatron runs 1F1B only); FSDP (ZeRO-3) as Megatron-FSDP (megatron-core 0.16):
+  ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
+  --use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor``, and
+  HSDP (sharded over the inner data ranks, replicated across the outer) with
+  ``--num-distributed-optimizer-instances R --outer-dp-sharding-strategy no_shard``. Tensor-parallel
+  ranks are adjacent ranks. megatron-core's wheel does not hold Megatron-LM's argument parser
+  (``megatron/training/arguments.py``), so the flags are checked against its published names in tests.
 
-What a tool cannot express (placements of some layers that differ from its fixed Megatron-style
-scheme, tensor axes that are not the innermost ranks, FSDP over part of the data axes, ...) is
-listed, with the predicted figures of the nearest plan it can express: the baseline row of the
-plan file with the plan's degrees (Megatron (d, t), data parallel, or an FSDP baseline), else the
-fastest such baseline.
+Both train transformer language models: a plan of another model (mlp, vgg13, u-transformer) is
+refused, as is a pipelined plan whose split its stages' plans do not match (what ``apply_pipeline``
+refuses). "Expresses exactly" compares the plan with the exported configuration's own plan: the
+degrees, stage split, schedule, recomputation and micro-batch the flags set, and each layer's
+placements under the tool's fixed scheme (data parallel: every activation split on the batch over
+the data axes and every weight whole; with tensor parallelism, the plan file's baseline of the same
+degrees, which is that scheme). What differs is listed, with the predicted figures of that plan.
 """
 from __future__ import annotations
 
@@ -43,13 +51,17 @@ from calibrate.errors import OptionError, UserError
 
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import PlanFile
-from autotune.sbp.sbp import B, is_split, parse, split_dim
+from autotune.sbp.sbp import B, is_split, parse
 
 TARGETS = ("torchtitan", "megatron")
 # baselines that a framework runs as they are (by the start of their strategy name)
 EXPRESSIBLE = ("data parallel", "megatron", "fsdp", "hsdp", "tp+fsdp")
 RECOMPUTE = ("none", "selective", "full")
 NORMS = ("layernorm", "rmsnorm")
+TRAINED = ("gpt", "llama")  # the model kinds both tools train (transformer language models)
+# the pipeline schedules of the plan as each tool names them (absent: the tool has none like it)
+SCHEDULES = {"torchtitan": {"1f1b": "1F1B", "gpipe": "GPipe"}, "megatron": {"1f1b": "1F1B"}}
+TORCHTITAN_MODULE = {"llama": "llama3"}  # torchtitan's model of a plan's family (it has no GPT-2)
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,10 @@ class Layout:
     sequence: int
     tensor_axes: tuple[int, ...]
     fsdp_axes: tuple[int, ...]
+    schedule: str = ""  # the pipeline's (1f1b, gpipe, eager-1f1b); "" without one
+    split: tuple[int, ...] = ()  # transformer blocks per stage
+    layers: int = 0  # the model's transformer blocks
+    kind: str = ""  # the model's family (gpt, llama)
 
     @property
     def replicate(self) -> int:
@@ -94,7 +110,7 @@ class Export:
             lines.append(f"{note} {self.target} expresses this plan exactly")
         if self.nearest:
             n = self.nearest
-            lines.append(f"{note} nearest plan it can express: {n['strategy']!r}, predicted {_fmt(n.get('step_s'))} s/step "
+            lines.append(f"{note} the plan it runs (the plan file's of these degrees): {n['strategy']!r}, predicted {_fmt(n.get('step_s'))} s/step "
                          f"({_fmt(n.get('total_s'))} s/step in collectives, {_gib(n.get('memory_bytes'))} GiB per device"
                          f"{'' if n.get('fits_memory', True) else ', over the memory limit'})")
         return "\n".join(lines + [self.config]) + "\n"
@@ -178,10 +194,41 @@ def layout(plan: dict) -> Layout:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (micro, batch, seq)):
         raise UserError(f"the plan's model has micro_batch {micro!r}, batch {batch!r}, sequence {seq!r}; each must be "
                         f"a positive integer: re-run the search")
+    pl = plan.get("pipeline") or {}
     return Layout(data=data, fsdp=math.prod(cluster.axis_sizes[a] for a in fsdp_axes),
                   tensor=math.prod(cluster.axis_sizes[a] for a in tensor_axes), pipeline=pipeline,
                   sequence_parallel=sp, recompute=recompute, micro_batch=max(micro // data, 1),
-                  global_batch=batch, sequence=seq, tensor_axes=tensor_axes, fsdp_axes=fsdp_axes)
+                  global_batch=batch, sequence=seq, tensor_axes=tensor_axes, fsdp_axes=fsdp_axes,
+                  schedule=str(pl.get("schedule", "")) if pipeline > 1 else "",
+                  split=tuple(int(k) for k in pl.get("split") or ()) if pipeline > 1 else (),
+                  layers=int(model.get("layers") or 0), kind=str(model.get("kind", "")))
+
+
+def check_exportable(plan: dict) -> None:
+    """A plan the tools cannot run refused in one line: a model other than a transformer language model,
+    a pipelined plan whose split its stages' plans do not match (refused by ``apply_pipeline`` alike)."""
+    model = plan.get("model") or {}
+    kind = model.get("kind")
+    if kind not in TRAINED:
+        raise UserError(f"the plan's model is {kind!r} {model.get('name', '')}: torchtitan and Megatron-LM train "
+                        f"transformer language models ({', '.join(TRAINED)}) only; export a transformer's plan, or "
+                        f"place this one with autotune.apply".replace("  ", " "))
+    if "stages" not in plan:
+        return
+    pl, layers = plan.get("pipeline") or {}, model.get("layers")
+    split = pl.get("split")
+    if not (isinstance(split, list) and len(split) == len(plan["stages"]) >= 2
+            and all(isinstance(k, int) and k >= 1 for k in split) and sum(split) == layers):
+        raise UserError(f"the plan's stage split {split!r} does not give its {len(plan['stages'])} stages at least "
+                        f"one of the model's {layers} blocks each, all of them: re-run python -m autotune --pipeline N")
+    try:  # what apply_pipeline refuses (a split its stages' plans do not match), refused here alike
+        from autotune.plan.stages import load_pipelined
+    except ImportError:  # without torch: the checks above
+        return
+    load_pipelined(plan, "the plan")
+
+
+
 
 
 def _expressible(plan: dict) -> bool:
@@ -208,43 +255,69 @@ def _layer_differences(plan: dict, other: dict) -> list[str]:
     return out
 
 
-def nearest(pf: PlanFile, plan: dict) -> dict | None:
-    """The baseline of the plan file that a framework runs as is, with the plan's degrees if there is
-    one, else the fastest that fits (None: the file has none)."""
-    pool = [b for b in [pf.best] + list(pf.baselines) if _expressible(b)]
-    if not pool:
-        return None
+def _degrees(lo: Layout) -> tuple:
+    return lo.data, lo.tensor, lo.fsdp
+
+
+def same_scheme(pf: PlanFile, plan: dict) -> dict | None:
+    """The plan file's baseline that a framework runs as is with exactly the plan's degrees (its own
+    plan when it is one), or None."""
     if _expressible(plan):
         return plan
     mine = layout(plan)
-    key = (mine.data, mine.tensor, mine.fsdp, mine.pipeline)
-    same = [b for b in pool if (lambda lo: (lo.data, lo.tensor, lo.fsdp, lo.pipeline))(layout(b)) == key]
-    fits = [b for b in (same or pool) if (b.get("totals") or {}).get("fits_memory", True)] or (same or pool)
-    return min(fits, key=lambda b: (b.get("totals") or {}).get("step_s", math.inf))
+    same = [b for b in [pf.best] + list(pf.baselines)
+            if _expressible(b) and "stages" not in b and _degrees(layout(b)) == _degrees(mine)]
+    return min(same, key=lambda b: (b.get("totals") or {}).get("step_s", math.inf)) if same else None
 
 
-def cannot_express(target: str, plan: dict, lo: Layout, near: dict | None) -> list[str]:
-    """What of ``plan`` the target's fixed scheme cannot express."""
+def _data_parallel_differences(stage: dict, where: str) -> list[str]:
+    """Layers of ``stage`` (a plan of one stage, no tensor parallelism) placed otherwise than data parallelism
+    places them: every activation split on the batch over every data axis, every weight whole (FSDP
+    shards the weights by ``sharding``, not by their placements)."""
+    out = []
+    for lay in _fine(stage, _cluster(stage)):
+        acts = [t for t in (lay["input"], lay["output"]) if t is not None]
+        if any(f != "S0" for t in acts for f in t) or any(f != B for t in lay["weights"].values() for f in t):
+            out.append(f"{where}layer {lay['name']} (x{lay['count']}): {_placements(lay)} on the fine axes, where "
+                       f"data parallelism splits every activation on the batch and keeps every weight whole")
+    return out
+
+
+def _stage_layouts(plan: dict) -> list[Layout]:
+    base = {k: plan[k] for k in ("cluster", "model", "recompute", "sharding") if k in plan}
+    return [layout({**base, **s["plan"]}) for s in plan["stages"]]
+
+
+def cannot_express(target: str, plan: dict, lo: Layout, own: dict | None) -> list[str]:
+    """What of ``plan`` the configuration exported for ``target`` runs otherwise (``own``: the baseline of the
+    same degrees that the configuration runs, None when the plan file has none)."""
     cluster = _cluster(_stage_plan(plan))
     n = len(cluster.axis_sizes)
     out = []
-    if near is not None and near is not plan:
-        nl = layout(near)
-        if (nl.data, nl.tensor, nl.fsdp) != (lo.data, lo.tensor, lo.fsdp):
-            out.append(f"no baseline of the plan file has this plan's degrees (data {lo.data}, tensor {lo.tensor}, "
-                       f"FSDP {lo.fsdp}); the nearest has data {nl.data}, tensor {nl.tensor}, FSDP {nl.fsdp}")
-        out += _layer_differences(_stage_plan(plan), _stage_plan(near))
-    elif near is None and not _expressible(plan):
-        out.append("the plan file has no baseline that the framework runs as is (data parallel, Megatron or FSDP) "
-                   "to compare the per-layer placements with: re-run the search to write them")
+    stages = [("", _stage_plan(plan), lo)]
+    if "stages" in plan:
+        stages = [(f"stage {i}: ", {**{k: plan[k] for k in ("cluster", "model") if k in plan}, **s["plan"]}, slo)
+                  for i, (s, slo) in enumerate(zip(plan["stages"], _stage_layouts(plan)))]
+        if len({_degrees(slo) for _, _, slo in stages}) > 1:
+            out.append("the stages have different degrees (" + "; ".join(
+                f"{w}data {slo.data}, tensor {slo.tensor}, FSDP {slo.fsdp}" for w, _, slo in stages) +
+                f"): {target} gives every stage the same")
+        if lo.schedule not in SCHEDULES[target]:
+            nearest = "1F1B"
+            out.append(f"the {lo.schedule} schedule: {target} has no such schedule (exported: {nearest})")
+    if lo.tensor == 1:
+        for where, stage, _ in stages:
+            out += _data_parallel_differences(stage, where)
+    elif own is not None and own is not plan and "stages" not in plan:
+        out += _layer_differences(_stage_plan(plan), own)
+    elif own is None:
+        out.append(f"the per-layer placements with tensor parallelism {lo.tensor} are not compared with {target}'s "
+                   f"scheme: the plan file has no baseline of these degrees{' per stage' if 'stages' in plan else ''}")
     if lo.tensor_axes and lo.tensor_axes != tuple(range(n - len(lo.tensor_axes), n)):
         out.append(f"the tensor-parallel axes {list(lo.tensor_axes)} of the fine axes {list(cluster.axis_sizes)} are "
                    f"not the innermost ranks, which is where {target} puts tensor parallelism")
     if lo.fsdp_axes:
         data_axes = [a for a in range(n) if a not in lo.tensor_axes]
-        if target == "megatron" and lo.fsdp != lo.data:
-            out.append(f"FSDP over {lo.fsdp} of the {lo.data} data-parallel ranks (hybrid sharding): Megatron-LM's "
-                       f"FSDP shards over the whole data-parallel group")
         if tuple(data_axes[len(data_axes) - len(lo.fsdp_axes):]) != lo.fsdp_axes:
             out.append(f"the FSDP axes {list(lo.fsdp_axes)} are not the innermost data axes, which is where "
                        f"{target} shards (its replicate dimension is outside its shard dimension)")
@@ -253,43 +326,84 @@ def cannot_express(target: str, plan: dict, lo: Layout, near: dict | None) -> li
                    "shards their sequence (sequence parallel; same traffic, as reduce-scatter and all-gather)")
     if target == "torchtitan" and lo.recompute == "selective":
         out.append("selective recomputation of the attention core: torchtitan's selective modes are per operator "
-                   "(selective_ac_option \"op\") or every n-th block")
+                   "or every n-th block (exported: its default selective policy)")
+    if target == "megatron" and lo.split and megatron_split(lo) is None:
+        out.append(f"the stage split {list(lo.split)}: Megatron-LM sets only the first and last stages' layers, the "
+                   f"others even")
     micro = int((plan.get("model") or {}).get("micro_batch", 0))
     if micro % lo.data:
         out.append(f"the micro-batch of {micro} sequences does not split evenly over {lo.data} data-parallel ranks")
     return out
 
 
+def megatron_split(lo: Layout) -> tuple[int | None, int | None] | None:
+    """(first, last) stage's layers as Megatron-LM's flags set them (None: the even split), or None when the
+    middle stages are not even."""
+    p, split = len(lo.split), list(lo.split)
+    if len(set(split)) == 1:
+        return (None, None)
+    middle = split[1:-1]
+    if len(set(middle)) > 1:
+        return None
+    if p == 2:  # the first stage's count sets both
+        return (split[0], None)
+    return (split[0] if split[0] != middle[0] else None, split[-1] if split[-1] != middle[0] else None)
+
+
+def torchtitan_parts(lo: Layout) -> list[list[str]]:
+    """The stage split as torchtitan's module_fqns_per_model_part: the embedding with the first stage's
+    blocks, the final norm and head with the last's."""
+    parts, start = [], 0
+    for i, k in enumerate(lo.split):
+        part = [f"layers.{j}" for j in range(start, start + k)]
+        start += k
+        parts.append((["tok_embeddings"] if i == 0 else []) + part + (["norm", "lm_head"] if i == len(lo.split) - 1
+                                                                      else []))
+    return parts
+
+
 def torchtitan_config(lo: Layout) -> str:
     # local_batch_size: per data-parallel rank and step; torchtitan accumulates gradients over
     # global / (local * data) such batches, and a pipeline splits one into micro-batches
     local = lo.global_batch // lo.data if lo.pipeline > 1 else lo.micro_batch
-    lines = ["[training]", f"local_batch_size = {local}",
-             f"global_batch_size = {lo.global_batch}", f"seq_len = {lo.sequence}", "",
-             "[parallelism]", f"data_parallel_replicate_degree = {lo.replicate}",
-             f"data_parallel_shard_degree = {lo.fsdp}", f"tensor_parallel_degree = {lo.tensor}",
-             f"pipeline_parallel_degree = {lo.pipeline}"]
+    module = TORCHTITAN_MODULE.get(lo.kind)
+    flags = []
+    if lo.pipeline > 1:  # first: its lists take every word up to the next option
+        flags.append("--parallelism.module_fqns_per_model_part " + " ".join(",".join(p) for p in torchtitan_parts(lo)))
+    flags += [f"--training.local_batch_size {local}", f"--training.global_batch_size {lo.global_batch}",
+              f"--training.seq_len {lo.sequence}",
+              f"--parallelism.data_parallel_replicate_degree {lo.replicate}",
+              f"--parallelism.data_parallel_shard_degree {lo.fsdp}", f"--parallelism.tensor_parallel_degree {lo.tensor}",
+              f"--parallelism.pipeline_parallel_degree {lo.pipeline}"]
     if lo.pipeline > 1:
-        lines.append(f"pipeline_parallel_microbatch_size = {lo.micro_batch}")
-    lines += ["", "[activation_checkpoint]", f'mode = "{lo.recompute}"']
-    if lo.recompute == "selective":
-        lines.append('selective_ac_option = "op"')
-    return "\n".join(lines)
+        flags += [f"--parallelism.pipeline_parallel_schedule {SCHEDULES['torchtitan'].get(lo.schedule, '1F1B')}",
+                  f"--parallelism.pipeline_parallel_microbatch_size {lo.micro_batch}"]
+    flags.append(f"activation-checkpoint:{lo.recompute}")  # a subcommand: last
+    head = (f"# run: torchrun ... -m torchtitan.train --module {module} --config YOUR_{module.upper()}_CONFIG, then:"
+            if module else "# run: torchrun ... -m torchtitan.train --module YOUR_MODEL --config YOUR_CONFIG, then "
+                           "(torchtitan has no GPT-2 model: bring yours):")
+    return head + "\n" + " \\\n".join(flags)
 
 
 def megatron_flags(lo: Layout) -> str:
     flags = [f"--tensor-model-parallel-size {lo.tensor}", f"--pipeline-model-parallel-size {lo.pipeline}",
              f"--micro-batch-size {lo.micro_batch}", f"--global-batch-size {lo.global_batch}",
              f"--seq-length {lo.sequence}"]
+    if lo.split:
+        first, last = megatron_split(lo) or (None, None)
+        flags += [f"--decoder-first-pipeline-num-layers {first}"] if first is not None else []
+        flags += [f"--decoder-last-pipeline-num-layers {last}"] if last is not None else []
     if lo.sequence_parallel:
         flags.append("--sequence-parallel")
     if lo.recompute == "full":
         flags += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif lo.recompute == "selective":
         flags.append("--recompute-granularity selective")
-    if lo.fsdp > 1:  # ZeRO-3: parameters, gradients and optimizer state sharded (Megatron-FSDP)
+    if lo.fsdp > 1:  # ZeRO-3: parameters, gradients and optimizer state sharded (Megatron-FSDP, megatron-core 0.16)
         flags += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
-                  "--use-distributed-optimizer"]
+                  "--use-distributed-optimizer", "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
+        if lo.replicate > 1:  # HSDP: FSDP inside each of the replicate groups, replicated across them
+            flags += [f"--num-distributed-optimizer-instances {lo.replicate}", "--outer-dp-sharding-strategy no_shard"]
     return (f"# data-parallel size: {lo.data} (what is left of the world)\n" + " \\\n".join(flags))
 
 
@@ -316,13 +430,14 @@ def export(pf: PlanFile, target: str, which: str = "best") -> Export:
     if target not in TARGETS:
         raise OptionError("to", f"{target!r} is not a known framework: use one of {', '.join(TARGETS)}")
     plan = select(pf, which)
+    check_exportable(plan)
     lo = layout(plan)
-    near = nearest(pf, plan)
-    cannot = cannot_express(target, plan, lo, near)
+    own = same_scheme(pf, plan)
+    cannot = cannot_express(target, plan, lo, own)
     figures = None
-    if near is not None:
-        t = near.get("totals") or {}
-        figures = {"strategy": near.get("strategy", ""), **{k: t.get(k) for k in ("step_s", "total_s", "memory_bytes")},
+    if own is not None and own is not plan:
+        t = own.get("totals") or {}
+        figures = {"strategy": own.get("strategy", ""), **{k: t.get(k) for k in ("step_s", "total_s", "memory_bytes")},
                    "fits_memory": t.get("fits_memory", True)}
     return Export(target, plan.get("strategy", ""), lo, RENDER[target](lo), tuple(cannot), figures)
 

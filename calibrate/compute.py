@@ -148,10 +148,25 @@ def fit_layer_piece(points) -> tuple[float, float]:
         return 0.0, sum(n * t for n, t in pts) / sum(n * n for n, _ in pts)
     return call, slope
 
+def _bands(d, where: str) -> dict[str, "Band"]:
+    """A compute section's figures of one kind: element size ("2", "4") -> its band."""
+    if not isinstance(d, dict):
+        raise UserError(f"{where} is {str(d)[:40]!r}, not element size (bytes: \"2\", \"4\") -> "
+                        f"{{peak_flops, points}}: re-run python -m calibrate compute")
+    bad = [k for k in d if not (str(k).isdigit() and int(k) > 0)]
+    if bad:
+        raise UserError(f"{where} has the key {bad[0]!r}, not an element size in bytes (\"2\", \"4\"): re-run "
+                        f"python -m calibrate compute")
+    return {str(k): _band(v, f"{where} {k}") for k, v in d.items()}
+
+
 def _band(d, where: str) -> Band:
     if not isinstance(d, dict) or not _finite(d.get("peak_flops")) or d["peak_flops"] <= 0:
         raise UserError(f"{where} needs a finite positive peak_flops: re-run python -m calibrate compute")
     pts = []
+    if not isinstance(d.get("points", []), list):
+        raise UserError(f"{where} has points {d['points']!r}, not a list of [flops, seconds]: re-run python -m "
+                        f"calibrate compute")
     for p in d.get("points", []):
         if not (isinstance(p, list) and len(p) == 2 and all(_finite(x) and x > 0 for x in p)):
             raise UserError(f"{where} has a bad point {p!r} (want [flops, seconds] > 0): re-run python -m calibrate compute")
@@ -399,10 +414,9 @@ class ComputeModel:
         return cls(
             source=str(d.get("source", "")), kind=d["kind"], launch_s=float(d["launch_s"]),
             memory_Bps=float(d["memory_Bps"]),
-            matmul={str(k): _band(v, f"{where} matmul {k}") for k, v in d["matmul"].items()},
-            attention={str(k): _band(v, f"{where} attention {k}") for k, v in d.get("attention", {}).items()},
-            **{key: {str(k): _band(v, f"{where} {key} {k}") for k, v in d.get(key, {}).items()}
-               for key in ("attention_backward", "attention_copies", "attention_copies_backward")},
+            **{key: _bands(d.get(key, {}), f"{where} {key}")
+               for key in ("matmul", "attention", "attention_backward", "attention_copies",
+                           "attention_copies_backward")},
             sources=dict(d.get("sources", {})),
             op_Bps={k: float(v) for k, v in ops.items()},
             sdpa=_sdpa_tables(d.get("sdpa", {}), where),

@@ -6,7 +6,8 @@
 The lock file (``.commtune.lock`` in the directory) is created exclusively and holds
 ``host pid started``. A lock left by a process that no longer runs on this host
 (a kill -9) is stale and taken over; one held by another host is reported with the
-file to remove if that job is gone."""
+file to remove if that job is gone. Taking the lock finishes or removes what a killed writer left in
+the directory (``calibrate.outputs.remove_stale``)."""
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.outputs import check_utf8, remove_stale
 
 LOCK_NAME = ".commtune.lock"
 # a lock file still empty after this long was left by a writer killed between creating and filling it
@@ -63,11 +65,25 @@ class DirLock:
         host, pid, _ = who
         return host == socket.gethostname() and not pid_alive(pid)
 
+    def _unwritable(self, e: OSError) -> UserError:
+        return UserError(f"cannot lock the {self.what} {str(self.folder)!r} ({e.strerror}): choose a writable "
+                         f"directory")
+
     def acquire(self) -> "DirLock":
         if self.held:
             return self
-        self.folder.mkdir(parents=True, exist_ok=True)
+        check_utf8(self.folder, self.what)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise UserError(f"the {self.what} {str(self.folder)!r} is a file, not a directory: choose another "
+                            f"path") from None
+        except OSError as e:
+            raise self._unwritable(e) from None
         for _ in range(3):
+            if self.path.is_dir() or self.path.exists() and not self.path.is_file():
+                raise UserError(f"the lock file {str(self.path)!r} of the {self.what} is not a file (a directory "
+                                f"or another object): remove it and run again")
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
@@ -76,15 +92,24 @@ class DirLock:
                         self.path.unlink()
                     except FileNotFoundError:
                         pass
+                    except OSError as e:
+                        raise self._unwritable(e) from None
                     continue
                 who = self.holder()
                 by = (f"process {who[1]} on {who[0]} since {time.strftime('%H:%M:%S', time.localtime(who[2]))}"
                       if who else "another process")
                 raise UserError(f"the {self.what} {str(self.folder)!r} is in use by {by}: wait for it to "
                                 f"finish or choose another; if that process is gone, remove {str(self.path)!r}")
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{socket.gethostname()} {os.getpid()} {time.time():.0f}\n")
+            except OSError as e:  # a read-only folder or file system, a full disk
+                raise self._unwritable(e) from None
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(f"{socket.gethostname()} {os.getpid()} {time.time():.0f}\n")
+            except OSError as e:
+                self.path.unlink(missing_ok=True)
+                raise self._unwritable(e) from None
             self.held = True
+            remove_stale(self.folder)  # what a killed writer left here: its renames finished, its temporaries removed
             return self
         raise UserError(f"cannot lock the {self.what} {str(self.folder)!r}: its lock file keeps changing; "
                         f"choose another")

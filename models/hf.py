@@ -17,10 +17,12 @@ from calibrate.errors import UserError
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                  "GPT2LMHeadModel": "gpt2"}  # architecture -> model_type
 DEFAULT_SEQUENCE = 4096  # at most the config's max_position_embeddings (GPT-2: n_positions)
-DEFAULTS = {"batch": 64, "micro_batch": 64}
+DEFAULTS = {"batch": 64, "micro_batch": 1}  # micro_batch is global (all devices)
+# a mixture of experts' fields (Mixtral, Qwen2-MoE, DeepSeek): its expert MLPs are not modelled
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
 GELU_ACTIVATIONS = ("gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "relu")  # GPT-2's MLP, likewise
 # the activations of a Llama-family gated MLP that the SwiGLU cost rule prices (each one elementwise pass)
-GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")  # micro_batch is global (all devices), one micro-batch a step
+GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
 
 def is_hf_config(cfg: dict) -> bool:
@@ -71,6 +73,11 @@ class HfModel:
     def config(self, overrides: dict) -> dict:
         """The transformer fields with sequence, batch and micro_batch from ``overrides`` or the defaults."""
         cfg = {"sequence": min(DEFAULT_SEQUENCE, self.positions), **DEFAULTS, **self.fields, **overrides}
+        seq = cfg["sequence"]
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq > self.positions:
+            raise UserError(f"{self.origin}: sequence {seq} is longer than the config's "
+                            f"{'n_positions' if self.kind == 'gpt' else 'max_position_embeddings'} {self.positions}, the longest it was trained on; give a sequence of at most "
+                            f"{self.positions}")
         if self.window is not None and isinstance(cfg["sequence"], int) and self.window < cfg["sequence"]:
             raise UserError(f"{self.origin}: sliding_window {self.window} is shorter than sequence {cfg['sequence']}, "
                             f"and a sliding window's cheaper attention is not modelled; give a sequence of at most "
@@ -81,6 +88,10 @@ class HfModel:
 def read_hf(cfg: dict, origin: str) -> HfModel:
     """The transformer of a Hugging Face config (a parsed config.json)."""
     mt = _model_type(cfg, origin)
+    experts = [k for k in EXPERT_FIELDS if cfg.get(k) not in (None, 0)]
+    if experts:
+        raise UserError(f"{origin}: {', '.join(experts)} describe a mixture of experts, which is not modelled "
+                        f"(supported: dense {', '.join(sorted(ARCHITECTURES))}); remove them for a dense model")
     if mt == "gpt2":
         act = cfg.get("activation_function", "gelu_new")
         if act not in GELU_ACTIVATIONS:

@@ -48,7 +48,8 @@ class Section:
 def figure_html(fig, caption: str = "") -> str:
     """A matplotlib figure as an inline SVG inside <figure>; the figure is closed."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    with plt.rc_context({"svg.fonttype": "none"}):  # text as text (searchable, selectable), not paths
+        fig.savefig(buf, format="svg", bbox_inches="tight")
     plt.close(fig)
     svg = buf.getvalue()
     svg = svg[svg.find("<svg"):]  # drop the XML prolog and doctype

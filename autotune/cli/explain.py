@@ -117,6 +117,11 @@ def main(argv=None) -> int:
     ap.add_argument("--classes", type=int, help="VGG: pad the classes (as Megatron-LM pads its vocabulary)")
     args = ap.parse_args(argv)
     if args.what == "papers-plan":
+        given = [f"the case {args.case!r}"] if args.case else []
+        given += [f"--{n.replace('_', '-')}" for n in ("micro_batch", "classes") if getattr(args, n) is not None]
+        if given:
+            raise UserError(f"papers-plan computes one fixed case (wide-daint-64 at micro-batch 16): remove "
+                            f"{' and '.join(given)}")
         papers_plan()
         return 0
     if not args.case:

@@ -17,6 +17,8 @@ from pathlib import Path
 from calibrate.cli import command_parser, finite_float
 from calibrate.errors import UserError
 from calibrate.lock import DirLock
+from calibrate.jsonfile import dumps
+from calibrate.outputs import check_utf8, staged, write_atomic, write_together
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
@@ -30,6 +32,8 @@ from autotune.sbp.search import SEARCHES, Budget
 
 DEFAULT_NODES, DEFAULT_GPUS = 4, 8
 DEFAULT_MEMORY_GIB = 80.0
+MAX_MEMORY_GIB = 2**20  # 1 PiB per device: far above any GPU, and its bytes stay finite
+DEFAULT_SCHEDULE = "1f1b"
 DEFAULT_OUT = "autotune-out"
 OBJECTIVE_WORDS = {"step": "predicted step time (compute + communication not hidden; --objective step)",
                    "comm": "communication per step (AutoDDL's objective; --objective comm)"}
@@ -94,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pipeline", default="auto",
                     help="pipeline stages: 'auto' (tried, kept when faster than the best single-stage plan; needs "
                          "the step objective), 'off', or a stage count (default auto)")
-    ap.add_argument("--schedule", default="1f1b", help="pipeline schedule: 1f1b, gpipe or eager-1f1b (default 1f1b)")
+    ap.add_argument("--schedule", default=None, help="pipeline schedule: 1f1b, gpipe or eager-1f1b (default 1f1b)")
     ap.add_argument("--pipeline-effort", choices=("default", "full"), default="default",
                     help="the stage searches' effort: 'default' (capped restarts and relaxation rounds, the split "
                          "DP for the fastest candidate: within 0.02%% of full effort on the benchmark cases, "
@@ -183,7 +187,8 @@ def breakdown(plan: dict) -> str:
 
 
 def main(argv=None, report=None) -> int:
-    """The search; ``report(plan_path, title)``, given by the command layer, writes the HTML report."""
+    """The search; ``report(staged_plan, plan_path, title)``, given by the command layer, renders the HTML
+    report written with plan.json."""
     args = parser().parse_args(argv)
     budget = parse_budget(args.budget) if args.budget is not None else None
     if not 0 <= args.seed < SEEDS:
@@ -201,12 +206,18 @@ def main(argv=None, report=None) -> int:
     gpus = DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node
     cluster = Cluster(nodes, gpus)
     stages = parse_stages(args.pipeline)
+    if stages == "off" and args.schedule is not None:
+        raise UserError(f"--schedule {args.schedule} orders a pipeline's micro-batches, and --pipeline "
+                        f"{args.pipeline} searches none: drop --schedule, or give --pipeline auto or a stage count")
+    args.schedule = args.schedule or DEFAULT_SCHEDULE
     check_pipeline(graph, cluster, stages, args.schedule)
     profile = Profile.load(args.profile)
-    if args.memory_limit is not None and args.memory_limit <= 0:
-        raise UserError("--memory-limit must be positive (GiB per device)")
+    if args.memory_limit is not None and not 0 < args.memory_limit <= MAX_MEMORY_GIB:
+        raise UserError(f"--memory-limit {args.memory_limit:g} GiB per device is out of range: give a positive "
+                        f"number of GiB of at most {MAX_MEMORY_GIB} (a GPU's memory, e.g. 80)")
     limit, limit_note = memory_limit(profile, args.memory_limit)
     out = Path(args.out)
+    check_utf8(out, "search output directory")
     try:  # an unwritable --out is found before the search, not after it
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -228,8 +239,14 @@ def main(argv=None, report=None) -> int:
         plan, base, skipped = pf.best, pf.baselines, pf.meta.pop("skipped", [])
         pf.meta = {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                    **pf.meta}
-        path = pf.save(out / "plan.json")
-        rep = report(path, plan_title(plan)) if report else None
+        path, rep = out / "plan.json", out / "report.html" if report else None
+        text = dumps(pf.to_dict(), "plan file")
+        if report:  # the plan and its report written together: both or neither (calibrate.outputs)
+            with staged(path, text) as staged_plan:
+                html = report(staged_plan, path, plan_title(plan))
+            write_together({path: text, rep: html}, "plan and report")
+        else:
+            write_atomic(path, text, "plan file")
         print(table([plan] + base))
         if "pipeline" in plan:
             pl, t = plan["pipeline"], plan["totals"]

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from calibrate.backends import REGISTRY as BACKENDS
 from calibrate.backends.base import TimingMode
-from calibrate.cli import command_parser, finite_float, run_on_ranks
+from calibrate.cli import command_parser, finite_float, run_on_ranks, seed_int
 from calibrate.device.dtypes import dtype_info
 from calibrate.errors import UserError
 from calibrate.groups import sleeping_barrier
@@ -42,6 +42,7 @@ from calibrate.measure.stats import median, rel_err_pct, spearman
 from calibrate.records import header
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.jsonfile import write_json
+from calibrate.lock import DirLock
 from models import load_model, model_kinds
 
 from autotune.sbp.boxing import Coster
@@ -80,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
                          "one node at a time, the other ranks asleep; in groups across nodes a waiting rank yields "
                          "its core (module docstring)")
     ap.add_argument("--out", default=None, help="directory for validate.json (default: none)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random candidate plans")
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the random candidate plans")
     return ap
 
 
@@ -106,6 +107,15 @@ def check_args(args) -> None:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    lock = DirLock(args.out, "validate output directory") if args.out else None  # one run per --out
+    try:
+        return _validate(args, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _validate(args, lock: DirLock | None) -> int:
     check_args(args)
     try:
         from mpi4py import MPI
@@ -124,6 +134,8 @@ def main(argv=None) -> int:
     cluster = Cluster(args.nodes, gpus)
 
     def build_plans() -> list:
+        if lock is not None:  # on rank 0, before any rank measures: a refusal ends every rank
+            lock.acquire()
         fields = {k: getattr(args, k) for k in GPT_LAYER if getattr(args, k) is not None}
         if args.model == "gpt" and args.preset is None:
             fields = {**GPT_LAYER, **fields}

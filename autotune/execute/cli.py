@@ -34,9 +34,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from calibrate.cli import command_parser, finite_float
+from calibrate.cli import command_parser, finite_float, seed_int
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
+from calibrate.lock import DirLock
 from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import Profile
 
@@ -75,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", help="auto (the plan's act_bytes: 2 bf16, 4 fp32), float64, float32, bfloat16")
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                     help="auto (cuda where torch sees a GPU, else cpu), cuda or cpu")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the weights and the data")
     ap.add_argument("--lr", type=finite_float, default=1e-3, help="Adam learning rate, above 0 (default 1e-3)")
     ap.add_argument("--module", default=DEFAULT_MODULE,
                     help="package.module:factory building the nn.Module from the plan's model config (apply executor)")
@@ -132,11 +133,25 @@ def check_model(plan: dict, args) -> None:
                             f"given: drop the flag or re-run the search with it")
 
 
-def summarize(folder: str) -> int:
+def write_summary(folder: str | Path) -> tuple[dict, list[dict]]:
+    """summary.json (what python -m reports reads), summary.md, breakdown.txt and layers.txt of the records in
+    ``folder``; (the summary, the records)."""
     records = result.load_records(Path(folder))
     check_output_path(Path(folder) / "summary.json", "execute summary")  # before the tables, not after them
     s = result.summary(records)
     s["layers"] = {r["strategy"]: rows for r in records if not r.get("error") for rows in (layertable.layer_rows(r),) if rows}
+    write_atomic(Path(folder) / "breakdown.txt", result.format_breakdown(records) + "\n", "execute breakdown")
+    layers = layertable.format_layers(records)
+    if layers:
+        write_atomic(Path(folder) / "layers.txt", layers + "\n", "execute layer table")
+    write_atomic(Path(folder) / "summary.md", result.markdown(s, f"python -m autotune execute --summarize {folder}"),
+                 "execute summary")
+    write_json(Path(folder) / "summary.json", s, "execute summary")
+    return s, records
+
+
+def summarize(folder: str) -> int:
+    s, records = write_summary(folder)
     print(f"{s['model'].get('name', '')} on {s['cluster']['nodes']}x{s['cluster']['gpus_per_node']} {s['device']} "
           f"({s['backend']}, {s['dtype']})")
     print(result.format_table(s["rows"]))
@@ -144,16 +159,11 @@ def summarize(folder: str) -> int:
     print(result.format_targets(s["targets"]))
     for f in s["failed"]:
         print(f"not measured: {f['strategy']}: {f['error']}")
-    breakdown = result.format_breakdown(records)
-    write_atomic(Path(folder) / "breakdown.txt", breakdown + "\n", "execute breakdown")
-    print(breakdown)
+    print(result.format_breakdown(records))
     layers = layertable.format_layers(records)
     if layers:
-        write_atomic(Path(folder) / "layers.txt", layers + "\n", "execute layer table")
         print(layers)
-    write_atomic(Path(folder) / "summary.md", result.markdown(s, f"python -m autotune execute --summarize {folder}"),
-                 "execute summary")
-    print(f"wrote {write_json(Path(folder) / 'summary.json', s, 'execute summary')} and summary.md")
+    print(f"wrote {Path(folder) / 'summary.json'} and summary.md")
     return 0
 
 
@@ -184,6 +194,22 @@ def device_warning(plan: dict, here: str) -> str | None:
         return None
     return (f"warning: the predictions come from profile {plan.get('profile')!r}, measured on {device.name}; this run "
             f"is on {here}: for a fair comparison search with a profile measured here (python -m calibrate compute)")
+
+
+def lock_on_rank0(lock: DirLock, lead: bool) -> None:
+    """``lock`` taken by rank 0; its refusal raised on every rank (before any of them runs a step)."""
+    import torch.distributed as dist
+
+    box = [None]
+    if lead:
+        try:
+            lock.acquire()
+        except UserError as e:
+            box = [str(e)]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise UserError(box[0])
 
 
 def main(argv=None) -> int:
@@ -224,7 +250,9 @@ def main(argv=None) -> int:
             print(f"[execute] {msg}", file=sys.stderr, flush=True)
 
     d = start(args.device)
+    lock = DirLock(args.out, "execute output directory")  # two runs into one --out: the second refused
     try:
+        lock_on_rank0(lock, lead)
         for i, plan in enumerate(plans):
             progress(f"plan {i + 1}/{len(plans)}: {plan.get('strategy', '')} on {launch.world} {d.device.type} devices")
             unfair = device_warning(plan, torch.cuda.get_device_name(d.device) if d.is_gpu else "CPU")
@@ -257,6 +285,9 @@ def main(argv=None) -> int:
                 progress(f"after plan {i + 1}: {torch.cuda.memory_allocated(d.device) / 2**30:.2f} GiB still allocated")
     finally:
         stop(d)
+        lock.release()
     if lead:
         print(result.format_table(result.rows(result.load_records(Path(args.out))[-len(plans):])))
+        write_summary(args.out)  # the records' summary stored beside them: python -m reports reads the folder
+        print(f"wrote {Path(args.out) / 'summary.json'} (python -m reports {args.out} -o report.html)")
     return 0

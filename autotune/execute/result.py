@@ -22,7 +22,7 @@ SUMMARY_SCHEMA = {
     "model": dict, "cluster": {"nodes": COUNT, "gpus_per_node": COUNT}, "device": str, "backend": str, "dtype": str,
     "failed?": [{"strategy": str, "error": str}],
     "rows": [{"strategy": str, "pred_step_s": MAYBE_AMOUNT, "step_s": AMOUNT, "pred_comm_s": MAYBE_AMOUNT,
-              "comm_s": MAYBE_AMOUNT, "pred_memory_bytes": MAYBE_AMOUNT, "memory_bytes": MAYBE_AMOUNT,
+              "comm_alone_s?": MAYBE_AMOUNT, "comm_s": MAYBE_AMOUNT, "pred_memory_bytes": MAYBE_AMOUNT, "memory_bytes": MAYBE_AMOUNT,
               "loss_first": MAYBE_REAL, "loss_last": MAYBE_REAL}],
     "targets": {str: {"value": MAYBE_REAL, "target": str, "met": (bool, None)}},
     "layers?": {str: [{"layer": str, "kind": str, "pred_fwd_s": MAYBE_AMOUNT,

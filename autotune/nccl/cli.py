@@ -44,6 +44,7 @@ from calibrate.device.nccl_config import MAX_CHANNELS
 from calibrate.errors import UserError
 from calibrate.measure import stats
 from calibrate.sizes import format_size, parse_size
+from calibrate.lock import DirLock
 from calibrate.outputs import write_atomic
 from kernels.nccl_tuner.build import library
 from kernels.nccl_tuner.table import load_table, rows_for, write_table
@@ -162,12 +163,8 @@ def _agree(world, fn):
 
 
 def run(args, world, colls, sizes, channels, plugin) -> int:
-    from calibrate.device.gpu import cupy_or_error, device_name, select_gpu
+    from calibrate.device.gpu import cupy_or_error, select_gpu
     from calibrate.groups import topology
-
-    from autotune.nccl.choose import best_fixed, choose
-    from autotune.nccl.measure import Options, Session, ablation_arms, compare, sweep
-    from autotune.nccl.settings import Setting, setting_table
 
     t_start = time.perf_counter()
     lead = world.Get_rank() == 0
@@ -179,7 +176,24 @@ def run(args, world, colls, sizes, channels, plugin) -> int:
     _agree(world, lambda: cupy_or_error("autotune nccl (under mpirun, one process per GPU)"))
     device = select_gpu(world, needs="autotune nccl", fallback="run it on GPU nodes")
     out = Path(args.out or os.path.join("results", "nccl-tune-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S")))
-    _agree(world, lambda: _prepare(out) if lead else None)
+    lock = DirLock(out, "nccl tuning output directory")  # one run per --out, a run on another host included
+    _agree(world, lambda: (_prepare(out), lock.acquire()) if lead else None)
+    try:
+        return _tune(args, world, colls, sizes, channels, plugin, t_start, lead, say, ranks, nodes, table_rows, device,
+                     out)
+    finally:
+        lock.release()
+
+
+def _tune(args, world, colls, sizes, channels, plugin, t_start, lead, say, ranks, nodes, table_rows, device,
+          out) -> int:
+    """The sweep (or the given table), the ablation, the records (rank 0 writes them)."""
+    from calibrate.device.gpu import device_name
+
+    from autotune.nccl.choose import best_fixed, choose
+    from autotune.nccl.measure import Options, Session, ablation_arms, compare, sweep
+    from autotune.nccl.settings import Setting, setting_table
+
     opts = Options(args.dtype, args.iters, args.warmup, args.reps, not args.no_check, args.prune,
                    args.channels_from_bytes)
     session = _agree(world, lambda: Session(world, device, plugin, args.min_ctas, ranks, nodes, opts))

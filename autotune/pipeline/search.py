@@ -134,7 +134,7 @@ def submesh(cluster: Cluster, stages: int) -> Cluster:
         return Cluster(cluster.nodes // stages, cluster.gpus_per_node)
     if stages % cluster.nodes == 0 and cluster.gpus_per_node % (stages // cluster.nodes) == 0:
         return Cluster(1, cluster.gpus_per_node // (stages // cluster.nodes))
-    raise OptionError("stages", f"{stages} stages do not divide the cluster {cluster} into equal submeshes: use a "
+    raise OptionError("pipeline", f"{stages} stages do not divide the cluster {cluster} into equal submeshes: use a "
                                 f"divisor of the {cluster.nodes} nodes, or the nodes times a divisor of "
                                 f"{cluster.gpus_per_node} GPUs per node")
 
@@ -149,11 +149,11 @@ def stage_choices(graph: LayerGraph, cluster: Cluster, stages: str | int,
     if stages != "auto":
         p = int(stages)
         if p < 1:
-            raise OptionError("stages", f"{p} must be at least 1 (1: no pipeline)")
+            raise OptionError("pipeline", f"{p} must be at least 1 (1: no pipeline)")
         if p > nb:
-            raise OptionError("stages", f"{p} stages for {nb} blocks: use at most {nb}, a stage needs a block")
+            raise OptionError("pipeline", f"{p} stages for {nb} blocks: use at most {nb}, a stage needs a block")
         if p > cluster.devices:
-            raise OptionError("stages", f"{p} stages on {cluster.devices} devices: use at most {cluster.devices}")
+            raise OptionError("pipeline", f"{p} stages on {cluster.devices} devices: use at most {cluster.devices}")
         return [(p, submesh(cluster, p))]
     feasible = []
     for p in range(2, min(nb, cluster.devices) + 1):
@@ -660,7 +660,7 @@ def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str)
         return
     [(p, sub)] = stage_choices(graph, cluster, stages)
     if not micro_batch_choices(graph, p, sub, 0):
-        raise OptionError("stages", f"{p} stages need at least {p} micro-batches for {schedule}, or {fewest(p)} "
+        raise OptionError("pipeline", f"{p} stages need at least {p} micro-batches for {schedule}, or {fewest(p)} "
                                     f"whose micro-batch splits over a stage's {sub.nodes} node(s), but the batch "
                                     f"{graph.batch} has no such micro-batch count up to {8 * p}: use fewer stages "
                                     f"or a batch with such a divisor")

@@ -11,7 +11,7 @@ from models.loader import FIELDS, OPTIONAL, validate
 
 from autotune.plan.typed import (SEARCH_KIND, Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan,
                                  read_source)
-from autotune.sbp.layers import Matmul, make_op
+from autotune.sbp.layers import MATMUL_ORDERS, SUMMAS, Matmul, make_op
 from autotune.sbp.mesh import Cluster, RoleMesh
 from autotune.sbp.sbp import NdSbp, parse
 
@@ -67,6 +67,9 @@ class Strategies:
     def __call__(self, layer: Layer, signature: str, mesh: RoleMesh, cluster: Cluster, act_bytes: int):
         op = make_op(layer, act_bytes)
         if isinstance(op, Matmul):
+            if signature not in MATMUL_ORDERS and signature not in SUMMAS:
+                raise UserError(f"layer {layer.name}: signature {signature!r} is not a strategy of a {layer.kind} "
+                                f"layer (those are {', '.join([*MATMUL_ORDERS, *SUMMAS])}): re-run the search")
             return op.build(signature, mesh)
         key = (layer, cluster, act_bytes)
         if key not in self._found:
@@ -92,11 +95,22 @@ def _stage_layers(graph: LayerGraph, names: list) -> list[Layer]:
     return picked if names and all(picked) else []
 
 
+def refuse_pipelined(best: dict, origin: str) -> None:
+    """A pipelined plan (its stages' plans inside) is placed stage by stage: read as one plan, its layers
+    would not be its model's, so it is pointed to ``autotune.apply_pipeline`` instead."""
+    if isinstance(best, dict) and "stages" in best:
+        n = len(best["stages"]) if isinstance(best["stages"], list) else "several"
+        raise UserError(f"{origin}: the plan is pipelined ({n} stages), and autotune.apply places a plan of one "
+                        f"stage: place it with autotune.apply_pipeline(plan, model) (or search with --pipeline off)")
+
+
 def convert(best: dict, baselines=(), origin: str = "plan", stage: bool = False,
             strategies: Strategies | None = None) -> TypedPlan:
     """``stage``: ``best`` is one stage's plan of a pipelined plan (``plan["best"]["stages"][i]["plan"]``),
     whose layers are those of the model that the stage runs, in the model's order; ``strategies``: a lookup
     shared by the plans converted together (``convert_stages``)."""
+    if not stage:
+        refuse_pipelined(best, origin)
     strategies = strategies or Strategies()
     cfg = dict(best.get("model") or {})
     graph = model_graph(cfg)

@@ -15,6 +15,7 @@ other tasks default to ``calibrate.profile.DEFAULT_PROFILE``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from autotune.reshard.cases import build_task, case_names, case_profile, load_case, parse_scenario
@@ -24,7 +25,7 @@ from autotune.reshard.solvers import SOLVERS, SolverConfig
 from autotune.reshard.stagecomm import pipeline_from_preset
 from autotune.reshard.strategies import STRATEGIES
 from calibrate import profile as profiles
-from calibrate.cli import command_parser, finite_float, run_on_ranks
+from calibrate.cli import command_parser, finite_float, run_on_ranks, seed_int
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path
 from kernels.reshard.cli import execute_and_report
@@ -57,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="ensemble", choices=list(SOLVERS), help="solver of the chosen plan")
     p.add_argument("--time-budget", type=finite_float, default=0.5, help="seconds for the DFS solver (default 0.5)")
     p.add_argument("--rounds", type=int, default=16, help="random orders per randomized-greedy step")
-    p.add_argument("--seed", type=int, default=0, help="seed of the randomized-greedy solver's orders")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the randomized-greedy solver's orders")
     p.add_argument("--plan-out", help="write the chosen plan as JSON (one task only)")
     p.add_argument("--results", help="write all results as JSON for the report (kind 'reshard')")
     p.add_argument("--jobs", type=int, default=12, help="how many jobs of the chosen plan to print")
@@ -77,6 +78,10 @@ def _progress(msg: str) -> None:
     print(f"[reshard] {msg}", file=sys.stderr, flush=True)
 
 
+# the most elements a resharded tensor may have (2^48: 1 PiB in float32)
+MAX_TENSOR_ELEMENTS = 2**48
+
+
 def shape_arg(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
@@ -86,6 +91,11 @@ def shape_arg(text: str) -> tuple[int, ...]:
         raise UserError("empty tensor shape: write e.g. --shape 1024,1024,512")
     if min(shape) < 1:
         raise UserError(f"tensor shape {text!r} has a dimension below 1: every size must be positive")
+    elements = math.prod(shape)
+    if elements > MAX_TENSOR_ELEMENTS:
+        raise UserError(f"tensor shape {text!r} has {elements:.3g} elements, over the planner's limit of "
+                        f"{MAX_TENSOR_ELEMENTS:.3g} (2^48, a petabyte in float32, more than any cluster holds): "
+                        f"give a smaller shape")
     return shape
 
 

@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
 import time
 from pathlib import Path
 
 from calibrate import profile as profiles
-from calibrate.cli import command_parser, run_mpi_command
+from calibrate.cli import command_parser, launcher_rank, run_mpi_command, run_on_ranks
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
-from calibrate.outputs import check_output_path
-from calibrate.outputs import write_atomic
+from calibrate.lock import DirLock
+from calibrate.outputs import check_output_path, replace_dir, staged_dir, write_atomic
 from kernels.gc3.algorithms import check_size
 from kernels.interp import pack
 from kernels.interp.model import DEFAULT_PARAMS, load_params
@@ -187,6 +188,25 @@ def main(argv=None) -> int:
 
     world, cp, reason = (None, None, "--model-only was given") if args.model_only else gpu_world(args.gpus)
     measuring = world is not None
+    if world is None and launcher_rank() != 0:
+        return 0  # nothing to measure under a launcher: rank 0 chooses and writes alone
+    lock = DirLock(args.out, "schedule output directory")  # two runs into one --out: the second refused
+    if world is None:
+        lock.acquire()
+    elif run_on_ranks(world, lambda: lock.acquire() if world.rank == 0 else True, "autotune schedule",
+                      collective=True) is None:
+        return 2
+    try:
+        return _tune(args, colls, gpn, t_start, prof, space, base_preset, params, correction, bands_spec,
+                     world, cp, reason)
+    finally:
+        lock.release()
+
+
+def _tune(args, colls, gpn, t_start, prof, space, base_preset, params, correction, bands_spec, world, cp,
+          reason) -> int:
+    """Choose (and measure) every collective's table, and write the outputs (on rank 0)."""
+    measuring = world is not None
     # before anything is measured (a model-only run has nothing to evaluate)
     declaration = declare_heldout(colls, bands_spec, args) if measuring else None
     lead = world is None or world.rank == 0
@@ -235,12 +255,15 @@ def main(argv=None) -> int:
         return 0
 
     out = Path(args.out)
-    for res in results:
-        outputs.write_programs(out, res, built_by_coll[res.collective])
-    manifest = outputs.manifest(results, built_by_coll, base_preset, "schedule-tuned")
-    provenance = {"tool": "python -m autotune schedule", "date": _dt.date.today().isoformat(),
-                  "measured": measuring, "profile": prof.name, "device": device}
-    outputs.write_manifest(out / "manifest.json", manifest, provenance)
+    with staged_dir(out, "programs") as stage:  # programs and manifest written in full first (a full disk: neither)
+        for res in results:
+            outputs.write_programs(stage, res, built_by_coll[res.collective])
+        manifest = outputs.manifest(results, built_by_coll, base_preset, "schedule-tuned")
+        provenance = {"tool": "python -m autotune schedule", "date": _dt.date.today().isoformat(),
+                      "measured": measuring, "profile": prof.name, "device": device}
+        outputs.write_manifest(stage / "manifest.json", manifest, provenance)
+        replace_dir(stage / "programs", out / "programs")
+        os.replace(stage / "manifest.json", out / "manifest.json")
     write_atomic(out / "nccl_tuner.conf", outputs.nccl_csv(results, built_by_coll, space.nccl_algorithm,
                                                             args.nodes, args.gpus), "NCCL tuner table")
     written = {"programs": str(out / "programs"), "manifest": str(out / "manifest.json"),

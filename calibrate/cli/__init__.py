@@ -51,6 +51,21 @@ def finite_float(text: str) -> float:
     return value
 
 
+SEED_LIMIT = 2**32  # numpy's and torch's seeds alike take 0 .. 2^32 - 1
+
+
+def seed_int(text: str) -> int:
+    """A ``--seed`` (argparse ``type``): an integer from 0 to 2^32 - 1, checked on every rank before any
+    rank waits on another."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed: give an integer from 0 to {SEED_LIMIT - 1}")
+    return value
+
+
 def message(e: UserError, spell: Callable[[str], str] = flag) -> str:
     """A user error as the command line shows it: parameters spelled as options."""
     return e.render(spell)
@@ -76,6 +91,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     """Call ``main(argv)``; print a ``UserError`` as one line (once: by rank 0 under a launcher, every
     rank finding the same error in the same arguments) and return 2; Ctrl-C returns 130; a closed
     output (``--help | head``) ends quietly."""
+    stop = terminate_as_exit()
     try:
         return int(main(argv) or 0)
     except UserError as e:
@@ -98,10 +114,28 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
                   f"script (commtune-autotune, commtune-calibrate) instead of python -m, or run from another folder",
                   file=sys.stderr)
         return 2
-    except SystemExit as e:  # argparse: --help (0) or a bad option (2), its message already printed
+    except SystemExit as e:  # argparse: --help (0) or a bad option (2), its message already printed; SIGTERM
         if isinstance(e.code, int) or e.code is None:
             return e.code or 0
         raise
+    finally:
+        stop()
+
+
+def terminate_as_exit() -> Callable[[], None]:
+    """SIGTERM (a scheduler's cancel, a launcher stopping its ranks) raised as ``SystemExit(143)`` in the
+    main thread, so that ``finally`` clauses run (temporary files removed, locks released) as for Ctrl-C;
+    returns the function that puts the previous handler back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 # the project's top-level packages: one of the same name earlier on the import path hides it
@@ -212,6 +246,12 @@ def run_on_ranks(comm, work: Callable[[], object], prog: str, collective: bool =
             result = work()
         except UserError as e:
             error = message(e)
+        except Exception:  # a bug on this rank: the other ranks would wait on it forever; end them all
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+            comm.Abort(1)
     if collective:
         error = next((e for e in comm.allgather(error) if e), None)
     else:

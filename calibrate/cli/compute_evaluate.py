@@ -24,7 +24,7 @@ import datetime as _dt
 import math
 import sys
 
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, seed_int
 from calibrate.cli import compute
 from calibrate.cli.compute import (DTYPES, LAYER_QUEUE, copy_256mib, development_grid, fresh_backward,
                                   layer_piece_arm, sdpa_call)
@@ -62,7 +62,7 @@ def declare_parser():
     ap = command_parser("python -m calibrate compute declare", __doc__)
     ap.add_argument("--out", required=True, help="the declaration JSON to write")
     ap.add_argument("--count", type=int, default=6, help="matmul and SDPA shapes held out, each")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed_int, default=0)
     ap.add_argument("--matmul-range", default="512,8192", help="LO,HI of each matmul dimension")
     ap.add_argument("--unit", type=int, default=128, help="matmul dimensions are multiples of it")
     ap.add_argument("--seq-range", default="512,16384", help="LO,HI of the SDPA sequence lengths")

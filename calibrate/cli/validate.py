@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from calibrate.cli import add_timing_args, command_parser
+from calibrate.cli import add_timing_args, command_parser, seed_int
 from calibrate.collectives import Collective
 from calibrate.errors import UserError
 from calibrate.profile import DEFAULT_PROFILE, Profile
@@ -40,7 +40,7 @@ def build_parser():
     p.add_argument("--summary-only", action="store_true", help="print only the summary")
     p.add_argument("--random", type=int, default=0, metavar="N",
                    help="measure N sizes per collective drawn at random, then compare (under mpiexec or srun)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random sizes. Default 0")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random sizes. Default 0")
     p.add_argument("--align", default="256", help="random sizes are multiples of this many bytes per rank. "
                                                   "Default 256")
     p.add_argument("--check", action="store_true", help="with --random: check each size on fresh random data after "

@@ -134,14 +134,16 @@ def _convergence_fig(traces: dict, optimum: float):
     return fig
 
 
-def build(paths: list[Path]) -> list[Section]:
+def build(paths: list[Path], shown: list[Path] | None = None) -> list[Section]:
+    """The sections of the plan files ``paths``, each named on the page as ``shown`` names it (default: its
+    path; the search builds its report from a staged copy of the plan it is about to write)."""
     from autotune.export import next_steps
     from autotune.plan import Costs
     from autotune.plan.search import convert, convert_stages
     from autotune.sbp.plan import PlanFile, plan_title, summary_lines
     sections = []
-    for path in paths:
-        pf = PlanFile.load(path)
+    for read, path in zip(paths, shown or paths):
+        pf = PlanFile.load(read)
         best = pf.best
         origin = f"plan file {str(path)!r}"
         if "stages" in best:  # pipelined: the whole's totals, and each stage's plan typed on its submesh
@@ -154,14 +156,15 @@ def build(paths: list[Path]) -> list[Section]:
             typed = convert(best, pf.baselines, origin)
             per_stage = [("", best, typed)]
             plans = [(typed.strategy, typed.costs)] + [(b.strategy, b.costs) for b in typed.baselines]
-        sharding = (best.get("sharding") or {}).get("mode", "none")
+        sharding = best.get("sharding") or {}
+        fsdp = (f"over the fine axes {list(sharding.get('axes', []))}" if sharding.get("mode") == "fsdp" else "none")
         objective = _objective(plans, pf.meta.get("objective", "comm"))
         # one plan: the page's title names it (python -m autotune); several: each section does
         sec = Section("Plan and baselines" if len(paths) == 1 else plan_title(best))
         for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
             sec.text(line.strip())
         sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; recomputation "
-                 f"{best.get('recompute', 'none')}; FSDP {sharding}; search "
+                 f"{best.get('recompute', 'none')}; FSDP {fsdp}; search "
                  f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
                  + ("Costs are the profile's predictions of the step time: compute and the communication it does "
                     "not hide." if objective == "step" else

@@ -95,3 +95,26 @@ def test_a_profile_of_another_device_is_warned_of():
     assert "measured on" in device_warning({"profile": DEFAULT_PROFILE}, "CPU")
     assert device_warning({"profile": DEFAULT_PROFILE}, name) is None
     assert device_warning({"profile": "no-such-profile"}, "CPU") is None
+
+
+def test_an_out_locked_by_another_host_is_refused_before_any_step(plan1, tmp_path, capsys):
+    """Two runs into one --out: the second is refused (the lock of a run on another host included)."""
+    from calibrate.lock import LOCK_NAME
+    (tmp_path / LOCK_NAME).write_text("otherhost 4242 1700000000\n")
+    assert main(["execute", str(plan1), "--out", str(tmp_path), "--steps", "2", "--warmup", "1"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "in use by process 4242 on otherhost" in line and not list(tmp_path.glob("*.json"))
+
+
+def test_a_layer_signature_the_plan_does_not_know(plan1, tmp_path, capsys):
+    bad = json.loads(plan1.read_text())
+    bad["best"]["layers"][0]["signature"] = "nope"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert main(["execute", str(tmp_path / "bad.json"), "--out", str(tmp_path / "o"), "--steps", "2", "--warmup", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [ln for ln in err if "error" in ln] == [err[-1]] and "signature 'nope' is not a strategy" in err[-1]
+    import autotune
+    from calibrate.errors import UserError
+    torch = pytest.importorskip("torch")
+    with pytest.raises(UserError, match="signature 'nope' is not a strategy"):  # autotune.apply reads it alike
+        autotune.apply(str(tmp_path / "bad.json"), torch.nn.Linear(2, 2))

@@ -1,5 +1,8 @@
-"""python -m autotune export: a plan file's searched plan and baselines as torchtitan's job config and
-Megatron-LM's flags; what they cannot express, with the nearest baseline's predicted figures; bad input."""
+"""python -m autotune export: a plan file's searched plan and baselines as torchtitan's command-line overrides
+(read back by torchtitan's own config classes and parser) and Megatron-LM's flags (their names checked against
+Megatron-LM's published arguments: megatron-core's wheel does not hold its parser); what they cannot express,
+decided against the exported configuration's own plan; plans they cannot run refused; bad input."""
+import dataclasses
 import json
 
 import numpy as np
@@ -39,6 +42,54 @@ def plan_file(best, *baselines) -> PlanFile:
     return PlanFile(json.loads(json.dumps(best)), [json.loads(json.dumps(b)) for b in baselines])
 
 
+def args_of(config: str) -> list[str]:
+    """The command-line words of an exported configuration (its comment lines and line continuations dropped)."""
+    return [w for line in config.splitlines() if not line.startswith("#") for w in line.split() if w != "\\"]
+
+
+def titan(config: str) -> dict:
+    """torchtitan's overrides as {"section.field": value}, the activation-checkpoint subcommand as "ac"."""
+    words, out = args_of(config), {}
+    for i, w in enumerate(words):
+        if w.startswith("--"):
+            out[w[2:]] = " ".join(words[i + 1:next((j for j in range(i + 1, len(words))
+                                                     if words[j].startswith("--") or ":" in words[j]), len(words))])
+        elif w.startswith("activation-checkpoint:"):
+            out["ac"] = w.split(":", 1)[1]
+    return out
+
+
+def torchtitan_reads(config: str):
+    """The configuration as torchtitan 0.3 reads it: its own config classes (training, parallelism, activation
+    checkpointing, as its Trainer.Config holds them) parsed by tyro with its ConfigManager's rules."""
+    pytest.importorskip("torchtitan")
+    import tyro
+    from torchtitan.config.configs import ParallelismConfig, TrainingConfig
+    from torchtitan.config.manager import ConfigManager, custom_registry
+    from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
+    ConfigManager.register_tyro_rules(custom_registry)
+
+    @dataclasses.dataclass
+    class Job:
+        training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+        parallelism: ParallelismConfig = dataclasses.field(default_factory=ParallelismConfig)
+        activation_checkpoint: ActivationCheckpointingConfig = dataclasses.field(default_factory=SelectiveAC.Config)
+    return tyro.cli(Job, args=args_of(config), default=Job(), registry=custom_registry)
+
+
+# Megatron-LM's arguments (megatron/training/arguments.py, core_r0.16; Megatron-FSDP's guide) that exports use
+MEGATRON_ARGUMENTS = {
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size",
+    "--seq-length", "--sequence-parallel", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--use-megatron-fsdp",
+    "--data-parallel-sharding-strategy", "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
+    "--ckpt-format", "--num-distributed-optimizer-instances", "--outer-dp-sharding-strategy"}
+
+
+def megatron_known(config: str) -> bool:
+    return {w for w in args_of(config) if w.startswith("--")} <= MEGATRON_ARGUMENTS
+
+
 def test_megatron_baseline_exactly(plans):
     e = export(plan_file(plans["megatron"], plans["dp"]), "megatron")
     assert (e.layout.data, e.layout.tensor, e.layout.fsdp, e.layout.pipeline) == (2, 4, 1, 1)
@@ -52,9 +103,13 @@ def test_megatron_baseline_exactly(plans):
 
 def test_torchtitan_of_megatron_names_sequence_parallel(plans):
     e = export(plan_file(plans["megatron"], plans["dp"]), "torchtitan")
-    assert "tensor_parallel_degree = 4" in e.config and "data_parallel_replicate_degree = 2" in e.config
-    assert "data_parallel_shard_degree = 1" in e.config and "local_batch_size = 4" in e.config
+    t = titan(e.config)
+    assert (t["parallelism.tensor_parallel_degree"], t["parallelism.data_parallel_replicate_degree"]) == ("4", "2")
+    assert t["parallelism.data_parallel_shard_degree"] == "1" and t["training.local_batch_size"] == "4"
     assert len(e.cannot) == 1 and "sequence parallel" in e.cannot[0]
+    job = torchtitan_reads(e.config)
+    assert (job.parallelism.tensor_parallel_degree, job.parallelism.data_parallel_replicate_degree,
+            job.training.local_batch_size, job.activation_checkpoint) == (4, 2, 4, None)
 
 
 def test_data_parallel_baseline(plans):
@@ -62,8 +117,8 @@ def test_data_parallel_baseline(plans):
     for target in ("megatron", "torchtitan"):
         e = export(pf, target, "baseline:data")
         assert (e.layout.data, e.layout.tensor) == (8, 1) and e.cannot == ()
-        assert e.nearest["strategy"] == "data parallel"
-    assert "data_parallel_replicate_degree = 8" in export(pf, "torchtitan", "baseline:data").config
+        assert e.nearest is None and "expresses this plan exactly" in e.text  # it is its own configuration's plan
+    assert titan(export(pf, "torchtitan", "baseline:data").config)["parallelism.data_parallel_replicate_degree"] == "8"
 
 
 def test_searched_plan_states_what_cannot_be_expressed(plans):
@@ -81,29 +136,89 @@ def test_fsdp_and_recompute(plans):
     dp = json.loads(json.dumps(plans["dp"]))
     dp.update(strategy="searched (fsdp)", recompute="full", sharding={"mode": "fsdp", "axes": [1, 2]})
     e = export(plan_file(dp, plans["dp"]), "torchtitan")
-    assert "data_parallel_shard_degree = 4" in e.config and "data_parallel_replicate_degree = 2" in e.config
-    assert 'mode = "full"' in e.config
+    t = titan(e.config)
+    assert (t["parallelism.data_parallel_shard_degree"], t["parallelism.data_parallel_replicate_degree"]) == ("4", "2")
+    assert t["ac"] == "full" and e.cannot == ()
     m = export(plan_file(dp, plans["dp"]), "megatron")
     assert "--recompute-granularity full" in m.config and "--recompute-method uniform" in m.config
-    assert "--use-megatron-fsdp" in m.config
-    assert any("hybrid sharding" in c for c in m.cannot)
+    flags = args_of(m.config)  # Megatron-FSDP as megatron-core 0.16 runs it, HSDP over the 2 outer replicas
+    for flag in ("--use-megatron-fsdp", "--no-gradient-accumulation-fusion", "--use-distributed-optimizer"):
+        assert flag in flags
+    assert flags[flags.index("--ckpt-format") + 1] == "fsdp_dtensor"
+    assert flags[flags.index("--num-distributed-optimizer-instances") + 1] == "2" and m.cannot == ()
+    assert megatron_known(m.config)
     dp["sharding"]["axes"] = [0]  # the outermost axis: not where the frameworks shard
     assert any("not the innermost data axes" in c for c in export(plan_file(dp, plans["dp"]), "torchtitan").cannot)
+    job = torchtitan_reads(e.config)
+    assert (job.parallelism.data_parallel_shard_degree, type(job.activation_checkpoint).__qualname__) == (4, "FullAC.Config")
 
 
-def test_pipeline_stages(plans):
+def _piped(plans, split=(1, 1), schedule="gpipe"):
+    """2 stages of 1 node x 4 GPUs, each data parallel over its 4 GPUs (the data-parallel plan on a stage)."""
     stage = json.loads(json.dumps(plans["dp"]))
     stage["cluster"] = {"nodes": 1, "gpus_per_node": 4}
     stage["layers"] = [dict(lay, sbp={k: v.replace("(2, 4)", "(1, 4)") if isinstance(v, str) else
                                       {n: t.replace("(2, 4)", "(1, 4)") for n, t in v.items()}
                                       for k, v in lay["sbp"].items()}) for lay in stage["layers"]]
-    piped = dict(json.loads(json.dumps(plans["dp"])), strategy="searched (pipeline)",
-                 stages=[{"layers": [0, 5], "plan": stage}, {"layers": [5, 11], "plan": stage}])
+    return dict(json.loads(json.dumps(plans["dp"])), strategy="searched (pipeline)",
+                pipeline={"schedule": schedule, "stages": 2, "micro_batches": 2, "split": list(split),
+                          "submesh": {"nodes": 1, "gpus_per_node": 4}},
+                stages=[{"stage": 0, "plan": stage}, {"stage": 1, "plan": stage}])
+
+
+def test_pipeline_stages_schedule_and_split(plans, monkeypatch):
+    import autotune.plan.stages
+    monkeypatch.setattr(autotune.plan.stages, "load_pipelined", lambda plan, origin: None)  # (a synthetic plan)
+    piped = _piped(plans)
     lo = layout(piped)
-    assert (lo.pipeline, lo.data, lo.tensor) == (2, 4, 1)
+    assert (lo.pipeline, lo.data, lo.tensor, lo.schedule, lo.split) == (2, 4, 1, "gpipe", (1, 1))
     e = export(plan_file(piped), "torchtitan")
-    assert "pipeline_parallel_degree = 2" in e.config and "pipeline_parallel_microbatch_size = 2" in e.config
-    assert "--pipeline-model-parallel-size 2" in export(plan_file(piped), "megatron").config
+    assert e.cannot == () and "expresses this plan exactly" in e.text  # against its own plan: no baseline needed
+    t = titan(e.config)
+    assert t["parallelism.pipeline_parallel_degree"] == "2" and t["parallelism.pipeline_parallel_microbatch_size"] == "2"
+    assert t["parallelism.pipeline_parallel_schedule"] == "GPipe"  # (torchtitan's default would be 1F1B)
+    m = export(plan_file(piped), "megatron")
+    assert "--pipeline-model-parallel-size 2" in m.config and megatron_known(m.config)
+    assert m.cannot == ("the gpipe schedule: megatron has no such schedule (exported: 1F1B)",)
+    uneven = dict(piped, model=dict(piped["model"], layers=3), pipeline=dict(piped["pipeline"], split=[2, 1]))
+    flags = args_of(export(plan_file(uneven), "megatron").config)
+    assert flags[flags.index("--decoder-first-pipeline-num-layers") + 1] == "2"
+    job = torchtitan_reads(e.config)
+    assert job.parallelism.module_fqns_per_model_part == [["tok_embeddings", "layers.0"], ["layers.1", "norm", "lm_head"]]
+    assert job.parallelism.pipeline_parallel_schedule == "GPipe"
+    assert "[['tok_embeddings', 'layers.0', 'layers.1'], ['layers.2', 'norm', 'lm_head']]" in str(
+        torchtitan_reads(export(plan_file(uneven), "torchtitan").config).parallelism.module_fqns_per_model_part)
+
+
+def test_plans_the_tools_cannot_run_are_refused(plans, tmp_path, capsys):
+    for kind in ("mlp", "vgg13"):
+        bad = dict(plans["dp"], model=dict(plans["dp"]["model"], kind=kind))
+        with pytest.raises(UserError, match=f"the plan's model is '{kind}'.*transformer language models"):
+            export(plan_file(bad), "torchtitan")
+    with pytest.raises(UserError, match=r"stage split \[2, 2\] does not give its 2 stages"):
+        export(plan_file(_piped(plans, split=(2, 2))), "megatron")  # 4 blocks of a 2-block model: hand-edited
+
+
+def test_a_real_pipelined_plan_is_read_by_apply_pipelines_loader(tmp_path, capsys):
+    """A searched 2-stage x 2-data-parallel plan: exported exactly; a split edited by hand is refused in one
+    line, as apply_pipeline refuses it."""
+    pytest.importorskip("torch")
+    out = tmp_path / "p"
+    assert main(["--model", "gpt", "--preset", "gpt3-1.3b", "--layers", "4", "--hidden", "256", "--heads", "4",
+                 "--sequence", "128", "--vocabulary", "1024", "--batch", "16", "--micro-batch", "4", "--nodes", "2",
+                 "--gpus-per-node", "2", "--profile", "h200-nvlink+ib400", "--budget", "0.3", "--compare", "none",
+                 "--pipeline", "2", "--out", str(out)]) == 0
+    pf = PlanFile.load(out / "plan.json")
+    piped = pf.best if "stages" in pf.best else next(b for b in pf.baselines if "stages" in b)
+    e = export(PlanFile(piped, []), "torchtitan")
+    assert e.layout.pipeline == 2 and e.cannot == (), e.cannot
+    edited = json.loads(json.dumps(piped))
+    edited["pipeline"]["split"] = [3, 1]
+    (tmp_path / "edited.json").write_text(json.dumps(PlanFile(edited, []).to_dict()))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "edited.json"), "--to", "megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "split [3, 1]" in err[0]
 
 
 def test_bad_input(plans, tmp_path, capsys):

@@ -59,6 +59,8 @@ def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
     assert convert_stages(p) == [convert(s["plan"], stage=True) for s in p["stages"]]
     def renamed(plan):  # the norms' signature one no strategy has
         return dict(plan, layers=[dict(x, signature="nope") if x["signature"] in NORMS else x for x in plan["layers"]])
+    with pytest.raises(UserError, match=r"the plan is pipelined \(2 stages\).*autotune.apply_pipeline\(plan, model\)"):
+        TypedPlan.from_search(p)  # as autotune.apply reads a plan: pointed to apply_pipeline, not told of layers
     bad = dict(p, stages=[dict(s, plan=renamed(s["plan"])) for s in p["stages"]])
     with pytest.raises(UserError, match="signature 'nope' on mesh"):
         convert_stages(bad)
@@ -72,12 +74,14 @@ def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
     (["--pipeline", "5"], "5 stages for 4 blocks"),
     (["--pipeline", "3"], "do not divide the cluster"),
     (["--schedule", "zb"], "not a pipeline schedule"),
+    (["--pipeline", "off", "--schedule", "gpipe"], "--schedule gpipe orders a pipeline's micro-batches, and --pipeline off"),
+    (["--memory-limit", "1e308"], "--memory-limit 1e+308 GiB per device is out of range"),
     (["--pipeline", "4", "--batch", "1", "--micro-batch", "1"], "need at least 4 micro-batches for 1f1b, or 2"),
 ])
 def test_bad_pipeline_input_is_one_line(args, msg, capsys):
     assert autotune_main(SMALL + args + ["--out", "/tmp/unused-autotune-out"]) == 2
     err = capsys.readouterr().err.strip()
-    assert msg in err and "\n" not in err
+    assert msg in err and "\n" not in err and "--stages" not in err  # the flag is --pipeline
 
 
 def test_fewer_micro_batches_than_stages_where_no_count_from_p_splits(tmp_path):

@@ -81,3 +81,46 @@ def test_registry_unknown_name_and_lazy_load():
         reg.get("gloo")
     with pytest.raises(ImportError):
         reg.get("x")
+
+
+class _Comm:
+    """A one-rank stand-in for MPI's world that records an Abort (a real abort would end pytest)."""
+
+    def __init__(self):
+        self.aborted = None
+
+    def Get_rank(self):
+        return 0
+
+    def bcast(self, value, root=0):
+        return value
+
+    def Abort(self, code):
+        self.aborted = code
+        raise SystemExit(code)
+
+
+def test_a_bug_on_one_rank_aborts_every_rank(capsys):
+    """A non-user error on rank 0 would leave the other ranks in the broadcast forever: the world is aborted."""
+    from calibrate.cli import run_on_ranks
+
+    comm = _Comm()
+    assert run_on_ranks(comm, lambda: 7, "demo") == 7 and comm.aborted is None
+    assert run_on_ranks(comm, lambda: _fails([]), "demo") is None and comm.aborted is None
+    assert "demo: error: bad thing" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_on_ranks(comm, lambda: 1 / 0, "demo")
+    assert comm.aborted == 1 and "ZeroDivisionError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,ok", [("0", True), ("4294967295", True), ("-1", False), ("4294967296", False),
+                                     ("x", False)])
+def test_seed_range_checked_by_the_parser(text, ok):
+    import argparse
+
+    from calibrate.cli import seed_int
+    if ok:
+        assert seed_int(text) == int(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed_int(text)

@@ -308,6 +308,13 @@ CASES = [
     C("reports-out-is-dir", "reports " + RES + " -o {tmp}", "is a directory"),
     C("reports-truncated-results", "reports {files}/res_truncated_stats -o {tmp}/r.html", "stats.csv"),
     C("reports-xml", "reports {files}/ring.xml -o {tmp}/r.html", "JSON"),
+    # ---- issue 44: a rank that dies before a collective, wrongly accepted models, a lock that is a folder --
+    C("validate-seed-negative-mpi", "autotune validate --seed -1", "--seed: -1 is not a seed", ranks=2),
+    C("autotune-hf-mixtral-as-mistral", "autotune --model {files}/mixtral_as_mistral.json --out {tmp}/o",
+      "num_local_experts, num_experts_per_tok describe a mixture of experts"),
+    C("autotune-hf-sequence-too-long", "autotune --model {files}/llama_2k.json --sequence 4096 --out {tmp}/o",
+      "longer than the config's max_position_embeddings 2048"),
+    C("autotune-lock-is-a-folder", "autotune --out {files}/lock_folder", "lock file .* is not a file"),
 ]
 
 
@@ -329,6 +336,12 @@ def _make_files(files: Path, res: Path) -> None:
     (files / "malformed.json").write_text('{"schema": "commtune.profile", "version": 1, "tiers": {')
     (files / "table.csv").write_text("a,b,c\n1,2,3\n")
     (files / "unknown_kind.json").write_text(json.dumps({"kind": "commtune.nothing", "version": 1}))
+    llama = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 2048}
+    (files / "llama_2k.json").write_text(json.dumps(llama))
+    (files / "mixtral_as_mistral.json").write_text(json.dumps(dict(llama, architectures=["MistralForCausalLM"],
+                                                                   num_local_experts=8, num_experts_per_tok=2)))
+    (files / "lock_folder" / ".commtune.lock").mkdir(parents=True)
     (files / "empty_dir").mkdir()
     profile = json.loads((ROOT / "calibrate" / "profiles" / "gcp-a100.json").read_text())
     (files / "profile.json").write_text(json.dumps(profile))

@@ -100,6 +100,20 @@ OPTION_CASES = [
     ("reproduce-out-devnull", "autotune reproduce autoddl --out /dev/null/x", "not a directory"),
     ("run-resume-missing", "calibrate run --backend mpi -b 1K -e 2K --out {out}/never --resume",
      "one rank|nothing to continue"),
+    # issue 44: NaN in the pipeline search, flags that did nothing, work before a limit, a path not UTF-8
+    ("search-memory-limit-huge", "autotune --memory-limit 1e308 --out {out}/s", r"--memory-limit 1e\+308 GiB"),
+    ("search-schedule-without-pipeline", "autotune --pipeline off --schedule gpipe --out {out}/s",
+     "--schedule gpipe orders a pipeline's micro-batches, and --pipeline off searches none"),
+    ("search-stages-misfit", "autotune --pipeline 3 --out {out}/s", r"^(?!.*--stages).*--pipeline 3 stages do not"),
+    ("search-out-not-utf8", "autotune --out {out}/s\udcff", "has a byte that is not UTF-8"),
+    ("export-out-not-utf8", "autotune export {good_plan} --to megatron --out {out}/m\udcff.sh", "not UTF-8"),
+    ("reports-out-not-utf8", "reports {good_plan} -o {out}/r\udcff.html", "has a byte that is not UTF-8"),
+    ("explain-papers-plan-case", "autotune explain papers-plan gpt-small-gcp", "remove the case 'gpt-small-gcp'"),
+    ("explain-papers-plan-micro-batch", "autotune explain papers-plan --micro-batch 4", "remove --micro-batch"),
+    ("reshard-tensor-huge", "autotune reshard --src-mesh 2,4 --src-spec S0RR --dst-mesh 2,4 --dst-spec RRR "
+     "--shape 100000000000,100000000000,400000000000 --devices-per-host 4", r"4e\+33 elements, over the planner"),
+    ("validate-seed-negative", "autotune validate --seed -1", "--seed: -1 is not a seed"),
+    ("execute-seed-huge", "autotune execute {good_plan} --seed 4294967296", "--seed: 4294967296 is not a seed"),
 ]
 
 

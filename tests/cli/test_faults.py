@@ -208,3 +208,110 @@ def test_resume_drops_samples_of_sizes_without_stats(tmp_path):
     rd.prepare(meta, resume=True)
     rd.close()
     assert (res / "samples.csv").read_text() == samples_before
+
+
+# ---- files that belong together, and what a killed writer leaves ------------------------------------------
+def test_full_disk_writes_neither_of_a_pair(small_disk):
+    """plan.json and report.html: a disk that fills while the second is written keeps both old files."""
+    from calibrate.outputs import write_together
+    write_together({small_disk / "plan.json": "old plan", small_disk / "report.html": "old report"})
+    (small_disk / "filler").write_bytes(b"\0" * (150 * 1024))
+    with pytest.raises(UserError, match=r"cannot write the plan and report .*No space left"):
+        write_together({small_disk / "plan.json": "new plan", small_disk / "report.html": "x" * 200000},
+                       "plan and report")
+    assert (small_disk / "plan.json").read_text() == "old plan" and (small_disk / "report.html").read_text() == \
+        "old report", "one of the pair was replaced without the other"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "plan.json", "report.html"]
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_killed_writers_leftovers_are_finished_or_removed_by_the_next_writer(tmp_path):
+    """A kill -9 between a pair's renames (its journal names the complete temporaries): the next writer in the
+    folder finishes the renames; temporaries of a dead process are removed, a live one's kept."""
+    from calibrate.outputs import JOURNAL, _host, remove_stale
+    dead, host = _dead_pid(), _host()
+    (tmp_path / "plan.json").write_text("new plan")  # renamed before the kill
+    tmp_report = tmp_path / f".report.html.{host}.{dead}.abc.tmp"
+    tmp_report.write_text("new report")
+    (tmp_path / f"{JOURNAL}.{host}.{dead}").write_text(json.dumps([[f".plan.json.{host}.{dead}.xyz.tmp", "plan.json"],
+                                                                   [tmp_report.name, "report.html"]]))
+    (tmp_path / "report.html").write_text("old report")
+    stale = tmp_path / f".big.xml.{host}.{dead}.q1.tmp"
+    stale.write_bytes(b"\0" * 1000)
+    live = tmp_path / f".big.xml.{host}.{os.getpid()}.q2.tmp"
+    live.write_bytes(b"\0")
+    other_host = tmp_path / f".big.xml.elsewhere.{dead}.q3.tmp"
+    other_host.write_bytes(b"\0")
+    with DirLock(tmp_path):  # taking the lock cleans up
+        pass
+    assert (tmp_path / "report.html").read_text() == "new report"
+    assert not stale.exists() and live.exists() and other_host.exists()
+    assert not list(tmp_path.glob(JOURNAL + "*"))
+    assert remove_stale(tmp_path) == []
+
+
+SLOW_WRITE = """
+import sys, time
+from calibrate.cli import run_cli
+from calibrate.outputs import write_atomic
+
+class Slow(str):
+    def encode(self, *a):  # the temporary file exists while its content is made
+        print("writing", flush=True)
+        time.sleep(60)
+        return b""
+
+sys.exit(run_cli(lambda argv: write_atomic(sys.argv[1], Slow("x"), "program XML"), [], prog="demo"))
+"""
+
+
+def test_sigterm_mid_write_removes_the_temporary_file(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", SLOW_WRITE, str(tmp_path / "big.xml")], cwd=ROOT, env=ENV,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "writing"
+        assert list(tmp_path.glob(".big.xml.*.tmp")), "no temporary file to remove"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        p.kill()
+    assert list(tmp_path.iterdir()) == [], "the temporary file was left"
+
+
+def test_a_lock_path_that_is_a_directory_or_unwritable_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "a" / LOCK_NAME).mkdir(parents=True)
+    with pytest.raises(UserError, match=r"the lock file .*\.commtune\.lock' of the output directory is not a file"):
+        DirLock(tmp_path / "a").acquire()
+    real_open = os.open
+
+    def read_only(path, flags, *a):  # as a read-only --out (root may write anywhere, so the error is planted)
+        if str(path).endswith(LOCK_NAME):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *a)
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(UserError, match=r"cannot lock the output directory .*\(Permission denied\): choose a "
+                                        r"writable directory"):
+        DirLock(tmp_path / "b").acquire()
+
+
+def test_every_directory_writer_refuses_a_folder_locked_on_another_host(tmp_path):
+    """schedule, execute (tests/autotune/test_execute_input.py) and validate take the --out lock before any
+    work, a lock from another host included; under mpiexec every rank ends at once."""
+    from tests.cli.badrecords import run_main
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text("otherhost 77 1700000000\n")
+    rc, text, _, tb = run_main(["autotune", "schedule", "--model-only", "--out", str(out)])
+    assert rc == 2 and not tb and "in use by process 77 on otherhost" in text.strip().splitlines()[-1]
+    if MPIEXEC.exists():
+        t0 = time.monotonic()
+        r = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-m", "autotune", "validate", "--out", str(out)],
+                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and time.monotonic() - t0 < 30
+        assert "in use by process 77 on otherhost" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]

@@ -93,7 +93,7 @@ def test_a_pipelined_plan_fits_the_memory_limit_at_its_peak(tmp_path):
     out = tmp_path / "plan"
     main(["--nodes", "1", "--gpus-per-node", "4", "--layers", "4", "--hidden", "256", "--heads", "4", "--sequence",
           "256", "--vocabulary", "1024", "--batch", "64", "--micro-batch", "4", "--pipeline", "2", "--compare", "none",
-          "--budget", "0.3", "--memory-limit", "0.055", "--out", str(out)], report=lambda *a: None)
+          "--budget", "0.3", "--memory-limit", "0.055", "--out", str(out)], report=lambda *a: "")
     pf = json.loads((out / "plan.json").read_text())
     plans = [pf["best"], *pf["baselines"]]
     piped = [p for p in plans if "pipeline" in p]

@@ -74,7 +74,7 @@ def test_config_json_counts_like_transformers(family, fields, tmp_path):
     config.to_json_file(tmp_path / "config.json")
     g = load_model(str(tmp_path / "config.json"))
     assert g.parameters() == hf_parameters(config)
-    assert (g.batch, g.micro_batch) == (64, 64)
+    assert (g.batch, g.micro_batch) == (64, 1)  # the README's defaults
     assert g.config["sequence"] == min(4096, fields.get("n_positions", config.max_position_embeddings))
 
 
@@ -92,12 +92,17 @@ def test_model_type_without_architectures(tmp_path):
     ("Llama", dict(num_hidden_layers=2, attention_bias=True), {}, "attention_bias true with mlp_bias false"),
     ("Llama", dict(num_hidden_layers=2, num_key_value_heads=5), {}, "'kv_heads' is 5, which does not divide heads 32"),
     ("Llama", dict(num_hidden_layers=2), {"micro_batch": 3}, "batch 64 is not a multiple of micro_batch 3"),
+    ("Llama", dict(num_hidden_layers=2, max_position_embeddings=2048), {"sequence": 4096},
+     "sequence 4096 is longer than the config's max_position_embeddings 2048.*at most 2048"),
+    ("GPT2", dict(n_layer=2, n_positions=64), {"sequence": 65}, "longer than the config's n_positions 64"),
+    ("Mixtral-as-Mistral", dict(num_hidden_layers=2), {},
+     "num_local_experts, num_experts_per_tok describe a mixture of experts, which is not modelled"),
     ("Llama", dict(num_hidden_layers=2, hidden_act="weird"), {}, "hidden_act 'weird' is not modelled"),
     ("GPT2", dict(n_layer=2, activation_function="weird"), {}, "activation_function 'weird' is not modelled"),
 ])
 def test_bad_hf_configs(family, fields, over, msg, tmp_path):
-    arch = {"Mixtral": "MixtralForCausalLM"}.get(family) or MODEL[family]
-    getattr(transformers, f"{family}Config")(architectures=[arch], **fields).to_json_file(tmp_path / "config.json")
+    arch = {"Mixtral": "MixtralForCausalLM", "Mixtral-as-Mistral": "MistralForCausalLM"}.get(family) or MODEL[family]
+    getattr(transformers, f"{family.split('-')[0]}Config")(architectures=[arch], **fields).to_json_file(tmp_path / "config.json")
     with pytest.raises(UserError, match=msg):
         load_model(str(tmp_path / "config.json"), None, over)
 
