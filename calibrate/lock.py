@@ -16,27 +16,11 @@ import time
 from pathlib import Path
 
 from calibrate.errors import UserError
-from calibrate.outputs import check_utf8, remove_stale
+from calibrate.outputs import check_utf8, pid_alive, remove_stale
 
 LOCK_NAME = ".commtune.lock"
 # a lock file still empty after this long was left by a writer killed between creating and filling it
 EMPTY_STALE_S = 10.0
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs on this host: a zombie (killed, its parent gone and not yet reaped, as MPI ranks
-    are for a while after a kill -9 of their launcher) does not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc (not Linux): kill's answer stands
-    return state not in ("Z", "X")
 
 
 class DirLock:

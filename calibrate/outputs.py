@@ -33,9 +33,23 @@ def _host() -> str:
     return socket.gethostname().replace(".", "_")
 
 
-def _gone(host: str, pid: int) -> bool:
-    from calibrate.lock import pid_alive  # (lock imports this module)
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host: a zombie (killed, its parent gone and not yet reaped, as MPI ranks
+    are for a while after a kill -9 of their launcher) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): kill's answer stands
+    return state not in ("Z", "X")
 
+
+def _gone(host: str, pid: int) -> bool:
     return host == _host() and not pid_alive(pid)
 
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrate.lock import pid_alive
+from calibrate.outputs import pid_alive
 
 PREFIX = "ctmn"
 NETNS_DIR = Path("/run/netns")
