@@ -265,6 +265,10 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
             say(f"# group {kind}: the same ranks as world, measured once as world", file=sys.stderr)
             comm.Free()
             continue
+        if kind == "pairs" and "intra" in kinds and info.ranks == world.Get_size() // nnodes:
+            say(f"# group pairs: the same ranks as intra (2 per node), measured once as intra", file=sys.stderr)
+            comm.Free()
+            continue
         backend = make_backend(backend_name, comm, **({"device": device} if device is not None else {}))
         # on shared cores a waiting rank yields its core: groups across emulated nodes run with every node's ranks at
         # once, and a host with more ranks than cores (4 MPI ranks on 2 cores: a spinning rank held its core until the

@@ -4,7 +4,8 @@
 #   run(command="OUT=$OUT bash tests/gpu/collectives4_check.sh", kind="nvidia-h200-x4")
 # The ranks import mpi4py from the wheels in .whl (mpi4py, mpich: Open MPI's ranks could not import it on this
 # image), launched with mpich's mpiexec (tests/gpu/mpi.sh takes MPI_LAUNCHER).
-# 1. calibrate run --backend nccl --mode graph, 1408 B..1 GiB by x2, 16 random held-out sizes per collective,
+# 1. calibrate run --backend nccl --mode graph on the world and the pairs inside it (groups of 2: a fit for p = 2
+#    beside p = 4), 1408 B..1 GiB by x2, 16 random held-out sizes per collective,
 #    --refine (budget adapting to the steps found, up to --refine-cap), then fit --validation on the random sizes.
 # 2. The interpreter at 4 ranks: its programs compiled by the GC3 compiler for 4 ranks and its table tuned on this
 #    machine by the schedule tuner (python -m autotune schedule --gpus 4 --space quick), measured beside NCCL.
@@ -46,7 +47,7 @@ if ! timeout 60 $MPIRUN $PY -c "import mpi4py.MPI as M; print(M.COMM_WORLD.Get_s
 fi
 
 # 1. calibration at 4 ranks and the fit judged on random sizes drawn in the same run
-step calibrate 110 $MPIRUN $PY -m calibrate run --backend nccl --mode graph -b 1408 -e 1G -f 2 --reps 7 \
+step calibrate 170 $MPIRUN $PY -m calibrate run --backend nccl --mode graph -b 1408 -e 1G -f 2 --reps 7 --groups world,pairs \
   --size-unit 256 --check --random 16 --random-seed 45 --random-min-bytes 1K --random-max-bytes 1G \
   --random-out "$R/random" --refine --refine-cap 2 --out "$R/calib"
 grep -E "refined points|steps located" "$R/calibrate.log" | tail -8
