@@ -13,7 +13,9 @@
 # 4. python -m kernels peers at 4 ranks with the tuned table: NCCL default, NCCL symmetric kernels, torch
 #    SymmetricMemory one-shot / two-shot, NCCL's channel x protocol settings (one process each: NCCL's best setting
 #    per size in the merge) and NCCL with the tuner plugin of part 3; every result checked before and after timing.
-# 5. Cross-mesh resharding on 4 GPUs: 1 -> 3, 3 -> 1, 2 -> 2 and uneven tiles, every tile checked.
+# 5. Cross-mesh resharding on 4 GPUs: 1 -> 3, 3 -> 1, 2 -> 2 and uneven tiles, every tile checked, each task's
+#    plans beside a plain exchange (all-to-all / send-recv) of the same tiles in the same comparison, and the
+#    executor's per-call, per-job and per-group terms fitted on the other tasks (reshard4.json: predicted_exec_s).
 # Writes everything under $OUT/c4 (logs, records, profile, tables) and $OUT/c4.tar.gz; a short table last.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 set -u
@@ -119,8 +121,9 @@ tail -14 "$R/peers-table.txt" 2>/dev/null
 echo "-- tuned NCCL at held-out sizes (target: worst >= 0.98x, or declined)"
 grep -E "^# (allreduce|allgather|reducescatter)" "$R/nccl-evaluate.log" 2>/dev/null | head -6
 grep -h "declined" "$R/nccl-tune.log" 2>/dev/null
-echo "-- resharding: predicted vs measured"
-grep -E "^(OK|WRONG|FAIL)" "$R/reshard.log" 2>/dev/null | awk '{print $1, $2, $3, $(NF-4), $(NF-3), $(NF-1), $NF}'
+echo "-- resharding on 4 GPUs: each strategy (predicted: planner's makespan) beside the plain exchange of the same"
+echo "   tiles; the executor's terms and measured / predicted with them (target: within 15%)"
+grep -E "^(OK |BAD)|executor terms" "$R/reshard.log" 2>/dev/null | sed -E 's/ +/ /g' | cut -c1-150
 echo "failed parts:${FAILED:- none}"
 pack
 [ -z "$FAILED" ]
