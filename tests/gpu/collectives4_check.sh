@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 45 on one node of 4 GPUs (nvidia-h200-x4), one process per GPU, about 8 minutes (each part cut by its
+# Issue 45 on one node of 4 GPUs (nvidia-h200-x4), one process per GPU, at most about 10 minutes, typically 8 (each part cut by its
 # timeout; a cut-short part keeps what it measured and the next one goes on):
 #   run(command="OUT=$OUT bash tests/gpu/collectives4_check.sh", kind="nvidia-h200-x4")
 # The ranks import mpi4py from the wheels in .whl (mpi4py, mpich: Open MPI's ranks could not import it on this
@@ -49,17 +49,17 @@ if ! timeout 60 $MPIRUN $PY -c "import mpi4py.MPI as M; print(M.COMM_WORLD.Get_s
 fi
 
 # 1. calibration at 4 ranks and the fit judged on random sizes drawn in the same run
-step calibrate 170 $MPIRUN $PY -m calibrate run --backend nccl --mode graph -b 1408 -e 1G -f 2 --reps 7 --groups world,pairs \
+step calibrate 150 $MPIRUN $PY -m calibrate run --backend nccl --mode graph -b 1408 -e 1G -f 2 --reps 7 --groups world,pairs \
   --size-unit 256 --check --random 16 --random-seed 45 --random-min-bytes 1K --random-max-bytes 1G \
   --random-out "$R/random" --refine --refine-cap 2 --out "$R/calib"
 grep -E "refined points|steps located" "$R/calibrate.log" | tail -8
-step fit 30 $PY -m calibrate fit "$R/calib" --validation "$R/random" -o "$R/profile4.json" --name h200x4-graph
+step fit 20 $PY -m calibrate fit "$R/calib" --validation "$R/random" -o "$R/profile4.json" --name h200x4-graph
 grep -iE "median|max|random" "$R/fit.log" | tail -10
 
 # 2. the interpreter's programs and table for 4 ranks, made on this machine by one command
 PLUGIN=$R/libnccl-tuner-commtune.so
-step build-tuner 60 $PY -m kernels build-tuner --out "$PLUGIN"
-step schedule 100 $MPIRUN $PY -m autotune schedule --gpus 4 --space quick \
+step build-tuner 30 $PY -m kernels build-tuner --out "$PLUGIN"
+step schedule 90 $MPIRUN $PY -m autotune schedule --gpus 4 --space quick \
   --collective allreduce,allgather,reducescatter --sizes 1K:1G:4 --reps 5 --out "$R/interp4"
 # a table for another rank count is refused in one line naming the command
 $PY -c "
@@ -70,10 +70,10 @@ except Exception as e:
     print('refused:', e)" > "$R/mismatch.txt" 2>&1; cat "$R/mismatch.txt"
 
 # 3. NCCL tuned through the plugin: rows only where confirmed at sizes not tuned on; evaluate at held-out sizes
-step nccl-tune 100 $MPIRUN $PY -m autotune nccl --plugin "$PLUGIN" --collectives allreduce,allgather,reducescatter \
+step nccl-tune 90 $MPIRUN $PY -m autotune nccl --plugin "$PLUGIN" --collectives allreduce,allgather,reducescatter \
   --sizes 1K:1G:8 --channels -1,32,64 --heldout 6 --out "$R/nccl"
 grep -E "^# (allreduce|allgather|reducescatter)|declined|kept|dropped" "$R/nccl-tune.log" | tail -14
-step nccl-evaluate 40 $MPIRUN $PY -m autotune nccl evaluate "$R/nccl" --plugin "$PLUGIN"
+step nccl-evaluate 35 $MPIRUN $PY -m autotune nccl evaluate "$R/nccl" --plugin "$PLUGIN"
 grep -E "^# (allreduce|allgather|reducescatter)" "$R/nccl-evaluate.log"
 
 # 4. kernels peers at 4 ranks against NCCL's best setting per size, symmetric kernels, torch SymmetricMemory and
@@ -83,19 +83,19 @@ mkdir -p "$R/nccl-sweep"
 PRESET=$R/interp4/manifest.json
 [ -f "$PRESET" ] || PRESET=h200x2     # the schedule did not finish: the one-line refusal is what is recorded
 # shellcheck disable=SC2086
-step peers 80 $MPIRUN $PY -m kernels peers --preset "$PRESET" \
+step peers 70 $MPIRUN $PY -m kernels peers --preset "$PRESET" \
   --peers interp,nccl,nccl-symm,torch-oneshot,torch-twoshot $SIZES --out "$R/peers.json"
 for label in 64/LL 64/LL128 64/Simple; do   # NCCL's channel x protocol settings, one process each
   ch=${label%/*} proto=${label#*/}
   # shellcheck disable=SC2086
-  NCCL_MIN_NCHANNELS=$ch NCCL_MAX_NCHANNELS=$ch NCCL_PROTO=$proto step "nccl-$ch-$proto" 25 \
+  NCCL_MIN_NCHANNELS=$ch NCCL_MAX_NCHANNELS=$ch NCCL_PROTO=$proto step "nccl-$ch-$proto" 20 \
     $MPIRUN $PY -m kernels peers --peers nccl --label "ch$ch/$proto" $SIZES --reps 5 \
     --out "$R/nccl-sweep/ch${ch}_$proto.json"
 done
 if [ -f "$R/nccl/nccl_tuner.env" ]; then
   set -a; . "$R/nccl/nccl_tuner.env"; set +a
   # shellcheck disable=SC2086
-  step nccl-plugin 25 $MPIRUN $PY -m kernels peers --peers nccl --label tuned $SIZES --reps 5 \
+  step nccl-plugin 20 $MPIRUN $PY -m kernels peers --peers nccl --label tuned $SIZES --reps 5 \
     --out "$R/nccl-sweep/tuned.json"
   unset NCCL_TUNER_PLUGIN COMMTUNE_NCCL_TUNER_TABLE NCCL_MIN_CTAS
 fi
@@ -106,7 +106,7 @@ for f in "$R/peers.json" "$R"/nccl-sweep/*.json; do [ -s "$f" ] && records+=("$f
 pack
 
 # 5. resharding on 4 GPUs (1 -> 3, 3 -> 1, 2 -> 2, uneven tiles: 63 rows over 2 and 3 devices)
-step reshard 60 $MPIRUN $PY -m autotune reshard --execute nccl --shape 63,1024,256 --devices-per-host 4 \
+step reshard 45 $MPIRUN $PY -m autotune reshard --execute nccl --shape 63,1024,256 --devices-per-host 4 \
   --solvers ensemble --time-budget 0.2 --iters 5 \
   --scenario "RRR@1,1[0]:S0RR@1,3[1,2,3]" --scenario "S0RR@1,3[1,2,3]:RRR@1,1[0]" \
   --scenario "S0RR@1,2[0,1]:S1RR@1,2[2,3]" --scenario "S0RR@1,2[0,1]:S0RR@1,3[1,2,3]" \
