@@ -430,6 +430,10 @@ def _evaluate_inputs(args):
         raise UserError(f"{str(path)!r} declares no held-out sizes (written before evaluate existed): rerun python "
                         f"-m autotune nccl, which declares them before its sweep")
     declaration = Declaration.from_dict(dev.heldout, repr(str(path)))
+    if not dev.table_rows and dev.declined and set(dev.declined) >= set(dev.collectives):
+        raise UserError(f"{str(path)!r}: the run declined every collective ({', '.join(dev.declined)}: no gain "
+                        f"confirmed at sizes it was not tuned on), so its table has no rows and NCCL decides at "
+                        f"every size: there is nothing to evaluate")
     if not dev.table_rows or not Path(dev.table).exists():
         raise UserError(f"{str(path)!r}: its table {dev.table!r} is missing: evaluate the directory the run wrote")
     if [r.line() for r in load_table(dev.table)] != dev.table_rows:
