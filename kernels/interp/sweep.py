@@ -33,7 +33,7 @@ from kernels.gc3.compiler import compile_algorithm
 from kernels.gc3.ir import Protocol
 
 from kernels.interp import bench, gpudata, pack
-from kernels.interp.preset import Entry, Fifo, load_preset
+from kernels.interp.preset import TUNE_COMMAND, Entry, Fifo, load_preset
 from kernels.interp.records import SweepRecord
 from kernels.interp.select import Choice
 
@@ -245,6 +245,10 @@ def main_sweep(world, out: Path, name: str) -> int:
     import cupy as cp
 
     cases(name)  # unknown names fail before any work
+    if world.size != 2:
+        raise UserError(f"the sweep's ceilings and shipped programs pair two GPUs, this run has {world.size}: run it "
+                        f"under mpirun -np 2; for {world.size} ranks the table comes from "
+                        f"{TUNE_COMMAND.format(n=world.size)}")
     out.mkdir(parents=True, exist_ok=True)
     ceil = ceilings(world)
     record = SweepRecord(f"{world.size} x {device_name(cp, cp.cuda.Device().id)}",
