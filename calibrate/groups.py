@@ -4,7 +4,11 @@
 - ``intra``: the ranks of one host (one group per host, measured concurrently,
   like nccl-tests' NCCL_TESTS_SPLIT; ``calibrate run`` starts every timed batch
   of the groups of a kind at one barrier of the world);
-- ``inter``: one rank per host (the i-th rank of every host forms group i).
+- ``inter``: one rank per host (the i-th rank of every host forms group i);
+- ``pairs``: groups of 2 inside a host (local ranks 2i and 2i + 1; measured
+  concurrently, as the tensor-parallel groups of 2 on a node of 4 run), beside
+  the world, so that the profile holds a fit per group size (p = 2 and p = 4)
+  and the cost model prices a group of 2 from its own measurements.
 Each group is labelled with its tier: intra when it lies in one node, else inter.
 ``sleeping_barrier``: a barrier whose waiting ranks sleep instead of spinning (for
 nodes emulated on one machine, whose ranks share its cores: the groups of one
@@ -20,7 +24,7 @@ from mpi4py import MPI
 
 from calibrate.errors import OptionError, UserError
 
-GROUP_KINDS = ("world", "intra", "inter")
+GROUP_KINDS = ("world", "intra", "inter", "pairs")
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ def parse_group_kinds(text: str) -> list[str]:
         if k not in GROUP_KINDS:
             raise UserError(f"unknown group {k!r}: choose from {', '.join(GROUP_KINDS)}")
     if not kinds:
-        raise OptionError("groups", "is empty: give world, intra and/or inter")
+        raise OptionError("groups", "is empty: give world, intra, inter and/or pairs")
     return kinds
 
 
@@ -62,6 +66,9 @@ def split(world, kind: str):
         comm, index = world.Dup(), 0
     elif kind == "intra":
         comm, index = world.Split(color=node, key=world.Get_rank()), node
+    elif kind == "pairs":
+        index = local_rank // 2
+        comm = world.Split(color=node * world.Get_size() + index, key=world.Get_rank())
     else:
         comm, index = world.Split(color=local_rank, key=world.Get_rank()), local_rank
     members = comm.allgather(world.Get_rank())
@@ -70,6 +77,9 @@ def split(world, kind: str):
     info = GroupInfo(kind, index, comm.Get_size(), nodes, "intra" if nodes == 1 else "inter")
     if min(sizes) < 2 or len(set(sizes)) != 1:
         comm.Free()
+    if len(set(sizes)) != 1 and kind == "pairs":
+        raise UserError("the pairs groups need an even number of ranks on every node: start one more rank per "
+                        "node or leave pairs out of --groups")
     if min(sizes) < 2:
         return None, info
     if len(set(sizes)) != 1:

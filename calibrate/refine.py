@@ -25,6 +25,15 @@ points, and a fit cannot tell where inside the gap the jump lies. Here:
    or has no aligned size left inside, or the points or the time run out. A
    curve whose sweep was quick gets as much as its steps need, and a jump of
    a few percent waits for the large ones.
+3. the budget adapts to the steps found: it is the larger of the base budget
+   and the expected cost of bracketing every flagged step to ``resolution``
+   (its bisections, ceil(log2(width / resolution)) + 1, times its midpoint's
+   cost), up to a cap; a curve's point limit likewise grows to the
+   bisections its steps need. A curve with ten steps (alltoall on 4 GPUs)
+   gets ten steps' worth, not the share of one. Once the flagged steps are
+   done, the curve's points (sweep and refined) are flagged again: a step
+   next to another one (the lines beside it crossed it) shows only once its
+   neighbour is located, and is bisected in turn.
 
 Everything here is deterministic in the measured values, so a resumed run
 (which gets the points already on disk back from ``measure``) replays the same
@@ -146,6 +155,8 @@ class Report:
     added: list[int] = field(default_factory=list)   # sizes measured by the refinement, in order
     spent_s: float = 0.0
     stopped: str = "every step located"              # or "point limit", "time budget"
+    budget_s: float = 0.0                            # the run's budget, as adapted to the steps found
+    max_points: int = 0                              # this curve's point limit, as adapted
 
     def located(self) -> int:
         return sum(s.located() for s in self.steps)
@@ -160,9 +171,16 @@ def refine(points: list[Point], measure: Callable[[int], tuple[Point, float]], a
                          progress=None if progress is None else lambda _, rep, step, __: progress(rep, step))[0]
 
 
+def bisections(step: Step, resolution: float = RESOLUTION) -> int:
+    """Midpoints that bracket ``step`` to ``resolution`` octaves: each about halves its width (aligned
+    sizes of FINE_BITS bits: one more for the rounding)."""
+    return math.ceil(math.log2(step.width / resolution) - 1e-9) + 1 if step.width > resolution else 0
+
+
 def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashable, int], tuple[Point, float]],
                   aligned: Callable[[Hashable, int], int], *, budget_s: float, max_points: int,
                   cost: Callable[[Hashable, int], float], floor: float = FLOOR, resolution: float = RESOLUTION,
+                  cap_s: float | None = None,
                   progress: Callable[[Hashable, Report, Step, float], None] | None = None) -> dict[Hashable, Report]:
     """Bisect every flagged interval of every curve (``curves``: key -> the sweep's points) under one
     time budget shared by all of them.
@@ -179,6 +197,10 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
     midpoint does not fit is left there and the cheaper ones go on. At most
     ``max_points`` refined points per curve. ``progress(key, report, step, seconds spent by all)``
     after each point.
+
+    ``cap_s`` (default ``budget_s``: a fixed budget): the budget adapts to the steps flagged (module
+    doc, 3), between ``budget_s`` and ``cap_s``; each report's ``budget_s`` and ``max_points`` say
+    what was granted.
     """
     reports = {key: Report() for key in curves}
 
@@ -190,16 +212,44 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
         return step.width * excess / max(cost(key, m), 1e-9) if m is not None else math.inf
 
     queue: list[tuple[float, int, Hashable, int]] = []
+    known = {key: {p.nbytes: p for p in points} for key, points in curves.items()}
+    seen: dict[Hashable, set] = {key: set() for key in curves}
+    need = {key: 0 for key in curves}
+    need_s = 0.0
     seq = 0
-    for key, points in curves.items():
-        for k, step in enumerate(flag_steps(points, floor)):
-            reports[key].steps.append(step)
-            heapq.heappush(queue, (-worth(key, step), seq, key, k))
-            seq += 1
+
+    def flag_new() -> int:
+        """Flag the intervals of every curve's points (the sweep's and the refined ones) not flagged
+        before: a step hidden by its neighbour (the lines beside it crossed another step) shows once
+        that one is located. Grows the budget and the point limits with the bisections they need."""
+        nonlocal need_s, seq, budget_s
+        added = 0
+        for key in curves:
+            rep = reports[key]
+            for step in flag_steps(list(known[key].values()), floor):
+                span = (step.lo.nbytes, step.hi.nbytes)
+                if span in seen[key] or any(s.lo.nbytes <= span[0] and span[1] <= s.hi.nbytes for s in rep.steps):
+                    continue
+                seen[key].add(span)
+                rep.steps.append(step)
+                heapq.heappush(queue, (-worth(key, step), seq, key, len(rep.steps) - 1))
+                seq += 1
+                added += 1
+                b = bisections(step, resolution)
+                need[key] += b
+                m = midpoint(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
+                need_s += b * cost(key, m if m is not None else step.hi.nbytes)
+            rep.max_points = max_points if cap_s is None else max(max_points, need[key])
+        budget_s = max(budget_s, min(need_s, budget_s if cap_s is None else cap_s))
+        for rep in reports.values():
+            rep.budget_s = budget_s
+        return added
+
+    flag_new()
     ratio: dict[Hashable, float] = {}
     spent = 0.0
     short = set()   # curves that left a step for want of time
-    while queue:
+    while queue or (cap_s is not None and flag_new()):
         _, _, key, k = heapq.heappop(queue)
         rep = reports[key]
         step = rep.steps[k]
@@ -209,13 +259,14 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
         if m is None:  # no aligned size left between them: as located as it can be
             step.exhausted = True
             continue
-        if len(rep.added) >= max_points:
+        if len(rep.added) >= rep.max_points:
             rep.stopped = "point limit"
             continue
         if spent + cost(key, m) * ratio.get(key, 1.0) > budget_s:
             short.add(key)
             continue
         p, took = measure(key, m)
+        known[key][m] = p
         rep.added.append(m)
         rep.spent_s += took
         spent += took

@@ -7,6 +7,14 @@ where NCCL cuts its channels by size is NCCL's default itself (so noise never tr
 a setting that is no faster). A band gets no row (NCCL decides there) where NCCL's default or no
 setting was measured, or where the setting chosen is slower than the default by more than ``margin``.
 
+A band's row stands only where its gain is confirmed at sizes the choice did not see
+(``confirm``: two sizes inside each band, a quarter of the sweep's step either side of the
+size it was chosen at, off the sweep's grid and the held-out set of ``evaluate``, measured
+after the choice in the same run): the setting's time over the default's, geometric mean
+over those sizes, at least ``margin`` faster and nowhere slower than the default by more
+than ``margin``. Elsewhere NCCL decides (no row); a collective with no confirmed gain gets
+no rows at all, and the command says so.
+
 Bands are ``autotune.nccl.bands``: band i holds size s_i and runs from the geometric
 mean of s_(i-1) and s_i to that of s_i and s_(i+1), the first from 0 and the last without
 an upper bound, so the table covers every size of each tuned collective. NCCL's default is
@@ -16,6 +24,9 @@ its default; a setting with NCCL's own channel count (``/auto``) and the default
 algorithm and protocol is what reproduces the default there.
 """
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 from calibrate.errors import UserError
 from calibrate.measure.stats import geomean
@@ -47,11 +58,20 @@ def pick(samples: list[Sample], band: Band, margin: float) -> str | None:
     return best if score[best] <= 1 + margin else None
 
 
-def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks: int, nodes: int,
-           excluded=(), margin: float = 0.02) -> list[Row]:
-    """The table's rows: one per band and collective, neighbouring bands of one setting merged;
+@dataclass(frozen=True)
+class Pick:
+    """The setting chosen for one band of one collective."""
+
+    collective: str
+    band: Band
+    label: str
+
+
+def picks(sweep: list[Sample], collectives: list[str], sizes: list[int], excluded=(),
+          margin: float = 0.02) -> list[Pick]:
+    """The setting chosen per band and collective from the sweep (bands without one: NCCL decides);
     ``excluded``: labels of settings NCCL did not apply."""
-    rows = []
+    out = []
     for coll in collectives:
         mine = [s for s in sweep if s.collective == coll and s.setting not in excluded]
         if not any(s.setting != "default" for s in mine):
@@ -59,9 +79,80 @@ def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks:
         for band in bands_for(sizes):
             label = pick(mine, band, margin)
             if label is not None:
-                rows.append(Setting.parse(label).row(coll, band.lo, SIZE_MAX if band.hi == 0 else band.hi - 1,
-                                                     ranks, nodes))
-    return merge_bands(rows)
+                out.append(Pick(coll, band, label))
+    return out
+
+
+def rows_of(chosen: list[Pick], ranks: int, nodes: int) -> list[Row]:
+    """The table's rows: one per pick, neighbouring bands of one setting merged."""
+    return merge_bands([Setting.parse(p.label).row(p.collective, p.band.lo,
+                                                   SIZE_MAX if p.band.hi == 0 else p.band.hi - 1, ranks, nodes)
+                        for p in chosen])
+
+
+def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks: int, nodes: int,
+           excluded=(), margin: float = 0.02) -> list[Row]:
+    """The rows of the sweep's picks, unconfirmed (``confirm`` keeps those whose gain holds)."""
+    return rows_of(picks(sweep, collectives, sizes, excluded, margin), ranks, nodes)
+
+
+def confirmation_sizes(sizes: list[int], unit: int, avoid=()) -> list[int]:
+    """Two sizes inside each band (a quarter of the step to the neighbouring sweep size either side of
+    the band's own; at the ends, the step to the one neighbour mirrored), multiples of
+    ``unit`` bytes, none on the sweep's grid or in ``avoid`` (the held-out sizes)."""
+    s = sorted(sizes)
+    taken = set(s) | set(avoid)
+    out = set()
+    for i, n in enumerate(s):
+        down = s[i - 1] if i else (n * n / s[1] if len(s) > 1 else n / 2)
+        up = s[i + 1] if i + 1 < len(s) else (n * n / s[i - 1] if i else 2 * n)
+        for other in (down, up):
+            m = max(unit, round(n * (other / n) ** 0.25 / unit) * unit)
+            while m in taken:
+                m += unit
+            out.add(m)
+    return sorted(m for m in out if m <= s[-1])
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    pick: Pick
+    gain: float | None       # geomean of default / setting over the band's confirmation sizes
+    worst: float | None      # the least of them
+    sizes: int
+    kept: bool
+
+    def line(self) -> str:
+        b = self.pick.band
+        if self.gain is None:
+            return f"{self.pick.collective} {b.label} {self.pick.label}: not confirmed (not measured there)"
+        return (f"{self.pick.collective} {b.label} {self.pick.label}: {self.gain:.3f}x the default (worst "
+                f"{self.worst:.3f}x) at {self.sizes} confirmation sizes: {'kept' if self.kept else 'dropped'}")
+
+
+def confirm(chosen: list[Pick], samples: list[Sample], margin: float = 0.02) -> list[Confirmation]:
+    """Each pick judged at the confirmation sizes of its band (``samples``: the default and the picks'
+    settings measured there): kept where the setting is faster than the default by more than ``margin``
+    (geometric mean) and nowhere slower than it by more than ``margin``."""
+    out = []
+    for p in chosen:
+        mine = {s.bytes: s.median_us for s in samples
+                if s.collective == p.collective and s.setting == p.label and p.band.covers(s.bytes)}
+        default = {s.bytes: s.median_us for s in samples
+                   if s.collective == p.collective and s.setting == "default" and p.band.covers(s.bytes)}
+        ratios = [default[n] / mine[n] for n in mine if n in default and mine[n] > 0
+                  and math.isfinite(mine[n]) and math.isfinite(default[n])]
+        if not ratios:
+            out.append(Confirmation(p, None, None, 0, False))
+            continue
+        gain, worst = geomean(ratios), min(ratios)
+        out.append(Confirmation(p, gain, worst, len(ratios), gain >= 1 + margin and worst >= 1 - margin))
+    return out
+
+
+def declined(collectives: list[str], confirmations: list[Confirmation]) -> list[str]:
+    """The collectives left with no confirmed row (NCCL decides at every size)."""
+    return [c for c in collectives if not any(x.kept and x.pick.collective == c for x in confirmations)]
 
 
 def best_fixed(sweep: list[Sample], collective: str, excluded=()) -> str | None:

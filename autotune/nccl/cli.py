@@ -14,7 +14,10 @@ at two size steps in a row where the best is bandwidth-bound and the setting's t
 least as fast, never for being behind at small sizes, where Simple loses to LL and yet wins at
 large ones), chooses per size band among the settings measured at that size (the default's own
 algorithm and protocol unless beaten by --margin; no row, NCCL's choice, where the best measured
-is slower than NCCL's default by more than --margin), writes the table (nccl_tuner.csv)
+is slower than NCCL's default by more than --margin), confirms each band's choice at two sizes
+of the band the sweep did not measure (a row stands only where the setting is faster than the
+default there by more than --margin and nowhere slower by more than it; elsewhere NCCL decides;
+a collective with no confirmed row gets none, and the command says so), writes the table (nccl_tuner.csv)
 and the env file (nccl_tuner.env: NCCL_TUNER_PLUGIN, COMMTUNE_NCCL_TUNER_TABLE,
 NCCL_MIN_CTAS), then measures NCCL default against NCCL with the plugin and the table on
 new communicators in the same run and prints the ratio per collective and size with
@@ -190,7 +193,7 @@ def _tune(args, world, colls, sizes, channels, plugin, t_start, lead, say, ranks
     """The sweep (or the given table), the ablation, the records (rank 0 writes them)."""
     from calibrate.device.gpu import device_name
 
-    from autotune.nccl.choose import best_fixed, choose
+    from autotune.nccl.choose import best_fixed, picks, rows_of
     from autotune.nccl.measure import Options, Session, ablation_arms, compare, sweep
     from autotune.nccl.settings import Setting, setting_table
 
@@ -240,7 +243,9 @@ def _tune(args, world, colls, sizes, channels, plugin, t_start, lead, say, ranks
                     f"{time.perf_counter() - t_start:.0f} s so far")
 
             sweep(session, plan, sizes, on_sample, on_setting)
-            table_rows = choose(record.sweep, colls, sizes, ranks, nodes, record.not_applied, args.margin)
+            chosen = picks(record.sweep, colls, sizes, record.not_applied, args.margin)
+            table_rows = rows_of(confirmed(session, record, chosen, colls, sizes, ranks, args, say, save), ranks,
+                                 nodes)
         table_path, env_path = out / "nccl_tuner.csv", out / "nccl_tuner.env"
         record.table, record.env_file = str(table_path.resolve()), str(env_path.resolve())
         record.table_rows = [r.line() for r in table_rows]
@@ -276,12 +281,51 @@ def _tune(args, world, colls, sizes, channels, plugin, t_start, lead, say, ranks
     return _print_summary(record, say) if lead else 0
 
 
+def confirmed(session, record: rec.TuneRecord, chosen: list, colls: list[str], sizes: list[int], ranks: int,
+              args, say, save) -> list:
+    """The picks whose gain holds at the confirmation sizes (``choose.confirm``), measured now: NCCL's
+    default and each pick's setting, as the sweep measures them; records what was kept and dropped."""
+    from autotune.nccl.choose import confirm, confirmation_sizes, declined
+    from autotune.nccl.measure import sweep
+    from autotune.nccl.settings import DEFAULT, Setting
+
+    extra = confirmation_sizes(sizes, 128 * ranks, _heldout_sizes(record))
+    plan = {c: [DEFAULT] + list(dict.fromkeys(Setting.parse(p.label) for p in chosen if p.collective == c))
+            for c in colls}
+    say(f"# confirmation: {sum(len(v) - 1 for v in plan.values())} chosen settings and the default at "
+        f"{len(extra)} sizes the sweep did not measure")
+
+    def on_sample(s, coll, n, setting, why):
+        if s is not None:
+            record.confirm.append(s)
+
+    sweep(session, plan, extra, on_sample, lambda *a: save())
+    checks = confirm(chosen, record.confirm, args.margin)
+    record.confirmations = [c.line() for c in checks]
+    record.declined = declined(colls, checks)
+    for c in checks:
+        say(f"#   {c.line()}")
+    for c in record.declined:
+        say(f"# {c}: no gain confirmed at sizes it was not tuned on: no rows, NCCL decides at every size")
+    keep = [c.pick for c in checks if c.kept and c.pick.collective not in record.declined]
+    save()
+    return keep
+
+
+def _heldout_sizes(record: rec.TuneRecord) -> list[int]:
+    return sorted({int(n) for v in (record.heldout or {}).get("evaluation", {}).values() for n in v})
+
+
 def declare_heldout(colls: list[str], sizes: list[int], ranks: int, args):
-    """The held-out sizes, declared before any measurement: off the sweep's grid, in its range."""
+    """The held-out sizes, declared before any measurement: off the sweep's grid and the confirmation
+    sizes, in its range."""
     from calibrate.measure.heldout import declare
 
+    from autotune.nccl.choose import confirmation_sizes
+
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return declare("autotune nccl", {c: list(sizes) for c in colls}, min(sizes), max(sizes), args.heldout,
+    development = sorted(set(sizes) | set(confirmation_sizes(sizes, 128 * ranks)))
+    return declare("autotune nccl", {c: development for c in colls}, min(sizes), max(sizes), args.heldout,
                    args.heldout_seed, 128 * ranks, stamp)
 
 
@@ -336,6 +380,8 @@ def _prepare(out: Path) -> None:
 
 def _print_summary(record: rec.TuneRecord, say) -> int:
     lines, wrong = summary_lines(record.compare)
+    lines += [f"# {c}: declined: no gain confirmed at sizes it was not tuned on; no rows, NCCL decides"
+              for c in record.declined]
     print("\n".join(lines))
     seconds = {k: round(v, 1) for k, v in record.seconds.items()}
     main3 = sum(v for k, v in record.seconds.items() if k in ("sweep_allreduce", "sweep_allgather",
@@ -398,6 +444,10 @@ def _evaluate_inputs(args):
         raise UserError(f"{str(path)!r} declares no held-out sizes (written before evaluate existed): rerun python "
                         f"-m autotune nccl, which declares them before its sweep")
     declaration = Declaration.from_dict(dev.heldout, repr(str(path)))
+    if not dev.table_rows and dev.declined and set(dev.declined) >= set(dev.collectives):
+        raise UserError(f"{str(path)!r}: the run declined every collective ({', '.join(dev.declined)}: no gain "
+                        f"confirmed at sizes it was not tuned on), so its table has no rows and NCCL decides at "
+                        f"every size: there is nothing to evaluate")
     if not dev.table_rows or not Path(dev.table).exists():
         raise UserError(f"{str(path)!r}: its table {dev.table!r} is missing: evaluate the directory the run wrote")
     if [r.line() for r in load_table(dev.table)] != dev.table_rows:

@@ -117,13 +117,16 @@ class TuneRecord(Record):
     compare: list[Compare] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
     plugin_counters: dict = field(default_factory=dict)
+    confirm: list[Sample] = field(default_factory=list)   # the picks and the default at the confirmation sizes
+    confirmations: list[str] = field(default_factory=list)  # per pick: its gain there, kept or dropped
+    declined: list[str] = field(default_factory=list)       # collectives with no confirmed row (NCCL decides)
 
     def body(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "TuneRecord":
-        return cls.from_fields(d, origin, sweep=Sample, compare=Compare)
+        return cls.from_fields(d, origin, sweep=Sample, compare=Compare, confirm=Sample)
 
 
 ABLATIONS = ("min_ctas", "table")     # the arms that take one part of the tuned configuration each

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from pathlib import Path
 
 from calibrate.profile import Profile
 from kernels.interp import pack
@@ -67,10 +68,12 @@ def rescore(path: str, profile: Profile, preset: Preset, params: interp_model.Mo
     return "\n".join(lines)
 
 
-def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4) -> interp_model.ModelParams:
-    """The interpreter model's parameters fitted on an interpreter sweep record (float32 rows)."""
+def fit_record(path: str, profile: Profile, preset: Preset, esize: int = 4,
+               reference_dir: Path | None = None) -> interp_model.ModelParams:
+    """The interpreter model's parameters fitted on an interpreter sweep record (float32 rows; rows of
+    reference MSCCL programs, in older records, only with their ``reference_dir``)."""
     record = interp_model.load_tune_record(path)
-    samples = interp_model.tune_samples(record, preset.threads)
+    samples = interp_model.tune_samples(record, preset.threads, reference_dir)
     one_hop, node = record.ceiling_us(ONE_HOP_CEILING, 1024), record.ceiling_us(GRAPH_NODE_CEILING, 0)
     provenance = {"source": path, "measured": f"{record.date or '?'} on {record.device or '?'}, "
                                               f"python -m kernels bench --sweep (reports/records/interp.md)",

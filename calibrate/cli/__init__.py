@@ -284,7 +284,8 @@ def add_timing_args(p: argparse.ArgumentParser, mode_default: str | None, min_de
     p.add_argument("--mode", "-m", default=mode_default, help="host (CPU clock, one sync), graph (CUDA graph, "
                    "events) or isolated (barrier, one call, sync). Default " + (mode_default or "the profile's"))
     p.add_argument("--groups", default="world,intra,inter",
-                   help="groups to measure: world, intra (ranks of one host), inter (one rank per host)")
+                   help="groups to measure: world, intra (ranks of one host), inter (one rank per host), pairs "
+                        "(groups of 2 inside a host, all at once: a fit for p = 2 beside the world's)")
     p.add_argument("--nodes-share-cores", action="store_true",
                    help="the nodes are emulated on one machine (e.g. network namespaces) and share its cores: time "
                         "the intra groups one node at a time, the other ranks asleep, as on separate machines (all "

@@ -4,7 +4,8 @@ after their sweeps, with the budget and progress lines (the logic is in
 
 The budget is ``--refine-budget`` times the seconds the sweeps of all the
 group's collectives took (points.csv), shared by their steps, and at most
-``--refine-points`` sizes per collective. Refined sizes are timed but not
+``--refine-points`` sizes per collective; both grow to what bracketing every
+step found needs, the time up to ``--refine-cap`` times the sweeps'. Refined sizes are timed but not
 checked (``--check`` covers the sweep's sizes). A resumed run replays the same
 decisions from the points on disk and measures only what is missing.
 """
@@ -49,6 +50,7 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
     sweep_s = {coll: sum(w for _, w in walls[coll]) for coll in colls}
     total_s = sum(sweep_s.values())
     budget_s = args.refine_budget * total_s
+    cap_s = max(getattr(args, "refine_cap", args.refine_budget), args.refine_budget) * total_s
 
     def measure(coll: Collective, nbytes: int) -> tuple[Point, float]:
         key = (label, coll.value, nbytes)
@@ -64,16 +66,18 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
         return max(w for _, w in pts[max(k - 1, 0):k + 1])
 
     def progress(coll: Collective, rep: Report, step: Step, spent: float) -> None:
-        say(f"# refine {label} {coll.value}: point {len(rep.added)}/{args.refine_points}, {spent:.1f}/"
-            f"{budget_s:.1f} s: step x{math.exp(step.jump):.2f} in {_size(step.lo.nbytes)}..{_size(step.hi.nbytes)} "
+        say(f"# refine {label} {coll.value}: point {len(rep.added)}/{rep.max_points}, {spent:.1f}/"
+            f"{rep.budget_s:.1f} s: step x{math.exp(step.jump):.2f} in {_size(step.lo.nbytes)}..{_size(step.hi.nbytes)} "
             f"({step.width * 32:.2g}/32 octave)", file=sys.stderr)
 
     say(f"# refine {label}: the sweeps took {total_s:.1f} s; budget {budget_s:.1f} s shared by "
-        f"{len(colls)} collectives, at most {args.refine_points} points each", file=sys.stderr)
+        f"{len(colls)} collectives (up to {cap_s:.1f} s as the steps found need), at least {args.refine_points} "
+        f"points each", file=sys.stderr)
     reports = refine_curves({c: [_point(n, r) for n, r in recs[c]] for c in colls}, measure,
                             lambda c, n: align(c, odd_multiple(n, unit) if unit else n, p, args.dtype)[0],
                             budget_s=budget_s,
-                            max_points=args.refine_points, cost=cost, floor=args.refine_tol, progress=progress)
+                            max_points=args.refine_points, cost=cost, floor=args.refine_tol, cap_s=cap_s,
+                            progress=progress)
     out = {}
     for coll in colls:
         report = reports[coll]
@@ -83,10 +87,11 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
             say(f"#   {coll.value}: step x{math.exp(s.jump):.2f} between {_size(s.lo.nbytes)} and "
                 f"{_size(s.hi.nbytes)} ({s.width * 32:.2g}/32 octave, {where})", file=sys.stderr)
         share = f"{100 * report.spent_s / sweep_s[coll]:.0f}%" if sweep_s[coll] > 0 else "-"
-        say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {args.refine_points}), "
+        say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {report.max_points}), "
             f"{report.spent_s:.1f} s = {share} of its sweep's {sweep_s[coll]:.1f} s; {report.located()}/"
             f"{len(report.steps)} steps located within 1/32 octave; {report.stopped}", file=sys.stderr)
-        out[coll.value] = {"sweep_points": len(recs[coll]), "sweep_s": sweep_s[coll], "budget_s": budget_s,
+        out[coll.value] = {"sweep_points": len(recs[coll]), "sweep_s": sweep_s[coll], "budget_s": report.budget_s,
+                           "point_limit": report.max_points,
                            "budget_shared_by": [c.value for c in colls], "group_sweep_s": total_s,
                            "refined_points": len(report.added), "refine_s": report.spent_s,
                            "stopped": report.stopped, "located": report.located(),
@@ -94,5 +99,5 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
     run_s = sum(r.spent_s for r in reports.values())
     say(f"# refine {label}: {sum(len(r.added) for r in reports.values())} refined points, {run_s:.1f} s = "
         f"{100 * run_s / total_s if total_s else 0:.0f}% of the sweeps' {total_s:.1f} s (budget "
-        f"{100 * args.refine_budget:.0f}%)", file=sys.stderr)
+        f"{100 * args.refine_budget:.0f}%, up to {100 * cap_s / total_s if total_s else 0:.0f}%)", file=sys.stderr)
     return out

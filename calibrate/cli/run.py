@@ -55,8 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "algorithm switches) by bisection on aligned sizes, to 1/32 of an octave")
     p.add_argument("--refine-budget", type=finite_float, default=0.25,
                    help="refinement time, as a fraction of the time the sweeps of all collectives took (shared by "
-                        "the steps of all curves; the last point may overrun it by its own time). Default 0.25")
-    p.add_argument("--refine-points", type=int, default=64, help="most refined sizes per collective. Default 64")
+                        "the steps of all curves; the last point may overrun it by its own time); it grows to what "
+                        "bracketing every step found needs, up to --refine-cap. Default 0.25")
+    p.add_argument("--refine-cap", type=finite_float, default=2.0,
+                   help="the most refinement time, as a fraction of the sweeps' time, when the steps found need "
+                        "more than --refine-budget (a curve with many steps). Default 2")
+    p.add_argument("--refine-points", type=int, default=64,
+                   help="most refined sizes per collective, raised to the bisections its steps need. Default 64")
     p.add_argument("--refine-tol", type=finite_float, default=FLOOR,
                    help=f"least relative disagreement with the smooth model that counts as a step (the "
                         f"confidence intervals raise it where the data are noisy). Default {FLOOR}")
@@ -258,6 +263,10 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
             continue
         if kind != "world" and info.ranks == world.Get_size():
             say(f"# group {kind}: the same ranks as world, measured once as world", file=sys.stderr)
+            comm.Free()
+            continue
+        if kind == "pairs" and "intra" in kinds and info.ranks == world.Get_size() // nnodes:
+            say(f"# group pairs: the same ranks as intra (2 per node), measured once as intra", file=sys.stderr)
             comm.Free()
             continue
         backend = make_backend(backend_name, comm, **({"device": device} if device is not None else {}))

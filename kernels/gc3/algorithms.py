@@ -194,6 +194,62 @@ def alltonext(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=2)
     return prog
 
 
+def _others(ranks: int):
+    """Every (k, r) pair, k-major, and q, the k-th other rank of r (k, or k + 1 from r on)."""
+    r = np.arange(ranks)
+    k = np.repeat(np.arange(ranks - 1), ranks)
+    rk = np.tile(r, ranks - 1)
+    return r, k, rk, np.where(k < rk, k, k + 1)
+
+
+def direct_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """One-shot allreduce, out of place: every rank copies its input to its output, then adds every
+    other rank's whole input, received directly (one hop; n - 1 receives reduce into the output)."""
+    _check(ranks, channels)
+    prog = GC3Program("allreduce_direct", CollectiveSpec("allreduce", ranks, 1, False), protocol, instances)
+    r, k, rk, q = _others(ranks)
+    prog.chunk(r, I, 0).copy(r, O, 0)
+    for j in range(ranks - 1):
+        sel = k == j
+        prog.chunk(rk[sel], O, 0).reduce(prog.chunk(q[sel], I, 0), ch=j % channels)
+    return prog
+
+
+def direct_allgather(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """One-shot allgather, out of place: every rank copies its input into its own output chunk and sends
+    it straight to every other rank's."""
+    _check(ranks, channels)
+    prog = GC3Program("allgather_direct", CollectiveSpec("allgather", ranks, ranks, False), protocol, instances)
+    r, k, rk, q = _others(ranks)
+    prog.chunk(r, I, 0).copy(r, O, r)
+    prog.chunk(rk, I, 0).copy(q, O, rk, ch=k % channels)
+    return prog
+
+
+def direct_reducescatter(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """One-shot reduce-scatter, out of place: rank r copies its input chunk r to its output, then adds
+    chunk r of every other rank's input, received directly."""
+    _check(ranks, channels)
+    prog = GC3Program("reducescatter_direct", CollectiveSpec("reducescatter", ranks, ranks, False), protocol,
+                      instances)
+    r, k, rk, q = _others(ranks)
+    prog.chunk(r, I, r).copy(r, O, 0)
+    for j in range(ranks - 1):
+        sel = k == j
+        prog.chunk(rk[sel], O, 0).reduce(prog.chunk(q[sel], I, rk[sel]), ch=j % channels)
+    return prog
+
+
+def direct_alltoall(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """One-shot alltoall, out of place: chunk q of rank r goes straight to chunk r of rank q."""
+    _check(ranks, channels)
+    prog = GC3Program("alltoall_direct", CollectiveSpec("alltoall", ranks, ranks, False), protocol, instances)
+    r, k, rk, q = _others(ranks)
+    prog.chunk(r, I, r).copy(r, O, r)
+    prog.chunk(rk, I, q).copy(q, O, rk, ch=k % channels)
+    return prog
+
+
 AlgorithmFn = Callable[..., GC3Program]
 
 ALGORITHMS: dict[str, AlgorithmFn] = {
@@ -205,6 +261,10 @@ ALGORITHMS: dict[str, AlgorithmFn] = {
     "ring_reducescatter": ring_reducescatter,
     "twostep_alltoall": twostep_alltoall,
     "alltonext": alltonext,
+    "direct_allreduce": direct_allreduce,
+    "direct_allgather": direct_allgather,
+    "direct_reducescatter": direct_reducescatter,
+    "direct_alltoall": direct_alltoall,
 }
 
 
@@ -218,6 +278,10 @@ OP_COUNTS: dict[str, Callable[[int, int, int], int]] = {   # (ranks, channels, n
     "ring_reducescatter": lambda r, c, n: c * r * (r - 1),
     "twostep_alltoall": lambda r, c, n: r * r + r * (n - 1),
     "alltonext": lambda r, c, n: 3 * r * max(1, r // max(n, 1)),
+    "direct_allreduce": lambda r, c, n: r * r,
+    "direct_allgather": lambda r, c, n: r * r,
+    "direct_reducescatter": lambda r, c, n: r * r,
+    "direct_alltoall": lambda r, c, n: r * r,
 }
 # peak memory of tracing, compiling and verifying: BYTES_PER_OP + ranks / 16 bytes per traced op (the
 # symbolic state of a slot is R / 8 bytes, and a rank holds about R / 2 slots per op it takes part in)

@@ -37,9 +37,10 @@ import numpy as np
 
 from calibrate.errors import UserError
 from kernels.gc3.arrays import bit_width, order_by, unique
+from kernels.gc3.algorithms import build
 from kernels.gc3.dsl import GC3Program
 from kernels.gc3.emit import emit
-from kernels.gc3.ir import Program
+from kernels.gc3.ir import Program, Protocol
 from kernels.gc3.oplog import COPY
 from kernels.gc3.order import global_order, step_order
 from kernels.gc3.placement import place
@@ -359,6 +360,13 @@ def _dead_writes(ins: Instrs, acc: Accesses, alive: np.ndarray, is_output) -> No
 def compile_program(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_result: bool = True) -> Program:
     """Compile a traced GC3 program into the IR (objects); raise ``UserError`` naming any defect."""
     return compile_table(prog, sm_count, verify_result).to_program()
+
+
+def compile_algorithm(name: str, ranks: int, channels: int = 1, instances: int = 1,
+                      protocol: Protocol | str = Protocol.SIMPLE, nodes: int = 1) -> Program:
+    """Algorithm ``name`` of the library (kernels.gc3.algorithms) compiled and verified for ``ranks`` ranks:
+    what ``python -m kernels compile NAME --ranks N`` writes, as objects."""
+    return compile_program(build(name, ranks, channels, instances, protocol, nodes))
 
 
 def compile_table(prog: GC3Program, sm_count: int = DEFAULT_SM_COUNT, verify_result: bool = True) -> IRTable:

@@ -1,4 +1,6 @@
-"""Where the msccl-tools reference XML files live (../shared/interop/msccl, or $COMMTUNE_MSCCL_DIR)."""
+"""Where the msccl-tools reference XML files live (../shared/interop/msccl, or $COMMTUNE_MSCCL_DIR):
+for tests that COMPARE the project's compiler and executor with them only, which skip when the folder
+is absent. Nothing the project runs needs it: its programs come from kernels.gc3.compiler."""
 from __future__ import annotations
 
 import os

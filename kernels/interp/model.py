@@ -54,7 +54,7 @@ from calibrate.errors import UserError
 from calibrate.jsonfile import read_named_json
 from calibrate.records import check_header, header
 from calibrate.profile import Group, Profile
-from kernels.gc3.interop import msccl_dir
+from kernels.gc3.compiler import compile_algorithm
 from kernels.gc3.ir import Program, Protocol
 from kernels.gc3.simulate import LOCAL_BETA_FRACTION, PROTOCOL_EFFICIENCY, message_partners
 from kernels.gc3.xml_io import read_xml
@@ -289,10 +289,11 @@ def load_tune_record(path: str | Path) -> SweepRecord:
     return SweepRecord.load(path)
 
 
-def tune_samples(record: SweepRecord, threads: int = 512) -> list[Sample]:
+def tune_samples(record: SweepRecord, threads: int = 512, reference_dir: Path | None = None) -> list[Sample]:
     """The correct float32 rows of an interpreter sweep record (``load_tune_record``) run with the
-    preset's transport (its ``threads``, variant "base") and a shipped program, or a reference MSCCL
-    program (``program_file``, looked up in kernels.gc3.interop.msccl_dir())."""
+    preset's transport (its ``threads``, variant "base") and a shipped program, a library program
+    (``algorithm``, compiled again for the row's ``nranks``) or, in older records, a reference MSCCL
+    program (``program_file``: read from ``reference_dir`` when given, else the row is left out)."""
     programs: dict[str, Program] = {}
     out = []
     for run in record.runs:
@@ -301,10 +302,16 @@ def tune_samples(record: SweepRecord, threads: int = 512) -> list[Sample]:
                     or r.get("dtype", "float32") != "float32"):
                 continue
             name = r["program"]
-            if name not in programs:
+            if r.get("algorithm"):
+                name = f"{r['algorithm']}@{r.get('nranks', 2)}"
+                if name not in programs:
+                    programs[name] = compile_algorithm(r["algorithm"], int(r.get("nranks", 2)))
+            elif name not in programs:
                 path_xml = PROGRAM_DIR / f"{name}.xml"
-                if r.get("program_file"):  # a reference MSCCL program the sweep ran (multi-hop)
-                    path_xml = msccl_dir() / r["program_file"]
+                if r.get("program_file"):  # a reference MSCCL program an older sweep ran (multi-hop)
+                    if reference_dir is None:
+                        continue
+                    path_xml = Path(reference_dir) / r["program_file"]
                 if not path_xml.is_file():
                     continue
                 programs[name] = read_xml(path_xml)

@@ -1,6 +1,12 @@
 """Presets of the interpreter runtime, kept as JSON data files in kernels/interp/presets:
 the transport (FIFO slots per protocol, threads per block, channel and split limits)
-and the programs to load with the size range each serves."""
+and the programs to load with the size range each serves.
+
+A preset is a tuned table for one rank count and one GPU: the schedule tuner writes one for
+the machine it runs on (``TUNE_COMMAND``). An entry's program is an MSCCL XML file (beside
+the preset, or in kernels/interp/programs) or the name of a GC3 library algorithm
+(kernels.gc3.algorithms, e.g. ``direct_allreduce``), compiled for the communicator's rank
+count by the project's compiler."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,13 +16,18 @@ from pathlib import Path
 from calibrate.errors import UserError
 from calibrate.records import check_header, header
 from calibrate.jsonfile import read_named_json
-from kernels.gc3.ir import Protocol
+from kernels.gc3.algorithms import ALGORITHMS
+from kernels.gc3.compiler import compile_algorithm
+from kernels.gc3.ir import Program, Protocol
+from kernels.gc3.xml_io import read_xml
 
 KIND = "commtune.interp-preset"
 VERSION = 1
 PRESET_DIR = Path(__file__).parent / "presets"
 PROGRAM_DIR = Path(__file__).parent / "programs"
 DEFAULT_PRESET = "h200x2"
+TUNE_COMMAND = ("mpiexec -n {n} python -m autotune schedule --gpus {n} --collective allreduce,allgather,reducescatter "
+                "--out tuned-{n}r, then --preset tuned-{n}r/manifest.json")
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,15 @@ class Entry:
         p = Path(self.program)
         return p if p.is_absolute() or p.exists() else PROGRAM_DIR / p
 
+    @property
+    def is_library(self) -> bool:
+        """Whether the program names a GC3 library algorithm (compiled for the communicator)."""
+        return not self.program.endswith(".xml") and self.program in ALGORITHMS
+
+    def load(self, nranks: int) -> Program:
+        """The entry's program: its library algorithm compiled for ``nranks`` ranks, or its XML file."""
+        return compile_algorithm(self.program, nranks) if self.is_library else read_xml(self.path())
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -54,10 +74,11 @@ class Preset:
     max_split: int
     fifo: dict[Protocol, Fifo]
     entries: tuple[Entry, ...]
+    device: str = ""                      # the GPU the table was tuned on ("" : not recorded)
 
     def to_json(self) -> dict:
         return {
-            **header(KIND, VERSION), "threads": self.threads, "max_channels": self.max_channels,
+            **header(KIND, VERSION), **({"device": self.device} if self.device else {}), "threads": self.threads, "max_channels": self.max_channels,
             "max_split": self.max_split,
             "fifo": {p.value: {"slots": f.slots, "slot_bytes": f.slot_bytes} for p, f in self.fifo.items()},
             "programs": [{"program": e.program, "protocol": e.protocol.value if e.protocol else None,
@@ -79,8 +100,9 @@ class Preset:
                                   max_split=int(e.get("max_split", 1)),
                                   tile_bytes=int(e.get("tile_bytes", 0)))
                             for e in data.get("programs", []))
+            device = str(data.get("device") or (data.get("provenance") or {}).get("device") or "")
             preset = cls(name=name, threads=int(data["threads"]), max_channels=int(data["max_channels"]),
-                         max_split=int(data["max_split"]), fifo=fifo, entries=entries)
+                         max_split=int(data["max_split"]), fifo=fifo, entries=entries, device=device)
         except (KeyError, ValueError, TypeError) as e:
             raise UserError(f"preset {name!r} is malformed ({e}); compare it with presets/{DEFAULT_PRESET}.json") \
                 from None
@@ -104,6 +126,28 @@ class Preset:
             if e.max_split > self.max_split or e.max_split < 1:
                 raise UserError(f"preset {self.name!r}: {e.program} max_split={e.max_split} outside "
                                 f"1..{self.max_split}")
+
+
+def programs_for(preset: Preset, nranks: int, device: str = "",
+                 entries: tuple[Entry, ...] | None = None) -> list[tuple[Entry, Program]]:
+    """Each entry's program for a communicator of ``nranks`` ranks on GPU ``device`` (library ones
+    compiled once each), before any work: a table tuned on another GPU, or a program for another
+    rank count, is one ``UserError`` naming the command that makes the right table."""
+    make = TUNE_COMMAND.format(n=nranks)
+    if preset.device and device and device != preset.device:
+        raise UserError(f"preset {preset.name!r} is a table tuned on {preset.device}, this GPU is {device}: "
+                        f"make one on this machine with {make}")
+    cache: dict[str, Program] = {}
+    out = []
+    for e in preset.entries if entries is None else entries:
+        if e.program not in cache:
+            cache[e.program] = e.load(nranks)
+        program = cache[e.program]
+        if program.ngpus != nranks:
+            raise UserError(f"preset {preset.name!r}: program {program.name!r} is for {program.ngpus} ranks, the "
+                            f"communicator has {nranks}; make a table for {nranks} ranks with {make}")
+        out.append((e, program))
+    return out
 
 
 def fifo_for(preset: Preset, protocol: Protocol) -> Fifo:

@@ -42,8 +42,9 @@ class BenchRecord(Record):
 @dataclass
 class SweepRecord(Record):
     """Runs of a sweep: each ``{"sweep": name, "rows": [...], "ceilings": [...]}``; a row is a
-    benchmark row (``kernels.interp.bench.measure``) with the variant, tile cap, threads and,
-    for a reference MSCCL program, its ``program_file``."""
+    benchmark row (``kernels.interp.bench.measure``) with the variant, tile cap, threads and, for a
+    library program, its ``algorithm`` and ``nranks`` (rows of older sweeps name a reference MSCCL
+    program, ``program_file``)."""
 
     KIND = "interp-tune"
     VERSION = 1

@@ -83,15 +83,14 @@ def retune(rows: list[dict], base: Preset, candidates: dict[str, Preset], progra
     return dataclasses.replace(base, entries=tuple(entries), fifo=fifo)
 
 
-def load_tables(base_name: str, candidate_names: list[str]) -> tuple[Preset, dict[str, Preset], dict[str, str]]:
-    from kernels.gc3.xml_io import read_xml
-
+def load_tables(base_name: str, candidate_names: list[str],
+                nranks: int = 2) -> tuple[Preset, dict[str, Preset], dict[str, str]]:
     base = load_preset(base_name)
     cands = {c: load_preset(c) for c in candidate_names}
     programs = {}
     for p in (base, *cands.values()):
         for e in p.entries:
             if e.program not in programs:
-                programs[e.program] = read_xml(e.path()).collective
+                programs[e.program] = e.load(nranks).collective
     return base, cands, programs
 

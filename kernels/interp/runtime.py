@@ -18,13 +18,13 @@ from pathlib import Path
 
 from calibrate.collectives import Collective
 from calibrate.device import nccl as device_nccl
+from calibrate.device.gpu import device_name
 from calibrate.errors import UserError
 from kernels.gc3.ir import Program, Protocol
-from kernels.gc3.xml_io import read_xml
 
 from kernels.interp import pack
 from kernels.interp.layout import Layout
-from kernels.interp.preset import DEFAULT_PRESET, Entry, Preset, fifo_for, load_preset
+from kernels.interp.preset import DEFAULT_PRESET, Entry, Preset, fifo_for, load_preset, programs_for
 from kernels.interp.select import Choice, choose
 
 SOURCE = Path(__file__).with_name("interp.cu")
@@ -76,6 +76,9 @@ class Communicator:
         self.preset = preset if isinstance(preset, Preset) else load_preset(preset)
         dev = cp.cuda.Device()
         props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        # every program of the table, for this rank count and GPU, before any work
+        programs = programs_for(self.preset, self.nranks, device_name(cp, dev.id),
+                                None if entries is None else tuple(entries))
         self.sm_count = props["multiProcessorCount"]
         self.cc = f"{props['major']}{props['minor']}"
 
@@ -100,8 +103,8 @@ class Communicator:
 
         self.loaded: list[tuple[Entry, Program]] = []
         self._packed: dict[int, pack.Packed] = {}
-        for entry in (self.preset.entries if entries is None else entries):
-            self.load(entry)
+        for entry, program in programs:
+            self.load(entry, program)
         self._states: dict[tuple, _State] = {}
         self._scratch = None
         self._scratch_bytes = 0
@@ -109,7 +112,7 @@ class Communicator:
     # ---- programs ----
     def load(self, entry: Entry, program: Program | None = None) -> Program:
         """Read (unless given), validate for this communicator and keep ``entry``'s program."""
-        program = program if program is not None else read_xml(entry.path())
+        program = program if program is not None else entry.load(self.nranks)
         packed = pack.pack(program, self.rank, self.nranks)
         chans = max(packed.chan, default=0)
         if chans >= self.preset.max_channels:

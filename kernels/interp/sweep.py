@@ -2,7 +2,8 @@
 the same run (``python -m kernels bench --sweep NAME``, under ``mpirun -np 2``).
 
 For every case of the sweep (``sweeps.json``: preset variant, collective, sizes,
-protocol, splits, tile caps, optionally a reference MSCCL program) the forced launch
+protocol, splits, tile caps, optionally a multi-hop ``algorithm`` of the GC3 library, compiled
+for the communicator's rank count) the forced launch
 is checked against NCCL on fresh random data and timed beside it (``bench.measure``).
 Ceilings (``ceilings.cu``): the graph kernel-node floor, a minimal one-block LL
 allreduce, SM and copy-engine pushes of 1 GiB in both directions at once, each beside
@@ -13,7 +14,7 @@ record (``records.SweepRecord``) is rewritten after every row.
 Sweeps: "first" chose the 2026-11-22 preset's bands, "bands" checked its open
 questions, "model" is what the interpreter's cost model is fitted on (its sizes,
 protocols, splits and tiles span the schedule search space; its last cases run
-reference MSCCL programs of more than one hop, on which the per-hop cost is fitted).
+library programs of more than one hop, on which the per-hop cost is fitted).
 """
 from __future__ import annotations
 
@@ -28,12 +29,11 @@ from calibrate.errors import UserError
 from calibrate.measure import engine
 from calibrate.records import check_header
 from calibrate.sizes import parse_size
-from kernels.gc3.interop import msccl_dir
+from kernels.gc3.compiler import compile_algorithm
 from kernels.gc3.ir import Protocol
-from kernels.gc3.xml_io import read_xml
 
 from kernels.interp import bench, gpudata, pack
-from kernels.interp.preset import Entry, Fifo, load_preset
+from kernels.interp.preset import TUNE_COMMAND, Entry, Fifo, load_preset
 from kernels.interp.records import SweepRecord
 from kernels.interp.select import Choice
 
@@ -88,12 +88,12 @@ def run_sweep(world, out: Path, name: str, record: SweepRecord) -> list[dict]:
         stream = cp.cuda.Stream(non_blocking=True)
         programs = {p.name: p for _, p in comm.loaded}
         for case in vcases:
-            coll, proto, source = case["collective"], Protocol(case["protocol"]), case.get("program_file")
+            coll, proto, alg = case["collective"], Protocol(case["protocol"]), case.get("algorithm")
             log(f"variant {vname}: case {coll} {proto.value} sizes {' '.join(map(str, case['sizes']))} splits "
-                f"{case['splits']} tiles {case['tile_bytes']}" + (f" program {source}" if source else ""), comm.rank)
+                f"{case['splits']} tiles {case['tile_bytes']}" + (f" algorithm {alg}" if alg else ""), comm.rank)
             program = programs[programs_by_coll[coll]]
-            if source:  # a reference MSCCL program instead of the shipped one
-                program = read_xml(msccl_dir() / source)
+            if alg:  # a library program compiled for this communicator instead of the shipped one
+                program = compile_algorithm(alg, comm.nranks, protocol=proto)
                 comm.load(Entry(program.name, proto), program)
             for nbytes in map(parse_size, case["sizes"]):
                 count = bench.count_for(coll, nbytes, 4, comm.nranks)
@@ -106,8 +106,8 @@ def run_sweep(world, out: Path, name: str, record: SweepRecord) -> list[dict]:
                                         reason="forced")
                         row = bench.measure(comm, coll, nbytes, "float32", choice, 7, stream)
                         row.update(variant=vname, tile_bytes=tile, threads=comm.preset.threads)
-                        if source:
-                            row["program_file"] = source
+                        if alg:
+                            row.update(algorithm=alg, nranks=comm.nranks)
                         rows.append(row)
                         log(f"{vname:>10} {tile:>7} " + bench.line(row), comm.rank)
                         if comm.rank == 0:
@@ -245,6 +245,10 @@ def main_sweep(world, out: Path, name: str) -> int:
     import cupy as cp
 
     cases(name)  # unknown names fail before any work
+    if world.size != 2:
+        raise UserError(f"the sweep's ceilings and shipped programs pair two GPUs, this run has {world.size}: run it "
+                        f"under mpirun -np 2; for {world.size} ranks the table comes from "
+                        f"{TUNE_COMMAND.format(n=world.size)}")
     out.mkdir(parents=True, exist_ok=True)
     ceil = ceilings(world)
     record = SweepRecord(f"{world.size} x {device_name(cp, cp.cuda.Device().id)}",

@@ -54,5 +54,10 @@ class MPIBackend(Backend):
             self.comm.Sendrecv(buf[s * part:(s + 1) * part], dest=nxt, sendtag=tag,
                                recvbuf=buf[r * part:(r + 1) * part], source=prev, recvtag=tag)
 
+    def exchange(self, sends, recvs):
+        reqs = [self.comm.Irecv(buf, source=self.rank(peer), tag=32001) for buf, peer in recvs]
+        reqs += [self.comm.Isend(buf, dest=self.rank(peer), tag=32001) for buf, peer in sends]
+        MPI.Request.Waitall(reqs)
+
     def synchronize(self):
         self.comm.Barrier()

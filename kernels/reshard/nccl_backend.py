@@ -72,5 +72,15 @@ class NCCLBackend(Backend):
         self.groups[group].allGather(buf[i * part:(i + 1) * part].data.ptr, buf.data.ptr, part,
                                      _nccl_dtype(buf.dtype), self.stream.ptr)
 
+    def exchange(self, sends, recvs):
+        from cupy.cuda import nccl
+
+        nccl.groupStart()
+        for buf, peer in sends:
+            self.world.send(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), peer, self.stream.ptr)
+        for buf, peer in recvs:
+            self.world.recv(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), peer, self.stream.ptr)
+        nccl.groupEnd()
+
     def synchronize(self):
         self.stream.synchronize()

@@ -45,6 +45,11 @@ class Backend:
         """``buf`` holds len(group)*part elements; block i comes from group[i]."""
         raise NotImplementedError
 
+    def exchange(self, sends: list, recvs: list) -> None:
+        """Post every (buffer, peer) send and receive at once and complete them (a plain all-to-all of
+        tiles); between two ranks, sends and receives match in the order given."""
+        raise NotImplementedError
+
     def synchronize(self) -> None:
         raise NotImplementedError
 

@@ -126,3 +126,12 @@ def test_schedule_summary_reports_each_knobs_share():
     k = summary(pts)["allreduce"]["knob_share"]
     assert k["protocol"]["share_geomean"] == pytest.approx(1.25) and k["max_split"]["share_geomean"] == \
         pytest.approx(1.1) and set(k) == {"protocol", "max_split"}
+
+
+def test_nccl_evaluate_of_a_run_that_declined_every_collective_is_one_line(dev_run, capsys):
+    out, r = dev_run
+    (out / "nccl_tuner.csv").write_text(write_table([]))
+    rec.TuneRecord(**{**r.__dict__, "table_rows": [], "declined": ["allreduce"]}).save(out / "nccl_tune.json")
+    assert nccl_main(["evaluate", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "declined every collective (allreduce" in err and "nothing to evaluate" in err and err.count("\n") == 1

@@ -389,3 +389,46 @@ def test_report_section_from_a_record(tmp_path):
     assert len(sections) == 1 and "NCCL default against NCCL tuned" in sections[0].title
     html = write_report(tmp_path / "r.html", "t", sections).read_text()
     assert "ring/simple/64" in html and "1.111" in html
+
+
+def test_a_row_whose_gain_does_not_hold_at_sizes_it_was_not_tuned_on_is_dropped():
+    """Issue 45: a table row replaces NCCL's choice only where its gain is confirmed at sizes the sweep
+    did not measure. Planted: tree/simple/64 measured fastest at 64 MiB (a lucky sample) but 2x slower
+    than the default beside it: chosen by the sweep, dropped by the confirmation (NCCL decides there);
+    Simple with all channels at large sizes (1.25x, closed form) is kept; the default's own setting at
+    small sizes (no gain) gets no row."""
+    from types import SimpleNamespace
+
+    from autotune.nccl.choose import confirmation_sizes, picks, rows_of
+    from autotune.nccl.cli import confirmed
+    from autotune.schedule.bands import bands_for
+
+    sizes = CROSSOVER_SIZES
+    extra = confirmation_sizes(sizes, 256)
+    assert not set(extra) & set(sizes) and all(any(b.covers(n) for n in extra) for b in bands_for(sizes))
+    times, runs = crossover_times(sorted(sizes + extra))
+    planted = 64 << 20
+    times[("tree/simple/64", planted)] = 0.5 * times[("default", planted)]
+    for n in extra:
+        if planted / 2 < n < 2 * planted:
+            times[("tree/simple/64", n)] = 2 * times[("default", n)]
+    session = FakeSession(times, default_runs=runs)
+    samples, _, _, _ = run_sweep(session, {"allreduce": candidates("allreduce", 2, 1)}, sizes)
+    chosen = picks(samples, ["allreduce"], sizes)
+    assert any(p.label == "tree/simple/64" and p.band.covers(planted) for p in chosen)
+    record = SimpleNamespace(heldout={}, confirm=[], confirmations=[], declined=[])
+    keep = confirmed(session, record, chosen, ["allreduce"], sizes, 2, SimpleNamespace(margin=0.02),
+                     lambda *a: None, lambda: None)
+    assert not any(p.band.covers(planted) for p in keep) and record.declined == []
+    assert any("tree/simple/64: 0." in line and "dropped" in line for line in record.confirmations)
+    rows = rows_of(keep, 2, 1)
+    assert rows and all(r.protocol == "simple" and r.min_bytes > 1 << 20 for r in rows)
+    for p in keep:   # a kept row is faster than the default at every confirmation size of its band
+        for n in (n for n in extra if p.band.covers(n)):
+            assert times[(p.label, n)] < times[("default", n)] / 1.02
+    # where no setting beats the default at the sizes beside the sweep's, the collective gets no rows
+    flat = {k: (times[("default", k[1])] if k[0] != "default" and k[1] in extra else v) for k, v in times.items()}
+    record = SimpleNamespace(heldout={}, confirm=[], confirmations=[], declined=[])
+    keep = confirmed(FakeSession(flat, default_runs=runs), record, chosen, ["allreduce"], sizes, 2,
+                     SimpleNamespace(margin=0.02), lambda *a: None, lambda: None)
+    assert keep == [] and record.declined == ["allreduce"]

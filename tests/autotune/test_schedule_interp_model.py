@@ -96,7 +96,8 @@ def test_shipped_parameters_are_the_fit_of_the_recorded_sweep():
     (whose multi-hop programs are MSCCL's reference XML: without them the refit leaves them out and differs)."""
     shipped = im.load_params()
     refit = fit_record(str(ROOT / shipped.provenance["source"]),
-                       profiles.Profile.load(shipped.provenance["profile"]), load_preset("h200x2"))
+                       profiles.Profile.load(shipped.provenance["profile"]), load_preset("h200x2"),
+                       reference_dir=msccl_dir())
     assert shipped.hop_us == refit.hop_us
     for p, v in refit.protocols.items():
         assert dataclasses.astuple(shipped.protocols[p]) == pytest.approx(dataclasses.astuple(v), rel=1e-9)

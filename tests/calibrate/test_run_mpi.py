@@ -151,3 +151,29 @@ def test_refine_resume_random_validation_and_fit(tmp_path):
     assert saved["version"] == 2 and saved["provenance"]["note"] == "CPU test"
     rows = saved["provenance"]["random_validation"]["summary"]
     assert {r["collective"] for r in rows} == {"allreduce", "sendrecv"} and all(r["points"] == 5 for r in rows)
+
+
+def test_pairs_beside_the_world_give_a_fit_per_group_size(tmp_path):
+    """Issue 45: groups of 2 inside a node of 4 measured beside the world group; the profile holds the fits
+    of p = 2 and p = 4 on the intra tier and prices a group of 2 from the pairs' own measurements."""
+    from calibrate.collectives import Collective
+    from calibrate.profile import Group, Profile
+
+    out = tmp_path / "res"
+    r = calibrate(4, *SMALL, "--groups", "world,pairs", "--collectives", "allreduce", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    stats = pd.read_csv(out / "stats.csv")
+    assert sorted(stats["group"].unique()) == ["pairs:2x1", "world:4x1"]
+    fit = subprocess.run([sys.executable, "-m", "calibrate", "fit", str(out), "-o", str(tmp_path / "p.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert fit.returncode == 0, fit.stderr
+    prof = Profile.load(tmp_path / "p.json")
+    assert sorted(prof.tiers["intra"]["allreduce"]) == ["2", "4"]
+    pairs = stats[stats["group"] == "pairs:2x1"]
+    model, p = prof.model(Collective.ALLREDUCE, Group(2))
+    assert p == 2 and model is prof.tiers["intra"]["allreduce"]["2"]
+    assert model.points == [[float(b), pytest.approx(t)] for b, t in zip(pairs["bytes"], pairs["median_s"])]
+    assert prof.model(Collective.ALLREDUCE, Group(4))[0] is prof.tiers["intra"]["allreduce"]["4"]
+    # an odd number of ranks per node cannot form pairs: one line
+    r = calibrate(3, *SMALL, "--groups", "world,pairs", "--collectives", "allreduce", "--out", str(tmp_path / "odd"))
+    assert r.returncode == 2 and "even number of ranks" in r.stderr and "Traceback" not in r.stderr

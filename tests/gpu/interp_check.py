@@ -3,9 +3,9 @@
     export NCCL_NVLS_ENABLE=0
     mpirun --allow-run-as-root -np 2 python3 tests/gpu/interp_check.py $OUT [--quick] [--ll128]
 
-One process per GPU. For every program that fits the rank count (the MSCCL XML
-files of ../shared/interop/msccl, or shared/interop/msccl inside the checkout,
-and kernels/interp/programs), for each protocol (Simple, LL, LL128), dtype (float32,
+One process per GPU. For every program that fits the rank count (each algorithm
+of the GC3 library compiled for it by the project's compiler, written under
+$OUT/programs, and the files of kernels/interp/programs for that count), for each protocol (Simple, LL, LL128), dtype (float32,
 bfloat16) and size (the smallest legal count, sizes that do not divide the tile,
 up to 1 GiB): fresh random inputs, outputs poisoned, result equal to NCCL's.
 Then the bad-input cases, then ``python -m kernels bench``. Writes
@@ -25,23 +25,34 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from calibrate.errors import UserError  # noqa: E402
-from kernels.gc3.interop import msccl_dir  # noqa: E402
+from kernels.gc3.algorithms import ALGORITHMS  # noqa: E402
+from kernels.gc3.compiler import compile_algorithm  # noqa: E402
 from kernels.gc3.ir import Protocol  # noqa: E402
-from kernels.gc3.xml_io import read_xml  # noqa: E402
+from kernels.gc3.xml_io import read_xml, write_xml  # noqa: E402
 from kernels.interp import bench, gpudata, pack  # noqa: E402
 from kernels.interp.cli import bench as bench_cli  # noqa: E402
 from kernels.interp.preset import PROGRAM_DIR, Entry  # noqa: E402
 from kernels.interp.select import Choice  # noqa: E402
 
 
-def program_files(nranks: int) -> list[Path]:
-    dirs = [msccl_dir(), PROGRAM_DIR]
-    out = []
-    for d in dirs:
-        for f in sorted(d.glob("*.xml")) if d.is_dir() else []:
-            if read_xml(f).ngpus == nranks and f.name not in {p.name for p in out}:
-                out.append(f)
-    return out
+def compiled_file(out: Path, name: str, nranks: int) -> Path:
+    """Library algorithm ``name`` compiled for ``nranks`` ranks, written as out/programs/NAME_Nr.xml."""
+    path = out / "programs" / f"{name}_{nranks}r.xml"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(write_xml(compile_algorithm(name, nranks)))
+    return path
+
+
+def program_files(nranks: int, out: Path, rank: int) -> list[Path]:
+    """The library's single-node algorithms compiled for ``nranks`` (rank 0 writes them, the others wait
+    at the caller's barrier) and the shipped programs for that count."""
+    files = [out / "programs" / f"{n}_{nranks}r.xml" for n in sorted(ALGORITHMS)
+             if n not in ("hierarchical_allreduce", "twostep_alltoall", "alltonext")]
+    if rank == 0:
+        for f in files:
+            compiled_file(out, f.name.rsplit("_", 1)[0], nranks)
+    return files + [f for f in sorted(PROGRAM_DIR.glob("*.xml")) if read_xml(f).ngpus == nranks]
 
 
 def counts_for(program, nranks: int, max_bytes: int, esize: int) -> list[int]:
@@ -130,17 +141,19 @@ def without_ll128(comm, call):
         comm.preset = saved
 
 
-def bad_input(comm, cp, files) -> list[dict]:
+def bad_input(comm, cp, files, out: Path) -> list[dict]:
     """Each case must raise UserError before anything is launched."""
     rows = []
-    four = msccl_dir() / "ring_allreduce_4r_1ch_1inst_simple.xml"
+    if comm.rank == 0:
+        compiled_file(out, "ring_allreduce", comm.nranks + 2)
+    comm.mpi.Barrier()
+    other = out / "programs" / f"ring_allreduce_{comm.nranks + 2}r.xml"
     ar = next(f for f in files if read_xml(f).collective == "allreduce")
     prog = comm.load(Entry(str(ar)))
     x = gpudata.empty(cp, "float32", 1 << 10)
     y = gpudata.empty(cp, "float32", 1 << 10)
     cases = {
-        "ir for another rank count": lambda: comm.load(Entry(str(four))) if four.is_file() else
-        (_ for _ in ()).throw(UserError("skipped: 4-rank file absent")),
+        "ir for another rank count": lambda: comm.load(Entry(str(other))),
         "buffer smaller than the call": lambda: comm.collective("allreduce", x, y, 1 << 12, "float32",
                                                                 choice=comm.choice_for(prog, Protocol.SIMPLE, 1,
                                                                                        1 << 12, "float32")),
@@ -177,7 +190,9 @@ def main(argv: list[str]) -> int:
 
     world = MPI.COMM_WORLD
     local = select_gpu(world, needs="the interpreter check", fallback="run it on a GPU machine")
-    files = program_files(world.size)
+    out.mkdir(parents=True, exist_ok=True)
+    files = program_files(world.size, out, world.rank)
+    world.Barrier()
     log(f"programs for {world.size} ranks: {[f.name for f in files]}", world.rank)
     max_bytes = 1 << 30
     if ll128:   # LL128 (issue 19): every program, on the candidate table's transport (its LL128 FIFO)
@@ -194,7 +209,7 @@ def main(argv: list[str]) -> int:
         return 0
     comm = Communicator(world)
     checks = correctness(comm, cp, files, max_bytes, quick)
-    bad = bad_input(comm, cp, files)
+    bad = bad_input(comm, cp, files, out)
     comm.close()
     comm = Communicator(world)
     args = bench_cli.build_parser().parse_args(["--max-bytes", "16M" if quick else "1G"])

@@ -43,7 +43,8 @@ ALGO_CASES = [
     ("ring_reducescatter", 3, 1, 1, 1), ("ring_reducescatter", 5, 2, 1, 1),
     ("twostep_alltoall", 4, 1, 1, 2), ("twostep_alltoall", 6, 2, 1, 3),
     ("alltonext", 6, 2, 1, 2), ("alltonext", 12, 2, 1, 3),
-]
+] + [(f"direct_{c}", r, ch, inst, 1) for c in ("allreduce", "allgather", "reducescatter", "alltoall")
+     for r, ch, inst in ((2, 1, 1), (3, 1, 1), (4, 2, 2), (8, 1, 1))]
 
 
 @pytest.mark.parametrize("name, ranks, channels, instances, nodes", ALGO_CASES)

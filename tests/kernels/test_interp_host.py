@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from calibrate.errors import UserError
 from kernels.gc3.executor import check_program
-from kernels.gc3.interop import msccl_dir
+from kernels.gc3.compiler import compile_algorithm
 from kernels.gc3.ir import Buffer, Gpu, Program, Protocol, Step, StepType, ThreadBlock
 from kernels.gc3.xml_io import read_xml
 from calibrate.sizes import parse_size, sweep
@@ -48,15 +48,16 @@ def test_pack_ring_by_hand():
     assert pk.steps.dtype == np.int32 and pk.steps.shape == (3, pack.STEP_FIELDS)
 
 
-def test_pack_deps_of_msccl_file():
-    prog = read_xml(msccl_dir() / "allpairs_allreduce_2r_ll.xml")
+def test_pack_deps_of_compiled_program():
+    """The GC3 compiler's 2-rank all-pairs allreduce: tb0 (send) s i[1]; s i[0] after tb1's reduction;
+    tb1 (receive) r into s[0]; re s[0] into i[0]; r i[1] after tb0's first send."""
+    prog = compile_algorithm("allpairs_allreduce", 2, protocol="LL")
     pk = pack.pack(prog, 0, 2)
-    # tb0 step0 waits on tb1 step1; tb1 step3 waits on tb0 step0
-    s0 = pk.steps[pk.tbs[0, 0]]
-    assert s0[6] == 1 and pk.deps[s0[7]].tolist() == [1, 1]
-    s13 = pk.steps[pk.tbs[1, 0] + 3]
-    assert s13[6] == 1 and pk.deps[s13[7]].tolist() == [0, 0]
-    assert pk.chunks == {"i": 4, "o": 0, "s": 2}
+    s01 = pk.steps[pk.tbs[0, 0] + 1]
+    assert s01[6] == 1 and pk.deps[s01[7]].tolist() == [1, 1]
+    s12 = pk.steps[pk.tbs[1, 0] + 2]
+    assert s12[6] == 1 and pk.deps[s12[7]].tolist() == [0, 0]
+    assert pk.chunks == {"i": 2, "o": 0, "s": 1}
 
 
 def test_wrong_rank_count_refused():
@@ -87,9 +88,9 @@ def test_chunk_sizes_closed_form():
     assert pack.chunk_elems(ar, 1000, 2) == 1000
     assert pack.chunk_elems(ag, 1000, 2) == 1000          # output 2000 split into 2 chunks
     assert pack.chunk_elems(rs, 7, 2) == 7                # input 14 split into 2 chunks
-    ring4 = read_xml(msccl_dir() / "ring_allgather_4r.xml")
+    ring4 = compile_algorithm("ring_allgather", 4)
     assert pack.min_count(ring4, 4) == 1
-    ap = read_xml(msccl_dir() / "allpairs_allreduce_2r_ll.xml")
+    ap = compile_algorithm("allpairs_allreduce", 2, instances=2)
     assert pack.min_count(ap, 2) == 4
     with pytest.raises(UserError, match="multiple of 4"):
         pack.chunk_elems(ap, 6, 2)
@@ -103,7 +104,7 @@ def test_buffer_too_small_refused():
 
 
 def test_scratch_sizing():
-    pk = pack.pack(read_xml(msccl_dir() / "allpairs_allreduce_2r_ll.xml"), 1, 2)
+    pk = pack.pack(compile_algorithm("allpairs_allreduce", 2, instances=2, protocol="LL"), 1, 2)
     assert pack.scratch_elems(pk, 256) == 512
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from calibrate.errors import UserError
-from kernels.gc3.interop import msccl_dir
+from kernels.gc3.compiler import compile_algorithm
 from kernels.gc3.ir import Protocol
 from kernels.gc3.xml_io import read_xml
 from kernels.interp import layout, pack
@@ -39,7 +39,7 @@ def test_image_of_direct_allreduce_by_hand():
 
 
 def test_image_steps_and_deps_match_packed():
-    prog = read_xml(msccl_dir() / "allpairs_allreduce_2r_ll.xml")
+    prog = compile_algorithm("allpairs_allreduce", 2, protocol="LL")
     for rank in range(2):
         pk = pack.pack(prog, rank, 2)
         ends = [tuple(range(10 * tb + 1, 10 * tb + 7)) for tb in range(pk.ntb)]
@@ -56,15 +56,15 @@ def test_image_steps_and_deps_match_packed():
                 for d in range(got["ndeps"]):
                     w = int(img.words[img.deps_at + got["dep_start"] + d])
                     assert [w & 0xFFFFFFFF, w >> 32] == pk.deps[got["dep_start"] + d].tolist()
-    # tb 0 step 0 waits on tb 1 step 1 (see test_pack_deps_of_msccl_file)
+    # tb 0 step 1 waits on tb 1 step 1 (see test_pack_deps_of_compiled_program)
     pk = pack.pack(prog, 0, 2)
     img = pack.image(pk, [(0,) * 6] * pk.ntb)
-    s0 = decode_step(img.words, img, 0, 0)
-    assert s0["ndeps"] == 1 and int(img.words[img.deps_at + s0["dep_start"]]) == 1 | 1 << 32
+    s01 = decode_step(img.words, img, 0, 1)
+    assert s01["ndeps"] == 1 and int(img.words[img.deps_at + s01["dep_start"]]) == 1 | 1 << 32
 
 
 def test_large_image_goes_to_global_memory():
-    pk = pack.pack(read_xml(msccl_dir() / "allpairs_allreduce_8r_2inst_ll.xml"), 0, 8)
+    pk = pack.pack(compile_algorithm("allpairs_allreduce", 8, instances=2, protocol="LL"), 0, 8)
     img = pack.image(pk, [(0,) * 6] * pk.ntb)
     assert len(img.words) > pack.IMG_WORDS and not img.in_params
     p = pack.params(img, 0xABC000, (1, 2, 3), 1024, 2, 4, 256, Protocol.LL, 8, 32768, 5, 6)

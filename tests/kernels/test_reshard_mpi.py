@@ -35,9 +35,13 @@ def test_disjoint_meshes_all_strategies():
     r = mpi_check("--shape", "13,10,6", "--devices-per-host", "2", "--solvers", "naive,ensemble",
                   *[a for s in scenarios for a in ("--scenario", s)])
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln[:3] in ("OK ", "BAD")]
+    lines = [ln for ln in r.stdout.splitlines() if ln[:3] in ("OK ", "BAD") and "exchange (baseline)" not in ln]
     assert len(lines) == len(scenarios) * 4 * 2
     assert all(ln.startswith("OK ") for ln in lines)
+    # the plain exchange of the same tiles beside each task's plans, every tile checked
+    base = [ln for ln in r.stdout.splitlines() if "exchange (baseline)" in ln]
+    assert len(base) == len(scenarios) and all(ln.startswith("OK ") and "wrong=0" in ln for ln in base)
+    assert "executor terms" in r.stdout
 
 
 def test_shared_devices_and_pipelined_broadcast():
@@ -46,8 +50,9 @@ def test_shared_devices_and_pipelined_broadcast():
     r = mpi_check("--shape", "64,64,32", "--devices-per-host", "2", "--solvers", "ensemble",
                   "--scenario", "S0RR@2,2:RS01R@2,2+shared", "--scenario", "RRR@1,2:RRR@3,2")
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln[:3] in ("OK ", "BAD")]
+    lines = [ln for ln in r.stdout.splitlines() if ln[:3] in ("OK ", "BAD") and "exchange (baseline)" not in ln]
     assert len(lines) == 8 and all(ln.startswith("OK ") for ln in lines)
+    assert sum(ln.startswith("OK ") and "exchange (baseline)" in ln for ln in r.stdout.splitlines()) == 2
     assert any("K<=1 " not in ln for ln in lines if "broadcast" in ln)
 
 

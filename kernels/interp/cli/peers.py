@@ -165,7 +165,8 @@ def retune_main(args) -> int:
     if not args.out:
         raise UserError("--retune writes a preset: give --out FILE")
     record = peer_table.load(Path(args.retune))
-    base, cands, programs = load_tables(args.preset, [c.strip() for c in args.candidates.split(",") if c.strip()])
+    base, cands, programs = load_tables(args.preset, [c.strip() for c in args.candidates.split(",") if c.strip()],
+                                        int(record.get("nranks") or 2))
     new = retune(record["rows"], base, cands, programs, args.margin)
     data = new.to_json()
     data["description"] = (f"{record.get('device', '')}: bands of the fastest correct table per size "
