@@ -401,7 +401,7 @@ def test_a_row_whose_gain_does_not_hold_at_sizes_it_was_not_tuned_on_is_dropped(
 
     from autotune.nccl.choose import confirmation_sizes, picks, rows_of
     from autotune.nccl.cli import confirmed
-    from autotune.schedule.bands import bands_for
+    from autotune.nccl.bands import bands_for
 
     sizes = CROSSOVER_SIZES
     extra = confirmation_sizes(sizes, 256)
