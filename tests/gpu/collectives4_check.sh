@@ -24,7 +24,12 @@ OUT=${OUT:-/tmp/c4}
 R=$OUT/c4
 PY=${PY:-$(command -v python3)}
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
+# pip --target leaves the wheel's lib/ out: mpich's libmpi is unpacked from the wheel itself
+python3 -c "import glob, zipfile; [zipfile.ZipFile(w).extractall('/tmp/mpich') for w in glob.glob('.whl/mpich-*.whl')]" 
+LIBMPI=$(find /tmp/mpich /tmp/site -name 'libmpi.so.12' 2>/dev/null | head -1)
 [ -x /tmp/site/bin/mpiexec ] && export MPI_LAUNCHER=${MPI_LAUNCHER:-/tmp/site/bin/mpiexec}
+[ -n "$LIBMPI" ] && export MPI4PY_LIBMPI=$LIBMPI LD_LIBRARY_PATH=$(dirname "$LIBMPI"):${LD_LIBRARY_PATH:-}
+echo "launcher ${MPI_LAUNCHER:-?}; libmpi ${LIBMPI:-none found}"
 export PATH=/tmp/site/bin:$PATH
 source tests/gpu/mpi.sh
 MPIRUN="$(mpi_cmd 4 NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS PYTHONUNBUFFERED PYTHONPATH)"
