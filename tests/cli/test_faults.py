@@ -315,3 +315,21 @@ def test_every_directory_writer_refuses_a_folder_locked_on_another_host(tmp_path
         assert r.returncode != 0 and time.monotonic() - t0 < 30
         assert "in use by process 77 on otherhost" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]
+
+
+def test_schedule_on_a_full_disk_leaves_no_programs_without_their_manifest(small_disk):
+    """The disk fills while the programs are written: the old programs and manifest are kept, nothing
+    half-written is left (no staging folder, no temporary file)."""
+    from tests.cli.badrecords import run_main
+    out = small_disk / "tuned"
+    (out / "programs").mkdir(parents=True)
+    (out / "programs" / "old.xml").write_text("<algo/>")
+    (out / "manifest.json").write_text('{"old": true}')
+    st = os.statvfs(small_disk)
+    (small_disk / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 12 * 1024))  # one program fits
+    rc, text, _, tb = run_main(["autotune", "schedule", "--model-only", "--collective", "allreduce", "--gpus", "2",
+                                "--sizes", "1K:64K:4", "--out", str(out)])
+    assert rc == 2 and not tb and "No space left" in text.strip().splitlines()[-1], text[-500:]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "programs"]
+    assert [p.name for p in (out / "programs").iterdir()] == ["old.xml"]
+    assert (out / "manifest.json").read_text() == '{"old": true}'
