@@ -76,7 +76,7 @@ except Exception as e:
 
 # 3. NCCL tuned through the plugin: rows only where confirmed at sizes not tuned on; evaluate at held-out sizes
 step nccl-tune 90 $MPIRUN $PY -m autotune nccl --plugin "$PLUGIN" --collectives allreduce,allgather,reducescatter \
-  --sizes 1K:1G:8 --channels -1,32,64 --heldout 6 --out "$R/nccl"
+  --sizes 1K:1G:8 --channels=-1,32,64 --heldout 6 --out "$R/nccl"
 grep -E "^# (allreduce|allgather|reducescatter)|declined|kept|dropped" "$R/nccl-tune.log" | tail -14
 step nccl-evaluate 35 $MPIRUN $PY -m autotune nccl evaluate "$R/nccl" --plugin "$PLUGIN"
 grep -E "^# (allreduce|allgather|reducescatter)" "$R/nccl-evaluate.log"
@@ -94,13 +94,13 @@ for label in 64/LL 64/LL128 64/Simple; do   # NCCL's channel x protocol settings
   ch=${label%/*} proto=${label#*/}
   # shellcheck disable=SC2086
   NCCL_MIN_NCHANNELS=$ch NCCL_MAX_NCHANNELS=$ch NCCL_PROTO=$proto step "nccl-$ch-$proto" 20 \
-    $MPIRUN $PY -m kernels peers --peers nccl --label "ch$ch/$proto" $SIZES --reps 5 \
+    $MPIRUN $PY -m kernels peers --preset "$PRESET" --peers nccl --label "ch$ch/$proto" $SIZES --reps 5 \
     --out "$R/nccl-sweep/ch${ch}_$proto.json"
 done
 if [ -f "$R/nccl/nccl_tuner.env" ]; then
   set -a; . "$R/nccl/nccl_tuner.env"; set +a
   # shellcheck disable=SC2086
-  step nccl-plugin 20 $MPIRUN $PY -m kernels peers --peers nccl --label tuned $SIZES --reps 5 \
+  step nccl-plugin 20 $MPIRUN $PY -m kernels peers --preset "$PRESET" --peers nccl --label tuned $SIZES --reps 5 \
     --out "$R/nccl-sweep/tuned.json"
   unset NCCL_TUNER_PLUGIN COMMTUNE_NCCL_TUNER_TABLE NCCL_MIN_CTAS
 fi
