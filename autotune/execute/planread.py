@@ -16,7 +16,7 @@ from autotune.sbp.sbp import NdSbp
 KINDS = ("gpt", "mlp", "u-transformer")  # models whose layer kinds execute knows
 # where apply places a plan: "auto", the path it takes; "dtensor", data-parallel plans and pipeline stages by
 # DTensor too (the same plan on the other path: the host's cost of each, ``autotune.execute.hostfit``)
-APPLY_PATHS = ("auto", ApplyPath.DTENSOR)
+APPLY_PATHS = ("auto", ApplyPath.DTENSOR.value)
 
 
 def check_apply_path(name: str) -> None:

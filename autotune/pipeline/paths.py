@@ -33,14 +33,14 @@ def dp_assignment(problem) -> list[int] | None:
     return problem.shared(("data-parallel plan",), lambda: data_parallel(problem))
 
 
-def stage_path(problem, assign) -> ApplyPath:
+def stage_path(problem, assign) -> str:
     """The path apply places the stage plan ``assign`` of ``problem`` by (module doc; made once per plan)."""
     if problem.cluster.devices == 1:
-        return ApplyPath.NONE
+        return ApplyPath.NONE.value
     return problem.shared(("apply path", problem.mode, tuple(assign)), lambda: _typed_path(problem, assign))
 
 
-def _typed_path(problem, assign) -> ApplyPath:
+def _typed_path(problem, assign) -> str:
     return twin_path(local_twin(from_problem(problem, assign, "stage")))
 
 

@@ -98,15 +98,15 @@ def fully_shard_plan(plan: TypedPlan) -> bool:
     return fully_shard_layout(plan) is not None
 
 
-def plan_path(plan: TypedPlan) -> ApplyPath:
+def plan_path(plan: TypedPlan) -> str:
     """The path ``apply(..., output="local")`` places ``plan`` by, read from the plan alone: "fully_shard" where
     ``fully_shard_layout`` expresses it, "ddp" for pure data parallelism, else "dtensor"; "none" on one device
     (``autotune.plan.place.path_of`` also asks the modules whether they take a tensor-parallel axis)."""
     if plan.world == 1:
-        return ApplyPath.NONE
+        return ApplyPath.NONE.value
     if fully_shard_layout(plan) is not None:
-        return ApplyPath.FULLY_SHARD
-    return ApplyPath.DDP if data_parallel_plan(plan) else ApplyPath.DTENSOR
+        return ApplyPath.FULLY_SHARD.value
+    return (ApplyPath.DDP if data_parallel_plan(plan) else ApplyPath.DTENSOR).value
 
 
 def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
@@ -173,6 +173,6 @@ def local_stream(typed: TypedPlan) -> tuple[str, ...]:
     return tuple(B if a == tp else "S0" for a in range(len(typed.mesh.sizes)))
 
 
-def twin_path(local: LocalPlan | None) -> ApplyPath:
+def twin_path(local: LocalPlan | None) -> str:
     """The path of a pipeline stage of several devices from its ``local_twin`` (None: "dtensor")."""
-    return ApplyPath.DTENSOR if local is None else plan_path(local.plan)
+    return ApplyPath.DTENSOR.value if local is None else plan_path(local.plan)

@@ -39,7 +39,8 @@ ROUTES = (DIRECT, SCATTER)
 
 class ApplyPath(StrEnum):
     """How ``apply`` places a plan, decided once from the plan (``autotune.plan.layouts.plan_path``): its
-    value is the name records and profiles' host figures use, and it compares equal to it."""
+    value is the name records and profiles' host figures use, and it compares equal to it. The deciders
+    return the value, a plain str: results that hold it load with ``torch.load``'s ``weights_only``."""
 
     NONE = "none"  # one device: the model as it is
     DDP = "ddp"  # pure data parallelism: DistributedDataParallel
