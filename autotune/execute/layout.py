@@ -17,7 +17,7 @@ from __future__ import annotations
 from calibrate.optional import require_torch
 
 from autotune.execute.commlog import Call
-from autotune.plan.place import contiguous_strides
+from autotune.apply.layers import contiguous_strides
 from autotune.sbp.sbp import B, P, dual, is_split, split_dim
 
 torch = require_torch()

@@ -5,8 +5,9 @@ modules of the transformer family (``models.modules:build``) by default, or a us
 
 The step is the user's recipe: fp32 parameters (float64 for the CPU correctness tests), bf16
 autocast on CUDA when the plan's activations are 16-bit, AdamW (fused on CUDA), the plan's
-micro-batches accumulated before one optimizer step. Every process feeds the whole micro-batch
-(token ids and targets from the step's seed); the placed module takes each layer's piece of it.
+micro-batches accumulated before one optimizer step. Every process draws the micro-batch (token ids
+and targets from the step's seed) and feeds its piece (``autotune.data_piece``); the loss and its
+backward run under ``loss_parallel`` (logits split by vocabulary stay split).
 
 Measured as for the op-by-op executor (``autotune.execute.train``): steps back to back, each the
 time between CUDA events at its boundaries (the host's clock on CPUs), the host's issue time, peak
@@ -28,7 +29,7 @@ from autotune.execute.layerclock import mark, span
 from autotune.execute.layout import torch
 from autotune.execute.train import _slowest, profiled
 from autotune.execute.usermodule import load_factory
-from autotune.plan.place import param_groups
+from autotune.apply.batch import data_piece, param_groups
 
 dist = torch.distributed
 
@@ -65,13 +66,10 @@ def _local(x):
 
 
 class ModuleTrainer:
-    def __init__(self, model, config: dict, micro_batches: int, d, seed: int, lr: float, autocast=None,
-                 local_loss: bool = False):
-        """``local_loss``: the model returns the loss of this rank's piece of the batch (``apply``'s output
-        "local"); the step's loss is then their mean over the ranks."""
+    def __init__(self, model, config: dict, micro_batches: int, d, seed: int, lr: float, autocast=None):
+        """The step's loss is the mean of the ranks' pieces' losses."""
         self.model, self.config, self.micro_batches, self.d, self.seed = model, config, micro_batches, d, seed
         self.autocast_dtype = autocast
-        self.local_loss = local_loss
         self.opt = torch.optim.AdamW(param_groups(model), lr=lr, **({"fused": True} if d.is_gpu else {}))
 
     def close(self) -> None:
@@ -98,23 +96,23 @@ class ModuleTrainer:
         return torch.autocast(self.d.device.type, dtype=self.autocast_dtype)
 
     def forward_backward(self, step: int):
-        """The step's micro-batches forward and backward, gradients accumulated; the mean loss."""
+        """The step's micro-batches forward and backward (this rank's piece), gradients accumulated; the mean
+        loss over the ranks."""
+        from torch.distributed.tensor.parallel import loss_parallel
         total = None
         for j in range(self.micro_batches):
-            ids, targets = token_batch(self.config, self.seed, step, j, self.d.device)
+            ids, targets = data_piece(self.model, token_batch(self.config, self.seed, step, j, self.d.device))
             # DDP: the gradients all-reduced once a step, with the last micro-batch's backward (as priced)
             last = j == self.micro_batches - 1
             sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else contextlib.nullcontext()
-            with sync:
+            with sync, loss_parallel():
                 with self.autocast():
                     loss = self.model(ids, targets)
                 (loss / self.micro_batches).backward()
             share = _local(loss.detach()) / self.micro_batches
             total = share if total is None else total + share
-        if self.local_loss:
-            dist.all_reduce(total)
-            total = total / self.d.launch.world
-        return total
+        dist.all_reduce(total)
+        return total / self.d.launch.world
 
     def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:
         if self.d.is_gpu:

@@ -103,13 +103,13 @@ def module_dtypes(config: dict, name: str):
 def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
                     profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto"):
     """(the result record, the placed module): ``module``'s model (``package.module:factory``, called
-    with the plan's model config) placed by ``autotune.plan.apply`` as ``plan`` (a plan of plan.json,
-    or a typed plan) says, trained by ``ModuleTrainer``. A module may carry ``plan_mapping``, the
-    mapping of plan layers to its module names that apply takes. ``apply_path`` "dtensor": a data-parallel
-    plan placed by DTensor (whole outputs) instead of DDP, the same plan on the other path (the host's cost
-    of each path: ``autotune.execute.hostfit``); fully_shard-shaped plans keep fully_shard."""
-    from autotune.plan import ModelSpec, apply, load_plan
-    from autotune.plan.place import placement_path
+    with the plan's model config) placed by ``autotune.apply`` as ``plan`` (a plan of plan.json, or a typed
+    plan) says, trained by ``ModuleTrainer`` (each rank its piece of the batch). A module may carry
+    ``plan_mapping``, the mapping of plan layers to its module names that apply takes. ``apply_path``
+    "dtensor": the plan placed by DTensor whatever its path (the host's cost of each path:
+    ``autotune.execute.hostfit``)."""
+    from autotune.apply.place import apply, placement_path
+    from autotune.plan import ModelSpec, load_plan
 
     check_steps(steps, warmup, profile_steps)
     typed = load_plan(plan)
@@ -122,16 +122,13 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     config = {"kind": typed.model.kind, **typed.model.config}
     d.set_mesh(cluster.axis_sizes)
     param_dtype, autocast = module_dtypes(config, dtype)
-    model = build_module(module, config, seed, param_dtype, d.device)
-    mapping = getattr(model, "plan_mapping", None)
-    # data-parallel and FSDP plans as users step them (DDP, torchtitan: each rank its piece's loss, gradients
-    # averaged; no whole-batch logits): what the plan prices
     check_apply_path(apply_path)
-    output = "whole" if apply_path == "dtensor" else "local"
-    path = placement_path(typed, model, mapping, output=output) if d.launch.world > 1 else "none"
-    output = "local" if path in ("fully_shard", "ddp") else "whole"
-    placed = apply(typed, model, d.mesh, mapping=mapping, output=output)  # the DDP module on the "ddp" path
-    trainer = ModuleTrainer(placed, config, typed.micro_batches, d, seed, lr, autocast, local_loss=output == "local")
+    # built on the CPU, as the README builds it: apply moves this rank's part to its device
+    model = build_module(module, config, seed, param_dtype, "cpu" if d.launch.world > 1 else d.device)
+    mapping = getattr(model, "plan_mapping", None)
+    path = placement_path(typed, model, mapping, path=apply_path)
+    placed = apply(typed, model, d.mesh, mapping=mapping, path=apply_path)  # the DDP module on the "ddp" path
+    trainer = ModuleTrainer(placed, config, typed.micro_batches, d, seed, lr, autocast)
     try:
         measured = trainer.run(steps, warmup, profile_steps, progress)
     finally:
@@ -139,7 +136,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     totals = typed.costs.to_dict() if typed.costs else {}
     return {
         "kind": KIND, "version": VERSION, "strategy": typed.strategy, "executor": "apply", "module": module,
-        "apply_path": path, "output": output,
+        "apply_path": path,
         "model": config, "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
         "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
         "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",

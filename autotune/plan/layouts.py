@@ -2,8 +2,8 @@
 (FSDP, HSDP, TP + FSDP as torchtitan composes them), ``data_parallel_plan`` (DDP), a pipeline stage's
 ``local_twin`` (the same with a first stage's embedding split by features or a last stage's logits split by
 vocabulary), ``local_stream`` (the stream such a stage holds), and the path each gives (``plan_path``,
-``twin_path``). ``autotune.plan.place`` and
-``autotune.plan.stages`` place by them; ``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
+``twin_path``). ``autotune.apply`` and
+``autotune.apply.pipeline`` place by them; ``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
 from __future__ import annotations
 
 import math
@@ -101,7 +101,7 @@ def fully_shard_plan(plan: TypedPlan) -> bool:
 def plan_path(plan: TypedPlan) -> str:
     """The path ``apply(..., output="local")`` places ``plan`` by, read from the plan alone: "fully_shard" where
     ``fully_shard_layout`` expresses it, "ddp" for pure data parallelism, else "dtensor"; "none" on one device
-    (``autotune.plan.place.path_of`` also asks the modules whether they take a tensor-parallel axis)."""
+    (``autotune.apply.place.path_of`` also asks the modules whether they take a tensor-parallel axis)."""
     if plan.world == 1:
         return "none"
     if fully_shard_layout(plan) is not None:
