@@ -248,6 +248,11 @@ def _common(parts) -> list[str]:
     return out
 
 
+def device_type() -> str:
+    """"cuda" where the default process group runs NCCL (alone or beside gloo), else "cpu"."""
+    return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
+
+
 def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 

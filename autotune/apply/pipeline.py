@@ -28,7 +28,7 @@ from autotune.apply.cuts import _blocks, _cut_of, _install_stage_hooks, _mapping
 from autotune.apply.ddp import sync_grads
 from autotune.apply.dtensor import _place
 from autotune.apply.fsdp import fully_shard_model
-from autotune.apply.layers import _check_shapes, _recompute, _world, find_layers, torch
+from autotune.apply.layers import _check_shapes, _recompute, _world, device_type, find_layers, torch
 from autotune.apply.pipeplan import SCHEDULES, PipelinedPlan, _stream, load_pipelined
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
@@ -186,8 +186,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     tied = tuple(n for n, prm in module.named_parameters() if id(prm) in tied_ids)
     chain, prefixes = find_layers(typed, module, _mapping_for(typed, mapping))
     _check_shapes(chain, typed)
-    backend = dist.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type() == "cuda" else torch.device("cpu")
     module.to(device)  # this stage's part alone
     from torch.distributed.device_mesh import init_device_mesh
     world_mesh = init_device_mesh(device.type, (p, *typed.mesh.sizes), mesh_dim_names=("pp", *typed.mesh.names))

@@ -26,12 +26,10 @@ from calibrate.errors import UserError
 
 from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch
-from autotune.apply.layers import Site, _check_shapes, _recompute, _world, find_layers
+from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
 from autotune.apply.tensor import tp_layout, tp_styles
 from autotune.plan.layouts import data_parallel_plan, fully_shard_layout
 from autotune.plan.typed import TypedPlan, load_plan
-
-import torch.distributed as dist  # noqa: E402
 
 
 @dataclass
@@ -104,7 +102,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     if world == 1:
         _recompute(model, chain, prefixes, plan.recompute)
         return model
-    device = mesh.device_type if mesh is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
+    device = mesh.device_type if mesh is not None else device_type()
     name = path_of(plan, chain, path)
     if name == "dtensor" and mesh is None:
         from torch.distributed.device_mesh import init_device_mesh

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import statistics
 
-from autotune.execute.layout import torch
+from calibrate.optional import require_torch
+
+torch = require_torch()
 from calibrate.measure.torcharm import mark as device_mark, span
 
 

@@ -9,11 +9,9 @@ micro-batches accumulated before one optimizer step. Every process draws the mic
 and targets from the step's seed) and feeds its piece (``autotune.data_piece``); the loss and its
 backward run under ``loss_parallel`` (logits split by vocabulary stay split).
 
-Measured as for the op-by-op executor (``autotune.execute.train``): steps back to back, each the
-time between CUDA events at its boundaries (the host's clock on CPUs), the host's issue time, peak
-memory by phase, the loss, and under the profiler the time in collectives (and on GPUs its
-exposed part and the device time by kernel family). The layer clock and the collectives' replay
-need the op-by-op executor's own boxing calls and are not measured here.
+Measured: steps back to back, each the time between CUDA events at its boundaries (the host's clock on
+CPUs), the host's issue time, peak memory by phase, the loss, and under the profiler the time in
+collectives (and on GPUs its exposed part and the device time by kernel family).
 """
 from __future__ import annotations
 
@@ -24,12 +22,15 @@ import time
 
 from calibrate.errors import UserError
 
-from autotune.execute.data import _gen
-from autotune.execute.layerclock import mark, span
-from autotune.execute.layout import torch
-from autotune.execute.train import _slowest, profiled
-from autotune.execute.usermodule import load_factory
+from calibrate.measure.engine import TorchGroup
+from calibrate.optional import require_torch
+
 from autotune.apply.batch import data_piece, param_groups
+from autotune.execute import trace
+from autotune.execute.layerclock import mark, span
+from autotune.execute.usermodule import load_factory
+
+torch = require_torch()
 
 dist = torch.distributed
 
@@ -50,6 +51,15 @@ def build_module(spec: str, config: dict, seed: int, dtype, device):
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module: return the model")
     return model.to(device=device, dtype=dtype)
+
+
+def _gen(device, *keys: int):
+    g = torch.Generator(device=device)
+    seed = 0
+    for k in keys:
+        seed = (seed * 1_000_003 + k + 1) % (2**62)
+    g.manual_seed(seed)
+    return g
 
 
 def token_batch(config: dict, seed: int, step: int, micro: int, device) -> tuple:
@@ -156,3 +166,32 @@ class ModuleTrainer:
 
     def _profile(self, first: int, n: int, losses: list) -> dict:
         return profiled(self.d, n, lambda: losses.extend(self._steps(first, n)[0]))
+
+
+def profiled(d, n: int, run) -> dict:
+    """The time in collectives per step of ``run()`` (``n`` steps) under the torch profiler; on GPUs
+    also its exposed part, the device's idle time and the device time by kernel family."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if d.is_gpu else [])
+    with profile(activities=acts, acc_events=True) as prof:
+        run()
+    if not d.is_gpu:
+        total = sum(e.cpu_time_total for e in prof.key_averages() if e.key.startswith("gloo:"))
+        return {"comm_s": _slowest(total / 1e6 / n, d), "comm_source": "torch profiler: gloo operations (CPU time)"}
+    events = [trace.DeviceEvent(e.name, e.time_range.start, e.time_range.end,
+                                bool(getattr(e, "is_user_annotation", False)))
+              for e in prof.events() if e.device_type == DeviceType.CUDA]
+    comm, busy = trace.split(events)
+    return {"comm_s": _slowest(sum(b - a for a, b in comm) / 1e6 / n, d),
+            "comm_source": "torch profiler: time inside NCCL kernels (includes their waiting for the peer and "
+                           "their slowdown by concurrent compute)",
+            "exposed_comm_s": _slowest(trace.exposed_time(comm, busy) / 1e6 / n, d),
+            "device_idle_s": _slowest(trace.idle_time(events) / 1e6 / n, d),
+            "device_time_s": trace.breakdown(events, n), "top_kernels": trace.top_kernels(events, n)}
+
+
+def _slowest(x: float, d) -> float:
+    """The largest of every rank's ``x`` (the measurement engine's maximum over ranks)."""
+    return float(TorchGroup(d.device).max([x])[0])

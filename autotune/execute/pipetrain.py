@@ -12,7 +12,7 @@ import platform
 from calibrate.errors import OptionError
 
 from autotune.execute.launch import check_steps
-from autotune.execute.layout import torch
+from autotune.execute.moduletrain import torch
 from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch
 from autotune.execute.planread import check_apply_path
 from autotune.execute.result import KIND, VERSION

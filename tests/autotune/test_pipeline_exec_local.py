@@ -97,22 +97,14 @@ def _whole(p):
 @contextlib.contextmanager
 def counting(pipe, calls: dict):
     """``calls`` counts the all-gathers and reduce-scatters (fully_shard's, the vocabulary-parallel head's stream),
-    DDP's bucket all-reduces and every ``all_reduce`` call (DDP's, the loss's) meanwhile."""
+    every ``all_reduce`` call (a data-parallel stage's bucket, the loss's) meanwhile."""
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     def counted(name, fn):
         def call(*args, **kwargs):
             calls[name] += 1
             return fn(*args, **kwargs)
         return call
-    ddp = pipe.schedule._stage.submod
-    if isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and not calls.get("hooked"):
-        def hook(state, bucket):  # DDP's own all-reduce, counted (DDP reads the hook's parameter names)
-            calls["allreduce"] += 1
-            return allreduce_hook(ddp.process_group, bucket)
-        ddp.register_comm_hook(None, hook)
-        calls["hooked"] = True
     # fully_shard's (torch 2.13: the *_single names) and the head's (the names every torch 2.x has); neither
     # calls the other through the module's attribute, so each call is counted once
     with contextlib.ExitStack() as stack:
@@ -150,7 +142,7 @@ def train_pipelined(cfg: dict, plan: dict):
     ids, targets = batch(cfg)
     losses, grads = [], {}
     for step in range(STEPS):
-        calls = dict(allgather=0, reducescatter=0, allreduce=0, reduce=0, hooked=calls.get("hooked")) if step else {}
+        calls = dict(allgather=0, reducescatter=0, allreduce=0, reduce=0) if step else {}
         with counting(pipe, calls) if step else contextlib.nullcontext():
             losses.append(float(pipe.step(ids, targets)))
         if step == 0:
@@ -184,14 +176,14 @@ def _worker(rank, world, port, jobs, out):
 
 def mismatch(ref, grads_ref, got, path: str, vocabulary: bool = False) -> str | None:
     """Where the pipelined run differs from one process, or from what the step model prices (None: it agrees):
-    the path, the gradients, the parameters, the losses; the collectives of the last step: DDP one all-reduce
-    (the tiny model's one bucket: no_sync until the last micro-batch), fully_shard each micro-batch's
+    the path, the gradients, the parameters, the losses; the collectives of the last step: a data-parallel stage
+    one all-reduce after the schedule (the tiny model's one bucket), fully_shard each micro-batch's
     torchtitan's PP + FSDP step (``autotune.apply.pipeline``): per unit holding parameters one reduce-scatter, and
     all-gathers m + 1 of a block's unit (the first forward and every pass after a forward), 1 of the root's; a
     last stage whose logits are split by vocabulary (``vocabulary``, on a local path) per micro-batch the
     stream's all-gather before them and reduce-scatter back (the plan's S0 -> B boxing) and its loss's two
     all-reduces (the maxima; the sums of exponentials with the target logits). Every ``all_reduce`` call counted:
-    DDP's bucket, the loss averaged over a local last stage's data ranks, the tied weights' sum, the loss's."""
+    the data-parallel stage's bucket, the loss averaged over a local last stage's data ranks, the tied weights' sum, the loss's."""
     if isinstance(got, str):
         return got
     losses, params, grads, took, calls, units, (stage, stages, tied) = got
@@ -207,10 +199,10 @@ def mismatch(ref, grads_ref, got, path: str, vocabulary: bool = False) -> str | 
         return f"losses {losses} != {ref[0]}"
     units, root = units
     gathers = (units - root) * (M + 1) + root
-    want = {"ddp": (0, 0, 1), "fully_shard": (gathers, units, 0)}.get(path, (0, 0, 0))
+    want = {"fully_shard": (gathers, units, 0)}.get(path, (0, 0, 0))
     head = vocabulary and stage == stages - 1 and path in ("ddp", "fully_shard")
     want = (want[0] + M * head, want[1] + M * head, want[2])
-    reduces = want[2] + (stage == stages - 1 and path in ("ddp", "fully_shard")) + tied + 2 * M * head
+    reduces = (path == "ddp") + (stage == stages - 1 and path in ("ddp", "fully_shard")) + tied + 2 * M * head
     have = (calls["allgather"], calls["reducescatter"], calls["allreduce"])
     if have != want:
         return f"collectives (all-gathers, reduce-scatters, all-reduces) {have}, priced {want} ({units} units)"
