@@ -14,13 +14,13 @@ from autotune.plan.typed import TypedPlan
 
 
 def fully_shard_model(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, world_mesh,
-                      ignored: tuple = ()):
-    """torchtitan's composition on ``world_mesh`` (a DeviceMesh with ``fsdp_dims``' dimensions, and any others,
-    e.g. a pipeline's). Returns (this rank's ``DataSplit``, the data mesh). ``ignored``: parameters fully_shard
-    leaves as they are (placed by the caller)."""
+                      ignored: tuple = (), dims: dict | None = None):
+    """torchtitan's composition on ``world_mesh`` (a DeviceMesh with ``dims``' dimensions, default
+    ``fsdp_dims``', and any others, e.g. a pipeline's). Returns (this rank's ``DataSplit``, the data mesh).
+    ``ignored``: parameters fully_shard leaves as they are (placed by the caller)."""
     from torch.distributed import get_backend
     from torch.distributed.fsdp import fully_shard
-    dims = fsdp_dims(plan, layout)
+    dims = dims or fsdp_dims(plan, layout)
     data = tuple(k for k in dims if k != "tp")
     parts = math.prod(dims[k] for k in data)
     if layout.tp is not None:

@@ -4,8 +4,8 @@ and placing the module, which moves this rank's part to its device and returns t
 path syncs the gradients itself, in the backward):
 
 - "fully_shard" (``autotune.apply.fsdp``): FSDP, HSDP and TP + FSDP plans, torchtitan's composition;
-- "tensor" (``autotune.apply.tensor``): a plan without FSDP, data parallel but for one trailing tensor-parallel
-  axis placed as ``parallelize_module``'s styles (DDP + TP);
+- "tensor" (``autotune.apply.tensor``): a plan without FSDP, data parallel on its leading axes and tensor
+  parallel on the others as ``parallelize_module``'s styles (DDP + TP);
 - "ddp" (``autotune.apply.ddp``): pure data parallelism, ``DistributedDataParallel`` (apply returns it);
 - "dtensor" (``autotune.apply.dtensor``): every other per-layer plan, one explicit redistribution where a
   layer's placement differs from its neighbour's.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from calibrate.errors import UserError
 
-from autotune.apply import ddp, dtensor, fsdp
+from autotune.apply import ddp, dtensor, fsdp, tensor
 from autotune.apply.batch import check_batch
 from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
 from autotune.apply.tensor import tp_layout, tp_styles
@@ -64,7 +64,7 @@ def _unwrapped(place):
 # in the order apply asks them
 PATHS = {
     "fully_shard": (_takes_tp(fully_shard_layout), _unwrapped(fsdp.place)),
-    "tensor": (_takes_tp(tp_layout), _unwrapped(fsdp.place)),
+    "tensor": (_takes_tp(tp_layout), _unwrapped(tensor.place)),
     "ddp": (lambda plan, chain: data_parallel_plan(plan) or None, ddp.place),
     "dtensor": (lambda plan, chain: True, _unwrapped(dtensor.place)),
 }

@@ -7,23 +7,55 @@ sequence parallelism) runs it with fully_shard on a replicate mesh over the data
 ``autotune.apply.fsdp`` runs it for TP + FSDP."""
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from autotune.apply.layers import Site
-from autotune.plan.layouts import TP_WEIGHTS, FullyShard, tp_axis_ok
+from autotune.plan.layouts import TP_WEIGHTS, tp_axis_ok
 from autotune.plan.typed import TypedPlan
 from autotune.sbp.sbp import B
 
 
-def tp_layout(plan: TypedPlan) -> FullyShard | None:
-    """The layout of a plan without FSDP that is data parallel on every axis but the last, and tensor parallel
-    there as ``tp_axis_ok`` (Megatron's without sequence parallelism); None otherwise."""
+@dataclass(frozen=True)
+class TensorParallel:
+    """Data axes, then tensor-parallel axes (one flattened mesh dimension "tp", ranks row-major over them as
+    DTensor nests one dimension split over several axes); ``tp`` the first of them (their placements alike)."""
+
+    data: tuple[int, ...]
+    tp_axes: tuple[int, ...]
+
+    @property
+    def tp(self) -> int:
+        return self.tp_axes[0]
+
+    def dims(self, plan: TypedPlan) -> dict[str, int]:
+        """fully_shard's mesh: a replicate dimension (the data axes) and "tp"; "shard" of one device."""
+        sizes = plan.mesh.sizes
+        return {"replicate": math.prod(sizes[a] for a in self.data), "shard": 1,
+                "tp": math.prod(sizes[a] for a in self.tp_axes)}
+
+
+def tp_layout(plan: TypedPlan) -> TensorParallel | None:
+    """The layout of a plan without FSDP that is data parallel on its leading axes and tensor parallel on the
+    others as ``tp_axis_ok`` (Megatron's without sequence parallelism), the same on each; None otherwise."""
     n = len(plan.mesh.sizes)
-    if plan.world == 1 or plan.sharding_mode == "fsdp" or not tp_axis_ok(plan, n - 1) or plan.mesh.sizes[-1] == 1:
+    if plan.world == 1 or plan.sharding_mode == "fsdp":
         return None
-    for a in range(n - 1):
-        if any(w.placements[a] != B for lay in plan.layers for w in lay.weights) or any(
-                f is not None and f[a] != "S0" for lay in plan.layers for f in (lay.input, lay.output)):
-            return None
-    return FullyShard(tuple(range(n - 1)), (), n - 1)
+
+    def data_axis(a: int) -> bool:
+        return all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
+            f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
+
+    data = 0
+    while data < n and data_axis(data):
+        data += 1
+    tp = tuple(a for a in range(data, n) if plan.mesh.sizes[a] > 1)
+    if not tp or not all(tp_axis_ok(plan, a) for a in tp) or any(
+            lay.weight(w.name).placements[a] != lay.weight(w.name).placements[tp[0]]
+            for lay in plan.layers for w in lay.weights for a in tp) or any(
+            f is not None and f[a] != f[tp[0]] for lay in plan.layers for f in (lay.input, lay.output) for a in tp):
+        return None
+    return TensorParallel(tuple(range(data)), tp)
 
 
 def tp_styles(chain: list[Site], tp: int) -> dict | None:
@@ -53,6 +85,16 @@ def tp_styles(chain: list[Site], tp: int) -> dict | None:
             else:
                 styles[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
     return styles
+
+
+def place(job):
+    """fully_shard's path on the ``TensorParallel`` mesh (``autotune.apply.fsdp``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autotune.apply.fsdp import fully_shard_model
+    dims = job.layout.dims(job.plan)
+    mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    return fully_shard_model(job.model, job.chain, job.prefixes, job.plan, job.layout, mesh, dims=dims)[0]
 
 
 def parallelize(model, chain: list[Site], tp: int, mesh) -> None:

@@ -249,9 +249,11 @@ def _local(kind, plan):
 def test_ddp_and_tensor_parallel_match_one_process(tmp_path):
     """The data-parallel plan (DDP) and a tensor-parallel plan without FSDP (Megatron's d x t: parallelize_module
     and fully_shard on a replicate mesh, torchtitan's DDP + TP; the logits a DTensor of vocabulary columns, the
-    loss under loss_parallel) of both models: the losses and parameters of one process."""
+    loss under loss_parallel) of both models, and t = 4 over both fine axes (one flattened "tp" dimension): the
+    losses and parameters of one process."""
     jobs = [(kind, typed_plan(cfg, 2, 2, fn(cfg), name)) for kind, cfg in (("llama", LLAMA), ("gpt", GPT))
             for fn, name in ((data_parallel, "data parallel"), (tp_data, "tensor parallel"))]
+    jobs.append(("gpt", typed_plan(GPT, 2, 2, tp_data(GPT, tp=2), "tensor parallel over both axes (t = 4)")))
     out = tmp_path / "results.pt"
     mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _local, jobs), nprocs=4, start_method="fork")
     results = torch.load(out)
