@@ -24,7 +24,7 @@ def fully_shard_model(model, chain: list[Site], prefixes: dict, plan: TypedPlan,
     data = tuple(k for k in dims if k != "tp")
     parts = math.prod(dims[k] for k in data)
     if layout.tp is not None:
-        parallelize(model, chain, layout.tp, world_mesh["tp"])
+        parallelize(model, chain, layout, world_mesh["tp"])
     _recompute(model, chain, prefixes, plan.recompute)
     mesh = world_mesh[data]
     names = dict(model.named_modules())

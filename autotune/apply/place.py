@@ -49,8 +49,8 @@ class Job:
 def _takes_tp(layout_of):
     def takes(plan: TypedPlan, chain: list[Site]):
         layout = layout_of(plan)
-        return layout if layout is not None and (layout.tp is None or tp_styles(chain, layout.tp) is not None) \
-            else None
+        return layout if layout is not None and (layout.tp is None or tp_styles(
+            chain, layout.tp, getattr(layout, "stream", "B")) is not None) else None
     return takes
 
 

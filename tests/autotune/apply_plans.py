@@ -42,6 +42,24 @@ def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tupl
     return load_plan(build_plan(problem, res.assignment, "searched"))
 
 
+def megatron_baseline(cfg: dict, d: tuple, t: tuple) -> TypedPlan:
+    """The search's Megatron baseline on 1 x 4 with mesh (d, t) (sizes per role on (nodes, GPUs)): its residual
+    stream split by features on the tensor-parallel axes."""
+    from autotune.plan import load_plan
+    from autotune.sbp.baselines import megatron_assignment
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.plan import build_plan
+    from calibrate.profile import Profile
+    from models import load_model
+    fields = {k: v for k, v in cfg.items() if k != "kind"}
+    if cfg["kind"] == "gpt":
+        fields.update(residual=True, attention="flash", bias=True, tied=False, positions="learned")
+    problem = Problem(load_model(cfg["kind"], None, fields), Coster(Profile.load("h200-nvlink+ib400"),
+                                                                    Cluster(1, 4)), require_fit=False)
+    return load_plan(build_plan(problem, megatron_assignment(problem, d, t), f"Megatron d={d} t={t}"))
+
+
 def layer_table(cfg: dict) -> list[tuple[str, str, dict, dict]]:
     """(name, kind, dims, {weight: shape}) of each distinct layer, in chain order."""
     t = cfg["micro_batch"] * cfg["sequence"]

@@ -26,8 +26,8 @@ from torch.distributed.fsdp import FSDPModule  # noqa: E402
 from autotune.plan.layouts import fully_shard_plan  # noqa: E402
 from autotune.apply.place import placement_path  # noqa: E402
 from tiny_models import free_port, hf_llama  # noqa: E402
-from apply_plans import (GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan,  # noqa: E402
-                         vocab_parallel)
+from apply_plans import (GPT, LLAMA, data_parallel, megatron_baseline, random_partial, searched, tp_data,  # noqa: E402
+                         typed_plan, vocab_parallel)
 
 STEPS, LR, SEED = 2, 1e-2, 0
 RTOL = 1e-9
@@ -254,6 +254,8 @@ def test_ddp_and_tensor_parallel_match_one_process(tmp_path):
     jobs = [(kind, typed_plan(cfg, 2, 2, fn(cfg), name)) for kind, cfg in (("llama", LLAMA), ("gpt", GPT))
             for fn, name in ((data_parallel, "data parallel"), (tp_data, "tensor parallel"))]
     jobs.append(("gpt", typed_plan(GPT, 2, 2, tp_data(GPT, tp=2), "tensor parallel over both axes (t = 4)")))
+    # the search's Megatron baselines: the residual stream split by features (reduce-scattered, norms gathered)
+    jobs += [("llama", megatron_baseline(LLAMA, (1, 2), (1, 2))), ("gpt", megatron_baseline(GPT, (1, 1), (1, 4)))]
     out = tmp_path / "results.pt"
     mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _local, jobs), nprocs=4, start_method="fork")
     results = torch.load(out)
