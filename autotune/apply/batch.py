@@ -70,19 +70,42 @@ def data_world(model) -> tuple[int, int]:
     return (0, 1) if split is None else (split.rank, split.world)
 
 
+@dataclass(frozen=True)
+class Tokens:
+    """How a plan's token split (S0) falls on the modules' [batch, sequence, ...] tensors: over the batch while
+    the micro-batch ``batch`` divides the axes so far (in mesh order), then over the sequence (dimension 1)."""
+
+    batch: int
+    sizes: tuple[int, ...]
+
+    def dims(self, fine) -> list[int]:
+        out, parts = [], 1
+        for p, n in zip(fine, self.sizes):
+            if p == "S0" and self.batch % (parts * n) == 0:
+                parts *= n
+                out.append(0)
+            else:
+                out.append(1)
+        return out
+
+
 def check_batch(plan: TypedPlan, where: str = "the plan") -> None:
-    """Every layer's token split (S0: apply splits whole sequences, the modules' batch dimension) divides the
-    plan's micro-batch: one line naming the fix, before any weight moves."""
-    mb = plan.model.get("micro_batch")
+    """Every layer's token split (S0) falls on whole sequences or on a sequence that divides (``Tokens``), and the
+    attention's on whole sequences: one line naming the fix, before any weight moves."""
+    mb, seq = plan.model.get("micro_batch"), plan.model.get("sequence")
     if mb is None:
         return
+    tokens = Tokens(mb, plan.mesh.sizes)
     for lay in plan.layers:
         for fine in (lay.input, lay.output):
-            parts = math.prod(n for p, n in zip(fine or (), plan.mesh.sizes) if p == "S0")
-            if mb % parts:
+            if fine is None:
+                continue
+            dims = tokens.dims(fine)
+            parts = math.prod(n for p, n, d in zip(fine, plan.mesh.sizes, dims) if p == "S0" and d == 1)
+            if parts > 1 and (lay.kind == "attention" or (seq is not None and seq % parts)):
                 raise UserError(f"{where}: layer {lay.name} splits the tokens of a micro-batch of {mb} sequences over "
-                                f"{parts} devices, and apply splits whole sequences: search with a micro-batch that "
-                                f"{parts} divides (--batch, --micro-batches)")
+                                f"more devices than it has sequences, {'which its attention cannot take' if lay.kind == 'attention' else f'and the sequence of {seq} does not split over {parts}'}: "
+                                f"search with a larger micro-batch (--micro-batch) or fewer devices")
 
 
 class _ScaleGrad(torch.autograd.Function):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from calibrate.errors import UserError
 
-from autotune.apply.batch import DataSplit, scale_grad
+from autotune.apply.batch import DataSplit, Tokens, scale_grad
 from autotune.apply.layers import Site, contiguous_strides, torch, weight_placements
 from autotune.plan.typed import TypedPlan
 from autotune.sbp.sbp import B, P, is_split, split_dim
@@ -26,20 +26,22 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 
 # --- activations --------------------------------------------------------------------------------------
-def _act(fine, t, whole: bool = True) -> tuple[tuple, tuple]:
+def _act(fine, t, whole: bool = True, tokens: Tokens | None = None) -> tuple[tuple, tuple]:
     """(forward, gradient) DTensor placements of plan placements ``fine`` on tensor ``t``: tokens are the
-    batch (dimension 0), features the last dimension; a whole tensor (``whole``: not a local piece) broadcast
-    over the batch (no batch dimension, or one of 1) is replicated there and its gradient partial."""
+    batch (dimension 0; the sequence, dimension 1, where ``tokens`` says the batch does not split), features the
+    last dimension; a whole tensor (``whole``: not a local piece) broadcast over the batch (no batch dimension)
+    is replicated there and its gradient partial."""
+    dims = tokens.dims(fine) if tokens is not None else [0] * len(fine)
     fwd, grad = [], []
-    for p in fine:
+    for p, d in zip(fine, dims):
         if p == B:
             fwd.append(Replicate()), grad.append(Replicate())
         elif p == P:  # the gradient of a partial sum is whole on every device (DTensor's convention)
             fwd.append(Partial()), grad.append(Replicate())
-        elif split_dim(p) == 0 and whole and (t.dim() < 3 or t.shape[0] == 1):
+        elif split_dim(p) == 0 and whole and (t.dim() < 3 or (t.shape[0] == 1 and tokens is None)):
             fwd.append(Replicate()), grad.append(Partial())
         else:
-            s = Shard(0) if split_dim(p) == 0 else Shard(t.dim() - 1)
+            s = Shard(d) if split_dim(p) == 0 else Shard(t.dim() - 1)
             fwd.append(s), grad.append(s)
     return tuple(fwd), tuple(grad)
 
@@ -118,18 +120,49 @@ def _handoffs(chain: list[Site]) -> list[tuple | None]:
     return out
 
 
-def _install_hooks(chain: list[Site], mesh, ends: "Ends") -> None:
+def _install_hooks(chain: list[Site], mesh, ends: "Ends", model, tokens: Tokens) -> None:
     arrive = _handoffs(chain)
+    names = dict(model.named_modules())
     for i, site in enumerate(chain):
         if not site.modules:
             continue
         last = not any(s.modules for s in chain[i + 1:])
         for name, module in site.modules:
             module.register_forward_pre_hook(
-                functools.partial(_pre, mesh=mesh, arrive=arrive[i], want=site.layer.input, where=name, ends=ends),
-                with_kwargs=True)
-            module.register_forward_hook(functools.partial(_logits_out, mesh=mesh, ends=ends) if last else
-                                         functools.partial(_post, mesh=mesh, leave=arrive[i + 1]))
+                functools.partial(_pre, mesh=mesh, arrive=arrive[i], want=site.layer.input, where=name, ends=ends,
+                                  tokens=tokens), with_kwargs=True)
+            fused = _fused_parts(site, chain[i + 1] if i + 1 < len(chain) else None, mesh)
+            module.register_forward_hook(
+                functools.partial(_logits_out, mesh=mesh, ends=ends) if last else
+                functools.partial(_fused_out, mesh=mesh, leave=arrive[i + 1], tokens=tokens) if fused else
+                functools.partial(_post, mesh=mesh, leave=arrive[i + 1], tokens=tokens))
+            if fused:  # the attention splits its local [q | k | v] in thirds of its own heads
+                parent = names[name.rsplit(".", 1)[0]]  # GPT2Attention
+                parent.split_size //= fused
+
+
+def _fused_parts(site: Site, nxt: Site | None, mesh) -> int:
+    """The parts a GPT-2 fused [q | k | v] ``Conv1D`` (one qkv module) is split into by the attention's input
+    placement after it (0: not such a module, or unsplit)."""
+    if site.layer.name != "qkv" or len(site.modules) != 1 or type(site.modules[0][1]).__name__ != "Conv1D" or \
+            nxt is None or nxt.layer.kind != "attention":
+        return 0
+    parts = math.prod(n for p, n in zip(nxt.layer.input or (), mesh.shape) if p == "S1")
+    return parts if parts > 1 else 0
+
+
+def _fused_out(module, args, out, *, mesh, leave, tokens=None):
+    """GPT-2's fused [q | k | v] output in the attention's feature split: each third redistributed to it on its
+    own (one explicit redistribution: no ParallelStyle splits a fused qkv by thirds) and this rank's pieces
+    handed on side by side, [q_r | k_r | v_r]."""
+    if not isinstance(out, DTensor):
+        return None
+    pieces = []
+    for third in out.chunk(3, dim=-1):
+        dst, grad = _act(leave, third, tokens=tokens)
+        _check_divides(third.shape, dst, mesh, "the attention's q, k or v")
+        pieces.append(_redistribute(third, mesh, dst).to_local(grad_placements=grad))
+    return torch.cat(pieces, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -146,7 +179,8 @@ class Ends:
     def of(plan: TypedPlan) -> "Ends":
         out = plan.layer("logits").output if plan.layer("logits") else None
         out = out or (B,) * len(plan.mesh.sizes)
-        data = tuple(a for a, p in enumerate(out) if p == "S0")
+        dims = Tokens(plan.model.get("micro_batch") or 1, plan.mesh.sizes).dims(out)
+        data = tuple(a for a, p in enumerate(out) if p == "S0" and dims[a] == 0)  # the sequence's gathered
         return Ends(data, tuple(a for a, p in enumerate(out) if p == "S1"),
                     math.prod(plan.mesh.sizes[a] for a in data))
 
@@ -160,7 +194,7 @@ class Ends:
         return [Shard(0) if a in self.data else Replicate() for a in range(ndim)]
 
 
-def _pre(module, args, kwargs, *, mesh, arrive, want, where, ends):
+def _pre(module, args, kwargs, *, mesh, arrive, want, where, ends, tokens=None):
     x = args[0]
     if isinstance(x, DTensor):
         return None
@@ -169,18 +203,18 @@ def _pre(module, args, kwargs, *, mesh, arrive, want, where, ends):
         shape = _global_shape(x, src, mesh)
         return (DTensor.from_local(x, mesh, src, run_check=False, shape=shape, stride=contiguous_strides(shape)),
                 ) + args[1:], kwargs
-    src, _ = _act(arrive, x, whole=False)
+    src, _ = _act(arrive, x, whole=False, tokens=tokens)
     shape = _global_shape(x, src, mesh)
     X = DTensor.from_local(x, mesh, src, run_check=False, shape=shape, stride=contiguous_strides(shape))
-    dst, _ = _act(want, X) if want is not None else (src, None)
+    dst, _ = _act(want, X, tokens=tokens) if want is not None else (src, None)
     _check_divides(shape, dst, mesh, where)
     return (_redistribute(X, mesh, dst),) + args[1:], kwargs
 
 
-def _post(module, args, out, *, mesh, leave):
+def _post(module, args, out, *, mesh, leave, tokens=None):
     if not isinstance(out, DTensor):
         return None
-    dst, grad = _act(leave, out)
+    dst, grad = _act(leave, out, tokens=tokens)
     _check_divides(out.shape, dst, mesh, "an activation handed on")
     return _redistribute(out, mesh, dst).to_local(grad_placements=grad)
 
@@ -357,5 +391,6 @@ def place(job) -> DataSplit:
     _place(job.chain, job.plan, job.mesh, job.model)
     _vocab_parallel(job.chain, job.plan, job.mesh)
     _split_norms(job.chain)
-    _install_hooks(job.chain, job.mesh, ends)
+    _install_hooks(job.chain, job.mesh, ends, job.model,
+                   Tokens(job.plan.model.get("micro_batch") or 1, job.plan.mesh.sizes))
     return ends.split(job.mesh)

@@ -202,18 +202,15 @@ def _check_shapes(chain: list[Site], plan: TypedPlan) -> None:
 
 def _check_heads(lay: LayerPlan, mods, plan: TypedPlan, where: str) -> None:
     """A feature split of the attention's input must keep KV head groups whole (a fused qkv laid out head group
-    by head group, or separate q, k, v); GPT-2's [q | k | v] c_attn cannot be split by features there. The qkv
-    weight's own split need not: its output is redistributed to the attention's input placement."""
+    by head group, separate q, k, v, or GPT-2's [q | k | v] c_attn, whose thirds the DTensor path splits each:
+    ``autotune.apply.dtensor._fused_out``). The qkv weight's own split need not: its output is redistributed to
+    the attention's input placement."""
     if lay.name != "qkv":
         return
     attention = next((a for a in plan.layers if a.kind == "attention"), None)
     parts = math.prod(n for p, n in zip(attention.input or (), plan.mesh.sizes) if p == "S1") if attention else 1
     if parts == 1:
         return
-    if len(mods) == 1 and _is_conv1d(mods[0][1]):
-        raise UserError(f"{where}: GPT-2's fused c_attn is laid out [q | k | v], which the plan's split of the "
-                        f"attention's features over {parts} devices does not keep whole: search with the attention's "
-                        f"features unsplit, or give the model separate q/k/v projections")
     kv = plan.model.get("kv_heads", plan.model.get("heads"))
     if kv is not None and kv % parts:
         raise UserError(f"{where}: the plan splits the attention's features over {parts} devices but the model has "
