@@ -38,6 +38,8 @@ def _act(fine, t, whole: bool = True, tokens: Tokens | None = None) -> tuple[tup
             fwd.append(Replicate()), grad.append(Replicate())
         elif p == P:  # the gradient of a partial sum is whole on every device (DTensor's convention)
             fwd.append(Partial()), grad.append(Replicate())
+        elif split_dim(p) == 0 and whole and t.dim() < 3 and d == 1:  # a [sequence, ...] table: its positions
+            fwd.append(Shard(0)), grad.append(Shard(0))
         elif split_dim(p) == 0 and whole and (t.dim() < 3 or (t.shape[0] == 1 and tokens is None)):
             fwd.append(Replicate()), grad.append(Partial())
         else:
@@ -282,6 +284,7 @@ def _sync_hook(mesh, placements):
 def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
     from torch.nn.utils import parametrize
     placed: dict[int, tuple] = {}
+    uses: dict[tuple, tuple] = {}  # (id(module), attribute) -> the compute placements there
     axes = plan.sharding_axes if plan.sharding_mode == "fsdp" else ()
     todo = []
     for site in chain:
@@ -291,12 +294,8 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
                 if P in fine:
                     raise UserError(f"plan layer {site.layer.name} places weight {pname} as a partial sum: apply "
                                     f"places weights split or replicated only; re-run the search")
-                prev = placed.get(id(param))
-                if prev is not None:
-                    if prev != fine:
-                        raise UserError(f"{name}.{pname} is tied to another layer's weight that the plan places "
-                                        f"differently ({list(prev)} vs {list(fine)}): apply a plan that places both "
-                                        f"alike")
+                uses[(id(module), pname)] = tuple(_dtensor_placements(fine))
+                if id(param) in placed:  # tied: stored as first placed, redistributed at use where it differs
                     continue
                 placed[id(param)] = fine
                 todo.append((module, pname, param, fine, f"{name}.{pname}"))
@@ -317,8 +316,9 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
         dt.register_hook(_sync_hook(mesh, tuple(store)))
         for module, attr in owners[id(param)]:
             setattr(module, attr, dt)
-            if store != compute:
-                parametrize.register_parametrization(module, attr, _Gather(mesh, compute), unsafe=True)
+            use = list(uses.get((id(module), attr), compute))
+            if store != use:
+                parametrize.register_parametrization(module, attr, _Gather(mesh, use), unsafe=True)
 
 
 # --- vocabulary-parallel embedding ------------------------------------------------------------------------
@@ -330,14 +330,15 @@ def _vocab_embedding(module, ids, *, mesh, compute: tuple):
     reaches only the local rows. DTensor's own embedding rule handles one vocabulary axis only. The ids (this
     rank's piece on the data axes) are gathered on the axes that split the table."""
     weight = module.weight
-    local_w = weight.to_local()
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     _, offset = compute_local_shape_and_global_offset(tuple(weight.shape), mesh, compute)
-    lo, rows = offset[0], local_w.shape[0]
     if isinstance(ids, DTensor):
         ids = ids.redistribute(mesh, [Replicate() if isinstance(c, Shard) else p for c, p in zip(compute, ids.placements)])
     shape = tuple(ids.shape) + (weight.shape[1],)
     batch = ids.placements if isinstance(ids, DTensor) else [Replicate()] * mesh.ndim
+    # where each device looks up its piece of the batch, the table's gradient is a partial sum there
+    local_w = weight.to_local(grad_placements=[Partial() if isinstance(b, Shard) else c for c, b in zip(compute, batch)])
+    lo, rows = offset[0], local_w.shape[0]
     ids = ids.to_local() if isinstance(ids, DTensor) else ids
     local = ids - lo
     outside = (local < 0) | (local >= rows)

@@ -20,7 +20,7 @@ if not os.environ.get("CI"):
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401
 import torch.multiprocessing as mp  # noqa: E402
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # noqa: E402
 
 from apply_plans import GPT, LLAMA, data_parallel, searched, tp_data, typed_plan  # noqa: E402
 from test_apply_distributed import NanoGPT, _on_gloo, mismatch, train  # noqa: E402
@@ -120,7 +120,8 @@ CASES = st.tuples(st.sampled_from(FAMILIES), st.sampled_from([2, 4]), st.sampled
                   st.sampled_from([(1, 4), (2, 2)]))
 
 
-@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+          phases=(Phase.explicit, Phase.generate))  # one launch: no shrinking (the failing draw is printed)
 @given(st.lists(CASES, min_size=5, max_size=5, unique_by=lambda c: c[0]))
 def test_searched_plans_match_one_process(tmp_path_factory, cases):
     tmp_path = tmp_path_factory.mktemp("property")
@@ -135,6 +136,19 @@ def test_searched_plans_match_one_process(tmp_path_factory, cases):
         want = train(build(family, cfg), plan, cfg)
         assert mismatch(want, got) is None, f"{family} mb {cfg['micro_batch']} {plan.cluster} on {path}: " \
                                             f"{mismatch(want, got)}"
+
+
+def test_gpt2_fused_c_attn_matches_one_process(tmp_path):
+    """GPT-2's fused [q | k | v] Conv1D c_attn split by features (Megatron's d x t, the DTensor path: no
+    ParallelStyle takes a Conv1D), its head tied to the embedding: one process's losses and parameters."""
+    cfg = config("gpt2", 4, 4)
+    plans = [typed_plan(cfg, 2, 2, tp_data(cfg), "tensor parallel"),
+             typed_plan(cfg, 2, 2, tp_data(cfg, tp=2), "tensor parallel over both axes")]
+    results = _launch([("gpt2", (cfg, plan, None)) for plan in plans], tmp_path)
+    want = train(build("gpt2", cfg), plans[0], cfg)
+    for plan, got in zip(plans, results):
+        assert not isinstance(got, str), got
+        assert got[0] == "dtensor" and mismatch(want, got[1]) is None, (plan.strategy, mismatch(want, got[1]))
 
 
 def test_each_path_fails_a_planted_bug(tmp_path):
