@@ -284,7 +284,6 @@ def _sync_hook(mesh, placements):
 def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
     from torch.nn.utils import parametrize
     placed: dict[int, tuple] = {}
-    uses: dict[tuple, tuple] = {}  # (id(module), attribute) -> the compute placements there
     axes = plan.sharding_axes if plan.sharding_mode == "fsdp" else ()
     todo = []
     for site in chain:
@@ -294,8 +293,12 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
                 if P in fine:
                     raise UserError(f"plan layer {site.layer.name} places weight {pname} as a partial sum: apply "
                                     f"places weights split or replicated only; re-run the search")
-                uses[(id(module), pname)] = tuple(_dtensor_placements(fine))
-                if id(param) in placed:  # tied: stored as first placed, redistributed at use where it differs
+                prev = placed.get(id(param))
+                if prev is not None:
+                    if prev != fine:
+                        raise UserError(f"{name}.{pname} is tied to another layer's weight that the plan places "
+                                        f"differently ({list(prev)} vs {list(fine)}): apply a plan that places both "
+                                        f"alike")
                     continue
                 placed[id(param)] = fine
                 todo.append((module, pname, param, fine, f"{name}.{pname}"))
@@ -316,9 +319,8 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
         dt.register_hook(_sync_hook(mesh, tuple(store)))
         for module, attr in owners[id(param)]:
             setattr(module, attr, dt)
-            use = list(uses.get((id(module), attr), compute))
-            if store != use:
-                parametrize.register_parametrization(module, attr, _Gather(mesh, use), unsafe=True)
+            if store != compute:
+                parametrize.register_parametrization(module, attr, _Gather(mesh, compute), unsafe=True)
 
 
 # --- vocabulary-parallel embedding ------------------------------------------------------------------------
