@@ -108,6 +108,16 @@ def check_batch(plan: TypedPlan, where: str = "the plan") -> None:
                                 f"search with a larger micro-batch (--micro-batch) or fewer devices")
 
 
+def stream_by_sequence(plan: TypedPlan) -> int:
+    """The devices the plan's residual stream (the embedding's output) splits each sequence over (1: none)."""
+    mb, lay = plan.model.get("micro_batch"), plan.layer("residual") or plan.layer("embedding")
+    fine = (lay.input if lay is plan.layer("residual") else lay.output) if lay is not None else None
+    if mb is None or fine is None:
+        return 1
+    dims = Tokens(mb, plan.mesh.sizes).dims(fine)
+    return math.prod(n for p, n, d in zip(fine, plan.mesh.sizes, dims) if p == "S0" and d == 1)
+
+
 class _ScaleGrad(torch.autograd.Function):
     """The identity whose backward multiplies the gradient by ``factor``."""
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from calibrate.errors import UserError
 
 from autotune.apply import ddp, dtensor, fsdp, tensor
-from autotune.apply.batch import check_batch
+from autotune.apply.batch import check_batch, stream_by_sequence
 from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
 from autotune.apply.tensor import tp_layout, tp_styles
 from autotune.plan.layouts import data_parallel_plan, fully_shard_layout
@@ -99,6 +99,11 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     chain, prefixes = find_layers(plan, model, mapping)
     _check_shapes(chain, plan)
     check_batch(plan)
+    if world > 1 and hasattr(model, "config") and stream_by_sequence(plan) > 1:
+        raise UserError(f"the plan splits each sequence of its residual stream over {stream_by_sequence(plan)} "
+                        f"devices (a micro-batch of {plan.model.get('micro_batch')}), which a Hugging Face model "
+                        f"cannot take (it reads the sequence length from the embedding's output): search with a "
+                        f"micro-batch that the data-parallel devices divide")
     if world == 1:
         _recompute(model, chain, prefixes, plan.recompute)
         return model
