@@ -174,3 +174,33 @@ def test_each_path_fails_a_planted_bug(tmp_path):
     for name, got, clean in zip(plans, results, results[len(plans):]):
         assert clean[0] == name and mismatch(want, clean[1]) is None, (name, clean)
         assert isinstance(got, str) or mismatch(want, got[1]) is not None, f"the planted bug on {name} went unnoticed"
+
+
+def _pipelined(cfg, plan):
+    from test_pipeline_exec_local import train_pipelined
+    losses, params, _, path, *_ = train_pipelined(cfg, plan)
+    return losses, params, path
+
+
+def test_schedules_over_stage_paths_match_one_process(tmp_path):
+    """GPipe (which crashed DDP's reducer: a data-parallel stage now syncs once after the schedule), 1F1B and
+    eager-1F1B over data-parallel stages, GPipe over FSDP stages and 1F1B over tensor-parallel (Megatron 3-D)
+    stages of the search's pipelined plans: each rank's losses and parameters those of one process."""
+    from pipeline_exec_plans import LLAMA as PIPE_LLAMA, in_micro_batches, megatron, searched as piped, sharded, \
+        train_one_process
+    cfg = dict(PIPE_LLAMA, batch=16)
+    jobs = [in_micro_batches(piped(cfg, 2, schedule=s), 4) for s in ("gpipe", "1f1b", "eager-1f1b")]
+    jobs.append(sharded(sharded(jobs[0], 0), 1))
+    jobs.append(megatron(cfg, 2, 2, 2, 2, 4))
+    out = tmp_path / "results.pt"
+    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _pipelined, [(cfg, p) for p in jobs]), nprocs=4,
+                       start_method="fork")
+    results = torch.load(out)
+    ref_losses, ref_params = train_one_process(cfg, 4)
+    for plan, got, want in zip(jobs, results, ("ddp", "ddp", "ddp", "fully_shard", "dtensor")):
+        assert not isinstance(got, str), (plan["strategy"], got)
+        losses, params, path = got
+        assert path == want, (plan["strategy"], path)  # rank 0's stage (the first)
+        assert losses == pytest.approx(ref_losses, rel=1e-9), (plan["strategy"], path)
+        for name, x in params.items():
+            assert torch.allclose(x, ref_params[name], rtol=1e-9, atol=1e-9), (plan["strategy"], path, name)
