@@ -85,7 +85,7 @@ def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
 
 def data_parallel_plan(plan: TypedPlan) -> bool:
     """Whether ``plan`` is pure data parallelism (no FSDP; every weight replicated and every activation split by
-    the data on every axis): what DDP runs, which ``apply(..., output="local")`` places it with."""
+    the data on every axis): what DDP runs, which ``autotune.apply`` places it with."""
     if plan.world == 1 or plan.sharding_mode == "fsdp":
         return False
     return all(all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
@@ -99,9 +99,11 @@ def fully_shard_plan(plan: TypedPlan) -> bool:
 
 
 def plan_path(plan: TypedPlan) -> str:
-    """The path ``apply(..., output="local")`` places ``plan`` by, read from the plan alone: "fully_shard" where
+    """The path ``autotune.apply`` places ``plan`` by, read from the plan alone: "fully_shard" where
     ``fully_shard_layout`` expresses it, "ddp" for pure data parallelism, else "dtensor"; "none" on one device
-    (``autotune.apply.place.path_of`` also asks the modules whether they take a tensor-parallel axis)."""
+    (``autotune.apply.place.path_of`` also asks the modules whether they take a tensor-parallel axis, and places
+    the "dtensor" plans that are data x tensor parallel without FSDP by ``parallelize_module``: its "tensor"
+    path, ``autotune.apply.tensor.tp_layout``)."""
     if plan.world == 1:
         return "none"
     if fully_shard_layout(plan) is not None:
