@@ -1,19 +1,23 @@
-"""Stage 2 of the flow: plans from fitted profiles (SBP search, collective
-schedules, cross-mesh resharding; ``autotune.search(model, cluster, profile, ...)``, the
-library call of ``python -m autotune``: ``autotune.planner``), and ``autotune.apply(plan, model)``, which
-places a user's nn.Module as a plan says (``autotune.plan.place``), and
-``autotune.apply_pipeline(plan, model)``, which runs a pipelined plan's stage on it
-(``autotune.plan.stages``); torch is imported on first use, not by ``import autotune``."""
+"""Stage 2 of the flow: plans from fitted profiles (SBP search, collective schedules, cross-mesh resharding;
+``autotune.search(model, cluster, profile, ...)``, the library call of ``python -m autotune``: ``autotune.planner``), and
+the execution layer ``autotune.apply``: ``autotune.apply(plan, model)`` places a user's nn.Module as a plan says,
+``autotune.apply_pipeline(plan, model)`` runs a pipelined plan's stage on it; torch is imported on first use, not
+by ``import autotune``."""
+
+_BATCH = ("micro_batches", "data_piece", "data_world", "param_groups")
 
 
 def __getattr__(name):
-    if name in ("apply", "micro_batches", "data_piece", "param_groups"):
-        from autotune.plan import place
-        return getattr(place, name)
+    if name == "apply":  # the package, callable as the function
+        import autotune.apply as module
+        return module
+    if name in _BATCH:
+        from autotune.apply import batch
+        return getattr(batch, name)
     if name == "search":
         from autotune.planner import search
         return search
     if name == "apply_pipeline":
-        from autotune.plan import stages
-        return stages.apply_pipeline
+        from autotune.apply.pipeline import apply_pipeline
+        return apply_pipeline
     raise AttributeError(f"module 'autotune' has no attribute {name!r}")

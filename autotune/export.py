@@ -222,7 +222,7 @@ def check_exportable(plan: dict) -> None:
         raise UserError(f"the plan's stage split {split!r} does not give its {len(plan['stages'])} stages at least "
                         f"one of the model's {layers} blocks each, all of them: re-run python -m autotune --pipeline N")
     try:  # what apply_pipeline refuses (a split its stages' plans do not match), refused here alike
-        from autotune.plan.stages import load_pipelined
+        from autotune.apply.pipeplan import load_pipelined
     except ImportError:  # without torch: the checks above
         return
     load_pipelined(plan, "the plan")

@@ -7,21 +7,15 @@
     python -m autotune execute --fit-host d2 d8 t2 t8 --profile p.json --profile-out p-host.json
                                                        # the host's cost per path (autotune.execute.hostfit)
 
-One process per device (NCCL on GPUs, gloo on CPUs). Builds the plan's model
-(fixed-seed weights), lays every layer out as the plan says (DTensor placements
-on one mesh of the cluster's fine axes), runs --steps training steps and writes
-one result per plan (measured step time, time in collectives, peak memory per
-device, losses) beside the plan's predictions into --out. Model flags
-(--hidden, --heads, ...) are checked against the plan's model; --layers runs a
-shorter (or longer) stack of the tied layers.
-
-Transformer plans (gpt, llama) run through apply: a real nn.Module (the reference
-modules, models.modules:build, or yours: --module package.module:factory, called
-with the plan's model config dict, forward(ids, targets) returning the mean
-loss) placed by autotune.plan.apply, trained as a user would (fp32 parameters,
-bf16 autocast where the plan's activations are 16-bit, AdamW). Other models (mlp,
-u-transformer), or --executor ops, run the op-by-op executor, which also times
-each layer and replays the step's collectives alone.
+One process per device (NCCL on GPUs, gloo on CPUs). Transformer plans (gpt, llama) run through
+autotune.apply: a real nn.Module (the reference modules, models.modules:build, or yours: --module
+package.module:factory, called with the plan's model config dict, forward(ids, targets) returning the mean
+loss) built on the CPU, placed as the plan says, trained as a user would (each rank its piece of the batch,
+fp32 parameters, bf16 autocast where the plan's activations are 16-bit, AdamW) for --steps steps; one result
+per plan (measured step time, time in collectives, peak memory per device, losses) beside the plan's
+predictions goes into --out. Model flags (--hidden, --heads, ...) are checked against the plan's model;
+--layers runs a shorter (or longer) stack of the tied layers. Plans of other models (mlp, vgg,
+u-transformer) are not executable.
 
     torchrun --nproc-per-node 4 -m autotune execute plan.json --module mypkg.model:build
 
@@ -44,25 +38,16 @@ from calibrate.profile import Profile
 from autotune.execute import layertable, result
 from autotune.execute.launch import check_steps, launch_env
 from autotune.execute.usermodule import DEFAULT_MODULE
-from autotune.execute.planread import APPLY_PATHS, model_kind
+from autotune.execute.planread import APPLY_PATHS, check_kind, model_kind
 from autotune.cli.search import add_model_fields
 from autotune.sbp.plan import PlanFile
 
 DEFAULT_OUT = "execute-out"
-EXECUTORS = ("auto", "apply", "ops")
-MODULE_KINDS = ("gpt", "llama")  # the model kinds of the reference modules
 
 
-def executor(plan: dict, name: str) -> str:
-    """apply, ops or pipeline (a pipelined plan, through autotune.apply_pipeline) for this plan."""
-    if "stages" in plan:
-        if name == "ops":
-            raise UserError("a pipelined plan runs through autotune.apply_pipeline, not the op-by-op executor: "
-                            "drop --executor ops")
-        return "pipeline"
-    if name != "auto":
-        return name
-    return "apply" if model_kind(plan.get("model") or {}) in MODULE_KINDS else "ops"
+def executor(plan: dict) -> str:
+    """apply, or pipeline (a pipelined plan, through autotune.apply_pipeline)."""
+    return "pipeline" if "stages" in plan else "apply"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,18 +64,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=seed_int, default=0, help="seed of the weights and the data")
     ap.add_argument("--lr", type=finite_float, default=1e-3, help="Adam learning rate, above 0 (default 1e-3)")
     ap.add_argument("--module", default=DEFAULT_MODULE,
-                    help="package.module:factory building the nn.Module from the plan's model config (apply executor)")
-    ap.add_argument("--executor", default="auto", choices=EXECUTORS,
-                    help="apply (an nn.Module placed by autotune.plan.apply), ops (op by op, with the layer clock), "
-                         "or auto: apply for gpt and llama plans, ops otherwise")
+                    help="package.module:factory building the nn.Module from the plan's model config")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the result records (default ./{DEFAULT_OUT})")
     ap.add_argument("--summarize", metavar="DIR",
                     help="print the tables of the results in DIR and write DIR/summary.json, summary.md, breakdown.txt "
                          "(device time by kernel family, memory by phase) and layers.txt (each layer's predicted "
                          "forward and backward beside the measured)")
     ap.add_argument("--apply-path", default="auto", choices=APPLY_PATHS,
-                    help="auto: each plan on the path apply takes (DDP, fully_shard or DTensor); dtensor: "
-                         "data-parallel plans and pipeline stages placed by DTensor too (the host's cost of each path)")
+                    help="auto: each plan on the path apply takes (DDP, fully_shard, tensor or DTensor); dtensor: "
+                         "every plan and pipeline stage placed by DTensor (the host's cost of each path)")
     ap.add_argument("--fit-host", nargs="+", metavar="DIR",
                     help="fit each path's host figures from the results in these folders (two depths and two "
                          "micro-batch counts a path) into --profile, written to --profile-out")
@@ -227,22 +209,21 @@ def main(argv=None) -> int:
     pf = PlanFile.load(args.plan)
     plans = select(pf, args.which)
     launch = launch_env()
-    from autotune.execute.runner import plan_cluster, prepare
+    from autotune.execute.runner import plan_cluster
     from autotune.execute.pipetrain import check_pipelined, run_pipeline_plan
     from autotune.execute.usermodule import load_factory
     for plan in plans:
         check_model(plan, args)
-        if executor(plan, args.executor) == "ops":
-            prepare(plan, launch.world, args.f_layers)
-        elif executor(plan, args.executor) == "pipeline":
+        check_kind(plan)
+        if executor(plan) == "pipeline":
             check_pipelined(plan, launch.world, args.f_layers)
             load_factory(args.module)
         else:
             plan_cluster(plan, launch.world)
             load_factory(args.module)
     from autotune.execute.env import start, stop
-    from autotune.execute.layout import torch
-    from autotune.execute.runner import free_device, out_of_memory_record, run_module_plan, run_plan
+    from autotune.execute.moduletrain import torch
+    from autotune.execute.runner import free_device, out_of_memory_record, run_module_plan
     lead = launch.rank == 0
 
     def progress(msg):
@@ -262,10 +243,7 @@ def main(argv=None) -> int:
             common = dict(layers=args.f_layers, steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps,
                           dtype=args.dtype, seed=args.seed, lr=args.lr, progress=progress)
             try:
-                if executor(plan, args.executor) == "ops":
-                    rec, model = run_plan(plan, d, **common)
-                    model.release()
-                elif executor(plan, args.executor) == "pipeline":
+                if executor(plan) == "pipeline":
                     rec, model = run_pipeline_plan(plan, d, module=args.module, apply_path=args.apply_path, **common)
                 else:
                     rec, model = run_module_plan(plan, d, module=args.module, apply_path=args.apply_path, **common)

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from calibrate.errors import OptionError
 
 from autotune.execute.launch import Launch, launch_env, rendezvous
-from autotune.execute.layout import torch
+from calibrate.optional import require_torch
+
+torch = require_torch()
 
 dist = torch.distributed
 

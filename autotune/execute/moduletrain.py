@@ -5,14 +5,13 @@ modules of the transformer family (``models.modules:build``) by default, or a us
 
 The step is the user's recipe: fp32 parameters (float64 for the CPU correctness tests), bf16
 autocast on CUDA when the plan's activations are 16-bit, AdamW (fused on CUDA), the plan's
-micro-batches accumulated before one optimizer step. Every process feeds the whole micro-batch
-(token ids and targets from the step's seed); the placed module takes each layer's piece of it.
+micro-batches accumulated before one optimizer step. Every process draws the micro-batch (token ids
+and targets from the step's seed) and feeds its piece (``autotune.data_piece``); the loss and its
+backward run under ``loss_parallel`` (logits split by vocabulary stay split).
 
-Measured as for the op-by-op executor (``autotune.execute.train``): steps back to back, each the
-time between CUDA events at its boundaries (the host's clock on CPUs), the host's issue time, peak
-memory by phase, the loss, and under the profiler the time in collectives (and on GPUs its
-exposed part and the device time by kernel family). The layer clock and the collectives' replay
-need the op-by-op executor's own boxing calls and are not measured here.
+Measured: steps back to back, each the time between CUDA events at its boundaries (the host's clock on
+CPUs), the host's issue time, peak memory by phase, the loss, and under the profiler the time in
+collectives (and on GPUs its exposed part and the device time by kernel family).
 """
 from __future__ import annotations
 
@@ -23,12 +22,15 @@ import time
 
 from calibrate.errors import UserError
 
-from autotune.execute.data import _gen
+from calibrate.measure.engine import TorchGroup
+from calibrate.optional import require_torch
+
+from autotune.apply.batch import data_piece, param_groups
+from autotune.execute import trace
 from autotune.execute.layerclock import mark, span
-from autotune.execute.layout import torch
-from autotune.execute.train import _slowest, profiled
 from autotune.execute.usermodule import load_factory
-from autotune.plan.place import param_groups
+
+torch = require_torch()
 
 dist = torch.distributed
 
@@ -51,6 +53,15 @@ def build_module(spec: str, config: dict, seed: int, dtype, device):
     return model.to(device=device, dtype=dtype)
 
 
+def _gen(device, *keys: int):
+    g = torch.Generator(device=device)
+    seed = 0
+    for k in keys:
+        seed = (seed * 1_000_003 + k + 1) % (2**62)
+    g.manual_seed(seed)
+    return g
+
+
 def token_batch(config: dict, seed: int, step: int, micro: int, device) -> tuple:
     """(ids, targets) of micro-batch ``micro`` of step ``step``, each (micro_batch, sequence)."""
     g = _gen(device, seed, 1_000_000 + step, micro)
@@ -65,13 +76,10 @@ def _local(x):
 
 
 class ModuleTrainer:
-    def __init__(self, model, config: dict, micro_batches: int, d, seed: int, lr: float, autocast=None,
-                 local_loss: bool = False):
-        """``local_loss``: the model returns the loss of this rank's piece of the batch (``apply``'s output
-        "local"); the step's loss is then their mean over the ranks."""
+    def __init__(self, model, config: dict, micro_batches: int, d, seed: int, lr: float, autocast=None):
+        """The step's loss is the mean of the ranks' pieces' losses."""
         self.model, self.config, self.micro_batches, self.d, self.seed = model, config, micro_batches, d, seed
         self.autocast_dtype = autocast
-        self.local_loss = local_loss
         self.opt = torch.optim.AdamW(param_groups(model), lr=lr, **({"fused": True} if d.is_gpu else {}))
 
     def close(self) -> None:
@@ -98,23 +106,23 @@ class ModuleTrainer:
         return torch.autocast(self.d.device.type, dtype=self.autocast_dtype)
 
     def forward_backward(self, step: int):
-        """The step's micro-batches forward and backward, gradients accumulated; the mean loss."""
+        """The step's micro-batches forward and backward (this rank's piece), gradients accumulated; the mean
+        loss over the ranks."""
+        from torch.distributed.tensor.parallel import loss_parallel
         total = None
         for j in range(self.micro_batches):
-            ids, targets = token_batch(self.config, self.seed, step, j, self.d.device)
+            ids, targets = data_piece(self.model, token_batch(self.config, self.seed, step, j, self.d.device))
             # DDP: the gradients all-reduced once a step, with the last micro-batch's backward (as priced)
             last = j == self.micro_batches - 1
             sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else contextlib.nullcontext()
-            with sync:
+            with sync, loss_parallel():
                 with self.autocast():
                     loss = self.model(ids, targets)
                 (loss / self.micro_batches).backward()
             share = _local(loss.detach()) / self.micro_batches
             total = share if total is None else total + share
-        if self.local_loss:
-            dist.all_reduce(total)
-            total = total / self.d.launch.world
-        return total
+        dist.all_reduce(total)
+        return total / self.d.launch.world
 
     def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:
         if self.d.is_gpu:
@@ -158,3 +166,32 @@ class ModuleTrainer:
 
     def _profile(self, first: int, n: int, losses: list) -> dict:
         return profiled(self.d, n, lambda: losses.extend(self._steps(first, n)[0]))
+
+
+def profiled(d, n: int, run) -> dict:
+    """The time in collectives per step of ``run()`` (``n`` steps) under the torch profiler; on GPUs
+    also its exposed part, the device's idle time and the device time by kernel family."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if d.is_gpu else [])
+    with profile(activities=acts, acc_events=True) as prof:
+        run()
+    if not d.is_gpu:
+        total = sum(e.cpu_time_total for e in prof.key_averages() if e.key.startswith("gloo:"))
+        return {"comm_s": _slowest(total / 1e6 / n, d), "comm_source": "torch profiler: gloo operations (CPU time)"}
+    events = [trace.DeviceEvent(e.name, e.time_range.start, e.time_range.end,
+                                bool(getattr(e, "is_user_annotation", False)))
+              for e in prof.events() if e.device_type == DeviceType.CUDA]
+    comm, busy = trace.split(events)
+    return {"comm_s": _slowest(sum(b - a for a, b in comm) / 1e6 / n, d),
+            "comm_source": "torch profiler: time inside NCCL kernels (includes their waiting for the peer and "
+                           "their slowdown by concurrent compute)",
+            "exposed_comm_s": _slowest(trace.exposed_time(comm, busy) / 1e6 / n, d),
+            "device_idle_s": _slowest(trace.idle_time(events) / 1e6 / n, d),
+            "device_time_s": trace.breakdown(events, n), "top_kernels": trace.top_kernels(events, n)}
+
+
+def _slowest(x: float, d) -> float:
+    """The largest of every rank's ``x`` (the measurement engine's maximum over ranks)."""
+    return float(TorchGroup(d.device).max([x])[0])

@@ -12,7 +12,7 @@ import platform
 from calibrate.errors import OptionError
 
 from autotune.execute.launch import check_steps
-from autotune.execute.layout import torch
+from autotune.execute.moduletrain import torch
 from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch
 from autotune.execute.planread import check_apply_path
 from autotune.execute.result import KIND, VERSION
@@ -25,7 +25,7 @@ PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution
 def check_pipelined(plan: dict, world: int, layers: int | None):
     """The pipelined plan read and checked against the launch before any work starts."""
     from autotune.execute.runner import plan_cluster
-    from autotune.plan.stages import load_pipelined
+    from autotune.apply.pipeplan import load_pipelined
     if layers is not None:
         raise OptionError("layers", "a pipelined plan splits its model's blocks among its stages: drop --layers, or "
                                     "search a plan for that many layers")

@@ -1,6 +1,5 @@
-"""Execute one plan on the launched processes: check it fits them, build the
-model, train K steps, and return the measured figures beside the plan's
-predictions (a versioned record)."""
+"""Execute one plan on the launched processes through ``autotune.apply``: check it fits them, build the
+module, train K steps, and return the measured figures beside the plan's predictions (a versioned record)."""
 from __future__ import annotations
 
 import gc
@@ -9,15 +8,11 @@ from dataclasses import replace
 
 from calibrate.errors import OptionError, UserError
 
-from autotune.execute import ops
 from autotune.execute.env import Dist
 from autotune.execute.launch import check_steps
-from autotune.execute.layout import DTensor, placements, torch
-from autotune.execute.model import PlanModel
-from autotune.execute.moduletrain import ModuleTrainer, build_module
-from autotune.execute.planread import check_apply_path, layer_specs, plan_graph
+from autotune.execute.moduletrain import ModuleTrainer, build_module, torch
+from autotune.execute.planread import check_apply_path
 from autotune.execute.result import KIND, VERSION
-from autotune.execute.train import Trainer
 from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.sbp.mesh import Cluster
 
@@ -39,57 +34,6 @@ def plan_cluster(plan: dict, world: int) -> Cluster:
     return cluster
 
 
-def prepare(plan: dict, world: int, layers: int | None = None):
-    """(graph, cluster, layer specs): everything checked before any work starts."""
-    cluster = plan_cluster(plan, world)
-    graph = plan_graph(plan, layers)
-    return graph, cluster, layer_specs(plan, graph, cluster)
-
-
-def compute_dtype(graph, name: str):
-    if name == "auto":
-        return torch.bfloat16 if graph.act_bytes == 2 else torch.float32
-    if name not in DTYPES:
-        raise OptionError("dtype", f"{name!r} is unknown: use auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
-
-
-def build(plan: dict, d: Dist, layers: int | None, dtype_name: str, seed: int):
-    graph, cluster, specs = prepare(plan, d.launch.world, layers)
-    d.set_mesh(cluster.axis_sizes)
-    dtype = compute_dtype(graph, dtype_name)
-    stat = torch.float64 if dtype == torch.float64 else torch.float32
-    ctx = ops.Ctx(d.mesh, d.coords, d.axis_sizes, dtype, stat)
-    return graph, cluster, PlanModel(graph, specs, ctx, seed, dtype, d.device)
-
-
-def run_plan(plan: dict, d: Dist, *, layers=None, steps=5, warmup=1, profile_steps=2, dtype="auto", seed=0,
-             lr=1e-3, progress=None) -> tuple[dict, PlanModel]:
-    """(the result record, the trained model)."""
-    check_steps(steps, warmup, profile_steps)
-    graph, cluster, model = build(plan, d, layers, dtype, seed)
-    trainer = Trainer(model, graph, d, seed, lr)
-    try:
-        measured = trainer.run(steps, warmup, profile_steps, progress)
-    finally:
-        trainer.close()
-    plan_layers = (plan.get("model") or {}).get("layers")
-    totals = plan.get("totals", {})
-    return {
-        "kind": KIND, "version": VERSION, "strategy": plan.get("strategy", ""), "executor": "ops",
-        "model": dict(plan.get("model") or {}, layers=graph.config.get("layers", plan_layers)),
-        "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
-        "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
-        "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
-        "torch": torch.__version__, "dtype": str(model.ctx.dtype).replace("torch.", ""),
-        "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": graph.micro_batches,
-        "measured": measured,
-        "predicted": {k: totals[k] for k in PREDICTED if k in totals},
-        "predicted_layers": predicted_layers(plan),
-        "predicted_comparable": plan_layers is None or graph.config.get("layers", plan_layers) == plan_layers,
-    }, model
-
-
 def module_dtypes(config: dict, name: str):
     """(parameter dtype, autocast dtype or None) of the module path: fp32 parameters with bf16
     autocast where the plan's activations are 16-bit (auto), or one dtype throughout."""
@@ -103,13 +47,13 @@ def module_dtypes(config: dict, name: str):
 def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
                     profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto"):
     """(the result record, the placed module): ``module``'s model (``package.module:factory``, called
-    with the plan's model config) placed by ``autotune.plan.apply`` as ``plan`` (a plan of plan.json,
-    or a typed plan) says, trained by ``ModuleTrainer``. A module may carry ``plan_mapping``, the
-    mapping of plan layers to its module names that apply takes. ``apply_path`` "dtensor": a data-parallel
-    plan placed by DTensor (whole outputs) instead of DDP, the same plan on the other path (the host's cost
-    of each path: ``autotune.execute.hostfit``); fully_shard-shaped plans keep fully_shard."""
-    from autotune.plan import ModelSpec, apply, load_plan
-    from autotune.plan.place import placement_path
+    with the plan's model config) placed by ``autotune.apply`` as ``plan`` (a plan of plan.json, or a typed
+    plan) says, trained by ``ModuleTrainer`` (each rank its piece of the batch). A module may carry
+    ``plan_mapping``, the mapping of plan layers to its module names that apply takes. ``apply_path``
+    "dtensor": the plan placed by DTensor whatever its path (the host's cost of each path:
+    ``autotune.execute.hostfit``)."""
+    from autotune.apply.place import apply, placement_path
+    from autotune.plan import ModelSpec, load_plan
 
     check_steps(steps, warmup, profile_steps)
     typed = load_plan(plan)
@@ -122,16 +66,13 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     config = {"kind": typed.model.kind, **typed.model.config}
     d.set_mesh(cluster.axis_sizes)
     param_dtype, autocast = module_dtypes(config, dtype)
-    model = build_module(module, config, seed, param_dtype, d.device)
-    mapping = getattr(model, "plan_mapping", None)
-    # data-parallel and FSDP plans as users step them (DDP, torchtitan: each rank its piece's loss, gradients
-    # averaged; no whole-batch logits): what the plan prices
     check_apply_path(apply_path)
-    output = "whole" if apply_path == "dtensor" else "local"
-    path = placement_path(typed, model, mapping, output=output) if d.launch.world > 1 else "none"
-    output = "local" if path in ("fully_shard", "ddp") else "whole"
-    placed = apply(typed, model, d.mesh, mapping=mapping, output=output)  # the DDP module on the "ddp" path
-    trainer = ModuleTrainer(placed, config, typed.micro_batches, d, seed, lr, autocast, local_loss=output == "local")
+    # built on the CPU, as the README builds it: apply moves this rank's part to its device
+    model = build_module(module, config, seed, param_dtype, "cpu" if d.launch.world > 1 else d.device)
+    mapping = getattr(model, "plan_mapping", None)
+    path = placement_path(typed, model, mapping, path=apply_path)
+    placed = apply(typed, model, d.mesh, mapping=mapping, path=apply_path)  # the DDP module on the "ddp" path
+    trainer = ModuleTrainer(placed, config, typed.micro_batches, d, seed, lr, autocast)
     try:
         measured = trainer.run(steps, warmup, profile_steps, progress)
     finally:
@@ -139,7 +80,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     totals = typed.costs.to_dict() if typed.costs else {}
     return {
         "kind": KIND, "version": VERSION, "strategy": typed.strategy, "executor": "apply", "module": module,
-        "apply_path": path, "output": output,
+        "apply_path": path,
         "model": config, "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
         "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
         "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
@@ -148,18 +89,6 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
         "measured": measured, "predicted": {k: totals[k] for k in PREDICTED if k in totals},
         "predicted_layers": {}, "predicted_comparable": layers is None,
     }, model
-
-
-def predicted_layers(plan: dict) -> dict:
-    """The plan's per-occurrence predictions that the layer clock measures (``plan.build_plan``):
-    layer name -> forward, backward (one micro-batch) and optimizer seconds; "FROM->TO" -> the
-    boxing between two layers, forward and backward. Empty for plans made without compute figures."""
-    out = {lay["name"]: {k: lay[k] for k in ("forward_s", "backward_s", "optimizer_s")}
-           for lay in plan.get("layers", []) if "forward_s" in lay}
-    if out:
-        out.update({f"{e['from']}->{e['to']}": {k: e[k] for k in ("forward_s", "backward_s")}
-                    for e in plan.get("edges", []) if "forward_s" in e})
-    return out
 
 
 def free_device(d: Dist) -> None:
@@ -180,20 +109,3 @@ def out_of_memory_record(plan: dict, d: Dist, message: str) -> dict:
             "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
             "torch": torch.__version__, "error": "out of memory", "detail": message.splitlines()[0][:300],
             "predicted": {k: plan.get("totals", {})[k] for k in PREDICTED if k in plan.get("totals", {})}}
-
-
-def gather_weights(model: PlanModel, grads: bool = False) -> list[dict]:
-    """Whole weights (or, with ``grads``, their last synchronised gradients) per chain position
-    (a collective: every rank calls it)."""
-    ctx = model.ctx
-    out = []
-    for pos, v in enumerate(model.graph.chain):
-        shapes = {n: (s, f) for n, s, f in model.specs[v].weights}
-        whole = {}
-        for name, p in model.params[pos].items():
-            shape, fine = shapes[name]
-            x = DTensor.from_local(p.grad if grads else p.detach(), ctx.mesh, placements(fine), run_check=False, shape=shape,
-                                   stride=tuple(torch.empty(shape, device="meta").stride()))
-            whole[name] = x.full_tensor()
-        out.append(whole)
-    return out

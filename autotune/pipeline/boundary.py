@@ -7,7 +7,7 @@ rule, ``autotune.sbp.boxing``). A placement is on the fine axes of the stage's o
 (``autotune.sbp.mesh``); each device's tile follows from it exactly (the splits of a dimension in
 fine-axis order, the first axis major; a P axis holds the whole extent).
 
-As it executes (``route``; ``autotune.plan.stages``, torch.distributed.pipelining), by one of two routes
+As it executes (``route``; ``autotune.apply.pipeline``, torch.distributed.pipelining), by one of two routes
 (``ROUTES``), the cheaper one (forward plus backward) per boundary, named in the plan record
 (``boundary_route``, with the placement the tiles cross in, ``boundary_sent``):
 

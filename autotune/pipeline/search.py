@@ -169,7 +169,7 @@ def stage_choices(graph: LayerGraph, cluster: Cluster, stages: str | int,
 
 def fewest(stages: int) -> int:
     """The fewest micro-batches the search gives p stages: p / 2 (rounded up). Fewer than p run (Megatron's
-    1F1B order, ``autotune.plan.stages``), at a bubble of (p - 1) / m of the compute; below p / 2 the bubble is
+    1F1B order, ``autotune.apply.pipeline``), at a bubble of (p - 1) / m of the compute; below p / 2 the bubble is
     about twice the compute or more."""
     return -(-stages // 2)
 

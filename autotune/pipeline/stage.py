@@ -14,7 +14,7 @@ each). Once per step: the gradient all-reduce (exposed as in the single-stage mo
 ``Problem.exposed_sync``) and the optimizer. m (forward + backward) + optimizer + exposed sync is the
 stage's ``Problem`` cost under the step objective (tested), under its recomputation and FSDP mode too.
 
-A stage in FSDP mode runs as torchtitan runs it (``autotune.plan.stages``: the ``FSDPModule`` handed to
+A stage in FSDP mode runs as torchtitan runs it (``autotune.apply.pipeline``: the ``FSDPModule`` handed to
 ``PipelineStage``, resharding after backward and gradient sync off until the last micro-batch; the gloo tests
 count its collectives), not as a single-stage FSDP plan (``steptime.fsdp_steps`` per micro-batch). With m
 micro-batches, k = min(inflight, m) of them forwarded before the stage's first backward, per step and

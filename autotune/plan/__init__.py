@@ -1,4 +1,4 @@
-"""Plans as a user holds them: the typed plan (``typed.py``, no torch) and ``apply`` (``place.py``,
+"""Plans as a user holds them: the typed plan (``typed.py``, no torch) and ``apply`` (``autotune.apply``,
 torch: place a user's nn.Module as a plan says). ``import autotune.plan`` does not import torch."""
 from autotune.plan.search import load_plan
 from autotune.plan.typed import (ApplyPath, Baseline, Costs, FineMesh, LayerPlan, ModelSpec, TypedPlan, WeightPlan,
@@ -10,6 +10,6 @@ __all__ = ["ApplyPath", "Baseline", "Costs", "FineMesh", "LayerPlan", "ModelSpec
 
 def __getattr__(name):
     if name in ("apply", "micro_batches", "data_piece", "param_groups"):
-        from autotune.plan import place as module
-        return getattr(module, name)
+        import autotune
+        return getattr(autotune, name)
     raise AttributeError(f"module 'autotune.plan' has no attribute {name!r}")

@@ -2,8 +2,8 @@
 (FSDP, HSDP, TP + FSDP as torchtitan composes them), ``data_parallel_plan`` (DDP), a pipeline stage's
 ``local_twin`` (the same with a first stage's embedding split by features or a last stage's logits split by
 vocabulary), ``local_stream`` (the stream such a stage holds), and the path each gives (``plan_path``,
-``twin_path``). ``autotune.plan.place`` and
-``autotune.plan.stages`` place by them; ``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
+``twin_path``). ``autotune.apply`` and
+``autotune.apply.pipeline`` place by them; ``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
 from __future__ import annotations
 
 import math
@@ -85,7 +85,7 @@ def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
 
 def data_parallel_plan(plan: TypedPlan) -> bool:
     """Whether ``plan`` is pure data parallelism (no FSDP; every weight replicated and every activation split by
-    the data on every axis): what DDP runs, which ``apply(..., output="local")`` places it with."""
+    the data on every axis): what DDP runs, which ``autotune.apply`` places it with."""
     if plan.world == 1 or plan.sharding_mode == "fsdp":
         return False
     return all(all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
@@ -99,9 +99,11 @@ def fully_shard_plan(plan: TypedPlan) -> bool:
 
 
 def plan_path(plan: TypedPlan) -> str:
-    """The path ``apply(..., output="local")`` places ``plan`` by, read from the plan alone: "fully_shard" where
+    """The path ``autotune.apply`` places ``plan`` by, read from the plan alone: "fully_shard" where
     ``fully_shard_layout`` expresses it, "ddp" for pure data parallelism, else "dtensor"; "none" on one device
-    (``autotune.plan.place.path_of`` also asks the modules whether they take a tensor-parallel axis)."""
+    (``autotune.apply.place.path_of`` also asks the modules whether they take a tensor-parallel axis, and places
+    the "dtensor" plans that are data x tensor parallel without FSDP by ``parallelize_module``: its "tensor"
+    path, ``autotune.apply.tensor.tp_layout``)."""
     if plan.world == 1:
         return ApplyPath.NONE.value
     if fully_shard_layout(plan) is not None:

@@ -414,7 +414,7 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
 
 def pipelined_fsdp_memory(s, cluster: Cluster, act_bytes: int, mode: Mode, role: str = OUTSIDE, tied: bool = False,
                           recipe: str = "autocast") -> Memory:
-    """One occurrence of a layer in a pipeline stage in FSDP mode as torchtitan runs it (``autotune.plan.stages``:
+    """One occurrence of a layer in a pipeline stage in FSDP mode as torchtitan runs it (``autotune.apply.pipeline``:
     fully_shard without a MixedPrecisionPolicy, a block's unit resharded after each forward, resharding after
     backward and gradient sync off until the step's end): its weights' fp32 shards (``weight`` bytes an element
     of the shard), and, outside the blocks (``role`` ``OUTSIDE``: the root unit, kept gathered from its first

@@ -359,7 +359,7 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
 
 def pipelined_fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd: float,
                            bwd: float) -> tuple[float, float, float]:
-    """A pipeline stage's FSDP as torchtitan runs it (``autotune.plan.stages``: the ``FSDPModule`` handed to
+    """A pipeline stage's FSDP as torchtitan runs it (``autotune.apply.pipeline``: the ``FSDPModule`` handed to
     ``PipelineStage``, resharding after backward and gradient sync off until the step's end), per occurrence:
     (one forward all-gather's seconds not hidden behind the layer's forward compute ``fwd``, one backward
     all-gather's not hidden behind its backward compute ``bwd``, the reduce-scatter of its gradients once a

@@ -16,9 +16,11 @@ GPT = dict(kind="gpt", layers=2, hidden=32, heads=4, kv_heads=4, head_dim=8, ffn
            vocabulary=48, batch=8, micro_batch=4)
 
 
-def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tuple[int, ...] | None = None) -> TypedPlan:
+def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tuple[int, ...] | None = None,
+             tied: bool = False) -> TypedPlan:
     """The SBP search's plan (over its recomputation and FSDP modes; in FSDP over ``fsdp_axes`` without
-    recomputation where given) for ``cfg``'s graph (models/), through the typed plan's converter."""
+    recomputation where given) for ``cfg``'s graph (models/), through the typed plan's converter; a gpt's logits
+    ``tied`` to its embedding (GPT-2's) or not (the nanoGPT-style module's)."""
     from autotune.plan import load_plan
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
@@ -29,7 +31,7 @@ def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tupl
     from models import load_model
     fields = {k: v for k, v in cfg.items() if k != "kind"}
     if cfg["kind"] == "gpt":  # the nanoGPT-style module: a modern GPT with learned positions, untied logits
-        fields.update(residual=True, attention="flash", bias=True, tied=False, positions="learned")
+        fields.update(residual=True, attention="flash", bias=True, tied=tied, positions="learned")
     problem = Problem(load_model(cfg["kind"], None, fields), Coster(Profile.load("h200-nvlink+ib400"),
                                                                     Cluster(nodes, gpus)), require_fit=False)
     if fsdp_axes is not None:
@@ -40,6 +42,24 @@ def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tupl
         problem, res = search_modes(problem, lambda pr, start, share=1.0: make_search("cd").run(
             pr, Budget(steps=steps), np.random.default_rng(0)))
     return load_plan(build_plan(problem, res.assignment, "searched"))
+
+
+def megatron_baseline(cfg: dict, d: tuple, t: tuple) -> TypedPlan:
+    """The search's Megatron baseline on 1 x 4 with mesh (d, t) (sizes per role on (nodes, GPUs)): its residual
+    stream split by features on the tensor-parallel axes."""
+    from autotune.plan import load_plan
+    from autotune.sbp.baselines import megatron_assignment
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.plan import build_plan
+    from calibrate.profile import Profile
+    from models import load_model
+    fields = {k: v for k, v in cfg.items() if k != "kind"}
+    if cfg["kind"] == "gpt":
+        fields.update(residual=True, attention="flash", bias=True, tied=False, positions="learned")
+    problem = Problem(load_model(cfg["kind"], None, fields), Coster(Profile.load("h200-nvlink+ib400"),
+                                                                    Cluster(1, 4)), require_fit=False)
+    return load_plan(build_plan(problem, megatron_assignment(problem, d, t), f"Megatron d={d} t={t}"))
 
 
 def layer_table(cfg: dict) -> list[tuple[str, str, dict, dict]]:

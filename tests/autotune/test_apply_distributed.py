@@ -24,10 +24,10 @@ from torch import nn  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
 from autotune.plan.layouts import fully_shard_plan  # noqa: E402
-from autotune.plan.place import placement_path  # noqa: E402
+from autotune.apply.place import placement_path  # noqa: E402
 from tiny_models import free_port, hf_llama  # noqa: E402
-from apply_plans import (GPT, LLAMA, data_parallel, random_partial, searched, tp_data, typed_plan,  # noqa: E402
-                         vocab_parallel)
+from apply_plans import (GPT, LLAMA, data_parallel, megatron_baseline, random_partial, searched, tp_data,  # noqa: E402
+                         typed_plan, vocab_parallel)
 
 STEPS, LR, SEED = 2, 1e-2, 0
 RTOL = 1e-9
@@ -86,24 +86,36 @@ def logits_of(model, ids):
 
 
 def train(model, plan, cfg):
-    """STEPS Adam steps on fixed random tokens, each over the plan's micro-batches: (losses, parameters)."""
+    """STEPS Adam steps on fixed random tokens, each over the plan's micro-batches, as users step a placed model:
+    each rank its piece of the batch (``data_piece``), the loss under ``loss_parallel`` (logits split by
+    vocabulary stay split), the step's loss the mean over the ranks: (losses, parameters)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
     import autotune
     g = torch.Generator().manual_seed(SEED + 1)
     ids = torch.randint(0, cfg["vocabulary"], (cfg["batch"], cfg["sequence"] + 1), generator=g)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
+    world = dist.get_world_size() if dist.is_initialized() else 1
     losses = []
     for _ in range(STEPS):
-        total = 0.0
-        mbs = autotune.micro_batches(plan, ids)
+        total = torch.zeros((), dtype=torch.float64)
+        piece = autotune.data_piece(model, ids)
+        mbs = autotune.micro_batches(plan, piece)
         for mb in mbs:
-            logits = logits_of(model, mb[:, :-1])
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mb[:, 1:].reshape(-1))
-            (loss / len(mbs)).backward()
-            total += loss.item() / len(mbs)
+            with loss_parallel():
+                logits = logits_of(model, mb[:, :-1])
+                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mb[:, 1:].reshape(-1))
+                (loss / len(mbs)).backward()
+            loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
+            total += loss.detach() / len(mbs)
+        if world > 1:
+            dist.all_reduce(total)
         opt.step()
         opt.zero_grad()
-        losses.append(total)
-    return losses, parameters(model)
+        losses.append(total.item() / world)
+    return losses, parameters(getattr(model, "module", model))  # DDP's wrapped module
 
 
 def parameters(model) -> dict:
@@ -135,14 +147,13 @@ def _on_gloo(rank, world, port, out, fn, jobs):
 
 
 def _applied(kind, plan):
-    """``apply`` (the whole-batch contract) on the path ``placement_path`` names, then ``train``."""
+    """``apply`` on the path ``placement_path`` names, then ``train``."""
     import autotune
     model = make_model(kind)
     path = placement_path(plan, model)
     model = autotune.apply(plan, model)
-    if isinstance(model, FSDPModule) != (path == "fully_shard"):
-        raise RuntimeError(f"placement_path says {path} but fully_shard was{'' if path == 'dtensor' else ' not'} "
-                           f"applied")
+    if isinstance(model, FSDPModule) != (path in ("fully_shard", "tensor")) or model._autotune_path != path:
+        raise RuntimeError(f"placement_path says {path} but {type(model).__name__} ran")
     return train(model, plan, GPT if kind == "gpt" else LLAMA)
 
 
@@ -228,57 +239,30 @@ def test_fsdp_float32_on_gloo(tmp_path):
         assert torch.allclose(params[name], want, rtol=0, atol=1e-3), (name, (params[name] - want).abs().max())
 
 
-def train_local(model, plan, cfg):
-    """``train`` for a model placed with output="local": each rank's logits and targets are its piece of the
-    micro-batch (``data_piece``), its loss that piece's mean; the step's loss is the mean over the ranks."""
-    import torch.distributed as dist
-
-    import autotune
-    g = torch.Generator().manual_seed(SEED + 1)
-    ids = torch.randint(0, cfg["vocabulary"], (cfg["batch"], cfg["sequence"] + 1), generator=g)
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    losses = []
-    for _ in range(STEPS):
-        total = torch.zeros((), dtype=torch.float64)
-        mbs = autotune.micro_batches(plan, ids)
-        for mb in mbs:
-            logits = logits_of(model, mb[:, :-1])
-            targets = autotune.data_piece(model, mb[:, 1:])
-            assert logits.shape[0] == targets.shape[0] < mb.shape[0]  # the rank's piece, not the whole batch
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            (loss / len(mbs)).backward()
-            total += loss.detach() / len(mbs)
-        dist.all_reduce(total)
-        opt.step()
-        opt.zero_grad()
-        losses.append(total.item() / dist.get_world_size())
-    return losses, parameters(getattr(model, "module", model))  # DDP's wrapped module
-
-
 def _local(kind, plan):
-    """``apply(..., output="local")``, then ``train_local``: (the placed module's type, the result)."""
+    """``apply``, then ``train``: (the path, the placed module's type, the result)."""
     import autotune
-    model = autotune.apply(plan, make_model(kind), output="local")
-    return type(model).__name__, train_local(model, plan, GPT if kind == "gpt" else LLAMA)
+    model = autotune.apply(plan, make_model(kind))
+    return model._autotune_path, type(model).__name__, train(model, plan, GPT if kind == "gpt" else LLAMA)
 
 
-def test_local_output_matches_one_process(tmp_path):
-    """apply(..., output="local") (each rank its piece's loss, gradients averaged, no logits gathered) on the
-    data-parallel plan (DDP) and the FSDP, HSDP and TP + FSDP baselines (fully_shard, torchtitan's step) of both
-    models: the losses and parameters of one process; a plan placed by DTensor refuses it in one line."""
-    from autotune.plan.layouts import data_parallel_plan
-    jobs = [(kind, plan) for kind, plan in plans(2, 2) if fully_shard_plan(plan)]
-    jobs += [(kind, typed_plan(cfg, 2, 2, data_parallel(cfg), "data parallel")) for kind, cfg in (("llama", LLAMA),
-                                                                                                ("gpt", GPT))]
-    assert len(jobs) == 8 and [data_parallel_plan(p) for _, p in jobs] == [False] * 6 + [True] * 2
-    dtensor = ("llama", typed_plan(LLAMA, 2, 2, vocab_parallel(LLAMA), "vocabulary parallel"))
+def test_ddp_and_tensor_parallel_match_one_process(tmp_path):
+    """The data-parallel plan (DDP) and a tensor-parallel plan without FSDP (Megatron's d x t: parallelize_module
+    and fully_shard on a replicate mesh, torchtitan's DDP + TP; the logits a DTensor of vocabulary columns, the
+    loss under loss_parallel) of both models, and t = 4 over both fine axes (one flattened "tp" dimension): the
+    losses and parameters of one process."""
+    jobs = [(kind, typed_plan(cfg, 2, 2, fn(cfg), name)) for kind, cfg in (("llama", LLAMA), ("gpt", GPT))
+            for fn, name in ((data_parallel, "data parallel"), (tp_data, "tensor parallel"))]
+    jobs.append(("gpt", typed_plan(GPT, 2, 2, tp_data(GPT, tp=2), "tensor parallel over both axes (t = 4)")))
+    # the search's Megatron baselines: the residual stream split by features (reduce-scattered, norms gathered)
+    jobs += [("llama", megatron_baseline(LLAMA, (1, 2), (1, 2))), ("gpt", megatron_baseline(GPT, (1, 1), (1, 4)))]
     out = tmp_path / "results.pt"
-    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _local, jobs + [dtensor]), nprocs=4,
-                       start_method="fork")
+    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _local, jobs), nprocs=4, start_method="fork")
     results = torch.load(out)
     refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
-    for (kind, plan), (placed, got) in zip(jobs, results):
+    for (kind, plan), got in zip(jobs, results):
+        assert not isinstance(got, str), got
+        path, placed, got = got
         assert mismatch(refs[kind], got) is None, f"{kind} {plan.strategy}: {mismatch(refs[kind], got)}"
-        want = "DistributedDataParallel" if data_parallel_plan(plan) else "FSDP" + type(make_model(kind)).__name__
-        assert placed == want, (plan.strategy, placed)
-    assert isinstance(results[-1], str) and "output='local' needs a data-parallel or FSDP plan" in results[-1]
+        assert (path, placed) == (("ddp", "DistributedDataParallel") if plan.strategy == "data parallel" else
+                                  ("tensor", "FSDP" + type(make_model(kind)).__name__)), (plan.strategy, path, placed)

@@ -167,8 +167,8 @@ def _piped(plans, split=(1, 1), schedule="gpipe"):
 
 
 def test_pipeline_stages_schedule_and_split(plans, monkeypatch):
-    import autotune.plan.stages
-    monkeypatch.setattr(autotune.plan.stages, "load_pipelined", lambda plan, origin: None)  # (a synthetic plan)
+    import autotune.apply.pipeplan
+    monkeypatch.setattr(autotune.apply.pipeplan, "load_pipelined", lambda plan, origin: None)  # (a synthetic plan)
     piped = _piped(plans)
     lo = layout(piped)
     assert (lo.pipeline, lo.data, lo.tensor, lo.schedule, lo.split) == (2, 4, 1, "gpipe", (1, 1))

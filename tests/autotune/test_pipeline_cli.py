@@ -60,7 +60,7 @@ def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
     def renamed(plan):  # the norms' signature one no strategy has
         return dict(plan, layers=[dict(x, signature="nope") if x["signature"] in NORMS else x for x in plan["layers"]])
     with pytest.raises(UserError, match=r"the plan is pipelined \(2 stages\).*autotune.apply_pipeline\(plan, model\)"):
-        TypedPlan.from_search(p)  # as autotune.apply reads a plan: pointed to apply_pipeline, not told of layers
+        convert(p)  # as autotune.apply reads a plan: pointed to apply_pipeline, not told of layers
     bad = dict(p, stages=[dict(s, plan=renamed(s["plan"])) for s in p["stages"]])
     with pytest.raises(UserError, match="signature 'nope' on mesh"):
         convert_stages(bad)

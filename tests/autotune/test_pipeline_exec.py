@@ -33,7 +33,7 @@ from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, make_m
                                  replicated, rerouted, restage, searched, train_one_process)
 from tiny_models import free_port  # noqa: E402
 
-from autotune.plan import stages as stages_module  # noqa: E402
+from autotune.apply import pipeline as stages_module  # noqa: E402
 
 RTOL = 1e-9
 _RESHARD = stages_module._reshard_stream

@@ -1,7 +1,7 @@
 """``python -m autotune execute`` on a pipelined plan, 4 processes (gloo, float64): the reference GPT (tied
 embedding and logits) cut into 4 stages of 1 device by the pipeline search's plan, trained through
 ``autotune.apply_pipeline``; the losses of the record equal the same module trained in one process on the
-same micro-batches (AdamW), and --summarize tables it; a plan for another world, --layers, and --executor ops
+same micro-batches (AdamW), and --summarize tables it; a plan for another world and --layers
 are one-line errors before any step."""
 import json
 import os
@@ -63,7 +63,6 @@ def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
 
 @pytest.mark.parametrize("extra,msg", [
     (["--layers", "2"], "a pipelined plan splits its model's blocks"),
-    (["--executor", "ops"], "drop --executor ops"),
     ([], "processes were launched"),
 ])
 def test_bad_pipelined_execute_is_one_line(plan_file, extra, msg, tmp_path, capsys):

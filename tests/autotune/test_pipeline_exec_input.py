@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from calibrate.errors import UserError  # noqa: E402
 from pipeline_exec_plans import GPT, make_model, searched  # noqa: E402
 
-from autotune.plan.stages import apply_pipeline, load_pipelined  # noqa: E402
+from autotune.apply.pipeline import apply_pipeline, load_pipelined  # noqa: E402
 
 
 @pytest.fixture(scope="module")

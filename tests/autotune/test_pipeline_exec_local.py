@@ -38,19 +38,24 @@ from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, column
                                  searched, sharded, train_one_process, vocabulary_head, vocabulary_parallel)
 from tiny_models import free_port  # noqa: E402
 
-from autotune.plan import stages as stages_module  # noqa: E402
-from autotune.plan.place import DataSplit  # noqa: E402
+from autotune.apply import pipeline as stages_module  # noqa: E402
+from autotune.apply import vocab as vocab_module  # noqa: E402
+from autotune.apply.batch import DataSplit  # noqa: E402
 
 RTOL = 1e-9
 M = 4  # micro-batches of 8 sequences (batch 32): 4 per device
-_FULLY_SHARD = stages_module._fully_shard
+_FULLY_SHARD = stages_module.fully_shard_model
 _VOCAB_LOGITS = stages_module._vocab_logits
 
 
-def _summed(model, chain, prefixes, plan, layout, mesh, output, *rest):
+def _summed(model, *args):
     """A planted bug: fully_shard's gradients summed over the stage's data ranks instead of averaged."""
-    assert output == "local"
-    return _FULLY_SHARD(model, chain, prefixes, plan, layout, mesh, "whole", *rest)
+    from torch.distributed.fsdp import FSDPModule
+    out = _FULLY_SHARD(model, *args)
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+    return out
 
 
 def _chunked(g, group):
@@ -69,13 +74,20 @@ def _unscaled_head(x, *, module, group, factor):
 # micro-batch: not torchtitan's step, which the plan prices); the gradient of an embedding by columns (and of a
 # boundary beside a DTensor-path stage) not rescaled; the vocabulary-parallel head's stream gradient chunked
 # instead of reduce-scattered, or not scaled from the whole micro-batch's loss to the pieces'
-BUGS = {"summed": lambda: mock.patch.object(stages_module, "_fully_shard", _summed),
+BUGS = {"summed": lambda: mock.patch.object(stages_module, "fully_shard_model", _summed),
         "uncut": lambda: mock.patch.object(DataSplit, "cut_calls", lambda self, model: None),
         "unrecognised": lambda: mock.patch.object(torch.distributed.pipelining.stage, "FSDPModule",
                                                   type("Other", (), {})),
-        "unscaled": lambda: mock.patch.object(stages_module, "_scale_grad", lambda x, factor: x),
-        "chunked": lambda: mock.patch.object(stages_module, "_reduce_scatter", _chunked),
+        "unscaled": lambda: _both(mock.patch.object(stages_module, "scale_grad", lambda x, factor: x),
+                                  mock.patch.object(vocab_module, "scale_grad", lambda x, factor: x)),
+        "chunked": lambda: mock.patch.object(vocab_module, "_reduce_scatter", _chunked),
         "unscaled-head": lambda: mock.patch.object(stages_module, "_vocab_logits", _unscaled_head)}
+
+
+@contextlib.contextmanager
+def _both(a, b):
+    with a, b:
+        yield
 
 
 def _whole(p):
@@ -85,22 +97,14 @@ def _whole(p):
 @contextlib.contextmanager
 def counting(pipe, calls: dict):
     """``calls`` counts the all-gathers and reduce-scatters (fully_shard's, the vocabulary-parallel head's stream),
-    DDP's bucket all-reduces and every ``all_reduce`` call (DDP's, the loss's) meanwhile."""
+    every ``all_reduce`` call (a data-parallel stage's bucket, the loss's) meanwhile."""
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     def counted(name, fn):
         def call(*args, **kwargs):
             calls[name] += 1
             return fn(*args, **kwargs)
         return call
-    ddp = pipe.schedule._stage.submod
-    if isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and not calls.get("hooked"):
-        def hook(state, bucket):  # DDP's own all-reduce, counted (DDP reads the hook's parameter names)
-            calls["allreduce"] += 1
-            return allreduce_hook(ddp.process_group, bucket)
-        ddp.register_comm_hook(None, hook)
-        calls["hooked"] = True
     # fully_shard's (torch 2.13: the *_single names) and the head's (the names every torch 2.x has); neither
     # calls the other through the module's attribute, so each call is counted once
     with contextlib.ExitStack() as stack:
@@ -138,7 +142,7 @@ def train_pipelined(cfg: dict, plan: dict):
     ids, targets = batch(cfg)
     losses, grads = [], {}
     for step in range(STEPS):
-        calls = dict(allgather=0, reducescatter=0, allreduce=0, reduce=0, hooked=calls.get("hooked")) if step else {}
+        calls = dict(allgather=0, reducescatter=0, allreduce=0, reduce=0) if step else {}
         with counting(pipe, calls) if step else contextlib.nullcontext():
             losses.append(float(pipe.step(ids, targets)))
         if step == 0:
@@ -172,14 +176,14 @@ def _worker(rank, world, port, jobs, out):
 
 def mismatch(ref, grads_ref, got, path: str, vocabulary: bool = False) -> str | None:
     """Where the pipelined run differs from one process, or from what the step model prices (None: it agrees):
-    the path, the gradients, the parameters, the losses; the collectives of the last step: DDP one all-reduce
-    (the tiny model's one bucket: no_sync until the last micro-batch), fully_shard each micro-batch's
-    torchtitan's PP + FSDP step (``autotune.plan.stages``): per unit holding parameters one reduce-scatter, and
+    the path, the gradients, the parameters, the losses; the collectives of the last step: a data-parallel stage
+    one all-reduce after the schedule (the tiny model's one bucket), fully_shard each micro-batch's
+    torchtitan's PP + FSDP step (``autotune.apply.pipeline``): per unit holding parameters one reduce-scatter, and
     all-gathers m + 1 of a block's unit (the first forward and every pass after a forward), 1 of the root's; a
     last stage whose logits are split by vocabulary (``vocabulary``, on a local path) per micro-batch the
     stream's all-gather before them and reduce-scatter back (the plan's S0 -> B boxing) and its loss's two
     all-reduces (the maxima; the sums of exponentials with the target logits). Every ``all_reduce`` call counted:
-    DDP's bucket, the loss averaged over a local last stage's data ranks, the tied weights' sum, the loss's."""
+    the data-parallel stage's bucket, the loss averaged over a local last stage's data ranks, the tied weights' sum, the loss's."""
     if isinstance(got, str):
         return got
     losses, params, grads, took, calls, units, (stage, stages, tied) = got
@@ -195,10 +199,10 @@ def mismatch(ref, grads_ref, got, path: str, vocabulary: bool = False) -> str | 
         return f"losses {losses} != {ref[0]}"
     units, root = units
     gathers = (units - root) * (M + 1) + root
-    want = {"ddp": (0, 0, 1), "fully_shard": (gathers, units, 0)}.get(path, (0, 0, 0))
+    want = {"fully_shard": (gathers, units, 0)}.get(path, (0, 0, 0))
     head = vocabulary and stage == stages - 1 and path in ("ddp", "fully_shard")
     want = (want[0] + M * head, want[1] + M * head, want[2])
-    reduces = want[2] + (stage == stages - 1 and path in ("ddp", "fully_shard")) + tied + 2 * M * head
+    reduces = (path == "ddp") + (stage == stages - 1 and path in ("ddp", "fully_shard")) + tied + 2 * M * head
     have = (calls["allgather"], calls["reducescatter"], calls["allreduce"])
     if have != want:
         return f"collectives (all-gathers, reduce-scatters, all-reduces) {have}, priced {want} ({units} units)"
@@ -237,7 +241,7 @@ def jobs_for(kind: str) -> tuple[dict, list]:
 
 @pytest.mark.parametrize("kind", ["gpt", "gpt-untied", "llama"])
 def test_local_stages_match_one_process(kind, tmp_path):
-    from autotune.plan.stages import load_pipelined, stage_paths
+    from autotune.apply.pipeline import load_pipelined, stage_paths
     cfg, jobs = jobs_for(kind)
     for plan, paths, _, *asks in jobs:
         assert stage_paths(load_pipelined(plan)) == (asks[0] if asks else paths)
@@ -269,7 +273,7 @@ def test_which_stages_take_which_path():
     piece; Megatron's tensor-parallel stages, replicated ones, a data-parallel stage that receives the stream
     whole and logits by vocabulary whose loss takes them whole keep DTensor's; a stage of one device is placed
     as it is."""
-    from autotune.plan.stages import load_pipelined, stage_paths
+    from autotune.apply.pipeline import load_pipelined, stage_paths
     cfg = dict(LLAMA, batch=32)
     ddp = in_micro_batches(searched(cfg, 2), M)
     cases = [(ddp, ["ddp", "ddp"]), (sharded(ddp, 1), ["ddp", "fully_shard"]),

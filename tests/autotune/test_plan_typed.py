@@ -156,7 +156,7 @@ def test_which_plans_take_fully_shard():
     DTensor path."""
     from apply_plans import GPT, random_partial, tp_data, vocab_parallel
     from autotune.plan.layouts import FullyShard, fully_shard_layout, fully_shard_plan
-    from autotune.plan.place import placement_path
+    from autotune.apply.place import placement_path
     dp, tp = data_parallel(LLAMA), tp_data(LLAMA)
     assert fully_shard_layout(typed_plan(LLAMA, 2, 2, dp, "FSDP", fsdp_axes=(0, 1))) == FullyShard((0, 1), (0, 1), None)
     assert fully_shard_layout(typed_plan(LLAMA, 2, 2, dp, "HSDP", fsdp_axes=(1,))) == FullyShard((0, 1), (1,), None)

@@ -180,14 +180,11 @@ def test_groups_measured_at_once_start_each_batch_together(start):
     assert together == (start == "world"), stamps
 
 
-# -- the engine over torch.distributed ranks (gloo): TorchGroup, and the execute replay on it ------
+# -- the engine over torch.distributed ranks (gloo): TorchGroup ------
 def _torch_ranks(rank, port, out):
-    import types
-
     import torch
     import torch.distributed as dist
 
-    from autotune.execute.replay import _wall
     from calibrate.measure.engine import Arm, TorchGroup
 
     torch.set_num_threads(1)
@@ -223,11 +220,8 @@ def _torch_ranks(rank, port, out):
     group = TorchGroup(torch.device("cpu"))
     res = compare(group, [("gloo", AllReduce), ("planted", lambda: AllReduce(fault_from=2)), ("refused", refused)],
                   Options("host", **FAST, seed=3))
-    buf = torch.zeros(1024)
-    d = types.SimpleNamespace(is_gpu=False, device=torch.device("cpu"))
-    walls = _wall([lambda: dist.all_reduce(buf)], [], d, 3)
     if rank == 0:
-        Path(out).write_text(json.dumps({"comparison": res.to_dict(), "walls": walls, "max": group.max(
+        Path(out).write_text(json.dumps({"comparison": res.to_dict(), "max": group.max(
             np.asarray([float(rank), 5.0])).tolist(), "sum": group.sum(rank + 1)}))
     else:
         group.max(np.asarray([float(rank), 5.0]))
@@ -252,5 +246,3 @@ def test_engine_on_torch_distributed_ranks(tmp_path):
     assert arms["planted"]["status"] == "wrong" and arms["planted"]["median_s"] is None
     assert arms["refused"]["status"] == "failed" and "rank 1" in arms["refused"]["reason"]
     assert got["max"] == [1.0, 5.0] and got["sum"] == 3
-    boxing, sync = got["walls"]
-    assert boxing > 0 and sync == 0.0

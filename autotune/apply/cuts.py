@@ -1,0 +1,167 @@
+"""Cutting a model into a pipeline's stages (``CUTS``): the project's reference modules (``models.modules``)
+and Hugging Face Llama-family models. The first stage holds the embedding (and a learned position table), each
+stage the blocks the plan's split gives it, the last the final norm and the logits; the stage's module names keep
+the model's, its blocks numbered from 0. A DTensor-path stage's hooks and its stream's redistribution at the
+boundaries (``_reshard_stream``: this stage's stream placement to its route's before the send, the route's to the
+next stage's after it)."""
+from __future__ import annotations
+
+import fnmatch
+import functools
+
+from calibrate.errors import UserError
+
+from autotune.apply.dtensor import Ends, _act, _global_shape, _handoffs, _logits_out, _post, _pre, _redistribute
+from autotune.apply.layers import FAMILIES, Site, contiguous_strides, torch
+from autotune.plan.typed import TypedPlan
+
+from torch import nn  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+WHOLE = Ends((), (), 1)  # a stage's ids and logits whole on its submesh
+
+
+# --- cutting the module --------------------------------------------------------------------------------------
+def _reshard_stream(x, mesh, src: tuple | None, dst: tuple | None):
+    """The stream's local piece in ``src`` redistributed to ``dst`` on ``mesh`` (a stage's submesh): before the
+    send (this stage's stream placement to its route's) and after it (the route's to the next stage's); as is
+    where the submesh is one device or the placements are equal."""
+    if mesh is None or src is None or dst is None or tuple(src) == tuple(dst):
+        return x
+    placements, _ = _act(src, x, whole=False)
+    shape = _global_shape(x, placements, mesh)
+    X = DTensor.from_local(x, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
+    want, grad = _act(dst, X)
+    return _redistribute(X, mesh, want).to_local(grad_placements=grad)
+
+
+class ReferenceStage(nn.Module):
+    """A stage of ``models.modules.Transformer``: its forward is the model's, cut."""
+
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
+        super().__init__()
+        self.embedding = model.embedding if first else None
+        self.positions = model.positions if first else None
+        self.blocks = nn.ModuleList(list(model.blocks)[lo:hi])
+        self.ln_f = model.ln_f if last else None
+        self.logits = model.logits if last else None
+        self.recompute = model.recompute
+        self.arrive = None
+        self.depart = None
+
+    def forward(self, x):
+        if self.embedding is not None:
+            ids = x
+            x = self.embedding(ids)
+            if self.positions is not None:
+                x = x + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        elif self.arrive is not None:
+            x = self.arrive(x)
+        for block in self.blocks:
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        if self.logits is not None:
+            return self.logits(self.ln_f(x))
+        return self.depart(x) if self.depart is not None else x
+
+
+class HFStage(nn.Module):
+    """A stage of a Hugging Face causal LM (Llama family): its base model with the stage's decoder layers,
+    run from the embedding (first) or from ``inputs_embeds`` (later stages); the final norm and the head in
+    the last."""
+
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
+        super().__init__()
+        base = model.model
+        base.layers = nn.ModuleList(list(base.layers)[lo:hi])
+        if not first:
+            base.embed_tokens = None
+        if not last:
+            base.norm = nn.Identity()
+        self.model = base
+        self.lm_head = model.lm_head if last else None
+        self.first = first
+        self.arrive = None
+        self.depart = None
+
+    def forward(self, x):
+        if self.first:
+            h = self.model(input_ids=x, use_cache=False).last_hidden_state
+        else:
+            h = self.model(inputs_embeds=self.arrive(x) if self.arrive is not None else x,
+                           use_cache=False).last_hidden_state
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        return self.depart(h) if self.depart is not None else h
+
+
+def _is_reference(model) -> bool:
+    return type(model).__name__ == "Transformer" and type(model).__module__ == "models.modules"
+
+
+def _is_hf_llama(model) -> bool:
+    return FAMILIES["llama"][0](model) and hasattr(model, "model") and hasattr(model, "lm_head")
+
+
+# name: (recognise, the stage module's class, the mapping of plan layers to module names)
+CUTS = {
+    "reference": (_is_reference, ReferenceStage, lambda m: m.plan_mapping),
+    "hf-llama": (_is_hf_llama, HFStage, lambda m: FAMILIES["llama"][1]),
+}
+
+
+def _cut_of(model):
+    for name, (match, cls, mapping) in CUTS.items():
+        if match(model):
+            return cls, mapping(model)
+    raise UserError(f"apply_pipeline cuts the reference modules (models.modules) and Hugging Face Llama-family "
+                    f"models, not a {type(model).__name__}: use one of those, or a single-stage plan with "
+                    f"autotune.apply")
+
+
+def _tied(model, mapping: dict) -> set[int]:
+    """The ids of the parameters shared between the embedding's modules and the logits' (a tied head)."""
+    names = dict(model.named_modules())
+
+    def params(layer):
+        pats = mapping.get(layer, [])
+        pats = [pats] if isinstance(pats, str) else list(pats)
+        return {id(p) for n, m in names.items() if n and any(fnmatch.fnmatchcase(n, pat) for pat in pats)
+                for p in m.parameters()}
+    return params("embedding") & params("logits")
+
+
+def _install_stage_hooks(chain: list[Site], mesh, first: bool, last: bool, stream_in, stream_out) -> None:
+    """``apply``'s hooks on a stage: the first module of a later stage takes the stream as it arrives
+    (``stream_in``), the last module of an earlier stage hands on what its chain expects next (the stream's
+    placement where the chain ends in a module)."""
+    arrive = _handoffs(chain)
+    mods = [i for i, s in enumerate(chain) if s.modules]
+    if not first:
+        arrive[mods[0]] = stream_in
+    for i in mods:
+        site = chain[i]
+        if i != mods[-1]:
+            leave = arrive[i + 1]
+        elif last:
+            leave = None
+        else:
+            leave = arrive[i + 1] if i + 1 < len(chain) else stream_out
+        for name, module in site.modules:
+            module.register_forward_pre_hook(
+                functools.partial(_pre, mesh=mesh, arrive=arrive[i], want=site.layer.input, where=name,
+                                  ends=WHOLE),
+                with_kwargs=True)
+            module.register_forward_hook(functools.partial(_logits_out, mesh=mesh, ends=WHOLE) if leave is None
+                                         else functools.partial(_post, mesh=mesh, leave=leave))
+
+
+def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
+    names = {lay.name for lay in plan.layers}
+    return {k: v for k, v in mapping.items() if k in names}
+
+
+def _blocks(model, cls) -> list:
+    return list(model.blocks) if cls is ReferenceStage else list(model.model.layers)

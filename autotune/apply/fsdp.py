@@ -1,0 +1,47 @@
+"""The fully_shard path: FSDP, HSDP and TP + FSDP (and DDP + TP: a replicate mesh) as torchtitan composes them:
+``parallelize_module`` on the tensor-parallel axis (``autotune.apply.tensor``), then ``fully_shard`` on each block
+and on the whole model over the data axes, a (replicate, shard) mesh for HSDP. Each rank computes its piece of
+the batch; fully_shard averages the gradients over the data ranks (torchtitan's step)."""
+from __future__ import annotations
+
+import math
+
+from autotune.apply.batch import DataSplit
+from autotune.apply.layers import Site, _recompute
+from autotune.apply.tensor import parallelize
+from autotune.plan.layouts import FullyShard, fsdp_dims
+from autotune.plan.typed import TypedPlan
+
+
+def fully_shard_model(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, world_mesh,
+                      ignored: tuple = (), dims: dict | None = None):
+    """torchtitan's composition on ``world_mesh`` (a DeviceMesh with ``dims``' dimensions, default
+    ``fsdp_dims``', and any others, e.g. a pipeline's). Returns (this rank's ``DataSplit``, the data mesh).
+    ``ignored``: parameters fully_shard leaves as they are (placed by the caller)."""
+    from torch.distributed import get_backend
+    from torch.distributed.fsdp import fully_shard
+    dims = dims or fsdp_dims(plan, layout)
+    data = tuple(k for k in dims if k != "tp")
+    parts = math.prod(dims[k] for k in data)
+    if layout.tp is not None:
+        parallelize(model, chain, layout, world_mesh["tp"])
+    _recompute(model, chain, prefixes, plan.recompute)
+    mesh = world_mesh[data]
+    names = dict(model.named_modules())
+    units = [names[prefix] for prefix in prefixes.values()] + [model]
+    for unit in units:
+        fully_shard(unit, mesh=mesh, ignored_params=set(ignored) or None)
+    if get_backend(mesh.get_group(0)) == "gloo":  # gloo has neither the pre-multiplied sum nor the average
+        for unit in units:
+            unit.set_force_sum_reduction_for_comms(True)
+    rank = 0
+    for k in data:  # row-major over the data dimensions, as DTensor's Shard(0) on each in turn
+        rank = rank * dims[k] + world_mesh.get_local_rank(k)
+    return DataSplit(rank, parts), mesh
+
+
+def place(job) -> DataSplit:
+    from torch.distributed.device_mesh import init_device_mesh
+    dims = fsdp_dims(job.plan, job.layout)
+    mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    return fully_shard_model(job.model, job.chain, job.prefixes, job.plan, job.layout, mesh)[0]

@@ -1,0 +1,264 @@
+"""``autotune.apply_pipeline(plan, model)``: this rank's stage of a pipelined plan, placed and scheduled:
+
+    pipe = autotune.apply_pipeline("out/plan.json", model)   # the model built on the CPU; every rank alike
+    opt = torch.optim.AdamW(autotune.param_groups(pipe.module))
+    for ids, targets in loader:                               # the whole batch, the same on every rank
+        loss = pipe.step(ids, targets)                        # the schedule over the plan's micro-batches
+        opt.step(); opt.zero_grad()
+
+Stage i runs on the i-th run of ``submesh.devices`` ranks, on one DeviceMesh (stages, *the stage's fine axes);
+only this rank's stage moves to its device. Each stage is placed on its submesh by one of apply's paths (``paths``
+says which ran): "ddp" (gradients averaged once after the schedule, ``autotune.apply.ddp.sync_grads``) or
+"fully_shard" (the ``FSDPModule`` handed to ``PipelineStage``, torchtitan's PP + FSDP step) for a stage plan that is
+data parallel or fully_shard-shaped and whose boundaries carry each rank's local piece (each rank runs its piece
+of every micro-batch, the first stage cutting the ids, the last the targets), also with the layers
+``autotune.apply.vocab`` computes; else "dtensor" (``autotune.apply.dtensor``: the stream redistributed at the
+boundaries by the plan's route, ``autotune.apply.cuts``), "none" on one device. Tied embedding and logits: their
+gradients summed between the first and the last stage after the backward, as Megatron does. ``step`` returns the
+mean loss over the whole batch on every rank. Errors: one ``UserError`` naming the fix, before any weight moves."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from calibrate.errors import UserError
+
+from autotune.apply.batch import DataSplit, scale_grad
+from autotune.apply.cuts import _blocks, _cut_of, _install_stage_hooks, _mapping_for, _reshard_stream, _tied
+from autotune.apply.ddp import sync_grads
+from autotune.apply.dtensor import _place
+from autotune.apply.fsdp import fully_shard_model
+from autotune.apply.layers import _check_shapes, _recompute, _world, device_type, find_layers, torch
+from autotune.apply.pipeplan import SCHEDULES, PipelinedPlan, _stream, load_pipelined
+from autotune.apply.place import path_of
+from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
+from autotune.plan.layouts import LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin, twin_path
+from autotune.plan.typed import TypedPlan
+
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
+
+
+def _local_plan(pp: PipelinedPlan, stage: int) -> LocalPlan | None:
+    """How stage ``stage`` is placed on apply's local path, from the plan alone (so alike on every rank, which
+    must all make every local stage's mesh): its plan where it is data parallel or fully_shard-shaped
+    (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or its ``local_twin`` (an embedding
+    by features, logits by vocabulary), and each of its boundaries carries each rank's local piece
+    (``local_stream``); None: the DTensor path."""
+    typed = pp.stages[stage]
+    if typed.world == 1:
+        return None
+    local = local_twin(typed)
+    if local is None:
+        return None
+    want = local_stream(local.plan)
+    ends = ([pp.sent[stage - 1]] if stage > 0 else []) + ([pp.sent[stage]] if stage < len(pp.split) - 1 else [])
+    if any(end is None or tuple(end) != want for end in ends):
+        return None
+    return local
+
+
+def _local_dims(typed: TypedPlan) -> dict[str, int]:
+    """The mesh dimensions of a local-path stage plan: fully_shard's (``fsdp_dims``) or DDP's ("dp")."""
+    layout = fully_shard_layout(typed)
+    return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
+
+
+def stage_paths(pp: PipelinedPlan) -> list[str]:
+    """Per stage, the path its plan asks for (``apply_pipeline`` may still place a stage by DTensor where its
+    modules cannot take the tensor-parallel styles, the column embedding or the vocabulary-parallel logits, or
+    a ``loss_fn`` is given for vocabulary-parallel logits: ``Pipeline.paths`` says what ran): "fully_shard",
+    "ddp", "dtensor", or "none" for a stage of one device."""
+    out = []
+    for i, typed in enumerate(pp.stages):
+        out.append("none" if typed.world == 1 else twin_path(_local_plan(pp, i)))
+    return out
+
+
+LOCAL = ("fully_shard", "ddp")  # apply's local paths
+
+
+# --- the pipeline ---------------------------------------------------------------------------------------------
+def _cross_entropy(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@dataclass
+class Pipeline:
+    """This rank's stage of a pipelined plan, placed and scheduled (``apply_pipeline``)."""
+
+    plan: PipelinedPlan
+    stage: int
+    module: nn.Module        # this rank's stage (its parameters for the optimizer)
+    schedule: object         # the torch.distributed.pipelining schedule
+    pp_group: object         # rank j of every stage
+    tied_group: object       # rank j of the first and the last stage, where the head is tied
+    tied: tuple[str, ...]    # the stage module's parameters tied across the first and the last stage
+    device: object
+    mesh: object             # this stage's submesh (None: one device)
+    paths: tuple = ()        # per stage, how it is placed: "fully_shard", "ddp", "dtensor", "none" (one device)
+    data_groups: tuple = ()  # a local-path stage's data-parallel process groups (its loss averaged over them)
+
+    @property
+    def path(self) -> str:
+        """How this rank's stage is placed (``paths``)."""
+        return self.paths[self.stage]
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == len(self.plan.split) - 1
+
+    def step(self, ids, targets):
+        """One forward and backward of the whole batch over the plan's micro-batches (gradients of the mean
+        loss; no optimizer step); returns that mean loss (a 0-d tensor) on every rank."""
+        m = self.plan.micro_batches
+        if ids.shape[0] % m:
+            raise UserError(f"a batch of {ids.shape[0]} does not split into the plan's {m} micro-batches: use a "
+                            f"batch that {m} divides")
+        losses: list = []
+        # return_outputs=False: the last stage would otherwise keep every micro-batch's logits until the step
+        # ends (torch's output_chunks: m logit tensors where 1F1B keeps one micro-batch in flight there)
+        if self.first:
+            self.schedule.step(ids, return_outputs=False)
+        elif self.last:
+            self.schedule.step(target=targets, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(return_outputs=False)
+        if self.path == "ddp":  # once a step, after the schedule (``autotune.apply.ddp``)
+            sync_grads(self.module, self.data_groups[0])
+        self._sum_tied()
+        loss = (torch.stack([x.detach() for x in losses]).mean() if self.last
+                else torch.zeros((), dtype=torch.float64, device=self.device))
+        loss = loss.to(torch.float64)
+        if self.last:  # a local path's loss is of this rank's piece: the mean over the stage's data ranks
+            for group in self.data_groups:
+                dist.all_reduce(loss, group=group)
+                loss /= dist.get_world_size(group)
+        dist.broadcast(loss, group_src=len(self.plan.split) - 1, group=self.pp_group)
+        return loss
+
+    def _sum_tied(self) -> None:
+        """The tied embedding's and logits' gradients summed between the first and the last stage."""
+        for name in self.tied:
+            p = self.module.get_parameter(name)
+            g = p.grad
+            if g is None:
+                g = torch.zeros_like(p)
+            whole = g.full_tensor() if isinstance(g, DTensor) else g.clone()
+            dist.all_reduce(whole, group=self.tied_group)
+            if isinstance(p, DTensor):
+                whole = DTensor.from_local(whole, p.device_mesh, [Replicate()] * p.device_mesh.ndim,
+                                           run_check=False).redistribute(p.device_mesh, p.placements)
+            p.grad = whole
+
+
+def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local: bool = True) -> Pipeline:
+    """This rank's stage of ``model`` placed and scheduled as the pipelined ``plan`` says (module doc);
+    ``local`` False: every stage of several devices on the DTensor path (the same plan on the other path, for
+    the host's cost of each: ``autotune.execute.hostfit``)."""
+    pp = load_pipelined(plan)
+    cls, default_mapping = _cut_of(model)
+    world = _world()
+    if pp.world != world:
+        raise UserError(f"the plan is for {pp.cluster} = {pp.world} devices in {len(pp.split)} stages but {world} "
+                        f"processes run: launch {pp.world} (torchrun --nproc-per-node ...) or search a plan for "
+                        f"{world}")
+    mapping = dict(mapping if mapping is not None else default_mapping)
+    p, S = len(pp.split), pp.submesh.devices
+    rank = dist.get_rank()
+    stage, j = divmod(rank, S)
+    first, last = stage == 0, stage == p - 1
+    typed = pp.stages[stage]
+    blocks_have = len(_blocks(model, cls))
+    if blocks_have != sum(pp.split):
+        raise UserError(f"the {type(model).__name__} has {blocks_have} blocks but the plan splits "
+                        f"{sum(pp.split)} ({list(pp.split)}): apply a plan searched for a model of {blocks_have} "
+                        f"layers")
+    tied_ids = _tied(model, mapping)
+    lo, hi = pp.block_range(stage)
+    module = cls(model, lo, hi, first, last)
+    tied = tuple(n for n, prm in module.named_parameters() if id(prm) in tied_ids)
+    chain, prefixes = find_layers(typed, module, _mapping_for(typed, mapping))
+    _check_shapes(chain, typed)
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type() == "cuda" else torch.device("cpu")
+    module.to(device)  # this stage's part alone
+    from torch.distributed.device_mesh import init_device_mesh
+    world_mesh = init_device_mesh(device.type, (p, *typed.mesh.sizes), mesh_dim_names=("pp", *typed.mesh.names))
+    mesh = world_mesh[typed.mesh.names] if S > 1 else None
+    pp_group = world_mesh["pp"].get_group()
+    tied_group = None
+    for k in range(S):  # every rank makes every pair's group, in the same order
+        g = dist.new_group([k, (p - 1) * S + k]) if tied_ids else None
+        if k == j:
+            tied_group = g
+    local = _local_plan(pp, stage) if local else None
+    columns = _column_module(chain, tied_ids) if local is not None and local.columns else None
+    # a user's loss takes the whole logits: vocabulary-parallel ones are then gathered by the DTensor path
+    head = _vocab_module(chain, tied_ids) if local is not None and local.vocabulary and loss_fn is None else None
+    refused = local is not None and ((local.columns and columns is None) or (local.vocabulary and head is None))
+    path = "none" if mesh is None else "dtensor" if local is None or refused else path_of(local.plan, chain)
+    path = path if path in LOCAL + ("none",) else "dtensor"
+    paths: list = [None] * world
+    # alike on every rank: a stage whose modules refuse its plan's TP styles or column embedding takes DTensor's
+    dist.all_gather_object(paths, path)
+    paths = paths[::S]
+    meshes = {}
+    for i in range(p):  # every rank makes every local-path stage's mesh, in the same order
+        key = tuple(_local_dims(_local_plan(pp, i).plan).items()) if paths[i] in LOCAL else None
+        if key is not None and key not in meshes:
+            meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
+                                           mesh_dim_names=("pp", *(k for k, _ in key)))
+    data_groups, loss = (), loss_fn or _cross_entropy
+    if path in LOCAL:  # apply's local path on the stage's submesh
+        local_mesh = meshes[tuple(_local_dims(local.plan).items())]
+        ignored = tuple(m.weight for m in (columns, head) if m is not None)  # placed below, by rows or columns
+        if path == "fully_shard":
+            split, data_mesh = fully_shard_model(module, chain, prefixes, local.plan, fully_shard_layout(local.plan),
+                                                 local_mesh, ignored)
+            data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
+        else:
+            split, data_mesh = DataSplit(local_mesh.get_local_rank("dp"), S), local_mesh["dp"]
+            data_groups = (data_mesh.get_group(),)
+            _recompute(module, chain, prefixes, local.plan.recompute)  # gradients synced after the schedule
+        if columns is not None:  # the whole micro-batch's ids looked up in this rank's columns, then its piece
+            columns.weight = nn.Parameter(distribute_tensor(columns.weight.detach(), data_mesh,
+                                                            [Shard(1)] * data_mesh.ndim))
+            columns.forward = functools.partial(_column_lookup, module=columns, mesh=data_mesh,
+                                                factor=1 / split.world)
+        elif first:
+            split.cut_calls(module)
+        if head is not None:  # the whole micro-batch's logits in this rank's vocabulary rows, their loss
+            rows = [Shard(0)] * data_mesh.ndim
+            offset = compute_local_shape_and_global_offset(tuple(head.weight.shape), data_mesh, rows)[1][0]
+            head.weight = nn.Parameter(distribute_tensor(head.weight.detach(), data_mesh, rows))
+            head.forward = functools.partial(_vocab_logits, module=head, group=data_groups[0], factor=split.world)
+            loss = functools.partial(_vocab_loss, group=data_groups[0], offset=offset)
+        elif last:
+            loss = functools.partial(_piece_loss, loss_fn=loss, split=split)
+        # beside a DTensor-path stage (whose gradients are of the whole micro-batch's loss, not of each piece's
+        # loss: 1 / pieces of them), the gradients crossing the boundary rescaled
+        if not first and paths[stage - 1] not in LOCAL:
+            module.arrive = functools.partial(scale_grad, factor=1 / split.world)
+        if not last and paths[stage + 1] not in LOCAL:
+            module.depart = functools.partial(scale_grad, factor=split.world)
+    else:
+        if mesh is not None:
+            _place(chain, typed, mesh, module)
+            s_in, s_out = _stream(typed)
+            _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
+            if not last:
+                module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=pp.sent[stage])
+            if not first:
+                module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=pp.sent[stage - 1], dst=s_in)
+        _recompute(module, chain, prefixes, typed.recompute)
+    from torch.distributed.pipelining import PipelineStage
+    pstage = PipelineStage(module, stage, p, device, group=pp_group)
+    schedule = SCHEDULES[pp.schedule](pstage, pp.micro_batches, loss_fn=loss)
+    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
+                    data_groups)

@@ -1,0 +1,121 @@
+"""``autotune.apply(plan, model)``: place a user's nn.Module (built on the CPU) as a plan says, for the user's
+own training loop, by one of the paths of ``PATHS`` (one module each, one interface: whether it takes the plan,
+and placing the module, which moves this rank's part to its device and returns this rank's ``DataSplit``; each
+path syncs the gradients itself, in the backward):
+
+- "fully_shard" (``autotune.apply.fsdp``): FSDP, HSDP and TP + FSDP plans, torchtitan's composition;
+- "tensor" (``autotune.apply.tensor``): a plan without FSDP, data parallel on its leading axes and tensor
+  parallel on the others as ``parallelize_module``'s styles (DDP + TP);
+- "ddp" (``autotune.apply.ddp``): pure data parallelism, ``DistributedDataParallel`` (apply returns it);
+- "dtensor" (``autotune.apply.dtensor``): every other per-layer plan, one explicit redistribution where a
+  layer's placement differs from its neighbour's.
+
+Every path runs the step users run: each data-parallel rank feeds its own piece of every batch
+(``autotune.data_piece(model, batch)``, or a sampler of ``autotune.data_world(model)``), and its loss is that
+piece's; gradients are averaged over the data ranks. Logits split by vocabulary come out as a DTensor of
+vocabulary columns: compute the loss (and its backward) under ``torch.distributed.tensor.parallel.loss_parallel()``
+(Megatron's vocabulary-parallel cross entropy), the way torchtitan does; nothing gathers the logits or the batch.
+``placement_path(plan, model)`` reports the path. Errors (a plan for another world or mesh, shapes that differ
+from the plan's model, an unmapped layer, a batch that does not split): one ``UserError`` naming the fix, raised
+alike on every rank before any weight moves. World size 1: no placement, shapes checked, recomputation applied."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calibrate.errors import UserError
+
+from autotune.apply import ddp, dtensor, fsdp, tensor
+from autotune.apply.batch import check_batch, stream_by_sequence
+from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
+from autotune.apply.tensor import tp_layout, tp_styles
+from autotune.plan.layouts import data_parallel_plan, fully_shard_layout
+from autotune.plan.search import load_plan
+from autotune.plan.typed import TypedPlan
+
+
+@dataclass
+class Job:
+    """What a path places: the model, its chain of plan layers, the plan, the fine mesh (the DTensor path's)
+    and the device type; ``layout`` is what the path's ``takes`` returned."""
+
+    model: object
+    chain: list
+    prefixes: dict
+    plan: TypedPlan
+    mesh: object
+    device: str
+    layout: object = None
+
+
+def _takes_tp(layout_of):
+    def takes(plan: TypedPlan, chain: list[Site]):
+        layout = layout_of(plan)
+        return layout if layout is not None and (layout.tp is None or tp_styles(
+            chain, layout.tp, getattr(layout, "stream", "B")) is not None) else None
+    return takes
+
+
+def _unwrapped(place):
+    def run(job: Job):
+        return job.model, place(job)
+    return run
+
+
+# name: (takes(plan, chain) -> a layout or None, place(job) -> (the module to call, this rank's DataSplit)),
+# in the order apply asks them
+PATHS = {
+    "fully_shard": (_takes_tp(fully_shard_layout), _unwrapped(fsdp.place)),
+    "tensor": (_takes_tp(tp_layout), _unwrapped(tensor.place)),
+    "ddp": (lambda plan, chain: data_parallel_plan(plan) or None, ddp.place),
+    "dtensor": (lambda plan, chain: True, _unwrapped(dtensor.place)),
+}
+CHOICES = ("auto", "dtensor")  # apply's path=: its own choice, or the DTensor path for any plan
+
+
+def path_of(plan: TypedPlan, chain: list[Site], path: str = "auto") -> str:
+    """The path ``plan`` (of several devices) takes on the modules of ``chain`` (``path`` "dtensor": that one)."""
+    if path not in CHOICES:
+        raise UserError(f"path={path!r} is unknown: use one of {', '.join(CHOICES)}")
+    if path == "dtensor":
+        return path
+    return next(name for name, (takes, _) in PATHS.items() if takes(plan, chain))
+
+
+def placement_path(plan, model, mapping: dict | None = None, path: str = "auto") -> str:
+    """The path ``apply(plan, model, path=path)`` places ``model`` by ("none" on one device)."""
+    plan = load_plan(plan)
+    return "none" if plan.world == 1 else path_of(plan, find_layers(plan, model, mapping)[0], path)
+
+
+def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto"):
+    """Place ``model`` as ``plan`` says; returns the module to call (the module doc)."""
+    plan = load_plan(plan)
+    world = _world()
+    if plan.world != world:
+        raise UserError(f"the plan is for {plan.cluster} = {plan.world} devices but {world} processes run: launch "
+                        f"{plan.world} (torchrun --nproc-per-node ...) or apply a plan searched for {world}")
+    if mesh is not None and tuple(mesh.shape) != plan.mesh.sizes:
+        raise UserError(f"the mesh given is {list(mesh.shape)} but the plan's fine mesh is {list(plan.mesh.sizes)}: "
+                        f"pass mesh=None (apply builds it) or a mesh of that shape")
+    chain, prefixes = find_layers(plan, model, mapping)
+    _check_shapes(chain, plan)
+    check_batch(plan)
+    if world > 1 and hasattr(model, "config") and stream_by_sequence(plan) > 1:
+        raise UserError(f"the plan splits each sequence of its residual stream over {stream_by_sequence(plan)} "
+                        f"devices (a micro-batch of {plan.model.get('micro_batch')}), which a Hugging Face model "
+                        f"cannot take (it reads the sequence length from the embedding's output): search with a "
+                        f"micro-batch that the data-parallel devices divide")
+    if world == 1:
+        _recompute(model, chain, prefixes, plan.recompute)
+        return model
+    device = mesh.device_type if mesh is not None else device_type()
+    name = path_of(plan, chain, path)
+    if name == "dtensor" and mesh is None:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)
+    takes, place = PATHS[name]
+    placed, split = place(Job(model, chain, prefixes, plan, mesh, device, takes(plan, chain)))
+    if name == "dtensor":
+        _recompute(model, chain, prefixes, plan.recompute)
+    placed._autotune_path = name
+    return split.mark(placed)

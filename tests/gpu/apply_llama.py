@@ -1,0 +1,172 @@
+"""Issue 41's GPU check (tests/gpu/apply_check.sh): a transformers LlamaForCausalLM built on the CPU, every plan
+kind searched for it (``plan``, on the CPU before the GPU job) and run through autotune.apply / apply_pipeline by
+execute's runners (``run``, under torchrun: their step timer and memory probe), beside tensor parallelism composed
+by hand with torch's ParallelStyles (torchtitan's way) at t = 2 and 4 in the same job. A table last; JSON in OUT.
+
+    python tests/gpu/apply_llama.py plan OUT PROFILE [--small]
+    torchrun --nproc-per-node 4 tests/gpu/apply_llama.py run OUT [--device cuda|cpu]
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SHAPE = dict(layers=16, hidden=2048, heads=16, kv_heads=8, head_dim=128, ffn=8192, vocabulary=128256, sequence=2048,
+             batch=32, micro_batch=16)
+SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=96, vocabulary=128, sequence=16, batch=8,
+             micro_batch=4)
+STEPS, WARMUP = 8, 3
+
+
+def build(config: dict):
+    """The factory execute calls with the plan's model config: a LlamaForCausalLM whose forward(ids, targets)
+    returns the mean cross entropy (the logits' DTensor kept split under loss_parallel)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class Llama(LlamaForCausalLM):
+        def forward(self, ids, targets):
+            logits = super().forward(input_ids=ids, use_cache=False).logits
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    c = config
+    return Llama(LlamaConfig(vocab_size=c["vocabulary"], hidden_size=c["hidden"], intermediate_size=c["ffn"],
+                             num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+                             num_key_value_heads=c["kv_heads"], head_dim=c["head_dim"],
+                             max_position_embeddings=c["sequence"], attn_implementation="sdpa"))
+
+
+def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str) -> dict:
+    """The Megatron plan on mesh (d, t) of 1 x 4 (sizes per role on (nodes, GPUs)), priced by the search's cost
+    model."""
+    from autotune.sbp.baselines import megatron_assignment
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.mesh import Cluster
+    from autotune.sbp.plan import build_plan
+    from calibrate.profile import Profile
+    from models import load_model
+    problem = Problem(load_model("llama", None, dict(shape)), Coster(Profile.load(profile), Cluster(1, 4)),
+                      require_fit=False)
+    return build_plan(problem, megatron_assignment(problem, d, t), name)
+
+
+def plan(out: Path, profile: str, small: bool) -> None:
+    shape = SMALL if small else SHAPE
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
+    for name, extra in (("search", []), ("search-pp", ["--pipeline", "2"])):
+        subprocess.run([sys.executable, "-m", "autotune", "--model", "llama", *flags, "--nodes", "1",
+                        "--gpus-per-node", "4", "--profile", profile, "--compare", "none", "--out", str(out / name),
+                        *extra], check=True, stdout=subprocess.DEVNULL, stderr=open(out / f"{name}.log", "w"), timeout=300)
+    from autotune.sbp.plan import PlanFile
+    single, piped = PlanFile.load(out / "search" / "plan.json"), PlanFile.load(out / "search-pp" / "plan.json")
+    plans = {"searched": single.best}
+    for b in single.baselines:
+        for kind in ("data parallel", "FSDP"):
+            if b["strategy"].startswith(kind):
+                plans[kind] = b
+    plans["pipelined"] = piped.best if "stages" in piped.best else next(
+        b for b in piped.baselines if "stages" in b)
+    plans["TP t=2"] = _megatron(shape, profile, (1, 2), (1, 2), "Megatron d=2 t=2")
+    plans["TP t=4"] = _megatron(shape, profile, (1, 1), (1, 4), "Megatron d=1 t=4")
+    (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": plans}))
+    print(f"wrote {out / 'plans.json'}: {', '.join(plans)}")
+
+
+def _hand_tp(shape: dict, t: int, d):
+    """torchtitan's composition by hand: parallelize_module (q/k/v, gate/up colwise; o, down rowwise; the
+    embedding rowwise; the head colwise to vocabulary columns for loss_parallel) on a t-way mesh, fully_shard on a
+    replicate mesh over the data ranks; each data rank its piece of the batch."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from autotune.apply.batch import DataSplit
+    from autotune.execute.moduletrain import build_module
+    world = d.launch.world
+    mesh = init_device_mesh(d.device.type, (world // t, 1, t), mesh_dim_names=("replicate", "shard", "tp"))
+    model = build_module("apply_llama:build", {"kind": "llama", **shape}, 0, torch.float32, "cpu")
+    styles = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+              "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    for i in range(shape["layers"]):
+        p = f"model.layers.{i}."
+        styles.update({p + n: ColwiseParallel() for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                           "mlp.gate_proj", "mlp.up_proj")})
+        styles.update({p + n: RowwiseParallel() for n in ("self_attn.o_proj", "mlp.down_proj")})
+    parallelize_module(model, mesh["tp"], styles)
+    for unit in list(model.model.layers) + [model]:
+        fully_shard(unit, mesh=mesh["replicate", "shard"])
+    return DataSplit(mesh.get_local_rank("replicate"), world // t).mark(model)
+
+
+def run(out: Path, device: str) -> None:
+    import torch
+
+    from autotune.execute.env import start, stop
+    from autotune.execute.moduletrain import ModuleTrainer
+    from autotune.execute.pipetrain import run_pipeline_plan
+    from autotune.execute.runner import free_device, run_module_plan
+    spec = json.loads((out / "plans.json").read_text())
+    shape, rows = spec["shape"], []
+    d = start(device)
+    common = dict(module="apply_llama:build", steps=STEPS, warmup=WARMUP, profile_steps=0, dtype="auto")
+    try:
+        for name, p in spec["plans"].items():
+            free_device(d)
+            runner = run_pipeline_plan if "stages" in p else run_module_plan
+            try:
+                rec, model = runner(p, d, **common)
+                del model
+            except torch.OutOfMemoryError as e:
+                rec = {"error": f"out of memory: {str(e).splitlines()[0][:200]}", "predicted": p.get("totals", {})}
+            rows.append(dict(name=name, strategy=p.get("strategy", ""), record=rec))
+        for t in (2, 4):
+            free_device(d)
+            model = _hand_tp(shape, t, d)
+            trainer = ModuleTrainer(model, {"kind": "llama", **shape}, shape["batch"] // shape["micro_batch"], d, 0,
+                                    1e-3, torch.bfloat16 if d.is_gpu else None)
+            try:
+                measured = trainer.run(STEPS, WARMUP, 0)
+            finally:
+                trainer.close()
+            del model
+            rows.append(dict(name=f"TP t={t} by hand", strategy="parallelize_module + fully_shard (replicate)",
+                             record={"measured": measured, "apply_path": "hand", "predicted": {}}))
+    finally:
+        stop(d)
+    if d.launch.rank == 0:
+        (out / "apply_check.json").write_text(json.dumps(rows, indent=1, default=str))
+        print(table(rows))
+
+
+def table(rows: list) -> str:
+    lines = ["| plan | path | predicted ms | measured ms | measured / predicted | predicted GiB | measured GiB |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        rec = r["record"]
+        m, p = rec.get("measured") or {}, rec.get("predicted") or {}
+        path = rec.get("apply_path") or "/".join((rec.get("pipeline") or {}).get("paths", [])) or "-"
+        ms = m.get("step_s")
+        pred = p.get("step_s")
+        peak = max(m.get("peak_memory_bytes") or [0]) / 2**30 if m.get("peak_memory_bytes") else None
+        cells = [r["name"], rec.get("error") or path, _f(pred and pred * 1e3), _f(ms and ms * 1e3),
+                 _f(ms / pred if ms and pred else None, 2), _f(p.get("memory_bytes") and p["memory_bytes"] / 2**30, 2),
+                 _f(peak, 2)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _f(x, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+if __name__ == "__main__":
+    what, folder = sys.argv[1], Path(sys.argv[2])
+    if what == "plan":
+        plan(folder, sys.argv[3], "--small" in sys.argv)
+    else:
+        run(folder, sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "auto")
