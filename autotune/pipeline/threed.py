@@ -33,7 +33,7 @@ import math
 
 from calibrate.errors import UserError
 
-from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, inflight, stage_choices
+from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, stage_choices
 from autotune.pipeline.slicing import stage_spans
 from autotune.pipeline.stage import figures
 from autotune.sbp.fit import recompute_modes
@@ -62,7 +62,7 @@ def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tupl
     spans = stage_spans(search.graph_for(m), search.balanced(p))
     out = []
     for i, span in enumerate(spans):
-        found = search.stages.megatron(m, span, sub, inflight(search.schedule, i, p, m), mesh, mode)
+        found = search.stages.megatron(m, span, sub, search.inflight(i, p, m), mesh, mode)
         if found is None:
             return None
         prob, a = found
@@ -93,6 +93,8 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
             continue  # Megatron's stages are whole nodes, t inside one
         meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1 or not tensor_in_node]
         for m in micro_batch_counts(search.graph.batch, p, sub, tensor_in_node, most):
+            if not search.runs(p, m):
+                continue
             for mesh in meshes:
                 try:
                     plain = stage_plans(search, p, sub, m, mesh, NONE)
