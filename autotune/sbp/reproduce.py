@@ -518,6 +518,30 @@ def previous_statuses(path: Path | None) -> dict[str, str]:
     return {r["id"]: r["status"] for r in rows}
 
 
+def previous_rows(path: Path | None) -> list[dict]:
+    """The rows of a recorded run (checked as ``previous_statuses`` checks them); [] without one."""
+    if path is None:
+        return []
+    previous_statuses(path)
+    return json.loads(path.read_text())["rows"]
+
+
+WORSE = 0.005  # a searched figure more than this share above the previous record's is flagged
+
+
+def worse_figures(rows: list[dict], previous: list[dict]) -> list[str]:
+    """Cases whose searched figure (communication, or the step on the pipeline cases) got worse than the previous
+    record's by more than ``WORSE``, each with both figures: a case can keep its verdict and still lose ground
+    (Table 3's pipeline-wide-64 found 129.5 s where its record said 113.3 s)."""
+    before = {r["id"]: r.get("searched_s") for r in previous}
+    out = []
+    for r in rows:
+        a, b = before.get(r["id"]), r.get("searched_s")
+        if a is not None and (b is None or b > a * (1 + WORSE)):
+            out.append(f"{r['id']} {a:.4g} s -> {'no plan' if b is None else f'{b:.4g} s'}")
+    return out
+
+
 def regressions(rows: list[dict], previous: dict[str, str]) -> list[str]:
     """Cases that passed in ``previous`` and fail in ``rows``."""
     return [r["id"] for r in rows if r["status"] == "fail" and previous.get(r["id"]) == "pass"]

@@ -139,3 +139,23 @@ def test_simulation_skipped_only_where_the_floor_cannot_win(graph, profile, sche
     done = finished(PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(schedule=schedule)))
     assert done[0].step == min(c.step for c in every)
     assert [c.step for c in done] == sorted(c.step for c in done) and len(done) < len(every)
+
+
+def test_pipelined_plans_memory_line_is_the_binding_stages(graph, profile):
+    """Issue 43: the printed memory of a pipelined plan is the stage that binds (the most memory), its parts
+    adding up to its total, and the recompute / sharding line names each stage's mode."""
+    from autotune.pipeline.record import pipeline_plan
+    from autotune.sbp.cli.search import breakdown, modes_line
+    ps = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(stages=4))
+    c = ps.finish(megatron_3d(ps))
+    plan = pipeline_plan(ps, c, "test", {})
+    t = plan["totals"]
+    i = t["memory_stage"]
+    assert t["memory_bytes"] == max(s["memory_bytes"] for s in plan["stages"]) == plan["stages"][i]["memory_bytes"]
+    parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "workspace_bytes")
+    assert sum(t["memory"][k] for k in parts) == pytest.approx(t["memory_bytes"], rel=1e-6)
+    assert f"binding stage ({i} of 4" in breakdown(plan)
+    plan["stage_modes"] = [{"recompute": "full", "sharding": {"mode": "none"}}] * 3 + \
+        [{"recompute": "none", "sharding": {"mode": "none"}}]
+    assert modes_line(plan) == ("stages 0-2 (3 of 4): recompute full; sharding none; "
+                                "stages 3 (1 of 4): recompute none; sharding none")

@@ -216,13 +216,39 @@ def breakdown(plan: dict) -> str:
     m = plan["totals"]["memory"]
     parts = [("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"), ("optimizer states", "optimizer_bytes"),
              ("activations", "activations_bytes"), ("workspace", "workspace_bytes")]
-    sh = plan.get("sharding", {"mode": "none"})
     # + 0.0: a figure that rounds to zero prints 0.00, not -0.00
-    return (f"searched plan's memory per device: " + ", ".join(f"{name} {round(m[k] / 2**30, 2) + 0.0:.2f}"
-                                                               for name, k in parts)
-            + f" GiB; total {plan['totals']['memory_bytes'] / 2**30:.2f} GiB\n"
-            + f"recompute {plan.get('recompute', 'none')}; sharding "
-            + (f"fsdp over axes {sh['axes']}" if sh["mode"] == "fsdp" else "none"))
+    binding = plan["totals"].get("memory_stage")
+    whose = "searched plan's" if binding is None else \
+        f"searched plan's binding stage ({binding} of {len(plan['stages'])}: the most memory)"
+    return (f"{whose} memory per device: " + ", ".join(f"{name} {round(m[k] / 2**30, 2) + 0.0:.2f}"
+                                                       for name, k in parts)
+            + f" GiB; total {plan['totals']['memory_bytes'] / 2**30:.2f} GiB\n" + modes_line(plan))
+
+
+def _sharding(sh: dict) -> str:
+    return f"fsdp over axes {sh['axes']}" if sh["mode"] == "fsdp" else "none"
+
+
+def _ranges(idx: list[int]) -> str:
+    out, i = [], 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        out.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def modes_line(plan: dict) -> str:
+    """The plan's recomputation and sharding; a pipelined plan's per stage (stage ranges of each mode)."""
+    per = plan.get("stage_modes")
+    if not per:
+        return f"recompute {plan.get('recompute', 'none')}; sharding {_sharding(plan.get('sharding', {'mode': 'none'}))}"
+    groups: dict[str, list[int]] = {}
+    for i, x in enumerate(per):
+        groups.setdefault(f"recompute {x['recompute']}; sharding {_sharding(x['sharding'])}", []).append(i)
+    return "; ".join(f"stages {_ranges(idx)} ({len(idx)} of {len(per)}): {k}" for k, idx in groups.items())
 
 
 def main(argv=None, report=None) -> int:
