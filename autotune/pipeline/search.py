@@ -297,20 +297,20 @@ class StageSearch:
         return self._layouts[key]
 
     def megatron(self, m: int, span, sub: Cluster, f: int, mesh: tuple,
-                 mode: Mode = NONE) -> tuple[StageProblem, list[int]] | None:
+                 mode: Mode = NONE, sequence_parallel: bool = False) -> tuple[StageProblem, list[int]] | None:
         """Megatron's plan of the stage on ``mesh`` (d, t) under ``f`` in flight and ``mode``, on a problem that
         prices that plan's strategies alone (``Layout.fixed``; the 3-D baseline needs no other, and its figures
         are the full problem's: tested): (problem, plan), None where a layer cannot take it."""
-        key = (self.signature(m, span), sub, m, mesh, mode)
+        key = (self.signature(m, span), sub, m, mesh, mode, sequence_parallel)
         if key not in self._fixed:
             if mode != NONE:
-                plain = self.megatron(m, span, sub, 1, mesh)
+                plain = self.megatron(m, span, sub, 1, mesh, sequence_parallel=sequence_parallel)
                 self._fixed[key] = None if plain is None else (plain[0].with_mode(mode), plain[1])
             else:
                 lay = self.layout(m, span, sub)
-                a = megatron_assignment(lay, *mesh)
+                a = megatron_assignment(lay, *mesh, sequence_parallel=sequence_parallel)
                 prob = None if a is None else lay.fixed(a, self.limit)
-                a = None if prob is None else megatron_assignment(prob, *mesh)
+                a = None if prob is None else megatron_assignment(prob, *mesh, sequence_parallel=sequence_parallel)
                 self._fixed[key] = None if a is None else (prob, a)
         found = self._fixed[key]
         return None if found is None else (found[0].in_flight(f), found[1])

@@ -56,18 +56,20 @@ def describe(mode: Mode) -> str:
 
 
 def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tuple,
-                mode: Mode) -> list[StagePlan] | None:
-    """The Megatron plan of every stage on ``mesh`` under ``mode``, None where a layer cannot take it (each on a
-    problem that prices Megatron's strategies alone: ``StageSearch.megatron``)."""
+                mode: Mode, sequence_parallel: bool = False) -> list[StagePlan] | None:
+    """The Megatron plan of every stage on ``mesh`` under ``mode`` (with ``sequence_parallel``: Megatron-LM's
+    ``--sequence-parallel``), None where a layer cannot take it (each on a problem that prices Megatron's
+    strategies alone: ``StageSearch.megatron``)."""
     spans = stage_spans(search.graph_for(m), search.balanced(p))
     out = []
     for i, span in enumerate(spans):
-        found = search.stages.megatron(m, span, sub, search.inflight(i, p, m), mesh, mode)
+        found = search.stages.megatron(m, span, sub, search.inflight(i, p, m), mesh, mode, sequence_parallel)
         if found is None:
             return None
         prob, a = found
         out.append(StagePlan(prob, a, figures(prob, a), {"algorithm": "megatron", "recompute": mode.recompute,
-                                                         "sharding": mode.sharding}))
+                                                         "sharding": mode.sharding,
+                                                         "sequence_parallel": sequence_parallel}))
     return out
 
 

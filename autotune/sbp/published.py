@@ -44,8 +44,7 @@ TOLERANCE = 0.10  # forced plan against the published step
 SEARCH_SLACK = 0.05  # the free search's step at most this much over the published one
 WORSE = 0.005  # a step more than this share above the previous record's is flagged
 # techniques of a published configuration the step model does not price yet -> what the case's plan sets
-NOT_PRICED = {"sequence_parallel": lambda v: bool(v), "zero_stage": lambda v: v not in (0, None),
-              "context_parallel": lambda v: v not in (1, None)}
+NOT_PRICED = {"zero_stage": lambda v: v not in (0, None), "context_parallel": lambda v: v not in (1, None)}
 
 
 def load_cases() -> list[dict]:
@@ -154,7 +153,7 @@ def forced(case: dict) -> dict:
     sub = submesh(cluster, p)
     mesh = ((sub.nodes, case["gpus"] // t), (1, t))
     with fewer_collections():
-        plans = stage_plans(search, p, sub, m, mesh, Mode(tech.recompute, None))
+        plans = stage_plans(search, p, sub, m, mesh, Mode(tech.recompute, None), tech.sequence_parallel)
         if plans is None:
             raise UserError(f"case {case['id']}: the Megatron plan does not lay out on t {t}, d {d} at micro-batch "
                             f"size {mbs}: fix the case")

@@ -159,3 +159,28 @@ def test_pipelined_plans_memory_line_is_the_binding_stages(graph, profile):
         [{"recompute": "none", "sharding": {"mode": "none"}}]
     assert modes_line(plan) == ("stages 0-2 (3 of 4): recompute full; sharding none; "
                                 "stages 3 (1 of 4): recompute none; sharding none")
+
+
+def test_sequence_parallel_shards_the_norms_and_swaps_all_reduce_for_gather_scatter(graph, profile):
+    """Megatron's --sequence-parallel (issue 43): the norms and residual adds hold 1/t of their activations;
+    the boxing into and out of each tensor-parallel region moves the all-reduce's bytes as an all-gather plus a
+    reduce-scatter (on a ring: (t-1)/t n beta each, the all-reduce's 2 (t-1)/t n beta)."""
+    from autotune.sbp.plan import build_plan
+    ps = PipelineSearch(graph, CLUSTER, profile, None, PipelineConfig(stages=2))
+    sub = Cluster(2, 2)
+    t, mesh = 2, ((2, 1), (1, 2))
+    plain, sp = (stage_plans(ps, 2, sub, 4, mesh, NONE, s)[1] for s in (False, True))
+
+    def by_kind(x, key):
+        out = {}
+        for lay in build_plan(x.problem, x.assign, "x")["layers"]:
+            out[lay["kind"]] = out.get(lay["kind"], 0.0) + lay[key] * lay["count"]
+        return out
+    mp, ms = by_kind(plain, "memory_bytes"), by_kind(sp, "memory_bytes")
+    if "residual" in mp:
+        assert ms["residual"] == pytest.approx(mp["residual"] / t, rel=1e-6)  # no weights: activations alone
+    assert mp["layernorm"] / t < ms["layernorm"] < mp["layernorm"]  # its (replicated) weights kept whole
+    assert ms["matmul"] == pytest.approx(mp["matmul"], rel=1e-6)
+    rp, rs = by_kind(plain, "redistribution_s"), by_kind(sp, "redistribution_s")
+    assert sum(rs.values()) == pytest.approx(sum(rp.values()), rel=0.05)  # the same bytes, twice the alphas
+    assert sp.fig.memory < plain.fig.memory

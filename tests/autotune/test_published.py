@@ -38,8 +38,9 @@ def test_forced_plan_is_the_papers_configuration():
 
 def test_a_technique_the_model_does_not_price_is_named():
     row = published.run_case(CASES["llama3-405b-8k"], with_search=False)
-    assert row["forced"]["missing"] == ["sequence parallelism", "ZeRO-2"] and row["status"] == "fail"
-    assert "sequence parallelism, ZeRO-2" in row["reason"]
+    assert row["forced"]["missing"] == ["ZeRO-2"] and row["status"] == "fail"
+    assert "uses ZeRO-2, which the step model does not price yet" in row["reason"]
+    assert "--sequence-parallel" in row["forced"]["config"]
 
 
 def test_worse_flags_a_step_that_grew():
