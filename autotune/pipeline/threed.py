@@ -15,9 +15,9 @@ attention's probabilities) or full (a block keeps its input; ``--recompute-granu
 with the weights, gradients and optimizer states sharded over the data-parallel group (Megatron-FSDP's
 ``optim_grads_params``, ZeRO-3: ``autotune.sbp.memory.Mode`` with every axis as FSDP's, which shards each
 weight over its gradient-sync axes, the data-parallel ones). Megatron's distributed optimizer (ZeRO-1:
-optimizer states alone sharded over the data-parallel group, ``--use-distributed-optimizer``) is not in
-the cost model (``autotune.sbp.memory`` has no mode that shards the optimizer states alone, nor its
-reduce-scatter / all-gather in place of the all-reduce), so it is not offered. A mode is tried for a
+optimizer states alone sharded over the data-parallel group, ``--use-distributed-optimizer``;
+``autotune.sbp.memory.Mode.zero``) is offered beside them (its reduce-scatter and all-gather priced as the
+all-reduce whose bytes they move). A mode is tried for a
 (p, t, m) only where no plain plan fits: the plain plan is the cheapest that fits when one does.
 
 Every (p, t, m) whose stages all fit (at its cheapest mode by the split DP's estimate,
@@ -46,12 +46,15 @@ def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = T
     over the data-parallel group."""
     plain = search.stages.layout(m, span, sub)
     every = tuple(range(len(sub.axis_sizes)))
-    shardings = (None, every) if sharding else (None,)
-    return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in shardings if Mode(rec, sh) != NONE]
+    # (FSDP axes, ZeRO stage): none; ZeRO-1, Megatron-LM's --use-distributed-optimizer; FSDP (ZeRO-3)
+    shardings = ((None, 0), (None, 1), (every, 0)) if sharding else ((None, 0),)
+    return [Mode(rec, sh, z) for rec in ["none"] + recompute_modes(plain) for sh, z in shardings
+            if Mode(rec, sh, z) != NONE]
 
 
 def describe(mode: Mode) -> str:
     parts = [] if mode.recompute == "none" else [f"recompute {mode.recompute}"]
+    parts += [f"ZeRO-{mode.zero} (distributed optimizer)"] if mode.zero else []
     return ", ".join(parts + ([] if mode.fsdp_axes is None else ["FSDP over the data-parallel group"]))
 
 

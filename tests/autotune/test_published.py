@@ -37,10 +37,15 @@ def test_forced_plan_is_the_papers_configuration():
 
 
 def test_a_technique_the_model_does_not_price_is_named():
+    """Llama 3's configuration is priced with its techniques; one with context parallelism (not priced yet)
+    says so in one line, its plan priced without it."""
     row = published.run_case(CASES["llama3-405b-8k"], with_search=False)
-    assert row["forced"]["missing"] == ["ZeRO-2"] and row["status"] == "fail"
-    assert "uses ZeRO-2, which the step model does not price yet" in row["reason"]
-    assert "--sequence-parallel" in row["forced"]["config"]
+    assert row["forced"]["missing"] == [] and "over the" in row["reason"]  # priced; its memory over the limit
+    assert "--sequence-parallel" in row["forced"]["config"] and "--use-distributed-optimizer" in row["forced"]["config"]
+    case = dict(CASES["llama3-405b-8k"], plan=dict(CASES["llama3-405b-8k"]["plan"], context_parallel=16))
+    row = published.run_case(case, with_search=False)
+    assert row["forced"]["missing"] == ["context parallelism (16)"] and row["status"] == "fail"
+    assert "uses context parallelism (16), which the step model does not price yet" in row["reason"]
 
 
 def test_worse_flags_a_step_that_grew():
