@@ -25,6 +25,7 @@ from calibrate.records import header
 from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, StagePlan
 from autotune.pipeline.threed import seeded
 from autotune.sbp.plan import KIND, VERSION, build_plan
+from autotune.sbp.techniques import Techniques
 
 
 def stream(a: StagePlan, b: StagePlan) -> tuple:
@@ -90,7 +91,10 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
                      "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
                      "steady": list(c.result.steady)},
         "stages": stages,
-        "stage_modes": [{"recompute": x.problem.mode.recompute, "sharding": x.problem.mode.sharding} for x in c.plans],
+        "stage_modes": [{"recompute": x.problem.mode.recompute, "sharding": x.problem.mode.sharding,
+                         "techniques": Techniques(x.problem.mode.recompute, search.cfg.schedule, c.virtual,
+                                                  bool(x.search.get("sequence_parallel")),
+                                                  x.problem.mode.zero).to_dict()} for x in c.plans],
     }
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -37,14 +36,13 @@ from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, 
 from autotune.pipeline.threed import seeded, stage_plans
 from autotune.sbp.memory import Mode
 from autotune.sbp.mesh import Cluster
+from autotune.sbp.techniques import Techniques
 
 RECORD = "commtune.published-reproduction"
 VERSION = 1
 TOLERANCE = 0.10  # forced plan against the published step
 SEARCH_SLACK = 0.05  # the free search's step at most this much over the published one
 WORSE = 0.005  # a step more than this share above the previous record's is flagged
-# techniques of a published configuration the step model does not price yet -> what the case's plan sets
-NOT_PRICED = {"context_parallel": lambda v: v not in (1, None)}
 
 
 def load_cases() -> list[dict]:
@@ -83,30 +81,6 @@ def gemm_ceiling(profile: Profile, act_bytes: int) -> tuple[float, float]:
     band = profile.compute.matmul[str(act_bytes)]
     best = max((f / t for f, t in band.points), default=band.peak_flops)
     return best, band.peak_flops
-
-
-@dataclass(frozen=True)
-class Techniques:
-    """A published configuration's techniques, as Megatron-LM and torchtitan users set them (the plan record's
-    fields: ``virtual_stages``, ``sequence_parallel``, ``zero_stage``, ``context_parallel`` and the
-    recomputation's granularity)."""
-
-    recompute: str = "none"
-    schedule: str = "1f1b"
-    virtual_stages: int = 1
-    sequence_parallel: bool = False
-    zero_stage: int = 0
-    context_parallel: int = 1
-
-    @classmethod
-    def of(cls, plan: dict) -> "Techniques":
-        return cls(plan.get("recompute", "none"), plan.get("schedule", "1f1b"), plan.get("virtual_stages", 1),
-                   plan.get("sequence_parallel", False), plan.get("zero_stage", 0), plan.get("context_parallel", 1))
-
-    def missing(self) -> list[str]:
-        names = {"sequence_parallel": "sequence parallelism", "zero_stage": f"ZeRO-{self.zero_stage}",
-                 "context_parallel": f"context parallelism ({self.context_parallel})"}
-        return [names[k] for k, bad in NOT_PRICED.items() if bad(getattr(self, k))]
 
 
 def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Techniques, layers: int) -> str:
@@ -182,7 +156,8 @@ def _flags(c: Candidate, schedule: str, g, cluster: Cluster) -> str:
         return "; searched SBP placements per layer on each stage (the plan record lists them)"
     mode = c.plans[0].problem.mode
     d = cluster.devices // (c.tensor * c.stages)
-    tech = Techniques(mode.recompute, schedule, c.virtual)
+    tech = Techniques(mode.recompute, schedule, c.virtual, bool(c.plans[0].search.get("sequence_parallel")),
+                      mode.zero)
     return "; " + megatron_terms(c.tensor, c.stages, d, g.batch // (c.micro_batches * d), g.batch, tech,
                                  g.config["layers"])
 
