@@ -88,7 +88,9 @@ def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Technique
     flags = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}",
              f"--micro-batch-size {mbs}", f"--global-batch-size {batch}"]
     if tech.virtual_stages > 1:
-        flags.append(f"--num-layers-per-virtual-pipeline-stage {layers // (p * tech.virtual_stages)}")
+        per, rest = divmod(layers, p * tech.virtual_stages)
+        flags.append(f"--num-layers-per-virtual-pipeline-stage {per}" if not rest else
+                     f"--virtual-pipeline-model-parallel-size {tech.virtual_stages} (layers uneven over the chunks)")
     if tech.recompute != "none":
         flags.append(f"--recompute-granularity {tech.recompute}"
                      + (" --recompute-method uniform" if tech.recompute == "full" else ""))

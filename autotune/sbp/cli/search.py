@@ -101,7 +101,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pipeline", default="auto",
                     help="pipeline stages: 'auto' (tried, kept when faster than the best single-stage plan; needs "
                          "the step objective), 'off', or a stage count (default auto)")
-    ap.add_argument("--schedule", default="1f1b", help="pipeline schedule: 1f1b, gpipe or eager-1f1b (default 1f1b)")
+    ap.add_argument("--schedule", default="1f1b", help="pipeline schedule: 1f1b, gpipe, eager-1f1b or interleaved-1f1b (2 chunks a "
+                         "rank, Megatron-LM's virtual stages: priced and searched; python -m autotune apply does not "
+                         "run it yet) (default 1f1b)")
     ap.add_argument("--pipeline-effort", choices=("default", "full"), default="default",
                     help="the stage searches' effort: 'default' (capped restarts and relaxation rounds, the split "
                          "DP for the fastest candidate: within 0.02%% of full effort on the benchmark cases, "
