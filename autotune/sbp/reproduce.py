@@ -495,10 +495,25 @@ def _search_case(case: dict) -> dict:
             "status": "pass" if ratio <= 1.01 else "fail"}
 
 
+def records() -> list[Path]:
+    """The recorded runs of this repository (reports/records/sbp_reproduce_*.json), oldest name first."""
+    return sorted(Path(__file__).resolve().parents[2].joinpath("reports", "records").glob("sbp_reproduce_*.json"))
+
+
 def latest_record() -> Path | None:
-    """The newest recorded run of this repository (reports/records/sbp_reproduce_*.json), None if none."""
-    found = sorted(Path(__file__).resolve().parents[2].joinpath("reports", "records").glob("sbp_reproduce_*.json"))
+    """The newest recorded run of this repository, None if none."""
+    found = records()
     return found[-1] if found else None
+
+
+def recorded_rows(paths: list[Path]) -> list[dict]:
+    """Each case's row from the newest of ``paths`` that has it (a record of a few cases does not hide the
+    others' figures: the Table 3 cases' last record is not the newest file)."""
+    out: dict[str, dict] = {}
+    for path in paths:
+        for r in previous_rows(path):
+            out[r["id"]] = r
+    return list(out.values())
 
 
 def previous_statuses(path: Path | None) -> dict[str, str]:

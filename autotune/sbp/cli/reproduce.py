@@ -32,9 +32,8 @@ from calibrate.lock import DirLock
 from calibrate.outputs import check_output_path
 
 from autotune.sbp import published
-from autotune.sbp.reproduce import (RECORD, TOLERANCE_PP, VERSION, Config, latest_record, load_cases,
-                                    passes_by_cap, previous_rows, previous_statuses, regressions, run_case, table,
-                                    worse_figures)
+from autotune.sbp.reproduce import (RECORD, TOLERANCE_PP, VERSION, Config, load_cases, passes_by_cap,
+                                    recorded_rows, records, regressions, run_case, table, worse_figures)
 
 
 def main(argv=None) -> int:
@@ -44,9 +43,9 @@ def main(argv=None) -> int:
     ap.add_argument("--case", action="append", help="run only this case id (repeatable; default all)")
     ap.add_argument("--out", default="reproduce-out", help="directory for reproduce.json (default ./reproduce-out)")
     ap.add_argument("--previous", default=None,
-                    help="the last recorded run (reproduce.json) to compare with; default the newest "
-                         "reports/records/sbp_reproduce_*.json (published: published_reproduce_*.json) of this "
-                         "repository")
+                    help="the last recorded run (reproduce.json) to compare with; default each case's newest row "
+                         "in reports/records/sbp_reproduce_*.json (published: the newest "
+                         "published_reproduce_*.json) of this repository")
     ap.add_argument("--no-sensitivity", action="store_true", help="skip the alpha-beta sensitivity runs")
     ap.add_argument("--p0-cap", default=Config.p0_cap,
                     help="most devices a transformer weight is replicated over: 'memory' (default: per case, the "
@@ -55,9 +54,8 @@ def main(argv=None) -> int:
     if args.paper == "published":
         return _published(args)
     config = Config(p0_cap=_p0_cap(args.p0_cap))
-    prev_path = Path(args.previous) if args.previous else latest_record()
-    prev = previous_statuses(prev_path)
-    prev_rows = previous_rows(prev_path)
+    prev_rows = recorded_rows([Path(args.previous)] if args.previous else records())
+    prev = {r["id"]: r["status"] for r in prev_rows}
     cases = load_cases()
     ids = [c["id"] for c in cases]
     for c in args.case or []:
