@@ -93,8 +93,9 @@ def _published(args) -> int:
             print(f"[reproduce] {c['id']} on {c['profile']} (forced, then the free search)", flush=True)
             rows.append(published.run_case(c))
             print("\n".join("  " + line for line in published.lines(rows[-1])), flush=True)
-        path = write_json(out / "reproduce.json", {"kind": published.RECORD, "version": published.VERSION,
-                                                   "rows": rows}, "reproduction record")
+            # after every case: an interrupted run keeps the cases it finished
+            path = write_json(out / "reproduce.json", {"kind": published.RECORD, "version": published.VERSION,
+                                                       "rows": rows}, "reproduction record")
         got_worse = published.worse(rows, prev)
         passed = sum(r["status"] == "pass" for r in rows)
         print(f"{passed}/{len(rows)} cases pass (forced within {published.TOLERANCE:.0%} of the published step, "
