@@ -109,16 +109,24 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
                     continue  # the micro-batch's sequences do not split over d
                 t = math.prod(mesh[1])
                 found = [search.candidate(p, sub, m, search.balanced(p), plain)]
-                if not math.isfinite(found[0].estimate):
+                # where the plain plan does not fit: Megatron's --sequence-parallel with t > 1 (where the plan
+                # that sharding allows takes it: never more memory, the all-reduce's bytes), then the modes
+                sp = sharding and t > 1 and not math.isfinite(found[0].estimate)
+                if sp:
+                    plans = stage_plans(search, p, sub, m, mesh, NONE, True)
+                    if plans is not None:
+                        found.append(search.candidate(p, sub, m, search.balanced(p), plans))
+                if not math.isfinite(min(c.estimate for c in found)):
                     span = stage_spans(search.graph_for(m), search.balanced(p))[0]
                     for mode in modes(search, m, span, sub, sharding):
-                        plans = stage_plans(search, p, sub, m, mesh, mode)
+                        plans = stage_plans(search, p, sub, m, mesh, mode, sp)
                         if plans is not None:
                             found.append(search.candidate(p, sub, m, search.balanced(p), plans))
                 best = min(found, key=lambda c: c.estimate)
                 if math.isfinite(best.estimate):
                     mode = best.plans[0].problem.mode
-                    extra = f", {describe(mode)}" if mode != NONE else ""
+                    parallel = best.plans[0].search.get("sequence_parallel")
+                    extra = (f", {describe(mode)}" if mode != NONE else "") + (", sequence parallel" if parallel else "")
                     best.name = f"Megatron 3-D (t={t}, {p} stages, {m} micro-batches{extra})"
                     best.tensor = t
                     out.append(best)

@@ -184,3 +184,15 @@ def test_sequence_parallel_shards_the_norms_and_swaps_all_reduce_for_gather_scat
     rp, rs = by_kind(plain, "redistribution_s"), by_kind(sp, "redistribution_s")
     assert sum(rs.values()) == pytest.approx(sum(rp.values()), rel=0.05)  # the same bytes, twice the alphas
     assert sp.fig.memory < plain.fig.memory
+
+
+def test_sequence_parallel_is_tried_where_the_plain_plan_does_not_fit(graph, profile):
+    """Where no plain 3-D plan fits, the baseline tries Megatron's --sequence-parallel (t > 1) before the modes,
+    and keeps it with them; never with sharding off (the Megatron of 2021)."""
+    ps = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig())
+    least = min(max(x.fig.memory for x in c.plans) for c in candidates(ps) if c.tensor > 1)
+    tight = PipelineSearch(graph, CLUSTER, profile, least * (1 - 1e-6), PipelineConfig())
+    got = [c for c in candidates(tight) if c.tensor > 1]
+    assert got and all(c.plans[0].search.get("sequence_parallel") for c in got)
+    assert all("sequence parallel" in c.name for c in got)
+    assert not any(c.plans[0].search.get("sequence_parallel") for c in candidates(tight, sharding=False))
