@@ -495,10 +495,25 @@ def _search_case(case: dict) -> dict:
             "status": "pass" if ratio <= 1.01 else "fail"}
 
 
+def records() -> list[Path]:
+    """The recorded runs of this repository (reports/records/sbp_reproduce_*.json), oldest name first."""
+    return sorted(Path(__file__).resolve().parents[1].joinpath("reports", "records").glob("sbp_reproduce_*.json"))
+
+
 def latest_record() -> Path | None:
-    """The newest recorded run of this repository (reports/records/sbp_reproduce_*.json), None if none."""
-    found = sorted(Path(__file__).resolve().parents[1].joinpath("reports", "records").glob("sbp_reproduce_*.json"))
+    """The newest recorded run of this repository, None if none."""
+    found = records()
     return found[-1] if found else None
+
+
+def recorded_rows(paths: list[Path]) -> list[dict]:
+    """Each case's row from the newest of ``paths`` that has it (a record of a few cases does not hide the
+    others' figures: the Table 3 cases' last record is not the newest file)."""
+    out: dict[str, dict] = {}
+    for path in paths:
+        for r in previous_rows(path):
+            out[r["id"]] = r
+    return list(out.values())
 
 
 def previous_statuses(path: Path | None) -> dict[str, str]:
@@ -516,6 +531,30 @@ def previous_statuses(path: Path | None) -> dict[str, str]:
                                              and isinstance(r.get("status"), str) for r in rows):
         raise UserError(f"{path}: 'rows' is not a list of cases with id and status: give a reproduce.json")
     return {r["id"]: r["status"] for r in rows}
+
+
+def previous_rows(path: Path | None) -> list[dict]:
+    """The rows of a recorded run (checked as ``previous_statuses`` checks them); [] without one."""
+    if path is None:
+        return []
+    previous_statuses(path)
+    return json.loads(path.read_text())["rows"]
+
+
+WORSE = 0.005  # a searched figure more than this share above the previous record's is flagged
+
+
+def worse_figures(rows: list[dict], previous: list[dict]) -> list[str]:
+    """Cases whose searched figure (communication, or the step on the pipeline cases) got worse than the previous
+    record's by more than ``WORSE``, each with both figures: a case can keep its verdict and still lose ground
+    (Table 3's pipeline-wide-64 found 129.5 s where its record said 113.3 s)."""
+    before = {r["id"]: r.get("searched_s") for r in previous}
+    out = []
+    for r in rows:
+        a, b = before.get(r["id"]), r.get("searched_s")
+        if a is not None and (b is None or b > a * (1 + WORSE)):
+            out.append(f"{r['id']} {a:.4g} s -> {'no plan' if b is None else f'{b:.4g} s'}")
+    return out
 
 
 def regressions(rows: list[dict], previous: dict[str, str]) -> list[str]:

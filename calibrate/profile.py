@@ -31,7 +31,21 @@ process can allocate: the card's total less the CUDA context (its runtime, the k
 torch, cuBLAS and attention loaded) and whatever else holds memory on it. ``python -m
 calibrate compute`` measures it (``calibrate/cli/compute.py``: free memory at the end of its
 run, after releasing torch's cache, plus what torch still holds); the embedded profiles state
-their source. ``Profile.memory_bytes`` is the usable figure, or None without a section.
+their source. ``Profile.memory_bytes`` is the usable figure less the fragmentation allowance, or None
+without a section.
+
+Two optional keys of their own (``bandwidth_per`` and ``memory_fragmentation``) say what the figures mean:
+
+- ``"bandwidth_per": {"inter": {"per": "gpu" | "node", "source": "..."}, "intra": {...}}``: whether a
+  tier's bandwidth (its beta) is each GPU's own link or the whole node's network. "node" (the default, and
+  what a measured tier's ``groups_per_node`` counts against): the figure is one group's while
+  ``groups_per_node`` groups crossed each node; "gpu" (a datasheet figure of one NIC per GPU, InfiniBand
+  NDR on H100/H200 DGX nodes): a node's network is that figure times its GPUs, so k groups crossing a node of
+  g GPUs each run at k / g of it (8 one-rank-per-node data-parallel groups on 8 NICs: each at the figure).
+- ``"memory_fragmentation": {"fraction": 0.1, "source": "..."}``: what torch's caching allocator holds
+  reserved but unallocated at a training step's peak, as a fraction of the usable memory; the search's
+  memory check (``memory_bytes``) keeps that much free. ``DEFAULT_FRAGMENTATION`` where a profile with a
+  device section does not state it.
 """
 from __future__ import annotations
 
@@ -61,6 +75,12 @@ MAX_ALPHA_S = 1.0
 MAX_BETA_S_PER_BYTE = 1e-3
 MAX_SEGMENT_BYTES = float(2 ** 62)
 METHODS = ("segments", "interpolate")
+PER = ("gpu", "node")  # bandwidth_per: a tier's bandwidth is each GPU's link or the node's whole network
+# reserved minus allocated at a training step's peak, as a fraction of the usable memory, where a profile does
+# not state its own: GMLake (Guo et al., ASPLOS 2024, abstract) reports torch's caching allocator wasting 9.2 GB
+# on average over eight LLM training runs on A100 80 GB (11.5% of the card); the project's own measurement of
+# a Megatron-style step is tests/gpu/fragmentation.py (reports/records/published.md)
+DEFAULT_FRAGMENTATION = 0.10
 
 
 @dataclass(frozen=True)
@@ -177,6 +197,32 @@ class Device:
         return cls(d["name"], d["total_bytes"], d["usable_bytes"], d["source"])
 
 
+@dataclass(frozen=True)
+class Figure:
+    """A stated meaning with its source: a tier's bandwidth scope (``per`` of PER) or the fragmentation
+    allowance (``fraction``)."""
+
+    value: str | float
+    source: str
+
+
+def _figures(d: dict, origin: str) -> tuple[dict[str, Figure], Figure | None]:
+    """The ``bandwidth_per`` and ``memory_fragmentation`` keys (module docstring), checked."""
+    fix = "fix the profile by hand (see calibrate/profile.py)"
+    per = d.get("bandwidth_per", {})
+    if not isinstance(per, dict) or any(t not in TIERS or not isinstance(v, dict) or v.get("per") not in PER
+                                        or not isinstance(v.get("source"), str) for t, v in per.items()):
+        raise UserError(f"{origin}: bandwidth_per is {_short(per)}; want tier -> {{\"per\": one of "
+                        f"{', '.join(PER)}, \"source\": text}}: {fix}")
+    frag = d.get("memory_fragmentation")
+    if frag is not None and (not isinstance(frag, dict) or not _is_number(frag.get("fraction"))
+                             or not 0 <= frag["fraction"] < 1 or not isinstance(frag.get("source"), str)):
+        raise UserError(f"{origin}: memory_fragmentation is {_short(frag)}; want {{\"fraction\": a number in "
+                        f"[0, 1), \"source\": text}}: {fix}")
+    return ({t: Figure(v["per"], v["source"]) for t, v in per.items()},
+            None if frag is None else Figure(float(frag["fraction"]), frag["source"]))
+
+
 @dataclass
 class Profile:
     name: str
@@ -188,11 +234,25 @@ class Profile:
     tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = field(default_factory=dict)
     compute: ComputeModel | None = None  # the GPU's compute model (``calibrate.compute``), if known
     device: Device | None = None  # the GPU of one rank and its memory, if known
+    bandwidth_per: dict[str, Figure] = field(default_factory=dict)  # tier -> "gpu" or "node" (docstring)
+    fragmentation: Figure | None = None  # the allocator's reserved-but-unallocated share at peak
+
+    @property
+    def fragmentation_fraction(self) -> float:
+        return DEFAULT_FRAGMENTATION if self.fragmentation is None else float(self.fragmentation.value)
 
     @property
     def memory_bytes(self) -> int | None:
-        """Usable GPU memory per device in bytes (the device section), or None when not known."""
-        return None if self.device is None else self.device.usable_bytes
+        """Bytes a plan may allocate at its peak on one device: the usable memory (the device section) less the
+        fragmentation allowance; None when not known."""
+        if self.device is None:
+            return None
+        return int(self.device.usable_bytes * (1 - self.fragmentation_fraction))
+
+    def per(self, tier: str) -> str:
+        """Whether ``tier``'s bandwidth is each GPU's ("gpu") or the node's ("node", the default)."""
+        scope = self.bandwidth_per.get(tier)
+        return "node" if scope is None else str(scope.value)
 
     # ---- costing -------------------------------------------------------------------
     def model(self, coll: Collective | str, group: Group) -> tuple[CollectiveModel, int]:
@@ -216,16 +276,19 @@ class Profile:
         )
         return by_p[key], p
 
-    def time(self, coll: Collective | str, nbytes: float, group: Group, groups_per_node: int | None = None) -> float:
+    def time(self, coll: Collective | str, nbytes: float, group: Group, groups_per_node: int | None = None,
+             gpus_per_node: int = 1) -> float:
         """Predicted seconds for one collective of ``nbytes`` (nccl-tests' size) on ``group``; with
         ``groups_per_node``, while that many such groups cross each node's network at once (module
-        docstring), else as many as when the model was measured."""
+        docstring), else as many as when the model was measured; a tier whose bandwidth is per GPU
+        (``bandwidth_per``) counts a node of ``gpus_per_node`` GPUs as that many links."""
         if group.ranks == 1 or nbytes <= 0:
             return 0.0
         coll = Collective.parse(coll) if isinstance(coll, str) else coll
         model, p = self.model(coll, group)
         if groups_per_node is not None and group.nodes > 1:
-            nbytes = nbytes * groups_per_node / model.groups_per_node
+            links = gpus_per_node if self.per(group.tier) == "gpu" else model.groups_per_node
+            nbytes = nbytes * groups_per_node / links
         return model.time(coll, nbytes, p)
 
     def busbw(self, coll: Collective | str, nbytes: float, group: Group) -> float:
@@ -255,6 +318,10 @@ class Profile:
             },
             **({"compute": self.compute.to_dict()} if self.compute is not None else {}),
             **({"device": self.device.to_dict()} if self.device is not None else {}),
+            **({"bandwidth_per": {t: {"per": f.value, "source": f.source} for t, f in self.bandwidth_per.items()}}
+               if self.bandwidth_per else {}),
+            **({"memory_fragmentation": {"fraction": self.fragmentation.value, "source": self.fragmentation.source}}
+               if self.fragmentation is not None else {}),
         }
 
     @classmethod
@@ -268,6 +335,7 @@ class Profile:
             if key in d and not isinstance(d[key], kind):
                 raise UserError(f"{origin}: {key} is {_short(d[key])}, not {'a string' if kind is str else 'an object'}: "
                                 f"fix it or {REFIT}")
+        per, frag = _figures(d, origin)
         tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = {}
         if not isinstance(d["tiers"], dict) or not all(isinstance(c, dict) and all(isinstance(m, dict)
                                                                                   for m in c.values())
@@ -302,6 +370,7 @@ class Profile:
             tiers=tiers,
             compute=ComputeModel.from_dict(d["compute"], origin) if "compute" in d else None,
             device=Device.from_dict(d["device"], origin) if "device" in d else None,
+            bandwidth_per=per, fragmentation=frag,
         )
 
     def save(self, path: str | Path) -> Path:

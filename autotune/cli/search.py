@@ -98,7 +98,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pipeline", default="auto",
                     help="pipeline stages: 'auto' (tried, kept when faster than the best single-stage plan; needs "
                          "the step objective), 'off', or a stage count (default auto)")
-    ap.add_argument("--schedule", default=None, help="pipeline schedule: 1f1b, gpipe or eager-1f1b (default 1f1b)")
+    ap.add_argument("--schedule", default=None, help="pipeline schedule: 1f1b, gpipe, eager-1f1b or interleaved-1f1b (2 chunks a "
+                         "rank, Megatron-LM's virtual stages: priced and searched; python -m autotune apply does not "
+                         "run it yet) (default 1f1b)")
     ap.add_argument("--pipeline-effort", choices=("default", "full"), default="default",
                     help="the stage searches' effort: 'default' (capped restarts and relaxation rounds, the split "
                          "DP for the fastest candidate: within 0.02%% of full effort on the benchmark cases, "
@@ -177,13 +179,39 @@ def breakdown(plan: dict) -> str:
     m = plan["totals"]["memory"]
     parts = [("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"), ("optimizer states", "optimizer_bytes"),
              ("activations", "activations_bytes"), ("workspace", "workspace_bytes")]
-    sh = plan.get("sharding", {"mode": "none"})
     # + 0.0: a figure that rounds to zero prints 0.00, not -0.00
-    return (f"searched plan's memory per device: " + ", ".join(f"{name} {round(m[k] / 2**30, 2) + 0.0:.2f}"
-                                                               for name, k in parts)
-            + f" GiB; total {plan['totals']['memory_bytes'] / 2**30:.2f} GiB\n"
-            + f"recompute {plan.get('recompute', 'none')}; sharding "
-            + (f"fsdp over axes {sh['axes']}" if sh["mode"] == "fsdp" else "none"))
+    binding = plan["totals"].get("memory_stage")
+    whose = "searched plan's" if binding is None else \
+        f"searched plan's binding stage ({binding} of {len(plan['stages'])}: the most memory)"
+    return (f"{whose} memory per device: " + ", ".join(f"{name} {round(m[k] / 2**30, 2) + 0.0:.2f}"
+                                                       for name, k in parts)
+            + f" GiB; total {plan['totals']['memory_bytes'] / 2**30:.2f} GiB\n" + modes_line(plan))
+
+
+def _sharding(sh: dict) -> str:
+    return f"fsdp over axes {sh['axes']}" if sh["mode"] == "fsdp" else "none"
+
+
+def _ranges(idx: list[int]) -> str:
+    out, i = [], 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        out.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def modes_line(plan: dict) -> str:
+    """The plan's recomputation and sharding; a pipelined plan's per stage (stage ranges of each mode)."""
+    per = plan.get("stage_modes")
+    if not per:
+        return f"recompute {plan.get('recompute', 'none')}; sharding {_sharding(plan.get('sharding', {'mode': 'none'}))}"
+    groups: dict[str, list[int]] = {}
+    for i, x in enumerate(per):
+        groups.setdefault(f"recompute {x['recompute']}; sharding {_sharding(x['sharding'])}", []).append(i)
+    return "; ".join(f"stages {_ranges(idx)} ({len(idx)} of {len(per)}): {k}" for k, idx in groups.items())
 
 
 def main(argv=None, report=None) -> int:

@@ -25,6 +25,7 @@ from calibrate.records import header
 from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, StagePlan
 from autotune.pipeline.threed import seeded
 from autotune.sbp.plan import KIND, VERSION, build_plan
+from autotune.sbp.techniques import Techniques
 
 
 def stream(a: StagePlan, b: StagePlan) -> tuple:
@@ -67,14 +68,15 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
         })
     busiest = max(range(c.stages), key=lambda i: c.plans[i].fig.compute + c.plans[i].fig.redistribution)
     bf = c.plans[busiest].fig
+    binding = max(range(c.stages), key=lambda i: c.plans[i].fig.memory)  # the stage whose memory binds
     work = c.micro_batches * (bf.forward + bf.backward) + bf.exposed_sync + bf.optimizer
     totals = {"step_s": c.step, "compute_s": bf.compute, "redistribution_s": bf.redistribution,
               "grad_sync_s": bf.grad_sync, "total_s": bf.redistribution + bf.grad_sync,
               "exposed_comm_s": c.step - bf.compute,
               "boundary_s": sum(f + b for f, b in c.boundaries),
               "boundary_planned_s": sum(f + b for f, b in planned), "bubble_s": max(0.0, c.step - work),
-              "memory_bytes": max(x.fig.memory for x in c.plans),
-              "memory": stages[busiest]["plan"]["totals"]["memory"],
+              "memory_bytes": c.plans[binding].fig.memory, "memory_stage": binding,
+              "memory": stages[binding]["plan"]["totals"]["memory"],
               "fits_memory": all(x.fig.fits for x in c.plans)}
     return {
         **header(KIND, VERSION), "strategy": strategy,
@@ -89,6 +91,10 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
                      "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
                      "steady": list(c.result.steady)},
         "stages": stages,
+        "stage_modes": [{"recompute": x.problem.mode.recompute, "sharding": x.problem.mode.sharding,
+                         "techniques": Techniques(x.problem.mode.recompute, search.cfg.schedule, c.virtual,
+                                                  bool(x.search.get("sequence_parallel")),
+                                                  x.problem.mode.zero).to_dict()} for x in c.plans],
     }
 
 

@@ -57,7 +57,7 @@ from autotune.pipeline.paths import dp_assignment
 from autotune.pipeline.slicing import blocks, signature, stage_graph, stage_spans, with_micro_batches
 from autotune.pipeline.split import best_split, estimate, window
 from autotune.pipeline.stage import Layout, StageFigures, StageProblem, figures
-from autotune.reshard.pipeline import SCHEDULES, PipelineSpec, simulate
+from autotune.reshard.pipeline import INTERLEAVED, SCHEDULES, PipelineSpec, interleaved_warmup, simulate
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Catalogue
@@ -67,7 +67,7 @@ from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import CoordinateDescent, auto_budget, make_search
 from autotune.sbp.searchbase import Budget
 
-SCHEDULE_NAMES = {"1f1b": "1f1b", "gpipe": "gpipe", "eager-1f1b": "eager_1f1b"}
+SCHEDULE_NAMES = {"1f1b": "1f1b", "gpipe": "gpipe", "eager-1f1b": "eager_1f1b", "interleaved-1f1b": INTERLEAVED}
 GC_THRESHOLDS = (50_000, 20, 20)  # allocations before a young collection, young collections before an older one
 
 
@@ -109,6 +109,7 @@ class PipelineConfig:
     patience: int | None = 3
     relax_rounds: int = 2
     split_dps: int = 1
+    virtual_stages: int = 2  # chunks a rank under interleaved-1f1b (Megatron-LM's virtual pipeline stages)
 
     def full_effort(self) -> "PipelineConfig":
         """The same space searched at the stage searches' full effort: the split DP for every refined candidate,
@@ -119,7 +120,7 @@ class PipelineConfig:
     def reference(self) -> "PipelineConfig":
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
                               self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
-                              self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4)
+                              self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4, self.virtual_stages)
 
 
 def schedule_name(name: str) -> str:
@@ -188,8 +189,12 @@ def micro_batch_choices(graph: LayerGraph, stages: int, sub: Cluster, count: int
     return ms[:count] if count else ms
 
 
-def inflight(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
-    """Micro-batches whose activations stage ``stage`` keeps at the schedule's peak (its warm-up)."""
+def inflight(schedule: str, stage: int, stages: int, micro_batches: int, virtual: int = 1) -> int:
+    """Micro-batches whose activations stage ``stage`` keeps at the schedule's peak (its warm-up); interleaved
+    1F1B keeps its warm-up's chunks and the first steady forward's, each 1/``virtual`` of the stage's layers."""
+    if schedule == INTERLEAVED:
+        chunks = interleaved_warmup(stage, stages, virtual, micro_batches) + 1
+        return min(max(-(-chunks // virtual), 1), micro_batches)
     return min(max(SCHEDULES[schedule]().warmup(stage, stages, micro_batches), 1), micro_batches)
 
 
@@ -225,18 +230,20 @@ class Candidate:
     ends: list[float] = field(default_factory=list)
     name: str = ""
     tensor: int = 0  # the Megatron baseline's tensor-parallel degree
+    virtual: int = 1  # chunks a rank (interleaved 1F1B)
 
     @property
     def floor(self) -> float:
         """A lower bound on the step ``PipelineSearch.finish`` simulates, under any schedule and boundaries: stage
         j cannot start before micro-batch 1's forwards through the stages before it, it runs m (forward +
         backward), and stage 0's last backward waits for the backwards of the stages before j after it; stage 0's
-        exposed sync and optimizer follow. So step >= max_j (sum_{i<j} T_i + m T_j) + stage 0's exposed sync and
-        optimizer (the estimate itself is not a bound where an early stage is the slowest)."""
+        exposed sync and optimizer follow. So step >= max_j (sum_{i<j} T_i / v + m T_j) + stage 0's exposed sync and
+        optimizer, v the chunks a rank (interleaved: micro-batch 1's first chunk reaches stage j after 1/v of each
+        earlier stage; the estimate itself is not a bound where an early stage is the slowest)."""
         lead, most = 0.0, 0.0
         for x in self.plans:
             t = _time(x)
-            most, lead = max(most, lead + self.micro_batches * t), lead + t
+            most, lead = max(most, lead + self.micro_batches * t), lead + t / self.virtual
         return most + self.plans[0].fig.exposed_sync + self.plans[0].fig.optimizer
 
     @property
@@ -290,20 +297,20 @@ class StageSearch:
         return self._layouts[key]
 
     def megatron(self, m: int, span, sub: Cluster, f: int, mesh: tuple,
-                 mode: Mode = NONE) -> tuple[StageProblem, list[int]] | None:
+                 mode: Mode = NONE, sequence_parallel: bool = False) -> tuple[StageProblem, list[int]] | None:
         """Megatron's plan of the stage on ``mesh`` (d, t) under ``f`` in flight and ``mode``, on a problem that
         prices that plan's strategies alone (``Layout.fixed``; the 3-D baseline needs no other, and its figures
         are the full problem's: tested): (problem, plan), None where a layer cannot take it."""
-        key = (self.signature(m, span), sub, m, mesh, mode)
+        key = (self.signature(m, span), sub, m, mesh, mode, sequence_parallel)
         if key not in self._fixed:
             if mode != NONE:
-                plain = self.megatron(m, span, sub, 1, mesh)
+                plain = self.megatron(m, span, sub, 1, mesh, sequence_parallel=sequence_parallel)
                 self._fixed[key] = None if plain is None else (plain[0].with_mode(mode), plain[1])
             else:
                 lay = self.layout(m, span, sub)
-                a = megatron_assignment(lay, *mesh)
+                a = megatron_assignment(lay, *mesh, sequence_parallel=sequence_parallel)
                 prob = None if a is None else lay.fixed(a, self.limit)
-                a = None if prob is None else megatron_assignment(prob, *mesh)
+                a = None if prob is None else megatron_assignment(prob, *mesh, sequence_parallel=sequence_parallel)
                 self._fixed[key] = None if a is None else (prob, a)
         found = self._fixed[key]
         return None if found is None else (found[0].in_flight(f), found[1])
@@ -496,6 +503,9 @@ class PipelineSearch:
                             f"by: add them with python -m calibrate compute, or turn the pipeline off")
         self.graph, self.cluster, self.profile, self.cfg = graph, cluster, profile, cfg
         self.schedule = schedule_name(cfg.schedule)
+        self.virtual = cfg.virtual_stages if self.schedule == INTERLEAVED else 1
+        if self.virtual < 1 or self.schedule == INTERLEAVED and self.virtual < 2:
+            raise OptionError("virtual-stages", f"{cfg.virtual_stages}: interleaved 1F1B needs at least 2 chunks a rank")
         self.progress = progress or (lambda msg: None)
         self.stages = StageSearch(graph, profile, memory_limit, cfg, progress)
         self.pricer = BoundaryPricer(profile, cluster.gpus_per_node, graph.act_bytes)
@@ -504,11 +514,18 @@ class PipelineSearch:
     def _plans(self, p, sub, m, split) -> list[StagePlan]:
         spans = stage_spans(self.graph_for(m), split)
         # the last stage first: it keeps the fewest micro-batches in flight, its plan may serve the others' counts
-        plans = [self.stages.plan(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in reversed(range(p))]
+        plans = [self.stages.plan(m, spans[i], sub, self.inflight(i, p, m)) for i in reversed(range(p))]
         return plans[::-1]
 
     def graph_for(self, m):
         return self.stages.graph_for(m)
+
+    def inflight(self, stage: int, stages: int, m: int) -> int:
+        return inflight(self.schedule, stage, stages, m, self.virtual)
+
+    def runs(self, p: int, m: int) -> bool:
+        """Whether the schedule runs p stages on m micro-batches (interleaved: p >= 2, m a multiple of p)."""
+        return self.schedule != INTERLEAVED or p >= 2 and m % p == 0
 
     def balanced(self, p: int) -> list[int]:
         base, extra = divmod(self.nblocks, p)
@@ -520,21 +537,24 @@ class PipelineSearch:
         """A lower bound on the estimate (and the rank) of the candidate with ``split``
         (``StageSearch.bound`` per stage)."""
         spans = stage_spans(self.graph_for(m), split)
-        return estimate([self.stages.bound(m, spans[i], sub, inflight(self.schedule, i, p, m)) for i in range(p)], m)
+        return estimate([self.stages.bound(m, spans[i], sub, self.inflight(i, p, m)) for i in range(p)], m)
 
     def candidate(self, p, sub, m, split, plans=None, name="") -> Candidate:
         plans = plans or self._plans(p, sub, m, split)
-        return Candidate(p, sub, m, split, plans, estimate([_time(x) for x in plans], m), name=name)
+        return Candidate(p, sub, m, split, plans, estimate([_time(x) for x in plans], m), name=name,
+                         virtual=self.virtual)
 
     def refine(self, c: Candidate, width: int, cutoff: float = math.inf) -> Candidate | None:
         """The candidate with its best split within ``width`` blocks of the balanced share (``best_split``);
         None where no split's estimate is under ``cutoff`` (a step is never under its estimate: the schedule's
         makespan without transfers is the estimate, and the sync and optimizer come after it)."""
         g, m, p = self.graph_for(c.micro_batches), c.micro_batches, c.stages
+        if self.virtual > 1:  # the 1F1B estimate is no lower bound on an interleaved step: nothing cut off
+            cutoff = math.inf
         bl = blocks(g)
         lo, hi = window(self.nblocks, p, width)
 
-        counts = [inflight(self.schedule, i, p, m) for i in range(p)]  # once: the DP asks for bounds many times
+        counts = [self.inflight(i, p, m) for i in range(p)]  # once: the DP asks for bounds many times
 
         def span(i, b, k):
             return 0 if i == 0 else bl[b][0], len(g.chain) if i == p - 1 else bl[b + k - 1][1]
@@ -564,10 +584,15 @@ class PipelineSearch:
             sa, sb = pa.choices[last][a.assign[last]], pb.choices[first][b.assign[first]]
             c.boundaries.append(self.pricer.boundary(pa.ops[last].out_shape, sa.fine_out, sb.fine_in,
                                                      sb.fine_grad_in, c.sub, c.sub, i))
-        spec = PipelineSpec(c.name or "pipeline", c.micro_batches, tuple(x.fig.forward for x in c.plans),
-                            tuple(x.fig.backward for x in c.plans), tuple(f for f, _ in c.boundaries),
-                            tuple(b for _, b in c.boundaries), tuple(0.0 for _ in c.plans))
-        c.result = simulate(spec, self.schedule)
+        v, p = self.virtual, c.stages
+        # interleaved: each rank's layers in v equal chunks, virtual stage s on rank s mod p; the boundary from
+        # rank p - 1 back to rank 0 (the next chunk) priced as the last one (the same activation, sender and shapes)
+        bounds = [c.boundaries[s % p] if s % p < p - 1 else c.boundaries[-1] for s in range(p * v - 1)]
+        spec = PipelineSpec(c.name or "pipeline", c.micro_batches,
+                            tuple(x.fig.forward / v for _ in range(v) for x in c.plans),
+                            tuple(x.fig.backward / v for _ in range(v) for x in c.plans), tuple(f for f, _ in bounds),
+                            tuple(b for _, b in bounds), tuple(0.0 for _ in range(p * v)))
+        c.result = simulate(spec, self.schedule, ranks=p)
         c.ends = [max(iv.end for iv in c.result.intervals if iv.lane == f"stage {i}") for i in range(c.stages)]
         fits = all(x.fig.fits for x in c.plans)
         c.step = max(e + x.fig.exposed_sync + x.fig.optimizer for e, x in zip(c.ends, c.plans)) if fits else math.inf
@@ -586,6 +611,8 @@ class PipelineSearch:
             for m in micro_batch_choices(self.graph, p, sub, 0):
                 if kept == self.cfg.micro_batch_choices:
                     break
+                if not self.runs(p, m):
+                    continue
                 try:
                     bounds.append((self.bound(p, sub, m, self.balanced(p)), p, sub, m))
                 except UserError as e:  # a stage with no strategy on its submesh (sizes do not divide)

@@ -15,9 +15,9 @@ attention's probabilities) or full (a block keeps its input; ``--recompute-granu
 with the weights, gradients and optimizer states sharded over the data-parallel group (Megatron-FSDP's
 ``optim_grads_params``, ZeRO-3: ``autotune.sbp.memory.Mode`` with every axis as FSDP's, which shards each
 weight over its gradient-sync axes, the data-parallel ones). Megatron's distributed optimizer (ZeRO-1:
-optimizer states alone sharded over the data-parallel group, ``--use-distributed-optimizer``) is not in
-the cost model (``autotune.sbp.memory`` has no mode that shards the optimizer states alone, nor its
-reduce-scatter / all-gather in place of the all-reduce), so it is not offered. A mode is tried for a
+optimizer states alone sharded over the data-parallel group, ``--use-distributed-optimizer``;
+``autotune.sbp.memory.Mode.zero``) is offered beside them (its reduce-scatter and all-gather priced as the
+all-reduce whose bytes they move). A mode is tried for a
 (p, t, m) only where no plain plan fits: the plain plan is the cheapest that fits when one does.
 
 Every (p, t, m) whose stages all fit (at its cheapest mode by the split DP's estimate,
@@ -33,7 +33,7 @@ import math
 
 from calibrate.errors import UserError
 
-from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, inflight, stage_choices
+from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, stage_choices
 from autotune.pipeline.slicing import stage_spans
 from autotune.pipeline.stage import figures
 from autotune.sbp.fit import recompute_modes
@@ -46,28 +46,33 @@ def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = T
     over the data-parallel group."""
     plain = search.stages.layout(m, span, sub)
     every = tuple(range(len(sub.axis_sizes)))
-    shardings = (None, every) if sharding else (None,)
-    return [Mode(rec, sh) for rec in ["none"] + recompute_modes(plain) for sh in shardings if Mode(rec, sh) != NONE]
+    # (FSDP axes, ZeRO stage): none; ZeRO-1, Megatron-LM's --use-distributed-optimizer; FSDP (ZeRO-3)
+    shardings = ((None, 0), (None, 1), (every, 0)) if sharding else ((None, 0),)
+    return [Mode(rec, sh, z) for rec in ["none"] + recompute_modes(plain) for sh, z in shardings
+            if Mode(rec, sh, z) != NONE]
 
 
 def describe(mode: Mode) -> str:
     parts = [] if mode.recompute == "none" else [f"recompute {mode.recompute}"]
+    parts += [f"ZeRO-{mode.zero} (distributed optimizer)"] if mode.zero else []
     return ", ".join(parts + ([] if mode.fsdp_axes is None else ["FSDP over the data-parallel group"]))
 
 
 def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tuple,
-                mode: Mode) -> list[StagePlan] | None:
-    """The Megatron plan of every stage on ``mesh`` under ``mode``, None where a layer cannot take it (each on a
-    problem that prices Megatron's strategies alone: ``StageSearch.megatron``)."""
+                mode: Mode, sequence_parallel: bool = False) -> list[StagePlan] | None:
+    """The Megatron plan of every stage on ``mesh`` under ``mode`` (with ``sequence_parallel``: Megatron-LM's
+    ``--sequence-parallel``), None where a layer cannot take it (each on a problem that prices Megatron's
+    strategies alone: ``StageSearch.megatron``)."""
     spans = stage_spans(search.graph_for(m), search.balanced(p))
     out = []
     for i, span in enumerate(spans):
-        found = search.stages.megatron(m, span, sub, inflight(search.schedule, i, p, m), mesh, mode)
+        found = search.stages.megatron(m, span, sub, search.inflight(i, p, m), mesh, mode, sequence_parallel)
         if found is None:
             return None
         prob, a = found
         out.append(StagePlan(prob, a, figures(prob, a), {"algorithm": "megatron", "recompute": mode.recompute,
-                                                         "sharding": mode.sharding}))
+                                                         "sharding": mode.sharding,
+                                                         "sequence_parallel": sequence_parallel}))
     return out
 
 
@@ -93,6 +98,8 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
             continue  # Megatron's stages are whole nodes, t inside one
         meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1 or not tensor_in_node]
         for m in micro_batch_counts(search.graph.batch, p, sub, tensor_in_node, most):
+            if not search.runs(p, m):
+                continue
             for mesh in meshes:
                 try:
                     plain = stage_plans(search, p, sub, m, mesh, NONE)
@@ -102,16 +109,24 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
                     continue  # the micro-batch's sequences do not split over d
                 t = math.prod(mesh[1])
                 found = [search.candidate(p, sub, m, search.balanced(p), plain)]
-                if not math.isfinite(found[0].estimate):
+                # where the plain plan does not fit: Megatron's --sequence-parallel with t > 1 (where the plan
+                # that sharding allows takes it: never more memory, the all-reduce's bytes), then the modes
+                sp = sharding and t > 1 and not math.isfinite(found[0].estimate)
+                if sp:
+                    plans = stage_plans(search, p, sub, m, mesh, NONE, True)
+                    if plans is not None:
+                        found.append(search.candidate(p, sub, m, search.balanced(p), plans))
+                if not math.isfinite(min(c.estimate for c in found)):
                     span = stage_spans(search.graph_for(m), search.balanced(p))[0]
                     for mode in modes(search, m, span, sub, sharding):
-                        plans = stage_plans(search, p, sub, m, mesh, mode)
+                        plans = stage_plans(search, p, sub, m, mesh, mode, sp)
                         if plans is not None:
                             found.append(search.candidate(p, sub, m, search.balanced(p), plans))
                 best = min(found, key=lambda c: c.estimate)
                 if math.isfinite(best.estimate):
                     mode = best.plans[0].problem.mode
-                    extra = f", {describe(mode)}" if mode != NONE else ""
+                    parallel = best.plans[0].search.get("sequence_parallel")
+                    extra = (f", {describe(mode)}" if mode != NONE else "") + (", sequence parallel" if parallel else "")
                     best.name = f"Megatron 3-D (t={t}, {p} stages, {m} micro-batches{extra})"
                     best.tensor = t
                     out.append(best)

@@ -25,6 +25,15 @@ Transfers run in one of two ways (``overlap``):
 Warm-up forwards before the first backward, stage s of S (0-indexed; the paper
 counts from 1): 1F1B runs S - s (the paper's #stages - i + 1), eager-1F1B runs
 2(S - s) - 1 (the paper's 2(#stages - i) + 1), GPipe runs all M.
+
+Interleaved 1F1B (``INTERLEAVED``; Megatron-LM's ``--num-layers-per-virtual-pipeline-stage``, torch's
+``ScheduleInterleaved1F1B``): the spec's S stages are virtual, v = S / p chunks on each of p ranks (``ranks``),
+virtual stage s on rank s mod p, so a micro-batch passes every rank v times (S - 1 boundaries, v times the
+1F1B's P2P). A rank runs its chunks' tasks one at a time in Megatron's order: forwards in groups of p
+micro-batches, chunk by chunk (the k-th forward: chunk (k // p) mod v, micro-batch (k // pv) p + k mod p;
+backwards the same with the chunks last to first), (p - r - 1) 2 + (v - 1) p warm-up forwards on rank r,
+then one forward and one backward in turn. The bubble is (p - 1) / (v m) of the compute, against
+(p - 1) / m for 1F1B. m must be a multiple of p (as Megatron-LM asks).
 """
 from __future__ import annotations
 
@@ -78,6 +87,35 @@ class EagerOneFOneB(Schedule):
 
 
 SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, EagerOneFOneB)}
+INTERLEAVED = "interleaved_1f1b"  # simulated on virtual stages (module docstring), not one of SCHEDULES
+
+
+def interleaved_warmup(rank: int, ranks: int, virtual: int, micro_batches: int) -> int:
+    """Forward chunks rank ``rank`` runs before its first backward (Megatron-LM's count), at most all of them."""
+    return min((ranks - rank - 1) * 2 + (virtual - 1) * ranks, micro_batches * virtual)
+
+
+def interleaved_orders(ranks: int, virtual: int, micro_batches: int) -> list[list[tuple[str, int, int]]]:
+    """Each rank's tasks (kind, micro-batch, virtual stage) in Megatron-LM's interleaved order."""
+    if micro_batches % ranks:
+        raise UserError(f"interleaved 1F1B runs micro-batches in groups of the {ranks} pipeline ranks: use a "
+                        f"multiple of {ranks} micro-batches, not {micro_batches}")
+
+    def task(kind: str, k: int, r: int) -> tuple[str, int, int]:
+        chunk = (k // ranks) % virtual
+        chunk = chunk if kind == "F" else virtual - 1 - chunk
+        return kind, (k // (ranks * virtual)) * ranks + k % ranks, chunk * ranks + r
+
+    out = []
+    total = micro_batches * virtual
+    for r in range(ranks):
+        w = interleaved_warmup(r, ranks, virtual, micro_batches)
+        order = [task("F", k, r) for k in range(w)]
+        for j in range(total - w):
+            order += [task("F", w + j, r), task("B", j, r)]
+        order += [task("B", k, r) for k in range(total - w, total)]
+        out.append(order)
+    return out
 
 
 @dataclass(frozen=True)
@@ -151,18 +189,29 @@ class PipelineResult:
         return d
 
 
-def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap: bool = True) -> PipelineResult:
-    if schedule not in SCHEDULES:
-        raise UserError(f"unknown pipeline schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap: bool = True,
+             ranks: int | None = None) -> PipelineResult:
+    """The schedule run on the spec: one lane (a rank) per stage, or with ``INTERLEAVED`` the spec's stages
+    virtual on ``ranks`` lanes (module docstring); lanes are named "stage i"."""
     S, M = spec.stages, spec.micro_batches
-    orders = SCHEDULES[schedule]().orders(S, M)
+    if schedule == INTERLEAVED:
+        if not ranks or S % ranks or S == ranks:
+            raise UserError(f"interleaved 1F1B needs its {S} virtual stages to be a multiple (at least 2) of the "
+                            f"ranks, not {ranks}")
+        orders = interleaved_orders(ranks, S // ranks, M)
+    elif schedule not in SCHEDULES:
+        raise UserError(f"unknown pipeline schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}, {INTERLEAVED}")
+    else:
+        orders = [[(k, m, s) for k, m in o] for s, o in enumerate(SCHEDULES[schedule]().orders(S, M))]
+    L = len(orders)
+    lane = [s % L for s in range(S)]
     edges = [(a, b, f if with_comm else 0.0, g if with_comm else 0.0) for a, b, f, g in spec.edges()]
     needs_f = {s: [a for a, b, _, _ in edges if b == s] for s in range(S)}  # F(s, m) waits on these producers
     needs_b = {s: [b for a, b, _, _ in edges if a == s] for s in range(S)}  # B(s, m) waits on these
     out_f = {s: [(b, f) for a, b, f, _ in edges if a == s] for s in range(S)}
     out_b = {s: [(a, g) for a, b, _, g in edges if b == s] for s in range(S)}
-    ptr, free = [0] * S, [0.0] * S
-    ports: dict[tuple[str, int], float] = {}
+    ptr, free = [0] * L, [0.0] * L
+    ports: dict[tuple[str, int], float] = {}  # (send | recv, lane)
     arrival: dict[tuple[str, int, int, int], float] = {}  # (kind, producer, consumer, m)
     pending: list[tuple[float, str, int, int, int, float]] = []  # (ready, kind, src, dst, m, seconds)
     fdone: dict[tuple[int, int], float] = {}
@@ -173,67 +222,69 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
     while remaining or pending:
         best = None  # (start, 0 = transfer | 1 = compute, index)
         for i, (ready, kind, a, b, m, _) in enumerate(pending):
-            start = max(ready, ports.get(("send", a), 0.0), ports.get(("recv", b), 0.0))
+            la, lb = lane[a], lane[b]
+            start = max(ready, ports.get(("send", la), 0.0), ports.get(("recv", lb), 0.0))
             if not overlap:
-                if ptr[b] == len(orders[b]) or orders[b][ptr[b]] != (kind, m):
+                if ptr[lb] == len(orders[lb]) or orders[lb][ptr[lb]] != (kind, m, b):
                     continue  # the receiver has not reached the receive before its consumer
-                start = max(start, free[a], free[b])
+                start = max(start, free[la], free[lb])
             if best is None or (start, 0, ready) < best[:3]:
                 best = (start, 0, ready, i)
-        for s in range(S):
-            if ptr[s] == len(orders[s]):
+        for ln in range(L):
+            if ptr[ln] == len(orders[ln]):
                 continue
-            kind, m = orders[s][ptr[s]]
+            kind, m, s = orders[ln][ptr[ln]]
             if kind == "F":
                 deps = [arrival.get(("F", a, s, m)) for a in needs_f[s]]
             else:
                 deps = [fdone.get((s, m))] + [arrival.get(("B", b, s, m)) for b in needs_b[s]]
             if any(d is None for d in deps):
                 continue
-            start = max([free[s], *deps])
+            start = max([free[ln], *deps])
             if best is None or (start, 1, 0.0) < best[:3]:
-                best = (start, 1, 0.0, s)
+                best = (start, 1, 0.0, ln)
         if best is None:
             raise UserError(f"schedule {schedule!r} deadlocks on pipeline {spec.name!r}: its orders are inconsistent")
         start, what, _, idx = best
         if what == 0:
             _, kind, a, b, m, dur = pending.pop(idx)
             end = start + dur
-            ports[("send", a)] = ports[("recv", b)] = end
+            la, lb = lane[a], lane[b]
+            ports[("send", la)] = ports[("recv", lb)] = end
             if not overlap:
-                free[a] = free[b] = end
+                free[la] = free[lb] = end
             arrival[(kind, a, b, m)] = end
             if dur > 0:
-                intervals.append(Interval(f"link {a}>{b}", "C", m, start, end))
-                transfers.append((b, start, end))
+                intervals.append(Interval(f"link {la}>{lb}", "C", m, start, end))
+                transfers.append((lb, start, end))
             continue
-        s = idx
-        kind, m = orders[s][ptr[s]]
+        ln = idx
+        kind, m, s = orders[ln][ptr[ln]]
         end = start + (spec.forward[s] if kind == "F" else spec.backward[s])
-        free[s] = end
-        intervals.append(Interval(f"stage {s}", kind, m, start, end))
+        free[ln] = end
+        intervals.append(Interval(f"stage {ln}", kind, m, start, end))
         if kind == "F":
             fdone[(s, m)] = end
-            events.append((start, 1, s, +1))
+            events.append((start, 1, ln, +1))
             pending += [(end, "F", s, b, m, f) for b, f in out_f[s]]
         else:
-            events.append((end, 0, s, -1))
+            events.append((end, 0, ln, -1))
             pending += [(end, "B", s, a, m, g) for a, g in out_b[s]]
-        ptr[s] += 1
+        ptr[ln] += 1
         remaining -= 1
-    held, peak = [0] * S, [0] * S
+    held, peak = [0] * L, [0] * L
     for _, _, s, delta in sorted(events):
         held[s] += delta
         peak[s] = max(peak[s], held[s])
     ms = max(i.end for i in intervals)
     comm = sum(e - b for _, b, e in transfers)
-    busy: dict[int, list[tuple[float, float]]] = {s: [] for s in range(S)}
+    busy: dict[int, list[tuple[float, float]]] = {s: [] for s in range(L)}
     for iv in intervals:
         if iv.lane.startswith("stage "):
             busy[int(iv.lane[6:])].append((iv.start, iv.end))
     idle = sum((e - b) - _overlap(b, e, busy[c]) for c, b, e in transfers)
     return PipelineResult(schedule, ms, M / ms, peak, [p * a for p, a in zip(peak, spec.activation_bytes)],
-                          comm, idle, _steady_window(intervals, S), intervals)
+                          comm, idle, _steady_window(intervals, L), intervals)
 
 
 def _overlap(start: float, end: float, spans: list[tuple[float, float]]) -> float:

@@ -68,9 +68,16 @@ def _index(problem: Problem) -> "_Index":
     return problem.shared("strategy index", lambda: _Index(problem))
 
 
-def megatron_assignment(problem: Problem, d, t, row_first: bool = False) -> list[int] | None:
+def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
+                        sequence_parallel: bool = False) -> list[int] | None:
     """The Megatron plan on mesh (d, t), or None if some layer cannot take it. ``row_first``: the first matmul
-    after a layer that is not one (VGG's fc0 after the convolutions) row-parallel, then alternating."""
+    after a layer that is not one (VGG's fc0 after the convolutions) row-parallel, then alternating.
+    ``sequence_parallel`` (Megatron-LM's ``--sequence-parallel``, Korthikanti et al. 2022): the layers between
+    the tensor-parallel regions (norms, residual adds, dropout) on sequence shards, their tokens split over t
+    as well as d (the one-role mesh of all d x t devices): their activations divided by t, and the boxing
+    into and out of the tensor-parallel region an all-gather and a reduce-scatter over t where the plain plan
+    has an all-reduce (the same bytes on a ring)."""
+    every = RoleMesh((tuple(a * b for a, b in zip(d, t)), ONE))
     idx = _index(problem)
     assign: list[int | None] = [None] * len(problem.ops)
     prev_split = False  # whether the previous layer's output is split over t along features
@@ -94,7 +101,8 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False) -> list
         else:
             # the attention core and the activation (GELU, or SwiGLU on fc1's interleaved gate and up) keep the
             # features a column-parallel layer split over t: the next matmul runs row-parallel
-            key, split = (kind, RoleMesh((d, t))), kind in ("attention", "pointwise", "swiglu")
+            split = kind in ("attention", "pointwise", "swiglu")
+            key = (kind, every if sequence_parallel and not split else RoleMesh((d, t)))
         i = idx.get(v, key)
         if i is None:
             return None

@@ -25,7 +25,8 @@ the groups on one node share its network, so the bandwidth term of such a step
 is multiplied by how many share it (``Coster.nic_sharing``), relative to how
 many shared it when the profile measured that group size (``groups_per_node``
 of the profile's model: a calibrated inter tier measured the one-rank-per-node
-groups all at once, one per rank of a node).
+groups all at once, one per rank of a node), or, where the profile's tier
+is per GPU (``Profile.per``: one NIC each), relative to the node's GPUs.
 
 Message sizes follow nccl-tests' ``size`` (calibrate.collectives): all-reduce
 the vector, reduce-scatter its input, all-gather its output, all-to-all one
@@ -238,8 +239,10 @@ class Coster:
         groups that cross the same node's network at the same time: e.g. the inter-node step of a
         hierarchical all-gather over 2 nodes x 16 GPUs runs as 16 concurrent pairs, each at 1/16 of the
         node's bandwidth where the profile's figure is one group a node, and at the figure itself where
-        the profile measured 16 pairs at once (``Profile.time``'s ``groups_per_node``)."""
-        return self.profile.time(coll, nbytes, Group(ranks, nodes), groups_per_node=self.nic_sharing(ranks, nodes))
+        the profile measured 16 pairs at once (``Profile.time``'s ``groups_per_node``) or states its inter
+        bandwidth per GPU (``Profile.per``)."""
+        return self.profile.time(coll, nbytes, Group(ranks, nodes), groups_per_node=self.nic_sharing(ranks, nodes),
+                                 gpus_per_node=self.cluster.gpus_per_node)
 
     def step_time(self, step: Step) -> float:
         if step.op in LOCAL_OPS:

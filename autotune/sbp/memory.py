@@ -108,10 +108,13 @@ class Mode:
 
     recompute: str = "none"
     fsdp_axes: tuple[int, ...] | None = None
+    zero: int = 0  # ZeRO stage over each weight's data-parallel (gradient-sync) axes: 1 optimizer states, 2 + grads
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE)}")
+        if self.zero not in (0, 1, 2) or self.zero and self.fsdp_axes is not None:
+            raise UserError(f"ZeRO stage {self.zero!r}: use 0, 1 or 2, and not with FSDP (which shards everything)")
 
     @property
     def sharding(self) -> dict:
@@ -195,6 +198,17 @@ def fsdp_axes(s, w, cluster: Cluster, mode: Mode) -> tuple[int, ...]:
     return tuple(a for a in grad_sync_axes(s, w, cluster) if a in mode.fsdp_axes)
 
 
+def zero_elems(s, w, cluster: Cluster, mode: Mode, stage: int) -> float:
+    """Elements of weight ``w``'s optimizer state (``stage`` 1) or gradient (2) a device keeps: under ZeRO at
+    least ``stage`` (Megatron-LM's distributed optimizer, DeepSpeed's ZeRO-1/2), its 1 / (data-parallel size)
+    share: the gradient reduce-scattered over the gradient-sync axes, each rank stepping its shard and
+    all-gathering the weights (together the all-reduce's bytes, priced as it)."""
+    n = held_elems(s, w, cluster, mode)
+    if mode.zero >= stage:
+        n /= math.prod(cluster.axis_sizes[a] for a in grad_sync_axes(s, w, cluster))
+    return n
+
+
 def held_elems(s, w, cluster: Cluster, mode: Mode = NONE) -> float:
     """Elements of weight ``w`` a device holds between uses (sharded over its FSDP axes)."""
     n = _elems(w, s.mesh, cluster)
@@ -268,9 +282,11 @@ def strategy_memory(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role
     if recipe != "autocast":
         w, g, o = AUTODDL_PRECISION[act_bytes]
     params = sum(held_elems(s, t, cluster, mode) for t in s.weights)
+    grads, states = (sum(zero_elems(s, t, cluster, mode, k) for t in s.weights) for k in (2, 1)) if mode.zero \
+        else (params, params)
     copies = 0.0 if (mode.recompute == "full" and role != OUTSIDE) or recipe != "autocast" else \
         weight_copy_bytes(s, cluster, act_bytes)
-    return Memory(params * w, params * g, 0.0 if tied else params * o,
+    return Memory(params * w, grads * g, 0.0 if tied else states * o,
                   kept_bytes(s, cluster, act_bytes, mode.recompute, role) + copies)
 
 

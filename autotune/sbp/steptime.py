@@ -103,7 +103,7 @@ from calibrate.errors import OptionError, UserError
 
 from autotune.sbp.boxing import Coster, Step
 from autotune.sbp.layers import Op, Strategy, local_elems
-from autotune.sbp.memory import (LAST, MATMUL_SIGNATURES, NONE, OUTSIDE, PRECISION, RERUN, STAT_BYTES, Mode,
+from autotune.sbp.memory import (zero_elems, LAST, MATMUL_SIGNATURES, NONE, OUTSIDE, PRECISION, RERUN, STAT_BYTES, Mode,
                                  fsdp_axes, held_elems)
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, local_shape
@@ -312,12 +312,12 @@ CAST_BYTES = 6  # autocast's cast of a weight to bf16 (read 4, write 2) or of it
 
 def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, mode: Mode = NONE,
                       tied: bool = False) -> float:
-    """Once per step: fused AdamW over every locally held parameter (FSDP: its shards) at the fused kernel's
+    """Once per step: fused AdamW over every locally held parameter (FSDP and ZeRO: its shards) at the fused kernel's
     bandwidth (the fp32 weights and gradients of the recipe need no cast around it). A tied logits layer
     (``tied``) has none of its own: the optimizer steps the embedding's weight once."""
     if tied:
         return 0.0
-    params = sum(held_elems(s, w, cluster, mode) for w in s.weights)
+    params = sum(zero_elems(s, w, cluster, mode, 1) for w in s.weights)  # ZeRO: each rank steps its shard
     return cm.op_seconds("optimizer", params * ADAM_BYTES)
 
 

@@ -25,6 +25,9 @@ def combine(intra: Profile, inter: Profile, name: str) -> Profile:
         tiers={"intra": intra.tiers["intra"], "inter": inter.tiers["inter"]},
         compute=intra.compute,  # the GPUs are the intra profile's
         device=intra.device or inter.device,
+        bandwidth_per={t: f for prof, t in ((intra, "intra"), (inter, "inter")) if t in prof.bandwidth_per
+                       for f in (prof.bandwidth_per[t],)},
+        fragmentation=intra.fragmentation or inter.fragmentation,
     )
 
 
@@ -43,7 +46,7 @@ def main(argv=None) -> int:
         path = combine(a, b, args.name or f"{a.name}+{b.name}").save(args.out)
         print(f"wrote {path}")
         return 0
-    print(f"{'name':<22} {'provenance':<10} {'tiers':<12} {'timing':<9} source")
+    print(f"{'name':<22} {'provenance':<10} {'tiers':<12} {'bandwidth per':<30} {'timing':<9} source")
     for name in embedded_profile_names():
         prof = Profile.load(name)
         prov = prof.provenance
@@ -56,5 +59,6 @@ def main(argv=None) -> int:
         else:
             src = "; ".join(f"{k}: {v}" for k, v in prov.get("sources", {}).items())[:200]
         mark = " (default)" if name == DEFAULT_PROFILE else ""
-        print(f"{name + mark:<22} {kind:<10} {','.join(sorted(prof.tiers)):<12} {prof.timing_mode:<9} {src}")
+        per = ", ".join(f"{t} per {prof.per(t)}" for t in sorted(prof.tiers))
+        print(f"{name + mark:<22} {kind:<10} {','.join(sorted(prof.tiers)):<12} {per:<30} {prof.timing_mode:<9} {src}")
     return 0

@@ -139,3 +139,60 @@ def test_simulation_skipped_only_where_the_floor_cannot_win(graph, profile, sche
     done = finished(PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(schedule=schedule)))
     assert done[0].step == min(c.step for c in every)
     assert [c.step for c in done] == sorted(c.step for c in done) and len(done) < len(every)
+
+
+def test_pipelined_plans_memory_line_is_the_binding_stages(graph, profile):
+    """Issue 43: the printed memory of a pipelined plan is the stage that binds (the most memory), its parts
+    adding up to its total, and the recompute / sharding line names each stage's mode."""
+    from autotune.pipeline.record import pipeline_plan
+    from autotune.sbp.cli.search import breakdown, modes_line
+    ps = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(stages=4))
+    c = ps.finish(megatron_3d(ps))
+    plan = pipeline_plan(ps, c, "test", {})
+    t = plan["totals"]
+    i = t["memory_stage"]
+    assert t["memory_bytes"] == max(s["memory_bytes"] for s in plan["stages"]) == plan["stages"][i]["memory_bytes"]
+    parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "workspace_bytes")
+    assert sum(t["memory"][k] for k in parts) == pytest.approx(t["memory_bytes"], rel=1e-6)
+    assert f"binding stage ({i} of 4" in breakdown(plan)
+    plan["stage_modes"] = [{"recompute": "full", "sharding": {"mode": "none"}}] * 3 + \
+        [{"recompute": "none", "sharding": {"mode": "none"}}]
+    assert modes_line(plan) == ("stages 0-2 (3 of 4): recompute full; sharding none; "
+                                "stages 3 (1 of 4): recompute none; sharding none")
+
+
+def test_sequence_parallel_shards_the_norms_and_swaps_all_reduce_for_gather_scatter(graph, profile):
+    """Megatron's --sequence-parallel (issue 43): the norms and residual adds hold 1/t of their activations;
+    the boxing into and out of each tensor-parallel region moves the all-reduce's bytes as an all-gather plus a
+    reduce-scatter (on a ring: (t-1)/t n beta each, the all-reduce's 2 (t-1)/t n beta)."""
+    from autotune.sbp.plan import build_plan
+    ps = PipelineSearch(graph, CLUSTER, profile, None, PipelineConfig(stages=2))
+    sub = Cluster(2, 2)
+    t, mesh = 2, ((2, 1), (1, 2))
+    plain, sp = (stage_plans(ps, 2, sub, 4, mesh, NONE, s)[1] for s in (False, True))
+
+    def by_kind(x, key):
+        out = {}
+        for lay in build_plan(x.problem, x.assign, "x")["layers"]:
+            out[lay["kind"]] = out.get(lay["kind"], 0.0) + lay[key] * lay["count"]
+        return out
+    mp, ms = by_kind(plain, "memory_bytes"), by_kind(sp, "memory_bytes")
+    if "residual" in mp:
+        assert ms["residual"] == pytest.approx(mp["residual"] / t, rel=1e-6)  # no weights: activations alone
+    assert mp["layernorm"] / t < ms["layernorm"] < mp["layernorm"]  # its (replicated) weights kept whole
+    assert ms["matmul"] == pytest.approx(mp["matmul"], rel=1e-6)
+    rp, rs = by_kind(plain, "redistribution_s"), by_kind(sp, "redistribution_s")
+    assert sum(rs.values()) == pytest.approx(sum(rp.values()), rel=0.05)  # the same bytes, twice the alphas
+    assert sp.fig.memory < plain.fig.memory
+
+
+def test_sequence_parallel_is_tried_where_the_plain_plan_does_not_fit(graph, profile):
+    """Where no plain 3-D plan fits, the baseline tries Megatron's --sequence-parallel (t > 1) before the modes,
+    and keeps it with them; never with sharding off (the Megatron of 2021)."""
+    ps = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig())
+    least = min(max(x.fig.memory for x in c.plans) for c in candidates(ps) if c.tensor > 1)
+    tight = PipelineSearch(graph, CLUSTER, profile, least * (1 - 1e-6), PipelineConfig())
+    got = [c for c in candidates(tight) if c.tensor > 1]
+    assert got and all(c.plans[0].search.get("sequence_parallel") for c in got)
+    assert all("sequence parallel" in c.name for c in got)
+    assert not any(c.plans[0].search.get("sequence_parallel") for c in candidates(tight, sharding=False))

@@ -1,0 +1,280 @@
+"""Published large training runs as regression tests: ``python -m autotune reproduce published``
+(``autotune/sbp/cli/reproduce.py``).
+
+Every case of ``autotune/sbp/presets/published.json`` (the paper's model, cluster, configuration and step) is
+priced twice on its documented profile, one configuration for all cases:
+
+- forced: the paper's configuration (tensor degree t inside a node, p stages of whole nodes, d data-parallel
+  ranks, micro-batch size, recomputation, schedule and virtual stages) through the Megatron 3-D baseline
+  (``autotune.pipeline.threed.stage_plans``), boundaries priced and the schedule simulated
+  (``PipelineSearch.finish``); a case whose configuration uses a technique the step model does not price
+  yet is still priced without it, with the memory limit lifted, and says which technique is missing;
+- free: the main command's pipeline search seeded with the 3-D plans (``autotune.pipeline.threed.seeded``)
+  under 1F1B and under interleaved 1F1B, the faster kept.
+
+Each is reported with its model FLOPs utilisation (``mfu``: PaLM's count, 6 N + 12 l h s FLOPs a token, against
+the datasheet peak of the profile's matmul band) beside the ceiling its profile's measured GEMMs allow
+(``gemm_ceiling``: the best measured matmul rate over the peak; a plan above it is flagged). A case passes when
+the forced plan is within ``TOLERANCE`` of the published step (of the nearer end of a published range) and the
+free search is no slower than the published step by more than ``SEARCH_SLACK``. The command compares every
+figure with the previous record and flags a step that got worse (``worse``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+from calibrate.errors import UserError
+from calibrate.jsonfile import read_json
+from calibrate.records import check_header
+from calibrate.profile import Profile
+from models import load_model
+
+from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, fewer_collections, submesh
+from autotune.pipeline.threed import seeded, stage_plans
+from autotune.sbp.memory import Mode
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.techniques import Techniques
+
+RECORD = "commtune.published-reproduction"
+VERSION = 1
+TOLERANCE = 0.10  # forced plan against the published step
+SEARCH_SLACK = 0.05  # the free search's step at most this much over the published one
+WORSE = 0.005  # a step more than this share above the previous record's is flagged
+
+
+def load_cases() -> list[dict]:
+    d = json.loads(resources.files("autotune.sbp.presets").joinpath("published.json").read_text())
+    return d["cases"]
+
+
+def published_step(case: dict) -> tuple[float, float]:
+    """The published step (low, high) in seconds from the paper's own figures (the data file's arithmetic):
+    Megatron-LM's count 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs a step, or 6 N T without and with causal
+    attention (6 l s h T), over GPUs x the published TFLOP/s per GPU."""
+    g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
+    pub = case["published"]
+    rate = case["nodes"] * case["gpus"] * pub["tflops_per_gpu"] * 1e12
+    cfg = g.config
+    b, s, l, h, v = g.batch, cfg["sequence"], cfg["layers"], cfg["hidden"], cfg["vocabulary"]
+    if pub["count"] == "megatron":
+        flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        return flops / rate, flops / rate
+    if pub["count"] == "6N-range":
+        tokens = b * s
+        low = 6 * g.parameters() * tokens
+        return low / rate, (low + 6 * l * s * h * tokens) / rate
+    raise UserError(f"case {case['id']}: unknown FLOP count {pub['count']!r}: use megatron or 6N-range")
+
+
+def model_flops(g) -> float:
+    """Model FLOPs of one step, PaLM's count (recomputation not counted): 6 N + 12 l h s a token."""
+    cfg = g.config
+    tokens = g.batch * cfg["sequence"]
+    return (6 * g.parameters() + 12 * cfg["layers"] * cfg["hidden"] * cfg["sequence"]) * tokens
+
+
+def gemm_ceiling(profile: Profile, act_bytes: int) -> tuple[float, float]:
+    """(the best matmul rate the profile's band has measured or cites, its datasheet peak)."""
+    band = profile.compute.matmul[str(act_bytes)]
+    best = max((f / t for f, t in band.points), default=band.peak_flops)
+    return best, band.peak_flops
+
+
+def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Techniques, layers: int) -> str:
+    """A configuration in Megatron-LM's flags (and torchtitan's degrees)."""
+    flags = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}",
+             f"--micro-batch-size {mbs}", f"--global-batch-size {batch}"]
+    if tech.virtual_stages > 1:
+        per, rest = divmod(layers, p * tech.virtual_stages)
+        flags.append(f"--num-layers-per-virtual-pipeline-stage {per}" if not rest else
+                     f"--virtual-pipeline-model-parallel-size {tech.virtual_stages} (layers uneven over the chunks)")
+    if tech.recompute != "none":
+        flags.append(f"--recompute-granularity {tech.recompute}"
+                     + (" --recompute-method uniform" if tech.recompute == "full" else ""))
+    if tech.sequence_parallel:
+        flags.append("--sequence-parallel")
+    if tech.zero_stage:
+        flags.append("--use-distributed-optimizer")
+    if tech.context_parallel > 1:
+        flags.append(f"--context-parallel-size {tech.context_parallel}")
+    sched = "Interleaved1F1B" if tech.virtual_stages > 1 else "1F1B"
+    return " ".join(flags) + f" (torchtitan: tp {t}, pp {p} {sched}, dp {d})"
+
+
+def _search(g, cluster: Cluster, profile: Profile, limit, cfg: PipelineConfig) -> PipelineSearch:
+    return PipelineSearch(g, cluster, profile, limit, cfg)
+
+
+def forced(case: dict) -> dict:
+    """The paper's configuration priced (module docstring): its step, memory, MFU and any missing technique."""
+    g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
+    profile = Profile.load(case["profile"])
+    cluster = Cluster(case["nodes"], case["gpus"])
+    plan = case["plan"]
+    t, p, d, mbs = plan["tensor"], plan["stages"], plan["data"], plan["micro_batch_size"]
+    if t * p * d != cluster.devices or case["gpus"] % t:
+        raise UserError(f"case {case['id']}: t {t} x p {p} x d {d} is not the {cluster.devices} GPUs, or t does not "
+                        f"divide a node's {case['gpus']}: fix the case")
+    if g.batch % (d * mbs):
+        raise UserError(f"case {case['id']}: batch {g.batch} is not a multiple of d {d} x micro-batch size {mbs}")
+    tech = Techniques.of(plan)
+    missing = tech.missing()
+    cfg = PipelineConfig(stages=p, schedule=tech.schedule, virtual_stages=max(tech.virtual_stages, 2))
+    search = _search(g, cluster, profile, None, cfg)  # priced whatever it needs; checked against the limit below
+    m = g.batch // (d * mbs)
+    sub = submesh(cluster, p)
+    mesh = ((sub.nodes, case["gpus"] // t), (1, t))
+    with fewer_collections():
+        plans = stage_plans(search, p, sub, m, mesh, Mode(tech.recompute, None, tech.zero_stage),
+                            tech.sequence_parallel)
+        if plans is None:
+            raise UserError(f"case {case['id']}: the Megatron plan does not lay out on t {t}, d {d} at micro-batch "
+                            f"size {mbs}: fix the case")
+        c = search.finish(search.candidate(p, sub, m, search.balanced(p), plans))
+    peak = max(x.fig.memory for x in c.plans)
+    return {"step_s": c.step if math.isfinite(c.step) else None, "micro_batches": m, "memory_gib": peak / 2**30,
+            "limit_gib": None if profile.memory_bytes is None else profile.memory_bytes / 2**30,
+            "fits": profile.memory_bytes is None or peak <= profile.memory_bytes, "missing": missing,
+            "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"])}
+
+
+def _describe(c: Candidate, schedule: str, g) -> str:
+    mode = c.plans[0].problem.mode
+    name = c.name or f"{c.stages} stages"
+    return (f"{name}; {c.stages} stages of {c.sub}, {c.micro_batches} micro-batches "
+            f"(micro-batch {g.batch // c.micro_batches} sequences), {schedule}"
+            + (f" with {c.virtual} chunks a rank" if c.virtual > 1 else "")
+            + (f", recompute {mode.recompute}" if mode.recompute != "none" else "")
+            + (", FSDP over the data-parallel group" if mode.fsdp_axes is not None else ""))
+
+
+def _flags(c: Candidate, schedule: str, g, cluster: Cluster) -> str:
+    """A 3-D plan in Megatron-LM's flags; a plan of searched stages says so (its per-layer placements are no
+    single flag set: the plan record has them)."""
+    if not c.tensor:
+        return "; searched SBP placements per layer on each stage (the plan record lists them)"
+    mode = c.plans[0].problem.mode
+    d = cluster.devices // (c.tensor * c.stages)
+    tech = Techniques(mode.recompute, schedule, c.virtual, bool(c.plans[0].search.get("sequence_parallel")),
+                      mode.zero)
+    return "; " + megatron_terms(c.tensor, c.stages, d, g.batch // (c.micro_batches * d), g.batch, tech,
+                                 g.config["layers"])
+
+
+def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
+    """The free search (module docstring): the fastest plan over ``schedules``."""
+    g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
+    profile = Profile.load(case["profile"])
+    cluster = Cluster(case["nodes"], case["gpus"])
+    best = None
+    for sched in schedules:
+        search = _search(g, cluster, profile, profile.memory_bytes, PipelineConfig(schedule=sched))
+        c, _, is3d = seeded(search)
+        if c is not None and (best is None or c.step < best[0].step):
+            best = (c, sched)
+    if best is None:
+        return {"step_s": None, "plan": "no plan fits"}
+    c, sched = best
+    return {"step_s": c.step, "plan": _describe(c, sched, g) + _flags(c, sched, g, cluster), "stages": c.stages, "micro_batches": c.micro_batches,
+            "memory_gib": max(x.fig.memory for x in c.plans) / 2**30}
+
+
+def run_case(case: dict, with_search: bool = True) -> dict:
+    """One case's row: the published step, the forced and the free plan with their MFU, and the verdict."""
+    g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
+    profile = Profile.load(case["profile"])
+    lo, hi = published_step(case)
+    best_rate, peak = gemm_ceiling(profile, g.act_bytes)
+    gpus = case["nodes"] * case["gpus"]
+
+    def mfu(step):
+        return None if not step else model_flops(g) / (gpus * peak * step)
+    row = {"id": case["id"], "source": case["source"], "profile": case["profile"],
+           "published_s": [lo, hi], "published_mfu": [mfu(hi), mfu(lo)], "gemm_ceiling": best_rate / peak}
+    f = forced(case)
+    row["forced"] = dict(f, mfu=mfu(f["step_s"]))
+    near = lo if f["step_s"] is not None and f["step_s"] < lo else hi
+    row["forced_ratio"] = None if f["step_s"] is None else f["step_s"] / near
+    ok = row["forced_ratio"] is not None and abs(row["forced_ratio"] - 1) <= TOLERANCE and f["fits"] \
+        and not f["missing"]
+    if with_search:
+        s = free(case)
+        row["searched"] = dict(s, mfu=mfu(s["step_s"]))
+        over = row["searched"]["mfu"] is not None and row["searched"]["mfu"] > row["gemm_ceiling"]
+        row["searched"]["above_gemm_ceiling"] = over
+        ok = ok and s["step_s"] is not None and s["step_s"] <= hi * (1 + SEARCH_SLACK) and not over
+    row["status"] = "pass" if ok else "fail"
+    if f["missing"]:
+        row["reason"] = (f"the published configuration uses {', '.join(f['missing'])}, which the step model does not "
+                         f"price yet: forced plan priced without it")
+    elif not f["fits"]:
+        row["reason"] = (f"the forced plan needs {f['memory_gib']:.1f} GiB at its binding stage, over the "
+                         f"{f['limit_gib']:.1f} GiB usable (step priced with the limit lifted)")
+    return row
+
+
+def worse(rows: list[dict], previous: list[dict]) -> list[str]:
+    """Cases whose forced or searched step got worse than in the previous record (more than ``WORSE``), each
+    with the two figures."""
+    before = {r["id"]: r for r in previous}
+    out = []
+    for r in rows:
+        old = before.get(r["id"])
+        if old is None:
+            continue
+        for key in ("forced", "searched"):
+            a, b = (old.get(key) or {}).get("step_s"), (r.get(key) or {}).get("step_s")
+            if a is not None and (b is None or b > a * (1 + WORSE)):
+                out.append(f"{r['id']} {key} {a:.4g} s -> {'none' if b is None else f'{b:.4g} s'}")
+    return out
+
+
+def latest_record() -> Path | None:
+    """The newest recorded run of this repository (reports/records/published_reproduce_*.json), None if none."""
+    found = sorted(Path(__file__).resolve().parents[2].joinpath("reports", "records")
+                   .glob("published_reproduce_*.json"))
+    return found[-1] if found else None
+
+
+def previous_rows(path: Path | None) -> list[dict]:
+    """The rows of a recorded run, checked; [] without one."""
+    if path is None:
+        return []
+    d = read_json(path, "previous record", "give a reproduce.json of python -m autotune reproduce published")
+    check_header(d, RECORD, (VERSION,), "published-runs reproduction record",
+                 "give a reproduce.json of python -m autotune reproduce published", str(path))
+    rows = d.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("id"), str) for r in rows):
+        raise UserError(f"{path}: 'rows' is not a list of cases with ids: give a reproduce.json of this command")
+    return rows
+
+
+def _s(x) -> str:
+    return "-" if x is None else f"{x:.4g} s"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def lines(row: dict) -> list[str]:
+    """A case's row as the command prints it: published, forced and free side by side with MFU."""
+    lo, hi = row["published_s"]
+    pub = f"{lo:.3g} s" if abs(hi - lo) < 0.005 else f"{lo:.3g}-{hi:.3g} s"
+    f = row["forced"]
+    ratio = "-" if row["forced_ratio"] is None else f"{row['forced_ratio']:.2f}"
+    out = [f"published: {pub} (MFU {_pct(row['published_mfu'][0])}"
+           + (f"-{_pct(row['published_mfu'][1])}" if abs(hi - lo) >= 0.005 else "") + f"); {row['source']}",
+           f"forced:    {_s(f['step_s'])} ({ratio} of published), "
+           f"MFU {_pct(f['mfu'])}, {f['memory_gib']:.1f} GiB of {f['limit_gib']:.1f} usable; {f['config']}"]
+    if row.get("reason"):
+        out.append(f"           {row['reason']}")
+    s = row.get("searched")
+    if s is not None:
+        out.append(f"searched:  {_s(s['step_s'])}, MFU {_pct(s['mfu'])} (GEMM ceiling {_pct(row['gemm_ceiling'])}"
+                   + (", ABOVE IT" if s.get("above_gemm_ceiling") else "") + f"); {s['plan']}")
+    out.append(f"status: {row['status']}")
+    return out

@@ -1,0 +1,84 @@
+"""Published runs as regression tests (issue 43): the published steps from the papers' figures, the forced
+configurations priced, the comparison with the previous record."""
+import json
+
+import pytest
+
+from calibrate.errors import UserError
+from autotune import published
+from autotune.sbp.cli.reproduce import main
+from autotune.sbp.reproduce import worse_figures
+
+CASES = {c["id"]: c for c in published.load_cases()}
+
+
+@pytest.mark.parametrize("cid", sorted(CASES))
+def test_published_step_follows_from_the_papers_figures(cid):
+    """The data file's stated step is the arithmetic on the paper's figures (TFLOP/s per GPU, FLOP count)."""
+    lo, hi = published.published_step(CASES[cid])
+    want = CASES[cid]["published"]["step_s"]
+    assert lo == pytest.approx(want[0], rel=2e-3) and hi == pytest.approx(want[1], rel=2e-3)
+
+
+def test_megatron_count_closed_form():
+    """Megatron-LM's 18.4 B row: 96 B s l h^2 (1 + s/6h + V/16lh) / (256 x 135 TFLOP/s) = 9.40 s."""
+    b, s, l, h, v = 1024, 2048, 40, 6144, 51200
+    flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    assert published.published_step(CASES["megatron-18.4b"])[0] == pytest.approx(flops / (256 * 135e12))
+
+
+def test_forced_plan_is_the_papers_configuration():
+    row = published.run_case(CASES["megatron-145.6b"], with_search=False)
+    f = row["forced"]
+    assert f["micro_batches"] == 2304 // (24 * 2) and f["fits"] and not f["missing"]
+    assert "--num-layers-per-virtual-pipeline-stage 5" in f["config"] and "--micro-batch-size 2" in f["config"]
+    assert 0 < f["mfu"] < row["gemm_ceiling"] < 1
+    assert row["forced_ratio"] == pytest.approx(f["step_s"] / row["published_s"][0])
+
+
+def test_a_technique_the_model_does_not_price_is_named():
+    """Llama 3's configuration is priced with its techniques; one with context parallelism (not priced yet)
+    says so in one line, its plan priced without it."""
+    row = published.run_case(CASES["llama3-405b-8k"], with_search=False)
+    assert row["forced"]["missing"] == [] and "over the" in row["reason"]  # priced; its memory over the limit
+    assert "--sequence-parallel" in row["forced"]["config"] and "--use-distributed-optimizer" in row["forced"]["config"]
+    case = dict(CASES["llama3-405b-8k"], plan=dict(CASES["llama3-405b-8k"]["plan"], context_parallel=16))
+    row = published.run_case(case, with_search=False)
+    assert row["forced"]["missing"] == ["context parallelism (16)"] and row["status"] == "fail"
+    assert "uses context parallelism (16), which the step model does not price yet" in row["reason"]
+
+
+def test_worse_flags_a_step_that_grew():
+    old = [{"id": "a", "forced": {"step_s": 10.0}, "searched": {"step_s": 5.0}}]
+    assert published.worse([{"id": "a", "forced": {"step_s": 10.0}, "searched": {"step_s": 5.01}}], old) == []
+    assert published.worse([{"id": "a", "forced": {"step_s": 10.0}, "searched": {"step_s": 5.2}}], old) \
+        == ["a searched 5 s -> 5.2 s"]
+    assert published.worse([{"id": "a", "forced": {"step_s": None}, "searched": {"step_s": 5.0}}], old) \
+        == ["a forced 10 s -> none"]
+
+
+def test_autoddl_flags_a_searched_figure_that_got_worse():
+    """The pipeline-wide-64 case of the issue: the same verdict, a step 129.5 s against the recorded 113.3 s."""
+    prev = [{"id": "pipeline-wide-64", "searched_s": 113.3, "status": "pass"}]
+    assert worse_figures([{"id": "pipeline-wide-64", "searched_s": 129.5, "status": "pass"}], prev) \
+        == ["pipeline-wide-64 113.3 s -> 129.5 s"]
+    assert worse_figures([{"id": "pipeline-wide-64", "searched_s": 113.3, "status": "pass"}], prev) == []
+
+
+def test_bad_previous_record_and_case_are_one_line_errors(tmp_path):
+    bad = tmp_path / "reproduce.json"
+    bad.write_text(json.dumps({"kind": "something-else", "version": 1, "rows": []}))
+    with pytest.raises(UserError):
+        published.previous_rows(bad)
+    with pytest.raises(UserError, match="unknown case"):
+        main(["published", "--case", "nope", "--out", str(tmp_path / "o")])
+
+
+def test_autoddl_compares_each_case_with_its_newest_recorded_row():
+    """The newest record file holds a few cases only: each case is compared with the newest row recorded for it,
+    so Table 3's pipeline-wide-64 (113.26 s in its record) is compared at all."""
+    from autotune.sbp.reproduce import recorded_rows, records
+    rows = {r["id"]: r for r in recorded_rows(records())}
+    assert rows["pipeline-wide-64"]["searched_s"] == pytest.approx(113.26, abs=0.01)
+    assert worse_figures([{"id": "pipeline-wide-64", "searched_s": 129.5}], list(rows.values())) \
+        == ["pipeline-wide-64 113.3 s -> 129.5 s"]
