@@ -104,9 +104,11 @@ def check_batch(plan: TypedPlan, where: str = "the plan") -> None:
             dims = tokens.dims(fine)
             parts = math.prod(n for p, n, d in zip(fine, plan.mesh.sizes, dims) if p == "S0" and d == 1)
             if parts > 1 and (lay.kind == "attention" or (seq is not None and seq % parts)):
+                why = ("which its attention cannot take" if lay.kind == "attention" else
+                       f"and the sequence of {seq} does not split over {parts}")
                 raise UserError(f"{where}: layer {lay.name} splits the tokens of a micro-batch of {mb} sequences over "
-                                f"more devices than it has sequences, {'which its attention cannot take' if lay.kind == 'attention' else f'and the sequence of {seq} does not split over {parts}'}: "
-                                f"search with a larger micro-batch (--micro-batch) or fewer devices")
+                                f"more devices than it has sequences, {why}: search with a larger micro-batch "
+                                f"(--micro-batch) or fewer devices")
 
 
 def stream_by_sequence(plan: TypedPlan) -> int:

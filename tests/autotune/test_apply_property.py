@@ -204,3 +204,16 @@ def test_schedules_over_stage_paths_match_one_process(tmp_path):
         assert losses == pytest.approx(ref_losses, rel=1e-9), (plan["strategy"], path)
         for name, x in params.items():
             assert torch.allclose(x, ref_params[name], rtol=1e-9, atol=1e-9), (plan["strategy"], path, name)
+
+
+def test_bad_batches_are_one_line_before_any_step():
+    """A plan whose attention would split a micro-batch of 1 sequence, and a batch the data ranks cannot share:
+    one ``UserError`` line naming the fix (the CLI prints it on rank 0 only)."""
+    from autotune.apply.batch import DataSplit, check_batch
+    from calibrate.errors import UserError
+    cfg = dict(LLAMA, micro_batch=1, batch=2)
+    with pytest.raises(UserError, match="which its attention cannot take: search with a larger micro-batch") as e:
+        check_batch(typed_plan(cfg, 2, 2, data_parallel(cfg), "data parallel"))
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="a batch of 6 does not split over the plan's 4 data-parallel devices"):
+        DataSplit(1, 4).piece(torch.zeros(6, 8), "data_piece")
