@@ -45,3 +45,13 @@ def place(job) -> DataSplit:
     dims = fsdp_dims(job.plan, job.layout)
     mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
     return fully_shard_model(job.model, job.chain, job.prefixes, job.plan, job.layout, mesh)[0]
+
+
+def place_tensor(job):
+    """The tensor path (``autotune.apply.tensor``'s layout): fully_shard's composition on its data x tensor mesh,
+    as torchtitan runs DDP + TP."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dims = job.layout.dims(job.plan)
+    mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    return fully_shard_model(job.model, job.chain, job.prefixes, job.plan, job.layout, mesh, dims=dims)[0]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from calibrate.errors import UserError
 
-from autotune.apply import ddp, dtensor, fsdp, tensor
+from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
 from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
 from autotune.apply.tensor import tp_layout, tp_styles
@@ -65,7 +65,7 @@ def _unwrapped(place):
 # in the order apply asks them
 PATHS = {
     "fully_shard": (_takes_tp(fully_shard_layout), _unwrapped(fsdp.place)),
-    "tensor": (_takes_tp(tp_layout), _unwrapped(tensor.place)),
+    "tensor": (_takes_tp(tp_layout), _unwrapped(fsdp.place_tensor)),
     "ddp": (lambda plan, chain: data_parallel_plan(plan) or None, ddp.place),
     "dtensor": (lambda plan, chain: True, _unwrapped(dtensor.place)),
 }

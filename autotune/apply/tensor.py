@@ -107,16 +107,6 @@ def tp_styles(chain: list[Site], tp: int, stream: str = B) -> dict | None:
     return styles
 
 
-def place(job):
-    """fully_shard's path on the ``TensorParallel`` mesh (``autotune.apply.fsdp``)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from autotune.apply.fsdp import fully_shard_model
-    dims = job.layout.dims(job.plan)
-    mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
-    return fully_shard_model(job.model, job.chain, job.prefixes, job.plan, job.layout, mesh, dims=dims)[0]
-
-
 def parallelize(model, chain: list[Site], layout, mesh) -> None:
     """``parallelize_module`` of ``model`` on ``mesh`` (the tensor-parallel axis) by ``tp_styles``."""
     from torch.distributed.tensor.parallel import parallelize_module
