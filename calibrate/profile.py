@@ -45,6 +45,7 @@ from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.compute import ComputeModel
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
+from calibrate.module import ModuleSection
 from calibrate.records import check_header, header
 
 KIND = "commtune.profile"
@@ -188,6 +189,7 @@ class Profile:
     tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = field(default_factory=dict)
     compute: ComputeModel | None = None  # the GPU's compute model (``calibrate.compute``), if known
     device: Device | None = None  # the GPU of one rank and its memory, if known
+    module: ModuleSection | None = None  # the user's module timed on one GPU (``calibrate.module``), if measured
 
     @property
     def memory_bytes(self) -> int | None:
@@ -255,6 +257,7 @@ class Profile:
             },
             **({"compute": self.compute.to_dict()} if self.compute is not None else {}),
             **({"device": self.device.to_dict()} if self.device is not None else {}),
+            **({"module": self.module.to_dict()} if self.module is not None else {}),
         }
 
     @classmethod
@@ -302,6 +305,7 @@ class Profile:
             tiers=tiers,
             compute=ComputeModel.from_dict(d["compute"], origin) if "compute" in d else None,
             device=Device.from_dict(d["device"], origin) if "device" in d else None,
+            module=ModuleSection.from_dict(d["module"], origin) if "module" in d else None,
         )
 
     def save(self, path: str | Path) -> Path:
