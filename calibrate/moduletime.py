@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -86,12 +87,13 @@ def hf_module(cfg: dict, origin: str) -> UserModule:
     def loss(model, ids):
         return model(input_ids=ids, labels=ids).loss
 
-    def checkpoint(model, on: bool) -> bool:  # transformers 5.2x renames gradient_ to activation_checkpointing
-        prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
-        if on:
-            getattr(model, f"{prefix}_checkpointing_enable")(gradient_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            getattr(model, f"{prefix}_checkpointing_disable")()
+    def checkpoint(model, on: bool) -> bool:  # named gradient_ in every transformers 5 (deprecated in 5.2x: quiet)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            if on:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_disable()
         return True
 
     return UserModule(f"transformers:{arch}", {"hidden": hidden, "heads": heads, "kv_heads": kv, "ffn": ffn,
@@ -261,14 +263,14 @@ def _wrap(torch, m: _Timed, path: str) -> None:
 
 
 def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,
-                 progress) -> dict:
+                 progress, paths=HOST_PATHS) -> dict:
     """Per path (``HOST_PATHS``): (seconds the host takes to issue one block's forward and backward, and its
     optimizer step), the two-block model's issue time less the one-block model's, each call timed by the host
     clock (an engine arm on the CPU's clock) with the device synchronised after it."""
     out = {}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     with _group_of_one(torch, device):
-        for path in HOST_PATHS:
+        for path in paths:
             try:
                 models = {n: _Timed(torch, um, n, 1, device) for n in (1, 2)}
                 for m in models.values():

@@ -41,9 +41,10 @@ from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op, with_recipe
 from autotune.sbp.memory import (FIRST, INSIDE, LAST, NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL, Memory, Mode,
                                   fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
-from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
+from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds,
                                    require_compute)
 from autotune.sbp.mesh import Cluster
+from autotune.sbp.modulecal import calibrated_seconds, calibration, optimizer_ratio
 from autotune.sbp.rowbox import RowBoxer
 from autotune.sbp.sbp import NdSbp
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
@@ -222,8 +223,10 @@ class Problem:
             progress(f"{len(self.ops)} distinct layers, {sum(map(len, self.choices))} strategies, "
                      f"search space 10^{sum(math.log10(len(c)) for c in self.choices):.1f}")
         self.compute = coster.profile.compute
+        self.module_cal = None
         if objective == "step":
             require_compute(coster.profile)
+            self.module_cal = calibration(graph, coster.profile)  # the user's module as measured, if it was
         self.first = graph.chain[0]  # its gradients are ready last: their sync is never hidden
         self.chain_roles = chain_roles(graph)
         self.roles = layer_roles(graph)
@@ -288,15 +291,18 @@ class Problem:
             secs = []
             for v, (op, ss) in enumerate(zip(self.ops, self.choices)):
                 role = self.roles[v]
-                secs.append(fig(v, ("secs", self._recomputed(v), role), lambda op=op, ss=ss, role=role: np.array(
-                    [layer_seconds(op, s, cl, cm, ab, rec, role) for s in ss], dtype=float).reshape(len(ss), 2)))
+                secs.append(fig(v, ("secs", self._recomputed(v), role, self.module_cal),
+                                lambda op=op, ss=ss, role=role: np.array(
+                    [calibrated_seconds(self.module_cal, op, s, cl, cm, ab, rec, role) for s in ss],
+                    dtype=float).reshape(len(ss), 2)))
             self.node_compute = []
             for v, (sec, ss) in enumerate(zip(secs, self.choices)):
                 redo = 2 if rec == "full" and self.roles[v] in RERUN else 1
                 copies = fig(v, ("copies",), lambda ss=ss: np.array([internal_copy_seconds(s, cl, cm) for s in ss],
                                                                     dtype=float))
-                opt = fig(v, ("optimizer", mode, self.tied[v]), lambda ss=ss, v=v: np.array(
-                    [optimizer_seconds(s, cl, cm, ab, mode, self.tied[v]) for s in ss], dtype=float))
+                opt = fig(v, ("optimizer", mode, self.tied[v], self.module_cal), lambda ss=ss, v=v: np.array(
+                    [optimizer_seconds(s, cl, cm, ab, mode, self.tied[v])
+                     * optimizer_ratio(self.module_cal, self.ops[v], s, cl, self.roles[v]) for s in ss], dtype=float))
                 acc = fig(v, ("accumulate", mode), lambda ss=ss: np.array(
                     [accumulate_seconds(s, cl, cm, ab, mode) for s in ss], dtype=float))
                 self.node_compute.append(mb * (sec[:, 0] + sec[:, 1] + redo * copies) + opt + (mb - 1) * acc)

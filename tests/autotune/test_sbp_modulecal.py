@@ -1,0 +1,75 @@
+"""The step model priced from the user's module as measured (the profile's ``module`` section,
+``autotune.sbp.modulecal``): a closed form, the fallback to the analytical model, and the plan's source."""
+from __future__ import annotations
+
+import pytest
+
+from calibrate.module import ModulePoint, ModuleSection
+from calibrate.profile import Profile
+from models import load_model
+
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.plan import build_plan
+from autotune.sbp.steptime import accumulate_seconds
+
+MODEL = {"kind": "llama", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256,
+         "sequence": 32, "batch": 4, "micro_batch": 2}
+SHAPE = {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256}
+BLOCK = {"forward_s": 1e-3, "backward_s": 2e-3, "recompute_s": None, "optimizer_s": 1e-4, "activation_bytes": None}
+OUTSIDE = {"forward_s": 5e-4, "backward_s": 7e-4, "optimizer_s": 3e-4}
+
+
+def graph():
+    fields = {k: v for k, v in MODEL.items() if k != "kind"}
+    return load_model("llama", None, fields)
+
+
+def plan(section, devices: int = 1):
+    profile = Profile.load("h200-nvlink+ib400")
+    profile.module = section
+    problem = Problem(graph(), Coster(profile, Cluster(1, devices)), None, require_fit=False, objective="step")
+    return problem, build_plan(problem, [0] * len(problem.choices), "test")
+
+
+def section(*points, model=SHAPE):
+    return ModuleSection("test", "transformers:LlamaForCausalLM", dict(model), tuple(points))
+
+
+def test_a_measured_block_prices_the_step_in_closed_form():
+    """One device, the model's micro-batch measured: compute = m (L (block fwd + bwd) + outside fwd + bwd)
+    + L block optimizer + outside optimizer + the analytical gradient accumulation ((m - 1) per micro-batch)."""
+    problem, p = plan(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)))
+    m, layers = problem.mb, MODEL["layers"]
+    acc = sum(c * accumulate_seconds(problem.choices[v][0], problem.cluster, problem.compute, 2)
+              for v, c in enumerate(problem.counts))
+    want = (m * (layers * 3e-3 + 1.2e-3) + layers * 1e-4 + 3e-4 + (m - 1) * acc)
+    assert m == 2 and p["totals"]["compute_s"] == pytest.approx(want, rel=1e-9)
+    assert p["totals"]["compute_source"] == "module"
+    assert {layer["compute_source"] for layer in p["layers"]} == {"module"}
+    # the block measured twice as slow: the blocks' share of the step doubles, the rest does not move
+    slow = dict(BLOCK, forward_s=2e-3, backward_s=4e-3, optimizer_s=2e-4)
+    _, q = plan(section(ModulePoint(1, 2, 32, slow, OUTSIDE)))
+    assert q["totals"]["compute_s"] - p["totals"]["compute_s"] == pytest.approx(m * layers * 3e-3 + layers * 1e-4)
+
+
+@pytest.mark.parametrize("points, model", [
+    ((ModulePoint(1, 2, 64, BLOCK, OUTSIDE),), SHAPE),  # another sequence
+    ((ModulePoint(2, 2, 32, BLOCK, OUTSIDE),), SHAPE),  # another tensor width only
+    ((ModulePoint(1, 2, 32, BLOCK, OUTSIDE),), dict(SHAPE, ffn=256)),  # another model
+])
+def test_unmeasured_shapes_keep_the_analytical_price(points, model):
+    _, analytical = plan(None)
+    _, p = plan(section(*points, model=model))
+    assert p["totals"]["compute_s"] == pytest.approx(analytical["totals"]["compute_s"], rel=1e-12)
+    assert p["totals"]["compute_source"] == "analytical"
+
+
+def test_each_layer_reads_the_point_of_its_local_shape():
+    """Two devices: a data-parallel layer runs micro-batch 1 at width 1, a column-parallel one width 2."""
+    problem, _ = plan(section(ModulePoint(1, 1, 32, BLOCK, OUTSIDE), ModulePoint(2, 2, 32, BLOCK, OUTSIDE)), 2)
+    cal = problem.module_cal
+    keys = {cal.key(op, s, problem.cluster) for op, ss in zip(problem.ops, problem.choices) for s in ss}
+    assert {(1, 1), (2, 2), (1, 2)} <= keys
+    assert cal.ratio(True, (2, 2)) != cal.ratio(True, (1, 1))
