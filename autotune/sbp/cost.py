@@ -291,7 +291,8 @@ class Problem:
             secs = []
             for v, (op, ss) in enumerate(zip(self.ops, self.choices)):
                 role = self.roles[v]
-                secs.append(fig(v, ("secs", self._recomputed(v), role, self.module_cal),
+                # (one model's problems share a catalogue: one profile, one module calibration)
+                secs.append(fig(v, ("secs", self._recomputed(v), role),
                                 lambda op=op, ss=ss, role=role: np.array(
                     [calibrated_seconds(self.module_cal, op, s, cl, cm, ab, rec, role) for s in ss],
                     dtype=float).reshape(len(ss), 2)))
@@ -300,7 +301,7 @@ class Problem:
                 redo = 2 if rec == "full" and self.roles[v] in RERUN else 1
                 copies = fig(v, ("copies",), lambda ss=ss: np.array([internal_copy_seconds(s, cl, cm) for s in ss],
                                                                     dtype=float))
-                opt = fig(v, ("optimizer", mode, self.tied[v], self.module_cal), lambda ss=ss, v=v: np.array(
+                opt = fig(v, ("optimizer", mode, self.tied[v]), lambda ss=ss, v=v: np.array(
                     [optimizer_seconds(s, cl, cm, ab, mode, self.tied[v])
                      * optimizer_ratio(self.module_cal, self.ops[v], s, cl, self.roles[v]) for s in ss], dtype=float))
                 acc = fig(v, ("accumulate", mode), lambda ss=ss: np.array(

@@ -161,8 +161,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
               "fits_memory": problem.fits_plan(assign)}
     if problem.node_compute is not None:  # the step-time model (autotune.sbp.steptime)
         exposed = red_total + problem.exposed_sync(assign)
-        totals.update(compute_s=comp_total, exposed_comm_s=exposed, step_s=comp_total + exposed,
-                      compute_source=plan_source(layers))
+        totals.update(compute_s=comp_total, exposed_comm_s=exposed, step_s=comp_total + exposed)
     return {
         **header(KIND, VERSION), "strategy": strategy,
         "model": {"name": problem.graph.model, **problem.graph.config, "kind": problem.graph.model},
@@ -172,6 +171,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         "recompute": problem.mode.recompute, "sharding": problem.mode.sharding,
         "assignment": [int(a) for a in assign],
         "objective": problem.objective, "totals": totals,
+        **({"compute_source": plan_source(layers)} if problem.node_compute is not None else {}),
         "layers": layers, "edges": edges,
     }
 
