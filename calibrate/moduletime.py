@@ -27,7 +27,9 @@ from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.module import ModulePoint, ModuleSection
 
 HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel")
-HOST_PATHS = ("none", "ddp", "fully_shard")  # the apply paths a process group of one can issue ("dtensor": not here)
+HOST_PATHS = ("none", "ddp", "fully_shard", "dtensor")  # apply's paths, placed on a process group of one
+REFERENCE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocabulary": 1024}  # host-bound on any GPU
+REFERENCE_OCCURRENCES = 10  # a Llama block's layer occurrences in the step model's graph (models.transformer)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,70 @@ def factory_module(spec: str, fields: dict) -> UserModule:
     return UserModule(spec, {"hidden": fields["hidden"], "heads": heads, "kv_heads": kv, "ffn": ffn,
                              "vocabulary": vocab}, build, lambda model, ids: model(ids, ids),
                       _divisors(heads, kv, ffn, vocab), checkpoint)
+
+
+def reference_module() -> UserModule:
+    """A small Llama written as users write it (RMSNorm in fp32, separate q, k, v projections, rotary, SDPA with
+    grouped K/V heads, SwiGLU), in plain torch: what ``calibrate compute`` times the host's cost of apply's paths
+    on (its kernels are shorter than their issue: the step is the host's)."""
+    c = REFERENCE
+
+    def build(blocks: int, t: int):
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+
+        from calibrate.layers import _rms, _rotate_half
+        d = c["hidden"] // c["heads"]
+
+        class Norm(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.ones(c["hidden"]))
+
+            def forward(self, x):
+                return _rms(torch, x, self.weight)
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                h, kv = c["heads"] // t, c["kv_heads"] // t
+                self.h, self.kv = h, kv
+                self.ln1, self.ln2 = Norm(), Norm()
+                self.q, self.k, self.v = (nn.Linear(c["hidden"], n * d, bias=False) for n in (h, kv, kv))
+                self.o = nn.Linear(h * d, c["hidden"], bias=False)
+                self.gate, self.up = (nn.Linear(c["hidden"], c["ffn"] // t, bias=False) for _ in range(2))
+                self.down = nn.Linear(c["ffn"] // t, c["hidden"], bias=False)
+
+            def forward(self, x):
+                b, s, _ = x.shape
+                y = self.ln1(x)
+                q, k, v = (p(y).view(b, s, n, d).transpose(1, 2) for p, n in
+                           ((self.q, self.h), (self.k, self.kv), (self.v, self.kv)))
+                q, k = (z + _rotate_half(torch, z) for z in (q, k))
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
+                x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
+                y = self.ln2(x)
+                return x + self.down(F.silu(self.gate(y)) * self.up(y))
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embedding = nn.Embedding(c["vocabulary"] // t, c["hidden"])
+                self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+                self.norm, self.head = Norm(), nn.Linear(c["hidden"], c["vocabulary"] // t, bias=False)
+
+            def forward(self, ids, targets):
+                x = self.embedding(ids)
+                for block in self.blocks:
+                    x = block(x)
+                logits = self.head(self.norm(x))
+                return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+        return Model()
+
+    return UserModule("calibrate.moduletime:reference_module", dict(REFERENCE), build,
+                      lambda model, ids: model(ids, ids), _divisors(*REFERENCE.values()), lambda model, on: False)
 
 
 class _Timed:
@@ -253,6 +319,12 @@ def _wrap(torch, m: _Timed, path: str) -> None:
     if path == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         m.model = DistributedDataParallel(m.model, device_ids=[m.device.index] if m.cuda else None)
+    elif path == "dtensor":  # every Linear's weight a DTensor: DTensor's dispatch on each of its ops
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        mesh = init_device_mesh(m.device.type, (1,))
+        plan = {name: ColwiseParallel() for name, mod in m.model.named_modules() if isinstance(mod, torch.nn.Linear)}
+        parallelize_module(m.model, mesh, plan)
     elif path == "fully_shard":
         from torch.distributed.fsdp import fully_shard
         blocks = [mod for mod in m.model.modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
@@ -294,6 +366,14 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     return out
+
+
+def reference_host(torch, device, iters: int, warmup: int, progress) -> dict:
+    """``compute.host_s`` (``calibrate.compute``): per apply path, the host's seconds per layer occurrence of the step
+    model's graph, per micro-batch and per step: ``reference_module``'s per block (``host_seconds``, micro-batch 1
+    of 512 tokens) over ``REFERENCE_OCCURRENCES``."""
+    per_block = host_seconds(torch, reference_module(), 1, 512, device, iters, warmup, progress)
+    return {path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()}
 
 
 def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,
