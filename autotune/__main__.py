@@ -9,6 +9,7 @@
     python -m autotune reproduce autoddl      # AutoDDL's evaluation (§5) beside ours
     python -m autotune explain ...            # the computations behind the reproduction's explanations
     python -m autotune export plan.json --to torchtitan|megatron   # the plan as those frameworks' config
+    torchrun --nproc-per-node 4 -m autotune tune --model config.json  # search, run the best candidates, keep the fastest
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ SUBCOMMANDS = {
     "reproduce": "autotune.sbp.cli.reproduce:main",
     "explain": "autotune.sbp.cli.explain:main",
     "export": "autotune.__main__:export",
+    "tune": "autotune.__main__:tune",
 }
 DEFAULT = "autotune.__main__:search"
 
@@ -34,6 +36,13 @@ def search(argv=None) -> int:
     from autotune.sbp.cli.search import main as search_main
 
     return search_main(argv, report=write_html)
+
+
+def tune(argv=None) -> int:
+    """Search, run the best candidates of different kinds, return the measured fastest (``autotune.execute.tune``)."""
+    from autotune.execute.tunecli import main as tune_main
+
+    return tune_main(argv, report=write_html)
 
 
 def write_html(plan_path, title: str):

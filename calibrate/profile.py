@@ -46,6 +46,7 @@ from calibrate.compute import ComputeModel
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 from calibrate.module import ModuleSection
+from calibrate.residuals import Residuals
 from calibrate.records import check_header, header
 
 KIND = "commtune.profile"
@@ -190,6 +191,7 @@ class Profile:
     compute: ComputeModel | None = None  # the GPU's compute model (``calibrate.compute``), if known
     device: Device | None = None  # the GPU of one rank and its memory, if known
     module: ModuleSection | None = None  # the user's module timed on one GPU (``calibrate.module``), if measured
+    residuals: Residuals | None = None  # measured / predicted step per apply path (``autotune tune``), if run
 
     @property
     def memory_bytes(self) -> int | None:
@@ -258,6 +260,7 @@ class Profile:
             **({"compute": self.compute.to_dict()} if self.compute is not None else {}),
             **({"device": self.device.to_dict()} if self.device is not None else {}),
             **({"module": self.module.to_dict()} if self.module is not None else {}),
+            **({"residuals": self.residuals.to_dict()} if self.residuals is not None else {}),
         }
 
     @classmethod
@@ -306,6 +309,7 @@ class Profile:
             compute=ComputeModel.from_dict(d["compute"], origin) if "compute" in d else None,
             device=Device.from_dict(d["device"], origin) if "device" in d else None,
             module=ModuleSection.from_dict(d["module"], origin) if "module" in d else None,
+            residuals=Residuals.from_dict(d["residuals"], origin) if "residuals" in d else None,
         )
 
     def save(self, path: str | Path) -> Path:

@@ -10,6 +10,10 @@ m n h_pass + n h_step seconds, and the step lasts at least that long:
 (the pipeline's stages take the same floor per micro-batch: ``autotune.pipeline.paths``). Only transformer
 plans that ``apply`` places (gpt, llama); the other models' plans, and every plan where the profile has no host
 figures, keep their step.
+
+``corrected``: where the profile has residuals of its path (``calibrate.residuals``: measured / predicted steps
+of plans ``autotune tune`` ran on this machine), the plan's step times that factor, recorded as
+``totals.residual`` (and ``totals.step_uncorrected_s``, the step before it).
 """
 from __future__ import annotations
 
@@ -35,3 +39,15 @@ def at_host_pace(plan: dict, compute) -> dict:
     per_pass, per_step = host
     step = typed.micro_batches * per_pass + per_step
     return dict(plan, apply_path=path, totals=dict(totals, host_step_s=step, step_s=max(totals["step_s"], step)))
+
+
+def corrected(plan: dict, profile) -> dict:
+    """``plan`` with its step corrected by the profile's residual of its apply path (module doc); ``plan`` itself
+    where the profile has none for that path or the plan has no path (pipelined, other models)."""
+    residuals = getattr(profile, "residuals", None)
+    totals = plan.get("totals") or {}
+    path = plan.get("apply_path")
+    if residuals is None or path is None or path not in residuals.paths or "step_s" not in totals:
+        return plan
+    r = residuals.factor(path)
+    return dict(plan, totals=dict(totals, step_uncorrected_s=totals["step_s"], residual=r, step_s=totals["step_s"] * r))

@@ -26,7 +26,7 @@ from models.loader import presets as kind_presets  # models.presets is also the 
 from autotune.export import next_steps
 from autotune.pipeline.record import pipeline_plans
 from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
-from autotune.plan.hostpace import at_host_pace
+from autotune.plan.hostpace import at_host_pace, corrected
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
@@ -327,6 +327,8 @@ def main(argv=None, report=None) -> int:
                               lambda p: run_search(p, args.search, budget, args.seed), skipped)
         if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
             plan, base = at_host_pace(plan, profile.compute), [at_host_pace(b, profile.compute) for b in base]
+            # and corrected by what autotune tune measured on this machine, per path (the profile's residuals)
+            plan, base = corrected(plan, profile), [corrected(b, profile) for b in base]
         plan = floor(plan, base, objective)
         if stages != "off":
             progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {args.schedule})")
