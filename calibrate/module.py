@@ -15,7 +15,8 @@ Section shape (version 1)::
                   "block":   {"forward_s": .., "backward_s": .., "recompute_s": .., "optimizer_s": ..,
                               "activation_bytes": ..},
                   "outside": {"forward_s": .., "backward_s": .., "optimizer_s": ..}}, ...],
-      "host_s": {"none": [per_pass, per_step], "ddp": [...], "fully_shard": [...]}
+      "host_s": {"none": [per_pass, per_step], "ddp": [...], "fully_shard": [...]},
+      "memory": {"fragmentation": 0.04, "path_bytes_per_param": {"ddp": 4.1, "fully_shard": 0.3}}
     }
 
 A point is one local shape the search considers: the block built with heads, K/V heads and the MLP's
@@ -29,7 +30,11 @@ block keeps from its forward to its backward (peak allocated of the two-block mo
 model's; null off CUDA). ``outside`` is the rest of the one-block model (embedding, final norm, head,
 loss). ``host_s``: per apply path (``calibrate.compute.HOST_PATHS``), the host's seconds to issue one
 block's forward and backward per micro-batch, and its optimizer step per step (the two-block model's
-issue time less the one-block model's), measured in the same run on a process group of one.
+issue time less the one-block model's), measured in the same run on a process group of one. ``memory``
+(CUDA only): the allocator's fragmentation (the step's peak reserved over its peak allocated, less 1, on the
+"none" path), which the search keeps as an allowance under the device's limit (``autotune.sbp.cli.search.
+memory_limit``), and per path the bytes per parameter its placement allocates beyond the plain module's at the
+step's peak (DDP's buckets and first-step copies, fully_shard's copy-in/out; recorded for the memory model).
 """
 from __future__ import annotations
 
@@ -81,6 +86,7 @@ class ModuleSection:
     recipe: str = "fp32 weights, bf16 autocast, fused AdamW"
     device: str = ""
     host_s: dict = field(default_factory=dict)  # path -> (per block and micro-batch, per block and step)
+    memory: dict = field(default_factory=dict)  # "fragmentation", "path_bytes_per_param" (module docstring)
 
     def matches(self, config: dict) -> bool:
         """Whether the section was measured on the model of ``config`` (a model's transformer fields)."""
@@ -98,7 +104,8 @@ class ModuleSection:
     def to_dict(self) -> dict:
         return {"version": VERSION, "source": self.source, "module": self.module, "model": dict(self.model),
                 "recipe": self.recipe, "device": self.device, "points": [p.to_dict() for p in self.points],
-                **({"host_s": {k: list(v) for k, v in self.host_s.items()}} if self.host_s else {})}
+                **({"host_s": {k: list(v) for k, v in self.host_s.items()}} if self.host_s else {}),
+                **({"memory": self.memory} if self.memory else {})}
 
     @classmethod
     def from_dict(cls, d, origin: str = "profile") -> "ModuleSection":
@@ -140,5 +147,13 @@ class ModuleSection:
                 for k, v in host.items()):
             raise UserError(f"{where} has a bad host_s (want path -> [per pass, per step] seconds, paths of "
                             f"{', '.join(HOST_PATHS)}): {FIX}")
+        memory = d.get("memory") or {}
+        per = memory.get("path_bytes_per_param", {}) if isinstance(memory, dict) else None
+        if not isinstance(memory, dict) or set(memory) - {"fragmentation", "path_bytes_per_param"} or not _number(
+                memory.get("fragmentation", 0.0), False) or memory.get("fragmentation", 0.0) > 1 or not isinstance(
+                per, dict) or any(k not in HOST_PATHS or not isinstance(v, (int, float)) or isinstance(v, bool)
+                                  or not math.isfinite(v) for k, v in per.items()):
+            raise UserError(f"{where} has a bad memory (want fragmentation in [0, 1] and path_bytes_per_param: path -> "
+                            f"bytes): {FIX}")
         return cls(d.get("source", ""), d["module"], dict(model), tuple(points), d.get("recipe", ""),
-                   d.get("device", ""), {k: (float(v[0]), float(v[1])) for k, v in host.items()})
+                   d.get("device", ""), {k: (float(v[0]), float(v[1])) for k, v in host.items()}, dict(memory))

@@ -335,14 +335,17 @@ def _wrap(torch, m: _Timed, path: str) -> None:
 
 
 def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,
-                 progress, paths=HOST_PATHS) -> dict:
+                 progress, paths=HOST_PATHS, memory: dict | None = None) -> dict:
     """Per path (``HOST_PATHS``): (seconds the host takes to issue one block's forward and backward, and its
     optimizer step), the two-block model's issue time less the one-block model's, each call timed by the host
-    clock (an engine arm on the CPU's clock) with the device synchronised after it."""
-    out = {}
+    clock (an engine arm on the CPU's clock) with the device synchronised after it. On CUDA, ``memory`` (given)
+    receives the module section's memory figures (``calibrate.module``): each path's peak allocated over a step of
+    the two-block model beyond the plain module's, per parameter, and the fragmentation on the plain path."""
+    out, peaks = {}, {}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     with _group_of_one(torch, device):
         for path in paths:
+            models = None
             try:
                 models = {n: _Timed(torch, um, n, 1, device) for n in (1, 2)}
                 for m in models.values():
@@ -355,6 +358,8 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
                         for n, m in models.items() for k, fn in (("fb", m.both), ("o", m.step))]
                 med = medians(torch, arms, timing(iters, warmup, back_to_back=False))
                 out[path] = (max(med["fb2"] - med["fb1"], 0.0), max(med["o2"] - med["o1"], 0.0))
+                if device.type == "cuda":
+                    peaks[path] = (*_step_peak(torch, models[2], device), models[2].params)
                 progress(f"host {path}: {out[path][0] * 1e6:.0f} us per block and micro-batch, "
                          f"{out[path][1] * 1e6:.0f} us per block and step")
             except UserError:
@@ -365,7 +370,21 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
                 models = None
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+    if memory is not None and "none" in peaks:
+        base_alloc, base_reserved, params = peaks["none"]
+        memory["fragmentation"] = min(max(base_reserved / base_alloc - 1.0, 0.0), 1.0)
+        memory["path_bytes_per_param"] = {p: (a - base_alloc) / params for p, (a, _, _) in peaks.items() if p != "none"}
     return out
+
+
+def _step_peak(torch, m: _Timed, device) -> tuple[int, int]:
+    """(peak allocated, peak reserved) over one step (forward and backward, optimizer) from a clean cache."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    m.both(0)
+    m.step(0)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
 def reference_host(torch, device, iters: int, warmup: int, progress) -> dict:
@@ -412,8 +431,10 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
     if not points:
         raise UserError(f"{um.name}: no shape could be timed (each ran out of memory): give smaller --micro-batches "
                         f"or --sequence")
-    hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress) if host else {}
+    memory: dict = {}
+    hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress,
+                         memory=memory) if host else {}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return ModuleSection(source, um.name, um.model, tuple(points),
                          "fp32 weights, bf16 autocast, fused AdamW" if device.type == "cuda"
-                         else "fp32 weights, fp32 (no autocast on the CPU), AdamW", name, hosts)
+                         else "fp32 weights, fp32 (no autocast on the CPU), AdamW", name, hosts, memory)

@@ -73,3 +73,15 @@ def test_each_layer_reads_the_point_of_its_local_shape():
     keys = {cal.key(op, s, problem.cluster) for op, ss in zip(problem.ops, problem.choices) for s in ss}
     assert {(1, 1), (2, 2), (1, 2)} <= keys
     assert cal.ratio(True, (2, 2)) != cal.ratio(True, (1, 1))
+
+
+def test_the_allocators_fragmentation_is_an_allowance_under_the_limit():
+    from dataclasses import replace
+
+    from autotune.sbp.cli.search import memory_limit
+    profile = Profile.load("h200-nvlink")
+    plain, _ = memory_limit(profile, None)
+    profile.module = replace(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)), memory={"fragmentation": 0.1})
+    limit, note = memory_limit(profile, None)
+    assert limit == pytest.approx(plain / 1.1) and "fragmentation" in note
+    assert memory_limit(profile, 10.0)[0] == 10 * 2**30  # a limit the user gives is theirs

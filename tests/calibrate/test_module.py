@@ -62,6 +62,8 @@ def test_host_cost_per_path_on_a_group_of_one():
     (lambda d: d["model"].pop("ffn"), "model needs"),
     (lambda d: d.update(points=[d["points"][0], d["points"][0]]), "two points"),
     (lambda d: d.update(host_s={"nvlink": [0, 0]}), "host_s"),
+    (lambda d: d.update(memory={"fragmentation": 3.0}), "memory"),
+    (lambda d: d.update(memory={"path_bytes_per_param": {"nvlink": 1.0}}), "memory"),
 ])
 def test_bad_section_is_one_line(edit, words):
     good = {"version": 1, "source": "", "module": "m:f", "recipe": "", "device": "",
