@@ -8,6 +8,11 @@
 #     the prediction with the module section and without (tests/gpu/calib_module_check.py; ~5-7 min).
 #     PROFILE=path/to/profile.json (the compute part's, copied into the tree) is required: without it this part
 #     measures one first with fewer iterations (and then may not finish within one call).
+#   PART=tune (nvidia-h200-x4): the held-out 1.5 B transformers Llama (tune_x4 of module_heldout.json: 16 x 2048, 8 K/V
+#     heads, ffn 8192, vocabulary 128256, sequence 2048, batch 32 in 2 micro-batches): python -m calibrate module at
+#     tensor widths 1, 2, 4 and the local micro-batches, then torchrun --nproc-per-node 4 -m autotune tune with that
+#     profile (the searched plan and the best DDP / FSDP / tensor-parallel / pipelined plans, 4 steps each; the
+#     measured fastest returned, tune.md its table; residuals into $OUT/tune-profile.json). PROFILE as above.
 # e.g.  OUT=$OUT PART=compute bash tests/gpu/calib_module_check.sh
 #       OUT=$OUT PART=module PROFILE=reports/records/calib-module-h200/profile.json bash tests/gpu/calib_module_check.sh
 set -uo pipefail
@@ -50,5 +55,26 @@ PYEOF
     echo "calib_module_check: exit $? ($((SECONDS - t0)) s)"
     cat "$OUT/module_check.txt"
     ;;
-  *) echo "unknown PART=$PART: use compute or module"; exit 2 ;;
+  tune)
+    profile=${PROFILE:?PART=tune needs PROFILE=the compute part profile.json (host and overlap figures)}
+    $PY - "$OUT/llama1.5b.json" <<'PYEOF'
+import json, sys
+row = json.load(open("reports/records/module_heldout.json"))["tune_x4"][0]
+json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": row["hidden"],
+           "num_attention_heads": row["heads"], "num_key_value_heads": row["kv_heads"], "num_hidden_layers": row["layers"],
+           "intermediate_size": row["ffn"], "vocab_size": row["vocabulary"], "max_position_embeddings": row["sequence"],
+           "tie_word_embeddings": False}, open(sys.argv[1], "w"))
+PYEOF
+    timeout "${MODULE_TIMEOUT:-200}" $PY -m calibrate module --model "$OUT/llama1.5b.json" --profile "$profile"       --out "$OUT/tune-profile.json" --tensor 1,2,4 --micro-batches 2,4,8,16 --sequence 2048 > "$OUT/module.log" 2>&1
+    echo "calibrate module: exit $? ($((SECONDS - t0)) s)"; tail -3 "$OUT/module.log"
+    [ -f "$OUT/tune-profile.json" ] || cp "$profile" "$OUT/tune-profile.json"
+    t1=$SECONDS
+    timeout "${TUNE_TIMEOUT:-330}" torchrun --nproc-per-node 4 -m autotune tune --model "$OUT/llama1.5b.json" \
+      --profile "$OUT/tune-profile.json" --out "$OUT/tune" -- --sequence 2048 --batch 32 --micro-batch 16 \
+      > "$OUT/tune.log" 2>&1
+    echo "autotune tune: exit $? ($((SECONDS - t1)) s)"
+    grep -E "^\[tune\] [^s]|error" "$OUT/tune.log" | tail -8
+    [ -f "$OUT/tune/tune.md" ] && cat "$OUT/tune/tune.md"
+    ;;
+  *) echo "unknown PART=$PART: use compute, module or tune"; exit 2 ;;
 esac
