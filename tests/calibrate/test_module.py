@@ -22,12 +22,21 @@ def run(argv) -> int:
     return main(["module", *argv])
 
 
-def test_module_section_of_a_tiny_llama(tmp_path, capsys):
+@pytest.fixture
+def one_thread():
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny kernels: threads only contend on a shared CPU
+    yield
+    torch.set_num_threads(before)
+
+
+def test_module_section_of_a_tiny_llama(tmp_path, capsys, one_thread):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(LLAMA))
     out = tmp_path / "p.json"
     assert run(["--model", str(cfg), "--out", str(out), "--device", "cpu", "--tensor", "1,2", "--micro-batches", "1",
-                "--sequence", "16", "--iters", "3", "--warmup", "1", "--no-host"]) == 0
+                "--sequence", "16", "--iters", "3", "--warmup", "0", "--no-host"]) == 0
     section = Profile.load(out).module  # through the profile's one loader
     assert section.module == "transformers:LlamaForCausalLM"
     assert section.model == {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256}
@@ -43,7 +52,7 @@ def test_module_section_of_a_tiny_llama(tmp_path, capsys):
     assert Profile.load(out).tiers  # the base profile's tiers kept
 
 
-def test_host_cost_per_path_on_a_group_of_one():
+def test_host_cost_per_path_on_a_group_of_one(one_thread):
     import torch
 
     from calibrate.moduletime import hf_module, host_seconds
