@@ -85,3 +85,32 @@ def test_the_allocators_fragmentation_is_an_allowance_under_the_limit():
     limit, note = memory_limit(profile, None)
     assert limit == pytest.approx(plain / 1.1) and "fragmentation" in note
     assert memory_limit(profile, 10.0)[0] == 10 * 2**30  # a limit the user gives is theirs
+
+
+def test_the_modules_own_host_cost_paces_its_blocks():
+    """A plan on the DDP path: blocks at the module section's measured host pace, the rest at the compute section's
+    per layer occurrence: host step = m (L h_block + n_out h) + L s_block + n_out s."""
+    from autotune.plan.hostpace import at_host_pace
+    from autotune.plan.search import model_graph
+    problem, _ = plan(None, devices=2)
+    from autotune.sbp.baselines import data_parallel
+    dp = build_plan(problem, data_parallel(problem), "data parallel")
+    cm = problem.compute
+    pace = at_host_pace(dp, cm)
+    assert pace["apply_path"] == "ddp"
+    own = replace_host(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)), {"ddp": (0.5, 0.25)})
+    with_own = at_host_pace(dp, cm, own)
+    g = model_graph(dp["model"])
+    outside = len(g.chain) - sum(e - s for s, e in g.blocks)
+    h, s = cm.host_s["ddp"]
+    m = dp["micro_batches"]
+    want = m * (len(g.blocks) * 0.5 + outside * h) + len(g.blocks) * 0.25 + outside * s
+    assert with_own["totals"]["host_step_s"] == pytest.approx(want)
+    assert with_own["totals"]["step_s"] == pytest.approx(max(dp["totals"]["step_s"], want))
+    other = replace_host(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE), model=dict(SHAPE, ffn=256)), {"ddp": (0.5, 0.25)})
+    assert at_host_pace(dp, cm, other)["totals"] == pace["totals"]  # another model's section: not used
+
+
+def replace_host(sec, host):
+    from dataclasses import replace
+    return replace(sec, host_s=host)

@@ -330,7 +330,8 @@ def main(argv=None, report=None) -> int:
         base = baseline_plans(plain, summa_problem, sb_problem,
                               lambda p: run_search(p, args.search, budget, args.seed), skipped)
         if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
-            plan, base = at_host_pace(plan, profile.compute), [at_host_pace(b, profile.compute) for b in base]
+            plan, base = (at_host_pace(plan, profile.compute, profile.module),
+                          [at_host_pace(b, profile.compute, profile.module) for b in base])
             # and corrected by what autotune tune measured on this machine, per path (the profile's residuals)
             plan, base = corrected(plan, profile), [corrected(b, profile) for b in base]
         plan = floor(plan, base, objective)
