@@ -9,6 +9,7 @@
     python -m autotune reproduce autoddl      # AutoDDL's evaluation (§5) beside ours
     python -m autotune explain ...            # the computations behind the reproduction's explanations
     python -m autotune export plan.json --to torchtitan|megatron   # the plan as those frameworks' config
+    torchrun --nproc-per-node 4 -m autotune tune --model config.json  # search, run the best candidates, keep the fastest
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ SUBCOMMANDS = {
     "reproduce": "autotune.cli.reproduce:main",
     "explain": "autotune.cli.explain:main",
     "export": "autotune.__main__:export",
+    "tune": "autotune.__main__:tune",
 }
 DEFAULT = "autotune.__main__:search"
 
@@ -34,6 +36,21 @@ def search(argv=None) -> int:
     from autotune.cli.search import main as search_main
 
     return search_main(argv, report=render_html)
+
+
+def tune(argv=None) -> int:
+    """Search, run the best candidates of different kinds, return the measured fastest (``autotune.execute.tune``)."""
+    from autotune.execute.tunecli import main as tune_main
+
+    return tune_main(argv, report=write_html)
+
+
+def write_html(plan_path, title: str):
+    """The report page of a plan file already written, beside it (report.html)."""
+    from reports.html import write_report
+    from reports.sections.sbp import build
+
+    return write_report(plan_path.parent / "report.html", title, build([plan_path]), [str(plan_path)])
 
 
 def render_html(staged_plan, plan_path, title: str) -> str:

@@ -24,7 +24,7 @@ from models import LayerGraph, load_model
 
 from autotune.pipeline.record import pipeline_plans
 from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
-from autotune.plan.hostpace import at_host_pace
+from autotune.plan.hostpace import at_host_pace, corrected
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
@@ -151,7 +151,10 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     base = baseline_plans(plain, summa_problem, sb_problem,
                           lambda p: run_search(p, algorithm, budget, seed, progress), skipped)
     if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
-        plan, base = at_host_pace(plan, profile.compute), [at_host_pace(b, profile.compute) for b in base]
+        plan, base = (at_host_pace(plan, profile.compute, profile.module),
+                      [at_host_pace(b, profile.compute, profile.module) for b in base])
+        # and corrected by what autotune tune measured on this machine, per path (the profile's residuals)
+        plan, base = corrected(plan, profile), [corrected(b, profile) for b in base]
     plan = floor(plan, base, objective)
     if stages != "off":
         progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {schedule})")

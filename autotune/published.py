@@ -1,5 +1,5 @@
 """Published large training runs as regression tests: ``python -m autotune reproduce published``
-(``autotune/sbp/cli/reproduce.py``).
+(``autotune/cli/reproduce.py``).
 
 Every case of ``autotune/sbp/presets/published.json`` (the paper's model, cluster, configuration and step) is
 priced twice on its documented profile, one configuration for all cases:

@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "validate": "calibrate.cli.validate:main",
     "profiles": "calibrate.cli.profiles:main",
     "compute": "calibrate.cli.compute_evaluate:main",
+    "module": "calibrate.cli.module:main",
     "health": "calibrate.cli.health:main",  # handles its own errors on every rank
 }
 

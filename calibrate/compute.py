@@ -26,8 +26,15 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
                                           # apply's paths (HOST_PATHS), per layer occurrence and micro-batch
                                           # (forward + backward) and per layer occurrence and step (the optimizer)
                                           # (autotune.execute.hostfit: measured where the kernels take less)
+      "overlap": {"all_reduce": 1.08, "all_gather": 1.05, "reduce_scatter": 1.07,  # compute's slowdown while a
+                  "peer": "nccl"},      # collective runs beside it (calibrate.overlap): "nccl" measured beside
+                                          # a collective between 2 GPUs, "copy" beside a device copy (no peer GPU)
       "sources": {"matmul.2": "...", ...}   # one source per figure
     }
+
+Multi-GPU planning needs ``host_s`` (the paths of several devices) and ``overlap``: a profile without them
+is refused (``ComputeModel.missing_overheads``, ``autotune.sbp.steptime.require_overheads``), never
+priced as if they cost nothing.
 
 A band with measured ``points`` (flops -> median seconds, one per measured shape)
 interpolates log-log between them, keeps the last point's throughput above it
@@ -67,6 +74,8 @@ from calibrate.layers import KINDS as LAYER_KINDS
 
 KINDS = ("measured", "assumed")
 HOST_PATHS = ("dtensor", "ddp", "fully_shard", "none")  # autotune.plan's placement paths ("none": one device)
+OVERLAP_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")  # what DDP's and FSDP's compute runs beside
+OVERLAP_PEERS = ("nccl", "copy")  # measured beside a collective between GPUs, or beside a copy (no peer GPU)
 
 
 AXES = ("flops", "scores", "elements")
@@ -285,6 +294,7 @@ class ComputeModel:
     layer_s: dict = field(default_factory=dict)  # calibrate.layers kind -> (forward, backward) seconds per element
     layer_call_s: dict = field(default_factory=dict)  # the same kinds -> (forward, backward) seconds per call
     host_s: dict = field(default_factory=dict)  # HOST_PATHS path -> (per layer occurrence and micro-batch, per step)
+    overlap: dict = field(default_factory=dict)  # OVERLAP_COLLECTIVES -> compute's slowdown beside it; "peer"
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -373,9 +383,21 @@ class ComputeModel:
             return None
         return occurrences * per[0], occurrences * per[1]
 
+    def overlap_slowdown(self, collective: str) -> float:
+        """Compute's slowdown while ``collective`` (``OVERLAP_COLLECTIVES``) runs beside it: 1 without the figure
+        (planning of several devices refuses such a profile first: ``missing_overheads``)."""
+        return float(self.overlap.get(collective, 1.0))
+
+    def missing_overheads(self) -> list[str]:
+        """The figures multi-GPU planning needs that this model lacks (module docstring)."""
+        paths = [p for p in HOST_PATHS if p != "none" and p not in self.host_s]
+        return ([f"host_s ({', '.join(paths)})"] if paths else []) + \
+            (["overlap"] if any(c not in self.overlap for c in OVERLAP_COLLECTIVES) else [])
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
                 **({"host_s": {k: list(v) for k, v in self.host_s.items()}} if self.host_s else {}),
+                **({"overlap": dict(self.overlap)} if self.overlap else {}),
                 **({"layer_s": {k: list(v) for k, v in self.layer_s.items()}} if self.layer_s else {}),
                 **({"layer_call_s": {k: list(v) for k, v in self.layer_call_s.items()}} if self.layer_call_s else {}),
                 **({"op_Bps": dict(self.op_Bps)} if self.op_Bps else {}),
@@ -421,7 +443,21 @@ class ComputeModel:
             op_Bps={k: float(v) for k, v in ops.items()},
             sdpa=_sdpa_tables(d.get("sdpa", {}), where),
             layer_s=layers, layer_call_s=calls, host_s=_host_figures(d.get("host_s"), where),
+            overlap=_overlap(d.get("overlap"), where),
         )
+
+
+def _overlap(figures, where: str) -> dict:
+    """A profile's ``overlap``: collective -> slowdown (0.5 to 5: below 1 is noise, a matmul does not run faster beside
+    a collective), and the peer it was measured beside."""
+    figures = figures or {}
+    ok = isinstance(figures, dict) and figures.get("peer", "nccl") in OVERLAP_PEERS and all(
+        k in OVERLAP_COLLECTIVES and _finite(v) and 0.5 <= v <= 5 for k, v in figures.items() if k != "peer")
+    if not ok:
+        raise UserError(f"{where} has a bad overlap {figures!r} (want slowdowns between 0.5 and 5 for "
+                        f"{', '.join(OVERLAP_COLLECTIVES)} and peer one of {', '.join(OVERLAP_PEERS)}): re-run python -m "
+                        f"calibrate compute on 2 or more GPUs")
+    return dict(figures)
 
 
 def _host_figures(figures, where: str) -> dict:

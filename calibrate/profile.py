@@ -59,6 +59,8 @@ from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.compute import ComputeModel
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
+from calibrate.module import ModuleSection
+from calibrate.residuals import Residuals
 from calibrate.records import check_header, header
 
 KIND = "commtune.profile"
@@ -240,6 +242,8 @@ class Profile:
     @property
     def fragmentation_fraction(self) -> float:
         return DEFAULT_FRAGMENTATION if self.fragmentation is None else float(self.fragmentation.value)
+    module: ModuleSection | None = None  # the user's module timed on one GPU (``calibrate.module``), if measured
+    residuals: Residuals | None = None  # measured / predicted step per apply path (``autotune tune``), if run
 
     @property
     def memory_bytes(self) -> int | None:
@@ -322,6 +326,8 @@ class Profile:
                if self.bandwidth_per else {}),
             **({"memory_fragmentation": {"fraction": self.fragmentation.value, "source": self.fragmentation.source}}
                if self.fragmentation is not None else {}),
+            **({"module": self.module.to_dict()} if self.module is not None else {}),
+            **({"residuals": self.residuals.to_dict()} if self.residuals is not None else {}),
         }
 
     @classmethod
@@ -371,6 +377,8 @@ class Profile:
             compute=ComputeModel.from_dict(d["compute"], origin) if "compute" in d else None,
             device=Device.from_dict(d["device"], origin) if "device" in d else None,
             bandwidth_per=per, fragmentation=frag,
+            module=ModuleSection.from_dict(d["module"], origin) if "module" in d else None,
+            residuals=Residuals.from_dict(d["residuals"], origin) if "residuals" in d else None,
         )
 
     def save(self, path: str | Path) -> Path:

@@ -41,9 +41,10 @@ from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op, with_recipe
 from autotune.sbp.memory import (FIRST, INSIDE, LAST, NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL, Memory, Mode,
                                   fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
-from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
-                                   require_compute)
+from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, overlapped,
+                                   require_compute, require_overheads)
 from autotune.sbp.mesh import Cluster
+from autotune.sbp.modulecal import calibrated_seconds, calibration, optimizer_ratio
 from autotune.sbp.rowbox import RowBoxer
 from autotune.sbp.sbp import NdSbp
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
@@ -237,8 +238,11 @@ class Problem:
             progress(f"{len(self.ops)} distinct layers, {sum(map(len, self.choices))} strategies, "
                      f"search space 10^{sum(math.log10(len(c)) for c in self.choices):.1f}")
         self.compute = coster.profile.compute
+        self.module_cal = None
         if objective == "step":
             require_compute(coster.profile)
+            require_overheads(coster.profile, self.cluster.devices)
+            self.module_cal = calibration(graph, coster.profile)  # the user's module as measured, if it was
         self.first = graph.chain[0]  # its gradients are ready last: their sync is never hidden
         self.chain_roles = chain_roles(graph)
         self.roles = layer_roles(graph)
@@ -297,21 +301,28 @@ class Problem:
         self.tied_sync = self._tied_sync_table(grad_bytes, mode) if self.tied_pair else None
         self.node_compute = self.node_bwd = None
         fsdp = mode.fsdp_axes is not None
+        # the backward's slowdown beside the gradient sync's collectives (DDP: all-reduces; FSDP: reduce-scatters)
+        self.sync_slowdown = self.compute.overlap_slowdown("reduce_scatter" if fsdp else "all_reduce") \
+            if step and self.compute is not None else 1.0
         secs = None
         if self.compute is not None:
             cm = self.compute
             secs = []
             for v, (op, ss) in enumerate(zip(self.ops, self.choices)):
                 role = self.roles[v]
-                secs.append(fig(v, ("secs", self._recomputed(v), role), lambda op=op, ss=ss, role=role: np.array(
-                    [layer_seconds(op, s, cl, cm, ab, rec, role) for s in ss], dtype=float).reshape(len(ss), 2)))
+                # (one model's problems share a catalogue: one profile, one module calibration)
+                secs.append(fig(v, ("secs", self._recomputed(v), role),
+                                lambda op=op, ss=ss, role=role: np.array(
+                    [calibrated_seconds(self.module_cal, op, s, cl, cm, ab, rec, role) for s in ss],
+                    dtype=float).reshape(len(ss), 2)))
             self.node_compute = []
             for v, (sec, ss) in enumerate(zip(secs, self.choices)):
                 redo = 2 if rec == "full" and self.roles[v] in RERUN else 1
                 copies = fig(v, ("copies",), lambda ss=ss: np.array([internal_copy_seconds(s, cl, cm) for s in ss],
                                                                     dtype=float))
                 opt = fig(v, ("optimizer", mode, self.tied[v]), lambda ss=ss, v=v: np.array(
-                    [optimizer_seconds(s, cl, cm, ab, mode, self.tied[v]) for s in ss], dtype=float))
+                    [optimizer_seconds(s, cl, cm, ab, mode, self.tied[v])
+                     * optimizer_ratio(self.module_cal, self.ops[v], s, cl, self.roles[v]) for s in ss], dtype=float))
                 acc = fig(v, ("accumulate", mode), lambda ss=ss: np.array(
                     [accumulate_seconds(s, cl, cm, ab, mode) for s in ss], dtype=float))
                 self.node_compute.append(mb * (sec[:, 0] + sec[:, 1] + redo * copies) + opt + (mb - 1) * acc)
@@ -535,7 +546,7 @@ class Problem:
         """Gradient sync not hidden behind the last micro-batch's backward: max(S - W, F) (``steptime``)."""
         S = sum(float(self.counts[v] * self.node_sync[v][i]) for v, i in enumerate(assign)) - self.tied_saved(assign)
         W = sum(float(self.counts[v] * self.node_bwd[v][i]) for v, i in enumerate(assign))
-        return max(S - W, float(self.node_sync[self.first][assign[self.first]]))
+        return float(overlapped(S, W, float(self.node_sync[self.first][assign[self.first]]), self.sync_slowdown))
 
     def _extra(self, assign, v: int) -> np.ndarray | float:
         """The non-additive part of the step objective for every choice of layer v, the others fixed."""
@@ -543,7 +554,7 @@ class Problem:
             - self.tied_saved(assign, v)
         W = sum(self.bwd_tot[u][i] for u, i in enumerate(assign) if u != v) + self.bwd_tot[v]
         F = self.node_sync[self.first] if v == self.first else self.node_sync[self.first][assign[self.first]]
-        return np.maximum(S - W, F)
+        return overlapped(S, W, F, self.sync_slowdown)
 
     def raw_cost(self, assign) -> float:
         """The objective's seconds per step, the memory limit ignored."""

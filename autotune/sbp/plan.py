@@ -22,6 +22,7 @@ from pathlib import Path
 from calibrate.records import check_header, header
 from calibrate.jsonfile import read_json, write_json
 
+from autotune.sbp.modulecal import source as compute_source
 from autotune.sbp.boxing import Step, copy_seconds
 from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
 from autotune.sbp.layers import Strategy
@@ -135,7 +136,8 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
             "sbp": layer_sbp(s, cl),
             "dtensor": dtensor(s, cl), "nd_sbp": nd_sbp(s), "collectives": comms,
             "redistribution_s": red, "grad_sync_s": sync, "memory_bytes": memory(s, cl, problem.act_bytes, problem.mode, problem.roles[v], problem.tied[v]),
-            **({"compute_s": comp} if comp is not None else {}), **clock,
+            **({"compute_s": comp, "compute_source": compute_source(problem.module_cal, op, s, cl, problem.roles[v])}
+               if comp is not None else {}), **clock,
         })
     for (a, b), count in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
@@ -169,6 +171,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         "recompute": problem.mode.recompute, "sharding": problem.mode.sharding,
         "assignment": [int(a) for a in assign],
         "objective": problem.objective, "totals": totals,
+        **({"compute_source": plan_source(layers)} if problem.node_compute is not None else {}),
         "layers": layers, "edges": edges,
     }
 
@@ -201,6 +204,13 @@ class PlanFile:
     def load(cls, path: str | Path) -> "PlanFile":
         d = read_json(path, "plan file", "run python -m autotune --out DIR first")
         return cls.from_dict(d, origin=f"plan file {str(path)!r}")
+
+
+def plan_source(layers: list[dict]) -> str:
+    """A plan's compute source: "module" where every layer's compute is priced from the user's module as
+    measured (``autotune.sbp.modulecal``), "analytical" where none is, else "module+analytical"."""
+    found = {layer.get("compute_source", "analytical") for layer in layers}
+    return "module+analytical" if len(found) > 1 else found.pop() if found else "analytical"
 
 
 def plan_title(best: dict) -> str:

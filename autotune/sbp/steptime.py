@@ -89,6 +89,10 @@ with S the gradient all-reduces of the step, W the backward compute of the last
 micro-batch (gradient accumulation syncs once, while the last micro-batch runs
 backward, as DDP and FSDP overlap them) and F the all-reduce of the first
 layer's gradients, which are ready only when the backward pass ends.
+The compute that runs beside the hidden part of the sync (S less the exposed) runs slower by the profile's
+measured overlap slowdown (``ComputeModel.overlap``: beside all-reduces, or reduce-scatters under FSDP), and
+FSDP's layer compute beside its all-gathers and reduce-scatters likewise (``fsdp_seconds``): ``overlapped``.
+Planning several devices needs those figures and the host's (``require_overheads``).
 Redistribution (boxing between and inside layers) is on the critical path:
 not hidden. Assumed: the gradient sync does not slow the backward's boxing
 (they share the network), and compute kernels run at the profile's rates at
@@ -97,6 +101,9 @@ the local shapes.
 from __future__ import annotations
 
 import math
+import os
+
+import numpy as np
 
 from calibrate.compute import ComputeModel
 from calibrate.errors import OptionError, UserError
@@ -107,6 +114,28 @@ from autotune.sbp.memory import (zero_elems, LAST, MATMUL_SIGNATURES, NONE, OUTS
                                  fsdp_axes, held_elems)
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, local_shape
+
+
+UNPRICED = "COMMTUNE_UNPRICED_OVERHEADS"  # "allow": plan several devices without host and overlap figures (tests)
+
+
+def require_overheads(profile, devices: int) -> None:
+    """Refuse planning ``devices`` > 1 devices by step time on a profile without the host's cost of apply's paths
+    or the overlap slowdown (``ComputeModel.missing_overheads``): never price them at zero. The test suite's
+    fixtures switch the refusal off (``UNPRICED``) until every embedded profile carries the figures."""
+    missing = require_compute(profile).missing_overheads() if devices > 1 else []
+    if missing and os.environ.get(UNPRICED) != "allow":
+        raise UserError(f"profile {profile.name!r} lacks {' and '.join(missing)}, which planning {devices} devices "
+                        f"needs: measure them on this machine with python -m calibrate compute --out PROFILE.json "
+                        f"(2 or more GPUs visible)")
+
+
+def overlapped(S, W, F, slowdown: float):
+    """The gradient sync's exposed seconds (S the step's sync, W the last backward, F the first layer's sync; numbers or
+    arrays): max(S - W, F), plus the slowdown of the compute that ran beside the hidden part (S less the exposed:
+    that long the backward ran beside the collectives, ``slowdown`` times slower)."""
+    exposed = np.maximum(S - W, F)
+    return exposed + (slowdown - 1.0) * np.maximum(S - exposed, 0.0)
 
 
 def require_compute(profile) -> ComputeModel:
@@ -354,7 +383,12 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     tb = sum(coster.step_time(st) for _, d, st in steps if d == "bwd")
     if fwd is None:
         return tf + tb
-    return max(0.0, tf - fwd) + max(0.0, tb - bwd)
+    cm = coster.profile.compute
+    rs = sum(coster.step_time(st) for _, d, st in steps if st.op == "reducescatter")
+    k_ag, k_rs = (cm.overlap_slowdown(c) if cm is not None else 1.0 for c in ("all_gather", "reduce_scatter"))
+    k_b = (k_ag * (tb - rs) + k_rs * rs) / tb if tb > 0 else 1.0
+    # the layer's compute beside its gathers (and reduce-scatters) runs slower by the measured overlap slowdown
+    return max(0.0, tf - fwd) + max(0.0, tb - bwd) + (k_ag - 1) * min(tf, fwd) + (k_b - 1) * min(tb, bwd)
 
 
 def pipelined_fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd: float,

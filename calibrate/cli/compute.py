@@ -19,7 +19,11 @@ efficient, cudnn or math: the aten op the dispatcher called, read with torch's p
 device-to-device copy (memory bandwidth); a GELU forward and backward,
 torch's fused Adam and the masked embedding's forward and backward (the
 bandwidths of the step's other memory-bound kernels, which move fewer bytes a
-second than a copy); and one-element kernels queued behind a matmul (a kernel's fixed cost in a step). Writes the
+second than a copy); one-element kernels queued behind a matmul (a kernel's fixed cost in a step); the
+host's cost of each of apply's paths (``host_s``: a small Llama block issued on a process group of one,
+``calibrate.moduletime.reference_host``) and compute's slowdown beside communication (``overlap``: a
+matmul beside NCCL collectives between 2 GPUs where 2 are visible, else beside a copy, said in the
+profile: ``calibrate.overlap``); multi-GPU planning needs both. Writes the
 profile's ``compute`` section (``calibrate.compute``) and its ``device`` section (the GPU's
 name, total memory, and usable memory: at the end of the run, once torch's cache is released,
 the free memory plus what torch still holds, i.e. the total less this process's CUDA context
@@ -47,6 +51,8 @@ from calibrate.computeeval import Grid
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 from calibrate.measure.torcharm import TorchArm, medians, timing
+from calibrate.moduletime import REFERENCE, reference_host
+from calibrate.overlap import measure_overlap
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Device, Profile
 
@@ -459,6 +465,15 @@ def main(argv=None) -> int:
     ops["embedding"], ops["embedding_backward"] = measure_embedding(torch, device, args.iters, args.warmup)
     launch = measure_launch(torch, device, args.iters, args.warmup)
     layers, layer_calls = measure_layers(torch, device, args.iters, args.warmup)
+    t0 = time.perf_counter()
+    host = reference_host(torch, device, args.iters, args.warmup, progress)
+    overlap = measure_overlap(torch, args.iters, args.warmup, progress)
+    progress(f"host and overlap: {time.perf_counter() - t0:.0f} s")
+    sources["host_s"] = (f"measured: the host's issue time of a small Llama block (calibrate.moduletime.reference_module, "
+                         f"{REFERENCE}) on each apply path, over a process group of one, per layer occurrence")
+    sources["overlap"] = ("measured: an 8192^3 bf16 matmul beside " + (
+        "NCCL collectives of 1 GiB between 2 GPUs" if overlap["peer"] == "nccl" else
+        "a 1 GiB device copy (one GPU visible: a stand-in for the collectives)") + ", over the matmul alone")
     progress("layers (ns per element forward / backward; us per call forward / backward): "
              + ", ".join(f"{k} {f * 1e9:.4f}/{b * 1e9:.4f}; {layer_calls[k][0] * 1e6:.1f}/{layer_calls[k][1] * 1e6:.1f}"
                          for k, (f, b) in layers.items()))
@@ -474,7 +489,7 @@ def main(argv=None) -> int:
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} isolated runs, or of 3 batches of them back to back (calibrate.measure)",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
-        op_Bps=ops, sdpa=sdpa, layer_s=layers, layer_call_s=layer_calls)
+        op_Bps=ops, sdpa=sdpa, layer_s=layers, layer_call_s=layer_calls, host_s=host, overlap=overlap)
     profile.device = device_memory(torch, device, free_at_start)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())

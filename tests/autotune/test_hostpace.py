@@ -37,9 +37,10 @@ def test_the_floor_closed_form(tmp_path):
     per_pass, per_step = 5e-3, 1e-3
     host = replace(base, compute=replace(base.compute, host_s={"ddp": (per_pass, per_step), "dtensor": (1e-9, 0.0),
                                                                "fully_shard": (1e-9, 0.0)}))
-    path = tmp_path / "host.json"
+    path, bare = tmp_path / "host.json", tmp_path / "bare.json"
     host.save(path)
-    without = plans(tmp_path / "a", SMALL, "h200-nvlink")
+    replace(base, compute=replace(base.compute, host_s={})).save(bare)  # the embedded profile carries host figures
+    without = plans(tmp_path / "a", SMALL, bare)
     with_host = plans(tmp_path / "b", SMALL, path)
     dp = with_host["data parallel"]
     n, m = len(model_graph(dp["model"]).chain), dp["micro_batches"]

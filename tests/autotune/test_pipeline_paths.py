@@ -52,7 +52,7 @@ def test_host_floor_closed_form(graph, profile, per_pass, per_step):
     assert fig.optimizer == pytest.approx(max(opt, n * per_step))
     assert fig.compute == pytest.approx(comp + M * (fig.forward + fig.backward - fwd - bwd) + fig.optimizer - opt)
     assert (fig.redistribution, fig.grad_sync, fig.exposed_sync) == (red, sync, exposed)
-    plain = figures(stage(graph, profile), dp)  # no host figures: the device's, no path
+    plain = figures(stage(graph, with_host(profile, {})), dp)  # no host figures: the device's, no path
     assert (plain.forward, plain.backward, plain.path) == (fwd, bwd, "")
 
 
@@ -72,7 +72,7 @@ def test_the_chooser_takes_the_local_path_at_the_host_pace(graph, profile):
     no host figures (the search's choice stands) or where DDP's host is the slower, replaced where the DTensor
     path's host is."""
     def choose(host):
-        pr = stage(graph, with_host(profile, host) if host else profile)
+        pr = stage(graph, with_host(profile, host or {}))  # the embedded profile carries host figures: none here
         tp = megatron_assignment(pr, (1, 2), (1, 2))
         return _at_host_pace((pr, tp, {"algorithm": "cd"}), [pr])[1] == paths.dp_assignment(pr)
     assert not choose(None)

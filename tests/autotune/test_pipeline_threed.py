@@ -145,7 +145,7 @@ def test_pipelined_plans_memory_line_is_the_binding_stages(graph, profile):
     """Issue 43: the printed memory of a pipelined plan is the stage that binds (the most memory), its parts
     adding up to its total, and the recompute / sharding line names each stage's mode."""
     from autotune.pipeline.record import pipeline_plan
-    from autotune.sbp.cli.search import breakdown, modes_line
+    from autotune.cli.search import breakdown, modes_line
     ps = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(stages=4))
     c = ps.finish(megatron_3d(ps))
     plan = pipeline_plan(ps, c, "test", {})

@@ -6,7 +6,7 @@ import pytest
 
 from calibrate.errors import UserError
 from autotune import published
-from autotune.sbp.cli.reproduce import main
+from autotune.cli.reproduce import main
 from autotune.sbp.reproduce import worse_figures
 
 CASES = {c["id"]: c for c in published.load_cases()}

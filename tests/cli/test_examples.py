@@ -63,6 +63,8 @@ ELSEWHERE = {
     "python -m autotune reproduce autoddl": "every AutoDDL case: minutes of search; "
                                             "tests/autotune/test_sbp_reproduce.py runs one case end to end",
     "python -m calibrate compute --out h200.json": GPU,
+    "torchrun --nproc-per-node 4 -m autotune tune --model config.json":
+        "several processes: tests/autotune/test_tune.py runs the tune loop on gloo",
     "python -m calibrate compute --profile h200-nvlink --out my.json --dtypes bf16": GPU,
     "python -m calibrate compute evaluate --heldout heldout.json --profile my.json --out eval.json":
         "a GPU's compute model: tests/calibrate/test_compute_evaluate.py runs it on the CPU stand-in",

@@ -1,0 +1,144 @@
+"""``autotune tune``'s loop: search, run the K best candidates of different kinds for a few steps each in the
+same job, return the measured fastest, and write what the step model missed back into the profile.
+
+    torchrun --nproc-per-node 4 -m autotune tune --model config.json [--module pkg.mod:factory] --out DIR
+
+Candidates (``candidates``): the searched plan, then the best-predicted plan of each kind not yet taken that
+fits (data parallel on DDP; FSDP or HSDP; tensor parallel: Megatron or TP+FSDP; pipelined), up to K. Each runs
+through the execute runners (``run_module_plan``: ``autotune.apply``; ``run_pipeline_plan``:
+``autotune.apply_pipeline``) for --steps steps, the median after --warmup (the slowest rank's); one that runs
+out of memory is reported as not fitting and the others go on. The fastest measured is the returned plan
+(DIR/plan.json's best; every candidate's predicted and measured step and memory in its ``meta.tune`` and in
+DIR/tune.md). Residuals (``calibrate.residuals``): per apply path, measured / predicted, into the profile
+(--profile-out), which the next search reads (``autotune.plan.hostpace.corrected``). The search is one call,
+``search_plans``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from calibrate.compute import HOST_PATHS
+from calibrate.errors import UserError
+
+KINDS = {"ddp": "data parallel", "fully_shard": "FSDP", "dtensor": "tensor parallel"}  # apply path -> kind
+
+
+def kind_of(plan: dict) -> str | None:
+    """The candidate kind of a plan, by the path ``autotune.apply`` places it on (a Megatron plan of t = 1 is data
+    parallel; every plan with tensor-split layers is tensor parallel), or "pipelined"; None on one device."""
+    from autotune.plan.layouts import plan_path
+    from autotune.plan.search import convert
+
+    if "stages" in plan:
+        return "pipelined"
+    return KINDS.get(plan_path(convert(plan, (), "plan")))
+
+
+def _step(plan: dict) -> float:
+    return float((plan.get("totals") or {}).get("step_s", float("inf")))
+
+
+def candidates(best: dict, baselines: list[dict], k: int) -> list[dict]:
+    """The searched plan, then per kind its best-predicted plan that fits, fastest predicted first, K in all."""
+    out, seen = [best], {kind_of(best) or "searched"}
+    for plan in sorted(baselines, key=_step):
+        kind = kind_of(plan)
+        if len(out) >= k:
+            break
+        if kind is None or kind in seen or not (plan.get("totals") or {}).get("fits_memory", True):
+            continue
+        out.append(plan)
+        seen.add(kind)
+    return out
+
+
+def search_plans(search_argv: list[str], out: Path):
+    """The search (one call: the lead switches it to ``autotune.search`` at merge): plan.json into ``out``,
+    returned as (best, baselines)."""
+    from autotune.cli.search import main as search_main
+    from autotune.sbp.plan import PlanFile
+
+    if search_main([*search_argv, "--objective", "step", "--out", str(out)]) != 0:
+        raise UserError("the search failed: see its message above")
+    pf = PlanFile.load(out / "plan.json")
+    return pf.best, list(pf.baselines)
+
+
+def run_candidate(plan: dict, d, module: str, steps: int, warmup: int, seed: int, progress) -> dict:
+    """One candidate's row: predicted and measured step and peak memory (the largest over ranks), its apply
+    path, and "ok", "out of memory" (does not fit) or the reason it could not run."""
+    from autotune.execute.moduletrain import torch
+    from autotune.execute.pipetrain import run_pipeline_plan
+    from autotune.execute.runner import free_device, run_module_plan
+
+    totals = plan.get("totals") or {}
+    row = {"strategy": plan.get("strategy", ""), "kind": kind_of(plan) or "searched",
+           "predicted_step_s": totals.get("step_s"), "predicted_uncorrected_s": totals.get("step_uncorrected_s",
+                                                                                          totals.get("step_s")),
+           "predicted_bytes": totals.get("memory_bytes")}
+    free_device(d)
+    model = None
+    try:
+        run = run_pipeline_plan if "stages" in plan else run_module_plan
+        rec, model = run(plan, d, module=module, steps=steps, warmup=warmup, profile_steps=0, seed=seed,
+                         progress=progress)
+        m = rec["measured"]
+        peak = m.get("peak_memory_bytes")
+        paths = set(rec.get("paths") or [rec.get("apply_path")])  # a pipeline's stages: one path each
+        row.update(status="ok", measured_step_s=m["step_s"], apply_path=paths.pop() if len(paths) == 1 else "mixed",
+                   measured_bytes=max(peak) if isinstance(peak, list) and peak else peak)
+    except torch.OutOfMemoryError:
+        row.update(status="out of memory", note="does not fit: it ran out of device memory")
+    except UserError as e:
+        row.update(status="failed", note=str(e).splitlines()[0][:300])
+    finally:
+        del model
+        free_device(d)
+    progress(f"{row['strategy']}: " + (f"{row['measured_step_s'] * 1e3:.2f} ms measured, "
+                                       f"{(row['predicted_step_s'] or 0) * 1e3:.2f} ms predicted"
+                                       if row["status"] == "ok" else row.get("note", row["status"])))
+    return row
+
+
+def fastest(rows: list[dict]) -> dict:
+    ran = [r for r in rows if r.get("status") == "ok"]
+    if not ran:
+        raise UserError("no candidate ran (each ran out of memory or failed): see the rows above; try a smaller "
+                        "micro-batch or more devices")
+    return min(ran, key=lambda r: r["measured_step_s"])
+
+
+def tune_table(rows: list[dict], chosen: dict) -> str:
+    """The candidates as a markdown table, the returned one marked, and Kendall's tau of the two orders."""
+    def ms(v):
+        return f"{v * 1e3:.2f}" if v else "-"
+
+    def gib(v):
+        return f"{v / 2**30:.2f}" if v else "-"
+
+    lines = ["| candidate | kind | path | predicted ms | measured ms | error | predicted GiB | measured GiB | note |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        p, m = r.get("predicted_step_s"), r.get("measured_step_s")
+        err = f"{(p - m) / m * 100:+.1f}%" if p and m else "-"
+        lines.append(f"| {r['strategy']}{' (returned)' if r is chosen else ''} | {r['kind']} | "
+                     f"{r.get('apply_path') or '-'} | {ms(p)} | {ms(m)} | {err} | {gib(r.get('predicted_bytes'))} | "
+                     f"{gib(r.get('measured_bytes'))} | {r.get('note', '')} |")
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("predicted_step_s")]
+    if len(ok) >= 2:
+        lines.append(f"\nKendall tau of the predicted against the measured order: {kendall(ok):+.2f} over {len(ok)} plans")
+    return "\n".join(lines)
+
+
+def kendall(rows: list[dict]) -> float:
+    pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]]
+    s = sum((1 if (a["predicted_step_s"] - b["predicted_step_s"]) * (a["measured_step_s"] - b["measured_step_s"]) > 0
+             else -1) for a, b in pairs)
+    return s / len(pairs)
+
+
+def residual_runs(rows: list[dict]) -> list[dict]:
+    """The rows as residual runs (``calibrate.residuals.fitted``): the uncorrected prediction per path."""
+    return [{"strategy": r["strategy"], "path": r["apply_path"], "predicted_s": r["predicted_uncorrected_s"],
+             "measured_s": r["measured_step_s"]}
+            for r in rows if r.get("status") == "ok" and r.get("apply_path") in HOST_PATHS and r.get("predicted_uncorrected_s")]

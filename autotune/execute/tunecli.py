@@ -1,0 +1,106 @@
+"""``autotune tune``: search, confirm the best candidates by measurement, return the measured fastest.
+
+    torchrun --nproc-per-node 4 -m autotune tune --model config.json --out tune-out
+    torchrun --nproc-per-node 4 -m autotune tune --model model.json --module pkg.mod:factory --profile p.json
+    torchrun --nproc-per-node 2 -m autotune tune --model config.json --k 3 --steps 5 -- --batch 32 --micro-batch 16
+
+The search runs on rank 0 (the search's own options after ``--``: sequence, batch, memory limit, ...) for the
+launched devices (one node of them), then every rank runs the candidates (``autotune.execute.tune``). Written
+into --out: plan.json (best: the measured fastest; meta.tune: every candidate's predicted and measured step and
+memory), tune.md (the same table), report.html; and the profile with its residuals (--profile-out, default the
+--profile file itself where it is one, else --out/profile.json).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from pathlib import Path
+
+from calibrate.cli import command_parser
+from calibrate.errors import UserError
+from calibrate.outputs import write_atomic
+from calibrate.profile import DEFAULT_PROFILE, Profile
+from calibrate.residuals import fitted
+
+from autotune.execute.launch import check_steps, launch_env
+from autotune.execute.usermodule import DEFAULT_MODULE, load_factory
+
+
+def parser():
+    ap = command_parser("python -m autotune tune", __doc__)
+    ap.add_argument("--model", required=True, help="a Hugging Face config.json, a model JSON, or a model kind")
+    ap.add_argument("--module", default=DEFAULT_MODULE, help="package.module:factory building the nn.Module from the "
+                                                              "plan's model config (default: the reference modules)")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help="the profile calibrate compute wrote on this machine")
+    ap.add_argument("--profile-out", default=None, help="where to write the profile with the residuals")
+    ap.add_argument("--k", type=int, default=4, help="candidates to run (default 4)")
+    ap.add_argument("--steps", type=int, default=4, help="steps per candidate (default 4)")
+    ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the median (default 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    ap.add_argument("--out", default="tune-out", help="folder for plan.json, tune.md, report.html")
+    ap.add_argument("search", nargs="*", help="after --: the search's own options")
+    return ap
+
+
+def main(argv=None, report=None) -> int:
+    args = parser().parse_args(argv)
+    check_steps(args.steps, args.warmup, 0)
+    if args.k < 1:
+        raise UserError(f"--k {args.k}: run at least one candidate")
+    load_factory(args.module)
+    launch = launch_env()
+    profile = Profile.load(args.profile)
+    out = Path(args.out)
+    target = Path(args.profile_out) if args.profile_out else \
+        Path(args.profile) if Path(args.profile).suffix == ".json" else out / "profile.json"
+    from autotune.execute.env import start, stop
+    from autotune.execute.moduletrain import torch
+    from autotune.execute.tune import candidates, fastest, residual_runs, run_candidate, search_plans, tune_table
+    from autotune.sbp.plan import PlanFile
+    lead = launch.rank == 0
+
+    def progress(msg):
+        if lead:
+            print(f"[tune] {msg}", file=sys.stderr, flush=True)
+
+    d = start(args.device)
+    try:
+        failed = ""
+        if lead:
+            try:  # the search's refusals (a profile without host figures, ...) reach every rank as one line
+                search_plans(["--model", args.model, "--profile", args.profile, "--nodes", "1", "--gpus-per-node",
+                              str(launch.world), *args.search], out)
+            except UserError as e:
+                failed = str(e)
+        shared = [failed]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        if shared[0]:
+            raise UserError(shared[0])
+        pf = PlanFile.load(out / "plan.json")
+        cands = candidates(pf.best, pf.baselines, args.k)
+        progress(f"{len(cands)} candidates: " + "; ".join(c.get("strategy", "") for c in cands))
+        rows = [run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress) for c in cands]
+    finally:
+        stop(d)
+    if not lead:
+        return 0
+    chosen = fastest(rows)
+    table = tune_table(rows, chosen)
+    plan = cands[rows.index(chosen)]
+    others = [p for p in [pf.best, *pf.baselines] if p is not plan]
+    tuned = PlanFile(dict(plan, tune={"returned": True, **chosen}), others, pf.traces,
+                     dict(pf.meta, tune={"candidates": rows, "returned": chosen["strategy"], "steps": args.steps,
+                                         "warmup": args.warmup, "world": launch.world}))
+    path = tuned.save(out / "plan.json")
+    write_atomic(out / "tune.md", f"# autotune tune\n\n{table}\n", "tune table")
+    stamp = _dt.datetime.now().isoformat(timespec="seconds")
+    profile.residuals = fitted(residual_runs(rows), f"autotune tune, {stamp}, {launch.world} processes, "
+                                                    f"{args.module}", profile.residuals)
+    written = profile.save(target)
+    if report is not None:
+        report(path, f"autotune tune: {chosen['strategy']}")
+    print(table)
+    print(f"returned: {chosen['strategy']} ({chosen['measured_step_s'] * 1e3:.2f} ms measured); wrote {path}, "
+          f"{out / 'tune.md'}; residuals per path {profile.residuals.paths} into {written}")
+    return 0

@@ -1,0 +1,159 @@
+"""A profile's ``module`` section: the user's own transformer module timed on one GPU
+(``python -m calibrate module``, ``calibrate.moduletime``), which the step model prefers to its
+analytical prices wherever a measured point matches (``autotune.sbp.modulecal``).
+
+Section shape (version 1)::
+
+    "module": {
+      "version": 1,
+      "source": "python -m calibrate module on NVIDIA H200, torch 2.11, 2026-11-28T18:00",
+      "module": "transformers:LlamaForCausalLM" | "pkg.mod:factory",
+      "model": {"hidden": 2048, "heads": 32, "kv_heads": 8, "ffn": 8192, "vocabulary": 128256},
+      "recipe": "fp32 weights, bf16 autocast, fused AdamW",
+      "device": "NVIDIA H200",
+      "points": [{"tensor": 1, "micro_batch": 2, "sequence": 2048,
+                  "block":   {"forward_s": .., "backward_s": .., "recompute_s": .., "optimizer_s": ..,
+                              "activation_bytes": ..},
+                  "outside": {"forward_s": .., "backward_s": .., "optimizer_s": ..}}, ...],
+      "host_s": {"none": [per_pass, per_step], "ddp": [...], "fully_shard": [...]},
+      "memory": {"fragmentation": 0.04, "path_bytes_per_param": {"ddp": 4.1, "fully_shard": 0.3}}
+    }
+
+A point is one local shape the search considers: the block built with heads, K/V heads and the MLP's
+width divided by ``tensor`` (and the vocabulary by ``tensor``: a vocabulary-parallel embedding and
+head), a local micro-batch of ``micro_batch`` sequences of ``sequence`` tokens. ``block`` is one
+transformer block (a model of two blocks less one of one block, so the embedding, the final norm, the
+head and the loss cancel): its forward, its backward (forward + backward less forward, into fresh
+gradients), the forward that full recomputation re-runs in the backward (``recompute_s``; null where
+the module could not be checkpointed) and its fused AdamW step; ``activation_bytes`` the memory one
+block keeps from its forward to its backward (peak allocated of the two-block model less the one-block
+model's; null off CUDA). ``outside`` is the rest of the one-block model (embedding, final norm, head,
+loss). ``host_s``: per apply path (``calibrate.compute.HOST_PATHS``), the host's seconds to issue one
+block's forward and backward per micro-batch, and its optimizer step per step (the two-block model's
+issue time less the one-block model's), measured in the same run on a process group of one. ``memory``
+(CUDA only): the allocator's fragmentation (the step's peak reserved over its peak allocated, less 1, on the
+"none" path), which the search keeps as an allowance under the device's limit (``autotune.cli.search.
+memory_limit``), and per path the bytes per parameter its placement allocates beyond the plain module's at the
+step's peak (DDP's buckets and first-step copies, fully_shard's copy-in/out; recorded for the memory model).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from calibrate.compute import HOST_PATHS
+from calibrate.errors import UserError
+
+VERSION = 1
+MODEL_KEYS = ("hidden", "heads", "kv_heads", "ffn", "vocabulary")
+BLOCK_KEYS = ("forward_s", "backward_s", "recompute_s", "optimizer_s", "activation_bytes")
+OUTSIDE_KEYS = ("forward_s", "backward_s", "optimizer_s")
+OPTIONAL = ("recompute_s", "activation_bytes")  # null where not measured
+FIX = "re-run python -m calibrate module"
+
+
+def _number(v, optional: bool) -> bool:
+    if v is None:
+        return optional
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+@dataclass(frozen=True)
+class ModulePoint:
+    """One measured local shape (module docstring)."""
+
+    tensor: int
+    micro_batch: int
+    sequence: int
+    block: dict  # BLOCK_KEYS -> seconds (bytes), None where not measured
+    outside: dict  # OUTSIDE_KEYS -> seconds
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.tensor, self.micro_batch, self.sequence
+
+    def to_dict(self) -> dict:
+        return {"tensor": self.tensor, "micro_batch": self.micro_batch, "sequence": self.sequence,
+                "block": dict(self.block), "outside": dict(self.outside)}
+
+
+@dataclass(frozen=True)
+class ModuleSection:
+    source: str
+    module: str
+    model: dict  # MODEL_KEYS -> int: the global shape the points were built from
+    points: tuple[ModulePoint, ...]
+    recipe: str = "fp32 weights, bf16 autocast, fused AdamW"
+    device: str = ""
+    host_s: dict = field(default_factory=dict)  # path -> (per block and micro-batch, per block and step)
+    memory: dict = field(default_factory=dict)  # "fragmentation", "path_bytes_per_param" (module docstring)
+
+    def matches(self, config: dict) -> bool:
+        """Whether the section was measured on the model of ``config`` (a model's transformer fields)."""
+        return all(config.get(k, config.get("heads") if k == "kv_heads" else None) == v
+                   for k, v in self.model.items())
+
+    def point(self, tensor: int, micro_batch: int, sequence: int) -> ModulePoint | None:
+        """The point of this tensor width and sequence whose micro-batch is nearest on a log scale (the
+        larger on a tie); None where no point has the width and the sequence."""
+        same = [p for p in self.points if p.tensor == tensor and p.sequence == sequence]
+        if not same or micro_batch < 1:
+            return None
+        return min(same, key=lambda p: (abs(math.log(p.micro_batch / micro_batch)), -p.micro_batch))
+
+    def to_dict(self) -> dict:
+        return {"version": VERSION, "source": self.source, "module": self.module, "model": dict(self.model),
+                "recipe": self.recipe, "device": self.device, "points": [p.to_dict() for p in self.points],
+                **({"host_s": {k: list(v) for k, v in self.host_s.items()}} if self.host_s else {}),
+                **({"memory": self.memory} if self.memory else {})}
+
+    @classmethod
+    def from_dict(cls, d, origin: str = "profile") -> "ModuleSection":
+        where = f"{origin}: module section"
+        if not isinstance(d, dict) or d.get("version") != VERSION:
+            raise UserError(f"{where} is not a version-{VERSION} object: {FIX}")
+        for key in ("source", "module", "recipe", "device"):
+            if not isinstance(d.get(key, ""), str):
+                raise UserError(f"{where}: {key} is not text: {FIX}")
+        model = d.get("model")
+        if not isinstance(model, dict) or set(model) != set(MODEL_KEYS) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in model.values()):
+            raise UserError(f"{where}: model needs exactly {', '.join(MODEL_KEYS)} as positive integers: {FIX}")
+        raw = d.get("points")
+        if not isinstance(raw, list) or not raw:
+            raise UserError(f"{where} has no points: {FIX}")
+        points, seen = [], set()
+        for p in raw:
+            ok = isinstance(p, dict) and all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
+                                             and p[k] > 0 for k in ("tensor", "micro_batch", "sequence"))
+            ok = ok and all(isinstance(p.get(s), dict) and set(p[s]) == set(keys) and all(
+                _number(p[s][k], k in OPTIONAL) for k in keys)
+                for s, keys in (("block", BLOCK_KEYS), ("outside", OUTSIDE_KEYS)))
+            if not ok:
+                raise UserError(f"{where} has a bad point {str(p)[:120]!r} (want positive integer tensor, "
+                                f"micro_batch, sequence; block {', '.join(BLOCK_KEYS)} and outside "
+                                f"{', '.join(OUTSIDE_KEYS)}, non-negative numbers, {' and '.join(OPTIONAL)} "
+                                f"may be null): {FIX}")
+            point = ModulePoint(p["tensor"], p["micro_batch"], p["sequence"], dict(p["block"]), dict(p["outside"]))
+            if point.key in seen:
+                raise UserError(f"{where} has two points of tensor {point.tensor}, micro_batch "
+                                f"{point.micro_batch}, sequence {point.sequence}: {FIX}")
+            seen.add(point.key)
+            points.append(point)
+        host = d.get("host_s") or {}
+        if not isinstance(host, dict) or any(
+                k not in HOST_PATHS or not isinstance(v, list) or len(v) != 2 or not all(_number(x, False)
+                                                                                   for x in v)
+                for k, v in host.items()):
+            raise UserError(f"{where} has a bad host_s (want path -> [per pass, per step] seconds, paths of "
+                            f"{', '.join(HOST_PATHS)}): {FIX}")
+        memory = d.get("memory") or {}
+        per = memory.get("path_bytes_per_param", {}) if isinstance(memory, dict) else None
+        if not isinstance(memory, dict) or set(memory) - {"fragmentation", "path_bytes_per_param"} or not _number(
+                memory.get("fragmentation", 0.0), False) or memory.get("fragmentation", 0.0) > 1 or not isinstance(
+                per, dict) or any(k not in HOST_PATHS or not isinstance(v, (int, float)) or isinstance(v, bool)
+                                  or not math.isfinite(v) for k, v in per.items()):
+            raise UserError(f"{where} has a bad memory (want fragmentation in [0, 1] and path_bytes_per_param: path -> "
+                            f"bytes): {FIX}")
+        return cls(d.get("source", ""), d["module"], dict(model), tuple(points), d.get("recipe", ""),
+                   d.get("device", ""), {k: (float(v[0]), float(v[1])) for k, v in host.items()}, dict(memory))

@@ -1,0 +1,440 @@
+"""Timing the user's own transformer module on one device: ``python -m calibrate module`` writes the
+profile's ``module`` section (``calibrate.module``; the rule there).
+
+The module is either a Hugging Face ``config.json`` (LlamaForCausalLM, Qwen2ForCausalLM,
+MistralForCausalLM, GPT2LMHeadModel: transformers' own classes, built from the config with random
+weights, SDPA attention) or a factory ``package.module:factory`` called with a dict of the model's
+fields (kind, layers, hidden, heads, kv_heads, head_dim, ffn, vocabulary, sequence, micro_batch, batch)
+that returns an ``nn.Module`` whose ``forward(ids, targets)`` returns the mean loss (what ``python -m
+autotune execute --module`` trains). One block is timed, not the whole model: a model of two blocks
+less one of one block, each at every local shape (tensor width, micro-batch, sequence), through the
+measurement engine (``calibrate.measure``: arms interleaved in rounds, the median). The recipe is the
+one users run: fp32 parameters, bf16 autocast on CUDA, AdamW (fused on CUDA). torch is imported by the
+caller and passed in.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+from calibrate.errors import UserError
+from calibrate.measure.torcharm import TorchArm, medians, timing
+from calibrate.module import ModulePoint, ModuleSection
+
+HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel")
+HOST_PATHS = ("none", "ddp", "fully_shard", "dtensor")  # apply's paths, placed on a process group of one
+REFERENCE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocabulary": 1024}  # host-bound on any GPU
+REFERENCE_OCCURRENCES = 10  # a Llama block's layer occurrences in the step model's graph (models.transformer)
+
+
+@dataclass(frozen=True)
+class UserModule:
+    """How to build the user's module at a local shape and run one forward to its loss."""
+
+    name: str  # "transformers:LlamaForCausalLM" or the factory's spec
+    model: dict  # the global shape (calibrate.module.MODEL_KEYS)
+    build: Callable[[int, int], object]  # (blocks, tensor width) -> nn.Module
+    loss: Callable[[object, object], object]  # (module, ids) -> loss
+    widths: tuple[int, ...]  # tensor widths the module can be divided by
+    checkpoint: Callable[[object, bool], bool]  # (module, on) -> whether recomputation could be switched
+
+
+def _divisors(*counts: int, most: int = 8) -> tuple[int, ...]:
+    return tuple(t for t in (1, 2, 4, 8) if t <= most and all(c % t == 0 for c in counts))
+
+
+def hf_module(cfg: dict, origin: str) -> UserModule:
+    """transformers' class of a ``config.json`` (its ``architectures``), built from the config."""
+    archs = cfg.get("architectures") or []
+    if len(archs) != 1 or archs[0] not in HF_ARCHITECTURES:
+        raise UserError(f"{origin}: architectures {archs!r}; calibrate module builds one of "
+                        f"{', '.join(HF_ARCHITECTURES)} from a config.json (else pass --module pkg.mod:factory)")
+    try:
+        transformers = importlib.import_module("transformers")
+    except ImportError:
+        raise UserError("calibrate module --model config.json needs the transformers package: pip install "
+                        "transformers") from None
+    arch = archs[0]
+    cls = getattr(transformers, arch)
+    gpt2 = arch == "GPT2LMHeadModel"
+    keys = {"layers": "n_layer", "heads": "n_head", "hidden": "n_embd"} if gpt2 else \
+        {"layers": "num_hidden_layers", "heads": "num_attention_heads", "hidden": "hidden_size",
+         "kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
+    try:
+        hidden, heads = int(cfg[keys["hidden"]]), int(cfg[keys["heads"]])
+        kv = heads if gpt2 else int(cfg.get(keys["kv_heads"]) or heads)
+        ffn = int(cfg.get("n_inner") or 4 * hidden) if gpt2 else int(cfg[keys["ffn"]])
+        vocab = int(cfg["vocab_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{origin}: {e} missing or not a number: give the model's whole config.json") from None
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    # GPT-2's head size is n_embd / n_head: its heads cannot be divided without changing it
+    widths = (1,) if gpt2 else _divisors(heads, kv, ffn, vocab)
+
+    def build(blocks: int, t: int):
+        local = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype", "dtype")}
+        local.update({keys["layers"]: blocks, "vocab_size": vocab // t, "use_cache": False})
+        if not gpt2:
+            local.update({keys["heads"]: heads // t, keys["kv_heads"]: kv // t, keys["ffn"]: ffn // t,
+                          "head_dim": head_dim})
+        conf = cls.config_class.from_dict(local)
+        conf._attn_implementation = "sdpa"
+        return cls(conf)
+
+    def loss(model, ids):
+        return model(input_ids=ids, labels=ids).loss
+
+    def checkpoint(model, on: bool) -> bool:  # named gradient_ in every transformers 5 (deprecated in 5.2x: quiet)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            if on:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_disable()
+        return True
+
+    return UserModule(f"transformers:{arch}", {"hidden": hidden, "heads": heads, "kv_heads": kv, "ffn": ffn,
+                                              "vocabulary": vocab}, build, loss, widths, checkpoint)
+
+
+def factory_module(spec: str, fields: dict) -> UserModule:
+    """A factory ``package.module:factory`` called with the model's fields (module docstring)."""
+    name, sep, attr = spec.partition(":")
+    if not sep or not name or not attr:
+        raise UserError(f"--module {spec!r} is not package.module:factory (e.g. models.modules:build)")
+    try:
+        factory = getattr(importlib.import_module(name), attr)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"--module {spec!r}: cannot load it ({e}): put it on PYTHONPATH or fix the name") from None
+    missing = [k for k in ("hidden", "heads", "ffn", "vocabulary") if not isinstance(fields.get(k), int)]
+    if missing:
+        raise UserError(f"--module needs the model's fields from --model (a model JSON with {', '.join(missing)})")
+    heads, kv, ffn, vocab = fields["heads"], fields.get("kv_heads") or fields["heads"], fields["ffn"], \
+        fields["vocabulary"]
+
+    def build(blocks: int, t: int):
+        local = dict(fields, layers=blocks, heads=heads // t, kv_heads=kv // t, ffn=ffn // t, vocabulary=vocab // t,
+                     head_dim=fields.get("head_dim") or fields["hidden"] // heads)
+        try:
+            return factory(local)
+        except UserError:
+            raise
+        except Exception as e:  # the user's code: one line
+            raise UserError(f"{spec}(config) raised {type(e).__name__}: {e}: it is called with the model's fields "
+                            f"(a dict: layers, hidden, heads, ...); make it build the model from that") from None
+
+    def checkpoint(model, on: bool) -> bool:
+        fn = getattr(model, "gradient_checkpointing_enable" if on else "gradient_checkpointing_disable", None)
+        if fn is None:
+            return False
+        fn()
+        return True
+
+    return UserModule(spec, {"hidden": fields["hidden"], "heads": heads, "kv_heads": kv, "ffn": ffn,
+                             "vocabulary": vocab}, build, lambda model, ids: model(ids, ids),
+                      _divisors(heads, kv, ffn, vocab), checkpoint)
+
+
+def reference_module() -> UserModule:
+    """A small Llama written as users write it (RMSNorm in fp32, separate q, k, v projections, rotary, SDPA with
+    grouped K/V heads, SwiGLU), in plain torch: what ``calibrate compute`` times the host's cost of apply's paths
+    on (its kernels are shorter than their issue: the step is the host's)."""
+    c = REFERENCE
+
+    def build(blocks: int, t: int):
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+
+        from calibrate.layers import _rms, _rotate_half
+        d = c["hidden"] // c["heads"]
+
+        class Norm(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.ones(c["hidden"]))
+
+            def forward(self, x):
+                return _rms(torch, x, self.weight)
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                h, kv = c["heads"] // t, c["kv_heads"] // t
+                self.h, self.kv = h, kv
+                self.ln1, self.ln2 = Norm(), Norm()
+                self.q, self.k, self.v = (nn.Linear(c["hidden"], n * d, bias=False) for n in (h, kv, kv))
+                self.o = nn.Linear(h * d, c["hidden"], bias=False)
+                self.gate, self.up = (nn.Linear(c["hidden"], c["ffn"] // t, bias=False) for _ in range(2))
+                self.down = nn.Linear(c["ffn"] // t, c["hidden"], bias=False)
+
+            def forward(self, x):
+                b, s, _ = x.shape
+                y = self.ln1(x)
+                q, k, v = (p(y).view(b, s, n, d).transpose(1, 2) for p, n in
+                           ((self.q, self.h), (self.k, self.kv), (self.v, self.kv)))
+                q, k = (z + _rotate_half(torch, z) for z in (q, k))
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
+                x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
+                y = self.ln2(x)
+                return x + self.down(F.silu(self.gate(y)) * self.up(y))
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embedding = nn.Embedding(c["vocabulary"] // t, c["hidden"])
+                self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+                self.norm, self.head = Norm(), nn.Linear(c["hidden"], c["vocabulary"] // t, bias=False)
+
+            def forward(self, ids, targets):
+                x = self.embedding(ids)
+                for block in self.blocks:
+                    x = block(x)
+                logits = self.head(self.norm(x))
+                return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+        return Model()
+
+    return UserModule("calibrate.moduletime:reference_module", dict(REFERENCE), build,
+                      lambda model, ids: model(ids, ids), _divisors(*REFERENCE.values()), lambda model, on: False)
+
+
+class _Timed:
+    """One model (one or two blocks) on the device with its optimizer and the arms that time it."""
+
+    def __init__(self, torch, um: UserModule, blocks: int, t: int, device):
+        self.torch, self.um, self.device = torch, um, device
+        self.cuda = device.type == "cuda"
+        try:
+            model = um.build(blocks, t)
+        except UserError:
+            raise
+        except Exception as e:
+            raise UserError(f"{um.name}: building it with {blocks} block(s) at tensor width {t} raised "
+                            f"{type(e).__name__}: {e}") from None
+        if not isinstance(model, torch.nn.Module):
+            raise UserError(f"{um.name} built a {type(model).__name__}, not a torch.nn.Module: return the model")
+        self.model = model.to(device=device, dtype=torch.float32).train()
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=self.cuda)
+        self.ids = None
+
+    def inputs(self, micro_batch: int, sequence: int, vocab: int) -> None:
+        g = self.torch.Generator(device="cpu").manual_seed(0)
+        self.ids = [self.torch.randint(0, vocab, (micro_batch, sequence), generator=g).to(self.device)
+                    for _ in range(2)]
+
+    def forward(self, i: int):
+        with self.torch.autocast(self.device.type, dtype=self.torch.bfloat16, enabled=self.cuda):
+            return self.um.loss(self.model, self.ids[i % 2])
+
+    def both(self, i: int) -> None:
+        for p in self.model.parameters():
+            p.grad = None
+        self.forward(i).backward()
+
+    def recompute(self, i: int) -> None:
+        self.um.checkpoint(self.model, True)
+        try:
+            self.both(i)
+        finally:
+            self.um.checkpoint(self.model, False)
+
+    def step(self, i: int) -> None:
+        self.opt.step()
+
+    def peak(self) -> int | None:
+        """Bytes allocated at the peak of a forward and backward above what was held before it."""
+        if not self.cuda:
+            return None
+        torch = self.torch
+        for p in self.model.parameters():
+            p.grad = None
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.forward(0).backward()
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - base
+
+
+def _arm(torch, device, fn):
+    return lambda: TorchArm(torch, device, fn)
+
+
+def time_point(torch, um: UserModule, models: dict, t: int, micro_batch: int, sequence: int, iters: int,
+               warmup: int) -> ModulePoint:
+    """One local shape: both models' arms interleaved in one comparison (a slow spell falls on all alike)."""
+    one, two = models[1], models[2]
+    vocab = um.model["vocabulary"] // t
+    for m in (one, two):
+        m.inputs(micro_batch, sequence, vocab)
+        m.both(0)  # gradients present for the optimizer's arm; the lazily made state made
+        m.opt.step()
+    can_recompute = um.checkpoint(one.model, False)
+    arms = []
+    for n, m in ((1, one), (2, two)):
+        arms += [(f"f{n}", _arm(torch, m.device, m.forward)), (f"fb{n}", _arm(torch, m.device, m.both)),
+                 (f"o{n}", _arm(torch, m.device, m.step))]
+        if can_recompute:
+            arms.append((f"rc{n}", _arm(torch, m.device, m.recompute)))
+    med = medians(torch, arms, timing(iters, warmup, back_to_back=True))
+    f = {n: med[f"f{n}"] for n in (1, 2)}
+    b = {n: max(med[f"fb{n}"] - med[f"f{n}"], 0.0) for n in (1, 2)}
+    o = {n: med[f"o{n}"] for n in (1, 2)}
+    peaks = {n: m.peak() for n, m in ((1, one), (2, two))}
+    block = {"forward_s": max(f[2] - f[1], 0.0), "backward_s": max(b[2] - b[1], 0.0),
+             "optimizer_s": max(o[2] - o[1], 0.0),
+             "recompute_s": max((med["rc2"] - med["fb2"]) - (med["rc1"] - med["fb1"]), 0.0) if can_recompute else None,
+             "activation_bytes": (max(peaks[2] - peaks[1] - 4 * (two.params - one.params), 0)
+                                  if peaks[1] is not None else None)}
+    outside = {"forward_s": max(f[1] - block["forward_s"], 0.0), "backward_s": max(b[1] - block["backward_s"], 0.0),
+               "optimizer_s": max(o[1] - block["optimizer_s"], 0.0)}
+    return ModulePoint(t, micro_batch, sequence, block, outside)
+
+
+@contextlib.contextmanager
+def _group_of_one(torch, device):
+    """A process group of this process alone (unless one exists): DDP and FSDP need one."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        yield False
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        store = dist.FileStore(os.path.join(tmp, "store"), 1)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
+        try:
+            yield True
+        finally:
+            dist.destroy_process_group()
+
+
+def _wrap(torch, m: _Timed, path: str) -> None:
+    """Place the model on apply's ``path`` over the process group of one."""
+    if path == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        m.model = DistributedDataParallel(m.model, device_ids=[m.device.index] if m.cuda else None)
+    elif path == "dtensor":  # every Linear's weight a DTensor: DTensor's dispatch on each of its ops
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        mesh = init_device_mesh(m.device.type, (1,))
+        plan = {name: ColwiseParallel() for name, mod in m.model.named_modules() if isinstance(mod, torch.nn.Linear)}
+        parallelize_module(m.model, mesh, plan)
+    elif path == "fully_shard":
+        from torch.distributed.fsdp import fully_shard
+        blocks = [mod for mod in m.model.modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
+        for block in (blocks[0] if blocks else []):
+            fully_shard(block)
+        fully_shard(m.model)
+    m.opt = torch.optim.AdamW(m.model.parameters(), lr=1e-5, fused=m.cuda)
+
+
+def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,
+                 progress, paths=HOST_PATHS, memory: dict | None = None) -> dict:
+    """Per path (``HOST_PATHS``): (seconds the host takes to issue one block's forward and backward, and its
+    optimizer step), the two-block model's issue time less the one-block model's, each call timed by the host
+    clock (an engine arm on the CPU's clock) with the device synchronised after it. On CUDA, ``memory`` (given)
+    receives the module section's memory figures (``calibrate.module``): each path's peak allocated over a step of
+    the two-block model beyond the plain module's, per parameter, and the fragmentation on the plain path."""
+    out, peaks = {}, {}
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    with _group_of_one(torch, device):
+        for path in paths:
+            models = None
+            try:
+                models = {n: _Timed(torch, um, n, 1, device) for n in (1, 2)}
+                for m in models.values():
+                    if path != "none":
+                        _wrap(torch, m, path)
+                    m.inputs(micro_batch, sequence, um.model["vocabulary"])
+                    m.both(0)
+                    m.opt.step()
+                arms = [(f"{k}{n}", (lambda fn: lambda: TorchArm(torch, "cpu", fn, sync))(fn))
+                        for n, m in models.items() for k, fn in (("fb", m.both), ("o", m.step))]
+                med = medians(torch, arms, timing(iters, warmup, back_to_back=False))
+                out[path] = (max(med["fb2"] - med["fb1"], 0.0), max(med["o2"] - med["o1"], 0.0))
+                if device.type == "cuda":
+                    peaks[path] = (*_step_peak(torch, models[2], device), models[2].params)
+                progress(f"host {path}: {out[path][0] * 1e6:.0f} us per block and micro-batch, "
+                         f"{out[path][1] * 1e6:.0f} us per block and step")
+            except UserError:
+                raise
+            except Exception as e:  # a path this torch cannot place on a group of one: said, the rest go on
+                progress(f"host {path}: not measured ({type(e).__name__}: {str(e)[:120]})")
+            finally:
+                models = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    if memory is not None and "none" in peaks:
+        base_alloc, base_reserved, params = peaks["none"]
+        memory["fragmentation"] = min(max(base_reserved / base_alloc - 1.0, 0.0), 1.0)
+        memory["path_bytes_per_param"] = {p: (a - base_alloc) / params for p, (a, _, _) in peaks.items() if p != "none"}
+    return out
+
+
+def _step_peak(torch, m: _Timed, device) -> tuple[int, int]:
+    """(peak allocated, peak reserved) over one step (forward and backward, optimizer) from a clean cache."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    m.both(0)
+    m.step(0)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+def reference_host(torch, device, iters: int, warmup: int, progress) -> dict:
+    """``compute.host_s`` (``calibrate.compute``): per apply path, the host's seconds per layer occurrence of the step
+    model's graph, per micro-batch and per step: ``reference_module``'s per block (``host_seconds``, micro-batch 1
+    of 512 tokens) over ``REFERENCE_OCCURRENCES``."""
+    per_block = host_seconds(torch, reference_module(), 1, 512, device, iters, warmup, progress)
+    return {path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()}
+
+
+def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,
+            progress, source: str, host: bool = True) -> ModuleSection:
+    """The module section of ``um`` at every (tensor width, micro-batch) of ``widths`` x ``micro_batches``
+    and ``sequence`` (module docstring); a shape that runs out of memory is skipped, said."""
+    bad = [t for t in widths if t not in um.widths]
+    if bad:
+        raise UserError(f"{um.name}: tensor width {bad[0]} does not divide its heads, K/V heads, MLP and vocabulary "
+                        f"(widths it can take: {', '.join(map(str, um.widths))})")
+    points = []
+    oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    for t in widths:
+        models = {n: _Timed(torch, um, n, t, device) for n in (1, 2)}
+        for mb in micro_batches:
+            try:
+                p = time_point(torch, um, models, t, mb, sequence, iters, warmup)
+            except oom:
+                progress(f"tensor {t}, micro-batch {mb}, sequence {sequence}: out of memory, skipped")
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            except UserError:
+                raise
+            except Exception as e:
+                raise UserError(f"{um.name} could not be timed at tensor width {t}, micro-batch {mb}, sequence "
+                                f"{sequence}: {type(e).__name__}: {str(e)[:200]}") from None
+            points.append(p)
+            bl = p.block
+            progress(f"tensor {t}, micro-batch {mb}, sequence {sequence}: block {bl['forward_s'] * 1e3:.3f} ms forward, "
+                     f"{bl['backward_s'] * 1e3:.3f} ms backward, optimizer {bl['optimizer_s'] * 1e3:.3f} ms; "
+                     f"outside {p.outside['forward_s'] * 1e3:.3f} / {p.outside['backward_s'] * 1e3:.3f} ms")
+        models = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if not points:
+        raise UserError(f"{um.name}: no shape could be timed (each ran out of memory): give smaller --micro-batches "
+                        f"or --sequence")
+    memory: dict = {}
+    hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress,
+                         memory=memory) if host else {}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return ModuleSection(source, um.name, um.model, tuple(points),
+                         "fp32 weights, bf16 autocast, fused AdamW" if device.type == "cuda"
+                         else "fp32 weights, fp32 (no autocast on the CPU), AdamW", name, hosts, memory)

@@ -1,0 +1,63 @@
+"""A profile's ``residuals`` section: how far the step model missed on this machine, per apply path, from
+plans run by ``autotune tune`` (measured step over predicted step), so that the next search starts from
+corrected prices (``autotune.plan.hostpace.corrected``).
+
+    "residuals": {"version": 1, "source": "autotune tune, 2026-11-28T18:10, 4 x NVIDIA H200",
+                  "paths": {"ddp": 1.12, "fully_shard": 1.31, "dtensor": 2.4, "none": 1.02},
+                  "runs": [{"strategy": "...", "path": "ddp", "predicted_s": .., "measured_s": ..}, ...]}
+
+A factor is the median over the runs of its path of measured / predicted (the prediction before any earlier
+correction): 1.12 prices that path's plans 12% slower.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from calibrate.compute import HOST_PATHS
+from calibrate.errors import UserError
+
+VERSION = 1
+LIMITS = (1e-3, 1e4)  # sanity bounds (a CPU run priced by a GPU profile misses by 10-100x)
+
+
+@dataclass(frozen=True)
+class Residuals:
+    paths: dict  # HOST_PATHS path -> measured / predicted
+    source: str = ""
+    runs: tuple = ()
+
+    def factor(self, path: str) -> float:
+        return float(self.paths.get(path, 1.0))
+
+    def to_dict(self) -> dict:
+        return {"version": VERSION, "source": self.source, "paths": dict(self.paths), "runs": [dict(r) for r in self.runs]}
+
+    @classmethod
+    def from_dict(cls, d, origin: str = "profile") -> "Residuals":
+        fix = "re-run torchrun ... -m autotune tune, or drop the section"
+        paths = d.get("paths") if isinstance(d, dict) else None
+        if not isinstance(d, dict) or d.get("version") != VERSION or not isinstance(paths, dict) or any(
+                k not in HOST_PATHS or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or not LIMITS[0] <= v <= LIMITS[1] for k, v in paths.items()):
+            raise UserError(f"{origin}: residuals section is not version {VERSION} with paths of {', '.join(HOST_PATHS)} "
+                            f"-> measured / predicted between {LIMITS[0]} and {LIMITS[1]}: {fix}")
+        runs = d.get("runs", [])
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise UserError(f"{origin}: residuals runs is not a list of objects: {fix}")
+        return cls({k: float(v) for k, v in paths.items()}, str(d.get("source", "")), tuple(runs))
+
+
+def fitted(runs: list[dict], source: str, before: "Residuals | None" = None) -> Residuals:
+    """The factors of ``runs`` (each: path, predicted_s before correction, measured_s), per path the median; the
+    paths no run measured keep ``before``'s."""
+    by: dict = {}
+    for r in runs:
+        if r.get("measured_s") and r.get("predicted_s"):
+            by.setdefault(r["path"], []).append(r["measured_s"] / r["predicted_s"])
+    paths = dict(before.paths) if before else {}
+    for path, xs in by.items():
+        xs = sorted(xs)
+        mid = len(xs) // 2
+        paths[path] = min(max(xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2, LIMITS[0]), LIMITS[1])
+    return Residuals(paths, source, tuple(runs))

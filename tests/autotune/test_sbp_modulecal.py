@@ -1,0 +1,116 @@
+"""The step model priced from the user's module as measured (the profile's ``module`` section,
+``autotune.sbp.modulecal``): a closed form, the fallback to the analytical model, and the plan's source."""
+from __future__ import annotations
+
+import pytest
+
+from calibrate.module import ModulePoint, ModuleSection
+from calibrate.profile import Profile
+from models import load_model
+
+from autotune.sbp.boxing import Coster
+from autotune.sbp.cost import Problem
+from autotune.sbp.mesh import Cluster
+from autotune.sbp.plan import build_plan
+from autotune.sbp.steptime import accumulate_seconds
+
+MODEL = {"kind": "llama", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256,
+         "sequence": 32, "batch": 4, "micro_batch": 2}
+SHAPE = {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256}
+BLOCK = {"forward_s": 1e-3, "backward_s": 2e-3, "recompute_s": None, "optimizer_s": 1e-4, "activation_bytes": None}
+OUTSIDE = {"forward_s": 5e-4, "backward_s": 7e-4, "optimizer_s": 3e-4}
+
+
+def graph():
+    fields = {k: v for k, v in MODEL.items() if k != "kind"}
+    return load_model("llama", None, fields)
+
+
+def plan(section, devices: int = 1):
+    profile = Profile.load("h200-nvlink+ib400")
+    profile.module = section
+    problem = Problem(graph(), Coster(profile, Cluster(1, devices)), None, require_fit=False, objective="step")
+    return problem, build_plan(problem, [0] * len(problem.choices), "test")
+
+
+def section(*points, model=SHAPE):
+    return ModuleSection("test", "transformers:LlamaForCausalLM", dict(model), tuple(points))
+
+
+def test_a_measured_block_prices_the_step_in_closed_form():
+    """One device, the model's micro-batch measured: compute = m (L (block fwd + bwd) + outside fwd + bwd)
+    + L block optimizer + outside optimizer + the analytical gradient accumulation ((m - 1) per micro-batch)."""
+    problem, p = plan(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)))
+    m, layers = problem.mb, MODEL["layers"]
+    acc = sum(c * accumulate_seconds(problem.choices[v][0], problem.cluster, problem.compute, 2)
+              for v, c in enumerate(problem.counts))
+    want = (m * (layers * 3e-3 + 1.2e-3) + layers * 1e-4 + 3e-4 + (m - 1) * acc)
+    assert m == 2 and p["totals"]["compute_s"] == pytest.approx(want, rel=1e-9)
+    assert p["compute_source"] == "module"
+    assert {layer["compute_source"] for layer in p["layers"]} == {"module"}
+    # the block measured twice as slow: the blocks' share of the step doubles, the rest does not move
+    slow = dict(BLOCK, forward_s=2e-3, backward_s=4e-3, optimizer_s=2e-4)
+    _, q = plan(section(ModulePoint(1, 2, 32, slow, OUTSIDE)))
+    assert q["totals"]["compute_s"] - p["totals"]["compute_s"] == pytest.approx(m * layers * 3e-3 + layers * 1e-4)
+
+
+@pytest.mark.parametrize("points, model", [
+    ((ModulePoint(1, 2, 64, BLOCK, OUTSIDE),), SHAPE),  # another sequence
+    ((ModulePoint(2, 2, 32, BLOCK, OUTSIDE),), SHAPE),  # another tensor width only
+    ((ModulePoint(1, 2, 32, BLOCK, OUTSIDE),), dict(SHAPE, ffn=256)),  # another model
+])
+def test_unmeasured_shapes_keep_the_analytical_price(points, model):
+    _, analytical = plan(None)
+    _, p = plan(section(*points, model=model))
+    assert p["totals"]["compute_s"] == pytest.approx(analytical["totals"]["compute_s"], rel=1e-12)
+    assert p["compute_source"] == "analytical"
+
+
+def test_each_layer_reads_the_point_of_its_local_shape():
+    """Two devices: a data-parallel layer runs micro-batch 1 at width 1, a column-parallel one width 2."""
+    problem, _ = plan(section(ModulePoint(1, 1, 32, BLOCK, OUTSIDE), ModulePoint(2, 2, 32, BLOCK, OUTSIDE)), 2)
+    cal = problem.module_cal
+    keys = {cal.key(op, s, problem.cluster) for op, ss in zip(problem.ops, problem.choices) for s in ss}
+    assert {(1, 1), (2, 2), (1, 2)} <= keys
+    assert cal.ratio(True, (2, 2)) != cal.ratio(True, (1, 1))
+
+
+def test_the_allocators_fragmentation_is_an_allowance_under_the_limit():
+    from dataclasses import replace
+
+    from autotune.cli.search import memory_limit
+    profile = Profile.load("h200-nvlink")
+    plain, _ = memory_limit(profile, None)
+    profile.module = replace(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)), memory={"fragmentation": 0.1})
+    limit, note = memory_limit(profile, None)
+    assert limit == pytest.approx(plain / 1.1) and "fragmentation" in note
+    assert memory_limit(profile, 10.0)[0] == 10 * 2**30  # a limit the user gives is theirs
+
+
+def test_the_modules_own_host_cost_paces_its_blocks():
+    """A plan on the DDP path: blocks at the module section's measured host pace, the rest at the compute section's
+    per layer occurrence: host step = m (L h_block + n_out h) + L s_block + n_out s."""
+    from autotune.plan.hostpace import at_host_pace
+    from autotune.plan.search import model_graph
+    problem, _ = plan(None, devices=2)
+    from autotune.sbp.baselines import data_parallel
+    dp = build_plan(problem, data_parallel(problem), "data parallel")
+    cm = problem.compute
+    pace = at_host_pace(dp, cm)
+    assert pace["apply_path"] == "ddp"
+    own = replace_host(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)), {"ddp": (0.5, 0.25)})
+    with_own = at_host_pace(dp, cm, own)
+    g = model_graph(dp["model"])
+    outside = len(g.chain) - sum(e - s for s, e in g.blocks)
+    h, s = cm.host_s["ddp"]
+    m = dp["micro_batches"]
+    want = m * (len(g.blocks) * 0.5 + outside * h) + len(g.blocks) * 0.25 + outside * s
+    assert with_own["totals"]["host_step_s"] == pytest.approx(want)
+    assert with_own["totals"]["step_s"] == pytest.approx(max(dp["totals"]["step_s"], want))
+    other = replace_host(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE), model=dict(SHAPE, ffn=256)), {"ddp": (0.5, 0.25)})
+    assert at_host_pace(dp, cm, other)["totals"] == pace["totals"]  # another model's section: not used
+
+
+def replace_host(sec, host):
+    from dataclasses import replace
+    return replace(sec, host_s=host)

@@ -1,0 +1,112 @@
+"""``autotune tune`` on gloo (2 processes, a tiny Llama): a planted slow candidate is not returned, the residuals
+go into the profile and the next search reads them, and a profile without host figures is refused in one line."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.multiprocessing as mp  # noqa: E402
+
+from calibrate.errors import UserError  # noqa: E402
+from calibrate.profile import Profile  # noqa: E402
+
+from autotune.sbp.steptime import UNPRICED  # noqa: E402
+from tests.autotune.tiny_models import free_port  # noqa: E402
+
+MODEL = {"kind": "llama", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256,
+         "sequence": 32, "batch": 8, "micro_batch": 4}
+SLOW_S = 0.4
+OVERLAP = {"all_reduce": 1.1, "all_gather": 1.1, "reduce_scatter": 1.1, "peer": "nccl"}
+
+
+def slow_when_sharded(config):
+    """The reference Llama, planted slow wherever its parameters are DTensors (FSDP, tensor parallel): of the
+    candidates only data parallel on DDP (plain parameters) runs at full speed."""
+    from torch.distributed.tensor import DTensor
+
+    from models.modules import build
+    model = build(config)
+    plain = model.forward
+
+    def forward(ids, targets):
+        if any(isinstance(p, DTensor) for p in model.parameters()):
+            time.sleep(SLOW_S)
+        return plain(ids, targets)
+    model.forward = forward
+    return model
+
+
+def _worker(rank, world, port, argv, errors, allow):
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    if allow:
+        os.environ[UNPRICED] = "allow"
+    else:
+        os.environ.pop(UNPRICED, None)
+    from autotune.execute.tunecli import main
+    try:
+        main(argv)
+    except UserError as e:
+        with open(f"{errors}.{rank}", "w") as f:
+            f.write(str(e))
+
+
+def tune(tmp_path, profile, allow=True):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(MODEL))
+    out, errors = tmp_path / "out", str(tmp_path / "error")
+    argv = ["--model", str(model), "--module", "tests.autotune.test_tune:slow_when_sharded", "--profile", str(profile),
+            "--k", "3", "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--",
+            "--budget", "0.3", "--compare", "none"]
+    mp.spawn(_worker, args=(2, free_port(), argv, errors, allow), nprocs=2)
+    return out, [open(f"{errors}.{r}").read() for r in range(2) if os.path.exists(f"{errors}.{r}")]
+
+
+def test_tune_returns_the_measured_fastest_and_writes_the_residuals_back(tmp_path):
+    base = Profile.load("h200-nvlink")
+    profile = tmp_path / "profile.json"
+    replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
+    out, errors = tune(tmp_path, profile)
+    assert not errors
+    pf = json.loads((out / "plan.json").read_text())
+    rows = pf["meta"]["tune"]["candidates"]
+    ran = [r for r in rows if r["status"] == "ok"]
+    assert len(ran) >= 2 and {r["kind"] for r in rows} >= {"data parallel", "FSDP"}
+    chosen = min(ran, key=lambda r: r["measured_step_s"])
+    assert pf["meta"]["tune"]["returned"] == chosen["strategy"] == pf["best"]["strategy"]
+    slow = [r for r in ran if r["apply_path"] in ("fully_shard", "dtensor")]  # DTensor parameters: planted slow
+    assert slow and all(r["measured_step_s"] > SLOW_S for r in slow)
+    assert chosen not in slow
+    assert all(r["predicted_step_s"] and r["predicted_bytes"] for r in rows)
+    assert "| candidate |" in (out / "tune.md").read_text()
+    # the residuals: measured / predicted per path, in the profile the next search reads
+    res = Profile.load(profile).residuals
+    for path in ("ddp", "fully_shard"):
+        ratios = [r["measured_step_s"] / r["predicted_uncorrected_s"] for r in ran if r["apply_path"] == path]
+        assert ratios and res.paths[path] == pytest.approx(statistics.median(ratios), rel=1e-6)
+    from autotune.cli.search import main as search_main
+    again = tmp_path / "again"
+    assert search_main(["--model", str(tmp_path / "model.json"), "--profile", str(profile), "--nodes", "1",
+                        "--gpus-per-node", "2", "--objective", "step", "--budget", "0.3", "--compare", "none",
+                        "--out", str(again)]) == 0
+    plans = json.loads((again / "plan.json").read_text())
+    dp = next(p for p in [plans["best"], *plans["baselines"]] if p["strategy"].startswith("data parallel"))
+    assert dp["totals"]["residual"] == pytest.approx(res.paths["ddp"])
+    assert dp["totals"]["step_s"] == pytest.approx(dp["totals"]["step_uncorrected_s"] * res.paths["ddp"])
+
+
+def test_tune_refuses_a_profile_without_host_figures(tmp_path):
+    base = Profile.load("h200-nvlink")
+    profile = tmp_path / "bare.json"
+    replace(base, compute=replace(base.compute, host_s={}, overlap=OVERLAP)).save(profile)
+    out, errors = tune(tmp_path, profile, allow=False)
+    assert len(errors) == 2 and all("host_s" in e and "python -m calibrate compute" in e and "\n" not in e
+                                    for e in errors)
+    assert not (out / "tune.md").exists()

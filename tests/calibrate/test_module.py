@@ -1,0 +1,105 @@
+"""``python -m calibrate module``: the user's own module (transformers' LlamaForCausalLM of a tiny config)
+timed block by block on the CPU, its profile section, and its bad inputs (one line each)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calibrate.errors import UserError
+from calibrate.module import BLOCK_KEYS, OUTSIDE_KEYS, ModuleSection
+from calibrate.profile import Profile
+
+pytest.importorskip("transformers")
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 6, "vocab_size": 256,
+         "max_position_embeddings": 64}
+
+
+def run(argv) -> int:
+    from calibrate.__main__ import main
+    return main(["module", *argv])
+
+
+@pytest.fixture
+def one_thread():
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny kernels: threads only contend on a shared CPU
+    yield
+    torch.set_num_threads(before)
+
+
+def test_module_section_of_a_tiny_llama(tmp_path, capsys, one_thread):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    out = tmp_path / "p.json"
+    assert run(["--model", str(cfg), "--out", str(out), "--device", "cpu", "--tensor", "1,2", "--micro-batches", "1",
+                "--sequence", "16", "--iters", "3", "--warmup", "0", "--no-host"]) == 0
+    section = Profile.load(out).module  # through the profile's one loader
+    assert section.module == "transformers:LlamaForCausalLM"
+    assert section.model == {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256}
+    assert sorted(p.key for p in section.points) == [(1, 1, 16), (2, 1, 16)]
+    for p in section.points:
+        assert set(p.block) == set(BLOCK_KEYS) and set(p.outside) == set(OUTSIDE_KEYS)
+        assert all(v >= 0 for v in (*p.outside.values(), p.block["forward_s"], p.block["backward_s"]))
+        assert p.block["recompute_s"] is not None and p.block["activation_bytes"] is None  # on the CPU
+    assert section.host_s == {}  # --no-host
+    # the file is the section's own JSON, and a second load gives the same section
+    data = json.loads(out.read_text())
+    assert ModuleSection.from_dict(data["module"]) == section
+    assert Profile.load(out).tiers  # the base profile's tiers kept
+
+
+def test_host_cost_per_path_on_a_group_of_one(one_thread):
+    import torch
+
+    from calibrate.moduletime import hf_module, host_seconds
+    um = hf_module(LLAMA, "config")
+    lines = []
+    found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, paths=("none", "ddp"))
+    assert set(found) == {"none", "ddp"}, lines  # DDP placed on a gloo group of this process alone
+    assert all(len(v) == 2 and min(v) >= 0 for v in found.values())
+    assert not torch.distributed.is_initialized()  # the group of one destroyed
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.update(version=9), "version-1"),
+    (lambda d: d["points"][0]["block"].pop("forward_s"), "bad point"),
+    (lambda d: d["points"][0]["block"].update(backward_s=-1.0), "bad point"),
+    (lambda d: d["model"].pop("ffn"), "model needs"),
+    (lambda d: d.update(points=[d["points"][0], d["points"][0]]), "two points"),
+    (lambda d: d.update(host_s={"nvlink": [0, 0]}), "host_s"),
+    (lambda d: d.update(memory={"fragmentation": 3.0}), "memory"),
+    (lambda d: d.update(memory={"path_bytes_per_param": {"nvlink": 1.0}}), "memory"),
+])
+def test_bad_section_is_one_line(edit, words):
+    good = {"version": 1, "source": "", "module": "m:f", "recipe": "", "device": "",
+            "model": {"hidden": 8, "heads": 2, "kv_heads": 2, "ffn": 16, "vocabulary": 32},
+            "points": [{"tensor": 1, "micro_batch": 1, "sequence": 8,
+                        "block": {k: 1e-3 for k in BLOCK_KEYS}, "outside": {k: 1e-3 for k in OUTSIDE_KEYS}}]}
+    ModuleSection.from_dict(json.loads(json.dumps(good)))
+    edit(good)
+    with pytest.raises(UserError, match=words) as e:
+        ModuleSection.from_dict(good)
+    assert "\n" not in str(e.value) and "calibrate module" in str(e.value)
+
+
+def test_a_failing_factory_and_an_unknown_architecture_are_one_line(tmp_path, capsys):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"hidden": 8, "heads": 2, "ffn": 16, "vocabulary": 32}))
+    assert run(["--model", str(model), "--module", "tests.calibrate.test_module:broken", "--out",
+                str(tmp_path / "p.json"), "--device", "cpu", "--no-host"]) == 2
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("[module]")]
+    assert len(err) == 1 and "raised RuntimeError: no such layer" in err[0]
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**LLAMA, "architectures": ["BertModel"]}))
+    assert run(["--model", str(cfg), "--out", str(tmp_path / "p.json"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "LlamaForCausalLM" in err[0] and "--module" in err[0]
+    assert not (tmp_path / "p.json").exists()  # nothing written
+
+
+def broken(config):
+    raise RuntimeError("no such layer")
