@@ -7,7 +7,7 @@ import pytest
 from calibrate.errors import UserError
 from autotune import published
 from autotune.cli.reproduce import main
-from autotune.sbp.reproduce import worse_figures
+from autotune.reproduce import worse_figures
 
 CASES = {c["id"]: c for c in published.load_cases()}
 
@@ -77,7 +77,7 @@ def test_bad_previous_record_and_case_are_one_line_errors(tmp_path):
 def test_autoddl_compares_each_case_with_its_newest_recorded_row():
     """The newest record file holds a few cases only: each case is compared with the newest row recorded for it,
     so Table 3's pipeline-wide-64 (113.26 s in its record) is compared at all."""
-    from autotune.sbp.reproduce import recorded_rows, records
+    from autotune.reproduce import recorded_rows, records
     rows = {r["id"]: r for r in recorded_rows(records())}
     assert rows["pipeline-wide-64"]["searched_s"] == pytest.approx(113.26, abs=0.01)
     assert worse_figures([{"id": "pipeline-wide-64", "searched_s": 129.5}], list(rows.values())) \
