@@ -16,7 +16,7 @@
 # e.g.  OUT=$OUT PART=compute bash tests/gpu/calib_module_check.sh
 #       OUT=$OUT PART=module PROFILE=reports/records/calib-module-h200/profile.json bash tests/gpu/calib_module_check.sh
 set -uo pipefail
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+export PYTHONPATH=$PWD:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}
 PY=${PY:-python3}
@@ -69,8 +69,9 @@ PYEOF
     echo "calibrate module: exit $? ($((SECONDS - t0)) s)"; tail -3 "$OUT/module.log"
     [ -f "$OUT/tune-profile.json" ] || cp "$profile" "$OUT/tune-profile.json"
     t1=$SECONDS
+    # TUNE_MODULE=apply_llama:build (tests/gpu): the candidates run on transformers' LlamaForCausalLM
     timeout "${TUNE_TIMEOUT:-330}" torchrun --nproc-per-node 4 -m autotune tune --model "$OUT/llama1.5b.json" \
-      --profile "$OUT/tune-profile.json" --out "$OUT/tune" -- --sequence 2048 --batch 32 --micro-batch 16 \
+      --profile "$OUT/tune-profile.json" --out "$OUT/tune" ${TUNE_MODULE:+--module "$TUNE_MODULE"} -- --sequence 2048 --batch 32 --micro-batch 16 \
       > "$OUT/tune.log" 2>&1
     echo "autotune tune: exit $? ($((SECONDS - t1)) s)"
     grep -E "^\[tune\] [^s]|error" "$OUT/tune.log" | tail -8
