@@ -331,7 +331,11 @@ def _wrap(torch, m: _Timed, path: str) -> None:
         for block in (blocks[0] if blocks else []):
             fully_shard(block)
         fully_shard(m.model)
-    m.opt = torch.optim.AdamW(m.model.parameters(), lr=1e-5, fused=m.cuda)
+    # one group per kind, as apply's param_groups: fused AdamW refuses a group mixing DTensors and tensors
+    from torch.distributed.tensor import DTensor
+    params = list(m.model.parameters())
+    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    m.opt = torch.optim.AdamW([{"params": g} for g in groups if g], lr=1e-5, fused=m.cuda)
 
 
 def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,

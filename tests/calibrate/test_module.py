@@ -55,11 +55,13 @@ def test_module_section_of_a_tiny_llama(tmp_path, capsys, one_thread):
 def test_host_cost_per_path_on_a_group_of_one(one_thread):
     import torch
 
-    from calibrate.moduletime import hf_module, host_seconds
+    from calibrate.moduletime import HOST_PATHS, hf_module, host_seconds
     um = hf_module(LLAMA, "config")
     lines = []
-    found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, paths=("none", "ddp"))
-    assert set(found) == {"none", "ddp"}, lines  # DDP placed on a gloo group of this process alone
+    found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append)
+    # every apply path placed on a gloo group of this process alone (the DTensor path's optimizer takes its
+    # DTensors and its plain parameters in groups of one kind each, as fused AdamW needs on GPUs)
+    assert set(found) == set(HOST_PATHS), lines
     assert all(len(v) == 2 and min(v) >= 0 for v in found.values())
     assert not torch.distributed.is_initialized()  # the group of one destroyed
 
