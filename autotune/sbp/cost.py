@@ -38,9 +38,9 @@ from calibrate.errors import OptionError, UserError
 from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
-from autotune.sbp.layers import ACT_BYTES, Strategy, local_elems, make_op, with_recipe
-from autotune.sbp.memory import (FIRST, INSIDE, LAST, NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL, Memory, Mode,
-                                  fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
+from autotune.sbp.layers import ACT_BYTES, Strategy, make_op, with_recipe
+from autotune.sbp.memory import (NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL, Memory, Mode, chain_roles, layer_roles,
+                                 fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, overlapped,
                                    require_compute, require_overheads)
 from autotune.sbp.mesh import Cluster
@@ -83,39 +83,6 @@ def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: Mode 
            tied: bool = False, recipe: str = "autocast") -> float:
     """Bytes per device of one occurrence of a layer (``autotune.sbp.memory`` says what is counted)."""
     return strategy_memory(s, cluster, itemsize, mode, role, tied, recipe).total
-
-
-def chain_roles(graph: LayerGraph) -> list[str]:
-    """Each chain position's place for recomputation (``autotune.sbp.memory``'s roles): ``OUTSIDE`` every
-    block, a block's ``FIRST`` layer, ``INSIDE`` one, the residual adds that close it ``TAIL`` and the matmul
-    before them ``LAST`` (``LayerGraph.blocks``: [start, end) chain positions; absent: no blocks)."""
-    roles = [OUTSIDE] * len(graph.chain)
-    for start, end in getattr(graph, "blocks", None) or []:
-        roles[start] = FIRST
-        for p in range(start + 1, end):
-            roles[p] = INSIDE
-        p = end - 1
-        while p > start and graph.layers[graph.chain[p]].kind == "residual":
-            roles[p] = TAIL
-            p -= 1
-        if p > start and graph.layers[graph.chain[p]].kind == "matmul":
-            roles[p] = LAST
-    return roles
-
-
-def layer_roles(graph: LayerGraph) -> list[str]:
-    """Each distinct layer's place: the same at every occurrence, else ``OUTSIDE`` (nothing recomputed); a layer
-    both ``INSIDE`` a block and at its ``TAIL`` (the residual add, one layer tied across the model) is ``INSIDE``:
-    its add at the tail, which the re-run skips, is counted as re-run (one residual add's forward a block)."""
-    out: list[str | None] = [None] * len(graph.layers)
-    for v, r in zip(graph.chain, chain_roles(graph)):
-        if out[v] is None or out[v] == r:
-            out[v] = r
-        elif {out[v], r} == {INSIDE, TAIL}:
-            out[v] = INSIDE
-        else:
-            out[v] = OUTSIDE
-    return [r or OUTSIDE for r in out]
 
 
 def forward_factors(graph: LayerGraph) -> dict[tuple[int, int], float]:

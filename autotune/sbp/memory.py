@@ -82,6 +82,8 @@ from dataclasses import dataclass
 
 from calibrate.errors import UserError
 
+from models.graph import LayerGraph
+
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, NdSbp, is_split, local_shape, split_dim
 
@@ -444,3 +446,36 @@ def pipelined_fsdp_memory(s, cluster: Cluster, act_bytes: int, mode: Mode, role:
     held = sum(held_elems(s, t, cluster, mode) for t in s.weights)
     acts = strategy_memory(s, cluster, act_bytes, mode, role, tied, recipe).activations
     return Memory((held + (sharded if role == OUTSIDE else 0)) * w, whole * g, 0.0 if tied else held * o, acts)
+
+
+def chain_roles(graph: LayerGraph) -> list[str]:
+    """Each chain position's place for recomputation (``autotune.sbp.memory``'s roles): ``OUTSIDE`` every
+    block, a block's ``FIRST`` layer, ``INSIDE`` one, the residual adds that close it ``TAIL`` and the matmul
+    before them ``LAST`` (``LayerGraph.blocks``: [start, end) chain positions; absent: no blocks)."""
+    roles = [OUTSIDE] * len(graph.chain)
+    for start, end in getattr(graph, "blocks", None) or []:
+        roles[start] = FIRST
+        for p in range(start + 1, end):
+            roles[p] = INSIDE
+        p = end - 1
+        while p > start and graph.layers[graph.chain[p]].kind == "residual":
+            roles[p] = TAIL
+            p -= 1
+        if p > start and graph.layers[graph.chain[p]].kind == "matmul":
+            roles[p] = LAST
+    return roles
+
+
+def layer_roles(graph: LayerGraph) -> list[str]:
+    """Each distinct layer's place: the same at every occurrence, else ``OUTSIDE`` (nothing recomputed); a layer
+    both ``INSIDE`` a block and at its ``TAIL`` (the residual add, one layer tied across the model) is ``INSIDE``:
+    its add at the tail, which the re-run skips, is counted as re-run (one residual add's forward a block)."""
+    out: list[str | None] = [None] * len(graph.layers)
+    for v, r in zip(graph.chain, chain_roles(graph)):
+        if out[v] is None or out[v] == r:
+            out[v] = r
+        elif {out[v], r} == {INSIDE, TAIL}:
+            out[v] = INSIDE
+        else:
+            out[v] = OUTSIDE
+    return [r or OUTSIDE for r in out]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from calibrate.compute import ComputeModel
 
 from autotune.sbp.layers import Strategy, local_elems, make_op, with_recipe
-from autotune.sbp.memory import NONE, OUTSIDE
+from autotune.sbp.memory import NONE, OUTSIDE, layer_roles
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.steptime import layer_seconds, local_elems_shape, optimizer_seconds
 
@@ -93,7 +93,6 @@ def calibration(graph, profile) -> ModuleCal | None:
     if section is None or cm is None or not getattr(graph, "blocks", None) or not section.matches(graph.config):
         return None
     from models.builders import BUILDERS
-    from autotune.sbp.cost import layer_roles
     c = graph.config
     ratios = {}
     for p in section.points:
