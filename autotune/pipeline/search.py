@@ -289,11 +289,11 @@ class StageSearch:
             cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
         return cat
 
-    def layout(self, m: int, span, sub: Cluster) -> Layout:
-        """The stage's layers and strategies on ``sub``, unpriced."""
-        key = (self.signature(m, span), sub, m)
+    def layout(self, m: int, span, sub: Cluster, runnable: bool = True) -> Layout:
+        """The stage's layers and strategies on ``sub``, unpriced (``runnable``: only those apply runs)."""
+        key = (self.signature(m, span), sub, m, runnable)
         if key not in self._layouts:
-            self._layouts[key] = Layout(stage_graph(self.graph_for(m), *span), self.catalogue(sub))
+            self._layouts[key] = Layout(stage_graph(self.graph_for(m), *span), self.catalogue(sub), runnable)
         return self._layouts[key]
 
     def megatron(self, m: int, span, sub: Cluster, f: int, mesh: tuple,
@@ -307,7 +307,9 @@ class StageSearch:
                 plain = self.megatron(m, span, sub, 1, mesh, sequence_parallel=sequence_parallel)
                 self._fixed[key] = None if plain is None else (plain[0].with_mode(mode), plain[1])
             else:
-                lay = self.layout(m, span, sub)
+                # Megatron's sequence parallelism splits each sequence over t: priced (the 3-D baseline, the
+                # published runs), though apply runs no such split of a Hugging Face model's residual stream
+                lay = self.layout(m, span, sub, runnable=not sequence_parallel)
                 a = megatron_assignment(lay, *mesh, sequence_parallel=sequence_parallel)
                 prob = None if a is None else lay.fixed(a, self.limit)
                 a = None if prob is None else megatron_assignment(prob, *mesh, sequence_parallel=sequence_parallel)

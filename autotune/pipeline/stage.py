@@ -227,10 +227,11 @@ class Layout:
     Megatron's (``autotune.sbp.baselines.megatron_assignment``, which reads ``graph``, ``ops``, ``choices``,
     ``cluster`` and ``shared``) is picked before any strategy is priced."""
 
-    def __init__(self, graph, catalogue: Catalogue):
-        self.graph, self.cluster, self.catalogue = graph, catalogue.coster.cluster, catalogue
+    def __init__(self, graph, catalogue: Catalogue, runnable: bool = True):
+        """``runnable``: only the strategies apply runs (``autotune.sbp.cost.layer_strategies``), else all."""
+        self.graph, self.cluster, self.catalogue, self.runnable = graph, catalogue.coster.cluster, catalogue, runnable
         self.ops = [make_op(layer, graph.act_bytes) for layer in graph.layers]
-        self.choices = [catalogue.layer_strategies(op, None, rows_of(graph)) for op in self.ops]
+        self.choices = [catalogue.layer_strategies(op, None, rows_of(graph) if runnable else None) for op in self.ops]
         for op, ss in zip(self.ops, self.choices):
             if not ss:  # as ``Problem`` says it
                 raise UserError(f"layer {op.layer.name} has no strategy on {self.cluster} (sizes do not divide): "
@@ -248,7 +249,7 @@ class Layout:
         (the same per-strategy cost and memory functions), at the price of one strategy a layer."""
         picked = {id(self.choices[v][i]) for v, i in enumerate(assign)}
         return StageProblem(self.graph, self.catalogue.coster, memory_limit, objective, catalogue=self.catalogue,
-                            keep=lambda layer, s: id(s) in picked)
+                            keep=lambda layer, s: id(s) in picked, runnable=self.runnable)
 
 
 @dataclass(frozen=True)

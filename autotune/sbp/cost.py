@@ -154,8 +154,10 @@ class Problem:
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
                  precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm",
-                 mode: Mode = NONE, recipe: str = "autocast", keep=None, catalogue: Catalogue | None = None):
-        """``keep``: a predicate ``keep(layer, strategy)``; the strategies it rejects are left out (e.g. a cap
+                 mode: Mode = NONE, recipe: str = "autocast", keep=None, catalogue: Catalogue | None = None,
+                 runnable: bool = True):
+        """``runnable``: only the strategies apply runs (``layer_strategies``' rows), else every one (a plan
+        priced, not run: Megatron's sequence parallelism). ``keep``: a predicate ``keep(layer, strategy)``; the strategies it rejects are left out (e.g. a cap
         on weight replication). ``require_fit``: raise a UserError when even the least-memory plan exceeds ``memory_limit``;
         without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal).
         ``objective``: "comm", seconds of communication per step (AutoDDL's), or "step", predicted step
@@ -184,7 +186,7 @@ class Problem:
         self.reserve = 0.0
         self.choices: list[list[Strategy]] = []
         self._layer_keys: list[tuple | None] = []  # the catalogue's key of a layer whose choices are its strategies
-        rows = rows_of(graph)
+        rows = rows_of(graph) if runnable else None
         for op in self.ops:
             ss = list(catalogue.layer_strategies(op, signatures, rows)) if catalogue is not None else \
                 layer_strategies(op, self.cluster, signatures, rows)

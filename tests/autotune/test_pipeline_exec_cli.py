@@ -48,7 +48,7 @@ def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
     argv = [str(plan_file), "--steps", str(STEPS), "--warmup", "0", "--profile-steps", "0", "--dtype", "float64",
             "--device", "cpu", "--lr", str(LR), "--seed", str(SEED), "--out", str(out)]
     mp.start_processes(_worker, args=(4, free_port(), argv), nprocs=4, start_method="fork")
-    rec = json.loads(next(out.glob("*.json")).read_text())
+    rec = json.loads(next(out.glob("execute-*.json")).read_text())  # (summary.json beside it)
     plan = json.loads(plan_file.read_text())["best"]
     assert rec["executor"] == "pipeline" and rec["pipeline"]["split"] == plan["pipeline"]["split"]
     assert rec["pipeline"]["library_schedule"] == "Schedule1F1B" and rec["world"] == 4
