@@ -32,6 +32,7 @@ from autotune.sbp.fit import scaled, search_fitting, search_modes
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.plan import PlanFile, build_plan
 from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
+from autotune.sbp.steptime import require_overheads
 
 COMPARE = ("cd", "mh", "random")
 FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
@@ -101,6 +102,8 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
                             "that has compute figures, or --pipeline off")
         stages = "off"
     t0 = time.perf_counter()
+    if objective == "step":
+        require_overheads(profile, cluster.devices)
     coster = Coster(profile, cluster)
     problem = plain = Problem(graph, coster, memory_limit, progress=progress, objective=objective, require_fit=False)
     mega, mega_cost, _ = best_mesh(problem, megatron_assignment)

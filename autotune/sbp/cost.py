@@ -42,7 +42,7 @@ from autotune.sbp.layers import ACT_BYTES, Strategy, make_op, with_recipe
 from autotune.sbp.memory import (NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL, Memory, Mode, chain_roles, layer_roles,
                                  fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, overlapped,
-                                   require_compute, require_overheads)
+                                   require_compute)
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.modulecal import calibrated_seconds, calibration, optimizer_ratio
 from autotune.sbp.rowbox import RowBoxer
@@ -210,7 +210,6 @@ class Problem:
         self.module_cal = None
         if objective == "step":
             require_compute(coster.profile)
-            require_overheads(coster.profile, self.cluster.devices)
             self.module_cal = calibration(graph, coster.profile)  # the user's module as measured, if it was
         self.first = graph.chain[0]  # its gradients are ready last: their sync is never hidden
         self.chain_roles = chain_roles(graph)

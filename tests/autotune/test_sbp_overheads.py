@@ -15,7 +15,7 @@ from models import load_model
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.steptime import UNPRICED, overlapped
+from autotune.sbp.steptime import overlapped, require_overheads
 
 MODEL = {"layers": 4, "hidden": 512, "heads": 4, "kv_heads": 2, "ffn": 2048, "vocabulary": 256, "sequence": 256,
          "batch": 8, "micro_batch": 4}
@@ -33,18 +33,16 @@ def problem(p, devices: int = 2):
 
 
 @pytest.mark.parametrize("lacks, words", [({"overlap": {}}, "overlap"), ({"host_s": {}}, r"host_s \(dtensor, ddp")])
-def test_a_profile_without_the_figures_is_refused_for_several_devices(monkeypatch, lacks, words):
-    monkeypatch.delenv(UNPRICED, raising=False)
+def test_a_profile_without_the_figures_is_refused_for_several_devices(lacks, words):
     p = profile(**{"overlap": OVERLAP, **lacks})
     with pytest.raises(UserError, match=words) as e:
-        problem(p)
+        require_overheads(p, 2)
     assert "python -m calibrate compute" in str(e.value) and "\n" not in str(e.value)
-    problem(p, devices=1)  # one device: no collectives, no path of several devices
-    problem(profile(overlap=OVERLAP))  # with both: planned
+    require_overheads(p, 1)  # one device: no collectives, no path of several devices
+    require_overheads(profile(overlap=OVERLAP), 2)  # with both: planned
 
 
-def test_the_command_refuses_in_one_line(monkeypatch, tmp_path):
-    monkeypatch.delenv(UNPRICED, raising=False)
+def test_the_command_refuses_in_one_line(tmp_path):
     path = tmp_path / "bare.json"
     profile(host_s={}).save(path)
     r = subprocess.run([sys.executable, "-m", "autotune", "--model", "gpt", "--layers", "2", "--nodes", "1", "--gpus-per-node", "2",

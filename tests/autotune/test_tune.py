@@ -16,7 +16,6 @@ import torch.multiprocessing as mp  # noqa: E402
 from calibrate.errors import UserError  # noqa: E402
 from calibrate.profile import Profile  # noqa: E402
 
-from autotune.sbp.steptime import UNPRICED  # noqa: E402
 from tests.autotune.tiny_models import free_port  # noqa: E402
 
 MODEL = {"kind": "llama", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256,
@@ -42,14 +41,10 @@ def slow_when_sharded(config):
     return model
 
 
-def _worker(rank, world, port, argv, errors, allow):
+def _worker(rank, world, port, argv, errors):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    if allow:
-        os.environ[UNPRICED] = "allow"
-    else:
-        os.environ.pop(UNPRICED, None)
     from autotune.execute.tunecli import main
     try:
         main(argv)
@@ -58,14 +53,14 @@ def _worker(rank, world, port, argv, errors, allow):
             f.write(str(e))
 
 
-def tune(tmp_path, profile, allow=True):
+def tune(tmp_path, profile):
     model = tmp_path / "model.json"
     model.write_text(json.dumps(MODEL))
     out, errors = tmp_path / "out", str(tmp_path / "error")
     argv = ["--model", str(model), "--module", "tests.autotune.test_tune:slow_when_sharded", "--profile", str(profile),
             "--k", "3", "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--",
             "--budget", "0.3", "--compare", "none"]
-    mp.spawn(_worker, args=(2, free_port(), argv, errors, allow), nprocs=2)
+    mp.spawn(_worker, args=(2, free_port(), argv, errors), nprocs=2)
     return out, [open(f"{errors}.{r}").read() for r in range(2) if os.path.exists(f"{errors}.{r}")]
 
 
@@ -106,7 +101,7 @@ def test_tune_refuses_a_profile_without_host_figures(tmp_path):
     base = Profile.load("h200-nvlink")
     profile = tmp_path / "bare.json"
     replace(base, compute=replace(base.compute, host_s={}, overlap=OVERLAP)).save(profile)
-    out, errors = tune(tmp_path, profile, allow=False)
+    out, errors = tune(tmp_path, profile)
     assert len(errors) == 2 and all("host_s" in e and "python -m calibrate compute" in e and "\n" not in e
                                     for e in errors)
     assert not (out / "tune.md").exists()
