@@ -53,6 +53,12 @@ if ! timeout 60 $MPIRUN $PY -c "import mpi4py.MPI as M; print(M.COMM_WORLD.Get_s
   echo "LAUNCHER FAILED: $MPIRUN"; cat "$R/launcher.log"; pack; exit 1
 fi
 
+PARTS=${PARTS:-"calibrate interp nccl peers reshard"}  # a subset: PARTS="nccl peers"
+has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+PLUGIN=$R/libnccl-tuner-commtune.so
+step build-tuner 30 $PY -m kernels build-tuner --out "$PLUGIN"
+
+if has calibrate; then
 # 1. calibration at 4 ranks and the fit judged on random sizes drawn in the same run
 step calibrate 150 $MPIRUN $PY -m calibrate run --backend nccl --mode graph -b 1408 -e 1G -f 2 --reps 7 --groups world,pairs \
   --size-unit 256 --check --random 16 --random-seed 45 --random-min-bytes 1K --random-max-bytes 1G \
@@ -61,9 +67,10 @@ grep -E "refined points|steps located" "$R/calibrate.log" | tail -8
 step fit 20 $PY -m calibrate fit "$R/calib" --validation "$R/random" -o "$R/profile4.json" --name h200x4-graph
 grep -iE "median|max|random" "$R/fit.log" | tail -10
 
+fi
+
+if has interp; then
 # 2. the interpreter's programs and table for 4 ranks, made on this machine by one command
-PLUGIN=$R/libnccl-tuner-commtune.so
-step build-tuner 30 $PY -m kernels build-tuner --out "$PLUGIN"
 step schedule 90 $MPIRUN $PY -m autotune schedule --gpus 4 --space quick \
   --collective allreduce,allgather,reducescatter --sizes 1K:1G:4 --reps 5 --out "$R/interp4"
 # a table for another rank count is refused in one line naming the command
@@ -74,6 +81,9 @@ try:
 except Exception as e:
     print('refused:', e)" > "$R/mismatch.txt" 2>&1; cat "$R/mismatch.txt"
 
+fi
+
+if has nccl; then
 # 3. NCCL tuned through the plugin: rows only where confirmed at sizes not tuned on; evaluate at held-out sizes
 step nccl-tune 90 $MPIRUN $PY -m autotune nccl --plugin "$PLUGIN" --collectives allreduce,allgather,reducescatter \
   --sizes 1K:1G:8 --channels=-1,32,64 --heldout 6 --out "$R/nccl"
@@ -81,6 +91,9 @@ grep -E "^# (allreduce|allgather|reducescatter)|declined|kept|dropped" "$R/nccl-
 step nccl-evaluate 35 $MPIRUN $PY -m autotune nccl evaluate "$R/nccl" --plugin "$PLUGIN"
 grep -E "^# (allreduce|allgather|reducescatter)" "$R/nccl-evaluate.log"
 
+fi
+
+if has peers; then
 # 4. kernels peers at 4 ranks against NCCL's best setting per size, symmetric kernels, torch SymmetricMemory and
 #    NCCL with the tuner plugin
 SIZES="--min-bytes 1K --max-bytes 1G --factor 4"
@@ -110,12 +123,16 @@ for f in "$R/peers.json" "$R"/nccl-sweep/*.json; do [ -s "$f" ] && records+=("$f
   > "$R/peers-table.txt" 2>&1
 pack
 
+fi
+
+if has reshard; then
 # 5. resharding on 4 GPUs (1 -> 3, 3 -> 1, 2 -> 2, uneven tiles: 63 rows over 2 and 3 devices)
 step reshard 45 $MPIRUN $PY -m autotune reshard --execute nccl --shape 63,1024,256 --devices-per-host 4 \
   --solvers ensemble --time-budget 0.2 --iters 5 \
   --scenario "RRR@1,1[0]:S0RR@1,3[1,2,3]" --scenario "S0RR@1,3[1,2,3]:RRR@1,1[0]" \
   --scenario "S0RR@1,2[0,1]:S1RR@1,2[2,3]" --scenario "S0RR@1,2[0,1]:S0RR@1,3[1,2,3]" \
   --results "$R/reshard4.json"
+fi
 
 echo
 echo "==================== issue 45 on 4 GPUs: summary ($((SECONDS - T0)) s) ===================="
