@@ -38,15 +38,22 @@ COMPARE = ("cd", "mh", "random")
 FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
 
 
-def choose_objective(objective: str | None, search: str, profile: Profile) -> tuple[str, str]:
+def choose_objective(objective: str | None, search: str, profile: Profile, devices: int = 1) -> tuple[str, str]:
     """(the objective, a note saying why where it was not given): the step time where the profile has compute
-    figures, else the communication, which the per-layer searches (exhaustive, dp) always minimise."""
+    figures (and, for several ``devices``, the host's and overlap figures that step needs: never priced at zero),
+    else the communication, which the per-layer searches (exhaustive, dp) always minimise. ``--objective step``
+    on a profile without those figures is refused (``require_overheads``)."""
     if objective is None and search in ("exhaustive", "dp"):
         return "comm", (f"--search {search} sums per-layer costs, which only the communication objective does: "
                         f"minimising communication (--objective comm)")
     if objective is None and profile.compute is None:
         return "comm", (f"profile {profile.name!r} has no compute figures: minimising communication "
                         f"(--objective comm); add them with python -m calibrate compute")
+    missing = profile.compute.missing_overheads() if objective is None and devices > 1 else []
+    if missing:
+        return "comm", (f"profile {profile.name!r} lacks {' and '.join(missing)}, which the step time of {devices} "
+                        f"devices needs: minimising communication (--objective comm); measure them with python -m "
+                        f"calibrate compute on the machine to plan by step time")
     return objective or "step", ""
 
 
@@ -95,7 +102,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
             raise UserError(f"unknown search {name!r}: use one of {', '.join(SEARCHES)}")
     stages = parse_stages(str(pipeline))
     check_pipeline(graph, cluster, stages, schedule)
-    objective, _ = choose_objective(objective, algorithm, profile)
+    objective, _ = choose_objective(objective, algorithm, profile, cluster.devices)
     if stages != "off" and objective != "step":
         if stages != "auto":
             raise UserError("pipeline stages are timed by the step objective: use --objective step with a profile "

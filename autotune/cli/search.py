@@ -261,7 +261,7 @@ def main(argv=None, report=None) -> int:
         print(f"cluster {cluster}{default_note}; profile {profile.name}"
               f"{' (default profile)' if args.profile == DEFAULT_PROFILE else ''}; "
               f"memory limit {limit / 2**30:.4g} GiB per device{limit_note}", flush=True)
-        objective, note = choose_objective(args.objective, args.search, profile)
+        objective, note = choose_objective(args.objective, args.search, profile, cluster.devices)
         if note:
             print(f"note: {note}")
         print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
