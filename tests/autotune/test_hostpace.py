@@ -6,6 +6,7 @@ prices it at 483 ms and returns the FSDP baseline (322.4 ms measured) instead.""
 import json
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,9 @@ def test_the_floor_closed_form(tmp_path):
                                                                "fully_shard": (1e-9, 0.0)}))
     path, bare = tmp_path / "host.json", tmp_path / "bare.json"
     host.save(path)
-    replace(base, compute=replace(base.compute, host_s={})).save(bare)  # the embedded profile carries host figures
+    # the devices' prices alone: host figures too small to bind (a profile without any plans by communication)
+    replace(base, compute=replace(base.compute, host_s={k: (1e-12, 0.0) for k in ("ddp", "dtensor", "fully_shard")})
+            ).save(bare)
     without = plans(tmp_path / "a", SMALL, bare)
     with_host = plans(tmp_path / "b", SMALL, path)
     dp = with_host["data parallel"]
@@ -52,13 +55,25 @@ def test_the_floor_closed_form(tmp_path):
     fsdp = next(p for s, p in with_host.items() if s.startswith("FSDP"))
     assert fsdp["apply_path"] == "fully_shard"
     assert fsdp["totals"]["step_s"] == next(p for s, p in without.items() if s.startswith("FSDP"))["totals"]["step_s"]
-    assert at_host_pace(dp, None) is dp and "apply_path" not in without["data parallel"]
+    assert at_host_pace(dp, None) is dp  # no compute figures: the plan as it is
+
+
+def priced(tmp_path, recorded: str, host: bool) -> Path:
+    """A profile of session 12 / 13 (before overlap figures existed) with the overlap at 1 (as it was priced then)
+    and, without ``host``, host figures too small to bind: a copy the search plans several devices on by step."""
+    p = Profile.load(recorded)
+    compute = replace(p.compute, overlap={"all_reduce": 1.0, "all_gather": 1.0, "reduce_scatter": 1.0, "peer": "nccl"})
+    if not host:
+        compute = replace(compute, host_s={k: (1e-12, 0.0) for k in ("ddp", "dtensor", "fully_shard")})
+    out = tmp_path / f"{'host' if host else 'bare'}.json"
+    replace(p, compute=compute).save(out)
+    return out
 
 
 def test_the_measured_case_takes_fsdp(tmp_path):
-    before = plans(tmp_path / "a", LLAMA_1B, H100)
+    before = plans(tmp_path / "a", LLAMA_1B, priced(tmp_path, H100, host=False))
     assert "searched (cd)" in before  # the search's own plan is the best without host figures
-    after = plans(tmp_path / "b", LLAMA_1B, H100_HOST)
+    after = plans(tmp_path / "b", LLAMA_1B, priced(tmp_path, H100_HOST, host=True))
     best = next(p for s, p in after.items() if s.startswith("searched"))
     assert best["strategy"].startswith("searched (the baseline FSDP") and best["apply_path"] == "fully_shard"
     assert best["strategy"].endswith("at the host's pace of the dtensor path it takes)")
