@@ -45,7 +45,7 @@ HOW = {
     "python -m kernels compile <algorithm> --ranks 8 ... -o x.xml": ([], []),
     "python -m kernels check x.xml": ([], ["x.xml"]),
     "python -m autotune explain papers-plan": ([], []),
-    "python -m autotune --model llama --preset llama3-8b --nodes 1 --gpus-per-node 8 --out plan8":
+    "python -m autotune --model llama --preset llama3-8b --nodes 1 --gpus-per-node 8 --micro-batch 8 --out plan8":
         (["--budget", "0.3", "--compare", "none"], []),
     "python -m autotune export plan8/plan.json --to torchtitan": ([], ["plan8/plan.json"]),
     "python -m autotune --model gpt --preset gpt3-175b --nodes 512 --gpus-per-node 8 --pipeline 16 "
