@@ -319,11 +319,17 @@ CASES = [
 
 
 # ---- input files ----------------------------------------------------------------------------
+def launch_free_environ() -> dict:
+    """This process's environment less a launcher's rank variables, which an in-process test of execute
+    leaves behind (its rendezvous sets RANK and WORLD_SIZE): a case started under mpiexec must see mpiexec's."""
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+
+
 def _python_m(*args, ranks=0, timeout=240):
     cmd = [sys.executable, "-m", *args]
     if ranks:
         cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=launch_free_environ())
 
 
 def _make_files(files: Path, res: Path) -> None:
@@ -429,7 +435,7 @@ def _run(case: Case, root: Path, n: int) -> Outcome:
     t0 = time.perf_counter()
     try:
         r = subprocess.run([sys.executable, str(CPUTIME), *cmd], cwd=ROOT, capture_output=True, text=True,
-                           timeout=WALL_LIMIT_S, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                           timeout=WALL_LIMIT_S, env=dict(launch_free_environ(), PYTHONUNBUFFERED="1"))
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
         return Outcome(-1, out.splitlines(), float("nan"), WALL_LIMIT_S, True)
