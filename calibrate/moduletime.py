@@ -331,11 +331,18 @@ def _wrap(torch, m: _Timed, path: str) -> None:
         for block in (blocks[0] if blocks else []):
             fully_shard(block)
         fully_shard(m.model)
-    # one group per kind, as apply's param_groups: fused AdamW refuses a group mixing DTensors and tensors
+    m.opt = torch.optim.AdamW(param_groups(m.model), lr=1e-5, fused=m.cuda)
+
+
+def param_groups(module) -> list[dict]:
+    """``module``'s trainable parameters as optimizer parameter groups of one kind each: the DTensors and the
+    plain tensors (torch's fused AdamW refuses a group that mixes them):
+    ``torch.optim.AdamW(param_groups(module), fused=True)`` (``autotune.param_groups``)."""
     from torch.distributed.tensor import DTensor
-    params = list(m.model.parameters())
+
+    params = [p for p in module.parameters() if p.requires_grad]
     groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
-    m.opt = torch.optim.AdamW([{"params": g} for g in groups if g], lr=1e-5, fused=m.cuda)
+    return [{"params": g} for g in groups if g]
 
 
 def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,

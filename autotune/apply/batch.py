@@ -8,13 +8,13 @@ import math
 from dataclasses import dataclass
 
 from calibrate.errors import UserError
+from calibrate.moduletime import param_groups  # noqa: F401 (autotune.param_groups)
 from calibrate.optional import require_torch
 
 from autotune.plan.search import load_plan
 from autotune.plan.typed import TypedPlan
 
 torch = require_torch()
-from torch.distributed.tensor import DTensor  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -136,15 +136,6 @@ class _ScaleGrad(torch.autograd.Function):
 
 def scale_grad(x, *, factor: float):
     return _ScaleGrad.apply(x, factor)
-
-
-def param_groups(module) -> list[dict]:
-    """``module``'s trainable parameters as optimizer parameter groups of one kind each: the DTensors and the
-    plain tensors (torch's fused AdamW refuses a group that mixes them):
-    ``torch.optim.AdamW(param_groups(module), fused=True)``."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
-    return [{"params": g} for g in groups if g]
 
 
 def micro_batches(plan, batch) -> list:
