@@ -73,7 +73,15 @@ from calibrate.errors import UserError
 from calibrate.layers import KINDS as LAYER_KINDS
 
 KINDS = ("measured", "assumed")
-HOST_PATHS = ("dtensor", "ddp", "fully_shard", "none")  # autotune.plan's placement paths ("none": one device)
+HOST_PATHS = ("dtensor", "ddp", "fully_shard", "tensor", "none")  # autotune.plan's placement paths ("none": one device)
+# a path priced by another's host figure where the profile has none of its own: the tensor path (torchtitan's
+# styles) by the DTensor figure, which is ParallelStyles on every Linear over a group of one, the same dispatch
+HOST_STANDIN = {"tensor": "dtensor"}
+
+
+def host_figure(figures: dict, path: str):
+    """``figures[path]`` (a profile's or a module section's ``host_s``), or its stand-in's (``HOST_STANDIN``)."""
+    return figures.get(path, figures.get(HOST_STANDIN.get(path, path)))
 OVERLAP_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")  # what DDP's and FSDP's compute runs beside
 OVERLAP_PEERS = ("nccl", "copy")  # measured beside a collective between GPUs, or beside a copy (no peer GPU)
 
@@ -378,7 +386,7 @@ class ComputeModel:
         """(per micro-batch, per step) seconds the host takes to issue the forward and backward of
         ``occurrences`` layer occurrences, and their optimizer step, placed on apply's ``path``; None where the
         profile has no host figures for that path."""
-        per = self.host_s.get(path)
+        per = host_figure(self.host_s, path)
         if per is None:
             return None
         return occurrences * per[0], occurrences * per[1]
@@ -390,7 +398,7 @@ class ComputeModel:
 
     def missing_overheads(self) -> list[str]:
         """The figures multi-GPU planning needs that this model lacks (module docstring)."""
-        paths = [p for p in HOST_PATHS if p != "none" and p not in self.host_s]
+        paths = [p for p in HOST_PATHS if p != "none" and p not in self.host_s and p not in HOST_STANDIN]
         return ([f"host_s ({', '.join(paths)})"] if paths else []) + \
             (["overlap"] if any(c not in self.overlap for c in OVERLAP_COLLECTIVES) else [])
 

@@ -42,6 +42,13 @@ class UserModule:
     loss: Callable[[object, object], object]  # (module, ids) -> loss
     widths: tuple[int, ...]  # tensor widths the module can be divided by
     checkpoint: Callable[[object, bool], bool]  # (module, on) -> whether recomputation could be switched
+    recipe: tuple = ()  # (constructor name, its arguments): how another process builds the same (``rebuild``)
+
+
+def rebuild(recipe: tuple) -> UserModule:
+    """The ``UserModule`` a ``recipe`` names, in a process of its own (``calibrate.overlap``'s peers)."""
+    name, *args = recipe
+    return {"hf": hf_module, "factory": factory_module, "reference": reference_module}[name](*args)
 
 
 def _divisors(*counts: int, most: int = 8) -> tuple[int, ...]:
@@ -99,7 +106,8 @@ def hf_module(cfg: dict, origin: str) -> UserModule:
         return True
 
     return UserModule(f"transformers:{arch}", {"hidden": hidden, "heads": heads, "kv_heads": kv, "ffn": ffn,
-                                              "vocabulary": vocab}, build, loss, widths, checkpoint)
+                                              "vocabulary": vocab}, build, loss, widths, checkpoint,
+                      ("hf", cfg, origin))
 
 
 def factory_module(spec: str, fields: dict) -> UserModule:
@@ -137,7 +145,7 @@ def factory_module(spec: str, fields: dict) -> UserModule:
 
     return UserModule(spec, {"hidden": fields["hidden"], "heads": heads, "kv_heads": kv, "ffn": ffn,
                              "vocabulary": vocab}, build, lambda model, ids: model(ids, ids),
-                      _divisors(heads, kv, ffn, vocab), checkpoint)
+                      _divisors(heads, kv, ffn, vocab), checkpoint, ("factory", spec, fields))
 
 
 def reference_module() -> UserModule:
@@ -201,7 +209,8 @@ def reference_module() -> UserModule:
         return Model()
 
     return UserModule("calibrate.moduletime:reference_module", dict(REFERENCE), build,
-                      lambda model, ids: model(ids, ids), _divisors(*REFERENCE.values()), lambda model, on: False)
+                      lambda model, ids: model(ids, ids), _divisors(*REFERENCE.values()), lambda model, on: False,
+                      ("reference",))
 
 
 class _Timed:
@@ -319,18 +328,63 @@ def _wrap(torch, m: _Timed, path: str) -> None:
     if path == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         m.model = DistributedDataParallel(m.model, device_ids=[m.device.index] if m.cuda else None)
-    elif path == "dtensor":  # every Linear's weight a DTensor: DTensor's dispatch on each of its ops
+    elif path == "dtensor":  # every Linear's weight a DTensor, its output made whole again: DTensor's dispatch on
+        # each of its ops and a redistribution at every layer's boundary (the per-layer placement path's pattern)
         from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
-        mesh = init_device_mesh(m.device.type, (1,))
-        plan = {name: ColwiseParallel() for name, mod in m.model.named_modules() if isinstance(mod, torch.nn.Linear)}
+        mesh = init_device_mesh(m.device.type, (torch.distributed.get_world_size(),))
+        plan = {name: ColwiseParallel(output_layouts=Replicate()) for name, mod in m.model.named_modules()
+                if isinstance(mod, torch.nn.Linear)}
         parallelize_module(m.model, mesh, plan)
+    elif path == "tensor":  # torchtitan's styles on the reference blocks over every rank of the group
+        _tensor_parallel(torch, m)
     elif path == "fully_shard":
         from torch.distributed.fsdp import fully_shard
         blocks = [mod for mod in m.model.modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
         for block in (blocks[0] if blocks else []):
             fully_shard(block)
         fully_shard(m.model)
+    m.opt = torch.optim.AdamW(param_groups(m.model), lr=1e-5, fused=m.cuda)
+
+
+# the block's modules by name, as apply's tensor path places them (the reference block's and transformers' Llama,
+# Qwen2 and Mistral names): column-wise, row-wise, and the norms whose output the column-wise layers read
+COLWISE = ("q", "k", "v", "gate", "up", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROWWISE = ("o", "down", "o_proj", "down_proj")
+NORMS = ("ln1", "ln2", "input_layernorm", "post_attention_layernorm")
+
+
+def _tensor_parallel(torch, m: _Timed) -> None:
+    """The model's blocks placed as apply's tensor path places a Llama (``autotune.apply.tensor``) over every rank
+    of the group: each norm's output a replicated DTensor once, the projections that read it column-wise, the
+    two that write the stream row-wise (the embedding and the head as they are: only the blocks' cost is kept).
+    A block with other names is not placed: said by the caller as a path not measured."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,
+                                                   parallelize_module)
+    world = torch.distributed.get_world_size()
+    mesh = init_device_mesh(m.device.type, (world,))
+    lists = [mod for mod in m.model.modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
+    for block in (lists[0] if lists else []):
+        styles = {}
+        for name, mod in block.named_modules():
+            leaf = name.rsplit(".", 1)[-1]
+            linear = isinstance(mod, torch.nn.Linear)
+            if linear and leaf in COLWISE:
+                styles[name] = ColwiseParallel()
+            elif linear and leaf in ROWWISE:
+                styles[name] = RowwiseParallel()
+            elif leaf in NORMS:
+                styles[name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(),
+                                                   use_local_output=False)
+        if not any(isinstance(v, RowwiseParallel) for v in styles.values()):
+            raise ValueError(f"no projections named {', '.join(ROWWISE)} in {type(block).__name__}")
+        parallelize_module(block, mesh, styles)
+        for attr in ("h", "kv"):  # the reference block's heads per rank (transformers' blocks infer theirs)
+            if hasattr(block, attr):
+                setattr(block, attr, getattr(block, attr) // world)
     m.opt = torch.optim.AdamW(param_groups(m.model), lr=1e-5, fused=m.cuda)
 
 
@@ -398,11 +452,58 @@ def _step_peak(torch, m: _Timed, device) -> tuple[int, int]:
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
+PEER_HOST_PATHS = ("ddp", "fully_shard", "tensor", "dtensor")  # paths whose collectives a group of one skips
+
+
+def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, iters: int, warmup: int, progress) -> dict:
+    """Where 2 GPUs are visible: ``host_seconds`` of ``PEER_HOST_PATHS`` for the module ``recipe`` builds, timed in
+    each of 2 processes of one NCCL group (each path issuing its collectives as in a job of 2: 2 x H200,
+    2026-11-28, a tensor-parallel step of a 1.5 B Llama issued 670 ms where the group of one's figure gave 497),
+    rank 0's; {} with fewer GPUs."""
+    if not recipe or torch.cuda.device_count() < 2:
+        return {}
+    import json
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as folder:
+        mp.start_processes(_peer_worker, args=(folder, recipe, micro_batch, sequence, iters, warmup), nprocs=2,
+                           start_method="spawn")
+        with open(os.path.join(folder, "host.json")) as f:
+            got = json.load(f)
+    for line in got["lines"]:
+        progress(f"{line} (2 GPUs)")
+    return {k: tuple(float(x) for x in v) for k, v in got["host_s"].items()}
+
+
+def _peer_worker(rank: int, folder: str, recipe: tuple, micro_batch: int, sequence: int, iters: int,
+                 warmup: int) -> None:
+    import json
+
+    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ[k] = v  # never NVLink multicast
+    import torch
+    dist = torch.distributed
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", store=dist.FileStore(os.path.join(folder, "store"), 2), rank=rank, world_size=2,
+                            device_id=device)
+    try:
+        lines: list = []
+        host = host_seconds(torch, rebuild(recipe), micro_batch, sequence, device, iters, warmup, lines.append,
+                            PEER_HOST_PATHS)
+        if rank == 0:
+            with open(os.path.join(folder, "host.json"), "w") as f:
+                json.dump({"host_s": host, "lines": lines}, f)
+    finally:
+        dist.destroy_process_group()
+
+
 def reference_host(torch, device, iters: int, warmup: int, progress) -> dict:
     """``compute.host_s`` (``calibrate.compute``): per apply path, the host's seconds per layer occurrence of the step
     model's graph, per micro-batch and per step: ``reference_module``'s per block (``host_seconds``, micro-batch 1
-    of 512 tokens) over ``REFERENCE_OCCURRENCES``."""
+    of 512 tokens) over ``REFERENCE_OCCURRENCES``; on a group of one, and those of ``PEER_HOST_PATHS`` among 2 GPUs
+    where 2 are visible (``peer_host``)."""
     per_block = host_seconds(torch, reference_module(), 1, 512, device, iters, warmup, progress)
+    per_block.update(peer_host(torch, ("reference",), 1, 512, iters, warmup, progress))
     return {path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()}
 
 
@@ -445,6 +546,8 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
     memory: dict = {}
     hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress,
                          memory=memory) if host else {}
+    if host and device.type == "cuda":
+        hosts.update(peer_host(torch, um.recipe, min(micro_batches), sequence, iters, warmup, progress))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return ModuleSection(source, um.name, um.model, tuple(points),
                          "fp32 weights, bf16 autocast, fused AdamW" if device.type == "cuda"

@@ -27,8 +27,8 @@ from calibrate.errors import UserError
 from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
 from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
-from autotune.apply.tensor import tp_layout, tp_styles
-from autotune.plan.layouts import data_parallel_plan, fully_shard_layout
+from autotune.apply.tensor import tp_styles
+from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, tp_layout
 from autotune.plan.search import load_plan
 from autotune.plan.typed import TypedPlan
 

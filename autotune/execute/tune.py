@@ -20,12 +20,14 @@ from pathlib import Path
 from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
 
-KINDS = {"ddp": "data parallel", "fully_shard": "FSDP", "dtensor": "tensor parallel"}  # apply path -> kind
+KINDS = {"ddp": "data parallel", "fully_shard": "FSDP", "tensor": "tensor parallel",
+         "dtensor": "per-layer placements"}  # apply path -> kind
 
 
 def kind_of(plan: dict) -> str | None:
     """The candidate kind of a plan, by the path ``autotune.apply`` places it on (a Megatron plan of t = 1 is data
-    parallel; every plan with tensor-split layers is tensor parallel), or "pipelined"; None on one device."""
+    parallel, of t > 1 tensor parallel; TP + FSDP goes with FSDP; every other plan with tensor-split layers is one
+    of per-layer placements), or "pipelined"; None on one device."""
     from autotune.plan.layouts import plan_path
     from autotune.plan.search import convert
 

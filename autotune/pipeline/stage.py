@@ -312,7 +312,7 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
     for (a, b), c in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
         (tf, kf), (tb, kb) = [(problem.coster.time(st), copy_seconds(st, cm.memory_seconds))
-                              for st in edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.act_bytes)]
+                              for st in edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.tables.sizes(a, b))]
         again = factors.get((a, b), 1.0) - 1.0  # the forward boxing re-run in the backward pass
         fwd, bwd = fwd + c * (tf + kf), bwd + c * (again * (tf + kf) + tb + kb)
         comp, red = comp + c * m * ((1 + again) * kf + kb), red + c * m * ((1 + again) * tf + tb)

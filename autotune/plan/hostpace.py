@@ -1,5 +1,6 @@
 """A single-stage plan's step at the host's pace on the path ``apply`` runs it by (``execute``'s way: DDP for a
-data-parallel plan, fully_shard for an FSDP-shaped one, DTensor for every other plan of several devices).
+data-parallel plan, fully_shard for an FSDP-shaped one, torch's tensor-parallel styles for data x tensor
+parallelism, DTensor for every other plan of several devices).
 
 Where the profile has host figures for that path (``compute.host_s``: ``autotune.execute.hostfit``), the host
 issues a step of the model's n layer occurrences (``len(graph.chain)``) over m micro-batches in
@@ -16,6 +17,8 @@ of plans ``autotune tune`` ran on this machine), the plan's step times that fact
 ``totals.residual`` (and ``totals.step_uncorrected_s``, the step before it).
 """
 from __future__ import annotations
+
+from calibrate.compute import host_figure
 
 from autotune.plan.layouts import plan_path
 from autotune.plan.search import convert, model_graph
@@ -38,7 +41,7 @@ def at_host_pace(plan: dict, compute, module=None) -> dict:
     path = plan_path(typed)
     graph = model_graph(model)
     host = compute.host_seconds(path, len(graph.chain))
-    own = module.host_s.get(path) if module is not None and module.matches(graph.config) else None
+    own = host_figure(module.host_s, path) if module is not None and module.matches(graph.config) else None
     if own is not None and graph.blocks:
         inside = sum(end - start for start, end in graph.blocks)
         rest = compute.host_seconds(path, len(graph.chain) - inside) or (0.0, 0.0)

@@ -99,16 +99,70 @@ def fully_shard_plan(plan: TypedPlan) -> bool:
 
 
 def plan_path(plan: TypedPlan) -> str:
-    """The path ``autotune.apply`` places ``plan`` by, read from the plan alone: "fully_shard" where
-    ``fully_shard_layout`` expresses it, "ddp" for pure data parallelism, else "dtensor"; "none" on one device
-    (``autotune.apply.place.path_of`` also asks the modules whether they take a tensor-parallel axis, and places
-    the "dtensor" plans that are data x tensor parallel without FSDP by ``parallelize_module``: its "tensor"
-    path, ``autotune.apply.tensor.tp_layout``)."""
+    """The path ``autotune.apply`` places ``plan`` by, read from the plan alone, in the order apply asks them:
+    "fully_shard" where ``fully_shard_layout`` expresses it, "tensor" for data x tensor parallelism without FSDP
+    (``tp_layout``), "ddp" for pure data parallelism, else "dtensor"; "none" on one device
+    (``autotune.apply.place.path_of`` also asks the modules whether they take the tensor-parallel styles: a model
+    whose layers are not ``nn.Linear`` runs such a plan on the DTensor path)."""
     if plan.world == 1:
         return ApplyPath.NONE.value
     if fully_shard_layout(plan) is not None:
         return ApplyPath.FULLY_SHARD.value
+    if tp_layout(plan) is not None:
+        return ApplyPath.TENSOR.value
     return (ApplyPath.DDP if data_parallel_plan(plan) else ApplyPath.DTENSOR).value
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """Data axes, then tensor-parallel axes (one flattened mesh dimension "tp", ranks row-major over them as
+    DTensor nests one dimension split over several axes); ``tp`` the first of them (their placements alike)."""
+
+    data: tuple[int, ...]
+    tp_axes: tuple[int, ...]
+    stream: str = B  # the residual stream on the tensor-parallel axes: whole (torchtitan's), or split by features
+
+    @property
+    def tp(self) -> int:
+        return self.tp_axes[0]
+
+    def dims(self, plan: TypedPlan) -> dict[str, int]:
+        """fully_shard's mesh: a replicate dimension (the data axes) and "tp"; "shard" of one device."""
+        sizes = plan.mesh.sizes
+        return {"replicate": math.prod(sizes[a] for a in self.data), "shard": 1,
+                "tp": math.prod(sizes[a] for a in self.tp_axes)}
+
+
+def tp_layout(plan: TypedPlan) -> TensorParallel | None:
+    """The layout of a plan without FSDP that is data parallel on its leading axes and tensor parallel on the
+    others as ``tp_axis_ok`` (Megatron's without sequence parallelism), the same on each; None otherwise."""
+    n = len(plan.mesh.sizes)
+    if plan.world == 1 or plan.sharding_mode == "fsdp":
+        return None
+
+    def data_axis(a: int) -> bool:
+        return all(w.placements[a] == B for lay in plan.layers for w in lay.weights) and all(
+            f is None or f[a] == "S0" for lay in plan.layers for f in (lay.input, lay.output))
+
+    data = 0
+    while data < n and data_axis(data):
+        data += 1
+    tp = tuple(a for a in range(data, n) if plan.mesh.sizes[a] > 1)
+    residual = plan.layer("residual")
+    stream = residual.input[tp[0]] if tp and residual is not None and residual.input else B
+    if stream not in (B, "S1") or (residual is not None and residual.output != residual.input):
+        return None
+    whole = replace(plan, layers=tuple(  # the stream split by features read as whole: the styles' boundaries
+        replace(lay, input=tuple(B if a in tp else p for a, p in enumerate(lay.input)),
+                output=tuple(B if a in tp else p for a, p in enumerate(lay.output)))
+        if lay is residual else lay for lay in plan.layers))
+    if not tp or not all(tp_axis_ok(whole, a) for a in tp) or any(
+            lay.weight(w.name).placements[a] != lay.weight(w.name).placements[tp[0]]
+            for lay in plan.layers for w in lay.weights for a in tp) or any(
+            f is not None and f[a] != f[tp[0]] for lay in plan.layers for f in (lay.input, lay.output) for a in tp):
+        return None
+    return TensorParallel(tuple(range(data)), tp, stream)
+
 
 
 def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:

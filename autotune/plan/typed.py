@@ -45,6 +45,7 @@ class ApplyPath(StrEnum):
     NONE = "none"  # one device: the model as it is
     DDP = "ddp"  # pure data parallelism: DistributedDataParallel
     FULLY_SHARD = "fully_shard"  # FSDP, HSDP, TP + FSDP as torchtitan composes them
+    TENSOR = "tensor"  # data x tensor parallel without FSDP: parallelize_module's styles (torchtitan's DDP + TP)
     DTENSOR = "dtensor"  # every other plan: per-layer DTensor placements
 
 

@@ -103,7 +103,7 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
             # features a column-parallel layer split over t: the next matmul runs row-parallel
             split = kind in ("attention", "pointwise", "swiglu")
             key = (kind, every if sequence_parallel and not split else RoleMesh((d, t)))
-        i = idx.get(v, key)
+        i = idx.get(v, key) if kind != "residual" or sequence_parallel else whole_stream(problem, v, key[1])
         if i is None:
             return None
         if assign[v] is not None and assign[v] != i:
@@ -111,6 +111,13 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
         assign[v] = i
         prev_split = split
     return [int(a) for a in assign]
+
+
+def whole_stream(problem: Problem, v: int, mesh: RoleMesh) -> int | None:
+    """The residual add's strategy on ``mesh`` with the stream whole on role 1 (Megatron-LM's: each
+    tensor-parallel rank adds the whole stream, the row-parallel layers' partial sums all-reduced into it)."""
+    whole = ("S0", "S1") if mesh.role_size(1) == 1 else ("S0", "B")  # on a role of one device, the same strategy
+    return next((i for i, s in enumerate(problem.choices[v]) if s.mesh == mesh and s.input.sbp == whole), None)
 
 
 def summa_assignment(problem: Problem, r, c, signature: str = "summa") -> list[int] | None:

@@ -40,6 +40,7 @@ from models.graph import LayerGraph
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, make_op, with_recipe
 from autotune.sbp.memory import (NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL, Memory, Mode, chain_roles, layer_roles,
+                                 edge_bytes,
                                  fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, overlapped,
                                    require_compute)
@@ -318,12 +319,13 @@ class Problem:
         if old is not None and old.forward_factor != factors and key in self._shared:
             self.tables = self._shared[key]
         elif old is None or old.forward_factor != factors:
+            copies = self.compute.memory_seconds if step else None
+            kinds = [op.layer.kind for op in self.ops]
+            sent = (lambda a, b: edge_bytes(kinds[a], kinds[b], ab)) if step and self.recipe == "autocast" else ab
             self.tables = EdgeTables(self.choices, [op.out_shape for op in self.ops], self.edge_counts, self.coster,
                                      mb, self._precompute if old is None else old.precomputed,
-                                     self._progress if old is None else None, ab,
-                                     self.compute.memory_seconds if step else None, factors,
-                                     old.rows if old is not None else self.catalogue.boxer(
-                                         ab, self.compute.memory_seconds if step else None)
+                                     self._progress if old is None else None, sent, copies, factors,
+                                     old.boxer if old is not None else (lambda size: self.catalogue.boxer(size, copies))
                                      if self.catalogue is not None else None)
         self._shared.setdefault(key, self.tables)
 

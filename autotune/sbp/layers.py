@@ -251,7 +251,8 @@ class LayerNorm(Op):
 class Pointwise(Op):
     """Elementwise ops and activations: any split of the input, no communication. Kind "residual"
     (the residual stream's add, one layer tied over the model) has the same strategies, signature
-    "residual"."""
+    "residual", and besides them the stream whole on role 1 (each device of role 1 adds the whole
+    stream, as Megatron-LM's tensor-parallel ranks do between their regions)."""
 
     @property
     def in_shape(self):
@@ -260,11 +261,12 @@ class Pointwise(Op):
     out_shape = in_shape
 
     def strategies(self, cluster, signatures=None):
-        shape = self.in_shape
-        sig = "residual" if self.layer.kind == "residual" else "pointwise"
+        residual = self.layer.kind == "residual"
+        sig = "residual" if residual else "pointwise"
+        splits = [("S0", "S1")] + [("S0", B)] * residual  # the stream whole on role 1 as well: Megatron's
         return _dedupe([
-            Strategy(sig, m, Tensor("input", self.in_shape, ("S0", "S1")), Tensor("output", self.out_shape, ("S0", "S1")))
-            for m in role_meshes(cluster, 2)
+            Strategy(sig, m, Tensor("input", self.in_shape, p), Tensor("output", self.out_shape, p))
+            for p in splits for m in role_meshes(cluster, 2)
         ], cluster)
 
 

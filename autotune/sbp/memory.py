@@ -99,6 +99,20 @@ PRECISION = {
 # weight and Adam m and v (ZeRO's K = 12); no autocast copies
 AUTODDL_PRECISION = {2: (2, 2, 12), 4: (4, 4, 8)}
 RECIPES = ("autocast", "autoddl")
+# layers whose output autocast leaves in the parameters' fp32 (a norm, the residual stream's add, the embedding's
+# lookup; the matmuls', the attention's and the activations' outputs are in the activation type)
+FP32_OUTPUTS = ("layernorm", "rmsnorm", "residual", "embedding")
+
+
+def edge_bytes(producer: str, consumer: str, act_bytes: int) -> tuple[int, int]:
+    """(forward, backward) bytes an element of the tensor on an edge from a ``producer`` layer to a ``consumer``
+    (their kinds) is sent in under the autocast recipe (fp32 parameters; ``act_bytes`` 2: bf16 autocast): forward
+    the producer's output type; backward fp32 where either end is on the fp32 stream (the gradient reduced
+    there is the stream's: a column-parallel layer's input gradient summed where the norm's output entered it,
+    a row-parallel layer's output gradient where the stream's add took it), else the activation type."""
+    if act_bytes != 2:
+        return act_bytes, act_bytes
+    return (4 if producer in FP32_OUTPUTS else 2), (4 if {producer, consumer} & set(FP32_OUTPUTS) else 2)
 MATMUL_SIGNATURES = ("autoddl", "transposed", "summa", "summa-lean")
 RECOMPUTE = ("none", "selective", "full")
 

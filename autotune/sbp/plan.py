@@ -141,7 +141,7 @@ def build_plan(problem: Problem, assign: list[int], strategy: str, search: dict 
         })
     for (a, b), count in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
-        fwd, bwd = edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.act_bytes)
+        fwd, bwd = edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.tables.sizes(a, b))
         comms = [_comm(st, problem, phase="boxing", tensor=problem.ops[a].layer.name, direction=d, per="micro-batch")
                  for d, steps in (("fwd", fwd), ("bwd", bwd)) for st in steps if st.collective]
         rerun = problem.tables.forward_factor.get((a, b), 1.0)  # full recomputation re-runs forward boxings

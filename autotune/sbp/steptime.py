@@ -372,7 +372,10 @@ def fsdp_steps(s: Strategy, cluster: Cluster, mode: Mode) -> list[tuple[str, str
 def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd: float | None,
                  bwd: float | None) -> float:
     """Per micro-batch and occurrence, FSDP's communication not hidden behind the layer's own compute
-    (``fwd``, ``bwd`` seconds; None: nothing hidden, the communication objective's sum)."""
+    (``fwd``, ``bwd`` seconds; None: nothing hidden, the communication objective's sum), and under the step
+    objective fully_shard's copies on the compute stream: each all-gather's output copied out into the
+    parameters, each reduce-scatter's input copied in from the gradients (a read and a write of the gathered
+    fp32 bytes each; 2 x H200, 2026-11-28: FSDP's step spent 31 ms more in copy kernels than DDP's)."""
     steps = fsdp_steps(s, cluster, mode)
     if not steps:
         return 0.0
@@ -384,8 +387,9 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     rs = sum(coster.step_time(st) for _, d, st in steps if st.op == "reducescatter")
     k_ag, k_rs = (cm.overlap_slowdown(c) if cm is not None else 1.0 for c in ("all_gather", "reduce_scatter"))
     k_b = (k_ag * (tb - rs) + k_rs * rs) / tb if tb > 0 else 1.0
+    copies = sum(cm.memory_seconds(2 * st.nbytes) for _, _, st in steps) if cm is not None else 0.0
     # the layer's compute beside its gathers (and reduce-scatters) runs slower by the measured overlap slowdown
-    return max(0.0, tf - fwd) + max(0.0, tb - bwd) + (k_ag - 1) * min(tf, fwd) + (k_b - 1) * min(tb, bwd)
+    return max(0.0, tf - fwd) + max(0.0, tb - bwd) + (k_ag - 1) * min(tf, fwd) + (k_b - 1) * min(tb, bwd) + copies
 
 
 def pipelined_fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd: float,

@@ -34,33 +34,38 @@ from autotune.sbp.rowbox import RowBoxer, dual_code, encode
 PRECOMPUTE_PAIRS = 6_000_000
 
 
-def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster, itemsize: int = ACT_BYTES):
+def edge_steps(producer: Strategy, consumer: Strategy, shape, cluster, itemsize=ACT_BYTES):
     """(forward steps, backward steps) of moving producer's output into consumer's input; backward, the
-    gradient the consumer returns (``fine_grad_in``) into the dual of the producer's output."""
-    fwd = box(shape, itemsize, producer.fine_out, consumer.fine_in, cluster)
-    bwd = box(shape, itemsize, consumer.fine_grad_in, tuple(dual(p) for p in producer.fine_out), cluster)
+    gradient the consumer returns (``fine_grad_in``) into the dual of the producer's output. ``itemsize``:
+    bytes an element, or (forward, backward)."""
+    fb = (itemsize, itemsize) if isinstance(itemsize, int) else itemsize
+    fwd = box(shape, fb[0], producer.fine_out, consumer.fine_in, cluster)
+    bwd = box(shape, fb[1], consumer.fine_grad_in, tuple(dual(p) for p in producer.fine_out), cluster)
     return fwd, bwd
 
 
 class EdgeTables:
     def __init__(self, choices: list[list[Strategy]], shapes: list, edges, coster: Coster, micro_batches: int,
-                 precompute: bool | None = None, progress=None, itemsize: int = ACT_BYTES, memory_seconds=None,
-                 forward_factor: dict | None = None, rows: RowBoxer | None = None):
-        """``memory_seconds`` (bytes -> seconds): add DTensor's local copies around each step
-        (``autotune.sbp.boxing.local_copies``), as the step-time objective does. ``forward_factor``: edge
-        (a, b) -> how many times its forward boxing runs per micro-batch on average over its occurrences
-        (default 1; full recomputation re-runs a block's forward boxings). ``rows``: a ``RowBoxer`` to share
-        (its memo does not depend on the factors)."""
+                 precompute: bool | None = None, progress=None, itemsize=ACT_BYTES, memory_seconds=None,
+                 forward_factor: dict | None = None, boxer=None):
+        """``itemsize``: bytes of an element an edge's tensor is sent in, one for all, or edge (a, b) ->
+        (forward, backward) bytes (``autotune.sbp.memory.edge_bytes``: under autocast the norms' and the
+        residual stream's fp32, the matmuls' bf16). ``memory_seconds`` (bytes -> seconds): add DTensor's local copies
+        around each step (``autotune.sbp.boxing.local_copies``), as the step-time objective does.
+        ``forward_factor``: edge (a, b) -> how many times its forward boxing runs per micro-batch on average
+        over its occurrences (default 1; full recomputation re-runs a block's forward boxings). ``boxer``:
+        itemsize -> a ``RowBoxer`` to share (its memo does not depend on the factors)."""
         self.choices, self.shapes, self.coster, self.mb = choices, shapes, coster, micro_batches
         self.forward_factor = forward_factor or {}
         self.memory_seconds = memory_seconds
-        self.itemsize = itemsize
+        self.sizes = (lambda a, b: (itemsize, itemsize)) if isinstance(itemsize, int) else itemsize
         self.cluster = coster.cluster
         self.edges = list(edges)
         self._memo: dict = {}
         self._full: dict[tuple[int, int], np.ndarray] = {}
         self._lines: dict[tuple, np.ndarray] = {}
-        self.rows = rows if rows is not None else RowBoxer(coster, itemsize, memory_seconds)
+        own: dict[int, RowBoxer] = {}
+        self.boxer = boxer or (lambda size: own.setdefault(size, RowBoxer(coster, size, memory_seconds)))
         self._codes: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         pairs = sum(len(choices[a]) * len(choices[b]) for a, b in self.edges if a != b)
         self.precomputed = pairs <= PRECOMPUTE_PAIRS if precompute is None else precompute
@@ -87,11 +92,12 @@ class EdgeTables:
     def pair_direct(self, a: int, b: int, i: int, j: int) -> float:
         """``pair`` by walking the boxing path (memoised by the canonical key)."""
         sa, sb = self.choices[a][i], self.choices[b][j]
-        key = self._key(self.shapes[a], sa.fine_out, sb.fine_in, sb.fine_grad_in)
+        sizes = self.sizes(a, b)
+        key = (sizes, self._key(self.shapes[a], sa.fine_out, sb.fine_in, sb.fine_grad_in))
         t = self._memo.get(key)
         if t is None:
             try:
-                fwd, bwd = edge_steps(sa, sb, self.shapes[a], self.cluster, self.itemsize)
+                fwd, bwd = edge_steps(sa, sb, self.shapes[a], self.cluster, sizes)
                 t = (self.coster.time(fwd), self.coster.time(bwd))
                 if self.memory_seconds is not None:
                     t = (t[0] + copy_seconds(fwd, self.memory_seconds), t[1] + copy_seconds(bwd, self.memory_seconds))
@@ -118,7 +124,8 @@ class EdgeTables:
         _, _, in_b, grad_b = self.codes(b)
         shape = self.shapes[a]
         f = self.forward_factor.get((a, b), 1.0)
-        return self.mb * (f * self.rows.table(shape, out_a[i], in_b[j]) + self.rows.table(shape, grad_b[j], dual_a[i]).T)
+        fwd, bwd = (self.boxer(size) for size in self.sizes(a, b))
+        return self.mb * (f * fwd.table(shape, out_a[i], in_b[j]) + bwd.table(shape, grad_b[j], dual_a[i]).T)
 
     def forget_lazy(self) -> None:
         """Drop what was computed on demand (a fresh start for timing a search); precomputed tables stay."""
@@ -165,5 +172,6 @@ class EdgeTables:
             out_a, dual_a, in_a, grad_a = self.codes(a)
             shape = self.shapes[a]
             f = self.forward_factor.get((a, a), 1.0)
-            line = self._lines[key] = self.mb * (f * self.rows.cost(shape, out_a, in_a) + self.rows.cost(shape, grad_a, dual_a))
+            fwd, bwd = (self.boxer(size) for size in self.sizes(a, a))
+            line = self._lines[key] = self.mb * (f * fwd.cost(shape, out_a, in_a) + bwd.cost(shape, grad_a, dual_a))
         return line

@@ -51,7 +51,7 @@ from calibrate.computeeval import Grid
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 from calibrate.measure.torcharm import TorchArm, medians, timing
-from calibrate.moduletime import REFERENCE, reference_host
+from calibrate.moduletime import PEER_HOST_PATHS, REFERENCE, reference_host
 from calibrate.overlap import measure_overlap
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Device, Profile
@@ -470,7 +470,8 @@ def main(argv=None) -> int:
     overlap = measure_overlap(torch, args.iters, args.warmup, progress)
     progress(f"host and overlap: {time.perf_counter() - t0:.0f} s")
     sources["host_s"] = (f"measured: the host's issue time of a small Llama block (calibrate.moduletime.reference_module, "
-                         f"{REFERENCE}) on each apply path, over a process group of one, per layer occurrence")
+                         f"{REFERENCE}) on each apply path, per layer occurrence, over a process group of one"
+                         + (f" ({', '.join(PEER_HOST_PATHS)} among 2 GPUs)" if torch.cuda.device_count() >= 2 else ""))
     sources["overlap"] = ("measured: an 8192^3 bf16 matmul beside " + (
         "NCCL collectives of 1 GiB between 2 GPUs" if overlap["peer"] == "nccl" else
         "a 1 GiB device copy (one GPU visible: a stand-in for the collectives)") + ", over the matmul alone")

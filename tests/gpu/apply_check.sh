@@ -14,9 +14,9 @@ OUT=${OUT:-out}
 PY=${PY:-$(command -v python3)}
 NGPU=${NGPU:-4}
 DEVICE=${DEVICE:-cuda}
-PROFILE=${PROFILE:-reports/records/pipeline-gpu-2026-11-27-s12/profile-h200x4.json}
+PROFILE=${PROFILE:-reports/records/plans-h200x4-2026-11-28/profile-h200x4-measured.json}
 mkdir -p "$OUT"
-timeout 300 $PY tests/gpu/apply_llama.py plan "$OUT" "$PROFILE" ${SMALL:-} || { echo "apply check: the search failed"; exit 1; }
+timeout 300 $PY tests/gpu/apply_llama.py plan "$OUT" "$PROFILE" ${SMALL:-} --gpus "$NGPU" || { echo "apply check: the search failed"; exit 1; }
 timeout "${RUN_TIMEOUT:-420}" $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
   tests/gpu/apply_llama.py run "$OUT" --device "$DEVICE" > "$OUT/run.log" 2>&1
 rc=$?

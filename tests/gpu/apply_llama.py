@@ -3,8 +3,13 @@ kind searched for it (``plan``, on the CPU before the GPU job) and run through a
 execute's runners (``run``, under torchrun: their step timer and memory probe), beside tensor parallelism composed
 by hand with torch's ParallelStyles (torchtitan's way) at t = 2 and 4 in the same job. A table last; JSON in OUT.
 
-    python tests/gpu/apply_llama.py plan OUT PROFILE [--small]
-    torchrun --nproc-per-node 4 tests/gpu/apply_llama.py run OUT [--device cuda|cpu]
+    python tests/gpu/apply_llama.py plan OUT PROFILE [--small] [--gpus N]
+    torchrun --nproc-per-node N tests/gpu/apply_llama.py run OUT [--device cuda|cpu]
+
+On N GPUs the batch is 8 N sequences in 2 micro-batches (each data rank's piece the same as on 4); tensor
+parallelism at every t of 2 and 4 that divides N. Each run ends with PROFILE_STEPS steps under the torch profiler:
+the table's attribution columns (time in NCCL kernels and its exposed part, the device's idle time, the host's
+issue time, device time in matmuls and in copies) say where a step's time goes beside its prediction.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ SHAPE = dict(layers=16, hidden=2048, heads=16, kv_heads=8, head_dim=128, ffn=819
              batch=32, micro_batch=16)
 SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=96, vocabulary=128, sequence=16, batch=8,
              micro_batch=4)
-STEPS, WARMUP = 8, 3
+STEPS, WARMUP, PROFILE_STEPS = 8, 3, 2
 
 
 def build(config: dict):
@@ -38,9 +43,9 @@ def build(config: dict):
                              max_position_embeddings=c["sequence"], attn_implementation="sdpa"))
 
 
-def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str) -> dict:
-    """The Megatron plan on mesh (d, t) of 1 x 4 (sizes per role on (nodes, GPUs)), priced by the search's cost
-    model."""
+def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str, gpus: int) -> dict:
+    """The Megatron plan on mesh (d, t) of 1 x ``gpus`` (sizes per role on (nodes, GPUs)), priced by the search's
+    cost model at its path's host pace."""
     from autotune.sbp.baselines import megatron_assignment
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
@@ -48,17 +53,20 @@ def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str) -> dict:
     from autotune.sbp.plan import build_plan
     from calibrate.profile import Profile
     from models import load_model
-    problem = Problem(load_model("llama", None, dict(shape)), Coster(Profile.load(profile), Cluster(1, 4)),
-                      require_fit=False)
-    return build_plan(problem, megatron_assignment(problem, d, t), name)
+    from autotune.plan.hostpace import at_host_pace
+    prof = Profile.load(profile)
+    problem = Problem(load_model("llama", None, dict(shape)), Coster(prof, Cluster(1, gpus)), require_fit=False,
+                      objective="step")
+    return at_host_pace(build_plan(problem, megatron_assignment(problem, d, t), name), prof.compute, prof.module)
 
 
-def plan(out: Path, profile: str, small: bool) -> None:
-    shape = SMALL if small else SHAPE
+def plan(out: Path, profile: str, small: bool, gpus: int = 4) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    shape = SMALL if small else dict(SHAPE, batch=8 * gpus, micro_batch=4 * gpus)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
     for name, extra in (("search", []), ("search-pp", ["--pipeline", "2"])):
         subprocess.run([sys.executable, "-m", "autotune", "--model", "llama", *flags, "--nodes", "1",
-                        "--gpus-per-node", "4", "--profile", profile, "--compare", "none", "--out", str(out / name),
+                        "--gpus-per-node", str(gpus), "--profile", profile, "--compare", "none", "--out", str(out / name),
                         *extra], check=True, stdout=subprocess.DEVNULL, stderr=open(out / f"{name}.log", "w"), timeout=300)
     from autotune.sbp.plan import PlanFile
     single, piped = PlanFile.load(out / "search" / "plan.json"), PlanFile.load(out / "search-pp" / "plan.json")
@@ -69,21 +77,24 @@ def plan(out: Path, profile: str, small: bool) -> None:
                 plans[kind] = b
     plans["pipelined"] = piped.best if "stages" in piped.best else next(
         b for b in piped.baselines if "stages" in b)
-    plans["TP t=2"] = _megatron(shape, profile, (1, 2), (1, 2), "Megatron d=2 t=2")
-    plans["TP t=4"] = _megatron(shape, profile, (1, 1), (1, 4), "Megatron d=1 t=4")
+    for t in (2, 4):
+        if gpus % t == 0:
+            plans[f"TP t={t}"] = _megatron(shape, profile, (1, gpus // t), (1, t), f"Megatron d={gpus // t} t={t}", gpus)
     (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": plans}))
     print(f"wrote {out / 'plans.json'}: {', '.join(plans)}")
 
 
 def _hand_tp(shape: dict, t: int, d):
-    """torchtitan's composition by hand: parallelize_module (q/k/v, gate/up colwise; o, down rowwise; the
+    """torchtitan's composition by hand: parallelize_module (the attention's and the MLP's input prepared as a
+    replicated DTensor; q/k/v, gate/up colwise; o, down rowwise; the
     embedding rowwise; the head colwise to vocabulary columns for loss_parallel) on a t-way mesh, fully_shard on a
     replicate mesh over the data ranks; each data rank its piece of the batch."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   parallelize_module)
 
     from autotune.apply.batch import DataSplit
     from autotune.execute.moduletrain import build_module
@@ -97,6 +108,13 @@ def _hand_tp(shape: dict, t: int, d):
         styles.update({p + n: ColwiseParallel() for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                            "mlp.gate_proj", "mlp.up_proj")})
         styles.update({p + n: RowwiseParallel() for n in ("self_attn.o_proj", "mlp.down_proj")})
+        # the region's input a replicated DTensor once (torchtitan's PrepareModuleInput on the attention and the
+        # MLP): one all-reduce of the input gradient a region backward
+        styles[p + "self_attn"] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Replicate()},
+                                                     desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                                                     use_local_output=False)
+        styles[p + "mlp"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+                                               use_local_output=False)
     parallelize_module(model, mesh["tp"], styles)
     for unit in list(model.model.layers) + [model]:
         fully_shard(unit, mesh=mesh["replicate", "shard"])
@@ -113,7 +131,7 @@ def run(out: Path, device: str) -> None:
     spec = json.loads((out / "plans.json").read_text())
     shape, rows = spec["shape"], []
     d = start(device)
-    common = dict(module="apply_llama:build", steps=STEPS, warmup=WARMUP, profile_steps=0, dtype="auto")
+    common = dict(module="apply_llama:build", steps=STEPS, warmup=WARMUP, profile_steps=PROFILE_STEPS, dtype="auto")
     try:
         for name, p in spec["plans"].items():
             free_device(d)
@@ -124,13 +142,13 @@ def run(out: Path, device: str) -> None:
             except torch.OutOfMemoryError as e:
                 rec = {"error": f"out of memory: {str(e).splitlines()[0][:200]}", "predicted": p.get("totals", {})}
             rows.append(dict(name=name, strategy=p.get("strategy", ""), record=rec))
-        for t in (2, 4):
+        for t in (t for t in (2, 4) if d.launch.world % t == 0):
             free_device(d)
             model = _hand_tp(shape, t, d)
             trainer = ModuleTrainer(model, {"kind": "llama", **shape}, shape["batch"] // shape["micro_batch"], d, 0,
                                     1e-3, torch.bfloat16 if d.is_gpu else None)
             try:
-                measured = trainer.run(STEPS, WARMUP, 0)
+                measured = trainer.run(STEPS, WARMUP, PROFILE_STEPS)
             finally:
                 trainer.close()
             del model
@@ -141,6 +159,7 @@ def run(out: Path, device: str) -> None:
     if d.launch.rank == 0:
         (out / "apply_check.json").write_text(json.dumps(rows, indent=1, default=str))
         print(table(rows))
+        print(attribution(rows))
 
 
 def table(rows: list) -> str:
@@ -160,6 +179,20 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def attribution(rows: list) -> str:
+    """Where each step's time goes (ms per step, the slowest rank's, under the profiler)."""
+    lines = ["| plan | step | host issue | device idle | NCCL | exposed NCCL | matmul | copy | elementwise | other |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        m = r["record"].get("measured") or {}
+        fam = m.get("device_time_s") or {}
+        ms = [m.get(k) for k in ("step_s", "host_issue_s", "device_idle_s", "comm_s", "exposed_comm_s")] + [
+            fam.get(k) for k in ("matmul", "copy", "elementwise")] + [
+            sum(v for k, v in fam.items() if k not in ("matmul", "copy", "elementwise", "nccl")) if fam else None]
+        lines.append("| " + " | ".join([r["name"]] + [_f(x and x * 1e3) for x in ms]) + " |")
+    return "\n".join(lines)
+
+
 def _f(x, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -167,6 +200,7 @@ def _f(x, digits: int = 1) -> str:
 if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
     if what == "plan":
-        plan(folder, sys.argv[3], "--small" in sys.argv)
+        plan(folder, sys.argv[3], "--small" in sys.argv,
+             int(sys.argv[sys.argv.index("--gpus") + 1]) if "--gpus" in sys.argv else 4)
     else:
         run(folder, sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "auto")

@@ -2,7 +2,9 @@
 # Issues 41 and 42 on 4 GPUs (nvidia-h200-x4), one device call each part, under 10 minutes:
 #   PART=measure: calibrate compute (bf16, host per apply path, overlap beside NCCL) on top of the collectives
 #     measured on 4 H200 (BASE), into out/gpu/profile.json (kept on the machine for PART=tune, copied to $OUT),
-#     then tests/gpu/apply_check.sh with that profile: every plan kind on transformers' LlamaForCausalLM 1.5 B.
+#     with MODULE=1 then calibrate module on the checked Llama's config (MODULE_WIDTHS, MODULE_MBS), then
+#     tests/gpu/apply_check.sh with that profile: every plan kind on transformers' LlamaForCausalLM 1.5 B
+#     (NGPU=2: on 2 GPUs, each data rank's piece as on 4).
 #   PART=tune: calibrate module + autotune tune on the same machine with out/gpu/profile.json
 #     (tests/gpu/calib_module_check.sh PART=tune, the candidates on transformers' classes).
 set -uo pipefail
@@ -19,6 +21,17 @@ case "${PART:-measure}" in
       --dtypes bf16 --iters "${ITERS:-5}" --warmup 2 > "$OUT/compute.log" 2>&1
     echo "calibrate compute: exit $? ($((SECONDS - t0)) s)"; grep -E "^\[compute\] (host|overlap)" "$OUT/compute.log" | tail -6
     cp "$W/profile.json" "$OUT/profile.json" 2>/dev/null
+    if [ -n "${MODULE:-}" ]; then  # the user's module calibrated on this machine (one GPU, and its paths' host among 2)
+      python3 -c "import json; json.dump({'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'hidden_size': 2048,
+        'num_attention_heads': 16, 'num_key_value_heads': 8, 'head_dim': 128, 'num_hidden_layers': 16,
+        'intermediate_size': 8192, 'vocab_size': 128256, 'max_position_embeddings': 2048,
+        'tie_word_embeddings': False}, open('$W/llama1.5b.json', 'w'))"
+      timeout "${MODULE_TIMEOUT:-200}" python3 -m calibrate module --model "$W/llama1.5b.json" --profile "$W/profile.json" \
+        --out "$W/profile.json" --tensor "${MODULE_WIDTHS:-1,2}" --micro-batches "${MODULE_MBS:-2,4,8}" --sequence 2048 \
+        > "$OUT/module.log" 2>&1
+      echo "calibrate module: exit $? ($((SECONDS - t0)) s)"; grep -E "host|whole run" "$OUT/module.log" | tail -9
+      cp "$W/profile.json" "$OUT/profile-module.json" 2>/dev/null
+    fi
     OUT=$W/ac PROFILE=$W/profile.json RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash tests/gpu/apply_check.sh > "$OUT/apply.log" 2>&1
     echo "apply check: exit $? ($((SECONDS - t0)) s)"
     cp "$W"/ac/*.json "$W/ac/run.log" "$OUT/" 2>/dev/null
