@@ -168,3 +168,31 @@ def best_fixed(sweep: list[Sample], collective: str, excluded=()) -> str | None:
     score = {label: geomean(t[n] / defaults[n] for n in defaults) for label, t in times.items()
              if len(t) == len(defaults)}
     return min(score, key=score.get) if score else None
+
+
+def heldout_declines(compare: list, margin: float = 0.02, collectives=()) -> dict[str, str]:
+    """The collectives whose table is declined at ``evaluate``'s held-out sizes (``compare``: its
+    rows), with why: the tuned arm (the table with NCCL_MIN_CTAS, as the env file runs NCCL) slower
+    than NCCL's default by more than ``margin`` at some held-out size, or its gain not confirmed
+    there (geometric mean of default / tuned over the held-out sizes a row covers at most
+    1 + ``margin``, or no held-out size falls in a row). Declined: no rows and no NCCL_MIN_CTAS for it,
+    NCCL decides at every size. ``collectives``: those of the table, declined where not measured."""
+    out = {}
+    for coll in dict.fromkeys([*collectives, *(c.collective for c in compare)]):
+        mine = [c for c in compare if c.collective == coll]
+        if not mine:
+            out[coll] = "not measured at the held-out sizes: nothing is confirmed"
+            continue
+        slow = [c for c in mine if c.ratio is not None and c.ratio < 1 - margin]
+        covered = [c.ratio for c in mine if c.setting != "default" and c.ratio is not None]
+        if slow:
+            worst = min(slow, key=lambda c: c.ratio)
+            out[coll] = f"{worst.ratio:.3f}x NCCL's default at {worst.bytes} B (slower by more than {margin:.0%})"
+        elif any(c.ratio is None for c in mine):
+            out[coll] = "an arm did not run at some held-out size: nothing is confirmed"
+        elif not covered:
+            out[coll] = "no held-out size falls in its rows: the gain is not confirmed"
+        elif geomean(covered) <= 1 + margin:
+            out[coll] = (f"{geomean(covered):.3f}x NCCL's default over the {len(covered)} held-out sizes its rows "
+                         f"cover (not faster by more than {margin:.0%})")
+    return out

@@ -505,11 +505,35 @@ def evaluate(args, world, dev: rec.TuneRecord, declaration, out: Path, plugin) -
     record.seconds["total"] = time.perf_counter() - t_start
     if not lead:
         return 0
-    record.save(out)
     lines, wrong = summary_lines(record.compare)
+    lines += _evaluated_table(record, dev, out, plugin)
+    record.save(out)
     print("\n".join(lines))
     say(f"# record: {out}")
     return 1 if wrong else 0
+
+
+def _evaluated_table(record: rec.EvaluateRecord, dev: rec.TuneRecord, out: Path, plugin) -> list[str]:
+    """The table that stands after the held-out sizes (``choose.heldout_declines``): the development
+    table less the rows of the collectives declined there, written beside ``out`` with its env file
+    (none where every collective is declined: NCCL decides); the summary lines that say so."""
+    from autotune.nccl.choose import heldout_declines
+
+    record.declined = heldout_declines(record.compare, collectives=[r.collective for r in load_table(dev.table)])
+    lines = [f"# {c}: declined at the held-out sizes: {why}; its rows are left out of the evaluated table, "
+             f"NCCL decides at every size" for c, why in record.declined.items()]
+    rows = [r for r in load_table(dev.table) if r.collective not in record.declined]
+    if not rows:
+        return lines + ["# evaluated table: no collective confirmed at the held-out sizes: no table, no env "
+                        "file; run NCCL as it is"]
+    table, env = out.with_name("nccl_tuner.evaluated.csv"), out.with_name("nccl_tuner.evaluated.env")
+    header = f"python -m autotune nccl evaluate, {record.date}, {record.device}: {dev.table} less " \
+             f"{', '.join(record.declined) or 'nothing'}"
+    write_atomic(table, write_table(rows, [header]), "tuner table")
+    write_atomic(env, rec.env_text(plugin, table, record.min_ctas, header), "environment file")
+    record.table = str(table.resolve())
+    kept = ", ".join(dict.fromkeys(r.collective for r in rows))
+    return lines + [f"# evaluated table: {table} ({len(rows)} rows: {kept}); source {env} in a job script"]
 
 
 def _with(args, **kw):

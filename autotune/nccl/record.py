@@ -200,6 +200,8 @@ class EvaluateRecord(Record):
     compare: list[Compare] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
     basis: str = "evaluation"
+    declined: dict = field(default_factory=dict)   # collective -> why its table is declined at these sizes
+    table: str = ""                  # the evaluated table (the rows of the collectives not declined)
 
     def body(self) -> dict:
         return asdict(self)

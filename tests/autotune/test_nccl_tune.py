@@ -17,7 +17,7 @@ from autotune.nccl.settings import DEFAULT, Setting, candidates, parse_channels,
 from calibrate.cli import message
 from calibrate.errors import UserError
 from calibrate.measure import engine
-from kernels.nccl_tuner.table import ENV_TABLE, SIZE_MAX, Row, read_table, write_table
+from kernels.nccl_tuner.table import ENV_TABLE, SIZE_MAX, Row, load_table, read_table, write_table
 
 
 def test_candidates_per_collective():
@@ -432,3 +432,46 @@ def test_a_row_whose_gain_does_not_hold_at_sizes_it_was_not_tuned_on_is_dropped(
     keep = confirmed(FakeSession(flat, default_runs=runs), record, chosen, ["allreduce"], sizes, 2,
                      SimpleNamespace(margin=0.02), lambda *a: None, lambda: None)
     assert keep == [] and record.declined == ["allreduce"]
+
+
+def test_evaluate_declines_a_collective_whose_gain_does_not_hold_at_the_held_out_sizes(tmp_path):
+    """Issue 45, item 2: at evaluate's held-out sizes a collective's table stands only where its gain is
+    confirmed (closed forms: times given). allgather: its row 1.25x at both sizes it covers: kept;
+    allreduce: 1.25x inside its row but 0.95x at a size outside it (NCCL_MIN_CTAS alone slowed it):
+    declined; reducescatter: 1.01x where its row applies: declined (no gain); the evaluated table holds
+    allgather's rows only, with its env file."""
+    from types import SimpleNamespace
+
+    from autotune.nccl.choose import heldout_declines
+    from autotune.nccl.cli import _evaluated_table
+
+    c = rec.Compare
+    rows = [c("allgather", 1 << 20, "ring/ll/64", 12.5, 10.0, 0, 0),
+            c("allgather", 2 << 20, "ring/ll/64", 12.5, 10.0, 0, 0),
+            c("allgather", 1 << 30, "default", 10.0, 10.0, 0, 0),
+            c("allreduce", 1 << 20, "ring/ll/64", 12.5, 10.0, 0, 0),
+            c("allreduce", 1 << 30, "default", 9.5, 10.0, 0, 0),
+            c("reducescatter", 1 << 20, "ring/ll/auto", 10.1, 10.0, 0, 0),
+            c("broadcast", 1 << 20, "default", 10.0, 10.0, 0, 0)]
+    why = heldout_declines(rows)
+    assert set(why) == {"allreduce", "reducescatter", "broadcast"}
+    assert "0.950x" in why["allreduce"] and str(1 << 30) in why["allreduce"]
+    assert "1.010x" in why["reducescatter"] and "no held-out size falls in its rows" in why["broadcast"]
+    # a planted bug (the worst size ignored) would keep allreduce: the margin is what declines it
+    assert "allreduce" not in heldout_declines(rows, margin=0.06)
+    table = tmp_path / "nccl_tuner.csv"
+    table.write_text(write_table([Row("allgather", 0, 4 << 20, "ring", "ll", 64, 1, 4),
+                                  Row("allreduce", 0, 4 << 20, "ring", "ll", 64, 1, 4),
+                                  Row("reducescatter", 0, 4 << 20, "ring", "ll", -1, 1, 4)]))
+    record = rec.EvaluateRecord("d", "c", "", "4 x H200", 22809, 4, 1, "float32", 64, str(tmp_path / "x.json"), {},
+                                [], {}, 5, compare=rows)
+    lines = _evaluated_table(record, SimpleNamespace(table=str(table)), tmp_path / "nccl_evaluate.json",
+                             tmp_path / "lib.so")
+    got = load_table(tmp_path / "nccl_tuner.evaluated.csv")
+    assert [r.collective for r in got] == ["allgather"] and record.table.endswith("nccl_tuner.evaluated.csv")
+    assert "nccl_tuner.evaluated.csv" in (tmp_path / "nccl_tuner.evaluated.env").read_text()
+    assert sum("declined at the held-out sizes" in line for line in lines) == 3
+    record.compare = [x for x in rows if x.collective != "allgather"]
+    lines = _evaluated_table(record, SimpleNamespace(table=str(table)), tmp_path / "e2.json", tmp_path / "lib.so")
+    assert "no table, no env file" in lines[-1]
+    assert "allgather: declined at the held-out sizes: not measured" in lines[0]
