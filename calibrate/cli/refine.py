@@ -90,7 +90,8 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
         share = f"{100 * report.spent_s / sweep_s[coll]:.0f}%" if sweep_s[coll] > 0 else "-"
         say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {report.max_points}), "
             f"{report.spent_s:.1f} s = {share} of its sweep's {sweep_s[coll]:.1f} s; {report.located()}/"
-            f"{sum(not s.phantom for s in report.steps)} steps located within 1/32 octave; {report.stopped}", file=sys.stderr)
+            f"{sum(not s.phantom for s in report.steps)} steps located within 1/32 octave; {report.stopped}",
+            file=sys.stderr)
         out[coll.value] = {"sweep_points": len(recs[coll]), "sweep_s": sweep_s[coll], "budget_s": report.budget_s,
                            "point_limit": report.max_points,
                            "budget_shared_by": [c.value for c in colls], "group_sweep_s": total_s,
