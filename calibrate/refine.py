@@ -40,7 +40,8 @@ points, and a fit cannot tell where inside the gap the jump lies. Here:
    line that flagged it crossed a step elsewhere, 4 x H200 reducescatter: the line through 1.4 and
    2.9 MB ran over the step at 3.3 MB and hit the sweep's 5.8 MB point, and flagged the flat
    stretch after it) is dropped from the known steps; and an interval where one side's line misses
-   by more than ``ONE_SIDED`` times the noise while the other agrees (there the step is: the
+   by more than ``ONE_SIDED`` times the noise (times how far the line reaches beyond the spacing of
+   its two points: its error where extrapolated) while the other agrees (there the step is: the
    agreeing line met the far end by coincidence) is flagged and bisected like the others.
 
 Everything here is deterministic in the measured values, so a resumed run
@@ -136,8 +137,8 @@ class Step:
 def flag_steps(points: list[Point], floor: float = FLOOR, known=(), one_sided: float | None = None) -> list[Step]:
     """The intervals between consecutive points that hold a step (see the module doc). ``known``: the
     (lo, hi) byte spans of steps already located: no line reaches across one. ``one_sided``: also flag
-    an interval where one line misses by more than this many thresholds while the other agrees (its
-    lines reaching across no step flagged here or known)."""
+    an interval where one line misses by more than this many thresholds, times how far the line reaches
+    beyond its own points' spacing (its lines reaching across no step flagged here or known)."""
     pts = sorted(points, key=lambda p: p.nbytes)
 
     def line(i: int, j: int, anchor: int, spans) -> Line | None:
@@ -160,11 +161,16 @@ def flag_steps(points: list[Point], floor: float = FLOOR, known=(), one_sided: f
         return out
     spans = [*known, *((s.lo.nbytes, s.hi.nbytes) for s in out)]
     flagged = {s.lo.nbytes for s in out}
-    for i in range(len(pts) - 1):
+    for i in range(1, len(pts) - 2):
         if pts[i].nbytes in flagged:
             continue
         m, left, right, threshold = misses(i, spans)
-        if left and right and max(m) > one_sided * threshold:
+        if not (left and right):
+            continue
+        # a line's error where it is extrapolated grows with the distance over its points' spacing
+        width = pts[i + 1].nbytes - pts[i].nbytes
+        reach = (width / (pts[i].nbytes - pts[i - 1].nbytes), width / (pts[i + 2].nbytes - pts[i + 1].nbytes))
+        if any(x > one_sided * threshold * max(1.0, r) for x, r in zip(m, reach)):
             out.append(Step(pts[i], pts[i + 1], left, right, max(m), threshold))
     return sorted(out, key=lambda s: s.lo.nbytes)
 
