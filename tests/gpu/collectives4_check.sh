@@ -3,7 +3,7 @@
 # fallback; NP=... overrides), one process per GPU. One call per part, each under ~8 minutes, every launcher
 # under its own timeout (a cut-short step keeps what it measured and the next one goes on):
 #   PARTS=calibrate      OUT=$OUT bash tests/gpu/collectives4_check.sh   # ~4 min
-#   PARTS="interp peers" OUT=$OUT bash tests/gpu/collectives4_check.sh   # ~6 min
+#   PARTS="interp peers" OUT=$OUT bash tests/gpu/collectives4_check.sh   # ~7 min
 #   PARTS=nccl           OUT=$OUT bash tests/gpu/collectives4_check.sh   # ~6 min
 #   PARTS=reshard        OUT=$OUT bash tests/gpu/collectives4_check.sh   # ~2.5 min
 # The ranks import mpi4py from the wheels in .whl (mpi4py, mpich: carry .whl), launched with mpich's mpiexec
@@ -88,7 +88,7 @@ fi
 
 schedule() {  # the interpreter's programs and table for NP ranks, made on this machine by one command
   # shellcheck disable=SC2086
-  step schedule 120 $MPIRUN $PY -m autotune schedule --gpus "$NP" --space quick \
+  step schedule 150 $MPIRUN $PY -m autotune schedule --gpus "$NP" --space quick \
     --collective allreduce,allgather,reducescatter --sizes 1K:1G:4 --reps 5 --out "$INTERP"
   # a table for another rank count is refused in one line naming the command
   "$PY" -c "
