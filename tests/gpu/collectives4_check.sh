@@ -87,8 +87,10 @@ step fit 30 "$PY" -m calibrate fit "$R/calib" --validation "$R/random" -o "$R/pr
 fi
 
 schedule() {  # the interpreter's programs and table for NP ranks, made on this machine by one command
+  # 6 candidates a band: the model (fitted on 2 GPUs, where a one-shot program has no receive waiting on
+  # another) ranks oneshot_* below direct_*; with 6 both are measured in the small bands
   # shellcheck disable=SC2086
-  step schedule 150 $MPIRUN $PY -m autotune schedule --gpus "$NP" --space quick \
+  step schedule 150 $MPIRUN $PY -m autotune schedule --gpus "$NP" --space quick --candidates 6 \
     --collective allreduce,allgather,reducescatter --sizes 1K:1G:4 --reps 5 --out "$INTERP"
   # a table for another rank count is refused in one line naming the command
   "$PY" -c "
