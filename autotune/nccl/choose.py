@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from calibrate.errors import UserError
+from calibrate.measure import stats
 from calibrate.measure.stats import geomean
 from kernels.nccl_tuner.table import SIZE_MAX, Row, merge_bands
 
@@ -170,25 +171,25 @@ def best_fixed(sweep: list[Sample], collective: str, excluded=()) -> str | None:
     return min(score, key=score.get) if score else None
 
 
-def heldout_declines(compare: list, margin: float = 0.02, collectives=()) -> dict[str, str]:
+def heldout_declines(compare: list, margin: float = 0.02, collectives=(), arm: str = "tuned") -> dict[str, str]:
     """The collectives whose table is declined at ``evaluate``'s held-out sizes (``compare``: its
-    rows), with why: the tuned arm (the table with NCCL_MIN_CTAS, as the env file runs NCCL) slower
-    than NCCL's default by more than ``margin`` at some held-out size, or its gain not confirmed
-    there (geometric mean of default / tuned over the held-out sizes a row covers at most
-    1 + ``margin``, or no held-out size falls in a row). Declined: no rows and no NCCL_MIN_CTAS for it,
-    NCCL decides at every size. ``collectives``: those of the table, declined where not measured."""
+    rows), with why: ``arm`` (``tuned``: the table with NCCL_MIN_CTAS, as the env file runs NCCL;
+    ``table``: the table alone) slower than NCCL's default by more than ``margin`` at some held-out
+    size, or its gain not confirmed there (geometric mean of default / arm over the held-out sizes a
+    row covers at most 1 + ``margin``, or no held-out size falls in a row). Declined: no rows for it,
+    NCCL decides. ``collectives``: those of the table, declined where not measured."""
     out = {}
     for coll in dict.fromkeys([*collectives, *(c.collective for c in compare)]):
-        mine = [c for c in compare if c.collective == coll]
+        mine = [(c, stats.ratio(c.default_us, c.arm_us(arm))) for c in compare if c.collective == coll]
         if not mine:
             out[coll] = "not measured at the held-out sizes: nothing is confirmed"
             continue
-        slow = [c for c in mine if c.ratio is not None and c.ratio < 1 - margin]
-        covered = [c.ratio for c in mine if c.setting != "default" and c.ratio is not None]
+        slow = [(c, x) for c, x in mine if x is not None and x < 1 - margin]
+        covered = [x for c, x in mine if c.setting != "default" and x is not None]
         if slow:
-            worst = min(slow, key=lambda c: c.ratio)
-            out[coll] = f"{worst.ratio:.3f}x NCCL's default at {worst.bytes} B (slower by more than {margin:.0%})"
-        elif any(c.ratio is None for c in mine):
+            worst, x = min(slow, key=lambda cx: cx[1])
+            out[coll] = f"{x:.3f}x NCCL's default at {worst.bytes} B (slower by more than {margin:.0%})"
+        elif any(x is None for _, x in mine):
             out[coll] = "an arm did not run at some held-out size: nothing is confirmed"
         elif not covered:
             out[coll] = "no held-out size falls in its rows: the gain is not confirmed"
@@ -196,3 +197,17 @@ def heldout_declines(compare: list, margin: float = 0.02, collectives=()) -> dic
             out[coll] = (f"{geomean(covered):.3f}x NCCL's default over the {len(covered)} held-out sizes its rows "
                          f"cover (not faster by more than {margin:.0%})")
     return out
+
+
+def floor_costs(compare: list, collectives, margin: float = 0.02) -> str | None:
+    """Why NCCL_MIN_CTAS cannot stay in the env file once ``collectives`` are declined (it reaches every
+    collective of the job: a declined one runs with it alone, the ``min_ctas`` arm): that arm slower
+    than NCCL's default by more than ``margin`` at a held-out size, or not measured; None: it may stay."""
+    for c in compare:
+        if c.collective in collectives:
+            x = stats.ratio(c.default_us, c.arm_us("min_ctas"))
+            if x is None:
+                return f"{c.collective} at {c.bytes} B: NCCL_MIN_CTAS alone was not measured"
+            if x < 1 - margin:
+                return f"{c.collective} at {c.bytes} B: NCCL_MIN_CTAS alone {x:.3f}x NCCL's default"
+    return None

@@ -516,13 +516,24 @@ def evaluate(args, world, dev: rec.TuneRecord, declaration, out: Path, plugin) -
 def _evaluated_table(record: rec.EvaluateRecord, dev: rec.TuneRecord, out: Path, plugin) -> list[str]:
     """The table that stands after the held-out sizes (``choose.heldout_declines``): the development
     table less the rows of the collectives declined there, written beside ``out`` with its env file
-    (none where every collective is declined: NCCL decides); the summary lines that say so."""
-    from autotune.nccl.choose import heldout_declines
+    (none where every collective is declined: NCCL decides). NCCL_MIN_CTAS reaches every collective:
+    where it alone slows a declined one (``choose.floor_costs``) the env leaves it out and the rows
+    are judged by the table alone. Returns the summary lines that say so."""
+    from autotune.nccl.choose import floor_costs, heldout_declines
 
-    record.declined = heldout_declines(record.compare, collectives=[r.collective for r in load_table(dev.table)])
-    lines = [f"# {c}: declined at the held-out sizes: {why}; its rows are left out of the evaluated table, "
-             f"NCCL decides at every size" for c, why in record.declined.items()]
-    rows = [r for r in load_table(dev.table) if r.collective not in record.declined]
+    rows = load_table(dev.table)
+    colls = list(dict.fromkeys(r.collective for r in rows))
+    record.declined = heldout_declines(record.compare, collectives=colls)
+    floor, lines = record.min_ctas, []
+    why = floor_costs(record.compare, record.declined) if record.declined else None
+    if why:
+        floor = None
+        record.declined = heldout_declines(record.compare, collectives=colls, arm="table")
+        lines.append(f"# NCCL_MIN_CTAS left out of the evaluated env file ({why}); the rows judged by the table "
+                     f"alone")
+    lines += [f"# {c}: declined at the held-out sizes: {why}; its rows are left out of the evaluated table, "
+              f"NCCL decides at every size" for c, why in record.declined.items()]
+    rows = [r for r in rows if r.collective not in record.declined]
     if not rows:
         return lines + ["# evaluated table: no collective confirmed at the held-out sizes: no table, no env "
                         "file; run NCCL as it is"]
@@ -530,7 +541,7 @@ def _evaluated_table(record: rec.EvaluateRecord, dev: rec.TuneRecord, out: Path,
     header = f"python -m autotune nccl evaluate, {record.date}, {record.device}: {dev.table} less " \
              f"{', '.join(record.declined) or 'nothing'}"
     write_atomic(table, write_table(rows, [header]), "tuner table")
-    write_atomic(env, rec.env_text(plugin, table, record.min_ctas, header), "environment file")
+    write_atomic(env, rec.env_text(plugin, table, floor, header), "environment file")
     record.table = str(table.resolve())
     kept = ", ".join(dict.fromkeys(r.collective for r in rows))
     return lines + [f"# evaluated table: {table} ({len(rows)} rows: {kept}); source {env} in a job script"]
