@@ -175,7 +175,7 @@ if has peers; then
 fi
 if has nccl; then
   echo "-- tuned NCCL at held-out sizes (target: worst >= 0.98x and >= 1.15x somewhere, or declined)"
-  grep -E "^# (allreduce|allgather|reducescatter|evaluated table)" "$R/nccl-evaluate.log" 2>/dev/null \
+  grep -E "^# (allreduce|allgather|reducescatter|evaluated table|NCCL_MIN_CTAS)" "$R/nccl-evaluate.log" 2>/dev/null \
     | cut -c1-180 | grep -v "each arm over"
 fi
 if has reshard; then
