@@ -19,7 +19,7 @@ import numpy as np
 
 from calibrate.errors import UserError
 from calibrate.measure.engine import Arm, ArmResult, MpiGroup, Options, TimingMode, compare
-from kernels.reshard.model import Op, measured_cost, operations, predict
+from kernels.reshard.model import Op, host_time, measured_cost, operations, predict
 from kernels.reshard.plan import Plan
 from kernels.reshard.program import BACKENDS, Backend, _flat, _place, execute
 from kernels.reshard.spec import Box
@@ -128,28 +128,65 @@ class OpArm(Arm):
         be.synchronize()
 
 
-def primitive_times(plans: list[Plan], be: Backend, group, iters: int, seed: int) -> tuple[dict, float | None]:
-    """Each distinct operation of ``plans`` (``Op.key``) timed alone (median of the slowest rank) and the
-    empty call's time (None: it did not run); an operation that did not run is absent."""
+class DryBackend(Backend):
+    """A backend whose transfers move nothing (the copies, fills and the synchronisation are the real
+    backend's): a plan executed on it costs the host's walk of the plan, its copies and fills."""
+
+    def __init__(self, be: Backend):
+        self.be, self.device, self.xp = be, be.device, be.xp
+
+    def send(self, buf, peer, tag):
+        pass
+
+    def recv(self, buf, peer, tag):
+        pass
+
+    def ring_broadcast(self, buf, chain, partitions, tag):
+        pass
+
+    def allgather(self, buf, group, part, tag):
+        pass
+
+    def exchange(self, sends, recvs):
+        pass
+
+    def synchronize(self):
+        self.be.synchronize()
+
+
+def primitive_times(plans: list[Plan], be: Backend, group, iters: int,
+                    seed: int) -> tuple[dict, float | None, list[float | None]]:
+    """Each distinct operation of ``plans`` (``Op.key``) timed alone (median of the slowest rank), the
+    empty call's time (None: it did not run) and each plan's dry run (``DryBackend``; None where it did
+    not run); an operation that did not run is absent."""
     ops = {op.key: op for plan in plans for op in operations(plan)}
     for plan in plans:
         be.prepare(plan)
     dtype = plans[0].task.dtype
+    dry = DryBackend(be)
     arms = [("empty", lambda: OpArm(None, be, dtype))]
     arms += [(repr(k), lambda op=op: OpArm(op, be, dtype)) for k, op in ops.items()]
+    arms += [(f"dry {i}", lambda plan=plan, i=i: PlanArm(plan, dry, seed + i)) for i, plan in enumerate(plans)]
     res = compare(group, arms, replace(_options(iters, seed), check=False))
-    times = {k: res[repr(k)].median_s for k in ops if res[repr(k)].ok and res[repr(k)].median_s is not None}
-    return times, res["empty"].median_s if res["empty"].ok else None
+
+    def median(name: str) -> float | None:
+        return res[name].median_s if res[name].ok else None
+    times = {k: median(repr(k)) for k in ops if median(repr(k)) is not None}
+    return times, median("empty"), [median(f"dry {i}") for i in range(len(plans))]
 
 
-def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty: float | None) -> list[float]:
-    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the measured costs; absent
-    where one of them did not run); returns the rows' measured / predicted_exec."""
+def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty: float | None,
+                         dry: list[float | None], asynchronous: bool) -> list[float]:
+    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the measured costs beside
+    the host's time from its dry run, ``kernels.reshard.model.predict``; absent where one of them did not
+    run) and ``host_s``; returns the rows' measured / predicted_exec."""
     ratios = []
-    for row, plan in zip(rows, plans):
-        if empty is None or not row.get("ok") or any(op.key not in times for op in operations(plan)):
+    for row, plan, d in zip(rows, plans, dry):
+        if empty is None or d is None or not row.get("ok") or any(op.key not in times for op in operations(plan)):
             continue
-        row["predicted_exec_s"] = predict(plan, measured_cost(times, empty), empty)
+        cost = measured_cost(times, empty)
+        row["host_s"] = host_time(plan, cost, empty, d)
+        row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
         ratios.append(row["measured_s"] / row["predicted_exec_s"])
     return ratios
 
@@ -176,8 +213,10 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
     """Run each (name, plan) on every rank of ``comm`` with backend ``backend``: the plans of one name
     (one task: strategies and solvers) are the arms of one engine comparison (``calibrate.measure``),
     each run ``iters`` times alone after a barrier in interleaved rounds and checked exactly before
-    and after. On rank 0 prints a line per plan and returns the rows (measured: the median over runs
-    of the slowest rank; None where the plan did not run right); [] elsewhere."""
+    and after. With ``iters`` above 1, each plan is then predicted by its executor's operations and dry
+    run, each timed alone (``primitive_times``, ``executor_predictions``). On rank 0 prints a line per plan
+    and returns the rows (measured: the median over runs of the slowest rank; None where the plan did not
+    run right); [] elsewhere."""
     check_ranks(plans, comm.Get_size())
     be = BACKENDS.get(backend)(comm)
     group = MpiGroup(comm)
@@ -197,16 +236,23 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
                 print(f"{'OK ' if base.ok else 'BAD'} {name:28s} {'exchange (baseline)':28s} wrong="
                       f"{max(base.wrong_before, 0) + max(base.wrong_after, 0)} measured {shown} ms"
                       + ("" if base.ok else f" ({base.reason})"), flush=True)
-        times, empty = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
+        if iters > 1:   # a measurement (warmed up, several runs): its parts measured beside it
+            times, empty, dry = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
     finally:
         be.close()
-    if rows:
-        ratios = executor_predictions(rows, row_plans, times, empty)
-        print(f"executor model (each plan's operations on the ranks' streams, each operation timed alone in "
-              f"this run: {len(times)} operations, an empty call {_ms(empty)} ms):", flush=True)
+    if rows and iters < 2:
+        print("executor model: not measured (one run a plan, not warmed up: give --iters 2 or more)", flush=True)
+    elif rows:
+        index = {id(p): i for i, (_, p) in enumerate(plans)}
+        ratios = executor_predictions(rows, row_plans, times, empty, [dry[index[id(p)]] for p in row_plans],
+                                      be.asynchronous)
+        print(f"executor model (each plan's operations on the ranks' streams and the host's walk of it, each "
+              f"operation and each plan's dry run timed alone in this run: {len(times)} operations, an empty "
+              f"call {_ms(empty)} ms):", flush=True)
         for r in rows:
             print(f"   {r['scenario']:28s} {r['strategy']:17s} makespan {_ms(r['predicted_s'])} ms, executor "
-                  f"{_ms(r.get('predicted_exec_s'))} ms, measured {_ms(r['measured_s'])} ms"
+                  f"{_ms(r.get('predicted_exec_s'))} ms (host {_ms(r.get('host_s'))}), measured "
+                  f"{_ms(r['measured_s'])} ms"
                   + (f" ({r['measured_s'] / r['predicted_exec_s']:.2f}x)" if r.get("predicted_exec_s") else ""),
                   flush=True)
         if ratios:

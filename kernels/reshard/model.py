@@ -15,9 +15,13 @@ does more, and differently (4 x H200, 2026-11-28: measured 1.1 to 1.9x the makes
 - ``place``: every receiver copies the unit into its destination tile;
 and every call ends with a synchronisation (what a call that moves nothing costs: ``empty``).
 A transfer or collective starts when the streams of all its ranks are free and holds them for its
-cost; a copy or fill holds its own rank's stream. The prediction is the last stream's end plus
-``empty``. The costs are a function of the operation (``Op``): ``kernels.reshard.harness`` measures
-each distinct operation of the plans alone in the same run (``primitive_arms``).
+cost; a copy or fill holds its own rank's stream. The host walks the plan in Python besides
+(``host``: a dry run's time, the plan executed with transfers that move nothing, less its copies and
+fills and ``empty``): on a backend whose operations are asynchronous (NCCL: the host queues them on
+the stream) the call takes the longer of the streams and the host, on a synchronous one (MPI) both
+one after the other. The prediction adds ``empty``. The costs are a function of the operation
+(``Op``): ``kernels.reshard.harness`` measures each distinct operation of the plans alone, and each
+plan's dry run, in the same run.
 """
 from __future__ import annotations
 
@@ -102,9 +106,22 @@ def simulate(ops: list[Op], cost: Callable[[Op], float]) -> float:
     return max(free.values(), default=0.0)
 
 
-def predict(plan: Plan, cost: Callable[[Op], float], empty: float) -> float:
-    """Seconds of one call of ``plan``: its operations simulated (``simulate``) plus a call's ``empty``."""
-    return simulate(operations(plan), cost) + empty
+LOCAL = ("copy", "fill")
+
+
+def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float) -> float:
+    """The host's own time in one call: the dry run's ``dry`` seconds less its copies and fills (its
+    operations simulated with the transfers free) and ``empty``; never below 0."""
+    local = simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0)
+    return max(dry - local - empty, 0.0)
+
+
+def predict(plan: Plan, cost: Callable[[Op], float], empty: float, host: float = 0.0,
+            overlaps: bool = False) -> float:
+    """Seconds of one call of ``plan``: its operations simulated (``simulate``), with the ``host`` time
+    overlapping them (``overlaps``: asynchronous operations) or after them, plus a call's ``empty``."""
+    streams = simulate(operations(plan), cost)
+    return (max(streams, host) if overlaps else streams + host) + empty
 
 
 def measured_cost(times: dict[tuple, float], empty: float) -> Callable[[Op], float]:

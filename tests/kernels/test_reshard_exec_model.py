@@ -75,3 +75,20 @@ def test_measured_costs_are_paid_once_for_the_synchronisation():
     empty = 20e-6
     times = {op.key: cost(op) + empty for op in operations(p)}
     assert predict(p, measured_cost(times, empty), empty) == pytest.approx(3 * P2P + COPY + empty)
+
+
+def test_the_hosts_walk_overlaps_asynchronous_operations_and_follows_synchronous_ones():
+    """The dry run (transfers that move nothing) costs the host's walk, the copies and fills, and the
+    synchronisation: what is left of it is the host's time, which NCCL's queued operations hide (the
+    longer of the two) and MPI's blocking ones add to (closed forms)."""
+    from kernels.reshard.model import host_time
+
+    p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "global_allgather")
+    empty, host = 20e-6, 90e-6
+    local = FILL + COPY + COPY          # rank 0's fill and copy, then a receiver's place (transfers free)
+    assert host_time(p, cost, empty, local + empty + host) == pytest.approx(host)
+    assert host_time(p, cost, empty, local) == 0.0
+    streams = FILL + 2 * COPY + 3 * P2P + GATHER
+    assert predict(p, cost, empty, host, overlaps=True) == pytest.approx(streams + empty)
+    assert predict(p, cost, empty, 2e-3, overlaps=True) == pytest.approx(2e-3 + empty)
+    assert predict(p, cost, empty, host) == pytest.approx(streams + host + empty)
