@@ -29,7 +29,8 @@ hashed into the record: development never measures them. The comparison has five
 per size, so that each part of the gain is attributed: NCCL's default, the default with
 NCCL_MIN_CTAS alone, the table alone, the table with NCCL_MIN_CTAS (the env file), and the
 sweep's best fixed setting. ``evaluate`` re-measures those arms in a fresh process at the
-held-out sizes (nccl_evaluate.json, kind commtune.nccl-evaluate): the only figures to quote.
+held-out sizes (nccl_evaluate.json, kind commtune.nccl-evaluate): the only figures to quote; it
+declines there a collective whose gain does not hold (nccl_tuner.evaluated.csv/.env: the rest).
 """
 from __future__ import annotations
 
@@ -403,7 +404,10 @@ reads nccl_tune.json (its held-out declaration checked against its hash, its tab
 the rows it recorded) and measures, at the held-out sizes only, NCCL's default, the default with
 NCCL_MIN_CTAS alone, the table alone, the table with NCCL_MIN_CTAS and the sweep's best fixed
 setting, interleaved and checked before and after the timed replays. Writes nccl_evaluate.json
-(kind commtune.nccl-evaluate): the figures to quote.""")
+(kind commtune.nccl-evaluate): the figures to quote. A collective whose tuned arm is slower than the
+default by more than 2% at a held-out size, or not faster by more than 2% where its rows apply, is
+declined: nccl_tuner.evaluated.csv and nccl_tuner.evaluated.env beside the record hold the other
+collectives' rows (without NCCL_MIN_CTAS where that alone slows a declined collective).""")
     p.add_argument("record", help="the development run's output directory or its nccl_tune.json")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (x --reps replays) per size")
     p.add_argument("--reps", type=int, default=5, help="replays per round")
