@@ -34,6 +34,15 @@ points, and a fit cannot tell where inside the gap the jump lies. Here:
    done, the curve's points (sweep and refined) are flagged again: a step
    next to another one (the lines beside it crossed it) shows only once its
    neighbour is located, and is bisected in turn.
+4. in those later passes a line never reaches across a step already located (that side is left out,
+   as at the ends of the sweep), and two things are caught that the first pass cannot tell from a
+   smooth curve: a located interval that shows no jump once its ends are measured (a phantom: the
+   line that flagged it crossed a step elsewhere, 4 x H200 reducescatter: the line through 1.4 and
+   2.9 MB ran over the step at 3.3 MB and hit the sweep's 5.8 MB point, and flagged the flat
+   stretch after it) is dropped from the known steps; and an interval where one side's line misses
+   by more than ``ONE_SIDED`` times the noise (times how far the line reaches beyond the spacing of
+   its two points: its error where extrapolated) while the other agrees (there the step is: the
+   agreeing line met the far end by coincidence) is flagged and bisected like the others.
 
 Everything here is deterministic in the measured values, so a resumed run
 (which gets the points already on disk back from ``measure``) replays the same
@@ -51,6 +60,7 @@ from calibrate.sizes import snap
 RESOLUTION = 1 / 32   # octaves: the width within which a step counts as located
 FINE_BITS = 7         # significant bits of a refined size (1/64 to 1/128 of an octave apart)
 FLOOR = 0.02          # the least disagreement (relative) that counts as a step
+ONE_SIDED = 2.0       # a one-sided miss flags an interval (in later passes) beyond this many thresholds
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class Step:
     jump: float        # the smaller of the two sides' misses (|log|), the step's size
     threshold: float   # the noise level a midpoint is judged against at the sweep's ends
     exhausted: bool = False  # no aligned size is left inside: as narrow as the sizes allow
+    phantom: bool = False    # bisected to an interval with no jump: the lines that flagged it crossed another
 
     @property
     def width(self) -> float:
@@ -119,23 +130,49 @@ class Step:
 
     def as_dict(self) -> dict:
         return {"lo_bytes": self.lo.nbytes, "hi_bytes": self.hi.nbytes, "width_octaves": self.width,
-                "no_size_left": self.exhausted,
+                "no_size_left": self.exhausted, "phantom": self.phantom,
                 "jump": math.exp(self.jump), "lo_us": self.lo.time_s * 1e6, "hi_us": self.hi.time_s * 1e6}
 
 
-def flag_steps(points: list[Point], floor: float = FLOOR) -> list[Step]:
-    """The intervals between consecutive points that hold a step (see the module doc)."""
+def flag_steps(points: list[Point], floor: float = FLOOR, known=(), one_sided: float | None = None) -> list[Step]:
+    """The intervals between consecutive points that hold a step (see the module doc). ``known``: the
+    (lo, hi) byte spans of steps already located: no line reaches across one. ``one_sided``: also flag
+    an interval where one line misses by more than this many thresholds, times how far the line reaches
+    beyond its own points' spacing (its lines reaching across no step flagged here or known)."""
     pts = sorted(points, key=lambda p: p.nbytes)
+
+    def line(i: int, j: int, anchor: int, spans) -> Line | None:
+        if i < 0 or j >= len(pts) or any(pts[i].nbytes <= lo and hi <= pts[j].nbytes for lo, hi in spans):
+            return None
+        return line_through(pts[i], pts[j], anchor=pts[anchor])
+
+    def misses(i: int, spans) -> tuple[list[float], Line | None, Line | None, float]:
+        a, b = pts[i], pts[i + 1]
+        left, right = line(i - 1, i, i, spans), line(i + 1, i + 2, i + 1, spans)
+        return ([m for m in (miss(b, left) if left else None, miss(a, right) if right else None) if m is not None],
+                left, right, max(floor, a.noise + b.noise))
+
     out = []
     for i in range(len(pts) - 1):
-        a, b = pts[i], pts[i + 1]
-        left = line_through(pts[i - 1], a, anchor=a) if i >= 1 else None
-        right = line_through(b, pts[i + 2], anchor=b) if i + 2 < len(pts) else None
-        threshold = max(floor, a.noise + b.noise)
-        misses = [m for m in (miss(b, left) if left else None, miss(a, right) if right else None) if m is not None]
-        if misses and min(misses) > threshold:
-            out.append(Step(a, b, left, right, min(misses), threshold))
-    return out
+        m, left, right, threshold = misses(i, known)
+        if m and min(m) > threshold:
+            out.append(Step(pts[i], pts[i + 1], left, right, min(m), threshold))
+    if one_sided is None:
+        return out
+    spans = [*known, *((s.lo.nbytes, s.hi.nbytes) for s in out)]
+    flagged = {s.lo.nbytes for s in out}
+    for i in range(1, len(pts) - 2):
+        if pts[i].nbytes in flagged:
+            continue
+        m, left, right, threshold = misses(i, spans)
+        if not (left and right):
+            continue
+        # a line's error where it is extrapolated grows with the distance over its points' spacing
+        width = pts[i + 1].nbytes - pts[i].nbytes
+        reach = (width / (pts[i].nbytes - pts[i - 1].nbytes), width / (pts[i + 2].nbytes - pts[i + 1].nbytes))
+        if any(x > one_sided * threshold * max(1.0, r) for x, r in zip(m, reach)):
+            out.append(Step(pts[i], pts[i + 1], left, right, max(m), threshold))
+    return sorted(out, key=lambda s: s.lo.nbytes)
 
 
 def midpoint(lo: int, hi: int, aligned: Callable[[int], int]) -> int | None:
@@ -159,7 +196,7 @@ class Report:
     max_points: int = 0                              # this curve's point limit, as adapted
 
     def located(self) -> int:
-        return sum(s.located() for s in self.steps)
+        return sum(s.located() and not s.phantom for s in self.steps)
 
 
 def refine(points: list[Point], measure: Callable[[int], tuple[Point, float]], aligned: Callable[[int], int], *,
@@ -217,18 +254,27 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
     need = {key: 0 for key in curves}
     need_s = 0.0
     seq = 0
+    passes = 0
 
     def flag_new() -> int:
         """Flag the intervals of every curve's points (the sweep's and the refined ones) not flagged
         before: a step hidden by its neighbour (the lines beside it crossed another step) shows once
         that one is located. Grows the budget and the point limits with the bisections they need."""
-        nonlocal need_s, seq, budget_s
+        nonlocal need_s, seq, budget_s, passes
         added = 0
         for key in curves:
             rep = reports[key]
-            for step in flag_steps(list(known[key].values()), floor):
+            pts = list(known[key].values())
+            later = passes > 0
+            if later:   # a step whose interval shows no jump now that it is measured is a phantom
+                jumps = {(s.lo.nbytes, s.hi.nbytes) for s in flag_steps(pts, floor)}
+                for s in rep.steps:
+                    s.phantom = s.phantom or (s.lo.nbytes, s.hi.nbytes) not in jumps
+            spans = [(s.lo.nbytes, s.hi.nbytes) for s in rep.steps if not s.phantom]
+            for step in flag_steps(pts, floor, spans if later else (), ONE_SIDED if later else None):
                 span = (step.lo.nbytes, step.hi.nbytes)
-                if span in seen[key] or any(s.lo.nbytes <= span[0] and span[1] <= s.hi.nbytes for s in rep.steps):
+                if span in seen[key] or any(s.lo.nbytes <= span[0] and span[1] <= s.hi.nbytes
+                                            for s in rep.steps if not s.phantom):
                     continue
                 seen[key].add(span)
                 rep.steps.append(step)
@@ -243,6 +289,7 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
         budget_s = max(budget_s, min(need_s, budget_s if cap_s is None else cap_s))
         for rep in reports.values():
             rep.budget_s = budget_s
+        passes += 1
         return added
 
     flag_new()

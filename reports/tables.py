@@ -220,7 +220,7 @@ def _peers(path: Path, d: dict) -> str:
 
     r = peer_table.load(path)
     summary = peer_table.summarize(r["rows"])
-    targets = peer_table.targets_text(peer_table.targets(summary, r.get("peers", {})))
+    targets = peer_table.targets_text(peer_table.targets(summary, r.get("peers", {}), int(r.get("nranks") or 2)))
     return "```\n" + peer_table.table(summary) + "\n```\n\n" + "\n".join(f"- {t}" for t in targets.splitlines())
 
 

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from calibrate.errors import UserError
+from calibrate.measure import stats
 from calibrate.measure.stats import geomean
 from kernels.nccl_tuner.table import SIZE_MAX, Row, merge_bands
 
@@ -168,3 +169,45 @@ def best_fixed(sweep: list[Sample], collective: str, excluded=()) -> str | None:
     score = {label: geomean(t[n] / defaults[n] for n in defaults) for label, t in times.items()
              if len(t) == len(defaults)}
     return min(score, key=score.get) if score else None
+
+
+def heldout_declines(compare: list, margin: float = 0.02, collectives=(), arm: str = "tuned") -> dict[str, str]:
+    """The collectives whose table is declined at ``evaluate``'s held-out sizes (``compare``: its
+    rows), with why: ``arm`` (``tuned``: the table with NCCL_MIN_CTAS, as the env file runs NCCL;
+    ``table``: the table alone) slower than NCCL's default by more than ``margin`` at some held-out
+    size, or its gain not confirmed there (geometric mean of default / arm over the held-out sizes a
+    row covers at most 1 + ``margin``, or no held-out size falls in a row). Declined: no rows for it,
+    NCCL decides. ``collectives``: those of the table, declined where not measured."""
+    out = {}
+    for coll in dict.fromkeys([*collectives, *(c.collective for c in compare)]):
+        mine = [(c, stats.ratio(c.default_us, c.arm_us(arm))) for c in compare if c.collective == coll]
+        if not mine:
+            out[coll] = "not measured at the held-out sizes: nothing is confirmed"
+            continue
+        slow = [(c, x) for c, x in mine if x is not None and x < 1 - margin]
+        covered = [x for c, x in mine if c.setting != "default" and x is not None]
+        if slow:
+            worst, x = min(slow, key=lambda cx: cx[1])
+            out[coll] = f"{x:.3f}x NCCL's default at {worst.bytes} B (slower by more than {margin:.0%})"
+        elif any(x is None for _, x in mine):
+            out[coll] = "an arm did not run at some held-out size: nothing is confirmed"
+        elif not covered:
+            out[coll] = "no held-out size falls in its rows: the gain is not confirmed"
+        elif geomean(covered) <= 1 + margin:
+            out[coll] = (f"{geomean(covered):.3f}x NCCL's default over the {len(covered)} held-out sizes its rows "
+                         f"cover (not faster by more than {margin:.0%})")
+    return out
+
+
+def floor_costs(compare: list, collectives, margin: float = 0.02) -> str | None:
+    """Why NCCL_MIN_CTAS cannot stay in the env file once ``collectives`` are declined (it reaches every
+    collective of the job: a declined one runs with it alone, the ``min_ctas`` arm): that arm slower
+    than NCCL's default by more than ``margin`` at a held-out size, or not measured; None: it may stay."""
+    for c in compare:
+        if c.collective in collectives:
+            x = stats.ratio(c.default_us, c.arm_us("min_ctas"))
+            if x is None:
+                return f"{c.collective} at {c.bytes} B: NCCL_MIN_CTAS alone was not measured"
+            if x < 1 - margin:
+                return f"{c.collective} at {c.bytes} B: NCCL_MIN_CTAS alone {x:.3f}x NCCL's default"
+    return None

@@ -29,7 +29,8 @@ hashed into the record: development never measures them. The comparison has five
 per size, so that each part of the gain is attributed: NCCL's default, the default with
 NCCL_MIN_CTAS alone, the table alone, the table with NCCL_MIN_CTAS (the env file), and the
 sweep's best fixed setting. ``evaluate`` re-measures those arms in a fresh process at the
-held-out sizes (nccl_evaluate.json, kind commtune.nccl-evaluate): the only figures to quote.
+held-out sizes (nccl_evaluate.json, kind commtune.nccl-evaluate): the only figures to quote; it
+declines there a collective whose gain does not hold (nccl_tuner.evaluated.csv/.env: the rest).
 """
 from __future__ import annotations
 
@@ -403,7 +404,10 @@ reads nccl_tune.json (its held-out declaration checked against its hash, its tab
 the rows it recorded) and measures, at the held-out sizes only, NCCL's default, the default with
 NCCL_MIN_CTAS alone, the table alone, the table with NCCL_MIN_CTAS and the sweep's best fixed
 setting, interleaved and checked before and after the timed replays. Writes nccl_evaluate.json
-(kind commtune.nccl-evaluate): the figures to quote.""")
+(kind commtune.nccl-evaluate): the figures to quote. A collective whose tuned arm is slower than the
+default by more than 2% at a held-out size, or not faster by more than 2% where its rows apply, is
+declined: nccl_tuner.evaluated.csv and nccl_tuner.evaluated.env beside the record hold the other
+collectives' rows (without NCCL_MIN_CTAS where that alone slows a declined collective).""")
     p.add_argument("record", help="the development run's output directory or its nccl_tune.json")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (x --reps replays) per size")
     p.add_argument("--reps", type=int, default=5, help="replays per round")
@@ -505,11 +509,46 @@ def evaluate(args, world, dev: rec.TuneRecord, declaration, out: Path, plugin) -
     record.seconds["total"] = time.perf_counter() - t_start
     if not lead:
         return 0
-    record.save(out)
     lines, wrong = summary_lines(record.compare)
+    lines += _evaluated_table(record, dev, out, plugin)
+    record.save(out)
     print("\n".join(lines))
     say(f"# record: {out}")
     return 1 if wrong else 0
+
+
+def _evaluated_table(record: rec.EvaluateRecord, dev: rec.TuneRecord, out: Path, plugin) -> list[str]:
+    """The table that stands after the held-out sizes (``choose.heldout_declines``): the development
+    table less the rows of the collectives declined there, written beside ``out`` with its env file
+    (none where every collective is declined: NCCL decides). NCCL_MIN_CTAS reaches every collective:
+    where it alone slows a declined one (``choose.floor_costs``) the env leaves it out and the rows
+    are judged by the table alone. Returns the summary lines that say so."""
+    from autotune.nccl.choose import floor_costs, heldout_declines
+
+    rows = load_table(dev.table)
+    colls = list(dict.fromkeys(r.collective for r in rows))
+    record.declined = heldout_declines(record.compare, collectives=colls)
+    floor, lines = record.min_ctas, []
+    why = floor_costs(record.compare, record.declined) if record.declined else None
+    if why:
+        floor = None
+        record.declined = heldout_declines(record.compare, collectives=colls, arm="table")
+        lines.append(f"# NCCL_MIN_CTAS left out of the evaluated env file ({why}); the rows judged by the table "
+                     f"alone")
+    lines += [f"# {c}: declined at the held-out sizes: {why}; its rows are left out of the evaluated table, "
+              f"NCCL decides at every size" for c, why in record.declined.items()]
+    rows = [r for r in rows if r.collective not in record.declined]
+    if not rows:
+        return lines + ["# evaluated table: no collective confirmed at the held-out sizes: no table, no env "
+                        "file; run NCCL as it is"]
+    table, env = out.with_name("nccl_tuner.evaluated.csv"), out.with_name("nccl_tuner.evaluated.env")
+    header = f"python -m autotune nccl evaluate, {record.date}, {record.device}: {dev.table} less " \
+             f"{', '.join(record.declined) or 'nothing'}"
+    write_atomic(table, write_table(rows, [header]), "tuner table")
+    write_atomic(env, rec.env_text(plugin, table, floor, header), "environment file")
+    record.table = str(table.resolve())
+    kept = ", ".join(dict.fromkeys(r.collective for r in rows))
+    return lines + [f"# evaluated table: {table} ({len(rows)} rows: {kept}); source {env} in a job script"]
 
 
 def _with(args, **kw):

@@ -200,6 +200,8 @@ class EvaluateRecord(Record):
     compare: list[Compare] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
     basis: str = "evaluation"
+    declined: dict = field(default_factory=dict)   # collective -> why its table is declined at these sizes
+    table: str = ""                  # the evaluated table (the rows of the collectives not declined)
 
     def body(self) -> dict:
         return asdict(self)
@@ -209,10 +211,12 @@ class EvaluateRecord(Record):
         return cls.from_fields(d, origin, compare=Compare)
 
 
-def env_text(plugin: str | Path, table: str | Path, min_ctas: int, header: str) -> str:
-    """The env file: ``source`` it in a job script to run NCCL as tuned."""
+def env_text(plugin: str | Path, table: str | Path, min_ctas: int | None, header: str) -> str:
+    """The env file: ``source`` it in a job script to run NCCL as tuned (``min_ctas`` None: no
+    NCCL_MIN_CTAS, the table alone)."""
+    floor = ("# NCCL_MIN_CTAS left out: the table alone\n" if min_ctas is None else
+             f"# the table was measured on communicators of at least {min_ctas} channels\n"
+             f"export NCCL_MIN_CTAS={min_ctas}\n")
     return (f"# {header}\n# source this file in the job script, before the program that creates NCCL communicators\n"
             f"export NCCL_TUNER_PLUGIN={Path(plugin).resolve()}\n"
-            f"export {ENV_TABLE}={Path(table).resolve()}\n"
-            f"# the table was measured on communicators of at least {min_ctas} channels\n"
-            f"export NCCL_MIN_CTAS={min_ctas}\n")
+            f"export {ENV_TABLE}={Path(table).resolve()}\n" + floor)

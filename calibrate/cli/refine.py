@@ -82,14 +82,16 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
     for coll in colls:
         report = reports[coll]
         for s in report.steps:
-            where = "located" if s.width <= RESOLUTION + 1e-12 else \
+            where = "no jump once measured: a phantom of a step beside it" if s.phantom else \
+                "located" if s.width <= RESOLUTION + 1e-12 else \
                 "no aligned size left inside" if s.exhausted else "not located"
             say(f"#   {coll.value}: step x{math.exp(s.jump):.2f} between {_size(s.lo.nbytes)} and "
                 f"{_size(s.hi.nbytes)} ({s.width * 32:.2g}/32 octave, {where})", file=sys.stderr)
         share = f"{100 * report.spent_s / sweep_s[coll]:.0f}%" if sweep_s[coll] > 0 else "-"
         say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {report.max_points}), "
             f"{report.spent_s:.1f} s = {share} of its sweep's {sweep_s[coll]:.1f} s; {report.located()}/"
-            f"{len(report.steps)} steps located within 1/32 octave; {report.stopped}", file=sys.stderr)
+            f"{sum(not s.phantom for s in report.steps)} steps located within 1/32 octave; {report.stopped}",
+            file=sys.stderr)
         out[coll.value] = {"sweep_points": len(recs[coll]), "sweep_s": sweep_s[coll], "budget_s": report.budget_s,
                            "point_limit": report.max_points,
                            "budget_shared_by": [c.value for c in colls], "group_sweep_s": total_s,

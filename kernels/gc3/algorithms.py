@@ -240,6 +240,36 @@ def direct_reducescatter(ranks, channels=1, instances=1, protocol=Protocol.SIMPL
     return prog
 
 
+def oneshot_allreduce(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """One-shot allreduce through scratch, out of place: every rank sends its whole input to a scratch
+    chunk of every other rank (n - 1 receives that wait on nothing, as the all-gather's), then adds
+    them to its own input locally. ``direct_allreduce`` reduces each receive into the output in turn,
+    so its n - 1 receives wait on one another (a chain of thread blocks)."""
+    _check(ranks, channels)
+    prog = GC3Program("allreduce_oneshot", CollectiveSpec("allreduce", ranks, 1, False), protocol, instances)
+    r, k, rk, q = _others(ranks)
+    prog.chunk(rk, I, 0).copy(q, S, rk - (rk > q), ch=k % channels)
+    prog.chunk(r, I, 0).copy(r, O, 0)
+    for j in range(ranks - 1):
+        prog.chunk(r, O, 0).reduce(prog.chunk(r, S, j))
+    return prog
+
+
+def oneshot_reducescatter(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
+    """One-shot reduce-scatter through scratch, out of place: chunk q of every rank's input goes to a
+    scratch chunk of rank q (receives that wait on nothing), which adds them to its own chunk q locally
+    (``direct_reducescatter`` chains its receive-reduces, as ``direct_allreduce`` does)."""
+    _check(ranks, channels)
+    prog = GC3Program("reducescatter_oneshot", CollectiveSpec("reducescatter", ranks, ranks, False), protocol,
+                      instances)
+    r, k, rk, q = _others(ranks)
+    prog.chunk(rk, I, q).copy(q, S, rk - (rk > q), ch=k % channels)
+    prog.chunk(r, I, r).copy(r, O, 0)
+    for j in range(ranks - 1):
+        prog.chunk(r, O, 0).reduce(prog.chunk(r, S, j))
+    return prog
+
+
 def direct_alltoall(ranks, channels=1, instances=1, protocol=Protocol.SIMPLE, nodes=1) -> GC3Program:
     """One-shot alltoall, out of place: chunk q of rank r goes straight to chunk r of rank q."""
     _check(ranks, channels)
@@ -265,6 +295,8 @@ ALGORITHMS: dict[str, AlgorithmFn] = {
     "direct_allgather": direct_allgather,
     "direct_reducescatter": direct_reducescatter,
     "direct_alltoall": direct_alltoall,
+    "oneshot_allreduce": oneshot_allreduce,
+    "oneshot_reducescatter": oneshot_reducescatter,
 }
 
 
@@ -282,6 +314,8 @@ OP_COUNTS: dict[str, Callable[[int, int, int], int]] = {   # (ranks, channels, n
     "direct_allgather": lambda r, c, n: r * r,
     "direct_reducescatter": lambda r, c, n: r * r,
     "direct_alltoall": lambda r, c, n: r * r,
+    "oneshot_allreduce": lambda r, c, n: 2 * r * r - r,
+    "oneshot_reducescatter": lambda r, c, n: 2 * r * r - r,
 }
 # peak memory of tracing, compiling and verifying: BYTES_PER_OP + ranks / 16 bytes per traced op (the
 # symbolic state of a slot is R / 8 bytes, and a rank holds about R / 2 slots per op it takes part in)

@@ -5,22 +5,24 @@ against the source tensor before and after timing them (the measurement engine,
 Beside the plans of each task, in the same comparison, a plain exchange of the same
 tiles (``ExchangeArm``: every transfer posted at once, one NCCL group or MPI
 Isend/Irecv + Waitall: the all-to-all / send-recv a user would write by hand), checked
-the same way. The executor's own costs, which the planner's alpha-beta makespan does not
-charge (a fixed cost per call, a launch per job with the tile's pack and unpack copies,
-a cost per NCCL group the rank runs collectives on), are fitted by non-negative least
-squares on the other tasks' plans of the run (leave one task out: a plan is never
-predicted from its own measurement) and added to each plan's makespan
-(``executor_model``)."""
+the same way. After the plans, every distinct operation the plans' executor runs (a
+transfer between two ranks, a broadcast over a chain, an all-gather over a group, a copy,
+a fill: ``kernels.reshard.model``) is timed alone in one more comparison, and each plan is
+predicted by simulating its operations on the ranks' streams with those costs
+(``predicted_exec_s``): the planner's makespan prices transfers under its network model,
+this prices what the executor does, from measurements of its parts, never of the plan."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from calibrate.errors import UserError
 from calibrate.measure.engine import Arm, ArmResult, MpiGroup, Options, TimingMode, compare
+from kernels.reshard.model import Op, host_time, measured_cost, operations, predict
 from kernels.reshard.plan import Plan
 from kernels.reshard.program import BACKENDS, Backend, _flat, _place, execute
 from kernels.reshard.spec import Box
-from kernels.reshard.strategies import groups
 
 
 def global_tensor(shape, dtype: str, seed: int) -> np.ndarray:
@@ -95,39 +97,102 @@ class ExchangeArm(PlanArm):
         be.synchronize()
 
 
-def job_load(plan: Plan) -> tuple[int, int]:
-    """(jobs, groups) of the plan's busiest device: the jobs it takes part in and the NCCL groups
-    (broadcast chains, all-gather groups) it runs collectives on."""
-    devices = {d for j in plan.jobs for d in (j.sender, *j.receivers)}
-    gs = [g for g in groups(plan) if len(g) > 1]
-    return max(((sum(d == j.sender or d in j.receivers for j in plan.jobs), sum(d in g for g in gs))
-                for d in devices), default=(0, 0))
+class OpArm(Arm):
+    """One operation of the executor (``kernels.reshard.model.Op``) alone, on the backend's primitives,
+    then the synchronisation a call ends with; ``op`` None: the synchronisation alone (``empty``)."""
+
+    TAG = 32002
+
+    def __init__(self, op: Op | None, be: Backend, dtype: str):
+        self.op, self.be, self.dtype = op, be, np.dtype(dtype)
+        n = 0 if op is None else op.nbytes // self.dtype.itemsize
+        mine = op is not None and (op.kind in ("copy", "fill") or be.device in op.ranks)
+        self.a = be.xp.ones(n, self.dtype) if mine else None
+        self.b = be.xp.zeros(n, self.dtype) if mine and op.kind == "copy" else None
+
+    def call(self) -> None:
+        op, be = self.op, self.be
+        if self.a is not None:
+            if op.kind == "copy":
+                self.b[...] = self.a
+            elif op.kind == "fill":
+                be.xp.zeros(self.a.size, self.dtype)
+            elif op.kind == "p2p" and be.device == op.ranks[0]:
+                be.send(self.a, op.ranks[1], self.TAG)
+            elif op.kind == "p2p":
+                be.recv(self.a, op.ranks[0], self.TAG)
+            elif op.kind == "broadcast":
+                be.ring_broadcast(self.a, op.ranks, op.partitions, self.TAG)
+            else:
+                be.allgather(self.a, op.ranks, self.a.size // len(op.ranks), self.TAG)
+        be.synchronize()
 
 
-EXEC_TERMS = ("call_s", "job_s", "group_s")
+class DryBackend(Backend):
+    """A backend whose transfers move nothing (the copies, fills and the synchronisation are the real
+    backend's): a plan executed on it costs the host's walk of the plan, its copies and fills."""
+
+    def __init__(self, be: Backend):
+        self.be, self.device, self.xp = be, be.device, be.xp
+
+    def send(self, buf, peer, tag):
+        pass
+
+    def recv(self, buf, peer, tag):
+        pass
+
+    def ring_broadcast(self, buf, chain, partitions, tag):
+        pass
+
+    def allgather(self, buf, group, part, tag):
+        pass
+
+    def exchange(self, sends, recvs):
+        pass
+
+    def synchronize(self):
+        self.be.synchronize()
 
 
-def _terms(rows: list[dict]) -> np.ndarray:
-    from scipy.optimize import nnls
+def primitive_times(plans: list[Plan], be: Backend, group, iters: int,
+                    seed: int) -> tuple[dict, float | None, list[float | None]]:
+    """Each distinct operation of ``plans`` (``Op.key``) timed alone (median of the slowest rank), the
+    empty call's time (None: it did not run) and each plan's dry run (``DryBackend``; None where it did
+    not run); an operation that did not run is absent."""
+    ops = {op.key: op for plan in plans for op in operations(plan)}
+    for plan in plans:
+        be.prepare(plan)
+    dtype = plans[0].task.dtype
+    dry = DryBackend(be)
+    arms = [("empty", lambda: OpArm(None, be, dtype))]
+    arms += [(repr(k), lambda op=op: OpArm(op, be, dtype)) for k, op in ops.items()]
+    arms += [(f"dry {i}", lambda plan=plan, i=i: PlanArm(plan, dry, seed + i)) for i, plan in enumerate(plans)]
+    res = compare(group, arms, replace(_options(iters, seed), check=False))
 
-    a = np.array([[1.0, r["jobs_busiest"], r["groups_busiest"]] for r in rows])
-    y = np.array([r["measured_s"] - r["predicted_s"] for r in rows])
-    return nnls(a, y)[0]
+    def median(name: str) -> float | None:
+        return res[name].median_s if res[name].ok else None
+    times = {k: median(repr(k)) for k in ops if median(repr(k)) is not None}
+    return times, median("empty"), [median(f"dry {i}") for i in range(len(plans))]
 
 
-def executor_model(rows: list[dict]) -> dict:
-    """Each ok row's ``predicted_exec_s``: its makespan plus the executor's terms (``EXEC_TERMS``) fitted
-    on the rows of the other scenarios (None where there is no other); returns the terms fitted on
-    every ok row, and the rows' measured / predicted_exec range."""
-    ok = [r for r in rows if r.get("ok") and r.get("measured_s") is not None]
-    for r in ok:
-        others = [o for o in ok if o["scenario"] != r["scenario"]]
-        if others:
-            c = _terms(others)
-            r["predicted_exec_s"] = r["predicted_s"] + c[0] + c[1] * r["jobs_busiest"] + c[2] * r["groups_busiest"]
-    ratios = [r["measured_s"] / r["predicted_exec_s"] for r in ok if r.get("predicted_exec_s")]
-    return {"terms": dict(zip(EXEC_TERMS, map(float, _terms(ok)))) if ok else {},
-            "measured_over_predicted": [min(ratios), max(ratios)] if ratios else []}
+def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty: float | None,
+                         dry: list[float | None], asynchronous: bool) -> list[float]:
+    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the measured costs beside
+    the host's time from its dry run, ``kernels.reshard.model.predict``; absent where one of them did not
+    run) and ``host_s``; returns the rows' measured / predicted_exec."""
+    ratios = []
+    for row, plan, d in zip(rows, plans, dry):
+        if empty is None or d is None or not row.get("ok") or any(op.key not in times for op in operations(plan)):
+            continue
+        cost = measured_cost(times, empty)
+        row["host_s"] = host_time(plan, cost, empty, d)
+        row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
+        ratios.append(row["measured_s"] / row["predicted_exec_s"])
+    return ratios
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.3f}"
 
 
 def check_ranks(plans: list[tuple[str, Plan]], size: int) -> None:
@@ -148,12 +213,14 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
     """Run each (name, plan) on every rank of ``comm`` with backend ``backend``: the plans of one name
     (one task: strategies and solvers) are the arms of one engine comparison (``calibrate.measure``),
     each run ``iters`` times alone after a barrier in interleaved rounds and checked exactly before
-    and after. On rank 0 prints a line per plan and returns the rows (measured: the median over runs
-    of the slowest rank; None where the plan did not run right); [] elsewhere."""
+    and after. With ``iters`` above 1, each plan is then predicted by its executor's operations and dry
+    run, each timed alone (``primitive_times``, ``executor_predictions``). On rank 0 prints a line per plan
+    and returns the rows (measured: the median over runs of the slowest rank; None where the plan did not
+    run right); [] elsewhere."""
     check_ranks(plans, comm.Get_size())
     be = BACKENDS.get(backend)(comm)
     group = MpiGroup(comm)
-    rows = []
+    rows, row_plans = [], []
     try:
         for name in dict.fromkeys(n for n, _ in plans):
             mine = [(i, plan) for i, (n, plan) in enumerate(plans) if n == name]
@@ -164,21 +231,34 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
                 base = res["exchange"]
                 mine_rows = [_row(name, plan, backend, res[str(i)], base) for i, plan in mine]
                 rows += mine_rows
+                row_plans += [plan for _, plan in mine]
                 shown = "-" if base.median_s is None else f"{base.median_s * 1e3:8.3f}"
                 print(f"{'OK ' if base.ok else 'BAD'} {name:28s} {'exchange (baseline)':28s} wrong="
                       f"{max(base.wrong_before, 0) + max(base.wrong_after, 0)} measured {shown} ms"
                       + ("" if base.ok else f" ({base.reason})"), flush=True)
+        if iters > 1:   # a measurement (warmed up, several runs): its parts measured beside it
+            times, empty, dry = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
     finally:
         be.close()
-    if rows:
-        model = executor_model(rows)
-        t = model["terms"]
-        if t:
-            print(f"executor terms (non-negative least squares on measured - makespan): call {t['call_s'] * 1e6:.1f} "
-                  f"us, per job {t['job_s'] * 1e6:.1f} us, per NCCL group {t['group_s'] * 1e6:.1f} us; each plan "
-                  f"predicted with the terms of the other scenarios: measured / predicted "
-                  + ("-" if not model["measured_over_predicted"] else
-                     "{:.2f}..{:.2f}".format(*model["measured_over_predicted"])), flush=True)
+    if rows and iters < 2:
+        print("executor model: not measured (one run a plan, not warmed up: give --iters 2 or more)", flush=True)
+    elif rows:
+        index = {id(p): i for i, (_, p) in enumerate(plans)}
+        ratios = executor_predictions(rows, row_plans, times, empty, [dry[index[id(p)]] for p in row_plans],
+                                      be.asynchronous)
+        print(f"executor model (each plan's operations on the ranks' streams and the host's walk of it, each "
+              f"operation and each plan's dry run timed alone in this run: {len(times)} operations, an empty "
+              f"call {_ms(empty)} ms):", flush=True)
+        for r in rows:
+            print(f"   {r['scenario']:28s} {r['strategy']:17s} makespan {_ms(r['predicted_s'])} ms, executor "
+                  f"{_ms(r.get('predicted_exec_s'))} ms (host {_ms(r.get('host_s'))}), measured "
+                  f"{_ms(r['measured_s'])} ms"
+                  + (f" ({r['measured_s'] / r['predicted_exec_s']:.2f}x)" if r.get("predicted_exec_s") else ""),
+                  flush=True)
+        if ratios:
+            inside = sum(abs(x - 1) <= 0.15 for x in ratios)
+            print(f"measured / predicted (executor model) {min(ratios):.2f}..{max(ratios):.2f}: {inside} of "
+                  f"{len(ratios)} plans within 15%", flush=True)
     return rows
 
 
@@ -187,10 +267,9 @@ def _row(name: str, plan: Plan, backend: str, arm: ArmResult, base: ArmResult | 
     wrong = max(arm.wrong_before, 0) + max(arm.wrong_after, 0)
     ok = arm.ok and tiles > 0
     measured = arm.median_s
-    jobs, grps = job_load(plan)
     row = {"scenario": name, "strategy": plan.strategy, "solver": plan.solver, "backend": backend,
            "bytes": sum(u.nbytes for u in plan.units), "jobs": len(plan.jobs), "predicted_s": plan.makespan,
-           "measured_s": measured, "wrong": wrong, "ok": ok, "jobs_busiest": jobs, "groups_busiest": grps}
+           "measured_s": measured, "wrong": wrong, "ok": ok}
     if base is not None:
         row["exchange_s"] = base.median_s
         row["exchange_ok"] = base.ok

@@ -32,6 +32,8 @@ def _nccl_dtype(dtype) -> int:
 
 
 class NCCLBackend(Backend):
+    asynchronous = True
+
     def __init__(self, comm=None):
         self.xp = cupy = cupy_or_error("the NCCL resharding backend")
         self.comm = comm or MPI.COMM_WORLD

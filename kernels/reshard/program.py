@@ -28,6 +28,7 @@ class Backend:
 
     device: int
     xp = np  # the array module of the buffers
+    asynchronous = False  # operations queued on a stream (the host goes on) rather than done when called
 
     def prepare(self, plan: Plan) -> None:
         """Set up whatever the plan's jobs need (e.g. communicators)."""

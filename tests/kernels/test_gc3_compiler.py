@@ -44,6 +44,8 @@ ALGO_CASES = [
     ("twostep_alltoall", 4, 1, 1, 2), ("twostep_alltoall", 6, 2, 1, 3),
     ("alltonext", 6, 2, 1, 2), ("alltonext", 12, 2, 1, 3),
 ] + [(f"direct_{c}", r, ch, inst, 1) for c in ("allreduce", "allgather", "reducescatter", "alltoall")
+     for r, ch, inst in ((2, 1, 1), (3, 1, 1), (4, 2, 2), (8, 1, 1))
+] + [(f"oneshot_{c}", r, ch, inst, 1) for c in ("allreduce", "reducescatter")
      for r, ch, inst in ((2, 1, 1), (3, 1, 1), (4, 2, 2), (8, 1, 1))]
 
 

@@ -1,6 +1,6 @@
 """The columnar compiler writes byte-identical MSCCL XML to the object compiler it replaced, for the
 algorithm library at 4 and 8 ranks (hashes recorded from commit 4abcf08 in data/gc3_golden_xml.json; the one-shot
-"direct_*" programs from the commit that added them)."""
+"direct_*" and "oneshot_*" programs from the commits that added them)."""
 from __future__ import annotations
 
 import hashlib

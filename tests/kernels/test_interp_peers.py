@@ -71,6 +71,21 @@ def test_targets_met_and_missed():
     assert "MISSED" in peer_table.targets_text(list(t.values()))
 
 
+def test_targets_at_four_ranks_are_issue_45s():
+    """At 4 ranks: the best peer at every size, 1 KiB allreduce within 5 us, no small-size 1.5x, and the
+    1 GiB bus bandwidth reported beside NCCL's best setting's rather than judged against 370 GB/s."""
+    rows = [row("interp", "allreduce", K, 4.5), row("nccl", "allreduce", K, 9.0),
+            row("interp", "allreduce", G, 4540.0, busbw=354.4), row("nccl", "allreduce", G, 4540.0, busbw=354.0)]
+    t = {x["target"]: x for x in peer_table.targets(peer_table.summarize(rows), {}, nranks=4)}
+    assert t["allreduce <= 5 us at 1 KiB"]["met"] and t["allreduce: >= 1.0x the best peer at every size"]["met"]
+    assert not any("1.5x" in k or "370" in k for k in t)
+    bw = t["allreduce busbw at 1 GiB (reported)"]
+    assert bw["state"] == "reported" and "354.4 GB/s" in bw["value"] and "nccl: 354.0 GB/s" in bw["value"]
+    assert "-> reported" in peer_table.targets_text([bw])
+    assert not {x["target"]: x for x in peer_table.targets(peer_table.summarize(rows), {}, nranks=2)}[
+        "allreduce <= 2.5 us at 1 KiB"]["met"]
+
+
 def test_a_peer_that_did_not_run_makes_the_peer_targets_unknown():
     rows = [row("interp", "allreduce", K, 2.0), row("nccl", "allreduce", K, 4.0)]
     peers = {"interp": {"available": True, "reason": ""},

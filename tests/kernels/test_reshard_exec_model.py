@@ -1,47 +1,94 @@
-"""The resharding executor's own costs beside the planner's makespan (issue 45): terms fitted by
-non-negative least squares on the other scenarios' plans, each plan predicted without its own figure."""
+"""The resharding executor priced as it runs (issue 45): each plan's operations on the ranks' streams
+(``kernels.reshard.model``) against closed forms with given costs per operation."""
 from __future__ import annotations
 
 import pytest
 
-from kernels.reshard.harness import executor_model
+from autotune.reshard.cases import parse_scenario
+from autotune.reshard.plan import make_plan
+from autotune.reshard.solvers import SolverConfig
+from kernels.reshard.model import Op, contiguous, measured_cost, operations, predict, simulate
 
-CALL, JOB, GROUP = 40e-6, 25e-6, 10e-6
-
-
-def rows(noise=0.0):
-    out = []
-    for k, (scenario, jobs, groups, makespan) in enumerate([
-            ("a", 1, 0, 80e-6), ("a", 1, 1, 80e-6), ("b", 2, 0, 90e-6), ("b", 2, 2, 120e-6),
-            ("c", 4, 0, 60e-6), ("c", 4, 3, 60e-6), ("d", 3, 1, 200e-6)]):
-        measured = makespan + CALL + JOB * jobs + GROUP * groups
-        out.append({"scenario": scenario, "ok": True, "predicted_s": makespan, "jobs_busiest": jobs,
-                    "groups_busiest": groups, "measured_s": measured * (1 + noise * (-1) ** k)})
-    return out
+SHAPE = (63, 1024, 256)
+N = 63 * 1024 * 256 * 4
+P2P, BCAST, GATHER, COPY, FILL = 300e-6, 500e-6, 200e-6, 40e-6, 10e-6
 
 
-def test_terms_are_recovered_and_each_plan_is_predicted_from_the_others():
-    r = rows()
-    model = executor_model(r)
-    assert model["terms"] == pytest.approx({"call_s": CALL, "job_s": JOB, "group_s": GROUP}, rel=1e-6)
-    assert all(x["predicted_exec_s"] == pytest.approx(x["measured_s"], rel=1e-6) for x in r)
-    assert model["measured_over_predicted"] == pytest.approx([1.0, 1.0], rel=1e-6)
+def plan(scenario: str, strategy: str):
+    return make_plan(parse_scenario(scenario, SHAPE, "float32", 4), _profile(), strategy,
+                     "ensemble", SolverConfig(time_budget=0.05))
 
 
-def test_a_plan_is_not_predicted_from_its_own_measurement():
-    """Planted: one scenario's plans far off the others' law. Fitted on all rows, its own figures would
-    pull the terms towards it; left out, its prediction stays the other scenarios' law and shows the miss."""
-    r = rows()
-    for x in r:
-        if x["scenario"] == "d":
-            x["measured_s"] *= 3
-    executor_model(r)
-    d = next(x for x in r if x["scenario"] == "d")
-    assert d["predicted_exec_s"] == pytest.approx(d["predicted_s"] + CALL + 3 * JOB + GROUP, rel=1e-6)
-    assert d["measured_s"] / d["predicted_exec_s"] == pytest.approx(3.0, rel=1e-6)
+def _profile():
+    from calibrate.profile import Profile
+    return Profile.load("h200-nvlink+ib400")
 
 
-def test_one_scenario_has_no_prediction_and_rows_not_ok_are_left_out():
-    r = [x for x in rows() if x["scenario"] == "a"] + [{"scenario": "b", "ok": False, "measured_s": None}]
-    model = executor_model(r)
-    assert "predicted_exec_s" not in r[0] and model["measured_over_predicted"] == []
+def cost(op: Op) -> float:
+    return {"p2p": P2P, "broadcast": BCAST, "allgather": GATHER, "copy": COPY, "fill": FILL}[op.kind]
+
+
+def test_one_to_three_send_recv_sends_one_after_the_other_then_the_last_receiver_places():
+    p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")
+    ops = operations(p)
+    assert [o.kind for o in ops] == ["p2p"] * 3 + ["copy"] * 3
+    assert [o.ranks for o in ops if o.kind == "p2p"] == [(0, 1), (0, 2), (0, 3)] and ops[0].nbytes == N
+    assert simulate(ops, cost) == pytest.approx(3 * P2P + COPY)
+
+
+def test_broadcast_is_one_collective_over_the_chain_then_the_receivers_place_in_parallel():
+    ops = operations(plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "broadcast"))
+    assert [(o.kind, o.ranks) for o in ops][0] == ("broadcast", (0, 1, 2, 3))
+    assert simulate(ops, cost) == pytest.approx(BCAST + COPY)
+
+
+def test_global_allgather_fills_copies_scatters_in_turn_then_gathers():
+    ops = operations(plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "global_allgather"))
+    part = -(-(N // 4) // 3) * 4
+    assert [o for o in ops if o.kind == "p2p"] == [Op("p2p", (0, d), part) for d in (1, 2, 3)]
+    assert Op("allgather", (1, 2, 3), 3 * part) in ops
+    # sender: fill + copy, three transfers in turn; then the group's all-gather and the places
+    assert simulate(ops, cost) == pytest.approx(FILL + COPY + 3 * P2P + GATHER + COPY)
+
+
+def test_disjoint_pairs_run_at_once_and_a_sender_that_receives_places_its_own():
+    two = operations(plan("S0RR@1,2[0,1]:S1RR@1,2[2,3]", "send_recv"))
+    assert sorted(o.ranks for o in two if o.kind == "p2p") == [(0, 2), (1, 3)]
+    assert simulate(two, cost) == pytest.approx(P2P + COPY)
+    shared = operations(plan("S0RR@1,2[0,1]:S0RR@1,3[1,2,3]", "send_recv"))
+    assert [o.ranks for o in shared if o.kind == "p2p"] == [(1, 2), (1, 3)] and Op("copy", (1,), N) in shared
+    # rank 1 sends twice, then places its own slice; the last receiver places after the second transfer
+    assert simulate(shared, cost) == pytest.approx(2 * P2P + COPY)
+
+
+def test_a_slice_that_is_not_contiguous_in_its_tile_is_packed_first():
+    assert contiguous(((0, 2), (0, 4)), ((0, 4), (0, 4))) and contiguous(((1, 2), (0, 2)), ((0, 4), (0, 4)))
+    assert not contiguous(((0, 4), (0, 2)), ((0, 4), (0, 4))) and contiguous(((3, 5),), ((0, 8),))
+    ops = operations(plan("RRR@1,1[0]:RS1R@1,2[1,2]", "send_recv"))   # columns of a row-major tensor
+    assert [o.kind for o in ops][:2] == ["copy", "p2p"]
+
+
+def test_measured_costs_are_paid_once_for_the_synchronisation():
+    """A sequence of operations pays the call's synchronisation once: each measured time less the
+    empty call's, the empty call added back (closed form; a planted double count would add 5 x EMPTY)."""
+    p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")
+    empty = 20e-6
+    times = {op.key: cost(op) + empty for op in operations(p)}
+    assert predict(p, measured_cost(times, empty), empty) == pytest.approx(3 * P2P + COPY + empty)
+
+
+def test_the_hosts_walk_overlaps_asynchronous_operations_and_follows_synchronous_ones():
+    """The dry run (transfers that move nothing) costs the host's walk, the copies and fills, and the
+    synchronisation: what is left of it is the host's time, which NCCL's queued operations hide (the
+    longer of the two) and MPI's blocking ones add to (closed forms)."""
+    from kernels.reshard.model import host_time
+
+    p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "global_allgather")
+    empty, host = 20e-6, 90e-6
+    local = FILL + COPY + COPY          # rank 0's fill and copy, then a receiver's place (transfers free)
+    assert host_time(p, cost, empty, local + empty + host) == pytest.approx(host)
+    assert host_time(p, cost, empty, local) == 0.0
+    streams = FILL + 2 * COPY + 3 * P2P + GATHER
+    assert predict(p, cost, empty, host, overlaps=True) == pytest.approx(streams + empty)
+    assert predict(p, cost, empty, 2e-3, overlaps=True) == pytest.approx(2e-3 + empty)
+    assert predict(p, cost, empty, host) == pytest.approx(streams + host + empty)

@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         merged = peer_table.merge([peer_table.load(Path(f)) for f in args.merge])
         summary = peer_table.summarize(merged["rows"])
         merged["summary"] = summary
-        merged["targets"] = peer_table.targets(summary, merged["peers"])
+        merged["targets"] = peer_table.targets(summary, merged["peers"], int(merged.get("nranks") or 2))
         print(peer_table.table(summary))
         print(peer_table.targets_text(merged["targets"]))
         if args.out:
@@ -240,7 +240,7 @@ def run(args, peer_names: list[str], colls: list[str]) -> int:
     if world.rank == 0:
         summary = peer_table.summarize(record["rows"])
         print(peer_table.table(summary))
-        print(peer_table.targets_text(peer_table.targets(summary, record["peers"])))
+        print(peer_table.targets_text(peer_table.targets(summary, record["peers"], int(record.get("nranks") or 2))))
     return 1 if peer_table.failures(record["rows"]) else 0
 
 
