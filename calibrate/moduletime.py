@@ -19,7 +19,7 @@ import importlib
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from calibrate.errors import UserError
@@ -508,9 +508,11 @@ def reference_host(torch, device, iters: int, warmup: int, progress) -> dict:
 
 
 def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,
-            progress, source: str, host: bool = True) -> ModuleSection:
+            progress, source: str, host: bool = True, save=None) -> ModuleSection:
     """The module section of ``um`` at every (tensor width, micro-batch) of ``widths`` x ``micro_batches``
-    and ``sequence`` (module docstring); a shape that runs out of memory is skipped, said."""
+    and ``sequence`` (module docstring); a shape that runs out of memory is skipped, said. ``save`` (given) is
+    called with the section of the timed shapes before the host's cost is measured: an interrupted run keeps
+    them."""
     bad = [t for t in widths if t not in um.widths]
     if bad:
         raise UserError(f"{um.name}: tensor width {bad[0]} does not divide its heads, K/V heads, MLP and vocabulary "
@@ -543,12 +545,16 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
     if not points:
         raise UserError(f"{um.name}: no shape could be timed (each ran out of memory): give smaller --micro-batches "
                         f"or --sequence")
-    memory: dict = {}
-    hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress,
-                         memory=memory) if host else {}
-    if host and device.type == "cuda":
-        hosts.update(peer_host(torch, um.recipe, min(micro_batches), sequence, iters, warmup, progress))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return ModuleSection(source, um.name, um.model, tuple(points),
-                         "fp32 weights, bf16 autocast, fused AdamW" if device.type == "cuda"
-                         else "fp32 weights, fp32 (no autocast on the CPU), AdamW", name, hosts, memory)
+    section = ModuleSection(source, um.name, um.model, tuple(points),
+                            "fp32 weights, bf16 autocast, fused AdamW" if device.type == "cuda"
+                            else "fp32 weights, fp32 (no autocast on the CPU), AdamW", name)
+    if not host:
+        return section
+    if save is not None:
+        save(section)
+    memory: dict = {}
+    hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress, memory=memory)
+    if device.type == "cuda":
+        hosts.update(peer_host(torch, um.recipe, min(micro_batches), sequence, iters, warmup, progress))
+    return replace(section, host_s=hosts, memory=memory)

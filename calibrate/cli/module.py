@@ -82,8 +82,11 @@ def main(argv=None) -> int:
     source = (f"python -m calibrate module on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
               f"torch {torch.__version__}, {stamp}; a model of two blocks less one of one block, medians of "
               f"{args.iters} calls (calibrate.measure)")
+    def save(section):  # the shapes timed so far, kept should the host's part be interrupted
+        profile.module = section
+        progress(f"the timed shapes written to {profile.save(out)}")
     profile.module = measure(torch, um, widths, mbs, sequence, device, args.iters, args.warmup, progress, source,
-                             host=not args.no_host)
+                             host=not args.no_host, save=save)
     path = profile.save(out)
     progress(f"whole run {time.perf_counter() - started:.0f} s")
     print(f"wrote the module section of {um.name} ({len(profile.module.points)} shapes) to {path}")

@@ -339,16 +339,20 @@ def test_fsdp_divides_weights_and_gathers_them_per_micro_batch():
     assert any(c["phase"] == "fsdp" for lay in plan["layers"] for c in lay["collectives"])
 
 
-def test_fsdp_exposed_is_what_the_layers_compute_does_not_cover():
+def test_fsdp_exposed_is_what_the_layers_compute_does_not_cover_and_its_copies():
     g = contract_graph(layers=1)
     pr = problem(g, Cluster(1, 4), mode=Mode("none", (0, 1)))
     a = data_parallel(pr)
     s = pr.choices[2][a[2]]
     ag = pr.coster.step_time(__import__("autotune.sbp.boxing", fromlist=["Step"]).Step("allgather", (0, 1), 64 * 128 * 4))
     rs = pr.coster.step_time(__import__("autotune.sbp.boxing", fromlist=["Step"]).Step("reducescatter", (0, 1), 64 * 128 * 4))
-    assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, 0.0, 0.0) == pytest.approx(2 * ag + rs)
-    assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, ag / 2, 10.0) == pytest.approx(ag / 2)
-    assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, 10.0, 10.0) == 0.0
+    # fully_shard's copies on the compute stream: out of each of the two all-gathers, into the reduce-scatter
+    copies = 3 * pr.coster.profile.compute.memory_seconds(2 * 64 * 128 * 4)
+    assert copies > 0
+    assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, 0.0, 0.0) == pytest.approx(2 * ag + rs + copies)
+    assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, ag / 2, 10.0) == pytest.approx(ag / 2 + copies)
+    assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, 10.0, 10.0) == pytest.approx(copies)
+    assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, None, None) == pytest.approx(2 * ag + rs)  # comm objective
 
 
 # ---------------------------------------------------------------- residual cycles: DP against brute force
