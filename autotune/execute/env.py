@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from dataclasses import dataclass, field
 
 from calibrate.errors import OptionError
@@ -91,10 +90,10 @@ def start(device: str = "auto") -> Dist:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
-        addr, port = rendezvous(launch)
-        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port, RANK=str(launch.rank), WORLD_SIZE=str(launch.world))
+        addr, port = rendezvous(launch)  # passed to the group, not left in the process's environment
         kw = {"device_id": dev} if use_gpu else {}
-        dist.init_process_group("nccl" if use_gpu else "gloo", rank=launch.rank, world_size=launch.world, **kw)
+        dist.init_process_group("nccl" if use_gpu else "gloo", init_method=f"tcp://{addr}:{port}", rank=launch.rank,
+                                world_size=launch.world, **kw)
     return Dist(launch, dev)
 
 
