@@ -173,16 +173,18 @@ def test_repair_is_the_greedy_rule_over_every_plan():
 @pytest.mark.parametrize("fraction", [0.6, 0.9])
 def test_repaired_plans_are_first_starts_where_the_relaxations_plans_that_fit_stop_short(fraction):
     # a small case of the relaxation's hull jumping over the limit (gcp-a100, step objective, the
-    # bf16-autocast recipe's costs): every descent from its plans that fit stops 10.5% above the optimum;
-    # the repaired plans' reach it, so the search converges there without the restarts' help (patience 1,
-    # any seed)
+    # bf16-autocast recipe's costs, the stream's edges in fp32): descents from its plans that fit stop 10.8%
+    # above the optimum (seeds 0 and 2); the repaired plans' reach it, so the search converges there without
+    # the restarts' help (patience 1, any seed)
     pr, opt, _, _ = limited(Cluster(2, 1), "step", fraction, PROFILE)
+    short = []
     for seed in range(3):
         without = make_search("cd")
         without.REPAIRS = 0
-        assert without.run(pr, Budget(patience=1), np.random.default_rng(seed)).cost > 1.1 * opt
+        short.append(without.run(pr, Budget(patience=1), np.random.default_rng(seed)).cost > 1.1 * opt)
         res = make_search("cd").run(pr, Budget(patience=1), np.random.default_rng(seed))
         assert res.cost == pytest.approx(opt, rel=1e-12) and pr.memory_of(res.assignment) <= pr.memory_limit
+    assert sum(short) >= 2
 
 
 @pytest.mark.parametrize("objective,fraction", [("comm", 0.1), ("comm", 0.5), ("step", 0.3), ("step", 0.7)])

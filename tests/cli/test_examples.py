@@ -188,7 +188,7 @@ def _prepare(needs: list[str], cwd: Path) -> None:
                   "--sizes", "1K:1M:32", "--out", "tuned/"], cwd)
         elif need == "plan8/plan.json":
             _run([sys.executable, "-m", "autotune", "--model", "llama", "--preset", "llama3-8b", "--nodes", "1",
-                  "--gpus-per-node", "8", "--budget", "0.3", "--compare", "none", "--out", "plan8"], cwd)
+                  "--gpus-per-node", "8", "--micro-batch", "8", "--budget", "0.3", "--compare", "none", "--out", "plan8"], cwd)
         elif need == "x.xml":
             _run([sys.executable, "-m", "kernels", "compile", "ring_allreduce", "--ranks", "8", "-o", "x.xml"], cwd)
 
