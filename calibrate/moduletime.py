@@ -22,12 +22,15 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
 from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.module import ModulePoint, ModuleSection
 
 HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel")
-HOST_PATHS = ("none", "ddp", "fully_shard", "dtensor")  # apply's paths, placed on a process group of one
+# apply's paths (``calibrate.compute.HOST_PATHS``) timed on a process group of one: the tensor path's styles need
+# the ranks of a tensor-parallel group (``PEER_HOST_PATHS``); without them the profile prices it by the DTensor one's
+ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor"))
 REFERENCE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocabulary": 1024}  # host-bound on any GPU
 REFERENCE_OCCURRENCES = 10  # a Llama block's layer occurrences in the step model's graph (models.transformer)
 
@@ -400,8 +403,8 @@ def param_groups(module) -> list[dict]:
 
 
 def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,
-                 progress, paths=HOST_PATHS, memory: dict | None = None) -> dict:
-    """Per path (``HOST_PATHS``): (seconds the host takes to issue one block's forward and backward, and its
+                 progress, paths=ONE_GROUP_PATHS, memory: dict | None = None) -> dict:
+    """Per path (``paths``): (seconds the host takes to issue one block's forward and backward, and its
     optimizer step), the two-block model's issue time less the one-block model's, each call timed by the host
     clock (an engine arm on the CPU's clock) with the device synchronised after it. On CUDA, ``memory`` (given)
     receives the module section's memory figures (``calibrate.module``): each path's peak allocated over a step of

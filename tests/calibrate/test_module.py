@@ -55,15 +55,31 @@ def test_module_section_of_a_tiny_llama(tmp_path, capsys, one_thread):
 def test_host_cost_per_path_on_a_group_of_one(one_thread):
     import torch
 
-    from calibrate.moduletime import HOST_PATHS, hf_module, host_seconds
+    from calibrate.moduletime import ONE_GROUP_PATHS, hf_module, host_seconds
     um = hf_module(LLAMA, "config")
     lines = []
     found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append)
     # every apply path placed on a gloo group of this process alone (the DTensor path's optimizer takes its
     # DTensors and its plain parameters in groups of one kind each, as fused AdamW needs on GPUs)
-    assert set(found) == set(HOST_PATHS), lines
+    assert set(found) == set(ONE_GROUP_PATHS), lines
     assert all(len(v) == 2 and min(v) >= 0 for v in found.values())
     assert not torch.distributed.is_initialized()  # the group of one destroyed
+
+
+def test_the_tensor_paths_styles_take_transformers_names_and_say_when_they_cannot(one_thread):
+    import torch
+
+    from calibrate.moduletime import hf_module, host_seconds, rebuild
+    um = rebuild(hf_module(LLAMA, "config").recipe)  # as a peer process builds it
+    lines = []
+    found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("tensor",))
+    assert set(found) == {"tensor"} and min(found["tensor"]) >= 0, lines
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2,
+            "n_positions": 16, "vocab_size": 64}
+    lines = []
+    assert host_seconds(torch, hf_module(gpt2, "config"), 1, 8, torch.device("cpu"), 3, 0, lines.append,
+                        ("tensor",)) == {}  # GPT-2's fused Conv1D projections take no styles by name
+    assert lines and "host tensor: not measured" in lines[-1]
 
 
 @pytest.mark.parametrize("edit, words", [
