@@ -36,9 +36,12 @@ class PlanFile:
         if not isinstance(d.get("baselines", []), list) or not isinstance(d.get("traces", {}), dict) or \
                 not isinstance(d.get("meta", {}), dict):
             raise UserError(f"{origin}: baselines is not a list or traces or meta not an object: {FIX}")
-        return cls(Plan.from_dict(d.get("best"), f"{origin}: best"),
-                   [Plan.from_dict(b, f"{origin}: baseline {i}") for i, b in enumerate(d.get("baselines", []))],
-                   d.get("traces", {}), d.get("meta", {}))
+        plans = [Plan.from_dict(p, f"{origin}: {w}") for p, w in
+                 [(d.get("best"), "best")] + [(b, f"baseline {i}") for i, b in enumerate(d.get("baselines", []))]]
+        for p, w in zip(plans, ["best"] + [f"baseline {i}" for i in range(len(plans) - 1)]):
+            if p.costs is None:
+                raise UserError(f"{origin}: {w} has no costs: {FIX}")
+        return cls(plans[0], plans[1:], d.get("traces", {}), d.get("meta", {}))
 
     def save(self, path: str | Path) -> Path:
         return write_json(Path(path), self.to_dict(), "plan file")

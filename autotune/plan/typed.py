@@ -159,7 +159,8 @@ def _record(cls, d, where: str, numbers: tuple[str, ...] = ()):
         raise _bad(where, f"unknown fields {sorted(set(d) - names)}")
     try:
         return cls(**{k: _number(v, f"{where}.{k}") if k in numbers and v is not None else
-                      tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+                      tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                      for k, v in d.items()})
     except TypeError:
         raise _bad(where, f"lacks some of {sorted(names)}") from None
 
@@ -473,6 +474,16 @@ def check(plan: Plan) -> None:
         raise _bad("sharding.axes", "axes given with mode 'none'")
     if not isinstance(plan.model.kind, str) or not plan.model.kind:
         raise _bad("model.kind", "missing")
+    for key in ("strategy", "profile", "apply_path", "objective"):
+        if not isinstance(getattr(plan, key), str):
+            raise _bad(key, f"{getattr(plan, key)!r} is not a string")
+    for key, typ in FIELDS.get(plan.model.kind, {}).items():
+        if typ == "int" and key in plan.model.config:
+            _count(plan.model.config[key], f"model.{key}")
+    if not isinstance(plan.search, dict):
+        raise _bad("search", f"{plan.search!r} is not an object")
+    if not plan.layers and not plan.stages:
+        raise _bad("layers", "is empty: a plan of one stage places the model's layers")
     if plan.apply_path and plan.apply_path not in set(ApplyPath):
         raise _bad("apply_path", f"{plan.apply_path!r} is not one of {', '.join(ApplyPath)}")
     if plan.stages and (plan.pipeline is None or len(plan.pipeline.split) != len(plan.stages) or plan.layers):

@@ -12,7 +12,7 @@ import pytest
 
 from autotune.__main__ import main as autotune_main
 from autotune.plan.hostpace import at_host_pace
-from autotune.plan.search import model_graph
+from autotune.plan.file import PlanFile
 from calibrate.profile import Profile
 
 RECORDS = os.path.join(os.path.dirname(__file__), "..", "..", "reports", "records")
@@ -29,8 +29,8 @@ SMALL = ["--model", "llama", "--layers", "2", "--hidden", "64", "--heads", "4", 
 def plans(tmp_path, args, profile) -> dict:
     out = tmp_path / "out"
     assert autotune_main(args + ["--profile", str(profile), "--out", str(out)]) == 0
-    d = json.loads((out / "plan.json").read_text())
-    return {p["strategy"]: p for p in [d["best"]] + d["baselines"]}
+    pf = PlanFile.load(out / "plan.json")
+    return {p.strategy: p for p in [pf.best] + pf.baselines}
 
 
 def test_the_floor_closed_form(tmp_path):
@@ -46,15 +46,14 @@ def test_the_floor_closed_form(tmp_path):
     without = plans(tmp_path / "a", SMALL, bare)
     with_host = plans(tmp_path / "b", SMALL, path)
     dp = with_host["data parallel"]
-    n, m = len(model_graph(dp["model"]).chain), dp["micro_batches"]
-    assert dp["apply_path"] == "ddp" and m == 4
-    assert dp["totals"]["host_step_s"] == pytest.approx(m * n * per_pass + n * per_step)
-    assert dp["totals"]["step_s"] == pytest.approx(max(without["data parallel"]["totals"]["step_s"],
-                                                       m * n * per_pass + n * per_step))
-    assert dp["totals"]["step_s"] > without["data parallel"]["totals"]["step_s"]  # the host binds here
+    n, m = len(dp.model.graph().chain), dp.micro_batches
+    assert dp.apply_path == "ddp" and m == 4
+    assert dp.costs.host_step_s == pytest.approx(m * n * per_pass + n * per_step)
+    assert dp.costs.step_s == pytest.approx(max(without["data parallel"].costs.step_s, m * n * per_pass + n * per_step))
+    assert dp.costs.step_s > without["data parallel"].costs.step_s  # the host binds here
     fsdp = next(p for s, p in with_host.items() if s.startswith("FSDP"))
-    assert fsdp["apply_path"] == "fully_shard"
-    assert fsdp["totals"]["step_s"] == next(p for s, p in without.items() if s.startswith("FSDP"))["totals"]["step_s"]
+    assert fsdp.apply_path == "fully_shard"
+    assert fsdp.costs.step_s == next(p for s, p in without.items() if s.startswith("FSDP")).costs.step_s
     assert at_host_pace(dp, None) is dp  # no compute figures: the plan as it is
 
 
@@ -75,8 +74,8 @@ def test_the_measured_case_takes_fsdp(tmp_path):
     assert "searched (cd)" in before  # the search's own plan is the best without host figures
     after = plans(tmp_path / "b", LLAMA_1B, priced(tmp_path, H100_HOST, host=True))
     best = next(p for s, p in after.items() if s.startswith("searched"))
-    assert best["strategy"].startswith("searched (the baseline FSDP") and best["apply_path"] == "fully_shard"
-    assert best["strategy"].endswith("at the host's pace of the dtensor path it takes)")
+    assert best.strategy.startswith("searched (the baseline FSDP") and best.apply_path == "fully_shard"
+    assert best.strategy.endswith("at the host's pace of the dtensor path it takes)")
     sb = after["S/B only (cd)"]
-    assert sb["apply_path"] == "dtensor" and sb["totals"]["step_s"] == pytest.approx(sb["totals"]["host_step_s"])
-    assert 0.45 < sb["totals"]["step_s"] < 0.52  # the DTensor path's host, as run 12 measured the searched plan's
+    assert sb.apply_path == "dtensor" and sb.costs.step_s == pytest.approx(sb.costs.host_step_s)
+    assert 0.45 < sb.costs.step_s < 0.52  # the DTensor path's host, as run 12 measured the searched plan's

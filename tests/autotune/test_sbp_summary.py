@@ -1,5 +1,5 @@
 """The plan's summary line against the best baseline that fits, including one that predicts no cost at all."""
-from autotune.sbp.plan import summary_lines
+from autotune.plan.file import summary_lines
 
 
 def _plan(name, seconds, fits=True):
