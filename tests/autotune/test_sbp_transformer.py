@@ -335,7 +335,7 @@ def test_fsdp_divides_weights_and_gathers_them_per_micro_batch():
                       (fsdp.choices[u][a[u]] for u in fsdp.graph.chain))
     assert mf.workspace == pytest.approx(mp.workspace + gathered[-1] + gathered[-2])
     plan = build_plan(fsdp, a, "fsdp")
-    assert plan["sharding"] == {"mode": "fsdp", "axes": [0, 1]}
+    assert (plan.sharding_mode, plan.sharding_axes) == ("fsdp", (0, 1))
     assert any(c.phase == "fsdp" for lay in plan.layers for c in lay.collectives)
 
 
