@@ -4,7 +4,7 @@ by ``autotune.apply_pipeline``, each rank training its stage: the step's micro-b
 and targets as ``autotune.execute.moduletrain`` draws for a single-stage plan) run by the plan's schedule,
 then AdamW on the stage's parameters. Measured as the module path measures (step times, host issue time,
 peak memory by phase, the loss, which every rank gets from the last stage), beside the pipelined plan's
-predictions (its totals and, per stage, the simulated end of its last backward)."""
+predictions (its costs and, per stage, the simulated end of its last backward)."""
 from __future__ import annotations
 
 import platform

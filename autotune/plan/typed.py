@@ -397,6 +397,8 @@ class Plan:
         me = _dict(d.get("mesh"), f"{origin}: mesh")
         mesh = FineMesh(tuple(_count(s, f"{origin}: mesh.sizes") for s in _list(me.get("sizes"), f"{origin}: mesh.sizes")),
                         tuple(_text(s, f"{origin}: mesh.names") for s in _list(me.get("names"), f"{origin}: mesh.names")))
+        if mesh != FineMesh.of(cluster):
+            raise _bad(f"{origin}: mesh", f"sizes {list(mesh.sizes)} are not the fine axes of {cluster}")
         layers = []
         for i, e in enumerate(_list(d.get("layers"), f"{origin}: layers")):
             where = f"{origin}: layer {i}"

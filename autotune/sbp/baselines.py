@@ -196,10 +196,10 @@ def _name(pr: Problem, name: str) -> str:
 
 def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb,
                    skipped: list | None = None) -> list[tuple]:
-    """(problem, assignment, name, search) of each baseline plan: data parallelism, the best Megatron mesh, FSDP, HSDP and TP+FSDP, each at its best recomputation
-    (``at_best_recompute``), the best SUMMA mesh (``summa``: the problem restricted to SUMMA's signature) and
+    """(problem, assignment, name, search) of each baseline plan: data parallelism, the best Megatron mesh, FSDP,
+    HSDP and TP+FSDP, each at its best recomputation (``at_best_recompute``), the best SUMMA mesh (``summa``: the problem restricted to SUMMA's signature) and
     the search restricted to S and B (``sb``, searched by ``search_sb(problem)``). A baseline with no plan
-    under the memory limit is still a plan, the one needing the least memory, with ``totals.fits_memory``
+    under the memory limit is still a plan, the one needing the least memory, with ``costs.fits_memory``
     false: it never aborts the run. A baseline no plan of which exists (some layer cannot take its placement:
     e.g. data parallelism with fewer sequences in a micro-batch than devices) is named in ``skipped``."""
     cl = problem.cluster

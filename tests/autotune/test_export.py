@@ -176,9 +176,9 @@ def _piped(plans, split=(1, 1), schedule="gpipe"):
 
 def test_pipeline_stages_schedule_and_split(plans, monkeypatch):
     import autotune.apply.pipeplan
-    monkeypatch.setattr(autotune.apply.pipeplan, "load_pipelined", lambda plan, origin: None)  # (a synthetic plan)
+    monkeypatch.setattr(autotune.apply.pipeplan, "load_pipelined", lambda plan, origin=None: None)  # (a synthetic plan)
     piped = _piped(plans)
-    lo = layout(piped)
+    lo = layout(Plan.from_dict(piped))
     assert (lo.pipeline, lo.data, lo.tensor, lo.schedule, lo.split) == (2, 4, 1, "gpipe", (1, 1))
     e = export(plan_file(piped), "torchtitan")
     assert e.cannot == () and "expresses this plan exactly" in e.text  # against its own plan: no baseline needed

@@ -84,8 +84,8 @@ def test_data_parallel_step_closed_form():
 def test_plan_records_each_layers_forward_backward_and_optimizer():
     # what autotune execute's layer clock compares: data parallel on 4 GPUs, per micro-batch
     pr = mlp_problem()
-    layers = {lay.name: lay.costs for lay in build_plan(pr, data_parallel(pr), "dp").layers}
-    matmuls = [lay for lay in layers.values() if lay["kind"] == "matmul"]
+    layers = build_plan(pr, data_parallel(pr), "dp").layers
+    matmuls = [lay.costs for lay in layers if lay.kind == "matmul"]
     for lay, (k, n) in zip(matmuls, zip(DIMS, DIMS[1:])):
         assert lay["forward_s"] == pytest.approx(mm(T // 4, k, n) + mem(6 * k * n), rel=1e-12)
         assert lay["backward_s"] == pytest.approx(2 * mm(T // 4, k, n) + mem(6 * k * n), rel=1e-12)

@@ -38,7 +38,7 @@ def test_data_parallel_syncs_the_shared_table_once(objective):
     assert pr.tied_saved(a) == pytest.approx(pr.coster.step_time(weight[0]), rel=1e-12)
     plan = build_plan(pr, a, "data parallel")
     logits = next(lay for lay in plan.layers if lay.name == pr.ops[t].layer.name)
-    assert not [c for c in logits["collectives"] if c["phase"] == "grad-sync" and c["tensor"] == "weight"]
+    assert not [c for c in logits.collectives if c.phase == "grad-sync" and c.tensor == "weight"]
     if objective == "step":  # the sync is exposed (large weights, few tokens): the saving shows in the step
         S = sum(float(c * pr.node_sync[v][i]) for v, (i, c) in enumerate(zip(a, pr.counts)))
         W = sum(float(c * pr.node_bwd[v][i]) for v, (i, c) in enumerate(zip(a, pr.counts)))

@@ -38,14 +38,14 @@ def build(config: dict):
                              max_position_embeddings=c["sequence"], attn_implementation="sdpa"))
 
 
-def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str) -> dict:
+def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str):
     """The Megatron plan on mesh (d, t) of 1 x 4 (sizes per role on (nodes, GPUs)), priced by the search's cost
     model."""
     from autotune.sbp.baselines import megatron_assignment
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
     from autotune.sbp.mesh import Cluster
-    from autotune.sbp.plan import build_plan
+    from autotune.plan.build import build as build_plan
     from calibrate.profile import Profile
     from models import load_model
     problem = Problem(load_model("llama", None, dict(shape)), Coster(Profile.load(profile), Cluster(1, 4)),
@@ -60,18 +60,17 @@ def plan(out: Path, profile: str, small: bool) -> None:
         subprocess.run([sys.executable, "-m", "autotune", "--model", "llama", *flags, "--nodes", "1",
                         "--gpus-per-node", "4", "--profile", profile, "--compare", "none", "--out", str(out / name),
                         *extra], check=True, stdout=subprocess.DEVNULL, stderr=open(out / f"{name}.log", "w"), timeout=300)
-    from autotune.sbp.plan import PlanFile
+    from autotune.plan.file import PlanFile
     single, piped = PlanFile.load(out / "search" / "plan.json"), PlanFile.load(out / "search-pp" / "plan.json")
     plans = {"searched": single.best}
     for b in single.baselines:
         for kind in ("data parallel", "FSDP"):
-            if b["strategy"].startswith(kind):
+            if b.strategy.startswith(kind):
                 plans[kind] = b
-    plans["pipelined"] = piped.best if "stages" in piped.best else next(
-        b for b in piped.baselines if "stages" in b)
+    plans["pipelined"] = piped.best if piped.best.stages else next(b for b in piped.baselines if b.stages)
     plans["TP t=2"] = _megatron(shape, profile, (1, 2), (1, 2), "Megatron d=2 t=2")
     plans["TP t=4"] = _megatron(shape, profile, (1, 1), (1, 4), "Megatron d=1 t=4")
-    (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": plans}))
+    (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": {k: p.to_dict() for k, p in plans.items()}}))
     print(f"wrote {out / 'plans.json'}: {', '.join(plans)}")
 
 
@@ -110,6 +109,7 @@ def run(out: Path, device: str) -> None:
     from autotune.execute.moduletrain import ModuleTrainer
     from autotune.execute.pipetrain import run_pipeline_plan
     from autotune.execute.runner import free_device, run_module_plan
+    from autotune.plan.typed import Plan
     spec = json.loads((out / "plans.json").read_text())
     shape, rows = spec["shape"], []
     d = start(device)
@@ -117,13 +117,14 @@ def run(out: Path, device: str) -> None:
     try:
         for name, p in spec["plans"].items():
             free_device(d)
-            runner = run_pipeline_plan if "stages" in p else run_module_plan
+            p = Plan.from_dict(p, name)
+            runner = run_pipeline_plan if p.stages else run_module_plan
             try:
                 rec, model = runner(p, d, **common)
                 del model
             except torch.OutOfMemoryError as e:
-                rec = {"error": f"out of memory: {str(e).splitlines()[0][:200]}", "predicted": p.get("totals", {})}
-            rows.append(dict(name=name, strategy=p.get("strategy", ""), record=rec))
+                rec = {"error": f"out of memory: {str(e).splitlines()[0][:200]}", "predicted": p.costs.to_dict()}
+            rows.append(dict(name=name, strategy=p.strategy, record=rec))
         for t in (2, 4):
             free_device(d)
             model = _hand_tp(shape, t, d)
