@@ -264,7 +264,10 @@ class Costs:
         # (autotune.sbp.memory.peak_workspace)
         d["memory"] = {k: _number(v, f"{where}.memory.{k}", -math.inf if k == "workspace_bytes" else 0.0)
                        for k, v in _dict(d.get("memory", {}), f"{where}.memory").items()}
-        return _record(cls, d, where, tuple(f.name for f in fields(cls) if f.name not in ("fits_memory", "memory")))
+        if d.get("memory_stage") is not None:
+            _count(d["memory_stage"], f"{where}.memory_stage", 0)
+        return _record(cls, d, where, tuple(f.name for f in fields(cls)
+                                            if f.name not in ("fits_memory", "memory", "memory_stage")))
 
 
 @dataclass(frozen=True)
@@ -432,6 +435,8 @@ class Plan:
         for i, s in enumerate(_list(d.get("stages", []), f"{origin}: stages")):
             s = dict(_dict(s, f"{origin}: stage {i}"))
             s["plan"] = cls.from_dict(s.get("plan"), f"{origin}: stage {i}'s plan")
+            for key in ("blocks", "inflight"):
+                _count(s.get(key), f"{origin}: stage {i}.{key}")
             stages.append(_record(Stage, s, f"{origin}: stage {i}", STAGE_NUMBERS))
         sh = _dict(d.get("sharding", {"mode": "none", "axes": []}), f"{origin}: sharding")
         limit = d.get("memory_limit_bytes")

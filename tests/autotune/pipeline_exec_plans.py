@@ -157,9 +157,10 @@ def column_embedding(plan):
     search places it."""
     cols = _columns(plan, 0)
 
-    def rewrite(name, key, fine):
-        return fine if name != "embedding" or key == "input" else cols
-    return restage(plan, 0, rewrite)
+    def relaid(lay):  # the token table alone by columns (a learned positions table left out of the plan)
+        return lay if lay.name != "embedding" else \
+            replace(lay, output=cols, weights=(replace(lay.weight("weight"), placements=cols),))
+    return _restaged(plan, 0, layers=tuple(relaid(lay) for lay in plan.stages[0].plan.layers))
 
 
 def vocabulary_head(plan):
