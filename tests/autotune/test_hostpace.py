@@ -3,7 +3,6 @@ time, m n h_pass + n h_step (closed form, against the same command without host 
 plan (DDP, fully_shard, DTensor); and the measured 1.1 B Llama on 4 x H100 (session 13, run 12: the searched plan,
 DTensor path, 496.7 ms measured against 293.5 predicted without host figures): with the host figures the command
 prices it at 483 ms and returns the FSDP baseline (322.4 ms measured) instead."""
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
