@@ -70,7 +70,7 @@ def export(argv=None) -> int:
 
     from autotune.export import TARGETS
     from autotune.export import export as export_plan
-    from autotune.sbp.plan import PlanFile
+    from autotune.plan.file import PlanFile
 
     ap = command_parser("python -m autotune export", export_plan.__doc__ + "\n\n    python -m autotune export "
                         "autotune-out/plan.json --to megatron")

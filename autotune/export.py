@@ -3,12 +3,12 @@ release 0.3 configures a job by ``--module``/``--config`` and ``--section.field`
 tyro; the 0.2 TOML job config is gone) or Megatron-LM's command-line flags.
 
     from autotune.export import export
-    from autotune.sbp.plan import PlanFile
+    from autotune.plan import PlanFile
     print(export(PlanFile.load("autotune-out/plan.json"), "megatron").text)
 
 Both tools take a few degrees and flags, not per-layer placements. ``layout`` reads them off a plan:
 the fine axes on which most matmul layers split a weight are its tensor-parallel axes, the others
-its data-parallel axes (of which the FSDP ones, ``plan["sharding"]``, shard the weights); norms
+its data-parallel axes (of which the FSDP ones, ``plan.sharding_axes``, shard the weights); norms
 whose input is split along tokens over the tensor axes mean sequence parallelism; ``stages`` give
 the pipeline degree and ``recompute`` the activation checkpointing. The tools' own names:
 
@@ -49,9 +49,9 @@ from dataclasses import dataclass
 
 from calibrate.errors import OptionError, UserError
 
-from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import PlanFile
-from autotune.sbp.sbp import B, is_split, parse
+from autotune.plan.file import PlanFile
+from autotune.plan.typed import LayerPlan, Plan
+from autotune.sbp.sbp import B, is_split
 
 TARGETS = ("torchtitan", "megatron")
 # baselines that a framework runs as they are (by the start of their strategy name)
@@ -124,134 +124,96 @@ def _gib(x) -> str:
     return "?" if x is None else f"{x / 2**30:.2f}"
 
 
-def _cluster(plan: dict) -> Cluster:
-    try:
-        c = plan["cluster"]
-        return Cluster(int(c["nodes"]), int(c["gpus_per_node"]))
-    except (KeyError, TypeError, ValueError):
-        raise UserError("the plan has no cluster section: re-run the search (python -m autotune --out DIR)") from None
+def _stage_plan(plan: Plan) -> Plan:
+    """The plan whose placements set the degrees: a pipelined plan's first stage's."""
+    inner = plan.stages[0].plan if plan.stages else plan
+    if not inner.layers:
+        raise UserError(f"plan {plan.strategy!r} has no layers: give a plan.json written by python -m autotune")
+    return inner
 
 
-def _fine(plan: dict, cluster: Cluster) -> list[dict]:
-    """Per layer: name, kind, count, and the fine placements of its input, output and weights."""
-    out = []
-    for lay in plan.get("layers") or []:
-        try:
-            sbp = lay["sbp"]
-            entry = {"name": lay["name"], "kind": lay["kind"], "count": int(lay.get("count", 1)),
-                     "input": parse(sbp["input"], cluster).fine(cluster) if "input" in sbp else None,
-                     "output": parse(sbp["output"], cluster).fine(cluster) if "output" in sbp else None,
-                     "weights": {n: parse(t, cluster).fine(cluster) for n, t in sbp.get("weights", {}).items()}}
-        except (KeyError, TypeError, AttributeError):
-            raise UserError(f"a layer of plan {plan.get('strategy', '')!r} lacks name, kind or sbp: re-run the search") from None
-        out.append(entry)
-    if not out:
-        raise UserError(f"plan {plan.get('strategy', '')!r} has no layers: give a plan.json written by python -m autotune")
-    return out
+def _weights(lay: LayerPlan) -> dict:
+    return {w.name: w.placements for w in lay.weights}
 
 
-def _stage_plan(plan: dict) -> dict:
-    stages = plan.get("stages")
-    if not stages:
-        return plan
-    first = stages[0].get("plan") if isinstance(stages[0], dict) else None
-    if not isinstance(first, dict):
-        raise UserError("the plan's stages carry no plan of their own: re-run the search")
-    return {**{k: plan[k] for k in ("cluster", "model", "recompute", "sharding") if k in plan}, **first}
-
-
-def layout(plan: dict) -> Layout:
+def layout(plan: Plan) -> Layout:
     """The degrees and flags of a plan (the first stage's placements for a pipelined plan)."""
-    pipeline = len(plan.get("stages") or []) or 1
+    pipeline = len(plan.stages) or 1
     inner = _stage_plan(plan)
-    cluster = _cluster(inner)
-    layers = _fine(inner, cluster)
+    cluster = inner.cluster
     n = len(cluster.axis_sizes)
     votes, total = [0] * n, 0
-    for lay in layers:
-        if lay["kind"] != "matmul":
+    for lay in inner.layers:
+        if lay.kind != "matmul":
             continue
-        total += lay["count"]
+        total += lay.count
         for a in range(n):
-            if any(is_split(f[a]) for f in lay["weights"].values()):
-                votes[a] += lay["count"]
+            if any(is_split(w.placements[a]) for w in lay.weights):
+                votes[a] += lay.count
     tensor_axes = tuple(a for a in range(n) if total and 2 * votes[a] > total)
     data_axes = [a for a in range(n) if a not in tensor_axes]
-    sharding = inner.get("sharding") or {"mode": "none", "axes": []}
-    if not isinstance(sharding, dict) or sharding.get("mode", "none") not in ("none", "fsdp"):
-        raise UserError(f"the plan's sharding {sharding!r} is not none or fsdp: re-run the search")
-    fsdp_axes = tuple(sorted(int(a) for a in sharding.get("axes", []))) if sharding.get("mode") == "fsdp" else ()
-    recompute = inner.get("recompute", "none")
-    if recompute not in RECOMPUTE:
-        raise UserError(f"the plan's recompute {recompute!r} is not one of {', '.join(RECOMPUTE)}: re-run the search")
-    norms = [lay for lay in layers if lay["kind"] in NORMS and lay["input"] is not None]
+    fsdp_axes = tuple(sorted(inner.sharding_axes)) if inner.sharding_mode == "fsdp" else ()
+    norms = [lay for lay in inner.layers if lay.kind in NORMS and lay.input is not None]
     sp = bool(tensor_axes) and bool(norms) and sum(
-        lay["count"] for lay in norms if all(lay["input"][a] == "S0" for a in tensor_axes)) * 2 > sum(
-        lay["count"] for lay in norms)
-    model = plan.get("model") or {}
+        lay.count for lay in norms if all(lay.input[a] == "S0" for a in tensor_axes)) * 2 > sum(
+        lay.count for lay in norms)
+    model = plan.model
     data = math.prod(cluster.axis_sizes[a] for a in data_axes)  # a pipelined plan: its first stage's submesh
     micro, batch, seq = model.get("micro_batch"), model.get("batch"), model.get("sequence", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (micro, batch, seq)):
         raise UserError(f"the plan's model has micro_batch {micro!r}, batch {batch!r}, sequence {seq!r}; each must be "
                         f"a positive integer: re-run the search")
-    pl = plan.get("pipeline") or {}
     return Layout(data=data, fsdp=math.prod(cluster.axis_sizes[a] for a in fsdp_axes),
                   tensor=math.prod(cluster.axis_sizes[a] for a in tensor_axes), pipeline=pipeline,
-                  sequence_parallel=sp, recompute=recompute, micro_batch=max(micro // data, 1),
+                  sequence_parallel=sp, recompute=inner.recompute, micro_batch=max(micro // data, 1),
                   global_batch=batch, sequence=seq, tensor_axes=tensor_axes, fsdp_axes=fsdp_axes,
-                  schedule=str(pl.get("schedule", "")) if pipeline > 1 else "",
-                  split=tuple(int(k) for k in pl.get("split") or ()) if pipeline > 1 else (),
-                  layers=int(model.get("layers") or 0), kind=str(model.get("kind", "")))
+                  schedule=plan.pipeline.schedule if plan.stages else "",
+                  split=tuple(plan.pipeline.split) if plan.stages else (),
+                  layers=int(model.get("layers") or 0), kind=model.kind)
 
 
-def check_exportable(plan: dict) -> None:
+def check_exportable(plan: Plan) -> None:
     """A plan the tools cannot run refused in one line: a model other than a transformer language model,
     a pipelined plan whose split its stages' plans do not match (refused by ``apply_pipeline`` alike)."""
-    model = plan.get("model") or {}
-    kind = model.get("kind")
+    kind, layers = plan.model.kind, plan.model.get("layers")
     if kind not in TRAINED:
-        raise UserError(f"the plan's model is {kind!r} {model.get('name', '')}: torchtitan and Megatron-LM train "
-                        f"transformer language models ({', '.join(TRAINED)}) only; export a transformer's plan, or "
-                        f"place this one with autotune.apply".replace("  ", " "))
-    if "stages" not in plan:
+        raise UserError(f"the plan's model is {kind!r} {plan.model.get('name', '')}: torchtitan and Megatron-LM "
+                        f"train transformer language models ({', '.join(TRAINED)}) only; export a transformer's plan, "
+                        f"or place this one with autotune.apply".replace("  ", " "))
+    if not plan.stages:
         return
-    pl, layers = plan.get("pipeline") or {}, model.get("layers")
-    split = pl.get("split")
-    if not (isinstance(split, list) and len(split) == len(plan["stages"]) >= 2
-            and all(isinstance(k, int) and k >= 1 for k in split) and sum(split) == layers):
-        raise UserError(f"the plan's stage split {split!r} does not give its {len(plan['stages'])} stages at least "
+    split = plan.pipeline.split
+    if not (len(split) == len(plan.stages) >= 2 and all(k >= 1 for k in split) and sum(split) == layers):
+        raise UserError(f"the plan's stage split {list(split)!r} does not give its {len(plan.stages)} stages at least "
                         f"one of the model's {layers} blocks each, all of them: re-run python -m autotune --pipeline N")
     try:  # what apply_pipeline refuses (a split its stages' plans do not match), refused here alike
         from autotune.apply.pipeplan import load_pipelined
     except ImportError:  # without torch: the checks above
         return
-    load_pipelined(plan, "the plan")
+    load_pipelined(plan)
 
 
+def _expressible(plan: Plan) -> bool:
+    return plan.strategy.lower().startswith(EXPRESSIBLE)
 
 
-
-def _expressible(plan: dict) -> bool:
-    return plan.get("strategy", "").lower().startswith(EXPRESSIBLE)
-
-
-def _placements(lay: dict) -> str:
+def _placements(lay: LayerPlan) -> str:
     def f(t):
         return "(" + ", ".join(t) + ")"
-    parts = [f"{k} {f(lay[k])}" for k in ("input", "output") if lay[k] is not None]
-    return ", ".join(parts + [f"{n} {f(t)}" for n, t in lay["weights"].items()])
+    parts = [f"{k} {f(t)}" for k, t in (("input", lay.input), ("output", lay.output)) if t is not None]
+    return ", ".join(parts + [f"{n} {f(t)}" for n, t in _weights(lay).items()])
 
 
-def _layer_differences(plan: dict, other: dict) -> list[str]:
-    mine, theirs = _fine(plan, _cluster(plan)), {lay["name"]: lay for lay in _fine(other, _cluster(other))}
+def _layer_differences(plan: Plan, other: Plan) -> list[str]:
+    theirs = {lay.name: lay for lay in other.layers}
     out = []
-    for lay in mine:
-        ref = theirs.get(lay["name"])
+    for lay in plan.layers:
+        ref = theirs.get(lay.name)
         if ref is None:
-            out.append(f"layer {lay['name']}: no such layer in {other.get('strategy', '')!r}")
-        elif (lay["input"], lay["output"], lay["weights"]) != (ref["input"], ref["output"], ref["weights"]):
-            out.append(f"layer {lay['name']} (x{lay['count']}): {_placements(lay)} on the fine axes, where "
-                       f"{other.get('strategy', '')!r} has {_placements(ref)}")
+            out.append(f"layer {lay.name}: no such layer in {other.strategy!r}")
+        elif (lay.input, lay.output, _weights(lay)) != (ref.input, ref.output, _weights(ref)):
+            out.append(f"layer {lay.name} (x{lay.count}): {_placements(lay)} on the fine axes, where "
+                       f"{other.strategy!r} has {_placements(ref)}")
     return out
 
 
@@ -259,45 +221,40 @@ def _degrees(lo: Layout) -> tuple:
     return lo.data, lo.tensor, lo.fsdp
 
 
-def same_scheme(pf: PlanFile, plan: dict) -> dict | None:
+def same_scheme(pf: PlanFile, plan: Plan) -> Plan | None:
     """The plan file's baseline that a framework runs as is with exactly the plan's degrees (its own
     plan when it is one), or None."""
     if _expressible(plan):
         return plan
     mine = layout(plan)
     same = [b for b in [pf.best] + list(pf.baselines)
-            if _expressible(b) and "stages" not in b and _degrees(layout(b)) == _degrees(mine)]
-    return min(same, key=lambda b: (b.get("totals") or {}).get("step_s", math.inf)) if same else None
+            if _expressible(b) and not b.stages and _degrees(layout(b)) == _degrees(mine)]
+    return min(same, key=lambda b: math.inf if b.costs.step_s is None else b.costs.step_s) if same else None
 
 
-def _data_parallel_differences(stage: dict, where: str) -> list[str]:
+def _data_parallel_differences(stage: Plan, where: str) -> list[str]:
     """Layers of ``stage`` (a plan of one stage, no tensor parallelism) placed otherwise than data parallelism
     places them: every activation split on the batch over every data axis, every weight whole (FSDP
     shards the weights by ``sharding``, not by their placements)."""
-    out = []
-    for lay in _fine(stage, _cluster(stage)):
-        acts = [t for t in (lay["input"], lay["output"]) if t is not None]
-        if any(f != "S0" for t in acts for f in t) or any(f != B for t in lay["weights"].values() for f in t):
-            out.append(f"{where}layer {lay['name']} (x{lay['count']}): {_placements(lay)} on the fine axes, where "
+    n, out = len(stage.cluster.axis_sizes), []
+    for lay in stage.layers:
+        acts = [t[:n] for t in (lay.input, lay.output) if t is not None]
+        if any(f != "S0" for t in acts for f in t) or any(f != B for w in lay.weights for f in w.placements[:n]):
+            out.append(f"{where}layer {lay.name} (x{lay.count}): {_placements(lay)} on the fine axes, where "
                        f"data parallelism splits every activation on the batch and keeps every weight whole")
     return out
 
 
-def _stage_layouts(plan: dict) -> list[Layout]:
-    base = {k: plan[k] for k in ("cluster", "model", "recompute", "sharding") if k in plan}
-    return [layout({**base, **s["plan"]}) for s in plan["stages"]]
-
-
-def cannot_express(target: str, plan: dict, lo: Layout, own: dict | None) -> list[str]:
+def cannot_express(target: str, plan: Plan, lo: Layout, own: Plan | None) -> list[str]:
     """What of ``plan`` the configuration exported for ``target`` runs otherwise (``own``: the baseline of the
     same degrees that the configuration runs, None when the plan file has none)."""
-    cluster = _cluster(_stage_plan(plan))
+    cluster = _stage_plan(plan).cluster
     n = len(cluster.axis_sizes)
     out = []
     stages = [("", _stage_plan(plan), lo)]
-    if "stages" in plan:
-        stages = [(f"stage {i}: ", {**{k: plan[k] for k in ("cluster", "model") if k in plan}, **s["plan"]}, slo)
-                  for i, (s, slo) in enumerate(zip(plan["stages"], _stage_layouts(plan)))]
+    if plan.stages:
+        stages = [(f"stage {i}: ", s.plan, layout(s.plan))
+                  for i, s in enumerate(plan.stages)]
         if len({_degrees(slo) for _, _, slo in stages}) > 1:
             out.append("the stages have different degrees (" + "; ".join(
                 f"{w}data {slo.data}, tensor {slo.tensor}, FSDP {slo.fsdp}" for w, _, slo in stages) +
@@ -308,11 +265,11 @@ def cannot_express(target: str, plan: dict, lo: Layout, own: dict | None) -> lis
     if lo.tensor == 1:
         for where, stage, _ in stages:
             out += _data_parallel_differences(stage, where)
-    elif own is not None and own is not plan and "stages" not in plan:
-        out += _layer_differences(_stage_plan(plan), own)
+    elif own is not None and own is not plan and not plan.stages:
+        out += _layer_differences(plan, own)
     elif own is None:
         out.append(f"the per-layer placements with tensor parallelism {lo.tensor} are not compared with {target}'s "
-                   f"scheme: the plan file has no baseline of these degrees{' per stage' if 'stages' in plan else ''}")
+                   f"scheme: the plan file has no baseline of these degrees{' per stage' if plan.stages else ''}")
     if lo.tensor_axes and lo.tensor_axes != tuple(range(n - len(lo.tensor_axes), n)):
         out.append(f"the tensor-parallel axes {list(lo.tensor_axes)} of the fine axes {list(cluster.axis_sizes)} are "
                    f"not the innermost ranks, which is where {target} puts tensor parallelism")
@@ -330,7 +287,7 @@ def cannot_express(target: str, plan: dict, lo: Layout, own: dict | None) -> lis
     if target == "megatron" and lo.split and megatron_split(lo) is None:
         out.append(f"the stage split {list(lo.split)}: Megatron-LM sets only the first and last stages' layers, the "
                    f"others even")
-    micro = int((plan.get("model") or {}).get("micro_batch", 0))
+    micro = int(plan.model.get("micro_batch", 0))
     if micro % lo.data:
         out.append(f"the micro-batch of {micro} sequences does not split evenly over {lo.data} data-parallel ranks")
     return out
@@ -410,46 +367,35 @@ def megatron_flags(lo: Layout) -> str:
 RENDER = {"torchtitan": torchtitan_config, "megatron": megatron_flags}
 
 
-def select(pf: PlanFile, which: str) -> dict:
-    if which == "best":
-        return pf.best
-    if which.startswith("baseline:"):
-        name = which.split(":", 1)[1].strip().lower()
-        if not name:
-            raise OptionError("which", f"{which!r} names no baseline: give baseline:NAME, e.g. baseline:megatron")
-        hits = [b for b in pf.baselines if b.get("strategy", "").lower().startswith(name)]
-        if hits:
-            return hits[0]
-        names = ", ".join(repr(b.get("strategy", "")) for b in pf.baselines)
-        raise OptionError("which", f"no baseline named {name!r} in the plan file: use one of {names}")
-    raise OptionError("which", f"{which!r} is neither best nor baseline:NAME")
-
-
 def export(pf: PlanFile, target: str, which: str = "best") -> Export:
     """The plan ``which`` (best, or baseline:NAME) of a plan file as ``target``'s configuration."""
     if target not in TARGETS:
         raise OptionError("to", f"{target!r} is not a known framework: use one of {', '.join(TARGETS)}")
-    plan = select(pf, which)
+    if which == "all" or not (which == "best" or which.startswith("baseline:") and which[9:].strip()):
+        raise OptionError("which", f"{which!r} is neither best nor baseline:NAME, e.g. baseline:megatron")
+    try:
+        plan = pf.select(which)[0]
+    except UserError as e:
+        raise OptionError("which", str(e)) from None
     check_exportable(plan)
     lo = layout(plan)
     own = same_scheme(pf, plan)
     cannot = cannot_express(target, plan, lo, own)
     figures = None
     if own is not None and own is not plan:
-        t = own.get("totals") or {}
-        figures = {"strategy": own.get("strategy", ""), **{k: t.get(k) for k in ("step_s", "total_s", "memory_bytes")},
-                   "fits_memory": t.get("fits_memory", True)}
-    return Export(target, plan.get("strategy", ""), lo, RENDER[target](lo), tuple(cannot), figures)
+        t = own.costs
+        figures = {"strategy": own.strategy, "step_s": t.step_s, "total_s": t.total_s,
+                   "memory_bytes": t.memory_bytes, "fits_memory": t.fits_memory}
+    return Export(target, plan.strategy, lo, RENDER[target](lo), tuple(cannot), figures)
 
 
-def next_steps(plan_path, plan: dict) -> list[str]:
+def next_steps(plan_path, plan: Plan) -> list[str]:
     """How to use a written plan: apply it in a training script, export it, measure it (the last
     lines of ``python -m autotune`` and the report's plan section)."""
-    c = plan.get("cluster") or {}
-    nodes, gpus = c.get("nodes", 1), c.get("gpus_per_node", 1)
+    nodes, gpus = plan.cluster.nodes, plan.cluster.gpus_per_node
     launch = f"torchrun --nproc-per-node {gpus}" if nodes == 1 else f"torchrun --nnodes {nodes} --nproc-per-node {gpus}"
     apply = (f"pipe = autotune.apply_pipeline(\"{plan_path}\", model), then pipe.step(ids, targets) a step"
-             if "stages" in plan else f"model = autotune.apply(\"{plan_path}\", model)")
+             if plan.stages else f"model = autotune.apply(\"{plan_path}\", model)")
     return ["next steps:",
             f"  apply it to your model:  {apply} in your training script (README: Apply a plan to your model)",
             f"  export it:               python -m autotune export {plan_path} --to torchtitan|megatron",

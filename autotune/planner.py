@@ -1,10 +1,10 @@
 """The search as a library call: ``autotune.search(model, cluster, profile, ...)`` returns the plan file
-(``autotune.sbp.plan.PlanFile``: the chosen plan, the baselines, the convergence traces) that ``python -m
+(``autotune.plan.file.PlanFile``: the chosen ``Plan``, the baselines, the convergence traces) that ``python -m
 autotune`` writes as plan.json; the command parses its flags, calls this and prints.
 
     import autotune
     plans = autotune.search("gpt", Cluster(4, 8), "h200-nvlink+ib400", memory_limit=80 * 2**30)
-    plans.best["totals"]["step_s"], [b["strategy"] for b in plans.baselines]
+    plans.best.costs.step_s, plans.best.apply_path, [b.strategy for b in plans.baselines]
 
 Steps: the SBP search (warm-started from the best Megatron mesh; with ``modes="all"`` also under FSDP and
 recomputation), the comparison searches (``compare``: the convergence plot), the baselines (data parallel,
@@ -14,6 +14,7 @@ worse than a baseline users pick) and, with ``pipeline`` not "off", the pipeline
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,13 +25,15 @@ from models import LayerGraph, load_model
 
 from autotune.pipeline.record import pipeline_plans
 from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
+from autotune.plan.build import build
+from autotune.plan.file import PlanFile
 from autotune.plan.hostpace import at_host_pace, corrected
+from autotune.plan.typed import Plan
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import scaled, search_fitting, search_modes
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import PlanFile, build_plan
 from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
 from autotune.sbp.steptime import require_overheads
 
@@ -68,20 +71,21 @@ def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, pr
     return res
 
 
-def floor(plan: dict, baselines: list[dict], objective: str) -> dict:
+def floor(plan: Plan, baselines: list[Plan], objective: str) -> Plan:
     """The searched plan, or the cheapest baseline of ``FLOOR`` that fits where it is cheaper: the command
     never returns a plan worse than a baseline users pick."""
-    key = "step_s" if objective == "step" else "total_s"
-    fit = [b for b in baselines if b["strategy"].startswith(FLOOR) and b["totals"]["fits_memory"] and key in b["totals"]
-           and b["totals"][key] < plan["totals"][key]]
-    if not plan["totals"]["fits_memory"] or not fit:
-        return plan if not fit else dict(min(fit, key=lambda b: b["totals"][key]))
-    b = min(fit, key=lambda b: b["totals"][key])
-    host = plan["totals"].get("host_step_s")  # the search's plan priced at its path's host pace, where it binds
-    why = f" at the host's pace of the {plan['apply_path']} path it takes" if host is not None and \
-        host >= plan["totals"][key] else ""
-    return dict(b, strategy=f"searched (the baseline {b['strategy']} is cheaper than the search's plan{why})",
-                search=dict(plan["search"], replaced_by=b["strategy"]))
+    fit = [b for b in baselines if b.strategy.startswith(FLOOR) and b.costs.fits_memory and
+           b.costs.of(objective) is not None and b.costs.of(objective) < plan.costs.of(objective)]
+    if not fit:
+        return plan
+    b = min(fit, key=lambda b: b.costs.of(objective))
+    if not plan.costs.fits_memory:
+        return b
+    host = plan.costs.host_step_s  # the search's plan priced at its path's host pace, where it binds
+    why = f" at the host's pace of the {plan.apply_path} path it takes" if host is not None and \
+        host >= plan.costs.of(objective) else ""
+    return replace(b, strategy=f"searched (the baseline {b.strategy} is cheaper than the search's plan{why})",
+                   search=dict(plan.search, replaced_by=b.strategy))
 
 
 def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *, memory_limit: float | None,
@@ -155,11 +159,12 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         summa_problem = None
     progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation), "
              "SUMMA (every mesh), S/B only")
-    plan = build_plan(problem, best.assignment, f"searched ({best.algorithm})",
-                      {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
+    plan = build(problem, best.assignment, f"searched ({best.algorithm})",
+                 {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
     skipped: list[str] = []
-    base = baseline_plans(plain, summa_problem, sb_problem,
-                          lambda p: run_search(p, algorithm, budget, seed, progress), skipped)
+    base = [build(*found) for found in baseline_plans(plain, summa_problem, sb_problem,
+                                                      lambda p: run_search(p, algorithm, budget, seed, progress),
+                                                      skipped)]
     if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
         plan, base = (at_host_pace(plan, profile.compute, profile.module),
                       [at_host_pace(b, profile.compute, profile.module) for b in base])
@@ -172,10 +177,10 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         piped, mega3d = pipeline_plans(graph, cluster, profile, memory_limit,
                                        cfg.full_effort() if pipeline_effort == "full" else cfg, progress)
         base += [x for x in (mega3d,) if x is not None]
-        fits = piped is not None and piped["totals"].get("fits_memory", False) and (
-            memory_limit is None or piped["totals"]["memory_bytes"] <= memory_limit)
-        if fits and (not plan["totals"]["fits_memory"] or piped["totals"]["step_s"] < plan["totals"]["step_s"]):
-            base.insert(0, dict(plan, strategy=f"best single-stage: {plan['strategy']}"))
+        fits = piped is not None and piped.costs.fits_memory and (
+            memory_limit is None or piped.costs.memory_bytes <= memory_limit)
+        if fits and (not plan.costs.fits_memory or piped.costs.step_s < plan.costs.step_s):
+            base.insert(0, replace(plan, strategy=f"best single-stage: {plan.strategy}"))
             plan = piped
         elif piped is not None:
             base.append(piped)

@@ -197,14 +197,13 @@ def baselines(case: dict, pr: Problem, overrides: dict, config: Config, cap: int
 
 def breakdown(pr: Problem, assign: list[int]) -> dict:
     """Where a plan's communication goes: gradient sync per layer kind, redistribution (boxing) in all."""
-    from autotune.sbp.plan import build_plan
-    plan = build_plan(pr, assign, "")
+    from autotune.plan.build import build
+    plan = build(pr, assign, "")
     sync: dict[str, float] = {}
-    for layer in plan["layers"]:
-        if layer["grad_sync_s"]:
-            sync[layer["kind"]] = sync.get(layer["kind"], 0.0) + layer["grad_sync_s"] * layer["count"]
-    out = {"grad_sync_s_by_kind": sync, "redistribution_s": plan["totals"]["redistribution_s"],
-           "total_s": plan["totals"]["total_s"]}
+    for layer in plan.layers:
+        if layer.costs["grad_sync_s"]:
+            sync[layer.kind] = sync.get(layer.kind, 0.0) + layer.costs["grad_sync_s"] * layer.count
+    out = {"grad_sync_s_by_kind": sync, "redistribution_s": plan.costs.redistribution_s, "total_s": plan.costs.total_s}
     tied = [v for v, t in enumerate(pr.tied) if t]
     if tied and pr.embedding is not None:  # the logits' weight is the embedding's: synced with it where placed alike
         e = pr.choices[pr.embedding][assign[pr.embedding]]

@@ -282,7 +282,7 @@ def _execute_folder(path: Path, d: dict) -> str:
 
 
 def _sbp_validate(path: Path, d: dict) -> str:
-    from autotune.sbp.validate import KIND, VERSION
+    from autotune.plan.validate import KIND, VERSION
     from calibrate.records import check_header
 
     check_header(d, KIND, VERSION, "plan validation record", "write one with python -m autotune validate --out DIR",

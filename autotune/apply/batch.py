@@ -11,7 +11,7 @@ from calibrate.errors import UserError
 from calibrate.moduletime import param_groups  # noqa: F401 (autotune.param_groups)
 from calibrate.optional import require_torch
 
-from autotune.plan.search import load_plan
+from autotune.plan.file import load_plan
 from autotune.plan.typed import TypedPlan
 
 torch = require_torch()

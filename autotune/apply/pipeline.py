@@ -29,11 +29,11 @@ from autotune.apply.ddp import sync_grads
 from autotune.apply.dtensor import _place
 from autotune.apply.fsdp import fully_shard_model
 from autotune.apply.layers import _check_shapes, _recompute, _world, device_type, find_layers, torch
-from autotune.apply.pipeplan import SCHEDULES, PipelinedPlan, _stream, load_pipelined
+from autotune.apply.pipeplan import SCHEDULES, _stream, block_range, load_pipelined, sent
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
 from autotune.plan.layouts import LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin, twin_path
-from autotune.plan.typed import TypedPlan
+from autotune.plan.typed import Plan, TypedPlan
 
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
@@ -41,20 +41,20 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
 
 
-def _local_plan(pp: PipelinedPlan, stage: int) -> LocalPlan | None:
+def _local_plan(pp: Plan, stage: int) -> LocalPlan | None:
     """How stage ``stage`` is placed on apply's local path, from the plan alone (so alike on every rank, which
     must all make every local stage's mesh): its plan where it is data parallel or fully_shard-shaped
     (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or its ``local_twin`` (an embedding
     by features, logits by vocabulary), and each of its boundaries carries each rank's local piece
     (``local_stream``); None: the DTensor path."""
-    typed = pp.stages[stage]
+    typed = pp.stages[stage].plan
     if typed.world == 1:
         return None
     local = local_twin(typed)
     if local is None:
         return None
     want = local_stream(local.plan)
-    ends = ([pp.sent[stage - 1]] if stage > 0 else []) + ([pp.sent[stage]] if stage < len(pp.split) - 1 else [])
+    ends = ([sent(pp, stage - 1)] if stage > 0 else []) + ([sent(pp, stage)] if stage < len(pp.stages) - 1 else [])
     if any(end is None or tuple(end) != want for end in ends):
         return None
     return local
@@ -66,14 +66,14 @@ def _local_dims(typed: TypedPlan) -> dict[str, int]:
     return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
 
 
-def stage_paths(pp: PipelinedPlan) -> list[str]:
+def stage_paths(pp: Plan) -> list[str]:
     """Per stage, the path its plan asks for (``apply_pipeline`` may still place a stage by DTensor where its
     modules cannot take the tensor-parallel styles, the column embedding or the vocabulary-parallel logits, or
     a ``loss_fn`` is given for vocabulary-parallel logits: ``Pipeline.paths`` says what ran): "fully_shard",
     "ddp", "dtensor", or "none" for a stage of one device."""
     out = []
-    for i, typed in enumerate(pp.stages):
-        out.append("none" if typed.world == 1 else twin_path(_local_plan(pp, i)))
+    for i, stage in enumerate(pp.stages):
+        out.append("none" if stage.plan.world == 1 else twin_path(_local_plan(pp, i)))
     return out
 
 
@@ -89,7 +89,7 @@ def _cross_entropy(logits, targets):
 class Pipeline:
     """This rank's stage of a pipelined plan, placed and scheduled (``apply_pipeline``)."""
 
-    plan: PipelinedPlan
+    plan: Plan  # the pipelined plan
     stage: int
     module: nn.Module        # this rank's stage (its parameters for the optimizer)
     schedule: object         # the torch.distributed.pipelining schedule
@@ -112,7 +112,7 @@ class Pipeline:
 
     @property
     def last(self) -> bool:
-        return self.stage == len(self.plan.split) - 1
+        return self.stage == len(self.plan.stages) - 1
 
     def step(self, ids, targets):
         """One forward and backward of the whole batch over the plan's micro-batches (gradients of the mean
@@ -140,7 +140,7 @@ class Pipeline:
             for group in self.data_groups:
                 dist.all_reduce(loss, group=group)
                 loss /= dist.get_world_size(group)
-        dist.broadcast(loss, group_src=len(self.plan.split) - 1, group=self.pp_group)
+        dist.broadcast(loss, group_src=len(self.plan.stages) - 1, group=self.pp_group)
         return loss
 
     def _sum_tied(self) -> None:
@@ -166,22 +166,22 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     cls, default_mapping = _cut_of(model)
     world = _world()
     if pp.world != world:
-        raise UserError(f"the plan is for {pp.cluster} = {pp.world} devices in {len(pp.split)} stages but {world} "
+        raise UserError(f"the plan is for {pp.cluster} = {pp.world} devices in {len(pp.stages)} stages but {world} "
                         f"processes run: launch {pp.world} (torchrun --nproc-per-node ...) or search a plan for "
                         f"{world}")
     mapping = dict(mapping if mapping is not None else default_mapping)
-    p, S = len(pp.split), pp.submesh.devices
+    p, S, split = len(pp.stages), pp.submesh.devices, pp.pipeline.split
     rank = dist.get_rank()
     stage, j = divmod(rank, S)
     first, last = stage == 0, stage == p - 1
-    typed = pp.stages[stage]
+    typed = pp.stages[stage].plan
     blocks_have = len(_blocks(model, cls))
-    if blocks_have != sum(pp.split):
+    if blocks_have != sum(split):
         raise UserError(f"the {type(model).__name__} has {blocks_have} blocks but the plan splits "
-                        f"{sum(pp.split)} ({list(pp.split)}): apply a plan searched for a model of {blocks_have} "
+                        f"{sum(split)} ({list(split)}): apply a plan searched for a model of {blocks_have} "
                         f"layers")
     tied_ids = _tied(model, mapping)
-    lo, hi = pp.block_range(stage)
+    lo, hi = block_range(pp, stage)
     module = cls(model, lo, hi, first, last)
     tied = tuple(n for n, prm in module.named_parameters() if id(prm) in tied_ids)
     chain, prefixes = find_layers(typed, module, _mapping_for(typed, mapping))
@@ -253,12 +253,12 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
             s_in, s_out = _stream(typed)
             _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
             if not last:
-                module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=pp.sent[stage])
+                module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=sent(pp, stage))
             if not first:
-                module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=pp.sent[stage - 1], dst=s_in)
+                module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=sent(pp, stage - 1), dst=s_in)
         _recompute(module, chain, prefixes, typed.recompute)
     from torch.distributed.pipelining import PipelineStage
     pstage = PipelineStage(module, stage, p, device, group=pp_group)
-    schedule = SCHEDULES[pp.schedule](pstage, pp.micro_batches, loss_fn=loss)
+    schedule = SCHEDULES[pp.pipeline.schedule](pstage, pp.micro_batches, loss_fn=loss)
     return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
                     data_groups)

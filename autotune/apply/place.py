@@ -29,7 +29,7 @@ from autotune.apply.batch import check_batch, stream_by_sequence
 from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
 from autotune.apply.tensor import tp_styles
 from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, tp_layout
-from autotune.plan.search import load_plan
+from autotune.plan.file import load_plan
 from autotune.plan.typed import TypedPlan
 
 
@@ -81,15 +81,24 @@ def path_of(plan: TypedPlan, chain: list[Site], path: str = "auto") -> str:
     return next(name for name, (takes, _) in PATHS.items() if takes(plan, chain))
 
 
+def one_stage(plan) -> TypedPlan:
+    """``plan`` (a Plan, plan.json or its path) loaded; a pipelined one pointed to ``apply_pipeline``."""
+    plan = load_plan(plan)
+    if plan.stages:
+        raise UserError(f"the plan is pipelined ({len(plan.stages)} stages), and autotune.apply places a plan of one "
+                        f"stage: place it with autotune.apply_pipeline(plan, model) (or search with --pipeline off)")
+    return plan
+
+
 def placement_path(plan, model, mapping: dict | None = None, path: str = "auto") -> str:
     """The path ``apply(plan, model, path=path)`` places ``model`` by ("none" on one device)."""
-    plan = load_plan(plan)
+    plan = one_stage(plan)
     return "none" if plan.world == 1 else path_of(plan, find_layers(plan, model, mapping)[0], path)
 
 
 def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto"):
     """Place ``model`` as ``plan`` says; returns the module to call (the module doc)."""
-    plan = load_plan(plan)
+    plan = one_stage(plan)
     world = _world()
     if plan.world != world:
         raise UserError(f"the plan is for {plan.cluster} = {plan.world} devices but {world} processes run: launch "

@@ -23,7 +23,7 @@ from calibrate.errors import OptionError, UserError
 
 from autotune.sbp.baselines import _Index, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.mesh import RoleMesh, role_meshes
-from autotune.sbp.plan import build_plan
+from autotune.plan.build import build
 from autotune.reproduce import Config, _problem, breakdown, load_cases
 from autotune.sbp.search import auto_budget, make_search
 
@@ -94,18 +94,22 @@ def summa(case: dict, over: dict) -> None:
 def versus_data_parallel(case: dict, over: dict) -> None:
     pr = _problem(case, over, Config())
     res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0))
-    ours, dp = build_plan(pr, res.assignment, "searched"), build_plan(pr, data_parallel(pr), "data parallel")
-    for a, b in zip(ours["layers"], dp["layers"]):
-        if a["sbp"] != b["sbp"]:
-            print(f"{a['name']} (x{a['count']}): searched {a['sbp']}; data parallel {b['sbp']}; gradient sync "
-                  f"{a['grad_sync_s'] * a['count'] * 1e3:.3f} ms against {b['grad_sync_s'] * b['count'] * 1e3:.3f} ms, "
-                  f"redistribution inside {a['redistribution_s'] * a['count'] * 1e3:.3f} ms against "
-                  f"{b['redistribution_s'] * b['count'] * 1e3:.3f} ms")
-    for e in ours["edges"]:
-        if e["redistribution_s"] > 0:
-            moves = ", ".join(f"{c['collective']} {c['nbytes']} B {c['direction']}" for c in e["collectives"])
-            print(f"boxing {e['from']} -> {e['to']} (x{e['count']}): {e['count'] * e['redistribution_s'] * 1e3:.3f} ms ({moves})")
-    t, d = ours["totals"]["total_s"], dp["totals"]["total_s"]
+    ours, dp = build(pr, res.assignment, "searched"), build(pr, data_parallel(pr), "data parallel")
+
+    def placed(lay):
+        return (lay.input, lay.output, *(w.placements for w in lay.weights))
+    for a, b in zip(ours.layers, dp.layers):
+        if placed(a) != placed(b):
+            print(f"{a.name} (x{a.count}): searched {placed(a)}; data parallel {placed(b)}; gradient sync "
+                  f"{a.costs['grad_sync_s'] * a.count * 1e3:.3f} ms against {b.costs['grad_sync_s'] * b.count * 1e3:.3f} "
+                  f"ms, redistribution inside {a.costs['redistribution_s'] * a.count * 1e3:.3f} ms against "
+                  f"{b.costs['redistribution_s'] * b.count * 1e3:.3f} ms")
+    for e in ours.edges:
+        if e.costs["redistribution_s"] > 0:
+            moves = ", ".join(f"{c.collective} {c.nbytes} B {c.direction}" for c in e.collectives)
+            print(f"boxing {e.source} -> {e.target} (x{e.count}): {e.count * e.costs['redistribution_s'] * 1e3:.3f} ms "
+                  f"({moves})")
+    t, d = ours.costs.total_s, dp.costs.total_s
     print(f"searched {t:.6g} s/step, data parallel {d:.6g} s/step: {(1 - t / d) * 100:.1f}% less")
 
 

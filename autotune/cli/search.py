@@ -27,7 +27,7 @@ from autotune.export import next_steps
 from autotune.pipeline.search import check as check_pipeline, parse_stages
 from autotune.planner import choose_objective, search
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import plan_title, summary_lines
+from autotune.plan.file import plan_title, summary_lines
 from autotune.sbp.search import SEARCHES, Budget
 
 DEFAULT_NODES, DEFAULT_GPUS = 4, 8
@@ -143,20 +143,19 @@ def progress(msg: str) -> None:
     print(f"[autotune] {msg}", file=sys.stderr, flush=True)
 
 
-def table(plans: list[dict]) -> str:
-    step = all("step_s" in p["totals"] for p in plans)
+def table(plans: list) -> str:
+    step = all(p.costs.step_s is not None for p in plans)
     rows = [("strategy", "redistribution s", "grad sync s", "comm s/step")
             + (("compute s", "step s") if step else ()) + ("memory GiB", "search s")]
     for p in plans:
-        t = p["totals"]
-        fits = t["fits_memory"]
-        over = f"no plan fits (needs {t['memory_bytes'] / 2**30:.4g} GiB)"
-        row = (p["strategy"], f"{t['redistribution_s']:.4g}", f"{t['grad_sync_s']:.4g}",
-               f"{t['total_s']:.4g}" if fits or step else over)
+        t = p.costs
+        over = f"no plan fits (needs {t.memory_bytes / 2**30:.4g} GiB)"
+        row = (p.strategy, f"{t.redistribution_s:.4g}", f"{t.grad_sync_s:.4g}",
+               f"{t.total_s:.4g}" if t.fits_memory or step else over)
         if step:
-            row += (f"{t['compute_s']:.4g}", f"{t['step_s']:.4g}" if fits else over)
-        rows.append(row + (f"{t['memory_bytes'] / 2**30:.2f}",
-                           f"{p['search']['seconds']:.2f}" if "seconds" in p["search"] else "-"))
+            row += (f"{t.compute_s:.4g}", f"{t.step_s:.4g}" if t.fits_memory else over)
+        rows.append(row + (f"{t.memory_bytes / 2**30:.2f}",
+                           f"{p.search['seconds']:.2f}" if "seconds" in p.search else "-"))
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
 
@@ -178,22 +177,23 @@ def memory_limit(profile, gib: float | None) -> tuple[float, str]:
     return DEFAULT_MEMORY_GIB * 2**30, " (default)"
 
 
-def breakdown(plan: dict) -> str:
+def breakdown(plan) -> str:
     """The searched plan's memory per device by kind, its recomputation and sharding, in one line each."""
-    m = plan["totals"]["memory"]
+    m = plan.costs.memory
     parts = [("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"), ("optimizer states", "optimizer_bytes"),
              ("activations", "activations_bytes"), ("workspace", "workspace_bytes")]
     # + 0.0: a figure that rounds to zero prints 0.00, not -0.00
-    binding = plan["totals"].get("memory_stage")
+    binding = plan.costs.memory_stage
     whose = "searched plan's" if binding is None else \
-        f"searched plan's binding stage ({binding} of {len(plan['stages'])}: the most memory)"
+        f"searched plan's binding stage ({binding} of {len(plan.stages)}: the most memory)"
     return (f"{whose} memory per device: " + ", ".join(f"{name} {round(m[k] / 2**30, 2) + 0.0:.2f}"
                                                        for name, k in parts)
-            + f" GiB; total {plan['totals']['memory_bytes'] / 2**30:.2f} GiB\n" + modes_line(plan))
+            + f" GiB; total {plan.costs.memory_bytes / 2**30:.2f} GiB\n" + modes_line(plan))
 
 
-def _sharding(sh: dict) -> str:
-    return f"fsdp over axes {sh['axes']}" if sh["mode"] == "fsdp" else "none"
+def _modes(p) -> str:
+    return f"recompute {p.recompute}; sharding " + (f"fsdp over axes {list(p.sharding_axes)}"
+                                                    if p.sharding_mode == "fsdp" else "none")
 
 
 def _ranges(idx: list[int]) -> str:
@@ -207,20 +207,19 @@ def _ranges(idx: list[int]) -> str:
     return ", ".join(out)
 
 
-def modes_line(plan: dict) -> str:
+def modes_line(plan) -> str:
     """The plan's recomputation and sharding; a pipelined plan's per stage (stage ranges of each mode)."""
-    per = plan.get("stage_modes")
-    if not per:
-        return f"recompute {plan.get('recompute', 'none')}; sharding {_sharding(plan.get('sharding', {'mode': 'none'}))}"
+    if not plan.stages:
+        return _modes(plan)
     groups: dict[str, list[int]] = {}
-    for i, x in enumerate(per):
-        groups.setdefault(f"recompute {x['recompute']}; sharding {_sharding(x['sharding'])}", []).append(i)
-    return "; ".join(f"stages {_ranges(idx)} ({len(idx)} of {len(per)}): {k}" for k, idx in groups.items())
+    for i, s in enumerate(plan.stages):
+        groups.setdefault(_modes(s.plan), []).append(i)
+    return "; ".join(f"stages {_ranges(idx)} ({len(idx)} of {len(plan.stages)}): {k}" for k, idx in groups.items())
 
 
-def main(argv=None, report=None) -> int:
-    """The search; ``report(staged_plan, plan_path, title)``, given by the command layer, renders the HTML
-    report written with plan.json."""
+def prepare(argv):
+    """(args, model graph, cluster, profile, memory limit and its note, the options of ``autotune.search``) of the
+    command line ``argv``: each bad flag refused in one line before the search."""
     args = parser().parse_args(argv)
     budget = parse_budget(args.budget) if args.budget is not None else None
     if not 0 <= args.seed < SEEDS:
@@ -248,6 +247,17 @@ def main(argv=None, report=None) -> int:
         raise UserError(f"--memory-limit {args.memory_limit:g} GiB per device is out of range: give a positive "
                         f"number of GiB of at most {MAX_MEMORY_GIB} (a GPU's memory, e.g. 80)")
     limit, limit_note = memory_limit(profile, args.memory_limit)
+    options = dict(memory_limit=limit, algorithm=args.search, budget=budget, modes=args.modes, objective=args.objective,
+                   seed=args.seed, pipeline=stages, schedule=args.schedule, pipeline_effort=args.pipeline_effort,
+                   compare=compare)
+    return args, graph, cluster, profile, limit_note, options
+
+
+def main(argv=None, report=None) -> int:
+    """The search; ``report(staged_plan, plan_path, title)``, given by the command layer, renders the HTML
+    report written with plan.json."""
+    args, graph, cluster, profile, limit_note, options = prepare(argv)
+    limit = options["memory_limit"]
     out = Path(args.out)
     check_utf8(out, "search output directory")
     try:  # an unwritable --out is found before the search, not after it
@@ -265,9 +275,7 @@ def main(argv=None, report=None) -> int:
         if note:
             print(f"note: {note}")
         print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
-        pf = search(graph, cluster, profile, memory_limit=limit, algorithm=args.search, budget=budget,
-                    modes=args.modes, objective=objective, seed=args.seed, pipeline=stages, schedule=args.schedule,
-                    pipeline_effort=args.pipeline_effort, compare=compare, progress=progress)
+        pf = search(graph, cluster, profile, **dict(options, objective=objective), progress=progress)
         plan, base, skipped = pf.best, pf.baselines, pf.meta.pop("skipped", [])
         pf.meta = {"command": "python -m autotune " + " ".join(argv if argv is not None else sys.argv[1:]),
                    **pf.meta}
@@ -280,12 +288,11 @@ def main(argv=None, report=None) -> int:
         else:
             write_atomic(path, text, "plan file")
         print(table([plan] + base))
-        if "pipeline" in plan:
-            pl, t = plan["pipeline"], plan["totals"]
-            sub = pl["submesh"]
-            print(f"pipeline: {pl['stages']} stages of {sub['nodes']} x {sub['gpus_per_node']} GPUs, {pl['schedule']}, "
-                  f"{pl['micro_batches']} micro-batches, blocks per stage {pl['split']}; bubble {t['bubble_s']:.4g} s, "
-                  f"boundaries {t['boundary_s'] * 1e3:.3g} ms per micro-batch in all")
+        if plan.stages:
+            pl, t, sub = plan.pipeline, plan.costs, plan.submesh
+            print(f"pipeline: {len(plan.stages)} stages of {sub.nodes} x {sub.gpus_per_node} GPUs, {pl.schedule}, "
+                  f"{plan.micro_batches} micro-batches, blocks per stage {list(pl.split)}; bubble {t.bubble_s:.4g} s, "
+                  f"boundaries {t.boundary_s * 1e3:.3g} ms per micro-batch in all")
         if skipped:
             print(f"no plan of {', '.join(skipped)} here: some layer cannot take its placement (e.g. the attention's "
                   f"micro-batch x heads does not cover the {cluster.devices} devices)")

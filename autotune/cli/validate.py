@@ -48,7 +48,7 @@ from models import load_model, model_kinds
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.validate import KIND, VERSION, candidate_plans, collective_rows, plan_collectives, tier_split
+from autotune.plan.validate import KIND, VERSION, candidate_plans, collective_rows, plan_collectives, tier_split
 
 GPT_LAYER = {"layers": 1, "hidden": 1024, "heads": 16, "sequence": 512, "vocabulary": 8192, "batch": 8, "micro_batch": 8}
 
@@ -188,7 +188,7 @@ def _validate(args, lock: DirLock | None) -> int:
     rows = []
     for p in plans:
         meas = sum(per * measured[(c, a, nb)] for c, a, nb, per in plan_collectives(p))
-        rows.append({"plan": p["strategy"], "predicted_s": p["totals"]["total_s"], "measured_s": meas,
+        rows.append({"plan": p.strategy, "predicted_s": p.costs.total_s, "measured_s": meas,
                      "tiers": tier_split(p, measured)})
     rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     w = max(len(r["plan"]) for r in rows)

@@ -38,16 +38,17 @@ from calibrate.profile import Profile
 from autotune.execute import layertable, result
 from autotune.execute.launch import check_steps, launch_env
 from autotune.execute.usermodule import DEFAULT_MODULE
-from autotune.execute.planread import APPLY_PATHS, check_kind, model_kind
+from autotune.execute.planread import APPLY_PATHS, check_kind
 from autotune.cli.search import add_model_fields
-from autotune.sbp.plan import PlanFile
+from autotune.plan.file import PlanFile
+from autotune.plan.typed import Plan
 
 DEFAULT_OUT = "execute-out"
 
 
-def executor(plan: dict) -> str:
+def executor(plan: Plan) -> str:
     """apply, or pipeline (a pipelined plan, through autotune.apply_pipeline)."""
-    return "pipeline" if "stages" in plan else "apply"
+    return "pipeline" if plan.stages else "apply"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -85,25 +86,10 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def select(pf: PlanFile, which: str) -> list[dict]:
-    if which == "best":
-        return [pf.best]
-    if which == "all":
-        return [pf.best] + list(pf.baselines)
-    if which.startswith("baseline:"):
-        name = which.split(":", 1)[1].strip().lower()
-        hits = [b for b in pf.baselines if b.get("strategy", "").lower().startswith(name)]
-        if not hits:
-            names = ", ".join(repr(b.get("strategy", "")) for b in pf.baselines)
-            raise UserError(f"no baseline named {name!r} in the plan file: use one of {names}")
-        return hits
-    raise UserError(f"bad --which {which!r}: use best, all or baseline:NAME")
-
-
-def check_model(plan: dict, args) -> None:
-    cfg = plan.get("model") or {}
-    if args.model and args.model != model_kind(cfg):
-        raise UserError(f"the plan is for a {model_kind(cfg)} model but --model {args.model} was given: "
+def check_model(plan: Plan, args) -> None:
+    cfg = plan.model
+    if args.model and args.model != cfg.kind:
+        raise UserError(f"the plan is for a {cfg.kind} model but --model {args.model} was given: "
                         f"drop --model or search a plan for {args.model}")
     if args.preset and args.preset != cfg.get("name"):
         raise UserError(f"the plan is for preset {cfg.get('name')!r} but --preset {args.preset} was given: "
@@ -165,16 +151,16 @@ def fit_host(folders: list[str], profile: str | None, out: str | None) -> int:
     return 0
 
 
-def device_warning(plan: dict, here: str) -> str | None:
+def device_warning(plan: Plan, here: str) -> str | None:
     """A warning where the plan's predictions come from a profile measured on another device than this
     run's (an H200 profile's step time set against a CPU run is no comparison), else None."""
     try:
-        device = Profile.load(plan.get("profile", "")).device
+        device = Profile.load(plan.profile).device
     except UserError:
         return None
     if device is None or device.name == here:
         return None
-    return (f"warning: the predictions come from profile {plan.get('profile')!r}, measured on {device.name}; this run "
+    return (f"warning: the predictions come from profile {plan.profile!r}, measured on {device.name}; this run "
             f"is on {here}: for a fair comparison search with a profile measured here (python -m calibrate compute)")
 
 
@@ -207,7 +193,7 @@ def main(argv=None) -> int:
         raise UserError(f"--lr {args.lr:g} is not a learning rate: give one above 0, e.g. 1e-3")
     check_output_path(args.out, "--out folder", directory=True)  # before any step runs, not after them all
     pf = PlanFile.load(args.plan)
-    plans = select(pf, args.which)
+    plans = pf.select(args.which)
     launch = launch_env()
     from autotune.execute.runner import plan_cluster
     from autotune.execute.pipetrain import check_pipelined, run_pipeline_plan
@@ -235,7 +221,7 @@ def main(argv=None) -> int:
     try:
         lock_on_rank0(lock, lead)
         for i, plan in enumerate(plans):
-            progress(f"plan {i + 1}/{len(plans)}: {plan.get('strategy', '')} on {launch.world} {d.device.type} devices")
+            progress(f"plan {i + 1}/{len(plans)}: {plan.strategy} on {launch.world} {d.device.type} devices")
             unfair = device_warning(plan, torch.cuda.get_device_name(d.device) if d.is_gpu else "CPU")
             if unfair:
                 progress(unfair)

@@ -32,9 +32,8 @@ from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
 from calibrate.profile import Profile
 
-from autotune.execute.planread import model_kind
 from autotune.execute.result import load_records
-from autotune.plan.search import model_graph
+from autotune.plan.typed import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -70,11 +69,11 @@ def points(folders) -> list[HostPoint]:
             if rec.get("error") or host is None or path not in HOST_PATHS:
                 continue
             cfg = dict(rec.get("model") or {})
-            graph = model_graph(cfg)
+            graph = ModelSpec(str(cfg.get("kind")), {k: v for k, v in cfg.items() if k != "kind"}).graph()
             family = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("layers", "micro_batch", "name", "source", "description")
                                   and isinstance(v, (int, float, str, bool))))
             out.append(HostPoint(path, len(graph.chain), int(rec["micro_batches"]), float(host), str(rec.get("device")),
-                                 (model_kind(cfg),) + family))
+                                 (cfg.get("kind"),) + family))
     return out
 
 

@@ -4,7 +4,7 @@ by ``autotune.apply_pipeline``, each rank training its stage: the step's micro-b
 and targets as ``autotune.execute.moduletrain`` draws for a single-stage plan) run by the plan's schedule,
 then AdamW on the stage's parameters. Measured as the module path measures (step times, host issue time,
 peak memory by phase, the loss, which every rank gets from the last stage), beside the pipelined plan's
-predictions (its totals and, per stage, the simulated end of its last backward)."""
+predictions (its costs and, per stage, the simulated end of its last backward)."""
 from __future__ import annotations
 
 import platform
@@ -22,13 +22,15 @@ PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution
              "boundary_s", "bubble_s")
 
 
-def check_pipelined(plan: dict, world: int, layers: int | None):
+def check_pipelined(plan, world: int, layers: int | None):
     """The pipelined plan read and checked against the launch before any work starts."""
     from autotune.execute.runner import plan_cluster
     from autotune.apply.pipeplan import load_pipelined
+    from autotune.plan.file import load_plan
     if layers is not None:
         raise OptionError("layers", "a pipelined plan splits its model's blocks among its stages: drop --layers, or "
                                     "search a plan for that many layers")
+    plan = load_plan(plan)
     plan_cluster(plan, world)
     return load_pipelined(plan)
 
@@ -48,17 +50,17 @@ class PipelineTrainer(ModuleTrainer):
             return self.pipe.step(ids, targets)
 
 
-def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
+def run_pipeline_plan(plan, d, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
                       profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto"):
     """(the result record, this rank's pipeline): ``module``'s model cut and placed by ``apply_pipeline``
     (``apply_path`` "dtensor": every stage of several devices on the DTensor path)."""
     import autotune
-    from autotune.execute.runner import module_dtypes
+    from autotune.execute.runner import module_dtypes, predicted
 
     check_steps(steps, warmup, profile_steps)
     check_apply_path(apply_path)
     pp = check_pipelined(plan, d.launch.world, layers)
-    config = dict(pp.model)
+    config = {"kind": pp.model.kind, **pp.model.config}
     param_dtype, autocast = module_dtypes(config, dtype)
     # built on the CPU: apply_pipeline moves this rank's stage to its device, and the rest stays off the GPU
     pipe = autotune.apply_pipeline(pp, build_module(module, config, seed, param_dtype, "cpu"),
@@ -68,7 +70,6 @@ def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=Non
         measured = trainer.run(steps, warmup, profile_steps, progress)
     finally:
         trainer.close()
-    totals = plan.get("totals", {})
     return {
         "kind": KIND, "version": VERSION, "strategy": pp.strategy, "executor": "pipeline", "module": module,
         "model": config, "cluster": {"nodes": pp.cluster.nodes, "gpus_per_node": pp.cluster.gpus_per_node},
@@ -76,9 +77,9 @@ def run_pipeline_plan(plan: dict, d, *, module: str = DEFAULT_MODULE, layers=Non
         "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
         "torch": torch.__version__, "dtype": str(autocast or param_dtype).replace("torch.", ""),
         "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": pp.micro_batches,
-        "pipeline": {"stages": len(pp.split), "split": list(pp.split), "schedule": pp.schedule,
+        "pipeline": {"stages": len(pp.stages), "split": list(pp.pipeline.split), "schedule": pp.pipeline.schedule,
                      "library_schedule": type(pipe.schedule).__name__, "paths": list(pipe.paths),
                      "submesh": {"nodes": pp.submesh.nodes, "gpus_per_node": pp.submesh.gpus_per_node}},
-        "measured": measured, "predicted": {k: totals[k] for k in PREDICTED if k in totals},
+        "measured": measured, "predicted": predicted(pp, PREDICTED),
         "predicted_layers": {}, "predicted_comparable": True,
     }, pipe

@@ -14,21 +14,18 @@ from autotune.execute.moduletrain import ModuleTrainer, build_module, torch
 from autotune.execute.planread import check_apply_path
 from autotune.execute.result import KIND, VERSION
 from autotune.execute.usermodule import DEFAULT_MODULE
+from autotune.plan.typed import ModelSpec, Plan
 from autotune.sbp.mesh import Cluster
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution_s", "grad_sync_s", "memory_bytes")
 
 
-def plan_cluster(plan: dict, world: int) -> Cluster:
-    try:
-        c = plan["cluster"]
-        cluster = Cluster(int(c["nodes"]), int(c["gpus_per_node"]))
-    except (KeyError, TypeError, ValueError):
-        raise UserError("the plan has no cluster section: re-run the search (python -m autotune --out DIR)") from None
+def plan_cluster(plan: Plan, world: int) -> Cluster:
+    cluster = plan.cluster
     if cluster.devices != world:
         raise UserError(
-            f"the plan {plan.get('strategy', '')!r} is for {cluster} = {cluster.devices} devices but {world} processes "
+            f"the plan {plan.strategy!r} is for {cluster} = {cluster.devices} devices but {world} processes "
             f"were launched: launch {cluster.devices} (e.g. torchrun --nproc-per-node {cluster.devices}) or search "
             f"a plan with --nodes/--gpus-per-node for {world}")
     return cluster
@@ -52,13 +49,11 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     ``plan_mapping``, the mapping of plan layers to its module names that apply takes. ``apply_path``
     "dtensor": the plan placed by DTensor whatever its path (the host's cost of each path:
     ``autotune.execute.hostfit``)."""
-    from autotune.apply.place import apply, placement_path
-    from autotune.plan import ModelSpec, load_plan
+    from autotune.apply.place import apply, one_stage, placement_path
 
     check_steps(steps, warmup, profile_steps)
-    typed = load_plan(plan)
-    cluster = plan_cluster({"cluster": {"nodes": typed.cluster.nodes, "gpus_per_node": typed.cluster.gpus_per_node},
-                            "strategy": typed.strategy}, d.launch.world)
+    typed = one_stage(plan)
+    cluster = plan_cluster(typed, d.launch.world)
     if layers is not None:
         if layers < 1:
             raise OptionError("layers", "must be at least 1")
@@ -77,7 +72,6 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
         measured = trainer.run(steps, warmup, profile_steps, progress)
     finally:
         trainer.close()
-    totals = typed.costs.to_dict() if typed.costs else {}
     return {
         "kind": KIND, "version": VERSION, "strategy": typed.strategy, "executor": "apply", "module": module,
         "apply_path": path,
@@ -86,8 +80,8 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
         "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
         "torch": torch.__version__, "dtype": str(autocast or param_dtype).replace("torch.", ""),
         "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": typed.micro_batches,
-        "measured": measured, "predicted": {k: totals[k] for k in PREDICTED if k in totals},
-        "predicted_layers": {}, "predicted_comparable": layers is None,
+        "measured": measured, "predicted": predicted(typed), "predicted_layers": {},
+        "predicted_comparable": layers is None,
     }, model
 
 
@@ -101,11 +95,18 @@ def free_device(d: Dist) -> None:
         torch.cuda.reset_peak_memory_stats(d.device)
 
 
-def out_of_memory_record(plan: dict, d: Dist, message: str) -> dict:
+def predicted(plan: Plan, keys=PREDICTED) -> dict:
+    """The plan's predicted figures that a result records beside the measured ones."""
+    costs = plan.costs.to_dict() if plan.costs else {}
+    return {k: costs[k] for k in keys if k in costs}
+
+
+def out_of_memory_record(plan: Plan, d: Dist, message: str) -> dict:
     """The record of a plan that ran out of device memory (the summary lists it apart)."""
-    return {"kind": KIND, "version": VERSION, "strategy": plan.get("strategy", ""), "model": dict(plan.get("model") or {}),
-            "cluster": dict(plan.get("cluster") or {}), "world": d.launch.world, "launcher": d.launch.launcher,
+    return {"kind": KIND, "version": VERSION, "strategy": plan.strategy, "model": {"kind": plan.model.kind, **plan.model.config},
+            "cluster": {"nodes": plan.cluster.nodes, "gpus_per_node": plan.cluster.gpus_per_node},
+            "world": d.launch.world, "launcher": d.launch.launcher,
             "backend": "nccl" if d.is_gpu else "gloo",
             "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
             "torch": torch.__version__, "error": "out of memory", "detail": message.splitlines()[0][:300],
-            "predicted": {k: plan.get("totals", {})[k] for k in PREDICTED if k in plan.get("totals", {})}}
+            "predicted": predicted(plan)}

@@ -10,78 +10,70 @@ through the execute runners (``run_module_plan``: ``autotune.apply``; ``run_pipe
 out of memory is reported as not fitting and the others go on. The fastest measured is the returned plan
 (DIR/plan.json's best; every candidate's predicted and measured step and memory in its ``meta.tune`` and in
 DIR/tune.md). Residuals (``calibrate.residuals``): per apply path, measured / predicted, into the profile
-(--profile-out), which the next search reads (``autotune.plan.hostpace.corrected``). The search is one call,
-``search_plans``.
+(--profile-out), which the next search reads (``autotune.plan.hostpace.corrected``). The search is one call of
+``autotune.search`` (``search_plans``).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
+
+from autotune.plan.file import PlanFile
+from autotune.plan.typed import Plan
 
 KINDS = {"ddp": "data parallel", "fully_shard": "FSDP", "tensor": "tensor parallel",
          "dtensor": "per-layer placements"}  # apply path -> kind
 
 
-def kind_of(plan: dict) -> str | None:
+def kind_of(plan: Plan) -> str | None:
     """The candidate kind of a plan, by the path ``autotune.apply`` places it on (a Megatron plan of t = 1 is data
     parallel, of t > 1 tensor parallel; TP + FSDP goes with FSDP; every other plan with tensor-split layers is one
     of per-layer placements), or "pipelined"; None on one device."""
-    from autotune.plan.layouts import plan_path
-    from autotune.plan.search import convert
-
-    if "stages" in plan:
-        return "pipelined"
-    return KINDS.get(plan_path(convert(plan, (), "plan")))
+    return "pipelined" if plan.stages else KINDS.get(plan.apply_path)
 
 
-def _step(plan: dict) -> float:
-    return float((plan.get("totals") or {}).get("step_s", float("inf")))
+def _step(plan: Plan) -> float:
+    return float("inf") if plan.costs.step_s is None else plan.costs.step_s
 
 
-def candidates(best: dict, baselines: list[dict], k: int) -> list[dict]:
+def candidates(best: Plan, baselines: list[Plan], k: int) -> list[Plan]:
     """The searched plan, then per kind its best-predicted plan that fits, fastest predicted first, K in all."""
     out, seen = [best], {kind_of(best) or "searched"}
     for plan in sorted(baselines, key=_step):
         kind = kind_of(plan)
         if len(out) >= k:
             break
-        if kind is None or kind in seen or not (plan.get("totals") or {}).get("fits_memory", True):
+        if kind is None or kind in seen or not plan.costs.fits_memory:
             continue
         out.append(plan)
         seen.add(kind)
     return out
 
 
-def search_plans(search_argv: list[str], out: Path):
-    """The search (one call: the lead switches it to ``autotune.search`` at merge): plan.json into ``out``,
-    returned as (best, baselines)."""
-    from autotune.cli.search import main as search_main
-    from autotune.sbp.plan import PlanFile
+def search_plans(search_argv: list[str], progress=None) -> PlanFile:
+    """``autotune.search`` under the search's own command-line options ``search_argv`` (step objective)."""
+    from autotune.cli.search import prepare
+    from autotune.planner import search
 
-    if search_main([*search_argv, "--objective", "step", "--out", str(out)]) != 0:
-        raise UserError("the search failed: see its message above")
-    pf = PlanFile.load(out / "plan.json")
-    return pf.best, list(pf.baselines)
+    _, graph, cluster, profile, _, options = prepare([*search_argv, "--objective", "step"])
+    return search(graph, cluster, profile, **options, progress=progress)
 
 
-def run_candidate(plan: dict, d, module: str, steps: int, warmup: int, seed: int, progress) -> dict:
+def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int, progress) -> dict:
     """One candidate's row: predicted and measured step and peak memory (the largest over ranks), its apply
     path, and "ok", "out of memory" (does not fit) or the reason it could not run."""
     from autotune.execute.moduletrain import torch
     from autotune.execute.pipetrain import run_pipeline_plan
     from autotune.execute.runner import free_device, run_module_plan
 
-    totals = plan.get("totals") or {}
-    row = {"strategy": plan.get("strategy", ""), "kind": kind_of(plan) or "searched",
-           "predicted_step_s": totals.get("step_s"), "predicted_uncorrected_s": totals.get("step_uncorrected_s",
-                                                                                          totals.get("step_s")),
-           "predicted_bytes": totals.get("memory_bytes")}
+    c = plan.costs
+    row = {"strategy": plan.strategy, "kind": kind_of(plan) or "searched", "predicted_step_s": c.step_s,
+           "predicted_uncorrected_s": c.step_s if c.step_uncorrected_s is None else c.step_uncorrected_s,
+           "predicted_bytes": c.memory_bytes}
     free_device(d)
     model = None
     try:
-        run = run_pipeline_plan if "stages" in plan else run_module_plan
+        run = run_pipeline_plan if plan.stages else run_module_plan
         rec, model = run(plan, d, module=module, steps=steps, warmup=warmup, profile_steps=0, seed=seed,
                          progress=progress)
         m = rec["measured"]

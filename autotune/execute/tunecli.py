@@ -18,7 +18,7 @@ from pathlib import Path
 
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
-from calibrate.outputs import write_atomic
+from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.residuals import fitted
 
@@ -51,13 +51,15 @@ def main(argv=None, report=None) -> int:
     load_factory(args.module)
     launch = launch_env()
     profile = Profile.load(args.profile)
-    out = Path(args.out)
+    out = check_output_path(args.out, "--out folder", directory=True)  # before the search, not after the runs
     target = Path(args.profile_out) if args.profile_out else \
         Path(args.profile) if Path(args.profile).suffix == ".json" else out / "profile.json"
     from autotune.execute.env import start, stop
     from autotune.execute.moduletrain import torch
     from autotune.execute.tune import candidates, fastest, residual_runs, run_candidate, search_plans, tune_table
-    from autotune.sbp.plan import PlanFile
+    from dataclasses import replace
+
+    from autotune.plan.file import PlanFile
     lead = launch.rank == 0
 
     def progress(msg):
@@ -66,20 +68,19 @@ def main(argv=None, report=None) -> int:
 
     d = start(args.device)
     try:
-        failed = ""
+        shared = ["", None]
         if lead:
             try:  # the search's refusals (a profile without host figures, ...) reach every rank as one line
-                search_plans(["--model", args.model, "--profile", args.profile, "--nodes", "1", "--gpus-per-node",
-                              str(launch.world), *args.search], out)
+                shared[1] = search_plans(["--model", args.model, "--profile", args.profile, "--nodes", "1",
+                                          "--gpus-per-node", str(launch.world), *args.search], progress)
             except UserError as e:
-                failed = str(e)
-        shared = [failed]
-        torch.distributed.broadcast_object_list(shared, src=0)
+                shared[0] = str(e)
+        torch.distributed.broadcast_object_list(shared, src=0)  # the plans themselves: no shared file system
         if shared[0]:
             raise UserError(shared[0])
-        pf = PlanFile.load(out / "plan.json")
+        pf = shared[1]
         cands = candidates(pf.best, pf.baselines, args.k)
-        progress(f"{len(cands)} candidates: " + "; ".join(c.get("strategy", "") for c in cands))
+        progress(f"{len(cands)} candidates: " + "; ".join(c.strategy for c in cands))
         rows = [run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress) for c in cands]
     finally:
         stop(d)
@@ -89,9 +90,10 @@ def main(argv=None, report=None) -> int:
     table = tune_table(rows, chosen)
     plan = cands[rows.index(chosen)]
     others = [p for p in [pf.best, *pf.baselines] if p is not plan]
-    tuned = PlanFile(dict(plan, tune={"returned": True, **chosen}), others, pf.traces,
+    tuned = PlanFile(replace(plan, tune={"returned": True, **chosen}), others, pf.traces,
                      dict(pf.meta, tune={"candidates": rows, "returned": chosen["strategy"], "steps": args.steps,
                                          "warmup": args.warmup, "world": launch.world}))
+    out.mkdir(parents=True, exist_ok=True)
     path = tuned.save(out / "plan.json")
     write_atomic(out / "tune.md", f"# autotune tune\n\n{table}\n", "tune table")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")

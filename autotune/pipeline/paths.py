@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.plan.layouts import local_twin, twin_path
-from autotune.plan.search import from_problem
+from autotune.plan.build import placed
 from autotune.plan.typed import ApplyPath
 from autotune.sbp.baselines import data_parallel
 
@@ -41,7 +41,7 @@ def stage_path(problem, assign) -> str:
 
 
 def _typed_path(problem, assign) -> str:
-    return twin_path(local_twin(from_problem(problem, assign, "stage")))
+    return twin_path(local_twin(placed(problem, assign, "stage")))
 
 
 def host_floor(fig, problem, assign):

@@ -1,30 +1,25 @@
-"""A pipelined plan as the plan record's ``best`` (or a baseline): the fields of a single-stage plan
-(``autotune.sbp.plan.build_plan``) with totals over the pipeline, plus ``pipeline`` (schedule, stages,
-micro-batches, makespan, bubble) and ``stages``: per stage its chain-position range and layer names,
-submesh, in-flight micro-batches, forward and backward seconds per micro-batch, the boundary to the next
-stage (seconds per micro-batch each way, as it executes, ``boundary_forward_s`` and ``boundary_backward_s``, by
-the route ``boundary_route``, direct or scatter, whose tiles cross in the fine-axis placement ``boundary_sent``;
-both None on the last stage; ``boundary_planned_*`` as the resharding planner would move it,
-``autotune.pipeline.boundary``), memory, its timeline (the simulated intervals) and its SBP
-plan (``layers``, ``edges``, ``totals`` as today). ``layers`` and ``edges`` of the whole are the
-stages' in order, each with its ``stage``.
+"""A pipelined plan as a ``Plan`` (``autotune.plan.typed``): its ``stages`` (per stage its plan of the layers it
+runs on its submesh, built by ``autotune.plan.build``, its chain range and layers, in-flight micro-batches, forward
+and backward seconds per micro-batch, the boundary to the next stage each way as it executes, by the route
+direct or scatter whose tiles cross in ``boundary_sent``, and as the resharding planner would move it,
+``autotune.pipeline.boundary``, memory and its simulated timeline), ``pipeline`` (schedule, split, makespan)
+and the costs over the pipeline.
 
-Totals: ``step_s`` the simulated step; ``compute_s``, ``redistribution_s`` and ``grad_sync_s`` those of
-the busiest stage (per step, on its devices); ``boundary_s`` the boundary transfers of one micro-batch
-summed over the boundaries, both ways (``boundary_planned_s`` the same by the resharding planner);
-``bubble_s`` the step less the busiest stage's work;
-``memory_bytes`` the largest stage's peak.
+Costs: ``step_s`` the simulated step; ``compute_s``, ``redistribution_s`` and ``grad_sync_s`` those of the
+busiest stage (per step, on its devices); ``boundary_s`` the boundary transfers of one micro-batch summed over
+the boundaries, both ways (``boundary_planned_s`` the same by the resharding planner); ``bubble_s`` the step
+less the busiest stage's work; ``memory_bytes`` the largest stage's peak (``memory_stage``).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
-from calibrate.records import header
-
+from autotune.pipeline.paths import stage_path
 from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, StagePlan
 from autotune.pipeline.threed import seeded
-from autotune.sbp.plan import KIND, VERSION, build_plan
+from autotune.plan.build import build
+from autotune.plan.typed import ApplyPath, Costs, FineMesh, ModelSpec, Pipeline, Plan, Stage
 from autotune.sbp.techniques import Techniques
 
 
@@ -37,69 +32,47 @@ def stream(a: StagePlan, b: StagePlan) -> tuple:
     return pa.ops[last].out_shape, sa.fine_out, sb.fine_in, sb.fine_grad_in
 
 
-def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dict | None = None) -> dict:
+def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dict | None = None) -> Plan:
     g = search.graph_for(c.micro_batches)
-    stages, layers, edges = [], [], []
+    stages = []
     planned = [search.pricer.planned(*stream(c.plans[i], c.plans[i + 1]), c.sub, c.sub, i) for i in range(c.stages - 1)]
     routes = [search.pricer.route(*stream(c.plans[i], c.plans[i + 1]), c.sub, c.sub, i) for i in range(c.stages - 1)]
     for i, (sp, span) in enumerate(zip(c.plans, c.spans)):
-        plan = build_plan(sp.problem, sp.assign, f"stage {i}", sp.search)
-        for x in plan["layers"]:
-            layers.append(dict(x, stage=i))
-        for x in plan["edges"]:
-            edges.append(dict(x, stage=i))
+        plan = build(sp.problem, sp.assign, f"stage {i}", sp.search, sp.fig.path or stage_path(sp.problem, sp.assign))
+        plan = replace(plan, model=ModelSpec(plan.model.kind, dict(plan.model.config, layers=c.split[i])))
         fwd, bwd = c.boundaries[i] if i < len(c.boundaries) else (0.0, 0.0)
         pf, pb = planned[i] if i < len(planned) else (0.0, 0.0)
         route = routes[i] if i < len(routes) else None
-        stages.append({
-            "stage": i, "chain": list(span), "blocks": c.split[i],
-            "first_layer": g.layers[g.chain[span[0]]].name, "last_layer": g.layers[g.chain[span[1] - 1]].name,
-            "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
-            "inflight": sp.problem.inflight, "forward_s": sp.fig.forward, "backward_s": sp.fig.backward,
-            "boundary_forward_s": fwd, "boundary_backward_s": bwd,
-            "boundary_route": route.name if route else None, "boundary_sent": list(route.sent) if route else None,
-            "boundary_planned_forward_s": pf, "boundary_planned_backward_s": pb,
-            "grad_sync_s": sp.fig.grad_sync, "exposed_sync_s": sp.fig.exposed_sync, "optimizer_s": sp.fig.optimizer,
-            **({"apply_path": sp.fig.path, "host_pass_s": sp.fig.host} if sp.fig.path else {}),
-            "end_s": c.ends[i], "memory_bytes": sp.fig.memory, "fits_memory": sp.fig.fits,
-            "timeline": [[iv.kind, iv.micro_batch, iv.start, iv.end] for iv in c.result.intervals
-                         if iv.lane == f"stage {i}"],
-            "plan": plan,
-        })
+        mode = sp.problem.mode
+        stages.append(Stage(
+            plan, tuple(span), c.split[i], g.layers[g.chain[span[0]]].name, g.layers[g.chain[span[1] - 1]].name,
+            sp.problem.inflight, sp.fig.forward, sp.fig.backward, fwd, bwd, pf, pb, sp.fig.grad_sync,
+            sp.fig.exposed_sync, sp.fig.optimizer, c.ends[i], sp.fig.memory, sp.fig.fits,
+            route.name if route else None, tuple(route.sent) if route else None, sp.fig.host if sp.fig.path else None,
+            tuple((iv.kind, iv.micro_batch, iv.start, iv.end) for iv in c.result.intervals if iv.lane == f"stage {i}"),
+            Techniques(mode.recompute, search.cfg.schedule, c.virtual, bool(sp.search.get("sequence_parallel")),
+                       mode.zero).to_dict()))
     busiest = max(range(c.stages), key=lambda i: c.plans[i].fig.compute + c.plans[i].fig.redistribution)
     bf = c.plans[busiest].fig
     binding = max(range(c.stages), key=lambda i: c.plans[i].fig.memory)  # the stage whose memory binds
     work = c.micro_batches * (bf.forward + bf.backward) + bf.exposed_sync + bf.optimizer
-    totals = {"step_s": c.step, "compute_s": bf.compute, "redistribution_s": bf.redistribution,
-              "grad_sync_s": bf.grad_sync, "total_s": bf.redistribution + bf.grad_sync,
-              "exposed_comm_s": c.step - bf.compute,
-              "boundary_s": sum(f + b for f, b in c.boundaries),
-              "boundary_planned_s": sum(f + b for f, b in planned), "bubble_s": max(0.0, c.step - work),
-              "memory_bytes": c.plans[binding].fig.memory, "memory_stage": binding,
-              "memory": stages[binding]["plan"]["totals"]["memory"],
-              "fits_memory": all(x.fig.fits for x in c.plans)}
-    return {
-        **header(KIND, VERSION), "strategy": strategy,
-        "model": {"name": g.model, **g.config, "kind": g.model},
-        "cluster": {"nodes": search.cluster.nodes, "gpus_per_node": search.cluster.gpus_per_node},
-        "profile": search.profile.name, "micro_batches": c.micro_batches,
-        "memory_limit_bytes": search.stages.limit, "search": {**(info or {}), "config": asdict(search.cfg)}, "assignment": [],
-        "objective": "step", "totals": totals, "layers": layers, "edges": edges,
-        "pipeline": {"schedule": search.cfg.schedule, "stages": c.stages, "micro_batches": c.micro_batches,
-                     "split": list(c.split), "makespan_s": c.result.makespan,
-                     "peak_activations": list(c.result.peak_activations),
-                     "submesh": {"nodes": c.sub.nodes, "gpus_per_node": c.sub.gpus_per_node},
-                     "steady": list(c.result.steady)},
-        "stages": stages,
-        "stage_modes": [{"recompute": x.problem.mode.recompute, "sharding": x.problem.mode.sharding,
-                         "techniques": Techniques(x.problem.mode.recompute, search.cfg.schedule, c.virtual,
-                                                  bool(x.search.get("sequence_parallel")),
-                                                  x.problem.mode.zero).to_dict()} for x in c.plans],
-    }
+    costs = Costs(bf.redistribution, bf.grad_sync, bf.redistribution + bf.grad_sync, c.plans[binding].fig.memory,
+                  all(x.fig.fits for x in c.plans), stages[binding].plan.costs.memory, compute_s=bf.compute,
+                  exposed_comm_s=c.step - bf.compute, step_s=c.step, boundary_s=sum(f + b for f, b in c.boundaries),
+                  boundary_planned_s=sum(f + b for f, b in planned), bubble_s=max(0.0, c.step - work),
+                  memory_stage=binding)
+    config = {k: v for k, v in {"name": g.model, **g.config}.items() if k != "kind"}
+    return Plan(ModelSpec(g.model, config), search.cluster, FineMesh.of(search.cluster), (), c.micro_batches,
+                strategy=strategy, profile=search.profile.name, costs=costs, apply_path=ApplyPath.PIPELINE.value,
+                objective="step", memory_limit_bytes=search.stages.limit,
+                search={**(info or {}), "config": asdict(search.cfg)},
+                pipeline=Pipeline(search.cfg.schedule, tuple(c.split), c.result.makespan,
+                                  tuple(c.result.peak_activations), tuple(c.result.steady)),
+                stages=tuple(stages))
 
 
 def pipeline_plans(graph, cluster, profile, memory_limit: float, cfg: PipelineConfig, progress=None):
-    """(the best pipelined plan, the best Megatron-style 3-D plan), each a plan dict or None where no
+    """(the best pipelined plan, the best Megatron-style 3-D plan), each a ``Plan`` or None where no
     candidate fits; the pipelined plan is the 3-D one where the stage search finds none faster
     (``autotune.pipeline.threed.seeded``)."""
     t0 = time.perf_counter()

@@ -14,32 +14,37 @@ figures, keep their step.
 
 ``corrected``: where the profile has residuals of its path (``calibrate.residuals``: measured / predicted steps
 of plans ``autotune tune`` ran on this machine), the plan's step times that factor, recorded as
-``totals.residual`` (and ``totals.step_uncorrected_s``, the step before it).
+``costs.residual`` (and ``costs.step_uncorrected_s``, the step before it).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from calibrate.compute import host_figure
 
-from autotune.plan.layouts import plan_path
-from autotune.plan.search import convert, model_graph
+from autotune.plan.typed import Plan
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 
 
-def at_host_pace(plan: dict, compute, module=None) -> dict:
-    """``plan`` (a single-stage plan of ``build_plan``) with its step at the host's pace (module doc), its
-    ``apply_path`` and ``totals.host_step_s``; ``plan`` itself where the floor does not apply. ``module``: the
-    profile's module section (``calibrate.module``); where it was measured on the plan's model with host figures
-    of the plan's path, its blocks are issued at the measured per-block pace (the host's cost of the user's own
-    block, not of the reference Llama's layers), the layers outside the blocks at the compute section's."""
-    totals = plan.get("totals") or {}
-    model = plan.get("model") or {}
-    if compute is None or not compute.host_s or "stages" in plan or "step_s" not in totals or \
-            model.get("kind") not in KINDS:
+def paced(plan: Plan, compute) -> bool:
+    """Whether the host's pace applies to ``plan`` (module doc): a single-stage plan of a model apply places,
+    priced by step, on a profile with host figures."""
+    return compute is not None and bool(compute.host_s) and not plan.stages and plan.costs.step_s is not None \
+        and plan.model.kind in KINDS
+
+
+def at_host_pace(plan: Plan, compute, module=None) -> Plan:
+    """``plan`` (a single-stage plan of ``autotune.plan.build``) with its step at the host's pace of its
+    ``apply_path`` (module doc) and ``costs.host_step_s``; ``plan`` itself where the floor does not apply.
+    ``module``: the profile's module section (``calibrate.module``); where it was measured on the plan's model with
+    host figures of the plan's path, its blocks are issued at the measured per-block pace (the host's cost of the
+    user's own block, not of the reference Llama's layers), the layers outside the blocks at the compute
+    section's."""
+    if not paced(plan, compute):
         return plan
-    typed = convert(plan, (), "plan")
-    path = plan_path(typed)
-    graph = model_graph(model)
+    path, costs = plan.apply_path, plan.costs
+    graph = plan.model.graph()
     host = compute.host_seconds(path, len(graph.chain))
     own = host_figure(module.host_s, path) if module is not None and module.matches(graph.config) else None
     if own is not None and graph.blocks:
@@ -47,19 +52,18 @@ def at_host_pace(plan: dict, compute, module=None) -> dict:
         rest = compute.host_seconds(path, len(graph.chain) - inside) or (0.0, 0.0)
         host = (len(graph.blocks) * own[0] + rest[0], len(graph.blocks) * own[1] + rest[1])
     if host is None:
-        return dict(plan, apply_path=path)
+        return plan
     per_pass, per_step = host
-    step = typed.micro_batches * per_pass + per_step
-    return dict(plan, apply_path=path, totals=dict(totals, host_step_s=step, step_s=max(totals["step_s"], step)))
+    step = plan.micro_batches * per_pass + per_step
+    return replace(plan, costs=replace(costs, host_step_s=step, step_s=max(costs.step_s, step)))
 
 
-def corrected(plan: dict, profile) -> dict:
+def corrected(plan: Plan, profile) -> Plan:
     """``plan`` with its step corrected by the profile's residual of its apply path (module doc); ``plan`` itself
-    where the profile has none for that path or the plan has no path (pipelined, other models)."""
+    where the profile has none for that path or the host's pace does not apply to the plan (``paced``)."""
     residuals = getattr(profile, "residuals", None)
-    totals = plan.get("totals") or {}
-    path = plan.get("apply_path")
-    if residuals is None or path is None or path not in residuals.paths or "step_s" not in totals:
+    costs, path = plan.costs, plan.apply_path
+    if residuals is None or not paced(plan, getattr(profile, "compute", None)) or path not in residuals.paths:
         return plan
     r = residuals.factor(path)
-    return dict(plan, totals=dict(totals, step_uncorrected_s=totals["step_s"], residual=r, step_s=totals["step_s"] * r))
+    return replace(plan, costs=replace(costs, step_uncorrected_s=costs.step_s, residual=r, step_s=costs.step_s * r))

@@ -1,31 +1,32 @@
-"""The typed plan: one dataclass tree for everything a plan tells a user, as a
-versioned record (kind ``commtune.plan``) with one validating loader.
+"""The plan: one dataclass tree for everything a plan tells a user, built by the search
+(``autotune.plan.build``) and written as plan.json (``autotune.plan.file.PlanFile``) with one validating loader.
 
-``TypedPlan`` holds the model (kind and config fields), the cluster, the fine
-mesh (one DeviceMesh dimension per fine axis of the cluster, node axes first:
-``autotune.sbp.mesh``), per distinct layer its placements per fine axis
-("S0", "S1", ... split, "B" replicated, "P" partial sum) of input, output and
-each weight with the weight's shape, recomputation, FSDP sharding,
-micro-batches, predicted costs and memory (with its breakdown) and the
-baselines' costs.
+``Plan`` holds the model (kind and config fields), the cluster, the fine mesh (one DeviceMesh dimension per
+fine axis of the cluster, node axes first: ``autotune.sbp.mesh``), per distinct layer its placements per fine
+axis ("S0", "S1", ... split, "B" replicated, "P" partial sum) of input, output and each weight with the weight's
+shape, the collectives it issues and its predicted costs, the boxings between layers (``edges``),
+recomputation, FSDP sharding, micro-batches, the path ``apply`` places it by (``ApplyPath``, decided once by the
+search) and the predicted costs of a step (``Costs``). A pipelined plan has no layers of its own: its ``stages``
+each hold the plan of the layers they run on their submesh, and ``pipeline`` the schedule and the split.
 
-    plan = load_plan("plan.json")         # a typed plan, or plan.json of python -m autotune (converted)
-    plan = convert(best, baselines)       # from today's plan dict (autotune.plan.search)
-    plan.save("typed.json")
+    plan = load_plan("plan.json")          # the best plan of python -m autotune's plan.json (autotune.plan.file)
+    plan.costs.step_s, plan.apply_path, [s.plan.apply_path for s in plan.stages]
 
-Placements are the SBP strings of ``autotune.sbp.sbp``; ``dtensor_placements``
-spells them as PyTorch's ``Shard``/``Replicate``/``Partial`` (without importing torch).
+Placements are the SBP strings of ``autotune.sbp.sbp``; ``dtensor_placement`` spells them as PyTorch's
+``Shard``/``Replicate``/``Partial`` (without importing torch).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 
 from calibrate.errors import UserError
-from calibrate.jsonfile import read_json, write_json
-from calibrate.records import check_header, header
+from calibrate.jsonfile import write_json
+from models.builders import BUILDERS
+from models.graph import LayerGraph
+from models.loader import FIELDS, validate
 
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, P, is_split, split_dim
@@ -34,7 +35,6 @@ from autotune.sbp.sbp import B, P, is_split, split_dim
 # the last stage layer holds it, or scattered first
 DIRECT, SCATTER = "direct", "scatter"
 ROUTES = (DIRECT, SCATTER)
-
 
 
 class ApplyPath(StrEnum):
@@ -47,13 +47,10 @@ class ApplyPath(StrEnum):
     FULLY_SHARD = "fully_shard"  # FSDP, HSDP, TP + FSDP as torchtitan composes them
     TENSOR = "tensor"  # data x tensor parallel without FSDP: parallelize_module's styles (torchtitan's DDP + TP)
     DTENSOR = "dtensor"  # every other plan: per-layer DTensor placements
+    PIPELINE = "pipeline"  # a pipelined plan: each stage by its own plan's path (autotune.apply_pipeline)
 
 
-KIND = "commtune.plan"
-VERSION = 1
-WHAT = "typed plan"
-FIX = "convert the search's plan.json with autotune.plan.load_plan (or re-run python -m autotune --out DIR)"
-SEARCH_KIND = "commtune.sbp-plan"  # plan.json of python -m autotune, converted on load
+FIX = "re-run python -m autotune --out DIR"
 RECOMPUTE = ("none", "selective", "full")
 SHARDING = ("none", "fsdp")
 
@@ -118,6 +115,14 @@ class ModelSpec:
     def get(self, key: str, default=None):
         return self.config.get(key, default)
 
+    def graph(self, layers: int | None = None) -> LayerGraph:
+        """The model's layer graph; ``layers`` overrides its number of blocks."""
+        if self.kind not in BUILDERS:
+            raise UserError(f"the plan's model kind {self.kind!r} is not one of {', '.join(BUILDERS)}: {FIX}")
+        cfg = {k: v for k, v in self.config.items() if k in FIELDS[self.kind] or k in ("name", "source", "description")}
+        return BUILDERS[self.kind](validate(self.kind, cfg if layers is None else dict(cfg, layers=layers),
+                                            "the plan's model"))
+
 
 @dataclass(frozen=True)
 class FineMesh:
@@ -146,6 +151,48 @@ class WeightPlan:
     placements: tuple[str, ...]
 
 
+def _record(cls, d, where: str, numbers: tuple[str, ...] = ()):
+    """A flat record dataclass from its dict: its fields by name, ``numbers`` finite and not negative, lists
+    as tuples."""
+    d = _dict(d, where)
+    names = {f.name for f in fields(cls)}
+    if set(d) - names:
+        raise _bad(where, f"unknown fields {sorted(set(d) - names)}")
+    try:
+        return cls(**{k: _number(v, f"{where}.{k}") if k in numbers and v is not None else
+                      tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                      for k, v in d.items()})
+    except TypeError:
+        raise _bad(where, f"lacks some of {sorted(names)}") from None
+
+
+def _flat(x) -> dict:
+    """A flat record dataclass as its dict (tuples as lists; None fields left out)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(x).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a layer or boxing issues: what it moves (``phase`` internal, grad-sync, fsdp or boxing;
+    ``tensor``; ``direction`` fwd or bwd; ``per`` micro-batch or step), on which group, and its predicted
+    seconds."""
+
+    phase: str
+    tensor: str
+    direction: str
+    per: str
+    collective: str
+    axes: tuple[int, ...]
+    ranks: int
+    nodes: int
+    tier: str
+    nbytes: float
+    seconds: float
+
+
+COLLECTIVE_NUMBERS = ("ranks", "nodes", "nbytes", "seconds")
+
+
 @dataclass(frozen=True)
 class LayerPlan:
     """One distinct layer (tied across its ``count`` occurrences) and its placements per fine axis."""
@@ -160,14 +207,30 @@ class LayerPlan:
     weights: tuple[WeightPlan, ...] = ()
     costs: dict = field(default_factory=dict)  # predicted seconds and bytes (redistribution_s, memory_bytes, ...)
     roles: tuple[tuple[int, int], ...] = ()  # the search's role mesh, (nodes, gpus) per role (names the strategy)
+    collectives: tuple[Collective, ...] = ()
+    compute_source: str = ""  # "module" (the user's module as measured) or "analytical"; "" unpriced
 
     def weight(self, name: str) -> WeightPlan | None:
         return next((w for w in self.weights if w.name == name), None)
 
 
 @dataclass(frozen=True)
+class Edge:
+    """The boxing from one layer's output to the next layer's input: its collectives and seconds per step
+    (``costs``: redistribution_s; with compute figures copy_s, forward_s, backward_s)."""
+
+    source: str
+    target: str
+    count: int
+    collectives: tuple[Collective, ...] = ()
+    costs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Costs:
-    """Predicted costs of one step: seconds, peak memory per device and its breakdown."""
+    """Predicted costs of one step: seconds, peak memory per device and its breakdown; the step model's
+    figures where it ran (``step_s`` at the host's pace and corrected by the profile's residual where those
+    apply: ``autotune.plan.hostpace``), a pipeline's where pipelined."""
 
     redistribution_s: float
     grad_sync_s: float
@@ -175,39 +238,90 @@ class Costs:
     memory_bytes: float
     fits_memory: bool
     memory: dict = field(default_factory=dict)  # parameters_bytes, gradients_bytes, ...
-    extra: dict = field(default_factory=dict)  # compute_s, exposed_comm_s, step_s when the step model ran
+    compute_s: float | None = None
+    exposed_comm_s: float | None = None
+    step_s: float | None = None
+    host_step_s: float | None = None  # the host's time to issue the step on the plan's path
+    step_uncorrected_s: float | None = None  # the step before the residual
+    residual: float | None = None  # measured / predicted steps of the path (calibrate.residuals)
+    boundary_s: float | None = None  # pipelined: the boundary transfers of a micro-batch, both ways
+    boundary_planned_s: float | None = None
+    bubble_s: float | None = None
+    memory_stage: int | None = None  # pipelined: the stage whose memory binds
 
     def to_dict(self) -> dict:
-        return {"redistribution_s": self.redistribution_s, "grad_sync_s": self.grad_sync_s,
-                "total_s": self.total_s, "memory_bytes": self.memory_bytes, "fits_memory": self.fits_memory,
-                "memory": dict(self.memory), **self.extra}
+        return _flat(self)
+
+    def of(self, objective: str) -> float | None:
+        """The seconds ``objective`` minimises: the step ("step") or the communication ("comm")."""
+        return self.step_s if objective == "step" else self.total_s
 
     @classmethod
     def from_dict(cls, d, where: str) -> "Costs":
-        d = _dict(d, where)
-        for key in ("redistribution_s", "grad_sync_s", "total_s", "memory_bytes", "fits_memory"):
-            if key not in d:
-                raise _bad(where, f"no {key!r}")
-        if not isinstance(d["fits_memory"], bool):
-            raise _bad(f"{where}.fits_memory", f"{d['fits_memory']!r} is not true or false")
+        d = dict(_dict(d, where))
+        if not isinstance(d.get("fits_memory"), bool):
+            raise _bad(f"{where}.fits_memory", f"{d.get('fits_memory')!r} is not true or false")
         # the workspace may be negative: with one micro-batch, the gradients not yet made at the peak
         # (autotune.sbp.memory.peak_workspace)
-        memory = {k: _number(v, f"{where}.memory.{k}", -math.inf if k == "workspace_bytes" else 0.0)
-                  for k, v in _dict(d.get("memory", {}), f"{where}.memory").items()}
-        known = {"redistribution_s", "grad_sync_s", "total_s", "memory_bytes", "fits_memory", "memory"}
-        extra = {k: _number(v, f"{where}.{k}") for k, v in d.items() if k not in known}
-        return cls(*(_number(d[k], f"{where}.{k}") for k in ("redistribution_s", "grad_sync_s", "total_s",
-                                                             "memory_bytes")), d["fits_memory"], memory, extra)
+        d["memory"] = {k: _number(v, f"{where}.memory.{k}", -math.inf if k == "workspace_bytes" else 0.0)
+                       for k, v in _dict(d.get("memory", {}), f"{where}.memory").items()}
+        if d.get("memory_stage") is not None:
+            _count(d["memory_stage"], f"{where}.memory_stage", 0)
+        return _record(cls, d, where, tuple(f.name for f in fields(cls)
+                                            if f.name not in ("fits_memory", "memory", "memory_stage")))
 
 
 @dataclass(frozen=True)
-class Baseline:
-    strategy: str
-    costs: Costs
+class Pipeline:
+    """A pipelined plan's schedule: its order, blocks per stage, the simulated makespan, each stage's peak of
+    micro-batches in flight and the steady state."""
+
+    schedule: str
+    split: tuple[int, ...]
+    makespan_s: float
+    peak_activations: tuple[int, ...] = ()
+    steady: tuple = ()
 
 
 @dataclass(frozen=True)
-class TypedPlan:
+class Stage:
+    """One stage of a pipelined plan: its plan (the layers it runs, on its submesh), its chain range and blocks,
+    the micro-batches it holds in flight, per micro-batch forward and backward, the boundary to the next stage
+    (seconds each way as it executes, by ``boundary_route``, direct or scatter, whose tiles cross in
+    ``boundary_sent``; as the resharding planner would move it: ``boundary_planned_*``; None routes on the last
+    stage), gradient sync, optimizer, the simulated end of its last backward, memory and its timeline (kind,
+    micro-batch, start, end)."""
+
+    plan: "Plan"
+    chain: tuple[int, int]
+    blocks: int
+    first_layer: str
+    last_layer: str
+    inflight: int
+    forward_s: float
+    backward_s: float
+    boundary_forward_s: float
+    boundary_backward_s: float
+    boundary_planned_forward_s: float
+    boundary_planned_backward_s: float
+    grad_sync_s: float
+    exposed_sync_s: float
+    optimizer_s: float
+    end_s: float
+    memory_bytes: float
+    fits_memory: bool
+    boundary_route: str | None = None
+    boundary_sent: tuple[str, ...] | None = None
+    host_pass_s: float | None = None  # the host's seconds to issue a micro-batch on the stage's path
+    timeline: tuple = ()
+    techniques: dict = field(default_factory=dict)  # autotune.sbp.techniques.Techniques.to_dict()
+
+
+STAGE_NUMBERS = tuple(f.name for f in fields(Stage) if f.name.endswith("_s") or f.name == "memory_bytes")
+
+
+@dataclass(frozen=True)
+class Plan:
     model: ModelSpec
     cluster: Cluster
     mesh: FineMesh
@@ -219,7 +333,14 @@ class TypedPlan:
     strategy: str = ""
     profile: str = ""
     costs: Costs | None = None
-    baselines: tuple[Baseline, ...] = ()
+    apply_path: str = ""  # an ApplyPath value, decided once by the search; "" where it did not price paths
+    objective: str = ""  # what the search minimised: "comm" or "step"
+    memory_limit_bytes: float | None = None
+    search: dict = field(default_factory=dict)  # the search's algorithm, seconds, steps, why it stopped
+    edges: tuple[Edge, ...] = ()
+    pipeline: Pipeline | None = None
+    stages: tuple[Stage, ...] = ()
+    tune: dict = field(default_factory=dict)  # autotune tune's measurement of the plan it returned
 
     def __post_init__(self):
         check(self)
@@ -231,30 +352,48 @@ class TypedPlan:
     def world(self) -> int:
         return self.mesh.devices
 
+    @property
+    def submesh(self) -> Cluster:
+        """A pipelined plan's stages' cluster (the plan's own for one stage)."""
+        return self.stages[0].plan.cluster if self.stages else self.cluster
+
+    @property
+    def compute_source(self) -> str:
+        """"module" where every layer's compute is priced from the user's module as measured
+        (``autotune.sbp.modulecal``), "analytical" where none is, else "module+analytical"."""
+        found = {lay.compute_source or "analytical" for p in [s.plan for s in self.stages] or [self] for lay in p.layers}
+        return "module+analytical" if len(found) > 1 else found.pop() if found else "analytical"
+
     # --- the record -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         def placements(t):
             return None if t is None else list(t)
         return {
-            **header(KIND, VERSION), "strategy": self.strategy, "profile": self.profile,
+            "strategy": self.strategy, "profile": self.profile,
             "model": {"kind": self.model.kind, **self.model.config},
             "cluster": {"nodes": self.cluster.nodes, "gpus_per_node": self.cluster.gpus_per_node},
             "mesh": {"sizes": list(self.mesh.sizes), "names": list(self.mesh.names)},
             "micro_batches": self.micro_batches, "recompute": self.recompute,
             "sharding": {"mode": self.sharding_mode, "axes": list(self.sharding_axes)},
+            "apply_path": self.apply_path, "objective": self.objective,
+            "memory_limit_bytes": self.memory_limit_bytes, "search": self.search, "tune": self.tune,
             "layers": [{"name": lay.name, "kind": lay.kind, "count": lay.count, "dims": dict(lay.dims),
                         "signature": lay.signature, "input": placements(lay.input),
                         "output": placements(lay.output),
                         "weights": [{"name": w.name, "shape": list(w.shape), "placements": list(w.placements)}
                                     for w in lay.weights],
-                        "costs": dict(lay.costs), "roles": [list(r) for r in lay.roles]} for lay in self.layers],
+                        "costs": dict(lay.costs), "roles": [list(r) for r in lay.roles],
+                        "collectives": [_flat(c) for c in lay.collectives], "compute_source": lay.compute_source}
+                       for lay in self.layers],
+            "edges": [dict(_flat(e), collectives=[_flat(c) for c in e.collectives]) for e in self.edges],
             "costs": self.costs.to_dict() if self.costs else None,
-            "baselines": [{"strategy": b.strategy, "costs": b.costs.to_dict()} for b in self.baselines],
+            "pipeline": _flat(self.pipeline) if self.pipeline else None,
+            "stages": [dict(_flat(s), plan=s.plan.to_dict()) for s in self.stages],
         }
 
     @classmethod
-    def from_dict(cls, d, origin: str = "plan") -> "TypedPlan":
-        check_header(d, KIND, VERSION, WHAT, FIX, origin)
+    def from_dict(cls, d, origin: str = "plan") -> "Plan":
+        d = _dict(d, origin)
         m = _dict(d.get("model"), f"{origin}: model")
         cl = _dict(d.get("cluster"), f"{origin}: cluster")
         cluster = Cluster(_count(cl.get("nodes"), f"{origin}: cluster.nodes"),
@@ -263,9 +402,7 @@ class TypedPlan:
         mesh = FineMesh(tuple(_count(s, f"{origin}: mesh.sizes") for s in _list(me.get("sizes"), f"{origin}: mesh.sizes")),
                         tuple(_text(s, f"{origin}: mesh.names") for s in _list(me.get("names"), f"{origin}: mesh.names")))
         if mesh != FineMesh.of(cluster):
-            want = FineMesh.of(cluster)
-            raise _bad(f"{origin}: mesh", f"sizes {list(mesh.sizes)} names {list(mesh.names)} are not the fine axes "
-                                          f"of {cluster} (sizes {list(want.sizes)}, names {list(want.names)})")
+            raise _bad(f"{origin}: mesh", f"sizes {list(mesh.sizes)} are not the fine axes of {cluster}")
         layers = []
         for i, e in enumerate(_list(d.get("layers"), f"{origin}: layers")):
             where = f"{origin}: layer {i}"
@@ -288,23 +425,46 @@ class TypedPlan:
                 _count(e.get("count"), f"{where}.count"), dims, _text(e.get("signature"), f"{where}.signature"),
                 None if e.get("input") is None else check_placements(e["input"], None, axes, f"{where}.input"),
                 None if e.get("output") is None else check_placements(e["output"], None, axes, f"{where}.output"),
-                tuple(weights), costs, roles))
+                tuple(weights), costs, roles, _collectives(e.get("collectives", []), f"{where}.collectives"),
+                str(e.get("compute_source", ""))))
+        edges = tuple(Edge(_text(x.get("source"), f"{origin}: edge.source"), _text(x.get("target"), f"{origin}: edge.target"),
+                           _count(x.get("count"), f"{origin}: edge.count"),
+                           _collectives(x.get("collectives", []), f"{origin}: edge.collectives"),
+                           {k: _number(v, f"{origin}: edge.costs.{k}") for k, v in _dict(x.get("costs", {}), f"{origin}: edge.costs").items()})
+                      for x in (_dict(x, f"{origin}: edges") for x in _list(d.get("edges", []), f"{origin}: edges")))
+        stages = []
+        for i, s in enumerate(_list(d.get("stages", []), f"{origin}: stages")):
+            s = dict(_dict(s, f"{origin}: stage {i}"))
+            s["plan"] = cls.from_dict(s.get("plan"), f"{origin}: stage {i}'s plan")
+            for key in ("blocks", "inflight"):
+                _count(s.get(key), f"{origin}: stage {i}.{key}")
+            stages.append(_record(Stage, s, f"{origin}: stage {i}", STAGE_NUMBERS))
         sh = _dict(d.get("sharding", {"mode": "none", "axes": []}), f"{origin}: sharding")
-        baselines = tuple(Baseline(_text(_dict(b, f"{origin}: baselines").get("strategy"), f"{origin}: baselines.strategy"),
-                                   Costs.from_dict(b.get("costs"), f"{origin}: baselines.costs"))
-                          for b in _list(d.get("baselines", []), f"{origin}: baselines"))
+        limit = d.get("memory_limit_bytes")
         return cls(
             ModelSpec(_text(m.get("kind"), f"{origin}: model.kind"), {k: v for k, v in m.items() if k != "kind"}),
             cluster, mesh, tuple(layers), _count(d.get("micro_batches", 1), f"{origin}: micro_batches"),
             d.get("recompute", "none"), sh.get("mode"), tuple(_list(sh.get("axes", []), f"{origin}: sharding.axes")),
             d.get("strategy", ""), d.get("profile", ""),
-            None if d.get("costs") is None else Costs.from_dict(d["costs"], f"{origin}: costs"), baselines)
+            None if d.get("costs") is None else Costs.from_dict(d["costs"], f"{origin}: costs"),
+            d.get("apply_path", ""), d.get("objective", ""),
+            None if limit is None else _number(limit, f"{origin}: memory_limit_bytes"),
+            _dict(d.get("search", {}), f"{origin}: search"), edges,
+            None if d.get("pipeline") is None else _record(Pipeline, d["pipeline"], f"{origin}: pipeline", ("makespan_s",)),
+            tuple(stages), _dict(d.get("tune", {}), f"{origin}: tune"))
 
     def save(self, path: str | Path) -> Path:
-        return write_json(Path(path), self.to_dict(), WHAT)
+        return write_json(Path(path), self.to_dict(), "plan")
 
 
-def check(plan: TypedPlan) -> None:
+TypedPlan = Plan  # the name the apply layer's modules and older scripts use
+
+
+def _collectives(v, where: str) -> tuple[Collective, ...]:
+    return tuple(_record(Collective, c, where, COLLECTIVE_NUMBERS) for c in _list(v, where))
+
+
+def check(plan: Plan) -> None:
     """Every cross-field rule of a typed plan (the loader's and the constructor's)."""
     cl, mesh = plan.cluster, plan.mesh
     if mesh != FineMesh.of(cl):
@@ -322,6 +482,21 @@ def check(plan: TypedPlan) -> None:
         raise _bad("sharding.axes", "axes given with mode 'none'")
     if not isinstance(plan.model.kind, str) or not plan.model.kind:
         raise _bad("model.kind", "missing")
+    for key in ("strategy", "profile", "apply_path", "objective"):
+        if not isinstance(getattr(plan, key), str):
+            raise _bad(key, f"{getattr(plan, key)!r} is not a string")
+    for key, typ in FIELDS.get(plan.model.kind, {}).items():
+        if typ == "int" and key in plan.model.config:
+            _count(plan.model.config[key], f"model.{key}")
+    if not isinstance(plan.search, dict):
+        raise _bad("search", f"{plan.search!r} is not an object")
+    if not plan.layers and not plan.stages:
+        raise _bad("layers", "is empty: a plan of one stage places the model's layers")
+    if plan.apply_path and plan.apply_path not in set(ApplyPath):
+        raise _bad("apply_path", f"{plan.apply_path!r} is not one of {', '.join(ApplyPath)}")
+    if plan.stages and (plan.pipeline is None or len(plan.pipeline.split) != len(plan.stages) or plan.layers):
+        raise _bad("stages", f"{len(plan.stages)} stages need a pipeline section of as many blocks per stage and "
+                             f"no layers of the whole plan's own")
     names = [lay.name for lay in plan.layers]
     if len(set(names)) != len(names):
         raise _bad("layers", f"a layer name repeats in {names}")
@@ -338,9 +513,3 @@ def check(plan: TypedPlan) -> None:
                     raise _bad(f"layer {lay.name} weight {w.name}", f"{p} over {n} does not divide shape {list(w.shape)}")
 
 
-def read_source(source, origin: str | None, fix: str) -> tuple[object, str]:
-    """(the plan as parsed JSON, where it came from): ``source`` read where it is a path (``fix``: what to give
-    instead when it cannot be read), as it is otherwise."""
-    if isinstance(source, (str, Path)):
-        return read_json(source, "plan file", fix), origin or f"plan file {str(source)!r}"
-    return source, origin or "plan"

@@ -189,12 +189,11 @@ def data_parallel(problem: Problem) -> list[int] | None:
     return megatron_assignment(problem, (cl.nodes, cl.gpus_per_node), ONE)
 
 
-def _plan_or_unfit(problem: Problem, assign: list[int], name: str, search: dict | None = None) -> dict:
-    from autotune.sbp.plan import build_plan
-    plan = build_plan(problem, assign, name, search)
-    if not plan["totals"]["fits_memory"]:
-        plan["search"] = dict(plan["search"], note="no plan fits the memory limit; this is the one needing the least")
-    return plan
+def _plan_or_unfit(problem: Problem, assign: list[int], name: str, search: dict | None = None) -> tuple:
+    """What ``autotune.plan.build.build`` makes the baseline's plan of: (problem, assignment, name, search)."""
+    if not problem.fits_plan(assign):
+        search = dict(search or {}, note="no plan fits the memory limit; this is the one needing the least")
+    return problem, assign, name, search
 
 
 def _name(pr: Problem, name: str) -> str:
@@ -203,11 +202,11 @@ def _name(pr: Problem, name: str) -> str:
 
 
 def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb,
-                   skipped: list | None = None) -> list[dict]:
-    """Data parallelism, the best Megatron mesh, FSDP, HSDP and TP+FSDP, each at its best recomputation
-    (``at_best_recompute``), the best SUMMA mesh (``summa``: the problem restricted to SUMMA's signature) and
+                   skipped: list | None = None) -> list[tuple]:
+    """(problem, assignment, name, search) of each baseline plan: data parallelism, the best Megatron mesh, FSDP,
+    HSDP and TP+FSDP, each at its best recomputation (``at_best_recompute``), the best SUMMA mesh (``summa``: the problem restricted to SUMMA's signature) and
     the search restricted to S and B (``sb``, searched by ``search_sb(problem)``). A baseline with no plan
-    under the memory limit is still a plan, the one needing the least memory, with ``totals.fits_memory``
+    under the memory limit is still a plan, the one needing the least memory, with ``costs.fits_memory``
     false: it never aborts the run. A baseline no plan of which exists (some layer cannot take its placement:
     e.g. data parallelism with fewer sequences in a micro-batch than devices) is named in ``skipped``."""
     cl = problem.cluster

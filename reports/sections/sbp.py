@@ -19,15 +19,10 @@ PARTS = {"comm": (("redistribution", "redistribution_s"), ("gradient sync", "gra
                   "predicted step time, s")}
 
 
-def _part(costs, key: str) -> float:
-    """One part of PARTS from autotune.plan.Costs (the step model's figures are in its ``extra``)."""
-    return costs.extra[key] if key in costs.extra else getattr(costs, key)
-
-
 def _objective(plans: list, objective: str) -> str:
     """The objective whose parts every (strategy, Costs) has (the step's only where each has compute figures)."""
     (_, a), (_, b), _ = PARTS["step"]
-    if objective == "step" and all(a in c.extra and b in c.extra for _, c in plans):
+    if objective == "step" and all(getattr(c, a) is not None and getattr(c, b) is not None for _, c in plans):
         return "step"
     return "comm"
 
@@ -42,8 +37,8 @@ def _totals(plans: list) -> pd.DataFrame:
             "grad sync s/step": t.grad_sync_s,
             "total s/step": t.total_s if t.fits_memory else f"no plan fits (needs {t.memory_bytes / 2**30:.4g} GiB)",
         })
-        if "step_s" in t.extra:
-            rows[-1]["step s"] = t.extra["step_s"] if t.fits_memory else "over memory"
+        if t.step_s is not None:
+            rows[-1]["step s"] = t.step_s if t.fits_memory else "over memory"
         rows[-1]["memory GiB/device"] = t.memory_bytes / 2**30
     return pd.DataFrame(rows)
 
@@ -55,9 +50,8 @@ def _placements(fine) -> str:
     return "[" + ", ".join(dtensor_placement(p) for p in fine) + "]"
 
 
-def _layers(typed, plan: dict) -> pd.DataFrame:
-    """The typed plan's layers (autotune.plan.TypedPlan), with the search's own notation beside them."""
-    notation = {lay["name"]: lay["sbp"].get("input", "-") for lay in plan["layers"]}
+def _layers(typed) -> pd.DataFrame:
+    """The plan's layers (autotune.plan.Plan)."""
     rows = []
     for lay in typed.layers:
         c = lay.costs
@@ -65,7 +59,6 @@ def _layers(typed, plan: dict) -> pd.DataFrame:
             "layer": lay.name, "kind": lay.kind, "x": lay.count, "signature": lay.signature,
             "input": _placements(lay.input), "output": _placements(lay.output),
             "weights": "; ".join(f"{w.name} {_placements(w.placements)}" for w in lay.weights) or "-",
-            "AutoDDL notation (input)": notation.get(lay.name, "-"),
             "redistribution s": c.get("redistribution_s", 0.0) * lay.count,
             "grad sync s": c.get("grad_sync_s", 0.0) * lay.count,
             "memory GiB": c.get("memory_bytes", 0.0) * lay.count / 2**30,
@@ -73,12 +66,12 @@ def _layers(typed, plan: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _edges(plan: dict) -> pd.DataFrame:
+def _edges(plan) -> pd.DataFrame:
     return pd.DataFrame([{
-        "from": e["from"], "to": e["to"], "x": e["count"],
-        "collectives": ", ".join(f"{c['direction']} {c['collective']}/{c['ranks']}({c['tier']})" for c in e["collectives"]) or "none",
-        "seconds": e["redistribution_s"] * e["count"],
-    } for e in plan["edges"]])
+        "from": e.source, "to": e.target, "x": e.count,
+        "collectives": ", ".join(f"{c.direction} {c.collective}/{c.ranks}({c.tier})" for c in e.collectives) or "none",
+        "seconds": e.costs["redistribution_s"] * e.count,
+    } for p in [s.plan for s in plan.stages] or [plan] for e in p.edges])
 
 
 def _breakdown_fig(plans: list, objective: str = "comm"):
@@ -88,8 +81,8 @@ def _breakdown_fig(plans: list, objective: str = "comm"):
     total, and plans over the memory limit hatched and labelled so."""
     (first, first_key), (second, second_key), xlabel = PARTS[objective]
     names = [name for name, _ in plans]
-    red = [_part(c, first_key) for _, c in plans]
-    sync = [_part(c, second_key) for _, c in plans]
+    red = [getattr(c, first_key) for _, c in plans]
+    sync = [getattr(c, second_key) for _, c in plans]
     tot = [r + g for r, g in zip(red, sync)]
     fits = [c.fits_memory for _, c in plans]
     fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.45 * len(plans)))
@@ -138,34 +131,22 @@ def build(paths: list[Path], shown: list[Path] | None = None) -> list[Section]:
     """The sections of the plan files ``paths``, each named on the page as ``shown`` names it (default: its
     path; the search builds its report from a staged copy of the plan it is about to write)."""
     from autotune.export import next_steps
-    from autotune.plan import Costs
-    from autotune.plan.search import convert, convert_stages
-    from autotune.sbp.plan import PlanFile, plan_title, summary_lines
+    from autotune.plan.file import PlanFile, plan_title, summary_lines
     sections = []
     for read, path in zip(paths, shown or paths):
         pf = PlanFile.load(read)
         best = pf.best
-        origin = f"plan file {str(path)!r}"
-        if "stages" in best:  # pipelined: the whole's totals, and each stage's plan typed on its submesh
-            per_stage = [(f"stage {s['stage']}: ", s["plan"], typed)
-                         for s, typed in zip(best["stages"], convert_stages(best, origin))]
-            plans = [(best["strategy"], Costs.from_dict(best["totals"], f"{origin}: totals"))]
-            plans += [(b["strategy"], Costs.from_dict(b["totals"], f"{origin}: baseline totals"))
-                      for b in pf.baselines]
-        else:
-            typed = convert(best, pf.baselines, origin)
-            per_stage = [("", best, typed)]
-            plans = [(typed.strategy, typed.costs)] + [(b.strategy, b.costs) for b in typed.baselines]
-        sharding = best.get("sharding") or {}
-        fsdp = (f"over the fine axes {list(sharding.get('axes', []))}" if sharding.get("mode") == "fsdp" else "none")
+        per_stage = [(f"stage {i}: ", s.plan) for i, s in enumerate(best.stages)] or [("", best)]
+        plans = [(p.strategy, p.costs) for p in [best, *pf.baselines]]
+        fsdp = f"over the fine axes {list(best.sharding_axes)}" if best.sharding_mode == "fsdp" else "none"
         objective = _objective(plans, pf.meta.get("objective", "comm"))
         # one plan: the page's title names it (python -m autotune); several: each section does
         sec = Section("Plan and baselines" if len(paths) == 1 else plan_title(best))
         for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
             sec.text(line.strip())
-        sec.text(f"Profile {best['profile']}; {best['micro_batches']} micro-batches per step; recomputation "
-                 f"{best.get('recompute', 'none')}; FSDP {fsdp}; search "
-                 f"{best['search'].get('algorithm', '')} stopped by: {best['search'].get('stopped', '')}. "
+        sec.text(f"Profile {best.profile}; {best.micro_batches} micro-batches per step; recomputation "
+                 f"{best.recompute}; FSDP {fsdp}; search "
+                 f"{best.search.get('algorithm', '')} stopped by: {best.search.get('stopped', '')}. "
                  + ("Costs are the profile's predictions of the step time: compute and the communication it does "
                     "not hide." if objective == "step" else
                     "Costs are the profile's predictions of communication time per training step."))
@@ -176,11 +157,11 @@ def build(paths: list[Path], shown: list[Path] | None = None) -> list[Section]:
                    if objective == "step" else
                    "Cost breakdown: redistribution (boxing between and inside layers, forward and backward) and "
                    "weight-gradient synchronisation; hatched: over the memory limit.")
-        if "stages" in best:
+        if best.stages:
             pipeline_section.add(sec, best)
-        for label, plan, layers in per_stage:
+        for label, layers in per_stage:
             sec.heading(f"{label}Per-layer plan").table(
-                _layers(layers, plan), f"x: how often the layer repeats (tied SBP). Placements per dimension of the "
+                _layers(layers), f"x: how often the layer repeats (tied SBP). Placements per dimension of the "
                                        f"fine DeviceMesh {'x'.join(map(str, layers.mesh.sizes))} "
                                        f"({', '.join(layers.mesh.names)}; node axes first), as PyTorch DTensor writes "
                                        f"them.")

@@ -25,7 +25,7 @@ def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tupl
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
     from autotune.sbp.fit import search_modes
-    from autotune.sbp.plan import build_plan
+    from autotune.plan.build import build as build_plan
     from autotune.sbp.search import Budget, make_search
     from calibrate.profile import Profile
     from models import load_model
@@ -51,7 +51,7 @@ def megatron_baseline(cfg: dict, d: tuple, t: tuple) -> TypedPlan:
     from autotune.sbp.baselines import megatron_assignment
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
-    from autotune.sbp.plan import build_plan
+    from autotune.plan.build import build as build_plan
     from calibrate.profile import Profile
     from models import load_model
     fields = {k: v for k, v in cfg.items() if k != "kind"}

@@ -5,8 +5,7 @@ without the residual stream (its stages end in the row-parallel projection's par
 and one process's training as the reference."""
 from __future__ import annotations
 
-import copy
-import re
+from dataclasses import replace
 
 from tiny_models import hf_llama
 
@@ -18,8 +17,8 @@ GPT_PLAIN = dict(GPT, residual=False)  # the AutoDDL graph's block: a stage's st
 STEPS, LR, SEED = 2, 1e-2, 0
 
 
-def searched(cfg: dict, stages: int, nodes: int = 2, gpus: int = 2, schedule: str = "1f1b") -> dict:
-    """The pipeline search's plan of ``cfg`` in ``stages`` stages (its plan dict, as plan.json's best)."""
+def searched(cfg: dict, stages: int, nodes: int = 2, gpus: int = 2, schedule: str = "1f1b"):
+    """The pipeline search's plan of ``cfg`` in ``stages`` stages (a pipelined Plan, as plan.json's best)."""
     from autotune.pipeline.record import pipeline_plans
     from autotune.pipeline.search import PipelineConfig
     from autotune.sbp.mesh import Cluster
@@ -50,29 +49,36 @@ def megatron(cfg: dict, nodes: int, gpus: int, stages: int, tensor: int, micro_b
     return pipeline_plan(search, c, c.name)
 
 
-def rerouted(plan: dict, stage: int, route: str, sent: list) -> dict:
+def _restaged(plan, stage: int, **fields):
+    """``plan`` with stage ``stage``'s plan's ``fields`` replaced."""
+    stages = list(plan.stages)
+    stages[stage] = replace(stages[stage], plan=replace(stages[stage].plan, **fields))
+    return replace(plan, stages=tuple(stages))
+
+
+def rerouted(plan, stage: int, route: str, sent: list):
     """``plan`` with stage ``stage``'s boundary run by ``route``, its tiles crossing in ``sent``."""
-    out = copy.deepcopy(plan)
-    out["stages"][stage].update(boundary_route=route, boundary_sent=list(sent))
-    return out
+    stages = list(plan.stages)
+    stages[stage] = replace(stages[stage], boundary_route=route, boundary_sent=tuple(sent))
+    return replace(plan, stages=tuple(stages))
 
 
-def restage(plan: dict, stage: int, rewrite) -> dict:
-    """``plan`` with stage ``stage``'s layers' placements rewritten: ``rewrite(layer name, key, text)`` gives
-    the new SBP text of the layer's input, output or a weight."""
-    out = copy.deepcopy(plan)
-    for lay in out["stages"][stage]["plan"]["layers"]:
-        sbp = lay["sbp"]
-        for key in ("input", "output"):
-            if key in sbp:
-                sbp[key] = rewrite(lay["name"], key, sbp[key])
-        sbp["weights"] = {w: rewrite(lay["name"], w, t) for w, t in sbp.get("weights", {}).items()}
-    return out
+def _relaid(lay, rewrite):
+    """A layer with its placements rewritten: ``rewrite(layer name, key, placements)`` gives the new placements
+    of its input, output or a weight (key: the weight's name)."""
+    return replace(lay, input=lay.input and rewrite(lay.name, "input", lay.input),
+                   output=lay.output and rewrite(lay.name, "output", lay.output),
+                   weights=tuple(replace(w, placements=rewrite(lay.name, w.name, w.placements)) for w in lay.weights))
 
 
-def replicated(name: str, key: str, text: str) -> str:
+def restage(plan, stage: int, rewrite):
+    """``plan`` with stage ``stage``'s layers' placements rewritten (``_relaid``)."""
+    return _restaged(plan, stage, layers=tuple(_relaid(lay, rewrite) for lay in plan.stages[stage].plan.layers))
+
+
+def replicated(name: str, key: str, fine: tuple) -> tuple:
     """Every split and partial sum made replication: the stage runs the whole micro-batch on each device."""
-    return re.sub(r"\b(S\d|P):", "B:", text)
+    return ("B",) * len(fine)
 
 
 def make_model(cfg: dict):
@@ -114,25 +120,20 @@ def train_one_process(cfg: dict, micro_batches: int) -> tuple[list, dict]:
     return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
 
 
-def sharded(plan: dict, stage: int, axes=(0,)) -> dict:
+def sharded(plan, stage: int, axes=(0,)):
     """``plan`` with stage ``stage``'s weights sharded (FSDP mode) over ``axes``: a data-parallel stage becomes
     the FSDP plan that fully_shard runs."""
-    out = copy.deepcopy(plan)
-    entry = out["stages"][stage]["plan"]
-    entry["sharding"] = {"mode": "fsdp", "axes": list(axes)}
-    return out
+    return _restaged(plan, stage, sharding_mode="fsdp", sharding_axes=tuple(axes))
 
 
-def in_micro_batches(plan: dict, m: int) -> dict:
+def in_micro_batches(plan, m: int):
     """``plan`` run in ``m`` micro-batches of the same batch (its model's micro-batch, each stage's count)."""
-    out = copy.deepcopy(plan)
-    mb = out["model"]["batch"] // m
-    out["pipeline"]["micro_batches"] = m
-    out["model"]["micro_batch"] = mb
-    for s in out["stages"]:
-        s["plan"]["micro_batches"] = m
-        s["plan"]["model"]["micro_batch"] = mb
-    return out
+    mb = plan.model.get("batch") // m
+
+    def model(p):
+        return replace(p.model, config=dict(p.model.config, micro_batch=mb))
+    stages = tuple(replace(s, plan=replace(s.plan, micro_batches=m, model=model(s.plan))) for s in plan.stages)
+    return replace(plan, micro_batches=m, model=model(plan), stages=stages)
 
 
 def first_gradients(cfg: dict, micro_batches: int) -> dict:
@@ -146,35 +147,36 @@ def first_gradients(cfg: dict, micro_batches: int) -> dict:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
 
 
-def column_embedding(plan: dict) -> dict:
-    """``plan`` with its first stage's embedding split by features on the stage's one axis (its table's columns,
+def _columns(plan, stage: int) -> tuple:
+    return ("S1",) * len(plan.stages[stage].plan.mesh.sizes)
+
+
+def column_embedding(plan):
+    """``plan`` with its first stage's embedding split by features on the stage's axes (its table's columns,
     the whole micro-batch looked up there; the searched plans of a 1.1 B Llama on 2 x 2 H100s have it), as the
-    search writes it."""
-    out = copy.deepcopy(plan)
-    lay = out["stages"][0]["plan"]["layers"][0]
-    assert lay["name"] == "embedding"
-    lay["mesh"] = [[1, 1], [1, 2], [1, 1]]
-    lay["sbp"] = {"output": "(S0: (1, 1), S1: (1, 2), P: (1, 1))",
-                  "weights": {"weight": "(B: (1, 1), S1: (1, 2), S0: (1, 1))"}}
-    return out
+    search places it."""
+    cols = _columns(plan, 0)
+
+    def relaid(lay):  # the token table alone by columns (a learned positions table left out of the plan)
+        return lay if lay.name != "embedding" else \
+            replace(lay, output=cols, weights=(replace(lay.weight("weight"), placements=cols),))
+    return _restaged(plan, 0, layers=tuple(relaid(lay) for lay in plan.stages[0].plan.layers))
 
 
-def vocabulary_head(plan: dict) -> dict:
-    """``plan`` with its last stage's logits split by vocabulary on the stage's one axis (their weight's rows,
-    the stream gathered whole before them) and its loss vocabulary-parallel, as the search writes the
+def vocabulary_head(plan):
+    """``plan`` with its last stage's logits split by vocabulary on the stage's axes (their weight's rows,
+    the stream gathered whole before them) and its loss vocabulary-parallel, as the search places the
     searched 2 x 2 plan of a 1.1 B Llama."""
-    out = copy.deepcopy(plan)
-    layers = {lay["name"]: lay for lay in out["stages"][-1]["plan"]["layers"]}
-    layers["logits"]["mesh"] = [[1, 1], [1, 2], [1, 1]]
-    layers["logits"]["sbp"] = {"input": "(S0: (1, 1), B: (1, 2), S1: (1, 1))",
-                               "output": "(S0: (1, 1), S1: (1, 2), P: (1, 1))",
-                               "weights": {"weight": "(B: (1, 1), S1: (1, 2), S0: (1, 1))"}}
-    layers["loss"]["mesh"] = [[1, 1], [1, 2]]
-    layers["loss"]["sbp"] = {"input": "(S0: (1, 1), S1: (1, 2))", "weights": {}}
-    return out
+    cols = _columns(plan, -1)
+
+    def rewrite(name, key, fine):
+        if name == "logits":
+            return ("B",) * len(cols) if key == "input" else cols
+        return cols if name == "loss" and key == "input" else fine
+    return restage(plan, len(plan.stages) - 1, rewrite)
 
 
-def vocabulary_parallel(plan: dict) -> bool:
+def vocabulary_parallel(plan) -> bool:
     """Whether ``plan``'s last stage splits its logits by vocabulary (``vocabulary_head``)."""
-    logits = next(lay for lay in plan["stages"][-1]["plan"]["layers"] if lay["name"] == "logits")
-    return "S1: (1, 2)" in logits["sbp"]["weights"]["weight"]
+    logits = plan.stages[-1].plan.layer("logits")
+    return logits.weight("weight").placements == _columns(plan, -1)

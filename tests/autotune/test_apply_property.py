@@ -198,12 +198,12 @@ def test_schedules_over_stage_paths_match_one_process(tmp_path):
     results = torch.load(out)
     ref_losses, ref_params = train_one_process(cfg, 4)
     for plan, got, want in zip(jobs, results, ("ddp", "ddp", "ddp", "fully_shard", "dtensor")):
-        assert not isinstance(got, str), (plan["strategy"], got)
+        assert not isinstance(got, str), (plan.strategy, got)
         losses, params, path = got
-        assert path == want, (plan["strategy"], path)  # rank 0's stage (the first)
-        assert losses == pytest.approx(ref_losses, rel=1e-9), (plan["strategy"], path)
+        assert path == want, (plan.strategy, path)  # rank 0's stage (the first)
+        assert losses == pytest.approx(ref_losses, rel=1e-9), (plan.strategy, path)
         for name, x in params.items():
-            assert torch.allclose(x, ref_params[name], rtol=1e-9, atol=1e-9), (plan["strategy"], path, name)
+            assert torch.allclose(x, ref_params[name], rtol=1e-9, atol=1e-9), (plan.strategy, path, name)
 
 
 def test_bad_batches_are_one_line_before_any_step():

@@ -51,7 +51,7 @@ def test_older_schema(plan4, tmp_path, capsys):
     old = tmp_path / "old.json"
     old.write_text(json.dumps(d))
     assert main(["execute", str(old)]) == 2
-    assert "re-run the search" in _err(capsys)
+    assert "version 0; this tool reads version 2: re-run python -m autotune --out DIR" in _err(capsys)
 
 
 def test_unknown_baseline(plan4, capsys):
@@ -89,12 +89,14 @@ def test_bad_module_factory(plan1, spec, words, capsys):
 
 
 def test_a_profile_of_another_device_is_warned_of():
+    from types import SimpleNamespace
+
     from autotune.execute.cli import device_warning
     from calibrate.profile import DEFAULT_PROFILE, Profile
     name = Profile.load(DEFAULT_PROFILE).device.name
-    assert "measured on" in device_warning({"profile": DEFAULT_PROFILE}, "CPU")
-    assert device_warning({"profile": DEFAULT_PROFILE}, name) is None
-    assert device_warning({"profile": "no-such-profile"}, "CPU") is None
+    assert "measured on" in device_warning(SimpleNamespace(profile=DEFAULT_PROFILE), "CPU")
+    assert device_warning(SimpleNamespace(profile=DEFAULT_PROFILE), name) is None
+    assert device_warning(SimpleNamespace(profile="no-such-profile"), "CPU") is None
 
 
 def test_an_out_locked_by_another_host_is_refused_before_any_step(plan1, tmp_path, capsys):
@@ -106,15 +108,15 @@ def test_an_out_locked_by_another_host_is_refused_before_any_step(plan1, tmp_pat
     assert "in use by process 4242 on otherhost" in line and not list(tmp_path.glob("*.json"))
 
 
-def test_a_layer_signature_the_plan_does_not_know(plan1, tmp_path, capsys):
+def test_a_layer_placement_the_plan_cannot_hold(plan1, tmp_path, capsys):
     bad = json.loads(plan1.read_text())
-    bad["best"]["layers"][0]["signature"] = "nope"
+    bad["best"]["layers"][0]["output"] = ["X"] * len(bad["best"]["layers"][0]["output"])
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     assert main(["execute", str(tmp_path / "bad.json"), "--out", str(tmp_path / "o"), "--steps", "2", "--warmup", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert [ln for ln in err if "error" in ln] == [err[-1]] and "signature 'nope' is not a strategy" in err[-1]
+    assert [ln for ln in err if "error" in ln] == [err[-1]] and "placement 'X'" in err[-1]
     import autotune
     from calibrate.errors import UserError
     torch = pytest.importorskip("torch")
-    with pytest.raises(UserError, match="signature 'nope' is not a strategy"):  # autotune.apply reads it alike
+    with pytest.raises(UserError, match="placement 'X'"):  # autotune.apply reads it alike
         autotune.apply(str(tmp_path / "bad.json"), torch.nn.Linear(2, 2))

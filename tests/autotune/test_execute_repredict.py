@@ -12,7 +12,7 @@ from autotune.sbp.baselines import data_parallel
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import build_plan
+from autotune.plan.build import build as build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "reports/records/execute-h200x2-2026-11-23-run8"
@@ -31,6 +31,6 @@ def test_plans_are_found_by_placements_and_priced_now(capsys):
     plans = json.loads((RUN / "plans.json").read_text())
     dp = next(p for p in plans["baselines"] if p["strategy"] == "data parallel")
     assert execute_repredict.assignment(pr, dp) == data_parallel(pr)
-    want = build_plan(pr, data_parallel(pr), "dp")["totals"]["step_s"]
+    want = build_plan(pr, data_parallel(pr), "dp").costs.step_s
     row = next(line for line in out if line.startswith("data parallel"))
     assert float(row.split()[3]) == pytest.approx(want * 1e3, abs=0.005)

@@ -14,7 +14,9 @@ from autotune.sbp.baselines import data_parallel, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import PlanFile, build_plan
+from autotune.plan.build import build
+from autotune.plan.file import PlanFile
+from autotune.plan.typed import Plan
 from calibrate.errors import OptionError, UserError
 from calibrate.profile import Profile
 from models import load_model
@@ -33,13 +35,14 @@ def plans():
     fc1 = next(v for v, op in enumerate(problem.ops) if op.layer.name == "fc1")
     other = list(mega)
     other[fc1] = next(i for i in rng.permutation(len(problem.choices[fc1])) if i != mega[fc1])
-    return {"megatron": build_plan(problem, mega, "Megatron (d=(2, 1), t=(1, 4))"),
-            "dp": build_plan(problem, data_parallel(problem), "data parallel"),
-            "searched": build_plan(problem, other, "searched (test)")}
+    return {"megatron": build(problem, mega, "Megatron (d=(2, 1), t=(1, 4))").to_dict(),
+            "dp": build(problem, data_parallel(problem), "data parallel").to_dict(),
+            "searched": build(problem, other, "searched (test)").to_dict()}
 
 
 def plan_file(best, *baselines) -> PlanFile:
-    return PlanFile(json.loads(json.dumps(best)), [json.loads(json.dumps(b)) for b in baselines])
+    return PlanFile(Plan.from_dict(json.loads(json.dumps(best))),
+                    [Plan.from_dict(json.loads(json.dumps(b))) for b in baselines])
 
 
 def args_of(config: str) -> list[str]:
@@ -126,10 +129,10 @@ def test_searched_plan_states_what_cannot_be_expressed(plans):
     e = export(plan_file(searched, mega, plans["dp"]), "megatron")
     assert e.layout.tensor == 4 and e.layout.data == 2
     assert e.nearest["strategy"] == mega["strategy"]
-    assert e.nearest["step_s"] == mega["totals"]["step_s"]
+    assert e.nearest["step_s"] == mega["costs"]["step_s"]
     assert any(c.startswith("layer fc1 ") for c in e.cannot)
     assert not any(c.startswith("layer qkv ") for c in e.cannot)  # the layers that agree are not listed
-    assert "cannot express this plan exactly" in e.text and f"{mega['totals']['step_s']:.4g} s/step" in e.text
+    assert "cannot express this plan exactly" in e.text and f"{mega['costs']['step_s']:.4g} s/step" in e.text
 
 
 def test_fsdp_and_recompute(plans):
@@ -157,20 +160,25 @@ def _piped(plans, split=(1, 1), schedule="gpipe"):
     """2 stages of 1 node x 4 GPUs, each data parallel over its 4 GPUs (the data-parallel plan on a stage)."""
     stage = json.loads(json.dumps(plans["dp"]))
     stage["cluster"] = {"nodes": 1, "gpus_per_node": 4}
-    stage["layers"] = [dict(lay, sbp={k: v.replace("(2, 4)", "(1, 4)") if isinstance(v, str) else
-                                      {n: t.replace("(2, 4)", "(1, 4)") for n, t in v.items()}
-                                      for k, v in lay["sbp"].items()}) for lay in stage["layers"]]
-    return dict(json.loads(json.dumps(plans["dp"])), strategy="searched (pipeline)",
-                pipeline={"schedule": schedule, "stages": 2, "micro_batches": 2, "split": list(split),
-                          "submesh": {"nodes": 1, "gpus_per_node": 4}},
-                stages=[{"stage": 0, "plan": stage}, {"stage": 1, "plan": stage}])
+    stage["mesh"] = {k: v[1:] for k, v in stage["mesh"].items()}  # the node axis gone
+    for lay in stage["layers"]:
+        lay.update({k: lay[k][1:] for k in ("input", "output") if lay[k] is not None})
+        for w in lay["weights"]:
+            w["placements"] = w["placements"][1:]
+    figures = dict(chain=[0, 1], blocks=1, first_layer="a", last_layer="b", inflight=1, forward_s=0.0,
+                   backward_s=0.0, boundary_forward_s=0.0, boundary_backward_s=0.0, boundary_planned_forward_s=0.0,
+                   boundary_planned_backward_s=0.0, grad_sync_s=0.0, exposed_sync_s=0.0, optimizer_s=0.0, end_s=0.0,
+                   memory_bytes=0.0, fits_memory=True)
+    return dict(json.loads(json.dumps(plans["dp"])), strategy="searched (pipeline)", layers=[], edges=[],
+                pipeline={"schedule": schedule, "split": list(split), "makespan_s": 0.0},
+                stages=[dict(figures, plan=stage), dict(figures, plan=stage)])
 
 
 def test_pipeline_stages_schedule_and_split(plans, monkeypatch):
     import autotune.apply.pipeplan
-    monkeypatch.setattr(autotune.apply.pipeplan, "load_pipelined", lambda plan, origin: None)  # (a synthetic plan)
+    monkeypatch.setattr(autotune.apply.pipeplan, "load_pipelined", lambda plan, origin=None: None)  # (a synthetic plan)
     piped = _piped(plans)
-    lo = layout(piped)
+    lo = layout(Plan.from_dict(piped))
     assert (lo.pipeline, lo.data, lo.tensor, lo.schedule, lo.split) == (2, 4, 1, "gpipe", (1, 1))
     e = export(plan_file(piped), "torchtitan")
     assert e.cannot == () and "expresses this plan exactly" in e.text  # against its own plan: no baseline needed
@@ -209,12 +217,12 @@ def test_a_real_pipelined_plan_is_read_by_apply_pipelines_loader(tmp_path, capsy
                  "--gpus-per-node", "2", "--profile", "h200-nvlink+ib400", "--budget", "0.3", "--compare", "none",
                  "--pipeline", "2", "--out", str(out)]) == 0
     pf = PlanFile.load(out / "plan.json")
-    piped = pf.best if "stages" in pf.best else next(b for b in pf.baselines if "stages" in b)
+    piped = pf.best if pf.best.stages else next(b for b in pf.baselines if b.stages)
     e = export(PlanFile(piped, []), "torchtitan")
     assert e.layout.pipeline == 2 and e.cannot == (), e.cannot
-    edited = json.loads(json.dumps(piped))
-    edited["pipeline"]["split"] = [3, 1]
-    (tmp_path / "edited.json").write_text(json.dumps(PlanFile(edited, []).to_dict()))
+    d = PlanFile(piped, []).to_dict()
+    d["best"]["pipeline"]["split"] = [3, 1]
+    (tmp_path / "edited.json").write_text(json.dumps(d))
     capsys.readouterr()
     assert main(["export", str(tmp_path / "edited.json"), "--to", "megatron"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -229,7 +237,7 @@ def test_bad_input(plans, tmp_path, capsys):
         export(pf, "megatron", "baseline:summa")
     with pytest.raises(UserError, match="recompute"):
         export(plan_file(dict(plans["megatron"], recompute="sometimes")), "megatron")
-    with pytest.raises(UserError, match="no layers"):
+    with pytest.raises(UserError, match="layers"):
         export(plan_file(dict(plans["megatron"], layers=[])), "megatron")
     assert main(["export", str(tmp_path / "missing.json"), "--to", "megatron"]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -242,7 +250,8 @@ def test_bad_input(plans, tmp_path, capsys):
 
 def test_next_steps_name_the_call_that_applies_the_plan():
     from autotune.export import next_steps
-    one = "\n".join(next_steps("p.json", {"cluster": {"nodes": 1, "gpus_per_node": 4}}))
-    staged = "\n".join(next_steps("p.json", {"cluster": {"nodes": 2, "gpus_per_node": 8}, "stages": [{}, {}]}))
+    from types import SimpleNamespace
+    one = "\n".join(next_steps("p.json", SimpleNamespace(cluster=Cluster(1, 4), stages=())))
+    staged = "\n".join(next_steps("p.json", SimpleNamespace(cluster=Cluster(2, 8), stages=(1, 2))))
     assert 'model = autotune.apply("p.json", model)' in one and "apply_pipeline" not in one
     assert 'pipe = autotune.apply_pipeline("p.json", model)' in staged and "torchrun --nnodes 2" in staged

@@ -9,7 +9,7 @@ import pytest
 from autotune.__main__ import main as autotune_main
 from autotune.execute.hostfit import HostPoint, fit
 from autotune.execute.result import KIND, VERSION, write_record
-from autotune.plan.search import model_graph
+from autotune.plan.typed import ModelSpec
 from calibrate.errors import UserError
 from calibrate.profile import Profile
 
@@ -18,7 +18,8 @@ FIXED, PASS, STEP = 3e-3, 400e-6, 40e-6
 
 
 def occurrences(layers: int) -> int:
-    return len(model_graph(dict(MODEL, layers=layers, micro_batch=8)).chain)
+    cfg = dict(MODEL, layers=layers, micro_batch=8)
+    return len(ModelSpec(cfg.pop("kind"), cfg).graph().chain)
 
 
 def points(path="ddp", fixed=FIXED, per_pass=PASS, per_step=STEP, family=("llama",)):

@@ -3,7 +3,6 @@ time, m n h_pass + n h_step (closed form, against the same command without host 
 plan (DDP, fully_shard, DTensor); and the measured 1.1 B Llama on 4 x H100 (session 13, run 12: the searched plan,
 DTensor path, 496.7 ms measured against 293.5 predicted without host figures): with the host figures the command
 prices it at 483 ms and returns the FSDP baseline (322.4 ms measured) instead."""
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from autotune.__main__ import main as autotune_main
 from autotune.plan.hostpace import at_host_pace
-from autotune.plan.search import model_graph
+from autotune.plan.file import PlanFile
 from calibrate.profile import Profile
 
 RECORDS = os.path.join(os.path.dirname(__file__), "..", "..", "reports", "records")
@@ -29,8 +28,8 @@ SMALL = ["--model", "llama", "--layers", "2", "--hidden", "64", "--heads", "4", 
 def plans(tmp_path, args, profile) -> dict:
     out = tmp_path / "out"
     assert autotune_main(args + ["--profile", str(profile), "--out", str(out)]) == 0
-    d = json.loads((out / "plan.json").read_text())
-    return {p["strategy"]: p for p in [d["best"]] + d["baselines"]}
+    pf = PlanFile.load(out / "plan.json")
+    return {p.strategy: p for p in [pf.best] + pf.baselines}
 
 
 def test_the_floor_closed_form(tmp_path):
@@ -46,15 +45,14 @@ def test_the_floor_closed_form(tmp_path):
     without = plans(tmp_path / "a", SMALL, bare)
     with_host = plans(tmp_path / "b", SMALL, path)
     dp = with_host["data parallel"]
-    n, m = len(model_graph(dp["model"]).chain), dp["micro_batches"]
-    assert dp["apply_path"] == "ddp" and m == 4
-    assert dp["totals"]["host_step_s"] == pytest.approx(m * n * per_pass + n * per_step)
-    assert dp["totals"]["step_s"] == pytest.approx(max(without["data parallel"]["totals"]["step_s"],
-                                                       m * n * per_pass + n * per_step))
-    assert dp["totals"]["step_s"] > without["data parallel"]["totals"]["step_s"]  # the host binds here
+    n, m = len(dp.model.graph().chain), dp.micro_batches
+    assert dp.apply_path == "ddp" and m == 4
+    assert dp.costs.host_step_s == pytest.approx(m * n * per_pass + n * per_step)
+    assert dp.costs.step_s == pytest.approx(max(without["data parallel"].costs.step_s, m * n * per_pass + n * per_step))
+    assert dp.costs.step_s > without["data parallel"].costs.step_s  # the host binds here
     fsdp = next(p for s, p in with_host.items() if s.startswith("FSDP"))
-    assert fsdp["apply_path"] == "fully_shard"
-    assert fsdp["totals"]["step_s"] == next(p for s, p in without.items() if s.startswith("FSDP"))["totals"]["step_s"]
+    assert fsdp.apply_path == "fully_shard"
+    assert fsdp.costs.step_s == next(p for s, p in without.items() if s.startswith("FSDP")).costs.step_s
     assert at_host_pace(dp, None) is dp  # no compute figures: the plan as it is
 
 
@@ -77,9 +75,9 @@ def test_the_measured_case_takes_a_local_path(tmp_path):
     best = next(p for s, p in after.items() if s.startswith("searched"))
     # a baseline on a local path replaces it: FSDP when its copies were not priced (run 12 measured FSDP there),
     # data parallel since they are (2 and 4 x H200, 2026-11-28: DDP measured faster than FSDP on this shape)
-    assert best["strategy"].startswith(("searched (the baseline FSDP", "searched (the baseline data parallel")) and \
-        best["apply_path"] in ("fully_shard", "ddp")
-    assert best["strategy"].endswith("at the host's pace of the dtensor path it takes)")
+    assert best.strategy.startswith(("searched (the baseline FSDP", "searched (the baseline data parallel")) and \
+        best.apply_path in ("fully_shard", "ddp")
+    assert best.strategy.endswith("at the host's pace of the dtensor path it takes)")
     sb = after["S/B only (cd)"]
-    assert sb["apply_path"] == "dtensor" and sb["totals"]["step_s"] == pytest.approx(sb["totals"]["host_step_s"])
-    assert 0.45 < sb["totals"]["step_s"] < 0.52  # the DTensor path's host, as run 12 measured the searched plan's
+    assert sb.apply_path == "dtensor" and sb.costs.step_s == pytest.approx(sb.costs.host_step_s)
+    assert 0.45 < sb.costs.step_s < 0.52  # the DTensor path's host, as run 12 measured the searched plan's

@@ -16,20 +16,21 @@ SMALL = ["--model", "gpt", "--preset", "gpt3-1.3b", "--layers", "4", "--hidden",
 def test_pipeline_stages_in_plan_and_table(tmp_path, capsys):
     assert autotune_main(SMALL + ["--pipeline", "2", "--schedule", "eager-1f1b", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    d = json.loads((tmp_path / "plan.json").read_text())
-    plans = [d["best"]] + d["baselines"]
-    piped = [p for p in plans if "stages" in p]
-    assert any(p["strategy"].startswith("pipelined (2 stages, eager-1f1b") for p in piped)
-    assert any(p["strategy"].startswith("Megatron 3-D") for p in piped)
-    p = next(p for p in piped if p["strategy"].startswith("pipelined"))
-    assert [s["inflight"] for s in p["stages"]] == [min(p["micro_batches"], 3), 1]  # eager: 2(p - i) - 1
-    s0 = p["stages"][0]
-    assert s0["chain"][0] == 0 and p["stages"][1]["chain"][0] == s0["chain"][1]
-    assert s0["boundary_forward_s"] > 0 and s0["plan"]["layers"] and s0["timeline"]
-    assert p["totals"]["step_s"] >= max(s["end_s"] for s in p["stages"])
+    from autotune.plan.file import PlanFile
+    pf = PlanFile.load(tmp_path / "plan.json")
+    plans = [pf.best] + pf.baselines
+    piped = [p for p in plans if p.stages]
+    assert any(p.strategy.startswith("pipelined (2 stages, eager-1f1b") for p in piped)
+    assert any(p.strategy.startswith("Megatron 3-D") for p in piped)
+    p = next(p for p in piped if p.strategy.startswith("pipelined"))
+    assert [s.inflight for s in p.stages] == [min(p.micro_batches, 3), 1]  # eager: 2(p - i) - 1
+    s0 = p.stages[0]
+    assert s0.chain[0] == 0 and p.stages[1].chain[0] == s0.chain[1]
+    assert s0.boundary_forward_s > 0 and s0.plan.layers and s0.timeline
+    assert p.costs.step_s >= max(s.end_s for s in p.stages)
     assert "pipelined (2 stages" in out
     html = (tmp_path / "report.html").read_text()
-    assert "<svg" in html and (("Pipeline stages" in html) == ("stages" in d["best"]))
+    assert "<svg" in html and (("Pipeline stages" in html) == bool(pf.best.stages))
     sec = Section("pipeline")
     add(sec, p)
     body = "".join(sec.blocks)
@@ -39,34 +40,23 @@ def test_pipeline_stages_in_plan_and_table(tmp_path, capsys):
 NORMS = ("layernorm", "rmsnorm")
 
 
-def test_pipelined_plan_types_per_stage_and_reports(tmp_path):
-    from autotune.plan.search import convert, convert_stages
-    from autotune.sbp.plan import PlanFile
+def test_pipelined_plan_holds_its_stages_plans_and_reports(tmp_path):
+    from autotune.apply.place import one_stage
+    from autotune.plan.file import PlanFile
     from calibrate.errors import UserError
     from reports.sections.sbp import build
     assert autotune_main(SMALL + ["--pipeline", "2", "--out", str(tmp_path)]) == 0
-    d = json.loads((tmp_path / "plan.json").read_text())
-    p = next(p for p in [d["best"]] + d["baselines"] if "stages" in p)
-    for s in p["stages"]:  # each stage's plan: a run of the model's layers on its submesh
-        names = [x["name"] for x in s["plan"]["layers"]]
-        typed = convert(s["plan"], stage=True)
-        assert [lay.name for lay in typed.layers] == names and typed.cluster.nodes == s["submesh"]["nodes"]
-        with pytest.raises(UserError, match="are not its model's"):
-            convert(s["plan"])  # not the whole model
-        with pytest.raises(UserError, match="are not a run of its model's"):
-            convert(dict(s["plan"], layers=s["plan"]["layers"][::-1]), stage=True)
-    # the report's conversion (every layer's strategies enumerated once for all stages) types each stage the same
-    assert convert_stages(p) == [convert(s["plan"], stage=True) for s in p["stages"]]
-    def renamed(plan):  # the norms' signature one no strategy has
-        return dict(plan, layers=[dict(x, signature="nope") if x["signature"] in NORMS else x for x in plan["layers"]])
+    pf = PlanFile.load(tmp_path / "plan.json")
+    p = next(p for p in [pf.best] + pf.baselines if p.stages)
+    names = [lay.name for lay in p.model.graph().layers]
+    for s in p.stages:  # each stage's plan: a run of the model's layers on its submesh
+        mine = [lay.name for lay in s.plan.layers]
+        assert " ".join(mine) in " ".join(names) and s.plan.cluster == p.submesh
     with pytest.raises(UserError, match=r"the plan is pipelined \(2 stages\).*autotune.apply_pipeline\(plan, model\)"):
-        convert(p)  # as autotune.apply reads a plan: pointed to apply_pipeline, not told of layers
-    bad = dict(p, stages=[dict(s, plan=renamed(s["plan"])) for s in p["stages"]])
-    with pytest.raises(UserError, match="signature 'nope' on mesh"):
-        convert_stages(bad)
-    PlanFile(p, d["baselines"]).save(tmp_path / "pipelined.json")  # the report of a pipelined best
+        one_stage(p)  # as autotune.apply reads a plan: pointed to apply_pipeline, not told of layers
+    PlanFile(p, pf.baselines).save(tmp_path / "pipelined.json")  # the report of a pipelined best
     body = "".join(build([tmp_path / "pipelined.json"])[0].blocks)
-    assert all(f"stage {s['stage']}: Per-layer plan" in body for s in p["stages"]) and "Pipeline stages" in body
+    assert all(f"stage {i}: Per-layer plan" in body for i in range(len(p.stages))) and "Pipeline stages" in body
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -100,7 +90,7 @@ def test_fewer_micro_batches_than_stages_where_no_count_from_p_splits(tmp_path):
     assert autotune_main(args + ["--pipeline", "4", "--out", str(tmp_path)]) == 0
     d = json.loads((tmp_path / "plan.json").read_text())
     p = next(p for p in [d["best"]] + d["baselines"] if p["strategy"].startswith("pipelined"))
-    assert p["pipeline"]["stages"] == 4 and p["micro_batches"] == 2
+    assert len(p["stages"]) == 4 and p["micro_batches"] == 2
     assert [s["inflight"] for s in p["stages"]] == [2, 2, 2, 1]
 
 

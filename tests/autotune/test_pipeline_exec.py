@@ -106,9 +106,9 @@ def _worker(rank, world, port, jobs, out):
     dist.destroy_process_group()
 
 
-def partial_stream(name: str, key: str, text: str) -> str:
+def partial_stream(name: str, key: str, fine: tuple) -> tuple:
     """The residual stream declared to arrive as a partial sum (its blocks still compute it split)."""
-    return text.replace("S0:", "P:") if (name, key) == ("residual", "input") else text
+    return tuple("P" if p == "S0" else p for p in fine) if (name, key) == ("residual", "input") else fine
 
 
 def mismatch(ref, got) -> str | None:
@@ -135,7 +135,7 @@ def jobs_for(kind: str, stages: int) -> list[tuple[dict, dict, bool]]:
     cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32 if stages == 2 else 8)
     plan = searched(cfg, stages)
     if stages == 2:
-        assert plan["stages"][0]["plan"]["layers"][5]["sbp"]["output"].startswith("(S0: (1, 2)")  # split data
+        assert plan.stages[0].plan.layers[5].output[-1] == "S0"  # split data
         if kind == "gpt":  # the boundary reshards S0 -> B, and B -> S0 (under eager-1F1B)
             return [(cfg, plan, True), (cfg, restage(plan, 1, replicated), True),
                     (cfg, restage(searched(cfg, stages, schedule="eager-1f1b"), 0, replicated), True)]
@@ -151,19 +151,19 @@ def test_pipeline_matches_one_process(kind, stages, tmp_path):
                        start_method="fork")
     results = [torch.load(f"{out}.{r}") for r in range(4)]
     cfg = jobs[0][0]
-    ref = train_one_process(cfg, jobs[0][1]["micro_batches"])
+    ref = train_one_process(cfg, jobs[0][1].micro_batches)
     assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved between the steps
     for k, (_, plan, ok) in enumerate(jobs):
         problems = [mismatch(ref, results[r][k]) for r in range(4)]
         if not ok:
             assert any(problems), "a wrong boundary placement went unnoticed"
             continue
-        assert not any(problems), f"{kind} {plan['strategy']}: {[p for p in problems if p]}"
+        assert not any(problems), f"{kind} {plan.strategy}: {[p for p in problems if p]}"
         seen = {name for r in range(4) for name in results[r][k][1]}
         assert seen == set(ref[1]), f"parameters no stage trained: {sorted(set(ref[1]) - seen)}"
         # the executed schedule keeps what the step model says (1F1B p - i, eager 2(p - i) - 1, GPipe m)
-        per_rank = [s["inflight"] for s in plan["stages"] for _ in range(4 // stages)]
-        assert [results[r][k][2] for r in range(4)] == per_rank, plan["pipeline"]["schedule"]
+        per_rank = [s.inflight for s in plan.stages for _ in range(4 // stages)]
+        assert [results[r][k][2] for r in range(4)] == per_rank, plan.pipeline.schedule
 
 
 def _check(ref, results, jobs, stages: int, label: str) -> None:
@@ -172,17 +172,17 @@ def _check(ref, results, jobs, stages: int, label: str) -> None:
         if not ok:
             assert any(problems), f"{label}: a wrong route went unnoticed"
             continue
-        assert not any(problems), f"{label} {plan['strategy']}: {[p for p in problems if p]}"
-        per_rank = [s["inflight"] for s in plan["stages"] for _ in range(4 // stages)]
-        assert [results[r][k][2] for r in range(4)] == per_rank, plan["pipeline"]["schedule"]
+        assert not any(problems), f"{label} {plan.strategy}: {[p for p in problems if p]}"
+        per_rank = [s.inflight for s in plan.stages for _ in range(4 // stages)]
+        assert [results[r][k][2] for r in range(4)] == per_rank, plan.pipeline.schedule
 
 
 def test_partial_sum_boundary_by_each_route(tmp_path):
     cfg = dict(GPT_PLAIN, batch=32)
     plan = megatron(cfg, 2, 2, 2, 2, 16)  # 2 stages of one 2-GPU node, t = 2, 16 micro-batches of 2 sequences
-    last = plan["stages"][0]["plan"]["layers"][-1]
-    assert last["name"] == "fc2" and "P: (1, 2)" in last["sbp"]["output"]  # the stream leaves partial
-    assert plan["stages"][0]["boundary_route"] == "direct"  # tiny tiles: the extra collective's latency loses
+    last = plan.stages[0].plan.layers[-1]
+    assert last.name == "fc2" and last.output[-1] == "P"  # the stream leaves partial
+    assert plan.stages[0].boundary_route == "direct"  # tiny tiles: the extra collective's latency loses
     scatter = rerouted(plan, 0, "scatter", ["S1"])
     jobs = [(cfg, plan, True, False), (cfg, scatter, True, False),
             (cfg, rerouted(plan, 0, "scatter", ["S0"]), True, False), (cfg, scatter, False, True)]
@@ -199,8 +199,8 @@ def test_fewer_micro_batches_than_stages(tmp_path):
     # 3-D plans of 4 stages of one device and 2 micro-batches: 1F1B as Megatron runs it (stage i: min(p - i, m)
     # forwards before its first backward), which torch's Schedule1F1B refuses, and eager-1F1B
     plans = [megatron(GPT, 4, 1, 4, 1, 2), megatron(GPT, 4, 1, 4, 1, 2, schedule="eager-1f1b")]
-    assert [p["pipeline"]["schedule"] for p in plans] == ["1f1b", "eager-1f1b"]
-    assert [s["inflight"] for s in plans[0]["stages"]] == [2, 2, 2, 1]
+    assert [p.pipeline.schedule for p in plans] == ["1f1b", "eager-1f1b"]
+    assert [s.inflight for s in plans[0].stages] == [2, 2, 2, 1]
     jobs = [(GPT, plan, True, False) for plan in plans]
     out = tmp_path / "results.pt"
     mp.start_processes(_worker, args=(4, free_port(), [(c, p, w) for c, p, _, w in jobs], str(out)), nprocs=4,
@@ -209,7 +209,7 @@ def test_fewer_micro_batches_than_stages(tmp_path):
     _check(train_one_process(GPT, 2), results, jobs, 4, "m < p")
     # each stage's forwards and backwards, as they ran, in the order of the step model's timeline
     for k, plan in enumerate(plans):
-        for r, s in enumerate(plan["stages"]):
-            timeline = [kind for kind, *_ in sorted(s["timeline"], key=lambda iv: iv[2]) if kind in ("F", "B")]
-            assert results[r][k][3] == timeline, (plan["pipeline"]["schedule"], r)
+        for r, s in enumerate(plan.stages):
+            timeline = [kind for kind, *_ in sorted(s.timeline, key=lambda iv: iv[2]) if kind in ("F", "B")]
+            assert results[r][k][3] == timeline, (plan.pipeline.schedule, r)
     assert [results[r][0][3] for r in (0, 3)] == [["F", "F", "B", "B"], ["F", "B", "F", "B"]]

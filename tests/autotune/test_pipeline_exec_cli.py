@@ -37,7 +37,7 @@ def one_process(config: dict, micro_batches: int) -> list[float]:
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
-    from autotune.sbp.plan import PlanFile
+    from autotune.plan.file import PlanFile
     path = tmp_path_factory.mktemp("pipe") / "plan.json"
     PlanFile(searched(CFG, 4), []).save(path)
     return path
@@ -53,7 +53,7 @@ def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
     assert rec["executor"] == "pipeline" and rec["pipeline"]["split"] == plan["pipeline"]["split"]
     assert rec["pipeline"]["library_schedule"] == "Schedule1F1B" and rec["world"] == 4
     assert rec["pipeline"]["paths"] == ["none"] * 4  # stages of one device: nothing to place
-    assert rec["predicted"]["step_s"] == plan["totals"]["step_s"]
+    assert rec["predicted"]["step_s"] == plan["costs"]["step_s"]
     want = one_process(plan["model"], plan["micro_batches"])
     assert rec["measured"]["losses"] == pytest.approx(want, rel=RTOL, abs=0)
     assert want[1] != pytest.approx(want[0])

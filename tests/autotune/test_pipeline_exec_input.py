@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from calibrate.errors import UserError  # noqa: E402
 from pipeline_exec_plans import GPT, make_model, searched  # noqa: E402
 
-from autotune.apply.pipeline import apply_pipeline, load_pipelined  # noqa: E402
+from autotune.apply.pipeline import apply_pipeline, block_range, load_pipelined  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -24,29 +24,31 @@ def plan():
 
 
 def test_stages_typed_on_their_submesh(plan, tmp_path):
-    from autotune.sbp.plan import PlanFile
+    from autotune.plan.file import PlanFile
     pp = load_pipelined(plan)
-    assert pp.split == tuple(plan["pipeline"]["split"]) and pp.micro_batches == plan["micro_batches"]
-    assert pp.schedule == "1f1b" and pp.world == 4 and pp.submesh.devices == 2
-    assert [s.model.get("layers") for s in pp.stages] == list(pp.split)
-    assert pp.stages[0].layers[0].name == "embedding" and pp.stages[-1].layer("logits") is not None
-    assert pp.stages[0].mesh.sizes == (2,) and pp.block_range(1) == (pp.split[0], 4)
+    split = pp.pipeline.split
+    assert pp is plan and pp.pipeline.schedule == "1f1b" and pp.world == 4 and pp.submesh.devices == 2
+    assert [s.plan.model.get("layers") for s in pp.stages] == list(split)
+    assert pp.stages[0].plan.layers[0].name == "embedding" and pp.stages[-1].plan.layer("logits") is not None
+    assert pp.stages[0].plan.mesh.sizes == (2,) and block_range(pp, 1) == (split[0], 4)
     PlanFile(plan, []).save(tmp_path / "plan.json")  # plan.json whose best is pipelined
     assert load_pipelined(tmp_path / "plan.json") == pp
 
 
 def _edit(plan, f):
-    out = copy.deepcopy(plan)
+    out = copy.deepcopy(plan.to_dict())
     f(out)
     return out
 
 
 @pytest.mark.parametrize("edit,msg", [
-    (lambda p: p.pop("stages"), "has no pipeline stages"),
+    (lambda p: p.update({k: p["stages"][0]["plan"][k] for k in ("layers", "cluster", "mesh")}, stages=[],
+                        pipeline=None), "has no pipeline stages"),
     (lambda p: p["pipeline"].update(split=[2, 3]), "gives 5 blocks but the model has 4"),
     (lambda p: p["pipeline"].update(split=[1, 3]), "repeats its block layers [2] times but the split"),
     (lambda p: p["pipeline"].update(schedule="zb"), "schedule 'zb' is not one of"),
-    (lambda p: p["pipeline"].update(submesh={"nodes": 1, "gpus_per_node": 1}), "do not make the cluster"),
+    (lambda p: p.update(cluster={"nodes": 1, "gpus_per_node": 2}, mesh={"sizes": [2], "names": ["g0"]}),
+     "do not make the cluster"),
     (lambda p: p["model"].update(micro_batch=1), "splits the tokens of a micro-batch of 1 sequences over 2"),
     (lambda p: p["stages"].reverse(), "the first stage holds the embedding"),
     (lambda p: p["stages"][0].update(boundary_route="zz"), "boundary route 'zz' is not one of direct, scatter"),

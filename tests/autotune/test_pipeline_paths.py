@@ -136,9 +136,10 @@ def test_the_plan_record_and_report_name_each_stage_path():
     for prof, want in ((H100_HOST, True), (H100, False)):
         search = PipelineSearch(llama, Cluster(1, 4), Profile.load(prof), 80 * 2**30, PipelineConfig(2))
         record = pipeline_plan(search, search.finish(search.run()), "test")
-        assert [s.get("apply_path") for s in record["stages"]] == (["ddp", "ddp"] if want else [None, None])
+        assert [s.host_pass_s is not None for s in record.stages] == [want, want]
+        assert [s.plan.apply_path for s in record.stages] == ["ddp", "ddp"] if want else True
         column = "apply path (host ms / micro-batch)"
         table = stage_table(record)
         assert (column in table.columns) == want
         if want:
-            assert list(table[column]) == [f"ddp ({s['host_pass_s'] * 1e3:.3g})" for s in record["stages"]]
+            assert list(table[column]) == [f"ddp ({s.host_pass_s * 1e3:.3g})" for s in record.stages]

@@ -149,14 +149,16 @@ def test_pipelined_plans_memory_line_is_the_binding_stages(graph, profile):
     ps = PipelineSearch(graph, CLUSTER, profile, 80 * 2**30, PipelineConfig(stages=4))
     c = ps.finish(megatron_3d(ps))
     plan = pipeline_plan(ps, c, "test", {})
-    t = plan["totals"]
-    i = t["memory_stage"]
-    assert t["memory_bytes"] == max(s["memory_bytes"] for s in plan["stages"]) == plan["stages"][i]["memory_bytes"]
+    t = plan.costs
+    i = t.memory_stage
+    assert t.memory_bytes == max(s.memory_bytes for s in plan.stages) == plan.stages[i].memory_bytes
     parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "workspace_bytes")
-    assert sum(t["memory"][k] for k in parts) == pytest.approx(t["memory_bytes"], rel=1e-6)
+    assert sum(t.memory[k] for k in parts) == pytest.approx(t.memory_bytes, rel=1e-6)
     assert f"binding stage ({i} of 4" in breakdown(plan)
-    plan["stage_modes"] = [{"recompute": "full", "sharding": {"mode": "none"}}] * 3 + \
-        [{"recompute": "none", "sharding": {"mode": "none"}}]
+    from dataclasses import replace
+    plan = replace(plan, stages=tuple(replace(s, plan=replace(s.plan, recompute="full" if k < 3 else "none",
+                                                              sharding_mode="none", sharding_axes=()))
+                                      for k, s in enumerate(plan.stages)))
     assert modes_line(plan) == ("stages 0-2 (3 of 4): recompute full; sharding none; "
                                 "stages 3 (1 of 4): recompute none; sharding none")
 
@@ -165,7 +167,7 @@ def test_sequence_parallel_shards_the_norms_and_swaps_all_reduce_for_gather_scat
     """Megatron's --sequence-parallel (issue 43): the norms and residual adds hold 1/t of their activations;
     the boxing into and out of each tensor-parallel region moves the all-reduce's bytes as an all-gather plus a
     reduce-scatter (on a ring: (t-1)/t n beta each, the all-reduce's 2 (t-1)/t n beta)."""
-    from autotune.sbp.plan import build_plan
+    from autotune.plan.build import build as build_plan
     ps = PipelineSearch(graph, CLUSTER, profile, None, PipelineConfig(stages=2))
     sub = Cluster(2, 2)
     t, mesh = 2, ((2, 1), (1, 2))
@@ -173,8 +175,8 @@ def test_sequence_parallel_shards_the_norms_and_swaps_all_reduce_for_gather_scat
 
     def by_kind(x, key):
         out = {}
-        for lay in build_plan(x.problem, x.assign, "x")["layers"]:
-            out[lay["kind"]] = out.get(lay["kind"], 0.0) + lay[key] * lay["count"]
+        for lay in build_plan(x.problem, x.assign, "x").layers:
+            out[lay.kind] = out.get(lay.kind, 0.0) + lay.costs[key] * lay.count
         return out
     mp, ms = by_kind(plain, "memory_bytes"), by_kind(sp, "memory_bytes")
     if "residual" in mp:

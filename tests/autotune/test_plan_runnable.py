@@ -16,7 +16,6 @@ from models import load_model
 
 import autotune
 from autotune.plan.runnable import unrunnable
-from autotune.plan.search import convert, convert_stages
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import Budget
 
@@ -49,7 +48,7 @@ def returned(plans) -> list[tuple[str, object]]:
     """(strategy, typed plan) of the best plan and every baseline, a pipelined one's stages each."""
     out = []
     for p in [plans.best, *plans.baselines]:
-        out += [(p["strategy"], t) for t in (convert_stages(p) if "stages" in p else [convert(p)])]
+        out += [(p.strategy, t) for t in ([s.plan for s in p.stages] or [p])]
     return out
 
 

@@ -14,7 +14,8 @@ from autotune.sbp.baselines import data_parallel as dp_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import PlanFile, build_plan
+from autotune.plan.build import build as build_plan, placed
+from autotune.plan.file import PlanFile
 from calibrate.errors import UserError
 from calibrate.profile import Profile
 from models import load_model
@@ -29,23 +30,25 @@ def plan_file() -> dict:
     return PlanFile(best, [build_plan(problem, dp_assignment(problem), "data parallel")]).to_dict()
 
 
-def test_search_plan_converts_and_round_trips(plan_file, tmp_path):
+def test_search_plan_round_trips(plan_file, tmp_path):
     typed = load_plan(plan_file)
     best = plan_file["best"]
     assert typed.mesh.sizes == (2, 2) and typed.mesh.names == ("n0", "g0")
     assert [lay.name for lay in typed.layers] == [lay["name"] for lay in best["layers"]]
-    assert typed.costs.total_s == best["totals"]["total_s"] and typed.baselines[0].strategy == "data parallel"
-    assert typed.costs.memory == best["totals"]["memory"]
+    assert typed.costs.total_s == best["costs"]["total_s"] and plan_file["baselines"][0]["strategy"] == "data parallel"
+    assert typed.costs.memory == best["costs"]["memory"] and typed.apply_path == best["apply_path"]
     proj = typed.layer("proj")
     assert proj.weight("weight").shape == (8, 8) and len(proj.input) == 2
     typed.save(tmp_path / "typed.json")
     assert load_plan(tmp_path / "typed.json") == typed
     (tmp_path / "plan.json").write_text(json.dumps(plan_file))
     assert load_plan(tmp_path / "plan.json") == typed
+    old = dict(plan_file, version=1)  # an old plan.json: one line naming the fix
+    with pytest.raises(UserError, match="version 1; this tool reads version 2: re-run python -m autotune --out DIR"):
+        load_plan(old)
 
 
 @pytest.mark.parametrize("edit,words", [
-    (lambda d: d.update(version=0), "version 0"),
     (lambda d: d["layers"][2]["weights"][0].update(placements=["S2", "B"]), "placement 'S2'"),
     (lambda d: d["layers"][2]["costs"].update(redistribution_s=float("nan")), "not a finite number"),
     (lambda d: d["mesh"].update(sizes=[4]), "not the fine axes"),
@@ -177,16 +180,14 @@ def test_which_plans_take_fully_shard():
 
 
 @pytest.mark.parametrize("kind, cluster", [("gpt", Cluster(2, 2)), ("llama", Cluster(1, 4)), ("gpt", Cluster(1, 1))])
-def test_the_search_holds_the_typed_plan_that_plan_json_converts_to(kind, cluster):
-    """``from_problem`` (the search's assignment read from its strategies) has the layers ``convert`` rebuilds
-    from the written plan (the model re-validated, the strategies re-enumerated), costs aside."""
+def test_the_search_builds_the_plan_that_plan_json_holds(kind, cluster):
+    """``placed`` (the search's assignment read from its strategies, the pipeline search's cheap form) has the
+    layers ``build`` prices; the built plan survives its record."""
     from dataclasses import replace
-
-    from autotune.plan.search import convert, from_problem
     fields = dict(TINY, kv_heads=2) if kind == "llama" else TINY
     problem = Problem(load_model(kind, None, fields), Coster(Profile.load("h200-nvlink+ib400"), cluster))
     for seed in range(3):
         assign = problem.random_assignment(np.random.default_rng(seed))
-        held, written = from_problem(problem, assign, "random"), convert(build_plan(problem, assign, "random"))
-        assert held.layers == tuple(replace(lay, costs={}) for lay in written.layers)
-        assert replace(held, layers=()) == replace(written, layers=(), costs=None)
+        held, built = placed(problem, assign, "random"), build_plan(problem, assign, "random")
+        assert held.layers == tuple(replace(lay, costs={}, collectives=(), compute_source="") for lay in built.layers)
+        assert load_plan(json.loads(json.dumps(built.to_dict()))).to_dict() == built.to_dict()

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from autotune.__main__ import main as autotune_main
-from autotune.sbp.plan import PlanFile
+from autotune.plan.file import PlanFile
 
 SMALL = ["--model", "gpt", "--preset", "gpt3-1.3b", "--layers", "2", "--nodes", "2", "--gpus-per-node", "2",
          "--profile", "gcp-a100", "--budget", "0.3", "--batch", "8", "--micro-batch", "8", "--sequence", "256",
@@ -22,9 +22,8 @@ def test_cli_writes_plan_and_report(tmp_path, capsys):
     d = json.loads((tmp_path / "plan.json").read_text())
     assert PlanFile.from_dict(pf.to_dict()).to_dict() == d
     layer = d["best"]["layers"][1]
-    assert layer["sbp"]["input"].startswith("(") and "mesh_shape" in layer["dtensor"]
-    assert d["best"]["totals"]["total_s"] <= min(b["totals"]["total_s"] for b in d["baselines"]
-                                                 if b["totals"]["fits_memory"]) * 1.0000001
+    assert len(layer["input"]) == 2 and layer["collectives"] is not None and d["best"]["apply_path"] == "dtensor"
+    assert pf.best.costs.total_s <= min(b.costs.total_s for b in pf.baselines if b.costs.fits_memory) * 1.0000001
     html = (tmp_path / "report.html").read_text()
     assert "Search convergence" in html and "<svg" in html
     export = f"python -m autotune export {tmp_path / 'plan.json'} --to torchtitan|megatron"

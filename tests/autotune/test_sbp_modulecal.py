@@ -11,7 +11,7 @@ from models import load_model
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import build_plan
+from autotune.plan.build import build as build_plan
 from autotune.sbp.steptime import accumulate_seconds
 
 MODEL = {"kind": "llama", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256,
@@ -45,13 +45,13 @@ def test_a_measured_block_prices_the_step_in_closed_form():
     acc = sum(c * accumulate_seconds(problem.choices[v][0], problem.cluster, problem.compute, 2)
               for v, c in enumerate(problem.counts))
     want = (m * (layers * 3e-3 + 1.2e-3) + layers * 1e-4 + 3e-4 + (m - 1) * acc)
-    assert m == 2 and p["totals"]["compute_s"] == pytest.approx(want, rel=1e-9)
-    assert p["compute_source"] == "module"
-    assert {layer["compute_source"] for layer in p["layers"]} == {"module"}
+    assert m == 2 and p.costs.compute_s == pytest.approx(want, rel=1e-9)
+    assert p.compute_source == "module"
+    assert {layer.compute_source for layer in p.layers} == {"module"}
     # the block measured twice as slow: the blocks' share of the step doubles, the rest does not move
     slow = dict(BLOCK, forward_s=2e-3, backward_s=4e-3, optimizer_s=2e-4)
     _, q = plan(section(ModulePoint(1, 2, 32, slow, OUTSIDE)))
-    assert q["totals"]["compute_s"] - p["totals"]["compute_s"] == pytest.approx(m * layers * 3e-3 + layers * 1e-4)
+    assert q.costs.compute_s - p.costs.compute_s == pytest.approx(m * layers * 3e-3 + layers * 1e-4)
 
 
 @pytest.mark.parametrize("points, model", [
@@ -62,8 +62,8 @@ def test_a_measured_block_prices_the_step_in_closed_form():
 def test_unmeasured_shapes_keep_the_analytical_price(points, model):
     _, analytical = plan(None)
     _, p = plan(section(*points, model=model))
-    assert p["totals"]["compute_s"] == pytest.approx(analytical["totals"]["compute_s"], rel=1e-12)
-    assert p["compute_source"] == "analytical"
+    assert p.costs.compute_s == pytest.approx(analytical.costs.compute_s, rel=1e-12)
+    assert p.compute_source == "analytical"
 
 
 def test_each_layer_reads_the_point_of_its_local_shape():
@@ -91,24 +91,23 @@ def test_the_modules_own_host_cost_paces_its_blocks():
     """A plan on the DDP path: blocks at the module section's measured host pace, the rest at the compute section's
     per layer occurrence: host step = m (L h_block + n_out h) + L s_block + n_out s."""
     from autotune.plan.hostpace import at_host_pace
-    from autotune.plan.search import model_graph
     problem, _ = plan(None, devices=2)
     from autotune.sbp.baselines import data_parallel
     dp = build_plan(problem, data_parallel(problem), "data parallel")
     cm = problem.compute
     pace = at_host_pace(dp, cm)
-    assert pace["apply_path"] == "ddp"
+    assert pace.apply_path == "ddp"
     own = replace_host(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)), {"ddp": (0.5, 0.25)})
     with_own = at_host_pace(dp, cm, own)
-    g = model_graph(dp["model"])
+    g = dp.model.graph()
     outside = len(g.chain) - sum(e - s for s, e in g.blocks)
     h, s = cm.host_s["ddp"]
-    m = dp["micro_batches"]
+    m = dp.micro_batches
     want = m * (len(g.blocks) * 0.5 + outside * h) + len(g.blocks) * 0.25 + outside * s
-    assert with_own["totals"]["host_step_s"] == pytest.approx(want)
-    assert with_own["totals"]["step_s"] == pytest.approx(max(dp["totals"]["step_s"], want))
+    assert with_own.costs.host_step_s == pytest.approx(want)
+    assert with_own.costs.step_s == pytest.approx(max(dp.costs.step_s, want))
     other = replace_host(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE), model=dict(SHAPE, ffn=256)), {"ddp": (0.5, 0.25)})
-    assert at_host_pace(dp, cm, other)["totals"] == pace["totals"]  # another model's section: not used
+    assert at_host_pace(dp, cm, other).costs == pace.costs  # another model's section: not used
 
 
 def replace_host(sec, host):

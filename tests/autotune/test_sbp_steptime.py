@@ -16,7 +16,7 @@ from autotune.sbp.baselines import data_parallel, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import build_plan
+from autotune.plan.build import build as build_plan
 from autotune.sbp.search import Budget, make_search
 
 BASE = Profile.load("gcp-a100")
@@ -70,7 +70,7 @@ def test_data_parallel_step_closed_form():
     syncs = [BASE.time(Collective.ALLREDUCE, k * n * 4, Group(4)) for k, n in zip(DIMS, DIMS[1:])]
     W = sum(bwd) + loss_b
     exposed = max(sum(syncs) - W, syncs[0])
-    t = build_plan(pr, a, "dp")["totals"]
+    t = build_plan(pr, a, "dp").costs.to_dict()
     assert t["compute_s"] == pytest.approx(compute, rel=1e-12)
     assert t["exposed_comm_s"] == pytest.approx(exposed, rel=1e-12)
     assert t["step_s"] == pytest.approx(compute + exposed, rel=1e-12)
@@ -84,8 +84,8 @@ def test_data_parallel_step_closed_form():
 def test_plan_records_each_layers_forward_backward_and_optimizer():
     # what autotune execute's layer clock compares: data parallel on 4 GPUs, per micro-batch
     pr = mlp_problem()
-    layers = {lay["name"]: lay for lay in build_plan(pr, data_parallel(pr), "dp")["layers"]}
-    matmuls = [lay for lay in layers.values() if lay["kind"] == "matmul"]
+    layers = build_plan(pr, data_parallel(pr), "dp").layers
+    matmuls = [lay.costs for lay in layers if lay.kind == "matmul"]
     for lay, (k, n) in zip(matmuls, zip(DIMS, DIMS[1:])):
         assert lay["forward_s"] == pytest.approx(mm(T // 4, k, n) + mem(6 * k * n), rel=1e-12)
         assert lay["backward_s"] == pytest.approx(2 * mm(T // 4, k, n) + mem(6 * k * n), rel=1e-12)
@@ -100,7 +100,7 @@ def test_megatron_step_splits_the_matmuls():
     # form in DTensor clones its input first (a read and a write of the output, compute time)
     pr = mlp_problem()
     a = megatron_assignment(pr, (1, 1), (1, 4))
-    t = build_plan(pr, a, "megatron")["totals"]
+    t = build_plan(pr, a, "megatron").costs.to_dict()
     fwd = [mm(T, DIMS[0], DIMS[1] // 4), mm(T, DIMS[1] // 4, DIMS[2])]
     casts = sum(2 * mem(6 * k * n // 4) for k, n in zip(DIMS, DIMS[1:]))
     logits = T * DIMS[-1]  # redundant over t: the whole logits

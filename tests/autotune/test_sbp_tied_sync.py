@@ -14,7 +14,7 @@ from autotune.sbp.baselines import data_parallel
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem, sync_steps
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import build_plan
+from autotune.plan.build import build as build_plan
 
 TIED = {"layers": 2, "hidden": 512, "heads": 4, "ffn": 2048, "sequence": 16, "vocabulary": 8192, "batch": 8,
         "micro_batch": 4, "tied": True}
@@ -37,14 +37,14 @@ def test_data_parallel_syncs_the_shared_table_once(objective):
     assert len(weight) == 1 and weight[0].axes                      # replicated, synced over the data axes
     assert pr.tied_saved(a) == pytest.approx(pr.coster.step_time(weight[0]), rel=1e-12)
     plan = build_plan(pr, a, "data parallel")
-    logits = next(lay for lay in plan["layers"] if lay["name"] == pr.ops[t].layer.name)
-    assert not [c for c in logits["collectives"] if c["phase"] == "grad-sync" and c["tensor"] == "weight"]
+    logits = next(lay for lay in plan.layers if lay.name == pr.ops[t].layer.name)
+    assert not [c for c in logits.collectives if c.phase == "grad-sync" and c.tensor == "weight"]
     if objective == "step":  # the sync is exposed (large weights, few tokens): the saving shows in the step
         S = sum(float(c * pr.node_sync[v][i]) for v, (i, c) in enumerate(zip(a, pr.counts)))
         W = sum(float(c * pr.node_bwd[v][i]) for v, (i, c) in enumerate(zip(a, pr.counts)))
         assert S - pr.tied_saved(a) - W > float(pr.node_sync[pr.first][a[pr.first]])
         assert pr.exposed_sync(a) == pytest.approx(S - pr.tied_saved(a) - W, rel=1e-12)
-    assert plan["totals"]["grad_sync_s"] == pytest.approx(
+    assert plan.costs.grad_sync_s == pytest.approx(
         sum(float(c * pr.node_sync[v][i]) for v, (i, c) in enumerate(zip(a, pr.counts))) - pr.tied_saved(a))
 
 

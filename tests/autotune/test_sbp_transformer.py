@@ -22,7 +22,7 @@ from autotune.sbp.fit import search_fitting, search_modes
 from autotune.sbp.layers import make_op
 from autotune.sbp.memory import Mode, kept_bytes, peak_workspace, strategy_memory
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import build_plan
+from autotune.plan.build import build as build_plan
 from autotune.sbp.search import Budget, make_search
 from calibrate.compute import SDPA_BACKWARD_FACTOR as SDPA_BACKWARD
 from autotune.sbp.steptime import fsdp_seconds, layer_seconds
@@ -268,7 +268,7 @@ def test_full_recompute_keeps_only_block_inputs_and_reruns_the_forward():
         f2, b2 = layer_seconds(none.ops[v], s, none.cluster, CM, 2, "full", full.roles[v])
         product = LAUNCH + 2 * t * 128 * 64 / PEAK if v == 9 else 0.0  # fc2: 8 tokens x 128 -> 64
         assert (f2, b2) == (f, pytest.approx(b + f - product, rel=1e-12))
-    assert build_plan(full, a, "x")["recompute"] == "full"
+    assert build_plan(full, a, "x").recompute == "full"
     # forward boxings inside a block run twice: (ln1, qkv) always inside, (residual, ln1) crosses blocks, (fc2,
     # residual) is at the block's tail, not re-run
     ff = full.tables.forward_factor
@@ -335,8 +335,8 @@ def test_fsdp_divides_weights_and_gathers_them_per_micro_batch():
                       (fsdp.choices[u][a[u]] for u in fsdp.graph.chain))
     assert mf.workspace == pytest.approx(mp.workspace + gathered[-1] + gathered[-2])
     plan = build_plan(fsdp, a, "fsdp")
-    assert plan["sharding"] == {"mode": "fsdp", "axes": [0, 1]}
-    assert any(c["phase"] == "fsdp" for lay in plan["layers"] for c in lay["collectives"])
+    assert (plan.sharding_mode, plan.sharding_axes) == ("fsdp", (0, 1))
+    assert any(c.phase == "fsdp" for lay in plan.layers for c in lay.collectives)
 
 
 def test_fsdp_exposed_is_what_the_layers_compute_does_not_cover_and_its_copies():
@@ -435,33 +435,41 @@ def test_modes_cover_fsdp_over_every_axis_the_intra_node_and_the_node_axes():
 def test_baselines_users_pick_are_present_each_with_its_row():
     g = contract_graph(layers=2)
     pr = problem(g, Cluster(2, 2), 1.0)  # 1 byte: nothing fits, every row kept with the memory it needs
-    plans = baseline_plans(pr, None, None, None)
-    names = [p["strategy"] for p in plans]
+    plans = [build_plan(*b) for b in baseline_plans(pr, None, None, None)]
+    names = [p.strategy for p in plans]
     for want in ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP"):
         assert any(n.startswith(want) for n in names), names
     for p in plans:
-        assert not p["totals"]["fits_memory"] and p["totals"]["memory_bytes"] > 1
-        assert p["recompute"] in ("none", "selective", "full") and "mode" in p["sharding"]
-    fs = next(p for p in plans if p["strategy"].startswith("FSDP"))
-    assert fs["sharding"] == {"mode": "fsdp", "axes": [0, 1]}
-    hs = next(p for p in plans if p["strategy"].startswith("HSDP"))
-    assert hs["sharding"] == {"mode": "fsdp", "axes": [1]}
-    tp = next(p for p in plans if p["strategy"].startswith("TP+FSDP"))
-    assert tp["sharding"] == {"mode": "fsdp", "axes": [0]}
+        assert not p.costs.fits_memory and p.costs.memory_bytes > 1
+        assert p.recompute in ("none", "selective", "full") and p.sharding_mode in ("none", "fsdp")
+    fs = next(p for p in plans if p.strategy.startswith("FSDP"))
+    assert (fs.sharding_mode, fs.sharding_axes) == ("fsdp", (0, 1))
+    hs = next(p for p in plans if p.strategy.startswith("HSDP"))
+    assert (hs.sharding_mode, hs.sharding_axes) == ("fsdp", (1,))
+    tp = next(p for p in plans if p.strategy.startswith("TP+FSDP"))
+    assert (tp.sharding_mode, tp.sharding_axes) == ("fsdp", (0,))
     # with room, the baselines fit and each is at its cheapest recomputation (none: nothing to save)
-    roomy = baseline_plans(problem(g, Cluster(2, 2), 2.0**40), None, None, None)
-    assert all(p["totals"]["fits_memory"] and p["recompute"] == "none" for p in roomy)
+    roomy = [build_plan(*b) for b in baseline_plans(problem(g, Cluster(2, 2), 2.0**40), None, None, None)]
+    assert all(p.costs.fits_memory and p.recompute == "none" for p in roomy)
 
 
 def test_the_command_never_returns_a_plan_slower_than_a_fitting_baseline():
     from autotune.planner import floor
-    plan = {"strategy": "searched (cd)", "totals": {"step_s": 2.0, "fits_memory": True}, "search": {}}
-    hsdp = {"strategy": "HSDP (sharded inside each node)", "totals": {"step_s": 1.5, "fits_memory": True}}
-    unfit = {"strategy": "FSDP", "totals": {"step_s": 1.0, "fits_memory": False}}
-    summa = {"strategy": "SUMMA 2D", "totals": {"step_s": 0.5, "fits_memory": True}}  # another problem's plan
-    got = floor(plan, [hsdp, unfit, summa], "step")
-    assert got["totals"]["step_s"] == 1.5 and got["search"]["replaced_by"] == hsdp["strategy"]
-    assert floor(dict(plan, totals={"step_s": 1.0, "fits_memory": True}), [hsdp], "step")["strategy"] == "searched (cd)"
+    from dataclasses import replace
+
+    from autotune.plan.typed import Costs
+    g = contract_graph(layers=2)
+    pr = problem(g, Cluster(2, 2), 2.0**40)
+    base = build_plan(pr, data_parallel(pr), "x")
+
+    def plan(strategy, step, fits=True):
+        return replace(base, strategy=strategy, costs=Costs(0.0, 0.0, 0.0, 1.0, fits, step_s=step), search={})
+    hsdp = plan("HSDP (sharded inside each node)", 1.5)
+    unfit = plan("FSDP", 1.0, False)
+    summa = plan("SUMMA 2D", 0.5)  # another problem's plan
+    got = floor(plan("searched (cd)", 2.0), [hsdp, unfit, summa], "step")
+    assert got.costs.step_s == 1.5 and got.search["replaced_by"] == hsdp.strategy
+    assert floor(plan("searched (cd)", 1.0), [hsdp], "step").strategy == "searched (cd)"
 
 
 @pytest.mark.parametrize("mlp", ["swiglu", "gelu"])

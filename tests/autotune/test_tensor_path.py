@@ -9,13 +9,12 @@ from calibrate.compute import host_figure
 from calibrate.profile import Group, Profile
 from models import load_model
 from autotune.plan.layouts import plan_path, tp_layout
-from autotune.plan.search import from_problem
+from autotune.plan.build import build as build_plan
 from autotune.sbp.baselines import data_parallel, megatron_assignment
 from autotune.sbp.boxing import Coster, copy_seconds
 from autotune.sbp.cost import Problem
 from autotune.sbp.memory import edge_bytes
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import build_plan
 from autotune.sbp.tables import edge_steps
 
 H200 = Profile.load("h200-nvlink")
@@ -41,9 +40,9 @@ def test_megatron_keeps_the_stream_whole_and_data_parallel_exists():
     res = next(v for v, op in enumerate(pr.ops) if op.layer.kind == "residual")
     assert pr.choices[res][mega[res]].input.sbp == ("S0", "B")  # whole on the tensor role
     dp = data_parallel(pr)  # on a role of one device the whole stream is the split one's strategy
-    assert dp is not None and plan_path(from_problem(pr, dp)) == "ddp"
-    typed = from_problem(pr, mega)
-    assert plan_path(typed) == "tensor" and tp_layout(typed).stream == "B"
+    assert dp is not None and build_plan(pr, dp, "data parallel").apply_path == "ddp"
+    typed = build_plan(pr, mega, "Megatron")
+    assert typed.apply_path == plan_path(typed) == "tensor" and tp_layout(typed).stream == "B"
 
 
 def test_the_row_parallel_all_reduces_are_bf16_forward_and_fp32_backward():
@@ -60,9 +59,8 @@ def test_the_row_parallel_all_reduces_are_bf16_forward_and_fp32_backward():
     copies = copy_seconds(fwd + bwd, H200.compute.memory_seconds)  # DTensor's clones around them
     assert t == pytest.approx(micro_batches * (sum(ar) + copies), rel=1e-9)
     plan = build_plan(pr, mega, "Megatron")  # the plan's own record sends the same bytes
-    edge = next(e for e in plan["edges"] if (e["from"], e["to"]) == ("proj", "residual"))
-    assert sorted((c["direction"], c["nbytes"]) for c in edge["collectives"]) == [("bwd", 4 * elems),
-                                                                                   ("fwd", 2 * elems)]
+    edge = next(e for e in plan.edges if (e.source, e.target) == ("proj", "residual"))
+    assert sorted((c.direction, c.nbytes) for c in edge.collectives) == [("bwd", 4 * elems), ("fwd", 2 * elems)]
     comm = problem("comm")  # AutoDDL's objective keeps the activation type both ways
     assert comm.tables.pair_direct(v["proj"], v["residual"], mega[v["proj"]], mega[v["residual"]]) == \
         pytest.approx(micro_batches * 2 * ar[0], rel=1e-9)  # no copies: the communication objective's sum

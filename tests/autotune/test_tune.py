@@ -93,8 +93,8 @@ def test_tune_returns_the_measured_fastest_and_writes_the_residuals_back(tmp_pat
                         "--out", str(again)]) == 0
     plans = json.loads((again / "plan.json").read_text())
     dp = next(p for p in [plans["best"], *plans["baselines"]] if p["strategy"].startswith("data parallel"))
-    assert dp["totals"]["residual"] == pytest.approx(res.paths["ddp"])
-    assert dp["totals"]["step_s"] == pytest.approx(dp["totals"]["step_uncorrected_s"] * res.paths["ddp"])
+    assert dp["costs"]["residual"] == pytest.approx(res.paths["ddp"])
+    assert dp["costs"]["step_s"] == pytest.approx(dp["costs"]["step_uncorrected_s"] * res.paths["ddp"])
 
 
 def test_tune_refuses_a_profile_without_host_figures(tmp_path):

@@ -72,14 +72,14 @@ def correctness(tmp: Path) -> None:
         t0 = time.perf_counter()
         mp.start_processes(_worker, args=(4, _free_port(), cfg, plan, str(out)), nprocs=4, start_method="fork")
         wall = time.perf_counter() - t0
-        ref_losses, ref_params = train_one_process(cfg, plan["micro_batches"])
+        ref_losses, ref_params = train_one_process(cfg, plan.micro_batches)
         got = [torch.load(f"{out}.{r}") for r in range(4)]
         loss = max(_rel(torch.tensor(g[0]), torch.tensor(ref_losses)) for g in got)
         par = max(float((p - ref_params[n]).abs().max()) for g in got for n, p in g[1].items())
         run = [g[2] for g in got]
-        want = [s["inflight"] for s in plan["stages"] for _ in range(4 // stages)]
-        print(f"| {kind} | {stages} x {4 // stages} | {schedule} | {plan['micro_batches']} | "
-              f"{plan['pipeline']['split']} | {loss:.1e} | {par:.1e} | {run} ({want}) | {wall:.1f} |")
+        want = [s.inflight for s in plan.stages for _ in range(4 // stages)]
+        print(f"| {kind} | {stages} x {4 // stages} | {schedule} | {plan.micro_batches} | "
+              f"{list(plan.pipeline.split)} | {loss:.1e} | {par:.1e} | {run} ({want}) | {wall:.1f} |")
 
 
 def timeline(case: str, width: int) -> None:
@@ -89,25 +89,24 @@ def timeline(case: str, width: int) -> None:
     plan, _ = pipeline_plans(graph, Cluster(nodes, gpus), Profile.load(DEFAULT_PROFILE), 80 * 2**30,
                              PipelineConfig(stages if stages is not None else "auto", "1f1b"))
     cpu = time.process_time() - t0
-    pl, t = plan["pipeline"], plan["totals"]
-    sub = pl["submesh"]
-    print(f"\n{case}: {plan['strategy']}, {pl['stages']} stages of {sub['nodes']} x {sub['gpus_per_node']}, "
-          f"step {t['step_s']:.4g} s, bubble {t['bubble_s']:.4g} s (search {cpu:.1f} CPU s, {DEFAULT_PROFILE})")
+    t, sub = plan.costs, plan.submesh
+    print(f"\n{case}: {plan.strategy}, {len(plan.stages)} stages of {sub.nodes} x {sub.gpus_per_node}, "
+          f"step {t.step_s:.4g} s, bubble {t.bubble_s:.4g} s (search {cpu:.1f} CPU s, {DEFAULT_PROFILE})")
     print("| stage | blocks | forward ms / mb | backward ms / mb | boundary fwd / bwd ms | in flight | "
           "last backward ends s | idle share of the step |")
     print("| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
-    step = t["step_s"]
-    for s in plan["stages"]:
-        busy = sum(end - start for what, _, start, end in s["timeline"] if what in ("F", "B"))
-        print(f"| {s['stage']} | {s['blocks']} | {s['forward_s'] * 1e3:.3f} | {s['backward_s'] * 1e3:.3f} | "
-              f"{s['boundary_forward_s'] * 1e3:.3f} / {s['boundary_backward_s'] * 1e3:.3f} | {s['inflight']} | "
-              f"{s['end_s']:.4g} | {1 - busy / step:.1%} |")
-    if pl["stages"] > 16:
+    step = t.step_s
+    for i, s in enumerate(plan.stages):
+        busy = sum(end - start for what, _, start, end in s.timeline if what in ("F", "B"))
+        print(f"| {i} | {s.blocks} | {s.forward_s * 1e3:.3f} | {s.backward_s * 1e3:.3f} | "
+              f"{s.boundary_forward_s * 1e3:.3f} / {s.boundary_backward_s * 1e3:.3f} | {s.inflight} | "
+              f"{s.end_s:.4g} | {1 - busy / step:.1%} |")
+    if len(plan.stages) > 16:
         return
     print(f"\ntimeline ({width} columns of {step / width * 1e3:.3g} ms; F forward, B backward, . idle)")
-    for s in plan["stages"]:
+    for s in plan.stages:
         row = ["."] * width
-        for what, _, start, end in s["timeline"]:
+        for what, _, start, end in s.timeline:
             if what not in ("F", "B"):
                 continue
             for col in range(int(start / step * width), max(int(start / step * width) + 1,

@@ -23,7 +23,7 @@ from autotune.cli.search import memory_limit
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import scaled, search_modes
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.plan import build_plan
+from autotune.plan.build import build as build_plan
 from autotune.sbp.search import auto_budget, make_search
 
 # (model, preset, nodes, gpus per node, field overrides). A graph's micro-batch is global (the sequences of
@@ -57,23 +57,22 @@ def row(model: str, preset: str, nodes: int, gpus: int, overrides: dict, profile
     search_s = time.process_time() - t0
     plan = build_plan(pr, res.assignment, "searched") if res is not None else None
     base = {}
-    for b in baseline_plans(plain, None, None, None):
+    for b in (build_plan(*found) for found in baseline_plans(plain, None, None, None)):
         for name in BASELINES:
-            if b["strategy"].startswith(name + " ") or b["strategy"] == name:
+            if b.strategy.startswith(name + " ") or b.strategy == name:
                 base[name] = b
     fields = ", ".join(f"{k} {v}" for k, v in overrides.items())
     return {"case": f"{preset} {nodes}x{gpus}" + (f" ({fields})" if fields else ""), "limit": limit, "plan": plan, "search_s": search_s, "base": base}
 
 
-def cell(p: dict | None) -> str:
+def cell(p) -> str:
     if p is None:
         return "no plan"
-    t = p["totals"]
-    rec = p.get("recompute", "none")
+    t, rec = p.costs, p.recompute
     tag = "" if rec == "none" else f", recompute {rec}"
-    if not t["fits_memory"]:
-        return f"does not fit ({t['memory_bytes'] / 2**30:.0f} GiB{tag})"
-    return f"{t['step_s']:.4g}{tag}"
+    if not t.fits_memory:
+        return f"does not fit ({t.memory_bytes / 2**30:.0f} GiB{tag})"
+    return f"{t.step_s:.4g}{tag}"
 
 
 def main(argv=None) -> int:
@@ -90,13 +89,12 @@ def main(argv=None) -> int:
         r = row(*c, args.profile)
         p = r["plan"]
         if p is not None:
-            sh = p["sharding"]
-            mode = f"recompute {p['recompute']}, " + ("FSDP" if sh["mode"] == "fsdp" else "no FSDP")
-            searched = f"{p['totals']['step_s']:.4g} ({mode})" + ("" if p["totals"]["fits_memory"] else ", does not fit")
+            mode = f"recompute {p.recompute}, " + ("FSDP" if p.sharding_mode == "fsdp" else "no FSDP")
+            searched = f"{p.costs.step_s:.4g} ({mode})" + ("" if p.costs.fits_memory else ", does not fit")
         else:
             searched = "no plan fits"
-        fit = [b["totals"]["step_s"] for b in r["base"].values() if b["totals"]["fits_memory"]]
-        speed = f"{min(fit) / p['totals']['step_s']:.2f}x" if fit and p is not None else "-"
+        fit = [b.costs.step_s for b in r["base"].values() if b.costs.fits_memory]
+        speed = f"{min(fit) / p.costs.step_s:.2f}x" if fit and p is not None else "-"
         print(f"| {r['case']} | {r['limit'] / 2**30:.1f} | {searched} | "
               + " | ".join(cell(r["base"].get(b)) for b in BASELINES) + f" | {speed} | {r['search_s']:.1f} |",
               flush=True)

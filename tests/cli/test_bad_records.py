@@ -230,7 +230,7 @@ def test_bad_record(line, files, expect, inputs, tmp_path):
 
 # ---- a sample through the real entry points ----------------------------------------------------------
 SUBPROCESS_SAMPLE = ["profile-alpha-nan-autotune-search", "profile-fit-last-zero-calibrate-validate",
-                     "results-stats-binary-calibrate-fit", "plan-layer-mesh-15-reports", "option-run-factor-nan"]
+                     "results-stats-binary-calibrate-fit", "plan-layer-input-long-reports", "option-run-factor-nan"]
 
 
 @pytest.mark.parametrize("case_id", SUBPROCESS_SAMPLE)

@@ -80,18 +80,17 @@ def test_fairness_warnings(tmp_path):
                                           config=dict(runs[0][0]["config"], mode="graph")), runs[0][1])]) == []
 
 
-def test_plan_mesh_must_span_the_cluster(tmp_path):
-    from autotune.sbp.plancheck import check_plan
-
-    layer = {"name": "l", "kind": "matmul", "count": 1, "mesh": [[2, 1], [1, 4]]}
-    plan = {"best": {"strategy": "s", "model": {"name": "m"}, "cluster": {"nodes": 2, "gpus_per_node": 4},
-                     "totals": {"redistribution_s": 0.0, "grad_sync_s": 1.0, "total_s": 1.0, "memory_bytes": 1.0,
-                                "fits_memory": True},
-                     "layers": [layer]}}
-    assert check_plan(plan, "p") is plan
-    layer["mesh"] = [[3, 5]]
-    with pytest.raises(UserError, match="best/layers/0/mesh spans 15 devices, the plan's cluster has 8"):
-        check_plan(plan, "p")
+def test_plan_placements_must_span_the_fine_mesh():
+    from autotune.plan.typed import FineMesh, Plan
+    from autotune.sbp.mesh import Cluster
+    mesh = FineMesh.of(Cluster(2, 4))
+    layer = {"name": "l", "kind": "matmul", "count": 1, "signature": "s", "input": ["B"] * len(mesh.sizes)}
+    plan = {"model": {"kind": "gpt"}, "cluster": {"nodes": 2, "gpus_per_node": 4},
+            "mesh": {"sizes": list(mesh.sizes), "names": list(mesh.names)}, "layers": [layer]}
+    assert Plan.from_dict(plan, "p").layers[0].input == tuple(layer["input"])
+    layer["input"] = ["B"] * (len(mesh.sizes) + 1)
+    with pytest.raises(UserError, match=r"p: layer 0.input: \d+ placements for a mesh of \d+ fine axes"):
+        Plan.from_dict(plan, "p")
 
 
 def test_results_samples_leave_out_sizes_without_stats(tmp_path):

@@ -50,7 +50,7 @@ def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str, gpus: in
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
     from autotune.sbp.mesh import Cluster
-    from autotune.sbp.plan import build_plan
+    from autotune.plan.build import build as build_plan
     from calibrate.profile import Profile
     from models import load_model
     from autotune.plan.hostpace import at_host_pace
@@ -68,19 +68,18 @@ def plan(out: Path, profile: str, small: bool, gpus: int = 4) -> None:
         subprocess.run([sys.executable, "-m", "autotune", "--model", "llama", *flags, "--nodes", "1",
                         "--gpus-per-node", str(gpus), "--profile", profile, "--compare", "none", "--out", str(out / name),
                         *extra], check=True, stdout=subprocess.DEVNULL, stderr=open(out / f"{name}.log", "w"), timeout=300)
-    from autotune.sbp.plan import PlanFile
+    from autotune.plan.file import PlanFile
     single, piped = PlanFile.load(out / "search" / "plan.json"), PlanFile.load(out / "search-pp" / "plan.json")
     plans = {"searched": single.best}
     for b in single.baselines:
         for kind in ("data parallel", "FSDP"):
-            if b["strategy"].startswith(kind):
+            if b.strategy.startswith(kind):
                 plans[kind] = b
-    plans["pipelined"] = piped.best if "stages" in piped.best else next(
-        b for b in piped.baselines if "stages" in b)
+    plans["pipelined"] = piped.best if piped.best.stages else next(b for b in piped.baselines if b.stages)
     for t in (2, 4):
         if gpus % t == 0:
             plans[f"TP t={t}"] = _megatron(shape, profile, (1, gpus // t), (1, t), f"Megatron d={gpus // t} t={t}", gpus)
-    (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": plans}))
+    (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": {k: p.to_dict() for k, p in plans.items()}}))
     print(f"wrote {out / 'plans.json'}: {', '.join(plans)}")
 
 
@@ -128,6 +127,7 @@ def run(out: Path, device: str) -> None:
     from autotune.execute.moduletrain import ModuleTrainer
     from autotune.execute.pipetrain import run_pipeline_plan
     from autotune.execute.runner import free_device, run_module_plan
+    from autotune.plan.typed import Plan
     spec = json.loads((out / "plans.json").read_text())
     shape, rows = spec["shape"], []
     d = start(device)
@@ -135,13 +135,14 @@ def run(out: Path, device: str) -> None:
     try:
         for name, p in spec["plans"].items():
             free_device(d)
-            runner = run_pipeline_plan if "stages" in p else run_module_plan
+            p = Plan.from_dict(p, name)
+            runner = run_pipeline_plan if p.stages else run_module_plan
             try:
                 rec, model = runner(p, d, **common)
                 del model
             except torch.OutOfMemoryError as e:
-                rec = {"error": f"out of memory: {str(e).splitlines()[0][:200]}", "predicted": p.get("totals", {})}
-            rows.append(dict(name=name, strategy=p.get("strategy", ""), record=rec))
+                rec = {"error": f"out of memory: {str(e).splitlines()[0][:200]}", "predicted": p.costs.to_dict()}
+            rows.append(dict(name=name, strategy=p.strategy, record=rec))
         for t in (t for t in (2, 4) if d.launch.world % t == 0):
             free_device(d)
             model = _hand_tp(shape, t, d)

@@ -151,7 +151,7 @@ def predict(row: dict, model_file: Path, profile: str) -> dict:
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
     from autotune.sbp.mesh import Cluster
-    from autotune.sbp.plan import build_plan
+    from autotune.plan.build import build as build_plan
     from autotune.sbp.search import auto_budget, make_search
 
     over = {"sequence": row["sequence"], "micro_batch": row["micro_batch"],
@@ -166,8 +166,7 @@ def predict(row: dict, model_file: Path, profile: str) -> dict:
     problem = Problem(graph, Coster(Profile.load(profile), Cluster(1, 1)), None, require_fit=False, objective="step")
     best = make_search("cd").run(problem, auto_budget(problem), np.random.default_rng(0))
     plan = build_plan(problem, best.assignment, "one GPU")
-    return {"step_s": plan["totals"]["step_s"], "bytes": plan["totals"]["memory_bytes"],
-            "source": plan.get("compute_source", "")}
+    return {"step_s": plan.costs.step_s, "bytes": plan.costs.memory_bytes, "source": plan.compute_source}
 
 
 def table(rows: list[dict]) -> str:

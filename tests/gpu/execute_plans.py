@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -30,29 +31,31 @@ from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster, role_meshes
-from autotune.sbp.plan import PlanFile, build_plan
+from autotune.plan.build import build as build_plan
+from autotune.plan.file import PlanFile
 
-def key(plan: dict) -> str:
+def key(plan) -> str:
     """What a plan does: the signature and placements of every layer."""
-    return json.dumps([(lay["signature"], lay["sbp"]) for lay in plan["layers"]], sort_keys=True)
+    return json.dumps([(lay.signature, lay.input, lay.output, [w.placements for w in lay.weights])
+                       for lay in plan.layers])
 
 
 FIELDS = ("layers", "hidden", "heads", "sequence", "vocabulary", "batch", "micro_batch", "ffn")
 
 
-def spread(plans: list[dict], n: int) -> list[dict]:
+def spread(plans: list, n: int) -> list:
     """``n`` of ``plans`` at evenly spaced ranks of predicted step time (communication without a step model)."""
     if n <= 0 or not plans:
         return []
-    measure = "step_s" if "step_s" in plans[0]["totals"] else "total_s"
-    ranked = sorted(plans, key=lambda p: p["totals"][measure])
+    measure = "step" if plans[0].costs.step_s is not None else "comm"
+    ranked = sorted(plans, key=lambda p: p.costs.of(measure))
     if n >= len(ranked):
         return ranked
     picks = sorted({round(i * (len(ranked) - 1) / (n - 1)) for i in range(n)}) if n > 1 else [0]
     return [ranked[i] for i in picks]
 
 
-def named_plans(problem) -> list[dict]:
+def named_plans(problem) -> list:
     """Data parallelism, Megatron on every 2-role mesh and SUMMA on its best mesh."""
     out = [build_plan(problem, data_parallel(problem), "data parallel")]
     for m in role_meshes(problem.cluster, 2):
@@ -66,7 +69,7 @@ def named_plans(problem) -> list[dict]:
     return out
 
 
-def random_plans(problem, pool: int, seed: int) -> list[dict]:
+def random_plans(problem, pool: int, seed: int) -> list:
     rng = np.random.default_rng(seed)
     out, seen = [], set()
     for _ in range(20 * pool):
@@ -105,8 +108,7 @@ def main(argv=None) -> int:
     plans, seen = [], set()
     for item in args.searched:
         label, _, folder = item.partition("=")
-        best = PlanFile.load(f"{folder}/plan.json").best
-        best["strategy"] = f"searched ({label} objective)"
+        best = replace(PlanFile.load(f"{folder}/plan.json").best, strategy=f"searched ({label} objective)")
         plans.append(best)
         seen.add(key(best))
     for p in named_plans(problem):
@@ -115,8 +117,7 @@ def main(argv=None) -> int:
             plans.append(p)
     pool = [p for p in random_plans(problem, args.pool, args.seed) if key(p) not in seen]
     for i, p in enumerate(spread(pool, args.random)):
-        p["strategy"] = f"random #{i + 1}"
-        plans.append(p)
+        plans.append(replace(p, strategy=f"random #{i + 1}"))
     path = PlanFile(plans[0], plans[1:], {}, {"command": "tests/gpu/execute_plans.py " + " ".join(sys.argv[1:])}).save(args.out)
     print(f"wrote {len(plans)} plans to {path}")
     return 0

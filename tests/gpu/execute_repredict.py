@@ -28,9 +28,16 @@ from models import load_model  # noqa: E402
 from autotune.sbp.boxing import Coster  # noqa: E402
 from autotune.sbp.cost import Problem  # noqa: E402
 from autotune.sbp.mesh import Cluster  # noqa: E402
-from autotune.sbp.plan import build_plan, layer_sbp  # noqa: E402
+from autotune.plan.build import build  # noqa: E402
 
 import execute_plans  # noqa: E402
+
+
+def layer_sbp(s, cluster) -> dict:
+    """A strategy's placements in the notation the recorded (version 1) plans wrote them."""
+    return {**({"input": s.sbp(s.input, cluster)} if s.input else {}),
+            **({"output": s.sbp(s.output, cluster)} if s.output else {}),
+            "weights": {w.name: s.sbp(w, cluster) for w in s.weights}}
 
 
 def assignment(problem: Problem, plan: dict) -> list[int]:
@@ -51,7 +58,7 @@ def priced(problems: list[Problem], plan: dict) -> float:
     """The plan's predicted step time in the first of ``problems`` whose strategies it uses."""
     for problem in problems:
         try:
-            return build_plan(problem, assignment(problem, plan), plan["strategy"])["totals"]["step_s"]
+            return build(problem, assignment(problem, plan), plan["strategy"]).costs.step_s
         except UserError:
             continue
     raise UserError(f"plan {plan['strategy']!r} uses strategies no search space has now: re-run the plans")

@@ -361,7 +361,7 @@ def predict(shape: dict, profile_path: str, recompute: str) -> dict:
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
     from autotune.sbp.mesh import Cluster
-    from autotune.sbp.plan import build_plan
+    from autotune.plan.build import build as build_plan
     from autotune.sbp.search import auto_budget, make_search
 
     from autotune.sbp.memory import Mode
@@ -371,8 +371,8 @@ def predict(shape: dict, profile_path: str, recompute: str) -> dict:
     problem = Problem(graph, Coster(Profile.load(profile_path), Cluster(1, 1)), None, require_fit=False,
                       objective="step", mode=Mode(recompute=recompute))
     best = make_search("cd").run(problem, auto_budget(problem), np.random.default_rng(0))
-    totals = build_plan(problem, best.assignment, "one GPU")["totals"]
-    return {"pred_step_s": totals["step_s"], "pred_bytes": totals["memory_bytes"]}
+    costs = build_plan(problem, best.assignment, "one GPU").costs
+    return {"pred_step_s": costs.step_s, "pred_bytes": costs.memory_bytes}
 
 
 # ---- the table -----------------------------------------------------------------------------------

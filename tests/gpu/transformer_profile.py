@@ -13,7 +13,7 @@ per shape:
 - the CUDA kernel time of that step grouped into kinds of work by kernel name (matrix products,
   attention, normalisation, elementwise, reductions, the loss, the embedding, the optimizer,
   copies) with each group's largest kernels;
-- the planner's per-layer forward and backward (``build_plan``'s ``forward_s``/``backward_s`` of
+- the planner's per-layer forward and backward (``autotune.plan.build``'s ``forward_s``/``backward_s`` of
   every layer times its count) grouped by layer kind;
 - the GPU time of that step by the host op that launched it (self time, the top 24);
 - peak memory: ``torch.cuda.max_memory_allocated`` beside the plan's breakdown;
@@ -108,7 +108,7 @@ def plan_layers(shape: dict, profile_path: str, recompute: str) -> dict:
     from autotune.sbp.cost import Problem
     from autotune.sbp.memory import Mode
     from autotune.sbp.mesh import Cluster
-    from autotune.sbp.plan import build_plan
+    from autotune.plan.build import build as build_plan
     from autotune.sbp.search import auto_budget, make_search
 
     kind, cfg = tc.model_config(shape)
@@ -119,12 +119,12 @@ def plan_layers(shape: dict, profile_path: str, recompute: str) -> dict:
     plan = build_plan(problem, best.assignment, "one GPU")
     kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     opt = 0.0
-    for layer in plan["layers"]:
-        k = kinds[f"{layer['kind']} ({layer['name']})" if layer["kind"] == "matmul" else layer["kind"]]
-        k[0] += layer["count"] * layer.get("forward_s", 0.0)
-        k[1] += layer["count"] * layer.get("backward_s", 0.0)
-        opt += layer["count"] * layer.get("optimizer_s", 0.0)
-    return {"kinds": dict(kinds), "optimizer": opt, "totals": plan["totals"]}
+    for layer in plan.layers:
+        k = kinds[f"{layer.kind} ({layer.name})" if layer.kind == "matmul" else layer.kind]
+        k[0] += layer.count * layer.costs.get("forward_s", 0.0)
+        k[1] += layer.count * layer.costs.get("backward_s", 0.0)
+        opt += layer.count * layer.costs.get("optimizer_s", 0.0)
+    return {"kinds": dict(kinds), "optimizer": opt, "totals": plan.costs.to_dict()}
 
 
 def _site(frames) -> str:

@@ -15,26 +15,27 @@ import numpy as np
 
 from calibrate.errors import UserError
 
+from autotune.plan.build import build
+from autotune.plan.typed import Collective, Plan
 from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import role_meshes
-from autotune.sbp.plan import build_plan
 from autotune.sbp.search import Budget, make_search
 
 KIND = "commtune.sbp-validate"
 VERSION = 1
 
 
-def candidate_plans(problem: Problem, n: int, seed: int) -> list[dict]:
+def candidate_plans(problem: Problem, n: int, seed: int) -> list[Plan]:
     """Distinct plans: searched, baselines on every mesh, S/B only, then random ones."""
     out, seen = [], set()
 
     def add(assign, label):
         if assign is None:
             return
-        plan = build_plan(problem, assign, label)
-        key = round(plan["totals"]["total_s"], 12)
-        if key not in seen and plan["totals"]["total_s"] > 0:
+        plan = build(problem, assign, label)
+        key = round(plan.costs.total_s, 12)
+        if key not in seen and plan.costs.total_s > 0:
             seen.add(key)
             out.append(plan)
 
@@ -47,9 +48,9 @@ def candidate_plans(problem: Problem, n: int, seed: int) -> list[dict]:
         sp = Problem(problem.graph, problem.coster, problem.memory_limit, signatures=("summa",))
         a, _, mesh = best_mesh(sp, summa_assignment)
         if a is not None:
-            plan = build_plan(sp, a, f"SUMMA {mesh}")
-            if round(plan["totals"]["total_s"], 12) not in seen:
-                seen.add(round(plan["totals"]["total_s"], 12))
+            plan = build(sp, a, f"SUMMA {mesh}")
+            if round(plan.costs.total_s, 12) not in seen:
+                seen.add(round(plan.costs.total_s, 12))
                 out.append(plan)
     except UserError:
         pass
@@ -61,35 +62,35 @@ def candidate_plans(problem: Problem, n: int, seed: int) -> list[dict]:
     return out[:max(n, 1)]
 
 
-def plan_comms(plan: dict) -> list[tuple[dict, float]]:
-    """Every collective record of a plan (its layers' and edges') with how often the plan issues it per step."""
-    mb = plan["micro_batches"]
-    out = [(c, float(layer["count"] * (mb if c["per"] == "micro-batch" else 1)))
-           for layer in plan["layers"] for c in layer["collectives"]]
-    out += [(c, float(e["count"] * mb)) for e in plan["edges"] for c in e["collectives"]]
+def plan_comms(plan: Plan) -> list[tuple[Collective, float]]:
+    """Every collective of a plan (its layers' and edges') with how often the plan issues it per step."""
+    mb = plan.micro_batches
+    out = [(c, float(layer.count * (mb if c.per == "micro-batch" else 1)))
+           for layer in plan.layers for c in layer.collectives]
+    out += [(c, float(e.count * mb)) for e in plan.edges for c in e.collectives]
     return out
 
 
-def _key(c: dict) -> tuple[str, tuple[int, ...], int]:
-    return c["collective"], tuple(c["axes"]), int(c["nbytes"])
+def _key(c: Collective) -> tuple[str, tuple[int, ...], int]:
+    return c.collective, tuple(c.axes), int(c.nbytes)
 
 
-def plan_collectives(plan: dict) -> list[tuple[str, tuple[int, ...], int, float]]:
+def plan_collectives(plan: Plan) -> list[tuple[str, tuple[int, ...], int, float]]:
     """(collective, axes, nbytes, times per step) of every collective of a plan."""
     return [(*_key(c), per) for c, per in plan_comms(plan)]
 
 
-def tier_split(plan: dict, measured: dict) -> dict[str, dict[str, float]]:
+def tier_split(plan: Plan, measured: dict) -> dict[str, dict[str, float]]:
     """A plan's predicted and ``measured`` communication seconds per step, by the tier of each group."""
     out: dict[str, dict[str, float]] = {}
     for c, per in plan_comms(plan):
-        t = out.setdefault(c["tier"], {"predicted_s": 0.0, "measured_s": 0.0})
-        t["predicted_s"] += per * float(c["seconds"])
+        t = out.setdefault(c.tier, {"predicted_s": 0.0, "measured_s": 0.0})
+        t["predicted_s"] += per * float(c.seconds)
         t["measured_s"] += per * float(measured[_key(c)])
     return out
 
 
-def collective_rows(plans: list[dict], measured: dict) -> list[dict]:
+def collective_rows(plans: list[Plan], measured: dict) -> list[dict]:
     """One row per distinct (collective, axes, bytes) of ``plans``: its group (ranks, nodes, tier), the
     profile's predicted seconds (as the plans' records cost it), the ``measured`` seconds, and the seconds
     it adds to the plans' predicted and measured communication summed over every plan (its weight)."""
@@ -98,8 +99,8 @@ def collective_rows(plans: list[dict], measured: dict) -> list[dict]:
         for c, per in plan_comms(plan):
             key = _key(c)
             row = rows.setdefault(key, {"collective": key[0], "axes": list(key[1]), "nbytes": key[2],
-                                        "ranks": c["ranks"], "nodes": c["nodes"], "tier": c["tier"],
-                                        "predicted_s": float(c["seconds"]), "measured_s": float(measured[key]),
+                                        "ranks": c.ranks, "nodes": c.nodes, "tier": c.tier,
+                                        "predicted_s": float(c.seconds), "measured_s": float(measured[key]),
                                         "plans_predicted_s": 0.0, "plans_measured_s": 0.0})
             row["plans_predicted_s"] += per * row["predicted_s"]
             row["plans_measured_s"] += per * row["measured_s"]

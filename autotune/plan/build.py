@@ -1,0 +1,119 @@
+"""The search's plan as a ``Plan``, built from the search's problem and assignment (``build``): each layer's
+placements read from its chosen strategy, the collectives each layer and boxing issues, their predicted costs
+and the step's (``autotune.sbp.cost``, ``autotune.sbp.steptime``), and the path ``apply`` places it by
+(``autotune.plan.layouts.plan_path``), decided here once."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autotune.plan.layouts import plan_path
+from autotune.plan.typed import Collective, Costs, Edge, FineMesh, LayerPlan, ModelSpec, Plan, WeightPlan
+from autotune.sbp.boxing import Step, copy_seconds
+from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
+from autotune.sbp.layers import Strategy
+from autotune.sbp.memory import RERUN
+from autotune.sbp.modulecal import source as compute_source
+from autotune.sbp.sbp import NdSbp
+from autotune.sbp.steptime import fsdp_steps, layer_seconds, optimizer_seconds
+
+
+def _comm(step: Step, problem: Problem, phase: str, tensor: str, direction: str, per: str) -> Collective:
+    g = problem.cluster.group(step.axes)
+    return Collective(phase, tensor, direction, per, step.op, tuple(step.axes), g.ranks, g.nodes, g.tier,
+                      step.nbytes, problem.coster.step_time(step))
+
+
+def _layer_clock(problem: Problem, op, s: Strategy, role: str, tied: bool) -> dict:
+    """One occurrence's predicted forward and backward of one micro-batch (the op, with its own
+    boxing and the local copies around it) and optimizer step, as ``autotune execute``'s layer
+    clock measures them; the boxing into the layer is its in-edge's ``forward_s``/``backward_s``."""
+    cl, cm, ab = problem.cluster, problem.compute, problem.act_bytes
+    rec = problem.mode.recompute
+    t = dict(zip(("fwd", "bwd"), layer_seconds(op, s, cl, cm, ab, rec, role)))
+    for _, direction, steps in internal_steps(s, cl):
+        sec = problem.coster.time(steps) + copy_seconds(steps, cm.memory_seconds)
+        t[direction] += sec
+        if direction == "fwd" and rec == "full" and role in RERUN:
+            t["bwd"] += sec
+    return {"forward_s": t["fwd"], "backward_s": t["bwd"],
+            "optimizer_s": optimizer_seconds(s, cl, cm, ab, problem.mode, tied)}
+
+
+def placed(problem: Problem, assign: list[int], strategy: str = "") -> Plan:
+    """``assign`` on ``problem`` as a plan without its costs and path: its layers and modes (cheap: the pipeline
+    search reads a stage plan's path by it, ``autotune.pipeline.paths``)."""
+    cl = problem.cluster
+
+    def fine_of(t, s):
+        return None if t is None else NdSbp(t.sbp, s.mesh).fine(cl) or ("B",)  # one device: one axis of size 1
+    layers = []
+    for op, s_i, count, choices in zip(problem.ops, assign, problem.counts, problem.choices):
+        s = choices[s_i]
+        layers.append(LayerPlan(op.layer.name, op.layer.kind, count, op.layer.all_dims(), s.signature,
+                                fine_of(s.input, s), fine_of(s.output, s),
+                                tuple(WeightPlan(w.name, tuple(w.shape), fine_of(w, s)) for w in s.weights),
+                                {}, s.mesh.sizes))
+    sharding = problem.mode.sharding
+    config = {k: v for k, v in {"name": problem.graph.model, **problem.graph.config}.items() if k != "kind"}
+    return Plan(ModelSpec(problem.graph.model, config), cl, FineMesh.of(cl), tuple(layers), problem.mb,
+                problem.mode.recompute, sharding["mode"], tuple(sharding["axes"]), strategy,
+                problem.coster.profile.name)
+
+
+def build(problem: Problem, assign: list[int], strategy: str, search: dict | None = None, path: str | None = None) -> Plan:
+    """The plan of ``assign`` on ``problem`` with its collectives and predicted costs; ``path``: the path
+    ``apply`` places it by where the caller decided it (a pipeline stage's), else ``plan_path``'s."""
+    cl, mb = problem.cluster, problem.mb
+    plan = placed(problem, assign, strategy)
+    layers, edges = [], []
+    red_total = sync_total = comp_total = 0.0
+    tied_saved = problem.tied_saved(assign)  # the tied logits' weight gradient synced with the embedding's
+    for v, (lay, op, s_i, count) in enumerate(zip(plan.layers, problem.ops, assign, problem.counts)):
+        s = problem.choices[v][s_i]
+        comms = [_comm(st, problem, "internal", t, d, "micro-batch")
+                 for t, d, steps in internal_steps(s, cl) for st in steps if st.collective]
+        comms += [_comm(st, problem, "grad-sync", t, "bwd", "step")
+                  for t, st in sync_steps(s, cl, problem.grad_bytes, problem.mode)]
+        comms += [_comm(st, problem, "fsdp", t, d, "micro-batch") for t, d, st in fsdp_steps(s, cl, problem.mode)]
+        red = float(problem.node_redist[v][s_i])
+        sync = float(problem.node_sync[v][s_i])
+        if tied_saved and v == problem.tied_pair[0]:
+            sync -= tied_saved
+            comms = [c for c in comms if not (c.phase == "grad-sync" and c.tensor == "weight")]
+        comp = float(problem.node_compute[v][s_i]) if problem.node_compute is not None else None
+        clock = _layer_clock(problem, op, s, problem.roles[v], problem.tied[v]) if comp is not None else {}
+        comp_total += count * (comp or 0.0)
+        red_total += count * red
+        sync_total += count * sync
+        costs = {"redistribution_s": red, "grad_sync_s": sync,
+                 "memory_bytes": memory(s, cl, problem.act_bytes, problem.mode, problem.roles[v], problem.tied[v]),
+                 **({"compute_s": comp} if comp is not None else {}), **clock}
+        layers.append(LayerPlan(lay.name, lay.kind, lay.count, lay.dims, lay.signature, lay.input, lay.output,
+                                lay.weights, costs, lay.roles, tuple(comms),
+                                compute_source(problem.module_cal, op, s, cl, problem.roles[v]) if comp is not None
+                                else ""))
+    for (a, b), count in problem.edge_counts.items():
+        sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
+        fwd, bwd = edge_steps(sa, sb, problem.ops[a].out_shape, cl, problem.tables.sizes(a, b))
+        comms = tuple(_comm(st, problem, "boxing", problem.ops[a].layer.name, d, "micro-batch")
+                      for d, steps in (("fwd", fwd), ("bwd", bwd)) for st in steps if st.collective)
+        rerun = problem.tables.forward_factor.get((a, b), 1.0)  # full recomputation re-runs forward boxings
+        t = mb * (rerun * problem.coster.time(fwd) + problem.coster.time(bwd))
+        red_total += count * t
+        copies = {}
+        if problem.compute is not None:  # DTensor's local copies around the steps: compute time
+            cf, cb = (copy_seconds(x, problem.compute.memory_seconds) for x in (fwd, bwd))
+            copies = {"copy_s": mb * (rerun * cf + cb), "forward_s": problem.coster.time(fwd) + cf,
+                      "backward_s": problem.coster.time(bwd) + cb}
+            comp_total += count * copies["copy_s"]
+        edges.append(Edge(problem.ops[a].layer.name, problem.ops[b].layer.name, count, comms,
+                          {"redistribution_s": t, **copies}))
+    step = {}
+    if problem.node_compute is not None:  # the step-time model (autotune.sbp.steptime)
+        exposed = red_total + problem.exposed_sync(assign)
+        step = {"compute_s": comp_total, "exposed_comm_s": exposed, "step_s": comp_total + exposed}
+    costs = Costs(red_total, sync_total, red_total + sync_total, problem.peak_memory(assign),
+                  bool(problem.fits_plan(assign)), problem.memory_breakdown(assign).to_dict(), **step)
+    plan = Plan(plan.model, cl, plan.mesh, tuple(layers), mb, plan.recompute, plan.sharding_mode, plan.sharding_axes,
+                strategy, plan.profile, costs, "", problem.objective, problem.device_limit, search or {}, tuple(edges))
+    return replace(plan, apply_path=path if path is not None else plan_path(plan))
