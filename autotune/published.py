@@ -36,7 +36,7 @@ from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, 
 from autotune.pipeline.threed import seeded, stage_plans
 from autotune.sbp.memory import Mode
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.techniques import Techniques
+from autotune.sbp.techniques import Techniques, context_parallel
 
 RECORD = "commtune.published-reproduction"
 VERSION = 1
@@ -115,18 +115,23 @@ def forced(case: dict) -> dict:
     cluster = Cluster(case["nodes"], case["gpus"])
     plan = case["plan"]
     t, p, d, mbs = plan["tensor"], plan["stages"], plan["data"], plan["micro_batch_size"]
-    if t * p * d != cluster.devices or case["gpus"] % t:
-        raise UserError(f"case {case['id']}: t {t} x p {p} x d {d} is not the {cluster.devices} GPUs, or t does not "
-                        f"divide a node's {case['gpus']}: fix the case")
+    tech = Techniques.of(plan)
+    cp = tech.context_parallel
+    if t * cp * p * d != cluster.devices or case["gpus"] % t:
+        raise UserError(f"case {case['id']}: t {t} x cp {cp} x p {p} x d {d} is not the {cluster.devices} GPUs, or t "
+                        f"does not divide a node's {case['gpus']}: fix the case")
     if g.batch % (d * mbs):
         raise UserError(f"case {case['id']}: batch {g.batch} is not a multiple of d {d} x micro-batch size {mbs}")
-    tech = Techniques.of(plan)
     missing = tech.missing()
+    g = context_parallel(g, cp)
     cfg = PipelineConfig(stages=p, schedule=tech.schedule, virtual_stages=max(tech.virtual_stages, 2))
     search = _search(g, cluster, profile, None, cfg)  # priced whatever it needs; checked against the limit below
     m = g.batch // (d * mbs)
     sub = submesh(cluster, p)
     mesh = ((sub.nodes, case["gpus"] // t), (1, t))
+    if cp > 1:  # the context-parallel groups inside the data-parallel ranks, a node's GPUs first (Megatron's order)
+        inside = math.gcd(cp, case["gpus"] // t)
+        mesh += ((cp // inside, inside),)
     with fewer_collections():
         plans = stage_plans(search, p, sub, m, mesh, Mode(tech.recompute, None, tech.zero_stage),
                             tech.sequence_parallel)

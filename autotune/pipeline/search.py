@@ -298,9 +298,10 @@ class StageSearch:
 
     def megatron(self, m: int, span, sub: Cluster, f: int, mesh: tuple,
                  mode: Mode = NONE, sequence_parallel: bool = False) -> tuple[StageProblem, list[int]] | None:
-        """Megatron's plan of the stage on ``mesh`` (d, t) under ``f`` in flight and ``mode``, on a problem that
-        prices that plan's strategies alone (``Layout.fixed``; the 3-D baseline needs no other, and its figures
-        are the full problem's: tested): (problem, plan), None where a layer cannot take it."""
+        """Megatron's plan of the stage on ``mesh`` (d, t), or (d, t, context) with context parallelism
+        (``megatron_assignment``), under ``f`` in flight and ``mode``, on a problem that prices that plan's
+        strategies alone (``Layout.fixed``; the 3-D baseline needs no other, and its figures are the full
+        problem's: tested): (problem, plan), None where a layer cannot take it."""
         key = (self.signature(m, span), sub, m, mesh, mode, sequence_parallel)
         if key not in self._fixed:
             if mode != NONE:
@@ -309,10 +310,13 @@ class StageSearch:
             else:
                 # Megatron's sequence parallelism splits each sequence over t: priced (the 3-D baseline, the
                 # published runs), though apply runs no such split of a Hugging Face model's residual stream
-                lay = self.layout(m, span, sub, runnable=not sequence_parallel)
-                a = megatron_assignment(lay, *mesh, sequence_parallel=sequence_parallel)
+                # and context parallelism (priced, not run by apply) likewise
+                d, t, *context = mesh
+                kw = dict(sequence_parallel=sequence_parallel, context=context[0] if context else None)
+                lay = self.layout(m, span, sub, runnable=not sequence_parallel and not context)
+                a = megatron_assignment(lay, d, t, **kw)
                 prob = None if a is None else lay.fixed(a, self.limit)
-                a = None if prob is None else megatron_assignment(prob, *mesh, sequence_parallel=sequence_parallel)
+                a = None if prob is None else megatron_assignment(prob, d, t, **kw)
                 self._fixed[key] = None if a is None else (prob, a)
         found = self._fixed[key]
         return None if found is None else (found[0].in_flight(f), found[1])

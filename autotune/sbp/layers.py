@@ -338,7 +338,37 @@ class Attention(Op):
             sbp = ("S0", "S1") if len(m.sizes) == 2 else ("S0", "S1", B)
             out.append(Strategy("attention", m, Tensor("input", self.in_shape, sbp),
                                 Tensor("output", self.out_shape, sbp), extra_act_elems=extra, extra_act_bytes=lse))
-        return _dedupe(out, cluster)
+        return _dedupe(out + self._context_parallel(cluster), cluster)
+
+    def _context_parallel(self, cluster) -> list[Strategy]:
+        """Context parallelism over c = the layer's ``context_parallel`` ranks (Megatron-LM's
+        ``--context-parallel-size``, Llama 3's all-gather attention: Dubey et al. 2024, section 3.3.2), flash
+        attention only. Signature "attention-cp" on a 3-role mesh (d, t, c): whole sequences over d, heads over t
+        and each sequence's tokens over c (input, output S0 on roles 0 and 2), in 2c chunks a sequence so that
+        the causal work balances (each rank the chunks i and 2c - 1 - i): every rank computes its queries
+        against the sequence's keys, 1/c of the sequence's attention; its K and V all-gathered over c forward
+        (the ``kv`` internal boxing, the fused QKV's K and V columns: 2 kv_heads head_dim) and their gradients
+        reduce-scattered backward. It keeps its local input and output, the log-sum-exp, and the gathered K and
+        V (for the backward)."""
+        c = self.dims.get("context_parallel", 1)
+        if c < 2 or not self.dims.get("flash", 0):
+            return []
+        mb, heads, kv, hd, t = self.dims["micro_batch"], self.dims["heads"], self.kv_heads, self.head_dim, self.dims["tokens"]
+        if (t // mb) % (2 * c):
+            return []
+        out = []
+        sbp, kv_shape = ("S0", "S1", "S0"), (t, 2 * kv * hd)
+        for m in role_meshes(cluster, 3):
+            r0, r1 = m.role_size(0), m.role_size(1)
+            if m.role_size(2) != c or mb % r0 or heads % r1 or kv % r1:
+                continue
+            local = t // (r0 * c)
+            extra = local * (self.dims["hidden"] // r1) + (t // r0) * (2 * kv // r1) * hd  # O, the gathered K and V
+            gather = Internal("kv", kv_shape, self.act_bytes, sbp, ("S0", "S1", B))
+            out.append(Strategy("attention-cp", m, Tensor("input", self.in_shape, sbp),
+                                Tensor("output", self.out_shape, sbp), internal=(gather,), extra_act_elems=extra,
+                                extra_act_bytes=local * (heads // r1) * 4))
+        return out
 
 
 class Loss(Op):

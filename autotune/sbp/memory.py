@@ -241,7 +241,7 @@ def kept_bytes(s, cluster: Cluster, act_bytes: int, recompute: str = "none", rol
         return inp * act_bytes
     if s.signature == "residual":
         return 0.0
-    if s.signature == "attention" and recompute == "selective" and not s.extra_act_bytes:
+    if s.signature.startswith("attention") and recompute == "selective" and not s.extra_act_bytes:
         return inp * act_bytes  # the probabilities are recomputed
     return (inp + s.extra_act_elems) * act_bytes + s.extra_act_bytes
 
@@ -340,7 +340,7 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
         wbytes = weights * act_bytes if accumulate else 0
     elems = inp + out
     extra = 2 * STAT_BYTES * inp if s.signature.endswith("norm-split") else 0
-    if s.signature == "attention":
+    if s.signature.startswith("attention"):
         if s.extra_act_bytes:
             extra += STAT_BYTES * out
         else:

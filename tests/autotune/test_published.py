@@ -36,16 +36,19 @@ def test_forced_plan_is_the_papers_configuration():
     assert row["forced_ratio"] == pytest.approx(f["step_s"] / row["published_s"][0])
 
 
-def test_a_technique_the_model_does_not_price_is_named():
-    """Llama 3's configuration is priced with its techniques; one with context parallelism (not priced yet)
-    says so in one line, its plan priced without it."""
+def test_llama_techniques_priced_and_context_parallelism_too():
+    """Llama 3's configurations are priced with their techniques (no technique left unpriced), the 131,072-token
+    row with context parallelism 16 (the attention core over the group, its K and V all-gathered); a degree
+    that does not make the GPUs is a one-line error (a sequence it does not split: test_context_parallel)."""
     row = published.run_case(CASES["llama3-405b-8k"], with_search=False)
     assert row["forced"]["missing"] == [] and "over the" in row["reason"]  # priced; its memory over the limit
     assert "--sequence-parallel" in row["forced"]["config"] and "--use-distributed-optimizer" in row["forced"]["config"]
+    row = published.run_case(CASES["llama3-405b-cp16"], with_search=False)
+    assert row["forced"]["missing"] == [] and "--context-parallel-size 16" in row["forced"]["config"]
+    assert row["forced"]["step_s"] > published.published_step(CASES["llama3-405b-cp16"])[0]
     case = dict(CASES["llama3-405b-8k"], plan=dict(CASES["llama3-405b-8k"]["plan"], context_parallel=16))
-    row = published.run_case(case, with_search=False)
-    assert row["forced"]["missing"] == ["context parallelism (16)"] and row["status"] == "fail"
-    assert "uses context parallelism (16), which the step model does not price yet" in row["reason"]
+    with pytest.raises(UserError, match="is not the 8192 GPUs"):
+        published.run_case(case, with_search=False)
 
 
 def test_worse_flags_a_step_that_grew():
