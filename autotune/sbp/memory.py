@@ -85,7 +85,7 @@ from calibrate.errors import UserError
 from models.graph import LayerGraph
 
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import B, NdSbp, is_split, local_shape, split_dim
+from autotune.sbp.sbp import B, fine_of, is_split, local_shape, split_dim
 
 STAT_BYTES = 4  # softmax and layer-norm statistics: fp32 in both precisions
 COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight, kept for the backward (act_bytes 2)
@@ -175,7 +175,7 @@ def precision(act_bytes: int) -> tuple[int, int, int]:
 @functools.lru_cache(maxsize=None)
 def _elems(t, mesh, cluster: Cluster) -> int:
     """Elements of ``t`` a device holds (pure, memoised)."""
-    return math.prod(local_shape(t.shape, NdSbp(t.sbp, mesh).fine(cluster), cluster))
+    return math.prod(local_shape(t.shape, fine_of(t.sbp, mesh, cluster), cluster))
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,7 +185,7 @@ def grad_sync_axes(s, w, cluster: Cluster) -> tuple[int, ...]:
     embedding) has its data split as its output's tokens. A bias is summed over the output's rows: its
     data is the output's tokens (a role where the output is partial sums holds the whole bias gradient
     on each device)."""
-    wf = NdSbp(w.sbp, s.mesh).fine(cluster)
+    wf = fine_of(w.sbp, s.mesh, cluster)
     if w.name == "bias":
         data = s.fine_out
         return tuple(a for a in range(len(wf)) if wf[a] == B and is_split(data[a]) and split_dim(data[a]) == 0)
@@ -298,8 +298,8 @@ def shares_tied_weight(s_logits, s_embedding, cluster: Cluster, mode: Mode = NON
     lw = next(w for w in s_logits.weights if w.name == "weight")
     ew = next(w for w in s_embedding.weights if w.name == "weight")
     swap = {"S0": "S1", "S1": "S0"}
-    lf = NdSbp(lw.sbp, s_logits.mesh).fine(cluster)
-    ef = NdSbp(ew.sbp, s_embedding.mesh).fine(cluster)
+    lf = fine_of(lw.sbp, s_logits.mesh, cluster)
+    ef = fine_of(ew.sbp, s_embedding.mesh, cluster)
     return tuple(swap.get(p, p) for p in lf) == ef and fsdp_axes(s_logits, lw, cluster, mode) == fsdp_axes(
         s_embedding, ew, cluster, mode)
 

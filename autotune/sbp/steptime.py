@@ -112,7 +112,7 @@ from autotune.sbp.layers import Op, Strategy, local_elems
 from autotune.sbp.memory import (zero_elems, LAST, MATMUL_SIGNATURES, NONE, OUTSIDE, PRECISION, RERUN, STAT_BYTES, Mode,
                                  fsdp_axes, held_elems)
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import B, NdSbp, local_shape
+from autotune.sbp.sbp import B, fine_of, local_shape
 
 
 def require_overheads(profile, devices: int) -> None:
@@ -339,7 +339,7 @@ def _matmul_kernel_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeMod
 
 
 def local_elems_shape(t, s: Strategy, cluster: Cluster) -> tuple[int, int]:
-    shape = local_shape(t.shape, NdSbp(t.sbp, s.mesh).fine(cluster), cluster)
+    shape = local_shape(t.shape, fine_of(t.sbp, s.mesh, cluster), cluster)
     return shape[0], math.prod(shape[1:])
 
 
