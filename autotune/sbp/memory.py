@@ -399,7 +399,9 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     0.31 GiB under)."""
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
-    grads = [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
+    mems = [strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe) for s, role in zip(chain_strategies, roles)]
+    grads = [m.gradients for m in mems] if recipe == "autocast" else \
+        [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
     after = sum(grads)  # the gradients of the positions after the current one
     total_grads = after - shared_gradients
     kept = peak = 0.0
@@ -407,8 +409,8 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     gathered = [0.0]
     alive = []  # per position: the activations alive while its backward runs
     forward_end = 0.0  # beyond what is kept, at the end of the forward: the loss's and autocast's cached copies
-    for s, role in zip(chain_strategies, roles):
-        k = strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe).activations
+    for s, role, m in zip(chain_strategies, roles, mems):
+        k = m.activations
         kept += k
         forward_end += loss_forward_bytes(s, cluster, act_bytes)
         if mode.recompute == "full" and role != OUTSIDE and recipe == "autocast":
