@@ -36,10 +36,6 @@ class Techniques:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def missing(self) -> list[str]:
-        """The techniques set here that the step model does not price yet, by name (none now)."""
-        return []
-
 
 def context_parallel_of(graph: LayerGraph) -> int:
     """The context-parallel size a graph's attention layers carry (1: none)."""
