@@ -85,3 +85,10 @@ def test_autoddl_compares_each_case_with_its_newest_recorded_row():
     assert rows["pipeline-wide-64"]["searched_s"] == pytest.approx(113.26, abs=0.01)
     assert worse_figures([{"id": "pipeline-wide-64", "searched_s": 129.5}], list(rows.values())) \
         == ["pipeline-wide-64 113.3 s -> 129.5 s"]
+
+
+def test_a_schedule_the_model_lacks_is_a_one_line_error():
+    """A published configuration on a schedule the step model does not have names it and the ones it has."""
+    case = dict(CASES["llama3-405b-8k"], plan=dict(CASES["llama3-405b-8k"]["plan"], schedule="zero-bubble-v"))
+    with pytest.raises(UserError, match="'zero-bubble-v' is not a pipeline schedule: use one of .*interleaved-1f1b"):
+        published.run_case(case, with_search=False)
