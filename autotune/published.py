@@ -5,10 +5,11 @@ Every case of ``autotune/sbp/presets/published.json`` (the paper's model, cluste
 priced twice on its documented profile, one configuration for all cases:
 
 - forced: the paper's configuration (tensor degree t inside a node, p stages of whole nodes, d data-parallel
-  ranks, micro-batch size, recomputation, schedule and virtual stages) through the Megatron 3-D baseline
-  (``autotune.pipeline.threed.stage_plans``), boundaries priced and the schedule simulated
-  (``PipelineSearch.finish``); a case whose configuration uses a technique the step model does not price
-  yet is still priced without it, with the memory limit lifted, and says which technique is missing;
+  ranks, context-parallel groups, micro-batch size, recomputation, schedule and virtual stages, sequence
+  parallelism, ZeRO stage: every technique of ``autotune.sbp.techniques``, each priced) through the Megatron
+  3-D baseline (``autotune.pipeline.threed.stage_plans``), boundaries priced and the schedule simulated
+  (``PipelineSearch.finish``), with the memory limit lifted (a plan over it says so); a configuration the
+  model cannot lay out is a one-line error naming the fix;
 - free: the main command's pipeline search seeded with the 3-D plans (``autotune.pipeline.threed.seeded``)
   under 1F1B and under interleaved 1F1B, the faster kept.
 
@@ -36,7 +37,7 @@ from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, 
 from autotune.pipeline.threed import seeded, stage_plans
 from autotune.sbp.memory import Mode
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.techniques import Techniques
+from autotune.sbp.techniques import Techniques, context_parallel
 
 RECORD = "commtune.published-reproduction"
 VERSION = 1
@@ -109,24 +110,28 @@ def _search(g, cluster: Cluster, profile: Profile, limit, cfg: PipelineConfig) -
 
 
 def forced(case: dict) -> dict:
-    """The paper's configuration priced (module docstring): its step, memory, MFU and any missing technique."""
+    """The paper's configuration priced (module docstring): its step, memory and configuration."""
     g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
     profile = Profile.load(case["profile"])
     cluster = Cluster(case["nodes"], case["gpus"])
     plan = case["plan"]
     t, p, d, mbs = plan["tensor"], plan["stages"], plan["data"], plan["micro_batch_size"]
-    if t * p * d != cluster.devices or case["gpus"] % t:
-        raise UserError(f"case {case['id']}: t {t} x p {p} x d {d} is not the {cluster.devices} GPUs, or t does not "
-                        f"divide a node's {case['gpus']}: fix the case")
+    tech = Techniques.of(plan)
+    cp = tech.context_parallel
+    if t * cp * p * d != cluster.devices or case["gpus"] % t:
+        raise UserError(f"case {case['id']}: t {t} x cp {cp} x p {p} x d {d} is not the {cluster.devices} GPUs, or t "
+                        f"does not divide a node's {case['gpus']}: fix the case")
     if g.batch % (d * mbs):
         raise UserError(f"case {case['id']}: batch {g.batch} is not a multiple of d {d} x micro-batch size {mbs}")
-    tech = Techniques.of(plan)
-    missing = tech.missing()
+    g = context_parallel(g, cp)
     cfg = PipelineConfig(stages=p, schedule=tech.schedule, virtual_stages=max(tech.virtual_stages, 2))
     search = _search(g, cluster, profile, None, cfg)  # priced whatever it needs; checked against the limit below
     m = g.batch // (d * mbs)
     sub = submesh(cluster, p)
     mesh = ((sub.nodes, case["gpus"] // t), (1, t))
+    if cp > 1:  # the context-parallel groups inside the data-parallel ranks, a node's GPUs first (Megatron's order)
+        inside = math.gcd(cp, case["gpus"] // t)
+        mesh += ((cp // inside, inside),)
     with fewer_collections():
         plans = stage_plans(search, p, sub, m, mesh, Mode(tech.recompute, None, tech.zero_stage),
                             tech.sequence_parallel)
@@ -137,7 +142,7 @@ def forced(case: dict) -> dict:
     peak = max(x.fig.memory for x in c.plans)
     return {"step_s": c.step if math.isfinite(c.step) else None, "micro_batches": m, "memory_gib": peak / 2**30,
             "limit_gib": None if profile.memory_bytes is None else profile.memory_bytes / 2**30,
-            "fits": profile.memory_bytes is None or peak <= profile.memory_bytes, "missing": missing,
+            "fits": profile.memory_bytes is None or peak <= profile.memory_bytes,
             "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"])}
 
 
@@ -198,8 +203,7 @@ def run_case(case: dict, with_search: bool = True) -> dict:
     row["forced"] = dict(f, mfu=mfu(f["step_s"]))
     near = lo if f["step_s"] is not None and f["step_s"] < lo else hi
     row["forced_ratio"] = None if f["step_s"] is None else f["step_s"] / near
-    ok = row["forced_ratio"] is not None and abs(row["forced_ratio"] - 1) <= TOLERANCE and f["fits"] \
-        and not f["missing"]
+    ok = row["forced_ratio"] is not None and abs(row["forced_ratio"] - 1) <= TOLERANCE and f["fits"]
     if with_search:
         s = free(case)
         row["searched"] = dict(s, mfu=mfu(s["step_s"]))
@@ -207,10 +211,7 @@ def run_case(case: dict, with_search: bool = True) -> dict:
         row["searched"]["above_gemm_ceiling"] = over
         ok = ok and s["step_s"] is not None and s["step_s"] <= hi * (1 + SEARCH_SLACK) and not over
     row["status"] = "pass" if ok else "fail"
-    if f["missing"]:
-        row["reason"] = (f"the published configuration uses {', '.join(f['missing'])}, which the step model does not "
-                         f"price yet: forced plan priced without it")
-    elif not f["fits"]:
+    if not f["fits"]:
         row["reason"] = (f"the forced plan needs {f['memory_gib']:.1f} GiB at its binding stage, over the "
                          f"{f['limit_gib']:.1f} GiB usable (step priced with the limit lifted)")
     return row

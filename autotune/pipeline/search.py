@@ -289,18 +289,21 @@ class StageSearch:
             cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
         return cat
 
-    def layout(self, m: int, span, sub: Cluster, runnable: bool = True) -> Layout:
-        """The stage's layers and strategies on ``sub``, unpriced (``runnable``: only those apply runs)."""
-        key = (self.signature(m, span), sub, m, runnable)
+    def layout(self, m: int, span, sub: Cluster, runnable: bool = True, megatron: bool = False) -> Layout:
+        """The stage's layers and strategies on ``sub``, unpriced (``runnable``: only those apply runs;
+        ``megatron``: only the meshes Megatron's layouts use, ``Layout``)."""
+        key = (self.signature(m, span), sub, m, runnable, megatron)
         if key not in self._layouts:
-            self._layouts[key] = Layout(stage_graph(self.graph_for(m), *span), self.catalogue(sub), runnable)
+            self._layouts[key] = Layout(stage_graph(self.graph_for(m), *span), self.catalogue(sub), runnable,
+                                        megatron)
         return self._layouts[key]
 
     def megatron(self, m: int, span, sub: Cluster, f: int, mesh: tuple,
                  mode: Mode = NONE, sequence_parallel: bool = False) -> tuple[StageProblem, list[int]] | None:
-        """Megatron's plan of the stage on ``mesh`` (d, t) under ``f`` in flight and ``mode``, on a problem that
-        prices that plan's strategies alone (``Layout.fixed``; the 3-D baseline needs no other, and its figures
-        are the full problem's: tested): (problem, plan), None where a layer cannot take it."""
+        """Megatron's plan of the stage on ``mesh`` (d, t), or (d, t, context) with context parallelism
+        (``megatron_assignment``), under ``f`` in flight and ``mode``, on a problem that prices that plan's
+        strategies alone (``Layout.fixed``; the 3-D baseline needs no other, and its figures are the full
+        problem's: tested): (problem, plan), None where a layer cannot take it."""
         key = (self.signature(m, span), sub, m, mesh, mode, sequence_parallel)
         if key not in self._fixed:
             if mode != NONE:
@@ -309,10 +312,13 @@ class StageSearch:
             else:
                 # Megatron's sequence parallelism splits each sequence over t: priced (the 3-D baseline, the
                 # published runs), though apply runs no such split of a Hugging Face model's residual stream
-                lay = self.layout(m, span, sub, runnable=not sequence_parallel)
-                a = megatron_assignment(lay, *mesh, sequence_parallel=sequence_parallel)
+                # and context parallelism (priced, not run by apply) likewise
+                d, t, *context = mesh
+                kw = dict(sequence_parallel=sequence_parallel, context=context[0] if context else None)
+                lay = self.layout(m, span, sub, runnable=not sequence_parallel and not context, megatron=True)
+                a = megatron_assignment(lay, d, t, **kw)
                 prob = None if a is None else lay.fixed(a, self.limit)
-                a = None if prob is None else megatron_assignment(prob, *mesh, sequence_parallel=sequence_parallel)
+                a = None if prob is None else megatron_assignment(prob, d, t, **kw)
                 self._fixed[key] = None if a is None else (prob, a)
         found = self._fixed[key]
         return None if found is None else (found[0].in_flight(f), found[1])
@@ -597,7 +603,15 @@ class PipelineSearch:
         c.result = simulate(spec, self.schedule, ranks=p)
         c.ends = [max(iv.end for iv in c.result.intervals if iv.lane == f"stage {i}") for i in range(c.stages)]
         fits = all(x.fig.fits for x in c.plans)
-        c.step = max(e + x.fig.exposed_sync + x.fig.optimizer for e, x in zip(c.ends, c.plans)) if fits else math.inf
+        exposed = [x.fig.exposed_sync for x in c.plans]
+        if v > 1:  # each chunk's gradients synced from its own last backward on (``chunked_exposed``)
+            last = {}
+            for iv in c.result.intervals:
+                if iv.kind == "B":
+                    last[iv.stage] = max(last.get(iv.stage, 0.0), iv.end)
+            exposed = [chunked_exposed([last[j * p + i] for j in range(v)], *x.problem.sync_parts(x.assign),
+                                       x.problem.sync_slowdown) for i, x in enumerate(c.plans)]
+        c.step = max(e + s + x.fig.optimizer for e, s, x in zip(c.ends, exposed, c.plans)) if fits else math.inf
         return c
 
     def run(self) -> Candidate | None:
@@ -654,6 +668,21 @@ class PipelineSearch:
                 best = r
         self.seconds = time.perf_counter() - t0
         return best if best is not None and math.isfinite(best.step) else None
+
+
+def chunked_exposed(ends: list[float], S: float, W: float, F: float, slowdown: float = 1.0) -> float:
+    """The gradient sync a rank leaves exposed after its last backward when it holds v = len(``ends``) model chunks
+    (interleaved 1F1B) whose last backwards end at ``ends``: each chunk's sync (S / v) starts once its own last
+    backward is under way, hidden behind it as the one-chunk rule hides S behind W (``steptime``: from W / v
+    before its end), the chunks' syncs one after another on the network, and the first layer's (F) only after
+    the rank's last backward; as Megatron-LM's --overlap-grad-reduce reduces each chunk's buckets and FSDP each
+    unit's gradients. With one chunk: max(S - W, F), ``steptime.overlapped``'s; the compute that ran beside the
+    hidden part slowed as there."""
+    v, end, tau = len(ends), max(ends), -math.inf
+    for e in sorted(ends):
+        tau = max(tau, e - W / v) + S / v
+    exposed = max(tau - end, F, 0.0)
+    return exposed + (slowdown - 1.0) * max(S - exposed, 0.0)
 
 
 def _short(split: list[int]) -> str:

@@ -13,6 +13,8 @@ from models.builders import BUILDERS
 from models.graph import LayerGraph
 from models.loader import validate
 
+from autotune.sbp.techniques import context_parallel, context_parallel_of
+
 
 def blocks(graph: LayerGraph) -> list[tuple[int, int]]:
     """(start, end) chain positions of each block occurrence: ``graph.blocks`` where the graph lists them,
@@ -72,4 +74,5 @@ def with_micro_batches(graph: LayerGraph, micro_batches: int) -> LayerGraph:
     if micro_batches < 1 or graph.batch % micro_batches:
         raise UserError(f"{micro_batches} micro-batches do not divide the batch {graph.batch}: pick a divisor of it")
     cfg = dict(graph.config, micro_batch=graph.batch // micro_batches)
-    return BUILDERS[graph.model](validate(graph.model, cfg, f"{graph.model} with {micro_batches} micro-batches"))
+    built = BUILDERS[graph.model](validate(graph.model, cfg, f"{graph.model} with {micro_batches} micro-batches"))
+    return context_parallel(built, context_parallel_of(graph))  # a technique the config does not hold

@@ -49,7 +49,7 @@ from calibrate.errors import UserError
 from autotune.pipeline.paths import host_floor
 from autotune.sbp.boxing import copy_seconds
 from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps, rows_of
-from autotune.sbp.layers import make_op
+from autotune.sbp.layers import UNIT_ROLE, make_op
 from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, gathered_weight_bytes, peak_workspace,
                                   pipelined_fsdp_memory, strategy_memory, tied_saving)
 from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds, pipelined_fsdp_seconds
@@ -227,11 +227,14 @@ class Layout:
     Megatron's (``autotune.sbp.baselines.megatron_assignment``, which reads ``graph``, ``ops``, ``choices``,
     ``cluster`` and ``shared``) is picked before any strategy is priced."""
 
-    def __init__(self, graph, catalogue: Catalogue, runnable: bool = True):
-        """``runnable``: only the strategies apply runs (``autotune.sbp.cost.layer_strategies``), else all."""
+    def __init__(self, graph, catalogue: Catalogue, runnable: bool = True, megatron: bool = False):
+        """``runnable``: only the strategies apply runs (``autotune.sbp.cost.layer_strategies``), else all;
+        ``megatron``: a matmul's strategies only on the meshes Megatron's layouts use (``layers.UNIT_ROLE``)."""
         self.graph, self.cluster, self.catalogue, self.runnable = graph, catalogue.coster.cluster, catalogue, runnable
+        self.signatures = (UNIT_ROLE,) if megatron else None
         self.ops = [make_op(layer, graph.act_bytes) for layer in graph.layers]
-        self.choices = [catalogue.layer_strategies(op, None, rows_of(graph) if runnable else None) for op in self.ops]
+        self.choices = [catalogue.layer_strategies(op, self.signatures, rows_of(graph) if runnable else None)
+                        for op in self.ops]
         for op, ss in zip(self.ops, self.choices):
             if not ss:  # as ``Problem`` says it
                 raise UserError(f"layer {op.layer.name} has no strategy on {self.cluster} (sizes do not divide): "
@@ -249,7 +252,7 @@ class Layout:
         (the same per-strategy cost and memory functions), at the price of one strategy a layer."""
         picked = {id(self.choices[v][i]) for v, i in enumerate(assign)}
         return StageProblem(self.graph, self.catalogue.coster, memory_limit, objective, catalogue=self.catalogue,
-                            keep=lambda layer, s: id(s) in picked, runnable=self.runnable)
+                            keep=lambda layer, s: id(s) in picked, runnable=self.runnable, signatures=self.signatures)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from autotune.sbp.mesh import Cluster, role_meshes
 def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = True) -> list[Mode]:
     """The modes after the plain one: each recomputation the model has, without and (``sharding``) with FSDP
     over the data-parallel group."""
-    plain = search.stages.layout(m, span, sub)
+    plain = search.stages.layout(m, span, sub, megatron=True)
     every = tuple(range(len(sub.axis_sizes)))
     # (FSDP axes, ZeRO stage): none; ZeRO-1, Megatron-LM's --use-distributed-optimizer; FSDP (ZeRO-3)
     shardings = ((None, 0), (None, 1), (every, 0)) if sharding else ((None, 0),)

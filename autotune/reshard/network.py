@@ -1,9 +1,11 @@
 """The host-level network model of §3 on an alpha-beta profile.
 
-Hosts are fully connected and full duplex; the devices of a host share its NIC,
-so a transfer between hosts occupies the sender host's send port and the
-receiver host's receive port; a transfer inside a host runs on the intra tier
-(NVLink) and occupies only the two devices. Every device takes part in one
+Hosts are fully connected and full duplex; the devices of a host share its NIC
+where the profile's inter-node bandwidth is the node's (``Profile.per``: "node", AutoDDL's
+clusters), and each device has its own where it is each GPU's ("gpu": one InfiniBand NIC per GPU,
+the DGX H100/H200 and A100 nodes of the embedded profiles). A transfer between hosts occupies the
+sender's NIC's send port and the receiver's NIC's receive port; a transfer inside a host runs on the
+intra tier (NVLink) and occupies only the two devices. Every device takes part in one
 communication at a time (one stream per device), so each device is a port too.
 A hop of n bytes costs the profile's sendrecv time on the tier it crosses.
 """
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from calibrate.collectives import Collective
 from calibrate.profile import Group, Profile
 
-Port = tuple[str, int]  # ("dev", device) | ("send", host) | ("recv", host)
+Port = tuple[str, int]  # ("dev", device) | ("send", nic) | ("recv", nic)
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,16 @@ class Network:
 
     def host(self, device: int) -> int:
         return device // self.devices_per_host
+
+    def nic(self, device: int) -> int:
+        """The NIC a device's inter-host transfers cross: its host's one, or its own where the inter tier's
+        bandwidth is per GPU (module doc)."""
+        return device if self.profile.per("inter") == "gpu" else self.host(device)
+
+    @property
+    def nics(self) -> int:
+        """NICs a host has: one, or one a device (``nic``)."""
+        return self.devices_per_host if self.profile.per("inter") == "gpu" else 1
 
     def hop(self, nbytes: float, src: int, dst: int) -> float:
         """Seconds to move ``nbytes`` from device src to device dst (0 for a local copy)."""
@@ -51,7 +63,7 @@ class Network:
         for s, d in transfers:
             out.update((("dev", s), ("dev", d)))
             if self.host(s) != self.host(d):
-                out.update((("send", self.host(s)), ("recv", self.host(d))))
+                out.update((("send", self.nic(s)), ("recv", self.nic(d))))
         return frozenset(out)
 
     def ring(self, devices: tuple[int, ...]) -> list[tuple[int, int]]:

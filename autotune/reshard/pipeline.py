@@ -169,6 +169,7 @@ class Interval:
     micro_batch: int
     start: float
     end: float
+    stage: int = -1  # the (virtual) stage a compute interval runs (interleaved: several on one lane)
 
 
 @dataclass
@@ -262,7 +263,7 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
         kind, m, s = orders[ln][ptr[ln]]
         end = start + (spec.forward[s] if kind == "F" else spec.backward[s])
         free[ln] = end
-        intervals.append(Interval(f"stage {ln}", kind, m, start, end))
+        intervals.append(Interval(f"stage {ln}", kind, m, start, end, s))
         if kind == "F":
             fdone[(s, m)] = end
             events.append((start, 1, ln, +1))

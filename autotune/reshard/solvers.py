@@ -84,7 +84,8 @@ def lower_bound(units: list[UnitTask], net: Network) -> float:
     (receive-port bound); leave some host holding a replica whenever a receiver
     sits on another host (send-port bound, split fractionally over the hosts that
     could send it); and reach every receiver device that does not hold it
-    (device bound). Each crossing costs at least one inter-host hop of the slice.
+    (device bound). Each crossing costs at least one inter-host hop of the slice, on one of the host's
+    ``Network.nics`` NICs (the port bounds shared by them).
     """
     recv: dict[int, float] = {}
     dev: dict[int, float] = {}
@@ -95,12 +96,12 @@ def lower_bound(units: list[UnitTask], net: Network) -> float:
         rhosts = {net.host(d) for d in u.receivers}
         t_inter = net.inter_hop(u.nbytes)
         for h in rhosts - shosts:
-            recv[h] = recv.get(h, 0.0) + t_inter
+            recv[h] = recv.get(h, 0.0) + t_inter / net.nics
         for d in u.receivers:
             if d not in u.senders:
                 dev[d] = dev.get(d, 0.0) + min(net.hop(u.nbytes, s, d) for s in u.senders)
         if all(rhosts - {net.host(s)} for s in u.senders):
-            sends.append((frozenset(shosts), t_inter))
+            sends.append((frozenset(shosts), t_inter / net.nics))
             single = max(single, t_inter)
         else:
             single = max(single, min(max(net.hop(u.nbytes, s, d) for d in u.receivers) for s in u.senders))

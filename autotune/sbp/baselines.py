@@ -69,14 +69,18 @@ def _index(problem: Problem) -> "_Index":
 
 
 def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
-                        sequence_parallel: bool = False) -> list[int] | None:
+                        sequence_parallel: bool = False, context=None) -> list[int] | None:
     """The Megatron plan on mesh (d, t), or None if some layer cannot take it. ``row_first``: the first matmul
     after a layer that is not one (VGG's fc0 after the convolutions) row-parallel, then alternating.
     ``sequence_parallel`` (Megatron-LM's ``--sequence-parallel``, Korthikanti et al. 2022): the layers between
     the tensor-parallel regions (norms, residual adds, dropout) on sequence shards, their tokens split over t
     as well as d (the one-role mesh of all d x t devices): their activations divided by t, and the boxing
     into and out of the tensor-parallel region an all-gather and a reduce-scatter over t where the plain plan
-    has an all-reduce (the same bytes on a ring)."""
+    has an all-reduce (the same bytes on a ring). ``context`` (Megatron-LM's ``--context-parallel-size``, as d
+    and t a size per tier): of the d data-parallel ranks, groups of ``context`` share each sequence; every layer
+    but the attention core is placed as without it (tokens split over all d, weights replicated and their
+    gradients synced over all d), the core runs context-parallel on (d / context, t, context) ("attention-cp":
+    ``autotune.sbp.layers.Attention``)."""
     every = RoleMesh((tuple(a * b for a, b in zip(d, t)), ONE))
     idx = _index(problem)
     assign: list[int | None] = [None] * len(problem.ops)
@@ -103,6 +107,8 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
             # features a column-parallel layer split over t: the next matmul runs row-parallel
             split = kind in ("attention", "pointwise", "swiglu")
             key = (kind, every if sequence_parallel and not split else RoleMesh((d, t)))
+            if kind == "attention" and context is not None:
+                key = ("attention-cp", RoleMesh((tuple(a // c for a, c in zip(d, context)), t, context)))
         i = idx.get(v, key) if kind != "residual" or sequence_parallel else whole_stream(problem, v, key[1])
         if i is None:
             return None

@@ -47,7 +47,7 @@ from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_s
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.modulecal import calibrated_seconds, calibration, optimizer_ratio
 from autotune.sbp.rowbox import RowBoxer
-from autotune.sbp.sbp import NdSbp
+from autotune.sbp.sbp import fine_of
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
 
 
@@ -56,7 +56,7 @@ def internal_steps(s: Strategy, cluster: Cluster) -> tuple[tuple[str, str, tuple
     """(tensor, direction, steps) of the boxing inside a layer, per micro-batch (pure, memoised)."""
     out = []
     for it in s.internal:
-        src, dst = NdSbp(it.src, s.mesh).fine(cluster), NdSbp(it.dst, s.mesh).fine(cluster)
+        src, dst = fine_of(it.src, s.mesh, cluster), fine_of(it.dst, s.mesh, cluster)
         out.append((it.tensor, it.direction, box(it.shape, it.itemsize, src, dst, cluster)))
         if it.backward:
             out.append((it.tensor, "bwd", box_backward(it.shape, it.itemsize, src, dst, cluster)))
@@ -512,11 +512,16 @@ class Problem:
     def feasible(self, assign) -> bool:
         return self.memory_limit is None or self.memory_of(assign) <= self.memory_limit
 
-    def exposed_sync(self, assign) -> float:
-        """Gradient sync not hidden behind the last micro-batch's backward: max(S - W, F) (``steptime``)."""
+    def sync_parts(self, assign) -> tuple[float, float, float]:
+        """(S, W, F) of ``steptime``'s rule: the step's gradient sync, the last micro-batch's backward that may
+        hide it, the first layer's sync (ready only when the backward ends)."""
         S = sum(float(self.counts[v] * self.node_sync[v][i]) for v, i in enumerate(assign)) - self.tied_saved(assign)
         W = sum(float(self.counts[v] * self.node_bwd[v][i]) for v, i in enumerate(assign))
-        return float(overlapped(S, W, float(self.node_sync[self.first][assign[self.first]]), self.sync_slowdown))
+        return S, W, float(self.node_sync[self.first][assign[self.first]])
+
+    def exposed_sync(self, assign) -> float:
+        """Gradient sync not hidden behind the last micro-batch's backward: max(S - W, F) (``steptime``)."""
+        return float(overlapped(*self.sync_parts(assign), self.sync_slowdown))
 
     def _extra(self, assign, v: int) -> np.ndarray | float:
         """The non-additive part of the step objective for every choice of layer v, the others fixed."""

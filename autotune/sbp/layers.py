@@ -29,7 +29,7 @@ from models.graph import Layer
 
 from autotune.sbp.memory import PRECISION
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
-from autotune.sbp.sbp import B, P, NdSbp, divides, dual, local_shape
+from autotune.sbp.sbp import B, P, NdSbp, divides, dual, fine_of, local_shape
 
 ACT_BYTES = 2  # default bytes per activation/gradient element (bf16/fp16); a model may give 4 (fp32)
 # bytes per locally held parameter (weight, gradient, optimizer): 16 in either precision (autotune.sbp.memory)
@@ -91,18 +91,18 @@ class Strategy:
 def finish(s: Strategy, cluster: Cluster) -> Strategy | None:
     """Expand to fine axes; None if some tensor does not divide."""
     for t in (s.input, s.output, *s.weights):
-        if t is not None and not divides(t.shape, NdSbp(t.sbp, s.mesh).fine(cluster), cluster):
+        if t is not None and not divides(t.shape, fine_of(t.sbp, s.mesh, cluster), cluster):
             return None
-    fi = NdSbp(s.input.sbp, s.mesh).fine(cluster) if s.input else ()
-    fo = NdSbp(s.output.sbp, s.mesh).fine(cluster) if s.output else ()
-    fg = NdSbp(s.grad_in, s.mesh).fine(cluster) if s.grad_in else tuple(dual(p) for p in fi)
+    fi = fine_of(s.input.sbp, s.mesh, cluster) if s.input else ()
+    fo = fine_of(s.output.sbp, s.mesh, cluster) if s.output else ()
+    fg = fine_of(s.grad_in, s.mesh, cluster) if s.grad_in else tuple(dual(p) for p in fi)
     return Strategy(s.signature, s.mesh, s.input, s.output, s.weights, s.internal, s.extra_act_elems,
                     s.extra_act_bytes, s.grad_in, fi, fo, fg)
 
 
 def fine_key(s: Strategy, cluster: Cluster) -> tuple:
     """What a strategy does on the fine axes: equal keys are the same plan for the layer."""
-    return (s.fine_in, s.fine_out, s.fine_grad_in, tuple(NdSbp(w.sbp, s.mesh).fine(cluster) for w in s.weights),
+    return (s.fine_in, s.fine_out, s.fine_grad_in, tuple(fine_of(w.sbp, s.mesh, cluster) for w in s.weights),
             s.internal, s.extra_act_elems, s.extra_act_bytes)
 
 
@@ -144,6 +144,10 @@ class Op:
 
 
 SUMMAS = ("summa", "summa-lean")
+# in a problem's ``signatures``: a matmul's 3-role strategies only on meshes with a role of one device, where
+# Megatron's layouts lie ((d, t, 1) column- and row-parallel, (d, 1, t) the vocabulary-parallel embedding): the
+# 3-D baseline's stage layouts, a few of the matmul's many meshes on a large submesh
+UNIT_ROLE = "unit-role"
 
 
 class Matmul(Op):
@@ -195,13 +199,16 @@ class Matmul(Op):
                         (Tensor("weight", (k, n), w),) + self._extra_weights(o, w))
 
     def strategies(self, cluster, signatures=None):
-        sigs = signatures or tuple(MATMUL_ORDERS)
+        sigs = [x for x in signatures or () if x != UNIT_ROLE] or tuple(MATMUL_ORDERS)
+        three = role_meshes(cluster, 3)
+        if signatures and UNIT_ROLE in signatures:
+            three = [m for m in three if min(m.role_size(r) for r in range(3)) == 1]
         out = []
         for sig in sigs:
             if sig in SUMMAS:
                 out += [self.build(sig, m) for m in role_meshes(cluster, 2)]
             else:
-                out += [self.build(sig, m) for m in role_meshes(cluster, 3)]
+                out += [self.build(sig, m) for m in three]
         return _dedupe(out, cluster)
 
 
@@ -340,7 +347,37 @@ class Attention(Op):
             sbp = ("S0", "S1") if len(m.sizes) == 2 else ("S0", "S1", B)
             out.append(Strategy("attention", m, Tensor("input", self.in_shape, sbp),
                                 Tensor("output", self.out_shape, sbp), extra_act_elems=extra, extra_act_bytes=lse))
-        return _dedupe(out, cluster)
+        return _dedupe(out + self._context_parallel(cluster), cluster)
+
+    def _context_parallel(self, cluster) -> list[Strategy]:
+        """Context parallelism over c = the layer's ``context_parallel`` ranks (Megatron-LM's
+        ``--context-parallel-size``, Llama 3's all-gather attention: Dubey et al. 2024, section 3.3.2), flash
+        attention only. Signature "attention-cp" on a 3-role mesh (d, t, c): whole sequences over d, heads over t
+        and each sequence's tokens over c (input, output S0 on roles 0 and 2), in 2c chunks a sequence so that
+        the causal work balances (each rank the chunks i and 2c - 1 - i): every rank computes its queries
+        against the sequence's keys, 1/c of the sequence's attention; its K and V all-gathered over c forward
+        (the ``kv`` internal boxing, the fused QKV's K and V columns: 2 kv_heads head_dim) and their gradients
+        reduce-scattered backward. It keeps its local input and output, the log-sum-exp, and the gathered K and
+        V (for the backward)."""
+        c = self.dims.get("context_parallel", 1)
+        if c < 2 or not self.dims.get("flash", 0):
+            return []
+        mb, heads, kv, hd, t = self.dims["micro_batch"], self.dims["heads"], self.kv_heads, self.head_dim, self.dims["tokens"]
+        if (t // mb) % (2 * c):
+            return []
+        out = []
+        sbp, kv_shape = ("S0", "S1", "S0"), (t, 2 * kv * hd)
+        for m in role_meshes(cluster, 3):
+            r0, r1 = m.role_size(0), m.role_size(1)
+            if m.role_size(2) != c or mb % r0 or heads % r1 or kv % r1:
+                continue
+            local = t // (r0 * c)
+            extra = local * (self.dims["hidden"] // r1) + (t // r0) * (2 * kv // r1) * hd  # O, the gathered K and V
+            gather = Internal("kv", kv_shape, self.act_bytes, sbp, ("S0", "S1", B))
+            out.append(Strategy("attention-cp", m, Tensor("input", self.in_shape, sbp),
+                                Tensor("output", self.out_shape, sbp), internal=(gather,), extra_act_elems=extra,
+                                extra_act_bytes=local * (heads // r1) * 4))
+        return out
 
 
 class Loss(Op):
@@ -435,4 +472,4 @@ def make_op(layer: Layer, act_bytes: int = ACT_BYTES) -> Op:
 def local_elems(t: Tensor, mesh: RoleMesh, cluster: Cluster) -> int:
     """Elements of ``t`` a device holds (a pure function of its arguments, memoised: the modes of a search
     re-price the same strategies)."""
-    return math.prod(local_shape(t.shape, NdSbp(t.sbp, mesh).fine(cluster), cluster))
+    return math.prod(local_shape(t.shape, fine_of(t.sbp, mesh, cluster), cluster))

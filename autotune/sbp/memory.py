@@ -85,7 +85,7 @@ from calibrate.errors import UserError
 from models.graph import LayerGraph
 
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import B, NdSbp, is_split, local_shape, split_dim
+from autotune.sbp.sbp import B, fine_of, is_split, local_shape, split_dim
 
 STAT_BYTES = 4  # softmax and layer-norm statistics: fp32 in both precisions
 COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight, kept for the backward (act_bytes 2)
@@ -189,7 +189,7 @@ def precision(act_bytes: int) -> tuple[int, int, int]:
 @functools.lru_cache(maxsize=None)
 def _elems(t, mesh, cluster: Cluster) -> int:
     """Elements of ``t`` a device holds (pure, memoised)."""
-    return math.prod(local_shape(t.shape, NdSbp(t.sbp, mesh).fine(cluster), cluster))
+    return math.prod(local_shape(t.shape, fine_of(t.sbp, mesh, cluster), cluster))
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,7 +199,7 @@ def grad_sync_axes(s, w, cluster: Cluster) -> tuple[int, ...]:
     embedding) has its data split as its output's tokens. A bias is summed over the output's rows: its
     data is the output's tokens (a role where the output is partial sums holds the whole bias gradient
     on each device)."""
-    wf = NdSbp(w.sbp, s.mesh).fine(cluster)
+    wf = fine_of(w.sbp, s.mesh, cluster)
     if w.name == "bias":
         data = s.fine_out
         return tuple(a for a in range(len(wf)) if wf[a] == B and is_split(data[a]) and split_dim(data[a]) == 0)
@@ -255,7 +255,7 @@ def kept_bytes(s, cluster: Cluster, act_bytes: int, recompute: str = "none", rol
         return inp * act_bytes
     if s.signature == "residual":
         return 0.0
-    if s.signature == "attention" and recompute == "selective" and not s.extra_act_bytes:
+    if s.signature.startswith("attention") and recompute == "selective" and not s.extra_act_bytes:
         return inp * act_bytes  # the probabilities are recomputed
     return (inp + s.extra_act_elems) * act_bytes + s.extra_act_bytes
 
@@ -312,8 +312,8 @@ def shares_tied_weight(s_logits, s_embedding, cluster: Cluster, mode: Mode = NON
     lw = next(w for w in s_logits.weights if w.name == "weight")
     ew = next(w for w in s_embedding.weights if w.name == "weight")
     swap = {"S0": "S1", "S1": "S0"}
-    lf = NdSbp(lw.sbp, s_logits.mesh).fine(cluster)
-    ef = NdSbp(ew.sbp, s_embedding.mesh).fine(cluster)
+    lf = fine_of(lw.sbp, s_logits.mesh, cluster)
+    ef = fine_of(ew.sbp, s_embedding.mesh, cluster)
     return tuple(swap.get(p, p) for p in lf) == ef and fsdp_axes(s_logits, lw, cluster, mode) == fsdp_axes(
         s_embedding, ew, cluster, mode)
 
@@ -354,7 +354,7 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
         wbytes = weights * act_bytes if accumulate else 0
     elems = inp + out
     extra = 2 * STAT_BYTES * inp if s.signature.endswith("norm-split") else 0
-    if s.signature == "attention":
+    if s.signature.startswith("attention"):
         if s.extra_act_bytes:
             extra += STAT_BYTES * out
         else:
@@ -413,7 +413,9 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     0.31 GiB under)."""
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
-    grads = [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
+    mems = [strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe) for s, role in zip(chain_strategies, roles)]
+    grads = [m.gradients for m in mems] if recipe == "autocast" else \
+        [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
     after = sum(grads)  # the gradients of the positions after the current one
     total_grads = after - shared_gradients
     kept = peak = 0.0
@@ -421,8 +423,8 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     gathered = [0.0]
     alive = []  # per position: the activations alive while its backward runs
     forward_end = 0.0  # beyond what is kept, at the end of the forward: the loss's and autocast's cached copies
-    for s, role in zip(chain_strategies, roles):
-        k = strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe).activations
+    for s, role, m in zip(chain_strategies, roles, mems):
+        k = m.activations
         kept += k
         forward_end += loss_forward_bytes(s, cluster, act_bytes)
         if mode.recompute == "full" and role != OUTSIDE and recipe == "autocast":

@@ -16,6 +16,7 @@ the matching permutation, as OneFlow's merged ``(S1: p1*p2)`` notation does.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -112,6 +113,13 @@ class NdSbp:
 
     def format(self, cluster: Cluster) -> str:
         return "(" + ", ".join(f"{p}: {self.mesh.label(cluster, r)}" for r, p in enumerate(self.placements)) + ")"
+
+
+@functools.lru_cache(maxsize=None)
+def fine_of(placements: tuple[str, ...], mesh: RoleMesh, cluster: Cluster) -> tuple[str, ...]:
+    """``NdSbp(placements, mesh).fine(cluster)``, checked and made once per argument (a pure function the
+    strategies' construction and pricing ask millions of times on a large cluster)."""
+    return NdSbp(placements, mesh).fine(cluster)
 
 
 _ITEM = re.compile(r"\s*(S\d+|B|P)\s*:\s*(\(\s*\d+\s*,\s*\d+\s*\)|\d+)\s*")

@@ -112,7 +112,7 @@ from autotune.sbp.layers import Op, Strategy, local_elems
 from autotune.sbp.memory import (zero_elems, LAST, MATMUL_SIGNATURES, NONE, OUTSIDE, PRECISION, RERUN, STAT_BYTES, Mode,
                                  fsdp_axes, held_elems)
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.sbp import B, NdSbp, local_shape
+from autotune.sbp.sbp import B, fine_of, local_shape
 
 
 def require_overheads(profile, devices: int) -> None:
@@ -188,13 +188,22 @@ def weight_cast_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_byt
             up[0] if up is not None else cm.op_seconds("elementwise", cb))
 
 
+def context_split(s: Strategy) -> int:
+    """Ranks each sequence's tokens are split over (context parallelism: an "attention-cp" strategy's role 2), 1
+    for every other strategy."""
+    return s.mesh.role_size(2) if s.signature == "attention-cp" else 1
+
+
 def _core(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, backward: bool) -> float:
+    """The attention core of (micro-batch / S0) sequences x (heads / S1) heads; under context parallelism over c
+    (``context_split``) 1/c of it, the causal work balanced over the c ranks (``layers.Attention``)."""
     d = op.dims
     mb, heads = d["micro_batch"], d["heads"]
     r0, r1 = s.mesh.role_size(0), s.mesh.role_size(1)
     seq, hd = d["tokens"] // mb, op.head_dim
     if d.get("flash", 0):
-        return cm.sdpa_seconds(mb // r0, heads // r1, op.kv_heads // r1, seq, hd, act_bytes, backward=backward)
+        return cm.sdpa_seconds(mb // r0, heads // r1, op.kv_heads // r1, seq, hd, act_bytes,
+                               backward=backward) / context_split(s)
     return cm.attention_seconds(mb // r0, heads // r1, seq, d["hidden"] // heads, act_bytes, backward=backward)
 
 
@@ -237,7 +246,8 @@ def _user_attention(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel) -> 
     out = local_elems(s.output, s.mesh, cluster)
     parts = [cm.layer_seconds("attention_out", out)]
     if d["rotary"]:
-        qk = (d["tokens"] // s.mesh.role_size(0)) * ((d["heads"] + d["kv_heads"]) // s.mesh.role_size(1)) * d["head_dim"]
+        qk = (d["tokens"] // (s.mesh.role_size(0) * context_split(s))) * ((d["heads"] + d["kv_heads"])
+                                                                          // s.mesh.role_size(1)) * d["head_dim"]
         parts.append(cm.layer_seconds("rotary", qk))
     if s.recipe_dim("qkv_fused"):
         parts.append(cm.layer_seconds("qkv_split", local_elems(s.input, s.mesh, cluster)))
@@ -290,7 +300,7 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
     if kind == "residual":
         return mem(3, 3, local_elems(s.output, s.mesh, cluster))
     if kind == "attention":
-        mb, heads = d["micro_batch"], d["heads"]
+        mb, heads, c = d["micro_batch"], d["heads"], context_split(s)
         shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
         out = local_elems(s.output, s.mesh, cluster)
         f, b = (_core(op, s, cluster, cm, act_bytes, bwd) for bwd in (False, True))
@@ -298,10 +308,11 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
         if around is not None:
             return f + around[0], b + around[1]
         if d.get("rotary", 0):
-            qk = (d["tokens"] // s.mesh.role_size(0)) * ((heads + op.kv_heads) // s.mesh.role_size(1)) * op.head_dim
+            qk = (d["tokens"] // (s.mesh.role_size(0) * c)) * ((heads + op.kv_heads) // s.mesh.role_size(1)) * op.head_dim
             f += cm.op_seconds("elementwise", ROTARY_PASSES[0] * qk * act_bytes)
             b += cm.op_seconds("elementwise", ROTARY_PASSES[1] * qk * act_bytes)
-        cf, cb = (cm.attention_copy_seconds(*shape, act_bytes, backward=bwd) for bwd in (False, True))
+        cf, cb = (None if x is None else x / c for x in (cm.attention_copy_seconds(*shape, act_bytes, backward=bwd)
+                                                         for bwd in (False, True)))
         return (f + (cf if cf is not None else cm.memory_seconds(ATTENTION_COPY_PASSES[0] * out * act_bytes)),
                 b + (cb if cb is not None else cm.memory_seconds(ATTENTION_COPY_PASSES[1] * out * act_bytes)))
     if kind == "loss":
@@ -328,7 +339,7 @@ def _matmul_kernel_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeMod
 
 
 def local_elems_shape(t, s: Strategy, cluster: Cluster) -> tuple[int, int]:
-    shape = local_shape(t.shape, NdSbp(t.sbp, s.mesh).fine(cluster), cluster)
+    shape = local_shape(t.shape, fine_of(t.sbp, s.mesh, cluster), cluster)
     return shape[0], math.prod(shape[1:])
 
 

@@ -7,13 +7,17 @@ carries beside its placements (``Techniques.to_dict``, the plan's "techniques" f
 - ``sequence_parallel``: norms, residual adds and dropout on sequence shards of the tensor-parallel group;
 - ``zero_stage``: 1 optimizer states, 2 also gradients, sharded over the data-parallel group (3 is FSDP,
   the plan's "sharding" field);
-- ``context_parallel``: ranks a sequence is split over (ring attention's K/V passed around): not priced yet.
+- ``context_parallel``: ranks a sequence is split over, Megatron-LM's ``--context-parallel-size`` (Llama 3's
+  all-gather attention: each rank's queries against the sequence's K and V, all-gathered over the group;
+  ``autotune.sbp.layers.Attention``'s "attention-cp"); a graph takes it by ``context_parallel``.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
-NOT_PRICED = ("context_parallel",)  # fields the step model does not price yet (``missing``)
+from calibrate.errors import UserError
+from models.graph import LayerGraph
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,27 @@ class Techniques:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def missing(self) -> list[str]:
-        """The techniques set here that the step model does not price yet, by name."""
-        return [f"context parallelism ({self.context_parallel})"] if self.context_parallel > 1 else []
+
+def context_parallel_of(graph: LayerGraph) -> int:
+    """The context-parallel size a graph's attention layers carry (1: none)."""
+    return next((dict(x.dims).get("context_parallel", 1) for x in graph.layers if x.kind == "attention"), 1)
+
+
+def context_parallel(graph: LayerGraph, size: int) -> LayerGraph:
+    """``graph`` whose attention layers offer context parallelism over ``size`` ranks (the "attention-cp"
+    strategies, beside the others); a UserError naming the fix where it cannot: a model without flash
+    attention, or a sequence that does not split into 2 x ``size`` chunks (the load-balanced causal split)."""
+    if size == 1:
+        return graph
+    attention = [x for x in graph.layers if x.kind == "attention"]
+    seq = graph.config.get("sequence")
+    if size < 1 or not attention or not all(x.all_dims()["flash"] for x in attention):
+        raise UserError(f"context parallelism {size}: needs a model with flash attention and a size of at least 1: "
+                        f"pick a transformer preset with flash attention, or context parallelism 1")
+    if seq is None or seq % (2 * size):
+        raise UserError(f"context parallelism {size}: the sequence {seq} does not split into {2 * size} equal chunks "
+                        f"(the causal split balanced over {size} ranks): pick a size whose double divides it")
+    layers = [dataclasses.replace(x, dims=tuple(kv for kv in x.dims if kv[0] != "context_parallel")
+                                  + (("context_parallel", size),)) if x.kind == "attention" else x
+              for x in graph.layers]
+    return dataclasses.replace(graph, layers=layers)

@@ -47,3 +47,16 @@ def test_in_flight_memory_count():
     assert inflight(INTERLEAVED, 0, p, m, v) == -(-((p - 1) * 2 + (v - 1) * p + 1) // v)
     assert simulate(_uniform(p, v, m), INTERLEAVED, ranks=p).peak_activations[0] == (p - 1) * 2 + (v - 1) * p + 1
     assert inflight("1f1b", 0, p, m) == p
+
+
+def test_chunked_exposed_sync_closed_forms():
+    """Interleaved 1F1B: each chunk's sync (S / v) from its own last backward on (hidden behind its W / v), the
+    chunks one after another, the first layer's F after the rank's end; one chunk is steptime's max(S - W, F)."""
+    from autotune.pipeline.search import chunked_exposed
+    from autotune.sbp.steptime import overlapped
+    # ends 1, 2, 4; S 3, W 0.6: the syncs run 0.8-1.8, 1.8-2.8, 3.8-4.8: 0.8 s after the end at 4
+    assert chunked_exposed([2.0, 4.0, 1.0], 3.0, 0.6, 0.1) == pytest.approx(0.8)
+    assert chunked_exposed([2.0, 4.0, 1.0], 3.0, 0.6, 1.5) == pytest.approx(1.5)
+    for S, W, F, k in ((3.0, 1.0, 0.5, 1.0), (3.0, 1.0, 2.5, 1.0), (0.5, 1.0, 0.1, 1.2), (3.0, 1.0, 0.5, 1.1)):
+        assert chunked_exposed([5.0], S, W, F, k) == pytest.approx(float(overlapped(S, W, F, k)))
+    assert chunked_exposed([2.0, 4.0, 1.0], 3.0, 0.6, 0.1, 1.1) == pytest.approx(0.8 + 0.1 * 2.2)

@@ -1,6 +1,8 @@
 """A stage boundary priced as it executes (``BoundaryPricer.boundary`` / ``route``: each rank's tile to its pair,
 then the receiving submesh's redistribution; a partial output reduce-scattered on the sending submesh first)
 against closed forms of the profile, and against the resharding planner's direct transfers (``planned``)."""
+from dataclasses import replace
+
 import pytest
 
 from calibrate.collectives import Collective
@@ -89,13 +91,20 @@ def test_a_partial_output_whose_features_do_not_split_crosses_whole(profile):
                                       + profile.time(Collective.ALLREDUCE, nbytes, Group(2, 1)), rel=1e-9)
 
 
-def test_across_nodes_the_pairs_share_the_port(profile):
-    # stages of one whole node each: 8 pairs cross the inter-node tier at once, each with 1/8 of the tile
-    pricer = BoundaryPricer(profile, 8, ITEM)
+def test_across_nodes_each_pair_on_its_own_nic_or_the_nodes_shared_one(profile):
+    # stages of one whole node each: 8 pairs cross the inter-node tier at once, each with 1/8 of the tile; the
+    # profile's inter tier is per GPU (one NIC each): the 8 sends run side by side, one hop's time
+    assert profile.per("inter") == "gpu"
     node = Cluster(1, 8)
     fine = ("S0",) * len(node.axis_sizes)
-    fwd, _ = pricer.boundary(SHAPE, fine, fine, fine, node, node, 0)
-    assert fwd >= profile.time(Collective.SENDRECV, WHOLE / 8, Group(2, 2)) * (1 - 1e-9)
+    hop = profile.time(Collective.SENDRECV, WHOLE / 8, Group(2, 2))
+    fwd, _ = BoundaryPricer(profile, 8, ITEM).boundary(SHAPE, fine, fine, fine, node, node, 0)
+    assert fwd == pytest.approx(hop, rel=1e-9)
+    # the same figures read per node (one NIC a node, AutoDDL's clusters): the 8 sends queue on its port
+    shared = replace(profile, bandwidth_per={})
+    assert shared.per("inter") == "node"
+    fwd, _ = BoundaryPricer(shared, 8, ITEM).boundary(SHAPE, fine, fine, fine, node, node, 0)
+    assert fwd == pytest.approx(8 * hop, rel=1e-9)
     inside = BoundaryPricer(profile, 16, ITEM).boundary(SHAPE, fine, fine, fine, node, node, 0)[0]
     assert fwd > inside  # the same stages as two halves of one 16-GPU node: the intra-node tier
 
