@@ -26,7 +26,7 @@ case "${PART:-measure}" in
         'num_attention_heads': 16, 'num_key_value_heads': 8, 'head_dim': 128, 'num_hidden_layers': 16,
         'intermediate_size': 8192, 'vocab_size': 128256, 'max_position_embeddings': 2048,
         'tie_word_embeddings': False}, open('$W/llama1.5b.json', 'w'))"
-      timeout "${MODULE_TIMEOUT:-200}" python3 -m calibrate module --model "$W/llama1.5b.json" --profile "$W/profile.json" \
+      timeout "${MODULE_TIMEOUT:-300}" python3 -m calibrate module --model "$W/llama1.5b.json" --profile "$W/profile.json" \
         --out "$W/profile.json" --tensor "${MODULE_WIDTHS:-1,2}" --micro-batches "${MODULE_MBS:-2,4,8}" --sequence 2048 \
         > "$OUT/module.log" 2>&1
       echo "calibrate module: exit $? ($((SECONDS - t0)) s)"; grep -E "host|whole run" "$OUT/module.log" | tail -9

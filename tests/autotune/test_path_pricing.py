@@ -1,7 +1,8 @@
-"""Tensor parallelism as torch's styles run it, priced as run (2 x H200, 2026-11-28: reports/records/plans_h200x2.md):
-Megatron's residual stream whole on the tensor axis, the stream's fp32 bytes under autocast (the row-parallel
-layers' outputs all-reduced in bf16 forward, the stream's gradients in fp32 backward), the tensor path read from
-the plan, its host figure."""
+"""Each apply path priced as torch runs it (2 x H200, 2026-11-28: reports/records/plans_h200x2.md): tensor
+parallelism by torch's styles with Megatron's residual stream whole on the tensor axis, the stream's fp32 bytes
+under autocast (the row-parallel layers' outputs all-reduced in bf16 forward, the stream's gradients in fp32
+backward), the tensor path read from the plan and its host figure; DDP's gradients held twice under
+gradient accumulation."""
 import pytest
 
 from calibrate.collectives import Collective
@@ -72,3 +73,18 @@ def test_the_tensor_path_takes_the_dtensor_figure_where_it_has_none():
     assert host_figure(dict(figures, tensor=(3.0, 4.0)), "tensor") == (3.0, 4.0)
     assert host_figure(figures, "ddp") is None
     assert "tensor" not in " ".join(H200.compute.missing_overheads())
+
+
+def test_ddp_with_accumulation_holds_its_gradients_twice():
+    one = dict(SHAPE, micro_batch=SHAPE["batch"])  # one micro-batch: the gradients are the buckets' views
+    for shape, twice in ((SHAPE, True), (one, False)):
+        pr = Problem(load_model("llama", None, dict(shape)), Coster(H200, Cluster(1, 2)), require_fit=False,
+                     objective="step")
+        plan = build_plan(pr, data_parallel(pr), "data parallel")
+        grads = pr.memory_breakdown(data_parallel(pr)).gradients
+        assert plan.apply_path == "ddp" and grads > 0
+        want = pr.peak_memory(data_parallel(pr)) + (grads if twice else 0.0)
+        assert plan.costs.memory_bytes == pytest.approx(want, rel=1e-12)
+        assert ("ddp_accumulation_bytes" in plan.costs.memory) == twice
+    mega = megatron_assignment(pr, (1, 1), (1, 2))  # another path: as the memory model has it
+    assert build_plan(pr, mega, "Megatron").costs.memory_bytes == pytest.approx(pr.peak_memory(mega), rel=1e-12)
