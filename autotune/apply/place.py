@@ -28,9 +28,9 @@ from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
 from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
 from autotune.apply.tensor import tp_styles
-from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, tp_layout
+from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, plan_path, tp_layout
 from autotune.plan.file import load_plan
-from autotune.plan.typed import TypedPlan
+from autotune.plan.typed import ApplyPath, TypedPlan
 
 
 @dataclass
@@ -61,8 +61,8 @@ def _unwrapped(place):
     return run
 
 
-# name: (takes(plan, chain) -> a layout or None, place(job) -> (the module to call, this rank's DataSplit)),
-# in the order apply asks them
+# name: (takes(plan, chain) -> a layout or None, place(job) -> (the module to call, this rank's DataSplit)); the
+# plan's path is ``autotune.plan.layouts.plan_path``'s, taken where the modules take it (else the DTensor path)
 PATHS = {
     "fully_shard": (_takes_tp(fully_shard_layout), _unwrapped(fsdp.place)),
     "tensor": (_takes_tp(tp_layout), _unwrapped(fsdp.place_tensor)),
@@ -73,12 +73,15 @@ CHOICES = ("auto", "dtensor")  # apply's path=: its own choice, or the DTensor p
 
 
 def path_of(plan: TypedPlan, chain: list[Site], path: str = "auto") -> str:
-    """The path ``plan`` (of several devices) takes on the modules of ``chain`` (``path`` "dtensor": that one)."""
+    """The path ``plan`` (of several devices) takes on the modules of ``chain`` (``path`` "dtensor": that one): the
+    plan's own (``plan_path``, the one decider the search prices by) where the modules take its styles, else the
+    DTensor path (e.g. GPT-2's fused ``Conv1D`` projections under a tensor-parallel plan)."""
     if path not in CHOICES:
         raise UserError(f"path={path!r} is unknown: use one of {', '.join(CHOICES)}")
     if path == "dtensor":
         return path
-    return next(name for name, (takes, _) in PATHS.items() if takes(plan, chain))
+    name = plan_path(plan)
+    return name if PATHS[name][0](plan, chain) else ApplyPath.DTENSOR.value
 
 
 def one_stage(plan) -> TypedPlan:

@@ -102,7 +102,7 @@ def plan_path(plan: TypedPlan) -> str:
     """The path ``autotune.apply`` places ``plan`` by, read from the plan alone, in the order apply asks them:
     "fully_shard" where ``fully_shard_layout`` expresses it, "tensor" for data x tensor parallelism without FSDP
     (``tp_layout``), "ddp" for pure data parallelism, else "dtensor"; "none" on one device
-    (``autotune.apply.place.path_of`` also asks the modules whether they take the tensor-parallel styles: a model
+    (``autotune.apply.place.path_of`` takes it where the modules take its tensor-parallel styles: a model
     whose layers are not ``nn.Linear`` runs such a plan on the DTensor path)."""
     if plan.world == 1:
         return ApplyPath.NONE.value
