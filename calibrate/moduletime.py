@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from calibrate.compute import HOST_PATHS
+from calibrate.device.peers import run_peers
 from calibrate.errors import UserError
 from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.module import ModulePoint, ModuleSection
@@ -49,7 +50,7 @@ class UserModule:
 
 
 def rebuild(recipe: tuple) -> UserModule:
-    """The ``UserModule`` a ``recipe`` names, in a process of its own (``calibrate.overlap``'s peers)."""
+    """The ``UserModule`` a ``recipe`` names, in a process of its own (``peer_host``'s)."""
     name, *args = recipe
     return {"hf": hf_module, "factory": factory_module, "reference": reference_module}[name](*args)
 
@@ -344,11 +345,16 @@ def _wrap(torch, m: _Timed, path: str) -> None:
         _tensor_parallel(torch, m)
     elif path == "fully_shard":
         from torch.distributed.fsdp import fully_shard
-        blocks = [mod for mod in m.model.modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
-        for block in (blocks[0] if blocks else []):
+        for block in _blocks(torch, m.model):
             fully_shard(block)
         fully_shard(m.model)
     m.opt = torch.optim.AdamW(param_groups(m.model), lr=1e-5, fused=m.cuda)
+
+
+def _blocks(torch, model) -> list:
+    """The model's blocks: its first non-empty ``nn.ModuleList``'s modules."""
+    lists = [mod for mod in model.modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
+    return list(lists[0]) if lists else []
 
 
 # the block's modules by name, as apply's tensor path places them (the reference block's and transformers' Llama,
@@ -369,8 +375,7 @@ def _tensor_parallel(torch, m: _Timed) -> None:
                                                    parallelize_module)
     world = torch.distributed.get_world_size()
     mesh = init_device_mesh(m.device.type, (world,))
-    lists = [mod for mod in m.model.modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
-    for block in (lists[0] if lists else []):
+    for block in _blocks(torch, m.model):
         styles = {}
         for name, mod in block.named_modules():
             leaf = name.rsplit(".", 1)[-1]
@@ -388,7 +393,6 @@ def _tensor_parallel(torch, m: _Timed) -> None:
         for attr in ("h", "kv"):  # the reference block's heads per rank (transformers' blocks infer theirs)
             if hasattr(block, attr):
                 setattr(block, attr, getattr(block, attr) // world)
-    m.opt = torch.optim.AdamW(param_groups(m.model), lr=1e-5, fused=m.cuda)
 
 
 def param_groups(module) -> list[dict]:
@@ -465,39 +469,19 @@ def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, iters: int,
     rank 0's; {} with fewer GPUs."""
     if not recipe or torch.cuda.device_count() < 2:
         return {}
-    import json
-    import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory() as folder:
-        mp.start_processes(_peer_worker, args=(folder, recipe, micro_batch, sequence, iters, warmup), nprocs=2,
-                           start_method="spawn")
-        with open(os.path.join(folder, "host.json")) as f:
-            got = json.load(f)
+    got = run_peers(_peer_job, (recipe, micro_batch, sequence, iters, warmup))
     for line in got["lines"]:
         progress(f"{line} (2 GPUs)")
     return {k: tuple(float(x) for x in v) for k, v in got["host_s"].items()}
 
 
-def _peer_worker(rank: int, folder: str, recipe: tuple, micro_batch: int, sequence: int, iters: int,
-                 warmup: int) -> None:
-    import json
-
-    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ[k] = v  # never NVLink multicast
-    import torch
-    dist = torch.distributed
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", store=dist.FileStore(os.path.join(folder, "store"), 2), rank=rank, world_size=2,
-                            device_id=device)
-    try:
-        lines: list = []
-        host = host_seconds(torch, rebuild(recipe), micro_batch, sequence, device, iters, warmup, lines.append,
-                            PEER_HOST_PATHS)
-        if rank == 0:
-            with open(os.path.join(folder, "host.json"), "w") as f:
-                json.dump({"host_s": host, "lines": lines}, f)
-    finally:
-        dist.destroy_process_group()
+def _peer_job(torch, device, world: int, recipe: tuple, micro_batch: int, sequence: int, iters: int,
+              warmup: int) -> dict:
+    """``host_seconds`` of ``PEER_HOST_PATHS`` on one of ``calibrate.device.peers``' ranks."""
+    lines: list = []
+    host = host_seconds(torch, rebuild(recipe), micro_batch, sequence, device, iters, warmup, lines.append,
+                        PEER_HOST_PATHS)
+    return {"host_s": host, "lines": lines}
 
 
 def reference_host(torch, device, iters: int, warmup: int, progress) -> dict:

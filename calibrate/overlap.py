@@ -13,11 +13,8 @@ same bytes stands in for every collective (``peer`` "copy": the memory traffic, 
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 from calibrate.compute import OVERLAP_COLLECTIVES
+from calibrate.device.peers import run_peers
 from calibrate.measure.engine import Solo, TorchGroup, compare
 from calibrate.measure.torcharm import TorchArm, timing
 
@@ -55,39 +52,23 @@ def slowdowns(torch, device, group, issue: dict, iters: int, warmup: int) -> dic
     return {name: res.arms[name].median_s / alone for name in issue}
 
 
-def _peer_worker(rank: int, world: int, folder: str, iters: int, warmup: int) -> None:
-    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ[k] = v  # never NVLink multicast
-    import torch
-    import torch.distributed as dist
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", store=dist.FileStore(os.path.join(folder, "store"), world), rank=rank,
-                            world_size=world, device_id=device)
-    try:
-        n = COLLECTIVE_BYTES // 2
-        full = torch.randn(n, device=device, dtype=torch.bfloat16)
-        part = torch.empty(n // world, device=device, dtype=torch.bfloat16)
-        issue = {"all_reduce": lambda: dist.all_reduce(full),
-                 "all_gather": lambda: dist.all_gather_into_tensor(full, part),
-                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}
-        out = slowdowns(torch, device, TorchGroup(device), issue, iters, warmup)
-        if rank == 0:
-            with open(os.path.join(folder, "overlap.json"), "w") as f:
-                json.dump(out, f)
-    finally:
-        dist.destroy_process_group()
+def _peer_job(torch, device, world: int, iters: int, warmup: int) -> dict:
+    """The matmul's slowdowns beside NCCL collectives on one of ``calibrate.device.peers``' ranks."""
+    dist = torch.distributed
+    n = COLLECTIVE_BYTES // 2
+    full = torch.randn(n, device=device, dtype=torch.bfloat16)
+    part = torch.empty(n // world, device=device, dtype=torch.bfloat16)
+    issue = {"all_reduce": lambda: dist.all_reduce(full),
+             "all_gather": lambda: dist.all_gather_into_tensor(full, part),
+             "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}
+    return slowdowns(torch, device, TorchGroup(device), issue, iters, warmup)
 
 
 def measure_overlap(torch, iters: int, warmup: int, progress) -> dict:
     """The profile's ``overlap`` figures: beside NCCL collectives between 2 GPUs where 2 are visible, else beside a
     copy on this one (module docstring)."""
     if torch.cuda.device_count() >= 2:
-        import torch.multiprocessing as mp
-        with tempfile.TemporaryDirectory() as folder:
-            mp.start_processes(_peer_worker, args=(2, folder, iters, warmup), nprocs=2, start_method="spawn")
-            with open(os.path.join(folder, "overlap.json")) as f:
-                out = {k: float(v) for k, v in json.load(f).items()}
+        out = {k: float(v) for k, v in run_peers(_peer_job, (iters, warmup)).items()}
         peer = "nccl"
     else:
         device = torch.device("cuda", torch.cuda.current_device())

@@ -30,7 +30,6 @@ def tp_styles(chain: list[Site], tp: int, stream: str = B) -> dict | None:
                 if id(p) in owners:
                     return None
                 owners[id(p)] = name
-            style = None
             if site.layer.kind in ("layernorm", "rmsnorm") and stream == "S1":
                 styles[name] = PrepareModuleInput(input_layouts=(split,), desired_input_layouts=(Replicate(),),
                                                   use_local_output=True)
@@ -45,8 +44,7 @@ def tp_styles(chain: list[Site], tp: int, stream: str = B) -> dict | None:
             if site.layer.kind == "embedding" and i > 0 and stream == "S1":  # learned positions, by columns
                 styles[name] = ColwiseParallel(input_layouts=Replicate())
                 continue
-            if site.layer.name in TP_WEIGHTS and not (site.layer.kind == "embedding" and i > 0):
-                style = TP_WEIGHTS[site.layer.name][site.layer.weight("weight").placements[tp]]
+            style = None if site.layer.kind == "embedding" and i > 0 else _style(site, tp)
             if style is None:
                 continue
             if type(module) not in (nn.Linear, nn.Embedding) or (type(module) is nn.Embedding and style != "rowwise"):
@@ -60,11 +58,16 @@ def tp_styles(chain: list[Site], tp: int, stream: str = B) -> dict | None:
     return styles
 
 
+def _style(site: Site, tp: int) -> str | None:
+    """The style (``TP_WEIGHTS``) of a site's layer on axis ``tp``: "colwise", "rowwise", or None."""
+    w = site.layer.weight("weight") if site.layer.name in TP_WEIGHTS else None
+    return None if w is None else TP_WEIGHTS[site.layer.name].get(w.placements[tp])
+
+
 def _colwise_next(chain: list[Site], k: int, tp: int) -> bool:
     """Whether the chain's next layer after site ``k`` with modules is placed column-wise on axis ``tp``."""
     nxt = next((s for s in chain[k + 1:] if s.modules), None)
-    w = nxt.layer.weight("weight") if nxt is not None and nxt.layer.name in TP_WEIGHTS else None
-    return w is not None and TP_WEIGHTS[nxt.layer.name].get(w.placements[tp]) == "colwise"
+    return nxt is not None and _style(nxt, tp) == "colwise"
 
 
 def parallelize(model, chain: list[Site], layout, mesh) -> None:

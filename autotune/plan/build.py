@@ -4,8 +4,6 @@ and the step's (``autotune.sbp.cost``, ``autotune.sbp.steptime``), and the path 
 (``autotune.plan.layouts.plan_path``), decided here once."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from autotune.plan.layouts import plan_path
 from autotune.plan.typed import ApplyPath, Collective, Costs, Edge, FineMesh, LayerPlan, ModelSpec, Plan, WeightPlan
 from autotune.sbp.boxing import Step, copy_seconds
@@ -13,7 +11,7 @@ from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_
 from autotune.sbp.layers import Strategy
 from autotune.sbp.memory import RERUN
 from autotune.sbp.modulecal import source as compute_source
-from autotune.sbp.sbp import NdSbp
+from autotune.sbp.sbp import fine_of
 from autotune.sbp.steptime import fsdp_steps, layer_seconds, optimizer_seconds
 
 
@@ -44,14 +42,14 @@ def placed(problem: Problem, assign: list[int], strategy: str = "") -> Plan:
     search reads a stage plan's path by it, ``autotune.pipeline.paths``)."""
     cl = problem.cluster
 
-    def fine_of(t, s):
-        return None if t is None else NdSbp(t.sbp, s.mesh).fine(cl) or ("B",)  # one device: one axis of size 1
+    def fine(t, s):
+        return None if t is None else fine_of(t.sbp, s.mesh, cl) or ("B",)  # one device: one axis of size 1
     layers = []
     for op, s_i, count, choices in zip(problem.ops, assign, problem.counts, problem.choices):
         s = choices[s_i]
         layers.append(LayerPlan(op.layer.name, op.layer.kind, count, op.layer.all_dims(), s.signature,
-                                fine_of(s.input, s), fine_of(s.output, s),
-                                tuple(WeightPlan(w.name, tuple(w.shape), fine_of(w, s)) for w in s.weights),
+                                fine(s.input, s), fine(s.output, s),
+                                tuple(WeightPlan(w.name, tuple(w.shape), fine(w, s)) for w in s.weights),
                                 {}, s.mesh.sizes))
     sharding = problem.mode.sharding
     config = {k: v for k, v in {"name": problem.graph.model, **problem.graph.config}.items() if k != "kind"}
@@ -112,28 +110,26 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
     if problem.node_compute is not None:  # the step-time model (autotune.sbp.steptime)
         exposed = red_total + problem.exposed_sync(assign)
         step = {"compute_s": comp_total, "exposed_comm_s": exposed, "step_s": comp_total + exposed}
+    path = path if path is not None else plan_path(plan)  # read from the placements alone
     breakdown = problem.memory_breakdown(assign).to_dict()
-    costs = Costs(red_total, sync_total, red_total + sync_total, problem.peak_memory(assign),
-                  bool(problem.fits_plan(assign)), breakdown, **step)
-    plan = Plan(plan.model, cl, plan.mesh, tuple(layers), mb, plan.recompute, plan.sharding_mode, plan.sharding_axes,
-                strategy, plan.profile, costs, "", problem.objective, problem.device_limit, search or {}, tuple(edges))
-    plan = replace(plan, apply_path=path if path is not None else plan_path(plan))
-    extra = ddp_accumulation_bytes(plan, breakdown, problem.recipe)
-    if extra:
-        peak = costs.memory_bytes + extra
-        plan = replace(plan, costs=replace(costs, memory_bytes=peak, memory=dict(breakdown, ddp_accumulation_bytes=extra),
-                                           fits_memory=costs.fits_memory and (problem.device_limit is None or
-                                                                              peak <= problem.device_limit)))
-    return plan
+    extra = ddp_accumulation_bytes(path, mb, breakdown, problem.recipe)
+    peak = problem.peak_memory(assign) + extra
+    fits = bool(problem.fits_plan(assign)) and not (extra and problem.device_limit is not None and
+                                                     peak > problem.device_limit)
+    costs = Costs(red_total, sync_total, red_total + sync_total, peak, fits,
+                  dict(breakdown, ddp_accumulation_bytes=extra) if extra else breakdown, **step)
+    return Plan(plan.model, cl, plan.mesh, tuple(layers), mb, plan.recompute, plan.sharding_mode, plan.sharding_axes,
+                strategy, plan.profile, costs, path, problem.objective, problem.device_limit, search or {},
+                tuple(edges))
 
 
-def ddp_accumulation_bytes(plan: Plan, breakdown: dict, recipe: str) -> float:
+def ddp_accumulation_bytes(path: str, micro_batches: int, breakdown: dict, recipe: str) -> float:
     """The gradients held twice on the DDP path with gradient accumulation: DDP allocates its buckets when it is
     built (the gradients' bytes; with ``gradient_as_bucket_view`` each gradient becomes a view into them), but the
     micro-batches run under ``no_sync()`` accumulate into gradients of their own until the last one's backward
     copies them into the buckets: a second copy of the gradients at the peak (2 x H200, 2026-11-28: a 1.5 B Llama's
     DDP step peaked at 62.6 GiB against 51.6 priced without it). 0 on the other paths, at one micro-batch, and
     under AutoDDL's recipe (no DDP)."""
-    if plan.apply_path != ApplyPath.DDP or plan.micro_batches < 2 or recipe != "autocast":
+    if path != ApplyPath.DDP or micro_batches < 2 or recipe != "autocast":
         return 0.0
     return float(breakdown.get("gradients_bytes", 0.0))

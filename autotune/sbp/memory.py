@@ -102,6 +102,8 @@ RECIPES = ("autocast", "autoddl")
 # layers whose output autocast leaves in the parameters' fp32 (a norm, the residual stream's add, the embedding's
 # lookup; the matmuls', the attention's and the activations' outputs are in the activation type)
 FP32_OUTPUTS = ("layernorm", "rmsnorm", "residual", "embedding")
+MATMUL_SIGNATURES = ("autoddl", "transposed", "summa", "summa-lean")
+RECOMPUTE = ("none", "selective", "full")
 
 
 def edge_bytes(producer: str, consumer: str, act_bytes: int) -> tuple[int, int]:
@@ -113,8 +115,6 @@ def edge_bytes(producer: str, consumer: str, act_bytes: int) -> tuple[int, int]:
     if act_bytes != 2:
         return act_bytes, act_bytes
     return (4 if producer in FP32_OUTPUTS else 2), (4 if {producer, consumer} & set(FP32_OUTPUTS) else 2)
-MATMUL_SIGNATURES = ("autoddl", "transposed", "summa", "summa-lean")
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
