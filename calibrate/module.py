@@ -13,8 +13,10 @@ Section shape (version 1)::
       "device": "NVIDIA H200",
       "points": [{"tensor": 1, "micro_batch": 2, "sequence": 2048,
                   "block":   {"forward_s": .., "backward_s": .., "recompute_s": .., "optimizer_s": ..,
-                              "activation_bytes": ..},
-                  "outside": {"forward_s": .., "backward_s": .., "optimizer_s": ..}}, ...],
+                              "activation_bytes": .., "step_s": ..},
+                  "outside": {"forward_s": .., "backward_s": .., "optimizer_s": .., "activation_bytes": ..,
+                              "step_s": .., "peak_bytes": ..}},
+                 ...],
       "host_s": {"none": [per_pass, per_step], "ddp": [...], "fully_shard": [...]},
       "memory": {"fragmentation": 0.04, "path_bytes_per_param": {"ddp": 4.1, "fully_shard": 0.3}}
     }
@@ -22,13 +24,21 @@ Section shape (version 1)::
 A point is one local shape the search considers: the block built with heads, K/V heads and the MLP's
 width divided by ``tensor`` (and the vocabulary by ``tensor``: a vocabulary-parallel embedding and
 head), a local micro-batch of ``micro_batch`` sequences of ``sequence`` tokens. ``block`` is one
-transformer block (a model of two blocks less one of one block, so the embedding, the final norm, the
-head and the loss cancel): its forward, its backward (forward + backward less forward, into fresh
-gradients), the forward that full recomputation re-runs in the backward (``recompute_s``; null where
-the module could not be checkpointed) and its fused AdamW step; ``activation_bytes`` the memory one
-block keeps from its forward to its backward (peak allocated of the two-block model less the one-block
-model's; null off CUDA). ``outside`` is the rest of the one-block model (embedding, final norm, head,
-loss). ``host_s``: per apply path (``calibrate.compute.HOST_PATHS``), the host's seconds to issue one
+transformer block (a model of 1 + ``calibrate.moduletime.MORE`` blocks less one of one block, over ``MORE``,
+so the embedding, the final norm, the head and the loss cancel): its forward, its backward (forward +
+backward less forward, into fresh gradients), the forward that full recomputation re-runs in the backward
+(``recompute_s``; null where the module could not be checkpointed) and its fused AdamW step;
+``activation_bytes`` the memory one block keeps from its forward to its backward, autocast's bf16 weight
+copies included (allocated after the
+larger model's forward less the one-block model's, per block; null off CUDA). ``outside`` is the rest of the
+one-block model (embedding, final norm, head, loss), its ``activation_bytes`` the one-block model's less the
+block's (absent in sections written before it was measured: null). ``step_s`` (both): the step as users run
+it, ``STEP_MICRO_BATCHES`` micro-batches accumulated and the optimizer's step back to back, of the larger model
+less the one-block model's (the block) and the rest (outside): the parts timed alone need not add up to it, and the
+step model keeps their proportions and takes its sum (``autotune.sbp.modulecal``). ``peak_bytes`` (outside;
+null off CUDA): the one-block model's peak allocated over that step above its parameters and optimizer states
+(its gradients, what it keeps and the transients: the loss's, the backward's), which the memory model's peak
+is corrected by. ``host_s``: per apply path (``calibrate.compute.HOST_PATHS``), the host's seconds to issue one
 block's forward and backward per micro-batch, and its optimizer step per step (the two-block model's
 issue time less the one-block model's), measured in the same run on a process group of one. ``memory``
 (CUDA only): the allocator's fragmentation (the step's peak reserved over its peak allocated, less 1, on the
@@ -46,9 +56,11 @@ from calibrate.errors import UserError
 
 VERSION = 1
 MODEL_KEYS = ("hidden", "heads", "kv_heads", "ffn", "vocabulary")
-BLOCK_KEYS = ("forward_s", "backward_s", "recompute_s", "optimizer_s", "activation_bytes")
-OUTSIDE_KEYS = ("forward_s", "backward_s", "optimizer_s")
-OPTIONAL = ("recompute_s", "activation_bytes")  # null where not measured
+BLOCK_KEYS = ("forward_s", "backward_s", "recompute_s", "optimizer_s", "activation_bytes", "step_s")
+OUTSIDE_KEYS = ("forward_s", "backward_s", "optimizer_s", "activation_bytes", "step_s", "peak_bytes")
+OPTIONAL = ("recompute_s", "activation_bytes", "step_s", "peak_bytes")  # null where not measured
+LATER = ("activation_bytes", "step_s", "peak_bytes")  # absent from sections written before they were: null
+STEP_MICRO_BATCHES = 2  # micro-batches of the step arm (``step_s``)
 FIX = "re-run python -m calibrate module"
 
 
@@ -124,6 +136,9 @@ class ModuleSection:
             raise UserError(f"{where} has no points: {FIX}")
         points, seen = [], set()
         for p in raw:
+            if isinstance(p, dict) and all(isinstance(p.get(k), dict) for k in ("block", "outside")):
+                p = dict(p, **{k: {**{x: None for x in LATER if x in keys}, **p[k]}
+                               for k, keys in (("block", BLOCK_KEYS), ("outside", OUTSIDE_KEYS))})
             ok = isinstance(p, dict) and all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
                                              and p[k] > 0 for k in ("tensor", "micro_batch", "sequence"))
             ok = ok and all(isinstance(p.get(s), dict) and set(p[s]) == set(keys) and all(

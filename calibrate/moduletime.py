@@ -6,8 +6,10 @@ MistralForCausalLM, GPT2LMHeadModel: transformers' own classes, built from the c
 weights, SDPA attention) or a factory ``package.module:factory`` called with a dict of the model's
 fields (kind, layers, hidden, heads, kv_heads, head_dim, ffn, vocabulary, sequence, micro_batch, batch)
 that returns an ``nn.Module`` whose ``forward(ids, targets)`` returns the mean loss (what ``python -m
-autotune execute --module`` trains). One block is timed, not the whole model: a model of two blocks
-less one of one block, each at every local shape (tensor width, micro-batch, sequence), through the
+autotune execute --module`` trains). One block is timed, not the whole model: a model of ``1 + MORE``
+blocks less one of one block, over ``MORE`` (the difference of two whole models' times is noisy where the
+layers outside the blocks dominate, a large vocabulary's; ``MORE`` blocks divide the noise), each at every
+local shape (tensor width, micro-batch, sequence), through the
 measurement engine (``calibrate.measure``: arms interleaved in rounds, the median). The recipe is the
 one users run: fp32 parameters, bf16 autocast on CUDA, AdamW (fused on CUDA). torch is imported by the
 caller and passed in.
@@ -26,7 +28,7 @@ from calibrate.compute import HOST_PATHS
 from calibrate.device.peers import run_peers
 from calibrate.errors import UserError
 from calibrate.measure.torcharm import TorchArm, medians, timing
-from calibrate.module import ModulePoint, ModuleSection
+from calibrate.module import STEP_MICRO_BATCHES, ModulePoint, ModuleSection
 
 HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel")
 # apply's paths (``calibrate.compute.HOST_PATHS``) timed on a process group of one: the tensor path's styles need
@@ -34,6 +36,8 @@ HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"
 ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor"))
 REFERENCE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocabulary": 1024}  # host-bound on any GPU
 REFERENCE_OCCURRENCES = 10  # a Llama block's layer occurrences in the step model's graph (models.transformer)
+
+MORE = 3  # the larger model of a point has 1 + MORE blocks
 
 
 @dataclass(frozen=True)
@@ -218,7 +222,7 @@ def reference_module() -> UserModule:
 
 
 class _Timed:
-    """One model (one or two blocks) on the device with its optimizer and the arms that time it."""
+    """One model (one block, two or ``1 + MORE``) on the device with its optimizer and the arms that time it."""
 
     def __init__(self, torch, um: UserModule, blocks: int, t: int, device):
         self.torch, self.um, self.device = torch, um, device
@@ -261,8 +265,35 @@ class _Timed:
     def step(self, i: int) -> None:
         self.opt.step()
 
-    def peak(self) -> int | None:
-        """Bytes allocated at the peak of a forward and backward above what was held before it."""
+    def user_step(self, i: int) -> None:
+        """The step as users run it: from no gradients, ``STEP_MICRO_BATCHES`` forward and backward passes
+        accumulated, then the optimizer's step (the gradients left for the optimizer's own arm)."""
+        for p in self.model.parameters():
+            p.grad = None
+        for j in range(STEP_MICRO_BATCHES):
+            self.forward(i + j).backward()
+        self.opt.step()
+
+    def kept(self) -> int | None:
+        """Bytes a forward (the loss made) leaves allocated for the backward above what was held before it: what
+        autograd keeps and autocast's bf16 weight copies."""
+        if not self.cuda:
+            return None
+        torch = self.torch
+        for p in self.model.parameters():
+            p.grad = None
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        loss = self.forward(0)
+        torch.cuda.synchronize(self.device)
+        kept = torch.cuda.memory_allocated(self.device) - base
+        del loss
+        return kept
+
+
+    def step_peak(self) -> int | None:
+        """Bytes allocated at the peak of a user step (``user_step``, from no gradients) above what was held
+        before it: the gradients, what each micro-batch keeps and the transients beside them."""
         if not self.cuda:
             return None
         torch = self.torch
@@ -271,7 +302,7 @@ class _Timed:
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.forward(0).backward()
+        self.user_step(0)
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device) - base
 
@@ -283,7 +314,7 @@ def _arm(torch, device, fn):
 def time_point(torch, um: UserModule, models: dict, t: int, micro_batch: int, sequence: int, iters: int,
                warmup: int) -> ModulePoint:
     """One local shape: both models' arms interleaved in one comparison (a slow spell falls on all alike)."""
-    one, two = models[1], models[2]
+    one, two = models[1], models[1 + MORE]
     vocab = um.model["vocabulary"] // t
     for m in (one, two):
         m.inputs(micro_batch, sequence, vocab)
@@ -294,20 +325,24 @@ def time_point(torch, um: UserModule, models: dict, t: int, micro_batch: int, se
     for n, m in ((1, one), (2, two)):
         arms += [(f"f{n}", _arm(torch, m.device, m.forward)), (f"fb{n}", _arm(torch, m.device, m.both)),
                  (f"o{n}", _arm(torch, m.device, m.step))]
+        arms.append((f"s{n}", _arm(torch, m.device, m.user_step)))
         if can_recompute:
             arms.append((f"rc{n}", _arm(torch, m.device, m.recompute)))
     med = medians(torch, arms, timing(iters, warmup, back_to_back=True))
     f = {n: med[f"f{n}"] for n in (1, 2)}
     b = {n: max(med[f"fb{n}"] - med[f"f{n}"], 0.0) for n in (1, 2)}
     o = {n: med[f"o{n}"] for n in (1, 2)}
-    peaks = {n: m.peak() for n, m in ((1, one), (2, two))}
-    block = {"forward_s": max(f[2] - f[1], 0.0), "backward_s": max(b[2] - b[1], 0.0),
-             "optimizer_s": max(o[2] - o[1], 0.0),
-             "recompute_s": max((med["rc2"] - med["fb2"]) - (med["rc1"] - med["fb1"]), 0.0) if can_recompute else None,
-             "activation_bytes": (max(peaks[2] - peaks[1] - 4 * (two.params - one.params), 0)
-                                  if peaks[1] is not None else None)}
+    kept = {n: m.kept() for n, m in ((1, one), (2, two))}
+    act = max(kept[2] - kept[1], 0) / MORE if kept[1] is not None else None
+    block = {"forward_s": max(f[2] - f[1], 0.0) / MORE, "backward_s": max(b[2] - b[1], 0.0) / MORE,
+             "optimizer_s": max(o[2] - o[1], 0.0) / MORE,
+             "recompute_s": max((med["rc2"] - med["fb2"]) - (med["rc1"] - med["fb1"]), 0.0) / MORE
+             if can_recompute else None,
+             "activation_bytes": act, "step_s": max(med["s2"] - med["s1"], 0.0) / MORE}
     outside = {"forward_s": max(f[1] - block["forward_s"], 0.0), "backward_s": max(b[1] - block["backward_s"], 0.0),
-               "optimizer_s": max(o[1] - block["optimizer_s"], 0.0)}
+               "optimizer_s": max(o[1] - block["optimizer_s"], 0.0),
+               "activation_bytes": max(kept[1] - act, 0) if act is not None else None,
+               "step_s": max(med["s1"] - block["step_s"], 0.0), "peak_bytes": one.step_peak()}
     return ModulePoint(t, micro_batch, sequence, block, outside)
 
 
@@ -507,7 +542,7 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
     points = []
     oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
     for t in widths:
-        models = {n: _Timed(torch, um, n, t, device) for n in (1, 2)}
+        models = {n: _Timed(torch, um, n, t, device) for n in (1, 1 + MORE)}
         for mb in micro_batches:
             try:
                 p = time_point(torch, um, models, t, mb, sequence, iters, warmup)
@@ -525,7 +560,10 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
             bl = p.block
             progress(f"tensor {t}, micro-batch {mb}, sequence {sequence}: block {bl['forward_s'] * 1e3:.3f} ms forward, "
                      f"{bl['backward_s'] * 1e3:.3f} ms backward, optimizer {bl['optimizer_s'] * 1e3:.3f} ms; "
-                     f"outside {p.outside['forward_s'] * 1e3:.3f} / {p.outside['backward_s'] * 1e3:.3f} ms")
+                     f"outside {p.outside['forward_s'] * 1e3:.3f} / {p.outside['backward_s'] * 1e3:.3f} ms"
+                     + (f"; kept for the backward: block {bl['activation_bytes'] / 2**20:.1f} MiB, outside "
+                        f"{p.outside['activation_bytes'] / 2**20:.1f} MiB" if bl["activation_bytes"] is not None
+                        else ""))
         models = None
         if device.type == "cuda":
             torch.cuda.empty_cache()

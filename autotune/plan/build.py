@@ -7,7 +7,7 @@ from __future__ import annotations
 from autotune.plan.layouts import plan_path
 from autotune.plan.typed import ApplyPath, Collective, Costs, Edge, FineMesh, LayerPlan, ModelSpec, Plan, WeightPlan
 from autotune.sbp.boxing import Step, copy_seconds
-from autotune.sbp.cost import Problem, edge_steps, internal_steps, memory, sync_steps
+from autotune.sbp.cost import Problem, edge_steps, internal_steps, sync_steps
 from autotune.sbp.layers import Strategy
 from autotune.sbp.memory import RERUN
 from autotune.sbp.modulecal import source as compute_source
@@ -84,7 +84,7 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
         red_total += count * red
         sync_total += count * sync
         costs = {"redistribution_s": red, "grad_sync_s": sync,
-                 "memory_bytes": memory(s, cl, problem.act_bytes, problem.mode, problem.roles[v], problem.tied[v]),
+                 "memory_bytes": problem.layer_memory(v, s).total,
                  **({"compute_s": comp} if comp is not None else {}), **clock}
         layers.append(LayerPlan(lay.name, lay.kind, lay.count, lay.dims, lay.signature, lay.input, lay.output,
                                 lay.weights, costs, lay.roles, tuple(comms),

@@ -45,7 +45,7 @@ from autotune.sbp.memory import (NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL,
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, overlapped,
                                    require_compute)
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.modulecal import calibrated_seconds, calibration, optimizer_ratio
+from autotune.sbp.modulecal import calibrated_seconds, calibration, part_ratio
 from autotune.sbp.rowbox import RowBoxer
 from autotune.sbp.sbp import fine_of
 from autotune.sbp.tables import EdgeTables, edge_steps  # noqa: F401 (edge_steps: re-exported)
@@ -78,12 +78,6 @@ def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: M
         if axes:
             out.append((w.name, Step("allreduce", axes, round(held_elems(s, w, cluster, mode)) * itemsize)))
     return out
-
-
-def memory(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: Mode = NONE, role: str = OUTSIDE,
-           tied: bool = False, recipe: str = "autocast") -> float:
-    """Bytes per device of one occurrence of a layer (``autotune.sbp.memory`` says what is counted)."""
-    return strategy_memory(s, cluster, itemsize, mode, role, tied, recipe).total
 
 
 def forward_factors(graph: LayerGraph) -> dict[tuple[int, int], float]:
@@ -291,7 +285,8 @@ class Problem:
                                                                     dtype=float))
                 opt = fig(v, ("optimizer", mode, self.tied[v]), lambda ss=ss, v=v: np.array(
                     [optimizer_seconds(s, cl, cm, ab, mode, self.tied[v])
-                     * optimizer_ratio(self.module_cal, self.ops[v], s, cl, self.roles[v]) for s in ss], dtype=float))
+                     * part_ratio(self.module_cal, "optimizer", self.ops[v], s, cl, self.roles[v]) for s in ss],
+                    dtype=float))
                 acc = fig(v, ("accumulate", mode), lambda ss=ss: np.array(
                     [accumulate_seconds(s, cl, cm, ab, mode) for s in ss], dtype=float))
                 self.node_compute.append(mb * (sec[:, 0] + sec[:, 1] + redo * copies) + opt + (mb - 1) * acc)
@@ -338,10 +333,9 @@ class Problem:
 
     def _price_memory(self, mode: Mode) -> None:
         """``mem`` (bytes per device of each strategy's occurrences, ``autotune.sbp.memory``) and its least."""
-        cl, ab = self.cluster, self.act_bytes
-        self.mem = [c * self._figures(v, ("memory", mode, self.roles[v], self.tied[v], self.recipe), lambda ss=ss, v=v:
-                                      np.array([memory(s, cl, ab, mode, self.roles[v], self.tied[v], self.recipe)
-                                                for s in ss], dtype=float))
+        measured = self.module_cal is not None
+        self.mem = [c * self._figures(v, ("memory", mode, self.roles[v], self.tied[v], self.recipe, measured),
+                                      lambda ss=ss, v=v: np.array([self.layer_memory(v, s).total for s in ss]))
                     for v, (c, ss) in enumerate(zip(self.counts, self.choices))]
         self.min_memory = float(sum(m.min() for m in self.mem))
         self._min_memory_assignment = [int(np.argmin(m)) for m in self.mem]
@@ -467,7 +461,7 @@ class Problem:
         shared = 0.0
         for v, (i, c) in enumerate(zip(assign, self.counts)):
             s = self.choices[v][i]
-            m = strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v], self.recipe)
+            m = self.layer_memory(v, s)
             if self.tied[v] and self.embedding is not None:
                 saved = tied_saving(s, self.choices[self.embedding][assign[self.embedding]], self.cluster,
                                     self.act_bytes, self.mode)
@@ -477,7 +471,21 @@ class Problem:
             out = out + m.scaled(c)
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
                             self.mb, self.mode, self.chain_roles, self.recipe, shared)
+        if self.module_cal is not None and self.embedding is not None and self.mode.recompute != "full":
+            e = self.embedding  # the transients the user's module was measured to hold beyond the model's
+            ws += self.module_cal.peak_offset(self.module_cal.key(self.ops[e], self.choices[e][assign[e]],
+                                                                  self.cluster))
         return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
+
+    def layer_memory(self, v: int, s: Strategy) -> Memory:
+        """One occurrence of layer ``v`` under strategy ``s`` (``strategy_memory``), its activations as the user's
+        module keeps them where it was measured at the layer's local shape (``modulecal.part_ratio``; not for a
+        block's layers under full recomputation, which keep the block's input only)."""
+        m = strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v], self.recipe)
+        if self.mode.recompute == "full" and self.roles[v] != OUTSIDE:
+            return m
+        r = part_ratio(self.module_cal, "activations", self.ops[v], s, self.cluster, self.roles[v])
+        return m if r == 1.0 else Memory(m.parameters, m.gradients, m.optimizer, m.activations * r, m.workspace)
 
     def peak_memory(self, assign) -> float:
         """Bytes per device at a plan's peak: ``memory_breakdown``'s total, the workspace included."""

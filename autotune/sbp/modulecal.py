@@ -4,9 +4,12 @@ section, ``calibrate.module``; measured by ``python -m calibrate module``).
 The measured block is one whole transformer block; the step model prices layer by layer. Per measured
 point (tensor width t, local micro-batch m, sequence s) the analytical model prices the same local block
 on one device (the model's graph of one block with heads, K/V heads, MLP width and vocabulary divided by
-t, micro-batch m: ``analytical``), and the ratio measured / analytical, per part (forward, backward,
+t, micro-batch m: ``analytical``), and the ratio measured / analytical, per part (the parts timed alone
+scaled together to the step measured back to back where it was: ``step_scale``) (forward, backward,
 recomputation, optimizer step; the block, and the layers outside the blocks), scales every layer of that
-part whose strategy runs that local shape. So where the plan's layers run a measured shape, the block's
+part whose strategy runs that local shape; and the bytes a block (and the layers outside the blocks) keep from
+the forward to the backward by measured / analytical activations (``activation_ratio``; not under full
+recomputation, which keeps of a block only its input). So where the plan's layers run a measured shape, the block's
 predicted seconds are the measured seconds exactly (a closed form: a block measured at X s a micro-batch
 predicts X x blocks x micro-batches), and the analytical model's split of them over the block's layers is
 kept (the search still compares strategies layer by layer). A layer's local shape: its output's local
@@ -23,24 +26,25 @@ import math
 from dataclasses import dataclass
 
 from calibrate.compute import ComputeModel
+from calibrate.module import STEP_MICRO_BATCHES
 
 from autotune.sbp.layers import Strategy, local_elems, make_op, with_recipe
-from autotune.sbp.memory import NONE, OUTSIDE, layer_roles
+from autotune.sbp.memory import NONE, OUTSIDE, chain_roles, layer_roles, peak_workspace, strategy_memory, tied_saving
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.steptime import layer_seconds, local_elems_shape, optimizer_seconds
+from autotune.sbp.steptime import accumulate_seconds, layer_seconds, local_elems_shape, optimizer_seconds
 
-PARTS = ("forward", "backward", "recompute", "optimizer")
-ONE = (1.0, 1.0, 1.0, 1.0)
+PARTS = ("forward", "backward", "recompute", "optimizer", "activations")
 
 
 @dataclass(frozen=True)
 class ModuleCal:
-    """Per measured key (t, m, s): the ratios (forward, backward, recompute, optimizer) of the block and of
-    the layers outside the blocks."""
+    """Per measured key (t, m, s): the ratios (``PARTS``: forward, backward, recompute, optimizer, activations)
+    of the block and of the layers outside the blocks."""
 
-    ratios: tuple  # ((t, m, s, inside: bool), (rf, rb, rr, ro)) pairs
+    ratios: tuple  # ((t, m, s, inside: bool), (rf, rb, rr, ro, ra)) pairs
     sequence: int
     micro_batch: int  # the graph's global micro-batch
+    peaks: tuple = ()  # ((t, m), bytes): the step's peak as measured less as modelled (``unit_peak``)
 
     def key(self, op, s: Strategy, cluster: Cluster) -> tuple[int, int] | None:
         """(tensor width, local micro-batch) of a layer's strategy, or None where it is no whole one."""
@@ -58,7 +62,12 @@ class ModuleCal:
             return None
         return round(width), rows // self.sequence
 
-    def ratio(self, inside: bool, key) -> tuple[float, float, float, float] | None:
+    def peak_offset(self, key) -> float:
+        """Bytes the step's peak was measured above the memory model's at the local shape ``key`` (0 where not
+        measured): the transients the model does not know of (the loss's, the backward's) in the user's module."""
+        return next((b for k, b in self.peaks if k == key), 0.0)
+
+    def ratio(self, inside: bool, key) -> tuple[float, ...] | None:
         if key is None:
             return None
         t, m = key
@@ -68,19 +77,22 @@ class ModuleCal:
         return min(found, key=lambda x: (abs(math.log(x[0] / m)), -x[0]))[1]
 
 
-def analytical(graph_of, op_roles_counts, cm: ComputeModel, act_bytes: int) -> tuple[list, list]:
-    """(block, outside): the analytical (forward, backward, recompute, optimizer) seconds of one block's layers
-    and of the layers outside the blocks of a one-device graph, each layer's one strategy on one device."""
+def analytical(op_roles_counts, cm: ComputeModel, act_bytes: int) -> tuple[list, list]:
+    """(block, outside): the analytical ``PARTS`` (forward, backward, recompute, optimizer seconds; the bytes kept
+    for the backward, ``strategy_memory``'s activations) and, last, the gradient accumulation's seconds of a
+    micro-batch after the first, of one block's layers and of the layers outside the blocks of a one-device graph,
+    each layer's one strategy on one device."""
     cl = Cluster(1, 1)
-    block, outside = [0.0] * 4, [0.0] * 4
+    block, outside = [0.0] * (len(PARTS) + 1), [0.0] * (len(PARTS) + 1)
     for layer, role, count in op_roles_counts:
         op = make_op(layer, act_bytes)
         s = with_recipe(op.strategies(cl)[0], layer)
         f, b = layer_seconds(op, s, cl, cm, act_bytes, "none", role)
         _, bf = layer_seconds(op, s, cl, cm, act_bytes, "full", role)
         o = optimizer_seconds(s, cl, cm, act_bytes, NONE, bool(op.dims.get("tied", 0)) and layer.kind == "matmul")
+        a = strategy_memory(s, cl, act_bytes, NONE, role).activations
         acc = outside if role == OUTSIDE else block
-        for i, v in enumerate((f, b, bf - b, o)):
+        for i, v in enumerate((f, b, bf - b, o, a, accumulate_seconds(s, cl, cm, act_bytes))):
             acc[i] += count * v
     return block, outside
 
@@ -94,7 +106,7 @@ def calibration(graph, profile) -> ModuleCal | None:
         return None
     from models.builders import BUILDERS
     c = graph.config
-    ratios = {}
+    ratios, peaks = {}, {}
     for p in section.points:
         if p.sequence != c.get("sequence"):
             continue
@@ -103,17 +115,55 @@ def calibration(graph, profile) -> ModuleCal | None:
                      ffn=c["ffn"] // t, vocabulary=c["vocabulary"] // t, micro_batch=p.micro_batch,
                      batch=p.micro_batch, head_dim=c.get("head_dim", c["hidden"] // c["heads"]))
         g = BUILDERS[graph.model](local)
-        block, outside = analytical(g, zip(g.layers, layer_roles(g), g.counts()), cm, graph.act_bytes)
-        measured = {True: (p.block["forward_s"], p.block["backward_s"], p.block["recompute_s"],
-                           p.block["optimizer_s"]),
-                    False: (p.outside["forward_s"], p.outside["backward_s"], None, p.outside["optimizer_s"])}
-        for inside, model in ((True, block), (False, outside)):
-            r = [(m / a if m is not None and a > 0 else None) for m, a in zip(measured[inside], model)]
+        block, outside = analytical(zip(g.layers, layer_roles(g), g.counts()), cm, graph.act_bytes)
+        for inside, model, part in ((True, block, p.block), (False, outside, p.outside)):
+            k = step_scale(part, model[-1])
+            measured = (part["forward_s"] * k, part["backward_s"] * k,
+                        part["recompute_s"] * k if part.get("recompute_s") is not None else None,
+                        part["optimizer_s"] * k, part.get("activation_bytes"))
+            r = [(m / a if m is not None and a > 0 else None) for m, a in zip(measured, model)]
             r[2] = r[2] if r[2] is not None else r[0]  # no recomputation measured: as the forward
             ratios[(t, p.micro_batch, p.sequence, inside)] = tuple(1.0 if x is None else x for x in r)
+        if p.outside.get("peak_bytes") is not None:
+            two = BUILDERS[graph.model](dict(local, batch=STEP_MICRO_BATCHES * p.micro_batch))
+            act = {True: ratios[(t, p.micro_batch, p.sequence, True)][4],
+                   False: ratios[(t, p.micro_batch, p.sequence, False)][4]}
+            peaks[(t, p.micro_batch)] = p.outside["peak_bytes"] - unit_peak(two, graph.act_bytes, act)
     if not ratios:
         return None
-    return ModuleCal(tuple(sorted(ratios.items())), c["sequence"], graph.micro_batch)
+    return ModuleCal(tuple(sorted(ratios.items())), c["sequence"], graph.micro_batch, tuple(sorted(peaks.items())))
+
+
+def unit_peak(graph, act_bytes: int, act_ratio: dict) -> float:
+    """The memory model's peak of a one-device step of ``graph`` (each layer's one strategy, its micro-batches
+    accumulated) above the parameters and optimizer states: gradients, what is kept (the activations scaled by
+    ``act_ratio``: inside a block -> ratio), and the workspace (``peak_workspace``), as ``Problem.memory_breakdown``
+    counts them (a tied logits weight placed as the embedding's: one gradient)."""
+    cl = Cluster(1, 1)
+    ops = [make_op(layer, act_bytes) for layer in graph.layers]
+    strategies = [with_recipe(op.strategies(cl)[0], layer) for op, layer in zip(ops, graph.layers)]
+    embedding = next((v for v, layer in enumerate(graph.layers) if layer.kind == "embedding"), None)
+    grads = kept = shared = 0.0
+    for v, (op, s, role, count) in enumerate(zip(ops, strategies, layer_roles(graph), graph.counts())):
+        tied = op.layer.kind == "matmul" and bool(op.dims.get("tied", 0)) and embedding is not None
+        m = strategy_memory(s, cl, act_bytes, NONE, role, tied)
+        grads += count * m.gradients
+        kept += count * m.activations * act_ratio[role != OUTSIDE]
+        if tied:
+            shared += count * tied_saving(s, strategies[embedding], cl, act_bytes).gradients
+    chain = [strategies[v] for v in graph.chain]
+    return peak_workspace(chain, cl, act_bytes, graph.micro_batches, NONE, chain_roles(graph),
+                          "autocast", shared) + kept + grads - shared
+
+
+def step_scale(part: dict, accumulate_s: float) -> float:
+    """What the parts timed alone (forward, backward, optimizer) are scaled by so that ``STEP_MICRO_BATCHES``
+    micro-batches of them, the analytical gradient accumulation and the optimizer's step add up to the step measured
+    back to back (``step_s``): 1 where it was not measured (or is not above the accumulation)."""
+    step = part.get("step_s")
+    alone = STEP_MICRO_BATCHES * (part["forward_s"] + part["backward_s"]) + part["optimizer_s"]
+    work = step - (STEP_MICRO_BATCHES - 1) * accumulate_s if step is not None else 0.0
+    return work / alone if work > 0 and alone > 0 else 1.0
 
 
 def calibrated_seconds(cal: ModuleCal | None, op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int,
@@ -128,10 +178,11 @@ def calibrated_seconds(cal: ModuleCal | None, op, s: Strategy, cluster: Cluster,
     return f * r[0], b0 * r[1] + (b - b0) * r[2]
 
 
-def optimizer_ratio(cal: ModuleCal | None, op, s: Strategy, cluster: Cluster, role: str) -> float:
-    """The measured / analytical ratio of the layer's optimizer step (1 where its shape was not measured)."""
+def part_ratio(cal: ModuleCal | None, part: str, op, s: Strategy, cluster: Cluster, role: str) -> float:
+    """The measured / analytical ratio of one of the layer's ``PARTS`` ("optimizer": its step; "activations": the
+    bytes it keeps for the backward), 1 where its shape was not measured."""
     r = cal.ratio(role != OUTSIDE, cal.key(op, s, cluster)) if cal is not None else None
-    return 1.0 if r is None else r[3]
+    return 1.0 if r is None else r[PARTS.index(part)]
 
 
 def source(cal: ModuleCal | None, op, s: Strategy, cluster: Cluster, role: str) -> str:

@@ -54,6 +54,63 @@ def test_a_measured_block_prices_the_step_in_closed_form():
     assert q.costs.compute_s - p.costs.compute_s == pytest.approx(m * layers * 3e-3 + layers * 1e-4)
 
 
+def test_measured_activations_are_what_the_plan_keeps():
+    """One device: the breakdown's activations are L x the block's measured bytes + the outside's, exactly; the
+    peak moves by as much; the parameters do not move. Under full recomputation the blocks keep their input only
+    (the measured ratio is not applied to them)."""
+    kept, rest = 3e6, 7e6
+    problem, p = plan(section(ModulePoint(1, 2, 32, dict(BLOCK, activation_bytes=kept),
+                                          dict(OUTSIDE, activation_bytes=rest))))
+    plain, q = plan(None)
+    a = [0] * len(problem.choices)
+    got, analytical = problem.memory_breakdown(a), plain.memory_breakdown(a)
+    assert got.activations == pytest.approx(MODEL["layers"] * kept + rest, rel=1e-9)
+    assert got.parameters == analytical.parameters and got.workspace == analytical.workspace
+    assert p.costs.memory_bytes - q.costs.memory_bytes == pytest.approx(got.activations - analytical.activations)
+    assert sum(layer.costs["memory_bytes"] * layer.count for layer in p.layers) == pytest.approx(
+        problem.memory_of(a))
+    from autotune.sbp.memory import Mode
+    full, plain_full = (x.with_mode(Mode(recompute="full")) for x in (problem, plain))
+    outside = [v for v, r in enumerate(full.roles) if r == "outside"]
+    gap = full.memory_breakdown(a).activations - plain_full.memory_breakdown(a).activations
+    want = sum(full.counts[v] * plain_full.layer_memory(v, plain_full.choices[v][0]).activations for v in outside)
+    assert gap == pytest.approx(rest - want, rel=1e-9)
+
+
+def test_the_step_measured_back_to_back_is_the_sum_the_parts_make():
+    """With ``step_s`` measured (2 micro-batches accumulated and the optimizer's step, back to back), one device at
+    the model's 2 micro-batches: compute = L x block step + outside step, exactly, whatever the parts alone say;
+    their proportions are kept (forward / backward as measured alone)."""
+    problem, p = plan(section(ModulePoint(1, 2, 32, dict(BLOCK, step_s=9e-3), dict(OUTSIDE, step_s=4e-3))))
+    assert problem.mb == 2
+    assert p.costs.compute_s == pytest.approx(MODEL["layers"] * 9e-3 + 4e-3, rel=1e-9)
+    cal = problem.module_cal
+    rf, rb = cal.ratio(True, (1, 2))[:2]
+    pf, pb = plan(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)))[0].module_cal.ratio(True, (1, 2))[:2]
+    assert rf / pf == pytest.approx(rb / pb) and rf != pytest.approx(pf)
+
+
+def test_a_one_block_model_peaks_where_it_was_measured():
+    """The measured one-block step's peak (above parameters and optimizer states) is the one-block model's
+    predicted peak exactly; a model of 4 blocks moves by the same bytes as the one-block model did."""
+    fields = {k: v for k, v in MODEL.items() if k != "kind"}
+    profile = Profile.load("h200-nvlink+ib400")
+    point = ModulePoint(1, 2, 32, dict(BLOCK, activation_bytes=3e6), dict(OUTSIDE, activation_bytes=7e6,
+                                                                           peak_bytes=5e7))
+
+    def breakdown(layers, sec):
+        profile.module = sec
+        problem = Problem(load_model("llama", None, dict(fields, layers=layers)),
+                          Coster(profile, Cluster(1, 1)), None, require_fit=False, objective="step")
+        return problem.memory_breakdown([0] * len(problem.choices))
+
+    one = breakdown(1, section(point))
+    assert one.total - one.parameters - one.optimizer == pytest.approx(5e7, rel=1e-9)
+    unmeasured = section(ModulePoint(1, 2, 32, point.block, dict(point.outside, peak_bytes=None)))
+    shift = one.total - breakdown(1, unmeasured).total
+    assert breakdown(4, section(point)).total - breakdown(4, unmeasured).total == pytest.approx(shift, rel=1e-9)
+
+
 @pytest.mark.parametrize("points, model", [
     ((ModulePoint(1, 2, 64, BLOCK, OUTSIDE),), SHAPE),  # another sequence
     ((ModulePoint(2, 2, 32, BLOCK, OUTSIDE),), SHAPE),  # another tensor width only

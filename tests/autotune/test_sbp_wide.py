@@ -7,7 +7,8 @@ from calibrate.profile import Profile
 from models import load_model
 from autotune.sbp.baselines import _Index, best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
-from autotune.sbp.cost import Problem, memory
+from autotune.sbp.cost import Problem
+from autotune.sbp.memory import strategy_memory
 from autotune.sbp.layers import Matmul, local_elems
 from autotune.sbp.mesh import Cluster, RoleMesh
 from autotune.sbp.volume import attention_volume
@@ -94,5 +95,5 @@ def test_act_bytes_scales_activation_memory_and_boxing_bytes():
         s = p2.choices[v][i]
         acts = 0 if s.signature.startswith("loss") else local_elems(s.input, s.mesh, p2.cluster)
         copies = 0 if s.signature.startswith("loss") else 2 * sum(local_elems(w, s.mesh, p2.cluster) for w in s.weights)
-        assert memory(s, p2.cluster, 4) - memory(s, p2.cluster, 2) == 2 * acts - copies
+        assert strategy_memory(s, p2.cluster, 4).total - strategy_memory(s, p2.cluster, 2).total == 2 * acts - copies
         assert p4.mem[v][i] - p2.mem[v][i] == 2 * acts - copies

@@ -2,15 +2,17 @@
 MistralForCausalLM, GPT2LMHeadModel, and a nanoGPT), each calibrated by ``python -m calibrate module`` and its step
 predicted from the profile with that section, against the step measured.
 
-    python tests/gpu/calib_module_check.py PROFILE.json --out DIR [--ids M1,M4] [--steps 10]
+    python tests/gpu/calib_module_check.py PROFILE.json --out DIR [--shapes heldout|dev] [--ids M1,M4] [--steps 10]
 
 PROFILE.json: what ``python -m calibrate compute`` wrote on this machine. The shapes: the held-out rows of
-reports/records/module_heldout.json (declared before the step model changed; never tuned on). Per shape:
+reports/records/module_heldout.json (declared before the step model changed; never tuned on), or with
+``--shapes dev`` the development rows of reports/records/module_dev.json. Per shape:
 1. ``python -m calibrate module`` (a subprocess under a timeout) at tensor width 1, the shape's micro-batch and
    sequence, into DIR/<id>-profile.json (PROFILE.json plus the module section);
 2. the step measured as users run it: fp32 weights, bf16 autocast, SDPA, fused AdamW, the shape's micro-batches
    accumulated, steps back to back, CUDA events at their boundaries, the median of --steps after --warmup;
-   peak memory max_memory_allocated;
+   peak memory max_memory_allocated, and what the first micro-batch's forward leaves allocated for its backward
+   (``kept``, beside the plan's predicted activations);
 3. predicted: the searched one-GPU plan (``autotune.sbp.cost.Problem``, objective step) with the module section
    (its ``compute_source`` said), and with PROFILE.json alone (analytical) beside it.
 Errors: ``calibrate.measure.stats.rel_err`` (predicted - measured) / measured. The table is printed last.
@@ -33,7 +35,8 @@ if str(REPO) not in sys.path:
 from calibrate.errors import UserError  # noqa: E402
 from calibrate.measure import stats  # noqa: E402
 
-SHAPES = REPO / "reports" / "records" / "module_heldout.json"
+SHAPES = {"heldout": REPO / "reports" / "records" / "module_heldout.json",
+          "dev": REPO / "reports" / "records" / "module_dev.json"}
 HF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
       "GPT2LMHeadModel": "gpt2"}
 
@@ -112,10 +115,15 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
                for _ in range(row["micro_batches"])]
         losses = []
 
+        kept = []
+
         def step():
-            for x in ids:
+            for i, x in enumerate(ids):
+                before = torch.cuda.memory_allocated() if i == 0 else 0
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     loss = loss_of(x) / len(ids)
+                if i == 0:
+                    kept.append(torch.cuda.memory_allocated() - before)
                 loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -133,6 +141,7 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
         torch.cuda.synchronize()
         times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
         return {"step_s": statistics.median(times), "peak_bytes": torch.cuda.max_memory_allocated(),
+                "kept_bytes": kept[-1],
                 "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
     except torch.cuda.OutOfMemoryError:
         return {"note": "out of memory"}
@@ -166,12 +175,13 @@ def predict(row: dict, model_file: Path, profile: str) -> dict:
     problem = Problem(graph, Coster(Profile.load(profile), Cluster(1, 1)), None, require_fit=False, objective="step")
     best = make_search("cd").run(problem, auto_budget(problem), np.random.default_rng(0))
     plan = build_plan(problem, best.assignment, "one GPU")
-    return {"step_s": plan.costs.step_s, "bytes": plan.costs.memory_bytes, "source": plan.compute_source}
+    return {"step_s": plan.costs.step_s, "bytes": plan.costs.memory_bytes, "source": plan.compute_source,
+            "kept_bytes": problem.memory_breakdown(best.assignment).activations}
 
 
 def table(rows: list[dict]) -> str:
     head = ("id", "class", "source", "pred ms", "analytical ms", "step ms", "err %", "analyt. err %", "pred GiB",
-            "GiB", "mem err %", "note")
+            "GiB", "mem err %", "kept pred / analyt. / meas. GiB", "note")
     lines = [head]
     for r in rows:
         m, p, a = r.get("step_s"), r.get("pred", {}), r.get("analytical", {})
@@ -180,14 +190,21 @@ def table(rows: list[dict]) -> str:
                       *(f"{stats.rel_err(x, m) * 100:+.1f}" if x and m else "-" for x in (p.get("step_s"), a.get("step_s"))),
                       *(f"{v / 2**30:.2f}" if v else "-" for v in (p.get("bytes"), r.get("peak_bytes"))),
                       f"{stats.rel_err(p['bytes'], r['peak_bytes']) * 100:+.1f}" if p.get("bytes") and r.get("peak_bytes")
-                      else "-", r.get("note", "")))
+                      else "-", " / ".join(f"{v / 2**30:.2f}" if v else "-" for v in
+                                           (p.get("kept_bytes"), a.get("kept_bytes"), r.get("kept_bytes"))),
+                      r.get("note", "")))
     w = [max(len(str(x[i])) for x in lines) for i in range(len(head))]
     out = ["  ".join(str(c).ljust(w[i]) for i, c in enumerate(x)) for x in lines]
     errs = [stats.rel_err(r["pred"]["step_s"], r["step_s"]) for r in rows if r.get("step_s") and r.get("pred")]
     if errs:
         out.append(f"step error with the module section: median {statistics.median(errs) * 100:+.1f}%, worst "
                    f"{max(errs, key=abs) * 100:+.1f}%, within 5%: {sum(abs(e) <= 0.05 for e in errs)} of {len(errs)}, "
-                   f"signs {sum(e > 0 for e in errs)}+ / {sum(e < 0 for e in errs)}-")
+                   f"signs {sum(e > 0 for e in errs)}+ / {sum(e < 0 for e in errs)}-, median |error| "
+                   f"{statistics.median(map(abs, errs)) * 100:.1f}%")
+    mem = [stats.rel_err(r["pred"]["bytes"], r["peak_bytes"]) for r in rows if r.get("peak_bytes") and r.get("pred")]
+    if mem:
+        out.append(f"memory error: median |error| {statistics.median(map(abs, mem)) * 100:.1f}%, worst "
+                   f"{max(mem, key=abs) * 100:+.1f}%, within 5%: {sum(abs(e) <= 0.05 for e in mem)} of {len(mem)}")
     return "\n".join(out)
 
 
@@ -195,6 +212,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("profile")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", choices=sorted(SHAPES), default="heldout")
     ap.add_argument("--ids", default=None)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -202,7 +220,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in json.loads(SHAPES.read_text())["heldout"]
+    rows = [r for r in json.loads(SHAPES[args.shapes].read_text())[args.shapes]
             if not args.ids or r["id"] in args.ids.split(",")]
     results = []
     for row in rows:
