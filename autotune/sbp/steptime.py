@@ -407,7 +407,8 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
 
 # the share of a unit's host issue time (the profile's figure: forward and backward of a micro-batch) spent issuing its
 # forward: the backward runs one autograd node per differentiable op the forward recorded, and fully_shard issues
-# one unshard a unit in each direction, so half each (not measured apart: ``calibrate``'s host timing issues both)
+# one unshard a unit in each direction, so half each (not measured apart: ``calibrate``'s host timing issues both;
+# tests/gpu/fsdp_prefetch_check.py measures the share on a transformers Llama under fully_shard)
 FORWARD_HOST_SHARE = 0.5
 
 
