@@ -445,6 +445,20 @@ def implicit_prefetch_exposed(units, backlog: float = 0.0) -> tuple[float, float
     return exposed, free - host
 
 
+def fsdp_units(chain, blocks, fwd, gather, host, share: float = FORWARD_HOST_SHARE) -> list[tuple[float, float, float]]:
+    """``implicit_prefetch_exposed``'s units of one micro-batch's forward (``fsdp_forward_exposed``'s arguments): the
+    root's hook (its gathers, nothing computed), then each stretch of the chain: a block, or layers outside the
+    blocks (the root's, already gathered)."""
+    inside = {i for start, end in blocks for i in range(start, end)}
+    units = [(0.0, 0.0, sum(gather[chain[i]] for i in range(len(chain)) if i not in inside))]
+    cuts = sorted({0, len(chain), *(x for b in blocks for x in b)})
+    for start, end in zip(cuts, cuts[1:]):
+        pos = range(start, end)
+        units.append((sum(fwd[chain[i]] for i in pos), share * sum(host[i] for i in pos),
+                      sum(gather[chain[i]] for i in pos) if start in inside else 0.0))
+    return units
+
+
 def fsdp_forward_exposed(chain, blocks, micro_batches: int, fwd, bwd, gather, host,
                          share: float = FORWARD_HOST_SHARE) -> float:
     """Per step, fully_shard's forward all-gathers not hidden (``implicit_prefetch_exposed``) in a model placed as
@@ -454,13 +468,7 @@ def fsdp_forward_exposed(chain, blocks, micro_batches: int, fwd, bwd, gather, ho
     and micro-batch; ``host``: per chain position, the host's seconds to issue it (forward and backward of a
     micro-batch), ``share`` of it the forward's. The step starts with the CPU's lead at zero (a loop that reads its
     loss); each later micro-batch with the lead the CPU built while the device ran the backward before it."""
-    inside = {i for start, end in blocks for i in range(start, end)}
-    units = [(0.0, 0.0, sum(gather[chain[i]] for i in range(len(chain)) if i not in inside))]  # the root's hook
-    cuts = sorted({0, len(chain), *(x for b in blocks for x in b)})
-    for start, end in zip(cuts, cuts[1:]):
-        pos = range(start, end)
-        units.append((sum(fwd[chain[i]] for i in pos), share * sum(host[i] for i in pos),
-                      sum(gather[chain[i]] for i in pos) if start in inside else 0.0))
+    units = fsdp_units(chain, blocks, fwd, gather, host, share)
     back_c, back_h = sum(bwd[v] for v in chain), (1.0 - share) * sum(host)
     total, backlog = 0.0, 0.0
     for _ in range(micro_batches):

@@ -11,7 +11,11 @@ the model the root), fp32 weights, bf16 autocast, fused AdamW. Measures what the
 - step: the median step with steps back to back (execute's loop: the CPU's lead carries across steps) and with
   the loss read after each step (``loss.item()``: the lead zero at each step's start, as the model assumes).
 
-    torchrun --nproc-per-node N tests/gpu/fsdp_prefetch_check.py OUT [--small] [--device cpu]
+With ``--profile PROFILE``, beside them the model's forward of a micro-batch started with the CPU's lead at zero
+(what the host and device rows measure): the CPU's issue time plus the device's backlog when it is done
+(``implicit_prefetch_exposed``), at ``FORWARD_HOST_SHARE`` and at the share measured here.
+
+    torchrun --nproc-per-node N tests/gpu/fsdp_prefetch_check.py OUT [--small] [--device cpu] [--profile PROFILE]
 
 JSON in OUT/fsdp_prefetch.json; a table last."""
 from __future__ import annotations
@@ -28,7 +32,38 @@ from apply_llama import SHAPE, SMALL, build  # noqa: E402
 STEPS, WARMUP = 8, 3
 
 
-def main(out: Path, small: bool, device: str) -> None:
+def predicted(profile: str, gpus: int, hosts: dict) -> dict:
+    """The model's forward of run 4's first micro-batch (lead zero) on ``gpus`` devices: per host (name -> the
+    forward's share of the host's issue time and, or None, the forward's issue time to scale the profile's host
+    figure to), (predicted forward device seconds, of which the all-gathers exposed)."""
+    from calibrate.profile import Profile
+    from models import load_model
+
+    from autotune.plan.build import gather_figures
+    from autotune.sbp.baselines import data_parallel
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.memory import Mode
+    from autotune.sbp.mesh import Cluster
+    from autotune.sbp.steptime import fsdp_units, implicit_prefetch_exposed
+    prof = Profile.load(profile)
+    graph = load_model("llama", None, dict(SHAPE, batch=8 * gpus, micro_batch=4 * gpus))
+    pr = Problem(graph, Coster(prof, Cluster(1, gpus)), require_fit=False, objective="step").with_mode(
+        Mode(fsdp_axes=(0,)))
+    figures = gather_figures(pr, data_parallel(pr))
+    if figures is None:
+        return {}
+    fwd, _, gather, host = figures
+    out = {}
+    for name, (share, issue) in hosts.items():
+        factor = 1.0 if issue is None else issue / (share * sum(host))
+        units = fsdp_units(graph.chain, graph.blocks, fwd, gather, [factor * h for h in host], share)
+        exposed, backlog = implicit_prefetch_exposed(units)
+        out[name] = (sum(u[1] for u in units) + backlog, exposed)
+    return out
+
+
+def main(out: Path, small: bool, device: str, profile: str | None = None) -> None:
     import torch
     from torch.distributed.fsdp import fully_shard
 
@@ -108,6 +143,14 @@ def main(out: Path, small: bool, device: str) -> None:
     finally:
         stop(d)
     if d.launch.rank == 0:
+        from autotune.sbp.steptime import FORWARD_HOST_SHARE
+        if profile and not small:  # the profile's host at the assumed and the measured share; the host measured here
+            run4 = res["run 4"]
+            share = run4["forward_host_share"]
+            res["model"] = predicted(profile, world, {
+                f"profile's host, share {FORWARD_HOST_SHARE:.2f} (assumed)": (FORWARD_HOST_SHARE, None),
+                f"profile's host, share {share:.2f} (measured)": (share, None),
+                "host as measured here": (share, run4["forward_issue_s"])})
         out.mkdir(parents=True, exist_ok=True)
         (out / "fsdp_prefetch.json").write_text(json.dumps({"world": world, "shape": shape, **res}, indent=1))
         print(table(res))
@@ -123,9 +166,14 @@ def table(res: dict) -> str:
                      f"{r['forward_host_share']:.2f} | {ms(r['forward_device_s'])} | {ms(r['backward_device_s'])} |")
     lines += ["", "| loop | step ms (slowest rank, median) |", "| --- | ---: |"]
     lines += [f"| {name} | {ms(res[name]['step_s'])} |" for name in ("steps back to back", "loss read each step")]
+    if res.get("model"):
+        lines += ["", f"model, run 4's micro-batch from a lead of zero (measured forward on the device: "
+                  f"{ms(res['run 4']['forward_device_s'])} ms)", "",
+                  "| host | forward device ms | gathers exposed ms |", "| --- | ---: | ---: |"]
+        lines += [f"| {name} | {ms(f)} | {ms(x)} |" for name, (f, x) in res["model"].items()]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), "--small" in sys.argv,
-         sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "auto")
+    arg = (lambda flag: sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else None)  # noqa: E731
+    main(Path(sys.argv[1]), "--small" in sys.argv, arg("--device") or "auto", arg("--profile"))

@@ -12,8 +12,8 @@ PY=${PY:-$(command -v python3)}
 NGPU=${NGPU:-2}
 mkdir -p "$OUT"
 timeout "${TIMEOUT:-420}" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
-  tests/gpu/fsdp_prefetch_check.py "$OUT" ${SMALL:-} --device "${DEVICE:-cuda}" > "$OUT/fsdp_prefetch.log" 2>&1
+  tests/gpu/fsdp_prefetch_check.py "$OUT" ${SMALL:-} --device "${DEVICE:-cuda}" --profile "${PROFILE:-reports/records/plans-h200x2-2026-11-28/profile-h200x2-run4.json}" > "$OUT/fsdp_prefetch.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] || echo "fsdp prefetch check: exit $rc (log: $OUT/fsdp_prefetch.log)"
-tail -n 12 "$OUT/fsdp_prefetch.log"
+tail -n 22 "$OUT/fsdp_prefetch.log"
 exit $rc
