@@ -136,27 +136,29 @@ def forward_gathers(problem: Problem, assign: list[int]) -> tuple[float, float] 
     figures = gather_figures(problem, assign)
     if figures is None:
         return None
-    fwd, bwd, gather, host = figures
+    fwd, bwd, gather, scatter, host = figures
     graph = problem.graph
-    new = fsdp_forward_exposed(graph.chain, graph.blocks, problem.mb, fwd, bwd, gather, host)
+    new = fsdp_forward_exposed(graph.chain, graph.blocks, problem.mb, fwd, bwd, gather, host, scatter)
     old = problem.mb * sum(n * max(0.0, g - f) for n, g, f in zip(problem.counts, gather, fwd))
     return new, old
 
 
-def gather_figures(problem: Problem, assign: list[int]) -> tuple[list, list, list, list] | None:
+def gather_figures(problem: Problem, assign: list[int]) -> tuple[list, list, list, list, list] | None:
     """What ``steptime.fsdp_forward_exposed`` reads of ``assign`` under ``problem``'s FSDP mode: per distinct layer
-    its forward and backward compute and forward all-gathers (seconds per occurrence and micro-batch, as priced),
-    per chain position the host's seconds per micro-batch on the fully_shard path (``hostpace.occurrence_host``);
-    None where nothing is gathered or the profile has no host figure of the path."""
+    its forward and backward compute, forward all-gathers and reduce-scatters (seconds per occurrence and
+    micro-batch, as priced), per chain position the host's seconds per micro-batch on the fully_shard path
+    (``hostpace.occurrence_host``); None where nothing is gathered or the profile has no host figure of the path."""
     profile = problem.coster.profile
     host = occurrence_host(problem.graph, problem.compute, getattr(profile, "module", None), ApplyPath.FULLY_SHARD)
     cl, mode = problem.cluster, problem.mode
     chosen = [choices[i] for choices, i in zip(problem.choices, assign)]
-    gather = [sum(problem.coster.step_time(st) for _, d, st in fsdp_steps(s, cl, mode) if d == "fwd") for s in chosen]
+    steps = [fsdp_steps(s, cl, mode) for s in chosen]
+    gather = [sum(problem.coster.step_time(st) for _, d, st in ss if d == "fwd") for ss in steps]
     if host is None or not any(gather):
         return None
+    scatter = [sum(problem.coster.step_time(st) for _, _, st in ss if st.op == "reducescatter") for ss in steps]
     return ([float(problem.node_fwd[v][i]) for v, i in enumerate(assign)],
-            [float(problem.node_bwd[v][i]) for v, i in enumerate(assign)], gather, [h[0] for h in host])
+            [float(problem.node_bwd[v][i]) for v, i in enumerate(assign)], gather, scatter, [h[0] for h in host])
 
 
 def ddp_accumulation_bytes(path: str, micro_batches: int, breakdown: dict, recipe: str) -> float:

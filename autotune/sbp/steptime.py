@@ -417,7 +417,8 @@ def implicit_prefetch_exposed(units, backlog: float = 0.0) -> tuple[float, float
     backlog when the CPU is done issuing it. ``units``: (device compute, host issue, all-gather) seconds per unit in
     forward order (an all-gather of 0: a part of the root unit run after its gather, nothing to wait for);
     ``backlog``: the device's work still queued when the CPU reaches the first unit (the CPU's lead; 0 where the
-    user's loop synchronises).
+    user's loop synchronises): the micro-batch before, whose last collective (the root's reduce-scatter, after its
+    whole backward) the gathers queue behind on the one communicator, so the first unit's gather is never hidden.
 
     FSDP2 prefetches the forward implicitly: unit i's all-gather is issued (on the all-gather stream) by its own
     pre-forward hook, when the CPU reaches unit i, so it overlaps unit i-1's compute only as far as the CPU has run
@@ -425,14 +426,14 @@ def implicit_prefetch_exposed(units, backlog: float = 0.0) -> tuple[float, float
     gathered unit before the next but one gathers). With H_i the CPU's clock at unit i's hook (H_0 = 0,
     H_i+1 = H_i + h_i), F the device's end of the work before unit i (F = backlog before unit 0):
 
-        all-gather done  E_i = max(H_i, E_i-1, S_i-2) + g_i
+        all-gather done  E_i = max(H_i, E_i-1, S_i-2) + g_i    (E_-1 = backlog)
         device start     S_i = max(F, H_i, E_i)        exposed_i = S_i - max(F, H_i)
         device end       F  <- max(S_i + c_i, H_i + h_i)  (no sooner than the CPU issues the unit's last kernel)
 
     A host infinitely fast exposes the first unit's gather only (each later one hides behind the compute before it);
     a host no faster than the device's compute and gather (h >= c + g) exposes every unit's gather in full; between,
     the gathers eat the CPU's lead. The backward prefetches explicitly (one unit ahead, ``fsdp_seconds``' rule)."""
-    host, free, gathered, starts, exposed = 0.0, backlog, 0.0, [], 0.0
+    host, free, gathered, starts, exposed = 0.0, backlog, backlog, [], 0.0
     for c, h, g in units:
         ready = start = max(free, host)
         if g > 0:
@@ -459,22 +460,26 @@ def fsdp_units(chain, blocks, fwd, gather, host, share: float = FORWARD_HOST_SHA
     return units
 
 
-def fsdp_forward_exposed(chain, blocks, micro_batches: int, fwd, bwd, gather, host,
+def fsdp_forward_exposed(chain, blocks, micro_batches: int, fwd, bwd, gather, host, scatter=None,
                          share: float = FORWARD_HOST_SHARE) -> float:
     """Per step, fully_shard's forward all-gathers not hidden (``implicit_prefetch_exposed``) in a model placed as
     ``autotune.apply.fsdp`` does: a unit per block (``blocks``: chain positions [start, end)) and the root over the
     layers outside them, gathered at the model's pre-forward and kept to the backward. ``fwd``, ``bwd``,
     ``gather``: per distinct layer, its forward and backward compute and forward all-gathers, seconds per occurrence
     and micro-batch; ``host``: per chain position, the host's seconds to issue it (forward and backward of a
-    micro-batch), ``share`` of it the forward's. The step starts with the CPU's lead at zero (a loop that reads its
-    loss); each later micro-batch with the lead the CPU built while the device ran the backward before it."""
+    micro-batch), ``share`` of it the forward's; ``scatter``: per distinct layer its gradients' reduce-scatter, the
+    root's (the layers outside the blocks) run after the whole backward. The step starts with the CPU's lead at zero
+    (a loop that reads its loss); each later micro-batch with the lead the CPU built while the device ran the
+    backward before it, and the root's reduce-scatter."""
     units = fsdp_units(chain, blocks, fwd, gather, host, share)
+    inside = {i for start, end in blocks for i in range(start, end)}
+    root_rs = sum(scatter[chain[i]] for i in range(len(chain)) if i not in inside) if scatter is not None else 0.0
     back_c, back_h = sum(bwd[v] for v in chain), (1.0 - share) * sum(host)
     total, backlog = 0.0, 0.0
     for _ in range(micro_batches):
         exposed, backlog = implicit_prefetch_exposed(units, backlog)
         total += exposed
-        backlog = max(backlog + back_c - back_h, 0.0)
+        backlog = max(backlog + back_c - back_h, 0.0) + root_rs
     return total
 
 

@@ -46,8 +46,11 @@ def test_between_the_gathers_eat_the_lead():
     assert implicit_prefetch_exposed(uniform(C))[0] == pytest.approx(G)
 
 
-def test_a_lead_at_the_start_hides_the_first_gather():
-    assert implicit_prefetch_exposed(uniform(0.0), backlog=G)[0] == pytest.approx(0.0)
+def test_the_first_gather_queues_behind_the_work_before():
+    """The micro-batch before ends with a reduce-scatter on the same communicator: the first gather waits for the
+    device's backlog, exposed whole; the lead the backlog leaves the CPU hides the rest (a fast host) or only
+    part of the next (a host at the pace of compute and gather: N g less the lead)."""
+    assert implicit_prefetch_exposed(uniform(0.0), backlog=G)[0] == pytest.approx(G)
     assert implicit_prefetch_exposed(uniform(C + G), backlog=0.5 * G)[0] == pytest.approx(N * G - 0.5 * G)
 
 
@@ -61,23 +64,27 @@ def test_a_case_simulated_by_hand():
 
 
 def test_a_gather_waits_for_the_copy_out_two_units_before():
-    """With a backlog of 10 and an instant host, unit 2's gather may not start before unit 0 runs (fully_shard frees
-    a gathered unit before the next but one gathers): 10-12.5, past the device free at 12."""
-    exposed, backlog = implicit_prefetch_exposed([(1.0, 0.0, 1.0), (1.0, 0.0, 1.0), (1.0, 0.0, 2.5)], backlog=10.0)
-    assert (exposed, backlog) == (pytest.approx(0.5), pytest.approx(13.5))
+    """An instant host: unit 3's gather (5) may not start before unit 1 runs, at 11 behind unit 0's 10 of compute
+    (fully_shard frees a gathered unit before the next but one gathers): done at 16, the device free at 13, 3
+    exposed beside the first unit's 1 (without the wait it would start at 3 and hide)."""
+    exposed, backlog = implicit_prefetch_exposed([(10.0, 0.0, 1.0), (1.0, 0.0, 1.0), (1.0, 0.0, 1.0), (1.0, 0.0, 5.0)])
+    assert (exposed, backlog) == (pytest.approx(4.0), pytest.approx(17.0))
 
 
 def test_micro_batches_after_the_first_start_with_the_backward_lead():
     """Two blocks of one layer each and an embedding outside (the root): with the host slower than compute and
-    gather in the forward, the first micro-batch exposes every gather; a backward that leaves the CPU ahead by more
-    than the forward needs hides the second's entirely; a host slower than the backward exposes it again."""
+    gather in the forward, the first micro-batch exposes every gather; a backward that leaves the CPU ahead hides
+    the second's but the root's (queued behind the backward) and the first block's (behind the root's, the
+    embedding computing nothing); a host slower than the backward exposes every gather again."""
     chain, blocks = [0, 1, 1], [(1, 2), (2, 3)]
     fwd, gather = [0.0, C], [2 * G, G]  # the root's gather at its hook, then each block's
     first = 2 * G + 2 * G
     host = [0.0, 4 * (C + G), 4 * (C + G)]  # forward share one half: h = 2 (c + g) a block
-    assert fsdp_forward_exposed(chain, blocks, 2, fwd, [0.0, 10 * C], gather, host) == pytest.approx(first)
+    assert fsdp_forward_exposed(chain, blocks, 2, fwd, [0.0, 10 * C], gather, host) == pytest.approx(first + 3 * G)
     assert fsdp_forward_exposed(chain, blocks, 2, fwd, [0.0, 0.0], gather, host) == pytest.approx(2 * first)
     assert fsdp_forward_exposed(chain, blocks, 1, fwd, [0.0, 10 * C], gather, host) == pytest.approx(first)
+    # the root's reduce-scatter after the backward delays the next gathers, exposes no more of them
+    assert fsdp_forward_exposed(chain, blocks, 2, fwd, [0.0, 0.0], gather, host, [G, 0.0]) == pytest.approx(2 * first)
 
 
 MODEL = {"layers": 4, "hidden": 512, "heads": 4, "kv_heads": 2, "ffn": 2048, "vocabulary": 256, "sequence": 256,

@@ -53,7 +53,7 @@ def predicted(profile: str, gpus: int, hosts: dict) -> dict:
     figures = gather_figures(pr, data_parallel(pr))
     if figures is None:
         return {}
-    fwd, _, gather, host = figures
+    fwd, _, gather, _, host = figures
     out = {}
     for name, (share, issue) in hosts.items():
         factor = 1.0 if issue is None else issue / (share * sum(host))
