@@ -4,6 +4,7 @@ and the step's (``autotune.sbp.cost``, ``autotune.sbp.steptime``), and the path 
 (``autotune.plan.layouts.plan_path``), decided here once."""
 from __future__ import annotations
 
+from autotune.plan.hostpace import occurrence_host
 from autotune.plan.layouts import plan_path
 from autotune.plan.typed import ApplyPath, Collective, Costs, Edge, FineMesh, LayerPlan, ModelSpec, Plan, WeightPlan
 from autotune.sbp.boxing import Step, copy_seconds
@@ -12,7 +13,7 @@ from autotune.sbp.layers import Strategy
 from autotune.sbp.memory import RERUN
 from autotune.sbp.modulecal import source as compute_source
 from autotune.sbp.sbp import fine_of
-from autotune.sbp.steptime import fsdp_steps, layer_seconds, optimizer_seconds
+from autotune.sbp.steptime import fsdp_forward_exposed, fsdp_steps, layer_seconds, optimizer_seconds
 
 
 def _comm(step: Step, problem: Problem, phase: str, tensor: str, direction: str, per: str) -> Collective:
@@ -107,10 +108,13 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
         edges.append(Edge(problem.ops[a].layer.name, problem.ops[b].layer.name, count, comms,
                           {"redistribution_s": t, **copies}))
     step = {}
+    decided, path = path is None, path if path is not None else plan_path(plan)  # read from the placements alone
     if problem.node_compute is not None:  # the step-time model (autotune.sbp.steptime)
-        exposed = red_total + problem.exposed_sync(assign)
-        step = {"compute_s": comp_total, "exposed_comm_s": exposed, "step_s": comp_total + exposed}
-    path = path if path is not None else plan_path(plan)  # read from the placements alone
+        gathers = forward_gathers(problem, assign) if decided and path == ApplyPath.FULLY_SHARD \
+            and problem.objective == "step" else None
+        exposed = red_total + problem.exposed_sync(assign) + (gathers[0] - gathers[1] if gathers else 0.0)
+        step = {"compute_s": comp_total, "exposed_comm_s": exposed, "step_s": comp_total + exposed,
+                **({"gather_exposed_s": gathers[0]} if gathers else {})}
     breakdown = problem.memory_breakdown(assign).to_dict()
     extra = ddp_accumulation_bytes(path, mb, breakdown, problem.recipe)
     peak = problem.peak_memory(assign) + extra
@@ -121,6 +125,40 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
     return Plan(plan.model, cl, plan.mesh, tuple(layers), mb, plan.recompute, plan.sharding_mode, plan.sharding_axes,
                 strategy, plan.profile, costs, path, problem.objective, problem.device_limit, search or {},
                 tuple(edges))
+
+
+def forward_gathers(problem: Problem, assign: list[int]) -> tuple[float, float] | None:
+    """A single-stage plan on the fully_shard path: (its forward all-gathers' exposed seconds a step under FSDP2's
+    implicit prefetch at the host's pace, ``steptime.fsdp_forward_exposed``; the per-layer rule's forward part,
+    max(0, all-gather - forward) per layer, which ``fsdp_seconds`` priced into the redistribution and this
+    replaces); None where the plan gathers nothing or the profile has no host figure of the path (the per-layer
+    rule stays). A pipeline stage's plan (its path given) keeps the stage's own rule (``pipelined_fsdp_seconds``)."""
+    figures = gather_figures(problem, assign)
+    if figures is None:
+        return None
+    fwd, bwd, gather, scatter, host = figures
+    graph = problem.graph
+    new = fsdp_forward_exposed(graph.chain, graph.blocks, problem.mb, fwd, bwd, gather, host, scatter)
+    old = problem.mb * sum(n * max(0.0, g - f) for n, g, f in zip(problem.counts, gather, fwd))
+    return new, old
+
+
+def gather_figures(problem: Problem, assign: list[int]) -> tuple[list, list, list, list, list] | None:
+    """What ``steptime.fsdp_forward_exposed`` reads of ``assign`` under ``problem``'s FSDP mode: per distinct layer
+    its forward and backward compute, forward all-gathers and reduce-scatters (seconds per occurrence and
+    micro-batch, as priced), per chain position the host's seconds per micro-batch on the fully_shard path
+    (``hostpace.occurrence_host``); None where nothing is gathered or the profile has no host figure of the path."""
+    profile = problem.coster.profile
+    host = occurrence_host(problem.graph, problem.compute, getattr(profile, "module", None), ApplyPath.FULLY_SHARD)
+    cl, mode = problem.cluster, problem.mode
+    chosen = [choices[i] for choices, i in zip(problem.choices, assign)]
+    steps = [fsdp_steps(s, cl, mode) for s in chosen]
+    gather = [sum(problem.coster.step_time(st) for _, d, st in ss if d == "fwd") for ss in steps]
+    if host is None or not any(gather):
+        return None
+    scatter = [sum(problem.coster.step_time(st) for _, _, st in ss if st.op == "reducescatter") for ss in steps]
+    return ([float(problem.node_fwd[v][i]) for v, i in enumerate(assign)],
+            [float(problem.node_bwd[v][i]) for v, i in enumerate(assign)], gather, scatter, [h[0] for h in host])
 
 
 def ddp_accumulation_bytes(path: str, micro_batches: int, breakdown: dict, recipe: str) -> float:

@@ -34,27 +34,34 @@ def paced(plan: Plan, compute) -> bool:
         and plan.model.kind in KINDS
 
 
+def occurrence_host(graph, compute, module, path: str) -> list[tuple[float, float]] | None:
+    """Per position of ``graph``'s chain, the host's (per micro-batch, per step) seconds to issue that layer occurrence
+    on ``path``: the compute section's figure per occurrence, and inside the blocks, where ``module`` (the profile's
+    module section) was measured on the model with a figure of the path, the block's own figure spread over its
+    occurrences (the host's cost of the user's own block, not of the reference Llama's layers); None where the
+    compute section has no figure of the path."""
+    per = host_figure(compute.host_s, path) if compute is not None else None
+    if per is None:
+        return None
+    out = [tuple(per)] * len(graph.chain)
+    own = host_figure(module.host_s, path) if module is not None and module.matches(graph.config) else None
+    for start, end in (graph.blocks if own is not None else ()):
+        out[start:end] = [(own[0] / (end - start), own[1] / (end - start))] * (end - start)
+    return out
+
+
 def at_host_pace(plan: Plan, compute, module=None) -> Plan:
     """``plan`` (a single-stage plan of ``autotune.plan.build``) with its step at the host's pace of its
     ``apply_path`` (module doc) and ``costs.host_step_s``; ``plan`` itself where the floor does not apply.
-    ``module``: the profile's module section (``calibrate.module``); where it was measured on the plan's model with
-    host figures of the plan's path, its blocks are issued at the measured per-block pace (the host's cost of the
-    user's own block, not of the reference Llama's layers), the layers outside the blocks at the compute
-    section's."""
+    ``module``: the profile's module section (``calibrate.module``), its blocks issued at their measured pace
+    (``occurrence_host``)."""
     if not paced(plan, compute):
         return plan
     path, costs = plan.apply_path, plan.costs
-    graph = plan.model.graph()
-    host = compute.host_seconds(path, len(graph.chain))
-    own = host_figure(module.host_s, path) if module is not None and module.matches(graph.config) else None
-    if own is not None and graph.blocks:
-        inside = sum(end - start for start, end in graph.blocks)
-        rest = compute.host_seconds(path, len(graph.chain) - inside) or (0.0, 0.0)
-        host = (len(graph.blocks) * own[0] + rest[0], len(graph.blocks) * own[1] + rest[1])
+    host = occurrence_host(plan.model.graph(), compute, module, path)
     if host is None:
         return plan
-    per_pass, per_step = host
-    step = plan.micro_batches * per_pass + per_step
+    step = plan.micro_batches * sum(h[0] for h in host) + sum(h[1] for h in host)
     return replace(plan, costs=replace(costs, host_step_s=step, step_s=max(costs.step_s, step)))
 
 

@@ -262,7 +262,7 @@ class Problem:
             [sum(self.coster.step_time(st) for _, st in sync_steps(s, cl, grad_bytes, mode)) for s in ss], dtype=float))
             for v, ss in enumerate(self.choices)]
         self.tied_sync = self._tied_sync_table(grad_bytes, mode) if self.tied_pair else None
-        self.node_compute = self.node_bwd = None
+        self.node_compute = self.node_fwd = self.node_bwd = None
         fsdp = mode.fsdp_axes is not None
         # the backward's slowdown beside the gradient sync's collectives (DDP: all-reduces; FSDP: reduce-scatters)
         self.sync_slowdown = self.compute.overlap_slowdown("reduce_scatter" if fsdp else "all_reduce") \
@@ -290,7 +290,7 @@ class Problem:
                 acc = fig(v, ("accumulate", mode), lambda ss=ss: np.array(
                     [accumulate_seconds(s, cl, cm, ab, mode) for s in ss], dtype=float))
                 self.node_compute.append(mb * (sec[:, 0] + sec[:, 1] + redo * copies) + opt + (mb - 1) * acc)
-            self.node_bwd = [sec[:, 1] for sec in secs]
+            self.node_fwd, self.node_bwd = [sec[:, 0] for sec in secs], [sec[:, 1] for sec in secs]
         if fsdp:  # exposed under the step objective, all of it under the communication objective
             for v, ss in enumerate(self.choices):
                 if step and secs:

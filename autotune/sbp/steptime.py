@@ -72,7 +72,9 @@ the forward and again in the backward, and its gradient reduce-scattered (fp32) 
 prefetched, they overlap the layer's compute: exposed = max(0, all-gather - forward compute) +
 max(0, all-gather + reduce-scatter - backward compute), the layer's own compute the only cover
 (a prefetch one layer ahead hides behind the layer before it as much as behind this one, so the
-rule is the layer's as if it prefetched its own).
+rule is the layer's as if it prefetched its own). A single-stage plan on the fully_shard path, where the profile
+has the path's host figure, prices its forward all-gathers instead as FSDP2 prefetches them, implicitly, as far as
+the CPU runs ahead of the device (``implicit_prefetch_exposed``, ``fsdp_forward_exposed``; ``autotune.plan.build``).
 
 Memory-bound passes are timed at the bandwidth of the kernels that make them: copies (DTensor's, the
 attention's) at the profile's copy bandwidth ``memory_Bps``; the layers' elementwise work, casts and
@@ -401,6 +403,84 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     copies = sum(cm.memory_seconds(2 * st.nbytes) for _, _, st in steps) if cm is not None else 0.0
     # the layer's compute beside its gathers (and reduce-scatters) runs slower by the measured overlap slowdown
     return max(0.0, tf - fwd) + max(0.0, tb - bwd) + (k_ag - 1) * min(tf, fwd) + (k_b - 1) * min(tb, bwd) + copies
+
+
+# the share of a unit's host issue time (the profile's figure: forward and backward of a micro-batch) spent issuing its
+# forward: the backward runs one autograd node per differentiable op the forward recorded, and fully_shard issues
+# one unshard a unit in each direction, so half each (not measured apart: ``calibrate``'s host timing issues both;
+# tests/gpu/fsdp_prefetch_check.py measures the share on a transformers Llama under fully_shard)
+FORWARD_HOST_SHARE = 0.5
+
+
+def implicit_prefetch_exposed(units, backlog: float = 0.0) -> tuple[float, float]:
+    """The seconds the device waits on fully_shard's all-gathers in one micro-batch's forward, and the device's
+    backlog when the CPU is done issuing it. ``units``: (device compute, host issue, all-gather) seconds per unit in
+    forward order (an all-gather of 0: a part of the root unit run after its gather, nothing to wait for);
+    ``backlog``: the device's work still queued when the CPU reaches the first unit (the CPU's lead; 0 where the
+    user's loop synchronises): the micro-batch before, whose last collective (the root's reduce-scatter, after its
+    whole backward) the gathers queue behind on the one communicator, so the first unit's gather is never hidden.
+
+    FSDP2 prefetches the forward implicitly: unit i's all-gather is issued (on the all-gather stream) by its own
+    pre-forward hook, when the CPU reaches unit i, so it overlaps unit i-1's compute only as far as the CPU has run
+    ahead of the device; it also waits for the all-gather stream and for unit i-2's copy-out (fully_shard frees a
+    gathered unit before the next but one gathers). With H_i the CPU's clock at unit i's hook (H_0 = 0,
+    H_i+1 = H_i + h_i), F the device's end of the work before unit i (F = backlog before unit 0):
+
+        all-gather done  E_i = max(H_i, E_i-1, S_i-2) + g_i    (E_-1 = backlog)
+        device start     S_i = max(F, H_i, E_i)        exposed_i = S_i - max(F, H_i)
+        device end       F  <- max(S_i + c_i, H_i + h_i)  (no sooner than the CPU issues the unit's last kernel)
+
+    A host infinitely fast exposes the first unit's gather only (each later one hides behind the compute before it);
+    a host no faster than the device's compute and gather (h >= c + g) exposes every unit's gather in full; between,
+    the gathers eat the CPU's lead. The backward prefetches explicitly (one unit ahead, ``fsdp_seconds``' rule)."""
+    host, free, gathered, starts, exposed = 0.0, backlog, backlog, [], 0.0
+    for c, h, g in units:
+        ready = start = max(free, host)
+        if g > 0:
+            gathered = max(host, gathered, starts[-2] if len(starts) > 1 else 0.0) + g
+            start = max(ready, gathered)
+            starts.append(start)
+        exposed += start - ready
+        free = max(start + c, host + h)
+        host += h
+    return exposed, free - host
+
+
+def fsdp_units(chain, blocks, fwd, gather, host, share: float = FORWARD_HOST_SHARE) -> list[tuple[float, float, float]]:
+    """``implicit_prefetch_exposed``'s units of one micro-batch's forward (``fsdp_forward_exposed``'s arguments): the
+    root's hook (its gathers, nothing computed), then each stretch of the chain: a block, or layers outside the
+    blocks (the root's, already gathered)."""
+    inside = {i for start, end in blocks for i in range(start, end)}
+    units = [(0.0, 0.0, sum(gather[chain[i]] for i in range(len(chain)) if i not in inside))]
+    cuts = sorted({0, len(chain), *(x for b in blocks for x in b)})
+    for start, end in zip(cuts, cuts[1:]):
+        pos = range(start, end)
+        units.append((sum(fwd[chain[i]] for i in pos), share * sum(host[i] for i in pos),
+                      sum(gather[chain[i]] for i in pos) if start in inside else 0.0))
+    return units
+
+
+def fsdp_forward_exposed(chain, blocks, micro_batches: int, fwd, bwd, gather, host, scatter=None,
+                         share: float = FORWARD_HOST_SHARE) -> float:
+    """Per step, fully_shard's forward all-gathers not hidden (``implicit_prefetch_exposed``) in a model placed as
+    ``autotune.apply.fsdp`` does: a unit per block (``blocks``: chain positions [start, end)) and the root over the
+    layers outside them, gathered at the model's pre-forward and kept to the backward. ``fwd``, ``bwd``,
+    ``gather``: per distinct layer, its forward and backward compute and forward all-gathers, seconds per occurrence
+    and micro-batch; ``host``: per chain position, the host's seconds to issue it (forward and backward of a
+    micro-batch), ``share`` of it the forward's; ``scatter``: per distinct layer its gradients' reduce-scatter, the
+    root's (the layers outside the blocks) run after the whole backward. The step starts with the CPU's lead at zero
+    (a loop that reads its loss); each later micro-batch with the lead the CPU built while the device ran the
+    backward before it, and the root's reduce-scatter."""
+    units = fsdp_units(chain, blocks, fwd, gather, host, share)
+    inside = {i for start, end in blocks for i in range(start, end)}
+    root_rs = sum(scatter[chain[i]] for i in range(len(chain)) if i not in inside) if scatter is not None else 0.0
+    back_c, back_h = sum(bwd[v] for v in chain), (1.0 - share) * sum(host)
+    total, backlog = 0.0, 0.0
+    for _ in range(micro_batches):
+        exposed, backlog = implicit_prefetch_exposed(units, backlog)
+        total += exposed
+        backlog = max(backlog + back_c - back_h, 0.0) + root_rs
+    return total
 
 
 def pipelined_fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd: float,
