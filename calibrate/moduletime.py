@@ -228,7 +228,8 @@ class _Timed:
         self.torch, self.um, self.device = torch, um, device
         self.cuda = device.type == "cuda"
         try:
-            model = um.build(blocks, t)
+            with device if self.cuda else contextlib.nullcontext():  # made on the GPU: no CPU initialisation
+                model = um.build(blocks, t)
         except UserError:
             raise
         except Exception as e:

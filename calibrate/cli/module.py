@@ -21,7 +21,7 @@ from pathlib import Path
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json
-from calibrate.moduletime import factory_module, hf_module, measure
+from calibrate.moduletime import MORE, factory_module, hf_module, measure
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Profile
 
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     progress(f"{um.name}: tensor widths {widths}, micro-batches {mbs}, sequence {sequence}, on {device}")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     source = (f"python -m calibrate module on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
-              f"torch {torch.__version__}, {stamp}; a model of two blocks less one of one block, medians of "
+              f"torch {torch.__version__}, {stamp}; a model of {1 + MORE} blocks less one of one block, medians of "
               f"{args.iters} calls (calibrate.measure)")
     def save(section):  # the shapes timed so far, kept should the host's part be interrupted
         profile.module = section
