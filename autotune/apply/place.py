@@ -28,7 +28,7 @@ from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
 from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
 from autotune.apply.tensor import tp_styles
-from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, plan_path, tp_layout
+from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, plan_path, sequence_axes, tp_layout
 from autotune.plan.file import load_plan
 from autotune.plan.typed import ApplyPath, TypedPlan
 
@@ -51,7 +51,7 @@ def _takes_tp(layout_of):
     def takes(plan: TypedPlan, chain: list[Site]):
         layout = layout_of(plan)
         return layout if layout is not None and (layout.tp is None or tp_styles(
-            chain, layout.tp, getattr(layout, "stream", "B")) is not None) else None
+            chain, layout.tp, getattr(layout, "stream", "B"), layout.sequence_parallel) is not None) else None
     return takes
 
 
@@ -112,7 +112,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     chain, prefixes = find_layers(plan, model, mapping)
     _check_shapes(chain, plan)
     check_batch(plan)
-    if world > 1 and hasattr(model, "config") and stream_by_sequence(plan) > 1:
+    if world > 1 and hasattr(model, "config") and stream_by_sequence(plan, sequence_axes(plan)) > 1:
         raise UserError(f"the plan splits each sequence of its residual stream over {stream_by_sequence(plan)} "
                         f"devices (a micro-batch of {plan.model.get('micro_batch')}), which a Hugging Face model "
                         f"cannot take (it reads the sequence length from the embedding's output): search with a "
