@@ -1,0 +1,140 @@
+"""Megatron's sequence parallelism run by torch's styles (issues 41, 43): the search's Megatron plan with
+``sequence_parallel`` (norms and the residual stream split by tokens on the tensor axis) is read as a tensor
+layout with sequence parallelism (``autotune.plan.layouts``, no torch) and ``autotune.apply`` places it as
+torchtitan does (``SequenceParallel`` norms, the row-parallel outputs reduce-scattered onto ``Shard(1)``, the
+embedding's output ``Shard(1)``, the logits a DTensor of vocabulary columns under ``loss_parallel``). On gloo in
+float64 the losses and parameters after two Adam steps equal one process's, for transformers' Llama at t = 2
+with micro-batches of 1 and 2 sequences (one sequence split over the two ranks, or two), a nanoGPT-style module
+(learned positions), and on 2 x 2 (data x tensor, and TP + FSDP); the reduce-scatters run (counted on the
+functional collectives: gloo has them on the CPU). A planted bug (the norms computing on their sequence shards
+with a plain weight, their gradients never summed over the tensor axis: the classic sequence-parallel bug)
+fails it."""
+import contextlib
+import os
+from collections import Counter
+from dataclasses import replace
+from unittest import mock
+
+import pytest
+
+if not os.environ.get("CI"):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+import torch  # noqa: E402
+import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
+import torch.multiprocessing as mp  # noqa: E402
+
+from apply_plans import GPT, LLAMA, megatron_baseline  # noqa: E402
+from autotune.plan.layouts import fully_shard_layout, local_twin, plan_path, tp_layout  # noqa: E402
+from autotune.plan.runnable import unrunnable  # noqa: E402
+from test_apply_distributed import NanoGPT, _on_gloo, mismatch, train  # noqa: E402
+from tiny_models import free_port, hf_llama  # noqa: E402
+
+
+def model_of(kind: str, cfg: dict):
+    torch.manual_seed(0)
+    return hf_llama(cfg, 0) if kind == "llama" else NanoGPT(cfg).double()
+
+
+def _unsynced_norm(**_):
+    """The planted bug: a norm on its sequence shard with its weight a plain tensor (no gradient sum)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+    return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
+
+
+def _counted(_, job):
+    """``apply`` then ``train`` (under the planted bug where asked), counting the functional collectives:
+    (path, the counts, the result)."""
+    import autotune
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+    kind, cfg, plan, bug = job
+    counts = Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(issubclass(t, DTensor) for t in types):
+                return NotImplemented  # DTensor's own dispatch, whose collectives come back here
+            if func.namespace == "_c10d_functional":
+                counts[func.__name__.split(".")[0]] += 1
+            return func(*args, **(kwargs or {}))
+
+    with mock.patch.object(torch.distributed.tensor.parallel, "SequenceParallel", _unsynced_norm) if bug else \
+            contextlib.nullcontext():
+        model = autotune.apply(plan, model_of(kind, cfg))
+    with Count():
+        got = train(model, plan, cfg)
+    return model._autotune_path, dict(counts), got
+
+
+def _launch(jobs, world, tmp_path):
+    out = tmp_path / "results.pt"
+    mp.start_processes(_on_gloo, args=(world, free_port(), str(out), _counted,
+                                       [(None, job) for job in jobs]), nprocs=world, start_method="fork")
+    return torch.load(out)
+
+
+def sp_plan(cfg, d, t, cluster, **kw):
+    return megatron_baseline(cfg, d, t, cluster, sequence_parallel=True, **kw)
+
+
+def test_the_layout_is_read_from_the_plan():
+    """The Megatron plan with sequence parallelism is a tensor layout with it (t = 2; d x t; TP + FSDP: the
+    fully_shard layout with it), runnable with a micro-batch of one sequence; without it, or with the norms split
+    by tokens while the residual stream stays whole, it is not (the plain layout, the DTensor path)."""
+    one = dict(LLAMA, micro_batch=1, batch=2)
+    plan = sp_plan(one, (1, 1), (1, 2), (1, 2))
+    assert plan_path(plan) == plan.apply_path == "tensor" and tp_layout(plan).sequence_parallel
+    assert unrunnable(plan) == []
+    plain = megatron_baseline(one, (1, 1), (1, 2), (1, 2))
+    assert plan_path(plain) == "tensor" and not tp_layout(plain).sequence_parallel
+    two = dict(LLAMA, micro_batch=2, batch=4)
+    assert tp_layout(sp_plan(two, (2, 1), (1, 2), (2, 2))).sequence_parallel
+    fsdp = sp_plan(two, (2, 1), (1, 2), (2, 2), fsdp_axes=(0,))
+    assert plan_path(fsdp) == "fully_shard" and fully_shard_layout(fsdp).sequence_parallel
+    assert local_twin(fsdp) is None  # a pipeline stage of it: the DTensor path (its boundaries split by tokens)
+    residual = plan.layer("residual")  # the stream whole while the norms are split: no layout of torch's styles
+    broken = replace(plan, layers=tuple(replace(lay, input=("B",), output=("B",)) if lay is residual else lay
+                                        for lay in plan.layers))
+    assert tp_layout(broken) is None and plan_path(broken) == "dtensor"
+
+
+def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
+    """t = 2: Llama with micro-batches of 1 and 2 sequences and nanoGPT (learned positions), each against one
+    process, the reduce-scatters counted (none without sequence parallelism); the planted bug differs."""
+    jobs = []
+    for kind, base, mb in (("llama", LLAMA, 1), ("llama", LLAMA, 2), ("gpt", GPT, 2)):
+        cfg = dict(base, micro_batch=mb, batch=2 * mb)
+        jobs.append((kind, cfg, sp_plan(cfg, (1, 1), (1, 2), (1, 2)), False))
+    cfg = jobs[0][1]
+    jobs += [("llama", cfg, megatron_baseline(cfg, (1, 1), (1, 2), (1, 2)), False),
+             ("llama", cfg, jobs[0][2], True)]
+    results = _launch(jobs, 2, tmp_path)
+    for (kind, cfg, plan, bug), got in zip(jobs, results):
+        assert not isinstance(got, str) or bug, got
+        if bug:
+            assert isinstance(got, str) or mismatch(train(model_of(kind, cfg), plan, cfg), got[2]) is not None, \
+                "the unsynced norms went unnoticed"
+            continue
+        path, counts, got = got
+        want = train(model_of(kind, cfg), plan, cfg)
+        assert path == "tensor" and mismatch(want, got) is None, (kind, cfg["micro_batch"], mismatch(want, got))
+        passes = 2 * plan.micro_batches  # two steps of the plan's micro-batches
+        # each pass: the embedding's and each block's two row-parallel outputs forward, the norms' gathers backward
+        rs = 2 * (1 + 2 * cfg["layers"]) if tp_layout(plan).sequence_parallel else 0
+        assert counts.get("reduce_scatter_tensor", 0) == passes * rs, (kind, plan.strategy, counts)
+
+
+def test_sequence_parallel_on_data_and_tensor_axes(tmp_path):
+    """2 x 2, a micro-batch of 2 sequences: data x tensor (each data rank one sequence, split over t) on the
+    tensor path, and TP + FSDP with sequence parallelism on fully_shard, each against one process."""
+    cfg = dict(LLAMA, micro_batch=2, batch=4)
+    jobs = [("llama", cfg, sp_plan(cfg, (2, 1), (1, 2), (2, 2)), False),
+            ("llama", cfg, sp_plan(cfg, (2, 1), (1, 2), (2, 2), fsdp_axes=(0,)), False)]
+    results = _launch(jobs, 4, tmp_path)
+    want = train(model_of("llama", cfg), jobs[0][2], cfg)
+    for (_, _, plan, _), got, path in zip(jobs, results, ("tensor", "fully_shard")):
+        assert not isinstance(got, str), got
+        assert got[0] == path and mismatch(want, got[2]) is None, (plan.strategy, got[0], mismatch(want, got[2]))
+        assert got[1].get("reduce_scatter_tensor", 0) > 0, got[1]
