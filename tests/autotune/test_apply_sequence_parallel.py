@@ -79,6 +79,17 @@ def sp_plan(cfg, d, t, cluster, **kw):
     return megatron_baseline(cfg, d, t, cluster, sequence_parallel=True, **kw)
 
 
+def replicated_ends(plan):
+    """``plan`` with its embedding and logits replicated on the tensor axis (no style: the embedding's output cut
+    to the stream's sequence shard, the head fed the gathered stream, the loss on whole logits)."""
+    def swap(lay):
+        if lay.name in ("embedding", "logits"):
+            out = ("S0",) if lay.name == "embedding" else ("B",)
+            return replace(lay, output=out, weights=tuple(replace(w, placements=("B",)) for w in lay.weights))
+        return replace(lay, input=("B",)) if lay.name == "loss" else lay
+    return replace(plan, layers=tuple(swap(lay) for lay in plan.layers), strategy=plan.strategy + ", ends replicated")
+
+
 def test_the_layout_is_read_from_the_plan():
     """The Megatron plan with sequence parallelism is a tensor layout with it (t = 2; d x t; TP + FSDP: the
     fully_shard layout with it), runnable with a micro-batch of one sequence; without it, or with the norms split
@@ -86,7 +97,7 @@ def test_the_layout_is_read_from_the_plan():
     one = dict(LLAMA, micro_batch=1, batch=2)
     plan = sp_plan(one, (1, 1), (1, 2), (1, 2))
     assert plan_path(plan) == plan.apply_path == "tensor" and tp_layout(plan).sequence_parallel
-    assert unrunnable(plan) == []
+    assert unrunnable(plan) == [] and tp_layout(replicated_ends(plan)).sequence_parallel
     plain = megatron_baseline(one, (1, 1), (1, 2), (1, 2))
     assert plan_path(plain) == "tensor" and not tp_layout(plain).sequence_parallel
     two = dict(LLAMA, micro_batch=2, batch=4)
@@ -101,14 +112,16 @@ def test_the_layout_is_read_from_the_plan():
 
 
 def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
-    """t = 2: Llama with micro-batches of 1 and 2 sequences and nanoGPT (learned positions), each against one
-    process, the reduce-scatters counted (none without sequence parallelism); the planted bug differs."""
+    """t = 2: Llama with micro-batches of 1 and 2 sequences (and with its embedding and head replicated) and
+    nanoGPT (learned positions), each against one process, the reduce-scatters counted (none without sequence
+    parallelism); the planted bug differs."""
     jobs = []
     for kind, base, mb in (("llama", LLAMA, 1), ("llama", LLAMA, 2), ("gpt", GPT, 2)):
         cfg = dict(base, micro_batch=mb, batch=2 * mb)
         jobs.append((kind, cfg, sp_plan(cfg, (1, 1), (1, 2), (1, 2)), False))
     cfg = jobs[0][1]
-    jobs += [("llama", cfg, megatron_baseline(cfg, (1, 1), (1, 2), (1, 2)), False),
+    jobs += [("llama", cfg, replicated_ends(jobs[0][2]), False),
+             ("llama", cfg, megatron_baseline(cfg, (1, 1), (1, 2), (1, 2)), False),
              ("llama", cfg, jobs[0][2], True)]
     results = _launch(jobs, 2, tmp_path)
     for (kind, cfg, plan, bug), got in zip(jobs, results):
@@ -123,6 +136,8 @@ def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
         passes = 2 * plan.micro_batches  # two steps of the plan's micro-batches
         # each pass: the embedding's and each block's two row-parallel outputs forward, the norms' gathers backward
         rs = 2 * (1 + 2 * cfg["layers"]) if tp_layout(plan).sequence_parallel else 0
+        if "ends replicated" in plan.strategy:  # none of the embedding's partial sums, nor of the whole head's
+            rs -= 2  # input gradient (the same on every rank: its shard taken)
         assert counts.get("reduce_scatter_tensor", 0) == passes * rs, (kind, plan.strategy, counts)
 
 
