@@ -8,8 +8,9 @@ autotune`` writes as plan.json; the command parses its flags, calls this and pri
 
 Steps: the SBP search (warm-started from the best Megatron mesh; with ``modes="all"`` also under FSDP and
 recomputation), the comparison searches (``compare``: the convergence plot), the baselines (data parallel,
-Megatron, FSDP, HSDP, TP+FSDP, Megatron and TP+FSDP with sequence parallelism, SUMMA, S/B only), each plan at its path's host pace, the floor (never a plan
-worse than a baseline users pick) and, with ``pipeline`` not "off", the pipelined plans.
+Megatron, FSDP, HSDP, TP+FSDP, Megatron and TP+FSDP with sequence parallelism, SUMMA, S/B only), each plan at
+its path's host pace, the floor (never a plan worse than a baseline users pick) and, with ``pipeline`` not
+"off", the pipelined plans.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """The plans apply runs on a local path, read from the typed plan alone (no torch): ``fully_shard_layout``
-(FSDP, HSDP, TP + FSDP as torchtitan composes them), ``data_parallel_plan`` (DDP), a pipeline stage's
-``local_twin`` (the same with a first stage's embedding split by features or a last stage's logits split by
-vocabulary), ``local_stream`` (the stream such a stage holds), and the path each gives (``plan_path``,
-``twin_path``). ``autotune.apply`` and
-``autotune.apply.pipeline`` place by them; ``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
+(FSDP, HSDP, TP + FSDP as torchtitan composes them), ``tp_layout`` (data x tensor parallelism), each tensor
+axis Megatron's with or without sequence parallelism (``tp_axis_ok``, ``sequence_axes``), ``data_parallel_plan``
+(DDP), a pipeline stage's ``local_twin`` (the same with a first stage's embedding split by features or a last
+stage's logits split by vocabulary), ``local_stream`` (the stream such a stage holds), and the path each gives
+(``plan_path``, ``twin_path``). ``autotune.apply`` and ``autotune.apply.pipeline`` place by them;
+``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
 from __future__ import annotations
 
 import math
@@ -17,8 +18,8 @@ from autotune.sbp.sbp import B, P
 class FullyShard:
     """A plan that torchtitan's composition expresses: data axes (every activation split by the data, the
     weights sharded over ``shard`` of them and replicated over the others) and at most one trailing tensor
-    parallel axis placed as ``parallelize_module``'s column- and row-wise styles (``sequence_parallel``: the norms
-    and the residual stream split by tokens on it, ``sequence_parallel``)."""
+    parallel axis placed as ``parallelize_module``'s column- and row-wise styles (``sequence_parallel``: with the
+    norms and the residual stream split by tokens on it, ``tp_axis_ok``)."""
 
     data: tuple[int, ...]
     shard: tuple[int, ...]
@@ -166,9 +167,10 @@ def tp_layout(plan: TypedPlan) -> TensorParallel | None:
     if stream not in (B, "S1", "S0") or (residual is not None and residual.output != residual.input):
         return None
     sequence = stream == "S0"
-    whole = plan if stream != "S1" else replace(plan, layers=tuple(  # the stream split by features read as
-        replace(lay, input=tuple(B if a in tp else p for a, p in enumerate(lay.input)),  # whole: the styles'
-                output=tuple(B if a in tp else p for a, p in enumerate(lay.output)))  # boundaries
+    # the stream split by features read as whole: the styles' boundaries
+    whole = plan if stream != "S1" else replace(plan, layers=tuple(
+        replace(lay, input=tuple(B if a in tp else p for a, p in enumerate(lay.input)),
+                output=tuple(B if a in tp else p for a, p in enumerate(lay.output)))
         if lay is residual else lay for lay in plan.layers))
     if not tp or not all(tp_axis_ok(whole, a, sequence) for a in tp) or any(
             lay.weight(w.name).placements[a] != lay.weight(w.name).placements[tp[0]]

@@ -19,8 +19,8 @@ over every axis: ZeRO-3), HSDP (data parallel, sharded over the intra-node axes,
 replicated across nodes), TP+FSDP (torchtitan's 2-D: Megatron with t = the GPUs of
 a node, sharded over the node axes), Megatron and TP+FSDP with sequence parallelism
 (torchtitan's tensor parallelism, ``megatron_sp``; on a problem of every strategy,
-``sequence_problem``); SUMMA and the S/B-only search without recomputation. The fit check is the plans' own (``Problem.fits_plan``: at the
-peak, workspace included).
+``sequence_problem``); SUMMA and the S/B-only search without recomputation. The fit
+check is the plans' own (``Problem.fits_plan``: at the peak, workspace included).
 """
 from __future__ import annotations
 
@@ -263,7 +263,8 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
     if sequence is not None:
         rows += [("Megatron, sequence parallel", megatron(megatron_sp), None, sequence),
                  ("TP+FSDP, sequence parallel", lambda pr: (megatron_sp(pr, nodes, gpus),
-                                                            f"t={gpus}, sharded over the node axes"), node_axes, sequence)]
+                                                            f"t={gpus}, sharded over the node axes"),
+                  node_axes, sequence)]
     out = []
     for name, make, axes, base in rows:
         if axes is not None and not axes:

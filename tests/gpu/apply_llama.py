@@ -141,9 +141,10 @@ def _hand_tp(shape: dict, t: int, d, sequence: bool = False):
                        "lm_head": ColwiseParallel(input_layouts=s1, output_layouts=Shard(-1), use_local_output=False)})
         for i in range(shape["layers"]):
             p = f"model.layers.{i}."
-            styles.update({p + "input_layernorm": SequenceParallel(), p + "post_attention_layernorm": SequenceParallel(),
-                           p + "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": s1},
-                                                               desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            attn = PrepareModuleInput(input_kwarg_layouts={"hidden_states": s1},
+                                      desired_input_kwarg_layouts={"hidden_states": Replicate()})
+            styles.update({p + "input_layernorm": SequenceParallel(),
+                           p + "post_attention_layernorm": SequenceParallel(), p + "self_attn": attn,
                            p + "mlp": PrepareModuleInput(input_layouts=(s1,), desired_input_layouts=(Replicate(),)),
                            p + "self_attn.o_proj": RowwiseParallel(output_layouts=s1, use_local_output=False),
                            p + "mlp.down_proj": RowwiseParallel(output_layouts=s1, use_local_output=False)})
@@ -186,7 +187,8 @@ def run(out: Path, device: str) -> None:
             finally:
                 trainer.close()
             del model
-            rows.append(dict(name=f"TP t={t}{' SP' * sp} by hand", strategy="parallelize_module + fully_shard (replicate)",
+            rows.append(dict(name=f"TP t={t}{' SP' * sp} by hand",
+                             strategy="parallelize_module + fully_shard (replicate)",
                              record={"measured": measured, "apply_path": "hand", "predicted": {}}))
     finally:
         stop(d)
@@ -235,6 +237,7 @@ if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
     if what == "plan":
         plan(folder, sys.argv[3], "--small" in sys.argv,
-             int(sys.argv[sys.argv.index("--gpus") + 1]) if "--gpus" in sys.argv else 4, "--sequence-parallel" in sys.argv)
+             int(sys.argv[sys.argv.index("--gpus") + 1]) if "--gpus" in sys.argv else 4,
+             "--sequence-parallel" in sys.argv)
     else:
         run(folder, sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "auto")
