@@ -122,12 +122,12 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
 
 def megatron_sp(problem: Problem, d, t) -> list[int] | None:
     """The Megatron plan on (d, t) with sequence parallelism where apply runs it (the tensor or fully_shard path,
-    torch's ``SequenceParallel``): t > 1, the micro-batch in whole sequences over d and each sequence split
-    evenly over t; None elsewhere. ``problem`` must hold the strategies that split tokens over t
-    (``sequence_problem``)."""
+    torch's ``SequenceParallel``): t > 1, the micro-batch in whole sequences over d, each sequence split evenly
+    over t, and t's fine axes after d's (t inside a node, or d across whole nodes); None elsewhere. ``problem``
+    must hold the strategies that split tokens over t (``sequence_problem``)."""
     d_size, t_size = math.prod(d), math.prod(t)
     seq = problem.graph.config.get("sequence")
-    if t_size == 1 or seq is None or problem.graph.micro_batch % d_size or seq % t_size:
+    if t_size == 1 or seq is None or problem.graph.micro_batch % d_size or seq % t_size or (t[0] > 1 and d[1] > 1):
         return None
     return megatron_assignment(problem, d, t, sequence_parallel=True)
 

@@ -177,3 +177,27 @@ def test_the_search_returns_sequence_parallelism_where_it_is_cheaper():
     small = search(1)
     sp = next(b for b in small.baselines if b.search.get("sequence_parallel"))
     assert small.best.apply_path == "dtensor" and sp.costs.step_s > small.best.costs.step_s
+
+
+def test_the_baseline_keeps_to_meshes_apply_runs():
+    """``megatron_sp`` on 2 x 2: t after d on the fine axes (t inside a node, or d over whole nodes), the plan it
+    gives with a sequence-parallel layout; t across the nodes with d inside them is Megatron's plan but not the
+    tensor path's order, and t = 1 is data parallelism: neither."""
+    from autotune.plan import load_plan
+    from autotune.plan.build import build as build_plan
+    from autotune.plan.layouts import sequence_axes
+    from autotune.sbp.baselines import megatron_sp, sequence_problem
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.mesh import Cluster
+    from calibrate.profile import Profile
+    from models import load_model
+    fields = {k: v for k, v in dict(LLAMA, micro_batch=2, batch=4).items() if k != "kind"}
+    pr = sequence_problem(load_model("llama", None, fields), Coster(Profile.load("h200-nvlink+ib400"), Cluster(2, 2)),
+                          None, "comm")
+    from autotune.sbp.baselines import megatron_assignment
+    across = megatron_assignment(pr, (1, 2), (2, 1), sequence_parallel=True)  # t across nodes, d inside them
+    assert across is not None and not sequence_axes(load_plan(build_plan(pr, across, "across")))
+    assert megatron_sp(pr, (1, 2), (2, 1)) is None
+    assert megatron_sp(pr, (2, 2), (1, 1)) is None  # t = 1: data parallelism
+    inside = megatron_sp(pr, (2, 1), (1, 2))
+    assert inside is not None and sequence_axes(load_plan(build_plan(pr, inside, "sp"))) == (1,)
