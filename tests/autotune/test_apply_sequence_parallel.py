@@ -44,12 +44,12 @@ def _unsynced_norm(**_):
 
 
 def _counted(_, job):
-    """``apply`` then ``train`` (under the planted bug where asked), counting the functional collectives:
-    (path, the counts, the result)."""
+    """``apply`` then ``train`` (under the planted bug where ``how`` is "bug", on the DTensor path where it is
+    "dtensor"), counting the functional collectives: (path, the counts, the result)."""
     import autotune
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
-    kind, cfg, plan, bug = job
+    kind, cfg, plan, how = job
     counts = Counter()
 
     class Count(TorchDispatchMode):
@@ -60,9 +60,9 @@ def _counted(_, job):
                 counts[func.__name__.split(".")[0]] += 1
             return func(*args, **(kwargs or {}))
 
-    with mock.patch.object(torch.distributed.tensor.parallel, "SequenceParallel", _unsynced_norm) if bug else \
-            contextlib.nullcontext():
-        model = autotune.apply(plan, model_of(kind, cfg))
+    with mock.patch.object(torch.distributed.tensor.parallel, "SequenceParallel", _unsynced_norm) \
+            if how == "bug" else contextlib.nullcontext():
+        model = autotune.apply(plan, model_of(kind, cfg), path="dtensor" if how == "dtensor" else "auto")
     with Count():
         got = train(model, plan, cfg)
     return model._autotune_path, dict(counts), got
@@ -114,19 +114,22 @@ def test_the_layout_is_read_from_the_plan():
 def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
     """t = 2: Llama with micro-batches of 1 and 2 sequences (and with its embedding and head replicated) and
     nanoGPT (learned positions), each against one process, the reduce-scatters counted (none without sequence
-    parallelism); the planted bug differs."""
+    parallelism); the planted bug differs; on the DTensor path (``path="dtensor"``) the plan is refused in a line."""
     jobs = []
     for kind, base, mb in (("llama", LLAMA, 1), ("llama", LLAMA, 2), ("gpt", GPT, 2)):
         cfg = dict(base, micro_batch=mb, batch=2 * mb)
-        jobs.append((kind, cfg, sp_plan(cfg, (1, 1), (1, 2), (1, 2)), False))
+        jobs.append((kind, cfg, sp_plan(cfg, (1, 1), (1, 2), (1, 2)), None))
     cfg = jobs[0][1]
-    jobs += [("llama", cfg, replicated_ends(jobs[0][2]), False),
-             ("llama", cfg, megatron_baseline(cfg, (1, 1), (1, 2), (1, 2)), False),
-             ("llama", cfg, jobs[0][2], True)]
+    jobs += [("llama", cfg, replicated_ends(jobs[0][2]), None),
+             ("llama", cfg, megatron_baseline(cfg, (1, 1), (1, 2), (1, 2)), None),
+             ("llama", cfg, jobs[0][2], "bug"), ("llama", cfg, jobs[0][2], "dtensor")]
     results = _launch(jobs, 2, tmp_path)
-    for (kind, cfg, plan, bug), got in zip(jobs, results):
-        assert not isinstance(got, str) or bug, got
-        if bug:
+    for (kind, cfg, plan, how), got in zip(jobs, results):
+        assert not isinstance(got, str) or how, got
+        if how == "dtensor":  # a sequence split the DTensor path cannot give transformers' Llama: one line
+            assert got.startswith("UserError: the plan splits each sequence of its residual stream over 2 devices"), got
+            continue
+        if how == "bug":
             assert isinstance(got, str) or mismatch(train(model_of(kind, cfg), plan, cfg), got[2]) is not None, \
                 "the unsynced norms went unnoticed"
             continue
@@ -145,8 +148,8 @@ def test_sequence_parallel_on_data_and_tensor_axes(tmp_path):
     """2 x 2, a micro-batch of 2 sequences: data x tensor (each data rank one sequence, split over t) on the
     tensor path, and TP + FSDP with sequence parallelism on fully_shard, each against one process."""
     cfg = dict(LLAMA, micro_batch=2, batch=4)
-    jobs = [("llama", cfg, sp_plan(cfg, (2, 1), (1, 2), (2, 2)), False),
-            ("llama", cfg, sp_plan(cfg, (2, 1), (1, 2), (2, 2), fsdp_axes=(0,)), False)]
+    jobs = [("llama", cfg, sp_plan(cfg, (2, 1), (1, 2), (2, 2)), None),
+            ("llama", cfg, sp_plan(cfg, (2, 1), (1, 2), (2, 2), fsdp_axes=(0,)), None)]
     results = _launch(jobs, 4, tmp_path)
     want = train(model_of("llama", cfg), jobs[0][2], cfg)
     for (_, _, plan, _), got, path in zip(jobs, results, ("tensor", "fully_shard")):
