@@ -43,6 +43,32 @@ def _unsynced_norm(**_):
     return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
 
 
+def torchtitan_sp(model, layers: int):
+    """torchtitan's sequence parallelism composed by hand on transformers' Llama (its ``parallelize_llama``, the
+    stream a DTensor of sequence shards: the model reads the sequence length from the embedding's output)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    seq, whole = Shard(1), Replicate()
+    styles = {"model.embed_tokens": RowwiseParallel(input_layouts=whole, output_layouts=seq, use_local_output=False),
+              "model.norm": SequenceParallel(),
+              "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        styles.update({p + "input_layernorm": SequenceParallel(), p + "post_attention_layernorm": SequenceParallel(),
+                       p + "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                                           desired_input_kwarg_layouts={"hidden_states": whole}),
+                       p + "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(whole,)),
+                       p + "self_attn.o_proj": RowwiseParallel(output_layouts=seq, use_local_output=False),
+                       p + "mlp.down_proj": RowwiseParallel(output_layouts=seq, use_local_output=False)})
+        styles.update({p + n: ColwiseParallel() for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                           "mlp.gate_proj", "mlp.up_proj")})
+    parallelize_module(model, init_device_mesh("cpu", (2,)), styles)
+    model._autotune_path = "torchtitan's, by hand"
+    return model
+
+
 def _counted(_, job):
     """``apply`` then ``train`` (under the planted bug where ``how`` is "bug", on the DTensor path where it is
     "dtensor"), counting the functional collectives: (path, the counts, the result)."""
@@ -62,7 +88,8 @@ def _counted(_, job):
 
     with mock.patch.object(torch.distributed.tensor.parallel, "SequenceParallel", _unsynced_norm) \
             if how == "bug" else contextlib.nullcontext():
-        model = autotune.apply(plan, model_of(kind, cfg), path="dtensor" if how == "dtensor" else "auto")
+        model = torchtitan_sp(model_of(kind, cfg), cfg["layers"]) if how == "torchtitan" else \
+            autotune.apply(plan, model_of(kind, cfg), path="dtensor" if how == "dtensor" else "auto")
     with Count():
         got = train(model, plan, cfg)
     return model._autotune_path, dict(counts), got
@@ -114,7 +141,8 @@ def test_the_layout_is_read_from_the_plan():
 def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
     """t = 2: Llama with micro-batches of 1 and 2 sequences (and with its embedding and head replicated) and
     nanoGPT (learned positions), each against one process, the reduce-scatters counted (none without sequence
-    parallelism); the planted bug differs; on the DTensor path (``path="dtensor"``) the plan is refused in a line."""
+    parallelism, and as many as torchtitan's styles composed by hand issue); the planted bug differs; on the
+    DTensor path (``path="dtensor"``) the plan is refused in a line."""
     jobs = []
     for kind, base, mb in (("llama", LLAMA, 1), ("llama", LLAMA, 2), ("gpt", GPT, 2)):
         cfg = dict(base, micro_batch=mb, batch=2 * mb)
@@ -122,7 +150,8 @@ def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
     cfg = jobs[0][1]
     jobs += [("llama", cfg, replicated_ends(jobs[0][2]), None),
              ("llama", cfg, megatron_baseline(cfg, (1, 1), (1, 2), (1, 2)), None),
-             ("llama", cfg, jobs[0][2], "bug"), ("llama", cfg, jobs[0][2], "dtensor")]
+             ("llama", cfg, jobs[0][2], "bug"), ("llama", cfg, jobs[0][2], "dtensor"),
+             ("llama", cfg, jobs[0][2], "torchtitan")]
     results = _launch(jobs, 2, tmp_path)
     for (kind, cfg, plan, how), got in zip(jobs, results):
         assert not isinstance(got, str) or how, got
@@ -135,6 +164,10 @@ def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
             continue
         path, counts, got = got
         want = train(model_of(kind, cfg), plan, cfg)
+        if how == "torchtitan":  # the same numbers and the same sequence-parallel collectives as apply's
+            assert mismatch(want, got) is None and all(counts.get(c) == results[0][1].get(c) for c in (
+                "reduce_scatter_tensor", "all_gather_into_tensor")), (counts, results[0][1])
+            continue
         assert path == "tensor" and mismatch(want, got) is None, (kind, cfg["micro_batch"], mismatch(want, got))
         passes = 2 * plan.micro_batches  # two steps of the plan's micro-batches
         # each pass: the embedding's and each block's two row-parallel outputs forward, the norms' gathers backward
