@@ -8,8 +8,9 @@ autotune`` writes as plan.json; the command parses its flags, calls this and pri
 
 Steps: the SBP search (warm-started from the best Megatron mesh; with ``modes="all"`` also under FSDP and
 recomputation), the comparison searches (``compare``: the convergence plot), the baselines (data parallel,
-Megatron, FSDP, HSDP, TP+FSDP, SUMMA, S/B only), each plan at its path's host pace, the floor (never a plan
-worse than a baseline users pick) and, with ``pipeline`` not "off", the pipelined plans.
+Megatron, FSDP, HSDP, TP+FSDP, Megatron and TP+FSDP with sequence parallelism, SUMMA, S/B only), each plan at
+its path's host pace, the floor (never a plan worse than a baseline users pick) and, with ``pipeline`` not
+"off", the pipelined plans.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ from autotune.pipeline.search import PipelineConfig, check as check_pipeline, pa
 from autotune.plan.build import build
 from autotune.plan.file import PlanFile
 from autotune.plan.hostpace import at_host_pace, corrected
+from autotune.plan.layouts import sequence_axes
 from autotune.plan.typed import Plan
-from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment
+from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment, sequence_problem
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import scaled, search_fitting, search_modes
@@ -157,14 +159,23 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     except UserError as e:
         progress(f"SUMMA baseline unavailable: {message(e)}")
         summa_problem = None
-    progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation), "
-             "SUMMA (every mesh), S/B only")
+    sp_problem = None
+    if cluster.devices > 1:  # the sequence-parallel baselines' strategies (norms split by tokens over t)
+        try:
+            sp_problem = sequence_problem(graph, coster, memory_limit, objective)
+        except UserError as e:
+            progress(f"sequence-parallel baselines unavailable: {message(e)}")
+    progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation; "
+             "Megatron and TP+FSDP also with sequence parallelism), SUMMA (every mesh), S/B only")
     plan = build(problem, best.assignment, f"searched ({best.algorithm})",
                  {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
     skipped: list[str] = []
     base = [build(*found) for found in baseline_plans(plain, summa_problem, sb_problem,
                                                       lambda p: run_search(p, algorithm, budget, seed, progress),
-                                                      skipped)]
+                                                      skipped, sp_problem)]
+    # a sequence-parallel baseline apply runs by torch's styles only (its tokens split by the sequence there)
+    skipped += [b.strategy for b in base if b.search.get("sequence_parallel") and not sequence_axes(b)]
+    base = [b for b in base if not b.search.get("sequence_parallel") or sequence_axes(b)]
     if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
         plan, base = (at_host_pace(plan, profile.compute, profile.module),
                       [at_host_pace(b, profile.compute, profile.module) for b in base])

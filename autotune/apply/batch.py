@@ -111,14 +111,16 @@ def check_batch(plan: TypedPlan, where: str = "the plan") -> None:
                                 f"(--micro-batch) or fewer devices")
 
 
-def stream_by_sequence(plan: TypedPlan) -> int:
-    """The devices the plan's residual stream (the embedding's output) splits each sequence over (1: none)."""
+def stream_by_sequence(plan: TypedPlan, skip: tuple[int, ...] = ()) -> int:
+    """The devices the plan's residual stream (the embedding's output) splits each sequence over (1: none), the
+    axes ``skip`` left out."""
     mb, lay = plan.model.get("micro_batch"), plan.layer("residual") or plan.layer("embedding")
     fine = (lay.input if lay is plan.layer("residual") else lay.output) if lay is not None else None
     if mb is None or fine is None:
         return 1
     dims = Tokens(mb, plan.mesh.sizes).dims(fine)
-    return math.prod(n for p, n, d in zip(fine, plan.mesh.sizes, dims) if p == "S0" and d == 1)
+    return math.prod(n for a, (p, n, d) in enumerate(zip(fine, plan.mesh.sizes, dims))
+                     if p == "S0" and d == 1 and a not in skip)
 
 
 class _ScaleGrad(torch.autograd.Function):

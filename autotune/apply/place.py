@@ -28,7 +28,7 @@ from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
 from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
 from autotune.apply.tensor import tp_styles
-from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, plan_path, tp_layout
+from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, plan_path, sequence_axes, tp_layout
 from autotune.plan.file import load_plan
 from autotune.plan.typed import ApplyPath, TypedPlan
 
@@ -51,7 +51,7 @@ def _takes_tp(layout_of):
     def takes(plan: TypedPlan, chain: list[Site]):
         layout = layout_of(plan)
         return layout if layout is not None and (layout.tp is None or tp_styles(
-            chain, layout.tp, getattr(layout, "stream", "B")) is not None) else None
+            chain, layout.tp, getattr(layout, "stream", "B"), layout.sequence_parallel) is not None) else None
     return takes
 
 
@@ -112,16 +112,18 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     chain, prefixes = find_layers(plan, model, mapping)
     _check_shapes(chain, plan)
     check_batch(plan)
-    if world > 1 and hasattr(model, "config") and stream_by_sequence(plan) > 1:
-        raise UserError(f"the plan splits each sequence of its residual stream over {stream_by_sequence(plan)} "
+    name = path_of(plan, chain, path) if world > 1 else ApplyPath.NONE.value
+    # torch's SequenceParallel takes the sequence split of a plan with sequence parallelism on its tensor axes
+    pieces = stream_by_sequence(plan, sequence_axes(plan) if name in ("tensor", "fully_shard") else ())
+    if world > 1 and hasattr(model, "config") and pieces > 1:
+        raise UserError(f"the plan splits each sequence of its residual stream over {pieces} "
                         f"devices (a micro-batch of {plan.model.get('micro_batch')}), which a Hugging Face model "
-                        f"cannot take (it reads the sequence length from the embedding's output): search with a "
-                        f"micro-batch that the data-parallel devices divide")
+                        f"cannot take on the {name} path (it reads the sequence length from the embedding's output): "
+                        f"search with a micro-batch that the data-parallel devices divide")
     if world == 1:
         _recompute(model, chain, prefixes, plan.recompute)
         return model
     device = mesh.device_type if mesh is not None else device_type()
-    name = path_of(plan, chain, path)
     if name == "dtensor" and mesh is None:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)

@@ -311,8 +311,8 @@ class StageSearch:
                 self._fixed[key] = None if plain is None else (plain[0].with_mode(mode), plain[1])
             else:
                 # Megatron's sequence parallelism splits each sequence over t: priced (the 3-D baseline, the
-                # published runs), though apply runs no such split of a Hugging Face model's residual stream
-                # and context parallelism (priced, not run by apply) likewise
+                # published runs); apply runs it in a plan of one stage (torch's SequenceParallel, the tensor
+                # path), not in a pipeline's stages; context parallelism is priced, not run by apply
                 d, t, *context = mesh
                 kw = dict(sequence_parallel=sequence_parallel, context=context[0] if context else None)
                 lay = self.layout(m, span, sub, runnable=not sequence_parallel and not context, megatron=True)

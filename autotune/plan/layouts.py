@@ -1,9 +1,10 @@
 """The plans apply runs on a local path, read from the typed plan alone (no torch): ``fully_shard_layout``
-(FSDP, HSDP, TP + FSDP as torchtitan composes them), ``data_parallel_plan`` (DDP), a pipeline stage's
-``local_twin`` (the same with a first stage's embedding split by features or a last stage's logits split by
-vocabulary), ``local_stream`` (the stream such a stage holds), and the path each gives (``plan_path``,
-``twin_path``). ``autotune.apply`` and
-``autotune.apply.pipeline`` place by them; ``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
+(FSDP, HSDP, TP + FSDP as torchtitan composes them), ``tp_layout`` (data x tensor parallelism), each tensor
+axis Megatron's with or without sequence parallelism (``tp_axis_ok``, ``sequence_axes``), ``data_parallel_plan``
+(DDP), a pipeline stage's ``local_twin`` (the same with a first stage's embedding split by features or a last
+stage's logits split by vocabulary), ``local_stream`` (the stream such a stage holds), and the path each gives
+(``plan_path``, ``twin_path``). ``autotune.apply`` and ``autotune.apply.pipeline`` place by them;
+``autotune.pipeline.paths`` reads a searched stage plan's path by them."""
 from __future__ import annotations
 
 import math
@@ -17,11 +18,13 @@ from autotune.sbp.sbp import B, P
 class FullyShard:
     """A plan that torchtitan's composition expresses: data axes (every activation split by the data, the
     weights sharded over ``shard`` of them and replicated over the others) and at most one trailing tensor
-    parallel axis placed as ``parallelize_module``'s column- and row-wise styles."""
+    parallel axis placed as ``parallelize_module``'s column- and row-wise styles (``sequence_parallel``: with the
+    norms and the residual stream split by tokens on it, ``tp_axis_ok``)."""
 
     data: tuple[int, ...]
     shard: tuple[int, ...]
     tp: int | None
+    sequence_parallel: bool = False
 
 
 # TP_WEIGHTS: plan layer -> {its weight's placement on the tensor-parallel axis: its module's style (None:
@@ -31,10 +34,15 @@ TP_WEIGHTS = {"qkv": {"S1": "colwise"}, "fc1": {"S1": "colwise"}, "proj": {"S0":
 TP_INLINE = {"attention": "S1", "swiglu": "S1", "pointwise": "S1", "residual": B}
 # style -> (input placements, output placements) it computes on the tensor-parallel axis
 TP_ACTS = {"colwise": ((B,), ("S1",)), "rowwise": (("S1",), (P, B)), None: ((B,), (B,))}
+NORMS = ("layernorm", "rmsnorm")
 
 
-def tp_axis_ok(plan: TypedPlan, axis: int) -> bool:
-    """Whether every layer's placements on ``axis`` are Megatron's (torchtitan's) without sequence parallelism."""
+def tp_axis_ok(plan: TypedPlan, axis: int, sequence: bool = False) -> bool:
+    """Whether every layer's placements on ``axis`` are Megatron's (torchtitan's): without sequence parallelism,
+    or with it (``sequence``: Megatron-LM's ``--sequence-parallel``, Korthikanti et al. 2022: the norms and the
+    residual stream between the tensor-parallel regions split by tokens, S0, the row-parallel layers' partial
+    sums reduce-scattered onto them and the column-parallel layers' input all-gathered from them)."""
+    stream = "S0" if sequence else B  # the norms' and the residual add's placement on the axis
     for lay in plan.layers:
         w = lay.weight("weight")
         if lay.name in TP_WEIGHTS:
@@ -42,19 +50,22 @@ def tp_axis_ok(plan: TypedPlan, axis: int) -> bool:
                 return False
             ins, outs = TP_ACTS[TP_WEIGHTS[lay.name][w.placements[axis]]]
             if lay.kind == "embedding":
-                ins, outs = (B,), (P, B)
+                ins, outs = (B,), (P, B, stream)
             if (lay.input is not None and lay.input[axis] not in ins) or (
                     lay.output is not None and lay.output[axis] not in outs):
                 return False
         elif any(x.placements[axis] != B for x in lay.weights):
             return False
-        want = TP_INLINE.get(lay.kind)
+        want = stream if lay.kind in NORMS or lay.kind == "residual" else TP_INLINE.get(lay.kind)
         if want is not None and any(f is not None and f[axis] != want for f in (lay.input, lay.output)):
             return False
-        norm = lay.kind in ("layernorm", "rmsnorm")
-        if norm and any(f is not None and f[axis] != B for f in (lay.input, lay.output)):
-            return False
     return True
+
+
+def tp_axis(plan: TypedPlan, axis: int) -> bool | None:
+    """Whether ``axis`` is Megatron's tensor-parallel axis with sequence parallelism (True) or without it (False)
+    (``tp_axis_ok``); None where it is neither."""
+    return next((sp for sp in (False, True) if tp_axis_ok(plan, axis, sp)), None)
 
 
 def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
@@ -72,7 +83,8 @@ def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
 
     data = tuple(a for a in range(n) if data_axis(a))
     rest = tuple(a for a in range(n) if a not in data)
-    tp = rest[0] if len(rest) == 1 and rest[0] == n - 1 and tp_axis_ok(plan, rest[0]) else None
+    sp = tp_axis(plan, rest[0]) if len(rest) == 1 and rest[0] == n - 1 else None
+    tp = rest[0] if sp is not None else None
     if (rest and tp is None) or data != tuple(range(len(data))) or not data:
         return None
     shard = tuple(sorted(plan.sharding_axes))
@@ -80,7 +92,7 @@ def fully_shard_layout(plan: TypedPlan) -> FullyShard | None:
         return None
     if shard != data[len(data) - len(shard):]:
         return None
-    return FullyShard(data, shard, tp)
+    return FullyShard(data, shard, tp, bool(sp))
 
 
 def data_parallel_plan(plan: TypedPlan) -> bool:
@@ -120,7 +132,8 @@ class TensorParallel:
 
     data: tuple[int, ...]
     tp_axes: tuple[int, ...]
-    stream: str = B  # the residual stream on the tensor-parallel axes: whole (torchtitan's), or split by features
+    stream: str = B  # the residual stream's features on the tensor-parallel axes: whole (torchtitan's), or split
+    sequence_parallel: bool = False  # the residual stream's and the norms' tokens split on them (``tp_axis_ok``)
 
     @property
     def tp(self) -> int:
@@ -135,7 +148,8 @@ class TensorParallel:
 
 def tp_layout(plan: TypedPlan) -> TensorParallel | None:
     """The layout of a plan without FSDP that is data parallel on its leading axes and tensor parallel on the
-    others as ``tp_axis_ok`` (Megatron's without sequence parallelism), the same on each; None otherwise."""
+    others as ``tp_axis_ok`` (Megatron's, with or without sequence parallelism), the same on each; None
+    otherwise."""
     n = len(plan.mesh.sizes)
     if plan.world == 1 or plan.sharding_mode == "fsdp":
         return None
@@ -150,19 +164,29 @@ def tp_layout(plan: TypedPlan) -> TensorParallel | None:
     tp = tuple(a for a in range(data, n) if plan.mesh.sizes[a] > 1)
     residual = plan.layer("residual")
     stream = residual.input[tp[0]] if tp and residual is not None and residual.input else B
-    if stream not in (B, "S1") or (residual is not None and residual.output != residual.input):
+    if stream not in (B, "S1", "S0") or (residual is not None and residual.output != residual.input):
         return None
-    whole = replace(plan, layers=tuple(  # the stream split by features read as whole: the styles' boundaries
+    sequence = stream == "S0"
+    # the stream split by features read as whole: the styles' boundaries
+    whole = plan if stream != "S1" else replace(plan, layers=tuple(
         replace(lay, input=tuple(B if a in tp else p for a, p in enumerate(lay.input)),
                 output=tuple(B if a in tp else p for a, p in enumerate(lay.output)))
         if lay is residual else lay for lay in plan.layers))
-    if not tp or not all(tp_axis_ok(whole, a) for a in tp) or any(
+    if not tp or not all(tp_axis_ok(whole, a, sequence) for a in tp) or any(
             lay.weight(w.name).placements[a] != lay.weight(w.name).placements[tp[0]]
             for lay in plan.layers for w in lay.weights for a in tp) or any(
             f is not None and f[a] != f[tp[0]] for lay in plan.layers for f in (lay.input, lay.output) for a in tp):
         return None
-    return TensorParallel(tuple(range(data)), tp, stream)
+    return TensorParallel(tuple(range(data)), tp, B if sequence else stream, sequence)
 
+
+def sequence_axes(plan: TypedPlan) -> tuple[int, ...]:
+    """The tensor-parallel axes of a plan with sequence parallelism on the tensor or fully_shard path: there
+    torch's ``SequenceParallel`` splits the tokens by the sequence, whatever the micro-batch; () for any other."""
+    for layout in (tp_layout(plan), fully_shard_layout(plan)):
+        if layout is not None and layout.sequence_parallel:
+            return getattr(layout, "tp_axes", (layout.tp,))
+    return ()
 
 
 def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
@@ -199,7 +223,8 @@ def local_twin(typed: TypedPlan) -> LocalPlan | None:
 
     Such a twin must be data parallel (DDP) or fully_shard-shaped without tensor parallelism (and, with the
     vocabulary-parallel logits, over one data dimension: not HSDP); the searched 2 x 2 plans of a 1.1 B Llama
-    have both (FSDP or DDP blocks). None: the DTensor path."""
+    have both (FSDP or DDP blocks). A stage with sequence parallelism (its boundaries' stream split by tokens on
+    the tensor axis) is not one. None: the DTensor path."""
     n = len(typed.mesh.sizes)
     cols, batch, whole = ("S1",) * n, ("S0",) * n, (B,) * n
     swap: dict[str, object] = {}
@@ -217,7 +242,7 @@ def local_twin(typed: TypedPlan) -> LocalPlan | None:
     if swap and layout is not None:
         ok = layout.tp is None and ("logits" not in swap or "replicate" not in fsdp_dims(twin, layout))
     else:
-        ok = layout is not None or data_parallel_plan(twin)
+        ok = (layout is not None and not layout.sequence_parallel) or data_parallel_plan(twin)
     return LocalPlan(twin, "embedding" in swap, "logits" in swap) if ok else None
 
 

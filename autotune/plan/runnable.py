@@ -4,7 +4,9 @@ best and each baseline, every stage of a pipelined one) must pass (``tests/autot
 - the batch is whole micro-batches: the model's batch is its micro-batch times the plan's micro-batches;
 - each activation, as a user's module holds it (batch, sequence, features), splits as placed: the devices of
   its S0 (the batch dimension) divide the micro-batch (a micro-batch of 1 or 2 is not split over more
-  devices), those of its S1 divide its features (vocabulary, hidden, ffn, qkv width);
+  devices), those of its S1 divide its features (vocabulary, hidden, ffn, qkv width); on the tensor-parallel
+  axes of a plan with sequence parallelism (``autotune.plan.layouts``: torch's ``SequenceParallel`` splits the
+  sequence there) the S0 devices divide the sequence instead;
 - the attention's feature split keeps heads whole: its devices divide the heads and the K/V heads (where q,
   k and v come from one fused projection, ``qkv_fused`` of the attention's dims, as GPT-2's ``c_attn``, each
   third splits by heads);
@@ -17,19 +19,23 @@ import math
 
 from models.graph import Layer
 
+from autotune.plan.layouts import sequence_axes
 from autotune.plan.typed import TypedPlan
 from autotune.sbp.layers import make_op
 
 
-def _parts(placements, sizes, p: str) -> int:
-    return math.prod(n for q, n in zip(placements, sizes) if q == p)
+def _parts(placements, sizes, p: str, skip: tuple[int, ...] = ()) -> int:
+    return math.prod(n for a, (q, n) in enumerate(zip(placements, sizes)) if q == p and a not in skip)
 
 
 def unrunnable(plan: TypedPlan) -> list[str]:
     """Each way ``plan`` breaks a rule of the module doc, in words; empty where apply can take it."""
     sizes, model = plan.mesh.sizes, plan.model
     batch, micro = model.get("batch"), model.get("micro_batch")
-    out = []
+    out, seq_axes, seq = [], sequence_axes(plan), model.get("sequence")
+    t = math.prod(sizes[a] for a in seq_axes)
+    if seq is not None and seq % t:
+        out.append(f"sequence {seq} over {t} sequence-parallel devices")
     if batch is not None and micro is not None and batch != micro * plan.micro_batches:
         out.append(f"batch {batch} is not {plan.micro_batches} micro-batches of {micro}")
     for lay in plan.layers:
@@ -39,7 +45,7 @@ def unrunnable(plan: TypedPlan) -> list[str]:
                 continue
             rows = micro if model.get("sequence") is not None and micro is not None else shape[0]
             for d, size in ((0, rows), (1, shape[-1])):
-                n = _parts(fine, sizes, f"S{d}")
+                n = _parts(fine, sizes, f"S{d}", seq_axes if d == 0 and rows == micro else ())
                 if size % n:
                     out.append(f"layer {lay.name} {what}: {('micro-batch', 'features')[d]} {size} over {n} devices")
         if lay.kind == "attention" and lay.input is not None:

@@ -17,9 +17,10 @@ cheapest that fits, else the one needing least memory): data parallelism,
 Megatron (best mesh), FSDP (data parallel over all devices, every weight sharded
 over every axis: ZeRO-3), HSDP (data parallel, sharded over the intra-node axes,
 replicated across nodes), TP+FSDP (torchtitan's 2-D: Megatron with t = the GPUs of
-a node, sharded over the node axes); SUMMA and the S/B-only search without
-recomputation. The fit check is the plans' own (``Problem.fits_plan``: at the
-peak, workspace included).
+a node, sharded over the node axes), Megatron and TP+FSDP with sequence parallelism
+(torchtitan's tensor parallelism, ``megatron_sp``; on a problem of every strategy,
+``sequence_problem``); SUMMA and the S/B-only search without recomputation. The fit
+check is the plans' own (``Problem.fits_plan``: at the peak, workspace included).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from calibrate.errors import UserError
 
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import recompute_modes
-from autotune.sbp.layers import Matmul, finish, fine_key
+from autotune.sbp.layers import UNIT_ROLE, Matmul, finish, fine_key
 from autotune.sbp.memory import Mode
 from autotune.sbp.mesh import RoleMesh, role_meshes
 
@@ -117,6 +118,26 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
         assign[v] = i
         prev_split = split
     return [int(a) for a in assign]
+
+
+def megatron_sp(problem: Problem, d, t) -> list[int] | None:
+    """The Megatron plan on (d, t) with sequence parallelism where apply runs it (the tensor or fully_shard path,
+    torch's ``SequenceParallel``): t > 1, the micro-batch in whole sequences over d, each sequence split evenly
+    over t, and t's fine axes after d's (t inside a node, or d across whole nodes); None elsewhere. ``problem``
+    must hold the strategies that split tokens over t (``sequence_problem``)."""
+    d_size, t_size = math.prod(d), math.prod(t)
+    seq = problem.graph.config.get("sequence")
+    if t_size == 1 or seq is None or problem.graph.micro_batch % d_size or seq % t_size or (t[0] > 1 and d[1] > 1):
+        return None
+    return megatron_assignment(problem, d, t, sequence_parallel=True)
+
+
+def sequence_problem(graph, coster, memory_limit, objective: str) -> Problem:
+    """The problem the sequence-parallel baselines (``megatron_sp``) are placed on: every strategy (their
+    norms split tokens over t, which ``Problem``'s runnable rows leave out where the micro-batch has fewer
+    sequences than devices), a matmul's only on Megatron's meshes (``UNIT_ROLE``)."""
+    return Problem(graph, coster, memory_limit, signatures=(UNIT_ROLE,), require_fit=False, objective=objective,
+                   runnable=False)
 
 
 def whole_stream(problem: Problem, v: int, mesh: RoleMesh) -> int | None:
@@ -208,40 +229,54 @@ def _name(pr: Problem, name: str) -> str:
 
 
 def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb,
-                   skipped: list | None = None) -> list[tuple]:
+                   skipped: list | None = None, sequence: Problem | None = None) -> list[tuple]:
     """(problem, assignment, name, search) of each baseline plan: data parallelism, the best Megatron mesh, FSDP,
-    HSDP and TP+FSDP, each at its best recomputation (``at_best_recompute``), the best SUMMA mesh (``summa``: the problem restricted to SUMMA's signature) and
+    HSDP and TP+FSDP, each at its best recomputation (``at_best_recompute``), with ``sequence`` (a
+    ``sequence_problem``) the best Megatron mesh and TP+FSDP with sequence parallelism too, the best SUMMA mesh
+    (``summa``: the problem restricted to SUMMA's signature) and
     the search restricted to S and B (``sb``, searched by ``search_sb(problem)``). A baseline with no plan
     under the memory limit is still a plan, the one needing the least memory, with ``costs.fits_memory``
     false: it never aborts the run. A baseline no plan of which exists (some layer cannot take its placement:
-    e.g. data parallelism with fewer sequences in a micro-batch than devices) is named in ``skipped``."""
+    e.g. data parallelism with fewer sequences in a micro-batch than devices) is named in ``skipped``. The
+    sequence-parallel ones say so in their search record (``{"sequence_parallel": true}``): apply runs such a
+    plan where its layout is one of torch's styles (``autotune.plan.layouts.sequence_axes``), which the caller
+    checks on the typed plan."""
     cl = problem.cluster
     nodes, gpus = (cl.nodes, 1), (1, cl.gpus_per_node)
     node_axes = tuple(range(len(cl.node_axes)))
     gpu_axes = tuple(range(len(cl.node_axes), len(cl.axis_sizes)))
     every = node_axes + gpu_axes
 
-    def megatron(pr):
-        a, _, mesh = best_mesh(pr, megatron_assignment)
-        return a, (f"d={tuple(mesh[0])}, t={tuple(mesh[1])}" if mesh else "")
+    def megatron(make):
+        def best(pr):
+            a, _, mesh = best_mesh(pr, make)
+            return a, (f"d={tuple(mesh[0])}, t={tuple(mesh[1])}" if mesh else "")
+        return best
 
-    rows = [("data parallel", lambda pr: (data_parallel(pr), ""), None),
-            ("Megatron", megatron, None),
-            ("FSDP", lambda pr: (data_parallel(pr), "d = all devices, sharded over every axis"), every),
-            ("HSDP", lambda pr: (data_parallel(pr), "sharded inside each node, replicated across nodes"), gpu_axes),
+    rows = [("data parallel", lambda pr: (data_parallel(pr), ""), None, problem),
+            ("Megatron", megatron(megatron_assignment), None, problem),
+            ("FSDP", lambda pr: (data_parallel(pr), "d = all devices, sharded over every axis"), every, problem),
+            ("HSDP", lambda pr: (data_parallel(pr), "sharded inside each node, replicated across nodes"), gpu_axes,
+             problem),
             ("TP+FSDP", lambda pr: (megatron_assignment(pr, nodes, gpus), f"t={gpus}, sharded over the node axes"),
-             node_axes)]
+             node_axes, problem)]
+    if sequence is not None:
+        rows += [("Megatron, sequence parallel", megatron(megatron_sp), None, sequence),
+                 ("TP+FSDP, sequence parallel", lambda pr: (megatron_sp(pr, nodes, gpus),
+                                                            f"t={gpus}, sharded over the node axes"),
+                  node_axes, sequence)]
     out = []
-    for name, make, axes in rows:
+    for name, make, axes, base in rows:
         if axes is not None and not axes:
             continue  # no axis to shard over: the same plan as without FSDP
-        found = at_best_recompute(problem, make, axes)
+        found = at_best_recompute(base, make, axes)
         if found is None:
             if skipped is not None:
                 skipped.append(name)
             continue
         pr, a, detail = found
-        out.append(_plan_or_unfit(pr, a, _name(pr, f"{name} ({detail})" if detail else name)))
+        out.append(_plan_or_unfit(pr, a, _name(pr, f"{name} ({detail})" if detail else name),
+                                  {"sequence_parallel": True} if base is sequence else None))
     if summa is not None:
         a, _, mesh = best_mesh(summa, summa_assignment)
         if a is not None:

@@ -44,13 +44,16 @@ def searched(cfg: dict, nodes: int, gpus: int, steps: int = 200, fsdp_axes: tupl
     return load_plan(build_plan(problem, res.assignment, "searched"))
 
 
-def megatron_baseline(cfg: dict, d: tuple, t: tuple) -> TypedPlan:
-    """The search's Megatron baseline on 1 x 4 with mesh (d, t) (sizes per role on (nodes, GPUs)): its residual
-    stream split by features on the tensor-parallel axes."""
+def megatron_baseline(cfg: dict, d: tuple, t: tuple, cluster: tuple = (1, 4), sequence_parallel: bool = False,
+                      fsdp_axes: tuple[int, ...] | None = None) -> TypedPlan:
+    """The search's Megatron baseline on ``cluster`` (nodes, GPUs) with mesh (d, t) (sizes per role on (nodes,
+    GPUs)): its residual stream split by features on the tensor-parallel axes; with ``sequence_parallel``
+    Megatron-LM's (the norms and the stream split by tokens there), FSDP over ``fsdp_axes`` where given."""
     from autotune.plan import load_plan
     from autotune.sbp.baselines import megatron_assignment
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
+    from autotune.sbp.memory import Mode
     from autotune.plan.build import build as build_plan
     from calibrate.profile import Profile
     from models import load_model
@@ -58,8 +61,13 @@ def megatron_baseline(cfg: dict, d: tuple, t: tuple) -> TypedPlan:
     if cfg["kind"] == "gpt":
         fields.update(residual=True, attention="flash", bias=True, tied=False, positions="learned")
     problem = Problem(load_model(cfg["kind"], None, fields), Coster(Profile.load("h200-nvlink+ib400"),
-                                                                    Cluster(1, 4)), require_fit=False)
-    return load_plan(build_plan(problem, megatron_assignment(problem, d, t), f"Megatron d={d} t={t}"))
+                                                                    Cluster(*cluster)), require_fit=False,
+                      runnable=not sequence_parallel)
+    if fsdp_axes is not None:
+        problem = problem.with_mode(Mode("none", fsdp_axes))
+    name = f"Megatron d={d} t={t}" + (", sequence parallel" if sequence_parallel else "")
+    return load_plan(build_plan(problem, megatron_assignment(problem, d, t, sequence_parallel=sequence_parallel),
+                                name))
 
 
 def layer_table(cfg: dict) -> list[tuple[str, str, dict, dict]]:

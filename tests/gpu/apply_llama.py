@@ -3,8 +3,12 @@ kind searched for it (``plan``, on the CPU before the GPU job) and run through a
 execute's runners (``run``, under torchrun: their step timer and memory probe), beside tensor parallelism composed
 by hand with torch's ParallelStyles (torchtitan's way) at t = 2 and 4 in the same job. A table last; JSON in OUT.
 
-    python tests/gpu/apply_llama.py plan OUT PROFILE [--small] [--gpus N]
+    python tests/gpu/apply_llama.py plan OUT PROFILE [--small] [--gpus N] [--sequence-parallel]
     torchrun --nproc-per-node N tests/gpu/apply_llama.py run OUT [--device cuda|cpu]
+
+``--sequence-parallel`` (tests/gpu/seqpar_check.sh): no search; the Megatron plans at each t without and with
+sequence parallelism (the tensor path), beside both composed by hand (torchtitan's styles; with sequence
+parallelism its ``SequenceParallel`` norms and ``PrepareModuleInput`` on the attention and the MLP).
 
 On N GPUs the batch is 8 N sequences in 2 micro-batches (each data rank's piece the same as on 4); tensor
 parallelism at every t of 2 and 4 that divides N. Each run ends with PROFILE_STEPS steps under the torch profiler:
@@ -43,9 +47,9 @@ def build(config: dict):
                              max_position_embeddings=c["sequence"], attn_implementation="sdpa"))
 
 
-def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str, gpus: int) -> dict:
-    """The Megatron plan on mesh (d, t) of 1 x ``gpus`` (sizes per role on (nodes, GPUs)), priced by the search's
-    cost model at its path's host pace."""
+def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str, gpus: int, sequence: bool = False) -> dict:
+    """The Megatron plan on mesh (d, t) of 1 x ``gpus`` (sizes per role on (nodes, GPUs)), with ``sequence``
+    parallelism or without, priced by the search's cost model at its path's host pace."""
     from autotune.sbp.baselines import megatron_assignment
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
@@ -56,13 +60,24 @@ def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str, gpus: in
     from autotune.plan.hostpace import at_host_pace
     prof = Profile.load(profile)
     problem = Problem(load_model("llama", None, dict(shape)), Coster(prof, Cluster(1, gpus)), require_fit=False,
-                      objective="step")
-    return at_host_pace(build_plan(problem, megatron_assignment(problem, d, t), name), prof.compute, prof.module)
+                      objective="step", runnable=not sequence)
+    return at_host_pace(build_plan(problem, megatron_assignment(problem, d, t, sequence_parallel=sequence), name),
+                        prof.compute, prof.module)
 
 
-def plan(out: Path, profile: str, small: bool, gpus: int = 4) -> None:
+def plan(out: Path, profile: str, small: bool, gpus: int = 4, sequence: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     shape = SMALL if small else dict(SHAPE, batch=8 * gpus, micro_batch=4 * gpus)
+    ts = [t for t in (2, 4) if gpus % t == 0]
+    if sequence:
+        plans = {f"TP t={t}{' SP' * sp}": _megatron(shape, profile, (1, gpus // t), (1, t),
+                                                   f"Megatron d={gpus // t} t={t}{', sequence parallel' * sp}",
+                                                   gpus, sp) for t in ts for sp in (False, True)}
+        hand = [[t, sp] for t in ts for sp in (False, True)]
+        (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": {k: p.to_dict() for k, p in
+                                                                              plans.items()}, "hand": hand}))
+        print(f"wrote {out / 'plans.json'}: {', '.join(plans)}")
+        return
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
     for name, extra in (("search", []), ("search-pp", ["--pipeline", "2"])):
         subprocess.run([sys.executable, "-m", "autotune", "--model", "llama", *flags, "--nodes", "1",
@@ -79,21 +94,23 @@ def plan(out: Path, profile: str, small: bool, gpus: int = 4) -> None:
     for t in (2, 4):
         if gpus % t == 0:
             plans[f"TP t={t}"] = _megatron(shape, profile, (1, gpus // t), (1, t), f"Megatron d={gpus // t} t={t}", gpus)
-    (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": {k: p.to_dict() for k, p in plans.items()}}))
+    (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": {k: p.to_dict() for k, p in plans.items()},
+                                                "hand": [[t, False] for t in ts]}))
     print(f"wrote {out / 'plans.json'}: {', '.join(plans)}")
 
 
-def _hand_tp(shape: dict, t: int, d):
+def _hand_tp(shape: dict, t: int, d, sequence: bool = False):
     """torchtitan's composition by hand: parallelize_module (the attention's and the MLP's input prepared as a
     replicated DTensor; q/k/v, gate/up colwise; o, down rowwise; the
     embedding rowwise; the head colwise to vocabulary columns for loss_parallel) on a t-way mesh, fully_shard on a
-    replicate mesh over the data ranks; each data rank its piece of the batch."""
+    replicate mesh over the data ranks; each data rank its piece of the batch. ``sequence``: torchtitan's sequence
+    parallelism (``_sequence_styles``)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   parallelize_module)
+                                                   SequenceParallel, parallelize_module)
 
     from autotune.apply.batch import DataSplit
     from autotune.execute.moduletrain import build_module
@@ -114,6 +131,23 @@ def _hand_tp(shape: dict, t: int, d):
                                                      use_local_output=False)
         styles[p + "mlp"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
                                                use_local_output=False)
+    if sequence:
+        # torchtitan's sequence parallelism, the stream a DTensor of sequence shards between the regions
+        # (transformers' Llama reads the sequence length from the embedding's output)
+        s1 = Shard(1)
+        styles.update({"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=s1,
+                                                             use_local_output=False),
+                       "model.norm": SequenceParallel(),
+                       "lm_head": ColwiseParallel(input_layouts=s1, output_layouts=Shard(-1), use_local_output=False)})
+        for i in range(shape["layers"]):
+            p = f"model.layers.{i}."
+            attn = PrepareModuleInput(input_kwarg_layouts={"hidden_states": s1},
+                                      desired_input_kwarg_layouts={"hidden_states": Replicate()})
+            styles.update({p + "input_layernorm": SequenceParallel(),
+                           p + "post_attention_layernorm": SequenceParallel(), p + "self_attn": attn,
+                           p + "mlp": PrepareModuleInput(input_layouts=(s1,), desired_input_layouts=(Replicate(),)),
+                           p + "self_attn.o_proj": RowwiseParallel(output_layouts=s1, use_local_output=False),
+                           p + "mlp.down_proj": RowwiseParallel(output_layouts=s1, use_local_output=False)})
     parallelize_module(model, mesh["tp"], styles)
     for unit in list(model.model.layers) + [model]:
         fully_shard(unit, mesh=mesh["replicate", "shard"])
@@ -143,9 +177,9 @@ def run(out: Path, device: str) -> None:
             except torch.OutOfMemoryError as e:
                 rec = {"error": f"out of memory: {str(e).splitlines()[0][:200]}", "predicted": p.costs.to_dict()}
             rows.append(dict(name=name, strategy=p.strategy, record=rec))
-        for t in (t for t in (2, 4) if d.launch.world % t == 0):
+        for t, sp in spec.get("hand", [[t, False] for t in (2, 4) if d.launch.world % t == 0]):
             free_device(d)
-            model = _hand_tp(shape, t, d)
+            model = _hand_tp(shape, t, d, sp)
             trainer = ModuleTrainer(model, {"kind": "llama", **shape}, shape["batch"] // shape["micro_batch"], d, 0,
                                     1e-3, torch.bfloat16 if d.is_gpu else None)
             try:
@@ -153,7 +187,8 @@ def run(out: Path, device: str) -> None:
             finally:
                 trainer.close()
             del model
-            rows.append(dict(name=f"TP t={t} by hand", strategy="parallelize_module + fully_shard (replicate)",
+            rows.append(dict(name=f"TP t={t}{' SP' * sp} by hand",
+                             strategy="parallelize_module + fully_shard (replicate)",
                              record={"measured": measured, "apply_path": "hand", "predicted": {}}))
     finally:
         stop(d)
@@ -202,6 +237,7 @@ if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
     if what == "plan":
         plan(folder, sys.argv[3], "--small" in sys.argv,
-             int(sys.argv[sys.argv.index("--gpus") + 1]) if "--gpus" in sys.argv else 4)
+             int(sys.argv[sys.argv.index("--gpus") + 1]) if "--gpus" in sys.argv else 4,
+             "--sequence-parallel" in sys.argv)
     else:
         run(folder, sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "auto")

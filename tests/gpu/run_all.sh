@@ -8,7 +8,9 @@
 #   run(command="PARTS=transformer bash tests/gpu/run_all.sh", kind="nvidia-h100-x1")  (or nvidia-h200)
 # Part "pipeline" (issue 30: pipelined plans executed beside the step model, tests/gpu/pipeline_check.sh; about
 # 8 minutes on 4 GPUs) is not in the default either: PARTS=pipeline, on a machine of 2 or 4 GPUs; nor is part
-# "host" (the host's cost of each apply path, fitted into a profile: tests/gpu/host_check.sh, about 6 minutes).
+# "host" (the host's cost of each apply path, fitted into a profile: tests/gpu/host_check.sh, about 6 minutes), nor
+# "seqpar" (tensor parallelism without and with sequence parallelism, applied and by hand: tests/gpu/seqpar_check.sh,
+# about 3 minutes on 2 GPUs).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-out}
@@ -79,7 +81,7 @@ if has transformer; then  # one GPU, no mpirun: its own block (the loop below ru
   pack
 fi
 
-for part in interp sbp reshard schedule execute nccl peers pipeline host; do  # peers after nccl: it uses nccl's tuner table
+for part in interp sbp reshard schedule execute nccl peers pipeline host seqpar; do  # peers after nccl: it uses nccl's tuner table
   has $part || continue
   for script in tests/gpu/${part}*_check.sh tests/gpu/${part}*_check.py; do
     [ -f "$script" ] || continue
