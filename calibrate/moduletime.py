@@ -278,34 +278,29 @@ class _Timed:
     def kept(self) -> int | None:
         """Bytes a forward (the loss made) leaves allocated for the backward above what was held before it: what
         autograd keeps and autocast's bf16 weight copies."""
-        if not self.cuda:
-            return None
-        torch = self.torch
-        for p in self.model.parameters():
-            p.grad = None
-        torch.cuda.synchronize(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        loss = self.forward(0)
-        torch.cuda.synchronize(self.device)
-        kept = torch.cuda.memory_allocated(self.device) - base
-        del loss
-        return kept
-
+        return self._bytes(lambda: self.forward(0), peak=False)
 
     def step_peak(self) -> int | None:
         """Bytes allocated at the peak of a user step (``user_step``, from no gradients) above what was held
         before it: the gradients, what each micro-batch keeps and the transients beside them."""
+        return self._bytes(lambda: self.user_step(0), peak=True)
+
+    def _bytes(self, fn, peak: bool) -> int | None:
+        """Bytes allocated (at the peak of, or after) ``fn`` from no gradients, above what was held before it;
+        None off CUDA."""
         if not self.cuda:
             return None
-        torch = self.torch
+        cuda = self.torch.cuda
         for p in self.model.parameters():
             p.grad = None
-        torch.cuda.synchronize(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.user_step(0)
-        torch.cuda.synchronize(self.device)
-        return torch.cuda.max_memory_allocated(self.device) - base
+        cuda.synchronize(self.device)
+        base = cuda.memory_allocated(self.device)
+        cuda.reset_peak_memory_stats(self.device)
+        out = fn()
+        cuda.synchronize(self.device)
+        got = (cuda.max_memory_allocated if peak else cuda.memory_allocated)(self.device) - base
+        del out
+        return got
 
 
 def _arm(torch, device, fn):
