@@ -103,6 +103,7 @@ def _launch(jobs, world, tmp_path):
 
 
 def _reference(rank, kind, cfg, plan, out):
+    torch.set_num_threads(1)  # the parent's thread pool is not the child's (forked as the gloo workers are)
     torch.save(train(model_of(kind, cfg), plan, cfg), out)
 
 
