@@ -7,7 +7,6 @@ the only figures to quote); the summary of either, with each part of the gain at
 and the env file a job script sources."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
