@@ -12,7 +12,7 @@ import pytest
 from calibrate.errors import OptionError, UserError
 from calibrate.measure import heldout, stats
 from calibrate.measure.engine import Options, Solo, Status, compare
-from calibrate.measure.standin import Device, SumArm
+from standin import Device, SumArm
 from calibrate.measure.verdict import MET, NOT_MET, UNKNOWN, judge, overall
 
 MPIEXEC = Path(sys.executable).with_name("mpiexec")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from calibrate.errors import UserError
-from kernels.gc3.interop import msccl_dir, reference_xml_files
+from msccl_reference import msccl_dir, reference_xml_files
 from kernels.gc3.ir import StepType
 from kernels.gc3.xml_io import read_xml, single_dep_form, write_xml
 
