@@ -122,9 +122,6 @@ class TuneRecord(Record):
     declined: list[str] = field(default_factory=list)       # collectives with no confirmed row (NCCL decides)
 
 
-ABLATIONS = ("min_ctas", "table")     # the arms that take one part of the tuned configuration each
-
-
 def summary(rows: list[Compare]) -> dict:
     """Per collective: default / tuned (geometric mean, worst, best, at the largest size), each other arm
     against NCCL's default (``against_default``: default / arm, geometric mean over the sizes where both
