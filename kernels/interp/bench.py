@@ -19,7 +19,6 @@ from calibrate.measure import engine
 from calibrate.sizes import sweep
 
 from kernels.interp import gpudata, pack
-from kernels.interp.records import BenchRecord
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 
@@ -144,7 +143,3 @@ def line(r: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     return "\n".join([HEADER] + [line(r) for r in rows])
-
-
-def result_json(rows: list[dict], device: str, nranks: int, preset: str) -> dict:
-    return BenchRecord(device, nranks, preset, rows).to_dict()
