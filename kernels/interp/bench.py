@@ -126,11 +126,6 @@ def measure(comm, coll: str, nbytes: int, dtype: str, choice, reps: int, stream)
             "wrong_before": i.wrong_before, "wrong_after": i.wrong_after, "why": i.reason or r.reason}
 
 
-def _mpi_max():
-    from mpi4py import MPI
-    return MPI.MAX
-
-
 HEADER = (f"{'collective':>13} {'bytes':>11} {'program':>24} {'proto':>6} {'split':>5} {'interp us':>10} "
           f"{'nccl us':>9} {'interp GB/s':>11} {'nccl GB/s':>9} {'speedup':>7} {'ok':>3}")
 
