@@ -56,7 +56,6 @@ from autotune.sbp.sbp import B, is_split
 TARGETS = ("torchtitan", "megatron")
 # baselines that a framework runs as they are (by the start of their strategy name)
 EXPRESSIBLE = ("data parallel", "megatron", "fsdp", "hsdp", "tp+fsdp")
-RECOMPUTE = ("none", "selective", "full")
 NORMS = ("layernorm", "rmsnorm")
 TRAINED = ("gpt", "llama")  # the model kinds both tools train (transformer language models)
 # the pipeline schedules of the plan as each tool names them (absent: the tool has none like it)

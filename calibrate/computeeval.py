@@ -17,7 +17,7 @@ Python (the measuring is ``calibrate.cli.compute_evaluate``).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -120,12 +120,9 @@ class HeldoutRecord(Record):
     commit: str
     heldout: dict
 
-    def body(self) -> dict:
-        return asdict(self)
-
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "HeldoutRecord":
-        rec = cls.from_fields(d, origin)
+        rec = super().from_body(d, origin)
         heldout.Declaration.from_dict(rec.heldout, origin)   # the hash checked
         return rec
 
@@ -157,6 +154,7 @@ class EvaluateRecord(Record):
     VERSION: ClassVar[int] = 1
     WHAT: ClassVar[str] = "compute model evaluation"
     FIX: ClassVar[str] = "write one with python -m calibrate compute evaluate"
+    LISTS: ClassVar[dict] = {"rows": Row}
 
     date: str
     command: str
@@ -171,13 +169,10 @@ class EvaluateRecord(Record):
     rows: list[Row] = field(default_factory=list)
     basis: str = "evaluation"
 
-    def body(self) -> dict:
-        return asdict(self)
-
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "EvaluateRecord":
-        rec = cls.from_fields(d, origin, rows=Row)
-        heldout.Declaration.from_dict(rec.heldout, origin)
+        rec = super().from_body(d, origin)
+        heldout.Declaration.from_dict(rec.heldout, origin)   # the hash checked
         return rec
 
 

@@ -20,8 +20,6 @@ import socket
 import time
 from dataclasses import dataclass
 
-from mpi4py import MPI
-
 from calibrate.errors import OptionError, UserError
 
 GROUP_KINDS = ("world", "intra", "inter", "pairs")
@@ -99,7 +97,3 @@ def sleeping_barrier(comm, poll_s: float = 2e-4) -> None:
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(poll_s)
-
-
-def comm_world():
-    return MPI.COMM_WORLD

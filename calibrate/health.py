@@ -33,17 +33,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from calibrate.collectives import Collective
 from calibrate.errors import OptionError, UserError
-from calibrate.jsonfile import write_json
 from calibrate.measure import stats
 from calibrate.profile import Group, Profile
 from calibrate.records import Record
@@ -350,14 +347,6 @@ class HealthRecord(Record):
         return cls(d["created"], d["profile"], d["config"], d["hosts"], d["ranks_per_node"],
                    [timed(t, "ranks") for t in d["ranks"]], pairs,
                    [timed(t, "groups") for t in d["groups"]], sus)
-
-    def save(self, path: str | Path) -> Path:
-        """Written to a temporary file beside ``path``, then renamed over it: never half a record."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        write_json(tmp, self.to_dict(), self.WHAT)
-        os.replace(tmp, path)
-        return path
 
     def matrix(self) -> np.ndarray:
         """Node x node: each pair's fraction of the profile's bandwidth (NaN on the diagonal and unmeasured)."""

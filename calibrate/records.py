@@ -22,6 +22,7 @@ kind name listed in ``LEGACY_KINDS``) are still read.
 """
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar
 
@@ -70,15 +71,16 @@ class Record:
     WHAT: ClassVar[str]
     FIX: ClassVar[str]
     LEGACY_KINDS: ClassVar[tuple[str, ...]] = ()
+    LISTS: ClassVar[dict[str, type]] = {}   # a dataclass record's list fields -> the dataclass of their items
 
     def body(self) -> dict:
-        """Everything but the header."""
-        raise NotImplementedError
+        """Everything but the header (by default a dataclass record's fields)."""
+        return asdict(self)
 
     @classmethod
     def from_body(cls, d: dict, origin: str):
-        """The record from its parsed content (header already checked)."""
-        raise NotImplementedError
+        """The record from its parsed content, header already checked (by default ``from_fields``)."""
+        return cls.from_fields(d, origin, **cls.LISTS)
 
     @classmethod
     def from_fields(cls, d: dict, origin: str, **lists):

@@ -12,7 +12,7 @@ correction): 1.12 prices that path's plans 12% slower.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError

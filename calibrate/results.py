@@ -48,7 +48,6 @@ SAMPLE_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype
 STAT_FIELDS = ["group", "tier", "ranks", "nodes", "collective", "mode", "dtype", "bytes", "count", "n",
                "median_s", "min_s", "max_s", "p95_s", "ci_lo_s", "ci_hi_s", "algbw_GBps", "busbw_GBps", "wrong"]
 POINT_FIELDS = ["group", "collective", "bytes", "phase", "wall_s"]
-PHASES = ("sweep", "refine", "random")
 # configuration keys that must agree for --resume
 RESUME_KEYS = ("backend", "mode", "dtype", "iters", "warmup", "reps", "min_batch_s", "world_size", "hosts", "sizes",
                "collectives", "groups")

@@ -21,8 +21,11 @@ from pathlib import Path
 
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json
+from calibrate.measure import stats
 from calibrate.outputs import write_atomic
 from calibrate.records import kind_of
+
+from autotune.execute.result import fmt_ms, fmt_pct
 
 EXECUTE_FOLDER = "commtune.execute-result"   # a folder of them (python -m autotune execute --out DIR)
 BLOCK = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
@@ -158,10 +161,8 @@ def _compute_eval(path: Path, d: dict) -> str:
 
 
 def _geomean(xs: list[float]) -> float | None:
-    import math
-
     xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+    return stats.geomean(xs) if xs else None
 
 
 BENCH_RANGES = ((0, 256 << 10, "1 B..256 KiB"), (256 << 10, 64 << 20, "256 KiB..64 MiB"), ((64 << 20) + 1, 1 << 62, "> 64 MiB"))
@@ -243,8 +244,6 @@ def _tp_mlp(path: Path, d: dict) -> str:
 
 
 def _layer_lines(strategy: str, rows: list[dict]) -> list[str]:
-    from autotune.execute.result import fmt_ms, fmt_pct
-
     lines = [f"{strategy}, per step (forward and backward include the boxing into the layer; optimizer in the fwd "
              f"columns):", "", "| layer | kind | n | pred fwd ms | fwd ms | err | pred bwd ms | bwd ms | err |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -375,14 +374,6 @@ def _reproduce(path: Path, d: dict) -> str:
 TRANSFORMER_CHECK = "transformer-check"   # tests/gpu/transformer_check.py --out: no header; known by its fields
 
 
-def _rel(pred, meas) -> float | None:
-    return None if pred is None or not meas else (pred - meas) / meas
-
-
-def _signed(x) -> str:
-    return "-" if x is None else f"{x * 100:+.1f}%"
-
-
 def _transformer(path: Path, d: dict) -> str:
     import statistics
 
@@ -393,21 +384,21 @@ def _transformer(path: Path, d: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['id']} | {r['set']} | {r.get('family', '-')} | {_f(r.get('pred_step_s') and r['pred_step_s'] * 1e3)} | "
-                     f"{_f(r.get('step_s') and r['step_s'] * 1e3)} | {_signed(_rel(r.get('pred_step_s'), r.get('step_s')))} | "
+                     f"{_f(r.get('step_s') and r['step_s'] * 1e3)} | {fmt_pct(stats.rel_err(r.get('pred_step_s'), r.get('step_s')))} | "
                      f"{_f(r.get('pred_bytes') and r['pred_bytes'] / 2**30)} | {_f(r.get('peak_bytes') and r['peak_bytes'] / 2**30)} | "
-                     f"{_signed(_rel(r.get('pred_bytes'), r.get('peak_bytes')))} | {r.get('note') or ''} |")
+                     f"{fmt_pct(stats.rel_err(r.get('pred_bytes'), r.get('peak_bytes')))} | {r.get('note') or ''} |")
     lines.append("")
     for kind in dict.fromkeys(r["set"] for r in rows):
         part = [r for r in rows if r["set"] == kind]
         parts = []
         for what, pk, mk in (("step", "pred_step_s", "step_s"), ("memory", "pred_bytes", "peak_bytes")):
-            errs = [(r["id"], e) for r in part for e in (_rel(r.get(pk), r.get(mk)),) if e is not None]
+            errs = [(r["id"], e) for r in part for e in (stats.rel_err(r.get(pk), r.get(mk)),) if e is not None]
             if not errs:
                 parts.append(f"{what}: no figure")
                 continue
             worst = max(errs, key=lambda x: abs(x[1]))
-            parts.append(f"{what} median {_signed(statistics.median(e for _, e in errs))}, median |error| "
-                         f"{statistics.median(abs(e) for _, e in errs) * 100:.1f}%, worst {_signed(worst[1])} ({worst[0]})")
+            parts.append(f"{what} median {fmt_pct(statistics.median(e for _, e in errs))}, median |error| "
+                         f"{statistics.median(abs(e) for _, e in errs) * 100:.1f}%, worst {fmt_pct(worst[1])} ({worst[0]})")
         lines.append(f"- {kind} ({len(part)} shapes): " + "; ".join(parts))
     return "\n".join(lines)
 

@@ -203,10 +203,9 @@ def main(argv=None) -> int:
         check_kind(plan)
         if executor(plan) == "pipeline":
             check_pipelined(plan, launch.world, args.f_layers)
-            load_factory(args.module)
         else:
             plan_cluster(plan, launch.world)
-            load_factory(args.module)
+        load_factory(args.module)
     from autotune.execute.env import start, stop
     from autotune.execute.moduletrain import torch
     from autotune.execute.runner import free_device, out_of_memory_record, run_module_plan
@@ -226,13 +225,11 @@ def main(argv=None) -> int:
             if unfair:
                 progress(unfair)
             free_device(d)
-            common = dict(layers=args.f_layers, steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps,
-                          dtype=args.dtype, seed=args.seed, lr=args.lr, progress=progress)
+            run = run_pipeline_plan if executor(plan) == "pipeline" else run_module_plan
             try:
-                if executor(plan) == "pipeline":
-                    rec, model = run_pipeline_plan(plan, d, module=args.module, apply_path=args.apply_path, **common)
-                else:
-                    rec, model = run_module_plan(plan, d, module=args.module, apply_path=args.apply_path, **common)
+                rec, model = run(plan, d, module=args.module, apply_path=args.apply_path, layers=args.f_layers,
+                                 steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps,
+                                 dtype=args.dtype, seed=args.seed, lr=args.lr, progress=progress)
                 del model
             except torch.OutOfMemoryError as e:  # this plan does not fit: record it and go on
                 rec = out_of_memory_record(plan, d, str(e))

@@ -23,11 +23,11 @@ import time
 from calibrate.errors import UserError
 
 from calibrate.measure.engine import TorchGroup
+from calibrate.measure.torcharm import mark, span
 from calibrate.optional import require_torch
 
 from autotune.apply.batch import data_piece, param_groups
 from autotune.execute import trace
-from autotune.execute.layerclock import mark, span
 from autotune.execute.usermodule import load_factory
 
 torch = require_torch()
@@ -129,13 +129,13 @@ class ModuleTrainer:
             torch.cuda.synchronize(self.d.device)
         dist.barrier()
         gpu = self.d.is_gpu
-        marks, issue, losses = [mark(gpu)], [], []
+        marks, issue, losses = [mark(torch, gpu)], [], []
         for s in range(first, first + n):
             last = s == first + n - 1 and probe is not None
             t0 = time.perf_counter()
             losses.append(self.step(s, probe if last else None))
             issue.append(time.perf_counter() - t0)
-            marks.append(mark(gpu))
+            marks.append(mark(torch, gpu))
             if progress:
                 progress(f"step {s + 1}/{first + n}: issued in {issue[-1] * 1e3:.1f} ms"
                          + ("" if gpu else f", loss {float(losses[-1]):.6g}"))

@@ -7,15 +7,11 @@ peak memory by phase, the loss, which every rank gets from the last stage), besi
 predictions (its costs and, per stage, the simulated end of its last backward)."""
 from __future__ import annotations
 
-import platform
-
 from calibrate.errors import OptionError
 
 from autotune.execute.launch import check_steps
-from autotune.execute.moduletrain import torch
-from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch
+from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch, torch
 from autotune.execute.planread import check_apply_path
-from autotune.execute.result import KIND, VERSION
 from autotune.execute.usermodule import DEFAULT_MODULE
 
 PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution_s", "grad_sync_s", "memory_bytes",
@@ -55,7 +51,7 @@ def run_pipeline_plan(plan, d, *, module: str = DEFAULT_MODULE, layers=None, ste
     """(the result record, this rank's pipeline): ``module``'s model cut and placed by ``apply_pipeline``
     (``apply_path`` "dtensor": every stage of several devices on the DTensor path)."""
     import autotune
-    from autotune.execute.runner import module_dtypes, predicted
+    from autotune.execute.runner import module_dtypes, predicted, result_header
 
     check_steps(steps, warmup, profile_steps)
     check_apply_path(apply_path)
@@ -70,12 +66,8 @@ def run_pipeline_plan(plan, d, *, module: str = DEFAULT_MODULE, layers=None, ste
         measured = trainer.run(steps, warmup, profile_steps, progress)
     finally:
         trainer.close()
-    return {
-        "kind": KIND, "version": VERSION, "strategy": pp.strategy, "executor": "pipeline", "module": module,
-        "model": config, "cluster": {"nodes": pp.cluster.nodes, "gpus_per_node": pp.cluster.gpus_per_node},
-        "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
-        "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
-        "torch": torch.__version__, "dtype": str(autocast or param_dtype).replace("torch.", ""),
+    return result_header(pp.strategy, config, pp.cluster, d) | {
+        "executor": "pipeline", "module": module, "dtype": str(autocast or param_dtype).replace("torch.", ""),
         "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": pp.micro_batches,
         "pipeline": {"stages": len(pp.stages), "split": list(pp.pipeline.split), "schedule": pp.pipeline.schedule,
                      "library_schedule": type(pipe.schedule).__name__, "paths": list(pipe.paths),

@@ -72,17 +72,21 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
         measured = trainer.run(steps, warmup, profile_steps, progress)
     finally:
         trainer.close()
-    return {
-        "kind": KIND, "version": VERSION, "strategy": typed.strategy, "executor": "apply", "module": module,
-        "apply_path": path,
-        "model": config, "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
-        "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
-        "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
-        "torch": torch.__version__, "dtype": str(autocast or param_dtype).replace("torch.", ""),
-        "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": typed.micro_batches,
+    return result_header(typed.strategy, config, cluster, d) | {
+        "executor": "apply", "module": module, "apply_path": path,
+        "dtype": str(autocast or param_dtype).replace("torch.", ""), "steps": steps, "warmup": warmup, "profile_steps": profile_steps, "micro_batches": typed.micro_batches,
         "measured": measured, "predicted": predicted(typed), "predicted_layers": {},
         "predicted_comparable": layers is None,
     }, model
+
+
+def result_header(strategy: str, config: dict, cluster: Cluster, d: Dist) -> dict:
+    """The fields every execute result starts with: the plan, the launch, the machine."""
+    return {"kind": KIND, "version": VERSION, "strategy": strategy, "model": config,
+            "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
+            "world": d.launch.world, "launcher": d.launch.launcher, "backend": "nccl" if d.is_gpu else "gloo",
+            "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
+            "torch": torch.__version__}
 
 
 def free_device(d: Dist) -> None:
@@ -103,10 +107,5 @@ def predicted(plan: Plan, keys=PREDICTED) -> dict:
 
 def out_of_memory_record(plan: Plan, d: Dist, message: str) -> dict:
     """The record of a plan that ran out of device memory (the summary lists it apart)."""
-    return {"kind": KIND, "version": VERSION, "strategy": plan.strategy, "model": {"kind": plan.model.kind, **plan.model.config},
-            "cluster": {"nodes": plan.cluster.nodes, "gpus_per_node": plan.cluster.gpus_per_node},
-            "world": d.launch.world, "launcher": d.launch.launcher,
-            "backend": "nccl" if d.is_gpu else "gloo",
-            "device": torch.cuda.get_device_name(d.device) if d.is_gpu else platform.processor() or "cpu",
-            "torch": torch.__version__, "error": "out of memory", "detail": message.splitlines()[0][:300],
-            "predicted": predicted(plan)}
+    return result_header(plan.strategy, {"kind": plan.model.kind, **plan.model.config}, plan.cluster, d) | {
+        "error": "out of memory", "detail": message.splitlines()[0][:300], "predicted": predicted(plan)}

@@ -106,12 +106,3 @@ def top_kernels(events: list[DeviceEvent], steps: int, n: int = 25) -> list[dict
             a[1] += 1
     rows = sorted(acc.items(), key=lambda kv: -kv[1][0])[:n]
     return [{"name": k, "s": v[0] / 1e6 / max(steps, 1), "calls": v[1] / max(steps, 1)} for k, v in rows]
-
-
-def min_over_devices(durations: list[list[float]]) -> float:
-    """Total of per-call kernel durations, each call's the minimum over the devices (the device
-    that launched it last waited for nobody); if the devices saw different numbers of kernels,
-    the least total."""
-    if len({len(x) for x in durations}) == 1:
-        return sum(min(col) for col in zip(*durations))
-    return min(sum(x) for x in durations)

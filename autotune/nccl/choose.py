@@ -43,12 +43,7 @@ def pick(samples: list[Sample], band: Band, margin: float) -> str | None:
     defaults = {s.bytes: s for s in samples if s.setting == "default" and band.covers(s.bytes)}
     if not defaults:
         return None
-    times: dict[str, dict[int, float]] = {}
-    for s in samples:
-        if s.setting != "default" and s.bytes in defaults:
-            times.setdefault(s.setting, {})[s.bytes] = s.median_us
-    score = {label: geomean(t[n] / d.median_us for n, d in defaults.items())
-             for label, t in times.items() if len(t) == len(defaults)}
+    score = _scores(samples, {n: d.median_us for n, d in defaults.items()})
     if not score:
         return None
     best = min(score, key=score.get)
@@ -57,6 +52,17 @@ def pick(samples: list[Sample], band: Band, margin: float) -> str | None:
     if own in score and score[best] >= score[own] * (1 - margin):
         best = own
     return best if score[best] <= 1 + margin else None
+
+
+def _scores(samples: list[Sample], defaults: dict[int, float]) -> dict[str, float]:
+    """Per setting of ``samples`` measured at every size of ``defaults`` (size -> the default's median): the
+    geometric mean over those sizes of its time over the default's."""
+    times: dict[str, dict[int, float]] = {}
+    for s in samples:
+        if s.setting != "default" and s.bytes in defaults:
+            times.setdefault(s.setting, {})[s.bytes] = s.median_us
+    return {label: geomean(t[n] / defaults[n] for n in defaults) for label, t in times.items()
+            if len(t) == len(defaults)}
 
 
 @dataclass(frozen=True)
@@ -89,12 +95,6 @@ def rows_of(chosen: list[Pick], ranks: int, nodes: int) -> list[Row]:
     return merge_bands([Setting.parse(p.label).row(p.collective, p.band.lo,
                                                    SIZE_MAX if p.band.hi == 0 else p.band.hi - 1, ranks, nodes)
                         for p in chosen])
-
-
-def choose(sweep: list[Sample], collectives: list[str], sizes: list[int], ranks: int, nodes: int,
-           excluded=(), margin: float = 0.02) -> list[Row]:
-    """The rows of the sweep's picks, unconfirmed (``confirm`` keeps those whose gain holds)."""
-    return rows_of(picks(sweep, collectives, sizes, excluded, margin), ranks, nodes)
 
 
 def confirmation_sizes(sizes: list[int], unit: int, avoid=()) -> list[int]:
@@ -161,13 +161,7 @@ def best_fixed(sweep: list[Sample], collective: str, excluded=()) -> str | None:
     measured at every size NCCL's default was (NCCL applied them), the least geometric mean of its time
     over the default's. The baseline a per-size table must beat to be worth its bands."""
     mine = [s for s in sweep if s.collective == collective and s.setting not in excluded]
-    defaults = {s.bytes: s.median_us for s in mine if s.setting == "default"}
-    times: dict[str, dict[int, float]] = {}
-    for s in mine:
-        if s.setting != "default" and s.bytes in defaults:
-            times.setdefault(s.setting, {})[s.bytes] = s.median_us
-    score = {label: geomean(t[n] / defaults[n] for n in defaults) for label, t in times.items()
-             if len(t) == len(defaults)}
+    score = _scores(mine, {s.bytes: s.median_us for s in mine if s.setting == "default"})
     return min(score, key=score.get) if score else None
 
 

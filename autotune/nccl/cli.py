@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from calibrate.cli import command_parser, finite_float, message, run_mpi_command
+from calibrate.cli import command_parser, finite_float, launcher_rank, message, run_mpi_command
 from calibrate.device.dtypes import dtype_size
 from calibrate.device.nccl_config import MAX_CHANNELS
 from calibrate.errors import UserError
@@ -99,13 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _lead_rank() -> bool:
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            return os.environ[var] == "0"
-    return True
-
-
 def validate(args) -> tuple[list[str], list[int], tuple[int, ...], Path]:
     """Everything that can be refused before a GPU or MPI is touched."""
     colls = [c.strip().lower().replace("_", "") for c in args.collectives.split(",") if c.strip()]
@@ -143,7 +136,7 @@ def main(argv=None) -> int:
     try:
         colls, sizes, channels, plugin = validate(args)
     except UserError as e:
-        if _lead_rank():
+        if launcher_rank() == 0:
             print(f"autotune nccl: error: {message(e)}", file=sys.stderr)
         return 2
     from mpi4py import MPI
@@ -428,7 +421,7 @@ def evaluate_main(argv) -> int:
 
         check_environment(plugin)
     except UserError as e:
-        if _lead_rank():
+        if launcher_rank() == 0:
             print(f"autotune nccl evaluate: error: {message(e)}", file=sys.stderr)
         return 2
     from mpi4py import MPI

@@ -7,8 +7,7 @@ the only figures to quote); the summary of either, with each part of the gain at
 and the env file a job script sources."""
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -90,6 +89,7 @@ class TuneRecord(Record):
     VERSION: ClassVar[int] = 1
     WHAT: ClassVar[str] = "NCCL tuning record"
     FIX: ClassVar[str] = "write one with python -m autotune nccl"
+    LISTS: ClassVar[dict] = {"sweep": Sample, "compare": Compare, "confirm": Sample}
 
     date: str
     command: str
@@ -120,16 +120,6 @@ class TuneRecord(Record):
     confirm: list[Sample] = field(default_factory=list)   # the picks and the default at the confirmation sizes
     confirmations: list[str] = field(default_factory=list)  # per pick: its gain there, kept or dropped
     declined: list[str] = field(default_factory=list)       # collectives with no confirmed row (NCCL decides)
-
-    def body(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_body(cls, d: dict, origin: str) -> "TuneRecord":
-        return cls.from_fields(d, origin, sweep=Sample, compare=Compare, confirm=Sample)
-
-
-ABLATIONS = ("min_ctas", "table")     # the arms that take one part of the tuned configuration each
 
 
 def summary(rows: list[Compare]) -> dict:
@@ -182,6 +172,7 @@ class EvaluateRecord(Record):
     VERSION: ClassVar[int] = 1
     WHAT: ClassVar[str] = "NCCL tuner evaluation"
     FIX: ClassVar[str] = "write one with python -m autotune nccl evaluate"
+    LISTS: ClassVar[dict] = {"compare": Compare}
 
     date: str
     command: str
@@ -202,13 +193,6 @@ class EvaluateRecord(Record):
     basis: str = "evaluation"
     declined: dict = field(default_factory=dict)   # collective -> why its table is declined at these sizes
     table: str = ""                  # the evaluated table (the rows of the collectives not declined)
-
-    def body(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_body(cls, d: dict, origin: str) -> "EvaluateRecord":
-        return cls.from_fields(d, origin, compare=Compare)
 
 
 def env_text(plugin: str | Path, table: str | Path, min_ctas: int | None, header: str) -> str:

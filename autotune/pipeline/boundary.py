@@ -53,7 +53,7 @@ import numpy as np
 
 from calibrate.errors import UserError
 
-from autotune.plan.typed import DIRECT, ROUTES, SCATTER
+from autotune.plan.typed import DIRECT, SCATTER
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
 from autotune.sbp.boxing import Coster, box
@@ -281,7 +281,3 @@ class BoundaryPricer:
 def _mesh(cluster: Cluster, devices, gpus_per_node: int) -> Mesh:
     hosts = len({d // gpus_per_node for d in devices})
     return Mesh((hosts, len(devices) // hosts), tuple(devices), gpus_per_node)
-
-
-def transfer_bytes(shape, itemsize: int) -> float:
-    return math.prod(shape) * itemsize

@@ -47,9 +47,6 @@ class Network:
     def inter_hop(self, nbytes: float) -> float:
         return self.profile.time(Collective.SENDRECV, nbytes, Group(2, 2)) if nbytes > 0 else 0.0
 
-    def intra_hop(self, nbytes: float) -> float:
-        return self.profile.time(Collective.SENDRECV, nbytes, Group(2, 1)) if nbytes > 0 else 0.0
-
     def allgather(self, nbytes: float, devices: tuple[int, ...]) -> float:
         """Ring all-gather whose gathered output is ``nbytes`` on each device."""
         hosts = {self.host(d) for d in devices}

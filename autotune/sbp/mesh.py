@@ -116,10 +116,6 @@ class RoleMesh:
         """The role of each fine axis of ``cluster``."""
         return _roles_of_axes(self, cluster)
 
-    def axes_of(self, cluster: Cluster, roles) -> tuple[int, ...]:
-        rs = set(roles)
-        return tuple(a for a, r in enumerate(self.roles_of_axes(cluster)) if r in rs)
-
     def label(self, cluster: Cluster, r: int) -> str:
         n, g = self.sizes[r]
         return str(n * g) if cluster.gpus_per_node == 1 else f"({n}, {g})"

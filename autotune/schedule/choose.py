@@ -17,11 +17,9 @@ def band_time(band: BandResult, key: str, measured: bool) -> float | None:
     if key == NCCL:
         return band.nccl_measured_us if measured else band.nccl_predicted_us
     r = band.row(key)
-    if r is None:
+    if r is None or measured and not r.correct:
         return None
-    if measured:
-        return r.measured_us if r.correct else None
-    return r.predicted_us
+    return r.measured_us if measured else r.predicted_us
 
 
 def choose_band(band: BandResult, measured: bool) -> str:
@@ -65,11 +63,7 @@ def correlations(bands: list[BandResult], protocol: dict[str, str]) -> Correctio
     correction fitted on the other bands (leave-one-band-out), over the band's distinct launches
     (``BandResult.distinct_measured``); returns the correction fitted on all bands. Rows need ``model_us``."""
     def points(bs):
-        out = []
-        for b in bs:
-            for r in b.distinct_measured():
-                out.append((protocol[r.key], r.model_us * 1e-6, r.measured_us * 1e-6))
-        return out
+        return [(protocol[r.key], r.model_us * 1e-6, r.measured_us * 1e-6) for b in bs for r in b.distinct_measured()]
 
     for i, b in enumerate(bands):
         rows = b.distinct_measured()

@@ -52,7 +52,7 @@ from autotune.schedule.choose import finish
 from autotune.schedule.measure import device_name, gpu_world, measure
 from autotune.schedule.model import Correction, Model
 from autotune.schedule.plan import log, rank_bands, select
-from autotune.schedule.rescore import fit_report, rescore
+from autotune.schedule.rescore import fit_report, fmt, rescore
 from autotune.schedule.result import NCCL, CollectiveResult, TuneResult
 from autotune.schedule.space import DEFAULT_SPACE, enumerate_candidates, load_space
 
@@ -134,10 +134,6 @@ def _load_correction(path: str | None) -> Correction | None:
     return Correction.from_dict(read_json(path, "model correction", "give a model_correction.json"), repr(path))
 
 
-def _fmt(x: float | None, spec: str = ".1f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def report_table(res: CollectiveResult, measured: bool) -> str:
     lines = [f"{res.collective}: chosen per band ({res.summary.get('basis')})",
              f"{'band':>18} {'size':>11} {'choice':>44} {'pred us':>9} {'meas us':>9} {'nccl us':>9} "
@@ -148,16 +144,16 @@ def report_table(res: CollectiveResult, measured: bool) -> str:
         meas = b.nccl_measured_us if b.choice == NCCL else (r.measured_us if r else None)
         nccl = b.nccl_measured_us if measured else b.nccl_predicted_us
         mine = meas if measured else pred
-        lines.append(f"{b.lo:>8}-{b.hi if b.hi else 'inf':>9} {b.rep:>11} {b.choice:>44} {_fmt(pred):>9} "
-                     f"{_fmt(meas):>9} {_fmt(nccl):>9} {_fmt(nccl / mine if nccl and mine else None, '.2f'):>7} "
-                     f"{_fmt(b.spearman, '.2f'):>5}")
+        lines.append(f"{b.lo:>8}-{b.hi if b.hi else 'inf':>9} {b.rep:>11} {b.choice:>44} {fmt(pred, '.1f'):>9} "
+                     f"{fmt(meas, '.1f'):>9} {fmt(nccl, '.1f'):>9} {fmt(nccl / mine if nccl and mine else None, '.2f'):>7} "
+                     f"{fmt(b.spearman, '.2f'):>5}")
     s = res.summary
-    lines.append(f"fixed baseline {res.fixed_baseline or '-'}: tuned table {_fmt(s.get('speedup_over_fixed_geomean'), '.2f')}x "
-                 f"geomean; over NCCL {_fmt(s.get('speedup_over_nccl_geomean'), '.2f')}x geomean, "
-                 f"{_fmt(s.get('speedup_over_nccl_min'), '.2f')}x worst band")
+    lines.append(f"fixed baseline {res.fixed_baseline or '-'}: tuned table {fmt(s.get('speedup_over_fixed_geomean'), '.2f')}x "
+                 f"geomean; over NCCL {fmt(s.get('speedup_over_nccl_geomean'), '.2f')}x geomean, "
+                 f"{fmt(s.get('speedup_over_nccl_min'), '.2f')}x worst band")
     if measured:
-        lines.append(f"Spearman per band: min {_fmt(s.get('spearman_min'), '.2f')} (model as ranked), "
-                     f"min {_fmt(s.get('spearman_corrected_min'), '.2f')} (per-protocol correction, "
+        lines.append(f"Spearman per band: min {fmt(s.get('spearman_min'), '.2f')} (model as ranked), "
+                     f"min {fmt(s.get('spearman_corrected_min'), '.2f')} (per-protocol correction, "
                      f"leave-one-band-out); bands below 0.8: {s.get('bands_below_0.8')}")
     return "\n".join(lines)
 
@@ -470,14 +466,14 @@ def _evaluate(args, world, cp, result: TuneResult, declaration, tuned, run: Path
     record.save(out)
     bad = 0
     for coll, s in summary(record.points, record.skipped).items():
-        print(f"{coll} at held-out sizes {s['sizes']}: over NCCL geomean {_fmt(s['over_nccl_geomean'], '.3f')}x, "
-              f"worst {_fmt(s['over_nccl_min'], '.3f')}x; over NCCL's best setting geomean "
-              f"{_fmt(s['over_nccl_best_geomean'], '.3f')}x, worst {_fmt(s['over_nccl_best_min'], '.3f')}x; over "
-              f"the best fixed ({s['fixed'] or '-'}) geomean {_fmt(s['over_fixed_geomean'], '.3f')}x; "
+        print(f"{coll} at held-out sizes {s['sizes']}: over NCCL geomean {fmt(s['over_nccl_geomean'], '.3f')}x, "
+              f"worst {fmt(s['over_nccl_min'], '.3f')}x; over NCCL's best setting geomean "
+              f"{fmt(s['over_nccl_best_geomean'], '.3f')}x, worst {fmt(s['over_nccl_best_min'], '.3f')}x; over "
+              f"the best fixed ({s['fixed'] or '-'}) geomean {fmt(s['over_fixed_geomean'], '.3f')}x; "
               f"#wrong {s['wrong']}" + (f"; NOT MEASURED: {'; '.join(s['not_measured'])}" if s["not_measured"] else ""))
         if s["knob_share"]:
             print("  each chosen knob's share (the tuned choice with that knob as the fixed configuration has it, "
-                  "over the tuned time): " + ", ".join(f"{k} {_fmt(v['share_geomean'], '.3f')}x ({v['timed']}/"
+                  "over the tuned time): " + ", ".join(f"{k} {fmt(v['share_geomean'], '.3f')}x ({v['timed']}/"
                                                        f"{v['sizes']} sizes)" for k, v in s["knob_share"].items()))
         for v in s["verdicts"]:
             print(f"  target {v['target']}: {v['value']} -> {v['state']}" + (f" ({v['why']})" if v["why"] else ""))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from calibrate.errors import UserError
@@ -95,6 +95,7 @@ class EvaluateRecord(Record):
     VERSION: ClassVar[int] = 1
     WHAT: ClassVar[str] = "schedule tuner evaluation"
     FIX: ClassVar[str] = "write one with python -m autotune schedule evaluate"
+    LISTS: ClassVar[dict] = {"points": Point}
 
     date: str
     command: str
@@ -111,13 +112,6 @@ class EvaluateRecord(Record):
     basis: str = "evaluation"
     nccl_run: dict = field(default_factory=dict)   # where NCCL's best settings come from (nccl_best.NcclBest)
     skipped: list[dict] = field(default_factory=list)  # {collective, bytes, why}: held-out sizes not measured
-
-    def body(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_body(cls, d: dict, origin: str) -> "EvaluateRecord":
-        return cls.from_fields(d, origin, points=Point)
 
 
 def _over(mine: list[Point], base: str) -> tuple[float | None, float | None, list[str]]:

@@ -31,7 +31,8 @@ ONE_HOP_CEILING = "one-shot LL allreduce"   # kernels.interp.sweep ceiling names
 GRAPH_NODE_CEILING = "graph kernel node"
 
 
-def _fmt(x: float | None, spec: str = ".2f") -> str:
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    """``x`` formatted by ``spec``, "-" for none."""
     return "-" if x is None else format(x, spec)
 
 
@@ -53,17 +54,17 @@ def rescore(path: str, profile: Profile, preset: Preset, params: interp_model.Mo
         lines.append(f"{res.collective}:")
         for b in res.bands:  # correlations() ranked predicted_us, which is model_us here
             rows = sorted(b.measured_rows(), key=lambda r: r.measured_us)
-            lines.append(f"  band {b.rep} B: {len(rows)} measured; Spearman recorded {_fmt(recorded[b.rep])}, "
-                         f"model {_fmt(b.spearman)}, model + correction (leave-one-band-out) "
-                         f"{_fmt(b.spearman_corrected)}")
+            lines.append(f"  band {b.rep} B: {len(rows)} measured; Spearman recorded {fmt(recorded[b.rep])}, "
+                         f"model {fmt(b.spearman)}, model + correction (leave-one-band-out) "
+                         f"{fmt(b.spearman_corrected)}")
             for r in rows:
                 err = 100 * (r.model_us / r.measured_us - 1)
                 lines.append(f"    {r.key:<48} split {r.split:>3}  model {r.model_us:10.2f} us  "
                              f"measured {r.measured_us:10.2f} us  error {err:+6.1f}%")
-        lines.append(f"  Spearman per band, recorded: {[_fmt(recorded[b.rep]) for b in res.bands]}")
-        lines.append(f"  Spearman per band, model:    {[_fmt(b.spearman) for b in res.bands]}")
+        lines.append(f"  Spearman per band, recorded: {[fmt(recorded[b.rep]) for b in res.bands]}")
+        lines.append(f"  Spearman per band, model:    {[fmt(b.spearman) for b in res.bands]}")
         lines.append(f"  Spearman per band, model + correction (leave-one-band-out): "
-                     f"{[_fmt(b.spearman_corrected) for b in res.bands]}")
+                     f"{[fmt(b.spearman_corrected) for b in res.bands]}")
     lines.append("nothing was measured: a re-scoring of the recorded measurements")
     return "\n".join(lines)
 

@@ -149,6 +149,23 @@ def _programs(space: SearchSpace, collective: str, ranks: int, nodes: int, notes
     entry = space.collectives[collective]
     seen: dict[str, str] = {}
     out = []
+
+    def admit(name: str, label: str, program: Program, row: tuple) -> None:
+        """``row`` enumerated unless its program is for another collective (refused), for other ranks, in place
+        (calls are out of place) or one already enumerated (each noted)."""
+        if program.collective != collective:
+            raise UserError(f"search space {space.name!r} lists {name} (a {program.collective}) under {collective}; "
+                            f"move it")
+        if program.ngpus != ranks:
+            _note(notes, f"{name} skipped: it is for {program.ngpus} ranks, not {ranks}")
+        elif not out_of_place_ok(program):
+            _note(notes, f"{name} skipped: an in-place {collective} cannot serve out-of-place calls")
+        elif (fp := _fingerprint(program)) in seen:
+            notes.append(f"{label}: the same program as {seen[fp]}, enumerated once")
+        else:
+            seen[fp] = label
+            out.append(row)
+
     for alg in entry["algorithms"]:
         for ch in space.channels:
             for inst in space.instances:
@@ -157,40 +174,14 @@ def _programs(space: SearchSpace, collective: str, ranks: int, nodes: int, notes
                 except UserError as e:
                     _note(notes, f"{alg} skipped: {e}")
                     continue
-                if program.collective != collective:
-                    raise UserError(f"search space {space.name!r} lists {alg} (a {program.collective}) under "
-                                    f"{collective}; move it")
-                if not out_of_place_ok(program):
-                    _note(notes, f"{alg} skipped: an in-place {collective} cannot serve out-of-place calls")
-                    continue
-                fp = _fingerprint(program)
-                label = f"{alg} c{ch}i{inst}"
-                if fp in seen:
-                    notes.append(f"{label}: the same program as {seen[fp]}, enumerated once")
-                    continue
-                seen[fp] = label
-                out.append((alg, "library", ch, inst, program))
+                admit(alg, f"{alg} c{ch}i{inst}", program, (alg, "library", ch, inst, program))
     for name in entry["programs"]:
         path = _program_file(name)
         if not path.is_file():
             raise UserError(f"search space {space.name!r}: program file {name!r} not found (looked in "
                             f"{PROGRAM_DIR}); fix the name")
         program = read_xml(path)
-        if program.collective != collective:
-            raise UserError(f"search space {space.name!r} lists {name} (a {program.collective}) under {collective}; "
-                            f"move it")
-        if program.ngpus != ranks:
-            notes.append(f"{name} skipped: it is for {program.ngpus} ranks, not {ranks}")
-            continue
-        if not out_of_place_ok(program):
-            notes.append(f"{name} skipped: an in-place {collective} cannot serve out-of-place calls")
-            continue
-        fp = _fingerprint(program)
-        if fp in seen:
-            notes.append(f"{name}: the same program as {seen[fp]}, enumerated once")
-            continue
-        seen[fp] = name
-        out.append((path.name, "file", program.nchannels, 1, program))
+        admit(name, name, program, (path.name, "file", program.nchannels, 1, program))
     return out
 
 

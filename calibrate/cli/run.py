@@ -28,7 +28,7 @@ from calibrate.refine import FLOOR
 from calibrate.cli.refine import refine_group
 from calibrate.results import KIND, VERSION, ResultsDir
 from calibrate.sizes import align, odd_multiple, parse_size, rounded_note, sweep
-from calibrate.stats import summarize
+from calibrate.measure.stats import summarize
 from calibrate.measure.heldout import random_sizes as draw_random_sizes
 
 MAX_BATCH_MS = 10_000

@@ -118,15 +118,6 @@ def ratio(base: float | None, ours: float | None) -> float | None:
     return base / ours
 
 
-def ratio_ci(base_ci: tuple[float, float], ours_ci: tuple[float, float]) -> tuple[float, float]:
-    """The interval of base / ours that the two medians' confidence intervals allow (conservative:
-    each end takes the worst pairing)."""
-    (blo, bhi), (olo, ohi) = base_ci, ours_ci
-    if not (blo > 0 and olo > 0):
-        return math.nan, math.nan
-    return blo / ohi, bhi / olo
-
-
 def summarize(samples: Sequence[float]) -> dict[str, float]:
     """n, median, min, max, p95 and the median's confidence interval of timing samples (seconds)."""
     x = np.asarray(samples, dtype=float)

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
-from calibrate.measure.engine import Comparison
-
 MET, NOT_MET, UNKNOWN = "met", "not met", "unknown"
 
 
@@ -32,17 +30,6 @@ def judge(target: str, value: float | None, met: Callable[[float], bool], missin
     if value is None:
         return Verdict(target, "-", UNKNOWN, "no value")
     return Verdict(target, format(value, fmt), MET if met(value) else NOT_MET)
-
-
-def best_of(comparison: Comparison, names: Sequence[str]) -> tuple[str | None, float | None, list[str]]:
-    """(the fastest of ``names`` by median, its median, the missing ones with why). A best over arms
-    some of which did not run is not the best: callers judge with ``missing``."""
-    missing = comparison.missing(names)
-    timed = [(comparison[n].median_s, n) for n in names if n in comparison.arms and comparison[n].ok]
-    if not timed:
-        return None, None, missing
-    t, n = min(timed)
-    return n, t, missing
 
 
 def overall(verdicts: Sequence[Verdict]) -> str:

@@ -73,10 +73,6 @@ class IRTable:
         """The thread block row of every step."""
         return np.repeat(np.arange(len(self.tb_gpu)), np.diff(self.tb_start))
 
-    def step_index(self) -> np.ndarray:
-        """Each step's index within its thread block."""
-        return np.arange(self.steps) - np.repeat(self.tb_start[:-1], np.diff(self.tb_start))
-
     def tb_row(self, gpu_row: np.ndarray, tb_id: np.ndarray) -> np.ndarray:
         """Thread block rows of (gpu row, thread block id) pairs; -1 where there is none."""
         gpu_row, tb_id = np.asarray(gpu_row, dtype=np.int64), np.asarray(tb_id, dtype=np.int64)

@@ -193,35 +193,6 @@ def read_xml(path_or_text: str | Path) -> Program:
     return prog
 
 
-def single_dep_form(program: Program) -> Program:
-    """A copy of ``program`` where no step has more than one dependency (nops carry the extras)."""
-    out = Program(**{k: getattr(program, k) for k in ("name", "collective", "ngpus", "nchunksperloop",
-                                                         "nchannels", "protocol", "inplace", "min_bytes",
-                                                         "max_bytes")})
-    for gpu in program.gpus:
-        # new index of every old (tb, step)
-        newidx: dict[tuple[int, int], int] = {}
-        for tb in gpu.threadblocks:
-            k = 0
-            for i, st in enumerate(tb.steps):
-                k += max(len(st.deps) - 1, 0)
-                newidx[(tb.id, i)] = k
-                k += 1
-        ng = Gpu(gpu.id, gpu.i_chunks, gpu.o_chunks, gpu.s_chunks)
-        for tb in gpu.threadblocks:
-            steps: list[Step] = []
-            for st in tb.steps:
-                deps = [(d, newidx[(d, s)]) for d, s in st.deps]
-                for extra in deps[:-1]:
-                    steps.append(Step(len(steps), StepType.NOP, Buffer.INPUT, -1, Buffer.OUTPUT, -1, 0,
-                                      deps=[extra]))
-                steps.append(Step(len(steps), st.type, st.srcbuf, st.srcoff, st.dstbuf, st.dstoff, st.cnt,
-                                  deps=deps[-1:], has_dep=st.has_dep))
-            ng.threadblocks.append(ThreadBlock(tb.id, tb.send, tb.recv, tb.chan, steps))
-        out.gpus.append(ng)
-    return out
-
-
 def _attr(text: str) -> str:
     """An attribute value escaped as ElementTree escapes it."""
     for raw, entity in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"), ("\r", "&#13;"),

@@ -19,7 +19,6 @@ from calibrate.measure import engine
 from calibrate.sizes import sweep
 
 from kernels.interp import gpudata, pack
-from kernels.interp.records import BenchRecord
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 
@@ -127,11 +126,6 @@ def measure(comm, coll: str, nbytes: int, dtype: str, choice, reps: int, stream)
             "wrong_before": i.wrong_before, "wrong_after": i.wrong_after, "why": i.reason or r.reason}
 
 
-def _mpi_max():
-    from mpi4py import MPI
-    return MPI.MAX
-
-
 HEADER = (f"{'collective':>13} {'bytes':>11} {'program':>24} {'proto':>6} {'split':>5} {'interp us':>10} "
           f"{'nccl us':>9} {'interp GB/s':>11} {'nccl GB/s':>9} {'speedup':>7} {'ok':>3}")
 
@@ -144,7 +138,3 @@ def line(r: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     return "\n".join([HEADER] + [line(r) for r in rows])
-
-
-def result_json(rows: list[dict], device: str, nranks: int, preset: str) -> dict:
-    return BenchRecord(device, nranks, preset, rows).to_dict()

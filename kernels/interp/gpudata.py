@@ -85,13 +85,6 @@ def reference(cp, collective: str, dtype: str, count: int, rank: int, nranks: in
     return xs[rank], want, scale
 
 
-def compare_float(cp, got, want, scale, dtype: str, nranks: int) -> tuple[bool, float]:
-    """(every element written and within rounding of ``want``, the largest error relative to
-    ``scale``): the device layer's tolerance for a sum over ``nranks``, whatever its order."""
-    wrong, err = count_wrong(cp, got, want, scale, dtype, nranks)
-    return not wrong, err
-
-
 def count_wrong(cp, got, want, scale, dtype: str, nranks: int) -> tuple[int, float]:
     """(elements not written or beyond rounding of ``want``, the largest error relative to ``scale``)."""
     n = want.size

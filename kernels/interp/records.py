@@ -29,10 +29,6 @@ class BenchRecord(Record):
     date: str = field(default_factory=lambda: _dt.date.today().isoformat())
     timing: str = TIMING
 
-    def body(self) -> dict:
-        return {"date": self.date, "device": self.device, "nranks": self.nranks, "preset": self.preset,
-                "timing": self.timing, "rows": self.rows}
-
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "BenchRecord":
         return cls(d.get("device", ""), d.get("nranks", 0), d.get("preset", ""), d["rows"], d.get("date", ""),
@@ -54,9 +50,6 @@ class SweepRecord(Record):
     device: str
     runs: list[dict]
     date: str = field(default_factory=lambda: _dt.date.today().isoformat())
-
-    def body(self) -> dict:
-        return {"date": self.date, "device": self.device, "runs": self.runs}
 
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "SweepRecord":

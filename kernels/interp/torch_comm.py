@@ -2,8 +2,7 @@
 memory (no copies: their addresses go into the interpreter's launch), capturable
 inside ``torch.cuda.graph``.
 
-    ti = TorchInterp.from_world()                 # under mpirun (mpi4py), or
-    ti = TorchInterp(Communicator(GroupComm()))   # under torchrun, after dist.init_process_group
+    ti = TorchInterp(Communicator(MPI.COMM_WORLD))   # under mpirun (mpi4py)
     ti.prepare("allreduce", x)                    # launch state, before any graph capture
     y = ti.all_reduce(x)                          # out of place; or ti.all_reduce(x, out=y)
     ti.all_gather_into_tensor(out, x); ti.reduce_scatter_tensor(out, x)
@@ -53,37 +52,6 @@ def expected_numel(collective: str, numel_in: int, nranks: int) -> tuple[int, in
     raise UserError(f"unknown collective {collective!r}; use allreduce, allgather or reducescatter")
 
 
-class GroupComm:
-    """The five calls the interpreter's Communicator makes of an MPI communicator, over a
-    torch.distributed process group (for torchrun, where there is no MPI)."""
-
-    def __init__(self, group=None):
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            raise UserError("torch.distributed is not initialized; call dist.init_process_group first")
-        self.dist, self.group = dist, group
-
-    def Get_rank(self) -> int:  # noqa: N802 (mpi4py's names)
-        return self.dist.get_rank(self.group)
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self.dist.get_world_size(self.group)
-
-    def bcast(self, obj, root: int = 0):
-        box = [obj]
-        self.dist.broadcast_object_list(box, src=root, group=self.group)
-        return box[0]
-
-    def allgather(self, obj) -> list:
-        out = [None] * self.Get_size()
-        self.dist.all_gather_object(out, obj, group=self.group)
-        return out
-
-    def Barrier(self) -> None:  # noqa: N802
-        self.dist.barrier(group=self.group)
-
-
 class TorchInterp:
     """Collectives of the interpreter (its tuned table, else NCCL) on torch tensors."""
 
@@ -93,14 +61,6 @@ class TorchInterp:
 
         self.comm, self.cp, self.torch = comm, cp, torch
         self.device_index = cp.cuda.Device().id
-
-    @classmethod
-    def from_world(cls, preset=None) -> "TorchInterp":
-        from mpi4py import MPI
-
-        from kernels.interp.runtime import Communicator
-
-        return cls(Communicator(MPI.COMM_WORLD) if preset is None else Communicator(MPI.COMM_WORLD, preset))
 
     def _stream(self):
         return self.cp.cuda.ExternalStream(self.torch.cuda.current_stream(self.device_index).cuda_stream,

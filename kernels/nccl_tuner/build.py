@@ -11,7 +11,6 @@ from calibrate.errors import OptionError, UserError
 
 SOURCE = Path(__file__).with_name("tuner.c")
 LIBRARY_NAME = "libnccl-tuner-commtune.so"
-SYMBOLS = ("ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3")
 
 
 def default_path() -> Path:

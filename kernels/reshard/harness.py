@@ -135,20 +135,10 @@ class DryBackend(Backend):
     def __init__(self, be: Backend):
         self.be, self.device, self.xp = be, be.device, be.xp
 
-    def send(self, buf, peer, tag):
+    def _move_nothing(self, *args):
         pass
 
-    def recv(self, buf, peer, tag):
-        pass
-
-    def ring_broadcast(self, buf, chain, partitions, tag):
-        pass
-
-    def allgather(self, buf, group, part, tag):
-        pass
-
-    def exchange(self, sends, recvs):
-        pass
+    send = recv = ring_broadcast = allgather = exchange = _move_nothing
 
     def synchronize(self):
         self.be.synchronize()

@@ -34,9 +34,6 @@ class ReshardResults(Record):
     pipelines: list[dict] = field(default_factory=list)
     executed: list[dict] = field(default_factory=list)   # rows of kernels.reshard.harness.run_plans
 
-    def body(self) -> dict:
-        return {"profile": self.profile, "cases": self.cases, "pipelines": self.pipelines, "executed": self.executed}
-
     @classmethod
     def from_body(cls, d: dict, origin: str) -> "ReshardResults":
         # files written before "executed" hold the GPU check's rows under "gpu"

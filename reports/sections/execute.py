@@ -14,10 +14,11 @@ from autotune.execute.result import format_targets, load_summary
 from reports.html import Section
 
 
-def _table(rows: list[dict]) -> pd.DataFrame:
-    def ms(x):
-        return float("nan") if x is None else x * 1e3
+def ms(x):
+    return float("nan") if x is None else x * 1e3
 
+
+def _table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
         "plan": r["strategy"], "predicted step ms": ms(r["pred_step_s"]), "measured step ms": ms(r["step_s"]),
         "predicted comm ms": ms(r["pred_comm_s"]),
@@ -30,9 +31,6 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 
 
 def _layers(rows: list[dict]) -> pd.DataFrame:
-    def ms(x):
-        return float("nan") if x is None else x * 1e3
-
     return pd.DataFrame([{
         "layer": r["layer"], "kind": r["kind"], "positions": r["positions"],
         "predicted forward ms": ms(r["pred_fwd_s"]), "measured forward ms": ms(r["fwd_s"]),

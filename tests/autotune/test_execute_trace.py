@@ -4,7 +4,7 @@ such as ``nccl:all_reduce`` around each NCCL kernel) are labels, not work; count
 as busy they covered every NCCL kernel and measured no exposed communication."""
 import pytest
 
-from autotune.execute.trace import DeviceEvent, breakdown, exposed_time, family, idle_time, min_over_devices, split, top_kernels
+from autotune.execute.trace import DeviceEvent, breakdown, exposed_time, family, idle_time, split, top_kernels
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 GEMM = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"
@@ -47,13 +47,6 @@ def test_breakdown_per_step():
     top = top_kernels(events, steps=2, n=1)
     assert top == [{"name": NCCL, "s": pytest.approx(50e-6 / 2), "calls": 1.0}]
     assert family("ampere_bf16_s16816gemm_bf16_128x128") == "matmul"
-
-
-def test_replayed_kernels_count_the_device_that_waited_for_nobody():
-    # two calls: device 0 launched the first late (its kernel 5, device 1's 9 with 4 of waiting),
-    # device 1 the second late (3 against 7): 5 + 3
-    assert min_over_devices([[5.0, 7.0], [9.0, 3.0]]) == 8.0
-    assert min_over_devices([[5.0, 7.0, 1.0], [9.0, 3.0]]) == 12.0  # different kernels: the least total
 
 
 def test_idle_time_is_the_gaps_between_activities():

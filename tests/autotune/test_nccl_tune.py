@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from autotune.nccl import record as rec
-from autotune.nccl.choose import choose
+from autotune.nccl.choose import picks, rows_of
 from autotune.nccl.cli import main
 from autotune.nccl.measure import Options, ablation_arms, check_environment, compare, falling_behind, sweep
 from autotune.nccl.settings import DEFAULT, Setting, candidates, parse_channels, setting_table
@@ -18,6 +18,11 @@ from calibrate.cli import message
 from calibrate.errors import UserError
 from calibrate.measure import engine
 from kernels.nccl_tuner.table import ENV_TABLE, SIZE_MAX, Row, load_table, read_table, write_table
+
+
+def choose(sweep, collectives, sizes, ranks, nodes, excluded=(), margin=0.02):
+    """The rows of the sweep's picks, unconfirmed (``confirm`` keeps those whose gain holds)."""
+    return rows_of(picks(sweep, collectives, sizes, excluded, margin), ranks, nodes)
 
 
 def test_candidates_per_collective():
@@ -399,7 +404,7 @@ def test_a_row_whose_gain_does_not_hold_at_sizes_it_was_not_tuned_on_is_dropped(
     small sizes (no gain) gets no row."""
     from types import SimpleNamespace
 
-    from autotune.nccl.choose import confirmation_sizes, picks, rows_of
+    from autotune.nccl.choose import confirmation_sizes
     from autotune.nccl.cli import confirmed
     from autotune.nccl.bands import bands_for
 

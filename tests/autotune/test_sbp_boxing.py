@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from autotune.sbp.boxing import box, box_backward, copy_seconds, local_copies
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.simulate import DistTensor
+from sbp_simulate import DistTensor
 
 PLACEMENTS = ["B", "P", "S0", "S1"]
 

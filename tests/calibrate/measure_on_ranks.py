@@ -7,7 +7,7 @@ from mpi4py import MPI
 
 from calibrate.backends.mpi import MpiBackend
 from calibrate.measure.engine import MpiGroup, Options, compare
-from calibrate.measure.standin import Device, SumArm
+from standin import Device, SumArm
 
 
 def refuse_on_rank_1():

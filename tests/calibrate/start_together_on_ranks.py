@@ -9,7 +9,7 @@ import time
 from mpi4py import MPI
 
 from calibrate.measure.engine import MpiGroup, Options, compare
-from calibrate.measure.standin import Device, SumArm
+from standin import Device, SumArm
 
 ROUNDS = 4
 

@@ -8,7 +8,7 @@ from calibrate.errors import UserError
 from calibrate.fit import fit_piecewise, holdout, predict
 from calibrate.profile import CollectiveModel, Group, Profile, Segment, embedded_profile_names
 from calibrate.sizes import align, parse_size, sweep
-from calibrate.stats import median_ci, summarize
+from calibrate.measure.stats import median_ci, summarize
 
 
 def test_parse_size_and_sweep():

@@ -19,7 +19,7 @@ import numpy as np
 from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.records import header
 from calibrate.results import KIND, VERSION, ResultsDir
-from calibrate.stats import summarize
+from calibrate.measure.stats import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 MAINS = {"calibrate": "calibrate.__main__:main", "autotune": "autotune.__main__:main",

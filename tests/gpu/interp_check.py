@@ -32,6 +32,7 @@ from kernels.gc3.xml_io import read_xml, write_xml  # noqa: E402
 from kernels.interp import bench, gpudata, pack  # noqa: E402
 from kernels.interp.cli import bench as bench_cli  # noqa: E402
 from kernels.interp.preset import PROGRAM_DIR, Entry  # noqa: E402
+from kernels.interp.records import BenchRecord  # noqa: E402
 from kernels.interp.select import Choice  # noqa: E402
 
 
@@ -219,7 +220,7 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         device = cp.cuda.runtime.getDeviceProperties(local)["name"].decode()
         (out / "check.json").write_text(json.dumps({"checks": checks, "bad_input": bad}, indent=1))
-        (out / "bench.json").write_text(json.dumps(bench.result_json(rows, device, world.size, "h200x2"), indent=1))
+        (out / "bench.json").write_text(json.dumps(BenchRecord(device, world.size, "h200x2", rows).to_dict(), indent=1))
         nbad = sum(not r["ok"] for r in checks)
         print(f"\ncorrectness: {len(checks) - nbad}/{len(checks)} runs equal to NCCL "
               f"({len({r['file'] for r in checks})} programs, Simple, LL and LL128, float32 and bfloat16)")

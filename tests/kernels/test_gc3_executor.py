@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kernels.gc3.executor import ExecutionError, check_program, execute, random_inputs
-from kernels.gc3.interop import msccl_dir, reference_xml_files
+from msccl_reference import msccl_dir, reference_xml_files
 from kernels.gc3.ir import Step, StepType
 from kernels.gc3.semantics import reference_result
 from kernels.gc3.verify import VerifyError, verify

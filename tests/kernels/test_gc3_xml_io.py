@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from calibrate.errors import UserError
-from kernels.gc3.interop import msccl_dir, reference_xml_files
-from kernels.gc3.ir import StepType
-from kernels.gc3.xml_io import read_xml, single_dep_form, write_xml
+from msccl_reference import msccl_dir, reference_xml_files
+from kernels.gc3.ir import Buffer, Gpu, Program, Step, StepType, ThreadBlock
+from kernels.gc3.xml_io import read_xml, write_xml
 
 MSCCL_DIR = msccl_dir()
 MSCCL_FILES = reference_xml_files()
@@ -79,6 +79,35 @@ def test_bad_xml_is_rejected_with_place(text, match):
 def test_missing_file():
     with pytest.raises(UserError, match="no such XML file"):
         read_xml("/nonexistent/x.xml")
+
+
+def single_dep_form(program: Program) -> Program:
+    """The reference for write_xml's nops: a copy of ``program`` where no step has more than one dependency (nops carry the extras)."""
+    out = Program(**{k: getattr(program, k) for k in ("name", "collective", "ngpus", "nchunksperloop",
+                                                         "nchannels", "protocol", "inplace", "min_bytes",
+                                                         "max_bytes")})
+    for gpu in program.gpus:
+        # new index of every old (tb, step)
+        newidx: dict[tuple[int, int], int] = {}
+        for tb in gpu.threadblocks:
+            k = 0
+            for i, st in enumerate(tb.steps):
+                k += max(len(st.deps) - 1, 0)
+                newidx[(tb.id, i)] = k
+                k += 1
+        ng = Gpu(gpu.id, gpu.i_chunks, gpu.o_chunks, gpu.s_chunks)
+        for tb in gpu.threadblocks:
+            steps: list[Step] = []
+            for st in tb.steps:
+                deps = [(d, newidx[(d, s)]) for d, s in st.deps]
+                for extra in deps[:-1]:
+                    steps.append(Step(len(steps), StepType.NOP, Buffer.INPUT, -1, Buffer.OUTPUT, -1, 0,
+                                      deps=[extra]))
+                steps.append(Step(len(steps), st.type, st.srcbuf, st.srcoff, st.dstbuf, st.dstoff, st.cnt,
+                                  deps=deps[-1:], has_dep=st.has_dep))
+            ng.threadblocks.append(ThreadBlock(tb.id, tb.send, tb.recv, tb.chan, steps))
+        out.gpus.append(ng)
+    return out
 
 
 def test_multi_deps_become_nops():

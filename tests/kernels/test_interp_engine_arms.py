@@ -1,7 +1,7 @@
 """tp-mlp and the sweep's ceilings on the measurement engine, on CPUs: the step arms with the
 check's host allreduce (a planted corruption from the second step is found after timing, a step
 that cannot be captured or an arm that fails to start makes the verdicts unknown), and a ceiling
-row on the stand-in device (``calibrate.measure.standin``) in place of CuPy."""
+row on the stand-in device (``tests/calibrate/standin.py``) in place of CuPy."""
 from __future__ import annotations
 
 import json
@@ -16,11 +16,12 @@ import torch
 from mpi4py import MPI
 
 from calibrate.measure import engine
-from calibrate.measure.standin import Device, SumArm
 from kernels.interp import sweep
 from kernels.interp.cli import tp_mlp
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "calibrate"))
+from standin import Device, SumArm  # noqa: E402  (the CPU stand-in device of the engine's tests)
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 ARGS = types.SimpleNamespace(steps=2, reps=3)
 

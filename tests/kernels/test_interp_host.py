@@ -236,7 +236,7 @@ def test_report_section(tmp_path):
              "split": 1, "calls_per_graph": 10, "interp_us": 5.0, "nccl_us": 6.0 + i, "interp_busbw_gbs": 1.0,
              "nccl_busbw_gbs": 0.9, "speedup": (6.0 + i) / 5.0, "correct": True, "max_rel_err": 0.0}
             for c in ("allreduce", "allgather") for i, b in enumerate((1024, 4096))]
-    (tmp_path / "bench.json").write_text(json.dumps(bench.result_json(rows, "H200", 2, "h200x2")))
+    (tmp_path / "bench.json").write_text(json.dumps(BenchRecord("H200", 2, "h200x2", rows).to_dict()))
     secs = builder(BenchRecord.KIND)([tmp_path])
     out = write_report(tmp_path / "r.html", "t", secs)
     text = out.read_text()

@@ -187,23 +187,23 @@ def test_reference_allreduce_reducescatter_allgather(nranks, dtype):
     assert np.allclose(want, sum(xs), rtol=1e-6) and np.all(scale >= np.abs(want))
 
 
-def test_compare_float_catches_one_wrong_or_unwritten_element():
+def test_count_wrong_catches_one_wrong_or_unwritten_element():
     _, want, scale = gpudata.reference(NP, "allreduce", "float32", 64, 0, 2, 3)
     got = want.astype(np.float32).view(np.uint32).copy()
-    assert gpudata.compare_float(NP, got, want, scale, "float32", 2)[0]
+    assert not gpudata.count_wrong(NP, got, want, scale, "float32", 2)[0]
     bad = got.copy()
     bad.view(np.float32)[17] += 1e-3
-    assert not gpudata.compare_float(NP, bad, want, scale, "float32", 2)[0]
+    assert gpudata.count_wrong(NP, bad, want, scale, "float32", 2)[0]
     bad = got.copy()
     bad[5] = gpudata.POISON["float32"]
-    assert not gpudata.compare_float(NP, bad, want, scale, "float32", 2)[0]
+    assert gpudata.count_wrong(NP, bad, want, scale, "float32", 2)[0]
 
 
-def test_compare_float_bf16_rounding_passes():
+def test_count_wrong_bf16_rounding_passes():
     _, want, scale = gpudata.reference(NP, "allreduce", "bfloat16", 256, 0, 2, 4)
     bits = want.astype(np.float32).view(np.uint32)
     got = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)   # round to nearest even
-    assert gpudata.compare_float(NP, got, want, scale, "bfloat16", 2)[0]
+    assert not gpudata.count_wrong(NP, got, want, scale, "bfloat16", 2)[0]
 
 
 # ---- NCCL through ctypes ----

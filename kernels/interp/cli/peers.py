@@ -29,7 +29,6 @@ NCCL's best setting per size from them. The record is rewritten after every size
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import sys
 from pathlib import Path
 
