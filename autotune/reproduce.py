@@ -31,7 +31,7 @@ from autotune.pipeline.search import PipelineConfig, PipelineSearch
 from autotune.pipeline.threed import seeded
 from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.fit import describe, search_fitting
-from autotune.sbp.memory import AUTODDL_PRECISION, NONE, tied_saving
+from autotune.sbp.memory import NONE, recipe_of, tied_saving
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
@@ -104,7 +104,7 @@ def p0_threshold(case: dict) -> int | None:
     if limit is None:
         return None
     g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
-    state = g.parameters() * sum(AUTODDL_PRECISION[g.act_bytes])
+    state = g.parameters() * recipe_of("autoddl", g.act_bytes).parameter_bytes
     devices = case["nodes"] * case["gpus"]
     p0 = 1 << (devices.bit_length() - 1)
     while p0 > 1 and state * p0 / devices > limit:

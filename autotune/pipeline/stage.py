@@ -194,8 +194,8 @@ class StageProblem(Problem):
                                       self.recipe)
             if self.tied[v] and self.embedding is not None:
                 emb = self.choices[self.embedding][assign[self.embedding]]
-                saved = tied_saving(s, emb, self.cluster, self.act_bytes, plain)  # the whole copy and gradient
-                m = Memory(m.parameters - tied_saving(s, emb, self.cluster, self.act_bytes, self.mode).parameters
+                saved = tied_saving(s, emb, self.cluster, self.act_bytes, plain, self.recipe)  # the whole copy and gradient
+                m = Memory(m.parameters - tied_saving(s, emb, self.cluster, self.act_bytes, self.mode, self.recipe).parameters
                            - saved.parameters, m.gradients - saved.gradients, m.optimizer, m.activations)
                 shared += saved.gradients * c
             out = out + m.scaled(c)
