@@ -556,6 +556,16 @@ def worse_figures(rows: list[dict], previous: list[dict]) -> list[str]:
     return out
 
 
+def rebaselined(rows: list[dict], previous: list[dict]) -> list[str]:
+    """For each case run whose previous row re-baselines its record (a "rebaseline" field: the figure it replaced
+    and why, written by hand where the model was corrected and the old figure priced a step that does not run),
+    one line saying which figure the comparison is against and why."""
+    ran = {r["id"] for r in rows}
+    return [f"{r['id']} compared with its re-baselined record {r['searched_s']:.4g} s (was "
+            f"{r['rebaseline']['was_s']:.4g} s: {r['rebaseline']['reason']})"
+            for r in previous if r["id"] in ran and isinstance(r.get("rebaseline"), dict)]
+
+
 def regressions(rows: list[dict], previous: dict[str, str]) -> list[str]:
     """Cases that passed in ``previous`` and fail in ``rows``."""
     return [r["id"] for r in rows if r["status"] == "fail" and previous.get(r["id"]) == "pass"]

@@ -59,7 +59,10 @@ every matmul weight cast to bf16 in the forward (read 4, write 2 bytes a paramet
 gradient cast to fp32 in the backward (read 2, write 4; ``CAST_BYTES``), in the matmul's forward and
 backward; per micro-batch after the first, the new fp32 gradient added into .grad (read 4 + 4, write 4:
 ``accumulate_seconds``); once per step, fused AdamW over every locally held parameter (``ADAM_BYTES`` at
-the fused kernel's bandwidth).
+the fused kernel's bandwidth). Under Megatron-LM's recipes (``autotune.sbp.memory.Recipe.main_grad``: half
+weights, a main gradient of g bytes) no cast: per micro-batch each weight's half gradient added into its main
+gradient in the backward (read 2 + g, write g), and at the step the master weights copied into the half ones
+(and in fp16 the main gradients up to fp32) beside AdamW (``COPY_DOWN_BYTES``).
 
 Recomputation (``autotune.sbp.memory.Mode``): "selective" adds the attention core's forward to the
 attention layer's backward; "full" adds, to each layer inside a block, its forward (compute, its

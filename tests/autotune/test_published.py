@@ -87,6 +87,21 @@ def test_autoddl_compares_each_case_with_its_newest_recorded_row():
         == ["pipeline-wide-64 113.3 s -> 129.5 s"]
 
 
+def test_a_rebaselined_row_is_what_the_case_is_compared_with_and_says_why():
+    from autotune.reproduce import rebaselined, recorded_rows
+    old = {"id": "pipeline-wide-64", "searched_s": 113.3, "status": "fail"}
+    new = {"id": "pipeline-wide-64", "searched_s": 129.5, "status": "fail",
+           "rebaseline": {"was_s": 113.3, "reason": "priced a step torch does not run"}}
+    prev = [old, new]  # oldest first, as ``recorded_rows`` reads the records
+    assert worse_figures([{"id": "pipeline-wide-64", "searched_s": 129.5}], prev[1:]) == []
+    assert worse_figures([{"id": "pipeline-wide-64", "searched_s": 131.0}], prev[1:]) == [
+        "pipeline-wide-64 129.5 s -> 131 s"]
+    assert rebaselined([{"id": "pipeline-wide-64"}], prev) == [
+        "pipeline-wide-64 compared with its re-baselined record 129.5 s (was 113.3 s: priced a step torch does not "
+        "run)"]
+    assert rebaselined([{"id": "other"}], prev) == [] and rebaselined([{"id": "pipeline-wide-64"}], [old]) == []
+
+
 def test_a_schedule_the_model_lacks_is_a_one_line_error():
     """A published configuration on a schedule the step model does not have names it and the ones it has."""
     case = dict(CASES["llama3-405b-8k"], plan=dict(CASES["llama3-405b-8k"]["plan"], schedule="zero-bubble-v"))
