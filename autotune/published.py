@@ -261,7 +261,7 @@ def worse(rows: list[dict], previous: list[dict]) -> list[str]:
 
 def latest_record() -> Path | None:
     """The newest recorded run of this repository (reports/records/published_reproduce_*.json), None if none."""
-    found = sorted(Path(__file__).resolve().parents[2].joinpath("reports", "records")
+    found = sorted(Path(__file__).resolve().parents[1].joinpath("reports", "records")
                    .glob("published_reproduce_*.json"))
     return found[-1] if found else None
 

@@ -92,6 +92,15 @@ def test_autoddl_compares_each_case_with_its_newest_recorded_row():
     assert "torch's PipelineStage does not run" in rebaselined([{"id": "pipeline-wide-64"}], list(rows.values()))[0]
 
 
+def test_the_command_finds_this_repositorys_newest_record():
+    """``reproduce published`` compares with the newest published_reproduce_*.json of the repository's
+    reports/records (it once looked one folder above the repository and compared with nothing)."""
+    from pathlib import Path
+    path = published.latest_record()
+    assert path is not None and path.parent == Path(published.__file__).resolve().parents[1] / "reports" / "records"
+    assert published.previous_rows(path)
+
+
 def test_a_rebaselined_row_is_what_the_case_is_compared_with_and_says_why():
     from autotune.reproduce import rebaselined, recorded_rows
     old = {"id": "pipeline-wide-64", "searched_s": 113.3, "status": "fail"}
