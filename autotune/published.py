@@ -110,6 +110,8 @@ def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Technique
         flags.append("--sequence-parallel")
     if tech.zero_stage:
         flags.append("--use-distributed-optimizer")
+    if tech.overlap_grad_reduce:
+        flags.append("--overlap-grad-reduce")
     if tech.context_parallel > 1:
         flags.append(f"--context-parallel-size {tech.context_parallel}")
     sched = "Interleaved1F1B" if tech.virtual_stages > 1 else "1F1B"
@@ -136,7 +138,7 @@ def forced(case: dict) -> dict:
         raise UserError(f"case {case['id']}: batch {g.batch} is not a multiple of d {d} x micro-batch size {mbs}")
     g = context_parallel(g, cp)
     cfg = PipelineConfig(stages=p, schedule=tech.schedule, virtual_stages=max(tech.virtual_stages, 2),
-                         recipe=recipe(case))
+                         recipe=recipe(case), overlap_grad_reduce=tech.overlap_grad_reduce)
     search = _search(g, cluster, profile, None, cfg)  # priced whatever it needs; checked against the limit below
     m = g.batch // (d * mbs)
     sub = submesh(cluster, p)
@@ -164,12 +166,13 @@ def parts(c: Candidate) -> dict:
     sync and optimizer end last): its layers' compute (with DTensor's copies and the gradient accumulation), the
     communication between and inside its layers (tensor parallelism's, exposed), the pipeline's bubble (the rest
     of the time to its last backward: the schedule's idle time and the boundaries' transfers), the exposed
-    gradient sync and the optimizer. With the limit lifted they add up to the step."""
+    gradient sync and the optimizer; with the limit lifted they add up to the step. Beside them, the stage's whole
+    gradient sync (``grad_sync_s``), of which the exposed part is what the schedule does not hide."""
     i = max(range(len(c.plans)), key=lambda k: c.ends[k] + c.exposed[k] + c.plans[k].fig.optimizer)
     f = c.plans[i].fig
     return {"stage": i, "compute_s": f.compute - f.optimizer, "tensor_parallel_s": f.redistribution,
             "bubble_s": c.ends[i] - c.micro_batches * (f.forward + f.backward), "exposed_sync_s": c.exposed[i],
-            "optimizer_s": f.optimizer}
+            "optimizer_s": f.optimizer, "grad_sync_s": f.grad_sync}
 
 
 def _describe(c: Candidate, schedule: str, g) -> str:
@@ -300,7 +303,7 @@ def lines(row: dict) -> list[str]:
     if f.get("parts"):
         out.append("           binding stage {stage}: compute {compute_s:.3f} s, tensor-parallel communication "
                    "{tensor_parallel_s:.3f} s, bubble {bubble_s:.3f} s, exposed gradient sync {exposed_sync_s:.3f} s, "
-                   "optimizer {optimizer_s:.3f} s".format(**f["parts"]))
+                   "optimizer {optimizer_s:.3f} s (of a gradient sync of {grad_sync_s:.3f} s)".format(**f["parts"]))
     if row.get("reason"):
         out.append(f"           {row['reason']}")
     s = row.get("searched")

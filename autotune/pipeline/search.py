@@ -111,6 +111,7 @@ class PipelineConfig:
     split_dps: int = 1
     virtual_stages: int = 2  # chunks a rank under interleaved-1f1b (Megatron-LM's virtual pipeline stages)
     recipe: str = "autocast"  # the precision recipe every stage is priced in (``autotune.sbp.memory.RECIPES``)
+    overlap_grad_reduce: bool = True  # False: each stage's gradient sync exposed whole (``Techniques``)
 
     def full_effort(self) -> "PipelineConfig":
         """The same space searched at the stage searches' full effort: the split DP for every refined candidate,
@@ -122,7 +123,7 @@ class PipelineConfig:
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
                               self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
                               self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4, self.virtual_stages,
-                              self.recipe)
+                              self.recipe, self.overlap_grad_reduce)
 
 
 def schedule_name(name: str) -> str:
@@ -614,6 +615,8 @@ class PipelineSearch:
                     last[iv.stage] = max(last.get(iv.stage, 0.0), iv.end)
             exposed = [chunked_exposed([last[j * p + i] for j in range(v)], *x.problem.sync_parts(x.assign),
                                        x.problem.sync_slowdown) for i, x in enumerate(c.plans)]
+        if not self.cfg.overlap_grad_reduce:  # reduced after the last backward: nothing hides it
+            exposed = [x.fig.grad_sync for x in c.plans]
         c.exposed = exposed
         c.step = max(e + s + x.fig.optimizer for e, s, x in zip(c.ends, exposed, c.plans)) if fits else math.inf
         return c

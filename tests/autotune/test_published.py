@@ -92,6 +92,24 @@ def test_autoddl_compares_each_case_with_its_newest_recorded_row():
     assert "torch's PipelineStage does not run" in rebaselined([{"id": "pipeline-wide-64"}], list(rows.values()))[0]
 
 
+def test_local_ddp_leaves_the_whole_gradient_sync_exposed_and_the_parts_add_up():
+    """Megatron-LM 2021's local DDP all-reduces after the pipeline flush (``overlap_grad_reduce`` false in the
+    145.6 B case): the binding stage's exposed sync is its whole sync, where with the reduce overlapped (each
+    chunk's from its own last backward) it is less; the step's parts add up to it either way."""
+    case = CASES["megatron-145.6b"]
+    assert case["plan"]["overlap_grad_reduce"] is False
+    flush = published.forced(case)
+    overlapped = published.forced(dict(case, plan=dict(case["plan"], overlap_grad_reduce=True)))
+    for f in (flush, overlapped):
+        p = f["parts"]
+        assert sum(v for k, v in p.items() if k.endswith("_s") and k != "grad_sync_s") == pytest.approx(f["step_s"])
+    assert flush["parts"]["exposed_sync_s"] == flush["parts"]["grad_sync_s"] > 0
+    assert overlapped["parts"]["exposed_sync_s"] < 0.5 * overlapped["parts"]["grad_sync_s"]
+    assert flush["step_s"] - overlapped["step_s"] == pytest.approx(
+        flush["parts"]["exposed_sync_s"] - overlapped["parts"]["exposed_sync_s"], rel=1e-9)
+    assert "--overlap-grad-reduce" in overlapped["config"] and "--overlap-grad-reduce" not in flush["config"]
+
+
 def test_the_command_finds_this_repositorys_newest_record():
     """``reproduce published`` compares with the newest published_reproduce_*.json of the repository's
     reports/records (it once looked one folder above the repository and compared with nothing)."""
