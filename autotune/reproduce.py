@@ -447,7 +447,8 @@ def _pipeline_case(case: dict, config: Config) -> dict:
     for p in case["stages"]:
         # every micro-batch count and candidate refined, at the stage searches' full effort (the command's
         # cheaper defaults are measured on the large cases: reports/records/pipeline.md, speed session 6)
-        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p).full_effort()
+        # one stage: the paper's "no pipeline", the single-stage step (FSDP as without a pipeline)
+        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p, single_stage_plain=p == 1).full_effort()
         ps = PipelineSearch(g, cluster, profile, limit, cfg)
         a, b, same = seeded(ps, tensor_in_node=case["gpus"] > 1, sharding=False, most=g.batch)
         per_stages.append({"stages": p, "searched_s": a.step if a else None, "megatron_s": b.step if b else None,

@@ -112,6 +112,9 @@ class PipelineConfig:
     virtual_stages: int = 2  # chunks a rank under interleaved-1f1b (Megatron-LM's virtual pipeline stages)
     recipe: str = "autocast"  # the precision recipe every stage is priced in (``autotune.sbp.memory.RECIPES``)
     overlap_grad_reduce: bool = True  # False: each stage's gradient sync exposed whole (``Techniques``)
+    # a candidate of one stage priced as the single-stage step a user runs without a pipeline (FSDP reduce-scattering
+    # each micro-batch, not torch's PipelineStage accumulating whole gradients): "1 stage" as a paper means it
+    single_stage_plain: bool = False
 
     def full_effort(self) -> "PipelineConfig":
         """The same space searched at the stage searches' full effort: the split DP for every refined candidate,
@@ -123,7 +126,7 @@ class PipelineConfig:
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
                               self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
                               self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4, self.virtual_stages,
-                              self.recipe, self.overlap_grad_reduce)
+                              self.recipe, self.overlap_grad_reduce, self.single_stage_plain)
 
 
 def schedule_name(name: str) -> str:
@@ -337,7 +340,9 @@ class StageSearch:
                 base = self.problem(m, span, sub, 1).with_mode(mode)
             else:
                 cat = self.catalogue(sub)
-                base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.limit, catalogue=cat)
+                whole = self.cfg.single_stage_plain and tuple(span) == (0, len(self.graph_for(m).chain))
+                base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.limit, catalogue=cat,
+                                    pipelined=not whole)
             self._problems[key] = base
         return base.in_flight(f)
 
