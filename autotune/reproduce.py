@@ -435,7 +435,9 @@ def _pipeline_case(case: dict, config: Config) -> dict:
     verdict as the other cases'. The search is seeded with the Megatron plan (``autotune.pipeline.threed.seeded``,
     as the single-stage cases start from it), so it is never slower. Not the paper's: the searched stages may
     train under recomputation or FSDP where no plain plan fits (the stage search's modes; AutoDDL's search had
-    no FSDP), try at most 8p micro-batches (Megatron here: every count) and have no p0 cap."""
+    no FSDP), try at most 8p micro-batches (Megatron here: every count) and have no p0 cap. One stage is the
+    paper's "no pipeline": priced as the single-stage step (``PipelineConfig.single_stage_plain``: FSDP as
+    without a pipeline), not as torch's PipelineStage would run one stage."""
     g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
     profile = Profile.load(case["profile"])
     if (config.alpha_scale, config.beta_scale) != (1.0, 1.0):
