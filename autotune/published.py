@@ -2,7 +2,9 @@
 (``autotune/cli/reproduce.py``).
 
 Every case of ``autotune/sbp/presets/published.json`` (the paper's model, cluster, configuration and step) is
-priced twice on its documented profile, one configuration for all cases:
+priced twice on its documented profile, one configuration for all cases, each in the precision recipe its run
+used (the case's "recipe", ``autotune.sbp.memory.RECIPES``, with its source: Megatron-LM's fp16 recipe for the
+SC21 runs, the bf16 one with fp32 gradients for Llama 3):
 
 - forced: the paper's configuration (tensor degree t inside a node, p stages of whole nodes, d data-parallel
   ranks, context-parallel groups, micro-batch size, recomputation, schedule and virtual stages, sequence
@@ -35,7 +37,7 @@ from models import load_model
 
 from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, fewer_collections, submesh
 from autotune.pipeline.threed import seeded, stage_plans
-from autotune.sbp.memory import Mode
+from autotune.sbp.memory import RECIPES, Mode
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.techniques import Techniques, context_parallel
 
@@ -49,6 +51,15 @@ WORSE = 0.005  # a step more than this share above the previous record's is flag
 def load_cases() -> list[dict]:
     d = json.loads(resources.files("autotune.sbp.presets").joinpath("published.json").read_text())
     return d["cases"]
+
+
+def recipe(case: dict) -> str:
+    """The precision recipe a case's run used (its "recipe"); a one-line error naming the fix without one."""
+    name = case.get("recipe")
+    if name not in RECIPES or not case.get("recipe_source"):
+        raise UserError(f"case {case.get('id')}: recipe {name!r} with a recipe_source is needed: set one of "
+                        f"{', '.join(RECIPES)} and where the run's paper or scripts state it")
+    return name
 
 
 def published_step(case: dict) -> tuple[float, float]:
@@ -99,6 +110,8 @@ def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Technique
         flags.append("--sequence-parallel")
     if tech.zero_stage:
         flags.append("--use-distributed-optimizer")
+    if tech.overlap_grad_reduce:
+        flags.append("--overlap-grad-reduce")
     if tech.context_parallel > 1:
         flags.append(f"--context-parallel-size {tech.context_parallel}")
     sched = "Interleaved1F1B" if tech.virtual_stages > 1 else "1F1B"
@@ -124,7 +137,8 @@ def forced(case: dict) -> dict:
     if g.batch % (d * mbs):
         raise UserError(f"case {case['id']}: batch {g.batch} is not a multiple of d {d} x micro-batch size {mbs}")
     g = context_parallel(g, cp)
-    cfg = PipelineConfig(stages=p, schedule=tech.schedule, virtual_stages=max(tech.virtual_stages, 2))
+    cfg = PipelineConfig(stages=p, schedule=tech.schedule, virtual_stages=max(tech.virtual_stages, 2),
+                         recipe=recipe(case), overlap_grad_reduce=tech.overlap_grad_reduce)
     search = _search(g, cluster, profile, None, cfg)  # priced whatever it needs; checked against the limit below
     m = g.batch // (d * mbs)
     sub = submesh(cluster, p)
@@ -141,9 +155,24 @@ def forced(case: dict) -> dict:
         c = search.finish(search.candidate(p, sub, m, search.balanced(p), plans))
     peak = max(x.fig.memory for x in c.plans)
     return {"step_s": c.step if math.isfinite(c.step) else None, "micro_batches": m, "memory_gib": peak / 2**30,
+            "parts": parts(c),
             "limit_gib": None if profile.memory_bytes is None else profile.memory_bytes / 2**30,
             "fits": profile.memory_bytes is None or peak <= profile.memory_bytes,
             "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"])}
+
+
+def parts(c: Candidate) -> dict:
+    """The step of a priced candidate split on its binding stage (the one whose last backward, exposed gradient
+    sync and optimizer end last): its layers' compute (with DTensor's copies and the gradient accumulation), the
+    communication between and inside its layers (tensor parallelism's, exposed), the pipeline's bubble (the rest
+    of the time to its last backward: the schedule's idle time and the boundaries' transfers), the exposed
+    gradient sync and the optimizer; with the limit lifted they add up to the step. Beside them, the stage's whole
+    gradient sync (``grad_sync_s``), of which the exposed part is what the schedule does not hide."""
+    i = max(range(len(c.plans)), key=lambda k: c.ends[k] + c.exposed[k] + c.plans[k].fig.optimizer)
+    f = c.plans[i].fig
+    return {"stage": i, "compute_s": f.compute - f.optimizer, "tensor_parallel_s": f.redistribution,
+            "bubble_s": c.ends[i] - c.micro_batches * (f.forward + f.backward), "exposed_sync_s": c.exposed[i],
+            "optimizer_s": f.optimizer, "grad_sync_s": f.grad_sync}
 
 
 def _describe(c: Candidate, schedule: str, g) -> str:
@@ -176,7 +205,7 @@ def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
     cluster = Cluster(case["nodes"], case["gpus"])
     best = None
     for sched in schedules:
-        search = _search(g, cluster, profile, profile.memory_bytes, PipelineConfig(schedule=sched))
+        search = _search(g, cluster, profile, profile.memory_bytes, PipelineConfig(schedule=sched, recipe=recipe(case)))
         c, _, is3d = seeded(search)
         if c is not None and (best is None or c.step < best[0].step):
             best = (c, sched)
@@ -197,7 +226,7 @@ def run_case(case: dict, with_search: bool = True) -> dict:
 
     def mfu(step):
         return None if not step else model_flops(g) / (gpus * peak * step)
-    row = {"id": case["id"], "source": case["source"], "profile": case["profile"],
+    row = {"id": case["id"], "source": case["source"], "profile": case["profile"], "recipe": recipe(case),
            "published_s": [lo, hi], "published_mfu": [mfu(hi), mfu(lo)], "gemm_ceiling": best_rate / peak}
     f = forced(case)
     row["forced"] = dict(f, mfu=mfu(f["step_s"]))
@@ -235,7 +264,7 @@ def worse(rows: list[dict], previous: list[dict]) -> list[str]:
 
 def latest_record() -> Path | None:
     """The newest recorded run of this repository (reports/records/published_reproduce_*.json), None if none."""
-    found = sorted(Path(__file__).resolve().parents[2].joinpath("reports", "records")
+    found = sorted(Path(__file__).resolve().parents[1].joinpath("reports", "records")
                    .glob("published_reproduce_*.json"))
     return found[-1] if found else None
 
@@ -268,9 +297,13 @@ def lines(row: dict) -> list[str]:
     f = row["forced"]
     ratio = "-" if row["forced_ratio"] is None else f"{row['forced_ratio']:.2f}"
     out = [f"published: {pub} (MFU {_pct(row['published_mfu'][0])}"
-           + (f"-{_pct(row['published_mfu'][1])}" if abs(hi - lo) >= 0.005 else "") + f"); {row['source']}",
+           + (f"-{_pct(row['published_mfu'][1])}" if abs(hi - lo) >= 0.005 else "") + f"); {row['source']}; recipe {row.get('recipe', 'autocast')}",
            f"forced:    {_s(f['step_s'])} ({ratio} of published), "
            f"MFU {_pct(f['mfu'])}, {f['memory_gib']:.1f} GiB of {f['limit_gib']:.1f} usable; {f['config']}"]
+    if f.get("parts"):
+        out.append("           binding stage {stage}: compute {compute_s:.3f} s, tensor-parallel communication "
+                   "{tensor_parallel_s:.3f} s, bubble {bubble_s:.3f} s, exposed gradient sync {exposed_sync_s:.3f} s, "
+                   "optimizer {optimizer_s:.3f} s (of a gradient sync of {grad_sync_s:.3f} s)".format(**f["parts"]))
     if row.get("reason"):
         out.append(f"           {row['reason']}")
     s = row.get("searched")

@@ -31,7 +31,7 @@ from autotune.pipeline.search import PipelineConfig, PipelineSearch
 from autotune.pipeline.threed import seeded
 from autotune.sbp.baselines import best_mesh, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.fit import describe, search_fitting
-from autotune.sbp.memory import AUTODDL_PRECISION, NONE, tied_saving
+from autotune.sbp.memory import NONE, recipe_of, tied_saving
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.mesh import Cluster
@@ -104,7 +104,7 @@ def p0_threshold(case: dict) -> int | None:
     if limit is None:
         return None
     g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
-    state = g.parameters() * sum(AUTODDL_PRECISION[g.act_bytes])
+    state = g.parameters() * recipe_of("autoddl", g.act_bytes).parameter_bytes
     devices = case["nodes"] * case["gpus"]
     p0 = 1 << (devices.bit_length() - 1)
     while p0 > 1 and state * p0 / devices > limit:
@@ -435,7 +435,9 @@ def _pipeline_case(case: dict, config: Config) -> dict:
     verdict as the other cases'. The search is seeded with the Megatron plan (``autotune.pipeline.threed.seeded``,
     as the single-stage cases start from it), so it is never slower. Not the paper's: the searched stages may
     train under recomputation or FSDP where no plain plan fits (the stage search's modes; AutoDDL's search had
-    no FSDP), try at most 8p micro-batches (Megatron here: every count) and have no p0 cap."""
+    no FSDP), try at most 8p micro-batches (Megatron here: every count) and have no p0 cap. One stage is the
+    paper's "no pipeline": priced as the single-stage step (``PipelineConfig.single_stage_plain``: FSDP as
+    without a pipeline), not as torch's PipelineStage would run one stage."""
     g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
     profile = Profile.load(case["profile"])
     if (config.alpha_scale, config.beta_scale) != (1.0, 1.0):
@@ -447,7 +449,8 @@ def _pipeline_case(case: dict, config: Config) -> dict:
     for p in case["stages"]:
         # every micro-batch count and candidate refined, at the stage searches' full effort (the command's
         # cheaper defaults are measured on the large cases: reports/records/pipeline.md, speed session 6)
-        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p).full_effort()
+        # one stage: the paper's "no pipeline", the single-stage step (FSDP as without a pipeline)
+        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p, single_stage_plain=p == 1).full_effort()
         ps = PipelineSearch(g, cluster, profile, limit, cfg)
         a, b, same = seeded(ps, tensor_in_node=case["gpus"] > 1, sharding=False, most=g.batch)
         per_stages.append({"stages": p, "searched_s": a.step if a else None, "megatron_s": b.step if b else None,
@@ -554,6 +557,16 @@ def worse_figures(rows: list[dict], previous: list[dict]) -> list[str]:
         if a is not None and (b is None or b > a * (1 + WORSE)):
             out.append(f"{r['id']} {a:.4g} s -> {'no plan' if b is None else f'{b:.4g} s'}")
     return out
+
+
+def rebaselined(rows: list[dict], previous: list[dict]) -> list[str]:
+    """For each case run whose previous row re-baselines its record (a "rebaseline" field: the figure it replaced
+    and why, written by hand where the model was corrected and the old figure priced a step that does not run),
+    one line saying which figure the comparison is against and why."""
+    ran = {r["id"] for r in rows}
+    return [f"{r['id']} compared with its re-baselined record {r['searched_s']:.4g} s (was "
+            f"{r['rebaseline']['was_s']:.4g} s: {r['rebaseline']['reason']})"
+            for r in previous if r["id"] in ran and isinstance(r.get("rebaseline"), dict)]
 
 
 def regressions(rows: list[dict], previous: dict[str, str]) -> list[str]:

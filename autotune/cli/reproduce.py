@@ -16,7 +16,9 @@ profile's usable memory at its peak, workspace included) and, per case, the
 verdict with alpha or beta halved and doubled (a verdict that flips is marked).
 Both compare every case with the previous record (``--previous``): a case that
 passed and fails now, or whose searched step (or communication) got worse, is a
-regression, and the command exits 1; else 0.
+regression, and the command exits 1; else 0. A recorded row may re-baseline its case (its "rebaseline": the
+figure it replaced and why, where a corrected model no longer prices the step the old figure did): the
+comparison is against it, and the command prints which figure and why.
 
     python -m autotune reproduce autoddl [--case ID ...] [--out DIR] [--previous FILE] [--no-sensitivity]
         [--p0-cap memory|N|0]
@@ -33,7 +35,8 @@ from calibrate.outputs import check_output_path
 
 from autotune import published
 from autotune.reproduce import (RECORD, TOLERANCE_PP, VERSION, Config, load_cases, passes_by_cap,
-                                recorded_rows, records, regressions, run_case, table, worse_figures)
+                                rebaselined, recorded_rows, records, regressions, run_case, table,
+                                worse_figures)
 
 
 def main(argv=None) -> int:
@@ -135,6 +138,8 @@ def _reproduce(args, config: Config, prev, prev_rows: list[dict], cases: list[di
     lost = regressions(rows, prev)
     got_worse = worse_figures(rows, prev_rows)
     others = ", ".join(f"{n} under p0 cap {k}" for k, n in passes_by_cap(rows).items())
+    for line in rebaselined(rows, prev_rows):
+        print(line)
     print(f"{passed}/{len(rows)} cases pass (same winner, reduction within {TOLERANCE_PP:g} pp; {others}); "
           + (f"REGRESSION: {', '.join(lost)} passed in the previous record and fail now; " if lost else "")
           + (f"WORSE than the previous record: {'; '.join(got_worse)}; " if got_worse else "")

@@ -110,6 +110,11 @@ class PipelineConfig:
     relax_rounds: int = 2
     split_dps: int = 1
     virtual_stages: int = 2  # chunks a rank under interleaved-1f1b (Megatron-LM's virtual pipeline stages)
+    recipe: str = "autocast"  # the precision recipe every stage is priced in (``autotune.sbp.memory.RECIPES``)
+    overlap_grad_reduce: bool = True  # False: each stage's gradient sync exposed whole (``Techniques``)
+    # a candidate of one stage priced as the single-stage step a user runs without a pipeline (FSDP reduce-scattering
+    # each micro-batch, not torch's PipelineStage accumulating whole gradients): "1 stage" as a paper means it
+    single_stage_plain: bool = False
 
     def full_effort(self) -> "PipelineConfig":
         """The same space searched at the stage searches' full effort: the split DP for every refined candidate,
@@ -120,7 +125,8 @@ class PipelineConfig:
     def reference(self) -> "PipelineConfig":
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
                               self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
-                              self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4, self.virtual_stages)
+                              self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4, self.virtual_stages,
+                              self.recipe, self.overlap_grad_reduce, self.single_stage_plain)
 
 
 def schedule_name(name: str) -> str:
@@ -228,6 +234,7 @@ class Candidate:
     result: object = None
     step: float = math.inf
     ends: list[float] = field(default_factory=list)
+    exposed: list[float] = field(default_factory=list)  # per stage: its gradient sync not hidden (``finish``)
     name: str = ""
     tensor: int = 0  # the Megatron baseline's tensor-parallel degree
     virtual: int = 1  # chunks a rank (interleaved 1F1B)
@@ -286,7 +293,7 @@ class StageSearch:
     def catalogue(self, sub: Cluster) -> Catalogue:
         cat = self._catalogues.get(sub)
         if cat is None:
-            cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub))
+            cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub), self.cfg.recipe)
         return cat
 
     def layout(self, m: int, span, sub: Cluster, runnable: bool = True, megatron: bool = False) -> Layout:
@@ -333,7 +340,9 @@ class StageSearch:
                 base = self.problem(m, span, sub, 1).with_mode(mode)
             else:
                 cat = self.catalogue(sub)
-                base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.limit, catalogue=cat)
+                whole = self.cfg.single_stage_plain and tuple(span) == (0, len(self.graph_for(m).chain))
+                base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.limit, catalogue=cat,
+                                    pipelined=not whole)
             self._problems[key] = base
         return base.in_flight(f)
 
@@ -611,6 +620,9 @@ class PipelineSearch:
                     last[iv.stage] = max(last.get(iv.stage, 0.0), iv.end)
             exposed = [chunked_exposed([last[j * p + i] for j in range(v)], *x.problem.sync_parts(x.assign),
                                        x.problem.sync_slowdown) for i, x in enumerate(c.plans)]
+        if not self.cfg.overlap_grad_reduce:  # reduced after the last backward: nothing hides it
+            exposed = [x.fig.grad_sync for x in c.plans]
+        c.exposed = exposed
         c.step = max(e + s + x.fig.optimizer for e, s, x in zip(c.ends, exposed, c.plans)) if fits else math.inf
         return c
 

@@ -52,7 +52,8 @@ from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_step
 from autotune.sbp.layers import UNIT_ROLE, make_op
 from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, gathered_weight_bytes, peak_workspace,
                                   pipelined_fsdp_memory, strategy_memory, tied_saving)
-from autotune.sbp.steptime import accumulate_seconds, layer_seconds, optimizer_seconds, pipelined_fsdp_seconds
+from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
+                                   pipelined_fsdp_seconds)
 from autotune.sbp.tables import edge_steps
 
 
@@ -60,15 +61,18 @@ class StageProblem(Problem):
     """A ``Problem`` whose memory counts ``inflight`` micro-batches' activations (``in_flight`` makes a copy
     with another count that shares the costs and boxing tables)."""
 
-    def __init__(self, graph, coster, memory_limit, objective: str = "step", inflight: int = 1, **kw):
-        self.inflight = inflight
+    def __init__(self, graph, coster, memory_limit, objective: str = "step", inflight: int = 1,
+                 pipelined: bool = True, **kw):
+        """``pipelined`` False: the stage is the whole model run without a pipeline (FSDP as the single-stage
+        plan runs it: ``PipelineConfig.single_stage_plain``)."""
+        self.inflight, self.pipelined = inflight, pipelined
         super().__init__(graph, coster, memory_limit, require_fit=False, objective=objective, **kw)
 
     @property
     def pipelined_fsdp(self) -> bool:
-        """Whether the stage runs FSDP as torchtitan does (its mode shards weights): then its gathers, its
-        reduce-scatter and its memory are the module doc's, not the single-stage plan's."""
-        return self.mode.fsdp_axes is not None
+        """Whether the stage runs FSDP as torchtitan does (its mode shards weights, in a pipeline): then its
+        gathers, its reduce-scatter and its memory are the module doc's, not the single-stage plan's."""
+        return self.pipelined and self.mode.fsdp_axes is not None
 
     def _price(self, mode: Mode) -> None:
         """``Problem._price``; in FSDP mode under the step objective its per-micro-batch FSDP communication
@@ -119,7 +123,7 @@ class StageProblem(Problem):
         """The memory per strategy split into what the in-flight count multiplies (made once per layer, as
         ``Problem._figures`` keeps per-strategy figures: ``with_mode`` copies and the catalogue's other
         problems share them); in FSDP mode torchtitan's (``pipelined_fsdp_memory``)."""
-        fsdp = mode.fsdp_axes is not None
+        fsdp = self.pipelined and mode.fsdp_axes is not None
         price = pipelined_fsdp_memory if fsdp else strategy_memory
 
         def parts(v):
@@ -194,8 +198,8 @@ class StageProblem(Problem):
                                       self.recipe)
             if self.tied[v] and self.embedding is not None:
                 emb = self.choices[self.embedding][assign[self.embedding]]
-                saved = tied_saving(s, emb, self.cluster, self.act_bytes, plain)  # the whole copy and gradient
-                m = Memory(m.parameters - tied_saving(s, emb, self.cluster, self.act_bytes, self.mode).parameters
+                saved = tied_saving(s, emb, self.cluster, self.act_bytes, plain, self.recipe)  # the whole copy and gradient
+                m = Memory(m.parameters - tied_saving(s, emb, self.cluster, self.act_bytes, self.mode, self.recipe).parameters
                            - saved.parameters, m.gradients - saved.gradients, m.optimizer, m.activations)
                 shared += saved.gradients * c
             out = out + m.scaled(c)
@@ -312,6 +316,9 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
             gf, gb, _ = pipelined_fsdp_seconds(s, cl, problem.coster, mode, f, b)
             nf, nb = (root, 0) if role == OUTSIDE else (block_f, block_b)
             fwd, bwd, red = fwd + c * nf * gf / m, bwd + c * nb * gb / m, red + c * (nf * gf + nb * gb)
+        elif mode.fsdp_axes is not None:  # the whole model without a pipeline: the single-stage plan's FSDP
+            x = fsdp_seconds(s, cl, problem.coster, mode, f, b)  # per micro-batch (``Problem``'s), with its backward
+            bwd, red = bwd + c * x, red + c * m * x
     for (a, b), c in problem.edge_counts.items():
         sa, sb = problem.choices[a][assign[a]], problem.choices[b][assign[b]]
         (tf, kf), (tb, kb) = [(problem.coster.time(st), copy_seconds(st, cm.memory_seconds))

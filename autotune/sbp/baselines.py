@@ -178,7 +178,7 @@ def best_mesh(problem: Problem, make, fits=None) -> tuple[list[int] | None, floa
         if a is None:
             continue
         problem.evaluations += 1
-        mem = problem.peak_memory(a) if problem.recipe == "autocast" else problem.memory_of(a)
+        mem = problem.peak_memory(a) if problem.recipe != "autoddl" else problem.memory_of(a)
         cost = problem.raw_cost(a) if fits(a) else math.inf
         if cost < best_cost:
             best, best_cost, best_mesh_ = a, cost, m.sizes

@@ -18,7 +18,7 @@ shares the strategies and boxing tables). Under FSDP a sharded weight's gradient
 reduce-scattered per micro-batch (``steptime.fsdp_steps``) instead of all-reduced
 once a step over its sharding axes; over its other sync axes (HSDP's replicas) its
 shard is all-reduced once a step. Gradients are synced in the recipe's gradient
-type under the step objective (fp32, ``memory.PRECISION``) and in the activation
+type under the step objective (``memory.Recipe.sync``: fp32 but in Megatron-LM's fp16 recipe) and in the activation
 type under the communication objective (AutoDDL's, unchanged).
 
 The memory limit is the device's (``device_limit``); the searches constrain the
@@ -39,8 +39,8 @@ from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, Strategy, make_op, with_recipe
-from autotune.sbp.memory import (NONE, OUTSIDE, PRECISION, RECIPES, RERUN, TAIL, Memory, Mode, chain_roles, layer_roles,
-                                 edge_bytes,
+from autotune.sbp.memory import (NONE, OUTSIDE, RECIPES, RERUN, TAIL, Memory, Mode, chain_roles, layer_roles,
+                                 edge_bytes, recipe_of,
                                  fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, overlapped,
                                    require_compute)
@@ -106,21 +106,22 @@ def rows_of(graph: LayerGraph) -> int | None:
     return graph.micro_batch if "sequence" in graph.config else None
 
 
-def layer_strategies(op, cluster: Cluster, signatures, rows: int | None) -> list[Strategy]:
-    """``op``'s strategies in its recipe; with ``rows``, those whose input or output splits the tokens over
-    devices that do not divide ``rows`` left out (apply cuts a micro-batch into whole sequences)."""
-    out = [with_recipe(s, op.layer) for s in op.strategies(cluster, signatures)]
+def layer_strategies(op, cluster: Cluster, signatures, rows: int | None, recipe: str = "autocast") -> list[Strategy]:
+    """``op``'s strategies in ``recipe`` (``with_recipe``); with ``rows``, those whose input or output splits the
+    tokens over devices that do not divide ``rows`` left out (apply cuts a micro-batch into whole sequences)."""
+    out = [with_recipe(s, op.layer, recipe, op.act_bytes) for s in op.strategies(cluster, signatures)]
     return out if rows is None else [s for s in out if all(
         rows % math.prod(n for p, n in zip(f, cluster.axis_sizes) if p == "S0") == 0 for f in (s.fine_in, s.fine_out))]
 
 
 class Catalogue:
-    """What problems on one cluster share, made once: each layer's strategies (by layer, activation size and
-    signatures) and the boxing tables (one ``RowBoxer`` that keeps them, per activation size and objective).
-    A pipeline's stage problems hold the same layers on one submesh (``autotune.pipeline.search``)."""
+    """What problems on one cluster and precision recipe share, made once: each layer's strategies (by layer,
+    activation size and signatures) and the boxing tables (one ``RowBoxer`` that keeps them, per activation size
+    and objective). A pipeline's stage problems hold the same layers on one submesh (``autotune.pipeline.search``)."""
 
-    def __init__(self, coster: Coster):
-        self.coster = coster
+    def __init__(self, coster: Coster, recipe: str = "autocast"):
+        recipe_of(recipe)
+        self.coster, self.recipe = coster, recipe
         self.strategies: dict[tuple, list[Strategy]] = {}
         self.rows: dict[tuple, RowBoxer] = {}
         self.figures: dict[tuple, np.ndarray] = {}  # per (layer, figure): one value per strategy (``Problem._figures``)
@@ -133,7 +134,7 @@ class Catalogue:
         key = Catalogue.key(op, signatures, rows)
         out = self.strategies.get(key)
         if out is None:
-            out = self.strategies[key] = layer_strategies(op, self.coster.cluster, signatures, rows)
+            out = self.strategies[key] = layer_strategies(op, self.coster.cluster, signatures, rows, self.recipe)
         return out
 
     def boxer(self, itemsize: int, memory_seconds) -> RowBoxer:
@@ -149,7 +150,7 @@ class Problem:
     def __init__(self, graph: LayerGraph, coster: Coster, memory_limit: float | None = None,
                  signatures=None, allow_partial: bool = True, progress=None,
                  precompute_tables: bool | None = None, require_fit: bool = True, objective: str = "comm",
-                 mode: Mode = NONE, recipe: str = "autocast", keep=None, catalogue: Catalogue | None = None,
+                 mode: Mode = NONE, recipe: str | None = None, keep=None, catalogue: Catalogue | None = None,
                  runnable: bool = True):
         """``runnable``: only the strategies apply runs (``layer_strategies``' rows), else every one (a plan
         priced, not run: Megatron's sequence parallelism). ``keep``: a predicate ``keep(layer, strategy)``; the strategies it rejects are left out (e.g. a cap
@@ -157,16 +158,18 @@ class Problem:
         without it, check ``fits`` (a baseline with no plan under the limit is reported, not fatal).
         ``objective``: "comm", seconds of communication per step (AutoDDL's), or "step", predicted step
         time (``autotune.sbp.steptime``; needs the profile's compute model). ``mode``: recomputation and
-        FSDP (``autotune.sbp.memory.Mode``). ``recipe``: "autocast", the precision recipe users run (its
-        memory; a plan fits at its peak, workspace included), or "autoddl", the paper's (fp16 weights and
-        gradients with an fp32 master; a plan fits by the per-layer sum, as the paper's search checks it: the
-        AutoDDL reproduction's). ``catalogue``: strategies and boxing tables shared with other problems on the
-        same ``coster`` (``Catalogue``)."""
+        FSDP (``autotune.sbp.memory.Mode``). ``recipe`` (default: the catalogue's, else "autocast"): the
+        precision recipe (``autotune.sbp.memory.RECIPES``): "autocast", the one users run, or Megatron-LM's
+        "megatron-fp16" / "megatron-bf16" (a plan fits at its peak, workspace included), or "autoddl", the
+        paper's (fp16 weights and gradients with an fp32 master; a plan fits by the per-layer sum, as the
+        paper's search checks it: the AutoDDL reproduction's). ``catalogue``: strategies and boxing tables
+        shared with other problems on the same ``coster`` and recipe (``Catalogue``)."""
         if catalogue is not None and catalogue.coster is not coster:
             raise UserError("a problem's catalogue must be made on its own coster")
         self.catalogue = catalogue
-        if recipe not in RECIPES:
-            raise UserError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
+        recipe = recipe or (catalogue.recipe if catalogue is not None else "autocast")
+        if recipe not in RECIPES or catalogue is not None and catalogue.recipe != recipe:
+            raise UserError(f"recipe {recipe!r}: use one of {', '.join(RECIPES)}, the catalogue's own if it has one")
         self.recipe = recipe
         if objective not in OBJECTIVES:
             raise UserError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
@@ -184,7 +187,7 @@ class Problem:
         rows = rows_of(graph) if runnable else None
         for op in self.ops:
             ss = list(catalogue.layer_strategies(op, signatures, rows)) if catalogue is not None else \
-                layer_strategies(op, self.cluster, signatures, rows)
+                layer_strategies(op, self.cluster, signatures, rows, recipe)
             whole = len(ss)
             if not allow_partial:
                 ss = [s for s in ss if not s.uses_partial]
@@ -205,7 +208,8 @@ class Problem:
         self.module_cal = None
         if objective == "step":
             require_compute(coster.profile)
-            self.module_cal = calibration(graph, coster.profile)  # the user's module as measured, if it was
+            # the user's module as measured, if it was (under autocast: a main-gradient recipe's modules are not it)
+            self.module_cal = None if recipe_of(recipe, self.act_bytes).main_grad else calibration(graph, coster.profile)
         self.first = graph.chain[0]  # its gradients are ready last: their sync is never hidden
         self.chain_roles = chain_roles(graph)
         self.roles = layer_roles(graph)
@@ -245,7 +249,7 @@ class Problem:
         self.mode = mode
         cl, ab, mb = self.cluster, self.act_bytes, self.mb
         step = self.objective == "step"
-        grad_bytes = PRECISION[ab][1] if step else ab
+        grad_bytes = recipe_of(self.recipe, ab).sync if step else ab
         self.grad_bytes = grad_bytes
         rec = mode.recompute
         fig = self._figures
@@ -464,7 +468,7 @@ class Problem:
             m = self.layer_memory(v, s)
             if self.tied[v] and self.embedding is not None:
                 saved = tied_saving(s, self.choices[self.embedding][assign[self.embedding]], self.cluster,
-                                    self.act_bytes, self.mode)
+                                    self.act_bytes, self.mode, self.recipe)
                 m = Memory(m.parameters - saved.parameters, m.gradients - saved.gradients, m.optimizer,
                            m.activations)
                 shared += saved.gradients * c

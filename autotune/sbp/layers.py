@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from calibrate.errors import UserError
 from models.graph import Layer
 
-from autotune.sbp.memory import PRECISION
+from autotune.sbp.memory import RECIPES, recipe_of
 from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
 from autotune.sbp.sbp import B, P, NdSbp, divides, dual, fine_of, local_shape
 
 ACT_BYTES = 2  # default bytes per activation/gradient element (bf16/fp16); a model may give 4 (fp32)
-# bytes per locally held parameter (weight, gradient, optimizer): 16 in either precision (autotune.sbp.memory)
-PARAM_BYTES = sum(PRECISION[ACT_BYTES])
+# bytes per locally held parameter (weight, gradient, optimizer) in the users' recipe: 16 in either precision
+# (autotune.sbp.memory)
+PARAM_BYTES = RECIPES["autocast"].parameter_bytes
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class Strategy:
     fine_out: tuple[str, ...] = field(default=(), compare=False)
     fine_grad_in: tuple[str, ...] = field(default=(), compare=False)
     # how a user's module runs the layer (models.graph.ABSENT's "autocast", "projections", "cast_input",
-    # "qkv_fused"), (key, value) pairs; empty for the AutoDDL graph (``with_recipe``)
+    # "qkv_fused"), or, under a main-gradient recipe, ("main_grad", its bytes): (key, value) pairs; empty for the
+    # AutoDDL graph (``with_recipe``)
     recipe: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     def recipe_dim(self, key: str) -> int:
@@ -453,8 +455,13 @@ OPS: dict[str, type[Op]] = {
 RECIPE_DIMS = ("autocast", "projections", "cast_input", "qkv_fused")
 
 
-def with_recipe(s: Strategy, layer: Layer) -> Strategy:
-    """``s`` carrying the layer's recipe dims (how a user's module runs it), which the memory model reads."""
+def with_recipe(s: Strategy, layer: Layer, recipe: str = "autocast", act_bytes: int = ACT_BYTES) -> Strategy:
+    """``s`` carrying the layer's recipe dims (how a user's module runs it under bf16 autocast), which the memory
+    and step models read; under a main-gradient recipe (``autotune.sbp.memory.Recipe.main_grad``: Megatron-LM's
+    half-precision modules, no autocast) only ("main_grad", the main gradient's bytes)."""
+    r = recipe_of(recipe, act_bytes)
+    if r.main_grad:
+        return dataclasses.replace(s, recipe=(("main_grad", r.gradient),))
     dims = layer.all_dims()
     if not dims.get("autocast") and not dims.get("cast_input"):
         return s

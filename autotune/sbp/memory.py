@@ -9,7 +9,8 @@ layer once per occurrence) of
                                            divided over its sharding axes)
     activations  A * act_bytes         A: what one micro-batch keeps for the backward pass
 
-The precision recipe is the one users run (``act_bytes`` of the model):
+The precision recipe (``RECIPES``, a problem's ``recipe``) is by default the one users run ("autocast",
+with ``act_bytes`` of the model):
 
     2 (bf16 autocast)  fp32 parameters under bf16 autocast with fused AdamW: weight 4
                        (fp32), gradient 4 (the bf16 weight gradient is accumulated into
@@ -20,7 +21,13 @@ The precision recipe is the one users run (``act_bytes`` of the model):
                        under FSDP), counted with the activations (``weight_copy_bytes``)
     4 (fp32)           weight 4, gradient 4, optimizer 8, no copies
 
-so 16 bytes per locally held parameter either way, plus the bf16 copies. The
+so 16 bytes per locally held parameter either way, plus the bf16 copies. Megatron-LM's recipes
+("megatron-fp16", "megatron-bf16": ``Recipe.source`` cites each) hold half-precision weights (2), a
+main gradient (2 or 4) and fp32 master weights with Adam's states and, in fp16, the fp32 gradient the
+optimizer steps on (16 or 12): 20 and 18 bytes a parameter, no autocast copies; ZeRO-1 (Megatron's
+distributed optimizer) shards the optimizer's part. Their layers keep what the generic rules below say,
+all in the activation type (no fp32 stream: ``edge_bytes`` is not theirs), except the fp32 softmax of the
+vocab-parallel loss (Megatron-LM casts the logits to fp32 unless --fp16-lm-cross-entropy). The
 activations kept for the backward pass are, per layer (``kept_bytes``, in the
 activation type unless said otherwise; what the executed step keeps, counted by
 ``autotune.execute.saved`` and checked by tests/autotune/test_execute_memory.py):
@@ -90,15 +97,64 @@ from autotune.sbp.sbp import B, fine_of, is_split, local_shape, split_dim
 STAT_BYTES = 4  # softmax and layer-norm statistics: fp32 in both precisions
 COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight, kept for the backward (act_bytes 2)
 
-# bytes per locally held parameter: (weight, gradient, optimizer state), by act_bytes
-PRECISION = {
-    2: (4, 4, 8),  # bf16 autocast: fp32 weight and gradient, Adam m and v (fp32)
-    4: (4, 4, 8),  # fp32: weight, gradient, Adam m and v
-}
-# AutoDDL's recipe (``recipe`` "autoddl", the paper reproduction's): fp16/bf16 weight and gradient, fp32 master
-# weight and Adam m and v (ZeRO's K = 12); no autocast copies
-AUTODDL_PRECISION = {2: (2, 2, 12), 4: (4, 4, 8)}
-RECIPES = ("autocast", "autoddl")
+@dataclass(frozen=True)
+class Recipe:
+    """A precision recipe: bytes a locally held parameter takes as its weight, its gradient and its optimizer
+    states, the bytes an element of its gradient's data-parallel sync is sent in (under the step objective),
+    whether the users' bf16 autocast runs (fp32 weights cast per micro-batch and those casts kept for the
+    backward, the fp32 residual stream: ``edge_bytes``, the layers as a user's module runs them:
+    ``autotune.sbp.layers.with_recipe``), and whether the weight gradient is added into a main-gradient buffer
+    (Megatron-LM's ``main_grad``) every micro-batch (no autocast casts; the optimizer copies its fp32 master
+    weights back into the half-precision ones)."""
+
+    name: str
+    weight: int
+    gradient: int
+    optimizer: int
+    sync: int
+    autocast: bool = False
+    main_grad: bool = False
+    source: str = ""
+
+    @property
+    def parameter_bytes(self) -> int:
+        return self.weight + self.gradient + self.optimizer
+
+
+# every precision recipe (act_bytes 2; an fp32 model, act_bytes 4, is ``FP32`` under any of them)
+RECIPES = {r.name: r for r in (
+    Recipe("autocast", 4, 4, 8, 4, autocast=True, source="fp32 parameters under bf16 autocast with fused AdamW "
+           "(Adam's m and v): what users of transformers' models and torchtitan run"),
+    Recipe("autoddl", 2, 2, 12, 4, source="AutoDDL's (the paper reproduction's): fp16/bf16 weight and gradient, "
+           "fp32 master weight and Adam m and v (ZeRO's K = 12), no autocast copies; synced as the others "
+           "under the step objective (its records' pricing)"),
+    Recipe("megatron-fp16", 2, 2, 16, 2, main_grad=True, source="Megatron-LM --fp16 without "
+           "--accumulate-allreduce-grads-in-fp32 (the SC21 runs of Narayanan et al. 2021: examples/sc21/CONFIG.sh "
+           "passes --fp16 --loss-scale 8192; megatron/model/distributed.py then makes main_grad in the parameters' "
+           "fp16 and all-reduces it so): fp16 weights, activations and tensor-/pipeline-parallel communication, "
+           "fp16 main gradients all-reduced in fp16, fp32 master weights, the fp32 copy of the gradients the "
+           "optimizer steps on (Float16OptimizerWithFloat16Params) and Adam's m and v: 2 + 2 + 16 = 20 bytes a "
+           "parameter, as the Megatron Core guide's distributed-optimizer table gives (4 + 16 / d with it)"),
+    Recipe("megatron-bf16", 2, 4, 12, 4, main_grad=True, source="Megatron-LM --bf16 (which sets "
+           "--accumulate-allreduce-grads-in-fp32): bf16 weights, activations and tensor-/pipeline-parallel "
+           "communication, fp32 main gradients accumulated and all-reduced (reduce-scattered) in fp32, fp32 master "
+           "weights and Adam's m and v: 2 + 4 + 12 = 18 bytes a parameter (Megatron Core guide: 6 + 12 / d with "
+           "the distributed optimizer); Llama 3's as Dubey et al. 2024 section 3.3.2 states it (BF16, FP32 "
+           "gradient accumulation over micro-batches and FP32 reduce-scatter over data-parallel ranks)"),
+)}
+FP32 = Recipe("fp32", 4, 4, 8, 4, source="an fp32 model (act_bytes 4): weight, gradient, Adam's m and v")
+
+
+def recipe_of(name: str, act_bytes: int = 2) -> Recipe:
+    """The recipe ``name`` for a model of ``act_bytes`` (4: ``FP32`` whatever the name); a one-line error for a
+    name that is none."""
+    if name not in RECIPES:
+        raise UserError(f"unknown recipe {name!r}: use one of {', '.join(RECIPES)}")
+    if act_bytes not in (2, 4):
+        raise UserError(f"act_bytes {act_bytes!r} must be 2 (mixed precision) or 4 (fp32)")
+    return RECIPES[name] if act_bytes == 2 else FP32
+
+
 # layers whose output autocast leaves in the parameters' fp32 (a norm, the residual stream's add, the embedding's
 # lookup; the matmuls', the attention's and the activations' outputs are in the activation type)
 FP32_OUTPUTS = ("layernorm", "rmsnorm", "residual", "embedding")
@@ -180,10 +236,10 @@ class Memory:
                 "workspace_bytes": self.workspace}
 
 
-def precision(act_bytes: int) -> tuple[int, int, int]:
-    if act_bytes not in PRECISION:
-        raise UserError(f"act_bytes {act_bytes!r} must be 2 (mixed precision) or 4 (fp32)")
-    return PRECISION[act_bytes]
+def precision(act_bytes: int, recipe: str = "autocast") -> tuple[int, int, int]:
+    """(weight, gradient, optimizer) bytes a locally held parameter takes under ``recipe`` (``recipe_of``)."""
+    r = recipe_of(recipe, act_bytes)
+    return r.weight, r.gradient, r.optimizer
 
 
 @functools.lru_cache(maxsize=None)
@@ -282,8 +338,9 @@ def user_kept(s, inp: int, out: int) -> float | None:
 
 
 def weight_copy_bytes(s, cluster: Cluster, act_bytes: int) -> float:
-    """Autocast's bf16 copies of a matmul's weights (as the layer uses them), kept for its backward."""
-    if act_bytes != 2 or s.input is None or s.signature not in MATMUL_SIGNATURES:
+    """Autocast's bf16 copies of a matmul's weights (as the layer uses them), kept for its backward (none where
+    the weights are half precision already: a main-gradient recipe's strategy, ``Recipe.main_grad``)."""
+    if act_bytes != 2 or s.input is None or s.signature not in MATMUL_SIGNATURES or s.recipe_dim("main_grad"):
         return 0.0
     return COPY_BYTES * sum(_elems(w, s.mesh, cluster) for w in s.weights)
 
@@ -292,11 +349,8 @@ def strategy_memory(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role
                     tied: bool = False, recipe: str = "autocast") -> Memory:
     """One occurrence of a layer under strategy ``s`` (an ``autotune.sbp.layers.Strategy``); ``tied``: a
     logits layer sharing the embedding's weight (no optimizer state; its weight and gradient a copy);
-    ``recipe``: "autocast" (the users' recipe above) or "autoddl" (the paper's: ``AUTODDL_PRECISION``, no
-    autocast copies)."""
-    w, g, o = precision(act_bytes)
-    if recipe != "autocast":
-        w, g, o = AUTODDL_PRECISION[act_bytes]
+    ``recipe``: one of ``RECIPES`` (its bytes a parameter; autocast's copies only under "autocast")."""
+    w, g, o = precision(act_bytes, recipe)
     params = sum(held_elems(s, t, cluster, mode) for t in s.weights)
     grads, states = (sum(zero_elems(s, t, cluster, mode, k) for t in s.weights) for k in (2, 1)) if mode.zero \
         else (params, params)
@@ -318,13 +372,14 @@ def shares_tied_weight(s_logits, s_embedding, cluster: Cluster, mode: Mode = NON
         s_embedding, ew, cluster, mode)
 
 
-def tied_saving(s_logits, s_embedding, cluster: Cluster, act_bytes: int, mode: Mode = NONE) -> Memory:
+def tied_saving(s_logits, s_embedding, cluster: Cluster, act_bytes: int, mode: Mode = NONE,
+                recipe: str = "autocast") -> Memory:
     """What a tied logits layer's copy costs when it is not needed: its weight placed as the embedding's
     (``shares_tied_weight``), one tensor, so its weight and gradient go."""
     if not shares_tied_weight(s_logits, s_embedding, cluster, mode):
         return Memory()
     lw = next(w for w in s_logits.weights if w.name == "weight")
-    w, g, _ = precision(act_bytes)
+    w, g, _ = precision(act_bytes, recipe)
     n = held_elems(s_logits, lw, cluster, mode)
     return Memory(n * w, n * g)
 
@@ -348,8 +403,10 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
         if act_bytes == 2 and s.recipe_dim("autocast"):  # F.cross_entropy: nll's fp32 gradient, then the bf16 one
             return inp * (STAT_BYTES + act_bytes)
         return inp * act_bytes  # the probabilities become the gradient in place; its cast
-    if act_bytes == 2:
-        wbytes = weights * (act_bytes + (PRECISION[2][1] if accumulate else 0))
+    if act_bytes == 2 and s.recipe_dim("main_grad"):  # the half gradient, added into the main gradient
+        wbytes = weights * act_bytes
+    elif act_bytes == 2:
+        wbytes = weights * (act_bytes + (FP32.gradient if accumulate else 0))
     else:
         wbytes = weights * act_bytes if accumulate else 0
     elems = inp + out
@@ -380,7 +437,7 @@ def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
     shards it holds."""
     if mode.fsdp_axes is None:
         return 0.0
-    w = PRECISION[2][0]
+    w = FP32.weight
     return sum((_elems(t, s.mesh, cluster) - held_elems(s, t, cluster, mode)) * w for t in s.weights)
 
 
@@ -414,7 +471,7 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
     mems = [strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe) for s, role in zip(chain_strategies, roles)]
-    grads = [m.gradients for m in mems] if recipe == "autocast" else \
+    grads = [m.gradients for m in mems] if recipe != "autoddl" else \
         [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
     after = sum(grads)  # the gradients of the positions after the current one
     total_grads = after - shared_gradients
@@ -456,7 +513,7 @@ def pipelined_fsdp_memory(s, cluster: Cluster, act_bytes: int, mode: Mode, role:
     (``gradient`` bytes an element of the whole local weight); the optimizer states of the shards only (none
     for a tied logits layer); a weight FSDP does not shard (no FSDP axis) held once, with its optimizer states;
     activations as ``strategy_memory``'s. A block's gathered weights are transient (the stage's workspace)."""
-    w, g, o = precision(act_bytes) if recipe == "autocast" else AUTODDL_PRECISION[act_bytes]
+    w, g, o = precision(act_bytes, recipe)
     whole = sum(_elems(t, s.mesh, cluster) for t in s.weights)
     sharded = sum(_elems(t, s.mesh, cluster) for t in s.weights if fsdp_axes(s, t, cluster, mode))
     held = sum(held_elems(s, t, cluster, mode) for t in s.weights)

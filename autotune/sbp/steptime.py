@@ -59,7 +59,10 @@ every matmul weight cast to bf16 in the forward (read 4, write 2 bytes a paramet
 gradient cast to fp32 in the backward (read 2, write 4; ``CAST_BYTES``), in the matmul's forward and
 backward; per micro-batch after the first, the new fp32 gradient added into .grad (read 4 + 4, write 4:
 ``accumulate_seconds``); once per step, fused AdamW over every locally held parameter (``ADAM_BYTES`` at
-the fused kernel's bandwidth).
+the fused kernel's bandwidth). Under Megatron-LM's recipes (``autotune.sbp.memory.Recipe.main_grad``: half
+weights, a main gradient of g bytes) no cast: per micro-batch each weight's half gradient added into its main
+gradient in the backward (read 2 + g, write g), and at the step the master weights copied into the half ones
+(and in fp16 the main gradients up to fp32) beside AdamW (``COPY_DOWN_BYTES``).
 
 Recomputation (``autotune.sbp.memory.Mode``): "selective" adds the attention core's forward to the
 attention layer's backward; "full" adds, to each layer inside a block, its forward (compute, its
@@ -111,7 +114,7 @@ from calibrate.errors import OptionError, UserError
 
 from autotune.sbp.boxing import Coster, Step
 from autotune.sbp.layers import Op, Strategy, local_elems
-from autotune.sbp.memory import (zero_elems, LAST, MATMUL_SIGNATURES, NONE, OUTSIDE, PRECISION, RERUN, STAT_BYTES, Mode,
+from autotune.sbp.memory import (zero_elems, LAST, MATMUL_SIGNATURES, NONE, OUTSIDE, FP32, RERUN, STAT_BYTES, Mode,
                                  fsdp_axes, held_elems)
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, fine_of, local_shape
@@ -168,11 +171,15 @@ ATTENTION_COPY_PASSES = (3 * 2 + 2, 2 + 3 * (3 + 2) + 2 * 9)
 ROTARY_PASSES = (7, 7)
 def cast_bytes(s: Strategy, cluster: Cluster, act_bytes: int) -> tuple[float, float]:
     """Per micro-batch, (forward, backward) bytes of autocast's casts of a matmul's weights: to bf16 in the
-    forward, the bf16 gradient to fp32 in the backward (``CAST_BYTES`` each, act_bytes 2 only)."""
+    forward, the bf16 gradient to fp32 in the backward (``CAST_BYTES`` each, act_bytes 2 only). Under a
+    main-gradient recipe (the strategy's "main_grad" dim, its bytes g: Megatron-LM's half-precision weights)
+    no cast forward, and backward the half gradient added into the main gradient (read 2 + g, write g: the
+    hook of Megatron-LM's DDP, every micro-batch, in place of the accumulation ``accumulate_seconds`` prices)."""
     if act_bytes != 2 or s.input is None or s.signature not in MATMUL_SIGNATURES:
         return 0.0, 0.0
     n = sum(local_elems(w, s.mesh, cluster) for w in s.weights)
-    return CAST_BYTES * n, CAST_BYTES * n
+    g = s.recipe_dim("main_grad")
+    return (0.0, (act_bytes + 2 * g) * n) if g else (CAST_BYTES * n, CAST_BYTES * n)
 
 
 def weight_cast_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> tuple[float, float]:
@@ -182,6 +189,8 @@ def weight_cast_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_byt
     an element, where the bytes at the elementwise bandwidth give 2.0), each as measured where the profile
     has it, else its bytes (``cast_bytes``) at the elementwise bandwidth."""
     cf, cb = cast_bytes(s, cluster, act_bytes)
+    if s.recipe_dim("main_grad"):  # no cast: the main gradient's add (an elementwise pass)
+        return 0.0, cm.op_seconds("elementwise", cb) if cb else 0.0
     if not cf:
         return 0.0, 0.0
     n = cf / CAST_BYTES
@@ -346,32 +355,41 @@ def local_elems_shape(t, s: Strategy, cluster: Cluster) -> tuple[int, int]:
 
 
 ADAM_BYTES = 28  # fused AdamW per fp32 parameter: reads weight, gradient, m, v; writes weight, m, v
+COPY_DOWN_BYTES = 6  # a main-gradient recipe's fp32 master weight copied into the half weight (read 4, write 2), and
+# in fp16 its fp16 main gradient copied up to fp32 for the optimizer (read 2, write 4)
 CAST_BYTES = 6  # autocast's cast of a weight to bf16 (read 4, write 2) or of its bf16 gradient to fp32 (read 2, write 4)
 
 
 def optimizer_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, mode: Mode = NONE,
                       tied: bool = False) -> float:
     """Once per step: fused AdamW over every locally held parameter (FSDP and ZeRO: its shards) at the fused kernel's
-    bandwidth (the fp32 weights and gradients of the recipe need no cast around it). A tied logits layer
-    (``tied``) has none of its own: the optimizer steps the embedding's weight once."""
+    bandwidth (the fp32 weights and gradients of the recipe need no cast around it; a main-gradient recipe's
+    strategy, Megatron-LM's, its copies beside: ``COPY_DOWN_BYTES`` once, twice with a half main gradient, as
+    elementwise passes). A tied logits layer (``tied``) has none of its own: the optimizer steps the embedding's
+    weight once."""
     if tied:
         return 0.0
     params = sum(zero_elems(s, w, cluster, mode, 1) for w in s.weights)  # ZeRO: each rank steps its shard
-    return cm.op_seconds("optimizer", params * ADAM_BYTES)
+    g = s.recipe_dim("main_grad")
+    copies = cm.op_seconds("elementwise", params * COPY_DOWN_BYTES * (2 if g == 2 else 1)) if g and params else 0.0
+    return cm.op_seconds("optimizer", params * ADAM_BYTES) + copies
 
 
 def accumulate_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, mode: Mode = NONE) -> float:
     """Per micro-batch after the first: adding each weight's new fp32 gradient into .grad (read both, write
-    one: 3 x 4 bytes per locally held parameter; FSDP: the reduce-scattered shard)."""
+    one: 3 x 4 bytes per locally held parameter; FSDP: the reduce-scattered shard); none under a main-gradient
+    recipe, whose add runs every micro-batch in the backward (``cast_bytes``)."""
     params = sum(held_elems(s, w, cluster, mode) for w in s.weights)
-    return cm.op_seconds("elementwise", 3 * params * PRECISION[act_bytes][1]) if params else 0.0
+    if s.recipe_dim("main_grad"):
+        return 0.0
+    return cm.op_seconds("elementwise", 3 * params * FP32.gradient) if params else 0.0
 
 
 def fsdp_steps(s: Strategy, cluster: Cluster, mode: Mode) -> list[tuple[str, str, Step]]:
     """(weight, direction, step) of FSDP's collectives per micro-batch and occurrence: each sharded weight
     all-gathered forward and backward (fp32: its gathered bytes), its gradient reduce-scattered backward."""
     out = []
-    wb = PRECISION[2][0]
+    wb = FP32.weight  # fp32 parameters (torchtitan's fully_shard without a mixed-precision policy)
     for w in s.weights:
         axes = fsdp_axes(s, w, cluster, mode)
         if not axes:

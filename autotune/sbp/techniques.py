@@ -7,6 +7,10 @@ carries beside its placements (``Techniques.to_dict``, the plan's "techniques" f
 - ``sequence_parallel``: norms, residual adds and dropout on sequence shards of the tensor-parallel group;
 - ``zero_stage``: 1 optimizer states, 2 also gradients, sharded over the data-parallel group (3 is FSDP,
   the plan's "sharding" field);
+- ``overlap_grad_reduce``: the data-parallel gradient reduce overlaps the backward (torch's DDP and FSDP,
+  Megatron-LM's --overlap-grad-reduce); False: it runs after the step's last backward with nothing hiding it
+  (Megatron-LM's default without that flag, and its 2021 local DDP: ``train_step`` calls
+  ``allreduce_gradients`` after ``forward_backward_func`` returns);
 - ``context_parallel``: ranks a sequence is split over, Megatron-LM's ``--context-parallel-size`` (Llama 3's
   all-gather attention: each rank's queries against the sequence's K and V, all-gathered over the group;
   ``autotune.sbp.layers.Attention``'s "attention-cp"); a graph takes it by ``context_parallel``.
@@ -28,6 +32,7 @@ class Techniques:
     sequence_parallel: bool = False
     zero_stage: int = 0
     context_parallel: int = 1
+    overlap_grad_reduce: bool = True
 
     @classmethod
     def of(cls, d: dict) -> "Techniques":

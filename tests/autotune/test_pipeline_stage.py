@@ -436,3 +436,29 @@ def test_split_dp_for_the_fastest_balanced_candidates(graph, profile):
         order = sorted(balanced, key=lambda c: c.step)
         assert refined == order[:dps]
         assert best.step <= order[0].step
+
+
+@pytest.mark.parametrize("mode", [("none", (0, 1)), ("full", (0, 1)), ("full", (1,))])
+def test_the_whole_model_without_a_pipeline_is_the_single_stage_plans_fsdp(graph, profile, mode):
+    """A stage holding the whole model, not pipelined (``PipelineConfig.single_stage_plain``: "1 stage" as
+    AutoDDL's Table 3 means it): its figures, memory and cost are the single-stage ``Problem``'s under FSDP (each
+    micro-batch's gradients reduce-scattered), not torch's PipelineStage's, which it is when pipelined."""
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.memory import Mode
+    g = with_micro_batches(graph, 4)
+    cl = Cluster(1, 4)
+    span = stage_spans(g, [4])[0]
+    whole = StageProblem(stage_graph(g, *span), Coster(profile, cl), None, mode=Mode(*mode), pipelined=False)
+    piped = StageProblem(stage_graph(g, *span), Coster(profile, cl), None, mode=Mode(*mode))
+    single = Problem(stage_graph(g, *span), Coster(profile, cl), None, objective="step", mode=Mode(*mode),
+                     require_fit=False)
+    rng = np.random.default_rng(0)
+    differ = 0
+    for a in [whole.min_memory_assignment()] + [[int(rng.integers(n)) for n in whole.sizes] for _ in range(5)]:
+        f = figures(whole, a)
+        if not math.isfinite(f.forward + f.backward):
+            continue
+        assert whole.mb * (f.forward + f.backward) + f.optimizer + f.exposed_sync == pytest.approx(single.raw_cost(a))
+        assert whole.peak_memory(a) == pytest.approx(single.peak_memory(a))
+        differ += piped.raw_cost(a) != pytest.approx(single.raw_cost(a))
+    assert differ  # pipelined, the same plans are priced as PipelineStage runs them

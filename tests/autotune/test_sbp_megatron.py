@@ -10,7 +10,7 @@ from models import load_model
 from autotune.sbp.baselines import data_parallel, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
-from autotune.sbp.memory import PRECISION
+from autotune.sbp.memory import precision
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import Budget, make_search
 
@@ -95,7 +95,7 @@ def test_memory_accounting_data_parallel_closed_form():
     # while the loss's probabilities are freed: + 2 (t h + t v) + (2 + 4) h v - 4 t v, above the loss's 2 t v
     assert m.workspace == 2 * (t * h + t * v) + 6 * h * v - 4 * t * v
     assert m.total == pr.memory_of(a) + m.workspace == pr.peak_memory(a)
-    assert sum(PRECISION[2]) == sum(PRECISION[4]) == 16
+    assert sum(precision(2)) == sum(precision(4)) == 16
 
 
 def test_memory_accounting_fp32_and_split_weights():

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.__main__ import main as autotune_main
 from autotune.sbp.baselines import megatron_assignment
-from autotune.sbp.memory import AUTODDL_PRECISION
+from autotune.sbp.memory import recipe_of
 from autotune.reproduce import (Config, _capped, _limit, _problem, load_cases, p0_threshold, passes_by_cap,
                                     previous_statuses, run_case, regressions, replication, scaled_profile, table)
 from calibrate.profile import Profile
@@ -50,7 +50,7 @@ def test_p0_threshold_is_the_most_replication_whose_states_fit():
             continue
         p0, devices = p0_threshold(c), c["nodes"] * c["gpus"]
         g = load_model("gpt", c["preset"], c["overrides"])
-        state = g.parameters() * sum(AUTODDL_PRECISION[g.act_bytes]) / devices
+        state = g.parameters() * recipe_of("autoddl", g.act_bytes).parameter_bytes / devices
         limit = _limit(c, Profile.load(c["profile"]))
         assert limit <= c["memory_gib"] * 2**30
         assert state * p0 <= limit and (p0 == devices or state * 2 * p0 > limit), c["id"]
