@@ -29,8 +29,8 @@ distributed optimizer) shards the optimizer's part. Their layers keep what the g
 all in the activation type (no fp32 stream: ``edge_bytes`` is not theirs), except the fp32 softmax of the
 vocab-parallel loss (Megatron-LM casts the logits to fp32 unless --fp16-lm-cross-entropy). The
 activations kept for the backward pass are, per layer (``kept_bytes``, in the
-activation type unless said otherwise; what the executed step keeps, counted by
-``autotune.execute.saved`` and checked by tests/autotune/test_execute_memory.py):
+activation type unless said otherwise; where ``calibrate module`` measured the user's module, its
+activations scaled to what it keeps: ``autotune.sbp.modulecal``):
 
     matmul, norm, GELU, SwiGLU its input (the matmul's I for dW = I^T dO, the
                                norm's, GELU's and SwiGLU's input)

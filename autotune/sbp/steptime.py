@@ -13,7 +13,7 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
     layernorm   memory-bound: forward reads the input and writes the output (2 passes),
     / rmsnorm   backward reads input and gradient and writes a gradient, then reads both again
                 for the scale's and shift's gradients (5 passes; RMSNorm counted the same)
-    split norm  the executed ops one by one (``autotune.execute.ops.layernorm``), each reading its
+    split norm  the norm as separate ops (the op-by-op executor's, since removed), each reading its
     layernorm   inputs and writing its output, a = act_bytes, f = 4 (fp32 statistics): forward
                 6a + 11f bytes per local element (cast, square, two row sums, centre, scale, cast,
                 affine), backward 9a + 26f (the affine's two products and two column sums, the casts,
@@ -43,7 +43,7 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
                 else ``ATTENTION_COPY_PASSES`` at the copy bandwidth (Q, K, V made contiguous and
                 the output token-major forward; backward Q's, K's and V's gradients assembled into
                 the fused QKV's)
-    loss        the executed cross-entropy (``autotune.execute.ops._CrossEntropy``), each op one
+    loss        the cross-entropy as separate ops (the op-by-op executor's, since removed), each op one
                 pass: forward a + 9f bytes per local logit (fp32 copy, max, subtract, exp, sum,
                 divide), backward 3f + a (scale in place, cast)
     conv        an implicit GEMM (local images x side^2, 9 x in-channels, out-channels);
