@@ -29,8 +29,8 @@ so the embedding, the final norm, the head and the loss cancel): its forward, it
 backward less forward, into fresh gradients), the forward that full recomputation re-runs in the backward
 (``recompute_s``; null where the module could not be checkpointed) and its fused AdamW step;
 ``activation_bytes`` the memory one block keeps from its forward to its backward, autocast's bf16 weight
-copies included (allocated after the
-larger model's forward less the one-block model's, per block; null off CUDA). ``outside`` is the rest of the
+copies included (allocated after the larger model's forward less the one-block model's, per block; null off
+CUDA). ``outside`` is the rest of the
 one-block model (embedding, final norm, head, loss), its ``activation_bytes`` the one-block model's less the
 block's (absent in sections written before it was measured: null). ``step_s`` (both): the step as users run
 it, ``STEP_MICRO_BATCHES`` micro-batches accumulated and the optimizer's step back to back, of the larger model

@@ -4,14 +4,15 @@ section, ``calibrate.module``; measured by ``python -m calibrate module``).
 The measured block is one whole transformer block; the step model prices layer by layer. Per measured
 point (tensor width t, local micro-batch m, sequence s) the analytical model prices the same local block
 on one device (the model's graph of one block with heads, K/V heads, MLP width and vocabulary divided by
-t, micro-batch m: ``analytical``), and the ratio measured / analytical, per part (the parts timed alone
-scaled together to the step measured back to back where it was: ``step_scale``) (forward, backward,
-recomputation, optimizer step; the block, and the layers outside the blocks), scales every layer of that
-part whose strategy runs that local shape; and the bytes a block (and the layers outside the blocks) keep from
-the forward to the backward by measured / analytical activations (``activation_ratio``; not under full
-recomputation, which keeps of a block only its input). So where the plan's layers run a measured shape, the block's
-predicted seconds are the measured seconds exactly (a closed form: a block measured at X s a micro-batch
-predicts X x blocks x micro-batches), and the analytical model's split of them over the block's layers is
+t, micro-batch m: ``analytical``), and the ratio measured / analytical, per part (forward, backward,
+recomputation, optimizer step, the bytes kept from the forward to the backward; the block, and the layers
+outside the blocks; the parts timed alone scaled together to the step measured back to back where it was:
+``step_scale``), scales every layer of that part whose strategy runs that local shape (``part_ratio``; the
+activations not under full recomputation, which keeps of a block only its input). The step's measured peak
+moves the plan's workspace by measured - modelled (``unit_peak``). So where the plan's layers run a
+measured shape, the block's predicted seconds are the measured seconds exactly (a closed form: a block
+measured at X s a micro-batch predicts X x blocks x micro-batches; with its step measured, L blocks at 2
+micro-batches predict L x its step), and the analytical model's split of them over the block's layers is
 kept (the search still compares strategies layer by layer). A layer's local shape: its output's local
 rows over the sequence give the micro-batch, the rest of the output's split the tensor width; a layer
 whose shape no point matches (another width or sequence, a sequence split) keeps its analytical price,
@@ -77,6 +78,12 @@ class ModuleCal:
         return min(found, key=lambda x: (abs(math.log(x[0] / m)), -x[0]))[1]
 
 
+def one_device(layer, act_bytes: int):
+    """(op, its one strategy on one device, in the users' recipe) of ``layer``."""
+    op = make_op(layer, act_bytes)
+    return op, with_recipe(op.strategies(Cluster(1, 1))[0], layer)
+
+
 def analytical(op_roles_counts, cm: ComputeModel, act_bytes: int) -> tuple[list, list]:
     """(block, outside): the analytical ``PARTS`` (forward, backward, recompute, optimizer seconds; the bytes kept
     for the backward, ``strategy_memory``'s activations) and, last, the gradient accumulation's seconds of a
@@ -85,8 +92,7 @@ def analytical(op_roles_counts, cm: ComputeModel, act_bytes: int) -> tuple[list,
     cl = Cluster(1, 1)
     block, outside = [0.0] * (len(PARTS) + 1), [0.0] * (len(PARTS) + 1)
     for layer, role, count in op_roles_counts:
-        op = make_op(layer, act_bytes)
-        s = with_recipe(op.strategies(cl)[0], layer)
+        op, s = one_device(layer, act_bytes)
         f, b = layer_seconds(op, s, cl, cm, act_bytes, "none", role)
         _, bf = layer_seconds(op, s, cl, cm, act_bytes, "full", role)
         o = optimizer_seconds(s, cl, cm, act_bytes, NONE, bool(op.dims.get("tied", 0)) and layer.kind == "matmul")
@@ -140,8 +146,7 @@ def unit_peak(graph, act_bytes: int, act_ratio: dict) -> float:
     ``act_ratio``: inside a block -> ratio), and the workspace (``peak_workspace``), as ``Problem.memory_breakdown``
     counts them (a tied logits weight placed as the embedding's: one gradient)."""
     cl = Cluster(1, 1)
-    ops = [make_op(layer, act_bytes) for layer in graph.layers]
-    strategies = [with_recipe(op.strategies(cl)[0], layer) for op, layer in zip(ops, graph.layers)]
+    ops, strategies = zip(*(one_device(layer, act_bytes) for layer in graph.layers))
     embedding = next((v for v, layer in enumerate(graph.layers) if layer.kind == "embedding"), None)
     grads = kept = shared = 0.0
     for v, (op, s, role, count) in enumerate(zip(ops, strategies, layer_roles(graph), graph.counts())):

@@ -7,6 +7,7 @@
 # The table last; $OUT/apply_check.json holds the records.
 #   run(command="OUT=\$OUT/ac bash tests/gpu/apply_check.sh", kind="nvidia-h200-x4")
 # On CPUs (the logic): DEVICE=cpu NGPU=4 SMALL=--small bash tests/gpu/apply_check.sh
+# PLAN_ARGS: more arguments of the plan step (tests/gpu/seqpar_check.sh: --sequence-parallel).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}
@@ -16,7 +17,9 @@ NGPU=${NGPU:-4}
 DEVICE=${DEVICE:-cuda}
 PROFILE=${PROFILE:-reports/records/plans-h200x4-2026-11-28/profile-h200x4-measured.json}
 mkdir -p "$OUT"
-timeout 300 $PY tests/gpu/apply_llama.py plan "$OUT" "$PROFILE" ${SMALL:-} --gpus "$NGPU" || { echo "apply check: the search failed"; exit 1; }
+# shellcheck disable=SC2086
+timeout 300 $PY tests/gpu/apply_llama.py plan "$OUT" "$PROFILE" ${SMALL:-} --gpus "$NGPU" ${PLAN_ARGS:-} \
+  || { echo "apply check: the search failed"; exit 1; }
 timeout "${RUN_TIMEOUT:-420}" $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
   tests/gpu/apply_llama.py run "$OUT" --device "$DEVICE" > "$OUT/run.log" 2>&1
 rc=$?

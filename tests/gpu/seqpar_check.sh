@@ -7,20 +7,5 @@
 #   run(command="PARTS=seqpar bash tests/gpu/run_all.sh", kind="nvidia-h200-x2")
 #   or run(command="OUT=\$OUT/sp bash tests/gpu/seqpar_check.sh", kind="nvidia-h200-x2")
 # On CPUs (the logic): DEVICE=cpu NGPU=2 SMALL=--small bash tests/gpu/seqpar_check.sh
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}
-OUT=${OUT:-out}
-PY=${PY:-$(command -v python3)}
-NGPU=${NGPU:-2}
-DEVICE=${DEVICE:-cuda}
-PROFILE=${PROFILE:-reports/records/plans-h200x2-2026-11-28/profile-h200x2-run4.json}
-mkdir -p "$OUT"
-timeout 120 $PY tests/gpu/apply_llama.py plan "$OUT" "$PROFILE" ${SMALL:-} --gpus "$NGPU" --sequence-parallel \
-  || { echo "sequence-parallel check: planning failed"; exit 1; }
-timeout "${RUN_TIMEOUT:-360}" $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
-  tests/gpu/apply_llama.py run "$OUT" --device "$DEVICE" > "$OUT/run.log" 2>&1
-rc=$?
-grep -v "^\[rank" "$OUT/run.log" | grep -E "^\|" || tail -30 "$OUT/run.log"
-echo "sequence-parallel check: exit $rc"
-exit $rc
+NGPU=${NGPU:-2} PROFILE=${PROFILE:-reports/records/plans-h200x2-2026-11-28/profile-h200x2-run4.json} \
+  RUN_TIMEOUT=${RUN_TIMEOUT:-360} PLAN_ARGS=--sequence-parallel exec bash "$(dirname "$0")/apply_check.sh"
