@@ -39,8 +39,8 @@ step model keeps their proportions and takes its sum (``autotune.sbp.modulecal``
 null off CUDA): the one-block model's peak allocated over that step above its parameters and optimizer states
 (its gradients, what it keeps and the transients: the loss's, the backward's), which the memory model's peak
 is corrected by. ``host_s``: per apply path (``calibrate.compute.HOST_PATHS``), the host's seconds to issue one
-block's forward and backward per micro-batch, and its optimizer step per step (the two-block model's
-issue time less the one-block model's), measured in the same run on a process group of one. ``memory``
+block's forward and backward per micro-batch, and its optimizer step per step (the ``1 + MORE``-block model's
+issue time less the one-block model's, over ``MORE``), measured in the same run on a process group of one. ``memory``
 (CUDA only): the allocator's fragmentation (the step's peak reserved over its peak allocated, less 1, on the
 "none" path), which the search keeps as an allowance under the device's limit (``autotune.cli.search.
 memory_limit``), and per path the bytes per parameter its placement allocates beyond the plain module's at the

@@ -440,17 +440,18 @@ def param_groups(module) -> list[dict]:
 def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,
                  progress, paths=ONE_GROUP_PATHS, memory: dict | None = None) -> dict:
     """Per path (``paths``): (seconds the host takes to issue one block's forward and backward, and its
-    optimizer step), the two-block model's issue time less the one-block model's, each call timed by the host
-    clock (an engine arm on the CPU's clock) with the device synchronised after it. On CUDA, ``memory`` (given)
-    receives the module section's memory figures (``calibrate.module``): each path's peak allocated over a step of
-    the two-block model beyond the plain module's, per parameter, and the fragmentation on the plain path."""
+    optimizer step), the ``1 + MORE``-block model's issue time less the one-block model's, over ``MORE`` (as the
+    compute's blocks: the difference of two whole models' times divided), each call timed by the host clock (an
+    engine arm on the CPU's clock) with the device synchronised after it. On CUDA, ``memory`` (given) receives the
+    module section's memory figures (``calibrate.module``): each path's peak allocated over a step of the larger
+    model beyond the plain module's, per parameter, and the fragmentation on the plain path."""
     out, peaks = {}, {}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     with _group_of_one(torch, device):
         for path in paths:
             models = None
             try:
-                models = {n: _Timed(torch, um, n, 1, device) for n in (1, 2)}
+                models = {n: _Timed(torch, um, n, 1, device) for n in (1, 1 + MORE)}
                 for m in models.values():
                     if path != "none":
                         _wrap(torch, m, path)
@@ -460,9 +461,10 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
                 arms = [(f"{k}{n}", (lambda fn: lambda: TorchArm(torch, "cpu", fn, sync))(fn))
                         for n, m in models.items() for k, fn in (("fb", m.both), ("o", m.step))]
                 med = medians(torch, arms, timing(iters, warmup, back_to_back=False))
-                out[path] = (max(med["fb2"] - med["fb1"], 0.0), max(med["o2"] - med["o1"], 0.0))
+                big = 1 + MORE
+                out[path] = (max(med[f"fb{big}"] - med["fb1"], 0.0) / MORE, max(med[f"o{big}"] - med["o1"], 0.0) / MORE)
                 if device.type == "cuda":
-                    peaks[path] = (*_step_peak(torch, models[2], device), models[2].params)
+                    peaks[path] = (*_step_peak(torch, models[big], device), models[big].params)
                 progress(f"host {path}: {out[path][0] * 1e6:.0f} us per block and micro-batch, "
                          f"{out[path][1] * 1e6:.0f} us per block and step")
             except UserError:
