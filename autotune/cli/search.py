@@ -166,10 +166,12 @@ def memory_limit(profile, gib: float | None) -> tuple[float, str]:
     if gib is not None:
         return gib * 2**30, ""
     usable = getattr(profile, "memory_bytes", None)
-    frag = (getattr(getattr(profile, "module", None), "memory", None) or {}).get("fragmentation", 0.0)
-    if usable and frag:  # the allocator's fragmentation measured by calibrate module: an allowance under the limit
-        return float(usable) / (1 + frag), (f" (profile {profile.name}'s usable GPU memory less the allocator's "
-                                            f"fragmentation, {frag * 100:.1f}% of what is allocated)")
+    frag = (getattr(getattr(profile, "module", None), "memory", None) or {}).get("fragmentation")
+    if usable and frag is not None:  # the allocator's fragmentation measured by calibrate module on the user's
+        # module: the allowance under the device's usable memory, in place of the profile's own
+        return float(profile.device.usable_bytes) / (1 + frag), (
+            f" (profile {profile.name}'s usable GPU memory less the allocator's fragmentation measured on your "
+            f"module, {frag * 100:.1f}% of what is allocated)")
     if usable:
         return float(usable), f" (profile {profile.name}'s usable GPU memory)"
     print(f"note: profile {profile.name!r} does not give its GPU memory: memory limit {DEFAULT_MEMORY_GIB:g} GiB "

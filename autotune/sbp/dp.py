@@ -45,7 +45,7 @@ from autotune.sbp.searchbase import Clock, Search
 
 CUT_WORK = 2 * 10**8  # the most table entries times cut choices one solve may touch
 PAIRS_LIMIT = 2 * 10**7  # the most boxing-table entries the graph's edges may hold for dynamic programming
-BATCH = 2**16  # the most entries of a message's min-plus product made at once (the rest: one cut choice at a time)
+BATCH = 2**16  # about the most entries of a message's min-plus product made at once (whole cut choices a call)
 
 
 class LayerDP:
@@ -176,14 +176,14 @@ class LayerDP:
                 msg = None
                 if p is not None:
                     W = sub[v] = self.table(v, p)[np.ix_(keep[v], keep[p])]
-                    if U[v].shape[0] * W.size <= BATCH:  # small (capped) tables: one call for every cut choice
-                        msg = (U[v][:, :, None] + W[None, :, :]).min(axis=1)
-                    else:
-                        msg = np.empty((U[v].shape[0], W.shape[1]))
-                        buf = np.empty(W.shape)
-                        for q in range(U[v].shape[0]):
-                            np.add(W, U[v][q][:, None], out=buf)
-                            buf.min(axis=0, out=msg[q])
+                    rows = U[v].shape[0]
+                    step = max(1, BATCH // max(W.size, 1))  # cut choices a call: about BATCH entries at once
+                    msg = np.empty((rows, W.shape[1]))
+                    buf = np.empty((min(step, rows), *W.shape))
+                    for a in range(0, rows, step):
+                        b = min(a + step, rows)
+                        np.add(U[v][a:b, :, None], W[None, :, :], out=buf[:b - a])
+                        np.minimum.reduce(buf[:b - a], axis=1, out=msg[a:b])
                 self._memo[v] = (key, U[v], sub.get(v), msg)
             if p is not None:
                 msgs[p].append(msg)

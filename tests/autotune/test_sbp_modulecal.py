@@ -138,9 +138,12 @@ def test_the_allocators_fragmentation_is_an_allowance_under_the_limit():
     from autotune.cli.search import memory_limit
     profile = Profile.load("h200-nvlink")
     plain, _ = memory_limit(profile, None)
+    assert plain == pytest.approx(profile.device.usable_bytes * (1 - profile.fragmentation_fraction))
     profile.module = replace(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE)), memory={"fragmentation": 0.1})
-    limit, note = memory_limit(profile, None)
-    assert limit == pytest.approx(plain / 1.1) and "fragmentation" in note
+    limit, note = memory_limit(profile, None)  # the module's measured allowance replaces the profile's, not both
+    assert limit == pytest.approx(profile.device.usable_bytes / 1.1) and "fragmentation" in note
+    profile.module = replace(profile.module, memory={"fragmentation": 0.0})  # measured: none
+    assert memory_limit(profile, None)[0] == pytest.approx(profile.device.usable_bytes)
     assert memory_limit(profile, 10.0)[0] == 10 * 2**30  # a limit the user gives is theirs
 
 
