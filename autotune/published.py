@@ -4,7 +4,9 @@
 Every case of ``autotune/sbp/presets/published.json`` (the paper's model, cluster, configuration and step) is
 priced twice on its documented profile, one configuration for all cases, each in the precision recipe its run
 used (the case's "recipe", ``autotune.sbp.memory.RECIPES``, with its source: Megatron-LM's fp16 recipe for the
-SC21 runs, the bf16 one with fp32 gradients for Llama 3):
+SC21 runs, the bf16 one with fp32 gradients for Llama 3) and with the dropout it used (the case's "dropout", with
+its source: Megatron-LM's defaults, 0.1 on the attention probabilities and the hidden states, for the SC21 runs;
+none for Llama 3; ``autotune.sbp.layers.dropout_dims``):
 
 - forced: the paper's configuration (tensor degree t inside a node, p stages of whole nodes, d data-parallel
   ranks, context-parallel groups, micro-batch size, recomputation, schedule and virtual stages, sequence
@@ -60,6 +62,17 @@ def recipe(case: dict) -> str:
         raise UserError(f"case {case.get('id')}: recipe {name!r} with a recipe_source is needed: set one of "
                         f"{', '.join(RECIPES)} and where the run's paper or scripts state it")
     return name
+
+
+def dropout(case: dict) -> tuple[float, float]:
+    """The dropout a case's run used, (on the attention probabilities, on the hidden states) (its "dropout", with
+    its "source"), priced in Megatron-LM's recipes; a one-line error naming the fix without one."""
+    d = case.get("dropout")
+    if not isinstance(d, dict) or not d.get("source") or not all(
+            isinstance(d.get(k), (int, float)) and 0 <= d[k] < 1 for k in ("attention", "hidden")):
+        raise UserError(f"case {case.get('id')}: a dropout {{\"attention\": p, \"hidden\": p, \"source\": ...}} is "
+                        f"needed (0 <= p < 1, 0 where the run used none), with where the run's paper or code states it")
+    return float(d["attention"]), float(d["hidden"])
 
 
 def published_step(case: dict) -> tuple[float, float]:
@@ -138,7 +151,7 @@ def forced(case: dict) -> dict:
         raise UserError(f"case {case['id']}: batch {g.batch} is not a multiple of d {d} x micro-batch size {mbs}")
     g = context_parallel(g, cp)
     cfg = PipelineConfig(stages=p, schedule=tech.schedule, virtual_stages=max(tech.virtual_stages, 2),
-                         recipe=recipe(case), overlap_grad_reduce=tech.overlap_grad_reduce)
+                         recipe=recipe(case), dropout=dropout(case), overlap_grad_reduce=tech.overlap_grad_reduce)
     search = _search(g, cluster, profile, None, cfg)  # priced whatever it needs; checked against the limit below
     m = g.batch // (d * mbs)
     sub = submesh(cluster, p)
@@ -205,7 +218,8 @@ def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
     cluster = Cluster(case["nodes"], case["gpus"])
     best = None
     for sched in schedules:
-        search = _search(g, cluster, profile, profile.memory_bytes, PipelineConfig(schedule=sched, recipe=recipe(case)))
+        cfg = PipelineConfig(schedule=sched, recipe=recipe(case), dropout=dropout(case))
+        search = _search(g, cluster, profile, profile.memory_bytes, cfg)
         c, _, is3d = seeded(search)
         if c is not None and (best is None or c.step < best[0].step):
             best = (c, sched)
