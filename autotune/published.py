@@ -108,10 +108,17 @@ def gemm_ceiling(profile: Profile, act_bytes: int) -> tuple[float, float]:
     return best, band.peak_flops
 
 
-def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Techniques, layers: int) -> str:
-    """A configuration in Megatron-LM's flags (and torchtitan's degrees)."""
+MEGATRON_DROPOUT = (0.1, 0.1)  # Megatron-LM's defaults: --attention-dropout, --hidden-dropout (arguments.py)
+
+
+def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Techniques, layers: int,
+                   drop: tuple[float, float] = MEGATRON_DROPOUT) -> str:
+    """A configuration in Megatron-LM's flags (and torchtitan's degrees); ``drop``: the run's dropout, its flags
+    where it is not Megatron-LM's default."""
     flags = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}",
              f"--micro-batch-size {mbs}", f"--global-batch-size {batch}"]
+    if tuple(drop) != MEGATRON_DROPOUT:
+        flags.append(f"--attention-dropout {drop[0]:g} --hidden-dropout {drop[1]:g}")
     if tech.virtual_stages > 1:
         per, rest = divmod(layers, p * tech.virtual_stages)
         flags.append(f"--num-layers-per-virtual-pipeline-stage {per}" if not rest else
@@ -171,7 +178,7 @@ def forced(case: dict) -> dict:
             "parts": parts(c),
             "limit_gib": None if profile.memory_bytes is None else profile.memory_bytes / 2**30,
             "fits": profile.memory_bytes is None or peak <= profile.memory_bytes,
-            "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"])}
+            "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"], dropout(case))}
 
 
 def parts(c: Candidate) -> dict:
@@ -198,7 +205,7 @@ def _describe(c: Candidate, schedule: str, g) -> str:
             + (", FSDP over the data-parallel group" if mode.fsdp_axes is not None else ""))
 
 
-def _flags(c: Candidate, schedule: str, g, cluster: Cluster) -> str:
+def _flags(c: Candidate, schedule: str, g, cluster: Cluster, drop: tuple[float, float]) -> str:
     """A 3-D plan in Megatron-LM's flags; a plan of searched stages says so (its per-layer placements are no
     single flag set: the plan record has them)."""
     if not c.tensor:
@@ -208,7 +215,7 @@ def _flags(c: Candidate, schedule: str, g, cluster: Cluster) -> str:
     tech = Techniques(mode.recompute, schedule, c.virtual, bool(c.plans[0].search.get("sequence_parallel")),
                       mode.zero)
     return "; " + megatron_terms(c.tensor, c.stages, d, g.batch // (c.micro_batches * d), g.batch, tech,
-                                 g.config["layers"])
+                                 g.config["layers"], drop)
 
 
 def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
@@ -226,7 +233,7 @@ def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
     if best is None:
         return {"step_s": None, "plan": "no plan fits"}
     c, sched = best
-    return {"step_s": c.step, "plan": _describe(c, sched, g) + _flags(c, sched, g, cluster), "stages": c.stages, "micro_batches": c.micro_batches,
+    return {"step_s": c.step, "plan": _describe(c, sched, g) + _flags(c, sched, g, cluster, dropout(case)), "stages": c.stages, "micro_batches": c.micro_batches,
             "memory_gib": max(x.fig.memory for x in c.plans) / 2**30}
 
 

@@ -140,6 +140,10 @@ def test_every_published_case_states_its_dropout():
     cases = {c["id"]: c for c in published.load_cases()}
     for cid, c in cases.items():
         assert published.dropout(c) == ((0.1, 0.1) if cid.startswith("megatron") else (0.0, 0.0))
+    # the printed configuration names the dropout where it is not Megatron-LM's default
+    from autotune.sbp.techniques import Techniques
+    terms = [published.megatron_terms(8, 16, 128, 1, 2048, Techniques(), 126, d) for d in ((0.1, 0.1), (0.0, 0.0))]
+    assert "dropout" not in terms[0] and "--attention-dropout 0 --hidden-dropout 0" in terms[1]
     bad = dict(cases["llama3-405b-16k"])
     del bad["dropout"]
     with pytest.raises(UserError, match="dropout"):
