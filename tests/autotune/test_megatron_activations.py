@@ -77,8 +77,9 @@ def test_llama3_block_under_sequence_parallelism_against_korthikantis_count_adap
     sequence of s 8192 a micro-batch, t 8 with sequence parallelism, bf16: Korthikanti's 34 sbh/t adapted, per
     layer and micro-batch: the two RMSNorm inputs 4sbh, the qkv and fc1 inputs' shards 2sbh each, Q 2sbh and K, V
     2sbh (kv/a) each (grouped-query attention), the flash core's output O 2sbh and its fp32 log-sum-exp 4asb (no
-    softmax kept: Korthikanti's 5as^2b goes), the projection's input 2sbh (O as the projection reads it, a tensor
-    of its own: Megatron-core's flash path returns its output transposed contiguous), and in place of GELU's 8sbh
+    softmax kept: Korthikanti's 5as^2b goes), the projection's input 2sbh (counted apart from O, as torch's SDPA
+    path makes it: a contiguous copy; where the core writes O in the layout the projection reads, as cuDNN's fused
+    attention on Megatron's sbhd, they are one tensor and 2sbh/t less: not modelled), and in place of GELU's 8sbh
     and fc2's 8sbh (f = 4h) SwiGLU's input, gate and up, 4sbf and fc2's input silu(gate) up 2sbf; no dropout
     masks: sbh/t (33.75) + 4asb/t = 540.5 MiB."""
     g = load_model("llama", "llama3-405b", {"layers": 1, "batch": 1, "micro_batch": 1})
