@@ -65,28 +65,33 @@ def internal_steps(s: Strategy, cluster: Cluster) -> tuple[tuple[str, str, tuple
 
 @functools.lru_cache(maxsize=None)
 def hidden_steps(s: Strategy, cluster: Cluster) -> tuple[tuple[Step, ...], ...]:
-    """The steps of each boxing inside a layer that runs beside its input-gradient GEMM (``Internal.overlap``
-    "dgrad"), per micro-batch (pure, memoised)."""
+    """The steps of each boxing inside a layer that runs beside one of its backward GEMMs (``Internal.overlap``
+    "dgrad" or "wgrad", each beside its own), per micro-batch (pure, memoised)."""
     return tuple(box(it.shape, it.itemsize, fine_of(it.src, s.mesh, cluster), fine_of(it.dst, s.mesh, cluster),
-                     cluster) for it in s.internal if it.overlap == "dgrad")
+                     cluster) for it in s.internal if it.overlap)
+
+
+# a collective step's op -> the profile's overlap figure for compute beside it (``ComputeModel.overlap_slowdown``)
+OVERLAP_OF = {"allgather": "all_gather", "reducescatter": "reduce_scatter", "allreduce": "all_reduce"}
 
 
 def internal_seconds(op, s: Strategy, cluster: Cluster, coster: Coster, cm=None, act_bytes: int = ACT_BYTES
                      ) -> tuple[float, float]:
     """Per micro-batch, (forward, backward) seconds of the boxing inside a layer on the critical path: each
-    boxing whole, but one beside the input-gradient GEMM (``hidden_steps``: Megatron-LM's asynchronous re-gather
-    of a sequence-parallel input, launched before the GEMM and waited for after it), with a compute model ``cm``,
-    only what the GEMM (the forward product's size: ``steptime.matmul_kernel_seconds``) does not hide, plus the
-    GEMM's slowdown beside it (the profile's overlap figure for all-gathers): max(0, AG - G) + (k - 1) min(AG, G)."""
+    boxing whole, but one beside a backward GEMM (``hidden_steps``: Megatron-LM's asynchronous re-gather of a
+    sequence-parallel input beside the input-gradient GEMM, and the reduce-scatter of the input's gradient beside the
+    weight-gradient GEMM, each launched before its GEMM and waited for after it), with a compute model ``cm``, only
+    what the GEMM (each the forward product's size: ``steptime.matmul_kernel_seconds``) does not hide, plus the
+    GEMM's slowdown beside it (the profile's overlap figure for that collective): max(0, C - G) + (k - 1) min(C, G)."""
     f = sum(coster.time(st) for _, d, st in internal_steps(s, cluster) if d == "fwd")
     b = sum(coster.time(st) for _, d, st in internal_steps(s, cluster) if d != "fwd")
     hidden = hidden_steps(s, cluster)
     if hidden and cm is not None:
         gemm = matmul_kernel_seconds(op, s, cluster, cm, act_bytes)
-        k = cm.overlap_slowdown("all_gather")
         for steps in hidden:
-            ag = coster.time(steps)
-            b += max(0.0, ag - gemm) + (k - 1.0) * min(ag, gemm) - ag
+            c = coster.time(steps)
+            k = max((cm.overlap_slowdown(OVERLAP_OF[st.op]) for st in steps if st.op in OVERLAP_OF), default=1.0)
+            b += max(0.0, c - gemm) + (k - 1.0) * min(c, gemm) - c
     return f, b
 
 

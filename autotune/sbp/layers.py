@@ -18,7 +18,8 @@ pass; "summa-lean" the 2-D SUMMA that keeps only its local blocks and broadcasts
 backward pass (baseline only). "column-sp" (``COLUMN_SP``) is Megatron-LM's column-parallel layer under
 sequence parallelism: placed as "autoddl" on (d, t, 1) (its input gathered over t), it keeps only its input's
 sequence shard (tokens split over d and t: 1/t of the gathered input) and all-gathers it again in the backward
-for dW, beside the input-gradient GEMM that hides it (``LinearWithGradAccumulationAndAsyncCommunication``;
+for dW, beside the input-gradient GEMM that hides it, then reduce-scatters the input's gradient into the sequence
+shard it returns beside the weight-gradient GEMM (``LinearWithGradAccumulationAndAsyncCommunication``;
 Korthikanti et al. 2022, section 4.2.2: the qkv and fc1 inputs 2 s b h / t each); offered only where a
 problem's signatures name it (a Megatron recipe's 3-D layouts: ``autotune.pipeline.stage.Layout``).
 """
@@ -60,8 +61,9 @@ class Internal:
     dst: tuple[str, ...]
     backward: bool = True  # the gradient's dual boxing runs in the backward pass too
     direction: str = "fwd"  # the pass this boxing runs in
-    # "dgrad": it runs beside the layer's input-gradient GEMM, which hides it (Megatron-LM's asynchronous re-gather
-    # of a sequence-parallel input, ``COLUMN_SP``); "": on the critical path
+    # "dgrad" / "wgrad": it runs beside the layer's input-gradient / weight-gradient GEMM, which hides it (Megatron-LM's
+    # asynchronous re-gather of a sequence-parallel input and reduce-scatter of its gradient, ``COLUMN_SP``); "": on
+    # the critical path
     overlap: str = ""
 
 
@@ -205,9 +207,12 @@ class Matmul(Op):
             )
         if sig == COLUMN_SP:  # "autoddl" keeping the sequence shard, re-gathered over role 1 for dW
             s = self.build("autoddl", mesh)
-            again = Internal("input", (t, k), self.act_bytes, ("S0", "S0", "S1"), s.input.sbp, backward=False,
+            shard = ("S0", "S0", "S1")
+            again = Internal("input", (t, k), self.act_bytes, shard, s.input.sbp, backward=False,
                              direction="bwd", overlap="dgrad")
-            return dataclasses.replace(s, signature=COLUMN_SP, internal=(again,))
+            scatter = Internal("input-grad", (t, k), self.act_bytes, tuple(dual(p) for p in s.input.sbp), shard,
+                               backward=False, direction="bwd", overlap="wgrad")
+            return dataclasses.replace(s, signature=COLUMN_SP, internal=(again, scatter), grad_in=shard)
         roles = MATMUL_ORDERS[sig]
         i, w, o = (tuple(MATMUL_ROLES[r][j] for r in roles) for j in range(3))
         inp = None if self.layer.kind == "embedding" else Tensor("input", (t, k), i)

@@ -98,23 +98,33 @@ def test_llama3_block_under_sequence_parallelism_against_korthikantis_count_adap
         {"autoddl"}
 
 
-def test_the_sequence_parallel_inputs_regather_runs_beside_the_input_gradient_gemm():
+def test_the_sequence_parallel_inputs_regather_and_its_gradients_reduce_scatter_run_beside_the_backward_gemms():
     """Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication all-gathers the kept shard asynchronously and
-    computes dI = dO W^T meanwhile: the backward's boxing inside qkv is max(0, AG - G) + (k - 1) min(AG, G), AG the
-    all-gather of the whole input (s b h bf16 over the node's 8 GPUs), G the forward-sized GEMM (s, h, 3-way qkv
-    columns / t), k the profile's slowdown beside all-gathers; nothing in the forward."""
+    computes dI = dO W^T meanwhile, then reduce-scatters dI into the sequence shard asynchronously and computes
+    dW = dO^T X meanwhile: the backward's boxing inside qkv is, for C each collective (the all-gather, then the
+    reduce-scatter, of the whole input: s b h bf16 over the node's 8 GPUs), max(0, C - G) + (k - 1) min(C, G), G the
+    forward-sized GEMM (s, h, the qkv columns / t), k the profile's slowdown beside that collective; nothing in the
+    forward, and no boxing between the norm and qkv in the backward (qkv returns its input's gradient as the norm's
+    sequence shard)."""
+    from autotune.sbp.tables import edge_steps
     g = load_model("llama", "llama3-405b", {"layers": 1, "batch": 1, "micro_batch": 1})
     pr, a = megatron(g, 8, True, recipe="megatron-bf16", dropout=(0.0, 0.0), profile=H100)
-    v = pr.graph.chain[pr.graph.blocks[0][0] + 1]
+    u, v = pr.graph.chain[pr.graph.blocks[0][0]:pr.graph.blocks[0][0] + 2]
     s = pr.choices[v][a[v]]
     cm, cl = pr.coster.profile.compute, pr.cluster
-    ag = pr.coster.step_time(Step("allgather", tuple(range(len(cl.axis_sizes))), 8192 * 16384 * 2))
+    axes, nbytes = tuple(range(len(cl.axis_sizes))), 8192 * 16384 * 2
     gemm = cm.matmul_seconds(8192, 16384, (128 + 2 * 8) * 128 // 8, 2)
-    k = cm.overlap_slowdown("all_gather")
+    want = 0.0
+    for op, name in (("allgather", "all_gather"), ("reducescatter", "reduce_scatter")):
+        c, k = pr.coster.step_time(Step(op, axes, nbytes)), cm.overlap_slowdown(name)
+        want += max(0.0, c - gemm) + (k - 1) * min(c, gemm)
     f, b = internal_seconds(pr.ops[v], s, cl, pr.coster, cm, 2)
-    assert f == 0 and b == pytest.approx(max(0.0, ag - gemm) + (k - 1) * min(ag, gemm))
-    assert 0 < gemm < ag  # on this profile part of it shows
-    assert internal_seconds(pr.ops[v], s, cl, pr.coster)[1] == pytest.approx(ag)  # no compute model: all of it
+    assert f == 0 and b == pytest.approx(want)
+    assert 0 < gemm < pr.coster.step_time(Step("allgather", axes, nbytes))  # on this profile part of it shows
+    whole = internal_seconds(pr.ops[v], s, cl, pr.coster)[1]  # no compute model: all of both
+    assert whole == pytest.approx(sum(pr.coster.step_time(Step(op, axes, nbytes)) for op in ("allgather", "reducescatter")))
+    fwd, bwd = edge_steps(pr.choices[u][a[u]], s, pr.ops[u].out_shape, cl, (2, 2))
+    assert [st.op for st in fwd] == ["allgather"] and bwd == ()
 
 
 def test_dropouts_passes_at_the_elementwise_bandwidth():
