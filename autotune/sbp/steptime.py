@@ -234,10 +234,9 @@ def dropout_seconds(elems: float, cm: ComputeModel, act_bytes: int, fused: bool 
     bandwidth (``DROPOUT_PASSES`` and the 1-byte mask); ``fused``: its forward inside Megatron-LM's bias-dropout-add
     kernel (``bias_dropout_add_fused_train``, torch.jit.script), whose reads and writes the residual add prices
     already: the mask written only (its launch the add's)."""
-    f = elems * (DROPOUT_PASSES[0] * act_bytes + 1)
-    b = cm.op_seconds("elementwise", elems * (DROPOUT_PASSES[1] * act_bytes + 1))
-    return (max(cm.op_seconds("elementwise", elems) - cm.launch_s, 0.0) if fused else
-            cm.op_seconds("elementwise", f)), b
+    f = max(cm.op_seconds("elementwise", elems) - cm.launch_s, 0.0) if fused else \
+        cm.op_seconds("elementwise", elems * (DROPOUT_PASSES[0] * act_bytes + 1))
+    return f, cm.op_seconds("elementwise", elems * (DROPOUT_PASSES[1] * act_bytes + 1))
 
 
 def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int,
