@@ -4,7 +4,9 @@
 Every case of ``autotune/sbp/presets/published.json`` (the paper's model, cluster, configuration and step) is
 priced twice on its documented profile, one configuration for all cases, each in the precision recipe its run
 used (the case's "recipe", ``autotune.sbp.memory.RECIPES``, with its source: Megatron-LM's fp16 recipe for the
-SC21 runs, the bf16 one with fp32 gradients for Llama 3):
+SC21 runs, the bf16 one with fp32 gradients for Llama 3) and with the dropout it used (the case's "dropout", with
+its source: Megatron-LM's defaults, 0.1 on the attention probabilities and the hidden states, for the SC21 runs;
+none for Llama 3; ``autotune.sbp.layers.dropout_dims``):
 
 - forced: the paper's configuration (tensor degree t inside a node, p stages of whole nodes, d data-parallel
   ranks, context-parallel groups, micro-batch size, recomputation, schedule and virtual stages, sequence
@@ -62,6 +64,17 @@ def recipe(case: dict) -> str:
     return name
 
 
+def dropout(case: dict) -> tuple[float, float]:
+    """The dropout a case's run used, (on the attention probabilities, on the hidden states) (its "dropout", with
+    its "source"), priced in Megatron-LM's recipes; a one-line error naming the fix without one."""
+    d = case.get("dropout")
+    if not isinstance(d, dict) or not d.get("source") or not all(
+            isinstance(d.get(k), (int, float)) and 0 <= d[k] < 1 for k in ("attention", "hidden")):
+        raise UserError(f"case {case.get('id')}: a dropout {{\"attention\": p, \"hidden\": p, \"source\": ...}} is "
+                        f"needed (0 <= p < 1, 0 where the run used none), with where the run's paper or code states it")
+    return float(d["attention"]), float(d["hidden"])
+
+
 def published_step(case: dict) -> tuple[float, float]:
     """The published step (low, high) in seconds from the paper's own figures (the data file's arithmetic):
     Megatron-LM's count 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs a step, or 6 N T without and with causal
@@ -95,10 +108,17 @@ def gemm_ceiling(profile: Profile, act_bytes: int) -> tuple[float, float]:
     return best, band.peak_flops
 
 
-def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Techniques, layers: int) -> str:
-    """A configuration in Megatron-LM's flags (and torchtitan's degrees)."""
+MEGATRON_DROPOUT = (0.1, 0.1)  # Megatron-LM's defaults: --attention-dropout, --hidden-dropout (arguments.py)
+
+
+def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Techniques, layers: int,
+                   drop: tuple[float, float] = MEGATRON_DROPOUT) -> str:
+    """A configuration in Megatron-LM's flags (and torchtitan's degrees); ``drop``: the run's dropout, its flags
+    where it is not Megatron-LM's default."""
     flags = [f"--tensor-model-parallel-size {t}", f"--pipeline-model-parallel-size {p}",
              f"--micro-batch-size {mbs}", f"--global-batch-size {batch}"]
+    if tuple(drop) != MEGATRON_DROPOUT:
+        flags.append(f"--attention-dropout {drop[0]:g} --hidden-dropout {drop[1]:g}")
     if tech.virtual_stages > 1:
         per, rest = divmod(layers, p * tech.virtual_stages)
         flags.append(f"--num-layers-per-virtual-pipeline-stage {per}" if not rest else
@@ -138,7 +158,7 @@ def forced(case: dict) -> dict:
         raise UserError(f"case {case['id']}: batch {g.batch} is not a multiple of d {d} x micro-batch size {mbs}")
     g = context_parallel(g, cp)
     cfg = PipelineConfig(stages=p, schedule=tech.schedule, virtual_stages=max(tech.virtual_stages, 2),
-                         recipe=recipe(case), overlap_grad_reduce=tech.overlap_grad_reduce)
+                         recipe=recipe(case), dropout=dropout(case), overlap_grad_reduce=tech.overlap_grad_reduce)
     search = _search(g, cluster, profile, None, cfg)  # priced whatever it needs; checked against the limit below
     m = g.batch // (d * mbs)
     sub = submesh(cluster, p)
@@ -158,7 +178,7 @@ def forced(case: dict) -> dict:
             "parts": parts(c),
             "limit_gib": None if profile.memory_bytes is None else profile.memory_bytes / 2**30,
             "fits": profile.memory_bytes is None or peak <= profile.memory_bytes,
-            "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"])}
+            "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"], dropout(case))}
 
 
 def parts(c: Candidate) -> dict:
@@ -185,7 +205,7 @@ def _describe(c: Candidate, schedule: str, g) -> str:
             + (", FSDP over the data-parallel group" if mode.fsdp_axes is not None else ""))
 
 
-def _flags(c: Candidate, schedule: str, g, cluster: Cluster) -> str:
+def _flags(c: Candidate, schedule: str, g, cluster: Cluster, drop: tuple[float, float]) -> str:
     """A 3-D plan in Megatron-LM's flags; a plan of searched stages says so (its per-layer placements are no
     single flag set: the plan record has them)."""
     if not c.tensor:
@@ -195,7 +215,7 @@ def _flags(c: Candidate, schedule: str, g, cluster: Cluster) -> str:
     tech = Techniques(mode.recompute, schedule, c.virtual, bool(c.plans[0].search.get("sequence_parallel")),
                       mode.zero)
     return "; " + megatron_terms(c.tensor, c.stages, d, g.batch // (c.micro_batches * d), g.batch, tech,
-                                 g.config["layers"])
+                                 g.config["layers"], drop)
 
 
 def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
@@ -205,14 +225,15 @@ def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
     cluster = Cluster(case["nodes"], case["gpus"])
     best = None
     for sched in schedules:
-        search = _search(g, cluster, profile, profile.memory_bytes, PipelineConfig(schedule=sched, recipe=recipe(case)))
+        cfg = PipelineConfig(schedule=sched, recipe=recipe(case), dropout=dropout(case))
+        search = _search(g, cluster, profile, profile.memory_bytes, cfg)
         c, _, is3d = seeded(search)
         if c is not None and (best is None or c.step < best[0].step):
             best = (c, sched)
     if best is None:
         return {"step_s": None, "plan": "no plan fits"}
     c, sched = best
-    return {"step_s": c.step, "plan": _describe(c, sched, g) + _flags(c, sched, g, cluster), "stages": c.stages, "micro_batches": c.micro_batches,
+    return {"step_s": c.step, "plan": _describe(c, sched, g) + _flags(c, sched, g, cluster, dropout(case)), "stages": c.stages, "micro_batches": c.micro_batches,
             "memory_gib": max(x.fig.memory for x in c.plans) / 2**30}
 
 

@@ -111,6 +111,8 @@ class PipelineConfig:
     split_dps: int = 1
     virtual_stages: int = 2  # chunks a rank under interleaved-1f1b (Megatron-LM's virtual pipeline stages)
     recipe: str = "autocast"  # the precision recipe every stage is priced in (``autotune.sbp.memory.RECIPES``)
+    # Megatron-LM's dropout (on the attention probabilities, on the hidden states), in its recipes only
+    dropout: tuple[float, float] = (0.0, 0.0)
     overlap_grad_reduce: bool = True  # False: each stage's gradient sync exposed whole (``Techniques``)
     # a candidate of one stage priced as the single-stage step a user runs without a pipeline (FSDP reduce-scattering
     # each micro-batch, not torch's PipelineStage accumulating whole gradients): "1 stage" as a paper means it
@@ -126,7 +128,7 @@ class PipelineConfig:
         return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
                               self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
                               self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4, self.virtual_stages,
-                              self.recipe, self.overlap_grad_reduce, self.single_stage_plain)
+                              self.recipe, self.dropout, self.overlap_grad_reduce, self.single_stage_plain)
 
 
 def schedule_name(name: str) -> str:
@@ -293,7 +295,7 @@ class StageSearch:
     def catalogue(self, sub: Cluster) -> Catalogue:
         cat = self._catalogues.get(sub)
         if cat is None:
-            cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub), self.cfg.recipe)
+            cat = self._catalogues[sub] = Catalogue(Coster(self.profile, sub), self.cfg.recipe, self.cfg.dropout)
         return cat
 
     def layout(self, m: int, span, sub: Cluster, runnable: bool = True, megatron: bool = False) -> Layout:

@@ -48,10 +48,10 @@ from calibrate.errors import UserError
 
 from autotune.pipeline.paths import host_floor
 from autotune.sbp.boxing import copy_seconds
-from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_steps, rows_of
-from autotune.sbp.layers import UNIT_ROLE, make_op
+from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_seconds, internal_steps, rows_of
+from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, make_op
 from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, gathered_weight_bytes, peak_workspace,
-                                  pipelined_fsdp_memory, strategy_memory, tied_saving)
+                                  pipelined_fsdp_memory, recipe_of, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
                                    pipelined_fsdp_seconds)
 from autotune.sbp.tables import edge_steps
@@ -233,9 +233,12 @@ class Layout:
 
     def __init__(self, graph, catalogue: Catalogue, runnable: bool = True, megatron: bool = False):
         """``runnable``: only the strategies apply runs (``autotune.sbp.cost.layer_strategies``), else all;
-        ``megatron``: a matmul's strategies only on the meshes Megatron's layouts use (``layers.UNIT_ROLE``)."""
+        ``megatron``: a matmul's strategies only on the meshes Megatron's layouts use (``layers.UNIT_ROLE``), and,
+        in a Megatron-LM recipe, its column-parallel layer under sequence parallelism (``layers.COLUMN_SP``)."""
         self.graph, self.cluster, self.catalogue, self.runnable = graph, catalogue.coster.cluster, catalogue, runnable
-        self.signatures = (UNIT_ROLE,) if megatron else None
+        self.recipe = catalogue.recipe
+        self.signatures = None if not megatron else (UNIT_ROLE, COLUMN_SP) if recipe_of(self.recipe).main_grad \
+            else (UNIT_ROLE,)
         self.ops = [make_op(layer, graph.act_bytes) for layer in graph.layers]
         self.choices = [catalogue.layer_strategies(op, self.signatures, rows_of(graph) if runnable else None)
                         for op in self.ops]
@@ -305,10 +308,9 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
                                  else mode) * (m - 1) / m
         o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode, problem.tied[v])
         fwd, bwd, comp, opt = fwd + c * f, bwd + c * (b + acc), comp + c * (m * (f + b + acc) + o), opt + c * o
-        tf = kf = tb = kb = 0.0
-        for _, d, steps in internal_steps(s, cl):
-            t, k = problem.coster.time(steps), copy_seconds(steps, cm.memory_seconds)
-            tf, kf, tb, kb = (tf + t, kf + k, tb, kb) if d == "fwd" else (tf, kf, tb + t, kb + k)
+        tf, tb = internal_seconds(op, s, cl, problem.coster, cm, problem.act_bytes)
+        kf = sum(copy_seconds(steps, cm.memory_seconds) for _, d, steps in internal_steps(s, cl) if d == "fwd")
+        kb = sum(copy_seconds(steps, cm.memory_seconds) for _, d, steps in internal_steps(s, cl) if d != "fwd")
         # recomputed: the forward boxing again, and the local copies again (both passes', as ``Problem`` prices them)
         fwd, bwd = fwd + c * (tf + kf), bwd + c * (tb + kb + redo * (tf + kf + kb))
         comp, red = comp + c * m * (1 + redo) * (kf + kb), red + c * m * ((1 + redo) * tf + tb)

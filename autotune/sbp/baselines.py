@@ -30,8 +30,8 @@ from calibrate.errors import UserError
 
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import recompute_modes
-from autotune.sbp.layers import UNIT_ROLE, Matmul, finish, fine_key
-from autotune.sbp.memory import Mode
+from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, Matmul, finish, fine_key
+from autotune.sbp.memory import Mode, recipe_of
 from autotune.sbp.mesh import RoleMesh, role_meshes
 
 ONE = (1, 1)
@@ -77,7 +77,10 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
     the tensor-parallel regions (norms, residual adds, dropout) on sequence shards, their tokens split over t
     as well as d (the one-role mesh of all d x t devices): their activations divided by t, and the boxing
     into and out of the tensor-parallel region an all-gather and a reduce-scatter over t where the plain plan
-    has an all-reduce (the same bytes on a ring). ``context`` (Megatron-LM's ``--context-parallel-size``, as d
+    has an all-reduce (the same bytes on a ring); under a Megatron-LM recipe (``Recipe.main_grad``: its own
+    modules, not torch's ColwiseParallel, which keeps the gathered input) a column-parallel matmul after them
+    keeps its input's sequence shard and gathers it again in the backward ("column-sp": the problem's strategies
+    must hold it, ``autotune.pipeline.stage.Layout``). ``context`` (Megatron-LM's ``--context-parallel-size``, as d
     and t a size per tier): of the d data-parallel ranks, groups of ``context`` share each sequence; every layer
     but the attention core is placed as without it (tokens split over all d, weights replicated and their
     gradients synced over all d), the core runs context-parallel on (d / context, t, context) ("attention-cp":
@@ -87,6 +90,9 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
     assign: list[int | None] = [None] * len(problem.ops)
     prev_split = False  # whether the previous layer's output is split over t along features
     prev_kind = None
+    # Megatron's column-parallel layer after the sequence-parallel region keeps the shard
+    shard = sequence_parallel and math.prod(t) > 1 and recipe_of(problem.recipe).main_grad
+    prev_seq = False  # whether the previous layer is on sequence shards
     for v in problem.graph.chain:
         op = problem.ops[v]
         kind = op.layer.kind
@@ -96,7 +102,8 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
         if kind == "embedding":
             key, split = ("autoddl", RoleMesh((d, ONE, t))), False
         elif kind == "matmul":
-            key = ("transposed", RoleMesh((d, t, ONE))) if prev_split else ("autoddl", RoleMesh((d, t, ONE)))
+            column = COLUMN_SP if shard and prev_seq else "autoddl"
+            key = ("transposed", RoleMesh((d, t, ONE))) if prev_split else (column, RoleMesh((d, t, ONE)))
             split = not prev_split
         elif kind in ("conv", "pool"):
             key, split = (kind, problem.choices[v][0].mesh), False
@@ -116,7 +123,7 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
         if assign[v] is not None and assign[v] != i:
             return None
         assign[v] = i
-        prev_split = split
+        prev_split, prev_seq = split, key[1] == every and sequence_parallel
     return [int(a) for a in assign]
 
 

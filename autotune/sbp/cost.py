@@ -38,12 +38,12 @@ from calibrate.errors import OptionError, UserError
 from models.graph import LayerGraph
 
 from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
-from autotune.sbp.layers import ACT_BYTES, Strategy, make_op, with_recipe
+from autotune.sbp.layers import ACT_BYTES, NO_DROPOUT, Strategy, make_op, with_recipe
 from autotune.sbp.memory import (NONE, OUTSIDE, RECIPES, RERUN, TAIL, Memory, Mode, chain_roles, layer_roles,
                                  edge_bytes, recipe_of,
                                  fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
-from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, overlapped,
-                                   require_compute)
+from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, matmul_kernel_seconds, optimizer_seconds,
+                                   overlapped, require_compute)
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.modulecal import calibrated_seconds, calibration, part_ratio
 from autotune.sbp.rowbox import RowBoxer
@@ -61,6 +61,38 @@ def internal_steps(s: Strategy, cluster: Cluster) -> tuple[tuple[str, str, tuple
         if it.backward:
             out.append((it.tensor, "bwd", box_backward(it.shape, it.itemsize, src, dst, cluster)))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def hidden_steps(s: Strategy, cluster: Cluster) -> tuple[tuple[Step, ...], ...]:
+    """The steps of each boxing inside a layer that runs beside one of its backward GEMMs (``Internal.overlap``
+    "dgrad" or "wgrad", each beside its own), per micro-batch (pure, memoised)."""
+    return tuple(box(it.shape, it.itemsize, fine_of(it.src, s.mesh, cluster), fine_of(it.dst, s.mesh, cluster),
+                     cluster) for it in s.internal if it.overlap)
+
+
+# a collective step's op -> the profile's overlap figure for compute beside it (``ComputeModel.overlap_slowdown``)
+OVERLAP_OF = {"allgather": "all_gather", "reducescatter": "reduce_scatter", "allreduce": "all_reduce"}
+
+
+def internal_seconds(op, s: Strategy, cluster: Cluster, coster: Coster, cm=None, act_bytes: int = ACT_BYTES
+                     ) -> tuple[float, float]:
+    """Per micro-batch, (forward, backward) seconds of the boxing inside a layer on the critical path: each
+    boxing whole, but one beside a backward GEMM (``hidden_steps``: Megatron-LM's asynchronous re-gather of a
+    sequence-parallel input beside the input-gradient GEMM, and the reduce-scatter of the input's gradient beside the
+    weight-gradient GEMM, each launched before its GEMM and waited for after it), with a compute model ``cm``, only
+    what the GEMM (each the forward product's size: ``steptime.matmul_kernel_seconds``) does not hide, plus the
+    GEMM's slowdown beside it (the profile's overlap figure for that collective): max(0, C - G) + (k - 1) min(C, G)."""
+    f = sum(coster.time(st) for _, d, st in internal_steps(s, cluster) if d == "fwd")
+    b = sum(coster.time(st) for _, d, st in internal_steps(s, cluster) if d != "fwd")
+    hidden = hidden_steps(s, cluster)
+    if hidden and cm is not None:
+        gemm = matmul_kernel_seconds(op, s, cluster, cm, act_bytes)
+        for steps in hidden:
+            c = coster.time(steps)
+            k = max((cm.overlap_slowdown(OVERLAP_OF[st.op]) for st in steps if st.op in OVERLAP_OF), default=1.0)
+            b += max(0.0, c - gemm) + (k - 1.0) * min(c, gemm) - c
+    return f, b
 
 
 def internal_copy_seconds(s: Strategy, cluster: Cluster, cm) -> float:
@@ -106,10 +138,12 @@ def rows_of(graph: LayerGraph) -> int | None:
     return graph.micro_batch if "sequence" in graph.config else None
 
 
-def layer_strategies(op, cluster: Cluster, signatures, rows: int | None, recipe: str = "autocast") -> list[Strategy]:
-    """``op``'s strategies in ``recipe`` (``with_recipe``); with ``rows``, those whose input or output splits the
-    tokens over devices that do not divide ``rows`` left out (apply cuts a micro-batch into whole sequences)."""
-    out = [with_recipe(s, op.layer, recipe, op.act_bytes) for s in op.strategies(cluster, signatures)]
+def layer_strategies(op, cluster: Cluster, signatures, rows: int | None, recipe: str = "autocast",
+                     dropout: tuple[float, float] = NO_DROPOUT) -> list[Strategy]:
+    """``op``'s strategies in ``recipe`` with ``dropout`` (``with_recipe``); with ``rows``, those whose input or
+    output splits the tokens over devices that do not divide ``rows`` left out (apply cuts a micro-batch into whole
+    sequences)."""
+    out = [with_recipe(s, op.layer, recipe, op.act_bytes, dropout) for s in op.strategies(cluster, signatures)]
     return out if rows is None else [s for s in out if all(
         rows % math.prod(n for p, n in zip(f, cluster.axis_sizes) if p == "S0") == 0 for f in (s.fine_in, s.fine_out))]
 
@@ -117,11 +151,13 @@ def layer_strategies(op, cluster: Cluster, signatures, rows: int | None, recipe:
 class Catalogue:
     """What problems on one cluster and precision recipe share, made once: each layer's strategies (by layer,
     activation size and signatures) and the boxing tables (one ``RowBoxer`` that keeps them, per activation size
-    and objective). A pipeline's stage problems hold the same layers on one submesh (``autotune.pipeline.search``)."""
+    and objective). A pipeline's stage problems hold the same layers on one submesh (``autotune.pipeline.search``).
+    ``dropout``: Megatron-LM's (on the attention probabilities, on the hidden states), in its recipes only
+    (``layers.with_recipe``)."""
 
-    def __init__(self, coster: Coster, recipe: str = "autocast"):
+    def __init__(self, coster: Coster, recipe: str = "autocast", dropout: tuple[float, float] = NO_DROPOUT):
         recipe_of(recipe)
-        self.coster, self.recipe = coster, recipe
+        self.coster, self.recipe, self.dropout = coster, recipe, tuple(dropout)
         self.strategies: dict[tuple, list[Strategy]] = {}
         self.rows: dict[tuple, RowBoxer] = {}
         self.figures: dict[tuple, np.ndarray] = {}  # per (layer, figure): one value per strategy (``Problem._figures``)
@@ -134,7 +170,8 @@ class Catalogue:
         key = Catalogue.key(op, signatures, rows)
         out = self.strategies.get(key)
         if out is None:
-            out = self.strategies[key] = layer_strategies(op, self.coster.cluster, signatures, rows, self.recipe)
+            out = self.strategies[key] = layer_strategies(op, self.coster.cluster, signatures, rows, self.recipe,
+                                                          self.dropout)
         return out
 
     def boxer(self, itemsize: int, memory_seconds) -> RowBoxer:
@@ -256,11 +293,10 @@ class Problem:
         self.node_redist = []
         for v, ss in enumerate(self.choices):
             redo = rec == "full" and self.roles[v] in RERUN
-            # per strategy: forward and backward seconds of the boxing inside the layer
-            inner = fig(v, ("internal",), lambda ss=ss: np.array(
-                [(sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d == "fwd"),
-                  sum(self.coster.time(st) for _, d, st in internal_steps(s, cl) if d != "fwd")) for s in ss]
-                ).reshape(len(ss), 2))
+            # per strategy: forward and backward seconds of the boxing inside the layer (on the critical path)
+            cm = self.compute if step else None
+            inner = fig(v, ("internal", cm is not None), lambda ss=ss, v=v, cm=cm: np.array(
+                [internal_seconds(self.ops[v], s, cl, self.coster, cm, ab) for s in ss]).reshape(len(ss), 2))
             self.node_redist.append(mb * ((2 if redo else 1) * inner[:, 0] + inner[:, 1]))
         self.node_sync = [fig(v, ("sync", grad_bytes, mode), lambda ss=ss: np.array(
             [sum(self.coster.step_time(st) for _, st in sync_steps(s, cl, grad_bytes, mode)) for s in ss], dtype=float))

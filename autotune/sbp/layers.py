@@ -15,7 +15,13 @@ O (S0, S1, P), the paper's; "transposed" orders them (m, k, n): I (S0, S1, B),
 W (B, S0, S1), O (S0, P, S1) (Megatron's row-parallel layer is one instance);
 "summa" is the 2D algorithm of Xu et al. (baseline only), keeping every gathered panel for the backward
 pass; "summa-lean" the 2-D SUMMA that keeps only its local blocks and broadcasts the panels again in the
-backward pass (baseline only).
+backward pass (baseline only). "column-sp" (``COLUMN_SP``) is Megatron-LM's column-parallel layer under
+sequence parallelism: placed as "autoddl" on (d, t, 1) (its input gathered over t), it keeps only its input's
+sequence shard (tokens split over d and t: 1/t of the gathered input) and all-gathers it again in the backward
+for dW, beside the input-gradient GEMM that hides it, then reduce-scatters the input's gradient into the sequence
+shard it returns beside the weight-gradient GEMM (``LinearWithGradAccumulationAndAsyncCommunication``;
+Korthikanti et al. 2022, section 4.2.2: the qkv and fc1 inputs 2 s b h / t each); offered only where a
+problem's signatures name it (a Megatron recipe's 3-D layouts: ``autotune.pipeline.stage.Layout``).
 """
 from __future__ import annotations
 
@@ -55,6 +61,10 @@ class Internal:
     dst: tuple[str, ...]
     backward: bool = True  # the gradient's dual boxing runs in the backward pass too
     direction: str = "fwd"  # the pass this boxing runs in
+    # "dgrad" / "wgrad": it runs beside the layer's input-gradient / weight-gradient GEMM, which hides it (Megatron-LM's
+    # asynchronous re-gather of a sequence-parallel input and reduce-scatter of its gradient, ``COLUMN_SP``); "": on
+    # the critical path
+    overlap: str = ""
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,7 @@ class Op:
 
 
 SUMMAS = ("summa", "summa-lean")
+COLUMN_SP = "column-sp"
 # in a problem's ``signatures``: a matmul's 3-role strategies only on meshes with a role of one device, where
 # Megatron's layouts lie ((d, t, 1) column- and row-parallel, (d, 1, t) the vocabulary-parallel embedding): the
 # 3-D baseline's stage layouts, a few of the matmul's many meshes on a large submesh
@@ -194,6 +205,14 @@ class Matmul(Op):
                 (gather_x, gather_w) + again,
                 extra_act_elems=(t // mesh.role_size(0)) * k + k * (n // mesh.role_size(1)),
             )
+        if sig == COLUMN_SP:  # "autoddl" keeping the sequence shard, re-gathered over role 1 for dW
+            s = self.build("autoddl", mesh)
+            shard = ("S0", "S0", "S1")
+            again = Internal("input", (t, k), self.act_bytes, shard, s.input.sbp, backward=False,
+                             direction="bwd", overlap="dgrad")
+            scatter = Internal("input-grad", (t, k), self.act_bytes, tuple(dual(p) for p in s.input.sbp), shard,
+                               backward=False, direction="bwd", overlap="wgrad")
+            return dataclasses.replace(s, signature=COLUMN_SP, internal=(again, scatter), grad_in=shard)
         roles = MATMUL_ORDERS[sig]
         i, w, o = (tuple(MATMUL_ROLES[r][j] for r in roles) for j in range(3))
         inp = None if self.layer.kind == "embedding" else Tensor("input", (t, k), i)
@@ -201,7 +220,7 @@ class Matmul(Op):
                         (Tensor("weight", (k, n), w),) + self._extra_weights(o, w))
 
     def strategies(self, cluster, signatures=None):
-        sigs = [x for x in signatures or () if x != UNIT_ROLE] or tuple(MATMUL_ORDERS)
+        sigs = [x for x in signatures or () if x not in (UNIT_ROLE, COLUMN_SP)] or tuple(MATMUL_ORDERS)
         three = role_meshes(cluster, 3)
         if signatures and UNIT_ROLE in signatures:
             three = [m for m in three if min(m.role_size(r) for r in range(3)) == 1]
@@ -211,6 +230,8 @@ class Matmul(Op):
                 out += [self.build(sig, m) for m in role_meshes(cluster, 2)]
             else:
                 out += [self.build(sig, m) for m in three]
+        if signatures and COLUMN_SP in signatures and self.layer.kind == "matmul":  # on Megatron's (d, t, 1), t > 1
+            out += [self.build(COLUMN_SP, m) for m in three if m.role_size(2) == 1 and m.role_size(1) > 1]
         return _dedupe(out, cluster)
 
 
@@ -455,13 +476,32 @@ OPS: dict[str, type[Op]] = {
 RECIPE_DIMS = ("autocast", "projections", "cast_input", "qkv_fused")
 
 
-def with_recipe(s: Strategy, layer: Layer, recipe: str = "autocast", act_bytes: int = ACT_BYTES) -> Strategy:
+NO_DROPOUT = (0.0, 0.0)
+
+
+def dropout_dims(layer: Layer, dropout: tuple[float, float]) -> tuple[tuple[str, int], ...]:
+    """(("dropout", 1),) where Megatron-LM's dropout runs on the layer's output, given ``dropout`` = (on the attention
+    probabilities, on the hidden states: ``--attention-dropout``, ``--hidden-dropout``): the materialised attention's
+    probabilities (flash attention draws its mask inside its kernel and keeps none: not priced), the residual adds
+    (the bias-dropout-add after the projection and after fc2) and the embedding's output; () elsewhere."""
+    kind, dims = layer.kind, layer.all_dims()
+    on = (kind == "attention" and not dims.get("flash", 0) and dropout[0] > 0) or \
+        (kind in ("residual", "embedding") and dropout[1] > 0)
+    return (("dropout", 1),) if on else ()
+
+
+def with_recipe(s: Strategy, layer: Layer, recipe: str = "autocast", act_bytes: int = ACT_BYTES,
+                dropout: tuple[float, float] = NO_DROPOUT) -> Strategy:
     """``s`` carrying the layer's recipe dims (how a user's module runs it under bf16 autocast), which the memory
     and step models read; under a main-gradient recipe (``autotune.sbp.memory.Recipe.main_grad``: Megatron-LM's
-    half-precision modules, no autocast) only ("main_grad", the main gradient's bytes)."""
+    half-precision modules, no autocast) only ("main_grad", the main gradient's bytes) and, with ``dropout``
+    (Megatron-LM's, in its recipes only: a UserError elsewhere), ("dropout", 1) where it runs (``dropout_dims``)."""
     r = recipe_of(recipe, act_bytes)
+    if any(dropout) and not r.main_grad:
+        raise UserError(f"dropout {dropout} is priced in Megatron-LM's recipes only, not in {recipe!r}: use "
+                        f"megatron-fp16 or megatron-bf16, or no dropout")
     if r.main_grad:
-        return dataclasses.replace(s, recipe=(("main_grad", r.gradient),))
+        return dataclasses.replace(s, recipe=(("main_grad", r.gradient),) + dropout_dims(layer, dropout))
     dims = layer.all_dims()
     if not dims.get("autocast") and not dims.get("cast_input"):
         return s

@@ -42,8 +42,14 @@ activations scaled to what it keeps: ``autotune.sbp.modulecal``):
     SUMMA matmul               its two gathered panels, which replace its input (the
                                gathered input panel is what dW needs); a SUMMA
                                embedding nothing (its backward needs the token ids only)
+    column-sp matmul           its input's sequence shard, 1/t of the gathered input (Megatron-LM
+                               under sequence parallelism; gathered again in the backward, the
+                               gathered copy in the backward's workspace)
     loss                       the softmax probabilities in fp32 (4 bytes per local
                                logit, Megatron-LM's vocab-parallel cross-entropy)
+    dropout (Megatron-LM's     its mask, 1 byte an element of the output it drops (the residual adds'
+    recipes, where set)        bias-dropout-add, the embedding's), and on the materialised attention's
+                               probabilities also the dropped probabilities (``dropout_kept_bytes``)
     split layer norm / RMSNorm two fp32 copies of its input (x and x - mean, kept by
                                the products with x and with 1/sigma) and the
                                normalised input in the activation type
@@ -158,7 +164,7 @@ def recipe_of(name: str, act_bytes: int = 2) -> Recipe:
 # layers whose output autocast leaves in the parameters' fp32 (a norm, the residual stream's add, the embedding's
 # lookup; the matmuls', the attention's and the activations' outputs are in the activation type)
 FP32_OUTPUTS = ("layernorm", "rmsnorm", "residual", "embedding")
-MATMUL_SIGNATURES = ("autoddl", "transposed", "summa", "summa-lean")
+MATMUL_SIGNATURES = ("autoddl", "transposed", "summa", "summa-lean", "column-sp")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -309,11 +315,25 @@ def kept_bytes(s, cluster: Cluster, act_bytes: int, recompute: str = "none", rol
         return s.extra_act_elems * act_bytes if s.input else 0
     if s.signature == "summa-lean":  # the local blocks only; the panels are broadcast again in backward
         return inp * act_bytes
+    if s.signature == "column-sp":  # the input's sequence shard (1/t of it), gathered again in backward
+        return inp // s.mesh.role_size(1) * act_bytes
     if s.signature == "residual":
-        return 0.0
+        return dropout_kept_bytes(s, cluster, act_bytes)
     if s.signature.startswith("attention") and recompute == "selective" and not s.extra_act_bytes:
-        return inp * act_bytes  # the probabilities are recomputed
-    return (inp + s.extra_act_elems) * act_bytes + s.extra_act_bytes
+        return inp * act_bytes  # the probabilities (and their dropout) are recomputed
+    return (inp + s.extra_act_elems) * act_bytes + s.extra_act_bytes + dropout_kept_bytes(s, cluster, act_bytes)
+
+
+def dropout_kept_bytes(s, cluster: Cluster, act_bytes: int) -> float:
+    """What Megatron-LM's dropout on a layer's output keeps (the strategy's "dropout" dim: ``layers.dropout_dims``):
+    its mask, 1 byte an element (torch's dropout and Megatron's fused bias-dropout-add keep a bool mask), and on the
+    materialised attention's probabilities also the dropped probabilities (the batched matmul with V keeps its
+    input): Korthikanti et al. 2022, section 4.1, a s^2 b for the mask and 2 a s^2 b for the output; 0 without."""
+    if not s.recipe_dim("dropout"):
+        return 0.0
+    if s.signature == "attention":
+        return s.extra_act_elems * (1 + act_bytes)
+    return _elems(s.output, s.mesh, cluster)
 
 
 def user_kept(s, inp: int, out: int) -> float | None:
@@ -418,6 +438,8 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
             elems += 2 * s.extra_act_elems
     if s.signature in ("summa", "summa-lean"):  # lean: the panels gathered again, and their gradients
         elems += s.extra_act_elems * (2 if s.signature == "summa-lean" else 1)
+    if s.signature == "column-sp":  # the input gathered again for dW
+        elems += inp
     return elems * act_bytes + extra + wbytes
 
 

@@ -26,6 +26,11 @@ model (``calibrate.compute.ComputeModel``), on each device's local piece:
     residual    memory-bound, over the local output's elements: forward 3 passes (read the
                 branch and the stream, write the sum), backward 3 (the stream's gradient read,
                 the branch's added to it, written)
+    dropout     Megatron-LM's, where its recipes set it (``layers.dropout_dims``): on the materialised
+                attention's probabilities (in the core: recomputed with it), the embedding's output (each
+                its own kernel: forward read, write and the 1-byte mask, backward read the gradient and
+                the mask, write) and the residual adds (the bias-dropout-add: forward the mask written in
+                the add's kernel, backward the same kernel as the others), ``dropout_seconds``
     embedding   with learned positions (``positions`` > 0): forward 3 more passes over the local
     positions   output (read it and the table's rows, write the sum), backward 1 over the output's
                 gradient and 1 over the local table's (its column sums)
@@ -215,7 +220,23 @@ def _core(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: in
     if d.get("flash", 0):
         return cm.sdpa_seconds(mb // r0, heads // r1, op.kv_heads // r1, seq, hd, act_bytes,
                                backward=backward) / context_split(s)
-    return cm.attention_seconds(mb // r0, heads // r1, seq, d["hidden"] // heads, act_bytes, backward=backward)
+    return cm.attention_seconds(mb // r0, heads // r1, seq, d["hidden"] // heads, act_bytes, backward=backward) + \
+        (dropout_seconds(s.extra_act_elems, cm, act_bytes)[backward] if s.recipe_dim("dropout") else 0.0)
+
+
+# Megatron-LM's dropout as its own elementwise kernel, bytes an element: forward the input read and the output written
+# (act_bytes each) and the mask written (1), backward the gradient read, the mask read and the gradient written
+DROPOUT_PASSES = (2, 2)
+
+
+def dropout_seconds(elems: float, cm: ComputeModel, act_bytes: int, fused: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of Megatron-LM's dropout on ``elems`` elements at the profile's elementwise
+    bandwidth (``DROPOUT_PASSES`` and the 1-byte mask); ``fused``: its forward inside Megatron-LM's bias-dropout-add
+    kernel (``bias_dropout_add_fused_train``, torch.jit.script), whose reads and writes the residual add prices
+    already: the mask written only (its launch the add's)."""
+    f = max(cm.op_seconds("elementwise", elems) - cm.launch_s, 0.0) if fused else \
+        cm.op_seconds("elementwise", elems * (DROPOUT_PASSES[0] * act_bytes + 1))
+    return f, cm.op_seconds("elementwise", elems * (DROPOUT_PASSES[1] * act_bytes + 1))
 
 
 def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int,
@@ -226,7 +247,7 @@ def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_b
     if recompute == "full" and role in RERUN:
         b += f
     elif recompute == "full" and role == LAST:  # its casts again, not its product (``autotune.sbp.memory``'s roles)
-        b += f - _matmul_kernel_seconds(op, s, cluster, cm, act_bytes)
+        b += f - matmul_kernel_seconds(op, s, cluster, cm, act_bytes)
     elif recompute == "selective" and op.layer.kind == "attention":
         b += _core(op, s, cluster, cm, act_bytes, False)
     return f, b
@@ -279,7 +300,7 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
                 cm.op_seconds("elementwise", passes_bwd * elems * act_bytes))
 
     if kind == "matmul":
-        f = _matmul_kernel_seconds(op, s, cluster, cm, act_bytes)
+        f = matmul_kernel_seconds(op, s, cluster, cm, act_bytes)
         wf, wb = weight_cast_seconds(s, cluster, cm, act_bytes)
         f, b = f + wf, 2 * f + wb
         casts = cm.layer_seconds("cast", local_elems(s.input, s.mesh, cluster)) \
@@ -297,6 +318,9 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
         if pos:
             f += cm.op_seconds("elementwise", 3 * out * act_bytes)
             b += cm.op_seconds("elementwise", (out + local_elems(pos[0], s.mesh, cluster)) * act_bytes)
+        if s.recipe_dim("dropout"):  # Megatron-LM's embedding dropout
+            df, db = dropout_seconds(out, cm, act_bytes)
+            f, b = f + df, b + db
         return f, b
     if kind in ("layernorm", "rmsnorm") and s.signature.endswith("-split"):
         e = local_elems(s.input, s.mesh, cluster)
@@ -309,7 +333,11 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
     if kind == "swiglu":
         return mem(5, 9, local_elems(s.output, s.mesh, cluster))
     if kind == "residual":
-        return mem(3, 3, local_elems(s.output, s.mesh, cluster))
+        f, b = mem(3, 3, local_elems(s.output, s.mesh, cluster))
+        if s.recipe_dim("dropout"):  # Megatron-LM's bias-dropout-add: the mask written in the add's kernel
+            df, db = dropout_seconds(local_elems(s.output, s.mesh, cluster), cm, act_bytes, fused=True)
+            f, b = f + df, b + db
+        return f, b
     if kind == "attention":
         mb, heads, c = d["micro_batch"], d["heads"], context_split(s)
         shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
@@ -340,7 +368,7 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
     raise UserError(f"layer {op.layer.name}: no compute rule for kind {kind!r}")
 
 
-def _matmul_kernel_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
+def matmul_kernel_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int) -> float:
     """A matmul layer's forward product alone (no casts) on its local (m, k, n): m and n the output's local rows
     and columns, k from the flops over the devices that do not repeat the work."""
     d = op.dims
