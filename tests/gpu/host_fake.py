@@ -1,0 +1,62 @@
+"""The host's cost of the multi-GPU apply paths measured on ONE GPU: ``calibrate.moduletime.host_seconds`` of
+ddp, fully_shard, tensor and dtensor for transformers' LlamaForCausalLM 1.5 B (plans_h200x2.md's model) under
+torch's fake process group of 2 (every collective a no-op: the host's work of a group of 2, DTensor's sharding
+and dispatch at width 2, without the device's communication), beside the NCCL group of one that calibrate module
+uses on one GPU. Compared with the 2-GPU steps of plans_h200x2.md run 4 (Megatron t=2: 717.8 ms, host issue
+732.7 ms; DDP 378.1; FSDP 425.0), 2 micro-batches x 16 blocks.
+
+    timeout 400 python3 tests/gpu/host_fake.py      # nvidia-h200, ~3 min; writes $OUT/host_fake.json
+"""
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from calibrate.moduletime import PEER_HOST_PATHS, hf_module, host_seconds
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+          "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 16,
+          "intermediate_size": 8192, "vocab_size": 128256, "max_position_embeddings": 2048,
+          "tie_word_embeddings": False}
+MEASURED_2GPU_MS = {"tensor": 717.8, "ddp": 378.1, "fully_shard": 425.0}  # plans_h200x2.md run 4, slowest rank
+
+
+def main() -> int:
+    out = os.environ.get("OUT", "/tmp/gpu-out")
+    os.makedirs(out, exist_ok=True)
+    torch.cuda.set_device(0)
+    device = torch.device("cuda", 0)
+    um = hf_module(CONFIG, "llama1.5b")
+    rows = {}
+    for world in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            if world == 1:
+                dist.init_process_group("nccl", store=dist.FileStore(os.path.join(tmp, "s"), 1), rank=0,
+                                        world_size=1, device_id=device)
+            else:
+                from torch.testing._internal.distributed.fake_pg import FakeStore
+                dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+            try:
+                for mb in (1, 2):
+                    got = host_seconds(torch, um, mb, 2048, device, 6, 2, lambda s: print(f"world {world} mb {mb}: {s}",
+                                                                                          flush=True), PEER_HOST_PATHS)
+                    rows[f"world{world}-mb{mb}"] = got
+            finally:
+                dist.destroy_process_group()
+    with open(os.path.join(out, "host_fake.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    print("| group | micro-batch | path | ms per block and micro-batch | 32 x it (2 x 16) ms | 2-GPU step measured ms |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    for key, got in rows.items():
+        world, mb = key.split("-")
+        for path, (h, _) in got.items():
+            print(f"| {world} | {mb[2:]} | {path} | {h * 1e3:.2f} | {32 * h * 1e3:.1f} | "
+                  f"{MEASURED_2GPU_MS.get(path, '-')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
