@@ -65,7 +65,8 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
     return Plan(ModelSpec(g.model, config), search.cluster, FineMesh.of(search.cluster), (), c.micro_batches,
                 strategy=strategy, profile=search.profile.name, costs=costs, apply_path=ApplyPath.PIPELINE.value,
                 objective="step", memory_limit_bytes=search.stages.limit,
-                search={**(info or {}), "config": asdict(search.cfg)},
+                search={**(info or {}), "config": {k: list(v) if isinstance(v, tuple) else v  # as plan.json holds it
+                                                    for k, v in asdict(search.cfg).items()}},
                 pipeline=Pipeline(search.cfg.schedule, tuple(c.split), c.result.makespan,
                                   tuple(c.result.peak_activations), tuple(c.result.steady)),
                 stages=tuple(stages))
