@@ -83,6 +83,27 @@ def test_dp_with_excluded_strategies_is_the_restricted_optimum():
         assert all(allowed[v][i] for v, i in enumerate(plan))
 
 
+def test_dp_over_two_cut_layers_is_the_brute_force_optimum():
+    # a Llama block has two cycles (the attention's and the MLP's branches beside the residual stream): two cut
+    # layers, and messages whose subtree touches only one of them (taken on that one's choices alone)
+    cfg = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "sequence": 8, "vocabulary": 128,
+           "batch": 8, "micro_batch": 8}
+    pr = Problem(load_model("llama", None, cfg), Coster(PROFILE, Cluster(1, 2)), None, objective="comm")
+    dp = LayerDP(pr)
+    assert len(dp.cut) == 2 and any(len(r) == 1 for r in dp.rel.values())
+    cost, _ = brute(pr)
+    rng = np.random.default_rng(5)
+    for t in range(4):
+        allowed = [rng.random(n) < (1.0 if t == 0 else 0.7) for n in pr.sizes]
+        for a in allowed:
+            a[rng.integers(len(a))] = True
+        unary = [np.where(a, x, np.inf) for a, x in zip(allowed, pr.node)]
+        want = cost[np.ix_(*allowed)].min()
+        value, plan = dp.solve(unary)  # later solves reuse unchanged subtrees' messages
+        assert value == pytest.approx(want, rel=1e-12)
+        assert pr.cost(plan) == pytest.approx(want, rel=1e-12) and all(allowed[v][i] for v, i in enumerate(plan))
+
+
 @pytest.mark.parametrize("objective", ["comm", "step"])
 def test_relaxation_bounds_the_memory_limited_optimum(objective):
     # a limit between the least-memory plan and the unconstrained optimum's memory binds: the bound is at
