@@ -95,7 +95,10 @@ class PipelineConfig:
     command on Llama-3 405B, 2,048 x 8 from 89.8 to 57.4 CPU s (side by side) at a plan 0.022% slower (12.9981
     against 12.9953 s/step) and left the benchmark's four cases' plans unchanged (reports/records/pipeline.md,
     speed session 6); ``reference`` and ``full_effort`` (patience None, relax_rounds 8, split_dps = refine)
-    search at the full effort."""
+    search at the full effort. ``budget_scale`` 3 (each stage search's seconds and patience; 1 before the dynamic
+    program made its messages on their subtree's cut choices, 1.6x faster): on Llama-3 405B, 2,048 x 8 a plan 0.4%
+    faster (13.45 against 13.51 s/step) in fewer CPU s (16.2 against 20.8), the other three cases' plans the same in
+    0-4% more (reports/records/published.md, session 4, lead)."""
 
     stages: str | int = "auto"
     schedule: str = "1f1b"
@@ -103,7 +106,7 @@ class PipelineConfig:
     micro_batch_choices: int = 2
     refine: int = 2
     max_stage_nodes: int = 32
-    budget_scale: float = 1.0
+    budget_scale: float = 3.0
     search: str = "cd"
     seed: int = 0
     patience: int | None = 3

@@ -46,7 +46,9 @@ activations scaled to what it keeps: ``autotune.sbp.modulecal``):
                                under sequence parallelism; gathered again in the backward, the
                                gathered copy in the backward's workspace)
     loss                       the softmax probabilities in fp32 (4 bytes per local
-                               logit, Megatron-LM's vocab-parallel cross-entropy)
+                               logit, Megatron-LM's vocab-parallel cross-entropy); under bf16
+                               autocast with the vocabulary split, torch's ``loss_parallel`` as
+                               apply runs it, 4 + 2 (``LOSS_PARALLEL_KEPT``)
     dropout (Megatron-LM's     its mask, 1 byte an element of the output it drops (the residual adds'
     recipes, where set)        bias-dropout-add, the embedding's), and on the materialised attention's
                                probabilities also the dropped probabilities (``dropout_kept_bytes``)
@@ -101,6 +103,12 @@ from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, fine_of, is_split, local_shape, split_dim
 
 STAT_BYTES = 4  # softmax and layer-norm statistics: fp32 in both precisions
+# torch's ``loss_parallel`` (the loss on logits split by vocabulary, as apply runs it under bf16 autocast), bytes per
+# local logit: kept from its forward through its backward an fp32 and a bf16 logit-sized tensor (4 + 2), and while
+# its fused nll and log-softmax backward runs its zeroed fp32 gradient, exp(x) and their sum (12); measured as rank 0
+# of a fake group of 2 on one H200 (tests/gpu/memory_fake.py, 2026-11-29: the allocator's live blocks at the step's
+# peak, 3.91 + 1.96 and 3.91 + 7.83 GiB for 1.05e9 local logits), where F.cross_entropy keeps 4 and needs 6
+LOSS_PARALLEL_KEPT, LOSS_PARALLEL_WORK = 4 + 2, 12
 COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight, kept for the backward (act_bytes 2)
 
 @dataclass(frozen=True)
@@ -347,14 +355,22 @@ def user_kept(s, inp: int, out: int) -> float | None:
         GELU                                   its bf16 input
         SwiGLU silu(gate) * up                 gate (silu's input), silu(gate) and up: three bf16
         residual add                           nothing
-        loss (F.cross_entropy on bf16)         the fp32 log-probabilities"""
+        loss (F.cross_entropy on bf16)         the fp32 log-probabilities (torch's loss_parallel on split
+                                               logits: ``LOSS_PARALLEL_KEPT``)"""
     if s.recipe_dim("cast_input"):
         return (s.recipe_dim("projections") or 1) * inp * 2
     if not s.recipe_dim("autocast"):
         return None
     return {"layernorm": inp * STAT_BYTES, "rmsnorm": 2 * inp * STAT_BYTES, "pointwise": inp * 2,
-            "swiglu": 3 * out * 2, "residual": 0.0, "loss": inp * STAT_BYTES,
+            "swiglu": 3 * out * 2, "residual": 0.0,
+            "loss": inp * (LOSS_PARALLEL_KEPT if loss_parallel(s) else STAT_BYTES),
             "loss-replicated": inp * STAT_BYTES}.get(s.signature)
+
+
+def loss_parallel(s) -> bool:
+    """Whether a loss strategy runs as torch's ``loss_parallel`` (apply's loss where the logits are split by vocabulary,
+    under bf16 autocast): its vocabulary role over more than one device."""
+    return s.signature == "loss" and s.recipe_dim("autocast") and s.mesh.role_size(1) > 1
 
 
 def weight_copy_bytes(s, cluster: Cluster, act_bytes: int) -> float:
@@ -420,6 +436,8 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
     inp, out = _local(s.input, s, cluster), _local(s.output, s, cluster)
     weights = sum(_local(w, s, cluster) for w in s.weights)
     if s.signature in ("loss", "loss-replicated"):
+        if act_bytes == 2 and loss_parallel(s):
+            return inp * LOSS_PARALLEL_WORK
         if act_bytes == 2 and s.recipe_dim("autocast"):  # F.cross_entropy: nll's fp32 gradient, then the bf16 one
             return inp * (STAT_BYTES + act_bytes)
         return inp * act_bytes  # the probabilities become the gradient in place; its cast

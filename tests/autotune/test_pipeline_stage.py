@@ -400,8 +400,8 @@ def test_the_collector_runs_less_often_during_a_search_and_as_before_after(graph
 
 def test_search_effort_settings_reach_the_stage_searches(graph, profile):
     """``PipelineConfig.patience`` caps each stage search's restarts and ``relax_rounds`` its relaxation's
-    bisection steps (fewer search steps at 1 than at the full 8, the patience the same); the reference keeps
-    the full effort."""
+    bisection steps (fewer search steps at 1 than at the full 8, the patience the same; ``budget_scale`` 1, which
+    would scale the patience too); the reference keeps the full effort."""
     m, sub, f = 8, Cluster(1, 2), 3
 
     def searched(cfg):
@@ -409,10 +409,10 @@ def test_search_effort_settings_reach_the_stage_searches(graph, profile):
         prob = ps.stages.problem(m, stage_spans(ps.graph_for(m), [2, 2])[0], sub, f)
         return ps.stages._search(prob)[2]
 
-    full = searched(PipelineConfig(stages=2, patience=None, relax_rounds=8))
-    capped = searched(PipelineConfig(stages=2, patience=1, relax_rounds=8))
+    full = searched(PipelineConfig(stages=2, patience=None, relax_rounds=8, budget_scale=1.0))
+    capped = searched(PipelineConfig(stages=2, patience=1, relax_rounds=8, budget_scale=1.0))
     assert "converged (1 restarts" in capped["stopped"] and "converged (1 restarts" not in full["stopped"]
-    rounds = searched(PipelineConfig(stages=2, patience=1, relax_rounds=1))
+    rounds = searched(PipelineConfig(stages=2, patience=1, relax_rounds=1, budget_scale=1.0))
     assert rounds["steps"] < capped["steps"]
     ref = PipelineConfig(patience=1, relax_rounds=1).reference()
     assert ref.patience is None and ref.relax_rounds == 8 and ref.split_dps == ref.refine

@@ -135,7 +135,7 @@ def main() -> None:
             print(f"{name}: the plan record's pipelined plan (threed.seeded): {describe(seed)}: {seed.step:.4g} "
                   f"s/step", flush=True)
         full = PipelineConfig().reference()
-        cfg = {"full": full, "space": replace(full, budget_scale=1.0),
+        cfg = {"full": full, "space": replace(full, budget_scale=PipelineConfig().budget_scale),
                "budget": replace(PipelineConfig(), budget_scale=full.budget_scale)}[args.reference]
         ref, ref_cpu, _ = (None, 0.0, None) if args.no_reference else run(graph, cluster, profile, cfg, limit)
         if ref is not None:

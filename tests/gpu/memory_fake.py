@@ -1,0 +1,92 @@
+"""Where a tensor-parallel step's memory goes, on ONE GPU: the Megatron t=2 plan of tests/gpu/apply_llama.py
+(transformers' LlamaForCausalLM 1.5 B, batch 16 in 2 micro-batches, sequence 2048: plans_h200x2.md run 4, where
+2 x H200 measured 54.08 GiB against 45.70 predicted) applied by ``autotune.apply`` and trained by execute's
+runner as rank 0 of torch's fake process group of 2 (every collective a no-op; the tensors each rank holds are
+the same), with the allocator's history recorded: the peak, and the live blocks at the peak grouped by where
+they were allocated.
+
+    OUT=$OUT timeout 400 python3 tests/gpu/memory_fake.py [PROFILE]     # nvidia-h200, ~1 min
+"""
+import collections
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")  # rank 0 of 2, as execute's launcher sees it
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+
+import apply_llama  # noqa: E402  (tests/gpu on the path)
+
+PROFILE = "reports/records/plans-h200x2-2026-11-28/profile-h200x2-run4.json"
+OURS = ("/autotune/", "/transformers/", "apply_llama", "/torch/distributed/", "/torch/nn/", "/torch/optim/",
+        "/torch/autograd/", "/torch/utils/checkpoint")
+
+
+def site(frames) -> str:
+    """The innermost frame of the project, transformers or torch's distributed / nn code: where a block came from."""
+    for f in frames:
+        name = f.get("filename", "")
+        if any(k in name for k in OURS):
+            return f"{name.split('/site-packages/')[-1].split('/main/')[-1]}:{f.get('line')} {f.get('name')}"
+    return "(other)"
+
+
+def peak_blocks(snapshot) -> tuple[int, collections.Counter]:
+    """Replay the allocator's trace: the most bytes live at once, and those bytes by allocation site."""
+    live, now, best, at_best = {}, 0, 0, {}
+    for ev in snapshot["device_traces"][0]:
+        if ev["action"] == "alloc":
+            live[ev["addr"]] = (ev["size"], site(ev.get("frames", [])))
+            now += ev["size"]
+            if now > best:
+                best, at_best = now, dict(live)
+        elif ev["action"] in ("free_completed",) and ev["addr"] in live:
+            now -= live.pop(ev["addr"])[0]
+    by = collections.Counter()
+    for size, where in at_best.values():
+        by[where] += size
+    return best, by
+
+
+def main() -> int:
+    out = Path(os.environ.get("OUT", "/tmp/gpu-out"))
+    out.mkdir(parents=True, exist_ok=True)
+    profile = sys.argv[1] if len(sys.argv) > 1 else PROFILE
+    torch.cuda.set_device(0)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    from autotune.execute.env import start, stop
+    from autotune.execute.runner import run_module_plan
+    shape = dict(apply_llama.SHAPE, batch=16, micro_batch=8)
+    plan = apply_llama._megatron(shape, profile, (1, 1), (1, 2), "Megatron d=1 t=2", 2)
+    d = start("cuda")
+    torch.cuda.memory._record_memory_history(max_entries=400_000)
+    try:
+        rec, model = run_module_plan(plan, d, module="apply_llama:build", steps=2, warmup=1, profile_steps=0)
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+        stop(d)
+    best, by = peak_blocks(snap)
+    m = rec["measured"]
+    result = {"predicted_gib": plan.costs.memory_bytes / 2**30,
+              "predicted_parts_gib": {k: v / 2**30 for k, v in plan.costs.memory.items() if isinstance(v, (int, float))},
+              "peak_gib": max(m["peak_memory_bytes"]) / 2**30, "phases_gib": {k: v / 2**30 for k, v in
+                                                                             (m.get("peak_memory_phases_bytes") or {}).items()},
+              "trace_peak_gib": best / 2**30, "at_peak_gib": {k: v / 2**30 for k, v in by.most_common(40)}}
+    (out / "memory_fake.json").write_text(json.dumps(result, indent=1))
+    print(f"predicted {result['predicted_gib']:.2f} GiB {json.dumps({k: round(v, 2) for k, v in result['predicted_parts_gib'].items()})}")
+    print(f"measured under the fake group: peak {result['peak_gib']:.2f} GiB, phases "
+          f"{json.dumps({k: round(v, 2) for k, v in result['phases_gib'].items()})}; trace peak {best / 2**30:.2f}")
+    print("| allocated at | GiB live at the peak |")
+    print("| --- | ---: |")
+    for k, v in by.most_common(40):
+        print(f"| {k} | {v / 2**30:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
