@@ -108,3 +108,21 @@ def test_published_cases_declare_their_recipe_and_a_missing_one_is_one_line():
         Problem(contract_graph(), coster, None, recipe="autocast", catalogue=Catalogue(coster, "megatron-bf16"))
     assert Problem(contract_graph(), coster, None, catalogue=Catalogue(coster, "megatron-bf16")).recipe == "megatron-bf16"
     assert set(RECIPES) == {"autocast", "autoddl", "megatron-fp16", "megatron-bf16"}
+
+
+@pytest.mark.parametrize("name, split_kept, split_work", [("autocast", 4 + 2, 12), ("megatron-bf16", 4, 2)])
+def test_the_loss_on_logits_split_by_vocabulary_as_torchs_loss_parallel_holds_it(name, split_kept, split_work):
+    """Under autocast the loss on split logits runs as torch's ``loss_parallel`` (apply's): 4 + 2 bytes a local logit
+    kept, 12 while its backward runs; F.cross_entropy on whole logits 4 and 6; Megatron's own vocab-parallel loss
+    (its recipes) keeps its fp32 softmax and works in place (the half gradient)."""
+    from autotune.sbp.memory import work_bytes
+    pr = problem(name, cluster=Cluster(1, 2), layers=1)
+    loss = next(v for v, op in enumerate(pr.ops) if op.layer.kind == "loss")
+    split = next(s for s in pr.choices[loss] if s.signature == "loss" and s.mesh.role_size(1) == 2)
+    whole = next(s for s in pr.choices[loss] if s.signature == "loss" and s.mesh.role_size(1) == 1)
+    cl = pr.cluster
+    local = 32 * 128 // 2  # tokens x vocabulary, a half each (split by vocabulary, or by tokens)
+    assert kept_bytes(split, cl, 2) == split_kept * local and work_bytes(split, cl, 2, False) == split_work * local
+    assert kept_bytes(whole, cl, 2) == 4 * local
+    if name == "autocast":
+        assert work_bytes(whole, cl, 2, False) == (4 + 2) * local
