@@ -26,6 +26,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 import apply_llama  # noqa: E402  (tests/gpu on the path)
+from alloc_trace import peak_live  # noqa: E402
 
 PROFILE = "reports/records/plans-h200x2-2026-11-28/profile-h200x2-run4.json"
 OURS = ("/autotune/", "/transformers/", "apply_llama", "/torch/distributed/", "/torch/nn/", "/torch/optim/",
@@ -39,23 +40,6 @@ def site(frames) -> str:
         if any(k in name for k in OURS):
             return f"{name.split('/site-packages/')[-1].split('/main/')[-1]}:{f.get('line')} {f.get('name')}"
     return "(other)"
-
-
-def peak_blocks(snapshot) -> tuple[int, collections.Counter]:
-    """Replay the allocator's trace: the most bytes live at once, and those bytes by allocation site."""
-    live, now, best, at_best = {}, 0, 0, {}
-    for ev in snapshot["device_traces"][0]:
-        if ev["action"] == "alloc":
-            live[ev["addr"]] = (ev["size"], site(ev.get("frames", [])))
-            now += ev["size"]
-            if now > best:
-                best, at_best = now, dict(live)
-        elif ev["action"] in ("free_completed",) and ev["addr"] in live:
-            now -= live.pop(ev["addr"])[0]
-    by = collections.Counter()
-    for size, where in at_best.values():
-        by[where] += size
-    return best, by
 
 
 def main() -> int:
@@ -90,7 +74,8 @@ def main() -> int:
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
         stop(d)
-    best, by = peak_blocks(snap)
+    best, _, sites = peak_live(snap, 0, site)
+    by = collections.Counter({k: v[0] for k, v in sites.items()})
     m = rec["measured"]
     result = {"predicted_gib": plan.costs.memory_bytes / 2**30,
               "predicted_parts_gib": {k: v / 2**30 for k, v in plan.costs.memory.items() if isinstance(v, (int, float))},

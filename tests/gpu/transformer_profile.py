@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import transformer_check as tc  # noqa: E402
+from alloc_trace import peak_live  # noqa: E402
 
 # kernel-name fragments -> group, first match wins
 GROUPS = (
@@ -150,19 +151,7 @@ def memory_timeline(torch, step) -> None:
         snap = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    live, total, peak, at, peak_live = {}, before, before, None, {}
-    for e in snap["device_traces"][torch.cuda.current_device()]:
-        if e["action"] == "alloc":
-            live[e["addr"]] = (e["size"], _site(e.get("frames")))
-            total += e["size"]
-            if total > peak:
-                peak, at, peak_live = total, live[e["addr"]][1], dict(live)
-        elif e["action"] == "free_completed" and e["addr"] in live:
-            total -= live.pop(e["addr"])[0]
-    sites: dict[str, list] = defaultdict(lambda: [0, 0])
-    for size, site in peak_live.values():
-        sites[site][0] += size
-        sites[site][1] += 1
+    peak, at, sites = peak_live(snap, torch.cuda.current_device(), _site, before)
     print(f"memory timeline: {before / 2**30:.2f} GiB alive before the step (parameters, optimizer states); peak "
           f"{peak / 2**30:.2f} GiB reached by an allocation at {at}; alive then, made during the step (GiB, tensors):")
     for site, (size, n) in sorted(sites.items(), key=lambda kv: -kv[1][0])[:20]:
