@@ -48,7 +48,7 @@ from calibrate.errors import UserError
 
 from autotune.pipeline.paths import host_floor
 from autotune.sbp.boxing import copy_seconds
-from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_seconds, internal_steps, rows_of
+from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_copy_seconds, internal_seconds, rows_of
 from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, make_op
 from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, gathered_weight_bytes, peak_workspace,
                                   pipelined_fsdp_memory, recipe_of, strategy_memory, tied_saving)
@@ -309,8 +309,7 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
         o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode, problem.tied[v])
         fwd, bwd, comp, opt = fwd + c * f, bwd + c * (b + acc), comp + c * (m * (f + b + acc) + o), opt + c * o
         tf, tb = internal_seconds(op, s, cl, problem.coster, cm, problem.act_bytes)
-        kf = sum(copy_seconds(steps, cm.memory_seconds) for _, d, steps in internal_steps(s, cl) if d == "fwd")
-        kb = sum(copy_seconds(steps, cm.memory_seconds) for _, d, steps in internal_steps(s, cl) if d != "fwd")
+        kf, kb = internal_copy_seconds(s, cl, cm)
         # recomputed: the forward boxing again, and the local copies again (both passes', as ``Problem`` prices them)
         fwd, bwd = fwd + c * (tf + kf), bwd + c * (tb + kb + redo * (tf + kf + kb))
         comp, red = comp + c * m * (1 + redo) * (kf + kb), red + c * m * ((1 + redo) * tf + tb)

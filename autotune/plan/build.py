@@ -8,7 +8,7 @@ from autotune.plan.hostpace import occurrence_host
 from autotune.plan.layouts import plan_path
 from autotune.plan.typed import ApplyPath, Collective, Costs, Edge, FineMesh, LayerPlan, ModelSpec, Plan, WeightPlan
 from autotune.sbp.boxing import Step, copy_seconds
-from autotune.sbp.cost import Problem, edge_steps, internal_seconds, internal_steps, sync_steps
+from autotune.sbp.cost import Problem, edge_steps, internal_copy_seconds, internal_seconds, internal_steps, sync_steps
 from autotune.sbp.layers import Strategy
 from autotune.sbp.memory import RERUN
 from autotune.sbp.modulecal import source as compute_source
@@ -29,8 +29,9 @@ def _layer_clock(problem: Problem, op, s: Strategy, role: str, tied: bool) -> di
     cl, cm, ab = problem.cluster, problem.compute, problem.act_bytes
     rec = problem.mode.recompute
     t = dict(zip(("fwd", "bwd"), layer_seconds(op, s, cl, cm, ab, rec, role)))
-    for direction, sec in zip(("fwd", "bwd"), internal_seconds(op, s, cl, problem.coster, cm, ab)):
-        sec += sum(copy_seconds(steps, cm.memory_seconds) for _, d, steps in internal_steps(s, cl) if d == direction)
+    for direction, sec, copies in zip(("fwd", "bwd"), internal_seconds(op, s, cl, problem.coster, cm, ab),
+                                      internal_copy_seconds(s, cl, cm)):
+        sec += copies
         t[direction] += sec
         if direction == "fwd" and rec == "full" and role in RERUN:
             t["bwd"] += sec

@@ -95,9 +95,13 @@ def internal_seconds(op, s: Strategy, cluster: Cluster, coster: Coster, cm=None,
     return f, b
 
 
-def internal_copy_seconds(s: Strategy, cluster: Cluster, cm) -> float:
-    """Per micro-batch: DTensor's local copies around the boxing inside a layer (``boxing.copy_seconds``)."""
-    return sum(copy_seconds(steps, cm.memory_seconds) for _, _, steps in internal_steps(s, cluster))
+def internal_copy_seconds(s: Strategy, cluster: Cluster, cm) -> tuple[float, float]:
+    """Per micro-batch, (forward, backward): DTensor's local copies around the boxing inside a layer
+    (``boxing.copy_seconds``)."""
+    out = [0.0, 0.0]
+    for _, d, steps in internal_steps(s, cluster):
+        out[d != "fwd"] += copy_seconds(steps, cm.memory_seconds)
+    return out[0], out[1]
 
 
 def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: Mode = NONE) -> list[tuple[str, Step]]:
@@ -321,7 +325,7 @@ class Problem:
             self.node_compute = []
             for v, (sec, ss) in enumerate(zip(secs, self.choices)):
                 redo = 2 if rec == "full" and self.roles[v] in RERUN else 1
-                copies = fig(v, ("copies",), lambda ss=ss: np.array([internal_copy_seconds(s, cl, cm) for s in ss],
+                copies = fig(v, ("copies",), lambda ss=ss: np.array([sum(internal_copy_seconds(s, cl, cm)) for s in ss],
                                                                     dtype=float))
                 opt = fig(v, ("optimizer", mode, self.tied[v]), lambda ss=ss, v=v: np.array(
                     [optimizer_seconds(s, cl, cm, ab, mode, self.tied[v])
