@@ -2,11 +2,12 @@
 MistralForCausalLM, GPT2LMHeadModel, and a nanoGPT), each calibrated by ``python -m calibrate module`` and its step
 predicted from the profile with that section, against the step measured.
 
-    python tests/gpu/calib_module_check.py PROFILE.json --out DIR [--shapes heldout|dev] [--ids M1,M4] [--steps 10]
+    python tests/gpu/calib_module_check.py PROFILE.json --out DIR [--shapes heldout|heldout2|dev] [--ids M1,M4] [--steps 10]
 
 PROFILE.json: what ``python -m calibrate compute`` wrote on this machine. The shapes: the held-out rows of
-reports/records/module_heldout.json (declared before the step model changed; never tuned on), or with
-``--shapes dev`` the development rows of reports/records/module_dev.json. Per shape:
+reports/records/module_heldout.json (declared before the step model changed; never tuned on), with
+``--shapes heldout2`` those of module_heldout2.json (declared 2026-11-29, tied embeddings and sliding windows among
+them), or with ``--shapes dev`` the development rows of reports/records/module_dev.json. Per shape:
 1. ``python -m calibrate module`` (a subprocess under a timeout) at tensor width 1, the shape's micro-batch and
    sequence, into DIR/<id>-profile.json (PROFILE.json plus the module section);
 2. the step measured as users run it: fp32 weights, bf16 autocast, SDPA, fused AdamW, the shape's micro-batches
@@ -36,6 +37,7 @@ from calibrate.errors import UserError  # noqa: E402
 from calibrate.measure import stats  # noqa: E402
 
 SHAPES = {"heldout": REPO / "reports" / "records" / "module_heldout.json",
+          "heldout2": REPO / "reports" / "records" / "module_heldout2.json",
           "dev": REPO / "reports" / "records" / "module_dev.json"}
 HF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
       "GPT2LMHeadModel": "gpt2"}
@@ -51,8 +53,8 @@ def hf_config(row: dict) -> dict:
     return {"architectures": [arch], "model_type": HF[arch], "hidden_size": row["hidden"],
             "num_attention_heads": row["heads"], "num_key_value_heads": row["kv_heads"],
             "num_hidden_layers": row["layers"], "intermediate_size": row["ffn"], "vocab_size": row["vocabulary"],
-            "max_position_embeddings": row["sequence"], "tie_word_embeddings": False,
-            **({"sliding_window": None} if arch != "LlamaForCausalLM" else {})}
+            "max_position_embeddings": row["sequence"], "tie_word_embeddings": row.get("tied", False),
+            **({"sliding_window": row.get("sliding_window")} if arch != "LlamaForCausalLM" else {})}
 
 
 def nano_fields(row: dict) -> dict:
