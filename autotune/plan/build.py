@@ -117,12 +117,13 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
         step = {"compute_s": comp_total, "exposed_comm_s": exposed, "step_s": comp_total + exposed,
                 **({"gather_exposed_s": gathers[0]} if gathers else {})}
     breakdown = problem.memory_breakdown(assign).to_dict()
-    extra = ddp_accumulation_bytes(path, mb, breakdown, problem.recipe)
+    held = ddp_gradient_copies(path, mb, breakdown, problem.recipe)
+    extra = sum(held.values())
     peak = problem.peak_memory(assign) + extra
     fits = bool(problem.fits_plan(assign)) and not (extra and problem.device_limit is not None and
                                                      peak > problem.device_limit)
     costs = Costs(red_total, sync_total, red_total + sync_total, peak, fits,
-                  dict(breakdown, ddp_accumulation_bytes=extra) if extra else breakdown, **step)
+                  dict(breakdown, **held), **step)
     return Plan(plan.model, cl, plan.mesh, tuple(layers), mb, plan.recompute, plan.sharding_mode, plan.sharding_axes,
                 strategy, plan.profile, costs, path, problem.objective, problem.device_limit, search or {},
                 tuple(edges))
@@ -162,13 +163,16 @@ def gather_figures(problem: Problem, assign: list[int]) -> tuple[list, list, lis
             [float(problem.node_bwd[v][i]) for v, i in enumerate(assign)], gather, scatter, [h[0] for h in host])
 
 
-def ddp_accumulation_bytes(path: str, micro_batches: int, breakdown: dict, recipe: str) -> float:
-    """The gradients held twice on the DDP path with gradient accumulation: DDP allocates its buckets when it is
-    built (the gradients' bytes; with ``gradient_as_bucket_view`` each gradient becomes a view into them), but the
+def ddp_gradient_copies(path: str, micro_batches: int, breakdown: dict, recipe: str) -> dict:
+    """The gradient copies DDP holds beyond the buckets the memory model counts, each the gradients' bytes (one H200,
+    ``tests/gpu/ddp_buckets.py``, 2026-11-29): ``ddp_accumulation_bytes``, with gradient accumulation: the
     micro-batches run under ``no_sync()`` accumulate into gradients of their own until the last one's backward
-    copies them into the buckets: a second copy of the gradients at the peak (2 x H200, 2026-11-28: a 1.5 B Llama's
-    DDP step peaked at 62.6 GiB against 51.6 priced without it). 0 on the other paths, at one micro-batch, and
-    under AutoDDL's recipe (no DDP)."""
-    if path != ApplyPath.DDP or micro_batches < 2 or recipe != "autocast":
-        return 0.0
-    return float(breakdown.get("gradients_bytes", 0.0))
+    copies them into the buckets (each gradient a view into its bucket with ``gradient_as_bucket_view``);
+    ``ddp_rebuilt_buckets_bytes``: in the second step DDP rebuilds its buckets in the order the first step's
+    gradients arrived, and the first step's buckets stay allocated beside the new ones until that step's backward
+    has run, through its peak (with and without accumulation; Python's collector does not free them sooner). The
+    plan's peak is the second step's. None on the other paths and under AutoDDL's recipe (no DDP)."""
+    if path != ApplyPath.DDP or recipe != "autocast":
+        return {}
+    grads = float(breakdown.get("gradients_bytes", 0.0))
+    return {"ddp_rebuilt_buckets_bytes": grads, **({"ddp_accumulation_bytes": grads} if micro_batches > 1 else {})}

@@ -75,16 +75,16 @@ def test_the_tensor_path_takes_the_dtensor_figure_where_it_has_none():
     assert "tensor" not in " ".join(H200.compute.missing_overheads())
 
 
-def test_ddp_with_accumulation_holds_its_gradients_twice():
+def test_ddp_holds_the_first_buckets_beside_the_rebuilt_ones_and_accumulates_apart():
     one = dict(SHAPE, micro_batch=SHAPE["batch"])  # one micro-batch: the gradients are the buckets' views
-    for shape, twice in ((SHAPE, True), (one, False)):
+    for shape, copies in ((SHAPE, 2), (one, 1)):
         pr = Problem(load_model("llama", None, dict(shape)), Coster(H200, Cluster(1, 2)), require_fit=False,
                      objective="step")
         plan = build_plan(pr, data_parallel(pr), "data parallel")
         grads = pr.memory_breakdown(data_parallel(pr)).gradients
         assert plan.apply_path == "ddp" and grads > 0
-        want = pr.peak_memory(data_parallel(pr)) + (grads if twice else 0.0)
-        assert plan.costs.memory_bytes == pytest.approx(want, rel=1e-12)
-        assert ("ddp_accumulation_bytes" in plan.costs.memory) == twice
+        assert plan.costs.memory_bytes == pytest.approx(pr.peak_memory(data_parallel(pr)) + copies * grads, rel=1e-12)
+        assert plan.costs.memory["ddp_rebuilt_buckets_bytes"] == pytest.approx(grads, rel=1e-12)
+        assert ("ddp_accumulation_bytes" in plan.costs.memory) == (copies == 2)
     mega = megatron_assignment(pr, (1, 1), (1, 2))  # another path: as the memory model has it
     assert build_plan(pr, mega, "Megatron").costs.memory_bytes == pytest.approx(pr.peak_memory(mega), rel=1e-12)
