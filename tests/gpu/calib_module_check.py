@@ -104,7 +104,38 @@ def build(row: dict, torch):
     return model, lambda ids: model(input_ids=ids, labels=ids).loss
 
 
-def measure(row: dict, steps: int, warmup: int) -> dict:
+def _site(frames) -> str:
+    """The innermost frame of transformers', torch's nn / optim / autograd code or this script: where a block came
+    from."""
+    for f in frames:
+        name = f.get("filename", "")
+        if any(k in name for k in ("/transformers/", "/torch/nn/", "/torch/optim/", "/torch/autograd/",
+                                   "calib_module_check", "transformer_check")):
+            return f"{name.split('/site-packages/')[-1]}:{f.get('line')} {f.get('name')}"
+    return "(other)"
+
+
+def traced(torch, step) -> dict:
+    """One ``step()`` under the allocator's history: the peak and the blocks alive at it by where they were made
+    (``alloc_trace.peak_live``), GiB."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    from alloc_trace import peak_live
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=400_000)
+    try:
+        step()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    peak, at, sites = peak_live(snap, torch.cuda.current_device(), _site, before)
+    top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:25]
+    return {"peak_gib": peak / 2**30, "before_gib": before / 2**30, "reached_at": at,
+            "alive_gib": {k: round(v[0] / 2**30, 3) for k, v in top}}
+
+
+def measure(row: dict, steps: int, warmup: int, trace: bool = False) -> dict:
     import torch
     model = None
     try:
@@ -133,18 +164,23 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
 
         for _ in range(warmup):
             step()
+        where = traced(torch, step) if trace else None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         marks[0].record()
+        issue = []
         for i in range(steps):
+            t0 = time.perf_counter()
             step()
             marks[i + 1].record()
+            issue.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
         times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
-        return {"step_s": statistics.median(times), "peak_bytes": torch.cuda.max_memory_allocated(),
+        return {"step_s": statistics.median(times), "issue_s": statistics.median(issue), "peak_bytes": torch.cuda.max_memory_allocated(),
                 "kept_bytes": kept[-1],
-                "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
+                "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
+                **({"trace": where} if where else {})}
     except torch.cuda.OutOfMemoryError:
         return {"note": "out of memory"}
     finally:
@@ -178,7 +214,8 @@ def predict(row: dict, model_file: Path, profile: str) -> dict:
     best = make_search("cd").run(problem, auto_budget(problem), np.random.default_rng(0))
     plan = build_plan(problem, best.assignment, "one GPU")
     return {"step_s": plan.costs.step_s, "bytes": plan.costs.memory_bytes, "source": plan.compute_source,
-            "kept_bytes": problem.memory_breakdown(best.assignment).activations}
+            "kept_bytes": problem.memory_breakdown(best.assignment).activations,
+            "memory_gib": {k: round(v / 2**30, 3) for k, v in plan.costs.memory.items() if isinstance(v, (int, float))}}
 
 
 def table(rows: list[dict]) -> str:
@@ -219,6 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--module-timeout", type=int, default=60)
+    ap.add_argument("--trace", default="", help="ids whose measured step's memory is traced (allocator history)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,10 +274,10 @@ def main(argv=None) -> int:
                 r["pred"] = predict(row, model, str(profile))
         except UserError as e:
             note = f"{note}; no prediction: {e}".strip("; ")
-        r.update(measure(row, args.steps, args.warmup))
+        r.update(measure(row, args.steps, args.warmup, row["id"] in args.trace.split(",")))
         r["note"] = "; ".join(n for n in (note, r.get("note", "")) if n)
         results.append(r)
-        print(f"  {row['id']}: {json.dumps({k: v for k, v in r.items() if k in ('step_s', 'peak_bytes', 'pred', 'note')})}",
+        print(f"  {row['id']}: {json.dumps({k: v for k, v in r.items() if k in ('step_s', 'issue_s', 'peak_bytes', 'pred', 'note')})}",
               flush=True)
     (out / "module_check.json").write_text(json.dumps(results, indent=1))
     print(table(results))
