@@ -2,7 +2,7 @@
 MistralForCausalLM, GPT2LMHeadModel, and a nanoGPT), each calibrated by ``python -m calibrate module`` and its step
 predicted from the profile with that section, against the step measured.
 
-    python tests/gpu/calib_module_check.py PROFILE.json --out DIR [--shapes heldout|heldout2|dev] [--ids M1,M4] [--steps 10]
+    python tests/gpu/calib_module_check.py PROFILE.json --out DIR [--shapes heldout|heldout2|heldout3|dev] [--ids M1,M4] [--steps 10]
 
 PROFILE.json: what ``python -m calibrate compute`` wrote on this machine. The shapes: the held-out rows of
 reports/records/module_heldout.json (declared before the step model changed; never tuned on), with
@@ -38,6 +38,7 @@ from calibrate.measure import stats  # noqa: E402
 
 SHAPES = {"heldout": REPO / "reports" / "records" / "module_heldout.json",
           "heldout2": REPO / "reports" / "records" / "module_heldout2.json",
+          "heldout3": REPO / "reports" / "records" / "module_heldout3.json",
           "dev": REPO / "reports" / "records" / "module_dev.json"}
 HF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
       "GPT2LMHeadModel": "gpt2"}
