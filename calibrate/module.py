@@ -13,7 +13,7 @@ Section shape (version 1)::
       "device": "NVIDIA H200",
       "points": [{"tensor": 1, "micro_batch": 2, "sequence": 2048,
                   "block":   {"forward_s": .., "backward_s": .., "recompute_s": .., "optimizer_s": ..,
-                              "activation_bytes": .., "step_s": ..},
+                              "activation_bytes": .., "step_s": .., "forward_transient_bytes": ..},
                   "outside": {"forward_s": .., "backward_s": .., "optimizer_s": .., "activation_bytes": ..,
                               "step_s": .., "peak_bytes": ..}},
                  ...],
@@ -30,7 +30,10 @@ backward less forward, into fresh gradients), the forward that full recomputatio
 (``recompute_s``; null where the module could not be checkpointed) and its fused AdamW step;
 ``activation_bytes`` the memory one block keeps from its forward to its backward, autocast's bf16 weight
 copies included (allocated after the larger model's forward less the one-block model's, per block; null off
-CUDA). ``outside`` is the rest of the
+CUDA); ``forward_transient_bytes`` what one block holds at the forward's end beyond that, freed when the model's
+output is (a transformers model's key/value cache, built in training too while ``use_cache`` is on: one H200,
+2026-11-29, 1.9 GiB over 16 Llama blocks), the larger model's peak over its forward less the one-block model's,
+per block, less ``activation_bytes``. ``outside`` is the rest of the
 one-block model (embedding, final norm, head, loss), its ``activation_bytes`` the one-block model's less the
 block's (absent in sections written before it was measured: null). ``step_s`` (both): the step as users run
 it, ``STEP_MICRO_BATCHES`` micro-batches accumulated and the optimizer's step back to back, of the larger model
@@ -56,10 +59,11 @@ from calibrate.errors import UserError
 
 VERSION = 1
 MODEL_KEYS = ("hidden", "heads", "kv_heads", "ffn", "vocabulary")
-BLOCK_KEYS = ("forward_s", "backward_s", "recompute_s", "optimizer_s", "activation_bytes", "step_s")
+BLOCK_KEYS = ("forward_s", "backward_s", "recompute_s", "optimizer_s", "activation_bytes", "step_s",
+              "forward_transient_bytes")
 OUTSIDE_KEYS = ("forward_s", "backward_s", "optimizer_s", "activation_bytes", "step_s", "peak_bytes")
-OPTIONAL = ("recompute_s", "activation_bytes", "step_s", "peak_bytes")  # null where not measured
-LATER = ("activation_bytes", "step_s", "peak_bytes")  # absent from sections written before they were: null
+OPTIONAL = ("recompute_s", "activation_bytes", "step_s", "peak_bytes", "forward_transient_bytes")  # null: not measured
+LATER = ("activation_bytes", "step_s", "peak_bytes", "forward_transient_bytes")  # absent from sections written before they were: null
 STEP_MICRO_BATCHES = 2  # micro-batches of the step arm (``step_s``)
 FIX = "re-run python -m calibrate module"
 

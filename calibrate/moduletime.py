@@ -280,6 +280,11 @@ class _Timed:
         autograd keeps and autocast's bf16 weight copies."""
         return self._bytes(lambda: self.forward(0), peak=False)
 
+    def forward_peak(self) -> int | None:
+        """Bytes allocated at the peak of a forward (the loss made, the model's output alive until then) above what
+        was held before it."""
+        return self._bytes(lambda: self.forward(0), peak=True)
+
     def step_peak(self) -> int | None:
         """Bytes allocated at the peak of a user step (``user_step``, from no gradients) above what was held
         before it: the gradients, what each micro-batch keeps and the transients beside them."""
@@ -330,11 +335,13 @@ def time_point(torch, um: UserModule, models: dict, t: int, micro_batch: int, se
     o = {n: med[f"o{n}"] for n in (1, 2)}
     kept = {n: m.kept() for n, m in ((1, one), (2, two))}
     act = max(kept[2] - kept[1], 0) / MORE if kept[1] is not None else None
+    fpeak = {n: m.forward_peak() for n, m in ((1, one), (2, two))}
     block = {"forward_s": max(f[2] - f[1], 0.0) / MORE, "backward_s": max(b[2] - b[1], 0.0) / MORE,
              "optimizer_s": max(o[2] - o[1], 0.0) / MORE,
              "recompute_s": max((med["rc2"] - med["fb2"]) - (med["rc1"] - med["fb1"]), 0.0) / MORE
              if can_recompute else None,
-             "activation_bytes": act, "step_s": max(med["s2"] - med["s1"], 0.0) / MORE}
+             "activation_bytes": act, "step_s": max(med["s2"] - med["s1"], 0.0) / MORE,
+             "forward_transient_bytes": max((fpeak[2] - fpeak[1]) / MORE - act, 0.0) if act is not None else None}
     outside = {"forward_s": max(f[1] - block["forward_s"], 0.0), "backward_s": max(b[1] - block["backward_s"], 0.0),
                "optimizer_s": max(o[1] - block["optimizer_s"], 0.0),
                "activation_bytes": max(kept[1] - act, 0) if act is not None else None,

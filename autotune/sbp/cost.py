@@ -513,13 +513,15 @@ class Problem:
                            m.activations)
                 shared += saved.gradients * c
             out = out + m.scaled(c)
-        ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
-                            self.mb, self.mode, self.chain_roles, self.recipe, shared)
+        offset = transient = 0.0
         if self.module_cal is not None and self.embedding is not None and self.mode.recompute != "full":
             e = self.embedding  # the transients the user's module was measured to hold beyond the model's
-            ws += self.module_cal.peak_offset(self.module_cal.key(self.ops[e], self.choices[e][assign[e]],
-                                                                  self.cluster))
-        return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws)
+            key = self.module_cal.key(self.ops[e], self.choices[e][assign[e]], self.cluster)
+            offset = self.module_cal.peak_offset(key)
+            transient = self.module_cal.forward_transient(key) * len(self.graph.blocks)
+        ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
+                            self.mb, self.mode, self.chain_roles, self.recipe, shared, transient)
+        return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws + offset)
 
     def layer_memory(self, v: int, s: Strategy) -> Memory:
         """One occurrence of layer ``v`` under strategy ``s`` (``strategy_memory``), its activations as the user's

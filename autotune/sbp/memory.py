@@ -482,7 +482,8 @@ def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
 
 
 def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_batches: int,
-                   mode: Mode = NONE, roles=None, recipe: str = "autocast", shared_gradients: float = 0.0) -> float:
+                   mode: Mode = NONE, roles=None, recipe: str = "autocast", shared_gradients: float = 0.0,
+                   forward_transient: float = 0.0) -> float:
     """Bytes above parameters, gradients, optimizer states and kept activations at a step's
     peak. The backward of chain position i runs while positions 0..i still keep their
     activations (the later ones are freed), so the activations peak at
@@ -507,7 +508,8 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     the bytes of gradients two positions count of one tensor (a tied logits weight placed as the embedding's:
     ``tied_saving``), which exist once: so that the breakdown's gradients, which drop them, plus this
     workspace make the peak (they were once subtracted from every peak: one H100, development D2 recomputed,
-    0.31 GiB under)."""
+    0.31 GiB under). ``forward_transient``: bytes the blocks hold at the forward's end beyond what they keep, as
+    the user's module was measured to (``calibrate module``: a transformers model's key/value cache)."""
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
     mems = [strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe) for s, role in zip(chain_strategies, roles)]
@@ -539,7 +541,8 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
         peak = max(peak, a + work_bytes(s, cluster, act_bytes, acc) + (total_grads if acc else after))
         gathered.append(gathered_weight_bytes(s, cluster, mode))
     gathered.sort()
-    peak = max(peak, kept + forward_end + (total_grads if acc else 0.0), total_grads)  # the forward's end; the step
+    peak = max(peak, kept + forward_end + forward_transient + (total_grads if acc else 0.0),
+               total_grads)  # the forward's end; the step
     return peak - kept - total_grads + gathered[-1] + (gathered[-2] if len(gathered) > 1 else 0.0)
 
 

@@ -46,6 +46,7 @@ class ModuleCal:
     sequence: int
     micro_batch: int  # the graph's global micro-batch
     peaks: tuple = ()  # ((t, m), bytes): the step's peak as measured less as modelled (``unit_peak``)
+    transients: tuple = ()  # ((t, m), bytes): what a block holds at the forward's end beyond what it keeps
 
     def key(self, op, s: Strategy, cluster: Cluster) -> tuple[int, int] | None:
         """(tensor width, local micro-batch) of a layer's strategy, or None where it is no whole one."""
@@ -67,6 +68,11 @@ class ModuleCal:
         """Bytes the step's peak was measured above the memory model's at the local shape ``key`` (0 where not
         measured): the transients the model does not know of (the loss's, the backward's) in the user's module."""
         return next((b for k, b in self.peaks if k == key), 0.0)
+
+    def forward_transient(self, key) -> float:
+        """Bytes one block was measured to hold at the forward's end beyond what it keeps, at the local shape
+        ``key`` (0 where not measured): a transformers model's key/value cache, alive until its output is freed."""
+        return next((b for k, b in self.transients if k == key), 0.0)
 
     def ratio(self, inside: bool, key) -> tuple[float, ...] | None:
         if key is None:
@@ -112,7 +118,7 @@ def calibration(graph, profile) -> ModuleCal | None:
         return None
     from models.builders import BUILDERS
     c = graph.config
-    ratios, peaks = {}, {}
+    ratios, peaks, transients = {}, {}, {}
     for p in section.points:
         if p.sequence != c.get("sequence"):
             continue
@@ -130,21 +136,26 @@ def calibration(graph, profile) -> ModuleCal | None:
             r = [(m / a if m is not None and a > 0 else None) for m, a in zip(measured, model)]
             r[2] = r[2] if r[2] is not None else r[0]  # no recomputation measured: as the forward
             ratios[(t, p.micro_batch, p.sequence, inside)] = tuple(1.0 if x is None else x for x in r)
+        transient = p.block.get("forward_transient_bytes") or 0.0
+        if transient:
+            transients[(t, p.micro_batch)] = transient
         if p.outside.get("peak_bytes") is not None:
             two = BUILDERS[graph.model](dict(local, batch=STEP_MICRO_BATCHES * p.micro_batch))
             act = {True: ratios[(t, p.micro_batch, p.sequence, True)][4],
                    False: ratios[(t, p.micro_batch, p.sequence, False)][4]}
-            peaks[(t, p.micro_batch)] = p.outside["peak_bytes"] - unit_peak(two, graph.act_bytes, act)
+            peaks[(t, p.micro_batch)] = p.outside["peak_bytes"] - unit_peak(two, graph.act_bytes, act, transient)
     if not ratios:
         return None
-    return ModuleCal(tuple(sorted(ratios.items())), c["sequence"], graph.micro_batch, tuple(sorted(peaks.items())))
+    return ModuleCal(tuple(sorted(ratios.items())), c["sequence"], graph.micro_batch, tuple(sorted(peaks.items())),
+                     tuple(sorted(transients.items())))
 
 
-def unit_peak(graph, act_bytes: int, act_ratio: dict) -> float:
+def unit_peak(graph, act_bytes: int, act_ratio: dict, transient: float = 0.0) -> float:
     """The memory model's peak of a one-device step of ``graph`` (each layer's one strategy, its micro-batches
     accumulated) above the parameters and optimizer states: gradients, what is kept (the activations scaled by
-    ``act_ratio``: inside a block -> ratio), and the workspace (``peak_workspace``), as ``Problem.memory_breakdown``
-    counts them (a tied logits weight placed as the embedding's: one gradient)."""
+    ``act_ratio``: inside a block -> ratio), and the workspace (``peak_workspace``, each block's forward
+    ``transient`` at the forward's end), as ``Problem.memory_breakdown`` counts them (a tied logits weight placed
+    as the embedding's: one gradient)."""
     cl = Cluster(1, 1)
     ops, strategies = zip(*(one_device(layer, act_bytes) for layer in graph.layers))
     embedding = next((v for v, layer in enumerate(graph.layers) if layer.kind == "embedding"), None)
@@ -158,7 +169,7 @@ def unit_peak(graph, act_bytes: int, act_ratio: dict) -> float:
             shared += count * tied_saving(s, strategies[embedding], cl, act_bytes).gradients
     chain = [strategies[v] for v in graph.chain]
     return peak_workspace(chain, cl, act_bytes, graph.micro_batches, NONE, chain_roles(graph),
-                          "autocast", shared) + kept + grads - shared
+                          "autocast", shared, transient * len(graph.blocks)) + kept + grads - shared
 
 
 def step_scale(part: dict, accumulate_s: float) -> float:

@@ -111,6 +111,26 @@ def test_a_one_block_model_peaks_where_it_was_measured():
     assert breakdown(4, section(point)).total - breakdown(4, unmeasured).total == pytest.approx(shift, rel=1e-9)
 
 
+def test_a_blocks_forward_transient_is_held_by_every_block_at_the_forwards_end():
+    """What a block holds at the forward's end beyond what it keeps (a transformers model's key/value cache): where
+    the forward's end binds, a model of 4 blocks holds 4 of it and the one-block model, which the measured peak
+    corrects, 1: moving the transient by dT moves the 4-block peak by 3 dT; the one-block peak stays as measured."""
+    fields = {k: v for k, v in MODEL.items() if k != "kind"}
+    profile = Profile.load("h200-nvlink+ib400")
+
+    def total(layers, transient):
+        profile.module = section(ModulePoint(1, 2, 32, dict(BLOCK, activation_bytes=3e6,
+                                                            forward_transient_bytes=transient),
+                                             dict(OUTSIDE, activation_bytes=7e6, peak_bytes=5e7)))
+        problem = Problem(load_model("llama", None, dict(fields, layers=layers)),
+                          Coster(profile, Cluster(1, 1)), None, require_fit=False, objective="step")
+        b = problem.memory_breakdown([0] * len(problem.choices))
+        return b.total, b.total - b.parameters - b.optimizer
+
+    assert total(1, 1e9)[1] == pytest.approx(5e7, rel=1e-9) == total(1, 2e9)[1]
+    assert total(4, 2e9)[0] - total(4, 1e9)[0] == pytest.approx(3e9, rel=1e-9)
+
+
 @pytest.mark.parametrize("points, model", [
     ((ModulePoint(1, 2, 64, BLOCK, OUTSIDE),), SHAPE),  # another sequence
     ((ModulePoint(2, 2, 32, BLOCK, OUTSIDE),), SHAPE),  # another tensor width only
