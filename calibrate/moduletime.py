@@ -91,9 +91,9 @@ def hf_module(cfg: dict, origin: str) -> UserModule:
     # GPT-2's head size is n_embd / n_head: its heads cannot be divided without changing it
     widths = (1,) if gpt2 else _divisors(heads, kv, ffn, vocab)
 
-    def build(blocks: int, t: int):
+    def build(blocks: int, t: int):  # use_cache as the config says (transformers' default, on: built in training)
         local = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype", "dtype")}
-        local.update({keys["layers"]: blocks, "vocab_size": vocab // t, "use_cache": False})
+        local.update({keys["layers"]: blocks, "vocab_size": vocab // t})
         if not gpt2:
             local.update({keys["heads"]: heads // t, keys["kv_heads"]: kv // t, keys["ffn"]: ffn // t,
                           "head_dim": head_dim})
