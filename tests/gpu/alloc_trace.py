@@ -21,3 +21,18 @@ def peak_live(snapshot: dict, device: int, site, before: int = 0) -> tuple[int, 
         entry[0] += size
         entry[1] += 1
     return peak, at, sites
+
+
+def traced_step(torch, step, site, max_entries: int = 2_000_000) -> tuple[int, int, str | None, dict]:
+    """``step()`` run once under the allocator's history: (bytes alive before it, ``peak_live``'s peak, the site
+    that reached it, the sites alive then)."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
+    before = torch.cuda.memory_allocated()
+    try:
+        step()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return (before, *peak_live(snap, torch.cuda.current_device(), site, before))

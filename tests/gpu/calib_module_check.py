@@ -120,17 +120,8 @@ def traced(torch, step) -> dict:
     """One ``step()`` under the allocator's history: the peak and the blocks alive at it by where they were made
     (``alloc_trace.peak_live``), GiB."""
     sys.path.insert(0, str(REPO / "tests" / "gpu"))
-    from alloc_trace import peak_live
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=400_000)
-    try:
-        step()
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    peak, at, sites = peak_live(snap, torch.cuda.current_device(), _site, before)
+    from alloc_trace import traced_step
+    before, peak, at, sites = traced_step(torch, step, _site, 400_000)
     top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:25]
     return {"peak_gib": peak / 2**30, "before_gib": before / 2**30, "reached_at": at,
             "alive_gib": {k: round(v[0] / 2**30, 3) for k, v in top}}

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import transformer_check as tc  # noqa: E402
-from alloc_trace import peak_live  # noqa: E402
+from alloc_trace import traced_step  # noqa: E402
 
 # kernel-name fragments -> group, first match wins
 GROUPS = (
@@ -142,16 +142,7 @@ def _site(frames) -> str:
 def memory_timeline(torch, step) -> None:
     """Run ``step()`` once under the allocator's history and print its peak: the bytes alive before the step,
     the allocation that reached the peak and where it was made, and what was alive then by site."""
-    torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    before = torch.cuda.memory_allocated()
-    try:
-        step()
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    peak, at, sites = peak_live(snap, torch.cuda.current_device(), _site, before)
+    before, peak, at, sites = traced_step(torch, step, _site)
     print(f"memory timeline: {before / 2**30:.2f} GiB alive before the step (parameters, optimizer states); peak "
           f"{peak / 2**30:.2f} GiB reached by an allocation at {at}; alive then, made during the step (GiB, tensors):")
     for site, (size, n) in sorted(sites.items(), key=lambda kv: -kv[1][0])[:20]:
