@@ -352,9 +352,10 @@ class StageSearch:
             self._problems[key] = base
         return base.in_flight(f)
 
-    def _search(self, problem: StageProblem, share: float = 1.0, start=None):
-        """The SBP search of one stage problem (from the best Megatron plan unless ``start``), ``share`` of its
-        budget: (plan, cost, search info)."""
+    def _search(self, problem: StageProblem, share: float = 1.0, start=None, others=()):
+        """The SBP search of one stage problem (from the best Megatron plan unless ``start``, and from ``others``:
+        the plans of the slice's searches under other counts in flight, which a cd search descends from too),
+        ``share`` of its budget: (plan, cost, search info)."""
         if start is None:
             mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
             start = mega if mega is not None and math.isfinite(mega_cost) else None
@@ -366,8 +367,9 @@ class StageSearch:
         search = make_search(self.cfg.search)
         if isinstance(search, CoordinateDescent):
             search.relax_rounds = self.cfg.relax_rounds
-        res = search_fitting(problem, lambda p, s: search.run(p, budget, np.random.default_rng(self.cfg.seed), s),
-                             start)
+        more = {"others": others} if isinstance(search, CoordinateDescent) else {}
+        res = search_fitting(problem, lambda p, s: search.run(p, budget, np.random.default_rng(self.cfg.seed), s,
+                                                              **more), start)
         problem.reserve = 0.0  # the workspace's reserve was the search's; plans are judged at their peak
         self.searches += 1
         return list(res.assignment), res.cost, {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
@@ -398,12 +400,13 @@ class StageSearch:
             order = sorted(((max([bound if pr is not plain else _lower_bound(pr)]
                                  + [c for kk, c in history.get(pr.mode, []) if kk < k]), pr) for bound, pr in order),
                            key=lambda x: x[0])
+        others = [r.plan.assign for r in self._rungs_of(m, span, sub).values()]  # the other counts' plans: starts
         best = None
         for bound, pr in order:
             if best is not None and bound >= best[1] * (1 - 1e-9):
                 continue
             full = best is None or pr is plain
-            a, cost, info = self._search(pr, 1.0 if full else SHARE, None if full else best[2])
+            a, cost, info = self._search(pr, 1.0 if full else SHARE, None if full else best[2], others)
             if pr.fits_plan(a):
                 history.setdefault(pr.mode, []).append((k, cost))
                 if best is None or cost < best[1]:

@@ -302,7 +302,8 @@ def test_a_mode_dearer_under_fewer_in_flight_is_not_searched_again(graph, profil
                         PipelineConfig(stages=2))
     st, seen = ps.stages, []
     search = st._search
-    st._search = lambda pr, share=1.0, start=None: (seen.append((pr.inflight, pr.mode)), search(pr, share, start))[1]
+    st._search = lambda pr, share=1.0, start=None, others=(): (seen.append((pr.inflight, pr.mode)),
+                                                               search(pr, share, start, others))[1]
     st._search_modes(m, span, sub, 1)
     assert (1, fsdp) in seen
     pr, a, _ = st._search_modes(m, span, sub, 2)
