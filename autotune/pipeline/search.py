@@ -472,7 +472,8 @@ class StageSearch:
         """A lower bound on the time per micro-batch of the stage's plan under ``f`` in flight, searching at most
         the one-in-flight rung: the plan's time where a rung's reach covers ``f`` (``plan`` would take it), else
         the largest time of the rungs searched under fewer in flight (a tighter limit cannot find a cheaper plan,
-        as ``rung`` takes it)."""
+        as ``rung`` takes it; the searches are not exact, so a later rung's plan can still serve ``f`` cheaper,
+        ``plan``: the slice's bounds are made again with each rung)."""
         key = (self.signature(m, span), sub, m)
         known = self._bounds.get(key)
         if known is not None and f in known:
