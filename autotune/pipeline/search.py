@@ -32,7 +32,8 @@ Stage problems are made once per (layer slice signature, submesh, micro-batches,
 a transformer are one problem, and all stage problems on a submesh share their strategies and boxing tables
 (``autotune.sbp.cost.Catalogue``). A stage is searched first with one micro-batch in flight (the loosest
 memory); a plan searched under k in flight serves every larger count it still fits (``StageSearch.rung``: a
-tighter limit cannot find a cheaper plan), and a count beyond every such plan's reach is searched itself:
+tighter limit cannot find a cheaper plan), and every smaller count where it is cheaper than the plan searched
+for that count (``StageSearch.plan``: the searches are not exact), and a count beyond every such plan's reach is searched itself:
 plain, and under the recomputation and FSDP modes whose lower bound beats the plain plan (a plain plan squeezed
 under a tight limit can cost many times a recomputed one) or where no plain plan fits
 (``StageSearch._search_modes``); the plan records its mode.
@@ -351,9 +352,10 @@ class StageSearch:
             self._problems[key] = base
         return base.in_flight(f)
 
-    def _search(self, problem: StageProblem, share: float = 1.0, start=None):
-        """The SBP search of one stage problem (from the best Megatron plan unless ``start``), ``share`` of its
-        budget: (plan, cost, search info)."""
+    def _search(self, problem: StageProblem, share: float = 1.0, start=None, others=()):
+        """The SBP search of one stage problem (from the best Megatron plan unless ``start``, and from ``others``:
+        the plans of the slice's searches under other counts in flight, which a cd search descends from too),
+        ``share`` of its budget: (plan, cost, search info)."""
         if start is None:
             mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
             start = mega if mega is not None and math.isfinite(mega_cost) else None
@@ -365,8 +367,9 @@ class StageSearch:
         search = make_search(self.cfg.search)
         if isinstance(search, CoordinateDescent):
             search.relax_rounds = self.cfg.relax_rounds
-        res = search_fitting(problem, lambda p, s: search.run(p, budget, np.random.default_rng(self.cfg.seed), s),
-                             start)
+        more = {"others": others} if isinstance(search, CoordinateDescent) else {}
+        res = search_fitting(problem, lambda p, s: search.run(p, budget, np.random.default_rng(self.cfg.seed), s,
+                                                              **more), start)
         problem.reserve = 0.0  # the workspace's reserve was the search's; plans are judged at their peak
         self.searches += 1
         return list(res.assignment), res.cost, {"algorithm": res.algorithm, "seconds": res.seconds, "steps": res.steps,
@@ -397,12 +400,13 @@ class StageSearch:
             order = sorted(((max([bound if pr is not plain else _lower_bound(pr)]
                                  + [c for kk, c in history.get(pr.mode, []) if kk < k]), pr) for bound, pr in order),
                            key=lambda x: x[0])
+        others = [r.plan.assign for r in self._rungs_of(m, span, sub).values()]  # the other counts' plans: starts
         best = None
         for bound, pr in order:
             if best is not None and bound >= best[1] * (1 - 1e-9):
                 continue
             full = best is None or pr is plain
-            a, cost, info = self._search(pr, 1.0 if full else SHARE, None if full else best[2])
+            a, cost, info = self._search(pr, 1.0 if full else SHARE, None if full else best[2], others)
             if pr.fits_plan(a):
                 history.setdefault(pr.mode, []).append((k, cost))
                 if best is None or cost < best[1]:
@@ -412,28 +416,39 @@ class StageSearch:
         return _at_host_pace((best[0], best[2], best[3]), [plain] + probs)
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
-        """The stage's plan under ``f`` micro-batches in flight: the plan of the nearest search under fewer or as
-        many that fits under ``f`` (``rungs``), else a search under ``f``."""
-        key = (self.signature(m, span), sub, m, f)
-        hit = self._plans.get(key)
+        """The stage's plan under ``f`` micro-batches in flight: the cheapest (``_stage_cost``) of the plans of the
+        searches whose reach covers ``f`` (``rung``): the nearest under fewer or as many in flight, or a search
+        under ``f``, and every search under more in flight (its plan fits the looser limit too: a stage searched
+        under 11 in flight for one stage of a pipeline serves the stages after it that keep fewer, where the search
+        under 6 had found a dearer plan). Made again once the slice has another rung (``rung``)."""
+        key = (self.signature(m, span), sub, m)
+        made = self._plans.setdefault(key, {})
+        hit = made.get(f)
         if hit is not None:
             return hit
-        rung = self.rung(m, span, sub, f)
-        if rung.first == f:
-            out = rung.plan
-        else:
-            prob = self.problem(m, span, sub, f, rung.plan.problem.mode)
-            out = StagePlan(prob, rung.plan.assign, figures(prob, rung.plan.assign),
-                            dict(rung.plan.search, inflight_reused=rung.first))
-        self._plans[key] = out
+        own = self.rung(m, span, sub, f)
+        made = self._plans.setdefault(key, {})  # ``rung`` may have searched and dropped the slice's plans
+        out = None
+        for r in sorted(self._rungs_of(m, span, sub).values(), key=lambda r: r is not own):
+            if f > r.last:
+                continue
+            if r.first == f:
+                x = r.plan
+            else:
+                prob = self.problem(m, span, sub, f, r.plan.problem.mode)
+                x = StagePlan(prob, r.plan.assign, figures(prob, r.plan.assign),
+                              dict(r.plan.search, inflight_reused=r.first))
+            if out is None or _stage_cost(x) < _stage_cost(out):
+                out = x
+        made[f] = out
         return out
 
     def rung(self, m: int, span, sub: Cluster, f: int) -> "Rung":
         """The search whose plan serves ``f`` in flight. A stage is searched first under one micro-batch in
         flight (the loosest memory). A plan searched under k in flight fits every count up to its
         ``StageProblem.max_inflight``: the rung with the largest k <= ``f`` serves ``f`` where ``f`` is within
-        its reach (a tighter limit only takes plans away, so a search under ``f`` cannot find a cheaper plan than
-        the looser one did, which fits), else ``f`` is searched, plain and under the modes whose bound can beat
+        its reach (a tighter limit only takes plans away, so an exact search under ``f`` cannot find a cheaper plan
+        than the looser one did, which fits; ``plan`` takes a later rung's plan where it is cheaper), else ``f`` is searched, plain and under the modes whose bound can beat
         the plain plan (``_search_modes``; the rung's counts then take its mode). Where no plan fits under k in
         any mode, none fits a larger count: that rung holds the least-memory plain plan from k on."""
         rungs = self._rungs_of(m, span, sub)
@@ -450,13 +465,15 @@ class StageSearch:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
             rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
             self._bounds.pop((self.signature(m, span), sub, m), None)  # the other slices' bounds stand
+            self._plans.pop((self.signature(m, span), sub, m), None)  # the new plan may serve fewer in flight
         return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)
 
     def bound(self, m: int, span, sub: Cluster, f: int) -> float:
         """A lower bound on the time per micro-batch of the stage's plan under ``f`` in flight, searching at most
         the one-in-flight rung: the plan's time where a rung's reach covers ``f`` (``plan`` would take it), else
         the largest time of the rungs searched under fewer in flight (a tighter limit cannot find a cheaper plan,
-        as ``rung`` takes it)."""
+        as ``rung`` takes it; the searches are not exact, so a later rung's plan can still serve ``f`` cheaper,
+        ``plan``: the slice's bounds are made again with each rung)."""
         key = (self.signature(m, span), sub, m)
         known = self._bounds.get(key)
         if known is not None and f in known:
@@ -517,6 +534,12 @@ def _time(plan: StagePlan) -> float:
     return plan.fig.forward + plan.fig.backward if plan.fig.fits else math.inf
 
 
+def _stage_cost(plan: StagePlan) -> float:
+    """The stage's time a step, as its search prices it: m (forward + backward) + exposed sync + optimizer."""
+    fig = plan.fig
+    return plan.problem.mb * (fig.forward + fig.backward) + fig.exposed_sync + fig.optimizer if fig.fits else math.inf
+
+
 class PipelineSearch:
     def __init__(self, graph: LayerGraph, cluster: Cluster, profile, memory_limit: float,
                  cfg: PipelineConfig = PipelineConfig(), progress=None):
@@ -535,9 +558,11 @@ class PipelineSearch:
 
     def _plans(self, p, sub, m, split) -> list[StagePlan]:
         spans = stage_spans(self.graph_for(m), split)
-        # the last stage first: it keeps the fewest micro-batches in flight, its plan may serve the others' counts
-        plans = [self.stages.plan(m, spans[i], sub, self.inflight(i, p, m)) for i in reversed(range(p))]
-        return plans[::-1]
+        # the last stage first: it keeps the fewest micro-batches in flight, its plan may serve the others' counts;
+        # then each stage's plan again, now that every search under more in flight has its plan (``plan``)
+        for i in reversed(range(p)):
+            self.stages.plan(m, spans[i], sub, self.inflight(i, p, m))
+        return [self.stages.plan(m, spans[i], sub, self.inflight(i, p, m)) for i in range(p)]
 
     def graph_for(self, m):
         return self.stages.graph_for(m)

@@ -261,11 +261,13 @@ class CoordinateDescent(Search):
                 cur[v] = best[v]
         return cur
 
-    def _seeds(self, problem, start, clock) -> tuple[list[list[int]], Relaxed | None]:
+    def _seeds(self, problem, start, clock, others=()) -> tuple[list[list[int]], Relaxed | None]:
         """The first starts, cheapest first: the relaxation's plans that fit (where it applies; a plan
         differing from a cheaper one in one layer only is left out, its descent would repeat that one's),
         its ``REPAIRS`` plans over the memory limit nearest to it, repaired (``capsearch.repair``), and
-        ``start``; the least-memory plan if there is none of these."""
+        ``start`` and ``others`` (plans of a neighbouring problem, e.g. a pipeline stage's under another
+        micro-batch count in flight; one over the memory limit descends under it by the line searches' memory
+        masks); the least-memory plan if there is none of these."""
         given = [list(start)] if start is not None else []
         rel = None
         if self.relaxation and applicable(problem) is None:
@@ -273,8 +275,9 @@ class CoordinateDescent(Search):
                 rel = relax(problem, clock, self.relax_rounds)
             except UserError:  # the layer graph's cycles cost too much to cut: no relaxation
                 rel = None
+        given += [list(p) for p in others if list(p) not in given]
         if rel is None:
-            return given or [problem.min_memory_assignment()], rel
+            return sorted(given, key=problem.cost) or [problem.min_memory_assignment()], rel
         clock.bound = rel.bound
         seeds: list[list[int]] = []
         for _, p in rel.plans:
@@ -338,9 +341,10 @@ class CoordinateDescent(Search):
             ends.update((x, end) for x in starts)
         return total, None
 
-    def run(self, problem, budget, rng, start=None):
+    def run(self, problem, budget, rng, start=None, others=()):
+        """``others``: more first starts (``_seeds``)."""
         clock = Clock(budget, self.progress, self.name)
-        seeds, rel = self._seeds(problem, start, clock)
+        seeds, rel = self._seeds(problem, start, clock, others)
         caps = rel is not None and not rel.exact and problem.memory_limit is not None
         first_starts = len(seeds) + caps  # with caps, the last: the best plan again, with deeper cap moves
         pairs = problem.pairs if problem.tables.precomputed else []

@@ -2,6 +2,7 @@
 stage problem's step cost, boundaries priced by the resharding planner, and the stage DP of the search
 against every split."""
 import itertools
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -11,7 +12,7 @@ from calibrate.collectives import Collective
 from calibrate.profile import Group
 from models import load_model
 from autotune.pipeline.boundary import BoundaryPricer, tiles
-from autotune.pipeline.search import PipelineConfig, PipelineSearch, inflight
+from autotune.pipeline.search import PipelineConfig, PipelineSearch, Rung, StagePlan, _stage_cost, inflight
 from autotune.pipeline.slicing import blocks, stage_graph, stage_spans, with_micro_batches
 from autotune.pipeline.split import estimate
 from autotune.pipeline.stage import StageProblem, figures
@@ -147,8 +148,9 @@ def test_catalogue_changes_no_figure(kind, preset, config, profile):
 
 
 def test_rungs_serve_the_inflight_counts_they_fit(graph, profile):
-    """Each in-flight count's plan is the plan of the search under the largest count at most it (one in
-    flight searched first) and fits under it; a count beyond every rung's reach is searched itself."""
+    """Each in-flight count is served by the search under the largest count at most it (one in flight searched
+    first) where it fits under it, its plan that one's or a cheaper one's; a count beyond every rung's reach is
+    searched itself."""
     ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
     m, sub = 8, Cluster(1, 2)
     span = stage_spans(ps.graph_for(m), [2, 2])[0]
@@ -157,13 +159,38 @@ def test_rungs_serve_the_inflight_counts_they_fit(graph, profile):
         assert sp.problem.inflight == f
         rung = ps.stages.rung(m, span, sub, f)
         assert rung.first <= f and (f <= rung.last or not rung.plan.problem.fits)
-        assert sp.assign == rung.plan.assign
+        own = figures(ps.stages.problem(m, span, sub, f, rung.plan.problem.mode), rung.plan.assign)
+        assert _stage_cost(sp) <= _stage_cost(replace(sp, fig=own))
         if rung.plan.problem.fits:
             assert sp.fig.fits
             if math.isfinite(rung.last):
                 assert not sp.problem.in_flight(int(rung.last) + 1).fits_plan(rung.plan.assign)
     rungs = ps.stages._rungs[next(iter(ps.stages._rungs))]
     assert 1 in rungs and len(rungs) >= 3 and rungs[1].last < 5 and 5 in rungs  # 5 was beyond the first's reach
+
+
+def test_a_plan_searched_under_more_in_flight_serves_fewer(graph, profile):
+    """A plan that fits under k in flight fits under fewer: each count's plan is the cheapest of every rung's
+    that reaches it, the rungs searched under more in flight included (here the search under one in flight
+    stands for a weak one: the least-memory plan, which reaches every count), whichever count was asked first."""
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 0.04 * 2**30, PipelineConfig(stages=2))
+    m, sub = 8, Cluster(1, 2)
+    span = stage_spans(ps.graph_for(m), [2, 2])[0]
+    ps.stages.plan(m, span, sub, 8)
+    rungs = ps.stages._rungs_of(m, span, sub)
+    one = ps.stages.problem(m, span, sub, 1)
+    weak = one.min_memory_assignment()
+    rungs[1] = Rung(1, one.max_inflight(weak), StagePlan(one, weak, figures(one, weak), {}))
+    ps.stages._plans.clear()
+    assert len(rungs) >= 2
+    for f in (1, 8, 4, 2, 7, 3, 5, 6):
+        sp = ps.stages.plan(m, span, sub, f)
+        priced = [replace(sp, fig=figures(ps.stages.problem(m, span, sub, f, r.plan.problem.mode), r.plan.assign))
+                  for r in rungs.values() if f <= r.last]
+        assert sp.fig.fits and _stage_cost(sp) == min(_stage_cost(x) for x in priced)
+        if f <= rungs[1].last:  # the weak plan reaches f, and a cheaper one serves it
+            assert _stage_cost(sp) < _stage_cost(replace(sp, fig=figures(one.in_flight(f), weak)))
+    assert ps.stages.plan(m, span, sub, 1).search["inflight_reused"] > 1
 
 
 def test_units_are_the_tile_intersections():
@@ -275,7 +302,8 @@ def test_a_mode_dearer_under_fewer_in_flight_is_not_searched_again(graph, profil
                         PipelineConfig(stages=2))
     st, seen = ps.stages, []
     search = st._search
-    st._search = lambda pr, share=1.0, start=None: (seen.append((pr.inflight, pr.mode)), search(pr, share, start))[1]
+    st._search = lambda pr, share=1.0, start=None, others=(): (seen.append((pr.inflight, pr.mode)),
+                                                               search(pr, share, start, others))[1]
     st._search_modes(m, span, sub, 1)
     assert (1, fsdp) in seen
     pr, a, _ = st._search_modes(m, span, sub, 2)

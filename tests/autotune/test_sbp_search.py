@@ -138,3 +138,17 @@ def test_descents_that_reach_a_known_sweep_start_end_at_that_descents_fixed_poin
             cd._descend(pr, again, pr.cost(again), clock, pairs, ends)
             assert again == end and ends[tuple(start)] == tuple(end)
         assert len({tuple(e) for e in fresh}) < len(fresh)  # descents met: the memo had something to answer
+
+
+def test_coordinate_descent_descends_from_the_other_starts_too(problem):
+    """``others`` (a neighbouring problem's plans) are first starts beside ``start``: given the optimum among
+    them, a search whose budget ends after one sweep returns it, where from the least-memory plan alone it
+    stops above it."""
+    opt = min(itertools.product(*(range(n) for n in problem.sizes)), key=lambda a: problem.cost(list(a)))
+    search = make_search("cd")
+    search.relaxation = False
+    sweep = Budget(steps=len(problem.sizes))
+    alone = search.run(problem, sweep, np.random.default_rng(0))
+    assert alone.cost > problem.cost(list(opt)) * (1 + 1e-9)
+    seeded = search.run(problem, sweep, np.random.default_rng(0), None, [problem.min_memory_assignment(), list(opt)])
+    assert seeded.cost == pytest.approx(problem.cost(list(opt)), rel=1e-12)
