@@ -30,7 +30,9 @@ from calibrate.errors import UserError
 from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.module import STEP_MICRO_BATCHES, ModulePoint, ModuleSection
 
-HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel")
+# transformers' classes and their model_type (a config saved by XConfig.save_pretrained has no architectures)
+HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
+                    "GPT2LMHeadModel": "gpt2"}
 # apply's paths (``calibrate.compute.HOST_PATHS``) timed on a process group of one: the tensor path's styles need
 # the ranks of a tensor-parallel group (``PEER_HOST_PATHS``); without them the profile prices it by the DTensor one's
 ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor"))
@@ -64,10 +66,12 @@ def _divisors(*counts: int, most: int = 8) -> tuple[int, ...]:
 
 
 def hf_module(cfg: dict, origin: str) -> UserModule:
-    """transformers' class of a ``config.json`` (its ``architectures``), built from the config."""
-    archs = cfg.get("architectures") or []
+    """transformers' class of a ``config.json`` (its ``architectures``, else its ``model_type``), built from the
+    config."""
+    archs = cfg.get("architectures") or [a for a, t in HF_ARCHITECTURES.items() if t == cfg.get("model_type")]
     if len(archs) != 1 or archs[0] not in HF_ARCHITECTURES:
-        raise UserError(f"{origin}: architectures {archs!r}; calibrate module builds one of "
+        raise UserError(f"{origin}: architectures {cfg.get('architectures')!r}, model_type "
+                        f"{cfg.get('model_type')!r}; calibrate module builds one of "
                         f"{', '.join(HF_ARCHITECTURES)} from a config.json (else pass --module pkg.mod:factory)")
     try:
         transformers = importlib.import_module("transformers")

@@ -122,3 +122,16 @@ def test_a_failing_factory_and_an_unknown_architecture_are_one_line(tmp_path, ca
 
 def broken(config):
     raise RuntimeError("no such layer")
+
+
+def test_a_config_saved_without_architectures_builds_by_its_model_type():
+    """``LlamaConfig(...).save_pretrained`` writes no architectures (only a model's save_pretrained does): its
+    model_type names the class, as for the search's --model config.json; BERT's is still refused in one line."""
+    from calibrate.moduletime import hf_module
+    bare = {k: v for k, v in LLAMA.items() if k != "architectures"}
+    um = hf_module(bare, "config")
+    assert (um.name, um.model, um.widths) == ("transformers:LlamaForCausalLM", hf_module(LLAMA, "config").model,
+                                              (1, 2))
+    assert type(um.build(1, 2)).__name__ == "LlamaForCausalLM"
+    with pytest.raises(UserError, match="model_type 'bert'.*LlamaForCausalLM"):
+        hf_module({**bare, "model_type": "bert"}, "config")
