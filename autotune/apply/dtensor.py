@@ -141,8 +141,13 @@ def _install_hooks(chain: list[Site], mesh, ends: "Ends", model, tokens: Tokens)
                 functools.partial(_fused_out, mesh=mesh, leave=arrive[i + 1], tokens=tokens) if fused else
                 functools.partial(_post, mesh=mesh, leave=arrive[i + 1], tokens=tokens))
             if fused:  # the attention splits its local [q | k | v] in thirds of its own heads
-                parent = names[name.rsplit(".", 1)[0]]  # GPT2Attention
-                parent.split_size //= fused
+                _split_fused(names[name.rsplit(".", 1)[0]], fused)
+
+
+def _split_fused(attention, parts: int) -> None:
+    """GPT-2's attention (``GPT2Attention``, the fused ``c_attn``'s parent) told that its local [q | k | v] holds
+    1 / ``parts`` of its heads."""
+    attention.split_size //= parts
 
 
 def _fused_parts(site: Site, nxt: Site | None, mesh) -> int:

@@ -252,7 +252,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         if mesh is not None:
             _place(chain, typed, mesh, module)
             s_in, s_out = _stream(typed)
-            _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
+            _install_stage_hooks(chain, mesh, first, last, s_in, s_out, module)
             if not last:
                 module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=sent(pp, stage))
             if not first:
