@@ -35,6 +35,10 @@ torch = require_torch()
 dist = torch.distributed
 
 
+class FactoryError(UserError):
+    """The user's factory failed: the same for every plan, so nothing more is tried."""
+
+
 def build_module(spec: str, config: dict, seed: int, dtype, device):
     """The factory's module for the plan's model config, built under ``seed`` (the same weights on
     every process), its parameters in ``dtype`` on ``device``."""
@@ -46,10 +50,10 @@ def build_module(spec: str, config: dict, seed: int, dtype, device):
         except UserError:
             raise
         except Exception as e:  # the user's code: its error as one line, not a traceback on every rank
-            raise UserError(f"{spec}(config) raised {type(e).__name__}: {e}: it is called with the plan's model "
+            raise FactoryError(f"{spec}(config) raised {type(e).__name__}: {e}: it is called with the plan's model "
                             f"config (a dict: kind, layers, hidden, ...); make it build the model from that") from None
     if not isinstance(model, torch.nn.Module):
-        raise UserError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module: return the model")
+        raise FactoryError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module: return the model")
     return model.to(device=device, dtype=dtype)
 
 
