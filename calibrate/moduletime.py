@@ -131,6 +131,8 @@ def factory_module(spec: str, fields: dict) -> UserModule:
         factory = getattr(importlib.import_module(name), attr)
     except (ImportError, AttributeError) as e:
         raise UserError(f"--module {spec!r}: cannot load it ({e}): put it on PYTHONPATH or fix the name") from None
+    if fields.get("kind") == "gpt" and "ffn" not in fields and isinstance(fields.get("hidden"), int):
+        fields = dict(fields, ffn=4 * fields["hidden"])  # a gpt model JSON's default, as the search reads it
     missing = [k for k in ("hidden", "heads", "ffn", "vocabulary") if not isinstance(fields.get(k), int)]
     if missing:
         raise UserError(f"--module needs the model's fields from --model (a model JSON with {', '.join(missing)})")
@@ -156,8 +158,22 @@ def factory_module(spec: str, fields: dict) -> UserModule:
         return True
 
     return UserModule(spec, {"hidden": fields["hidden"], "heads": heads, "kv_heads": kv, "ffn": ffn,
-                             "vocabulary": vocab}, build, lambda model, ids: model(ids, ids),
+                             "vocabulary": vocab}, build, lambda model, ids: loss_of(model(ids, ids), spec),
                       _divisors(heads, kv, ffn, vocab), checkpoint, ("factory", spec, fields))
+
+
+def loss_of(out, spec: str):
+    """The mean loss a user's ``forward(ids, targets)`` returns: the 0-d tensor itself, nanoGPT's ``(logits,
+    loss)`` (the tuple's 0-d tensor) or a Hugging Face output's ``.loss``; anything else refused in one line."""
+    if isinstance(out, (tuple, list)):
+        found = [x for x in out if getattr(x, "dim", None) is not None and x.dim() == 0]
+        out = found[0] if len(found) == 1 else out
+    out = getattr(out, "loss", out)
+    if getattr(out, "dim", None) is None or out.dim() != 0:
+        raise UserError(f"{spec}'s model returned a {type(out).__name__} from forward(ids, targets), not the mean "
+                        f"loss: return the loss (a 0-d tensor), (logits, loss) as nanoGPT does, or an output with "
+                        f".loss")
+    return out
 
 
 def reference_module() -> UserModule:

@@ -24,6 +24,7 @@ from calibrate.errors import UserError
 
 from calibrate.measure.engine import TorchGroup
 from calibrate.measure.torcharm import mark, span
+from calibrate.moduletime import loss_of
 from calibrate.optional import require_torch
 
 from autotune.apply.batch import data_piece, param_groups
@@ -121,7 +122,7 @@ class ModuleTrainer:
             sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else contextlib.nullcontext()
             with sync, loss_parallel():
                 with self.autocast():
-                    loss = self.model(ids, targets)
+                    loss = loss_of(self.model(ids, targets), "the --module factory")
                 (loss / self.micro_batches).backward()
             share = _local(loss.detach()) / self.micro_batches
             total = share if total is None else total + share
