@@ -48,3 +48,20 @@ def test_user_error_is_one_line_on_rank_0(tmp_path):
 def test_other_errors_keep_their_traceback(tmp_path):
     r = _run(tmp_path, "bug")
     assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: not the user's" in r.stderr
+
+
+def test_a_piece_that_does_not_split_names_the_whole_batch():
+    """data_piece's piece of a batch that the ranks split but the micro-batches do not: the fix names the whole
+    batch (the plan's micro-batches times its data-parallel ranks), not the piece."""
+    import torch
+
+    import autotune
+    from calibrate.errors import UserError
+    from hand_plans import megatron, typed_plan
+    cfg = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8,
+               vocabulary=64, batch=8, micro_batch=4)
+    plan = typed_plan(cfg, 2, 2, megatron, "llama megatron (2, 2)")
+    with pytest.raises(UserError, match=r"a batch of 3 does not split into the plan's 2 micro-batches: .*a whole "
+                                        r"batch that 2 x the data-parallel ranks divide, as the plan's 8"):
+        autotune.micro_batches(plan, torch.zeros(3, 8))
+    assert len(autotune.micro_batches(plan, torch.zeros(4, 8))) == 2
