@@ -54,13 +54,13 @@ def _worker(rank, world, port, argv, errors):
             f.write(str(e))
 
 
-def tune(tmp_path, profile, module: str = "tests.autotune.test_tune:slow_when_sharded"):
+def tune(tmp_path, profile, module: str = "tests.autotune.test_tune:slow_when_sharded", search=()):
     model = tmp_path / "model.json"
     model.write_text(json.dumps(MODEL))
     out, errors = tmp_path / "out", str(tmp_path / "error")
     argv = ["--model", str(model), "--module", module, "--profile", str(profile),
             "--k", "3", "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--",
-            "--budget", "0.3", "--compare", "none"]
+            "--budget", "0.3", "--compare", "none", *search]
     mp.spawn(_worker, args=(2, free_port(), argv, errors), nprocs=2)
     return out, [open(f"{errors}.{r}").read() for r in range(2) if os.path.exists(f"{errors}.{r}")]
 
@@ -106,6 +106,10 @@ def test_tune_refuses_a_profile_without_host_figures(tmp_path):
     assert len(errors) == 2 and all("host_s" in e and "python -m calibrate compute" in e and "\n" not in e
                                     for e in errors)
     assert not (out / "tune.md").exists()
+    # a search option after -- is named as the user spelled it
+    replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
+    out, errors = tune(tmp_path, profile, search=("--memory-limit", "0.00001"))
+    assert len(errors) == 2 and all(e.startswith("--memory-limit 1e-05 GiB per device: no plan fits") for e in errors)
 
 
 def failing_factory(config):
