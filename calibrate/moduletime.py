@@ -572,8 +572,12 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
             except UserError:
                 raise
             except Exception as e:
+                fix = ("its model is built from the fields (heads, kv_heads, ffn, vocabulary divided by the width) "
+                       "and called as forward(ids, targets), returning the loss (or nanoGPT's (logits, loss)): make "
+                       "it so, or " if um.recipe[:1] == ("factory",) else "")
                 raise UserError(f"{um.name} could not be timed at tensor width {t}, micro-batch {mb}, sequence "
-                                f"{sequence}: {type(e).__name__}: {str(e)[:200]}") from None
+                                f"{sequence}: {type(e).__name__}: {str(e)[:200]}: {fix}give --tensor, "
+                                f"--micro-batches or --sequence it takes") from None
             points.append(p)
             bl = p.block
             progress(f"tensor {t}, micro-batch {mb}, sequence {sequence}: block {bl['forward_s'] * 1e3:.3f} ms forward, "

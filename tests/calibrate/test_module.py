@@ -166,3 +166,23 @@ def test_a_nanogpt_factory_and_a_gpt_model_json_without_ffn_are_timed(tmp_path, 
     assert loss_of((torch.zeros(2, 3), loss), "f") is loss and loss_of(types.SimpleNamespace(loss=loss), "f") is loss
     with pytest.raises(UserError, match="returned a Tensor from forward.*return the loss"):
         loss_of(torch.zeros(2, 3), "f")
+
+
+def one_argument(config):
+    """A factory whose model's forward takes the ids alone (a plain Hugging Face-style call)."""
+    from models.modules import build
+    model = build(config)
+    plain = model.forward
+    model.forward = lambda ids: plain(ids, ids)
+    return model
+
+
+def test_a_module_that_cannot_be_timed_names_the_contract(tmp_path, capsys, one_thread):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"kind": "gpt", "layers": 2, "hidden": 32, "heads": 2, "vocabulary": 64, "sequence": 16,
+                                 "batch": 2, "micro_batch": 1}))
+    assert run(["--model", str(model), "--module", "tests.calibrate.test_module:one_argument", "--out",
+                str(tmp_path / "p.json"), "--device", "cpu", "--no-host", "--tensor", "1", "--micro-batches", "1",
+                "--sequence", "16", "--iters", "3", "--warmup", "0"]) == 2
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("[module]")]
+    assert len(err) == 1 and "could not be timed" in err[0] and "called as forward(ids, targets)" in err[0], err
