@@ -58,6 +58,17 @@ def build_module(spec: str, config: dict, seed: int, dtype, device):
     return model.to(device=device, dtype=dtype)
 
 
+def forward_loss(model, ids, targets):
+    """The mean loss of a step's micro-batch: a Hugging Face causal LM (a factory may return one) called with
+    ``input_ids``, its logits' cross entropy with ``targets``; any other module as ``forward(ids, targets)``,
+    returning the loss (``calibrate.moduletime.loss_of``: or nanoGPT's ``(logits, loss)``)."""
+    inner = getattr(model, "module", model)  # DDP's wrapped module
+    if hasattr(inner, "config") and hasattr(inner, "get_input_embeddings"):
+        logits = model(input_ids=ids, use_cache=False).logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return loss_of(model(ids, targets), "the --module factory")
+
+
 def _gen(device, *keys: int):
     g = torch.Generator(device=device)
     seed = 0
@@ -122,7 +133,7 @@ class ModuleTrainer:
             sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else contextlib.nullcontext()
             with sync, loss_parallel():
                 with self.autocast():
-                    loss = loss_of(self.model(ids, targets), "the --module factory")
+                    loss = forward_loss(self.model, ids, targets)
                 (loss / self.micro_batches).backward()
             share = _local(loss.detach()) / self.micro_batches
             total = share if total is None else total + share
