@@ -76,6 +76,7 @@ def test_tied_weight_placed_twice_matches_one_process(tmp_path):
         assert not isinstance(got, str), (path.parent.name, plan.cluster, got)
         path_name, got, (emb, head) = got
         want = train(_build(path), plan, dict(plan.model.config))
-        assert path_name == "dtensor" and mismatch(want, got) is None, (path.parent.name, plan.cluster, mismatch(want, got))
+        assert path_name == "dtensor" and mismatch(want, got) is None, \
+            (path.parent.name, plan.cluster, mismatch(want, got))
         # the head computes in its own placement (the weight redistributed at use) where the plan says so
         assert (emb != head) == _tied_differs(plan), (path.parent.name, plan.cluster, emb, head)

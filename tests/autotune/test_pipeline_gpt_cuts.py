@@ -114,8 +114,8 @@ def _worker(rank, world, port, jobs, out):
 
 def _search(model_file, stages: int, schedule: str):
     """The pipeline search's plan (the one ``autotune.search`` returns where pipelining wins) of the model JSON
-    a user writes for ``NANO`` (GPT-2's config.json reads as the same model) in ``stages`` stages on one node of 4, at a small
-    effort."""
+    a user writes for ``NANO`` (GPT-2's config.json reads as the same model) in ``stages`` stages on one node of
+    4, at a small effort."""
     from autotune.pipeline.record import pipeline_plans
     from autotune.pipeline.search import PipelineConfig
     from autotune.sbp.mesh import Cluster
