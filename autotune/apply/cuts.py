@@ -1,9 +1,9 @@
 """Cutting a model into a pipeline's stages (``CUTS``): the project's reference modules (``models.modules``),
 Hugging Face Llama-family and GPT-2 models and nanoGPT-style ones. The first stage holds the embedding (and a
 learned position table), each stage the blocks the plan's split gives it, the last the final norm and the logits;
-the stage's module names keep the model's, its blocks numbered from 0. A DTensor-path stage's hooks and its stream's redistribution at the
-boundaries (``_reshard_stream``: this stage's stream placement to its route's before the send, the route's to the
-next stage's after it)."""
+the stage's module names keep the model's, its blocks numbered from 0. A DTensor-path stage's hooks and its
+stream's redistribution at the boundaries (``_reshard_stream``: this stage's stream placement to its route's
+before the send, the route's to the next stage's after it)."""
 from __future__ import annotations
 
 import fnmatch
