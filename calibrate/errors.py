@@ -36,3 +36,48 @@ class OptionError(UserError):
     def __str__(self) -> str:
         return self.render(lambda name: name)
 
+
+
+def one_line_in_scripts() -> None:
+    """A ``UserError`` that ends a user's own script (one calling ``autotune.apply``, under torchrun or alone)
+    shown as the commands show it: one line, ``error: ...``, on stderr of rank 0 only (every rank finds the same
+    error in the same input), the exit status 1; other exceptions keep Python's traceback. Installed once, as
+    ``sys.excepthook`` (the previous hook called for everything else)."""
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_commtune", False):
+        return
+
+    def hook(kind, value, tb):
+        if not issubclass(kind, UserError):
+            return previous(kind, value, tb)
+        if _rank() == 0:
+            print(f"error: {value}", file=sys.stderr)
+    hook._commtune = True
+    sys.excepthook = hook
+
+
+# the rank a launcher gives each process (torchrun, mpiexec of MPICH or Open MPI, srun), first found
+RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int:
+    """This process's rank under torchrun, mpiexec or srun (0 when started alone)."""
+    import os
+
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def _rank() -> int:
+    """This process's rank: torch.distributed's where it is initialized, else the launcher's."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return launcher_rank()

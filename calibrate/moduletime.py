@@ -30,7 +30,9 @@ from calibrate.errors import UserError
 from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.module import STEP_MICRO_BATCHES, ModulePoint, ModuleSection
 
-HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel")
+# transformers' classes and their model_type (a config saved by XConfig.save_pretrained has no architectures)
+HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
+                    "GPT2LMHeadModel": "gpt2"}
 # apply's paths (``calibrate.compute.HOST_PATHS``) timed on a process group of one: the tensor path's styles need
 # the ranks of a tensor-parallel group (``PEER_HOST_PATHS``); without them the profile prices it by the DTensor one's
 ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor"))
@@ -64,10 +66,12 @@ def _divisors(*counts: int, most: int = 8) -> tuple[int, ...]:
 
 
 def hf_module(cfg: dict, origin: str) -> UserModule:
-    """transformers' class of a ``config.json`` (its ``architectures``), built from the config."""
-    archs = cfg.get("architectures") or []
+    """transformers' class of a ``config.json`` (its ``architectures``, else its ``model_type``), built from the
+    config."""
+    archs = cfg.get("architectures") or [a for a, t in HF_ARCHITECTURES.items() if t == cfg.get("model_type")]
     if len(archs) != 1 or archs[0] not in HF_ARCHITECTURES:
-        raise UserError(f"{origin}: architectures {archs!r}; calibrate module builds one of "
+        raise UserError(f"{origin}: architectures {cfg.get('architectures')!r}, model_type "
+                        f"{cfg.get('model_type')!r}; calibrate module builds one of "
                         f"{', '.join(HF_ARCHITECTURES)} from a config.json (else pass --module pkg.mod:factory)")
     try:
         transformers = importlib.import_module("transformers")
@@ -127,6 +131,8 @@ def factory_module(spec: str, fields: dict) -> UserModule:
         factory = getattr(importlib.import_module(name), attr)
     except (ImportError, AttributeError) as e:
         raise UserError(f"--module {spec!r}: cannot load it ({e}): put it on PYTHONPATH or fix the name") from None
+    if fields.get("kind") == "gpt" and "ffn" not in fields and isinstance(fields.get("hidden"), int):
+        fields = dict(fields, ffn=4 * fields["hidden"])  # a gpt model JSON's default, as the search reads it
     missing = [k for k in ("hidden", "heads", "ffn", "vocabulary") if not isinstance(fields.get(k), int)]
     if missing:
         raise UserError(f"--module needs the model's fields from --model (a model JSON with {', '.join(missing)})")
@@ -152,8 +158,22 @@ def factory_module(spec: str, fields: dict) -> UserModule:
         return True
 
     return UserModule(spec, {"hidden": fields["hidden"], "heads": heads, "kv_heads": kv, "ffn": ffn,
-                             "vocabulary": vocab}, build, lambda model, ids: model(ids, ids),
+                             "vocabulary": vocab}, build, lambda model, ids: loss_of(model(ids, ids), spec),
                       _divisors(heads, kv, ffn, vocab), checkpoint, ("factory", spec, fields))
+
+
+def loss_of(out, spec: str):
+    """The mean loss a user's ``forward(ids, targets)`` returns: the 0-d tensor itself, nanoGPT's ``(logits,
+    loss)`` (the tuple's 0-d tensor) or a Hugging Face output's ``.loss``; anything else refused in one line."""
+    if isinstance(out, (tuple, list)):
+        found = [x for x in out if getattr(x, "dim", None) is not None and x.dim() == 0]
+        out = found[0] if len(found) == 1 else out
+    out = getattr(out, "loss", out)
+    if getattr(out, "dim", None) is None or out.dim() != 0:
+        raise UserError(f"{spec}'s model returned a {type(out).__name__} from forward(ids, targets), not the mean "
+                        f"loss: return the loss (a 0-d tensor), (logits, loss) as nanoGPT does, or an output with "
+                        f".loss")
+    return out
 
 
 def reference_module() -> UserModule:
@@ -559,8 +579,12 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
             except UserError:
                 raise
             except Exception as e:
+                fix = ("its model is built from the fields (heads, kv_heads, ffn, vocabulary divided by the width) "
+                       "and called as forward(ids, targets), returning the loss (or nanoGPT's (logits, loss)): make "
+                       "it so, or " if um.recipe[:1] == ("factory",) else "")
                 raise UserError(f"{um.name} could not be timed at tensor width {t}, micro-batch {mb}, sequence "
-                                f"{sequence}: {type(e).__name__}: {str(e)[:200]}") from None
+                                f"{sequence}: {type(e).__name__}: {str(e)[:200]}: {fix}give --tensor, "
+                                f"--micro-batches or --sequence it takes") from None
             points.append(p)
             bl = p.block
             progress(f"tensor {t}, micro-batch {mb}, sequence {sequence}: block {bl['forward_s'] * 1e3:.3f} ms forward, "

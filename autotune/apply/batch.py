@@ -142,15 +142,20 @@ def scale_grad(x, *, factor: float):
 
 def micro_batches(plan, batch) -> list:
     """``batch`` (a tensor, or a dict of tensors) split along dimension 0 into the plan's micro-batches."""
-    n = load_plan(plan).micro_batches
+    plan = load_plan(plan)
+    n = plan.micro_batches
+    # a piece of data_piece's: the whole batch splits over the data-parallel ranks, then into micro-batches
+    hint = (f" (this rank's piece of data_piece's: a whole batch that {n} x the data-parallel ranks divide, as the "
+            f"plan's {plan.model.get('batch')})"
+            if plan.world > 1 and plan.model.get("batch") else "")
     if isinstance(batch, dict):
-        parts = {k: micro_batches_of(v, n) for k, v in batch.items()}
+        parts = {k: micro_batches_of(v, n, hint) for k, v in batch.items()}
         return [{k: v[i] for k, v in parts.items()} for i in range(n)]
-    return micro_batches_of(batch, n)
+    return micro_batches_of(batch, n, hint)
 
 
-def micro_batches_of(t, n: int) -> list:
+def micro_batches_of(t, n: int, hint: str = "") -> list:
     if t.shape[0] % n:
         raise UserError(f"a batch of {t.shape[0]} does not split into the plan's {n} micro-batches: use a batch "
-                        f"that {n} divides")
+                        f"that {n} divides{hint}")
     return list(t.chunk(n, dim=0))

@@ -1,9 +1,9 @@
-"""Cutting a model into a pipeline's stages (``CUTS``): the project's reference modules (``models.modules``)
-and Hugging Face Llama-family models. The first stage holds the embedding (and a learned position table), each
-stage the blocks the plan's split gives it, the last the final norm and the logits; the stage's module names keep
-the model's, its blocks numbered from 0. A DTensor-path stage's hooks and its stream's redistribution at the
-boundaries (``_reshard_stream``: this stage's stream placement to its route's before the send, the route's to the
-next stage's after it)."""
+"""Cutting a model into a pipeline's stages (``CUTS``): the project's reference modules (``models.modules``),
+Hugging Face Llama-family and GPT-2 models and nanoGPT-style ones. The first stage holds the embedding (and a
+learned position table), each stage the blocks the plan's split gives it, the last the final norm and the logits;
+the stage's module names keep the model's, its blocks numbered from 0. A DTensor-path stage's hooks and its
+stream's redistribution at the boundaries (``_reshard_stream``: this stage's stream placement to its route's
+before the send, the route's to the next stage's after it)."""
 from __future__ import annotations
 
 import fnmatch
@@ -11,7 +11,8 @@ import functools
 
 from calibrate.errors import UserError
 
-from autotune.apply.dtensor import Ends, _act, _global_shape, _handoffs, _logits_out, _post, _pre, _redistribute
+from autotune.apply.dtensor import (Ends, _act, _fused_out, _fused_parts, _global_shape, _handoffs, _logits_out, _post,
+                                    _pre, _redistribute, _split_fused)
 from autotune.apply.layers import FAMILIES, Site, contiguous_strides, torch
 from autotune.plan.typed import TypedPlan
 
@@ -48,6 +49,10 @@ class ReferenceStage(nn.Module):
         self.recompute = model.recompute
         self.arrive = None
         self.depart = None
+
+    @staticmethod
+    def blocks_of(model) -> list:
+        return list(model.blocks)
 
     def forward(self, x):
         if self.embedding is not None:
@@ -86,6 +91,10 @@ class HFStage(nn.Module):
         self.arrive = None
         self.depart = None
 
+    @staticmethod
+    def blocks_of(model) -> list:
+        return list(model.model.layers)
+
     def forward(self, x):
         if self.first:
             h = self.model(input_ids=x, use_cache=False).last_hidden_state
@@ -95,6 +104,89 @@ class HFStage(nn.Module):
         if self.lm_head is not None:
             return self.lm_head(h)
         return self.depart(h) if self.depart is not None else h
+
+
+class GPT2Stage(nn.Module):
+    """A stage of transformers' GPT2LMHeadModel: its ``transformer`` with the stage's blocks, run from the ids
+    (first: the token and position tables, the embedding's dropout) or from ``inputs_embeds`` (later stages: no
+    positions added again, no dropout again); the final norm and the (tied) head in the last."""
+
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
+        super().__init__()
+        base = model.transformer
+        base.h = nn.ModuleList(list(base.h)[lo:hi])
+        if not first:
+            base.wte, base.wpe, base.drop = None, _NoPositions(), nn.Identity()
+        if not last:
+            base.ln_f = nn.Identity()
+        self.transformer = base
+        self.lm_head = model.lm_head if last else None
+        self.first = first
+        self.arrive = None
+        self.depart = None
+
+    @staticmethod
+    def blocks_of(model) -> list:
+        return list(model.transformer.h)
+
+    def forward(self, x):
+        if self.first:
+            h = self.transformer(input_ids=x, use_cache=False).last_hidden_state
+        else:
+            h = self.transformer(inputs_embeds=self.arrive(x) if self.arrive is not None else x,
+                                 use_cache=False).last_hidden_state
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        return self.depart(h) if self.depart is not None else h
+
+
+class _NoPositions(nn.Module):
+    """A later stage's position table: the positions were added once, in the first stage."""
+
+    def forward(self, positions):
+        return torch.zeros((), device=positions.device)
+
+
+class NanoGPTStage(nn.Module):
+    """A stage of a nanoGPT-style model (``transformer.wte``, ``wpe``, optional ``drop``, blocks ``h`` called on
+    the stream alone, ``ln_f``, ``lm_head``): the model's forward written out over the stage's blocks, the
+    logits of every position in the last (nanoGPT's own forward returns the last position's without targets)."""
+
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
+        super().__init__()
+        t = model.transformer
+        self.transformer = nn.Module()
+        if first:
+            self.transformer.wte, self.transformer.wpe = t.wte, getattr(t, "wpe", None)
+            self.transformer.drop = getattr(t, "drop", None)
+        self.transformer.h = nn.ModuleList(list(t.h)[lo:hi])
+        if last:
+            self.transformer.ln_f = t.ln_f
+        self.lm_head = model.lm_head if last else None
+        self.first = first
+        self.arrive = None
+        self.depart = None
+
+    @staticmethod
+    def blocks_of(model) -> list:
+        return list(model.transformer.h)
+
+    def forward(self, x):
+        t = self.transformer
+        if self.first:
+            ids = x
+            x = t.wte(ids)
+            if t.wpe is not None:
+                x = x + t.wpe(torch.arange(ids.shape[1], device=ids.device))
+            if t.drop is not None:
+                x = t.drop(x)
+        elif self.arrive is not None:
+            x = self.arrive(x)
+        for block in t.h:
+            x = block(x)
+        if self.lm_head is not None:
+            return self.lm_head(t.ln_f(x))
+        return self.depart(x) if self.depart is not None else x
 
 
 def _is_reference(model) -> bool:
@@ -109,6 +201,9 @@ def _is_hf_llama(model) -> bool:
 CUTS = {
     "reference": (_is_reference, ReferenceStage, lambda m: m.plan_mapping),
     "hf-llama": (_is_hf_llama, HFStage, lambda m: FAMILIES["llama"][1]),
+    "hf-gpt2": (lambda m: FAMILIES["gpt2"][0](m) and hasattr(m, "lm_head"), GPT2Stage, lambda m: FAMILIES["gpt2"][1]),
+    "nanogpt": (lambda m: FAMILIES["nanogpt"][0](m) and hasattr(m, "lm_head") and hasattr(m.transformer, "ln_f"),
+                NanoGPTStage, lambda m: FAMILIES["nanogpt"][1]),
 }
 
 
@@ -116,9 +211,9 @@ def _cut_of(model):
     for name, (match, cls, mapping) in CUTS.items():
         if match(model):
             return cls, mapping(model)
-    raise UserError(f"apply_pipeline cuts the reference modules (models.modules) and Hugging Face Llama-family "
-                    f"models, not a {type(model).__name__}: use one of those, or a single-stage plan with "
-                    f"autotune.apply")
+    raise UserError(f"apply_pipeline cuts the reference modules (models.modules), Hugging Face Llama-family and "
+                    f"GPT-2 models and nanoGPT-style ones, not a {type(model).__name__}: use one of those, or a "
+                    f"single-stage plan with autotune.apply (search with --pipeline off)")
 
 
 def _tied(model, mapping: dict) -> set[int]:
@@ -133,11 +228,12 @@ def _tied(model, mapping: dict) -> set[int]:
     return params("embedding") & params("logits")
 
 
-def _install_stage_hooks(chain: list[Site], mesh, first: bool, last: bool, stream_in, stream_out) -> None:
+def _install_stage_hooks(chain: list[Site], mesh, first: bool, last: bool, stream_in, stream_out, stage) -> None:
     """``apply``'s hooks on a stage: the first module of a later stage takes the stream as it arrives
     (``stream_in``), the last module of an earlier stage hands on what its chain expects next (the stream's
     placement where the chain ends in a module)."""
     arrive = _handoffs(chain)
+    names = dict(stage.named_modules())
     mods = [i for i, s in enumerate(chain) if s.modules]
     if not first:
         arrive[mods[0]] = stream_in
@@ -149,13 +245,17 @@ def _install_stage_hooks(chain: list[Site], mesh, first: bool, last: bool, strea
             leave = None
         else:
             leave = arrive[i + 1] if i + 1 < len(chain) else stream_out
+        fused = _fused_parts(site, chain[i + 1] if i + 1 < len(chain) else None, mesh)
         for name, module in site.modules:
             module.register_forward_pre_hook(
                 functools.partial(_pre, mesh=mesh, arrive=arrive[i], want=site.layer.input, where=name,
                                   ends=WHOLE),
                 with_kwargs=True)
             module.register_forward_hook(functools.partial(_logits_out, mesh=mesh, ends=WHOLE) if leave is None
+                                         else functools.partial(_fused_out, mesh=mesh, leave=leave) if fused
                                          else functools.partial(_post, mesh=mesh, leave=leave))
+            if fused:  # GPT-2's attention splits its local [q | k | v] in thirds of its own heads (as apply's)
+                _split_fused(names[name.rsplit(".", 1)[0]], fused)
 
 
 def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
@@ -164,4 +264,4 @@ def _mapping_for(plan: TypedPlan, mapping: dict) -> dict:
 
 
 def _blocks(model, cls) -> list:
-    return list(model.blocks) if cls is ReferenceStage else list(model.model.layers)
+    return cls.blocks_of(model)

@@ -1,6 +1,8 @@
 """The DTensor path: a per-layer plan that no ParallelStyle expresses. Parameters become DTensors with the
 plan's weight placements on one mesh of the plan's fine axes (FSDP storage: a weight replicated on a sharding
-axis stored split there, all-gathered at use by a parametrization whose backward reduce-scatters); each mapped
+axis stored split there, all-gathered at use by a parametrization whose backward reduce-scatters; a tied weight,
+the embedding's and the head's, stored as its first use places it and redistributed likewise at the other use
+where the plan places that one otherwise); each mapped
 module's input is made a DTensor in the placement it arrives in and redistributed once to its layer's input
 placement, its output to what the next layer expects, and handed on as a local tensor, so that the code between
 modules (attention core, activation x gate, residual add) runs on local pieces. Plan dimension 0 (tokens) is the
@@ -139,8 +141,13 @@ def _install_hooks(chain: list[Site], mesh, ends: "Ends", model, tokens: Tokens)
                 functools.partial(_fused_out, mesh=mesh, leave=arrive[i + 1], tokens=tokens) if fused else
                 functools.partial(_post, mesh=mesh, leave=arrive[i + 1], tokens=tokens))
             if fused:  # the attention splits its local [q | k | v] in thirds of its own heads
-                parent = names[name.rsplit(".", 1)[0]]  # GPT2Attention
-                parent.split_size //= fused
+                _split_fused(names[name.rsplit(".", 1)[0]], fused)
+
+
+def _split_fused(attention, parts: int) -> None:
+    """GPT-2's attention (``GPT2Attention``, the fused ``c_attn``'s parent) told that its local [q | k | v] holds
+    1 / ``parts`` of its heads."""
+    attention.split_size //= parts
 
 
 def _fused_parts(site: Site, nxt: Site | None, mesh) -> int:
@@ -284,6 +291,7 @@ def _sync_hook(mesh, placements):
 def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
     from torch.nn.utils import parametrize
     placed: dict[int, tuple] = {}
+    uses: dict[tuple, tuple] = {}  # (id(module), attribute) -> the placement a tied weight's other use computes in
     axes = plan.sharding_axes if plan.sharding_mode == "fsdp" else ()
     todo = []
     for site in chain:
@@ -293,12 +301,8 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
                 if P in fine:
                     raise UserError(f"plan layer {site.layer.name} places weight {pname} as a partial sum: apply "
                                     f"places weights split or replicated only; re-run the search")
-                prev = placed.get(id(param))
-                if prev is not None:
-                    if prev != fine:
-                        raise UserError(f"{name}.{pname} is tied to another layer's weight that the plan places "
-                                        f"differently ({list(prev)} vs {list(fine)}): apply a plan that places both "
-                                        f"alike")
+                if id(param) in placed:  # a tied weight's second use (the logits): placed as it says at use
+                    uses[(id(module), pname)] = fine
                     continue
                 placed[id(param)] = fine
                 todo.append((module, pname, param, fine, f"{name}.{pname}"))
@@ -319,8 +323,10 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
         dt.register_hook(_sync_hook(mesh, tuple(store)))
         for module, attr in owners[id(param)]:
             setattr(module, attr, dt)
-            if store != compute:
-                parametrize.register_parametrization(module, attr, _Gather(mesh, compute), unsafe=True)
+            use = _dtensor_placements(uses.get((id(module), attr), fine))
+            if store != use:  # FSDP's all-gather, or a tied weight's other use placed otherwise: at use
+                _check_divides(tuple(param.shape), use, mesh, where)
+                parametrize.register_parametrization(module, attr, _Gather(mesh, use), unsafe=True)
 
 
 # --- vocabulary-parallel embedding ------------------------------------------------------------------------

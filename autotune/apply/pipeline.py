@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from calibrate.errors import UserError
+from calibrate.errors import UserError, one_line_in_scripts
 
 from autotune.apply.batch import DataSplit, scale_grad
 from autotune.apply.cuts import _blocks, _cut_of, _install_stage_hooks, _mapping_for, _reshard_stream, _tied
@@ -162,6 +162,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     """This rank's stage of ``model`` placed and scheduled as the pipelined ``plan`` says (module doc);
     ``local`` False: every stage of several devices on the DTensor path (the same plan on the other path, for
     the host's cost of each: ``autotune.execute.hostfit``)."""
+    one_line_in_scripts()
     pp = load_pipelined(plan)
     cls, default_mapping = _cut_of(model)
     world = _world()
@@ -251,7 +252,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         if mesh is not None:
             _place(chain, typed, mesh, module)
             s_in, s_out = _stream(typed)
-            _install_stage_hooks(chain, mesh, first, last, s_in, s_out)
+            _install_stage_hooks(chain, mesh, first, last, s_in, s_out, module)
             if not last:
                 module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=sent(pp, stage))
             if not first:

@@ -17,12 +17,13 @@ vocabulary columns: compute the loss (and its backward) under ``torch.distribute
 (Megatron's vocabulary-parallel cross entropy), the way torchtitan does; nothing gathers the logits or the batch.
 ``placement_path(plan, model)`` reports the path. Errors (a plan for another world or mesh, shapes that differ
 from the plan's model, an unmapped layer, a batch that does not split): one ``UserError`` naming the fix, raised
-alike on every rank before any weight moves. World size 1: no placement, shapes checked, recomputation applied."""
+alike on every rank before any weight moves (a script that lets it end shows it as one line on rank 0:
+``calibrate.errors.one_line_in_scripts``). World size 1: no placement, shapes checked, recomputation applied."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calibrate.errors import UserError
+from calibrate.errors import UserError, one_line_in_scripts
 
 from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
@@ -101,6 +102,7 @@ def placement_path(plan, model, mapping: dict | None = None, path: str = "auto")
 
 def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto"):
     """Place ``model`` as ``plan`` says; returns the module to call (the module doc)."""
+    one_line_in_scripts()
     plan = one_stage(plan)
     world = _world()
     if plan.world != world:

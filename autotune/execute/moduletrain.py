@@ -24,6 +24,7 @@ from calibrate.errors import UserError
 
 from calibrate.measure.engine import TorchGroup
 from calibrate.measure.torcharm import mark, span
+from calibrate.moduletime import loss_of
 from calibrate.optional import require_torch
 
 from autotune.apply.batch import data_piece, param_groups
@@ -33,6 +34,10 @@ from autotune.execute.usermodule import load_factory
 torch = require_torch()
 
 dist = torch.distributed
+
+
+class FactoryError(UserError):
+    """The user's factory failed: the same for every plan, so nothing more is tried."""
 
 
 def build_module(spec: str, config: dict, seed: int, dtype, device):
@@ -46,11 +51,22 @@ def build_module(spec: str, config: dict, seed: int, dtype, device):
         except UserError:
             raise
         except Exception as e:  # the user's code: its error as one line, not a traceback on every rank
-            raise UserError(f"{spec}(config) raised {type(e).__name__}: {e}: it is called with the plan's model "
+            raise FactoryError(f"{spec}(config) raised {type(e).__name__}: {e}: it is called with the plan's model "
                             f"config (a dict: kind, layers, hidden, ...); make it build the model from that") from None
     if not isinstance(model, torch.nn.Module):
-        raise UserError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module: return the model")
+        raise FactoryError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module: return the model")
     return model.to(device=device, dtype=dtype)
+
+
+def forward_loss(model, ids, targets):
+    """The mean loss of a step's micro-batch: a Hugging Face causal LM (a factory may return one) called with
+    ``input_ids``, its logits' cross entropy with ``targets``; any other module as ``forward(ids, targets)``,
+    returning the loss (``calibrate.moduletime.loss_of``: or nanoGPT's ``(logits, loss)``)."""
+    inner = getattr(model, "module", model)  # DDP's wrapped module
+    if hasattr(inner, "config") and hasattr(inner, "get_input_embeddings"):
+        logits = model(input_ids=ids, use_cache=False).logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return loss_of(model(ids, targets), "the --module factory")
 
 
 def _gen(device, *keys: int):
@@ -117,7 +133,7 @@ class ModuleTrainer:
             sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else contextlib.nullcontext()
             with sync, loss_parallel():
                 with self.autocast():
-                    loss = self.model(ids, targets)
+                    loss = forward_loss(self.model, ids, targets)
                 (loss / self.micro_batches).backward()
             share = _local(loss.detach()) / self.micro_batches
             total = share if total is None else total + share

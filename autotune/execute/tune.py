@@ -62,7 +62,7 @@ def search_plans(search_argv: list[str], progress=None) -> PlanFile:
 def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int, progress) -> dict:
     """One candidate's row: predicted and measured step and peak memory (the largest over ranks), its apply
     path, and "ok", "out of memory" (does not fit) or the reason it could not run."""
-    from autotune.execute.moduletrain import torch
+    from autotune.execute.moduletrain import FactoryError, torch
     from autotune.execute.pipetrain import run_pipeline_plan
     from autotune.execute.runner import free_device, run_module_plan
 
@@ -83,6 +83,8 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
                    measured_bytes=max(peak) if isinstance(peak, list) and peak else peak)
     except torch.OutOfMemoryError:
         row.update(status="out of memory", note="does not fit: it ran out of device memory")
+    except FactoryError:  # the same for every candidate: stop at once, in one line
+        raise
     except UserError as e:
         row.update(status="failed", note=str(e).splitlines()[0][:300])
     finally:

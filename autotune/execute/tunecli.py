@@ -16,7 +16,7 @@ import datetime as _dt
 import sys
 from pathlib import Path
 
-from calibrate.cli import command_parser
+from calibrate.cli import command_parser, message
 from calibrate.errors import UserError
 from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import DEFAULT_PROFILE, Profile
@@ -73,8 +73,8 @@ def main(argv=None, report=None) -> int:
             try:  # the search's refusals (a profile without host figures, ...) reach every rank as one line
                 shared[1] = search_plans(["--model", args.model, "--profile", args.profile, "--nodes", "1",
                                           "--gpus-per-node", str(launch.world), *args.search], progress)
-            except UserError as e:
-                shared[0] = str(e)
+            except UserError as e:  # a search option spelled as given after --
+                shared[0] = message(e)
         torch.distributed.broadcast_object_list(shared, src=0)  # the plans themselves: no shared file system
         if shared[0]:
             raise UserError(shared[0])

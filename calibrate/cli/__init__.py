@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from calibrate.collectives import ALL_COLLECTIVES
-from calibrate.errors import UserError
+from calibrate.errors import UserError, launcher_rank
 from calibrate.registry import load
 
 HELP = ("-h", "--help")
@@ -69,21 +69,6 @@ def seed_int(text: str) -> int:
 def message(e: UserError, spell: Callable[[str], str] = flag) -> str:
     """A user error as the command line shows it: parameters spelled as options."""
     return e.render(spell)
-
-
-# the rank a launcher gives each process (torchrun, mpiexec of MPICH or Open MPI, srun), first found
-RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-
-def launcher_rank() -> int:
-    """This process's rank under torchrun, mpiexec or srun (0 when started alone)."""
-    import os
-
-    for name in RANK_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,

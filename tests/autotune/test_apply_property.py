@@ -29,8 +29,8 @@ from apply_plans import GPT, LLAMA, data_parallel, searched, tp_data, typed_plan
 from test_apply_distributed import NanoGPT, _on_gloo, mismatch, train  # noqa: E402
 from tiny_models import free_port  # noqa: E402
 
-# GPT-2 by hand below: the search places its tied embedding and head differently (columns, vocabulary rows),
-# which apply refuses in one line (a tied weight holds one placement)
+# GPT-2 by hand below (its searched plans, whose tied embedding and head are placed differently, in
+# test_apply_tied.py)
 FAMILIES = ("llama", "qwen2", "mistral", "nanogpt")
 
 

@@ -1,5 +1,6 @@
 """``autotune tune`` on gloo (2 processes, a tiny Llama): a planted slow candidate is not returned, the residuals
-go into the profile and the next search reads them, and a profile without host figures is refused in one line."""
+go into the profile and the next search reads them, and a profile without host figures and a factory that fails
+are refused in one line."""
 from __future__ import annotations
 
 import json
@@ -53,13 +54,13 @@ def _worker(rank, world, port, argv, errors):
             f.write(str(e))
 
 
-def tune(tmp_path, profile):
+def tune(tmp_path, profile, module: str = "tests.autotune.test_tune:slow_when_sharded", search=()):
     model = tmp_path / "model.json"
     model.write_text(json.dumps(MODEL))
     out, errors = tmp_path / "out", str(tmp_path / "error")
-    argv = ["--model", str(model), "--module", "tests.autotune.test_tune:slow_when_sharded", "--profile", str(profile),
+    argv = ["--model", str(model), "--module", module, "--profile", str(profile),
             "--k", "3", "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--",
-            "--budget", "0.3", "--compare", "none"]
+            "--budget", "0.3", "--compare", "none", *search]
     mp.spawn(_worker, args=(2, free_port(), argv, errors), nprocs=2)
     return out, [open(f"{errors}.{r}").read() for r in range(2) if os.path.exists(f"{errors}.{r}")]
 
@@ -104,4 +105,25 @@ def test_tune_refuses_a_profile_without_host_figures(tmp_path):
     out, errors = tune(tmp_path, profile)
     assert len(errors) == 2 and all("host_s" in e and "python -m calibrate compute" in e and "\n" not in e
                                     for e in errors)
+    assert not (out / "tune.md").exists()
+    # a search option after -- is named as the user spelled it
+    replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
+    out, errors = tune(tmp_path, profile, search=("--memory-limit", "0.00001"))
+    assert len(errors) == 2 and all(e.startswith("--memory-limit 1e-05 GiB per device: no plan fits") for e in errors)
+
+
+def failing_factory(config):
+    raise RuntimeError("no such layer")
+
+
+def test_a_failing_factory_stops_tune_in_one_line(tmp_path):
+    """The factory's error is the same for every candidate: the first one's stops the command, naming the fix,
+    instead of every candidate failing and "no candidate ran ... try a smaller micro-batch"."""
+    base = Profile.load("h200-nvlink")
+    profile = tmp_path / "profile.json"
+    replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
+    out, errors = tune(tmp_path, profile, "tests.autotune.test_tune:failing_factory")
+    assert len(errors) == 2 and all(e.startswith("tests.autotune.test_tune:failing_factory(config) raised "
+                                                 "RuntimeError: no such layer") and "make it build" in e
+                                    for e in errors), errors
     assert not (out / "tune.md").exists()

@@ -3,6 +3,7 @@ timed block by block on the CPU, its profile section, and its bad inputs (one li
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
@@ -122,3 +123,66 @@ def test_a_failing_factory_and_an_unknown_architecture_are_one_line(tmp_path, ca
 
 def broken(config):
     raise RuntimeError("no such layer")
+
+
+def test_a_config_saved_without_architectures_builds_by_its_model_type():
+    """``LlamaConfig(...).save_pretrained`` writes no architectures (only a model's save_pretrained does): its
+    model_type names the class, as for the search's --model config.json; BERT's is still refused in one line."""
+    from calibrate.moduletime import hf_module
+    bare = {k: v for k, v in LLAMA.items() if k != "architectures"}
+    um = hf_module(bare, "config")
+    assert (um.name, um.model, um.widths) == ("transformers:LlamaForCausalLM", hf_module(LLAMA, "config").model,
+                                              (1, 2))
+    assert type(um.build(1, 2)).__name__ == "LlamaForCausalLM"
+    with pytest.raises(UserError, match="model_type 'bert'.*LlamaForCausalLM"):
+        hf_module({**bare, "model_type": "bert"}, "config")
+
+
+def nanogpt_like(config):
+    """A factory whose model returns (logits, loss) from forward(ids, targets), as nanoGPT's does."""
+    import torch
+
+    from models.modules import build
+    model = build(config)
+    plain = model.forward
+    model.forward = lambda ids, targets: (torch.zeros(ids.shape[0], 2), plain(ids, targets))
+    return model
+
+
+def test_a_nanogpt_factory_and_a_gpt_model_json_without_ffn_are_timed(tmp_path, capsys, one_thread):
+    """nanoGPT's (logits, loss) is its loss (``loss_of``: execute and tune read it the same way), and a gpt model
+    JSON without ffn has the search's default, 4 x hidden; a forward returning something else is one line."""
+    from calibrate.moduletime import loss_of
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"kind": "gpt", "layers": 2, "hidden": 32, "heads": 2, "vocabulary": 64,
+                                 "sequence": 16, "batch": 2, "micro_batch": 1}))
+    assert run(["--model", str(model), "--module", "tests.calibrate.test_module:nanogpt_like", "--out",
+                str(tmp_path / "p.json"), "--device", "cpu", "--no-host", "--tensor", "1", "--micro-batches", "1",
+                "--iters", "3", "--warmup", "0"]) == 0, capsys.readouterr().err
+    section = Profile.load(tmp_path / "p.json").module
+    assert section is not None
+    import torch
+    loss = torch.tensor(1.5)
+    assert loss_of((torch.zeros(2, 3), loss), "f") is loss and loss_of(types.SimpleNamespace(loss=loss), "f") is loss
+    with pytest.raises(UserError, match="returned a Tensor from forward.*return the loss"):
+        loss_of(torch.zeros(2, 3), "f")
+
+
+def one_argument(config):
+    """A factory whose model's forward takes the ids alone (a plain Hugging Face-style call)."""
+    from models.modules import build
+    model = build(config)
+    plain = model.forward
+    model.forward = lambda ids: plain(ids, ids)
+    return model
+
+
+def test_a_module_that_cannot_be_timed_names_the_contract(tmp_path, capsys, one_thread):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"kind": "gpt", "layers": 2, "hidden": 32, "heads": 2, "vocabulary": 64, "sequence": 16,
+                                 "batch": 2, "micro_batch": 1}))
+    assert run(["--model", str(model), "--module", "tests.calibrate.test_module:one_argument", "--out",
+                str(tmp_path / "p.json"), "--device", "cpu", "--no-host", "--tensor", "1", "--micro-batches", "1",
+                "--sequence", "16", "--iters", "3", "--warmup", "0"]) == 2
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("[module]")]
+    assert len(err) == 1 and "could not be timed" in err[0] and "called as forward(ids, targets)" in err[0], err
