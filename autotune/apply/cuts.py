@@ -73,71 +73,54 @@ class ReferenceStage(nn.Module):
 
 
 class HFStage(nn.Module):
-    """A stage of a Hugging Face causal LM (Llama family): its base model with the stage's decoder layers,
-    run from the embedding (first) or from ``inputs_embeds`` (later stages); the final norm and the head in
-    the last."""
+    """A stage of a Hugging Face causal LM: its base model (``BASE``: the Llama family's ``model``) with the
+    stage's blocks (``BLOCKS``), run from the ids (first) or from ``inputs_embeds`` (later stages, without what
+    only the first one adds: ``later``); the final norm (``NORM``) and the head in the last."""
+
+    BASE, BLOCKS, NORM = "model", "layers", "norm"
 
     def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
         super().__init__()
-        base = model.model
-        base.layers = nn.ModuleList(list(base.layers)[lo:hi])
+        base = getattr(model, self.BASE)
+        setattr(base, self.BLOCKS, nn.ModuleList(list(getattr(base, self.BLOCKS))[lo:hi]))
         if not first:
-            base.embed_tokens = None
+            self.later(base)
         if not last:
-            base.norm = nn.Identity()
-        self.model = base
+            setattr(base, self.NORM, nn.Identity())
+        setattr(self, self.BASE, base)  # the stage's module names keep the model's
         self.lm_head = model.lm_head if last else None
         self.first = first
         self.arrive = None
         self.depart = None
 
     @staticmethod
-    def blocks_of(model) -> list:
-        return list(model.model.layers)
+    def later(base) -> None:
+        base.embed_tokens = None
+
+    @classmethod
+    def blocks_of(cls, model) -> list:
+        return list(getattr(getattr(model, cls.BASE), cls.BLOCKS))
 
     def forward(self, x):
+        base = getattr(self, self.BASE)
         if self.first:
-            h = self.model(input_ids=x, use_cache=False).last_hidden_state
+            h = base(input_ids=x, use_cache=False).last_hidden_state
         else:
-            h = self.model(inputs_embeds=self.arrive(x) if self.arrive is not None else x,
-                           use_cache=False).last_hidden_state
+            h = base(inputs_embeds=self.arrive(x) if self.arrive is not None else x, use_cache=False).last_hidden_state
         if self.lm_head is not None:
             return self.lm_head(h)
         return self.depart(h) if self.depart is not None else h
 
 
-class GPT2Stage(nn.Module):
-    """A stage of transformers' GPT2LMHeadModel: its ``transformer`` with the stage's blocks, run from the ids
-    (first: the token and position tables, the embedding's dropout) or from ``inputs_embeds`` (later stages: no
-    positions added again, no dropout again); the final norm and the (tied) head in the last."""
+class GPT2Stage(HFStage):
+    """A stage of transformers' GPT2LMHeadModel: its ``transformer``; later stages add no positions and no
+    embedding dropout again."""
 
-    def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
-        super().__init__()
-        base = model.transformer
-        base.h = nn.ModuleList(list(base.h)[lo:hi])
-        if not first:
-            base.wte, base.wpe, base.drop = None, _NoPositions(), nn.Identity()
-        if not last:
-            base.ln_f = nn.Identity()
-        self.transformer = base
-        self.lm_head = model.lm_head if last else None
-        self.first = first
-        self.arrive = None
-        self.depart = None
+    BASE, BLOCKS, NORM = "transformer", "h", "ln_f"
 
     @staticmethod
-    def blocks_of(model) -> list:
-        return list(model.transformer.h)
-
-    def forward(self, x):
-        if self.first:
-            h = self.transformer(input_ids=x, use_cache=False).last_hidden_state
-        else:
-            h = self.transformer(inputs_embeds=self.arrive(x) if self.arrive is not None else x,
-                                 use_cache=False).last_hidden_state
-        if self.lm_head is not None:
-            return self.lm_head(h)
-        return self.depart(h) if self.depart is not None else h
+    def later(base) -> None:
+        base.wte, base.wpe, base.drop = None, _NoPositions(), nn.Identity()
 
 
 class _NoPositions(nn.Module):
