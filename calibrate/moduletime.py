@@ -295,24 +295,21 @@ class _Timed:
             self.forward(i + j).backward()
         self.opt.step()
 
-    def kept(self) -> int | None:
-        """Bytes a forward (the loss made) leaves allocated for the backward above what was held before it: what
-        autograd keeps and autocast's bf16 weight copies."""
-        return self._bytes(lambda: self.forward(0), peak=False)
-
-    def forward_peak(self) -> int | None:
-        """Bytes allocated at the peak of a forward (the loss made, the model's output alive until then) above what
-        was held before it."""
-        return self._bytes(lambda: self.forward(0), peak=True)
+    def forward_bytes(self) -> tuple[int, int] | None:
+        """One forward (the loss made) from no gradients: (the bytes it leaves allocated for the backward: what
+        autograd keeps and autocast's bf16 weight copies; the bytes at its peak, the model's output alive until
+        then), each above what was held before it; None off CUDA."""
+        return self._bytes(lambda: self.forward(0))
 
     def step_peak(self) -> int | None:
         """Bytes allocated at the peak of a user step (``user_step``, from no gradients) above what was held
         before it: the gradients, what each micro-batch keeps and the transients beside them."""
-        return self._bytes(lambda: self.user_step(0), peak=True)
+        got = self._bytes(lambda: self.user_step(0))
+        return got[1] if got is not None else None
 
-    def _bytes(self, fn, peak: bool) -> int | None:
-        """Bytes allocated (at the peak of, or after) ``fn`` from no gradients, above what was held before it;
-        None off CUDA."""
+    def _bytes(self, fn) -> tuple[int, int] | None:
+        """(bytes allocated after ``fn``, at its peak) from no gradients, above what was held before it; None off
+        CUDA."""
         if not self.cuda:
             return None
         cuda = self.torch.cuda
@@ -323,7 +320,7 @@ class _Timed:
         cuda.reset_peak_memory_stats(self.device)
         out = fn()
         cuda.synchronize(self.device)
-        got = (cuda.max_memory_allocated if peak else cuda.memory_allocated)(self.device) - base
+        got = cuda.memory_allocated(self.device) - base, cuda.max_memory_allocated(self.device) - base
         del out
         return got
 
@@ -353,15 +350,15 @@ def time_point(torch, um: UserModule, models: dict, t: int, micro_batch: int, se
     f = {n: med[f"f{n}"] for n in (1, 2)}
     b = {n: max(med[f"fb{n}"] - med[f"f{n}"], 0.0) for n in (1, 2)}
     o = {n: med[f"o{n}"] for n in (1, 2)}
-    kept = {n: m.kept() for n, m in ((1, one), (2, two))}
+    fwd = {n: m.forward_bytes() or (None, None) for n, m in ((1, one), (2, two))}  # (kept, peak) each
+    kept = {n: k for n, (k, _) in fwd.items()}
     act = max(kept[2] - kept[1], 0) / MORE if kept[1] is not None else None
-    fpeak = {n: m.forward_peak() for n, m in ((1, one), (2, two))}
     block = {"forward_s": max(f[2] - f[1], 0.0) / MORE, "backward_s": max(b[2] - b[1], 0.0) / MORE,
              "optimizer_s": max(o[2] - o[1], 0.0) / MORE,
              "recompute_s": max((med["rc2"] - med["fb2"]) - (med["rc1"] - med["fb1"]), 0.0) / MORE
              if can_recompute else None,
              "activation_bytes": act, "step_s": max(med["s2"] - med["s1"], 0.0) / MORE,
-             "forward_transient_bytes": max((fpeak[2] - fpeak[1]) / MORE - act, 0.0) if act is not None else None}
+             "forward_transient_bytes": max((fwd[2][1] - fwd[1][1]) / MORE - act, 0.0) if act is not None else None}
     outside = {"forward_s": max(f[1] - block["forward_s"], 0.0), "backward_s": max(b[1] - block["backward_s"], 0.0),
                "optimizer_s": max(o[1] - block["optimizer_s"], 0.0),
                "activation_bytes": max(kept[1] - act, 0) if act is not None else None,
