@@ -2,12 +2,12 @@
 MistralForCausalLM, GPT2LMHeadModel, and a nanoGPT), each calibrated by ``python -m calibrate module`` and its step
 predicted from the profile with that section, against the step measured.
 
-    python tests/gpu/calib_module_check.py PROFILE.json --out DIR [--shapes heldout|heldout2|heldout3|dev] [--ids M1,M4] [--steps 10]
+    python tests/gpu/calib_module_check.py PROFILE.json --out DIR [--shapes heldout|heldout2|heldout3|heldout4|dev] [--ids M1,M4] [--steps 10]
 
 PROFILE.json: what ``python -m calibrate compute`` wrote on this machine. The shapes: the held-out rows of
 reports/records/module_heldout.json (declared before the step model changed; never tuned on), with
 ``--shapes heldout2`` those of module_heldout2.json (declared 2026-11-29, tied embeddings and sliding windows among
-them), or with ``--shapes dev`` the development rows of reports/records/module_dev.json. Per shape:
+them), heldout3 and heldout4 (public checkpoints' shapes: GPT-2 small and medium, TinyLlama, Qwen2 0.5B) likewise, or with ``--shapes dev`` the development rows of reports/records/module_dev.json. Per shape:
 1. ``python -m calibrate module`` (a subprocess under a timeout) at tensor width 1, the shape's micro-batch and
    sequence, into DIR/<id>-profile.json (PROFILE.json plus the module section);
 2. the step measured as users run it: fp32 weights, bf16 autocast, SDPA, fused AdamW, the shape's micro-batches
@@ -36,10 +36,8 @@ if str(REPO) not in sys.path:
 from calibrate.errors import UserError  # noqa: E402
 from calibrate.measure import stats  # noqa: E402
 
-SHAPES = {"heldout": REPO / "reports" / "records" / "module_heldout.json",
-          "heldout2": REPO / "reports" / "records" / "module_heldout2.json",
-          "heldout3": REPO / "reports" / "records" / "module_heldout3.json",
-          "dev": REPO / "reports" / "records" / "module_dev.json"}
+SHAPES = {name: REPO / "reports" / "records" / f"module_{name}.json"
+          for name in ("heldout", "heldout2", "heldout3", "heldout4", "dev")}
 HF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
       "GPT2LMHeadModel": "gpt2"}
 
