@@ -12,6 +12,7 @@ from autotune.sbp.memory import strategy_memory
 from autotune.sbp.layers import Matmul, local_elems
 from autotune.sbp.mesh import Cluster, RoleMesh
 from autotune.sbp.volume import attention_volume
+from autotune.reproduce import load_cases, papers_plan
 
 GI = 2**30
 
@@ -66,6 +67,9 @@ def test_papers_autoddl_plan_volume_is_the_papers_count(wide):
     stats = 2 * 2**20 / 4 * 2 * 2 * 15 / 16  # ln1's two all-reduces (fwd, bwd) of 2 values per token over 16
     assert attention_volume(wide, a) * wide.mb == pytest.approx(2 * 16 * u + stats)
     assert 16 * u == 2 * GI
+    # the reproduction's copy of the plan (the case's paper_plan, reported beside the searched one) is this one
+    fig3 = next(c for c in load_cases() if c["id"] == "attention-fig3")
+    assert papers_plan(fig3, wide, megatron_assignment(wide, (4, 1), (16, 1))) == a
 
 
 def test_best_megatron_mesh_is_the_papers_4_by_16(wide):
