@@ -24,7 +24,7 @@ from calibrate.errors import OptionError, UserError
 from autotune.sbp.baselines import _Index, data_parallel, megatron_assignment, summa_assignment
 from autotune.sbp.mesh import RoleMesh, role_meshes
 from autotune.plan.build import build
-from autotune.reproduce import Config, _problem, breakdown, load_cases
+from autotune.reproduce import Config, _problem, breakdown, load_cases, papers_plan as drawn_plan
 from autotune.sbp.search import auto_budget, make_search
 
 GI = 2**30
@@ -59,17 +59,8 @@ def megatron_meshes(case: dict, over: dict) -> None:
 def papers_plan() -> None:
     case = _case("wide-daint-64")
     pr = _problem(case, {"micro_batch": 16}, Config())
-    idx = _Index(pr)
-
-    def m(*r):
-        return RoleMesh(tuple((x, 1) for x in r))
-    keys = {"ln1": ("layernorm-split", m(4, 1, 16)), "qkv": ("autoddl", m(4, 8, 2)), "attention": ("attention", m(4, 16)),
-            "proj": ("autoddl", m(4, 4, 4)), "ln2": ("layernorm-split", m(4, 1, 16))}
     mega = megatron_assignment(pr, (4, 1), (16, 1))
-    paper = list(mega)
-    for v, op in enumerate(pr.ops):
-        if op.layer.name in keys:
-            paper[v] = idx.get(v, keys[op.layer.name])
+    paper = drawn_plan(_case("attention-fig3"), pr, mega)
     res = make_search("cd").run(pr, auto_budget(pr), np.random.default_rng(0), mega)
     print(_line("Megatron 4 x 16", pr, mega))
     print(_line("paper's Fig. 3 plan", pr, paper) + f"; reduction {(1 - pr.cost(paper) / pr.cost(mega)) * 100:.1f}%")

@@ -81,13 +81,18 @@ def test_autoddl_compares_each_case_with_its_newest_recorded_row():
     """A record file may hold a few cases only: each case is compared with the newest row recorded for it, so
     Table 3's pipeline-wide-64 is compared at all: with its newest row (110.57 s, its one stage priced as the
     single-stage step; re-baselined once at 129.5 s, the 113.26 s before priced a step torch does not run), the
-    other cases with their own newest rows (without session 18's whole record, pipeline-wide-128's is
-    2026-11-27's: the 2026-11-29 Table 3 file holds two cases)."""
+    other cases with their own newest rows (without session 18's whole record and session 19's records,
+    pipeline-wide-128's is 2026-11-27's: the 2026-11-29 Table 3 file holds two cases); pipeline-wide-128 and
+    pipeline-deep-64 re-baselined at 107.96 and 50.80 s (fully_shard's copies priced, the same plans)."""
     from autotune.reproduce import rebaselined, recorded_rows, records
     rows = {r["id"]: r for r in recorded_rows(records())}
     assert rows["pipeline-wide-64"]["searched_s"] == pytest.approx(110.57, abs=0.01)
     assert rows["pipeline-wide-128"]["searched_s"] == pytest.approx(107.96, abs=0.01)
-    before = {r["id"]: r for r in recorded_rows([p for p in records() if "session18" not in p.name])}
+    assert rows["pipeline-deep-64"]["searched_s"] == pytest.approx(50.80, abs=0.01)
+    assert [line.split(" (was ")[1][:8] for line in rebaselined(
+        [{"id": "pipeline-wide-128"}, {"id": "pipeline-deep-64"}], list(rows.values()))] == ["105.8 s:", "49.79 s:"]
+    before = {r["id"]: r for r in recorded_rows([p for p in records() if "session18" not in p.name
+                                                 and p.name <= "sbp_reproduce_2026-11-29_table3.json"])}
     assert before["pipeline-wide-64"]["searched_s"] == pytest.approx(110.57, abs=0.01)
     assert before["pipeline-wide-128"]["searched_s"] == pytest.approx(105.80, abs=0.01)
     assert worse_figures([{"id": "pipeline-wide-64", "searched_s": 110.57}], list(rows.values())) == []

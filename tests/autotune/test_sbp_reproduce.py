@@ -172,6 +172,9 @@ def test_explain_computations_run_on_a_case(capsys):
     assert autotune_main(["explain", "versus-data-parallel", "gpt-small-gcp", "--micro-batch", "512"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("embedding (x1):") and "% less" in out.splitlines()[-1]
+    # the paper's Fig. 3 plan (the attention-fig3 case's paper_plan) on wide-daint-64: 20.9% below Megatron 4 x 16
+    assert autotune_main(["explain", "papers-plan"]) == 0
+    assert "paper's Fig. 3 plan" in (out := capsys.readouterr().out) and "reduction 20.9%" in out
     assert autotune_main(["explain", "summa"]) == 2        # no case: one line, exit 2
     assert "needs a case id" in capsys.readouterr().err
 
