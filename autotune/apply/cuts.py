@@ -211,10 +211,11 @@ def _tied(model, mapping: dict) -> set[int]:
     return params("embedding") & params("logits")
 
 
-def _install_stage_hooks(chain: list[Site], mesh, first: bool, last: bool, stream_in, stream_out, stage) -> None:
+def _install_stage_hooks(chain: list[Site], mesh, first: bool, last: bool, stream_in, stream_out, stage,
+                         ends: Ends = WHOLE) -> None:
     """``apply``'s hooks on a stage: the first module of a later stage takes the stream as it arrives
     (``stream_in``), the last module of an earlier stage hands on what its chain expects next (the stream's
-    placement where the chain ends in a module)."""
+    placement where the chain ends in a module), the last stage's logits leave as ``ends`` says."""
     arrive = _handoffs(chain)
     names = dict(stage.named_modules())
     mods = [i for i, s in enumerate(chain) if s.modules]
@@ -234,7 +235,7 @@ def _install_stage_hooks(chain: list[Site], mesh, first: bool, last: bool, strea
                 functools.partial(_pre, mesh=mesh, arrive=arrive[i], want=site.layer.input, where=name,
                                   ends=WHOLE),
                 with_kwargs=True)
-            module.register_forward_hook(functools.partial(_logits_out, mesh=mesh, ends=WHOLE) if leave is None
+            module.register_forward_hook(functools.partial(_logits_out, mesh=mesh, ends=ends) if leave is None
                                          else functools.partial(_fused_out, mesh=mesh, leave=leave) if fused
                                          else functools.partial(_post, mesh=mesh, leave=leave))
             if fused:  # GPT-2's attention splits its local [q | k | v] in thirds of its own heads (as apply's)

@@ -9,7 +9,7 @@ modules (attention core, activation x gate, residual add) runs on local pieces. 
 batch dimension of the module's tensors, dimension 1 (features) their last. The batch enters as each rank's
 piece on the data axes and the logits leave as that piece's (``Ends``). The embedding split by vocabulary is
 Megatron-LM's vocabulary-parallel lookup (``_vocab_embedding``); an ``nn.RMSNorm`` over split features is
-written out of place (``_rms_norm``)."""
+written out of place (``autotune.apply.layers.split_norms``)."""
 from __future__ import annotations
 
 import functools
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from calibrate.errors import UserError
 
 from autotune.apply.batch import DataSplit, Tokens, scale_grad
-from autotune.apply.layers import Site, contiguous_strides, torch, weight_placements
+from autotune.apply.layers import Site, contiguous_strides, split_norms, torch, weight_placements
 from autotune.plan.typed import TypedPlan
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
@@ -375,31 +375,13 @@ def _vocab_parallel(chain: list[Site], plan: TypedPlan, mesh) -> None:
     module.forward = functools.partial(_vocab_embedding, module, mesh=mesh, compute=compute)
 
 
-# --- norms over split features ------------------------------------------------------------------------------
-def _rms_norm(module, x):
-    """``nn.RMSNorm``'s function written out of place: its composite kernel adds eps in place to the mean of
-    squares, which DTensor refuses when the mean is a partial sum (the features split)."""
-    eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return y * module.weight if module.weight is not None else y
-
-
-def _split_norms(chain: list[Site]) -> None:
-    """Every ``nn.RMSNorm`` whose plan layer takes its input split by features computed by ``_rms_norm``."""
-    for site in chain:
-        if site.layer.kind == "rmsnorm" and any(p == "S1" for p in site.layer.input or ()):
-            for _, module in site.modules:
-                if isinstance(module, nn.RMSNorm) and len(module.normalized_shape) == 1:  # parametrized: a subclass
-                    module.forward = functools.partial(_rms_norm, module)
-
-
 def place(job) -> DataSplit:
     """Place ``job.model`` on ``job.mesh`` (the plan's fine axes) by DTensor; returns this rank's data piece."""
     ends = Ends.of(job.plan)
     job.model.to(job.mesh.device_type)
     _place(job.chain, job.plan, job.mesh, job.model)
     _vocab_parallel(job.chain, job.plan, job.mesh)
-    _split_norms(job.chain)
+    split_norms(job.chain)
     _install_hooks(job.chain, job.mesh, ends, job.model,
                    Tokens(job.plan.model.get("micro_batch") or 1, job.plan.mesh.sizes))
     return ends.split(job.mesh)

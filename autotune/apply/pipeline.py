@@ -8,31 +8,37 @@
 
 Stage i runs on the i-th run of ``submesh.devices`` ranks, on one DeviceMesh (stages, *the stage's fine axes);
 only this rank's stage moves to its device. Each stage is placed on its submesh by one of apply's paths (``paths``
-says which ran): "ddp" (gradients averaged once after the schedule, ``autotune.apply.ddp.sync_grads``) or
-"fully_shard" (the ``FSDPModule`` handed to ``PipelineStage``, torchtitan's PP + FSDP step) for a stage plan that is
-data parallel or fully_shard-shaped and whose boundaries carry each rank's local piece (each rank runs its piece
-of every micro-batch, the first stage cutting the ids, the last the targets), also with the layers
-``autotune.apply.vocab`` computes; else "dtensor" (``autotune.apply.dtensor``: the stream redistributed at the
-boundaries by the plan's route, ``autotune.apply.cuts``), "none" on one device. Tied embedding and logits: their
+says which ran): "ddp" (gradients averaged once after the schedule, ``autotune.apply.ddp.sync_grads``),
+"fully_shard" (the ``FSDPModule`` handed to ``PipelineStage``, torchtitan's PP + FSDP step) or "tensor" (torch's
+ParallelStyles on the tensor axes, fully_shard's replicate mesh over the data axes: torchtitan's PP + TP) for a
+stage plan that is data parallel, fully_shard-shaped or data x tensor parallel and whose boundaries carry each
+rank's local piece (each rank runs its piece of every micro-batch, the first stage cutting the ids, the last the
+targets), also with the layers ``autotune.apply.vocab`` computes; else "dtensor" (``autotune.apply.dtensor``: the
+stream redistributed at the boundaries by the plan's route, ``autotune.apply.cuts``), "none" on one device. On
+every path the last stage's loss is of this rank's piece of the micro-batch; logits split by vocabulary on a
+tensor axis (or the DTensor path's) stay a DTensor of columns, their cross entropy run under ``loss_parallel``
+(a ``loss_fn`` given takes them gathered). Tied embedding and logits: their
 gradients summed between the first and the last stage after the backward, as Megatron does. ``step`` returns the
 mean loss over the whole batch on every rank. Errors: one ``UserError`` naming the fix, before any weight moves."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
 from calibrate.errors import UserError, one_line_in_scripts
 
 from autotune.apply.batch import DataSplit, scale_grad
-from autotune.apply.cuts import _blocks, _cut_of, _install_stage_hooks, _mapping_for, _reshard_stream, _tied
+from autotune.apply.cuts import WHOLE, _blocks, _cut_of, _install_stage_hooks, _mapping_for, _reshard_stream, _tied
 from autotune.apply.ddp import sync_grads
-from autotune.apply.dtensor import _place
+from autotune.apply.dtensor import Ends, _place
 from autotune.apply.fsdp import fully_shard_model
 from autotune.apply.layers import _check_shapes, _recompute, _world, device_type, find_layers, torch
 from autotune.apply.pipeplan import SCHEDULES, _stream, block_range, load_pipelined, sent
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
-from autotune.plan.layouts import LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin, twin_path
+from autotune.plan.layouts import (LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin, tp_layout,
+                                   twin_path)
 from autotune.plan.typed import Plan, TypedPlan
 
 import torch.distributed as dist  # noqa: E402
@@ -61,28 +67,51 @@ def _local_plan(pp: Plan, stage: int) -> LocalPlan | None:
 
 
 def _local_dims(typed: TypedPlan) -> dict[str, int]:
-    """The mesh dimensions of a local-path stage plan: fully_shard's (``fsdp_dims``) or DDP's ("dp")."""
+    """The mesh dimensions of a local-path stage plan: fully_shard's (``fsdp_dims``), the tensor path's
+    (``TensorParallel.dims``) or DDP's ("dp")."""
     layout = fully_shard_layout(typed)
-    return fsdp_dims(typed, layout) if layout is not None else {"dp": typed.world}
+    if layout is not None:
+        return fsdp_dims(typed, layout)
+    tensor = tp_layout(typed)
+    return tensor.dims(typed) if tensor is not None else {"dp": typed.world}
 
 
 def stage_paths(pp: Plan) -> list[str]:
     """Per stage, the path its plan asks for (``apply_pipeline`` may still place a stage by DTensor where its
     modules cannot take the tensor-parallel styles, the column embedding or the vocabulary-parallel logits, or
     a ``loss_fn`` is given for vocabulary-parallel logits: ``Pipeline.paths`` says what ran): "fully_shard",
-    "ddp", "dtensor", or "none" for a stage of one device."""
+    "tensor", "ddp", "dtensor", or "none" for a stage of one device."""
     out = []
     for i, stage in enumerate(pp.stages):
         out.append("none" if stage.plan.world == 1 else twin_path(_local_plan(pp, i)))
     return out
 
 
-LOCAL = ("fully_shard", "ddp")  # apply's local paths
+LOCAL = ("fully_shard", "tensor", "ddp")  # apply's local paths
 
 
 # --- the pipeline ---------------------------------------------------------------------------------------------
 def _cross_entropy(logits, targets):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _gathered(logits, targets, *, loss_fn):
+    """A user's ``loss_fn`` of logits split by vocabulary: their columns gathered first (it takes them whole)."""
+    return loss_fn(logits.full_tensor() if isinstance(logits, DTensor) else logits, targets)
+
+
+def _stage_loss(loss_fn, split: DataSplit, vocabulary: bool):
+    """A last stage's loss of this rank's piece of the micro-batch (``_piece_loss``): its logits split by
+    vocabulary as a DTensor of columns (``vocabulary``) go to torch's cross entropy under ``loss_parallel``
+    (``Pipeline.step``), or gathered to a user's ``loss_fn``."""
+    loss = functools.partial(_gathered, loss_fn=loss_fn) if vocabulary and loss_fn else loss_fn or _cross_entropy
+    return functools.partial(_piece_loss, loss_fn=loss, split=split)
+
+
+def _vocabulary_columns(typed: TypedPlan, tp: int | None) -> bool:
+    """Whether the tensor-parallel axis ``tp`` splits ``typed``'s logits by vocabulary (``ColwiseParallel``)."""
+    logits = typed.layer("logits")
+    return tp is not None and logits is not None and logits.weight("weight").placements[tp] == "S1"
 
 
 @dataclass
@@ -99,7 +128,8 @@ class Pipeline:
     device: object
     mesh: object             # this stage's submesh (None: one device)
     paths: tuple = ()        # per stage, how it is placed: "fully_shard", "ddp", "dtensor", "none" (one device)
-    data_groups: tuple = ()  # a local-path stage's data-parallel process groups (its loss averaged over them)
+    data_groups: tuple = ()  # a last stage's data-parallel process groups (its pieces' losses averaged over them)
+    loss_parallel: bool = False  # its logits split by vocabulary, a DTensor: the schedule under ``loss_parallel``
 
     @property
     def path(self) -> str:
@@ -124,19 +154,23 @@ class Pipeline:
         losses: list = []
         # return_outputs=False: the last stage would otherwise keep every micro-batch's logits until the step
         # ends (torch's output_chunks: m logit tensors where 1F1B keeps one micro-batch in flight there)
-        if self.first:
-            self.schedule.step(ids, return_outputs=False)
-        elif self.last:
-            self.schedule.step(target=targets, losses=losses, return_outputs=False)
-        else:
-            self.schedule.step(return_outputs=False)
+        from torch.distributed.tensor.parallel import loss_parallel
+        with loss_parallel() if self.loss_parallel else contextlib.nullcontext():
+            if self.first:
+                self.schedule.step(ids, return_outputs=False)
+            elif self.last:
+                self.schedule.step(target=targets, losses=losses, return_outputs=False)
+            else:
+                self.schedule.step(return_outputs=False)
         if self.path == "ddp":  # once a step, after the schedule (``autotune.apply.ddp``)
             sync_grads(self.module, self.data_groups[0])
         self._sum_tied()
-        loss = (torch.stack([x.detach() for x in losses]).mean() if self.last
+        # under loss_parallel, each micro-batch's loss is a replicated DTensor
+        loss = (torch.stack([(x.full_tensor() if isinstance(x, DTensor) else x).detach() for x in losses]).mean()
+                if self.last
                 else torch.zeros((), dtype=torch.float64, device=self.device))
         loss = loss.to(torch.float64)
-        if self.last:  # a local path's loss is of this rank's piece: the mean over the stage's data ranks
+        if self.last:  # the loss of this rank's piece: the mean over the stage's data ranks
             for group in self.data_groups:
                 dist.all_reduce(loss, group=group)
                 loss /= dist.get_world_size(group)
@@ -215,14 +249,17 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         if key is not None and key not in meshes:
             meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
                                            mesh_dim_names=("pp", *(k for k, _ in key)))
-    data_groups, loss = (), loss_fn or _cross_entropy
+    data_groups, loss, vocabulary = (), loss_fn or _cross_entropy, False
     if path in LOCAL:  # apply's local path on the stage's submesh
-        local_mesh = meshes[tuple(_local_dims(local.plan).items())]
+        dims = _local_dims(local.plan)
+        local_mesh = meshes[tuple(dims.items())]
         ignored = tuple(m.weight for m in (columns, head) if m is not None)  # placed below, by rows or columns
-        if path == "fully_shard":
-            split, data_mesh = fully_shard_model(module, chain, prefixes, local.plan, fully_shard_layout(local.plan),
-                                                 local_mesh, ignored)
+        if path != "ddp":  # fully_shard, or the tensor path on fully_shard's replicate mesh (torchtitan's PP + TP)
+            layout = fully_shard_layout(local.plan) if path == "fully_shard" else tp_layout(local.plan)
+            split, data_mesh = fully_shard_model(module, chain, prefixes, local.plan, layout, local_mesh, ignored,
+                                                 dims)
             data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
+            vocabulary = last and _vocabulary_columns(local.plan, layout.tp)
         else:
             split, data_mesh = DataSplit(local_mesh.get_local_rank("dp"), S), local_mesh["dp"]
             data_groups = (data_mesh.get_group(),)
@@ -241,7 +278,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
             head.forward = functools.partial(_vocab_logits, module=head, group=data_groups[0], factor=split.world)
             loss = functools.partial(_vocab_loss, group=data_groups[0], offset=offset)
         elif last:
-            loss = functools.partial(_piece_loss, loss_fn=loss, split=split)
+            loss = _stage_loss(loss_fn, split, vocabulary)
         # beside a DTensor-path stage (whose gradients are of the whole micro-batch's loss, not of each piece's
         # loss: 1 / pieces of them), the gradients crossing the boundary rescaled
         if not first and paths[stage - 1] not in LOCAL:
@@ -252,7 +289,12 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         if mesh is not None:
             _place(chain, typed, mesh, module)
             s_in, s_out = _stream(typed)
-            _install_stage_hooks(chain, mesh, first, last, s_in, s_out, module)
+            ends = Ends.of(typed) if last else WHOLE  # the logits of this rank's piece, by vocabulary: a DTensor
+            _install_stage_hooks(chain, mesh, first, last, s_in, s_out, module, ends)
+            if last:
+                vocabulary = bool(ends.vocab)
+                loss = _stage_loss(loss_fn, ends.split(mesh), vocabulary)
+                data_groups = tuple(mesh.get_group(a) for a in ends.data)
             if not last:
                 module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=sent(pp, stage))
             if not first:
@@ -262,4 +304,4 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     pstage = PipelineStage(module, stage, p, device, group=pp_group)
     schedule = SCHEDULES[pp.pipeline.schedule](pstage, pp.micro_batches, loss_fn=loss)
     return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
-                    data_groups)
+                    data_groups, vocabulary)

@@ -1,4 +1,4 @@
-"""A plan's training steps on a real nn.Module placed by ``autotune.plan.apply``: the reference
+"""A plan's training steps on a real nn.Module placed by ``autotune.apply``: the reference
 modules of the transformer family (``models.modules:build``) by default, or a user's factory
 (``--module package.module:factory``, called with the plan's model config dict; the module's
 ``forward(ids, targets)`` returns the mean loss over the micro-batch's tokens).

@@ -2,8 +2,9 @@
 that path.
 
 apply runs a stage of several devices on a local path where its plan is one users run: data parallel ("ddp",
-through DDP) or FSDP / TP + FSDP-shaped ("fully_shard"), also with a first stage's embedding split by features
-or a last stage's logits split by vocabulary (``autotune.plan.layouts.local_twin``); every other plan takes the
+through DDP), FSDP / TP + FSDP-shaped ("fully_shard") or data x tensor parallel ("tensor": Megatron's 3-D stages
+on torch's ParallelStyles), also with a first stage's embedding split by features or a last stage's logits split
+by vocabulary (``autotune.plan.layouts.local_twin``); every other plan takes the
 DTensor path ("dtensor": every layer's activations and weights DTensors, each op dispatched through DTensor); a
 stage of one device runs as it is ("none"). ``stage_path`` reads it from the stage plan's typed plan as
 ``autotune.apply.pipeline.stage_paths`` does (the boundaries aside: tested to agree on searched plans).

@@ -223,8 +223,14 @@ def local_twin(typed: TypedPlan) -> LocalPlan | None:
 
     Such a twin must be data parallel (DDP) or fully_shard-shaped without tensor parallelism (and, with the
     vocabulary-parallel logits, over one data dimension: not HSDP); the searched 2 x 2 plans of a 1.1 B Llama
-    have both (FSDP or DDP blocks). A stage with sequence parallelism (its boundaries' stream split by tokens on
-    the tensor axis) is not one. None: the DTensor path."""
+    have both (FSDP or DDP blocks). A stage plan without such layers may also be TP + FSDP or data x tensor
+    parallel (``tp_layout``: Megatron's 3-D stages, torchtitan's PP + TP) with the residual stream whole on the
+    tensor axes (a graph without the residual stream, AutoDDL's, hands a partial sum across a boundary, which
+    the styles' all-reduce would not leave: DTensor's path). A stage with sequence parallelism (its boundaries' stream split by tokens on the tensor axis) is not
+    one. None: the DTensor path."""
+    tensor = tp_layout(typed)
+    if tensor is not None and tensor.stream == B and not tensor.sequence_parallel and typed.layer("residual"):
+        return LocalPlan(typed)  # its styles split the embedding and the logits by vocabulary themselves
     n = len(typed.mesh.sizes)
     cols, batch, whole = ("S1",) * n, ("S0",) * n, (B,) * n
     swap: dict[str, object] = {}
@@ -248,10 +254,10 @@ def local_twin(typed: TypedPlan) -> LocalPlan | None:
 
 def local_stream(typed: TypedPlan) -> tuple[str, ...]:
     """The stream placement in which a stage on apply's local path holds it: split by the batch (S0) over the
-    data axes, whole (B) on a tensor-parallel axis: each rank's local piece is DTensor's tile of it."""
+    data axes, whole (B) on the tensor-parallel axes: each rank's local piece is DTensor's tile of it."""
     layout = fully_shard_layout(typed)
-    tp = layout.tp if layout is not None else None
-    return tuple(B if a == tp else "S0" for a in range(len(typed.mesh.sizes)))
+    tp = (layout.tp,) if layout is not None else getattr(tp_layout(typed), "tp_axes", ())
+    return tuple(B if a in tp else "S0" for a in range(len(typed.mesh.sizes)))
 
 
 def twin_path(local: LocalPlan | None) -> str:

@@ -185,7 +185,8 @@ def _pipelined(cfg, plan):
 def test_schedules_over_stage_paths_match_one_process(tmp_path):
     """GPipe (which crashed DDP's reducer: a data-parallel stage now syncs once after the schedule), 1F1B and
     eager-1F1B over data-parallel stages, GPipe over FSDP stages and 1F1B over tensor-parallel (Megatron 3-D)
-    stages of the search's pipelined plans: each rank's losses and parameters those of one process."""
+    stages of the search's pipelined plans (torch's ParallelStyles: the tensor path): each rank's losses and
+    parameters those of one process."""
     from pipeline_exec_plans import LLAMA as PIPE_LLAMA, in_micro_batches, megatron, searched as piped, sharded, \
         train_one_process
     cfg = dict(PIPE_LLAMA, batch=16)
@@ -197,7 +198,7 @@ def test_schedules_over_stage_paths_match_one_process(tmp_path):
                        start_method="fork")
     results = torch.load(out)
     ref_losses, ref_params = train_one_process(cfg, 4)
-    for plan, got, want in zip(jobs, results, ("ddp", "ddp", "ddp", "fully_shard", "dtensor")):
+    for plan, got, want in zip(jobs, results, ("ddp", "ddp", "ddp", "fully_shard", "tensor")):
         assert not isinstance(got, str), (plan.strategy, got)
         losses, params, path = got
         assert path == want, (plan.strategy, path)  # rank 0's stage (the first)

@@ -1,6 +1,6 @@
 """The path a stage plan runs on and the host's floor under it (``autotune.pipeline.paths``): the floor's closed
 form (the device's figures where the host is faster, n h_pass and n h_step where it is not, the forward and
-backward scaled alike); the path read from the plan (ddp, fully_shard, dtensor, none) and the executor's own
+backward scaled alike); the path read from the plan (ddp, fully_shard, tensor, dtensor, none) and the executor's own
 reading (``autotune.apply.pipeline.stage_paths``) agreeing; the chooser taking the data-parallel plan where the
 searched one is on the DTensor path and slower at the host's pace; and the measured 2 x 2 case of
 reports/records/pipeline.md (run 6 of session 12: 1158 ms on the DTensor path against 407 predicted): its
@@ -62,15 +62,19 @@ def test_stage_path_reads_the_plan(graph, profile):
     assert paths.stage_path(pr, dp) == "ddp"
     assert paths.stage_path(pr.with_mode(Mode("none", (0, 1))), dp) == "fully_shard"
     tp = megatron_assignment(pr, (1, 2), (1, 2))
+    # AutoDDL's graph (no residual stream) hands a partial sum across the boundary: DTensor's; a Llama's residual
+    # stream whole on the tensor axis: torchtitan's PP + TP on the tensor path
     assert tp is not None and tp != dp and paths.stage_path(pr, tp) == "dtensor"
+    llama = stage(load_model("llama", None, dict(LLAMA_1B, layers=4)), profile)
+    assert paths.stage_path(llama, megatron_assignment(llama, (1, 2), (1, 2))) == "tensor"
     one = stage(graph, profile, cluster=Cluster(1, 1))
     assert paths.stage_path(one, paths.dp_assignment(one)) == "none"
 
 
 def test_the_chooser_takes_the_local_path_at_the_host_pace(graph, profile):
-    """A tensor-parallel stage plan (the DTensor path) against the data-parallel one: kept where the profile has
-    no host figures (the search's choice stands) or where DDP's host is the slower, replaced where the DTensor
-    path's host is."""
+    """A tensor-parallel stage plan (the tensor path, priced by the DTensor path's host figure where the profile
+    has no tensor one) against the data-parallel one: kept where the profile has no host figures (the search's
+    choice stands) or where DDP's host is the slower, replaced where the tensor-parallel one's host is."""
     def choose(host):
         pr = stage(graph, with_host(profile, host or {}))  # the embedded profile carries host figures: none here
         tp = megatron_assignment(pr, (1, 2), (1, 2))
@@ -104,7 +108,8 @@ def test_the_measured_case_runs_on_ddp():
 def test_the_executor_reads_the_same_paths(graph, profile):
     """``stage_path`` (from the strategies) and ``autotune.apply.pipeline.stage_paths`` (from the typed plan, what
     apply_pipeline runs) agree on searched plans, with and without host figures, and on the Megatron 3-D
-    candidates (tensor parallel: DTensor; data parallel, plain and FSDP)."""
+    candidates (tensor parallel: the tensor path on a Llama, DTensor's without the residual stream; data
+    parallel, plain and FSDP)."""
     pytest.importorskip("torch")
     from autotune.pipeline import threed
     from autotune.pipeline.record import pipeline_plan
