@@ -208,17 +208,18 @@ def residual_adds(model) -> bool:
     return not (isinstance(config, dict) and config.get("residual") is False)
 
 
-def check_stream(plan: TypedPlan, model, out: tuple | None = None, where: str = "the plan") -> None:
+def check_stream(plan: TypedPlan, model, out: tuple | None = None, where: str = "it") -> None:
     """A plan searched without the residual stream (AutoDDL's graph, ``"residual": false``: no "residual" layer,
     each layer takes its input where it wants it) on a module that adds one: each add joins the stream as one
     norm takes it with the branch as the next norm takes it (or, where a stage ends, as it leaves, ``out``).
     It runs as planned only where all these placements are one and none is a partial sum (the add would count
-    the replicated stream once per device); else one UserError naming the fix."""
+    the replicated stream once per device); else one UserError naming the fix (``where``: which part of the
+    plan, e.g. "its stage 0")."""
     if any(lay.kind == "residual" for lay in plan.layers) or not residual_adds(model):
         return
     handed = {lay.name: tuple(lay.input) for lay in plan.layers if lay.kind in NORMS and lay.input is not None}
     if out is not None:
-        handed["its end"] = tuple(out)
+        handed["the stage's end"] = tuple(out)
     items = list(handed.items())
     partial = [(n, fine) for n, fine in items if P in fine]
     differ = [(x, y) for x, y in zip(items, items[1:]) if x[1] != y[1]]
@@ -226,13 +227,14 @@ def check_stream(plan: TypedPlan, model, out: tuple | None = None, where: str = 
         return
     if partial:
         why = (f"hands the stream on as a partial sum at {partial[0][0]} ({list(partial[0][1])}), which the "
-               f"residual add would count once per device")
+               f"{type(model).__name__}'s residual add would count once per device")
     else:
         (a, fa), (b, fb) = differ[0]
-        why = f"places the stream as {list(fa)} at {a} but as {list(fb)} at {b}, which no residual add can join"
-    raise UserError(f"{where} was searched for a model without the residual stream (\"residual\": false, AutoDDL's "
-                    f"graph, as the autoddl-* and gpt3-* presets build it) and {why}, but the {type(model).__name__} "
-                    f"adds one: search with the model's config.json, or a model JSON with \"residual\": true")
+        why = (f"places the stream as {list(fa)} at {a} but as {list(fb)} at {b}, which the "
+               f"{type(model).__name__}'s residual add cannot join")
+    raise UserError(f"the plan was searched for a model without the residual stream (\"residual\": false, AutoDDL's "
+                    f"graph, as the autoddl-* and gpt3-* presets build it), and {where} {why}: search with the "
+                    f"model's config.json, or a model JSON with \"residual\": true")
 
 
 def _check_heads(lay: LayerPlan, mods, plan: TypedPlan, where: str) -> None:

@@ -185,7 +185,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
                         f"{sum(split)} ({list(split)}): apply a plan searched for a model of {blocks_have} "
                         f"layers")
     for i, st in enumerate(pp.stages):  # every stage's, alike on every rank
-        check_stream(st.plan, model, _stream(st.plan)[1] if i < p - 1 else None, f"stage {i} of the plan")
+        check_stream(st.plan, model, _stream(st.plan)[1] if i < p - 1 else None, f"its stage {i}")
     tied_ids = _tied(model, mapping)
     lo, hi = block_range(pp, stage)
     module = cls(model, lo, hi, first, last)
