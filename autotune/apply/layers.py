@@ -213,13 +213,15 @@ def check_stream(plan: TypedPlan, model, out: tuple | None = None, where: str = 
     each layer takes its input where it wants it) on a module that adds one: each add joins the stream as one
     norm takes it with the branch as the next norm takes it (or, where a stage ends, as it leaves, ``out``).
     It runs as planned only where all these placements are one and none is a partial sum (the add would count
-    the replicated stream once per device); else one UserError naming the fix (``where``: which part of the
-    plan, e.g. "its stage 0")."""
+    the replicated stream once per device; on one device it runs); else one UserError naming the fix
+    (``where``: which part of the plan, e.g. "its stage 0")."""
     if any(lay.kind == "residual" for lay in plan.layers) or not residual_adds(model):
         return
-    handed = {lay.name: tuple(lay.input) for lay in plan.layers if lay.kind in NORMS and lay.input is not None}
+    def on(fine):  # an axis of one device holds the whole value, whatever the plan calls it
+        return tuple(x if n > 1 else B for x, n in zip(fine, plan.mesh.sizes))
+    handed = {lay.name: on(lay.input) for lay in plan.layers if lay.kind in NORMS and lay.input is not None}
     if out is not None:
-        handed["the stage's end"] = tuple(out)
+        handed["the stage's end"] = on(out)
     items = list(handed.items())
     partial = [(n, fine) for n, fine in items if P in fine]
     differ = [(x, y) for x, y in zip(items, items[1:]) if x[1] != y[1]]

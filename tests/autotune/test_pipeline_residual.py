@@ -30,6 +30,8 @@ from tiny_models import free_port  # noqa: E402
 from autotune.apply import pipeline as stages_module  # noqa: E402
 from autotune.apply.layers import check_stream  # noqa: E402
 from autotune.apply.pipeplan import _stream  # noqa: E402
+from autotune.plan import FineMesh  # noqa: E402
+from autotune.sbp.mesh import Cluster  # noqa: E402
 from calibrate.errors import UserError  # noqa: E402
 
 CFG, PLAIN = dict(GPT, batch=8), dict(GPT_PLAIN, batch=8)
@@ -76,6 +78,12 @@ def test_which_plans_and_modules_are_refused():
     with pytest.raises(UserError, match=r"\['S0', 'S0'\] at ln1 but as \['S0', 'B'\] at ln2"):
         check_stream(uneven, _small_gpt(True))
     check_stream(uneven, _small_gpt(False))
+    one = replace(uneven, cluster=Cluster(1, 1), mesh=FineMesh.of(Cluster(1, 1)),
+                  layers=tuple(replace(lay, input=("B",) if lay.name == "ln2" else lay.input and lay.input[:1],
+                                       output=lay.output and lay.output[:1],
+                                       weights=tuple(replace(w, placements=w.placements[:1]) for w in lay.weights))
+                               for lay in uneven.layers))
+    check_stream(one, _small_gpt(True))  # on one device the placements name no split
     residual = typed_plan(dict(SMALL, residual=True), 2, 2, data_parallel(SMALL), "data parallel")
     check_stream(replace(residual, layers=tuple(replace(lay, input=("S0", "B")) if lay.name == "ln2" else lay
                                                 for lay in residual.layers)), _small_gpt(True))
