@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from calibrate.errors import UserError
 from calibrate.optional import require_torch
 
+from autotune.plan.layouts import NORMS
 from autotune.plan.typed import LayerPlan, TypedPlan
-from autotune.sbp.sbp import B, is_split, split_dim
+from autotune.sbp.sbp import B, P, is_split, split_dim
 
 torch = require_torch()
 import torch.distributed as dist  # noqa: E402
@@ -198,6 +199,44 @@ def _check_shapes(chain: list[Site], plan: TypedPlan) -> None:
                     if p.dim() != 1 or p.shape[0] != d.get("hidden"):
                         raise UserError(f"{where}: {n}.{pn} is {list(p.shape)} but the plan's {lay.kind} has hidden "
                                         f"{d.get('hidden')}: apply a plan for this model")
+
+
+def residual_adds(model) -> bool:
+    """Whether ``model``'s blocks add each branch into a residual stream: every model apply maps (Hugging Face's,
+    nanoGPT's, a user's) but the reference modules built without it (their config's ``"residual": false``)."""
+    config = getattr(model, "config", None)
+    return not (isinstance(config, dict) and config.get("residual") is False)
+
+
+def check_stream(plan: TypedPlan, model, out: tuple | None = None, where: str = "it") -> None:
+    """A plan searched without the residual stream (AutoDDL's graph, ``"residual": false``: no "residual" layer,
+    each layer takes its input where it wants it) on a module that adds one: each add joins the stream as one
+    norm takes it with the branch as the next norm takes it (or, where a stage ends, as it leaves, ``out``).
+    It runs as planned only where all these placements are one and none is a partial sum (the add would count
+    the replicated stream once per device; on one device it runs); else one UserError naming the fix
+    (``where``: which part of the plan, e.g. "its stage 0")."""
+    if any(lay.kind == "residual" for lay in plan.layers) or not residual_adds(model):
+        return
+    def on(fine):  # an axis of one device holds the whole value, whatever the plan calls it
+        return tuple(x if n > 1 else B for x, n in zip(fine, plan.mesh.sizes))
+    handed = {lay.name: on(lay.input) for lay in plan.layers if lay.kind in NORMS and lay.input is not None}
+    if out is not None:
+        handed["the stage's end"] = on(out)
+    items = list(handed.items())
+    partial = [(n, fine) for n, fine in items if P in fine]
+    differ = [(x, y) for x, y in zip(items, items[1:]) if x[1] != y[1]]
+    if not partial and not differ:
+        return
+    if partial:
+        why = (f"hands the stream on as a partial sum at {partial[0][0]} ({list(partial[0][1])}), which the "
+               f"{type(model).__name__}'s residual add would count once per device")
+    else:
+        (a, fa), (b, fb) = differ[0]
+        why = (f"places the stream as {list(fa)} at {a} but as {list(fb)} at {b}, which the "
+               f"{type(model).__name__}'s residual add cannot join")
+    raise UserError(f"the plan was searched for a model without the residual stream (\"residual\": false, AutoDDL's "
+                    f"graph, as the autoddl-* and gpt3-* presets build it), and {where} {why}: search with the "
+                    f"model's config.json, or a model JSON with \"residual\": true")
 
 
 def _check_heads(lay: LayerPlan, mods, plan: TypedPlan, where: str) -> None:

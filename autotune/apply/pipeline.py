@@ -19,7 +19,9 @@ every path the last stage's loss is of this rank's piece of the micro-batch; log
 tensor axis (or the DTensor path's) stay a DTensor of columns, their cross entropy run under ``loss_parallel``
 (a ``loss_fn`` given takes them gathered). Tied embedding and logits: their
 gradients summed between the first and the last stage after the backward, as Megatron does. ``step`` returns the
-mean loss over the whole batch on every rank. Errors: one ``UserError`` naming the fix, before any weight moves."""
+mean loss over the whole batch on every rank. Errors: one ``UserError`` naming the fix, before any weight moves
+(among them a plan searched without the residual stream in placements that the module's residual adds cannot
+take: ``autotune.apply.layers.check_stream``)."""
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +35,8 @@ from autotune.apply.cuts import WHOLE, _blocks, _cut_of, _install_stage_hooks, _
 from autotune.apply.ddp import sync_grads
 from autotune.apply.dtensor import Ends, _place
 from autotune.apply.fsdp import fully_shard_model
-from autotune.apply.layers import _check_shapes, _recompute, _world, device_type, find_layers, torch
+from autotune.apply.layers import (_check_shapes, _recompute, _world, check_stream, device_type, find_layers,
+                                   torch)
 from autotune.apply.pipeplan import SCHEDULES, _stream, block_range, load_pipelined, sent
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
@@ -215,6 +218,8 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         raise UserError(f"the {type(model).__name__} has {blocks_have} blocks but the plan splits "
                         f"{sum(split)} ({list(split)}): apply a plan searched for a model of {blocks_have} "
                         f"layers")
+    for i, st in enumerate(pp.stages):  # every stage's, alike on every rank
+        check_stream(st.plan, model, _stream(st.plan)[1] if i < p - 1 else None, f"its stage {i}")
     tied_ids = _tied(model, mapping)
     lo, hi = block_range(pp, stage)
     module = cls(model, lo, hi, first, last)

@@ -16,9 +16,11 @@ piece's; gradients are averaged over the data ranks. Logits split by vocabulary 
 vocabulary columns: compute the loss (and its backward) under ``torch.distributed.tensor.parallel.loss_parallel()``
 (Megatron's vocabulary-parallel cross entropy), the way torchtitan does; nothing gathers the logits or the batch.
 ``placement_path(plan, model)`` reports the path. Errors (a plan for another world or mesh, shapes that differ
-from the plan's model, an unmapped layer, a batch that does not split): one ``UserError`` naming the fix, raised
-alike on every rank before any weight moves (a script that lets it end shows it as one line on rank 0:
-``calibrate.errors.one_line_in_scripts``). World size 1: no placement, shapes checked, recomputation applied."""
+from the plan's model, an unmapped layer, a batch that does not split, a plan searched without the residual
+stream whose placements the module's residual adds cannot take: ``autotune.apply.layers.check_stream``): one
+``UserError`` naming the fix, raised alike on every rank before any weight moves (a script that lets it end shows
+it as one line on rank 0: ``calibrate.errors.one_line_in_scripts``). World size 1: no placement, shapes checked,
+recomputation applied."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from calibrate.errors import UserError, one_line_in_scripts
 
 from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
-from autotune.apply.layers import Site, _check_shapes, _recompute, _world, device_type, find_layers
+from autotune.apply.layers import Site, _check_shapes, _recompute, _world, check_stream, device_type, find_layers
 from autotune.apply.tensor import tp_styles
 from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, plan_path, sequence_axes, tp_layout
 from autotune.plan.file import load_plan
@@ -113,6 +115,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
                         f"pass mesh=None (apply builds it) or a mesh of that shape")
     chain, prefixes = find_layers(plan, model, mapping)
     _check_shapes(chain, plan)
+    check_stream(plan, model)
     check_batch(plan)
     name = path_of(plan, chain, path) if world > 1 else ApplyPath.NONE.value
     # torch's SequenceParallel takes the sequence split of a plan with sequence parallelism on its tensor axes

@@ -70,6 +70,7 @@ from autotune.sbp.searchbase import Budget
 
 SCHEDULE_NAMES = {"1f1b": "1f1b", "gpipe": "gpipe", "eager-1f1b": "eager_1f1b", "interleaved-1f1b": INTERLEAVED}
 GC_THRESHOLDS = (50_000, 20, 20)  # allocations before a young collection, young collections before an older one
+PROGRESS_EVERY = 5.0  # seconds of stage searches without a progress line before ``StageSearch`` prints one
 
 
 @contextmanager
@@ -283,6 +284,20 @@ class StageSearch:
         self._layouts: dict = {}  # (signature, sub, m) -> ``Layout``
         self._fixed: dict = {}  # (signature, sub, m, mesh, mode) -> (Megatron's problem, its plan) or None
         self.searches = 0
+        self._said = time.perf_counter()  # when the last line about the stage searches was printed
+
+    def _report(self, m: int, span, sub: Cluster, k: int, plan: StagePlan) -> None:
+        """A progress line after a stage search where ``PROGRESS_EVERY`` seconds passed without one (the phases
+        between the candidates' lines: their bounds, the split DP, search many stages)."""
+        now = time.perf_counter()
+        if self.progress is None or now - self._said < PROGRESS_EVERY:
+            return
+        self._said = now
+        inside = [i for i, (a, b) in enumerate(blocks(self.graph_for(m))) if span[0] <= a and b <= span[1]]
+        what = "no block" if not inside else f"block {inside[0]}" if len(inside) == 1 else \
+            f"blocks {inside[0]}-{inside[-1]}"
+        self.progress(f"pipeline: {self.searches} stage searches so far; the last: {what} on {sub}, {m} "
+                      f"micro-batches, {k} in flight: {_time(plan):.4g} s a micro-batch")
 
     def graph_for(self, m: int) -> LayerGraph:
         if m not in self._graphs:
@@ -464,6 +479,7 @@ class StageSearch:
             else:
                 a, info, last = prob.min_memory_assignment(), {"note": "no plan fits"}, math.inf
             rungs[k] = Rung(k, last, StagePlan(prob, a, figures(prob, a), info))
+            self._report(m, span, sub, k, rungs[k].plan)
             self._bounds.pop((self.signature(m, span), sub, m), None)  # the other slices' bounds stand
             self._plans.pop((self.signature(m, span), sub, m), None)  # the new plan may serve fewer in flight
         return max((r for r in rungs.values() if r.first <= f), key=lambda r: r.first)

@@ -622,7 +622,8 @@ class Problem:
         them plus each layer's other incident lines); inf where the plan exceeds the memory limit.
         Reads whole tables: meant for problems whose tables are precomputed (``tables.precomputed``).
         What depends on one layer alone is summed as a vector first, so the full array takes a few passes:
-        the joint table, the outer sum of the two vectors, the step objective's max(S - W, F) and the mask."""
+        the joint table, the outer sum of the two vectors, the step objective's exposed sync (``overlapped``, as
+        ``_extra``) and the mask."""
         t = self.tables
         lines = {u: self.node[u], v: self.node[v]}
         joint = None
@@ -638,19 +639,14 @@ class Problem:
         out = lines[u][:, None] + lines[v][None, :]
         if joint is not None:
             out += joint
-        if self.objective == "step":
+        if self.objective == "step":  # ``_extra`` over the pair: S, W and F of every pair of choices
             rest = [w for w in range(len(assign)) if w not in (u, v)]
-            slack = (sum(float(self.sync_tot[w][assign[w]]) for w in rest)
-                     - sum(float(self.bwd_tot[w][assign[w]]) for w in rest))
-            diff = np.add.outer(slack + self.sync_tot[u] - self.bwd_tot[u], self.sync_tot[v] - self.bwd_tot[v])
-            diff = diff - self.tied_saved_pair(assign, u, v)
-            if self.first == u:
-                np.maximum(diff, self.node_sync[u][:, None], out=diff)
-            elif self.first == v:
-                np.maximum(diff, self.node_sync[v][None, :], out=diff)
-            else:
-                np.maximum(diff, self.node_sync[self.first][assign[self.first]], out=diff)
-            out += diff
+            S = np.add.outer(sum(float(self.sync_tot[w][assign[w]]) for w in rest) + self.sync_tot[u],
+                             self.sync_tot[v]) - self.tied_saved_pair(assign, u, v)
+            W = np.add.outer(sum(float(self.bwd_tot[w][assign[w]]) for w in rest) + self.bwd_tot[u], self.bwd_tot[v])
+            F = self.node_sync[u][:, None] if self.first == u else self.node_sync[v][None, :] \
+                if self.first == v else self.node_sync[self.first][assign[self.first]]
+            out += overlapped(S, W, F, self.sync_slowdown)
         elif self.tied_pair is not None and {u, v} & set(self.tied_pair):
             out = out - self.tied_saved_pair(assign, u, v)
         if self.memory_limit is not None:

@@ -490,3 +490,17 @@ def test_the_whole_model_without_a_pipeline_is_the_single_stage_plans_fsdp(graph
         assert whole.peak_memory(a) == pytest.approx(single.peak_memory(a))
         differ += piped.raw_cost(a) != pytest.approx(single.raw_cost(a))
     assert differ  # pipelined, the same plans are priced as PipelineStage runs them
+
+
+@pytest.mark.parametrize("every", [0.0, math.inf])
+def test_stage_searches_print_a_line_when_long(graph, profile, monkeypatch, every):
+    # the phases between the candidates' own lines (their bounds, the split DP) search stage after stage: a line
+    # after each search that ends PROGRESS_EVERY seconds or more after the last one (here: after every one, or never)
+    from autotune.pipeline import search as pipeline_search
+    monkeypatch.setattr(pipeline_search, "PROGRESS_EVERY", every)
+    lines = []
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, 80 * 2**30, PipelineConfig(stages=2), progress=lines.append)
+    ps.run()
+    said = [x for x in lines if "stage searches so far" in x]
+    rungs = sum(len(r) for r in ps.stages._rungs.values())
+    assert len(said) == (rungs if every == 0 else 0) and (not said or "the last: blocks " in said[0]), said
