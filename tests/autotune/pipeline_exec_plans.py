@@ -180,3 +180,15 @@ def vocabulary_parallel(plan) -> bool:
     """Whether ``plan``'s last stage splits its logits by vocabulary (``vocabulary_head``)."""
     logits = plan.stages[-1].plan.layer("logits")
     return logits.weight("weight").placements == _columns(plan, -1)
+
+
+def stage_parameters(module, names: dict) -> dict:
+    """A pipeline stage's parameters whole (a DTensor's gathered), by the model's names (``names``: id of each of
+    the model's modules -> its name)."""
+    from torch.distributed.tensor import DTensor
+    params = {}
+    for _, m in module.named_modules():
+        for pn, p in m.named_parameters(recurse=False):
+            whole = p.full_tensor() if isinstance(p, DTensor) else p
+            params[f"{names[id(m)]}.{pn}".lstrip(".")] = whole.detach().clone()
+    return params

@@ -30,7 +30,8 @@ import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
 from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, make_model, megatron,  # noqa: E402
-                                 replicated, rerouted, restage, searched, train_one_process)
+                                 replicated, rerouted, restage, searched, stage_parameters,
+                                 train_one_process)
 from tiny_models import free_port  # noqa: E402
 
 from autotune.apply import pipeline as stages_module  # noqa: E402
@@ -79,11 +80,7 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int, list]:
         losses.append(float(pipe.step(ids, targets)))
         opt.step()
         opt.zero_grad()
-    params = {}
-    for _, m in pipe.module.named_modules():
-        for pn, p in m.named_parameters(recurse=False):
-            whole = p.full_tensor() if isinstance(p, torch.distributed.tensor.DTensor) else p
-            params[f"{names[id(m)]}.{pn}".lstrip(".")] = whole.detach().clone()
+    params = stage_parameters(pipe.module, names)
     return losses, params, in_flight["peak"], in_flight["order"]
 
 

@@ -31,7 +31,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
 from pipeline_exec_plans import (LLAMA, LR, STEPS, batch, in_micro_batches, make_model, megatron,  # noqa: E402
-                                 searched, train_one_process)
+                                 searched, stage_parameters, train_one_process)
 from tiny_models import free_port  # noqa: E402
 
 from autotune.apply import pipeline as stages_module  # noqa: E402
@@ -85,11 +85,7 @@ def train_pipelined(plan, local: bool, user_loss: bool):
         losses.append(float(pipe.step(ids, targets)))
         opt.step()
         opt.zero_grad()
-    params = {}
-    for _, m in pipe.module.named_modules():
-        for pn, p in m.named_parameters(recurse=False):
-            whole = p.full_tensor() if isinstance(p, DTensor) else p
-            params[f"{names[id(m)]}.{pn}".lstrip(".")] = whole.detach().clone()
+    params = stage_parameters(pipe.module, names)
     return losses, params, pipe.path, shapes[-1] if pipe.last else None
 
 
