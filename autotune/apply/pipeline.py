@@ -42,7 +42,7 @@ from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
 from autotune.plan.layouts import (LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin, tp_layout,
                                    twin_path)
-from autotune.plan.typed import Plan, TypedPlan
+from autotune.plan.typed import ApplyPath, Plan, TypedPlan
 
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
@@ -86,11 +86,11 @@ def stage_paths(pp: Plan) -> list[str]:
     "tensor", "ddp", "dtensor", or "none" for a stage of one device."""
     out = []
     for i, stage in enumerate(pp.stages):
-        out.append("none" if stage.plan.world == 1 else twin_path(_local_plan(pp, i)))
+        out.append(ApplyPath.NONE.value if stage.plan.world == 1 else twin_path(_local_plan(pp, i)))
     return out
 
 
-LOCAL = ("fully_shard", "tensor", "ddp")  # apply's local paths
+LOCAL = (ApplyPath.FULLY_SHARD.value, ApplyPath.TENSOR.value, ApplyPath.DDP.value)  # apply's local paths
 
 
 # --- the pipeline ---------------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ class Pipeline:
     tied: tuple[str, ...]    # the stage module's parameters tied across the first and the last stage
     device: object
     mesh: object             # this stage's submesh (None: one device)
-    paths: tuple = ()        # per stage, how it is placed: "fully_shard", "ddp", "dtensor", "none" (one device)
+    paths: tuple = ()        # per stage, how it is placed: "fully_shard", "tensor", "ddp", "dtensor", "none"
     data_groups: tuple = ()  # a last stage's data-parallel process groups (its pieces' losses averaged over them)
     loss_parallel: bool = False  # its logits split by vocabulary, a DTensor: the schedule under ``loss_parallel``
 
@@ -165,7 +165,7 @@ class Pipeline:
                 self.schedule.step(target=targets, losses=losses, return_outputs=False)
             else:
                 self.schedule.step(return_outputs=False)
-        if self.path == "ddp":  # once a step, after the schedule (``autotune.apply.ddp``)
+        if self.path == ApplyPath.DDP:  # once a step, after the schedule (``autotune.apply.ddp``)
             sync_grads(self.module, self.data_groups[0])
         self._sum_tied()
         # under loss_parallel, each micro-batch's loss is a replicated DTensor
@@ -242,8 +242,9 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     # a user's loss takes the whole logits: vocabulary-parallel ones are then gathered by the DTensor path
     head = _vocab_module(chain, tied_ids) if local is not None and local.vocabulary and loss_fn is None else None
     refused = local is not None and ((local.columns and columns is None) or (local.vocabulary and head is None))
-    path = "none" if mesh is None else "dtensor" if local is None or refused else path_of(local.plan, chain)
-    path = path if path in LOCAL + ("none",) else "dtensor"
+    path = ApplyPath.NONE.value if mesh is None else ApplyPath.DTENSOR.value if local is None or refused else \
+        path_of(local.plan, chain)
+    path = path if path in LOCAL + (ApplyPath.NONE.value,) else ApplyPath.DTENSOR.value
     paths: list = [None] * world
     # alike on every rank: a stage whose modules refuse its plan's TP styles or column embedding takes DTensor's
     dist.all_gather_object(paths, path)
@@ -259,8 +260,8 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         dims = _local_dims(local.plan)
         local_mesh = meshes[tuple(dims.items())]
         ignored = tuple(m.weight for m in (columns, head) if m is not None)  # placed below, by rows or columns
-        if path != "ddp":  # fully_shard, or the tensor path on fully_shard's replicate mesh (torchtitan's PP + TP)
-            layout = fully_shard_layout(local.plan) if path == "fully_shard" else tp_layout(local.plan)
+        if path != ApplyPath.DDP:  # fully_shard, or the tensor path on fully_shard's replicate mesh (torchtitan's PP + TP)
+            layout = fully_shard_layout(local.plan) if path == ApplyPath.FULLY_SHARD else tp_layout(local.plan)
             split, data_mesh = fully_shard_model(module, chain, prefixes, local.plan, layout, local_mesh, ignored,
                                                  dims)
             data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))

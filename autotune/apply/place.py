@@ -67,12 +67,12 @@ def _unwrapped(place):
 # name: (takes(plan, chain) -> a layout or None, place(job) -> (the module to call, this rank's DataSplit)); the
 # plan's path is ``autotune.plan.layouts.plan_path``'s, taken where the modules take it (else the DTensor path)
 PATHS = {
-    "fully_shard": (_takes_tp(fully_shard_layout), _unwrapped(fsdp.place)),
-    "tensor": (_takes_tp(tp_layout), _unwrapped(fsdp.place_tensor)),
-    "ddp": (lambda plan, chain: data_parallel_plan(plan) or None, ddp.place),
-    "dtensor": (lambda plan, chain: True, _unwrapped(dtensor.place)),
+    ApplyPath.FULLY_SHARD.value: (_takes_tp(fully_shard_layout), _unwrapped(fsdp.place)),
+    ApplyPath.TENSOR.value: (_takes_tp(tp_layout), _unwrapped(fsdp.place_tensor)),
+    ApplyPath.DDP.value: (lambda plan, chain: data_parallel_plan(plan) or None, ddp.place),
+    ApplyPath.DTENSOR.value: (lambda plan, chain: True, _unwrapped(dtensor.place)),
 }
-CHOICES = ("auto", "dtensor")  # apply's path=: its own choice, or the DTensor path for any plan
+CHOICES = ("auto", ApplyPath.DTENSOR.value)  # apply's path=: its own choice, or the DTensor path for any plan
 
 
 def path_of(plan: TypedPlan, chain: list[Site], path: str = "auto") -> str:
@@ -81,7 +81,7 @@ def path_of(plan: TypedPlan, chain: list[Site], path: str = "auto") -> str:
     DTensor path (e.g. GPT-2's fused ``Conv1D`` projections under a tensor-parallel plan)."""
     if path not in CHOICES:
         raise UserError(f"path={path!r} is unknown: use one of {', '.join(CHOICES)}")
-    if path == "dtensor":
+    if path == ApplyPath.DTENSOR:
         return path
     name = plan_path(plan)
     return name if PATHS[name][0](plan, chain) else ApplyPath.DTENSOR.value
@@ -99,7 +99,7 @@ def one_stage(plan) -> TypedPlan:
 def placement_path(plan, model, mapping: dict | None = None, path: str = "auto") -> str:
     """The path ``apply(plan, model, path=path)`` places ``model`` by ("none" on one device)."""
     plan = one_stage(plan)
-    return "none" if plan.world == 1 else path_of(plan, find_layers(plan, model, mapping)[0], path)
+    return ApplyPath.NONE.value if plan.world == 1 else path_of(plan, find_layers(plan, model, mapping)[0], path)
 
 
 def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto"):
@@ -119,7 +119,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     check_batch(plan)
     name = path_of(plan, chain, path) if world > 1 else ApplyPath.NONE.value
     # torch's SequenceParallel takes the sequence split of a plan with sequence parallelism on its tensor axes
-    pieces = stream_by_sequence(plan, sequence_axes(plan) if name in ("tensor", "fully_shard") else ())
+    pieces = stream_by_sequence(plan, sequence_axes(plan) if name in (ApplyPath.TENSOR, ApplyPath.FULLY_SHARD) else ())
     if world > 1 and hasattr(model, "config") and pieces > 1:
         raise UserError(f"the plan splits each sequence of its residual stream over {pieces} "
                         f"devices (a micro-batch of {plan.model.get('micro_batch')}), which a Hugging Face model "
@@ -129,12 +129,12 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
         _recompute(model, chain, prefixes, plan.recompute)
         return model
     device = mesh.device_type if mesh is not None else device_type()
-    if name == "dtensor" and mesh is None:
+    if name == ApplyPath.DTENSOR and mesh is None:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)
     takes, place = PATHS[name]
     placed, split = place(Job(model, chain, prefixes, plan, mesh, device, takes(plan, chain)))
-    if name == "dtensor":
+    if name == ApplyPath.DTENSOR:
         _recompute(model, chain, prefixes, plan.recompute)
     placed._autotune_path = name
     return split.mark(placed)

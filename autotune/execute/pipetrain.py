@@ -13,6 +13,7 @@ from autotune.execute.launch import check_steps
 from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch, torch
 from autotune.execute.planread import check_apply_path
 from autotune.execute.usermodule import DEFAULT_MODULE
+from autotune.plan.typed import ApplyPath
 
 PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution_s", "grad_sync_s", "memory_bytes",
              "boundary_s", "bubble_s")
@@ -60,7 +61,7 @@ def run_pipeline_plan(plan, d, *, module: str = DEFAULT_MODULE, layers=None, ste
     param_dtype, autocast = module_dtypes(config, dtype)
     # built on the CPU: apply_pipeline moves this rank's stage to its device, and the rest stays off the GPU
     pipe = autotune.apply_pipeline(pp, build_module(module, config, seed, param_dtype, "cpu"),
-                                   local=apply_path != "dtensor")
+                                   local=apply_path != ApplyPath.DTENSOR)
     trainer = PipelineTrainer(pipe, config, d, seed, lr, autocast)
     try:
         measured = trainer.run(steps, warmup, profile_steps, progress)

@@ -19,10 +19,10 @@ from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
 
 from autotune.plan.file import PlanFile
-from autotune.plan.typed import Plan
+from autotune.plan.typed import ApplyPath, Plan
 
-KINDS = {"ddp": "data parallel", "fully_shard": "FSDP", "tensor": "tensor parallel",
-         "dtensor": "per-layer placements"}  # apply path -> kind
+KINDS = {ApplyPath.DDP.value: "data parallel", ApplyPath.FULLY_SHARD.value: "FSDP",
+         ApplyPath.TENSOR.value: "tensor parallel", ApplyPath.DTENSOR.value: "per-layer placements"}  # path -> kind
 
 
 def kind_of(plan: Plan) -> str | None:
