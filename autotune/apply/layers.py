@@ -316,5 +316,6 @@ def split_norms(chain: list[Site]) -> None:
     for site in chain:
         if site.layer.kind == "rmsnorm" and any(p == "S1" for p in site.layer.input or ()):
             for _, module in site.modules:
-                if isinstance(module, torch.nn.RMSNorm) and len(module.normalized_shape) == 1:  # parametrized: a subclass
+                # a parametrized one is a subclass
+                if isinstance(module, torch.nn.RMSNorm) and len(module.normalized_shape) == 1:
                     module.forward = functools.partial(_rms_norm, module)

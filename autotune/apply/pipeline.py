@@ -260,7 +260,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         dims = _local_dims(local.plan)
         local_mesh = meshes[tuple(dims.items())]
         ignored = tuple(m.weight for m in (columns, head) if m is not None)  # placed below, by rows or columns
-        if path != ApplyPath.DDP:  # fully_shard, or the tensor path on fully_shard's replicate mesh (torchtitan's PP + TP)
+        if path != ApplyPath.DDP:  # fully_shard, or the tensor path on fully_shard's replicate mesh (PP + TP)
             layout = fully_shard_layout(local.plan) if path == ApplyPath.FULLY_SHARD else tp_layout(local.plan)
             split, data_mesh = fully_shard_model(module, chain, prefixes, local.plan, layout, local_mesh, ignored,
                                                  dims)

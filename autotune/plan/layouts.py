@@ -226,7 +226,8 @@ def local_twin(typed: TypedPlan) -> LocalPlan | None:
     have both (FSDP or DDP blocks). A stage plan without such layers may also be TP + FSDP or data x tensor
     parallel (``tp_layout``: Megatron's 3-D stages, torchtitan's PP + TP) with the residual stream whole on the
     tensor axes (a graph without the residual stream, AutoDDL's, hands a partial sum across a boundary, which
-    the styles' all-reduce would not leave: DTensor's path). A stage with sequence parallelism (its boundaries' stream split by tokens on the tensor axis) is not
+    the styles' all-reduce would not leave: DTensor's path). A stage with sequence parallelism (its boundaries'
+    stream split by tokens on the tensor axis) is not
     one. None: the DTensor path."""
     tensor = tp_layout(typed)
     if tensor is not None and tensor.stream == B and not tensor.sequence_parallel and typed.layer("residual"):

@@ -2,8 +2,9 @@
 the search returns for a GPT-2 config.json or a gpt model JSON by default were refused before): the search's
 plans of 2 stages x 2 devices (tensor parallel: GPT-2's on the DTensor path, its fused c_attn split in its
 thirds there too, which crashed; nanoGPT's second stage on the tensor path, torch's ParallelStyles, its first,
-whose embedding is split by features, on the DTensor path) and (GPT-2) of 4 stages of one device, 1F1B and GPipe, on 4 gloo processes in float64 give
-the losses of one process over three SGD steps (so a gradient of the wrong scale shows), GPT-2's head tied to
+whose embedding is split by features, on the DTensor path) and (GPT-2) of 4 stages of one device, 1F1B and
+GPipe, on 4 gloo processes in float64 give the losses of one process over three SGD steps (so a gradient of the
+wrong scale shows), GPT-2's head tied to
 its embedding (their gradients summed between the first and the last stage), the nanoGPT module's tied as
 nanoGPT ties them. Planted bug: a later stage adding to the stream where GPT-2 adds positions (the cut's
 no-position table returning ones) fails. One launch."""

@@ -10,6 +10,9 @@ parameter after two Adam steps, to 1e-9 relative), for a small Hugging Face Llam
   not the whole micro-batch's;
 - a user's ``loss_fn`` takes the logits gathered by vocabulary (its own piece of the batch).
 
+- Megatron's plan with data and tensor axes in each stage (2 stages of d = 2 x t = 2, 8 processes): each rank
+  its piece of the micro-batch in its vocabulary columns.
+
 Each rank reports the path its stage took and the shape of the logits its last stage handed to the loss.
 Planted bugs fail: the schedule not under ``loss_parallel``, the DTensor path's logits gathered whole (its
 ``Ends`` of the last stage as the first's), every rank's loss taken against the first piece of the targets, the
@@ -156,3 +159,18 @@ def test_tensor_stages_and_the_last_stages_piece(tmp_path):
         assert not any(problems), f"{plan.strategy} local={local} user loss={user}: {[p for p in problems if p]}"
         seen = {name for r in range(4) for name in results[r][k][1]}
         assert seen == set(ref[1]), f"parameters no stage trained: {sorted(set(ref[1]) - seen)}"
+
+
+def test_data_by_tensor_stages(tmp_path):
+    """Megatron's 3-D plan with both axes in each stage (2 stages of d = 2 x t = 2, 8 processes): each rank the
+    logits of its piece of the micro-batch in its vocabulary columns, and one process's training."""
+    mb, seq, vocab = CFG["batch"] // M, CFG["sequence"], CFG["vocabulary"]
+    plan = megatron(CFG, 2, 4, 2, 2, M)
+    assert [s.plan.mesh.sizes for s in plan.stages] == [(2, 2)] * 2
+    out = tmp_path / "results.pt"
+    mp.start_processes(_worker, args=(8, free_port(), [(plan, True, False, None)], str(out)), nprocs=8,
+                       start_method="fork")
+    ref = train_one_process(CFG, M)
+    logits = ((mb // 2, seq, vocab), (mb // 2, seq, vocab // 2))
+    problems = [mismatch(ref, torch.load(f"{out}.{r}")[0], "tensor", logits) for r in range(8)]
+    assert not any(problems), [p for p in problems if p]
