@@ -270,9 +270,10 @@ def test_which_stages_take_which_path():
     """A stage takes apply's local path where its plan is data parallel or fully_shard-shaped (or becomes so once
     a first stage's embedding by columns or a last stage's logits by vocabulary with a vocabulary-parallel loss
     are read as data parallel, on DDP or fully_shard) and the stream arrives and leaves as each rank's local
-    piece; Megatron's tensor-parallel stages, replicated ones, a data-parallel stage that receives the stream
-    whole and logits by vocabulary whose loss takes them whole keep DTensor's; a stage of one device is placed
-    as it is."""
+    piece; Megatron's tensor-parallel stages take the tensor path where the residual stream crosses whole (a
+    Llama's), DTensor's where a partial sum crosses (AutoDDL's graph); replicated stages, a data-parallel stage
+    that receives the stream whole and logits by vocabulary whose loss takes them whole keep DTensor's; a stage
+    of one device is placed as it is."""
     from autotune.apply.pipeline import load_pipelined, stage_paths
     cfg = dict(LLAMA, batch=32)
     ddp = in_micro_batches(searched(cfg, 2), M)
@@ -284,7 +285,8 @@ def test_which_stages_take_which_path():
              (vocabulary_head(column_embedding(ddp)), ["ddp", "ddp"]),  # the search's 2 x 2 Llama
              (vocabulary_head(sharded(ddp, 1)), ["ddp", "fully_shard"]),
              (restage(vocabulary_head(ddp), 1, whole_loss), ["ddp", "dtensor"]),
-             (megatron(dict(GPT_PLAIN, batch=32), 2, 2, 2, 2, 16), ["dtensor", "dtensor"]),
+             (megatron(dict(GPT_PLAIN, batch=32), 2, 2, 2, 2, 16), ["dtensor", "dtensor"]),  # partial boundary
+             (megatron(cfg, 2, 2, 2, 2, M), ["tensor", "tensor"]),  # the residual stream whole: torch's styles
              (searched(dict(GPT, batch=8), 4), ["none"] * 4)]
     assert [stage_paths(load_pipelined(plan)) for plan, _ in cases] == [paths for _, paths in cases]
 
