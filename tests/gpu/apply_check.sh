@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 41 on 4 GPUs (nvidia-h200-x4, under 8 minutes): a transformers LlamaForCausalLM of 1.5 B (16 layers x 2048,
 # 8 K/V heads, ffn 8192, vocabulary 128256, sequence 2048, batch 32 in 2 micro-batches) built on the CPU; every
-# plan kind (the searched plan, data parallel, FSDP, Megatron t=2 and t=4, pipelined 2 x 2) searched on the CPU
+# plan kind (the searched plan, data parallel, FSDP, Megatron t=2 and t=4, pipelined 2 x 2, Megatron 3-D of 2
+# stages of t=2: the tensor path in a pipeline) searched on the CPU
 # with PROFILE first, then run through autotune.apply / apply_pipeline by execute's runners in one torchrun job,
 # beside tensor parallelism composed by hand with torch's ParallelStyles at t=2 and 4 (tests/gpu/apply_llama.py).
 # The table last; $OUT/apply_check.json holds the records.

@@ -30,21 +30,16 @@ STEPS, WARMUP, PROFILE_STEPS = 8, 3, 2
 
 
 def build(config: dict):
-    """The factory execute calls with the plan's model config: a LlamaForCausalLM whose forward(ids, targets)
-    returns the mean cross entropy (the logits' DTensor kept split under loss_parallel)."""
-    import torch
+    """The factory execute calls with the plan's model config: transformers' own LlamaForCausalLM (execute's
+    ``forward_loss`` takes its logits' cross entropy, under loss_parallel where they are split by vocabulary)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    class Llama(LlamaForCausalLM):
-        def forward(self, ids, targets):
-            logits = super().forward(input_ids=ids, use_cache=False).logits
-            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
     c = config
-    return Llama(LlamaConfig(vocab_size=c["vocabulary"], hidden_size=c["hidden"], intermediate_size=c["ffn"],
-                             num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                             num_key_value_heads=c["kv_heads"], head_dim=c["head_dim"],
-                             max_position_embeddings=c["sequence"], attn_implementation="sdpa"))
+    return LlamaForCausalLM(LlamaConfig(vocab_size=c["vocabulary"], hidden_size=c["hidden"],
+                                        intermediate_size=c["ffn"], num_hidden_layers=c["layers"],
+                                        num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+                                        head_dim=c["head_dim"], max_position_embeddings=c["sequence"],
+                                        attn_implementation="sdpa"))
 
 
 def _megatron(shape: dict, profile: str, d: tuple, t: tuple, name: str, gpus: int, sequence: bool = False) -> dict:
@@ -91,12 +86,38 @@ def plan(out: Path, profile: str, small: bool, gpus: int = 4, sequence: bool = F
             if b.strategy.startswith(kind):
                 plans[kind] = b
     plans["pipelined"] = piped.best if piped.best.stages else next(b for b in piped.baselines if b.stages)
+    if gpus % 4 == 0:  # Megatron's 3-D plan, 2 stages of t = 2: the tensor path in a pipeline (PP + TP)
+        plans["Megatron 3-D t=2"] = _megatron_3d(shape, profile, gpus)
     for t in (2, 4):
         if gpus % t == 0:
             plans[f"TP t={t}"] = _megatron(shape, profile, (1, gpus // t), (1, t), f"Megatron d={gpus // t} t={t}", gpus)
     (out / "plans.json").write_text(json.dumps({"shape": shape, "plans": {k: p.to_dict() for k, p in plans.items()},
                                                 "hand": [[t, False] for t in ts]}))
     print(f"wrote {out / 'plans.json'}: {', '.join(plans)}")
+
+
+def _megatron_3d(shape: dict, profile: str, gpus: int, tensor: int = 2):
+    """Megatron's 3-D plan of 2 stages inside one node of ``gpus``, t = ``tensor`` (the pipeline search's 3-D
+    candidates take whole nodes: its stage plans, ``autotune.pipeline.threed.stage_plans``, at each micro-batch
+    count), the fastest simulated, as plan.json writes it."""
+    from autotune.pipeline import threed
+    from autotune.pipeline.record import pipeline_plan
+    from autotune.pipeline.search import PipelineConfig, PipelineSearch
+    from autotune.sbp.mesh import Cluster
+    from calibrate.profile import Profile
+    from models import load_model
+    from autotune.sbp.memory import Mode
+    search = PipelineSearch(load_model("llama", None, dict(shape)), Cluster(1, gpus), Profile.load(profile), None,
+                            PipelineConfig(2, "1f1b"))
+    sub, mesh = Cluster(1, gpus // 2), ((1, gpus // 2 // tensor), (1, tensor))  # (data, tensor) sizes per stage
+    found = []
+    for m in threed.micro_batch_counts(search.graph.batch, 2, sub, True, None):
+        plans = threed.stage_plans(search, 2, sub, m, mesh, Mode()) if search.runs(2, m) else None
+        if plans is not None:
+            found.append(search.finish(search.candidate(2, sub, m, search.balanced(2), plans)))
+    best = min(found, key=lambda c: c.step)
+    return pipeline_plan(search, best, f"Megatron 3-D (t={tensor}, 2 stages of {sub}, {best.micro_batches} "
+                                       f"micro-batches)")
 
 
 def _hand_tp(shape: dict, t: int, d, sequence: bool = False):
