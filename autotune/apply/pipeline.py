@@ -40,8 +40,8 @@ from autotune.apply.layers import (_check_shapes, _recompute, _world, check_stre
 from autotune.apply.pipeplan import SCHEDULES, _stream, block_range, load_pipelined, sent
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
-from autotune.plan.layouts import (LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin, tp_layout,
-                                   twin_path)
+from autotune.plan.layouts import (TP_WEIGHTS, LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin,
+                                   tp_layout, twin_path)
 from autotune.plan.typed import ApplyPath, Plan, TypedPlan
 
 import torch.distributed as dist  # noqa: E402
@@ -112,9 +112,11 @@ def _stage_loss(loss_fn, split: DataSplit, vocabulary: bool):
 
 
 def _vocabulary_columns(typed: TypedPlan, tp: int | None) -> bool:
-    """Whether the tensor-parallel axis ``tp`` splits ``typed``'s logits by vocabulary (``ColwiseParallel``)."""
+    """Whether the tensor-parallel axis ``tp`` splits ``typed``'s logits by vocabulary: their style there is
+    ``ColwiseParallel`` (``TP_WEIGHTS``, as ``autotune.apply.tensor`` places them)."""
     logits = typed.layer("logits")
-    return tp is not None and logits is not None and logits.weight("weight").placements[tp] == "S1"
+    return tp is not None and logits is not None and \
+        TP_WEIGHTS["logits"].get(logits.weight("weight").placements[tp]) == "colwise"
 
 
 @dataclass
