@@ -59,13 +59,14 @@ def build_module(spec: str, config: dict, seed: int, dtype, device):
 
 
 def forward_loss(model, ids, targets):
-    """The mean loss of a step's micro-batch: a Hugging Face causal LM (a factory may return one) called with
-    ``input_ids``, its logits' cross entropy with ``targets``; any other module as ``forward(ids, targets)``,
-    returning the loss (``calibrate.moduletime.loss_of``: or nanoGPT's ``(logits, loss)``)."""
+    """The mean loss of a step's micro-batch, as the README's training script and ``calibrate module`` take it: a
+    Hugging Face causal LM (a factory may return one) called with ``input_ids`` and ``labels=targets``, its own
+    loss (the labels shifted inside; the key/value cache as its config says); any other module as
+    ``forward(ids, targets)``, returning the loss (``calibrate.moduletime.loss_of``: or nanoGPT's
+    ``(logits, loss)``)."""
     inner = getattr(model, "module", model)  # DDP's wrapped module
     if hasattr(inner, "config") and hasattr(inner, "get_input_embeddings"):
-        logits = model(input_ids=ids, use_cache=False).logits
-        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return model(input_ids=ids, labels=targets).loss
     return loss_of(model(ids, targets), "the --module factory")
 
 

@@ -41,7 +41,7 @@ from autotune.sbp.boxing import Coster, Step, box, box_backward, copy_seconds
 from autotune.sbp.layers import ACT_BYTES, NO_DROPOUT, Strategy, make_op, with_recipe
 from autotune.sbp.memory import (NONE, OUTSIDE, RECIPES, RERUN, TAIL, Memory, Mode, chain_roles, layer_roles,
                                  edge_bytes, recipe_of,
-                                 fsdp_axes, grad_sync_axes, held_elems, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
+                                 fsdp_axes, grad_sync_axes, held_elems, loss_parallel, peak_workspace, shares_tied_weight, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, matmul_kernel_seconds, optimizer_seconds,
                                    overlapped, require_compute)
 from autotune.sbp.mesh import Cluster
@@ -517,8 +517,15 @@ class Problem:
         if self.module_cal is not None and self.embedding is not None and self.mode.recompute != "full":
             e = self.embedding  # the transients the user's module was measured to hold beyond the model's
             key = self.module_cal.key(self.ops[e], self.choices[e][assign[e]], self.cluster)
-            offset = self.module_cal.peak_offset(key)
-            transient = self.module_cal.forward_transient(key) * len(self.graph.blocks)
+            # measured with the module's own loss on its local vocabulary: not the loss of logits split by
+            # vocabulary (torch's loss_parallel, priced as measured: memory.LOSS_PARALLEL_KEPT)
+            split = any(loss_parallel(self.choices[v][i]) for v, i in enumerate(assign))
+            offset = 0.0 if split else self.module_cal.peak_offset(key)
+            # a block's transient (its key/value cache) at the block's local shape: its heads split as the
+            # attention's are
+            a = next((v for v, op in enumerate(self.ops) if op.layer.kind == "attention"), e)
+            at = self.module_cal.key(self.ops[a], self.choices[a][assign[a]], self.cluster)
+            transient = self.module_cal.forward_transient(at) * len(self.graph.blocks)
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
                             self.mb, self.mode, self.chain_roles, self.recipe, shared, transient)
         return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws + offset)

@@ -48,7 +48,7 @@ activations scaled to what it keeps: ``autotune.sbp.modulecal``):
     loss                       the softmax probabilities in fp32 (4 bytes per local
                                logit, Megatron-LM's vocab-parallel cross-entropy); under bf16
                                autocast with the vocabulary split, torch's ``loss_parallel`` as
-                               apply runs it, 4 + 2 (``LOSS_PARALLEL_KEPT``)
+                               apply runs it, ``LOSS_PARALLEL_KEPT``
     dropout (Megatron-LM's     its mask, 1 byte an element of the output it drops (the residual adds'
     recipes, where set)        bias-dropout-add, the embedding's), and on the materialised attention's
                                probabilities also the dropped probabilities (``dropout_kept_bytes``)
@@ -103,12 +103,15 @@ from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, fine_of, is_split, local_shape, split_dim
 
 STAT_BYTES = 4  # softmax and layer-norm statistics: fp32 in both precisions
-# torch's ``loss_parallel`` (the loss on logits split by vocabulary, as apply runs it under bf16 autocast), bytes per
-# local logit: kept from its forward through its backward an fp32 and a bf16 logit-sized tensor (4 + 2), and while
-# its fused nll and log-softmax backward runs its zeroed fp32 gradient, exp(x) and their sum (12); measured as rank 0
-# of a fake group of 2 on one H200 (tests/gpu/memory_fake.py, 2026-11-29: the allocator's live blocks at the step's
-# peak, 3.91 + 1.96 and 3.91 + 7.83 GiB for 1.05e9 local logits), where F.cross_entropy keeps 4 and needs 6
-LOSS_PARALLEL_KEPT, LOSS_PARALLEL_WORK = 4 + 2, 12
+# torch's ``loss_parallel`` (the loss on logits split by vocabulary, as apply runs it under bf16 autocast) in the
+# step users run (a transformers model's own loss, ``labels``: its fp32 copy of the logits first), bytes per local
+# logit: kept from its forward through its backward an fp32 logit-sized tensor (4), and while its fused nll and
+# log-softmax backward runs its zeroed fp32 gradient, exp(x) and their sum (12). Measured as rank 0 of a fake group
+# on one H200 (tests/gpu/memory_fake.py, 2026-11-29: the allocator's live blocks at the step's peak, 3.91 + 7.83 GiB
+# of the backward for 1.05e9 local logits; tests/gpu/plans_fake.py, 2026-11-29: the step with ``labels`` 1.96 GiB
+# under the one with the bf16 logits' F.cross_entropy, 2 bytes a local logit, at t = 2 and 4), where
+# F.cross_entropy keeps 4 and needs 6
+LOSS_PARALLEL_KEPT, LOSS_PARALLEL_WORK = 4, 12
 COPY_BYTES = 2  # autocast's bf16 copy of a matmul weight, kept for the backward (act_bytes 2)
 
 @dataclass(frozen=True)

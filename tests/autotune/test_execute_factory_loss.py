@@ -1,6 +1,7 @@
 """What execute and tune call a ``--module`` factory's model with (``forward_loss``): a Hugging Face causal LM
-(a factory may return transformers' GPT2LMHeadModel) with ``input_ids``, its logits' cross entropy with the
-targets (it crashed: the targets went in as its cache); nanoGPT's ``(logits, loss)`` its loss; a module returning
+(a factory may return transformers' GPT2LMHeadModel) with ``input_ids`` and the targets as ``labels``: its own loss,
+the step the README's script and ``calibrate module`` take (it crashed once: the targets went in as its cache);
+nanoGPT's ``(logits, loss)`` its loss; a module returning
 neither is one line naming the contract."""
 import pytest
 
@@ -16,7 +17,8 @@ def test_factory_models_give_their_loss():
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2,
                                                               n_positions=8)).eval()  # no dropout
     ids, targets = torch.randint(32, (2, 8)), torch.randint(32, (2, 8))
-    want = torch.nn.functional.cross_entropy(hf(input_ids=ids).logits.flatten(0, 1), targets.flatten())
+    # the labels shifted inside: logit i predicts target i + 1
+    want = torch.nn.functional.cross_entropy(hf(input_ids=ids).logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten())
     assert torch.allclose(forward_loss(hf, ids, targets), want)
 
     class Nano(torch.nn.Module):  # nanoGPT's forward(idx, targets) -> (logits, loss)

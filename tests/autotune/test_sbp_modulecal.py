@@ -131,6 +131,54 @@ def test_a_blocks_forward_transient_is_held_by_every_block_at_the_forwards_end()
     assert total(4, 2e9)[0] - total(4, 1e9)[0] == pytest.approx(3e9, rel=1e-9)
 
 
+def test_the_measured_peak_corrects_the_modules_own_loss_not_loss_parallel():
+    """The measured step's peak is of the module's own loss on its local vocabulary: it moves a data-parallel plan
+    (the loss whole) by the measured difference, and not a tensor-parallel plan whose logits are split by vocabulary
+    (torch's loss_parallel, priced as measured on its own: ``memory.LOSS_PARALLEL_KEPT``)."""
+    from autotune.sbp.baselines import megatron_assignment
+    from autotune.sbp.memory import loss_parallel
+    fields = {k: v for k, v in MODEL.items() if k != "kind"}
+    profile = Profile.load("h200-nvlink+ib400")
+
+    def totals(peak):
+        outside = dict(OUTSIDE, activation_bytes=7e6, peak_bytes=peak)
+        block = dict(BLOCK, activation_bytes=3e6)
+        profile.module = section(ModulePoint(1, 1, 32, block, outside), ModulePoint(1, 2, 32, block, outside))
+        problem = Problem(load_model("llama", None, fields), Coster(profile, Cluster(1, 2)), None, require_fit=False,
+                          objective="step")
+        out = []
+        for d, t in (((1, 2), (1, 1)), ((1, 1), (1, 2))):
+            a = megatron_assignment(problem, d, t)
+            out.append((problem.memory_breakdown(a).total,
+                        any(loss_parallel(problem.choices[v][i]) for v, i in enumerate(a))))
+        return out
+
+    (dp, dp_split), (tp, tp_split) = totals(5e7)
+    (dp2, _), (tp2, _) = totals(9e7)
+    assert (dp_split, tp_split) == (False, True)
+    assert dp2 - dp == pytest.approx(4e7, rel=1e-9) and tp2 == tp
+
+
+def test_a_tensor_parallel_blocks_transient_is_the_one_measured_at_its_heads_split():
+    """A block's transient (its key/value cache: the heads it holds) is read at the block's own local shape: for
+    Megatron t=2 the point measured at width 2, not the width-1 point of the same micro-batch (the embedding's)."""
+    from autotune.sbp.baselines import megatron_assignment
+    fields = {k: v for k, v in MODEL.items() if k != "kind"}
+    profile = Profile.load("h200-nvlink+ib400")
+
+    def total(whole, half):
+        outside = dict(OUTSIDE, activation_bytes=7e6)
+        profile.module = section(*(ModulePoint(t, 2, 32, dict(BLOCK, activation_bytes=3e6,
+                                                              forward_transient_bytes=x), outside)
+                                   for t, x in ((1, whole), (2, half))))
+        problem = Problem(load_model("llama", None, fields), Coster(profile, Cluster(1, 2)), None, require_fit=False,
+                          objective="step")
+        return problem.memory_breakdown(megatron_assignment(problem, (1, 1), (1, 2))).total
+
+    assert total(1e9, 2e9) - total(1e9, 1e9) == pytest.approx(4e9, rel=1e-9)  # 4 blocks
+    assert total(3e9, 1e9) == total(1e9, 1e9)
+
+
 @pytest.mark.parametrize("points, model", [
     ((ModulePoint(1, 2, 64, BLOCK, OUTSIDE),), SHAPE),  # another sequence
     ((ModulePoint(2, 2, 32, BLOCK, OUTSIDE),), SHAPE),  # another tensor width only
