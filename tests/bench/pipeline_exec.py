@@ -86,7 +86,7 @@ def timeline(case: str, width: int) -> None:
     if len(plan.stages) > 16:
         return
     print(f"\ntimeline ({width} columns of {step / width * 1e3:.3g} ms; F forward, B backward, . idle)")
-    for s in plan.stages:
+    for i, s in enumerate(plan.stages):
         row = ["."] * width
         for what, _, start, end in s.timeline:
             if what not in ("F", "B"):
@@ -94,7 +94,7 @@ def timeline(case: str, width: int) -> None:
             for col in range(int(start / step * width), max(int(start / step * width) + 1,
                                                                int(end / step * width))):
                 row[min(col, width - 1)] = what
-        print(f"stage {s['stage']:>2} {''.join(row)}")
+        print(f"stage {i:>2} {''.join(row)}")
 
 
 def main() -> None:
