@@ -11,6 +11,7 @@ import tempfile
 import time
 
 import torch
+import torch.multiprocessing as mp
 
 
 def free_port() -> int:
@@ -20,22 +21,20 @@ def free_port() -> int:
 
 
 def run_on_gloo(fn, jobs, world: int = 4, *, bugs: dict | None = None, timeout: float | None = None,
-                limit: float = 600, init: bool = True, start: str = "fork") -> list[list]:
-    """``fn(*job)`` for each of ``jobs`` on each of ``world`` ranks: [rank][job] what it returned, or its
-    exception as one line ("Type: message": a wrong plan may fail outright instead of giving other numbers).
+                limit: float = 600, init: bool = True) -> list[list]:
+    """``fn(*job)`` for each of ``jobs`` on each of ``world`` forked ranks (this process's imports shared: spawning
+    re-imports transformers on every rank): [rank][job] what it returned, or its exception as one line
+    ("Type: message": a wrong plan may fail outright instead of giving other numbers).
 
     ``bugs``: each job's last item names its planted bug (None: none), a key of ``bugs`` whose value gives the
     context manager the job runs in (``fn`` takes the items before it). ``timeout``: gloo's for each collective,
     in seconds (None: torch's): a job that fails on some ranks leaves the others waiting on theirs. ``limit``:
     seconds for the whole run, after which the ranks are killed and a ``TimeoutError`` names those still running.
-    ``init``: False where the job joins the group itself from torchrun's environment (a command's ``main``).
-    ``start``: "fork" (this process's imports shared: spawning re-imports transformers on every rank) or
-    "spawn"."""
-    import torch.multiprocessing as mp
+    ``init``: False where the job joins the group itself from torchrun's environment (a command's ``main``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
         ctx = mp.start_processes(_rank, args=(world, free_port(), out, fn, jobs, bugs, timeout, init), nprocs=world,
-                                 start_method=start, join=False)
+                                 start_method="fork", join=False)
         deadline = time.monotonic() + limit
         while not ctx.join(timeout=max(deadline - time.monotonic(), 0)):
             if time.monotonic() >= deadline:
@@ -43,7 +42,7 @@ def run_on_gloo(fn, jobs, world: int = 4, *, bugs: dict | None = None, timeout: 
                 for p in ctx.processes:
                     p.kill()
                     p.join()
-                raise TimeoutError(f"{getattr(fn, '__name__', fn)} on {world} gloo ranks: ranks {running} still "
+                raise TimeoutError(f"{fn.__name__} on {world} gloo ranks: ranks {running} still "
                                    f"running after {limit:g} s (a collective some rank never reached?), killed")
         return [torch.load(f"{out}.{r}") for r in range(world)]
 

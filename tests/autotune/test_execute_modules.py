@@ -97,7 +97,7 @@ def mismatch(ref, got) -> str | None:
 
 def test_apply_path_matches_one_process():
     ps = plans()
-    results = run_on_gloo(_run_plans, [(json.dumps(ps),)], init=False, start="spawn")[0][0]
+    results = run_on_gloo(_run_plans, [(json.dumps(ps),)], init=False)[0][0]
     refs = {"llama": reference(LLAMA), "gpt": reference(GPT)}
     assert len(results) == len(ps)
     for plan, got in zip(ps[:-1], results):

@@ -56,7 +56,7 @@ def tune(tmp_path, profile, module: str = "tests.autotune.test_tune:slow_when_sh
     argv = ["--model", str(model), "--module", module, "--profile", str(profile),
             "--k", "3", "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--",
             "--budget", "0.3", "--compare", "none", *search]
-    ranks = run_on_gloo(_tune, [(argv,)], 2, init=False, start="spawn")
+    ranks = run_on_gloo(_tune, [(argv,)], 2, init=False)
     return out, [error for (error,) in ranks if error is not None]
 
 
