@@ -19,13 +19,13 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
-import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
 from autotune.plan.layouts import fully_shard_plan  # noqa: E402
 from autotune.apply.place import placement_path  # noqa: E402
-from tiny_models import free_port, hf_llama  # noqa: E402
+from gloo_runner import run_on_gloo  # noqa: E402
+from tiny_models import hf_llama  # noqa: E402
 from apply_plans import (GPT, LLAMA, data_parallel, megatron_baseline, random_partial, searched, tp_data,  # noqa: E402
                          typed_plan, vocab_parallel)
 
@@ -127,25 +127,6 @@ def parameters(model) -> dict:
     return out
 
 
-
-def _on_gloo(rank, world, port, out, fn, jobs):
-    """A worker: gloo among ``world`` forked processes, ``fn(kind, plan)`` for each job (its exception as a
-    line: the wrong plan may fail outright instead of giving other numbers); rank 0 saves the results."""
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = []
-    for kind, plan in jobs:
-        try:
-            results.append(fn(kind, plan))
-        except Exception as e:
-            results.append(f"{type(e).__name__}: {e}")
-    if rank == 0:
-        torch.save(results, out)
-    dist.destroy_process_group()
-
-
 def _applied(kind, plan):
     """``apply`` on the path ``placement_path`` names, then ``train``."""
     import autotune
@@ -200,15 +181,13 @@ def mismatch(ref, got) -> str | None:
 
 
 @pytest.mark.parametrize("nodes,gpus", [(2, 2), (1, 4)])
-def test_apply_matches_one_process(nodes, gpus, tmp_path):
+def test_apply_matches_one_process(nodes, gpus):
     jobs = plans(nodes, gpus)
     # the FSDP, HSDP and TP + FSDP baselines take fully_shard (+ parallelize_module), every other plan the DTensor
     # placement path
     assert [p.strategy for _, p in jobs if fully_shard_plan(p)] == ["FSDP", "HSDP", "TP + FSDP"] * 2 * (nodes > 1)
-    out = tmp_path / "results.pt"
     # forked before this process computes anything (its imports shared: spawning re-imports transformers 4 times)
-    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _applied, jobs), nprocs=4, start_method="fork")
-    results = torch.load(out)
+    results = run_on_gloo(_applied, jobs)[0]
     refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
     assert len(results) == len(jobs)
     for (kind, plan), got in zip(jobs[:-1], results):
@@ -222,15 +201,12 @@ def _float32(kind, plan):
     return train(autotune.apply(plan, make_model(kind).float()), plan, GPT)
 
 
-def test_fsdp_float32_on_gloo(tmp_path):
+def test_fsdp_float32_on_gloo():
     """fully_shard reduces 16- and 32-bit gradients by a pre-multiplied sum, which gloo lacks (a RuntimeError
     at the first backward, as `autotune execute --device cpu` met it): on gloo the FSDP baseline sums instead,
     and matches one process in float32."""
     plan = typed_plan(GPT, 2, 2, data_parallel(GPT), "FSDP", fsdp_axes=(0, 1))
-    out = tmp_path / "result.pt"
-    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _float32, [("gpt", plan)]), nprocs=4,
-                       start_method="fork")
-    got = torch.load(out)[0]
+    got = run_on_gloo(_float32, [("gpt", plan)])[0][0]
     assert not isinstance(got, str), got
     (ref_losses, ref_params), (losses, params) = train(make_model("gpt").float(), plan, GPT), got
     assert np.allclose(losses, ref_losses, rtol=1e-5, atol=0), (losses, ref_losses)
@@ -246,7 +222,7 @@ def _local(kind, plan):
     return model._autotune_path, type(model).__name__, train(model, plan, GPT if kind == "gpt" else LLAMA)
 
 
-def test_ddp_and_tensor_parallel_match_one_process(tmp_path):
+def test_ddp_and_tensor_parallel_match_one_process():
     """The data-parallel plan (DDP) and a tensor-parallel plan without FSDP (Megatron's d x t: parallelize_module
     and fully_shard on a replicate mesh, torchtitan's DDP + TP; the logits a DTensor of vocabulary columns, the
     loss under loss_parallel) of both models, and t = 4 over both fine axes (one flattened "tp" dimension): the
@@ -256,9 +232,7 @@ def test_ddp_and_tensor_parallel_match_one_process(tmp_path):
     jobs.append(("gpt", typed_plan(GPT, 2, 2, tp_data(GPT, tp=2), "tensor parallel over both axes (t = 4)")))
     # the search's Megatron baselines: the residual stream split by features (reduce-scattered, norms gathered)
     jobs += [("llama", megatron_baseline(LLAMA, (1, 2), (1, 2))), ("gpt", megatron_baseline(GPT, (1, 1), (1, 4)))]
-    out = tmp_path / "results.pt"
-    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _local, jobs), nprocs=4, start_method="fork")
-    results = torch.load(out)
+    results = run_on_gloo(_local, jobs)[0]
     refs = {kind: train(make_model(kind), jobs[0][1], GPT if kind == "gpt" else LLAMA) for kind in ("llama", "gpt")}
     for (kind, plan), got in zip(jobs, results):
         assert not isinstance(got, str), got

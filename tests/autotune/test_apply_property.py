@@ -9,7 +9,6 @@ loss_parallel) and two Adam steps match one process in float64. Pipelined plans 
 over data-parallel, FSDP and tensor-parallel (3-D) stages against one process. Each path with a planted bug
 (the gradient not scaled to the batch's mean on the DTensor path; every data rank fed the same piece on DDP;
 fully_shard's gradients summed on the tensor-parallel and FSDP paths) fails. One launch per test."""
-import contextlib
 import os
 import types
 from unittest import mock
@@ -22,12 +21,11 @@ if not os.environ.get("CI"):
     pytest.importorskip("hypothesis")
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401
-import torch.multiprocessing as mp  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # noqa: E402
 
 from apply_plans import GPT, LLAMA, data_parallel, searched, tp_data, typed_plan  # noqa: E402
-from test_apply_distributed import NanoGPT, _on_gloo, mismatch, train  # noqa: E402
-from tiny_models import free_port  # noqa: E402
+from gloo_runner import run_on_gloo  # noqa: E402
+from test_apply_distributed import NanoGPT, mismatch, train  # noqa: E402
 
 # GPT-2 by hand below (its searched plans, whose tied embedding and head are placed differently, in
 # test_apply_tied.py)
@@ -76,12 +74,10 @@ def _search(family: str, cfg: dict, nodes: int, gpus: int):
     return searched(fields, nodes, gpus, steps=100, tied=tied)
 
 
-def _run(family, job):
-    cfg, plan, bug = job
-    with BUGS[bug]() if bug else contextlib.nullcontext():
-        import autotune
-        model = autotune.apply(plan, build(family, cfg))
-        return model._autotune_path, train(model, plan, cfg)
+def _run(family, cfg, plan):
+    import autotune
+    model = autotune.apply(plan, build(family, cfg))
+    return model._autotune_path, train(model, plan, cfg)
 
 
 def _summed(original):
@@ -111,14 +107,9 @@ def _bugs():
             "summed": lambda: mock.patch.object(fsdp, "fully_shard_model", _summed(fsdp.fully_shard_model))}
 
 
-BUGS = {}
-
-
-def _launch(jobs, tmp_path):
-    BUGS.update(_bugs())
-    out = tmp_path / "results.pt"
-    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _run, jobs), nprocs=4, start_method="fork")
-    return torch.load(out)
+def _launch(jobs):
+    """(family, cfg, plan, planted bug or None) jobs on 4 gloo processes: rank 0's results."""
+    return run_on_gloo(_run, jobs, bugs=_bugs())[0]
 
 
 CASES = st.tuples(st.sampled_from(FAMILIES), st.sampled_from([2, 4]), st.sampled_from([1, 2, 4]),
@@ -129,15 +120,14 @@ CASES = st.tuples(st.sampled_from(FAMILIES), st.sampled_from([2, 4]), st.sampled
 @settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), database=None,
           phases=(Phase.explicit, Phase.generate))  # one launch: no shrinking (the failing draw is printed)
 @given(st.lists(CASES, min_size=4, max_size=4, unique_by=lambda c: c[0]))
-def test_searched_plans_match_one_process(tmp_path_factory, cases):
-    tmp_path = tmp_path_factory.mktemp("property")
+def test_searched_plans_match_one_process(cases):
     jobs = []
     for family, kv, mb, (nodes, gpus) in cases:
         cfg = config(family, kv, mb)
-        jobs.append((family, (cfg, _search(family, cfg, nodes, gpus), None)))
-    results = _launch(jobs, tmp_path)
+        jobs.append((family, cfg, _search(family, cfg, nodes, gpus), None))
+    results = _launch(jobs)
     from autotune.apply.batch import stream_by_sequence
-    for (family, (cfg, plan, _)), got in zip(jobs, results):
+    for (family, cfg, plan, _), got in zip(jobs, results):
         if family != "nanogpt" and stream_by_sequence(plan) > 1:  # refused before any step, in one line
             assert isinstance(got, str) and got.startswith("UserError: the plan splits each sequence"), got
             continue
@@ -148,28 +138,28 @@ def test_searched_plans_match_one_process(tmp_path_factory, cases):
                                             f"{mismatch(want, got)}"
 
 
-def test_gpt2_fused_c_attn_matches_one_process(tmp_path):
+def test_gpt2_fused_c_attn_matches_one_process():
     """GPT-2's fused [q | k | v] Conv1D c_attn split by features (Megatron's d x t, the DTensor path: no
     ParallelStyle takes a Conv1D), its head tied to the embedding: one process's losses and parameters."""
     cfg = config("gpt2", 4, 4)
     plans = [typed_plan(cfg, 2, 2, tp_data(cfg), "tensor parallel"),
              typed_plan(cfg, 2, 2, tp_data(cfg, tp=2), "tensor parallel over both axes")]
-    results = _launch([("gpt2", (cfg, plan, None)) for plan in plans], tmp_path)
+    results = _launch([("gpt2", cfg, plan, None) for plan in plans])
     want = train(build("gpt2", cfg), plans[0], cfg)
     for plan, got in zip(plans, results):
         assert not isinstance(got, str), got
         assert got[0] == "dtensor" and mismatch(want, got[1]) is None, (plan.strategy, mismatch(want, got[1]))
 
 
-def test_each_path_fails_a_planted_bug(tmp_path):
+def test_each_path_fails_a_planted_bug():
     """Each path with its planted bug disagrees with one process (and agrees without it)."""
     cfg = dict(LLAMA)
     plans = {"dtensor": (_search("llama", cfg, 2, 2), "unscaled"),
              "ddp": (typed_plan(cfg, 2, 2, data_parallel(cfg), "data parallel"), "same piece"),
              "tensor": (typed_plan(cfg, 2, 2, tp_data(cfg), "tensor parallel"), "summed"),
              "fully_shard": (typed_plan(cfg, 2, 2, data_parallel(cfg), "FSDP", fsdp_axes=(0, 1)), "summed")}
-    jobs = [("llama", (cfg, plan, bug)) for plan, bug in plans.values()]
-    results = _launch(jobs + [("llama", (cfg, plan, None)) for plan, _ in plans.values()], tmp_path)
+    jobs = [("llama", cfg, plan, bug) for plan, bug in plans.values()]
+    results = _launch(jobs + [("llama", cfg, plan, None) for plan, _ in plans.values()])
     want = train(build("llama", cfg), plans["ddp"][0], cfg)
     for name, got, clean in zip(plans, results, results[len(plans):]):
         assert clean[0] == name and mismatch(want, clean[1]) is None, (name, clean)
@@ -182,7 +172,7 @@ def _pipelined(cfg, plan):
     return losses, params, path
 
 
-def test_schedules_over_stage_paths_match_one_process(tmp_path):
+def test_schedules_over_stage_paths_match_one_process():
     """GPipe (which crashed DDP's reducer: a data-parallel stage now syncs once after the schedule), 1F1B and
     eager-1F1B over data-parallel stages, GPipe over FSDP stages and 1F1B over tensor-parallel (Megatron 3-D)
     stages of the search's pipelined plans (torch's ParallelStyles: the tensor path): each rank's losses and
@@ -193,10 +183,7 @@ def test_schedules_over_stage_paths_match_one_process(tmp_path):
     jobs = [in_micro_batches(piped(cfg, 2, schedule=s), 4) for s in ("gpipe", "1f1b", "eager-1f1b")]
     jobs.append(sharded(sharded(jobs[0], 0), 1))
     jobs.append(megatron(cfg, 2, 2, 2, 2, 4))
-    out = tmp_path / "results.pt"
-    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _pipelined, [(cfg, p) for p in jobs]), nprocs=4,
-                       start_method="fork")
-    results = torch.load(out)
+    results = run_on_gloo(_pipelined, [(cfg, p) for p in jobs])[0]
     ref_losses, ref_params = train_one_process(cfg, 4)
     for plan, got, want in zip(jobs, results, ("ddp", "ddp", "ddp", "fully_shard", "tensor")):
         assert not isinstance(got, str), (plan.strategy, got)

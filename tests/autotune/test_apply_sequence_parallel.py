@@ -22,13 +22,13 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
-import torch.multiprocessing as mp  # noqa: E402
 
 from apply_plans import GPT, LLAMA, megatron_baseline  # noqa: E402
 from autotune.plan.layouts import fully_shard_layout, local_twin, plan_path, tp_layout  # noqa: E402
 from autotune.plan.runnable import unrunnable  # noqa: E402
-from test_apply_distributed import NanoGPT, _on_gloo, mismatch, train  # noqa: E402
-from tiny_models import free_port, hf_llama  # noqa: E402
+from gloo_runner import run_on_gloo  # noqa: E402
+from test_apply_distributed import NanoGPT, mismatch, train  # noqa: E402
+from tiny_models import hf_llama  # noqa: E402
 
 
 def model_of(kind: str, cfg: dict):
@@ -69,13 +69,12 @@ def torchtitan_sp(model, layers: int):
     return model
 
 
-def _counted(_, job):
+def _counted(kind, cfg, plan, how):
     """``apply`` then ``train`` (under the planted bug where ``how`` is "bug", on the DTensor path where it is
     "dtensor"), counting the functional collectives: (path, the counts, the result)."""
     import autotune
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
-    kind, cfg, plan, how = job
     counts = Counter()
 
     class Count(TorchDispatchMode):
@@ -95,24 +94,14 @@ def _counted(_, job):
     return model._autotune_path, dict(counts), got
 
 
-def _launch(jobs, world, tmp_path):
-    out = tmp_path / "results.pt"
-    mp.start_processes(_on_gloo, args=(world, free_port(), str(out), _counted,
-                                       [(None, job) for job in jobs]), nprocs=world, start_method="fork")
-    return torch.load(out)
+def _reference(kind, cfg, plan):
+    return train(model_of(kind, cfg), plan, cfg)
 
 
-def _reference(rank, kind, cfg, plan, out):
-    torch.set_num_threads(1)  # the parent's thread pool is not the child's (forked as the gloo workers are)
-    torch.save(train(model_of(kind, cfg), plan, cfg), out)
-
-
-def one_process(kind, cfg, plan, tmp_path):
-    """What one process trains, computed in a forked process too: this one never runs autograd, whose threads a
-    later fork cannot take (torch's CUDA builds start them)."""
-    out = tmp_path / "reference.pt"
-    mp.start_processes(_reference, args=(kind, cfg, plan, str(out)), nprocs=1, start_method="fork")
-    return torch.load(out)
+def one_process(kind, cfg, plan):
+    """What one process trains, computed in a forked process too (a gloo rank alone): this one never runs
+    autograd, whose threads a later fork cannot take (torch's CUDA builds start them)."""
+    return run_on_gloo(_reference, [(kind, cfg, plan)], 1)[0][0]
 
 
 def sp_plan(cfg, d, t, cluster, **kw):
@@ -151,7 +140,7 @@ def test_the_layout_is_read_from_the_plan():
     assert tp_layout(broken) is None and plan_path(broken) == "dtensor"
 
 
-def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
+def test_sequence_parallel_matches_one_process_on_two_ranks():
     """t = 2: Llama with micro-batches of 1 and 2 sequences (and with its embedding and head replicated) and
     nanoGPT (learned positions), each against one process, the reduce-scatters counted (none without sequence
     parallelism, and as many as torchtitan's styles composed by hand issue); the planted bug differs; on the
@@ -165,18 +154,18 @@ def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
              ("llama", cfg, megatron_baseline(cfg, (1, 1), (1, 2), (1, 2)), None),
              ("llama", cfg, jobs[0][2], "bug"), ("llama", cfg, jobs[0][2], "dtensor"),
              ("llama", cfg, jobs[0][2], "torchtitan")]
-    results = _launch(jobs, 2, tmp_path)
+    results = run_on_gloo(_counted, jobs, 2)[0]
     for (kind, cfg, plan, how), got in zip(jobs, results):
         assert not isinstance(got, str) or how, got
         if how == "dtensor":  # a sequence split the DTensor path cannot give transformers' Llama: one line
             assert got.startswith("UserError: the plan splits each sequence of its residual stream over 2 devices"), got
             continue
         if how == "bug":
-            assert isinstance(got, str) or mismatch(one_process(kind, cfg, plan, tmp_path), got[2]) is not None, \
+            assert isinstance(got, str) or mismatch(one_process(kind, cfg, plan), got[2]) is not None, \
                 "the unsynced norms went unnoticed"
             continue
         path, counts, got = got
-        want = one_process(kind, cfg, plan, tmp_path)
+        want = one_process(kind, cfg, plan)
         if how == "torchtitan":  # the same numbers and the same sequence-parallel collectives as apply's
             assert mismatch(want, got) is None and all(counts.get(c) == results[0][1].get(c) for c in (
                 "reduce_scatter_tensor", "all_gather_into_tensor")), (counts, results[0][1])
@@ -190,14 +179,14 @@ def test_sequence_parallel_matches_one_process_on_two_ranks(tmp_path):
         assert counts.get("reduce_scatter_tensor", 0) == passes * rs, (kind, plan.strategy, counts)
 
 
-def test_sequence_parallel_on_data_and_tensor_axes(tmp_path):
+def test_sequence_parallel_on_data_and_tensor_axes():
     """2 x 2, a micro-batch of 2 sequences: data x tensor (each data rank one sequence, split over t) on the
     tensor path, and TP + FSDP with sequence parallelism on fully_shard, each against one process."""
     cfg = dict(LLAMA, micro_batch=2, batch=4)
     jobs = [("llama", cfg, sp_plan(cfg, (2, 1), (1, 2), (2, 2)), None),
             ("llama", cfg, sp_plan(cfg, (2, 1), (1, 2), (2, 2), fsdp_axes=(0,)), None)]
-    results = _launch(jobs, 4, tmp_path)
-    want = one_process("llama", cfg, jobs[0][2], tmp_path)
+    results = run_on_gloo(_counted, jobs)[0]
+    want = one_process("llama", cfg, jobs[0][2])
     for (_, _, plan, _), got, path in zip(jobs, results, ("tensor", "fully_shard")):
         assert not isinstance(got, str), got
         assert got[0] == path and mismatch(want, got[2]) is None, (plan.strategy, got[0], mismatch(want, got[2]))

@@ -13,11 +13,10 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401
-import torch.multiprocessing as mp  # noqa: E402
 
-from test_apply_distributed import _on_gloo, mismatch, train  # noqa: E402
+from gloo_runner import run_on_gloo  # noqa: E402
+from test_apply_distributed import mismatch, train  # noqa: E402
 from test_apply_property import _float64_norms  # noqa: E402
-from tiny_models import free_port  # noqa: E402
 
 SHAPE = dict(sequence=8, batch=8)
 
@@ -68,10 +67,7 @@ def test_tied_weight_placed_twice_matches_one_process(tmp_path):
                                    compare=()).best
             jobs.append((path, plan))
     assert sum(_tied_differs(p) for _, p in jobs) >= 3, [p.strategy for _, p in jobs]
-    out = tmp_path / "results.pt"
-    mp.start_processes(_on_gloo, args=(4, free_port(), str(out), _run, jobs),
-                       nprocs=4, start_method="fork")
-    results = torch.load(out)
+    results = run_on_gloo(_run, jobs)[0]
     for (path, plan), got in zip(jobs, results):
         assert not isinstance(got, str), (path.parent.name, plan.cluster, got)
         path_name, got, (emb, head) = got

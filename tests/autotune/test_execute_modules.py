@@ -14,10 +14,10 @@ import pytest
 if not os.environ.get("CI"):
     pytest.importorskip("torch")
 import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from hand_plans import data_parallel, megatron, split_norm, typed_plan, vocab_parallel  # noqa: E402
-from tiny_models import free_port, module_path_one_process  # noqa: E402
+from gloo_runner import run_on_gloo  # noqa: E402
+from tiny_models import module_path_one_process  # noqa: E402
 
 LLAMA = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8, vocabulary=64,
              batch=8, micro_batch=4)
@@ -53,15 +53,13 @@ def _whole(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _worker(rank, world, port, plans_file, out):
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+def _run_plans(plans_json):
+    """execute's apply path on this rank, each plan of ``plans_json`` in turn (one group for them all)."""
     from autotune.execute.env import start, stop
     from autotune.execute.runner import run_module_plan
     d = start("cpu")
     results = []
-    for plan in json.loads(open(plans_file).read()):
+    for plan in json.loads(plans_json):
         module = TORCH_RMSNORM if plan["strategy"].endswith(TORCH_RMSNORM_TAG) else DEFAULT_MODULE
         try:
             rec, model = run_module_plan(plan, d, module=module, steps=STEPS, warmup=0, profile_steps=0,
@@ -73,9 +71,8 @@ def _worker(rank, world, port, plans_file, out):
         results.append({"losses": rec["measured"]["losses"], "executor": rec["executor"], "path": rec["apply_path"],
                         "weights": {n: _whole(p.detach()) for n, p in model.named_parameters()},
                         "grads": {n: _whole(p.grad) for n, p in model.named_parameters()}})
-    if rank == 0:
-        torch.save(results, out)
     stop(d)
+    return results
 
 
 def reference(cfg: dict):
@@ -98,12 +95,9 @@ def mismatch(ref, got) -> str | None:
     return None
 
 
-def test_apply_path_matches_one_process(tmp_path):
+def test_apply_path_matches_one_process():
     ps = plans()
-    pf, out = tmp_path / "plans.json", tmp_path / "results.pt"
-    pf.write_text(json.dumps(ps))
-    mp.spawn(_worker, args=(4, free_port(), str(pf), str(out)), nprocs=4)
-    results = torch.load(out)
+    results = run_on_gloo(_run_plans, [(json.dumps(ps),)], init=False)[0][0]
     refs = {"llama": reference(LLAMA), "gpt": reference(GPT)}
     assert len(results) == len(ps)
     for plan, got in zip(ps[:-1], results):

@@ -10,7 +10,7 @@ if not os.environ.get("CI"):
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tiny_models import free_port  # noqa: E402
+from gloo_runner import free_port  # noqa: E402
 
 
 def test_one_group_per_kind_for_fused_adamw():

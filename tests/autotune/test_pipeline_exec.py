@@ -14,7 +14,6 @@ stages (4 x 1, m = 2) under 1F1B (Megatron's order, on the library's runtime) an
 forwards and backwards in the step model's order. Each stage keeps the micro-batches in flight that the plan's
 schedule says (counted at run time). One launch per model and layout (each 3-45 s on the shared 2-core
 box)."""
-import contextlib
 import os
 from unittest import mock
 
@@ -26,13 +25,12 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
-import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
 from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, make_model, megatron,  # noqa: E402
                                  replicated, rerouted, restage, searched, stage_parameters,
                                  train_one_process)
-from tiny_models import free_port  # noqa: E402
+from gloo_runner import run_on_gloo  # noqa: E402
 
 from autotune.apply import pipeline as stages_module  # noqa: E402
 
@@ -84,23 +82,10 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int, list]:
     return losses, params, in_flight["peak"], in_flight["order"]
 
 
-
-def _worker(rank, world, port, jobs, out):
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = []
-    for cfg, plan, *wrong in jobs:
-        route = mock.patch.object(stages_module, "_reshard_stream", _unreduced) if wrong and wrong[0] else \
-            contextlib.nullcontext()
-        try:
-            with route:
-                results.append(train_pipelined(cfg, plan))
-        except Exception as e:  # the wrong plan may fail outright instead of giving other numbers
-            results.append(f"{type(e).__name__}: {e}")
-    torch.save(results, f"{out}.{rank}")
-    dist.destroy_process_group()
+def _launch(jobs) -> list[list]:
+    """(cfg, plan, "unreduced" or None: the wrong route) jobs on 4 gloo processes: each rank's results."""
+    return run_on_gloo(train_pipelined, jobs, bugs={
+        "unreduced": lambda: mock.patch.object(stages_module, "_reshard_stream", _unreduced)})
 
 
 def partial_stream(name: str, key: str, fine: tuple) -> tuple:
@@ -141,12 +126,9 @@ def jobs_for(kind: str, stages: int) -> list[tuple[dict, dict, bool]]:
 
 
 @pytest.mark.parametrize("kind,stages", [("gpt", 2), ("llama", 2), ("gpt", 4), ("llama", 4)])
-def test_pipeline_matches_one_process(kind, stages, tmp_path):
+def test_pipeline_matches_one_process(kind, stages):
     jobs = jobs_for(kind, stages)
-    out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, free_port(), [(c, p) for c, p, _ in jobs], str(out)), nprocs=4,
-                       start_method="fork")
-    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    results = _launch([(c, p, None) for c, p, _ in jobs])
     cfg = jobs[0][0]
     ref = train_one_process(cfg, jobs[0][1].micro_batches)
     assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved between the steps
@@ -174,35 +156,29 @@ def _check(ref, results, jobs, stages: int, label: str) -> None:
         assert [results[r][k][2] for r in range(4)] == per_rank, plan.pipeline.schedule
 
 
-def test_partial_sum_boundary_by_each_route(tmp_path):
+def test_partial_sum_boundary_by_each_route():
     cfg = dict(GPT_PLAIN, batch=32)
     plan = megatron(cfg, 2, 2, 2, 2, 16)  # 2 stages of one 2-GPU node, t = 2, 16 micro-batches of 2 sequences
     last = plan.stages[0].plan.layers[-1]
     assert last.name == "fc2" and last.output[-1] == "P"  # the stream leaves partial
     assert plan.stages[0].boundary_route == "direct"  # tiny tiles: the extra collective's latency loses
     scatter = rerouted(plan, 0, "scatter", ["S1"])
-    jobs = [(cfg, plan, True, False), (cfg, scatter, True, False),
-            (cfg, rerouted(plan, 0, "scatter", ["S0"]), True, False), (cfg, scatter, False, True)]
-    out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, free_port(), [(c, p, w) for c, p, _, w in jobs], str(out)), nprocs=4,
-                       start_method="fork")
-    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    jobs = [(cfg, plan, True, None), (cfg, scatter, True, None),
+            (cfg, rerouted(plan, 0, "scatter", ["S0"]), True, None), (cfg, scatter, False, "unreduced")]
+    results = _launch([(c, p, w) for c, p, _, w in jobs])
     ref = train_one_process(cfg, 16)
     assert ref[0][1] != pytest.approx(ref[0][0])
     _check(ref, results, jobs, 2, "partial-sum boundary")
 
 
-def test_fewer_micro_batches_than_stages(tmp_path):
+def test_fewer_micro_batches_than_stages():
     # 3-D plans of 4 stages of one device and 2 micro-batches: 1F1B as Megatron runs it (stage i: min(p - i, m)
     # forwards before its first backward), which torch's Schedule1F1B refuses, and eager-1F1B
     plans = [megatron(GPT, 4, 1, 4, 1, 2), megatron(GPT, 4, 1, 4, 1, 2, schedule="eager-1f1b")]
     assert [p.pipeline.schedule for p in plans] == ["1f1b", "eager-1f1b"]
     assert [s.inflight for s in plans[0].stages] == [2, 2, 2, 1]
-    jobs = [(GPT, plan, True, False) for plan in plans]
-    out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, free_port(), [(c, p, w) for c, p, _, w in jobs], str(out)), nprocs=4,
-                       start_method="fork")
-    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    jobs = [(GPT, plan, True, None) for plan in plans]
+    results = _launch([(c, p, w) for c, p, _, w in jobs])
     _check(train_one_process(GPT, 2), results, jobs, 4, "m < p")
     # each stage's forwards and backwards, as they ran, in the order of the step model's timeline
     for k, plan in enumerate(plans):

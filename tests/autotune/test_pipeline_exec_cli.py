@@ -10,24 +10,15 @@ import pytest
 
 if not os.environ.get("CI"):
     pytest.importorskip("torch")
-import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
-import torch.multiprocessing as mp  # noqa: E402
 
+from gloo_runner import run_on_gloo  # noqa: E402
 from pipeline_exec_plans import GPT, searched  # noqa: E402
-from tiny_models import free_port, module_path_one_process  # noqa: E402
+from tiny_models import module_path_one_process  # noqa: E402
 
 STEPS, LR, SEED, RTOL = 2, 1e-2, 0, 1e-9
 CFG = dict(GPT)
 
-
-
-def _worker(rank, world, port, argv):
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    from autotune.execute.cli import main
-    main(argv)
 
 
 def one_process(config: dict, micro_batches: int) -> list[float]:
@@ -47,7 +38,8 @@ def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
     out = tmp_path / "exec"
     argv = [str(plan_file), "--steps", str(STEPS), "--warmup", "0", "--profile-steps", "0", "--dtype", "float64",
             "--device", "cpu", "--lr", str(LR), "--seed", str(SEED), "--out", str(out)]
-    mp.start_processes(_worker, args=(4, free_port(), argv), nprocs=4, start_method="fork")
+    from autotune.execute.cli import main
+    assert run_on_gloo(main, [(argv,)], init=False) == [[0]] * 4  # each rank's exit status
     rec = json.loads(next(out.glob("execute-*.json")).read_text())  # (summary.json beside it)
     plan = json.loads(plan_file.read_text())["best"]
     assert rec["executor"] == "pipeline" and rec["pipeline"]["split"] == plan["pipeline"]["split"]

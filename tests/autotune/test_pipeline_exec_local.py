@@ -17,7 +17,6 @@ micro-batches not cut into pieces, the FSDP module not recognised by ``PipelineS
 reduce-scattering every micro-batch: the collective counts), the column embedding's gradient not scaled, the
 head's stream gradient cut to the piece instead of reduce-scattered, and not scaled to the pieces' losses."""
 import contextlib
-import datetime
 import os
 from unittest import mock
 
@@ -30,13 +29,12 @@ if not os.environ.get("CI"):
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
 import torch.distributed.pipelining.stage  # noqa: E402,F401  (the planted bug patches its FSDPModule)
-import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
 from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, column_embedding,  # noqa: E402
                                  first_gradients, in_micro_batches, make_model, megatron, replicated, restage,
                                  searched, sharded, train_one_process, vocabulary_head, vocabulary_parallel)
-from tiny_models import free_port  # noqa: E402
+from gloo_runner import run_on_gloo  # noqa: E402
 
 from autotune.apply import pipeline as stages_module  # noqa: E402
 from autotune.apply import vocab as vocab_module  # noqa: E402
@@ -157,23 +155,6 @@ def train_pipelined(cfg: dict, plan: dict):
             (pipe.stage, len(pipe.plan.stages), len(pipe.tied)))
 
 
-def _worker(rank, world, port, jobs, out):
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # a job that fails on some ranks leaves the others waiting: their collectives time out instead of hanging
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180))
-    results = []
-    for cfg, plan, bug in jobs:
-        try:
-            with BUGS[bug]() if bug else contextlib.nullcontext():
-                results.append(train_pipelined(cfg, plan))
-        except Exception as e:  # a planted bug may fail outright instead of giving other numbers
-            results.append(f"{type(e).__name__}: {e}")
-    torch.save(results, f"{out}.{rank}")
-    dist.destroy_process_group()
-
-
 def mismatch(ref, grads_ref, got, path: str, vocabulary: bool = False) -> str | None:
     """Where the pipelined run differs from one process, or from what the step model prices (None: it agrees):
     the path, the gradients, the parameters, the losses; the collectives of the last step: a data-parallel stage
@@ -240,15 +221,12 @@ def jobs_for(kind: str) -> tuple[dict, list]:
 
 
 @pytest.mark.parametrize("kind", ["gpt", "gpt-untied", "llama"])
-def test_local_stages_match_one_process(kind, tmp_path):
+def test_local_stages_match_one_process(kind):
     from autotune.apply.pipeline import load_pipelined, stage_paths
     cfg, jobs = jobs_for(kind)
     for plan, paths, _, *asks in jobs:
         assert stage_paths(load_pipelined(plan)) == (asks[0] if asks else paths)
-    out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, free_port(), [(cfg, p, bug) for p, _, bug, *_ in jobs], str(out)),
-                       nprocs=4, start_method="fork")
-    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    results = run_on_gloo(train_pipelined, [(cfg, p, bug) for p, _, bug, *_ in jobs], bugs=BUGS, timeout=180)
     ref, grads = train_one_process(cfg, M), first_gradients(cfg, M)
     assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved between the steps
     for k, (plan, paths, bug, *_) in enumerate(jobs):
@@ -291,11 +269,10 @@ def test_which_stages_take_which_path():
     assert [stage_paths(load_pipelined(plan)) for plan, _ in cases] == [paths for _, paths in cases]
 
 
-def _loss_worker(rank, world, port, out):
+def _columns_loss():
     """Each rank its columns (``torch.chunk``) of the same logits: ``_vocab_loss`` and its gradient."""
     import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
     got = []
     for dtype in (torch.float64, torch.bfloat16):
         logits, targets = _loss_case(dtype)
@@ -305,8 +282,7 @@ def _loss_worker(rank, world, port, out):
         loss = stages_module._vocab_loss(mine, targets, group=dist.group.WORLD, offset=offset)
         (3 * loss).backward()
         got.append((loss.detach(), mine.grad))
-    torch.save(got, f"{out}.{rank}")
-    dist.destroy_process_group()
+    return got
 
 
 def _loss_case(dtype):
@@ -319,13 +295,11 @@ def _loss_case(dtype):
     return logits, targets
 
 
-def test_vocabulary_parallel_loss(tmp_path):
+def test_vocabulary_parallel_loss():
     """``_vocab_loss`` on 2 ranks' columns gives torch's cross entropy of the whole logits (the mean over the
     targets that are not -100; half precision in float32, as under autocast) and each rank the gradient of its
     columns."""
-    out = tmp_path / "loss.pt"
-    mp.start_processes(_loss_worker, args=(2, free_port(), str(out)), nprocs=2, start_method="fork")
-    got = [torch.load(f"{out}.{r}") for r in range(2)]
+    got = [ranks[0] for ranks in run_on_gloo(_columns_loss, [()], 2, timeout=60)]
     for k, (dtype, tol) in enumerate(((torch.float64, 1e-12), (torch.bfloat16, 1e-2))):
         logits, targets = _loss_case(dtype)
         whole = logits.float().requires_grad_() if dtype == torch.bfloat16 else logits.clone().requires_grad_()

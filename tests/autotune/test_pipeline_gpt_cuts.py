@@ -8,9 +8,7 @@ wrong scale shows), GPT-2's head tied to
 its embedding (their gradients summed between the first and the last stage), the nanoGPT module's tied as
 nanoGPT ties them. Planted bug: a later stage adding to the stream where GPT-2 adds positions (the cut's
 no-position table returning ones) fails. One launch."""
-import contextlib
 import json
-import datetime
 import os
 from unittest import mock
 
@@ -22,10 +20,11 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401
-import torch.multiprocessing as mp  # noqa: E402
 
+from gloo_runner import run_on_gloo  # noqa: E402
 from test_apply_distributed import NanoGPT  # noqa: E402
-from tiny_models import free_port  # noqa: E402
+
+from autotune.apply import cuts  # noqa: E402
 
 SHAPE = dict(sequence=8, batch=8, micro_batch=2)
 NANO = dict(kind="gpt", layers=4, hidden=32, heads=4, ffn=128, vocabulary=48, bias=True, tied=True,
@@ -95,25 +94,6 @@ def _again(self, positions):
     the norms would take it out)."""
     return torch.linspace(0, 1, 32, dtype=torch.float64)
 
-
-def _worker(rank, world, port, jobs, out):
-    import torch.distributed as dist
-    from autotune.apply import cuts
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    results = []
-    for kind, source, plan, bug in jobs:
-        try:
-            with mock.patch.object(cuts._NoPositions, "forward", _again) if bug else contextlib.nullcontext():
-                results.append(_pipelined(kind, source, plan))
-        except Exception as e:
-            results.append(f"{type(e).__name__}: {e}")
-    if rank == 0:
-        torch.save(results, out)
-    dist.destroy_process_group()
-
-
 def _search(model_file, stages: int, schedule: str):
     """The pipeline search's plan (the one ``autotune.search`` returns where pipelining wins) of the model JSON
     a user writes for ``NANO`` (GPT-2's config.json reads as the same model) in ``stages`` stages on one node of
@@ -145,11 +125,10 @@ def test_gpt2_and_nanogpt_pipelines_match_one_process(tmp_path):
     two, four = _search(model_file, 2, "1f1b"), _search(model_file, 4, "gpipe")
     # stages of 2 devices splitting GPT-2's fused c_attn by features (its q, k, v thirds each split: DTensor path)
     assert two.stages[0].plan.layer("qkv").output == ("S1",)
-    jobs = [("gpt2", gpt2, two, False), ("gpt2", gpt2, four, False), ("nanogpt", None, replace_schedule(two), False)]
-    jobs.append(("gpt2", gpt2, jobs[1][2], True))  # the bug last: a failing job may leave the groups unusable
-    out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, free_port(), jobs, str(out)), nprocs=4, start_method="fork")
-    results = torch.load(out)
+    jobs = [("gpt2", gpt2, two, None), ("gpt2", gpt2, four, None), ("nanogpt", None, replace_schedule(two), None)]
+    jobs.append(("gpt2", gpt2, jobs[1][2], "again"))  # the bug last: a failing job may leave the groups unusable
+    bugs = {"again": lambda: mock.patch.object(cuts._NoPositions, "forward", _again)}
+    results = run_on_gloo(_pipelined, jobs, bugs=bugs, timeout=120)[0]
     for (kind, source, plan, bug), got in zip(jobs, results):
         want = _one_process(kind, source, plan.micro_batches)
         if bug:

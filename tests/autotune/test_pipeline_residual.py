@@ -7,7 +7,6 @@ the same graph whose stream is one placement and no partial sum (every stage rep
 weights then agree with one process (1e-9, float64); ``apply`` refuses a single-stage plan whose norms take the
 stream in different placements (the residual add would join a piece of the batch with the whole). One launch of
 4 gloo processes (about 15 s on the shared 2-core box)."""
-import contextlib
 import os
 from dataclasses import replace
 from unittest import mock
@@ -17,15 +16,13 @@ import pytest
 if not os.environ.get("CI"):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
-import torch.multiprocessing as mp  # noqa: E402
 
 from apply_plans import GPT as SMALL, data_parallel, typed_plan  # noqa: E402
+from gloo_runner import run_on_gloo  # noqa: E402
 from pipeline_exec_plans import (GPT, GPT_PLAIN, make_model, megatron, replicated, restage,  # noqa: E402
                                  train_one_process)
 from test_pipeline_exec import mismatch, train_pipelined  # noqa: E402
-from tiny_models import free_port  # noqa: E402
 
 from autotune.apply import pipeline as stages_module  # noqa: E402
 from autotune.apply.layers import check_stream  # noqa: E402
@@ -89,39 +86,25 @@ def test_which_plans_and_modules_are_refused():
                                                 for lay in residual.layers)), _small_gpt(True))
 
 
-def _worker(rank, world, port, jobs, out):
-    import torch.distributed as dist
-
+def _run(kind, plan):
+    """The pipelined plan trained, or (kind "apply") the single-stage plan applied; a refusal, or a wrong run's
+    own failure, as its line."""
     import autotune
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = []
-    for kind, plan, guarded in jobs:
-        off = contextlib.nullcontext() if guarded else mock.patch.object(stages_module, "check_stream",
-                                                                          lambda *a, **k: None)
-        try:
-            if kind == "apply":
-                model = _small_gpt(True)
-                autotune.apply(plan, model, mapping=model.plan_mapping)
-                results.append("applied")
-                continue
-            with off:
-                results.append(train_pipelined(CFG, plan))
-        except Exception as e:  # noqa: BLE001  the refusal, or a wrong run's own failure
-            results.append(f"{type(e).__name__}: {e}")
-    torch.save(results, f"{out}.{rank}")
-    dist.destroy_process_group()
+    if kind == "apply":
+        model = _small_gpt(True)
+        autotune.apply(plan, model, mapping=model.plan_mapping)
+        return "applied"
+    return train_pipelined(CFG, plan)
 
 
-def test_refused_before_it_trains_wrong(tmp_path):
+def test_refused_before_it_trains_wrong():
     plan = _partial_plan()
     whole = restage(restage(plan, 0, replicated), 1, replicated)
-    jobs = [("pipeline", plan, True), ("pipeline", plan, False), ("pipeline", whole, True),
-            ("apply", _uneven_plan(), True)]
-    out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, free_port(), jobs, str(out)), nprocs=4, start_method="fork")
-    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    jobs = [("pipeline", plan, None), ("pipeline", plan, "unchecked"), ("pipeline", whole, None),
+            ("apply", _uneven_plan(), None)]
+    # the planted bug: the check taken out
+    results = run_on_gloo(_run, jobs, bugs={"unchecked": lambda: mock.patch.object(
+        stages_module, "check_stream", lambda *a, **k: None)})
     ref = train_one_process(CFG, M)
     assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved
     refused = [results[r][0] for r in range(4)]

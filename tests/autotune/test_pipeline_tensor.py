@@ -17,8 +17,6 @@ Each rank reports the path its stage took and the shape of the logits its last s
 Planted bugs fail: the schedule not under ``loss_parallel``, the DTensor path's logits gathered whole (its
 ``Ends`` of the last stage as the first's), every rank's loss taken against the first piece of the targets, the
 pieces' losses not averaged over the stage's data ranks."""
-import contextlib
-import datetime
 import os
 from unittest import mock
 
@@ -30,12 +28,11 @@ if not os.environ.get("CI"):
     pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
-import torch.multiprocessing as mp  # noqa: E402
 import transformers  # noqa: E402,F401
 
+from gloo_runner import run_on_gloo  # noqa: E402
 from pipeline_exec_plans import (LLAMA, LR, STEPS, batch, in_micro_batches, make_model, megatron,  # noqa: E402
                                  searched, stage_parameters, train_one_process)
-from tiny_models import free_port  # noqa: E402
 
 from autotune.apply import pipeline as stages_module  # noqa: E402
 from autotune.apply.batch import DataSplit  # noqa: E402
@@ -92,22 +89,6 @@ def train_pipelined(plan, local: bool, user_loss: bool):
     return losses, params, pipe.path, shapes[-1] if pipe.last else None
 
 
-def _worker(rank, world, port, jobs, out):
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    results = []
-    for plan, local, user_loss, bug in jobs:
-        try:
-            with BUGS[bug]() if bug else contextlib.nullcontext():
-                results.append(train_pipelined(plan, local, user_loss))
-        except Exception as e:  # a planted bug may fail outright instead of giving other numbers
-            results.append(f"{type(e).__name__}: {e}")
-    torch.save(results, f"{out}.{rank}")
-    dist.destroy_process_group()
-
-
 def mismatch(ref, got, path: str, logits) -> str | None:
     if isinstance(got, str):
         return got
@@ -126,7 +107,7 @@ def mismatch(ref, got, path: str, logits) -> str | None:
     return None
 
 
-def test_tensor_stages_and_the_last_stages_piece(tmp_path):
+def test_tensor_stages_and_the_last_stages_piece():
     from autotune.apply.pipeline import load_pipelined, stage_paths
     mb, seq, vocab = CFG["batch"] // M, CFG["sequence"], CFG["vocabulary"]
     tp = megatron(CFG, 2, 2, 2, 2, M)  # 2 stages of one 2-device node, t = 2
@@ -145,10 +126,7 @@ def test_tensor_stages_and_the_last_stages_piece(tmp_path):
             (dp, False, False, "uncut", "dtensor", by_batch), (dp, False, False, "unaveraged", "dtensor", by_batch),
             (tp, True, False, "no-loss-parallel", "tensor", by_vocab)]  # last: it fails on the last stage alone
     assert by_batch != whole
-    out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(4, free_port(), [j[:4] for j in jobs], str(out)), nprocs=4,
-                       start_method="fork")
-    results = [torch.load(f"{out}.{r}") for r in range(4)]
+    results = run_on_gloo(train_pipelined, [j[:4] for j in jobs], bugs=BUGS, timeout=60)
     ref = train_one_process(CFG, M)
     assert ref[0][1] != pytest.approx(ref[0][0])  # the loss moved between the steps
     for k, (plan, local, user, bug, path, logits) in enumerate(jobs):
@@ -161,16 +139,14 @@ def test_tensor_stages_and_the_last_stages_piece(tmp_path):
         assert seen == set(ref[1]), f"parameters no stage trained: {sorted(set(ref[1]) - seen)}"
 
 
-def test_data_by_tensor_stages(tmp_path):
+def test_data_by_tensor_stages():
     """Megatron's 3-D plan with both axes in each stage (2 stages of d = 2 x t = 2, 8 processes): each rank the
     logits of its piece of the micro-batch in its vocabulary columns, and one process's training."""
     mb, seq, vocab = CFG["batch"] // M, CFG["sequence"], CFG["vocabulary"]
     plan = megatron(CFG, 2, 4, 2, 2, M)
     assert [s.plan.mesh.sizes for s in plan.stages] == [(2, 2)] * 2
-    out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(8, free_port(), [(plan, True, False, None)], str(out)), nprocs=8,
-                       start_method="fork")
+    results = run_on_gloo(train_pipelined, [(plan, True, False, None)], 8, bugs=BUGS, timeout=60)
     ref = train_one_process(CFG, M)
     logits = ((mb // 2, seq, vocab), (mb // 2, seq, vocab // 2))
-    problems = [mismatch(ref, torch.load(f"{out}.{r}")[0], "tensor", logits) for r in range(8)]
+    problems = [mismatch(ref, results[r][0], "tensor", logits) for r in range(8)]
     assert not any(problems), [p for p in problems if p]

@@ -4,7 +4,6 @@ are refused in one line."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from dataclasses import replace
@@ -12,12 +11,11 @@ from dataclasses import replace
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.multiprocessing as mp  # noqa: E402
 
 from calibrate.errors import UserError  # noqa: E402
 from calibrate.profile import Profile  # noqa: E402
 
-from tests.autotune.tiny_models import free_port  # noqa: E402
+from tests.autotune.gloo_runner import run_on_gloo  # noqa: E402
 
 MODEL = {"kind": "llama", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocabulary": 256,
          "sequence": 32, "batch": 8, "micro_batch": 4}
@@ -42,27 +40,24 @@ def slow_when_sharded(config):
     return model
 
 
-def _worker(rank, world, port, argv, errors):
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+def _tune(argv):
+    """``autotune tune`` on this rank: its refusal's line, or None."""
     from autotune.execute.tunecli import main
     try:
         main(argv)
     except UserError as e:
-        with open(f"{errors}.{rank}", "w") as f:
-            f.write(str(e))
+        return str(e)
 
 
 def tune(tmp_path, profile, module: str = "tests.autotune.test_tune:slow_when_sharded", search=()):
     model = tmp_path / "model.json"
     model.write_text(json.dumps(MODEL))
-    out, errors = tmp_path / "out", str(tmp_path / "error")
+    out = tmp_path / "out"
     argv = ["--model", str(model), "--module", module, "--profile", str(profile),
             "--k", "3", "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--",
             "--budget", "0.3", "--compare", "none", *search]
-    mp.spawn(_worker, args=(2, free_port(), argv, errors), nprocs=2)
-    return out, [open(f"{errors}.{r}").read() for r in range(2) if os.path.exists(f"{errors}.{r}")]
+    ranks = run_on_gloo(_tune, [(argv,)], 2, init=False)
+    return out, [error for (error,) in ranks if error is not None]
 
 
 def test_tune_returns_the_measured_fastest_and_writes_the_residuals_back(tmp_path):

@@ -1,21 +1,14 @@
-"""What the multi-process tests of apply, execute and pipelining share: a free port for gloo's rendezvous, a
-tiny Hugging Face Llama in float64 whose norms stay in float64, and the execute module path's training in one
-process (the reference those tests compare with)."""
+"""What the multi-process tests of apply, execute and pipelining share (beside ``gloo_runner``, which launches
+them): a tiny Hugging Face Llama in float64 whose norms stay in float64, and the execute module path's training in
+one process (the reference those tests compare with)."""
 from __future__ import annotations
 
-import socket
 import types
 
 
 # the small GPT (gpt3-1.3b's shape, shrunk) the pipeline tests plan (conftest.py's ``graph``)
 PIPELINE_GPT = {"layers": 4, "hidden": 256, "heads": 4, "sequence": 128, "vocabulary": 1024, "batch": 16,
                 "micro_batch": 4}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rms_norm(self, x):

@@ -15,17 +15,15 @@
 """
 from __future__ import annotations
 
-import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed.tensor  # noqa: F401  (imported once, before the workers fork)
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "autotune"))
+from gloo_runner import run_on_gloo  # noqa: E402
 from pipeline_exec_plans import GPT, LLAMA, searched, train_one_process  # noqa: E402
 from test_pipeline_exec import train_pipelined  # noqa: E402
 
@@ -42,38 +40,22 @@ RUNS = [("gpt", 2, "1f1b"), ("llama", 2, "1f1b"), ("gpt", 4, "1f1b"), ("llama", 
 TIMELINES = {"gpt3-1.3b@2x8": ("gpt", "gpt3-1.3b", 2, 8, 4), "gpt3-175b@512x8": ("gpt", "gpt3-175b", 512, 8, None)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, port, cfg, plan, out):
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.save(train_pipelined(cfg, plan), f"{out}.{rank}")
-    dist.destroy_process_group()
-
-
 def _rel(a, b) -> float:
     return float(((a - b).abs() / b.abs()).max())
 
 
-def correctness(tmp: Path) -> None:
+def correctness() -> None:
     print("| model | stages x devices | schedule | micro-batches | split | max rel. loss diff | "
           "max abs. parameter diff | in flight per rank, run (plan) | wall s (4 processes) |")
     print("| --- | --- | --- | ---: | --- | ---: | ---: | --- | ---: |")
     for kind, stages, schedule in RUNS:
         cfg = dict(GPT if kind == "gpt" else LLAMA, batch=32 if stages == 2 else 8)
         plan = searched(cfg, stages, schedule=schedule)
-        out = tmp / f"{kind}-{stages}-{schedule}.pt"
         t0 = time.perf_counter()
-        mp.start_processes(_worker, args=(4, _free_port(), cfg, plan, str(out)), nprocs=4, start_method="fork")
+        got = [ranks[0] for ranks in run_on_gloo(train_pipelined, [(cfg, plan)])]
         wall = time.perf_counter() - t0
+        assert not any(isinstance(g, str) for g in got), got  # a rank's failure
         ref_losses, ref_params = train_one_process(cfg, plan.micro_batches)
-        got = [torch.load(f"{out}.{r}") for r in range(4)]
         loss = max(_rel(torch.tensor(g[0]), torch.tensor(ref_losses)) for g in got)
         par = max(float((p - ref_params[n]).abs().max()) for g in got for n, p in g[1].items())
         run = [g[2] for g in got]
@@ -104,7 +86,7 @@ def timeline(case: str, width: int) -> None:
     if len(plan.stages) > 16:
         return
     print(f"\ntimeline ({width} columns of {step / width * 1e3:.3g} ms; F forward, B backward, . idle)")
-    for s in plan.stages:
+    for i, s in enumerate(plan.stages):
         row = ["."] * width
         for what, _, start, end in s.timeline:
             if what not in ("F", "B"):
@@ -112,7 +94,7 @@ def timeline(case: str, width: int) -> None:
             for col in range(int(start / step * width), max(int(start / step * width) + 1,
                                                                int(end / step * width))):
                 row[min(col, width - 1)] = what
-        print(f"stage {s['stage']:>2} {''.join(row)}")
+        print(f"stage {i:>2} {''.join(row)}")
 
 
 def main() -> None:
@@ -123,9 +105,7 @@ def main() -> None:
     ap.add_argument("--no-runs", action="store_true", help="skip the 4-process correctness runs")
     args = ap.parse_args()
     if not args.no_runs:
-        import tempfile
-        with tempfile.TemporaryDirectory() as tmp:
-            correctness(Path(tmp))
+        correctness()
     timeline(args.timeline, args.width)
 
 
