@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from calibrate.allocator import EXPANDABLE_ENV
 from calibrate.errors import OptionError, UserError
 
 from autotune.plan.file import PlanFile
@@ -395,7 +396,9 @@ def next_steps(plan_path, plan: Plan) -> list[str]:
     launch = f"torchrun --nproc-per-node {gpus}" if nodes == 1 else f"torchrun --nnodes {nodes} --nproc-per-node {gpus}"
     apply = (f"pipe = autotune.apply_pipeline(\"{plan_path}\", model), then pipe.step(ids, targets) a step"
              if plan.stages else f"model = autotune.apply(\"{plan_path}\", model)")
+    env = "" if plan.allocator == "default" else f"{'='.join(EXPANDABLE_ENV)} "  # what its memory limit left
     return ["next steps:",
-            f"  apply it to your model:  {apply} in your training script (README: Apply a plan to your model)",
+            f"  apply it to your model:  {apply} in your training script (README: Apply a plan to your model)"
+            + (f", the job started under {env.strip()}" if env else ""),
             f"  export it:               python -m autotune export {plan_path} --to torchtitan|megatron",
-            f"  measure it:              {launch} -m autotune execute {plan_path}"]
+            f"  measure it:              {env}{launch} -m autotune execute {plan_path}"]

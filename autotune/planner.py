@@ -93,12 +93,13 @@ def floor(plan: Plan, baselines: list[Plan], objective: str) -> Plan:
 def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *, memory_limit: float | None,
            algorithm: str = "cd", budget: Budget | None = None, modes: str = "all", objective: str | None = None,
            seed: int = 0, pipeline: str | int = "auto", schedule: str = "1f1b", pipeline_effort: str = "default",
-           compare=COMPARE, progress=None) -> PlanFile:
+           compare=COMPARE, allocator: str = "default", progress=None) -> PlanFile:
     """The plans for ``model`` (a layer graph, or a model kind or file for ``models.load_model``) on
     ``cluster`` under ``profile`` (a ``Profile`` or its name or file), ``memory_limit`` bytes a device (None:
     none): the plan file ``python -m autotune`` writes. ``budget`` None: each search until it converges;
     ``compare``: the searches run again cold for the convergence plot; ``pipeline``: "auto", "off" or a stage
-    count; ``progress``: called with a line per step."""
+    count; ``allocator`` (``calibrate.profile.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
+    recorded in every plan (``apply`` checks the job runs under it); ``progress``: called with a line per step."""
     progress = progress or (lambda line: None)
     graph = load_model(model) if isinstance(model, str) else model
     profile = Profile.load(profile) if isinstance(profile, str) else profile
@@ -195,6 +196,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
             plan = piped
         elif piped is not None:
             base.append(piped)
+    plan, base = replace(plan, allocator=allocator), [replace(b, allocator=allocator) for b in base]
     return PlanFile(plan, base, {k: [list(x) for x in v] for k, v in traces.items()},
                     {"wall_s": time.perf_counter() - t0, "objective": objective,
                      **({"skipped": skipped} if skipped else {})})

@@ -18,7 +18,8 @@ Section shape (version 1)::
                               "step_s": .., "peak_bytes": ..}},
                  ...],
       "host_s": {"none": [per_pass, per_step], "ddp": [...], "fully_shard": [...]},
-      "memory": {"fragmentation": 0.04, "path_bytes_per_param": {"ddp": 4.1, "fully_shard": 0.3}}
+      "memory": {"fragmentation": 0.04, "path_bytes_per_param": {"ddp": 4.1, "fully_shard": 0.3},
+                 "allocator": "default"}
     }
 
 A point is one local shape the search considers: the block built with heads, K/V heads and the MLP's
@@ -45,7 +46,8 @@ is corrected by. ``host_s``: per apply path (``calibrate.compute.HOST_PATHS``), 
 block's forward and backward per micro-batch, and its optimizer step per step (the ``1 + MORE``-block model's
 issue time less the one-block model's, over ``MORE``), measured in the same run on a process group of one. ``memory``
 (CUDA only): the allocator's fragmentation (the step's peak reserved over its peak allocated, less 1, on the
-"none" path), which the search keeps as an allowance under the device's limit (``autotune.cli.search.
+"none" path), under ``allocator`` (``calibrate.allocator``: the process's setting), which the search keeps as
+an allowance under the device's limit for plans searched for that allocator (``autotune.cli.search.
 memory_limit``), and per path the bytes per parameter its placement allocates beyond the plain module's at the
 step's peak (DDP's buckets and first-step copies, fully_shard's copy-in/out; recorded for the memory model).
 """
@@ -54,6 +56,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from calibrate.allocator import ALLOCATORS
 from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
 
@@ -168,11 +171,12 @@ class ModuleSection:
                             f"{', '.join(HOST_PATHS)}): {FIX}")
         memory = d.get("memory") or {}
         per = memory.get("path_bytes_per_param", {}) if isinstance(memory, dict) else None
-        if not isinstance(memory, dict) or set(memory) - {"fragmentation", "path_bytes_per_param"} or not _number(
+        if not isinstance(memory, dict) or set(memory) - {"fragmentation", "path_bytes_per_param", "allocator"} \
+                or memory.get("allocator", "default") not in ALLOCATORS or not _number(
                 memory.get("fragmentation", 0.0), False) or memory.get("fragmentation", 0.0) > 1 or not isinstance(
                 per, dict) or any(k not in HOST_PATHS or not isinstance(v, (int, float)) or isinstance(v, bool)
                                   or not math.isfinite(v) for k, v in per.items()):
-            raise UserError(f"{where} has a bad memory (want fragmentation in [0, 1] and path_bytes_per_param: path -> "
-                            f"bytes): {FIX}")
+            raise UserError(f"{where} has a bad memory (want fragmentation in [0, 1], path_bytes_per_param: path -> "
+                            f"bytes, and the allocator it was measured under, one of {', '.join(ALLOCATORS)}): {FIX}")
         return cls(d.get("source", ""), d["module"], dict(model), tuple(points), d.get("recipe", ""),
                    d.get("device", ""), {k: (float(v[0]), float(v[1])) for k, v in host.items()}, dict(memory))

@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from calibrate.allocator import allocator_of
 from calibrate.compute import HOST_PATHS
 from calibrate.device.peers import run_peers
 from calibrate.errors import UserError
@@ -502,6 +503,7 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
     if memory is not None and "none" in peaks:
         base_alloc, base_reserved, params = peaks["none"]
         memory["fragmentation"] = min(max(base_reserved / base_alloc - 1.0, 0.0), 1.0)
+        memory["allocator"] = allocator_of(os.environ)
         memory["path_bytes_per_param"] = {p: (a - base_alloc) / params for p, (a, _, _) in peaks.items() if p != "none"}
     return out
 

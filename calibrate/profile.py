@@ -45,7 +45,9 @@ Two optional keys of their own (``bandwidth_per`` and ``memory_fragmentation``) 
 - ``"memory_fragmentation": {"fraction": 0.1, "source": "..."}``: what torch's caching allocator holds
   reserved but unallocated at a training step's peak, as a fraction of the usable memory; the search's
   memory check (``memory_bytes``) keeps that much free. ``DEFAULT_FRAGMENTATION`` where a profile with a
-  device section does not state it.
+  device section does not state it. Its optional ``"expandable_segments": {"fraction": ..., "source": ...}``
+  is the same figure under ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (torchtitan's launcher sets
+  it): the allowance of a plan searched for that allocator (``memory_bytes_under``, ``ALLOCATORS``).
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from calibrate.allocator import ALLOCATORS
 from calibrate.collectives import Collective, busbw_factor, ring_coefficients
 from calibrate.compute import ComputeModel
 from calibrate.errors import UserError
@@ -208,7 +211,18 @@ class Figure:
     source: str
 
 
-def _figures(d: dict, origin: str) -> tuple[dict[str, Figure], Figure | None]:
+def _fraction(frag, origin: str, what: str) -> Figure | None:
+    """A ``{"fraction", "source"}`` allowance (``memory_fragmentation`` and its ``expandable_segments``), checked."""
+    if frag is None:
+        return None
+    if not isinstance(frag, dict) or not _is_number(frag.get("fraction")) or not 0 <= frag["fraction"] < 1 \
+            or not isinstance(frag.get("source"), str):
+        raise UserError(f"{origin}: {what} is {_short(frag)}; want {{\"fraction\": a number in [0, 1), \"source\": "
+                        f"text}}: fix the profile by hand (see calibrate/profile.py)")
+    return Figure(float(frag["fraction"]), frag["source"])
+
+
+def _figures(d: dict, origin: str) -> tuple[dict[str, Figure], Figure | None, Figure | None]:
     """The ``bandwidth_per`` and ``memory_fragmentation`` keys (module docstring), checked."""
     fix = "fix the profile by hand (see calibrate/profile.py)"
     per = d.get("bandwidth_per", {})
@@ -217,12 +231,12 @@ def _figures(d: dict, origin: str) -> tuple[dict[str, Figure], Figure | None]:
         raise UserError(f"{origin}: bandwidth_per is {_short(per)}; want tier -> {{\"per\": one of "
                         f"{', '.join(PER)}, \"source\": text}}: {fix}")
     frag = d.get("memory_fragmentation")
-    if frag is not None and (not isinstance(frag, dict) or not _is_number(frag.get("fraction"))
-                             or not 0 <= frag["fraction"] < 1 or not isinstance(frag.get("source"), str)):
-        raise UserError(f"{origin}: memory_fragmentation is {_short(frag)}; want {{\"fraction\": a number in "
-                        f"[0, 1), \"source\": text}}: {fix}")
+    expandable = frag.get("expandable_segments") if isinstance(frag, dict) else None
+    if isinstance(frag, dict):
+        frag = {k: v for k, v in frag.items() if k != "expandable_segments"}
     return ({t: Figure(v["per"], v["source"]) for t, v in per.items()},
-            None if frag is None else Figure(float(frag["fraction"]), frag["source"]))
+            _fraction(frag, origin, "memory_fragmentation"),
+            _fraction(expandable, origin, "memory_fragmentation.expandable_segments"))
 
 
 @dataclass
@@ -238,10 +252,17 @@ class Profile:
     device: Device | None = None  # the GPU of one rank and its memory, if known
     bandwidth_per: dict[str, Figure] = field(default_factory=dict)  # tier -> "gpu" or "node" (docstring)
     fragmentation: Figure | None = None  # the allocator's reserved-but-unallocated share at peak
+    fragmentation_expandable: Figure | None = None  # the same under expandable segments, if measured
 
     @property
     def fragmentation_fraction(self) -> float:
         return DEFAULT_FRAGMENTATION if self.fragmentation is None else float(self.fragmentation.value)
+
+    def fragmentation_under(self, allocator: str) -> Figure | None:
+        """The allowance stated for ``allocator`` (``ALLOCATORS``): None where the profile states none for it."""
+        if allocator not in ALLOCATORS:
+            raise UserError(f"allocator {allocator!r}: want one of {', '.join(ALLOCATORS)}")
+        return self.fragmentation_expandable if allocator == "expandable_segments" else self.fragmentation
     module: ModuleSection | None = None  # the user's module timed on one GPU (``calibrate.module``), if measured
     residuals: Residuals | None = None  # measured / predicted step per apply path (``autotune tune``), if run
 
@@ -249,9 +270,16 @@ class Profile:
     def memory_bytes(self) -> int | None:
         """Bytes a plan may allocate at its peak on one device: the usable memory (the device section) less the
         fragmentation allowance; None when not known."""
+        return self.memory_bytes_under("default")
+
+    def memory_bytes_under(self, allocator: str) -> int | None:
+        """``memory_bytes`` for a job under ``allocator``: its allowance where the profile states one, else the
+        default allocator's (the larger: expandable segments fragment less)."""
         if self.device is None:
             return None
-        return int(self.device.usable_bytes * (1 - self.fragmentation_fraction))
+        stated = self.fragmentation_under(allocator)
+        frac = float(stated.value) if stated is not None else self.fragmentation_fraction
+        return int(self.device.usable_bytes * (1 - frac))
 
     def per(self, tier: str) -> str:
         """Whether ``tier``'s bandwidth is each GPU's ("gpu") or the node's ("node", the default)."""
@@ -324,7 +352,11 @@ class Profile:
             **({"device": self.device.to_dict()} if self.device is not None else {}),
             **({"bandwidth_per": {t: {"per": f.value, "source": f.source} for t, f in self.bandwidth_per.items()}}
                if self.bandwidth_per else {}),
-            **({"memory_fragmentation": {"fraction": self.fragmentation.value, "source": self.fragmentation.source}}
+            **({"memory_fragmentation": {
+                "fraction": self.fragmentation.value, "source": self.fragmentation.source,
+                **({"expandable_segments": {"fraction": self.fragmentation_expandable.value,
+                                            "source": self.fragmentation_expandable.source}}
+                   if self.fragmentation_expandable is not None else {})}}
                if self.fragmentation is not None else {}),
             **({"module": self.module.to_dict()} if self.module is not None else {}),
             **({"residuals": self.residuals.to_dict()} if self.residuals is not None else {}),
@@ -341,7 +373,7 @@ class Profile:
             if key in d and not isinstance(d[key], kind):
                 raise UserError(f"{origin}: {key} is {_short(d[key])}, not {'a string' if kind is str else 'an object'}: "
                                 f"fix it or {REFIT}")
-        per, frag = _figures(d, origin)
+        per, frag, expandable = _figures(d, origin)
         tiers: dict[str, dict[str, dict[str, CollectiveModel]]] = {}
         if not isinstance(d["tiers"], dict) or not all(isinstance(c, dict) and all(isinstance(m, dict)
                                                                                   for m in c.values())
@@ -376,7 +408,7 @@ class Profile:
             tiers=tiers,
             compute=ComputeModel.from_dict(d["compute"], origin) if "compute" in d else None,
             device=Device.from_dict(d["device"], origin) if "device" in d else None,
-            bandwidth_per=per, fragmentation=frag,
+            bandwidth_per=per, fragmentation=frag, fragmentation_expandable=expandable,
             module=ModuleSection.from_dict(d["module"], origin) if "module" in d else None,
             residuals=Residuals.from_dict(d["residuals"], origin) if "residuals" in d else None,
         )

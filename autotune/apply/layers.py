@@ -289,6 +289,21 @@ def device_type() -> str:
     return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
 
 
+def check_allocator(plan, environ, device: str | None = None) -> None:
+    """A plan searched for expandable segments (its memory limit left their smaller allowance) runs on the GPU
+    (``device``; None: this job's) only under them: one line naming the fix, before any weight moves."""
+    from calibrate.allocator import EXPANDABLE_ENV, allocator_of
+    if plan.allocator != "expandable_segments" or allocator_of(environ) == plan.allocator:
+        return
+    if device is None:
+        device = device_type() if _world() > 1 else "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        raise UserError(f"the plan was searched for torch's expandable segments (--expandable-segments: the memory "
+                        f"limit left their allowance), which this process does not run under: start the job with "
+                        f"{EXPANDABLE_ENV[0]}={EXPANDABLE_ENV[1]} (torchrun passes it on), or apply a plan searched "
+                        f"without --expandable-segments")
+
+
 def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 

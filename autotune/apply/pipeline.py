@@ -25,6 +25,7 @@ take: ``autotune.apply.layers.check_stream``)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import functools
 from dataclasses import dataclass
 
@@ -35,7 +36,8 @@ from autotune.apply.cuts import WHOLE, _blocks, _cut_of, _install_stage_hooks, _
 from autotune.apply.ddp import sync_grads
 from autotune.apply.dtensor import Ends, _place
 from autotune.apply.fsdp import fully_shard_model
-from autotune.apply.layers import (_check_shapes, _recompute, _world, check_stream, device_type, find_layers,
+from autotune.apply.layers import (_check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
+                                   find_layers,
                                    torch)
 from autotune.apply.pipeplan import SCHEDULES, _stream, block_range, load_pipelined, sent
 from autotune.apply.place import path_of
@@ -205,6 +207,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     pp = load_pipelined(plan)
     cls, default_mapping = _cut_of(model)
     world = _world()
+    check_allocator(pp, os.environ)
     if pp.world != world:
         raise UserError(f"the plan is for {pp.cluster} = {pp.world} devices in {len(pp.stages)} stages but {world} "
                         f"processes run: launch {pp.world} (torchrun --nproc-per-node ...) or search a plan for "

@@ -23,13 +23,15 @@ it as one line on rank 0: ``calibrate.errors.one_line_in_scripts``). World size 
 recomputation applied."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from calibrate.errors import UserError, one_line_in_scripts
 
 from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
-from autotune.apply.layers import Site, _check_shapes, _recompute, _world, check_stream, device_type, find_layers
+from autotune.apply.layers import (Site, _check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
+                                   find_layers)
 from autotune.apply.tensor import tp_styles
 from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, plan_path, sequence_axes, tp_layout
 from autotune.plan.file import load_plan
@@ -110,6 +112,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     if plan.world != world:
         raise UserError(f"the plan is for {plan.cluster} = {plan.world} devices but {world} processes run: launch "
                         f"{plan.world} (torchrun --nproc-per-node ...) or apply a plan searched for {world}")
+    check_allocator(plan, os.environ, mesh.device_type if mesh is not None else None)
     if mesh is not None and tuple(mesh.shape) != plan.mesh.sizes:
         raise UserError(f"the mesh given is {list(mesh.shape)} but the plan's fine mesh is {list(plan.mesh.sizes)}: "
                         f"pass mesh=None (apply builds it) or a mesh of that shape")

@@ -86,6 +86,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--memory-limit", type=finite_float, default=None,
                     help="GiB per device, a hard constraint on a plan's peak, workspace included (default: the "
                          f"profile's usable GPU memory, else {DEFAULT_MEMORY_GIB:g})")
+    ap.add_argument("--expandable-segments", action="store_true",
+                    help="the job runs under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (torchtitan's launcher "
+                         "sets it): keep the allocator's smaller allowance under the memory limit (the profile's "
+                         "figure for them); apply then refuses a job without that setting")
     ap.add_argument("--modes", choices=("all", "none"), default="all",
                     help="'all': also search with FSDP and, where memory binds, recomputation (selective, full), "
                          "keeping the cheapest plan that fits; 'none': no recomputation, no FSDP")
@@ -160,20 +164,25 @@ def table(plans: list) -> str:
     return "\n".join("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
 
 
-def memory_limit(profile, gib: float | None) -> tuple[float, str]:
-    """Bytes per device: ``gib`` if given, else the profile's usable GPU memory, else the default (with a
-    note saying which)."""
+def memory_limit(profile, gib: float | None, allocator: str = "default") -> tuple[float, str]:
+    """Bytes per device: ``gib`` if given, else the profile's usable GPU memory less the allocator's allowance
+    (``allocator``'s: measured on the user's module where calibrate module ran under it, else the profile's),
+    else the default (with a note saying which)."""
     if gib is not None:
         return gib * 2**30, ""
-    usable = getattr(profile, "memory_bytes", None)
-    frag = (getattr(getattr(profile, "module", None), "memory", None) or {}).get("fragmentation")
+    usable = profile.memory_bytes_under(allocator) if hasattr(profile, "memory_bytes_under") else None
+    memory = getattr(getattr(profile, "module", None), "memory", None) or {}
+    frag = memory.get("fragmentation") if memory.get("allocator", "default") == allocator else None
+    words = "" if allocator == "default" else ", under expandable segments"
     if usable and frag is not None:  # the allocator's fragmentation measured by calibrate module on the user's
         # module: the allowance under the device's usable memory, in place of the profile's own
         return float(profile.device.usable_bytes) / (1 + frag), (
             f" (profile {profile.name}'s usable GPU memory less the allocator's fragmentation measured on your "
-            f"module, {frag * 100:.1f}% of what is allocated)")
+            f"module{words}, {frag * 100:.1f}% of what is allocated)")
     if usable:
-        return float(usable), f" (profile {profile.name}'s usable GPU memory)"
+        stated = profile.fragmentation_under(allocator) is not None or allocator == "default"
+        return float(usable), (f" (profile {profile.name}'s usable GPU memory{words}" + (
+            ")" if stated else ": the profile states no allowance for them, the default allocator's kept)"))
     print(f"note: profile {profile.name!r} does not give its GPU memory: memory limit {DEFAULT_MEMORY_GIB:g} GiB "
           "(set it with --memory-limit)")
     return DEFAULT_MEMORY_GIB * 2**30, " (default)"
@@ -248,10 +257,11 @@ def prepare(argv):
     if args.memory_limit is not None and not 0 < args.memory_limit <= MAX_MEMORY_GIB:
         raise UserError(f"--memory-limit {args.memory_limit:g} GiB per device is out of range: give a positive "
                         f"number of GiB of at most {MAX_MEMORY_GIB} (a GPU's memory, e.g. 80)")
-    limit, limit_note = memory_limit(profile, args.memory_limit)
+    allocator = "expandable_segments" if args.expandable_segments else "default"
+    limit, limit_note = memory_limit(profile, args.memory_limit, allocator)
     options = dict(memory_limit=limit, algorithm=args.search, budget=budget, modes=args.modes, objective=args.objective,
                    seed=args.seed, pipeline=stages, schedule=args.schedule, pipeline_effort=args.pipeline_effort,
-                   compare=compare)
+                   compare=compare, allocator=allocator)
     return args, graph, cluster, profile, limit_note, options
 
 

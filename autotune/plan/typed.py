@@ -24,6 +24,7 @@ from pathlib import Path
 
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
+from calibrate.allocator import ALLOCATORS
 from models.builders import BUILDERS
 from models.graph import LayerGraph
 from models.loader import FIELDS, validate
@@ -342,6 +343,7 @@ class Plan:
     pipeline: Pipeline | None = None
     stages: tuple[Stage, ...] = ()
     tune: dict = field(default_factory=dict)  # autotune tune's measurement of the plan it returned
+    allocator: str = "default"  # calibrate.profile.ALLOCATORS: the allocator whose allowance the memory limit left
 
     def __post_init__(self):
         check(self)
@@ -377,7 +379,8 @@ class Plan:
             "micro_batches": self.micro_batches, "recompute": self.recompute,
             "sharding": {"mode": self.sharding_mode, "axes": list(self.sharding_axes)},
             "apply_path": self.apply_path, "objective": self.objective,
-            "memory_limit_bytes": self.memory_limit_bytes, "search": self.search, "tune": self.tune,
+            "memory_limit_bytes": self.memory_limit_bytes, "allocator": self.allocator, "search": self.search,
+            "tune": self.tune,
             "layers": [{"name": lay.name, "kind": lay.kind, "count": lay.count, "dims": dict(lay.dims),
                         "signature": lay.signature, "input": placements(lay.input),
                         "output": placements(lay.output),
@@ -452,7 +455,7 @@ class Plan:
             None if limit is None else _number(limit, f"{origin}: memory_limit_bytes"),
             _dict(d.get("search", {}), f"{origin}: search"), edges,
             None if d.get("pipeline") is None else _record(Pipeline, d["pipeline"], f"{origin}: pipeline", ("makespan_s",)),
-            tuple(stages), _dict(d.get("tune", {}), f"{origin}: tune"))
+            tuple(stages), _dict(d.get("tune", {}), f"{origin}: tune"), allocator=d.get("allocator", "default"))
 
     def save(self, path: str | Path) -> Path:
         return write_json(Path(path), self.to_dict(), "plan")
@@ -486,6 +489,8 @@ def check(plan: Plan) -> None:
     for key in ("strategy", "profile", "apply_path", "objective"):
         if not isinstance(getattr(plan, key), str):
             raise _bad(key, f"{getattr(plan, key)!r} is not a string")
+    if plan.allocator not in ALLOCATORS:
+        raise _bad("allocator", f"{plan.allocator!r} is not one of {', '.join(ALLOCATORS)}")
     for key, typ in FIELDS.get(plan.model.kind, {}).items():
         if typ == "int" and key in plan.model.config:
             _count(plan.model.config[key], f"model.{key}")

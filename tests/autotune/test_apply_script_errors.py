@@ -65,3 +65,30 @@ def test_a_piece_that_does_not_split_names_the_whole_batch():
                                         r"batch that 2 x the data-parallel ranks divide, as the plan's 8"):
         autotune.micro_batches(plan, torch.zeros(3, 8))
     assert len(autotune.micro_batches(plan, torch.zeros(4, 8))) == 2
+
+
+def test_a_plan_searched_for_expandable_segments_runs_only_under_them():
+    """apply's check before any weight moves: a plan whose memory limit left expandable segments' allowance is
+    refused on the GPU in one line naming the setting, unless the job runs under it; on the CPU, and for a plan of
+    the default allocator, nothing is asked; the plan file keeps the allocator and refuses an unknown one."""
+    from dataclasses import replace
+
+    sys.path.insert(0, str(ROOT / "tests" / "autotune"))
+    from hand_plans import megatron, typed_plan
+
+    from autotune.apply.layers import check_allocator
+    from autotune.plan.typed import Plan
+    from calibrate.errors import UserError
+    cfg = dict(kind="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, sequence=8, vocabulary=64,
+               batch=8, micro_batch=4)
+    plan = typed_plan(cfg, 2, 2, megatron, "llama megatron (2, 2)")
+    exp = replace(plan, allocator="expandable_segments")
+    with pytest.raises(UserError, match="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") as e:
+        check_allocator(exp, {}, "cuda")
+    assert "\n" not in str(e.value)
+    check_allocator(exp, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "cuda")
+    check_allocator(exp, {}, "cpu")
+    check_allocator(plan, {}, "cuda")
+    assert Plan.from_dict(exp.to_dict()).allocator == "expandable_segments"
+    with pytest.raises(UserError, match="allocator"):
+        Plan.from_dict(dict(exp.to_dict(), allocator="caching"))

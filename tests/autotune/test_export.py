@@ -251,7 +251,12 @@ def test_bad_input(plans, tmp_path, capsys):
 def test_next_steps_name_the_call_that_applies_the_plan():
     from autotune.export import next_steps
     from types import SimpleNamespace
-    one = "\n".join(next_steps("p.json", SimpleNamespace(cluster=Cluster(1, 4), stages=())))
-    staged = "\n".join(next_steps("p.json", SimpleNamespace(cluster=Cluster(2, 8), stages=(1, 2))))
+    one = "\n".join(next_steps("p.json", SimpleNamespace(cluster=Cluster(1, 4), stages=(), allocator="default")))
+    staged = "\n".join(next_steps("p.json", SimpleNamespace(cluster=Cluster(2, 8), stages=(1, 2), allocator="default")))
     assert 'model = autotune.apply("p.json", model)' in one and "apply_pipeline" not in one
     assert 'pipe = autotune.apply_pipeline("p.json", model)' in staged and "torchrun --nnodes 2" in staged
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in one + staged
+    # a plan searched for expandable segments: the job started under them
+    exp = "\n".join(next_steps("p.json", SimpleNamespace(cluster=Cluster(1, 4), stages=(),
+                                                        allocator="expandable_segments")))
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nproc-per-node 4" in exp

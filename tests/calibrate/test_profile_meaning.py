@@ -63,6 +63,30 @@ def test_fragmentation_allowance_is_kept_free_and_checked():
         Profile.from_dict(dict(d, bandwidth_per={"inter": {"per": "rack", "source": "x"}}))
 
 
+def test_expandable_segments_have_their_own_allowance():
+    """The H200 profiles state the allowance measured under expandable segments beside the default allocator's; the
+    limit of a plan searched for them keeps that much free (closed form), one without a figure for them keeps the
+    default's; the figure round-trips and is checked as the other."""
+    from calibrate.allocator import allocator_of
+    prof = Profile.load("h200-nvlink+ib400")
+    usable = prof.device.usable_bytes
+    assert prof.fragmentation_expandable.value < prof.fragmentation.value
+    assert prof.memory_bytes_under("expandable_segments") == int(usable * (1 - prof.fragmentation_expandable.value))
+    assert prof.memory_bytes_under("default") == prof.memory_bytes == int(usable * (1 - prof.fragmentation.value))
+    d = json.loads(json.dumps(prof.to_dict()))
+    assert Profile.from_dict(d).fragmentation_expandable == prof.fragmentation_expandable
+    del d["memory_fragmentation"]["expandable_segments"]
+    assert Profile.from_dict(d).memory_bytes_under("expandable_segments") == prof.memory_bytes
+    with pytest.raises(UserError, match="memory_fragmentation.expandable_segments"):
+        Profile.from_dict(dict(d, memory_fragmentation=dict(d["memory_fragmentation"],
+                                                            expandable_segments={"fraction": 2, "source": "x"})))
+    with pytest.raises(UserError, match="allocator 'caching'"):
+        prof.memory_bytes_under("caching")
+    assert allocator_of({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64, expandable_segments:True"}) == \
+        "expandable_segments"
+    assert allocator_of({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}) == allocator_of({}) == "default"
+
+
 def test_new_profiles_cite_their_matmul_efficiency_per_shape():
     """The A100 and H100 profiles time matmuls per shape (points), below the datasheet peak, each with a source."""
     for name, best in (("a100-80gb-nvlink+hdr200", 267.9e12), ("h100-nvlink+ib400", 801e12)):

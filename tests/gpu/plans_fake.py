@@ -1,16 +1,18 @@
-"""Every plan kind of tests/gpu/apply_llama.py for N GPUs, on ONE GPU: each plan applied by ``autotune.apply`` /
-``apply_pipeline`` and trained by execute's runners as one rank of torch's fake process group of N (every
-collective a no-op, so each rank holds exactly the tensors it holds in the N-GPU job; DDP's buckets given a
-no-op communication hook, since its reducer refuses the fake group's results). A rank's peak memory is then the
-N-GPU job's (plans_h200x2.md: Megatron t=2 under the fake group of 2, 54.08 GiB, the 2-GPU run's to the
-hundredth), so the memory model of every 4-GPU plan kind is checked without 4 GPUs. Not the pipelined plans:
-torch's pipeline stages exchange their shapes as pickled objects, which a fake group cannot carry. The step is the device's work and the host's without any communication: printed
-beside the prediction's compute and its host pace, not judged.
+"""Every plan kind of tests/gpu/apply_llama.py for N GPUs, on ONE GPU: each plan applied by ``autotune.apply``
+and trained by execute's runner as rank 0 of torch's fake process group of N (every collective a no-op, so the
+rank holds exactly the tensors it holds in the N-GPU job; DDP's buckets given a no-op communication hook, since
+its reducer refuses the fake group's results), beside tensor parallelism composed by hand (torchtitan's way,
+``apply_llama._hand_tp``). A rank's peak memory is then the N-GPU job's (Megatron t=4 under the fake group of 4,
+60.61 GiB, as 4 x H200 measured it), so the memory model of every 4-GPU plan kind is checked without 4 GPUs. Not
+the pipelined plans: torch's pipeline stages exchange their shapes as pickled objects, which a fake group cannot
+carry. The step is the device's work and the host's without any communication: printed beside the prediction's
+compute and its host pace, not judged (ours against the hand composition: the same work, the same run).
 
-    python tests/gpu/plans_fake.py plan OUT PROFILE [--small] [--gpus N]    # apply_llama's plans (CPU, ~1 min)
-    python tests/gpu/plans_fake.py all OUT [--device cuda|cpu]              # each (plan, rank) in a process of its own
+    python tests/gpu/plans_fake.py plan OUT PROFILE [--small] [--gpus N]   # apply_llama's plans (CPU, ~1 min)
+    [ONLY="TP t=2,hand t=2"] [STEPS=3] python tests/gpu/plans_fake.py all OUT [--device cuda|cpu]
 
-Each run writes OUT/fake-<plan>.json; the table is printed last (predicted and measured GiB, their error).
+Each plan runs in a process of its own and writes OUT/fake-<plan>.json; the table is printed last (predicted and
+measured GiB, their error; the step without communication).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 RUN_TIMEOUT_S = 240
-STEPS, WARMUP = 3, 1
+STEPS, WARMUP = int(os.environ.get("STEPS", 3)), 1
 
 
 def _noop_hook(state, bucket):
@@ -42,20 +44,6 @@ def _ddp_without_communication() -> None:
     DistributedDataParallel.__init__ = patched
 
 
-def _readme_step() -> None:
-    """execute's step made the README script's: a transformers model called with ``labels`` (its own loss, the
-    key/value cache as its config says)."""
-    from autotune.execute import moduletrain
-    plain = moduletrain.forward_loss
-
-    def readme(model, ids, targets):
-        inner = getattr(model, "module", model)
-        if hasattr(inner, "config") and hasattr(inner, "get_input_embeddings"):
-            return model(input_ids=ids, labels=ids).loss
-        return plain(model, ids, targets)
-    moduletrain.forward_loss = readme
-
-
 def run_one(out: Path, name: str, device: str, rank: int = 0) -> None:
     """Plan ``name`` of OUT/plans.json as rank ``rank`` of a fake group of the plan's size: OUT/fake-<name>.json."""
     spec = json.loads((out / "plans.json").read_text())
@@ -70,17 +58,20 @@ def run_one(out: Path, name: str, device: str, rank: int = 0) -> None:
     from autotune.execute.runner import run_module_plan
     from autotune.plan.typed import Plan
     _ddp_without_communication()
-    if os.environ.get("STEP") == "readme":
-        _readme_step()
     if device == "cuda":
         torch.cuda.set_device(0)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    p = Plan.from_dict(spec["plans"][name], name)
     d = start(device)
-    runner = run_pipeline_plan if p.stages else run_module_plan
-    row = {"name": name, "rank": rank, "world": world, "predicted": p.costs.to_dict()}
+    hand = name.startswith("hand t=")  # torchtitan's composition by hand (apply_llama._hand_tp)
+    p = None if hand else Plan.from_dict(spec["plans"][name], name)
+    row = {"name": name, "rank": rank, "world": world, "predicted": {} if hand else p.costs.to_dict()}
     try:
-        rec, _ = runner(p, d, module="apply_llama:build", steps=STEPS, warmup=WARMUP, profile_steps=0, dtype="auto")
+        if hand:
+            rec = {"measured": _hand_run(spec["shape"], int(name[len("hand t="):]), d), "apply_path": "by hand"}
+        else:
+            runner = run_pipeline_plan if p.stages else run_module_plan
+            rec, _ = runner(p, d, module="apply_llama:build", steps=STEPS, warmup=WARMUP, profile_steps=0,
+                            dtype="auto")
         m = rec["measured"]
         peak = m.get("peak_memory_bytes")  # None on the CPU
         row.update(peak_gib=peak and peak[0] / 2**30, step_s=m.get("step_s"), path=rec.get("apply_path")
@@ -89,7 +80,22 @@ def run_one(out: Path, name: str, device: str, rank: int = 0) -> None:
         row["error"] = f"out of memory: {str(e).splitlines()[0][:160]}"
     finally:
         dist.destroy_process_group()
-    (out / f"fake-{_slug(name)}{os.environ.get('STEP', '')}.json").write_text(json.dumps(row, indent=1, default=str))
+    (out / f"fake-{_slug(name)}.json").write_text(json.dumps(row, indent=1, default=str))
+
+
+def _hand_run(shape: dict, t: int, d) -> dict:
+    """Tensor parallelism at ``t`` composed by hand (torchtitan's way) trained by execute's trainer."""
+    import torch
+
+    import apply_llama
+    from autotune.execute.moduletrain import ModuleTrainer
+    model = apply_llama._hand_tp(shape, t, d)
+    trainer = ModuleTrainer(model, {"kind": "llama", **shape}, shape["batch"] // shape["micro_batch"], d, 0, 1e-3,
+                            torch.bfloat16 if d.is_gpu else None)
+    try:
+        return trainer.run(STEPS, WARMUP, 0)
+    finally:
+        trainer.close()
 
 
 def _slug(name: str) -> str:
@@ -101,7 +107,10 @@ def run_all(out: Path, device: str) -> int:
     rows, here = [], Path(__file__).resolve().parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent.parent),
                                                         os.environ.get("PYTHONPATH", "")]))
-    for name in [k for k, p in spec["plans"].items() if not p.get("stages")]:
+    names = [k for k, p in spec["plans"].items() if not p.get("stages")] + [f"hand t={t}" for t, sp in spec["hand"]
+                                                                             if not sp]
+    only = [n.strip() for n in os.environ.get("ONLY", "").split(",") if n.strip()]
+    for name in [n for n in names if not only or n in only]:
         print(f"[fake] {name}, rank 0 of {spec['world']}", flush=True)
         try:
             r = subprocess.run([sys.executable, __file__, "one", str(out), name, "--device", device], env=env,
@@ -110,9 +119,9 @@ def run_all(out: Path, device: str) -> int:
                 print(r.stderr[-1500:], flush=True)
         except subprocess.TimeoutExpired:
             print(f"[fake] {name}: past {RUN_TIMEOUT_S} s, stopped", flush=True)
-        f = out / f"fake-{_slug(name)}{os.environ.get('STEP', '')}.json"
+        f = out / f"fake-{_slug(name)}.json"
         rows.append(json.loads(f.read_text()) if f.exists() else {"name": name, "error": "no result"})
-    (out / f"plans_fake{os.environ.get('STEP', '')}.json").write_text(json.dumps(rows, indent=1))
+    (out / "plans_fake.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
     return 0
 
