@@ -31,7 +31,8 @@ STEPS, WARMUP, PROFILE_STEPS = 8, 3, 2
 
 def build(config: dict):
     """The factory execute calls with the plan's model config: transformers' own LlamaForCausalLM (execute's
-    ``forward_loss`` takes its logits' cross entropy, under loss_parallel where they are split by vocabulary)."""
+    ``forward_loss`` calls it with ``labels``, the README's step: its own loss, under loss_parallel where the logits
+    are split by vocabulary)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = config
