@@ -69,6 +69,12 @@ class StageProblem(Problem):
         super().__init__(graph, coster, memory_limit, require_fit=False, objective=objective, **kw)
 
     @property
+    def users_step(self) -> bool:
+        """A pipeline's stage runs the cut of the model (``autotune.apply.cuts``: no key/value cache, the stage's
+        loss), not the user's forward and loss: the module's measured transients are not its (``Problem``)."""
+        return not self.pipelined
+
+    @property
     def pipelined_fsdp(self) -> bool:
         """Whether the stage runs FSDP as torchtitan does (its mode shards weights, in a pipeline): then its
         gathers, its reduce-scatter and its memory are the module doc's, not the single-stage plan's."""

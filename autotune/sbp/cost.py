@@ -498,6 +498,10 @@ class Problem:
                 "memory_limit", f"{self.device_limit / 2**30:.1f} GiB per device: no plan fits it, the smallest "
                                 f"needs {self.min_memory / 2**30:.1f} GiB; raise it, add devices or shrink the micro-batch")
 
+    # whether the plan runs the user's own forward and loss (the step ``calibrate module`` measured, its transients
+    # with it), not a pipeline stage's cut of the model (``autotune.pipeline.stage.StageProblem``)
+    users_step = True
+
     def memory_breakdown(self, assign) -> Memory:
         """Parameters, gradients, optimizer states, activations and the peak's workspace per device of a plan
         (a tied logits layer's copy dropped where its weight is placed as the embedding's)."""
@@ -514,7 +518,8 @@ class Problem:
                 shared += saved.gradients * c
             out = out + m.scaled(c)
         offset = transient = 0.0
-        if self.module_cal is not None and self.embedding is not None and self.mode.recompute != "full":
+        if self.module_cal is not None and self.embedding is not None and self.mode.recompute != "full" \
+                and self.users_step:
             e = self.embedding  # the transients the user's module was measured to hold beyond the model's
             key = self.module_cal.key(self.ops[e], self.choices[e][assign[e]], self.cluster)
             # measured with the module's own loss on its local vocabulary: not the loss of logits split by

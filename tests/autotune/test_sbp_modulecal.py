@@ -179,6 +179,25 @@ def test_a_tensor_parallel_blocks_transient_is_the_one_measured_at_its_heads_spl
     assert total(3e9, 1e9) == total(1e9, 1e9)
 
 
+def test_a_pipeline_stage_does_not_hold_the_users_step_transients():
+    """A pipeline's stage runs the cut of the model (no key/value cache, the stage's own loss): the module's measured
+    transient and peak are not added to it; the whole model run as one stage without a pipeline keeps them."""
+    from autotune.pipeline.stage import StageProblem
+    fields = {k: v for k, v in MODEL.items() if k != "kind"}
+    profile = Profile.load("h200-nvlink+ib400")
+
+    def total(transient, peak, pipelined):
+        profile.module = section(ModulePoint(1, 2, 32, dict(BLOCK, activation_bytes=3e6,
+                                                            forward_transient_bytes=transient),
+                                             dict(OUTSIDE, activation_bytes=7e6, peak_bytes=peak)))
+        problem = StageProblem(load_model("llama", None, fields), Coster(profile, Cluster(1, 1)), None,
+                               pipelined=pipelined)
+        return problem.memory_breakdown([0] * len(problem.choices)).total
+
+    assert total(2e9, 9e7, True) == total(1e9, 5e7, True)
+    assert total(2e9, 9e7, False) != total(1e9, 5e7, False)
+
+
 @pytest.mark.parametrize("points, model", [
     ((ModulePoint(1, 2, 64, BLOCK, OUTSIDE),), SHAPE),  # another sequence
     ((ModulePoint(2, 2, 32, BLOCK, OUTSIDE),), SHAPE),  # another tensor width only
