@@ -188,6 +188,19 @@ def memory_limit(profile, gib: float | None, allocator: str = "default") -> tupl
     return DEFAULT_MEMORY_GIB * 2**30, " (default)"
 
 
+def host_note(plan, objective: str, devices: int, profile: str) -> str | None:
+    """The warning a plan on the tensor or DTensor path gets where its host cost is the reference block's (no module
+    section of the user's model): those paths' steps are the host's, and a transformers block issues more."""
+    if objective != "step" or devices < 2 or plan.apply_path not in ("tensor", "dtensor") \
+            or plan.compute_source != "analytical":
+        return None
+    return (f"note: the {plan.apply_path} path's host cost is priced from calibrate's reference block, not your "
+            f"model's; a transformers block issues more (reports/records/plans_h200x2.md: Megatron t=2 on a Llama ran "
+            f"host-bound at 1.6x its price): calibrate your module on this machine (python -m calibrate module "
+            f"--model config.json --profile {profile} --out profile.json) and search with it, or confirm the "
+            f"candidates with autotune tune")
+
+
 def breakdown(plan) -> str:
     """The searched plan's memory per device by kind, its recomputation and sharding, in one line each."""
     m = plan.costs.memory
@@ -310,6 +323,9 @@ def main(argv=None, report=None) -> int:
                   f"micro-batch x heads does not cover the {cluster.devices} devices)")
         print(breakdown(plan))
         print("\n".join(summary_lines(plan, base, objective)))
+        note = host_note(plan, objective, cluster.devices, profile.name)
+        if note:
+            print(note)
         print(f"wrote {path}" + (f" and {rep}" if rep else ""))
         print("\n".join(next_steps(path, plan)))
         return 0

@@ -266,3 +266,20 @@ def test_the_modules_own_host_cost_paces_its_blocks():
 def replace_host(sec, host):
     from dataclasses import replace
     return replace(sec, host_s=host)
+
+
+def test_a_tensor_or_dtensor_plan_priced_without_the_users_module_says_so():
+    """The search's note: a plan on the tensor or DTensor path for several devices whose compute (and host) is the
+    analytical model's names the command that measures the user's module; none for DDP, one device, the
+    communication objective, or a plan priced from the module."""
+    from types import SimpleNamespace
+
+    from autotune.cli.search import host_note
+
+    def plan(path, source="analytical"):
+        return SimpleNamespace(apply_path=path, compute_source=source)
+    assert "python -m calibrate module" in host_note(plan("tensor"), "step", 4, "h200-nvlink")
+    assert "dtensor path" in host_note(plan("dtensor"), "step", 2, "h200-nvlink")
+    for args in ((plan("ddp"), "step", 4), (plan("tensor"), "step", 1), (plan("tensor"), "comm", 4),
+                 (plan("tensor", "module"), "step", 4)):
+        assert host_note(*args, "h200-nvlink") is None
