@@ -98,7 +98,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     ``cluster`` under ``profile`` (a ``Profile`` or its name or file), ``memory_limit`` bytes a device (None:
     none): the plan file ``python -m autotune`` writes. ``budget`` None: each search until it converges;
     ``compare``: the searches run again cold for the convergence plot; ``pipeline``: "auto", "off" or a stage
-    count; ``allocator`` (``calibrate.profile.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
+    count; ``allocator`` (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
     recorded in every plan (``apply`` checks the job runs under it); ``progress``: called with a line per step."""
     progress = progress or (lambda line: None)
     graph = load_model(model) if isinstance(model, str) else model

@@ -25,8 +25,8 @@ take: ``autotune.apply.layers.check_stream``)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import functools
+import os
 from dataclasses import dataclass
 
 from calibrate.errors import UserError, one_line_in_scripts
@@ -37,8 +37,7 @@ from autotune.apply.ddp import sync_grads
 from autotune.apply.dtensor import Ends, _place
 from autotune.apply.fsdp import fully_shard_model
 from autotune.apply.layers import (_check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
-                                   find_layers,
-                                   torch)
+                                   find_layers, torch)
 from autotune.apply.pipeplan import SCHEDULES, _stream, block_range, load_pipelined, sent
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 
+from calibrate.allocator import ALLOCATORS
 from calibrate.errors import UserError
 from calibrate.jsonfile import write_json
-from calibrate.allocator import ALLOCATORS
 from models.builders import BUILDERS
 from models.graph import LayerGraph
 from models.loader import FIELDS, validate
@@ -343,7 +343,7 @@ class Plan:
     pipeline: Pipeline | None = None
     stages: tuple[Stage, ...] = ()
     tune: dict = field(default_factory=dict)  # autotune tune's measurement of the plan it returned
-    allocator: str = "default"  # calibrate.profile.ALLOCATORS: the allocator whose allowance the memory limit left
+    allocator: str = "default"  # calibrate.allocator.ALLOCATORS: the allocator whose allowance the memory limit left
 
     def __post_init__(self):
         check(self)
