@@ -166,19 +166,21 @@ def table(plans: list) -> str:
 
 def memory_limit(profile, gib: float | None, allocator: str = "default") -> tuple[float, str]:
     """Bytes per device: ``gib`` if given, else the profile's usable GPU memory less the allocator's allowance
-    (``allocator``'s: measured on the user's module where calibrate module ran under it, else the profile's),
-    else the default (with a note saying which)."""
+    (``allocator``'s), else the default (with a note saying which). The default allocator's allowance is the one
+    measured on the user's module where calibrate module ran under it (the step's peak reserved over its peak
+    allocated); under expandable segments that gap overstates what the step needs under a cap (3-10% against
+    1.3-2.6%: reports/records/published.md, session 20), so the profile's measured allowance is kept."""
     if gib is not None:
         return gib * 2**30, ""
     usable = profile.memory_bytes_under(allocator) if hasattr(profile, "memory_bytes_under") else None
     memory = getattr(getattr(profile, "module", None), "memory", None) or {}
-    frag = memory.get("fragmentation") if memory.get("allocator", "default") == allocator else None
+    frag = memory.get("fragmentation") if allocator == memory.get("allocator", "default") == "default" else None
     words = "" if allocator == "default" else ", under expandable segments"
     if usable and frag is not None:  # the allocator's fragmentation measured by calibrate module on the user's
         # module: the allowance under the device's usable memory, in place of the profile's own
         return float(profile.device.usable_bytes) / (1 + frag), (
             f" (profile {profile.name}'s usable GPU memory less the allocator's fragmentation measured on your "
-            f"module{words}, {frag * 100:.1f}% of what is allocated)")
+            f"module, {frag * 100:.1f}% of what is allocated)")
     if usable:
         stated = profile.fragmentation_under(allocator) is not None or allocator == "default"
         return float(usable), (f" (profile {profile.name}'s usable GPU memory{words}" + (
