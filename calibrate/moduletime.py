@@ -39,6 +39,13 @@ HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "M
 ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor"))
 REFERENCE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocabulary": 1024}  # host-bound on any GPU
 REFERENCE_OCCURRENCES = 10  # a Llama block's layer occurrences in the step model's graph (models.transformer)
+# REFERENCE as a config.json of transformers' own Llama: the block ``reference_host`` times where transformers is
+# installed (the class users import issues more than the plain-torch reference module: 1.35 x on one H200)
+REFERENCE_HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": REFERENCE["hidden"],
+                "num_attention_heads": REFERENCE["heads"], "num_key_value_heads": REFERENCE["kv_heads"],
+                "head_dim": REFERENCE["hidden"] // REFERENCE["heads"], "intermediate_size": REFERENCE["ffn"],
+                "vocab_size": REFERENCE["vocabulary"], "num_hidden_layers": 1, "max_position_embeddings": 512,
+                "tie_word_embeddings": False}
 
 MORE = 3  # the larger model of a point has 1 + MORE blocks
 
@@ -543,14 +550,26 @@ def _peer_job(torch, device, world: int, recipe: tuple, micro_batch: int, sequen
     return {"host_s": host, "lines": lines}
 
 
-def reference_host(torch, device, iters: int, warmup: int, progress) -> dict:
+def reference_recipe() -> tuple:
+    """The ``rebuild`` recipe of the block ``reference_host`` times: transformers' own Llama of the REFERENCE shape
+    (``REFERENCE_HF``: what users run) where transformers is installed, else the project's ``reference_module``."""
+    try:
+        importlib.import_module("transformers")
+    except ImportError:
+        return ("reference",)
+    return ("hf", REFERENCE_HF, "calibrate's reference block")
+
+
+def reference_host(torch, device, iters: int, warmup: int, progress) -> tuple[dict, str]:
     """``compute.host_s`` (``calibrate.compute``): per apply path, the host's seconds per layer occurrence of the step
-    model's graph, per micro-batch and per step: ``reference_module``'s per block (``host_seconds``, micro-batch 1
-    of 512 tokens) over ``REFERENCE_OCCURRENCES``; on a group of one, and those of ``PEER_HOST_PATHS`` among 2 GPUs
-    where 2 are visible (``peer_host``)."""
-    per_block = host_seconds(torch, reference_module(), 1, 512, device, iters, warmup, progress)
-    per_block.update(peer_host(torch, ("reference",), 1, 512, iters, warmup, progress))
-    return {path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()}
+    model's graph, per micro-batch and per step: the reference block's (``reference_recipe``) per block
+    (``host_seconds``, micro-batch 1 of 512 tokens) over ``REFERENCE_OCCURRENCES``; on a group of one, and those of
+    ``PEER_HOST_PATHS`` among 2 GPUs where 2 are visible (``peer_host``); and which block that was."""
+    recipe = reference_recipe()
+    um = rebuild(recipe)
+    per_block = host_seconds(torch, um, 1, 512, device, iters, warmup, progress)
+    per_block.update(peer_host(torch, recipe, 1, 512, iters, warmup, progress))
+    return {path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()}, um.name
 
 
 def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,

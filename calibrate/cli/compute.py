@@ -466,11 +466,11 @@ def main(argv=None) -> int:
     launch = measure_launch(torch, device, args.iters, args.warmup)
     layers, layer_calls = measure_layers(torch, device, args.iters, args.warmup)
     t0 = time.perf_counter()
-    host = reference_host(torch, device, args.iters, args.warmup, progress)
+    host, block = reference_host(torch, device, args.iters, args.warmup, progress)
     overlap = measure_overlap(torch, args.iters, args.warmup, progress)
     progress(f"host and overlap: {time.perf_counter() - t0:.0f} s")
-    sources["host_s"] = (f"measured: the host's issue time of a small Llama block (calibrate.moduletime.reference_module, "
-                         f"{REFERENCE}) on each apply path, per layer occurrence, over a process group of one"
+    sources["host_s"] = (f"measured: the host's issue time of a small Llama block ({block}, {REFERENCE}) on each "
+                         f"apply path, per layer occurrence, over a process group of one"
                          + (f" ({', '.join(PEER_HOST_PATHS)} among 2 GPUs)" if torch.cuda.device_count() >= 2 else ""))
     sources["overlap"] = ("measured: an 8192^3 bf16 matmul beside " + (
         "NCCL collectives of 1 GiB between 2 GPUs" if overlap["peer"] == "nccl" else

@@ -68,6 +68,29 @@ def test_host_cost_per_path_on_a_group_of_one(one_thread):
     assert not torch.distributed.is_initialized()  # the group of one destroyed
 
 
+def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_installed(one_thread, monkeypatch):
+    """``calibrate compute`` times the host's cost of the apply paths on transformers' own Llama block of the
+    reference shape (the class users import), per layer occurrence; without transformers on the project's
+    plain-torch reference module."""
+    import torch
+    from calibrate import moduletime
+    from calibrate.moduletime import ONE_GROUP_PATHS, REFERENCE, REFERENCE_OCCURRENCES
+    assert moduletime.reference_recipe()[0] == "hf"
+    um = moduletime.rebuild(moduletime.reference_recipe())
+    assert um.name == "transformers:LlamaForCausalLM" and um.model == REFERENCE
+    calls = []
+
+    def timed(torch_, um_, *args, **kw):  # the reference_host's per block figures: 1 s a pass, 2 a step
+        calls.append(um_.name)
+        return {p: (1.0, 2.0) for p in ONE_GROUP_PATHS}
+    monkeypatch.setattr(moduletime, "host_seconds", timed)
+    figures, block = moduletime.reference_host(torch, torch.device("cpu"), 1, 0, lambda line: None)
+    assert block == calls[0] == "transformers:LlamaForCausalLM"
+    assert figures == {p: (1.0 / REFERENCE_OCCURRENCES, 2.0 / REFERENCE_OCCURRENCES) for p in ONE_GROUP_PATHS}
+    monkeypatch.setattr(moduletime.importlib, "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)))
+    assert moduletime.reference_recipe() == ("reference",)
+
+
 def test_the_tensor_paths_styles_take_transformers_names_and_say_when_they_cannot(one_thread):
     import torch
 
