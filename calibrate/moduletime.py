@@ -535,7 +535,8 @@ def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, iters: int,
     rank 0's; {} with fewer GPUs."""
     if not recipe or torch.cuda.device_count() < 2:
         return {}
-    got = run_peers(_peer_job, (recipe, micro_batch, sequence, iters, warmup))
+    got = run_peers(_peer_job, (recipe, micro_batch, sequence, iters, warmup),
+                    what="the apply paths' host cost among 2 GPUs")
     for line in got["lines"]:
         progress(f"{line} (2 GPUs)")
     return {k: tuple(float(x) for x in v) for k, v in got["host_s"].items()}
