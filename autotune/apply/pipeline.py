@@ -96,6 +96,10 @@ LOCAL = (ApplyPath.FULLY_SHARD.value, ApplyPath.TENSOR.value, ApplyPath.DDP.valu
 
 # --- the pipeline ---------------------------------------------------------------------------------------------
 def _cross_entropy(logits, targets):
+    """The last stage's default loss, as transformers' own loss takes it: half-precision logits copied to fp32 first
+    (what the memory model prices under loss_parallel: ``autotune.sbp.memory.LOSS_PARALLEL_KEPT``)."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
