@@ -73,6 +73,7 @@ VERSION = 2
 # ("groups_per_node", 1 where absent); version 1 files load with no switches recorded
 READ_VERSIONS = (1, 2)
 REFIT = "refit it with python -m calibrate fit"
+BY_HAND = "fix the profile by hand (see calibrate/profile.py)"  # the stated meanings no command writes
 TIERS = ("intra", "inter")
 # the ranges a fitted segment's figures can have: no collective starts slower than a second, and
 # none moves fewer than a kilobyte a second; sizes up to the open end's 2**62 bytes
@@ -218,18 +219,17 @@ def _fraction(frag, origin: str, what: str) -> Figure | None:
     if not isinstance(frag, dict) or not _is_number(frag.get("fraction")) or not 0 <= frag["fraction"] < 1 \
             or not isinstance(frag.get("source"), str):
         raise UserError(f"{origin}: {what} is {_short(frag)}; want {{\"fraction\": a number in [0, 1), \"source\": "
-                        f"text}}: fix the profile by hand (see calibrate/profile.py)")
+                        f"text}}: {BY_HAND}")
     return Figure(float(frag["fraction"]), frag["source"])
 
 
 def _figures(d: dict, origin: str) -> tuple[dict[str, Figure], Figure | None, Figure | None]:
     """The ``bandwidth_per`` and ``memory_fragmentation`` keys (module docstring), checked."""
-    fix = "fix the profile by hand (see calibrate/profile.py)"
     per = d.get("bandwidth_per", {})
     if not isinstance(per, dict) or any(t not in TIERS or not isinstance(v, dict) or v.get("per") not in PER
                                         or not isinstance(v.get("source"), str) for t, v in per.items()):
         raise UserError(f"{origin}: bandwidth_per is {_short(per)}; want tier -> {{\"per\": one of "
-                        f"{', '.join(PER)}, \"source\": text}}: {fix}")
+                        f"{', '.join(PER)}, \"source\": text}}: {BY_HAND}")
     frag = d.get("memory_fragmentation")
     expandable = frag.get("expandable_segments") if isinstance(frag, dict) else None
     if isinstance(frag, dict):
@@ -253,24 +253,24 @@ class Profile:
     bandwidth_per: dict[str, Figure] = field(default_factory=dict)  # tier -> "gpu" or "node" (docstring)
     fragmentation: Figure | None = None  # the allocator's reserved-but-unallocated share at peak
     fragmentation_expandable: Figure | None = None  # the same under expandable segments, if measured
+    module: ModuleSection | None = None  # the user's module timed on one GPU (``calibrate.module``), if measured
+    residuals: Residuals | None = None  # measured / predicted step per apply path (``autotune tune``), if run
 
     @property
     def fragmentation_fraction(self) -> float:
         return DEFAULT_FRAGMENTATION if self.fragmentation is None else float(self.fragmentation.value)
-
-    def fragmentation_under(self, allocator: str) -> Figure | None:
-        """The allowance stated for ``allocator`` (``ALLOCATORS``): None where the profile states none for it."""
-        if allocator not in ALLOCATORS:
-            raise UserError(f"allocator {allocator!r}: want one of {', '.join(ALLOCATORS)}")
-        return self.fragmentation_expandable if allocator == "expandable_segments" else self.fragmentation
-    module: ModuleSection | None = None  # the user's module timed on one GPU (``calibrate.module``), if measured
-    residuals: Residuals | None = None  # measured / predicted step per apply path (``autotune tune``), if run
 
     @property
     def memory_bytes(self) -> int | None:
         """Bytes a plan may allocate at its peak on one device: the usable memory (the device section) less the
         fragmentation allowance; None when not known."""
         return self.memory_bytes_under("default")
+
+    def fragmentation_under(self, allocator: str) -> Figure | None:
+        """The allowance stated for ``allocator`` (``ALLOCATORS``): None where the profile states none for it."""
+        if allocator not in ALLOCATORS:
+            raise UserError(f"allocator {allocator!r}: want one of {', '.join(ALLOCATORS)}")
+        return self.fragmentation_expandable if allocator == "expandable_segments" else self.fragmentation
 
     def memory_bytes_under(self, allocator: str) -> int | None:
         """``memory_bytes`` for a job under ``allocator``: its allowance where the profile states one, else the

@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from calibrate.allocator import EXPANDABLE_ENV, allocator_of
 from calibrate.errors import UserError
 from calibrate.optional import require_torch
 
@@ -292,7 +293,6 @@ def device_type() -> str:
 def check_allocator(plan, environ, device: str | None = None) -> None:
     """A plan searched for expandable segments (its memory limit left their smaller allowance) runs on the GPU
     (``device``; None: this job's) only under them: one line naming the fix, before any weight moves."""
-    from calibrate.allocator import EXPANDABLE_ENV, allocator_of
     if plan.allocator != "expandable_segments" or allocator_of(environ) == plan.allocator:
         return
     if device is None:

@@ -255,6 +255,10 @@ class Problem:
         self.chain_roles = chain_roles(graph)
         self.roles = layer_roles(graph)
         self.embedding = next((v for v, op in enumerate(self.ops) if op.layer.kind == "embedding"), None)
+        # the layers whose strategies say which measured transients of the user's module a plan holds
+        # (``memory_breakdown``): the attention's heads split (its key/value cache), the loss's vocabulary
+        self.attention = next((v for v, op in enumerate(self.ops) if op.layer.kind == "attention"), self.embedding)
+        self.loss = next((v for v, op in enumerate(self.ops) if op.layer.kind == "loss"), None)
         # a logits layer sharing the embedding's weight, both in this problem (a pipeline stage without the
         # embedding holds the weight as its own parameter, with its optimizer states, as Megatron does)
         self.tied = [op.layer.kind == "matmul" and bool(op.dims.get("tied", 0)) and self.embedding is not None
@@ -524,11 +528,11 @@ class Problem:
             key = self.module_cal.key(self.ops[e], self.choices[e][assign[e]], self.cluster)
             # measured with the module's own loss on its local vocabulary: not the loss of logits split by
             # vocabulary (torch's loss_parallel, priced as measured: memory.LOSS_PARALLEL_KEPT)
-            split = any(loss_parallel(self.choices[v][i]) for v, i in enumerate(assign))
+            split = self.loss is not None and loss_parallel(self.choices[self.loss][assign[self.loss]])
             offset = 0.0 if split else self.module_cal.peak_offset(key)
             # a block's transient (its key/value cache) at the block's local shape: its heads split as the
             # attention's are
-            a = next((v for v, op in enumerate(self.ops) if op.layer.kind == "attention"), e)
+            a = self.attention
             at = self.module_cal.key(self.ops[a], self.choices[a][assign[a]], self.cluster)
             transient = self.module_cal.forward_transient(at) * len(self.graph.blocks)
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
