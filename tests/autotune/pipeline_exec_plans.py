@@ -192,3 +192,15 @@ def stage_parameters(module, names: dict) -> dict:
             whole = p.full_tensor() if isinstance(p, DTensor) else p
             params[f"{names[id(m)]}.{pn}".lstrip(".")] = whole.detach().clone()
     return params
+
+
+def check_ranks(problems: list, bug, results: list, k: int, trained, label: str) -> None:
+    """Job ``k`` of a pipelined run checked on every rank (``problems``: each rank's mismatch with one process, or
+    None): a planted ``bug`` noticed on some rank; else no rank differs, and every parameter of ``trained`` was
+    trained by some stage (each rank's result: (losses, its stage's parameters by name, ...))."""
+    if bug:
+        assert any(problems), f"{label}: the planted bug {bug!r} went unnoticed"
+        return
+    assert not any(problems), f"{label}: {[p for p in problems if p]}"
+    seen = {name for got in results for name in got[k][1]}
+    assert seen == set(trained), f"parameters no stage trained: {sorted(set(trained) - seen)}"
