@@ -73,15 +73,20 @@ from calibrate.errors import UserError
 from calibrate.layers import KINDS as LAYER_KINDS
 
 KINDS = ("measured", "assumed")
-HOST_PATHS = ("dtensor", "ddp", "fully_shard", "tensor", "none")  # autotune.plan's placement paths ("none": one device)
+# autotune.plan's placement paths ("none": one device; "sequence": the tensor path with sequence parallelism)
+HOST_PATHS = ("dtensor", "ddp", "fully_shard", "tensor", "sequence", "none")
 # a path priced by another's host figure where the profile has none of its own: the tensor path (torchtitan's
-# styles) by the DTensor figure, which is ParallelStyles on every Linear over a group of one, the same dispatch
-HOST_STANDIN = {"tensor": "dtensor"}
+# styles) by the DTensor figure, which is ParallelStyles on every Linear over a group of one, the same dispatch;
+# sequence parallelism by the tensor path's (it adds a norm's gather and its DTensor stream to the same styles)
+HOST_STANDIN = {"tensor": "dtensor", "sequence": "tensor"}
 
 
 def host_figure(figures: dict, path: str):
-    """``figures[path]`` (a profile's or a module section's ``host_s``), or its stand-in's (``HOST_STANDIN``)."""
-    return figures.get(path, figures.get(HOST_STANDIN.get(path, path)))
+    """``figures[path]`` (a profile's or a module section's ``host_s``), or its stand-ins' in turn
+    (``HOST_STANDIN``); None where none of them is there."""
+    while path is not None and path not in figures:
+        path = HOST_STANDIN.get(path)
+    return figures.get(path) if path is not None else None
 OVERLAP_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")  # what DDP's and FSDP's compute runs beside
 OVERLAP_PEERS = ("nccl", "copy")  # measured beside a collective between GPUs, or beside a copy (no peer GPU)
 

@@ -36,7 +36,7 @@ HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "M
                     "GPT2LMHeadModel": "gpt2"}
 # apply's paths (``calibrate.compute.HOST_PATHS``) timed on a process group of one: the tensor path's styles need
 # the ranks of a tensor-parallel group (``PEER_HOST_PATHS``); without them the profile prices it by the DTensor one's
-ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor"))
+ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor", "sequence"))
 REFERENCE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocabulary": 1024}  # host-bound on any GPU
 REFERENCE_OCCURRENCES = 10  # a Llama block's layer occurrences in the step model's graph (models.transformer)
 # REFERENCE as a config.json of transformers' own Llama: the block ``reference_host`` times where transformers is
@@ -404,8 +404,8 @@ def _wrap(torch, m: _Timed, path: str) -> None:
         plan = {name: ColwiseParallel(output_layouts=Replicate()) for name, mod in m.model.named_modules()
                 if isinstance(mod, torch.nn.Linear)}
         parallelize_module(m.model, mesh, plan)
-    elif path == "tensor":  # torchtitan's styles on the reference blocks over every rank of the group
-        _tensor_parallel(torch, m)
+    elif path in ("tensor", "sequence"):  # torchtitan's styles on the blocks over every rank of the group
+        _tensor_parallel(torch, m, sequence=path == "sequence")
     elif path == "fully_shard":
         from torch.distributed.fsdp import fully_shard
         for block in _blocks(torch, m.model):
@@ -427,35 +427,50 @@ ROWWISE = ("o", "down", "o_proj", "down_proj")
 NORMS = ("ln1", "ln2", "input_layernorm", "post_attention_layernorm")
 
 
-def _tensor_parallel(torch, m: _Timed) -> None:
+def _tensor_parallel(torch, m: _Timed, sequence: bool = False) -> None:
     """The model's blocks placed as apply's tensor path places a Llama (``autotune.apply.tensor``) over every rank
     of the group: each norm's output a replicated DTensor once, the projections that read it column-wise, the
     two that write the stream row-wise (the embedding and the head as they are: only the blocks' cost is kept).
-    A block with other names is not placed: said by the caller as a path not measured."""
+    ``sequence``: with sequence parallelism (the "sequence" path): the stream between the regions a DTensor split
+    by tokens, each norm ``SequenceParallel`` and its output gathered once, the row-wise outputs reduce-scattered
+    onto it; the first block takes the stream whole and splits it, the last hands it back whole (the model's
+    edges, outside the blocks' difference). A block with other names is not placed: said by the caller as a path
+    not measured."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
     world = torch.distributed.get_world_size()
     mesh = init_device_mesh(m.device.type, (world,))
-    for block in _blocks(torch, m.model):
+    tokens = Shard(1)
+    blocks = _blocks(torch, m.model)
+    for block in blocks:
         styles = {}
         for name, mod in block.named_modules():
             leaf = name.rsplit(".", 1)[-1]
             linear = isinstance(mod, torch.nn.Linear)
             if linear and leaf in COLWISE:
-                styles[name] = ColwiseParallel()
+                styles[name] = [ColwiseParallel()]
             elif linear and leaf in ROWWISE:
-                styles[name] = RowwiseParallel()
+                styles[name] = [RowwiseParallel(output_layouts=tokens, use_local_output=False) if sequence
+                                else RowwiseParallel()]
             elif leaf in NORMS:
-                styles[name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(),
-                                                   use_local_output=False)
-        if not any(isinstance(v, RowwiseParallel) for v in styles.values()):
+                styles[name] = [SequenceParallel()] * sequence + [PrepareModuleOutput(
+                    output_layouts=tokens if sequence else Replicate(), desired_output_layouts=Replicate(),
+                    use_local_output=False)]
+        if not any(isinstance(v[0], RowwiseParallel) for v in styles.values()):
             raise ValueError(f"no projections named {', '.join(ROWWISE)} in {type(block).__name__}")
-        parallelize_module(block, mesh, styles)
+        for name, chain in styles.items():
+            for style in chain:
+                parallelize_module(block.get_submodule(name), mesh, style)
         for attr in ("h", "kv"):  # the reference block's heads per rank (transformers' blocks infer theirs)
             if hasattr(block, attr):
                 setattr(block, attr, getattr(block, attr) // world)
+    if sequence:
+        parallelize_module(blocks[0], mesh, PrepareModuleInput(input_layouts=(Replicate(),),
+                                                               desired_input_layouts=(tokens,), use_local_output=False))
+        parallelize_module(blocks[-1], mesh, PrepareModuleOutput(output_layouts=tokens, desired_output_layouts=Replicate(),
+                                                                 use_local_output=True))
 
 
 def param_groups(module) -> list[dict]:
@@ -525,7 +540,7 @@ def _step_peak(torch, m: _Timed, device) -> tuple[int, int]:
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
-PEER_HOST_PATHS = ("ddp", "fully_shard", "tensor", "dtensor")  # paths whose collectives a group of one skips
+PEER_HOST_PATHS = ("ddp", "fully_shard", "tensor", "sequence", "dtensor")  # paths whose collectives a group of one skips
 
 
 def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, iters: int, warmup: int, progress) -> dict:

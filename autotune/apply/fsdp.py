@@ -49,9 +49,17 @@ def place(job) -> DataSplit:
 
 def place_tensor(job):
     """The tensor path (``autotune.apply.tensor``'s layout): fully_shard's composition on its data x tensor mesh,
-    as torchtitan runs DDP + TP."""
+    as torchtitan runs DDP + TP; without data ranks (every device on the tensor axes) ``parallelize_module``
+    alone, as torchtitan applies no FSDP at data degree 1: fully_shard over one device averages nothing and costs
+    its hooks' host time and its copies (2 x H200, 2026-11-29: Megatron t=2 issued 16.5 ms a block and
+    micro-batch with it, where the tensor styles alone measure 13.7)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     dims = job.layout.dims(job.plan)
     mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    if dims["replicate"] * dims["shard"] == 1:
+        parallelize(job.model, job.chain, job.layout, mesh["tp"])
+        _recompute(job.model, job.chain, job.prefixes, job.plan.recompute)
+        job.model.to(job.device)  # what the styles left where it was built (norms, buffers), as fully_shard moves it
+        return DataSplit(0, 1)
     return fully_shard_model(job.model, job.chain, job.prefixes, job.plan, job.layout, mesh, dims=dims)[0]

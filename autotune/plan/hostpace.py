@@ -8,6 +8,10 @@ m n h_pass + n h_step seconds, and the step lasts at least that long:
 
     step = max(the step model's step, m n h_pass + n h_step)
 
+On the tensor path with data ranks (torchtitan's DDP + TP: ``parallelize_module`` and fully_shard over them),
+h is the tensor path's figure plus fully_shard's beyond the plain module's (``"none"``): the hooks of both;
+without data ranks the tensor path's alone (``autotune.apply.fsdp.place_tensor``).
+
 (the pipeline's stages take the same floor per micro-batch: ``autotune.pipeline.paths``). Only transformer
 plans that ``apply`` places (gpt, llama); the other models' plans, and every plan where the profile has no host
 figures, keep their step.
@@ -22,7 +26,8 @@ from dataclasses import replace
 
 from calibrate.compute import host_figure
 
-from autotune.plan.typed import Plan
+from autotune.plan.layouts import tp_layout
+from autotune.plan.typed import ApplyPath, Plan
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 
@@ -50,6 +55,20 @@ def occurrence_host(graph, compute, module, path: str) -> list[tuple[float, floa
     return out
 
 
+def host_path(plan: Plan) -> str:
+    """The path whose host figure and residual price ``plan``: its apply path, "sequence" for the tensor path with
+    sequence parallelism (``calibrate.compute.HOST_PATHS``)."""
+    layout = tp_layout(plan) if plan.apply_path == ApplyPath.TENSOR else None
+    return "sequence" if layout is not None and layout.sequence_parallel else str(plan.apply_path)
+
+
+def data_ranks(plan: Plan) -> int:
+    """The data ranks of a plan on the tensor path (``autotune.apply.fsdp.place_tensor`` wraps it in fully_shard
+    over them where there are more than one); 1 for any other plan."""
+    layout = tp_layout(plan)
+    return layout.dims(plan)["replicate"] if layout is not None else 1
+
+
 def at_host_pace(plan: Plan, compute, module=None) -> Plan:
     """``plan`` (a single-stage plan of ``autotune.plan.build``) with its step at the host's pace of its
     ``apply_path`` (module doc) and ``costs.host_step_s``; ``plan`` itself where the floor does not apply.
@@ -57,10 +76,14 @@ def at_host_pace(plan: Plan, compute, module=None) -> Plan:
     (``occurrence_host``)."""
     if not paced(plan, compute):
         return plan
-    path, costs = plan.apply_path, plan.costs
-    host = occurrence_host(plan.model.graph(), compute, module, path)
+    costs, graph = plan.costs, plan.model.graph()
+    host = occurrence_host(graph, compute, module, host_path(plan))
     if host is None:
         return plan
+    if plan.apply_path == ApplyPath.TENSOR and data_ranks(plan) > 1:  # fully_shard's hooks on top (autotune.apply.fsdp)
+        fs, none = (occurrence_host(graph, compute, module, p) for p in (ApplyPath.FULLY_SHARD, "none"))
+        if fs is not None and none is not None:
+            host = [(t[0] + f[0] - n[0], t[1] + f[1] - n[1]) for t, f, n in zip(host, fs, none)]
     step = plan.micro_batches * sum(h[0] for h in host) + sum(h[1] for h in host)
     return replace(plan, costs=replace(costs, host_step_s=step, step_s=max(costs.step_s, step)))
 
@@ -69,7 +92,7 @@ def corrected(plan: Plan, profile) -> Plan:
     """``plan`` with its step corrected by the profile's residual of its apply path (module doc); ``plan`` itself
     where the profile has none for that path or the host's pace does not apply to the plan (``paced``)."""
     residuals = getattr(profile, "residuals", None)
-    costs, path = plan.costs, plan.apply_path
+    costs, path = plan.costs, host_path(plan)
     if residuals is None or not paced(plan, getattr(profile, "compute", None)) or path not in residuals.paths:
         return plan
     r = residuals.factor(path)

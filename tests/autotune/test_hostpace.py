@@ -81,3 +81,29 @@ def test_the_measured_case_takes_a_local_path(tmp_path):
     sb = after["S/B only (cd)"]
     assert sb.apply_path == "dtensor" and sb.costs.step_s == pytest.approx(sb.costs.host_step_s)
     assert 0.45 < sb.costs.step_s < 0.52  # the DTensor path's host, as run 12 measured the searched plan's
+
+
+def test_tensor_path_prices_fully_shard_only_with_data_ranks():
+    """Megatron on 4 devices at the host's pace: t = 4 (no data ranks: parallelize_module alone) takes the tensor
+    path's figure; d = 2 x t = 2 (fully_shard over the 2 data ranks as well) that figure plus fully_shard's beyond
+    the plain module's, per occurrence (closed form)."""
+    from autotune.plan.build import build
+    from autotune.plan.hostpace import data_ranks
+    from autotune.sbp.baselines import megatron_assignment
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.mesh import Cluster
+    from models import load_model
+    base = Profile.load("h200-nvlink")
+    figures = {"tensor": (4e-3, 2e-4), "fully_shard": (3e-3, 5e-4), "none": (1e-3, 1e-4), "ddp": (1e-3, 1e-4),
+               "dtensor": (9e-3, 1e-4)}
+    compute = replace(base.compute, host_s=figures)
+    shape = dict(layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=128, vocabulary=256, sequence=16,
+                 batch=8, micro_batch=4)
+    problem = Problem(load_model("llama", None, shape), Coster(replace(base, compute=compute), Cluster(1, 4)),
+                      require_fit=False, objective="step")
+    for d, t, per in ((1, 4, figures["tensor"]), (2, 2, (4e-3 + 3e-3 - 1e-3, 2e-4 + 5e-4 - 1e-4))):
+        plan = at_host_pace(build(problem, megatron_assignment(problem, (1, d), (1, t)), f"d={d} t={t}"), compute)
+        n, m = len(plan.model.graph().chain), plan.micro_batches
+        assert plan.apply_path == "tensor" and data_ranks(plan) == d and m == 2
+        assert plan.costs.host_step_s == pytest.approx(m * n * per[0] + n * per[1])

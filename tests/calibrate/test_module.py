@@ -97,14 +97,14 @@ def test_the_tensor_paths_styles_take_transformers_names_and_say_when_they_canno
     from calibrate.moduletime import hf_module, host_seconds, rebuild
     um = rebuild(hf_module(LLAMA, "config").recipe)  # as a peer process builds it
     lines = []
-    found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("tensor",))
-    assert set(found) == {"tensor"} and min(found["tensor"]) >= 0, lines
+    found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("tensor", "sequence"))
+    assert set(found) == {"tensor", "sequence"} and min(found["tensor"] + found["sequence"]) >= 0, lines
     gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2,
             "n_positions": 16, "vocab_size": 64}
     lines = []
     assert host_seconds(torch, hf_module(gpt2, "config"), 1, 8, torch.device("cpu"), 3, 0, lines.append,
-                        ("tensor",)) == {}  # GPT-2's fused Conv1D projections take no styles by name
-    assert lines and "host tensor: not measured" in lines[-1]
+                        ("tensor", "sequence")) == {}  # GPT-2's fused Conv1D projections take no styles by name
+    assert [line.split(":")[0] for line in lines] == ["host tensor", "host sequence"] and "not measured" in lines[-1]
 
 
 @pytest.mark.parametrize("edit, words", [
@@ -209,3 +209,27 @@ def test_a_module_that_cannot_be_timed_names_the_contract(tmp_path, capsys, one_
                 "--sequence", "16", "--iters", "3", "--warmup", "0"]) == 2
     err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("[module]")]
     assert len(err) == 1 and "could not be timed" in err[0] and "called as forward(ids, targets)" in err[0], err
+
+
+def _styled_loss(path: str) -> float:
+    import torch
+
+    from calibrate.moduletime import MORE, _Timed, _wrap, hf_module
+    torch.manual_seed(0)
+    m = _Timed(torch, hf_module(LLAMA, "config"), 1 + MORE, 1, torch.device("cpu"))
+    if path != "none":
+        _wrap(torch, m, path)
+    m.inputs(2, 8, LLAMA["vocab_size"])
+    loss = m.forward(0)
+    return float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss)
+
+
+def test_the_tensor_paths_styles_compute_the_plain_models_loss_on_two_ranks():
+    """The blocks placed for the host's timing on the tensor path, without and with sequence parallelism
+    (``moduletime._tensor_parallel``), compute the model's own loss on 2 gloo ranks: the styles time the step
+    apply runs, not another one (a stream split by tokens read whole would double the sequence, or fail)."""
+    from tests.autotune.gloo_runner import run_on_gloo
+    got = run_on_gloo(_styled_loss, [("none",), ("tensor",), ("sequence",)], world=2)
+    for rank in got:
+        assert not any(isinstance(x, str) for x in rank), rank
+        assert rank[1] == pytest.approx(rank[0], rel=1e-5) and rank[2] == pytest.approx(rank[0], rel=1e-5), rank

@@ -17,7 +17,9 @@ issue time, device time in matmuls and in copies) say where a step's time goes b
 """
 from __future__ import annotations
 
+import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,10 +125,10 @@ def _megatron_3d(shape: dict, profile: str, gpus: int, tensor: int = 2):
 
 def _hand_tp(shape: dict, t: int, d, sequence: bool = False):
     """torchtitan's composition by hand: parallelize_module (the attention's and the MLP's input prepared as a
-    replicated DTensor; q/k/v, gate/up colwise; o, down rowwise; the
-    embedding rowwise; the head colwise to vocabulary columns for loss_parallel) on a t-way mesh, fully_shard on a
-    replicate mesh over the data ranks; each data rank its piece of the batch. ``sequence``: torchtitan's sequence
-    parallelism (``_sequence_styles``)."""
+    replicated DTensor; q/k/v, gate/up colwise; o, down rowwise; the embedding rowwise; the head colwise to
+    vocabulary columns for loss_parallel) on a t-way mesh, fully_shard on a replicate mesh over the data ranks
+    where there are more than one (torchtitan applies no FSDP at data degree 1); each data rank its piece of the
+    batch. ``sequence``: torchtitan's sequence parallelism (``_sequence_styles``)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -171,8 +173,9 @@ def _hand_tp(shape: dict, t: int, d, sequence: bool = False):
                            p + "self_attn.o_proj": RowwiseParallel(output_layouts=s1, use_local_output=False),
                            p + "mlp.down_proj": RowwiseParallel(output_layouts=s1, use_local_output=False)})
     parallelize_module(model, mesh["tp"], styles)
-    for unit in list(model.model.layers) + [model]:
+    for unit in (list(model.model.layers) + [model]) * (world // t > 1):  # torchtitan: no FSDP at data degree 1
         fully_shard(unit, mesh=mesh["replicate", "shard"])
+    model.to(d.device)
     return DataSplit(mesh.get_local_rank("replicate"), world // t).mark(model)
 
 
@@ -186,6 +189,8 @@ def run(out: Path, device: str) -> None:
     from autotune.plan.typed import Plan
     spec = json.loads((out / "plans.json").read_text())
     shape, rows = spec["shape"], []
+    if os.environ.get("GC_MODE") == "off":  # Python's collector off for the whole job (tests/gpu/host_depth.py)
+        gc.disable()
     d = start(device)
     common = dict(module="apply_llama:build", steps=STEPS, warmup=WARMUP, profile_steps=PROFILE_STEPS, dtype="auto")
     try:

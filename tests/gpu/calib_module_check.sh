@@ -8,7 +8,7 @@
 #     the prediction with the module section and without (tests/gpu/calib_module_check.py; ~5-7 min).
 #     PROFILE=path/to/profile.json (the compute part's, copied into the tree) is required: without it this part
 #     measures one first with fewer iterations (and then may not finish within one call).
-#   PART=tune (nvidia-h200-x4): the held-out 1.5 B transformers Llama (tune_x4 of module_heldout.json: 16 x 2048, 8 K/V
+#   PART=tune (nvidia-h200-x4; NGPU=2 on nvidia-h200-x2, the same piece a data rank): the held-out 1.5 B transformers Llama (tune_x4 of module_heldout.json: 16 x 2048, 8 K/V
 #     heads, ffn 8192, vocabulary 128256, sequence 2048, batch 32 in 2 micro-batches): python -m calibrate module at
 #     tensor widths 1, 2, 4 and the local micro-batches, then torchrun --nproc-per-node 4 -m autotune tune with that
 #     profile (the searched plan and the best DDP / FSDP / tensor-parallel / pipelined plans, 4 steps each; the
@@ -57,6 +57,8 @@ PYEOF
     ;;
   tune)
     profile=${PROFILE:?PART=tune needs PROFILE=the compute part profile.json (host and overlap figures)}
+    NGPU=${NGPU:-4}  # NGPU=2 (nvidia-h200-x2): each data rank's piece as on 4 (batch 8 a GPU in 2 micro-batches)
+    WIDTHS=$([ "$NGPU" -ge 4 ] && echo 1,2,4 || echo 1,2); MBS=$([ "$NGPU" -ge 4 ] && echo 2,4,8,16 || echo 2,4,8)
     $PY - "$OUT/llama1.5b.json" <<'PYEOF'
 import json, sys
 row = json.load(open("reports/records/module_heldout.json"))["tune_x4"][0]
@@ -65,13 +67,13 @@ json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden
            "intermediate_size": row["ffn"], "vocab_size": row["vocabulary"], "max_position_embeddings": row["sequence"],
            "tie_word_embeddings": False}, open(sys.argv[1], "w"))
 PYEOF
-    timeout "${MODULE_TIMEOUT:-200}" $PY -m calibrate module --model "$OUT/llama1.5b.json" --profile "$profile"       --out "$OUT/tune-profile.json" --tensor 1,2,4 --micro-batches 2,4,8,16 --sequence 2048 > "$OUT/module.log" 2>&1
+    timeout "${MODULE_TIMEOUT:-200}" $PY -m calibrate module --model "$OUT/llama1.5b.json" --profile "$profile"       --out "$OUT/tune-profile.json" --tensor "$WIDTHS" --micro-batches "$MBS" --sequence 2048 > "$OUT/module.log" 2>&1
     echo "calibrate module: exit $? ($((SECONDS - t0)) s)"; tail -3 "$OUT/module.log"
     [ -f "$OUT/tune-profile.json" ] || cp "$profile" "$OUT/tune-profile.json"
     t1=$SECONDS
     # TUNE_MODULE=apply_llama:build (tests/gpu): the candidates run on transformers' LlamaForCausalLM
-    timeout "${TUNE_TIMEOUT:-330}" torchrun --nproc-per-node 4 -m autotune tune --model "$OUT/llama1.5b.json" \
-      --profile "$OUT/tune-profile.json" --out "$OUT/tune" ${TUNE_MODULE:+--module "$TUNE_MODULE"} -- --sequence 2048 --batch 32 --micro-batch 16 \
+    timeout "${TUNE_TIMEOUT:-330}" torchrun --nproc-per-node "$NGPU" -m autotune tune --model "$OUT/llama1.5b.json" \
+      --profile "$OUT/tune-profile.json" --out "$OUT/tune" ${TUNE_MODULE:+--module "$TUNE_MODULE"} -- --sequence 2048 --batch $((8 * NGPU)) --micro-batch $((4 * NGPU)) \
       > "$OUT/tune.log" 2>&1
     echo "autotune tune: exit $? ($((SECONDS - t1)) s)"
     grep -E "^\[tune\] [^s]|error" "$OUT/tune.log" | tail -8

@@ -6,6 +6,7 @@ uses on one GPU. Compared with the 2-GPU steps of plans_h200x2.md run 4 (Megatro
 732.7 ms; DDP 378.1; FSDP 425.0), 2 micro-batches x 16 blocks.
 
     timeout 400 python3 tests/gpu/host_fake.py      # nvidia-h200, ~3 min; writes $OUT/host_fake.json
+    WORLDS=2 MBS=2 PATHS="none tensor sequence" python3 tests/gpu/host_fake.py   # a part of it
 """
 import json
 import os
@@ -31,7 +32,10 @@ def main() -> int:
     device = torch.device("cuda", 0)
     um = hf_module(CONFIG, "llama1.5b")
     rows = {}
-    for world in (1, 2):
+    worlds = [int(x) for x in os.environ.get("WORLDS", "1 2").split()]
+    mbs = [int(x) for x in os.environ.get("MBS", "1 2").split()]
+    paths = tuple(os.environ.get("PATHS", " ".join(PEER_HOST_PATHS)).split())
+    for world in worlds:
         with tempfile.TemporaryDirectory() as tmp:
             if world == 1:
                 dist.init_process_group("nccl", store=dist.FileStore(os.path.join(tmp, "s"), 1), rank=0,
@@ -40,9 +44,9 @@ def main() -> int:
                 from torch.testing._internal.distributed.fake_pg import FakeStore
                 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
             try:
-                for mb in (1, 2):
+                for mb in mbs:
                     got = host_seconds(torch, um, mb, 2048, device, 6, 2, lambda s: print(f"world {world} mb {mb}: {s}",
-                                                                                          flush=True), PEER_HOST_PATHS)
+                                                                                          flush=True), paths)
                     rows[f"world{world}-mb{mb}"] = got
             finally:
                 dist.destroy_process_group()

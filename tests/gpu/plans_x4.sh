@@ -5,6 +5,8 @@
 #     with MODULE=1 then calibrate module on the checked Llama's config (MODULE_WIDTHS, MODULE_MBS), then
 #     tests/gpu/apply_check.sh with that profile: every plan kind on transformers' LlamaForCausalLM 1.5 B
 #     (NGPU=2: on 2 GPUs, each data rank's piece as on 4).
+#   PART=tensor: calibrate compute as above, then tests/gpu/seqpar_check.sh with that profile (Megatron t=2, and 4
+#     on 4 GPUs, without and with sequence parallelism, beside torchtitan's composition by hand).
 #   PART=tune: calibrate module + autotune tune on the same machine with out/gpu/profile.json
 #     (tests/gpu/calib_module_check.sh PART=tune, the candidates on transformers' classes).
 set -uo pipefail
@@ -15,12 +17,23 @@ W=out/gpu
 BASE=${BASE:-reports/records/collectives4-h200x4-2026-11-28/profile-h200x4-graph.json}
 mkdir -p "$W" "$OUT"
 t0=$SECONDS
+compute() {
+  timeout "${COMPUTE_TIMEOUT:-270}" python3 -m calibrate compute --profile "$BASE" --out "$W/profile.json" \
+    --dtypes bf16 --iters "${ITERS:-5}" --warmup 2 > "$OUT/compute.log" 2>&1
+  echo "calibrate compute: exit $? ($((SECONDS - t0)) s)"; grep -E "^\[compute\] (host|overlap)" "$OUT/compute.log" | tail -7
+  cp "$W/profile.json" "$OUT/profile.json" 2>/dev/null
+}
 case "${PART:-measure}" in
+  tensor)  # calibrate compute, then Megatron t=2 (and 4) without and with sequence parallelism beside the hand
+    # composition (tests/gpu/seqpar_check.sh) priced by that profile: the tensor path's host figures checked
+    compute
+    OUT=$W/sp PROFILE=$W/profile.json RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash tests/gpu/seqpar_check.sh > "$OUT/sp.log" 2>&1
+    echo "seqpar check: exit $? ($((SECONDS - t0)) s)"
+    cp "$W"/sp/*.json "$OUT/" 2>/dev/null
+    grep -E "^\|" "$OUT/sp.log" || tail -20 "$OUT/sp.log"
+    ;;
   measure)
-    timeout "${COMPUTE_TIMEOUT:-270}" python3 -m calibrate compute --profile "$BASE" --out "$W/profile.json" \
-      --dtypes bf16 --iters "${ITERS:-5}" --warmup 2 > "$OUT/compute.log" 2>&1
-    echo "calibrate compute: exit $? ($((SECONDS - t0)) s)"; grep -E "^\[compute\] (host|overlap)" "$OUT/compute.log" | tail -6
-    cp "$W/profile.json" "$OUT/profile.json" 2>/dev/null
+    compute
     if [ -n "${MODULE:-}" ]; then  # the user's module calibrated on this machine (one GPU, and its paths' host among 2)
       python3 -c "import json; json.dump({'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'hidden_size': 2048,
         'num_attention_heads': 16, 'num_key_value_heads': 8, 'head_dim': 128, 'num_hidden_layers': 16,
