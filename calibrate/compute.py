@@ -79,6 +79,9 @@ HOST_PATHS = ("dtensor", "ddp", "fully_shard", "tensor", "sequence", "none")
 # styles) by the DTensor figure, which is ParallelStyles on every Linear over a group of one, the same dispatch;
 # sequence parallelism by the tensor path's (it adds a norm's gather and its DTensor stream to the same styles)
 HOST_STANDIN = {"tensor": "dtensor", "sequence": "tensor"}
+# the paths that place the model outside its blocks otherwise than a block's layers (the embedding and the head
+# split by vocabulary, the loss vocabulary-parallel): their host figure outside the blocks measured apart
+OUTSIDE_HOST_PATHS = ("tensor", "sequence")
 
 
 def host_figure(figures: dict, path: str):
@@ -307,6 +310,7 @@ class ComputeModel:
     layer_s: dict = field(default_factory=dict)  # calibrate.layers kind -> (forward, backward) seconds per element
     layer_call_s: dict = field(default_factory=dict)  # the same kinds -> (forward, backward) seconds per call
     host_s: dict = field(default_factory=dict)  # HOST_PATHS path -> (per layer occurrence and micro-batch, per step)
+    host_outside_s: dict = field(default_factory=dict)  # OUTSIDE_HOST_PATHS path -> (per micro-batch, per step)
     overlap: dict = field(default_factory=dict)  # OVERLAP_COLLECTIVES -> compute's slowdown beside it; "peer"
 
     def __hash__(self):
@@ -410,6 +414,8 @@ class ComputeModel:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "launch_s": self.launch_s, "memory_Bps": self.memory_Bps,
                 **({"host_s": {k: list(v) for k, v in self.host_s.items()}} if self.host_s else {}),
+                **({"host_outside_s": {k: list(v) for k, v in self.host_outside_s.items()}}
+                   if self.host_outside_s else {}),
                 **({"overlap": dict(self.overlap)} if self.overlap else {}),
                 **({"layer_s": {k: list(v) for k, v in self.layer_s.items()}} if self.layer_s else {}),
                 **({"layer_call_s": {k: list(v) for k, v in self.layer_call_s.items()}} if self.layer_call_s else {}),
@@ -455,7 +461,8 @@ class ComputeModel:
             sources=dict(d.get("sources", {})),
             op_Bps={k: float(v) for k, v in ops.items()},
             sdpa=_sdpa_tables(d.get("sdpa", {}), where),
-            layer_s=layers, layer_call_s=calls, host_s=_host_figures(d.get("host_s"), where),
+            layer_s=layers, layer_call_s=calls, host_s=host_figures(d.get("host_s"), where),
+            host_outside_s=host_figures(d.get("host_outside_s"), where, OUTSIDE_WHAT),
             overlap=_overlap(d.get("overlap"), where),
         )
 
@@ -473,16 +480,20 @@ def _overlap(figures, where: str) -> dict:
     return dict(figures)
 
 
-def _host_figures(figures, where: str) -> dict:
-    """A profile's ``host_s``: path -> (seconds per layer occurrence and micro-batch, per layer occurrence and
-    step), validated (non-negative, under a second)."""
+OUTSIDE_WHAT = ("host_outside_s", "of the model outside its blocks")
+
+
+def host_figures(figures, where: str, what: tuple = ("host_s", "per layer occurrence")) -> dict:
+    """A profile's ``host_s`` (path -> (seconds per layer occurrence and micro-batch, per layer occurrence and
+    step)) or, ``what`` ``OUTSIDE_WHAT``, its ``host_outside_s`` (the same of the whole model outside its
+    blocks), validated (non-negative, under a second, paths of ``HOST_PATHS``)."""
     figures = figures or {}
     if not isinstance(figures, dict) or any(
             k not in HOST_PATHS or not isinstance(v, (list, tuple)) or len(v) != 2
             or any(not _finite(x) or x >= 1 for x in v) for k, v in figures.items()):
-        raise UserError(f"{where} has a bad host_s {figures!r} (want path -> [per micro-batch, per step] seconds "
-                        f"per layer occurrence, 0 <= s < 1, paths of {', '.join(HOST_PATHS)}): re-run python -m "
-                        f"autotune execute --fit-host")
+        raise UserError(f"{where} has a bad {what[0]} {figures!r} (want path -> [per micro-batch, per step] seconds "
+                        f"{what[1]}, 0 <= s < 1, paths of {', '.join(HOST_PATHS)}): re-run python -m calibrate "
+                        f"compute, or python -m calibrate module for a module section")
     return {k: (float(v[0]), float(v[1])) for k, v in figures.items()}
 
 

@@ -44,7 +44,10 @@ null off CUDA): the one-block model's peak allocated over that step above its pa
 (its gradients, what it keeps and the transients: the loss's, the backward's), which the memory model's peak
 is corrected by. ``host_s``: per apply path (``calibrate.compute.HOST_PATHS``), the host's seconds to issue one
 block's forward and backward per micro-batch, and its optimizer step per step (the ``1 + MORE``-block model's
-issue time less the one-block model's, over ``MORE``), measured in the same run on a process group of one. ``memory``
+issue time less the one-block model's, over ``MORE``), measured in the same run on a process group of one (the
+tensor-parallel paths among 2 GPUs where 2 are visible); ``host_outside_s``: for those paths
+(``calibrate.compute.OUTSIDE_HOST_PATHS``), the same of the model outside its blocks (the one-block model's less a
+block: its embedding and head split by vocabulary, its loss vocabulary-parallel). ``memory``
 (CUDA only): the allocator's fragmentation (the step's peak reserved over its peak allocated, less 1, on the
 "none" path), under ``allocator`` (``calibrate.allocator``: the process's setting), which the search keeps as
 an allowance under the device's limit for plans searched for that allocator (``autotune.cli.search.
@@ -57,7 +60,7 @@ import math
 from dataclasses import dataclass, field
 
 from calibrate.allocator import ALLOCATORS
-from calibrate.compute import HOST_PATHS
+from calibrate.compute import HOST_PATHS, OUTSIDE_WHAT, host_figures
 from calibrate.errors import UserError
 
 VERSION = 1
@@ -105,6 +108,7 @@ class ModuleSection:
     recipe: str = "fp32 weights, bf16 autocast, fused AdamW"
     device: str = ""
     host_s: dict = field(default_factory=dict)  # path -> (per block and micro-batch, per block and step)
+    host_outside_s: dict = field(default_factory=dict)  # path -> (per micro-batch, per step) outside the blocks
     memory: dict = field(default_factory=dict)  # "fragmentation", "path_bytes_per_param" (module docstring)
 
     def matches(self, config: dict) -> bool:
@@ -124,6 +128,8 @@ class ModuleSection:
         return {"version": VERSION, "source": self.source, "module": self.module, "model": dict(self.model),
                 "recipe": self.recipe, "device": self.device, "points": [p.to_dict() for p in self.points],
                 **({"host_s": {k: list(v) for k, v in self.host_s.items()}} if self.host_s else {}),
+                **({"host_outside_s": {k: list(v) for k, v in self.host_outside_s.items()}}
+                   if self.host_outside_s else {}),
                 **({"memory": self.memory} if self.memory else {})}
 
     @classmethod
@@ -179,4 +185,5 @@ class ModuleSection:
             raise UserError(f"{where} has a bad memory (want fragmentation in [0, 1], path_bytes_per_param: path -> "
                             f"bytes, and the allocator it was measured under, one of {', '.join(ALLOCATORS)}): {FIX}")
         return cls(d.get("source", ""), d["module"], dict(model), tuple(points), d.get("recipe", ""),
-                   d.get("device", ""), {k: (float(v[0]), float(v[1])) for k, v in host.items()}, dict(memory))
+                   d.get("device", ""), {k: (float(v[0]), float(v[1])) for k, v in host.items()},
+                   host_figures(d.get("host_outside_s"), where, OUTSIDE_WHAT), dict(memory))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from calibrate.allocator import allocator_of
-from calibrate.compute import HOST_PATHS
+from calibrate.compute import HOST_PATHS, OUTSIDE_HOST_PATHS
 from calibrate.device.peers import run_peers
 from calibrate.errors import UserError
 from calibrate.measure.torcharm import TorchArm, medians, timing
@@ -269,6 +269,15 @@ class _Timed:
         self.params = sum(p.numel() for p in self.model.parameters())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=self.cuda)
         self.ids = None
+        self.parallel_loss = False  # the head's output split by vocabulary: the loss under torch's loss_parallel
+
+    def loss_context(self):
+        """The context a loss and its backward run in: torch's ``loss_parallel`` where the logits are split by
+        vocabulary (``_tensor_parallel``), else none."""
+        if not self.parallel_loss:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+        return loss_parallel()
 
     def inputs(self, micro_batch: int, sequence: int, vocab: int) -> None:
         g = self.torch.Generator(device="cpu").manual_seed(0)
@@ -282,7 +291,8 @@ class _Timed:
     def both(self, i: int) -> None:
         for p in self.model.parameters():
             p.grad = None
-        self.forward(i).backward()
+        with self.loss_context():
+            self.forward(i).backward()
 
     def recompute(self, i: int) -> None:
         self.um.checkpoint(self.model, True)
@@ -299,8 +309,9 @@ class _Timed:
         accumulated, then the optimizer's step (the gradients left for the optimizer's own arm)."""
         for p in self.model.parameters():
             p.grad = None
-        for j in range(STEP_MICRO_BATCHES):
-            self.forward(i + j).backward()
+        with self.loss_context():
+            for j in range(STEP_MICRO_BATCHES):
+                self.forward(i + j).backward()
         self.opt.step()
 
     def forward_bytes(self) -> tuple[int, int] | None:
@@ -430,7 +441,8 @@ NORMS = ("ln1", "ln2", "input_layernorm", "post_attention_layernorm")
 def _tensor_parallel(torch, m: _Timed, sequence: bool = False) -> None:
     """The model's blocks placed as apply's tensor path places a Llama (``autotune.apply.tensor``) over every rank
     of the group: each norm's output a replicated DTensor once, the projections that read it column-wise, the
-    two that write the stream row-wise (the embedding and the head as they are: only the blocks' cost is kept).
+    two that write the stream row-wise; the embedding and the head split by vocabulary where the model names them
+    (``_vocabulary_layers``), the loss then under ``loss_parallel`` (``_Timed.loss_context``), else as they are.
     ``sequence``: with sequence parallelism (the "sequence" path): the stream between the regions a DTensor split
     by tokens, each norm ``SequenceParallel`` and its output gathered once, the row-wise outputs reduce-scattered
     onto it; the first block takes the stream whole and splits it, the last hands it back whole (the model's
@@ -466,11 +478,30 @@ def _tensor_parallel(torch, m: _Timed, sequence: bool = False) -> None:
         for attr in ("h", "kv"):  # the reference block's heads per rank (transformers' blocks infer theirs)
             if hasattr(block, attr):
                 setattr(block, attr, getattr(block, attr) // world)
+    embedding, head = _vocabulary_layers(torch, m.model, world)
+    if embedding is not None:  # by vocabulary, as apply's tensor path: rows, and columns for loss_parallel
+        parallelize_module(embedding, mesh, RowwiseParallel(input_layouts=Replicate()))
+        parallelize_module(head, mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+        m.parallel_loss = True
     if sequence:
         parallelize_module(blocks[0], mesh, PrepareModuleInput(input_layouts=(Replicate(),),
                                                                desired_input_layouts=(tokens,), use_local_output=False))
         parallelize_module(blocks[-1], mesh, PrepareModuleOutput(output_layouts=tokens, desired_output_layouts=Replicate(),
                                                                  use_local_output=True))
+
+
+def _vocabulary_layers(torch, model, world: int) -> tuple:
+    """(the input embedding, the output head) of a model that names them as transformers' models do
+    (``get_input_embeddings``, ``get_output_embeddings``): an ``nn.Embedding`` and an ``nn.Linear`` of their own
+    weights (not tied) whose vocabulary ``world`` divides; (None, None) otherwise."""
+    try:
+        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None, None
+    ok = isinstance(embedding, torch.nn.Embedding) and type(head) is torch.nn.Linear \
+        and head.weight is not embedding.weight and embedding.num_embeddings % world == 0 \
+        and head.out_features % world == 0
+    return (embedding, head) if ok else (None, None)
 
 
 def param_groups(module) -> list[dict]:
@@ -485,13 +516,15 @@ def param_groups(module) -> list[dict]:
 
 
 def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,
-                 progress, paths=ONE_GROUP_PATHS, memory: dict | None = None) -> dict:
+                 progress, paths=ONE_GROUP_PATHS, memory: dict | None = None, outside: dict | None = None) -> dict:
     """Per path (``paths``): (seconds the host takes to issue one block's forward and backward, and its
     optimizer step), the ``1 + MORE``-block model's issue time less the one-block model's, over ``MORE`` (as the
     compute's blocks: the difference of two whole models' times divided), each call timed by the host clock (an
     engine arm on the CPU's clock) with the device synchronised after it. On CUDA, ``memory`` (given) receives the
     module section's memory figures (``calibrate.module``): each path's peak allocated over a step of the larger
-    model beyond the plain module's, per parameter, and the fragmentation on the plain path."""
+    model beyond the plain module's, per parameter, and the fragmentation on the plain path. ``outside`` (given)
+    receives, for the paths of ``OUTSIDE_HOST_PATHS`` whose vocabulary layers were placed, the one-block model's
+    (per micro-batch, per step) issue time less a block's: the host's cost of the model outside its blocks."""
     out, peaks = {}, {}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     with _group_of_one(torch, device):
@@ -510,6 +543,10 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
                 med = medians(torch, arms, timing(iters, warmup, back_to_back=False))
                 big = 1 + MORE
                 out[path] = (max(med[f"fb{big}"] - med["fb1"], 0.0) / MORE, max(med[f"o{big}"] - med["o1"], 0.0) / MORE)
+                if outside is not None and path in OUTSIDE_HOST_PATHS and models[1].parallel_loss:
+                    outside[path] = (max(med["fb1"] - out[path][0], 0.0), max(med["o1"] - out[path][1], 0.0))
+                    progress(f"host {path} outside the blocks: {outside[path][0] * 1e6:.0f} us per micro-batch, "
+                             f"{outside[path][1] * 1e6:.0f} us per step")
                 if device.type == "cuda":
                     peaks[path] = (*_step_peak(torch, models[big], device), models[big].params)
                 progress(f"host {path}: {out[path][0] * 1e6:.0f} us per block and micro-batch, "
@@ -543,27 +580,29 @@ def _step_peak(torch, m: _Timed, device) -> tuple[int, int]:
 PEER_HOST_PATHS = ("ddp", "fully_shard", "tensor", "sequence", "dtensor")  # paths whose collectives a group of one skips
 
 
-def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, iters: int, warmup: int, progress) -> dict:
+def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, iters: int, warmup: int,
+              progress) -> tuple[dict, dict]:
     """Where 2 GPUs are visible: ``host_seconds`` of ``PEER_HOST_PATHS`` for the module ``recipe`` builds, timed in
     each of 2 processes of one NCCL group (each path issuing its collectives as in a job of 2: 2 x H200,
     2026-11-28, a tensor-parallel step of a 1.5 B Llama issued 670 ms where the group of one's figure gave 497),
-    rank 0's; {} with fewer GPUs."""
+    rank 0's, and its figures outside the blocks (``host_seconds``' ``outside``); ({}, {}) with fewer GPUs."""
     if not recipe or torch.cuda.device_count() < 2:
-        return {}
+        return {}, {}
     got = run_peers(_peer_job, (recipe, micro_batch, sequence, iters, warmup),
                     what="the apply paths' host cost among 2 GPUs")
     for line in got["lines"]:
         progress(f"{line} (2 GPUs)")
-    return {k: tuple(float(x) for x in v) for k, v in got["host_s"].items()}
+    return tuple({k: tuple(float(x) for x in v) for k, v in got[key].items()} for key in ("host_s", "outside_s"))
 
 
 def _peer_job(torch, device, world: int, recipe: tuple, micro_batch: int, sequence: int, iters: int,
               warmup: int) -> dict:
     """``host_seconds`` of ``PEER_HOST_PATHS`` on one of ``calibrate.device.peers``' ranks."""
     lines: list = []
+    outside: dict = {}
     host = host_seconds(torch, rebuild(recipe), micro_batch, sequence, device, iters, warmup, lines.append,
-                        PEER_HOST_PATHS)
-    return {"host_s": host, "lines": lines}
+                        PEER_HOST_PATHS, outside=outside)
+    return {"host_s": host, "outside_s": outside, "lines": lines}
 
 
 def reference_recipe() -> tuple:
@@ -576,16 +615,19 @@ def reference_recipe() -> tuple:
     return ("hf", REFERENCE_HF, "calibrate's reference block")
 
 
-def reference_host(torch, device, iters: int, warmup: int, progress) -> tuple[dict, str]:
+def reference_host(torch, device, iters: int, warmup: int, progress) -> tuple[dict, dict, str]:
     """``compute.host_s`` (``calibrate.compute``): per apply path, the host's seconds per layer occurrence of the step
     model's graph, per micro-batch and per step: the reference block's (``reference_recipe``) per block
     (``host_seconds``, micro-batch 1 of 512 tokens) over ``REFERENCE_OCCURRENCES``; on a group of one, and those of
-    ``PEER_HOST_PATHS`` among 2 GPUs where 2 are visible (``peer_host``); and which block that was."""
+    ``PEER_HOST_PATHS`` among 2 GPUs where 2 are visible (``peer_host``); ``compute.host_outside_s``, the reference
+    model's outside its blocks on the paths that split it by vocabulary (among 2 GPUs); and which block that was."""
     recipe = reference_recipe()
     um = rebuild(recipe)
     per_block = host_seconds(torch, um, 1, 512, device, iters, warmup, progress)
-    per_block.update(peer_host(torch, recipe, 1, 512, iters, warmup, progress))
-    return {path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()}, um.name
+    peers, outside = peer_host(torch, recipe, 1, 512, iters, warmup, progress)
+    per_block.update(peers)
+    return ({path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()},
+            outside, um.name)
 
 
 def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,
@@ -643,6 +685,8 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
         save(section)
     memory: dict = {}
     hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress, memory=memory)
+    outside: dict = {}
     if device.type == "cuda":
-        hosts.update(peer_host(torch, um.recipe, min(micro_batches), sequence, iters, warmup, progress))
-    return replace(section, host_s=hosts, memory=memory)
+        peers, outside = peer_host(torch, um.recipe, min(micro_batches), sequence, iters, warmup, progress)
+        hosts.update(peers)
+    return replace(section, host_s=hosts, host_outside_s=outside, memory=memory)

@@ -43,15 +43,23 @@ def occurrence_host(graph, compute, module, path: str) -> list[tuple[float, floa
     """Per position of ``graph``'s chain, the host's (per micro-batch, per step) seconds to issue that layer occurrence
     on ``path``: the compute section's figure per occurrence, and inside the blocks, where ``module`` (the profile's
     module section) was measured on the model with a figure of the path, the block's own figure spread over its
-    occurrences (the host's cost of the user's own block, not of the reference Llama's layers); None where the
-    compute section has no figure of the path."""
+    occurrences (the host's cost of the user's own block, not of the reference Llama's layers); outside the blocks,
+    where the module section (else the compute section) has a figure of the path's whole outside
+    (``host_outside_s``: the vocabulary-parallel embedding, head and loss of the tensor paths), that figure spread
+    over those occurrences; None where the compute section has no figure of the path."""
     per = host_figure(compute.host_s, path) if compute is not None else None
     if per is None:
         return None
     out = [tuple(per)] * len(graph.chain)
-    own = host_figure(module.host_s, path) if module is not None and module.matches(graph.config) else None
+    mine = module is not None and module.matches(graph.config)
+    own = host_figure(module.host_s, path) if mine else None
     for start, end in (graph.blocks if own is not None else ()):
         out[start:end] = [(own[0] / (end - start), own[1] / (end - start))] * (end - start)
+    whole = (host_figure(module.host_outside_s, path) if mine else None) or host_figure(compute.host_outside_s, path)
+    inside = {p for start, end in (graph.blocks or ()) for p in range(start, end)}
+    rest = [p for p in range(len(out)) if p not in inside]
+    if whole is not None and inside and rest:  # the model outside its blocks at its measured pace, spread
+        out = [o if p in inside else (whole[0] / len(rest), whole[1] / len(rest)) for p, o in enumerate(out)]
     return out
 
 

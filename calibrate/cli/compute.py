@@ -466,12 +466,16 @@ def main(argv=None) -> int:
     launch = measure_launch(torch, device, args.iters, args.warmup)
     layers, layer_calls = measure_layers(torch, device, args.iters, args.warmup)
     t0 = time.perf_counter()
-    host, block = reference_host(torch, device, args.iters, args.warmup, progress)
+    host, outside, block = reference_host(torch, device, args.iters, args.warmup, progress)
     overlap = measure_overlap(torch, args.iters, args.warmup, progress)
     progress(f"host and overlap: {time.perf_counter() - t0:.0f} s")
     sources["host_s"] = (f"measured: the host's issue time of a small Llama block ({block}, {REFERENCE}) on each "
                          f"apply path, per layer occurrence, over a process group of one"
                          + (f" ({', '.join(PEER_HOST_PATHS)} among 2 GPUs)" if torch.cuda.device_count() >= 2 else ""))
+    if outside:
+        sources["host_outside_s"] = (f"measured: the same model's issue time outside its blocks (one block's model "
+                                     f"less the block: the embedding and the head split by vocabulary, the loss "
+                                     f"vocabulary-parallel) on {', '.join(outside)} among 2 GPUs, per micro-batch / step")
     sources["overlap"] = ("measured: an 8192^3 bf16 matmul beside " + (
         "NCCL collectives of 1 GiB between 2 GPUs" if overlap["peer"] == "nccl" else
         "a 1 GiB device copy (one GPU visible: a stand-in for the collectives)") + ", over the matmul alone")
@@ -490,7 +494,8 @@ def main(argv=None) -> int:
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} isolated runs, or of 3 batches of them back to back (calibrate.measure)",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
-        op_Bps=ops, sdpa=sdpa, layer_s=layers, layer_call_s=layer_calls, host_s=host, overlap=overlap)
+        op_Bps=ops, sdpa=sdpa, layer_s=layers, layer_call_s=layer_calls, host_s=host,
+        host_outside_s=outside, overlap=overlap)
     profile.device = device_memory(torch, device, free_at_start)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())

@@ -73,16 +73,17 @@ def test_fit_host_writes_a_profile_that_loads(tmp_path, capsys):
     assert host["fully_shard"] == Profile.load("h200-nvlink").compute.host_s["fully_shard"]  # not fitted: kept
     cm = Profile.load(out).compute
     assert cm.host_seconds("ddp", 10) == pytest.approx((10 * PASS, 10 * STEP))
-    assert cm.host_seconds("none", 10) is None
+    assert cm.host_seconds("sequence", 10) == cm.host_seconds("tensor", 10)  # its stand-in, not fitted here
 
 
 @pytest.mark.parametrize("bad", [{"nccl": [1e-4, 0]}, {"ddp": [1e-4]}, {"ddp": [-1e-4, 0]}, {"ddp": [2.0, 0]},
                                  {"ddp": ["x", 0]}, [1, 2]])
-def test_bad_host_figures_are_one_line(bad, tmp_path):
+@pytest.mark.parametrize("key", ["host_s", "host_outside_s"])
+def test_bad_host_figures_are_one_line(bad, key, tmp_path):
     d = json.loads(json.dumps(Profile.load("h200-nvlink").to_dict()))
-    d["compute"]["host_s"] = bad
+    d["compute"][key] = bad
     (tmp_path / "p.json").write_text(json.dumps(d))
-    with pytest.raises(UserError, match="host_s"):
+    with pytest.raises(UserError, match=key):
         Profile.load(tmp_path / "p.json")
 
 
@@ -90,3 +91,11 @@ def test_fit_host_needs_both_profiles(tmp_path, capsys):
     assert autotune_main(["execute", "--fit-host", str(tmp_path), "--profile", "h200-nvlink"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--profile-out" in err[0]
+
+
+def test_figures_outside_the_blocks_round_trip(tmp_path):
+    from dataclasses import replace
+    p = Profile.load("h200-nvlink")
+    whole = {"tensor": (0.03, 0.004), "sequence": (0.035, 0.004)}
+    replace(p, compute=replace(p.compute, host_outside_s=whole)).save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json").compute.host_outside_s == whole

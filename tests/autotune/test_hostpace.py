@@ -107,3 +107,31 @@ def test_tensor_path_prices_fully_shard_only_with_data_ranks():
         n, m = len(plan.model.graph().chain), plan.micro_batches
         assert plan.apply_path == "tensor" and data_ranks(plan) == d and m == 2
         assert plan.costs.host_step_s == pytest.approx(m * n * per[0] + n * per[1])
+
+
+def test_the_tensor_paths_outside_is_priced_by_its_own_figure():
+    """A profile with the tensor path's figure outside the blocks (``host_outside_s``: the vocabulary-parallel
+    embedding, head and loss): the chain's positions outside the blocks take it, spread; those inside the blocks
+    keep the per-occurrence figure (closed form); sequence parallelism without a figure of its own takes the tensor
+    path's."""
+    from autotune.plan.build import build
+    from autotune.plan.hostpace import occurrence_host
+    from autotune.sbp.baselines import megatron_assignment
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.mesh import Cluster
+    from models import load_model
+    base = Profile.load("h200-nvlink")
+    per, whole = (4e-3, 2e-4), (0.03, 0.005)
+    compute = replace(base.compute, host_s={"tensor": per, "none": (1e-3, 0.0)}, host_outside_s={"tensor": whole})
+    shape = dict(layers=3, hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=128, vocabulary=256, sequence=16,
+                 batch=8, micro_batch=4)
+    problem = Problem(load_model("llama", None, shape), Coster(replace(base, compute=compute), Cluster(1, 2)),
+                      require_fit=False, objective="step")
+    plan = at_host_pace(build(problem, megatron_assignment(problem, (1, 1), (1, 2)), "t=2"), compute)
+    graph = plan.model.graph()
+    inside = sum(end - start for start, end in graph.blocks)
+    assert 0 < inside < len(graph.chain) and plan.micro_batches == 2
+    assert plan.costs.host_step_s == pytest.approx(2 * (inside * per[0] + whole[0]) + inside * per[1] + whole[1])
+    assert occurrence_host(graph, compute, None, "sequence") == occurrence_host(graph, compute, None, "tensor")
+    assert sum(h[0] for h in occurrence_host(graph, compute, None, "none")) == pytest.approx(len(graph.chain) * 1e-3)

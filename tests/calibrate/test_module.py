@@ -84,8 +84,8 @@ def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_in
         calls.append(um_.name)
         return {p: (1.0, 2.0) for p in ONE_GROUP_PATHS}
     monkeypatch.setattr(moduletime, "host_seconds", timed)
-    figures, block = moduletime.reference_host(torch, torch.device("cpu"), 1, 0, lambda line: None)
-    assert block == calls[0] == "transformers:LlamaForCausalLM"
+    figures, outside, block = moduletime.reference_host(torch, torch.device("cpu"), 1, 0, lambda line: None)
+    assert block == calls[0] == "transformers:LlamaForCausalLM" and outside == {}  # no 2 GPUs: no peers
     assert figures == {p: (1.0 / REFERENCE_OCCURRENCES, 2.0 / REFERENCE_OCCURRENCES) for p in ONE_GROUP_PATHS}
     monkeypatch.setattr(moduletime.importlib, "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)))
     assert moduletime.reference_recipe() == ("reference",)
@@ -96,9 +96,12 @@ def test_the_tensor_paths_styles_take_transformers_names_and_say_when_they_canno
 
     from calibrate.moduletime import hf_module, host_seconds, rebuild
     um = rebuild(hf_module(LLAMA, "config").recipe)  # as a peer process builds it
-    lines = []
-    found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("tensor", "sequence"))
-    assert set(found) == {"tensor", "sequence"} and min(found["tensor"] + found["sequence"]) >= 0, lines
+    lines, outside = [], {}
+    found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("none", "tensor", "sequence"),
+                         outside=outside)
+    assert set(found) == {"none", "tensor", "sequence"} and min(found["tensor"] + found["sequence"]) >= 0, lines
+    # outside the blocks (embedding and head split by vocabulary, loss_parallel): the tensor paths only
+    assert set(outside) == {"tensor", "sequence"} and min(outside["tensor"] + outside["sequence"]) >= 0, lines
     gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2,
             "n_positions": 16, "vocab_size": 64}
     lines = []
@@ -114,6 +117,7 @@ def test_the_tensor_paths_styles_take_transformers_names_and_say_when_they_canno
     (lambda d: d["model"].pop("ffn"), "model needs"),
     (lambda d: d.update(points=[d["points"][0], d["points"][0]]), "two points"),
     (lambda d: d.update(host_s={"nvlink": [0, 0]}), "host_s"),
+    (lambda d: d.update(host_outside_s={"tensor": [0.5]}), "host_outside_s"),
     (lambda d: d.update(memory={"fragmentation": 3.0}), "memory"),
     (lambda d: d.update(memory={"path_bytes_per_param": {"nvlink": 1.0}}), "memory"),
 ])
@@ -211,7 +215,7 @@ def test_a_module_that_cannot_be_timed_names_the_contract(tmp_path, capsys, one_
     assert len(err) == 1 and "could not be timed" in err[0] and "called as forward(ids, targets)" in err[0], err
 
 
-def _styled_loss(path: str) -> float:
+def _styled_loss(path: str) -> tuple[float, bool]:
     import torch
 
     from calibrate.moduletime import MORE, _Timed, _wrap, hf_module
@@ -220,16 +224,21 @@ def _styled_loss(path: str) -> float:
     if path != "none":
         _wrap(torch, m, path)
     m.inputs(2, 8, LLAMA["vocab_size"])
-    loss = m.forward(0)
-    return float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss)
+    with m.loss_context():
+        loss = m.forward(0)
+        loss.backward()
+    return float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss), m.parallel_loss
 
 
 def test_the_tensor_paths_styles_compute_the_plain_models_loss_on_two_ranks():
-    """The blocks placed for the host's timing on the tensor path, without and with sequence parallelism
-    (``moduletime._tensor_parallel``), compute the model's own loss on 2 gloo ranks: the styles time the step
+    """The model placed for the host's timing on the tensor path, without and with sequence parallelism
+    (``moduletime._tensor_parallel``: the blocks' styles, the embedding and the head split by vocabulary, the loss
+    and its backward under loss_parallel), computes the model's own loss on 2 gloo ranks: the styles time the step
     apply runs, not another one (a stream split by tokens read whole would double the sequence, or fail)."""
     from tests.autotune.gloo_runner import run_on_gloo
     got = run_on_gloo(_styled_loss, [("none",), ("tensor",), ("sequence",)], world=2)
     for rank in got:
         assert not any(isinstance(x, str) for x in rank), rank
-        assert rank[1] == pytest.approx(rank[0], rel=1e-5) and rank[2] == pytest.approx(rank[0], rel=1e-5), rank
+        (plain, split), (tensor, placed), (sequence, placed_too) = rank
+        assert not split and placed and placed_too  # the vocabulary layers placed on both tensor paths
+        assert tensor == pytest.approx(plain, rel=1e-5) and sequence == pytest.approx(plain, rel=1e-5), rank

@@ -39,6 +39,7 @@ c = Profile.load(sys.argv[1]).compute
 print("| path | host us / layer occurrence / micro-batch | / step |\n| --- | ---: | ---: |")
 for k, (a, b) in sorted(c.host_s.items()):
     print(f"| {k} | {a * 1e6:.1f} | {b * 1e6:.1f} |")
+print("outside the blocks (us a micro-batch / a step):", {k: [round(x * 1e6) for x in v] for k, v in c.host_outside_s.items()})
 print("overlap slowdown:", c.overlap, "| missing for multi-GPU planning:", c.missing_overheads() or "nothing")
 PYEOF
     ;;

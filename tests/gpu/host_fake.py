@@ -45,8 +45,8 @@ def main() -> int:
                 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
             try:
                 for mb in mbs:
-                    got = host_seconds(torch, um, mb, 2048, device, 6, 2, lambda s: print(f"world {world} mb {mb}: {s}",
-                                                                                          flush=True), paths)
+                    got = host_seconds(torch, um, mb, 2048, device, int(os.environ.get("ITERS", 6)), 2,
+                                       lambda s: print(f"world {world} mb {mb}: {s}", flush=True), paths, outside={})
                     rows[f"world{world}-mb{mb}"] = got
             finally:
                 dist.destroy_process_group()

@@ -20,7 +20,7 @@ t0=$SECONDS
 compute() {
   timeout "${COMPUTE_TIMEOUT:-270}" python3 -m calibrate compute --profile "$BASE" --out "$W/profile.json" \
     --dtypes bf16 --iters "${ITERS:-5}" --warmup 2 > "$OUT/compute.log" 2>&1
-  echo "calibrate compute: exit $? ($((SECONDS - t0)) s)"; grep -E "^\[compute\] (host|overlap)" "$OUT/compute.log" | tail -7
+  echo "calibrate compute: exit $? ($((SECONDS - t0)) s)"; grep -E "^\[compute\] (host|overlap)" "$OUT/compute.log" | tail -9
   cp "$W/profile.json" "$OUT/profile.json" 2>/dev/null
 }
 case "${PART:-measure}" in
