@@ -4,7 +4,7 @@ execute's runners (``run``, under torchrun: their step timer and memory probe), 
 by hand with torch's ParallelStyles (torchtitan's way) at t = 2 and 4 in the same job. A table last; JSON in OUT.
 
     python tests/gpu/apply_llama.py plan OUT PROFILE [--small] [--gpus N] [--sequence-parallel]
-    torchrun --nproc-per-node N tests/gpu/apply_llama.py run OUT [--device cuda|cpu]
+    [GC_MODE=off] torchrun --nproc-per-node N tests/gpu/apply_llama.py run OUT [--device cuda|cpu]
 
 ``--sequence-parallel`` (tests/gpu/seqpar_check.sh): no search; the Megatron plans at each t without and with
 sequence parallelism (the tensor path), beside both composed by hand (torchtitan's styles; with sequence
@@ -189,7 +189,7 @@ def run(out: Path, device: str) -> None:
     from autotune.plan.typed import Plan
     spec = json.loads((out / "plans.json").read_text())
     shape, rows = spec["shape"], []
-    if os.environ.get("GC_MODE") == "off":  # Python's collector off for the whole job (tests/gpu/host_depth.py)
+    if os.environ.get("GC_MODE") == "off":  # Python's collector off for the whole job (plans_h200x2.md, session 21)
         gc.disable()
     d = start(device)
     common = dict(module="apply_llama:build", steps=STEPS, warmup=WARMUP, profile_steps=PROFILE_STEPS, dtype="auto")
