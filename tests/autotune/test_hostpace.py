@@ -95,18 +95,21 @@ def test_tensor_path_prices_fully_shard_only_with_data_ranks():
     from autotune.sbp.mesh import Cluster
     from models import load_model
     base = Profile.load("h200-nvlink")
-    figures = {"tensor": (4e-3, 2e-4), "fully_shard": (3e-3, 5e-4), "none": (1e-3, 1e-4), "ddp": (1e-3, 1e-4),
+    figures = {"tensor": (4e-3, 2e-4), "fully_shard": (3e-3, 5e-4), "none": (1e-3, 1e-4), "ddp": (1.5e-3, 1e-4),
                "dtensor": (9e-3, 1e-4)}
-    compute = replace(base.compute, host_s=figures)
     shape = dict(layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=128, vocabulary=256, sequence=16,
                  batch=8, micro_batch=4)
-    problem = Problem(load_model("llama", None, shape), Coster(replace(base, compute=compute), Cluster(1, 4)),
-                      require_fit=False, objective="step")
-    for d, t, per in ((1, 4, figures["tensor"]), (2, 2, (4e-3 + 3e-3 - 1e-3, 2e-4 + 5e-4 - 1e-4))):
-        plan = at_host_pace(build(problem, megatron_assignment(problem, (1, d), (1, t)), f"d={d} t={t}"), compute)
-        n, m = len(plan.model.graph().chain), plan.micro_batches
-        assert plan.apply_path == "tensor" and data_ranks(plan) == d and m == 2
-        assert plan.costs.host_step_s == pytest.approx(m * n * per[0] + n * per[1])
+    # without the plain module's figure ("none"), DDP's stands in for it
+    for host, plain in ((figures, figures["none"]), ({k: v for k, v in figures.items() if k != "none"}, figures["ddp"])):
+        compute = replace(base.compute, host_s=host)
+        problem = Problem(load_model("llama", None, shape), Coster(replace(base, compute=compute), Cluster(1, 4)),
+                          require_fit=False, objective="step")
+        both = (4e-3 + 3e-3 - plain[0], 2e-4 + 5e-4 - plain[1])
+        for d, t, per in ((1, 4, figures["tensor"]), (2, 2, both)):
+            plan = at_host_pace(build(problem, megatron_assignment(problem, (1, d), (1, t)), f"d={d} t={t}"), compute)
+            n, m = len(plan.model.graph().chain), plan.micro_batches
+            assert plan.apply_path == "tensor" and data_ranks(plan) == d and m == 2
+            assert plan.costs.host_step_s == pytest.approx(m * n * per[0] + n * per[1])
 
 
 def test_the_tensor_paths_outside_is_priced_by_its_own_figure():
