@@ -90,6 +90,8 @@ def host_figure(figures: dict, path: str):
     while path is not None and path not in figures:
         path = HOST_STANDIN.get(path)
     return figures.get(path) if path is not None else None
+
+
 OVERLAP_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")  # what DDP's and FSDP's compute runs beside
 OVERLAP_PEERS = ("nccl", "copy")  # measured beside a collective between GPUs, or beside a copy (no peer GPU)
 

@@ -10,8 +10,8 @@ m n h_pass + n h_step seconds, and the step lasts at least that long:
 
 On the tensor path with data ranks (torchtitan's DDP + TP: ``parallelize_module`` and fully_shard over them),
 h is the tensor path's figure plus fully_shard's beyond the plain module's (``"none"``, else DDP's): the hooks of
-both;
-without data ranks the tensor path's alone (``autotune.apply.fsdp.place_tensor``).
+both; without data ranks the tensor path's alone (``autotune.apply.fsdp.place_tensor``). With sequence
+parallelism the figures are the "sequence" path's (``host_path``).
 
 (the pipeline's stages take the same floor per micro-batch: ``autotune.pipeline.paths``). Only transformer
 plans that ``apply`` places (gpt, llama); the other models' plans, and every plan where the profile has no host
