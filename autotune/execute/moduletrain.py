@@ -141,7 +141,9 @@ class ModuleTrainer:
         dist.all_reduce(total)
         return total / self.d.launch.world
 
-    def _steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:
+    def timed_steps(self, first: int, n: int, probe: dict | None = None, progress=None) -> tuple[list, list, list]:
+        """Steps ``first`` .. ``first + n - 1`` from a synchronised start: (their losses, their times on the device's
+        clock, the host's issue time of each)."""
         if self.d.is_gpu:
             torch.cuda.synchronize(self.d.device)
         dist.barrier()
@@ -164,7 +166,7 @@ class ModuleTrainer:
         probe = {}
         if self.d.is_gpu:
             torch.cuda.reset_peak_memory_stats(self.d.device)
-        losses, times, issue = self._steps(0, steps, probe, progress)
+        losses, times, issue = self.timed_steps(0, steps, probe, progress)
         gpu = self.d.is_gpu
         peak = None
         if gpu:
@@ -182,7 +184,7 @@ class ModuleTrainer:
         return res
 
     def _profile(self, first: int, n: int, losses: list) -> dict:
-        return profiled(self.d, n, lambda: losses.extend(self._steps(first, n)[0]))
+        return profiled(self.d, n, lambda: losses.extend(self.timed_steps(first, n)[0]))
 
 
 def profiled(d, n: int, run) -> dict:

@@ -1,7 +1,9 @@
 """Issue 41's GPU check (tests/gpu/apply_check.sh): a transformers LlamaForCausalLM built on the CPU, every plan
 kind searched for it (``plan``, on the CPU before the GPU job) and run through autotune.apply / apply_pipeline by
 execute's runners (``run``, under torchrun: their step timer and memory probe), beside tensor parallelism composed
-by hand with torch's ParallelStyles (torchtitan's way) at t = 2 and 4 in the same job. A table last; JSON in OUT.
+by hand with torch's ParallelStyles (torchtitan's way) at t = 2 and 4 in the same job, then each degree's two
+compositions resident together, one step of each in turn (``_in_turn``: the comparison on the same processes and
+minutes, their losses compared). The tables last; JSON in OUT.
 
     python tests/gpu/apply_llama.py plan OUT PROFILE [--small] [--gpus N] [--sequence-parallel]
     [GC_MODE=off] torchrun --nproc-per-node N tests/gpu/apply_llama.py run OUT [--device cuda|cpu]
@@ -214,15 +216,70 @@ def run(out: Path, device: str) -> None:
             finally:
                 trainer.close()
             del model
-            rows.append(dict(name=f"TP t={t}{' SP' * sp} by hand",
-                             strategy="parallelize_module + fully_shard (replicate)",
+            rows.append(dict(name=f"TP t={t}{' SP' * sp} by hand", strategy=HAND,
                              record={"measured": measured, "apply_path": "hand", "predicted": {}}))
+        turns = [_in_turn(spec, shape, t, sp, d) for t, sp in spec.get("hand", [])
+                 if f"TP t={t}{' SP' * sp}" in spec["plans"]]
     finally:
         stop(d)
     if d.launch.rank == 0:
-        (out / "apply_check.json").write_text(json.dumps(rows, indent=1, default=str))
+        (out / "apply_check.json").write_text(json.dumps(rows + turns, indent=1, default=str))
         print(table(rows))
         print(attribution(rows))
+        if turns:
+            print("| in turn, one step each (the same processes) | ours ms | by hand ms | ours / by hand | "
+                  "losses' largest relative difference |\n| --- | ---: | ---: | ---: | ---: |")
+            for r in turns:
+                print(f"| {r['name']} | {r['ours_s'] * 1e3:.1f} | {r['hand_s'] * 1e3:.1f} | "
+                      f"{r['ours_s'] / r['hand_s']:.3f} | {r['loss_difference']:.1e} |")
+
+
+HAND = "parallelize_module, and fully_shard (replicate) over the data ranks"
+TURNS, TURNS_WARMUP = 12, 2
+
+
+def _in_turn(spec: dict, shape: dict, t: int, sp: bool, d) -> dict:
+    """Ours (the plan "TP t=..." through autotune.apply) and the same degree composed by hand, both resident, one
+    step of each in turn for ``TURNS`` steps: the medians after ``TURNS_WARMUP`` (the slowest rank's) compared on
+    the same processes, minutes and host, which separate runs are not (2 x H200: the same plan's step varied by
+    +-11% between processes)."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from autotune.apply.place import apply, one_stage
+    from autotune.execute.moduletrain import ModuleTrainer, build_module
+    from autotune.execute.runner import free_device, plan_cluster
+    from autotune.plan.typed import Plan
+    name = f"TP t={t}{' SP' * sp}"
+    free_device(d)
+    typed = one_stage(Plan.from_dict(spec["plans"][name], name))
+    config = {"kind": typed.model.kind, **typed.model.config}
+    d.set_mesh(plan_cluster(typed, d.launch.world).axis_sizes)
+    ours = apply(typed, build_module("apply_llama:build", config, 0, torch.float32, "cpu"), d.mesh)
+    hand = _hand_tp(shape, t, d, sp)
+    autocast = torch.bfloat16 if d.is_gpu else None
+    trainers = [ModuleTrainer(m, {"kind": "llama", **shape}, shape["batch"] // shape["micro_batch"], d, 0, 1e-3,
+                              autocast) for m in (ours, hand)]
+    times: list = [[], []]
+    losses: list = [[], []]
+    try:
+        for s in range(TURNS):
+            for k, trainer in enumerate(trainers):
+                loss, step, _ = trainer.timed_steps(s, 1)
+                losses[k] += loss
+                times[k] += step
+    finally:
+        for trainer in trainers:
+            trainer.close()
+    got = torch.tensor([statistics.median(x[TURNS_WARMUP:]) for x in times], dtype=torch.float64,
+                       device=d.device if d.is_gpu else "cpu")
+    dist.all_reduce(got, op=dist.ReduceOp.MAX)
+    # the same weights and batches: the two compositions' losses agree step by step (bf16 autocast: to about 1e-2)
+    diff = max(abs(a - b) / abs(b) for a, b in zip(*losses))
+    return {"name": f"{name} in turn with by hand", "strategy": HAND, "ours_s": float(got[0]), "hand_s": float(got[1]),
+            "loss_difference": diff, "record": {}}
 
 
 def table(rows: list) -> str:
