@@ -190,15 +190,20 @@ def memory_limit(profile, gib: float | None, allocator: str = "default") -> tupl
     return DEFAULT_MEMORY_GIB * 2**30, " (default)"
 
 
-def host_note(plan, objective: str, devices: int, profile: str) -> str | None:
+def host_note(plan, objective: str, devices: int, profile: str, compute=None) -> str | None:
     """The warning a plan on the tensor or DTensor path gets where its host cost is the reference block's (no module
-    section of the user's model): those paths' steps are the host's, and a transformers block issues more."""
+    section of the user's model): those paths' steps are the host's. On the tensor path also where ``compute`` (the
+    profile's compute section) has no figure outside the blocks (``host_outside_s``: the embeddings and loss split
+    by vocabulary, measured by calibrate compute among 2 GPUs)."""
     if objective != "step" or devices < 2 or plan.apply_path not in ("tensor", "dtensor") \
             or plan.compute_source != "analytical":
         return None
+    outside = plan.apply_path == "tensor" and compute is not None and not compute.host_outside_s
     return (f"note: the {plan.apply_path} path's host cost is priced from calibrate's reference block, not your "
-            f"model's; a transformers block issues more (reports/records/plans_h200x2.md: Megatron t=2 on a Llama ran "
-            f"host-bound at 1.6x its price): calibrate your module on this machine (python -m calibrate module "
+            f"model's" + (", and this profile has no figure of that path outside the blocks (the embedding, head and "
+                          "loss split by vocabulary, which python -m calibrate compute measures on 2 GPUs)" if outside else "")
+            + f"; this path's step is the host's (reports/records/plans_h200x2.md: Megatron t=2 on a Llama ran "
+            f"host-bound at 1.5x its price): calibrate your module on this machine (python -m calibrate module "
             f"--model config.json --profile {profile} --out profile.json) and search with it, or confirm the "
             f"candidates with autotune tune")
 
@@ -325,7 +330,7 @@ def main(argv=None, report=None) -> int:
                   f"micro-batch x heads does not cover the {cluster.devices} devices)")
         print(breakdown(plan))
         print("\n".join(summary_lines(plan, base, objective)))
-        note = host_note(plan, objective, cluster.devices, profile.name)
+        note = host_note(plan, objective, cluster.devices, profile.name, profile.compute)
         if note:
             print(note)
         print(f"wrote {path}" + (f" and {rep}" if rep else ""))

@@ -281,6 +281,11 @@ def test_a_tensor_or_dtensor_plan_priced_without_the_users_module_says_so():
         return SimpleNamespace(apply_path=path, compute_source=source)
     assert "python -m calibrate module" in host_note(plan("tensor"), "step", 4, "h200-nvlink")
     assert "dtensor path" in host_note(plan("dtensor"), "step", 2, "h200-nvlink")
+    # a profile without the tensor path's figure outside the blocks says so too, one with it does not
+    bare, measured = (SimpleNamespace(host_outside_s=x) for x in ({}, {"tensor": (0.03, 0.004)}))
+    assert "outside the blocks" in host_note(plan("tensor"), "step", 4, "h200-nvlink", bare)
+    assert "outside the blocks" not in host_note(plan("tensor"), "step", 4, "h200-nvlink", measured)
+    assert "outside the blocks" not in host_note(plan("dtensor"), "step", 4, "h200-nvlink", bare)
     for args in ((plan("ddp"), "step", 4), (plan("tensor"), "step", 1), (plan("tensor"), "comm", 4),
                  (plan("tensor", "module"), "step", 4)):
         assert host_note(*args, "h200-nvlink") is None
