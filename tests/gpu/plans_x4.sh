@@ -4,7 +4,9 @@
 #     measured on 4 H200 (BASE), into out/gpu/profile.json (kept on the machine for PART=tune, copied to $OUT),
 #     with MODULE=1 then calibrate module on the checked Llama's config (MODULE_WIDTHS, MODULE_MBS), then
 #     tests/gpu/apply_check.sh with that profile: every plan kind on transformers' LlamaForCausalLM 1.5 B
-#     (NGPU=2: on 2 GPUs, each data rank's piece as on 4).
+#     (NGPU=2: on 2 GPUs, each data rank's piece as on 4). The apply check's in-turn comparisons of ours against
+#     the hand composition add about 90 s on 4 GPUs: with MODULE=1 give the parts their own calls (MODULE_TIMEOUT,
+#     RUN_TIMEOUT) or expect the 600 s limit.
 #   PART=tensor: calibrate compute as above, then tests/gpu/seqpar_check.sh with that profile (Megatron t=2, and 4
 #     on 4 GPUs, without and with sequence parallelism, beside torchtitan's composition by hand).
 #   PART=tune: calibrate module + autotune tune on the same machine with out/gpu/profile.json
@@ -45,7 +47,7 @@ case "${PART:-measure}" in
       echo "calibrate module: exit $? ($((SECONDS - t0)) s)"; grep -E "host|whole run" "$OUT/module.log" | tail -9
       cp "$W/profile.json" "$OUT/profile-module.json" 2>/dev/null
     fi
-    OUT=$W/ac PROFILE=$W/profile.json RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash tests/gpu/apply_check.sh > "$OUT/apply.log" 2>&1
+    OUT=$W/ac PROFILE=$W/profile.json RUN_TIMEOUT=${RUN_TIMEOUT:-360} bash tests/gpu/apply_check.sh > "$OUT/apply.log" 2>&1
     echo "apply check: exit $? ($((SECONDS - t0)) s)"
     cp "$W"/ac/*.json "$W/ac/run.log" "$OUT/" 2>/dev/null
     grep -E "^\|" "$OUT/apply.log" || tail -20 "$OUT/apply.log"
