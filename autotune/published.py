@@ -15,7 +15,9 @@ none for Llama 3; ``autotune.sbp.layers.dropout_dims``):
   (``PipelineSearch.finish``), with the memory limit lifted (a plan over it says so); a configuration the
   model cannot lay out is a one-line error naming the fix;
 - free: the main command's pipeline search seeded with the 3-D plans (``autotune.pipeline.threed.seeded``)
-  under 1F1B and under interleaved 1F1B, the faster kept.
+  under 1F1B and under interleaved 1F1B, and for a sequence of ``LONG_SEQUENCE`` tokens or more with the
+  attention context-parallel over each of ``CONTEXT_CHOICES`` ranks as well (the 3-D plans' context-parallel
+  groups inside their data-parallel ranks), the fastest kept.
 
 Each is reported with its model FLOPs utilisation (``mfu``: PaLM's count, 6 N + 12 l h s FLOPs a token, against
 the datasheet peak of the profile's matmul band) beside the ceiling its profile's measured GEMMs allow
@@ -41,7 +43,7 @@ from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, 
 from autotune.pipeline.threed import seeded, stage_plans
 from autotune.sbp.memory import RECIPES, Mode
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.techniques import Techniques, context_parallel
+from autotune.sbp.techniques import Techniques, context_parallel, context_parallel_of
 
 RECORD = "commtune.published-reproduction"
 VERSION = 1
@@ -211,28 +213,41 @@ def _flags(c: Candidate, schedule: str, g, cluster: Cluster, drop: tuple[float, 
     if not c.tensor:
         return "; searched SBP placements per layer on each stage (the plan record lists them)"
     mode = c.plans[0].problem.mode
-    d = cluster.devices // (c.tensor * c.stages)
+    cp = context_parallel_of(g)  # a 3-D plan of a graph offering it runs its groups (threed.candidates)
+    d = cluster.devices // (c.tensor * c.stages * cp)
     tech = Techniques(mode.recompute, schedule, c.virtual, bool(c.plans[0].search.get("sequence_parallel")),
-                      mode.zero)
+                      mode.zero, context_parallel=cp)
     return "; " + megatron_terms(c.tensor, c.stages, d, g.batch // (c.micro_batches * d), g.batch, tech,
                                  g.config["layers"], drop)
 
 
+# the context-parallel sizes the free search tries where a sequence is this long (Llama 3's 131,072-token stage ran
+# CP 16; its 8,192-token ones none)
+LONG_SEQUENCE, CONTEXT_CHOICES = 32768, (2, 4, 8, 16)
+
+
 def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
-    """The free search (module docstring): the fastest plan over ``schedules``."""
-    g = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
+    """The free search (module docstring): the fastest plan over ``schedules`` (and context-parallel sizes)."""
+    g0 = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
     profile = Profile.load(case["profile"])
     cluster = Cluster(case["nodes"], case["gpus"])
+    sizes = (1,) + tuple(c for c in CONTEXT_CHOICES if g0.config["sequence"] >= LONG_SEQUENCE
+                         and cluster.devices % c == 0)
     best = None
-    for sched in schedules:
-        cfg = PipelineConfig(schedule=sched, recipe=recipe(case), dropout=dropout(case))
-        search = _search(g, cluster, profile, profile.memory_bytes, cfg)
-        c, _, is3d = seeded(search)
-        if c is not None and (best is None or c.step < best[0].step):
-            best = (c, sched)
+    for cp in sizes:
+        try:
+            g = context_parallel(g0, cp)
+        except UserError:  # a sequence that does not split into 2 cp chunks: that size is not a plan
+            continue
+        for sched in schedules:
+            cfg = PipelineConfig(schedule=sched, recipe=recipe(case), dropout=dropout(case))
+            search = _search(g, cluster, profile, profile.memory_bytes, cfg)
+            c, _, is3d = seeded(search)
+            if c is not None and (best is None or c.step < best[0].step):
+                best = (c, sched, g)
     if best is None:
         return {"step_s": None, "plan": "no plan fits"}
-    c, sched = best
+    c, sched, g = best
     return {"step_s": c.step, "plan": _describe(c, sched, g) + _flags(c, sched, g, cluster, dropout(case)), "stages": c.stages, "micro_batches": c.micro_batches,
             "memory_gib": max(x.fig.memory for x in c.plans) / 2**30}
 

@@ -39,6 +39,7 @@ from autotune.pipeline.stage import figures
 from autotune.sbp.fit import recompute_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
+from autotune.sbp.techniques import context_parallel_of
 
 
 def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = True) -> list[Mode]:
@@ -77,14 +78,24 @@ def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tupl
 
 
 def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool,
-                       most: int | None = None) -> list[int]:
+                       most: int | None = None, context: int = 1) -> list[int]:
     """Micro-batch counts m dividing the batch, at most ``most`` (default 8p, as the stage search); fewer than p
     too (Megatron's 1F1B then runs min(p - i, m) forwards before the first backward, with a bubble of
     (p - 1) / m: the only counts whose micro-batch splits over the data-parallel group where that group is
     large); with t inside a node, only those whose micro-batch splits over the stage's nodes (d is at least the
-    node count)."""
+    node count), or over the nodes a ``context``-parallel group leaves whole sequences on (at least the node
+    count over ``context``)."""
+    whole = max(1, sub.nodes // context)
     return [m for m in range(1, (most or 8 * stages) + 1) if batch % m == 0
-            and (not tensor_in_node or (batch // m) % sub.nodes == 0)]
+            and (not tensor_in_node or (batch // m) % whole == 0)]
+
+
+def context_role(data: tuple, cp: int) -> tuple | None:
+    """The context-parallel role of ``cp`` ranks inside a data role ``data`` (sizes on the nodes and the GPUs
+    axes), a node's GPUs first as Megatron-LM orders them; None where ``cp`` does not divide it so."""
+    inside = math.gcd(cp, data[1])
+    outside = cp // inside
+    return (outside, inside) if data[0] % outside == 0 else None
 
 
 def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
@@ -93,11 +104,14 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
     (clusters of one GPU a node, as AutoDDL's Megatron on Piz Daint); ``sharding`` False leaves FSDP out (the
     Megatron-LM of 2021, AutoDDL's baseline); ``most``: the most micro-batches (``micro_batch_counts``)."""
     out = []
+    cp = context_parallel_of(search.graph)
     for p, sub in stage_choices(search.graph, search.cluster, search.cfg.stages):
         if sub.gpus_per_node != search.cluster.gpus_per_node:
             continue  # Megatron's stages are whole nodes, t inside one
         meshes = [r.sizes for r in role_meshes(sub, 2) if r.sizes[1][0] == 1 or not tensor_in_node]
-        for m in micro_batch_counts(search.graph.batch, p, sub, tensor_in_node, most):
+        if cp > 1:  # the context-parallel groups inside the data-parallel ranks, a node's GPUs first (Megatron's)
+            meshes = [mesh + (context_role(mesh[0], cp),) for mesh in meshes if context_role(mesh[0], cp)]
+        for m in micro_batch_counts(search.graph.batch, p, sub, tensor_in_node, most, cp):
             if not search.runs(p, m):
                 continue
             for mesh in meshes:

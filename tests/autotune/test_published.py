@@ -150,3 +150,19 @@ def test_a_schedule_the_model_lacks_is_a_one_line_error():
     case = dict(CASES["llama3-405b-8k"], plan=dict(CASES["llama3-405b-8k"]["plan"], schedule="zero-bubble-v"))
     with pytest.raises(UserError, match="'zero-bubble-v' is not a pipeline schedule: use one of .*interleaved-1f1b"):
         published.run_case(case, with_search=False)
+
+
+def test_the_free_search_takes_context_parallelism_for_a_long_sequence(monkeypatch):
+    """A sequence of LONG_SEQUENCE tokens or more: the free search tries the attention context-parallel over each
+    of CONTEXT_CHOICES ranks (the 3-D plans' groups inside their data-parallel ranks) and keeps it where it is
+    faster, in Megatron-LM's flags; a shorter sequence is not offered it."""
+    small = {"layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "head_dim": 128, "ffn": 2048,
+             "vocabulary": 4096, "sequence": 65536, "batch": 8, "micro_batch": 8}
+    case = dict(CASES["llama3-405b-cp16"], overrides=small, nodes=4, gpus=8)
+    monkeypatch.setattr(published, "CONTEXT_CHOICES", (8,))
+    with_cp = published.free(case)
+    assert "--context-parallel-size 8" in with_cp["plan"]
+    short = published.free(dict(case, overrides=dict(small, sequence=8192)))
+    assert "--context-parallel-size" not in short["plan"]
+    monkeypatch.setattr(published, "CONTEXT_CHOICES", ())
+    assert with_cp["step_s"] < published.free(case)["step_s"]
