@@ -299,10 +299,14 @@ def worse(rows: list[dict], previous: list[dict]) -> list[str]:
 
 
 def latest_record() -> Path | None:
-    """The newest recorded run of this repository (reports/records/published_reproduce_*.json), None if none."""
-    found = sorted(Path(__file__).resolve().parents[1].joinpath("reports", "records")
-                   .glob("published_reproduce_*.json"))
-    return found[-1] if found else None
+    """The newest recorded run of this repository (reports/records/published_reproduce_*.json): by the time the
+    command wrote into it ("recorded"), then by name (records before the stamp, oldest first); None if none."""
+    def order(path: Path) -> tuple[str, str]:
+        d = read_json(path, "recorded run", "give a reproduce.json of python -m autotune reproduce published")
+        return str(d.get("recorded", "")) if isinstance(d, dict) else "", path.name
+
+    found = Path(__file__).resolve().parents[1].joinpath("reports", "records").glob("published_reproduce_*.json")
+    return max(found, key=order, default=None)
 
 
 def previous_rows(path: Path | None) -> list[dict]:

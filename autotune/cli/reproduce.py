@@ -25,6 +25,7 @@ comparison is against it, and the command prints which figure and why.
 """
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 from calibrate.cli import command_parser
@@ -88,6 +89,7 @@ def _published(args) -> int:
     prev_path = Path(args.previous) if args.previous else published.latest_record()
     prev = published.previous_rows(prev_path)
     out = _out_dir(args)
+    stamp = datetime.datetime.now().isoformat(timespec="seconds")  # latest_record's order
     with DirLock(out, "reproduction's --out directory"):
         rows = []
         for c in cases:
@@ -98,7 +100,7 @@ def _published(args) -> int:
             print("\n".join("  " + line for line in published.lines(rows[-1])), flush=True)
             # after every case: an interrupted run keeps the cases it finished
             path = write_json(out / "reproduce.json", {"kind": published.RECORD, "version": published.VERSION,
-                                                       "rows": rows}, "reproduction record")
+                                                       "recorded": stamp, "rows": rows}, "reproduction record")
         got_worse = published.worse(rows, prev)
         passed = sum(r["status"] == "pass" for r in rows)
         print(f"{passed}/{len(rows)} cases pass (forced within {published.TOLERANCE:.0%} of the published step, "

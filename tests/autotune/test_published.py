@@ -128,6 +128,9 @@ def test_the_command_finds_this_repositorys_newest_record():
     path = published.latest_record()
     assert path is not None and path.parent == Path(published.__file__).resolve().parents[1] / "reports" / "records"
     assert published.previous_rows(path)
+    # by the time it was written, not by name: a stamped record is newer than every one before the stamp (the
+    # 2026-11-29 records sort by name out of the order they were made in)
+    assert json.loads(path.read_text()).get("recorded")
 
 
 def test_a_rebaselined_row_is_what_the_case_is_compared_with_and_says_why():
