@@ -486,7 +486,8 @@ def _tensor_parallel(torch, m: _Timed, sequence: bool = False) -> None:
     if sequence:
         parallelize_module(blocks[0], mesh, PrepareModuleInput(input_layouts=(Replicate(),),
                                                                desired_input_layouts=(tokens,), use_local_output=False))
-        parallelize_module(blocks[-1], mesh, PrepareModuleOutput(output_layouts=tokens, desired_output_layouts=Replicate(),
+        parallelize_module(blocks[-1], mesh, PrepareModuleOutput(output_layouts=tokens,
+                                                                 desired_output_layouts=Replicate(),
                                                                  use_local_output=True))
 
 
@@ -577,7 +578,8 @@ def _step_peak(torch, m: _Timed, device) -> tuple[int, int]:
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
-PEER_HOST_PATHS = ("ddp", "fully_shard", "tensor", "sequence", "dtensor")  # paths whose collectives a group of one skips
+# the paths whose collectives a group of one skips
+PEER_HOST_PATHS = ("ddp", "fully_shard", "tensor", "sequence", "dtensor")
 
 
 def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, iters: int, warmup: int,

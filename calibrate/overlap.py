@@ -68,7 +68,8 @@ def measure_overlap(torch, iters: int, warmup: int, progress) -> dict:
     """The profile's ``overlap`` figures: beside NCCL collectives between 2 GPUs where 2 are visible, else beside a
     copy on this one (module docstring)."""
     if torch.cuda.device_count() >= 2:
-        out = {k: float(v) for k, v in run_peers(_peer_job, (iters, warmup), what="compute's slowdown beside collectives").items()}
+        got = run_peers(_peer_job, (iters, warmup), what="compute's slowdown beside collectives")
+        out = {k: float(v) for k, v in got.items()}
         peer = "nccl"
     else:
         device = torch.device("cuda", torch.cuda.current_device())

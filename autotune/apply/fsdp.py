@@ -57,7 +57,7 @@ def place_tensor(job):
 
     dims = job.layout.dims(job.plan)
     mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
-    if dims["replicate"] * dims["shard"] == 1:
+    if dims["replicate"] == 1:  # no data ranks (``autotune.plan.hostpace.data_ranks``: what its host pace reads)
         parallelize(job.model, job.chain, job.layout, mesh["tp"])
         _recompute(job.model, job.chain, job.prefixes, job.plan.recompute)
         job.model.to(job.device)  # what the styles left where it was built (norms, buffers), as fully_shard moves it

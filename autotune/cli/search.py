@@ -201,7 +201,8 @@ def host_note(plan, objective: str, devices: int, profile: str, compute=None) ->
     outside = plan.apply_path == "tensor" and compute is not None and not compute.host_outside_s
     return (f"note: the {plan.apply_path} path's host cost is priced from calibrate's reference block, not your "
             f"model's" + (", and this profile has no figure of that path outside the blocks (the embedding, head and "
-                          "loss split by vocabulary, which python -m calibrate compute measures on 2 GPUs)" if outside else "")
+                          "loss split by vocabulary, which python -m calibrate compute measures on 2 GPUs)"
+                          if outside else "")
             + f"; this path's step is the host's (reports/records/plans_h200x2.md: Megatron t=2 on a Llama ran "
             f"host-bound at 1.5x its price): calibrate your module on this machine (python -m calibrate module "
             f"--model config.json --profile {profile} --out profile.json) and search with it, or confirm the "

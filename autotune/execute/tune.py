@@ -139,4 +139,5 @@ def residual_runs(rows: list[dict]) -> list[dict]:
     """The rows as residual runs (``calibrate.residuals.fitted``): the uncorrected prediction per path."""
     return [{"strategy": r["strategy"], "path": r["host_path"], "predicted_s": r["predicted_uncorrected_s"],
              "measured_s": r["measured_step_s"]}
-            for r in rows if r.get("status") == "ok" and r.get("host_path") in HOST_PATHS and r.get("predicted_uncorrected_s")]
+            for r in rows
+            if r.get("status") == "ok" and r.get("host_path") in HOST_PATHS and r.get("predicted_uncorrected_s")]

@@ -475,7 +475,8 @@ def main(argv=None) -> int:
     if outside:
         sources["host_outside_s"] = (f"measured: the same model's issue time outside its blocks (one block's model "
                                      f"less the block: the embedding and the head split by vocabulary, the loss "
-                                     f"vocabulary-parallel) on {', '.join(outside)} among 2 GPUs, per micro-batch / step")
+                                     f"vocabulary-parallel) on {', '.join(outside)} among 2 GPUs, per micro-batch / "
+                                     f"step")
     sources["overlap"] = ("measured: an 8192^3 bf16 matmul beside " + (
         "NCCL collectives of 1 GiB between 2 GPUs" if overlap["peer"] == "nccl" else
         "a 1 GiB device copy (one GPU visible: a stand-in for the collectives)") + ", over the matmul alone")

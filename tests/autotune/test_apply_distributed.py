@@ -141,8 +141,8 @@ def _applied(kind, plan):
 def _fully_sharded(plan, path: str) -> bool:
     """Whether ``path`` wraps the model in fully_shard: the fully_shard path, and the tensor path where the plan
     has data ranks (at data degree 1 parallelize_module alone, as torchtitan)."""
-    from autotune.plan.layouts import tp_layout
-    return path == "fully_shard" or (path == "tensor" and tp_layout(plan).dims(plan)["replicate"] > 1)
+    from autotune.plan.hostpace import data_ranks
+    return path == "fully_shard" or (path == "tensor" and data_ranks(plan) > 1)
 
 
 def plans(nodes, gpus) -> list:
@@ -231,7 +231,8 @@ def _local(kind, plan):
 
 def test_ddp_and_tensor_parallel_match_one_process():
     """The data-parallel plan (DDP) and a tensor-parallel plan without FSDP (Megatron's d x t: parallelize_module
-    and fully_shard on a replicate mesh, torchtitan's DDP + TP, parallelize_module alone at d = 1; the logits a DTensor of vocabulary columns, the
+    and fully_shard on a replicate mesh, torchtitan's DDP + TP, parallelize_module alone at d = 1; the logits a
+    DTensor of vocabulary columns, the
     loss under loss_parallel) of both models, and t = 4 over both fine axes (one flattened "tp" dimension): the
     losses and parameters of one process."""
     jobs = [(kind, typed_plan(cfg, 2, 2, fn(cfg), name)) for kind, cfg in (("llama", LLAMA), ("gpt", GPT))
@@ -247,4 +248,5 @@ def test_ddp_and_tensor_parallel_match_one_process():
         assert mismatch(refs[kind], got) is None, f"{kind} {plan.strategy}: {mismatch(refs[kind], got)}"
         cls = type(make_model(kind)).__name__
         assert (path, placed) == (("ddp", "DistributedDataParallel") if plan.strategy == "data parallel" else
-                                  ("tensor", "FSDP" * _fully_sharded(plan, "tensor") + cls)), (plan.strategy, path, placed)
+                                  ("tensor", "FSDP" * _fully_sharded(plan, "tensor") + cls)), \
+            (plan.strategy, path, placed)

@@ -100,7 +100,8 @@ def test_tensor_path_prices_fully_shard_only_with_data_ranks():
     shape = dict(layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=128, vocabulary=256, sequence=16,
                  batch=8, micro_batch=4)
     # without the plain module's figure ("none"), DDP's stands in for it
-    for host, plain in ((figures, figures["none"]), ({k: v for k, v in figures.items() if k != "none"}, figures["ddp"])):
+    without_none = {k: v for k, v in figures.items() if k != "none"}
+    for host, plain in ((figures, figures["none"]), (without_none, figures["ddp"])):
         compute = replace(base.compute, host_s=host)
         problem = Problem(load_model("llama", None, shape), Coster(replace(base, compute=compute), Cluster(1, 4)),
                           require_fit=False, objective="step")
