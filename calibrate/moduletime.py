@@ -35,7 +35,7 @@ from calibrate.module import STEP_MICRO_BATCHES, ModulePoint, ModuleSection
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
                     "GPT2LMHeadModel": "gpt2"}
 # apply's paths (``calibrate.compute.HOST_PATHS``) timed on a process group of one: the tensor path's styles need
-# the ranks of a tensor-parallel group (``PEER_HOST_PATHS``); without them the profile prices it by the DTensor one's
+# the ranks of a tensor-parallel group (``peer_host``); without them the profile prices it by the DTensor one's
 ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor", "sequence"))
 REFERENCE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocabulary": 1024}  # host-bound on any GPU
 REFERENCE_OCCURRENCES = 10  # a Llama block's layer occurrences in the step model's graph (models.transformer)
@@ -580,21 +580,55 @@ def _step_peak(torch, m: _Timed, device) -> tuple[int, int]:
 
 # the paths whose collectives a group of one skips
 PEER_HOST_PATHS = ("ddp", "fully_shard", "tensor", "sequence", "dtensor")
+# of them, those whose host cost torch's fake process group of 2 (every collective a no-op; torchtitan's dry run
+# uses it) measures on one device as 2 GPUs do: the tensor styles' block 13.99 ms a micro-batch under it, 13.70
+# among 2 H200s (plans_h200x2.md, session 21). Not DDP (its reducer refuses the fake group), nor fully_shard and
+# the DTensor path, whose real collectives' host cost the fake group leaves out (25-40% under, calib.md)
+FAKE_HOST_PATHS = ("tensor", "sequence")
+AMONG_PEERS = "among 2 GPUs"
+UNDER_FAKE = "under torch's fake process group of 2 on one device"
 
 
-def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, iters: int, warmup: int,
-              progress) -> tuple[dict, dict]:
-    """Where 2 GPUs are visible: ``host_seconds`` of ``PEER_HOST_PATHS`` for the module ``recipe`` builds, timed in
-    each of 2 processes of one NCCL group (each path issuing its collectives as in a job of 2: 2 x H200,
-    2026-11-28, a tensor-parallel step of a 1.5 B Llama issued 670 ms where the group of one's figure gave 497),
-    rank 0's, and its figures outside the blocks (``host_seconds``' ``outside``); ({}, {}) with fewer GPUs."""
-    if not recipe or torch.cuda.device_count() < 2:
-        return {}, {}
+def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, device, iters: int, warmup: int,
+              progress) -> tuple[dict, dict, str]:
+    """``host_seconds`` of the paths a group of one cannot time for the module ``recipe`` builds, its figures
+    outside the blocks (``host_seconds``' ``outside``), and where they were timed: where 2 GPUs are visible,
+    ``PEER_HOST_PATHS`` in each of 2 processes of one NCCL group (each path issuing its collectives as in a job of
+    2: 2 x H200, 2026-11-28, a tensor-parallel step of a 1.5 B Llama issued 670 ms where the group of one's figure
+    gave 497), rank 0's; else ``FAKE_HOST_PATHS`` under torch's fake process group of 2 in this process
+    (``fake_host``); ({}, {}, "") where neither can run."""
+    if not recipe:
+        return {}, {}, ""
+    if torch.cuda.device_count() < 2:
+        return fake_host(torch, rebuild(recipe), micro_batch, sequence, device, iters, warmup, progress)
     got = run_peers(_peer_job, (recipe, micro_batch, sequence, iters, warmup),
                     what="the apply paths' host cost among 2 GPUs")
     for line in got["lines"]:
-        progress(f"{line} (2 GPUs)")
-    return tuple({k: tuple(float(x) for x in v) for k, v in got[key].items()} for key in ("host_s", "outside_s"))
+        progress(f"{line} ({AMONG_PEERS})")
+    return (*({k: tuple(float(x) for x in v) for k, v in got[key].items()} for key in ("host_s", "outside_s")),
+            AMONG_PEERS)
+
+
+def fake_host(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,
+              progress) -> tuple[dict, dict, str]:
+    """``host_seconds`` of ``FAKE_HOST_PATHS`` (and their figures outside the blocks) as rank 0 of torch's fake
+    process group of 2, set up and destroyed here; ({}, {}, "") inside a distributed job or where this torch has
+    no fake group."""
+    dist = torch.distributed
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        return {}, {}, ""
+    if dist.is_initialized():
+        return {}, {}, ""
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    outside: dict = {}
+    try:
+        host = host_seconds(torch, um, micro_batch, sequence, device, iters, warmup,
+                            lambda line: progress(f"{line} (fake group of 2)"), FAKE_HOST_PATHS, outside=outside)
+    finally:
+        dist.destroy_process_group()
+    return host, outside, UNDER_FAKE if host else ""
 
 
 def _peer_job(torch, device, world: int, recipe: tuple, micro_batch: int, sequence: int, iters: int,
@@ -617,19 +651,20 @@ def reference_recipe() -> tuple:
     return ("hf", REFERENCE_HF, "calibrate's reference block")
 
 
-def reference_host(torch, device, iters: int, warmup: int, progress) -> tuple[dict, dict, str]:
+def reference_host(torch, device, iters: int, warmup: int, progress) -> tuple[dict, dict, str, str]:
     """``compute.host_s`` (``calibrate.compute``): per apply path, the host's seconds per layer occurrence of the step
     model's graph, per micro-batch and per step: the reference block's (``reference_recipe``) per block
     (``host_seconds``, micro-batch 1 of 512 tokens) over ``REFERENCE_OCCURRENCES``; on a group of one, and those of
-    ``PEER_HOST_PATHS`` among 2 GPUs where 2 are visible (``peer_host``); ``compute.host_outside_s``, the reference
-    model's outside its blocks on the paths that split it by vocabulary (among 2 GPUs); and which block that was."""
+    the rest where ``peer_host`` can time them; ``compute.host_outside_s``, the reference model's outside its blocks
+    on the paths that split it by vocabulary; which block that was, and which paths ``peer_host`` timed where
+    ("tensor, sequence among 2 GPUs"; "" where it timed none)."""
     recipe = reference_recipe()
     um = rebuild(recipe)
     per_block = host_seconds(torch, um, 1, 512, device, iters, warmup, progress)
-    peers, outside = peer_host(torch, recipe, 1, 512, iters, warmup, progress)
+    peers, outside, where = peer_host(torch, recipe, 1, 512, device, iters, warmup, progress)
     per_block.update(peers)
     return ({path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()},
-            outside, um.name)
+            outside, um.name, f"{', '.join(peers)} {where}" if peers else "")
 
 
 def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,
@@ -689,6 +724,7 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
     hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress, memory=memory)
     outside: dict = {}
     if device.type == "cuda":
-        peers, outside = peer_host(torch, um.recipe, min(micro_batches), sequence, iters, warmup, progress)
+        peers, outside, _ = peer_host(torch, um.recipe, min(micro_batches), sequence, device, iters, warmup,
+                                      progress)
         hosts.update(peers)
     return replace(section, host_s=hosts, host_outside_s=outside, memory=memory)

@@ -20,7 +20,8 @@ device-to-device copy (memory bandwidth); a GELU forward and backward,
 torch's fused Adam and the masked embedding's forward and backward (the
 bandwidths of the step's other memory-bound kernels, which move fewer bytes a
 second than a copy); one-element kernels queued behind a matmul (a kernel's fixed cost in a step); the
-host's cost of each of apply's paths (``host_s``: a small Llama block issued on a process group of one,
+host's cost of each of apply's paths (``host_s``: a small Llama block issued on a process group of one, the
+multi-device paths among 2 GPUs where 2 are visible, else the tensor paths under torch's fake process group of 2,
 ``calibrate.moduletime.reference_host``) and compute's slowdown beside communication (``overlap``: a
 matmul beside NCCL collectives between 2 GPUs where 2 are visible, else beside a copy, said in the
 profile: ``calibrate.overlap``); multi-GPU planning needs both. Writes the
@@ -51,7 +52,7 @@ from calibrate.computeeval import Grid
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 from calibrate.measure.torcharm import TorchArm, medians, timing
-from calibrate.moduletime import PEER_HOST_PATHS, REFERENCE, reference_host
+from calibrate.moduletime import REFERENCE, reference_host
 from calibrate.overlap import measure_overlap
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Device, Profile
@@ -466,17 +467,15 @@ def main(argv=None) -> int:
     launch = measure_launch(torch, device, args.iters, args.warmup)
     layers, layer_calls = measure_layers(torch, device, args.iters, args.warmup)
     t0 = time.perf_counter()
-    host, outside, block = reference_host(torch, device, args.iters, args.warmup, progress)
+    host, outside, block, timed = reference_host(torch, device, args.iters, args.warmup, progress)
     overlap = measure_overlap(torch, args.iters, args.warmup, progress)
     progress(f"host and overlap: {time.perf_counter() - t0:.0f} s")
     sources["host_s"] = (f"measured: the host's issue time of a small Llama block ({block}, {REFERENCE}) on each "
-                         f"apply path, per layer occurrence, over a process group of one"
-                         + (f" ({', '.join(PEER_HOST_PATHS)} among 2 GPUs)" if torch.cuda.device_count() >= 2 else ""))
+                         f"apply path, per layer occurrence, over a process group of one" + (f" ({timed})" if timed else ""))
     if outside:
         sources["host_outside_s"] = (f"measured: the same model's issue time outside its blocks (one block's model "
                                      f"less the block: the embedding and the head split by vocabulary, the loss "
-                                     f"vocabulary-parallel) on {', '.join(outside)} among 2 GPUs, per micro-batch / "
-                                     f"step")
+                                     f"vocabulary-parallel) on {', '.join(outside)}, per micro-batch / step ({timed})")
     sources["overlap"] = ("measured: an 8192^3 bf16 matmul beside " + (
         "NCCL collectives of 1 GiB between 2 GPUs" if overlap["peer"] == "nccl" else
         "a 1 GiB device copy (one GPU visible: a stand-in for the collectives)") + ", over the matmul alone")

@@ -3,6 +3,7 @@ coefficients of host issue times made from them (closed form), drops a negative 
 that cannot separate the per-pass cost; ``execute --fit-host`` writes them into a profile that loads back;
 a profile's host figures are validated."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -73,7 +74,9 @@ def test_fit_host_writes_a_profile_that_loads(tmp_path, capsys):
     assert host["fully_shard"] == Profile.load("h200-nvlink").compute.host_s["fully_shard"]  # not fitted: kept
     cm = Profile.load(out).compute
     assert cm.host_seconds("ddp", 10) == pytest.approx((10 * PASS, 10 * STEP))
-    assert cm.host_seconds("sequence", 10) == cm.host_seconds("tensor", 10)  # its stand-in, not fitted here
+    assert cm.host_seconds("sequence", 10) == pytest.approx(tuple(10 * x for x in host["sequence"]))  # kept
+    bare = replace(cm, host_s={k: v for k, v in cm.host_s.items() if k != "sequence"})
+    assert bare.host_seconds("sequence", 10) == bare.host_seconds("tensor", 10)  # its stand-in where it lacks one
 
 
 @pytest.mark.parametrize("bad", [{"nccl": [1e-4, 0]}, {"ddp": [1e-4]}, {"ddp": [-1e-4, 0]}, {"ddp": [2.0, 0]},

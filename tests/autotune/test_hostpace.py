@@ -102,7 +102,7 @@ def test_tensor_path_prices_fully_shard_only_with_data_ranks():
     # without the plain module's figure ("none"), DDP's stands in for it
     without_none = {k: v for k, v in figures.items() if k != "none"}
     for host, plain in ((figures, figures["none"]), (without_none, figures["ddp"])):
-        compute = replace(base.compute, host_s=host)
+        compute = replace(base.compute, host_s=host, host_outside_s={})
         problem = Problem(load_model("llama", None, shape), Coster(replace(base, compute=compute), Cluster(1, 4)),
                           require_fit=False, objective="step")
         both = (4e-3 + 3e-3 - plain[0], 2e-4 + 5e-4 - plain[1])

@@ -80,13 +80,18 @@ def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_in
     assert um.name == "transformers:LlamaForCausalLM" and um.model == REFERENCE
     calls = []
 
-    def timed(torch_, um_, *args, **kw):  # the reference_host's per block figures: 1 s a pass, 2 a step
-        calls.append(um_.name)
-        return {p: (1.0, 2.0) for p in ONE_GROUP_PATHS}
+    def timed(torch_, um_, mb, seq, dev, iters, warmup, progress, paths=ONE_GROUP_PATHS, **kw):  # 1 s a pass, 2 a step
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        calls.append((um_.name, world, paths))
+        return {p: (1.0 * world, 2.0 * world) for p in paths}
     monkeypatch.setattr(moduletime, "host_seconds", timed)
-    figures, outside, block = moduletime.reference_host(torch, torch.device("cpu"), 1, 0, lambda line: None)
-    assert block == calls[0] == "transformers:LlamaForCausalLM" and outside == {}  # no 2 GPUs: no peers
-    assert figures == {p: (1.0 / REFERENCE_OCCURRENCES, 2.0 / REFERENCE_OCCURRENCES) for p in ONE_GROUP_PATHS}
+    figures, outside, block, timed_where = moduletime.reference_host(torch, torch.device("cpu"), 1, 0, lambda s: None)
+    # no 2 GPUs: the tensor paths timed as rank 0 of torch's fake group of 2, the group gone afterwards
+    assert block == calls[0][0] == "transformers:LlamaForCausalLM" and not torch.distributed.is_initialized()
+    assert [c[1:] for c in calls] == [(1, ONE_GROUP_PATHS), (2, moduletime.FAKE_HOST_PATHS)]
+    assert timed_where == f"tensor, sequence {moduletime.UNDER_FAKE}"
+    assert figures == {**{p: (1.0 / REFERENCE_OCCURRENCES, 2.0 / REFERENCE_OCCURRENCES) for p in ONE_GROUP_PATHS},
+                       **{p: (2.0 / REFERENCE_OCCURRENCES, 4.0 / REFERENCE_OCCURRENCES) for p in ("tensor", "sequence")}}
     monkeypatch.setattr(moduletime.importlib, "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)))
     assert moduletime.reference_recipe() == ("reference",)
 
@@ -94,7 +99,7 @@ def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_in
 def test_the_tensor_paths_styles_take_transformers_names_and_say_when_they_cannot(one_thread):
     import torch
 
-    from calibrate.moduletime import hf_module, host_seconds, rebuild
+    from calibrate.moduletime import UNDER_FAKE, fake_host, hf_module, host_seconds, rebuild
     um = rebuild(hf_module(LLAMA, "config").recipe)  # as a peer process builds it
     lines, outside = [], {}
     found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("none", "tensor", "sequence"),
@@ -102,6 +107,10 @@ def test_the_tensor_paths_styles_take_transformers_names_and_say_when_they_canno
     assert set(found) == {"none", "tensor", "sequence"} and min(found["tensor"] + found["sequence"]) >= 0, lines
     # outside the blocks (embedding and head split by vocabulary, loss_parallel): the tensor paths only
     assert set(outside) == {"tensor", "sequence"} and min(outside["tensor"] + outside["sequence"]) >= 0, lines
+    # the same as rank 0 of torch's fake group of 2 (what one GPU offers): the styles at width 2, no collective run
+    found, outside, where = fake_host(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append)
+    assert set(found) == set(outside) == {"tensor", "sequence"} and where == UNDER_FAKE, lines
+    assert "(fake group of 2)" in lines[-1] and not torch.distributed.is_initialized()
     gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2,
             "n_positions": 16, "vocab_size": 64}
     lines = []

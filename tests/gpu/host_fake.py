@@ -7,6 +7,8 @@ uses on one GPU. Compared with the 2-GPU steps of plans_h200x2.md run 4 (Megatro
 
     timeout 400 python3 tests/gpu/host_fake.py      # nvidia-h200, ~3 min; writes $OUT/host_fake.json
     WORLDS=2 MBS=2 PATHS="none tensor sequence" python3 tests/gpu/host_fake.py   # a part of it
+    MODELS="reference llama1.5b" REPEAT=3 ...   # calibrate compute's reference block (micro-batch 1 of 512 tokens)
+                                                # beside the 1.5 B model's, each measured REPEAT times in turn
 """
 import json
 import os
@@ -16,7 +18,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from calibrate.moduletime import PEER_HOST_PATHS, hf_module, host_seconds
+from calibrate.moduletime import PEER_HOST_PATHS, REFERENCE_HF, hf_module, host_seconds
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
           "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 16,
@@ -30,7 +32,8 @@ def main() -> int:
     os.makedirs(out, exist_ok=True)
     torch.cuda.set_device(0)
     device = torch.device("cuda", 0)
-    um = hf_module(CONFIG, "llama1.5b")
+    models = {"llama1.5b": (hf_module(CONFIG, "llama1.5b"), 2048), "reference": (hf_module(REFERENCE_HF, "ref"), 512)}
+    names = os.environ.get("MODELS", "llama1.5b").split()
     rows = {}
     worlds = [int(x) for x in os.environ.get("WORLDS", "1 2").split()]
     mbs = [int(x) for x in os.environ.get("MBS", "1 2").split()]
@@ -44,10 +47,13 @@ def main() -> int:
                 from torch.testing._internal.distributed.fake_pg import FakeStore
                 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
             try:
-                for mb in mbs:
-                    got = host_seconds(torch, um, mb, 2048, device, int(os.environ.get("ITERS", 6)), 2,
-                                       lambda s: print(f"world {world} mb {mb}: {s}", flush=True), paths, outside={})
-                    rows[f"world{world}-mb{mb}"] = got
+                for rep in range(int(os.environ.get("REPEAT", 1))):
+                    for name in names:
+                        um, sequence = models[name]
+                        for mb in mbs if name != "reference" else (1,):
+                            key = f"world{world}-mb{mb}" + (f"-{name}" if len(names) > 1 else "") + f"-{rep}" * (rep > 0)
+                            rows[key] = host_seconds(torch, um, mb, sequence, device, int(os.environ.get("ITERS", 6)), 2,
+                                                     lambda s: print(f"{key}: {s}", flush=True), paths, outside={})
             finally:
                 dist.destroy_process_group()
     with open(os.path.join(out, "host_fake.json"), "w") as f:
@@ -55,9 +61,9 @@ def main() -> int:
     print("| group | micro-batch | path | ms per block and micro-batch | 32 x it (2 x 16) ms | 2-GPU step measured ms |")
     print("| --- | ---: | --- | ---: | ---: | ---: |")
     for key, got in rows.items():
-        world, mb = key.split("-")
+        world, mb = key.split("-")[:2]
         for path, (h, _) in got.items():
-            print(f"| {world} | {mb[2:]} | {path} | {h * 1e3:.2f} | {32 * h * 1e3:.1f} | "
+            print(f"| {key} | {mb[2:]} | {path} | {h * 1e3:.2f} | {32 * h * 1e3:.1f} | "
                   f"{MEASURED_2GPU_MS.get(path, '-')} |")
     return 0
 

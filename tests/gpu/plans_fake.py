@@ -8,7 +8,8 @@ the pipelined plans: torch's pipeline stages exchange their shapes as pickled ob
 carry. The step is the device's work and the host's without any communication: printed beside the prediction's
 compute and its host pace, not judged (ours against the hand composition: the same work, the same run).
 
-    python tests/gpu/plans_fake.py plan OUT PROFILE [--small] [--gpus N]   # apply_llama's plans (CPU, ~1 min)
+    python tests/gpu/plans_fake.py plan OUT PROFILE [--small] [--gpus N] [--sequence-parallel]  # apply_llama's
+    # plans (CPU, ~1 min), or its Megatron plans without and with sequence parallelism
     [ONLY="TP t=2,hand t=2"] [STEPS=3] python tests/gpu/plans_fake.py all OUT [--device cuda|cpu]
 
 Each plan runs in a process of its own and writes OUT/fake-<plan>.json; the table is printed last (predicted and
@@ -149,7 +150,7 @@ def main(argv: list[str]) -> int:
     if what == "plan":
         import apply_llama
         gpus = int(argv[argv.index("--gpus") + 1]) if "--gpus" in argv else 4
-        apply_llama.plan(out, argv[2], "--small" in argv, gpus)
+        apply_llama.plan(out, argv[2], "--small" in argv, gpus, "--sequence-parallel" in argv)
         spec = json.loads((out / "plans.json").read_text())
         (out / "plans.json").write_text(json.dumps(dict(spec, world=gpus)))
         return 0
