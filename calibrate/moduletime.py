@@ -651,20 +651,19 @@ def reference_recipe() -> tuple:
     return ("hf", REFERENCE_HF, "calibrate's reference block")
 
 
-def reference_host(torch, device, iters: int, warmup: int, progress) -> tuple[dict, dict, str, str]:
+def reference_host(torch, device, iters: int, warmup: int, progress) -> tuple[dict, dict, str, tuple, str]:
     """``compute.host_s`` (``calibrate.compute``): per apply path, the host's seconds per layer occurrence of the step
     model's graph, per micro-batch and per step: the reference block's (``reference_recipe``) per block
     (``host_seconds``, micro-batch 1 of 512 tokens) over ``REFERENCE_OCCURRENCES``; on a group of one, and those of
     the rest where ``peer_host`` can time them; ``compute.host_outside_s``, the reference model's outside its blocks
-    on the paths that split it by vocabulary; which block that was, and which paths ``peer_host`` timed where
-    ("tensor, sequence among 2 GPUs"; "" where it timed none)."""
+    on the paths that split it by vocabulary; which block that was; the paths ``peer_host`` timed, and where."""
     recipe = reference_recipe()
     um = rebuild(recipe)
     per_block = host_seconds(torch, um, 1, 512, device, iters, warmup, progress)
     peers, outside, where = peer_host(torch, recipe, 1, 512, device, iters, warmup, progress)
     per_block.update(peers)
     return ({path: (a / REFERENCE_OCCURRENCES, b / REFERENCE_OCCURRENCES) for path, (a, b) in per_block.items()},
-            outside, um.name, f"{', '.join(peers)} {where}" if peers else "")
+            outside, um.name, tuple(peers), where)
 
 
 def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,

@@ -467,15 +467,15 @@ def main(argv=None) -> int:
     launch = measure_launch(torch, device, args.iters, args.warmup)
     layers, layer_calls = measure_layers(torch, device, args.iters, args.warmup)
     t0 = time.perf_counter()
-    host, outside, block, timed = reference_host(torch, device, args.iters, args.warmup, progress)
+    host, outside, block, peers, where = reference_host(torch, device, args.iters, args.warmup, progress)
     overlap = measure_overlap(torch, args.iters, args.warmup, progress)
     progress(f"host and overlap: {time.perf_counter() - t0:.0f} s")
     sources["host_s"] = (f"measured: the host's issue time of a small Llama block ({block}, {REFERENCE}) on each "
-                         f"apply path, per layer occurrence, over a process group of one" + (f" ({timed})" if timed else ""))
+                         f"apply path, per layer occurrence, over a process group of one" + (f" ({', '.join(peers)} {where})" if peers else ""))
     if outside:
         sources["host_outside_s"] = (f"measured: the same model's issue time outside its blocks (one block's model "
                                      f"less the block: the embedding and the head split by vocabulary, the loss "
-                                     f"vocabulary-parallel) on {', '.join(outside)}, per micro-batch / step ({timed})")
+                                     f"vocabulary-parallel) on {', '.join(outside)} {where}, per micro-batch / step")
     sources["overlap"] = ("measured: an 8192^3 bf16 matmul beside " + (
         "NCCL collectives of 1 GiB between 2 GPUs" if overlap["peer"] == "nccl" else
         "a 1 GiB device copy (one GPU visible: a stand-in for the collectives)") + ", over the matmul alone")

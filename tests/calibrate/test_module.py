@@ -85,11 +85,11 @@ def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_in
         calls.append((um_.name, world, paths))
         return {p: (1.0 * world, 2.0 * world) for p in paths}
     monkeypatch.setattr(moduletime, "host_seconds", timed)
-    figures, outside, block, timed_where = moduletime.reference_host(torch, torch.device("cpu"), 1, 0, lambda s: None)
+    figures, outside, block, peers, where = moduletime.reference_host(torch, torch.device("cpu"), 1, 0, lambda s: None)
     # no 2 GPUs: the tensor paths timed as rank 0 of torch's fake group of 2, the group gone afterwards
     assert block == calls[0][0] == "transformers:LlamaForCausalLM" and not torch.distributed.is_initialized()
     assert [c[1:] for c in calls] == [(1, ONE_GROUP_PATHS), (2, moduletime.FAKE_HOST_PATHS)]
-    assert timed_where == f"tensor, sequence {moduletime.UNDER_FAKE}"
+    assert peers == moduletime.FAKE_HOST_PATHS and where == moduletime.UNDER_FAKE
     assert figures == {**{p: (1.0 / REFERENCE_OCCURRENCES, 2.0 / REFERENCE_OCCURRENCES) for p in ONE_GROUP_PATHS},
                        **{p: (2.0 / REFERENCE_OCCURRENCES, 4.0 / REFERENCE_OCCURRENCES) for p in ("tensor", "sequence")}}
     monkeypatch.setattr(moduletime.importlib, "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)))
