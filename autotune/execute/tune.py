@@ -15,6 +15,8 @@ DIR/tune.md). Residuals (``calibrate.residuals``): per apply path, measured / pr
 """
 from __future__ import annotations
 
+import time
+
 from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
 
@@ -73,6 +75,7 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
            "predicted_bytes": c.memory_bytes}
     free_device(d)
     model = None
+    start = time.perf_counter()
     try:
         run = run_pipeline_plan if plan.stages else run_module_plan
         rec, model = run(plan, d, module=module, steps=steps, warmup=warmup, profile_steps=0, seed=seed,
@@ -94,7 +97,8 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
         free_device(d)
     progress(f"{row['strategy']}: " + (f"{row['measured_step_s'] * 1e3:.2f} ms measured, "
                                        f"{(row['predicted_step_s'] or 0) * 1e3:.2f} ms predicted"
-                                       if row["status"] == "ok" else row.get("note", row["status"])))
+                                       if row["status"] == "ok" else row.get("note", row["status"]))
+             + f" ({time.perf_counter() - start:.1f} s to build, place and run it)")
     return row
 
 

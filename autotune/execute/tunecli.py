@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import sys
+import time
 from pathlib import Path
 
 from calibrate.cli import command_parser, message
@@ -66,6 +67,7 @@ def main(argv=None, report=None) -> int:
         if lead:
             print(f"[tune] {msg}", file=sys.stderr, flush=True)
 
+    began = time.perf_counter()
     d = start(args.device)
     try:
         shared = ["", None]
@@ -80,7 +82,8 @@ def main(argv=None, report=None) -> int:
             raise UserError(shared[0])
         pf = shared[1]
         cands = candidates(pf.best, pf.baselines, args.k)
-        progress(f"{len(cands)} candidates: " + "; ".join(c.strategy for c in cands))
+        progress(f"{len(cands)} candidates after {time.perf_counter() - began:.1f} s (set-up and search): "
+                 + "; ".join(c.strategy for c in cands))
         rows = [run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress) for c in cands]
     finally:
         stop(d)
