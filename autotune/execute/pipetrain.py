@@ -48,9 +48,10 @@ class PipelineTrainer(ModuleTrainer):
 
 
 def run_pipeline_plan(plan, d, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
-                      profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto"):
-    """(the result record, this rank's pipeline): ``module``'s model cut and placed by ``apply_pipeline``
-    (``apply_path`` "dtensor": every stage of several devices on the DTensor path)."""
+                      profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto",
+                      build=build_module):
+    """(the result record, this rank's pipeline): ``module``'s model (by ``build``, as ``run_module_plan``) cut and
+    placed by ``apply_pipeline`` (``apply_path`` "dtensor": every stage of several devices on the DTensor path)."""
     import autotune
     from autotune.execute.runner import module_dtypes, predicted, result_header
 
@@ -60,7 +61,7 @@ def run_pipeline_plan(plan, d, *, module: str = DEFAULT_MODULE, layers=None, ste
     config = {"kind": pp.model.kind, **pp.model.config}
     param_dtype, autocast = module_dtypes(config, dtype)
     # built on the CPU: apply_pipeline moves this rank's stage to its device, and the rest stays off the GPU
-    pipe = autotune.apply_pipeline(pp, build_module(module, config, seed, param_dtype, "cpu"),
+    pipe = autotune.apply_pipeline(pp, build(module, config, seed, param_dtype, "cpu"),
                                    local=apply_path != ApplyPath.DTENSOR)
     trainer = PipelineTrainer(pipe, config, d, seed, lr, autocast)
     try:

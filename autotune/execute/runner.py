@@ -42,12 +42,13 @@ def module_dtypes(config: dict, name: str):
 
 
 def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None, steps=5, warmup=1,
-                    profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto"):
+                    profile_steps=2, dtype="auto", seed=0, lr=1e-3, progress=None, apply_path: str = "auto",
+                    build=build_module):
     """(the result record, the placed module): ``module``'s model (``package.module:factory``, called
-    with the plan's model config) placed by ``autotune.apply`` as ``plan`` (a plan of plan.json, or a typed
-    plan) says, trained by ``ModuleTrainer`` (each rank its piece of the batch). A module may carry
-    ``plan_mapping``, the mapping of plan layers to its module names that apply takes. ``apply_path``
-    "dtensor": the plan placed by DTensor whatever its path (the host's cost of each path:
+    with the plan's model config; by ``build``, ``build_module`` or a ``BuildOnce``) placed by ``autotune.apply``
+    as ``plan`` (a plan of plan.json, or a typed plan) says, trained by ``ModuleTrainer`` (each rank its piece of
+    the batch). A module may carry ``plan_mapping``, the mapping of plan layers to its module names that apply
+    takes. ``apply_path`` "dtensor": the plan placed by DTensor whatever its path (the host's cost of each path:
     ``autotune.execute.hostfit``)."""
     from autotune.apply.place import apply, one_stage, placement_path
 
@@ -63,7 +64,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
     param_dtype, autocast = module_dtypes(config, dtype)
     check_apply_path(apply_path)
     # built on the CPU, as the README builds it: apply moves this rank's part to its device
-    model = build_module(module, config, seed, param_dtype, "cpu" if d.launch.world > 1 else d.device)
+    model = build(module, config, seed, param_dtype, "cpu" if d.launch.world > 1 else d.device)
     mapping = getattr(model, "plan_mapping", None)
     path = placement_path(typed, model, mapping, path=apply_path)
     placed = apply(typed, model, d.mesh, mapping=mapping, path=apply_path)  # the DDP module on the "ddp" path

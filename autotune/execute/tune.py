@@ -62,10 +62,11 @@ def search_plans(search_argv: list[str], progress=None) -> PlanFile:
     return search(graph, cluster, profile, **options, progress=progress)
 
 
-def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int, progress) -> dict:
+def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int, progress, build=None) -> dict:
     """One candidate's row: predicted and measured step and peak memory (the largest over ranks), its apply
-    path, and "ok", "out of memory" (does not fit) or the reason it could not run."""
-    from autotune.execute.moduletrain import FactoryError, torch
+    path, and "ok", "out of memory" (does not fit) or the reason it could not run. ``build``: how the model is
+    built (``moduletrain.BuildOnce`` for the candidates in turn; default ``build_module``)."""
+    from autotune.execute.moduletrain import FactoryError, build_module, torch
     from autotune.execute.pipetrain import run_pipeline_plan
     from autotune.execute.runner import free_device, run_module_plan
 
@@ -79,7 +80,7 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
     try:
         run = run_pipeline_plan if plan.stages else run_module_plan
         rec, model = run(plan, d, module=module, steps=steps, warmup=warmup, profile_steps=0, seed=seed,
-                         progress=progress)
+                         progress=progress, build=build or build_module)
         m = rec["measured"]
         peak = m.get("peak_memory_bytes")
         paths = set(rec.get("paths") or [rec.get("apply_path")])  # a pipeline's stages: one path each

@@ -13,6 +13,7 @@ memory), tune.md (the same table), report.html; and the profile with its residua
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import sys
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ def main(argv=None, report=None) -> int:
     target = Path(args.profile_out) if args.profile_out else \
         Path(args.profile) if Path(args.profile).suffix == ".json" else out / "profile.json"
     from autotune.execute.env import start, stop
-    from autotune.execute.moduletrain import torch
+    from autotune.execute.moduletrain import BuildOnce, torch
     from autotune.execute.tune import candidates, fastest, residual_runs, run_candidate, search_plans, tune_table
     from dataclasses import replace
 
@@ -84,7 +85,8 @@ def main(argv=None, report=None) -> int:
         cands = candidates(pf.best, pf.baselines, args.k)
         progress(f"{len(cands)} candidates after {time.perf_counter() - began:.1f} s (set-up and search): "
                  + "; ".join(c.strategy for c in cands))
-        rows = [run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress) for c in cands]
+        build = BuildOnce(int(os.environ.get("LOCAL_WORLD_SIZE", launch.world)))  # the model built once a process
+        rows = [run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress, build) for c in cands]
     finally:
         stop(d)
     if not lead:

@@ -122,3 +122,44 @@ def test_a_failing_factory_stops_tune_in_one_line(tmp_path):
                                                  "RuntimeError: no such layer") and "make it build" in e
                                     for e in errors), errors
     assert not (out / "tune.md").exists()
+
+
+def tied_llama(config):
+    """transformers' Llama with its embedding and head tied (what to_empty unties)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    c = config
+    return LlamaForCausalLM(LlamaConfig(vocab_size=c["vocabulary"], hidden_size=c["hidden"], intermediate_size=c["ffn"],
+                                        num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+                                        num_key_value_heads=c["kv_heads"], tie_word_embeddings=True))
+
+
+def meta_refusing(config):
+    """The reference Llama, built by a factory that reads a value (impossible on the meta device)."""
+    from models.modules import build
+    float(torch.ones(1).sum())
+    return build(config)
+
+
+@pytest.mark.parametrize("spec", ["tests.autotune.test_tune:tied_llama", "tests.autotune.test_tune:meta_refusing",
+                                  "tests.autotune.test_tune:slow_when_sharded"])
+def test_tune_builds_the_model_once_and_gives_each_candidate_the_same_fresh_model(spec):
+    """``BuildOnce``: every candidate's model holds the first build's values in tensors of its own, the ties of
+    the first build (the head tied to the embedding again), its non-persistent buffers; a factory that cannot
+    build on the meta device, or a host without room for the copy, builds each time (the same values)."""
+    pytest.importorskip("transformers")
+    from autotune.execute.moduletrain import BuildOnce, _filled, build_module
+    fresh = build_module(spec, MODEL, 0, torch.float32, "cpu")
+    for room in (2**40, 0):
+        once = BuildOnce(2, available=lambda: room)
+        models = [once(spec, MODEL, 0, torch.float32, "cpu") for _ in range(3)]
+        assert bool(once.kept) == (room > 0)
+        for m in models:
+            got = [*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False)]
+            want = [*fresh.named_parameters(remove_duplicate=False), *fresh.named_buffers(remove_duplicate=False)]
+            assert [n for n, _ in got] == [n for n, _ in want]
+            assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, want))
+        assert len({id(p) for m in models for p in m.parameters()}) == 3 * len(list(fresh.parameters()))
+        if spec.endswith("tied_llama"):
+            assert all(m.lm_head.weight is m.model.embed_tokens.weight for m in models)
+        if room:  # the later ones filled from the copy, but for the factory the meta device refuses
+            assert (_filled(spec, MODEL, torch.float32, *once.kept.values()) is None) == spec.endswith("refusing")
