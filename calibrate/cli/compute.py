@@ -471,7 +471,8 @@ def main(argv=None) -> int:
     overlap = measure_overlap(torch, args.iters, args.warmup, progress)
     progress(f"host and overlap: {time.perf_counter() - t0:.0f} s")
     sources["host_s"] = (f"measured: the host's issue time of a small Llama block ({block}, {REFERENCE}) on each "
-                         f"apply path, per layer occurrence, over a process group of one" + (f" ({', '.join(peers)} {where})" if peers else ""))
+                         f"apply path, per layer occurrence, over a process group of one"
+                         + (f" ({', '.join(peers)} {where})" if peers else ""))
     if outside:
         sources["host_outside_s"] = (f"measured: the same model's issue time outside its blocks (one block's model "
                                      f"less the block: the embedding and the head split by vocabulary, the loss "

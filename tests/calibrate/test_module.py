@@ -90,8 +90,9 @@ def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_in
     assert block == calls[0][0] == "transformers:LlamaForCausalLM" and not torch.distributed.is_initialized()
     assert [c[1:] for c in calls] == [(1, ONE_GROUP_PATHS), (2, moduletime.FAKE_HOST_PATHS)]
     assert peers == moduletime.FAKE_HOST_PATHS and where == moduletime.UNDER_FAKE
-    assert figures == {**{p: (1.0 / REFERENCE_OCCURRENCES, 2.0 / REFERENCE_OCCURRENCES) for p in ONE_GROUP_PATHS},
-                       **{p: (2.0 / REFERENCE_OCCURRENCES, 4.0 / REFERENCE_OCCURRENCES) for p in ("tensor", "sequence")}}
+    n = REFERENCE_OCCURRENCES
+    assert figures == {**{p: (1.0 / n, 2.0 / n) for p in ONE_GROUP_PATHS},
+                       **{p: (2.0 / n, 4.0 / n) for p in moduletime.FAKE_HOST_PATHS}}
     monkeypatch.setattr(moduletime.importlib, "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)))
     assert moduletime.reference_recipe() == ("reference",)
 

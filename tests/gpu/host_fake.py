@@ -51,9 +51,10 @@ def main() -> int:
                     for name in names:
                         um, sequence = models[name]
                         for mb in mbs if name != "reference" else (1,):
-                            key = f"world{world}-mb{mb}" + (f"-{name}" if len(names) > 1 else "") + f"-{rep}" * (rep > 0)
-                            rows[key] = host_seconds(torch, um, mb, sequence, device, int(os.environ.get("ITERS", 6)), 2,
-                                                     lambda s: print(f"{key}: {s}", flush=True), paths, outside={})
+                            key = (f"world{world}-mb{mb}" + (f"-{name}" if len(names) > 1 else "")
+                                   + f"-{rep}" * (rep > 0))
+                            rows[key] = host_seconds(torch, um, mb, sequence, device, int(os.environ.get("ITERS", 6)),
+                                                     2, lambda s: print(f"{key}: {s}", flush=True), paths, outside={})
             finally:
                 dist.destroy_process_group()
     with open(os.path.join(out, "host_fake.json"), "w") as f:
