@@ -35,7 +35,7 @@ from calibrate.module import STEP_MICRO_BATCHES, ModulePoint, ModuleSection
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
                     "GPT2LMHeadModel": "gpt2"}
 # apply's paths (``calibrate.compute.HOST_PATHS``) timed on a process group of one: the tensor path's styles need
-# the ranks of a tensor-parallel group (``peer_host``); without them the profile prices it by the DTensor one's
+# the ranks of a tensor-parallel group (``peer_host``: among 2 GPUs, or under torch's fake group of 2 on one)
 ONE_GROUP_PATHS = ("none",) + tuple(p for p in HOST_PATHS if p not in ("none", "tensor", "sequence"))
 REFERENCE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocabulary": 1024}  # host-bound on any GPU
 REFERENCE_OCCURRENCES = 10  # a Llama block's layer occurrences in the step model's graph (models.transformer)
