@@ -4,7 +4,8 @@ same job, return the measured fastest, and write what the step model missed back
     torchrun --nproc-per-node 4 -m autotune tune --model config.json [--module pkg.mod:factory] --out DIR
 
 Candidates (``candidates``): the searched plan, then the best-predicted plan of each kind not yet taken that
-fits (data parallel on DDP; FSDP or HSDP; tensor parallel: Megatron or TP+FSDP; pipelined), up to K. Each runs
+fits (data parallel on DDP; FSDP or HSDP; tensor parallel: Megatron or TP+FSDP; pipelined; then per-layer
+placements), up to K. Each runs
 through the execute runners (``run_module_plan``: ``autotune.apply``; ``run_pipeline_plan``:
 ``autotune.apply_pipeline``) for --steps steps, the median after --warmup (the slowest rank's); one that runs
 out of memory is reported as not fitting and the others go on. The fastest measured is the returned plan
@@ -39,17 +40,22 @@ def _step(plan: Plan) -> float:
     return float("inf") if plan.costs.step_s is None else plan.costs.step_s
 
 
+# the kinds a user compares the searched plan with first (per-layer placements after them, where K leaves room)
+PRIMARY_KINDS = ("data parallel", "FSDP", "tensor parallel", "pipelined")
+
+
 def candidates(best: Plan, baselines: list[Plan], k: int) -> list[Plan]:
-    """The searched plan, then per kind its best-predicted plan that fits, fastest predicted first, K in all."""
+    """The searched plan, then per kind its best-predicted plan that fits, K in all: the kinds of
+    ``PRIMARY_KINDS`` first, each group fastest predicted first (a SUMMA plan predicted faster than Megatron does
+    not take the tensor-parallel kind's place)."""
     out, seen = [best], {kind_of(best) or "searched"}
-    for plan in sorted(baselines, key=_step):
-        kind = kind_of(plan)
+    fitting = [p for p in sorted(baselines, key=_step) if kind_of(p) is not None and p.costs.fits_memory]
+    for plan in sorted(fitting, key=lambda p: kind_of(p) not in PRIMARY_KINDS):  # stable: by step inside
         if len(out) >= k:
             break
-        if kind is None or kind in seen or not plan.costs.fits_memory:
-            continue
-        out.append(plan)
-        seen.add(kind)
+        if kind_of(plan) not in seen:
+            out.append(plan)
+            seen.add(kind_of(plan))
     return out
 
 

@@ -163,3 +163,21 @@ def test_tune_builds_the_model_once_and_gives_each_candidate_the_same_fresh_mode
             assert all(m.lm_head.weight is m.model.embed_tokens.weight for m in models)
         if room:  # the later ones filled from the copy, but for the factory the meta device refuses
             assert (_filled(spec, MODEL, torch.float32, *once.kept.values()) is None) == spec.endswith("refusing")
+
+
+def test_candidates_take_the_primary_kinds_before_per_layer_placements():
+    """K = 4 after a data-parallel searched plan: FSDP, tensor parallel and pipelined, each its fastest predicted
+    that fits, before a per-layer (SUMMA) plan predicted faster than all of them; with K = 5 that one too."""
+    from types import SimpleNamespace
+
+    from autotune.execute.tune import candidates
+
+    def plan(name, path, step, fits=True, stages=()):
+        return SimpleNamespace(strategy=name, apply_path=path, stages=stages,
+                               costs=SimpleNamespace(step_s=step, fits_memory=fits))
+    best = plan("searched", "ddp", 1.0)
+    others = [plan("SUMMA", "dtensor", 1.1), plan("Megatron SP", "tensor", 1.6), plan("Megatron", "tensor", 1.5),
+              plan("FSDP big", "fully_shard", 1.05, fits=False), plan("FSDP", "fully_shard", 1.2),
+              plan("pipelined", "", 1.4, stages=(1, 2)), plan("data parallel", "ddp", 1.0)]
+    assert [c.strategy for c in candidates(best, others, 4)] == ["searched", "FSDP", "pipelined", "Megatron"]
+    assert [c.strategy for c in candidates(best, others, 5)][-1] == "SUMMA"
