@@ -71,18 +71,20 @@ class BuildOnce:
         self.local_ranks, self.available, self.kept = local_ranks, available, {}
 
     def __call__(self, spec: str, config: dict, seed: int, dtype, device):
+        if torch.device(device).type != "cpu":
+            return build_module(spec, config, seed, dtype, device)
         key = (spec, repr(sorted(config.items())), seed, str(dtype))
-        kept = self.kept.get(key) if torch.device(device).type == "cpu" else None
-        if kept is not None:
-            model = _filled(spec, config, dtype, kept)
-            if model is not None:
-                return model
+        kept = self.kept.get(key)
+        model = _filled(spec, config, dtype, kept) if kept is not None else None
+        if model is not None:
+            return model
         model = build_module(spec, config, seed, dtype, device)
-        tensors = dict(_tensors(model))
-        room = self.available()
-        if kept is None and torch.device(device).type == "cpu" and room is not None and \
-                3 * self.local_ranks * sum(t.numel() * t.element_size() for t in tensors.values()) <= room:
-            self.kept[key] = ({name: t.detach().clone() for name, t in tensors.items()}, _ties(model))
+        if kept is None:
+            tensors = dict(_tensors(model))
+            room = self.available()
+            if room is not None and 3 * self.local_ranks * sum(t.numel() * t.element_size()
+                                                               for t in tensors.values()) <= room:
+                self.kept[key] = ({name: t.detach().clone() for name, t in tensors.items()}, _ties(model))
         return model
 
 
