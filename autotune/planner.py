@@ -188,6 +188,8 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         cfg = PipelineConfig(stages, schedule, search=algorithm, seed=seed)
         piped, mega3d = pipeline_plans(graph, cluster, profile, memory_limit,
                                        cfg.full_effort() if pipeline_effort == "full" else cfg, progress)
+        if objective == "step":  # the pipelined plans corrected as the single-stage ones above
+            piped, mega3d = (None if x is None else corrected(x, profile) for x in (piped, mega3d))
         base += [x for x in (mega3d,) if x is not None]
         fits = piped is not None and piped.costs.fits_memory and (
             memory_limit is None or piped.costs.memory_bytes <= memory_limit)

@@ -3,11 +3,12 @@ plans run by ``autotune tune`` (measured step over predicted step), so that the 
 corrected prices (``autotune.plan.hostpace.corrected``).
 
     "residuals": {"version": 1, "source": "autotune tune, 2026-11-28T18:10, 4 x NVIDIA H200",
-                  "paths": {"ddp": 1.12, "fully_shard": 1.31, "dtensor": 2.4, "none": 1.02},
+                  "paths": {"ddp": 1.12, "fully_shard": 1.31, "dtensor": 2.4, "none": 1.02, "pipeline": 1.07},
                   "runs": [{"strategy": "...", "path": "ddp", "predicted_s": .., "measured_s": ..}, ...]}
 
 A factor is the median over the runs of its path of measured / predicted (the prediction before any earlier
-correction): 1.12 prices that path's plans 12% slower.
+correction): 1.12 prices that path's plans 12% slower. The paths are apply's (``HOST_PATHS``) for single-stage
+plans, and "pipeline" for pipelined ones (their stages' paths together).
 """
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
 
 VERSION = 1
+PIPELINE = "pipeline"  # a pipelined plan's residual (its stages' paths together)
+PATHS = (*HOST_PATHS, PIPELINE)
 LIMITS = (1e-3, 1e4)  # sanity bounds (a CPU run priced by a GPU profile misses by 10-100x)
 
 
 @dataclass(frozen=True)
 class Residuals:
-    paths: dict  # HOST_PATHS path -> measured / predicted
+    paths: dict  # PATHS path -> measured / predicted
     source: str = ""
     runs: tuple = ()
 
@@ -38,9 +41,9 @@ class Residuals:
         fix = "re-run torchrun ... -m autotune tune, or drop the section"
         paths = d.get("paths") if isinstance(d, dict) else None
         if not isinstance(d, dict) or d.get("version") != VERSION or not isinstance(paths, dict) or any(
-                k not in HOST_PATHS or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                k not in PATHS or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                 or not LIMITS[0] <= v <= LIMITS[1] for k, v in paths.items()):
-            raise UserError(f"{origin}: residuals section is not version {VERSION} with paths of {', '.join(HOST_PATHS)} "
+            raise UserError(f"{origin}: residuals section is not version {VERSION} with paths of {', '.join(PATHS)} "
                             f"-> measured / predicted between {LIMITS[0]} and {LIMITS[1]}: {fix}")
         runs = d.get("runs", [])
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):

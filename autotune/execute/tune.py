@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import time
 
-from calibrate.compute import HOST_PATHS
 from calibrate.errors import UserError
+from calibrate.residuals import PATHS
 
 from autotune.plan.file import PlanFile
-from autotune.plan.hostpace import host_path
+from autotune.plan.hostpace import residual_path
 from autotune.plan.typed import ApplyPath, Plan
 
 KINDS = {ApplyPath.DDP.value: "data parallel", ApplyPath.FULLY_SHARD.value: "FSDP",
@@ -91,7 +91,7 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
         peak = m.get("peak_memory_bytes")
         paths = set(rec.get("paths") or [rec.get("apply_path")])  # a pipeline's stages: one path each
         row.update(status="ok", measured_step_s=m["step_s"], apply_path=paths.pop() if len(paths) == 1 else "mixed",
-                   host_path=None if plan.stages else host_path(plan),
+                   residual_path=residual_path(plan),
                    measured_bytes=max(peak) if isinstance(peak, list) and peak else peak)
     except torch.OutOfMemoryError:
         row.update(status="out of memory", note="does not fit: it ran out of device memory")
@@ -148,7 +148,7 @@ def kendall(rows: list[dict]) -> float:
 
 def residual_runs(rows: list[dict]) -> list[dict]:
     """The rows as residual runs (``calibrate.residuals.fitted``): the uncorrected prediction per path."""
-    return [{"strategy": r["strategy"], "path": r["host_path"], "predicted_s": r["predicted_uncorrected_s"],
+    return [{"strategy": r["strategy"], "path": r["residual_path"], "predicted_s": r["predicted_uncorrected_s"],
              "measured_s": r["measured_step_s"]}
             for r in rows
-            if r.get("status") == "ok" and r.get("host_path") in HOST_PATHS and r.get("predicted_uncorrected_s")]
+            if r.get("status") == "ok" and r.get("residual_path") in PATHS and r.get("predicted_uncorrected_s")]

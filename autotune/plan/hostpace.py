@@ -18,14 +18,15 @@ plans that ``apply`` places (gpt, llama); the other models' plans, and every pla
 figures, keep their step.
 
 ``corrected``: where the profile has residuals of its path (``calibrate.residuals``: measured / predicted steps
-of plans ``autotune tune`` ran on this machine), the plan's step times that factor, recorded as
-``costs.residual`` (and ``costs.step_uncorrected_s``, the step before it).
+of plans ``autotune tune`` ran on this machine; a pipelined plan's path "pipeline"), the plan's step times that
+factor, recorded as ``costs.residual`` (and ``costs.step_uncorrected_s``, the step before it).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from calibrate.compute import host_figure
+from calibrate.residuals import PIPELINE
 
 from autotune.plan.layouts import tp_layout
 from autotune.plan.typed import ApplyPath, Plan
@@ -33,11 +34,11 @@ from autotune.plan.typed import ApplyPath, Plan
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 
 
-def paced(plan: Plan, compute) -> bool:
-    """Whether the host's pace applies to ``plan`` (module doc): a single-stage plan of a model apply places,
-    priced by step, on a profile with host figures."""
-    return compute is not None and bool(compute.host_s) and not plan.stages and plan.costs.step_s is not None \
-        and plan.model.kind in KINDS
+def paced(plan: Plan, compute, stages: bool = False) -> bool:
+    """Whether the host's pace applies to ``plan`` (module doc): a single-stage plan (any plan with ``stages``) of
+    a model apply places, priced by step, on a profile with host figures."""
+    return compute is not None and bool(compute.host_s) and (stages or not plan.stages) \
+        and plan.costs.step_s is not None and plan.model.kind in KINDS
 
 
 def occurrence_host(graph, compute, module, path: str) -> list[tuple[float, float]] | None:
@@ -71,6 +72,12 @@ def host_path(plan: Plan) -> str:
     return "sequence" if layout is not None and layout.sequence_parallel else str(plan.apply_path)
 
 
+def residual_path(plan: Plan) -> str:
+    """The path of ``plan``'s residual (``calibrate.residuals``): "pipeline" for a pipelined plan, else
+    ``host_path``."""
+    return PIPELINE if plan.stages else host_path(plan)
+
+
 def data_ranks(plan: Plan) -> int:
     """The data ranks of a plan on the tensor path (``autotune.apply.fsdp.place_tensor`` wraps it in fully_shard
     over them where there are more than one); 1 for any other plan."""
@@ -102,11 +109,13 @@ def at_host_pace(plan: Plan, compute, module=None) -> Plan:
 
 
 def corrected(plan: Plan, profile) -> Plan:
-    """``plan`` with its step corrected by the profile's residual of its apply path (module doc); ``plan`` itself
-    where the profile has none for that path or the host's pace does not apply to the plan (``paced``)."""
+    """``plan`` with its step corrected by the profile's residual of its path (``residual_path``; module doc);
+    ``plan`` itself where the profile has none for that path or the host's pace does not apply to the plan
+    (``paced``, pipelined plans too)."""
     residuals = getattr(profile, "residuals", None)
-    costs, path = plan.costs, host_path(plan)
-    if residuals is None or not paced(plan, getattr(profile, "compute", None)) or path not in residuals.paths:
+    costs, path = plan.costs, residual_path(plan)
+    if residuals is None or not paced(plan, getattr(profile, "compute", None), stages=True) \
+            or path not in residuals.paths:
         return plan
     r = residuals.factor(path)
     return replace(plan, costs=replace(costs, step_uncorrected_s=costs.step_s, residual=r, step_s=costs.step_s * r))

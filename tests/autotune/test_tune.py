@@ -83,6 +83,10 @@ def test_tune_returns_the_measured_fastest_and_writes_the_residuals_back(tmp_pat
         ratios = [r["measured_step_s"] / r["predicted_uncorrected_s"] for r in ran if r["apply_path"] == path]
         assert ratios and res.paths[path] == pytest.approx(statistics.median(ratios), rel=1e-6)
     from autotune.cli.search import main as search_main
+    from calibrate.residuals import Residuals
+    p = Profile.load(profile)  # a pipelined candidate's residual, as a tune whose K reached it writes it
+    p.residuals = Residuals({**res.paths, "pipeline": 1.5}, res.source, res.runs)
+    p.save(profile)
     again = tmp_path / "again"
     assert search_main(["--model", str(tmp_path / "model.json"), "--profile", str(profile), "--nodes", "1",
                         "--gpus-per-node", "2", "--objective", "step", "--budget", "0.3", "--compare", "none",
@@ -91,6 +95,9 @@ def test_tune_returns_the_measured_fastest_and_writes_the_residuals_back(tmp_pat
     dp = next(p for p in [plans["best"], *plans["baselines"]] if p["strategy"].startswith("data parallel"))
     assert dp["costs"]["residual"] == pytest.approx(res.paths["ddp"])
     assert dp["costs"]["step_s"] == pytest.approx(dp["costs"]["step_uncorrected_s"] * res.paths["ddp"])
+    piped = [p for p in [plans["best"], *plans["baselines"]] if p.get("stages")]
+    assert piped and all(p["costs"]["residual"] == 1.5 and p["costs"]["step_s"] == pytest.approx(
+        p["costs"]["step_uncorrected_s"] * 1.5) for p in piped)
 
 
 def test_tune_refuses_a_profile_without_host_figures(tmp_path):
@@ -144,15 +151,17 @@ def meta_refusing(config):
                                   "tests.autotune.test_tune:slow_when_sharded"])
 def test_tune_builds_the_model_once_and_gives_each_candidate_the_same_fresh_model(spec):
     """``BuildOnce``: every candidate's model holds the first build's values in tensors of its own, the ties of
-    the first build (the head tied to the embedding again), its non-persistent buffers; a factory that cannot
+    the first build (the head tied to the embedding again), its non-persistent buffers, whatever the candidate's
+    micro-batches; a factory that cannot
     build on the meta device, or a host without room for the copy, builds each time (the same values)."""
     pytest.importorskip("transformers")
     from autotune.execute.moduletrain import BuildOnce, _filled, build_module
     fresh = build_module(spec, MODEL, 0, torch.float32, "cpu")
     for room in (2**40, 0):
         once = BuildOnce(2, available=lambda: room)
-        models = [once(spec, MODEL, 0, torch.float32, "cpu") for _ in range(3)]
-        assert bool(once.kept) == (room > 0)
+        # the third a pipelined candidate's config: the same model, other micro-batches (the same copy)
+        models = [once(spec, config, 0, torch.float32, "cpu") for config in (MODEL, MODEL, dict(MODEL, micro_batch=1))]
+        assert len(once.kept) == (room > 0)
         for m in models:
             got = [*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False)]
             want = [*fresh.named_parameters(remove_duplicate=False), *fresh.named_buffers(remove_duplicate=False)]
