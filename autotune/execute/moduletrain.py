@@ -41,11 +41,14 @@ class FactoryError(UserError):
     """The user's factory failed: the same for every plan, so nothing more is tried."""
 
 
-def build_module(spec: str, config: dict, seed: int, dtype, device):
+def build_module(spec: str, config: dict, seed: int, dtype, device, init=None):
     """The factory's module for the plan's model config, built under ``seed`` (the same weights on
-    every process), its parameters in ``dtype`` on ``device``."""
+    every process), its parameters in ``dtype`` on ``device``; ``init`` (a GPU): built there, under its own
+    random generator (the factory's initialisation, at the GPU's speed), then moved."""
     factory = load_factory(spec)
-    with torch.random.fork_rng(devices=[]):
+    on = torch.device(init) if init is not None else None
+    with torch.random.fork_rng(devices=[on] if on is not None and on.type == "cuda" else []), \
+            on if on is not None else contextlib.nullcontext():
         torch.manual_seed(seed)
         try:
             model = factory(dict(config))
@@ -69,10 +72,12 @@ class BuildOnce:
     (no initialisation) and fills it from that copy. On 2 x H200, a 1.5 B Llama's candidate took
     16-25 s to build, place and run, of which its 4 steps 2-3 s. The copy is kept only where this host's
     available memory holds it for each of ``local_ranks`` processes three times over. Otherwise, and wherever the
-    meta build differs from the first, the model is built each time, as ``build_module``."""
+    meta build differs from the first, the model is built each time, as ``build_module``. ``init`` (this process's
+    GPU): the first build initialised there and moved to the CPU (torchrun gives each process one CPU thread: the
+    1.5 B Llama's initialisation took most of its first candidate's 35 s), on the CPU where that fails."""
 
-    def __init__(self, local_ranks: int, available=host_available_bytes):
-        self.local_ranks, self.available, self.kept = local_ranks, available, {}
+    def __init__(self, local_ranks: int, available=host_available_bytes, init=None):
+        self.local_ranks, self.available, self.init, self.kept = local_ranks, available, init, {}
 
     def __call__(self, spec: str, config: dict, seed: int, dtype, device):
         if torch.device(device).type != "cpu":
@@ -82,7 +87,13 @@ class BuildOnce:
         model = _filled(spec, config, dtype, kept) if kept is not None else None
         if model is not None:
             return model
-        model = build_module(spec, config, seed, dtype, device)
+        if self.init is not None:
+            try:
+                model = build_module(spec, config, seed, dtype, device, init=self.init)
+            except (FactoryError, torch.OutOfMemoryError):  # refused there: on the CPU, where the user builds it
+                pass
+            torch.cuda.empty_cache()  # the GPU's copy given back before the candidate is placed
+        model = model if model is not None else build_module(spec, config, seed, dtype, device)
         if kept is None:
             tensors = dict(_tensors(model))
             room = self.available()

@@ -85,7 +85,8 @@ def main(argv=None, report=None) -> int:
         cands = candidates(pf.best, pf.baselines, args.k)
         progress(f"{len(cands)} candidates after {time.perf_counter() - began:.1f} s (set-up and search): "
                  + "; ".join(c.strategy for c in cands))
-        build = BuildOnce(int(os.environ.get("LOCAL_WORLD_SIZE", launch.world)))  # the model built once a process
+        build = BuildOnce(int(os.environ.get("LOCAL_WORLD_SIZE", launch.world)),  # the model built once a process
+                          init=d.device if d.is_gpu else None)
         rows = [run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress, build) for c in cands]
     finally:
         stop(d)

@@ -54,8 +54,9 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return out
 
 
-def progress(msg: str) -> None:
-    print(f"[module] {msg}", file=sys.stderr, flush=True)
+def progress_since(started: float):
+    """Progress lines on stderr, each with the seconds since ``started``: where a long run's time goes."""
+    return lambda msg: print(f"[module] {time.perf_counter() - started:5.1f} s: {msg}", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("python -m calibrate module times a GPU but torch sees no CUDA device: run it on a GPU machine")
     started = time.perf_counter()
+    progress = progress_since(started)
     progress(f"{um.name}: tensor widths {widths}, micro-batches {mbs}, sequence {sequence}, on {device}")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     source = (f"python -m calibrate module on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "

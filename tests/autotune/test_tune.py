@@ -158,7 +158,7 @@ def test_tune_builds_the_model_once_and_gives_each_candidate_the_same_fresh_mode
     from autotune.execute.moduletrain import BuildOnce, _filled, build_module
     fresh = build_module(spec, MODEL, 0, torch.float32, "cpu")
     for room in (2**40, 0):
-        once = BuildOnce(2, available=lambda: room)
+        once = BuildOnce(2, available=lambda: room, init="cpu" if room else None)  # init: the first build's device
         # the third a pipelined candidate's config: the same model, other micro-batches (the same copy)
         models = [once(spec, config, 0, torch.float32, "cpu") for config in (MODEL, MODEL, dict(MODEL, micro_batch=1))]
         assert len(once.kept) == (room > 0)
