@@ -43,6 +43,12 @@ points, and a fit cannot tell where inside the gap the jump lies. Here:
    by more than ``ONE_SIDED`` times the noise (times how far the line reaches beyond the spacing of
    its two points: its error where extrapolated) while the other agrees (there the step is: the
    agreeing line met the far end by coincidence) is flagged and bisected like the others.
+5. a step can lie where both lines agree: the curve jumps and then runs flat until the smooth line
+   catches up with it (2 x H200, reducescatter: x1.16 between 1.44 and 1.62 MB, both ends of the
+   interval on one line; the fit read 1.62 MB 7.6% fast). Nothing flags such a bump but a size inside
+   it. So once no step is left to bisect, the widest intervals for their cost (wider than ``PROBE``
+   octaves, none inside a located step) are measured at their midpoints, with at most half of what
+   the cap leaves (the rest for the steps they reveal), and the points are flagged again.
 
 Everything here is deterministic in the measured values, so a resumed run
 (which gets the points already on disk back from ``measure``) replays the same
@@ -61,6 +67,7 @@ RESOLUTION = 1 / 32   # octaves: the width within which a step counts as located
 FINE_BITS = 7         # significant bits of a refined size (1/64 to 1/128 of an octave apart)
 FLOOR = 0.02          # the least disagreement (relative) that counts as a step
 ONE_SIDED = 2.0       # a one-sided miss flags an interval (in later passes) beyond this many thresholds
+PROBE = 0.25          # octaves: an interval wider than this is measured inside once no step is left (doc, 5)
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,7 @@ class Report:
 
     steps: list[Step] = field(default_factory=list)
     added: list[int] = field(default_factory=list)   # sizes measured by the refinement, in order
+    probed: list[int] = field(default_factory=list)  # of them, the probes (module doc, 5)
     spent_s: float = 0.0
     stopped: str = "every step located"              # or "point limit", "time budget"
     budget_s: float = 0.0                            # the run's budget, as adapted to the steps found
@@ -236,8 +244,8 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
     after each point.
 
     ``cap_s`` (default ``budget_s``: a fixed budget): the budget adapts to the steps flagged (module
-    doc, 3), between ``budget_s`` and ``cap_s``; each report's ``budget_s`` and ``max_points`` say
-    what was granted.
+    doc, 3), between ``budget_s`` and ``cap_s``, and the intervals are probed (module doc, 5); each
+    report's ``budget_s`` and ``max_points`` say what was granted.
     """
     reports = {key: Report() for key in curves}
 
@@ -292,11 +300,48 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
         passes += 1
         return added
 
+    def probe() -> bool:
+        """Measure the midpoint of the interval worth most per second among those wider than ``PROBE`` octaves
+        and inside no located step, while the spent seconds stay within half of what the cap leaves; whether
+        one was measured (module doc, 5)."""
+        nonlocal need_s, budget_s, spent
+        best = None
+        for key in curves:
+            sizes = sorted(known[key])
+            located = [(s.lo.nbytes, s.hi.nbytes) for s in reports[key].steps if not s.phantom]
+            for lo, hi in zip(sizes, sizes[1:]):
+                m = midpoint(lo, hi, lambda n: aligned(key, n))
+                if m is None or math.log2(hi / lo) <= PROBE + 1e-12 or any(a <= lo and hi <= b for a, b in located):
+                    continue
+                dear = cost(key, m) * ratio.get(key, 1.0)
+                w = math.log2(hi / lo) / max(dear, 1e-9)
+                if spent + dear <= (spent + cap_s) / 2 and (best is None or w > best[0]):
+                    best = (w, key, m)
+        if best is None:
+            return False
+        _, key, m = best
+        rep = reports[key]
+        p, took = measure(key, m)
+        known[key][m] = p
+        rep.added.append(m)
+        rep.probed.append(m)
+        rep.spent_s += took
+        spent += took
+        need_s += took
+        need[key] += 1
+        rep.max_points = max(rep.max_points, need[key])
+        budget_s = max(budget_s, min(need_s, cap_s))
+        for r in reports.values():
+            r.budget_s = budget_s
+        return True
+
     flag_new()
     ratio: dict[Hashable, float] = {}
     spent = 0.0
     short = set()   # curves that left a step for want of time
-    while queue or (cap_s is not None and flag_new()):
+    while queue or (cap_s is not None and (flag_new() or probe())):
+        if not queue:  # a probe measured: its points are flagged on the next turn
+            continue
         _, _, key, k = heapq.heappop(queue)
         rep = reports[key]
         step = rep.steps[k]

@@ -5,7 +5,8 @@ after their sweeps, with the budget and progress lines (the logic is in
 The budget is ``--refine-budget`` times the seconds the sweeps of all the
 group's collectives took (points.csv), shared by their steps, and at most
 ``--refine-points`` sizes per collective; both grow to what bracketing every
-step found needs, the time up to ``--refine-cap`` times the sweeps'. Refined sizes are timed but not
+step found needs, the time up to ``--refine-cap`` times the sweeps' (and the probes inside the intervals,
+``calibrate.refine``'s doc 5, take up to half of what the cap leaves). Refined sizes are timed but not
 checked (``--check`` covers the sweep's sizes). A resumed run replays the same
 decisions from the points on disk and measures only what is missing.
 """
@@ -88,14 +89,16 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
             say(f"#   {coll.value}: step x{math.exp(s.jump):.2f} between {_size(s.lo.nbytes)} and "
                 f"{_size(s.hi.nbytes)} ({s.width * 32:.2g}/32 octave, {where})", file=sys.stderr)
         share = f"{100 * report.spent_s / sweep_s[coll]:.0f}%" if sweep_s[coll] > 0 else "-"
-        say(f"# refine {coll.value} {label}: {len(report.added)} refined points (limit {report.max_points}), "
+        say(f"# refine {coll.value} {label}: {len(report.added)} refined points ({len(report.probed)} probes inside "
+            f"the intervals; limit {report.max_points}), "
             f"{report.spent_s:.1f} s = {share} of its sweep's {sweep_s[coll]:.1f} s; {report.located()}/"
             f"{sum(not s.phantom for s in report.steps)} steps located within 1/32 octave; {report.stopped}",
             file=sys.stderr)
         out[coll.value] = {"sweep_points": len(recs[coll]), "sweep_s": sweep_s[coll], "budget_s": report.budget_s,
                            "point_limit": report.max_points,
                            "budget_shared_by": [c.value for c in colls], "group_sweep_s": total_s,
-                           "refined_points": len(report.added), "refine_s": report.spent_s,
+                           "refined_points": len(report.added), "probed_points": len(report.probed),
+                           "refine_s": report.spent_s,
                            "stopped": report.stopped, "located": report.located(),
                            "steps": [dict(s.as_dict(), located=s.located(RESOLUTION)) for s in report.steps]}
     run_s = sum(r.spent_s for r in reports.values())

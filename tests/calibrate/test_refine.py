@@ -346,8 +346,9 @@ def test_a_step_hidden_by_a_coincidence_is_found_in_a_later_pass_and_the_fit_is_
     """Issue 45 (reducescatter 22.96% at 3.8 MB): the first pass flags only the interval after the step
     (its left line crossed the step) and bisects it down to a flat stretch with no jump; the later pass
     drops it as a phantom and flags the interval whose right line misses by 50% while its left one
-    agrees: the step is located and the interpolated fit is within 5% at random sizes. Without the
-    later pass's rules (a planted bug: ``ONE_SIDED`` never reached) the step is missed."""
+    agrees: the step is located and the interpolated fit is within 5% at random sizes. The probes
+    (module doc, 5) find it alone too; without either (a planted bug: ``ONE_SIDED`` never reached, no
+    probe) the step is missed."""
     from calibrate import refine as rf
     from calibrate.fit import fit_interpolated
 
@@ -374,9 +375,66 @@ def test_a_step_hidden_by_a_coincidence_is_found_in_a_later_pass_and_the_fit_is_
     assert inside.sum() <= 4
     err = np.abs(predict(rs, 4, segs, sizes[~inside]) / np.array([hidden_step(x) for x in sizes[~inside]]) - 1)
     assert err.max() < 0.05, f"max error {err.max():.4f} at {sizes[~inside][err.argmax()]:.0f} B"
-    rf.ONE_SIDED, saved = math.inf, rf.ONE_SIDED
+    saved = rf.ONE_SIDED, rf.PROBE
     try:
+        rf.ONE_SIDED = math.inf
+        _, probed = run()
+        rf.PROBE = math.inf
         _, bad = run()
     finally:
-        rf.ONE_SIDED = saved
+        rf.ONE_SIDED, rf.PROBE = saved
+    assert located_at(probed, RS_STEP) and probed.probed
     assert not located_at(bad, RS_STEP)
+
+
+BUMP = (1_520_000, 5e-6, 4e-12, 13.4e-6)   # bytes, alpha, beta, plateau: on no grid
+
+
+def bump_curve(n: float) -> float:
+    """reducescatter at p = 2 on 2 x H200 (2026-11-29): one alpha-beta line but for a bump, a jump at
+    1.52 MB (x1.21) then flat until the line catches up at 2.1 MB: the sweep's points on both sides lie on
+    the line, so both lines agree with the interval's ends."""
+    at, alpha, beta, plateau = BUMP
+    return max(alpha + beta * n, plateau) if n >= at else alpha + beta * n
+
+
+def test_a_bump_both_lines_agree_with_is_found_by_the_probes_and_the_fit_is_within_5pc():
+    """Issue 45 (2 x H200: reducescatter 7.6% at 1.62 MB): no line flags the bump, so a refinement without
+    probes leaves the fit 10% or more off inside it; the probes measure inside, the bump's jump is located,
+    and the fit is within 5% at random sizes (all but those inside the located interval)."""
+    from calibrate import refine as rf
+    from calibrate.fit import fit_interpolated
+
+    rs = Collective.REDUCESCATTER
+    sizes = np.exp(np.random.default_rng(46).uniform(math.log(1 << 10), math.log(1 << 30), 400))
+
+    def cost(n):  # seconds a point: a fixed part and 2,000 calls (a sweep of 1408 B..1 GiB: 22 s)
+        return 0.2 + 2000 * bump_curve(n)
+
+    sweep_s = sum(cost(n) for n in sweep(1408, 1 << 30, 2))
+
+    def run():
+        bench = Bench(bump_curve, seed=5)
+        pts = [bench(n)[0] for n in sweep(1408, 1 << 30, 2)]
+        rep = rf.refine_curves({"rs": pts}, lambda k, n: (bench(n)[0], cost(n)),
+                               lambda k, n: align(rs, n, 2, "float32")[0], budget_s=0.25 * sweep_s, max_points=24,
+                               cost=lambda k, n: cost(n), cap_s=2.0 * sweep_s)["rs"]
+        n = np.array(sorted(bench.measured), dtype=float)
+        segs = fit_interpolated(rs, 2, n, [bench.measured[int(x)].time_s for x in n])
+        inside = np.zeros(len(sizes), dtype=bool)
+        for s in rep.steps:
+            if s.located() and not s.phantom:
+                inside |= (sizes > s.lo.nbytes) & (sizes <= s.hi.nbytes)
+        err = np.abs(predict(rs, 2, segs, sizes[~inside]) / np.array([bump_curve(x) for x in sizes[~inside]]) - 1)
+        return rep, inside, err
+
+    rep, inside, err = run()
+    assert located_at(rep, BUMP[0]) and rep.probed and rep.stopped == "every step located"
+    assert inside.sum() <= 4 and rep.spent_s <= 2.0 * sweep_s
+    assert err.max() < 0.05, f"max error {err.max():.4f} at {sizes[~inside][err.argmax()]:.0f} B"
+    rf.PROBE, saved = math.inf, rf.PROBE
+    try:
+        bad, _, bad_err = run()
+    finally:
+        rf.PROBE = saved
+    assert not located_at(bad, BUMP[0]) and not bad.probed and bad_err.max() > 0.1
