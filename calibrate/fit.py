@@ -127,10 +127,15 @@ def _no_small_step_down(coll: Collective, p: int, segments: list[Segment], floor
     return out
 
 
-def despike(t: np.ndarray) -> np.ndarray:
-    """Each inner value that is above both neighbours or below both, replaced by the median of the three."""
+def despike(t: np.ndarray, n: np.ndarray | None = None) -> np.ndarray:
+    """Each inner value that is above both neighbours or below both, replaced by the median of the three; but
+    (given the sizes ``n``) a value with a neighbour closer than ``RESOLUTION`` octaves whose time differs by
+    more than ``FLOOR``: the two sides of a located step, a fall among them (sendrecv's at 256 MiB), kept."""
     out = np.array(t, dtype=float)
     for i in range(1, len(t) - 1):
+        if n is not None and any(abs(math.log2(n[j] / n[i])) <= RESOLUTION + 1e-12 and abs(t[j] / t[i] - 1) > FLOOR
+                                 for j in (i - 1, i + 1)):
+            continue
         out[i] = float(np.median(t[i - 1:i + 2]))
     return out
 
@@ -158,7 +163,7 @@ def fit_interpolated(coll: Collective, p: int, n, t) -> list[Segment]:
     (see the module doc); the first extends to 0. Beyond the largest size, the line through it and the
     largest size at least an octave below it (``_open_end``)."""
     n, t = _sorted_points(coll, p, n, t)
-    t = monotone(despike(t))
+    t = monotone(despike(t, n))
 
     def through(a: int, b: int, lo: float, hi: float) -> Segment:
         alpha, beta, sse = fit_alpha_beta(coll, p, n[[a, b]], t[[a, b]])

@@ -67,6 +67,8 @@ RESOLUTION = 1 / 32   # octaves: the width within which a step counts as located
 FINE_BITS = 7         # significant bits of a refined size (1/64 to 1/128 of an octave apart)
 FLOOR = 0.02          # the least disagreement (relative) that counts as a step
 ONE_SIDED = 2.0       # a one-sided miss flags an interval (in later passes) beyond this many thresholds
+NEAR = 1 / 8          # octaves: a step's interval this narrow is measured beside a power of two inside it
+BESIDE = 256          # bytes: a step's sizes beside a power of two (``bisection_point``), as --size-unit 256's
 PROBE = 0.25          # octaves: an interval wider than this is measured inside once no step is left (doc, 5)
 
 
@@ -182,6 +184,20 @@ def flag_steps(points: list[Point], floor: float = FLOOR, known=(), one_sided: f
     return sorted(out, key=lambda s: s.lo.nbytes)
 
 
+def bisection_point(lo: int, hi: int, aligned: Callable[[int], int]) -> int | None:
+    """Where a step's interval (lo, hi) is measured next: once it is narrower than ``NEAR`` octaves and holds a
+    power of two, the aligned size ``BESIDE`` bytes below it, then the one above it; else ``midpoint``. NCCL's thresholds fall on powers of two (2 x H200,
+    2026-11-29: sendrecv's time falls x0.89 at 256 MiB, alltoall's x0.93 at 512 MiB; a size 0.1% below each
+    was on the slow side): there two points bracket the step to a few hundred bytes, where bisection leaves it
+    1/32 octave wide and the fit's line across it wrong by up to the jump."""
+    two = 1 << (hi.bit_length() - 1)   # the largest power of two up to hi
+    if lo < two and math.log2(hi / lo) <= NEAR:
+        for candidate in (aligned(two - BESIDE), aligned(two + BESIDE)):
+            if lo < candidate < hi:
+                return candidate
+    return midpoint(lo, hi, aligned)
+
+
 def midpoint(lo: int, hi: int, aligned: Callable[[int], int]) -> int | None:
     """An aligned size strictly inside (lo, hi) near their geometric mean; None if there is none."""
     mid = math.sqrt(lo * hi)
@@ -252,7 +268,7 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
     def worth(key: Hashable, step: Step) -> float:
         """What bisecting ``step`` next is worth per second: its width times its jump beyond the noise,
         over its midpoint's expected cost (no midpoint left: first, to be marked as such)."""
-        m = midpoint(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
+        m = bisection_point(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
         excess = max(step.jump - step.threshold, 1e-3)
         return step.width * excess / max(cost(key, m), 1e-9) if m is not None else math.inf
 
@@ -291,7 +307,7 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
                 added += 1
                 b = bisections(step, resolution)
                 need[key] += b
-                m = midpoint(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
+                m = bisection_point(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
                 need_s += b * cost(key, m if m is not None else step.hi.nbytes)
             rep.max_points = max_points if cap_s is None else max(max_points, need[key])
         budget_s = max(budget_s, min(need_s, budget_s if cap_s is None else cap_s))
@@ -347,7 +363,7 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
         step = rep.steps[k]
         if step.located(resolution):
             continue
-        m = midpoint(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
+        m = bisection_point(step.lo.nbytes, step.hi.nbytes, lambda n: aligned(key, n))
         if m is None:  # no aligned size left between them: as located as it can be
             step.exhausted = True
             continue

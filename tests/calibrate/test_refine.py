@@ -61,7 +61,8 @@ def test_refinement_locates_a_known_jump_within_1_32_octave():
     assert step.width <= RESOLUTION and step.hi.time_s / step.lo.time_s > 1.3
     assert 4 <= len(rep.added) <= 7  # a bisection: about log2(32) points, not a scan
     assert all(n % 8 == 0 and n == aligned(n) for n in rep.added)  # whole elements on each rank
-    assert all(len(bin(n).rstrip("0")) - 2 <= 7 for n in rep.added)  # 7 significant bits at most
+    # 7 significant bits at most, but beside a power of two (``bisection_point``)
+    assert all(len(bin(n).rstrip("0")) - 2 <= 7 or abs(n - (1 << round(math.log2(n)))) <= 1024 for n in rep.added)
 
 
 def test_smooth_curve_is_left_alone():
@@ -438,3 +439,40 @@ def test_a_bump_both_lines_agree_with_is_found_by_the_probes_and_the_fit_is_with
     finally:
         rf.PROBE = saved
     assert not located_at(bad, BUMP[0]) and not bad.probed and bad_err.max() > 0.1
+
+
+def test_a_step_at_a_power_of_two_is_bracketed_to_a_few_hundred_bytes():
+    """NCCL's thresholds fall on powers of two (2 x H200: sendrecv faster from 256 MiB): the bisection measures
+    beside the power of two inside a step's interval first, so a step there is bracketed within 1 KiB and the
+    fit is right just below it, where a bisection to 1/32 octave leaves a line across the step; a step elsewhere
+    (``SWITCH``) is still located to 1/32 octave."""
+    from calibrate import refine as rf
+    from calibrate.fit import fit_interpolated
+
+    at = 1 << 24
+
+    def down(n: float) -> float:  # x0.89 at 16 MiB, as sendrecv's at 256 MiB
+        return 6e-6 + n / (48e9 if n < at else 54e9)
+
+    for curve, where in ((down, at), (step_curve, SWITCH)):
+        bench = Bench(curve, seed=7)
+        rep = refine(sweep_points(bench), bench, lambda n: 256 * (n // 512) * 2 + 256 if n > 512 else n,
+                     budget_s=40, max_points=40, cost=lambda n: 1.0)
+        step = next(s for s in rep.steps if s.lo.nbytes < where <= s.hi.nbytes)
+        assert step.located()
+        if curve is down:
+            assert step.hi.nbytes - step.lo.nbytes <= 1024
+            n = np.array(sorted(bench.measured), dtype=float)
+            segs = fit_interpolated(COLL, P, n, [bench.measured[int(x)].time_s for x in n])
+            below = at - 300_000
+            assert abs(predict(COLL, P, segs, [below])[0] / down(below) - 1) < 2 * NOISE
+    saved = rf.bisection_point
+    try:  # a planted bug: the geometric midpoint alone
+        rf.bisection_point = rf.midpoint
+        bench = Bench(down, seed=7)
+        rep = refine(sweep_points(bench), bench, lambda n: 256 * (n // 512) * 2 + 256 if n > 512 else n,
+                     budget_s=40, max_points=40, cost=lambda n: 1.0)
+    finally:
+        rf.bisection_point = saved
+    step = next(s for s in rep.steps if s.lo.nbytes < at <= s.hi.nbytes)
+    assert step.hi.nbytes - step.lo.nbytes > 1024
