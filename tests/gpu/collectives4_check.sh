@@ -80,7 +80,7 @@ if has calibrate; then
 GROUPS_ARG=world,pairs; [ "$NP" = 2 ] && GROUPS_ARG=world   # at 2 ranks the pairs are the world
 # shellcheck disable=SC2086
 step calibrate 200 $MPIRUN $PY -m calibrate run --backend nccl --mode graph -b 1408 -e 1G -f 2 --reps 7 \
-  --groups $GROUPS_ARG --size-unit 256 --check --random 16 --random-seed 48 --random-min-bytes 1K \
+  --groups $GROUPS_ARG --size-unit 256 --check --random 16 --random-seed 49 --random-min-bytes 1K \
   --random-max-bytes 1G --random-out "$R/random" --refine --refine-cap 2 --out "$R/calib"
 grep -E "refined points|steps located|phantom" "$R/calibrate.log" | tail -12
 step fit 30 "$PY" -m calibrate fit "$R/calib" --validation "$R/random" -o "$R/profile$NP.json" --name "h200x$NP-graph"
