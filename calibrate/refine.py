@@ -186,10 +186,11 @@ def flag_steps(points: list[Point], floor: float = FLOOR, known=(), one_sided: f
 
 def bisection_point(lo: int, hi: int, aligned: Callable[[int], int]) -> int | None:
     """Where a step's interval (lo, hi) is measured next: once it is narrower than ``NEAR`` octaves and holds a
-    power of two, the aligned size ``BESIDE`` bytes below it, then the one above it; else ``midpoint``. NCCL's thresholds fall on powers of two (2 x H200,
-    2026-11-29: sendrecv's time falls x0.89 at 256 MiB, alltoall's x0.93 at 512 MiB; a size 0.1% below each
-    was on the slow side): there two points bracket the step to a few hundred bytes, where bisection leaves it
-    1/32 octave wide and the fit's line across it wrong by up to the jump."""
+    power of two, the aligned size ``BESIDE`` bytes below it, then the one above it; else ``midpoint``. NCCL's
+    point-to-point thresholds fall on powers of two (2 x H200, 2026-11-29: sendrecv's time falls x0.89 at 256
+    MiB, alltoall's x0.93 at 512 MiB; a size 0.1% below each was on the slow side): there two points bracket
+    the step to a few hundred bytes, where bisection leaves it 1/32 octave wide and the fit's line across it
+    wrong by up to the jump."""
     two = 1 << (hi.bit_length() - 1)   # the largest power of two up to hi
     if lo < two and math.log2(hi / lo) <= NEAR:
         for candidate in (aligned(two - BESIDE), aligned(two + BESIDE)):
@@ -242,7 +243,8 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
                   aligned: Callable[[Hashable, int], int], *, budget_s: float, max_points: int,
                   cost: Callable[[Hashable, int], float], floor: float = FLOOR, resolution: float = RESOLUTION,
                   cap_s: float | None = None,
-                  progress: Callable[[Hashable, Report, Step, float], None] | None = None) -> dict[Hashable, Report]:
+                  progress: Callable[[Hashable, Report, Step | None, float], None] | None = None
+                  ) -> dict[Hashable, Report]:
     """Bisect every flagged interval of every curve (``curves``: key -> the sweep's points) under one
     time budget shared by all of them.
 
@@ -257,7 +259,7 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
     point's time to its ``cost`` so far on that curve; a step whose next
     midpoint does not fit is left there and the cheaper ones go on. At most
     ``max_points`` refined points per curve. ``progress(key, report, step, seconds spent by all)``
-    after each point.
+    after each point (``step`` None after a probe: its size is the report's last ``probed``).
 
     ``cap_s`` (default ``budget_s``: a fixed budget): the budget adapts to the steps flagged (module
     doc, 3), between ``budget_s`` and ``cap_s``, and the intervals are probed (module doc, 5); each
@@ -349,6 +351,8 @@ def refine_curves(curves: dict[Hashable, list[Point]], measure: Callable[[Hashab
         budget_s = max(budget_s, min(need_s, cap_s))
         for r in reports.values():
             r.budget_s = budget_s
+        if progress:
+            progress(key, rep, None, spent)
         return True
 
     flag_new()

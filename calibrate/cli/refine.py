@@ -66,10 +66,12 @@ def refine_group(args, say: Callable, label: str, colls: list[Collective], p: in
         k = bisect.bisect_left([n for n, _ in pts], nbytes)
         return max(w for _, w in pts[max(k - 1, 0):k + 1])
 
-    def progress(coll: Collective, rep: Report, step: Step, spent: float) -> None:
+    def progress(coll: Collective, rep: Report, step: Step | None, spent: float) -> None:
+        what = f"probe inside the intervals at {_size(rep.probed[-1])}" if step is None else \
+            f"step x{math.exp(step.jump):.2f} in {_size(step.lo.nbytes)}..{_size(step.hi.nbytes)} " \
+            f"({step.width * 32:.2g}/32 octave)"
         say(f"# refine {label} {coll.value}: point {len(rep.added)}/{rep.max_points}, {spent:.1f}/"
-            f"{rep.budget_s:.1f} s: step x{math.exp(step.jump):.2f} in {_size(step.lo.nbytes)}..{_size(step.hi.nbytes)} "
-            f"({step.width * 32:.2g}/32 octave)", file=sys.stderr)
+            f"{rep.budget_s:.1f} s: {what}", file=sys.stderr)
 
     say(f"# refine {label}: the sweeps took {total_s:.1f} s; budget {budget_s:.1f} s shared by "
         f"{len(colls)} collectives (up to {cap_s:.1f} s as the steps found need), at least {args.refine_points} "
