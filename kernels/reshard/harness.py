@@ -169,12 +169,16 @@ def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty
                          dry: list[float | None], asynchronous: bool) -> list[float]:
     """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the measured costs beside
     the host's time from its dry run, ``kernels.reshard.model.predict``; absent where one of them did not
-    run) and ``host_s``; returns the rows' measured / predicted_exec."""
+    run), ``host_s``, and what they came from: the dry run (``dry_s``), the empty call and each operation,
+    in the order issued, with its measured cost (``operations``: kind, ranks, bytes, seconds); returns the
+    rows' measured / predicted_exec."""
     ratios = []
     for row, plan, d in zip(rows, plans, dry):
         if empty is None or d is None or not row.get("ok") or any(op.key not in times for op in operations(plan)):
             continue
         cost = measured_cost(times, empty)
+        row.update(dry_s=d, empty_s=empty,
+                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op)] for op in operations(plan)])
         row["host_s"] = host_time(plan, cost, empty, d)
         row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
         ratios.append(row["measured_s"] / row["predicted_exec_s"])

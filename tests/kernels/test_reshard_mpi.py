@@ -1,5 +1,6 @@
 """The MPI executor on 8 ranks of this CPU: every destination tile checked exactly
 (plans made and run by ``autotune reshard --execute mpi``, plan files run by ``kernels reshard``)."""
+import json
 import os
 import subprocess
 import sys
@@ -56,17 +57,21 @@ def test_shared_devices_and_pipelined_broadcast():
     assert any("K<=1 " not in ln for ln in lines if "broadcast" in ln)
 
 
-def test_each_plan_is_predicted_by_its_executors_operations_timed_alone():
+def test_each_plan_is_predicted_by_its_executors_operations_timed_alone(tmp_path):
     """With --iters 2 or more, every distinct operation of the plans and each plan's dry run are timed
-    alone after the plans, and every plan gets its executor model's prediction (the figures are this
-    VM's, not checked)."""
+    alone after the plans, and every plan gets its executor model's prediction, its results the parts it
+    came from (the figures are this VM's, not checked)."""
     r = mpirun("autotune", "reshard", "--execute", "mpi", "--profile", "aws-p3-v100", "--time-budget", "0.05",
                "--shape", "8,6,4", "--devices-per-host", "2", "--solvers", "ensemble", "--iters", "2",
-               "--scenario", "RRR@1,1[0]:S1RR@1,2[0,1]", ranks=2)
+               "--scenario", "RRR@1,1[0]:S1RR@1,2[0,1]", "--results", str(tmp_path / "r.json"), ranks=2)
     assert r.returncode == 0, r.stdout + r.stderr
     model = [ln for ln in r.stdout.splitlines() if " makespan " in ln and " executor " in ln]
     assert len(model) == 4 and all("(host " in ln and "x)" in ln for ln in model), r.stdout
     assert "plans within 15%" in r.stdout
+    rows = json.loads((tmp_path / "r.json").read_text())["executed"]
+    assert len(rows) == 4 and all(row["dry_s"] >= 0 and row["operations"] and all(
+        kind in ("p2p", "broadcast", "allgather", "copy", "fill") and cost >= 0 for kind, _, _, cost in row["operations"])
+        for row in rows)
 
 
 def test_too_few_ranks_is_a_clear_error():
