@@ -34,11 +34,16 @@ from autotune.plan.typed import ApplyPath, Plan
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 
 
-def paced(plan: Plan, compute, stages: bool = False) -> bool:
-    """Whether the host's pace applies to ``plan`` (module doc): a single-stage plan (any plan with ``stages``) of
-    a model apply places, priced by step, on a profile with host figures."""
-    return compute is not None and bool(compute.host_s) and (stages or not plan.stages) \
-        and plan.costs.step_s is not None and plan.model.kind in KINDS
+def host_priced(plan: Plan, compute) -> bool:
+    """Whether ``plan`` is priced at the host's pace: a plan of a model apply places, priced by step, on a profile
+    with host figures (single-stage plans here, ``paced``; pipelined ones in ``autotune.pipeline.paths``)."""
+    return compute is not None and bool(compute.host_s) and plan.costs.step_s is not None \
+        and plan.model.kind in KINDS
+
+
+def paced(plan: Plan, compute) -> bool:
+    """Whether the host's pace applies to ``plan`` here (module doc): a single-stage plan ``host_priced``."""
+    return not plan.stages and host_priced(plan, compute)
 
 
 def occurrence_host(graph, compute, module, path: str) -> list[tuple[float, float]] | None:
@@ -110,12 +115,11 @@ def at_host_pace(plan: Plan, compute, module=None) -> Plan:
 
 def corrected(plan: Plan, profile) -> Plan:
     """``plan`` with its step corrected by the profile's residual of its path (``residual_path``; module doc);
-    ``plan`` itself where the profile has none for that path or the host's pace does not apply to the plan
-    (``paced``, pipelined plans too)."""
+    ``plan`` itself where the profile has none for that path or the plan is not priced at the host's pace
+    (``host_priced``)."""
     residuals = getattr(profile, "residuals", None)
     costs, path = plan.costs, residual_path(plan)
-    if residuals is None or not paced(plan, getattr(profile, "compute", None), stages=True) \
-            or path not in residuals.paths:
+    if residuals is None or not host_priced(plan, getattr(profile, "compute", None)) or path not in residuals.paths:
         return plan
     r = residuals.factor(path)
     return replace(plan, costs=replace(costs, step_uncorrected_s=costs.step_s, residual=r, step_s=costs.step_s * r))
