@@ -174,11 +174,11 @@ def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty
     rows' measured / predicted_exec."""
     ratios = []
     for row, plan, d in zip(rows, plans, dry):
-        if empty is None or d is None or not row.get("ok") or any(op.key not in times for op in operations(plan)):
+        ops = operations(plan)
+        if empty is None or d is None or not row.get("ok") or any(op.key not in times for op in ops):
             continue
         cost = measured_cost(times, empty)
-        row.update(dry_s=d, empty_s=empty,
-                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op)] for op in operations(plan)])
+        row.update(dry_s=d, empty_s=empty, operations=[[op.kind, list(op.ranks), op.nbytes, cost(op)] for op in ops])
         row["host_s"] = host_time(plan, cost, empty, d)
         row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
         ratios.append(row["measured_s"] / row["predicted_exec_s"])
