@@ -19,7 +19,7 @@ import numpy as np
 
 from calibrate.errors import UserError
 from calibrate.measure.engine import Arm, ArmResult, MpiGroup, Options, TimingMode, compare
-from kernels.reshard.model import Op, host_time, measured_cost, operations, predict
+from kernels.reshard.model import Op, host_time, measured_cost, operations, predict, queued_cost
 from kernels.reshard.plan import Plan
 from kernels.reshard.program import BACKENDS, Backend, _flat, _place, execute
 from kernels.reshard.spec import Box
@@ -98,34 +98,38 @@ class ExchangeArm(PlanArm):
 
 
 class OpArm(Arm):
-    """One operation of the executor (``kernels.reshard.model.Op``) alone, on the backend's primitives,
-    then the synchronisation a call ends with; ``op`` None: the synchronisation alone (``empty``)."""
+    """One operation of the executor (``kernels.reshard.model.Op``) alone, on the backend's primitives, ``repeat``
+    times back to back, then the synchronisation a call ends with; ``op`` None: the synchronisation alone
+    (``empty``)."""
 
     TAG = 32002
 
-    def __init__(self, op: Op | None, be: Backend, dtype: str):
-        self.op, self.be, self.dtype = op, be, np.dtype(dtype)
+    def __init__(self, op: Op | None, be: Backend, dtype: str, repeat: int = 1):
+        self.op, self.be, self.dtype, self.repeat = op, be, np.dtype(dtype), repeat
         n = 0 if op is None else op.nbytes // self.dtype.itemsize
         mine = op is not None and (op.kind in ("copy", "fill") or be.device in op.ranks)
         self.a = be.xp.ones(n, self.dtype) if mine else None
         self.b = be.xp.zeros(n, self.dtype) if mine and op.kind == "copy" else None
 
     def call(self) -> None:
+        for _ in range(self.repeat if self.a is not None else 0):
+            self._issue()
+        self.be.synchronize()
+
+    def _issue(self) -> None:
         op, be = self.op, self.be
-        if self.a is not None:
-            if op.kind == "copy":
-                self.b[...] = self.a
-            elif op.kind == "fill":
-                be.xp.zeros(self.a.size, self.dtype)
-            elif op.kind == "p2p" and be.device == op.ranks[0]:
-                be.send(self.a, op.ranks[1], self.TAG)
-            elif op.kind == "p2p":
-                be.recv(self.a, op.ranks[0], self.TAG)
-            elif op.kind == "broadcast":
-                be.ring_broadcast(self.a, op.ranks, op.partitions, self.TAG)
-            else:
-                be.allgather(self.a, op.ranks, self.a.size // len(op.ranks), self.TAG)
-        be.synchronize()
+        if op.kind == "copy":
+            self.b[...] = self.a
+        elif op.kind == "fill":
+            be.xp.zeros(self.a.size, self.dtype)
+        elif op.kind == "p2p" and be.device == op.ranks[0]:
+            be.send(self.a, op.ranks[1], self.TAG)
+        elif op.kind == "p2p":
+            be.recv(self.a, op.ranks[0], self.TAG)
+        elif op.kind == "broadcast":
+            be.ring_broadcast(self.a, op.ranks, op.partitions, self.TAG)
+        else:
+            be.allgather(self.a, op.ranks, self.a.size // len(op.ranks), self.TAG)
 
 
 class DryBackend(Backend):
@@ -144,11 +148,14 @@ class DryBackend(Backend):
         self.be.synchronize()
 
 
+QUEUE = 4  # an operation's back-to-back arm issues it this many times (``kernels.reshard.model.queued_cost``)
+
+
 def primitive_times(plans: list[Plan], be: Backend, group, iters: int,
-                    seed: int) -> tuple[dict, float | None, list[float | None]]:
-    """Each distinct operation of ``plans`` (``Op.key``) timed alone (median of the slowest rank), the
-    empty call's time (None: it did not run) and each plan's dry run (``DryBackend``; None where it did
-    not run); an operation that did not run is absent."""
+                    seed: int) -> tuple[dict, dict, float | None, list[float | None]]:
+    """Each distinct operation of ``plans`` (``Op.key``) timed alone and ``QUEUE`` times back to back (medians of
+    the slowest rank), the empty call's time (None: it did not run) and each plan's dry run (``DryBackend``; None
+    where it did not run); an operation that did not run is absent."""
     ops = {op.key: op for plan in plans for op in operations(plan)}
     for plan in plans:
         be.prepare(plan)
@@ -156,33 +163,40 @@ def primitive_times(plans: list[Plan], be: Backend, group, iters: int,
     dry = DryBackend(be)
     arms = [("empty", lambda: OpArm(None, be, dtype))]
     arms += [(repr(k), lambda op=op: OpArm(op, be, dtype)) for k, op in ops.items()]
+    arms += [(f"{k!r} x{QUEUE}", lambda op=op: OpArm(op, be, dtype, QUEUE)) for k, op in ops.items()]
     arms += [(f"dry {i}", lambda plan=plan, i=i: PlanArm(plan, dry, seed + i)) for i, plan in enumerate(plans)]
     res = compare(group, arms, replace(_options(iters, seed), check=False))
 
     def median(name: str) -> float | None:
         return res[name].median_s if res[name].ok else None
     times = {k: median(repr(k)) for k in ops if median(repr(k)) is not None}
-    return times, median("empty"), [median(f"dry {i}") for i in range(len(plans))]
+    queued = {k: median(f"{k!r} x{QUEUE}") for k in times if median(f"{k!r} x{QUEUE}") is not None}
+    return times, queued, median("empty"), [median(f"dry {i}") for i in range(len(plans))]
 
 
-def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty: float | None,
-                         dry: list[float | None], asynchronous: bool) -> list[float]:
-    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the measured costs beside
-    the host's time from its dry run, ``kernels.reshard.model.predict``; absent where one of them did not
-    run), ``host_s``, and what they came from: the dry run (``dry_s``), the empty call and each operation,
-    in the order issued, with its measured cost (``operations``: kind, ranks, bytes, seconds); returns the
-    rows' measured / predicted_exec."""
-    ratios = []
+def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, queued: dict, empty: float | None,
+                         dry: list[float | None], asynchronous: bool) -> tuple[list[float], list[float]]:
+    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone beside
+    the host's time from its dry run, ``kernels.reshard.model.predict``; absent where one of them did not run),
+    ``predicted_queued_s`` (the same with an operation behind another on its streams at its back-to-back cost),
+    ``host_s`` (``host_queued_s``: with the dry run's copies and fills queued), and what they came from: the dry run (``dry_s``), the empty call and each operation, in the order
+    issued, with its measured costs (``operations``: kind, ranks, bytes, seconds alone, seconds queued); returns
+    the rows' measured / predicted_exec and measured / predicted_queued."""
+    alone, behind = [], []
     for row, plan, d in zip(rows, plans, dry):
         ops = operations(plan)
-        if empty is None or d is None or not row.get("ok") or any(op.key not in times for op in ops):
+        if empty is None or d is None or not row.get("ok") or any(op.key not in queued for op in ops):
             continue
-        cost = measured_cost(times, empty)
-        row.update(dry_s=d, empty_s=empty, operations=[[op.kind, list(op.ranks), op.nbytes, cost(op)] for op in ops])
+        cost, qcost = measured_cost(times, empty), queued_cost(times, queued, QUEUE)
+        row.update(dry_s=d, empty_s=empty,
+                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), qcost(op)] for op in ops])
         row["host_s"] = host_time(plan, cost, empty, d)
         row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
-        ratios.append(row["measured_s"] / row["predicted_exec_s"])
-    return ratios
+        row["host_queued_s"] = host_time(plan, cost, empty, d, qcost)
+        row["predicted_queued_s"] = predict(plan, cost, empty, row["host_queued_s"], asynchronous, qcost)
+        alone.append(row["measured_s"] / row["predicted_exec_s"])
+        behind.append(row["measured_s"] / row["predicted_queued_s"])
+    return alone, behind
 
 
 def _ms(x: float | None) -> str:
@@ -231,28 +245,30 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
                       f"{max(base.wrong_before, 0) + max(base.wrong_after, 0)} measured {shown} ms"
                       + ("" if base.ok else f" ({base.reason})"), flush=True)
         if iters > 1:   # a measurement (warmed up, several runs): its parts measured beside it
-            times, empty, dry = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
+            times, queued, empty, dry = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
     finally:
         be.close()
     if rows and iters < 2:
         print("executor model: not measured (one run a plan, not warmed up: give --iters 2 or more)", flush=True)
     elif rows:
         index = {id(p): i for i, (_, p) in enumerate(plans)}
-        ratios = executor_predictions(rows, row_plans, times, empty, [dry[index[id(p)]] for p in row_plans],
-                                      be.asynchronous)
+        ratios = executor_predictions(rows, row_plans, times, queued, empty,
+                                      [dry[index[id(p)]] for p in row_plans], be.asynchronous)
         print(f"executor model (each plan's operations on the ranks' streams and the host's walk of it, each "
-              f"operation and each plan's dry run timed alone in this run: {len(times)} operations, an empty "
-              f"call {_ms(empty)} ms):", flush=True)
+              f"operation alone and {QUEUE} times back to back and each plan's dry run timed in this run: "
+              f"{len(times)} operations, an empty call {_ms(empty)} ms):", flush=True)
         for r in rows:
             print(f"   {r['scenario']:28s} {r['strategy']:17s} makespan {_ms(r['predicted_s'])} ms, executor "
-                  f"{_ms(r.get('predicted_exec_s'))} ms (host {_ms(r.get('host_s'))}), measured "
-                  f"{_ms(r['measured_s'])} ms"
-                  + (f" ({r['measured_s'] / r['predicted_exec_s']:.2f}x)" if r.get("predicted_exec_s") else ""),
+                  f"{_ms(r.get('predicted_exec_s'))} ms, queued {_ms(r.get('predicted_queued_s'))} ms (host "
+                  f"{_ms(r.get('host_s'))}), measured {_ms(r['measured_s'])} ms"
+                  + (f" ({r['measured_s'] / r['predicted_exec_s']:.2f}x, "
+                     f"{r['measured_s'] / r['predicted_queued_s']:.2f}x)" if r.get("predicted_exec_s") else ""),
                   flush=True)
-        if ratios:
-            inside = sum(abs(x - 1) <= 0.15 for x in ratios)
-            print(f"measured / predicted (executor model) {min(ratios):.2f}..{max(ratios):.2f}: {inside} of "
-                  f"{len(ratios)} plans within 15%", flush=True)
+        for what, rs in zip(("operations alone", "operations queued"), ratios):
+            if rs:
+                inside = sum(abs(x - 1) <= 0.15 for x in rs)
+                print(f"measured / predicted (executor model, {what}) {min(rs):.2f}..{max(rs):.2f}: {inside} of "
+                      f"{len(rs)} plans within 15%", flush=True)
     return rows
 
 

@@ -96,11 +96,14 @@ def operations(plan: Plan) -> list[Op]:
     return out
 
 
-def simulate(ops: list[Op], cost: Callable[[Op], float]) -> float:
-    """The last stream's end: each operation starts when all its ranks' streams are free."""
+def simulate(ops: list[Op], cost: Callable[[Op], float], queued: Callable[[Op], float] | None = None) -> float:
+    """The last stream's end: each operation starts when all its ranks' streams are free. With ``queued``, an
+    operation behind an earlier one on each of its ranks' streams costs ``queued(op)`` (what it adds when issued
+    back to back: its launch hidden behind the one before), the first on any of its streams ``cost(op)``."""
     free: dict[int, float] = {}
     for op in ops:
-        end = max(free.get(r, 0.0) for r in op.ranks) + cost(op)
+        behind = queued is not None and all(r in free for r in op.ranks)
+        end = max(free.get(r, 0.0) for r in op.ranks) + (queued(op) if behind else cost(op))
         for r in op.ranks:
             free[r] = end
     return max(free.values(), default=0.0)
@@ -109,18 +112,21 @@ def simulate(ops: list[Op], cost: Callable[[Op], float]) -> float:
 LOCAL = ("copy", "fill")
 
 
-def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float) -> float:
+def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float,
+              queued: Callable[[Op], float] | None = None) -> float:
     """The host's own time in one call: the dry run's ``dry`` seconds less its copies and fills (its
-    operations simulated with the transfers free) and ``empty``; never below 0."""
-    local = simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0)
+    operations simulated with the transfers free, ``queued`` as in ``simulate``) and ``empty``; never below 0."""
+    local = simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0,
+                     queued and (lambda op: queued(op) if op.kind in LOCAL else 0.0))
     return max(dry - local - empty, 0.0)
 
 
 def predict(plan: Plan, cost: Callable[[Op], float], empty: float, host: float = 0.0,
-            overlaps: bool = False) -> float:
-    """Seconds of one call of ``plan``: its operations simulated (``simulate``), with the ``host`` time
-    overlapping them (``overlaps``: asynchronous operations) or after them, plus a call's ``empty``."""
-    streams = simulate(operations(plan), cost)
+            overlaps: bool = False, queued: Callable[[Op], float] | None = None) -> float:
+    """Seconds of one call of ``plan``: its operations simulated (``simulate``, ``queued`` as there), with the
+    ``host`` time overlapping them (``overlaps``: asynchronous operations) or after them, plus a call's
+    ``empty``."""
+    streams = simulate(operations(plan), cost, queued)
     return (max(streams, host) if overlaps else streams + host) + empty
 
 
@@ -129,4 +135,12 @@ def measured_cost(times: dict[tuple, float], empty: float) -> Callable[[Op], flo
     call that runs it and synchronises), less ``empty`` (the synchronisation a sequence pays once)."""
     def cost(op: Op) -> float:
         return max(times[op.key] - empty, 0.0)
+    return cost
+
+
+def queued_cost(times: dict[tuple, float], back_to_back: dict[tuple, float], repeat: int) -> Callable[[Op], float]:
+    """Each operation's cost when issued behind another on its streams: a call that runs it ``repeat`` times back to
+    back (``back_to_back``) less a call that runs it once (``times``), over the ``repeat - 1`` more."""
+    def cost(op: Op) -> float:
+        return max(back_to_back[op.key] - times[op.key], 0.0) / (repeat - 1)
     return cost

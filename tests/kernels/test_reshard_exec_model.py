@@ -7,7 +7,7 @@ import pytest
 from autotune.reshard.cases import parse_scenario
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
-from kernels.reshard.model import Op, contiguous, measured_cost, operations, predict, simulate
+from kernels.reshard.model import Op, contiguous, measured_cost, operations, predict, queued_cost, simulate
 
 SHAPE = (63, 1024, 256)
 N = 63 * 1024 * 256 * 4
@@ -92,3 +92,19 @@ def test_the_hosts_walk_overlaps_asynchronous_operations_and_follows_synchronous
     assert predict(p, cost, empty, host, overlaps=True) == pytest.approx(streams + empty)
     assert predict(p, cost, empty, 2e-3, overlaps=True) == pytest.approx(2e-3 + empty)
     assert predict(p, cost, empty, host) == pytest.approx(streams + host + empty)
+
+
+def test_an_operation_behind_another_on_its_streams_costs_what_it_adds_back_to_back():
+    """With the queued costs, each sender's first operation costs its time alone and those behind it on every one
+    of their streams what they add issued back to back (closed form; a planted rule that charges the queued cost
+    to the first operation too would give 3 x queued)."""
+    p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")
+    times = {op.key: cost(op) for op in operations(p)}
+    four = {k: t + 3 * t / 2 for k, t in times.items()}          # each adds half its time alone behind another
+    q = queued_cost(times, four, 4)
+    assert q(Op("p2p", (0, 1), N)) == pytest.approx(P2P / 2)
+    # (0, 1) first on both streams, (0, 2) and (0, 3) first on their receivers' streams: each at its cost alone;
+    # then each receiver places behind its transfer: queued
+    assert simulate(operations(p), cost, q) == pytest.approx(3 * P2P + COPY / 2)
+    sends = [Op("p2p", (0, 1), N)] * 3                                # one pair three times: the last two queued
+    assert simulate(sends, cost, q) == pytest.approx(P2P + 2 * P2P / 2)
