@@ -19,7 +19,7 @@ import numpy as np
 
 from calibrate.errors import UserError
 from calibrate.measure.engine import Arm, ArmResult, MpiGroup, Options, TimingMode, compare
-from kernels.reshard.model import Op, host_time, measured_cost, operations, predict, queued_cost
+from kernels.reshard.model import Op, host_time, launch_cost, measured_cost, operations, predict
 from kernels.reshard.plan import Plan
 from kernels.reshard.program import BACKENDS, Backend, _flat, _place, execute
 from kernels.reshard.spec import Box
@@ -148,7 +148,7 @@ class DryBackend(Backend):
         self.be.synchronize()
 
 
-QUEUE = 4  # an operation's back-to-back arm issues it this many times (``kernels.reshard.model.queued_cost``)
+QUEUE = 4  # an operation's back-to-back arm issues it this many times (``kernels.reshard.model.launch_cost``)
 
 
 def primitive_times(plans: list[Plan], be: Backend, group, iters: int,
@@ -175,28 +175,24 @@ def primitive_times(plans: list[Plan], be: Backend, group, iters: int,
 
 
 def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, queued: dict, empty: float | None,
-                         dry: list[float | None], asynchronous: bool) -> tuple[list[float], list[float]]:
+                         dry: list[float | None], asynchronous: bool) -> list[float]:
     """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone beside
-    the host's time from its dry run, ``kernels.reshard.model.predict``; absent where one of them did not run),
-    ``predicted_queued_s`` (the same with an operation behind another on its streams at its back-to-back cost),
-    ``host_s`` (``host_queued_s``: with the dry run's copies and fills queued), and what they came from: the dry run (``dry_s``), the empty call and each operation, in the order
-    issued, with its measured costs (``operations``: kind, ranks, bytes, seconds alone, seconds queued); returns
-    the rows' measured / predicted_exec and measured / predicted_queued."""
-    alone, behind = [], []
+    the host's time from its dry run and, on an asynchronous backend, the operations' launches,
+    ``kernels.reshard.model``; absent where one of them did not run), ``host_s``, and what they came from: the dry
+    run (``dry_s``), the empty call and each operation, in the order issued, with its cost alone and its launch
+    (``operations``: kind, ranks, bytes, seconds, seconds); returns the rows' measured / predicted_exec."""
+    ratios = []
     for row, plan, d in zip(rows, plans, dry):
         ops = operations(plan)
         if empty is None or d is None or not row.get("ok") or any(op.key not in queued for op in ops):
             continue
-        cost, qcost = measured_cost(times, empty), queued_cost(times, queued, QUEUE)
+        cost, launch = measured_cost(times, empty), launch_cost(times, queued, QUEUE, empty)
         row.update(dry_s=d, empty_s=empty,
-                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), qcost(op)] for op in ops])
-        row["host_s"] = host_time(plan, cost, empty, d)
+                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), launch(op)] for op in ops])
+        row["host_s"] = host_time(plan, cost, empty, d, launch if asynchronous else None)
         row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
-        row["host_queued_s"] = host_time(plan, cost, empty, d, qcost)
-        row["predicted_queued_s"] = predict(plan, cost, empty, row["host_queued_s"], asynchronous, qcost)
-        alone.append(row["measured_s"] / row["predicted_exec_s"])
-        behind.append(row["measured_s"] / row["predicted_queued_s"])
-    return alone, behind
+        ratios.append(row["measured_s"] / row["predicted_exec_s"])
+    return ratios
 
 
 def _ms(x: float | None) -> str:
@@ -259,16 +255,14 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
               f"{len(times)} operations, an empty call {_ms(empty)} ms):", flush=True)
         for r in rows:
             print(f"   {r['scenario']:28s} {r['strategy']:17s} makespan {_ms(r['predicted_s'])} ms, executor "
-                  f"{_ms(r.get('predicted_exec_s'))} ms, queued {_ms(r.get('predicted_queued_s'))} ms (host "
-                  f"{_ms(r.get('host_s'))}), measured {_ms(r['measured_s'])} ms"
-                  + (f" ({r['measured_s'] / r['predicted_exec_s']:.2f}x, "
-                     f"{r['measured_s'] / r['predicted_queued_s']:.2f}x)" if r.get("predicted_exec_s") else ""),
+                  f"{_ms(r.get('predicted_exec_s'))} ms (host {_ms(r.get('host_s'))}), measured "
+                  f"{_ms(r['measured_s'])} ms"
+                  + (f" ({r['measured_s'] / r['predicted_exec_s']:.2f}x)" if r.get("predicted_exec_s") else ""),
                   flush=True)
-        for what, rs in zip(("operations alone", "operations queued"), ratios):
-            if rs:
-                inside = sum(abs(x - 1) <= 0.15 for x in rs)
-                print(f"measured / predicted (executor model, {what}) {min(rs):.2f}..{max(rs):.2f}: {inside} of "
-                      f"{len(rs)} plans within 15%", flush=True)
+        if ratios:
+            inside = sum(abs(x - 1) <= 0.15 for x in ratios)
+            print(f"measured / predicted (executor model) {min(ratios):.2f}..{max(ratios):.2f}: {inside} of "
+                  f"{len(ratios)} plans within 15%", flush=True)
     return rows
 
 

@@ -17,11 +17,13 @@ and every call ends with a synchronisation (what a call that moves nothing costs
 A transfer or collective starts when the streams of all its ranks are free and holds them for its
 cost; a copy or fill holds its own rank's stream. The host walks the plan in Python besides
 (``host``: a dry run's time, the plan executed with transfers that move nothing, less its copies and
-fills and ``empty``): on a backend whose operations are asynchronous (NCCL: the host queues them on
-the stream) the call takes the longer of the streams and the host, on a synchronous one (MPI) both
-one after the other. The prediction adds ``empty``. The costs are a function of the operation
-(``Op``): ``kernels.reshard.harness`` measures each distinct operation of the plans alone, and each
-plan's dry run, in the same run.
+fills and ``empty``; on a backend whose operations are asynchronous, NCCL, the host queues them on the
+stream: the dry run less ``empty``, its copies and fills hidden under the walk, plus what issuing each
+transfer and collective costs the host, ``launch``): there the call takes the longer of the streams and
+the host, on a synchronous one (MPI) both one after the other. The prediction adds ``empty``. The costs
+are a function of the operation (``Op``): ``kernels.reshard.harness`` measures each distinct operation of
+the plans alone and back to back, and each plan's dry run, in the same run (2 x H200, 2026-11-29, three
+shapes: reports/records/collectives4.md, session 24).
 """
 from __future__ import annotations
 
@@ -96,14 +98,11 @@ def operations(plan: Plan) -> list[Op]:
     return out
 
 
-def simulate(ops: list[Op], cost: Callable[[Op], float], queued: Callable[[Op], float] | None = None) -> float:
-    """The last stream's end: each operation starts when all its ranks' streams are free. With ``queued``, an
-    operation behind an earlier one on each of its ranks' streams costs ``queued(op)`` (what it adds when issued
-    back to back: its launch hidden behind the one before), the first on any of its streams ``cost(op)``."""
+def simulate(ops: list[Op], cost: Callable[[Op], float]) -> float:
+    """The last stream's end: each operation starts when all its ranks' streams are free."""
     free: dict[int, float] = {}
     for op in ops:
-        behind = queued is not None and all(r in free for r in op.ranks)
-        end = max(free.get(r, 0.0) for r in op.ranks) + (queued(op) if behind else cost(op))
+        end = max(free.get(r, 0.0) for r in op.ranks) + cost(op)
         for r in op.ranks:
             free[r] = end
     return max(free.values(), default=0.0)
@@ -113,20 +112,26 @@ LOCAL = ("copy", "fill")
 
 
 def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float,
-              queued: Callable[[Op], float] | None = None) -> float:
-    """The host's own time in one call: the dry run's ``dry`` seconds less its copies and fills (its
-    operations simulated with the transfers free, ``queued`` as in ``simulate``) and ``empty``; never below 0."""
-    local = simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0,
-                     queued and (lambda op: queued(op) if op.kind in LOCAL else 0.0))
-    return max(dry - local - empty, 0.0)
+              launch: Callable[[Op], float] | None = None) -> float:
+    """The host's own time in one call, from the dry run's ``dry`` seconds less ``empty``. Operations that block
+    (``launch`` None: MPI) run inside the dry run one after the other, so its copies and fills (its operations
+    simulated with the transfers free) come off it. Asynchronous ones (NCCL) run on the streams while the host
+    walks on, so the walk keeps its copies and fills and adds, on its busiest rank, each of that rank's transfers'
+    and collectives' ``launch`` (what issuing it costs the host: ``queued_cost``). Never below 0."""
+    if launch is None:
+        local = simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0)
+        return max(dry - local - empty, 0.0)
+    ops = [op for op in operations(plan) if op.kind not in LOCAL]
+    issued = max((sum(launch(op) for op in ops if r in op.ranks) for r in {r for op in ops for r in op.ranks}),
+                 default=0.0)
+    return max(dry - empty, 0.0) + issued
 
 
 def predict(plan: Plan, cost: Callable[[Op], float], empty: float, host: float = 0.0,
-            overlaps: bool = False, queued: Callable[[Op], float] | None = None) -> float:
-    """Seconds of one call of ``plan``: its operations simulated (``simulate``, ``queued`` as there), with the
-    ``host`` time overlapping them (``overlaps``: asynchronous operations) or after them, plus a call's
-    ``empty``."""
-    streams = simulate(operations(plan), cost, queued)
+            overlaps: bool = False) -> float:
+    """Seconds of one call of ``plan``: its operations simulated (``simulate``), with the ``host`` time
+    overlapping them (``overlaps``: asynchronous operations) or after them, plus a call's ``empty``."""
+    streams = simulate(operations(plan), cost)
     return (max(streams, host) if overlaps else streams + host) + empty
 
 
@@ -138,9 +143,11 @@ def measured_cost(times: dict[tuple, float], empty: float) -> Callable[[Op], flo
     return cost
 
 
-def queued_cost(times: dict[tuple, float], back_to_back: dict[tuple, float], repeat: int) -> Callable[[Op], float]:
-    """Each operation's cost when issued behind another on its streams: a call that runs it ``repeat`` times back to
-    back (``back_to_back``) less a call that runs it once (``times``), over the ``repeat - 1`` more."""
+def launch_cost(times: dict[tuple, float], back_to_back: dict[tuple, float], repeat: int,
+                empty: float) -> Callable[[Op], float]:
+    """What issuing each operation costs the host beyond what the stream runs: its cost alone (``measured_cost``)
+    less what each of ``repeat`` back to back adds (``back_to_back``: a call that runs it ``repeat`` times; the
+    launch and the peers' meeting of each but the first hidden behind the one before)."""
     def cost(op: Op) -> float:
-        return max(back_to_back[op.key] - times[op.key], 0.0) / (repeat - 1)
+        return max(times[op.key] - empty - (back_to_back[op.key] - times[op.key]) / (repeat - 1), 0.0)
     return cost

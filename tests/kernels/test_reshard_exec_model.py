@@ -7,7 +7,7 @@ import pytest
 from autotune.reshard.cases import parse_scenario
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
-from kernels.reshard.model import Op, contiguous, measured_cost, operations, predict, queued_cost, simulate
+from kernels.reshard.model import Op, contiguous, launch_cost, measured_cost, operations, predict, simulate
 
 SHAPE = (63, 1024, 256)
 N = 63 * 1024 * 256 * 4
@@ -94,17 +94,19 @@ def test_the_hosts_walk_overlaps_asynchronous_operations_and_follows_synchronous
     assert predict(p, cost, empty, host) == pytest.approx(streams + host + empty)
 
 
-def test_an_operation_behind_another_on_its_streams_costs_what_it_adds_back_to_back():
-    """With the queued costs, each sender's first operation costs its time alone and those behind it on every one
-    of their streams what they add issued back to back (closed form; a planted rule that charges the queued cost
-    to the first operation too would give 3 x queued)."""
-    p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")
-    times = {op.key: cost(op) for op in operations(p)}
-    four = {k: t + 3 * t / 2 for k, t in times.items()}          # each adds half its time alone behind another
-    q = queued_cost(times, four, 4)
-    assert q(Op("p2p", (0, 1), N)) == pytest.approx(P2P / 2)
-    # (0, 1) first on both streams, (0, 2) and (0, 3) first on their receivers' streams: each at its cost alone;
-    # then each receiver places behind its transfer: queued
-    assert simulate(operations(p), cost, q) == pytest.approx(3 * P2P + COPY / 2)
-    sends = [Op("p2p", (0, 1), N)] * 3                                # one pair three times: the last two queued
-    assert simulate(sends, cost, q) == pytest.approx(P2P + 2 * P2P / 2)
+def test_on_nccl_the_host_walks_with_its_copies_hidden_and_pays_each_launch_on_its_busiest_rank():
+    """Asynchronous operations: the host's time is the dry run less the empty call (its copies and fills run on the
+    stream under the walk) plus, on the rank that issues the most, each transfer's launch: its time alone less what
+    it adds back to back (closed forms; a planted launch summed over all ranks would give 3 x 2 launches here, one
+    that keeps the old rule would take the copies off)."""
+    from kernels.reshard.model import host_time
+
+    p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")         # rank 0 sends three times
+    empty = 20e-6
+    times = {op.key: cost(op) + empty for op in operations(p)}
+    four = {k: t + 3 * (t - empty) / 2 for k, t in times.items()}   # back to back each adds half its time alone
+    launch = launch_cost(times, four, 4, empty)
+    assert launch(Op("p2p", (0, 1), N)) == pytest.approx(P2P / 2)
+    dry = 150e-6 + empty
+    assert host_time(p, cost, empty, dry, launch) == pytest.approx(150e-6 + 3 * P2P / 2)
+    assert host_time(p, cost, empty, dry) == pytest.approx(150e-6 - COPY)    # MPI: the copies block inside it
