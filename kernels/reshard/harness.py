@@ -5,12 +5,13 @@ against the source tensor before and after timing them (the measurement engine,
 Beside the plans of each task, in the same comparison, a plain exchange of the same
 tiles (``ExchangeArm``: every transfer posted at once, one NCCL group or MPI
 Isend/Irecv + Waitall: the all-to-all / send-recv a user would write by hand), checked
-the same way. After the plans, every distinct operation the plans' executor runs (a
-transfer between two ranks, a broadcast over a chain, an all-gather over a group, a copy,
-a fill: ``kernels.reshard.model``) is timed alone in one more comparison, and each plan is
-predicted by simulating its operations on the ranks' streams with those costs
-(``predicted_exec_s``): the planner's makespan prices transfers under its network model,
-this prices what the executor does, from measurements of its parts, never of the plan."""
+the same way, and (a measurement, ``iters`` above 1) each plan's dry run (``DryArm``: the host's
+walk of it, at the host's pace of the same rounds). After the plans, every distinct operation the
+plans' executor runs (a transfer between two ranks, a broadcast over a chain, an all-gather over a
+group, a copy, a fill: ``kernels.reshard.model``) is timed alone and back to back in one more
+comparison, and each plan is predicted by simulating its operations on the ranks' streams with those
+costs beside its host time (``predicted_exec_s``): the planner's makespan prices transfers under its
+network model, this prices what the executor does, from measurements of its parts, never of the plan."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -132,6 +133,19 @@ class OpArm(Arm):
             be.allgather(self.a, op.ranks, self.a.size // len(op.ranks), self.TAG)
 
 
+class DryArm(PlanArm):
+    """A plan executed on a ``DryBackend`` (its transfers move nothing): what the host's walk of it costs, timed in
+    the plan's own comparison so that the host's pace is the plan's. Its destination is not the plan's result, so
+    there is nothing to check."""
+
+    def __init__(self, plan: Plan, be: Backend, seed: int):
+        super().__init__(plan, DryBackend(be), seed)
+
+    def check(self, seed: int) -> int:
+        self.call()
+        return 0
+
+
 class DryBackend(Backend):
     """A backend whose transfers move nothing (the copies, fills and the synchronisation are the real
     backend's): a plan executed on it costs the host's walk of the plan, its copies and fills."""
@@ -151,27 +165,23 @@ class DryBackend(Backend):
 QUEUE = 4  # an operation's back-to-back arm issues it this many times (``kernels.reshard.model.launch_cost``)
 
 
-def primitive_times(plans: list[Plan], be: Backend, group, iters: int,
-                    seed: int) -> tuple[dict, dict, float | None, list[float | None]]:
+def primitive_times(plans: list[Plan], be: Backend, group, iters: int, seed: int) -> tuple[dict, dict, float | None]:
     """Each distinct operation of ``plans`` (``Op.key``) timed alone and ``QUEUE`` times back to back (medians of
-    the slowest rank), the empty call's time (None: it did not run) and each plan's dry run (``DryBackend``; None
-    where it did not run); an operation that did not run is absent."""
+    the slowest rank) and the empty call's time (None: it did not run); an operation that did not run is absent."""
     ops = {op.key: op for plan in plans for op in operations(plan)}
     for plan in plans:
         be.prepare(plan)
     dtype = plans[0].task.dtype
-    dry = DryBackend(be)
     arms = [("empty", lambda: OpArm(None, be, dtype))]
     arms += [(repr(k), lambda op=op: OpArm(op, be, dtype)) for k, op in ops.items()]
     arms += [(f"{k!r} x{QUEUE}", lambda op=op: OpArm(op, be, dtype, QUEUE)) for k, op in ops.items()]
-    arms += [(f"dry {i}", lambda plan=plan, i=i: PlanArm(plan, dry, seed + i)) for i, plan in enumerate(plans)]
     res = compare(group, arms, replace(_options(iters, seed), check=False))
 
     def median(name: str) -> float | None:
         return res[name].median_s if res[name].ok else None
     times = {k: median(repr(k)) for k in ops if median(repr(k)) is not None}
     queued = {k: median(f"{k!r} x{QUEUE}") for k in times if median(f"{k!r} x{QUEUE}") is not None}
-    return times, queued, median("empty"), [median(f"dry {i}") for i in range(len(plans))]
+    return times, queued, median("empty")
 
 
 def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, queued: dict, empty: float | None,
@@ -217,20 +227,23 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
     """Run each (name, plan) on every rank of ``comm`` with backend ``backend``: the plans of one name
     (one task: strategies and solvers) are the arms of one engine comparison (``calibrate.measure``),
     each run ``iters`` times alone after a barrier in interleaved rounds and checked exactly before
-    and after. With ``iters`` above 1, each plan is then predicted by its executor's operations and dry
-    run, each timed alone (``primitive_times``, ``executor_predictions``). On rank 0 prints a line per plan
+    and after, beside each plan's dry run when ``iters`` is above 1; each plan is then predicted by its
+    executor's operations, each timed alone and back to back (``primitive_times``, ``executor_predictions``). On rank 0 prints a line per plan
     and returns the rows (measured: the median over runs of the slowest rank; None where the plan did not
     run right); [] elsewhere."""
     check_ranks(plans, comm.Get_size())
     be = BACKENDS.get(backend)(comm)
     group = MpiGroup(comm)
-    rows, row_plans = [], []
+    rows, row_plans, dry = [], [], {}
     try:
         for name in dict.fromkeys(n for n, _ in plans):
             mine = [(i, plan) for i, (n, plan) in enumerate(plans) if n == name]
             arms = [(str(i), lambda plan=plan, i=i: PlanArm(plan, be, seed + i)) for i, plan in mine]
             arms.append(("exchange", lambda plan=mine[0][1]: ExchangeArm(plan, be, seed + len(plans))))
+            if iters > 1:   # a measurement: each plan's dry run beside it, in the same rounds
+                arms += [(f"dry {i}", lambda plan=plan, i=i: DryArm(plan, be, seed + i)) for i, plan in mine]
             res = compare(group, arms, _options(iters, seed + mine[0][0]))
+            dry.update({i: res[f"dry {i}"].median_s if res[f"dry {i}"].ok else None for i, _ in mine if iters > 1})
             if comm.Get_rank() == 0:
                 base = res["exchange"]
                 mine_rows = [_row(name, plan, backend, res[str(i)], base) for i, plan in mine]
@@ -241,7 +254,7 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
                       f"{max(base.wrong_before, 0) + max(base.wrong_after, 0)} measured {shown} ms"
                       + ("" if base.ok else f" ({base.reason})"), flush=True)
         if iters > 1:   # a measurement (warmed up, several runs): its parts measured beside it
-            times, queued, empty, dry = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
+            times, queued, empty = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
     finally:
         be.close()
     if rows and iters < 2:
@@ -249,7 +262,7 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
     elif rows:
         index = {id(p): i for i, (_, p) in enumerate(plans)}
         ratios = executor_predictions(rows, row_plans, times, queued, empty,
-                                      [dry[index[id(p)]] for p in row_plans], be.asynchronous)
+                                      [dry.get(index[id(p)]) for p in row_plans], be.asynchronous)
         print(f"executor model (each plan's operations on the ranks' streams and the host's walk of it, each "
               f"operation alone and {QUEUE} times back to back and each plan's dry run timed in this run: "
               f"{len(times)} operations, an empty call {_ms(empty)} ms):", flush=True)

@@ -157,8 +157,8 @@ else
   SCEN=("RRR@1,1[0]:RRR@1,1[1]" "RRR@1,1[0]:S1RR@1,2[0,1]" "S1RR@1,2[0,1]:RRR@1,1[0]" "S1RR@1,2[0,1]:RS1R@1,2[0,1]")
 fi
 args=(); for s in "${SCEN[@]}"; do args+=(--scenario "$s"); done
-# the executor model was chosen on the first three shapes (session 24); the last (declared held out) judges it
-for shape in ${RESHARD_SHAPES:-63x1024x256 127x512x64 255x256x128 191x384x96}; do
+# the executor model was chosen on the first four shapes (session 24); the last (declared held out) judges it
+for shape in ${RESHARD_SHAPES:-63x1024x256 127x512x64 255x256x128 191x384x96 383x192x64}; do
 # shellcheck disable=SC2086
 step "reshard-$shape" 120 $MPIRUN $PY -m autotune reshard --execute nccl --shape "${shape//x/,}" \
   --devices-per-host "$NP" --solvers ensemble --time-budget 0.2 --iters 40 "${args[@]}" \
