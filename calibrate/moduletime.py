@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from typing import Callable
 
 from calibrate.allocator import allocator_of
 from calibrate.compute import HOST_PATHS, OUTSIDE_HOST_PATHS
-from calibrate.device.peers import run_peers
+from calibrate.device.peers import run_each, run_peers
 from calibrate.errors import UserError
 from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.module import STEP_MICRO_BATCHES, ModulePoint, ModuleSection
@@ -517,7 +518,8 @@ def param_groups(module) -> list[dict]:
 
 
 def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device, iters: int, warmup: int,
-                 progress, paths=ONE_GROUP_PATHS, memory: dict | None = None, outside: dict | None = None) -> dict:
+                 progress, paths=ONE_GROUP_PATHS, memory: dict | None = None, outside: dict | None = None,
+                 strict: bool = False) -> dict:
     """Per path (``paths``): (seconds the host takes to issue one block's forward and backward, and its
     optimizer step), the ``1 + MORE``-block model's issue time less the one-block model's, over ``MORE`` (as the
     compute's blocks: the difference of two whole models' times divided), each call timed by the host clock (an
@@ -525,7 +527,9 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
     module section's memory figures (``calibrate.module``): each path's peak allocated over a step of the larger
     model beyond the plain module's, per parameter, and the fragmentation on the plain path. ``outside`` (given)
     receives, for the paths of ``OUTSIDE_HOST_PATHS`` whose vocabulary layers were placed, the one-block model's
-    (per micro-batch, per step) issue time less a block's: the host's cost of the model outside its blocks."""
+    (per micro-batch, per step) issue time less a block's: the host's cost of the model outside its blocks. A path
+    this torch cannot place is said and skipped; ``strict`` (a rank of several: its peers would wait in that path's
+    collectives for ever) raises it instead."""
     out, peaks = {}, {}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     with _group_of_one(torch, device):
@@ -555,6 +559,8 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
             except UserError:
                 raise
             except Exception as e:  # a path this torch cannot place on a group of one: said, the rest go on
+                if strict:
+                    raise
                 progress(f"host {path}: not measured ({type(e).__name__}: {str(e)[:120]})")
             finally:
                 models = None
@@ -595,14 +601,19 @@ def peer_host(torch, recipe: tuple, micro_batch: int, sequence: int, device, ite
     outside the blocks (``host_seconds``' ``outside``), and where they were timed: where 2 GPUs are visible,
     ``PEER_HOST_PATHS`` in each of 2 processes of one NCCL group (each path issuing its collectives as in a job of
     2: 2 x H200, 2026-11-28, a tensor-parallel step of a 1.5 B Llama issued 670 ms where the group of one's figure
-    gave 497), rank 0's; else ``FAKE_HOST_PATHS`` under torch's fake process group of 2 in this process
-    (``fake_host``); ({}, {}, "") where neither can run."""
+    gave 497), rank 0's; else, or where a path fails there (a rank raises it, so that no rank waits in a
+    collective its peer left: 2 x H200, 2026-11-29, an 8 B Llama's hung), ``FAKE_HOST_PATHS`` under torch's fake
+    process group of 2 in this process (``fake_host``); ({}, {}, "") where neither can run."""
     if not recipe:
         return {}, {}, ""
     if torch.cuda.device_count() < 2:
         return fake_host(torch, rebuild(recipe), micro_batch, sequence, device, iters, warmup, progress)
-    got = run_peers(_peer_job, (recipe, micro_batch, sequence, iters, warmup),
-                    what="the apply paths' host cost among 2 GPUs")
+    try:
+        got = run_peers(_peer_job, (recipe, micro_batch, sequence, iters, warmup),
+                        what="the apply paths' host cost among 2 GPUs")
+    except UserError as e:  # a path failed on a rank (its error named): what one device can time, and said
+        progress(f"host among 2 GPUs: not measured ({e}); the tensor paths under torch's fake group of 2 instead")
+        return fake_host(torch, rebuild(recipe), micro_batch, sequence, device, iters, warmup, progress)
     for line in got["lines"]:
         progress(f"{line} ({AMONG_PEERS})")
     return (*({k: tuple(float(x) for x in v) for k, v in got[key].items()} for key in ("host_s", "outside_s")),
@@ -637,7 +648,7 @@ def _peer_job(torch, device, world: int, recipe: tuple, micro_batch: int, sequen
     lines: list = []
     outside: dict = {}
     host = host_seconds(torch, rebuild(recipe), micro_batch, sequence, device, iters, warmup, lines.append,
-                        PEER_HOST_PATHS, outside=outside)
+                        PEER_HOST_PATHS, outside=outside, strict=True)
     return {"host_s": host, "outside_s": outside, "lines": lines}
 
 
@@ -666,16 +677,10 @@ def reference_host(torch, device, iters: int, warmup: int, progress) -> tuple[di
             outside, um.name, tuple(peers), where)
 
 
-def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,
-            progress, source: str, host: bool = True, save=None) -> ModuleSection:
-    """The module section of ``um`` at every (tensor width, micro-batch) of ``widths`` x ``micro_batches``
-    and ``sequence`` (module docstring); a shape that runs out of memory is skipped, said. ``save`` (given) is
-    called with the section of the timed shapes before the host's cost is measured: an interrupted run keeps
-    them."""
-    bad = [t for t in widths if t not in um.widths]
-    if bad:
-        raise UserError(f"{um.name}: tensor width {bad[0]} does not divide its heads, K/V heads, MLP and vocabulary "
-                        f"(widths it can take: {', '.join(map(str, um.widths))})")
+def time_widths(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,
+                progress) -> list[ModulePoint]:
+    """The points of ``widths`` x ``micro_batches`` at ``sequence`` on ``device``, one width's models at a time; a
+    shape that runs out of memory is skipped, said."""
     points = []
     oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
     for t in widths:
@@ -708,6 +713,49 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
         models = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    return points
+
+
+def lane_shares(widths, lanes: int) -> list[tuple[int, ...]]:
+    """``widths`` shared out to ``lanes``: a width's shapes cost about 1 / width (its local shapes' size), each width,
+    the costliest first, to the lane with the least so far (2 x H200, an 8 B Llama: width 1 took 37 s of the 77)."""
+    shares: list[list[int]] = [[] for _ in range(lanes)]
+    for t in sorted(widths):
+        min(shares, key=lambda share: sum(1 / w for w in share)).append(t)
+    return [tuple(share) for share in shares]
+
+
+def _widths_job(torch, device, recipe: tuple, widths, micro_batches, sequence: int, iters: int, warmup: int,
+                prefix: str) -> dict:
+    """``time_widths`` in a process of ``measure``'s lanes, its progress lines on stderr under ``prefix``."""
+    points = time_widths(torch, rebuild(recipe), widths, micro_batches, sequence, device, iters, warmup,
+                         lambda msg: print(f"{prefix}{msg}", file=sys.stderr, flush=True))
+    return {"points": [p.to_dict() for p in points]}
+
+
+def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device, iters: int, warmup: int,
+            progress, source: str, host: bool = True, save=None, lanes: int = 1) -> ModuleSection:
+    """The module section of ``um`` at every (tensor width, micro-batch) of ``widths`` x ``micro_batches``
+    and ``sequence`` (module docstring; ``time_widths``). With ``lanes`` above 1 the widths are shared out
+    (``lane_shares``) to that many processes (``calibrate.device.peers.run_each``: one GPU each, GPUs 0 to lanes - 1, each
+    width on one GPU as alone; on the CPU, processes: tests), else timed one after the other on ``device``.
+    ``save`` (given) is called with the section of the timed shapes before the host's cost is measured: an
+    interrupted run keeps them."""
+    bad = [t for t in widths if t not in um.widths]
+    if bad:
+        raise UserError(f"{um.name}: tensor width {bad[0]} does not divide its heads, K/V heads, MLP and vocabulary "
+                        f"(widths it can take: {', '.join(map(str, um.widths))})")
+    lanes = min(lanes, len(widths)) if um.recipe else 1
+    if lanes > 1:
+        progress(f"tensor widths {', '.join(map(str, widths))} shared out to {lanes} "
+                 f"{'GPUs' if device.type == 'cuda' else 'processes'}, each timing its widths alone")
+        got = run_each(_widths_job, [(um.recipe, share, micro_batches, sequence, iters, warmup, f"[module] lane {i}: ")
+                                     for i, share in enumerate(lane_shares(widths, lanes))],
+                       "timing the tensor widths", device.type)
+        points = sorted((ModulePoint(**p) for g in got for p in g["points"]), key=lambda p: p.key)
+        progress(f"{len(points)} shapes timed on {lanes} lanes")
+    else:
+        points = time_widths(torch, um, widths, micro_batches, sequence, device, iters, warmup, progress)
     if not points:
         raise UserError(f"{um.name}: no shape could be timed (each ran out of memory): give smaller --micro-batches "
                         f"or --sequence")

@@ -40,6 +40,9 @@ def parser():
     ap.add_argument("--iters", type=int, default=6, help="timed calls per arm (default 6)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda:0", help="cuda:N (cpu only for tests)")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="GPUs timing the tensor widths at once, the widths shared out by their cost, GPUs 0 to N - 1 "
+                         "(default: every visible GPU; 1: one after the other on --device)")
     ap.add_argument("--no-host", action="store_true", help="do not measure the host's cost of the apply paths")
     return ap
 
@@ -63,6 +66,8 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.iters < 3 or args.warmup < 0:
         raise UserError("--iters must be at least 3 and --warmup non-negative")
+    if args.gpus is not None and args.gpus < 1:
+        raise UserError(f"--gpus {args.gpus}: give 1 or more (1: the widths one after the other on --device)")
     cfg = read_json(args.model, "model file", "give a Hugging Face config.json or a model JSON")
     if not isinstance(cfg, dict):
         raise UserError(f"model file {args.model!r} is not a JSON object: give a config.json")
@@ -77,6 +82,9 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("python -m calibrate module times a GPU but torch sees no CUDA device: run it on a GPU machine")
+    gpus = args.gpus or (torch.cuda.device_count() if device.type == "cuda" else 1)
+    if device.type == "cuda" and gpus > torch.cuda.device_count():
+        raise UserError(f"--gpus {gpus}: torch sees {torch.cuda.device_count()} GPU(s): give at most that")
     started = time.perf_counter()
     progress = progress_since(started)
     progress(f"{um.name}: tensor widths {widths}, micro-batches {mbs}, sequence {sequence}, on {device}")
@@ -88,7 +96,7 @@ def main(argv=None) -> int:
         profile.module = section
         progress(f"the timed shapes written to {profile.save(out)}")
     profile.module = measure(torch, um, widths, mbs, sequence, device, args.iters, args.warmup, progress, source,
-                             host=not args.no_host, save=save)
+                             host=not args.no_host, save=save, lanes=gpus)
     path = profile.save(out)
     progress(f"whole run {time.perf_counter() - started:.0f} s")
     print(f"wrote the module section of {um.name} ({len(profile.module.points)} shapes) to {path}")

@@ -2,8 +2,9 @@
 ``calibrate compute`` and ``calibrate module`` measure among peers (compute's slowdown beside collectives:
 ``calibrate.overlap``; the host's cost of the paths whose collectives a group of one skips:
 ``calibrate.moduletime.peer_host``). Set up and torn down once here, NVLink multicast off, the communicators
-destroyed on every rank. A job that fails, or that has not finished within its limit (a hung group), ends the
-run with one line, its processes stopped."""
+destroyed on every rank (``run_peers``); or processes one on each GPU, no group, each with a share of independent
+work (``run_each``: ``calibrate module``'s tensor widths). A job that fails, or that has not finished within its
+limit (a hung group), ends the run with one line, its processes stopped."""
 from __future__ import annotations
 
 import json
@@ -25,9 +26,43 @@ def run_peers(job, args: tuple = (), world: int = 2, what: str = "the measuremen
     with tempfile.TemporaryDirectory() as folder:
         context = mp.start_processes(_worker, args=(world, folder, job, args), nprocs=world, start_method="spawn",
                                      join=False)
-        join_within(context, limit_s, f"{what} ({world} processes, one NCCL group)")
+        try:
+            join_within(context, limit_s, f"{what} ({world} processes, one NCCL group)")
+        except UserError:
+            errors = sorted(f for f in os.listdir(folder) if f.startswith("error-"))
+            if not errors:
+                raise
+            with open(os.path.join(folder, errors[0])) as f:
+                raise UserError(f"{what} failed on rank {errors[0][6:-4]}: {f.read()}") from None
         with open(os.path.join(folder, "result.json")) as f:
             return json.load(f)
+
+
+def run_each(job, args: list[tuple], what: str, device_type: str = "cuda", limit_s: float = PEERS_LIMIT_S) -> list[dict]:
+    """``job(torch, device, *args[i])`` (a module-level function) in process i of ``len(args)``, on GPU i (every
+    process on the CPU where ``device_type`` is "cpu": tests), no process group; each process's result (a JSON-able
+    dict), in order."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as folder:
+        context = mp.start_processes(_each_worker, args=(folder, job, args, device_type), nprocs=len(args),
+                                     start_method="spawn", join=False)
+        join_within(context, limit_s, f"{what} ({len(args)} processes)")
+        out = []
+        for i in range(len(args)):
+            with open(os.path.join(folder, f"result-{i}.json")) as f:
+                out.append(json.load(f))
+        return out
+
+
+def _each_worker(i: int, folder: str, job, args: list[tuple], device_type: str) -> None:
+    import torch
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(i)
+        device = torch.device("cuda", i)
+    out = job(torch, device, *args[i])
+    with open(os.path.join(folder, f"result-{i}.json"), "w") as f:
+        json.dump(out, f)
 
 
 def join_within(context, limit_s: float, what: str) -> None:
@@ -62,8 +97,12 @@ def _worker(rank: int, world: int, folder: str, job, args: tuple) -> None:
                             world_size=world, device_id=device)
     try:
         out = job(torch, device, world, *args)
-        if rank == 0:
-            with open(os.path.join(folder, "result.json"), "w") as f:
-                json.dump(out, f)
-    finally:
-        dist.destroy_process_group()
+    except Exception as e:  # its peers may wait in a collective it left, and an orderly destroy waits with them
+        # (2 x H200, 2026-11-29): its error kept for the one line, the process ended at once, the group with it
+        with open(os.path.join(folder, f"error-{rank}.txt"), "w") as f:
+            f.write(f"{type(e).__name__}: {e}".splitlines()[0][:300])
+        os._exit(1)
+    if rank == 0:
+        with open(os.path.join(folder, "result.json"), "w") as f:
+            json.dump(out, f)
+    dist.destroy_process_group()

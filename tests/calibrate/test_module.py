@@ -54,6 +54,45 @@ def test_module_section_of_a_tiny_llama(tmp_path, capsys, one_thread):
     assert Profile.load(out).tiers  # the base profile's tiers kept
 
 
+def test_the_widths_shared_out_to_lanes_give_the_same_shapes_as_one_after_the_other(tmp_path, capfd):
+    """--gpus 2 (on the CPU: 2 processes) times width 1 in one process and width 2 in the other, each its own
+    models; the section has the same shapes as the widths timed one after the other, in the same order, and each
+    lane's progress is on stderr."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    out = tmp_path / "p.json"
+    assert run(["--model", str(cfg), "--out", str(out), "--device", "cpu", "--tensor", "2,1", "--micro-batches", "1",
+                "--sequence", "16", "--iters", "3", "--warmup", "0", "--no-host", "--gpus", "2"]) == 0
+    section = Profile.load(out).module
+    assert [p.key for p in section.points] == [(1, 1, 16), (2, 1, 16)]
+    assert all(p.block["forward_s"] >= 0 and p.block["recompute_s"] is not None for p in section.points)
+    err = capfd.readouterr().err
+    assert "shared out to 2 processes" in err and "[module] lane 0: tensor 1, micro-batch 1" in err \
+        and "[module] lane 1: tensor 2, micro-batch 1" in err
+
+
+def test_the_widths_are_shared_out_by_their_cost():
+    """A width's shapes cost about 1 / width: width 1 alone on a lane of two, the rest together (closed forms; a
+    planted round-robin would give (1, 4) and (2, 8))."""
+    from calibrate.moduletime import lane_shares
+    assert lane_shares((1, 2, 4, 8), 2) == [(1,), (2, 4, 8)]
+    assert lane_shares((8, 1, 4, 2), 3) == [(1,), (2,), (4, 8)]
+    assert lane_shares((1, 2, 4, 8), 4) == [(1,), (2,), (4,), (8,)]
+
+
+def test_more_gpus_than_torch_sees_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    import torch
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for gpus, words in (("4", "--gpus 4: torch sees 2 GPU(s): give at most that"), ("0", "--gpus 0: give 1 or more")):
+        assert run(["--model", str(cfg), "--out", str(tmp_path / "p.json"), "--gpus", gpus]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0]
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_host_cost_per_path_on_a_group_of_one(one_thread):
     import torch
 
@@ -66,6 +105,25 @@ def test_host_cost_per_path_on_a_group_of_one(one_thread):
     assert set(found) == set(ONE_GROUP_PATHS), lines
     assert all(len(v) == 2 and min(v) >= 0 for v in found.values())
     assert not torch.distributed.is_initialized()  # the group of one destroyed
+
+
+def test_a_path_that_fails_is_skipped_alone_and_raised_on_a_rank_of_several(one_thread, monkeypatch):
+    """On a group of one a path that cannot be placed is said and the others go on; a rank of several (``strict``,
+    ``peer_host``'s job) raises it, so that its peer is not left waiting in that path's collectives (an 8 B Llama's
+    peers hung so on 2 x H200: one rank skipped fully_shard, the other waited in its all-gather)."""
+    import torch
+
+    import calibrate.moduletime as mt
+    um = mt.hf_module(LLAMA, "config")
+    real = mt._wrap
+    monkeypatch.setattr(mt, "_wrap", lambda torch, m, path: (_ for _ in ()).throw(RuntimeError("no room"))
+                        if path == "ddp" else real(torch, m, path))
+    lines = []
+    found = mt.host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("none", "ddp"))
+    assert set(found) == {"none"} and any("host ddp: not measured (RuntimeError: no room)" in ln for ln in lines)
+    with pytest.raises(RuntimeError, match="no room"):
+        mt.host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("none", "ddp"), strict=True)
+    assert not torch.distributed.is_initialized()
 
 
 def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_installed(one_thread, monkeypatch):
