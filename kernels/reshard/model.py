@@ -117,7 +117,7 @@ def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float,
     (``launch`` None: MPI) run inside the dry run one after the other, so its copies and fills (its operations
     simulated with the transfers free) come off it. Asynchronous ones (NCCL) run on the streams while the host
     walks on, so the walk keeps its copies and fills and adds, on its busiest rank, each of that rank's transfers'
-    and collectives' ``launch`` (what issuing it costs the host: ``queued_cost``). Never below 0."""
+    and collectives' ``launch`` (what issuing it costs the host: ``launch_cost``). Never below 0."""
     if launch is None:
         local = simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0)
         return max(dry - local - empty, 0.0)
