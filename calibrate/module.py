@@ -25,7 +25,7 @@ Section shape (version 1)::
 A point is one local shape the search considers: the block built with heads, K/V heads and the MLP's
 width divided by ``tensor`` (and the vocabulary by ``tensor``: a vocabulary-parallel embedding and
 head), a local micro-batch of ``micro_batch`` sequences of ``sequence`` tokens. ``block`` is one
-transformer block (a model of 1 + ``calibrate.moduletime.MORE`` blocks less one of one block, over ``MORE``,
+transformer block (a model of 1 + ``calibrate.usermodule.MORE`` blocks less one of one block, over ``MORE``,
 so the embedding, the final norm, the head and the loss cancel): its forward, its backward (forward +
 backward less forward, into fresh gradients), the forward that full recomputation re-runs in the backward
 (``recompute_s``; null where the module could not be checkpointed) and its fused AdamW step;

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from calibrate.errors import UserError
-from calibrate.moduletime import param_groups  # noqa: F401 (autotune.param_groups)
+from calibrate.modulehost import param_groups  # noqa: F401 (autotune.param_groups)
 from calibrate.optional import require_torch
 
 from autotune.plan.file import load_plan

@@ -24,7 +24,7 @@ from calibrate.errors import UserError
 
 from calibrate.measure.engine import TorchGroup
 from calibrate.measure.torcharm import mark, span
-from calibrate.moduletime import loss_of
+from calibrate.usermodule import loss_of
 from calibrate.optional import require_torch
 from calibrate.run_limits import host_available_bytes
 
@@ -141,7 +141,7 @@ def forward_loss(model, ids, targets):
     """The mean loss of a step's micro-batch, as the README's training script and ``calibrate module`` take it: a
     Hugging Face causal LM (a factory may return one) called with ``input_ids`` and ``labels=targets``, its own
     loss (the labels shifted inside; the key/value cache as its config says); any other module as
-    ``forward(ids, targets)``, returning the loss (``calibrate.moduletime.loss_of``: or nanoGPT's
+    ``forward(ids, targets)``, returning the loss (``calibrate.usermodule.loss_of``: or nanoGPT's
     ``(logits, loss)``)."""
     inner = getattr(model, "module", model)  # DDP's wrapped module
     if hasattr(inner, "config") and hasattr(inner, "get_input_embeddings"):

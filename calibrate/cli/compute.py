@@ -22,7 +22,7 @@ bandwidths of the step's other memory-bound kernels, which move fewer bytes a
 second than a copy); one-element kernels queued behind a matmul (a kernel's fixed cost in a step); the
 host's cost of each of apply's paths (``host_s``: a small Llama block issued on a process group of one, the
 multi-device paths among 2 GPUs where 2 are visible, else the tensor paths under torch's fake process group of 2,
-``calibrate.moduletime.reference_host``) and compute's slowdown beside communication (``overlap``: a
+``calibrate.modulehost.reference_host``) and compute's slowdown beside communication (``overlap``: a
 matmul beside NCCL collectives between 2 GPUs where 2 are visible, else beside a copy, said in the
 profile: ``calibrate.overlap``); multi-GPU planning needs both. Writes the
 profile's ``compute`` section (``calibrate.compute``) and its ``device`` section (the GPU's
@@ -52,10 +52,11 @@ from calibrate.computeeval import Grid
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json, write_json
 from calibrate.measure.torcharm import TorchArm, medians, timing
-from calibrate.moduletime import REFERENCE, reference_host
+from calibrate.modulehost import reference_host
 from calibrate.overlap import measure_overlap
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Device, Profile
+from calibrate.usermodule import REFERENCE
 
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 SQUARES = (256, 512, 1024, 2048, 4096, 8192)

@@ -21,9 +21,10 @@ from pathlib import Path
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json
-from calibrate.moduletime import MORE, factory_module, hf_module, measure
+from calibrate.moduletime import measure
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Profile
+from calibrate.usermodule import MORE, factory_module, hf_module
 
 
 def parser():

@@ -1,7 +1,7 @@
 """Processes of one NCCL group on this machine's first GPUs, spawned by ``torch.multiprocessing``: what
 ``calibrate compute`` and ``calibrate module`` measure among peers (compute's slowdown beside collectives:
 ``calibrate.overlap``; the host's cost of the paths whose collectives a group of one skips:
-``calibrate.moduletime.peer_host``). Set up and torn down once here, NVLink multicast off, the communicators
+``calibrate.modulehost.peer_host``). Set up and torn down once here, NVLink multicast off, the communicators
 destroyed on every rank (``run_peers``); or processes one on each GPU, no group, each with a share of independent
 work (``run_each``: ``calibrate module``'s tensor widths). A job that fails, or that has not finished within its
 limit (a hung group), ends the run with one line, its processes stopped."""

@@ -96,7 +96,8 @@ def test_more_gpus_than_torch_sees_is_one_line_before_any_work(tmp_path, monkeyp
 def test_host_cost_per_path_on_a_group_of_one(one_thread):
     import torch
 
-    from calibrate.moduletime import ONE_GROUP_PATHS, hf_module, host_seconds
+    from calibrate.modulehost import ONE_GROUP_PATHS, host_seconds
+    from calibrate.usermodule import hf_module
     um = hf_module(LLAMA, "config")
     lines = []
     found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append)
@@ -113,8 +114,9 @@ def test_a_path_that_fails_is_skipped_alone_and_raised_on_a_rank_of_several(one_
     peers hung so on 2 x H200: one rank skipped fully_shard, the other waited in its all-gather)."""
     import torch
 
-    import calibrate.moduletime as mt
-    um = mt.hf_module(LLAMA, "config")
+    import calibrate.modulehost as mt
+    from calibrate.usermodule import hf_module
+    um = hf_module(LLAMA, "config")
     real = mt._wrap
     monkeypatch.setattr(mt, "_wrap", lambda torch, m, path: (_ for _ in ()).throw(RuntimeError("no room"))
                         if path == "ddp" else real(torch, m, path))
@@ -131,10 +133,11 @@ def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_in
     reference shape (the class users import), per layer occurrence; without transformers on the project's
     plain-torch reference module."""
     import torch
-    from calibrate import moduletime
-    from calibrate.moduletime import ONE_GROUP_PATHS, REFERENCE, REFERENCE_OCCURRENCES
-    assert moduletime.reference_recipe()[0] == "hf"
-    um = moduletime.rebuild(moduletime.reference_recipe())
+    from calibrate import modulehost
+    from calibrate.modulehost import ONE_GROUP_PATHS, REFERENCE_OCCURRENCES
+    from calibrate.usermodule import REFERENCE
+    assert modulehost.reference_recipe()[0] == "hf"
+    um = modulehost.rebuild(modulehost.reference_recipe())
     assert um.name == "transformers:LlamaForCausalLM" and um.model == REFERENCE
     calls = []
 
@@ -142,23 +145,24 @@ def test_calibrate_computes_reference_block_is_transformers_llama_where_it_is_in
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         calls.append((um_.name, world, paths))
         return {p: (1.0 * world, 2.0 * world) for p in paths}
-    monkeypatch.setattr(moduletime, "host_seconds", timed)
-    figures, outside, block, peers, where = moduletime.reference_host(torch, torch.device("cpu"), 1, 0, lambda s: None)
+    monkeypatch.setattr(modulehost, "host_seconds", timed)
+    figures, outside, block, peers, where = modulehost.reference_host(torch, torch.device("cpu"), 1, 0, lambda s: None)
     # no 2 GPUs: the tensor paths timed as rank 0 of torch's fake group of 2, the group gone afterwards
     assert block == calls[0][0] == "transformers:LlamaForCausalLM" and not torch.distributed.is_initialized()
-    assert [c[1:] for c in calls] == [(1, ONE_GROUP_PATHS), (2, moduletime.FAKE_HOST_PATHS)]
-    assert peers == moduletime.FAKE_HOST_PATHS and where == moduletime.UNDER_FAKE
+    assert [c[1:] for c in calls] == [(1, ONE_GROUP_PATHS), (2, modulehost.FAKE_HOST_PATHS)]
+    assert peers == modulehost.FAKE_HOST_PATHS and where == modulehost.UNDER_FAKE
     n = REFERENCE_OCCURRENCES
     assert figures == {**{p: (1.0 / n, 2.0 / n) for p in ONE_GROUP_PATHS},
-                       **{p: (2.0 / n, 4.0 / n) for p in moduletime.FAKE_HOST_PATHS}}
-    monkeypatch.setattr(moduletime.importlib, "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)))
-    assert moduletime.reference_recipe() == ("reference",)
+                       **{p: (2.0 / n, 4.0 / n) for p in modulehost.FAKE_HOST_PATHS}}
+    monkeypatch.setattr(modulehost.importlib, "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)))
+    assert modulehost.reference_recipe() == ("reference",)
 
 
 def test_the_tensor_paths_styles_take_transformers_names_and_say_when_they_cannot(one_thread):
     import torch
 
-    from calibrate.moduletime import UNDER_FAKE, fake_host, hf_module, host_seconds, rebuild
+    from calibrate.modulehost import UNDER_FAKE, fake_host, host_seconds
+    from calibrate.usermodule import hf_module, rebuild
     um = rebuild(hf_module(LLAMA, "config").recipe)  # as a peer process builds it
     lines, outside = [], {}
     found = host_seconds(torch, um, 1, 8, torch.device("cpu"), 3, 0, lines.append, ("none", "tensor", "sequence"),
@@ -223,7 +227,7 @@ def broken(config):
 def test_a_config_saved_without_architectures_builds_by_its_model_type():
     """``LlamaConfig(...).save_pretrained`` writes no architectures (only a model's save_pretrained does): its
     model_type names the class, as for the search's --model config.json; BERT's is still refused in one line."""
-    from calibrate.moduletime import hf_module
+    from calibrate.usermodule import hf_module
     bare = {k: v for k, v in LLAMA.items() if k != "architectures"}
     um = hf_module(bare, "config")
     assert (um.name, um.model, um.widths) == ("transformers:LlamaForCausalLM", hf_module(LLAMA, "config").model,
@@ -247,7 +251,7 @@ def nanogpt_like(config):
 def test_a_nanogpt_factory_and_a_gpt_model_json_without_ffn_are_timed(tmp_path, capsys, one_thread):
     """nanoGPT's (logits, loss) is its loss (``loss_of``: execute and tune read it the same way), and a gpt model
     JSON without ffn has the search's default, 4 x hidden; a forward returning something else is one line."""
-    from calibrate.moduletime import loss_of
+    from calibrate.usermodule import loss_of
     model = tmp_path / "model.json"
     model.write_text(json.dumps({"kind": "gpt", "layers": 2, "hidden": 32, "heads": 2, "vocabulary": 64,
                                  "sequence": 16, "batch": 2, "micro_batch": 1}))
@@ -286,9 +290,10 @@ def test_a_module_that_cannot_be_timed_names_the_contract(tmp_path, capsys, one_
 def _styled_loss(path: str) -> tuple[float, bool]:
     import torch
 
-    from calibrate.moduletime import MORE, _Timed, _wrap, hf_module
+    from calibrate.modulehost import _wrap
+    from calibrate.usermodule import MORE, Timed, hf_module
     torch.manual_seed(0)
-    m = _Timed(torch, hf_module(LLAMA, "config"), 1 + MORE, 1, torch.device("cpu"))
+    m = Timed(torch, hf_module(LLAMA, "config"), 1 + MORE, 1, torch.device("cpu"))
     if path != "none":
         _wrap(torch, m, path)
     m.inputs(2, 8, LLAMA["vocab_size"])
@@ -300,7 +305,7 @@ def _styled_loss(path: str) -> tuple[float, bool]:
 
 def test_the_tensor_paths_styles_compute_the_plain_models_loss_on_two_ranks():
     """The model placed for the host's timing on the tensor path, without and with sequence parallelism
-    (``moduletime._tensor_parallel``: the blocks' styles, the embedding and the head split by vocabulary, the loss
+    (``modulehost._tensor_parallel``: the blocks' styles, the embedding and the head split by vocabulary, the loss
     and its backward under loss_parallel), computes the model's own loss on 2 gloo ranks: the styles time the step
     apply runs, not another one (a stream split by tokens read whole would double the sequence, or fail)."""
     from tests.autotune.gloo_runner import run_on_gloo

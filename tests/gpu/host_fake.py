@@ -1,4 +1,4 @@
-"""The host's cost of the multi-GPU apply paths measured on ONE GPU: ``calibrate.moduletime.host_seconds`` of
+"""The host's cost of the multi-GPU apply paths measured on ONE GPU: ``calibrate.modulehost.host_seconds`` of
 ddp, fully_shard, tensor and dtensor for transformers' LlamaForCausalLM 1.5 B (plans_h200x2.md's model) under
 torch's fake process group of 2 (every collective a no-op: the host's work of a group of 2, DTensor's sharding
 and dispatch at width 2, without the device's communication), beside the NCCL group of one that calibrate module
@@ -18,7 +18,8 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from calibrate.moduletime import PEER_HOST_PATHS, REFERENCE_HF, hf_module, host_seconds
+from calibrate.modulehost import PEER_HOST_PATHS, REFERENCE_HF, host_seconds
+from calibrate.usermodule import hf_module
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
           "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 16,
