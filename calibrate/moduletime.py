@@ -121,8 +121,9 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
             progress, source: str, host: bool = True, save=None, lanes: int = 1) -> ModuleSection:
     """The module section of ``um`` at every (tensor width, micro-batch) of ``widths`` x ``micro_batches``
     and ``sequence`` (module docstring; ``time_widths``). With ``lanes`` above 1 the widths are shared out
-    (``lane_shares``) to that many processes (``calibrate.device.peers.run_each``: one GPU each, GPUs 0 to lanes - 1, each
-    width on one GPU as alone; on the CPU, processes: tests), else timed one after the other on ``device``.
+    (``lane_shares``) to that many processes (``calibrate.device.peers.run_each``: one GPU each, GPUs 0 to
+    lanes - 1, each width on one GPU as alone; on the CPU, processes: tests), else timed one after the other
+    on ``device``.
     ``save`` (given) is called with the section of the timed shapes before the host's cost is measured: an
     interrupted run keeps them."""
     bad = [t for t in widths if t not in um.widths]

@@ -38,7 +38,8 @@ def run_peers(job, args: tuple = (), world: int = 2, what: str = "the measuremen
             return json.load(f)
 
 
-def run_each(job, args: list[tuple], what: str, device_type: str = "cuda", limit_s: float = PEERS_LIMIT_S) -> list[dict]:
+def run_each(job, args: list[tuple], what: str, device_type: str = "cuda",
+             limit_s: float = PEERS_LIMIT_S) -> list[dict]:
     """``job(torch, device, *args[i])`` (a module-level function) in process i of ``len(args)``, on GPU i (every
     process on the CPU where ``device_type`` is "cpu": tests), no process group; each process's result (a JSON-able
     dict), in order."""

@@ -228,9 +228,9 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
     (one task: strategies and solvers) are the arms of one engine comparison (``calibrate.measure``),
     each run ``iters`` times alone after a barrier in interleaved rounds and checked exactly before
     and after, beside each plan's dry run when ``iters`` is above 1; each plan is then predicted by its
-    executor's operations, each timed alone and back to back (``primitive_times``, ``executor_predictions``). On rank 0 prints a line per plan
-    and returns the rows (measured: the median over runs of the slowest rank; None where the plan did not
-    run right); [] elsewhere."""
+    executor's operations, each timed alone and back to back (``primitive_times``, ``executor_predictions``).
+    On rank 0 prints a line per plan and returns the rows (measured: the median over runs of the slowest
+    rank; None where the plan did not run right); [] elsewhere."""
     check_ranks(plans, comm.Get_size())
     be = BACKENDS.get(backend)(comm)
     group = MpiGroup(comm)
