@@ -180,7 +180,7 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     with _group_of_one(torch, device):
         for path in paths:
-            models = None
+            models = arms = m = None
             try:
                 models = {n: Timed(torch, um, n, 1, device) for n in (1, 1 + MORE)}
                 for m in models.values():
@@ -208,8 +208,8 @@ def host_seconds(torch, um: UserModule, micro_batch: int, sequence: int, device,
                 if strict:
                     raise
                 progress(f"host {path}: not measured ({type(e).__name__}: {str(e)[:120]})")
-            finally:
-                models = None
+            finally:  # every reference to the path's models (``m``, the arms) dropped before the cache is emptied:
+                models = arms = m = None  # else the next path is built beside this one (8 B on 2 GPUs: OOM)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     if memory is not None and "none" in peaks:

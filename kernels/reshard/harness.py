@@ -156,7 +156,10 @@ class DryBackend(Backend):
     def _move_nothing(self, *args):
         pass
 
-    send = recv = ring_broadcast = allgather = exchange = _move_nothing
+    send = recv = ring_broadcast = allgather = _move_nothing
+
+    def group(self):
+        return self.be.group()
 
     def synchronize(self):
         self.be.synchronize()
@@ -189,8 +192,8 @@ def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, queue
     """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone beside
     the host's time from its dry run and, on an asynchronous backend, the operations' launches,
     ``kernels.reshard.model``; absent where one of them did not run), ``host_s``, and what they came from: the dry
-    run (``dry_s``), the empty call and each operation, in the order issued, with its cost alone and its launch
-    (``operations``: kind, ranks, bytes, seconds, seconds); returns the rows' measured / predicted_exec."""
+    run (``dry_s``), the empty call and each operation, in the order issued, with its cost alone, its launch and its
+    wave (``operations``: kind, ranks, bytes, seconds, seconds, wave); returns the rows' measured / predicted_exec."""
     ratios = []
     for row, plan, d in zip(rows, plans, dry):
         ops = operations(plan)
@@ -198,7 +201,7 @@ def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, queue
             continue
         cost, launch = measured_cost(times, empty), launch_cost(times, queued, QUEUE, empty)
         row.update(dry_s=d, empty_s=empty,
-                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), launch(op)] for op in ops])
+                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), launch(op), op.wave] for op in ops])
         row["host_s"] = host_time(plan, cost, empty, d, launch if asynchronous else None)
         row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
         ratios.append(row["measured_s"] / row["predicted_exec_s"])

@@ -1,33 +1,35 @@
 """What the executor does, priced: a plan as the operations each rank's stream runs
-(``kernels.reshard.program``: every rank walks the jobs in plan order on one stream), simulated
+(``kernels.reshard.program``: every rank posts the jobs' transfers in waves on one stream), simulated
 with a cost per operation.
 
 The planner's makespan charges each job its transfers under the network model; the executor
 does more, and differently (4 x H200, 2026-11-28: measured 1.1 to 1.9x the makespan):
-- ``pack``: the sender's slice is copied to a contiguous buffer when it is not contiguous in its tile;
-- send_recv: one point-to-point transfer of the unit per receiver other than the sender, one after
-  the other on the sender's stream (a transfer starts when both ends are free);
+- ``pack``: the sender's slice is copied to a contiguous buffer when it is not contiguous in its tile
+  (every job's, before the first wave);
+- send_recv: one point-to-point transfer of the unit per receiver other than the sender;
 - local/global all-gather: the sender zero-fills a padded buffer (``part`` = n / g rounded up, g
-  parts), copies the slice into it and sends each receiver its part in turn; each receiver
-  zero-fills its buffer and receives its part (the sender, when it receives, copies its own), then
-  the group all-gathers g parts;
+  parts), copies the slice into it and sends each receiver its part; each receiver zero-fills its buffer
+  and receives its part (the sender, when it receives, copies its own); in the second wave the group
+  all-gathers g parts;
 - broadcast: one broadcast of the unit over the chain (NCCL pipelines it itself: no partitions);
-- ``place``: every receiver copies the unit into its destination tile;
+- ``place``: every receiver copies the unit into its destination tile, after the last wave;
 and every call ends with a synchronisation (what a call that moves nothing costs: ``empty``).
-A transfer or collective starts when the streams of all its ranks are free and holds them for its
-cost; a copy or fill holds its own rank's stream. The host walks the plan in Python besides
-(``host``: a dry run's time, the plan executed with transfers that move nothing, less its copies and
-fills and ``empty``; on a backend whose operations are asynchronous, NCCL, the host queues them on the
-stream: the dry run less ``empty``, its copies and fills hidden under the walk, plus what issuing each
-transfer and collective costs the host, ``launch``): there the call takes the longer of the streams and
-the host, on a synchronous one (MPI) both one after the other. The prediction adds ``empty``. The costs
-are a function of the operation (``Op``): ``kernels.reshard.harness`` measures each distinct operation of
-the plans alone and back to back, and each plan's dry run, in the same run (2 x H200, 2026-11-29, three
-shapes: reports/records/collectives4.md, session 24).
+A wave (``Op.wave``) runs its copies and fills on their ranks' streams, then its transfers and collectives
+together, as one group: they start when the streams of all the wave's ranks are free and end together, after
+the busiest rank's share: the longer of what it sends and what it receives point to point (the two directions
+of a link run at once; one direction's transfers one after the other), and its collectives one after the other.
+The host walks the plan in Python besides (``host``: a dry run's time, the plan executed with transfers that
+move nothing, less its copies and fills and ``empty``; on a backend whose operations are asynchronous, NCCL,
+the host queues them on the stream: the dry run less ``empty``, its copies and fills hidden under the walk,
+plus what issuing each wave's group costs the host, ``launch``): there the call takes the longer of the streams
+and the host, on a synchronous one (MPI) both one after the other. The prediction adds ``empty``. The costs are
+a function of the operation (``Op``): ``kernels.reshard.harness`` measures each distinct operation of the plans
+alone and back to back, and each plan's dry run, in the same run (2 x H200, 2026-11-29, three shapes:
+reports/records/collectives4.md, session 24).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -43,12 +45,13 @@ KINDS = ("p2p", "broadcast", "allgather", "copy", "fill")
 class Op:
     """One operation: ``kind`` (``KINDS``), the ranks whose streams it holds (p2p: sender, receiver;
     broadcast: the chain, sender first; allgather: the group), its bytes (allgather: the gathered
-    buffer) and, for a broadcast, the plan's partitions (the MPI backend pipelines by them)."""
+    buffer), for a broadcast the plan's partitions (the MPI backend pipelines by them), and its wave."""
 
     kind: str
     ranks: tuple[int, ...]
     nbytes: int
     partitions: int = 1
+    wave: int = field(default=0, compare=False)  # the group it is posted in (``PLACE``: the places after them)
 
     @property
     def key(self) -> tuple:
@@ -89,26 +92,40 @@ def operations(plan: Plan) -> list[Op]:
             if s in group:
                 out += [Op("fill", (s,), part * g), Op("copy", (s,), part)]
             if g > 1:
-                out.append(Op("allgather", group, part * g))
+                out.append(Op("allgather", group, part * g, wave=1))
         elif job.strategy == "broadcast":
             chain = tuple(broadcast_chain(plan.task.devices_per_host, s, recv))
             if len(chain) > 1:
                 out.append(Op("broadcast", chain, n, job.partitions))
-        out += [Op("copy", (d,), n) for d in recv]
+        out += [Op("copy", (d,), n, wave=PLACE) for d in recv]
     return out
 
 
-def simulate(ops: list[Op], cost: Callable[[Op], float]) -> float:
-    """The last stream's end: each operation starts when all its ranks' streams are free."""
-    free: dict[int, float] = {}
-    for op in ops:
-        end = max(free.get(r, 0.0) for r in op.ranks) + cost(op)
-        for r in op.ranks:
-            free[r] = end
-    return max(free.values(), default=0.0)
-
-
+PLACE = 2  # the places' wave: after the scatters and transfers (0) and the all-gathers (1)
 LOCAL = ("copy", "fill")
+
+
+def simulate(ops: list[Op], cost: Callable[[Op], float]) -> float:
+    """The last stream's end, wave by wave (module doc): a wave's copies and fills on their ranks' streams, then
+    its transfers and collectives as one group, which starts when all its ranks' streams are free and ends after
+    the busiest rank's point-to-point directions (each the sum of its transfers) and collectives."""
+    free: dict[int, float] = {}
+    for w in sorted({op.wave for op in ops}):
+        wave = [op for op in ops if op.wave == w]
+        for op in wave:
+            if op.kind in LOCAL:
+                free[op.ranks[0]] = free.get(op.ranks[0], 0.0) + cost(op)
+        moves = [op for op in wave if op.kind not in LOCAL]
+        ranks = {r for op in moves for r in op.ranks}
+        if not ranks:
+            continue
+
+        def share(r: int) -> float:
+            out, into = (sum(cost(op) for op in moves if op.kind == "p2p" and op.ranks[end] == r) for end in (0, 1))
+            return max(out, into) + sum(cost(op) for op in moves if op.kind != "p2p" and r in op.ranks)
+        end = max(free.get(r, 0.0) for r in ranks) + max(share(r) for r in ranks)
+        free.update(dict.fromkeys(ranks, end))
+    return max(free.values(), default=0.0)
 
 
 def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float,
@@ -116,14 +133,15 @@ def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float,
     """The host's own time in one call, from the dry run's ``dry`` seconds less ``empty``. Operations that block
     (``launch`` None: MPI) run inside the dry run one after the other, so its copies and fills (its operations
     simulated with the transfers free) come off it. Asynchronous ones (NCCL) run on the streams while the host
-    walks on, so the walk keeps its copies and fills and adds, on its busiest rank, each of that rank's transfers'
-    and collectives' ``launch`` (what issuing it costs the host: ``launch_cost``). Never below 0."""
+    walks on, so the walk keeps its copies and fills and adds, on its busiest rank, one launch a wave: the largest
+    ``launch`` of that rank's transfers and collectives in it (what issuing it costs the host: ``launch_cost``; a
+    wave is one group). Never below 0."""
     if launch is None:
         local = simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0)
         return max(dry - local - empty, 0.0)
     ops = [op for op in operations(plan) if op.kind not in LOCAL]
-    issued = max((sum(launch(op) for op in ops if r in op.ranks) for r in {r for op in ops for r in op.ranks}),
-                 default=0.0)
+    issued = max((sum(max((launch(op) for op in ops if op.wave == w and r in op.ranks), default=0.0)
+                      for w in {op.wave for op in ops}) for r in {r for op in ops for r in op.ranks}), default=0.0)
     return max(dry - empty, 0.0) + issued
 
 

@@ -1,11 +1,14 @@
 """The MPI backend: host (numpy) buffers, point-to-point MPI between ranks.
 
 Device ids of the plan map to ranks through ``ranks`` (default: device id =
-rank). The ring broadcast forwards each of its K partitions as soon as it has
+rank). Inside a group (``group``) sends and receives are non-blocking, completed when it closes. The ring
+broadcast forwards each of its K partitions as soon as it has
 arrived (non-blocking sends), so the partitions pipeline down the chain; the
 all-gather is a ring of Sendrecv steps.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
@@ -20,15 +23,22 @@ class MPIBackend(Backend):
         self.comm = comm or MPI.COMM_WORLD
         self.ranks = ranks
         self.device = self.comm.Get_rank() if device is None else device
+        self._posted: list | None = None  # the open group's requests (``group``); None: blocking calls
 
     def rank(self, device: int) -> int:
         return device if self.ranks is None else self.ranks[device]
 
     def send(self, buf, peer, tag):
-        self.comm.Send(buf, dest=self.rank(peer), tag=tag)
+        if self._posted is None:
+            self.comm.Send(buf, dest=self.rank(peer), tag=tag)
+        else:
+            self._posted.append(self.comm.Isend(buf, dest=self.rank(peer), tag=tag))
 
     def recv(self, buf, peer, tag):
-        self.comm.Recv(buf, source=self.rank(peer), tag=tag)
+        if self._posted is None:
+            self.comm.Recv(buf, source=self.rank(peer), tag=tag)
+        else:
+            self._posted.append(self.comm.Irecv(buf, source=self.rank(peer), tag=tag))
 
     def ring_broadcast(self, buf, chain, partitions, tag):
         i = chain.index(self.device)
@@ -54,10 +64,15 @@ class MPIBackend(Backend):
             self.comm.Sendrecv(buf[s * part:(s + 1) * part], dest=nxt, sendtag=tag,
                                recvbuf=buf[r * part:(r + 1) * part], source=prev, recvtag=tag)
 
-    def exchange(self, sends, recvs):
-        reqs = [self.comm.Irecv(buf, source=self.rank(peer), tag=32001) for buf, peer in recvs]
-        reqs += [self.comm.Isend(buf, dest=self.rank(peer), tag=32001) for buf, peer in sends]
-        MPI.Request.Waitall(reqs)
+    @contextmanager
+    def group(self):
+        """Sends and receives inside it are non-blocking, completed together when it closes."""
+        self._posted = []
+        try:
+            yield
+            MPI.Request.Waitall(self._posted)
+        finally:
+            self._posted = None
 
     def synchronize(self):
         self.comm.Barrier()

@@ -6,10 +6,12 @@ communicator (created in ``prepare``, in the same sorted order on all ranks, its
 unique id handed out over MPI by the group's first member). A broadcast runs as
 one ncclBroadcast over the chain's communicator: NCCL's ring broadcast pipelines
 the buffer in chunks itself, so the plan's K is not used here. All NCCL calls go
-on one stream per rank, so the jobs of a rank run in plan order. The GPU is
+on one stream per rank; a wave of the plan's transfers is one NCCL group, its collectives after it. The GPU is
 chosen from the node-local rank; two ranks on one GPU are refused.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
@@ -44,6 +46,7 @@ class NCCLBackend(Backend):
         self.stream.use()  # cupy's copies and NCCL's transfers share this one stream, hence its order
         self.world = device_nccl.communicator(self.comm)
         self.groups: dict[tuple[int, ...], object] = {}
+        self._after: list | None = None  # the collectives of the open group (``group``); None: none open
 
     def close(self) -> None:
         """Destroy every NCCL communicator, all ranks together (collective over ``comm``)."""
@@ -64,25 +67,41 @@ class NCCLBackend(Backend):
     def ring_broadcast(self, buf, chain, partitions, tag):
         if len(chain) < 2:
             return
-        self.groups[chain].broadcast(buf.data.ptr, buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), 0,
-                                     self.stream.ptr)
+        self._issue(lambda: self.groups[chain].broadcast(buf.data.ptr, buf.data.ptr, buf.size,
+                                                         _nccl_dtype(buf.dtype), 0, self.stream.ptr))
 
     def allgather(self, buf, group, part, tag):
         if len(group) < 2:
             return
         i = group.index(self.device)
-        self.groups[group].allGather(buf[i * part:(i + 1) * part].data.ptr, buf.data.ptr, part,
-                                     _nccl_dtype(buf.dtype), self.stream.ptr)
+        self._issue(lambda: self.groups[group].allGather(buf[i * part:(i + 1) * part].data.ptr, buf.data.ptr, part,
+                                                         _nccl_dtype(buf.dtype), self.stream.ptr))
 
-    def exchange(self, sends, recvs):
+    def _issue(self, collective) -> None:
+        """A collective now, or inside a group after its transfers (``group``)."""
+        if self._after is None:
+            collective()
+        else:
+            self._after.append(collective)
+
+    @contextmanager
+    def group(self):
+        """The point-to-point transfers inside it in one NCCL group over the world communicator; its collectives
+        (each on its own communicator) after it, one by one in the order called, which is the plan's on every rank:
+        communicators grouped together could be launched in different orders on the ranks' streams."""
         from cupy.cuda import nccl
 
-        nccl.groupStart()
-        for buf, peer in sends:
-            self.world.send(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), peer, self.stream.ptr)
-        for buf, peer in recvs:
-            self.world.recv(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), peer, self.stream.ptr)
-        nccl.groupEnd()
+        self._after = []
+        try:
+            nccl.groupStart()
+            try:
+                yield
+            finally:
+                nccl.groupEnd()
+            for collective in self._after:
+                collective()
+        finally:
+            self._after = None
 
     def synchronize(self):
         self.stream.synchronize()

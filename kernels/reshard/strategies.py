@@ -2,11 +2,13 @@
 (``STRATEGIES``: the names a plan's jobs use; the planner's cost models in
 ``autotune.reshard.strategies`` carry the same names).
 
-A strategy function gets the job's context (``Move``) and returns the flat buffer
-of the unit's elements on a receiver (None elsewhere):
+A strategy is a generator over the job's context (``Move``): each step posts one wave of its transfers
+(``kernels.reshard.program.execute`` posts every job's wave in one group) and yields; after its last it
+returns the flat buffer of the unit's elements on a receiver (None elsewhere). The buffers it posted stay
+alive in it until then:
 - send_recv: the sender sends the whole slice to each receiver;
 - local_allgather / global_allgather: the sender scatters 1/len(receivers) of the
-  slice to each receiver, which all-gather it;
+  slice to each receiver (the first wave), which all-gather it (the second);
 - broadcast: a ring broadcast from the sender along ``broadcast_chain``.
 """
 from __future__ import annotations
@@ -52,6 +54,7 @@ def send_recv(m: Move):
     buf = m.data if m.me == m.sender else xp.empty(m.n, m.dtype)
     if m.me in m.receivers and m.me != m.sender:
         be.recv(buf, m.sender, m.tag)
+    yield
     return buf
 
 
@@ -66,15 +69,18 @@ def allgather(m: Move):
         for i, d in enumerate(group):
             if d != m.me:
                 be.send(padded[i * part:(i + 1) * part], d, m.tag)
-    if m.me not in m.receivers:
-        return None
-    i = group.index(m.me)
-    buf = xp.zeros(part * len(group), m.dtype)
-    if m.me == m.sender:
-        buf[i * part:(i + 1) * part] = padded[i * part:(i + 1) * part]
-    else:
-        be.recv(buf[i * part:(i + 1) * part], m.sender, m.tag)
-    be.allgather(buf, group, part, m.tag)
+    buf = None
+    if m.me in m.receivers:
+        i = group.index(m.me)
+        buf = xp.zeros(part * len(group), m.dtype)
+        if m.me == m.sender:
+            buf[i * part:(i + 1) * part] = padded[i * part:(i + 1) * part]
+        else:
+            be.recv(buf[i * part:(i + 1) * part], m.sender, m.tag)
+    yield
+    if buf is not None:
+        be.allgather(buf, group, part, m.tag)
+        yield
     return buf
 
 
@@ -82,6 +88,7 @@ def broadcast(m: Move):
     chain = tuple(broadcast_chain(m.devices_per_host, m.sender, m.receivers))
     buf = m.data if m.me == m.sender else m.backend.xp.empty(m.n, m.dtype)
     m.backend.ring_broadcast(buf, chain, m.partitions, m.tag)
+    yield
     return buf
 
 

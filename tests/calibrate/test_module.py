@@ -108,6 +108,33 @@ def test_host_cost_per_path_on_a_group_of_one(one_thread):
     assert not torch.distributed.is_initialized()  # the group of one destroyed
 
 
+def test_each_paths_models_are_freed_before_the_next_paths_are_built(one_thread, monkeypatch):
+    """A path's models must be gone (and so their memory emptied from the cache) before the next path's are
+    built: 2 x H200, 2026-11-29, the 8 B Llama's peers ran out of memory with the previous path's models still
+    held by its timing arms."""
+    import gc
+    import weakref
+
+    import torch
+
+    import calibrate.modulehost as mt
+    from calibrate.usermodule import hf_module
+    alive, at_build = [], []
+
+    class Tracked(mt.Timed):
+        def __init__(self, *a, **k):
+            gc.collect()
+            at_build.append(sum(r() is not None for r in alive))
+            super().__init__(*a, **k)
+            alive.append(weakref.ref(self))
+
+    monkeypatch.setattr(mt, "Timed", Tracked)
+    found = mt.host_seconds(torch, hf_module(LLAMA, "config"), 1, 8, torch.device("cpu"), 2, 0, lambda _: None,
+                            ("none", "ddp"))
+    assert set(found) == {"none", "ddp"}
+    assert at_build == [0, 1, 0, 1]  # each path: its one-block model, then its larger one beside it; never more
+
+
 def test_a_path_that_fails_is_skipped_alone_and_raised_on_a_rank_of_several(one_thread, monkeypatch):
     """On a group of one a path that cannot be placed is said and the others go on; a rank of several (``strict``,
     ``peer_host``'s job) raises it, so that its peer is not left waiting in that path's collectives (an 8 B Llama's

@@ -94,11 +94,12 @@ def test_the_hosts_walk_overlaps_asynchronous_operations_and_follows_synchronous
     assert predict(p, cost, empty, host) == pytest.approx(streams + host + empty)
 
 
-def test_on_nccl_the_host_walks_with_its_copies_hidden_and_pays_each_launch_on_its_busiest_rank():
+def test_on_nccl_the_host_walks_with_its_copies_hidden_and_pays_a_launch_a_wave_on_its_busiest_rank():
     """Asynchronous operations: the host's time is the dry run less the empty call (its copies and fills run on the
-    stream under the walk) plus, on the rank that issues the most, each transfer's launch: its time alone less what
-    it adds back to back (closed forms; a planted launch summed over all ranks would give 3 x 2 launches here, one
-    that keeps the old rule would take the copies off)."""
+    stream under the walk) plus, on the rank that issues the most, a launch for each wave (one group): the largest
+    of its transfers' launches there, each its time alone less what it adds back to back (closed forms; a planted
+    launch per transfer would give 3 here, one summed over all ranks 6, one that keeps the old rule would take
+    the copies off)."""
     from kernels.reshard.model import host_time
 
     p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")         # rank 0 sends three times
@@ -108,5 +109,22 @@ def test_on_nccl_the_host_walks_with_its_copies_hidden_and_pays_each_launch_on_i
     launch = launch_cost(times, four, 4, empty)
     assert launch(Op("p2p", (0, 1), N)) == pytest.approx(P2P / 2)
     dry = 150e-6 + empty
-    assert host_time(p, cost, empty, dry, launch) == pytest.approx(150e-6 + 3 * P2P / 2)
+    assert host_time(p, cost, empty, dry, launch) == pytest.approx(150e-6 + P2P / 2)
     assert host_time(p, cost, empty, dry) == pytest.approx(150e-6 - COPY)    # MPI: the copies block inside it
+    gather = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "global_allgather")       # the scatter's wave, the gather's
+    times = {op.key: cost(op) + empty for op in operations(gather)}
+    launch = launch_cost(times, {k: t + 3 * (t - empty) / 2 for k, t in times.items()}, 4, empty)
+    assert host_time(gather, cost, empty, dry, launch) == pytest.approx(150e-6 + P2P / 2 + GATHER / 2)
+
+
+def test_a_wave_runs_both_directions_of_a_link_at_once_and_one_direction_in_turn():
+    """A wave's transfers start together when their ranks are free and end together after the busiest rank's
+    longer direction: the 2 -> 2 transposed task (each rank sends the other a quarter and receives one) takes one
+    transfer where the walk job by job took two; a rank that sends twice to one peer takes both in turn (closed
+    forms; a planted sum of both directions would give 2 x P2P for the first)."""
+    ops = operations(plan("S1RR@1,2[0,1]:RS1R@1,2[0,1]", "send_recv"))
+    p2p = [o for o in ops if o.kind == "p2p"]
+    assert sorted(o.ranks for o in p2p) == [(0, 1), (1, 0)] and {o.wave for o in p2p} == {0}
+    assert simulate([o for o in ops if o.kind == "p2p"], lambda o: P2P) == pytest.approx(P2P)
+    twice = [Op("p2p", (0, 1), N), Op("p2p", (0, 1), N // 2), Op("copy", (1,), N, wave=2)]
+    assert simulate(twice, lambda o: COPY if o.kind == "copy" else P2P * o.nbytes / N) == pytest.approx(1.5 * P2P + COPY)
