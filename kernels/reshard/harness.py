@@ -22,8 +22,8 @@ from calibrate.errors import UserError
 from calibrate.measure.engine import Arm, ArmResult, MpiGroup, Options, TimingMode, compare
 from kernels.reshard.model import Op, host_time, launch_cost, measured_cost, operations, predict
 from kernels.reshard.plan import Plan
-from kernels.reshard.program import BACKENDS, Backend, _flat, _place, execute
-from kernels.reshard.spec import Box
+from kernels.reshard.program import BACKENDS, Backend, execute, legs
+from kernels.reshard.spec import Box, box_volume, local_slices
 
 
 def global_tensor(shape, dtype: str, seed: int) -> np.ndarray:
@@ -46,6 +46,7 @@ class PlanArm(Arm):
         self.plan, self.be = plan, be
         self.src_box = plan.task.src_tiles().get(be.device)
         self.dst_box = plan.task.dst_tiles().get(be.device)
+        self.legs = legs(plan, be.device)   # worked out once: a call is the plan's walk, as a user's loop runs it
         self._fill(seed)
 
     def _fill(self, seed: int) -> np.ndarray:
@@ -56,7 +57,7 @@ class PlanArm(Arm):
         return full
 
     def call(self) -> None:
-        execute(self.plan, self.be, self.src, self.dst)
+        execute(self.plan, self.be, self.src, self.dst, self.legs)
 
     def check(self, seed: int) -> int:
         full = self._fill(seed)
@@ -72,29 +73,34 @@ class PlanArm(Arm):
 
 
 class ExchangeArm(PlanArm):
-    """The same tiles moved by a plain exchange: each unit from its first holder to every receiver that
-    does not hold it (a receiver that does copies its own), every transfer of the rank posted at once
-    (``Backend.exchange``), then placed."""
+    """The same tiles moved by a plain exchange, as a user would write it: each unit from its first holder to
+    every receiver that does not hold it (a receiver that does copies its own, tile to tile), the slices worked
+    out once; a call packs what it sends, posts every transfer of the rank at once (``Backend.exchange``), then
+    places what it received."""
 
-    def call(self) -> None:
-        be, task = self.be, self.plan.task
-        me, dtype = be.device, np.dtype(task.dtype)
+    def __init__(self, plan: Plan, be: Backend, seed: int):
+        super().__init__(plan, be, seed)
+        task, me = plan.task, be.device
         src_at, dst_at = task.src_tiles().get(me), task.dst_tiles().get(me)
-        sends, recvs, local = [], [], []
-        for u in sorted(self.plan.units, key=lambda u: u.index):
-            n = int(np.prod([hi - lo for lo, hi in u.box]))
+        self.local, self.sends, self.recvs = [], [], []
+        for u in sorted(plan.units, key=lambda u: u.index):
             for r in u.receivers:
                 if r == me and me in u.senders:
-                    local.append((u, _flat(be.xp, self.src, u.box, src_at), n))
+                    self.local.append((local_slices(u.box, src_at), local_slices(u.box, dst_at)))
                 elif r == me:
-                    recvs.append((u, be.xp.empty(n, dtype), u.senders[0], n))
+                    self.recvs.append((local_slices(u.box, dst_at), box_volume(u.box), u.senders[0]))
                 elif u.senders[0] == me and r not in u.senders:
-                    sends.append((_flat(be.xp, self.src, u.box, src_at), r))
-        be.exchange(sends, [(buf, peer) for _, buf, peer, _ in recvs])
-        for u, buf, n in local:
-            _place(self.dst, u.box, dst_at, buf, n)
-        for u, buf, _, n in recvs:
-            _place(self.dst, u.box, dst_at, buf, n)
+                    self.sends.append((local_slices(u.box, src_at), r))
+
+    def call(self) -> None:
+        be, xp, dtype = self.be, self.be.xp, np.dtype(self.plan.task.dtype)
+        for s, d in self.local:
+            self.dst[d] = self.src[s]
+        got = [(d, xp.empty(n, dtype), peer) for d, n, peer in self.recvs]
+        be.exchange([(xp.ascontiguousarray(self.src[s]).reshape(-1), peer) for s, peer in self.sends],
+                    [(buf, peer) for _, buf, peer in got])
+        for d, buf, _ in got:
+            self.dst[d] = buf.reshape(self.dst[d].shape)
         be.synchronize()
 
 

@@ -5,14 +5,15 @@ with a cost per operation.
 The planner's makespan charges each job its transfers under the network model; the executor
 does more, and differently (4 x H200, 2026-11-28: measured 1.1 to 1.9x the makespan):
 - ``pack``: the sender's slice is copied to a contiguous buffer when it is not contiguous in its tile
-  (every job's, before the first wave);
+  (every job's, before the first wave); a job whose sender is its only receiver is one copy, and nothing else;
 - send_recv: one point-to-point transfer of the unit per receiver other than the sender;
 - local/global all-gather: the sender zero-fills a padded buffer (``part`` = n / g rounded up, g
   parts), copies the slice into it and sends each receiver its part; each receiver zero-fills its buffer
   and receives its part (the sender, when it receives, copies its own); in the second wave the group
   all-gathers g parts;
 - broadcast: one broadcast of the unit over the chain (NCCL pipelines it itself: no partitions);
-- ``place``: every receiver copies the unit into its destination tile, after the last wave;
+- ``place``: every receiver copies the unit into its destination tile, after the last wave, except where it
+  received the unit itself (send_recv, broadcast; not the sender) into one contiguous run of that tile;
 and every call ends with a synchronisation (what a call that moves nothing costs: ``empty``).
 A wave (``Op.wave``) runs its copies and fills on their ranks' streams, then its transfers and collectives
 together, as one group: they start when the streams of all the wave's ranks are free and end together, after
@@ -35,8 +36,8 @@ from typing import Callable
 import numpy as np
 
 from kernels.reshard.plan import Plan
-from kernels.reshard.spec import Box
-from kernels.reshard.strategies import broadcast_chain
+from kernels.reshard.spec import contiguous
+from kernels.reshard.strategies import RECEIVE_DIRECT, broadcast_chain
 
 KINDS = ("p2p", "broadcast", "allgather", "copy", "fill")
 
@@ -60,24 +61,18 @@ class Op:
             (self.kind, self.ranks, self.nbytes, self.partitions)
 
 
-def contiguous(box: Box, origin: Box) -> bool:
-    """Whether ``box`` is one contiguous run of the C-ordered tile that holds ``origin``: every dimension
-    after the last partial one full, every one before it of extent 1."""
-    ext = [hi - lo for lo, hi in box]
-    full = [hi - lo for lo, hi in origin]
-    partial = [i for i, (e, f) in enumerate(zip(ext, full)) if e != f]
-    return not partial or all(e == 1 for e in ext[:partial[-1]])
-
-
 def operations(plan: Plan) -> list[Op]:
     """Every operation of one call of ``plan``, in the order the ranks issue them (module doc)."""
     esize = np.dtype(plan.task.dtype).itemsize
-    src = plan.task.src_tiles()
+    src, dst = plan.task.src_tiles(), plan.task.dst_tiles()
     out: list[Op] = []
     for job in plan.jobs:
         unit = plan.units[job.task]
         n = unit.nbytes
         s, recv = job.sender, tuple(job.receivers)
+        if recv == (s,):
+            out.append(Op("copy", (s,), n))
+            continue
         if not contiguous(unit.box, src[s]):
             out.append(Op("copy", (s,), n))
         if job.strategy == "send_recv":
@@ -97,7 +92,8 @@ def operations(plan: Plan) -> list[Op]:
             chain = tuple(broadcast_chain(plan.task.devices_per_host, s, recv))
             if len(chain) > 1:
                 out.append(Op("broadcast", chain, n, job.partitions))
-        out += [Op("copy", (d,), n, wave=PLACE) for d in recv]
+        out += [Op("copy", (d,), n, wave=PLACE) for d in recv
+                if d == s or job.strategy not in RECEIVE_DIRECT or not contiguous(unit.box, dst[d])]
     return out
 
 

@@ -5,7 +5,8 @@ primitives of a backend (send, recv, ring broadcast, all-gather), strategies
 The jobs of a plan are independent (each moves its own unit from the source tiles), so they go in waves:
 every job's first transfers are posted in one group (``Backend.group``: one NCCL group, or MPI's non-blocking
 calls completed together), then the transfers that need those done (an all-gather after its scatter) in a second,
-then every receiver places its units. All ranks walk the jobs in the same order and take part in the jobs that
+then every receiver places its units (a unit that is one contiguous run of the destination tile is received straight
+into it, and a job whose sender is its only receiver is one copy). All ranks walk the jobs in the same order and take part in the jobs that
 name them, so the transfers of a wave match on every rank. Each job uses its position in the plan as its tag.
 (2 x H200, 2026-11-29: walked job by job, each transfer alone, the 2 -> 2 transposed task took 1.20-1.39x a plain
 exchange of its tiles; reports/records/collectives4.md, session 24.)
@@ -13,14 +14,15 @@ exchange of its tiles; reports/records/collectives4.md, session 24.)
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 
 from calibrate.errors import UserError
 from calibrate.registry import Registry
 from kernels.reshard.plan import Plan, PlannedJob
-from kernels.reshard.spec import Box, local_slices
-from kernels.reshard.strategies import STRATEGIES, Move
+from kernels.reshard.spec import box_volume, contiguous, local_slices
+from kernels.reshard.strategies import RECEIVE_DIRECT, STRATEGIES, Move
 
 # imported lazily so that the NCCL backend needs cupy only when used
 BACKENDS = Registry("backend", {
@@ -76,51 +78,71 @@ class Backend:
         """Release the backend's resources; collective: every rank calls it together."""
 
 
-def _flat(xp, tile, box: Box, origin: Box):
-    return xp.ascontiguousarray(tile[local_slices(box, origin)]).reshape(-1)
+@dataclass(frozen=True)
+class Leg:
+    """One job of a plan as one rank runs it, worked out once (``legs``)."""
+
+    job: PlannedJob
+    tag: int
+    n: int                              # elements of the unit
+    src: tuple[slice, ...] | None       # the unit in this rank's source tile (its sender)
+    dst: tuple[slice, ...] | None       # the unit in this rank's destination tile (a receiver)
+    direct: bool                        # one contiguous run of the destination tile: received straight into it
+
+    @property
+    def local(self) -> bool:
+        """Sender and only receiver: one copy, from the source tile to the destination tile."""
+        return self.job.receivers == (self.job.sender,)
 
 
-def _place(tile, box: Box, origin: Box, flat, n: int) -> None:
-    shape = tuple(hi - lo for lo, hi in box)
-    tile[local_slices(box, origin)] = flat[:n].reshape(shape)
+def legs(plan: Plan, me: int) -> list[Leg]:
+    """The jobs of ``plan`` that involve rank ``me``, in plan order, as it runs them; an unknown strategy is
+    refused before anything moves."""
+    src, dst = plan.task.src_tiles(), plan.task.dst_tiles()
+    out = []
+    for tag, job in enumerate(plan.jobs):
+        if job.strategy not in STRATEGIES:
+            raise UserError(f"plan job uses unknown strategy {job.strategy!r}: re-plan with python -m autotune "
+                            f"reshard")
+        if me != job.sender and me not in job.receivers:
+            continue
+        box = plan.units[job.task].box
+        into = me in job.receivers
+        out.append(Leg(job, tag % 32000, box_volume(box), local_slices(box, src[me]) if me == job.sender else None,
+                       local_slices(box, dst[me]) if into else None,
+                       into and me != job.sender and job.strategy in RECEIVE_DIRECT and contiguous(box, dst[me])))
+    return out
 
 
-def _walk(plan: Plan, job: PlannedJob, tag: int, be: Backend, src_tile):
-    """The job's strategy on this rank (``kernels.reshard.strategies``: a generator, one wave a step)."""
-    run = STRATEGIES.get(job.strategy)
-    if run is None:
-        raise UserError(f"plan job uses unknown strategy {job.strategy!r}: re-plan with python -m autotune reshard")
-    me = be.device
-    unit = plan.units[job.task]
-    data = _flat(be.xp, src_tile, unit.box, plan.task.src_tiles().get(me)) if me == job.sender else None
-    return run(Move(be, job.sender, job.receivers, job.partitions, plan.task.devices_per_host, data,
-                    _size(unit.box), np.dtype(plan.task.dtype), tag))
-
-
-def _size(box: Box) -> int:
-    return int(np.prod([hi - lo for lo, hi in box]))
-
-
-def execute(plan: Plan, be: Backend, src_tile, dst_tile) -> None:
-    """Run every job of the plan that involves this rank, in waves (module doc); ``dst_tile`` is filled in
-    place. A job's generator holds the buffers it posted until it ends (MPI's non-blocking sends read them)."""
+def execute(plan: Plan, be: Backend, src_tile, dst_tile, mine: list[Leg] | None = None) -> None:
+    """Run every job of the plan that involves this rank (``mine``: its ``legs``, worked out here when not
+    given), in waves (module doc); ``dst_tile`` is filled in place. A job's generator holds the buffers it
+    posted until it ends (MPI's non-blocking sends read them)."""
     be.prepare(plan)
-    me = be.device
-    live = [(job, _walk(plan, job, tag % 32000, be, src_tile)) for tag, job in enumerate(plan.jobs)
-            if me == job.sender or me in job.receivers]
-    done = []
+    xp, dtype = be.xp, np.dtype(plan.task.dtype)
+    direct = dst_tile is not None and dst_tile.flags.c_contiguous
+    live, done = [], []
+    for leg in legs(plan, be.device) if mine is None else mine:
+        if leg.local:
+            dst_tile[leg.dst] = src_tile[leg.src]
+            continue
+        job = leg.job
+        data = None if leg.src is None else xp.ascontiguousarray(src_tile[leg.src]).reshape(-1)
+        out = dst_tile[leg.dst].reshape(-1) if leg.direct and direct else None
+        live.append((leg, out, STRATEGIES[job.strategy](Move(be, job.sender, job.receivers, job.partitions,
+                                                             plan.task.devices_per_host, data, leg.n, dtype,
+                                                             leg.tag, out))))
     while live:
         going = []
         with be.group():
-            for job, walk in live:
+            for leg, out, walk in live:
                 try:
                     next(walk)
-                    going.append((job, walk))
+                    going.append((leg, out, walk))
                 except StopIteration as end:
-                    done.append((job, end.value))
+                    done.append((leg, out, end.value))
         live = going
-    for job, buf in done:
-        if me in job.receivers:
-            unit = plan.units[job.task]
-            _place(dst_tile, unit.box, plan.task.dst_tiles().get(me), buf, _size(unit.box))
+    for leg, out, buf in done:
+        if leg.dst is not None and buf is not out:
+            dst_tile[leg.dst] = buf[:leg.n].reshape(dst_tile[leg.dst].shape)
     be.synchronize()

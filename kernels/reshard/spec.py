@@ -163,3 +163,12 @@ def intersect(a: Box, b: Box) -> Box | None:
 def local_slices(box: Box, origin: Box) -> tuple[slice, ...]:
     """Slices selecting ``box`` inside an array that holds ``origin``."""
     return tuple(slice(lo - olo, hi - olo) for (lo, hi), (olo, _) in zip(box, origin))
+
+
+def contiguous(box: Box, origin: Box) -> bool:
+    """Whether ``box`` is one contiguous run of the C-ordered tile that holds ``origin``: every dimension
+    after the last partial one full, every one before it of extent 1."""
+    ext = [hi - lo for lo, hi in box]
+    full = [hi - lo for lo, hi in origin]
+    partial = [i for i, (e, f) in enumerate(zip(ext, full)) if e != f]
+    return not partial or all(e == 1 for e in ext[:partial[-1]])

@@ -39,19 +39,26 @@ class Move:
     n: int                   # elements of the unit
     dtype: np.dtype
     tag: int
+    out: object = None       # where a receiver takes the unit (a view of its destination tile), None: a new buffer
 
     @property
     def me(self) -> int:
         return self.backend.device
 
+    def received(self):
+        """The buffer this rank ends with: the sender's slice, or the receiver's ``out`` or a new buffer."""
+        if self.me == self.sender:
+            return self.data
+        return self.backend.xp.empty(self.n, self.dtype) if self.out is None else self.out
+
 
 def send_recv(m: Move):
-    be, xp = m.backend, m.backend.xp
+    be = m.backend
     if m.me == m.sender:
         for d in m.receivers:
             if d != m.me:
                 be.send(m.data, d, m.tag)
-    buf = m.data if m.me == m.sender else xp.empty(m.n, m.dtype)
+    buf = m.received()
     if m.me in m.receivers and m.me != m.sender:
         be.recv(buf, m.sender, m.tag)
     yield
@@ -86,12 +93,14 @@ def allgather(m: Move):
 
 def broadcast(m: Move):
     chain = tuple(broadcast_chain(m.devices_per_host, m.sender, m.receivers))
-    buf = m.data if m.me == m.sender else m.backend.xp.empty(m.n, m.dtype)
+    buf = m.received()
     m.backend.ring_broadcast(buf, chain, m.partitions, m.tag)
     yield
     return buf
 
 
+# the strategies whose receivers take the unit itself, not a padded buffer: received into ``Move.out``
+RECEIVE_DIRECT = ("send_recv", "broadcast")
 STRATEGIES = {
     "send_recv": send_recv,
     "local_allgather": allgather,

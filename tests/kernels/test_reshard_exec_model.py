@@ -7,7 +7,8 @@ import pytest
 from autotune.reshard.cases import parse_scenario
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
-from kernels.reshard.model import Op, contiguous, launch_cost, measured_cost, operations, predict, simulate
+from kernels.reshard.model import Op, launch_cost, measured_cost, operations, predict, simulate
+from kernels.reshard.spec import contiguous
 
 SHAPE = (63, 1024, 256)
 N = 63 * 1024 * 256 * 4
@@ -28,18 +29,20 @@ def cost(op: Op) -> float:
     return {"p2p": P2P, "broadcast": BCAST, "allgather": GATHER, "copy": COPY, "fill": FILL}[op.kind]
 
 
-def test_one_to_three_send_recv_sends_one_after_the_other_then_the_last_receiver_places():
+def test_one_to_three_send_recv_sends_in_turn_and_each_receiver_takes_its_rows_straight_into_its_tile():
     p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")
     ops = operations(p)
-    assert [o.kind for o in ops] == ["p2p"] * 3 + ["copy"] * 3
+    assert [o.kind for o in ops] == ["p2p"] * 3       # rows of a row-major tile: one contiguous run, no place
     assert [o.ranks for o in ops if o.kind == "p2p"] == [(0, 1), (0, 2), (0, 3)] and ops[0].nbytes == N
-    assert simulate(ops, cost) == pytest.approx(3 * P2P + COPY)
+    assert simulate(ops, cost) == pytest.approx(3 * P2P)
+    columns = operations(plan("RRR@1,1[0]:RS1R@1,3[1,2,3]", "send_recv"))
+    assert [o.kind for o in columns] == ["copy", "p2p"] * 3   # packed from the sender's tile, received whole
 
 
-def test_broadcast_is_one_collective_over_the_chain_then_the_receivers_place_in_parallel():
+def test_broadcast_is_one_collective_over_the_chain():
     ops = operations(plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "broadcast"))
     assert [(o.kind, o.ranks) for o in ops][0] == ("broadcast", (0, 1, 2, 3))
-    assert simulate(ops, cost) == pytest.approx(BCAST + COPY)
+    assert simulate(ops, cost) == pytest.approx(BCAST)
 
 
 def test_global_allgather_fills_copies_scatters_in_turn_then_gathers():
@@ -54,7 +57,7 @@ def test_global_allgather_fills_copies_scatters_in_turn_then_gathers():
 def test_disjoint_pairs_run_at_once_and_a_sender_that_receives_places_its_own():
     two = operations(plan("S0RR@1,2[0,1]:S1RR@1,2[2,3]", "send_recv"))
     assert sorted(o.ranks for o in two if o.kind == "p2p") == [(0, 2), (1, 3)]
-    assert simulate(two, cost) == pytest.approx(P2P + COPY)
+    assert simulate(two, cost) == pytest.approx(P2P)        # each received whole into its tile
     shared = operations(plan("S0RR@1,2[0,1]:S0RR@1,3[1,2,3]", "send_recv"))
     assert [o.ranks for o in shared if o.kind == "p2p"] == [(1, 2), (1, 3)] and Op("copy", (1,), N) in shared
     # rank 1 sends twice, then places its own slice; the last receiver places after the second transfer
@@ -74,7 +77,7 @@ def test_measured_costs_are_paid_once_for_the_synchronisation():
     p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")
     empty = 20e-6
     times = {op.key: cost(op) + empty for op in operations(p)}
-    assert predict(p, measured_cost(times, empty), empty) == pytest.approx(3 * P2P + COPY + empty)
+    assert predict(p, measured_cost(times, empty), empty) == pytest.approx(3 * P2P + empty)
 
 
 def test_the_hosts_walk_overlaps_asynchronous_operations_and_follows_synchronous_ones():
@@ -110,7 +113,7 @@ def test_on_nccl_the_host_walks_with_its_copies_hidden_and_pays_a_launch_a_wave_
     assert launch(Op("p2p", (0, 1), N)) == pytest.approx(P2P / 2)
     dry = 150e-6 + empty
     assert host_time(p, cost, empty, dry, launch) == pytest.approx(150e-6 + P2P / 2)
-    assert host_time(p, cost, empty, dry) == pytest.approx(150e-6 - COPY)    # MPI: the copies block inside it
+    assert host_time(p, cost, empty, dry) == 150e-6     # MPI: no copy to take off (received in place)
     gather = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "global_allgather")       # the scatter's wave, the gather's
     times = {op.key: cost(op) + empty for op in operations(gather)}
     launch = launch_cost(times, {k: t + 3 * (t - empty) / 2 for k, t in times.items()}, 4, empty)
@@ -125,6 +128,10 @@ def test_a_wave_runs_both_directions_of_a_link_at_once_and_one_direction_in_turn
     ops = operations(plan("S1RR@1,2[0,1]:RS1R@1,2[0,1]", "send_recv"))
     p2p = [o for o in ops if o.kind == "p2p"]
     assert sorted(o.ranks for o in p2p) == [(0, 1), (1, 0)] and {o.wave for o in p2p} == {0}
+    # each rank: its own quarter one copy (source to destination), the other packed and sent; the quarter it
+    # receives is one contiguous run of its destination (all the rows of its columns): no place
+    assert sorted((o.kind, o.ranks) for o in ops if o.kind == "copy") == [("copy", (0,))] * 2 + [("copy", (1,))] * 2
+    assert all(o.wave == 0 for o in ops)
     assert simulate([o for o in ops if o.kind == "p2p"], lambda o: P2P) == pytest.approx(P2P)
     twice = [Op("p2p", (0, 1), N), Op("p2p", (0, 1), N // 2), Op("copy", (1,), N, wave=2)]
     assert simulate(twice, lambda o: COPY if o.kind == "copy" else P2P * o.nbytes / N) == pytest.approx(1.5 * P2P + COPY)
