@@ -8,7 +8,7 @@ Isend/Irecv + Waitall: the all-to-all / send-recv a user would write by hand), c
 the same way, and (a measurement, ``iters`` above 1) each plan's dry run (``DryArm``: the host's
 walk of it, at the host's pace of the same rounds). After the plans, every distinct operation the
 plans' executor runs (a transfer between two ranks, a broadcast over a chain, an all-gather over a
-group, a copy, a fill: ``kernels.reshard.model``) is timed alone and back to back in one more
+group, a copy, a fill: ``kernels.reshard.model``) is timed alone in one more
 comparison, and each plan is predicted by simulating its operations on the ranks' streams with those
 costs beside its host time (``predicted_exec_s``): the planner's makespan prices transfers under its
 network model, this prices what the executor does, from measurements of its parts, never of the plan."""
@@ -20,7 +20,7 @@ import numpy as np
 
 from calibrate.errors import UserError
 from calibrate.measure.engine import Arm, ArmResult, MpiGroup, Options, TimingMode, compare
-from kernels.reshard.model import Op, host_time, launch_cost, measured_cost, operations, predict
+from kernels.reshard.model import Op, host_time, measured_cost, operations, predict
 from kernels.reshard.plan import Plan
 from kernels.reshard.program import BACKENDS, Backend, execute, legs
 from kernels.reshard.spec import Box, box_volume, local_slices
@@ -105,21 +105,20 @@ class ExchangeArm(PlanArm):
 
 
 class OpArm(Arm):
-    """One operation of the executor (``kernels.reshard.model.Op``) alone, on the backend's primitives, ``repeat``
-    times back to back, then the synchronisation a call ends with; ``op`` None: the synchronisation alone
-    (``empty``)."""
+    """One operation of the executor (``kernels.reshard.model.Op``) alone, on the backend's primitives, then the
+    synchronisation a call ends with; ``op`` None: the synchronisation alone (``empty``)."""
 
     TAG = 32002
 
-    def __init__(self, op: Op | None, be: Backend, dtype: str, repeat: int = 1):
-        self.op, self.be, self.dtype, self.repeat = op, be, np.dtype(dtype), repeat
+    def __init__(self, op: Op | None, be: Backend, dtype: str):
+        self.op, self.be, self.dtype = op, be, np.dtype(dtype)
         n = 0 if op is None else op.nbytes // self.dtype.itemsize
         mine = op is not None and (op.kind in ("copy", "fill") or be.device in op.ranks)
         self.a = be.xp.ones(n, self.dtype) if mine else None
         self.b = be.xp.zeros(n, self.dtype) if mine and op.kind == "copy" else None
 
     def call(self) -> None:
-        for _ in range(self.repeat if self.a is not None else 0):
+        if self.a is not None:
             self._issue()
         self.be.synchronize()
 
@@ -171,44 +170,38 @@ class DryBackend(Backend):
         self.be.synchronize()
 
 
-QUEUE = 4  # an operation's back-to-back arm issues it this many times (``kernels.reshard.model.launch_cost``)
-
-
-def primitive_times(plans: list[Plan], be: Backend, group, iters: int, seed: int) -> tuple[dict, dict, float | None]:
-    """Each distinct operation of ``plans`` (``Op.key``) timed alone and ``QUEUE`` times back to back (medians of
-    the slowest rank) and the empty call's time (None: it did not run); an operation that did not run is absent."""
+def primitive_times(plans: list[Plan], be: Backend, group, iters: int, seed: int) -> tuple[dict, float | None]:
+    """Each distinct operation of ``plans`` (``Op.key``) timed alone (medians of the slowest rank) and the empty
+    call's time (None: it did not run); an operation that did not run is absent."""
     ops = {op.key: op for plan in plans for op in operations(plan)}
     for plan in plans:
         be.prepare(plan)
     dtype = plans[0].task.dtype
     arms = [("empty", lambda: OpArm(None, be, dtype))]
     arms += [(repr(k), lambda op=op: OpArm(op, be, dtype)) for k, op in ops.items()]
-    arms += [(f"{k!r} x{QUEUE}", lambda op=op: OpArm(op, be, dtype, QUEUE)) for k, op in ops.items()]
     res = compare(group, arms, replace(_options(iters, seed), check=False))
 
     def median(name: str) -> float | None:
         return res[name].median_s if res[name].ok else None
-    times = {k: median(repr(k)) for k in ops if median(repr(k)) is not None}
-    queued = {k: median(f"{k!r} x{QUEUE}") for k in times if median(f"{k!r} x{QUEUE}") is not None}
-    return times, queued, median("empty")
+    return {k: median(repr(k)) for k in ops if median(repr(k)) is not None}, median("empty")
 
 
-def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, queued: dict, empty: float | None,
+def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty: float | None,
                          dry: list[float | None], asynchronous: bool) -> list[float]:
-    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone beside
-    the host's time from its dry run and, on an asynchronous backend, the operations' launches,
-    ``kernels.reshard.model``; absent where one of them did not run), ``host_s``, and what they came from: the dry
-    run (``dry_s``), the empty call and each operation, in the order issued, with its cost alone, its launch and its
-    wave (``operations``: kind, ranks, bytes, seconds, seconds, wave); returns the rows' measured / predicted_exec."""
+    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone after
+    the host's time from its dry run, ``kernels.reshard.model``; absent where one of them did not run),
+    ``host_s``, and what they came from: the dry run (``dry_s``), the empty call and each operation, in the order
+    issued, with its cost alone and its wave (``operations``: kind, ranks, bytes, seconds, wave); returns the
+    rows' measured / predicted_exec."""
     ratios = []
     for row, plan, d in zip(rows, plans, dry):
         ops = operations(plan)
-        if empty is None or d is None or not row.get("ok") or any(op.key not in queued for op in ops):
+        if empty is None or d is None or not row.get("ok") or any(op.key not in times for op in ops):
             continue
-        cost, launch = measured_cost(times, empty), launch_cost(times, queued, QUEUE, empty)
-        row.update(dry_s=d, empty_s=empty,
-                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), launch(op), op.wave] for op in ops])
-        row["host_s"] = host_time(plan, cost, empty, d, launch if asynchronous else None)
+        cost = measured_cost(times, empty)
+        row.update(dry_s=d, empty_s=empty, operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), op.wave]
+                                                       for op in ops])
+        row["host_s"] = host_time(plan, cost, empty, d, asynchronous)
         row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
         ratios.append(row["measured_s"] / row["predicted_exec_s"])
     return ratios
@@ -237,7 +230,7 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
     (one task: strategies and solvers) are the arms of one engine comparison (``calibrate.measure``),
     each run ``iters`` times alone after a barrier in interleaved rounds and checked exactly before
     and after, beside each plan's dry run when ``iters`` is above 1; each plan is then predicted by its
-    executor's operations, each timed alone and back to back (``primitive_times``, ``executor_predictions``).
+    executor's operations, each timed alone (``primitive_times``, ``executor_predictions``).
     On rank 0 prints a line per plan and returns the rows (measured: the median over runs of the slowest
     rank; None where the plan did not run right); [] elsewhere."""
     check_ranks(plans, comm.Get_size())
@@ -263,17 +256,17 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
                       f"{max(base.wrong_before, 0) + max(base.wrong_after, 0)} measured {shown} ms"
                       + ("" if base.ok else f" ({base.reason})"), flush=True)
         if iters > 1:   # a measurement (warmed up, several runs): its parts measured beside it
-            times, queued, empty = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
+            times, empty = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
     finally:
         be.close()
     if rows and iters < 2:
         print("executor model: not measured (one run a plan, not warmed up: give --iters 2 or more)", flush=True)
     elif rows:
         index = {id(p): i for i, (_, p) in enumerate(plans)}
-        ratios = executor_predictions(rows, row_plans, times, queued, empty,
+        ratios = executor_predictions(rows, row_plans, times, empty,
                                       [dry.get(index[id(p)]) for p in row_plans], be.asynchronous)
         print(f"executor model (each plan's operations on the ranks' streams and the host's walk of it, each "
-              f"operation alone and {QUEUE} times back to back and each plan's dry run timed in this run: "
+              f"operation alone and each plan's dry run timed in this run: "
               f"{len(times)} operations, an empty call {_ms(empty)} ms):", flush=True)
         for r in rows:
             print(f"   {r['scenario']:28s} {r['strategy']:17s} makespan {_ms(r['predicted_s'])} ms, executor "

@@ -20,13 +20,13 @@ together, as one group: they start when the streams of all the wave's ranks are 
 the busiest rank's share: the longer of what it sends and what it receives point to point (the two directions
 of a link run at once; one direction's transfers one after the other), and its collectives one after the other.
 The host walks the plan in Python besides (``host``: a dry run's time, the plan executed with transfers that
-move nothing, less its copies and fills and ``empty``; on a backend whose operations are asynchronous, NCCL,
-the host queues them on the stream: the dry run less ``empty``, its copies and fills hidden under the walk,
-plus what issuing each wave's group costs the host, ``launch``): there the call takes the longer of the streams
-and the host, on a synchronous one (MPI) both one after the other. The prediction adds ``empty``. The costs are
-a function of the operation (``Op``): ``kernels.reshard.harness`` measures each distinct operation of the plans
-alone and back to back, and each plan's dry run, in the same run (2 x H200, 2026-11-29, three shapes:
-reports/records/collectives4.md, session 24).
+move nothing, less ``empty`` and its copies and fills on a backend whose operations block, MPI: there the call is
+the host's walk, then the streams' operations). On a backend whose operations are asynchronous, NCCL, the host
+queues them as it walks: the call is the walk up to its last group (the dry run less its busiest rank's places,
+which it waits for), with the first wave's copies and fills under it, then the groups and the places on the
+streams. The prediction adds ``empty``. The costs are a function of the operation (``Op``):
+``kernels.reshard.harness`` measures each distinct operation of the plans alone, and each plan's dry run, in the
+same run (2 x H200, 2026-11-29: reports/records/collectives4.md, sessions 24 and 25).
 """
 from __future__ import annotations
 
@@ -124,29 +124,29 @@ def simulate(ops: list[Op], cost: Callable[[Op], float]) -> float:
     return max(free.values(), default=0.0)
 
 
-def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float,
-              launch: Callable[[Op], float] | None = None) -> float:
+def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float, asynchronous: bool = False) -> float:
     """The host's own time in one call, from the dry run's ``dry`` seconds less ``empty``. Operations that block
-    (``launch`` None: MPI) run inside the dry run one after the other, so its copies and fills (its operations
-    simulated with the transfers free) come off it. Asynchronous ones (NCCL) run on the streams while the host
-    walks on, so the walk keeps its copies and fills and adds, on its busiest rank, one launch a wave: the largest
-    ``launch`` of that rank's transfers and collectives in it (what issuing it costs the host: ``launch_cost``; a
-    wave is one group). Never below 0."""
-    if launch is None:
-        local = simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0)
-        return max(dry - local - empty, 0.0)
-    ops = [op for op in operations(plan) if op.kind not in LOCAL]
-    issued = max((sum(max((launch(op) for op in ops if op.wave == w and r in op.ranks), default=0.0)
-                      for w in {op.wave for op in ops}) for r in {r for op in ops for r in op.ranks}), default=0.0)
-    return max(dry - empty, 0.0) + issued
+    (MPI) run inside the dry run one after the other, so its copies and fills (its operations simulated with the
+    transfers free) come off it. Asynchronous ones (NCCL) are queued on the streams as the host walks: the dry run
+    ends when its busiest rank's places are done, so those come off it; what is left is the walk up to the last
+    group, the first wave's copies and fills run under it. Never below 0."""
+    ops = operations(plan)
+    if not asynchronous:
+        return max(dry - simulate(ops, lambda op: cost(op) if op.kind in LOCAL else 0.0) - empty, 0.0)
+    places = [op for op in ops if op.wave == PLACE]
+    busiest = max((sum(cost(op) for op in places if op.ranks == (r,)) for r in {op.ranks[0] for op in places}),
+                  default=0.0)
+    return max(dry - empty - busiest, 0.0)
 
 
 def predict(plan: Plan, cost: Callable[[Op], float], empty: float, host: float = 0.0,
-            overlaps: bool = False) -> float:
-    """Seconds of one call of ``plan``: its operations simulated (``simulate``), with the ``host`` time
-    overlapping them (``overlaps``: asynchronous operations) or after them, plus a call's ``empty``."""
-    streams = simulate(operations(plan), cost)
-    return (max(streams, host) if overlaps else streams + host) + empty
+            asynchronous: bool = False) -> float:
+    """Seconds of one call of ``plan``: the ``host`` time, then its operations simulated (``simulate``), plus a
+    call's ``empty``; asynchronous operations: the first wave's copies and fills under the host's walk, what its
+    groups start after it (2 x H200, 2026-11-29: the walk and the streams' whole time at once, or one after the
+    other, gave 14 and 4 of 32 plans within 15%, this 29; reports/records/collectives4.md, session 25)."""
+    first = (lambda op: 0.0 if op.kind in LOCAL and op.wave == 0 else cost(op)) if asynchronous else cost
+    return host + simulate(operations(plan), first) + empty
 
 
 def measured_cost(times: dict[tuple, float], empty: float) -> Callable[[Op], float]:
@@ -154,14 +154,4 @@ def measured_cost(times: dict[tuple, float], empty: float) -> Callable[[Op], flo
     call that runs it and synchronises), less ``empty`` (the synchronisation a sequence pays once)."""
     def cost(op: Op) -> float:
         return max(times[op.key] - empty, 0.0)
-    return cost
-
-
-def launch_cost(times: dict[tuple, float], back_to_back: dict[tuple, float], repeat: int,
-                empty: float) -> Callable[[Op], float]:
-    """What issuing each operation costs the host beyond what the stream runs: its cost alone (``measured_cost``)
-    less what each of ``repeat`` back to back adds (``back_to_back``: a call that runs it ``repeat`` times; the
-    launch and the peers' meeting of each but the first hidden behind the one before)."""
-    def cost(op: Op) -> float:
-        return max(times[op.key] - empty - (back_to_back[op.key] - times[op.key]) / (repeat - 1), 0.0)
     return cost

@@ -7,7 +7,7 @@ import pytest
 from autotune.reshard.cases import parse_scenario
 from autotune.reshard.plan import make_plan
 from autotune.reshard.solvers import SolverConfig
-from kernels.reshard.model import Op, launch_cost, measured_cost, operations, predict, simulate
+from kernels.reshard.model import Op, measured_cost, operations, predict, simulate
 from kernels.reshard.spec import contiguous
 
 SHAPE = (63, 1024, 256)
@@ -80,10 +80,12 @@ def test_measured_costs_are_paid_once_for_the_synchronisation():
     assert predict(p, measured_cost(times, empty), empty) == pytest.approx(3 * P2P + empty)
 
 
-def test_the_hosts_walk_overlaps_asynchronous_operations_and_follows_synchronous_ones():
+def test_the_host_walks_then_the_streams_run_what_it_queued_last():
     """The dry run (transfers that move nothing) costs the host's walk, the copies and fills, and the
-    synchronisation: what is left of it is the host's time, which NCCL's queued operations hide (the
-    longer of the two) and MPI's blocking ones add to (closed forms)."""
+    synchronisation. MPI's blocking operations: the walk is what is left of it less its copies and fills, and the
+    streams' whole time follows it. NCCL's queued ones: the dry run waited for the busiest rank's places, so they
+    come off it (one rank's: a planted sum over the three receivers would take 3 x COPY off); the first wave's
+    copies and fills ran under the walk, and its groups and the places follow it (closed forms)."""
     from kernels.reshard.model import host_time
 
     p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "global_allgather")
@@ -91,33 +93,12 @@ def test_the_hosts_walk_overlaps_asynchronous_operations_and_follows_synchronous
     local = FILL + COPY + COPY          # rank 0's fill and copy, then a receiver's place (transfers free)
     assert host_time(p, cost, empty, local + empty + host) == pytest.approx(host)
     assert host_time(p, cost, empty, local) == 0.0
-    streams = FILL + 2 * COPY + 3 * P2P + GATHER
-    assert predict(p, cost, empty, host, overlaps=True) == pytest.approx(streams + empty)
-    assert predict(p, cost, empty, 2e-3, overlaps=True) == pytest.approx(2e-3 + empty)
-    assert predict(p, cost, empty, host) == pytest.approx(streams + host + empty)
-
-
-def test_on_nccl_the_host_walks_with_its_copies_hidden_and_pays_a_launch_a_wave_on_its_busiest_rank():
-    """Asynchronous operations: the host's time is the dry run less the empty call (its copies and fills run on the
-    stream under the walk) plus, on the rank that issues the most, a launch for each wave (one group): the largest
-    of its transfers' launches there, each its time alone less what it adds back to back (closed forms; a planted
-    launch per transfer would give 3 here, one summed over all ranks 6, one that keeps the old rule would take
-    the copies off)."""
-    from kernels.reshard.model import host_time
-
-    p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv")         # rank 0 sends three times
-    empty = 20e-6
-    times = {op.key: cost(op) + empty for op in operations(p)}
-    four = {k: t + 3 * (t - empty) / 2 for k, t in times.items()}   # back to back each adds half its time alone
-    launch = launch_cost(times, four, 4, empty)
-    assert launch(Op("p2p", (0, 1), N)) == pytest.approx(P2P / 2)
-    dry = 150e-6 + empty
-    assert host_time(p, cost, empty, dry, launch) == pytest.approx(150e-6 + P2P / 2)
-    assert host_time(p, cost, empty, dry) == 150e-6     # MPI: no copy to take off (received in place)
-    gather = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "global_allgather")       # the scatter's wave, the gather's
-    times = {op.key: cost(op) + empty for op in operations(gather)}
-    launch = launch_cost(times, {k: t + 3 * (t - empty) / 2 for k, t in times.items()}, 4, empty)
-    assert host_time(gather, cost, empty, dry, launch) == pytest.approx(150e-6 + P2P / 2 + GATHER / 2)
+    assert predict(p, cost, empty, host) == pytest.approx(host + FILL + 2 * COPY + 3 * P2P + GATHER + empty)
+    assert host_time(p, cost, empty, host + COPY + empty, asynchronous=True) == pytest.approx(host)
+    assert predict(p, cost, empty, host, asynchronous=True) == pytest.approx(host + 3 * P2P + GATHER + COPY + empty)
+    assert operations(plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv"))[-1].kind == "p2p"   # received in place
+    assert host_time(plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv"), cost, empty, host + empty, True) == \
+        pytest.approx(host)
 
 
 def test_a_wave_runs_both_directions_of_a_link_at_once_and_one_direction_in_turn():
