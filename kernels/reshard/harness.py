@@ -151,6 +151,11 @@ class DryArm(PlanArm):
         return 0
 
 
+class DryExchangeArm(DryArm, ExchangeArm):
+    """The plain exchange on a ``DryBackend``: its host's walk, beside the plans' (what tells a plan's gain or loss
+    against it on the host from one on the GPU)."""
+
+
 class DryBackend(Backend):
     """A backend whose transfers move nothing (the copies, fills and the synchronisation are the real
     backend's): a plan executed on it costs the host's walk of the plan, its copies and fills."""
@@ -244,16 +249,21 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
             arms.append(("exchange", lambda plan=mine[0][1]: ExchangeArm(plan, be, seed + len(plans))))
             if iters > 1:   # a measurement: each plan's dry run beside it, in the same rounds
                 arms += [(f"dry {i}", lambda plan=plan, i=i: DryArm(plan, be, seed + i)) for i, plan in mine]
+                arms.append(("dry exchange", lambda plan=mine[0][1]: DryExchangeArm(plan, be, seed + len(plans))))
             res = compare(group, arms, _options(iters, seed + mine[0][0]))
             dry.update({i: res[f"dry {i}"].median_s if res[f"dry {i}"].ok else None for i, _ in mine if iters > 1})
             if comm.Get_rank() == 0:
                 base = res["exchange"]
                 mine_rows = [_row(name, plan, backend, res[str(i)], base) for i, plan in mine]
+                if iters > 1:
+                    for r in mine_rows:
+                        r["exchange_dry_s"] = res["dry exchange"].median_s
                 rows += mine_rows
                 row_plans += [plan for _, plan in mine]
                 shown = "-" if base.median_s is None else f"{base.median_s * 1e3:8.3f}"
                 print(f"{'OK ' if base.ok else 'BAD'} {name:28s} {'exchange (baseline)':28s} wrong="
                       f"{max(base.wrong_before, 0) + max(base.wrong_after, 0)} measured {shown} ms"
+                      + (f" (its walk {_ms(res['dry exchange'].median_s)} ms)" if iters > 1 else "")
                       + ("" if base.ok else f" ({base.reason})"), flush=True)
         if iters > 1:   # a measurement (warmed up, several runs): its parts measured beside it
             times, empty = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
