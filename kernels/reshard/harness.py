@@ -46,7 +46,8 @@ class PlanArm(Arm):
         self.plan, self.be = plan, be
         self.src_box = plan.task.src_tiles().get(be.device)
         self.dst_box = plan.task.dst_tiles().get(be.device)
-        self.legs = legs(plan, be.device)   # worked out once: a call is the plan's walk, as a user's loop runs it
+        be.prepare(plan)   # once, with its legs: a call is the plan's walk, as a user's loop runs it
+        self.legs = legs(plan, be.device)
         self._fill(seed)
 
     def _fill(self, seed: int) -> np.ndarray:

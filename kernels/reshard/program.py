@@ -88,11 +88,7 @@ class Leg:
     src: tuple[slice, ...] | None       # the unit in this rank's source tile (its sender)
     dst: tuple[slice, ...] | None       # the unit in this rank's destination tile (a receiver)
     direct: bool                        # one contiguous run of the destination tile: received straight into it
-
-    @property
-    def local(self) -> bool:
-        """Sender and only receiver: one copy, from the source tile to the destination tile."""
-        return self.job.receivers == (self.job.sender,)
+    local: bool                         # sender and only receiver: one copy, source tile to destination tile
 
 
 def legs(plan: Plan, me: int) -> list[Leg]:
@@ -110,19 +106,23 @@ def legs(plan: Plan, me: int) -> list[Leg]:
         into = me in job.receivers
         out.append(Leg(job, tag % 32000, box_volume(box), local_slices(box, src[me]) if me == job.sender else None,
                        local_slices(box, dst[me]) if into else None,
-                       into and me != job.sender and job.strategy in RECEIVE_DIRECT and contiguous(box, dst[me])))
+                       into and me != job.sender and job.strategy in RECEIVE_DIRECT and contiguous(box, dst[me]),
+                       tuple(job.receivers) == (job.sender,)))
     return out
 
 
 def execute(plan: Plan, be: Backend, src_tile, dst_tile, mine: list[Leg] | None = None) -> None:
-    """Run every job of the plan that involves this rank (``mine``: its ``legs``, worked out here when not
-    given), in waves (module doc); ``dst_tile`` is filled in place. A job's generator holds the buffers it
-    posted until it ends (MPI's non-blocking sends read them)."""
-    be.prepare(plan)
+    """Run every job of the plan that involves this rank, in waves (module doc); ``dst_tile`` is filled in place.
+    ``mine``: its ``legs``, with ``be`` prepared for the plan (``Backend.prepare``), both done once by a caller that
+    runs the plan again and again; else both are done here. A job's generator holds the buffers it posted until it
+    ends (MPI's non-blocking sends read them)."""
+    if mine is None:
+        be.prepare(plan)
+        mine = legs(plan, be.device)
     xp, dtype = be.xp, np.dtype(plan.task.dtype)
     direct = dst_tile is not None and dst_tile.flags.c_contiguous
     live, done = [], []
-    for leg in legs(plan, be.device) if mine is None else mine:
+    for leg in mine:
         if leg.local:
             dst_tile[leg.dst] = src_tile[leg.src]
             continue
