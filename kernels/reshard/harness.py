@@ -14,9 +14,11 @@ costs beside its host time (``predicted_exec_s``): the planner's makespan prices
 network model, this prices what the executor does, from measurements of its parts, never of the plan."""
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
+from mpi4py import MPI
 
 from calibrate.errors import UserError
 from calibrate.measure.engine import Arm, ArmResult, MpiGroup, Options, TimingMode, compare
@@ -141,11 +143,16 @@ class OpArm(Arm):
 
 class DryArm(PlanArm):
     """A plan executed on a ``DryBackend`` (its transfers move nothing): what the host's walk of it costs, timed in
-    the plan's own comparison so that the host's pace is the plan's. Its destination is not the plan's result, so
-    there is nothing to check."""
+    the plan's own comparison so that the host's pace is the plan's; its backend also keeps each call's walk up
+    to the synchronisation (``DryBackend.walks``). Its destination is not the plan's result, so there is nothing
+    to check."""
 
     def __init__(self, plan: Plan, be: Backend, seed: int):
         super().__init__(plan, DryBackend(be), seed)
+
+    def call(self) -> None:
+        self.be.started = time.perf_counter()
+        super().call()
 
     def check(self, seed: int) -> int:
         self.call()
@@ -163,6 +170,8 @@ class DryBackend(Backend):
 
     def __init__(self, be: Backend):
         self.be, self.device, self.xp = be, be.device, be.xp
+        self.started = 0.0
+        self.walks: list[float] = []   # each call's seconds from ``started`` to its synchronisation, by the host clock
 
     def _move_nothing(self, *args):
         pass
@@ -173,6 +182,7 @@ class DryBackend(Backend):
         return self.be.group()
 
     def synchronize(self):
+        self.walks.append(time.perf_counter() - self.started)
         self.be.synchronize()
 
 
@@ -193,21 +203,21 @@ def primitive_times(plans: list[Plan], be: Backend, group, iters: int, seed: int
 
 
 def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty: float | None,
-                         dry: list[float | None], asynchronous: bool) -> list[float]:
-    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone after
-    the host's time from its dry run, ``kernels.reshard.model``; absent where one of them did not run),
-    ``host_s``, and what they came from: the dry run (``dry_s``), the empty call and each operation, in the order
-    issued, with its cost alone and its wave (``operations``: kind, ranks, bytes, seconds, wave); returns the
-    rows' measured / predicted_exec."""
+                         dry: list[tuple[float, float] | None], asynchronous: bool) -> list[float]:
+    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone, after or
+    from the host's time, ``kernels.reshard.model``; absent where one of them did not run), ``host_s``, and what
+    they came from: the dry run and its walk up to the synchronisation (``dry``: ``dry_s``, ``walk_s``), the empty
+    call and each operation, in the order issued, with its cost alone and its wave (``operations``: kind, ranks,
+    bytes, seconds, wave); returns the rows' measured / predicted_exec."""
     ratios = []
     for row, plan, d in zip(rows, plans, dry):
         ops = operations(plan)
         if empty is None or d is None or not row.get("ok") or any(op.key not in times for op in ops):
             continue
         cost = measured_cost(times, empty)
-        row.update(dry_s=d, empty_s=empty, operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), op.wave]
-                                                       for op in ops])
-        row["host_s"] = host_time(plan, cost, empty, d, asynchronous)
+        row.update(dry_s=d[0], walk_s=d[1], empty_s=empty,
+                   operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), op.wave] for op in ops])
+        row["host_s"] = host_time(plan, cost, empty, *d, asynchronous)
         row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
         ratios.append(row["measured_s"] / row["predicted_exec_s"])
     return ratios
@@ -248,11 +258,17 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
             mine = [(i, plan) for i, (n, plan) in enumerate(plans) if n == name]
             arms = [(str(i), lambda plan=plan, i=i: PlanArm(plan, be, seed + i)) for i, plan in mine]
             arms.append(("exchange", lambda plan=mine[0][1]: ExchangeArm(plan, be, seed + len(plans))))
+            drying: dict = {}
             if iters > 1:   # a measurement: each plan's dry run beside it, in the same rounds
-                arms += [(f"dry {i}", lambda plan=plan, i=i: DryArm(plan, be, seed + i)) for i, plan in mine]
+                arms += [(f"dry {i}", lambda plan=plan, i=i: drying.setdefault(i, DryArm(plan, be, seed + i)))
+                         for i, plan in mine]
                 arms.append(("dry exchange", lambda plan=mine[0][1]: DryExchangeArm(plan, be, seed + len(plans))))
             res = compare(group, arms, _options(iters, seed + mine[0][0]))
-            dry.update({i: res[f"dry {i}"].median_s if res[f"dry {i}"].ok else None for i, _ in mine if iters > 1})
+            for i, _ in mine:   # (the dry run, its walk: this rank's median of the timed calls, the slowest rank's)
+                walks = drying[i].be.walks[-iters:] if i in drying else []
+                walk = comm.allreduce(float(np.median(walks)) if walks else -1.0, op=MPI.MAX)
+                if iters > 1 and res[f"dry {i}"].ok and walk >= 0:
+                    dry[i] = (res[f"dry {i}"].median_s, walk)
             if comm.Get_rank() == 0:
                 base = res["exchange"]
                 mine_rows = [_row(name, plan, backend, res[str(i)], base) for i, plan in mine]

@@ -70,7 +70,7 @@ def test_each_plan_is_predicted_by_its_executors_operations_timed_alone(tmp_path
     assert "plans within 15%" in r.stdout
     rows = json.loads((tmp_path / "r.json").read_text())["executed"]
     assert all(row["exchange_dry_s"] >= 0 for row in rows) and "exchange (baseline)" in r.stdout   # its walk too
-    assert len(rows) == 4 and all(row["dry_s"] >= 0 and row["operations"] and all(
+    assert len(rows) == 4 and all(row["dry_s"] >= 0 and row["walk_s"] >= 0 and row["operations"] and all(
         kind in ("p2p", "broadcast", "allgather", "copy", "fill") and alone >= 0 and wave in (0, 1, 2)
         for kind, _, _, alone, wave in row["operations"]) for row in rows)
 
