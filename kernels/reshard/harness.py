@@ -204,11 +204,12 @@ def primitive_times(plans: list[Plan], be: Backend, group, iters: int, seed: int
 
 def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty: float | None,
                          dry: list[tuple[float, float] | None], asynchronous: bool) -> list[float]:
-    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone, after or
-    from the host's time, ``kernels.reshard.model``; absent where one of them did not run), ``host_s``, and what
-    they came from: the dry run and its walk up to the synchronisation (``dry``: ``dry_s``, ``walk_s``), the empty
-    call and each operation, in the order issued, with its cost alone and its wave (``operations``: kind, ranks,
-    bytes, seconds, wave); returns the rows' measured / predicted_exec."""
+    """Each ok row's ``predicted_exec_s`` (its plan's operations simulated with the costs measured alone after the
+    host's time from its dry run, ``kernels.reshard.model``; absent where one of them did not run), ``host_s``, and
+    what they came from: the dry run and its walk up to the synchronisation (``dry``: ``dry_s``, ``walk_s``, the
+    walk recorded for other models), the empty call and each operation, in the order issued, with its cost alone
+    and its wave (``operations``: kind, ranks, bytes, seconds, wave); returns the rows' measured /
+    predicted_exec."""
     ratios = []
     for row, plan, d in zip(rows, plans, dry):
         ops = operations(plan)
@@ -217,7 +218,7 @@ def executor_predictions(rows: list[dict], plans: list[Plan], times: dict, empty
         cost = measured_cost(times, empty)
         row.update(dry_s=d[0], walk_s=d[1], empty_s=empty,
                    operations=[[op.kind, list(op.ranks), op.nbytes, cost(op), op.wave] for op in ops])
-        row["host_s"] = host_time(plan, cost, empty, *d, asynchronous)
+        row["host_s"] = host_time(plan, cost, empty, d[0], asynchronous)
         row["predicted_exec_s"] = predict(plan, cost, empty, row["host_s"], asynchronous)
         ratios.append(row["measured_s"] / row["predicted_exec_s"])
     return ratios

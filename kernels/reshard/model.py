@@ -16,17 +16,19 @@ does more, and differently (4 x H200, 2026-11-28: measured 1.1 to 1.9x the makes
   received the unit itself (send_recv, broadcast; not the sender) into one contiguous run of that tile;
 and every call ends with a synchronisation (what a call that moves nothing costs: ``empty``).
 A wave (``Op.wave``) runs its copies and fills on their ranks' streams, then its transfers and collectives
-together, as one group: they start when the group is posted and the ranks they wait for are free (a transfer's
-sender, a collective's every rank), and end together, after the busiest rank's share: the longer of what it sends
-and what it receives point to point (the two directions of a link run at once; one direction's transfers one after
-the other), and its collectives one after the other.
-The host walks the plan in Python besides (``host``). On a backend whose operations block, MPI, the call is its
-walk, then the streams' operations: the walk is a dry run's time (the plan executed with transfers that move
-nothing) less ``empty`` and its copies and fills. On a backend whose operations are asynchronous, NCCL, the host
-queues them as it walks: the copies and fills run at once, the groups once the walk has posted them, which is the
-dry run's time up to its synchronisation (``walk``). The prediction adds ``empty``. The costs are a function of
-the operation (``Op``): ``kernels.reshard.harness`` measures each distinct operation of the plans alone, and each
-plan's dry run and walk, in the same run (2 x H200, 2026-11-29: reports/records/collectives4.md, sessions 24-25).
+together, as one group: they start when the ranks they wait for are free (a transfer's sender, a collective's
+every rank), and end together, after the busiest rank's share: the longer of what it sends and what it receives
+point to point (the two directions of a link run at once; one direction's transfers one after the other), and
+its collectives one after the other.
+The host walks the plan in Python besides (``host``: a dry run's time, the plan executed with transfers that
+move nothing, less ``empty`` and its copies and fills on a backend whose operations block, MPI: there the call is
+the host's walk, then the streams' operations). On a backend whose operations are asynchronous, NCCL, the host
+queues them as it walks: the call is the walk up to its last group (the dry run less its busiest rank's places,
+which it waits for), with the first wave's copies and fills under it, then the groups and the places on the
+streams. The prediction adds ``empty``. The costs are a function of the operation (``Op``):
+``kernels.reshard.harness`` measures each distinct operation of the plans alone, and each plan's dry run (and its
+walk up to the synchronisation, recorded), in the same run (2 x H200, 2026-11-29: reports/records/collectives4.md,
+sessions 24 and 25).
 """
 from __future__ import annotations
 
@@ -101,12 +103,12 @@ PLACE = 2  # the places' wave: after the scatters and transfers (0) and the all-
 LOCAL = ("copy", "fill")
 
 
-def simulate(ops: list[Op], cost: Callable[[Op], float], posted: float = 0.0) -> float:
+def simulate(ops: list[Op], cost: Callable[[Op], float]) -> float:
     """The last stream's end, wave by wave (module doc): a wave's copies and fills on their ranks' streams, then
-    its transfers and collectives as one group, posted by the host at ``posted`` seconds. The group starts when it
-    is posted and the ranks it waits for are free (the senders of its transfers: a busy receiver does not hold
-    its sender back; every rank of a collective), and ends after the busiest rank's point-to-point directions
-    (each the sum of its transfers) and collectives, and not before any of its ranks is free."""
+    its transfers and collectives as one group, which starts when the ranks it waits for are free (the senders of
+    its transfers: a busy receiver does not hold its sender back; every rank of a collective), and ends after the
+    busiest rank's point-to-point directions (each the sum of its transfers) and collectives, and not before any
+    of its ranks is free."""
     free: dict[int, float] = {}
     for w in sorted({op.wave for op in ops}):
         wave = [op for op in ops if op.wave == w]
@@ -122,30 +124,36 @@ def simulate(ops: list[Op], cost: Callable[[Op], float], posted: float = 0.0) ->
         def share(r: int) -> float:
             out, into = (sum(cost(op) for op in moves if op.kind == "p2p" and op.ranks[end] == r) for end in (0, 1))
             return max(out, into) + sum(cost(op) for op in moves if op.kind != "p2p" and r in op.ranks)
-        start = max([posted] + [free.get(r, 0.0) for r in waits])
+        start = max(free.get(r, 0.0) for r in waits)
         end = max([start + max(share(r) for r in ranks)] + [free.get(r, 0.0) for r in ranks])
         free.update(dict.fromkeys(ranks, end))
     return max(free.values(), default=0.0)
 
 
-def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float, walk: float,
-              asynchronous: bool = False) -> float:
-    """The host's own time in one call. Operations that block (MPI) run inside the dry run (``dry`` seconds, its
-    synchronisation included) one after the other, so its copies and fills (its operations simulated with the
-    transfers free) and ``empty`` come off it. Asynchronous ones (NCCL) are queued on the streams as the host
-    walks: its time is the dry run's ``walk``, up to the synchronisation. Never below 0."""
-    if asynchronous:
-        return max(walk, 0.0)
-    return max(dry - simulate(operations(plan), lambda op: cost(op) if op.kind in LOCAL else 0.0) - empty, 0.0)
+def host_time(plan: Plan, cost: Callable[[Op], float], empty: float, dry: float, asynchronous: bool = False) -> float:
+    """The host's own time in one call, from the dry run's ``dry`` seconds less ``empty``. Operations that block
+    (MPI) run inside the dry run one after the other, so its copies and fills (its operations simulated with the
+    transfers free) come off it. Asynchronous ones (NCCL) are queued on the streams as the host walks: the dry run
+    ends when its busiest rank's places are done, so those come off it; what is left is the walk up to the last
+    group, the first wave's copies and fills run under it. Never below 0."""
+    ops = operations(plan)
+    if not asynchronous:
+        return max(dry - simulate(ops, lambda op: cost(op) if op.kind in LOCAL else 0.0) - empty, 0.0)
+    places = [op for op in ops if op.wave == PLACE]
+    busiest = max((sum(cost(op) for op in places if op.ranks == (r,)) for r in {op.ranks[0] for op in places}),
+                  default=0.0)
+    return max(dry - empty - busiest, 0.0)
 
 
 def predict(plan: Plan, cost: Callable[[Op], float], empty: float, host: float = 0.0,
             asynchronous: bool = False) -> float:
-    """Seconds of one call of ``plan``, a call's ``empty`` included: blocking operations, the ``host`` time then its
-    operations simulated (``simulate``); asynchronous ones, simulated as the host queues them, the copies and
-    fills at once and the groups when its walk has posted them (``host``)."""
-    ops = operations(plan)
-    return (simulate(ops, cost, host) if asynchronous else host + simulate(ops, cost)) + empty
+    """Seconds of one call of ``plan``: the ``host`` time, then its operations simulated (``simulate``), plus a
+    call's ``empty``; asynchronous operations: the first wave's copies and fills under the host's walk, what its
+    groups start after it (2 x H200, 2026-11-29, four shapes of 2 GPUs' tasks: 58 of 64 plans within 15%, where
+    the groups posted at the walk up to the dry run's synchronisation gave 54; reports/records/collectives4.md,
+    session 25)."""
+    first = (lambda op: 0.0 if op.kind in LOCAL and op.wave == 0 else cost(op)) if asynchronous else cost
+    return host + simulate(operations(plan), first) + empty
 
 
 def measured_cost(times: dict[tuple, float], empty: float) -> Callable[[Op], float]:

@@ -83,22 +83,22 @@ def test_measured_costs_are_paid_once_for_the_synchronisation():
 def test_the_host_walks_then_the_streams_run_what_it_queued_last():
     """The dry run (transfers that move nothing) costs the host's walk, the copies and fills, and the
     synchronisation. MPI's blocking operations: the walk is what is left of it less its copies and fills, and the
-    streams' whole time follows it. NCCL's queued ones: the host's time is the dry run's walk up to its
-    synchronisation; the copies and fills run at once, each group once the walk has posted it and its senders
-    are free (closed forms; a planted walk-then-streams would add FILL + COPY to the second)."""
+    streams' whole time follows it. NCCL's queued ones: the dry run waited for the busiest rank's places, so they
+    come off it (one rank's: a planted sum over the three receivers would take 3 x COPY off); the first wave's
+    copies and fills ran under the walk, and its groups and the places follow it (closed forms)."""
     from kernels.reshard.model import host_time
 
     p = plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "global_allgather")
     empty, host = 20e-6, 90e-6
     local = FILL + COPY + COPY          # rank 0's fill and copy, then a receiver's place (transfers free)
-    assert host_time(p, cost, empty, local + empty + host, 1.0) == pytest.approx(host)
-    assert host_time(p, cost, empty, local, 1.0) == 0.0
+    assert host_time(p, cost, empty, local + empty + host) == pytest.approx(host)
+    assert host_time(p, cost, empty, local) == 0.0
     assert predict(p, cost, empty, host) == pytest.approx(host + FILL + 2 * COPY + 3 * P2P + GATHER + empty)
-    assert host_time(p, cost, empty, 1.0, host, asynchronous=True) == host
+    assert host_time(p, cost, empty, host + COPY + empty, asynchronous=True) == pytest.approx(host)
     assert predict(p, cost, empty, host, asynchronous=True) == pytest.approx(host + 3 * P2P + GATHER + COPY + empty)
-    quick = 1e-6                        # a walk shorter than rank 0's fill and copy: the group waits for them
-    assert predict(p, cost, empty, quick, asynchronous=True) == \
-        pytest.approx(FILL + COPY + 3 * P2P + GATHER + COPY + empty)
+    assert operations(plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv"))[-1].kind == "p2p"   # received in place
+    assert host_time(plan("RRR@1,1[0]:S0RR@1,3[1,2,3]", "send_recv"), cost, empty, host + empty, True) == \
+        pytest.approx(host)
 
 
 def test_a_busy_receiver_does_not_hold_its_sender_back():
