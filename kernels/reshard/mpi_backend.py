@@ -1,10 +1,9 @@
 """The MPI backend: host (numpy) buffers, point-to-point MPI between ranks.
 
-Device ids of the plan map to ranks through ``ranks`` (default: device id =
-rank). Inside a group (``group``) sends and receives are non-blocking, completed when it closes. The ring
-broadcast forwards each of its K partitions as soon as it has
-arrived (non-blocking sends), so the partitions pipeline down the chain; the
-all-gather is a ring of Sendrecv steps.
+Device ids of the plan map to ranks through ``ranks`` (default: device id = rank). Inside a group
+(``group``) sends and receives are non-blocking, completed when it closes. The ring broadcast forwards each
+of its K partitions as soon as it has arrived (non-blocking sends), so the partitions pipeline down the
+chain; the all-gather is a ring of Sendrecv steps.
 """
 from __future__ import annotations
 

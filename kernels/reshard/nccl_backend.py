@@ -1,13 +1,11 @@
 """The NCCL backend: device (cupy) buffers, NCCL through the device layer.
 
-One world communicator carries point-to-point sends and receives; every
-broadcast chain and every all-gather group of the plan gets its own NCCL
-communicator (created in ``prepare``, in the same sorted order on all ranks, its
-unique id handed out over MPI by the group's first member). A broadcast runs as
-one ncclBroadcast over the chain's communicator: NCCL's ring broadcast pipelines
-the buffer in chunks itself, so the plan's K is not used here. All NCCL calls go
-on one stream per rank; a wave of the plan's transfers is one NCCL group, its collectives after it. The GPU is
-chosen from the node-local rank; two ranks on one GPU are refused.
+One world communicator carries point-to-point sends and receives; every broadcast chain and every all-gather
+group of the plan gets its own NCCL communicator (created in ``prepare``, in the same sorted order on all ranks,
+its unique id handed out over MPI by the group's first member). A broadcast runs as one ncclBroadcast over the
+chain's communicator: NCCL's ring broadcast pipelines the buffer in chunks itself, so the plan's K is not used
+here. All NCCL calls go on one stream per rank; a wave of the plan's transfers is one NCCL group, its collectives
+after it. The GPU is chosen from the node-local rank; two ranks on one GPU are refused.
 """
 from __future__ import annotations
 
