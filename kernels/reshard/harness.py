@@ -281,7 +281,7 @@ def run_plans(plans: list[tuple[str, Plan]], backend: str, comm, seed: int = 0, 
                 shown = "-" if base.median_s is None else f"{base.median_s * 1e3:8.3f}"
                 print(f"{'OK ' if base.ok else 'BAD'} {name:28s} {'exchange (baseline)':28s} wrong="
                       f"{max(base.wrong_before, 0) + max(base.wrong_after, 0)} measured {shown} ms"
-                      + (f" (its walk {_ms(res['dry exchange'].median_s)} ms)" if iters > 1 else "")
+                      + (f" (its dry run {_ms(res['dry exchange'].median_s)} ms)" if iters > 1 else "")
                       + ("" if base.ok else f" ({base.reason})"), flush=True)
         if iters > 1:   # a measurement (warmed up, several runs): its parts measured beside it
             times, empty = primitive_times([p for _, p in plans], be, group, iters, seed + len(plans) + 1)
