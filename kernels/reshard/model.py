@@ -38,8 +38,9 @@ from typing import Callable
 import numpy as np
 
 from kernels.reshard.plan import Plan
+from kernels.reshard.program import in_place
 from kernels.reshard.spec import contiguous
-from kernels.reshard.strategies import RECEIVE_DIRECT, broadcast_chain
+from kernels.reshard.strategies import broadcast_chain
 
 KINDS = ("p2p", "broadcast", "allgather", "copy", "fill")
 
@@ -72,7 +73,7 @@ def operations(plan: Plan) -> list[Op]:
         unit = plan.units[job.task]
         n = unit.nbytes
         s, recv = job.sender, tuple(job.receivers)
-        if recv == (s,):
+        if job.local:
             out.append(Op("copy", (s,), n))
             continue
         if not contiguous(unit.box, src[s]):
@@ -94,8 +95,7 @@ def operations(plan: Plan) -> list[Op]:
             chain = tuple(broadcast_chain(plan.task.devices_per_host, s, recv))
             if len(chain) > 1:
                 out.append(Op("broadcast", chain, n, job.partitions))
-        out += [Op("copy", (d,), n, wave=PLACE) for d in recv
-                if d == s or job.strategy not in RECEIVE_DIRECT or not contiguous(unit.box, dst[d])]
+        out += [Op("copy", (d,), n, wave=PLACE) for d in recv if not in_place(job, unit.box, d, dst)]
     return out
 
 

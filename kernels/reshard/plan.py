@@ -26,6 +26,11 @@ class PlannedJob:
     duration: float
     nbytes: int
 
+    @property
+    def local(self) -> bool:
+        """Its sender is its only receiver: the executor copies the unit from the source tile to the destination."""
+        return tuple(self.receivers) == (self.sender,)
+
 
 @dataclass
 class Plan(Record):

@@ -87,8 +87,15 @@ class Leg:
     n: int                              # elements of the unit
     src: tuple[slice, ...] | None       # the unit in this rank's source tile (its sender)
     dst: tuple[slice, ...] | None       # the unit in this rank's destination tile (a receiver)
-    direct: bool                        # one contiguous run of the destination tile: received straight into it
-    local: bool                         # sender and only receiver: one copy, source tile to destination tile
+    direct: bool                        # received straight into the destination tile (``in_place``)
+
+
+def in_place(job: PlannedJob, box, rank: int, dst: dict) -> bool:
+    """Whether ``rank`` receives ``job``'s unit (``box``) straight into its destination tile (``dst[rank]``): a
+    receiver other than the sender, a strategy whose receivers take the unit itself, one contiguous run of the
+    tile. Elsewhere a receiver places the unit after the last wave."""
+    return (rank in job.receivers and rank != job.sender and job.strategy in RECEIVE_DIRECT
+            and contiguous(box, dst[rank]))
 
 
 def legs(plan: Plan, me: int) -> list[Leg]:
@@ -105,9 +112,7 @@ def legs(plan: Plan, me: int) -> list[Leg]:
         box = plan.units[job.task].box
         into = me in job.receivers
         out.append(Leg(job, tag % 32000, box_volume(box), local_slices(box, src[me]) if me == job.sender else None,
-                       local_slices(box, dst[me]) if into else None,
-                       into and me != job.sender and job.strategy in RECEIVE_DIRECT and contiguous(box, dst[me]),
-                       tuple(job.receivers) == (job.sender,)))
+                       local_slices(box, dst[me]) if into else None, in_place(job, box, me, dst)))
     return out
 
 
@@ -123,7 +128,7 @@ def execute(plan: Plan, be: Backend, src_tile, dst_tile, mine: list[Leg] | None 
     direct = dst_tile is not None and dst_tile.flags.c_contiguous
     live, done = [], []
     for leg in mine:
-        if leg.local:
+        if leg.job.local:
             dst_tile[leg.dst] = src_tile[leg.src]
             continue
         job = leg.job
