@@ -34,7 +34,7 @@ from calibrate.errors import UserError
 from models.graph import Layer
 
 from autotune.sbp.memory import RECIPES, recipe_of
-from autotune.sbp.mesh import Cluster, RoleMesh, role_meshes
+from autotune.sbp.mesh import Cluster, RoleMesh, cached_hash, role_meshes
 from autotune.sbp.sbp import B, P, NdSbp, divides, dual, fine_of, local_shape
 
 ACT_BYTES = 2  # default bytes per activation/gradient element (bf16/fp16); a model may give 4 (fp32)
@@ -43,6 +43,7 @@ ACT_BYTES = 2  # default bytes per activation/gradient element (bf16/fp16); a mo
 PARAM_BYTES = RECIPES["autocast"].parameter_bytes
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Tensor:
     name: str
@@ -50,6 +51,7 @@ class Tensor:
     sbp: tuple[str, ...]  # one placement per role
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Internal:
     """A redistribution inside a layer, per micro-batch."""
@@ -67,6 +69,7 @@ class Internal:
     overlap: str = ""
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Strategy:
     signature: str

@@ -515,35 +515,40 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     the user's module was measured to (``calibrate module``: a transformers model's key/value cache)."""
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
-    mems = [strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe) for s, role in zip(chain_strategies, roles)]
-    grads = [m.gradients for m in mems] if recipe != "autoddl" else \
-        [strategy_memory(s, cluster, act_bytes, mode, role).gradients for s, role in zip(chain_strategies, roles)]
-    after = sum(grads)  # the gradients of the positions after the current one
+    full = mode.recompute == "full"
+    made: dict[tuple[int, str], tuple[float, ...]] = {}  # a block's layers recur: each (strategy, role) once
+
+    def parts(s, role: str) -> tuple[float, ...]:
+        key = (id(s), role)
+        if key not in made:
+            m = strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe)
+            g = m.gradients if recipe != "autoddl" else strategy_memory(s, cluster, act_bytes, mode, role).gradients
+            copy = weight_copy_bytes(s, cluster, act_bytes)
+            made[key] = (m.activations, g, loss_forward_bytes(s, cluster, act_bytes),
+                         copy if full and role != OUTSIDE and recipe == "autocast" else None,
+                         kept_bytes(s, cluster, act_bytes) + copy - m.activations,
+                         work_bytes(s, cluster, act_bytes, acc), gathered_weight_bytes(s, cluster, mode))
+        return made[key]
+    figs = [parts(s, role) for s, role in zip(chain_strategies, roles)]
+    after = sum(f[1] for f in figs)  # the gradients of the positions after the current one
     total_grads = after - shared_gradients
     kept = peak = 0.0
     block = 0.0  # the re-run block's activations, up to the current position
-    gathered = [0.0]
     alive = []  # per position: the activations alive while its backward runs
     forward_end = 0.0  # beyond what is kept, at the end of the forward: the loss's and autocast's cached copies
-    for s, role, m in zip(chain_strategies, roles, mems):
-        k = m.activations
+    for role, (k, _, end, cached, rerun, _, _) in zip(roles, figs):
         kept += k
-        forward_end += loss_forward_bytes(s, cluster, act_bytes)
-        if mode.recompute == "full" and role != OUTSIDE and recipe == "autocast":
-            forward_end += weight_copy_bytes(s, cluster, act_bytes)
-        if mode.recompute == "full":
-            if role == FIRST:
-                block = 0.0
-            if role != OUTSIDE:
-                block += kept_bytes(s, cluster, act_bytes) + weight_copy_bytes(s, cluster, act_bytes) - k
-            else:
-                block = 0.0
+        forward_end += end
+        if cached is not None:
+            forward_end += cached
+        if full:
+            block = 0.0 if role in (FIRST, OUTSIDE) else block
+            block += rerun if role != OUTSIDE else 0.0
         alive.append(kept + block)
-    for s, a, g in zip(chain_strategies, alive, grads):
+    for a, (_, g, _, _, _, work, _) in zip(alive, figs):
         after -= g
-        peak = max(peak, a + work_bytes(s, cluster, act_bytes, acc) + (total_grads if acc else after))
-        gathered.append(gathered_weight_bytes(s, cluster, mode))
-    gathered.sort()
+        peak = max(peak, a + work + (total_grads if acc else after))
+    gathered = sorted([0.0] + [f[6] for f in figs])
     peak = max(peak, kept + forward_end + forward_transient + (total_grads if acc else 0.0),
                total_grads)  # the forward's end; the step
     return peak - kept - total_grads + gathered[-1] + (gathered[-2] if len(gathered) > 1 else 0.0)

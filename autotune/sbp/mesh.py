@@ -37,6 +37,26 @@ def prime_factors(n: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def cached_hash(cls):
+    """A frozen dataclass whose hash (its fields' tuple's, as the dataclass makes it) is computed once per object:
+    strategies, their tensors and meshes key the searches' memoised figures, and hashing their nested tuples again
+    at every lookup was a tenth of a large search's time. The cached value is not pickled (string hashes differ
+    between processes)."""
+    raw = cls.__hash__
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = raw(self)
+            object.__setattr__(self, "_hash", h)  # frozen: set as functools.cached_property sets
+        return h
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    cls.__hash__, cls.__getstate__ = __hash__, __getstate__
+    return cls
+
+
 @dataclass(frozen=True)
 class Cluster:
     nodes: int
@@ -103,6 +123,7 @@ def _runs(axes: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[tuple[int, ...
     return tuple(out) if i == len(axes) else None
 
 
+@cached_hash
 @dataclass(frozen=True)
 class RoleMesh:
     """Role sizes, each (nodes, gpus); the product over roles is the cluster."""

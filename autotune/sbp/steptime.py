@@ -141,8 +141,11 @@ def overlapped(S, W, F, slowdown: float):
     """The gradient sync's exposed seconds (S the step's sync, W the last backward, F the first layer's sync; numbers or
     arrays): max(S - W, F), plus the slowdown of the compute that ran beside the hidden part (S less the exposed:
     that long the backward ran beside the collectives, ``slowdown`` times slower)."""
-    exposed = np.maximum(S - W, F)
-    return exposed + (slowdown - 1.0) * np.maximum(S - exposed, 0.0)
+    if isinstance(S, np.ndarray) or isinstance(W, np.ndarray) or isinstance(F, np.ndarray):
+        exposed = np.maximum(S - W, F)
+        return exposed + (slowdown - 1.0) * np.maximum(S - exposed, 0.0)
+    exposed = max(S - W, F)  # numbers: the same rule without numpy's per-call cost (a plan's price, in the searches)
+    return exposed + (slowdown - 1.0) * max(S - exposed, 0.0)
 
 
 def require_compute(profile) -> ComputeModel:

@@ -74,6 +74,16 @@ def test_overlapped_is_max_when_nothing_slows():
     assert overlapped(1.0, 3.0, 0.5, 2.0) == 1.0  # F = 0.5 < S - W < 0: S - F hidden, 0.5 s beside it twice as slow
 
 
+def test_overlapped_numbers_and_arrays_agree():
+    """The searches price one plan with numbers and a layer's every choice with arrays: one rule either way."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    S, W, F = (rng.uniform(0, 2, 50) for _ in range(3))
+    arrays = overlapped(S, W, F, 1.3)
+    assert [overlapped(float(s), float(w), float(f), 1.3) for s, w, f in zip(S, W, F)] == pytest.approx(arrays, abs=0)
+    assert overlapped(float(S[0]), W, float(F[0]), 1.3) == pytest.approx(overlapped(S[:1], W, F[:1], 1.3), abs=0)
+
+
 @pytest.mark.parametrize("bad", [{"all_reduce": 0.1}, {"all_reduce": 1.1, "peer": "ib"}, {"nvls": 1.1}])
 def test_a_bad_overlap_is_one_line(bad):
     from calibrate.compute import ComputeModel

@@ -489,3 +489,18 @@ def test_megatron_runs_the_mlp_column_then_row_parallel(mlp):
         costs.append(pr.cost(a))
     ar = PROFILE.time(Collective.ALLREDUCE, tokens * hidden * 2, Group(t))
     assert costs[1] - costs[0] == pytest.approx(pr.mb * 4 * ar, rel=1e-9)
+
+
+def test_a_strategy_hashes_once_and_as_its_fields():
+    """Strategies key the searches' memoised figures: the hash is made once per object (``mesh.cached_hash``),
+    equal strategies hash alike, another field another hash, and a copy made by pickling computes its own."""
+    import pickle
+    g = contract_graph()
+    cl = Cluster(1, 4)
+    s = next(st for layer in g.layers for st in make_op(layer, 2).strategies(cl) if st.weights)
+    twin = dataclasses.replace(s)
+    assert twin is not s and twin == s and hash(twin) == hash(s) and s.__dict__["_hash"] == hash(s)
+    other = dataclasses.replace(s, extra_act_elems=s.extra_act_elems + 1)
+    assert other != s and hash(other) != hash(s)
+    back = pickle.loads(pickle.dumps(s))
+    assert "_hash" not in back.__dict__ and back == s and hash(back) == hash(s)
