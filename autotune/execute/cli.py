@@ -65,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=seed_int, default=0, help="seed of the weights and the data")
     ap.add_argument("--lr", type=finite_float, default=1e-3, help="Adam learning rate, above 0 (default 1e-3)")
     ap.add_argument("--module", default=DEFAULT_MODULE,
-                    help="package.module:factory building the nn.Module from the plan's model config")
+                    help="package.module:factory building the nn.Module from the plan's model config, or the "
+                         "Hugging Face config.json the plan was searched for (transformers' class)")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the result records (default ./{DEFAULT_OUT})")
     ap.add_argument("--summarize", metavar="DIR",
                     help="print the tables of the results in DIR and write DIR/summary.json, summary.md, breakdown.txt "

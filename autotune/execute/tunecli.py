@@ -25,14 +25,15 @@ from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.residuals import fitted
 
 from autotune.execute.launch import check_steps, launch_env
-from autotune.execute.usermodule import DEFAULT_MODULE, load_factory
+from autotune.execute.usermodule import default_module, load_factory
 
 
 def parser():
     ap = command_parser("python -m autotune tune", __doc__)
     ap.add_argument("--model", required=True, help="a Hugging Face config.json, a model JSON, or a model kind")
-    ap.add_argument("--module", default=DEFAULT_MODULE, help="package.module:factory building the nn.Module from the "
-                                                              "plan's model config (default: the reference modules)")
+    ap.add_argument("--module", default=None, help="package.module:factory building the nn.Module from the plan's "
+                                                    "model config (default: transformers' class of a config.json "
+                                                    "--model, else the reference modules)")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help="the profile calibrate compute wrote on this machine")
     ap.add_argument("--profile-out", default=None, help="where to write the profile with the residuals")
     ap.add_argument("--k", type=int, default=4, help="candidates to run (default 4)")
@@ -50,6 +51,7 @@ def main(argv=None, report=None) -> int:
     check_steps(args.steps, args.warmup, 0)
     if args.k < 1:
         raise UserError(f"--k {args.k}: run at least one candidate")
+    args.module = args.module or default_module(args.model)
     load_factory(args.module)
     launch = launch_env()
     profile = Profile.load(args.profile)
@@ -97,8 +99,8 @@ def main(argv=None, report=None) -> int:
     plan = cands[rows.index(chosen)]
     others = [p for p in [pf.best, *pf.baselines] if p is not plan]
     tuned = PlanFile(replace(plan, tune={"returned": True, **chosen}), others, pf.traces,
-                     dict(pf.meta, tune={"candidates": rows, "returned": chosen["strategy"], "steps": args.steps,
-                                         "warmup": args.warmup, "world": launch.world}))
+                     dict(pf.meta, tune={"candidates": rows, "returned": chosen["strategy"], "module": args.module,
+                                         "steps": args.steps, "warmup": args.warmup, "world": launch.world}))
     out.mkdir(parents=True, exist_ok=True)
     path = tuned.save(out / "plan.json")
     write_atomic(out / "tune.md", f"# autotune tune\n\n{table}\n", "tune table")

@@ -1,16 +1,59 @@
 """The nn.Module that execute's apply path trains: a factory named ``package.module:factory``,
-called with the plan's model config dict (no torch needed to name or check it)."""
+called with the plan's model config dict (no torch needed to name or check it), or a Hugging Face
+``config.json``: transformers' own class of that config (as ``calibrate module`` builds and times it), with the
+plan's number of blocks."""
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 
 from calibrate.errors import OptionError
 
 DEFAULT_MODULE = "models.modules:build"  # the project's reference modules of the transformer family
+CHECKED = ("hidden", "heads", "kv_heads", "ffn", "vocabulary")  # the plan's model against the config's
+
+
+def default_module(model: str) -> str:
+    """The module a plan searched for ``--model`` runs by default: the config.json itself where it is a Hugging
+    Face config (the user's transformers class), else the reference modules."""
+    from models.hf import is_hf_config
+    path = Path(model)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            if is_hf_config(json.loads(path.read_text())):
+                return str(path)
+        except (OSError, ValueError):
+            pass  # the search reads it and says what is wrong
+    return DEFAULT_MODULE
+
+
+def hf_factory(spec: str):
+    """transformers' class of the config.json ``spec``, called with the plan's model config: its blocks
+    (``layers``: a pipeline stage's, or the model's), the rest as the config says; a plan of another model (the
+    search given --hidden, --ffn, ...) is refused in one line."""
+    from calibrate.errors import UserError
+    from calibrate.usermodule import hf_module
+    try:
+        cfg = json.loads(Path(spec).read_text())
+    except (OSError, ValueError) as e:
+        raise OptionError("module", f"{spec}: cannot read it as a config.json ({e})") from None
+    module = hf_module(cfg, spec)
+
+    def build(config: dict):
+        wrong = [f"{k} {config[k]} (config.json: {module.model[k]})" for k in CHECKED
+                 if k in config and config[k] != module.model[k]]
+        if wrong:
+            raise UserError(f"the plan's model is not {spec}'s: {', '.join(wrong)}; search it without those options "
+                            f"or give --module pkg.mod:factory")
+        return module.build(int(config["layers"]), 1)
+    return build
 
 
 def load_factory(spec: str):
-    """The callable named by ``package.module:factory``."""
+    """The callable named by ``package.module:factory``, or a config.json's (``hf_factory``)."""
+    if spec.endswith(".json"):
+        return hf_factory(spec)
     name, sep, attr = spec.partition(":")
     if not sep or not name or not attr:
         raise OptionError("module", f"{spec!r} is not package.module:factory (e.g. {DEFAULT_MODULE})")

@@ -49,11 +49,11 @@ def _tune(argv):
         return str(e)
 
 
-def tune(tmp_path, profile, module: str = "tests.autotune.test_tune:slow_when_sharded", search=()):
-    model = tmp_path / "model.json"
-    model.write_text(json.dumps(MODEL))
+def tune(tmp_path, profile, module: str | None = "tests.autotune.test_tune:slow_when_sharded", search=(), model=MODEL):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(model))
     out = tmp_path / "out"
-    argv = ["--model", str(model), "--module", module, "--profile", str(profile),
+    argv = ["--model", str(path), *(["--module", module] if module else []), "--profile", str(profile),
             "--k", "3", "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out), "--",
             "--budget", "0.3", "--compare", "none", *search]
     ranks = run_on_gloo(_tune, [(argv,)], 2, init=False)
@@ -112,6 +112,32 @@ def test_tune_refuses_a_profile_without_host_figures(tmp_path):
     replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
     out, errors = tune(tmp_path, profile, search=("--memory-limit", "0.00001"))
     assert len(errors) == 2 and all(e.startswith("--memory-limit 1e-05 GiB per device: no plan fits") for e in errors)
+
+
+HF_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 256,
+            "max_position_embeddings": 32, "tie_word_embeddings": False}
+
+
+def test_a_config_json_tunes_on_its_own_transformers_class(tmp_path):
+    """With --model config.json and no --module, the candidates run transformers' class of that config (what
+    calibrate module timed), not the reference modules; a plan of another shape is refused in one line."""
+    from autotune.execute.usermodule import DEFAULT_MODULE, default_module, load_factory
+    base = Profile.load("h200-nvlink")
+    profile = tmp_path / "profile.json"
+    replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
+    out, errors = tune(tmp_path, profile, None, ("--sequence", "32", "--batch", "8", "--micro-batch", "4"), HF_LLAMA)
+    assert not errors
+    pf = json.loads((out / "plan.json").read_text())
+    assert pf["meta"]["tune"]["module"] == str(tmp_path / "model.json")
+    assert sum(r["status"] == "ok" for r in pf["meta"]["tune"]["candidates"]) >= 2
+    build = load_factory(default_module(str(tmp_path / "model.json")))
+    stage = build(dict(pf["best"]["model"], layers=1))
+    assert type(stage).__name__ == "LlamaForCausalLM" and stage.config.num_hidden_layers == 1
+    with pytest.raises(UserError, match=r"^the plan's model is not .*model.json's: hidden 128 \(config.json: 64\)"):
+        build(dict(pf["best"]["model"], hidden=128))
+    (tmp_path / "mine.json").write_text(json.dumps(MODEL))
+    assert default_module(str(tmp_path / "mine.json")) == DEFAULT_MODULE == default_module("llama")
 
 
 def failing_factory(config):

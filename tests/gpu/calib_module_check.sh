@@ -72,7 +72,8 @@ PYEOF
     echo "calibrate module: exit $? ($((SECONDS - t0)) s)"; tail -3 "$OUT/module.log"
     [ -f "$OUT/tune-profile.json" ] || cp "$profile" "$OUT/tune-profile.json"
     t1=$SECONDS
-    # TUNE_MODULE=apply_llama:build (tests/gpu): the candidates run on transformers' LlamaForCausalLM
+    # the candidates run on transformers' LlamaForCausalLM of the config.json (tune's default for one; TUNE_MODULE=
+    # pkg.mod:factory another module)
     timeout "${TUNE_TIMEOUT:-330}" torchrun --nproc-per-node "$NGPU" -m autotune tune --model "$OUT/llama1.5b.json" \
       --profile "$OUT/tune-profile.json" --out "$OUT/tune" ${TUNE_MODULE:+--module "$TUNE_MODULE"} -- --sequence 2048 --batch $((8 * NGPU)) --micro-batch $((4 * NGPU)) \
       > "$OUT/tune.log" 2>&1

@@ -53,7 +53,7 @@ case "${PART:-measure}" in
     grep -E "^\|" "$OUT/apply.log" || tail -20 "$OUT/apply.log"
     ;;
   tune)
-    OUT=$W/tune PART=tune PROFILE=$W/profile.json TUNE_MODULE=apply_llama:build bash tests/gpu/calib_module_check.sh \
+    OUT=$W/tune PART=tune PROFILE=$W/profile.json bash tests/gpu/calib_module_check.sh \
       > "$OUT/tune-console.log" 2>&1
     echo "tune: exit $? ($((SECONDS - t0)) s)"
     tar -czf "$OUT/tune.tar.gz" -C "$W" tune 2>/dev/null
