@@ -101,7 +101,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     count; ``allocator`` (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
     recorded in every plan (``apply`` checks the job runs under it); ``progress``: called with a line per step."""
     progress = progress or (lambda line: None)
-    graph = load_model(model) if isinstance(model, str) else model
+    graph = load_model(model, devices=cluster.devices) if isinstance(model, str) else model
     profile = Profile.load(profile) if isinstance(profile, str) else profile
     compare = list(compare)
     for name in [algorithm, *compare]:

@@ -2,7 +2,9 @@
 
 Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (kind llama) and GPT2LMHeadModel
 (kind gpt), found by ``architectures`` or else ``model_type``. The config gives the architecture;
-sequence, batch and micro_batch are not in it: they come from ``DEFAULTS`` or the caller's overrides.
+sequence, batch and micro_batch are not in it: they come from ``DEFAULTS`` or the caller's overrides; the
+micro-batch (global, over all devices) by default holds one sequence a device of the cluster planned for, as far as
+the batch divides (the data-parallel plans need at least that).
 
 A sliding attention window (Mistral's ``sliding_window``, Qwen2's with ``use_sliding_window``) makes
 attention cheaper only when it is shorter than the sequence, which the model does not express: a
@@ -17,7 +19,7 @@ from calibrate.errors import UserError
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                  "GPT2LMHeadModel": "gpt2"}  # architecture -> model_type
 DEFAULT_SEQUENCE = 4096  # at most the config's max_position_embeddings (GPT-2: n_positions)
-DEFAULTS = {"batch": 64, "micro_batch": 1}  # micro_batch is global (all devices)
+DEFAULTS = {"batch": 64}  # micro_batch: global (all devices), by default one sequence a device (``HfModel.config``)
 # a mixture of experts' fields (Mixtral, Qwen2-MoE, DeepSeek): its expert MLPs are not modelled
 EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
 GELU_ACTIVATIONS = ("gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "relu")  # GPT-2's MLP, likewise
@@ -70,9 +72,14 @@ class HfModel:
     positions: int  # max_position_embeddings (GPT-2: n_positions): the longest sequence trained
     origin: str
 
-    def config(self, overrides: dict) -> dict:
-        """The transformer fields with sequence, batch and micro_batch from ``overrides`` or the defaults."""
+    def config(self, overrides: dict, devices: int = 1) -> dict:
+        """The transformer fields with sequence, batch and micro_batch from ``overrides`` or the defaults (for
+        ``devices`` devices: the micro-batch the largest divisor of the batch of at most one sequence a device)."""
         cfg = {"sequence": min(DEFAULT_SEQUENCE, self.positions), **DEFAULTS, **self.fields, **overrides}
+        b = cfg["batch"]
+        if "micro_batch" not in cfg:  # a batch that is not a positive integer: 1, and the loader says what is wrong
+            whole = isinstance(b, int) and not isinstance(b, bool) and b > 0
+            cfg["micro_batch"] = max(m for m in range(1, min(devices, b) + 1) if b % m == 0) if whole else 1
         seq = cfg["sequence"]
         if isinstance(seq, int) and not isinstance(seq, bool) and seq > self.positions:
             raise UserError(f"{self.origin}: sequence {seq} is longer than the config's "

@@ -90,8 +90,9 @@ def is_model_file(model: str) -> bool:
     return model.endswith(".json") or "/" in model or os.sep in model or bool(os.altsep and os.altsep in model)
 
 
-def load_model(model: str, preset: str | None = None, overrides: dict | None = None) -> LayerGraph:
-    """A model kind (with a preset) or a JSON file; ``overrides`` replace fields."""
+def load_model(model: str, preset: str | None = None, overrides: dict | None = None, devices: int = 1) -> LayerGraph:
+    """A model kind (with a preset) or a JSON file; ``overrides`` replace fields; ``devices``: the cluster's, where
+    a Hugging Face config's micro-batch is left open (``HfModel.config``)."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if is_model_file(model):
         cfg = read_json(model, "model file", f"give a JSON file or one of {', '.join(model_kinds())}")
@@ -100,7 +101,7 @@ def load_model(model: str, preset: str | None = None, overrides: dict | None = N
             raise OptionError("preset", "applies to a model kind, not to a model file: drop it or the file")
         if isinstance(cfg, dict) and is_hf_config(cfg):
             hf = read_hf(cfg, origin)
-            return BUILDERS[hf.kind](validate(hf.kind, hf.config(overrides), origin))
+            return BUILDERS[hf.kind](validate(hf.kind, hf.config(overrides, devices), origin))
         if not isinstance(cfg, dict) or "kind" not in cfg:
             raise UserError(f"model file {model!r} needs a \"kind\" field, one of {', '.join(model_kinds())}, "
                             f"or is a Hugging Face config.json (with \"architectures\")")

@@ -261,13 +261,13 @@ def prepare(argv):
         if name not in SEARCHES:
             raise UserError(f"unknown search {name!r} in --compare: use some of {', '.join(SEARCHES)}, or none")
     overrides = {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v is not None}
-    graph = load_model(args.model, args.preset, overrides)
     for flag, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
         if v is not None and v < 1:
             raise UserError(f"{flag} {v} must be at least 1: give the cluster's {flag[2:].replace('-', ' ')}")
     nodes = DEFAULT_NODES if args.nodes is None else args.nodes
     gpus = DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node
     cluster = Cluster(nodes, gpus)
+    graph = load_model(args.model, args.preset, overrides, cluster.devices)
     stages = parse_stages(args.pipeline)
     if stages == "off" and args.schedule is not None:
         raise UserError(f"--schedule {args.schedule} orders a pipeline's micro-batches, and --pipeline "

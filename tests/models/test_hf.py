@@ -74,8 +74,28 @@ def test_config_json_counts_like_transformers(family, fields, tmp_path):
     config.to_json_file(tmp_path / "config.json")
     g = load_model(str(tmp_path / "config.json"))
     assert g.parameters() == hf_parameters(config)
-    assert (g.batch, g.micro_batch) == (64, 1)  # the README's defaults
+    assert (g.batch, g.micro_batch) == (64, 1)  # the README's defaults, for one device
     assert g.config["sequence"] == min(4096, fields.get("n_positions", config.max_position_embeddings))
+
+
+def test_the_default_micro_batch_is_one_sequence_a_device(tmp_path):
+    """A config.json leaves the micro-batch open: by default one sequence a device of the cluster (what a
+    data-parallel plan needs), the largest divisor of the batch at most that, and the given one where it is given;
+    the search's data-parallel baseline exists on 4 devices."""
+    import json
+
+    from autotune.cli.search import main
+    hf_config("Llama", num_hidden_layers=2, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=512, vocab_size=512, max_position_embeddings=256).to_json_file(tmp_path / "c.json")
+    path = str(tmp_path / "c.json")
+    assert [load_model(path, None, {}, n).micro_batch for n in (1, 4, 6, 128)] == [1, 4, 4, 64]
+    assert load_model(path, None, {"batch": 12}, 8).micro_batch == 6
+    assert load_model(path, None, {"micro_batch": 2}, 4).micro_batch == 2
+    assert main(["--model", path, "--nodes", "1", "--gpus-per-node", "4", "--budget", "0.2", "--compare", "none",
+                 "--pipeline", "off", "--out", str(tmp_path / "out")]) == 0
+    plans = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plans["best"]["model"]["micro_batch"] == 4
+    assert any(p["strategy"] == "data parallel" for p in plans["baselines"])
 
 
 def test_model_type_without_architectures(tmp_path):
