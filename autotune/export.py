@@ -389,9 +389,10 @@ def export(pf: PlanFile, target: str, which: str = "best") -> Export:
     return Export(target, plan.strategy, lo, RENDER[target](lo), tuple(cannot), figures)
 
 
-def next_steps(plan_path, plan: Plan) -> list[str]:
+def next_steps(plan_path, plan: Plan, module: str | None = None) -> list[str]:
     """How to use a written plan: apply it in a training script, export it, measure it (the last
-    lines of ``python -m autotune`` and the report's plan section)."""
+    lines of ``python -m autotune`` and the report's plan section); ``module``: what ``execute --module`` runs
+    (the config.json the plan was searched for; None: the reference modules, its default)."""
     nodes, gpus = plan.cluster.nodes, plan.cluster.gpus_per_node
     launch = f"torchrun --nproc-per-node {gpus}" if nodes == 1 else f"torchrun --nnodes {nodes} --nproc-per-node {gpus}"
     apply = (f"pipe = autotune.apply_pipeline(\"{plan_path}\", model), then pipe.step(ids, targets) a step"
@@ -401,4 +402,5 @@ def next_steps(plan_path, plan: Plan) -> list[str]:
             f"  apply it to your model:  {apply} in your training script (README: Apply a plan to your model)"
             + (f", the job started under {env.strip()}" if env else ""),
             f"  export it:               python -m autotune export {plan_path} --to torchtitan|megatron",
-            f"  measure it:              {env}{launch} -m autotune execute {plan_path}"]
+            f"  measure it:              {env}{launch} -m autotune execute {plan_path}"
+            + (f" --module {module}" if module else "")]

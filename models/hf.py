@@ -12,7 +12,9 @@ window shorter than the sequence is refused, one at least as long (or none) is f
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from calibrate.errors import UserError
 
@@ -27,8 +29,24 @@ GELU_ACTIVATIONS = ("gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "relu"
 GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
 
+DEFAULT_MODULE = "models.modules:build"  # the project's reference modules of the transformer family
+
+
 def is_hf_config(cfg: dict) -> bool:
     return "kind" not in cfg and ("architectures" in cfg or "model_type" in cfg)
+
+
+def default_module(model: str) -> str:
+    """The module a plan searched for ``--model`` runs by default (``autotune tune``, ``execute --module``): the
+    config.json itself where it is a Hugging Face config (transformers' class of it), else the reference modules."""
+    path = Path(model)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            if is_hf_config(json.loads(path.read_text())):
+                return str(path)
+        except (OSError, ValueError):
+            pass  # the search reads it and says what is wrong
+    return DEFAULT_MODULE
 
 
 def _model_type(cfg: dict, origin: str) -> str:

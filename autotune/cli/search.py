@@ -21,6 +21,7 @@ from calibrate.jsonfile import dumps
 from calibrate.outputs import check_utf8, staged, write_atomic, write_together
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds
+from models.hf import DEFAULT_MODULE, default_module
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
 
 from autotune.export import next_steps
@@ -335,5 +336,6 @@ def main(argv=None, report=None) -> int:
         if note:
             print(note)
         print(f"wrote {path}" + (f" and {rep}" if rep else ""))
-        print("\n".join(next_steps(path, plan)))
+        own = default_module(args.model)  # a config.json: measured on its transformers class
+        print("\n".join(next_steps(path, plan, None if own == DEFAULT_MODULE else own)))
         return 0

@@ -201,7 +201,7 @@ def _validate(args, lock: DirLock | None) -> int:
               f"{rel_err_pct(r['predicted_s'], r['measured_s']):+5.0f}%{split}")
     print(f"Spearman rank correlation (predicted vs measured, {len(rows)} plans): {'-' if rho is None else format(rho, '.3f')}")
     colls = collective_rows(plans, measured)
-    print(f"per collective (group ranks x nodes, tier), heaviest first: predicted / measured ms, all plans' seconds")
+    print("per collective (group ranks x nodes, tier), heaviest first: predicted / measured ms, all plans' seconds")
     for c in sorted(colls, key=lambda c: -c["plans_measured_s"]):
         print(f"  {c['collective']:<13} {c['ranks']}x{c['nodes']} {c['tier']:<5} {c['nbytes']:>9} B  "
               f"{c['predicted_s'] * 1e3:9.3f} / {c['measured_s'] * 1e3:9.3f} ms  "

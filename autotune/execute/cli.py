@@ -34,10 +34,10 @@ from calibrate.jsonfile import write_json
 from calibrate.lock import DirLock
 from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import Profile
+from models.hf import DEFAULT_MODULE
 
 from autotune.execute import layertable, result
 from autotune.execute.launch import check_steps, launch_env
-from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.execute.planread import APPLY_PATHS, check_kind
 from autotune.cli.search import add_model_fields
 from autotune.plan.file import PlanFile

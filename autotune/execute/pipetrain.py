@@ -8,11 +8,11 @@ predictions (its costs and, per stage, the simulated end of its last backward)."
 from __future__ import annotations
 
 from calibrate.errors import OptionError
+from models.hf import DEFAULT_MODULE
 
 from autotune.execute.launch import check_steps
 from autotune.execute.moduletrain import ModuleTrainer, build_module, token_batch, torch
 from autotune.execute.planread import check_apply_path
-from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.plan.typed import ApplyPath
 
 PREDICTED = ("step_s", "compute_s", "exposed_comm_s", "total_s", "redistribution_s", "grad_sync_s", "memory_bytes",

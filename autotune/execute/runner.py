@@ -7,13 +7,13 @@ import platform
 from dataclasses import replace
 
 from calibrate.errors import OptionError, UserError
+from models.hf import DEFAULT_MODULE
 
 from autotune.execute.env import Dist
 from autotune.execute.launch import check_steps
 from autotune.execute.moduletrain import ModuleTrainer, build_module, torch
 from autotune.execute.planread import check_apply_path
 from autotune.execute.result import KIND, VERSION
-from autotune.execute.usermodule import DEFAULT_MODULE
 from autotune.plan.typed import ModelSpec, Plan
 from autotune.sbp.mesh import Cluster
 

@@ -23,9 +23,10 @@ from calibrate.errors import UserError
 from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.residuals import fitted
+from models.hf import default_module
 
 from autotune.execute.launch import check_steps, launch_env
-from autotune.execute.usermodule import default_module, load_factory
+from autotune.execute.usermodule import load_factory
 
 
 def parser():

@@ -9,23 +9,9 @@ import json
 from pathlib import Path
 
 from calibrate.errors import OptionError
+from models.hf import DEFAULT_MODULE
 
-DEFAULT_MODULE = "models.modules:build"  # the project's reference modules of the transformer family
 CHECKED = ("hidden", "heads", "kv_heads", "ffn", "vocabulary")  # the plan's model against the config's
-
-
-def default_module(model: str) -> str:
-    """The module a plan searched for ``--model`` runs by default: the config.json itself where it is a Hugging
-    Face config (the user's transformers class), else the reference modules."""
-    from models.hf import is_hf_config
-    path = Path(model)
-    if path.suffix == ".json" and path.is_file():
-        try:
-            if is_hf_config(json.loads(path.read_text())):
-                return str(path)
-        except (OSError, ValueError):
-            pass  # the search reads it and says what is wrong
-    return DEFAULT_MODULE
 
 
 def hf_factory(spec: str):

@@ -183,7 +183,6 @@ def main(argv=None) -> int:
     bands_spec = bands_for(parse_sizes(args.sizes))
 
     world, cp, reason = (None, None, "--model-only was given") if args.model_only else gpu_world(args.gpus)
-    measuring = world is not None
     if world is None and launcher_rank() != 0:
         return 0  # nothing to measure under a launcher: rank 0 chooses and writes alone
     lock = DirLock(args.out, "schedule output directory")  # two runs into one --out: the second refused

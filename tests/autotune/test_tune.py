@@ -122,7 +122,8 @@ HF_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidde
 def test_a_config_json_tunes_on_its_own_transformers_class(tmp_path):
     """With --model config.json and no --module, the candidates run transformers' class of that config (what
     calibrate module timed), not the reference modules; a plan of another shape is refused in one line."""
-    from autotune.execute.usermodule import DEFAULT_MODULE, default_module, load_factory
+    from autotune.execute.usermodule import load_factory
+    from models.hf import DEFAULT_MODULE, default_module
     base = Profile.load("h200-nvlink")
     profile = tmp_path / "profile.json"
     replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
