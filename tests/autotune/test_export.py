@@ -260,3 +260,7 @@ def test_next_steps_name_the_call_that_applies_the_plan():
     exp = "\n".join(next_steps("p.json", SimpleNamespace(cluster=Cluster(1, 4), stages=(),
                                                         allocator="expandable_segments")))
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nproc-per-node 4" in exp
+    # a plan searched for a config.json: measured on its transformers class
+    assert one.endswith("-m autotune execute p.json")
+    assert next_steps("p.json", SimpleNamespace(cluster=Cluster(1, 4), stages=(), allocator="default"),
+                      "c.json")[-1].endswith("-m autotune execute p.json --module c.json")
