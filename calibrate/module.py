@@ -71,6 +71,15 @@ OUTSIDE_KEYS = ("forward_s", "backward_s", "optimizer_s", "activation_bytes", "s
 OPTIONAL = ("recompute_s", "activation_bytes", "step_s", "peak_bytes", "forward_transient_bytes")  # null: not measured
 LATER = ("activation_bytes", "step_s", "peak_bytes", "forward_transient_bytes")  # absent from sections written before they were: null
 STEP_MICRO_BATCHES = 2  # micro-batches of the step arm (``step_s``)
+DEFAULT_SEQUENCE = 4096  # a config.json's sequence where none is given (``default_sequence``)
+
+
+def default_sequence(cfg: dict) -> int:
+    """A model's sequence where none is given: its own, else ``DEFAULT_SEQUENCE`` at most its config's
+    max_position_embeddings (GPT-2: n_positions). What the search takes for a config.json (``models.hf``), and so
+    what ``calibrate module`` times by default."""
+    return int(cfg.get("sequence") or min(DEFAULT_SEQUENCE, int(cfg.get("max_position_embeddings")
+                                                              or cfg.get("n_positions") or DEFAULT_SEQUENCE)))
 FIX = "re-run python -m calibrate module"
 
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.module import DEFAULT_SEQUENCE
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                  "GPT2LMHeadModel": "gpt2"}  # architecture -> model_type
-DEFAULT_SEQUENCE = 4096  # at most the config's max_position_embeddings (GPT-2: n_positions)
 DEFAULTS = {"batch": 64}  # micro_batch: global (all devices), by default one sequence a device (``HfModel.config``)
 # a mixture of experts' fields (Mixtral, Qwen2-MoE, DeepSeek): its expert MLPs are not modelled
 EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")

@@ -21,6 +21,7 @@ from pathlib import Path
 from calibrate.cli import command_parser
 from calibrate.errors import UserError
 from calibrate.jsonfile import read_json
+from calibrate.module import default_sequence
 from calibrate.moduletime import measure
 from calibrate.optional import require_torch
 from calibrate.profile import DEFAULT_PROFILE, Profile
@@ -37,7 +38,8 @@ def parser():
     ap.add_argument("--tensor", default=None, help="tensor-parallel widths (default: 1,2,4,8 that divide the model)")
     ap.add_argument("--micro-batches", default="1,2,4", help="local micro-batch sizes (default 1,2,4)")
     ap.add_argument("--sequence", type=int, default=None,
-                    help="tokens per sequence (default: the config's sequence, else 2048)")
+                    help="tokens per sequence (default: the search's for the model: its sequence, else 4096 "
+                         "at most the config's max_position_embeddings)")
     ap.add_argument("--iters", type=int, default=6, help="timed calls per arm (default 6)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda:0", help="cuda:N (cpu only for tests)")
@@ -75,8 +77,7 @@ def main(argv=None) -> int:
     um = factory_module(args.module, cfg) if args.module else hf_module(cfg, f"model file {args.model!r}")
     widths = _ints(args.tensor, "tensor") if args.tensor else um.widths
     mbs = _ints(args.micro_batches, "micro-batches")
-    sequence = args.sequence or int(cfg.get("sequence") or min(2048, int(cfg.get("max_position_embeddings")
-                                                                        or cfg.get("n_positions") or 2048)))
+    sequence = args.sequence or default_sequence(cfg)
     out = Path(args.out)
     profile = Profile.load(args.profile or (str(out) if out.exists() else DEFAULT_PROFILE))
     torch = require_torch()

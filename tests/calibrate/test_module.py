@@ -54,6 +54,21 @@ def test_module_section_of_a_tiny_llama(tmp_path, capsys, one_thread):
     assert Profile.load(out).tiers  # the base profile's tiers kept
 
 
+@pytest.mark.parametrize("fields", [{"max_position_embeddings": 8192}, {"max_position_embeddings": 64}, {},
+                                    {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64,
+                                     "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 1024}])
+def test_the_default_sequence_is_the_searchs(fields, tmp_path):
+    """Without --sequence, calibrate module times a config.json at the sequence the search takes for it by
+    default, so that the section prices the plans of a search run with its defaults."""
+    from calibrate.module import default_sequence
+    from models import load_model
+    cfg = {k: v for k, v in LLAMA.items() if k != "max_position_embeddings"} if "n_embd" not in fields else {}
+    cfg.update(fields)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert default_sequence(cfg) == load_model(str(tmp_path / "config.json")).config["sequence"]
+    assert default_sequence(dict(cfg, sequence=512)) == 512  # a model JSON's own
+
+
 def test_the_widths_shared_out_to_lanes_give_the_same_shapes_as_one_after_the_other(tmp_path, capfd):
     """--gpus 2 (on the CPU: 2 processes) times width 1 in one process and width 2 in the other, each its own
     models; the section has the same shapes as the widths timed one after the other, in the same order, and each
