@@ -49,8 +49,8 @@ from calibrate.errors import UserError
 from autotune.pipeline.paths import host_floor
 from autotune.sbp.boxing import copy_seconds
 from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_copy_seconds, internal_seconds, rows_of
-from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, make_op
-from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, gathered_weight_bytes, peak_workspace,
+from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, local_elems, make_op
+from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, edge_bytes, gathered_weight_bytes, peak_workspace,
                                   pipelined_fsdp_memory, recipe_of, strategy_memory, tied_saving)
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
                                    pipelined_fsdp_seconds)
@@ -193,7 +193,36 @@ class StageProblem(Problem):
     def _one_breakdown(self, assign) -> Memory:
         """One micro-batch's breakdown: ``Problem.memory_breakdown``'s; in FSDP mode torchtitan's (module doc):
         each layer's ``pipelined_fsdp_memory``, the tied logits' copy dropped, the workspace as without FSDP
-        (the gradients whole) plus the blocks' gathered weights (``_gathered``)."""
+        (the gradients whole) plus the blocks' gathered weights (``_gathered``); in a pipeline, the schedule's own
+        tensors in the workspace (``schedule_bytes``)."""
+        m = self._layers_breakdown(assign)
+        return Memory(m.parameters, m.gradients, m.optimizer, m.activations, m.workspace + self.schedule_bytes(assign))
+
+    def schedule_bytes(self, assign) -> float:
+        """What torch.distributed.pipelining holds beyond the stage's layers (2 x H200, 2026-11-30: the allocator's
+        history of a transformers Llama's two stages; reports/records/plans_h200x2.md, session 26). First, a
+        receive buffer for each of the step's micro-batches: for the input of a stage after the first, and for
+        the output's gradient of a stage before the last. They are made when the schedule first runs and kept
+        (16 x 128 MiB on each stage there). Second, on the last stage, its output (the logits), which the
+        schedule keeps for the micro-batch's backward, past the loss's. The boundary is the residual stream, in
+        fp32 under autocast (``edge_bytes``). Only in the users' recipe, the one ``autotune.apply_pipeline`` runs on
+        torch's schedules (Megatron-LM's receive a tensor per transfer, and its loss keeps no logits)."""
+        if not self.pipelined or self.recipe != "autocast":
+            return 0.0
+        first, last = self.graph.chain[0], self.graph.chain[-1]
+        sf, sl = self.choices[first][assign[first]], self.choices[last][assign[last]]
+        fwd, bwd = edge_bytes("residual", "residual", self.act_bytes)
+        out = 0.0
+        if self.embedding is None and sf.input is not None:  # a stage after the first
+            out += self.mb * local_elems(sf.input, sf.mesh, self.cluster) * fwd
+        if self.loss is None and sl.output is not None:  # a stage before the last
+            out += self.mb * local_elems(sl.output, sl.mesh, self.cluster) * bwd
+        if self.loss is not None:  # the logits, the loss's input
+            s = self.choices[self.loss][assign[self.loss]]
+            out += local_elems(s.input, s.mesh, self.cluster) * self.act_bytes
+        return out
+
+    def _layers_breakdown(self, assign) -> Memory:
         if not self.pipelined_fsdp:
             return Problem.memory_breakdown(self, assign)
         plain = Mode(self.mode.recompute)

@@ -56,6 +56,26 @@ def test_inflight_memory_and_figures(graph, profile):
     assert f.forward > 0 and f.backward > f.forward
 
 
+def test_the_schedule_holds_receive_buffers_and_the_last_stages_logits(graph, profile):
+    """torch.distributed.pipelining's own tensors (``StageProblem.schedule_bytes``, closed form on one device a
+    stage, every tensor whole): a receive buffer a micro-batch of the step for the input of a stage after the first
+    (the stream, fp32 under autocast) and for the output's gradient of a stage before the last, and the last
+    stage's logits (bf16), in each stage's workspace; nothing for a whole model run without a pipeline."""
+    m = 4
+    g = with_micro_batches(graph, m)
+    c = g.config
+    stream, logits = g.micro_batch * c["sequence"] * c["hidden"] * 4, g.micro_batch * c["sequence"] * c["vocabulary"] * 2
+    got = []
+    for span in stage_spans(g, [1, 2, 1]):
+        p = StageProblem(stage_graph(g, *span), Coster(profile, Cluster(1, 1)), None)
+        a = p.min_memory_assignment()
+        assert p.peak_memory(a) - p._layers_breakdown(a).total == pytest.approx(p.schedule_bytes(a))
+        got.append(p.schedule_bytes(a))
+    assert got == [m * stream, 2 * m * stream, m * stream + logits]
+    whole = StageProblem(g, Coster(profile, Cluster(1, 1)), None, pipelined=False)
+    assert whole.schedule_bytes(whole.min_memory_assignment()) == 0
+
+
 def test_tiles_partition_the_tensor():
     cl = Cluster(4, 4)  # fine axes 2 x 2 | 2 x 2
     shape = (64, 32)
@@ -245,10 +265,10 @@ def test_a_stage_that_fits_only_with_a_mode_gets_its_plan(graph, profile):
     ps0 = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2))
     m, sub = 4, Cluster(1, 2)
     span = stage_spans(ps0.graph_for(m), [2, 2])[0]
-    plain = ps0.stages.problem(m, span, sub, 2).min_memory
-    full = ps0.stages.problem(m, span, sub, 2, Mode("full", (0,))).min_memory
+    pr = ps0.stages.problem(m, span, sub, 2)
+    plain, full = pr.min_memory, ps0.stages.problem(m, span, sub, 2, Mode("full", (0,))).min_memory
     assert full < plain
-    limit = (full + plain) / 2
+    limit = (full + plain) / 2 + pr.schedule_bytes(pr.min_memory_assignment())  # the schedule's buffers besides
     ps = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2))
     sp = ps.stages.plan(m, span, sub, 2)
     assert not ps.stages.problem(m, span, sub, 2).fits
@@ -278,7 +298,8 @@ def test_a_squeezed_plain_plan_loses_to_a_mode(graph, profile):
     ps0 = PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2))
     m, sub = 4, Cluster(1, 2)
     span = stage_spans(ps0.graph_for(m), [2, 2])[0]
-    limit = 1.07 * ps0.stages.problem(m, span, sub, 2).min_memory
+    pr = ps0.stages.problem(m, span, sub, 2)
+    limit = 1.07 * pr.min_memory + pr.schedule_bytes(pr.min_memory_assignment())  # the schedule's buffers besides
     ps = PipelineSearch(graph, Cluster(2, 2), profile, limit, PipelineConfig(stages=2))
     plain = ps.stages.problem(m, span, sub, 2)
     a, cost, _ = ps.stages._search(plain)
