@@ -1,6 +1,20 @@
 """The caching allocator's recorded history (``torch.cuda.memory._snapshot()`` after
 ``_record_memory_history``) replayed: the most bytes alive at once and what was alive then, by where it was
-allocated (the caller's ``site`` of an allocation's frames)."""
+allocated (``site`` of an allocation's frames, or the caller's)."""
+
+# where a block comes from: the innermost frame of the project, transformers, torch's nn / optim / autograd /
+# distributed code or the GPU scripts that build models
+KEEP = ("/autotune/", "/transformers/", "/torch/nn/", "/torch/optim/", "/torch/autograd/", "/torch/distributed/",
+        "/torch/utils/checkpoint", "apply_llama", "calib_module_check", "transformer_check")
+
+
+def site(frames) -> str:
+    """The innermost ``KEEP`` frame of an allocation: file (below site-packages or the checkout), line, function."""
+    for f in frames:
+        name = f.get("filename", "")
+        if any(k in name for k in KEEP):
+            return f"{name.split('/site-packages/')[-1].split('/main/')[-1]}:{f.get('line')} {f.get('name')}"
+    return "(other)"
 
 
 def peak_live(snapshot: dict, device: int, site, before: int = 0) -> tuple[int, str | None, dict]:

@@ -103,23 +103,12 @@ def build(row: dict, torch):
     return model, lambda ids: model(input_ids=ids, labels=ids).loss
 
 
-def _site(frames) -> str:
-    """The innermost frame of transformers', torch's nn / optim / autograd code or this script: where a block came
-    from."""
-    for f in frames:
-        name = f.get("filename", "")
-        if any(k in name for k in ("/transformers/", "/torch/nn/", "/torch/optim/", "/torch/autograd/",
-                                   "calib_module_check", "transformer_check")):
-            return f"{name.split('/site-packages/')[-1]}:{f.get('line')} {f.get('name')}"
-    return "(other)"
-
-
 def traced(torch, step) -> dict:
     """One ``step()`` under the allocator's history: the peak and the blocks alive at it by where they were made
     (``alloc_trace.peak_live``), GiB."""
     sys.path.insert(0, str(REPO / "tests" / "gpu"))
-    from alloc_trace import traced_step
-    before, peak, at, sites = traced_step(torch, step, _site, 400_000)
+    from alloc_trace import site, traced_step
+    before, peak, at, sites = traced_step(torch, step, site, 400_000)
     top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:25]
     return {"peak_gib": peak / 2**30, "before_gib": before / 2**30, "reached_at": at,
             "alive_gib": {k: round(v[0] / 2**30, 3) for k, v in top}}

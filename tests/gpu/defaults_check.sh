@@ -11,15 +11,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-out/defaults}; PY=${PY:-python3}; mkdir -p "$OUT"
 PROFILE=${PROFILE:?give PROFILE=a profile.json of this machine kind with collectives, host and overlap figures}
 NGPU=${NGPU:-$($PY -c "import torch; print(torch.cuda.device_count())")}
-$PY - "$OUT" <<'PYEOF'
-import json, sys
-for name, (layers, hidden, heads, kv, ffn) in {"llama1.5b": (16, 2048, 32, 8, 8192),
-                                               "llama8b": (32, 4096, 32, 8, 14336)}.items():
-    json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-               "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": layers,
-               "intermediate_size": ffn, "vocab_size": 128256, "max_position_embeddings": 8192,
-               "rope_theta": 500000.0, "tie_word_embeddings": False}, open(f"{sys.argv[1]}/{name}.json", "w"))
-PYEOF
+$PY tests/gpu/llama_configs.py "$OUT" 8192
 rows=()
 for m in ${MODELS:-llama8b llama1.5b}; do
   t0=$SECONDS

@@ -26,22 +26,9 @@ import torch.distributed as dist  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 import apply_llama  # noqa: E402  (tests/gpu on the path)
-from alloc_trace import peak_live  # noqa: E402
+from alloc_trace import peak_live, site  # noqa: E402
 
 PROFILE = "reports/records/plans-h200x2-2026-11-28/profile-h200x2-run4.json"
-OURS = ("/autotune/", "/transformers/", "apply_llama", "/torch/distributed/", "/torch/nn/", "/torch/optim/",
-        "/torch/autograd/", "/torch/utils/checkpoint")
-
-
-def site(frames) -> str:
-    """The innermost frame of the project, transformers or torch's distributed / nn code: where a block came from."""
-    for f in frames:
-        name = f.get("filename", "")
-        if any(k in name for k in OURS):
-            return f"{name.split('/site-packages/')[-1].split('/main/')[-1]}:{f.get('line')} {f.get('name')}"
-    return "(other)"
-
-
 def main() -> int:
     out = Path(os.environ.get("OUT", "/tmp/gpu-out"))
     out.mkdir(parents=True, exist_ok=True)

@@ -7,15 +7,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}; PY=${PY:-python3}; mkdir -p "$OUT"
 PROFILE=${PROFILE:-reports/records/plans-h200x4-2026-11-28/profile-h200x4-measured.json}
-$PY - "$OUT" <<'PYEOF'
-import json, sys
-for name, (layers, hidden, heads, kv, ffn) in {"llama1.5b": (16, 2048, 32, 8, 8192),
-                                               "llama8b": (32, 4096, 32, 8, 14336)}.items():
-    json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-               "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": layers,
-               "intermediate_size": ffn, "vocab_size": 128256, "max_position_embeddings": 2048,
-               "tie_word_embeddings": False}, open(f"{sys.argv[1]}/{name}.json", "w"))
-PYEOF
+$PY tests/gpu/llama_configs.py "$OUT" 2048
 rows=()
 for m in ${MODELS:-llama1.5b llama8b}; do
   t0=$SECONDS

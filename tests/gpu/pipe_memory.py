@@ -13,24 +13,13 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from alloc_trace import traced_step  # noqa: E402
+from alloc_trace import site, traced_step  # noqa: E402
 
 import autotune  # noqa: E402
 from autotune.execute.usermodule import load_factory  # noqa: E402
 from autotune.plan.file import PlanFile  # noqa: E402
 
 GIB = 2 ** 30
-KEEP = ("/autotune/", "/transformers/", "torch/nn/functional", "/pipelining/", "torch/autograd", "torch/optim")
-
-
-def site(frames) -> str:
-    for f in frames:
-        name = f.get("filename", "")
-        if any(k in name for k in KEEP):
-            return f"{name.rsplit('/', 2)[-2]}/{name.rsplit('/', 1)[-1]}:{f.get('line')} {f.get('name')}"
-    return "other"
-
-
 def main(plan_path: str, config: str, which: str = "") -> None:
     dist.init_process_group("nccl")
     rank, device = dist.get_rank(), torch.device("cuda", int(os.environ["LOCAL_RANK"]))
