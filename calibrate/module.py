@@ -80,6 +80,8 @@ def default_sequence(cfg: dict) -> int:
     what ``calibrate module`` times by default."""
     return int(cfg.get("sequence") or min(DEFAULT_SEQUENCE, int(cfg.get("max_position_embeddings")
                                                               or cfg.get("n_positions") or DEFAULT_SEQUENCE)))
+
+
 FIX = "re-run python -m calibrate module"
 
 

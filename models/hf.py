@@ -28,7 +28,6 @@ GELU_ACTIVATIONS = ("gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "relu"
 # the activations of a Llama-family gated MLP that the SwiGLU cost rule prices (each one elementwise pass)
 GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
-
 DEFAULT_MODULE = "models.modules:build"  # the project's reference modules of the transformer family
 
 

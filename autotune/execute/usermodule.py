@@ -8,7 +8,7 @@ import importlib
 import json
 from pathlib import Path
 
-from calibrate.errors import OptionError
+from calibrate.errors import OptionError, UserError
 from models.hf import DEFAULT_MODULE
 
 CHECKED = ("hidden", "heads", "kv_heads", "ffn", "vocabulary")  # the plan's model against the config's
@@ -18,7 +18,6 @@ def hf_factory(spec: str):
     """transformers' class of the config.json ``spec``, called with the plan's model config: its blocks
     (``layers``: a pipeline stage's, or the model's), the rest as the config says; a plan of another model (the
     search given --hidden, --ffn, ...) is refused in one line."""
-    from calibrate.errors import UserError
     from calibrate.usermodule import hf_module
     try:
         cfg = json.loads(Path(spec).read_text())
