@@ -74,6 +74,7 @@ def run_pipeline_plan(plan, d, *, module: str = DEFAULT_MODULE, layers=None, ste
         "pipeline": {"stages": len(pp.stages), "split": list(pp.pipeline.split), "schedule": pp.pipeline.schedule,
                      "library_schedule": type(pipe.schedule).__name__, "paths": list(pipe.paths),
                      "submesh": {"nodes": pp.submesh.nodes, "gpus_per_node": pp.submesh.gpus_per_node}},
-        "measured": measured, "predicted": predicted(pp, PREDICTED),
+        "measured": measured,  # each stage's predicted peak too: the summary compares them stage by stage
+        "predicted": predicted(pp, PREDICTED) | {"stage_memory_bytes": [st.memory_bytes for st in pp.stages]},
         "predicted_layers": {}, "predicted_comparable": True,
     }, pipe

@@ -21,6 +21,7 @@ import time
 from calibrate.errors import UserError
 from calibrate.residuals import PATHS
 
+from autotune.execute.result import stage_peaks, worst
 from autotune.plan.file import PlanFile
 from autotune.plan.hostpace import residual_path
 from autotune.plan.typed import ApplyPath, Plan
@@ -93,6 +94,8 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
         row.update(status="ok", measured_step_s=m["step_s"], apply_path=paths.pop() if len(paths) == 1 else "mixed",
                    residual_path=residual_path(plan),
                    measured_bytes=max(peak) if isinstance(peak, list) and peak else peak)
+        if plan.stages and isinstance(peak, list) and peak:
+            row.update(stage_memory(plan, peak))
     except torch.OutOfMemoryError:
         row.update(status="out of memory", note="does not fit: it ran out of device memory")
     except FactoryError:  # the same for every candidate: stop at once, in one line
@@ -107,6 +110,16 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
                                        if row["status"] == "ok" else row.get("note", row["status"]))
              + f" ({time.perf_counter() - start:.1f} s to build, place and run it)")
     return row
+
+
+def stage_memory(plan: Plan, peaks: list) -> dict:
+    """A pipelined plan's memory by stage (``result.stage_peaks``), and the row's predicted and measured bytes those
+    of its worst stage (``result.worst``)."""
+    pairs = stage_peaks([st.memory_bytes for st in plan.stages], peaks) if len(peaks) == plan.cluster.devices else None
+    if not pairs:
+        return {}
+    p, m = worst(pairs)
+    return {"stage_bytes": pairs, "predicted_bytes": p, "measured_bytes": m}
 
 
 def fastest(rows: list[dict]) -> dict:
@@ -133,6 +146,8 @@ def tune_table(rows: list[dict], chosen: dict) -> str:
         lines.append(f"| {r['strategy']}{' (returned)' if r is chosen else ''} | {r['kind']} | "
                      f"{r.get('apply_path') or '-'} | {ms(p)} | {ms(m)} | {err} | {gib(r.get('predicted_bytes'))} | "
                      f"{gib(r.get('measured_bytes'))} | {r.get('note', '')} |")
+    if any(r.get("stage_bytes") for r in rows):
+        lines.append("\nA pipelined plan's GiB: the stage whose measured peak is farthest from its prediction.")
     ok = [r for r in rows if r.get("status") == "ok" and r.get("predicted_step_s")]
     if len(ok) >= 2:
         lines.append(f"\nKendall tau of the predicted against the measured order: {kendall(ok):+.2f} over {len(ok)} plans")

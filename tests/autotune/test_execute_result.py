@@ -37,3 +37,17 @@ def test_no_step_prediction_is_not_met_but_unknown():
     r["predicted"].pop("step_s")
     t = result.targets(result.rows([r, r, r]))
     assert t["spearman_step"]["met"] is None and t["worst_step_error"]["met"] is None
+
+
+def test_a_pipelined_plans_memory_is_compared_stage_by_stage(tmp_path):
+    """Each stage's prediction beside the peak of its own ranks: the loss stage 10 under its prediction shows, where
+    the largest prediction beside the largest peak (two stages) would show 4; a bad list is refused."""
+    r = rec("pipelined", 0.1, 0.1, 0.01, 0.01, 104, 0)
+    r["predicted"]["stage_memory_bytes"] = [104, 90]
+    r["measured"]["peak_memory_bytes"] = [101, 100]
+    row = result.rows([r])[0]
+    assert (row["pred_memory_bytes"], row["memory_bytes"]) == (90, 100) and row["memory_err"] == pytest.approx(-0.1)
+    r["predicted"]["stage_memory_bytes"] = [104, "x"]
+    result.write_record(tmp_path, 0, r)
+    with pytest.raises(Exception, match="predicted/stage_memory_bytes"):
+        result.load_records(tmp_path)

@@ -201,6 +201,28 @@ def test_tune_builds_the_model_once_and_gives_each_candidate_the_same_fresh_mode
             assert (_filled(spec, MODEL, torch.float32, *once.kept.values()) is None) == spec.endswith("refusing")
 
 
+def test_a_pipelined_candidates_memory_is_its_worst_stages():
+    """Each stage's prediction beside the peak of its own ranks (the largest over them), and the row's the stage
+    farthest off: not the largest prediction beside the largest measurement, which can be two stages."""
+    from types import SimpleNamespace as NS
+
+    from autotune.execute.tune import stage_memory, tune_table
+    from autotune.sbp.mesh import Cluster
+    two = NS(cluster=Cluster(1, 2), stages=[NS(memory_bytes=50.0, plan=NS(cluster=Cluster(1, 1))),
+                                            NS(memory_bytes=45.0, plan=NS(cluster=Cluster(1, 1)))])
+    assert stage_memory(two, [51.0, 55.0]) == {"stage_bytes": [[50.0, 51.0], [45.0, 55.0]], "predicted_bytes": 45.0,
+                                              "measured_bytes": 55.0}
+    four = NS(cluster=Cluster(1, 4), stages=[NS(memory_bytes=10.0, plan=NS(cluster=Cluster(1, 2))),
+                                             NS(memory_bytes=20.0, plan=NS(cluster=Cluster(1, 2)))])
+    got = stage_memory(four, [9.0, 12.0, 20.0, 19.0])
+    assert got["stage_bytes"] == [[10.0, 12.0], [20.0, 20.0]] and got["measured_bytes"] == 12.0
+    assert stage_memory(four, [9.0, 12.0]) == {}  # fewer peaks than ranks: nothing said
+    from autotune.execute.result import stage_peaks
+    assert stage_peaks([1.0, 2.0], [1.0, 2.0, 3.0]) is None  # ranks that do not divide into the stages
+    row = dict(strategy="p", kind="pipelined", status="ok", predicted_step_s=1.0, measured_step_s=1.0, **got)
+    assert "the stage whose measured peak" in tune_table([row], row)
+
+
 def test_candidates_take_the_primary_kinds_before_per_layer_placements():
     """K = 4 after a data-parallel searched plan: FSDP, tensor parallel and pipelined, each its fastest predicted
     that fits, before a per-layer (SUMMA) plan predicted faster than all of them; with K = 5 that one too."""
