@@ -26,6 +26,7 @@ from models import LayerGraph, load_model
 
 from autotune.pipeline.record import pipeline_plans
 from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
+from autotune.pipeline.slicing import with_micro_batches
 from autotune.plan.build import build
 from autotune.plan.file import PlanFile
 from autotune.plan.hostpace import at_host_pace, corrected
@@ -90,16 +91,47 @@ def floor(plan: Plan, baselines: list[Plan], objective: str) -> Plan:
                    search=dict(plan.search, replaced_by=b.strategy))
 
 
+def accumulation_choices(graph: LayerGraph, devices: int, most: int = 8) -> tuple[int, ...]:
+    """Micro-batch counts of a step (gradient accumulation) for ``graph`` on ``devices``: those whose micro-batch is
+    1, 2, 4 ... ``most`` sequences a device, as far as they divide the batch (the counts a user of a config.json who
+    left the micro-batch open would try)."""
+    return tuple(graph.batch // (k * devices) for k in (1, 2, 4, 8) if k <= most and graph.batch % (k * devices) == 0)
+
+
+def _fastest(a: Plan, b: Plan, objective: str) -> Plan:
+    """The plan that fits, of the two, and is cheaper."""
+    return min((a, b), key=lambda p: (not p.costs.fits_memory, p.costs.of(objective) or float("inf")))
+
+
+def _at_counts(plan: Plan, base: list[Plan], others: list[PlanFile], objective: str) -> tuple[Plan, list[Plan]]:
+    """The searched plan and each baseline at the fastest of the micro-batch counts searched (``others``: the plan
+    files of the other counts), a plan of another count than the model's named with its count."""
+    def named(p: Plan) -> Plan:
+        return replace(p, strategy=f"{p.strategy}, {p.micro_batches} micro-batches")
+
+    def kind(p: Plan) -> str:  # a baseline at its best recomputation is one kind whatever that is
+        return p.strategy.split(", recompute ")[0]
+    kinds = {kind(b): b for b in base}
+    for pf in others:
+        plan = _fastest(plan, named(pf.best), objective)
+        for b in pf.baselines:
+            kinds[kind(b)] = _fastest(kinds[kind(b)], named(b), objective) if kind(b) in kinds else named(b)
+    return plan, list(kinds.values())
+
+
 def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *, memory_limit: float | None,
            algorithm: str = "cd", budget: Budget | None = None, modes: str = "all", objective: str | None = None,
            seed: int = 0, pipeline: str | int = "auto", schedule: str = "1f1b", pipeline_effort: str = "default",
-           compare=COMPARE, allocator: str = "default", progress=None) -> PlanFile:
+           compare=COMPARE, allocator: str = "default", micro_batches: tuple[int, ...] = (),
+           progress=None) -> PlanFile:
     """The plans for ``model`` (a layer graph, or a model kind or file for ``models.load_model``) on
     ``cluster`` under ``profile`` (a ``Profile`` or its name or file), ``memory_limit`` bytes a device (None:
     none): the plan file ``python -m autotune`` writes. ``budget`` None: each search until it converges;
     ``compare``: the searches run again cold for the convergence plot; ``pipeline``: "auto", "off" or a stage
     count; ``allocator`` (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
-    recorded in every plan (``apply`` checks the job runs under it); ``progress``: called with a line per step."""
+    recorded in every plan (``apply`` checks the job runs under it); ``micro_batches``: other micro-batch counts a
+    step to search the single-stage plans at (``accumulation_choices``), each plan kept at its fastest that fits;
+    ``progress``: called with a line per step."""
     progress = progress or (lambda line: None)
     graph = load_model(model, devices=cluster.devices) if isinstance(model, str) else model
     profile = Profile.load(profile) if isinstance(profile, str) else profile
@@ -183,6 +215,17 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         # and corrected by what autotune tune measured on this machine, per path (the profile's residuals)
         plan, base = corrected(plan, profile), [corrected(b, profile) for b in base]
     plan = floor(plan, base, objective)
+    others = []
+    for count in (c for c in micro_batches if c != graph.micro_batches):
+        progress(f"the single-stage plans at {count} micro-batches a step")
+        try:
+            others.append(search(with_micro_batches(graph, count), cluster, profile, memory_limit=memory_limit,
+                                 algorithm=algorithm, budget=budget, modes=modes, objective=objective, seed=seed,
+                                 pipeline="off", compare=(), allocator=allocator, progress=progress))
+        except UserError as e:  # no plan fits at that count
+            progress(f"  none at {count} micro-batches: {message(e)}")
+    if others:
+        plan, base = _at_counts(plan, base, others, objective)
     if stages != "off":
         progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {schedule})")
         cfg = PipelineConfig(stages, schedule, search=algorithm, seed=seed)

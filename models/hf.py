@@ -35,17 +35,19 @@ def is_hf_config(cfg: dict) -> bool:
     return "kind" not in cfg and ("architectures" in cfg or "model_type" in cfg)
 
 
+def is_hf_file(model: str) -> bool:
+    """Whether ``--model`` names a Hugging Face config.json (one that cannot be read: no, the search says why)."""
+    path = Path(model)
+    try:
+        return path.suffix == ".json" and path.is_file() and is_hf_config(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return False
+
+
 def default_module(model: str) -> str:
     """The module a plan searched for ``--model`` runs by default (``autotune tune``, ``execute --module``): the
     config.json itself where it is a Hugging Face config (transformers' class of it), else the reference modules."""
-    path = Path(model)
-    if path.suffix == ".json" and path.is_file():
-        try:
-            if is_hf_config(json.loads(path.read_text())):
-                return str(path)
-        except (OSError, ValueError):
-            pass  # the search reads it and says what is wrong
-    return DEFAULT_MODULE
+    return str(Path(model)) if is_hf_file(model) else DEFAULT_MODULE
 
 
 def _model_type(cfg: dict, origin: str) -> str:

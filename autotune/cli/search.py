@@ -21,12 +21,12 @@ from calibrate.jsonfile import dumps
 from calibrate.outputs import check_utf8, staged, write_atomic, write_together
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from models import CHOICES, FIELDS, HELP, load_model, model_kinds
-from models.hf import DEFAULT_MODULE, default_module
+from models.hf import DEFAULT_MODULE, default_module, is_hf_file
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
 
 from autotune.export import next_steps
 from autotune.pipeline.search import check as check_pipeline, parse_stages
-from autotune.planner import choose_objective, search
+from autotune.planner import accumulation_choices, choose_objective, search
 from autotune.sbp.mesh import Cluster
 from autotune.plan.file import plan_title, summary_lines
 from autotune.sbp.search import SEARCHES, Budget
@@ -281,9 +281,12 @@ def prepare(argv):
                         f"number of GiB of at most {MAX_MEMORY_GIB} (a GPU's memory, e.g. 80)")
     allocator = "expandable_segments" if args.expandable_segments else "default"
     limit, limit_note = memory_limit(profile, args.memory_limit, allocator)
+    # a config.json's micro-batch left open: the accumulation count is the search's to choose
+    counts = accumulation_choices(graph, cluster.devices) if is_hf_file(args.model) and "micro_batch" not in overrides \
+        else ()
     options = dict(memory_limit=limit, algorithm=args.search, budget=budget, modes=args.modes, objective=args.objective,
                    seed=args.seed, pipeline=stages, schedule=args.schedule, pipeline_effort=args.pipeline_effort,
-                   compare=compare, allocator=allocator)
+                   compare=compare, allocator=allocator, micro_batches=counts)
     return args, graph, cluster, profile, limit_note, options
 
 

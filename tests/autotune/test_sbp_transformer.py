@@ -23,6 +23,8 @@ from autotune.sbp.layers import make_op
 from autotune.sbp.memory import Mode, kept_bytes, peak_workspace, strategy_memory
 from autotune.sbp.mesh import Cluster
 from autotune.plan.build import build as build_plan
+from autotune.plan.file import PlanFile
+from autotune.pipeline.slicing import with_micro_batches
 from autotune.sbp.search import Budget, make_search
 from calibrate.compute import SDPA_BACKWARD_FACTOR as SDPA_BACKWARD
 from autotune.sbp.steptime import fsdp_seconds, layer_seconds
@@ -476,6 +478,33 @@ def test_the_command_never_returns_a_plan_slower_than_a_fitting_baseline():
     got = floor(plan("searched (cd)", 2.0), [hsdp, unfit, summa], "step")
     assert got.costs.step_s == 1.5 and got.search["replaced_by"] == hsdp.strategy
     assert floor(plan("searched (cd)", 1.0), [hsdp], "step").strategy == "searched (cd)"
+
+
+def test_the_accumulation_count_is_searched_where_it_is_left_open():
+    """A micro-batch left open: the counts of 1, 2, 4, 8 sequences a device that divide the batch; the searched plan
+    and each baseline kind (at its best recomputation) at the fastest count that fits, named with its count, the
+    same plan as the search at that count alone."""
+    from autotune.planner import _at_counts, accumulation_choices, search
+    g = contract_graph(layers=2, batch=32, micro_batch=2)
+    assert accumulation_choices(g, 2) == (16, 8, 4, 2) and accumulation_choices(g, 8) == (4, 2, 1)
+    assert accumulation_choices(contract_graph(batch=12, micro_batch=2), 2) == (6, 3)
+    opts = dict(memory_limit=None, objective="step", budget=Budget(seconds=0.2), pipeline="off", compare=())
+    prof = Profile.load("h200-nvlink")  # host and overlap figures: step-time planning of 2 devices
+    both = search(g, Cluster(1, 2), prof, micro_batches=(16, 4), **opts)
+    alone = {c: search(with_micro_batches(g, c), Cluster(1, 2), prof, **opts) for c in (16, 4)}
+    fastest = min(alone.values(), key=lambda pf: pf.best.costs.step_s)
+    assert both.best.costs.step_s == pytest.approx(fastest.best.costs.step_s)
+    assert both.best.micro_batches == fastest.best.micro_batches
+    dp = [b for b in both.baselines if b.strategy.startswith("data parallel")]
+    assert len(dp) == 1 and dp[0].costs.step_s == pytest.approx(min(
+        b.costs.step_s for pf in alone.values() for b in pf.baselines if b.strategy.startswith("data parallel")))
+    # one kind whatever its recomputation: the faster of the two counts, named with its count where it is not 16
+    base = build_plan(problem(g, Cluster(1, 2)), data_parallel(problem(g, Cluster(1, 2))), "data parallel")
+    slow = dataclasses.replace(base, costs=dataclasses.replace(base.costs, step_s=2.0))
+    fast = dataclasses.replace(base, strategy="data parallel, recompute full", micro_batches=4,
+                               costs=dataclasses.replace(base.costs, step_s=1.0))
+    _, kinds = _at_counts(slow, [slow], [PlanFile(fast, [fast], {}, {})], "step")
+    assert [k.strategy for k in kinds] == ["data parallel, recompute full, 4 micro-batches"]
 
 
 @pytest.mark.parametrize("mlp", ["swiglu", "gelu"])

@@ -92,7 +92,7 @@ def test_the_default_micro_batch_is_one_sequence_a_device(tmp_path):
     assert load_model(path, None, {"batch": 12}, 8).micro_batch == 6
     assert load_model(path, None, {"micro_batch": 2}, 4).micro_batch == 2
     assert main(["--model", path, "--nodes", "1", "--gpus-per-node", "4", "--budget", "0.2", "--compare", "none",
-                 "--pipeline", "off", "--out", str(tmp_path / "out")]) == 0
+                 "--pipeline", "off", "--micro-batch", "4", "--out", str(tmp_path / "out")]) == 0
     plans = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plans["best"]["model"]["micro_batch"] == 4
     assert any(p["strategy"] == "data parallel" for p in plans["baselines"])
