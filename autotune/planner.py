@@ -109,8 +109,8 @@ def _at_counts(plan: Plan, base: list[Plan], others: list[PlanFile], objective: 
     def named(p: Plan) -> Plan:
         return replace(p, strategy=f"{p.strategy}, {p.micro_batches} micro-batches")
 
-    def kind(p: Plan) -> str:  # a baseline at its best recomputation is one kind whatever that is
-        return p.strategy.split(", recompute ")[0]
+    def kind(p: Plan) -> str:  # a baseline at its best recomputation is one kind whatever that is (``baselines._name``)
+        return p.strategy.removesuffix(f", recompute {p.recompute}")
     kinds = {kind(b): b for b in base}
     for pf in others:
         plan = _fastest(plan, named(pf.best), objective)

@@ -12,11 +12,11 @@ window shorter than the sequence is refused, one at least as long (or none) is f
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import UserError
+from calibrate.jsonfile import read_json
 from calibrate.module import DEFAULT_SEQUENCE
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -37,11 +37,13 @@ def is_hf_config(cfg: dict) -> bool:
 
 def is_hf_file(model: str) -> bool:
     """Whether ``--model`` names a Hugging Face config.json (one that cannot be read: no, the search says why)."""
-    path = Path(model)
-    try:
-        return path.suffix == ".json" and path.is_file() and is_hf_config(json.loads(path.read_text()))
-    except (OSError, ValueError):
+    if not (model.endswith(".json") and Path(model).is_file()):
         return False
+    try:
+        cfg = read_json(model, "model file", "")
+    except UserError:
+        return False
+    return isinstance(cfg, dict) and is_hf_config(cfg)
 
 
 def default_module(model: str) -> str:

@@ -5,10 +5,9 @@ plan's number of blocks."""
 from __future__ import annotations
 
 import importlib
-import json
-from pathlib import Path
 
 from calibrate.errors import OptionError, UserError
+from calibrate.jsonfile import read_json
 from models.hf import DEFAULT_MODULE
 
 CHECKED = ("hidden", "heads", "kv_heads", "ffn", "vocabulary")  # the plan's model against the config's
@@ -19,10 +18,10 @@ def hf_factory(spec: str):
     (``layers``: a pipeline stage's, or the model's), the rest as the config says; a plan of another model (the
     search given --hidden, --ffn, ...) is refused in one line."""
     from calibrate.usermodule import hf_module
-    try:
-        cfg = json.loads(Path(spec).read_text())
-    except (OSError, ValueError) as e:
-        raise OptionError("module", f"{spec}: cannot read it as a config.json ({e})") from None
+    cfg = read_json(spec, "--module config.json", "give the Hugging Face config.json the plan was searched for")
+    if not isinstance(cfg, dict):
+        raise OptionError("module", f"{spec} is not a JSON object: give the Hugging Face config.json the plan was "
+                                    f"searched for")
     module = hf_module(cfg, spec)
 
     def build(config: dict):

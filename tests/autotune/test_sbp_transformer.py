@@ -501,7 +501,7 @@ def test_the_accumulation_count_is_searched_where_it_is_left_open():
     # one kind whatever its recomputation: the faster of the two counts, named with its count where it is not 16
     base = build_plan(problem(g, Cluster(1, 2)), data_parallel(problem(g, Cluster(1, 2))), "data parallel")
     slow = dataclasses.replace(base, costs=dataclasses.replace(base.costs, step_s=2.0))
-    fast = dataclasses.replace(base, strategy="data parallel, recompute full", micro_batches=4,
+    fast = dataclasses.replace(base, strategy="data parallel, recompute full", recompute="full", micro_batches=4,
                                costs=dataclasses.replace(base.costs, step_s=1.0))
     _, kinds = _at_counts(slow, [slow], [PlanFile(fast, [fast], {}, {})], "step")
     assert [k.strategy for k in kinds] == ["data parallel, recompute full, 4 micro-batches"]
