@@ -52,7 +52,8 @@ from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_copy
 from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, local_elems, make_op
 from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, edge_bytes, gathered_weight_bytes, peak_workspace,
                                   pipelined_fsdp_memory, recipe_of, strategy_memory, tied_saving)
-from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, layer_seconds, optimizer_seconds,
+from autotune.sbp.modulecal import calibrated_seconds, part_ratio
+from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds,
                                    pipelined_fsdp_seconds)
 from autotune.sbp.tables import edge_steps
 
@@ -338,10 +339,12 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
         s = problem.choices[v][i]
         role = problem.roles[v]
         redo = 1 if full and role in RERUN else 0
-        f, b = layer_seconds(op, s, cl, cm, problem.act_bytes, mode.recompute, role)
+        # priced as the problem prices them: the user's module as measured where it was (``modulecal``)
+        f, b = calibrated_seconds(problem.module_cal, op, s, cl, cm, problem.act_bytes, mode.recompute, role)
         acc = accumulate_seconds(s, cl, cm, problem.act_bytes, Mode(mode.recompute) if problem.pipelined_fsdp
                                  else mode) * (m - 1) / m
-        o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode, problem.tied[v])
+        o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode, problem.tied[v]) \
+            * part_ratio(problem.module_cal, "optimizer", op, s, cl, role)
         fwd, bwd, comp, opt = fwd + c * f, bwd + c * (b + acc), comp + c * (m * (f + b + acc) + o), opt + c * o
         tf, tb = internal_seconds(op, s, cl, problem.coster, cm, problem.act_bytes)
         kf, kb = internal_copy_seconds(s, cl, cm)

@@ -11,7 +11,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-out/defaults}; PY=${PY:-python3}; mkdir -p "$OUT"
 PROFILE=${PROFILE:?give PROFILE=a profile.json of this machine kind with collectives, host and overlap figures}
 NGPU=${NGPU:-$($PY -c "import torch; print(torch.cuda.device_count())")}
-$PY tests/gpu/llama_configs.py "$OUT" 8192
+$PY tests/gpu/hf_configs.py "$OUT" 8192
 rows=()
 for m in ${MODELS:-llama8b llama1.5b}; do
   t0=$SECONDS

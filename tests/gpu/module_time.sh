@@ -7,7 +7,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}; PY=${PY:-python3}; mkdir -p "$OUT"
 PROFILE=${PROFILE:-reports/records/plans-h200x4-2026-11-28/profile-h200x4-measured.json}
-$PY tests/gpu/llama_configs.py "$OUT" 2048
+$PY tests/gpu/hf_configs.py "$OUT" 2048
 rows=()
 for m in ${MODELS:-llama1.5b llama8b}; do
   t0=$SECONDS
