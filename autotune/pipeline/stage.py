@@ -6,12 +6,21 @@ keeps p - i, GPipe all m, eager-1F1B 2(p - i) - 1, at most m; ``autotune.reshard
 parameters, gradients and optimizer states of its layers once, the activations of one micro-batch
 (``autotune.sbp.memory``) ``inflight`` times, plus the peak's workspace.
 
+Autocast's weight copies, in the users' recipe: torch's schedule runs every micro-batch of the step in the one
+``torch.autocast`` context the step is under (``autotune.apply_pipeline``'s ``Pipeline.step``), and autocast's cache
+keeps each weight's bf16 copy from its first cast until that context ends. So a stage's forward casts its weights in
+the first micro-batch only, and its micro-batches in flight share one copy, where a step with a context per
+micro-batch (the single-stage step, ``calibrate module``) casts each time and keeps a copy per micro-batch
+(``one_cast``; 2 x H200, 2026-11-30, clearing the cache before each micro-batch's forward: a 16-layer Mistral's
+first stage 47.03 -> 50.20 GiB and 15 ms a step more; reports/records/plans_h200x2.md, session 27). Not in FSDP mode,
+whose stages keep the per-micro-batch figures (not measured).
+
 Per micro-batch, a stage's forward (backward) is the sum over its layer occurrences of their forward
 (backward) compute (``autotune.sbp.steptime``), the boxing inside them that runs in that pass and the
 boxing between consecutive layers in that direction, each boxing with its local copies; the gradient
 accumulation after each micro-batch but the first is spread over the backward passes ((m - 1) / m of it
-each). Once per step: the gradient all-reduce (exposed as in the single-stage model: max(S - W, F),
-``Problem.exposed_sync``) and the optimizer. m (forward + backward) + optimizer + exposed sync is the
+each), and the forward casts saved (above) over the forwards. Once per step: the gradient all-reduce
+(exposed as in the single-stage model: max(S - W, F), ``Problem.exposed_sync``) and the optimizer. m (forward + backward) + optimizer + exposed sync is the
 stage's ``Problem`` cost under the step objective (tested), under its recomputation and FSDP mode too.
 
 A stage in FSDP mode runs as torchtitan runs it (``autotune.apply.pipeline``: the ``FSDPModule`` handed to
@@ -51,10 +60,10 @@ from autotune.sbp.boxing import copy_seconds
 from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_copy_seconds, internal_seconds, rows_of
 from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, local_elems, make_op
 from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, edge_bytes, gathered_weight_bytes, peak_workspace,
-                                  pipelined_fsdp_memory, recipe_of, strategy_memory, tied_saving)
+                                  pipelined_fsdp_memory, recipe_of, strategy_memory, tied_saving, weight_copy_bytes)
 from autotune.sbp.modulecal import calibrated_seconds, part_ratio
-from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds,
-                                   pipelined_fsdp_seconds)
+from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, pipelined_fsdp_seconds,
+                                   weight_cast_seconds)
 from autotune.sbp.tables import edge_steps
 
 
@@ -81,6 +90,32 @@ class StageProblem(Problem):
         gathers, its reduce-scatter and its memory are the module doc's, not the single-stage plan's."""
         return self.pipelined and self.mode.fsdp_axes is not None
 
+    @property
+    def one_cast(self) -> bool:
+        """Whether autocast's bf16 copies of the weights are made once a step and shared by the micro-batches in
+        flight (module doc): a pipeline's stage in the users' recipe, not in FSDP mode."""
+        return self.pipelined and self.recipe == "autocast" and self.mode.fsdp_axes is None
+
+    def _cast_once(self) -> None:
+        """The forward's weight casts of every micro-batch but the first taken off the stage's compute
+        (``one_cast``): (m - 1) x each layer's forward cast a step, (m - 1) / m of it a micro-batch's forward."""
+        m, ab, cl, cm = self.mb, self.act_bytes, self.cluster, self.compute
+        for v, ss in enumerate(self.choices):
+            key = ("forward cast", self.roles[v], self.module_cal is not None)
+            cast = self._figures(v, key, lambda ss=ss, v=v: np.array(
+                [forward_cast_seconds(self.module_cal, self.ops[v], s, cl, cm, ab, self.roles[v]) for s in ss]))
+            self.node_compute[v] = self.node_compute[v] - (m - 1) * cast
+            self.node_fwd[v] = self.node_fwd[v] - (m - 1) / m * cast
+        self.node = [c * (r + k) for c, r, k in zip(self.counts, self.node_redist, self.node_compute)]
+
+    def _copies(self, assign) -> float:
+        """The bytes of autocast's weight copies of plan ``assign`` a ``one_cast`` stage holds once, not per
+        micro-batch in flight (0 for any other stage; none of a block's layers under full recomputation)."""
+        if not self.one_cast:
+            return 0.0
+        return sum(c * copies(self.choices[v][i], self.cluster, self.act_bytes, self.mode, self.roles[v])
+                   for v, (i, c) in enumerate(zip(assign, self.counts)))
+
     def _price(self, mode: Mode) -> None:
         """``Problem._price``; in FSDP mode under the step objective its per-micro-batch FSDP communication
         replaced by the stage's (module doc): the forward and backward all-gathers' exposed seconds per gather
@@ -89,6 +124,8 @@ class StageProblem(Problem):
         accumulated unsharded."""
         self._gathers = None
         super()._price(mode)
+        if self.one_cast and self.objective == "step" and self.compute is not None:
+            self._cast_once()
         if not (self.pipelined_fsdp and self.objective == "step" and self.compute is not None):
             return
         cl, cm, ab, mb = self.cluster, self.compute, self.act_bytes, self.mb
@@ -131,14 +168,22 @@ class StageProblem(Problem):
         ``Problem._figures`` keeps per-strategy figures: ``with_mode`` copies and the catalogue's other
         problems share them); in FSDP mode torchtitan's (``pipelined_fsdp_memory``)."""
         fsdp = self.pipelined and mode.fsdp_axes is not None
-        price = pipelined_fsdp_memory if fsdp else strategy_memory
+        once = self.one_cast
 
-        def parts(v):
-            return np.array([(m.total, m.activations) for m in (
-                price(s, self.cluster, self.act_bytes, mode, self.roles[v], self.tied[v], self.recipe)
-                for s in self.choices[v])], dtype=float).reshape(len(self.choices[v]), 2)
+        def price(v, s):
+            if fsdp:
+                return pipelined_fsdp_memory(s, self.cluster, self.act_bytes, mode, self.roles[v], self.tied[v],
+                                             self.recipe)
+            return self.layer_memory(v, s)
+
+        def parts(v):  # (one micro-batch in flight, what each further one adds: its activations less shared copies)
+            return np.array([(m.total, m.activations - (copies(s, self.cluster, self.act_bytes, mode, self.roles[v])
+                                                        if once else 0.0))
+                             for s in self.choices[v] for m in (price(v, s),)],
+                            dtype=float).reshape(len(self.choices[v]), 2)
         what = "pipelined fsdp memory parts" if fsdp else "memory parts"
-        split = [self._figures(v, (what, mode, self.roles[v], self.tied[v], self.recipe),
+        measured = self.module_cal is not None
+        split = [self._figures(v, (what, mode, self.roles[v], self.tied[v], self.recipe, once, measured),
                                lambda v=v: parts(v)) for v in range(len(self.choices))]
         self._total = [p[:, 0] for p in split]
         self._acts = [p[:, 1] for p in split]
@@ -174,11 +219,11 @@ class StageProblem(Problem):
         workspace included (``fits_plan``; 0: none; inf: no limit, or its activations take no memory)."""
         if self.device_limit is None:
             return math.inf
-        m = self.memory_breakdown(assign)
-        acts = m.activations / self.inflight
+        m, shared = self.memory_breakdown(assign), self._copies(assign)
+        acts = (m.activations - shared) / self.inflight
         if acts <= 0:
             return math.inf if m.total <= self.device_limit else 0
-        k = max(int((self.device_limit - (m.total - m.activations)) // acts), 0)
+        k = max(int((self.device_limit - (m.total - m.activations + shared)) // acts), 0)
         while k > 0 and not self.in_flight(k).fits_plan(assign):  # the closed form's rounding, both ways
             k -= 1
         while self.in_flight(k + 1).fits_plan(assign):
@@ -186,10 +231,13 @@ class StageProblem(Problem):
         return k
 
     def memory_breakdown(self, assign) -> Memory:
-        """``Problem.memory_breakdown`` with the activations of ``inflight`` micro-batches (one micro-batch's
-        breakdown made once per mode and plan, shared by the in-flight copies)."""
+        """``Problem.memory_breakdown`` with the activations of ``inflight`` micro-batches, autocast's weight
+        copies once where the stage shares them (``one_cast``; one micro-batch's breakdown made once per mode and
+        plan, shared by the in-flight copies)."""
         m = self.shared(("breakdown", self.mode, tuple(assign)), lambda: self._one_breakdown(assign))
-        return Memory(m.parameters, m.gradients, m.optimizer, m.activations * self.inflight, m.workspace)
+        shared = self._copies(assign)
+        return Memory(m.parameters, m.gradients, m.optimizer, (m.activations - shared) * self.inflight + shared,
+                      m.workspace)
 
     def _one_breakdown(self, assign) -> Memory:
         """One micro-batch's breakdown: ``Problem.memory_breakdown``'s; in FSDP mode torchtitan's (module doc):
@@ -298,6 +346,18 @@ class Layout:
                             keep=lambda layer, s: id(s) in picked, runnable=self.runnable, signatures=self.signatures)
 
 
+def forward_cast_seconds(cal, op, s, cluster, cm, act_bytes: int, role: str) -> float:
+    """A layer occurrence's forward cast of its weights a micro-batch (``steptime.weight_cast_seconds``), scaled as
+    the module's forward ratio scales its forward where it was measured (``modulecal.part_ratio``)."""
+    return weight_cast_seconds(s, cluster, cm, act_bytes)[0] * part_ratio(cal, "forward", op, s, cluster, role)
+
+
+def copies(s, cluster, act_bytes: int, mode: Mode, role: str) -> float:
+    """The bytes of autocast's weight copies ``strategy_memory`` counts in a layer occurrence's activations (none
+    of a block's layers under full recomputation)."""
+    return 0.0 if mode.recompute == "full" and role != OUTSIDE else weight_copy_bytes(s, cluster, act_bytes)
+
+
 @dataclass(frozen=True)
 class StageFigures:
     """A stage plan's times (seconds) and memory (bytes per device)."""
@@ -341,6 +401,8 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
         redo = 1 if full and role in RERUN else 0
         # priced as the problem prices them: the user's module as measured where it was (``modulecal``)
         f, b = calibrated_seconds(problem.module_cal, op, s, cl, cm, problem.act_bytes, mode.recompute, role)
+        if problem.one_cast:  # the weights cast in the first micro-batch's forward only (``_cast_once``)
+            f -= (m - 1) / m * forward_cast_seconds(problem.module_cal, op, s, cl, cm, problem.act_bytes, role)
         acc = accumulate_seconds(s, cl, cm, problem.act_bytes, Mode(mode.recompute) if problem.pipelined_fsdp
                                  else mode) * (m - 1) / m
         o = optimizer_seconds(s, cl, cm, problem.act_bytes, mode, problem.tied[v]) \

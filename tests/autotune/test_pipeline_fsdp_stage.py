@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from autotune.pipeline.slicing import stage_graph, stage_spans, with_micro_batches
-from autotune.pipeline.stage import StageProblem, figures
+from autotune.pipeline.stage import StageProblem, figures, forward_cast_seconds
 from autotune.sbp.boxing import Coster, Step
-from autotune.sbp.memory import OUTSIDE, Mode, fsdp_axes, held_elems
+from autotune.sbp.memory import OUTSIDE, Mode, fsdp_axes, held_elems, weight_copy_bytes
 from autotune.sbp.layers import local_elems
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.steptime import layer_seconds
@@ -60,14 +60,15 @@ def test_gathers_a_step():
 @pytest.mark.parametrize("i,inflight", [(0, 2), (1, 1), (0, M)])
 def test_stage_collectives_closed_form(graph, profile, i, inflight):
     """Against the same plan without FSDP (the same compute and boxing): the step's forwards carry k exposed
-    gathers of each block's layer and 1 of each other layer's, the backwards m - k + 1 of a block's layer; the
-    gradient sync is the reduce-scatters once, exposed whole."""
+    gathers of each block's layer and 1 of each other layer's, and autocast's weight casts of every micro-batch
+    (the plan without FSDP casts in the first micro-batch only: ``StageProblem.one_cast``), the backwards m - k + 1
+    gathers of a block's layer; the gradient sync is the reduce-scatters once, exposed whole."""
     pr = stage(graph, profile, i, inflight)
     plain = stage(graph, profile, i, inflight, Mode("none"))
     nf, nb, _ = pr.gathers()
     a = sharded_plan(pr)
     f, p = figures(pr, a), figures(plain, a)
-    fwd = bwd = sync = 0.0
+    fwd = bwd = sync = casts = 0.0
     for v, (k, c) in enumerate(zip(a, pr.counts)):
         s = pr.choices[v][k]
         ag, rs = collectives(pr, v, s)
@@ -76,8 +77,9 @@ def test_stage_collectives_closed_form(graph, profile, i, inflight):
         fwd += c * (1 if outside else nf) * max(0.0, ag - lf)
         bwd += c * (0 if outside else nb) * max(0.0, ag - lb)
         sync += c * rs
-    assert sync > 0 and fwd + bwd > 0
-    assert M * (f.forward - p.forward) == pytest.approx(fwd)
+        casts += c * forward_cast_seconds(None, pr.ops[v], s, pr.cluster, pr.compute, pr.act_bytes, pr.roles[v])
+    assert sync > 0 and fwd + bwd > 0 and casts > 0 and plain.one_cast and not pr.one_cast
+    assert M * (f.forward - p.forward) == pytest.approx(fwd + (M - 1) * casts)
     assert M * (f.backward - p.backward) == pytest.approx(bwd)
     assert f.redistribution - p.redistribution == pytest.approx(fwd + bwd)
     assert f.grad_sync == pytest.approx(sync) and f.exposed_sync == pytest.approx(sync)
@@ -87,14 +89,16 @@ def test_stage_collectives_closed_form(graph, profile, i, inflight):
 def test_stage_memory_closed_form(graph, profile):
     """Parameters: the fp32 shards, and the whole fp32 weights of the layers outside the blocks (the root unit,
     kept gathered); gradients whole (fp32); optimizer states of the shards (8 bytes an element); activations as
-    without FSDP; workspace without FSDP's plus the blocks' gathered weights, at least the two largest blocks'."""
+    without FSDP but autocast's weight copies, one per micro-batch in flight (shared without FSDP); workspace
+    without FSDP's plus the blocks' gathered weights, at least the two largest blocks'."""
     for i, inflight in ((0, 2), (1, 1)):
         pr = stage(graph, profile, i, inflight)
         plain = stage(graph, profile, i, inflight, Mode("none"))
         a = sharded_plan(pr)
-        whole = held = root = 0.0
+        whole = held = root = copies = 0.0
         for v, (k, c) in enumerate(zip(a, pr.counts)):
             s = pr.choices[v][k]
+            copies += c * weight_copy_bytes(s, pr.cluster, pr.act_bytes)
             for w in s.weights:
                 n = local_elems(w, s.mesh, pr.cluster)
                 whole += c * n
@@ -109,7 +113,7 @@ def test_stage_memory_closed_form(graph, profile):
         assert m.parameters == pytest.approx(4 * (held + root))
         assert m.gradients == pytest.approx(4 * whole)
         assert m.optimizer == pytest.approx(8 * held)
-        assert m.activations == pytest.approx(p.activations)
+        assert copies > 0 and m.activations == pytest.approx(p.activations + (inflight - 1) * copies)
         assert m.workspace - p.workspace >= sum(sorted(blocks)[-2:]) * (1 - 1e-12)
         assert m.workspace - p.workspace <= sum(blocks) * (1 + 1e-12)
         assert pr.peak_memory(a) == pytest.approx(m.total)

@@ -198,6 +198,60 @@ def test_a_pipeline_stage_does_not_hold_the_users_step_transients():
     assert total(2e9, 9e7, False) != total(1e9, 5e7, False)
 
 
+def stage(profile, pipelined=True, micro_batches=None):
+    from autotune.pipeline.slicing import with_micro_batches
+    from autotune.pipeline.stage import StageProblem
+    g = load_model("llama", None, {k: v for k, v in MODEL.items() if k != "kind"})
+    g = with_micro_batches(g, micro_batches) if micro_batches else g
+    return StageProblem(g, Coster(profile, Cluster(1, 1)), None, pipelined=pipelined)
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_a_stages_figures_are_its_problems_cost_with_the_users_module(pipelined):
+    """The forward and backward a micro-batch the schedule is simulated with are priced as the stage problem prices
+    them, the user's module as measured: m (forward + backward) + optimizer + exposed sync is the problem's cost, and
+    the module's ratios move both."""
+    from autotune.pipeline.stage import figures
+    profile = Profile.load("h200-nvlink+ib400")
+    plain = stage(profile, pipelined)
+    profile.module = section(ModulePoint(1, 2, 32, dict(BLOCK, forward_s=5e-3), OUTSIDE))
+    pr = stage(profile, pipelined)
+    a = [0] * len(pr.choices)
+    f, g = figures(pr, a), figures(plain, a)
+    assert pr.mb * (f.forward + f.backward) + f.optimizer + f.exposed_sync == pytest.approx(pr.raw_cost(a), rel=1e-9)
+    assert f.forward > 1.5 * g.forward
+
+
+def test_a_pipelined_stage_casts_its_weights_once_and_shares_their_copies():
+    """torch's schedule runs a step's micro-batches in one autocast context: the stage's forward casts its weights in
+    the first micro-batch only ((m - 1) / m of the casts off each forward), and the micro-batches in flight share one
+    bf16 copy of the weights (2 bytes a matmul parameter), where the same stage stepped without a pipeline keeps one
+    a micro-batch."""
+    from dataclasses import replace
+    from autotune.pipeline.stage import figures
+    from autotune.sbp.steptime import weight_cast_seconds
+    profile = Profile.load("h200-nvlink+ib400")
+    profile = replace(profile, compute=replace(profile.compute, host_s={}))  # the device's figures, no host floor
+    one, plain = stage(profile, micro_batches=4), stage(profile, False, micro_batches=4)
+    a = [0] * len(one.choices)
+    m = one.mb
+    casts = sum(c * weight_cast_seconds(one.choices[v][0], one.cluster, one.compute, 2)[0]
+                for v, c in enumerate(one.counts))
+    f, g = figures(one, a), figures(plain, a)
+    assert m == 4 and casts > 0
+    assert f.forward == pytest.approx(g.forward - (m - 1) / m * casts, rel=1e-9)
+    assert f.backward == pytest.approx(g.backward, rel=1e-9)
+    assert m * (f.forward + f.backward) + f.optimizer + f.exposed_sync == pytest.approx(one.raw_cost(a), rel=1e-9)
+    h, kv = MODEL["hidden"], MODEL["hidden"] // MODEL["heads"] * MODEL["kv_heads"]
+    matmul = MODEL["layers"] * (2 * h * h + 2 * h * kv + 3 * h * MODEL["ffn"]) + h * MODEL["vocabulary"]
+    per = plain.memory_breakdown(a).activations - 2 * matmul  # what each micro-batch keeps but the copies
+    for k in (1, 2, 3):
+        got = one.in_flight(k)
+        assert got.memory_breakdown(a).activations == pytest.approx(k * per + 2 * matmul, rel=1e-9)
+        b = got.memory_breakdown(a)
+        assert sum(float(x[i]) for x, i in zip(got.mem, a)) == pytest.approx(b.total - b.workspace, rel=1e-9)
+
+
 @pytest.mark.parametrize("points, model", [
     ((ModulePoint(1, 2, 64, BLOCK, OUTSIDE),), SHAPE),  # another sequence
     ((ModulePoint(2, 2, 32, BLOCK, OUTSIDE),), SHAPE),  # another tensor width only

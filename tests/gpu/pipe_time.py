@@ -2,13 +2,15 @@
 best or the baseline whose name starts with WHICH) applied to transformers' class of CONFIG.json as a user would
 (``apply_pipeline``, ``pipe.step`` under bf16 autocast, fused AdamW), WARMUP steps, then STEPS timed steps in which
 each action of torch's schedule (a micro-batch's forward, its loss, its backward, each wait on a batch of sends and
-receives) is bracketed by CUDA events and host clocks, then one step under the torch profiler.
+receives) is bracketed by CUDA events and host clocks, then one step under the torch profiler. CAST_EACH_MICRO_BATCH=1:
+autocast's weight copies made again before each micro-batch's forward.
 
     torchrun --nproc-per-node 2 tests/gpu/pipe_time.py PLAN.json CONFIG.json [WHICH] > out.txt
 
-Prints, per rank: the step times; per action kind its device and host milliseconds summed over the last timed step
-beside the plan's (forward, backward per micro-batch x micro-batches); the device's busy and idle time by the
-profiler; and the last timed step's actions one by one (device start and end beside the plan's timeline)."""
+Prints, per rank: the step times and the peak memory allocated; per action kind its device and host milliseconds
+summed over the last timed step beside the plan's (forward, backward per micro-batch x micro-batches); the device's
+busy and idle time by the profiler; and the last timed step's actions one by one (device start and end beside the
+plan's timeline)."""
 import os
 import statistics
 import sys
@@ -48,7 +50,12 @@ def main(plan_path: str, config: str, which: str = "") -> None:
         return run
 
     st = pipe.schedule._stage
-    st.forward_one_chunk = timed(lambda a: f"F{a[0]}", st.forward_one_chunk)
+    def recast(*a, _run=st.forward_one_chunk, **k):  # autocast's bf16 weight copies made again for each
+        torch.clear_autocast_cache()                   # micro-batch, as a step with an autocast context per
+        return _run(*a, **k)                            # micro-batch makes them (the schedule runs in one)
+
+    each = os.environ.get("CAST_EACH_MICRO_BATCH") == "1"
+    st.forward_one_chunk = timed(lambda a: f"F{a[0]}", recast if each else st.forward_one_chunk)
     st.backward_one_chunk = timed(lambda a: f"B{a[0]}", st.backward_one_chunk)
     pipe.schedule._maybe_compute_loss = timed(lambda a: f"L{a[3]}", pipe.schedule._maybe_compute_loss)
     schedules._wait_batch_p2p = timed("wait", schedules._wait_batch_p2p)
@@ -65,6 +72,7 @@ def main(plan_path: str, config: str, which: str = "") -> None:
         step(i)
     torch.cuda.synchronize(device)
     walls, last = [], None
+    torch.cuda.reset_peak_memory_stats(device)
     for i in range(int(os.environ.get("STEPS", "3"))):
         actions.clear()
         dist.barrier()
@@ -76,6 +84,7 @@ def main(plan_path: str, config: str, which: str = "") -> None:
         walls.append(time.perf_counter() - h0)
         last = (s0, h0, list(actions))
     s0, h0, acts = last
+    peak = torch.cuda.max_memory_allocated(device)
     rows = [(n, (c1 - c0) * 1e3, s0.elapsed_time(e0), s0.elapsed_time(e1)) for n, c0, c1, e0, e1 in acts]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step(200)
@@ -89,10 +98,10 @@ def main(plan_path: str, config: str, which: str = "") -> None:
     s = plan.stages[stage_i]
     mb = plan.micro_batches
     lines = [f"rank {rank} stage {stage_i} ({s.blocks} blocks): steps {', '.join(f'{w * 1e3:.1f}' for w in walls)} ms "
-             f"(median {statistics.median(walls) * 1e3:.1f}); plan: step {plan.costs.step_s * 1e3:.1f} ms, this stage's "
+             f"(median {statistics.median(walls) * 1e3:.1f}), peak {peak / 2 ** 30:.2f} GiB; plan: step {plan.costs.step_s * 1e3:.1f} ms, this stage's "
              f"last backward ends at {s.end_s * 1e3:.1f} ms, forward {s.forward_s * 1e3:.2f} and backward "
              f"{s.backward_s * 1e3:.2f} ms a micro-batch, optimizer {s.optimizer_s * 1e3:.2f} ms, host pass "
-             f"{(s.host_pass_s or 0) * 1e3:.2f} ms"]
+             f"{(s.host_pass_s or 0) * 1e3:.2f} ms, memory {s.memory_bytes / 2 ** 30:.2f} GiB"]
     for kind, pred in (("F", s.forward_s * mb), ("L", None), ("B", s.backward_s * mb), ("wait", None),
                        ("optimizer", s.optimizer_s)):
         sel = [r for r in rows if (r[0] == kind if len(kind) > 1 else r[0][0] == kind and r[0][1:].isdigit())]
