@@ -2,7 +2,8 @@
 # A pipelined plan's step, predicted beside measured (issue 42), on the GPUs visible: for each "NAME SEQUENCE BATCH"
 # of CASES (';'-separated; NAME a config of tests/gpu/hf_configs.py), `calibrate module` of transformers' class at
 # that sequence (tensor width 1: a stage per GPU), the search with --pipeline NGPU, then `torchrun -m autotune
-# execute --which baseline:pipelined` on transformers' class, and tests/gpu/pipe_time.py (each rank's actions).
+# execute --which baseline:pipelined` on transformers' class, and tests/gpu/pipe_time.py (each rank's actions; PIPE_TIME=0:
+# not).
 # PROFILE: a profile of this machine kind with collectives, host and overlap figures. Results under $OUT, a table last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -27,6 +28,7 @@ for c in "${cases[@]}"; do
     --which baseline:pipelined --module "$OUT/$m.json" --profile-steps 0 --out "$OUT/$m-exec" > "$OUT/$m-exec.log" 2>&1
   rc=$?; rows+=("| $m | execute | $rc | $((SECONDS - t0)) |")
   $PY -m autotune execute --summarize "$OUT/$m-exec" 2>&1 | tail -4
+  [ "${PIPE_TIME:-1}" = 1 ] || continue
   t0=$SECONDS
   timeout "${TIME_TIMEOUT:-120}" torchrun --nproc-per-node "$NGPU" tests/gpu/pipe_time.py "$OUT/$m-plan/plan.json" \
     "$OUT/$m.json" pipelined > "$OUT/$m-time.txt" 2>&1
