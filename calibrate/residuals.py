@@ -3,12 +3,15 @@ plans run by ``autotune tune`` (measured step over predicted step), so that the 
 corrected prices (``autotune.plan.hostpace.corrected``).
 
     "residuals": {"version": 1, "source": "autotune tune, 2026-11-28T18:10, 4 x NVIDIA H200",
+                  "model": "2026-11-30",
                   "paths": {"ddp": 1.12, "fully_shard": 1.31, "dtensor": 2.4, "none": 1.02, "pipeline": 1.07},
                   "runs": [{"strategy": "...", "path": "ddp", "predicted_s": .., "measured_s": ..}, ...]}
 
 A factor is the median over the runs of its path of measured / predicted (the prediction before any earlier
 correction): 1.12 prices that path's plans 12% slower. The paths are apply's (``HOST_PATHS``) for single-stage
-plans, and "pipeline" for pipelined ones (their stages' paths together).
+plans, and "pipeline" for pipelined ones (their stages' paths together). ``model``: the revision of the step
+model whose predictions the factors divide (``autotune``'s ``STEP_MODEL``; "" in a section written before it was
+recorded): a factor corrects only the predictions it was measured against.
 """
 from __future__ import annotations
 
@@ -29,12 +32,14 @@ class Residuals:
     paths: dict  # PATHS path -> measured / predicted
     source: str = ""
     runs: tuple = ()
+    model: str = ""  # the step model's revision the predictions came from
 
     def factor(self, path: str) -> float:
         return float(self.paths.get(path, 1.0))
 
     def to_dict(self) -> dict:
-        return {"version": VERSION, "source": self.source, "paths": dict(self.paths), "runs": [dict(r) for r in self.runs]}
+        return {"version": VERSION, "source": self.source, "model": self.model, "paths": dict(self.paths),
+                "runs": [dict(r) for r in self.runs]}
 
     @classmethod
     def from_dict(cls, d, origin: str = "profile") -> "Residuals":
@@ -45,22 +50,25 @@ class Residuals:
                 or not LIMITS[0] <= v <= LIMITS[1] for k, v in paths.items()):
             raise UserError(f"{origin}: residuals section is not version {VERSION} with paths of {', '.join(PATHS)} "
                             f"-> measured / predicted between {LIMITS[0]} and {LIMITS[1]}: {fix}")
-        runs = d.get("runs", [])
+        runs, model = d.get("runs", []), d.get("model", "")
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
             raise UserError(f"{origin}: residuals runs is not a list of objects: {fix}")
-        return cls({k: float(v) for k, v in paths.items()}, str(d.get("source", "")), tuple(runs))
+        if not isinstance(model, str):
+            raise UserError(f"{origin}: residuals model is not a revision string: {fix}")
+        return cls({k: float(v) for k, v in paths.items()}, str(d.get("source", "")), tuple(runs), model)
 
 
-def fitted(runs: list[dict], source: str, before: "Residuals | None" = None) -> Residuals:
-    """The factors of ``runs`` (each: path, predicted_s before correction, measured_s), per path the median; the
-    paths no run measured keep ``before``'s."""
+def fitted(runs: list[dict], source: str, before: "Residuals | None" = None, model: str = "") -> Residuals:
+    """The factors of ``runs`` (each: path, predicted_s before correction, measured_s) against the step model of
+    revision ``model``, per path the median; the paths no run measured keep ``before``'s where it is of the same
+    revision."""
     by: dict = {}
     for r in runs:
         if r.get("measured_s") and r.get("predicted_s"):
             by.setdefault(r["path"], []).append(r["measured_s"] / r["predicted_s"])
-    paths = dict(before.paths) if before else {}
+    paths = dict(before.paths) if before is not None and before.model == model else {}
     for path, xs in by.items():
         xs = sorted(xs)
         mid = len(xs) // 2
         paths[path] = min(max(xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2, LIMITS[0]), LIMITS[1])
-    return Residuals(paths, source, tuple(runs))
+    return Residuals(paths, source, tuple(runs), model)

@@ -29,6 +29,7 @@ from autotune.pipeline.search import check as check_pipeline, parse_stages
 from autotune.planner import accumulation_choices, choose_objective, search
 from autotune.sbp.mesh import Cluster
 from autotune.plan.file import plan_title, summary_lines
+from autotune.plan.hostpace import STEP_MODEL, current_residuals
 from autotune.sbp.search import SEARCHES, Budget
 
 DEFAULT_NODES, DEFAULT_GPUS = 4, 8
@@ -311,6 +312,11 @@ def main(argv=None, report=None) -> int:
         objective, note = choose_objective(args.objective, args.search, profile, cluster.devices)
         if note:
             print(f"note: {note}")
+        stale = profile.residuals is not None and current_residuals(profile) is None
+        if stale and objective == "step":
+            print(f"note: the profile's residuals were fitted against the step model of "
+                  f"{profile.residuals.model or 'an unrecorded revision'}, this is {STEP_MODEL}'s: left out "
+                  f"(torchrun ... -m autotune tune measures them again)")
         print(f"objective: {OBJECTIVE_WORDS[objective]}", flush=True)
         pf = search(graph, cluster, profile, **dict(options, objective=objective), progress=progress)
         plan, base, skipped = pf.best, pf.baselines, pf.meta.pop("skipped", [])

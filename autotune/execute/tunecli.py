@@ -27,6 +27,7 @@ from models.hf import default_module
 
 from autotune.execute.launch import check_steps, launch_env
 from autotune.execute.usermodule import load_factory
+from autotune.plan.hostpace import STEP_MODEL
 
 
 def parser():
@@ -107,7 +108,7 @@ def main(argv=None, report=None) -> int:
     write_atomic(out / "tune.md", f"# autotune tune\n\n{table}\n", "tune table")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     profile.residuals = fitted(residual_runs(rows), f"autotune tune, {stamp}, {launch.world} processes, "
-                                                    f"{args.module}", profile.residuals)
+                                                    f"{args.module}", profile.residuals, STEP_MODEL)
     written = profile.save(target)
     if report is not None:
         report(path, f"autotune tune: {chosen['strategy']}")

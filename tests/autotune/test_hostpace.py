@@ -139,3 +139,30 @@ def test_the_tensor_paths_outside_is_priced_by_its_own_figure():
     assert plan.costs.host_step_s == pytest.approx(2 * (inside * per[0] + whole[0]) + inside * per[1] + whole[1])
     assert occurrence_host(graph, compute, None, "sequence") == occurrence_host(graph, compute, None, "tensor")
     assert sum(h[0] for h in occurrence_host(graph, compute, None, "none")) == pytest.approx(len(graph.chain) * 1e-3)
+
+
+def test_residuals_correct_only_the_revision_they_were_fitted_against(tmp_path, capsys):
+    """A profile's residuals divide the step model's predictions of one revision (``STEP_MODEL``): of that revision
+    a plan's step is its uncorrected step times its path's factor; of another, or of none recorded, the plans are
+    priced as without them and the search says so in one line; tune's refit keeps an earlier section's paths only
+    where it is of the same revision."""
+    from calibrate.residuals import Residuals, fitted
+    from autotune.plan.hostpace import STEP_MODEL
+    base = Profile.load("h200-nvlink")
+    bare = plans(tmp_path / "bare", SMALL, "h200-nvlink")["data parallel"]
+    got = {}
+    for model in (STEP_MODEL, "2026-11-29", ""):
+        path = tmp_path / f"r{model}.json"
+        replace(base, residuals=Residuals({"ddp": 1.3}, "test", (), model)).save(path)
+        capsys.readouterr()
+        got[model] = plans(tmp_path / f"o{model}", SMALL, path)["data parallel"]
+        stale = "the profile's residuals were fitted against" in capsys.readouterr().out
+        assert stale == (model != STEP_MODEL)
+    assert got[STEP_MODEL].costs.step_s == pytest.approx(1.3 * bare.costs.step_s)
+    assert got[STEP_MODEL].costs.residual == 1.3
+    assert got[""].costs.step_s == got["2026-11-29"].costs.step_s == bare.costs.step_s
+    old = Residuals({"ddp": 1.3, "pipeline": 1.12}, "old", (), "2026-11-29")
+    run = [{"path": "ddp", "predicted_s": 1.0, "measured_s": 1.1}]
+    assert fitted(run, "new", old, STEP_MODEL).paths == {"ddp": 1.1}
+    assert fitted(run, "new", replace(old, model=STEP_MODEL), STEP_MODEL).paths == {"ddp": 1.1, "pipeline": 1.12}
+    assert Residuals.from_dict(fitted(run, "new", None, STEP_MODEL).to_dict()).model == STEP_MODEL

@@ -211,8 +211,10 @@ def test_a_stages_figures_are_its_problems_cost_with_the_users_module(pipelined)
     """The forward and backward a micro-batch the schedule is simulated with are priced as the stage problem prices
     them, the user's module as measured: m (forward + backward) + optimizer + exposed sync is the problem's cost, and
     the module's ratios move both."""
+    from dataclasses import replace
     from autotune.pipeline.stage import figures
     profile = Profile.load("h200-nvlink+ib400")
+    profile = replace(profile, compute=replace(profile.compute, host_s={}))  # the device's figures, no host floor
     plain = stage(profile, pipelined)
     profile.module = section(ModulePoint(1, 2, 32, dict(BLOCK, forward_s=5e-3), OUTSIDE))
     pr = stage(profile, pipelined)

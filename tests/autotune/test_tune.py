@@ -84,8 +84,10 @@ def test_tune_returns_the_measured_fastest_and_writes_the_residuals_back(tmp_pat
         assert ratios and res.paths[path] == pytest.approx(statistics.median(ratios), rel=1e-6)
     from autotune.cli.search import main as search_main
     from calibrate.residuals import Residuals
+    from autotune.plan.hostpace import STEP_MODEL
     p = Profile.load(profile)  # a pipelined candidate's residual, as a tune whose K reached it writes it
-    p.residuals = Residuals({**res.paths, "pipeline": 1.5}, res.source, res.runs)
+    assert res.model == STEP_MODEL  # fitted against this revision of the step model
+    p.residuals = Residuals({**res.paths, "pipeline": 1.5}, res.source, res.runs, res.model)
     p.save(profile)
     again = tmp_path / "again"
     assert search_main(["--model", str(tmp_path / "model.json"), "--profile", str(profile), "--nodes", "1",
