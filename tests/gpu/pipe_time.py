@@ -20,22 +20,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.pipelining.schedules as schedules
 
-import autotune
-from autotune.execute import trace
-from autotune.execute.usermodule import load_factory
-from autotune.plan.file import PlanFile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pipe_user import forward_backward, report, setup  # noqa: E402
+
+from autotune.execute import trace  # noqa: E402
 
 
 def main(plan_path: str, config: str, which: str = "") -> None:
-    dist.init_process_group("nccl")
-    rank, device = dist.get_rank(), torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    pf = PlanFile.load(plan_path)
-    plan = next(p for p in [pf.best, *pf.baselines] if p.strategy.startswith(which)) if which else pf.best
-    m = plan.model.config
-    torch.manual_seed(0)
-    pipe = autotune.apply_pipeline(plan, load_factory(config)(dict(m)))
-    opt = torch.optim.AdamW(autotune.param_groups(pipe.module), lr=1e-4, fused=True)
+    plan, pipe, opt, device = setup(plan_path, config, which)
+    rank = dist.get_rank()
     actions = []  # (name, host start, host end, device start event, device end event) of the step running
 
     def timed(name, fn):
@@ -50,6 +43,7 @@ def main(plan_path: str, config: str, which: str = "") -> None:
         return run
 
     st = pipe.schedule._stage
+
     def recast(*a, _run=st.forward_one_chunk, **k):  # autocast's bf16 weight copies made again for each
         torch.clear_autocast_cache()                   # micro-batch, as a step with an autocast context per
         return _run(*a, **k)                            # micro-batch makes them (the schedule runs in one)
@@ -61,10 +55,7 @@ def main(plan_path: str, config: str, which: str = "") -> None:
     schedules._wait_batch_p2p = timed("wait", schedules._wait_batch_p2p)
 
     def step(i: int) -> None:
-        batch = torch.randint(m["vocabulary"], (m["batch"], m["sequence"]), generator=torch.Generator().manual_seed(i))
-        piece = autotune.data_piece(pipe.module, batch).to(device)
-        with torch.autocast("cuda", torch.bfloat16):
-            pipe.step(piece, piece)
+        forward_backward(plan, pipe, device, i)
         timed("optimizer", opt.step)()
         opt.zero_grad(set_to_none=True)
 
@@ -120,11 +111,7 @@ def main(plan_path: str, config: str, which: str = "") -> None:
     for n, host, a, b in rows:
         p = plan_at.get(n)
         lines.append(f"  {n:10s} {host:8.2f}   {a:9.2f}..{b:9.2f}" + (f"   ({p[0]:9.2f}..{p[1]:9.2f})" if p else ""))
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, "\n".join(lines))
-    if rank == 0:
-        print("\n".join(out), flush=True)
-    dist.destroy_process_group()
+    report(lines)
 
 
 if __name__ == "__main__":
