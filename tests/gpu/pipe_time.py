@@ -28,7 +28,6 @@ from autotune.execute import trace  # noqa: E402
 
 def main(plan_path: str, config: str, which: str = "") -> None:
     plan, pipe, opt, device = setup(plan_path, config, which)
-    rank = dist.get_rank()
     actions = []  # (name, host start, host end, device start event, device end event) of the step running
 
     def timed(name, fn):
@@ -84,14 +83,13 @@ def main(plan_path: str, config: str, which: str = "") -> None:
                                 bool(getattr(e, "is_user_annotation", False)))
               for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     comm, busy = trace.split(events)
-    span = [trace.union((e.start, e.end) for e in events if not e.annotation and e.end > e.start)]
-    stage_i = pipe.stage
-    s = plan.stages[stage_i]
-    mb = plan.micro_batches
-    lines = [f"rank {rank} stage {stage_i} ({s.blocks} blocks): steps {', '.join(f'{w * 1e3:.1f}' for w in walls)} ms "
-             f"(median {statistics.median(walls) * 1e3:.1f}), peak {peak / 2 ** 30:.2f} GiB; plan: step {plan.costs.step_s * 1e3:.1f} ms, this stage's "
-             f"last backward ends at {s.end_s * 1e3:.1f} ms, forward {s.forward_s * 1e3:.2f} and backward "
-             f"{s.backward_s * 1e3:.2f} ms a micro-batch, optimizer {s.optimizer_s * 1e3:.2f} ms, host pass "
+    active = trace.union((e.start, e.end) for e in events if not e.annotation and e.end > e.start)
+    s, mb = plan.stages[pipe.stage], plan.micro_batches
+    lines = [f"rank {dist.get_rank()} stage {pipe.stage} ({s.blocks} blocks): steps "
+             f"{', '.join(f'{w * 1e3:.1f}' for w in walls)} ms (median {statistics.median(walls) * 1e3:.1f}), peak "
+             f"{peak / 2 ** 30:.2f} GiB; plan: step {plan.costs.step_s * 1e3:.1f} ms, this stage's last backward "
+             f"ends at {s.end_s * 1e3:.1f} ms, forward {s.forward_s * 1e3:.2f} and backward {s.backward_s * 1e3:.2f} "
+             f"ms a micro-batch, optimizer {s.optimizer_s * 1e3:.2f} ms, host pass "
              f"{(s.host_pass_s or 0) * 1e3:.2f} ms, memory {s.memory_bytes / 2 ** 30:.2f} GiB"]
     for kind, pred in (("F", s.forward_s * mb), ("L", None), ("B", s.backward_s * mb), ("wait", None),
                        ("optimizer", s.optimizer_s)):
@@ -100,11 +98,11 @@ def main(plan_path: str, config: str, which: str = "") -> None:
             dev, host = sum(r[3] - r[2] for r in sel), sum(r[1] for r in sel)
             lines.append(f"  {kind:9s} x{len(sel):3d}: device {dev:9.1f} ms, host {host:9.1f} ms"
                          + (f"; plan {pred * 1e3:9.1f} ms ({(dev / 1e3 - pred) / pred:+.1%})" if pred else ""))
-    if span[0]:
-        total = span[0][-1][1] - span[0][0][0]
-        lines.append(f"  profiled step: device span {total / 1e3:.1f} ms, busy {sum(b - a for a, b in trace.union(busy)) / 1e3:.1f}"
-                     f" ms (communication alone {trace.exposed_time(comm, busy) / 1e3:.1f} ms), idle "
-                     f"{trace.idle_time(events) / 1e3:.1f} ms; by family "
+    if active:
+        lines.append(f"  profiled step: device span {(active[-1][1] - active[0][0]) / 1e3:.1f} ms, busy "
+                     f"{sum(b - a for a, b in trace.union(busy)) / 1e3:.1f} ms (communication alone "
+                     f"{trace.exposed_time(comm, busy) / 1e3:.1f} ms), idle {trace.idle_time(events) / 1e3:.1f} ms; "
+                     f"by family "
                      + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in trace.breakdown(events, 1).items()))
     plan_at = {f"{k}{j}": (a * 1e3, b * 1e3) for k, j, a, b in s.timeline}
     lines.append("  action      host ms   device start..end ms   (plan start..end ms)")

@@ -12,15 +12,18 @@ from autotune.plan.file import PlanFile
 
 
 def setup(plan_path: str, config: str, which: str = ""):
-    """(the plan, this rank's ``Pipeline``, its optimizer, its device), the NCCL process group made."""
-    dist.init_process_group("nccl")
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
+    """(the plan, this rank's ``Pipeline``, its optimizer, its device), the process group made (NCCL; gloo on a
+    machine without a GPU, to try the scripts' set-up there)."""
+    gpu = torch.cuda.is_available()
+    dist.init_process_group("nccl" if gpu else "gloo")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
     pf = PlanFile.load(plan_path)
     plan = next(p for p in [pf.best, *pf.baselines] if p.strategy.startswith(which)) if which else pf.best
     torch.manual_seed(0)
     pipe = autotune.apply_pipeline(plan, load_factory(config)(dict(plan.model.config)))
-    return plan, pipe, torch.optim.AdamW(autotune.param_groups(pipe.module), lr=1e-4, fused=True), device
+    return plan, pipe, torch.optim.AdamW(autotune.param_groups(pipe.module), lr=1e-4, fused=gpu), device
 
 
 def forward_backward(plan, pipe, device, i: int) -> None:
@@ -28,7 +31,7 @@ def forward_backward(plan, pipe, device, i: int) -> None:
     m = plan.model.config
     batch = torch.randint(m["vocabulary"], (m["batch"], m["sequence"]), generator=torch.Generator().manual_seed(i))
     piece = autotune.data_piece(pipe.module, batch).to(device)
-    with torch.autocast("cuda", torch.bfloat16):
+    with torch.autocast(device.type, torch.bfloat16):
         pipe.step(piece, piece)
 
 
