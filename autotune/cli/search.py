@@ -220,9 +220,11 @@ def breakdown(plan) -> str:
     binding = plan.costs.memory_stage
     whose = "searched plan's" if binding is None else \
         f"searched plan's binding stage ({binding} of {len(plan.stages)}: the most memory)"
+    # below zero: the peak comes before every gradient exists (one micro-batch: ``memory.peak_workspace``)
+    early = " (below zero: not every gradient exists yet at the peak)" if m["workspace_bytes"] < -2**29 else ""
     return (f"{whose} memory per device: " + ", ".join(f"{name} {round(m[k] / 2**30, 2) + 0.0:.2f}"
                                                        for name, k in parts)
-            + f" GiB; total {plan.costs.memory_bytes / 2**30:.2f} GiB\n" + modes_line(plan))
+            + f" GiB{early}; total {plan.costs.memory_bytes / 2**30:.2f} GiB\n" + modes_line(plan))
 
 
 def _modes(p) -> str:

@@ -161,6 +161,11 @@ def test_pipelined_plans_memory_line_is_the_binding_stages(graph, profile):
                                       for k, s in enumerate(plan.stages)))
     assert modes_line(plan) == ("stages 0-2 (3 of 4): recompute full; sharding none; "
                                 "stages 3 (1 of 4): recompute none; sharding none")
+    # a workspace below zero (the peak before every gradient exists) is said to be so
+    assert "below zero" not in breakdown(plan)
+    low = replace(t, memory={**t.memory, "workspace_bytes": -2**31})
+    assert "workspace -2.00 GiB (below zero: not every gradient exists yet at the peak)" in \
+        breakdown(replace(plan, costs=low))
 
 
 def test_sequence_parallel_shards_the_norms_and_swaps_all_reduce_for_gather_scatter(graph, profile):
