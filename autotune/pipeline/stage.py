@@ -12,16 +12,18 @@ keeps each weight's bf16 copy from its first cast until that context ends. So a 
 the first micro-batch only, and its micro-batches in flight share one copy, where a step with a context per
 micro-batch (the single-stage step, ``calibrate module``) casts each time and keeps a copy per micro-batch
 (``one_cast``; 2 x H200, 2026-11-30, clearing the cache before each micro-batch's forward: a 16-layer Mistral's
-first stage 47.03 -> 50.20 GiB and 15 ms a step more; reports/records/plans_h200x2.md, session 27). Not in FSDP mode,
-whose stages keep the per-micro-batch figures (not measured).
+first stage 47.03 -> 50.20 GiB, its forwards 15 ms a step more; reports/records/plans_h200x2.md, session 27). Not
+in FSDP mode, whose stages keep the per-micro-batch figures (not measured); under full recomputation the re-run
+forwards' casts are priced as without a pipeline (not measured).
 
 Per micro-batch, a stage's forward (backward) is the sum over its layer occurrences of their forward
 (backward) compute (``autotune.sbp.steptime``), the boxing inside them that runs in that pass and the
 boxing between consecutive layers in that direction, each boxing with its local copies; the gradient
 accumulation after each micro-batch but the first is spread over the backward passes ((m - 1) / m of it
 each), and the forward casts saved (above) over the forwards. Once per step: the gradient all-reduce
-(exposed as in the single-stage model: max(S - W, F), ``Problem.exposed_sync``) and the optimizer. m (forward + backward) + optimizer + exposed sync is the
-stage's ``Problem`` cost under the step objective (tested), under its recomputation and FSDP mode too.
+(exposed as in the single-stage model: max(S - W, F), ``Problem.exposed_sync``) and the optimizer.
+m (forward + backward) + optimizer + exposed sync is the stage's ``Problem`` cost under the step objective
+(tested), under its recomputation and FSDP mode too, with the user's module as measured (``modulecal``).
 
 A stage in FSDP mode runs as torchtitan runs it (``autotune.apply.pipeline``: the ``FSDPModule`` handed to
 ``PipelineStage``, resharding after backward and gradient sync off until the last micro-batch; the gloo tests

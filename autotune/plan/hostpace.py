@@ -30,12 +30,12 @@ from dataclasses import replace
 from calibrate.compute import host_figure
 from calibrate.residuals import PIPELINE
 
+from autotune.plan.layouts import tp_layout
+from autotune.plan.typed import ApplyPath, Plan
+
 # The step model's revision, recorded with the residuals tune fits against its predictions. A change that moves
 # predictions bumps it (tests/autotune/test_step_model_revision.py fails where predictions move and it does not).
 STEP_MODEL = "2026-11-30"
-
-from autotune.plan.layouts import tp_layout
-from autotune.plan.typed import ApplyPath, Plan
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 
