@@ -82,9 +82,10 @@ def test_fewer_micro_batches_than_stages_where_no_count_from_p_splits(tmp_path):
     from autotune.sbp.mesh import Cluster
     g = load_model("gpt", "gpt3-1.3b", {"layers": 4, "hidden": 256, "heads": 4, "sequence": 128, "vocabulary": 1024,
                                         "batch": 48, "micro_batch": 4})
-    assert micro_batch_choices(g, 8, Cluster(4, 1), 0) == [12, 48, 24, 16, 8]  # 12 splits over 4 nodes: none below 8
-    assert micro_batch_choices(g, 16, Cluster(4, 1), 0) == [12, 48, 24, 16]  # none from 16 splits: 12 (>= 8) added
-    assert micro_batch_choices(g, 16, Cluster(4, 1), 2) == [12, 48]
+    # 12 splits over 4 nodes (first), then the others, the fewest first: none below 8
+    assert micro_batch_choices(g, 8, Cluster(4, 1), 0) == [12, 8, 16, 24, 48]
+    assert micro_batch_choices(g, 16, Cluster(4, 1), 0) == [12, 16, 24, 48]  # none from 16 splits: 12 (>= 8) added
+    assert micro_batch_choices(g, 16, Cluster(4, 1), 2) == [12, 16]
     args = list(SMALL)
     args[args.index("--batch") + 1], args[args.index("--micro-batch") + 1] = "2", "1"
     assert autotune_main(args + ["--pipeline", "4", "--out", str(tmp_path)]) == 0
