@@ -62,7 +62,7 @@ from autotune.sbp.boxing import copy_seconds
 from autotune.sbp.cost import Catalogue, Problem, forward_factors, internal_copy_seconds, internal_seconds, rows_of
 from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, local_elems, make_op
 from autotune.sbp.memory import (OUTSIDE, RERUN, Memory, Mode, edge_bytes, gathered_weight_bytes, peak_workspace,
-                                  pipelined_fsdp_memory, recipe_of, strategy_memory, tied_saving, weight_copy_bytes)
+                                  kept_copy_bytes, pipelined_fsdp_memory, recipe_of, strategy_memory, tied_saving)
 from autotune.sbp.modulecal import calibrated_seconds, part_ratio
 from autotune.sbp.steptime import (accumulate_seconds, fsdp_seconds, optimizer_seconds, pipelined_fsdp_seconds,
                                    weight_cast_seconds)
@@ -115,7 +115,7 @@ class StageProblem(Problem):
         micro-batch in flight (0 for any other stage; none of a block's layers under full recomputation)."""
         if not self.one_cast:
             return 0.0
-        return sum(c * copies(self.choices[v][i], self.cluster, self.act_bytes, self.mode, self.roles[v])
+        return sum(c * kept_copy_bytes(self.choices[v][i], self.cluster, self.act_bytes, self.mode, self.roles[v])
                    for v, (i, c) in enumerate(zip(assign, self.counts)))
 
     def _price(self, mode: Mode) -> None:
@@ -179,8 +179,8 @@ class StageProblem(Problem):
             return self.layer_memory(v, s)
 
         def parts(v):  # (one micro-batch in flight, what each further one adds: its activations less shared copies)
-            return np.array([(m.total, m.activations - (copies(s, self.cluster, self.act_bytes, mode, self.roles[v])
-                                                        if once else 0.0))
+            return np.array([(m.total, m.activations - (kept_copy_bytes(s, self.cluster, self.act_bytes, mode,
+                                                                        self.roles[v]) if once else 0.0))
                              for s in self.choices[v] for m in (price(v, s),)],
                             dtype=float).reshape(len(self.choices[v]), 2)
         what = "pipelined fsdp memory parts" if fsdp else "memory parts"
@@ -352,12 +352,6 @@ def forward_cast_seconds(cal, op, s, cluster, cm, act_bytes: int, role: str) -> 
     """A layer occurrence's forward cast of its weights a micro-batch (``steptime.weight_cast_seconds``), scaled as
     the module's forward ratio scales its forward where it was measured (``modulecal.part_ratio``)."""
     return weight_cast_seconds(s, cluster, cm, act_bytes)[0] * part_ratio(cal, "forward", op, s, cluster, role)
-
-
-def copies(s, cluster, act_bytes: int, mode: Mode, role: str) -> float:
-    """The bytes of autocast's weight copies ``strategy_memory`` counts in a layer occurrence's activations (none
-    of a block's layers under full recomputation)."""
-    return 0.0 if mode.recompute == "full" and role != OUTSIDE else weight_copy_bytes(s, cluster, act_bytes)
 
 
 @dataclass(frozen=True)

@@ -384,6 +384,12 @@ def weight_copy_bytes(s, cluster: Cluster, act_bytes: int) -> float:
     return COPY_BYTES * sum(_elems(w, s.mesh, cluster) for w in s.weights)
 
 
+def kept_copy_bytes(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role: str = OUTSIDE) -> float:
+    """Autocast's weight copies a layer occurrence keeps for its backward (``weight_copy_bytes``), counted with its
+    activations: none of a block's layers under full recomputation (the re-run forward makes them again)."""
+    return 0.0 if mode.recompute == "full" and role != OUTSIDE else weight_copy_bytes(s, cluster, act_bytes)
+
+
 def strategy_memory(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role: str = OUTSIDE,
                     tied: bool = False, recipe: str = "autocast") -> Memory:
     """One occurrence of a layer under strategy ``s`` (an ``autotune.sbp.layers.Strategy``); ``tied``: a
@@ -393,8 +399,7 @@ def strategy_memory(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role
     params = sum(held_elems(s, t, cluster, mode) for t in s.weights)
     grads, states = (sum(zero_elems(s, t, cluster, mode, k) for t in s.weights) for k in (2, 1)) if mode.zero \
         else (params, params)
-    copies = 0.0 if (mode.recompute == "full" and role != OUTSIDE) or recipe != "autocast" else \
-        weight_copy_bytes(s, cluster, act_bytes)
+    copies = kept_copy_bytes(s, cluster, act_bytes, mode, role) if recipe == "autocast" else 0.0
     return Memory(params * w, grads * g, 0.0 if tied else states * o,
                   kept_bytes(s, cluster, act_bytes, mode.recompute, role) + copies)
 
