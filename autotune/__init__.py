@@ -5,6 +5,7 @@ the execution layer ``autotune.apply``: ``autotune.apply(plan, model)`` places a
 by ``import autotune``."""
 
 _BATCH = ("micro_batches", "data_piece", "data_world", "param_groups")
+_GRADS = ("accumulate", "no_sync")
 
 
 def __getattr__(name):
@@ -14,6 +15,9 @@ def __getattr__(name):
     if name in _BATCH:
         from autotune.apply import batch
         return getattr(batch, name)
+    if name in _GRADS:
+        from autotune.apply import grads
+        return getattr(grads, name)
     if name == "search":
         from autotune.planner import search
         return search

@@ -1,6 +1,7 @@
 """Cutting the batch: each data-parallel rank holds its own piece of every batch (``DataSplit``; the user takes
 it with ``data_piece(model, batch)`` or a sampler of ``data_world(model)``), the plan's micro-batches
-(``micro_batches``), and the check, before any step, that the plan's token splits give whole sequences."""
+(``micro_batches``; their gradients accumulated: ``autotune.apply.grads``), and the check, before any step, that
+the plan's token splits give whole sequences."""
 from __future__ import annotations
 
 import functools

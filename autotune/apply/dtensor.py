@@ -2,14 +2,15 @@
 plan's weight placements on one mesh of the plan's fine axes (FSDP storage: a weight replicated on a sharding
 axis stored split there, all-gathered at use by a parametrization whose backward reduce-scatters; a tied weight,
 the embedding's and the head's, stored as its first use places it and redistributed likewise at the other use
-where the plan places that one otherwise); each mapped
-module's input is made a DTensor in the placement it arrives in and redistributed once to its layer's input
-placement, its output to what the next layer expects, and handed on as a local tensor, so that the code between
-modules (attention core, activation x gate, residual add) runs on local pieces. Plan dimension 0 (tokens) is the
-batch dimension of the module's tensors, dimension 1 (features) their last. The batch enters as each rank's
-piece on the data axes and the logits leave as that piece's (``Ends``). The embedding split by vocabulary is
-Megatron-LM's vocabulary-parallel lookup (``_vocab_embedding``); an ``nn.RMSNorm`` over split features is
-written out of place (``autotune.apply.layers.split_norms``)."""
+where the plan places that one otherwise); each mapped module's input is made a DTensor in the placement it
+arrives in and redistributed once to its layer's input placement, its output to what the next layer expects, and
+handed on as a local tensor, so that the code between modules (attention core, activation x gate, residual add)
+runs on local pieces. Plan dimension 0 (tokens) is the batch dimension of the module's tensors, dimension 1
+(features) their last. The batch enters as each rank's piece on the data axes and the logits leave as that
+piece's (``Ends``). Gradients are reduced to their weight's placements once accumulated, in every backward but
+those under ``autotune.no_sync`` (``autotune.apply.grads``). The embedding split by vocabulary is Megatron-LM's
+vocabulary-parallel lookup (``_vocab_embedding``); an ``nn.RMSNorm`` over split features is written out of place
+(``autotune.apply.layers.split_norms``)."""
 from __future__ import annotations
 
 import functools
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from calibrate.errors import UserError
 
 from autotune.apply.batch import DataSplit, Tokens, scale_grad
+from autotune.apply.grads import GradSync, sync_grad
 from autotune.apply.layers import Site, contiguous_strides, split_norms, torch, weight_placements
 from autotune.plan.typed import TypedPlan
 from autotune.sbp.sbp import B, P, is_split, split_dim
@@ -282,13 +284,7 @@ class _Gather(nn.Module):
         return w.redistribute(self.mesh, self.placements)
 
 
-def _sync_hook(mesh, placements):
-    def hook(g):
-        return g.redistribute(mesh, placements) if isinstance(g, DTensor) and g.placements != placements else g
-    return hook
-
-
-def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
+def _place(chain: list[Site], plan: TypedPlan, mesh, model, sync: GradSync) -> None:
     from torch.nn.utils import parametrize
     placed: dict[int, tuple] = {}
     uses: dict[tuple, tuple] = {}  # (id(module), attribute) -> the placement a tied weight's other use computes in
@@ -320,7 +316,7 @@ def _place(chain: list[Site], plan: TypedPlan, mesh, model) -> None:
         _check_divides(tuple(param.shape), compute, mesh, where)
         store = _fsdp_placements(compute, tuple(param.shape), mesh, axes, where) if axes else compute
         dt = nn.Parameter(distribute_tensor(param.detach(), mesh, store), requires_grad=param.requires_grad)
-        dt.register_hook(_sync_hook(mesh, tuple(store)))
+        dt.register_post_accumulate_grad_hook(functools.partial(sync_grad, sync=sync))
         for module, attr in owners[id(param)]:
             setattr(module, attr, dt)
             use = _dtensor_placements(uses.get((id(module), attr), fine))
@@ -379,7 +375,7 @@ def place(job) -> DataSplit:
     """Place ``job.model`` on ``job.mesh`` (the plan's fine axes) by DTensor; returns this rank's data piece."""
     ends = Ends.of(job.plan)
     job.model.to(job.mesh.device_type)
-    _place(job.chain, job.plan, job.mesh, job.model)
+    _place(job.chain, job.plan, job.mesh, job.model, GradSync.of(job.model))
     _vocab_parallel(job.chain, job.plan, job.mesh)
     split_norms(job.chain)
     _install_hooks(job.chain, job.mesh, ends, job.model,

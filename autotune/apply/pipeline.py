@@ -35,6 +35,7 @@ from autotune.apply.batch import DataSplit, scale_grad
 from autotune.apply.cuts import WHOLE, _blocks, _cut_of, _install_stage_hooks, _mapping_for, _reshard_stream, _tied
 from autotune.apply.ddp import sync_grads
 from autotune.apply.dtensor import Ends, _place
+from autotune.apply.grads import GradSync, no_sync, reduce_grads
 from autotune.apply.fsdp import fully_shard_model
 from autotune.apply.layers import (_check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
                                    find_layers, torch)
@@ -165,7 +166,8 @@ class Pipeline:
         # return_outputs=False: the last stage would otherwise keep every micro-batch's logits until the step
         # ends (torch's output_chunks: m logit tensors where 1F1B keeps one micro-batch in flight there)
         from torch.distributed.tensor.parallel import loss_parallel
-        with loss_parallel() if self.loss_parallel else contextlib.nullcontext():
+        # gradients accumulated over the micro-batches, reduced over the data ranks once after the schedule
+        with loss_parallel() if self.loss_parallel else contextlib.nullcontext(), no_sync(self.module):
             if self.first:
                 self.schedule.step(ids, return_outputs=False)
             elif self.last:
@@ -174,6 +176,8 @@ class Pipeline:
                 self.schedule.step(return_outputs=False)
         if self.path == ApplyPath.DDP:  # once a step, after the schedule (``autotune.apply.ddp``)
             sync_grads(self.module, self.data_groups[0])
+        elif self.path == ApplyPath.DTENSOR:
+            reduce_grads(self.module)
         self._sum_tied()
         # under loss_parallel, each micro-batch's loss is a replicated DTensor
         loss = (torch.stack([(x.full_tensor() if isinstance(x, DTensor) else x).detach() for x in losses]).mean()
@@ -301,7 +305,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
             module.depart = functools.partial(scale_grad, factor=split.world)
     else:
         if mesh is not None:
-            _place(chain, typed, mesh, module)
+            _place(chain, typed, mesh, module, GradSync.of(module))
             s_in, s_out = _stream(typed)
             ends = Ends.of(typed) if last else WHOLE  # the logits of this rank's piece, by vocabulary: a DTensor
             _install_stage_hooks(chain, mesh, first, last, s_in, s_out, module, ends)

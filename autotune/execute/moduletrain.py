@@ -29,6 +29,7 @@ from calibrate.optional import require_torch
 from calibrate.run_limits import host_available_bytes
 
 from autotune.apply.batch import data_piece, param_groups
+from autotune.apply.grads import accumulate
 from autotune.execute import trace
 from autotune.execute.usermodule import load_factory
 
@@ -206,12 +207,10 @@ class ModuleTrainer:
         loss over the ranks."""
         from torch.distributed.tensor.parallel import loss_parallel
         total = None
-        for j in range(self.micro_batches):
+        # the gradients reduced once a step, with the last micro-batch's backward (as priced)
+        for j in accumulate(self.model, range(self.micro_batches)):
             ids, targets = data_piece(self.model, token_batch(self.config, self.seed, step, j, self.d.device))
-            # DDP: the gradients all-reduced once a step, with the last micro-batch's backward (as priced)
-            last = j == self.micro_batches - 1
-            sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else contextlib.nullcontext()
-            with sync, loss_parallel():
+            with loss_parallel():
                 with self.autocast():
                     loss = forward_loss(self.model, ids, targets)
                 (loss / self.micro_batches).backward()

@@ -120,7 +120,7 @@ from calibrate.errors import OptionError, UserError
 from autotune.sbp.boxing import Coster, Step
 from autotune.sbp.layers import Op, Strategy, local_elems
 from autotune.sbp.memory import (zero_elems, LAST, MATMUL_SIGNATURES, NONE, OUTSIDE, FP32, RERUN, STAT_BYTES, Mode,
-                                 fsdp_axes, held_elems)
+                                 fsdp_axes, held_elems, loss_parallel)
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.sbp import B, fine_of, local_shape
 
@@ -242,11 +242,24 @@ def dropout_seconds(elems: float, cm: ComputeModel, act_bytes: int, fused: bool 
     return f, cm.op_seconds("elementwise", elems * (DROPOUT_PASSES[1] * act_bytes + 1))
 
 
+# torch's ``loss_parallel`` cross entropy (logits split by vocabulary, a user's step under autocast) beyond the fused
+# one on the same local logits, (forward, backward) bytes a local logit at the elementwise bandwidth: it runs
+# log-softmax and its backward as separate passes over the local fp32 logits (the row max, the shift, exp, the sum,
+# the log-probabilities; the backward's exp, product and difference), about 20 and 24 bytes more by their count.
+# Measured on one H200, torch 2.11 (tests/gpu/loss_parallel.py, 2026-11-30): 9.3-9.5 ps more a local logit at
+# 8192-32768 tokens and 64128-75968 local vocabulary entries (11.1 at 16384), 30 bytes at that GPU's elementwise
+# bandwidth, split as the count splits
+LOSS_PARALLEL_BYTES = (14, 16)
+
+
 def layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int,
                   recompute: str = "none", role: str = OUTSIDE) -> tuple[float, float]:
     """(forward, backward) seconds of one occurrence of a layer for one micro-batch on one device; the
     backward with what the recomputation re-runs (``recompute``; ``role``: the layer's place in a block)."""
     f, b = _layer_seconds(op, s, cluster, cm, act_bytes)
+    if loss_parallel(s):
+        e = local_elems(s.input, s.mesh, cluster)
+        f, b = (x + cm.op_seconds("elementwise", e * n) for x, n in zip((f, b), LOSS_PARALLEL_BYTES))
     if recompute == "full" and role in RERUN:
         b += f
     elif recompute == "full" and role == LAST:  # its casts again, not its product (``autotune.sbp.memory``'s roles)

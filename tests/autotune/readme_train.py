@@ -25,7 +25,8 @@ for step in range(int(sys.argv[2])):
     batch = torch.randint(m["vocabulary"], (m["batch"], m["sequence"]), generator=torch.Generator().manual_seed(step))
     piece = autotune.data_piece(model, batch).to(device)  # this rank's piece of the batch (or a sampler's)
     loss = torch.zeros((), dtype=torch.float64, device=device)
-    for ids in autotune.micro_batches(plan, piece):  # the plan's micro-batches, gradients accumulated
+    # the plan's micro-batches, gradients accumulated and reduced once, with the last (as the plan prices them)
+    for ids in autotune.accumulate(model, autotune.micro_batches(plan, piece)):
         with loss_parallel():  # logits split by vocabulary stay split: the loss is computed where they are
             mb_loss = model(input_ids=ids, labels=ids).loss / plan.micro_batches
             mb_loss.backward()

@@ -103,7 +103,7 @@ def train(model, plan, cfg):
         total = torch.zeros((), dtype=torch.float64)
         piece = autotune.data_piece(model, ids)
         mbs = autotune.micro_batches(plan, piece)
-        for mb in mbs:
+        for mb in autotune.accumulate(model, mbs):
             with loss_parallel():
                 logits = logits_of(model, mb[:, :-1])
                 loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mb[:, 1:].reshape(-1))
