@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import contextlib
 
-from calibrate.optional import require_torch
-
-torch = require_torch()
-
 
 class GradSync:
     """Whether the DTensor path's hooks reduce the gradients in the running backward: not under ``off()``

@@ -1,7 +1,7 @@
 """``autotune.apply(plan, model)``: place a user's nn.Module (built on the CPU) as a plan says, for the user's
 own training loop, by one of the paths of ``PATHS`` (one module each, one interface: whether it takes the plan,
 and placing the module, which moves this rank's part to its device and returns this rank's ``DataSplit``; each
-path syncs the gradients itself, in the backward: once a step under ``autotune.accumulate``, ``autotune.apply.grads``):
+path syncs the gradients itself, in the backward, once a step under ``autotune.accumulate``: ``autotune.apply.grads``):
 
 - "fully_shard" (``autotune.apply.fsdp``): FSDP, HSDP and TP + FSDP plans, torchtitan's composition;
 - "tensor" (``autotune.apply.tensor``): a plan without FSDP, data parallel on its leading axes and tensor
