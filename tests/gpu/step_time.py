@@ -2,7 +2,7 @@
 start with each WHICH ("best" for the best) run as ``autotune tune`` runs them (execute's runner: ``autotune.apply``,
 ``ModuleTrainer``, transformers' class of CONFIG.json), each micro-batch's forward and backward bracketed by host
 clocks and CUDA events; then the same plan at HOST_SEQUENCE tokens (default 128: the device keeps up, so the host's
-issue time per phase is the host's alone); then one step under the profiler with CPU activities (the host's waits on
+issue time per phase is the host's alone; 0: not run); then one step under the profiler with CPU activities (the host's waits on
 the device, by call).
 
     torchrun --nproc-per-node 2 tests/gpu/step_time.py PLAN.json CONFIG.json best "FSDP" "data parallel"
@@ -123,7 +123,7 @@ def main(plan_path: str, config: str, *which: str) -> None:
         c = plan.costs
         got = run(plan, d, config, int(os.environ.get("STEPS", "3")), True)
         quick = run(replace(plan, model=ModelSpec(plan.model.kind, dict(plan.model.config, sequence=short))), d,
-                    config, 3, False)
+                    config, 3, False) if short else {"times": [0.0, 0.0], "phases": ({}, [])}
         (ph, lags), (qph, _) = got["phases"], quick["phases"]
         times = got["times"]
         lines.append(f"rank {dist.get_rank()} {plan.strategy} [{plan.apply_path}]: steps "
