@@ -29,7 +29,7 @@ from autotune.pipeline.search import PipelineConfig, check as check_pipeline, pa
 from autotune.pipeline.slicing import with_micro_batches
 from autotune.plan.build import build
 from autotune.plan.file import PlanFile
-from autotune.plan.hostpace import at_host_pace, corrected
+from autotune.plan.hostpace import at_host_pace, corrected, path_work
 from autotune.plan.layouts import sequence_axes
 from autotune.plan.typed import Plan
 from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment, sequence_problem
@@ -210,8 +210,9 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     skipped += [b.strategy for b in base if b.search.get("sequence_parallel") and not sequence_axes(b)]
     base = [b for b in base if not b.search.get("sequence_parallel") or sequence_axes(b)]
     if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
-        plan, base = (at_host_pace(plan, profile.compute, profile.module),
-                      [at_host_pace(b, profile.compute, profile.module) for b in base])
+        def paced(p: Plan) -> Plan:  # with its path's own device work first (``path_work``)
+            return at_host_pace(path_work(p, profile.compute), profile.compute, profile.module)
+        plan, base = paced(plan), [paced(b) for b in base]
         # and corrected by what autotune tune measured on this machine, per path (the profile's residuals)
         plan, base = corrected(plan, profile), [corrected(b, profile) for b in base]
     plan = floor(plan, base, objective)

@@ -13,6 +13,7 @@ from calibrate.modulehost import param_groups  # noqa: F401 (autotune.param_grou
 from calibrate.optional import require_torch
 
 from autotune.plan.file import load_plan
+from autotune.plan.layouts import Tokens
 from autotune.plan.typed import TypedPlan
 
 torch = require_torch()
@@ -70,25 +71,6 @@ def data_world(model) -> tuple[int, int]:
     """(this rank's piece, the number of pieces): ``DistributedSampler(..., rank=, num_replicas=)``'s arguments."""
     split = getattr(model, "_autotune_data_split", None)
     return (0, 1) if split is None else (split.rank, split.world)
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """How a plan's token split (S0) falls on the modules' [batch, sequence, ...] tensors: over the batch while
-    the micro-batch ``batch`` divides the axes so far (in mesh order), then over the sequence (dimension 1)."""
-
-    batch: int
-    sizes: tuple[int, ...]
-
-    def dims(self, fine) -> list[int]:
-        out, parts = [], 1
-        for p, n in zip(fine, self.sizes):
-            if p == "S0" and self.batch % (parts * n) == 0:
-                parts *= n
-                out.append(0)
-            else:
-                out.append(1)
-        return out
 
 
 def check_batch(plan: TypedPlan, where: str = "the plan") -> None:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from calibrate.errors import UserError
 
-from autotune.apply.batch import DataSplit, Tokens, scale_grad
+from autotune.apply.batch import DataSplit, scale_grad
 from autotune.apply.grads import GradSync, sync_grad
 from autotune.apply.layers import Site, contiguous_strides, split_norms, torch, weight_placements
+from autotune.plan.layouts import Tokens, logits_data_axes
 from autotune.plan.typed import TypedPlan
 from autotune.sbp.sbp import B, P, is_split, split_dim
 
@@ -189,10 +190,8 @@ class Ends:
     @staticmethod
     def of(plan: TypedPlan) -> "Ends":
         out = plan.layer("logits").output if plan.layer("logits") else None
-        out = out or (B,) * len(plan.mesh.sizes)
-        dims = Tokens(plan.model.get("micro_batch") or 1, plan.mesh.sizes).dims(out)
-        data = tuple(a for a, p in enumerate(out) if p == "S0" and dims[a] == 0)  # the sequence's gathered
-        return Ends(data, tuple(a for a, p in enumerate(out) if p == "S1"),
+        data = logits_data_axes(plan)  # a sequence's split gathered
+        return Ends(data, tuple(a for a, p in enumerate(out or ()) if p == "S1"),
                     math.prod(plan.mesh.sizes[a] for a in data))
 
     def split(self, mesh) -> DataSplit:

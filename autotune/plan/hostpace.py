@@ -17,28 +17,50 @@ parallelism the figures are the "sequence" path's (``host_path``).
 plans that ``apply`` places (gpt, llama); the other models' plans, and every plan where the profile has no host
 figures, keep their step.
 
+``path_work`` first adds the device's work of the plan's path beyond its layers' (the DTensor path's logits
+gradient pass).
+
 ``corrected``: where the profile has residuals of its path (``calibrate.residuals``: measured / predicted steps
 of plans ``autotune tune`` ran on this machine; a pipelined plan's path "pipeline") fitted against this revision
 of the step model (``STEP_MODEL``), the plan's step times that factor, recorded as ``costs.residual`` (and
 ``costs.step_uncorrected_s``, the step before it). Residuals of another revision divide predictions this model no
 longer makes (2026-11-30: the pipelined step priced 10% faster, its residual 1.12; 2026-11-30b: torch's
-vocabulary-parallel loss priced beyond the fused one, as measured): they are left out.
+vocabulary-parallel loss priced beyond the fused one, as measured; 2026-11-30c: the DTensor path's logits gradient
+pass, ``path_work``): they are left out.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from calibrate.compute import host_figure
 from calibrate.residuals import PIPELINE
 
-from autotune.plan.layouts import tp_layout
+from autotune.plan.layouts import logits_data_axes, tp_layout
 from autotune.plan.typed import ApplyPath, Plan
 
 # The step model's revision, recorded with the residuals tune fits against its predictions. A change that moves
 # predictions bumps it (tests/autotune/test_step_model_revision.py fails where predictions move and it does not).
-STEP_MODEL = "2026-11-30b"
+STEP_MODEL = "2026-11-30c"
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
+
+
+def path_work(plan: Plan, compute) -> Plan:
+    """``plan`` (single-stage, priced by step) with its step plus the device's work of its apply path beyond its
+    layers' (``costs.path_s``): on the DTensor path each micro-batch's logits gradient scaled to the whole batch's
+    mean in a pass of its own (``autotune.apply.dtensor``'s logits hook: a read and a write of each local logit)
+    where the data ranks hold their own pieces of the batch; DDP and fully_shard average inside their reductions.
+    2 x H200, 2026-11-30: a per-layer plan otherwise DDP's ran 24 ms a step slower than DDP, priced 1 ms faster
+    (reports/records/plans_h200x2.md, session 28)."""
+    lay = plan.layer("logits")
+    data = logits_data_axes(plan) if lay is not None and lay.output is not None else ()
+    if plan.apply_path != ApplyPath.DTENSOR or plan.stages or compute is None or plan.costs.step_s is None or not data:
+        return plan
+    split = math.prod(n for p, n in zip(lay.output, plan.mesh.sizes) if p in ("S0", "S1"))
+    local = lay.dims["tokens"] * lay.dims["n"] / split
+    s = plan.micro_batches * compute.op_seconds("elementwise", 2 * local * plan.model.get("act_bytes", 2))
+    return replace(plan, costs=replace(plan.costs, path_s=s, step_s=plan.costs.step_s + s))
 
 
 def host_priced(plan: Plan, compute) -> bool:

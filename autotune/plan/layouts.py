@@ -264,3 +264,32 @@ def local_stream(typed: TypedPlan) -> tuple[str, ...]:
 def twin_path(local: LocalPlan | None) -> str:
     """The path of a pipeline stage of several devices from its ``local_twin`` (None: "dtensor")."""
     return ApplyPath.DTENSOR.value if local is None else plan_path(local.plan)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """How a plan's token split (S0) falls on the modules' [batch, sequence, ...] tensors: over the batch while
+    the micro-batch ``batch`` divides the axes so far (in mesh order), then over the sequence (dimension 1)."""
+
+    batch: int
+    sizes: tuple[int, ...]
+
+    def dims(self, fine) -> list[int]:
+        out, parts = [], 1
+        for p, n in zip(fine, self.sizes):
+            if p == "S0" and self.batch % (parts * n) == 0:
+                parts *= n
+                out.append(0)
+            else:
+                out.append(1)
+        return out
+
+
+def logits_data_axes(plan: TypedPlan) -> tuple[int, ...]:
+    """The fine axes over which the devices each hold their own piece of the batch's logits (split by whole
+    sequences there, ``Tokens``): where each rank feeds its piece of the batch on the DTensor path
+    (``autotune.apply.dtensor.Ends``)."""
+    lay = plan.layer("logits")
+    out = (lay.output if lay is not None else None) or (B,) * len(plan.mesh.sizes)
+    dims = Tokens(plan.model.get("micro_batch") or 1, plan.mesh.sizes).dims(out)
+    return tuple(a for a, p in enumerate(out) if p == "S0" and dims[a] == 0)

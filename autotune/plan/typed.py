@@ -243,6 +243,7 @@ class Costs:
     exposed_comm_s: float | None = None
     step_s: float | None = None
     host_step_s: float | None = None  # the host's time to issue the step on the plan's path
+    path_s: float | None = None  # the device's work of the plan's path beyond its layers', in step_s (hostpace)
     gather_exposed_s: float | None = None  # fully_shard: the forward all-gathers' exposed part of exposed_comm_s
     step_uncorrected_s: float | None = None  # the step before the residual
     residual: float | None = None  # measured / predicted steps of the path (calibrate.residuals)

@@ -70,7 +70,10 @@ def priced(tmp_path, recorded: str, host: bool) -> Path:
 
 def test_the_measured_case_takes_a_local_path(tmp_path):
     before = plans(tmp_path / "a", LLAMA_1B, priced(tmp_path, H100, host=False))
-    assert "searched (cd)" in before  # the search's own plan is the best without host figures
+    # the devices' prices alone put the search's own plan (the DTensor path's, its logits pass priced) and data
+    # parallelism within 1% (the search's was the cheaper until that pass was priced, 2026-11-30)
+    searched = next(p for s, p in before.items() if s.startswith("searched"))
+    assert abs(searched.costs.step_s / before["data parallel"].costs.step_s - 1) < 0.01
     after = plans(tmp_path / "b", LLAMA_1B, priced(tmp_path, H100_HOST, host=True))
     best = next(p for s, p in after.items() if s.startswith("searched"))
     # a baseline on a local path replaces it: FSDP when its copies were not priced (run 12 measured FSDP there),
@@ -166,3 +169,27 @@ def test_residuals_correct_only_the_revision_they_were_fitted_against(tmp_path, 
     assert fitted(run, "new", old, STEP_MODEL).paths == {"ddp": 1.1}
     assert fitted(run, "new", replace(old, model=STEP_MODEL), STEP_MODEL).paths == {"ddp": 1.1, "pipeline": 1.12}
     assert Residuals.from_dict(fitted(run, "new", None, STEP_MODEL).to_dict()).model == STEP_MODEL
+
+
+def test_the_dtensor_paths_logits_gradient_pass_is_priced(tmp_path):
+    """On the DTensor path each micro-batch's logits gradient is scaled to the whole batch's mean in a pass of its
+    own (a read and a write of each local 16-bit logit) where the data ranks hold their own pieces: ``path_s``,
+    in the step; DDP and fully_shard average inside their reductions (none)."""
+    from autotune.plan.hostpace import path_work
+    from autotune.plan.layouts import logits_data_axes
+    got = plans(tmp_path, SMALL, "h200-nvlink")
+    cm = Profile.load("h200-nvlink").compute
+    dtensor = [p for p in got.values() if p.apply_path == "dtensor" and logits_data_axes(p)]
+    assert dtensor, sorted(got)
+    for p in dtensor:
+        lay = p.layer("logits")
+        split = 1
+        for place, n in zip(lay.output, p.mesh.sizes):
+            split *= n if place in ("S0", "S1") else 1
+        want = p.micro_batches * cm.op_seconds("elementwise", 2 * 2 * lay.dims["tokens"] * lay.dims["n"] / split)
+        assert p.costs.path_s == pytest.approx(want, rel=1e-12)
+        bare = replace(p, costs=replace(p.costs, path_s=None, step_s=p.costs.step_s - want))
+        assert path_work(bare, cm).costs.step_s == pytest.approx(p.costs.step_s, rel=1e-12)
+    for p in got.values():
+        if p.apply_path in ("ddp", "fully_shard"):
+            assert p.costs.path_s is None and path_work(p, cm) is p
