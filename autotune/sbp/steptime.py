@@ -450,7 +450,9 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     (``fwd``, ``bwd`` seconds; None: nothing hidden, the communication objective's sum), and under the step
     objective fully_shard's copies on the compute stream: each all-gather's output copied out into the
     parameters, each reduce-scatter's input copied in from the gradients (a read and a write of the gathered
-    fp32 bytes each; 2 x H200, 2026-11-28: FSDP's step spent 31 ms more in copy kernels than DDP's)."""
+    fp32 bytes each; 2 x H200, 2026-11-28: FSDP's step spent 31 ms more in copy kernels than DDP's), and each
+    all-gather's input copied in from the local shards (a read and a write of a shard's bytes: 2 x H200,
+    2026-11-30, `_foreach_copy_` 40 ms of a step's 113 ms of fully_shard's copies, the only one not priced)."""
     steps = fsdp_steps(s, cluster, mode)
     if not steps:
         return 0.0
@@ -462,7 +464,9 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     rs = sum(coster.step_time(st) for _, d, st in steps if st.op == "reducescatter")
     k_ag, k_rs = (cm.overlap_slowdown(c) if cm is not None else 1.0 for c in ("all_gather", "reduce_scatter"))
     k_b = (k_ag * (tb - rs) + k_rs * rs) / tb if tb > 0 else 1.0
-    copies = sum(cm.memory_seconds(2 * st.nbytes) for _, _, st in steps) if cm is not None else 0.0
+    copies = sum(cm.memory_seconds(2 * st.nbytes) + (cm.memory_seconds(2 * st.nbytes / math.prod(
+        cluster.axis_sizes[a] for a in st.axes)) if st.op == "allgather" else 0.0) for _, _, st in steps) \
+        if cm is not None else 0.0
     # the layer's compute beside its gathers (and reduce-scatters) runs slower by the measured overlap slowdown
     return max(0.0, tf - fwd) + max(0.0, tb - bwd) + (k_ag - 1) * min(tf, fwd) + (k_b - 1) * min(tb, bwd) + copies
 

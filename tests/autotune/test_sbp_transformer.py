@@ -354,8 +354,10 @@ def test_fsdp_exposed_is_what_the_layers_compute_does_not_cover_and_its_copies()
     s = pr.choices[2][a[2]]
     ag = pr.coster.step_time(__import__("autotune.sbp.boxing", fromlist=["Step"]).Step("allgather", (0, 1), 64 * 128 * 4))
     rs = pr.coster.step_time(__import__("autotune.sbp.boxing", fromlist=["Step"]).Step("reducescatter", (0, 1), 64 * 128 * 4))
-    # fully_shard's copies on the compute stream: out of each of the two all-gathers, into the reduce-scatter
-    copies = 3 * pr.coster.profile.compute.memory_seconds(2 * 64 * 128 * 4)
+    # fully_shard's copies on the compute stream: out of each of the two all-gathers, into the reduce-scatter, and
+    # into each all-gather from the local shard (a quarter of the bytes over the 4 devices)
+    cm = pr.coster.profile.compute
+    copies = 3 * cm.memory_seconds(2 * 64 * 128 * 4) + 2 * cm.memory_seconds(2 * 64 * 128 * 4 / 4)
     assert copies > 0
     assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, 0.0, 0.0) == pytest.approx(2 * ag + rs + copies)
     assert fsdp_seconds(s, pr.cluster, pr.coster, pr.mode, ag / 2, 10.0) == pytest.approx(ag / 2 + copies)
