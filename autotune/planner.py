@@ -131,10 +131,11 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     count; ``allocator`` (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
     recorded in every plan (``apply`` checks the job runs under it); ``micro_batches``: other micro-batch counts a
     step to search the single-stage plans at (``accumulation_choices``), each plan kept at its fastest that fits;
-    ``progress``: called with a line per step."""
+    ``progress``: called with a line per step. A module section measured on the model prices its compute beside
+    collectives (``Profile.for_model``)."""
     progress = progress or (lambda line: None)
     graph = load_model(model, devices=cluster.devices) if isinstance(model, str) else model
-    profile = Profile.load(profile) if isinstance(profile, str) else profile
+    profile = (Profile.load(profile) if isinstance(profile, str) else profile).for_model(graph.config)
     compare = list(compare)
     for name in [algorithm, *compare]:
         if name not in SEARCHES:

@@ -465,20 +465,19 @@ class ComputeModel:
             sdpa=_sdpa_tables(d.get("sdpa", {}), where),
             layer_s=layers, layer_call_s=calls, host_s=host_figures(d.get("host_s"), where),
             host_outside_s=host_figures(d.get("host_outside_s"), where, OUTSIDE_WHAT),
-            overlap=_overlap(d.get("overlap"), where),
+            overlap=overlap_figures(d.get("overlap"), where),
         )
 
 
-def _overlap(figures, where: str) -> dict:
-    """A profile's ``overlap``: collective -> slowdown (0.5 to 5: below 1 is noise, a matmul does not run faster beside
-    a collective), and the peer it was measured beside."""
+def overlap_figures(figures, where: str, fix: str = "re-run python -m calibrate compute on 2 or more GPUs") -> dict:
+    """A profile's ``overlap`` (its compute section's, or its module section's): collective -> slowdown (0.5 to 5:
+    below 1 is noise, compute does not run faster beside a collective), and the peer it was measured beside."""
     figures = figures or {}
     ok = isinstance(figures, dict) and figures.get("peer", "nccl") in OVERLAP_PEERS and all(
         k in OVERLAP_COLLECTIVES and _finite(v) and 0.5 <= v <= 5 for k, v in figures.items() if k != "peer")
     if not ok:
         raise UserError(f"{where} has a bad overlap {figures!r} (want slowdowns between 0.5 and 5 for "
-                        f"{', '.join(OVERLAP_COLLECTIVES)} and peer one of {', '.join(OVERLAP_PEERS)}): re-run python -m "
-                        f"calibrate compute on 2 or more GPUs")
+                        f"{', '.join(OVERLAP_COLLECTIVES)} and peer one of {', '.join(OVERLAP_PEERS)}): {fix}")
     return dict(figures)
 
 

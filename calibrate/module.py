@@ -19,7 +19,8 @@ Section shape (version 1)::
                  ...],
       "host_s": {"none": [per_pass, per_step], "ddp": [...], "fully_shard": [...]},
       "memory": {"fragmentation": 0.04, "path_bytes_per_param": {"ddp": 4.1, "fully_shard": 0.3},
-                 "allocator": "default"}
+                 "allocator": "default"},
+      "overlap": {"all_reduce": 1.1, "all_gather": 1.2, "reduce_scatter": 1.2, "peer": "nccl"}
     }
 
 A point is one local shape the search considers: the block built with heads, K/V heads and the MLP's
@@ -53,6 +54,9 @@ block: its embedding and head split by vocabulary, its loss vocabulary-parallel)
 an allowance under the device's limit for plans searched for that allocator (``autotune.cli.search.
 memory_limit``), and per path the bytes per parameter its placement allocates beyond the plain module's at the
 step's peak (DDP's buckets and first-step copies, fully_shard's copy-in/out; recorded for the memory model).
+``overlap`` (where 2 GPUs were visible): the model's forward and backward beside each collective over it alone
+(``calibrate.overlap``: collectives of one block's fp32 parameters between 2 GPUs), which the search takes in place
+of the compute section's figures for this model (``calibrate.profile.Profile.for_model``).
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ import math
 from dataclasses import dataclass, field
 
 from calibrate.allocator import ALLOCATORS
-from calibrate.compute import HOST_PATHS, OUTSIDE_WHAT, host_figures
+from calibrate.compute import HOST_PATHS, OUTSIDE_WHAT, host_figures, overlap_figures
 from calibrate.errors import UserError
 
 VERSION = 1
@@ -121,6 +125,7 @@ class ModuleSection:
     host_s: dict = field(default_factory=dict)  # path -> (per block and micro-batch, per block and step)
     host_outside_s: dict = field(default_factory=dict)  # path -> (per micro-batch, per step) outside the blocks
     memory: dict = field(default_factory=dict)  # "fragmentation", "path_bytes_per_param" (module docstring)
+    overlap: dict = field(default_factory=dict)  # collective -> the module's slowdown beside it, "peer" (docstring)
 
     def matches(self, config: dict) -> bool:
         """Whether the section was measured on the model of ``config`` (a model's transformer fields)."""
@@ -141,7 +146,8 @@ class ModuleSection:
                 **({"host_s": {k: list(v) for k, v in self.host_s.items()}} if self.host_s else {}),
                 **({"host_outside_s": {k: list(v) for k, v in self.host_outside_s.items()}}
                    if self.host_outside_s else {}),
-                **({"memory": self.memory} if self.memory else {})}
+                **({"memory": self.memory} if self.memory else {}),
+                **({"overlap": dict(self.overlap)} if self.overlap else {})}
 
     @classmethod
     def from_dict(cls, d, origin: str = "profile") -> "ModuleSection":
@@ -197,4 +203,5 @@ class ModuleSection:
                             f"bytes, and the allocator it was measured under, one of {', '.join(ALLOCATORS)}): {FIX}")
         return cls(d.get("source", ""), d["module"], dict(model), tuple(points), d.get("recipe", ""),
                    d.get("device", ""), {k: (float(v[0]), float(v[1])) for k, v in host.items()},
-                   host_figures(d.get("host_outside_s"), where, OUTSIDE_WHAT), dict(memory))
+                   host_figures(d.get("host_outside_s"), where, OUTSIDE_WHAT), dict(memory),
+                   overlap_figures(d.get("overlap"), where, FIX + " on 2 or more GPUs"))

@@ -66,13 +66,13 @@ def _wrap(torch, m: Timed, path: str) -> None:
         _tensor_parallel(torch, m, sequence=path == "sequence")
     elif path == "fully_shard":
         from torch.distributed.fsdp import fully_shard
-        for block in _blocks(torch, m.model):
+        for block in blocks_of(torch, m.model):
             fully_shard(block)
         fully_shard(m.model)
     m.opt = torch.optim.AdamW(param_groups(m.model), lr=1e-5, fused=m.cuda)
 
 
-def _blocks(torch, model) -> list:
+def blocks_of(torch, model) -> list:
     """The model's blocks: its first non-empty ``nn.ModuleList``'s modules."""
     lists = [mod for mod in model.modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
     return list(lists[0]) if lists else []
@@ -102,7 +102,7 @@ def _tensor_parallel(torch, m: Timed, sequence: bool = False) -> None:
     world = torch.distributed.get_world_size()
     mesh = init_device_mesh(m.device.type, (world,))
     tokens = Shard(1)
-    blocks = _blocks(torch, m.model)
+    blocks = blocks_of(torch, m.model)
     for block in blocks:
         styles = {}
         for name, mod in block.named_modules():

@@ -5,7 +5,8 @@ One block is timed, not the whole model: a model of ``1 + MORE`` blocks less one
 difference of two whole models' times is noisy where the layers outside the blocks dominate, a large vocabulary's;
 ``MORE`` blocks divide the noise), each at every local shape (tensor width, micro-batch, sequence), through the
 measurement engine (``calibrate.measure``: arms interleaved in rounds, the median); the widths shared out to the
-visible GPUs (``lane_shares``); then the host's cost of each apply path (``calibrate.modulehost``).
+visible GPUs (``lane_shares``); then the host's cost of each apply path (``calibrate.modulehost``) and the model's
+slowdown beside collectives (``calibrate.overlap``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from calibrate.errors import UserError
 from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.module import ModulePoint, ModuleSection
 from calibrate.modulehost import host_seconds, peer_host
+from calibrate.overlap import module_overlap
 from calibrate.usermodule import MORE, Timed, UserModule, rebuild
 
 
@@ -154,9 +156,10 @@ def measure(torch, um: UserModule, widths, micro_batches, sequence: int, device,
         save(section)
     memory: dict = {}
     hosts = host_seconds(torch, um, min(micro_batches), sequence, device, iters, warmup, progress, memory=memory)
-    outside: dict = {}
+    outside, overlap = {}, {}
     if device.type == "cuda":
         peers, outside, _ = peer_host(torch, um.recipe, min(micro_batches), sequence, device, iters, warmup,
                                       progress)
         hosts.update(peers)
-    return replace(section, host_s=hosts, host_outside_s=outside, memory=memory)
+        overlap = module_overlap(torch, um.recipe, min(micro_batches), sequence, iters, warmup, progress)
+    return replace(section, host_s=hosts, host_outside_s=outside, memory=memory, overlap=overlap)

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -280,6 +280,15 @@ class Profile:
         stated = self.fragmentation_under(allocator)
         frac = float(stated.value) if stated is not None else self.fragmentation_fraction
         return int(self.device.usable_bytes * (1 - frac))
+
+    def for_model(self, config: dict) -> "Profile":
+        """This profile as ``config``'s model is priced: where the module section was measured on that model with
+        its slowdown beside collectives (``module.overlap``: the user's own kernels beside NCCL's), those figures in
+        place of the compute section's (a stream of plain products beside them)."""
+        m, c = self.module, self.compute
+        if m is None or c is None or not m.overlap or not m.matches(config):
+            return self
+        return replace(self, compute=replace(c, overlap={**c.overlap, **m.overlap}))
 
     def per(self, tier: str) -> str:
         """Whether ``tier``'s bandwidth is each GPU's ("gpu") or the node's ("node", the default)."""

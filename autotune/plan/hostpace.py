@@ -41,7 +41,7 @@ from autotune.plan.typed import ApplyPath, Plan
 
 # The step model's revision, recorded with the residuals tune fits against its predictions. A change that moves
 # predictions bumps it (tests/autotune/test_step_model_revision.py fails where predictions move and it does not).
-STEP_MODEL = "2026-11-30d"
+STEP_MODEL = "2026-11-30e"
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 

@@ -23,7 +23,7 @@ second than a copy); one-element kernels queued behind a matmul (a kernel's fixe
 host's cost of each of apply's paths (``host_s``: a small Llama block issued on a process group of one, the
 multi-device paths among 2 GPUs where 2 are visible, else the tensor paths under torch's fake process group of 2,
 ``calibrate.modulehost.reference_host``) and compute's slowdown beside communication (``overlap``: a
-matmul beside NCCL collectives between 2 GPUs where 2 are visible, else beside a copy, said in the
+stream of a block's products beside NCCL collectives between 2 GPUs where 2 are visible, else beside a copy, said in the
 profile: ``calibrate.overlap``); multi-GPU planning needs both. Writes the
 profile's ``compute`` section (``calibrate.compute``) and its ``device`` section (the GPU's
 name, total memory, and usable memory: at the end of the run, once torch's cache is released,
@@ -478,9 +478,9 @@ def main(argv=None) -> int:
         sources["host_outside_s"] = (f"measured: the same model's issue time outside its blocks (one block's model "
                                      f"less the block: the embedding and the head split by vocabulary, the loss "
                                      f"vocabulary-parallel) on {', '.join(outside)} {where}, per micro-batch / step")
-    sources["overlap"] = ("measured: an 8192^3 bf16 matmul beside " + (
-        "NCCL collectives of 1 GiB between 2 GPUs" if overlap["peer"] == "nccl" else
-        "a 1 GiB device copy (one GPU visible: a stand-in for the collectives)") + ", over the matmul alone")
+    sources["overlap"] = ("measured: a stream of a block's bf16 products (calibrate.overlap.MATMULS) beside " + (
+        "NCCL collectives of 256 MiB between 2 GPUs" if overlap["peer"] == "nccl" else
+        "256 MiB device copies (one GPU visible: a stand-in for the collectives)") + ", over the stream alone")
     progress("layers (ns per element forward / backward; us per call forward / backward): "
              + ", ".join(f"{k} {f * 1e9:.4f}/{b * 1e9:.4f}; {layer_calls[k][0] * 1e6:.1f}/{layer_calls[k][1] * 1e6:.1f}"
                          for k, (f, b) in layers.items()))

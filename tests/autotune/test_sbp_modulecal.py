@@ -345,3 +345,30 @@ def test_a_tensor_or_dtensor_plan_priced_without_the_users_module_says_so():
     for args in ((plan("ddp"), "step", 4), (plan("tensor"), "step", 1), (plan("tensor"), "comm", 4),
                  (plan("tensor", "module"), "step", 4)):
         assert host_note(*args, "h200-nvlink") is None
+
+
+def test_the_search_slows_fsdps_compute_by_the_modules_own_overlap():
+    """``autotune.search`` prices the model's compute beside fully_shard's collectives at its module section's slowdown
+    (``Profile.for_model``), not the compute section's: FSDP's exposed communication (the compute's slowdown beside
+    it included; the tiny model's step is the host's) rises with the module's figure, DDP's (its all-reduce beside
+    one micro-batch's backward) far less, and another model's section changes nothing."""
+    import autotune
+    from dataclasses import replace
+    from autotune.sbp.search import Budget
+
+    def steps(overlap, model=SHAPE):
+        profile = Profile.load("h200-nvlink")
+        if overlap is not None:
+            profile.module = replace(section(ModulePoint(1, 2, 32, BLOCK, OUTSIDE), model=model), overlap=overlap)
+        found = autotune.search(graph(), Cluster(1, 2), profile, memory_limit=None, budget=Budget(steps=20),
+                                compare=(), pipeline="off")
+        return {p.strategy: p.costs.exposed_comm_s for p in found.baselines}
+
+    same = dict(Profile.load("h200-nvlink").compute.overlap)
+    slow = {**same, "all_gather": 1.5, "reduce_scatter": 1.5, "all_reduce": 1.5}
+    base, slowed = steps(same), steps(slow)
+    fsdp = next(k for k in base if "FSDP" in k)
+    ddp = next(k for k in base if k.startswith("data parallel"))
+    assert slowed[fsdp] > base[fsdp] * 1.05
+    assert slowed[fsdp] - base[fsdp] > 2 * (slowed[ddp] - base[ddp])
+    assert steps(slow, model=dict(SHAPE, ffn=256)) == steps(None)  # measured on another model: not this one's

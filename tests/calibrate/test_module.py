@@ -357,3 +357,45 @@ def test_the_tensor_paths_styles_compute_the_plain_models_loss_on_two_ranks():
         (plain, split), (tensor, placed), (sequence, placed_too) = rank
         assert not split and placed and placed_too  # the vocabulary layers placed on both tensor paths
         assert tensor == pytest.approx(plain, rel=1e-5) and sequence == pytest.approx(plain, rel=1e-5), rank
+
+
+def _overlap_on_rank(recipe):
+    import torch
+
+    from calibrate.overlap import overlap_job
+    return overlap_job(torch, torch.device("cpu"), 2, recipe, 1, 8, 3, 0)
+
+
+def test_the_modules_slowdown_beside_collectives_on_two_ranks():
+    """``calibrate.overlap``'s job on 2 gloo ranks, the tiny Llama's forward and backward beside each collective of a
+    block's fp32 parameters: on the CPU nothing runs beside anything, so the arm beside takes the compute and the
+    covering collectives one after the other, about 1 + COVER times the compute alone (a job that issued no
+    collective beside it, or timed them outside the arm, would read about 1)."""
+    from calibrate.overlap import COVER
+    from calibrate.usermodule import hf_module
+    from tests.autotune.gloo_runner import run_on_gloo
+    got = run_on_gloo(_overlap_on_rank, [(hf_module(LLAMA, "config").recipe,)], world=2)
+    for (figures,) in got:
+        assert not isinstance(figures, str), figures
+        assert set(figures) == {"all_reduce", "all_gather", "reduce_scatter"}
+        assert all(v > 1 + COVER / 2 for v in figures.values()), figures
+
+
+def test_the_modules_overlap_prices_the_model_it_was_measured_on():
+    """A module section's ``overlap`` survives its file, and takes the compute section's place for its own model
+    only (``Profile.for_model``); a bad one is one line naming the command."""
+    p = Profile.load("h200-nvlink")
+    config = {"hidden": 8, "heads": 2, "kv_heads": 2, "ffn": 16, "vocabulary": 32}
+    figures = {"all_reduce": 1.05, "all_gather": 1.2, "reduce_scatter": 1.25, "peer": "nccl"}
+    section = ModuleSection.from_dict({"version": 1, "source": "", "module": "m:f", "recipe": "", "device": "",
+                                       "model": config, "overlap": figures, "points": [
+                                           {"tensor": 1, "micro_batch": 1, "sequence": 8,
+                                            "block": {k: 1e-3 for k in BLOCK_KEYS},
+                                            "outside": {k: 1e-3 for k in OUTSIDE_KEYS}}]})
+    assert ModuleSection.from_dict(json.loads(json.dumps(section.to_dict()))).overlap == figures
+    p.module = section
+    assert p.for_model(config).compute.overlap == figures
+    assert p.for_model({**config, "hidden": 16}) is p and p.compute.overlap != figures  # another model: unchanged
+    with pytest.raises(UserError, match="bad overlap.*calibrate module") as e:
+        ModuleSection.from_dict({**section.to_dict(), "overlap": {"all_gather": 0.1}})
+    assert "\n" not in str(e.value)
