@@ -466,6 +466,7 @@ def test_baselines_users_pick_are_present_each_with_its_row():
 def test_the_command_never_returns_a_plan_slower_than_a_fitting_baseline():
     from autotune.planner import floor
     from dataclasses import replace
+    from types import SimpleNamespace
 
     from autotune.plan.typed import Costs
     g = contract_graph(layers=2)
@@ -476,9 +477,11 @@ def test_the_command_never_returns_a_plan_slower_than_a_fitting_baseline():
         return replace(base, strategy=strategy, costs=Costs(0.0, 0.0, 0.0, 1.0, fits, step_s=step), search={})
     hsdp = plan("HSDP (sharded inside each node)", 1.5)
     unfit = plan("FSDP", 1.0, False)
-    summa = plan("SUMMA 2D", 0.5)  # another problem's plan
-    got = floor(plan("searched (cd)", 2.0), [hsdp, unfit, summa], "step")
-    assert got.costs.step_s == 1.5 and got.search["replaced_by"] == hsdp.strategy
+    summa = plan("SUMMA 2D", 1.2)
+    # a pipelined plan (stages: the fields floor reads) is another family: the command compares it apart
+    piped = SimpleNamespace(strategy="pipelined (2 stages)", stages=("a", "b"), costs=plan("p", 0.5).costs)
+    got = floor(plan("searched (cd)", 2.0), [hsdp, unfit, summa, piped], "step")
+    assert got.costs.step_s == 1.2 and got.search["replaced_by"] == summa.strategy
     assert floor(plan("searched (cd)", 1.0), [hsdp], "step").strategy == "searched (cd)"
 
 
@@ -507,6 +510,11 @@ def test_the_accumulation_count_is_searched_where_it_is_left_open():
                                costs=dataclasses.replace(base.costs, step_s=1.0))
     _, kinds = _at_counts(slow, [slow], [PlanFile(fast, [fast], {}, {})], "step")
     assert [k.strategy for k in kinds] == ["data parallel, recompute full, 4 micro-batches"]
+    # a baseline at another count cheaper than the search's plan at every count: the floor returns it
+    searched = dataclasses.replace(slow, strategy="searched (cd)")
+    plan, _ = _at_counts(searched, [slow], [PlanFile(dataclasses.replace(searched, micro_batches=4), [fast], {}, {})],
+                         "step")
+    assert plan.costs.step_s == 1.0 and plan.search["replaced_by"] == kinds[0].strategy
 
 
 @pytest.mark.parametrize("mlp", ["swiglu", "gelu"])
