@@ -41,6 +41,7 @@ from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget,
 from autotune.sbp.steptime import require_overheads
 
 COMPARE = ("cd", "mh", "random")
+FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
 
 
 def choose_objective(objective: str | None, search: str, profile: Profile, devices: int = 1) -> tuple[str, str]:
@@ -74,11 +75,9 @@ def run_search(problem: Problem, name: str, budget: Budget | None, seed: int, pr
 
 
 def floor(plan: Plan, baselines: list[Plan], objective: str) -> Plan:
-    """The searched plan, or the cheapest single-stage baseline that fits where it is cheaper: the command never
-    returns a plan worse than one it lists beside it (each is a plan of the same space, priced by the same model:
-    2 x H200, 2026-11-30, the search at 4 micro-batches a step stopped at 3465 ms beside SUMMA's 2845, the data
-    parallel plan on the DTensor path)."""
-    fit = [b for b in baselines if not b.stages and b.costs.fits_memory and
+    """The searched plan, or the cheapest baseline of ``FLOOR`` that fits where it is cheaper: the command
+    never returns a plan worse than a baseline users pick."""
+    fit = [b for b in baselines if b.strategy.startswith(FLOOR) and b.costs.fits_memory and
            b.costs.of(objective) is not None and b.costs.of(objective) < plan.costs.of(objective)]
     if not fit:
         return plan

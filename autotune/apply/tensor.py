@@ -17,8 +17,8 @@ from autotune.sbp.sbp import B
 
 def tp_styles(chain: list[Site], tp: int, stream: str = B, sequence: bool = False) -> dict | None:
     """module name -> the ``parallelize_module`` styles, applied in order, for the plan's tensor-parallel axis;
-    None where the modules cannot take them (not ``nn.Linear`` / ``nn.Embedding``, or a weight tied between two
-    mapped modules). ``stream`` "S1": the residual stream split by features between the layers (each rank adds
+    None where the modules cannot take them (not ``nn.Linear`` / ``nn.Embedding``, or a weight two modules share
+    split by one and not the other: ``ties``). ``stream`` "S1": the residual stream split by features between the layers (each rank adds
     its columns), so the row-parallel outputs are reduce-scattered to it, the embedding's too (learned positions
     column-split), and each norm's input all-gathered (``PrepareModuleInput``). ``sequence``: the stream split by
     the sequence (Megatron's sequence parallelism, the module doc)."""
@@ -27,13 +27,9 @@ def tp_styles(chain: list[Site], tp: int, stream: str = B, sequence: bool = Fals
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                    RowwiseParallel, SequenceParallel)
     split = Shard(-1) if stream == "S1" else Shard(1) if sequence else Replicate()
-    styles, owners = {}, {}
+    styles = {}
     for k, site in enumerate(chain):
         for i, (name, module) in enumerate(site.modules):
-            for p in module.parameters(recurse=False):
-                if id(p) in owners:
-                    return None
-                owners[id(p)] = name
             norm = site.layer.kind in NORMS
             if norm and sequence:  # on the sequence shards, then gathered once for the layers that read it
                 styles[name] = (SequenceParallel(), PrepareModuleOutput(
@@ -72,7 +68,28 @@ def tp_styles(chain: list[Site], tp: int, stream: str = B, sequence: bool = Fals
             else:
                 styles[name] = (ColwiseParallel() if style == "colwise" else
                                 RowwiseParallel(output_layouts=split, use_local_output=not sequence),)
-    return styles
+    return styles if ties(chain, styles) is not None else None
+
+
+def ties(chain: list[Site], styles: dict) -> list[tuple[str, str, str, str]] | None:
+    """(keeper, its attribute, user, its attribute) of each weight two modules of ``chain`` share (a tied embedding
+    and head), which ``parallelize`` ties again after the styles replace each module's weight: where every user
+    splits it alike (the embedding row-wise and the head column-wise: both keep vocabulary rows, ``Shard(0)``) or
+    none splits it; None where one splits it and another does not (the DTensor path then places each use apart)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    users: dict = {}
+    for site in chain:
+        for name, module in site.modules:
+            for attr, p in module.named_parameters(recurse=False):
+                users.setdefault(id(p), []).append((name, attr))
+    out = []
+    for shared in (u for u in users.values() if len(u) > 1):
+        split = {any(isinstance(st, (ColwiseParallel, RowwiseParallel)) for st in styles.get(name, ()))
+                 for name, _ in shared}
+        if split == {True, False}:
+            return None
+        out += [(*shared[0], *other) for other in shared[1:]] if split == {True} else []
+    return out
 
 
 def _style(site: Site, tp: int) -> str | None:
@@ -90,6 +107,10 @@ def _colwise_next(chain: list[Site], k: int, tp: int) -> bool:
 def parallelize(model, chain: list[Site], layout, mesh) -> None:
     """``parallelize_module`` of ``model``'s modules on ``mesh`` (the tensor-parallel axis) by ``tp_styles``."""
     from torch.distributed.tensor.parallel import parallelize_module
-    for name, styles in tp_styles(chain, layout.tp, getattr(layout, "stream", B), layout.sequence_parallel).items():
+    found = tp_styles(chain, layout.tp, getattr(layout, "stream", B), layout.sequence_parallel)
+    shared = ties(chain, found)  # before the styles replace the shared weight in each of its users
+    for name, styles in found.items():
         for style in styles:
             parallelize_module(model.get_submodule(name), mesh, style)
+    for keeper, attr, user, its in shared:  # one parameter again: both uses' gradients into it
+        setattr(model.get_submodule(user), its, getattr(model.get_submodule(keeper), attr))
