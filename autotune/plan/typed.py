@@ -209,7 +209,7 @@ class LayerPlan:
     costs: dict = field(default_factory=dict)  # predicted seconds and bytes (redistribution_s, memory_bytes, ...)
     roles: tuple[tuple[int, int], ...] = ()  # the search's role mesh, (nodes, gpus) per role (names the strategy)
     collectives: tuple[Collective, ...] = ()
-    compute_source: str = ""  # "module" (the user's module as measured) or "analytical"; "" unpriced
+    compute_source: str = ""  # "module" (the user's module as measured), "nearest" or "analytical"; "" unpriced
 
     def weight(self, name: str) -> WeightPlan | None:
         return next((w for w in self.weights if w.name == name), None)
@@ -363,10 +363,12 @@ class Plan:
 
     @property
     def compute_source(self) -> str:
-        """"module" where every layer's compute is priced from the user's module as measured
-        (``autotune.sbp.modulecal``), "analytical" where none is, else "module+analytical"."""
+        """"module" where every layer's compute is priced from the user's module as measured at its shape
+        (``autotune.sbp.modulecal``; "nearest": at the nearest measured tensor width), "analytical" where none is,
+        else the sources joined ("module+nearest", "module+analytical", ...)."""
         found = {lay.compute_source or "analytical" for p in [s.plan for s in self.stages] or [self] for lay in p.layers}
-        return "module+analytical" if len(found) > 1 else found.pop() if found else "analytical"
+        order = ("module", "nearest", "analytical")
+        return "+".join(x for x in order if x in found) or "analytical"
 
     # --- the record -------------------------------------------------------------------------------
     def to_dict(self) -> dict:

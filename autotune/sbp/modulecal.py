@@ -15,10 +15,13 @@ measured at X s a micro-batch predicts X x blocks x micro-batches; with its step
 micro-batches predict L x its step), and the analytical model's split of them over the block's layers is
 kept (the search still compares strategies layer by layer). A layer's local shape: its output's local
 rows over the sequence give the micro-batch, the rest of the output's split the tensor width; a layer
-whose shape no point matches (another width or sequence, a sequence split) keeps its analytical price,
-and the plan's ``compute_source`` says per layer which ("module" or "analytical"). Between measured
-micro-batches of a width and sequence, the nearest on a log scale gives the ratio (a ratio moves
-little with the micro-batch: the kernels are the same). Gradient accumulation, DTensor's local copies
+whose tensor width was not measured takes the nearest measured width's ratios (the same kernels on another
+split: 2 x H200, 2026-11-30, GPT-2 medium's blocks measured at 2.4 / 1.7 times the analytical forward / backward at
+width 1; priced analytically at width 2, a plan splitting the attention by heads looked 10% cheaper than data
+parallelism and ran 27% slower); one whose shape no point can match (another sequence, a sequence split) keeps
+its analytical price, and the plan's ``compute_source`` says per layer which ("module", "nearest" or
+"analytical"). Between measured micro-batches of a width and sequence, the nearest on a log scale gives the ratio
+(a ratio moves little with the micro-batch: the kernels are the same). Gradient accumulation, DTensor's local copies
 and FSDP's communication stay analytical.
 """
 from __future__ import annotations
@@ -75,13 +78,20 @@ class ModuleCal:
         return next((b for k, b in self.transients if k == key), 0.0)
 
     def ratio(self, inside: bool, key) -> tuple[float, ...] | None:
+        """The ratios of the point nearest ``key`` (tensor width, micro-batch): its width's where measured, else
+        the nearest measured width's (``nearest``), each on a log scale (the larger on a tie); None where the
+        key is None or nothing was measured at the sequence."""
         if key is None:
             return None
         t, m = key
-        found = [(k[1], r) for k, r in self.ratios if k[0] == t and k[2] == self.sequence and k[3] == inside]
+        found = [(k[0], k[1], r) for k, r in self.ratios if k[2] == self.sequence and k[3] == inside]
         if not found:
             return None
-        return min(found, key=lambda x: (abs(math.log(x[0] / m)), -x[0]))[1]
+        return min(found, key=lambda x: (abs(math.log(x[0] / t)), -x[0], abs(math.log(x[1] / m)), -x[1]))[2]
+
+    def measured(self, key) -> bool:
+        """Whether ``key``'s tensor width was measured at the sequence (else its ratios are the nearest width's)."""
+        return key is not None and any(k[0] == key[0] and k[2] == self.sequence for k, _ in self.ratios)
 
 
 def one_device(layer, act_bytes: int):
@@ -202,7 +212,11 @@ def part_ratio(cal: ModuleCal | None, part: str, op, s: Strategy, cluster: Clust
 
 
 def source(cal: ModuleCal | None, op, s: Strategy, cluster: Cluster, role: str) -> str:
-    """Which model priced a layer's compute: "module" (measured) or "analytical"."""
+    """Which model priced a layer's compute: "module" (its local shape's width measured), "nearest" (the nearest
+    measured width's ratios) or "analytical"."""
     if cal is None:
         return "analytical"
-    return "module" if cal.ratio(role != OUTSIDE, cal.key(op, s, cluster)) is not None else "analytical"
+    key = cal.key(op, s, cluster)
+    if cal.ratio(role != OUTSIDE, key) is None:
+        return "analytical"
+    return "module" if cal.measured(key) else "nearest"
