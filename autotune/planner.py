@@ -36,6 +36,7 @@ from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignmen
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import scaled, search_fitting, search_modes
+from autotune.sbp.memory import largest_block
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
 from autotune.sbp.steptime import require_overheads
@@ -89,6 +90,16 @@ def floor(plan: Plan, baselines: list[Plan], objective: str) -> Plan:
         host >= plan.costs.of(objective) else ""
     return replace(b, strategy=f"searched (the baseline {b.strategy} is cheaper than the search's plan{why})",
                    search=dict(plan.search, replaced_by=b.strategy))
+
+
+def headroom_limit(memory_limit: float | None, profile: Profile, graph: LayerGraph, cluster: Cluster) -> float | None:
+    """``memory_limit`` for the single-stage plans of ``graph``: no higher than the device's usable memory (the
+    profile's) less the step's largest single allocation (``memory.largest_block``), which the default allocator
+    needs beyond what it has reserved; ``memory_limit`` itself where the profile gives no usable memory."""
+    usable = profile.device.usable_bytes if profile.device is not None else None
+    if memory_limit is None or not usable:
+        return memory_limit
+    return min(memory_limit, usable - largest_block(graph, cluster.devices))
 
 
 def accumulation_choices(graph: LayerGraph, devices: int, most: int = 8) -> tuple[int, ...]:
@@ -153,7 +164,8 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     if objective == "step":
         require_overheads(profile, cluster.devices)
     coster = Coster(profile, cluster)
-    problem = plain = Problem(graph, coster, memory_limit, progress=progress, objective=objective, require_fit=False)
+    limit = headroom_limit(memory_limit, profile, graph, cluster)
+    problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective, require_fit=False)
     mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
 
@@ -166,7 +178,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         best = search_fitting(problem, run, warm)
     if best is None or not problem.fits_plan(best.assignment):
         least = min(p.min_memory for p in plain.mode_problems())
-        raise OptionError("memory_limit", f"{memory_limit / 2**30:.4g} GiB per device: no plan fits it with its "
+        raise OptionError("memory_limit", f"{limit / 2**30:.4g} GiB per device: no plan fits it with its "
                                           f"workspace under any recomputation or FSDP, the smallest needs "
                                           f"{least / 2**30:.4g} GiB before its workspace; raise it, add devices or "
                                           f"shrink the micro-batch")
@@ -187,9 +199,9 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         if other.cost < best.cost and problem.fits_plan(other.assignment):
             progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
             best = other
-    sb_problem = Problem(graph, coster, memory_limit, allow_partial=False, require_fit=False, objective=objective)
+    sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
     try:
-        summa_problem = Problem(graph, coster, memory_limit, signatures=("summa",), require_fit=False,
+        summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False,
                                 objective=objective)
     except UserError as e:
         progress(f"SUMMA baseline unavailable: {message(e)}")
@@ -197,7 +209,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     sp_problem = None
     if cluster.devices > 1:  # the sequence-parallel baselines' strategies (norms split by tokens over t)
         try:
-            sp_problem = sequence_problem(graph, coster, memory_limit, objective)
+            sp_problem = sequence_problem(graph, coster, limit, objective)
         except UserError as e:
             progress(f"sequence-parallel baselines unavailable: {message(e)}")
     progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation; "

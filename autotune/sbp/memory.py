@@ -492,6 +492,19 @@ def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
     return sum((_elems(t, s.mesh, cluster) - held_elems(s, t, cluster, mode)) * w for t in s.weights)
 
 
+def largest_block(graph: LayerGraph, devices: int) -> float:
+    """Bytes of the step's largest single allocation where the devices each hold their own piece of a micro-batch
+    (data parallelism on every device): the loss's fp32 copy of the local logits (``STAT_BYTES`` each: a
+    transformers model's loss upcasts them). The default caching allocator cannot merge its cached blocks into a
+    request larger than any of them: such a request needs that much memory beyond what it has reserved (2 x H200,
+    2026-11-30: three plans priced 0.1-7.5 GiB under their limits ran out asking 15.66 GiB for this copy, one with
+    15.08 GiB reserved but unallocated; reports/records/plans_h200x2.md, session 29). 0 for a graph without logits."""
+    c = graph.config
+    if not c.get("vocabulary") or not c.get("sequence"):
+        return 0.0
+    return float(STAT_BYTES * max(1, c.get("micro_batch", 1) // devices) * c["sequence"] * c["vocabulary"])
+
+
 def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_batches: int,
                    mode: Mode = NONE, roles=None, recipe: str = "autocast", shared_gradients: float = 0.0,
                    forward_transient: float = 0.0) -> float:

@@ -80,7 +80,7 @@ def test_tied_weight_placed_twice_matches_one_process(tmp_path):
         assert (emb != head) == _tied_differs(plan), (path.parent.name, plan.cluster, emb, head)
 
 
-def _megatron(path, d, t, sequence_parallel=False):
+def _megatron(path, d, t, sequence_parallel=False, fsdp=None):
     """The search's Megatron baseline (the embedding and the head split by vocabulary: the one weight alike) of the
     tied config.json on 4 devices, mesh (d, t)."""
     from autotune.plan import load_plan
@@ -88,28 +88,34 @@ def _megatron(path, d, t, sequence_parallel=False):
     from autotune.sbp.baselines import megatron_assignment
     from autotune.sbp.boxing import Coster
     from autotune.sbp.cost import Problem
+    from autotune.sbp.memory import Mode
     from autotune.sbp.mesh import Cluster
     from calibrate.profile import Profile
     from models import load_model
     problem = Problem(load_model(str(path), None, dict(SHAPE, micro_batch=2)),
                       Coster(Profile.load("h200-nvlink+ib400"), Cluster(1, 4)), require_fit=False,
                       runnable=not sequence_parallel)
+    if fsdp is not None:
+        problem = problem.with_mode(Mode("none", fsdp))
     return load_plan(build_plan(problem, megatron_assignment(problem, d, t, sequence_parallel=sequence_parallel),
                                 f"Megatron d={d} t={t}"))
 
 
 def test_a_tied_weight_split_by_vocabulary_takes_the_tensor_path(tmp_path):
-    """The Megatron baselines of a tied Qwen2 (t = 2 over 2 data ranks, without and with sequence parallelism) take the
+    """The Megatron baselines of a tied Qwen2 (t = 2 over 2 data ranks, without and with sequence parallelism, and with
+    FSDP over the data ranks: TP+FSDP on the fully_shard path) take the
     tensor path the search prices them on, torch's styles with the shared weight tied again after them
     (``autotune.apply.tensor.ties``): one parameter, split by vocabulary rows as both uses keep it, matching one
     process after two Adam steps. Before, a weight two modules share sent every such plan to the DTensor path (2 x
     H200, 2026-11-30: the held-out Qwen2 1.5 B's Megatron plan ran 16% slower than priced)."""
     path = _configs(tmp_path)["qwen2"]
-    plans = [_megatron(path, (1, 2), (1, 2)), _megatron(path, (1, 2), (1, 2), sequence_parallel=True)]
+    plans = [_megatron(path, (1, 2), (1, 2)), _megatron(path, (1, 2), (1, 2), sequence_parallel=True),
+             _megatron(path, (1, 2), (1, 2), fsdp=(0,))]
     results = run_on_gloo(_run, [(path, p) for p in plans])[0]
     for plan, got in zip(plans, results):
         assert not isinstance(got, str), (plan.strategy, got)
         path_name, got, (emb, head) = got
         want = train(_build(path), plan, dict(plan.model.config))
-        assert path_name == "tensor" and emb == head and mismatch(want, got) is None, \
+        assert path_name == ("fully_shard" if plan.sharding_mode == "fsdp" else "tensor") and emb == head and \
+            mismatch(want, got) is None, \
             (plan.strategy, path_name, mismatch(want, got))

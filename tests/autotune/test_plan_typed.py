@@ -175,8 +175,12 @@ def test_which_plans_take_fully_shard():
     gpt = dict(GPT, ffn=4 * GPT["hidden"])
     plan = typed_plan(gpt, 2, 2, tp_data(gpt), "TP+FSDP", fsdp_axes=(0,))
     model = build(gpt)
-    assert fully_shard_plan(plan) and placement_path(plan, model, model.plan_mapping) == "dtensor"  # tied logits
+    # tied logits split by vocabulary as the embedding is: torch's styles, the weight tied again (``tensor.ties``)
+    assert fully_shard_plan(plan) and placement_path(plan, model, model.plan_mapping) == "fully_shard"
     assert placement_path(plan, build(dict(gpt, tied=False)), model.plan_mapping) == "fully_shard"
+    whole = dict(tp_data(gpt), logits=(("S0", "B"), ("S0", "B"), {"weight": ("B", "B")}))  # the head not split
+    assert placement_path(typed_plan(gpt, 2, 2, whole, "TP+FSDP, the head whole", fsdp_axes=(0,)), model,
+                          model.plan_mapping) == "dtensor"  # one use split, the other not: the DTensor path
 
 
 @pytest.mark.parametrize("kind, cluster", [("gpt", Cluster(2, 2)), ("llama", Cluster(1, 4)), ("gpt", Cluster(1, 1))])
