@@ -92,12 +92,14 @@ def floor(plan: Plan, baselines: list[Plan], objective: str) -> Plan:
                    search=dict(plan.search, replaced_by=b.strategy))
 
 
-def headroom_limit(memory_limit: float | None, profile: Profile, graph: LayerGraph, cluster: Cluster) -> float | None:
-    """``memory_limit`` for the single-stage plans of ``graph``: no higher than the device's usable memory (the
-    profile's) less the step's largest single allocation (``memory.largest_block``), which the default allocator
-    needs beyond what it has reserved; ``memory_limit`` itself where the profile gives no usable memory."""
+def headroom_limit(memory_limit: float | None, profile: Profile, graph: LayerGraph, cluster: Cluster,
+                   allocator: str = "default") -> float | None:
+    """``memory_limit`` for the single-stage plans of ``graph``: under the default allocator, no higher than the
+    device's usable memory (the profile's) less the step's largest single allocation (``memory.largest_block``),
+    which that allocator needs beyond what it has reserved; ``memory_limit`` itself under expandable segments (they
+    map a request into the segment they grow) or where the profile gives no usable memory."""
     usable = profile.device.usable_bytes if profile.device is not None else None
-    if memory_limit is None or not usable:
+    if memory_limit is None or not usable or allocator != "default":
         return memory_limit
     return min(memory_limit, usable - largest_block(graph, cluster.devices))
 
@@ -164,7 +166,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     if objective == "step":
         require_overheads(profile, cluster.devices)
     coster = Coster(profile, cluster)
-    limit = headroom_limit(memory_limit, profile, graph, cluster)
+    limit = headroom_limit(memory_limit, profile, graph, cluster, allocator)
     problem = plain = Problem(graph, coster, limit, progress=progress, objective=objective, require_fit=False)
     mega, mega_cost, _ = best_mesh(problem, megatron_assignment)
     warm = mega if mega is not None and np.isfinite(mega_cost) else None
@@ -178,7 +180,9 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         best = search_fitting(problem, run, warm)
     if best is None or not problem.fits_plan(best.assignment):
         least = min(p.min_memory for p in plain.mode_problems())
-        raise OptionError("memory_limit", f"{limit / 2**30:.4g} GiB per device: no plan fits it with its "
+        raise OptionError("memory_limit", f"{limit / 2**30:.4g} GiB per device"
+                                          + (" (the limit less room for the loss's largest tensor)"
+                                             if limit != memory_limit else "") + ": no plan fits it with its "
                                           f"workspace under any recomputation or FSDP, the smallest needs "
                                           f"{least / 2**30:.4g} GiB before its workspace; raise it, add devices or "
                                           f"shrink the micro-batch")

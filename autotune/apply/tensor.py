@@ -18,10 +18,10 @@ from autotune.sbp.sbp import B
 def tp_styles(chain: list[Site], tp: int, stream: str = B, sequence: bool = False) -> dict | None:
     """module name -> the ``parallelize_module`` styles, applied in order, for the plan's tensor-parallel axis;
     None where the modules cannot take them (not ``nn.Linear`` / ``nn.Embedding``, or a weight two modules share
-    split by one and not the other: ``ties``). ``stream`` "S1": the residual stream split by features between the layers (each rank adds
-    its columns), so the row-parallel outputs are reduce-scattered to it, the embedding's too (learned positions
-    column-split), and each norm's input all-gathered (``PrepareModuleInput``). ``sequence``: the stream split by
-    the sequence (Megatron's sequence parallelism, the module doc)."""
+    split by one and not the other: ``ties``). ``stream`` "S1": the residual stream split by features between the
+    layers (each rank adds its columns), so the row-parallel outputs are reduce-scattered to it, the embedding's too
+    (learned positions column-split), and each norm's input all-gathered (``PrepareModuleInput``). ``sequence``: the
+    stream split by the sequence (Megatron's sequence parallelism, the module doc)."""
     from torch import nn
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,

@@ -546,3 +546,21 @@ def test_a_strategy_hashes_once_and_as_its_fields():
     assert other != s and hash(other) != hash(s)
     back = pickle.loads(pickle.dumps(s))
     assert "_hash" not in back.__dict__ and back == s and hash(back) == hash(s)
+
+
+def test_the_default_allocator_keeps_room_for_the_losss_fp32_logits():
+    """Single-stage plans keep the step's largest allocation free under the usable memory (the loss's fp32 copy of
+    a device's logits: 4 bytes x its sequences x sequence x vocabulary; three plans priced under their limit ran out
+    asking for it on 2 x H200), not under expandable segments, and never above the limit given."""
+    from autotune.planner import headroom_limit
+    from autotune.sbp.memory import largest_block
+    p = Profile.load("h200-nvlink")
+    g = load_model("llama", None, {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128,
+                                   "vocabulary": 128256, "sequence": 4096, "batch": 64, "micro_batch": 16})
+    block = 4 * (16 // 2) * 4096 * 128256
+    assert largest_block(g, 2) == block and largest_block(g, 64) == 4 * 4096 * 128256  # at least one sequence
+    usable = p.device.usable_bytes
+    assert headroom_limit(usable, p, g, Cluster(1, 2)) == usable - block
+    assert headroom_limit(usable, p, g, Cluster(1, 2), "expandable_segments") == usable
+    assert headroom_limit(10 * 2**30, p, g, Cluster(1, 2)) == 10 * 2**30
+    assert headroom_limit(None, p, g, Cluster(1, 2)) is None

@@ -1,8 +1,8 @@
 """The step model's revision (``autotune.plan.hostpace.STEP_MODEL``) moves with its predictions: the residuals
 ``autotune tune`` writes divide the predictions of one revision, and are left out under another. These figures
-are the model's prices of fixed plans (a small Llama on one and on two devices, with and without a measured module and
-its slowdown beside collectives, FSDP on two, and a pipeline stage with two micro-batches in flight), recorded at the revision. Where a change moves them, bump
-``STEP_MODEL`` and record the new figures under it."""
+are the model's prices of fixed plans (a small Llama on one and on two devices, with and without a measured module
+and its slowdown beside collectives, FSDP on two, and a pipeline stage with two micro-batches in flight), recorded
+at the revision. Where a change moves them, bump ``STEP_MODEL`` and record the new figures under it."""
 import pytest
 
 from calibrate.module import ModulePoint, ModuleSection

@@ -37,7 +37,8 @@ def main(plan_path: str, config: str, which: str = "best") -> None:
               + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in plan.costs.memory.items()))
         print(f"error: {error}")
         print(f"history peak {peak / 2**30:.2f} GiB (reached at {at}); max allocated "
-              f"{torch.cuda.max_memory_allocated() / 2**30:.2f}, max reserved {torch.cuda.max_memory_reserved() / 2**30:.2f}")
+              f"{torch.cuda.max_memory_allocated() / 2**30:.2f}, max reserved "
+              f"{torch.cuda.max_memory_reserved() / 2**30:.2f}")
         for where, (nbytes, n) in sorted(sites.items(), key=lambda x: -x[1][0])[:25]:
             print(f"  {nbytes / 2**30:8.2f} GiB {n:6d}  {where}")
     sys.stdout.flush()
