@@ -23,12 +23,13 @@ NCCL's SMs; the compute section only).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 from calibrate.compute import OVERLAP_COLLECTIVES
 from calibrate.device.peers import run_peers
 from calibrate.measure.engine import Solo, TorchGroup, compare
-from calibrate.measure.torcharm import TorchArm, timing
+from calibrate.measure.torcharm import TorchArm, mark, span, timing
 
 HIDDEN, TOKENS = 4096, 8192
 # (k, n) of each product of the block's forward at TOKENS tokens: attention's Q, K / V and output, the MLP's gate /
@@ -47,7 +48,6 @@ def _stream(torch, device):
 def _arms(torch, device, side, compute, issue: dict):
     """The engine's arms: ``compute`` (a call issues it on the current stream) alone, and beside each of ``issue``
     (name -> issue the collectives on the current stream), issued on ``side`` first."""
-    import contextlib
     main = torch.cuda.current_stream(device) if side is not None else None
 
     def beside(fn):
@@ -78,7 +78,6 @@ def slowdowns(torch, device, group, compute, issue: dict, iters: int, warmup: in
 
 def _seconds(torch, device, fn, calls: int = 3) -> float:
     """A call of ``fn`` (after one untimed), seconds: the mean of ``calls`` back to back."""
-    from calibrate.measure.torcharm import mark, span
     cuda = device.type == "cuda"
     fn(0)
     a = mark(torch, cuda)

@@ -55,10 +55,10 @@ def path_work(plan: Plan, compute) -> Plan:
     where the data ranks hold their own pieces of the batch; DDP and fully_shard average inside their reductions.
     2 x H200, 2026-11-30: a per-layer plan otherwise DDP's ran 24 ms a step slower than DDP, priced 1 ms faster
     (reports/records/plans_h200x2.md, session 28)."""
-    lay = plan.layer("logits")
-    data = logits_data_axes(plan) if lay is not None and lay.output is not None else ()
-    if plan.apply_path != ApplyPath.DTENSOR or plan.stages or compute is None or plan.costs.step_s is None or not data:
+    if plan.apply_path != ApplyPath.DTENSOR or plan.stages or compute is None or plan.costs.step_s is None or \
+            not logits_data_axes(plan):  # (data axes there: the logits layer and its output exist)
         return plan
+    lay = plan.layer("logits")
     split = math.prod(n for p, n in zip(lay.output, plan.mesh.sizes) if p in ("S0", "S1"))
     local = lay.dims["tokens"] * lay.dims["n"] / split
     s = plan.micro_batches * compute.op_seconds("elementwise", 2 * local * plan.model.get("act_bytes", 2))

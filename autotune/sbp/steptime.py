@@ -465,10 +465,11 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     k_ag, k_rs = (cm.overlap_slowdown(c) if cm is not None else 1.0 for c in ("all_gather", "reduce_scatter"))
     k_b = (k_ag * (tb - rs) + k_rs * rs) / tb if tb > 0 else 1.0
     copies = 0.0
-    if cm is not None:  # the gathered bytes copied out of each all-gather and into each reduce-scatter, and a
-        copies = sum(cm.memory_seconds(2 * st.nbytes) for _, _, st in steps) + sum(  # shard into each all-gather
-            cm.memory_seconds(2 * st.nbytes / cluster.group(st.axes).ranks) for _, _, st in steps
-            if st.op == "allgather")
+    if cm is not None:
+        gathered = sum(cm.memory_seconds(2 * st.nbytes) for _, _, st in steps)  # out of each gather, into each scatter
+        shards = sum(cm.memory_seconds(2 * st.nbytes / cluster.group(st.axes).ranks) for _, _, st in steps
+                     if st.op == "allgather")  # the local shard into each all-gather
+        copies = gathered + shards
     # the layer's compute beside its gathers (and reduce-scatters) runs slower by the measured overlap slowdown
     return max(0.0, tf - fwd) + max(0.0, tb - bwd) + (k_ag - 1) * min(tf, fwd) + (k_b - 1) * min(tb, bwd) + copies
 

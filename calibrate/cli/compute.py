@@ -23,8 +23,8 @@ second than a copy); one-element kernels queued behind a matmul (a kernel's fixe
 host's cost of each of apply's paths (``host_s``: a small Llama block issued on a process group of one, the
 multi-device paths among 2 GPUs where 2 are visible, else the tensor paths under torch's fake process group of 2,
 ``calibrate.modulehost.reference_host``) and compute's slowdown beside communication (``overlap``: a
-stream of a block's products beside NCCL collectives between 2 GPUs where 2 are visible, else beside a copy, said in the
-profile: ``calibrate.overlap``); multi-GPU planning needs both. Writes the
+stream of a block's products beside NCCL collectives between 2 GPUs where 2 are visible, else beside a copy, said
+in the profile: ``calibrate.overlap``); multi-GPU planning needs both. Writes the
 profile's ``compute`` section (``calibrate.compute``) and its ``device`` section (the GPU's
 name, total memory, and usable memory: at the end of the run, once torch's cache is released,
 the free memory plus what torch still holds, i.e. the total less this process's CUDA context

@@ -2,8 +2,8 @@
 start with each WHICH ("best" for the best) run as ``autotune tune`` runs them (execute's runner: ``autotune.apply``,
 ``ModuleTrainer``, transformers' class of CONFIG.json), each micro-batch's forward and backward bracketed by host
 clocks and CUDA events; then the same plan at HOST_SEQUENCE tokens (default 128: the device keeps up, so the host's
-issue time per phase is the host's alone; 0: not run); then one step under the profiler with CPU activities (the host's waits on
-the device, by call).
+issue time per phase is the host's alone; 0: not run); then one step under the profiler with CPU activities (the
+host's waits on the device, by call).
 
     torchrun --nproc-per-node 2 tests/gpu/step_time.py PLAN.json CONFIG.json best "FSDP" "data parallel"
 
