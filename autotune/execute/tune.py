@@ -150,7 +150,9 @@ def tune_table(rows: list[dict], chosen: dict) -> str:
         lines.append("\nA pipelined plan's GiB: the stage whose measured peak is farthest from its prediction.")
     ok = [r for r in rows if r.get("status") == "ok" and r.get("predicted_step_s")]
     if len(ok) >= 2:
-        lines.append(f"\nKendall tau of the predicted against the measured order: {kendall(ok):+.2f} over {len(ok)} plans")
+        steps = [r["measured_step_s"] for r in ok]
+        lines.append(f"\nKendall tau of the predicted against the measured order: {kendall(ok):+.2f} over {len(ok)} plans "
+                     f"(their measured steps within {(max(steps) / min(steps) - 1) * 100:.1f}% of the fastest)")
     return "\n".join(lines)
 
 

@@ -232,21 +232,22 @@ class StageProblem(Problem):
             k += 1
         return k
 
-    def memory_breakdown(self, assign) -> Memory:
+    def memory_breakdown(self, assign, cached_gathered: bool = True) -> Memory:
         """``Problem.memory_breakdown`` with the activations of ``inflight`` micro-batches, autocast's weight
         copies once where the stage shares them (``one_cast``; one micro-batch's breakdown made once per mode and
         plan, shared by the in-flight copies)."""
-        m = self.shared(("breakdown", self.mode, tuple(assign)), lambda: self._one_breakdown(assign))
+        m = self.shared(("breakdown", self.mode, tuple(assign), cached_gathered),
+                        lambda: self._one_breakdown(assign, cached_gathered))
         shared = self._copies(assign)
         return Memory(m.parameters, m.gradients, m.optimizer, (m.activations - shared) * self.inflight + shared,
                       m.workspace)
 
-    def _one_breakdown(self, assign) -> Memory:
+    def _one_breakdown(self, assign, cached_gathered: bool = True) -> Memory:
         """One micro-batch's breakdown: ``Problem.memory_breakdown``'s; in FSDP mode torchtitan's (module doc):
         each layer's ``pipelined_fsdp_memory``, the tied logits' copy dropped, the workspace as without FSDP
         (the gradients whole) plus the blocks' gathered weights (``_gathered``); in a pipeline, the schedule's own
         tensors in the workspace (``schedule_bytes``)."""
-        m = self._layers_breakdown(assign)
+        m = self._layers_breakdown(assign, cached_gathered)
         return Memory(m.parameters, m.gradients, m.optimizer, m.activations, m.workspace + self.schedule_bytes(assign))
 
     def schedule_bytes(self, assign) -> float:
@@ -273,9 +274,9 @@ class StageProblem(Problem):
             out += local_elems(s.input, s.mesh, self.cluster) * self.act_bytes
         return out
 
-    def _layers_breakdown(self, assign) -> Memory:
+    def _layers_breakdown(self, assign, cached_gathered: bool = True) -> Memory:
         if not self.pipelined_fsdp:
-            return Problem.memory_breakdown(self, assign)
+            return Problem.memory_breakdown(self, assign, cached_gathered)
         plain = Mode(self.mode.recompute)
         out, shared = Memory(), 0.0
         for v, (i, c) in enumerate(zip(assign, self.counts)):
@@ -294,7 +295,7 @@ class StageProblem(Problem):
         return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws + self._gathered(assign))
 
     def _gathered(self, assign) -> float:
-        """The blocks' gathered weights at the peak (fp32, beyond their shards: ``gathered_weight_bytes``). A
+        """The blocks' gathered weights at the peak (fp32, whole: ``gathered_weight_bytes``). A
         block's unit is gathered for its forward (the next one prefetched) and resharded after it; in a backward
         the blocks already run stay gathered (resharding after backward off) while their activations of that
         micro-batch are freed: with G_b and A_b block b's gathered weights and one micro-batch's activations,

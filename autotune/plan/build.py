@@ -116,10 +116,11 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
         exposed = red_total + problem.exposed_sync(assign) + (gathers[0] - gathers[1] if gathers else 0.0)
         step = {"compute_s": comp_total, "exposed_comm_s": exposed, "step_s": comp_total + exposed,
                 **({"gather_exposed_s": gathers[0]} if gathers else {})}
-    breakdown = problem.memory_breakdown(assign).to_dict()
+    memory = problem.memory_breakdown(assign, cached_gathered=path != ApplyPath.DTENSOR)
+    breakdown = memory.to_dict()
     held = ddp_gradient_copies(path, mb, breakdown, problem.recipe)
     extra = sum(held.values())
-    peak = problem.peak_memory(assign) + extra
+    peak = memory.total + extra
     fits = bool(problem.fits_plan(assign)) and not (extra and problem.device_limit is not None and
                                                      peak > problem.device_limit)
     costs = Costs(red_total, sync_total, red_total + sync_total, peak, fits,

@@ -28,7 +28,8 @@ longer makes (2026-11-30: the pipelined step priced 10% faster, its residual 1.1
 vocabulary-parallel loss priced beyond the fused one, as measured; 2026-11-30c: the DTensor path's logits gradient
 pass, ``path_work``; 2026-11-30d: fully_shard's all-gather input copies; 2026-11-30e: compute beside collectives
 slowed by the user's module's own figure; 2026-11-30f: an unmeasured tensor width at the nearest measured width's
-ratios): they are left out.
+ratios; 2026-11-30g: FSDP's gathered weights whole, no key/value cache under recomputation, the DTensor path's
+casts of gathered weights not cached: memory only): they are left out.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ from autotune.plan.typed import ApplyPath, Plan
 
 # The step model's revision, recorded with the residuals tune fits against its predictions. A change that moves
 # predictions bumps it (tests/autotune/test_step_model_revision.py fails where predictions move and it does not).
-STEP_MODEL = "2026-11-30f"
+STEP_MODEL = "2026-11-30g"
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 

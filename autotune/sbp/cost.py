@@ -506,9 +506,10 @@ class Problem:
     # with it), not a pipeline stage's cut of the model (``autotune.pipeline.stage.StageProblem``)
     users_step = True
 
-    def memory_breakdown(self, assign) -> Memory:
+    def memory_breakdown(self, assign, cached_gathered: bool = True) -> Memory:
         """Parameters, gradients, optimizer states, activations and the peak's workspace per device of a plan
-        (a tied logits layer's copy dropped where its weight is placed as the embedding's)."""
+        (a tied logits layer's copy dropped where its weight is placed as the embedding's); ``cached_gathered``:
+        ``peak_workspace``'s (False on the DTensor path)."""
         out = Memory()
         shared = 0.0
         for v, (i, c) in enumerate(zip(assign, self.counts)):
@@ -531,12 +532,13 @@ class Problem:
             split = self.loss is not None and loss_parallel(self.choices[self.loss][assign[self.loss]])
             offset = 0.0 if split else self.module_cal.peak_offset(key)
             # a block's transient (its key/value cache) at the block's local shape: its heads split as the
-            # attention's are
+            # attention's are; none where apply re-runs a block or its attention (``apply.layers._rerun``)
             a = self.attention
             at = self.module_cal.key(self.ops[a], self.choices[a][assign[a]], self.cluster)
-            transient = self.module_cal.forward_transient(at) * len(self.graph.blocks)
+            blocks = len(self.graph.blocks) if self.mode.recompute == "none" else 0
+            transient = self.module_cal.forward_transient(at) * blocks
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
-                            self.mb, self.mode, self.chain_roles, self.recipe, shared, transient)
+                            self.mb, self.mode, self.chain_roles, self.recipe, shared, transient, cached_gathered)
         return Memory(out.parameters, out.gradients, out.optimizer, out.activations, ws + offset)
 
     def layer_memory(self, v: int, s: Strategy) -> Memory:

@@ -376,12 +376,14 @@ def loss_parallel(s) -> bool:
     return s.signature == "loss" and s.recipe_dim("autocast") and s.mesh.role_size(1) > 1
 
 
-def weight_copy_bytes(s, cluster: Cluster, act_bytes: int) -> float:
+def weight_copy_bytes(s, cluster: Cluster, act_bytes: int, unsharded_in: Mode | None = None) -> float:
     """Autocast's bf16 copies of a matmul's weights (as the layer uses them), kept for its backward (none where
-    the weights are half precision already: a main-gradient recipe's strategy, ``Recipe.main_grad``)."""
+    the weights are half precision already: a main-gradient recipe's strategy, ``Recipe.main_grad``);
+    ``unsharded_in``: of the weights FSDP does not shard in that mode only."""
     if act_bytes != 2 or s.input is None or s.signature not in MATMUL_SIGNATURES or s.recipe_dim("main_grad"):
         return 0.0
-    return COPY_BYTES * sum(_elems(w, s.mesh, cluster) for w in s.weights)
+    return COPY_BYTES * sum(_elems(w, s.mesh, cluster) for w in s.weights
+                            if unsharded_in is None or not fsdp_axes(s, w, cluster, unsharded_in))
 
 
 def kept_copy_bytes(s, cluster: Cluster, act_bytes: int, mode: Mode = NONE, role: str = OUTSIDE) -> float:
@@ -484,12 +486,14 @@ def loss_forward_bytes(s, cluster: Cluster, act_bytes: int) -> float:
 
 
 def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
-    """Under FSDP, the bytes of a layer's weights gathered for use (fp32: the parameters' type) beyond the
-    shards it holds."""
+    """Under FSDP, the bytes of a layer's sharded weights gathered for use (fp32: the parameters' type), whole:
+    the gathered weight is an allocation of its own beside the shard (fully_shard's unsharded parameters, the
+    DTensor path's all-gather at use; 2 x H200, 2026-11-30: Llama 3 8B's root unit, its embedding and head,
+    3.91 GiB unsharded beside their shards at the loss)."""
     if mode.fsdp_axes is None:
         return 0.0
-    w = FP32.weight
-    return sum((_elems(t, s.mesh, cluster) - held_elems(s, t, cluster, mode)) * w for t in s.weights)
+    return sum(_elems(t, s.mesh, cluster) * FP32.weight for t in s.weights
+               if held_elems(s, t, cluster, mode) < _elems(t, s.mesh, cluster))
 
 
 def largest_block(graph: LayerGraph, devices: int) -> float:
@@ -507,7 +511,7 @@ def largest_block(graph: LayerGraph, devices: int) -> float:
 
 def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_batches: int,
                    mode: Mode = NONE, roles=None, recipe: str = "autocast", shared_gradients: float = 0.0,
-                   forward_transient: float = 0.0) -> float:
+                   forward_transient: float = 0.0, cached_gathered: bool = True) -> float:
     """Bytes above parameters, gradients, optimizer states and kept activations at a step's
     peak. The backward of chain position i runs while positions 0..i still keep their
     activations (the later ones are freed), so the activations peak at
@@ -533,7 +537,10 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
     ``tied_saving``), which exist once: so that the breakdown's gradients, which drop them, plus this
     workspace make the peak (they were once subtracted from every peak: one H100, development D2 recomputed,
     0.31 GiB under). ``forward_transient``: bytes the blocks hold at the forward's end beyond what they keep, as
-    the user's module was measured to (``calibrate module``: a transformers model's key/value cache)."""
+    the user's module was measured to (``calibrate module``: a transformers model's key/value cache).
+    ``cached_gathered``: whether autocast's cache holds the copies of FSDP-gathered weights too: fully_shard's
+    unsharded parameters are leaves, whose casts it caches; the DTensor path gathers a weight at use by a
+    parametrization, whose casts it does not (``autotune.apply.dtensor``)."""
     acc = micro_batches > 1
     roles = roles or [OUTSIDE] * len(chain_strategies)
     full = mode.recompute == "full"
@@ -545,8 +552,9 @@ def peak_workspace(chain_strategies, cluster: Cluster, act_bytes: int, micro_bat
             m = strategy_memory(s, cluster, act_bytes, mode, role, recipe=recipe)
             g = m.gradients if recipe != "autoddl" else strategy_memory(s, cluster, act_bytes, mode, role).gradients
             copy = weight_copy_bytes(s, cluster, act_bytes)
+            cached = copy if cached_gathered else weight_copy_bytes(s, cluster, act_bytes, unsharded_in=mode)
             made[key] = (m.activations, g, loss_forward_bytes(s, cluster, act_bytes),
-                         copy if full and role != OUTSIDE and recipe == "autocast" else None,
+                         cached if full and role != OUTSIDE and recipe == "autocast" else None,
                          kept_bytes(s, cluster, act_bytes) + copy - m.activations,
                          work_bytes(s, cluster, act_bytes, acc), gathered_weight_bytes(s, cluster, mode))
         return made[key]

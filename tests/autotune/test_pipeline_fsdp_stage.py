@@ -105,9 +105,9 @@ def test_stage_memory_closed_form(graph, profile):
                 held += c * held_elems(s, w, pr.cluster, pr.mode)
                 if pr.roles[v] == OUTSIDE and fsdp_axes(s, w, pr.cluster, pr.mode):
                     root += c * n
-        blocks = [sum(4 * (local_elems(w, s.mesh, pr.cluster) - held_elems(s, w, pr.cluster, pr.mode))
+        blocks = [sum(4 * local_elems(w, s.mesh, pr.cluster)  # whole, beside the shards
                       for p in range(lo, hi) for s in (pr.choices[pr.graph.chain[p]][a[pr.graph.chain[p]]],)
-                      for w in s.weights) for lo, hi in pr.graph.blocks]
+                      for w in s.weights if fsdp_axes(s, w, pr.cluster, pr.mode)) for lo, hi in pr.graph.blocks]
         assert held < whole / 2 and min(blocks) > 0
         m, p = pr.memory_breakdown(a), plain.memory_breakdown(a)
         assert m.parameters == pytest.approx(4 * (held + root))

@@ -20,7 +20,7 @@ from autotune.sbp.cost import Problem
 from autotune.sbp.dp import LayerDP
 from autotune.sbp.fit import search_fitting, search_modes
 from autotune.sbp.layers import make_op
-from autotune.sbp.memory import Mode, kept_bytes, peak_workspace, strategy_memory
+from autotune.sbp.memory import MATMUL_SIGNATURES as MATMULS, Mode, kept_bytes, peak_workspace, strategy_memory
 from autotune.sbp.mesh import Cluster
 from autotune.plan.build import build as build_plan
 from autotune.plan.file import PlanFile
@@ -338,14 +338,34 @@ def test_fsdp_divides_weights_and_gathers_them_per_micro_batch():
     n = 64 * (4 + 4) * 16 * 4
     ag, rs = (BASE.time(c, n, Group(4)) for c in (Collective.ALLGATHER, Collective.REDUCESCATTER))
     assert fsdp.node_redist[v][a[v]] - plain.node_redist[v][a[v]] == pytest.approx(2 * (2 * ag + rs), rel=1e-12)
-    # workspace: two layers' gathered weights (fp32) beyond the shards, the two largest
-    gathered = sorted(4 * 3 / 4 * sum(local(w, s, cl) for w in s.weights) for s in
+    # workspace: two layers' gathered weights (fp32, whole: an allocation beside the shards), the two largest
+    gathered = sorted(4 * sum(local(w, s, cl) for w in s.weights) for s in
                       (fsdp.choices[u][a[u]] for u in fsdp.graph.chain))
     assert mf.workspace == pytest.approx(mp.workspace + gathered[-1] + gathered[-2])
     plan = build_plan(fsdp, a, "fsdp")
     assert (plan.sharding_mode, plan.sharding_axes) == ("fsdp", (0, 1))
     assert any(c.phase == "fsdp" for lay in plan.layers for c in lay.collectives)
 
+
+def test_on_the_dtensor_path_autocast_caches_no_copy_of_a_gathered_weight_under_full_recomputation():
+    """Under full recomputation the forward's end holds autocast's cached bf16 copy of every re-run block's
+    weights: fully_shard's unsharded parameters are leaves, whose casts autocast caches; the DTensor path gathers
+    an FSDP-sharded weight at use by a parametrization, whose casts it does not (both shown on the CPU in
+    ``test_apply_recompute``). So the DTensor path's peak there is the fully_shard path's less
+    the copies of the blocks' sharded weights, down to the backward's peak, which holds no cached copy (with eight
+    blocks the forward's end is the fully_shard path's peak); without FSDP the two are the same."""
+    g = contract_graph(layers=8, batch=8, micro_batch=4)
+    cl = Cluster(1, 4)
+    for mode, sharded in ((Mode("full", (0, 1)), True), (Mode("full"), False)):
+        pr = problem(g, cl, objective="comm", mode=mode)
+        a = data_parallel(pr)
+        leaf, gathered = pr.memory_breakdown(a), pr.memory_breakdown(a, cached_gathered=False)
+        copies = sum(2 * local(w, s, cl) for p in range(len(pr.graph.chain)) if pr.chain_roles[p] != "outside"
+                     for s in (pr.choices[pr.graph.chain[p]][a[pr.graph.chain[p]]],) if s.signature in MATMULS
+                     for w in s.weights)
+        assert copies > 0
+        saved = leaf.workspace - gathered.workspace
+        assert (0.25 * copies < saved <= copies * (1 + 1e-12)) if sharded else saved == 0.0
 
 def test_fsdp_exposed_is_what_the_layers_compute_does_not_cover_and_its_copies():
     g = contract_graph(layers=1)
