@@ -29,7 +29,7 @@ vocabulary-parallel loss priced beyond the fused one, as measured; 2026-11-30c: 
 pass, ``path_work``; 2026-11-30d: fully_shard's all-gather input copies; 2026-11-30e: compute beside collectives
 slowed by the user's module's own figure; 2026-11-30f: an unmeasured tensor width at the nearest measured width's
 ratios; 2026-11-30g: FSDP's gathered weights whole, no key/value cache under recomputation, the DTensor path's
-casts of gathered weights not cached: memory only): they are left out.
+casts of gathered weights not cached, the loss's fp32 copy of the logits: memory only): they are left out.
 """
 from __future__ import annotations
 

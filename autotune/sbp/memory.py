@@ -476,13 +476,15 @@ def work_bytes(s, cluster: Cluster, act_bytes: int, accumulate: bool) -> float:
 
 def loss_forward_bytes(s, cluster: Cluster, act_bytes: int) -> float:
     """Bytes a loss layer's forward holds beyond what it keeps, at the end of the forward: its input (the
-    logits, kept by no layer) and, under bf16 autocast (F.cross_entropy on bf16 logits), one more logit-sized
-    bf16 transient (one H100, 2026-11-27: 3 x 0.49 GiB alive at the loss's line for 0.98 GiB of fp32
-    log-probabilities kept); 0 for other layers."""
+    logits, kept by no layer but held by the model's output) and, under bf16 autocast, the fp32 copy of them the
+    loss computes on (transformers' loss upcasts them; F.cross_entropy under autocast does too): one H100,
+    2026-11-27: 3 x 0.49 GiB alive at the loss's line for 0.98 GiB of fp32 log-probabilities kept; 2 x H200,
+    2026-11-30, Llama 3 8B's peak inside cross_entropy: the bf16 logits 3.91 GiB and their fp32 copy 7.83 beside
+    the log-probabilities 7.83 (reports/records/plans_h200x2.md, session 30). 0 for other layers."""
     if s.signature not in ("loss", "loss-replicated"):
         return 0.0
     inp = _local(s.input, s, cluster)
-    return inp * act_bytes * (2 if act_bytes == 2 and s.recipe_dim("autocast") else 1)
+    return inp * (act_bytes + STAT_BYTES) if act_bytes == 2 and s.recipe_dim("autocast") else inp * act_bytes
 
 
 def gathered_weight_bytes(s, cluster: Cluster, mode: Mode) -> float:
