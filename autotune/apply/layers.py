@@ -262,25 +262,22 @@ def _check_heads(lay: LayerPlan, mods, plan: TypedPlan, where: str) -> None:
 CACHE_ARGS = ("cache", "past_key_values", "past_key_value", "layer_past")  # transformers' names across versions
 
 
-def _cache_slots(forward) -> tuple[tuple[str, int | None], ...]:
-    """Each inference-cache parameter of ``forward`` (``CACHE_ARGS``) with its position where it may be passed
-    positionally (GPT-2's blocks take the cache second), else None."""
-    params = list(inspect.signature(forward).parameters.values())
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return tuple((p.name, positional.index(p.name) if p.name in positional else None)
-                 for p in params if p.name in CACHE_ARGS)
+def _cache_slots(forward) -> tuple[int, ...]:
+    """The positions at which ``forward`` takes an inference cache (``CACHE_ARGS``) when passed positionally
+    (GPT-2's blocks take it second)."""
+    positional = [p.name for p in inspect.signature(forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return tuple(i for i, name in enumerate(positional) if name in CACHE_ARGS)
 
 
 def _rerun(forward, slots, *args, **kwargs):
     """``forward`` under torch's checkpoint, its re-run in the backward recomputing what it keeps, and without an
-    inference cache (``slots``: ``_cache_slots``), as transformers' own gradient checkpointing runs a layer: a
-    key/value cache written in the forward is kept past the block (2 x H200, 2026-11-30: 4.00 GiB alive at
-    Llama 3 8B's loss under full recomputation) and is written again by the re-run."""
+    inference cache (by keyword, or at ``slots``: ``_cache_slots``), as transformers' own gradient checkpointing
+    runs a layer: a key/value cache written in the forward is kept past the block (2 x H200, 2026-11-30: 4.00 GiB
+    alive at Llama 3 8B's loss under full recomputation) and is written again by the re-run."""
     from torch.utils.checkpoint import checkpoint
-    args = list(args)
-    for name, i in slots:
-        if i is not None and i < len(args):
-            args[i] = None
+    args = [None if i in slots else a for i, a in enumerate(args)]
+    for name in CACHE_ARGS:
         if kwargs.get(name) is not None:
             kwargs[name] = None
     if kwargs.get("use_cache"):
