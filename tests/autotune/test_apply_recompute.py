@@ -4,8 +4,8 @@ checkpointed block wrote its keys and values into it in the forward, kept past t
 4.00 GiB alive at Llama 3 8B's loss under full recomputation, which the plan did not price), and again in the
 backward's re-run. Checked on one process in float64: the cache is empty after the forward, whether the model passes
 it by keyword (Llama) or by position (GPT-2's blocks), under full (the block) and selective (the attention)
-recomputation, and the gradients equal those without recomputation. Planted bug (the cache left on): the first
-check fails."""
+recomputation, and the gradients equal those without recomputation. Planted bugs: the cache left on where it
+comes by keyword fails the Llama cases; where it comes by position, GPT-2's."""
 import functools
 import os
 
