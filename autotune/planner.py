@@ -97,11 +97,20 @@ def headroom_limit(memory_limit: float | None, profile: Profile, graph: LayerGra
     """``memory_limit`` for the single-stage plans of ``graph``: under the default allocator, no higher than the
     device's usable memory (the profile's) less the step's largest single allocation (``memory.largest_block``),
     which that allocator needs beyond what it has reserved; ``memory_limit`` itself under expandable segments (they
-    map a request into the segment they grow) or where the profile gives no usable memory."""
+    map a request into the segment they grow) or where the profile gives no usable memory. That allocation alone
+    above the usable memory is one line naming the micro-batch, before any search."""
     usable = profile.device.usable_bytes if profile.device is not None else None
     if memory_limit is None or not usable or allocator != "default":
         return memory_limit
-    return min(memory_limit, usable - largest_block(graph, cluster.devices))
+    largest = largest_block(graph, cluster.devices)
+    if largest >= usable:
+        c = graph.config
+        raise OptionError("micro_batch", f"{c.get('micro_batch', 1)} on {cluster.devices} device(s): the loss's fp32 "
+                                         f"copy of a device's logits ({max(1, c.get('micro_batch', 1) // cluster.devices)}"
+                                         f" x {c['sequence']} x {c['vocabulary']}) takes {largest / 2**30:.4g} GiB, "
+                                         f"more than the device's usable {usable / 2**30:.4g} GiB: shrink it or add "
+                                         f"devices")
+    return min(memory_limit, usable - largest)
 
 
 def accumulation_choices(graph: LayerGraph, devices: int, most: int = 8) -> tuple[int, ...]:

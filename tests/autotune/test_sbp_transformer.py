@@ -11,6 +11,7 @@ import pytest
 
 from calibrate.collectives import Collective
 from calibrate.compute import Band, ComputeModel
+from calibrate.errors import OptionError
 from calibrate.profile import Group, Profile
 from models import load_model
 from models.graph import Layer, LayerGraph
@@ -585,3 +586,9 @@ def test_the_default_allocator_keeps_room_for_the_losss_fp32_logits():
     assert headroom_limit(usable, p, g, Cluster(1, 2), "expandable_segments") == usable
     assert headroom_limit(10 * 2**30, p, g, Cluster(1, 2)) == 10 * 2**30
     assert headroom_limit(None, p, g, Cluster(1, 2)) is None
+    huge = load_model("llama", None, {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128,
+                                      "vocabulary": 128256, "sequence": 4096, "batch": 128, "micro_batch": 128})
+    assert largest_block(huge, 1) > usable  # 128 x 4096 x 128256 x 4 bytes: 250.5 GiB
+    with pytest.raises(OptionError, match=r"micro_batch 128 on 1 device.*250.5 GiB, more than the device's usable"):
+        headroom_limit(usable, p, huge, Cluster(1, 1))
+    assert headroom_limit(usable, p, huge, Cluster(1, 2)) == usable - largest_block(huge, 2)
