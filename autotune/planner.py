@@ -98,13 +98,12 @@ def headroom_limit(memory_limit: float | None, profile: Profile, graph: LayerGra
     device's usable memory (the profile's) less the step's largest single allocation (``memory.largest_block``),
     which that allocator needs beyond what it has reserved; ``memory_limit`` itself under expandable segments (they
     map a request into the segment they grow) or where the profile gives no usable memory. That allocation alone
-    above the usable memory is one line naming the micro-batch, before any search."""
+    above the usable memory, where the micro-batch covers the devices, is one line naming it, before any search."""
     usable = profile.device.usable_bytes if profile.device is not None else None
     if memory_limit is None or not usable or allocator != "default":
         return memory_limit
-    largest = largest_block(graph, cluster.devices)
-    if largest >= usable:
-        c = graph.config
+    largest, c = largest_block(graph, cluster.devices), graph.config
+    if largest >= usable and c.get("micro_batch", 1) >= cluster.devices:  # fewer: the vocabulary may split it
         raise OptionError("micro_batch", f"{c.get('micro_batch', 1)} on {cluster.devices} device(s): the loss's fp32 "
                                          f"copy of a device's logits ({max(1, c.get('micro_batch', 1) // cluster.devices)}"
                                          f" x {c['sequence']} x {c['vocabulary']}) takes {largest / 2**30:.4g} GiB, "
