@@ -102,13 +102,12 @@ def headroom_limit(memory_limit: float | None, profile: Profile, graph: LayerGra
     usable = profile.device.usable_bytes if profile.device is not None else None
     if memory_limit is None or not usable or allocator != "default":
         return memory_limit
-    largest, c = largest_block(graph, cluster.devices), graph.config
-    if largest >= usable and c.get("micro_batch", 1) >= cluster.devices:  # fewer: the vocabulary may split it
-        raise OptionError("micro_batch", f"{c.get('micro_batch', 1)} on {cluster.devices} device(s): the loss's fp32 "
-                                         f"copy of a device's logits ({max(1, c.get('micro_batch', 1) // cluster.devices)}"
-                                         f" x {c['sequence']} x {c['vocabulary']}) takes {largest / 2**30:.4g} GiB, "
-                                         f"more than the device's usable {usable / 2**30:.4g} GiB: shrink it or add "
-                                         f"devices")
+    largest, mb, c = largest_block(graph, cluster.devices), graph.config.get("micro_batch", 1), graph.config
+    if largest >= usable and mb >= cluster.devices:  # fewer: a vocabulary split may fit it
+        raise OptionError("micro_batch", f"{mb} on {cluster.devices} device(s): the loss's fp32 copy of a device's "
+                                         f"logits ({mb // cluster.devices} x {c['sequence']} x {c['vocabulary']}) takes "
+                                         f"{largest / 2**30:.4g} GiB, more than the device's usable "
+                                         f"{usable / 2**30:.4g} GiB: shrink it or add devices")
     return min(memory_limit, usable - largest)
 
 
