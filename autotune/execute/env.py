@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from dataclasses import dataclass, field
 
-from calibrate.errors import OptionError
+from calibrate.errors import OptionError, UserError
 
 from autotune.execute.launch import Launch, launch_env, rendezvous
 from calibrate.optional import require_torch
@@ -36,6 +37,18 @@ class Dist:
         if reset:
             torch.cuda.reset_peak_memory_stats(self.device)
         return peak
+
+    def check_cpu_room(self, need_bytes: float | None) -> None:
+        """On the CPU, ``need_bytes`` a process (the plan's predicted peak) times this host's processes against its
+        available memory, before anything is built: a plan priced for GPUs would otherwise be killed by the
+        kernel part-way, with no line. Nothing on a GPU (its plans are priced against the profile's device)."""
+        avail = available_host_bytes()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.launch.world))
+        if self.is_gpu or not need_bytes or avail is None or need_bytes * local <= avail:
+            return
+        raise UserError(f"the plan's predicted {need_bytes / 2**30:.4g} GiB a process x {local} process(es) on the "
+                        f"CPU is more than this host's available {avail / 2**30:.4g} GiB: run it on the GPUs its "
+                        f"profile describes, or search for a smaller model")
 
     def set_mesh(self, axis_sizes: tuple[int, ...]) -> None:
         """The DeviceMesh over the cluster's fine axes (rank = mixed-radix coordinates)."""
@@ -69,6 +82,18 @@ class Dist:
                     lists.append(grid[tuple(index)].flatten().tolist())
                 self._groups[axes], _ = dist.new_subgroups_by_enumeration(lists)
         return self._groups[axes]
+
+
+def available_host_bytes(meminfo: str = "/proc/meminfo") -> float | None:
+    """The host's available memory (Linux's MemAvailable: free and reclaimable), or None where it is not told."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def quiet() -> None:

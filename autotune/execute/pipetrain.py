@@ -59,6 +59,7 @@ def run_pipeline_plan(plan, d, *, module: str = DEFAULT_MODULE, layers=None, ste
     check_apply_path(apply_path)
     pp = check_pipelined(plan, d.launch.world, layers)
     config = {"kind": pp.model.kind, **pp.model.config}
+    d.check_cpu_room(pp.costs.memory_bytes if pp.costs and layers is None else None)
     param_dtype, autocast = module_dtypes(config, dtype)
     # built on the CPU: apply_pipeline moves this rank's stage to its device, and the rest stays off the GPU
     pipe = autotune.apply_pipeline(pp, build(module, config, seed, param_dtype, "cpu"),

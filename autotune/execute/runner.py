@@ -60,6 +60,7 @@ def run_module_plan(plan, d: Dist, *, module: str = DEFAULT_MODULE, layers=None,
             raise OptionError("layers", "must be at least 1")
         typed = replace(typed, model=ModelSpec(typed.model.kind, dict(typed.model.config, layers=layers)))
     config = {"kind": typed.model.kind, **typed.model.config}
+    d.check_cpu_room(typed.costs.memory_bytes if typed.costs and layers is None else None)
     d.set_mesh(cluster.axis_sizes)
     param_dtype, autocast = module_dtypes(config, dtype)
     check_apply_path(apply_path)

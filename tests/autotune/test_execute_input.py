@@ -54,6 +54,22 @@ def test_older_schema(plan4, tmp_path, capsys):
     assert "version 0; this tool reads version 2: re-run python -m autotune --out DIR" in _err(capsys)
 
 
+def test_a_plan_larger_than_the_hosts_memory_is_refused_on_the_cpu_before_it_is_built(plan1, tmp_path, capsys):
+    """A plan priced for a GPU run on the CPU (autotune tune or execute on a machine without one) would be killed by
+    the kernel part-way: its predicted bytes a process against the host's available memory, one line first."""
+    from autotune.execute.env import available_host_bytes
+    d = json.loads(plan1.read_text())
+    d["best"]["costs"]["memory_bytes"] = 1e15
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(d))
+    assert main(["execute", str(big), "--device", "cpu", "--out", str(tmp_path / "out")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # after the run's progress lines
+    assert "predicted 9.313e+05 GiB a process x 1 process(es) on the CPU is more than this host's available" in line
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24000000 kB\nMemAvailable:   2048 kB\n")
+    assert available_host_bytes(str(info)) == 2048 * 1024 and available_host_bytes(str(tmp_path / "no")) is None
+
+
 def test_unknown_baseline(plan4, capsys):
     assert main(["execute", str(plan4), "--which", "baseline:zero"]) == 2
     assert "Megatron" in _err(capsys)
