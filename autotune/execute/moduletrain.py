@@ -242,18 +242,22 @@ class ModuleTrainer:
 
     def run(self, steps: int, warmup: int, profile_steps: int, progress=None) -> dict:
         probe = {}
-        if self.d.is_gpu:
-            torch.cuda.reset_peak_memory_stats(self.d.device)
-        losses, times, issue = self.timed_steps(0, steps, probe, progress)
         gpu = self.d.is_gpu
-        peak = None
+        if gpu:
+            torch.cuda.reset_peak_memory_stats(self.d.device)
+            retries = _retries(self.d)
+        losses, times, issue = self.timed_steps(0, steps, probe, progress)
+        peak = allocator = None
         if gpu:
             mine = torch.tensor([float(max(probe.values()))], device=self.d.device)
             out = [torch.zeros_like(mine) for _ in range(self.d.launch.world)]
             dist.all_gather(out, mine)
             peak = [int(x.item()) for x in out]
+            allocator = {"retries": int(_slowest(float(_retries(self.d) - retries), self.d)),
+                         "reserved_bytes": int(_slowest(float(torch.cuda.memory_reserved(self.d.device)), self.d))}
         res = {"losses": losses, "step_times_s": times, "step_s": _slowest(statistics.median(times[warmup:]), self.d),
                "host_issue_s": _slowest(statistics.median(issue[warmup:]), self.d), "peak_memory_bytes": peak,
+               "allocator": allocator,
                "peak_memory_phases_bytes": {k: _slowest(float(v), self.d) for k, v in probe.items()} if gpu else None,
                "comm_s": None, "comm_source": "not profiled", "exposed_comm_s": None, "device_time_s": None,
                "top_kernels": None, "layer_clock": None}
@@ -287,6 +291,13 @@ def profiled(d, n: int, run) -> dict:
             "exposed_comm_s": _slowest(trace.exposed_time(comm, busy) / 1e6 / n, d),
             "device_idle_s": _slowest(trace.idle_time(events) / 1e6 / n, d),
             "device_time_s": trace.breakdown(events, n), "top_kernels": trace.top_kernels(events, n)}
+
+
+def _retries(d) -> int:
+    """The caching allocator's retries so far on ``d``'s GPU: a request it could not serve from its cache or a new
+    segment, served after freeing every cached block (a device-wide synchronisation each: a step near the memory
+    limit runs slower than its kernels)."""
+    return int(torch.cuda.memory_stats(d.device).get("num_alloc_retries", 0))
 
 
 def _slowest(x: float, d) -> float:

@@ -97,6 +97,10 @@ def check_result(d: dict, origin: str) -> dict:
     peak = m.get("peak_memory_bytes")
     if peak is not None and not (isinstance(peak, list) and all(_finite(x) for x in peak)):
         fail("measured/peak_memory_bytes", "is not a list of byte counts")
+    alloc = m.get("allocator")  # on GPUs: the caching allocator's retries during the steps, its reserved bytes after
+    if alloc is not None and not (isinstance(alloc, dict) and all(_finite(alloc.get(k))
+                                                                  for k in ("retries", "reserved_bytes"))):
+        fail("measured/allocator", "is not an object of retries and reserved_bytes (numbers >= 0)")
     p = d.get("predicted", {})
     if not isinstance(p, dict):
         fail("predicted", f"is {p!r:.40}, not an object")

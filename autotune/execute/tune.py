@@ -96,6 +96,7 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
                    measured_bytes=max(peak) if isinstance(peak, list) and peak else peak)
         if plan.stages and isinstance(peak, list) and peak:
             row.update(stage_memory(plan, peak))
+        row.update(allocator_row(m))
     except torch.OutOfMemoryError:
         row.update(status="out of memory", note="does not fit: it ran out of device memory")
     except FactoryError:  # the same for every candidate: stop at once, in one line
@@ -110,6 +111,16 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
                                        if row["status"] == "ok" else row.get("note", row["status"]))
              + f" ({time.perf_counter() - start:.1f} s to build, place and run it)")
     return row
+
+
+def allocator_row(measured: dict) -> dict:
+    """A row's allocator retries and their note, where the run had any (``moduletrain._retries``): a step slower
+    than priced may come from the allocator at the device's limit, not from the plan's kernels."""
+    retries = (measured.get("allocator") or {}).get("retries")
+    if not retries:
+        return {}
+    return {"alloc_retries": retries, "note": f"the allocator retried {retries} times (its cache freed, the device "
+                                              f"synchronised): near the memory limit"}
 
 
 def stage_memory(plan: Plan, peaks: list) -> dict:

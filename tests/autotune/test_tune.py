@@ -235,6 +235,25 @@ def test_the_table_gives_tau_with_how_close_the_measured_steps_are():
                                               "4 plans (their measured steps within 1.9% of the fastest)")
 
 
+def test_a_run_whose_allocator_retried_says_so_in_its_row_and_its_record_is_checked(tmp_path):
+    """The caching allocator's retries (each frees its cache and synchronises the device) go into the row's note, where
+    a step slower than priced may come from them; none, no note; a record with a malformed figure is refused."""
+    from autotune.execute import result
+    from autotune.execute.tune import allocator_row
+    row = allocator_row({"allocator": {"retries": 3, "reserved_bytes": 2**30}})
+    assert row["alloc_retries"] == 3 and row["note"].startswith("the allocator retried 3 times")
+    assert allocator_row({"allocator": {"retries": 0, "reserved_bytes": 1}}) == allocator_row({"allocator": None}) == {}
+    rec = {"kind": result.KIND, "version": result.VERSION, "strategy": "s", "model": {}, "cluster": {}, "device": "H200",
+           "backend": "nccl", "dtype": "bfloat16", "predicted": {},
+           "measured": {"step_s": 1.0, "losses": [1.0], "allocator": {"retries": 3, "reserved_bytes": 2**30}}}
+    result.write_record(tmp_path, 0, rec)
+    assert result.load_records(tmp_path)[0]["measured"]["allocator"]["retries"] == 3
+    rec["measured"]["allocator"] = {"retries": -1, "reserved_bytes": 0}
+    result.write_record(tmp_path, 0, rec)
+    with pytest.raises(UserError, match="measured/allocator"):
+        result.load_records(tmp_path)
+
+
 def test_candidates_take_the_primary_kinds_before_per_layer_placements():
     """K = 4 after a data-parallel searched plan: FSDP, tensor parallel and pipelined, each its fastest predicted
     that fits, before a per-layer (SUMMA) plan predicted faster than all of them; with K = 5 that one too."""
