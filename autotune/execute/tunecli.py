@@ -7,7 +7,8 @@
 The search runs on rank 0 (the search's own options after ``--``: sequence, batch, memory limit, ...) for the
 launched devices (one node of them), then every rank runs the candidates (``autotune.execute.tune``). Written
 into --out: plan.json (best: the measured fastest; meta.tune: every candidate's predicted and measured step and
-memory), tune.md (the same table), report.html; and the profile with its residuals (--profile-out, default the
+memory), tune.md (the same table, written after each candidate: a tune stopped part-way keeps the candidates run),
+report.html; and the profile with its residuals (--profile-out, default the
 --profile file itself where it is one, else --out/profile.json).
 """
 from __future__ import annotations
@@ -91,7 +92,13 @@ def main(argv=None, report=None) -> int:
                  + "; ".join(c.strategy for c in cands))
         build = BuildOnce(int(os.environ.get("LOCAL_WORLD_SIZE", launch.world)),  # the model built once a process
                           init=d.device if d.is_gpu else None)
-        rows = [run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress, build) for c in cands]
+        rows = []
+        for c in cands:
+            rows.append(run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress, build))
+            if lead:  # each candidate's figures kept as measured: an interrupted tune loses none of them
+                out.mkdir(parents=True, exist_ok=True)
+                write_atomic(out / "tune.md", f"# autotune tune (stopped after {len(rows)} of {len(cands)} "
+                                              f"candidates)\n\n{tune_table(rows, None)}\n", "tune table")
     finally:
         stop(d)
     if not lead:

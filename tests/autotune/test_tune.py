@@ -160,6 +160,39 @@ def test_a_failing_factory_stops_tune_in_one_line(tmp_path):
     assert not (out / "tune.md").exists()
 
 
+def _tune_stopped_at_the_second(argv):
+    """``_tune`` whose second candidate is stopped (as Ctrl-C or a lost node stops it) on every rank."""
+    import autotune.execute.tune as tune_module
+    run, calls = tune_module.run_candidate, []
+
+    def stopping(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return run(*a, **k)
+    tune_module.run_candidate = stopping
+    try:
+        return _tune(argv)
+    except KeyboardInterrupt:
+        return "stopped"
+
+
+def test_a_tune_stopped_part_way_keeps_the_candidates_it_ran(tmp_path):
+    """tune.md is written after each candidate: stopped in the second, the first's measured row is on disk."""
+    base = Profile.load("h200-nvlink")
+    profile = tmp_path / "profile.json"
+    replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
+    argv = ["--model", "llama", "--module", "models.modules:build", "--profile", str(profile), "--k", "3", "--steps",
+            "2", "--warmup", "1", "--device", "cpu", "--out", str(tmp_path / "out"), "--", "--budget", "0.3",
+            "--compare", "none", *[f"--{k.replace('_', '-')}={v}" for k, v in MODEL.items() if k != "kind"]]
+    assert [r for (r,) in run_on_gloo(_tune_stopped_at_the_second, [(argv,)], 2, init=False)] == ["stopped"] * 2
+    md = (tmp_path / "out" / "tune.md").read_text()
+    assert "stopped after 1 of 3 candidates" in md
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "candidate |" not in line and "---" not in line]
+    assert len(rows) == 1 and float(rows[0].split(" | ")[4]) > 0  # its measured ms
+    assert not (tmp_path / "out" / "plan.json").exists()
+
+
 def tied_llama(config):
     """transformers' Llama with its embedding and head tied (what to_empty unties)."""
     from transformers import LlamaConfig, LlamaForCausalLM
