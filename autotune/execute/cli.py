@@ -156,13 +156,19 @@ def device_warning(plan: Plan, here: str) -> str | None:
     """A warning where the plan's predictions come from a profile measured on another device than this
     run's (an H200 profile's step time set against a CPU run is no comparison), else None."""
     try:
-        device = Profile.load(plan.profile).device
+        profile = Profile.load(plan.profile)
     except UserError:
         return None
-    if device is None or device.name == here:
+    return other_device(profile, here)
+
+
+def other_device(profile: Profile, here: str) -> str | None:
+    """The warning of ``device_warning`` for a profile loaded, or None where it describes ``here``."""
+    if profile.device is None or profile.device.name == here:
         return None
-    return (f"warning: the predictions come from profile {plan.profile!r}, measured on {device.name}; this run "
-            f"is on {here}: for a fair comparison search with a profile measured here (python -m calibrate compute)")
+    return (f"warning: the predictions come from profile {profile.name!r}, measured on {profile.device.name}; this "
+            f"run is on {here}: for a fair comparison search with a profile measured here (python -m calibrate "
+            f"compute)")
 
 
 def lock_on_rank0(lock: DirLock, lead: bool) -> None:

@@ -8,8 +8,8 @@ The search runs on rank 0 (the search's own options after ``--``: sequence, batc
 launched devices (one node of them), then every rank runs the candidates (``autotune.execute.tune``). Written
 into --out: plan.json (best: the measured fastest; meta.tune: every candidate's predicted and measured step and
 memory), tune.md (the same table, written after each candidate: a tune stopped part-way keeps the candidates run),
-report.html; and the profile with its residuals (--profile-out, default the
---profile file itself where it is one, else --out/profile.json).
+report.html; and, where the run was on the device the profile describes, the profile with its residuals
+(--profile-out, default the --profile file itself where it is one, else --out/profile.json).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.residuals import fitted
 from models.hf import default_module
 
+from autotune.execute.cli import other_device
 from autotune.execute.launch import check_steps, launch_env
 from autotune.execute.usermodule import load_factory
 from autotune.plan.hostpace import STEP_MODEL
@@ -63,7 +64,7 @@ def main(argv=None, report=None) -> int:
         Path(args.profile) if Path(args.profile).suffix == ".json" else out / "profile.json"
     from autotune.execute.env import start, stop
     from autotune.execute.moduletrain import BuildOnce, torch
-    from autotune.execute.tune import candidates, fastest, residual_runs, run_candidate, search_plans, tune_table
+    from autotune.execute.tune import candidates, fastest, run_candidate, search_plans, tune_table
     from dataclasses import replace
 
     from autotune.plan.file import PlanFile
@@ -75,6 +76,9 @@ def main(argv=None, report=None) -> int:
 
     began = time.perf_counter()
     d = start(args.device)
+    here = torch.cuda.get_device_name(d.device) if d.is_gpu else "CPU"
+    if other_device(profile, here):
+        progress(other_device(profile, here))
     try:
         shared = ["", None]
         if lead:
@@ -113,13 +117,23 @@ def main(argv=None, report=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = tuned.save(out / "plan.json")
     write_atomic(out / "tune.md", f"# autotune tune\n\n{table}\n", "tune table")
-    stamp = _dt.datetime.now().isoformat(timespec="seconds")
-    profile.residuals = fitted(residual_runs(rows), f"autotune tune, {stamp}, {launch.world} processes, "
-                                                    f"{args.module}", profile.residuals, STEP_MODEL)
-    written = profile.save(target)
     if report is not None:
         report(path, f"autotune tune: {chosen['strategy']}")
     print(table)
     print(f"returned: {chosen['strategy']} ({chosen['measured_step_s'] * 1e3:.2f} ms measured); wrote {path}, "
-          f"{out / 'tune.md'}; residuals per path {profile.residuals.paths} into {written}")
+          f"{out / 'tune.md'}; {residuals_note(profile, here, rows, target, launch.world, args.module)}")
     return 0
+
+
+def residuals_note(profile: Profile, here: str, rows: list[dict], target: Path, world: int, module: str) -> str:
+    """The candidates' residuals (measured / predicted per path) written into the profile at ``target``, where the
+    run was on the device the profile describes: a run elsewhere (a CPU, another GPU) would correct the next
+    search's prices on the profile's device by another device's ratios. What was done, as a line."""
+    from autotune.execute.tune import residual_runs
+    if other_device(profile, here):
+        return (f"residuals not written: the profile describes {profile.device.name}, this run was on {here} "
+                f"(tune with a profile measured here, python -m calibrate compute, to correct its prices)")
+    stamp = _dt.datetime.now().isoformat(timespec="seconds")
+    profile.residuals = fitted(residual_runs(rows), f"autotune tune, {stamp}, {world} processes, {module}",
+                               profile.residuals, STEP_MODEL)
+    return f"residuals per path {profile.residuals.paths} into {profile.save(target)}"

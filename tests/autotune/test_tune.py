@@ -61,9 +61,11 @@ def tune(tmp_path, profile, module: str | None = "tests.autotune.test_tune:slow_
 
 
 def test_tune_returns_the_measured_fastest_and_writes_the_residuals_back(tmp_path):
+    """The profile's device is the run's (the CPU here), so its residuals are written back; a profile of another
+    device keeps none (``test_a_config_json_tunes_on_its_own_transformers_class``)."""
     base = Profile.load("h200-nvlink")
     profile = tmp_path / "profile.json"
-    replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
+    replace(base, compute=replace(base.compute, overlap=OVERLAP), device=replace(base.device, name="CPU")).save(profile)
     out, errors = tune(tmp_path, profile)
     assert not errors
     pf = json.loads((out / "plan.json").read_text())
@@ -134,6 +136,7 @@ def test_a_config_json_tunes_on_its_own_transformers_class(tmp_path):
     pf = json.loads((out / "plan.json").read_text())
     assert pf["meta"]["tune"]["module"] == str(tmp_path / "model.json")
     assert sum(r["status"] == "ok" for r in pf["meta"]["tune"]["candidates"]) >= 2
+    assert Profile.load(profile).residuals == Profile.load(base.name).residuals  # an H200's: CPU ratios not written
     build = load_factory(default_module(str(tmp_path / "model.json")))
     stage = build(dict(pf["best"]["model"], layers=1))
     assert type(stage).__name__ == "LlamaForCausalLM" and stage.config.num_hidden_layers == 1
