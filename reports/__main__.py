@@ -1,6 +1,7 @@
 """``python -m reports <results dirs or JSON files...> -o report.html``: one
 self-contained HTML report from any results the project writes (calibration
-runs, fitted profiles, plans, benchmarks), a section per kind.
+runs, fitted profiles, plans, benchmarks; a folder of calibrate run, of execute
+--summarize, or of a search's or tune's --out), a section per kind.
 
 ``python -m reports tables FILE.md|RECORD.json ...``: the tuners' tables rendered from
 their JSON records (``reports/tables.py``): a record printed, a Markdown file's table
@@ -76,8 +77,8 @@ def main(argv=None) -> int:
     by_kind: dict[str, list[Path]] = {}
     for s in args.inputs:
         path = Path(s)
-        if path.is_dir() and not (path / "meta.json").exists() and (path / "summary.json").is_file():
-            path = path / "summary.json"  # an execute --out folder, summarized
+        if path.is_dir() and not (path / "meta.json").exists():  # an execute --out folder summarized, a search's
+            path = next((path / f for f in ("summary.json", "plan.json") if (path / f).is_file()), path)  # or tune's
         by_kind.setdefault(kind_of(path), []).append(path)
     sections = []
     for kind in REGISTRY:  # registry order is the order of the flow

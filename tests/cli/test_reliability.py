@@ -133,6 +133,18 @@ def test_schedule_report_gives_band_sizes_for_people(tmp_path):
     assert not [c for c in cells if c in ("inf", "nan") or re.fullmatch(r"\d{4,}", c)], cells
 
 
+def test_a_search_out_folder_is_a_report_input(tmp_path):
+    """``python -m reports DIR`` on the folder ``python -m autotune --out DIR`` (or ``tune``) wrote: its plan.json's
+    section, as a calibration run's folder gives its meta.json's."""
+    from autotune.__main__ import main as autotune_main
+    from reports.__main__ import main as reports_main
+
+    assert autotune_main(["--model", "gpt", "--preset", "gpt2", "--layers", "1", "--nodes", "1", "--gpus-per-node",
+                          "2", "--budget", "50steps", "--compare", "none", "--out", str(tmp_path / "plan")]) == 0
+    assert reports_main([str(tmp_path / "plan"), "-o", str(tmp_path / "r.html")]) == 0
+    assert "searched (cd)" in (tmp_path / "r.html").read_text()
+
+
 def test_report_chart_shows_what_the_headline_compares():
     from autotune.plan import Costs
     from reports.sections.sbp import _breakdown_fig, _objective
