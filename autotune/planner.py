@@ -254,7 +254,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         plan, base = _at_counts(plan, base, others, objective)
     if stages != "off":
         progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {schedule})")
-        cfg = PipelineConfig(stages, schedule, search=algorithm, seed=seed)
+        cfg = PipelineConfig(stages, schedule, search=algorithm, seed=seed, loss_room=allocator == "default")
         piped, mega3d = pipeline_plans(graph, cluster, profile, memory_limit,
                                        cfg.full_effort() if pipeline_effort == "full" else cfg, progress)
         if objective == "step":  # the pipelined plans corrected as the single-stage ones above

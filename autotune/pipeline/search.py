@@ -63,7 +63,7 @@ from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Catalogue
 from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, search_fitting, sharding_modes
-from autotune.sbp.memory import NONE, Mode
+from autotune.sbp.memory import NONE, Mode, largest_block
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import CoordinateDescent, auto_budget, make_search
 from autotune.sbp.searchbase import Budget
@@ -119,6 +119,8 @@ class PipelineConfig:
     # Megatron-LM's dropout (on the attention probabilities, on the hidden states), in its recipes only
     dropout: tuple[float, float] = (0.0, 0.0)
     overlap_grad_reduce: bool = True  # False: each stage's gradient sync exposed whole (``Techniques``)
+    # the default caching allocator's room for the loss's fp32 logits on the last stage (``StageSearch.stage_limit``)
+    loss_room: bool = False
     # a candidate of one stage priced as the single-stage step a user runs without a pipeline (FSDP reduce-scattering
     # each micro-batch, not torch's PipelineStage accumulating whole gradients): "1 stage" as a paper means it
     single_stage_plain: bool = False
@@ -130,10 +132,10 @@ class PipelineConfig:
         return replace(self, patience=None, relax_rounds=CoordinateDescent.relax_rounds, split_dps=self.refine)
 
     def reference(self) -> "PipelineConfig":
-        return PipelineConfig(self.stages, self.schedule, self.width + 2, self.micro_batch_choices + 2,
-                              self.refine + 4, self.max_stage_nodes * 2, self.budget_scale * 20, self.search,
-                              self.seed, None, CoordinateDescent.relax_rounds, self.refine + 4, self.virtual_stages,
-                              self.recipe, self.dropout, self.overlap_grad_reduce, self.single_stage_plain)
+        return replace(self, width=self.width + 2, micro_batch_choices=self.micro_batch_choices + 2,
+                       refine=self.refine + 4, max_stage_nodes=self.max_stage_nodes * 2,
+                       budget_scale=self.budget_scale * 20, patience=None,
+                       relax_rounds=CoordinateDescent.relax_rounds, split_dps=self.refine + 4)
 
 
 def schedule_name(name: str) -> str:
@@ -302,6 +304,17 @@ class StageSearch:
         self.progress(f"pipeline: {self.searches} stage searches so far; the last: {what} on {sub}, {m} "
                       f"micro-batches, {k} in flight: {_time(plan):.4g} s a micro-batch")
 
+    def stage_limit(self, m: int, span, sub: Cluster) -> float | None:
+        """The memory limit of the stage at ``span`` on ``sub``: the search's, and on the last stage (the loss's)
+        with ``cfg.loss_room``, no higher than the device's usable memory less the loss's fp32 copy of a device's
+        logits, which the default allocator needs beyond what it has reserved (``planner.headroom_limit``: the
+        single-stage plans' room, here of the stage's micro-batch over the stage's devices)."""
+        usable = self.profile.device.usable_bytes if self.profile.device is not None else None
+        g = self.graph_for(m)
+        if not self.cfg.loss_room or self.limit is None or not usable or span[1] != len(g.chain):
+            return self.limit
+        return min(self.limit, usable - largest_block(g, sub.devices))
+
     def graph_for(self, m: int) -> LayerGraph:
         if m not in self._graphs:
             self._graphs[m] = with_micro_batches(self.graph, m)
@@ -348,7 +361,7 @@ class StageSearch:
                 kw = dict(sequence_parallel=sequence_parallel, context=context[0] if context else None)
                 lay = self.layout(m, span, sub, runnable=not sequence_parallel and not context, megatron=True)
                 a = megatron_assignment(lay, d, t, **kw)
-                prob = None if a is None else lay.fixed(a, self.limit)
+                prob = None if a is None else lay.fixed(a, self.stage_limit(m, span, sub))
                 a = None if prob is None else megatron_assignment(prob, d, t, **kw)
                 self._fixed[key] = None if a is None else (prob, a)
         found = self._fixed[key]
@@ -365,8 +378,8 @@ class StageSearch:
             else:
                 cat = self.catalogue(sub)
                 whole = self.cfg.single_stage_plain and tuple(span) == (0, len(self.graph_for(m).chain))
-                base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.limit, catalogue=cat,
-                                    pipelined=not whole)
+                base = StageProblem(stage_graph(self.graph_for(m), *span), cat.coster, self.stage_limit(m, span, sub),
+                                    catalogue=cat, pipelined=not whole)
             self._problems[key] = base
         return base.in_flight(f)
 

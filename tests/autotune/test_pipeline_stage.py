@@ -529,3 +529,22 @@ def test_stage_searches_print_a_line_when_long(graph, profile, monkeypatch, ever
     said = [x for x in lines if "stage searches so far" in x]
     rungs = sum(len(r) for r in ps.stages._rungs.values())
     assert len(said) == (rungs if every == 0 else 0) and (not said or "the last: blocks " in said[0]), said
+
+
+def test_the_last_stage_keeps_the_default_allocators_room_for_the_losss_logits(graph, profile):
+    """With ``loss_room`` (the command's default allocator) the last stage, which holds the loss, is searched under
+    the usable memory less the loss's fp32 copy of a device's logits, as the single-stage plans are
+    (``planner.headroom_limit``); the other stages and a search without it keep the limit given."""
+    from autotune.sbp.memory import largest_block
+    usable = profile.device.usable_bytes
+    m, sub = 4, Cluster(1, 2)
+    ps = PipelineSearch(graph, Cluster(2, 2), profile, usable, PipelineConfig(stages=2, loss_room=True))
+    first, last = stage_spans(ps.stages.graph_for(m), [2, 2])
+    room = 4 * (16 // m // 2) * 128 * 1024  # fp32 x a device's sequences of the micro-batch x sequence x vocabulary
+    assert largest_block(ps.stages.graph_for(m), 2) == room
+    assert ps.stages.stage_limit(m, last, sub) == ps.stages.problem(m, last, sub, 1).memory_limit == usable - room
+    assert ps.stages.stage_limit(m, first, sub) == ps.stages.problem(m, first, sub, 1).memory_limit == usable
+    plain = PipelineSearch(graph, Cluster(2, 2), profile, usable, PipelineConfig(stages=2))
+    assert plain.stages.stage_limit(m, last, sub) == usable
+    assert PipelineSearch(graph, Cluster(2, 2), profile, None, PipelineConfig(stages=2, loss_room=True)).stages \
+        .stage_limit(m, last, sub) is None

@@ -120,7 +120,8 @@ def main() -> None:
             rows.append((name, f"no {kind} preset {preset}", *["-"] * 9))
             continue
         cluster = Cluster(nodes, gpus)
-        default = PipelineConfig(patience=args.patience, relax_rounds=args.relax_rounds, split_dps=args.split_dps)
+        default = PipelineConfig(loss_room=True, patience=args.patience, relax_rounds=args.relax_rounds,
+                                 split_dps=args.split_dps)
         best, cpu, ps = run(graph, cluster, profile, default, limit)
         print(f"{name}: default {describe(best)} split {best.split if best else '-'}: "
               f"{best.step if best else float('inf'):.4g} s/step, {cpu:.1f} CPU s, {ps.stages.searches} stage searches",
@@ -134,9 +135,9 @@ def main() -> None:
         if seed is not None:  # threed.seeded's choice, without searching again
             print(f"{name}: the plan record's pipelined plan (threed.seeded): {describe(seed)}: {seed.step:.4g} "
                   f"s/step", flush=True)
-        full = PipelineConfig().reference()
-        cfg = {"full": full, "space": replace(full, budget_scale=PipelineConfig().budget_scale),
-               "budget": replace(PipelineConfig(), budget_scale=full.budget_scale)}[args.reference]
+        full = PipelineConfig(loss_room=True).reference()
+        cfg = {"full": full, "space": replace(full, budget_scale=PipelineConfig.budget_scale),
+               "budget": replace(PipelineConfig(loss_room=True), budget_scale=full.budget_scale)}[args.reference]
         ref, ref_cpu, _ = (None, 0.0, None) if args.no_reference else run(graph, cluster, profile, cfg, limit)
         if ref is not None:
             print(f"{name}: reference ({args.reference}) {describe(ref)} split {ref.split}: {ref.step:.4g} s/step, "
