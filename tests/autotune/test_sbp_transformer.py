@@ -4,7 +4,6 @@ the dynamic program against brute force, and the baselines users pick.
 
 The graph is the shared contract's, built by models/transformer.py (``contract_graph``)."""
 import dataclasses
-import math
 
 import numpy as np
 import pytest
