@@ -120,7 +120,8 @@ def allocator_row(measured: dict) -> dict:
     if not retries:
         return {}
     return {"alloc_retries": retries, "note": f"the allocator retried {retries} times (its cache freed, the device "
-                                              f"synchronised): near the memory limit"}
+                                              f"synchronised): near the memory limit; search after -- with "
+                                              f"--expandable-segments (and launch under it) or a lower --memory-limit"}
 
 
 def stage_memory(plan: Plan, peaks: list) -> dict:
