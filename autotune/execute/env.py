@@ -42,9 +42,11 @@ class Dist:
         """On the CPU, ``need_bytes`` a process (the plan's predicted peak) times this host's processes against its
         available memory, before anything is built: a plan priced for GPUs would otherwise be killed by the
         kernel part-way, with no line. Nothing on a GPU (its plans are priced against the profile's device)."""
+        if self.is_gpu or not need_bytes:
+            return
         avail = available_host_bytes()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.launch.world))
-        if self.is_gpu or not need_bytes or avail is None or need_bytes * local <= avail:
+        if avail is None or need_bytes * local <= avail:
             return
         raise UserError(f"the plan's predicted {need_bytes / 2**30:.4g} GiB a process x {local} process(es) on the "
                         f"CPU is more than this host's available {avail / 2**30:.4g} GiB: run it on the GPUs its "

@@ -77,8 +77,9 @@ def main(argv=None, report=None) -> int:
     began = time.perf_counter()
     d = start(args.device)
     here = torch.cuda.get_device_name(d.device) if d.is_gpu else "CPU"
-    if other_device(profile, here):
-        progress(other_device(profile, here))
+    warning = other_device(profile, here)
+    if warning:
+        progress(warning)
     try:
         shared = ["", None]
         if lead:
