@@ -116,9 +116,9 @@ def run(plan, d, config: str, steps: int, profiled: bool) -> dict:
 def main(plan_path: str, config: str, *which: str) -> None:
     d = start("cuda")
     pf = PlanFile.load(plan_path)
-    lines = []
     short = int(os.environ.get("HOST_SEQUENCE", "128"))
     for w in which or ("best",):
+        lines = []
         plan = pf.best if w == "best" else next(p for p in pf.baselines if p.strategy.startswith(w))
         c = plan.costs
         got = run(plan, d, config, int(os.environ.get("STEPS", "3")), True)
@@ -139,10 +139,10 @@ def main(plan_path: str, config: str, *which: str) -> None:
         lines.append("  syncs in a profiled step: " + (", ".join(
             f"{k} x{n} {t:.1f} ms" for k, (n, t) in sorted(got.get("waits", {}).items())) or "none"))
         lines += [f"    {t:8.2f} ms x{n:5d} {k}" for t, n, k in got.get("kernels", [])]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, "\n".join(lines))
-    if dist.get_rank() == 0:
-        print("\n".join(out), flush=True)
+        out = [None] * dist.get_world_size()  # printed as each candidate ends: a run stopped early keeps them
+        dist.all_gather_object(out, "\n".join(lines))
+        if dist.get_rank() == 0:
+            print("\n".join(out), flush=True)
     stop(d)
 
 
