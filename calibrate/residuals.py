@@ -9,7 +9,10 @@ corrected prices (``autotune.plan.hostpace.corrected``).
 
 A factor is the median over the runs of its path of measured / predicted (the prediction before any earlier
 correction): 1.12 prices that path's plans 12% slower. The paths are apply's (``HOST_PATHS``) for single-stage
-plans, and "pipeline" for pipelined ones (their stages' paths together). ``model``: the revision of the step
+plans, and "pipeline" for pipelined ones (their stages' paths together); a plan that recomputes has its own key,
+the path and the recomputation ("fully_shard/full", ``key``), and where that key has no runs it takes its path's
+factor (``lookup``): on 2 x H200 (2026-11-30) the plans recomputing every block ran 1.7-6.6% slower than priced on
+every path, those without within 1.3%, so one factor for both would mis-correct each. ``model``: the revision of the step
 model whose predictions the factors divide (``autotune``'s ``STEP_MODEL``; "" in a section written before it was
 recorded): a factor corrects only the predictions it was measured against.
 """
@@ -24,6 +27,7 @@ from calibrate.errors import UserError
 VERSION = 1
 PIPELINE = "pipeline"  # a pipelined plan's residual (its stages' paths together)
 PATHS = (*HOST_PATHS, PIPELINE)
+RECOMPUTED = ("selective", "full")  # the recomputations with keys of their own (``key``)
 LIMITS = (1e-3, 1e4)  # sanity bounds (a CPU run priced by a GPU profile misses by 10-100x)
 
 
@@ -34,8 +38,11 @@ class Residuals:
     runs: tuple = ()
     model: str = ""  # the step model's revision the predictions came from
 
-    def factor(self, path: str) -> float:
-        return float(self.paths.get(path, 1.0))
+    def lookup(self, key: str) -> float | None:
+        """The factor of ``key`` (``key``), else of its path alone (a recomputing plan on a path measured only
+        without recomputation), else None."""
+        found = self.paths.get(key, self.paths.get(key.split("/")[0]))
+        return None if found is None else float(found)
 
     def to_dict(self) -> dict:
         return {"version": VERSION, "source": self.source, "model": self.model, "paths": dict(self.paths),
@@ -46,10 +53,11 @@ class Residuals:
         fix = "re-run torchrun ... -m autotune tune, or drop the section"
         paths = d.get("paths") if isinstance(d, dict) else None
         if not isinstance(d, dict) or d.get("version") != VERSION or not isinstance(paths, dict) or any(
-                k not in PATHS or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                not valid_key(k) or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                 or not LIMITS[0] <= v <= LIMITS[1] for k, v in paths.items()):
             raise UserError(f"{origin}: residuals section is not version {VERSION} with paths of {', '.join(PATHS)} "
-                            f"-> measured / predicted between {LIMITS[0]} and {LIMITS[1]}: {fix}")
+                            f"(each alone or /{' or /'.join(RECOMPUTED)}) -> measured / predicted between "
+                            f"{LIMITS[0]} and {LIMITS[1]}: {fix}")
         runs, model = d.get("runs", []), d.get("model", "")
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
             raise UserError(f"{origin}: residuals runs is not a list of objects: {fix}")
@@ -58,10 +66,20 @@ class Residuals:
         return cls({k: float(v) for k, v in paths.items()}, str(d.get("source", "")), tuple(runs), model)
 
 
+def key(path: str, recompute: str) -> str:
+    """The residual key of a plan on ``path`` recomputing as ``recompute`` ("none", or one of ``RECOMPUTED``)."""
+    return path if recompute == "none" else f"{path}/{recompute}"
+
+
+def valid_key(k) -> bool:
+    path, _, mode = k.partition("/") if isinstance(k, str) else ("", "", "")
+    return path in PATHS and (k == path or mode in RECOMPUTED)
+
+
 def fitted(runs: list[dict], source: str, before: "Residuals | None" = None, model: str = "") -> Residuals:
-    """The factors of ``runs`` (each: path, predicted_s before correction, measured_s) against the step model of
-    revision ``model``, per path the median; the paths no run measured keep ``before``'s where it is of the same
-    revision."""
+    """The factors of ``runs`` (each: path, its ``key``; predicted_s before correction, measured_s) against the
+    step model of revision ``model``, per key the median; the keys no run measured keep ``before``'s where it is of
+    the same revision."""
     by: dict = {}
     for r in runs:
         if r.get("measured_s") and r.get("predicted_s"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from calibrate.errors import UserError
-from calibrate.residuals import PATHS
+from calibrate.residuals import valid_key
 
 from autotune.execute.result import stage_peaks, worst
 from autotune.plan.file import PlanFile
@@ -142,30 +142,46 @@ def fastest(rows: list[dict]) -> dict:
     return min(ran, key=lambda r: r["measured_step_s"])
 
 
-def tune_table(rows: list[dict], chosen: dict) -> str:
-    """The candidates as a markdown table, the returned one marked, and Kendall's tau of the two orders."""
+TUNE_COLUMNS = ("candidate", "kind", "path", "predicted ms", "measured ms", "error", "predicted GiB", "measured GiB",
+                "note")
+
+
+def tune_rows(rows: list[dict], chosen: dict | None) -> list[dict]:
+    """The candidates as the table's rows (``TUNE_COLUMNS``), the returned one marked: tune.md's and the report's."""
     def ms(v):
         return f"{v * 1e3:.2f}" if v else "-"
 
     def gib(v):
         return f"{v / 2**30:.2f}" if v else "-"
 
-    lines = ["| candidate | kind | path | predicted ms | measured ms | error | predicted GiB | measured GiB | note |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    out = []
     for r in rows:
         p, m = r.get("predicted_step_s"), r.get("measured_step_s")
-        err = f"{(p - m) / m * 100:+.1f}%" if p and m else "-"
-        lines.append(f"| {r['strategy']}{' (returned)' if r is chosen else ''} | {r['kind']} | "
-                     f"{r.get('apply_path') or '-'} | {ms(p)} | {ms(m)} | {err} | {gib(r.get('predicted_bytes'))} | "
-                     f"{gib(r.get('measured_bytes'))} | {r.get('note', '')} |")
-    if any(r.get("stage_bytes") for r in rows):
-        lines.append("\nA pipelined plan's GiB: the stage whose measured peak is farthest from its prediction.")
+        out.append(dict(zip(TUNE_COLUMNS, (
+            f"{r['strategy']}{' (returned)' if r is chosen else ''}", r["kind"], r.get("apply_path") or "-", ms(p),
+            ms(m), f"{(p - m) / m * 100:+.1f}%" if p and m else "-", gib(r.get("predicted_bytes")),
+            gib(r.get("measured_bytes")), r.get("note", "")))))
+    return out
+
+
+def tune_notes(rows: list[dict]) -> list[str]:
+    """What the table's figures mean beyond their columns: a pipelined row's memory, and Kendall's tau of the
+    predicted against the measured order."""
+    lines = ["A pipelined plan's GiB: the stage whose measured peak is farthest from its prediction."] \
+        if any(r.get("stage_bytes") for r in rows) else []
     ok = [r for r in rows if r.get("status") == "ok" and r.get("predicted_step_s")]
     if len(ok) >= 2:
         steps = [r["measured_step_s"] for r in ok]
-        lines.append(f"\nKendall tau of the predicted against the measured order: {kendall(ok):+.2f} over {len(ok)} plans "
+        lines.append(f"Kendall tau of the predicted against the measured order: {kendall(ok):+.2f} over {len(ok)} plans "
                      f"(their measured steps within {(max(steps) / min(steps) - 1) * 100:.1f}% of the fastest)")
-    return "\n".join(lines)
+    return lines
+
+
+def tune_table(rows: list[dict], chosen: dict | None) -> str:
+    """The candidates as a markdown table (``tune_rows``), then ``tune_notes``."""
+    lines = ["| " + " | ".join(TUNE_COLUMNS) + " |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += ["| " + " | ".join(row.values()) + " |" for row in tune_rows(rows, chosen)]
+    return "\n".join(lines + [f"\n{line}" for line in tune_notes(rows)])
 
 
 def kendall(rows: list[dict]) -> float:
@@ -180,4 +196,4 @@ def residual_runs(rows: list[dict]) -> list[dict]:
     return [{"strategy": r["strategy"], "path": r["residual_path"], "predicted_s": r["predicted_uncorrected_s"],
              "measured_s": r["measured_step_s"]}
             for r in rows
-            if r.get("status") == "ok" and r.get("residual_path") in PATHS and r.get("predicted_uncorrected_s")]
+            if r.get("status") == "ok" and valid_key(r.get("residual_path")) and r.get("predicted_uncorrected_s")]

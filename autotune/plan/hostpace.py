@@ -21,7 +21,8 @@ figures, keep their step.
 gradient pass).
 
 ``corrected``: where the profile has residuals of its path (``calibrate.residuals``: measured / predicted steps
-of plans ``autotune tune`` ran on this machine; a pipelined plan's path "pipeline") fitted against this revision
+of plans ``autotune tune`` ran on this machine; a pipelined plan's path "pipeline"; a recomputing plan's key of
+its own, else its path's) fitted against this revision
 of the step model (``STEP_MODEL``), the plan's step times that factor, recorded as ``costs.residual`` (and
 ``costs.step_uncorrected_s``, the step before it). Residuals of another revision divide predictions this model no
 longer makes (2026-11-30: the pipelined step priced 10% faster, its residual 1.12; 2026-11-30b: torch's
@@ -37,7 +38,7 @@ import math
 from dataclasses import replace
 
 from calibrate.compute import host_figure
-from calibrate.residuals import PIPELINE
+from calibrate.residuals import PIPELINE, RECOMPUTED, key
 
 from autotune.plan.layouts import logits_data_axes, tp_layout
 from autotune.plan.typed import ApplyPath, Plan
@@ -110,9 +111,12 @@ def host_path(plan: Plan) -> str:
 
 
 def residual_path(plan: Plan) -> str:
-    """The path of ``plan``'s residual (``calibrate.residuals``): "pipeline" for a pipelined plan, else
-    ``host_path``."""
-    return PIPELINE if plan.stages else host_path(plan)
+    """The key of ``plan``'s residual (``calibrate.residuals.key``): "pipeline" for a pipelined plan, else
+    ``host_path``; with its recomputation where it recomputes (a pipelined plan's: the most any stage does)."""
+    if not plan.stages:
+        return key(host_path(plan), plan.recompute)
+    modes = {st.plan.recompute for st in plan.stages}
+    return key(PIPELINE, next((m for m in reversed(RECOMPUTED) if m in modes), "none"))
 
 
 def data_ranks(plan: Plan) -> int:
@@ -150,10 +154,10 @@ def corrected(plan: Plan, profile) -> Plan:
     ``plan`` itself where the profile has none for that path or the plan is not priced at the host's pace
     (``host_priced``)."""
     residuals = current_residuals(profile)
-    costs, path = plan.costs, residual_path(plan)
-    if residuals is None or not host_priced(plan, getattr(profile, "compute", None)) or path not in residuals.paths:
+    r = residuals.lookup(residual_path(plan)) if residuals is not None else None
+    if r is None or not host_priced(plan, getattr(profile, "compute", None)):
         return plan
-    r = residuals.factor(path)
+    costs = plan.costs
     return replace(plan, costs=replace(costs, step_uncorrected_s=costs.step_s, residual=r, step_s=costs.step_s * r))
 
 

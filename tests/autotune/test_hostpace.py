@@ -171,6 +171,37 @@ def test_residuals_correct_only_the_revision_they_were_fitted_against(tmp_path, 
     assert Residuals.from_dict(fitted(run, "new", None, STEP_MODEL).to_dict()).model == STEP_MODEL
 
 
+def test_a_recomputing_plan_takes_its_own_residual_else_its_paths(tmp_path):
+    """A plan that recomputes is corrected by its path's recomputing key ("ddp/full") where tune measured one, else
+    by its path's; a plan without recomputation never by the recomputing key; tune's refit keeps the keys apart;
+    a key of no path or no recomputation is refused on load."""
+    from calibrate.errors import UserError
+    from calibrate.residuals import Residuals, fitted
+    from autotune.plan.hostpace import STEP_MODEL, corrected, residual_path
+    base = Profile.load("h200-nvlink")
+    dp = plans(tmp_path, SMALL, "h200-nvlink")["data parallel"]
+    full = replace(dp, recompute="full")
+    assert (residual_path(dp), residual_path(full)) == ("ddp", "ddp/full")
+
+    def factor(paths, plan):
+        profile = replace(base, residuals=Residuals(paths, "test", (), STEP_MODEL))
+        return corrected(plan, profile).costs.step_s / plan.costs.step_s
+
+    both = {"ddp": 1.1, "ddp/full": 1.3}
+    assert factor(both, dp) == pytest.approx(1.1) and factor(both, full) == pytest.approx(1.3)
+    assert factor({"ddp": 1.1}, full) == pytest.approx(1.1)
+    assert factor({"ddp/full": 1.3}, dp) == 1.0
+    runs = [{"path": "ddp", "predicted_s": 1.0, "measured_s": 1.02},
+            {"path": "ddp/full", "predicted_s": 1.0, "measured_s": 1.06},
+            {"path": "ddp/full", "predicted_s": 2.0, "measured_s": 2.08}]
+    got = fitted(runs, "test", None, STEP_MODEL)
+    assert got.paths == pytest.approx({"ddp": 1.02, "ddp/full": 1.05})
+    assert Residuals.from_dict(got.to_dict()).paths == got.paths
+    for bad in ("ddp/none", "nvlink/full", "ddp/full/full"):
+        with pytest.raises(UserError, match="residuals section"):
+            Residuals.from_dict(dict(got.to_dict(), paths={bad: 1.1}))
+
+
 def test_the_dtensor_paths_logits_gradient_pass_is_priced(tmp_path):
     """On the DTensor path each micro-batch's logits gradient is scaled to the whole batch's mean in a pass of its
     own (a read and a write of each local 16-bit logit) where the data ranks hold their own pieces: ``path_s``,
