@@ -212,7 +212,7 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
     out_f = {s: [(b, f) for a, b, f, _ in edges if a == s] for s in range(S)}
     out_b = {s: [(a, g) for a, b, _, g in edges if b == s] for s in range(S)}
     ptr, free = [0] * L, [0.0] * L
-    ports: dict[tuple[str, int], float] = {}  # (send | recv, lane)
+    sends, recvs = [0.0] * L, [0.0] * L  # per lane: when its send port and its receive port are next free
     arrival: dict[tuple[str, int, int, int], float] = {}  # (kind, producer, consumer, m)
     pending: list[tuple[float, str, int, int, int, float]] = []  # (ready, kind, src, dst, m, seconds)
     fdone: dict[tuple[int, int], float] = {}
@@ -220,11 +220,12 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
     intervals: list[Interval] = []
     transfers: list[tuple[int, float, float]] = []  # (consumer, start, end)
     remaining = sum(len(o) for o in orders)
+    head: list = [None] * L  # per lane: its next compute's earliest start, False while it cannot start, None: stale
     while remaining or pending:
         best = None  # (start, 0 = transfer | 1 = compute, index)
         for i, (ready, kind, a, b, m, _) in enumerate(pending):
             la, lb = lane[a], lane[b]
-            start = max(ready, ports.get(("send", la), 0.0), ports.get(("recv", lb), 0.0))
+            start = max(ready, sends[la], recvs[lb])
             if not overlap:
                 if ptr[lb] == len(orders[lb]) or orders[lb][ptr[lb]] != (kind, m, b):
                     continue  # the receiver has not reached the receive before its consumer
@@ -232,17 +233,10 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
             if best is None or (start, 0, ready) < best[:3]:
                 best = (start, 0, ready, i)
         for ln in range(L):
-            if ptr[ln] == len(orders[ln]):
-                continue
-            kind, m, s = orders[ln][ptr[ln]]
-            if kind == "F":
-                deps = [arrival.get(("F", a, s, m)) for a in needs_f[s]]
-            else:
-                deps = [fdone.get((s, m))] + [arrival.get(("B", b, s, m)) for b in needs_b[s]]
-            if any(d is None for d in deps):
-                continue
-            start = max([free[ln], *deps])
-            if best is None or (start, 1, 0.0) < best[:3]:
+            start = head[ln]
+            if start is None:  # what it waits on changes only by its own computes and the transfers into it
+                start = head[ln] = _head_start(orders[ln], ptr[ln], free[ln], needs_f, needs_b, arrival, fdone)
+            if start is not False and (best is None or (start, 1, 0.0) < best[:3]):
                 best = (start, 1, 0.0, ln)
         if best is None:
             raise UserError(f"schedule {schedule!r} deadlocks on pipeline {spec.name!r}: its orders are inconsistent")
@@ -251,7 +245,8 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
             _, kind, a, b, m, dur = pending.pop(idx)
             end = start + dur
             la, lb = lane[a], lane[b]
-            ports[("send", la)] = ports[("recv", lb)] = end
+            sends[la] = recvs[lb] = end
+            head[la] = head[lb] = None
             if not overlap:
                 free[la] = free[lb] = end
             arrival[(kind, a, b, m)] = end
@@ -262,7 +257,7 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
         ln = idx
         kind, m, s = orders[ln][ptr[ln]]
         end = start + (spec.forward[s] if kind == "F" else spec.backward[s])
-        free[ln] = end
+        free[ln], head[ln] = end, None
         intervals.append(Interval(f"stage {ln}", kind, m, start, end, s))
         if kind == "F":
             fdone[(s, m)] = end
@@ -286,6 +281,20 @@ def simulate(spec: PipelineSpec, schedule: str, with_comm: bool = True, overlap:
     idle = sum((e - b) - _overlap(b, e, busy[c]) for c, b, e in transfers)
     return PipelineResult(schedule, ms, M / ms, peak, [p * a for p, a in zip(peak, spec.activation_bytes)],
                           comm, idle, _steady_window(intervals, L), intervals)
+
+
+def _head_start(order: list, at: int, free: float, needs_f: dict, needs_b: dict, arrival: dict, fdone: dict):
+    """The earliest start of a lane's next compute (``order[at]``): when the lane is free and its inputs have
+    arrived (a backward's own forward done, its gradients from the later stages); False where one has not yet
+    or the lane is done."""
+    if at == len(order):
+        return False
+    kind, m, s = order[at]
+    if kind == "F":
+        deps = [arrival.get(("F", a, s, m)) for a in needs_f[s]]
+    else:
+        deps = [fdone.get((s, m))] + [arrival.get(("B", b, s, m)) for b in needs_b[s]]
+    return False if any(d is None for d in deps) else max([free, *deps])
 
 
 def _overlap(start: float, end: float, spans: list[tuple[float, float]]) -> float:

@@ -99,7 +99,7 @@ from calibrate.errors import UserError
 
 from models.graph import LayerGraph
 
-from autotune.sbp.mesh import Cluster
+from autotune.sbp.mesh import Cluster, cached_hash
 from autotune.sbp.sbp import B, fine_of, is_split, local_shape, split_dim
 
 STAT_BYTES = 4  # softmax and layer-norm statistics: fp32 in both precisions
@@ -190,6 +190,7 @@ def edge_bytes(producer: str, consumer: str, act_bytes: int) -> tuple[int, int]:
     return (4 if producer in FP32_OUTPUTS else 2), (4 if {producer, consumer} & set(FP32_OUTPUTS) else 2)
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Mode:
     """How a plan trains beyond its placements: recomputation per tied block and FSDP's sharding axes
@@ -280,6 +281,7 @@ def grad_sync_axes(s, w, cluster: Cluster) -> tuple[int, ...]:
     return tuple(a for a in range(len(wf)) if wf[a] == B and data and is_split(data[a]))
 
 
+@functools.lru_cache(maxsize=None)
 def fsdp_axes(s, w, cluster: Cluster, mode: Mode) -> tuple[int, ...]:
     """The axes weight ``w`` is sharded over under FSDP: its gradient-sync axes among the mode's."""
     if mode.fsdp_axes is None:
@@ -298,6 +300,7 @@ def zero_elems(s, w, cluster: Cluster, mode: Mode, stage: int) -> float:
     return n
 
 
+@functools.lru_cache(maxsize=None)
 def held_elems(s, w, cluster: Cluster, mode: Mode = NONE) -> float:
     """Elements of weight ``w`` a device holds between uses (sharded over its FSDP axes)."""
     n = _elems(w, s.mesh, cluster)

@@ -35,6 +35,7 @@ known on the path), as the step-time objective counts them.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -47,7 +48,9 @@ CODE_B, CODE_P = -1, -2
 CODES = {"B": CODE_B, "P": CODE_P}
 
 
+@functools.lru_cache(maxsize=None)
 def encode(fine: tuple[str, ...]) -> tuple[int, ...]:
+    """The fine placements as codes (memoised: a large search encodes the same few hundred thousands of times)."""
     return tuple(CODES.get(p) or int(p[1:]) for p in fine)
 
 

@@ -71,8 +71,10 @@ def local_shape(shape, fine: tuple[str, ...], cluster: Cluster) -> tuple[int, ..
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=None)
 def divides(shape, fine: tuple[str, ...], cluster: Cluster) -> bool:
-    """Whether ``local_shape`` has a piece (every split divides its dimension)."""
+    """Whether ``local_shape`` has a piece (every split divides its dimension; memoised: a large search asks it
+    half a million times of a few thousand shapes)."""
     out = list(shape)
     for p, size in zip(fine, cluster.axis_sizes):
         if p[0] == "S":

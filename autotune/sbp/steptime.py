@@ -142,8 +142,12 @@ def overlapped(S, W, F, slowdown: float):
     arrays): max(S - W, F), plus the slowdown of the compute that ran beside the hidden part (S less the exposed:
     that long the backward ran beside the collectives, ``slowdown`` times slower)."""
     if isinstance(S, np.ndarray) or isinstance(W, np.ndarray) or isinstance(F, np.ndarray):
-        exposed = np.maximum(S - W, F)
-        return exposed + (slowdown - 1.0) * np.maximum(S - exposed, 0.0)
+        exposed = np.maximum(np.subtract(S, W), F)  # in place below: a large search's pairs run it on big arrays
+        hidden = np.subtract(S, exposed)
+        np.maximum(hidden, 0.0, out=hidden)
+        hidden *= slowdown - 1.0
+        hidden += exposed
+        return hidden
     exposed = max(S - W, F)  # numbers: the same rule without numpy's per-call cost (a plan's price, in the searches)
     return exposed + (slowdown - 1.0) * max(S - exposed, 0.0)
 
