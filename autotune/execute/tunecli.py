@@ -7,14 +7,16 @@
 The search runs on rank 0 (the search's own options after ``--``: sequence, batch, memory limit, ...) for the
 launched devices (one node of them), then every rank runs the candidates (``autotune.execute.tune``). Written
 into --out: plan.json (best: the measured fastest; meta.tune: every candidate's predicted and measured step and
-memory), tune.md (the same table, written after each candidate: a tune stopped part-way keeps the candidates run),
-report.html; and, where the run was on the device the profile describes, the profile with its residuals
-(--profile-out, default the --profile file itself where it is one, else --out/profile.json).
+memory), tune.md (the same table, written after each candidate), report.html; and, where the run was on the device
+the profile describes, the profile with its residuals (--profile-out, default the --profile file itself where it is
+one, else --out/profile.json). A tune stopped part-way (^C, or the SIGTERM of a time limit, which torchrun passes to
+its workers) writes them of the candidates it ran, says so (meta.tune.interrupted) and exits 130.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -75,6 +77,8 @@ def main(argv=None, report=None) -> int:
             print(f"[tune] {msg}", file=sys.stderr, flush=True)
 
     began = time.perf_counter()
+    rows, cands, interrupted = [], [], False
+    restore = _interrupt_on_sigterm()  # torchrun passes a timeout's SIGTERM on: handled as ^C, below
     d = start(args.device)
     here = torch.cuda.get_device_name(d.device) if d.is_gpu else "CPU"
     warning = other_device(profile, here)
@@ -97,33 +101,57 @@ def main(argv=None, report=None) -> int:
                  + "; ".join(c.strategy for c in cands))
         build = BuildOnce(int(os.environ.get("LOCAL_WORLD_SIZE", launch.world)),  # the model built once a process
                           init=d.device if d.is_gpu else None)
-        rows = []
         for c in cands:
             rows.append(run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress, build))
             if lead:  # each candidate's figures kept as measured: an interrupted tune loses none of them
                 out.mkdir(parents=True, exist_ok=True)
                 write_atomic(out / "tune.md", f"# autotune tune (stopped after {len(rows)} of {len(cands)} "
                                               f"candidates)\n\n{tune_table(rows, None)}\n", "tune table")
+    except KeyboardInterrupt:  # ^C, or a time limit's SIGTERM: what was measured is kept (below)
+        interrupted = True
     finally:
-        stop(d)
+        if restore is not None:
+            signal.signal(signal.SIGTERM, restore)
+        if not (interrupted and lead and rows):
+            stop(d)  # an interrupted lead writes its candidates first: peers may be gone
     if not lead:
-        return 0
+        return 130 if interrupted else 0
+    if interrupted and not any(r["status"] == "ok" for r in rows):
+        print(f"interrupted after {len(rows)} of {len(cands) or '?'} candidates, none measured: nothing written")
+        return 130
     chosen = fastest(rows)
     table = tune_table(rows, chosen)
     plan = cands[rows.index(chosen)]
     others = [p for p in [pf.best, *pf.baselines] if p is not plan]
+    stopped = f"interrupted after {len(rows)} of {len(cands)} candidates" if interrupted else None
     tuned = PlanFile(replace(plan, tune={"returned": True, **chosen}), others, pf.traces,
                      dict(pf.meta, tune={"candidates": rows, "returned": chosen["strategy"], "module": args.module,
-                                         "steps": args.steps, "warmup": args.warmup, "world": launch.world}))
+                                         "steps": args.steps, "warmup": args.warmup, "world": launch.world,
+                                         **({"interrupted": stopped} if stopped else {})}))
     out.mkdir(parents=True, exist_ok=True)
     path = tuned.save(out / "plan.json")
-    write_atomic(out / "tune.md", f"# autotune tune\n\n{table}\n", "tune table")
+    write_atomic(out / "tune.md", f"# autotune tune{f' ({stopped})' if stopped else ''}\n\n{table}\n", "tune table")
     if report is not None:
         report(path, f"autotune tune: {chosen['strategy']}")
     print(table)
-    print(f"returned: {chosen['strategy']} ({chosen['measured_step_s'] * 1e3:.2f} ms measured); wrote {path}, "
-          f"{out / 'tune.md'}; {residuals_note(profile, here, rows, target, launch.world, args.module)}")
+    print(f"{stopped + ': ' if stopped else ''}returned: {chosen['strategy']} ({chosen['measured_step_s'] * 1e3:.2f} "
+          f"ms measured{', the fastest of those run' if stopped else ''}); wrote {path}, {out / 'tune.md'}; "
+          f"{residuals_note(profile, here, rows, target, launch.world, args.module)}")
+    if interrupted:
+        stop(d)
+        return 130
     return 0
+
+
+def _interrupt_on_sigterm():
+    """SIGTERM raised as KeyboardInterrupt in this (main) thread; the handler it replaced, or None where none
+    could be set (not the main thread)."""
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        return None
 
 
 def residuals_note(profile: Profile, here: str, rows: list[dict], target: Path, world: int, module: str) -> str:

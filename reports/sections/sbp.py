@@ -150,6 +150,8 @@ def build(paths: list[Path], shown: list[Path] | None = None) -> list[Section]:
                  + ("Costs are the profile's predictions of the step time: compute and the communication it does "
                     "not hide." if objective == "step" else
                     "Costs are the profile's predictions of communication time per training step."))
+        if pf.meta.get("tune"):
+            _measured(sec, pf.meta["tune"])
         totals = _totals(plans)
         sec.heading("Baselines compared").table(totals)
         sec.figure(_breakdown_fig(plans, objective),
@@ -175,6 +177,18 @@ def build(paths: list[Path], shown: list[Path] | None = None) -> list[Section]:
             sec.figure(_convergence_fig(pf.traces, opt), "Best cost found against search time (cf. AutoDDL Fig. 8).")
         sections.append(sec)
     return sections
+
+
+def _measured(sec: Section, tune: dict) -> None:
+    """``autotune tune``'s candidates, predicted beside measured (``meta.tune``), as tune.md has them."""
+    from autotune.execute.tune import tune_notes, tune_rows
+    rows = tune.get("candidates", [])
+    chosen = next((r for r in rows if r.get("strategy") == tune.get("returned")), None)
+    sec.heading("Measured by autotune tune")
+    sec.text(f"Each candidate run for {tune.get('steps')} steps ({tune.get('warmup')} left out of the median) on "
+             f"{tune.get('world')} processes, on {tune.get('module')}; returned: the measured fastest"
+             + (f" ({tune['interrupted']}: of those run)." if tune.get("interrupted") else "."))
+    sec.table(pd.DataFrame(tune_rows(rows, chosen)), " ".join(tune_notes(rows)))
 
 
 REPRODUCTION_FIX = "write one with python -m autotune reproduce autoddl --out DIR"

@@ -164,36 +164,47 @@ def test_a_failing_factory_stops_tune_in_one_line(tmp_path):
 
 
 def _tune_stopped_at_the_second(argv):
-    """``_tune`` whose second candidate is stopped (as Ctrl-C or a lost node stops it) on every rank."""
+    """``autotune tune``'s exit code on this rank, its second candidate stopped on every rank by a SIGTERM (what
+    ``timeout`` sends torchrun, and torchrun its workers)."""
+    import os
+    import signal
+
     import autotune.execute.tune as tune_module
+    from autotune.execute.tunecli import main
     run, calls = tune_module.run_candidate, []
 
     def stopping(*a, **k):
         calls.append(1)
         if len(calls) == 2:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the handler raises in here
         return run(*a, **k)
     tune_module.run_candidate = stopping
-    try:
-        return _tune(argv)
-    except KeyboardInterrupt:
-        return "stopped"
+    return main(argv)
 
 
 def test_a_tune_stopped_part_way_keeps_the_candidates_it_ran(tmp_path):
-    """tune.md is written after each candidate: stopped in the second, the first's measured row is on disk."""
+    """tune.md is written after each candidate; stopped by a SIGTERM in the second, the command writes plan.json
+    with the first (the measured fastest of those run), says it was interrupted, and exits 130 on every rank."""
     base = Profile.load("h200-nvlink")
     profile = tmp_path / "profile.json"
     replace(base, compute=replace(base.compute, overlap=OVERLAP)).save(profile)
     argv = ["--model", "llama", "--module", "models.modules:build", "--profile", str(profile), "--k", "3", "--steps",
             "2", "--warmup", "1", "--device", "cpu", "--out", str(tmp_path / "out"), "--", "--budget", "0.3",
             "--compare", "none", *[f"--{k.replace('_', '-')}={v}" for k, v in MODEL.items() if k != "kind"]]
-    assert [r for (r,) in run_on_gloo(_tune_stopped_at_the_second, [(argv,)], 2, init=False)] == ["stopped"] * 2
+    assert [r for (r,) in run_on_gloo(_tune_stopped_at_the_second, [(argv,)], 2, init=False)] == [130] * 2
     md = (tmp_path / "out" / "tune.md").read_text()
-    assert "stopped after 1 of 3 candidates" in md
+    assert md.startswith("# autotune tune (interrupted after 1 of 3 candidates)")
     rows = [line for line in md.splitlines() if line.startswith("| ") and "candidate |" not in line and "---" not in line]
     assert len(rows) == 1 and float(rows[0].split(" | ")[4]) > 0  # its measured ms
-    assert not (tmp_path / "out" / "plan.json").exists()
+    pf = json.loads((tmp_path / "out" / "plan.json").read_text())
+    (ran,) = pf["meta"]["tune"]["candidates"]
+    assert pf["meta"]["tune"]["interrupted"] == "interrupted after 1 of 3 candidates"
+    assert pf["best"]["strategy"] == ran["strategy"] == pf["meta"]["tune"]["returned"]
+    from reports.sections.sbp import build  # the report shows the candidates measured, as tune.md does
+    page = "".join(build([tmp_path / "out" / "plan.json"])[0].blocks)
+    assert "Measured by autotune tune" in page and "interrupted after 1 of 3 candidates: of those run" in page
+    assert f"{ran['measured_step_s'] * 1e3:.2f}" in page and "(returned)" in page
 
 
 def tied_llama(config):
