@@ -90,12 +90,26 @@ def is_model_file(model: str) -> bool:
     return model.endswith(".json") or "/" in model or os.sep in model or bool(os.altsep and os.altsep in model)
 
 
+def read_model_file(model: str):
+    """The JSON of the model file ``model``, refused in one line where it cannot be read."""
+    return read_json(model, "model file", f"give a JSON file or one of {', '.join(model_kinds())}")
+
+
+def check_model(model: str) -> None:
+    """``model`` is a readable model file or a known kind (one line otherwise): what a command checks before it
+    starts its devices."""
+    if is_model_file(model):
+        read_model_file(model)
+    elif model not in BUILDERS:
+        raise UserError(f"unknown model {model!r}: use one of {', '.join(model_kinds())} or a JSON file")
+
+
 def load_model(model: str, preset: str | None = None, overrides: dict | None = None, devices: int = 1) -> LayerGraph:
     """A model kind (with a preset) or a JSON file; ``overrides`` replace fields; ``devices``: the cluster's, where
     a Hugging Face config's micro-batch is left open (``HfModel.config``)."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if is_model_file(model):
-        cfg = read_json(model, "model file", f"give a JSON file or one of {', '.join(model_kinds())}")
+        cfg = read_model_file(model)
         origin = f"model file {model!r}"
         if preset:
             raise OptionError("preset", "applies to a model kind, not to a model file: drop it or the file")
@@ -110,8 +124,7 @@ def load_model(model: str, preset: str | None = None, overrides: dict | None = N
         kind = cfg["kind"]
     else:
         kind = model
-        if kind not in BUILDERS:
-            raise UserError(f"unknown model {model!r}: use one of {', '.join(model_kinds())} or a JSON file")
+        check_model(kind)
         default, names = presets(kind)
         name = preset or default
         if name not in names:

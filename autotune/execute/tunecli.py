@@ -27,6 +27,7 @@ from calibrate.outputs import check_output_path, write_atomic
 from calibrate.profile import DEFAULT_PROFILE, Profile
 from calibrate.residuals import fitted
 from models.hf import default_module
+from models.loader import check_model
 
 from autotune.execute.cli import other_device
 from autotune.execute.launch import check_steps, launch_env
@@ -57,6 +58,7 @@ def main(argv=None, report=None) -> int:
     check_steps(args.steps, args.warmup, 0)
     if args.k < 1:
         raise UserError(f"--k {args.k}: run at least one candidate")
+    check_model(args.model)
     args.module = args.module or default_module(args.model)
     load_factory(args.module)
     launch = launch_env()

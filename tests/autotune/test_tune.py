@@ -317,3 +317,13 @@ def test_candidates_take_the_primary_kinds_before_per_layer_placements():
               plan("pipelined", "", 1.4, stages=(1, 2)), plan("data parallel", "ddp", 1.0)]
     assert [c.strategy for c in candidates(best, others, 4)] == ["searched", "FSDP", "pipelined", "Megatron"]
     assert [c.strategy for c in candidates(best, others, 5)][-1] == "SUMMA"
+
+
+def test_a_model_it_cannot_read_is_refused_before_the_devices_start(monkeypatch, tmp_path):
+    import autotune.execute.env as env
+    from autotune.execute.tunecli import main
+    monkeypatch.setattr(env, "start", lambda *a: pytest.fail("the devices started"))
+    for model, line in (("nosuch.json", "model file 'nosuch.json' does not exist: give a JSON file or one of gpt"),
+                        ("llamaa", "unknown model 'llamaa': use one of gpt")):
+        with pytest.raises(UserError, match=f"^{line}"):
+            main(["--model", model, "--out", str(tmp_path / "out")])
