@@ -11,10 +11,11 @@ A factor is the median over the runs of its path of measured / predicted (the pr
 correction): 1.12 prices that path's plans 12% slower. The paths are apply's (``HOST_PATHS``) for single-stage
 plans, and "pipeline" for pipelined ones (their stages' paths together); a plan that recomputes has its own key,
 the path and the recomputation ("fully_shard/full", ``key``), and where that key has no runs it takes its path's
-factor (``lookup``): on 2 x H200 (2026-11-30) the plans recomputing every block ran 1.7-6.6% slower than priced on
-every path, those without within 1.3%, so one factor for both would mis-correct each. ``model``: the revision of the step
-model whose predictions the factors divide (``autotune``'s ``STEP_MODEL``; "" in a section written before it was
-recorded): a factor corrects only the predictions it was measured against.
+factor (``lookup``): on 2 x H200 (2026-11-30) the plans recomputing every block ran 1.7-6.6% slower than priced
+(FSDP, DTensor, tensor and pipelined plans), those without within 1.3% but one (-5.2%), so one factor a path would
+mis-correct both kinds. ``model``: the revision of the step model whose predictions the factors divide
+(``autotune``'s ``STEP_MODEL``; "" in a section written before it was recorded): a factor corrects only the
+predictions it was measured against.
 """
 from __future__ import annotations
 
