@@ -30,7 +30,8 @@ vocabulary-parallel loss priced beyond the fused one, as measured; 2026-11-30c: 
 pass, ``path_work``; 2026-11-30d: fully_shard's all-gather input copies; 2026-11-30e: compute beside collectives
 slowed by the user's module's own figure; 2026-11-30f: an unmeasured tensor width at the nearest measured width's
 ratios; 2026-11-30g: FSDP's gathered weights whole, no key/value cache under recomputation, the DTensor path's
-casts of gathered weights not cached, the loss's fp32 copy of the logits: memory only): they are left out.
+casts of gathered weights not cached, the loss's fp32 copy of the logits: memory only; 2026-11-30h: sequence
+parallelism's copies around its collectives, ``sequence_copies_s``): they are left out.
 """
 from __future__ import annotations
 
@@ -40,12 +41,13 @@ from dataclasses import replace
 from calibrate.compute import host_figure
 from calibrate.residuals import PIPELINE, RECOMPUTED, key
 
-from autotune.plan.layouts import logits_data_axes, tp_layout
+from autotune.plan.layouts import logits_data_axes, sequence_axes, tp_layout
 from autotune.plan.typed import ApplyPath, Plan
+from autotune.sbp.cost import forward_factors
 
 # The step model's revision, recorded with the residuals tune fits against its predictions. A change that moves
 # predictions bumps it (tests/autotune/test_step_model_revision.py fails where predictions move and it does not).
-STEP_MODEL = "2026-11-30g"
+STEP_MODEL = "2026-11-30h"
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 
@@ -54,17 +56,48 @@ def path_work(plan: Plan, compute) -> Plan:
     """``plan`` (single-stage, priced by step) with its step plus the device's work of its apply path beyond its
     layers' (``costs.path_s``): on the DTensor path each micro-batch's logits gradient scaled to the whole batch's
     mean in a pass of its own (``autotune.apply.dtensor``'s logits hook: a read and a write of each local logit)
-    where the data ranks hold their own pieces of the batch; DDP and fully_shard average inside their reductions.
-    2 x H200, 2026-11-30: a per-layer plan otherwise DDP's ran 24 ms a step slower than DDP, priced 1 ms faster
-    (reports/records/plans_h200x2.md, session 28)."""
-    if plan.apply_path != ApplyPath.DTENSOR or plan.stages or compute is None or plan.costs.step_s is None or \
-            not logits_data_axes(plan):  # (data axes there: the logits layer and its output exist)
+    where the data ranks hold their own pieces of the batch (DDP and fully_shard average inside their reductions;
+    2 x H200, 2026-11-30: a per-layer plan otherwise DDP's ran 24 ms a step slower than DDP, priced 1 ms faster:
+    reports/records/plans_h200x2.md, session 28); with sequence parallelism, the copies around its collectives
+    (``sequence_copies_s``)."""
+    if plan.stages or compute is None or plan.costs.step_s is None:
         return plan
-    lay = plan.layer("logits")
-    split = math.prod(n for p, n in zip(lay.output, plan.mesh.sizes) if p in ("S0", "S1"))
-    local = lay.dims["tokens"] * lay.dims["n"] / split
-    s = plan.micro_batches * compute.op_seconds("elementwise", 2 * local * plan.model.get("act_bytes", 2))
-    return replace(plan, costs=replace(plan.costs, path_s=s, step_s=plan.costs.step_s + s))
+    s = sequence_copies_s(plan, compute)
+    if plan.apply_path == ApplyPath.DTENSOR and logits_data_axes(plan):  # (there the logits layer and output exist)
+        lay = plan.layer("logits")
+        split = math.prod(n for p, n in zip(lay.output, plan.mesh.sizes) if p in ("S0", "S1"))
+        local = lay.dims["tokens"] * lay.dims["n"] / split
+        s += plan.micro_batches * compute.op_seconds("elementwise", 2 * local * plan.model.get("act_bytes", 2))
+    return replace(plan, costs=replace(plan.costs, path_s=s, step_s=plan.costs.step_s + s)) if s else plan
+
+
+def sequence_copies_s(plan: Plan, compute) -> float:
+    """A step's copies around sequence parallelism's collectives on the tensor and fully_shard paths: torch's
+    ``SequenceParallel`` splits a (batch, sequence, features) activation by its sequence, dimension 1, and DTensor's
+    functional collectives gather and scatter along dimension 0, so each reduce-scatter of the stream is preceded by
+    a concatenation of its chunks and each all-gather followed by one, where a rank holds more than one sequence
+    (torch's view of one: ``torch._utils._maybe_view_chunk_cat``); each a read and a write of the whole tensor (on 2
+    gloo ranks, 8 a block and micro-batch of 2 sequences, ``tests/autotune/test_apply_sequence_parallel.py``). The
+    search's tokens are split along their dimension 0 (``copies_around``: none); the forward's run twice inside
+    the blocks under full recomputation."""
+    axes = set(sequence_axes(plan))
+    if not axes:
+        return 0.0
+    graph = plan.model.graph()
+    tp = math.prod(plan.mesh.sizes[a] for a in axes)
+    gathers = graph.micro_batch * tp > math.prod(plan.mesh.sizes)  # a rank's sequences: more than one
+    index = {layer.name: i for i, layer in enumerate(graph.layers)}
+    again = forward_factors(graph) if plan.recompute == "full" else {}
+    s, seen = 0.0, set()
+    for e in plan.edges:
+        f = again.get((index.get(e.source), index.get(e.target)), 1.0)
+        for c in e.collectives:
+            key = (e.source, c.direction, c.collective)  # a stream two layers read is redistributed once
+            if c.phase == "boxing" and c.per == "micro-batch" and set(c.axes) <= axes and key not in seen and \
+                    (c.collective == "reducescatter" or c.collective == "allgather" and gathers):
+                seen.add(key)
+                s += e.count * (f if c.direction == "fwd" else 1.0) * compute.memory_seconds(2 * c.nbytes)
+    return plan.micro_batches * s
 
 
 def host_priced(plan: Plan, compute) -> bool:

@@ -76,14 +76,18 @@ def _counted(kind, cfg, plan, how):
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
     counts = Counter()
+    stream = cfg["micro_batch"] * cfg["sequence"] * cfg["hidden"]
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if any(issubclass(t, DTensor) for t in types):
                 return NotImplemented  # DTensor's own dispatch, whose collectives come back here
+            out = func(*args, **(kwargs or {}))
             if func.namespace == "_c10d_functional":
                 counts[func.__name__.split(".")[0]] += 1
-            return func(*args, **(kwargs or {}))
+            elif func.__name__.startswith("cat") and out.numel() == stream:  # a micro-batch's whole stream copied
+                counts["stream copies"] += 1
+            return out
 
     with mock.patch.object(torch.distributed.tensor.parallel, "SequenceParallel", _unsynced_norm) \
             if how == "bug" else contextlib.nullcontext():
@@ -177,6 +181,9 @@ def test_sequence_parallel_matches_one_process_on_two_ranks():
         if "ends replicated" in plan.strategy:  # none of the embedding's partial sums, nor of the whole head's
             rs -= 2  # input gradient (the same on every rank: its shard taken)
         assert counts.get("reduce_scatter_tensor", 0) == passes * rs, (kind, plan.strategy, counts)
+        if "ends replicated" not in plan.strategy:  # each of them copies the stream whole once, and each all-gather
+            gathers = rs if cfg["micro_batch"] > 1 else 0  # where a rank holds more than one sequence
+            assert counts.get("stream copies", 0) == passes * (rs + gathers), counts  # hostpace.sequence_copies_s
 
 
 def test_sequence_parallel_on_data_and_tensor_axes():

@@ -202,6 +202,29 @@ def test_a_recomputing_plan_takes_its_own_residual_else_its_paths(tmp_path):
             Residuals.from_dict(dict(got.to_dict(), paths={bad: 1.1}))
 
 
+def test_sequence_parallelisms_copies_are_priced(tmp_path):
+    """With sequence parallelism, each all-gather and reduce-scatter of the stream copies it whole once (DTensor's
+    collectives work along dimension 0, torch's styles split the sequence, dimension 1): per micro-batch 8 a block
+    and 4 at the ends (the embedding's and the head's), as counted on 2 gloo ranks
+    (``test_apply_sequence_parallel``), each a read and a write of the whole tensor; under full recomputation the
+    block's forward ones again (4 a block); no other plan has them."""
+    from autotune.plan.hostpace import sequence_copies_s
+    from autotune.plan.layouts import sequence_axes
+    two = SMALL[:SMALL.index("--nodes")] + ["--nodes", "1", "--gpus-per-node", "2", "--pipeline", "off", "--compare",
+                                          "none", "--objective", "step"]
+    got = plans(tmp_path, two, "h200-nvlink")
+    sp = next(p for p in got.values() if sequence_axes(p))
+    cm = Profile.load("h200-nvlink").compute
+    copies = {(e.source, c.direction, c.collective): (e.count, c) for e in sp.edges for c in e.collectives
+              if c.collective in ("allgather", "reducescatter")}  # the embedding's stream, read twice, moved once
+    layers = sp.model.config["layers"]
+    assert sum(n for n, _ in copies.values()) == 8 * layers + 4
+    want = sp.micro_batches * sum(n * cm.memory_seconds(2 * c.nbytes) for n, c in copies.values())
+    assert sp.costs.path_s == pytest.approx(want, rel=1e-12) and sequence_copies_s(sp, cm) == pytest.approx(want)
+    assert sequence_copies_s(replace(sp, recompute="full"), cm) > want  # the blocks' forward ones again
+    assert all(sequence_copies_s(p, cm) == 0 for p in got.values() if not sequence_axes(p))
+
+
 def test_the_dtensor_paths_logits_gradient_pass_is_priced(tmp_path):
     """On the DTensor path each micro-batch's logits gradient is scaled to the whole batch's mean in a pass of its
     own (a read and a write of each local 16-bit logit) where the data ranks hold their own pieces: ``path_s``,
