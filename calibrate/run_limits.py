@@ -50,10 +50,10 @@ def buffer_bytes(colls: list[Collective], nbytes: int, dtype: str, ranks: int, c
     return need * (CHECK_FACTOR if check else 1)
 
 
-def host_available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (Linux), else free physical pages; None if unknown."""
+def host_available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """MemAvailable of ``meminfo`` (Linux's /proc/meminfo), else free physical pages; None if unknown."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from calibrate.errors import OptionError, UserError
+from calibrate.run_limits import host_available_bytes
 
 from autotune.execute.launch import Launch, launch_env, rendezvous
 from calibrate.optional import require_torch
@@ -44,7 +45,7 @@ class Dist:
         kernel part-way, with no line. Nothing on a GPU (its plans are priced against the profile's device)."""
         if self.is_gpu or not need_bytes:
             return
-        avail = available_host_bytes()
+        avail = host_available_bytes()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.launch.world))
         if avail is None or need_bytes * local <= avail:
             return
@@ -84,18 +85,6 @@ class Dist:
                     lists.append(grid[tuple(index)].flatten().tolist())
                 self._groups[axes], _ = dist.new_subgroups_by_enumeration(lists)
         return self._groups[axes]
-
-
-def available_host_bytes(meminfo: str = "/proc/meminfo") -> float | None:
-    """The host's available memory (Linux's MemAvailable: free and reclaimable), or None where it is not told."""
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def quiet() -> None:

@@ -54,10 +54,13 @@ def test_older_schema(plan4, tmp_path, capsys):
     assert "version 0; this tool reads version 2: re-run python -m autotune --out DIR" in _err(capsys)
 
 
-def test_a_plan_larger_than_the_hosts_memory_is_refused_on_the_cpu_before_it_is_built(plan1, tmp_path, capsys):
+def test_a_plan_larger_than_the_hosts_memory_is_refused_on_the_cpu_before_it_is_built(plan1, tmp_path, capsys,
+                                                                                       monkeypatch):
     """A plan priced for a GPU run on the CPU (autotune tune or execute on a machine without one) would be killed by
     the kernel part-way: its predicted bytes a process against the host's available memory, one line first."""
-    from autotune.execute.env import available_host_bytes
+    import os
+
+    from calibrate.run_limits import host_available_bytes
     d = json.loads(plan1.read_text())
     d["best"]["costs"]["memory_bytes"] = 1e15
     big = tmp_path / "big.json"
@@ -67,7 +70,10 @@ def test_a_plan_larger_than_the_hosts_memory_is_refused_on_the_cpu_before_it_is_
     assert "predicted 9.313e+05 GiB a process x 1 process(es) on the CPU is more than this host's available" in line
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       24000000 kB\nMemAvailable:   2048 kB\n")
-    assert available_host_bytes(str(info)) == 2048 * 1024 and available_host_bytes(str(tmp_path / "no")) is None
+    assert host_available_bytes(str(info)) == 2048 * 1024
+    pages = {"SC_AVPHYS_PAGES": 3, "SC_PAGE_SIZE": 4096}  # no meminfo: the free pages
+    monkeypatch.setattr(os, "sysconf", pages.__getitem__)
+    assert host_available_bytes(str(tmp_path / "no")) == 3 * 4096
 
 
 def test_unknown_baseline(plan4, capsys):
