@@ -114,11 +114,12 @@ def main(argv=None, report=None) -> int:
     finally:
         if restore is not None:
             signal.signal(signal.SIGTERM, restore)
-        if not (interrupted and lead and rows):
-            stop(d)  # an interrupted lead writes its candidates first: peers may be gone
+        keep = interrupted and lead and any(r["status"] == "ok" for r in rows)
+        if not keep:
+            stop(d)  # an interrupted lead writes what it measured first: peers may be gone
     if not lead:
         return 130 if interrupted else 0
-    if interrupted and not any(r["status"] == "ok" for r in rows):
+    if interrupted and not keep:
         print(f"interrupted after {len(rows)} of {len(cands) or '?'} candidates, none measured: nothing written")
         return 130
     chosen = fastest(rows)
