@@ -92,10 +92,10 @@ def sequence_copies_s(plan: Plan, compute) -> float:
     for e in plan.edges:
         f = again.get((index.get(e.source), index.get(e.target)), 1.0)
         for c in e.collectives:
-            key = (e.source, c.direction, c.collective)  # a stream two layers read is redistributed once
-            if c.phase == "boxing" and c.per == "micro-batch" and set(c.axes) <= axes and key not in seen and \
+            moved = (e.source, c.direction, c.collective)  # a stream two layers read is redistributed once
+            if c.phase == "boxing" and c.per == "micro-batch" and set(c.axes) <= axes and moved not in seen and \
                     (c.collective == "reducescatter" or c.collective == "allgather" and gathers):
-                seen.add(key)
+                seen.add(moved)
                 s += e.count * (f if c.direction == "fwd" else 1.0) * compute.memory_seconds(2 * c.nbytes)
     return plan.micro_batches * s
 
