@@ -10,10 +10,11 @@ from autotune.plan.typed import ApplyPath, Collective, Costs, Edge, FineMesh, La
 from autotune.sbp.boxing import Step, copy_seconds
 from autotune.sbp.cost import Problem, edge_steps, internal_copy_seconds, internal_seconds, internal_steps, sync_steps
 from autotune.sbp.layers import Strategy
-from autotune.sbp.memory import RERUN
+from autotune.sbp.memory import OUTSIDE, RERUN
 from autotune.sbp.modulecal import source as compute_source
 from autotune.sbp.sbp import fine_of
-from autotune.sbp.steptime import fsdp_forward_exposed, fsdp_steps, layer_seconds, optimizer_seconds
+from autotune.sbp.steptime import (fsdp_forward_exposed, fsdp_seconds, fsdp_steps, layer_seconds, optimizer_seconds,
+                                   serial_fsdp_seconds)
 
 
 def _comm(step: Step, problem: Problem, phase: str, tensor: str, direction: str, per: str) -> Collective:
@@ -111,11 +112,13 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
     step = {}
     decided, path = path is None, path if path is not None else plan_path(plan)  # read from the placements alone
     if problem.node_compute is not None:  # the step-time model (autotune.sbp.steptime)
-        gathers = forward_gathers(problem, assign) if decided and path == ApplyPath.FULLY_SHARD \
-            and problem.objective == "step" else None
-        exposed = red_total + problem.exposed_sync(assign) + (gathers[0] - gathers[1] if gathers else 0.0)
+        on = decided and problem.objective == "step"
+        gathers = forward_gathers(problem, assign) if on and path == ApplyPath.FULLY_SHARD else None
+        serial = dtensor_fsdp(problem, assign) if on and path == ApplyPath.DTENSOR else None
+        exposed = red_total + problem.exposed_sync(assign) + sum(g[0] - g[1] for g in (gathers, serial) if g)
         step = {"compute_s": comp_total, "exposed_comm_s": exposed, "step_s": comp_total + exposed,
-                **({"gather_exposed_s": gathers[0]} if gathers else {})}
+                **({"gather_exposed_s": gathers[0]} if gathers else {}),
+                **({"fsdp_serial_s": serial[0]} if serial else {})}
     memory = problem.memory_breakdown(assign, cached_gathered=path != ApplyPath.DTENSOR)
     breakdown = memory.to_dict()
     held = ddp_gradient_copies(path, mb, breakdown, problem.recipe)
@@ -144,6 +147,25 @@ def forward_gathers(problem: Problem, assign: list[int]) -> tuple[float, float] 
     new = fsdp_forward_exposed(graph.chain, graph.blocks, problem.mb, fwd, bwd, gather, host, scatter)
     old = problem.mb * sum(n * max(0.0, g - f) for n, g, f in zip(problem.counts, gather, fwd))
     return new, old
+
+
+def dtensor_fsdp(problem: Problem, assign: list[int]) -> tuple[float, float] | None:
+    """A single-stage plan on the DTensor path: (its FSDP collectives a step in series with the compute,
+    ``steptime.serial_fsdp_seconds``, the backward's gathers where the layer's forward re-runs under full
+    recomputation; what the per-layer rule ``fsdp_seconds`` priced into the redistribution, which this replaces);
+    None where the plan shards nothing. A pipeline stage's plan (its path given) keeps the stage's own rule."""
+    if problem.node_fwd is None:
+        return None
+    cl, mode, coster = problem.cluster, problem.mode, problem.coster
+    new = old = 0.0
+    for v, (i, n) in enumerate(zip(assign, problem.counts)):
+        s = problem.choices[v][i]
+        if not fsdp_steps(s, cl, mode):
+            continue
+        rerun = mode.recompute == "full" and problem.roles[v] != OUTSIDE
+        new += n * serial_fsdp_seconds(s, cl, coster, mode, rerun)
+        old += n * fsdp_seconds(s, cl, coster, mode, float(problem.node_fwd[v][i]), float(problem.node_bwd[v][i]))
+    return (problem.mb * new, problem.mb * old) if new else None
 
 
 def gather_figures(problem: Problem, assign: list[int]) -> tuple[list, list, list, list, list] | None:

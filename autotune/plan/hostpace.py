@@ -31,7 +31,8 @@ pass, ``path_work``; 2026-11-30d: fully_shard's all-gather input copies; 2026-11
 slowed by the user's module's own figure; 2026-11-30f: an unmeasured tensor width at the nearest measured width's
 ratios; 2026-11-30g: FSDP's gathered weights whole, no key/value cache under recomputation, the DTensor path's
 casts of gathered weights not cached, the loss's fp32 copy of the logits: memory only; 2026-11-30h: sequence
-parallelism's copies around its collectives, ``sequence_copies_s``): they are left out.
+parallelism's copies around its collectives, ``sequence_copies_s``; 2026-11-30i: the DTensor path's FSDP collectives in
+series with the compute, ``autotune.plan.build.dtensor_fsdp``): they are left out.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from autotune.sbp.cost import forward_factors
 
 # The step model's revision, recorded with the residuals tune fits against its predictions. A change that moves
 # predictions bumps it (tests/autotune/test_step_model_revision.py fails where predictions move and it does not).
-STEP_MODEL = "2026-11-30h"
+STEP_MODEL = "2026-11-30i"
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 

@@ -245,6 +245,7 @@ class Costs:
     host_step_s: float | None = None  # the host's time to issue the step on the plan's path
     path_s: float | None = None  # the device's work of the plan's path beyond its layers', in step_s (hostpace)
     gather_exposed_s: float | None = None  # fully_shard: the forward all-gathers' exposed part of exposed_comm_s
+    fsdp_serial_s: float | None = None  # the DTensor path: FSDP's collectives in series with the compute, in it
     step_uncorrected_s: float | None = None  # the step before the residual
     residual: float | None = None  # measured / predicted steps of the path (calibrate.residuals)
     boundary_s: float | None = None  # pipelined: the boundary transfers of a micro-batch, both ways

@@ -82,7 +82,9 @@ max(0, all-gather + reduce-scatter - backward compute), the layer's own compute 
 (a prefetch one layer ahead hides behind the layer before it as much as behind this one, so the
 rule is the layer's as if it prefetched its own). A single-stage plan on the fully_shard path, where the profile
 has the path's host figure, prices its forward all-gathers instead as FSDP2 prefetches them, implicitly, as far as
-the CPU runs ahead of the device (``implicit_prefetch_exposed``, ``fsdp_forward_exposed``; ``autotune.plan.build``).
+the CPU runs ahead of the device (``implicit_prefetch_exposed``, ``fsdp_forward_exposed``; ``autotune.plan.build``);
+one on the DTensor path, whose FSDP prefetches nothing, prices them in series with the compute instead
+(``serial_fsdp_seconds``, ``autotune.plan.build.dtensor_fsdp``).
 
 Memory-bound passes are timed at the bandwidth of the kernels that make them: copies (DTensor's, the
 attention's) at the profile's copy bandwidth ``memory_Bps``; the layers' elementwise work, casts and
@@ -477,6 +479,21 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     # the layer's compute beside its gathers (and reduce-scatters) runs slower by the measured overlap slowdown
     return max(0.0, tf - fwd) + max(0.0, tb - bwd) + (k_ag - 1) * min(tf, fwd) + (k_b - 1) * min(tb, bwd) + copies
 
+
+
+def serial_fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, rerun: bool) -> float:
+    """Per micro-batch and occurrence, FSDP's communication on the DTensor path (``autotune.apply.dtensor``: each
+    weight stored split and all-gathered at use by a parametrization whose backward reduce-scatters): DTensor's
+    redistribute waits for its collective, which waits for the work queued before it, so each runs in series with
+    the compute, nothing hidden, nothing slowed beside it, no fully_shard copies. The forward's all-gathers, again
+    in the backward only where the forward re-runs there (``rerun``: the backward multiplies by the forward's
+    bf16 cast, saved), and the reduce-scatters (2 x H200, 2026-11-30, ``tests/gpu/dtensor_fsdp_overlap.py``: a
+    stack of Linear layers took 0.99-1.59 times its collectives' time alone over its compute alone; fully_shard's
+    prefetch hides them)."""
+    steps = fsdp_steps(s, cluster, mode)
+    gather = sum(coster.step_time(st) for _, d, st in steps if d == "fwd")
+    scatter = sum(coster.step_time(st) for _, _, st in steps if st.op == "reducescatter")
+    return gather * (2 if rerun else 1) + scatter
 
 # the share of a unit's host issue time (the profile's figure: forward and backward of a micro-batch) spent issuing its
 # forward: the backward runs one autograd node per differentiable op the forward recorded, and fully_shard issues

@@ -16,7 +16,7 @@ from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.memory import Mode
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.steptime import fsdp_forward_exposed, fsdp_steps, implicit_prefetch_exposed
+from autotune.sbp.steptime import fsdp_forward_exposed, fsdp_seconds, fsdp_steps, implicit_prefetch_exposed
 
 N, C, G = 6, 3.0, 1.0  # units, each unit's forward compute and all-gather (seconds: the recurrence is scale-free)
 
@@ -115,3 +115,46 @@ def test_the_fully_shard_plan_prices_its_forward_gathers_at_the_host_pace():
     assert none.costs.gather_exposed_s is None
     assert slow.costs.exposed_comm_s - none.costs.exposed_comm_s == pytest.approx(every - per_layer)
     assert slow.costs.compute_s == none.costs.compute_s
+
+
+def dtensor_fsdp_plan(recompute: str = "none"):
+    """The FSDP plan of ``fsdp_plan`` with the embedding split by columns: the DTensor path."""
+    pr = Problem(load_model("llama", None, MODEL), Coster(Profile.load("h200-nvlink"), Cluster(1, 2)), None,
+                 require_fit=False, objective="step").with_mode(Mode(fsdp_axes=(0,), recompute=recompute))
+    assign = data_parallel(pr)
+    v = next(v for v, op in enumerate(pr.ops) if op.layer.kind == "embedding")
+    for i, s in enumerate(pr.choices[v]):
+        plan = build(pr, assign[:v] + [i] + assign[v + 1:], "per-layer")
+        if plan.apply_path == "dtensor" and s.weights[0].sbp and "S1" in str(plan.layers[v].weights[0].placements):
+            return pr, assign[:v] + [i] + assign[v + 1:], plan
+    raise AssertionError("no strategy of the embedding puts the FSDP plan on the DTensor path")
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_the_dtensor_path_prices_fsdps_collectives_in_series_with_the_compute(recompute):
+    """On the DTensor path each all-gather at use and each reduce-scatter runs in series with the compute (closed
+    form: the forward's gathers, again in the backward where the forward re-runs, and the reduce-scatters, at
+    their own time), in place of the per-layer rule's hidden share; the same layers on the fully_shard path keep
+    the rule."""
+    pr, assign, plan = dtensor_fsdp_plan(recompute)
+    serial = 0.0
+    for v, (i, n) in enumerate(zip(assign, pr.counts)):
+        steps = fsdp_steps(pr.choices[v][i], pr.cluster, pr.mode)
+        gather = sum(pr.coster.step_time(st) for _, d, st in steps if d == "fwd")
+        scatter = sum(pr.coster.step_time(st) for _, _, st in steps if st.op == "reducescatter")
+        again = recompute == "full" and pr.roles[v] != "outside"
+        serial += pr.mb * n * (gather * (2 if again else 1) + scatter)
+    assert plan.costs.fsdp_serial_s == pytest.approx(serial) and serial > 0
+    per_layer = pr.mb * sum(n * fsdp_seconds(pr.choices[v][i], pr.cluster, pr.coster, pr.mode,
+                                             float(pr.node_fwd[v][i]), float(pr.node_bwd[v][i]))
+                            for v, (i, n) in enumerate(zip(assign, pr.counts)))
+    assert plan.costs.exposed_comm_s == pytest.approx(plan.costs.redistribution_s + pr.exposed_sync(assign)
+                                                      + serial - per_layer)
+    fs = build(pr, data_parallel(pr), "FSDP")
+    assert fs.apply_path == "fully_shard" and fs.costs.fsdp_serial_s is None
+
+
+def test_the_dtensor_path_gathers_again_in_the_backward_only_where_the_forward_reruns():
+    _, _, none = dtensor_fsdp_plan("none")
+    _, _, full = dtensor_fsdp_plan("full")
+    assert full.costs.fsdp_serial_s > none.costs.fsdp_serial_s

@@ -30,6 +30,7 @@ G = [0.00977156, 4281340.0, 0.0155822, 2178050.0, 0.0180719, 2173950.0, 0.006249
 FIGURES = {  # revision -> the figures of ``prices()``, 6 significant digits
     "2026-11-30g": G,
     "2026-11-30h": G,  # sequence parallelism's copies: a built plan's path work, which these layer prices leave out
+    "2026-11-30i": G,  # the DTensor path's FSDP in series: a built plan's path, which these layer prices leave out
 }
 
 
