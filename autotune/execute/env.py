@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from dataclasses import dataclass, field
 
 from calibrate.errors import OptionError, UserError
@@ -46,7 +45,7 @@ class Dist:
         if self.is_gpu or not need_bytes:
             return
         avail = host_available_bytes()
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.launch.world))
+        local = self.launch.local_world
         if avail is None or need_bytes * local <= avail:
             return
         raise UserError(f"the plan's predicted {need_bytes / 2**30:.4g} GiB a process x {local} process(es) on the "

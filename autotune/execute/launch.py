@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 from calibrate.errors import UserError
 
-LAUNCHERS = (  # (rank, world, local rank) variables, in order of preference
-    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # torchrun
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),  # MPICH / Hydra
-    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),  # srun
+LAUNCHERS = (  # (rank, world, local rank, processes on this host) variables, in order of preference
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),  # torchrun
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH / Hydra
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),  # srun
 )
 
 
@@ -22,13 +23,16 @@ class Launch:
     world: int
     local_rank: int
     launcher: str
+    local_world: int = 1  # the processes on this host (the launcher's figure, else the world)
 
 
 def launch_env(environ=None) -> Launch:
     env = os.environ if environ is None else environ
-    for r, w, lr in LAUNCHERS:
+    for r, w, lr, lw in LAUNCHERS:
         if r in env and w in env:
-            return Launch(int(env[r]), int(env[w]), int(env.get(lr, env[r])), r)
+            local = env.get(lw, "")
+            return Launch(int(env[r]), int(env[w]), int(env.get(lr, env[r])), r,
+                          int(local) if local.isdigit() else int(env[w]))
     return Launch(0, 1, 0, "none")
 
 

@@ -15,7 +15,6 @@ its workers) writes them of the candidates it ran, says so (meta.tune.interrupte
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import signal
 import sys
 import time
@@ -101,7 +100,7 @@ def main(argv=None, report=None) -> int:
         cands = candidates(pf.best, pf.baselines, args.k)
         progress(f"{len(cands)} candidates after {time.perf_counter() - began:.1f} s (set-up and search): "
                  + "; ".join(c.strategy for c in cands))
-        build = BuildOnce(int(os.environ.get("LOCAL_WORLD_SIZE", launch.world)),  # the model built once a process
+        build = BuildOnce(launch.local_world,  # the model built once a process
                           init=d.device if d.is_gpu else None)
         for c in cands:
             rows.append(run_candidate(c, d, args.module, args.steps, args.warmup, args.seed, progress, build))

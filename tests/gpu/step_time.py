@@ -10,7 +10,7 @@ host's waits on the device, by call).
 Per candidate and rank: the step; per phase (forward, backward, optimizer) summed over the step, the host's and the
 device's milliseconds, and the host's alone at the short sequence; the device's lag behind the host at each phase's
 end (0: the device waited for the host); the syncs; and the profiled step's device time by kernel (KERNELS, the
-largest first)."""
+largest first). Each rank prints each timed step's milliseconds and phases as it ends."""
 import os
 import statistics
 import sys
@@ -79,6 +79,9 @@ class Traced(moduletrain.ModuleTrainer):
             t0 = time.perf_counter()
             self.step(s)
             times.append(time.perf_counter() - t0)
+            ph, _ = phases(MARKS.rows)  # printed as each step ends: a run stopped early keeps what it measured
+            print(f"[rank {dist.get_rank()}] step {s}: {times[-1] * 1e3:.1f} ms; host / device ms " + ", ".join(
+                f"{k} {h:.1f} / {e:.1f}" for k, (h, e) in ph.items()), flush=True)
         Traced.found = {"times": times, "phases": phases(MARKS.rows)}
         if Traced.profile:
             from torch.profiler import ProfilerActivity, profile
