@@ -92,6 +92,7 @@ def run_candidate(plan: Plan, d, module: str, steps: int, warmup: int, seed: int
         peak = m.get("peak_memory_bytes")
         paths = set(rec.get("paths") or [rec.get("apply_path")])  # a pipeline's stages: one path each
         row.update(status="ok", measured_step_s=m["step_s"], apply_path=paths.pop() if len(paths) == 1 else "mixed",
+                   measured_steps_s=[float(t) for t in (m.get("step_times_s") or [])[warmup:]],
                    residual_path=residual_path(plan),
                    measured_bytes=max(peak) if isinstance(peak, list) and peak else peak)
         if plan.stages and isinstance(peak, list) and peak:
@@ -174,7 +175,23 @@ def tune_notes(rows: list[dict]) -> list[str]:
         steps = [r["measured_step_s"] for r in ok]
         lines.append(f"Kendall tau of the predicted against the measured order: {kendall(ok):+.2f} over {len(ok)} plans "
                      f"(their measured steps within {(max(steps) / min(steps) - 1) * 100:.1f}% of the fastest)")
+        pairs = resolved_pairs(ok)
+        if pairs is not None and len(pairs) < len(ok) * (len(ok) - 1) // 2:
+            lines.append(f"Of its {len(ok) * (len(ok) - 1) // 2} pairs, {len(pairs)} are measured apart by more than "
+                         f"their own steps' spread (half the range of each one's timed steps, added)"
+                         + (f": tau over those {kendall_pairs(pairs):+.2f}" if pairs else "")
+                         + "; the others are ties at this run's noise")
     return lines
+
+
+def resolved_pairs(rows: list[dict]) -> list[tuple[dict, dict]] | None:
+    """The pairs of ``rows`` whose measured steps differ by more than half the range of each one's timed steps,
+    added (the run's own noise); None where a row has fewer than two timed steps."""
+    if any(len(r.get("measured_steps_s") or []) < 2 for r in rows):
+        return None
+    spread = [max(r["measured_steps_s"]) - min(r["measured_steps_s"]) for r in rows]
+    return [(a, b) for i, a in enumerate(rows) for j, b in enumerate(rows) if i < j and
+            abs(a["measured_step_s"] - b["measured_step_s"]) > (spread[i] + spread[j]) / 2]
 
 
 def tune_table(rows: list[dict], chosen: dict | None) -> str:
@@ -185,7 +202,11 @@ def tune_table(rows: list[dict], chosen: dict | None) -> str:
 
 
 def kendall(rows: list[dict]) -> float:
-    pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]]
+    return kendall_pairs([(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]])
+
+
+def kendall_pairs(pairs: list[tuple[dict, dict]]) -> float:
+    """Kendall's tau over ``pairs`` of rows: concordant less discordant, over the pairs."""
     s = sum((1 if (a["predicted_step_s"] - b["predicted_step_s"]) * (a["measured_step_s"] - b["measured_step_s"]) > 0
              else -1) for a, b in pairs)
     return s / len(pairs)

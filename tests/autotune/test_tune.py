@@ -282,6 +282,23 @@ def test_the_table_gives_tau_with_how_close_the_measured_steps_are():
                                               "4 plans (their measured steps within 1.9% of the fastest)")
 
 
+def test_the_table_says_which_pairs_the_runs_own_noise_cannot_order():
+    """Held-out Qwen2.5 7B's four candidates on 2 x H200 (session 33, timed steps in s): three pairs are measured
+    apart by more than half of each one's range of timed steps, added (the searched plan against each other, all
+    out of the predicted order), the other three are ties at that noise; with a single timed step per row,
+    nothing is said."""
+    from autotune.execute.tune import tune_notes
+    rows = [dict(strategy=n, kind="k", status="ok", predicted_step_s=p, measured_step_s=m, measured_steps_s=t)
+            for n, p, m, t in (("searched", 15.717, 16.4786, [16.4441, 16.4803, 16.4786]),
+                               ("FSDP", 15.845, 16.1938, [16.0897, 16.1938, 16.2028]),
+                               ("pipelined", 15.989, 16.0847, [15.9589, 16.0847, 16.2268]),
+                               ("Megatron", 16.112, 16.2101, [16.2103, 15.8548, 16.3001]))]
+    assert tune_notes(rows)[-1] == ("Of its 6 pairs, 3 are measured apart by more than their own steps' spread (half "
+                                    "the range of each one's timed steps, added): tau over those -1.00; the others "
+                                    "are ties at this run's noise")
+    assert "Of its" not in tune_notes([dict(r, measured_steps_s=[r["measured_step_s"]]) for r in rows])[-1]
+
+
 def test_a_run_whose_allocator_retried_says_so_in_its_row_and_its_record_is_checked(tmp_path):
     """The caching allocator's retries (each frees its cache and synchronises the device) go into the row's note, where
     a step slower than priced may come from them; none, no note; a record with a malformed figure is refused."""
