@@ -480,7 +480,6 @@ def fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, fwd:
     return max(0.0, tf - fwd) + max(0.0, tb - bwd) + (k_ag - 1) * min(tf, fwd) + (k_b - 1) * min(tb, bwd) + copies
 
 
-
 def serial_fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mode, rerun: bool) -> float:
     """Per micro-batch and occurrence, FSDP's communication on the DTensor path (``autotune.apply.dtensor``: each
     weight stored split and all-gathered at use by a parametrization whose backward reduce-scatters): DTensor's
@@ -488,12 +487,13 @@ def serial_fsdp_seconds(s: Strategy, cluster: Cluster, coster: Coster, mode: Mod
     the compute, nothing hidden, nothing slowed beside it, no fully_shard copies. The forward's all-gathers, again
     in the backward only where the forward re-runs there (``rerun``: the backward multiplies by the forward's
     bf16 cast, saved), and the reduce-scatters (2 x H200, 2026-11-30, ``tests/gpu/dtensor_fsdp_overlap.py``: a
-    stack of Linear layers took 0.99-1.59 times its collectives' time alone over its compute alone; fully_shard's
-    prefetch hides them)."""
+    stack of Linear layers took 0.99-1.59 times its collectives' time alone over its compute alone, where the device
+    binds; what it takes beyond 1 is not priced)."""
     steps = fsdp_steps(s, cluster, mode)
     gather = sum(coster.step_time(st) for _, d, st in steps if d == "fwd")
     scatter = sum(coster.step_time(st) for _, _, st in steps if st.op == "reducescatter")
     return gather * (2 if rerun else 1) + scatter
+
 
 # the share of a unit's host issue time (the profile's figure: forward and backward of a micro-batch) spent issuing its
 # forward: the backward runs one autograd node per differentiable op the forward recorded, and fully_shard issues

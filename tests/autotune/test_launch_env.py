@@ -10,8 +10,8 @@ from autotune.execute.launch import Launch, launch_env
     ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
       "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, Launch(3, 4, 1, "OMPI_COMM_WORLD_RANK", 2)),
     ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}, Launch(2, 4, 0, "PMI_RANK", 2)),
-    # Slurm sets the tasks a node only under --ntasks-per-node; a heterogeneous "2(x3)" form is not one figure
-    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x3)"},
+    # Slurm sets the tasks a node only under --ntasks-per-node; a figure that is not a whole number: the world
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": ""},
      Launch(1, 6, 1, "SLURM_PROCID", 6)),
     ({"RANK": "0", "WORLD_SIZE": "2"}, Launch(0, 2, 0, "RANK", 2)),  # no local figures: the world, on one host
     ({}, Launch(0, 1, 0, "none", 1)),
