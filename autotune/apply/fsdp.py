@@ -9,7 +9,8 @@ import math
 from autotune.apply.batch import DataSplit
 from autotune.apply.layers import Site, _recompute
 from autotune.apply.tensor import parallelize
-from autotune.plan.layouts import FullyShard, fsdp_dims
+from autotune.apply.vocab import chain_columns, place_columns
+from autotune.plan.layouts import FullyShard, LocalPlan, fsdp_dims, fully_shard_layout
 from autotune.plan.typed import TypedPlan
 
 
@@ -41,10 +42,20 @@ def fully_shard_model(model, chain: list[Site], prefixes: dict, plan: TypedPlan,
 
 
 def place(job) -> DataSplit:
+    """fully_shard's composition; for a plan whose embedding is split by columns (``job.layout`` its
+    ``column_twin``), on the twin, the table placed beside fully_shard (``autotune.apply.vocab.place_columns``)."""
     from torch.distributed.device_mesh import init_device_mesh
-    dims = fsdp_dims(job.plan, job.layout)
+    twin = job.layout if isinstance(job.layout, LocalPlan) else None
+    plan = twin.plan if twin is not None else job.plan
+    layout = fully_shard_layout(plan) if twin is not None else job.layout
+    dims = fsdp_dims(plan, layout)
     mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
-    return fully_shard_model(job.model, job.chain, job.prefixes, job.plan, job.layout, mesh)[0]
+    columns = chain_columns(job.chain) if twin is not None else None
+    split, data = fully_shard_model(job.model, job.chain, job.prefixes, plan, layout, mesh,
+                                    (columns.weight,) if columns is not None else ())
+    if columns is not None:
+        place_columns(columns, data, split)
+    return split
 
 
 def place_tensor(job):

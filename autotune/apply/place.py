@@ -3,7 +3,8 @@ own training loop, by one of the paths of ``PATHS`` (one module each, one interf
 and placing the module, which moves this rank's part to its device and returns this rank's ``DataSplit``; each
 path syncs the gradients itself, in the backward, once a step under ``autotune.accumulate``: ``autotune.apply.grads``):
 
-- "fully_shard" (``autotune.apply.fsdp``): FSDP, HSDP and TP + FSDP plans, torchtitan's composition;
+- "fully_shard" (``autotune.apply.fsdp``): FSDP, HSDP and TP + FSDP plans, torchtitan's composition, also with
+  the embedding's table split by columns beside it (``autotune.plan.layouts.column_twin``);
 - "tensor" (``autotune.apply.tensor``): a plan without FSDP, data parallel on its leading axes and tensor
   parallel on the others as ``parallelize_module``'s styles (DDP + TP);
 - "ddp" (``autotune.apply.ddp``): pure data parallelism, ``DistributedDataParallel`` (apply returns it);
@@ -33,7 +34,9 @@ from autotune.apply.batch import check_batch, stream_by_sequence
 from autotune.apply.layers import (Site, _check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
                                    find_layers)
 from autotune.apply.tensor import tp_styles
-from autotune.plan.layouts import data_parallel_plan, fully_shard_layout, plan_path, sequence_axes, tp_layout
+from autotune.apply.vocab import chain_columns
+from autotune.plan.layouts import (column_twin, data_parallel_plan, fully_shard_layout, plan_path, sequence_axes,
+                                   tp_layout)
 from autotune.plan.file import load_plan
 from autotune.plan.typed import ApplyPath, TypedPlan
 
@@ -68,8 +71,17 @@ def _unwrapped(place):
 
 # name: (takes(plan, chain) -> a layout or None, place(job) -> (the module to call, this rank's DataSplit)); the
 # plan's path is ``autotune.plan.layouts.plan_path``'s, taken where the modules take it (else the DTensor path)
+def _takes_fully_shard(plan: TypedPlan, chain: list[Site]):
+    """fully_shard's layout of ``plan``, or its ``column_twin`` where the chain's embedding can take the columns."""
+    layout = _takes_tp(fully_shard_layout)(plan, chain)
+    if layout is not None:
+        return layout
+    twin = column_twin(plan)
+    return twin if twin is not None and chain_columns(chain) is not None else None
+
+
 PATHS = {
-    ApplyPath.FULLY_SHARD.value: (_takes_tp(fully_shard_layout), _unwrapped(fsdp.place)),
+    ApplyPath.FULLY_SHARD.value: (_takes_fully_shard, _unwrapped(fsdp.place)),
     ApplyPath.TENSOR.value: (_takes_tp(tp_layout), _unwrapped(fsdp.place_tensor)),
     ApplyPath.DDP.value: (lambda plan, chain: data_parallel_plan(plan) or None, ddp.place),
     ApplyPath.DTENSOR.value: (lambda plan, chain: True, _unwrapped(dtensor.place)),

@@ -1,11 +1,15 @@
 """A pipeline stage's layers computed outside DDP / fully_shard (``autotune.plan.layouts.local_twin``): a first
 stage's embedding split by features (``_column_lookup``: each device looks the whole micro-batch up in its
-columns and hands its piece on by an all-to-all, the S1 -> S0 boxing the plan prices) and a last stage's logits
+columns and hands its piece on by an all-to-all, the S1 -> S0 boxing the plan prices; also a single-stage FSDP
+plan's, ``place_columns``) and a last stage's logits
 split by vocabulary with Megatron-LM's vocabulary-parallel cross entropy (``_vocab_logits``, ``_vocab_loss``:
 the stream all-gathered over the stage's data ranks, the local matmul against the rank's rows, the tokens' maxima
 and sums of exponentials all-reduced; the stream's gradient reduce-scattered back). Modules that cannot take these
 (a tied embedding and head, an embedding of several modules, a head with a bias) keep the DTensor path."""
 from __future__ import annotations
+
+import functools
+from collections import Counter
 
 from autotune.apply.batch import DataSplit, scale_grad
 from autotune.apply.dtensor import _global_shape
@@ -13,7 +17,7 @@ from autotune.apply.layers import Site, contiguous_strides, torch
 
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.distributed.tensor import DTensor, Shard  # noqa: E402
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
 
 
 def _sole_module(chain: list[Site], name: str, tied_ids: set, takes):
@@ -44,6 +48,26 @@ def _column_lookup(ids, *, module, mesh, factor: float):
     shape = _global_shape(out, placements, mesh)
     x = DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=contiguous_strides(shape))
     return x.redistribute(mesh, [Shard(0)] * mesh.ndim).to_local()
+
+
+def chain_columns(chain: list[Site]):
+    """The embedding module of a single-stage plan's ``column_twin`` (``_column_module``), its table shared with no
+    other module of ``chain``; None: the plan takes the DTensor path."""
+    ids = Counter(id(p) for site in chain for _, m in site.modules for p in m.parameters(recurse=False))
+    return _column_module(chain, {i for i, n in ids.items() if n > 1})
+
+
+def place_columns(module, mesh, split: DataSplit) -> None:
+    """``module``'s table split by columns over the data ``mesh`` beside fully_shard (a single-stage plan's
+    ``column_twin``): each rank's ids gathered over the mesh (row-major, as ``split`` orders the pieces), looked up
+    by ``_column_lookup``, which hands each rank its piece back."""
+    module.weight = nn.Parameter(distribute_tensor(module.weight.detach(), mesh, [Shard(1)] * mesh.ndim))
+    module.forward = functools.partial(_piece_lookup, module=module, mesh=mesh, factor=1 / split.world)
+
+
+def _piece_lookup(ids, *, module, mesh, factor: float):
+    whole = DTensor.from_local(ids, mesh, [Shard(0)] * mesh.ndim, run_check=False).full_tensor()
+    return _column_lookup(whole, module=module, mesh=mesh, factor=factor)
 
 
 def _vocab_module(chain: list[Site], tied_ids: set):

@@ -24,6 +24,7 @@ from calibrate.residuals import valid_key
 from autotune.execute.result import stage_peaks, worst
 from autotune.plan.file import PlanFile
 from autotune.plan.hostpace import residual_path
+from autotune.plan.layouts import column_twin
 from autotune.plan.typed import ApplyPath, Plan
 
 KINDS = {ApplyPath.DDP.value: "data parallel", ApplyPath.FULLY_SHARD.value: "FSDP",
@@ -33,8 +34,12 @@ KINDS = {ApplyPath.DDP.value: "data parallel", ApplyPath.FULLY_SHARD.value: "FSD
 def kind_of(plan: Plan) -> str | None:
     """The candidate kind of a plan, by the path ``autotune.apply`` places it on (a Megatron plan of t = 1 is data
     parallel, of t > 1 tensor parallel; TP + FSDP goes with FSDP; every other plan with tensor-split layers is one
-    of per-layer placements), or "pipelined"; None on one device."""
-    return "pipelined" if plan.stages else KINDS.get(plan.apply_path)
+    of per-layer placements, FSDP with the embedding split by columns too), or "pipelined"; None on one device."""
+    if plan.stages:
+        return "pipelined"
+    columns = plan.apply_path == ApplyPath.FULLY_SHARD and plan.layer("embedding") is not None and \
+        column_twin(plan) is not None
+    return KINDS[ApplyPath.DTENSOR.value if columns else plan.apply_path] if plan.apply_path in KINDS else None
 
 
 def _step(plan: Plan) -> float:

@@ -32,7 +32,8 @@ slowed by the user's module's own figure; 2026-11-30f: an unmeasured tensor widt
 ratios; 2026-11-30g: FSDP's gathered weights whole, no key/value cache under recomputation, the DTensor path's
 casts of gathered weights not cached, the loss's fp32 copy of the logits: memory only; 2026-11-30h: sequence
 parallelism's copies around its collectives, ``sequence_copies_s``; 2026-11-30i: the DTensor path's FSDP collectives in
-series with the compute, ``autotune.plan.build.dtensor_fsdp``): they are left out.
+series with the compute, ``autotune.plan.build.dtensor_fsdp``; 2026-11-30j: FSDP with the embedding split by columns on
+the fully_shard path, ``autotune.plan.layouts.column_twin``): they are left out.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ from autotune.sbp.cost import forward_factors
 
 # The step model's revision, recorded with the residuals tune fits against its predictions. A change that moves
 # predictions bumps it (tests/autotune/test_step_model_revision.py fails where predictions move and it does not).
-STEP_MODEL = "2026-11-30i"
+STEP_MODEL = "2026-11-30j"
 
 KINDS = ("gpt", "llama")  # the models apply places (the reference modules' kinds)
 

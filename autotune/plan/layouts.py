@@ -113,7 +113,8 @@ def fully_shard_plan(plan: TypedPlan) -> bool:
 def plan_path(plan: TypedPlan) -> str:
     """The path ``autotune.apply`` places ``plan`` by, read from the plan alone, in the order apply asks them:
     "fully_shard" where ``fully_shard_layout`` expresses it, "tensor" for data x tensor parallelism without FSDP
-    (``tp_layout``), "ddp" for pure data parallelism, else "dtensor"; "none" on one device
+    (``tp_layout``), "ddp" for pure data parallelism, "fully_shard" again for FSDP with the embedding split by
+    columns (``column_twin``), else "dtensor"; "none" on one device
     (``autotune.apply.place.path_of`` takes it where the modules take its tensor-parallel styles: a model
     whose layers are not ``nn.Linear`` runs such a plan on the DTensor path)."""
     if plan.world == 1:
@@ -122,7 +123,9 @@ def plan_path(plan: TypedPlan) -> str:
         return ApplyPath.FULLY_SHARD.value
     if tp_layout(plan) is not None:
         return ApplyPath.TENSOR.value
-    return (ApplyPath.DDP if data_parallel_plan(plan) else ApplyPath.DTENSOR).value
+    if data_parallel_plan(plan):
+        return ApplyPath.DDP.value
+    return (ApplyPath.FULLY_SHARD if column_twin(plan) is not None else ApplyPath.DTENSOR).value
 
 
 @dataclass(frozen=True)
@@ -259,6 +262,20 @@ def local_stream(typed: TypedPlan) -> tuple[str, ...]:
     layout = fully_shard_layout(typed)
     tp = (layout.tp,) if layout is not None else getattr(tp_layout(typed), "tp_axes", ())
     return tuple(B if a in tp else "S0" for a in range(len(typed.mesh.sizes)))
+
+
+def column_twin(plan: TypedPlan) -> LocalPlan | None:
+    """The ``local_twin`` of a single-stage plan that fully_shard runs once its embedding split by features on every
+    axis is read as data parallel, as a pipeline's first stage runs it (``autotune.apply.fsdp.place``: the table
+    split by columns beside fully_shard, each device looking up every rank's ids in its columns): FSDP or
+    HSDP-shaped without tensor parallelism, the table not tied to the logits; None for any other plan."""
+    if plan.model.get("tied"):
+        return None
+    local = local_twin(plan)
+    if local is None or not local.columns or local.vocabulary:
+        return None
+    layout = fully_shard_layout(local.plan)
+    return local if layout is not None and layout.tp is None else None
 
 
 def twin_path(local: LocalPlan | None) -> str:

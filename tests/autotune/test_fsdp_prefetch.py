@@ -118,9 +118,10 @@ def test_the_fully_shard_plan_prices_its_forward_gathers_at_the_host_pace():
 
 
 def dtensor_fsdp_plan(recompute: str = "none"):
-    """The FSDP plan of ``fsdp_plan`` with the embedding split by columns: the DTensor path."""
-    pr = Problem(load_model("llama", None, MODEL), Coster(Profile.load("h200-nvlink"), Cluster(1, 2)), None,
-                 require_fit=False, objective="step").with_mode(Mode(fsdp_axes=(0,), recompute=recompute))
+    """The FSDP plan of ``fsdp_plan`` with the embedding, tied to the logits, split by columns: the DTensor path (an
+    untied one runs on fully_shard beside it, ``layouts.column_twin``)."""
+    pr = Problem(load_model("llama", None, dict(MODEL, tied=True)), Coster(Profile.load("h200-nvlink"), Cluster(1, 2)),
+                 None, require_fit=False, objective="step").with_mode(Mode(fsdp_axes=(0,), recompute=recompute))
     assign = data_parallel(pr)
     v = next(v for v, op in enumerate(pr.ops) if op.layer.kind == "embedding")
     for i, s in enumerate(pr.choices[v]):

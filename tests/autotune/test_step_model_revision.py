@@ -31,6 +31,7 @@ FIGURES = {  # revision -> the figures of ``prices()``, 6 significant digits
     "2026-11-30g": G,
     "2026-11-30h": G,  # sequence parallelism's copies: a built plan's path work, which these layer prices leave out
     "2026-11-30i": G,  # the DTensor path's FSDP in series: a built plan's path, which these layer prices leave out
+    "2026-11-30j": G,  # FSDP with the embedding by columns on fully_shard: a built plan's path likewise
 }
 
 

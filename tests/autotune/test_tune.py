@@ -326,7 +326,7 @@ def test_candidates_take_the_primary_kinds_before_per_layer_placements():
     from autotune.execute.tune import candidates
 
     def plan(name, path, step, fits=True, stages=()):
-        return SimpleNamespace(strategy=name, apply_path=path, stages=stages,
+        return SimpleNamespace(strategy=name, apply_path=path, stages=stages, layer=lambda name: None,
                                costs=SimpleNamespace(step_s=step, fits_memory=fits))
     best = plan("searched", "ddp", 1.0)
     others = [plan("SUMMA", "dtensor", 1.1), plan("Megatron SP", "tensor", 1.6), plan("Megatron", "tensor", 1.5),
