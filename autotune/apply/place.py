@@ -69,8 +69,6 @@ def _unwrapped(place):
     return run
 
 
-# name: (takes(plan, chain) -> a layout or None, place(job) -> (the module to call, this rank's DataSplit)); the
-# plan's path is ``autotune.plan.layouts.plan_path``'s, taken where the modules take it (else the DTensor path)
 def _takes_fully_shard(plan: TypedPlan, chain: list[Site]):
     """fully_shard's layout of ``plan``, or its ``column_twin`` where the chain's embedding can take the columns."""
     layout = _takes_tp(fully_shard_layout)(plan, chain)
@@ -80,6 +78,8 @@ def _takes_fully_shard(plan: TypedPlan, chain: list[Site]):
     return twin if twin is not None and chain_columns(chain) is not None else None
 
 
+# name: (takes(plan, chain) -> a layout or None, place(job) -> (the module to call, this rank's DataSplit)); the
+# plan's path is ``autotune.plan.layouts.plan_path``'s, taken where the modules take it (else the DTensor path)
 PATHS = {
     ApplyPath.FULLY_SHARD.value: (_takes_fully_shard, _unwrapped(fsdp.place)),
     ApplyPath.TENSOR.value: (_takes_tp(tp_layout), _unwrapped(fsdp.place_tensor)),
