@@ -180,9 +180,9 @@ def tune_notes(rows: list[dict]) -> list[str]:
         steps = [r["measured_step_s"] for r in ok]
         lines.append(f"Kendall tau of the predicted against the measured order: {kendall(ok):+.2f} over {len(ok)} plans "
                      f"(their measured steps within {(max(steps) / min(steps) - 1) * 100:.1f}% of the fastest)")
-        pairs = resolved_pairs(ok)
-        if pairs is not None and len(pairs) < len(ok) * (len(ok) - 1) // 2:
-            lines.append(f"Of its {len(ok) * (len(ok) - 1) // 2} pairs, {len(pairs)} are measured apart by more than "
+        pairs, every = resolved_pairs(ok), len(ok) * (len(ok) - 1) // 2
+        if pairs is not None and len(pairs) < every:
+            lines.append(f"Of its {every} pairs, {len(pairs)} are measured apart by more than "
                          f"their own steps' spread (half the range of each one's timed steps, added)"
                          + (f": tau over those {kendall_pairs(pairs):+.2f}" if pairs else "")
                          + "; the others are ties at this run's noise")

@@ -77,7 +77,7 @@ def step(model, x) -> None:
 def main(layers: int, width: int, tokens: int, recompute: int = 0) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     from torch.nn.utils import parametrize
 
     from autotune.apply.dtensor import _Gather
@@ -96,7 +96,7 @@ def main(layers: int, width: int, tokens: int, recompute: int = 0) -> None:
     m = stack(layers, width)
     for lin in m:
         lin.weight = nn.Parameter(distribute_tensor(lin.weight.detach(), mesh, [Shard(0)]))
-        parametrize.register_parametrization(lin, "weight", _Gather(mesh, [torch.distributed.tensor.Replicate()]),
+        parametrize.register_parametrization(lin, "weight", _Gather(mesh, [Replicate()]),
                                              unsafe=True)
     xd = DTensor.from_local(x, mesh, [Shard(0)], run_check=False)
     show("dtensor", timed(lambda m=wrapped(m, recompute): step(m, xd)))
