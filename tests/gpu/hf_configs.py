@@ -3,7 +3,8 @@ POSITIONS: Llama (a 1.5 B and Llama 3 8B's shape), and the held-out shapes of re
 session 27 (a Qwen2 1.5 B as Qwen publishes it, a Mistral of 16 layers of Mistral 7B's width, GPT-2 medium) and
 session 30 (Llama 3.2 3B's published shape, tied; GPT-2 large), the two declared in session 31 (Qwen2.5 3B's and
 Mistral 7B v0.3's published shapes), the two declared in session 32 (Qwen2.5 7B's, GPT-2 XL's) and the two
-declared in session 33 (SmolLM2 1.7B's, Qwen2.5 0.5B's).
+declared in session 33 (SmolLM2 1.7B's, Qwen2.5 0.5B's: seen before, withdrawn in session 34) and the one
+declared in session 34 in its place (SmolLM2 360M's).
 
     python3 tests/gpu/hf_configs.py OUT_DIR POSITIONS     # OUT_DIR/NAME.json for every NAME below
 """
@@ -29,6 +30,7 @@ SHAPES = {"llama1.5b": decoder("LlamaForCausalLM", "llama", 16, 2048, 32, 8, 819
           "qwen7b": decoder("Qwen2ForCausalLM", "qwen2", 28, 3584, 28, 4, 18944, 152064, False, 1000000.0),
           "smollm2": decoder("LlamaForCausalLM", "llama", 24, 2048, 32, 32, 8192, 49152, True, 130000.0),
           "qwen0.5b": decoder("Qwen2ForCausalLM", "qwen2", 24, 896, 14, 2, 4864, 151936, True, 1000000.0),
+          "smollm2-360m": decoder("LlamaForCausalLM", "llama", 32, 960, 15, 5, 2560, 49152, True, 100000.0),
           "gpt2-medium": lambda positions: {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 1024,
                                             "n_layer": 24, "n_head": 16, "n_positions": positions,
                                             "vocab_size": 50257, "tie_word_embeddings": True},
