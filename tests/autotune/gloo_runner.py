@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import random
 import socket
 import tempfile
 import time
@@ -15,9 +16,24 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port of this host nobody listens on, below the kernel's ephemeral range. A port ``bind(0)`` hands out is of
+    that range, where any outgoing connection (gloo's own pairs among them) may take it before rank 0 listens on
+    it: CI failed so (EADDRINUSE, 2026-11-30). Below the range only a listener takes a port."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    draw = random.Random()
+    for _ in range(200):
+        port = draw.randrange(max(1024, low - 16384), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {max(1024, low - 16384)}..{low - 1} of 200 tried")
 
 
 def run_on_gloo(fn, jobs, world: int = 4, *, bugs: dict | None = None, timeout: float | None = None,

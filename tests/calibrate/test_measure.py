@@ -229,12 +229,10 @@ def _torch_ranks(rank, port, out):
 
 
 def test_engine_on_torch_distributed_ranks(tmp_path):
-    import socket
+    from tests.autotune.gloo_runner import free_port
 
     torch = pytest.importorskip("torch")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = tmp_path / "out.json"
     torch.multiprocessing.spawn(_torch_ranks, args=(port, str(out)), nprocs=2)
     got = json.loads(out.read_text())
