@@ -124,8 +124,8 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
     held = ddp_gradient_copies(path, mb, breakdown, problem.recipe)
     extra = sum(held.values())
     peak = memory.total + extra
-    fits = bool(problem.fits_plan(assign)) and not (extra and problem.device_limit is not None and
-                                                     peak > problem.device_limit)
+    fits = bool(problem.fits_plan(assign, peak)) and not (extra and problem.device_limit is not None and
+                                                           peak > problem.device_limit)
     costs = Costs(red_total, sync_total, red_total + sync_total, peak, fits,
                   dict(breakdown, **held), **step)
     return Plan(plan.model, cl, plan.mesh, tuple(layers), mb, plan.recompute, plan.sharding_mode, plan.sharding_axes,

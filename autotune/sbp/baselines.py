@@ -223,13 +223,6 @@ def data_parallel(problem: Problem) -> list[int] | None:
     return megatron_assignment(problem, (cl.nodes, cl.gpus_per_node), ONE)
 
 
-def _plan_or_unfit(problem: Problem, assign: list[int], name: str, search: dict | None = None) -> tuple:
-    """What ``autotune.plan.build.build`` makes the baseline's plan of: (problem, assignment, name, search)."""
-    if not problem.fits_plan(assign):
-        search = dict(search or {}, note="no plan fits the memory limit; this is the one needing the least")
-    return problem, assign, name, search
-
-
 def _name(pr: Problem, name: str) -> str:
     rec = pr.mode.recompute
     return name if rec == "none" else f"{name}, recompute {rec}"
@@ -242,8 +235,8 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
     ``sequence_problem``) the best Megatron mesh and TP+FSDP with sequence parallelism too, the best SUMMA mesh
     (``summa``: the problem restricted to SUMMA's signature) and
     the search restricted to S and B (``sb``, searched by ``search_sb(problem)``). A baseline with no plan
-    under the memory limit is still a plan, the one needing the least memory, with ``costs.fits_memory``
-    false: it never aborts the run. A baseline no plan of which exists (some layer cannot take its placement:
+    under the memory limit is still a plan, the one needing the least memory, and ``autotune.plan.build`` says
+    so (``costs.fits_memory`` false, on the path the plan runs by): it never aborts the run. A baseline no plan of which exists (some layer cannot take its placement:
     e.g. data parallelism with fewer sequences in a micro-batch than devices) is named in ``skipped``. The
     sequence-parallel ones say so in their search record (``{"sequence_parallel": true}``): apply runs such a
     plan where its layout is one of torch's styles (``autotune.plan.layouts.sequence_axes``), which the caller
@@ -282,17 +275,17 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
                 skipped.append(name)
             continue
         pr, a, detail = found
-        out.append(_plan_or_unfit(pr, a, _name(pr, f"{name} ({detail})" if detail else name),
-                                  {"sequence_parallel": True} if base is sequence else None))
+        out.append((pr, a, _name(pr, f"{name} ({detail})" if detail else name),
+                    {"sequence_parallel": True} if base is sequence else None))
     if summa is not None:
         a, _, mesh = best_mesh(summa, summa_assignment)
         if a is not None:
-            out.append(_plan_or_unfit(summa, a, f"SUMMA 2D ({tuple(mesh[0])} x {tuple(mesh[1])})"))
+            out.append((summa, a, f"SUMMA 2D ({tuple(mesh[0])} x {tuple(mesh[1])})", None))
     if sb is not None:
         if sb.fits:
             res = search_sb(sb)
-            out.append(_plan_or_unfit(sb, res.assignment, f"S/B only ({res.algorithm})",
-                                      {"algorithm": res.algorithm, "seconds": res.seconds, "stopped": res.stopped}))
+            out.append((sb, res.assignment, f"S/B only ({res.algorithm})",
+                        {"algorithm": res.algorithm, "seconds": res.seconds, "stopped": res.stopped}))
         else:
-            out.append(_plan_or_unfit(sb, sb.min_memory_assignment(), "S/B only"))
+            out.append((sb, sb.min_memory_assignment(), "S/B only", None))
     return out

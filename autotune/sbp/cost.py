@@ -555,14 +555,16 @@ class Problem:
         """Bytes per device at a plan's peak: ``memory_breakdown``'s total, the workspace included."""
         return self.memory_breakdown(assign).total
 
-    def fits_plan(self, assign) -> bool:
+    def fits_plan(self, assign, peak: float | None = None) -> bool:
         """Whether a plan fits the device's memory limit at its peak (the one fit check of plans; the "autoddl"
-        recipe: by the per-layer sum, the paper's)."""
+        recipe: by the per-layer sum, the paper's). ``peak``: the plan's peak as priced on the path apply places
+        it by (``autotune.plan.build``: the DTensor path keeps no gathered weights' casts), else
+        ``peak_memory``'s."""
         if self.device_limit is None:
             return True
         if self.recipe == "autoddl":
             return self.memory_of(assign) <= self.device_limit
-        return self.peak_memory(assign) <= self.device_limit
+        return (self.peak_memory(assign) if peak is None else peak) <= self.device_limit
 
     @property
     def sizes(self) -> list[int]:

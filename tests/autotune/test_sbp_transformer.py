@@ -368,6 +368,23 @@ def test_on_the_dtensor_path_autocast_caches_no_copy_of_a_gathered_weight_under_
         saved = leaf.workspace - gathered.workspace
         assert (0.25 * copies < saved <= copies * (1 + 1e-12)) if sharded else saved == 0.0
 
+def test_a_built_plan_fits_by_the_peak_of_the_path_it_runs_on():
+    """The fit a plan reports is judged on the peak it reports: on the DTensor path without the gathered weights'
+    cached casts (above). A limit between the two peaks fits the DTensor path's plan and not fully_shard's (the
+    main command on Llama 3 405B printed a TP+FSDP baseline of 69.79 GiB as "no plan fits, -51.63 GiB over")."""
+    from autotune.plan.typed import ApplyPath
+    g = contract_graph(layers=8, batch=8, micro_batch=4)
+    pr = problem(g, Cluster(1, 4), objective="comm", mode=Mode("full", (0, 1)))
+    a = data_parallel(pr)
+    leaf, gathered = pr.memory_breakdown(a).total, pr.memory_breakdown(a, cached_gathered=False).total
+    assert gathered < leaf
+    pr.device_limit = (leaf + gathered) / 2
+    on_dtensor, on_fully_shard = (build_plan(pr, a, "fsdp", path=p).costs for p in (ApplyPath.DTENSOR,
+                                                                                     ApplyPath.FULLY_SHARD))
+    assert on_dtensor.memory_bytes == pytest.approx(gathered) and on_dtensor.fits_memory
+    assert on_fully_shard.memory_bytes == pytest.approx(leaf) and not on_fully_shard.fits_memory
+
+
 def test_fsdp_exposed_is_what_the_layers_compute_does_not_cover_and_its_copies():
     g = contract_graph(layers=1)
     pr = problem(g, Cluster(1, 4), mode=Mode("none", (0, 1)))
