@@ -236,8 +236,9 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
     (``summa``: the problem restricted to SUMMA's signature) and
     the search restricted to S and B (``sb``, searched by ``search_sb(problem)``). A baseline with no plan
     under the memory limit is still a plan, the one needing the least memory, and ``autotune.plan.build`` says
-    so (``costs.fits_memory`` false, on the path the plan runs by): it never aborts the run. A baseline no plan of which exists (some layer cannot take its placement:
-    e.g. data parallelism with fewer sequences in a micro-batch than devices) is named in ``skipped``. The
+    so (``costs.fits_memory`` false, on the path the plan runs by): it never aborts the run. A baseline no plan
+    of which exists (some layer cannot take its placement: e.g. data parallelism with fewer sequences in a
+    micro-batch than devices) is named in ``skipped``. The
     sequence-parallel ones say so in their search record (``{"sequence_parallel": true}``): apply runs such a
     plan where its layout is one of torch's styles (``autotune.plan.layouts.sequence_axes``), which the caller
     checks on the typed plan."""

@@ -18,22 +18,24 @@ import torch.multiprocessing as mp
 def free_port() -> int:
     """A port of this host nobody listens on, below the kernel's ephemeral range. A port ``bind(0)`` hands out is of
     that range, where any outgoing connection (gloo's own pairs among them) may take it before rank 0 listens on
-    it: CI failed so (EADDRINUSE, 2026-11-30). Below the range only a listener takes a port."""
+    it: CI failed so (EADDRINUSE, 2026-11-30). Below the range only a listener takes a port; where the range starts
+    too low to leave one, ``bind(0)``'s."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768  # Linux's default
-    draw = random.Random()
-    for _ in range(200):
-        port = draw.randrange(max(1024, low - 16384), low)
+    start, draw = max(1024, low - 16384), random.Random()
+    for port in [draw.randrange(start, low) for _ in range(200)] if start < low else []:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {max(1024, low - 16384)}..{low - 1} of 200 tried")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_on_gloo(fn, jobs, world: int = 4, *, bugs: dict | None = None, timeout: float | None = None,
