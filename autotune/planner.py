@@ -210,7 +210,11 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         if other.cost < best.cost and problem.fits_plan(other.assignment):
             progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
             best = other
-    sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
+    try:
+        sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
+    except UserError as e:  # some layer has no placement without partial sums (e.g. an odd vocabulary, one sequence)
+        progress(f"S/B only baseline unavailable: {message(e)}")
+        sb_problem = None
     try:
         summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False,
                                 objective=objective)

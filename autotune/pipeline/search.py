@@ -532,9 +532,10 @@ def _at_host_pace(found, problems):
     """Where the profile has host figures (``autotune.pipeline.paths``): the searched plan ``found`` (problem,
     plan, info) against the data-parallel plan of each of ``problems`` (the stage's modes), apply's local paths,
     by the stage's time a step at the host's pace (m (forward + backward) + exposed sync + optimizer, each with
-    its path's floor): the faster. The SBP search prices the devices alone, so a plan only the DTensor path runs
-    can win there and lose here (a small model's stage: the DTensor path's host issues a layer's pass in
-    milliseconds)."""
+    its path's floor): the faster, by more than rounding (a host-bound stage prices every mode's plan alike: the
+    searched plan's mode is kept, not a recomputed one that only ties it). The SBP search prices the devices
+    alone, so a plan only the DTensor path runs can win there and lose here (a small model's stage: the DTensor
+    path's host issues a layer's pass in milliseconds)."""
     prob, a, info = found
     if prob.compute is None or not prob.compute.host_s:
         return found
@@ -549,7 +550,7 @@ def _at_host_pace(found, problems):
         if dp is None or not pr.fits_plan(dp):
             continue
         t = step(pr, dp)
-        if t < best[0]:
+        if t < best[0] * (1 - 1e-9):
             best = (t, (pr, dp, {"algorithm": "data parallel (apply's local path: faster than the searched plan at "
                                               "the host's pace)", "recompute": pr.mode.recompute,
                                  "sharding": pr.mode.sharding}))

@@ -100,11 +100,12 @@ def scaled(budget: Budget, share: float) -> Budget:
 
 
 def sharding_modes(problem: Problem) -> list[tuple[int, ...] | None]:
-    """FSDP's choices: none, every axis, the intra-node axes (HSDP), the node axes (TP+FSDP's)."""
+    """FSDP's choices: none, every axis, the intra-node axes (HSDP), the node axes (TP+FSDP's); on one device
+    none only (sharding over no axis is no FSDP, priced apart: a pipeline's one-GPU stage took it on a tie)."""
     cl = problem.cluster
     nodes = tuple(range(len(cl.node_axes)))
     gpus = tuple(range(len(cl.node_axes), len(cl.axis_sizes)))
-    out: list[tuple[int, ...] | None] = [None, nodes + gpus]
+    out: list[tuple[int, ...] | None] = [None] + ([nodes + gpus] if nodes + gpus else [])
     out += [a for a in (gpus, nodes) if a and a != nodes + gpus]
     return out
 

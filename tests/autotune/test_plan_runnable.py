@@ -97,3 +97,30 @@ def test_gpt2s_fused_qkv_is_stated_and_small_micro_batches_are_not_split_further
     plans = returned(search(graph, 1, 4))
     assert all(t.layer("attention").dims["qkv_fused"] == 1 for _, t in plans)
     assert not {name: bad for name, t in plans if (bad := unrunnable(t))}
+
+
+def test_a_baseline_without_a_placement_does_not_end_the_search(tmp_path):
+    """GPT-2 with an odd vocabulary, micro-batches of one sequence on 2 GPUs: the logits have no placement of S and
+    B alone, so the "S/B only" baseline has no plan. The command said so by ending with that error after its
+    search had found plans; now it leaves that baseline out (as SUMMA's) and returns the others."""
+    graph = model(tmp_path, "gpt2", 1, 4, 4, 8, 97, 1, 7)
+    plans = search(graph, 1, 2)
+    assert plans.best is not None and not any(b.strategy.startswith("S/B only") for b in plans.baselines)
+
+
+def test_one_device_has_no_fsdp_mode_and_a_host_bound_stage_keeps_the_searched_mode(tmp_path):
+    """On one device sharding is none only (FSDP over no axis took a one-GPU stage on a tie). GPT-2 XL's width, 8
+    layers of micro-batches of one 256-token sequence on 2 GPUs: each one-GPU stage runs at the host's pace, which
+    prices its plain and recomputed plans alike; it keeps the plain one (on such a tie the last stage had taken full
+    recomputation)."""
+    from autotune.sbp.boxing import Coster
+    from autotune.sbp.cost import Problem
+    from autotune.sbp.fit import sharding_modes
+    small = model(tmp_path, "gpt2", 2, 4, 4, 8, 97, 1, 7)
+    assert sharding_modes(Problem(small, Coster(PROFILE, Cluster(1, 1)), None)) == [None]
+    assert sharding_modes(Problem(small, Coster(PROFILE, Cluster(1, 2)), None)) == [None, (0,)]
+    path = tmp_path / "gpt2-xl-8.json"
+    path.write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_layer": 8, "n_embd": 1600, "n_head": 25,
+                                "vocab_size": 50257, "n_positions": 1024}))
+    best = search(load_model(str(path), None, {"sequence": 256, "micro_batch": 1, "batch": 7}), 1, 2).best
+    assert best.stages and all(s.plan.recompute == "none" and s.plan.sharding_mode == "none" for s in best.stages)
