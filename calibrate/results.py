@@ -123,8 +123,8 @@ class ResultsDir:
         try:
             text = json.dumps(meta, indent=1, default=str, allow_nan=False) + "\n"
         except ValueError:
-            raise UserError(f"the calibration settings hold a value that is not a finite number: give finite "
-                            f"options") from None
+            raise UserError("the calibration settings hold a value that is not a finite number: give finite "
+                            "options") from None
         write_atomic(self.meta_path, text, "results meta.json")
 
     def _repair(self, path: Path, fields: list[str], done: set[tuple] | None = None) -> None:
