@@ -118,6 +118,15 @@ def accumulation_choices(graph: LayerGraph, devices: int, most: int = 8) -> tupl
     return tuple(graph.batch // (k * devices) for k in (1, 2, 4, 8) if k <= most and graph.batch % (k * devices) == 0)
 
 
+def _optional(what: str, progress, make):
+    """``make()``, or None with the line "``what`` unavailable: why" where it has no plan (a ``UserError``)."""
+    try:
+        return make()
+    except UserError as e:
+        progress(f"{what} unavailable: {message(e)}")
+        return None
+
+
 def _fastest(a: Plan, b: Plan, objective: str) -> Plan:
     """The plan that fits, of the two, and is cheaper."""
     return min((a, b), key=lambda p: (not p.costs.fits_memory, p.costs.of(objective) or float("inf")))
@@ -210,23 +219,15 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         if other.cost < best.cost and problem.fits_plan(other.assignment):
             progress(f"  {name} found a cheaper plan than {best.algorithm}; keeping it")
             best = other
-    try:
-        sb_problem = Problem(graph, coster, limit, allow_partial=False, require_fit=False, objective=objective)
-    except UserError as e:  # some layer has no placement without partial sums (e.g. an odd vocabulary, one sequence)
-        progress(f"S/B only baseline unavailable: {message(e)}")
-        sb_problem = None
-    try:
-        summa_problem = Problem(graph, coster, limit, signatures=("summa",), require_fit=False,
-                                objective=objective)
-    except UserError as e:
-        progress(f"SUMMA baseline unavailable: {message(e)}")
-        summa_problem = None
+    # each baseline's own problem, None (with a line) where some layer has no placement under its restriction
+    sb_problem = _optional("S/B only baseline", progress, lambda: Problem(  # no partial sums: e.g. an odd vocabulary
+        graph, coster, limit, allow_partial=False, require_fit=False, objective=objective))
+    summa_problem = _optional("SUMMA baseline", progress, lambda: Problem(
+        graph, coster, limit, signatures=("summa",), require_fit=False, objective=objective))
     sp_problem = None
     if cluster.devices > 1:  # the sequence-parallel baselines' strategies (norms split by tokens over t)
-        try:
-            sp_problem = sequence_problem(graph, coster, limit, objective)
-        except UserError as e:
-            progress(f"sequence-parallel baselines unavailable: {message(e)}")
+        sp_problem = _optional("sequence-parallel baselines", progress,
+                               lambda: sequence_problem(graph, coster, limit, objective))
     progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation; "
              "Megatron and TP+FSDP also with sequence parallelism), SUMMA (every mesh), S/B only")
     plan = build(problem, best.assignment, f"searched ({best.algorithm})",
