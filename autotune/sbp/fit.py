@@ -105,9 +105,7 @@ def sharding_modes(problem: Problem) -> list[tuple[int, ...] | None]:
     cl = problem.cluster
     nodes = tuple(range(len(cl.node_axes)))
     gpus = tuple(range(len(cl.node_axes), len(cl.axis_sizes)))
-    out: list[tuple[int, ...] | None] = [None] + ([nodes + gpus] if nodes + gpus else [])
-    out += [a for a in (gpus, nodes) if a and a != nodes + gpus]
-    return out
+    return [None, *dict.fromkeys(a for a in (nodes + gpus, gpus, nodes) if a)]
 
 
 def search_modes(problem: Problem, run, start=None, progress=None, fsdp: bool = True):
