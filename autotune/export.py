@@ -83,6 +83,7 @@ class Layout:
     split: tuple[int, ...] = ()  # transformer blocks per stage
     layers: int = 0  # the model's transformer blocks
     kind: str = ""  # the model's family (gpt, llama)
+    recompute_blocks: int = 0  # full recomputation of each stage's first blocks only; 0: every block
 
     @property
     def replicate(self) -> int:
@@ -169,7 +170,7 @@ def layout(plan: Plan) -> Layout:
                   global_batch=batch, sequence=seq, tensor_axes=tensor_axes, fsdp_axes=fsdp_axes,
                   schedule=plan.pipeline.schedule if plan.stages else "",
                   split=tuple(plan.pipeline.split) if plan.stages else (),
-                  layers=int(model.get("layers") or 0), kind=model.kind)
+                  layers=int(model.get("layers") or 0), kind=model.kind, recompute_blocks=inner.recompute_blocks)
 
 
 def check_exportable(plan: Plan) -> None:
@@ -284,6 +285,14 @@ def cannot_express(target: str, plan: Plan, lo: Layout, own: Plan | None) -> lis
     if target == "torchtitan" and lo.recompute == "selective":
         out.append("selective recomputation of the attention core: torchtitan's selective modes are per operator "
                    "or every n-th block (exported: its default selective policy)")
+    modes = {(st.plan.recompute, st.plan.recompute_blocks) for st in plan.stages}
+    if len(modes) > 1:
+        said = ", ".join(f"{r} ({b or 'every'} blocks)" if r == "full" else r for r, b in sorted(modes))
+        out.append(f"the stages recompute differently ({said}): {target} sets one recomputation for every stage "
+                   f"(exported: the first stage's)")
+    if target == "torchtitan" and lo.recompute_blocks:
+        out.append(f"full recomputation of each stage's first {lo.recompute_blocks} blocks: torchtitan checkpoints every "
+                   f"block or every n-th (exported: every block, which re-runs more and fits)")
     if target == "megatron" and lo.split and megatron_split(lo) is None:
         out.append(f"the stage split {list(lo.split)}: Megatron-LM sets only the first and last stages' layers, the "
                    f"others even")
@@ -353,7 +362,9 @@ def megatron_flags(lo: Layout) -> str:
     if lo.sequence_parallel:
         flags.append("--sequence-parallel")
     if lo.recompute == "full":
-        flags += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        flags += ["--recompute-granularity full"] + (
+            ["--recompute-method block", f"--recompute-num-layers {lo.recompute_blocks}"] if lo.recompute_blocks
+            else ["--recompute-method uniform", "--recompute-num-layers 1"])
     elif lo.recompute == "selective":
         flags.append("--recompute-granularity selective")
     if lo.fsdp > 1:  # ZeRO-3: parameters, gradients and optimizer state sharded (Megatron-FSDP, megatron-core 0.16)

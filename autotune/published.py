@@ -126,8 +126,9 @@ def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Technique
         flags.append(f"--num-layers-per-virtual-pipeline-stage {per}" if not rest else
                      f"--virtual-pipeline-model-parallel-size {tech.virtual_stages} (layers uneven over the chunks)")
     if tech.recompute != "none":
-        flags.append(f"--recompute-granularity {tech.recompute}"
-                     + (" --recompute-method uniform" if tech.recompute == "full" else ""))
+        flags.append(f"--recompute-granularity {tech.recompute}" + (
+            "" if tech.recompute != "full" else f" --recompute-method block --recompute-num-layers {tech.recompute_blocks}"
+            if tech.recompute_blocks else " --recompute-method uniform"))
     if tech.sequence_parallel:
         flags.append("--sequence-parallel")
     if tech.zero_stage:
@@ -169,7 +170,7 @@ def forced(case: dict) -> dict:
         inside = math.gcd(cp, case["gpus"] // t)
         mesh += ((cp // inside, inside),)
     with fewer_collections():
-        plans = stage_plans(search, p, sub, m, mesh, Mode(tech.recompute, None, tech.zero_stage),
+        plans = stage_plans(search, p, sub, m, mesh, Mode(tech.recompute, None, tech.zero_stage, tech.recompute_blocks),
                             tech.sequence_parallel)
         if plans is None:
             raise UserError(f"case {case['id']}: the Megatron plan does not lay out on t {t}, d {d} at micro-batch "
@@ -204,6 +205,7 @@ def _describe(c: Candidate, schedule: str, g) -> str:
             f"(micro-batch {g.batch // c.micro_batches} sequences), {schedule}"
             + (f" with {c.virtual} chunks a rank" if c.virtual > 1 else "")
             + (f", recompute {mode.recompute}" if mode.recompute != "none" else "")
+            + (f" (each stage's first {mode.blocks} blocks)" if mode.blocks else "")
             + (", FSDP over the data-parallel group" if mode.fsdp_axes is not None else ""))
 
 
@@ -216,7 +218,7 @@ def _flags(c: Candidate, schedule: str, g, cluster: Cluster, drop: tuple[float, 
     cp = context_parallel_of(g)  # a 3-D plan of a graph offering it runs its groups (threed.candidates)
     d = cluster.devices // (c.tensor * c.stages * cp)
     tech = Techniques(mode.recompute, schedule, c.virtual, bool(c.plans[0].search.get("sequence_parallel")),
-                      mode.zero, context_parallel=cp)
+                      mode.zero, context_parallel=cp, recompute_blocks=mode.blocks)
     return "; " + megatron_terms(c.tensor, c.stages, d, g.batch // (c.micro_batches * d), g.batch, tech,
                                  g.config["layers"], drop)
 

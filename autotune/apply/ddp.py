@@ -17,7 +17,7 @@ def ddp_module(model, chain: list[Site], prefixes: dict, plan: TypedPlan, device
     """``model`` recomputed as planned and wrapped in ``DistributedDataParallel`` over ``group`` (None: the
     world)."""
     from torch.nn.parallel import DistributedDataParallel
-    _recompute(model, chain, prefixes, plan.recompute)
+    _recompute(model, chain, prefixes, plan.recompute, plan.recompute_blocks)
     model.to(device)
     return DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None,
                                    process_group=group, gradient_as_bucket_view=True)

@@ -26,7 +26,7 @@ def fully_shard_model(model, chain: list[Site], prefixes: dict, plan: TypedPlan,
     parts = math.prod(dims[k] for k in data)
     if layout.tp is not None:
         parallelize(model, chain, layout, world_mesh["tp"])
-    _recompute(model, chain, prefixes, plan.recompute)
+    _recompute(model, chain, prefixes, plan.recompute, plan.recompute_blocks)
     mesh = world_mesh[data]
     names = dict(model.named_modules())
     units = [names[prefix] for prefix in prefixes.values()] + [model]
@@ -70,7 +70,7 @@ def place_tensor(job):
     mesh = init_device_mesh(job.device, tuple(dims.values()), mesh_dim_names=tuple(dims))
     if dims["replicate"] == 1:  # no data ranks (``autotune.plan.hostpace.data_ranks``: what its host pace reads)
         parallelize(job.model, job.chain, job.layout, mesh["tp"])
-        _recompute(job.model, job.chain, job.prefixes, job.plan.recompute)
+        _recompute(job.model, job.chain, job.prefixes, job.plan.recompute, job.plan.recompute_blocks)
         job.model.to(job.device)  # what the styles left where it was built (norms, buffers), as fully_shard moves it
         return DataSplit(0, 1)
     return fully_shard_model(job.model, job.chain, job.prefixes, job.plan, job.layout, mesh, dims=dims)[0]

@@ -285,12 +285,17 @@ def _rerun(forward, slots, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def _recompute(model, chain: list[Site], prefixes: dict, how: str) -> None:
+def _recompute(model, chain: list[Site], prefixes: dict, how: str, blocks: int = 0) -> None:
+    """Checkpoint the blocks (``prefixes``: block -> module name) as ``how`` says: "full" each whole block,
+    "selective" each block's attention; ``blocks`` (a plan's ``recompute_blocks``): the first that many only."""
     if how == "none":
         return
+    if blocks > len(prefixes):
+        raise UserError(f"the plan re-runs the first {blocks} blocks, but this part of the model has "
+                        f"{len(prefixes)}: apply a plan searched for this model")
     names = dict(model.named_modules())
     targets = []
-    for b, prefix in prefixes.items():
+    for b, prefix in sorted(prefixes.items())[:blocks] if blocks else prefixes.items():
         if how == "full":
             targets.append(names[prefix])
         else:  # selective: the attention module, the common parent of the block's qkv and proj modules

@@ -281,7 +281,8 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         else:
             split, data_mesh = DataSplit(local_mesh.get_local_rank("dp"), S), local_mesh["dp"]
             data_groups = (data_mesh.get_group(),)
-            _recompute(module, chain, prefixes, local.plan.recompute)  # gradients synced after the schedule
+            # gradients synced after the schedule
+            _recompute(module, chain, prefixes, local.plan.recompute, local.plan.recompute_blocks)
         if columns is not None:  # the whole micro-batch's ids looked up in this rank's columns, then its piece
             columns.weight = nn.Parameter(distribute_tensor(columns.weight.detach(), data_mesh,
                                                             [Shard(1)] * data_mesh.ndim))
@@ -317,7 +318,7 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
                 module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=sent(pp, stage))
             if not first:
                 module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=sent(pp, stage - 1), dst=s_in)
-        _recompute(module, chain, prefixes, typed.recompute)
+        _recompute(module, chain, prefixes, typed.recompute, typed.recompute_blocks)
     from torch.distributed.pipelining import PipelineStage
     pstage = PipelineStage(module, stage, p, device, group=pp_group)
     schedule = SCHEDULES[pp.pipeline.schedule](pstage, pp.micro_batches, loss_fn=loss)

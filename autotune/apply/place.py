@@ -141,7 +141,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
                         f"cannot take on the {name} path (it reads the sequence length from the embedding's output): "
                         f"search with a micro-batch that the data-parallel devices divide")
     if world == 1:
-        _recompute(model, chain, prefixes, plan.recompute)
+        _recompute(model, chain, prefixes, plan.recompute, plan.recompute_blocks)
         return model
     device = mesh.device_type if mesh is not None else device_type()
     if name == ApplyPath.DTENSOR and mesh is None:
@@ -150,6 +150,6 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     takes, place = PATHS[name]
     placed, split = place(Job(model, chain, prefixes, plan, mesh, device, takes(plan, chain)))
     if name == ApplyPath.DTENSOR:
-        _recompute(model, chain, prefixes, plan.recompute)
+        _recompute(model, chain, prefixes, plan.recompute, plan.recompute_blocks)
     placed._autotune_path = name
     return split.mark(placed)

@@ -228,7 +228,8 @@ def breakdown(plan) -> str:
 
 
 def _modes(p) -> str:
-    return f"recompute {p.recompute}; sharding " + (f"fsdp over axes {list(p.sharding_axes)}"
+    blocks = f" (the first {p.recompute_blocks} blocks)" if p.recompute_blocks else ""
+    return f"recompute {p.recompute}{blocks}; sharding " + (f"fsdp over axes {list(p.sharding_axes)}"
                                                     if p.sharding_mode == "fsdp" else "none")
 
 

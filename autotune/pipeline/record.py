@@ -51,7 +51,7 @@ def pipeline_plan(search: PipelineSearch, c: Candidate, strategy: str, info: dic
             route.name if route else None, tuple(route.sent) if route else None, sp.fig.host if sp.fig.path else None,
             tuple((iv.kind, iv.micro_batch, iv.start, iv.end) for iv in c.result.intervals if iv.lane == f"stage {i}"),
             Techniques(mode.recompute, search.cfg.schedule, c.virtual, bool(sp.search.get("sequence_parallel")),
-                       mode.zero).to_dict()))
+                       mode.zero, recompute_blocks=mode.blocks).to_dict()))
     busiest = max(range(c.stages), key=lambda i: c.plans[i].fig.compute + c.plans[i].fig.redistribution)
     bf = c.plans[busiest].fig
     binding = max(range(c.stages), key=lambda i: c.plans[i].fig.memory)  # the stage whose memory binds

@@ -62,7 +62,8 @@ from autotune.reshard.pipeline import INTERLEAVED, SCHEDULES, PipelineSpec, inte
 from autotune.sbp.baselines import best_mesh, megatron_assignment
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Catalogue
-from autotune.sbp.fit import SHARE, lower_bound, recompute_modes, scaled, search_fitting, sharding_modes
+from autotune.sbp.fit import (SHARE, fewest_blocks, lower_bound, recompute_modes, scaled, search_fitting,
+                              sharding_modes)
 from autotune.sbp.memory import NONE, Mode, largest_block
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import CoordinateDescent, auto_budget, make_search
@@ -444,7 +445,11 @@ class StageSearch:
                     best = (pr, cost, a, info)
         if best is None:
             return None
-        return _at_host_pace((best[0], best[2], best[3]), [plain] + probs)
+        pr, a, info = _at_host_pace((best[0], best[2], best[3]), [plain] + probs)
+        blocks = fewest_blocks(pr, a, lambda mode: self.problem(m, span, sub, k, mode))
+        if blocks:  # Megatron-LM's block recomputation: the plan re-running only the blocks it needs to fit
+            return self.problem(m, span, sub, k, replace(pr.mode, blocks=blocks)), a, dict(info, recompute_blocks=blocks)
+        return pr, a, info
 
     def plan(self, m: int, span, sub: Cluster, f: int) -> StagePlan:
         """The stage's plan under ``f`` micro-batches in flight: the cheapest (``_stage_cost``) of the plans of the

@@ -115,8 +115,8 @@ class StageProblem(Problem):
         micro-batch in flight (0 for any other stage; none of a block's layers under full recomputation)."""
         if not self.one_cast:
             return 0.0
-        return sum(c * kept_copy_bytes(self.choices[v][i], self.cluster, self.act_bytes, self.mode, self.roles[v])
-                   for v, (i, c) in enumerate(zip(assign, self.counts)))
+        return sum(c * self.rerun(v, lambda mode, s=self.choices[v][i], v=v: kept_copy_bytes(
+            s, self.cluster, self.act_bytes, mode, self.roles[v])) for v, (i, c) in enumerate(zip(assign, self.counts)))
 
     def _price(self, mode: Mode) -> None:
         """``Problem._price``; in FSDP mode under the step objective its per-micro-batch FSDP communication
@@ -179,13 +179,14 @@ class StageProblem(Problem):
             return self.layer_memory(v, s)
 
         def parts(v):  # (one micro-batch in flight, what each further one adds: its activations less shared copies)
-            return np.array([(m.total, m.activations - (kept_copy_bytes(s, self.cluster, self.act_bytes, mode,
-                                                                        self.roles[v]) if once else 0.0))
+            return np.array([(m.total, m.activations - (self.rerun(v, lambda md, s=s: kept_copy_bytes(
+                                 s, self.cluster, self.act_bytes, md, self.roles[v])) if once else 0.0))
                              for s in self.choices[v] for m in (price(v, s),)],
                             dtype=float).reshape(len(self.choices[v]), 2)
         what = "pipelined fsdp memory parts" if fsdp else "memory parts"
         measured = self.module_cal is not None
-        split = [self._figures(v, (what, mode, self.roles[v], self.tied[v], self.recipe, once, measured),
+        split = [self._figures(v, (what, mode, self.blocks_of(mode), self.roles[v], self.tied[v], self.recipe, once,
+                                                  measured),
                                lambda v=v: parts(v)) for v in range(len(self.choices))]
         self._total = [p[:, 0] for p in split]
         self._acts = [p[:, 1] for p in split]
@@ -386,8 +387,19 @@ def figures(problem: StageProblem, assign) -> StageFigures:
 
 
 def _times(problem: StageProblem, assign) -> tuple[float, ...]:
-    """``StageFigures``' times: forward, backward, compute, redistribution, grad sync, exposed sync, optimizer."""
-    cl, cm, m, mode = problem.cluster, problem.compute, problem.mb, problem.mode
+    """``StageFigures``' times: forward, backward, compute, redistribution, grad sync, exposed sync, optimizer;
+    under block recomputation the share of blocks re-run at every block re-run, the rest at none (each time a
+    sum over the blocks)."""
+    mode = problem.mode
+    if not mode.blocks:
+        return _mode_times(problem, assign, mode)
+    w = mode.blocks / len(problem.graph.blocks)
+    return tuple(w * a + (1 - w) * b for a, b in zip(_mode_times(problem, assign, mode.whole),
+                                                     _mode_times(problem, assign, mode.plain)))
+
+
+def _mode_times(problem: StageProblem, assign, mode: Mode) -> tuple[float, ...]:
+    cl, cm, m = problem.cluster, problem.compute, problem.mb
     full = mode.recompute == "full"
     factors = forward_factors(problem.graph) if full else {}
     fwd = bwd = comp = red = opt = 0.0

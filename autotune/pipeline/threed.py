@@ -30,6 +30,7 @@ bound (``Candidate.floor``) is no better than the fastest simulated step is not 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from calibrate.errors import UserError
 
@@ -72,9 +73,36 @@ def stage_plans(search: PipelineSearch, p: int, sub: Cluster, m: int, mesh: tupl
             return None
         prob, a = found
         out.append(StagePlan(prob, a, figures(prob, a), {"algorithm": "megatron", "recompute": mode.recompute,
+                                                         **({"recompute_blocks": mode.blocks} if mode.blocks else {}),
                                                          "sharding": mode.sharding,
                                                          "sequence_parallel": sequence_parallel}))
     return out
+
+
+def fewer_blocks(search: PipelineSearch, best: Candidate, mesh: tuple) -> Candidate:
+    """A 3-D candidate under full recomputation (no FSDP) with Megatron-LM's block method instead: each stage
+    re-running its first N blocks, the fewest N (one for every stage, as ``--recompute-num-layers``) under which
+    every stage fits (a binary search: memory falls as N grows); ``best`` where none fewer than all fits."""
+    mode = best.plans[0].problem.mode
+    n = min(len(getattr(x.problem.graph, "blocks", None) or []) for x in best.plans)
+    if mode.recompute != "full" or mode.blocks or mode.fsdp_axes is not None or n < 2:
+        return best
+    sp = bool(best.plans[0].search.get("sequence_parallel"))
+
+    def made(b: int) -> Candidate | None:
+        plans = stage_plans(search, best.stages, best.sub, best.micro_batches, mesh, replace(mode, blocks=b), sp)
+        c = None if plans is None else search.candidate(best.stages, best.sub, best.micro_batches,
+                                                        search.balanced(best.stages), plans)
+        return c if c is not None and math.isfinite(c.estimate) else None
+    lo, hi = 1, n - 1
+    found = made(hi)
+    if found is None:
+        return best
+    while lo < hi:
+        mid = (lo + hi) // 2
+        c = made(mid)
+        lo, hi, found = (lo, mid, c) if c is not None else (mid + 1, hi, found)
+    return found
 
 
 def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool,
@@ -136,7 +164,7 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
                         plans = stage_plans(search, p, sub, m, mesh, mode, sp)
                         if plans is not None:
                             found.append(search.candidate(p, sub, m, search.balanced(p), plans))
-                best = min(found, key=lambda c: c.estimate)
+                best = fewer_blocks(search, min(found, key=lambda c: c.estimate), mesh)
                 if math.isfinite(best.estimate):
                     mode = best.plans[0].problem.mode
                     parallel = best.plans[0].search.get("sequence_parallel")

@@ -4,13 +4,15 @@ and the step's (``autotune.sbp.cost``, ``autotune.sbp.steptime``), and the path 
 (``autotune.plan.layouts.plan_path``), decided here once."""
 from __future__ import annotations
 
+import numpy as np
+
 from autotune.plan.hostpace import occurrence_host
 from autotune.plan.layouts import plan_path
 from autotune.plan.typed import ApplyPath, Collective, Costs, Edge, FineMesh, LayerPlan, ModelSpec, Plan, WeightPlan
 from autotune.sbp.boxing import Step, copy_seconds
 from autotune.sbp.cost import Problem, edge_steps, internal_copy_seconds, internal_seconds, internal_steps, sync_steps
 from autotune.sbp.layers import Strategy
-from autotune.sbp.memory import OUTSIDE, RERUN
+from autotune.sbp.memory import OUTSIDE, RERUN, Mode
 from autotune.sbp.modulecal import source as compute_source
 from autotune.sbp.sbp import fine_of
 from autotune.sbp.steptime import (fsdp_forward_exposed, fsdp_seconds, fsdp_steps, layer_seconds, optimizer_seconds,
@@ -23,20 +25,24 @@ def _comm(step: Step, problem: Problem, phase: str, tensor: str, direction: str,
                       step.nbytes, problem.coster.step_time(step))
 
 
-def _layer_clock(problem: Problem, op, s: Strategy, role: str, tied: bool) -> dict:
+def _layer_clock(problem: Problem, v: int, op, s: Strategy, role: str, tied: bool) -> dict:
     """One occurrence's predicted forward and backward of one micro-batch (the op, with its own
     boxing and the local copies around it) and optimizer step, as ``autotune execute``'s layer
     clock measures them; the boxing into the layer is its in-edge's ``forward_s``/``backward_s``."""
     cl, cm, ab = problem.cluster, problem.compute, problem.act_bytes
-    rec = problem.mode.recompute
-    t = dict(zip(("fwd", "bwd"), layer_seconds(op, s, cl, cm, ab, rec, role)))
-    for direction, sec, copies in zip(("fwd", "bwd"), internal_seconds(op, s, cl, problem.coster, cm, ab),
-                                      internal_copy_seconds(s, cl, cm)):
-        sec += copies
-        t[direction] += sec
-        if direction == "fwd" and rec == "full" and role in RERUN:
-            t["bwd"] += sec
-    return {"forward_s": t["fwd"], "backward_s": t["bwd"],
+
+    def clock(mode: Mode) -> np.ndarray:
+        rec = mode.recompute
+        t = dict(zip(("fwd", "bwd"), layer_seconds(op, s, cl, cm, ab, rec, role)))
+        for direction, sec, copies in zip(("fwd", "bwd"), internal_seconds(op, s, cl, problem.coster, cm, ab),
+                                          internal_copy_seconds(s, cl, cm)):
+            sec += copies
+            t[direction] += sec
+            if direction == "fwd" and rec == "full" and role in RERUN:
+                t["bwd"] += sec
+        return np.array([t["fwd"], t["bwd"]])
+    fwd, bwd = problem.rerun(v, clock)  # block recomputation: the share of its occurrences re-run
+    return {"forward_s": float(fwd), "backward_s": float(bwd),
             "optimizer_s": optimizer_seconds(s, cl, cm, ab, problem.mode, tied)}
 
 
@@ -58,7 +64,7 @@ def placed(problem: Problem, assign: list[int], strategy: str = "") -> Plan:
     config = {k: v for k, v in {"name": problem.graph.model, **problem.graph.config}.items() if k != "kind"}
     return Plan(ModelSpec(problem.graph.model, config), cl, FineMesh.of(cl), tuple(layers), problem.mb,
                 problem.mode.recompute, sharding["mode"], tuple(sharding["axes"]), strategy,
-                problem.coster.profile.name)
+                problem.coster.profile.name, recompute_blocks=problem.mode.blocks)
 
 
 def build(problem: Problem, assign: list[int], strategy: str, search: dict | None = None, path: str | None = None) -> Plan:
@@ -82,7 +88,7 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
             sync -= tied_saved
             comms = [c for c in comms if not (c.phase == "grad-sync" and c.tensor == "weight")]
         comp = float(problem.node_compute[v][s_i]) if problem.node_compute is not None else None
-        clock = _layer_clock(problem, op, s, problem.roles[v], problem.tied[v]) if comp is not None else {}
+        clock = _layer_clock(problem, v, op, s, problem.roles[v], problem.tied[v]) if comp is not None else {}
         comp_total += count * (comp or 0.0)
         red_total += count * red
         sync_total += count * sync
@@ -130,7 +136,7 @@ def build(problem: Problem, assign: list[int], strategy: str, search: dict | Non
                   dict(breakdown, **held), **step)
     return Plan(plan.model, cl, plan.mesh, tuple(layers), mb, plan.recompute, plan.sharding_mode, plan.sharding_axes,
                 strategy, plan.profile, costs, path, problem.objective, problem.device_limit, search or {},
-                tuple(edges))
+                tuple(edges), recompute_blocks=plan.recompute_blocks)
 
 
 def forward_gathers(problem: Problem, assign: list[int]) -> tuple[float, float] | None:

@@ -89,7 +89,7 @@ def sequence_copies_s(plan: Plan, compute) -> float:
     tp = math.prod(plan.mesh.sizes[a] for a in axes)
     gathers = graph.micro_batch * tp > math.prod(plan.mesh.sizes)  # a rank's sequences: more than one
     index = {layer.name: i for i, layer in enumerate(graph.layers)}
-    again = forward_factors(graph) if plan.recompute == "full" else {}
+    again = forward_factors(graph, plan.recompute_blocks) if plan.recompute == "full" else {}
     s, seen = 0.0, set()
     for e in plan.edges:
         f = again.get((index.get(e.source), index.get(e.target)), 1.0)

@@ -346,6 +346,9 @@ class Plan:
     stages: tuple[Stage, ...] = ()
     tune: dict = field(default_factory=dict)  # autotune tune's measurement of the plan it returned
     allocator: str = "default"  # calibrate.allocator.ALLOCATORS: the allocator whose allowance the memory limit left
+    # with full recomputation: only the first this many blocks re-run (Megatron-LM's --recompute-method block
+    # --recompute-num-layers; a pipeline stage's own first blocks); 0: every block
+    recompute_blocks: int = 0
 
     def __post_init__(self):
         check(self)
@@ -381,6 +384,7 @@ class Plan:
             "cluster": {"nodes": self.cluster.nodes, "gpus_per_node": self.cluster.gpus_per_node},
             "mesh": {"sizes": list(self.mesh.sizes), "names": list(self.mesh.names)},
             "micro_batches": self.micro_batches, "recompute": self.recompute,
+            **({"recompute_blocks": self.recompute_blocks} if self.recompute_blocks else {}),
             "sharding": {"mode": self.sharding_mode, "axes": list(self.sharding_axes)},
             "apply_path": self.apply_path, "objective": self.objective,
             "memory_limit_bytes": self.memory_limit_bytes, "allocator": self.allocator, "search": self.search,
@@ -459,7 +463,8 @@ class Plan:
             None if limit is None else _number(limit, f"{origin}: memory_limit_bytes"),
             _dict(d.get("search", {}), f"{origin}: search"), edges,
             None if d.get("pipeline") is None else _record(Pipeline, d["pipeline"], f"{origin}: pipeline", ("makespan_s",)),
-            tuple(stages), _dict(d.get("tune", {}), f"{origin}: tune"), allocator=d.get("allocator", "default"))
+            tuple(stages), _dict(d.get("tune", {}), f"{origin}: tune"), allocator=d.get("allocator", "default"),
+            recompute_blocks=d.get("recompute_blocks", 0))
 
     def save(self, path: str | Path) -> Path:
         return write_json(Path(path), self.to_dict(), "plan")
@@ -481,6 +486,11 @@ def check(plan: Plan) -> None:
                            f"(sizes {list(want.sizes)}, names {list(want.names)})")
     if plan.recompute not in RECOMPUTE:
         raise _bad("recompute", f"{plan.recompute!r} is not one of {', '.join(RECOMPUTE)}")
+    n = plan.recompute_blocks
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n and (plan.recompute != "full"
+                                                                        or plan.sharding_mode != "none"):
+        raise _bad("recompute_blocks", f"{n!r}: a count of blocks (0: every block), with recompute 'full' and no "
+                                       f"FSDP sharding (Megatron-LM's block method)")
     if plan.sharding_mode not in SHARDING:
         raise _bad("sharding.mode", f"{plan.sharding_mode!r} is not one of {', '.join(SHARDING)}")
     for a in plan.sharding_axes:
@@ -507,6 +517,10 @@ def check(plan: Plan) -> None:
     if plan.stages and (plan.pipeline is None or len(plan.pipeline.split) != len(plan.stages) or plan.layers):
         raise _bad("stages", f"{len(plan.stages)} stages need a pipeline section of as many blocks per stage and "
                              f"no layers of the whole plan's own")
+    for i, st in enumerate(plan.stages):
+        if st.plan.recompute_blocks and st.plan.recompute_blocks >= st.blocks:
+            raise _bad(f"stage {i}'s recompute_blocks", f"{st.plan.recompute_blocks} of its {st.blocks} blocks: "
+                                                        f"fewer than all (all: 0)")
     names = [lay.name for lay in plan.layers]
     if len(set(names)) != len(names):
         raise _bad("layers", f"a layer name repeats in {names}")

@@ -116,10 +116,11 @@ def sync_steps(s: Strategy, cluster: Cluster, itemsize: int = ACT_BYTES, mode: M
     return out
 
 
-def forward_factors(graph: LayerGraph) -> dict[tuple[int, int], float]:
+def forward_factors(graph: LayerGraph, blocks: int = 0) -> dict[tuple[int, int], float]:
     """Per edge, how many times its forward boxing runs per micro-batch under full recomputation, on
-    average over its occurrences: twice where both ends lie in one block (the block's forward re-run)."""
-    roles = chain_roles(graph)
+    average over its occurrences: twice where both ends lie in one re-run block (the block's forward re-run;
+    ``blocks``: only the first that many blocks re-run, ``Mode.blocks``)."""
+    roles = chain_roles(graph, blocks)
     block_of = [-1] * len(graph.chain)
     for i, (start, end) in enumerate(getattr(graph, "blocks", None) or []):
         for p in range(start, end):
@@ -275,7 +276,7 @@ class Problem:
         self._precompute, self._progress = precompute_tables, progress
         self.tables = None
         self._shared: dict = {}  # per-strategy figures and mode problems, shared with ``with_mode``'s copies
-        self._price(mode)
+        self._price_mode(mode)
         if require_fit:
             self.require_fit()
         # adjacent distinct layers (u < v): the blocks of a joint two-layer move
@@ -356,7 +357,12 @@ class Problem:
             self.sync_tot = [c * g for c, g in zip(self.counts, self.node_sync)]
             self.bwd_tot = [c * b for c, b in zip(self.counts, self.node_bwd)]
         self._price_memory(mode)
-        factors = forward_factors(self.graph) if rec == "full" else {}
+        self._set_tables(forward_factors(self.graph) if rec == "full" else {})
+
+    def _set_tables(self, factors: dict) -> None:
+        """The boxing tables with ``factors`` (``forward_factors``: each edge's forward boxing re-run), shared
+        by the mode copies with the same factors."""
+        step, ab, mb = self.objective == "step", self.act_bytes, self.mb
         old = self.tables
         key = ("tables", tuple(sorted(factors.items())))  # the mode copies with these factors share one
         if old is not None and old.forward_factor != factors and key in self._shared:
@@ -372,6 +378,49 @@ class Problem:
                                      if self.catalogue is not None else None)
         self._shared.setdefault(key, self.tables)
 
+    # the per-layer figures block recomputation mixes (``_price_mode``): sums over a layer's occurrences
+    MIXED = ("node_redist", "node_compute", "node_fwd", "node_bwd", "node", "sync_tot", "bwd_tot")
+
+    def _price_mode(self, mode: Mode) -> None:
+        """``_price`` of ``mode``; under Megatron-LM's block recomputation (``mode.blocks``: the first of the
+        problem's blocks re-run) the per-layer figures of every block re-run and of none, weighted by the share
+        of blocks re-run (each is a sum over the layer's occurrences, one a block, re-run or not), the boxing
+        re-run in the re-run blocks only, and the memory as ``layer_memory`` and ``chain_roles`` count it."""
+        self.chain_roles = chain_roles(self.graph, mode.blocks)
+        if not mode.blocks:
+            self._price(mode)
+            return
+        n = len(getattr(self.graph, "blocks", None) or [])
+        if mode.blocks >= n:
+            raise OptionError("recompute", f"blocks {mode.blocks}: model {self.graph.model} has {n} blocks here; "
+                                           f"re-run fewer, or all of them (full recomputation)")
+        self._price(mode.whole)
+        whole = {name: getattr(self, name, None) for name in self.MIXED}
+        self._price(mode.plain)
+        w = mode.blocks / n
+        for name, a in whole.items():
+            if a is not None:
+                setattr(self, name, [w * x + (1 - w) * y for x, y in zip(a, getattr(self, name))])
+        self.mode = mode
+        self._price_memory(mode)
+        self._set_tables(forward_factors(self.graph, mode.blocks))
+
+    def blocks_of(self, mode: Mode) -> int:
+        """The problem's block count where ``mode`` re-runs some of them (its figures' share depends on it: the
+        catalogue's figures are shared by stages of other lengths), else 0."""
+        return len(self.graph.blocks) if mode.blocks else 0
+
+    def rerun(self, v: int, figure):
+        """``figure(mode)`` of layer ``v`` under the problem's mode: under block recomputation the share of its
+        occurrences that re-run at the mode's ``whole``, the rest at its ``plain`` (``figure``'s value: a number,
+        an array or a ``Memory``)."""
+        mode = self.mode
+        if not mode.blocks or self.roles[v] == OUTSIDE:
+            return figure(mode)
+        w = mode.blocks / len(self.graph.blocks)
+        a, b = figure(mode.whole), figure(mode.plain)
+        return a.scaled(w) + b.scaled(1 - w) if isinstance(a, Memory) else w * a + (1 - w) * b
+
     def _recomputed(self, v: int) -> str:
         """The recomputation that changes layer ``v``'s seconds under the mode being priced: the mode's where it
         re-runs some of the layer, else "none" (the key its figures share with the plain problem's)."""
@@ -382,7 +431,8 @@ class Problem:
     def _price_memory(self, mode: Mode) -> None:
         """``mem`` (bytes per device of each strategy's occurrences, ``autotune.sbp.memory``) and its least."""
         measured = self.module_cal is not None
-        self.mem = [c * self._figures(v, ("memory", mode, self.roles[v], self.tied[v], self.recipe, measured),
+        self.mem = [c * self._figures(v, ("memory", mode, self.blocks_of(mode), self.roles[v], self.tied[v],
+                                                          self.recipe, measured),
                                       lambda ss=ss, v=v: np.array([self.layer_memory(v, s).total for s in ss]))
                     for v, (c, ss) in enumerate(zip(self.counts, self.choices))]
         self.min_memory = float(sum(m.min() for m in self.mem))
@@ -473,7 +523,7 @@ class Problem:
             out.derived = {}
             out.evaluations = 0
             out.reserve = 0.0
-            out._price(mode)
+            out._price_mode(mode)
             modes[mode] = out
         return out
 
@@ -523,8 +573,9 @@ class Problem:
                 shared += saved.gradients * c
             out = out + m.scaled(c)
         offset = transient = 0.0
-        if self.module_cal is not None and self.embedding is not None and self.mode.recompute != "full" \
-                and self.users_step:
+        mode = self.mode
+        if self.module_cal is not None and self.embedding is not None and self.users_step \
+                and (mode.recompute != "full" or mode.blocks):
             e = self.embedding  # the transients the user's module was measured to hold beyond the model's
             key = self.module_cal.key(self.ops[e], self.choices[e][assign[e]], self.cluster)
             # measured with the module's own loss on its local vocabulary: not the loss of logits split by
@@ -535,7 +586,7 @@ class Problem:
             # attention's are; none where apply re-runs a block or its attention (``apply.layers._rerun``)
             a = self.attention
             at = self.module_cal.key(self.ops[a], self.choices[a][assign[a]], self.cluster)
-            blocks = len(self.graph.blocks) if self.mode.recompute == "none" else 0
+            blocks = len(self.graph.blocks) - mode.blocks if mode.recompute == "none" or mode.blocks else 0
             transient = self.module_cal.forward_transient(at) * blocks
         ws = peak_workspace([self.choices[v][assign[v]] for v in self.graph.chain], self.cluster, self.act_bytes,
                             self.mb, self.mode, self.chain_roles, self.recipe, shared, transient, cached_gathered)
@@ -544,9 +595,13 @@ class Problem:
     def layer_memory(self, v: int, s: Strategy) -> Memory:
         """One occurrence of layer ``v`` under strategy ``s`` (``strategy_memory``), its activations as the user's
         module keeps them where it was measured at the layer's local shape (``modulecal.part_ratio``; not for a
-        block's layers under full recomputation, which keep the block's input only)."""
-        m = strategy_memory(s, self.cluster, self.act_bytes, self.mode, self.roles[v], self.tied[v], self.recipe)
-        if self.mode.recompute == "full" and self.roles[v] != OUTSIDE:
+        block's layers under full recomputation, which keep the block's input only); under block recomputation
+        the share re-run as that, the rest as without (``rerun``)."""
+        return self.rerun(v, lambda mode: self._layer_memory(v, s, mode))
+
+    def _layer_memory(self, v: int, s: Strategy, mode: Mode) -> Memory:
+        m = strategy_memory(s, self.cluster, self.act_bytes, mode, self.roles[v], self.tied[v], self.recipe)
+        if mode.recompute == "full" and self.roles[v] != OUTSIDE:
             return m
         r = part_ratio(self.module_cal, "activations", self.ops[v], s, self.cluster, self.roles[v])
         return m if r == 1.0 else Memory(m.parameters, m.gradients, m.optimizer, m.activations * r, m.workspace)

@@ -27,6 +27,7 @@ kept is the cheapest that fits.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from autotune.sbp.cost import Problem
 from autotune.sbp.dp import CUT_WORK, LayerDP, applicable
@@ -108,6 +109,29 @@ def sharding_modes(problem: Problem) -> list[tuple[int, ...] | None]:
     return [None, *dict.fromkeys(a for a in (nodes + gpus, gpus, nodes) if a)]
 
 
+def fewest_blocks(problem: Problem, assign, problem_of=None) -> int:
+    """Megatron-LM's block recomputation of plan ``assign`` found under full recomputation (``problem``'s mode
+    re-runs every block, without FSDP): the fewest of the blocks re-run under which the plan still fits at its
+    peak, each block fewer one forward fewer (memory falls as the count grows: a binary search); 0 where none
+    fewer than all fits or the mode is another. ``problem_of(mode)``: the problem under a mode (default
+    ``problem.with_mode``)."""
+    mode, n = problem.mode, len(getattr(problem.graph, "blocks", None) or [])
+    if mode.recompute != "full" or mode.blocks or mode.fsdp_axes is not None or n < 2 \
+            or problem.device_limit is None:
+        return 0
+    problem_of = problem_of or problem.with_mode
+
+    def fits(b: int) -> bool:
+        return problem_of(replace(mode, blocks=b)).fits_plan(assign)
+    lo, hi = 1, n - 1
+    if not fits(hi):
+        return 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    return hi
+
+
 def search_modes(problem: Problem, run, start=None, progress=None, fsdp: bool = True):
     """The best plan over the modes (``run(problem, start, share)`` searches one, ``share`` of its default
     budget): (problem of its mode, result), or (problem, the search's result that does not fit) where no mode
@@ -147,10 +171,18 @@ def search_modes(problem: Problem, run, start=None, progress=None, fsdp: bool = 
             continue
         attempt(pr, SHARE if best is not None else 1.0, best[1].assignment if best is not None else start)
     if best is not None:
-        return best
+        pr, res = best
+        blocks = fewest_blocks(pr, res.assignment)
+        if blocks:
+            pr = pr.with_mode(replace(pr.mode, blocks=blocks))
+            res = replace(res, cost=pr.raw_cost(res.assignment))
+            if progress:
+                progress(f"mode {describe(pr.mode)}: {res.cost:.4g} s/step")
+        return pr, res
     return fallback if fallback is not None else (problem, None)
 
 
 def describe(mode: Mode) -> str:
     sh = "no FSDP" if mode.fsdp_axes is None else f"FSDP over axes {list(mode.fsdp_axes)}"
-    return f"recompute {mode.recompute}, {sh}"
+    blocks = f" (the first {mode.blocks} blocks)" if mode.blocks else ""
+    return f"recompute {mode.recompute}{blocks}, {sh}"

@@ -62,6 +62,10 @@ keeps what it keeps); "full" keeps, of a block, only its input (the first
 layer's input, act_bytes an element) and no bf16 weight copy for the backward (they
 are made again when the block's forward is re-run), though autocast's cache holds
 the forward's copies until the forward ends (counted in the workspace there).
+Megatron-LM's block method (``Mode.blocks``: ``--recompute-method block
+--recompute-num-layers N``) re-runs only the first N of the blocks: those keep
+what "full" keeps, the others what "none" keeps (``chain_roles``: the others'
+positions lie outside every block).
 
 A tied logits layer (dim ``tied``: it shares the embedding's weight) holds no
 optimizer state (the optimizer steps the embedding's weight); the search counts
@@ -93,7 +97,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from calibrate.errors import UserError
 
@@ -199,12 +203,26 @@ class Mode:
     recompute: str = "none"
     fsdp_axes: tuple[int, ...] | None = None
     zero: int = 0  # ZeRO stage over each weight's data-parallel (gradient-sync) axes: 1 optimizer states, 2 + grads
+    blocks: int = 0  # under full recomputation, the first blocks re-run (Megatron-LM's block method); 0: every one
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE)}")
         if self.zero not in (0, 1, 2) or self.zero and self.fsdp_axes is not None:
             raise UserError(f"ZeRO stage {self.zero!r}: use 0, 1 or 2, and not with FSDP (which shards everything)")
+        if self.blocks and (self.blocks < 0 or self.recompute != "full" or self.fsdp_axes is not None):
+            raise UserError(f"recompute blocks {self.blocks!r}: a count of blocks above 0, with full recomputation "
+                            f"and without FSDP (Megatron-LM's block method, beside its distributed optimizer)")
+
+    @property
+    def whole(self) -> "Mode":
+        """This mode with every block re-run (block recomputation's re-run blocks)."""
+        return replace(self, blocks=0)
+
+    @property
+    def plain(self) -> "Mode":
+        """This mode with nothing re-run (block recomputation's other blocks)."""
+        return replace(self, recompute="none", blocks=0)
 
     @property
     def sharding(self) -> dict:
@@ -606,12 +624,14 @@ def pipelined_fsdp_memory(s, cluster: Cluster, act_bytes: int, mode: Mode, role:
     return Memory((held + (sharded if role == OUTSIDE else 0)) * w, whole * g, 0.0 if tied else held * o, acts)
 
 
-def chain_roles(graph: LayerGraph) -> list[str]:
+def chain_roles(graph: LayerGraph, blocks: int = 0) -> list[str]:
     """Each chain position's place for recomputation (``autotune.sbp.memory``'s roles): ``OUTSIDE`` every
     block, a block's ``FIRST`` layer, ``INSIDE`` one, the residual adds that close it ``TAIL`` and the matmul
-    before them ``LAST`` (``LayerGraph.blocks``: [start, end) chain positions; absent: no blocks)."""
+    before them ``LAST`` (``LayerGraph.blocks``: [start, end) chain positions; absent: no blocks). ``blocks``
+    (``Mode.blocks``): only the first that many blocks re-run, the others' positions ``OUTSIDE``."""
     roles = [OUTSIDE] * len(graph.chain)
-    for start, end in getattr(graph, "blocks", None) or []:
+    spans = getattr(graph, "blocks", None) or []
+    for start, end in spans[:blocks] if blocks else spans:
         roles[start] = FIRST
         for p in range(start + 1, end):
             roles[p] = INSIDE

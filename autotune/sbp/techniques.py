@@ -3,6 +3,8 @@ carries beside its placements (``Techniques.to_dict``, the plan's "techniques" f
 (``autotune.pipeline``, ``autotune.sbp.memory.Mode``) and to be run by the execution layer.
 
 - ``recompute``: "none", "selective" (Megatron's: the attention core, its probabilities not kept) or "full";
+  ``recompute_blocks``: with "full", only each stage's first that many blocks (Megatron-LM's ``--recompute-method
+  block --recompute-num-layers``; 0: every block);
 - ``schedule`` and ``virtual_stages``: the pipeline schedule, chunks a rank under interleaved 1F1B;
 - ``sequence_parallel``: norms, residual adds and dropout on sequence shards of the tensor-parallel group;
 - ``zero_stage``: 1 optimizer states, 2 also gradients, sharded over the data-parallel group (3 is FSDP,
@@ -33,6 +35,7 @@ class Techniques:
     zero_stage: int = 0
     context_parallel: int = 1
     overlap_grad_reduce: bool = True
+    recompute_blocks: int = 0
 
     @classmethod
     def of(cls, d: dict) -> "Techniques":

@@ -266,7 +266,7 @@ def _run(args, world, random_sizes: dict[str, list[int]] | None, held: contextli
             comm.Free()
             continue
         if kind == "pairs" and "intra" in kinds and info.ranks == world.Get_size() // nnodes:
-            say(f"# group pairs: the same ranks as intra (2 per node), measured once as intra", file=sys.stderr)
+            say("# group pairs: the same ranks as intra (2 per node), measured once as intra", file=sys.stderr)
             comm.Free()
             continue
         backend = make_backend(backend_name, comm, **({"device": device} if device is not None else {}))
