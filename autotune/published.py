@@ -13,9 +13,14 @@ none for Llama 3; ``autotune.sbp.layers.dropout_dims``):
   parallelism, ZeRO stage: every technique of ``autotune.sbp.techniques``, each priced) through the Megatron
   3-D baseline (``autotune.pipeline.threed.stage_plans``), boundaries priced and the schedule simulated
   (``PipelineSearch.finish``), with the memory limit lifted (a plan over it says so); a configuration the
-  model cannot lay out is a one-line error naming the fix;
+  model cannot lay out is a one-line error naming the fix. Where it does not fit and the paper names no
+  recomputation, the same configuration with each rank re-running its fewest first blocks that make it fit
+  (Megatron-LM's block method, ``fitting``) is priced beside it, and the row is judged on that one: the run
+  happened, so something kept it within its GPUs' memory, and this is the least recomputation that does in the
+  model;
 - free: the main command's pipeline search seeded with the 3-D plans (``autotune.pipeline.threed.seeded``)
-  under 1F1B and under interleaved 1F1B, and for a sequence of ``LONG_SEQUENCE`` tokens or more with the
+  under 1F1B and under interleaved 1F1B (its 3-D plans at ``CHUNKS`` chunks a rank too: Megatron-LM's
+  ``--num-layers-per-virtual-pipeline-stage``), and for a sequence of ``LONG_SEQUENCE`` tokens or more with the
   attention context-parallel over each of ``CONTEXT_CHOICES`` ranks as well (the 3-D plans' context-parallel
   groups inside their data-parallel ranks), the fastest kept.
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -40,7 +46,7 @@ from calibrate.profile import Profile
 from models import load_model
 
 from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, fewer_collections, submesh
-from autotune.pipeline.threed import seeded, stage_plans
+from autotune.pipeline.threed import megatron_3d, seeded, stage_plans
 from autotune.sbp.memory import RECIPES, Mode
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.techniques import Techniques, context_parallel, context_parallel_of
@@ -49,6 +55,7 @@ RECORD = "commtune.published-reproduction"
 VERSION = 1
 TOLERANCE = 0.10  # forced plan against the published step
 SEARCH_SLACK = 0.05  # the free search's step at most this much over the published one
+CHUNKS = (4, 8)  # chunks a rank the free search's interleaved 3-D plans take beside the pipeline search's default
 WORSE = 0.005  # a step more than this share above the previous record's is flagged
 
 
@@ -127,8 +134,8 @@ def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Technique
                      f"--virtual-pipeline-model-parallel-size {tech.virtual_stages} (layers uneven over the chunks)")
     if tech.recompute != "none":
         flags.append(f"--recompute-granularity {tech.recompute}" + (
-            "" if tech.recompute != "full" else f" --recompute-method block --recompute-num-layers {tech.recompute_blocks}"
-            if tech.recompute_blocks else " --recompute-method uniform"))
+            "" if tech.recompute != "full" else _blocks_flags(tech) if tech.recompute_blocks else
+            " --recompute-method uniform"))
     if tech.sequence_parallel:
         flags.append("--sequence-parallel")
     if tech.zero_stage:
@@ -139,6 +146,16 @@ def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Technique
         flags.append(f"--context-parallel-size {tech.context_parallel}")
     sched = "Interleaved1F1B" if tech.virtual_stages > 1 else "1F1B"
     return " ".join(flags) + f" (torchtitan: tp {t}, pp {p} {sched}, dp {d})"
+
+
+def _blocks_flags(tech: Techniques) -> str:
+    """Megatron-LM's block method for a plan re-running each rank's first ``recompute_blocks`` blocks: it counts
+    per chunk a rank, so with several chunks the flag re-runs at least as many (said where more)."""
+    v = max(tech.virtual_stages, 1)
+    per = -(-tech.recompute_blocks // v)
+    more = f" (per chunk: {per * v} of a rank's blocks, where the plan re-runs {tech.recompute_blocks})" \
+        if per * v > tech.recompute_blocks else ""
+    return f" --recompute-method block --recompute-num-layers {per}{more}"
 
 
 def _search(g, cluster: Cluster, profile: Profile, limit, cfg: PipelineConfig) -> PipelineSearch:
@@ -177,11 +194,31 @@ def forced(case: dict) -> dict:
                             f"size {mbs}: fix the case")
         c = search.finish(search.candidate(p, sub, m, search.balanced(p), plans))
     peak = max(x.fig.memory for x in c.plans)
-    return {"step_s": c.step if math.isfinite(c.step) else None, "micro_batches": m, "memory_gib": peak / 2**30,
-            "parts": parts(c),
-            "limit_gib": None if profile.memory_bytes is None else profile.memory_bytes / 2**30,
-            "fits": profile.memory_bytes is None or peak <= profile.memory_bytes,
-            "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"], dropout(case))}
+    out = {"step_s": c.step if math.isfinite(c.step) else None, "micro_batches": m, "memory_gib": peak / 2**30,
+           "parts": parts(c),
+           "limit_gib": None if profile.memory_bytes is None else profile.memory_bytes / 2**30,
+           "fits": profile.memory_bytes is None or peak <= profile.memory_bytes,
+           "config": megatron_terms(t, p, d, mbs, g.batch, tech, g.config["layers"], dropout(case))}
+    if not out["fits"] and tech.recompute == "none":
+        out["fitting"] = fitting(case, min(len(x.problem.graph.blocks) for x in c.plans))
+    return out
+
+
+def fitting(case: dict, blocks: int) -> dict | None:
+    """The case's configuration with each rank re-running its first N of ``blocks`` blocks (Megatron-LM's block
+    method), the fewest N under which every stage fits (memory falls as N grows: a binary search), priced as
+    ``forced`` prices it, with N; None where no N below ``blocks`` fits."""
+    def at(n: int) -> dict:
+        return forced(dict(case, plan=dict(case["plan"], recompute="full", recompute_blocks=n)))
+    lo, hi = 1, blocks - 1
+    found = at(hi) if hi >= 1 else None
+    if found is None or not found["fits"]:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        f = at(mid)
+        lo, hi, found = (lo, mid, f) if f["fits"] else (mid + 1, hi, found)
+    return dict(found, recompute_blocks=hi)
 
 
 def parts(c: Candidate) -> dict:
@@ -245,8 +282,12 @@ def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
             cfg = PipelineConfig(schedule=sched, recipe=recipe(case), dropout=dropout(case))
             search = _search(g, cluster, profile, profile.memory_bytes, cfg)
             c, _, is3d = seeded(search)
-            if c is not None and (best is None or c.step < best[0].step):
-                best = (c, sched, g)
+            found = [c] + [megatron_3d(_search(g, cluster, profile, profile.memory_bytes,
+                                                replace(cfg, virtual_stages=v)))
+                           for v in (CHUNKS if sched == "interleaved-1f1b" else ())]
+            for c in found:
+                if c is not None and (best is None or c.step < best[0].step):
+                    best = (c, sched, g)
     if best is None:
         return {"step_s": None, "plan": "no plan fits"}
     c, sched, g = best
@@ -270,7 +311,11 @@ def run_case(case: dict, with_search: bool = True) -> dict:
     row["forced"] = dict(f, mfu=mfu(f["step_s"]))
     near = lo if f["step_s"] is not None and f["step_s"] < lo else hi
     row["forced_ratio"] = None if f["step_s"] is None else f["step_s"] / near
-    ok = row["forced_ratio"] is not None and abs(row["forced_ratio"] - 1) <= TOLERANCE and f["fits"]
+    judged = f if f["fits"] or not f.get("fitting") else f["fitting"]  # the least recomputation that fits
+    if judged is not f:
+        row["forced_fitting_ratio"] = judged["step_s"] / (lo if judged["step_s"] < lo else hi)
+    ratio = row.get("forced_fitting_ratio", row["forced_ratio"])
+    ok = ratio is not None and abs(ratio - 1) <= TOLERANCE and judged["fits"]
     if with_search:
         s = free(case)
         row["searched"] = dict(s, mfu=mfu(s["step_s"]))
@@ -281,6 +326,10 @@ def run_case(case: dict, with_search: bool = True) -> dict:
     if not f["fits"]:
         row["reason"] = (f"the forced plan needs {f['memory_gib']:.1f} GiB at its binding stage, over the "
                          f"{f['limit_gib']:.1f} GiB usable (step priced with the limit lifted)")
+        if judged is not f:
+            row["reason"] += (f"; with each rank re-running its first {judged['recompute_blocks']} blocks it fits at "
+                              f"{judged['memory_gib']:.1f} GiB, {judged['step_s']:.4g} s, {row['forced_fitting_ratio']:.2f} of "
+                              f"published (judged on that)")
     return row
 
 

@@ -55,7 +55,8 @@ def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = T
 
 
 def describe(mode: Mode) -> str:
-    parts = [] if mode.recompute == "none" else [f"recompute {mode.recompute}"]
+    parts = [] if mode.recompute == "none" else [f"recompute {mode.recompute}"
+                                                 + (f" (each stage's first {mode.blocks} blocks)" if mode.blocks else "")]
     parts += [f"ZeRO-{mode.zero} (distributed optimizer)"] if mode.zero else []
     return ", ".join(parts + ([] if mode.fsdp_axes is None else ["FSDP over the data-parallel group"]))
 

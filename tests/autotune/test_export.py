@@ -264,3 +264,16 @@ def test_next_steps_name_the_call_that_applies_the_plan():
     assert one.endswith("-m autotune execute p.json")
     assert next_steps("p.json", SimpleNamespace(cluster=Cluster(1, 4), stages=(), allocator="default"),
                       "c.json")[-1].endswith("-m autotune execute p.json --module c.json")
+
+
+def test_block_recomputation(plans):
+    """Megatron-LM's block method (each stage's first N blocks re-run) exported as its flags; torchtitan, which
+    re-runs every block or every n-th, gets every block and says so."""
+    dp = json.loads(json.dumps(plans["dp"]))
+    dp.update(strategy="searched (blocks)", recompute="full", recompute_blocks=1)
+    m = export(plan_file(dp, plans["dp"]), "megatron")
+    flags = args_of(m.config)
+    assert flags[flags.index("--recompute-method") + 1] == "block"
+    assert flags[flags.index("--recompute-num-layers") + 1] == "1" and m.cannot == () and megatron_known(m.config)
+    t = export(plan_file(dp, plans["dp"]), "torchtitan")
+    assert titan(t.config)["ac"] == "full" and any("first 1 blocks" in c for c in t.cannot)
