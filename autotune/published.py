@@ -153,8 +153,8 @@ def _blocks_flags(tech: Techniques) -> str:
     per chunk a rank, so with several chunks the flag re-runs at least as many (said where more)."""
     v = max(tech.virtual_stages, 1)
     per = -(-tech.recompute_blocks // v)
-    more = f" (per chunk: {per * v} of a rank's blocks, where the plan re-runs {tech.recompute_blocks})" \
-        if per * v > tech.recompute_blocks else ""
+    more = f" (Megatron-LM counts per chunk: {per} in each of a rank's {v} chunks, where the plan re-runs " \
+           f"{tech.recompute_blocks} blocks a rank)" if per * v > tech.recompute_blocks else ""
     return f" --recompute-method block --recompute-num-layers {per}{more}"
 
 

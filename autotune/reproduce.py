@@ -492,7 +492,11 @@ def _pipeline_case(case: dict, config: Config) -> dict:
         # every micro-batch count and candidate refined, at the stage searches' full effort (the command's
         # cheaper defaults are measured on the large cases: reports/records/pipeline.md, speed session 6)
         # one stage: the paper's "no pipeline", the single-stage step (FSDP as without a pipeline)
-        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p, single_stage_plain=p == 1).full_effort()
+        # in the single-stage cases' recipe (the paper's): not the users' torch recipe, whose pipelining keeps a
+        # receive buffer for every micro-batch (16 GiB of a P100's 16 at Megatron's 256), which neither Megatron-LM
+        # nor AutoDDL's runtime holds
+        cfg = PipelineConfig(stages=p, micro_batch_choices=8 * p, refine=8 * p, single_stage_plain=p == 1,
+                             recipe="autoddl").full_effort()
         ps = PipelineSearch(g, cluster, profile, limit, cfg)
         a, b, same = seeded(ps, tensor_in_node=case["gpus"] > 1, sharding=False, most=g.batch)
         per_stages.append({"stages": p, "searched_s": a.step if a else None, "megatron_s": b.step if b else None,

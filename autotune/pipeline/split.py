@@ -30,7 +30,10 @@ def window(blocks: int, stages: int, width: int) -> tuple[int, int]:
 
 
 def estimate(times: list[float], micro_batches: int) -> float:
-    return sum(times) + (micro_batches - 1) * max(times)
+    """The 1F1B makespan without transfers: every stage's time once and the slowest's m - 1 more; inf where a
+    stage does not fit (inf), one micro-batch included (not 0 x inf)."""
+    worst = max(times)
+    return math.inf if math.isinf(worst) else sum(times) + (micro_batches - 1) * worst
 
 
 def best_split(blocks: int, stages: int, time: Callable[[int, int, int], float], micro_batches: int,

@@ -102,3 +102,11 @@ def test_cutoff_keeps_the_optimum_under_it_and_stops_above_it():
     assert best_split(12, 4, time, 8, *window(12, 4, 2), cutoff=e * 1.001) == (split, e)
     assert best_split(12, 4, time, 8, *window(12, 4, 2), bound=time, cutoff=e * 1.001) == (split, e)
     assert best_split(12, 4, time, 8, *window(12, 4, 2), cutoff=e) is None
+
+
+@pytest.mark.parametrize("m", [1, 2, 16])
+def test_a_stage_that_does_not_fit_makes_the_estimate_inf_at_any_micro_batch_count(m):
+    """Not NaN at one micro-batch (0 x inf): a NaN estimate compares false with every other, so the 3-D search's
+    ``min`` over a (p, t, m)'s modes kept the plain plan that does not fit before a recomputed one that does."""
+    assert estimate([1.0, math.inf], m) == math.inf
+    assert estimate([1.0, 2.0], m) == 3.0 + (m - 1) * 2.0
