@@ -48,8 +48,9 @@ def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = T
     over the data-parallel group."""
     plain = search.stages.layout(m, span, sub, megatron=True)
     every = tuple(range(len(sub.axis_sizes)))
-    # (FSDP axes, ZeRO stage): none; ZeRO-1, Megatron-LM's --use-distributed-optimizer; FSDP (ZeRO-3)
-    shardings = ((None, 0), (None, 1), (every, 0)) if sharding else ((None, 0),)
+    # (FSDP axes, ZeRO stage): none; ZeRO-1, Megatron-LM's --use-distributed-optimizer; ZeRO-2, gradients too
+    # (Llama 3's); FSDP (ZeRO-3)
+    shardings = ((None, 0), (None, 1), (None, 2), (every, 0)) if sharding else ((None, 0),)
     return [Mode(rec, sh, z) for rec in ["none"] + recompute_modes(plain) for sh, z in shardings
             if Mode(rec, sh, z) != NONE]
 
@@ -165,7 +166,8 @@ def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bo
                         plans = stage_plans(search, p, sub, m, mesh, mode, sp)
                         if plans is not None:
                             found.append(search.candidate(p, sub, m, search.balanced(p), plans))
-                best = fewer_blocks(search, min(found, key=lambda c: c.estimate), mesh)
+                # each fully recomputed candidate re-running only the blocks it needs: one may now beat the others
+                best = min((fewer_blocks(search, c, mesh) for c in found), key=lambda c: c.estimate)
                 if math.isfinite(best.estimate):
                     mode = best.plans[0].problem.mode
                     parallel = best.plans[0].search.get("sequence_parallel")
