@@ -145,7 +145,8 @@ def build(paths: list[Path], shown: list[Path] | None = None) -> list[Section]:
         for line in summary_lines(best, pf.baselines, pf.meta.get("objective", "comm")):
             sec.text(line.strip())
         sec.text(f"Profile {best.profile}; {best.micro_batches} micro-batches per step; recomputation "
-                 f"{best.recompute}; FSDP {fsdp}; search "
+                 f"{best.recompute}" + (f" (the first {best.recompute_blocks} blocks)" if best.recompute_blocks else "")
+                 + f"; FSDP {fsdp}; search "
                  f"{best.search.get('algorithm', '')} stopped by: {best.search.get('stopped', '')}. "
                  + ("Costs are the profile's predictions of the step time: compute and the communication it does "
                     "not hide." if objective == "step" else
