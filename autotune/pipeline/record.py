@@ -78,7 +78,7 @@ def pipeline_plans(graph, cluster, profile, memory_limit: float, cfg: PipelineCo
     (``autotune.pipeline.threed.seeded``)."""
     t0 = time.perf_counter()
     search = PipelineSearch(graph, cluster, profile, memory_limit, cfg, progress)
-    best, mega, same = seeded(search)
+    best, mega, same = seeded(search, runnable=True)
     info = {"algorithm": f"pipeline stages + {cfg.search}", "seconds": time.perf_counter() - t0,
             "stage_searches": search.stages.searches, "seeded_by_3d": same}
     note = "; the Megatron 3-D plan: no searched plan is faster" if same else ""

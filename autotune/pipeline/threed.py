@@ -16,7 +16,7 @@ with the weights, gradients and optimizer states sharded over the data-parallel 
 ``optim_grads_params``, ZeRO-3: ``autotune.sbp.memory.Mode`` with every axis as FSDP's, which shards each
 weight over its gradient-sync axes, the data-parallel ones). Megatron's distributed optimizer (ZeRO-1:
 optimizer states alone sharded over the data-parallel group, ``--use-distributed-optimizer``;
-``autotune.sbp.memory.Mode.zero``) is offered beside them (its reduce-scatter and all-gather priced as the
+``autotune.sbp.memory.Mode.zero``), and ZeRO-2 (gradients too: Llama 3's), are offered beside them (its reduce-scatter and all-gather priced as the
 all-reduce whose bytes they move). A mode is tried for a
 (p, t, m) only where no plain plan fits: the plain plan is the cheapest that fits when one does.
 
@@ -204,14 +204,24 @@ def megatron_3d(search: PipelineSearch, tensor_in_node: bool = True, sharding: b
 
 
 def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,
-           most: int | None = None) -> tuple[Candidate | None, Candidate | None, bool]:
+           most: int | None = None, runnable: bool = False) -> tuple[Candidate | None, Candidate | None, bool]:
     """(the pipelined plan, the 3-D baseline, whether the plan is a 3-D one): the stage search's best, seeded
     with the 3-D plans at the candidate level (a 3-D plan is one of the search's plans: the same stages, splits
     and per-stage SBP placements): the fastest 3-D plan where it is faster, fewer micro-batches than stages
     included (``autotune.apply_pipeline`` runs them in the order the step model prices, Megatron's 1F1B among
-    them). So the pipelined plan is never slower than the 3-D baseline."""
+    them). So the pipelined plan is never slower than the 3-D baseline, or, with ``runnable`` (a plan users
+    apply), than the fastest 3-D plan ``applies`` (the baseline may then be one apply does not run: it is
+    Megatron-LM's, exported to it)."""
     best, done = search.run(), finished(search, tensor_in_node, sharding, most)
     mega = next(iter(done), None)
-    if mega is not None and (best is None or mega.step < best.step):
-        return mega, mega, True
+    seed = next((c for c in done if not runnable or applies(c)), None)
+    if seed is not None and (best is None or seed.step < best.step):
+        return seed, mega, True
     return best, mega, False
+
+
+def applies(c: Candidate) -> bool:
+    """Whether ``autotune.apply_pipeline`` runs a 3-D plan as priced: one chunk a rank, no ZeRO (Megatron-LM's
+    distributed optimizer), no sequence or context parallelism in its stages (priced, not run in a pipeline)."""
+    return c.virtual == 1 and all(x.problem.mode.zero == 0 and not x.search.get("sequence_parallel")
+                                  and context_parallel_of(x.problem.graph) == 1 for x in c.plans)
