@@ -33,6 +33,7 @@ figure with the previous record and flags a step that got worse (``worse``).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import replace
@@ -47,6 +48,7 @@ from models import load_model
 
 from autotune.pipeline.search import Candidate, PipelineConfig, PipelineSearch, fewer_collections, submesh
 from autotune.pipeline.threed import megatron_3d, seeded, stage_plans
+from autotune.sbp.fit import least_count
 from autotune.sbp.memory import RECIPES, Mode
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.techniques import Techniques, context_parallel, context_parallel_of
@@ -208,17 +210,11 @@ def fitting(case: dict, blocks: int) -> dict | None:
     """The case's configuration with each rank re-running its first N of ``blocks`` blocks (Megatron-LM's block
     method), the fewest N under which every stage fits (memory falls as N grows: a binary search), priced as
     ``forced`` prices it, with N; None where no N below ``blocks`` fits."""
+    @functools.cache
     def at(n: int) -> dict:
         return forced(dict(case, plan=dict(case["plan"], recompute="full", recompute_blocks=n)))
-    lo, hi = 1, blocks - 1
-    found = at(hi) if hi >= 1 else None
-    if found is None or not found["fits"]:
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        f = at(mid)
-        lo, hi, found = (lo, mid, f) if f["fits"] else (mid + 1, hi, found)
-    return dict(found, recompute_blocks=hi)
+    n = least_count(blocks - 1, lambda n: at(n)["fits"])
+    return dict(at(n), recompute_blocks=n) if n else None
 
 
 def parts(c: Candidate) -> dict:

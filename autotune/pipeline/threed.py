@@ -16,8 +16,8 @@ with the weights, gradients and optimizer states sharded over the data-parallel 
 ``optim_grads_params``, ZeRO-3: ``autotune.sbp.memory.Mode`` with every axis as FSDP's, which shards each
 weight over its gradient-sync axes, the data-parallel ones). Megatron's distributed optimizer (ZeRO-1:
 optimizer states alone sharded over the data-parallel group, ``--use-distributed-optimizer``;
-``autotune.sbp.memory.Mode.zero``), and ZeRO-2 (gradients too: Llama 3's), are offered beside them (its reduce-scatter and all-gather priced as the
-all-reduce whose bytes they move). A mode is tried for a
+``autotune.sbp.memory.Mode.zero``), and ZeRO-2 (gradients too: Llama 3's), are offered beside them (their
+reduce-scatter and all-gather priced as the all-reduce whose bytes they move). A mode is tried for a
 (p, t, m) only where no plain plan fits: the plain plan is the cheapest that fits when one does.
 
 Every (p, t, m) whose stages all fit (at its cheapest mode by the split DP's estimate,
@@ -29,6 +29,7 @@ bound (``Candidate.floor``) is no better than the fastest simulated step is not 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -37,7 +38,7 @@ from calibrate.errors import UserError
 from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, stage_choices
 from autotune.pipeline.slicing import stage_spans
 from autotune.pipeline.stage import figures
-from autotune.sbp.fit import recompute_modes
+from autotune.sbp.fit import least_count, recompute_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
 from autotune.sbp.techniques import context_parallel_of
@@ -91,20 +92,14 @@ def fewer_blocks(search: PipelineSearch, best: Candidate, mesh: tuple) -> Candid
         return best
     sp = bool(best.plans[0].search.get("sequence_parallel"))
 
+    @functools.cache
     def made(b: int) -> Candidate | None:
         plans = stage_plans(search, best.stages, best.sub, best.micro_batches, mesh, replace(mode, blocks=b), sp)
         c = None if plans is None else search.candidate(best.stages, best.sub, best.micro_batches,
                                                         search.balanced(best.stages), plans)
         return c if c is not None and math.isfinite(c.estimate) else None
-    lo, hi = 1, n - 1
-    found = made(hi)
-    if found is None:
-        return best
-    while lo < hi:
-        mid = (lo + hi) // 2
-        c = made(mid)
-        lo, hi, found = (lo, mid, c) if c is not None else (mid + 1, hi, found)
-    return found
+    b = least_count(n - 1, lambda b: made(b) is not None)
+    return made(b) if b else best
 
 
 def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bool,

@@ -120,11 +120,14 @@ def fewest_blocks(problem: Problem, assign, problem_of=None) -> int:
             or problem.device_limit is None:
         return 0
     problem_of = problem_of or problem.with_mode
+    return least_count(n - 1, lambda b: problem_of(replace(mode, blocks=b)).fits_plan(assign))
 
-    def fits(b: int) -> bool:
-        return problem_of(replace(mode, blocks=b)).fits_plan(assign)
-    lo, hi = 1, n - 1
-    if not fits(hi):
+
+def least_count(most: int, fits) -> int:
+    """The least k in 1..``most`` for which ``fits(k)`` holds, where it holds for every k above one that does (a
+    binary search); 0 where it does not hold at ``most``."""
+    lo, hi = 1, most
+    if most < 1 or not fits(hi):
         return 0
     while lo < hi:
         mid = (lo + hi) // 2

@@ -16,7 +16,7 @@ from autotune.plan.build import build
 from autotune.plan.typed import Plan
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem, forward_factors
-from autotune.sbp.fit import fewest_blocks
+from autotune.sbp.fit import fewest_blocks, least_count
 from autotune.sbp.memory import Mode
 from autotune.sbp.mesh import Cluster
 from calibrate.errors import UserError
@@ -92,3 +92,13 @@ def test_the_plan_keeps_the_count_and_refuses_one_that_cannot_run(problem):
         with pytest.raises(UserError, match="recompute blocks"):
             Mode(**bad)
     assert replace(plan, recompute_blocks=0).to_dict().keys() == {k for k in d if k != "recompute_blocks"}
+
+
+@pytest.mark.parametrize("most", [1, 2, 7, 8])
+def test_the_least_count_is_the_first_that_fits(most):
+    """``least_count``'s binary search against a scan, for every threshold (none fits, all fit, each between)."""
+    for t in range(0, most + 3):
+        asked = []
+        got = least_count(most, lambda k: asked.append(k) or k >= t)
+        assert got == next((k for k in range(1, most + 1) if k >= t), 0), (most, t)
+        assert len(asked) <= 2 + most.bit_length()
