@@ -185,8 +185,8 @@ class StageProblem(Problem):
                             dtype=float).reshape(len(self.choices[v]), 2)
         what = "pipelined fsdp memory parts" if fsdp else "memory parts"
         measured = self.module_cal is not None
-        split = [self._figures(v, (what, mode, self.blocks_of(mode), self.roles[v], self.tied[v], self.recipe, once,
-                                                  measured),
+        share = self.rerun_share(mode)
+        split = [self._figures(v, (what, mode, share, self.roles[v], self.tied[v], self.recipe, once, measured),
                                lambda v=v: parts(v)) for v in range(len(self.choices))]
         self._total = [p[:, 0] for p in split]
         self._acts = [p[:, 1] for p in split]
@@ -393,7 +393,7 @@ def _times(problem: StageProblem, assign) -> tuple[float, ...]:
     mode = problem.mode
     if not mode.blocks:
         return _mode_times(problem, assign, mode)
-    w = mode.blocks / len(problem.graph.blocks)
+    w = problem.rerun_share(mode)
     return tuple(w * a + (1 - w) * b for a, b in zip(_mode_times(problem, assign, mode.whole),
                                                      _mode_times(problem, assign, mode.plain)))
 

@@ -88,7 +88,7 @@ def fewer_blocks(search: PipelineSearch, best: Candidate, mesh: tuple) -> Candid
     every stage fits (a binary search: memory falls as N grows); ``best`` where none fewer than all fits."""
     mode = best.plans[0].problem.mode
     n = min(len(getattr(x.problem.graph, "blocks", None) or []) for x in best.plans)
-    if mode.recompute != "full" or mode.blocks or mode.fsdp_axes is not None or n < 2:
+    if not mode.takes_blocks or n < 2:
         return best
     sp = bool(best.plans[0].search.get("sequence_parallel"))
 

@@ -397,7 +397,7 @@ class Problem:
         self._price(mode.whole)
         whole = {name: getattr(self, name, None) for name in self.MIXED}
         self._price(mode.plain)
-        w = mode.blocks / n
+        w = self.rerun_share(mode)
         for name, a in whole.items():
             if a is not None:
                 setattr(self, name, [w * x + (1 - w) * y for x, y in zip(a, getattr(self, name))])
@@ -405,10 +405,10 @@ class Problem:
         self._price_memory(mode)
         self._set_tables(forward_factors(self.graph, mode.blocks))
 
-    def blocks_of(self, mode: Mode) -> int:
-        """The problem's block count where ``mode`` re-runs some of them (its figures' share depends on it: the
-        catalogue's figures are shared by stages of other lengths), else 0."""
-        return len(self.graph.blocks) if mode.blocks else 0
+    def rerun_share(self, mode: Mode) -> float:
+        """The share of the problem's blocks ``mode`` re-runs under block recomputation, 0 under any other mode
+        (a key of its figures beside the mode: the catalogue's are shared by stages of other lengths)."""
+        return mode.blocks / len(self.graph.blocks) if mode.blocks else 0.0
 
     def rerun(self, v: int, figure):
         """``figure(mode)`` of layer ``v`` under the problem's mode: under block recomputation the share of its
@@ -417,7 +417,7 @@ class Problem:
         mode = self.mode
         if not mode.blocks or self.roles[v] == OUTSIDE:
             return figure(mode)
-        w = mode.blocks / len(self.graph.blocks)
+        w = self.rerun_share(mode)
         a, b = figure(mode.whole), figure(mode.plain)
         return a.scaled(w) + b.scaled(1 - w) if isinstance(a, Memory) else w * a + (1 - w) * b
 
@@ -430,9 +430,8 @@ class Problem:
 
     def _price_memory(self, mode: Mode) -> None:
         """``mem`` (bytes per device of each strategy's occurrences, ``autotune.sbp.memory``) and its least."""
-        measured = self.module_cal is not None
-        self.mem = [c * self._figures(v, ("memory", mode, self.blocks_of(mode), self.roles[v], self.tied[v],
-                                                          self.recipe, measured),
+        measured, share = self.module_cal is not None, self.rerun_share(mode)
+        self.mem = [c * self._figures(v, ("memory", mode, share, self.roles[v], self.tied[v], self.recipe, measured),
                                       lambda ss=ss, v=v: np.array([self.layer_memory(v, s).total for s in ss]))
                     for v, (c, ss) in enumerate(zip(self.counts, self.choices))]
         self.min_memory = float(sum(m.min() for m in self.mem))

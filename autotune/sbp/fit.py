@@ -116,8 +116,7 @@ def fewest_blocks(problem: Problem, assign, problem_of=None) -> int:
     fewer than all fits or the mode is another. ``problem_of(mode)``: the problem under a mode (default
     ``problem.with_mode``)."""
     mode, n = problem.mode, len(getattr(problem.graph, "blocks", None) or [])
-    if mode.recompute != "full" or mode.blocks or mode.fsdp_axes is not None or n < 2 \
-            or problem.device_limit is None:
+    if not mode.takes_blocks or n < 2 or problem.device_limit is None:
         return 0
     problem_of = problem_of or problem.with_mode
     return least_count(n - 1, lambda b: problem_of(replace(mode, blocks=b)).fits_plan(assign))

@@ -215,6 +215,11 @@ class Mode:
                             f"and without FSDP (Megatron-LM's block method, beside its distributed optimizer)")
 
     @property
+    def takes_blocks(self) -> bool:
+        """Whether block recomputation can take over this mode's: every block re-run, without FSDP."""
+        return self.recompute == "full" and not self.blocks and self.fsdp_axes is None
+
+    @property
     def whole(self) -> "Mode":
         """This mode with every block re-run (block recomputation's re-run blocks)."""
         return replace(self, blocks=0)
