@@ -15,8 +15,10 @@ the pipeline degree and ``recompute`` the activation checkpointing. The tools' o
 - torchtitan 0.3 (``torchtitan/config/configs.py``, ``trainer.py``): ``--parallelism.``
   ``data_parallel_replicate_degree``, ``data_parallel_shard_degree`` (FSDP; both > 1 is HSDP),
   ``tensor_parallel_degree`` (its tensor parallelism always shards the norms' sequence: sequence
-  parallel is implied), ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (GPipe, 1F1B),
-  ``module_fqns_per_model_part`` (the stage split: one comma-separated list of modules per stage),
+  parallel is implied), ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (GPipe, 1F1B,
+  Interleaved1F1B), ``module_fqns_per_model_part`` (the stage split: one comma-separated list of modules per
+  stage, per virtual stage when interleaved), ``fsdp_reshard_after_forward never`` (ZeRO: FSDP over the data
+  ranks keeping the weights whole through the step),
   ``pipeline_parallel_microbatch_size``; ``--training.`` ``local_batch_size``, ``global_batch_size``,
   ``seq_len``; activation checkpointing as the subcommand ``activation-checkpoint:none|full|selective``
   (last). Its device mesh nests pp, dp_replicate, dp_shard, tp from the outside in.
@@ -26,7 +28,8 @@ the pipeline degree and ``recompute`` the activation checkpointing. The tools' o
   ``--recompute-method`` (uniform | block), ``--recompute-num-layers``,
   ``--micro-batch-size`` (per data-parallel rank), ``--global-batch-size``, ``--seq-length``; an
   uneven stage split as ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
-  (Megatron runs 1F1B only); FSDP (ZeRO-3) as Megatron-FSDP (megatron-core 0.16):
+  (Megatron runs 1F1B, interleaved with ``--num-virtual-stages-per-pipeline-rank``); ZeRO-1 as
+  ``--use-distributed-optimizer``; FSDP (ZeRO-3) as Megatron-FSDP (megatron-core 0.16):
   ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
   --use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor``, and
   HSDP (sharded over the inner data ranks, replicated across the outer) with
@@ -60,7 +63,8 @@ EXPRESSIBLE = ("data parallel", "megatron", "fsdp", "hsdp", "tp+fsdp")
 NORMS = ("layernorm", "rmsnorm")
 TRAINED = ("gpt", "llama")  # the model kinds both tools train (transformer language models)
 # the pipeline schedules of the plan as each tool names them (absent: the tool has none like it)
-SCHEDULES = {"torchtitan": {"1f1b": "1F1B", "gpipe": "GPipe"}, "megatron": {"1f1b": "1F1B"}}
+SCHEDULES = {"torchtitan": {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"},
+             "megatron": {"1f1b": "1F1B", "interleaved-1f1b": "1F1B"}}  # Megatron's: --num-virtual-stages-...
 TORCHTITAN_MODULE = {"llama": "llama3"}  # torchtitan's model of a plan's family (it has no GPT-2)
 
 
@@ -84,6 +88,9 @@ class Layout:
     layers: int = 0  # the model's transformer blocks
     kind: str = ""  # the model's family (gpt, llama)
     recompute_blocks: int = 0  # full recomputation of each stage's first blocks only; 0: every block
+    virtual: int = 1  # chunks a rank (interleaved 1F1B's virtual stages)
+    zero: int = 0  # ZeRO stage over the data ranks (1: optimizer states, 2: and gradients; FSDP is ``fsdp``)
+    chunks: tuple = ()  # blocks per virtual stage, in order (interleaved 1F1B; ``Plan.chunk_ranges``)
 
     @property
     def replicate(self) -> int:
@@ -170,7 +177,9 @@ def layout(plan: Plan) -> Layout:
                   global_batch=batch, sequence=seq, tensor_axes=tensor_axes, fsdp_axes=fsdp_axes,
                   schedule=plan.pipeline.schedule if plan.stages else "",
                   split=tuple(plan.pipeline.split) if plan.stages else (),
-                  layers=int(model.get("layers") or 0), kind=model.kind, recompute_blocks=inner.recompute_blocks)
+                  layers=int(model.get("layers") or 0), kind=model.kind, recompute_blocks=inner.recompute_blocks,
+                  virtual=plan.virtual_stages, zero=plan.stages[0].techniques.get("zero_stage", 0) if plan.stages else 0,
+                  chunks=tuple(b - a for a, b in plan.chunk_ranges()) if plan.virtual_stages > 1 else ())
 
 
 def check_exportable(plan: Plan) -> None:
@@ -293,6 +302,14 @@ def cannot_express(target: str, plan: Plan, lo: Layout, own: Plan | None) -> lis
     if target == "torchtitan" and lo.recompute_blocks:
         out.append(f"full recomputation of each stage's first {lo.recompute_blocks} blocks: torchtitan checkpoints every "
                    f"block or every n-th (exported: every block, which re-runs more and fits)")
+    if lo.zero == 1 and target == "torchtitan":
+        out.append("ZeRO-1 (optimizer states sharded): torchtitan shards the gradients too (FSDP never resharding "
+                   "after forward, its ZeRO-2; the same traffic, less memory)")
+    if lo.zero == 2 and target == "megatron":
+        out.append("ZeRO-2's sharded gradients: Megatron-LM's distributed optimizer reduce-scatters them into a "
+                   "whole buffer (exported: --use-distributed-optimizer; the same traffic, more memory)")
+    if target == "megatron" and lo.virtual > 1 and len(set(lo.chunks)) > 1:
+        out.append(f"the chunks of {list(lo.chunks)} blocks: Megatron-LM's virtual stages take equal layers")
     if target == "megatron" and lo.split and megatron_split(lo) is None:
         out.append(f"the stage split {list(lo.split)}: Megatron-LM sets only the first and last stages' layers, the "
                    f"others even")
@@ -317,13 +334,14 @@ def megatron_split(lo: Layout) -> tuple[int | None, int | None] | None:
 
 
 def torchtitan_parts(lo: Layout) -> list[list[str]]:
-    """The stage split as torchtitan's module_fqns_per_model_part: the embedding with the first stage's
-    blocks, the final norm and head with the last's."""
-    parts, start = [], 0
-    for i, k in enumerate(lo.split):
+    """The stage split (under interleaved 1F1B each virtual stage's, in order) as torchtitan's
+    module_fqns_per_model_part: the embedding with the first part's blocks, the final norm and head with the
+    last's."""
+    parts, start, sizes = [], 0, lo.chunks or lo.split
+    for i, k in enumerate(sizes):
         part = [f"layers.{j}" for j in range(start, start + k)]
         start += k
-        parts.append((["tok_embeddings"] if i == 0 else []) + part + (["norm", "lm_head"] if i == len(lo.split) - 1
+        parts.append((["tok_embeddings"] if i == 0 else []) + part + (["norm", "lm_head"] if i == len(sizes) - 1
                                                                       else []))
     return parts
 
@@ -338,9 +356,11 @@ def torchtitan_config(lo: Layout) -> str:
         flags.append("--parallelism.module_fqns_per_model_part " + " ".join(",".join(p) for p in torchtitan_parts(lo)))
     flags += [f"--training.local_batch_size {local}", f"--training.global_batch_size {lo.global_batch}",
               f"--training.seq_len {lo.sequence}",
-              f"--parallelism.data_parallel_replicate_degree {lo.replicate}",
-              f"--parallelism.data_parallel_shard_degree {lo.fsdp}", f"--parallelism.tensor_parallel_degree {lo.tensor}",
-              f"--parallelism.pipeline_parallel_degree {lo.pipeline}"]
+              f"--parallelism.data_parallel_replicate_degree {1 if lo.zero else lo.replicate}",
+              f"--parallelism.data_parallel_shard_degree {lo.data if lo.zero else lo.fsdp}",
+              f"--parallelism.tensor_parallel_degree {lo.tensor}", f"--parallelism.pipeline_parallel_degree {lo.pipeline}"]
+    if lo.zero:  # ZeRO: FSDP over the data ranks, the weights whole from a step's first forward to its last backward
+        flags.append("--parallelism.fsdp_reshard_after_forward never")
     if lo.pipeline > 1:
         flags += [f"--parallelism.pipeline_parallel_schedule {SCHEDULES['torchtitan'].get(lo.schedule, '1F1B')}",
                   f"--parallelism.pipeline_parallel_microbatch_size {lo.micro_batch}"]
@@ -359,8 +379,12 @@ def megatron_flags(lo: Layout) -> str:
         first, last = megatron_split(lo) or (None, None)
         flags += [f"--decoder-first-pipeline-num-layers {first}"] if first is not None else []
         flags += [f"--decoder-last-pipeline-num-layers {last}"] if last is not None else []
+    if lo.virtual > 1:
+        flags.append(f"--num-virtual-stages-per-pipeline-rank {lo.virtual}")
     if lo.sequence_parallel:
         flags.append("--sequence-parallel")
+    if lo.zero:  # ZeRO-1: optimizer states sharded over the data ranks, gradients reduce-scattered
+        flags.append("--use-distributed-optimizer")
     if lo.recompute == "full":
         flags += ["--recompute-granularity full"] + (
             ["--recompute-method block", f"--recompute-num-layers {lo.recompute_blocks}"] if lo.recompute_blocks

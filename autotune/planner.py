@@ -153,12 +153,12 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
            algorithm: str = "cd", budget: Budget | None = None, modes: str = "all", objective: str | None = None,
            seed: int = 0, pipeline: str | int = "auto", schedule: str = "1f1b", pipeline_effort: str = "default",
            compare=COMPARE, allocator: str = "default", micro_batches: tuple[int, ...] = (),
-           progress=None) -> PlanFile:
+           virtual_stages: int = PipelineConfig.virtual_stages, progress=None) -> PlanFile:
     """The plans for ``model`` (a layer graph, or a model kind or file for ``models.load_model``) on
     ``cluster`` under ``profile`` (a ``Profile`` or its name or file), ``memory_limit`` bytes a device (None:
     none): the plan file ``python -m autotune`` writes. ``budget`` None: each search until it converges;
     ``compare``: the searches run again cold for the convergence plot; ``pipeline``: "auto", "off" or a stage
-    count; ``allocator`` (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
+    count; ``virtual_stages``: chunks a rank under the interleaved-1f1b ``schedule``; ``allocator`` (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
     recorded in every plan (``apply`` checks the job runs under it); ``micro_batches``: other micro-batch counts a
     step to search the single-stage plans at (``accumulation_choices``), each plan kept at its fastest that fits;
     ``progress``: called with a line per step. A module section measured on the model prices its compute beside
@@ -171,7 +171,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         if name not in SEARCHES:
             raise UserError(f"unknown search {name!r}: use one of {', '.join(SEARCHES)}")
     stages = parse_stages(str(pipeline))
-    check_pipeline(graph, cluster, stages, schedule)
+    check_pipeline(graph, cluster, stages, schedule, virtual_stages)
     objective, _ = choose_objective(objective, algorithm, profile, cluster.devices)
     if stages != "off" and objective != "step":
         if stages != "auto":
@@ -259,7 +259,8 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         plan, base = _at_counts(plan, base, others, objective)
     if stages != "off":
         progress(f"pipeline stages ({'every stage count' if stages == 'auto' else stages}, {schedule})")
-        cfg = PipelineConfig(stages, schedule, search=algorithm, seed=seed, loss_room=allocator == "default")
+        cfg = PipelineConfig(stages, schedule, search=algorithm, seed=seed, loss_room=allocator == "default",
+                             virtual_stages=virtual_stages)
         piped, mega3d = pipeline_plans(graph, cluster, profile, memory_limit,
                                        cfg.full_effort() if pipeline_effort == "full" else cfg, progress)
         if objective == "step":  # the pipelined plans corrected as the single-stage ones above

@@ -6,6 +6,7 @@ stream's redistribution at the boundaries (``_reshard_stream``: this stage's str
 before the send, the route's to the next stage's after it)."""
 from __future__ import annotations
 
+import copy
 import fnmatch
 import functools
 
@@ -73,15 +74,17 @@ class ReferenceStage(nn.Module):
 
 
 class HFStage(nn.Module):
-    """A stage of a Hugging Face causal LM: its base model (``BASE``: the Llama family's ``model``) with the
-    stage's blocks (``BLOCKS``), run from the ids (first) or from ``inputs_embeds`` (later stages, without what
-    only the first one adds: ``later``); the final norm (``NORM``) and the head in the last."""
+    """A stage of a Hugging Face causal LM: its base model (``BASE``: the Llama family's ``model``; a view of its
+    own, the model's untouched, so that a rank may cut several chunks) with the stage's blocks (``BLOCKS``), run
+    from the ids (first) or from ``inputs_embeds`` (later stages, without what only the first one adds:
+    ``later``); the final norm (``NORM``) and the head in the last."""
 
     BASE, BLOCKS, NORM = "model", "layers", "norm"
 
     def __init__(self, model, lo: int, hi: int, first: bool, last: bool):
         super().__init__()
-        base = getattr(model, self.BASE)
+        base = copy.copy(getattr(model, self.BASE))
+        base._modules = dict(base._modules)  # the view's own submodules: the model's base keeps its own
         setattr(base, self.BLOCKS, nn.ModuleList(list(getattr(base, self.BLOCKS))[lo:hi]))
         if not first:
             self.later(base)

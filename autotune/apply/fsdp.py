@@ -15,10 +15,12 @@ from autotune.plan.typed import TypedPlan
 
 
 def fully_shard_model(model, chain: list[Site], prefixes: dict, plan: TypedPlan, layout: FullyShard, world_mesh,
-                      ignored: tuple = (), dims: dict | None = None):
+                      ignored: tuple = (), dims: dict | None = None, reshard_after_forward: bool | None = None):
     """torchtitan's composition on ``world_mesh`` (a DeviceMesh with ``dims``' dimensions, default
     ``fsdp_dims``', and any others, e.g. a pipeline's). Returns (this rank's ``DataSplit``, the data mesh).
-    ``ignored``: parameters fully_shard leaves as they are (placed by the caller)."""
+    ``ignored``: parameters fully_shard leaves as they are (placed by the caller); ``reshard_after_forward``
+    fully_shard's (None: its default, the root's weights kept whole after the forward, the others' freed); False:
+    every unit's kept whole from a step's first forward to its last backward (ZeRO-2's traffic)."""
     from torch.distributed import get_backend
     from torch.distributed.fsdp import fully_shard
     dims = dims or fsdp_dims(plan, layout)
@@ -31,7 +33,7 @@ def fully_shard_model(model, chain: list[Site], prefixes: dict, plan: TypedPlan,
     names = dict(model.named_modules())
     units = [names[prefix] for prefix in prefixes.values()] + [model]
     for unit in units:
-        fully_shard(unit, mesh=mesh, ignored_params=set(ignored) or None)
+        fully_shard(unit, mesh=mesh, ignored_params=set(ignored) or None, reshard_after_forward=reshard_after_forward)
     if get_backend(mesh.get_group(0)) == "gloo":  # gloo has neither the pre-multiplied sum nor the average
         for unit in units:
             unit.set_force_sum_reduction_for_comms(True)

@@ -7,7 +7,14 @@
         opt.step(); opt.zero_grad()
 
 Stage i runs on the i-th run of ``submesh.devices`` ranks, on one DeviceMesh (stages, *the stage's fine axes);
-only this rank's stage moves to its device. Each stage is placed on its submesh by one of apply's paths (``paths``
+only this rank's stage moves to its device. Under interleaved 1F1B a rank's stage is its v chunks (virtual stages
+i, i + p, ...: ``Plan.chunk_ranges``), each cut, placed by the stage's path and scheduled as its own ``PipelineStage``,
+the stream of the last rank's chunk handed back to the first rank's next. A stage under ZeRO (its techniques'
+``zero_stage``, Megatron-LM's distributed optimizer) runs on fully_shard over its data ranks (DDP's stage, or the
+tensor path's mesh sharded where it replicated), its weights kept whole from the step's first forward to its last
+backward (torchtitan's ZeRO-2 setting): one all-gather and one reduce-scatter a step, an all-reduce's traffic as
+priced; ZeRO-1 runs so too (torch has no ZeRO-1 on fully_shard: its gradients sharded as well, at most the memory
+priced). Each stage is placed on its submesh by one of apply's paths (``paths``
 says which ran): "ddp" (gradients averaged once after the schedule, ``autotune.apply.ddp.sync_grads``),
 "fully_shard" (the ``FSDPModule`` handed to ``PipelineStage``, torchtitan's PP + FSDP step) or "tensor" (torch's
 ParallelStyles on the tensor axes, fully_shard's replicate mesh over the data axes: torchtitan's PP + TP) for a
@@ -27,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from calibrate.errors import UserError, one_line_in_scripts
 
@@ -39,60 +46,17 @@ from autotune.apply.grads import GradSync, no_sync, reduce_grads
 from autotune.apply.fsdp import fully_shard_model
 from autotune.apply.layers import (_check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
                                    find_layers, torch)
-from autotune.apply.pipeplan import SCHEDULES, _stream, block_range, load_pipelined, sent
+from autotune.apply.pipeplan import (LOCAL, SCHEDULES, _stream, chunk_plan, load_pipelined, local_dims, local_plan,
+                                     sent_at, stage_layout, vocabulary_columns, zero_of, zero_path)
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
-from autotune.plan.layouts import (TP_WEIGHTS, LocalPlan, fsdp_dims, fully_shard_layout, local_stream, local_twin,
-                                   tp_layout, twin_path)
+from autotune.plan.layouts import LocalPlan
 from autotune.plan.typed import ApplyPath, Plan, TypedPlan
 
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: E402
-
-
-def _local_plan(pp: Plan, stage: int) -> LocalPlan | None:
-    """How stage ``stage`` is placed on apply's local path, from the plan alone (so alike on every rank, which
-    must all make every local stage's mesh): its plan where it is data parallel or fully_shard-shaped
-    (``data_parallel_plan``, ``fully_shard_layout``: apply's predicates), or its ``local_twin`` (an embedding
-    by features, logits by vocabulary), and each of its boundaries carries each rank's local piece
-    (``local_stream``); None: the DTensor path."""
-    typed = pp.stages[stage].plan
-    if typed.world == 1:
-        return None
-    local = local_twin(typed)
-    if local is None:
-        return None
-    want = local_stream(local.plan)
-    ends = ([sent(pp, stage - 1)] if stage > 0 else []) + ([sent(pp, stage)] if stage < len(pp.stages) - 1 else [])
-    if any(end is None or tuple(end) != want for end in ends):
-        return None
-    return local
-
-
-def _local_dims(typed: TypedPlan) -> dict[str, int]:
-    """The mesh dimensions of a local-path stage plan: fully_shard's (``fsdp_dims``), the tensor path's
-    (``TensorParallel.dims``) or DDP's ("dp")."""
-    layout = fully_shard_layout(typed)
-    if layout is not None:
-        return fsdp_dims(typed, layout)
-    tensor = tp_layout(typed)
-    return tensor.dims(typed) if tensor is not None else {"dp": typed.world}
-
-
-def stage_paths(pp: Plan) -> list[str]:
-    """Per stage, the path its plan asks for (``apply_pipeline`` may still place a stage by DTensor where its
-    modules cannot take the tensor-parallel styles, the column embedding or the vocabulary-parallel logits, or
-    a ``loss_fn`` is given for vocabulary-parallel logits: ``Pipeline.paths`` says what ran): "fully_shard",
-    "tensor", "ddp", "dtensor", or "none" for a stage of one device."""
-    out = []
-    for i, stage in enumerate(pp.stages):
-        out.append(ApplyPath.NONE.value if stage.plan.world == 1 else twin_path(_local_plan(pp, i)))
-    return out
-
-
-LOCAL = (ApplyPath.FULLY_SHARD.value, ApplyPath.TENSOR.value, ApplyPath.DDP.value)  # apply's local paths
 
 
 # --- the pipeline ---------------------------------------------------------------------------------------------
@@ -117,21 +81,13 @@ def _stage_loss(loss_fn, split: DataSplit, vocabulary: bool):
     return functools.partial(_piece_loss, loss_fn=loss, split=split)
 
 
-def _vocabulary_columns(typed: TypedPlan, tp: int | None) -> bool:
-    """Whether the tensor-parallel axis ``tp`` splits ``typed``'s logits by vocabulary: their style there is
-    ``ColwiseParallel`` (``TP_WEIGHTS``, as ``autotune.apply.tensor`` places them)."""
-    logits = typed.layer("logits")
-    return tp is not None and logits is not None and \
-        TP_WEIGHTS["logits"].get(logits.weight("weight").placements[tp]) == "colwise"
-
-
 @dataclass
 class Pipeline:
     """This rank's stage of a pipelined plan, placed and scheduled (``apply_pipeline``)."""
 
     plan: Plan  # the pipelined plan
     stage: int
-    module: nn.Module        # this rank's stage (its parameters for the optimizer)
+    module: nn.Module        # this rank's stage, its chunks in an nn.ModuleList (its parameters for the optimizer)
     schedule: object         # the torch.distributed.pipelining schedule
     pp_group: object         # rank j of every stage
     tied_group: object       # rank j of the first and the last stage, where the head is tied
@@ -141,6 +97,7 @@ class Pipeline:
     paths: tuple = ()        # per stage, how it is placed: "fully_shard", "tensor", "ddp", "dtensor", "none"
     data_groups: tuple = ()  # a last stage's data-parallel process groups (its pieces' losses averaged over them)
     loss_parallel: bool = False  # its logits split by vocabulary, a DTensor: the schedule under ``loss_parallel``
+    chunks: tuple = ()       # the rank's virtual stages' modules, in order (``module`` itself but under interleaving)
 
     @property
     def path(self) -> str:
@@ -167,7 +124,9 @@ class Pipeline:
         # ends (torch's output_chunks: m logit tensors where 1F1B keeps one micro-batch in flight there)
         from torch.distributed.tensor.parallel import loss_parallel
         # gradients accumulated over the micro-batches, reduced over the data ranks once after the schedule
-        with loss_parallel() if self.loss_parallel else contextlib.nullcontext(), no_sync(self.module):
+        with loss_parallel() if self.loss_parallel else contextlib.nullcontext(), contextlib.ExitStack() as held:
+            for part in self.chunks:
+                held.enter_context(no_sync(part))
             if self.first:
                 self.schedule.step(ids, return_outputs=False)
             elif self.last:
@@ -223,21 +182,24 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     p, S, split = len(pp.stages), pp.submesh.devices, pp.pipeline.split
     rank = dist.get_rank()
     stage, j = divmod(rank, S)
-    first, last = stage == 0, stage == p - 1
     typed = pp.stages[stage].plan
     blocks_have = len(_blocks(model, cls))
     if blocks_have != sum(split):
         raise UserError(f"the {type(model).__name__} has {blocks_have} blocks but the plan splits "
                         f"{sum(split)} ({list(split)}): apply a plan searched for a model of {blocks_have} "
                         f"layers")
+    v = pp.virtual_stages
     for i, st in enumerate(pp.stages):  # every stage's, alike on every rank
-        check_stream(st.plan, model, _stream(st.plan)[1] if i < p - 1 else None, f"its stage {i}")
+        check_stream(st.plan, model, _stream(st.plan)[1] if i < p - 1 or v > 1 else None, f"its stage {i}")
     tied_ids = _tied(model, mapping)
-    lo, hi = block_range(pp, stage)
-    module = cls(model, lo, hi, first, last)
+    mine = range(stage, p * v, p)  # this rank's virtual stages: its chunks in order
+    parts = [cls(model, *pp.chunk_ranges()[s], s == 0, s == p * v - 1) for s in mine]
+    module = parts[0] if v == 1 else nn.ModuleList(parts)
     tied = tuple(n for n, prm in module.named_parameters() if id(prm) in tied_ids)
-    chain, prefixes = find_layers(typed, module, _mapping_for(typed, mapping))
-    _check_shapes(chain, typed)
+    plans = [chunk_plan(typed, pp, s) for s in mine]
+    sites = [find_layers(c, part, _mapping_for(c, mapping)) for c, part in zip(plans, parts)]
+    for chain, _ in sites:
+        _check_shapes(chain, typed)
     device = torch.device("cuda", torch.cuda.current_device()) if device_type() == "cuda" else torch.device("cpu")
     module.to(device)  # this stage's part alone
     from torch.distributed.device_mesh import init_device_mesh
@@ -249,78 +211,114 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         g = dist.new_group([k, (p - 1) * S + k]) if tied_ids else None
         if k == j:
             tied_group = g
-    local = _local_plan(pp, stage) if local else None
-    columns = _column_module(chain, tied_ids) if local is not None and local.columns else None
+    local = local_plan(pp, stage) if local else None
+    columns = _column_module(sites[0][0], tied_ids) if local is not None and local.columns else None
     # a user's loss takes the whole logits: vocabulary-parallel ones are then gathered by the DTensor path
-    head = _vocab_module(chain, tied_ids) if local is not None and local.vocabulary and loss_fn is None else None
+    head = _vocab_module(sites[-1][0], tied_ids) if local is not None and local.vocabulary and loss_fn is None \
+        else None
     refused = local is not None and ((local.columns and columns is None) or (local.vocabulary and head is None))
     path = ApplyPath.NONE.value if mesh is None else ApplyPath.DTENSOR.value if local is None or refused else \
-        path_of(local.plan, chain)
-    path = path if path in LOCAL + (ApplyPath.NONE.value,) else ApplyPath.DTENSOR.value
+        path_of(local.plan, sites[0][0])
+    path = zero_path(path if path in LOCAL + (ApplyPath.NONE.value,) else ApplyPath.DTENSOR.value, zero_of(pp, stage))
     paths: list = [None] * world
     # alike on every rank: a stage whose modules refuse its plan's TP styles or column embedding takes DTensor's
     dist.all_gather_object(paths, path)
     paths = paths[::S]
+    for i in range(p):  # alike on every rank, before any weight moves
+        if zero_of(pp, i) and paths[i] == ApplyPath.DTENSOR:
+            raise UserError(f"stage {i}'s plan shards its optimizer states (ZeRO-{zero_of(pp, i)}), which apply runs "
+                            f"on fully_shard, but its placements take the DTensor path: search the plan again, or "
+                            f"run it without ZeRO")
     meshes = {}
     for i in range(p):  # every rank makes every local-path stage's mesh, in the same order
-        key = tuple(_local_dims(_local_plan(pp, i).plan).items()) if paths[i] in LOCAL else None
+        key = tuple(local_dims(local_plan(pp, i).plan, zero_of(pp, i)).items()) if paths[i] in LOCAL else None
         if key is not None and key not in meshes:
             meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
                                            mesh_dim_names=("pp", *(k for k, _ in key)))
-    data_groups, loss, vocabulary = (), loss_fn or _cross_entropy, False
-    if path in LOCAL:  # apply's local path on the stage's submesh
-        dims = _local_dims(local.plan)
-        local_mesh = meshes[tuple(dims.items())]
-        ignored = tuple(m.weight for m in (columns, head) if m is not None)  # placed below, by rows or columns
-        if path != ApplyPath.DDP:  # fully_shard, or the tensor path on fully_shard's replicate mesh (PP + TP)
-            layout = fully_shard_layout(local.plan) if path == ApplyPath.FULLY_SHARD else tp_layout(local.plan)
-            split, data_mesh = fully_shard_model(module, chain, prefixes, local.plan, layout, local_mesh, ignored,
-                                                 dims)
-            data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
-            vocabulary = last and _vocabulary_columns(local.plan, layout.tp)
-        else:
-            split, data_mesh = DataSplit(local_mesh.get_local_rank("dp"), S), local_mesh["dp"]
-            data_groups = (data_mesh.get_group(),)
-            # gradients synced after the schedule
-            _recompute(module, chain, prefixes, local.plan.recompute, local.plan.recompute_blocks)
-        if columns is not None:  # the whole micro-batch's ids looked up in this rank's columns, then its piece
-            columns.weight = nn.Parameter(distribute_tensor(columns.weight.detach(), data_mesh,
-                                                            [Shard(1)] * data_mesh.ndim))
-            columns.forward = functools.partial(_column_lookup, module=columns, mesh=data_mesh,
-                                                factor=1 / split.world)
-        elif first:
-            split.cut_calls(module)
-        if head is not None:  # the whole micro-batch's logits in this rank's vocabulary rows, their loss
-            rows = [Shard(0)] * data_mesh.ndim
-            offset = compute_local_shape_and_global_offset(tuple(head.weight.shape), data_mesh, rows)[1][0]
-            head.weight = nn.Parameter(distribute_tensor(head.weight.detach(), data_mesh, rows))
-            head.forward = functools.partial(_vocab_logits, module=head, group=data_groups[0], factor=split.world)
-            loss = functools.partial(_vocab_loss, group=data_groups[0], offset=offset)
-        elif last:
-            loss = _stage_loss(loss_fn, split, vocabulary)
-        # beside a DTensor-path stage (whose gradients are of the whole micro-batch's loss, not of each piece's
-        # loss: 1 / pieces of them), the gradients crossing the boundary rescaled
-        if not first and paths[stage - 1] not in LOCAL:
-            module.arrive = functools.partial(scale_grad, factor=1 / split.world)
-        if not last and paths[stage + 1] not in LOCAL:
-            module.depart = functools.partial(scale_grad, factor=split.world)
-    else:
+    at = _Placing(pp, paths, loss_fn, mesh, meshes, columns, head)
+    for s, part, c, site in zip(mine, parts, plans, sites):
+        at.place(s, part, c, *site, local)
+    from torch.distributed.pipelining import PipelineStage
+    pstages = [PipelineStage(part, s, p * v, device, group=pp_group) for s, part in zip(mine, parts)]
+    schedule = SCHEDULES[pp.pipeline.schedule](pstages, pp.micro_batches, loss_fn=at.loss)
+    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
+                    at.data_groups, at.vocabulary, tuple(parts))
+
+
+class _Placing:
+    """Placing a rank's chunks (``place``, each a virtual stage) on the path its stage takes, and what they give
+    the schedule and ``Pipeline``: the loss (the last virtual stage's), the data-parallel groups its pieces'
+    losses average over, whether its logits are split by vocabulary."""
+
+    def __init__(self, pp: Plan, paths: list, loss_fn, mesh, meshes: dict, columns, head):
+        self.pp, self.paths, self.loss_fn, self.mesh, self.meshes = pp, paths, loss_fn, mesh, meshes
+        self.columns, self.head = columns, head
+        self.loss, self.data_groups, self.vocabulary = loss_fn or _cross_entropy, (), False
+
+    def place(self, s: int, module, typed: TypedPlan, chain, prefixes, local: LocalPlan | None) -> None:
+        pp, paths = self.pp, self.paths
+        p = len(pp.stages)
+        stage, total = s % p, p * pp.virtual_stages
+        first, last = s == 0, s == total - 1
+        path = paths[stage]
+        if path in LOCAL:  # apply's local path on the stage's submesh
+            if pp.virtual_stages > 1:  # the chunk's blocks and block recomputation
+                local = replace(local, plan=replace(local.plan, model=typed.model, recompute=typed.recompute,
+                                                    recompute_blocks=typed.recompute_blocks))
+            zero = zero_of(pp, stage)
+            dims = local_dims(local.plan, zero)
+            local_mesh = self.meshes[tuple(dims.items())]
+            columns, head = self.columns if first else None, self.head if last else None
+            ignored = tuple(m.weight for m in (columns, head) if m is not None)  # placed below, by rows or columns
+            if path != ApplyPath.DDP:  # fully_shard, or the tensor path on fully_shard's replicate mesh (PP + TP)
+                layout = stage_layout(local.plan, path)
+                # ZeRO: sharded over the data ranks, whole from the first forward to the last backward of a step
+                split, data_mesh = fully_shard_model(module, chain, prefixes, local.plan, layout, local_mesh, ignored,
+                                                     dims, reshard_after_forward=False if zero else None)
+                self.data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
+                vocabulary = last and vocabulary_columns(local.plan, layout.tp)
+            else:
+                split, data_mesh = DataSplit(local_mesh.get_local_rank("dp"), pp.submesh.devices), local_mesh["dp"]
+                self.data_groups = (data_mesh.get_group(),)
+                vocabulary = False
+                # gradients synced after the schedule
+                _recompute(module, chain, prefixes, local.plan.recompute, local.plan.recompute_blocks)
+            if columns is not None:  # the whole micro-batch's ids looked up in this rank's columns, then its piece
+                columns.weight = nn.Parameter(distribute_tensor(columns.weight.detach(), data_mesh,
+                                                                [Shard(1)] * data_mesh.ndim))
+                columns.forward = functools.partial(_column_lookup, module=columns, mesh=data_mesh,
+                                                    factor=1 / split.world)
+            elif first:
+                split.cut_calls(module)
+            if head is not None:  # the whole micro-batch's logits in this rank's vocabulary rows, their loss
+                rows = [Shard(0)] * data_mesh.ndim
+                offset = compute_local_shape_and_global_offset(tuple(head.weight.shape), data_mesh, rows)[1][0]
+                head.weight = nn.Parameter(distribute_tensor(head.weight.detach(), data_mesh, rows))
+                head.forward = functools.partial(_vocab_logits, module=head, group=self.data_groups[0],
+                                                 factor=split.world)
+                self.loss = functools.partial(_vocab_loss, group=self.data_groups[0], offset=offset)
+            elif last:
+                self.loss = _stage_loss(self.loss_fn, split, vocabulary)
+            self.vocabulary = self.vocabulary or vocabulary
+            # beside a DTensor-path stage (whose gradients are of the whole micro-batch's loss, not of each
+            # piece's loss: 1 / pieces of them), the gradients crossing the boundary rescaled
+            if not first and paths[(s - 1) % p] not in LOCAL:
+                module.arrive = functools.partial(scale_grad, factor=1 / split.world)
+            if not last and paths[(s + 1) % p] not in LOCAL:
+                module.depart = functools.partial(scale_grad, factor=split.world)
+            return
+        mesh = self.mesh
         if mesh is not None:
             _place(chain, typed, mesh, module, GradSync.of(module))
             s_in, s_out = _stream(typed)
             ends = Ends.of(typed) if last else WHOLE  # the logits of this rank's piece, by vocabulary: a DTensor
             _install_stage_hooks(chain, mesh, first, last, s_in, s_out, module, ends)
             if last:
-                vocabulary = bool(ends.vocab)
-                loss = _stage_loss(loss_fn, ends.split(mesh), vocabulary)
-                data_groups = tuple(mesh.get_group(a) for a in ends.data)
+                self.vocabulary = bool(ends.vocab)
+                self.loss = _stage_loss(self.loss_fn, ends.split(mesh), self.vocabulary)
+                self.data_groups = tuple(mesh.get_group(a) for a in ends.data)
             if not last:
-                module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=sent(pp, stage))
+                module.depart = functools.partial(_reshard_stream, mesh=mesh, src=s_out, dst=sent_at(pp, s))
             if not first:
-                module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=sent(pp, stage - 1), dst=s_in)
+                module.arrive = functools.partial(_reshard_stream, mesh=mesh, src=sent_at(pp, s - 1), dst=s_in)
         _recompute(module, chain, prefixes, typed.recompute, typed.recompute_blocks)
-    from torch.distributed.pipelining import PipelineStage
-    pstage = PipelineStage(module, stage, p, device, group=pp_group)
-    schedule = SCHEDULES[pp.pipeline.schedule](pstage, pp.micro_batches, loss_fn=loss)
-    return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
-                    data_groups, vocabulary)

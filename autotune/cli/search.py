@@ -25,7 +25,7 @@ from models.hf import DEFAULT_MODULE, default_module, is_hf_file
 from models.loader import presets as kind_presets  # models.presets is also the presets' package
 
 from autotune.export import next_steps
-from autotune.pipeline.search import check as check_pipeline, parse_stages
+from autotune.pipeline.search import PipelineConfig, check as check_pipeline, parse_stages
 from autotune.planner import accumulation_choices, choose_objective, search
 from autotune.sbp.mesh import Cluster
 from autotune.plan.file import plan_title, summary_lines
@@ -36,6 +36,7 @@ DEFAULT_NODES, DEFAULT_GPUS = 4, 8
 DEFAULT_MEMORY_GIB = 80.0
 MAX_MEMORY_GIB = 2**20  # 1 PiB per device: far above any GPU, and its bytes stay finite
 DEFAULT_SCHEDULE = "1f1b"
+DEFAULT_VIRTUAL = PipelineConfig.virtual_stages
 DEFAULT_OUT = "autotune-out"
 OBJECTIVE_WORDS = {"step": "predicted step time (compute + communication not hidden; --objective step)",
                    "comm": "communication per step (AutoDDL's objective; --objective comm)"}
@@ -104,9 +105,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pipeline", default="auto",
                     help="pipeline stages: 'auto' (tried, kept when faster than the best single-stage plan; needs "
                          "the step objective), 'off', or a stage count (default auto)")
-    ap.add_argument("--schedule", default=None, help="pipeline schedule: 1f1b, gpipe, eager-1f1b or interleaved-1f1b (2 chunks a "
-                         "rank, Megatron-LM's virtual stages: priced and searched; python -m autotune apply does not "
-                         "run it yet) (default 1f1b)")
+    ap.add_argument("--schedule", default=None, help="pipeline schedule: 1f1b, gpipe, eager-1f1b or interleaved-1f1b "
+                         "(Megatron-LM's virtual stages, --virtual-stages chunks a rank) (default 1f1b)")
+    ap.add_argument("--virtual-stages", type=int, default=None,
+                    help="chunks a rank under --schedule interleaved-1f1b (Megatron-LM's virtual pipeline stages; "
+                         "default 2)")
     ap.add_argument("--pipeline-effort", choices=("default", "full"), default="default",
                     help="the stage searches' effort: 'default' (capped restarts and relaxation rounds, the split "
                          "DP for the fastest candidate: within 0.02%% of full effort on the benchmark cases, "
@@ -278,7 +281,11 @@ def prepare(argv):
         raise UserError(f"--schedule {args.schedule} orders a pipeline's micro-batches, and --pipeline "
                         f"{args.pipeline} searches none: drop --schedule, or give --pipeline auto or a stage count")
     args.schedule = args.schedule or DEFAULT_SCHEDULE
-    check_pipeline(graph, cluster, stages, args.schedule)
+    if args.virtual_stages is not None and args.schedule != "interleaved-1f1b":
+        raise UserError(f"--virtual-stages {args.virtual_stages} sets the chunks a rank of interleaved 1F1B, not of "
+                        f"{args.schedule}: add --schedule interleaved-1f1b, or drop --virtual-stages")
+    args.virtual_stages = args.virtual_stages or DEFAULT_VIRTUAL
+    check_pipeline(graph, cluster, stages, args.schedule, args.virtual_stages)
     profile = Profile.load(args.profile)
     if args.memory_limit is not None and not 0 < args.memory_limit <= MAX_MEMORY_GIB:
         raise UserError(f"--memory-limit {args.memory_limit:g} GiB per device is out of range: give a positive "
@@ -290,6 +297,7 @@ def prepare(argv):
         else ()
     options = dict(memory_limit=limit, algorithm=args.search, budget=budget, modes=args.modes, objective=args.objective,
                    seed=args.seed, pipeline=stages, schedule=args.schedule, pipeline_effort=args.pipeline_effort,
+                   virtual_stages=args.virtual_stages,
                    compare=compare, allocator=allocator, micro_batches=counts)
     return args, graph, cluster, profile, limit_note, options
 

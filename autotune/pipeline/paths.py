@@ -7,7 +7,7 @@ on torch's ParallelStyles), also with a first stage's embedding split by feature
 by vocabulary (``autotune.plan.layouts.local_twin``); every other plan takes the
 DTensor path ("dtensor": every layer's activations and weights DTensors, each op dispatched through DTensor); a
 stage of one device runs as it is ("none"). ``stage_path`` reads it from the stage plan's typed plan as
-``autotune.apply.pipeline.stage_paths`` does (the boundaries aside: tested to agree on searched plans).
+``autotune.apply.pipeplan.stage_paths`` does (the boundaries aside: tested to agree on searched plans).
 
 The host's floor (``host_floor``): where the profile has host figures for the path (``compute.host_s``,
 fitted by ``autotune.execute.hostfit`` from executed steps), the host issues a micro-batch's forward and

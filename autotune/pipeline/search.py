@@ -609,8 +609,9 @@ class PipelineSearch:
         return inflight(self.schedule, stage, stages, m, self.virtual)
 
     def runs(self, p: int, m: int) -> bool:
-        """Whether the schedule runs p stages on m micro-batches (interleaved: p >= 2, m a multiple of p)."""
-        return self.schedule != INTERLEAVED or p >= 2 and m % p == 0
+        """Whether the schedule runs p stages on m micro-batches (interleaved: p >= 2, m a multiple of p, and a
+        block for each of the v chunks of every rank)."""
+        return self.schedule != INTERLEAVED or p >= 2 and m % p == 0 and self.nblocks >= p * self.virtual
 
     def balanced(self, p: int) -> list[int]:
         base, extra = divmod(self.nblocks, p)
@@ -638,6 +639,7 @@ class PipelineSearch:
             cutoff = math.inf
         bl = blocks(g)
         lo, hi = window(self.nblocks, p, width)
+        lo = max(lo, self.virtual)  # a block for each of a rank's chunks
 
         counts = [self.inflight(i, p, m) for i in range(p)]  # once: the DP asks for bounds many times
 
@@ -790,13 +792,18 @@ def parse_stages(text: str) -> str | int:
     return "off" if n == 1 else n
 
 
-def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str) -> None:
-    """Bad input found before any work: a schedule that does not exist, more stages than blocks or
-    devices, a submesh that does not divide the cluster, too few micro-batches (``micro_batch_choices``)."""
-    schedule_name(schedule)
+def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str, virtual: int = 2) -> None:
+    """Bad input found before any work: a schedule that does not exist, fewer than 2 chunks a rank under
+    interleaved 1F1B, more stages (or chunks) than blocks or devices, a submesh that does not divide the cluster,
+    too few micro-batches (``micro_batch_choices``)."""
+    if schedule_name(schedule) == INTERLEAVED and (type(virtual) is not int or virtual < 2):
+        raise OptionError("virtual-stages", f"{virtual}: interleaved 1F1B runs at least 2 chunks a rank")
     if stages in ("auto", "off"):
         return
     [(p, sub)] = stage_choices(graph, cluster, stages)
+    if schedule_name(schedule) == INTERLEAVED and p * virtual > len(blocks(graph)):
+        raise OptionError("virtual-stages", f"{virtual}: {p} stages of {virtual} chunks need {p * virtual} blocks, "
+                                            f"the model has {len(blocks(graph))}: use fewer stages or chunks")
     if not micro_batch_choices(graph, p, sub, 0):
         raise OptionError("pipeline", f"{p} stages need at least {p} micro-batches for {schedule}, or {fewest(p)} "
                                     f"whose micro-batch splits over a stage's {sub.nodes} node(s), but the batch "

@@ -35,13 +35,17 @@ from dataclasses import replace
 
 from calibrate.errors import UserError
 
+from autotune.pipeline.paths import stage_path
 from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, stage_choices
 from autotune.pipeline.slicing import stage_spans
+from autotune.plan.typed import ApplyPath
 from autotune.pipeline.stage import figures
 from autotune.sbp.fit import least_count, recompute_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
 from autotune.sbp.techniques import context_parallel_of
+
+LOCAL_ZERO = (ApplyPath.DDP.value, ApplyPath.TENSOR.value)  # the stage paths apply runs ZeRO on
 
 
 def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = True) -> list[Mode]:
@@ -216,7 +220,9 @@ def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool =
 
 
 def applies(c: Candidate) -> bool:
-    """Whether ``autotune.apply_pipeline`` runs a 3-D plan as priced: one chunk a rank, no ZeRO (Megatron-LM's
-    distributed optimizer), no sequence or context parallelism in its stages (priced, not run in a pipeline)."""
-    return c.virtual == 1 and all(x.problem.mode.zero == 0 and not x.search.get("sequence_parallel")
-                                  and context_parallel_of(x.problem.graph) == 1 for x in c.plans)
+    """Whether ``autotune.apply_pipeline`` runs a 3-D plan as priced: no sequence or context parallelism in its
+    stages (priced, not run in a pipeline), ZeRO (Megatron-LM's distributed optimizer) only on a stage apply
+    places by DDP or the tensor path (which run it on fully_shard); any chunks a rank (interleaved 1F1B)."""
+    return all(not x.search.get("sequence_parallel") and context_parallel_of(x.problem.graph) == 1
+               and (x.problem.mode.zero == 0 or (x.fig.path or stage_path(x.problem, x.assign)) in LOCAL_ZERO)
+               for x in c.plans)

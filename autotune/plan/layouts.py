@@ -204,7 +204,7 @@ def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class LocalPlan:
-    """A stage's placement on apply's local path (``_local_plan``): the plan DDP or fully_shard runs, and the
+    """A stage's placement on apply's local path (``local_plan``): the plan DDP or fully_shard runs, and the
     layers outside it that the stage computes itself: ``columns``, the first stage's embedding split by features
     (``_column_lookup``); ``vocabulary``, the last stage's logits split by vocabulary rows and their loss
     vocabulary-parallel (``_vocab_logits``, ``_vocab_loss``)."""

@@ -361,6 +361,24 @@ class Plan:
         return self.mesh.devices
 
     @property
+    def virtual_stages(self) -> int:
+        """The chunks each rank of a pipelined plan runs (Megatron-LM's virtual pipeline stages; 1 but under
+        interleaved 1F1B)."""
+        return self.stages[0].techniques.get("virtual_stages", 1) if self.stages else 1
+
+    def chunk_ranges(self) -> list[tuple[int, int]]:
+        """Per virtual stage s (rank s mod p, its chunk s // p), the model's blocks it runs, [lo, hi): rank i's
+        split[i] blocks in v chunks as even as they go (the first ones one more), laid along the model in virtual
+        stage order (Megatron-LM's interleaved assignment; with one chunk, stage i's blocks)."""
+        p, v, split = len(self.stages), self.virtual_stages, self.pipeline.split
+        out, lo = [], 0
+        for s in range(p * v):
+            n = split[s % p] // v + (s // p < split[s % p] % v)
+            out.append((lo, lo + n))
+            lo += n
+        return out
+
+    @property
     def submesh(self) -> Cluster:
         """A pipelined plan's stages' cluster (the plan's own for one stage)."""
         return self.stages[0].plan.cluster if self.stages else self.cluster

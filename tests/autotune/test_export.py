@@ -86,7 +86,8 @@ MEGATRON_ARGUMENTS = {
     "--seq-length", "--sequence-parallel", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy", "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
-    "--ckpt-format", "--num-distributed-optimizer-instances", "--outer-dp-sharding-strategy"}
+    "--ckpt-format", "--num-distributed-optimizer-instances", "--outer-dp-sharding-strategy",
+    "--num-virtual-stages-per-pipeline-rank"}
 
 
 def megatron_known(config: str) -> bool:
@@ -277,3 +278,29 @@ def test_block_recomputation(plans):
     assert flags[flags.index("--recompute-num-layers") + 1] == "1" and m.cannot == () and megatron_known(m.config)
     t = export(plan_file(dp, plans["dp"]), "torchtitan")
     assert titan(t.config)["ac"] == "full" and any("first 1 blocks" in c for c in t.cannot)
+
+
+def test_interleaved_1f1b_and_zero(plans, monkeypatch):
+    """Interleaved 1F1B and ZeRO-1 as each tool sets them: torchtitan's Interleaved1F1B over one model part per
+    virtual stage (rank i's chunks i and i + p) and FSDP over the data ranks never resharding after forward (its
+    ZeRO-2, said); Megatron-LM's virtual stages per rank and distributed optimizer, exactly."""
+    import autotune.apply.pipeplan
+    monkeypatch.setattr(autotune.apply.pipeplan, "load_pipelined", lambda plan, origin=None: None)  # (a synthetic plan)
+    piped = _piped(plans, split=(2, 2), schedule="interleaved-1f1b")
+    piped["model"] = dict(piped["model"], layers=4)
+    for st in piped["stages"]:
+        st["techniques"] = {"virtual_stages": 2, "zero_stage": 1}
+    lo = layout(Plan.from_dict(piped))
+    assert (lo.virtual, lo.chunks, lo.zero) == (2, (1, 1, 1, 1), 1)
+    m = export(plan_file(piped), "megatron")
+    flags = args_of(m.config)
+    assert flags[flags.index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"
+    assert "--use-distributed-optimizer" in flags and megatron_known(m.config) and m.cannot == (), m.cannot
+    t = export(plan_file(piped), "torchtitan")
+    assert [c.split(":")[0] for c in t.cannot] == ["ZeRO-1 (optimizer states sharded)"]
+    job = torchtitan_reads(t.config)
+    assert job.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
+    assert job.parallelism.module_fqns_per_model_part == [["tok_embeddings", "layers.0"], ["layers.1"], ["layers.2"],
+                                                          ["layers.3", "norm", "lm_head"]]
+    assert (job.parallelism.data_parallel_shard_degree, job.parallelism.data_parallel_replicate_degree) == (4, 1)
+    assert job.parallelism.fsdp_reshard_after_forward == "never"

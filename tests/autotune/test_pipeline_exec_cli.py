@@ -1,5 +1,6 @@
 """``python -m autotune execute`` on a pipelined plan, 4 processes (gloo, float64): the reference GPT (tied
-embedding and logits) cut into 4 stages of 1 device by the pipeline search's plan, trained through
+embedding and logits) cut into 4 stages of 1 device by the pipeline search's plan (1F1B; and interleaved 1F1B,
+2 chunks a rank, of an 8-block GPT), trained through
 ``autotune.apply_pipeline``; the losses of the record equal the same module trained in one process on the
 same micro-batches (AdamW), and --summarize tables it; a plan for another world and --layers
 are one-line errors before any step."""
@@ -34,7 +35,12 @@ def plan_file(tmp_path_factory):
     return path
 
 
-def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
+def test_execute_runs_a_pipelined_plan(plan_file, schedule, tmp_path):
+    if schedule != "1f1b":  # 8 blocks: 2 chunks of one block on each of the 4 ranks
+        from autotune.plan.file import PlanFile
+        plan_file = tmp_path / "plan.json"
+        PlanFile(searched(dict(CFG, layers=8), 4, schedule=schedule), []).save(plan_file)
     out = tmp_path / "exec"
     argv = [str(plan_file), "--steps", str(STEPS), "--warmup", "0", "--profile-steps", "0", "--dtype", "float64",
             "--device", "cpu", "--lr", str(LR), "--seed", str(SEED), "--out", str(out)]
@@ -43,7 +49,8 @@ def test_execute_runs_a_pipelined_plan(plan_file, tmp_path):
     rec = json.loads(next(out.glob("execute-*.json")).read_text())  # (summary.json beside it)
     plan = json.loads(plan_file.read_text())["best"]
     assert rec["executor"] == "pipeline" and rec["pipeline"]["split"] == plan["pipeline"]["split"]
-    assert rec["pipeline"]["library_schedule"] == "Schedule1F1B" and rec["world"] == 4
+    library = {"1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}[schedule]
+    assert rec["pipeline"]["library_schedule"] == library and rec["world"] == 4
     assert rec["pipeline"]["paths"] == ["none"] * 4  # stages of one device: nothing to place
     assert rec["predicted"]["step_s"] == plan["costs"]["step_s"]
     want = one_process(plan["model"], plan["micro_batches"])

@@ -15,7 +15,8 @@ import torch  # noqa: E402
 from calibrate.errors import UserError  # noqa: E402
 from pipeline_exec_plans import GPT, make_model, searched  # noqa: E402
 
-from autotune.apply.pipeline import apply_pipeline, block_range, load_pipelined  # noqa: E402
+from autotune.apply.pipeline import apply_pipeline  # noqa: E402
+from autotune.apply.pipeplan import load_pipelined  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def test_stages_typed_on_their_submesh(plan, tmp_path):
     assert pp is plan and pp.pipeline.schedule == "1f1b" and pp.world == 4 and pp.submesh.devices == 2
     assert [s.plan.model.get("layers") for s in pp.stages] == list(split)
     assert pp.stages[0].plan.layers[0].name == "embedding" and pp.stages[-1].plan.layer("logits") is not None
-    assert pp.stages[0].plan.mesh.sizes == (2,) and block_range(pp, 1) == (split[0], 4)
+    assert pp.stages[0].plan.mesh.sizes == (2,) and pp.chunk_ranges()[1] == (split[0], 4)
     PlanFile(plan, []).save(tmp_path / "plan.json")  # plan.json whose best is pipelined
     assert load_pipelined(tmp_path / "plan.json") == pp
 

@@ -223,7 +223,7 @@ def jobs_for(kind: str) -> tuple[dict, list]:
 
 @pytest.mark.parametrize("kind", ["gpt", "gpt-untied", "llama"])
 def test_local_stages_match_one_process(kind):
-    from autotune.apply.pipeline import load_pipelined, stage_paths
+    from autotune.apply.pipeplan import load_pipelined, stage_paths
     cfg, jobs = jobs_for(kind)
     for plan, paths, _, *asks in jobs:
         assert stage_paths(load_pipelined(plan)) == (asks[0] if asks else paths)
@@ -248,7 +248,7 @@ def test_which_stages_take_which_path():
     Llama's), DTensor's where a partial sum crosses (AutoDDL's graph); replicated stages, a data-parallel stage
     that receives the stream whole and logits by vocabulary whose loss takes them whole keep DTensor's; a stage
     of one device is placed as it is."""
-    from autotune.apply.pipeline import load_pipelined, stage_paths
+    from autotune.apply.pipeplan import load_pipelined, stage_paths
     cfg = dict(LLAMA, batch=32)
     ddp = in_micro_batches(searched(cfg, 2), M)
     cases = [(ddp, ["ddp", "ddp"]), (sharded(ddp, 1), ["ddp", "fully_shard"]),

@@ -116,7 +116,7 @@ def replace_schedule(plan, schedule: str = "gpipe"):
 
 
 def test_gpt2_and_nanogpt_pipelines_match_one_process(tmp_path):
-    from autotune.apply.pipeline import load_pipelined, stage_paths
+    from autotune.apply.pipeplan import load_pipelined, stage_paths
     from models import load_model
     gpt2 = _gpt2_config(tmp_path)
     model_file = tmp_path / "nanogpt.json"

@@ -1,7 +1,7 @@
 """The path a stage plan runs on and the host's floor under it (``autotune.pipeline.paths``): the floor's closed
 form (the device's figures where the host is faster, n h_pass and n h_step where it is not, the forward and
 backward scaled alike); the path read from the plan (ddp, fully_shard, tensor, dtensor, none) and the executor's own
-reading (``autotune.apply.pipeline.stage_paths``) agreeing; the chooser taking the data-parallel plan where the
+reading (``autotune.apply.pipeplan.stage_paths``) agreeing; the chooser taking the data-parallel plan where the
 searched one is on the DTensor path and slower at the host's pace; and the measured 2 x 2 case of
 reports/records/pipeline.md (run 6 of session 12: 1158 ms on the DTensor path against 407 predicted): its
 stages on DDP, with and without the host figures measured on that machine."""
@@ -106,14 +106,14 @@ def test_the_measured_case_runs_on_ddp():
 
 
 def test_the_executor_reads_the_same_paths(graph, profile):
-    """``stage_path`` (from the strategies) and ``autotune.apply.pipeline.stage_paths`` (from the typed plan, what
+    """``stage_path`` (from the strategies) and ``autotune.apply.pipeplan.stage_paths`` (from the typed plan, what
     apply_pipeline runs) agree on searched plans, with and without host figures, and on the Megatron 3-D
     candidates (tensor parallel: the tensor path on a Llama, DTensor's without the residual stream; data
     parallel, plain and FSDP)."""
     pytest.importorskip("torch")
     from autotune.pipeline import threed
     from autotune.pipeline.record import pipeline_plan
-    from autotune.apply.pipeline import load_pipelined, stage_paths
+    from autotune.apply.pipeplan import load_pipelined, stage_paths
     llama = load_model("llama", None, LLAMA_1B)
     cases = [(graph, Cluster(2, 2), profile), (graph, Cluster(1, 4), with_host(profile, {"dtensor": (0.1, 0.0)})),
              (llama, Cluster(1, 4), Profile.load(H100)), (llama, Cluster(1, 4), Profile.load(H100_HOST))]

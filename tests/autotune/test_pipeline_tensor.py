@@ -57,7 +57,7 @@ def _unaveraged(*args, **kwargs):
 
 
 _APPLY = stages_module.apply_pipeline
-BUGS = {"no-loss-parallel": lambda: mock.patch.object(stages_module, "_vocabulary_columns", lambda *a: False),
+BUGS = {"no-loss-parallel": lambda: mock.patch.object(stages_module, "vocabulary_columns", lambda *a: False),
         "gathered": lambda: mock.patch.object(stages_module.Ends, "of", staticmethod(lambda plan: WHOLE)),
         "uncut": lambda: mock.patch.object(stages_module, "_piece_loss", _uncut),
         "unaveraged": lambda: mock.patch.object(stages_module, "apply_pipeline", _unaveraged)}
@@ -108,7 +108,7 @@ def mismatch(ref, got, path: str, logits) -> str | None:
 
 
 def test_tensor_stages_and_the_last_stages_piece():
-    from autotune.apply.pipeline import load_pipelined, stage_paths
+    from autotune.apply.pipeplan import load_pipelined, stage_paths
     mb, seq, vocab = CFG["batch"] // M, CFG["sequence"], CFG["vocabulary"]
     tp = megatron(CFG, 2, 2, 2, 2, M)  # 2 stages of one 2-device node, t = 2
     assert tp.stages[-1].plan.layer("logits").weight("weight").placements[-1] == "S1"  # by vocabulary
