@@ -14,7 +14,9 @@ the stream of the last rank's chunk handed back to the first rank's next. A stag
 tensor path's mesh sharded where it replicated), its weights kept whole from the step's first forward to its last
 backward (torchtitan's ZeRO-2 setting): one all-gather and one reduce-scatter a step, an all-reduce's traffic as
 priced; ZeRO-1 runs so too (torch has no ZeRO-1 on fully_shard: its gradients sharded as well, at most the memory
-priced). Each stage is placed on its submesh by one of apply's paths (``paths``
+priced). A tensor-path stage with sequence parallelism holds the stream as a DTensor of sequence shards
+(``Shard(1)``) on its tensor axis, each rank's shard crossing the boundaries (beside a DTensor-path stage, which
+splits it otherwise, one line). Each stage is placed on its submesh by one of apply's paths (``paths``
 says which ran): "ddp" (gradients averaged once after the schedule, ``autotune.apply.ddp.sync_grads``),
 "fully_shard" (the ``FSDPModule`` handed to ``PipelineStage``, torchtitan's PP + FSDP step) or "tensor" (torch's
 ParallelStyles on the tensor axes, fully_shard's replicate mesh over the data axes: torchtitan's PP + TP) for a
@@ -47,7 +49,7 @@ from autotune.apply.fsdp import fully_shard_model
 from autotune.apply.layers import (_check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
                                    find_layers, torch)
 from autotune.apply.pipeplan import (LOCAL, SCHEDULES, _stream, chunk_plan, load_pipelined, local_dims, local_plan,
-                                     sent_at, stage_layout, vocabulary_columns, zero_of, zero_path)
+                                     sent_at, sequence_stream, stage_layout, vocabulary_columns, zero_of, zero_path)
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
 from autotune.plan.layouts import LocalPlan
@@ -225,6 +227,11 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     dist.all_gather_object(paths, path)
     paths = paths[::S]
     for i in range(p):  # alike on every rank, before any weight moves
+        near = {paths[(i + k) % p] for k in (-1, 1) if 0 <= i + k < p or v > 1}
+        if paths[i] in LOCAL and sequence_stream(pp, i) and ApplyPath.DTENSOR in near:
+            raise UserError(f"stage {i} holds the stream split by the sequence (sequence parallelism) beside a stage "
+                            f"on the DTensor path, which splits it otherwise: search the plan again, or run it "
+                            f"without sequence parallelism")
         if zero_of(pp, i) and paths[i] == ApplyPath.DTENSOR:
             raise UserError(f"stage {i}'s plan shards its optimizer states (ZeRO-{zero_of(pp, i)}), which apply runs "
                             f"on fully_shard, but its placements take the DTensor path: search the plan again, or "
@@ -243,6 +250,18 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     schedule = SCHEDULES[pp.pipeline.schedule](pstages, pp.micro_batches, loss_fn=at.loss)
     return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
                     at.data_groups, at.vocabulary, tuple(parts))
+
+
+def _sequence_shards(x, *, mesh, then=None):
+    """The stream as it arrives at a sequence-parallel stage (this rank's sequence shard) as the DTensor its
+    blocks add into (``Shard(1)`` on the tensor axis ``mesh``)."""
+    return DTensor.from_local(then(x) if then else x, mesh, [Shard(1)], run_check=False)
+
+
+def _local_shard(x, *, then=None):
+    """The stream leaving a sequence-parallel stage: this rank's sequence shard."""
+    x = x.to_local() if isinstance(x, DTensor) else x
+    return then(x) if then else x
 
 
 class _Placing:
@@ -278,6 +297,7 @@ class _Placing:
                 self.data_groups = tuple(data_mesh.get_group(k) for k in range(data_mesh.ndim))
                 vocabulary = last and vocabulary_columns(local.plan, layout.tp)
             else:
+                layout = None
                 split, data_mesh = DataSplit(local_mesh.get_local_rank("dp"), pp.submesh.devices), local_mesh["dp"]
                 self.data_groups = (data_mesh.get_group(),)
                 vocabulary = False
@@ -306,6 +326,11 @@ class _Placing:
                 module.arrive = functools.partial(scale_grad, factor=1 / split.world)
             if not last and paths[(s + 1) % p] not in LOCAL:
                 module.depart = functools.partial(scale_grad, factor=split.world)
+            if getattr(layout, "sequence_parallel", False):  # inside the stage a DTensor of sequence shards
+                if not first:
+                    module.arrive = functools.partial(_sequence_shards, mesh=local_mesh["tp"], then=module.arrive)
+                if not last:
+                    module.depart = functools.partial(_local_shard, then=module.depart)
             return
         mesh = self.mesh
         if mesh is not None:

@@ -218,6 +218,15 @@ def stage_layout(typed: TypedPlan, path: str):
     return fully_shard_layout(typed) or FullyShard(axes, axes, None)
 
 
+def sequence_stream(pp: Plan, stage: int) -> bool:
+    """Whether stage ``stage`` on apply's local path holds the stream split by the sequence on its tensor axis
+    (Megatron's sequence parallelism: a DTensor of sequence shards inside the stage, its local shard crossing
+    the boundaries)."""
+    local = local_plan(pp, stage)
+    layout = None if local is None else fully_shard_layout(local.plan) or tp_layout(local.plan)
+    return bool(layout is not None and layout.sequence_parallel)
+
+
 def zero_path(path: str, zero: int) -> str:
     """A data-parallel stage under ZeRO runs on fully_shard (its optimizer states and gradients sharded)."""
     return ApplyPath.FULLY_SHARD.value if zero and path == ApplyPath.DDP else path

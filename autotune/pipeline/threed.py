@@ -45,7 +45,7 @@ from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
 from autotune.sbp.techniques import context_parallel_of
 
-LOCAL_ZERO = (ApplyPath.DDP.value, ApplyPath.TENSOR.value)  # the stage paths apply runs ZeRO on
+LOCAL_ZERO = (ApplyPath.DDP.value, ApplyPath.TENSOR.value)  # the stage paths apply runs ZeRO and SP on
 
 
 def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = True) -> list[Mode]:
@@ -220,9 +220,11 @@ def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool =
 
 
 def applies(c: Candidate) -> bool:
-    """Whether ``autotune.apply_pipeline`` runs a 3-D plan as priced: no sequence or context parallelism in its
-    stages (priced, not run in a pipeline), ZeRO (Megatron-LM's distributed optimizer) only on a stage apply
-    places by DDP or the tensor path (which run it on fully_shard); any chunks a rank (interleaved 1F1B)."""
-    return all(not x.search.get("sequence_parallel") and context_parallel_of(x.problem.graph) == 1
-               and (x.problem.mode.zero == 0 or (x.fig.path or stage_path(x.problem, x.assign)) in LOCAL_ZERO)
+    """Whether ``autotune.apply_pipeline`` runs a 3-D plan as priced: no context parallelism in its stages
+    (priced, not run), ZeRO (Megatron-LM's distributed optimizer) and sequence parallelism only on stages apply
+    places by DDP or the tensor path (ZeRO run on fully_shard, the sequence shards crossing the boundaries); any
+    chunks a rank (interleaved 1F1B)."""
+    return all(context_parallel_of(x.problem.graph) == 1
+               and (x.problem.mode.zero == 0 and not x.search.get("sequence_parallel")
+                    or (x.fig.path or stage_path(x.problem, x.assign)) in LOCAL_ZERO)
                for x in c.plans)

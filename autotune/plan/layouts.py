@@ -229,11 +229,10 @@ def local_twin(typed: TypedPlan) -> LocalPlan | None:
     have both (FSDP or DDP blocks). A stage plan without such layers may also be TP + FSDP or data x tensor
     parallel (``tp_layout``: Megatron's 3-D stages, torchtitan's PP + TP) with the residual stream whole on the
     tensor axes (a graph without the residual stream, AutoDDL's, hands a partial sum across a boundary, which
-    the styles' all-reduce would not leave: DTensor's path). A stage with sequence parallelism (its boundaries'
-    stream split by tokens on the tensor axis) is not
-    one. None: the DTensor path."""
+    the styles' all-reduce would not leave: DTensor's path), also with sequence parallelism (its boundaries'
+    stream split by the sequence on the tensor axis, ``local_stream``). None: the DTensor path."""
     tensor = tp_layout(typed)
-    if tensor is not None and tensor.stream == B and not tensor.sequence_parallel and typed.layer("residual"):
+    if tensor is not None and tensor.stream == B and typed.layer("residual"):
         return LocalPlan(typed)  # its styles split the embedding and the logits by vocabulary themselves
     n = len(typed.mesh.sizes)
     cols, batch, whole = ("S1",) * n, ("S0",) * n, (B,) * n
@@ -252,16 +251,18 @@ def local_twin(typed: TypedPlan) -> LocalPlan | None:
     if swap and layout is not None:
         ok = layout.tp is None and ("logits" not in swap or "replicate" not in fsdp_dims(twin, layout))
     else:
-        ok = (layout is not None and not layout.sequence_parallel) or data_parallel_plan(twin)
+        ok = layout is not None or data_parallel_plan(twin)
     return LocalPlan(twin, "embedding" in swap, "logits" in swap) if ok else None
 
 
 def local_stream(typed: TypedPlan) -> tuple[str, ...]:
     """The stream placement in which a stage on apply's local path holds it: split by the batch (S0) over the
-    data axes, whole (B) on the tensor-parallel axes: each rank's local piece is DTensor's tile of it."""
-    layout = fully_shard_layout(typed)
-    tp = (layout.tp,) if layout is not None else getattr(tp_layout(typed), "tp_axes", ())
-    return tuple(B if a in tp else "S0" for a in range(len(typed.mesh.sizes)))
+    data axes, whole (B) on the tensor-parallel axes (with sequence parallelism split there too, by the
+    sequence: each rank's sequence shard of its piece of the batch)."""
+    layout = fully_shard_layout(typed) or tp_layout(typed)
+    tp = (layout.tp,) if isinstance(layout, FullyShard) else getattr(layout, "tp_axes", ())
+    sequence = layout is not None and layout.sequence_parallel
+    return tuple("S0" if a not in tp or sequence else B for a in range(len(typed.mesh.sizes)))
 
 
 def column_twin(plan: TypedPlan) -> LocalPlan | None:

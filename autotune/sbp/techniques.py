@@ -2,9 +2,8 @@
 carries beside its placements (``Techniques.to_dict``, the plan's "techniques" field), priced by the step model
 (``autotune.pipeline``, ``autotune.sbp.memory.Mode``) and run by the execution layer (``autotune.apply``):
 recomputation, block recomputation, the schedules (interleaved 1F1B on each rank's chunks), ZeRO-1/2 in a
-pipeline's stages and sequence parallelism on the tensor path of one stage; not yet sequence parallelism in a
-pipeline's stages, nor context parallelism (``autotune.pipeline.threed.applies``: plans users apply have
-neither).
+pipeline's stages, sequence parallelism on the tensor path (one stage or a pipeline's); not context parallelism
+(``autotune.pipeline.threed.applies``: plans users apply have none).
 
 - ``recompute``: "none", "selective" (Megatron's: the attention core, its probabilities not kept) or "full";
   ``recompute_blocks``: with "full", only each stage's first that many blocks (Megatron-LM's ``--recompute-method

@@ -31,21 +31,29 @@ def searched(cfg: dict, stages: int, nodes: int = 2, gpus: int = 2, schedule: st
 
 
 def megatron(cfg: dict, nodes: int, gpus: int, stages: int, tensor: int, micro_batches: int,
-             schedule: str = "1f1b") -> dict:
+             schedule: str = "1f1b", sequence_parallel: bool = False) -> dict:
     """The Megatron-style 3-D plan (``autotune.pipeline.threed``) of ``cfg`` in ``stages`` stages of whole nodes
-    with t = ``tensor`` and ``micro_batches`` under ``schedule``, as the plan record writes it."""
+    with t = ``tensor`` and ``micro_batches`` under ``schedule`` (with ``sequence_parallel``: Megatron-LM's
+    --sequence-parallel, the stages' plans made so), as the plan record writes it."""
     from autotune.pipeline import threed
     from autotune.pipeline.record import pipeline_plan
-    from autotune.pipeline.search import PipelineConfig, PipelineSearch
+    from autotune.pipeline.search import PipelineConfig, PipelineSearch, submesh
+    from autotune.sbp.memory import NONE
     from autotune.sbp.mesh import Cluster
     from calibrate.profile import Profile
     from models import load_model
     graph = load_model(cfg["kind"], None, {k: v for k, v in cfg.items() if k != "kind"})
     search = PipelineSearch(graph, Cluster(nodes, gpus), Profile.load("h200-nvlink+ib400"), 80 * 2**30,
                             PipelineConfig(stages, schedule))
-    # this (t, m)'s candidate simulated here: ``threed.finished`` keeps only those that can be the fastest
-    c = search.finish(next(c for c in threed.candidates(search)
-                           if c.tensor == tensor and c.micro_batches == micro_batches))
+    if sequence_parallel:
+        sub = submesh(search.cluster, stages)
+        plans = threed.stage_plans(search, stages, sub, micro_batches, ((sub.nodes, gpus // tensor), (1, tensor)),
+                                   NONE, True)
+        c = search.candidate(stages, sub, micro_batches, search.balanced(stages), plans,
+                             name=f"Megatron 3-D (t={tensor}, sequence parallel)")
+    else:  # this (t, m)'s candidate simulated here: ``threed.finished`` keeps only those that can be the fastest
+        c = next(c for c in threed.candidates(search) if c.tensor == tensor and c.micro_batches == micro_batches)
+    c = search.finish(c)
     return pipeline_plan(search, c, c.name)
 
 

@@ -173,19 +173,19 @@ def _pipelined(cfg, plan):
 
 
 def test_schedules_over_stage_paths_match_one_process():
-    """GPipe (which crashed DDP's reducer: a data-parallel stage now syncs once after the schedule), 1F1B and
-    eager-1F1B over data-parallel stages, GPipe over FSDP stages and 1F1B over tensor-parallel (Megatron 3-D)
-    stages of the search's pipelined plans (torch's ParallelStyles: the tensor path): each rank's losses and
-    parameters those of one process."""
+    """GPipe (which crashed DDP's reducer: a data-parallel stage now syncs once after the schedule), 1F1B,
+    eager-1F1B and interleaved 1F1B (2 chunks a rank) over data-parallel stages, GPipe over FSDP stages and 1F1B
+    over tensor-parallel (Megatron 3-D) stages of the search's pipelined plans (torch's ParallelStyles: the tensor
+    path): each rank's losses and parameters those of one process."""
     from pipeline_exec_plans import LLAMA as PIPE_LLAMA, in_micro_batches, megatron, searched as piped, sharded, \
         train_one_process
     cfg = dict(PIPE_LLAMA, batch=16)
-    jobs = [in_micro_batches(piped(cfg, 2, schedule=s), 4) for s in ("gpipe", "1f1b", "eager-1f1b")]
+    jobs = [in_micro_batches(piped(cfg, 2, schedule=s), 4) for s in ("gpipe", "1f1b", "eager-1f1b", "interleaved-1f1b")]
     jobs.append(sharded(sharded(jobs[0], 0), 1))
     jobs.append(megatron(cfg, 2, 2, 2, 2, 4))
     results = run_on_gloo(_pipelined, [(cfg, p) for p in jobs])[0]
     ref_losses, ref_params = train_one_process(cfg, 4)
-    for plan, got, want in zip(jobs, results, ("ddp", "ddp", "ddp", "fully_shard", "tensor")):
+    for plan, got, want in zip(jobs, results, ("ddp", "ddp", "ddp", "ddp", "fully_shard", "tensor")):
         assert not isinstance(got, str), (plan.strategy, got)
         losses, params, path = got
         assert path == want, (plan.strategy, path)  # rank 0's stage (the first)

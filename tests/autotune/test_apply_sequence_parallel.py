@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
 
 from apply_plans import GPT, LLAMA, megatron_baseline  # noqa: E402
-from autotune.plan.layouts import fully_shard_layout, local_twin, plan_path, tp_layout  # noqa: E402
+from autotune.plan.layouts import fully_shard_layout, local_stream, local_twin, plan_path, tp_layout  # noqa: E402
 from autotune.plan.runnable import unrunnable  # noqa: E402
 from gloo_runner import run_on_gloo  # noqa: E402
 from test_apply_distributed import NanoGPT, mismatch, train  # noqa: E402
@@ -137,7 +137,8 @@ def test_the_layout_is_read_from_the_plan():
     assert tp_layout(sp_plan(two, (2, 1), (1, 2), (2, 2))).sequence_parallel
     fsdp = sp_plan(two, (2, 1), (1, 2), (2, 2), fsdp_axes=(0,))
     assert plan_path(fsdp) == "fully_shard" and fully_shard_layout(fsdp).sequence_parallel
-    assert local_twin(fsdp) is None  # a pipeline stage of it: the DTensor path (its boundaries split by tokens)
+    # a pipeline stage of it: fully_shard's path, each rank's sequence shard crossing the boundaries
+    assert local_twin(fsdp).plan is fsdp and "B" not in local_stream(fsdp)
     residual = plan.layer("residual")  # the stream whole while the norms are split: no layout of torch's styles
     broken = replace(plan, layers=tuple(replace(lay, input=("B",), output=("B",)) if lay is residual else lay
                                         for lay in plan.layers))
