@@ -128,6 +128,22 @@ def train_one_process(cfg: dict, micro_batches: int) -> tuple[list, dict]:
     return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
 
 
+def adam_steps(pipe, cfg: dict, before=None) -> list[float]:
+    """STEPS Adam steps of a pipeline's stage (``autotune.apply_pipeline``) on the whole batch: each step's loss
+    (``before()`` called before each step)."""
+    import torch
+    opt = torch.optim.Adam(pipe.module.parameters(), lr=LR)
+    ids, targets = batch(cfg)
+    losses = []
+    for _ in range(STEPS):
+        if before is not None:
+            before()
+        losses.append(float(pipe.step(ids, targets)))
+        opt.step()
+        opt.zero_grad()
+    return losses
+
+
 def sharded(plan, stage: int, axes=(0,)):
     """``plan`` with stage ``stage``'s weights sharded (FSDP mode) over ``axes``: a data-parallel stage becomes
     the FSDP plan that fully_shard runs."""

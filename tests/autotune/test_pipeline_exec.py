@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
 import transformers  # noqa: E402,F401
 
-from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, LR, STEPS, batch, make_model, megatron,  # noqa: E402
+from pipeline_exec_plans import (GPT, GPT_PLAIN, LLAMA, adam_steps, make_model, megatron,  # noqa: E402
                                  replicated, rerouted, restage, searched, stage_parameters,
                                  train_one_process)
 from gloo_runner import run_on_gloo  # noqa: E402
@@ -70,14 +70,8 @@ def train_pipelined(cfg: dict, plan: dict) -> tuple[list, dict, int, list]:
     names = {id(m): n for n, m in model.named_modules()}
     pipe = autotune.apply_pipeline(plan, model)
     in_flight = _count_in_flight(pipe.module)
-    opt = torch.optim.Adam(pipe.module.parameters(), lr=LR)
-    ids, targets = batch(cfg)
-    losses = []
-    for _ in range(STEPS):
-        in_flight.update(now=0, peak=0, order=[])  # over the last step (the first one's also infers shapes)
-        losses.append(float(pipe.step(ids, targets)))
-        opt.step()
-        opt.zero_grad()
+    # counted over the last step (the first one's also infers shapes)
+    losses = adam_steps(pipe, cfg, before=lambda: in_flight.update(now=0, peak=0, order=[]))
     params = stage_parameters(pipe.module, names)
     return losses, params, in_flight["peak"], in_flight["order"]
 

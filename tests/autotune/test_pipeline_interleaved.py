@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
 import transformers  # noqa: E402,F401
 
-from pipeline_exec_plans import (GPT, LLAMA, LR, STEPS, batch, make_model, searched, stage_parameters,  # noqa: E402
+from pipeline_exec_plans import (GPT, LLAMA, adam_steps, make_model, searched, stage_parameters,  # noqa: E402
                                  train_one_process)
 from gloo_runner import run_on_gloo  # noqa: E402
 from test_pipeline_exec import mismatch  # noqa: E402
@@ -48,14 +48,7 @@ def train_interleaved(cfg: dict, plan) -> tuple[list, dict, list]:
     pipe = autotune.apply_pipeline(plan, model)
     p = len(plan.stages)
     order = _watch([(pipe.stage + k * p, part) for k, part in enumerate(pipe.chunks)])
-    opt = torch.optim.Adam(pipe.module.parameters(), lr=LR)
-    ids, targets = batch(cfg)
-    losses = []
-    for _ in range(STEPS):
-        order.clear()  # over the last step (the first one's also infers shapes)
-        losses.append(float(pipe.step(ids, targets)))
-        opt.step()
-        opt.zero_grad()
+    losses = adam_steps(pipe, cfg, before=order.clear)  # the order over the last step (the first infers shapes)
     params = {}
     for part in pipe.chunks:
         params.update(stage_parameters(part, names))

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the workers fork)
 import transformers  # noqa: E402,F401
 
-from pipeline_exec_plans import (LLAMA, LR, STEPS, batch, make_model, megatron, sharded, stage_parameters,  # noqa: E402
+from pipeline_exec_plans import (LLAMA, adam_steps, make_model, megatron, sharded, stage_parameters,  # noqa: E402
                                  train_one_process)
 from gloo_runner import run_on_gloo  # noqa: E402
 from test_pipeline_exec import mismatch  # noqa: E402
@@ -44,13 +44,7 @@ def train_stage(cfg: dict, plan) -> tuple:
     pipe = autotune.apply_pipeline(plan, model)
     seen = []
     pipe.module.register_forward_pre_hook(lambda mod, args: seen.append(tuple(args[0].shape)))
-    opt = torch.optim.Adam(pipe.module.parameters(), lr=LR)
-    ids, targets = batch(cfg)
-    losses = []
-    for _ in range(STEPS):
-        losses.append(float(pipe.step(ids, targets)))
-        opt.step()
-        opt.zero_grad()
+    losses = adam_steps(pipe, cfg)
     return losses, stage_parameters(pipe.module, names), pipe.path, seen[-1]
 
 

@@ -31,7 +31,7 @@ import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the w
 import transformers  # noqa: E402,F401
 
 from gloo_runner import run_on_gloo  # noqa: E402
-from pipeline_exec_plans import (LLAMA, LR, STEPS, batch, in_micro_batches, make_model, megatron,  # noqa: E402
+from pipeline_exec_plans import (LLAMA, adam_steps, in_micro_batches, make_model, megatron,  # noqa: E402
                                  check_ranks, searched, stage_parameters, train_one_process)
 
 from autotune.apply import pipeline as stages_module  # noqa: E402
@@ -78,13 +78,7 @@ def train_pipelined(plan, local: bool, user_loss: bool):
     shapes = []
     pipe.module.register_forward_hook(lambda m, a, out: shapes.append(
         (tuple(out.shape), tuple(out.to_local().shape) if isinstance(out, DTensor) else tuple(out.shape))))
-    opt = torch.optim.Adam(pipe.module.parameters(), lr=LR)
-    ids, targets = batch(CFG)
-    losses = []
-    for _ in range(STEPS):
-        losses.append(float(pipe.step(ids, targets)))
-        opt.step()
-        opt.zero_grad()
+    losses = adam_steps(pipe, CFG)
     params = stage_parameters(pipe.module, names)
     return losses, params, pipe.path, shapes[-1] if pipe.last else None
 
