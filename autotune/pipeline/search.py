@@ -609,9 +609,8 @@ class PipelineSearch:
         return inflight(self.schedule, stage, stages, m, self.virtual)
 
     def runs(self, p: int, m: int) -> bool:
-        """Whether the schedule runs p stages on m micro-batches (interleaved: p >= 2, m a multiple of p, and a
-        block for each of the v chunks of every rank)."""
-        return self.schedule != INTERLEAVED or p >= 2 and m % p == 0 and self.nblocks >= p * self.virtual
+        """Whether the schedule runs p stages on m micro-batches (interleaved: p >= 2, m a multiple of p)."""
+        return self.schedule != INTERLEAVED or p >= 2 and m % p == 0
 
     def balanced(self, p: int) -> list[int]:
         base, extra = divmod(self.nblocks, p)
@@ -709,7 +708,9 @@ class PipelineSearch:
             for m in micro_batch_choices(self.graph, p, sub, 0):
                 if kept == self.cfg.micro_batch_choices:
                     break
-                if not self.runs(p, m):
+                # a block for each of a rank's chunks, as apply runs them (the 3-D plans, ``threed``, may leave an
+                # end rank's last chunk the embedding or the head alone, as Llama 3 ran: priced, not applied)
+                if not self.runs(p, m) or self.nblocks < p * self.virtual:
                     continue
                 try:
                     bounds.append((self.bound(p, sub, m, self.balanced(p)), p, sub, m))

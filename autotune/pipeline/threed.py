@@ -223,8 +223,8 @@ def applies(c: Candidate) -> bool:
     """Whether ``autotune.apply_pipeline`` runs a 3-D plan as priced: no context parallelism in its stages
     (priced, not run), ZeRO (Megatron-LM's distributed optimizer) and sequence parallelism only on stages apply
     places by DDP or the tensor path (ZeRO run on fully_shard, the sequence shards crossing the boundaries); any
-    chunks a rank (interleaved 1F1B)."""
-    return all(context_parallel_of(x.problem.graph) == 1
+    chunks a rank (interleaved 1F1B) that each hold a block."""
+    return all(k >= c.virtual for k in c.split) and all(context_parallel_of(x.problem.graph) == 1
                and (x.problem.mode.zero == 0 and not x.search.get("sequence_parallel")
                     or (x.fig.path or stage_path(x.problem, x.assign)) in LOCAL_ZERO)
                for x in c.plans)

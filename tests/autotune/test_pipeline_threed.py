@@ -207,8 +207,9 @@ def test_sequence_parallel_is_tried_where_the_plain_plan_does_not_fit(graph, pro
 
 def test_a_plan_users_apply_is_never_a_3d_plan_apply_does_not_run():
     """``seeded(runnable=True)`` (the main command's): the fastest 3-D plan that ``apply_pipeline`` runs is the
-    seed, not a faster one with sequence parallelism or ZeRO on a stage of the DTensor path (priced, not run);
-    either on the tensor path, and chunks a rank (interleaved 1F1B), it runs. The baseline stays the fastest 3-D
+    seed, not a faster one with sequence parallelism or ZeRO on a stage of the DTensor path, or with a chunk
+    without a block (priced, not run); either on the tensor path, and chunks a rank of a block or more (interleaved
+    1F1B), it runs. The baseline stays the fastest 3-D
     plan of all. Without ``runnable`` (the published runs) the fastest is the seed."""
     from types import SimpleNamespace as NS
     from unittest import mock
@@ -218,12 +219,12 @@ def test_a_plan_users_apply_is_never_a_3d_plan_apply_does_not_run():
     def cand(step, zero=0, sp=False, virtual=1, path="tensor"):
         stage = NS(problem=NS(mode=Mode(zero=zero), graph=NS(layers=[])), search={"sequence_parallel": sp},
                    fig=NS(path=path))
-        return NS(step=step, virtual=virtual, plans=[stage, stage])
+        return NS(step=step, virtual=virtual, plans=[stage, stage], split=[2, 1 if virtual > 2 else 2])
     runs = cand(2.5, zero=1)
-    done = [cand(1.0, zero=2, path="dtensor"), cand(1.5, sp=True, path="dtensor"), runs, cand(3.0, virtual=2),
-            cand(3.5, sp=True)]
+    done = [cand(1.0, zero=2, path="dtensor"), cand(1.5, sp=True, path="dtensor"), cand(2.0, virtual=3), runs,
+            cand(3.0, virtual=2), cand(3.5, sp=True)]
     search = NS(run=lambda: None)
     with mock.patch.object(threed, "finished", lambda *a, **k: done):
         assert threed.seeded(search, runnable=True) == (runs, done[0], True)
         assert threed.seeded(search) == (done[0], done[0], True)
-        assert [threed.applies(c) for c in done] == [False, False, True, True, True]
+        assert [threed.applies(c) for c in done] == [False, False, False, True, True, True]
