@@ -130,10 +130,9 @@ def megatron_terms(t: int, p: int, d: int, mbs: int, batch: int, tech: Technique
              f"--micro-batch-size {mbs}", f"--global-batch-size {batch}"]
     if tuple(drop) != MEGATRON_DROPOUT:
         flags.append(f"--attention-dropout {drop[0]:g} --hidden-dropout {drop[1]:g}")
-    if tech.virtual_stages > 1:
-        per, rest = divmod(layers, p * tech.virtual_stages)
-        flags.append(f"--num-layers-per-virtual-pipeline-stage {per}" if not rest else
-                     f"--virtual-pipeline-model-parallel-size {tech.virtual_stages} (layers uneven over the chunks)")
+    if tech.virtual_stages > 1:  # as ``autotune.export`` writes it (megatron-core 0.16's name)
+        uneven = " (layers uneven over the chunks)" if layers % (p * tech.virtual_stages) else ""
+        flags.append(f"--num-virtual-stages-per-pipeline-rank {tech.virtual_stages}{uneven}")
     if tech.recompute != "none":
         flags.append(f"--recompute-granularity {tech.recompute}" + (
             "" if tech.recompute != "full" else _blocks_flags(tech) if tech.recompute_blocks else

@@ -31,7 +31,7 @@ def test_forced_plan_is_the_papers_configuration():
     row = published.run_case(CASES["megatron-145.6b"], with_search=False)
     f = row["forced"]
     assert f["micro_batches"] == 2304 // (24 * 2) and f["fits"]
-    assert "--num-layers-per-virtual-pipeline-stage 5" in f["config"] and "--micro-batch-size 2" in f["config"]
+    assert "--num-virtual-stages-per-pipeline-rank 2" in f["config"] and "--micro-batch-size 2" in f["config"]
     assert 0 < f["mfu"] < row["gemm_ceiling"] < 1
     assert row["forced_ratio"] == pytest.approx(f["step_s"] / row["published_s"][0])
 
