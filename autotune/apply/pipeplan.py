@@ -56,10 +56,10 @@ def _one_f_one_b(stages: list, n_microbatches: int, loss_fn=None):
     return _runtime("1f1b")(stages, n_microbatches, loss_fn)
 
 
-INTERLEAVED = "interleaved-1f1b"
+INTERLEAVED_PLAN = "interleaved-1f1b"  # as a plan names it (the simulator's: autotune.reshard.pipeline.INTERLEAVED)
 # the plan's schedule: what builds it on this rank's PipelineStages
 SCHEDULES = {"1f1b": _one_f_one_b, "gpipe": _library("ScheduleGPipe"), "eager-1f1b": _runtime("eager_1f1b"),
-             INTERLEAVED: _library("ScheduleInterleaved1F1B", multi=True)}
+             INTERLEAVED_PLAN: _library("ScheduleInterleaved1F1B", multi=True)}
 
 
 def load_pipelined(source, origin: str = "the plan") -> Plan:
@@ -75,7 +75,7 @@ def load_pipelined(source, origin: str = "the plan") -> Plan:
         raise UserError(f"{origin}: schedule {pl.schedule!r} is not one of {', '.join(SCHEDULES)}: {fix}")
     v = {st.techniques.get("virtual_stages", 1) for st in plan.stages}
     v = v.pop() if len(v) == 1 else v
-    if type(v) is not int or v < 1 or (v > 1) != (pl.schedule == INTERLEAVED):
+    if type(v) is not int or v < 1 or (v > 1) != (pl.schedule == INTERLEAVED_PLAN):
         raise UserError(f"{origin}: {v} chunks a rank under {pl.schedule}: interleaved 1F1B runs 2 or more on every "
                         f"rank, the other schedules 1; {fix}")
     if p < 2 or any(k < v for k in pl.split):
