@@ -178,7 +178,7 @@ def layout(plan: Plan) -> Layout:
                   schedule=plan.pipeline.schedule if plan.stages else "",
                   split=tuple(plan.pipeline.split) if plan.stages else (),
                   layers=int(model.get("layers") or 0), kind=model.kind, recompute_blocks=inner.recompute_blocks,
-                  virtual=plan.virtual_stages, zero=plan.stages[0].techniques.get("zero_stage", 0) if plan.stages else 0,
+                  virtual=plan.virtual_stages, zero=plan.stages[0].zero_stage if plan.stages else 0,
                   chunks=tuple(b - a for a, b in plan.chunk_ranges()) if plan.virtual_stages > 1 else ())
 
 
@@ -358,7 +358,8 @@ def torchtitan_config(lo: Layout) -> str:
               f"--training.seq_len {lo.sequence}",
               f"--parallelism.data_parallel_replicate_degree {1 if lo.zero else lo.replicate}",
               f"--parallelism.data_parallel_shard_degree {lo.data if lo.zero else lo.fsdp}",
-              f"--parallelism.tensor_parallel_degree {lo.tensor}", f"--parallelism.pipeline_parallel_degree {lo.pipeline}"]
+              f"--parallelism.tensor_parallel_degree {lo.tensor}",
+              f"--parallelism.pipeline_parallel_degree {lo.pipeline}"]
     if lo.zero:  # ZeRO: FSDP over the data ranks, the weights whole from a step's first forward to its last backward
         flags.append("--parallelism.fsdp_reshard_after_forward never")
     if lo.pipeline > 1:

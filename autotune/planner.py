@@ -158,9 +158,10 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     ``cluster`` under ``profile`` (a ``Profile`` or its name or file), ``memory_limit`` bytes a device (None:
     none): the plan file ``python -m autotune`` writes. ``budget`` None: each search until it converges;
     ``compare``: the searches run again cold for the convergence plot; ``pipeline``: "auto", "off" or a stage
-    count; ``virtual_stages``: chunks a rank under the interleaved-1f1b ``schedule``; ``allocator`` (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left,
-    recorded in every plan (``apply`` checks the job runs under it); ``micro_batches``: other micro-batch counts a
-    step to search the single-stage plans at (``accumulation_choices``), each plan kept at its fastest that fits;
+    count; ``virtual_stages``: chunks a rank under the interleaved-1f1b ``schedule``; ``allocator``
+    (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left, recorded in every
+    plan (``apply`` checks the job runs under it); ``micro_batches``: other micro-batch counts a step to search the
+    single-stage plans at (``accumulation_choices``), each plan kept at its fastest that fits;
     ``progress``: called with a line per step. A module section measured on the model prices its compute beside
     collectives (``Profile.for_model``)."""
     progress = progress or (lambda line: None)

@@ -323,8 +323,8 @@ def run_case(case: dict, with_search: bool = True) -> dict:
                          f"{f['limit_gib']:.1f} GiB usable (step priced with the limit lifted)")
         if judged is not f:
             row["reason"] += (f"; with each rank re-running its first {judged['recompute_blocks']} blocks it fits at "
-                              f"{judged['memory_gib']:.1f} GiB, {judged['step_s']:.4g} s, {row['forced_fitting_ratio']:.2f} of "
-                              f"published (judged on that)")
+                              f"{judged['memory_gib']:.1f} GiB, {judged['step_s']:.4g} s, "
+                              f"{row['forced_fitting_ratio']:.2f} of published (judged on that)")
     return row
 
 

@@ -49,7 +49,7 @@ from autotune.apply.fsdp import fully_shard_model
 from autotune.apply.layers import (_check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
                                    find_layers, torch)
 from autotune.apply.pipeplan import (LOCAL, SCHEDULES, _stream, chunk_plan, load_pipelined, local_dims, local_plan,
-                                     sent_at, sequence_stream, stage_layout, vocabulary_columns, zero_of, zero_path)
+                                     sent_at, sequence_stream, stage_layout, vocabulary_columns, zero_path)
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
 from autotune.plan.layouts import LocalPlan
@@ -195,7 +195,8 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         check_stream(st.plan, model, _stream(st.plan)[1] if i < p - 1 or v > 1 else None, f"its stage {i}")
     tied_ids = _tied(model, mapping)
     mine = range(stage, p * v, p)  # this rank's virtual stages: its chunks in order
-    parts = [cls(model, *pp.chunk_ranges()[s], s == 0, s == p * v - 1) for s in mine]
+    ranges = pp.chunk_ranges()
+    parts = [cls(model, *ranges[s], s == 0, s == p * v - 1) for s in mine]
     module = parts[0] if v == 1 else nn.ModuleList(parts)
     tied = tuple(n for n, prm in module.named_parameters() if id(prm) in tied_ids)
     plans = [chunk_plan(typed, pp, s) for s in mine]
@@ -221,7 +222,8 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     refused = local is not None and ((local.columns and columns is None) or (local.vocabulary and head is None))
     path = ApplyPath.NONE.value if mesh is None else ApplyPath.DTENSOR.value if local is None or refused else \
         path_of(local.plan, sites[0][0])
-    path = zero_path(path if path in LOCAL + (ApplyPath.NONE.value,) else ApplyPath.DTENSOR.value, zero_of(pp, stage))
+    path = zero_path(path if path in LOCAL + (ApplyPath.NONE.value,) else ApplyPath.DTENSOR.value,
+                     pp.stages[stage].zero_stage)
     paths: list = [None] * world
     # alike on every rank: a stage whose modules refuse its plan's TP styles or column embedding takes DTensor's
     dist.all_gather_object(paths, path)
@@ -232,13 +234,13 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
             raise UserError(f"stage {i} holds the stream split by the sequence (sequence parallelism) beside a stage "
                             f"on the DTensor path, which splits it otherwise: search the plan again, or run it "
                             f"without sequence parallelism")
-        if zero_of(pp, i) and paths[i] == ApplyPath.DTENSOR:
-            raise UserError(f"stage {i}'s plan shards its optimizer states (ZeRO-{zero_of(pp, i)}), which apply runs "
-                            f"on fully_shard, but its placements take the DTensor path: search the plan again, or "
-                            f"run it without ZeRO")
+        if pp.stages[i].zero_stage and paths[i] == ApplyPath.DTENSOR:
+            raise UserError(f"stage {i}'s plan shards its optimizer states (ZeRO-{pp.stages[i].zero_stage}), which "
+                            f"apply runs on fully_shard, but its placements take the DTensor path: search the plan "
+                            f"again, or run it without ZeRO")
     meshes = {}
     for i in range(p):  # every rank makes every local-path stage's mesh, in the same order
-        key = tuple(local_dims(local_plan(pp, i).plan, zero_of(pp, i)).items()) if paths[i] in LOCAL else None
+        key = tuple(local_dims(local_plan(pp, i).plan, pp.stages[i].zero_stage).items()) if paths[i] in LOCAL else None
         if key is not None and key not in meshes:
             meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
                                            mesh_dim_names=("pp", *(k for k, _ in key)))
@@ -284,7 +286,7 @@ class _Placing:
             if pp.virtual_stages > 1:  # the chunk's blocks and block recomputation
                 local = replace(local, plan=replace(local.plan, model=typed.model, recompute=typed.recompute,
                                                     recompute_blocks=typed.recompute_blocks))
-            zero = zero_of(pp, stage)
+            zero = pp.stages[stage].zero_stage
             dims = local_dims(local.plan, zero)
             local_mesh = self.meshes[tuple(dims.items())]
             columns, head = self.columns if first else None, self.head if last else None

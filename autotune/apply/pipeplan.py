@@ -73,7 +73,7 @@ def load_pipelined(source, origin: str = "the plan") -> Plan:
     pl, sub, p, fix = plan.pipeline, plan.submesh, len(plan.stages), "re-run python -m autotune --pipeline N"
     if pl.schedule not in SCHEDULES:
         raise UserError(f"{origin}: schedule {pl.schedule!r} is not one of {', '.join(SCHEDULES)}: {fix}")
-    v = {st.techniques.get("virtual_stages", 1) for st in plan.stages}
+    v = {st.virtual_stages for st in plan.stages}
     v = v.pop() if len(v) == 1 else v
     if type(v) is not int or v < 1 or (v > 1) != (pl.schedule == INTERLEAVED_PLAN):
         raise UserError(f"{origin}: {v} chunks a rank under {pl.schedule}: interleaved 1F1B runs 2 or more on every "
@@ -82,7 +82,7 @@ def load_pipelined(source, origin: str = "the plan") -> Plan:
         raise UserError(f"{origin}: {p} stages with the split {list(pl.split)}: a pipeline needs at least 2 stages, "
                         f"each with at least one block a chunk ({v} chunks a rank); {fix}")
     for i, st in enumerate(plan.stages):
-        zero = st.techniques.get("zero_stage", 0)
+        zero = st.zero_stage
         if zero not in (0, 1, 2) or type(zero) is not int or zero and st.plan.sharding_mode != "none":
             raise UserError(f"{origin}: stage {i}'s ZeRO stage {zero!r} with sharding {st.plan.sharding_mode!r}: ZeRO "
                             f"is 0, 1 or 2 on a plan without FSDP (FSDP shards everything already); {fix}")
@@ -109,11 +109,6 @@ def load_pipelined(source, origin: str = "the plan") -> Plan:
             sent(plan, i, origin)
     _check_sequences(plan, origin)
     return plan
-
-
-def zero_of(plan: Plan, i: int) -> int:
-    """Stage ``i``'s ZeRO stage (1: optimizer states, 2: and gradients, sharded over its data ranks; 0: none)."""
-    return plan.stages[i].techniques.get("zero_stage", 0)
 
 
 def sent_at(plan: Plan, s: int) -> tuple | None:
@@ -240,7 +235,7 @@ def stage_paths(pp: Plan) -> list[str]:
     out = []
     for i, stage in enumerate(pp.stages):
         out.append(ApplyPath.NONE.value if stage.plan.world == 1 else
-                   zero_path(twin_path(local_plan(pp, i)), zero_of(pp, i)))
+                   zero_path(twin_path(local_plan(pp, i)), stage.zero_stage))
     return out
 
 

@@ -797,12 +797,13 @@ def check(graph: LayerGraph, cluster: Cluster, stages: str | int, schedule: str,
     """Bad input found before any work: a schedule that does not exist, fewer than 2 chunks a rank under
     interleaved 1F1B, more stages (or chunks) than blocks or devices, a submesh that does not divide the cluster,
     too few micro-batches (``micro_batch_choices``)."""
-    if schedule_name(schedule) == INTERLEAVED and (type(virtual) is not int or virtual < 2):
+    interleaved = schedule_name(schedule) == INTERLEAVED
+    if interleaved and (type(virtual) is not int or virtual < 2):
         raise OptionError("virtual-stages", f"{virtual}: interleaved 1F1B runs at least 2 chunks a rank")
     if stages in ("auto", "off"):
         return
     [(p, sub)] = stage_choices(graph, cluster, stages)
-    if schedule_name(schedule) == INTERLEAVED and p * virtual > len(blocks(graph)):
+    if interleaved and p * virtual > len(blocks(graph)):
         raise OptionError("virtual-stages", f"{virtual}: {p} stages of {virtual} chunks need {p * virtual} blocks, "
                                             f"the model has {len(blocks(graph))}: use fewer stages or chunks")
     if not micro_batch_choices(graph, p, sub, 0):

@@ -38,8 +38,8 @@ from calibrate.errors import UserError
 from autotune.pipeline.paths import stage_path
 from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, stage_choices
 from autotune.pipeline.slicing import stage_spans
-from autotune.plan.typed import ApplyPath
 from autotune.pipeline.stage import figures
+from autotune.plan.typed import ApplyPath
 from autotune.sbp.fit import least_count, recompute_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
@@ -61,8 +61,8 @@ def modes(search: PipelineSearch, m: int, span, sub: Cluster, sharding: bool = T
 
 
 def describe(mode: Mode) -> str:
-    parts = [] if mode.recompute == "none" else [f"recompute {mode.recompute}"
-                                                 + (f" (each stage's first {mode.blocks} blocks)" if mode.blocks else "")]
+    blocks = f" (each stage's first {mode.blocks} blocks)" if mode.blocks else ""
+    parts = [] if mode.recompute == "none" else [f"recompute {mode.recompute}{blocks}"]
     parts += [f"ZeRO-{mode.zero} (distributed optimizer)"] if mode.zero else []
     return ", ".join(parts + ([] if mode.fsdp_axes is None else ["FSDP over the data-parallel group"]))
 

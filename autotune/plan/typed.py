@@ -320,6 +320,16 @@ class Stage:
     timeline: tuple = ()
     techniques: dict = field(default_factory=dict)  # autotune.sbp.techniques.Techniques.to_dict()
 
+    @property
+    def virtual_stages(self) -> int:
+        """The chunks the stage's ranks run (Megatron-LM's virtual pipeline stages; 1 but under interleaved 1F1B)."""
+        return self.techniques.get("virtual_stages", 1)
+
+    @property
+    def zero_stage(self) -> int:
+        """The stage's ZeRO stage (1: optimizer states, 2: and gradients, sharded over its data ranks; 0: none)."""
+        return self.techniques.get("zero_stage", 0)
+
 
 STAGE_NUMBERS = tuple(f.name for f in fields(Stage) if f.name.endswith("_s") or f.name == "memory_bytes")
 
@@ -364,7 +374,7 @@ class Plan:
     def virtual_stages(self) -> int:
         """The chunks each rank of a pipelined plan runs (Megatron-LM's virtual pipeline stages; 1 but under
         interleaved 1F1B)."""
-        return self.stages[0].techniques.get("virtual_stages", 1) if self.stages else 1
+        return self.stages[0].virtual_stages if self.stages else 1
 
     def chunk_ranges(self) -> list[tuple[int, int]]:
         """Per virtual stage s (rank s mod p, its chunk s // p), the model's blocks it runs, [lo, hi): rank i's
