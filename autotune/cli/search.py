@@ -284,7 +284,7 @@ def prepare(argv):
     if args.virtual_stages is not None and args.schedule != "interleaved-1f1b":
         raise UserError(f"--virtual-stages {args.virtual_stages} sets the chunks a rank of interleaved 1F1B, not of "
                         f"{args.schedule}: add --schedule interleaved-1f1b, or drop --virtual-stages")
-    args.virtual_stages = args.virtual_stages or DEFAULT_VIRTUAL
+    args.virtual_stages = DEFAULT_VIRTUAL if args.virtual_stages is None else args.virtual_stages
     check_pipeline(graph, cluster, stages, args.schedule, args.virtual_stages)
     profile = Profile.load(args.profile)
     if args.memory_limit is not None and not 0 < args.memory_limit <= MAX_MEMORY_GIB:

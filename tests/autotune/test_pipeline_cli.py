@@ -69,6 +69,7 @@ def test_pipelined_plan_holds_its_stages_plans_and_reports(tmp_path):
     (["--pipeline", "4", "--batch", "1", "--micro-batch", "1"], "need at least 4 micro-batches for 1f1b, or 2"),
     (["--pipeline", "2", "--virtual-stages", "3"], "--virtual-stages 3 sets the chunks a rank of interleaved 1F1B"),
     (["--schedule", "interleaved-1f1b", "--virtual-stages", "1"], "interleaved 1F1B runs at least 2 chunks a rank"),
+    (["--schedule", "interleaved-1f1b", "--virtual-stages", "0"], "--virtual-stages 0: interleaved 1F1B runs at least"),
     (["--pipeline", "4", "--schedule", "interleaved-1f1b"], "4 stages of 2 chunks need 8 blocks, the model has 4"),
 ])
 def test_bad_pipeline_input_is_one_line(args, msg, capsys):
