@@ -29,6 +29,7 @@ import io
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,9 +82,9 @@ class ResultsDir:
             raise OptionError("out", f"{str(self.path)!r} is a file, not a results directory: choose another")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".write-test"
-            probe.write_text("")
-            probe.unlink()
+            fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=self.path)  # unique: runs may share the dir
+            os.close(fd)
+            os.unlink(probe)
         except OSError as e:
             raise OptionError("out", f"{str(self.path)!r}: cannot write the results directory there "
                                      f"({e.strerror}): choose another") from None
