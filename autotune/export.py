@@ -54,6 +54,7 @@ from calibrate.allocator import EXPANDABLE_ENV
 from calibrate.errors import OptionError, UserError
 
 from autotune.plan.file import PlanFile
+from autotune.plan.layouts import context_axes
 from autotune.plan.typed import LayerPlan, Plan
 from autotune.sbp.sbp import B, is_split
 
@@ -91,6 +92,7 @@ class Layout:
     virtual: int = 1  # chunks a rank (interleaved 1F1B's virtual stages)
     zero: int = 0  # ZeRO stage over the data ranks (1: optimizer states, 2: and gradients; FSDP is ``fsdp``)
     chunks: tuple = ()  # blocks per virtual stage, in order (interleaved 1F1B; ``Plan.chunk_ranges``)
+    context: int = 1  # of the data ranks, those each sequence is split over (context parallelism)
 
     @property
     def replicate(self) -> int:
@@ -167,19 +169,21 @@ def layout(plan: Plan) -> Layout:
         lay.count for lay in norms)
     model = plan.model
     data = math.prod(cluster.axis_sizes[a] for a in data_axes)  # a pipelined plan: its first stage's submesh
+    context = math.prod(cluster.axis_sizes[a] for a in context_axes(inner))
     micro, batch, seq = model.get("micro_batch"), model.get("batch"), model.get("sequence", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (micro, batch, seq)):
         raise UserError(f"the plan's model has micro_batch {micro!r}, batch {batch!r}, sequence {seq!r}; each must be "
                         f"a positive integer: re-run the search")
     return Layout(data=data, fsdp=math.prod(cluster.axis_sizes[a] for a in fsdp_axes),
                   tensor=math.prod(cluster.axis_sizes[a] for a in tensor_axes), pipeline=pipeline,
-                  sequence_parallel=sp, recompute=inner.recompute, micro_batch=max(micro // data, 1),
+                  sequence_parallel=sp, recompute=inner.recompute, micro_batch=max(micro * context // data, 1),
                   global_batch=batch, sequence=seq, tensor_axes=tensor_axes, fsdp_axes=fsdp_axes,
                   schedule=plan.pipeline.schedule if plan.stages else "",
                   split=tuple(plan.pipeline.split) if plan.stages else (),
                   layers=int(model.get("layers") or 0), kind=model.kind, recompute_blocks=inner.recompute_blocks,
                   virtual=plan.virtual_stages, zero=plan.stages[0].zero_stage if plan.stages else 0,
-                  chunks=tuple(b - a for a, b in plan.chunk_ranges()) if plan.virtual_stages > 1 else ())
+                  chunks=tuple(b - a for a, b in plan.chunk_ranges()) if plan.virtual_stages > 1 else (),
+                  context=context)
 
 
 def check_exportable(plan: Plan) -> None:
@@ -291,6 +295,9 @@ def cannot_express(target: str, plan: Plan, lo: Layout, own: Plan | None) -> lis
     if target == "torchtitan" and lo.tensor > 1 and not lo.sequence_parallel:
         out.append("the norms are replicated over the tensor-parallel ranks: torchtitan's tensor parallelism always "
                    "shards their sequence (sequence parallel; same traffic, as reduce-scatter and all-gather)")
+    if target == "torchtitan" and lo.context > 1 and lo.fsdp == 1 and not lo.zero:
+        out.append(f"the weights replicated over the {lo.context} context-parallel ranks: torchtitan shards them there "
+                   f"(FSDP over dp_shard x cp)")
     if target == "torchtitan" and lo.recompute == "selective":
         out.append("selective recomputation of the attention core: torchtitan's selective modes are per operator "
                    "or every n-th block (exported: its default selective policy)")
@@ -356,10 +363,12 @@ def torchtitan_config(lo: Layout) -> str:
         flags.append("--parallelism.module_fqns_per_model_part " + " ".join(",".join(p) for p in torchtitan_parts(lo)))
     flags += [f"--training.local_batch_size {local}", f"--training.global_batch_size {lo.global_batch}",
               f"--training.seq_len {lo.sequence}",
-              f"--parallelism.data_parallel_replicate_degree {1 if lo.zero else lo.replicate}",
-              f"--parallelism.data_parallel_shard_degree {lo.data if lo.zero else lo.fsdp}",
+              f"--parallelism.data_parallel_replicate_degree {1 if lo.zero else lo.replicate // _outside(lo)}",
+              f"--parallelism.data_parallel_shard_degree {(lo.data if lo.zero else lo.fsdp) // _inside(lo)}",
               f"--parallelism.tensor_parallel_degree {lo.tensor}",
               f"--parallelism.pipeline_parallel_degree {lo.pipeline}"]
+    if lo.context > 1:  # its ranks inside the data ranks (FSDP shards over dp_shard x cp)
+        flags.append(f"--parallelism.context_parallel_degree {lo.context}")
     if lo.zero:  # ZeRO: FSDP over the data ranks, the weights whole from a step's first forward to its last backward
         flags.append("--parallelism.fsdp_reshard_after_forward never")
     if lo.pipeline > 1:
@@ -372,6 +381,16 @@ def torchtitan_config(lo: Layout) -> str:
     return head + "\n" + " \\\n".join(flags)
 
 
+def _inside(lo: Layout) -> int:
+    """The context-parallel ranks inside torchtitan's shard dimension (all of them where it shards: FSDP over
+    dp_shard x cp), the rest ``_outside``, in its replicate dimension."""
+    return lo.context if lo.fsdp % lo.context == 0 and (lo.fsdp > 1 or lo.zero) else 1
+
+
+def _outside(lo: Layout) -> int:
+    return lo.context // _inside(lo)
+
+
 def megatron_flags(lo: Layout) -> str:
     flags = [f"--tensor-model-parallel-size {lo.tensor}", f"--pipeline-model-parallel-size {lo.pipeline}",
              f"--micro-batch-size {lo.micro_batch}", f"--global-batch-size {lo.global_batch}",
@@ -382,6 +401,8 @@ def megatron_flags(lo: Layout) -> str:
         flags += [f"--decoder-last-pipeline-num-layers {last}"] if last is not None else []
     if lo.virtual > 1:
         flags.append(f"--num-virtual-stages-per-pipeline-rank {lo.virtual}")
+    if lo.context > 1:
+        flags.append(f"--context-parallel-size {lo.context}")
     if lo.sequence_parallel:
         flags.append("--sequence-parallel")
     if lo.zero:  # ZeRO-1: optimizer states sharded over the data ranks, gradients reduce-scattered
@@ -397,7 +418,7 @@ def megatron_flags(lo: Layout) -> str:
                   "--use-distributed-optimizer", "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
         if lo.replicate > 1:  # HSDP: FSDP inside each of the replicate groups, replicated across them
             flags += [f"--num-distributed-optimizer-instances {lo.replicate}", "--outer-dp-sharding-strategy no_shard"]
-    return (f"# data-parallel size: {lo.data} (what is left of the world)\n" + " \\\n".join(flags))
+    return (f"# data-parallel size: {lo.data // lo.context} (what is left of the world)\n" + " \\\n".join(flags))
 
 
 RENDER = {"torchtitan": torchtitan_config, "megatron": megatron_flags}

@@ -30,9 +30,10 @@ from autotune.pipeline.slicing import with_micro_batches
 from autotune.plan.build import build
 from autotune.plan.file import PlanFile
 from autotune.plan.hostpace import at_host_pace, corrected, path_work
-from autotune.plan.layouts import sequence_axes
+from autotune.plan.layouts import CONTEXT_PATHS, sequence_axes
 from autotune.plan.typed import Plan
-from autotune.sbp.baselines import baseline_plans, best_mesh, megatron_assignment, sequence_problem
+from autotune.sbp.baselines import (baseline_plans, best_mesh, context_problem, megatron_assignment,
+                                    sequence_problem)
 from autotune.sbp.boxing import Coster
 from autotune.sbp.cost import Problem
 from autotune.sbp.fit import scaled, search_fitting, search_modes
@@ -40,6 +41,7 @@ from autotune.sbp.memory import largest_block
 from autotune.sbp.mesh import Cluster
 from autotune.sbp.search import EXHAUSTIVE_LIMIT, SEARCHES, Budget, auto_budget, make_search
 from autotune.sbp.steptime import require_overheads
+from autotune.sbp.techniques import context_parallel as with_context, context_sizes
 
 COMPARE = ("cd", "mh", "random")
 FLOOR = ("data parallel", "Megatron", "FSDP", "HSDP", "TP+FSDP")  # baselines of the searched problem's family
@@ -153,7 +155,8 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
            algorithm: str = "cd", budget: Budget | None = None, modes: str = "all", objective: str | None = None,
            seed: int = 0, pipeline: str | int = "auto", schedule: str = "1f1b", pipeline_effort: str = "default",
            compare=COMPARE, allocator: str = "default", micro_batches: tuple[int, ...] = (),
-           virtual_stages: int = PipelineConfig.virtual_stages, progress=None) -> PlanFile:
+           virtual_stages: int = PipelineConfig.virtual_stages, context_parallel: tuple[int, ...] | None = None,
+           progress=None) -> PlanFile:
     """The plans for ``model`` (a layer graph, or a model kind or file for ``models.load_model``) on
     ``cluster`` under ``profile`` (a ``Profile`` or its name or file), ``memory_limit`` bytes a device (None:
     none): the plan file ``python -m autotune`` writes. ``budget`` None: each search until it converges;
@@ -162,7 +165,8 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left, recorded in every
     plan (``apply`` checks the job runs under it); ``micro_batches``: other micro-batch counts a step to search the
     single-stage plans at (``accumulation_choices``), each plan kept at its fastest that fits;
-    ``progress``: called with a line per step. A module section measured on the model prices its compute beside
+    ``context_parallel``: the context-parallel sizes of the Megatron baselines with it (None: those
+    ``autotune.sbp.techniques.context_sizes`` tries for a long sequence; (): none); ``progress``: called with a line per step. A module section measured on the model prices its compute beside
     collectives (``Profile.for_model``)."""
     progress = progress or (lambda line: None)
     graph = load_model(model, devices=cluster.devices) if isinstance(model, str) else model
@@ -229,17 +233,30 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     if cluster.devices > 1:  # the sequence-parallel baselines' strategies (norms split by tokens over t)
         sp_problem = _optional("sequence-parallel baselines", progress,
                                lambda: sequence_problem(graph, coster, limit, objective))
+    context = {}  # the context-parallel baselines' problems, by size
+    for c in context_sizes(graph, cluster.devices, context_parallel):
+        try:
+            context[c] = context_problem(with_context(graph, c), coster, limit, objective)
+        except UserError as e:
+            if context_parallel is not None:
+                raise
+            progress(f"no context parallelism over {c}: {message(e)}")
     progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation; "
-             "Megatron and TP+FSDP also with sequence parallelism), SUMMA (every mesh), S/B only")
+             "Megatron and TP+FSDP also with sequence parallelism"
+             + (f", Megatron with context parallelism over {', '.join(map(str, context))}" if context else "")
+             + "), SUMMA (every mesh), S/B only")
     plan = build(problem, best.assignment, f"searched ({best.algorithm})",
                  {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
     skipped: list[str] = []
     base = [build(*found) for found in baseline_plans(plain, summa_problem, sb_problem,
                                                       lambda p: run_search(p, algorithm, budget, seed, progress),
-                                                      skipped, sp_problem)]
+                                                      skipped, sp_problem, context)]
     # a sequence-parallel baseline apply runs by torch's styles only (its tokens split by the sequence there)
     skipped += [b.strategy for b in base if b.search.get("sequence_parallel") and not sequence_axes(b)]
     base = [b for b in base if not b.search.get("sequence_parallel") or sequence_axes(b)]
+    # and a context-parallel one on the DDP and tensor paths only (``autotune.apply.context``)
+    skipped += [b.strategy for b in base if b.search.get("context_parallel") and b.apply_path not in CONTEXT_PATHS]
+    base = [b for b in base if not b.search.get("context_parallel") or b.apply_path in CONTEXT_PATHS]
     if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
         def paced(p: Plan) -> Plan:  # with its path's own device work first (``path_work``)
             return at_host_pace(path_work(p, profile.compute), profile.compute, profile.module)
@@ -253,7 +270,8 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
         try:
             others.append(search(with_micro_batches(graph, count), cluster, profile, memory_limit=memory_limit,
                                  algorithm=algorithm, budget=budget, modes=modes, objective=objective, seed=seed,
-                                 pipeline="off", compare=(), allocator=allocator, progress=progress))
+                                 pipeline="off", compare=(), allocator=allocator, context_parallel=context_parallel,
+                                 progress=progress))
         except UserError as e:  # no plan fits at that count
             progress(f"  none at {count} micro-batches: {message(e)}")
     if others:

@@ -20,9 +20,9 @@ none for Llama 3; ``autotune.sbp.layers.dropout_dims``):
   model;
 - free: the main command's pipeline search seeded with the 3-D plans (``autotune.pipeline.threed.seeded``)
   under 1F1B and under interleaved 1F1B (its 3-D plans at ``CHUNKS`` chunks a rank too: Megatron-LM's
-  ``--num-layers-per-virtual-pipeline-stage``), and for a sequence of ``LONG_SEQUENCE`` tokens or more with the
-  attention context-parallel over each of ``CONTEXT_CHOICES`` ranks as well (the 3-D plans' context-parallel
-  groups inside their data-parallel ranks), the fastest kept.
+  ``--num-layers-per-virtual-pipeline-stage``), and for a long sequence with the attention context-parallel over
+  each size ``autotune.sbp.techniques.context_sizes`` tries as well (the 3-D plans' context-parallel groups
+  inside their data-parallel ranks), the fastest kept.
 
 Each is reported with its model FLOPs utilisation (``mfu``: PaLM's count, 6 N + 12 l h s FLOPs a token, against
 the datasheet peak of the profile's matmul band) beside the ceiling its profile's measured GEMMs allow
@@ -51,7 +51,7 @@ from autotune.pipeline.threed import megatron_3d, seeded, stage_plans
 from autotune.sbp.fit import least_count
 from autotune.sbp.memory import RECIPES, Mode
 from autotune.sbp.mesh import Cluster
-from autotune.sbp.techniques import Techniques, context_parallel, context_parallel_of
+from autotune.sbp.techniques import Techniques, context_parallel, context_parallel_of, context_sizes
 
 RECORD = "commtune.published-reproduction"
 VERSION = 1
@@ -255,18 +255,12 @@ def _flags(c: Candidate, schedule: str, g, cluster: Cluster, drop: tuple[float, 
                                  g.config["layers"], drop)
 
 
-# the context-parallel sizes the free search tries where a sequence is this long (Llama 3's 131,072-token stage ran
-# CP 16; its 8,192-token ones none)
-LONG_SEQUENCE, CONTEXT_CHOICES = 32768, (2, 4, 8, 16)
-
-
 def free(case: dict, schedules=("1f1b", "interleaved-1f1b")) -> dict:
     """The free search (module docstring): the fastest plan over ``schedules`` (and context-parallel sizes)."""
     g0 = load_model(case["model"], case["preset"], dict(case.get("overrides", {})))
     profile = Profile.load(case["profile"])
     cluster = Cluster(case["nodes"], case["gpus"])
-    sizes = (1,) + tuple(c for c in CONTEXT_CHOICES if g0.config["sequence"] >= LONG_SEQUENCE
-                         and cluster.devices % c == 0)
+    sizes = (1,) + context_sizes(g0, cluster.devices)
     best = None
     for cp in sizes:
         try:

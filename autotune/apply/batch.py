@@ -73,9 +73,10 @@ def data_world(model) -> tuple[int, int]:
     return (0, 1) if split is None else (split.rank, split.world)
 
 
-def check_batch(plan: TypedPlan, where: str = "the plan") -> None:
+def check_batch(plan: TypedPlan, where: str = "the plan", skip: tuple[int, ...] = ()) -> None:
     """Every layer's token split (S0) falls on whole sequences or on a sequence that divides (``Tokens``), and the
-    attention's on whole sequences: one line naming the fix, before any weight moves."""
+    attention's on whole sequences, the axes ``skip`` left out (context parallelism's: its chunks): one line
+    naming the fix, before any weight moves."""
     mb, seq = plan.model.get("micro_batch"), plan.model.get("sequence")
     if mb is None:
         return
@@ -85,7 +86,8 @@ def check_batch(plan: TypedPlan, where: str = "the plan") -> None:
             if fine is None:
                 continue
             dims = tokens.dims(fine)
-            parts = math.prod(n for p, n, d in zip(fine, plan.mesh.sizes, dims) if p == "S0" and d == 1)
+            parts = math.prod(n for a, (p, n, d) in enumerate(zip(fine, plan.mesh.sizes, dims))
+                              if p == "S0" and d == 1 and a not in skip)
             if parts > 1 and (lay.kind == "attention" or (seq is not None and seq % parts)):
                 why = ("which its attention cannot take" if lay.kind == "attention" else
                        f"and the sequence of {seq} does not split over {parts}")

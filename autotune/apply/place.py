@@ -24,6 +24,7 @@ it as one line on rank 0: ``calibrate.errors.one_line_in_scripts``). World size 
 recomputation applied."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -31,12 +32,13 @@ from calibrate.errors import UserError, one_line_in_scripts
 
 from autotune.apply import ddp, dtensor, fsdp
 from autotune.apply.batch import check_batch, stream_by_sequence
+from autotune.apply.context import place as context_parallel
 from autotune.apply.layers import (Site, _check_shapes, _recompute, _world, check_allocator, check_stream, device_type,
                                    find_layers)
 from autotune.apply.tensor import tp_styles
 from autotune.apply.vocab import chain_columns
-from autotune.plan.layouts import (column_twin, data_parallel_plan, fully_shard_layout, plan_path, sequence_axes,
-                                   tp_layout)
+from autotune.plan.layouts import (CONTEXT_PATHS, column_twin, context_axes, data_parallel_plan, fully_shard_layout,
+                                   plan_path, sequence_axes, tp_layout)
 from autotune.plan.file import load_plan
 from autotune.plan.typed import ApplyPath, TypedPlan
 
@@ -131,10 +133,16 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     chain, prefixes = find_layers(plan, model, mapping)
     _check_shapes(chain, plan)
     check_stream(plan, model)
-    check_batch(plan)
+    context = context_axes(plan)
+    check_batch(plan, skip=context)
     name = path_of(plan, chain, path) if world > 1 else ApplyPath.NONE.value
-    # torch's SequenceParallel takes the sequence split of a plan with sequence parallelism on its tensor axes
-    pieces = stream_by_sequence(plan, sequence_axes(plan) if name in (ApplyPath.TENSOR, ApplyPath.FULLY_SHARD) else ())
+    if context and name not in CONTEXT_PATHS:
+        raise UserError(f"the plan runs context parallelism, which apply runs on the {', '.join(CONTEXT_PATHS)} "
+                        f"paths, not the {name} path: search with --context-parallel 1, or apply with path='auto'")
+    # torch's SequenceParallel takes the sequence split of a plan with sequence parallelism on its tensor axes, the
+    # context-parallel hook its chunks
+    pieces = stream_by_sequence(plan, context + (sequence_axes(plan) if name in (ApplyPath.TENSOR,
+                                                                                 ApplyPath.FULLY_SHARD) else ()))
     if world > 1 and hasattr(model, "config") and pieces > 1:
         raise UserError(f"the plan splits each sequence of its residual stream over {pieces} "
                         f"devices (a micro-batch of {plan.model.get('micro_batch')}), which a Hugging Face model "
@@ -149,6 +157,9 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
         mesh = init_device_mesh(device, plan.mesh.sizes, mesh_dim_names=plan.mesh.names)
     takes, place = PATHS[name]
     placed, split = place(Job(model, chain, prefixes, plan, mesh, device, takes(plan, chain)))
+    if context:
+        split = context_parallel(model, math.prod(plan.mesh.sizes[a] for a in context), split, device,
+                                 plan.model.get("sequence"))
     if name == ApplyPath.DTENSOR:
         _recompute(model, chain, prefixes, plan.recompute, plan.recompute_blocks)
     placed._autotune_path = name

@@ -110,6 +110,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--virtual-stages", type=int, default=None,
                     help="chunks a rank under --schedule interleaved-1f1b (Megatron-LM's virtual pipeline stages; "
                          "default 2)")
+    ap.add_argument("--context-parallel", default="auto",
+                    help="context-parallel sizes of the Megatron plans with it (Megatron-LM's "
+                         "--context-parallel-size: each sequence split over that many data-parallel ranks), "
+                         "comma-separated; 'auto': 2, 4, 8 and 16 where they divide the devices, for sequences of "
+                         "32768 tokens or more; 1: none (default auto)")
     ap.add_argument("--pipeline-effort", choices=("default", "full"), default="default",
                     help="the stage searches' effort: 'default' (capped restarts and relaxation rounds, the split "
                          "DP for the fastest candidate: within 0.02%% of full effort on the benchmark cases, "
@@ -286,6 +291,7 @@ def prepare(argv):
                         f"{args.schedule}: add --schedule interleaved-1f1b, or drop --virtual-stages")
     args.virtual_stages = DEFAULT_VIRTUAL if args.virtual_stages is None else args.virtual_stages
     check_pipeline(graph, cluster, stages, args.schedule, args.virtual_stages)
+    context = parse_context(args.context_parallel, cluster.devices)
     profile = Profile.load(args.profile)
     if args.memory_limit is not None and not 0 < args.memory_limit <= MAX_MEMORY_GIB:
         raise UserError(f"--memory-limit {args.memory_limit:g} GiB per device is out of range: give a positive "
@@ -297,9 +303,25 @@ def prepare(argv):
         else ()
     options = dict(memory_limit=limit, algorithm=args.search, budget=budget, modes=args.modes, objective=args.objective,
                    seed=args.seed, pipeline=stages, schedule=args.schedule, pipeline_effort=args.pipeline_effort,
-                   virtual_stages=args.virtual_stages,
+                   virtual_stages=args.virtual_stages, context_parallel=context,
                    compare=compare, allocator=allocator, micro_batches=counts)
     return args, graph, cluster, profile, limit_note, options
+
+
+def parse_context(text: str, devices: int) -> tuple[int, ...] | None:
+    """--context-parallel: None for "auto", else its sizes (1: none), each dividing the ``devices``."""
+    if text == "auto":
+        return None
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(c < 1 for c in sizes):
+        raise UserError(f"--context-parallel {text!r} is not 'auto' or sizes: give e.g. 2 or 2,4 (1: none)")
+    bad = next((c for c in sizes if devices % c), None)
+    if bad is not None:
+        raise UserError(f"--context-parallel {bad} does not divide the {devices} devices: give a size that does")
+    return sizes
 
 
 def main(argv=None, report=None) -> int:

@@ -43,7 +43,7 @@ from autotune.plan.typed import ApplyPath
 from autotune.sbp.fit import least_count, recompute_modes
 from autotune.sbp.memory import NONE, Mode
 from autotune.sbp.mesh import Cluster, role_meshes
-from autotune.sbp.techniques import context_parallel_of
+from autotune.sbp.techniques import context_parallel_of, context_role
 
 LOCAL_ZERO = (ApplyPath.DDP.value, ApplyPath.TENSOR.value)  # the stage paths apply runs ZeRO and SP on
 
@@ -117,14 +117,6 @@ def micro_batch_counts(batch: int, stages: int, sub: Cluster, tensor_in_node: bo
     whole = max(1, sub.nodes // context)
     return [m for m in range(1, (most or 8 * stages) + 1) if batch % m == 0
             and (not tensor_in_node or (batch // m) % whole == 0)]
-
-
-def context_role(data: tuple, cp: int) -> tuple | None:
-    """The context-parallel role of ``cp`` ranks inside a data role ``data`` (sizes on the nodes and the GPUs
-    axes), a node's GPUs first as Megatron-LM orders them; None where ``cp`` does not divide it so."""
-    inside = math.gcd(cp, data[1])
-    outside = cp // inside
-    return (outside, inside) if data[0] % outside == 0 else None
 
 
 def candidates(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool = True,

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, replace
 
 from autotune.plan.typed import ApplyPath, TypedPlan
+from autotune.sbp.mesh import RoleMesh
 from autotune.sbp.sbp import B, P
 
 
@@ -190,6 +191,20 @@ def sequence_axes(plan: TypedPlan) -> tuple[int, ...]:
         if layout is not None and layout.sequence_parallel:
             return getattr(layout, "tp_axes", (layout.tp,))
     return ()
+
+
+# the paths apply runs context parallelism on
+CONTEXT_PATHS = (ApplyPath.DDP.value, ApplyPath.TENSOR.value, ApplyPath.FULLY_SHARD.value)
+
+
+def context_axes(plan: TypedPlan) -> tuple[int, ...]:
+    """The fine axes each sequence's tokens are split over by context parallelism: role 1 of the plan's
+    "attention-cp" layer (``autotune.sbp.layers.Attention``), the innermost of its data axes; () without it."""
+    lay = next((x for x in plan.layers if x.signature == "attention-cp"), None)
+    if lay is None:
+        return ()
+    roles = RoleMesh(lay.roles).roles_of_axes(plan.cluster)
+    return tuple(a for a, r in enumerate(roles) if r == 1 and plan.mesh.sizes[a] > 1)
 
 
 def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:

@@ -33,6 +33,7 @@ from autotune.sbp.fit import recompute_modes
 from autotune.sbp.layers import COLUMN_SP, UNIT_ROLE, Matmul, finish, fine_key
 from autotune.sbp.memory import Mode, recipe_of
 from autotune.sbp.mesh import RoleMesh, role_meshes
+from autotune.sbp.techniques import context_role
 
 ONE = (1, 1)
 
@@ -83,7 +84,7 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
     must hold it, ``autotune.pipeline.stage.Layout``). ``context`` (Megatron-LM's ``--context-parallel-size``, as d
     and t a size per tier): of the d data-parallel ranks, groups of ``context`` share each sequence; every layer
     but the attention core is placed as without it (tokens split over all d, weights replicated and their
-    gradients synced over all d), the core runs context-parallel on (d / context, t, context) ("attention-cp":
+    gradients synced over all d), the core runs context-parallel on (d / context, context, t) ("attention-cp":
     ``autotune.sbp.layers.Attention``)."""
     every = RoleMesh((tuple(a * b for a, b in zip(d, t)), ONE))
     idx = _index(problem)
@@ -116,7 +117,7 @@ def megatron_assignment(problem: Problem, d, t, row_first: bool = False,
             split = kind in ("attention", "pointwise", "swiglu")
             key = (kind, every if sequence_parallel and not split else RoleMesh((d, t)))
             if kind == "attention" and context is not None:
-                key = ("attention-cp", RoleMesh((tuple(a // c for a, c in zip(d, context)), t, context)))
+                key = ("attention-cp", RoleMesh((tuple(a // c for a, c in zip(d, context)), context, t)))
         i = idx.get(v, key) if kind != "residual" or sequence_parallel else whole_stream(problem, v, key[1])
         if i is None:
             return None
@@ -137,6 +138,21 @@ def megatron_sp(problem: Problem, d, t) -> list[int] | None:
     if t_size == 1 or seq is None or problem.graph.micro_batch % d_size or seq % t_size or (t[0] > 1 and d[1] > 1):
         return None
     return megatron_assignment(problem, d, t, sequence_parallel=True)
+
+
+def megatron_cp(problem: Problem, d, t, c: int) -> list[int] | None:
+    """The Megatron plan on (d, t) with context parallelism over ``c`` of the d ranks, the innermost
+    (``context_role``); None where ``c`` does not divide them so or a layer cannot take it. ``problem``: the
+    graph's ``context_parallel(graph, c)``, every strategy (``context_problem``)."""
+    inside = context_role(d, c)
+    return None if inside is None else megatron_assignment(problem, d, t, context=inside)
+
+
+def context_problem(graph, coster, memory_limit, objective: str) -> Problem:
+    """The problem the context-parallel baselines (``megatron_cp``) are placed on: ``graph`` offering context
+    parallelism (``autotune.sbp.techniques.context_parallel``), every strategy (their layers split each sequence
+    over the group, which ``Problem``'s runnable rows leave out)."""
+    return Problem(graph, coster, memory_limit, require_fit=False, objective=objective, runnable=False)
 
 
 def sequence_problem(graph, coster, memory_limit, objective: str) -> Problem:
@@ -229,7 +245,8 @@ def _name(pr: Problem, name: str) -> str:
 
 
 def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, search_sb,
-                   skipped: list | None = None, sequence: Problem | None = None) -> list[tuple]:
+                   skipped: list | None = None, sequence: Problem | None = None,
+                   context: dict | None = None) -> list[tuple]:
     """(problem, assignment, name, search) of each baseline plan: data parallelism, the best Megatron mesh, FSDP,
     HSDP and TP+FSDP, each at its best recomputation (``at_best_recompute``), with ``sequence`` (a
     ``sequence_problem``) the best Megatron mesh and TP+FSDP with sequence parallelism too, the best SUMMA mesh
@@ -241,7 +258,8 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
     micro-batch than devices) is named in ``skipped``. The
     sequence-parallel ones say so in their search record (``{"sequence_parallel": true}``): apply runs such a
     plan where its layout is one of torch's styles (``autotune.plan.layouts.sequence_axes``), which the caller
-    checks on the typed plan."""
+    checks on the typed plan. ``context``: size c -> its ``context_problem``, the best Megatron mesh and FSDP
+    with context parallelism over c (``megatron_cp``; ``{"context_parallel": c}``) for each."""
     cl = problem.cluster
     nodes, gpus = (cl.nodes, 1), (1, cl.gpus_per_node)
     node_axes = tuple(range(len(cl.node_axes)))
@@ -266,6 +284,10 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
                  ("TP+FSDP, sequence parallel", lambda pr: (megatron_sp(pr, nodes, gpus),
                                                             f"t={gpus}, sharded over the node axes"),
                   node_axes, sequence)]
+    for c, pr in (context or {}).items():  # torchtitan's FSDP + CP beside Megatron-LM's
+        rows += [(f"Megatron, context parallel {c}", megatron(lambda p, d, t, c=c: megatron_cp(p, d, t, c)), None, pr),
+                 (f"FSDP, context parallel {c}", lambda p, c=c: (megatron_cp(p, (cl.nodes, cl.gpus_per_node), ONE, c),
+                                                                "d = all devices, sharded over every axis"), every, pr)]
     out = []
     for name, make, axes, base in rows:
         if axes is not None and not axes:
@@ -276,8 +298,10 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
                 skipped.append(name)
             continue
         pr, a, detail = found
+        cp = next((c for c, x in (context or {}).items() if x is base), None)
         out.append((pr, a, _name(pr, f"{name} ({detail})" if detail else name),
-                    {"sequence_parallel": True} if base is sequence else None))
+                    {"sequence_parallel": True} if base is sequence else
+                    {"context_parallel": cp} if cp is not None else None))
     if summa is not None:
         a, _, mesh = best_mesh(summa, summa_assignment)
         if a is not None:

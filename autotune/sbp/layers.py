@@ -378,13 +378,15 @@ class Attention(Op):
     def _context_parallel(self, cluster) -> list[Strategy]:
         """Context parallelism over c = the layer's ``context_parallel`` ranks (Megatron-LM's
         ``--context-parallel-size``, Llama 3's all-gather attention: Dubey et al. 2024, section 3.3.2), flash
-        attention only. Signature "attention-cp" on a 3-role mesh (d, t, c): whole sequences over d, heads over t
-        and each sequence's tokens over c (input, output S0 on roles 0 and 2), in 2c chunks a sequence so that
-        the causal work balances (each rank the chunks i and 2c - 1 - i): every rank computes its queries
-        against the sequence's keys, 1/c of the sequence's attention; its K and V all-gathered over c forward
-        (the ``kv`` internal boxing, the fused QKV's K and V columns: 2 kv_heads head_dim) and their gradients
-        reduce-scattered backward. It keeps its local input and output, the log-sum-exp, and the gathered K and
-        V (for the backward)."""
+        attention only. Signature "attention-cp" on a 3-role mesh (d / c, c, t), Megatron-LM's rank order (the
+        tensor-parallel ranks innermost, then the context-parallel ones): whole sequences over d / c, each
+        sequence's tokens over c (input, output S0 on roles 0 and 1: the token split of the layers around it, on
+        the d data-parallel ranks) and heads over t, in 2c chunks a sequence so that the causal work balances
+        (each rank the chunks i and 2c - 1 - i): every rank computes its queries against the sequence's keys, 1/c
+        of the sequence's attention; its K and V all-gathered over c forward (the ``kv`` internal boxing, the
+        fused QKV's K and V columns: 2 kv_heads head_dim) and their gradients reduce-scattered backward
+        (``autotune.apply.context`` runs it). It keeps its local input and output, the log-sum-exp, and the
+        gathered K and V (for the backward)."""
         c = self.dims.get("context_parallel", 1)
         if c < 2 or not self.dims.get("flash", 0):
             return []
@@ -392,14 +394,14 @@ class Attention(Op):
         if (t // mb) % (2 * c):
             return []
         out = []
-        sbp, kv_shape = ("S0", "S1", "S0"), (t, 2 * kv * hd)
+        sbp, kv_shape = ("S0", "S0", "S1"), (t, 2 * kv * hd)
         for m in role_meshes(cluster, 3):
-            r0, r1 = m.role_size(0), m.role_size(1)
-            if m.role_size(2) != c or mb % r0 or heads % r1 or kv % r1:
+            r0, r1 = m.role_size(0), m.role_size(2)
+            if m.role_size(1) != c or mb % r0 or heads % r1 or kv % r1:
                 continue
             local = t // (r0 * c)
             extra = local * (self.dims["hidden"] // r1) + (t // r0) * (2 * kv // r1) * hd  # O, the gathered K and V
-            gather = Internal("kv", kv_shape, self.act_bytes, sbp, ("S0", "S1", B))
+            gather = Internal("kv", kv_shape, self.act_bytes, sbp, ("S0", B, "S1"))
             out.append(Strategy("attention-cp", m, Tensor("input", self.in_shape, sbp),
                                 Tensor("output", self.out_shape, sbp), internal=(gather,), extra_act_elems=extra,
                                 extra_act_bytes=local * (heads // r1) * 4))

@@ -214,9 +214,14 @@ def weight_cast_seconds(s: Strategy, cluster: Cluster, cm: ComputeModel, act_byt
 
 
 def context_split(s: Strategy) -> int:
-    """Ranks each sequence's tokens are split over (context parallelism: an "attention-cp" strategy's role 2), 1
+    """Ranks each sequence's tokens are split over (context parallelism: an "attention-cp" strategy's role 1), 1
     for every other strategy."""
-    return s.mesh.role_size(2) if s.signature == "attention-cp" else 1
+    return s.mesh.role_size(1) if s.signature == "attention-cp" else 1
+
+
+def heads_split(s: Strategy) -> int:
+    """Ranks an attention strategy splits the heads over: role 1, an "attention-cp" strategy's role 2."""
+    return s.mesh.role_size(2 if s.signature == "attention-cp" else 1)
 
 
 def _core(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, backward: bool) -> float:
@@ -224,7 +229,7 @@ def _core(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: in
     (``context_split``) 1/c of it, the causal work balanced over the c ranks (``layers.Attention``)."""
     d = op.dims
     mb, heads = d["micro_batch"], d["heads"]
-    r0, r1 = s.mesh.role_size(0), s.mesh.role_size(1)
+    r0, r1 = s.mesh.role_size(0), heads_split(s)
     seq, hd = d["tokens"] // mb, op.head_dim
     if d.get("flash", 0):
         return cm.sdpa_seconds(mb // r0, heads // r1, op.kv_heads // r1, seq, hd, act_bytes,
@@ -301,7 +306,7 @@ def _user_attention(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel) -> 
     parts = [cm.layer_seconds("attention_out", out)]
     if d["rotary"]:
         qk = (d["tokens"] // (s.mesh.role_size(0) * context_split(s))) * ((d["heads"] + d["kv_heads"])
-                                                                          // s.mesh.role_size(1)) * d["head_dim"]
+                                                                          // heads_split(s)) * d["head_dim"]
         parts.append(cm.layer_seconds("rotary", qk))
     if s.recipe_dim("qkv_fused"):
         parts.append(cm.layer_seconds("qkv_split", local_elems(s.input, s.mesh, cluster)))
@@ -362,14 +367,14 @@ def _layer_seconds(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_
         return f, b
     if kind == "attention":
         mb, heads, c = d["micro_batch"], d["heads"], context_split(s)
-        shape = (mb // s.mesh.role_size(0), heads // s.mesh.role_size(1), d["tokens"] // mb, d["hidden"] // heads)
+        shape = (mb // s.mesh.role_size(0), heads // heads_split(s), d["tokens"] // mb, d["hidden"] // heads)
         out = local_elems(s.output, s.mesh, cluster)
         f, b = (_core(op, s, cluster, cm, act_bytes, bwd) for bwd in (False, True))
         around = _user_attention(op, s, cluster, cm) if act_bytes == 2 and s.recipe_dim("autocast") else None
         if around is not None:
             return f + around[0], b + around[1]
         if d.get("rotary", 0):
-            qk = (d["tokens"] // (s.mesh.role_size(0) * c)) * ((heads + op.kv_heads) // s.mesh.role_size(1)) * op.head_dim
+            qk = (d["tokens"] // (s.mesh.role_size(0) * c)) * ((heads + op.kv_heads) // heads_split(s)) * op.head_dim
             f += cm.op_seconds("elementwise", ROTARY_PASSES[0] * qk * act_bytes)
             b += cm.op_seconds("elementwise", ROTARY_PASSES[1] * qk * act_bytes)
         cf, cb = (None if x is None else x / c for x in (cm.attention_copy_seconds(*shape, act_bytes, backward=bwd)

@@ -2,8 +2,9 @@
 carries beside its placements (``Techniques.to_dict``, the plan's "techniques" field), priced by the step model
 (``autotune.pipeline``, ``autotune.sbp.memory.Mode``) and run by the execution layer (``autotune.apply``):
 recomputation, block recomputation, the schedules (interleaved 1F1B on each rank's chunks), ZeRO-1/2 in a
-pipeline's stages, sequence parallelism on the tensor path (one stage or a pipeline's); not context parallelism
-(``autotune.pipeline.threed.applies``: plans users apply have none).
+pipeline's stages, sequence parallelism on the tensor path (one stage or a pipeline's), context parallelism in a
+plan of one stage on the DDP and tensor paths (``autotune.apply.context``; not in a pipeline's stages:
+``autotune.pipeline.threed.applies``).
 
 - ``recompute``: "none", "selective" (Megatron's: the attention core, its probabilities not kept) or "full";
   ``recompute_blocks``: with "full", only each stage's first that many blocks (Megatron-LM's ``--recompute-method
@@ -23,6 +24,7 @@ pipeline's stages, sequence parallelism on the tensor path (one stage or a pipel
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass
 
 from calibrate.errors import UserError
@@ -46,6 +48,28 @@ class Techniques:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# the context-parallel sizes tried where a sequence is this long and none is asked for (Llama 3's 131,072-token stage
+# ran CP 16; its 8,192-token ones none)
+LONG_SEQUENCE, CONTEXT_CHOICES = 32768, (2, 4, 8, 16)
+
+
+def context_sizes(graph: LayerGraph, devices: int, asked: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The context-parallel sizes (above 1) a search tries: ``asked``, or where none is asked, each of
+    ``CONTEXT_CHOICES`` that divides ``devices`` for a sequence of at least ``LONG_SEQUENCE``."""
+    if asked is not None:
+        return tuple(c for c in asked if c > 1)
+    long = (graph.config.get("sequence") or 0) >= LONG_SEQUENCE
+    return tuple(c for c in CONTEXT_CHOICES if long and devices % c == 0)
+
+
+def context_role(data: tuple, cp: int) -> tuple | None:
+    """The context-parallel role of ``cp`` ranks inside a data role ``data`` (sizes on the nodes and the GPUs
+    axes), a node's GPUs first as Megatron-LM orders them; None where ``cp`` does not divide it so."""
+    inside = math.gcd(cp, data[1])
+    outside = cp // inside
+    return (outside, inside) if data[0] % outside == 0 else None
 
 
 def context_parallel_of(graph: LayerGraph) -> int:

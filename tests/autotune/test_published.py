@@ -6,6 +6,7 @@ import pytest
 
 from calibrate.errors import UserError
 from autotune import published
+from autotune.sbp import techniques
 from autotune.cli.reproduce import main
 from autotune.reproduce import worse_figures
 
@@ -167,10 +168,10 @@ def test_the_free_search_takes_context_parallelism_for_a_long_sequence(monkeypat
     small = {"layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "head_dim": 128, "ffn": 2048,
              "vocabulary": 4096, "sequence": 65536, "batch": 8, "micro_batch": 8}
     case = dict(CASES["llama3-405b-cp16"], overrides=small, nodes=4, gpus=8)
-    monkeypatch.setattr(published, "CONTEXT_CHOICES", (8,))
+    monkeypatch.setattr(techniques, "CONTEXT_CHOICES", (8,))
     with_cp = published.free(case)
     assert "--context-parallel-size 8" in with_cp["plan"]
     short = published.free(dict(case, overrides=dict(small, sequence=8192)))
     assert "--context-parallel-size" not in short["plan"]
-    monkeypatch.setattr(published, "CONTEXT_CHOICES", ())
+    monkeypatch.setattr(techniques, "CONTEXT_CHOICES", ())
     assert with_cp["step_s"] < published.free(case)["step_s"]

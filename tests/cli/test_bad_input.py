@@ -225,6 +225,8 @@ CASES = [
     C("autotune-budget-negative", "autotune --budget -1", "budget"),
     C("autotune-memory-zero", "autotune --memory-limit 0", "memory"),
     C("autotune-memory-negative", "autotune --memory-limit -8", "memory"),
+    C("autotune-context-parallel-text", "autotune --context-parallel some", "context-parallel"),
+    C("autotune-context-parallel-divide", "autotune --context-parallel 3", "does not divide"),
     C("autotune-out-under-devnull", "autotune --out /dev/null/x", "not a directory"),
     C("autotune-layers-zero", "autotune --layers 0", "layers"),
     C("autotune-hidden-negative", "autotune --hidden -1", "hidden"),

@@ -1,0 +1,110 @@
+"""Context parallelism's attention core on ONE GPU (``autotune.apply.context.attention``): a rank's forward and
+backward of Llama 3 8B's attention (32 query heads, 8 K/V heads of 128, bf16, one sequence) under torch's fake
+process group of c (the all-gather a no-op: the rank's own kernels, the K/V reorder and the two lower-right causal
+SDPA calls), beside the full sequence's causal SDPA divided by c (what a perfect split gives) and the step
+model's price of it (``ComputeModel.sdpa_seconds / c`` of the h200 profile, as ``autotune.sbp.steptime`` prices
+"attention-cp"). Checked first: every rank's output of c = 4, K and V gathered by hand, equals the full causal
+attention (bf16 tolerance), on fresh random data before and after the timed calls.
+
+    timeout 300 python3 tests/gpu/context_attention.py     # nvidia-h200, ~1 min; prints a table, $OUT/context.json
+"""
+import json
+import os
+import statistics
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from torch.nn.functional import scaled_dot_product_attention
+
+from autotune.apply import context
+from calibrate.profile import Profile
+
+HEADS, KV, HD, REPS = 32, 8, 128, 20
+
+
+class _Attn(torch.nn.Module):
+    pass
+
+
+def qkv(seq, device, requires_grad=True):
+    g = torch.Generator(device=device).manual_seed(seq)
+    shape = [(1, HEADS, seq, HD), (1, KV, seq, HD), (1, KV, seq, HD)]
+    return [torch.randn(s, device=device, dtype=torch.bfloat16, generator=g).requires_grad_(requires_grad)
+            for s in shape]
+
+
+def check(seq, c, device) -> float:
+    """The largest difference of every rank's CP output from the full causal attention's (its positions)."""
+    q, k, v = qkv(seq, device, False)
+    want = scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
+    worst = 0.0
+    for r in range(c):
+        cp = context.ContextGroup(r, c, None)
+        where = cp.positions(seq, device)
+        m = _Attn()
+        m._autotune_context = cp
+        whole = torch.cat([k, v], dim=-1)
+        with mock.patch.object(context._GatherSequence, "apply", lambda x, cp: whole):
+            got, _ = context.attention(m, q[:, :, where], k[:, :, where], v[:, :, where], None, scaling=HD ** -0.5)
+        worst = max(worst, (got.float() - want[:, where].float()).abs().max().item())
+    return worst
+
+
+def timed(fn, device) -> float:
+    """The median of REPS forward + backward calls, ms (CUDA events)."""
+    times = []
+    for i in range(REPS + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        if i >= 3:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> int:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    out = os.environ.get("OUT", "/tmp/gpu-out")
+    os.makedirs(out, exist_ok=True)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    cm = Profile.load("h200-nvlink+ib400").compute
+    rows = []
+    for seq in (8192, 32768, 65536):
+        q, k, v = qkv(seq, device)
+
+        def full():
+            o = scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            o.sum().backward()
+        whole = timed(full, device)
+        for c in (2, 4, 8):
+            err = check(seq, c, device)
+            dist.init_process_group("fake", rank=0, world_size=c, store=FakeStore())
+            m = _Attn()
+            m._autotune_context = cp = context.ContextGroup(0, c, dist.group.WORLD)
+            where = cp.positions(seq, device)
+            lq, lk, lv = (t.detach()[:, :, where].requires_grad_() for t in (q, k, v))
+
+            def rank():
+                o, _ = context.attention(m, lq, lk, lv, None, scaling=HD ** -0.5)
+                o.sum().backward()
+            ms = timed(rank, device)
+            dist.destroy_process_group()
+            err = max(err, check(seq, c, device))
+            priced = sum(cm.sdpa_seconds(1, HEADS, KV, seq, HD, 2, backward=b) for b in (False, True)) / c * 1e3
+            rows.append({"sequence": seq, "c": c, "rank_ms": ms, "full_over_c_ms": whole / c, "priced_ms": priced,
+                         "max_abs_err": err})
+    print(f"{'sequence':>8} {'c':>2} {'rank ms':>9} {'full/c ms':>9} {'priced ms':>9} {'rank/priced':>11} {'err':>8}")
+    for r in rows:
+        print(f"{r['sequence']:8d} {r['c']:2d} {r['rank_ms']:9.2f} {r['full_over_c_ms']:9.2f} {r['priced_ms']:9.2f} "
+              f"{r['rank_ms'] / r['priced_ms']:11.2f} {r['max_abs_err']:8.4f}")
+    with open(os.path.join(out, "context.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0 if all(r["max_abs_err"] < 0.05 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
