@@ -8,8 +8,8 @@ global positions (``position_ids``: rotary or learned positions as one process h
 shifted over the whole sequence first (``shift_labels``, the loss normalised by the group's tokens:
 ``num_items_in_batch``). Every layer but the attention core is token-wise and runs on the local chunks; the core
 (registered with transformers' ``AttentionInterface``) all-gathers K and V over the group (their gradients
-reduce-scattered backward) and computes each local chunk's queries against the keys up to it (a lower-right
-causal mask, the kernels' own). The gradients are averaged over all data ranks as without it: with the loss
+reduce-scattered backward) and computes each local chunk's queries against the keys up to it (a dense prefix
+and a causal square merged by their log-sum-exp: ``autotune.apply.blockattn``). The gradients are averaged over all data ranks as without it: with the loss
 scaled by ``c`` over the group's tokens, each group's contribution is its sequences' mean loss, as data
 parallelism over the groups gives it."""
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from calibrate.errors import UserError
 
+from autotune.apply.blockattn import attend, chunk_blocks
 from autotune.apply.layers import torch
 
 NAME = "autotune_context_parallel"
@@ -82,16 +83,18 @@ class _GatherSequence(torch.autograd.Function):
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers' attention interface: [batch, heads, local tokens, head_dim] in, [batch, local tokens, heads,
-    head_dim] out; each local chunk's queries against the whole sequence's keys up to it (``attention_mask``:
-    none is made for this implementation, the causal one is the chunks')."""
-    from torch.nn.attention.bias import causal_lower_right
-    from torch.nn.functional import scaled_dot_product_attention
+    head_dim] out; each local chunk's queries against the whole sequence's keys up to it, a dense prefix and a
+    causal square merged by their log-sum-exp (``autotune.apply.blockattn``; ``attention_mask``: none is made for
+    this implementation, the causal one is the chunks')."""
+    if dropout:
+        raise UserError(f"context parallelism: attention dropout {dropout:g} is not taken: set the model's "
+                        f"attention_dropout to 0")
     cp: ContextGroup = module._autotune_context
     kv = _GatherSequence.apply(torch.cat([key, value], dim=-1), cp)
     key, value = kv.split([key.shape[-1], value.shape[-1]], dim=-1)
-    n, gqa = query.shape[2] // 2, query.shape[1] != key.shape[1]  # grouped-query: K/V heads serve groups of queries
-    out = [scaled_dot_product_attention(q, key[:, :, :end], value[:, :, :end], attn_mask=causal_lower_right(n, end),
-                                        dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+    n = query.shape[2] // 2
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = [attend(q, key, value, chunk_blocks(end - n, n), scale)
            for q, end in zip(query.split(n, dim=2), cp.ends(key.shape[2]))]
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 

@@ -170,6 +170,23 @@ CASES = [  # (model config, d, t, c, cluster, world, FSDP)
 ]
 
 
+@pytest.mark.parametrize("start", [0, 8, 24])
+def test_block_attention_is_causal_attention(start):
+    """``blockattn.attend`` of the queries [start, start + 8) over a dense prefix and a causal square equals those
+    rows of causal attention (grouped K/V heads), and so do its gradients, in float64 (the CPU kernel: the
+    CUDA one is checked by tests/gpu/context_attention.py)."""
+    from autotune.apply.blockattn import attend, chunk_blocks
+    g = torch.Generator().manual_seed(start)
+    q, k, v = (torch.randn(2, h, 32, 8, dtype=torch.float64, generator=g, requires_grad=True) for h in (4, 2, 2))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    want = want[:, :, start:start + 8]
+    got = attend(q[:, :, start:start + 8], k, v, chunk_blocks(start, 8), 8 ** -0.5)
+    grad = torch.randn(got.shape, dtype=torch.float64, generator=g)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), grad), torch.autograd.grad(want, (q, k, v), grad)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
 def test_the_plan_reads_as_a_local_path_with_context_axes():
     from autotune.plan.layouts import context_axes, plan_path
     assert [(plan_path(p := cp_plan(cfg, d, t, c, cl, *fsdp)), context_axes(p)) for cfg, d, t, c, cl, _, *fsdp in
