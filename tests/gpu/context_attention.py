@@ -1,18 +1,18 @@
 """Context parallelism's attention core on ONE GPU (``autotune.apply.context.attention``): a rank's forward and
 backward of Llama 3 8B's attention (32 query heads, 8 K/V heads of 128, bf16, one sequence) under torch's fake
-process group of c (the all-gather a no-op: the rank's own kernels, the K/V reorder and the two lower-right causal
-SDPA calls), beside the full sequence's causal SDPA divided by c (what a perfect split gives) and the step
-model's price of it (``ComputeModel.sdpa_seconds / c`` of the h200 profile, as ``autotune.sbp.steptime`` prices
-"attention-cp"). Checked first: every rank's output and gradients (K and V gathered by hand) equal the full
-causal attention's (bf16 tolerance, relative to the largest value), on fresh random data before and after the
-timed calls.
+process group of c (the all-gather a no-op: the rank's own kernels, the K/V reorder and its chunks' blocks,
+``autotune.apply.blockattn``), beside the full sequence's causal SDPA divided by c (what a perfect split gives),
+both arms in one comparison of the measurement engine (``calibrate.measure``: interleaved, the median of REPS
+isolated calls each, backward from a whole random gradient), and the step model's price of it
+(``ComputeModel.sdpa_seconds / c`` of the h200 profile, as ``autotune.sbp.steptime`` prices "attention-cp").
+Checked before and after the timed calls: every rank's output and gradients (K and V gathered by hand) equal the
+full causal attention's (bf16 tolerance, relative to the largest value) on fresh random data.
 
     timeout 300 python3 tests/gpu/context_attention.py     # nvidia-h200, ~1 min; prints a table, $OUT/context.json
     KERNELS=1 ...   # and the CUDA kernels of one rank's call (torch.profiler), longest first
 """
 import json
 import os
-import statistics
 from unittest import mock
 
 import torch
@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.nn.functional import scaled_dot_product_attention
 
 from autotune.apply import context
+from calibrate.measure.torcharm import TorchArm, medians, timing
 from calibrate.profile import Profile
 
 HEADS, KV, HD, REPS = 32, 8, 128, 20
@@ -63,20 +64,6 @@ def check(seq, c, device) -> float:
     return worst
 
 
-def timed(fn, device) -> float:
-    """The median of REPS forward + backward calls, ms (CUDA events)."""
-    times = []
-    for i in range(REPS + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        if i >= 3:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def kernels(fn, what: str) -> None:
     """The CUDA kernels of one call of ``fn``, the longest first (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -106,7 +93,6 @@ def main() -> int:
         def full():
             scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(grad)
         checked = {c: check(seq, c, device) if seq <= 32768 else 0.0 for c in (2, 4, 8)}  # 65536's reference: long
-        whole = timed(full, device)
         for c in (2, 4, 8):
             err = checked[c]
             dist.init_process_group("fake", rank=0, world_size=c, store=FakeStore())
@@ -119,7 +105,10 @@ def main() -> int:
             def rank():
                 o, _ = context.attention(m, lq, lk, lv, None, scaling=HD ** -0.5)
                 o.backward(local_grad)
-            ms = timed(rank, device)
+            # the project's measurement engine: both arms in one comparison, interleaved, REPS isolated calls each
+            got = medians(torch, [(name, (lambda f: lambda: TorchArm(torch, device, lambda i: f()))(fn))
+                                  for name, fn in (("full", full), ("rank", rank))], timing(REPS, 3, False))
+            ms, whole = got["rank"] * 1e3, got["full"] * 1e3
             if os.environ.get("KERNELS") and seq == 32768 and c == 2:
                 kernels(rank, "rank of 2 at 32768")
                 kernels(full, "the full sequence at 32768")
