@@ -24,7 +24,8 @@ import torch.distributed.tensor  # noqa: E402,F401  (imported once, before the w
 from apply_plans import GPT  # noqa: E402
 from autotune.apply import context  # noqa: E402
 from gloo_runner import run_on_gloo  # noqa: E402
-from test_apply_distributed import LR, SEED, STEPS, mismatch, parameters  # noqa: E402
+import test_apply_distributed  # noqa: E402
+from test_apply_distributed import mismatch  # noqa: E402
 from tiny_models import hf_llama  # noqa: E402
 
 CFG = dict(kind="llama", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, sequence=16, vocabulary=64,
@@ -91,35 +92,13 @@ def _model_of(cfg: dict):
                                       attn_implementation="sdpa")).double()
 
 
-def train(model, plan, cfg):
-    """The README's step: STEPS Adam steps, each rank its ``data_piece``, the plan's micro-batches accumulated,
-    the loss the model's own (``labels``), under ``loss_parallel``; (losses: the mean over the ranks,
-    parameters)."""
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import loss_parallel
+def own_loss(model, ids):
+    """The README's step: the model's own loss of ``ids[:, :-1]`` (``labels``), which context parallelism cuts."""
+    return model(input_ids=ids[:, :-1], labels=ids[:, :-1], use_cache=False).loss
 
-    import autotune
-    ids = torch.randint(0, cfg["vocabulary"], (cfg["batch"], cfg["sequence"]),
-                        generator=torch.Generator().manual_seed(SEED + 1))
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    losses = []
-    for _ in range(STEPS):
-        total = torch.zeros((), dtype=torch.float64)
-        pieces = autotune.micro_batches(plan, autotune.data_piece(model, ids))
-        for mb in autotune.accumulate(model, pieces):
-            with loss_parallel():
-                loss = model(input_ids=mb, labels=mb, use_cache=False).loss
-                (loss / len(pieces)).backward()
-            loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
-            total += loss.detach() / len(pieces)
-        if world > 1:
-            dist.all_reduce(total)
-        opt.step()
-        opt.zero_grad()
-        losses.append(total.item() / world)
-    return losses, parameters(getattr(model, "module", model))
+
+def train(model, plan, cfg):
+    return test_apply_distributed.train(model, plan, cfg, own_loss)
 
 
 def _placed(cfg, plan):

@@ -85,10 +85,17 @@ def logits_of(model, ids):
     return out
 
 
-def train(model, plan, cfg):
+def next_token_loss(model, ids):
+    """The cross entropy of the model's logits of ``ids[:, :-1]`` against ``ids[:, 1:]``."""
+    logits = logits_of(model, ids[:, :-1])
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def train(model, plan, cfg, loss_of=next_token_loss):
     """STEPS Adam steps on fixed random tokens, each over the plan's micro-batches, as users step a placed model:
-    each rank its piece of the batch (``data_piece``), the loss under ``loss_parallel`` (logits split by
-    vocabulary stay split), the step's loss the mean over the ranks: (losses, parameters)."""
+    each rank its piece of the batch (``data_piece``), the loss (``loss_of(model, ids)``, ids of a token more than
+    the sequence) under ``loss_parallel`` (logits split by vocabulary stay split), the step's loss the mean over
+    the ranks: (losses, parameters)."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
@@ -105,8 +112,7 @@ def train(model, plan, cfg):
         mbs = autotune.micro_batches(plan, piece)
         for mb in autotune.accumulate(model, mbs):
             with loss_parallel():
-                logits = logits_of(model, mb[:, :-1])
-                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mb[:, 1:].reshape(-1))
+                loss = loss_of(model, mb)
                 (loss / len(mbs)).backward()
             loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
             total += loss.detach() / len(mbs)
