@@ -81,10 +81,10 @@ class _GatherSequence(torch.autograd.Function):
         return out, None
 
 
-def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+def attention(module, query, key, value, _attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers' attention interface: [batch, heads, local tokens, head_dim] in, [batch, local tokens, heads,
     head_dim] out; each local chunk's queries against the whole sequence's keys up to it, a dense prefix and a
-    causal square merged by their log-sum-exp (``autotune.apply.blockattn``; ``attention_mask``: none is made for
+    causal square merged by their log-sum-exp (``autotune.apply.blockattn``; the attention mask: none is made for
     this implementation, the causal one is the chunks')."""
     if dropout:
         raise UserError(f"context parallelism: attention dropout {dropout:g} is not taken: set the model's "

@@ -225,3 +225,18 @@ def test_the_search_offers_context_parallelism_for_a_long_sequence():
     with pytest.raises(UserError, match="--context-parallel 3 does not divide the 4 devices"):
         parse_context("3", 4)
     assert parse_context("auto", 4) is None and parse_context("1", 4) == (1,)
+
+
+def test_a_model_context_parallelism_cannot_take_is_one_line():
+    """A module without transformers' attention interface, and a sliding window shorter than the sequence:
+    ``UserError``s naming the fix (``apply`` raises them before any weight moves)."""
+    from calibrate.errors import UserError
+    from transformers import MistralConfig, MistralForCausalLM
+    with pytest.raises(UserError, match="Hugging Face transformers model"):
+        context.check_model(torch.nn.Linear(2, 2), 2, 16)
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                               sliding_window=8))
+    with pytest.raises(UserError, match="sliding window of 8 tokens"):
+        context.check_model(mistral, 2, 16)
+    context.check_model(mistral, 2, 8)
