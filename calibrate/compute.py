@@ -26,6 +26,9 @@ Section shape (per element size in bytes, "2" = fp16/bf16, "4" = fp32)::
                                           # apply's paths (HOST_PATHS), per layer occurrence and micro-batch
                                           # (forward + backward) and per layer occurrence and step (the optimizer)
                                           # (autotune.execute.hostfit: measured where the kernels take less)
+      "context_core": {"2": [[2, 32768, 1.16], ...]},  # optional: context parallelism's attention core on a
+                                          # rank, [c, sequence, its time over the whole causal core's / c]
+                                          # (tests/gpu/context_attention.py; autotune.apply.blockattn's blocks)
       "overlap": {"all_reduce": 1.08, "all_gather": 1.05, "reduce_scatter": 1.07,  # compute's slowdown while a
                   "peer": "nccl"},      # collective runs beside it (calibrate.overlap): "nccl" measured beside
                                           # a collective between 2 GPUs, "copy" beside a device copy (no peer GPU)
@@ -314,6 +317,7 @@ class ComputeModel:
     host_s: dict = field(default_factory=dict)  # HOST_PATHS path -> (per layer occurrence and micro-batch, per step)
     host_outside_s: dict = field(default_factory=dict)  # OUTSIDE_HOST_PATHS path -> (per micro-batch, per step)
     overlap: dict = field(default_factory=dict)  # OVERLAP_COLLECTIVES -> compute's slowdown beside it; "peer"
+    context_core: dict = field(default_factory=dict)  # str(dtype_bytes) -> [(c, sequence, ratio), ...]
 
     def __hash__(self):
         return hash((self.source, self.kind, self.launch_s, self.memory_Bps))
@@ -402,6 +406,24 @@ class ComputeModel:
             return None
         return occurrences * per[0], occurrences * per[1]
 
+    def context_core_ratio(self, c: int, sequence: int, act_bytes: int) -> float:
+        """A context-parallel rank's attention core over the whole causal core's / ``c`` (``context_core``): of
+        the measured c nearest to ``c`` (log scale, the larger on a tie), interpolated in log sequence between
+        its points and the nearest point's outside them; 1 (the ideal split) where none is measured."""
+        points = self.context_core.get(str(act_bytes))
+        if not points:
+            return 1.0
+        near = min({p[0] for p in points}, key=lambda m: (abs(math.log(m / c)), -m))
+        row = sorted((p[1], p[2]) for p in points if p[0] == near)
+        x = math.log(sequence)
+        if x <= math.log(row[0][0]):
+            return row[0][1]
+        for (s0, r0), (s1, r1) in zip(row, row[1:]):
+            if x <= math.log(s1):
+                w = (x - math.log(s0)) / (math.log(s1) - math.log(s0))
+                return r0 + w * (r1 - r0)
+        return row[-1][1]
+
     def overlap_slowdown(self, collective: str) -> float:
         """Compute's slowdown while ``collective`` (``OVERLAP_COLLECTIVES``) runs beside it: 1 without the figure
         (planning of several devices refuses such a profile first: ``missing_overheads``)."""
@@ -419,6 +441,8 @@ class ComputeModel:
                 **({"host_outside_s": {k: list(v) for k, v in self.host_outside_s.items()}}
                    if self.host_outside_s else {}),
                 **({"overlap": dict(self.overlap)} if self.overlap else {}),
+                **({"context_core": {k: [list(p) for p in v] for k, v in self.context_core.items()}}
+                   if self.context_core else {}),
                 **({"layer_s": {k: list(v) for k, v in self.layer_s.items()}} if self.layer_s else {}),
                 **({"layer_call_s": {k: list(v) for k, v in self.layer_call_s.items()}} if self.layer_call_s else {}),
                 **({"op_Bps": dict(self.op_Bps)} if self.op_Bps else {}),
@@ -466,7 +490,24 @@ class ComputeModel:
             layer_s=layers, layer_call_s=calls, host_s=host_figures(d.get("host_s"), where),
             host_outside_s=host_figures(d.get("host_outside_s"), where, OUTSIDE_WHAT),
             overlap=overlap_figures(d.get("overlap"), where),
+            context_core=context_figures(d.get("context_core"), where),
         )
+
+
+def context_figures(figures, where: str) -> dict:
+    """A profile's ``context_core``: str(dtype bytes) -> [(c, sequence, ratio), ...], each c an integer of at least
+    2, each sequence a positive integer, each ratio between 0.5 and 100 (below 1 is noise: a rank does at least its
+    share of the work)."""
+    figures = figures or {}
+    try:
+        out = {str(k): [(int(c), int(s), float(r)) for c, s, r in v] for k, v in figures.items()}
+    except (TypeError, ValueError, AttributeError):
+        out = None
+    if out is None or any(c < 2 or s < 1 or not (_finite(r) and 0.5 <= r <= 100) for v in out.values()
+                          for c, s, r in v):
+        raise UserError(f"{where} has a bad context_core {figures!r} (want [c, sequence, ratio] points per dtype, c "
+                        f"at least 2, the ratio between 0.5 and 100): re-run tests/gpu/context_attention.py")
+    return out
 
 
 def overlap_figures(figures, where: str, fix: str = "re-run python -m calibrate compute on 2 or more GPUs") -> dict:

@@ -226,14 +226,16 @@ def heads_split(s: Strategy) -> int:
 
 def _core(op: Op, s: Strategy, cluster: Cluster, cm: ComputeModel, act_bytes: int, backward: bool) -> float:
     """The attention core of (micro-batch / S0) sequences x (heads / S1) heads; under context parallelism over c
-    (``context_split``) 1/c of it, the causal work balanced over the c ranks (``layers.Attention``)."""
+    (``context_split``) 1/c of it, the causal work balanced over the c ranks (``layers.Attention``), times the
+    rank's measured excess over that ideal split (``ComputeModel.context_core_ratio``: its blocks' kernels)."""
     d = op.dims
     mb, heads = d["micro_batch"], d["heads"]
     r0, r1 = s.mesh.role_size(0), heads_split(s)
     seq, hd = d["tokens"] // mb, op.head_dim
     if d.get("flash", 0):
+        c = context_split(s)
         return cm.sdpa_seconds(mb // r0, heads // r1, op.kv_heads // r1, seq, hd, act_bytes,
-                               backward=backward) / context_split(s)
+                               backward=backward) / c * (cm.context_core_ratio(c, seq, act_bytes) if c > 1 else 1.0)
     return cm.attention_seconds(mb // r0, heads // r1, seq, d["hidden"] // heads, act_bytes, backward=backward) + \
         (dropout_seconds(s.extra_act_elems, cm, act_bytes)[backward] if s.recipe_dim("dropout") else 0.0)
 

@@ -37,7 +37,7 @@ def test_cp_attention_is_the_whole_sequences_work_over_c_and_its_kv_gathered(pro
         for bwd in (False, True):
             assert _core(op, s, cl, pr.compute, pr.act_bytes, bwd) == pytest.approx(pr.compute.sdpa_seconds(
                 SMALL["micro_batch"] // r0, 8 // r1, 4 // r1, SMALL["sequence"], 512 // 8, pr.act_bytes,
-                backward=bwd) / 4, rel=1e-12)
+                backward=bwd) / 4 * pr.compute.context_core_ratio(4, SMALL["sequence"], pr.act_bytes), rel=1e-12)
         # forward: K and V (2 kv_heads x head_dim columns) all-gathered over the 4 ranks of the group; backward
         # their gradients reduce-scattered; each of the gathered bytes a rank holds
         steps = {d: st for _, d, st in internal_steps(s, cl)}

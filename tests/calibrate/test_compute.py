@@ -315,3 +315,21 @@ def test_layer_seconds_add_the_per_call_cost_and_round_trip():
         ComputeModel.from_dict(dict(d, layer_call_s={"swiglu": [1e-6, 1e-6]}))
     with pytest.raises(UserError, match="bad layer_call_s"):
         ComputeModel.from_dict(dict(d, layer_call_s={"rmsnorm": [float("nan"), 1e-6]}))
+
+
+def test_context_core_ratio_interpolates_in_log_sequence_on_the_nearest_c():
+    """``context_core``: c = 2 measured at 8192 (2.0) and 32768 (1.2), c = 8 at 32768 (1.5): c = 2 at 16384 is the
+    log-midpoint's mean (1.6); beyond the points the nearest one's; c = 3 reads c = 2 (nearer on a log scale than 8),
+    c = 4 on a log tie reads 8 (the larger); none measured: 1, the ideal split; bad figures are one line."""
+    d = {"kind": "measured", "source": "test", "launch_s": 1e-5, "memory_Bps": 1e12,
+         "matmul": {"2": {"peak_flops": 1e15}},
+         "context_core": {"2": [[2, 8192, 2.0], [2, 32768, 1.2], [8, 32768, 1.5]]}}
+    m = ComputeModel.from_dict(d)
+    assert m.context_core_ratio(2, 16384, 2) == pytest.approx(1.6)
+    assert m.context_core_ratio(2, 4096, 2) == 2.0 and m.context_core_ratio(2, 65536, 2) == 1.2
+    assert m.context_core_ratio(3, 32768, 2) == 1.2 and m.context_core_ratio(4, 32768, 2) == 1.5
+    assert m.context_core_ratio(2, 32768, 4) == 1.0
+    assert ComputeModel.from_dict(json.loads(json.dumps(m.to_dict()))).context_core == m.context_core
+    for bad in ({"2": [[1, 8192, 1.5]]}, {"2": [[2, 8192, 0.1]]}, {"2": [[2, 8192]]}, {"2": "x"}):
+        with pytest.raises(UserError, match="context_core"):
+            ComputeModel.from_dict(dict(d, context_core=bad))
