@@ -165,9 +165,10 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     (``calibrate.allocator.ALLOCATORS``): the allocator whose allowance ``memory_limit`` left, recorded in every
     plan (``apply`` checks the job runs under it); ``micro_batches``: other micro-batch counts a step to search the
     single-stage plans at (``accumulation_choices``), each plan kept at its fastest that fits;
-    ``context_parallel``: the context-parallel sizes of the Megatron baselines with it (None: those
-    ``autotune.sbp.techniques.context_sizes`` tries for a long sequence; (): none); ``progress``: called with a line per step. A module section measured on the model prices its compute beside
-    collectives (``Profile.for_model``)."""
+    ``context_parallel``: the context-parallel sizes of the Megatron and FSDP baselines with it (None: those
+    ``autotune.sbp.techniques.context_sizes`` tries for a long sequence; (): none); ``progress``: called with a
+    line per step. A module section measured on the model prices its compute beside collectives
+    (``Profile.for_model``)."""
     progress = progress or (lambda line: None)
     graph = load_model(model, devices=cluster.devices) if isinstance(model, str) else model
     profile = (Profile.load(profile) if isinstance(profile, str) else profile).for_model(graph.config)
@@ -243,7 +244,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
             progress(f"no context parallelism over {c}: {message(e)}")
     progress("baselines: data parallel, Megatron (every mesh), FSDP, HSDP, TP+FSDP (each at its best recomputation; "
              "Megatron and TP+FSDP also with sequence parallelism"
-             + (f", Megatron with context parallelism over {', '.join(map(str, context))}" if context else "")
+             + (f", Megatron and FSDP with context parallelism over {', '.join(map(str, context))}" if context else "")
              + "), SUMMA (every mesh), S/B only")
     plan = build(problem, best.assignment, f"searched ({best.algorithm})",
                  {"algorithm": best.algorithm, "seconds": best.seconds, "steps": best.steps, "stopped": best.stopped})
@@ -254,7 +255,7 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     # a sequence-parallel baseline apply runs by torch's styles only (its tokens split by the sequence there)
     skipped += [b.strategy for b in base if b.search.get("sequence_parallel") and not sequence_axes(b)]
     base = [b for b in base if not b.search.get("sequence_parallel") or sequence_axes(b)]
-    # and a context-parallel one on the DDP and tensor paths only (``autotune.apply.context``)
+    # and a context-parallel one on the paths that run it only (``CONTEXT_PATHS``, ``autotune.apply.context``)
     skipped += [b.strategy for b in base if b.search.get("context_parallel") and b.apply_path not in CONTEXT_PATHS]
     base = [b for b in base if not b.search.get("context_parallel") or b.apply_path in CONTEXT_PATHS]
     if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it

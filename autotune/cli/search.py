@@ -111,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
                     help="chunks a rank under --schedule interleaved-1f1b (Megatron-LM's virtual pipeline stages; "
                          "default 2)")
     ap.add_argument("--context-parallel", default="auto",
-                    help="context-parallel sizes of the Megatron plans with it (Megatron-LM's "
+                    help="context-parallel sizes of the Megatron and FSDP plans with it (Megatron-LM's "
                          "--context-parallel-size: each sequence split over that many data-parallel ranks), "
                          "comma-separated; 'auto': 2, 4, 8 and 16 where they divide the devices, for sequences of "
                          "32768 tokens or more; 1: none (default auto)")

@@ -3,8 +3,8 @@ carries beside its placements (``Techniques.to_dict``, the plan's "techniques" f
 (``autotune.pipeline``, ``autotune.sbp.memory.Mode``) and run by the execution layer (``autotune.apply``):
 recomputation, block recomputation, the schedules (interleaved 1F1B on each rank's chunks), ZeRO-1/2 in a
 pipeline's stages, sequence parallelism on the tensor path (one stage or a pipeline's), context parallelism in a
-plan of one stage on the DDP and tensor paths (``autotune.apply.context``; not in a pipeline's stages:
-``autotune.pipeline.threed.applies``).
+plan of one stage on the DDP, tensor and fully_shard paths (``autotune.apply.context``; not in a pipeline's
+stages: ``autotune.pipeline.threed.applies``).
 
 - ``recompute``: "none", "selective" (Megatron's: the attention core, its probabilities not kept) or "full";
   ``recompute_blocks``: with "full", only each stage's first that many blocks (Megatron-LM's ``--recompute-method
