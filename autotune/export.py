@@ -54,7 +54,7 @@ from calibrate.allocator import EXPANDABLE_ENV
 from calibrate.errors import OptionError, UserError
 
 from autotune.plan.file import PlanFile
-from autotune.plan.layouts import context_axes
+from autotune.plan.layouts import context_size
 from autotune.plan.typed import LayerPlan, Plan
 from autotune.sbp.sbp import B, is_split
 
@@ -169,7 +169,7 @@ def layout(plan: Plan) -> Layout:
         lay.count for lay in norms)
     model = plan.model
     data = math.prod(cluster.axis_sizes[a] for a in data_axes)  # a pipelined plan: its first stage's submesh
-    context = math.prod(cluster.axis_sizes[a] for a in context_axes(inner))
+    context = context_size(inner)
     micro, batch, seq = model.get("micro_batch"), model.get("batch"), model.get("sequence", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (micro, batch, seq)):
         raise UserError(f"the plan's model has micro_batch {micro!r}, batch {batch!r}, sequence {seq!r}; each must be "

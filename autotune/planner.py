@@ -252,12 +252,12 @@ def search(model: LayerGraph | str, cluster: Cluster, profile: Profile | str, *,
     base = [build(*found) for found in baseline_plans(plain, summa_problem, sb_problem,
                                                       lambda p: run_search(p, algorithm, budget, seed, progress),
                                                       skipped, sp_problem, context)]
-    # a sequence-parallel baseline apply runs by torch's styles only (its tokens split by the sequence there)
-    skipped += [b.strategy for b in base if b.search.get("sequence_parallel") and not sequence_axes(b)]
-    base = [b for b in base if not b.search.get("sequence_parallel") or sequence_axes(b)]
-    # and a context-parallel one on the paths that run it only (``CONTEXT_PATHS``, ``autotune.apply.context``)
-    skipped += [b.strategy for b in base if b.search.get("context_parallel") and b.apply_path not in CONTEXT_PATHS]
-    base = [b for b in base if not b.search.get("context_parallel") or b.apply_path in CONTEXT_PATHS]
+    def runs(b: Plan) -> bool:  # a sequence-parallel baseline apply runs by torch's styles only (its tokens split
+        # by the sequence there), a context-parallel one on the paths that run it (``autotune.apply.context``)
+        return (not b.search.get("sequence_parallel") or bool(sequence_axes(b))) and \
+            (not b.search.get("context_parallel") or b.apply_path in CONTEXT_PATHS)
+    skipped += [b.strategy for b in base if not runs(b)]
+    base = [b for b in base if runs(b)]
     if objective == "step":  # each plan's step at the host's pace of its path, where the profile says it
         def paced(p: Plan) -> Plan:  # with its path's own device work first (``path_work``)
             return at_host_pace(path_work(p, profile.compute), profile.compute, profile.module)

@@ -9,9 +9,9 @@ shifted over the whole sequence first (``shift_labels``, the loss normalised by 
 ``num_items_in_batch``). Every layer but the attention core is token-wise and runs on the local chunks; the core
 (registered with transformers' ``AttentionInterface``) all-gathers K and V over the group (their gradients
 reduce-scattered backward) and computes each local chunk's queries against the keys up to it (a dense prefix
-and a causal square merged by their log-sum-exp: ``autotune.apply.blockattn``). The gradients are averaged over all data ranks as without it: with the loss
-scaled by ``c`` over the group's tokens, each group's contribution is its sequences' mean loss, as data
-parallelism over the groups gives it."""
+and a causal square merged by their log-sum-exp: ``autotune.apply.blockattn``). The gradients are averaged over
+all data ranks as without it: with the loss scaled by ``c`` over the group's tokens, each group's contribution
+is its sequences' mean loss, as data parallelism over the groups gives it."""
 from __future__ import annotations
 
 import functools
@@ -34,17 +34,16 @@ class ContextGroup:
     size: int
     group: object
 
-    def positions(self, seq: int, device) -> "torch.Tensor":
-        """The global positions of this rank's tokens of a sequence of ``seq``, in local order: the chunks
-        ``rank`` and ``2 size - 1 - rank`` of 2 ``size``."""
+    def starts(self, seq: int) -> tuple[int, int]:
+        """The first positions of this rank's two chunks of a sequence of ``seq``: the chunks ``rank`` and
+        ``2 size - 1 - rank`` of 2 ``size``."""
         n = seq // (2 * self.size)
-        lo, hi = self.rank * n, (2 * self.size - 1 - self.rank) * n
-        return torch.cat([torch.arange(lo, lo + n, device=device), torch.arange(hi, hi + n, device=device)])
+        return self.rank * n, (2 * self.size - 1 - self.rank) * n
 
-    def ends(self, seq: int) -> tuple[int, int]:
-        """The keys each of this rank's two chunks attends to: the sequence's first that many."""
+    def positions(self, seq: int, device) -> "torch.Tensor":
+        """The global positions of this rank's tokens of a sequence of ``seq``, in local order."""
         n = seq // (2 * self.size)
-        return (self.rank + 1) * n, (2 * self.size - self.rank) * n
+        return torch.cat([torch.arange(lo, lo + n, device=device) for lo in self.starts(seq)])
 
     def order(self, pieces: list) -> "torch.Tensor":
         """Every rank's local pieces (dimension 2: [chunk i, chunk 2c - 1 - i]) in the sequence's order."""
@@ -94,8 +93,8 @@ def attention(module, query, key, value, _attention_mask, dropout: float = 0.0, 
     key, value = kv.split([key.shape[-1], value.shape[-1]], dim=-1)
     n = query.shape[2] // 2
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = [attend(q, key, value, chunk_blocks(end - n, n), scale)
-           for q, end in zip(query.split(n, dim=2), cp.ends(key.shape[2]))]
+    out = [attend(q, key, value, chunk_blocks(start, n), scale)
+           for q, start in zip(query.split(n, dim=2), cp.starts(key.shape[2]))]
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
@@ -120,11 +119,11 @@ def _cut(module, args, kwargs, *, cp: ContextGroup):
         shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE)
         kwargs["labels"] = kwargs["shift_labels"] = shifted.index_select(1, where)
         kwargs["num_items_in_batch"] = max(int((shifted != IGNORE).sum()), 1) / cp.size
-    for k, v in list(kwargs.items()):
-        if k not in ("labels", "shift_labels") and hasattr(v, "dim") and v.dim() >= 2 and v.shape[1] == seq:
-            kwargs[k] = v.index_select(1, where)
-    args = tuple(a.index_select(1, where) if hasattr(a, "dim") and a.dim() >= 2 and a.shape[1] == seq else a
-                 for a in args)
+
+    def cut(t):  # a [batch, sequence, ...] tensor to this rank's chunks
+        return t.index_select(1, where) if hasattr(t, "dim") and t.dim() >= 2 and t.shape[1] == seq else t
+    kwargs = {k: v if k in ("labels", "shift_labels") else cut(v) for k, v in kwargs.items()}
+    args = tuple(cut(a) for a in args)
     kwargs.setdefault("position_ids", where.unsqueeze(0).expand(ids.shape[0], -1))
     return args, kwargs
 

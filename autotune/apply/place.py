@@ -24,7 +24,6 @@ it as one line on rank 0: ``calibrate.errors.one_line_in_scripts``). World size 
 recomputation applied."""
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -37,8 +36,8 @@ from autotune.apply.layers import (Site, _check_shapes, _recompute, _world, chec
                                    find_layers)
 from autotune.apply.tensor import tp_styles
 from autotune.apply.vocab import chain_columns
-from autotune.plan.layouts import (CONTEXT_PATHS, column_twin, context_axes, data_parallel_plan, fully_shard_layout,
-                                   plan_path, sequence_axes, tp_layout)
+from autotune.plan.layouts import (CONTEXT_PATHS, column_twin, context_axes, context_size, data_parallel_plan,
+                                   fully_shard_layout, plan_path, sequence_axes, tp_layout)
 from autotune.plan.file import load_plan
 from autotune.plan.typed import ApplyPath, TypedPlan
 
@@ -158,8 +157,7 @@ def apply(plan, model, mesh=None, mapping: dict | None = None, path: str = "auto
     takes, place = PATHS[name]
     placed, split = place(Job(model, chain, prefixes, plan, mesh, device, takes(plan, chain)))
     if context:
-        split = context_parallel(model, math.prod(plan.mesh.sizes[a] for a in context), split, device,
-                                 plan.model.get("sequence"))
+        split = context_parallel(model, context_size(plan), split, device, plan.model.get("sequence"))
     if name == ApplyPath.DTENSOR:
         _recompute(model, chain, prefixes, plan.recompute, plan.recompute_blocks)
     placed._autotune_path = name

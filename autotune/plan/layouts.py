@@ -207,6 +207,11 @@ def context_axes(plan: TypedPlan) -> tuple[int, ...]:
     return tuple(a for a, r in enumerate(roles) if r == 1 and plan.mesh.sizes[a] > 1)
 
 
+def context_size(plan: TypedPlan) -> int:
+    """The ranks each sequence is split over (``context_axes``'), 1 without context parallelism."""
+    return math.prod(plan.mesh.sizes[a] for a in context_axes(plan))
+
+
 def fsdp_dims(plan: TypedPlan, layout: FullyShard) -> dict[str, int]:
     """The mesh ``fully_shard`` runs on, its dimension names and sizes in rank order: "replicate" (HSDP's
     leading data axes), "shard", "tp"; those of one device left out except "shard"."""

@@ -272,24 +272,29 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
             return a, (f"d={tuple(mesh[0])}, t={tuple(mesh[1])}" if mesh else "")
         return best
 
-    rows = [("data parallel", lambda pr: (data_parallel(pr), ""), None, problem),
-            ("Megatron", megatron(megatron_assignment), None, problem),
-            ("FSDP", lambda pr: (data_parallel(pr), "d = all devices, sharded over every axis"), every, problem),
+    # (name, make, FSDP axes, the problem it is placed on, its search record)
+    rows = [("data parallel", lambda pr: (data_parallel(pr), ""), None, problem, None),
+            ("Megatron", megatron(megatron_assignment), None, problem, None),
+            ("FSDP", lambda pr: (data_parallel(pr), "d = all devices, sharded over every axis"), every, problem, None),
             ("HSDP", lambda pr: (data_parallel(pr), "sharded inside each node, replicated across nodes"), gpu_axes,
-             problem),
+             problem, None),
             ("TP+FSDP", lambda pr: (megatron_assignment(pr, nodes, gpus), f"t={gpus}, sharded over the node axes"),
-             node_axes, problem)]
+             node_axes, problem, None)]
     if sequence is not None:
-        rows += [("Megatron, sequence parallel", megatron(megatron_sp), None, sequence),
+        sp = {"sequence_parallel": True}
+        rows += [("Megatron, sequence parallel", megatron(megatron_sp), None, sequence, sp),
                  ("TP+FSDP, sequence parallel", lambda pr: (megatron_sp(pr, nodes, gpus),
                                                             f"t={gpus}, sharded over the node axes"),
-                  node_axes, sequence)]
+                  node_axes, sequence, sp)]
     for c, pr in (context or {}).items():  # torchtitan's FSDP + CP beside Megatron-LM's
-        rows += [(f"Megatron, context parallel {c}", megatron(lambda p, d, t, c=c: megatron_cp(p, d, t, c)), None, pr),
+        cp = {"context_parallel": c}
+        rows += [(f"Megatron, context parallel {c}", megatron(lambda p, d, t, c=c: megatron_cp(p, d, t, c)), None, pr,
+                  cp),
                  (f"FSDP, context parallel {c}", lambda p, c=c: (megatron_cp(p, (cl.nodes, cl.gpus_per_node), ONE, c),
-                                                                "d = all devices, sharded over every axis"), every, pr)]
+                                                                "d = all devices, sharded over every axis"), every, pr,
+                  cp)]
     out = []
-    for name, make, axes, base in rows:
+    for name, make, axes, base, record in rows:
         if axes is not None and not axes:
             continue  # no axis to shard over: the same plan as without FSDP
         found = at_best_recompute(base, make, axes)
@@ -298,10 +303,7 @@ def baseline_plans(problem: Problem, summa: Problem | None, sb: Problem | None, 
                 skipped.append(name)
             continue
         pr, a, detail = found
-        cp = next((c for c, x in (context or {}).items() if x is base), None)
-        out.append((pr, a, _name(pr, f"{name} ({detail})" if detail else name),
-                    {"sequence_parallel": True} if base is sequence else
-                    {"context_parallel": cp} if cp is not None else None))
+        out.append((pr, a, _name(pr, f"{name} ({detail})" if detail else name), dict(record) if record else None))
     if summa is not None:
         a, _, mesh = best_mesh(summa, summa_assignment)
         if a is not None:
