@@ -22,6 +22,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from autotune.apply import context
 from calibrate.measure.torcharm import TorchArm, medians, timing
+from calibrate.outputs import write_atomic
 from calibrate.profile import Profile
 
 HEADS, KV, HD, REPS = 32, 8, 128, 20
@@ -122,10 +123,11 @@ def main() -> int:
     for r in rows:
         print(f"{r['sequence']:8d} {r['c']:2d} {r['rank_ms']:9.2f} {r['full_over_c_ms']:9.2f} {r['priced_ms']:9.2f} "
               f"{r['rank_ms'] / r['priced_ms']:11.2f} {r['max_rel_err']:8.4f}")
-    with open(os.path.join(out, "context.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f, indent=1)
-    with open(os.path.join(out, "context_core.json"), "w") as f:  # a profile's compute section's context_core
-        json.dump({"2": [[r["c"], r["sequence"], round(r["rank_ms"] / r["full_over_c_ms"], 3)] for r in rows]}, f)
+    write_atomic(os.path.join(out, "context.json"), json.dumps(
+        {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
+    # a profile's compute section's context_core
+    write_atomic(os.path.join(out, "context_core.json"), json.dumps(
+        {"2": [[r["c"], r["sequence"], round(r["rank_ms"] / r["full_over_c_ms"], 3)] for r in rows]}) + "\n")
     return 0 if all(r["max_rel_err"] < 0.02 for r in rows) else 1
 
 
