@@ -91,12 +91,18 @@ def _seconds(torch, device, fn, calls: int = 3) -> float:
 
 def covering(torch, device, group, compute, one: dict) -> dict:
     """name -> how many of ``one[name]`` (one collective) back to back take ``COVER`` times ``compute`` alone, the
-    most any rank needs (every rank issues as many)."""
+    most any rank needs (every rank issues as many). A collective's time is read twice: from 3 calls, then from as
+    many as that first reading says cover the compute (a stretch as long as the arm's, so one late call or a
+    scheduler's hiccup moves the count by its share of the stretch, not by a factor)."""
     c = _seconds(torch, device, compute)
+
+    def need(fn, calls, k=1):  # fn issues k collectives
+        return min(MOST_COLLECTIVES, max(1, math.ceil(COVER * c * k / max(_seconds(torch, device, fn, calls), 1e-9))))
+
     names = list(one)
-    need = [min(MOST_COLLECTIVES, max(1, math.ceil(COVER * c / max(_seconds(torch, device, lambda i: one[n]()),
-                                                                    1e-9)))) for n in names]
-    return dict(zip(names, (int(x) for x in group.max(need))))
+    first = [int(k) for k in group.max([need(lambda i, f=one[n]: f(), 3) for n in names])]  # ranks issue alike
+    counts = [need(lambda i, f=one[n], k=k: [f() for _ in range(k)], 1, k) for n, k in zip(names, first)]
+    return dict(zip(names, (int(x) for x in group.max(counts))))
 
 
 def streams(torch, device, group, compute, one: dict, iters: int, warmup: int) -> dict:
