@@ -492,12 +492,15 @@ def main(argv=None) -> int:
                    **{f"op_Bps.{k}": f"measured: {OP_SOURCES[k]}, {v / 1e9:.0f} GB/s" for k, v in ops.items()},
                    launch_s=f"measured: one-element kernel queued behind a matmul, {launch * 1e6:.2f} us")
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
+    kept = profile.compute.context_core if profile.compute is not None else {}  # tests/gpu/context_attention.py's
+    sources.update({f"context_core.{k}": profile.compute.sources.get(f"context_core.{k}", "kept from the base profile")
+                    for k in kept})
     profile.compute = ComputeModel(
         source=f"python -m calibrate compute on {gpu}, torch {torch.__version__}, {stamp}; medians of {args.iters} isolated runs, or of 3 batches of them back to back (calibrate.measure)",
         kind="measured", launch_s=launch, memory_Bps=mem, matmul=matmul, attention=attention, sources=sources,
         attention_backward=attention_bwd, attention_copies=copies, attention_copies_backward=copies_bwd,
         op_Bps=ops, sdpa=sdpa, layer_s=layers, layer_call_s=layer_calls, host_s=host,
-        host_outside_s=outside, overlap=overlap)
+        host_outside_s=outside, overlap=overlap, context_core=kept)
     profile.device = device_memory(torch, device, free_at_start)
     path = profile.save(out)
     progress(f"memory {mem / 1e9:.0f} GB/s (copy), " + ", ".join(f"{v / 1e9:.0f} GB/s ({k})" for k, v in ops.items())
