@@ -98,6 +98,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--merge", metavar="PROFILE.json",
                     help="measure nothing: copy the compute and device sections of PROFILE.json (measured earlier) "
                          "into --out (e.g. an embedded profile), the rest of --out untouched")
+    ap.add_argument("--sections", metavar="NAME[,NAME..]",
+                    help="with --merge: only these parts of the compute section (e.g. sdpa,layer_s,layer_call_s), "
+                         "--out's other parts and its device section kept")
     return ap
 
 
@@ -394,25 +397,47 @@ def measure_launch(torch, device, iters, warmup) -> float:
     return max(t["queued"] - t["matmul"], 0.0) / LAUNCH_QUEUE
 
 
-def merge(src: str, out: str) -> Path:
+def merge(src: str, out: str, sections: tuple[str, ...] = ()) -> Path:
     """--out's JSON with the compute section of ``src``, and its device section if it has one (both
-    profiles; nothing else changes)."""
+    profiles; nothing else changes); with ``sections``, only those keys of the compute section (and their
+    ``sources`` entries), the rest of --out's compute section kept."""
     source = Profile.load(src)
     measured = source.compute
     if measured is None:
         raise UserError(f"{src} has no compute section: measure one with python -m calibrate compute --out {src}")
     Profile.load(out)  # --out must be a profile
     data = read_json(out, "profile", "give a profile JSON as --out")
-    data["compute"] = measured.to_dict()
-    if source.device is not None:
-        data["device"] = source.device.to_dict()
+    new = measured.to_dict()
+    if not sections:
+        data["compute"] = new
+        if source.device is not None:
+            data["device"] = source.device.to_dict()
+        return write_json(out, data, "profile")
+    parts = [k for k in new if k not in ("kind", "source", "sources")]
+    bad = [k for k in sections if k not in parts]
+    if bad:
+        raise UserError(f"{src}'s compute section has no {', '.join(bad)} to merge: give --sections of "
+                        f"{', '.join(parts)}")
+    if data.get("compute") is None:
+        raise UserError(f"{out} has no compute section to merge {', '.join(sections)} into: leave out --sections")
+    compute = data["compute"]
+    for k in sections:
+        compute[k] = new[k]
+        compute["sources"] = {**{n: v for n, v in compute.get("sources", {}).items() if n.split(".")[0] != k},
+                              **{n: v for n, v in new.get("sources", {}).items() if n.split(".")[0] == k}}
+    compute["source"] = f"{compute.get('source', '')}; {', '.join(sections)} from {measured.source}"
+    Profile.from_dict(data)  # the merged profile validates before it is written
     return write_json(out, data, "profile")
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if args.sections and not args.merge:
+        raise UserError("--sections picks parts of a --merge: give --merge PROFILE.json too, or leave it out")
     if args.merge:
-        print(f"wrote the compute section of {args.merge} into {merge(args.merge, args.out)}")
+        parts = tuple(k.strip() for k in (args.sections or "").split(",") if k.strip())
+        print(f"wrote {', '.join(parts) or 'the compute section'} of {args.merge} into "
+              f"{merge(args.merge, args.out, parts)}")
         return 0
     started = time.perf_counter()
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]

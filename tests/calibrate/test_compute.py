@@ -333,3 +333,30 @@ def test_context_core_ratio_interpolates_in_log_sequence_on_the_nearest_c():
     for bad in ({"2": [[1, 8192, 1.5]]}, {"2": [[2, 8192, 0.1]]}, {"2": [[2, 8192]]}, {"2": "x"}):
         with pytest.raises(UserError, match="context_core"):
             ComputeModel.from_dict(dict(d, context_core=bad))
+
+
+def test_merge_of_named_sections_keeps_the_rest(tmp_path):
+    """``--merge --sections sdpa``: the measured profile's SDPA grid and its sources come in, every other part of
+    --out's compute section (its matmuls, its host figures) and its device section stay; a part the measured
+    profile lacks, or --sections without --merge, is one line naming the fix."""
+    from calibrate.__main__ import main
+    from calibrate.cli.compute import main as compute_main
+    src, dst = tmp_path / "measured.json", tmp_path / "embedded.json"
+    p = Profile.load("h100-nvlink+ib400")
+    p.save(src)
+    before = Profile.load("h200-nvlink+ib400")
+    before.save(dst)
+    assert not before.compute.sdpa
+    assert main(["compute", "--merge", str(src), "--out", str(dst), "--sections", "sdpa"]) == 0
+    after = Profile.load(str(dst))
+    assert after.compute.sdpa == p.compute.sdpa and after.compute.matmul == before.compute.matmul
+    assert after.compute.host_s == before.compute.host_s and after.device == before.device
+    assert after.compute.sources["sdpa.2"] == p.compute.sources["sdpa.2"]
+    assert after.compute.sources["matmul.2"] == before.compute.sources["matmul.2"]
+    src_h200 = tmp_path / "h200.json"
+    before.save(src_h200)
+    for argv, match in ((["--merge", str(src_h200), "--sections", "sdpa"], "has no sdpa to merge"),
+                        (["--sections", "sdpa"], "--sections picks parts of a --merge")):
+        with pytest.raises(UserError, match=match) as e:
+            compute_main(["--out", str(dst), *argv])
+        assert "\n" not in str(e.value)
