@@ -33,7 +33,8 @@ def declared(tmp_path):
 def profile(tmp_path):
     """An embedded profile's compute model with layer figures for two kinds (the others: no prediction)."""
     p = Profile.load("h200-nvlink")
-    p.compute = dataclasses.replace(p.compute, layer_s={"layernorm": (1e-10, 2e-10), "gelu": (3e-10, 5e-10)})
+    p.compute = dataclasses.replace(p.compute, layer_s={"layernorm": (1e-10, 2e-10), "gelu": (3e-10, 5e-10)},
+                                    layer_call_s={})
     return p.save(tmp_path / "profile.json")
 
 
