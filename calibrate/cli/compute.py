@@ -421,10 +421,9 @@ def merge(src: str, out: str, sections: tuple[str, ...] = ()) -> Path:
     if data.get("compute") is None:
         raise UserError(f"{out} has no compute section to merge {', '.join(sections)} into: leave out --sections")
     compute = data["compute"]
-    for k in sections:
-        compute[k] = new[k]
-        compute["sources"] = {**{n: v for n, v in compute.get("sources", {}).items() if n.split(".")[0] != k},
-                              **{n: v for n, v in new.get("sources", {}).items() if n.split(".")[0] == k}}
+    compute.update({k: new[k] for k in sections})
+    compute["sources"] = {**{n: v for n, v in compute.get("sources", {}).items() if n.split(".")[0] not in sections},
+                          **{n: v for n, v in new.get("sources", {}).items() if n.split(".")[0] in sections}}
     compute["source"] = f"{compute.get('source', '')}; {', '.join(sections)} from {measured.source}"
     Profile.from_dict(data)  # the merged profile validates before it is written
     return write_json(out, data, "profile")
