@@ -11,7 +11,11 @@ shifted over the whole sequence first (``shift_labels``, the loss normalised by 
 reduce-scattered backward) and computes each local chunk's queries against the keys up to it (a dense prefix
 and a causal square merged by their log-sum-exp: ``autotune.apply.blockattn``). The gradients are averaged over
 all data ranks as without it: with the loss scaled by ``c`` over the group's tokens, each group's contribution
-is its sequences' mean loss, as data parallelism over the groups gives it."""
+is its sequences' mean loss, as data parallelism over the groups gives it. In a pipeline's stages placed by DDP or
+fully_shard (``autotune.apply_pipeline``; every stage over one size, ``group`` made alike on every rank) the same
+groups and attention: the first stage cuts each micro-batch's ids into the rank's chunks (``place_stage``), every
+stage gives its blocks their global positions (``HFStage.positions``), the stream crossing the boundaries is each
+rank's chunks, and the last stage's loss is of the targets cut alike (``chunk_loss``)."""
 from __future__ import annotations
 
 import functools
@@ -44,6 +48,19 @@ class ContextGroup:
         """The global positions of this rank's tokens of a sequence of ``seq``, in local order."""
         n = seq // (2 * self.size)
         return torch.cat([torch.arange(lo, lo + n, device=device) for lo in self.starts(seq)])
+
+    def cut(self, t) -> "torch.Tensor":
+        """A [batch, sequence, ...] tensor of whole sequences cut to this rank's chunks (dimension 1)."""
+        seq = t.shape[1]
+        if seq % (2 * self.size):
+            raise UserError(f"context parallelism over {self.size}: a sequence of {seq} tokens does not split into "
+                            f"{2 * self.size} equal chunks: use sequences of a multiple of {2 * self.size}")
+        return t.index_select(1, self.positions(seq, t.device))
+
+    def stream_positions(self, x) -> "torch.Tensor":
+        """The global positions [batch, local tokens] of a pipeline stage's input ``x`` (the ids or the stream of
+        this rank's chunks, dimension 1: a ``size``-th of each sequence)."""
+        return self.positions(x.shape[1] * self.size, x.device).unsqueeze(0).expand(x.shape[0], -1)
 
     def order(self, pieces: list) -> "torch.Tensor":
         """Every rank's local pieces (dimension 2: [chunk i, chunk 2c - 1 - i]) in the sequence's order."""
@@ -106,25 +123,21 @@ def _cut(module, args, kwargs, *, cp: ContextGroup):
         raise UserError("context parallelism: the model is called without input_ids of [batch, sequence]: call it "
                         "with input_ids=")
     seq = ids.shape[1]
-    if seq % (2 * cp.size):
-        raise UserError(f"context parallelism over {cp.size}: a sequence of {seq} tokens does not split into "
-                        f"{2 * cp.size} equal chunks: use sequences of a multiple of {2 * cp.size}")
     mask = kwargs.pop("attention_mask", None)
     if mask is not None and not bool(mask.all()):
         raise UserError("context parallelism: an attention mask with padding is not taken (each rank holds chunks of "
                         "the sequences): pack the sequences to the full length, or search without it")
-    where = cp.positions(seq, ids.device)
     labels = kwargs.get("labels")
     if labels is not None:
         shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE)
-        kwargs["labels"] = kwargs["shift_labels"] = shifted.index_select(1, where)
+        kwargs["labels"] = kwargs["shift_labels"] = cp.cut(shifted)
         kwargs["num_items_in_batch"] = max(int((shifted != IGNORE).sum()), 1) / cp.size
 
     def cut(t):  # a [batch, sequence, ...] tensor to this rank's chunks
-        return t.index_select(1, where) if hasattr(t, "dim") and t.dim() >= 2 and t.shape[1] == seq else t
+        return cp.cut(t) if hasattr(t, "dim") and t.dim() >= 2 and t.shape[1] == seq else t
     kwargs = {k: v if k in ("labels", "shift_labels") else cut(v) for k, v in kwargs.items()}
     args = tuple(cut(a) for a in args)
-    kwargs.setdefault("position_ids", where.unsqueeze(0).expand(ids.shape[0], -1))
+    kwargs.setdefault("position_ids", cp.positions(seq, ids.device).unsqueeze(0).expand(ids.shape[0], -1))
     return args, kwargs
 
 
@@ -142,18 +155,59 @@ def check_model(model, size: int, sequence: int | None) -> None:
                         f"--context-parallel 1")
 
 
-def place(model, size: int, split, device: str, sequence: int | None = None):
-    """``model`` (placed by its path, ``split`` this rank's piece of the batch over the data ranks) runs context
-    parallelism over ``size`` ranks, the innermost of its data ranks; returns this rank's piece over the groups."""
+def group(size: int, data: int, device: str, stages: int = 1) -> ContextGroup:
+    """This rank's context group of ``size``, the innermost of its stage's ``data`` data ranks (the tensor ranks
+    inside them), on a mesh every rank makes alike: (``stages``, groups, context, tp)."""
     from torch.distributed.device_mesh import init_device_mesh
+    tensor = torch.distributed.get_world_size() // (stages * data)
+    mesh = init_device_mesh(device, (stages, data // size, size, tensor),
+                            mesh_dim_names=("pp", "groups", "context", "tp"))
+    return ContextGroup(mesh.get_local_rank("context"), size, mesh.get_group("context"))
+
+
+def attend_over(model, cp: ContextGroup) -> None:
+    """``model``'s attention (its modules, a pipeline stage's among them) all-gathering K and V over ``cp``."""
     from transformers import AttentionInterface
-    check_model(model, size, sequence)
-    tensor = torch.distributed.get_world_size() // split.world
-    mesh = init_device_mesh(device, (split.world // size, size, tensor), mesh_dim_names=("groups", "context", "tp"))
     AttentionInterface.register(NAME, attention)
-    cp = ContextGroup(split.rank % size, size, mesh.get_group("context"))
     model.config._attn_implementation = NAME
     for m in model.modules():
         m._autotune_context = cp
-    model.register_forward_pre_hook(functools.partial(_cut, cp=cp), with_kwargs=True, prepend=True)
+
+
+def pieces(split, size: int):
+    """``split`` (this rank's piece over the data ranks) over the context groups: the groups' pieces."""
     return type(split)(split.rank // size, split.world // size)
+
+
+def place(model, size: int, split, device: str, sequence: int | None = None):
+    """``model`` (placed by its path, ``split`` this rank's piece of the batch over the data ranks) runs context
+    parallelism over ``size`` ranks, the innermost of its data ranks; returns this rank's piece over the groups."""
+    check_model(model, size, sequence)
+    cp = group(size, split.world, device)
+    attend_over(model, cp)
+    model.register_forward_pre_hook(functools.partial(_cut, cp=cp), with_kwargs=True, prepend=True)
+    return pieces(split, size)
+
+
+def _cut_ids(module, args, *, cp: ContextGroup):
+    """A pipeline's first stage's forward pre-hook: its ids (its piece of the micro-batch, [batch, sequence]) cut to
+    this rank's chunks."""
+    return tuple(cp.cut(a) for a in args)
+
+
+def place_stage(module, cp: ContextGroup, first: bool) -> None:
+    """A pipeline's stage (``autotune.apply.cuts.HFStage``, its data split's hook placed) run on this rank's chunks:
+    the first stage cuts its ids, every stage gives its blocks the chunks' global positions (rotary positions in
+    every stage, a learned table in the first); the stream crossing the boundaries is each rank's chunks."""
+    if first:
+        module.register_forward_pre_hook(functools.partial(_cut_ids, cp=cp))
+    module.positions = cp.stream_positions
+
+
+def chunk_loss(x, target, *, loss_fn, cp: ContextGroup):
+    """A pipeline's last stage's loss of this rank's chunks: ``target`` (its piece of the micro-batch's targets,
+    shifted over the whole sequences by the caller) cut as the ids were; ``loss_fn``'s mean over the rank's tokens
+    is their sum over the group's tokens / c (each rank holds a c-th of them), the one-stage normaliser
+    (``num_items_in_batch``), and so the gradients averaged over the data ranks are one process's."""
+    return loss_fn(x, cp.cut(target))
+

@@ -77,7 +77,8 @@ class HFStage(nn.Module):
     """A stage of a Hugging Face causal LM: its base model (``BASE``: the Llama family's ``model``; a view of its
     own, the model's untouched, so that a rank may cut several chunks) with the stage's blocks (``BLOCKS``), run
     from the ids (first) or from ``inputs_embeds`` (later stages, without what only the first one adds:
-    ``later``); the final norm (``NORM``) and the head in the last."""
+    ``later``), at the positions ``positions`` gives (context parallelism's chunks; None: 0, 1, ...); the final
+    norm (``NORM``) and the head in the last."""
 
     BASE, BLOCKS, NORM = "model", "layers", "norm"
 
@@ -95,6 +96,7 @@ class HFStage(nn.Module):
         self.first = first
         self.arrive = None
         self.depart = None
+        self.positions = None  # the input's position ids, where they are not 0, 1, ... (``autotune.apply.context``)
 
     @staticmethod
     def later(base) -> None:
@@ -106,10 +108,12 @@ class HFStage(nn.Module):
 
     def forward(self, x):
         base = getattr(self, self.BASE)
+        where = {} if self.positions is None else {"position_ids": self.positions(x)}
         if self.first:
-            h = base(input_ids=x, use_cache=False).last_hidden_state
+            h = base(input_ids=x, use_cache=False, **where).last_hidden_state
         else:
-            h = base(inputs_embeds=self.arrive(x) if self.arrive is not None else x, use_cache=False).last_hidden_state
+            h = base(inputs_embeds=self.arrive(x) if self.arrive is not None else x, use_cache=False,
+                     **where).last_hidden_state
         if self.lm_head is not None:
             return self.lm_head(h)
         return self.depart(h) if self.depart is not None else h

@@ -16,17 +16,20 @@ backward (torchtitan's ZeRO-2 setting): one all-gather and one reduce-scatter a 
 priced; ZeRO-1 runs so too (torch has no ZeRO-1 on fully_shard: its gradients sharded as well, at most the memory
 priced). A tensor-path stage with sequence parallelism holds the stream as a DTensor of sequence shards
 (``Shard(1)``) on its tensor axis, each rank's shard crossing the boundaries (beside a DTensor-path stage, which
-splits it otherwise, one line). Each stage is placed on its submesh by one of apply's paths (``paths``
-says which ran): "ddp" (gradients averaged once after the schedule, ``autotune.apply.ddp.sync_grads``),
-"fully_shard" (the ``FSDPModule`` handed to ``PipelineStage``, torchtitan's PP + FSDP step) or "tensor" (torch's
-ParallelStyles on the tensor axes, fully_shard's replicate mesh over the data axes: torchtitan's PP + TP) for a
-stage plan that is data parallel, fully_shard-shaped or data x tensor parallel and whose boundaries carry each
-rank's local piece (each rank runs its piece of every micro-batch, the first stage cutting the ids, the last the
-targets), also with the layers ``autotune.apply.vocab`` computes; else "dtensor" (``autotune.apply.dtensor``: the
-stream redistributed at the boundaries by the plan's route, ``autotune.apply.cuts``), "none" on one device. On
-every path the last stage's loss is of this rank's piece of the micro-batch; logits split by vocabulary on a
-tensor axis (or the DTensor path's) stay a DTensor of columns, their cross entropy run under ``loss_parallel``
-(a ``loss_fn`` given takes them gathered). Tied embedding and logits: their
+splits it otherwise, one line). Stages with context parallelism (a Hugging Face model; every stage over the same size on
+the DDP or fully_shard path, without tensor parallelism: ``CONTEXT_STAGE_PATHS``) run ``autotune.apply.context``'s: each
+context group holds its piece of every micro-batch, each rank its two chunks of each sequence (the ids cut by the first
+stage, the chunks' global positions given to every stage's blocks, the targets cut by the last), the chunks crossing the
+boundaries. Each stage is placed on its submesh by one of apply's paths (``paths`` says which ran): "ddp" (gradients
+averaged once after the schedule, ``autotune.apply.ddp.sync_grads``), "fully_shard" (the ``FSDPModule`` handed to
+``PipelineStage``, torchtitan's PP + FSDP step) or "tensor" (torch's ParallelStyles on the tensor axes, fully_shard's
+replicate mesh over the data axes: torchtitan's PP + TP) for a stage plan that is data parallel, fully_shard-shaped or
+data x tensor parallel and whose boundaries carry each rank's local piece (each rank runs its piece of every
+micro-batch, the first stage cutting the ids, the last the targets), also with the layers ``autotune.apply.vocab``
+computes; else "dtensor" (``autotune.apply.dtensor``: the stream redistributed at the boundaries by the plan's route,
+``autotune.apply.cuts``), "none" on one device. On every path the last stage's loss is of this rank's piece of the
+micro-batch; logits split by vocabulary on a tensor axis (or the DTensor path's) stay a DTensor of columns, their cross
+entropy run under ``loss_parallel`` (a ``loss_fn`` given takes them gathered). Tied embedding and logits: their
 gradients summed between the first and the last stage after the backward, as Megatron does. ``step`` returns the
 mean loss over the whole batch on every rank. Errors: one ``UserError`` naming the fix, before any weight moves
 (among them a plan searched without the residual stream in placements that the module's residual adds cannot
@@ -40,6 +43,7 @@ from dataclasses import dataclass, replace
 
 from calibrate.errors import UserError, one_line_in_scripts
 
+from autotune.apply import context
 from autotune.apply.batch import DataSplit, scale_grad
 from autotune.apply.cuts import WHOLE, _blocks, _cut_of, _install_stage_hooks, _mapping_for, _reshard_stream, _tied
 from autotune.apply.ddp import sync_grads
@@ -52,7 +56,7 @@ from autotune.apply.pipeplan import (LOCAL, SCHEDULES, _stream, chunk_plan, load
                                      sent_at, sequence_stream, stage_layout, vocabulary_columns, zero_path)
 from autotune.apply.place import path_of
 from autotune.apply.vocab import _column_lookup, _column_module, _piece_loss, _vocab_logits, _vocab_loss, _vocab_module
-from autotune.plan.layouts import LocalPlan
+from autotune.plan.layouts import CONTEXT_STAGE_PATHS, LocalPlan, context_size
 from autotune.plan.typed import ApplyPath, Plan, TypedPlan
 
 import torch.distributed as dist  # noqa: E402
@@ -244,7 +248,10 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
         if key is not None and key not in meshes:
             meshes[key] = init_device_mesh(device.type, (p, *(n for _, n in key)),
                                            mesh_dim_names=("pp", *(k for k, _ in key)))
-    at = _Placing(pp, paths, loss_fn, mesh, meshes, columns, head)
+    cp = _context(pp, paths, model, device.type)
+    if cp is not None:
+        context.attend_over(model, cp)
+    at = _Placing(pp, paths, loss_fn, mesh, meshes, columns, head, cp)
     for s, part, c, site in zip(mine, parts, plans, sites):
         at.place(s, part, c, *site, local)
     from torch.distributed.pipelining import PipelineStage
@@ -252,6 +259,24 @@ def apply_pipeline(plan, model, mapping: dict | None = None, loss_fn=None, local
     schedule = SCHEDULES[pp.pipeline.schedule](pstages, pp.micro_batches, loss_fn=at.loss)
     return Pipeline(pp, stage, module, schedule, pp_group, tied_group, tied, device, mesh, tuple(paths),
                     at.data_groups, at.vocabulary, tuple(parts))
+
+
+def _context(pp: Plan, paths: list, model, device: str):
+    """This rank's context group where the plan's stages run context parallelism (None: they do not), made alike
+    on every rank; one line where the stages differ in its size (the stream crossing a boundary is each
+    rank's chunks), or a stage runs it off ``CONTEXT_STAGE_PATHS``, beside a tensor axis, a column embedding or
+    vocabulary-parallel logits."""
+    sizes = [context_size(st.plan) for st in pp.stages]
+    if max(sizes) == 1:
+        return None
+    twins = [local_plan(pp, i) for i in range(len(sizes))]
+    if len(set(sizes)) > 1 or any(path not in CONTEXT_STAGE_PATHS or twin is None or twin.columns or twin.vocabulary
+                                  or "tp" in local_dims(twin.plan) for path, twin in zip(paths, twins)):
+        raise UserError(f"the plan's stages run context parallelism over {sizes} ranks on the {paths} paths, which "
+                        f"apply_pipeline runs over one size on every stage, each data parallel or fully_shard-shaped "
+                        f"without tensor parallelism: search with --context-parallel 1")
+    context.check_model(model, sizes[0], pp.model.get("sequence"))
+    return context.group(sizes[0], pp.submesh.devices, device, len(sizes))
 
 
 def _sequence_shards(x, *, mesh, then=None):
@@ -271,9 +296,9 @@ class _Placing:
     the schedule and ``Pipeline``: the loss (the last virtual stage's), the data-parallel groups its pieces'
     losses average over, whether its logits are split by vocabulary."""
 
-    def __init__(self, pp: Plan, paths: list, loss_fn, mesh, meshes: dict, columns, head):
+    def __init__(self, pp: Plan, paths: list, loss_fn, mesh, meshes: dict, columns, head, cp):
         self.pp, self.paths, self.loss_fn, self.mesh, self.meshes = pp, paths, loss_fn, mesh, meshes
-        self.columns, self.head = columns, head
+        self.columns, self.head, self.cp = columns, head, cp
         self.loss, self.data_groups, self.vocabulary = loss_fn or _cross_entropy, (), False
 
     def place(self, s: int, module, typed: TypedPlan, chain, prefixes, local: LocalPlan | None) -> None:
@@ -305,6 +330,8 @@ class _Placing:
                 vocabulary = False
                 # gradients synced after the schedule
                 _recompute(module, chain, prefixes, local.plan.recompute, local.plan.recompute_blocks)
+            if self.cp is not None:  # each context group's ranks hold its piece, each rank its chunks of it
+                split = context.pieces(split, self.cp.size)
             if columns is not None:  # the whole micro-batch's ids looked up in this rank's columns, then its piece
                 columns.weight = nn.Parameter(distribute_tensor(columns.weight.detach(), data_mesh,
                                                                 [Shard(1)] * data_mesh.ndim))
@@ -312,6 +339,8 @@ class _Placing:
                                                     factor=1 / split.world)
             elif first:
                 split.cut_calls(module)
+            if self.cp is not None:
+                context.place_stage(module, self.cp, first)
             if head is not None:  # the whole micro-batch's logits in this rank's vocabulary rows, their loss
                 rows = [Shard(0)] * data_mesh.ndim
                 offset = compute_local_shape_and_global_offset(tuple(head.weight.shape), data_mesh, rows)[1][0]
@@ -320,7 +349,8 @@ class _Placing:
                                                  factor=split.world)
                 self.loss = functools.partial(_vocab_loss, group=self.data_groups[0], offset=offset)
             elif last:
-                self.loss = _stage_loss(self.loss_fn, split, vocabulary)
+                self.loss = _stage_loss(self.loss_fn if self.cp is None else functools.partial(
+                    context.chunk_loss, loss_fn=self.loss_fn or _cross_entropy, cp=self.cp), split, vocabulary)
             self.vocabulary = self.vocabulary or vocabulary
             # beside a DTensor-path stage (whose gradients are of the whole micro-batch's loss, not of each
             # piece's loss: 1 / pieces of them), the gradients crossing the boundary rescaled

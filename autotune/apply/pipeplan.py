@@ -16,8 +16,8 @@ from calibrate.errors import UserError
 
 from autotune.apply.layers import HEAD, TAIL
 from autotune.plan.file import load_plan
-from autotune.plan.layouts import (TP_WEIGHTS, FullyShard, LocalPlan, fsdp_dims, fully_shard_layout, local_stream,
-                                   local_twin, tp_layout, twin_path)
+from autotune.plan.layouts import (TP_WEIGHTS, FullyShard, LocalPlan, context_axes, fsdp_dims, fully_shard_layout,
+                                   local_stream, local_twin, tp_layout, twin_path)
 from autotune.plan.typed import DIRECT, ROUTES, ApplyPath, ModelSpec, Plan, TypedPlan
 from autotune.sbp.sbp import P, check_placement, is_split
 
@@ -120,14 +120,14 @@ def sent_at(plan: Plan, s: int) -> tuple | None:
 
 def _check_sequences(plan: Plan, origin: str) -> None:
     """The stream's token split must give each device whole sequences of a micro-batch (the modules' batch
-    dimension is the plan's tokens)."""
+    dimension is the plan's tokens), but over the context axes (``context_axes``: each rank its chunks of them)."""
     mb = plan.model.get("micro_batch")
     for i, stage in enumerate(plan.stages):
         typed = stage.plan
         for fine in _stream(typed) + ((sent(plan, i, origin),) if i < len(plan.stages) - 1 else ()):
             parts = 1
-            for p, n in zip(fine or (), typed.mesh.sizes):
-                parts *= n if p == "S0" else 1
+            for a, (p, n) in enumerate(zip(fine or (), typed.mesh.sizes)):
+                parts *= n if p == "S0" and a not in context_axes(typed) else 1
             if mb is not None and mb % parts:
                 raise UserError(f"{origin}: stage {i} splits the tokens of a micro-batch of {mb} sequences over "
                                 f"{parts} devices: apply splits whole sequences; search with a larger micro-batch "

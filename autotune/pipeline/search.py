@@ -357,7 +357,8 @@ class StageSearch:
             else:
                 # Megatron's sequence parallelism splits each sequence over t: priced (the 3-D baseline, the
                 # published runs); apply runs it in a plan of one stage (torch's SequenceParallel, the tensor
-                # path), not in a pipeline's stages; context parallelism is run by apply in a plan of one stage only
+                # path), not in a pipeline's stages; context parallelism is run by apply in a plan of one stage and
+                # in a pipeline's stages placed by DDP or fully_shard (``threed.applies``)
                 d, t, *context = mesh
                 kw = dict(sequence_parallel=sequence_parallel, context=context[0] if context else None)
                 lay = self.layout(m, span, sub, runnable=not sequence_parallel and not context, megatron=True)

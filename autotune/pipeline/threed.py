@@ -39,6 +39,7 @@ from autotune.pipeline.paths import stage_path
 from autotune.pipeline.search import Candidate, PipelineSearch, StagePlan, fewer_collections, stage_choices
 from autotune.pipeline.slicing import stage_spans
 from autotune.pipeline.stage import figures
+from autotune.plan.layouts import CONTEXT_STAGE_PATHS
 from autotune.plan.typed import ApplyPath
 from autotune.sbp.fit import least_count, recompute_modes
 from autotune.sbp.memory import NONE, Mode
@@ -212,11 +213,14 @@ def seeded(search: PipelineSearch, tensor_in_node: bool = True, sharding: bool =
 
 
 def applies(c: Candidate) -> bool:
-    """Whether ``autotune.apply_pipeline`` runs a 3-D plan as priced: no context parallelism in its stages
-    (priced, not run), ZeRO (Megatron-LM's distributed optimizer) and sequence parallelism only on stages apply
-    places by DDP or the tensor path (ZeRO run on fully_shard, the sequence shards crossing the boundaries); any
-    chunks a rank (interleaved 1F1B) that each hold a block."""
-    return all(k >= c.virtual for k in c.split) and all(context_parallel_of(x.problem.graph) == 1
-               and (x.problem.mode.zero == 0 and not x.search.get("sequence_parallel")
-                    or (x.fig.path or stage_path(x.problem, x.assign)) in LOCAL_ZERO)
-               for x in c.plans)
+    """Whether ``autotune.apply_pipeline`` runs a 3-D plan as priced: context parallelism only without tensor
+    parallelism, on stages apply places by DDP or fully_shard (``CONTEXT_STAGE_PATHS``: each rank's chunks crossing
+    the boundaries), ZeRO (Megatron-LM's distributed optimizer) and sequence parallelism only on stages apply places
+    by DDP or the tensor path (ZeRO run on fully_shard, the sequence shards crossing the boundaries); any chunks a
+    rank (interleaved 1F1B) that each hold a block."""
+    def path(x) -> str:
+        return x.fig.path or stage_path(x.problem, x.assign)
+    return all(k >= c.virtual for k in c.split) and all(
+        (context_parallel_of(x.problem.graph) == 1 or c.tensor == 1 and path(x) in CONTEXT_STAGE_PATHS)
+        and (x.problem.mode.zero == 0 and not x.search.get("sequence_parallel") or path(x) in LOCAL_ZERO)
+        for x in c.plans)

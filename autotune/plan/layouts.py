@@ -195,6 +195,7 @@ def sequence_axes(plan: TypedPlan) -> tuple[int, ...]:
 
 # the paths apply runs context parallelism on
 CONTEXT_PATHS = (ApplyPath.DDP.value, ApplyPath.TENSOR.value, ApplyPath.FULLY_SHARD.value)
+CONTEXT_STAGE_PATHS = (ApplyPath.DDP.value, ApplyPath.FULLY_SHARD.value)  # those of a pipeline's stages
 
 
 def context_axes(plan: TypedPlan) -> tuple[int, ...]:
