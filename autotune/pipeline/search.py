@@ -565,8 +565,9 @@ def _at_host_pace(found, problems):
 
 def _lower_bound(problem: StageProblem) -> float:
     """``autotune.sbp.fit.lower_bound`` of the stage problem, made once per mode: it leaves the memory limit out,
-    so every in-flight copy of the problem (``StageProblem.in_flight``, which shares ``shared``) has the same."""
-    return problem.shared(("lower bound", problem.mode), lambda: lower_bound(problem))
+    so every in-flight copy of the problem (``StageProblem.in_flight``, which shares ``shared``) has the same, but
+    in FSDP mode, whose gathers a step the in-flight count sets (``StageProblem.shared_key``)."""
+    return problem.shared(problem.shared_key(("lower bound", problem.mode)), lambda: lower_bound(problem))
 
 
 def _time(plan: StagePlan) -> float:

@@ -205,8 +205,9 @@ def test_the_search_offers_sequence_parallelism_where_plain_megatron_does_not_fi
     """Llama 3 8B on 1 x 2 H200 (84 GiB), micro-batches of 2 sequences of 8,192: Megatron without sequence
     parallelism does not fit (at any recomputation), with it it does, on the tensor path, runnable, and the plan
     returned is no dearer than it (it is the baseline where the search finds nothing cheaper); with micro-batches
-    of 1 it is dearer than the plan returned, plain Megatron (fp32 norm outputs all-gathered under autocast, where
-    the plain plan all-reduces bf16)."""
+    of 1 plain Megatron fits too, and the plan returned is no dearer than either (on the H200 profile's measured
+    norms, the sequence-parallel one is the cheaper of the two: its norms on half the tokens outweigh its fp32
+    norm outputs all-gathered under autocast, where the plain plan all-reduces bf16)."""
     import autotune
     from autotune.sbp.mesh import Cluster
     from autotune.sbp.search import Budget
@@ -224,8 +225,9 @@ def test_the_search_offers_sequence_parallelism_where_plain_megatron_does_not_fi
     assert found.best.costs.fits_memory and found.best.costs.step_s <= sp.costs.step_s
     small = search(1)
     sp = next(b for b in small.baselines if b.search.get("sequence_parallel"))
-    assert small.best.apply_path == "tensor" and not small.best.search.get("sequence_parallel")  # plain Megatron
-    assert sp.costs.step_s > small.best.costs.step_s
+    plain = next(b for b in small.baselines if b.strategy.startswith("Megatron ("))
+    assert sp.costs.fits_memory and plain.costs.fits_memory and small.best.costs.fits_memory
+    assert small.best.costs.step_s <= sp.costs.step_s < plain.costs.step_s
 
 
 def test_the_baseline_keeps_to_meshes_apply_runs():

@@ -24,9 +24,11 @@ SECTION = ModuleSection("test", "transformers:LlamaForCausalLM",
                                                 "optimizer_s": 1e-4, "activation_bytes": 3e5},
                                      {"forward_s": 5e-4, "backward_s": 7e-4, "optimizer_s": 3e-4}),),
                         overlap={"all_reduce": 1.05, "all_gather": 1.2, "reduce_scatter": 1.25, "peer": "nccl"})
-G = [0.00977156, 4281340.0, 0.0155822, 2178050.0, 0.0180719, 2173950.0, 0.00624986, 0.0118077, 0.000363508, 5243900.0,
-     0.00908684, 0.0545881, 4363140.0, 0.0611337, 2218940.0, 0.0636706, 2214850.0, 0.00524687, 0.0128107, 0.0007,
-     5407490.0, 0.0512867]
+# The figures on the embedded h200-nvlink profile as it is now: re-recorded, under the same revisions, when that
+# profile's own figures move and the step model does not (2026-12-01: its SDPA grid and layer pieces measured)
+G = [0.0102517, 4281340.0, 0.0160579, 2178050.0, 0.0185475, 2173950.0, 0.00536937, 0.0126882, 0.000363508, 5243900.0,
+     0.0101781, 0.0545881, 4363140.0, 0.0607852, 2218940.0, 0.0633221, 2214850.0, 0.0059297, 0.0121279, 0.0007,
+     5407490.0, 0.0541348]
 FIGURES = {  # revision -> the figures of ``prices()``, 6 significant digits
     "2026-11-30g": G,
     "2026-11-30h": G,  # sequence parallelism's copies: a built plan's path work, which these layer prices leave out
